@@ -1,0 +1,81 @@
+/*
+ * internal.h — helpers shared by every layer of the C library. Not installed.
+ *
+ * Errors: functions return 0 or a negative code (see tokenfeed.h). When a
+ * failure deserves more than its code, the raising site records a detail
+ * message with tf__seterr(); the binding turns code + message into a Python
+ * exception. Use TF_FAIL(code, fmt, ...) to record and return in one step.
+ */
+#ifndef TF_INTERNAL_H
+#define TF_INTERNAL_H
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tokenfeed.h"
+
+#define TF_HIDDEN __attribute__((visibility("hidden")))
+#define TF_LIKELY(x) __builtin_expect(!!(x), 1)
+#define TF_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* Record a detail message for the current thread (printf-style). Returns code
+ * so that call sites can write `return tf__seterr(-EINVAL, "...")`. */
+TF_HIDDEN int tf__seterr(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Clear the thread's detail message. */
+TF_HIDDEN void tf__clearerr(void);
+
+#define TF_FAIL(code, ...) return tf__seterr((code), __VA_ARGS__)
+
+/* Forward a negative return code unchanged. */
+#define TF_TRY(expr)                                                                               \
+    do {                                                                                           \
+        int tf__rc = (expr);                                                                       \
+        if (TF_UNLIKELY(tf__rc < 0)) return tf__rc;                                                \
+    } while (0)
+
+/* Overflow-checked arithmetic on uint64_t: return non-zero on overflow. */
+static inline int tf__add_overflow(uint64_t a, uint64_t b, uint64_t *r) {
+    return __builtin_add_overflow(a, b, r);
+}
+static inline int tf__mul_overflow(uint64_t a, uint64_t b, uint64_t *r) {
+    return __builtin_mul_overflow(a, b, r);
+}
+
+/* Little-endian loads from possibly unaligned bytes. */
+static inline uint32_t tf__le32(const void *p) {
+    const uint8_t *b = (const uint8_t *)p;
+    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+static inline uint64_t tf__le64(const void *p) {
+    return (uint64_t)tf__le32(p) | (uint64_t)tf__le32((const uint8_t *)p + 4) << 32;
+}
+static inline void tf__put_le32(void *p, uint32_t v) {
+    uint8_t *b = (uint8_t *)p;
+    b[0] = (uint8_t)v; b[1] = (uint8_t)(v >> 8); b[2] = (uint8_t)(v >> 16); b[3] = (uint8_t)(v >> 24);
+}
+static inline void tf__put_le64(void *p, uint64_t v) {
+    tf__put_le32(p, (uint32_t)v);
+    tf__put_le32((uint8_t *)p + 4, (uint32_t)(v >> 32));
+}
+
+/* Streaming XXH64 (for writers that checksum as they go). */
+typedef struct tf__xxh64_state {
+    uint64_t total_len;
+    uint64_t v[4];
+    uint8_t mem[32];
+    uint32_t memsize;
+    uint64_t seed;
+} tf__xxh64_state;
+TF_HIDDEN void tf__xxh64_reset(tf__xxh64_state *s, uint64_t seed);
+TF_HIDDEN void tf__xxh64_update(tf__xxh64_state *s, const void *data, size_t len);
+TF_HIDDEN uint64_t tf__xxh64_digest(const tf__xxh64_state *s);
+
+/* Number of online CPUs (>= 1). */
+TF_HIDDEN int tf__num_cpus(void);
+
+/* Monotonic clock in nanoseconds. */
+TF_HIDDEN uint64_t tf__now_ns(void);
+
+#endif

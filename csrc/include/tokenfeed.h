@@ -1,0 +1,417 @@
+/*
+ * tokenfeed.h — the complete C API of tokenfeed.
+ *
+ * tokenfeed feeds pre-tokenized training data to accelerators. The library is
+ * layered (see docs/design.md):
+ *
+ *   sources  tf_dataset, tf_writer   open / write token shards of several formats
+ *   order    tf_perm, tf_order       which tokens make sample i: packing, shuffle,
+ *                                    rank partition; pure functions of (config, pos)
+ *   engine   tf_loader, tf_batch     batches assembled into reusable buffers
+ *
+ * Conventions, said once for the whole header:
+ *   - Functions that can fail return 0 on success or a negative error code:
+ *     -errno for system errors (-ENOMEM, -ENOENT, -EINVAL, -EIO, ...), or one of the
+ *     -TF_E* codes below. tf_strerror() names a code; tf_last_error() returns a
+ *     longer, thread-local message for the most recent failure on this thread
+ *     (file, field, expected, found, and what to do).
+ *   - Objects are opaque handles with create/free pairs. Every free function
+ *     accepts NULL. Ownership is stated on each function; "borrowed" pointers
+ *     must outlive the object that borrows them.
+ *   - All counters (tokens, documents, samples, positions) are 64-bit.
+ *   - No function calls exit() or abort(), whatever the input.
+ */
+#ifndef TOKENFEED_H
+#define TOKENFEED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define TF_API __attribute__((visibility("default")))
+#else
+#define TF_API
+#endif
+
+#define TF_VERSION_MAJOR 0
+#define TF_VERSION_MINOR 1
+#define TF_VERSION_PATCH 0
+#define TF_VERSION_STRING "0.1.0"
+
+/* ------------------------------------------------------------------------ */
+/* Errors                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* Library-specific error codes; functions return their negation. They lie above
+ * the errno range so that the two never collide. */
+enum {
+    TF_EFORMAT = 10001,   /* malformed input file (header, offsets, index, ...) */
+    TF_ECHECKSUM = 10002, /* a stored checksum does not match the data */
+    TF_EVOCAB = 10003,    /* a token id is negative or >= vocab_size */
+    TF_ESTATE = 10004,    /* a saved state does not match this loader */
+    TF_EEOF = 10005,      /* end of stream (epochs exhausted) */
+    TF_EUNSUPPORTED = 10006, /* feature not compiled in or not usable here */
+    TF_ECUDA = 10007,     /* CUDA runtime error (details in tf_last_error) */
+};
+
+/* Static description of an error code (either sign accepted). Never NULL. */
+TF_API const char *tf_strerror(int err);
+
+/* Thread-local detail message of the last error raised on this thread by the
+ * library ("" when none). Valid until the next failing call on this thread. */
+TF_API const char *tf_last_error(void);
+
+/* Library version string, e.g. "0.1.0". */
+TF_API const char *tf_version(void);
+
+/* Features compiled in: bit set of TF_FEATURE_*. */
+enum {
+    TF_FEATURE_ZSTD = 1u << 0,
+    TF_FEATURE_IO_URING = 1u << 1,
+    TF_FEATURE_CUDA = 1u << 2, /* the dlopen-based CUDA layer is compiled in */
+};
+TF_API unsigned tf_features(void);
+
+/* ------------------------------------------------------------------------ */
+/* Token dtypes                                                              */
+/* ------------------------------------------------------------------------ */
+
+typedef enum tf_dtype {
+    TF_DTYPE_INVALID = 0,
+    TF_UINT8 = 1,
+    TF_UINT16 = 2,
+    TF_UINT32 = 3,
+    TF_UINT64 = 4,
+    TF_INT8 = 5,
+    TF_INT16 = 6,
+    TF_INT32 = 7,
+    TF_INT64 = 8,
+    TF_FLOAT32 = 9, /* only Megatron files can carry these */
+    TF_FLOAT64 = 10,
+} tf_dtype;
+
+/* Size in bytes of one element (0 for an invalid dtype). */
+TF_API size_t tf_dtype_size(tf_dtype dt);
+/* NumPy-style name ("uint16", ...); "invalid" for an unknown value. */
+TF_API const char *tf_dtype_name(tf_dtype dt);
+/* Parse a NumPy-style name; returns TF_DTYPE_INVALID when unknown. */
+TF_API tf_dtype tf_dtype_from_name(const char *name);
+
+/* Convert n elements from src (dtype s) to dst (dtype d). Float -> integer
+ * truncates toward zero. Buffers must not overlap. */
+TF_API void tf_convert(void *dst, tf_dtype d, const void *src, tf_dtype s, size_t n);
+
+/* XXH64 of a buffer (the checksum used by the native format and fingerprints). */
+TF_API uint64_t tf_hash64(const void *data, size_t len, uint64_t seed);
+
+/* ------------------------------------------------------------------------ */
+/* Sources: datasets                                                         */
+/* ------------------------------------------------------------------------ */
+
+typedef struct tf_dataset tf_dataset;
+
+typedef enum tf_format {
+    TF_FORMAT_AUTO = 0,
+    TF_FORMAT_NATIVE = 1,   /* tokenfeed shard (.tfs) or dataset directory */
+    TF_FORMAT_MEGATRON = 2, /* Megatron MMIDIDX v1 .bin/.idx, given the prefix */
+    TF_FORMAT_LLMC = 3,     /* llm.c shard (.bin with 256 x int32 header) */
+    TF_FORMAT_RAW = 4,      /* headerless tokens (+ optional datatrove .index) */
+    TF_FORMAT_NPY = 5,      /* 1-D integer NumPy array */
+} tf_format;
+
+TF_API const char *tf_format_name(tf_format f);
+
+typedef struct tf_open_options {
+    tf_format format;   /* TF_FORMAT_AUTO to detect */
+    tf_dtype raw_dtype; /* dtype of headerless files (required for them) */
+} tf_open_options;
+
+/* Open one path: a native dataset directory, a native shard, a Megatron prefix
+ * (path without .bin/.idx), an llm.c shard, a .npy file, or a headerless token
+ * file (only with raw_dtype set). Validates headers and sizes only: O(files).
+ * opt may be NULL. On success *out owns the mappings; free with tf_dataset_free. */
+TF_API int tf_dataset_open(const char *path, const tf_open_options *opt, tf_dataset **out);
+
+/* Open several paths and concatenate them in order (documents and tokens). */
+TF_API int tf_dataset_open_many(const char *const *paths, size_t n, const tf_open_options *opt,
+                                tf_dataset **out);
+
+/* A dataset over memory: tokens (n of dtype dt) and optional document ends
+ * (cumulative, ndocs entries, last == n; NULL means one document). Copies both.
+ * vocab_size 0 means unknown. Used by tests and by embedders. */
+TF_API int tf_dataset_from_memory(const void *tokens, uint64_t n, tf_dtype dt,
+                                  const uint64_t *doc_ends, uint64_t ndocs, uint64_t vocab_size,
+                                  tf_dataset **out);
+
+TF_API void tf_dataset_free(tf_dataset *ds);
+
+typedef struct tf_dataset_info {
+    uint64_t num_tokens;
+    uint64_t num_documents;
+    uint64_t vocab_size; /* 0 when the format does not record it */
+    tf_dtype dtype;      /* widest dtype among the files */
+    tf_format format;    /* of the first file */
+    uint64_t num_files;
+    uint64_t fingerprint; /* 64-bit dataset fingerprint */
+} tf_dataset_info;
+
+TF_API int tf_dataset_get_info(const tf_dataset *ds, tf_dataset_info *info);
+
+typedef struct tf_file_info {
+    const char *path; /* borrowed from the dataset */
+    tf_format format;
+    tf_dtype dtype;
+    uint64_t first_token;    /* global offset of this file's first token */
+    uint64_t num_tokens;
+    uint64_t first_document; /* global index of this file's first document */
+    uint64_t num_documents;
+    int compressed;
+} tf_file_info;
+
+TF_API int tf_dataset_get_file(const tf_dataset *ds, uint64_t i, tf_file_info *info);
+
+/* Copy tokens [start, start+count) into out, converted to out_dtype; crosses
+ * file boundaries. -ERANGE if the range exceeds num_tokens. */
+TF_API int tf_dataset_read(const tf_dataset *ds, uint64_t start, uint64_t count, void *out,
+                           tf_dtype out_dtype);
+
+/* Zero-copy: if [start, start+count) lies in one uncompressed mapped file,
+ * *ptr points at it (in the file's dtype, reported in *dtype) and 0 is returned;
+ * otherwise -TF_EUNSUPPORTED (use tf_dataset_read). The pointer lives as long as
+ * the dataset. */
+TF_API int tf_dataset_view(const tf_dataset *ds, uint64_t start, uint64_t count, const void **ptr,
+                           tf_dtype *dtype);
+
+/* Document i: its first token (global) and its length. */
+TF_API int tf_dataset_document(const tf_dataset *ds, uint64_t i, uint64_t *start, uint64_t *len);
+
+/* Index of the document that contains global token position pos: O(log). */
+TF_API int tf_dataset_find_document(const tf_dataset *ds, uint64_t pos, uint64_t *doc);
+
+/* Progress callback: done and total in bytes; return non-zero to cancel. */
+typedef int (*tf_progress_fn)(void *user, uint64_t done, uint64_t total);
+
+/* Full verification: checksums where the format has them, document index
+ * consistency, and every token id < vocab_size (when known). Runs on `threads`
+ * threads (0 = number of cores). cb may be NULL; it is called from the calling
+ * thread only. Returns -TF_ECHECKSUM / -TF_EVOCAB / -TF_EFORMAT with details. */
+TF_API int tf_dataset_verify(const tf_dataset *ds, int threads, tf_progress_fn cb, void *user);
+
+/* ------------------------------------------------------------------------ */
+/* Sources: writer of the native format                                      */
+/* ------------------------------------------------------------------------ */
+
+typedef struct tf_writer tf_writer;
+
+enum { TF_COMPRESS_NONE = 0, TF_COMPRESS_ZSTD = 1 };
+
+typedef struct tf_writer_options {
+    tf_dtype dtype;          /* TF_UINT8, TF_UINT16 or TF_UINT32 */
+    uint64_t vocab_size;     /* > 0; every id must be < vocab_size */
+    uint64_t shard_tokens;   /* roll over to a new shard past this many tokens */
+    int compression;         /* TF_COMPRESS_NONE or TF_COMPRESS_ZSTD */
+    int level;               /* zstd level */
+    uint64_t block_tokens;   /* tokens per compressed block */
+    int overwrite;           /* replace an existing dataset in dir */
+} tf_writer_options;
+
+TF_API void tf_writer_options_init(tf_writer_options *opt);
+
+/* Start writing a dataset into directory dir (created if missing). Nothing is
+ * visible to readers until tf_writer_finish: shards are written to temporary
+ * names, fsynced and renamed, and the manifest is written last. */
+TF_API int tf_writer_create(const char *dir, const tf_writer_options *opt, tf_writer **out);
+
+/* Append one document of n tokens of dtype src_dtype (copied). Ids that are
+ * negative or >= vocab_size fail with -TF_EVOCAB naming the document number. */
+TF_API int tf_writer_add_document(tf_writer *w, const void *tokens, uint64_t n, tf_dtype src_dtype);
+
+/* Flush the last shard and publish the manifest. */
+TF_API int tf_writer_finish(tf_writer *w);
+
+/* Documents and tokens written so far. */
+TF_API uint64_t tf_writer_num_documents(const tf_writer *w);
+TF_API uint64_t tf_writer_num_tokens(const tf_writer *w);
+
+/* Free; if not finished, removes temporary files and leaves any previous
+ * dataset in dir untouched. */
+TF_API void tf_writer_free(tf_writer *w);
+
+/* ------------------------------------------------------------------------ */
+/* Order: keyed permutation                                                  */
+/* ------------------------------------------------------------------------ */
+
+#define TF_PERM_ROUNDS 10
+
+/* A keyed bijection on [0, n): a balanced Feistel network over the smallest
+ * even number of bits that covers n, with cycle-walking. Plain value; no free. */
+typedef struct tf_perm {
+    uint64_t n;
+    uint32_t half_bits;
+    uint64_t half_mask;
+    uint64_t keys[TF_PERM_ROUNDS];
+} tf_perm;
+
+/* n >= 1 (n == 0 is -EINVAL). */
+TF_API int tf_perm_init(tf_perm *p, uint64_t n, uint64_t key);
+TF_API uint64_t tf_perm_apply(const tf_perm *p, uint64_t i);   /* i < n */
+TF_API uint64_t tf_perm_inverse(const tf_perm *p, uint64_t j); /* j < n */
+
+/* 64-bit mixer used to derive keys (splitmix64 finalizer). */
+TF_API uint64_t tf_mix64(uint64_t x);
+
+/* ------------------------------------------------------------------------ */
+/* Order: packing, shuffle, partition                                        */
+/* ------------------------------------------------------------------------ */
+
+typedef enum tf_packing {
+    TF_PACK_CONCAT = 0,   /* documents concatenated, cut every seq_len tokens */
+    TF_PACK_BEST_FIT = 1, /* reserved */
+    TF_PACK_DOCUMENT = 2, /* reserved */
+} tf_packing;
+
+typedef enum tf_shuffle {
+    TF_SHUFFLE_NONE = 0,
+    TF_SHUFFLE_FULL = 1,  /* one keyed bijection over all samples of an epoch */
+    TF_SHUFFLE_BLOCK = 2, /* two-level: permute blocks, then samples in windows */
+} tf_shuffle;
+
+typedef struct tf_order_config {
+    uint64_t seq_len;       /* L >= 1; a sample is L + 1 tokens */
+    tf_packing packing;
+    int64_t separator_id;   /* >= 0: inserted after every document; -1: none */
+    uint64_t seed;
+    tf_shuffle shuffle;
+    uint64_t block_size;    /* TF_SHUFFLE_BLOCK: samples per block */
+    uint64_t window_blocks; /* TF_SHUFFLE_BLOCK: blocks per window */
+    uint64_t global_batch;  /* G: samples per global batch (all ranks) */
+    uint64_t epochs;        /* 0 = infinite stream */
+} tf_order_config;
+
+TF_API void tf_order_config_init(tf_order_config *cfg);
+
+typedef struct tf_order tf_order;
+
+/* Build the order over ds (borrowed: must outlive the order). O(1) memory in
+ * the number of samples. -EINVAL (with a message) when the dataset is shorter
+ * than one sample or the config is inconsistent. */
+TF_API int tf_order_create(const tf_dataset *ds, const tf_order_config *cfg, tf_order **out);
+TF_API void tf_order_free(tf_order *o);
+
+/* N: samples per epoch. */
+TF_API uint64_t tf_order_num_samples(const tf_order *o);
+
+/* Total positions in the stream: epochs * N rounded down to whole global
+ * batches, or UINT64_MAX when infinite. */
+TF_API uint64_t tf_order_num_positions(const tf_order *o);
+
+/* 64-bit fingerprint of the configuration (everything that changes the
+ * stream; not the dataset). */
+TF_API uint64_t tf_order_fingerprint(const tf_order *o);
+
+/* The sample (index into the unshuffled sample sequence) at global stream
+ * position pos: epoch = pos / N, permuted within the epoch. */
+TF_API uint64_t tf_order_sample_at(const tf_order *o, uint64_t pos);
+
+/* Optional per-sample outputs. Any pointer may be NULL. */
+typedef struct tf_sample_extras {
+    int32_t *position_ids; /* L entries: restart at 0 at the sample start and at each document start */
+    int32_t *cu_seqlens;   /* L + 1 entries: 0, ends of the documents inside the
+                              input window ..., L, then filled with L */
+    int32_t *num_seqs;     /* 1 entry: number of segments in cu_seqlens */
+    uint8_t *loss_mask;    /* L entries: 1 = train on labels[t]; 0 when
+                              labels[t] is the first token of a new document */
+} tf_sample_extras;
+
+/* Write sample `sample` (L + 1 tokens, out_dtype) into out and the extras. */
+TF_API int tf_order_fill_sample(const tf_order *o, uint64_t sample, void *out, tf_dtype out_dtype,
+                                const tf_sample_extras *extras);
+
+/* ------------------------------------------------------------------------ */
+/* Engine: loader and batches                                                */
+/* ------------------------------------------------------------------------ */
+
+enum { TF_WANT_POSITION_IDS = 1, TF_WANT_CU_SEQLENS = 2, TF_WANT_LOSS_MASK = 4 };
+
+typedef enum tf_backend {
+    TF_BACKEND_AUTO = 0,
+    TF_BACKEND_MMAP = 1,
+    TF_BACKEND_PREAD = 2,
+    TF_BACKEND_IO_URING = 3,
+} tf_backend;
+
+typedef struct tf_loader_config {
+    tf_order_config order;
+    uint64_t batch_size;  /* B: samples per rank per batch; order.global_batch = B * world_size */
+    uint32_t rank;
+    uint32_t world_size;
+    tf_dtype out_dtype;   /* TF_DTYPE_INVALID = the dataset's dtype */
+    unsigned want;        /* TF_WANT_* bits */
+    int num_threads;      /* 0 = default */
+    int prefetch;         /* ring depth in batches; 0 = default */
+    tf_backend backend;
+} tf_loader_config;
+
+TF_API void tf_loader_config_init(tf_loader_config *cfg);
+
+typedef struct tf_loader tf_loader;
+typedef struct tf_batch tf_batch;
+
+/* Create a loader over ds (borrowed; must outlive the loader). Threads start
+ * lazily on the first tf_loader_next. */
+TF_API int tf_loader_create(const tf_dataset *ds, const tf_loader_config *cfg, tf_loader **out);
+TF_API void tf_loader_free(tf_loader *l);
+
+/* Next batch for this rank, in order. Blocks until it is ready. Returns 0 and a
+ * batch the caller owns (release with tf_batch_release), or -TF_EEOF at the end
+ * of a finite stream. The loader's position advances by one global batch. */
+TF_API int tf_loader_next(tf_loader *l, tf_batch **out);
+
+/* Global stream position (in samples) of the next batch this rank will receive:
+ * always a multiple of the global batch. */
+TF_API uint64_t tf_loader_position(const tf_loader *l);
+
+/* Move to global position pos (a multiple of global_batch). O(1). Batches
+ * prefetched for the old position are discarded; batches already handed out
+ * stay valid. */
+TF_API int tf_loader_seek(tf_loader *l, uint64_t pos);
+
+typedef struct tf_batch_view {
+    void *tokens;          /* rows x (seq_len + 1), out dtype */
+    tf_dtype dtype;
+    uint64_t rows;         /* B */
+    uint64_t seq_len;      /* L */
+    int32_t *position_ids; /* rows x L, or NULL */
+    int32_t *cu_seqlens;   /* rows x (L + 1), or NULL */
+    int32_t *num_seqs;     /* rows, or NULL */
+    uint8_t *loss_mask;    /* rows x L, or NULL */
+    uint64_t position;     /* global position of this batch's first sample */
+} tf_batch_view;
+
+TF_API void tf_batch_get_view(const tf_batch *b, tf_batch_view *view);
+
+/* Return the batch's buffers to the loader. The loader may be freed first:
+ * buffers are reference-counted and the last release frees them. */
+TF_API void tf_batch_release(tf_batch *b);
+
+typedef struct tf_loader_stats {
+    uint64_t batches;
+    uint64_t tokens;
+    uint64_t bytes_read;
+    uint64_t wait_ns;      /* time the consumer spent blocked in tf_loader_next */
+    uint64_t ring_ready;   /* batches ready and waiting right now */
+    uint64_t ring_slots;
+    tf_backend backend;    /* backend in use after any fallback */
+    int num_threads;
+} tf_loader_stats;
+
+TF_API void tf_loader_get_stats(const tf_loader *l, tf_loader_stats *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TOKENFEED_H */

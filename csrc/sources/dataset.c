@@ -1,0 +1,734 @@
+/*
+ * dataset.c — a dataset is an ordered list of files of any supported format,
+ * concatenated: documents and tokens in order. This file owns format detection,
+ * the concatenation (prefix sums, O(log files) lookups), token reads with dtype
+ * conversion, the fingerprint and the multi-threaded verify. Formats live in
+ * their own files and only fill a tf_file (see source.h).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "source.h"
+
+/* ------------------------------------------------------------------------ */
+/* files                                                                     */
+/* ------------------------------------------------------------------------ */
+
+int tf__map_file(const char *path, void **map, size_t *len) {
+    *map = NULL;
+    *len = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        TF_FAIL(-e, "%s: cannot open: %s", path, strerror(e));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        TF_FAIL(-e, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        TF_FAIL(-EINVAL, "%s: not a regular file", path);
+    }
+    if (st.st_size == 0) {
+        close(fd);
+        return 0;
+    }
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    int e = errno;
+    close(fd);
+    if (m == MAP_FAILED) TF_FAIL(-e, "%s: cannot map %lld bytes: %s", path, (long long)st.st_size, strerror(e));
+    *map = m;
+    *len = (size_t)st.st_size;
+    return 0;
+}
+
+void tf__unmap(void *map, size_t len) {
+    if (map && len) munmap(map, len);
+}
+
+void tf__file_close(tf_file *f) {
+    if (!f) return;
+    tf__unmap(f->map, f->map_len);
+    tf__unmap(f->aux_map, f->aux_len);
+    free(f->owned);
+    free(f->path);
+    free(f->aux_path);
+    memset(f, 0, sizeof *f);
+}
+
+tf_file *tf__files_push(tf_file **files, uint64_t *nfiles, uint64_t *cap) {
+    if (*nfiles == *cap) {
+        uint64_t nc = *cap ? *cap * 2 : 8;
+        tf_file *nf = realloc(*files, nc * sizeof *nf);
+        if (!nf) return NULL;
+        *files = nf;
+        *cap = nc;
+    }
+    tf_file *f = &(*files)[(*nfiles)++];
+    memset(f, 0, sizeof *f);
+    return f;
+}
+
+int tf__file_document(const tf_file *f, uint64_t j, uint64_t *start, uint64_t *len) {
+    if (j >= f->num_docs) TF_FAIL(-ERANGE, "document %llu out of range", (unsigned long long)j);
+    switch (f->doc_kind) {
+    case TF_DOCS_SINGLE:
+        *start = 0;
+        *len = f->num_tokens;
+        return 0;
+    case TF_DOCS_ENDS: {
+        uint64_t s = j ? f->doc_ends[j - 1] : 0, e = f->doc_ends[j];
+        if (e < s || e > f->num_tokens)
+            TF_FAIL(-TF_EFORMAT, "%s: document index: entry %llu is %llu, expected between %llu and %llu. Run verify(); the index is corrupt.",
+                    f->aux_path ? f->aux_path : f->path, (unsigned long long)j, (unsigned long long)e,
+                    (unsigned long long)s, (unsigned long long)f->num_tokens);
+        *start = s;
+        *len = e - s;
+        return 0;
+    }
+    case TF_DOCS_MEGATRON: {
+        size_t isz = tf_dtype_size(f->dtype);
+        int64_t p = f->mg_pointers[j];
+        int32_t n = f->mg_sizes[j];
+        if (p < 0 || n < 0 || (uint64_t)p % isz != 0 || (uint64_t)p / isz > f->num_tokens ||
+            (uint64_t)n > f->num_tokens - (uint64_t)p / isz)
+            TF_FAIL(-TF_EFORMAT, "%s: sequence %llu: pointer %lld, size %d lie outside the %llu tokens of the .bin. The .idx does not belong to this .bin or is corrupt.",
+                    f->aux_path, (unsigned long long)j, (long long)p, (int)n, (unsigned long long)f->num_tokens);
+        *start = (uint64_t)p / isz;
+        *len = (uint64_t)n;
+        return 0;
+    }
+    }
+    return -EINVAL;
+}
+
+uint64_t tf__file_find_document(const tf_file *f, uint64_t pos) {
+    switch (f->doc_kind) {
+    case TF_DOCS_SINGLE: return 0;
+    case TF_DOCS_ENDS: {
+        /* first j with doc_ends[j] > pos */
+        uint64_t lo = 0, hi = f->num_docs;
+        while (lo < hi) {
+            uint64_t mid = lo + (hi - lo) / 2;
+            if (f->doc_ends[mid] > pos) hi = mid; else lo = mid + 1;
+        }
+        return lo < f->num_docs ? lo : f->num_docs - 1;
+    }
+    case TF_DOCS_MEGATRON: {
+        /* last j with start(j) <= pos; pointers are ascending in valid files */
+        size_t isz = tf_dtype_size(f->dtype);
+        uint64_t lo = 0, hi = f->num_docs;
+        while (hi - lo > 1) {
+            uint64_t mid = lo + (hi - lo) / 2;
+            int64_t p = f->mg_pointers[mid];
+            if (p >= 0 && (uint64_t)p / isz <= pos) lo = mid; else hi = mid;
+        }
+        /* skip empty sequences that start at the same position */
+        while (lo + 1 < f->num_docs && f->mg_pointers[lo + 1] >= 0 &&
+               (uint64_t)f->mg_pointers[lo + 1] / isz <= pos) lo++;
+        return lo;
+    }
+    }
+    return 0;
+}
+
+static _Thread_local uint8_t *tf_blockbuf;
+static _Thread_local size_t tf_blockcap;
+
+int tf__file_read(const tf_file *f, uint64_t start, uint64_t count, void *out, tf_dtype out_dtype) {
+    if (start > f->num_tokens || count > f->num_tokens - start)
+        TF_FAIL(-ERANGE, "%s: tokens [%llu, %llu) out of range (%llu tokens)", f->path,
+                (unsigned long long)start, (unsigned long long)(start + count), (unsigned long long)f->num_tokens);
+    size_t isz = tf_dtype_size(f->dtype), osz = tf_dtype_size(out_dtype);
+    if (!f->compressed) {
+        tf_convert(out, out_dtype, f->tokens + start * isz, f->dtype, (size_t)count);
+        return 0;
+    }
+    /* Compressed: decompress each block touched. The batch engine keeps a
+     * block cache; this path serves random access and verify. */
+    uint64_t bt = f->block_tokens;
+    size_t need = (size_t)bt * isz;
+    if (tf_blockcap < need) {
+        uint8_t *nb = realloc(tf_blockbuf, need);
+        if (!nb) return -ENOMEM;
+        tf_blockbuf = nb;
+        tf_blockcap = need;
+    }
+    uint8_t *o = out;
+    while (count) {
+        uint64_t b = start / bt, off = start % bt;
+        uint64_t n = bt - off < count ? bt - off : count;
+        TF_TRY(tf__native_read_block(f, b, tf_blockbuf, tf_blockcap));
+        tf_convert(o, out_dtype, tf_blockbuf + off * isz, f->dtype, (size_t)n);
+        o += n * osz;
+        start += n;
+        count -= n;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* detection and open                                                        */
+/* ------------------------------------------------------------------------ */
+
+static int path_exists(const char *p, int want_dir) {
+    struct stat st;
+    if (stat(p, &st) != 0) return 0;
+    return want_dir ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode);
+}
+
+static int ends_with(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+/* Megatron prefix for path, if path names one (prefix, prefix.bin, prefix.idx
+ * with both files present and the .idx starting with the MMIDIDX magic). */
+static char *megatron_prefix(const char *path) {
+    size_t n = strlen(path);
+    char *pre = malloc(n + 8);
+    if (!pre) return NULL;
+    memcpy(pre, path, n + 1);
+    if (ends_with(pre, ".bin") || ends_with(pre, ".idx")) pre[n - 4] = '\0';
+    size_t m = strlen(pre);
+    char *bin = malloc(m + 5), *idx = malloc(m + 5);
+    int ok = 0;
+    if (bin && idx) {
+        sprintf(bin, "%s.bin", pre);
+        sprintf(idx, "%s.idx", pre);
+        if (path_exists(bin, 0) && path_exists(idx, 0)) {
+            FILE *fp = fopen(idx, "rb");
+            char magic[9] = {0};
+            if (fp) {
+                ok = fread(magic, 1, 9, fp) == 9 && memcmp(magic, "MMIDIDX\0\0", 9) == 0;
+                fclose(fp);
+            }
+        }
+    }
+    free(bin);
+    free(idx);
+    if (!ok) {
+        free(pre);
+        return NULL;
+    }
+    return pre;
+}
+
+static int detect_file(const char *path, tf_format *fmt) {
+    uint8_t head[8] = {0};
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        TF_FAIL(-e, "%s: cannot open: %s", path, strerror(e));
+    }
+    ssize_t got = pread(fd, head, sizeof head, 0);
+    close(fd);
+    if (got >= 8 && memcmp(head, "TFSHARD\0", 8) == 0) *fmt = TF_FORMAT_NATIVE;
+    else if (got >= 6 && memcmp(head, "\x93NUMPY", 6) == 0) *fmt = TF_FORMAT_NPY;
+    else if (got >= 4 && (tf__le32(head) == 20240520u || tf__le32(head) == 20240801u)) *fmt = TF_FORMAT_LLMC;
+    else *fmt = TF_FORMAT_RAW;
+    return 0;
+}
+
+static int open_one(const char *path, const tf_open_options *opt, tf_file **files, uint64_t *nfiles,
+                    uint64_t *cap) {
+    tf_format fmt = opt->format;
+    char *prefix = NULL;
+    if (fmt == TF_FORMAT_AUTO || fmt == TF_FORMAT_NATIVE) {
+        if (path_exists(path, 1)) return tf__open_native_dir(path, opt, files, nfiles, cap);
+    }
+    if (fmt == TF_FORMAT_AUTO || fmt == TF_FORMAT_MEGATRON) {
+        prefix = megatron_prefix(path);
+        if (prefix) fmt = TF_FORMAT_MEGATRON;
+        else if (fmt == TF_FORMAT_MEGATRON)
+            TF_FAIL(-TF_EFORMAT, "%s: no Megatron dataset here: expected %s.bin and %s.idx with an MMIDIDX header. Pass the common prefix of the two files.", path, path, path);
+    }
+    if (fmt == TF_FORMAT_AUTO) {
+        if (!path_exists(path, 0)) {
+            if (access(path, F_OK) != 0) TF_FAIL(-ENOENT, "%s: no such file or directory", path);
+            TF_FAIL(-EINVAL, "%s: not a regular file or directory", path);
+        }
+        TF_TRY(detect_file(path, &fmt));
+        if (fmt == TF_FORMAT_RAW && opt->raw_dtype == TF_DTYPE_INVALID)
+            TF_FAIL(-TF_EFORMAT, "%s: header: expected a tokenfeed, llm.c or .npy magic number, found none. For a headerless token file (nanoGPT train.bin, OLMo, datatrove .ds) pass dtype= (e.g. dtype=\"uint16\").", path);
+    }
+    tf_file *f = tf__files_push(files, nfiles, cap);
+    if (!f) {
+        free(prefix);
+        return -ENOMEM;
+    }
+    int rc;
+    switch (fmt) {
+    case TF_FORMAT_NATIVE: rc = tf__open_native(path, opt, f); break;
+    case TF_FORMAT_MEGATRON: rc = tf__open_megatron(prefix, opt, f); break;
+    case TF_FORMAT_LLMC: rc = tf__open_llmc(path, opt, f); break;
+    case TF_FORMAT_NPY: rc = tf__open_npy(path, opt, f); break;
+    case TF_FORMAT_RAW: rc = tf__open_raw(path, opt, f); break;
+    default: rc = tf__seterr(-EINVAL, "%s: unknown format code %d", path, (int)fmt);
+    }
+    free(prefix);
+    if (rc < 0) {
+        tf__file_close(f);
+        (*nfiles)--;
+    }
+    return rc;
+}
+
+static tf_dtype wider(tf_dtype a, tf_dtype b) {
+    if (a == TF_DTYPE_INVALID) return b;
+    if (a == b) return a;
+    /* Mixed dtypes: the widest integer type that holds both. */
+    int fa = a == TF_FLOAT32 || a == TF_FLOAT64, fb = b == TF_FLOAT32 || b == TF_FLOAT64;
+    if (fa || fb) return TF_FLOAT64;
+    int sa = a >= TF_INT8, sb = b >= TF_INT8;
+    size_t za = tf_dtype_size(a), zb = tf_dtype_size(b), z = za > zb ? za : zb;
+    if (sa || sb) return z >= 8 || (!sa && za == z) || (!sb && zb == z) ? TF_INT64 : (z == 4 ? TF_INT32 : z == 2 ? TF_INT16 : TF_INT8);
+    return z == 8 ? TF_UINT64 : z == 4 ? TF_UINT32 : z == 2 ? TF_UINT16 : TF_UINT8;
+}
+
+/* Build the dataset from files (takes ownership of the array). */
+static int finish_dataset(tf_file *files, uint64_t nfiles, tf_dataset **out) {
+    tf_dataset *ds = calloc(1, sizeof *ds);
+    if (!ds) goto nomem;
+    ds->files = files;
+    ds->nfiles = nfiles;
+    ds->tok_prefix = malloc((nfiles + 1) * sizeof(uint64_t));
+    ds->doc_prefix = malloc((nfiles + 1) * sizeof(uint64_t));
+    if (!ds->tok_prefix || !ds->doc_prefix) {
+        tf_dataset_free(ds);
+        return -ENOMEM;
+    }
+    ds->tok_prefix[0] = ds->doc_prefix[0] = 0;
+    tf__xxh64_state h;
+    tf__xxh64_reset(&h, 0x746f6b656e666565ULL);
+    uint64_t vocab = 0;
+    int vocab_known = 1;
+    for (uint64_t i = 0; i < nfiles; i++) {
+        tf_file *f = &files[i];
+        if (tf__add_overflow(ds->tok_prefix[i], f->num_tokens, &ds->tok_prefix[i + 1]) ||
+            tf__add_overflow(ds->doc_prefix[i], f->num_docs, &ds->doc_prefix[i + 1])) {
+            tf_dataset_free(ds);
+            TF_FAIL(-TF_EFORMAT, "%s: num_tokens: the dataset's total overflows 64 bits", f->path);
+        }
+        ds->dtype = wider(ds->dtype, f->dtype);
+        if (f->vocab_size == 0) vocab_known = 0;
+        else if (f->vocab_size > vocab) vocab = f->vocab_size;
+        uint8_t rec[32];
+        tf__put_le64(rec, f->fingerprint);
+        tf__put_le64(rec + 8, f->num_tokens);
+        tf__put_le64(rec + 16, f->num_docs);
+        tf__put_le64(rec + 24, (uint64_t)f->dtype);
+        tf__xxh64_update(&h, rec, sizeof rec);
+    }
+    ds->num_tokens = ds->tok_prefix[nfiles];
+    ds->num_docs = ds->doc_prefix[nfiles];
+    ds->vocab_size = vocab_known ? vocab : 0;
+    ds->fingerprint = tf__xxh64_digest(&h);
+    if (ds->num_tokens == 0) {
+        const char *p = nfiles ? files[0].path : "(no files)";
+        tf_dataset_free(ds);
+        TF_FAIL(-TF_EFORMAT, "%s: num_tokens: expected at least one token, found an empty dataset. Check that the path points at the data you meant.", p);
+    }
+    *out = ds;
+    return 0;
+nomem:
+    for (uint64_t i = 0; i < nfiles; i++) tf__file_close(&files[i]);
+    free(files);
+    return -ENOMEM;
+}
+
+int tf_dataset_open_many(const char *const *paths, size_t n, const tf_open_options *opt, tf_dataset **out) {
+    if (!out) return -EINVAL;
+    *out = NULL;
+    tf__clearerr();
+    if (!paths || n == 0) TF_FAIL(-EINVAL, "no paths given");
+    tf_open_options dflt = {TF_FORMAT_AUTO, TF_DTYPE_INVALID};
+    if (!opt) opt = &dflt;
+    if (opt->raw_dtype != TF_DTYPE_INVALID && opt->raw_dtype != TF_UINT8 && opt->raw_dtype != TF_UINT16 &&
+        opt->raw_dtype != TF_UINT32 && opt->raw_dtype != TF_INT32 && opt->raw_dtype != TF_INT64 &&
+        opt->raw_dtype != TF_UINT64 && opt->raw_dtype != TF_INT16)
+        TF_FAIL(-EINVAL, "dtype %s is not a token dtype", tf_dtype_name(opt->raw_dtype));
+    tf_file *files = NULL;
+    uint64_t nfiles = 0, cap = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!paths[i]) {
+            for (uint64_t k = 0; k < nfiles; k++) tf__file_close(&files[k]);
+            free(files);
+            TF_FAIL(-EINVAL, "path %zu is NULL", i);
+        }
+        int rc = open_one(paths[i], opt, &files, &nfiles, &cap);
+        if (rc < 0) {
+            for (uint64_t k = 0; k < nfiles; k++) tf__file_close(&files[k]);
+            free(files);
+            return rc;
+        }
+    }
+    return finish_dataset(files, nfiles, out);
+}
+
+int tf_dataset_open(const char *path, const tf_open_options *opt, tf_dataset **out) {
+    return tf_dataset_open_many(&path, 1, opt, out);
+}
+
+int tf_dataset_from_memory(const void *tokens, uint64_t n, tf_dtype dt, const uint64_t *doc_ends,
+                           uint64_t ndocs, uint64_t vocab_size, tf_dataset **out) {
+    if (!out) return -EINVAL;
+    *out = NULL;
+    tf__clearerr();
+    size_t isz = tf_dtype_size(dt);
+    if (!isz) TF_FAIL(-EINVAL, "invalid dtype %d", (int)dt);
+    if (n && !tokens) TF_FAIL(-EINVAL, "tokens is NULL");
+    if (doc_ends) {
+        if (ndocs == 0 || doc_ends[ndocs - 1] != n)
+            TF_FAIL(-EINVAL, "doc_ends: the last entry must equal the token count %llu", (unsigned long long)n);
+        for (uint64_t j = 1; j < ndocs; j++)
+            if (doc_ends[j] < doc_ends[j - 1]) TF_FAIL(-EINVAL, "doc_ends: not monotonic at entry %llu", (unsigned long long)j);
+    }
+    uint64_t tbytes, dbytes = 0;
+    if (tf__mul_overflow(n, isz, &tbytes) || (doc_ends && tf__mul_overflow(ndocs, 8, &dbytes)))
+        return -ENOMEM;
+    uint64_t tpad = (tbytes + 7) & ~7ull;
+    tf_file *files = calloc(1, sizeof *files);
+    if (!files) return -ENOMEM;
+    tf_file *f = &files[0];
+    f->owned = malloc(tpad + dbytes + 1);
+    f->path = strdup("<memory>");
+    if (!f->owned || !f->path) {
+        tf__file_close(f);
+        free(files);
+        return -ENOMEM;
+    }
+    if (tbytes) memcpy(f->owned, tokens, tbytes);
+    f->format = TF_FORMAT_RAW;
+    f->dtype = dt;
+    f->num_tokens = n;
+    f->vocab_size = vocab_size;
+    f->tokens = f->owned;
+    if (doc_ends) {
+        memcpy((uint8_t *)f->owned + tpad, doc_ends, dbytes);
+        f->doc_ends = (const uint64_t *)((uint8_t *)f->owned + tpad);
+        f->doc_kind = TF_DOCS_ENDS;
+        f->num_docs = ndocs;
+    } else {
+        f->doc_kind = TF_DOCS_SINGLE;
+        f->num_docs = n ? 1 : 0;
+    }
+    f->fingerprint = tf_hash64(f->owned, tbytes, ndocs) ^ (doc_ends ? tf_hash64(doc_ends, dbytes, 1) : 0);
+    return finish_dataset(files, 1, out);
+}
+
+void tf_dataset_free(tf_dataset *ds) {
+    if (!ds) return;
+    for (uint64_t i = 0; i < ds->nfiles; i++) tf__file_close(&ds->files[i]);
+    free(ds->files);
+    free(ds->tok_prefix);
+    free(ds->doc_prefix);
+    free(ds);
+}
+
+/* ------------------------------------------------------------------------ */
+/* queries                                                                   */
+/* ------------------------------------------------------------------------ */
+
+const char *tf_format_name(tf_format f) {
+    switch (f) {
+    case TF_FORMAT_AUTO: return "auto";
+    case TF_FORMAT_NATIVE: return "tokenfeed";
+    case TF_FORMAT_MEGATRON: return "megatron";
+    case TF_FORMAT_LLMC: return "llm.c";
+    case TF_FORMAT_RAW: return "raw";
+    case TF_FORMAT_NPY: return "npy";
+    }
+    return "unknown";
+}
+
+int tf_dataset_get_info(const tf_dataset *ds, tf_dataset_info *info) {
+    if (!ds || !info) return -EINVAL;
+    info->num_tokens = ds->num_tokens;
+    info->num_documents = ds->num_docs;
+    info->vocab_size = ds->vocab_size;
+    info->dtype = ds->dtype;
+    info->format = ds->nfiles ? ds->files[0].format : TF_FORMAT_AUTO;
+    info->num_files = ds->nfiles;
+    info->fingerprint = ds->fingerprint;
+    return 0;
+}
+
+int tf_dataset_get_file(const tf_dataset *ds, uint64_t i, tf_file_info *info) {
+    if (!ds || !info) return -EINVAL;
+    if (i >= ds->nfiles) TF_FAIL(-ERANGE, "file %llu out of range (%llu files)", (unsigned long long)i, (unsigned long long)ds->nfiles);
+    const tf_file *f = &ds->files[i];
+    info->path = f->path;
+    info->format = f->format;
+    info->dtype = f->dtype;
+    info->first_token = ds->tok_prefix[i];
+    info->num_tokens = f->num_tokens;
+    info->first_document = ds->doc_prefix[i];
+    info->num_documents = f->num_docs;
+    info->compressed = f->compressed;
+    return 0;
+}
+
+uint64_t tf__dataset_file_of(const tf_dataset *ds, uint64_t pos) {
+    /* last i with tok_prefix[i] <= pos and a non-empty file */
+    uint64_t lo = 0, hi = ds->nfiles;
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (ds->tok_prefix[mid] <= pos) lo = mid; else hi = mid;
+    }
+    while (lo + 1 < ds->nfiles && ds->tok_prefix[lo + 1] <= pos) lo++;
+    return lo;
+}
+
+int tf_dataset_read(const tf_dataset *ds, uint64_t start, uint64_t count, void *out, tf_dtype out_dtype) {
+    if (!ds || (!out && count)) return -EINVAL;
+    size_t osz = tf_dtype_size(out_dtype);
+    if (!osz) TF_FAIL(-EINVAL, "invalid output dtype %d", (int)out_dtype);
+    if (start > ds->num_tokens || count > ds->num_tokens - start)
+        TF_FAIL(-ERANGE, "tokens [%llu, %llu) out of range: the dataset has %llu tokens",
+                (unsigned long long)start, (unsigned long long)start + count, (unsigned long long)ds->num_tokens);
+    if (!count) return 0;
+    uint64_t i = tf__dataset_file_of(ds, start);
+    uint8_t *o = out;
+    while (count) {
+        const tf_file *f = &ds->files[i];
+        uint64_t local = start - ds->tok_prefix[i];
+        uint64_t n = f->num_tokens - local;
+        if (n > count) n = count;
+        if (n) TF_TRY(tf__file_read(f, local, n, o, out_dtype));
+        o += n * osz;
+        start += n;
+        count -= n;
+        i++;
+    }
+    return 0;
+}
+
+int tf_dataset_view(const tf_dataset *ds, uint64_t start, uint64_t count, const void **ptr, tf_dtype *dtype) {
+    if (!ds || !ptr) return -EINVAL;
+    if (start > ds->num_tokens || count > ds->num_tokens - start)
+        TF_FAIL(-ERANGE, "tokens [%llu, %llu) out of range: the dataset has %llu tokens",
+                (unsigned long long)start, (unsigned long long)start + count, (unsigned long long)ds->num_tokens);
+    uint64_t i = tf__dataset_file_of(ds, start);
+    const tf_file *f = &ds->files[i];
+    uint64_t local = start - ds->tok_prefix[i];
+    if (f->compressed || !f->tokens || count > f->num_tokens - local) return -TF_EUNSUPPORTED;
+    *ptr = f->tokens + local * tf_dtype_size(f->dtype);
+    if (dtype) *dtype = f->dtype;
+    return 0;
+}
+
+static uint64_t file_of_doc(const tf_dataset *ds, uint64_t doc) {
+    uint64_t lo = 0, hi = ds->nfiles;
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (ds->doc_prefix[mid] <= doc) lo = mid; else hi = mid;
+    }
+    while (lo + 1 < ds->nfiles && ds->doc_prefix[lo + 1] <= doc) lo++;
+    return lo;
+}
+
+int tf_dataset_document(const tf_dataset *ds, uint64_t i, uint64_t *start, uint64_t *len) {
+    if (!ds || !start || !len) return -EINVAL;
+    if (i >= ds->num_docs)
+        TF_FAIL(-ERANGE, "document %llu out of range: the dataset has %llu documents", (unsigned long long)i, (unsigned long long)ds->num_docs);
+    uint64_t k = file_of_doc(ds, i);
+    TF_TRY(tf__file_document(&ds->files[k], i - ds->doc_prefix[k], start, len));
+    *start += ds->tok_prefix[k];
+    return 0;
+}
+
+int tf_dataset_find_document(const tf_dataset *ds, uint64_t pos, uint64_t *doc) {
+    if (!ds || !doc) return -EINVAL;
+    if (pos >= ds->num_tokens)
+        TF_FAIL(-ERANGE, "token %llu out of range: the dataset has %llu tokens", (unsigned long long)pos, (unsigned long long)ds->num_tokens);
+    uint64_t k = tf__dataset_file_of(ds, pos);
+    *doc = ds->doc_prefix[k] + tf__file_find_document(&ds->files[k], pos - ds->tok_prefix[k]);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* verify                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static int check_vocab(const tf_file *f, uint64_t vocab, _Atomic uint64_t *progress, _Atomic int *cancel) {
+    enum { CHUNK = 1 << 18 };
+    int64_t *buf = malloc(CHUNK * sizeof(int64_t));
+    if (!buf) return -ENOMEM;
+    int rc = 0;
+    size_t isz = tf_dtype_size(f->dtype);
+    for (uint64_t s = 0; s < f->num_tokens && !rc; s += CHUNK) {
+        if (atomic_load(cancel)) { rc = -ECANCELED; break; }
+        uint64_t n = f->num_tokens - s < CHUNK ? f->num_tokens - s : CHUNK;
+        rc = tf__file_read(f, s, n, buf, TF_INT64);
+        if (rc) break;
+        if (vocab) {
+            for (uint64_t k = 0; k < n; k++) {
+                if (buf[k] < 0 || (uint64_t)buf[k] >= vocab) {
+                    rc = tf__seterr(-TF_EVOCAB, "%s: token %llu is %lld, expected 0 <= id < vocab_size %llu. The file holds ids from another tokenizer, or it is corrupt.",
+                                    f->path, (unsigned long long)(s + k), (long long)buf[k], (unsigned long long)vocab);
+                    break;
+                }
+            }
+        }
+        if (!f->has_checksums) atomic_fetch_add(progress, n * isz);
+    }
+    free(buf);
+    return rc;
+}
+
+int tf__file_verify(const tf_file *f, uint64_t vocab_size, _Atomic uint64_t *progress, _Atomic int *cancel) {
+    if (f->has_checksums) {
+        /* tokens_checksum covers the uncompressed token bytes, so a compressed
+         * shard and its uncompressed twin share checksums and fingerprint. */
+        tf__xxh64_state h;
+        tf__xxh64_reset(&h, 0);
+        size_t isz = tf_dtype_size(f->dtype);
+        if (!f->compressed) {
+            const uint8_t *p = f->tokens;
+            uint64_t left = f->num_tokens * isz;
+            while (left) {
+                if (atomic_load(cancel)) return -ECANCELED;
+                size_t n = left < (8u << 20) ? (size_t)left : (8u << 20);
+                tf__xxh64_update(&h, p, n);
+                p += n;
+                left -= n;
+                atomic_fetch_add(progress, n);
+            }
+        } else {
+            size_t cap = (size_t)f->block_tokens * isz;
+            uint8_t *buf = malloc(cap ? cap : 1);
+            if (!buf) return -ENOMEM;
+            for (uint64_t b = 0; b < f->num_blocks; b++) {
+                if (atomic_load(cancel)) { free(buf); return -ECANCELED; }
+                uint64_t first = b * f->block_tokens;
+                uint64_t n = f->num_tokens - first < f->block_tokens ? f->num_tokens - first : f->block_tokens;
+                int rc = tf__native_read_block(f, b, buf, cap);
+                if (rc < 0) { free(buf); return rc; }
+                tf__xxh64_update(&h, buf, (size_t)(n * isz));
+                atomic_fetch_add(progress, n * isz);
+            }
+            free(buf);
+        }
+        uint64_t got = tf__xxh64_digest(&h);
+        if (got != f->tokens_checksum)
+            TF_FAIL(-TF_ECHECKSUM, "%s: tokens_checksum: expected %016llx, found %016llx. The shard is corrupt: restore it from a good copy or regenerate it.",
+                    f->path, (unsigned long long)f->tokens_checksum, (unsigned long long)got);
+        got = tf_hash64(f->docs_section, (size_t)f->docs_section_len, 0);
+        if (got != f->docs_checksum)
+            TF_FAIL(-TF_ECHECKSUM, "%s: docs_checksum: expected %016llx, found %016llx. The shard's document index is corrupt: restore it from a good copy or regenerate it.",
+                    f->path, (unsigned long long)f->docs_checksum, (unsigned long long)got);
+        if (f->compressed) {
+            got = tf_hash64(f->block_table, (size_t)(f->num_blocks * 16), 0);
+            if (got != f->blocks_checksum)
+                TF_FAIL(-TF_ECHECKSUM, "%s: blocks_checksum: expected %016llx, found %016llx. The shard's block table is corrupt: restore it from a good copy or regenerate it.",
+                        f->path, (unsigned long long)f->blocks_checksum, (unsigned long long)got);
+        }
+    }
+    /* Document index consistency: monotonic, within the token count. */
+    uint64_t prev_end = 0;
+    for (uint64_t j = 0; j < f->num_docs; j++) {
+        uint64_t s, n;
+        TF_TRY(tf__file_document(f, j, &s, &n));
+        if (f->doc_kind == TF_DOCS_MEGATRON && s < prev_end)
+            TF_FAIL(-TF_EFORMAT, "%s: sequence %llu: pointer goes backwards (starts at token %llu, previous ends at %llu). Rebuild the .idx.",
+                    f->aux_path, (unsigned long long)j, (unsigned long long)s, (unsigned long long)prev_end);
+        prev_end = s + n;
+    }
+    return check_vocab(f, vocab_size, progress, cancel);
+}
+
+typedef struct verify_ctx {
+    const tf_dataset *ds;
+    _Atomic uint64_t next;
+    _Atomic uint64_t progress;
+    _Atomic int cancel;
+    _Atomic int running;
+    pthread_mutex_t mu;
+    int rc;
+    uint64_t failed_file;
+    char msg[1024];
+} verify_ctx;
+
+static void *verify_worker(void *arg) {
+    verify_ctx *c = arg;
+    for (;;) {
+        uint64_t i = atomic_fetch_add(&c->next, 1);
+        if (i >= c->ds->nfiles || atomic_load(&c->cancel)) break;
+        int rc = tf__file_verify(&c->ds->files[i], c->ds->vocab_size, &c->progress, &c->cancel);
+        if (rc < 0 && rc != -ECANCELED) {
+            pthread_mutex_lock(&c->mu);
+            /* report the first failing file in dataset order */
+            if (!c->rc || i < c->failed_file) {
+                c->rc = rc;
+                c->failed_file = i;
+                snprintf(c->msg, sizeof c->msg, "%s", tf_last_error());
+            }
+            pthread_mutex_unlock(&c->mu);
+            atomic_store(&c->cancel, 1);
+        }
+    }
+    atomic_fetch_sub(&c->running, 1);
+    return NULL;
+}
+
+int tf_dataset_verify(const tf_dataset *ds, int threads, tf_progress_fn cb, void *user) {
+    if (!ds) return -EINVAL;
+    tf__clearerr();
+    uint64_t total = 0;
+    for (uint64_t i = 0; i < ds->nfiles; i++) {
+        const tf_file *f = &ds->files[i];
+        total += f->num_tokens * tf_dtype_size(f->dtype);
+    }
+    if (threads <= 0) threads = tf__num_cpus();
+    if ((uint64_t)threads > ds->nfiles) threads = (int)ds->nfiles;
+    if (threads < 1) threads = 1;
+    verify_ctx c;
+    memset(&c, 0, sizeof c);
+    c.ds = ds;
+    pthread_mutex_init(&c.mu, NULL);
+    pthread_t *th = calloc((size_t)threads, sizeof *th);
+    if (!th) return -ENOMEM;
+    int started = 0;
+    for (int t = 0; t < threads; t++) {
+        atomic_fetch_add(&c.running, 1);
+        if (pthread_create(&th[t], NULL, verify_worker, &c) != 0) {
+            atomic_fetch_sub(&c.running, 1);
+            break;
+        }
+        started++;
+    }
+    if (!started) { /* run inline */
+        atomic_fetch_add(&c.running, 1);
+        verify_worker(&c);
+    }
+    int cancelled = 0;
+    while (atomic_load(&c.running) > 0) {
+        if (cb && !cancelled && cb(user, atomic_load(&c.progress), total)) {
+            atomic_store(&c.cancel, 1);
+            cancelled = 1;
+        }
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+    free(th);
+    pthread_mutex_destroy(&c.mu);
+    if (c.rc) return tf__seterr(c.rc, "%s", c.msg);
+    if (cancelled) TF_FAIL(-ECANCELED, "verify cancelled");
+    if (cb) cb(user, total, total);
+    return 0;
+}

@@ -1,0 +1,134 @@
+/*
+ * source.h — the sources layer's internal model, shared by the format parsers
+ * (native.c, megatron.c, llmc.c, raw.c, npy.c) and the dataset (dataset.c).
+ *
+ * A dataset is an ordered list of files (tf_file). Each parser validates one
+ * file's headers and sizes (never its whole payload: that is verify's job) and
+ * fills a tf_file: where its tokens are (a mapping, or compressed blocks),
+ * its dtype and counts, and how to find its documents. dataset.c then only
+ * deals with tf_file, whatever the format.
+ *
+ * Every offset read from disk is distrusted: parsers check it against the
+ * mapped size with overflow-checked arithmetic before any pointer is formed.
+ * Errors are -TF_EFORMAT with a message of the form
+ *   "<path>: <field>: expected <x>, found <y>. <what to do>"
+ */
+#ifndef TF_SOURCE_H
+#define TF_SOURCE_H
+
+#include <stdatomic.h>
+
+#include "../common/internal.h"
+
+typedef enum tf_doc_kind {
+    TF_DOCS_SINGLE = 0,  /* the whole file is one document */
+    TF_DOCS_ENDS = 1,    /* doc_ends[j]: cumulative end (exclusive) of doc j, uint64 */
+    TF_DOCS_MEGATRON = 2 /* doc j = tokens [mg_pointers[j]/itemsize, + mg_sizes[j]) */
+} tf_doc_kind;
+
+typedef struct tf_file {
+    char *path;           /* owned */
+    tf_format format;
+    tf_dtype dtype;
+    uint64_t num_tokens;
+    uint64_t num_docs;
+    uint64_t vocab_size;  /* 0 = unknown */
+
+    /* Token data: tokens points at the first token inside map (or owned). */
+    void *map;            /* main file mapping (munmap on close), or NULL */
+    size_t map_len;
+    const uint8_t *tokens; /* NULL when compressed */
+    void *owned;          /* heap copy for memory datasets (free on close) */
+
+    /* Documents. */
+    tf_doc_kind doc_kind;
+    const uint64_t *doc_ends;   /* TF_DOCS_ENDS (may be unaligned-safe: 8-aligned by parsers) */
+    const int64_t *mg_pointers; /* TF_DOCS_MEGATRON */
+    const int32_t *mg_sizes;
+    void *aux_map;        /* second mapping (Megatron .idx, datatrove .index) */
+    size_t aux_len;
+    char *aux_path;       /* owned; path of the second file, for messages */
+
+    /* Compressed token storage (native format, zstd); see native.c. */
+    int compressed;
+    const uint8_t *zdata;       /* start of the compressed token section */
+    uint64_t zdata_len;
+    const uint8_t *block_table; /* raw block table bytes */
+    uint64_t num_blocks;
+    uint64_t block_tokens;
+
+    /* Native format checksums (verify). */
+    int has_checksums;
+    uint64_t tokens_checksum, docs_checksum, blocks_checksum;
+    uint64_t tokens_section_len; /* stored bytes of the token section */
+    const uint8_t *docs_section;
+    uint64_t docs_section_len;
+
+    /* Contribution to the dataset fingerprint (computed by the parser in
+     * O(1): checksums for native files; header + sizes + sampled bytes for
+     * foreign ones). */
+    uint64_t fingerprint;
+} tf_file;
+
+/* Format parsers. Each fills *f (zeroed by the caller) or returns an error;
+ * on error the caller runs tf__file_close(f), so parsers may leave partial
+ * state in f. opt is never NULL. */
+TF_HIDDEN int tf__open_native(const char *path, const tf_open_options *opt, tf_file *f);
+TF_HIDDEN int tf__open_megatron(const char *prefix, const tf_open_options *opt, tf_file *f);
+TF_HIDDEN int tf__open_llmc(const char *path, const tf_open_options *opt, tf_file *f);
+TF_HIDDEN int tf__open_raw(const char *path, const tf_open_options *opt, tf_file *f);
+TF_HIDDEN int tf__open_npy(const char *path, const tf_open_options *opt, tf_file *f);
+
+/* A native dataset directory: reads the manifest and opens each shard,
+ * checking the shard headers against the manifest. Appends to *files. */
+TF_HIDDEN int tf__open_native_dir(const char *dir, const tf_open_options *opt, tf_file **files,
+                                  uint64_t *nfiles, uint64_t *cap);
+
+/* Pure parsers of in-memory bytes, shared by the openers and the fuzz targets.
+ * They never read past len. */
+TF_HIDDEN int tf__parse_native_header(const char *path, const uint8_t *buf, size_t len,
+                                      uint64_t file_size, tf_file *f);
+
+/* Close one file: unmap, free. Safe on a zeroed or partially filled file. */
+TF_HIDDEN void tf__file_close(tf_file *f);
+
+/* Map a whole file read-only. Empty files are mapped as NULL with len 0.
+ * Returns -errno with a message naming the path. */
+TF_HIDDEN int tf__map_file(const char *path, void **map, size_t *len);
+TF_HIDDEN void tf__unmap(void *map, size_t len);
+
+/* Document j of file f (local coordinates). */
+TF_HIDDEN int tf__file_document(const tf_file *f, uint64_t j, uint64_t *start, uint64_t *len);
+/* Document of f containing local token pos (pos < num_tokens). */
+TF_HIDDEN uint64_t tf__file_find_document(const tf_file *f, uint64_t pos);
+/* Copy local tokens [start, start+count) converted to out_dtype. */
+TF_HIDDEN int tf__file_read(const tf_file *f, uint64_t start, uint64_t count, void *out,
+                            tf_dtype out_dtype);
+/* Verify one file fully (checksums, index, vocab): called from verify
+ * threads. Adds bytes checked to *progress as it goes; stops early when
+ * *cancel becomes non-zero. */
+TF_HIDDEN int tf__file_verify(const tf_file *f, uint64_t vocab_size, _Atomic uint64_t *progress,
+                              _Atomic int *cancel);
+/* Grow *files by one zeroed entry; returns it or NULL (-ENOMEM). */
+TF_HIDDEN tf_file *tf__files_push(tf_file **files, uint64_t *nfiles, uint64_t *cap);
+
+/* Decompress block b of a compressed file into out (block_tokens tokens or
+ * fewer for the last block). Implemented in native.c. */
+TF_HIDDEN int tf__native_read_block(const tf_file *f, uint64_t b, void *out, size_t out_cap);
+
+struct tf_dataset {
+    tf_file *files;
+    uint64_t nfiles;
+    uint64_t *tok_prefix; /* nfiles + 1 */
+    uint64_t *doc_prefix; /* nfiles + 1 */
+    uint64_t num_tokens;
+    uint64_t num_docs;
+    uint64_t vocab_size;
+    tf_dtype dtype;
+    uint64_t fingerprint;
+};
+
+/* Index of the file holding global token pos (pos < num_tokens): O(log files). */
+TF_HIDDEN uint64_t tf__dataset_file_of(const tf_dataset *ds, uint64_t pos);
+
+#endif
