@@ -1,0 +1,39 @@
+/*
+ * order_internal.h — what the engine needs from the order layer beyond the
+ * public API: the token spans that make up a sample, so that each read backend
+ * (mmap, pread, io_uring, zstd) can fetch them its own way, and the extras
+ * (position ids, cu_seqlens, loss mask), computed from document boundaries.
+ */
+#ifndef TF_ORDER_INTERNAL_H
+#define TF_ORDER_INTERNAL_H
+
+#include "../common/internal.h"
+
+/* One piece of a sample: either tokens [src, src + len) of the dataset (global
+ * token coordinates, possibly crossing file boundaries), or, when src ==
+ * TF_SPAN_SEPARATOR, len copies of the separator id. dst is the offset of the
+ * piece inside the sample (in tokens). The spans of a sample are in dst order
+ * and cover [0, L + 1) exactly. */
+#define TF_SPAN_SEPARATOR UINT64_MAX
+typedef struct tf__span {
+    uint64_t src;
+    uint64_t len;
+    uint64_t dst;
+} tf__span;
+
+/* Upper bound on the spans of one sample for this order (>= 1). */
+TF_HIDDEN size_t tf__order_max_spans(const tf_order *o);
+
+/* Spans of sample `sample` (an index in the unshuffled sample sequence, as
+ * returned by tf_order_sample_at). cap must be >= tf__order_max_spans(o). */
+TF_HIDDEN int tf__order_sample_spans(const tf_order *o, uint64_t sample, tf__span *spans, size_t cap,
+                                     size_t *n);
+
+/* Fill only the extras of a sample (tokens are fetched by the caller). */
+TF_HIDDEN int tf__order_fill_extras(const tf_order *o, uint64_t sample, const tf_sample_extras *ex);
+
+/* Separator id (or -1) and sequence length, for the engine. */
+TF_HIDDEN int64_t tf__order_separator(const tf_order *o);
+TF_HIDDEN uint64_t tf__order_seq_len(const tf_order *o);
+
+#endif
