@@ -344,6 +344,9 @@ typedef enum tf_backend {
     TF_BACKEND_IO_URING = 3,
 } tf_backend;
 
+/* "auto", "mmap", "pread", "io_uring". */
+TF_API const char *tf_backend_name(tf_backend b);
+
 typedef struct tf_loader_config {
     tf_order_config order;
     uint64_t batch_size;  /* B: samples per rank per batch; order.global_batch = B * world_size */
@@ -353,7 +356,8 @@ typedef struct tf_loader_config {
     unsigned want;        /* TF_WANT_* bits */
     int num_threads;      /* 0 = default */
     int prefetch;         /* ring depth in batches; 0 = default */
-    tf_backend backend;
+    tf_backend backend;   /* TF_BACKEND_AUTO: $TOKENFEED_BACKEND, else mmap */
+    int direct_io;        /* io_uring: open with O_DIRECT (aligned reads) */
 } tf_loader_config;
 
 TF_API void tf_loader_config_init(tf_loader_config *cfg);
@@ -370,6 +374,11 @@ TF_API void tf_loader_free(tf_loader *l);
  * batch the caller owns (release with tf_batch_release), or -TF_EEOF at the end
  * of a finite stream. The loader's position advances by one global batch. */
 TF_API int tf_loader_next(tf_loader *l, tf_batch **out);
+
+/* Like tf_loader_next, but gives up after timeout_ns nanoseconds with
+ * -ETIMEDOUT (the binding waits in short slices so that Ctrl-C stays
+ * responsive). */
+TF_API int tf_loader_next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_ns);
 
 /* Global stream position (in samples) of the next batch this rank will receive:
  * always a multiple of the global batch. */
@@ -407,6 +416,7 @@ typedef struct tf_loader_stats {
     uint64_t ring_slots;
     tf_backend backend;    /* backend in use after any fallback */
     int num_threads;
+    char backend_note[160]; /* why a requested backend fell back ("" if none) */
 } tf_loader_stats;
 
 TF_API void tf_loader_get_stats(const tf_loader *l, tf_loader_stats *st);
