@@ -76,6 +76,11 @@ enum {
 };
 TF_API unsigned tf_features(void);
 
+/* Whether io_uring can be used in this process right now (it may be compiled
+ * in but blocked by seccomp, memlock limits or an old kernel). Returns 1 if
+ * usable, 0 if not, with the reason written to why (may be NULL). */
+TF_API int tf_io_uring_usable(char *why, size_t why_len);
+
 /* ------------------------------------------------------------------------ */
 /* Token dtypes                                                              */
 /* ------------------------------------------------------------------------ */
