@@ -8,6 +8,3 @@ uint64_t tf_order_num_positions(const tf_order *o) { (void)o; return 0; }
 uint64_t tf_order_fingerprint(const tf_order *o) { (void)o; return 0; }
 uint64_t tf_order_sample_at(const tf_order *o, uint64_t p) { (void)o; return p; }
 int tf_order_fill_sample(const tf_order *o, uint64_t s, void *out, tf_dtype d, const tf_sample_extras *e) { (void)o; (void)s; (void)out; (void)d; (void)e; return -TF_EUNSUPPORTED; }
-int tf_perm_init(tf_perm *p, uint64_t n, uint64_t k) { (void)p; (void)n; (void)k; return -TF_EUNSUPPORTED; }
-uint64_t tf_perm_apply(const tf_perm *p, uint64_t i) { (void)p; return i; }
-uint64_t tf_perm_inverse(const tf_perm *p, uint64_t j) { (void)p; return j; }
