@@ -101,8 +101,8 @@ int tf__file_document(const tf_file *f, uint64_t j, uint64_t *start, uint64_t *l
     }
     case TF_DOCS_MEGATRON: {
         size_t isz = tf_dtype_size(f->dtype);
-        int64_t p = f->mg_pointers[j];
-        int32_t n = f->mg_sizes[j];
+        int64_t p = tf__mg_pointer(f, j);
+        int32_t n = tf__mg_size(f, j);
         if (p < 0 || n < 0 || (uint64_t)p % isz != 0 || (uint64_t)p / isz > f->num_tokens ||
             (uint64_t)n > f->num_tokens - (uint64_t)p / isz)
             TF_FAIL(-TF_EFORMAT, "%s: sequence %llu: pointer %lld, size %d lie outside the %llu tokens of the .bin. The .idx does not belong to this .bin or is corrupt.",
@@ -133,12 +133,12 @@ uint64_t tf__file_find_document(const tf_file *f, uint64_t pos) {
         uint64_t lo = 0, hi = f->num_docs;
         while (hi - lo > 1) {
             uint64_t mid = lo + (hi - lo) / 2;
-            int64_t p = f->mg_pointers[mid];
+            int64_t p = tf__mg_pointer(f, mid);
             if (p >= 0 && (uint64_t)p / isz <= pos) lo = mid; else hi = mid;
         }
         /* skip empty sequences that start at the same position */
-        while (lo + 1 < f->num_docs && f->mg_pointers[lo + 1] >= 0 &&
-               (uint64_t)f->mg_pointers[lo + 1] / isz <= pos) lo++;
+        while (lo + 1 < f->num_docs && tf__mg_pointer(f, lo + 1) >= 0 &&
+               (uint64_t)tf__mg_pointer(f, lo + 1) / isz <= pos) lo++;
         return lo;
     }
     }

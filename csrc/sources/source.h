@@ -43,8 +43,13 @@ typedef struct tf_file {
     /* Documents. */
     tf_doc_kind doc_kind;
     const uint64_t *doc_ends;   /* TF_DOCS_ENDS (may be unaligned-safe: 8-aligned by parsers) */
-    const int64_t *mg_pointers; /* TF_DOCS_MEGATRON */
-    const int32_t *mg_sizes;
+    /* TF_DOCS_MEGATRON: the raw int64 pointer and int32 size arrays inside the
+     * mapped .idx. MMIDIDX puts them at offset 34, which is never aligned for
+     * their types, so they are kept as bytes and read with tf__mg_pointer() /
+     * tf__mg_size() (unaligned-safe loads) instead of being copied at open:
+     * a copy would make opening O(sequences) and fault in the whole .idx. */
+    const uint8_t *mg_pointers;
+    const uint8_t *mg_sizes;
     void *aux_map;        /* second mapping (Megatron .idx, datatrove .index) */
     size_t aux_len;
     char *aux_path;       /* owned; path of the second file, for messages */
@@ -70,6 +75,14 @@ typedef struct tf_file {
     uint64_t fingerprint;
 } tf_file;
 
+/* Sequence j of a Megatron file: byte offset in the .bin and length in tokens. */
+static inline int64_t tf__mg_pointer(const tf_file *f, uint64_t j) {
+    return (int64_t)tf__le64(f->mg_pointers + 8 * j);
+}
+static inline int32_t tf__mg_size(const tf_file *f, uint64_t j) {
+    return (int32_t)tf__le32(f->mg_sizes + 4 * j);
+}
+
 /* Format parsers. Each fills *f (zeroed by the caller) or returns an error;
  * on error the caller runs tf__file_close(f), so parsers may leave partial
  * state in f. opt is never NULL. */
@@ -88,6 +101,48 @@ TF_HIDDEN int tf__open_native_dir(const char *dir, const tf_open_options *opt, t
  * They never read past len. */
 TF_HIDDEN int tf__parse_native_header(const char *path, const uint8_t *buf, size_t len,
                                       uint64_t file_size, tf_file *f);
+
+/* Native shard layout constants (docs/format.md), shared with the writer. */
+#define TF_NATIVE_MAGIC "TFSHARD\0"
+#define TF_NATIVE_VERSION 1u
+#define TF_NATIVE_HEADER_SIZE 256u
+#define TF_NATIVE_TOKENS_ALIGN 4096u
+#define TF_NATIVE_FLAG_ZSTD 1u
+#define TF_NATIVE_HDR_CHECKSUM_AT 248u
+/* Largest accepted block_tokens * itemsize: readers allocate one block. */
+#define TF_NATIVE_MAX_BLOCK_BYTES (1ull << 30)
+#define TF_MANIFEST_NAME "tokenfeed.manifest"
+
+/* Native dtype codes <-> tf_dtype (0 / TF_DTYPE_INVALID when unknown). */
+TF_HIDDEN tf_dtype tf__native_dtype_from_code(uint32_t code);
+TF_HIDDEN uint32_t tf__native_dtype_code(tf_dtype dt);
+
+/* A parsed manifest (docs/format.md, "Manifest"). */
+typedef struct tf_manifest_shard {
+    char *name; /* owned; a plain file name (no '/', no whitespace) */
+    uint64_t num_tokens, num_docs;
+    uint64_t tokens_checksum, docs_checksum;
+} tf_manifest_shard;
+typedef struct tf_manifest {
+    tf_dtype dtype;
+    uint64_t vocab_size;
+    uint64_t num_shards;
+    tf_manifest_shard *shards; /* owned */
+} tf_manifest;
+/* Parse manifest text buf[0, len). path is only used in messages. On success
+ * *m owns its shards (free with tf__manifest_free); on error *m is empty. */
+TF_HIDDEN int tf__parse_manifest(const char *path, const uint8_t *buf, size_t len, tf_manifest *m);
+TF_HIDDEN void tf__manifest_free(tf_manifest *m);
+
+/* A parsed .npy header. */
+typedef struct tf_npy_header {
+    tf_dtype dtype;
+    uint64_t num_items;   /* shape[0] */
+    uint64_t data_offset; /* first data byte */
+} tf_npy_header;
+/* Parse the .npy header at the start of buf[0, len) (1-D little-endian
+ * integer arrays only). Does not check the data size against the file. */
+TF_HIDDEN int tf__parse_npy_header(const char *path, const uint8_t *buf, size_t len, tf_npy_header *h);
 
 /* Close one file: unmap, free. Safe on a zeroed or partially filled file. */
 TF_HIDDEN void tf__file_close(tf_file *f);

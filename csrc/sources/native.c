@@ -1,0 +1,521 @@
+/*
+ * native.c — reader of the tokenfeed shard format and of dataset directories
+ * (docs/format.md is the contract; this file implements it exactly).
+ *
+ * Design:
+ *   - Opening is O(1) per shard: the header is validated field by field, every
+ *     section offset/size is checked against the real file size with
+ *     overflow-checked arithmetic, and only O(1) facts about the payload are
+ *     checked (the last document end). Full checks (checksums, monotonic
+ *     document index, vocab) are tf_dataset_verify()'s job.
+ *   - The header parser is a pure function over bytes (tf__parse_native_header)
+ *     so fuzz targets can drive it without files; the manifest parser likewise
+ *     (tf__parse_manifest).
+ *   - Compressed shards keep the block table as raw bytes; a block entry is
+ *     validated when that block is read (tf__native_read_block), never all at
+ *     open, so open stays O(1) whatever the number of blocks.
+ *   - The per-file fingerprint hashes (tokens_checksum, docs_checksum,
+ *     num_tokens, num_docs, dtype, vocab): it identifies the data, so a zstd
+ *     shard and its uncompressed twin share it.
+ *   - Decompression uses one ZSTD_DCtx per thread (pthread key with a
+ *     destructor, so threads that exit do not leak it).
+ *
+ * The library assumes a little-endian host: token and index sections are
+ * mapped and used in place.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#ifdef TF_HAVE_ZSTD
+#include <zstd.h>
+#endif
+
+#include "source.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "tokenfeed maps little-endian token files in place and needs a little-endian host"
+#endif
+
+typedef unsigned long long ull;
+
+tf_dtype tf__native_dtype_from_code(uint32_t code) {
+    switch (code) {
+    case 1: return TF_UINT8;
+    case 2: return TF_UINT16;
+    case 3: return TF_UINT32;
+    default: return TF_DTYPE_INVALID;
+    }
+}
+
+uint32_t tf__native_dtype_code(tf_dtype dt) {
+    switch (dt) {
+    case TF_UINT8: return 1;
+    case TF_UINT16: return 2;
+    case TF_UINT32: return 3;
+    default: return 0;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* shard header                                                              */
+/* ------------------------------------------------------------------------ */
+
+#define BAD(field, fmt, ...) return tf__seterr(-TF_EFORMAT, "%s: " field ": " fmt, path, ##__VA_ARGS__)
+#define REGEN "Regenerate the shard with tokenfeed's writer, or restore it from a good copy."
+
+/* Section [off, off + size) lies inside [lo, file_size). */
+static int section_ok(uint64_t off, uint64_t size, uint64_t lo, uint64_t file_size) {
+    uint64_t end;
+    return off >= lo && !tf__add_overflow(off, size, &end) && end <= file_size;
+}
+
+int tf__parse_native_header(const char *path, const uint8_t *buf, size_t len, uint64_t file_size,
+                            tf_file *f) {
+    const uint64_t H = TF_NATIVE_HEADER_SIZE;
+    if (file_size == 0 || len == 0)
+        BAD("header", "expected a %llu-byte tokenfeed header, found an empty file. The write did not finish; regenerate the shard.", (ull)H);
+    if (len < H || file_size < H)
+        BAD("header", "expected at least %llu bytes, found %llu. The file is truncated: regenerate it or restore it from a good copy.",
+            (ull)H, (ull)(len < file_size ? len : file_size));
+    if (memcmp(buf, TF_NATIVE_MAGIC, 8) != 0)
+        BAD("magic", "expected \"TFSHARD\\0\", found %02x %02x %02x %02x %02x %02x %02x %02x. This is not a tokenfeed shard; pass format= for other formats.",
+            buf[0], buf[1], buf[2], buf[3], buf[4], buf[5], buf[6], buf[7]);
+    uint32_t version = tf__le32(buf + 8);
+    if (version != TF_NATIVE_VERSION)
+        BAD("version", "expected %u, found %u. The shard was written by a newer or incompatible tokenfeed; upgrade tokenfeed or rewrite the shard.",
+            TF_NATIVE_VERSION, version);
+    uint32_t header_size = tf__le32(buf + 12);
+    if (header_size != H) BAD("header_size", "expected %llu, found %u. " REGEN, (ull)H, header_size);
+    uint64_t hsum = tf_hash64(buf, TF_NATIVE_HDR_CHECKSUM_AT, 0);
+    uint64_t stored = tf__le64(buf + TF_NATIVE_HDR_CHECKSUM_AT);
+    if (hsum != stored)
+        BAD("header_checksum", "expected %016llx, found %016llx. The header is corrupt. " REGEN, (ull)stored, (ull)hsum);
+
+    uint32_t flags = tf__le32(buf + 16);
+    uint32_t code = tf__le32(buf + 20);
+    uint64_t vocab = tf__le64(buf + 24), ntok = tf__le64(buf + 32), ndocs = tf__le64(buf + 40);
+    uint64_t tok_off = tf__le64(buf + 48), tok_bytes = tf__le64(buf + 56);
+    uint64_t docs_off = tf__le64(buf + 64), docs_bytes = tf__le64(buf + 72);
+    uint64_t blk_off = tf__le64(buf + 80), blk_bytes = tf__le64(buf + 88), blk_tokens = tf__le64(buf + 96);
+    uint64_t tsum = tf__le64(buf + 104), dsum = tf__le64(buf + 112), bsum = tf__le64(buf + 120);
+    uint64_t fsize = tf__le64(buf + 128);
+
+    if (flags & ~TF_NATIVE_FLAG_ZSTD)
+        BAD("flags", "expected only bit 0 (zstd) to be possibly set, found 0x%x. The shard uses a feature this tokenfeed does not know; upgrade tokenfeed.", flags);
+    tf_dtype dt = tf__native_dtype_from_code(code);
+    if (dt == TF_DTYPE_INVALID)
+        BAD("dtype", "expected 1 (uint8), 2 (uint16) or 3 (uint32), found %u. " REGEN, code);
+    size_t isz = tf_dtype_size(dt);
+    for (size_t i = 136; i < TF_NATIVE_HDR_CHECKSUM_AT; i++)
+        if (buf[i]) BAD("reserved", "expected zero bytes at 136..247, found 0x%02x at byte %zu. The shard uses a feature this tokenfeed does not know; upgrade tokenfeed.", buf[i], i);
+    if (vocab == 0) BAD("vocab_size", "expected > 0, found 0. " REGEN);
+    if (fsize != file_size)
+        BAD("file_size", "expected %llu (from the header), found %llu on disk. The file is truncated or was appended to: regenerate it or restore it from a good copy.",
+            (ull)fsize, (ull)file_size);
+    if (tok_off % TF_NATIVE_TOKENS_ALIGN != 0 || tok_off < H)
+        BAD("tokens_offset", "expected a multiple of %u that is >= %llu, found %llu. " REGEN, TF_NATIVE_TOKENS_ALIGN, (ull)H, (ull)tok_off);
+    if (!section_ok(tok_off, tok_bytes, H, file_size))
+        BAD("tokens_bytes", "expected the token section [%llu, +%llu) to end within the file size %llu. The file is truncated. " REGEN,
+            (ull)tok_off, (ull)tok_bytes, (ull)file_size);
+    int compressed = (flags & TF_NATIVE_FLAG_ZSTD) != 0;
+    uint64_t raw_bytes;
+    if (tf__mul_overflow(ntok, isz, &raw_bytes))
+        BAD("num_tokens", "expected a count whose byte size fits 64 bits, found %llu. " REGEN, (ull)ntok);
+    if (!compressed && tok_bytes != raw_bytes)
+        BAD("tokens_bytes", "expected num_tokens * %zu = %llu, found %llu. " REGEN, isz, (ull)raw_bytes, (ull)tok_bytes);
+    if (ntok > 0 && ndocs == 0)
+        BAD("num_docs", "expected >= 1 for %llu tokens, found 0. " REGEN, (ull)ntok);
+    uint64_t want_docs;
+    if (tf__mul_overflow(ndocs, 8, &want_docs) || docs_bytes != want_docs)
+        BAD("docs_bytes", "expected num_docs * 8 = %llu * 8, found %llu. " REGEN, (ull)ndocs, (ull)docs_bytes);
+    if (docs_off % 8 != 0) BAD("docs_offset", "expected a multiple of 8, found %llu. " REGEN, (ull)docs_off);
+    if (!section_ok(docs_off, docs_bytes, tok_off + tok_bytes, file_size))
+        BAD("docs_offset", "expected the document index [%llu, +%llu) between the token section end %llu and the file size %llu. The file is truncated or corrupt. " REGEN,
+            (ull)docs_off, (ull)docs_bytes, (ull)(tok_off + tok_bytes), (ull)file_size);
+
+    uint64_t nblocks = 0;
+    if (compressed) {
+        if (blk_tokens == 0 || blk_tokens > TF_NATIVE_MAX_BLOCK_BYTES / isz)
+            BAD("block_tokens", "expected 1 to %llu for a compressed shard, found %llu. " REGEN,
+                (ull)(TF_NATIVE_MAX_BLOCK_BYTES / isz), (ull)blk_tokens);
+        nblocks = ntok / blk_tokens + (ntok % blk_tokens != 0);
+        uint64_t want_blk;
+        if (tf__mul_overflow(nblocks, 16, &want_blk) || blk_bytes != want_blk)
+            BAD("blocks_bytes", "expected ceil(num_tokens / block_tokens) * 16 = %llu * 16, found %llu. " REGEN,
+                (ull)nblocks, (ull)blk_bytes);
+        if (blk_off % 8 != 0) BAD("blocks_offset", "expected a multiple of 8, found %llu. " REGEN, (ull)blk_off);
+        if (!section_ok(blk_off, blk_bytes, docs_off + docs_bytes, file_size))
+            BAD("blocks_offset", "expected the block table [%llu, +%llu) between the document index end %llu and the file size %llu. The file is truncated or corrupt. " REGEN,
+                (ull)blk_off, (ull)blk_bytes, (ull)(docs_off + docs_bytes), (ull)file_size);
+    } else if (blk_off || blk_bytes || blk_tokens || bsum) {
+        BAD("blocks_offset", "expected blocks_offset, blocks_bytes, block_tokens and blocks_checksum to be 0 in an uncompressed shard, found %llu, %llu, %llu, %016llx. " REGEN,
+            (ull)blk_off, (ull)blk_bytes, (ull)blk_tokens, (ull)bsum);
+    }
+
+    f->format = TF_FORMAT_NATIVE;
+    f->dtype = dt;
+    f->vocab_size = vocab;
+    f->num_tokens = ntok;
+    f->num_docs = ndocs;
+    f->doc_kind = TF_DOCS_ENDS;
+    f->has_checksums = 1;
+    f->tokens_checksum = tsum;
+    f->docs_checksum = dsum;
+    f->blocks_checksum = bsum;
+    f->tokens_section_len = tok_bytes;
+    f->compressed = compressed;
+    f->num_blocks = nblocks;
+    f->block_tokens = compressed ? blk_tokens : 0;
+    uint8_t rec[48];
+    tf__put_le64(rec, tsum);
+    tf__put_le64(rec + 8, dsum);
+    tf__put_le64(rec + 16, ntok);
+    tf__put_le64(rec + 24, ndocs);
+    tf__put_le64(rec + 32, code);
+    tf__put_le64(rec + 40, vocab);
+    f->fingerprint = tf_hash64(rec, sizeof rec, 0);
+
+    /* Pointers only when the whole file is in buf (the header alone may be
+     * parsed, e.g. by a fuzz target fed a prefix). */
+    if (len < file_size) return 0;
+    f->docs_section = buf + docs_off;
+    f->docs_section_len = docs_bytes;
+    f->doc_ends = (const uint64_t *)(const void *)(buf + docs_off); /* 8-aligned: checked above */
+    if (compressed) {
+        f->tokens = NULL;
+        f->zdata = buf + tok_off;
+        f->zdata_len = tok_bytes;
+        f->block_table = buf + blk_off;
+    } else {
+        f->tokens = buf + tok_off;
+    }
+    if (ndocs) {
+        uint64_t last = tf__le64(buf + docs_off + docs_bytes - 8);
+        if (last != ntok)
+            BAD("document index", "expected the last document end to equal num_tokens %llu, found %llu. The index is corrupt. " REGEN,
+                (ull)ntok, (ull)last);
+    }
+    return 0;
+}
+
+int tf__open_native(const char *path, const tf_open_options *opt, tf_file *f) {
+    (void)opt;
+    f->path = strdup(path);
+    if (!f->path) return -ENOMEM;
+    TF_TRY(tf__map_file(path, &f->map, &f->map_len));
+    return tf__parse_native_header(path, f->map, f->map_len, f->map_len, f);
+}
+
+/* ------------------------------------------------------------------------ */
+/* compressed blocks                                                         */
+/* ------------------------------------------------------------------------ */
+
+#ifdef TF_HAVE_ZSTD
+static pthread_key_t dctx_key;
+static pthread_once_t dctx_once = PTHREAD_ONCE_INIT;
+static int dctx_key_ok;
+
+static void dctx_free(void *p) { ZSTD_freeDCtx(p); }
+static void dctx_init(void) { dctx_key_ok = pthread_key_create(&dctx_key, dctx_free) == 0; }
+
+static ZSTD_DCtx *thread_dctx(void) {
+    pthread_once(&dctx_once, dctx_init);
+    if (!dctx_key_ok) return NULL;
+    ZSTD_DCtx *d = pthread_getspecific(dctx_key);
+    if (!d) {
+        d = ZSTD_createDCtx();
+        if (d && pthread_setspecific(dctx_key, d) != 0) {
+            ZSTD_freeDCtx(d);
+            d = NULL;
+        }
+    }
+    return d;
+}
+#endif
+
+int tf__native_read_block(const tf_file *f, uint64_t b, void *out, size_t out_cap) {
+    if (!f->compressed || b >= f->num_blocks)
+        TF_FAIL(-ERANGE, "%s: block %llu out of range (%llu blocks)", f->path, (ull)b, (ull)f->num_blocks);
+    size_t isz = tf_dtype_size(f->dtype);
+    uint64_t first = b * f->block_tokens;
+    uint64_t n = f->num_tokens - first < f->block_tokens ? f->num_tokens - first : f->block_tokens;
+    uint64_t want = n * isz;
+    if (want > out_cap)
+        TF_FAIL(-EINVAL, "%s: block %llu needs %llu bytes, buffer has %zu", f->path, (ull)b, (ull)want, out_cap);
+    const uint8_t *e = f->block_table + 16 * b;
+    uint64_t off = tf__le64(e), size = tf__le64(e + 8);
+    if (!section_ok(off, size, 0, f->zdata_len))
+        TF_FAIL(-TF_EFORMAT, "%s: block table: entry %llu: expected [offset, +size) within the %llu-byte token section, found [%llu, +%llu). The block table is corrupt. " REGEN,
+                f->path, (ull)b, (ull)f->zdata_len, (ull)off, (ull)size);
+#ifdef TF_HAVE_ZSTD
+    ZSTD_DCtx *d = thread_dctx();
+    if (!d) return -ENOMEM;
+    size_t got = ZSTD_decompressDCtx(d, out, (size_t)want, f->zdata + off, (size_t)size);
+    if (ZSTD_isError(got))
+        TF_FAIL(-TF_EFORMAT, "%s: block %llu: zstd: %s. The compressed data is corrupt. " REGEN, f->path, (ull)b,
+                ZSTD_getErrorName(got));
+    if (got != want)
+        TF_FAIL(-TF_EFORMAT, "%s: block %llu: expected %llu decompressed bytes, found %zu. " REGEN, f->path, (ull)b,
+                (ull)want, got);
+    return 0;
+#else
+    TF_FAIL(-TF_EUNSUPPORTED, "%s: the shard is zstd-compressed, but this tokenfeed build lacks zstd. Rebuild with libzstd (pkg-config libzstd) installed, or rewrite the dataset with compression=None.",
+            f->path);
+#endif
+}
+
+/* ------------------------------------------------------------------------ */
+/* manifest                                                                  */
+/* ------------------------------------------------------------------------ */
+
+void tf__manifest_free(tf_manifest *m) {
+    if (!m) return;
+    if (m->shards)
+        for (uint64_t i = 0; i < m->num_shards; i++) free(m->shards[i].name);
+    free(m->shards);
+    memset(m, 0, sizeof *m);
+}
+
+typedef struct mcur {
+    const char *path;
+    const uint8_t *p, *end;
+    uint64_t line;
+} mcur;
+
+/* Next line without its '\n' into [*s, *e); fails at EOF or on a line
+ * without '\n' (every record ends with one). */
+static int next_line(mcur *c, const uint8_t **s, const uint8_t **e) {
+    if (c->p >= c->end)
+        TF_FAIL(-TF_EFORMAT, "%s: line %llu: expected more records, found the end of the file. The manifest is truncated: rewrite the dataset.", c->path, (ull)c->line + 1);
+    const uint8_t *nl = memchr(c->p, '\n', (size_t)(c->end - c->p));
+    if (!nl)
+        TF_FAIL(-TF_EFORMAT, "%s: line %llu: expected a line ending in a newline, found the end of the file. The manifest is truncated: rewrite the dataset.", c->path, (ull)c->line + 1);
+    *s = c->p;
+    *e = nl;
+    c->p = nl + 1;
+    c->line++;
+    return 0;
+}
+
+/* Split the next space-separated field off [*s, e). */
+static int next_field(const uint8_t **s, const uint8_t *e, const uint8_t **fs, size_t *fl) {
+    if (*s >= e) return 0;
+    const uint8_t *sp = memchr(*s, ' ', (size_t)(e - *s));
+    const uint8_t *fe = sp ? sp : e;
+    *fs = *s;
+    *fl = (size_t)(fe - *s);
+    *s = sp ? sp + 1 : e;
+    return *fl > 0;
+}
+
+static int parse_dec(const uint8_t *s, size_t n, uint64_t *v) {
+    if (n == 0 || n > 20) return 0;
+    uint64_t x = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return 0;
+        if (tf__mul_overflow(x, 10, &x) || tf__add_overflow(x, (uint64_t)(s[i] - '0'), &x)) return 0;
+    }
+    *v = x;
+    return 1;
+}
+
+static int parse_hex16(const uint8_t *s, size_t n, uint64_t *v) {
+    if (n != 16) return 0;
+    uint64_t x = 0;
+    for (size_t i = 0; i < 16; i++) {
+        int d = s[i] >= '0' && s[i] <= '9' ? s[i] - '0' : s[i] >= 'a' && s[i] <= 'f' ? s[i] - 'a' + 10 : -1;
+        if (d < 0) return 0;
+        x = x << 4 | (uint64_t)d;
+    }
+    *v = x;
+    return 1;
+}
+
+#define MBAD(c, what, ...) do { rc = tf__seterr(-TF_EFORMAT, "%s: line %llu: " what, (c)->path, (ull)(c)->line, __VA_ARGS__); goto fail; } while (0)
+#define MFIX "The manifest is corrupt or was edited by hand: rewrite the dataset."
+
+/* "key value" line with a fixed key; value returned as [*v, +*vl). */
+static int keyed_line(mcur *c, const char *key, const uint8_t **v, size_t *vl) {
+    const uint8_t *s, *e, *k;
+    size_t kl;
+    TF_TRY(next_line(c, &s, &e));
+    const uint8_t *line = s;
+    int ll = (int)(e - s > 80 ? 80 : e - s);
+    size_t want = strlen(key);
+    if (!next_field(&s, e, &k, &kl) || kl != want || memcmp(k, key, want) != 0 || !next_field(&s, e, v, vl) || s != e)
+        TF_FAIL(-TF_EFORMAT, "%s: line %llu: expected \"%s <value>\", found \"%.*s\". " MFIX, c->path, (ull)c->line, key,
+                ll, (const char *)line);
+    return 0;
+}
+
+int tf__parse_manifest(const char *path, const uint8_t *buf, size_t len, tf_manifest *m) {
+    memset(m, 0, sizeof *m);
+    int rc = 0;
+    if (len == 0 || !buf)
+        TF_FAIL(-TF_EFORMAT, "%s: expected a tokenfeed manifest, found an empty file. The write did not finish: rewrite the dataset.", path);
+    mcur c = {path, buf, buf + len, 0};
+    const uint8_t *s, *e, *v, *f1;
+    size_t vl, fl;
+
+    TF_TRY(next_line(&c, &s, &e));
+    static const char first[] = "tokenfeed-manifest 1";
+    if ((size_t)(e - s) != sizeof first - 1 || memcmp(s, first, sizeof first - 1) != 0) {
+        if ((size_t)(e - s) > 19 && memcmp(s, "tokenfeed-manifest ", 19) == 0)
+            TF_FAIL(-TF_EFORMAT, "%s: line 1: version: expected 1, found \"%.*s\". The dataset was written by a newer tokenfeed; upgrade tokenfeed.",
+                    path, (int)((e - s - 19) > 40 ? 40 : (e - s - 19)), (const char *)s + 19);
+        TF_FAIL(-TF_EFORMAT, "%s: line 1: expected \"tokenfeed-manifest 1\", found something else. This is not a tokenfeed manifest.", path);
+    }
+    TF_TRY(keyed_line(&c, "dtype", &v, &vl));
+    char dname[16] = {0};
+    if (vl < sizeof dname) memcpy(dname, v, vl);
+    m->dtype = vl < sizeof dname ? tf_dtype_from_name(dname) : TF_DTYPE_INVALID;
+    if (!tf__native_dtype_code(m->dtype))
+        MBAD(&c, "dtype: expected uint8, uint16 or uint32, found \"%.*s\". " MFIX, (int)(vl > 20 ? 20 : vl), (const char *)v);
+    TF_TRY(keyed_line(&c, "vocab_size", &v, &vl));
+    if (!parse_dec(v, vl, &m->vocab_size) || m->vocab_size == 0)
+        MBAD(&c, "vocab_size: expected a positive decimal integer, found \"%.*s\". " MFIX, (int)(vl > 24 ? 24 : vl), (const char *)v);
+    TF_TRY(keyed_line(&c, "num_shards", &v, &vl));
+    uint64_t ns;
+    /* Each shard line takes more than 40 bytes, so a count larger than
+     * len / 40 cannot be honest: refuse it before allocating. */
+    if (!parse_dec(v, vl, &ns) || ns > len / 40)
+        MBAD(&c, "num_shards: expected a decimal count that fits the %zu-byte manifest, found \"%.*s\". " MFIX, len,
+             (int)(vl > 24 ? 24 : vl), (const char *)v);
+    m->shards = calloc(ns ? ns : 1, sizeof *m->shards);
+    if (!m->shards) return -ENOMEM;
+    for (uint64_t i = 0; i < ns; i++) {
+        rc = next_line(&c, &s, &e);
+        if (rc < 0) goto fail;
+        tf_manifest_shard *sh = &m->shards[i];
+        const uint8_t *name;
+        size_t nl;
+        const uint8_t *fv[4];
+        size_t fvl[4];
+        int ok = next_field(&s, e, &f1, &fl) && fl == 5 && memcmp(f1, "shard", 5) == 0 && next_field(&s, e, &name, &nl);
+        for (int k = 0; ok && k < 4; k++) ok = next_field(&s, e, &fv[k], &fvl[k]);
+        if (!ok || s != e)
+            MBAD(&c, "expected \"shard NAME NUM_TOKENS NUM_DOCS TOKENS_CHECKSUM DOCS_CHECKSUM\" (shard %llu of %llu), found a line that does not match. " MFIX,
+                 (ull)i, (ull)ns);
+        int name_ok = nl > 0 && nl <= 255 && !(nl == 1 && name[0] == '.') && !(nl == 2 && name[0] == '.' && name[1] == '.');
+        for (size_t k = 0; name_ok && k < nl; k++)
+            if (name[k] == '/' || name[k] <= ' ' || name[k] == 0x7f) name_ok = 0;
+        if (!name_ok)
+            MBAD(&c, "shard name: expected a plain file name (no '/', no spaces or control characters), found \"%.*s\". " MFIX,
+                 (int)(nl > 80 ? 80 : nl), (const char *)name);
+        if (!parse_dec(fv[0], fvl[0], &sh->num_tokens) || !parse_dec(fv[1], fvl[1], &sh->num_docs))
+            MBAD(&c, "shard %llu: expected decimal NUM_TOKENS and NUM_DOCS, found \"%.*s\" \"%.*s\". " MFIX, (ull)i,
+                 (int)(fvl[0] > 24 ? 24 : fvl[0]), (const char *)fv[0], (int)(fvl[1] > 24 ? 24 : fvl[1]), (const char *)fv[1]);
+        if (!parse_hex16(fv[2], fvl[2], &sh->tokens_checksum) || !parse_hex16(fv[3], fvl[3], &sh->docs_checksum))
+            MBAD(&c, "shard %llu: expected checksums as 16 lowercase hex digits, found \"%.*s\" \"%.*s\". " MFIX, (ull)i,
+                 (int)(fvl[2] > 24 ? 24 : fvl[2]), (const char *)fv[2], (int)(fvl[3] > 24 ? 24 : fvl[3]), (const char *)fv[3]);
+        sh->name = strndup((const char *)name, nl);
+        if (!sh->name) { rc = -ENOMEM; goto fail; }
+        m->num_shards = i + 1; /* so that tf__manifest_free frees what exists */
+        for (uint64_t k = 0; k < i; k++)
+            if (strcmp(m->shards[k].name, sh->name) == 0)
+                MBAD(&c, "shard %llu: expected a unique name, found \"%s\" twice. " MFIX, (ull)i, sh->name);
+    }
+    m->num_shards = ns;
+    {
+        const uint8_t *before = c.p;
+        rc = next_line(&c, &s, &e);
+        if (rc < 0) goto fail;
+        uint64_t h;
+        if (!next_field(&s, e, &f1, &fl) || fl != 3 || memcmp(f1, "end", 3) != 0 || !next_field(&s, e, &v, &vl) || s != e ||
+            !parse_hex16(v, vl, &h))
+            MBAD(&c, "expected \"end <16 hex digits>\" after %llu shard lines, found something else. %s", (ull)ns,
+                 "The manifest is truncated or corrupt: rewrite the dataset.");
+        uint64_t got = tf_hash64(buf, (size_t)(before - buf), 0);
+        if (got != h)
+            MBAD(&c, "end: expected checksum %016llx of the preceding bytes, found %016llx. %s", (ull)h, (ull)got,
+                 "The manifest is corrupt or was edited by hand: rewrite the dataset.");
+        if (c.p != c.end)
+            MBAD(&c, "expected the end of the file after the end line, found %llu more bytes. %s", (ull)(c.end - c.p),
+                 "The manifest is corrupt: rewrite the dataset.");
+    }
+    return 0;
+fail:
+    tf__manifest_free(m);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* dataset directory                                                         */
+/* ------------------------------------------------------------------------ */
+
+static char *join(const char *dir, const char *name) {
+    size_t a = strlen(dir), b = strlen(name);
+    char *p = malloc(a + b + 2);
+    if (!p) return NULL;
+    memcpy(p, dir, a);
+    size_t k = a;
+    if (a && dir[a - 1] != '/') p[k++] = '/';
+    memcpy(p + k, name, b + 1);
+    return p;
+}
+
+int tf__open_native_dir(const char *dir, const tf_open_options *opt, tf_file **files, uint64_t *nfiles,
+                        uint64_t *cap) {
+    char *mpath = join(dir, TF_MANIFEST_NAME);
+    if (!mpath) return -ENOMEM;
+    void *map = NULL;
+    size_t mlen = 0;
+    struct stat st;
+    if (stat(mpath, &st) != 0 && errno == ENOENT) {
+        free(mpath);
+        TF_FAIL(-TF_EFORMAT, "%s: no manifest: the write did not finish or this is not a tokenfeed dataset. Expected %s/%s; rerun the writer to completion, or pass the path of a single file.",
+                dir, dir, TF_MANIFEST_NAME);
+    }
+    int rc = tf__map_file(mpath, &map, &mlen);
+    if (rc < 0) {
+        free(mpath);
+        return rc;
+    }
+    tf_manifest m;
+    rc = tf__parse_manifest(mpath, map, mlen, &m);
+    tf__unmap(map, mlen);
+    if (rc < 0) {
+        free(mpath);
+        return rc;
+    }
+    for (uint64_t i = 0; i < m.num_shards && rc == 0; i++) {
+        const tf_manifest_shard *sh = &m.shards[i];
+        char *sp = join(dir, sh->name);
+        tf_file *f = sp ? tf__files_push(files, nfiles, cap) : NULL;
+        if (!f) {
+            free(sp);
+            rc = -ENOMEM;
+            break;
+        }
+        rc = tf__open_native(sp, opt, f);
+        if (rc == 0) {
+            const char *fld = NULL;
+            uint64_t want = 0, found = 0;
+            if (f->num_tokens != sh->num_tokens) fld = "num_tokens", want = sh->num_tokens, found = f->num_tokens;
+            else if (f->num_docs != sh->num_docs) fld = "num_docs", want = sh->num_docs, found = f->num_docs;
+            else if (f->tokens_checksum != sh->tokens_checksum) fld = "tokens_checksum", want = sh->tokens_checksum, found = f->tokens_checksum;
+            else if (f->docs_checksum != sh->docs_checksum) fld = "docs_checksum", want = sh->docs_checksum, found = f->docs_checksum;
+            else if (f->dtype != m.dtype) fld = "dtype", want = (uint64_t)m.dtype, found = (uint64_t)f->dtype;
+            else if (f->vocab_size != m.vocab_size) fld = "vocab_size", want = m.vocab_size, found = f->vocab_size;
+            if (fld)
+                rc = tf__seterr(-TF_EFORMAT, "%s: %s: expected %llu (0x%llx) from %s, found %llu (0x%llx) in the shard header. The shard does not belong to this manifest (mixed writes?): rewrite the dataset.",
+                                sp, fld, (ull)want, (ull)want, mpath, (ull)found, (ull)found);
+        }
+        if (rc < 0) {
+            tf__file_close(f);
+            (*nfiles)--;
+        }
+        free(sp);
+    }
+    tf__manifest_free(&m);
+    free(mpath);
+    return rc;
+}
