@@ -1,0 +1,726 @@
+/*
+ * dataset_obj.c — _core.Dataset, _core.Writer, _core.Permutation and
+ * _core.Order: thin wrappers over the sources and order layers.
+ */
+#include "binding.h"
+
+#include <errno.h>
+
+/* ------------------------------------------------------------------------ */
+/* Dataset                                                                   */
+/* ------------------------------------------------------------------------ */
+
+static int parse_format(PyObject *obj, tf_format *out) {
+    *out = TF_FORMAT_AUTO;
+    if (obj == NULL || obj == Py_None) return 0;
+    const char *s = PyUnicode_AsUTF8(obj);
+    if (!s) return -1;
+    static const struct { const char *name; tf_format f; } names[] = {
+        {"auto", TF_FORMAT_AUTO}, {"tokenfeed", TF_FORMAT_NATIVE}, {"native", TF_FORMAT_NATIVE},
+        {"megatron", TF_FORMAT_MEGATRON}, {"llm.c", TF_FORMAT_LLMC}, {"llmc", TF_FORMAT_LLMC},
+        {"raw", TF_FORMAT_RAW}, {"npy", TF_FORMAT_NPY},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(s, names[i].name) == 0) {
+            *out = names[i].f;
+            return 0;
+        }
+    PyErr_Format(PyExc_ValueError, "unknown format %R: expected one of 'tokenfeed', 'megatron', 'llm.c', 'raw', 'npy' or None to detect", obj);
+    return -1;
+}
+
+static PyObject *Dataset_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"paths", "dtype", "format", NULL};
+    PyObject *paths_obj, *dtype_obj = Py_None, *format_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO:Dataset", kwlist, &paths_obj, &dtype_obj, &format_obj))
+        return NULL;
+    tf_module_state *st = tfpy_state_of_type(tp);
+    tf_open_options opt = {TF_FORMAT_AUTO, TF_DTYPE_INVALID};
+    if (tfpy_parse_dtype(dtype_obj, TF_DTYPE_INVALID, &opt.raw_dtype) < 0) return NULL;
+    if (parse_format(format_obj, &opt.format) < 0) return NULL;
+
+    PyObject *seq = PySequence_Fast(paths_obj, "paths must be a sequence of str");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    tfpy_Dataset *self = NULL;
+    PyObject *paths = PyTuple_New(n);
+    const char **cpaths = PyMem_Calloc(n ? (size_t)n : 1, sizeof(char *));
+    if (!paths || !cpaths) {
+        PyErr_NoMemory();
+        goto finally;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *p = PyOS_FSPath(PySequence_Fast_GET_ITEM(seq, i));
+        if (!p) goto finally;
+        if (!PyUnicode_Check(p)) {
+            PyObject *dec = PyUnicode_DecodeFSDefaultAndSize(PyBytes_AsString(p), PyBytes_Size(p));
+            Py_DECREF(p);
+            if (!dec) goto finally;
+            p = dec;
+        }
+        PyTuple_SET_ITEM(paths, i, p);
+        cpaths[i] = PyUnicode_AsUTF8(p);
+        if (!cpaths[i]) goto finally;
+    }
+    tf_dataset *ds = NULL;
+    int rc;
+    char msg[1024];
+    Py_BEGIN_ALLOW_THREADS
+    rc = tf_dataset_open_many(cpaths, (size_t)n, &opt, &ds);
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", tf_last_error());
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        tfpy_raise(st, rc, msg);
+        goto finally;
+    }
+    self = (tfpy_Dataset *)tp->tp_alloc(tp, 0);
+    if (!self) {
+        tf_dataset_free(ds);
+        goto finally;
+    }
+    self->ds = ds;
+    self->paths = paths;
+    paths = NULL;
+finally:
+    Py_XDECREF(paths);
+    PyMem_Free(cpaths);
+    Py_DECREF(seq);
+    return (PyObject *)self;
+}
+
+static void Dataset_dealloc(tfpy_Dataset *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    tf_dataset_free(self->ds);
+    Py_CLEAR(self->paths);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static int Dataset_traverse(tfpy_Dataset *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->paths);
+    return 0;
+}
+
+static PyObject *Dataset_info(tfpy_Dataset *self, void *closure) {
+    tf_dataset_info in;
+    tf_dataset_get_info(self->ds, &in);
+    return Py_BuildValue("{s:K,s:K,s:K,s:s,s:s,s:K,s:K}", "num_tokens", (unsigned long long)in.num_tokens,
+                         "num_documents", (unsigned long long)in.num_documents, "vocab_size",
+                         (unsigned long long)in.vocab_size, "dtype", tf_dtype_name(in.dtype), "format",
+                         tf_format_name(in.format), "num_files", (unsigned long long)in.num_files,
+                         "fingerprint", (unsigned long long)in.fingerprint);
+}
+
+static PyObject *Dataset_files(tfpy_Dataset *self, PyObject *unused) {
+    tf_dataset_info in;
+    tf_dataset_get_info(self->ds, &in);
+    PyObject *list = PyList_New(0);
+    if (!list) return NULL;
+    for (uint64_t i = 0; i < in.num_files; i++) {
+        tf_file_info fi;
+        if (tf_dataset_get_file(self->ds, i, &fi) < 0) break;
+        PyObject *d = Py_BuildValue("{s:s,s:s,s:s,s:K,s:K,s:K,s:K,s:O}", "path", fi.path, "format",
+                                    tf_format_name(fi.format), "dtype", tf_dtype_name(fi.dtype),
+                                    "first_token", (unsigned long long)fi.first_token, "num_tokens",
+                                    (unsigned long long)fi.num_tokens, "first_document",
+                                    (unsigned long long)fi.first_document, "num_documents",
+                                    (unsigned long long)fi.num_documents, "compressed",
+                                    fi.compressed ? Py_True : Py_False);
+        if (!d || PyList_Append(list, d) < 0) {
+            Py_XDECREF(d);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(d);
+    }
+    return list;
+}
+
+PyDoc_STRVAR(Dataset_read_doc, "read(start, count, dtype=None) -> numpy.ndarray\n--\n\nCopy tokens [start, start+count), converted to dtype (default: the dataset's).");
+
+static PyObject *Dataset_read(tfpy_Dataset *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"start", "count", "dtype", NULL};
+    unsigned long long start, count;
+    PyObject *dtype_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KK|O:read", kwlist, &start, &count, &dtype_obj)) return NULL;
+    tf_dataset_info in;
+    tf_dataset_get_info(self->ds, &in);
+    tf_dtype dt;
+    if (tfpy_parse_dtype(dtype_obj, in.dtype, &dt) < 0) return NULL;
+    if (start > in.num_tokens || count > in.num_tokens - start)
+        return PyErr_Format(PyExc_IndexError, "tokens [%llu, %llu) out of range: the dataset has %llu tokens",
+                            start, start + count, (unsigned long long)in.num_tokens);
+    npy_intp dims[1] = {(npy_intp)count};
+    PyObject *arr = PyArray_SimpleNew(1, dims, tfpy_npy_from_dtype(dt));
+    if (!arr) return NULL;
+    int rc;
+    char msg[1024];
+    Py_BEGIN_ALLOW_THREADS
+    rc = tf_dataset_read(self->ds, start, count, PyArray_DATA((PyArrayObject *)arr), dt);
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", tf_last_error());
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        Py_DECREF(arr);
+        return tfpy_raise(tfpy_state((PyObject *)self), rc, msg);
+    }
+    return arr;
+}
+
+PyDoc_STRVAR(Dataset_view_doc, "view(start, count) -> numpy.ndarray | None\n--\n\nZero-copy read-only view of tokens [start, start+count) when they lie in one uncompressed mapped file, else None.");
+
+static PyObject *Dataset_view(tfpy_Dataset *self, PyObject *args) {
+    unsigned long long start, count;
+    if (!PyArg_ParseTuple(args, "KK:view", &start, &count)) return NULL;
+    const void *ptr;
+    tf_dtype dt;
+    int rc = tf_dataset_view(self->ds, start, count, &ptr, &dt);
+    if (rc == -TF_EUNSUPPORTED) Py_RETURN_NONE;
+    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, NULL);
+    npy_intp dims[1] = {(npy_intp)count};
+    PyObject *arr = PyArray_New(&PyArray_Type, 1, dims, tfpy_npy_from_dtype(dt), NULL, (void *)ptr, 0, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED, NULL);
+    if (!arr) return NULL;
+    Py_INCREF(self);
+    if (PyArray_SetBaseObject((PyArrayObject *)arr, (PyObject *)self) < 0) { /* steals self even on failure */
+        Py_DECREF(arr);
+        return NULL;
+    }
+    return arr;
+}
+
+static PyObject *Dataset_document(tfpy_Dataset *self, PyObject *arg) {
+    unsigned long long i = PyLong_AsUnsignedLongLong(arg);
+    if (i == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    uint64_t s, n;
+    int rc = tf_dataset_document(self->ds, i, &s, &n);
+    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, NULL);
+    return Py_BuildValue("(KK)", (unsigned long long)s, (unsigned long long)n);
+}
+
+static PyObject *Dataset_find_document(tfpy_Dataset *self, PyObject *arg) {
+    unsigned long long pos = PyLong_AsUnsignedLongLong(arg);
+    if (pos == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    uint64_t d;
+    int rc = tf_dataset_find_document(self->ds, pos, &d);
+    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, NULL);
+    return PyLong_FromUnsignedLongLong(d);
+}
+
+typedef struct verify_cb_ctx {
+    PyObject *callback;
+    int failed; /* a Python exception is pending (raised by the callback or a signal) */
+} verify_cb_ctx;
+
+/* Called by tf_dataset_verify from the thread that called it, without the GIL. */
+static int verify_cb(void *user, uint64_t done, uint64_t total) {
+    verify_cb_ctx *c = user;
+    if (c->failed) return 1;
+    PyGILState_STATE g = PyGILState_Ensure();
+    int stop = 0;
+    if (PyErr_CheckSignals() < 0) stop = 1;
+    else if (c->callback != Py_None) {
+        PyObject *r = PyObject_CallFunction(c->callback, "KK", (unsigned long long)done, (unsigned long long)total);
+        if (!r) stop = 1;
+        Py_XDECREF(r);
+    }
+    if (stop) {
+        /* keep the exception for the caller: fetch and restore after return */
+        c->failed = 1;
+    }
+    PyGILState_Release(g);
+    return stop;
+}
+
+PyDoc_STRVAR(Dataset_verify_doc, "verify(threads=0, progress=None)\n--\n\nFull check of checksums, document indices and token ids < vocab_size. progress(done_bytes, total_bytes) is called periodically.");
+
+static PyObject *Dataset_verify(tfpy_Dataset *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"threads", "progress", NULL};
+    int threads = 0;
+    PyObject *progress = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|iO:verify", kwlist, &threads, &progress)) return NULL;
+    verify_cb_ctx c = {progress, 0};
+    int rc;
+    char msg[1024];
+    PyThreadState *ts = PyEval_SaveThread();
+    rc = tf_dataset_verify(self->ds, threads, verify_cb, &c);
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", tf_last_error());
+    PyEval_RestoreThread(ts);
+    if (c.failed) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "verify cancelled");
+        return NULL;
+    }
+    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, msg);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Dataset_paths(tfpy_Dataset *self, void *closure) {
+    Py_INCREF(self->paths);
+    return self->paths;
+}
+
+static PyMethodDef Dataset_methods[] = {
+    {"files", (PyCFunction)Dataset_files, METH_NOARGS, "files() -> list[dict]\n--\n\nOne dict per file: path, format, dtype, counts."},
+    {"read", (PyCFunction)(void (*)(void))Dataset_read, METH_VARARGS | METH_KEYWORDS, Dataset_read_doc},
+    {"view", (PyCFunction)Dataset_view, METH_VARARGS, Dataset_view_doc},
+    {"document", (PyCFunction)Dataset_document, METH_O, "document(i) -> (start, length)"},
+    {"find_document", (PyCFunction)Dataset_find_document, METH_O, "find_document(pos) -> int\n--\n\nIndex of the document containing token pos."},
+    {"verify", (PyCFunction)(void (*)(void))Dataset_verify, METH_VARARGS | METH_KEYWORDS, Dataset_verify_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Dataset_getset[] = {
+    {"info", (getter)Dataset_info, NULL, "dict of counts, dtype, vocab size, format, fingerprint", NULL},
+    {"paths", (getter)Dataset_paths, NULL, "the paths the dataset was opened from", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot Dataset_slots[] = {
+    {Py_tp_new, Dataset_new},
+    {Py_tp_dealloc, Dataset_dealloc},
+    {Py_tp_traverse, Dataset_traverse},
+    {Py_tp_methods, Dataset_methods},
+    {Py_tp_getset, Dataset_getset},
+    {Py_tp_doc, "Dataset(paths, dtype=None, format=None)\n--\n\nToken files opened in place and concatenated."},
+    {0, NULL},
+};
+
+PyType_Spec tfpy_DatasetSpec = {
+    "tokenfeed._core.Dataset", sizeof(tfpy_Dataset), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, Dataset_slots,
+};
+
+/* ------------------------------------------------------------------------ */
+/* Writer                                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    tf_writer *w;
+    tf_dtype dtype;
+} tfpy_Writer;
+
+static PyObject *Writer_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"path", "dtype", "vocab_size", "shard_tokens", "compression", "level", "block_tokens", "overwrite", NULL};
+    PyObject *path_obj, *dtype_obj = Py_None, *comp_obj = Py_None;
+    unsigned long long vocab = 0, shard_tokens = 0, block_tokens = 0;
+    int level = 3, overwrite = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OKKOiKp:Writer", kwlist, &path_obj, &dtype_obj, &vocab, &shard_tokens,
+                                     &comp_obj, &level, &block_tokens, &overwrite))
+        return NULL;
+    tf_writer_options opt;
+    tf_writer_options_init(&opt);
+    if (tfpy_parse_dtype(dtype_obj, opt.dtype, &opt.dtype) < 0) return NULL;
+    opt.vocab_size = vocab;
+    if (shard_tokens) opt.shard_tokens = shard_tokens;
+    if (block_tokens) opt.block_tokens = block_tokens;
+    opt.level = level;
+    opt.overwrite = overwrite;
+    if (comp_obj != Py_None) {
+        const char *c = PyUnicode_AsUTF8(comp_obj);
+        if (!c) return NULL;
+        if (strcmp(c, "zstd") == 0) opt.compression = TF_COMPRESS_ZSTD;
+        else if (strcmp(c, "none") == 0) opt.compression = TF_COMPRESS_NONE;
+        else return PyErr_Format(PyExc_ValueError, "compression must be None or 'zstd', not %R", comp_obj);
+    }
+    PyObject *fs = NULL;
+    if (!PyUnicode_FSConverter(path_obj, &fs)) return NULL;
+    tf_writer *w = NULL;
+    int rc = tf_writer_create(PyBytes_AS_STRING(fs), &opt, &w);
+    Py_DECREF(fs);
+    if (rc < 0) return tfpy_raise(tfpy_state_of_type(tp), rc, NULL);
+    tfpy_Writer *self = (tfpy_Writer *)tp->tp_alloc(tp, 0);
+    if (!self) {
+        tf_writer_free(w);
+        return NULL;
+    }
+    self->w = w;
+    self->dtype = opt.dtype;
+    return (PyObject *)self;
+}
+
+static void Writer_dealloc(tfpy_Writer *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    tf_writer_free(self->w);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static int writer_check(tfpy_Writer *self) {
+    if (!self->w) {
+        PyErr_SetString(PyExc_ValueError, "the writer is closed");
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(Writer_add_doc, "add_document(tokens)\n--\n\nAppend one document: any 1-D integer array-like.");
+
+static PyObject *Writer_add_document(tfpy_Writer *self, PyObject *obj) {
+    if (writer_check(self) < 0) return NULL;
+    PyArrayObject *arr = (PyArrayObject *)PyArray_FROMANY(obj, NPY_NOTYPE, 0, 1, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_NOTSWAPPED);
+    if (!arr) return NULL;
+    PyObject *result = NULL;
+    int tn = PyArray_TYPE(arr);
+    if (PyArray_NDIM(arr) != 1) {
+        PyErr_Format(PyExc_ValueError, "a document must be a 1-D sequence of token ids, got %d dimensions", PyArray_NDIM(arr));
+        goto finally;
+    }
+    if (PyArray_SIZE(arr) == 0) tn = NPY_INT64; /* [] has a float dtype */
+    if (!PyTypeNum_ISINTEGER(tn) && !(PyArray_SIZE(arr) == 0)) {
+        PyErr_Format(PyExc_TypeError, "token ids must be integers, got an array of %s (document %llu)",
+                     PyArray_DESCR(arr)->typeobj->tp_name, (unsigned long long)tf_writer_num_documents(self->w));
+        goto finally;
+    }
+    tf_dtype dt = PyArray_SIZE(arr) == 0 ? TF_INT64 : tfpy_dtype_from_npy(tn);
+    if (dt == TF_DTYPE_INVALID) {
+        PyErr_SetString(PyExc_TypeError, "unsupported integer dtype for token ids");
+        goto finally;
+    }
+    int rc;
+    char msg[1024];
+    Py_BEGIN_ALLOW_THREADS
+    rc = tf_writer_add_document(self->w, PyArray_DATA(arr), (uint64_t)PyArray_SIZE(arr), dt);
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", tf_last_error());
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        tf_module_state *st = tfpy_state((PyObject *)self);
+        if (rc == -TF_EVOCAB) PyErr_SetString(PyExc_ValueError, msg);
+        else tfpy_raise(st, rc, msg);
+        goto finally;
+    }
+    result = Py_None;
+    Py_INCREF(result);
+finally:
+    Py_DECREF(arr);
+    return result;
+}
+
+static PyObject *Writer_finish(tfpy_Writer *self, PyObject *unused) {
+    if (writer_check(self) < 0) return NULL;
+    int rc;
+    char msg[1024];
+    Py_BEGIN_ALLOW_THREADS
+    rc = tf_writer_finish(self->w);
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", tf_last_error());
+    Py_END_ALLOW_THREADS
+    tf_writer_free(self->w);
+    self->w = NULL;
+    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, msg);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Writer_abort(tfpy_Writer *self, PyObject *unused) {
+    tf_writer_free(self->w);
+    self->w = NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Writer_counts(tfpy_Writer *self, void *closure) {
+    if (!self->w) Py_RETURN_NONE;
+    return Py_BuildValue("(KK)", (unsigned long long)tf_writer_num_documents(self->w), (unsigned long long)tf_writer_num_tokens(self->w));
+}
+
+static PyMethodDef Writer_methods[] = {
+    {"add_document", (PyCFunction)Writer_add_document, METH_O, Writer_add_doc},
+    {"finish", (PyCFunction)Writer_finish, METH_NOARGS, "finish()\n--\n\nFlush the last shard and publish the manifest."},
+    {"abort", (PyCFunction)Writer_abort, METH_NOARGS, "abort()\n--\n\nDiscard what was written; any previous dataset stays."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Writer_getset[] = {
+    {"counts", (getter)Writer_counts, NULL, "(documents, tokens) written so far, or None when closed", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot Writer_slots[] = {
+    {Py_tp_new, Writer_new},
+    {Py_tp_dealloc, Writer_dealloc},
+    {Py_tp_methods, Writer_methods},
+    {Py_tp_getset, Writer_getset},
+    {Py_tp_doc, "Writer(path, dtype, vocab_size, shard_tokens=0, compression=None, level=3, block_tokens=0, overwrite=False)"},
+    {0, NULL},
+};
+
+PyType_Spec tfpy_WriterSpec = {"tokenfeed._core.Writer", sizeof(tfpy_Writer), 0, Py_TPFLAGS_DEFAULT, Writer_slots};
+
+/* ------------------------------------------------------------------------ */
+/* Permutation                                                               */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    tf_perm p;
+} tfpy_Permutation;
+
+static PyObject *Permutation_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"n", "key", NULL};
+    unsigned long long n, key = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "K|K:Permutation", kwlist, &n, &key)) return NULL;
+    tfpy_Permutation *self = (tfpy_Permutation *)tp->tp_alloc(tp, 0);
+    if (!self) return NULL;
+    int rc = tf_perm_init(&self->p, n, key);
+    if (rc < 0) {
+        Py_DECREF(self);
+        if (rc == -EINVAL) return PyErr_Format(PyExc_ValueError, "a permutation needs n >= 1, got %llu", n);
+        return tfpy_raise(tfpy_state_of_type(tp), rc, NULL);
+    }
+    return (PyObject *)self;
+}
+
+static void Permutation_dealloc(PyObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+/* Apply f elementwise to a scalar or an integer array. */
+static PyObject *perm_map(tfpy_Permutation *self, PyObject *arg, int inverse) {
+    if (PyLong_Check(arg)) {
+        unsigned long long i = PyLong_AsUnsignedLongLong(arg);
+        if (i == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+        if (i >= self->p.n) return PyErr_Format(PyExc_IndexError, "index %llu out of range [0, %llu)", i, (unsigned long long)self->p.n);
+        return PyLong_FromUnsignedLongLong(inverse ? tf_perm_inverse(&self->p, i) : tf_perm_apply(&self->p, i));
+    }
+    PyArrayObject *in = (PyArrayObject *)PyArray_FROMANY(arg, NPY_UINT64, 0, 0, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST);
+    if (!in) return NULL;
+    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(in), PyArray_DIMS(in), NPY_UINT64);
+    if (!out) {
+        Py_DECREF(in);
+        return NULL;
+    }
+    const uint64_t *a = PyArray_DATA(in);
+    uint64_t *b = PyArray_DATA(out);
+    npy_intp n = PyArray_SIZE(in);
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (npy_intp k = 0; k < n; k++) {
+        if (a[k] >= self->p.n) { bad = 1; break; }
+        b[k] = inverse ? tf_perm_inverse(&self->p, a[k]) : tf_perm_apply(&self->p, a[k]);
+    }
+    Py_END_ALLOW_THREADS
+    Py_DECREF(in);
+    if (bad) {
+        Py_DECREF(out);
+        return PyErr_Format(PyExc_IndexError, "an index is out of range [0, %llu)", (unsigned long long)self->p.n);
+    }
+    return (PyObject *)out;
+}
+
+static PyObject *Permutation_apply(tfpy_Permutation *self, PyObject *arg) { return perm_map(self, arg, 0); }
+static PyObject *Permutation_inverse(tfpy_Permutation *self, PyObject *arg) { return perm_map(self, arg, 1); }
+static PyObject *Permutation_len(tfpy_Permutation *self, void *c) { return PyLong_FromUnsignedLongLong(self->p.n); }
+
+static PyMethodDef Permutation_methods[] = {
+    {"apply", (PyCFunction)Permutation_apply, METH_O, "apply(i) -> int | ndarray\n--\n\nThe image of i (scalar or uint64 array)."},
+    {"inverse", (PyCFunction)Permutation_inverse, METH_O, "inverse(j) -> int | ndarray\n--\n\nThe preimage of j."},
+    {NULL, NULL, 0, NULL},
+};
+static PyGetSetDef Permutation_getset[] = {
+    {"n", (getter)Permutation_len, NULL, "size of the domain", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+static PyType_Slot Permutation_slots[] = {
+    {Py_tp_new, Permutation_new},
+    {Py_tp_dealloc, Permutation_dealloc},
+    {Py_tp_methods, Permutation_methods},
+    {Py_tp_getset, Permutation_getset},
+    {Py_tp_doc, "Permutation(n, key=0)\n--\n\nThe keyed Feistel bijection on [0, n) used by the shuffle."},
+    {0, NULL},
+};
+PyType_Spec tfpy_PermutationSpec = {"tokenfeed._core.Permutation", sizeof(tfpy_Permutation), 0, Py_TPFLAGS_DEFAULT, Permutation_slots};
+
+/* ------------------------------------------------------------------------ */
+/* Order                                                                     */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    tf_order *o;
+    PyObject *dataset; /* keeps the tf_dataset alive */
+    tf_order_config cfg;
+} tfpy_Order;
+
+/* Shared with loader_obj.c through this declaration. */
+int tfpy_parse_order_config(PyObject *kw, tf_order_config *cfg);
+
+int tfpy_parse_order_config(PyObject *kw, tf_order_config *cfg) {
+    tf_order_config_init(cfg);
+    if (!kw) return 0;
+    static const char *u64keys[] = {"seq_len", "seed", "block_size", "window_blocks", "global_batch", "epochs"};
+    uint64_t *u64slots[] = {&cfg->seq_len, &cfg->seed, &cfg->block_size, &cfg->window_blocks, &cfg->global_batch, &cfg->epochs};
+    for (size_t i = 0; i < sizeof u64keys / sizeof u64keys[0]; i++) {
+        PyObject *v = PyDict_GetItemString(kw, u64keys[i]);
+        if (!v || v == Py_None) continue;
+        if (!PyLong_Check(v)) {
+            PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", u64keys[i], Py_TYPE(v)->tp_name);
+            return -1;
+        }
+        int overflow = 0;
+        long long sv = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (sv == -1 && PyErr_Occurred()) return -1;
+        if (overflow < 0 || (!overflow && sv < 0)) {
+            PyErr_Format(PyExc_ValueError, "%s must be >= 0, got %R", u64keys[i], v);
+            return -1;
+        }
+        unsigned long long x = PyLong_AsUnsignedLongLong(v);
+        if (x == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+        *u64slots[i] = x;
+    }
+    PyObject *v = PyDict_GetItemString(kw, "separator_id");
+    if (v && v != Py_None) {
+        long long s = PyLong_AsLongLong(v);
+        if (s == -1 && PyErr_Occurred()) return -1;
+        if (s < 0) {
+            PyErr_Format(PyExc_ValueError, "separator_id must be >= 0 or None, got %lld", s);
+            return -1;
+        }
+        cfg->separator_id = s;
+    }
+    v = PyDict_GetItemString(kw, "shuffle");
+    if (v && v != Py_None) {
+        long s = PyLong_AsLong(v);
+        if (s == -1 && PyErr_Occurred()) return -1;
+        if (s < TF_SHUFFLE_NONE || s > TF_SHUFFLE_BLOCK) {
+            PyErr_Format(PyExc_ValueError, "unknown shuffle mode %ld", s);
+            return -1;
+        }
+        cfg->shuffle = (tf_shuffle)s;
+    }
+    return 0;
+}
+
+static PyObject *Order_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
+    PyObject *dsobj;
+    if (!PyArg_ParseTuple(args, "O:Order", &dsobj)) return NULL;
+    tf_module_state *st = tfpy_state_of_type(tp);
+    if (!PyObject_TypeCheck(dsobj, st->DatasetType)) return PyErr_Format(PyExc_TypeError, "Order() needs a _core.Dataset");
+    tf_order_config cfg;
+    if (tfpy_parse_order_config(kw, &cfg) < 0) return NULL;
+    tf_order *o = NULL;
+    int rc = tf_order_create(((tfpy_Dataset *)dsobj)->ds, &cfg, &o);
+    if (rc < 0) return tfpy_raise(st, rc, NULL);
+    tfpy_Order *self = (tfpy_Order *)tp->tp_alloc(tp, 0);
+    if (!self) {
+        tf_order_free(o);
+        return NULL;
+    }
+    self->o = o;
+    self->cfg = cfg;
+    Py_INCREF(dsobj);
+    self->dataset = dsobj;
+    return (PyObject *)self;
+}
+
+static void Order_dealloc(tfpy_Order *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    tf_order_free(self->o);
+    Py_CLEAR(self->dataset);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static PyObject *Order_sample_at(tfpy_Order *self, PyObject *arg) {
+    if (PyLong_Check(arg)) {
+        unsigned long long p = PyLong_AsUnsignedLongLong(arg);
+        if (p == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+        return PyLong_FromUnsignedLongLong(tf_order_sample_at(self->o, p));
+    }
+    PyArrayObject *in = (PyArrayObject *)PyArray_FROMANY(arg, NPY_UINT64, 0, 0, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST);
+    if (!in) return NULL;
+    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(in), PyArray_DIMS(in), NPY_UINT64);
+    if (!out) {
+        Py_DECREF(in);
+        return NULL;
+    }
+    const uint64_t *a = PyArray_DATA(in);
+    uint64_t *b = PyArray_DATA(out);
+    npy_intp n = PyArray_SIZE(in);
+    Py_BEGIN_ALLOW_THREADS
+    for (npy_intp k = 0; k < n; k++) b[k] = tf_order_sample_at(self->o, a[k]);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(in);
+    return (PyObject *)out;
+}
+
+PyDoc_STRVAR(Order_fill_doc, "fill(sample, dtype=None, want=0) -> dict\n--\n\nTokens (L+1) and the requested extras of one sample.");
+
+static PyObject *Order_fill(tfpy_Order *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"sample", "dtype", "want", NULL};
+    unsigned long long sample;
+    PyObject *dtype_obj = Py_None;
+    unsigned int want = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "K|OI:fill", kwlist, &sample, &dtype_obj, &want)) return NULL;
+    tf_dataset_info in;
+    tf_dataset_get_info(((tfpy_Dataset *)self->dataset)->ds, &in);
+    tf_dtype dt;
+    if (tfpy_parse_dtype(dtype_obj, in.dtype, &dt) < 0) return NULL;
+    if (sample >= tf_order_num_samples(self->o))
+        return PyErr_Format(PyExc_IndexError, "sample %llu out of range [0, %llu)", sample, (unsigned long long)tf_order_num_samples(self->o));
+    uint64_t L = self->cfg.seq_len;
+    npy_intp d1[1] = {(npy_intp)(L + 1)}, dL[1] = {(npy_intp)L}, d0[1] = {1};
+    PyObject *tok = PyArray_SimpleNew(1, d1, tfpy_npy_from_dtype(dt));
+    PyObject *pos = (want & TF_WANT_POSITION_IDS) ? PyArray_SimpleNew(1, dL, NPY_INT32) : NULL;
+    PyObject *cu = (want & TF_WANT_CU_SEQLENS) ? PyArray_SimpleNew(1, d1, NPY_INT32) : NULL;
+    PyObject *ns = (want & TF_WANT_CU_SEQLENS) ? PyArray_SimpleNew(1, d0, NPY_INT32) : NULL;
+    PyObject *lm = (want & TF_WANT_LOSS_MASK) ? PyArray_SimpleNew(1, dL, NPY_UINT8) : NULL;
+    PyObject *result = NULL;
+    if (!tok || ((want & TF_WANT_POSITION_IDS) && !pos) || ((want & TF_WANT_CU_SEQLENS) && (!cu || !ns)) || ((want & TF_WANT_LOSS_MASK) && !lm))
+        goto finally;
+    tf_sample_extras ex = {
+        pos ? PyArray_DATA((PyArrayObject *)pos) : NULL,
+        cu ? PyArray_DATA((PyArrayObject *)cu) : NULL,
+        ns ? PyArray_DATA((PyArrayObject *)ns) : NULL,
+        lm ? PyArray_DATA((PyArrayObject *)lm) : NULL,
+    };
+    int rc;
+    char msg[1024];
+    Py_BEGIN_ALLOW_THREADS
+    rc = tf_order_fill_sample(self->o, sample, PyArray_DATA((PyArrayObject *)tok), dt, &ex);
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", tf_last_error());
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        tfpy_raise(tfpy_state((PyObject *)self), rc, msg);
+        goto finally;
+    }
+    result = PyDict_New();
+    if (!result) goto finally;
+    if (PyDict_SetItemString(result, "tokens", tok) < 0 ||
+        (pos && PyDict_SetItemString(result, "position_ids", pos) < 0) ||
+        (cu && PyDict_SetItemString(result, "cu_seqlens", cu) < 0) ||
+        (ns && PyDict_SetItemString(result, "num_seqs", ns) < 0) ||
+        (lm && PyDict_SetItemString(result, "loss_mask", lm) < 0))
+        Py_CLEAR(result);
+finally:
+    Py_XDECREF(tok);
+    Py_XDECREF(pos);
+    Py_XDECREF(cu);
+    Py_XDECREF(ns);
+    Py_XDECREF(lm);
+    return result;
+}
+
+static PyObject *Order_get_num_samples(tfpy_Order *self, void *c) { return PyLong_FromUnsignedLongLong(tf_order_num_samples(self->o)); }
+static PyObject *Order_get_num_positions(tfpy_Order *self, void *c) { return PyLong_FromUnsignedLongLong(tf_order_num_positions(self->o)); }
+static PyObject *Order_get_fingerprint(tfpy_Order *self, void *c) { return PyLong_FromUnsignedLongLong(tf_order_fingerprint(self->o)); }
+
+static PyMethodDef Order_methods[] = {
+    {"sample_at", (PyCFunction)Order_sample_at, METH_O, "sample_at(pos) -> int | ndarray\n--\n\nSample index at global stream position(s)."},
+    {"fill", (PyCFunction)(void (*)(void))Order_fill, METH_VARARGS | METH_KEYWORDS, Order_fill_doc},
+    {NULL, NULL, 0, NULL},
+};
+static PyGetSetDef Order_getset[] = {
+    {"num_samples", (getter)Order_get_num_samples, NULL, "samples per epoch (N)", NULL},
+    {"num_positions", (getter)Order_get_num_positions, NULL, "positions in the stream (2**64-1 when infinite)", NULL},
+    {"fingerprint", (getter)Order_get_fingerprint, NULL, "64-bit configuration fingerprint", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+static PyType_Slot Order_slots[] = {
+    {Py_tp_new, Order_new},
+    {Py_tp_dealloc, Order_dealloc},
+    {Py_tp_methods, Order_methods},
+    {Py_tp_getset, Order_getset},
+    {Py_tp_doc, "Order(dataset, **config)\n--\n\nThe global sample order: packing, shuffle and positions."},
+    {0, NULL},
+};
+PyType_Spec tfpy_OrderSpec = {"tokenfeed._core.Order", sizeof(tfpy_Order), 0, Py_TPFLAGS_DEFAULT, Order_slots};

@@ -1,0 +1,44 @@
+"""tokenfeed: feed pre-tokenized training data to GPUs from a C core.
+
+::
+
+    import tokenfeed
+    ds = tokenfeed.open("data/train")                  # native, Megatron, llm.c, .npy, raw
+    loader = tokenfeed.Loader(ds, seq_len=2048, batch_size=8, seed=0)
+    for batch in loader:
+        loss = model(batch["input_ids"], labels=batch["labels"])
+        ...
+        ckpt["loader"] = loader.state_dict()          # a few hundred bytes; exact resume
+"""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from . import _core
+from ._core import FormatError
+from ._dataset import Dataset, DatasetWriter, open
+from ._loader import Loader, StateError
+
+__version__: str = _core.__version__
+
+__all__ = ["Dataset", "DatasetWriter", "FormatError", "Loader", "StateError", "build_info", "get_include",
+           "get_library", "open", "__version__"]
+
+
+def build_info() -> Dict[str, Any]:
+    """What the C core was compiled with and what is usable here: ``zstd``, ``io_uring``, ``cuda``."""
+    return _core.build_info()
+
+
+def get_include() -> str:
+    """Directory of ``tokenfeed.h`` for C programs that embed the library."""
+    import os
+
+    return os.path.join(os.path.dirname(__file__), "include")
+
+
+def get_library() -> str:
+    """Path of ``libtokenfeed.so`` for C programs that embed the library."""
+    import os
+
+    return os.path.join(os.path.dirname(__file__), "lib", "libtokenfeed.so")

@@ -1,0 +1,233 @@
+"""Datasets: open token files in place, and write the native format."""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _core
+from ._progress import Progress
+
+PathLike = Union[str, "os.PathLike[str]"]
+DTypeLike = Union[str, np.dtype, type, None]
+
+__all__ = ["Dataset", "DatasetWriter", "open"]
+
+
+def _as_paths(path: Union[PathLike, Sequence[PathLike]]) -> list[str]:
+    if isinstance(path, (str, os.PathLike)):
+        return [os.fspath(path)]
+    paths = [os.fspath(p) for p in path]
+    if not paths:
+        raise ValueError("open() needs at least one path")
+    return paths
+
+
+def _dtype_name(dtype: DTypeLike) -> Optional[str]:
+    return None if dtype is None else np.dtype(dtype).name
+
+
+class Dataset:
+    """Token files opened in place (memory-mapped, never converted) and concatenated.
+
+    Use :func:`tokenfeed.open` to create one. ``len(ds)`` is the number of documents and
+    ``ds[i]`` is document ``i`` as a NumPy array (zero-copy where possible).
+    """
+
+    def __init__(self, paths: Sequence[str], dtype: Optional[str] = None, format: Optional[str] = None) -> None:
+        self._paths = list(paths)
+        self._dtype_arg = dtype
+        self._format_arg = format
+        self._core = _core.Dataset(self._paths, dtype=dtype, format=format)
+        info = self._core.info
+        self.num_tokens: int = info["num_tokens"]
+        self.num_documents: int = info["num_documents"]
+        self.dtype: np.dtype = np.dtype(info["dtype"])
+        self.vocab_size: Optional[int] = info["vocab_size"] or None
+        self.format: str = info["format"]
+        self.num_files: int = info["num_files"]
+        self.fingerprint: str = f"{info['fingerprint']:016x}"
+
+    # pickles as paths + options: a spawned DataLoader worker re-opens the files
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Dataset, (self._paths, self._dtype_arg, self._format_arg))
+
+    @property
+    def paths(self) -> list[str]:
+        return list(self._paths)
+
+    def files(self) -> list[dict[str, Any]]:
+        """One dict per file: path, format, dtype, first_token, num_tokens, first_document, num_documents, compressed."""
+        return self._core.files()
+
+    def __len__(self) -> int:
+        return self.num_documents
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.document(i)
+
+    def document(self, i: int) -> np.ndarray:
+        """Document ``i`` (negative indices count from the end)."""
+        if not isinstance(i, (int, np.integer)):
+            raise TypeError(f"document index must be an int, not {type(i).__name__}")
+        i = int(i)
+        if i < 0:
+            i += self.num_documents
+        if not 0 <= i < self.num_documents:
+            raise IndexError(f"document {i} out of range: the dataset has {self.num_documents} documents")
+        start, length = self._core.document(i)
+        return self.tokens(start, start + length)
+
+    def tokens(self, start: int, stop: int) -> np.ndarray:
+        """Tokens ``[start, stop)`` of the concatenated stream, in the dataset's dtype.
+
+        A zero-copy read-only view when the range lies in one uncompressed file, a copy otherwise.
+        """
+        if start < 0 or stop < start or stop > self.num_tokens:
+            raise IndexError(f"tokens [{start}, {stop}) out of range: the dataset has {self.num_tokens} tokens")
+        v = self._core.view(start, stop - start)
+        if v is not None:
+            v.flags.writeable = False
+            return v
+        return self._core.read(start, stop - start, self.dtype.name)
+
+    def find_document(self, pos: int) -> int:
+        """Index of the document that holds token ``pos``."""
+        return self._core.find_document(pos)
+
+    def verify(self, threads: int = 0, progress: Union[bool, Callable[[int, int], Any], None] = None) -> None:
+        """Check every checksum, document index and token id (< vocab_size) on ``threads`` threads.
+
+        Raises :class:`tokenfeed.FormatError` naming the first bad file. ``progress`` is a
+        callable ``(done_bytes, total_bytes)``, ``True`` for a bar on stderr, or ``None`` for a
+        bar only when stderr is a terminal.
+        """
+        bar: Optional[Progress] = None
+        cb: Optional[Callable[[int, int], Any]]
+        if progress is None or progress is True or progress is False:
+            bar = Progress("verify", enabled=None if progress is None else bool(progress))
+            cb = bar
+        else:
+            cb = progress
+        try:
+            self._core.verify(threads=threads, progress=cb)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def __repr__(self) -> str:
+        vocab = self.vocab_size if self.vocab_size is not None else "unknown"
+        return (f"tokenfeed.Dataset({self.format}, {self.num_files} file(s), {self.num_tokens:,} tokens, "
+                f"{self.num_documents:,} documents, dtype={self.dtype.name}, vocab_size={vocab}, "
+                f"fingerprint={self.fingerprint})")
+
+
+def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, format: Optional[str] = None) -> Dataset:
+    """Open token data in place and return a :class:`Dataset`.
+
+    ``path`` is a tokenfeed dataset directory or shard, a Megatron ``.bin/.idx`` prefix,
+    an llm.c shard, a ``.npy`` file, a headerless token file (with ``dtype=``; a datatrove
+    ``.index`` beside it gives document boundaries), or a list of any of these,
+    concatenated in order. The format is detected unless ``format=`` names one
+    (``"tokenfeed"``, ``"megatron"``, ``"llm.c"``, ``"raw"``, ``"npy"``).
+    Malformed input raises :class:`tokenfeed.FormatError` naming the file and field.
+    """
+    return Dataset(_as_paths(path), dtype=_dtype_name(dtype), format=format)
+
+
+def _dtype_for_vocab(vocab_size: int) -> str:
+    if vocab_size <= 1 << 8:
+        return "uint8"
+    if vocab_size <= 1 << 16:
+        return "uint16"
+    if vocab_size <= 1 << 32:
+        return "uint32"
+    raise ValueError(f"vocab_size {vocab_size} does not fit the native format (at most 2**32)")
+
+
+class DatasetWriter:
+    """Write documents into a tokenfeed dataset directory, atomically.
+
+    ::
+
+        with tokenfeed.DatasetWriter("data/train", vocab_size=50257) as w:
+            for doc in docs:
+                w.add_document(doc)
+
+    Shards roll over at ``shard_tokens`` tokens (documents are never split across
+    shards). Nothing is visible to readers until the context exits cleanly (or
+    :meth:`close` is called): shards are written under temporary names, fsynced and
+    renamed, and the manifest is written last. If the block raises, everything written
+    is discarded and any dataset that was already in ``path`` stays as it was.
+    ``dtype`` defaults to the smallest of uint8/uint16/uint32 that holds ``vocab_size``.
+    """
+
+    def __init__(self, path: PathLike, *, vocab_size: int, dtype: DTypeLike = None, shard_tokens: int = 1 << 28,
+                 compression: Optional[str] = None, level: int = 3, block_tokens: int = 1 << 16,
+                 overwrite: bool = False) -> None:
+        if not isinstance(vocab_size, (int, np.integer)) or vocab_size <= 0:
+            raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+        if dtype is None:
+            dtype = _dtype_for_vocab(int(vocab_size))
+        name = np.dtype(dtype).name
+        if name not in ("uint8", "uint16", "uint32"):
+            raise ValueError(f"dtype must be uint8, uint16 or uint32 for the native format, got {name}")
+        limit = 1 << (8 * np.dtype(name).itemsize)
+        if vocab_size > limit:
+            raise ValueError(f"vocab_size {vocab_size} does not fit {name} (at most {limit}); use a wider dtype")
+        if shard_tokens <= 0 or block_tokens <= 0:
+            raise ValueError("shard_tokens and block_tokens must be positive")
+        if compression not in (None, "zstd"):
+            raise ValueError(f"compression must be None or 'zstd', got {compression!r}")
+        self.path = os.fspath(path)
+        self.dtype = np.dtype(name)
+        self.vocab_size = int(vocab_size)
+        self._w: Optional[Any] = _core.Writer(self.path, dtype=name, vocab_size=int(vocab_size),
+                                              shard_tokens=int(shard_tokens), compression=compression,
+                                              level=int(level), block_tokens=int(block_tokens),
+                                              overwrite=bool(overwrite))
+        self._counts = (0, 0)
+
+    def add_document(self, tokens: Any) -> None:
+        """Append one document (any 1-D integer array-like). Ids must be in ``[0, vocab_size)``."""
+        if self._w is None:
+            raise ValueError("the writer is closed")
+        self._w.add_document(tokens)
+
+    def add_documents(self, docs: Iterable[Any]) -> None:
+        for d in docs:
+            self.add_document(d)
+
+    @property
+    def num_documents(self) -> int:
+        c = self._w.counts if self._w is not None else None
+        return (c or self._counts)[0]
+
+    @property
+    def num_tokens(self) -> int:
+        c = self._w.counts if self._w is not None else None
+        return (c or self._counts)[1]
+
+    def close(self) -> None:
+        """Flush the last shard and publish the manifest. Idempotent."""
+        if self._w is not None:
+            self._counts = self._w.counts
+            w, self._w = self._w, None
+            w.finish()
+
+    def abort(self) -> None:
+        """Discard everything written by this writer."""
+        if self._w is not None:
+            self._counts = self._w.counts
+            w, self._w = self._w, None
+            w.abort()
+
+    def __enter__(self) -> "DatasetWriter":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
