@@ -122,6 +122,9 @@ int tf__parse_native_header(const char *path, const uint8_t *buf, size_t len, ui
             (ull)fsize, (ull)file_size);
     if (tok_off % TF_NATIVE_TOKENS_ALIGN != 0 || tok_off < H)
         BAD("tokens_offset", "expected a multiple of %u that is >= %llu, found %llu. " REGEN, TF_NATIVE_TOKENS_ALIGN, (ull)H, (ull)tok_off);
+    if (tok_off > file_size)
+        BAD("tokens_offset", "expected at most the file size %llu, found %llu. The file is truncated or corrupt. " REGEN,
+            (ull)file_size, (ull)tok_off);
     if (!section_ok(tok_off, tok_bytes, H, file_size))
         BAD("tokens_bytes", "expected the token section [%llu, +%llu) to end within the file size %llu. The file is truncated. " REGEN,
             (ull)tok_off, (ull)tok_bytes, (ull)file_size);

@@ -1,0 +1,740 @@
+/*
+ * writer.c — tf_writer: writes a native dataset directory (docs/format.md).
+ *
+ * Design:
+ *   - One run = one random 32-bit run id; shards are named
+ *     shard-<runid 8 hex>-<index 5 digits>.tfs, so a rewrite never touches the
+ *     files the current manifest refers to.
+ *   - A shard is written to ".<name>.tmp": header placeholder (zeros), tokens at
+ *     offset 4096, document index, block table (zstd only), then the real header
+ *     with pwrite, fsync, rename. The manifest is written last the same way and
+ *     the directory fsynced before and after its rename, so a reader sees the
+ *     old complete dataset or the new complete dataset, never a mix.
+ *   - Documents stay whole inside one shard: before adding a document, the
+ *     writer rolls over when the current shard holds tokens and would pass
+ *     shard_tokens. A document larger than shard_tokens gets a shard of its own.
+ *   - A document is validated entirely (ids within [0, vocab_size)) before any
+ *     of it is written, so a -TF_EVOCAB failure leaves the writer usable and
+ *     the shard unchanged.
+ *   - Checksums are computed while streaming: XXH64 over the uncompressed
+ *     little-endian token bytes, so compressed and uncompressed twins agree.
+ *   - zstd: tokens are gathered into blocks of block_tokens; each block is one
+ *     independent frame (ZSTD_compress2 on a reused CCtx with the level and the
+ *     frame checksum flag set as sticky parameters; ZSTD_compressCCtx would
+ *     reset them and drop the frame checksum).
+ *   - An empty dataset (no documents at all) is allowed: finish writes a
+ *     manifest with num_shards 0. tf_dataset_open refuses it (a dataset needs
+ *     at least one token) but it can be concatenated with others. Documents of
+ *     zero tokens are kept (a shard may hold only empty documents).
+ *   - Errors: an I/O error poisons the writer (every later call returns it);
+ *     tf_writer_free of an unfinished writer removes its temporary file and the
+ *     shards of this run already renamed (no manifest refers to them).
+ *   - With overwrite, the previous manifest's shards are removed only after the
+ *     new manifest is in place; a previous manifest that cannot be parsed is
+ *     left alone along with its shards.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef TF_HAVE_ZSTD
+#include <zstd.h>
+#endif
+
+#include "source.h"
+
+typedef unsigned long long ull;
+
+enum { CHUNK_TOKENS = 1 << 16, IOBUF_BYTES = 1 << 20 };
+
+typedef struct shard_rec {
+    char name[32];
+    uint64_t num_tokens, num_docs, tokens_checksum, docs_checksum;
+} shard_rec;
+
+struct tf_writer {
+    char *dir;
+    tf_writer_options opt;
+    size_t isz;
+    uint32_t run_id;
+    int finished;
+    int error; /* sticky I/O error (negative) */
+
+    /* current shard (fd < 0: none open) */
+    int fd;
+    char name[32];
+    char *tmp_path;
+    uint64_t pos; /* bytes written so far (file offset of the next write) */
+    uint64_t cur_tokens, cur_docs;
+    uint64_t *ends;
+    uint64_t ends_cap;
+    tf__xxh64_state tok_hash;
+    uint8_t *iobuf; /* staging for uncompressed writes */
+    size_t iolen;
+
+    /* zstd state */
+    uint8_t *blk;   /* block_tokens * isz */
+    uint64_t blk_fill; /* tokens in blk */
+    uint8_t *zbuf;
+    size_t zcap;
+    uint8_t *table; /* 16 bytes per block */
+    uint64_t nblocks, table_cap;
+#ifdef TF_HAVE_ZSTD
+    ZSTD_CCtx *cctx;
+#endif
+
+    /* conversion scratch */
+    int64_t *i64;
+    uint8_t *conv;
+
+    /* finished shards of this run */
+    shard_rec *shards;
+    uint64_t nshards, shards_cap;
+    uint64_t total_tokens, total_docs;
+};
+
+/* ------------------------------------------------------------------------ */
+/* small helpers                                                             */
+/* ------------------------------------------------------------------------ */
+
+static char *join(const char *dir, const char *name) {
+    size_t a = strlen(dir), b = strlen(name);
+    char *p = malloc(a + b + 2);
+    if (!p) return NULL;
+    memcpy(p, dir, a);
+    size_t k = a;
+    if (a && dir[a - 1] != '/') p[k++] = '/';
+    memcpy(p + k, name, b + 1);
+    return p;
+}
+
+static int write_all(int fd, const void *buf, size_t n, const char *path) {
+    const uint8_t *p = buf;
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            int e = errno;
+            TF_FAIL(-e, "%s: write failed: %s", path, strerror(e));
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int pwrite_all(int fd, const void *buf, size_t n, uint64_t off, const char *path) {
+    const uint8_t *p = buf;
+    while (n) {
+        ssize_t w = pwrite(fd, p, n, (off_t)off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            int e = errno;
+            TF_FAIL(-e, "%s: write failed: %s", path, strerror(e));
+        }
+        p += w;
+        n -= (size_t)w;
+        off += (uint64_t)w;
+    }
+    return 0;
+}
+
+static int fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        TF_FAIL(-e, "%s: cannot open directory to fsync: %s", dir, strerror(e));
+    }
+    int rc = 0;
+    if (fsync(fd) != 0 && errno != EINVAL) {
+        int e = errno;
+        rc = tf__seterr(-e, "%s: fsync of the directory failed: %s", dir, strerror(e));
+    }
+    close(fd);
+    return rc;
+}
+
+/* mkdir -p */
+static int make_dirs(const char *dir) {
+    char *p = strdup(dir);
+    if (!p) return -ENOMEM;
+    size_t n = strlen(p);
+    for (size_t i = 1; i <= n; i++) {
+        if (p[i] == '/' || p[i] == '\0') {
+            char c = p[i];
+            p[i] = '\0';
+            if (mkdir(p, 0777) != 0 && errno != EEXIST) {
+                int e = errno;
+                tf__seterr(-e, "%s: cannot create directory %s: %s", dir, p, strerror(e));
+                free(p);
+                return -e;
+            }
+            p[i] = c;
+        }
+    }
+    free(p);
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) TF_FAIL(-ENOTDIR, "%s: not a directory", dir);
+    return 0;
+}
+
+static int exists(const char *p) {
+    struct stat st;
+    return lstat(p, &st) == 0;
+}
+
+static uint32_t random_u32(void) {
+    uint32_t v = 0;
+    if (getrandom(&v, sizeof v, GRND_NONBLOCK) != (ssize_t)sizeof v) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        v = (uint32_t)tf_mix64((uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec << 30 ^ (uint64_t)getpid() << 48);
+    }
+    return v;
+}
+
+/* ------------------------------------------------------------------------ */
+/* options                                                                   */
+/* ------------------------------------------------------------------------ */
+
+void tf_writer_options_init(tf_writer_options *opt) {
+    if (!opt) return;
+    memset(opt, 0, sizeof *opt);
+    opt->dtype = TF_UINT16;
+    opt->vocab_size = 0; /* must be set by the caller */
+    opt->shard_tokens = 1ull << 28;
+    opt->compression = TF_COMPRESS_NONE;
+    opt->level = 3;
+    opt->block_tokens = 65536;
+    opt->overwrite = 0;
+}
+
+static int check_options(const tf_writer_options *o) {
+    if (!tf__native_dtype_code(o->dtype))
+        TF_FAIL(-EINVAL, "dtype: expected uint8, uint16 or uint32, found %s", tf_dtype_name(o->dtype));
+    if (o->vocab_size == 0)
+        TF_FAIL(-EINVAL, "vocab_size: expected > 0, found 0. Set it to your tokenizer's vocabulary size (e.g. 50257 for GPT-2).");
+    size_t isz = tf_dtype_size(o->dtype);
+    if (isz < 8 && o->vocab_size > (1ull << (8 * isz)))
+        TF_FAIL(-EINVAL, "vocab_size: %llu ids do not fit dtype %s (at most %llu). Use dtype=\"%s\".", (ull)o->vocab_size,
+                tf_dtype_name(o->dtype), 1ull << (8 * isz), isz == 1 ? "uint16" : "uint32");
+    if (o->shard_tokens == 0) TF_FAIL(-EINVAL, "shard_tokens: expected > 0, found 0");
+    if (o->compression != TF_COMPRESS_NONE && o->compression != TF_COMPRESS_ZSTD)
+        TF_FAIL(-EINVAL, "compression: expected none (0) or zstd (1), found %d", o->compression);
+    if (o->compression == TF_COMPRESS_ZSTD) {
+#ifdef TF_HAVE_ZSTD
+        if (o->block_tokens == 0 || o->block_tokens > TF_NATIVE_MAX_BLOCK_BYTES / isz)
+            TF_FAIL(-EINVAL, "block_tokens: expected 1 to %llu, found %llu", (ull)(TF_NATIVE_MAX_BLOCK_BYTES / isz),
+                    (ull)o->block_tokens);
+        if (o->level < ZSTD_minCLevel() || o->level > ZSTD_maxCLevel())
+            TF_FAIL(-EINVAL, "level: expected a zstd level from %d to %d, found %d", ZSTD_minCLevel(), ZSTD_maxCLevel(), o->level);
+#else
+        TF_FAIL(-TF_EUNSUPPORTED, "compression: this tokenfeed build lacks zstd. Rebuild with libzstd installed, or write uncompressed.");
+#endif
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* create / free                                                             */
+/* ------------------------------------------------------------------------ */
+
+int tf_writer_create(const char *dir, const tf_writer_options *opt, tf_writer **out) {
+    if (!out) return -EINVAL;
+    *out = NULL;
+    tf__clearerr();
+    if (!dir || !*dir) TF_FAIL(-EINVAL, "dir: expected a directory path, found none");
+    tf_writer_options dflt;
+    if (!opt) {
+        tf_writer_options_init(&dflt);
+        opt = &dflt;
+    }
+    TF_TRY(check_options(opt));
+    TF_TRY(make_dirs(dir));
+    char *mpath = join(dir, TF_MANIFEST_NAME);
+    if (!mpath) return -ENOMEM;
+    int had = exists(mpath);
+    free(mpath);
+    if (had && !opt->overwrite)
+        TF_FAIL(-EEXIST, "%s: a tokenfeed dataset already exists here (%s). Pass overwrite=True to replace it, or choose another directory.",
+                dir, TF_MANIFEST_NAME);
+
+    tf_writer *w = calloc(1, sizeof *w);
+    if (!w) return -ENOMEM;
+    w->fd = -1;
+    w->opt = *opt;
+    w->isz = tf_dtype_size(opt->dtype);
+    w->dir = strdup(dir);
+    w->i64 = malloc(CHUNK_TOKENS * sizeof(int64_t));
+    w->conv = malloc(CHUNK_TOKENS * sizeof(uint64_t));
+    w->iobuf = malloc(IOBUF_BYTES);
+    if (!w->dir || !w->i64 || !w->conv || !w->iobuf) goto nomem;
+    if (opt->compression == TF_COMPRESS_ZSTD) {
+#ifdef TF_HAVE_ZSTD
+        size_t bb = (size_t)(opt->block_tokens * w->isz);
+        w->blk = malloc(bb);
+        w->zcap = ZSTD_compressBound(bb);
+        w->zbuf = malloc(w->zcap);
+        w->cctx = ZSTD_createCCtx();
+        if (!w->blk || !w->zbuf || !w->cctx) goto nomem;
+        if (ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_compressionLevel, opt->level)) ||
+            ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_checksumFlag, 1))) {
+            tf_writer_free(w);
+            TF_FAIL(-EINVAL, "zstd: cannot set compression level %d", opt->level);
+        }
+#endif
+    }
+    /* A run id whose first shard name is free; 2^-32 odds of a clash per try. */
+    for (int tries = 0;; tries++) {
+        w->run_id = random_u32();
+        char nm[64];
+        snprintf(nm, sizeof nm, "shard-%08x-00000.tfs", w->run_id);
+        char *p = join(dir, nm);
+        if (!p) goto nomem;
+        int clash = exists(p);
+        free(p);
+        if (!clash) break;
+        if (tries > 16) {
+            tf_writer_free(w);
+            TF_FAIL(-EEXIST, "%s: cannot find a free shard run id", dir);
+        }
+    }
+    *out = w;
+    return 0;
+nomem:
+    tf_writer_free(w);
+    return -ENOMEM;
+}
+
+static void remove_run_files(tf_writer *w) {
+    if (w->fd >= 0) {
+        close(w->fd);
+        w->fd = -1;
+    }
+    if (w->tmp_path) {
+        unlink(w->tmp_path);
+        free(w->tmp_path);
+        w->tmp_path = NULL;
+    }
+    for (uint64_t i = 0; i < w->nshards; i++) {
+        char *p = join(w->dir, w->shards[i].name);
+        if (p) unlink(p);
+        free(p);
+    }
+}
+
+void tf_writer_free(tf_writer *w) {
+    if (!w) return;
+    if (!w->finished) remove_run_files(w);
+    if (w->fd >= 0) close(w->fd);
+    free(w->tmp_path);
+    free(w->dir);
+    free(w->ends);
+    free(w->iobuf);
+    free(w->blk);
+    free(w->zbuf);
+    free(w->table);
+#ifdef TF_HAVE_ZSTD
+    ZSTD_freeCCtx(w->cctx);
+#endif
+    free(w->i64);
+    free(w->conv);
+    free(w->shards);
+    free(w);
+}
+
+uint64_t tf_writer_num_documents(const tf_writer *w) { return w ? w->total_docs : 0; }
+uint64_t tf_writer_num_tokens(const tf_writer *w) { return w ? w->total_tokens : 0; }
+
+/* ------------------------------------------------------------------------ */
+/* shards                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static int open_shard(tf_writer *w) {
+    snprintf(w->name, sizeof w->name, "shard-%08x-%05llu.tfs", w->run_id, (ull)w->nshards);
+    char tmp[48];
+    snprintf(tmp, sizeof tmp, ".%s.tmp", w->name);
+    free(w->tmp_path);
+    w->tmp_path = join(w->dir, tmp);
+    if (!w->tmp_path) return -ENOMEM;
+    w->fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w->fd < 0) {
+        int e = errno;
+        TF_FAIL(-e, "%s: cannot create: %s", w->tmp_path, strerror(e));
+    }
+    /* Header placeholder: the token section starts at 4096 (page-aligned). */
+    static const uint8_t zeros[TF_NATIVE_TOKENS_ALIGN];
+    TF_TRY(write_all(w->fd, zeros, sizeof zeros, w->tmp_path));
+    w->pos = TF_NATIVE_TOKENS_ALIGN;
+    w->cur_tokens = w->cur_docs = 0;
+    w->iolen = 0;
+    w->blk_fill = 0;
+    w->nblocks = 0;
+    tf__xxh64_reset(&w->tok_hash, 0);
+    return 0;
+}
+
+static int flush_io(tf_writer *w) {
+    if (!w->iolen) return 0;
+    TF_TRY(write_all(w->fd, w->iobuf, w->iolen, w->tmp_path));
+    w->pos += w->iolen;
+    w->iolen = 0;
+    return 0;
+}
+
+static int put_bytes(tf_writer *w, const void *data, size_t n) {
+    const uint8_t *p = data;
+    while (n) {
+        if (w->iolen == IOBUF_BYTES) TF_TRY(flush_io(w));
+        size_t k = IOBUF_BYTES - w->iolen < n ? IOBUF_BYTES - w->iolen : n;
+        memcpy(w->iobuf + w->iolen, p, k);
+        w->iolen += k;
+        p += k;
+        n -= k;
+    }
+    return 0;
+}
+
+static int pad_to(tf_writer *w, uint64_t align) {
+    static const uint8_t zeros[8];
+    uint64_t at = w->pos + w->iolen;
+    uint64_t pad = (align - at % align) % align;
+    return pad ? put_bytes(w, zeros, (size_t)pad) : 0;
+}
+
+#ifdef TF_HAVE_ZSTD
+static int flush_block(tf_writer *w) {
+    if (!w->blk_fill) return 0;
+    size_t z = ZSTD_compress2(w->cctx, w->zbuf, w->zcap, w->blk, (size_t)(w->blk_fill * w->isz));
+    if (ZSTD_isError(z)) TF_FAIL(-EIO, "%s: zstd compression failed: %s", w->tmp_path, ZSTD_getErrorName(z));
+    if (w->nblocks == w->table_cap) {
+        uint64_t nc = w->table_cap ? w->table_cap * 2 : 64;
+        uint8_t *nt = realloc(w->table, nc * 16);
+        if (!nt) return -ENOMEM;
+        w->table = nt;
+        w->table_cap = nc;
+    }
+    uint64_t at = w->pos + w->iolen;
+    tf__put_le64(w->table + 16 * w->nblocks, at - TF_NATIVE_TOKENS_ALIGN);
+    tf__put_le64(w->table + 16 * w->nblocks + 8, z);
+    w->nblocks++;
+    w->blk_fill = 0;
+    return put_bytes(w, w->zbuf, z);
+}
+#endif
+
+/* Append n tokens already in the shard dtype (little-endian). */
+static int put_tokens(tf_writer *w, const uint8_t *t, uint64_t n) {
+    tf__xxh64_update(&w->tok_hash, t, (size_t)(n * w->isz));
+    if (w->opt.compression != TF_COMPRESS_ZSTD) return put_bytes(w, t, (size_t)(n * w->isz));
+#ifdef TF_HAVE_ZSTD
+    while (n) {
+        uint64_t k = w->opt.block_tokens - w->blk_fill;
+        if (k > n) k = n;
+        memcpy(w->blk + w->blk_fill * w->isz, t, (size_t)(k * w->isz));
+        w->blk_fill += k;
+        t += k * w->isz;
+        n -= k;
+        if (w->blk_fill == w->opt.block_tokens) TF_TRY(flush_block(w));
+    }
+    return 0;
+#else
+    return -TF_EUNSUPPORTED;
+#endif
+}
+
+static int close_shard(tf_writer *w) {
+    int compressed = w->opt.compression == TF_COMPRESS_ZSTD;
+#ifdef TF_HAVE_ZSTD
+    if (compressed) TF_TRY(flush_block(w));
+#endif
+    uint64_t tok_bytes = w->pos + w->iolen - TF_NATIVE_TOKENS_ALIGN;
+    TF_TRY(pad_to(w, 8));
+    uint64_t docs_off = w->pos + w->iolen;
+    /* the ends are written as they are: the host is little-endian (native.c) */
+    uint64_t docs_bytes = w->cur_docs * 8;
+    uint64_t dsum = tf_hash64(w->ends, (size_t)docs_bytes, 0);
+    TF_TRY(put_bytes(w, w->ends, (size_t)docs_bytes));
+    uint64_t blk_off = 0, blk_bytes = 0, bsum = 0;
+    if (compressed) {
+        TF_TRY(pad_to(w, 8));
+        blk_off = w->pos + w->iolen;
+        blk_bytes = w->nblocks * 16;
+        bsum = tf_hash64(w->table, (size_t)blk_bytes, 0);
+        TF_TRY(put_bytes(w, w->table, (size_t)blk_bytes));
+    }
+    TF_TRY(flush_io(w));
+    uint64_t tsum = tf__xxh64_digest(&w->tok_hash);
+
+    uint8_t h[TF_NATIVE_HEADER_SIZE];
+    memset(h, 0, sizeof h);
+    memcpy(h, TF_NATIVE_MAGIC, 8);
+    tf__put_le32(h + 8, TF_NATIVE_VERSION);
+    tf__put_le32(h + 12, TF_NATIVE_HEADER_SIZE);
+    tf__put_le32(h + 16, compressed ? TF_NATIVE_FLAG_ZSTD : 0);
+    tf__put_le32(h + 20, tf__native_dtype_code(w->opt.dtype));
+    tf__put_le64(h + 24, w->opt.vocab_size);
+    tf__put_le64(h + 32, w->cur_tokens);
+    tf__put_le64(h + 40, w->cur_docs);
+    tf__put_le64(h + 48, TF_NATIVE_TOKENS_ALIGN);
+    tf__put_le64(h + 56, tok_bytes);
+    tf__put_le64(h + 64, docs_off);
+    tf__put_le64(h + 72, docs_bytes);
+    tf__put_le64(h + 80, blk_off);
+    tf__put_le64(h + 88, blk_bytes);
+    tf__put_le64(h + 96, compressed ? w->opt.block_tokens : 0);
+    tf__put_le64(h + 104, tsum);
+    tf__put_le64(h + 112, dsum);
+    tf__put_le64(h + 120, bsum);
+    tf__put_le64(h + 128, w->pos);
+    tf__put_le64(h + TF_NATIVE_HDR_CHECKSUM_AT, tf_hash64(h, TF_NATIVE_HDR_CHECKSUM_AT, 0));
+    TF_TRY(pwrite_all(w->fd, h, sizeof h, 0, w->tmp_path));
+    if (fsync(w->fd) != 0) {
+        int e = errno;
+        TF_FAIL(-e, "%s: fsync failed: %s", w->tmp_path, strerror(e));
+    }
+    close(w->fd);
+    w->fd = -1;
+
+    if (w->nshards == w->shards_cap) {
+        uint64_t nc = w->shards_cap ? w->shards_cap * 2 : 16;
+        shard_rec *ns = realloc(w->shards, nc * sizeof *ns);
+        if (!ns) return -ENOMEM;
+        w->shards = ns;
+        w->shards_cap = nc;
+    }
+    char *final = join(w->dir, w->name);
+    if (!final) return -ENOMEM;
+    if (rename(w->tmp_path, final) != 0) {
+        int e = errno;
+        tf__seterr(-e, "%s: cannot rename to %s: %s", w->tmp_path, final, strerror(e));
+        free(final);
+        return -e;
+    }
+    free(final);
+    free(w->tmp_path);
+    w->tmp_path = NULL;
+    shard_rec *r = &w->shards[w->nshards++];
+    memset(r, 0, sizeof *r);
+    snprintf(r->name, sizeof r->name, "%s", w->name);
+    r->num_tokens = w->cur_tokens;
+    r->num_docs = w->cur_docs;
+    r->tokens_checksum = tsum;
+    r->docs_checksum = dsum;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* documents                                                                 */
+/* ------------------------------------------------------------------------ */
+
+static int is_int_dtype(tf_dtype d) {
+    return d == TF_UINT8 || d == TF_UINT16 || d == TF_UINT32 || d == TF_UINT64 || d == TF_INT8 ||
+           d == TF_INT16 || d == TF_INT32 || d == TF_INT64;
+}
+
+/* Check every id of the document against [0, vocab) before writing any. */
+static int check_ids(tf_writer *w, const uint8_t *src, uint64_t n, tf_dtype sd) {
+    size_t ssz = tf_dtype_size(sd);
+    uint64_t vocab = w->opt.vocab_size;
+    for (uint64_t s = 0; s < n; s += CHUNK_TOKENS) {
+        size_t k = (size_t)(n - s < CHUNK_TOKENS ? n - s : CHUNK_TOKENS);
+        const uint8_t *p = src + s * ssz;
+        if (sd == TF_UINT64) { /* does not fit int64: compare unsigned */
+            uint64_t *u = (uint64_t *)w->i64;
+            memcpy(u, p, k * 8);
+            for (size_t i = 0; i < k; i++)
+                if (u[i] >= vocab)
+                    TF_FAIL(-TF_EVOCAB, "document %llu: token %llu is %llu, expected 0 <= id < vocab_size %llu. Check the tokenizer and vocab_size.",
+                            (ull)w->total_docs, (ull)(s + i), (ull)u[i], (ull)vocab);
+            continue;
+        }
+        tf_convert(w->i64, TF_INT64, p, sd, k);
+        for (size_t i = 0; i < k; i++)
+            if (w->i64[i] < 0 || (uint64_t)w->i64[i] >= vocab)
+                TF_FAIL(-TF_EVOCAB, "document %llu: token %llu is %lld, expected 0 <= id < vocab_size %llu. Check the tokenizer and vocab_size.",
+                        (ull)w->total_docs, (ull)(s + i), (long long)w->i64[i], (ull)vocab);
+    }
+    return 0;
+}
+
+static int add_document(tf_writer *w, const uint8_t *src, uint64_t n, tf_dtype sd) {
+    uint64_t room = w->cur_tokens < w->opt.shard_tokens ? w->opt.shard_tokens - w->cur_tokens : 0;
+    if (w->fd >= 0 && w->cur_tokens > 0 && n > room) TF_TRY(close_shard(w));
+    if (w->fd < 0) TF_TRY(open_shard(w));
+    if (w->cur_docs == w->ends_cap) {
+        uint64_t nc = w->ends_cap ? w->ends_cap * 2 : 1024;
+        uint64_t *ne = realloc(w->ends, nc * sizeof *ne);
+        if (!ne) return -ENOMEM;
+        w->ends = ne;
+        w->ends_cap = nc;
+    }
+    size_t ssz = tf_dtype_size(sd);
+    for (uint64_t s = 0; s < n; s += CHUNK_TOKENS) {
+        size_t k = (size_t)(n - s < CHUNK_TOKENS ? n - s : CHUNK_TOKENS);
+        const uint8_t *p = src + s * ssz;
+        if (sd != w->opt.dtype) { /* ids are known to fit: plain narrowing */
+            tf_convert(w->conv, w->opt.dtype, p, sd, k);
+            p = w->conv;
+        }
+        TF_TRY(put_tokens(w, p, k));
+    }
+    w->cur_tokens += n;
+    w->ends[w->cur_docs++] = w->cur_tokens;
+    w->total_tokens += n;
+    w->total_docs++;
+    return 0;
+}
+
+int tf_writer_add_document(tf_writer *w, const void *tokens, uint64_t n, tf_dtype src_dtype) {
+    if (!w) return -EINVAL;
+    tf__clearerr();
+    if (w->finished) TF_FAIL(-EINVAL, "%s: the writer is finished; create a new one", w->dir);
+    if (w->error) TF_FAIL(w->error, "%s: an earlier write failed (%s); the writer cannot continue", w->dir, tf_strerror(w->error));
+    if (n && !tokens) TF_FAIL(-EINVAL, "tokens is NULL");
+    if (!is_int_dtype(src_dtype))
+        TF_FAIL(-EINVAL, "document %llu: dtype %s: expected an integer token dtype. Convert the ids to integers first.",
+                (ull)w->total_docs, tf_dtype_name(src_dtype));
+    uint64_t bytes;
+    if (tf__mul_overflow(n, tf_dtype_size(src_dtype), &bytes) || bytes > SIZE_MAX)
+        TF_FAIL(-EINVAL, "document %llu: %llu tokens is too many", (ull)w->total_docs, (ull)n);
+    TF_TRY(check_ids(w, tokens, n, src_dtype));
+    int rc = add_document(w, tokens, n, src_dtype);
+    if (rc < 0) w->error = rc; /* part of the document may be in the shard */
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* finish                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static int append(char **buf, size_t *len, size_t *cap, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int append(char **buf, size_t *len, size_t *cap, const char *fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(*buf ? *buf + *len : NULL, *buf ? *cap - *len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) return -EINVAL;
+        if (*buf && *len + (size_t)n < *cap) {
+            *len += (size_t)n;
+            return 0;
+        }
+        size_t nc = (*cap ? *cap * 2 : 4096) + (size_t)n;
+        char *nb = realloc(*buf, nc);
+        if (!nb) return -ENOMEM;
+        *buf = nb;
+        *cap = nc;
+    }
+}
+
+/* The previous manifest's shards, to delete once the new one is in place. */
+static void read_old_manifest(const char *mpath, tf_manifest *old) {
+    memset(old, 0, sizeof *old);
+    void *map = NULL;
+    size_t len = 0;
+    if (tf__map_file(mpath, &map, &len) < 0) return;
+    if (tf__parse_manifest(mpath, map, len, old) < 0) memset(old, 0, sizeof *old);
+    tf__unmap(map, len);
+}
+
+static int write_manifest(tf_writer *w) {
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    int rc = append(&buf, &len, &cap, "tokenfeed-manifest 1\ndtype %s\nvocab_size %llu\nnum_shards %llu\n",
+                    tf_dtype_name(w->opt.dtype), (ull)w->opt.vocab_size, (ull)w->nshards);
+    for (uint64_t i = 0; i < w->nshards && rc == 0; i++) {
+        const shard_rec *r = &w->shards[i];
+        rc = append(&buf, &len, &cap, "shard %s %llu %llu %016llx %016llx\n", r->name, (ull)r->num_tokens,
+                    (ull)r->num_docs, (ull)r->tokens_checksum, (ull)r->docs_checksum);
+    }
+    if (rc == 0) rc = append(&buf, &len, &cap, "end %016llx\n", (ull)tf_hash64(buf, len, 0));
+    if (rc < 0) {
+        free(buf);
+        return rc;
+    }
+    char *tmp = join(w->dir, "." TF_MANIFEST_NAME ".tmp");
+    char *final = join(w->dir, TF_MANIFEST_NAME);
+    tf_manifest old;
+    memset(&old, 0, sizeof old);
+    int fd = -1;
+    if (!tmp || !final) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int e = errno;
+        rc = tf__seterr(-e, "%s: cannot create: %s", tmp, strerror(e));
+        goto out;
+    }
+    rc = write_all(fd, buf, len, tmp);
+    if (rc == 0 && fsync(fd) != 0) {
+        int e = errno;
+        rc = tf__seterr(-e, "%s: fsync failed: %s", tmp, strerror(e));
+    }
+    close(fd);
+    if (rc < 0) {
+        unlink(tmp);
+        goto out;
+    }
+    /* The shard renames must be durable before a manifest names them. */
+    rc = fsync_dir(w->dir);
+    if (rc < 0) {
+        unlink(tmp);
+        goto out;
+    }
+    if (w->opt.overwrite) read_old_manifest(final, &old);
+    if (rename(tmp, final) != 0) {
+        int e = errno;
+        rc = tf__seterr(-e, "%s: cannot rename to %s: %s", tmp, final, strerror(e));
+        unlink(tmp);
+        goto out;
+    }
+    w->finished = 1; /* from here on the shards belong to the manifest */
+    rc = fsync_dir(w->dir);
+    /* Remove the replaced dataset's shards (never one of ours: run ids differ,
+     * but compare names anyway). Failures only leave garbage behind. */
+    for (uint64_t i = 0; i < old.num_shards; i++) {
+        int ours = 0;
+        for (uint64_t k = 0; k < w->nshards && !ours; k++) ours = strcmp(old.shards[i].name, w->shards[k].name) == 0;
+        if (ours) continue;
+        char *p = join(w->dir, old.shards[i].name);
+        if (p) unlink(p);
+        free(p);
+    }
+out:
+    tf__manifest_free(&old);
+    free(tmp);
+    free(final);
+    free(buf);
+    return rc;
+}
+
+int tf_writer_finish(tf_writer *w) {
+    if (!w) return -EINVAL;
+    tf__clearerr();
+    if (w->finished) TF_FAIL(-EINVAL, "%s: the writer is already finished", w->dir);
+    if (w->error) TF_FAIL(w->error, "%s: an earlier write failed (%s); nothing was published", w->dir, tf_strerror(w->error));
+    int rc = 0;
+    if (w->fd >= 0) rc = close_shard(w);
+    if (rc == 0) {
+        /* Re-check: another writer may have published here since create. */
+        char *mpath = join(w->dir, TF_MANIFEST_NAME);
+        if (!mpath) rc = -ENOMEM;
+        else if (!w->opt.overwrite && exists(mpath))
+            rc = tf__seterr(-EEXIST, "%s: a tokenfeed dataset appeared here while writing. Pass overwrite=True to replace it.", w->dir);
+        free(mpath);
+    }
+    if (rc == 0) rc = write_manifest(w);
+    if (rc < 0 && !w->finished) w->error = rc;
+    return rc;
+}

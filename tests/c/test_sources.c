@@ -1,0 +1,491 @@
+/* Sources layer: the native writer and reader (plain and zstd, several shards,
+ * empty documents), the foreign formats written by hand (Megatron, llm.c,
+ * .npy, headerless + datatrove index), corrupt and truncated inputs, verify. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "helpers.h"
+
+static char tmpdir[256];
+
+static void path_in(char *out, size_t cap, const char *name) { snprintf(out, cap, "%s/%s", tmpdir, name); }
+
+static void write_file(const char *path, const void *data, size_t n) {
+    FILE *fp = fopen(path, "wb");
+    if (!fp) {
+        perror(path);
+        t_failures++;
+        return;
+    }
+    if (n && fwrite(data, 1, n, fp) != n) t_failures++;
+    fclose(fp);
+}
+
+static uint8_t *read_file(const char *path, size_t *n) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return NULL;
+    fseek(fp, 0, SEEK_END);
+    long len = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    uint8_t *b = malloc((size_t)len + 1);
+    if (b && fread(b, 1, (size_t)len, fp) != (size_t)len) {
+        free(b);
+        b = NULL;
+    }
+    fclose(fp);
+    *n = (size_t)len;
+    return b;
+}
+
+static void rm_rf(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char p[512];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode)) rm_rf(p);
+        else unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static int count_files(const char *dir, const char *prefix) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (!strncmp(e->d_name, prefix, strlen(prefix))) n++;
+    closedir(d);
+    return n;
+}
+
+static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+
+/* Deterministic test documents: doc d has len_of(d) tokens, token t of doc d
+ * is (d * 131 + t * 7) % vocab. Some documents are empty. */
+static uint64_t len_of(uint64_t d) { return d % 7 == 3 ? 0 : (d * 37) % 500 + 1; }
+static uint32_t tok_of(uint64_t d, uint64_t t, uint64_t vocab) { return (uint32_t)((d * 131 + t * 7) % vocab); }
+
+static void write_docs(const char *dir, const tf_writer_options *o, uint64_t ndocs, uint64_t *total) {
+    tf_writer *w = NULL;
+    CHECK_OK(tf_writer_create(dir, o, &w));
+    if (!w) return;
+    uint32_t buf[600];
+    *total = 0;
+    for (uint64_t d = 0; d < ndocs; d++) {
+        uint64_t n = len_of(d);
+        for (uint64_t t = 0; t < n; t++) buf[t] = tok_of(d, t, o->vocab_size);
+        /* alternate source dtypes: the writer converts */
+        if (d % 2) {
+            int64_t b64[600];
+            for (uint64_t t = 0; t < n; t++) b64[t] = buf[t];
+            CHECK_OK(tf_writer_add_document(w, b64, n, TF_INT64));
+        } else {
+            CHECK_OK(tf_writer_add_document(w, buf, n, TF_UINT32));
+        }
+        *total += n;
+    }
+    CHECK(tf_writer_num_documents(w) == ndocs);
+    CHECK(tf_writer_num_tokens(w) == *total);
+    CHECK_OK(tf_writer_finish(w));
+    tf_writer_free(w);
+}
+
+static void check_docs(const char *dir, uint64_t ndocs, uint64_t total, uint64_t vocab, int compressed,
+                       uint64_t *fingerprint) {
+    tf_dataset *ds = NULL;
+    CHECK_OK(tf_dataset_open(dir, NULL, &ds));
+    if (!ds) return;
+    tf_dataset_info info;
+    CHECK_OK(tf_dataset_get_info(ds, &info));
+    CHECK(info.num_tokens == total);
+    CHECK(info.num_documents == ndocs);
+    CHECK(info.vocab_size == vocab);
+    CHECK(info.format == TF_FORMAT_NATIVE);
+    CHECK(info.num_files > 1);
+    *fingerprint = info.fingerprint;
+    tf_file_info fi;
+    CHECK_OK(tf_dataset_get_file(ds, 0, &fi));
+    CHECK(fi.compressed == compressed);
+    uint32_t out[600];
+    uint64_t expect_start = 0;
+    int bad = 0;
+    for (uint64_t d = 0; d < ndocs && !bad; d++) {
+        uint64_t s, n;
+        CHECK_OK(tf_dataset_document(ds, d, &s, &n));
+        if (s != expect_start || n != len_of(d)) {
+            fprintf(stderr, "doc %llu: start %llu len %llu, expected %llu %llu\n", (unsigned long long)d,
+                    (unsigned long long)s, (unsigned long long)n, (unsigned long long)expect_start,
+                    (unsigned long long)len_of(d));
+            bad = 1;
+        }
+        if (n) {
+            CHECK_OK(tf_dataset_read(ds, s, n, out, TF_UINT32));
+            for (uint64_t t = 0; t < n; t++)
+                if (out[t] != tok_of(d, t, vocab)) bad = 1;
+            uint64_t dd;
+            CHECK_OK(tf_dataset_find_document(ds, s + n - 1, &dd));
+            if (dd != d) bad = 1;
+        }
+        expect_start += n;
+    }
+    CHECK(!bad);
+    /* a read across shard boundaries */
+    uint16_t *all = malloc(total * sizeof *all);
+    CHECK_OK(tf_dataset_read(ds, 0, total, all, TF_UINT16));
+    free(all);
+    const void *p;
+    tf_dtype dt;
+    int vrc = tf_dataset_view(ds, 0, 1, &p, &dt);
+    CHECK(compressed ? vrc == -TF_EUNSUPPORTED : vrc == 0);
+    CHECK_OK(tf_dataset_verify(ds, 2, NULL, NULL));
+    tf_dataset_free(ds);
+}
+
+static void first_shard(const char *dir, char *out, size_t cap) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char best[256] = "";
+    while (d && (e = readdir(d)))
+        if (!strncmp(e->d_name, "shard-", 6) && (!best[0] || strcmp(e->d_name, best) < 0))
+            snprintf(best, sizeof best, "%s", e->d_name);
+    if (d) closedir(d);
+    snprintf(out, cap, "%s/%s", dir, best);
+}
+
+static void test_native(void) {
+    char dir[300], dirz[300];
+    path_in(dir, sizeof dir, "plain");
+    path_in(dirz, sizeof dirz, "zstd");
+    tf_writer_options o;
+    tf_writer_options_init(&o);
+    CHECK(o.dtype == TF_UINT16 && o.shard_tokens == (1ull << 28) && o.block_tokens == 65536 && o.level == 3);
+    tf_writer *w = NULL;
+    CHECK_RC(tf_writer_create(dir, &o, &w), -EINVAL); /* vocab_size unset */
+    o.vocab_size = 1000;
+    o.shard_tokens = 4000;
+    uint64_t total = 0, totalz = 0, fp = 0, fpz = 0;
+    write_docs(dir, &o, 200, &total);
+    CHECK(count_files(dir, "shard-") > 3);
+    CHECK(count_files(dir, ".") == 2); /* only . and .. : no temp files left */
+    check_docs(dir, 200, total, 1000, 0, &fp);
+
+    int have_zstd = (tf_features() & TF_FEATURE_ZSTD) != 0;
+    o.compression = TF_COMPRESS_ZSTD;
+    o.block_tokens = 1000;
+    if (have_zstd) {
+        write_docs(dirz, &o, 200, &totalz);
+        check_docs(dirz, 200, totalz, 1000, 1, &fpz);
+        CHECK(total == totalz);
+        CHECK(fp == fpz); /* compressed twin: same fingerprint */
+    } else {
+        CHECK_RC(tf_writer_create(dirz, &o, &w), -TF_EUNSUPPORTED);
+    }
+    o.compression = TF_COMPRESS_NONE;
+
+    /* existing dataset: refused without overwrite, replaced with it */
+    CHECK_RC(tf_writer_create(dir, &o, &w), -EEXIST);
+    CHECK(strstr(tf_last_error(), "overwrite=True") != NULL);
+    int before = count_files(dir, "shard-");
+    o.overwrite = 1;
+    o.shard_tokens = 1 << 20;
+    write_docs(dir, &o, 50, &total);
+    CHECK(count_files(dir, "shard-") == 1); /* the old shards are gone */
+    CHECK(before > 1);
+    tf_dataset *ds = NULL;
+    CHECK_OK(tf_dataset_open(dir, NULL, &ds));
+    tf_dataset_info info;
+    if (ds) {
+        CHECK_OK(tf_dataset_get_info(ds, &info));
+        CHECK(info.num_documents == 50 && info.num_files == 1);
+    }
+    tf_dataset_free(ds);
+
+    /* a single shard opens on its own */
+    char shard[600];
+    first_shard(dir, shard, sizeof shard);
+    CHECK_OK(tf_dataset_open(shard, NULL, &ds));
+    tf_dataset_free(ds);
+
+    /* unfinished writer: free removes everything of its run */
+    char d2[300];
+    path_in(d2, sizeof d2, "unfinished");
+    o.overwrite = 0;
+    o.shard_tokens = 100;
+    CHECK_OK(tf_writer_create(d2, &o, &w));
+    uint16_t toks[80];
+    for (int i = 0; i < 80; i++) toks[i] = (uint16_t)i;
+    for (int i = 0; i < 5; i++) CHECK_OK(tf_writer_add_document(w, toks, 80, TF_UINT16));
+    /* vocab violations name the document and the token, and leave the writer usable */
+    toks[17] = 1000;
+    CHECK_RC(tf_writer_add_document(w, toks, 80, TF_UINT16), -TF_EVOCAB);
+    CHECK(strstr(tf_last_error(), "document 5") && strstr(tf_last_error(), "token 17") && strstr(tf_last_error(), "1000"));
+    int32_t neg[2] = {1, -4};
+    CHECK_RC(tf_writer_add_document(w, neg, 2, TF_INT32), -TF_EVOCAB);
+    float fl[1] = {1};
+    CHECK_RC(tf_writer_add_document(w, fl, 1, TF_FLOAT32), -EINVAL);
+    CHECK(tf_writer_num_documents(w) == 5);
+    CHECK(count_files(d2, "shard-") >= 1);
+    tf_writer_free(w);
+    CHECK(count_files(d2, "shard-") == 0 && count_files(d2, ".shard") == 0);
+    /* no manifest: refused with the documented message */
+    CHECK_RC(tf_dataset_open(d2, NULL, &ds), -TF_EFORMAT);
+    CHECK(strstr(tf_last_error(), "no manifest") != NULL);
+
+    /* empty dataset: the writer publishes it, open refuses it */
+    CHECK_OK(tf_writer_create(d2, &o, &w));
+    CHECK_OK(tf_writer_finish(w));
+    tf_writer_free(w);
+    CHECK_RC(tf_dataset_open(d2, NULL, &ds), -TF_EFORMAT);
+
+    /* a big document gets its own shard; uint8 and uint32 dtypes */
+    char d3[300];
+    path_in(d3, sizeof d3, "bigdoc");
+    o.dtype = TF_UINT32;
+    o.vocab_size = 1ull << 32;
+    o.shard_tokens = 10;
+    CHECK_OK(tf_writer_create(d3, &o, &w));
+    uint32_t big[25];
+    for (int i = 0; i < 25; i++) big[i] = 0xfffffff0u + (uint32_t)(i % 16);
+    CHECK_OK(tf_writer_add_document(w, big, 3, TF_UINT32));
+    CHECK_OK(tf_writer_add_document(w, big, 25, TF_UINT32));
+    CHECK_OK(tf_writer_add_document(w, big, 4, TF_UINT32));
+    CHECK_OK(tf_writer_finish(w));
+    tf_writer_free(w);
+    CHECK_OK(tf_dataset_open(d3, NULL, &ds));
+    if (ds) {
+        CHECK_OK(tf_dataset_get_info(ds, &info));
+        CHECK(info.num_files == 3 && info.num_tokens == 32 && info.dtype == TF_UINT32);
+        uint32_t got[25];
+        CHECK_OK(tf_dataset_read(ds, 3, 25, got, TF_UINT32));
+        CHECK(!memcmp(got, big, sizeof got));
+    }
+    tf_dataset_free(ds);
+    o.dtype = TF_UINT8;
+    o.vocab_size = 70000;
+    CHECK_RC(tf_writer_create(d3, &o, &w), -EINVAL); /* vocab does not fit uint8 */
+}
+
+/* Build a one-shard dataset and return the shard's path and bytes. */
+static uint8_t *make_shard(const char *name, int zstd, char *shard, size_t cap, size_t *len) {
+    char dir[300];
+    path_in(dir, sizeof dir, name);
+    tf_writer_options o;
+    tf_writer_options_init(&o);
+    o.vocab_size = 500;
+    o.compression = zstd ? TF_COMPRESS_ZSTD : TF_COMPRESS_NONE;
+    o.block_tokens = 64;
+    tf_writer *w = NULL;
+    CHECK_OK(tf_writer_create(dir, &o, &w));
+    uint16_t t[300];
+    for (int i = 0; i < 300; i++) t[i] = (uint16_t)(i % 500);
+    CHECK_OK(tf_writer_add_document(w, t, 300, TF_UINT16));
+    CHECK_OK(tf_writer_add_document(w, t, 0, TF_UINT16));
+    CHECK_OK(tf_writer_add_document(w, t, 100, TF_UINT16));
+    CHECK_OK(tf_writer_finish(w));
+    tf_writer_free(w);
+    first_shard(dir, shard, cap);
+    return read_file(shard, len);
+}
+
+/* Rewrite the header checksum after editing a field, so that the field's own
+ * check is what fails. */
+static void fix_header(uint8_t *b) { put64(b + 248, tf_hash64(b, 248, 0)); }
+
+static int open_bytes(const char *path, const uint8_t *b, size_t n) {
+    write_file(path, b, n);
+    tf_dataset *ds = NULL;
+    int rc = tf_dataset_open(path, NULL, &ds);
+    tf_dataset_free(ds);
+    return rc;
+}
+
+static void test_native_corrupt(void) {
+    char shard[600], bad[300];
+    size_t n = 0;
+    uint8_t *orig = make_shard("corrupt", 0, shard, sizeof shard, &n);
+    if (!orig) {
+        t_failures++;
+        return;
+    }
+    uint8_t *b = malloc(n);
+    path_in(bad, sizeof bad, "bad.tfs");
+
+    memcpy(b, orig, n);
+    CHECK_OK(open_bytes(bad, b, n));
+    /* truncations at many lengths: always -TF_EFORMAT, never a crash */
+    size_t cuts[] = {0, 1, 7, 8, 100, 255, 256, 4096, 4097, n - 8, n - 1};
+    for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) CHECK_RC(open_bytes(bad, b, cuts[i]), -TF_EFORMAT);
+    /* appended garbage */
+    uint8_t *longer = calloc(1, n + 16);
+    memcpy(longer, orig, n);
+    CHECK_RC(open_bytes(bad, longer, n + 16), -TF_EFORMAT);
+    CHECK(strstr(tf_last_error(), "file_size") != NULL);
+    free(longer);
+
+    struct { size_t off; int width; uint64_t val; const char *field; } edits[] = {
+        {8, 4, 2, "version"},           {12, 4, 128, "header_size"},   {16, 4, 4, "flags"},
+        {20, 4, 9, "dtype"},            {24, 8, 0, "vocab_size"},      {32, 8, 301, "tokens_bytes"},
+        {40, 8, 0, "num_docs"},         {48, 8, 4095, "tokens_offset"}, {48, 8, 1ull << 62, "tokens_offset"},
+        {56, 8, UINT64_MAX - 10, "tokens_bytes"}, {64, 8, 12, "docs_offset"}, {64, 8, UINT64_MAX - 7, "docs_offset"},
+        {72, 8, 16, "docs_bytes"},      {80, 8, 8, "blocks_offset"},   {96, 8, 64, "blocks_offset"},
+        {128, 8, 1, "file_size"},       {200, 1, 1, "reserved"},
+    };
+    for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+        memcpy(b, orig, n);
+        if (edits[i].width == 4) put32(b + edits[i].off, (uint32_t)edits[i].val);
+        else if (edits[i].width == 8) put64(b + edits[i].off, edits[i].val);
+        else b[edits[i].off] = (uint8_t)edits[i].val;
+        fix_header(b);
+        int rc = open_bytes(bad, b, n);
+        CHECK_RC(rc, -TF_EFORMAT);
+        if (!strstr(tf_last_error(), edits[i].field))
+            fprintf(stderr, "edit %zu: message lacks \"%s\": %s\n", i, edits[i].field, tf_last_error()), t_failures++;
+        if (!strstr(tf_last_error(), bad)) fprintf(stderr, "message lacks the path: %s\n", tf_last_error()), t_failures++;
+    }
+    /* bad magic reaches detection, which asks for dtype= */
+    memcpy(b, orig, n);
+    b[0] = 'X';
+    CHECK_RC(open_bytes(bad, b, n), -TF_EFORMAT);
+    /* header field change without fixing the checksum */
+    memcpy(b, orig, n);
+    b[33] ^= 1;
+    CHECK_RC(open_bytes(bad, b, n), -TF_EFORMAT);
+    CHECK(strstr(tf_last_error(), "header_checksum") != NULL);
+    /* last document end != num_tokens */
+    memcpy(b, orig, n);
+    uint64_t docs_off;
+    memcpy(&docs_off, b + 64, 8);
+    put64(b + docs_off + 16, 399);
+    CHECK_RC(open_bytes(bad, b, n), -TF_EFORMAT);
+
+    /* verify: flipped payload byte -> checksum; non-monotonic index -> checksum
+     * too (the index is covered by docs_checksum) */
+    memcpy(b, orig, n);
+    b[4096 + 10] ^= 0x01;
+    write_file(bad, b, n);
+    tf_dataset *ds = NULL;
+    CHECK_OK(tf_dataset_open(bad, NULL, &ds));
+    if (ds) CHECK_RC(tf_dataset_verify(ds, 1, NULL, NULL), -TF_ECHECKSUM);
+    tf_dataset_free(ds);
+    ds = NULL;
+
+    /* token >= vocab with valid checksums: -TF_EVOCAB from verify */
+    memcpy(b, orig, n);
+    uint16_t big = 499 + 7;
+    memcpy(b + 4096 + 20, &big, 2);
+    uint64_t ntok;
+    memcpy(&ntok, b + 32, 8);
+    put64(b + 104, tf_hash64(b + 4096, ntok * 2, 0));
+    fix_header(b);
+    write_file(bad, b, n);
+    CHECK_OK(tf_dataset_open(bad, NULL, &ds));
+    if (ds) {
+        CHECK_RC(tf_dataset_verify(ds, 1, NULL, NULL), -TF_EVOCAB);
+        CHECK(strstr(tf_last_error(), "506") != NULL);
+    }
+    tf_dataset_free(ds);
+    ds = NULL;
+    free(orig);
+
+    /* manifest corruption */
+    char dir[300], man[400];
+    path_in(dir, sizeof dir, "corrupt");
+    snprintf(man, sizeof man, "%s/tokenfeed.manifest", dir);
+    size_t mn = 0;
+    uint8_t *m = read_file(man, &mn);
+    if (m && mn > 20) {
+        uint8_t *mm = malloc(mn + 1);
+        memcpy(mm, m, mn);
+        mm[mn - 3] = mm[mn - 3] == '0' ? '1' : '0'; /* end checksum */
+        write_file(man, mm, mn);
+        CHECK_RC(tf_dataset_open(dir, NULL, &ds), -TF_EFORMAT);
+        write_file(man, m, mn - 1); /* no final newline */
+        CHECK_RC(tf_dataset_open(dir, NULL, &ds), -TF_EFORMAT);
+        write_file(man, m, mn / 2);
+        CHECK_RC(tf_dataset_open(dir, NULL, &ds), -TF_EFORMAT);
+        write_file(man, m, mn);
+        CHECK_OK(tf_dataset_open(dir, NULL, &ds));
+        tf_dataset_free(ds);
+        ds = NULL;
+        /* shard replaced by another one: header disagrees with manifest */
+        char other[600];
+        size_t on = 0;
+        uint8_t *ob = make_shard("other", 0, other, sizeof other, &on);
+        char sh[600];
+        first_shard(dir, sh, sizeof sh);
+        if (ob) {
+            ob[4096] ^= 1; /* payload differs, header identical: caught by verify only */
+            put64(ob + 104, tf_hash64(ob + 4096, 400 * 2, 0));
+            fix_header(ob);
+            write_file(sh, ob, on);
+            CHECK_RC(tf_dataset_open(dir, NULL, &ds), -TF_EFORMAT);
+            CHECK(strstr(tf_last_error(), "tokens_checksum") != NULL);
+        }
+        free(ob);
+        free(mm);
+        /* a manifest field corrupt at every byte position: never a crash */
+        for (size_t i = 0; i < mn; i++) {
+            memcpy(mm = malloc(mn), m, mn);
+            mm[i] ^= 0x5a;
+            write_file(man, mm, mn);
+            if (tf_dataset_open(dir, NULL, &ds) == 0) tf_dataset_free(ds);
+            ds = NULL;
+            free(mm);
+        }
+    }
+    free(m);
+    free(b);
+
+    /* zstd: corrupt frame -> error, not garbage */
+    if (tf_features() & TF_FEATURE_ZSTD) {
+        uint8_t *z = make_shard("zcorrupt", 1, shard, sizeof shard, &n);
+        if (z) {
+            CHECK_OK(open_bytes(bad, z, n));
+            z[4096 + 20] ^= 0xff;
+            write_file(bad, z, n);
+            CHECK_OK(tf_dataset_open(bad, NULL, &ds));
+            if (ds) {
+                int rc = tf_dataset_verify(ds, 1, NULL, NULL);
+                CHECK(rc == -TF_EFORMAT || rc == -TF_ECHECKSUM);
+            }
+            tf_dataset_free(ds);
+            ds = NULL;
+            /* block table entry pointing past the section */
+            z[4096 + 20] ^= 0xff;
+            uint64_t boff;
+            memcpy(&boff, z + 80, 8);
+            put64(z + boff + 16, 1ull << 40);
+            write_file(bad, z, n);
+            CHECK_OK(tf_dataset_open(bad, NULL, &ds)); /* O(1) open: entry checked on read */
+            uint16_t out[10];
+            if (ds) CHECK_RC(tf_dataset_read(ds, 70, 10, out, TF_UINT16), -TF_EFORMAT);
+            tf_dataset_free(ds);
+            free(z);
+        }
+    }
+}
+
+int main(void) {
+    snprintf(tmpdir, sizeof tmpdir, "%s/tf_test_sources_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return T_EXIT_FAIL;
+    }
+    test_native();
+    test_native_corrupt();
+    rm_rf(tmpdir);
+    return T_DONE();
+}
