@@ -1,0 +1,118 @@
+/*
+ * engine.h — private interface between the batch engine's thread machinery
+ * (loader.c) and its read backends (read.c). Not installed.
+ *
+ * read.c turns "fill rows [p, p + rows) of the stream into these buffers" into
+ * reads, through one of the backends (mmap, pread, io_uring), with a per-worker
+ * LRU cache of decompressed zstd blocks. All backends produce byte-identical
+ * output; they differ only in how the bytes come off storage.
+ */
+#ifndef TF_ENGINE_H
+#define TF_ENGINE_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/internal.h"
+#include "../order/order_internal.h"
+#include "../sources/source.h"
+
+#ifdef TF_HAVE_IO_URING
+#include <liburing.h>
+#endif
+
+/* fd table states besides a real descriptor (>= 0). */
+#define TF__FD_UNOPENED (-1)
+#define TF__FD_UNUSABLE (-2) /* read this file through its mapping instead */
+
+#define TF__BLOCK_CACHE 16 /* decompressed blocks cached per worker */
+#define TF__URING_QD 64    /* io_uring submission queue depth per worker */
+#define TF__DIO_ALIGN 4096 /* O_DIRECT offset / length / buffer alignment */
+
+/* What every worker shares: read-only after tf__reader_init, except the fd
+ * tables (lazily filled with CAS), bytes_read and the note. */
+typedef struct tf__reader {
+    const tf_dataset *ds;
+    const tf_order *order;
+    tf_backend backend; /* effective backend after the create-time probe */
+    int direct_io;
+    tf_dtype out_dtype;
+    uint64_t seq_len;
+    int64_t separator;
+    size_t max_spans;
+    _Atomic int *fds;  /* per file, buffered reads; TF__FD_* or a descriptor */
+    _Atomic int *dfds; /* per file, O_DIRECT reads (only with direct_io) */
+    _Atomic uint64_t bytes_read;
+    _Atomic int uring_workers; /* workers whose ring works (for stats) */
+    /* A one-time note on a fallback (backend, O_DIRECT, fds): state 0 empty,
+     * 1 being written, 2 readable. */
+    _Atomic int note_state;
+    char note[160];
+} tf__reader;
+
+/* One pending read of a file range (pread and io_uring backends). */
+typedef struct tf__rd {
+    int fd;
+    uint64_t off;      /* file offset of buf[0] (aligned for O_DIRECT) */
+    size_t len;        /* bytes requested into buf */
+    size_t need;       /* bytes of buf that must arrive (head + payload) */
+    size_t done;       /* bytes arrived so far */
+    size_t stage_off;  /* where buf lies in the stage, or SIZE_MAX: buf = out */
+    uint8_t *buf;
+    size_t head;       /* payload starts at buf + head */
+    void *out;         /* converted destination */
+    tf_dtype sdt;      /* file dtype */
+    size_t count;      /* tokens */
+    int direct;
+    const char *path;  /* for messages */
+} tf__rd;
+
+typedef struct tf__blk {
+    uint64_t file, block, stamp;
+    uint8_t *buf;
+    size_t cap;
+    int valid;
+} tf__blk;
+
+/* Per worker thread: never shared, so no locking. */
+typedef struct tf__worker {
+    tf__reader *rd;
+    struct tf_loader *loader; /* back pointer for the thread loop (loader.c) */
+    int index;
+    tf_backend backend;       /* this worker's backend (io_uring may fall back) */
+    tf__span *spans;
+    uint8_t *stage;           /* TF__DIO_ALIGN-aligned staging buffer */
+    size_t stage_cap;
+    tf__rd *rds;
+    size_t nrds, cap_rds;
+    size_t *queue;            /* io_uring: indices to (re)submit */
+    tf__blk blocks[TF__BLOCK_CACHE];
+    uint64_t clock;
+    uint64_t bytes;           /* bytes read in the current batch */
+#ifdef TF_HAVE_IO_URING
+    struct io_uring ring;
+    int ring_ok;
+#endif
+} tf__worker;
+
+/* Set up the shared reader; resolves backend AUTO/$TOKENFEED_BACKEND and
+ * probes io_uring. Returns -EINVAL (with a message) for a bad env value. */
+TF_HIDDEN int tf__reader_init(tf__reader *r, const tf_dataset *ds, const tf_order *o,
+                              tf_backend backend, int direct_io, tf_dtype out_dtype);
+/* Close every descriptor opened; free the tables. */
+TF_HIDDEN void tf__reader_destroy(tf__reader *r);
+/* Record a fallback note once (first writer wins). */
+TF_HIDDEN void tf__reader_note(tf__reader *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Copy the note into out (cap bytes), "" if none. */
+TF_HIDDEN void tf__reader_get_note(tf__reader *r, char *out, size_t cap);
+
+TF_HIDDEN int tf__worker_init(tf__worker *w, tf__reader *r, int index);
+TF_HIDDEN void tf__worker_destroy(tf__worker *w);
+
+/* Fill `rows` samples, stream positions [pos, pos + rows), into the view's
+ * buffers (tokens rows x (L+1) in the out dtype, and the extras that are not
+ * NULL). Returns 0 or a negative code with tf_last_error set on this thread. */
+TF_HIDDEN int tf__worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const tf_batch_view *v);
+
+#endif

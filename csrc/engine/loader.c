@@ -1,0 +1,658 @@
+/*
+ * loader.c — the batch engine: worker threads assemble whole batches ahead of
+ * the consumer into buffers that are handed out as reference-counted batches.
+ *
+ * DESIGN
+ *
+ * Stream. After a seek to global position `base` (a multiple of G = B * R),
+ * batch k (k = 0, 1, ...) of this rank covers stream positions
+ * base + k*G + rank*B ... + B - 1; read.c turns positions into tokens. A
+ * generation counter `gen` is bumped by every seek (and by an error reset), so
+ * work started for an older generation is recognisably stale.
+ *
+ * Queues (all under `mu` unless said otherwise):
+ *   - claim counter `next_claim`: a worker takes batch k = next_claim++ when
+ *     k < next_deliver + depth (at most `depth` batches assembled or being
+ *     assembled ahead of the consumer) and the stream is not exhausted.
+ *   - ring `slots[depth]`: batch k, once assembled, is published in slot
+ *     k % depth (ready = 1, with its buffer or its error). Workers finish out
+ *     of order; the consumer takes slot next_deliver % depth only, so delivery
+ *     is in order. A slot is free when the consumer has taken its batch, and
+ *     the claim bound above guarantees no two live batches share a slot.
+ *   - free list `free_list`: buffers the loader owns and may fill. Capped at
+ *     depth + threads entries; extras are freed.
+ *   - returned stack `pool->returned`: lock-free (CAS push by releasers,
+ *     exchange-all by the loader, so no ABA). tf_batch_release only pushes
+ *     there and decrements a counter: it never takes `mu` and never blocks.
+ *     Whoever needs a buffer drains it into the free list under `mu`.
+ *
+ * Ownership. A buffer (struct tf_batch + 64-byte aligned payload, one
+ * allocation) is owned by exactly one of: the free list, a worker filling it,
+ * a ready slot, the consumer (after next() until release), the returned stack.
+ * A buffer the consumer holds is never written: when the free list and the
+ * returned stack are empty a worker allocates a new buffer, so memory is
+ * (depth + threads + held) buffers at most.
+ *
+ * Who wakes whom. Workers sleep on `work_cv` until a claim is possible; the
+ * consumer signals it when it takes a batch (one slot freed), seek/reset/stop
+ * broadcast it. The consumer sleeps on `ready_cv` until its slot is ready; a
+ * worker broadcasts it when it publishes batch next_deliver (publishing a later
+ * batch wakes no one: the consumer cannot use it yet).
+ *
+ * Seek / errors. seek(pos) bumps gen, resets base/next_claim/next_deliver,
+ * moves ready buffers back to the free list and wakes workers: O(depth), no
+ * waiting. Workers still filling for an old gen finish, see the gen changed,
+ * and return their buffer to the free list. A worker's failure (EIO, format
+ * error, ...) is stored in the batch's slot with its message; next() returns
+ * it with tf_last_error set and resets the pipeline at the same position, so
+ * the position does not advance and the next call retries the batch.
+ *
+ * Lifetime. `pool` is shared by the loader and the batches it handed out:
+ * refs = 1 (the loader) + batches held by the consumer. The loader frees what
+ * it owns, then drops its ref; the last tf_batch_release frees the pool and
+ * whatever sits on the returned stack. Releasers push before they decrement,
+ * so whoever drops the last ref sees every returned buffer.
+ *
+ * Threads start lazily on the first next() and record getpid(). If next()
+ * (or seek/free) runs in another process (a fork()ed DataLoader worker), the
+ * parent's threads do not exist there and `mu` may be a copy of a locked
+ * mutex: the child re-initialises the mutex and condition variables, forgets
+ * (leaks) the parent's worker contexts, slots and free list without touching
+ * them, and starts its own threads. Workers block all signals, so Ctrl-C is
+ * delivered to the consumer's thread.
+ *
+ * position (atomic) is what the consumer has received — never what was
+ * prefetched; stats counters are atomics readable from any thread.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine.h"
+
+#define TF__ERRMSG 512
+
+typedef struct tf__pool {
+    _Atomic(struct tf_batch *) returned; /* lock-free stack of released buffers */
+    _Atomic uint64_t refs;               /* 1 (loader, while alive) + batches held */
+} tf__pool;
+
+struct tf_batch {
+    struct tf_batch *next; /* link on the free list / returned stack */
+    tf__pool *pool;
+    tf_batch_view view;    /* pointers into the payload after this header */
+};
+
+typedef struct tf__slot {
+    tf_batch *b; /* NULL when the batch failed before it had a buffer */
+    int ready;
+    int rc;
+    char err[TF__ERRMSG];
+} tf__slot;
+
+struct tf_loader {
+    const tf_dataset *ds;
+    tf_order *order;
+    uint64_t B, G, L, npos, rank;
+    int finite;
+    tf_dtype out_dtype;
+    unsigned want;
+    size_t hdr, off_pos, off_cu, off_ns, off_lm, bytes; /* buffer layout */
+    int nthreads, depth;
+    tf__reader rd;
+    tf__pool *pool;
+
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, ready_cv;
+    /* under mu */
+    uint64_t gen, base, next_claim, next_deliver;
+    tf__slot *slots;
+    tf_batch *free_list;
+    uint64_t nfree;
+    int stop;
+
+    /* consumer-side thread state (next/seek/free are not called concurrently) */
+    int started;
+    pid_t pid;
+    pthread_t *threads;
+    tf__worker *workers;
+    int nstarted;
+
+    _Atomic uint64_t position;
+    _Atomic uint64_t st_batches, st_tokens, st_wait_ns;
+};
+
+/* ------------------------------------------------------------------------ */
+/* buffers                                                                   */
+/* ------------------------------------------------------------------------ */
+
+static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
+
+static void pool_drain_free(tf__pool *p) {
+    tf_batch *b = atomic_exchange_explicit(&p->returned, NULL, memory_order_acquire);
+    while (b) {
+        tf_batch *n = b->next;
+        free(b);
+        b = n;
+    }
+}
+
+static void pool_unref(tf__pool *p) {
+    if (atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) == 1) {
+        pool_drain_free(p);
+        free(p);
+    }
+}
+
+static tf_batch *batch_alloc(tf_loader *l) {
+    void *mem = NULL;
+    if (posix_memalign(&mem, 64, l->hdr + l->bytes) != 0) return NULL;
+    tf_batch *b = mem;
+    memset(b, 0, sizeof *b);
+    uint8_t *base = (uint8_t *)mem + l->hdr;
+    b->pool = l->pool;
+    b->view.tokens = base;
+    b->view.dtype = l->out_dtype;
+    b->view.rows = l->B;
+    b->view.seq_len = l->L;
+    if (l->want & TF_WANT_POSITION_IDS) b->view.position_ids = (int32_t *)(base + l->off_pos);
+    if (l->want & TF_WANT_CU_SEQLENS) {
+        b->view.cu_seqlens = (int32_t *)(base + l->off_cu);
+        b->view.num_seqs = (int32_t *)(base + l->off_ns);
+    }
+    if (l->want & TF_WANT_LOSS_MASK) b->view.loss_mask = base + l->off_lm;
+    return b;
+}
+
+/* mu held. */
+static void put_buffer_locked(tf_loader *l, tf_batch *b) {
+    if (!b) return;
+    if (l->nfree >= (uint64_t)(l->depth + l->nthreads)) {
+        free(b);
+        return;
+    }
+    b->next = l->free_list;
+    l->free_list = b;
+    l->nfree++;
+}
+
+/* mu held. A free buffer, or NULL (the caller allocates outside the lock). */
+static tf_batch *take_buffer_locked(tf_loader *l) {
+    if (!l->free_list) {
+        tf_batch *b = atomic_exchange_explicit(&l->pool->returned, NULL, memory_order_acquire);
+        while (b) {
+            tf_batch *n = b->next;
+            put_buffer_locked(l, b);
+            b = n;
+        }
+    }
+    tf_batch *b = l->free_list;
+    if (b) {
+        l->free_list = b->next;
+        l->nfree--;
+    }
+    return b;
+}
+
+/* ------------------------------------------------------------------------ */
+/* workers                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Global position of claimable batch k of the current generation, or 0 with
+ * *ok = 0 when the stream ends before it. mu held. */
+static uint64_t batch_pos(const tf_loader *l, uint64_t k, int *ok) {
+    uint64_t off, pos, end;
+    *ok = !tf__mul_overflow(k, l->G, &off) && !tf__add_overflow(l->base, off, &pos) &&
+          !tf__add_overflow(pos, l->G, &end) && (!l->finite || end <= l->npos);
+    return *ok ? pos : 0;
+}
+
+static int can_claim(const tf_loader *l) {
+    if (l->next_claim >= l->next_deliver + (uint64_t)l->depth) return 0;
+    int ok;
+    batch_pos(l, l->next_claim, &ok);
+    return ok;
+}
+
+static void *worker_main(void *arg) {
+    tf__worker *w = arg;
+    tf_loader *l = w->loader;
+    pthread_mutex_lock(&l->mu);
+    for (;;) {
+        while (!l->stop && !can_claim(l)) pthread_cond_wait(&l->work_cv, &l->mu);
+        if (l->stop) break;
+        uint64_t k = l->next_claim++, gen = l->gen;
+        int ok;
+        uint64_t pos = batch_pos(l, k, &ok);
+        tf_batch *b = take_buffer_locked(l);
+        pthread_mutex_unlock(&l->mu);
+
+        char err[TF__ERRMSG];
+        err[0] = '\0';
+        int rc = 0;
+        if (!b) b = batch_alloc(l);
+        if (!b) {
+            rc = -ENOMEM;
+            snprintf(err, sizeof err, "cannot allocate a batch buffer of %zu bytes", l->hdr + l->bytes);
+        } else {
+            b->view.position = pos;
+            tf__clearerr();
+            rc = tf__worker_fill(w, pos + l->rank * l->B, l->B, &b->view);
+            if (rc) {
+                const char *m = tf_last_error();
+                snprintf(err, sizeof err, "%s", m && *m ? m : tf_strerror(rc));
+            }
+        }
+
+        pthread_mutex_lock(&l->mu);
+        if (gen == l->gen) {
+            tf__slot *s = &l->slots[k % (uint64_t)l->depth];
+            s->b = b;
+            s->rc = rc;
+            memcpy(s->err, err, sizeof err);
+            s->ready = 1;
+            if (k == l->next_deliver) pthread_cond_broadcast(&l->ready_cv);
+        } else {
+            put_buffer_locked(l, b); /* stale: a seek happened meanwhile */
+        }
+    }
+    pthread_mutex_unlock(&l->mu);
+    return NULL;
+}
+
+static int init_sync(tf_loader *l) {
+    pthread_condattr_t ca;
+    if (pthread_mutex_init(&l->mu, NULL) != 0) return -ENOMEM;
+    if (pthread_condattr_init(&ca) != 0) return -ENOMEM;
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    int rc = pthread_cond_init(&l->work_cv, &ca) || pthread_cond_init(&l->ready_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    return rc ? -ENOMEM : 0;
+}
+
+static void stop_threads(tf_loader *l) {
+    if (!l->started) return;
+    pthread_mutex_lock(&l->mu);
+    l->stop = 1;
+    pthread_cond_broadcast(&l->work_cv);
+    pthread_mutex_unlock(&l->mu);
+    for (int i = 0; i < l->nstarted; i++) pthread_join(l->threads[i], NULL);
+    for (int i = 0; i < l->nthreads; i++) tf__worker_destroy(&l->workers[i]);
+    free(l->threads);
+    free(l->workers);
+    l->threads = NULL;
+    l->workers = NULL;
+    l->nstarted = 0;
+    l->started = 0;
+    l->stop = 0;
+}
+
+static int start_threads(tf_loader *l) {
+    l->threads = calloc((size_t)l->nthreads, sizeof *l->threads);
+    l->workers = calloc((size_t)l->nthreads, sizeof *l->workers);
+    if (!l->threads || !l->workers) goto nomem;
+    for (int i = 0; i < l->nthreads; i++) {
+        int rc = tf__worker_init(&l->workers[i], &l->rd, i);
+        if (rc) {
+            for (int j = 0; j <= i; j++) tf__worker_destroy(&l->workers[j]);
+            goto nomem;
+        }
+        l->workers[i].loader = l;
+    }
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int started = 0, err = 0;
+    for (int i = 0; i < l->nthreads; i++) {
+        int rc = pthread_create(&l->threads[started], NULL, worker_main, &l->workers[i]);
+        if (rc) {
+            err = rc;
+            break;
+        }
+        started++;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    l->nstarted = started;
+    l->pid = getpid();
+    l->started = 1;
+    if (!started) {
+        stop_threads(l);
+        TF_FAIL(-err, "cannot start loader threads: pthread_create: %s", strerror(err));
+    }
+    return 0;
+nomem:
+    free(l->threads);
+    free(l->workers);
+    l->threads = NULL;
+    l->workers = NULL;
+    return -ENOMEM;
+}
+
+/* In a fork()ed child, the parent's workers do not exist and mu may be a copy
+ * of a held lock: start over without touching any of it. */
+static int after_fork(tf_loader *l) {
+    if (!l->started || l->pid == getpid()) return 0;
+    /* Leaked on purpose: worker contexts (their rings are shared with the
+     * parent's), slots' and free-list buffers (state may be mid-update). */
+    l->threads = NULL;
+    l->workers = NULL;
+    l->nstarted = 0;
+    l->started = 0;
+    l->stop = 0;
+    l->free_list = NULL;
+    l->nfree = 0;
+    if (init_sync(l)) return -ENOMEM;
+    for (int i = 0; i < l->depth; i++) memset(&l->slots[i], 0, sizeof l->slots[i]);
+    l->gen++;
+    l->base = atomic_load(&l->position);
+    l->next_claim = l->next_deliver = 0;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* public API                                                                */
+/* ------------------------------------------------------------------------ */
+
+const char *tf_backend_name(tf_backend b) {
+    switch (b) {
+    case TF_BACKEND_AUTO: return "auto";
+    case TF_BACKEND_MMAP: return "mmap";
+    case TF_BACKEND_PREAD: return "pread";
+    case TF_BACKEND_IO_URING: return "io_uring";
+    }
+    return "unknown";
+}
+
+void tf_loader_config_init(tf_loader_config *cfg) {
+    if (!cfg) return;
+    memset(cfg, 0, sizeof *cfg);
+    tf_order_config_init(&cfg->order);
+    cfg->batch_size = 8;
+    cfg->rank = 0;
+    cfg->world_size = 1;
+    cfg->out_dtype = TF_DTYPE_INVALID;
+    cfg->want = 0;
+    cfg->num_threads = 0;
+    cfg->prefetch = 0;
+    cfg->backend = TF_BACKEND_AUTO;
+    cfg->direct_io = 0;
+}
+
+int tf_loader_create(const tf_dataset *ds, const tf_loader_config *cfg, tf_loader **out) {
+    if (!out) return -EINVAL;
+    *out = NULL;
+    tf__clearerr();
+    if (!ds || !cfg) TF_FAIL(-EINVAL, "tf_loader_create: dataset and config must not be NULL");
+    if (cfg->batch_size < 1) TF_FAIL(-EINVAL, "batch_size: expected >= 1, found 0");
+    if (cfg->world_size < 1) TF_FAIL(-EINVAL, "world_size: expected >= 1, found 0");
+    if (cfg->rank >= cfg->world_size)
+        TF_FAIL(-EINVAL, "rank: expected 0 <= rank < world_size (%u), found %u", cfg->world_size, cfg->rank);
+    if (cfg->want & ~(unsigned)(TF_WANT_POSITION_IDS | TF_WANT_CU_SEQLENS | TF_WANT_LOSS_MASK))
+        TF_FAIL(-EINVAL, "want: unknown bits 0x%x", cfg->want);
+    if (cfg->num_threads < 0) TF_FAIL(-EINVAL, "num_threads: expected >= 0 (0 = default), found %d", cfg->num_threads);
+    if (cfg->prefetch < 0) TF_FAIL(-EINVAL, "prefetch: expected >= 0 (0 = default), found %d", cfg->prefetch);
+    tf_dtype odt = cfg->out_dtype == TF_DTYPE_INVALID ? ds->dtype : cfg->out_dtype;
+    if (!tf_dtype_size(odt)) TF_FAIL(-EINVAL, "out_dtype: unknown dtype code %d", (int)cfg->out_dtype);
+
+    uint64_t G;
+    if (tf__mul_overflow(cfg->batch_size, cfg->world_size, &G))
+        TF_FAIL(-EINVAL, "batch_size x world_size (%llu x %u) overflows 64 bits",
+                (unsigned long long)cfg->batch_size, cfg->world_size);
+    tf_order_config oc = cfg->order;
+    oc.global_batch = G;
+    uint64_t L = oc.seq_len;
+
+    /* Buffer layout: tokens, then the extras, each 64-byte aligned. */
+    size_t osz = tf_dtype_size(odt);
+    uint64_t rowsL1, tok, pos_b = 0, cu_b = 0, ns_b = 0, lm_b = 0;
+    if (tf__add_overflow(L, 1, &rowsL1) || tf__mul_overflow(rowsL1, cfg->batch_size, &rowsL1) ||
+        tf__mul_overflow(rowsL1, osz, &tok) || tok > (uint64_t)SIZE_MAX / 4)
+        TF_FAIL(-EINVAL, "batch_size x (seq_len + 1) (%llu x %llu) is too large for one buffer",
+                (unsigned long long)cfg->batch_size, (unsigned long long)L + 1);
+    uint64_t rowsL = cfg->batch_size * L;
+    if (cfg->want & TF_WANT_POSITION_IDS) pos_b = rowsL * 4;
+    if (cfg->want & TF_WANT_CU_SEQLENS) {
+        cu_b = (rowsL + cfg->batch_size) * 4;
+        ns_b = cfg->batch_size * 4;
+    }
+    if (cfg->want & TF_WANT_LOSS_MASK) lm_b = rowsL;
+
+    tf_loader *l = calloc(1, sizeof *l);
+    if (!l) return -ENOMEM;
+    l->ds = ds;
+    int rc = tf_order_create(ds, &oc, &l->order);
+    if (rc) {
+        free(l);
+        return rc;
+    }
+    l->B = cfg->batch_size;
+    l->G = G;
+    l->L = L;
+    l->rank = cfg->rank;
+    l->out_dtype = odt;
+    l->want = cfg->want;
+    l->npos = tf_order_num_positions(l->order);
+    l->finite = l->npos != UINT64_MAX;
+    l->hdr = align64(sizeof(struct tf_batch));
+    l->off_pos = align64((size_t)tok);
+    l->off_cu = l->off_pos + align64((size_t)pos_b);
+    l->off_ns = l->off_cu + align64((size_t)cu_b);
+    l->off_lm = l->off_ns + align64((size_t)ns_b);
+    l->bytes = l->off_lm + align64((size_t)lm_b);
+    if (l->bytes == 0) l->bytes = 64;
+
+    int cores = tf__num_cpus();
+    l->nthreads = cfg->num_threads ? cfg->num_threads : (cores < 4 ? cores : 4);
+    if (l->nthreads < 1) l->nthreads = 1;
+    if (l->nthreads > 256) l->nthreads = 256;
+    l->depth = cfg->prefetch ? cfg->prefetch : 2 * l->nthreads + 2;
+    if (l->depth > 4096) l->depth = 4096;
+
+    rc = tf__reader_init(&l->rd, ds, l->order, cfg->backend, cfg->direct_io, odt);
+    if (rc) {
+        tf_order_free(l->order);
+        free(l);
+        return rc;
+    }
+    l->slots = calloc((size_t)l->depth, sizeof *l->slots);
+    l->pool = calloc(1, sizeof *l->pool);
+    if (!l->slots || !l->pool || init_sync(l)) {
+        tf__reader_destroy(&l->rd);
+        tf_order_free(l->order);
+        free(l->slots);
+        free(l->pool);
+        free(l);
+        return -ENOMEM;
+    }
+    atomic_init(&l->pool->returned, NULL);
+    atomic_init(&l->pool->refs, 1);
+    atomic_init(&l->position, 0);
+    atomic_init(&l->st_batches, 0);
+    atomic_init(&l->st_tokens, 0);
+    atomic_init(&l->st_wait_ns, 0);
+    *out = l;
+    return 0;
+}
+
+void tf_loader_free(tf_loader *l) {
+    if (!l) return;
+    int same_process = !l->started || l->pid == getpid();
+    if (same_process) {
+        stop_threads(l);
+        for (int i = 0; i < l->depth; i++) {
+            free(l->slots[i].b);
+            l->slots[i].b = NULL;
+        }
+        while (l->free_list) {
+            tf_batch *n = l->free_list->next;
+            free(l->free_list);
+            l->free_list = n;
+        }
+        pthread_mutex_destroy(&l->mu);
+        pthread_cond_destroy(&l->work_cv);
+        pthread_cond_destroy(&l->ready_cv);
+    }
+    /* In a forked child whose threads were the parent's, the worker state and
+     * the possibly-locked mutex are left alone (see after_fork). */
+    pool_drain_free(l->pool);
+    tf__reader_destroy(&l->rd);
+    tf_order_free(l->order);
+    free(l->slots);
+    pool_unref(l->pool);
+    free(l);
+}
+
+/* Reset the pipeline at global position pos (mu held). */
+static void reset_locked(tf_loader *l, uint64_t pos) {
+    l->gen++;
+    l->base = pos;
+    l->next_claim = l->next_deliver = 0;
+    for (int i = 0; i < l->depth; i++) {
+        tf__slot *s = &l->slots[i];
+        if (s->ready) put_buffer_locked(l, s->b);
+        s->b = NULL;
+        s->ready = 0;
+    }
+    pthread_cond_broadcast(&l->work_cv);
+}
+
+int tf_loader_next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_ns) {
+    if (!out) return -EINVAL;
+    *out = NULL;
+    if (!l) return -EINVAL;
+    TF_TRY(after_fork(l));
+    if (!l->started) TF_TRY(start_threads(l));
+
+    pthread_mutex_lock(&l->mu);
+    uint64_t k = l->next_deliver, pos = l->base + k * l->G;
+    int ok;
+    batch_pos(l, k, &ok);
+    if (!ok) {
+        pthread_mutex_unlock(&l->mu);
+        TF_FAIL(-TF_EEOF, "end of stream: position %llu + global batch %llu exceeds the %llu positions of %llu epoch(s)",
+                (unsigned long long)pos, (unsigned long long)l->G, (unsigned long long)l->npos,
+                (unsigned long long)(l->npos / (tf_order_num_samples(l->order) ? tf_order_num_samples(l->order) : 1)));
+    }
+    tf__slot *s = &l->slots[k % (uint64_t)l->depth];
+    if (!s->ready) {
+        uint64_t t0 = tf__now_ns();
+        struct timespec dl;
+        if (timeout_ns != UINT64_MAX) {
+            clock_gettime(CLOCK_MONOTONIC, &dl);
+            uint64_t ns = (uint64_t)dl.tv_nsec + timeout_ns % 1000000000ull;
+            dl.tv_sec += (time_t)(timeout_ns / 1000000000ull + ns / 1000000000ull);
+            dl.tv_nsec = (long)(ns % 1000000000ull);
+        }
+        int timed_out = 0;
+        while (!s->ready) {
+            if (timeout_ns == UINT64_MAX) {
+                pthread_cond_wait(&l->ready_cv, &l->mu);
+            } else if (pthread_cond_timedwait(&l->ready_cv, &l->mu, &dl) == ETIMEDOUT && !s->ready) {
+                timed_out = 1;
+                break;
+            }
+        }
+        atomic_fetch_add_explicit(&l->st_wait_ns, tf__now_ns() - t0, memory_order_relaxed);
+        if (timed_out) {
+            pthread_mutex_unlock(&l->mu);
+            return -ETIMEDOUT; /* not an error worth a message: the binding polls */
+        }
+    }
+    tf_batch *b = s->b;
+    int rc = s->rc;
+    if (rc) {
+        char err[TF__ERRMSG];
+        memcpy(err, s->err, sizeof err);
+        s->ready = 0; /* reset_locked returns the buffer */
+        put_buffer_locked(l, b);
+        s->b = NULL;
+        reset_locked(l, pos); /* retry this batch on the next call */
+        pthread_mutex_unlock(&l->mu);
+        return tf__seterr(rc, "%s", err);
+    }
+    s->b = NULL;
+    s->ready = 0;
+    l->next_deliver++;
+    pthread_cond_signal(&l->work_cv);
+    pthread_mutex_unlock(&l->mu);
+
+    atomic_store_explicit(&l->position, pos + l->G, memory_order_release);
+    atomic_fetch_add_explicit(&l->st_batches, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&l->st_tokens, l->B * (l->L + 1), memory_order_relaxed);
+    atomic_fetch_add_explicit(&l->pool->refs, 1, memory_order_relaxed);
+    *out = b;
+    return 0;
+}
+
+int tf_loader_next(tf_loader *l, tf_batch **out) { return tf_loader_next_timed(l, out, UINT64_MAX); }
+
+uint64_t tf_loader_position(const tf_loader *l) {
+    return l ? atomic_load_explicit(&((tf_loader *)l)->position, memory_order_acquire) : 0;
+}
+
+int tf_loader_seek(tf_loader *l, uint64_t pos) {
+    if (!l) return -EINVAL;
+    if (pos % l->G)
+        TF_FAIL(-EINVAL, "seek: position %llu is not a multiple of the global batch %llu (batch_size x world_size); "
+                "positions count samples of the whole stream",
+                (unsigned long long)pos, (unsigned long long)l->G);
+    TF_TRY(after_fork(l));
+    pthread_mutex_lock(&l->mu);
+    reset_locked(l, pos);
+    pthread_mutex_unlock(&l->mu);
+    atomic_store_explicit(&l->position, pos, memory_order_release);
+    return 0;
+}
+
+void tf_batch_get_view(const tf_batch *b, tf_batch_view *view) {
+    if (!view) return;
+    if (!b) {
+        memset(view, 0, sizeof *view);
+        return;
+    }
+    *view = b->view;
+}
+
+void tf_batch_release(tf_batch *b) {
+    if (!b) return;
+    tf__pool *p = b->pool;
+    tf_batch *head = atomic_load_explicit(&p->returned, memory_order_relaxed);
+    do {
+        b->next = head;
+    } while (!atomic_compare_exchange_weak_explicit(&p->returned, &head, b, memory_order_release,
+                                                    memory_order_relaxed));
+    pool_unref(p);
+}
+
+void tf_loader_get_stats(const tf_loader *cl, tf_loader_stats *st) {
+    if (!st) return;
+    memset(st, 0, sizeof *st);
+    if (!cl) return;
+    tf_loader *l = (tf_loader *)cl;
+    st->batches = atomic_load(&l->st_batches);
+    st->tokens = atomic_load(&l->st_tokens);
+    st->bytes_read = atomic_load(&l->rd.bytes_read);
+    st->wait_ns = atomic_load(&l->st_wait_ns);
+    st->ring_slots = (uint64_t)l->depth;
+    st->num_threads = l->nthreads;
+    st->backend = l->rd.backend;
+    if (!l->started || l->pid == getpid()) {
+        pthread_mutex_lock(&l->mu);
+        for (int i = 0; i < l->depth; i++) st->ring_ready += l->slots[i].ready && !l->slots[i].rc;
+        pthread_mutex_unlock(&l->mu);
+    }
+    /* The backend the workers actually use: io_uring may have fallen back on
+     * every one of them after the create-time probe succeeded. */
+    if (st->backend == TF_BACKEND_IO_URING && l->started && l->pid == getpid() &&
+        atomic_load(&l->rd.uring_workers) == 0)
+        st->backend = TF_BACKEND_PREAD;
+    tf__reader_get_note(&l->rd, st->backend_note, sizeof st->backend_note);
+}

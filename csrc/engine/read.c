@@ -1,0 +1,600 @@
+/*
+ * read.c — the engine's read backends: how the tokens of a batch come off
+ * storage. A batch is cut into pieces (a span of a sample, split at file
+ * boundaries); each piece is served by one of:
+ *
+ *   separator         written in place
+ *   compressed file   per-worker LRU cache of decompressed blocks (any backend)
+ *   mmap backend      tf__file_read from the mapping (one conversion, no copy)
+ *   pread backend     pread() of the piece into the stage (or straight into
+ *                     the output when no conversion is needed), then convert
+ *   io_uring backend  as pread, but all reads of a batch are queued on the
+ *                     worker's ring at once and reaped together
+ *
+ * Files with no descriptor we can use (memory datasets, a path that no longer
+ * opens, EMFILE) are read through the mapping, which gives the same bytes.
+ *
+ * Contract: every backend writes byte-identical batches (DESIGN.md, "What
+ * must stay true" #2); only bytes_read and timing differ.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine.h"
+
+static const char *errstr(int e, char *buf, size_t cap) {
+    /* GNU strerror_r: thread-safe, returns the string to use. */
+    return strerror_r(e, buf, cap);
+}
+
+/* ------------------------------------------------------------------------ */
+/* shared reader                                                             */
+/* ------------------------------------------------------------------------ */
+
+void tf__reader_note(tf__reader *r, const char *fmt, ...) {
+    int expect = 0;
+    if (!atomic_compare_exchange_strong(&r->note_state, &expect, 1)) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->note, sizeof r->note, fmt, ap);
+    va_end(ap);
+    atomic_store_explicit(&r->note_state, 2, memory_order_release);
+}
+
+void tf__reader_get_note(tf__reader *r, char *out, size_t cap) {
+    if (!cap) return;
+    out[0] = '\0';
+    if (atomic_load_explicit(&r->note_state, memory_order_acquire) == 2) snprintf(out, cap, "%s", r->note);
+}
+
+int tf__reader_init(tf__reader *r, const tf_dataset *ds, const tf_order *o, tf_backend backend,
+                    int direct_io, tf_dtype out_dtype) {
+    memset(r, 0, sizeof *r);
+    r->ds = ds;
+    r->order = o;
+    r->direct_io = direct_io;
+    r->out_dtype = out_dtype;
+    r->seq_len = tf__order_seq_len(o);
+    r->separator = tf__order_separator(o);
+    r->max_spans = tf__order_max_spans(o);
+    if (r->max_spans < 1) r->max_spans = 1;
+    atomic_init(&r->bytes_read, 0);
+    atomic_init(&r->note_state, 0);
+    atomic_init(&r->uring_workers, 0);
+
+    if (backend == TF_BACKEND_AUTO) {
+        const char *env = getenv("TOKENFEED_BACKEND");
+        backend = TF_BACKEND_MMAP;
+        if (env && *env) {
+            if (strcmp(env, "mmap") == 0) backend = TF_BACKEND_MMAP;
+            else if (strcmp(env, "pread") == 0) backend = TF_BACKEND_PREAD;
+            else if (strcmp(env, "io_uring") == 0) backend = TF_BACKEND_IO_URING;
+            else if (strcmp(env, "auto") == 0) backend = TF_BACKEND_MMAP;
+            else TF_FAIL(-EINVAL, "TOKENFEED_BACKEND=%s: expected mmap, pread or io_uring. Unset it to use the default (mmap).", env);
+        }
+    }
+    if (backend != TF_BACKEND_MMAP && backend != TF_BACKEND_PREAD && backend != TF_BACKEND_IO_URING)
+        TF_FAIL(-EINVAL, "backend: expected auto, mmap, pread or io_uring, found code %d", (int)backend);
+    if (backend == TF_BACKEND_IO_URING) {
+        char why[128];
+        if (!tf_io_uring_usable(why, sizeof why)) {
+            backend = TF_BACKEND_PREAD;
+            tf__reader_note(r, "io_uring -> pread: %s", why);
+        }
+    }
+    r->backend = backend;
+    if (backend != TF_BACKEND_MMAP) {
+        uint64_t n = ds->nfiles ? ds->nfiles : 1;
+        r->fds = malloc(n * sizeof *r->fds);
+        r->dfds = malloc(n * sizeof *r->dfds);
+        if (!r->fds || !r->dfds) {
+            tf__reader_destroy(r);
+            return -ENOMEM;
+        }
+        for (uint64_t i = 0; i < n; i++) {
+            atomic_init(&r->fds[i], TF__FD_UNOPENED);
+            atomic_init(&r->dfds[i], TF__FD_UNOPENED);
+        }
+    }
+    return 0;
+}
+
+void tf__reader_destroy(tf__reader *r) {
+    if (!r) return;
+    uint64_t n = r->ds && r->ds->nfiles ? r->ds->nfiles : 1;
+    for (uint64_t i = 0; r->fds && i < n; i++) {
+        int fd = atomic_load(&r->fds[i]);
+        if (fd >= 0) close(fd);
+    }
+    for (uint64_t i = 0; r->dfds && i < n; i++) {
+        int fd = atomic_load(&r->dfds[i]);
+        if (fd >= 0) close(fd);
+    }
+    free((void *)r->fds);
+    free((void *)r->dfds);
+    r->fds = r->dfds = NULL;
+}
+
+/* Byte offset of file f's first token inside the file, or -1 when f cannot be
+ * read with a descriptor (compressed, memory dataset, tokens not in the map). */
+static int64_t token_offset(const tf_file *f) {
+    if (f->compressed || !f->map || !f->tokens || !f->path) return -1;
+    const uint8_t *m = f->map;
+    size_t isz = tf_dtype_size(f->dtype);
+    if (f->tokens < m || (size_t)(f->tokens - m) > f->map_len) return -1;
+    if (f->num_tokens > (f->map_len - (size_t)(f->tokens - m)) / (isz ? isz : 1)) return -1;
+    return (int64_t)(f->tokens - m);
+}
+
+/* Open the file behind f: its path, or (Megatron, whose path may be the
+ * prefix) path.bin, preferring the one whose size matches the mapping. */
+static int open_file(const tf_file *f, int flags, int *err) {
+    char alt[4096];
+    const char *cands[2] = {f->path, NULL};
+    if (f->format == TF_FORMAT_MEGATRON && snprintf(alt, sizeof alt, "%s.bin", f->path) < (int)sizeof alt)
+        cands[1] = alt;
+    int fallback = -1;
+    *err = ENOENT;
+    for (int c = 0; c < 2 && cands[c]; c++) {
+        int fd = open(cands[c], flags | O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            if (c == 0 || *err == ENOENT) *err = errno;
+            continue;
+        }
+        struct stat st;
+        if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+            close(fd);
+            *err = EINVAL;
+            continue;
+        }
+        if ((uint64_t)st.st_size == (uint64_t)f->map_len) {
+            if (fallback >= 0) close(fallback);
+            return fd;
+        }
+        /* Size differs: the file shrank or grew since it was mapped, or this
+         * is not the right candidate. Keep the first as a fallback so that a
+         * shrunk file gives a read error naming it. */
+        if (fallback < 0 && f->format != TF_FORMAT_MEGATRON) fallback = fd;
+        else close(fd);
+    }
+    return fallback;
+}
+
+/* Descriptor for file i (buffered or O_DIRECT), opened lazily and cached.
+ * Returns TF__FD_UNUSABLE when the mapping must be used instead. */
+static int get_fd(tf__reader *r, uint64_t i, int direct) {
+    _Atomic int *slot = direct ? &r->dfds[i] : &r->fds[i];
+    int fd = atomic_load_explicit(slot, memory_order_acquire);
+    if (fd != TF__FD_UNOPENED) return fd;
+    const tf_file *f = &r->ds->files[i];
+    int err = 0;
+    fd = open_file(f, direct ? O_DIRECT : 0, &err);
+    if (fd < 0) {
+        char eb[96];
+        if (err == EMFILE || err == ENFILE) {
+            /* Transient: do not cache; this piece goes through the mapping. */
+            tf__reader_note(r, "%s: out of file descriptors; reading through the mapping", f->path);
+            return TF__FD_UNUSABLE;
+        }
+        if (direct)
+            tf__reader_note(r, "%s: O_DIRECT open failed (%s); buffered reads", f->path, errstr(err, eb, sizeof eb));
+        else
+            tf__reader_note(r, "%s: cannot open for %s (%s); reading through the mapping", f->path,
+                            r->backend == TF_BACKEND_IO_URING ? "io_uring" : "pread", errstr(err, eb, sizeof eb));
+        fd = TF__FD_UNUSABLE;
+    }
+    int expect = TF__FD_UNOPENED;
+    if (!atomic_compare_exchange_strong_explicit(slot, &expect, fd, memory_order_acq_rel, memory_order_acquire)) {
+        if (fd >= 0) close(fd);
+        return expect;
+    }
+    return fd;
+}
+
+/* ------------------------------------------------------------------------ */
+/* worker                                                                    */
+/* ------------------------------------------------------------------------ */
+
+int tf__worker_init(tf__worker *w, tf__reader *r, int index) {
+    memset(w, 0, sizeof *w);
+    w->rd = r;
+    w->index = index;
+    w->backend = r->backend;
+    w->spans = malloc(r->max_spans * sizeof *w->spans);
+    if (!w->spans) return -ENOMEM;
+#ifdef TF_HAVE_IO_URING
+    if (w->backend == TF_BACKEND_IO_URING) {
+        int rc = io_uring_queue_init(TF__URING_QD, &w->ring, 0);
+        if (rc < 0) {
+            char eb[96];
+            tf__reader_note(r, "io_uring -> pread on worker %d: io_uring_queue_init: %s", index,
+                            errstr(-rc, eb, sizeof eb));
+            w->backend = TF_BACKEND_PREAD;
+        } else {
+            w->ring_ok = 1;
+            atomic_fetch_add(&r->uring_workers, 1);
+        }
+    }
+#else
+    if (w->backend == TF_BACKEND_IO_URING) w->backend = TF_BACKEND_PREAD;
+#endif
+    return 0;
+}
+
+void tf__worker_destroy(tf__worker *w) {
+    if (!w) return;
+#ifdef TF_HAVE_IO_URING
+    if (w->ring_ok) {
+        io_uring_queue_exit(&w->ring);
+        atomic_fetch_sub(&w->rd->uring_workers, 1);
+    }
+    w->ring_ok = 0;
+#endif
+    free(w->spans);
+    free(w->stage);
+    free(w->rds);
+    free(w->queue);
+    for (int i = 0; i < TF__BLOCK_CACHE; i++) free(w->blocks[i].buf);
+    memset(w, 0, sizeof *w);
+}
+
+/* Decompressed block b of file fi, from the cache or freshly read. */
+static int get_block(tf__worker *w, uint64_t fi, uint64_t b, const uint8_t **out) {
+    tf__blk *victim = NULL;
+    for (int i = 0; i < TF__BLOCK_CACHE; i++) {
+        tf__blk *e = &w->blocks[i];
+        if (e->valid && e->file == fi && e->block == b) {
+            e->stamp = ++w->clock;
+            *out = e->buf;
+            return 0;
+        }
+        if (!e->valid) {
+            if (!victim || victim->valid) victim = e; /* prefer an empty entry */
+        } else if (!victim || (victim->valid && e->stamp < victim->stamp)) {
+            victim = e; /* else the least recently used */
+        }
+    }
+    const tf_file *f = &w->rd->ds->files[fi];
+    size_t isz = tf_dtype_size(f->dtype);
+    uint64_t cap64;
+    if (tf__mul_overflow(f->block_tokens, isz, &cap64) || cap64 > SIZE_MAX || cap64 == 0)
+        TF_FAIL(-TF_EFORMAT, "%s: block_tokens: %llu is not a usable block size", f->path,
+                (unsigned long long)f->block_tokens);
+    if (victim->cap < cap64) {
+        uint8_t *nb = realloc(victim->buf, (size_t)cap64);
+        if (!nb) return -ENOMEM;
+        victim->buf = nb;
+        victim->cap = (size_t)cap64;
+    }
+    victim->valid = 0;
+    TF_TRY(tf__native_read_block(f, b, victim->buf, victim->cap));
+    uint64_t first = b * f->block_tokens;
+    uint64_t n = f->num_tokens - first < f->block_tokens ? f->num_tokens - first : f->block_tokens;
+    w->bytes += n * isz;
+    victim->valid = 1;
+    victim->file = fi;
+    victim->block = b;
+    victim->stamp = ++w->clock;
+    *out = victim->buf;
+    return 0;
+}
+
+static int read_compressed(tf__worker *w, uint64_t fi, uint64_t start, uint64_t count, uint8_t *out) {
+    const tf_file *f = &w->rd->ds->files[fi];
+    size_t isz = tf_dtype_size(f->dtype), osz = tf_dtype_size(w->rd->out_dtype);
+    uint64_t bt = f->block_tokens;
+    if (!bt) TF_FAIL(-TF_EFORMAT, "%s: block_tokens: expected > 0, found 0", f->path);
+    while (count) {
+        uint64_t b = start / bt, off = start % bt;
+        uint64_t n = bt - off < count ? bt - off : count;
+        const uint8_t *blk = NULL;
+        TF_TRY(get_block(w, fi, b, &blk));
+        tf_convert(out, w->rd->out_dtype, blk + off * isz, f->dtype, (size_t)n);
+        out += n * osz;
+        start += n;
+        count -= n;
+    }
+    return 0;
+}
+
+static tf__rd *push_rd(tf__worker *w) {
+    if (w->nrds == w->cap_rds) {
+        size_t nc = w->cap_rds ? w->cap_rds * 2 : 64;
+        tf__rd *n = realloc(w->rds, nc * sizeof *n);
+        if (!n) return NULL;
+        size_t *q = realloc(w->queue, nc * sizeof *q);
+        if (!q) {
+            w->rds = n;
+            return NULL;
+        }
+        w->rds = n;
+        w->queue = q;
+        w->cap_rds = nc;
+    }
+    tf__rd *r = &w->rds[w->nrds++];
+    memset(r, 0, sizeof *r);
+    return r;
+}
+
+static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+/* Queue a read of tokens [start, start+count) of uncompressed file fi into
+ * out. Returns 0, 1 when the file has no usable descriptor (caller reads the
+ * mapping), or a negative code. *stage_need grows by the stage bytes used. */
+static int queue_read(tf__worker *w, uint64_t fi, uint64_t start, uint64_t count, void *out,
+                      size_t *stage_need) {
+    tf__reader *r = w->rd;
+    const tf_file *f = &r->ds->files[fi];
+    int64_t base = token_offset(f);
+    if (base < 0) return 1;
+    int direct = 0, fd = TF__FD_UNUSABLE;
+    if (r->direct_io) {
+        fd = get_fd(r, fi, 1);
+        direct = fd >= 0;
+    }
+    if (fd < 0) fd = get_fd(r, fi, 0);
+    if (fd < 0) return 1;
+    size_t isz = tf_dtype_size(f->dtype);
+    uint64_t off = (uint64_t)base + start * isz;
+    size_t bytes = (size_t)(count * isz);
+    tf__rd *d = push_rd(w);
+    if (!d) return -ENOMEM;
+    d->fd = fd;
+    d->out = out;
+    d->sdt = f->dtype;
+    d->count = (size_t)count;
+    d->path = f->path;
+    d->direct = direct;
+    if (direct) {
+        uint64_t aoff = off / TF__DIO_ALIGN * TF__DIO_ALIGN;
+        d->head = (size_t)(off - aoff);
+        d->off = aoff;
+        d->need = d->head + bytes;
+        d->len = round_up(d->need, TF__DIO_ALIGN);
+        d->stage_off = *stage_need;
+        *stage_need += d->len;
+    } else {
+        d->off = off;
+        d->len = d->need = bytes;
+        if (f->dtype == r->out_dtype) {
+            d->stage_off = SIZE_MAX; /* read straight into the batch */
+        } else {
+            d->stage_off = *stage_need;
+            *stage_need += round_up(bytes, 64);
+        }
+    }
+    return 0;
+}
+
+static int ensure_stage(tf__worker *w, size_t need) {
+    if (need <= w->stage_cap) return 0;
+    size_t cap = round_up(need + need / 2, TF__DIO_ALIGN);
+    void *p = NULL;
+    if (posix_memalign(&p, TF__DIO_ALIGN, cap) != 0) return -ENOMEM;
+    free(w->stage);
+    w->stage = p;
+    w->stage_cap = cap;
+    return 0;
+}
+
+/* Account for `got` more bytes of read d. Returns 1 when complete, 0 when more
+ * must be read, or a negative code (EOF before the data, unaligned tail). */
+static int rd_advance(tf__rd *d, size_t got) {
+    d->done += got;
+    if (d->done >= d->need) return 1;
+    if (got == 0)
+        return tf__seterr(-EIO, "%s: read of %zu bytes at offset %llu: the file ends after %zu of them. The file was truncated while in use; reopen the dataset.",
+                          d->path, d->need - d->head, (unsigned long long)(d->off + d->head),
+                          d->done > d->head ? d->done - d->head : 0);
+    if (d->direct && d->done % TF__DIO_ALIGN)
+        return tf__seterr(-EIO, "%s: O_DIRECT read at offset %llu returned %zu bytes, short of %zu. The file was truncated while in use; reopen the dataset.",
+                          d->path, (unsigned long long)d->off, d->done, d->need);
+    return 0;
+}
+
+static int rd_error(const tf__rd *d, int e) {
+    char eb[96];
+    return tf__seterr(-e, "%s: read of %zu bytes at offset %llu failed: %s. Check the disk or the network file system; the loader retries this batch on the next call.",
+                      d->path, d->len - d->done, (unsigned long long)(d->off + d->done), errstr(e, eb, sizeof eb));
+}
+
+static int run_pread(tf__worker *w, tf__rd *d) {
+    for (;;) {
+        ssize_t n = pread(d->fd, d->buf + d->done, d->len - d->done, (off_t)(d->off + d->done));
+        if (n < 0) {
+            if (errno == EINTR || errno == EAGAIN) continue;
+            return rd_error(d, errno);
+        }
+        w->bytes += (uint64_t)n;
+        int rc = rd_advance(d, (size_t)n);
+        if (rc != 0) return rc < 0 ? rc : 0;
+    }
+}
+
+#ifdef TF_HAVE_IO_URING
+/* Run all queued reads on the worker's ring: submit as many as fit, reap,
+ * resubmit the remainder of short reads. Never returns while a read is in
+ * flight (the buffers belong to the batch). Returns 1 if the ring itself
+ * failed before anything was lost (caller redoes the reads with pread). */
+static int run_uring(tf__worker *w) {
+    struct io_uring *ring = &w->ring;
+    size_t next = 0, nq = 0, inflight = 0, queued = 0;
+    int err = 0, ring_err = 0;
+    for (;;) {
+        while (!err && !ring_err && (nq || next < w->nrds)) {
+            struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+            if (!sqe) break;
+            size_t i = nq ? w->queue[--nq] : next++;
+            tf__rd *d = &w->rds[i];
+            io_uring_prep_read(sqe, d->fd, d->buf + d->done, (unsigned)(d->len - d->done), d->off + d->done);
+            io_uring_sqe_set_data64(sqe, (uint64_t)i);
+            queued++;
+        }
+        if (queued) {
+            int s = io_uring_submit(ring);
+            if (s >= 0) {
+                inflight += (size_t)s;
+                queued -= (size_t)s < queued ? (size_t)s : queued;
+            } else if (s != -EINTR && s != -EAGAIN && s != -EBUSY) {
+                ring_err = s;
+            }
+        }
+        if (!inflight) {
+            if (ring_err) {
+                /* Nothing in flight; prepared SQEs stay unsubmitted and the
+                 * ring is not used again. */
+                w->ring_ok = 0;
+                io_uring_queue_exit(ring);
+                atomic_fetch_sub(&w->rd->uring_workers, 1);
+                return 1;
+            }
+            if (err || (!nq && next >= w->nrds && !queued)) break;
+            continue;
+        }
+        struct io_uring_cqe *cqe;
+        int rc = io_uring_wait_cqe(ring, &cqe);
+        if (rc < 0) {
+            if (rc == -EINTR || rc == -EAGAIN) continue;
+            /* Cannot reap: reads may still land in our buffers. Give the
+             * stage away (leak it) rather than reuse memory under the kernel. */
+            w->stage = NULL;
+            w->stage_cap = 0;
+            w->ring_ok = 0;
+            w->backend = TF_BACKEND_PREAD;
+            atomic_fetch_sub(&w->rd->uring_workers, 1);
+            return tf__seterr(rc, "io_uring_wait_cqe failed: %s; the worker falls back to pread", strerror(-rc));
+        }
+        unsigned head, seen = 0;
+        io_uring_for_each_cqe(ring, head, cqe) {
+            seen++;
+            inflight--;
+            size_t i = (size_t)io_uring_cqe_get_data64(cqe);
+            tf__rd *d = &w->rds[i];
+            int res = cqe->res;
+            if (res < 0) {
+                if (res == -EINTR || res == -EAGAIN) w->queue[nq++] = i;
+                else if (!err) err = rd_error(d, -res);
+                continue;
+            }
+            w->bytes += (uint64_t)res;
+            int a = rd_advance(d, (size_t)res);
+            if (a == 0) w->queue[nq++] = i;
+            else if (a < 0 && !err) err = a;
+        }
+        io_uring_cq_advance(ring, seen);
+    }
+    return err;
+}
+#endif
+
+static void fill_separator(void *out, size_t osz, tf_dtype odt, int64_t sep, uint64_t n) {
+    uint8_t one[8];
+    tf_convert(one, odt, &sep, TF_INT64, 1);
+    uint8_t *o = out;
+    for (uint64_t k = 0; k < n; k++) memcpy(o + k * osz, one, osz);
+}
+
+int tf__worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const tf_batch_view *v) {
+    tf__reader *r = w->rd;
+    const tf_dataset *ds = r->ds;
+    const tf_order *o = r->order;
+    const uint64_t L = r->seq_len;
+    const size_t osz = tf_dtype_size(r->out_dtype);
+    const int mmap_only = w->backend == TF_BACKEND_MMAP;
+    size_t stage_need = 0;
+    w->nrds = 0;
+    w->bytes = 0;
+    int want_extras = v->position_ids || v->cu_seqlens || v->num_seqs || v->loss_mask;
+    int rc = 0;
+
+    for (uint64_t j = 0; j < rows && !rc; j++) {
+        uint64_t sample = tf_order_sample_at(o, pos + j);
+        uint8_t *row = (uint8_t *)v->tokens + j * (L + 1) * osz;
+        size_t ns = 0;
+        rc = tf__order_sample_spans(o, sample, w->spans, r->max_spans, &ns);
+        if (rc) break;
+        for (size_t s = 0; s < ns && !rc; s++) {
+            const tf__span *sp = &w->spans[s];
+            uint8_t *dst = row + sp->dst * osz;
+            if (sp->src == TF_SPAN_SEPARATOR) {
+                fill_separator(dst, osz, r->out_dtype, r->separator, sp->len);
+                continue;
+            }
+            if (sp->len > ds->num_tokens || sp->src > ds->num_tokens - sp->len) {
+                rc = tf__seterr(-ERANGE, "sample %llu: span [%llu, %llu) lies past the %llu tokens of the dataset",
+                                (unsigned long long)sample, (unsigned long long)sp->src,
+                                (unsigned long long)(sp->src + sp->len), (unsigned long long)ds->num_tokens);
+                break;
+            }
+            uint64_t start = sp->src, left = sp->len;
+            uint64_t fi = left ? tf__dataset_file_of(ds, start) : 0;
+            while (left && !rc) {
+                const tf_file *f = &ds->files[fi];
+                uint64_t local = start - ds->tok_prefix[fi];
+                uint64_t n = f->num_tokens - local < left ? f->num_tokens - local : left;
+                if (n) {
+                    if (f->compressed) {
+                        rc = read_compressed(w, fi, local, n, dst);
+                    } else {
+                        int q = mmap_only ? 1 : queue_read(w, fi, local, n, dst, &stage_need);
+                        if (q == 1) {
+                            rc = tf__file_read(f, local, n, dst, r->out_dtype);
+                            w->bytes += n * tf_dtype_size(f->dtype);
+                        } else {
+                            rc = q;
+                        }
+                    }
+                }
+                dst += n * osz;
+                start += n;
+                left -= n;
+                fi++;
+            }
+        }
+        if (!rc && want_extras) {
+            tf_sample_extras ex = {
+                v->position_ids ? v->position_ids + j * L : NULL,
+                v->cu_seqlens ? v->cu_seqlens + j * (L + 1) : NULL,
+                v->num_seqs ? v->num_seqs + j : NULL,
+                v->loss_mask ? v->loss_mask + j * L : NULL,
+            };
+            rc = tf__order_fill_extras(o, sample, &ex);
+        }
+    }
+
+    if (!rc && w->nrds) {
+        rc = ensure_stage(w, stage_need);
+        for (size_t i = 0; !rc && i < w->nrds; i++) {
+            tf__rd *d = &w->rds[i];
+            d->buf = d->stage_off == SIZE_MAX ? (uint8_t *)d->out : w->stage + d->stage_off;
+        }
+        int done = 0;
+#ifdef TF_HAVE_IO_URING
+        if (!rc && w->backend == TF_BACKEND_IO_URING && w->ring_ok) {
+            int u = run_uring(w);
+            if (u == 1) {
+                tf__reader_note(r, "io_uring -> pread on worker %d: the ring failed", w->index);
+                w->backend = TF_BACKEND_PREAD;
+                for (size_t i = 0; i < w->nrds; i++) w->rds[i].done = 0;
+            } else {
+                rc = u;
+                done = 1;
+            }
+        }
+#endif
+        for (size_t i = 0; !rc && !done && i < w->nrds; i++) rc = run_pread(w, &w->rds[i]);
+        for (size_t i = 0; !rc && i < w->nrds; i++) {
+            tf__rd *d = &w->rds[i];
+            if (d->stage_off != SIZE_MAX) tf_convert(d->out, r->out_dtype, d->buf + d->head, d->sdt, d->count);
+        }
+    }
+    atomic_fetch_add_explicit(&r->bytes_read, w->bytes, memory_order_relaxed);
+    return rc;
+}
