@@ -144,6 +144,10 @@ typedef struct tf_npy_header {
  * integer arrays only). Does not check the data size against the file. */
 TF_HIDDEN int tf__parse_npy_header(const char *path, const uint8_t *buf, size_t len, tf_npy_header *h);
 
+/* O(1) fingerprint of a foreign file: its size and its first and last 64 KiB.
+ * (Hashing everything would make open O(tokens).) Implemented in raw.c. */
+TF_HIDDEN uint64_t tf__sampled_fingerprint(const uint8_t *buf, uint64_t len, uint64_t seed);
+
 /* Close one file: unmap, free. Safe on a zeroed or partially filled file. */
 TF_HIDDEN void tf__file_close(tf_file *f);
 

@@ -478,6 +478,298 @@ static void test_native_corrupt(void) {
     }
 }
 
+/* ------------------------------------------------------------------------ */
+/* foreign formats, written by hand as their own writers do                  */
+/* ------------------------------------------------------------------------ */
+
+static int open_path(const char *path, const tf_open_options *o, tf_dataset **ds) {
+    *ds = NULL;
+    return tf_dataset_open(path, o, ds);
+}
+
+static void test_megatron(void) {
+    /* 3 sequences of lengths 4, 0, 3, uint16 (code 8) */
+    uint16_t toks[7] = {10, 11, 12, 13, 20, 21, 22};
+    int32_t sizes[3] = {4, 0, 3};
+    int64_t ptrs[3] = {0, 8, 8};
+    int64_t docidx[4] = {0, 1, 2, 3};
+    uint8_t idx[34 + 12 + 24 + 32];
+    memcpy(idx, "MMIDIDX\0\0", 9);
+    put64(idx + 9, 1);
+    idx[17] = 8;
+    put64(idx + 18, 3);
+    put64(idx + 26, 4);
+    memcpy(idx + 34, sizes, 12);
+    memcpy(idx + 46, ptrs, 24);
+    memcpy(idx + 70, docidx, 32);
+    char pre[300], bin[320], idxp[320];
+    path_in(pre, sizeof pre, "mg");
+    snprintf(bin, sizeof bin, "%s.bin", pre);
+    snprintf(idxp, sizeof idxp, "%s.idx", pre);
+    write_file(bin, toks, sizeof toks);
+    write_file(idxp, idx, sizeof idx);
+    tf_dataset *ds;
+    const char *names[3] = {pre, bin, idxp};
+    for (int k = 0; k < 3; k++) {
+        CHECK_OK(open_path(names[k], NULL, &ds));
+        if (!ds) continue;
+        tf_dataset_info info;
+        CHECK_OK(tf_dataset_get_info(ds, &info));
+        CHECK(info.format == TF_FORMAT_MEGATRON && info.num_tokens == 7 && info.num_documents == 3 && info.dtype == TF_UINT16);
+        uint64_t s, n, d;
+        CHECK_OK(tf_dataset_document(ds, 2, &s, &n));
+        CHECK(s == 4 && n == 3);
+        CHECK_OK(tf_dataset_document(ds, 1, &s, &n));
+        CHECK(s == 4 && n == 0);
+        CHECK_OK(tf_dataset_find_document(ds, 5, &d));
+        CHECK(d == 2);
+        CHECK_OK(tf_dataset_find_document(ds, 3, &d));
+        CHECK(d == 0);
+        int32_t out[3];
+        CHECK_OK(tf_dataset_read(ds, 4, 3, out, TF_INT32));
+        CHECK(out[0] == 20 && out[2] == 22);
+        CHECK_OK(tf_dataset_verify(ds, 1, NULL, NULL));
+        tf_dataset_free(ds);
+    }
+    tf_open_options o = {TF_FORMAT_MEGATRON, TF_DTYPE_INVALID};
+    CHECK_OK(open_path(pre, &o, &ds));
+    tf_dataset_free(ds);
+    /* multimodal variant: one mode byte per sequence appended */
+    uint8_t idxm[sizeof idx + 3];
+    memcpy(idxm, idx, sizeof idx);
+    memset(idxm + sizeof idx, 0, 3);
+    write_file(idxp, idxm, sizeof idxm);
+    CHECK_OK(open_path(pre, NULL, &ds));
+    tf_dataset_free(ds);
+
+    uint8_t b[sizeof idx];
+    struct { size_t off; int width; uint64_t val; } edits[] = {
+        {9, 8, 2}, {17, 1, 9}, {17, 1, 0}, {18, 8, 4}, {18, 8, UINT64_MAX / 2}, {26, 8, 1ull << 61},
+    };
+    for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+        memcpy(b, idx, sizeof idx);
+        if (edits[i].width == 8) put64(b + edits[i].off, edits[i].val);
+        else b[edits[i].off] = (uint8_t)edits[i].val;
+        write_file(idxp, b, sizeof b);
+        CHECK_RC(open_path(pre, NULL, &ds), -TF_EFORMAT);
+        CHECK(strstr(tf_last_error(), idxp) != NULL);
+    }
+    for (size_t cut = 9; cut < sizeof idx; cut += 5) {
+        write_file(idxp, idx, cut);
+        CHECK_RC(open_path(pre, NULL, &ds), -TF_EFORMAT);
+    }
+    /* last sequence past the end of the .bin */
+    memcpy(b, idx, sizeof idx);
+    put32(b + 34 + 8, 4);
+    write_file(idxp, b, sizeof b);
+    CHECK_RC(open_path(pre, NULL, &ds), -TF_EFORMAT);
+    /* a middle pointer out of range: open is O(1), the lookup and verify catch it */
+    memcpy(b, idx, sizeof idx);
+    put64(b + 46 + 8, 1ull << 40);
+    write_file(idxp, b, sizeof b);
+    CHECK_OK(open_path(pre, NULL, &ds));
+    if (ds) {
+        uint64_t s, n;
+        CHECK_RC(tf_dataset_document(ds, 1, &s, &n), -TF_EFORMAT);
+        CHECK_RC(tf_dataset_verify(ds, 1, NULL, NULL), -TF_EFORMAT);
+    }
+    tf_dataset_free(ds);
+    /* pointers going backwards: verify */
+    memcpy(b, idx, sizeof idx);
+    put64(b + 46 + 16, 2);
+    write_file(idxp, b, sizeof b);
+    CHECK_OK(open_path(pre, NULL, &ds));
+    if (ds) CHECK_RC(tf_dataset_verify(ds, 1, NULL, NULL), -TF_EFORMAT);
+    tf_dataset_free(ds);
+    /* odd .bin size */
+    write_file(idxp, idx, sizeof idx);
+    write_file(bin, toks, sizeof toks - 1);
+    CHECK_RC(open_path(pre, NULL, &ds), -TF_EFORMAT);
+}
+
+static void test_llmc(void) {
+    char p[300];
+    path_in(p, sizeof p, "llmc.bin");
+    uint8_t f[1024 + 5 * 4];
+    memset(f, 0, sizeof f);
+    put32(f, 20240520);
+    put32(f + 4, 1);
+    put32(f + 8, 5);
+    uint16_t t16[5] = {1, 2, 3, 50256, 7};
+    memcpy(f + 1024, t16, sizeof t16);
+    write_file(p, f, 1024 + 10);
+    tf_dataset *ds;
+    CHECK_OK(open_path(p, NULL, &ds));
+    if (ds) {
+        tf_dataset_info info;
+        CHECK_OK(tf_dataset_get_info(ds, &info));
+        CHECK(info.format == TF_FORMAT_LLMC && info.num_tokens == 5 && info.num_documents == 1 && info.dtype == TF_UINT16 &&
+              info.vocab_size == 0);
+        uint32_t out[5];
+        CHECK_OK(tf_dataset_read(ds, 0, 5, out, TF_UINT32));
+        CHECK(out[3] == 50256);
+    }
+    tf_dataset_free(ds);
+    /* llama-3 variant */
+    put32(f, 20240801);
+    put32(f + 4, 7);
+    uint32_t t32[5] = {1, 128000, 3, 4, 5};
+    memcpy(f + 1024, t32, sizeof t32);
+    write_file(p, f, sizeof f);
+    CHECK_OK(open_path(p, NULL, &ds));
+    if (ds) {
+        uint32_t out[5];
+        CHECK_OK(tf_dataset_read(ds, 0, 5, out, TF_UINT32));
+        CHECK(out[1] == 128000);
+    }
+    tf_dataset_free(ds);
+    write_file(p, f, sizeof f - 1); /* truncated */
+    CHECK_RC(open_path(p, NULL, &ds), -TF_EFORMAT);
+    CHECK(strstr(tf_last_error(), "file size") != NULL);
+    write_file(p, f, 1000);
+    CHECK_RC(open_path(p, NULL, &ds), -TF_EFORMAT);
+    put32(f + 4, 1); /* wrong version for the magic */
+    write_file(p, f, sizeof f);
+    CHECK_RC(open_path(p, NULL, &ds), -TF_EFORMAT);
+    CHECK(strstr(tf_last_error(), "version") != NULL);
+    put32(f + 4, 7);
+    put32(f + 8, (uint32_t)-3);
+    write_file(p, f, sizeof f);
+    CHECK_RC(open_path(p, NULL, &ds), -TF_EFORMAT);
+}
+
+static void test_npy(void) {
+    char p[300];
+    path_in(p, sizeof p, "a.npy");
+    const char *descrs[] = {"|u1", "<u2", "<u4", "<u8", "|i1", "<i2", "<i4", "<i8"};
+    tf_dtype want[] = {TF_UINT8, TF_UINT16, TF_UINT32, TF_UINT64, TF_INT8, TF_INT16, TF_INT32, TF_INT64};
+    for (int v = 1; v <= 3; v++) {
+        for (int k = 0; k < 8; k++) {
+            uint8_t f[256 + 64];
+            memset(f, 0, sizeof f);
+            size_t pre = v == 1 ? 10 : 12;
+            char hdr[200];
+            int hn = snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': (6,), }", descrs[k]);
+            size_t total = pre + (size_t)hn + 1;
+            size_t padded = (total + 63) / 64 * 64;
+            memset(hdr + hn, ' ', padded - total);
+            hdr[padded - pre - 1] = '\n';
+            memcpy(f, "\x93NUMPY", 6);
+            f[6] = (uint8_t)v;
+            f[7] = 0;
+            if (v == 1) {
+                f[8] = (uint8_t)(padded - pre);
+                f[9] = 0;
+            } else {
+                put32(f + 8, (uint32_t)(padded - pre));
+            }
+            memcpy(f + pre, hdr, padded - pre);
+            size_t isz = tf_dtype_size(want[k]);
+            for (int i = 0; i < 6; i++) {
+                uint64_t val = (uint64_t)(i * 3 + 1);
+                memcpy(f + padded + i * isz, &val, isz);
+            }
+            write_file(p, f, padded + 6 * isz);
+            tf_dataset *ds;
+            CHECK_OK(open_path(p, NULL, &ds));
+            if (ds) {
+                tf_dataset_info info;
+                CHECK_OK(tf_dataset_get_info(ds, &info));
+                CHECK(info.format == TF_FORMAT_NPY && info.num_tokens == 6 && info.dtype == want[k]);
+                int64_t out[6];
+                CHECK_OK(tf_dataset_read(ds, 0, 6, out, TF_INT64));
+                CHECK(out[5] == 16);
+            }
+            tf_dataset_free(ds);
+            /* one byte short */
+            CHECK_RC(open_bytes(p, f, padded + 6 * isz - 1), -TF_EFORMAT);
+        }
+    }
+    /* malformed headers */
+    const char *bad[] = {
+        "{'descr': '>u2', 'fortran_order': False, 'shape': (6,), }",
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (6,), }",
+        "{'descr': '<u2', 'fortran_order': False, 'shape': (2, 3), }",
+        "{'descr': '<u2', 'fortran_order': False, 'shape': (), }",
+        "{'descr': '<u2', 'fortran_order': False, }",
+        "{'descr': '<u2', 'fortran_order': False, 'shape': (6,), 'x': 1}",
+        "{'descr': '<u2', 'fortran_order': Fals, 'shape': (6,), }",
+        "{'descr': '<u2', 'fortran_order': False, 'shape': (99999999999999999999999,), }",
+        "{'descr': [('a', '<u2')], 'fortran_order': False, 'shape': (6,), }",
+        "{'descr': '<u2', 'fortran_order': False, 'shape': (6,) ",
+        "",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint8_t f[200];
+        memset(f, 0, sizeof f);
+        memcpy(f, "\x93NUMPY\x01\x00", 8);
+        size_t hn = strlen(bad[i]);
+        f[8] = (uint8_t)hn;
+        memcpy(f + 10, bad[i], hn);
+        CHECK_RC(open_bytes(p, f, 10 + hn + 12), -TF_EFORMAT);
+        /* header_len larger than the file */
+        f[8] = 0xff;
+        CHECK_RC(open_bytes(p, f, 10 + hn), -TF_EFORMAT);
+    }
+    CHECK_RC(open_bytes(p, (const uint8_t *)"\x93NUMPY\x04\x00\x00\x00", 10), -TF_EFORMAT);
+}
+
+static void test_raw(void) {
+    char p[300], ip[320];
+    path_in(p, sizeof p, "x.ds");
+    snprintf(ip, sizeof ip, "%s.index", p);
+    uint16_t toks[10] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+    write_file(p, toks, sizeof toks);
+    tf_dataset *ds;
+    CHECK_RC(open_path(p, NULL, &ds), -TF_EFORMAT); /* no dtype */
+    CHECK(strstr(tf_last_error(), "dtype=") != NULL);
+    tf_open_options o = {TF_FORMAT_AUTO, TF_UINT16};
+    CHECK_OK(open_path(p, &o, &ds));
+    if (ds) {
+        tf_dataset_info info;
+        CHECK_OK(tf_dataset_get_info(ds, &info));
+        CHECK(info.format == TF_FORMAT_RAW && info.num_tokens == 10 && info.num_documents == 1);
+    }
+    tf_dataset_free(ds);
+    o.raw_dtype = TF_UINT32;
+    write_file(p, toks, 18); /* 18 bytes: not a multiple of 4 */
+    CHECK_RC(open_path(p, &o, &ds), -TF_EFORMAT);
+    o.raw_dtype = TF_UINT16;
+    write_file(p, toks, sizeof toks);
+    /* datatrove index: uint64 cumulative ends in tokens */
+    uint64_t ends[4] = {3, 3, 7, 10};
+    write_file(ip, ends, sizeof ends);
+    CHECK_OK(open_path(p, &o, &ds));
+    if (ds) {
+        tf_dataset_info info;
+        CHECK_OK(tf_dataset_get_info(ds, &info));
+        CHECK(info.num_documents == 4);
+        uint64_t s, n;
+        CHECK_OK(tf_dataset_document(ds, 2, &s, &n));
+        CHECK(s == 3 && n == 4);
+        CHECK_OK(tf_dataset_verify(ds, 1, NULL, NULL));
+    }
+    tf_dataset_free(ds);
+    uint64_t bad_last[2] = {3, 11};
+    write_file(ip, bad_last, sizeof bad_last);
+    CHECK_RC(open_path(p, &o, &ds), -TF_EFORMAT);
+    CHECK(strstr(tf_last_error(), ip) != NULL);
+    write_file(ip, ends, 12);
+    CHECK_RC(open_path(p, &o, &ds), -TF_EFORMAT);
+    write_file(ip, ends, 0);
+    CHECK_RC(open_path(p, &o, &ds), -TF_EFORMAT);
+    uint64_t nonmono[3] = {5, 3, 10};
+    write_file(ip, nonmono, sizeof nonmono);
+    CHECK_OK(open_path(p, &o, &ds)); /* O(1) open; verify walks the index */
+    if (ds) CHECK_RC(tf_dataset_verify(ds, 1, NULL, NULL), -TF_EFORMAT);
+    tf_dataset_free(ds);
+    unlink(ip);
+    /* vocab: raw files have none, so verify checks no ids; an empty file alone
+     * is an empty dataset */
+    write_file(p, toks, 0);
+    CHECK_RC(open_path(p, &o, &ds), -TF_EFORMAT);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "%s/tf_test_sources_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(tmpdir)) {
@@ -486,6 +778,10 @@ int main(void) {
     }
     test_native();
     test_native_corrupt();
+    test_megatron();
+    test_llmc();
+    test_npy();
+    test_raw();
     rm_rf(tmpdir);
     return T_DONE();
 }
