@@ -145,8 +145,44 @@ uint64_t tf__file_find_document(const tf_file *f, uint64_t pos) {
     return 0;
 }
 
-static _Thread_local uint8_t *tf_blockbuf;
-static _Thread_local size_t tf_blockcap;
+/* Per-thread scratch for one decompressed block. Held in a pthread key (not
+ * _Thread_local) so that its destructor frees it when a verify or engine
+ * thread exits. */
+typedef struct tf_blockbuf {
+    uint8_t *p;
+    size_t cap;
+} tf_blockbuf;
+static pthread_key_t tf_blockbuf_key;
+static pthread_once_t tf_blockbuf_once = PTHREAD_ONCE_INIT;
+static int tf_blockbuf_key_ok;
+
+static void tf_blockbuf_free(void *v) {
+    tf_blockbuf *b = v;
+    if (b) free(b->p);
+    free(b);
+}
+static void tf_blockbuf_init(void) { tf_blockbuf_key_ok = pthread_key_create(&tf_blockbuf_key, tf_blockbuf_free) == 0; }
+
+static tf_blockbuf *thread_blockbuf(size_t need) {
+    pthread_once(&tf_blockbuf_once, tf_blockbuf_init);
+    if (!tf_blockbuf_key_ok) return NULL;
+    tf_blockbuf *b = pthread_getspecific(tf_blockbuf_key);
+    if (!b) {
+        b = calloc(1, sizeof *b);
+        if (!b) return NULL;
+        if (pthread_setspecific(tf_blockbuf_key, b) != 0) {
+            free(b);
+            return NULL;
+        }
+    }
+    if (b->cap < need) {
+        uint8_t *nb = realloc(b->p, need);
+        if (!nb) return NULL;
+        b->p = nb;
+        b->cap = need;
+    }
+    return b;
+}
 
 int tf__file_read(const tf_file *f, uint64_t start, uint64_t count, void *out, tf_dtype out_dtype) {
     if (start > f->num_tokens || count > f->num_tokens - start)
@@ -161,18 +197,14 @@ int tf__file_read(const tf_file *f, uint64_t start, uint64_t count, void *out, t
      * block cache; this path serves random access and verify. */
     uint64_t bt = f->block_tokens;
     size_t need = (size_t)bt * isz;
-    if (tf_blockcap < need) {
-        uint8_t *nb = realloc(tf_blockbuf, need);
-        if (!nb) return -ENOMEM;
-        tf_blockbuf = nb;
-        tf_blockcap = need;
-    }
+    tf_blockbuf *bb = thread_blockbuf(need);
+    if (!bb) return -ENOMEM;
     uint8_t *o = out;
     while (count) {
         uint64_t b = start / bt, off = start % bt;
         uint64_t n = bt - off < count ? bt - off : count;
-        TF_TRY(tf__native_read_block(f, b, tf_blockbuf, tf_blockcap));
-        tf_convert(o, out_dtype, tf_blockbuf + off * isz, f->dtype, (size_t)n);
+        TF_TRY(tf__native_read_block(f, b, bb->p, bb->cap));
+        tf_convert(o, out_dtype, bb->p + off * isz, f->dtype, (size_t)n);
         o += n * osz;
         start += n;
         count -= n;
@@ -320,8 +352,10 @@ static int finish_dataset(tf_file *files, uint64_t nfiles, tf_dataset **out) {
         tf_file *f = &files[i];
         if (tf__add_overflow(ds->tok_prefix[i], f->num_tokens, &ds->tok_prefix[i + 1]) ||
             tf__add_overflow(ds->doc_prefix[i], f->num_docs, &ds->doc_prefix[i + 1])) {
+            /* message first: f->path dies with the dataset */
+            int rc = tf__seterr(-TF_EFORMAT, "%s: num_tokens: the dataset's total overflows 64 bits", f->path);
             tf_dataset_free(ds);
-            TF_FAIL(-TF_EFORMAT, "%s: num_tokens: the dataset's total overflows 64 bits", f->path);
+            return rc;
         }
         ds->dtype = wider(ds->dtype, f->dtype);
         if (f->vocab_size == 0) vocab_known = 0;
@@ -339,8 +373,9 @@ static int finish_dataset(tf_file *files, uint64_t nfiles, tf_dataset **out) {
     ds->fingerprint = tf__xxh64_digest(&h);
     if (ds->num_tokens == 0) {
         const char *p = nfiles ? files[0].path : "(no files)";
+        int rc = tf__seterr(-TF_EFORMAT, "%s: num_tokens: expected at least one token, found an empty dataset. Check that the path points at the data you meant.", p);
         tf_dataset_free(ds);
-        TF_FAIL(-TF_EFORMAT, "%s: num_tokens: expected at least one token, found an empty dataset. Check that the path points at the data you meant.", p);
+        return rc;
     }
     *out = ds;
     return 0;
