@@ -120,8 +120,9 @@ struct tf_loader {
     int stop;
 
     /* consumer-side thread state (next/seek/free are not called concurrently) */
-    int started;
-    pid_t pid;
+    /* 0 while no threads run, else the pid of the process that started them
+     * (atomic: get_stats may read it from another thread). */
+    _Atomic pid_t owner;
     pthread_t *threads;
     tf__worker *workers;
     int nstarted;
@@ -279,7 +280,7 @@ static int init_sync(tf_loader *l) {
 }
 
 static void stop_threads(tf_loader *l) {
-    if (!l->started) return;
+    if (!atomic_load(&l->owner)) return;
     pthread_mutex_lock(&l->mu);
     l->stop = 1;
     pthread_cond_broadcast(&l->work_cv);
@@ -291,7 +292,7 @@ static void stop_threads(tf_loader *l) {
     l->threads = NULL;
     l->workers = NULL;
     l->nstarted = 0;
-    l->started = 0;
+    atomic_store(&l->owner, 0);
     l->stop = 0;
 }
 
@@ -321,8 +322,7 @@ static int start_threads(tf_loader *l) {
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     l->nstarted = started;
-    l->pid = getpid();
-    l->started = 1;
+    atomic_store(&l->owner, getpid());
     if (!started) {
         stop_threads(l);
         TF_FAIL(-err, "cannot start loader threads: pthread_create: %s", strerror(err));
@@ -339,13 +339,14 @@ nomem:
 /* In a fork()ed child, the parent's workers do not exist and mu may be a copy
  * of a held lock: start over without touching any of it. */
 static int after_fork(tf_loader *l) {
-    if (!l->started || l->pid == getpid()) return 0;
+    pid_t ow = atomic_load(&l->owner);
+    if (!ow || ow == getpid()) return 0;
     /* Leaked on purpose: worker contexts (their rings are shared with the
      * parent's), slots' and free-list buffers (state may be mid-update). */
     l->threads = NULL;
     l->workers = NULL;
     l->nstarted = 0;
-    l->started = 0;
+    atomic_store(&l->owner, 0);
     l->stop = 0;
     l->free_list = NULL;
     l->nfree = 0;
@@ -478,13 +479,15 @@ int tf_loader_create(const tf_dataset *ds, const tf_loader_config *cfg, tf_loade
     atomic_init(&l->st_batches, 0);
     atomic_init(&l->st_tokens, 0);
     atomic_init(&l->st_wait_ns, 0);
+    atomic_init(&l->owner, 0);
     *out = l;
     return 0;
 }
 
 void tf_loader_free(tf_loader *l) {
     if (!l) return;
-    int same_process = !l->started || l->pid == getpid();
+    pid_t ow = atomic_load(&l->owner);
+    int same_process = !ow || ow == getpid();
     if (same_process) {
         stop_threads(l);
         for (int i = 0; i < l->depth; i++) {
@@ -529,7 +532,7 @@ int tf_loader_next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_ns) {
     *out = NULL;
     if (!l) return -EINVAL;
     TF_TRY(after_fork(l));
-    if (!l->started) TF_TRY(start_threads(l));
+    if (!atomic_load(&l->owner)) TF_TRY(start_threads(l));
 
     pthread_mutex_lock(&l->mu);
     uint64_t k = l->next_deliver, pos = l->base + k * l->G;
@@ -644,14 +647,15 @@ void tf_loader_get_stats(const tf_loader *cl, tf_loader_stats *st) {
     st->ring_slots = (uint64_t)l->depth;
     st->num_threads = l->nthreads;
     st->backend = l->rd.backend;
-    if (!l->started || l->pid == getpid()) {
+    pid_t ow = atomic_load(&l->owner);
+    if (!ow || ow == getpid()) {
         pthread_mutex_lock(&l->mu);
         for (int i = 0; i < l->depth; i++) st->ring_ready += l->slots[i].ready && !l->slots[i].rc;
         pthread_mutex_unlock(&l->mu);
     }
     /* The backend the workers actually use: io_uring may have fallen back on
      * every one of them after the create-time probe succeeded. */
-    if (st->backend == TF_BACKEND_IO_URING && l->started && l->pid == getpid() &&
+    if (st->backend == TF_BACKEND_IO_URING && ow == getpid() &&
         atomic_load(&l->rd.uring_workers) == 0)
         st->backend = TF_BACKEND_PREAD;
     tf__reader_get_note(&l->rd, st->backend_note, sizeof st->backend_note);
