@@ -7,8 +7,10 @@
 #define _GNU_SOURCE
 #endif
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "helpers.h"
@@ -423,6 +425,99 @@ static void test_free_with_batches_out(const tf_dataset *ds) {
     }
 }
 
+/* next() in a fork()ed child (a DataLoader worker) restarts the threads there
+ * instead of waiting on the parent's, and continues at the same position. */
+static void test_fork(const tf_dataset *ds) {
+#if defined(__SANITIZE_THREAD__)
+    (void)ds; /* TSan refuses to start threads after a multi-threaded fork */
+    return;
+#endif
+    spec s = default_spec();
+    s.threads = 2;
+    tf_loader *l = mk(ds, &s);
+    if (!l) return;
+    tf_order_config oc;
+    order_cfg(&s, &oc);
+    tf_order *o = NULL;
+    CHECK_OK(tf_order_create(ds, &oc, &o));
+    tf_batch *b = NULL;
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(tf_loader_next(l, &b));
+        tf_batch_release(b);
+    }
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int bad = 0;
+        for (int i = 3; i < 10 && !bad; i++) {
+            bad |= tf_loader_next(l, &b) != 0;
+            bad |= !b || check_against_reference(o, &s, b, (uint64_t)i * s.B);
+            tf_batch_release(b);
+        }
+        bad |= tf_loader_seek(l, 0) != 0 || tf_loader_next(l, &b) != 0;
+        bad |= !b || check_against_reference(o, &s, b, 0);
+        tf_batch_release(b);
+        tf_loader_free(l);
+        _exit(bad);
+    }
+    int st = 0;
+    CHECK(pid > 0 && waitpid(pid, &st, 0) == pid);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    /* the parent's loader is unaffected */
+    CHECK_OK(tf_loader_next(l, &b));
+    CHECK(b && check_against_reference(o, &s, b, 3 * s.B) == 0);
+    tf_batch_release(b);
+    tf_loader_free(l);
+    tf_order_free(o);
+}
+
+/* A read error in a worker (a file truncated under a pread loader) comes back
+ * from next() for that batch with a message naming the file; the position
+ * does not move, and the batch is retried once the file is whole again. */
+static void test_worker_error(void) {
+    char path[400];
+    snprintf(path, sizeof path, "%s/raw.bin", tmpdir);
+    enum { N = 20000 };
+    uint16_t *toks = malloc(N * sizeof *toks);
+    for (int i = 0; i < N; i++) toks[i] = (uint16_t)(i % 5000);
+    FILE *fp = fopen(path, "wb");
+    if (!fp || fwrite(toks, 2, N, fp) != N) t_failures++;
+    if (fp) fclose(fp);
+    tf_open_options opt = {TF_FORMAT_RAW, TF_UINT16};
+    tf_dataset *ds = NULL;
+    CHECK_OK(tf_dataset_open(path, &opt, &ds));
+    spec s = default_spec();
+    s.backend = TF_BACKEND_PREAD;
+    s.want = 0;
+    s.sep = -1;
+    s.shuffle = TF_SHUFFLE_NONE;
+    tf_loader *l = ds ? mk(ds, &s) : NULL;
+    if (!l) goto out;
+    CHECK(truncate(path, 1000) == 0); /* before the first read: every batch past 500 tokens fails */
+    tf_batch *b = NULL;
+    CHECK_OK(tf_loader_seek(l, 40 * s.B));
+    int rc = tf_loader_next(l, &b);
+    CHECK(rc == -EIO);
+    CHECK(b == NULL);
+    CHECK(strstr(tf_last_error(), "raw.bin") != NULL);
+    CHECK(tf_loader_position(l) == 40 * s.B);
+    fp = fopen(path, "r+b");
+    if (!fp || fwrite(toks, 2, N, fp) != N) t_failures++;
+    if (fp) fclose(fp);
+    CHECK_OK(tf_loader_next(l, &b));
+    if (b) {
+        tf_batch_view v;
+        tf_batch_get_view(b, &v);
+        CHECK(v.position == 40 * s.B);
+        CHECK(((int64_t *)v.tokens)[0] == (int64_t)toks[40 * s.B * SEQ]);
+        tf_batch_release(b);
+    }
+out:
+    tf_loader_free(l);
+    tf_dataset_free(ds);
+    free(toks);
+}
+
 static void test_config_errors(const tf_dataset *ds) {
     tf_loader_config c;
     tf_loader_config_init(&c);
@@ -516,6 +611,8 @@ int main(void) {
         test_ranks(plain);
         test_seek(plain);
         test_free_with_batches_out(plain);
+        test_fork(plain);
+        test_worker_error();
     }
     tf_dataset_free(plain);
     tf_dataset_free(zstd);
