@@ -770,6 +770,96 @@ static void test_raw(void) {
     CHECK_RC(open_path(p, &o, &ds), -TF_EFORMAT);
 }
 
+/* Random byte mutations of valid files: open, read everything and verify must
+ * return an error or succeed, never crash or read out of bounds (run this
+ * under ASan: make -C csrc SANITIZE=address,undefined test). */
+static uint64_t rng_state = 0x1234567;
+static uint64_t rng(void) {
+    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return rng_state >> 33;
+}
+
+static void exercise(const char *path, const tf_open_options *o) {
+    tf_dataset *ds = NULL;
+    if (tf_dataset_open(path, o, &ds) != 0) return;
+    tf_dataset_info info;
+    tf_dataset_get_info(ds, &info);
+    if (info.num_tokens < (1u << 20)) {
+        int64_t *buf = malloc(info.num_tokens * 8);
+        if (buf) tf_dataset_read(ds, 0, info.num_tokens, buf, TF_INT64);
+        free(buf);
+    }
+    for (uint64_t d = 0; d < info.num_documents && d < 64; d++) {
+        uint64_t s, n;
+        tf_dataset_document(ds, d, &s, &n);
+    }
+    uint64_t doc;
+    tf_dataset_find_document(ds, info.num_tokens - 1, &doc);
+    if (rng() % 4 == 0) tf_dataset_verify(ds, 1, NULL, NULL); /* each verify polls at 20 ms */
+    tf_dataset_free(ds);
+}
+
+static void mutate_file(const char *path, const uint8_t *orig, size_t n, int iters, int fixhdr, const tf_open_options *o) {
+    uint8_t *b = malloc(n);
+    for (int it = 0; it < iters; it++) {
+        memcpy(b, orig, n);
+        int k = 1 + (int)(rng() % 4);
+        for (int j = 0; j < k; j++) {
+            /* bias toward headers, where the offsets live */
+            size_t at = rng() % 2 ? rng() % (n < 300 ? n : 300) : rng() % n;
+            b[at] = rng() % 3 ? (uint8_t)rng() : (uint8_t)(b[at] ^ (1u << (rng() % 8)));
+        }
+        if (fixhdr && n >= 256) fix_header(b);
+        size_t len = rng() % 8 ? n : rng() % (n + 1);
+        write_file(path, b, len);
+        exercise(path, o);
+    }
+    free(b);
+}
+
+static void test_fuzz(void) {
+    char shard[600], p[300];
+    size_t n = 0;
+    path_in(p, sizeof p, "fuzz.tfs");
+    for (int z = 0; z < 2; z++) {
+        if (z && !(tf_features() & TF_FEATURE_ZSTD)) break;
+        uint8_t *orig = make_shard(z ? "fuzzz" : "fuzzp", z, shard, sizeof shard, &n);
+        if (!orig) continue;
+        mutate_file(p, orig, n, 400, 1, NULL);
+        mutate_file(p, orig, n, 100, 0, NULL);
+        free(orig);
+    }
+    /* llm.c */
+    uint8_t f[1024 + 40];
+    memset(f, 0, sizeof f);
+    put32(f, 20240520);
+    put32(f + 4, 1);
+    put32(f + 8, 20);
+    path_in(p, sizeof p, "fuzz.bin");
+    mutate_file(p, f, sizeof f, 200, 0, NULL);
+    /* npy */
+    const char *hdr = "{'descr': '<u2', 'fortran_order': False, 'shape': (10,), }          \n";
+    size_t hn = strlen(hdr);
+    uint8_t np[200];
+    memcpy(np, "\x93NUMPY\x01\x00", 8);
+    np[8] = (uint8_t)hn;
+    np[9] = 0;
+    memcpy(np + 10, hdr, hn);
+    memset(np + 10 + hn, 1, 20);
+    path_in(p, sizeof p, "fuzz.npy");
+    mutate_file(p, np, 10 + hn + 20, 400, 0, NULL);
+    /* datatrove index */
+    char ip[320];
+    path_in(p, sizeof p, "fuzz.ds");
+    snprintf(ip, sizeof ip, "%s.index", p);
+    uint16_t toks[10] = {0};
+    write_file(p, toks, sizeof toks);
+    uint64_t ends[3] = {2, 5, 10};
+    tf_open_options o = {TF_FORMAT_AUTO, TF_UINT16};
+    mutate_file(ip, (const uint8_t *)ends, sizeof ends, 200, 0, &o);
+    unlink(ip);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "%s/tf_test_sources_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(tmpdir)) {
@@ -782,6 +872,7 @@ int main(void) {
     test_llmc();
     test_npy();
     test_raw();
+    test_fuzz();
     rm_rf(tmpdir);
     return T_DONE();
 }
