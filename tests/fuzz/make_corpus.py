@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Generate the seed corpus of the fuzz targets in tests/fuzz/corpus/<target>/.
+
+Seeds are small valid files of every format (written with tokenfeed's own
+writer, numpy.save, or byte layouts of the foreign formats) plus a few
+malformed ones, packed the way each target reads its input (see the comment
+at the top of each tests/fuzz/fuzz_<target>.c and fuzz_split in
+fuzz_util.h). Deterministic: re-running rewrites the same files.
+
+Files named crash-*, leak-*, timeout-*, oom-* or regress-* are regression
+inputs saved from fuzzing runs; this script never touches them.
+
+    python tests/fuzz/make_corpus.py           # (re)write the seeds
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CORPUS = os.path.join(HERE, "corpus")
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"))
+import tokenfeed  # noqa: E402
+
+
+def chunks(*parts: bytes) -> bytes:
+    """The container of fuzz_split: u16 length + bytes per chunk."""
+    out = b""
+    for p in parts:
+        assert len(p) <= 0xFFFF, len(p)
+        out += struct.pack("<H", len(p)) + p
+    return out
+
+
+def save(target: str, name: str, data: bytes) -> None:
+    d = os.path.join(CORPUS, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "seed-" + name), "wb") as f:
+        f.write(data)
+
+
+def docs(rng: np.random.Generator, n: int, vocab: int, mean: int = 12, empty: bool = False) -> list:
+    lens = rng.integers(1, 2 * mean, size=n)
+    if empty:
+        lens[::3] = 0
+    return [rng.integers(0, vocab, size=int(k)) for k in lens]
+
+
+def native_dataset(tmp: str, name: str, vocab: int, ds: list, **kw) -> tuple[bytes, list[bytes]]:
+    """(manifest bytes, shard bytes in manifest order)."""
+    path = os.path.join(tmp, name)
+    with tokenfeed.DatasetWriter(path, vocab_size=vocab, **kw) as w:
+        for d in ds:
+            w.add_document(d)
+    man = open(os.path.join(path, "tokenfeed.manifest"), "rb").read()
+    shards = []
+    for line in man.decode().splitlines():
+        if line.startswith("shard "):
+            shards.append(open(os.path.join(path, line.split()[1]), "rb").read())
+    return man, shards
+
+
+def megatron(tokens_per_doc: list, dtype: np.dtype, code: int, multimodal: bool = False) -> tuple[bytes, bytes]:
+    """MMIDIDX v1 .idx and .bin (megatron/core/datasets/indexed_dataset.py)."""
+    isz = np.dtype(dtype).itemsize
+    sizes = np.array([len(t) for t in tokens_per_doc], dtype=np.int32)
+    ptrs = np.zeros(len(sizes), dtype=np.int64)
+    if len(sizes):
+        ptrs[1:] = np.cumsum(sizes[:-1].astype(np.int64) * isz)
+    doc_idx = np.arange(len(sizes) + 1, dtype=np.int64)
+    idx = b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", code)
+    idx += struct.pack("<Q", len(sizes)) + struct.pack("<Q", len(doc_idx))
+    idx += sizes.tobytes() + ptrs.tobytes() + doc_idx.tobytes()
+    if multimodal:
+        idx += bytes(len(sizes))
+    body = b"".join(np.asarray(t, dtype=dtype).tobytes() for t in tokens_per_doc)
+    return idx, body
+
+
+def llmc(tokens: np.ndarray, new: bool = False) -> bytes:
+    hdr = np.zeros(256, dtype=np.int32)
+    hdr[0], hdr[1], hdr[2] = (20240801, 7, len(tokens)) if new else (20240520, 1, len(tokens))
+    return hdr.tobytes() + np.asarray(tokens, dtype=np.uint32 if new else np.uint16).tobytes()
+
+
+def npy(arr: np.ndarray, version=None) -> bytes:
+    import io
+
+    b = io.BytesIO()
+    if version is None:
+        np.save(b, arr)
+    else:
+        np.lib.format.write_array(b, arr, version=version)
+    return b.getvalue()
+
+
+def main() -> None:
+    rng = np.random.default_rng(1234)
+    tmp = tempfile.mkdtemp(prefix="tf-corpus-")
+    try:
+        # ---- native shards and manifests
+        man1, sh1 = native_dataset(tmp, "u16", 50257, docs(rng, 20, 50257))
+        man8, sh8 = native_dataset(tmp, "u8", 200, docs(rng, 10, 200, empty=True))
+        man32, sh32 = native_dataset(tmp, "u32", 100000, docs(rng, 6, 100000), dtype="uint32")
+        manz, shz = native_dataset(tmp, "zstd", 50257, docs(rng, 30, 50257, mean=40), compression="zstd",
+                                   block_tokens=64)
+        manm, shm = native_dataset(tmp, "multi", 1000, docs(rng, 40, 1000), shard_tokens=100)
+        mane, she = native_dataset(tmp, "emptydocs", 300, [np.zeros(0, int), np.arange(5), np.zeros(0, int)])
+        for name, sh in [("u16", sh1[0]), ("u8_emptydocs", sh8[0]), ("u32", sh32[0]), ("zstd", shz[0]),
+                         ("multi0", shm[0]), ("only_empty_docs", she[0])]:
+            save("native_header", name, b"\x00" + sh)
+        save("native_header", "header_only_prefix", b"\x01" + sh1[0][:256])
+        bad = bytearray(sh1[0])
+        bad[48:56] = struct.pack("<Q", 1 << 62)  # tokens_offset past the end
+        save("native_header", "bad_tokens_offset", b"\x00" + bytes(bad))
+        bad = bytearray(shz[0])
+        bad[96:104] = struct.pack("<Q", 1)  # block_tokens disagrees with blocks_bytes
+        save("native_header", "bad_block_tokens", b"\x00" + bytes(bad))
+        save("native_header", "truncated", b"\x00" + sh1[0][:300])
+        save("native_header", "bad_checksum_kept", b"\x00" + sh1[0][:248] + b"\x01" + sh1[0][249:])
+
+        for name, m in [("u16", man1), ("u8", man8), ("u32", man32), ("zstd", manz), ("multi", manm)]:
+            save("manifest", name, m)
+        save("manifest", "truncated", manm[: len(manm) // 2])
+        save("manifest", "bad_version", man1.replace(b"tokenfeed-manifest 1", b"tokenfeed-manifest 9"))
+        save("manifest", "bad_count", man1.replace(b"num_shards 1", b"num_shards 99999999999"))
+        save("manifest", "dup_name", manm.replace(manm.split(b"\n")[5].split(b" ")[1], manm.split(b"\n")[4].split(b" ")[1]))
+
+        # ---- .npy
+        for name, arr, ver in [("u16", rng.integers(0, 50257, 50).astype(np.uint16), None),
+                               ("u8", rng.integers(0, 255, 9).astype(np.uint8), None),
+                               ("i32", rng.integers(0, 1 << 20, 17).astype(np.int32), None),
+                               ("u32_v2", rng.integers(0, 1 << 20, 17).astype(np.uint32), (2, 0)),
+                               ("i64_v3", rng.integers(0, 1 << 20, 5).astype(np.int64), (3, 0)),
+                               ("empty", np.zeros(0, np.uint16), None),
+                               ("bigendian", rng.integers(0, 9, 5).astype(">u2"), None),
+                               ("2d", np.zeros((2, 3), np.uint16), None),
+                               ("float", np.zeros(4, np.float32), None)]:
+            save("npy_header", name, npy(arr, ver))
+        good = npy(np.arange(10, dtype=np.uint16))
+        save("npy_header", "truncated_header", good[:40])
+        save("npy_header", "fortran", good.replace(b"False", b"True "))
+
+        # ---- Megatron pairs: chunk 0 .idx, chunk 1 .bin, chunk 2 control
+        mdocs = docs(rng, 12, 30000, empty=True)
+        for name, dt, code, mm in [("u16", np.uint16, 8, False), ("i32", np.int32, 4, False),
+                                   ("u8", np.uint8, 1, False), ("multimodal", np.uint16, 8, True),
+                                   ("i64", np.int64, 5, False)]:
+            d = [np.asarray(x) % 250 for x in mdocs] if code == 1 else mdocs
+            idx, body = megatron(d, dt, code, mm)
+            save("megatron", name, chunks(idx, body, b"\x07"))
+            save("dataset", "megatron_" + name, b"\x02" + struct.pack("<I", 0x1234) + chunks(idx, body))
+        idx, body = megatron(mdocs, np.uint16, 8)
+        save("megatron", "truncated_idx", chunks(idx[:-5], body))
+        save("megatron", "short_bin", chunks(idx, body[:-2]))
+        badp = bytearray(idx)
+        badp[34 + 4 * 12: 34 + 4 * 12 + 8] = struct.pack("<q", -8)
+        save("megatron", "negative_pointer", chunks(bytes(badp), body))
+
+        # ---- llm.c
+        for name, b in [("gpt2", llmc(rng.integers(0, 50257, 100))), ("llama3", llmc(rng.integers(0, 128256, 60), True)),
+                        ("empty", llmc(np.zeros(0, int)))]:
+            save("llmc", name, b)
+        g = llmc(rng.integers(0, 50257, 40))
+        save("llmc", "truncated", g[:-3])
+        save("llmc", "negative_count", g[:8] + struct.pack("<i", -1) + g[12:])
+        save("llmc", "wrong_version", g[:4] + struct.pack("<i", 7) + g[8:])
+
+        # ---- datatrove: byte 0 = dtype/ctl, chunk 0 = tokens, chunk 1 = index
+        toks = np.concatenate(docs(rng, 8, 50000)).astype(np.uint16)
+        ends = np.cumsum([0] + [3, 0, 10, 7]).astype(np.uint64)
+        ends = np.cumsum(rng.integers(0, 20, 8)).astype(np.uint64)
+        toks = rng.integers(0, 50000, int(ends[-1])).astype(np.uint16)
+        save("datatrove", "u16_index", b"\x01" + chunks(toks.tobytes(), ends.tobytes()))
+        save("datatrove", "u16_noindex", b"\x01" + chunks(toks.tobytes()))
+        save("datatrove", "u32_index", b"\x02" + chunks(toks.astype(np.uint32).tobytes(), ends.tobytes()))
+        save("datatrove", "bad_last_end", b"\x01" + chunks(toks.tobytes(), (ends + 1).tobytes()))
+        save("datatrove", "nonmonotonic", b"\x01" + chunks(toks.tobytes(), ends[::-1].copy().tobytes()))
+        save("datatrove", "index_not_x8", b"\x01" + chunks(toks.tobytes(), ends.tobytes()[:-3]))
+
+        # ---- whole datasets: kind, ctl (u32), chunks (fuzz_dataset.c)
+        def ds(kind: int, ctl: int, *parts: bytes) -> bytes:
+            return bytes([kind]) + struct.pack("<I", ctl) + chunks(*parts)
+
+        save("dataset", "native_dir_u16", ds(0, 0, man1, *sh1))
+        save("dataset", "native_dir_multi", ds(0, 0x2345, manm, *shm))
+        save("dataset", "native_dir_zstd_sep", ds(0, 0x80 | 0x20 | 7, manz, *shz))
+        save("dataset", "native_dir_emptydocs", ds(0, 0x40 | 1, man8, *sh8))
+        save("dataset", "native_dir_missing_shard", ds(0, 0, manm, *shm[:1]))
+        save("dataset", "native_files", ds(1, 3, sh1[0], sh32[0], shz[0]))
+        save("dataset", "llmc_files", ds(3, 0x1f, llmc(rng.integers(0, 50257, 100)), llmc(rng.integers(0, 128256, 30), True)))
+        save("dataset", "npy_files", ds(4, 0x0c00, npy(np.arange(33, dtype=np.uint16)), npy(np.arange(7, dtype=np.int32))))
+        save("dataset", "mixed", ds(5, 0x9999, sh1[0], llmc(rng.integers(0, 50257, 20)), npy(np.arange(9, dtype=np.uint8)),
+                                    rng.integers(0, 60000, 31).astype(np.uint16).tobytes()))
+        save("dataset", "one_token", ds(4, 0, npy(np.arange(1, dtype=np.uint16))))
+    finally:
+        shutil.rmtree(tmp)
+
+
+if __name__ == "__main__":
+    main()
