@@ -426,6 +426,143 @@ typedef struct tf_loader_stats {
 
 TF_API void tf_loader_get_stats(const tf_loader *l, tf_loader_stats *st);
 
+/* ------------------------------------------------------------------------ */
+/* Device: CUDA runtime loaded at run time, pinned host memory, device ring  */
+/* ------------------------------------------------------------------------ */
+
+/* The CUDA runtime (libcudart) is never linked: it is loaded with dlopen the
+ * first time any function below needs it, once per process. $TOKENFEED_CUDART
+ * (a path) overrides the search; otherwise a libcudart already loaded in the
+ * process (PyTorch's, say) is preferred, then the usual sonames. Without it
+ * every function here fails with -TF_ECUDA and a message saying why, and the
+ * rest of the library is unaffected. Device pointers and streams are passed as
+ * plain integers/pointers so that no CUDA header is needed.
+ *
+ * Streams (uintptr_t) are cudaStream_t values: 0 (legacy default stream),
+ * 1 (cudaStreamLegacy), 2 (cudaStreamPerThread) or a created stream. */
+
+/* No consumer stream: for tf_device_slot_release of a slot nobody used. */
+#define TF_DEVICE_STREAM_NONE ((uintptr_t)-1)
+/* Segments packed into a slot start at multiples of this many bytes. */
+#define TF_DEVICE_ALIGN 256
+
+/* Whether the CUDA runtime loads and sees at least one device. Returns 1 or 0;
+ * why (may be NULL) receives what was loaded ("CUDA runtime 12.4 from
+ * libcudart.so.12 (already loaded), 2 device(s)") or why not. */
+TF_API int tf_cuda_available(char *why, size_t why_len);
+
+/* Number of CUDA devices visible to this process. 0, or -TF_ECUDA when the
+ * runtime cannot be loaded or initialised (tf_last_error says why). */
+TF_API int tf_cuda_device_count(int *count);
+
+/* Page-locked host memory for the host side of transfers: an anonymous,
+ * page-aligned mapping registered with cudaHostRegister once, here, never per
+ * transfer. If registration fails (memlock limit, no CUDA) the memory is still
+ * returned, pageable, with *pinned = 0 (may be NULL) and the reason in
+ * tf_last_error(); copies from it are then correct but slower. The caller owns
+ * the memory and frees it with tf_pinned_free(ptr, bytes) (same bytes).
+ * Returns 0, -EINVAL for bytes == 0, or -ENOMEM. */
+TF_API int tf_pinned_alloc(size_t bytes, void **out, int *pinned);
+TF_API void tf_pinned_free(void *ptr, size_t bytes);
+
+typedef struct tf_device_ring tf_device_ring;
+typedef struct tf_device_slot tf_device_slot;
+
+/* A ring of `slots` preallocated device buffers of slot_bytes each on
+ * `device`, each with pinned host staging of the same size, one non-blocking
+ * copy stream and two events per slot ("copied", "released"). Everything is
+ * allocated here; nothing is allocated per transfer. Slot life cycle:
+ *
+ *   free -> filling (acquired) -> in use (copy issued on the ring's stream;
+ *   consumers wait on its "copied" event) -> released (a "released" event was
+ *   recorded on the consumer stream) -> free once that event has completed
+ *   (found with cudaEventQuery; nothing device-synchronises).
+ *
+ * Errors: -EINVAL (bad sizes, device index out of range: the message gives the
+ * number of devices), -ENOMEM (device or host out of memory: the message says
+ * how much was asked for), -TF_ECUDA (runtime missing or failing). The caller
+ * owns *out and frees it with tf_device_ring_free. */
+TF_API int tf_device_ring_create(int device, size_t slot_bytes, int slots, tf_device_ring **out);
+
+/* Drop the caller's reference. Slots still held (in use) stay valid; the
+ * device memory goes when the last of them is released. Accepts NULL. May
+ * wait (on events, never the device) for copies and releases in flight. */
+TF_API void tf_device_ring_free(tf_device_ring *r);
+
+typedef struct tf_device_ring_info {
+    int device;
+    int slots;
+    size_t slot_bytes;
+    int host_pinned;        /* staging is page-locked (0: pageable fallback) */
+    int free_slots;         /* free right now (released slots not yet polled count as not free) */
+    int in_use;             /* acquired or handed out, not yet released */
+    int lost;               /* slots withdrawn after a CUDA error on release */
+    uint64_t uploads;       /* copies issued */
+    uint64_t release_waits; /* acquisitions that had to wait on a "released" event */
+    char note[160];         /* why staging is pageable, "" otherwise */
+} tf_device_ring_info;
+
+TF_API void tf_device_ring_get_info(tf_device_ring *r, tf_device_ring_info *info);
+
+/* Take a free slot for filling (state filling). Released slots whose event has
+ * completed are recycled first-released first. If none is free: with wait = 0
+ * returns -EAGAIN; with wait != 0 blocks on the oldest "released" event
+ * (cudaEventSynchronize on that event, not the device). -EBUSY when every slot
+ * is held by the consumer (no release pending): release tensors of old batches
+ * or create the ring with more slots. The slot belongs to the caller until it
+ * passes it to tf_device_slot_release. */
+TF_API int tf_device_ring_acquire(tf_device_ring *r, int wait, tf_device_slot **out);
+
+/* Pinned host staging of a slot in state filling: slot_bytes writable bytes.
+ * Fill it (an embedder can read or decode straight into it), then commit. */
+TF_API void *tf_device_slot_host(tf_device_slot *s);
+
+/* Start the host-to-device copy of the first `bytes` of the staging on the
+ * ring's copy stream and record the slot's "copied" event (state in use).
+ * Does not wait for the copy. The staging must not be written again until the
+ * slot is released. On failure the slot stays in state filling (commit again
+ * or release it with TF_DEVICE_STREAM_NONE). -EINVAL if bytes > slot_bytes. */
+TF_API int tf_device_slot_commit(tf_device_slot *s, size_t bytes);
+
+/* One host buffer to upload (borrowed for the duration of the call). */
+typedef struct tf_device_seg {
+    const void *host;
+    size_t bytes;
+} tf_device_seg;
+
+/* Bytes a slot needs for these segments, each placed at the next multiple of
+ * TF_DEVICE_ALIGN; offsets (may be NULL) receives each segment's offset. */
+TF_API size_t tf_device_packed_size(const tf_device_seg *segs, int nsegs, size_t *offsets);
+
+/* Acquire (as tf_device_ring_acquire), copy the segments into the staging at
+ * their packed offsets, commit. The host buffers may be reused as soon as this
+ * returns. -EINVAL when they do not fit slot_bytes. */
+TF_API int tf_device_ring_upload(tf_device_ring *r, const tf_device_seg *segs, int nsegs, int wait,
+                                 tf_device_slot **out);
+
+/* Device address of the slot's buffer (segment i is at ptr + offset i). Valid
+ * until the slot is released; to be read only on streams ordered after the
+ * slot's "copied" event (tf_device_slot_wait). */
+TF_API void *tf_device_slot_ptr(const tf_device_slot *s);
+
+/* Hand-off: make `stream` wait (cudaStreamWaitEvent) on the slot's "copied"
+ * event, so work queued on it afterwards sees the data. Returns immediately. */
+TF_API int tf_device_slot_wait(tf_device_slot *s, uintptr_t stream);
+
+/* Block the calling thread until the slot's copy has completed (an event
+ * synchronize, for CPU-side checks and tests; consumers use
+ * tf_device_slot_wait instead). */
+TF_API int tf_device_slot_synchronize(tf_device_slot *s);
+
+/* Give the slot back. Records its "released" event on `stream`, the stream of
+ * the last work that reads the slot (or TF_DEVICE_STREAM_NONE when nobody
+ * read it: the event goes on the copy stream); the slot is reused only after
+ * that event has completed. The slot pointer is invalid afterwards, whatever
+ * the result. On a CUDA error the slot is withdrawn from the ring (counted in
+ * `lost`) rather than risk reuse while still read, and -TF_ECUDA is returned.
+ * Thread-safe against the ring's other functions; accepts NULL. */
+TF_API int tf_device_slot_release(tf_device_slot *s, uintptr_t stream);
+
 #ifdef __cplusplus
 }
 #endif
