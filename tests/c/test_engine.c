@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdint.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -518,6 +519,48 @@ out:
     free(toks);
 }
 
+/* 10^4 files under pread: descriptors are opened lazily and cached; when the
+ * process runs out of them, pieces are read through the mapping instead (same
+ * bytes, with a note in the stats). */
+static void test_many_files(void) {
+    enum { NF = 10000, PER = 40 };
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/many", tmpdir);
+    mkdir(dir, 0755);
+    char **paths = calloc(NF, sizeof *paths);
+    uint16_t toks[PER];
+    for (int i = 0; i < NF; i++) {
+        paths[i] = malloc(450);
+        snprintf(paths[i], 450, "%s/f%05d.bin", dir, i);
+        for (int k = 0; k < PER; k++) toks[k] = (uint16_t)(i * 3 + k);
+        FILE *fp = fopen(paths[i], "wb");
+        if (!fp || fwrite(toks, 2, PER, fp) != PER) t_failures++;
+        if (fp) fclose(fp);
+    }
+    tf_open_options opt = {TF_FORMAT_RAW, TF_UINT16};
+    tf_dataset *ds = NULL;
+    CHECK_OK(tf_dataset_open_many((const char *const *)paths, NF, &opt, &ds));
+    if (ds) {
+        spec s = default_spec();
+        s.backend = TF_BACKEND_PREAD;
+        s.B = 16;
+        check_stream(ds, &s, 200, "10^4 files pread");
+        /* with few descriptors left: same bytes through the mapping */
+        struct rlimit old, low;
+        getrlimit(RLIMIT_NOFILE, &old);
+        low = old;
+        low.rlim_cur = 64;
+        CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0);
+        check_stream(ds, &s, 100, "10^4 files pread, 64 fds");
+        s.backend = TF_BACKEND_IO_URING;
+        if (uring_ok()) check_stream(ds, &s, 100, "10^4 files io_uring, 64 fds");
+        CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0);
+        tf_dataset_free(ds);
+    }
+    for (int i = 0; i < NF; i++) free(paths[i]);
+    free(paths);
+}
+
 static void test_config_errors(const tf_dataset *ds) {
     tf_loader_config c;
     tf_loader_config_init(&c);
@@ -613,6 +656,7 @@ int main(void) {
         test_free_with_batches_out(plain);
         test_fork(plain);
         test_worker_error();
+        test_many_files();
     }
     tf_dataset_free(plain);
     tf_dataset_free(zstd);
