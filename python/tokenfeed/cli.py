@@ -327,6 +327,10 @@ def _tokenize_chunk(args: Tuple[Chunk, str]) -> Tuple[int, int, int, int, int]:
     return chunk.index, chunk.weight, docs, tokens, skipped
 
 
+def _chunk_bytes(a: argparse.Namespace) -> int:
+    return max(4096, int(a.chunk_mb * (1 << 20)))
+
+
 def _file_sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -388,7 +392,7 @@ def _convert_text(a: argparse.Namespace) -> int:
         "tokenizer_sha256": _file_sha256(a.tokenizer),
         "text_field": a.text_field, "eod_id": eod, "add_special_tokens": a.add_special_tokens,
         "paragraphs": a.paragraphs, "utf8_errors": a.utf8_errors, "vocab_size": vocab,
-        "input_format": a.input_format, "chunk_bytes": a.chunk_mb << 20,
+        "input_format": a.input_format, "chunk_bytes": _chunk_bytes(a),
     }
     plan_path = os.path.join(work, "plan.json")
     if os.path.exists(work):
@@ -412,7 +416,7 @@ def _convert_text(a: argparse.Namespace) -> int:
             json.dump(plan, f, indent=1)
         os.replace(plan_path + ".tmp", plan_path)
 
-    chunks = _plan_chunks(paths, a.input_format, a.chunk_mb << 20)
+    chunks = _plan_chunks(paths, a.input_format, _chunk_bytes(a))
     done = {c.index for c in chunks if os.path.exists(os.path.join(_part_dir(work, c.index), "done"))}
     todo = [c for c in chunks if c.index not in done]
     total_w = sum(c.weight for c in chunks) or 1
@@ -705,10 +709,12 @@ def cmd_verify(a: argparse.Namespace) -> int:
     from ._dataset import open as tf_open
 
     t0 = time.monotonic()
+    ds = tf_open(a.path, dtype=a.dtype, format=a.format)  # errors here: the generic one-line report
     try:
-        ds = tf_open(a.path, dtype=a.dtype, format=a.format)
         ds.verify(threads=a.threads, progress=a.progress)
     except (FormatError, OSError) as e:
+        if a.debug:
+            raise
         print(f"{PROG} verify: FAILED: {e}", file=sys.stderr)
         return 1
     vocab = f"all ids < {ds.vocab_size}" if ds.vocab_size else "vocab size unknown: ids not range-checked"
@@ -790,7 +796,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: number of cores)")
     g.add_argument("--resume", action="store_true",
                    help="continue an interrupted conversion into OUT, keeping the chunks it finished")
-    g.add_argument("--chunk-mb", type=int, default=64, help="JSONL bytes per work unit, in MiB (default: 64)")
+    g.add_argument("--chunk-mb", type=float, default=64, help="JSONL bytes per work unit, in MiB (default: 64)")
     g.add_argument("--batch-docs", type=int, default=256, help=argparse.SUPPRESS)
     g.add_argument("--utf8-errors", choices=["strict", "replace", "ignore"], default="strict",
                    help="what to do with invalid UTF-8 in text files (default: strict, stop with an error)")
