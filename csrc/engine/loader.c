@@ -44,8 +44,9 @@
  * waiting. Workers still filling for an old gen finish, see the gen changed,
  * and return their buffer to the free list. A worker's failure (EIO, format
  * error, ...) is stored in the batch's slot with its message; next() returns
- * it with tf_last_error set and resets the pipeline at the same position, so
- * the position does not advance and the next call retries the batch.
+ * it with tf_last_error set and resets the pipeline at the same position,
+ * paused: the position does not advance, and workers start again (retrying
+ * the batch) only when the consumer calls next() or seek() again.
  *
  * Lifetime. `pool` is shared by the loader and the batches it handed out:
  * refs = 1 (the loader) + batches held by the consumer. The loader frees what
@@ -118,6 +119,7 @@ struct tf_loader {
     tf_batch *free_list;
     uint64_t nfree;
     int stop;
+    int paused; /* after an error: no claims until the consumer asks again */
 
     /* consumer-side thread state (next/seek/free are not called concurrently) */
     /* 0 while no threads run, else the pid of the process that started them
@@ -217,6 +219,7 @@ static uint64_t batch_pos(const tf_loader *l, uint64_t k, int *ok) {
 }
 
 static int can_claim(const tf_loader *l) {
+    if (l->paused) return 0;
     if (l->next_claim >= l->next_deliver + (uint64_t)l->depth) return 0;
     int ok;
     batch_pos(l, l->next_claim, &ok);
@@ -348,6 +351,7 @@ static int after_fork(tf_loader *l) {
     l->nstarted = 0;
     atomic_store(&l->owner, 0);
     l->stop = 0;
+    l->paused = 0;
     l->free_list = NULL;
     l->nfree = 0;
     if (init_sync(l)) return -ENOMEM;
@@ -535,6 +539,10 @@ int tf_loader_next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_ns) {
     if (!atomic_load(&l->owner)) TF_TRY(start_threads(l));
 
     pthread_mutex_lock(&l->mu);
+    if (l->paused) {
+        l->paused = 0;
+        pthread_cond_broadcast(&l->work_cv);
+    }
     uint64_t k = l->next_deliver, pos = l->base + k * l->G;
     int ok;
     batch_pos(l, k, &ok);
@@ -577,7 +585,8 @@ int tf_loader_next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_ns) {
         s->ready = 0; /* reset_locked returns the buffer */
         put_buffer_locked(l, b);
         s->b = NULL;
-        reset_locked(l, pos); /* retry this batch on the next call */
+        reset_locked(l, pos); /* retry this batch on the next call, not before */
+        l->paused = 1;
         pthread_mutex_unlock(&l->mu);
         return tf__seterr(rc, "%s", err);
     }
@@ -610,6 +619,7 @@ int tf_loader_seek(tf_loader *l, uint64_t pos) {
     TF_TRY(after_fork(l));
     pthread_mutex_lock(&l->mu);
     reset_locked(l, pos);
+    l->paused = 0;
     pthread_mutex_unlock(&l->mu);
     atomic_store_explicit(&l->position, pos, memory_order_release);
     return 0;
