@@ -1,0 +1,548 @@
+/*
+ * cudart_double.c — a test double of the CUDA runtime, on host memory.
+ *
+ * Implements exactly the entry points tokenfeed's device layer resolves
+ * (csrc/device/device.h), with the runtime's ABI, so that the tests load it
+ * through the same dlopen path as the real libcudart ($TOKENFEED_CUDART).
+ *
+ * Model:
+ *   - "Device" memory is malloc'd host memory, filled with 0xAB on allocation
+ *     so that reading a slot before its copy shows up. Allocations are tracked:
+ *     a copy whose destination is not inside one fails with
+ *     cudaErrorInvalidValue, and freeing memory a queued operation still
+ *     targets is counted ("bad_frees") and refused.
+ *   - A stream is a FIFO of operations executed in order by its own thread
+ *     (the default stream, handles 0/1/2, has one too): copies (memcpy done at
+ *     execution time, so a source overwritten too early is caught), event
+ *     records, waits on events, and "reads" queued by the tests to stand in
+ *     for kernels. CUDA_DOUBLE_DELAY_US delays every operation; tests can
+ *     pause a stream (cuda_double_pause) to hold its events pending.
+ *   - An event counts records and completions: cudaEventQuery is "not ready"
+ *     while the last record has not executed; cudaStreamWaitEvent waits for
+ *     the record current at the call, as CUDA does.
+ *
+ * Environment:
+ *   CUDA_DOUBLE_DEVICES=N   devices (default 1; 0: cudaErrorNoDevice)
+ *   CUDA_DOUBLE_FAIL=a,b    failures: malloc (every cudaMalloc: out of memory),
+ *                           malloc_after=N (the first N succeed), register
+ *                           (cudaHostRegister), memcpy_after=N, record_after=N,
+ *                           stream (cudaStreamCreateWithFlags), driver
+ *                           (cudaGetDeviceCount: insufficient driver)
+ *   CUDA_DOUBLE_MEM=BYTES   per-process "device memory" (default unlimited)
+ *   CUDA_DOUBLE_DELAY_US=N  sleep before each stream operation
+ *   CUDA_DOUBLE_VERSION=N   cudaRuntimeGetVersion (default 12040)
+ *
+ * Extra exports for the tests: cuda_double_counter(name),
+ * cuda_double_pause(stream, on), cuda_double_enqueue_read(stream, dev, n, out),
+ * cuda_double_stream_drain(stream).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define API __attribute__((visibility("default")))
+
+typedef int cudaError_t;
+enum {
+    OK = 0,
+    ERR_VALUE = 1,
+    ERR_MEMORY = 2,
+    ERR_DRIVER = 35,
+    ERR_NO_DEVICE = 100,
+    ERR_DEVICE = 101,
+    ERR_HANDLE = 400,
+    ERR_NOT_READY = 600,
+    ERR_ALREADY_REGISTERED = 712,
+    ERR_NOT_REGISTERED = 713,
+};
+
+/* ---------------------------------------------------------------- state */
+
+typedef struct event {
+    uint64_t recorded, completed;
+    int live;
+} event;
+
+enum { OP_COPY, OP_RECORD, OP_WAIT, OP_READ, OP_EXIT };
+
+typedef struct op {
+    int kind;
+    void *dst;
+    const void *src;
+    size_t n;
+    struct alloc *target; /* OP_COPY: destination allocation */
+    event *ev;
+    uint64_t gen;
+    struct op *next;
+} op;
+
+typedef struct stream {
+    op *head, *tail;
+    int paused, busy, destroyed;
+    pthread_t thread;
+} stream;
+
+typedef struct alloc {
+    void *p;
+    size_t n;
+    int pending; /* queued copies into it */
+    struct alloc *next;
+} alloc;
+
+typedef struct reg {
+    void *p;
+    size_t n;
+    struct reg *next;
+} reg;
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
+static stream *g_default;
+static alloc *g_allocs;
+static reg *g_regs;
+static size_t g_mem_used;
+static _Thread_local int t_device;
+static _Thread_local cudaError_t t_last;
+
+static struct {
+    long long device_syncs, stream_syncs, event_queries, event_syncs, memcpys, mallocs, frees, live_allocs,
+        streams_created, live_streams, events_created, live_events, registers, live_registered, stream_waits,
+        records, bad_frees, set_device;
+} C;
+
+static int env_int(const char *name, int dflt) {
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : dflt;
+}
+
+/* CUDA_DOUBLE_FAIL contains `key` (alone) or `key=N` (returns N; -1 when
+ * absent, 0 when given without a number). */
+static long fail_param(const char *key) {
+    const char *v = getenv("CUDA_DOUBLE_FAIL");
+    if (!v) return -1;
+    size_t k = strlen(key);
+    for (const char *p = v; *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len >= k && !strncmp(p, key, k) && (len == k || p[k] == '=')) return len == k ? 0 : atol(p + k + 1);
+        p += len + (e ? 1 : 0);
+    }
+    return -1;
+}
+
+static cudaError_t ret(cudaError_t e) {
+    if (e != OK && e != ERR_NOT_READY) t_last = e;
+    return e;
+}
+
+static int ndevices(void) { return env_int("CUDA_DOUBLE_DEVICES", 1); }
+
+/* ---------------------------------------------------------------- streams */
+
+static int event_done(const event *e, uint64_t gen) { return e->completed >= gen; }
+
+static void *stream_main(void *arg) {
+    stream *s = arg;
+    int delay = env_int("CUDA_DOUBLE_DELAY_US", 0);
+    pthread_mutex_lock(&g_mu);
+    for (;;) {
+        while (!s->head || s->paused || (s->head->kind == OP_WAIT && !event_done(s->head->ev, s->head->gen)))
+            pthread_cond_wait(&g_cv, &g_mu);
+        op *o = s->head;
+        if (o->kind == OP_EXIT) break;
+        s->busy = 1;
+        pthread_mutex_unlock(&g_mu);
+        if (delay) usleep((useconds_t)delay);
+        if (o->kind == OP_COPY || o->kind == OP_READ) memcpy(o->dst, o->src, o->n);
+        pthread_mutex_lock(&g_mu);
+        if (o->kind == OP_RECORD && o->gen > o->ev->completed) o->ev->completed = o->gen;
+        if (o->kind == OP_COPY && o->target) o->target->pending--;
+        s->head = o->next;
+        if (!s->head) s->tail = NULL;
+        s->busy = 0;
+        free(o);
+        pthread_cond_broadcast(&g_cv);
+    }
+    pthread_mutex_unlock(&g_mu);
+    free(s->head);
+    free(s);
+    return NULL;
+}
+
+/* g_mu held. */
+static stream *stream_new(void) {
+    stream *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    if (pthread_create(&s->thread, NULL, stream_main, s)) {
+        free(s);
+        return NULL;
+    }
+    pthread_detach(s->thread);
+    return s;
+}
+
+/* g_mu held. Handles 0, 1 (legacy) and 2 (per-thread) are the default stream. */
+static stream *resolve(void *h) {
+    if ((uintptr_t)h <= 2) {
+        if (!g_default) g_default = stream_new();
+        return g_default;
+    }
+    return h;
+}
+
+/* g_mu held. */
+static void enqueue(stream *s, op *o) {
+    o->next = NULL;
+    if (s->tail) s->tail->next = o;
+    else s->head = o;
+    s->tail = o;
+    pthread_cond_broadcast(&g_cv);
+}
+
+static alloc *find_alloc(const void *p, size_t n) {
+    for (alloc *a = g_allocs; a; a = a->next)
+        if ((const char *)p >= (char *)a->p && (const char *)p + n <= (char *)a->p + a->n) return a;
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- API */
+
+API cudaError_t cudaGetDeviceCount(int *n) {
+    *n = 0;
+    if (fail_param("driver") >= 0) return ret(ERR_DRIVER);
+    int d = ndevices();
+    if (d <= 0) return ret(ERR_NO_DEVICE);
+    *n = d;
+    return OK;
+}
+
+API cudaError_t cudaSetDevice(int d) {
+    if (d < 0 || d >= ndevices()) return ret(ERR_DEVICE);
+    __atomic_add_fetch(&C.set_device, 1, __ATOMIC_RELAXED);
+    t_device = d;
+    return OK;
+}
+
+API cudaError_t cudaGetDevice(int *d) {
+    *d = t_device;
+    return OK;
+}
+
+API cudaError_t cudaMalloc(void **p, size_t n) {
+    *p = NULL;
+    if (ndevices() <= 0) return ret(ERR_NO_DEVICE);
+    pthread_mutex_lock(&g_mu);
+    long after = fail_param("malloc_after");
+    long limit = env_int("CUDA_DOUBLE_MEM", 0);
+    int fail = fail_param("malloc") >= 0 || (after >= 0 && C.mallocs >= after) ||
+               (limit > 0 && g_mem_used + n > (size_t)limit);
+    C.mallocs++;
+    alloc *a = fail ? NULL : calloc(1, sizeof *a);
+    if (a) {
+        a->p = malloc(n ? n : 1);
+        if (!a->p) {
+            free(a);
+            a = NULL;
+        }
+    }
+    if (!a) {
+        pthread_mutex_unlock(&g_mu);
+        return ret(ERR_MEMORY);
+    }
+    memset(a->p, 0xAB, n);
+    a->n = n;
+    a->next = g_allocs;
+    g_allocs = a;
+    g_mem_used += n;
+    C.live_allocs++;
+    *p = a->p;
+    pthread_mutex_unlock(&g_mu);
+    return OK;
+}
+
+API cudaError_t cudaFree(void *p) {
+    if (!p) return OK;
+    pthread_mutex_lock(&g_mu);
+    alloc **pp = &g_allocs;
+    while (*pp && (*pp)->p != p) pp = &(*pp)->next;
+    alloc *a = *pp;
+    if (!a || a->pending) {
+        if (a) C.bad_frees++;
+        pthread_mutex_unlock(&g_mu);
+        return ret(ERR_VALUE);
+    }
+    *pp = a->next;
+    g_mem_used -= a->n;
+    C.frees++;
+    C.live_allocs--;
+    pthread_mutex_unlock(&g_mu);
+    free(a->p);
+    free(a);
+    return OK;
+}
+
+API cudaError_t cudaHostRegister(void *p, size_t n, unsigned flags) {
+    if (fail_param("register") >= 0) return ret(ERR_MEMORY);
+    pthread_mutex_lock(&g_mu);
+    for (reg *r = g_regs; r; r = r->next)
+        if (r->p == p) {
+            pthread_mutex_unlock(&g_mu);
+            return ret(ERR_ALREADY_REGISTERED);
+        }
+    reg *r = calloc(1, sizeof *r);
+    if (!r) {
+        pthread_mutex_unlock(&g_mu);
+        return ret(ERR_MEMORY);
+    }
+    r->p = p;
+    r->n = n;
+    r->next = g_regs;
+    g_regs = r;
+    C.registers++;
+    C.live_registered++;
+    pthread_mutex_unlock(&g_mu);
+    return OK;
+}
+
+API cudaError_t cudaHostUnregister(void *p) {
+    pthread_mutex_lock(&g_mu);
+    reg **pp = &g_regs;
+    while (*pp && (*pp)->p != p) pp = &(*pp)->next;
+    reg *r = *pp;
+    if (r) {
+        *pp = r->next;
+        C.live_registered--;
+    }
+    pthread_mutex_unlock(&g_mu);
+    if (!r) return ret(ERR_NOT_REGISTERED);
+    free(r);
+    return OK;
+}
+
+API cudaError_t cudaStreamCreateWithFlags(void **out, unsigned flags) {
+    *out = NULL;
+    if (fail_param("stream") >= 0) return ret(ERR_MEMORY);
+    pthread_mutex_lock(&g_mu);
+    stream *s = stream_new();
+    if (s) {
+        C.streams_created++;
+        C.live_streams++;
+    }
+    pthread_mutex_unlock(&g_mu);
+    if (!s) return ret(ERR_MEMORY);
+    *out = s;
+    return OK;
+}
+
+API cudaError_t cudaStreamDestroy(void *h) {
+    if ((uintptr_t)h <= 2) return ret(ERR_HANDLE);
+    op *o = calloc(1, sizeof *o);
+    if (!o) return ret(ERR_MEMORY);
+    o->kind = OP_EXIT;
+    pthread_mutex_lock(&g_mu);
+    stream *s = h;
+    s->destroyed = 1;
+    C.live_streams--;
+    enqueue(s, o); /* the thread drains what is queued, then exits */
+    pthread_mutex_unlock(&g_mu);
+    return OK;
+}
+
+API cudaError_t cudaEventCreateWithFlags(void **out, unsigned flags) {
+    event *e = calloc(1, sizeof *e);
+    *out = e;
+    if (!e) return ret(ERR_MEMORY);
+    e->live = 1;
+    __atomic_add_fetch(&C.events_created, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&C.live_events, 1, __ATOMIC_RELAXED);
+    return OK;
+}
+
+API cudaError_t cudaEventDestroy(void *h) {
+    if (!h) return ret(ERR_HANDLE);
+    event *e = h;
+    pthread_mutex_lock(&g_mu);
+    /* Never freed: a wait queued on another stream may still look at it
+     * (CUDA keeps it alive until then too). A few bytes per event. */
+    e->live = 0;
+    C.live_events--;
+    pthread_mutex_unlock(&g_mu);
+    return OK;
+}
+
+API cudaError_t cudaEventRecord(void *h, void *st) {
+    op *o = calloc(1, sizeof *o);
+    if (!o) return ret(ERR_MEMORY);
+    pthread_mutex_lock(&g_mu);
+    long after = fail_param("record_after");
+    if (after >= 0 && C.records >= after) {
+        pthread_mutex_unlock(&g_mu);
+        free(o);
+        return ret(ERR_VALUE);
+    }
+    C.records++;
+    event *e = h;
+    o->kind = OP_RECORD;
+    o->ev = e;
+    o->gen = ++e->recorded;
+    enqueue(resolve(st), o);
+    pthread_mutex_unlock(&g_mu);
+    return OK;
+}
+
+API cudaError_t cudaEventQuery(void *h) {
+    event *e = h;
+    pthread_mutex_lock(&g_mu);
+    C.event_queries++;
+    int done = e->completed >= e->recorded;
+    pthread_mutex_unlock(&g_mu);
+    return done ? OK : ERR_NOT_READY;
+}
+
+API cudaError_t cudaEventSynchronize(void *h) {
+    event *e = h;
+    pthread_mutex_lock(&g_mu);
+    C.event_syncs++;
+    uint64_t gen = e->recorded;
+    while (e->completed < gen) pthread_cond_wait(&g_cv, &g_mu);
+    pthread_mutex_unlock(&g_mu);
+    return OK;
+}
+
+API cudaError_t cudaStreamWaitEvent(void *st, void *h, unsigned flags) {
+    op *o = calloc(1, sizeof *o);
+    if (!o) return ret(ERR_MEMORY);
+    pthread_mutex_lock(&g_mu);
+    C.stream_waits++;
+    o->kind = OP_WAIT;
+    o->ev = h;
+    o->gen = ((event *)h)->recorded;
+    enqueue(resolve(st), o);
+    pthread_mutex_unlock(&g_mu);
+    return OK;
+}
+
+API cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *st) {
+    if (kind != 1) return ret(ERR_VALUE); /* only host to device is modelled */
+    op *o = calloc(1, sizeof *o);
+    if (!o) return ret(ERR_MEMORY);
+    pthread_mutex_lock(&g_mu);
+    long after = fail_param("memcpy_after");
+    alloc *a = find_alloc(dst, n);
+    if ((after >= 0 && C.memcpys >= after) || !a) {
+        pthread_mutex_unlock(&g_mu);
+        free(o);
+        return ret(ERR_VALUE);
+    }
+    C.memcpys++;
+    a->pending++;
+    o->kind = OP_COPY;
+    o->dst = dst;
+    o->src = src;
+    o->n = n;
+    o->target = a;
+    enqueue(resolve(st), o);
+    pthread_mutex_unlock(&g_mu);
+    return OK;
+}
+
+/* Not resolved by tokenfeed: here so that a use would be counted. */
+static void drain(stream *s) {
+    while (s->head) pthread_cond_wait(&g_cv, &g_mu);
+}
+
+API cudaError_t cudaDeviceSynchronize(void) {
+    pthread_mutex_lock(&g_mu);
+    C.device_syncs++;
+    if (g_default) drain(g_default);
+    pthread_mutex_unlock(&g_mu);
+    return OK;
+}
+
+API cudaError_t cudaStreamSynchronize(void *st) {
+    pthread_mutex_lock(&g_mu);
+    C.stream_syncs++;
+    drain(resolve(st));
+    pthread_mutex_unlock(&g_mu);
+    return OK;
+}
+
+API const char *cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case OK: return "no error";
+    case ERR_VALUE: return "invalid argument";
+    case ERR_MEMORY: return "out of memory";
+    case ERR_DRIVER: return "CUDA driver version is insufficient for CUDA runtime version";
+    case ERR_NO_DEVICE: return "no CUDA-capable device is detected";
+    case ERR_DEVICE: return "invalid device ordinal";
+    case ERR_HANDLE: return "invalid resource handle";
+    case ERR_NOT_READY: return "device not ready";
+    case ERR_ALREADY_REGISTERED: return "part or all of the requested memory range is already mapped";
+    case ERR_NOT_REGISTERED: return "pointer does not correspond to a registered memory region";
+    default: return "unrecognized error code";
+    }
+}
+
+API cudaError_t cudaGetLastError(void) {
+    cudaError_t e = t_last;
+    t_last = OK;
+    return e;
+}
+
+API cudaError_t cudaRuntimeGetVersion(int *v) {
+    *v = env_int("CUDA_DOUBLE_VERSION", 12040);
+    return OK;
+}
+
+/* ---------------------------------------------------------------- test hooks */
+
+/* A counter by name; -1 for an unknown name. */
+API long long cuda_double_counter(const char *name) {
+    pthread_mutex_lock(&g_mu);
+    long long v = -1;
+#define X(f) if (!strcmp(name, #f)) v = C.f;
+    X(device_syncs) X(stream_syncs) X(event_queries) X(event_syncs) X(memcpys) X(mallocs) X(frees)
+    X(live_allocs) X(streams_created) X(live_streams) X(events_created) X(live_events) X(registers)
+    X(live_registered) X(stream_waits) X(records) X(bad_frees) X(set_device)
+#undef X
+    pthread_mutex_unlock(&g_mu);
+    return v;
+}
+
+/* Hold (on != 0) or resume a stream's execution. */
+API void cuda_double_pause(void *st, int on) {
+    pthread_mutex_lock(&g_mu);
+    resolve(st)->paused = on;
+    pthread_cond_broadcast(&g_cv);
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* Queue a "kernel" on st that copies n bytes of device memory to out when it
+ * runs: what the consumer saw, in stream order. */
+API int cuda_double_enqueue_read(void *st, const void *dev, size_t n, void *out) {
+    op *o = calloc(1, sizeof *o);
+    if (!o) return ERR_MEMORY;
+    pthread_mutex_lock(&g_mu);
+    o->kind = OP_READ;
+    o->dst = out;
+    o->src = dev;
+    o->n = n;
+    enqueue(resolve(st), o);
+    pthread_mutex_unlock(&g_mu);
+    return OK;
+}
+
+/* Wait until everything queued on st has run (a test-side helper; not a CUDA
+ * call, so it is not counted as a synchronisation by tokenfeed). */
+API void cuda_double_stream_drain(void *st) {
+    pthread_mutex_lock(&g_mu);
+    drain(resolve(st));
+    pthread_mutex_unlock(&g_mu);
+}
