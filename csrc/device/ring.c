@@ -107,12 +107,19 @@ static void ring_destroy(tf_device_ring *r) {
     const tf__cudart *cu = r->cu;
     int prev = -1;
     int have_dev = tf__cuda_push_device(cu, r->device, &prev) == 0;
+    /* Every copy out of the staging must be done before it is unmapped,
+     * including one whose event could not be recorded: record a last event
+     * on the copy stream and wait for it (our stream only, at teardown). */
+    if (have_dev && r->stream && r->slots && r->slots[0].copied) {
+        if (cu->EventRecord(r->slots[0].copied, r->stream) != TF__CU_SUCCESS ||
+            cu->EventSynchronize(r->slots[0].copied) != TF__CU_SUCCESS)
+            cu->GetLastError();
+    }
     for (int i = 0; r->slots && i < r->nslots; i++) {
         tf_device_slot *s = &r->slots[i];
-        if (have_dev && (s->state == SLOT_RELEASED || s->state == SLOT_IN_USE || s->state == SLOT_FREE)) {
-            /* the copy and the consumer's last reads must be done before the
-             * memory goes (cudaFree would wait for the device anyway) */
-            if (s->copied && cu->EventSynchronize(s->copied) != TF__CU_SUCCESS) cu->GetLastError();
+        if (have_dev && s->state != SLOT_LOST) {
+            /* the consumer's last reads must be done before the memory goes
+             * (cudaFree would wait for the device anyway) */
             if (s->released && cu->EventSynchronize(s->released) != TF__CU_SUCCESS) cu->GetLastError();
         }
         if (s->copied) cu->EventDestroy(s->copied);
