@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Sanitizer pass of CI (issue 9), run by .ci/run after tests/run.sh:
+#   1. C tests + fuzz corpus replay under ASan+UBSan
+#      (make -C csrc SANITIZE=address,undefined test)
+#   2. the whole pytest suite against an ASan+UBSan build of the extension
+#      (TOKENFEED_SANITIZE=address,undefined into build/asan, libasan
+#      preloaded, PYTHONMALLOC=malloc so ASan sees Python's allocations)
+#   3. the engine stress test under TSan (make -C csrc SANITIZE=thread
+#      test-stress), when that target exists
+#   4. a short libFuzzer smoke run of every fuzz target (clang), on top of
+#      the corpus replay of step 1
+# Any sanitizer report fails the step (halt_on_error). Budget: ~15 min on 2
+# cores. Reproduce locally with: bash .ci/sanitize.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+JOBS=$(nproc)
+SECONDS=0
+step() { echo; echo "== sanitize: $* (at ${SECONDS}s)"; }
+
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+# Leak checking on for the C programs (they free everything they allocate).
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1
+
+step "C tests and fuzz corpus replay, ASan+UBSan"
+make -s -C csrc -j"$JOBS" SANITIZE=address,undefined test
+
+step "pytest against an ASan+UBSan build of the extension"
+# A separate build (build/asan) so the editable install stays a normal
+# build; PYTHONPATH puts it ahead of the editable .pth entry.
+rm -rf build/asan
+mkdir -p build/asan/tokenfeed
+(cd python/tokenfeed && find . -name '*.so' -prune -o -name lib -prune -o -name include -prune -o \
+  -name __pycache__ -prune -o -type f -print | cpio -pdm --quiet ../../build/asan/tokenfeed)
+TOKENFEED_SANITIZE=address,undefined $PY setup.py -q build_ext --force \
+  --build-lib build/asan --build-temp build/asan-temp >build/asan-build.log 2>&1 ||
+  { tail -40 build/asan-build.log; exit 1; }
+LIBASAN=$(${CC:-cc} -print-file-name=libasan.so)
+# Python itself leaks at exit: leak checking off. Every other ASan/UBSan
+# report aborts the test process, which fails pytest.
+env LD_PRELOAD="$LIBASAN" PYTHONMALLOC=malloc PYTHONPATH="$PWD/build/asan" \
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  TOKENFEED_SANITIZED=1 $PY -c 'import tokenfeed, sys; f = tokenfeed._core.__file__; print("sanitized build:", f); sys.exit("build/asan" not in f)'
+env LD_PRELOAD="$LIBASAN" PYTHONMALLOC=malloc PYTHONPATH="$PWD/build/asan" \
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  TOKENFEED_SANITIZED=1 $PY -m pytest -q -p no:cacheprovider "$@"
+
+step "engine stress test, TSan"
+if grep -q '^test-stress:' csrc/Makefile; then
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 make -s -C csrc -j"$JOBS" SANITIZE=thread test-stress
+else
+  echo "SKIP: csrc/Makefile has no test-stress target yet"
+fi
+
+step "libFuzzer smoke run of every target (clang)"
+if ! command -v clang >/dev/null || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi
+  { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq clang libclang-rt-14-dev >/dev/null; } ||
+    echo "clang/libFuzzer not installable"
+fi
+if command -v clang >/dev/null && make -s -C csrc fuzz >build/fuzz-build.log 2>&1; then
+  RUNS=${FUZZ_SMOKE_RUNS:-20000} JOBS=$JOBS bash tests/fuzz/run_fuzz.sh | tee build/fuzz-smoke.txt
+  if grep -v 'rc=0 ' build/fuzz-smoke.txt | grep -q .; then
+    echo "FAIL: a fuzz target crashed; inputs in build/fuzz/art/, logs in build/fuzz/*.log"
+    exit 1
+  fi
+else
+  echo "SKIP: no libFuzzer build (see build/fuzz-build.log); the corpus replay above still ran"
+fi
+echo
+echo "== sanitize: all passed in ${SECONDS}s"
