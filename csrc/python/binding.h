@@ -29,6 +29,8 @@ typedef struct tf_module_state {
     PyTypeObject *OrderType;
     PyTypeObject *LoaderType;
     PyTypeObject *BatchType;
+    PyTypeObject *DeviceRingType;   /* dlpack.c */
+    PyTypeObject *DeviceTensorType;
 } tf_module_state;
 
 /* State from a heap type defined by this module. */
@@ -66,5 +68,7 @@ extern PyType_Spec tfpy_PermutationSpec;
 extern PyType_Spec tfpy_OrderSpec;
 extern PyType_Spec tfpy_LoaderSpec;
 extern PyType_Spec tfpy_BatchSpec;
+extern PyType_Spec tfpy_DeviceRingSpec;
+extern PyType_Spec tfpy_DeviceTensorSpec;
 
 #endif

@@ -1,0 +1,575 @@
+/*
+ * dlpack.c — _core.DeviceRing and _core.DeviceTensor: batches on the GPU,
+ * handed to frameworks through DLPack.
+ *
+ * DeviceRing wraps a tf_device_ring. upload(arrays) copies host arrays into
+ * one device slot (on the ring's copy stream; it does not wait for the copy)
+ * and returns one DeviceTensor per array. All tensors of one upload share a
+ * small C handle (devslot) with an atomic reference count: each DeviceTensor
+ * holds one reference and so does every DLPack capsule exported from it, so
+ * the slot stays out of the ring while any of them (or any framework tensor
+ * made from a capsule) is alive. The last reference releases the slot with an
+ * event on the last consumer stream. The handle is plain C so that a
+ * consumer's deleter can run on any thread without the GIL.
+ *
+ * Stream semantics (DLPack / array API): __dlpack__(stream=s) makes s wait on
+ * the slot's "copied" event (cudaStreamWaitEvent: the host does not wait)
+ * and remembers s as the stream to release on. stream=None means the legacy
+ * default stream (1), 2 the per-thread default stream, -1 "do not
+ * synchronise" (the consumer orders its work itself); 0 is ambiguous and
+ * refused, as the DLPack spec says for CUDA.
+ */
+#include "binding.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+
+/* ------------------------------------------------------------ DLPack ABI */
+
+typedef struct { uint32_t major, minor; } DLPackVersion;
+typedef struct { int32_t device_type, device_id; } DLDevice;
+typedef struct { uint8_t code, bits; uint16_t lanes; } DLDataType;
+typedef struct {
+    void *data;
+    DLDevice device;
+    int32_t ndim;
+    DLDataType dtype;
+    int64_t *shape;
+    int64_t *strides;
+    uint64_t byte_offset;
+} DLTensor;
+typedef struct DLManagedTensor {
+    DLTensor dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(struct DLManagedTensor *);
+} DLManagedTensor;
+typedef struct DLManagedTensorVersioned {
+    DLPackVersion version;
+    void *manager_ctx;
+    void (*deleter)(struct DLManagedTensorVersioned *);
+    uint64_t flags;
+    DLTensor dl_tensor;
+} DLManagedTensorVersioned;
+
+enum { kDLCUDA = 2, kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBool = 6 };
+#define TFPY_MAXDIM 4
+
+/* ------------------------------------------------------------ slot handle */
+
+typedef struct devslot {
+    atomic_int refs;
+    tf_device_slot *slot;
+    _Atomic uintptr_t stream; /* last consumer stream, TF_DEVICE_STREAM_NONE if none */
+    int device;
+} devslot;
+
+static void devslot_unref(devslot *h) {
+    if (atomic_fetch_sub(&h->refs, 1) != 1) return;
+    /* An error here withdraws the slot from the ring (see tokenfeed.h); there
+     * is nobody to tell from a deleter. */
+    tf_device_slot_release(h->slot, atomic_load(&h->stream));
+    free(h);
+}
+
+/* ------------------------------------------------------------ DeviceTensor */
+
+typedef struct {
+    PyObject_HEAD
+    devslot *h;
+    char *data;         /* device address of element 0 */
+    size_t extent;      /* bytes from data to the end of its segment */
+    int ndim, typenum;
+    int64_t shape[TFPY_MAXDIM], strides[TFPY_MAXDIM]; /* strides in elements */
+} tfpy_DeviceTensor;
+
+static int dl_dtype(int typenum, DLDataType *dt) {
+    PyArray_Descr *d = PyArray_DescrFromType(typenum);
+    if (!d) return -1;
+    int kind = d->kind, size = (int)PyDataType_ELSIZE(d);
+    Py_DECREF(d);
+    dt->lanes = 1;
+    dt->bits = (uint8_t)(size * 8);
+    switch (kind) {
+    case 'i': dt->code = kDLInt; return 0;
+    case 'u': dt->code = kDLUInt; return 0;
+    case 'f': dt->code = kDLFloat; return 0;
+    case 'b': dt->code = kDLBool; return 0;
+    default: PyErr_Format(PyExc_TypeError, "dtype of type number %d cannot go through DLPack", typenum); return -1;
+    }
+}
+
+static void DeviceTensor_dealloc(tfpy_DeviceTensor *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    if (self->h) devslot_unref(self->h);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static void fill_dl(tfpy_DeviceTensor *self, DLTensor *t, int64_t *shape, int64_t *strides) {
+    memcpy(shape, self->shape, sizeof self->shape);
+    memcpy(strides, self->strides, sizeof self->strides);
+    t->data = self->data;
+    t->device.device_type = kDLCUDA;
+    t->device.device_id = self->h->device;
+    t->ndim = self->ndim;
+    dl_dtype(self->typenum, &t->dtype); /* validated at creation */
+    t->shape = shape;
+    t->strides = strides;
+    t->byte_offset = 0;
+}
+
+typedef struct { DLManagedTensor mt; int64_t shape[TFPY_MAXDIM], strides[TFPY_MAXDIM]; } legacy_ctx;
+typedef struct { DLManagedTensorVersioned mt; int64_t shape[TFPY_MAXDIM], strides[TFPY_MAXDIM]; } versioned_ctx;
+
+static void legacy_deleter(DLManagedTensor *mt) {
+    devslot_unref(mt->manager_ctx);
+    free(mt); /* mt is the first member of legacy_ctx */
+}
+static void versioned_deleter(DLManagedTensorVersioned *mt) {
+    devslot_unref(mt->manager_ctx);
+    free(mt);
+}
+
+/* Capsules nobody consumed still own their tensor. */
+static void legacy_capsule_dtor(PyObject *cap) {
+    if (!PyCapsule_IsValid(cap, "dltensor")) return; /* renamed "used_dltensor" by a consumer */
+    DLManagedTensor *mt = PyCapsule_GetPointer(cap, "dltensor");
+    if (mt && mt->deleter) mt->deleter(mt);
+}
+static void versioned_capsule_dtor(PyObject *cap) {
+    if (!PyCapsule_IsValid(cap, "dltensor_versioned")) return;
+    DLManagedTensorVersioned *mt = PyCapsule_GetPointer(cap, "dltensor_versioned");
+    if (mt && mt->deleter) mt->deleter(mt);
+}
+
+/* Parse the DLPack stream argument; *wait is 0 for -1 (no synchronisation). */
+static int parse_stream(PyObject *obj, uintptr_t *stream, int *wait) {
+    *wait = 1;
+    if (!obj || obj == Py_None) {
+        *stream = 1; /* legacy default stream */
+        return 0;
+    }
+    if (!PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "stream must be None or an int (a cudaStream_t), not %.100s", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    long long v = PyLong_AsLongLong(obj);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        unsigned long long u = PyLong_AsUnsignedLongLong(obj);
+        if (u == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+        *stream = (uintptr_t)u;
+        return 0;
+    }
+    if (v == -1) {
+        *wait = 0;
+        return 0;
+    }
+    if (v == 0) {
+        PyErr_SetString(PyExc_ValueError, "stream=0 is ambiguous for CUDA in DLPack: pass 1 for the legacy default "
+                                          "stream, 2 for the per-thread default stream, or a stream handle");
+        return -1;
+    }
+    if (v < 0) {
+        PyErr_Format(PyExc_ValueError, "invalid stream %lld", v);
+        return -1;
+    }
+    *stream = (uintptr_t)v;
+    return 0;
+}
+
+PyDoc_STRVAR(DeviceTensor_dlpack_doc,
+"__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\n"
+"Export as a DLPack capsule. `stream` is the consumer's CUDA stream: it is made to\n"
+"wait for this batch's host-to-device copy (no host wait), and the batch's device\n"
+"slot is recycled only after work queued on that stream before the tensor is freed\n"
+"has completed.");
+
+static PyObject *DeviceTensor_dlpack(tfpy_DeviceTensor *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
+    PyObject *stream_obj = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOO:__dlpack__", kwlist, &stream_obj, &max_version, &dl_device, &copy))
+        return NULL;
+    if (copy == Py_True) {
+        PyErr_SetString(PyExc_BufferError, "tokenfeed device tensors are exported without copying (copy=True is not supported)");
+        return NULL;
+    }
+    if (dl_device != Py_None) {
+        int dt = 0, id = 0;
+        if (!PyArg_ParseTuple(dl_device, "ii", &dt, &id)) return NULL;
+        if (dt != kDLCUDA || id != self->h->device) {
+            PyErr_Format(PyExc_BufferError, "this tensor lives on CUDA device %d; it cannot be exported to (%d, %d)",
+                         self->h->device, dt, id);
+            return NULL;
+        }
+    }
+    int versioned = 0;
+    if (max_version != Py_None) {
+        unsigned major = 0, minor = 0;
+        if (!PyArg_ParseTuple(max_version, "II", &major, &minor)) return NULL;
+        versioned = major >= 1;
+    }
+    uintptr_t stream;
+    int wait;
+    if (parse_stream(stream_obj, &stream, &wait) < 0) return NULL;
+    if (wait) {
+        int rc = tf_device_slot_wait(self->h->slot, stream);
+        if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, NULL);
+        atomic_store(&self->h->stream, stream);
+    }
+    PyObject *cap;
+    if (versioned) {
+        versioned_ctx *c = calloc(1, sizeof *c);
+        if (!c) return PyErr_NoMemory();
+        c->mt.version.major = 1;
+        c->mt.version.minor = 0;
+        c->mt.manager_ctx = self->h;
+        c->mt.deleter = versioned_deleter;
+        fill_dl(self, &c->mt.dl_tensor, c->shape, c->strides);
+        atomic_fetch_add(&self->h->refs, 1);
+        cap = PyCapsule_New(&c->mt, "dltensor_versioned", versioned_capsule_dtor);
+        if (!cap) versioned_deleter(&c->mt);
+    } else {
+        legacy_ctx *c = calloc(1, sizeof *c);
+        if (!c) return PyErr_NoMemory();
+        c->mt.manager_ctx = self->h;
+        c->mt.deleter = legacy_deleter;
+        fill_dl(self, &c->mt.dl_tensor, c->shape, c->strides);
+        atomic_fetch_add(&self->h->refs, 1);
+        cap = PyCapsule_New(&c->mt, "dltensor", legacy_capsule_dtor);
+        if (!cap) legacy_deleter(&c->mt);
+    }
+    return cap;
+}
+
+static PyObject *DeviceTensor_dlpack_device(tfpy_DeviceTensor *self, PyObject *unused) {
+    return Py_BuildValue("(ii)", kDLCUDA, self->h->device);
+}
+
+static PyObject *DeviceTensor_synchronize(tfpy_DeviceTensor *self, PyObject *unused) {
+    int rc;
+    char msg[1024] = "";
+    Py_BEGIN_ALLOW_THREADS
+    rc = tf_device_slot_synchronize(self->h->slot);
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", tf_last_error());
+    Py_END_ALLOW_THREADS
+    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, msg);
+    Py_RETURN_NONE;
+}
+
+static tfpy_DeviceTensor *tensor_new(PyTypeObject *tp, devslot *h, char *data, size_t extent, int typenum, int ndim,
+                                     const int64_t *shape, const int64_t *strides) {
+    tfpy_DeviceTensor *t = PyObject_New(tfpy_DeviceTensor, tp);
+    if (!t) return NULL;
+    atomic_fetch_add(&h->refs, 1);
+    t->h = h;
+    t->data = data;
+    t->extent = extent;
+    t->typenum = typenum;
+    t->ndim = ndim;
+    memset(t->shape, 0, sizeof t->shape);
+    memset(t->strides, 0, sizeof t->strides);
+    memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+    memcpy(t->strides, strides, (size_t)ndim * sizeof *strides);
+    return t;
+}
+
+PyDoc_STRVAR(DeviceTensor_view_doc,
+"_view(offset, shape, strides) -> DeviceTensor\n--\n\n"
+"A view sharing this tensor's device slot: element `offset` onwards, with the given\n"
+"shape and strides (in elements). Bounds are checked against the segment.");
+
+static PyObject *DeviceTensor_view(tfpy_DeviceTensor *self, PyObject *args) {
+    Py_ssize_t off;
+    PyObject *shape_o, *strides_o;
+    if (!PyArg_ParseTuple(args, "nOO:_view", &off, &shape_o, &strides_o)) return NULL;
+    PyObject *sh = PySequence_Tuple(shape_o), *st = sh ? PySequence_Tuple(strides_o) : NULL;
+    PyObject *res = NULL;
+    if (!st) goto done;
+    Py_ssize_t nd = PyTuple_GET_SIZE(sh);
+    if (nd < 1 || nd > TFPY_MAXDIM || PyTuple_GET_SIZE(st) != nd) {
+        PyErr_SetString(PyExc_ValueError, "_view: shape and strides must have the same length, 1 to 4");
+        goto done;
+    }
+    int64_t shape[TFPY_MAXDIM], strides[TFPY_MAXDIM];
+    PyArray_Descr *descr = PyArray_DescrFromType(self->typenum);
+    if (!descr) goto done;
+    npy_intp isz = (npy_intp)PyDataType_ELSIZE(descr);
+    Py_DECREF(descr);
+    int64_t hi = off;
+    for (Py_ssize_t i = 0; i < nd; i++) {
+        shape[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(sh, i));
+        strides[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(st, i));
+        if (PyErr_Occurred()) goto done;
+        if (shape[i] < 0 || strides[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "_view: negative shape or stride");
+            goto done;
+        }
+        if (shape[i] > 0) hi += (shape[i] - 1) * strides[i];
+    }
+    if (off < 0 || (uint64_t)(hi + 1) * (uint64_t)isz > self->extent) {
+        PyErr_SetString(PyExc_IndexError, "_view: out of the tensor's bounds");
+        goto done;
+    }
+    res = (PyObject *)tensor_new(Py_TYPE(self), self->h, self->data + off * isz, self->extent - (size_t)off * (size_t)isz,
+                                 self->typenum, (int)nd, shape, strides);
+done:
+    Py_XDECREF(sh);
+    Py_XDECREF(st);
+    return res;
+}
+
+static PyObject *tuple64(const int64_t *v, int n) {
+    PyObject *t = PyTuple_New(n);
+    for (int i = 0; t && i < n; i++) {
+        PyObject *x = PyLong_FromLongLong(v[i]);
+        if (!x) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, x);
+    }
+    return t;
+}
+
+static PyObject *DeviceTensor_get_shape(tfpy_DeviceTensor *self, void *c) { return tuple64(self->shape, self->ndim); }
+static PyObject *DeviceTensor_get_strides(tfpy_DeviceTensor *self, void *c) { return tuple64(self->strides, self->ndim); }
+static PyObject *DeviceTensor_get_dtype(tfpy_DeviceTensor *self, void *c) { return (PyObject *)PyArray_DescrFromType(self->typenum); }
+static PyObject *DeviceTensor_get_device(tfpy_DeviceTensor *self, void *c) { return PyLong_FromLong(self->h->device); }
+static PyObject *DeviceTensor_get_ptr(tfpy_DeviceTensor *self, void *c) { return PyLong_FromVoidPtr(self->data); }
+
+static PyMethodDef DeviceTensor_methods[] = {
+    {"__dlpack__", (PyCFunction)(void (*)(void))DeviceTensor_dlpack, METH_VARARGS | METH_KEYWORDS, DeviceTensor_dlpack_doc},
+    {"__dlpack_device__", (PyCFunction)DeviceTensor_dlpack_device, METH_NOARGS,
+     "__dlpack_device__() -> (2, device)\n--\n\n(kDLCUDA, device index)."},
+    {"synchronize", (PyCFunction)DeviceTensor_synchronize, METH_NOARGS,
+     "synchronize()\n--\n\nBlock this thread until the batch's copy has landed (an event wait; for checks and tests)."},
+    {"_view", (PyCFunction)DeviceTensor_view, METH_VARARGS, DeviceTensor_view_doc},
+    {NULL, NULL, 0, NULL},
+};
+static PyGetSetDef DeviceTensor_getset[] = {
+    {"shape", (getter)DeviceTensor_get_shape, NULL, "shape", NULL},
+    {"strides", (getter)DeviceTensor_get_strides, NULL, "strides in elements", NULL},
+    {"dtype", (getter)DeviceTensor_get_dtype, NULL, "NumPy dtype of the elements", NULL},
+    {"device", (getter)DeviceTensor_get_device, NULL, "CUDA device index", NULL},
+    {"data_ptr", (getter)DeviceTensor_get_ptr, NULL, "device address of the first element", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+static PyType_Slot DeviceTensor_slots[] = {
+    {Py_tp_dealloc, DeviceTensor_dealloc},
+    {Py_tp_methods, DeviceTensor_methods},
+    {Py_tp_getset, DeviceTensor_getset},
+    {Py_tp_doc, "A batch array in device memory, exported with DLPack (torch.from_dlpack, cupy.from_dlpack, jax.dlpack)."},
+    {0, NULL},
+};
+PyType_Spec tfpy_DeviceTensorSpec = {"tokenfeed._core.DeviceTensor", sizeof(tfpy_DeviceTensor), 0,
+                                     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION, DeviceTensor_slots};
+
+/* ------------------------------------------------------------ DeviceRing */
+
+typedef struct {
+    PyObject_HEAD
+    tf_device_ring *r;
+    int device;
+} tfpy_DeviceRing;
+
+static PyObject *DeviceRing_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"device", "slot_bytes", "slots", NULL};
+    int device, slots;
+    Py_ssize_t slot_bytes;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "ini:DeviceRing", kwlist, &device, &slot_bytes, &slots)) return NULL;
+    if (slot_bytes <= 0) return PyErr_Format(PyExc_ValueError, "slot_bytes must be > 0");
+    tf_device_ring *r = NULL;
+    int rc;
+    char msg[1024] = "";
+    Py_BEGIN_ALLOW_THREADS
+    rc = tf_device_ring_create(device, (size_t)slot_bytes, slots, &r);
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", tf_last_error());
+    Py_END_ALLOW_THREADS
+    if (rc < 0) return tfpy_raise(tfpy_state_of_type(tp), rc, msg);
+    tfpy_DeviceRing *self = (tfpy_DeviceRing *)tp->tp_alloc(tp, 0);
+    if (!self) {
+        tf_device_ring_free(r);
+        return NULL;
+    }
+    self->r = r;
+    self->device = device;
+    return (PyObject *)self;
+}
+
+static void ring_close(tfpy_DeviceRing *self) {
+    tf_device_ring *r = self->r;
+    self->r = NULL;
+    if (r) {
+        Py_BEGIN_ALLOW_THREADS
+        tf_device_ring_free(r);
+        Py_END_ALLOW_THREADS
+    }
+}
+
+static void DeviceRing_dealloc(tfpy_DeviceRing *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    ring_close(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+PyDoc_STRVAR(DeviceRing_upload_doc,
+"upload(arrays, wait=True) -> list[DeviceTensor]\n--\n\n"
+"Copy C-contiguous NumPy arrays into one device slot on the ring's copy stream and\n"
+"return a DeviceTensor for each. Returns before the copy completes; consumers are\n"
+"ordered after it through __dlpack__(stream=...). With wait=True, blocks (GIL\n"
+"released) while every slot is still in use by the GPU.");
+
+static PyObject *DeviceRing_upload(tfpy_DeviceRing *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"arrays", "wait", NULL};
+    PyObject *seq_o;
+    int wait = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p:upload", kwlist, &seq_o, &wait)) return NULL;
+    tf_module_state *st = tfpy_state((PyObject *)self);
+    if (!self->r) {
+        PyErr_SetString(PyExc_ValueError, "the device ring is closed");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(seq_o, "upload() needs a sequence of NumPy arrays");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = NULL;
+    tf_device_seg *segs = NULL;
+    size_t *offs = NULL;
+    devslot *h = NULL;
+    if (n < 1 || n > 64) {
+        PyErr_SetString(PyExc_ValueError, "upload() takes 1 to 64 arrays");
+        goto done;
+    }
+    segs = PyMem_Calloc((size_t)n, sizeof *segs);
+    offs = PyMem_Calloc((size_t)n, sizeof *offs);
+    if (!segs || !offs) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyArray_Check(a) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)a) ||
+            PyArray_NDIM((PyArrayObject *)a) < 1 || PyArray_NDIM((PyArrayObject *)a) > TFPY_MAXDIM) {
+            PyErr_Format(PyExc_TypeError, "upload(): item %zd must be a C-contiguous NumPy array of 1 to 4 dimensions", i);
+            goto done;
+        }
+        DLDataType dt;
+        if (dl_dtype(PyArray_TYPE((PyArrayObject *)a), &dt) < 0) goto done;
+        segs[i].host = PyArray_DATA((PyArrayObject *)a);
+        segs[i].bytes = (size_t)PyArray_NBYTES((PyArrayObject *)a);
+    }
+    tf_device_packed_size(segs, (int)n, offs);
+    tf_device_slot *slot = NULL;
+    int rc;
+    char msg[1024] = "";
+    Py_BEGIN_ALLOW_THREADS
+    rc = tf_device_ring_upload(self->r, segs, (int)n, wait, &slot);
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", tf_last_error());
+    Py_END_ALLOW_THREADS
+    if (rc == -EBUSY || rc == -EAGAIN) {
+        PyErr_SetString(PyExc_RuntimeError, msg);
+        goto done;
+    }
+    if (rc < 0) {
+        tfpy_raise(st, rc, msg);
+        goto done;
+    }
+    h = malloc(sizeof *h);
+    if (!h) {
+        tf_device_slot_release(slot, TF_DEVICE_STREAM_NONE);
+        PyErr_NoMemory();
+        goto done;
+    }
+    atomic_init(&h->refs, 1); /* ours until the tensors hold it */
+    h->slot = slot;
+    atomic_init(&h->stream, TF_DEVICE_STREAM_NONE);
+    h->device = self->device;
+    out = PyList_New(n);
+    char *base = tf_device_slot_ptr(slot);
+    for (Py_ssize_t i = 0; out && i < n; i++) {
+        PyArrayObject *a = (PyArrayObject *)PySequence_Fast_GET_ITEM(seq, i);
+        int nd = PyArray_NDIM(a);
+        int64_t shape[TFPY_MAXDIM], strides[TFPY_MAXDIM];
+        int64_t s = 1;
+        for (int d = nd - 1; d >= 0; d--) {
+            shape[d] = (int64_t)PyArray_DIM(a, d);
+            strides[d] = s;
+            s *= shape[d];
+        }
+        PyObject *t = (PyObject *)tensor_new(st->DeviceTensorType, h, base + offs[i], segs[i].bytes,
+                                             PyArray_TYPE(a), nd, shape, strides);
+        if (!t) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, i, t);
+    }
+    devslot_unref(h);
+done:
+    PyMem_Free(segs);
+    PyMem_Free(offs);
+    Py_DECREF(seq);
+    return out;
+}
+
+static PyObject *DeviceRing_close(tfpy_DeviceRing *self, PyObject *unused) {
+    ring_close(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *DeviceRing_info(tfpy_DeviceRing *self, PyObject *unused) {
+    if (!self->r) {
+        PyErr_SetString(PyExc_ValueError, "the device ring is closed");
+        return NULL;
+    }
+    tf_device_ring_info in;
+    tf_device_ring_get_info(self->r, &in);
+    return Py_BuildValue("{s:i,s:i,s:n,s:O,s:i,s:i,s:i,s:K,s:K,s:s}", "device", in.device, "slots", in.slots,
+                         "slot_bytes", (Py_ssize_t)in.slot_bytes, "host_pinned", in.host_pinned ? Py_True : Py_False,
+                         "free_slots", in.free_slots, "in_use", in.in_use, "lost", in.lost, "uploads",
+                         (unsigned long long)in.uploads, "release_waits", (unsigned long long)in.release_waits, "note",
+                         in.note);
+}
+
+static PyObject *DeviceRing_cuda_available(PyObject *unused_cls, PyObject *unused) {
+    char why[512] = "";
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = tf_cuda_available(why, sizeof why);
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(Os)", ok ? Py_True : Py_False, why);
+}
+
+static PyObject *DeviceRing_device_count(PyObject *unused_cls, PyObject *unused) {
+    int n = 0, rc = tf_cuda_device_count(&n);
+    if (rc < 0) return PyLong_FromLong(0);
+    return PyLong_FromLong(n);
+}
+
+static PyObject *DeviceRing_get_closed(tfpy_DeviceRing *self, void *c) { return PyBool_FromLong(self->r == NULL); }
+
+static PyMethodDef DeviceRing_methods[] = {
+    {"upload", (PyCFunction)(void (*)(void))DeviceRing_upload, METH_VARARGS | METH_KEYWORDS, DeviceRing_upload_doc},
+    {"close", (PyCFunction)DeviceRing_close, METH_NOARGS,
+     "close()\n--\n\nDrop the ring. Device tensors already handed out stay valid; their memory goes with the last of them."},
+    {"info", (PyCFunction)DeviceRing_info, METH_NOARGS, "info() -> dict\n--\n\nSlots, occupancy, pinned staging, counters."},
+    {"cuda_available", (PyCFunction)DeviceRing_cuda_available, METH_NOARGS | METH_STATIC,
+     "cuda_available() -> (bool, str)\n--\n\nWhether CUDA is usable here, and what was loaded or why not."},
+    {"device_count", (PyCFunction)DeviceRing_device_count, METH_NOARGS | METH_STATIC,
+     "device_count() -> int\n--\n\nCUDA devices visible to this process (0 without CUDA)."},
+    {NULL, NULL, 0, NULL},
+};
+static PyGetSetDef DeviceRing_getset[] = {
+    {"closed", (getter)DeviceRing_get_closed, NULL, "whether close() was called", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+static PyType_Slot DeviceRing_slots[] = {
+    {Py_tp_new, DeviceRing_new},
+    {Py_tp_dealloc, DeviceRing_dealloc},
+    {Py_tp_methods, DeviceRing_methods},
+    {Py_tp_getset, DeviceRing_getset},
+    {Py_tp_doc, "DeviceRing(device, slot_bytes, slots)\n--\n\n"
+                "Preallocated device slots fed from pinned host staging on a side stream (see docs/gpu.md)."},
+    {0, NULL},
+};
+PyType_Spec tfpy_DeviceRingSpec = {"tokenfeed._core.DeviceRing", sizeof(tfpy_DeviceRing), 0, Py_TPFLAGS_DEFAULT,
+                                   DeviceRing_slots};
