@@ -116,13 +116,16 @@ static PyObject *build_info(PyObject *mod, PyObject *unused) {
     unsigned f = tf_features();
     char why[256];
     int uring = tf_io_uring_usable(why, sizeof why);
+    char cuda_why[512]; /* loads the CUDA runtime (once per process) to say what is usable */
+    int cuda = tf_cuda_available(cuda_why, sizeof cuda_why);
     return Py_BuildValue("{s:s,s:{s:O,s:O},s:{s:O,s:O,s:s},s:{s:O,s:O,s:s},s:s}",
                          "version", tf_version(),
                          "zstd", "compiled", (f & TF_FEATURE_ZSTD) ? Py_True : Py_False,
                          "usable", (f & TF_FEATURE_ZSTD) ? Py_True : Py_False,
                          "io_uring", "compiled", (f & TF_FEATURE_IO_URING) ? Py_True : Py_False,
                          "usable", uring ? Py_True : Py_False, "detail", why,
-                         "cuda", "compiled", Py_False, "usable", Py_False, "detail", "not built",
+                         "cuda", "compiled", (f & TF_FEATURE_CUDA) ? Py_True : Py_False,
+                         "usable", cuda ? Py_True : Py_False, "detail", cuda_why,
                          "build", TF_BUILD_SUMMARY);
 }
 
@@ -162,6 +165,8 @@ static int module_exec(PyObject *m) {
     if (add_type(m, &tfpy_OrderSpec, &st->OrderType) < 0) return -1;
     if (add_type(m, &tfpy_LoaderSpec, &st->LoaderType) < 0) return -1;
     if (add_type(m, &tfpy_BatchSpec, &st->BatchType) < 0) return -1;
+    if (add_type(m, &tfpy_DeviceRingSpec, &st->DeviceRingType) < 0) return -1;
+    if (add_type(m, &tfpy_DeviceTensorSpec, &st->DeviceTensorType) < 0) return -1;
     if (PyModule_AddIntConstant(m, "SHUFFLE_NONE", TF_SHUFFLE_NONE) < 0 ||
         PyModule_AddIntConstant(m, "SHUFFLE_FULL", TF_SHUFFLE_FULL) < 0 ||
         PyModule_AddIntConstant(m, "SHUFFLE_BLOCK", TF_SHUFFLE_BLOCK) < 0 ||
@@ -182,6 +187,8 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg) {
     Py_VISIT(st->OrderType);
     Py_VISIT(st->LoaderType);
     Py_VISIT(st->BatchType);
+    Py_VISIT(st->DeviceRingType);
+    Py_VISIT(st->DeviceTensorType);
     return 0;
 }
 
@@ -194,6 +201,8 @@ static int module_clear(PyObject *m) {
     Py_CLEAR(st->OrderType);
     Py_CLEAR(st->LoaderType);
     Py_CLEAR(st->BatchType);
+    Py_CLEAR(st->DeviceRingType);
+    Py_CLEAR(st->DeviceTensorType);
     return 0;
 }
 
