@@ -1,0 +1,168 @@
+"""The device path: host batches (NumPy) to GPU tensors through tokenfeed's device ring.
+
+The C device layer loads the CUDA runtime at run time (``dlopen``; no toolkit is
+needed to build), copies each batch from page-locked staging into a preallocated
+device slot on its own non-blocking stream, and hands the result out through DLPack:
+the consumer's stream waits on the copy's event (no host wait, no device-wide sync),
+and a slot is reused only after an event recorded on the consumer's stream when the
+tensor is freed has completed. See ``docs/gpu.md``.
+
+``DeviceFeeder(device)(batch)`` turns one host batch dict into device tensors: torch
+tensors (``torch.from_dlpack``, on torch's current stream) when torch with CUDA is
+importable, else :class:`tokenfeed._core.DeviceTensor` objects that implement
+``__dlpack__``/``__dlpack_device__`` for CuPy, JAX and others.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Dict, Optional, Tuple, Union
+
+import numpy as np
+
+from . import _core
+
+__all__ = ["DeviceFeeder", "cuda_available", "parse_device"]
+
+# Arrays of a batch that are views of "tokens" rather than buffers of their own.
+_TOKEN_VIEWS = {"input_ids": 0, "labels": 1}
+
+
+def cuda_available() -> Tuple[bool, str]:
+    """``(usable, detail)``: whether the CUDA runtime loads and sees a device, and what was loaded or why not."""
+    ok, why = _core.DeviceRing.cuda_available()
+    return bool(ok), str(why)
+
+
+def parse_device(device: Any) -> Optional[int]:
+    """``None``/``"cpu"`` -> ``None`` (CPU batches); ``"cuda"`` -> ``$LOCAL_RANK`` (else 0);
+    ``"cuda:N"``, ``N`` or ``torch.device("cuda", N)`` -> ``N``."""
+    if device is None:
+        return None
+    if type(device).__name__ == "device" and hasattr(device, "type"):  # torch.device, without importing torch
+        if device.type == "cpu":
+            return None
+        if device.type != "cuda":
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
+        return device.index if device.index is not None else _local_rank()
+    if isinstance(device, (int, np.integer)) and not isinstance(device, bool):
+        if device < 0:
+            raise ValueError(f"CUDA device index must be >= 0, got {device}")
+        return int(device)
+    if isinstance(device, str):
+        s = device.strip().lower()
+        if s == "cpu":
+            return None
+        if s == "cuda":
+            return _local_rank()
+        if s.startswith("cuda:") and s[5:].isdigit():
+            return int(s[5:])
+    raise ValueError(f"device must be None, 'cpu', 'cuda', 'cuda:N' or an int, got {device!r}")
+
+
+def _local_rank() -> int:
+    v = os.environ.get("LOCAL_RANK", "")
+    try:
+        return int(v) if v else 0
+    except ValueError:
+        raise ValueError(f"LOCAL_RANK={v!r} is not an int; pass device='cuda:N' explicitly") from None
+
+
+def _torch_cuda() -> Any:
+    """torch, if it is importable and has CUDA; else None (never imports torch just to find out it lacks CUDA
+    more than once)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        try:
+            import torch  # noqa: F811
+        except ImportError:
+            return None
+    try:
+        return torch if torch.cuda.is_available() else None
+    except Exception:
+        return None
+
+
+class DeviceFeeder:
+    """Moves host batches onto one CUDA device through a ring of ``slots`` preallocated device buffers.
+
+    ``output``: ``"torch"`` (torch tensors via ``torch.from_dlpack``), ``"dlpack"``
+    (:class:`tokenfeed._core.DeviceTensor`) or ``"auto"`` (torch when torch with CUDA is
+    importable). The ring is sized from the first batch and allocated once. A batch is
+    held on the device until every tensor of it is freed; ``slots`` bounds how many
+    batches the consumer can hold at once (a RuntimeError says so when exceeded).
+
+    Raises RuntimeError (mentioning CUDA and why) when CUDA is unavailable, ValueError
+    for a device index out of range, MemoryError when the GPU is out of memory.
+    """
+
+    def __init__(self, device: Union[int, str, Any] = "cuda", *, output: str = "auto", slots: int = 4) -> None:
+        index = parse_device(device)
+        if index is None:
+            raise ValueError("DeviceFeeder needs a CUDA device, not the CPU")
+        ok, why = cuda_available()
+        if not ok:
+            raise RuntimeError(f"device='cuda:{index}' was requested but CUDA is not available: {why}. "
+                               f"Use device=None (CPU batches), or fix the CUDA installation.")
+        if output not in ("auto", "torch", "dlpack"):
+            raise ValueError(f"output must be 'auto', 'torch' or 'dlpack', got {output!r}")
+        self._torch = _torch_cuda() if output in ("auto", "torch") else None
+        if output == "torch" and self._torch is None:
+            raise RuntimeError("output='torch' needs PyTorch built with CUDA (torch.cuda.is_available() is False)")
+        self.output = "torch" if self._torch is not None else "dlpack"
+        if not isinstance(slots, int) or slots < 2:
+            raise ValueError(f"slots must be an int >= 2, got {slots!r}")
+        self.device = index
+        self.slots = slots
+        count = _core.DeviceRing.device_count()
+        if index >= count:
+            raise ValueError(f"CUDA device index {index} is out of range: this process sees {count} device(s); "
+                             f"check LOCAL_RANK / the device string and CUDA_VISIBLE_DEVICES")
+        self._ring: Optional[Any] = None
+        self._slot_bytes = 0
+
+    @staticmethod
+    def _packed_size(arrays: list) -> int:
+        off = 0
+        for a in arrays:
+            off = (off + 255) // 256 * 256 + a.nbytes
+        return off
+
+    def _ensure_ring(self, need: int) -> Any:
+        if self._ring is None or need > self._slot_bytes:
+            if self._ring is not None:
+                self._ring.close()  # tensors already handed out keep their slots alive
+            self._ring = _core.DeviceRing(self.device, need, self.slots)
+            self._slot_bytes = need
+        return self._ring
+
+    def __call__(self, batch: Dict[str, Any]) -> Dict[str, Any]:
+        """Device tensors for one host batch dict (NumPy arrays, as the engine yields them)."""
+        if self._ring is None and self._slot_bytes < 0:
+            raise ValueError("the device feeder is closed")
+        names = [k for k in batch if k not in _TOKEN_VIEWS or "tokens" not in batch]
+        arrays = [np.ascontiguousarray(batch[k]) for k in names]
+        ring = self._ensure_ring(self._packed_size(arrays))
+        dev = dict(zip(names, ring.upload(arrays)))
+        tok = dev.get("tokens")
+        if tok is not None:
+            rows, cols = tok.shape
+            for k, off in _TOKEN_VIEWS.items():
+                if k in batch:
+                    dev[k] = tok._view(off, (rows, cols - 1), (cols, 1))
+        out = {k: dev[k] for k in batch}  # the engine's key order
+        if self._torch is not None:
+            with self._torch.cuda.device(self.device):
+                return {k: self._torch.from_dlpack(v) for k, v in out.items()}
+        return out
+
+    def info(self) -> Dict[str, Any]:
+        """The ring's slots, occupancy, whether staging is pinned, and counters (empty before the first batch)."""
+        return self._ring.info() if self._ring is not None else {}
+
+    def close(self) -> None:
+        """Drop the ring; tensors already handed out stay valid."""
+        if self._ring is not None:
+            self._ring.close()
+        self._ring = None
+        self._slot_bytes = -1
