@@ -123,7 +123,6 @@ class Loader:
         self.config_fingerprint = f"{self._order.fingerprint:016x}"
         self._position = 0
         self._engine: Optional[Any] = None
-        self._pid = os.getpid()
         self._closed = False
         if output == "torch":
             import torch  # noqa: F401  (fail now, not at the first batch)
@@ -132,21 +131,19 @@ class Loader:
     def _get_engine(self) -> Any:
         if self._closed:
             raise ValueError("the loader is closed")
-        if self._engine is not None and self._pid != os.getpid():
-            # forked: the parent's threads do not exist here; start afresh
-            self._engine = None
+        # After fork() the engine object is a copy: the C layer notices the new
+        # process on the next call and starts fresh threads at the same position.
         if self._engine is None:
             eng = _core.Loader(self.dataset._core, **self._order_kw, **self._engine_kw)
             if self._position:
                 eng.seek(self._position)
             self._engine = eng
-            self._pid = os.getpid()
         return self._engine
 
     @property
     def position(self) -> int:
         """Global stream position (in samples) of the next batch this rank will receive."""
-        if self._engine is not None and self._pid == os.getpid() and not self._engine.closed:
+        if self._engine is not None and not self._engine.closed:
             self._position = self._engine.position
         return self._position
 
@@ -177,9 +174,8 @@ class Loader:
     def close(self) -> None:
         """Stop the worker threads. Batches already handed out stay valid."""
         if self._engine is not None:
-            if self._pid == os.getpid():
-                self._position = self._engine.position
-                self._engine.close()
+            self._position = self._engine.position
+            self._engine.close()
             self._engine = None
         self._closed = True
 
@@ -191,7 +187,7 @@ class Loader:
 
     def __del__(self) -> None:
         try:
-            if self._engine is not None and self._pid == os.getpid():
+            if self._engine is not None:
                 self._engine.close()
         except Exception:
             pass
@@ -211,7 +207,6 @@ class Loader:
     def __setstate__(self, d: Dict[str, Any]) -> None:
         self.__dict__.update(d)
         self._order = _core.Order(self.dataset._core, **self._order_kw)
-        self._pid = os.getpid()
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> Dict[str, Any]:
@@ -261,7 +256,7 @@ class Loader:
             raise StateError(f"position {pos} is not a multiple of the global batch {self.global_batch}: "
                              f"keep batch_size * world_size the same as when the state was saved")
         self._position = pos
-        if self._engine is not None and self._pid == os.getpid():
+        if self._engine is not None:
             self._engine.seek(pos)
 
     def __repr__(self) -> str:

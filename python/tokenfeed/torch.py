@@ -1,0 +1,201 @@
+"""PyTorch adapters: use tokenfeed's order inside ``torch.utils.data.DataLoader``.
+
+The :class:`tokenfeed.Loader` is the fast path (C threads, no per-sample Python).
+These adapters exist for code that must go through a ``DataLoader``:
+
+- :class:`TokenDataset` (map-style): global stream position -> sample.
+- :class:`ResumableSampler`: yields this rank's global positions, batch by batch,
+  exactly as the Loader partitions them; ``state_dict``/``load_state_dict`` make
+  ``torchdata``'s ``StatefulDataLoader`` resume exactly.
+- :class:`TokenBatches` (iterable, for ``batch_size=None``): whole batches assembled in
+  C, split across DataLoader workers deterministically.
+
+``DataLoader(TokenDataset(ds, seq_len=L, seed=s), sampler=ResumableSampler(ds_or_n,
+batch_size=B, ...), batch_size=B, num_workers=K)`` yields the same ``input_ids`` and
+``labels`` as ``Loader(ds, seq_len=L, batch_size=B, seed=s, ...)``.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterator, Mapping, Optional, Union
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset as _TorchDataset
+from torch.utils.data import IterableDataset, Sampler, get_worker_info
+
+from . import _core
+from ._dataset import Dataset, PathLike, open as _open
+from ._loader import _SHUFFLE, Loader, _resolve_rank
+
+__all__ = ["TokenDataset", "ResumableSampler", "TokenBatches"]
+
+
+def _shuffle_mode(shuffle: Union[bool, str]) -> str:
+    if isinstance(shuffle, bool):
+        return "full" if shuffle else "none"
+    if shuffle not in _SHUFFLE:
+        raise ValueError(f"shuffle must be True, False, 'full', 'block' or 'none', got {shuffle!r}")
+    return shuffle
+
+
+class TokenDataset(_TorchDataset):  # type: ignore[type-arg]
+    """Map-style dataset: item ``p`` is the sample at global stream position ``p``.
+
+    Positions run past the end of an epoch into the next (reshuffled) epoch, exactly
+    like :class:`tokenfeed.Loader`. ``len()`` is the number of samples in one epoch.
+    Items are dicts of 1-D tensors: ``input_ids``, ``labels`` (and ``position_ids``,
+    ``cu_seqlens``, ``loss_mask`` when asked for), so the default collate stacks them
+    into the Loader's batch shapes.
+    """
+
+    def __init__(self, dataset: Union[Dataset, PathLike], *, seq_len: int, seed: int = 0,
+                 shuffle: Union[bool, str] = True, separator_id: Optional[int] = None, block_size: int = 1024,
+                 window_blocks: int = 16, position_ids: bool = False, cu_seqlens: bool = False,
+                 loss_mask: bool = False, dtype: Any = "int64") -> None:
+        self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset)
+        self.seq_len = int(seq_len)
+        self._kw = dict(seq_len=self.seq_len, seed=int(seed), shuffle=_SHUFFLE[_shuffle_mode(shuffle)],
+                        block_size=int(block_size), window_blocks=int(window_blocks), global_batch=1,
+                        separator_id=separator_id)
+        self._want = ((_core.WANT_POSITION_IDS if position_ids else 0) | (_core.WANT_CU_SEQLENS if cu_seqlens else 0)
+                      | (_core.WANT_LOSS_MASK if loss_mask else 0))
+        self._dtype = np.dtype(dtype).name
+        self._order: Any = _core.Order(self.dataset._core, **self._kw)
+        self.num_samples: int = self._order.num_samples
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, position: int) -> Dict[str, torch.Tensor]:
+        if position < 0:
+            raise IndexError(f"position must be >= 0, got {position}")
+        sample = self._order.sample_at(int(position))
+        d = self._order.fill(sample, dtype=self._dtype, want=self._want)
+        tok = torch.from_numpy(d.pop("tokens"))
+        out = {"input_ids": tok[:-1], "labels": tok[1:]}
+        if "num_seqs" in d:
+            d["num_seqs"] = d["num_seqs"][0]
+        out.update({k: torch.from_numpy(np.asarray(v)) for k, v in d.items()})
+        return out
+
+    def __getstate__(self) -> Dict[str, Any]:
+        st = self.__dict__.copy()
+        st["_order"] = None
+        return st
+
+    def __setstate__(self, st: Dict[str, Any]) -> None:
+        self.__dict__.update(st)
+        self._order = _core.Order(self.dataset._core, **self._kw)
+
+
+class ResumableSampler(Sampler[int]):
+    """This rank's global positions, ``batch_size`` at a time, in the Loader's order.
+
+    Global batch ``b`` is positions ``[b*G, (b+1)*G)`` with ``G = batch_size *
+    world_size``; rank ``r`` takes ``[b*G + r*B, b*G + (r+1)*B)``. Pass the same
+    ``batch_size`` to the ``DataLoader``. ``data`` is a :class:`TokenDataset` (or the
+    number of samples per epoch), needed for ``epochs=``. ``epochs=None`` is infinite.
+
+    ``state_dict()`` is ``{"position": p}`` where ``p`` is the global position of the next
+    batch the sampler's current iterator will yield; ``torchdata``'s
+    ``StatefulDataLoader`` saves and restores it exactly. With a plain ``DataLoader``
+    (which fetches indices ahead when it has workers), save ``position_after(steps)``
+    instead, where ``steps`` counts the batches your loop has consumed since
+    ``start``.
+    """
+
+    def __init__(self, data: Union[TokenDataset, int, None] = None, *, batch_size: int, rank: Optional[int] = None,
+                 world_size: Optional[int] = None, epochs: Optional[int] = None, start: int = 0) -> None:
+        self.batch_size = int(batch_size)
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.rank, self.world_size = _resolve_rank(rank, world_size)
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"need 0 <= rank < world_size, got {self.rank}, {self.world_size}")
+        self.global_batch = self.batch_size * self.world_size
+        n = data.num_samples if isinstance(data, TokenDataset) else data
+        if epochs is not None and n is None:
+            raise ValueError("epochs= needs the TokenDataset (or its number of samples)")
+        self.end: Optional[int] = None if epochs is None else (int(epochs) * int(n) // self.global_batch) * self.global_batch  # type: ignore[arg-type]
+        self._check(start)
+        self.start = int(start)
+        self._yielded = 0  # samples yielded by the current iterator
+
+    def _check(self, pos: int) -> None:
+        if pos < 0 or pos % self.global_batch:
+            raise ValueError(f"position {pos} is not a multiple of the global batch {self.global_batch}")
+
+    def __iter__(self) -> Iterator[int]:
+        self._yielded = 0
+        b0 = self.start // self.global_batch
+        b = b0
+        base = self.rank * self.batch_size
+        while self.end is None or (b + 1) * self.global_batch <= self.end:
+            first = b * self.global_batch + base
+            for j in range(self.batch_size):
+                self._yielded += 1
+                yield first + j
+            b += 1
+
+    def __len__(self) -> int:
+        if self.end is None:
+            raise TypeError("an infinite ResumableSampler (epochs=None) has no len()")
+        return max(0, (self.end - self.start) // self.global_batch) * self.batch_size
+
+    def position_after(self, batches: int) -> int:
+        """Global position after this rank consumed ``batches`` batches from ``start``."""
+        return self.start + int(batches) * self.global_batch
+
+    def state_dict(self) -> Dict[str, int]:
+        return {"position": self.position_after(self._yielded // self.batch_size)}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        pos = int(state["position"])
+        self._check(pos)
+        self.start = pos
+        self._yielded = 0
+
+
+class TokenBatches(IterableDataset):  # type: ignore[type-arg]
+    """Whole batches from the C engine, for ``DataLoader(TokenBatches(...), batch_size=None, num_workers=K)``.
+
+    With ``K`` workers, worker ``w`` produces global batches ``w, w+K, w+2K, ...`` (this
+    rank's slice of each), and the DataLoader returns them round-robin, so the stream is
+    the :class:`Loader`'s, batch for batch. Each worker runs its own engine (created in
+    the worker process). ``start`` is a global position (a multiple of the global batch)
+    to begin from; keep it in your checkpoint as ``start + steps * global_batch``.
+    Finite (``epochs=``) streams are cut at whole rounds of ``K`` global batches.
+    """
+
+    def __init__(self, dataset: Union[Dataset, PathLike], *, seq_len: int, batch_size: int,
+                 rank: Optional[int] = None, world_size: Optional[int] = None, start: int = 0,
+                 **loader_kw: Any) -> None:
+        self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset)
+        self.seq_len, self.batch_size = int(seq_len), int(batch_size)
+        self.rank, self.world_size = _resolve_rank(rank, world_size)
+        self.global_batch = self.batch_size * self.world_size
+        if start % self.global_batch:
+            raise ValueError(f"start {start} is not a multiple of the global batch {self.global_batch}")
+        self.start = int(start)
+        self.loader_kw = loader_kw
+        self.loader_kw.setdefault("output", "torch")
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        info = get_worker_info()
+        k, w = (info.num_workers, info.id) if info is not None else (1, 0)
+        # Worker w of K serves batches b = w (mod K). Those are, for this rank, rank
+        # w*R + r of a virtual run with K*R ranks and the same per-rank batch size: the
+        # order is a function of positions only, so this is the same stream.
+        loader = Loader(self.dataset, seq_len=self.seq_len, batch_size=self.batch_size,
+                        rank=w * self.world_size + self.rank, world_size=k * self.world_size, **self.loader_kw)
+        if self.start:
+            if self.start % (k * self.global_batch):
+                raise ValueError(f"start must be a multiple of num_workers * global_batch = {k * self.global_batch}")
+            state = loader.state_dict()
+            state["position"] = self.start
+            loader.load_state_dict(state)
+        try:
+            yield from loader
+        finally:
+            loader.close()
