@@ -238,7 +238,7 @@ import os, signal, tokenfeed.cli as cli
 real = cli._tokenize_chunk
 def crash_after_first(args):
     r = real(args)
-    if args[0].index == 1:
+    if args[0].seq == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     return r
 cli._tokenize_chunk = crash_after_first

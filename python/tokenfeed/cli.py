@@ -83,7 +83,7 @@ def _human(n: float) -> str:
 
 class Chunk(NamedTuple):
     """One unit of tokenizing work: a byte range of a JSONL file, a Parquet row group or a text file."""
-    index: int        # position in the output order
+    seq: int          # position in the output order
     path: str
     kind: str         # "jsonl", "jsonl.gz", "parquet", "text"
     start: int        # byte offset (jsonl) or row group (parquet)
@@ -165,7 +165,7 @@ def _plan_chunks(paths: Sequence[str], forced: Optional[str], chunk_bytes: int) 
 
 def _pyarrow_parquet() -> Any:
     try:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # type: ignore[import-untyped, unused-ignore]
     except ImportError:
         raise CLIError("reading Parquet needs pyarrow: pip install pyarrow") from None
     return pq
@@ -288,7 +288,7 @@ def _tokenize_chunk(args: Tuple[Chunk, str]) -> Tuple[int, int, int, int, int]:
 
     s: Settings = _WORKER["settings"]
     tok = _WORKER["tokenizer"]
-    out = _part_dir(work, chunk.index)
+    out = _part_dir(work, chunk.seq)
     if os.path.exists(out):
         shutil.rmtree(out)  # an unfinished attempt
     docs = tokens = skipped = 0
@@ -324,7 +324,7 @@ def _tokenize_chunk(args: Tuple[Chunk, str]) -> Tuple[int, int, int, int, int]:
         f.flush()
         os.fsync(f.fileno())
     os.replace(os.path.join(out, "done.tmp"), os.path.join(out, "done"))
-    return chunk.index, chunk.weight, docs, tokens, skipped
+    return chunk.seq, chunk.weight, docs, tokens, skipped
 
 
 def _chunk_bytes(a: argparse.Namespace) -> int:
@@ -417,10 +417,10 @@ def _convert_text(a: argparse.Namespace) -> int:
         os.replace(plan_path + ".tmp", plan_path)
 
     chunks = _plan_chunks(paths, a.input_format, _chunk_bytes(a))
-    done = {c.index for c in chunks if os.path.exists(os.path.join(_part_dir(work, c.index), "done"))}
-    todo = [c for c in chunks if c.index not in done]
+    done = {c.seq for c in chunks if os.path.exists(os.path.join(_part_dir(work, c.seq), "done"))}
+    todo = [c for c in chunks if c.seq not in done]
     total_w = sum(c.weight for c in chunks) or 1
-    done_w = sum(c.weight for c in chunks if c.index in done)
+    done_w = sum(c.weight for c in chunks if c.seq in done)
     if done:
         _note(f"resuming: {len(done)} of {len(chunks)} chunks already tokenized, {len(todo)} to go")
     t0 = time.monotonic()
@@ -439,8 +439,8 @@ def _convert_text(a: argparse.Namespace) -> int:
             pool = ctx.Pool(workers, initializer=_worker_init, initargs=(settings,))
             results = pool.imap_unordered(_tokenize_chunk, jobs)
         try:
-            for _, w, _, _, _ in results:
-                done_w += w
+            for _, weight, _, _, _ in results:
+                done_w += weight
                 bar(done_w, total_w)
         finally:
             if pool is not None:
@@ -454,7 +454,7 @@ def _convert_text(a: argparse.Namespace) -> int:
     skipped = 0
     parts: List[Tuple[str, int]] = []
     for c in chunks:
-        d = _part_dir(work, c.index)
+        d = _part_dir(work, c.seq)
         with open(os.path.join(d, "done")) as f:
             meta = json.load(f)
         skipped += meta["skipped"]
@@ -619,8 +619,8 @@ def _inspect(ds: Any, seq_len: Optional[int], max_docs: int) -> Dict[str, Any]:
             raise CLIError(f"--seq-len {L}: {e}") from None
         T = ds.num_tokens
         nz = lens > 0
-        s, e = starts[nz], starts[nz] + lens[nz]
-        split = (s // L) != ((e - 1) // L)
+        s, end = starts[nz], starts[nz] + lens[nz]
+        split = (s // L) != ((end - 1) // L)
         longer = lens[nz] > L
         sample_starts_at_doc = np.unique(s[(s % L) == 0] // L)
         info["packing"] = {
@@ -744,7 +744,7 @@ def cmd_bench(argv: List[str]) -> int:
 # --------------------------------------------------------------------------- parser
 
 
-def _source_options(p: argparse.ArgumentParser) -> None:
+def _source_options(p: Any) -> None:
     p.add_argument("--dtype", help="token dtype of headerless files (uint16, uint32, int32, ...); "
                                    "required for raw token files (nanoGPT .bin, OLMo .npy-less, datatrove .ds)")
     p.add_argument("--format", choices=["tokenfeed", "megatron", "llm.c", "raw", "npy"],
@@ -891,6 +891,8 @@ def _run(fn: Callable[[], int], debug: bool) -> int:
         if debug:
             raise
         msg = str(e)
+        if isinstance(e, OSError) and e.strerror:  # drop the "[Errno N]" prefix
+            msg = e.strerror
         if isinstance(e, OSError) and e.filename and str(e.filename) not in msg:
             msg = f"{e.filename}: {msg}"
         print(f"{PROG}: error: {msg}", file=sys.stderr)

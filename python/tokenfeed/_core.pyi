@@ -1,0 +1,173 @@
+# Type stubs for the tokenfeed._core extension module (csrc/python/*.c).
+# The binding is thin and private: the public API is in tokenfeed/__init__.py.
+# Keep in step with the C method tables; tests/test_typing.py runs mypy.stubtest
+# on this file against the built module.
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypedDict, Union, overload
+
+import numpy as np
+import numpy.typing as npt
+
+from os import PathLike
+
+__version__: str
+
+SHUFFLE_NONE: int
+SHUFFLE_FULL: int
+SHUFFLE_BLOCK: int
+WANT_POSITION_IDS: int
+WANT_CU_SEQLENS: int
+WANT_LOSS_MASK: int
+
+_DTypeArg = Union[str, np.dtype[Any], type, None]
+_UIntArray = npt.NDArray[np.uint64]
+
+class FormatError(ValueError):
+    """A token file is malformed, truncated, fails its checksum or holds ids outside the vocabulary."""
+
+class _FeatureInfo(TypedDict):
+    compiled: bool
+    usable: bool
+
+class _DetailedFeatureInfo(TypedDict):
+    compiled: bool
+    usable: bool
+    detail: str
+
+class _BuildInfo(TypedDict):
+    version: str
+    zstd: _FeatureInfo
+    io_uring: _DetailedFeatureInfo
+    cuda: _DetailedFeatureInfo
+    build: str
+
+def build_info() -> Dict[str, Any]: ...  # the keys and types of _BuildInfo
+
+class _DatasetInfo(TypedDict):
+    num_tokens: int
+    num_documents: int
+    vocab_size: int  # 0 when the format does not record it
+    dtype: str
+    format: str
+    num_files: int
+    fingerprint: int
+
+class _FileInfo(TypedDict):
+    path: str
+    format: str
+    dtype: str
+    first_token: int
+    num_tokens: int
+    first_document: int
+    num_documents: int
+    compressed: bool
+
+class Dataset:
+    def __new__(cls, paths: Sequence[Union[str, bytes, PathLike[str], PathLike[bytes]]], dtype: _DTypeArg = ...,
+                format: Optional[str] = ...) -> "Dataset": ...
+    @property
+    def info(self) -> Dict[str, Any]: ...  # _DatasetInfo
+    @property
+    def paths(self) -> Tuple[str, ...]: ...
+    def files(self) -> List[Dict[str, Any]]: ...  # _FileInfo each
+    def read(self, start: int, count: int, dtype: _DTypeArg = None) -> npt.NDArray[Any]: ...
+    def view(self, start: int, count: int, /) -> Optional[npt.NDArray[Any]]: ...
+    def document(self, i: int, /) -> Tuple[int, int]: ...
+    def find_document(self, pos: int, /) -> int: ...
+    def verify(self, threads: int = 0, progress: Optional[Callable[[int, int], object]] = None) -> None: ...
+
+class Writer:
+    def __new__(cls, path: Union[str, bytes, PathLike[str], PathLike[bytes]], dtype: _DTypeArg = ...,
+                vocab_size: int = ..., shard_tokens: int = ..., compression: Optional[str] = ..., level: int = ...,
+                block_tokens: int = ..., overwrite: bool = ...) -> "Writer": ...
+    @property
+    def counts(self) -> Optional[Tuple[int, int]]: ...
+    def add_document(self, tokens: npt.ArrayLike, /) -> None: ...
+    def finish(self) -> None: ...
+    def abort(self) -> None: ...
+
+class Permutation:
+    def __new__(cls, n: int, key: int = ...) -> "Permutation": ...
+    @property
+    def n(self) -> int: ...
+    @overload
+    def apply(self, i: int, /) -> int: ...
+    @overload
+    def apply(self, i: npt.ArrayLike, /) -> _UIntArray: ...
+    @overload
+    def inverse(self, j: int, /) -> int: ...
+    @overload
+    def inverse(self, j: npt.ArrayLike, /) -> _UIntArray: ...
+
+class Order:
+    # keyword configuration (unknown keys are ignored, None means the default): seq_len, seed,
+    # shuffle (SHUFFLE_*), block_size, window_blocks, global_batch, epochs (0 = infinite),
+    # separator_id (None = no separator)
+    def __new__(cls, dataset: Dataset, /, **config: Any) -> "Order": ...
+    @property
+    def num_samples(self) -> int: ...
+    @property
+    def num_positions(self) -> int: ...  # 2**64 - 1 when infinite
+    @property
+    def fingerprint(self) -> int: ...
+    @overload
+    def sample_at(self, pos: int, /) -> int: ...
+    @overload
+    def sample_at(self, pos: npt.ArrayLike, /) -> _UIntArray: ...
+    def fill(self, sample: int, dtype: _DTypeArg = None, want: int = 0) -> Dict[str, npt.NDArray[Any]]: ...
+
+class _LoaderStats(TypedDict):
+    batches: int
+    tokens: int
+    bytes_read: int
+    wait_seconds: float
+    ring_ready: int
+    ring_slots: int
+    backend: str
+    num_threads: int
+    backend_note: str
+
+class Loader:
+    # the Order keywords plus the engine's: batch_size, rank, world_size, dtype, want (WANT_* bits),
+    # num_threads, prefetch, backend ("auto", "mmap", "pread", "io_uring"), direct_io
+    def __new__(cls, dataset: Dataset, /, **config: Any) -> "Loader": ...
+    @property
+    def position(self) -> int: ...
+    @property
+    def closed(self) -> bool: ...
+    def next(self) -> Dict[str, npt.NDArray[Any]]: ...
+    def seek(self, position: int, /) -> None: ...
+    def close(self) -> None: ...
+    def stats(self) -> Dict[str, Any]: ...  # _LoaderStats
+
+class Batch:
+    """Owner of one batch's buffers; they return to the loader when the last array is gone."""
+
+class DeviceTensor:
+    """A batch array in device memory, exported with DLPack (torch.from_dlpack, cupy.from_dlpack, jax.dlpack)."""
+    @property
+    def shape(self) -> Tuple[int, ...]: ...
+    @property
+    def strides(self) -> Tuple[int, ...]: ...  # in elements
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+    @property
+    def device(self) -> int: ...
+    @property
+    def data_ptr(self) -> int: ...
+    def __dlpack__(self, *, stream: Optional[int] = None, max_version: Optional[Tuple[int, int]] = None,
+                   dl_device: Optional[Tuple[int, int]] = None, copy: Optional[bool] = None) -> Any: ...
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
+    def synchronize(self) -> None: ...
+    def _view(self, offset: int, shape: Sequence[int], strides: Sequence[int], /) -> "DeviceTensor": ...
+
+class DeviceRing:
+    def __new__(cls, device: int, slot_bytes: int, slots: int) -> "DeviceRing": ...
+    @property
+    def closed(self) -> bool: ...
+    def upload(self, arrays: Sequence[npt.NDArray[Any]], wait: bool = True) -> List[DeviceTensor]: ...
+    def close(self) -> None: ...
+    def info(self) -> Dict[str, Any]: ...
+    @staticmethod
+    def cuda_available() -> Tuple[bool, str]: ...
+    @staticmethod
+    def device_count() -> int: ...

@@ -1,0 +1,152 @@
+"""Type checking: the package and a typed user program pass ``mypy --strict``.
+
+The stub of the extension (``tokenfeed/_core.pyi``) is also compared with the built
+module, name by name, so a method added or renamed in C cannot silently go missing
+from the stub. Skipped when mypy is not installed (it is in the ``test`` extras).
+"""
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import tokenfeed
+from tokenfeed import _core
+
+pytest.importorskip("mypy")
+
+PKG = os.path.dirname(os.path.abspath(tokenfeed.__file__))
+# The typed public surface. bench.py (a tool with many optional third-party imports) is
+# checked by its own tests, not here.
+MODULES = ["__init__.py", "__main__.py", "_core.pyi", "_dataset.py", "_loader.py", "_progress.py", "cli.py",
+           "torch.py"]
+
+USAGE = '''
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import numpy.typing as npt
+
+import tokenfeed
+
+
+def count_tokens(path: str) -> int:
+    ds: tokenfeed.Dataset = tokenfeed.open(path)
+    first: npt.NDArray[Any] = ds.document(0)
+    span: npt.NDArray[Any] = ds.tokens(0, min(10, ds.num_tokens))
+    files: List[Dict[str, Any]] = ds.files()
+    vocab: Optional[int] = ds.vocab_size
+    fp: str = ds.fingerprint
+    ds.verify(threads=2, progress=False)
+    return ds.num_tokens + len(first) + len(span) + len(files) + (vocab or 0) + len(fp)
+
+
+def write(path: str) -> None:
+    with tokenfeed.DatasetWriter(path, vocab_size=50257, compression="zstd", level=3) as w:
+        w.add_document(np.arange(10, dtype=np.uint16))
+        w.add_document([1, 2, 3])
+    n: int = w.num_tokens
+
+
+def train(path: str) -> Dict[str, Any]:
+    loader = tokenfeed.Loader(path, seq_len=128, batch_size=4, seed=0, output="numpy")
+    for step, batch in enumerate(loader):
+        x = batch["input_ids"]
+        if step == 2:
+            break
+    state: Dict[str, Any] = loader.state_dict()
+    loader.load_state_dict(state)
+    loader.close()
+    return state
+
+
+def info() -> bool:
+    b: Dict[str, Any] = tokenfeed.build_info()
+    inc: str = tokenfeed.get_include()
+    lib: str = tokenfeed.get_library()
+    try:
+        tokenfeed.open("missing")
+    except tokenfeed.FormatError as e:
+        return bool(str(e))
+    return bool(b) and bool(inc) and bool(lib)
+'''
+
+
+_CACHE: list[str] = []
+
+
+def run_mypy(*args: str) -> subprocess.CompletedProcess[str]:
+    if not _CACHE:  # one cache per test session: numpy's stubs are analysed once, not per run
+        import tempfile
+
+        _CACHE.append(tempfile.mkdtemp(prefix="tokenfeed-mypy-"))
+    return subprocess.run([sys.executable, "-m", "mypy", "--strict", "--cache-dir", _CACHE[0], "--show-error-codes",
+                           "--python-version", f"{sys.version_info[0]}.{sys.version_info[1]}", *args],
+                          capture_output=True, text=True, cwd=os.path.dirname(PKG))
+
+
+def test_package_passes_mypy_strict():
+    paths = [os.path.join("tokenfeed", m) for m in MODULES if os.path.exists(os.path.join(PKG, m))]
+    p = run_mypy(*paths)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_typed_usage_passes_mypy_strict(tmp_path):
+    snippet = tmp_path / "usage.py"
+    snippet.write_text(textwrap.dedent(USAGE))
+    p = run_mypy(str(snippet))
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_typed_usage_errors_are_caught(tmp_path):
+    """The stubs are not Any all the way down: a wrong call is reported."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("import tokenfeed\nds = tokenfeed.open('x')\nn: str = ds.num_tokens\n"
+                   "tokenfeed.DatasetWriter('x')\n")
+    p = run_mypy(str(bad))
+    assert p.returncode != 0
+    assert "num_tokens" in p.stdout or "Incompatible types" in p.stdout
+    assert "vocab_size" in p.stdout
+
+
+def test_py_typed_ships():
+    assert os.path.exists(os.path.join(PKG, "py.typed"))
+    assert os.path.exists(os.path.join(PKG, "_core.pyi"))
+    with open(os.path.join(os.path.dirname(os.path.dirname(PKG)), "pyproject.toml")) as f:
+        text = f.read()
+    assert '"py.typed"' in text and '"*.pyi"' in text
+
+
+def _stub_names() -> dict[str, set[str]]:
+    with open(os.path.join(PKG, "_core.pyi")) as f:
+        tree = ast.parse(f.read())
+    out: dict[str, set[str]] = {"": set()}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            out[""].add(node.name)
+            out[node.name] = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+        elif isinstance(node, ast.FunctionDef):
+            out[""].add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out[""].add(node.target.id)
+    return out
+
+
+def test_stub_matches_extension_module():
+    stub = _stub_names()
+    runtime = {n for n in dir(_core) if not n.startswith("_") or n == "__version__"}
+    stub_public = {n for n in stub[""] if not n.startswith("_") or n == "__version__"}
+    assert runtime - stub_public == set(), "names in tokenfeed._core missing from _core.pyi"
+    assert stub_public - runtime == set(), "names in _core.pyi that tokenfeed._core lacks"
+    for cls in sorted(n for n in stub[""] if n in stub and isinstance(getattr(_core, n, None), type)
+                      and not issubclass(getattr(_core, n), BaseException)):
+        rt = {n for n in dir(getattr(_core, cls)) if not n.startswith("_")}
+        st = {n for n in stub[cls] if not n.startswith("_")}
+        assert rt - st == set(), f"_core.{cls} members missing from the stub"
+        assert st - rt == set(), f"_core.pyi {cls} members the extension lacks"
