@@ -22,8 +22,7 @@ pytest.importorskip("mypy")
 PKG = os.path.dirname(os.path.abspath(tokenfeed.__file__))
 # The typed public surface. bench.py (a tool with many optional third-party imports) is
 # checked by its own tests, not here.
-MODULES = ["__init__.py", "__main__.py", "_core.pyi", "_dataset.py", "_loader.py", "_progress.py", "cli.py",
-           "torch.py"]
+MODULES = sorted(f for f in os.listdir(PKG) if f.endswith((".py", ".pyi")) and f != "bench.py")
 
 USAGE = '''
 from __future__ import annotations
