@@ -24,6 +24,8 @@ PIP="$PY -m pip install -q --disable-pip-version-check"
 $PIP "torch==2.13.0" || echo "warning: torch==2.13.0 not installable; torch baselines and tests will be skipped" >&2
 if [ "${1:-}" = test ]; then
   $PIP -e ".[test]"
+  # Optional: Megatron's own builder for the interop tests (skipped when absent).
+  $PIP megatron-core || echo "warning: megatron-core not installable; its interop test will be skipped" >&2
 else
   $PIP -e .
 fi

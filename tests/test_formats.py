@@ -1,0 +1,248 @@
+"""Sources layer: native round trips (Hypothesis), foreign formats written by
+independent writers following each published layout (and by Megatron's own
+builder when megatron-core is installed), lists, verify."""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tokenfeed
+
+VOCAB_DTYPES = {256: np.uint8, 50257: np.uint16, 128256: np.uint32, 2**32 - 1: np.uint32}
+
+
+def check_documents(ds, docs):
+    assert ds.num_documents == len(docs)
+    assert ds.num_tokens == sum(len(d) for d in docs)
+    for i, d in enumerate(docs):
+        got = ds.document(i)
+        assert np.array_equal(got, np.asarray(d)), f"document {i}"
+    if ds.num_tokens:
+        assert np.array_equal(ds.tokens(0, ds.num_tokens), np.concatenate([np.asarray(d) for d in docs]))
+
+
+@st.composite
+def documents(draw):
+    vocab = draw(st.sampled_from(sorted(VOCAB_DTYPES)))
+    n = draw(st.integers(1, 12))
+    docs = []
+    for _ in range(n):
+        kind = draw(st.sampled_from(["empty", "one", "short", "long"]))
+        length = {"empty": 0, "one": 1, "short": draw(st.integers(2, 50)),
+                  "long": draw(st.integers(5000, 70000))}[kind]
+        seed = draw(st.integers(0, 2**32 - 1))
+        docs.append(np.random.default_rng(seed).integers(0, vocab, size=length, dtype=np.uint64))
+    if sum(len(d) for d in docs) == 0:
+        docs.append(np.array([vocab - 1], dtype=np.uint64))
+    return vocab, docs
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=documents(), shard_tokens=st.sampled_from([100, 10_000, 1 << 28]),
+       compression=st.sampled_from([None, "zstd"]))
+def test_native_roundtrip_property(tmp_path_factory, case, shard_tokens, compression):
+    vocab, docs = case
+    path = tmp_path_factory.mktemp("rt") / "ds"
+    with tokenfeed.DatasetWriter(path, vocab_size=vocab, shard_tokens=shard_tokens, compression=compression,
+                                 block_tokens=4096) as w:
+        for d in docs:
+            w.add_document(d)
+    ds = tokenfeed.open(path)
+    assert ds.dtype == np.dtype(VOCAB_DTYPES[vocab])
+    assert ds.vocab_size == vocab
+    assert ds.format == "tokenfeed"
+    check_documents(ds, docs)
+    ds.verify(progress=False)
+
+
+def test_writer_rejects_out_of_vocab_with_document_number(tmp_path):
+    with pytest.raises(ValueError, match="document 2"):
+        with tokenfeed.DatasetWriter(tmp_path / "ds", vocab_size=100) as w:
+            w.add_document([1, 2])
+            w.add_document([3])
+            w.add_document([5, 100])
+    with pytest.raises(ValueError, match="document 0"):
+        with tokenfeed.DatasetWriter(tmp_path / "ds2", vocab_size=100) as w:
+            w.add_document([-1])
+    assert not (tmp_path / "ds" / "tokenfeed.manifest").exists()
+
+
+def test_writer_rejects_floats_and_2d(tmp_path):
+    with tokenfeed.DatasetWriter(tmp_path / "ds", vocab_size=100) as w:
+        with pytest.raises(TypeError):
+            w.add_document(np.array([1.5, 2.0]))
+        with pytest.raises(ValueError):
+            w.add_document(np.zeros((2, 2), dtype=np.int64))
+        w.add_document([1])
+
+
+def test_aborted_write_leaves_previous_dataset(tmp_path):
+    path = tmp_path / "ds"
+    with tokenfeed.DatasetWriter(path, vocab_size=50) as w:
+        w.add_document([1, 2, 3])
+    fp = tokenfeed.open(path).fingerprint
+    with pytest.raises(RuntimeError):
+        with tokenfeed.DatasetWriter(path, vocab_size=50, overwrite=True) as w:
+            w.add_document([4, 5])
+            raise RuntimeError("crash mid-write")
+    ds = tokenfeed.open(path)
+    assert ds.fingerprint == fp and np.array_equal(ds.document(0), [1, 2, 3])
+    with pytest.raises(OSError):
+        tokenfeed.DatasetWriter(path, vocab_size=50)  # exists, overwrite not given
+
+
+def test_compressed_and_plain_share_fingerprint(tmp_path):
+    docs = [np.arange(i * 10, dtype=np.int64) % 1000 for i in range(1, 30)]
+    for name, comp in (("a", None), ("b", "zstd")):
+        with tokenfeed.DatasetWriter(tmp_path / name, vocab_size=1000, compression=comp, block_tokens=64) as w:
+            w.add_documents(docs)
+    a, b = tokenfeed.open(tmp_path / "a"), tokenfeed.open(tmp_path / "b")
+    assert a.fingerprint == b.fingerprint
+    assert b.files()[0]["compressed"]
+    check_documents(b, docs)
+
+
+# ------------------------------------------------ foreign formats, independent writers
+
+MEGATRON_CODES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32,
+                  8: np.uint16}
+
+
+def write_megatron(prefix, docs, code):
+    """MMIDIDX v1 as Megatron-LM's indexed_dataset.py lays it out."""
+    dt = np.dtype(MEGATRON_CODES[code])
+    sizes = np.array([len(d) for d in docs], dtype=np.int32)
+    pointers = np.concatenate([[0], np.cumsum(sizes[:-1].astype(np.int64) * dt.itemsize)]).astype(np.int64)
+    doc_idx = np.arange(len(docs) + 1, dtype=np.int64)
+    with open(f"{prefix}.idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00")
+        f.write(struct.pack("<Q", 1))
+        f.write(struct.pack("<B", code))
+        f.write(struct.pack("<Q", len(sizes)))
+        f.write(struct.pack("<Q", len(doc_idx)))
+        f.write(sizes.tobytes())
+        f.write(pointers.tobytes())
+        f.write(doc_idx.tobytes())
+    with open(f"{prefix}.bin", "wb") as f:
+        for d in docs:
+            f.write(np.asarray(d, dtype=dt).tobytes())
+
+
+@pytest.mark.parametrize("code", sorted(MEGATRON_CODES))
+def test_megatron_all_dtype_codes(tmp_path, code):
+    rng = np.random.default_rng(code)
+    dt = np.dtype(MEGATRON_CODES[code])
+    hi = 100 if dt.itemsize == 1 else 30000
+    docs = [rng.integers(0, hi, size=n).astype(dt) for n in (5, 0, 1, 300, 17)]
+    write_megatron(tmp_path / "mg", docs, code)
+    for p in (tmp_path / "mg", f"{tmp_path / 'mg'}.bin", f"{tmp_path / 'mg'}.idx"):
+        ds = tokenfeed.open(p)
+        assert ds.format == "megatron" and ds.dtype == dt
+        check_documents(ds, docs)
+
+
+def test_megatron_own_builder(tmp_path):
+    idx_mod = pytest.importorskip("megatron.core.datasets.indexed_dataset")
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(0, 50000, size=n) for n in (10, 1, 250, 3)]
+    b = idx_mod.IndexedDatasetBuilder(str(tmp_path / "m.bin"), dtype=np.uint16)
+    for d in docs:
+        b.add_document(torch.tensor(d), [len(d)])
+    b.finalize(str(tmp_path / "m.idx"))
+    theirs = idx_mod.IndexedDataset(str(tmp_path / "m"))
+    ours = tokenfeed.open(tmp_path / "m")
+    assert len(ours) == len(theirs)
+    for i in range(len(theirs)):
+        assert np.array_equal(ours[i], theirs[i])
+        assert ours[i].dtype == theirs[i].dtype
+
+
+def write_llmc(path, tokens, version):
+    """llm.c dev/data/data_common.py write_datafile: 256 x int32 header then tokens."""
+    header = np.zeros(256, dtype=np.int32)
+    header[0], header[1] = (20240520, 1) if version == 1 else (20240801, 7)
+    header[2] = len(tokens)
+    dt = np.uint16 if version == 1 else np.uint32
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(tokens, dtype=dt).tobytes())
+
+
+@pytest.mark.parametrize("version", [1, 7])
+def test_llmc_both_headers(tmp_path, version):
+    toks = np.random.default_rng(version).integers(0, 50257 if version == 1 else 128256, size=1000)
+    write_llmc(tmp_path / "s.bin", toks, version)
+    ds = tokenfeed.open(tmp_path / "s.bin")
+    assert ds.format == "llm.c" and ds.dtype == (np.uint16 if version == 1 else np.uint32)
+    check_documents(ds, [toks])
+
+
+def test_raw_nanogpt_and_datatrove_index(tmp_path):
+    docs = [np.arange(n, dtype=np.uint16) for n in (4, 0, 9, 1)]
+    flat = np.concatenate(docs)
+    flat.tofile(tmp_path / "train.bin")                                   # nanoGPT
+    ds = tokenfeed.open(tmp_path / "train.bin", dtype="uint16")
+    assert ds.format == "raw" and ds.num_documents == 1
+    assert np.array_equal(ds.tokens(0, len(flat)), flat)
+    flat.tofile(tmp_path / "x.ds")                                        # datatrove
+    np.cumsum([len(d) for d in docs]).astype(np.uint64).tofile(tmp_path / "x.ds.index")
+    ds = tokenfeed.open(tmp_path / "x.ds", dtype="uint16")
+    check_documents(ds, docs)
+    with pytest.raises(tokenfeed.FormatError, match="dtype"):
+        tokenfeed.open(tmp_path / "train.bin")                          # headerless needs dtype
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "uint32", "int32", "int64"])
+def test_npy(tmp_path, dtype):
+    a = np.random.default_rng(1).integers(0, 120, size=333).astype(dtype)
+    np.save(tmp_path / "a.npy", a)
+    ds = tokenfeed.open(tmp_path / "a.npy")
+    assert ds.format == "npy" and ds.dtype == np.dtype(dtype)
+    check_documents(ds, [a])
+
+
+def test_list_of_formats_concatenates_in_order(tmp_path):
+    a = np.arange(10, dtype=np.uint16)
+    b = np.arange(100, 120, dtype=np.uint16)
+    write_llmc(tmp_path / "a.bin", a, 1)
+    np.save(tmp_path / "b.npy", b)
+    with tokenfeed.DatasetWriter(tmp_path / "c", vocab_size=65536) as w:
+        w.add_document([7, 8, 9])
+    ds = tokenfeed.open([tmp_path / "a.bin", tmp_path / "b.npy", tmp_path / "c"])
+    check_documents(ds, [a, b, np.array([7, 8, 9])])
+    assert [f["format"] for f in ds.files()] == ["llm.c", "npy", "tokenfeed"]
+    # a sample that crosses all three files
+    l = tokenfeed.Loader(ds, seq_len=32, batch_size=1, shuffle=False, output="numpy")
+    assert np.array_equal(next(l)["tokens"][0], ds.tokens(0, 33))
+
+
+def test_zero_copy_views_are_read_only(tmp_path):
+    np.save(tmp_path / "a.npy", np.arange(50, dtype=np.uint16))
+    ds = tokenfeed.open(tmp_path / "a.npy")
+    v = ds.tokens(5, 10)
+    assert not v.flags.writeable and not v.flags.owndata
+    del ds
+    assert list(v) == [5, 6, 7, 8, 9]  # the view keeps the mapping alive
+
+
+def test_verify_catches_flipped_byte_and_names_the_shard(tmp_path):
+    with tokenfeed.DatasetWriter(tmp_path / "ds", vocab_size=1000, shard_tokens=100) as w:
+        for i in range(10):
+            w.add_document(np.arange(50) + i)
+    ds = tokenfeed.open(tmp_path / "ds")
+    ds.verify(progress=False)
+    shard = ds.files()[2]["path"]
+    del ds
+    with open(shard, "r+b") as f:
+        f.seek(4096 + 10)
+        byte = f.read(1)
+        f.seek(4096 + 10)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    ds = tokenfeed.open(tmp_path / "ds")          # open checks headers only
+    with pytest.raises(tokenfeed.FormatError, match=shard.split("/")[-1]):
+        ds.verify(progress=False)
