@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -69,14 +69,14 @@ def _local_rank() -> int:
 
 
 def _torch_cuda() -> Any:
-    """torch, if it is importable and has CUDA; else None (never imports torch just to find out it lacks CUDA
-    more than once)."""
-    torch = sys.modules.get("torch")
+    """torch, if it is importable and has CUDA; else None."""
+    torch: Any = sys.modules.get("torch")
     if torch is None:
         try:
-            import torch  # noqa: F811
+            import torch as imported
         except ImportError:
             return None
+        torch = imported
     try:
         return torch if torch.cuda.is_available() else None
     except Exception:
@@ -122,7 +122,7 @@ class DeviceFeeder:
         self._slot_bytes = 0
 
     @staticmethod
-    def _packed_size(arrays: list) -> int:
+    def _packed_size(arrays: List["np.ndarray[Any, Any]"]) -> int:
         off = 0
         for a in arrays:
             off = (off + 255) // 256 * 256 + a.nbytes
