@@ -40,6 +40,7 @@ typedef struct tf__reader {
     tf_dtype out_dtype;
     uint64_t seq_len;
     int64_t separator;
+    int64_t pad; /* pad id of BEST_FIT / DOCUMENT samples */
     size_t max_spans;
     _Atomic int *fds;  /* per file, buffered reads; TF__FD_* or a descriptor */
     _Atomic int *dfds; /* per file, O_DIRECT reads (only with direct_io) */

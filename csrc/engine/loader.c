@@ -391,11 +391,16 @@ void tf_loader_config_init(tf_loader_config *cfg) {
     cfg->direct_io = 0;
 }
 
-int tf_loader_create(const tf_dataset *ds, const tf_loader_config *cfg, tf_loader **out) {
+/* A plain loader (n == 0: dss[0] alone) or a mixture of n datasets. The
+ * engine reads through tf_order_dataset(order), which for a mixture is a view
+ * over every source's files, so the backends need no notion of sources. */
+static int loader_create(const tf_dataset *const *dss, const double *weights, size_t n,
+                         const tf_loader_config *cfg, tf_loader **out) {
     if (!out) return -EINVAL;
     *out = NULL;
     tf__clearerr();
-    if (!ds || !cfg) TF_FAIL(-EINVAL, "tf_loader_create: dataset and config must not be NULL");
+    if (!dss || !dss[0] || !cfg) TF_FAIL(-EINVAL, "tf_loader_create: dataset and config must not be NULL");
+    const tf_dataset *ds = dss[0];
     if (cfg->batch_size < 1) TF_FAIL(-EINVAL, "batch_size: expected >= 1, found 0");
     if (cfg->world_size < 1) TF_FAIL(-EINVAL, "world_size: expected >= 1, found 0");
     if (cfg->rank >= cfg->world_size)
@@ -404,7 +409,11 @@ int tf_loader_create(const tf_dataset *ds, const tf_loader_config *cfg, tf_loade
         TF_FAIL(-EINVAL, "want: unknown bits 0x%x", cfg->want);
     if (cfg->num_threads < 0) TF_FAIL(-EINVAL, "num_threads: expected >= 0 (0 = default), found %d", cfg->num_threads);
     if (cfg->prefetch < 0) TF_FAIL(-EINVAL, "prefetch: expected >= 0 (0 = default), found %d", cfg->prefetch);
-    tf_dtype odt = cfg->out_dtype == TF_DTYPE_INVALID ? ds->dtype : cfg->out_dtype;
+    tf_dtype odt = cfg->out_dtype;
+    for (size_t s = 0; odt == TF_DTYPE_INVALID && s < (n ? n : 1); s++) /* the widest source dtype */
+        if (s == 0 || tf_dtype_size(dss[s]->dtype) > tf_dtype_size(ds->dtype)) ds = dss[s];
+    if (odt == TF_DTYPE_INVALID) odt = ds->dtype;
+    ds = dss[0];
     if (!tf_dtype_size(odt)) TF_FAIL(-EINVAL, "out_dtype: unknown dtype code %d", (int)cfg->out_dtype);
 
     uint64_t G;
@@ -432,12 +441,13 @@ int tf_loader_create(const tf_dataset *ds, const tf_loader_config *cfg, tf_loade
 
     tf_loader *l = calloc(1, sizeof *l);
     if (!l) return -ENOMEM;
-    l->ds = ds;
-    int rc = tf_order_create(ds, &oc, &l->order);
+    int rc = n ? tf_order_create_mix(dss, weights, n, &oc, &l->order) : tf_order_create(ds, &oc, &l->order);
     if (rc) {
         free(l);
         return rc;
     }
+    ds = tf_order_dataset(l->order);
+    l->ds = ds;
     l->B = cfg->batch_size;
     l->G = G;
     l->L = L;
@@ -486,6 +496,19 @@ int tf_loader_create(const tf_dataset *ds, const tf_loader_config *cfg, tf_loade
     atomic_init(&l->owner, 0);
     *out = l;
     return 0;
+}
+
+int tf_loader_create(const tf_dataset *ds, const tf_loader_config *cfg, tf_loader **out) {
+    return loader_create(&ds, NULL, 0, cfg, out);
+}
+
+int tf_loader_create_mix(const tf_dataset *const *ds, const double *weights, size_t n,
+                         const tf_loader_config *cfg, tf_loader **out) {
+    if (!ds || n == 0) {
+        if (out) *out = NULL;
+        TF_FAIL(-EINVAL, "tf_loader_create_mix: at least one dataset is required");
+    }
+    return loader_create(ds, weights, n, cfg, out);
 }
 
 void tf_loader_free(tf_loader *l) {

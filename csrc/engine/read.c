@@ -63,6 +63,7 @@ int tf__reader_init(tf__reader *r, const tf_dataset *ds, const tf_order *o, tf_b
     r->out_dtype = out_dtype;
     r->seq_len = tf__order_seq_len(o);
     r->separator = tf__order_separator(o);
+    r->pad = tf__order_pad(o);
     r->max_spans = tf__order_max_spans(o);
     if (r->max_spans < 1) r->max_spans = 1;
     atomic_init(&r->bytes_read, 0);
@@ -523,8 +524,8 @@ int tf__worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const tf_batch_v
         for (size_t s = 0; s < ns && !rc; s++) {
             const tf__span *sp = &w->spans[s];
             uint8_t *dst = row + sp->dst * osz;
-            if (sp->src == TF_SPAN_SEPARATOR) {
-                fill_separator(dst, osz, r->out_dtype, r->separator, sp->len);
+            if (sp->src == TF_SPAN_SEPARATOR || sp->src == TF_SPAN_PAD) {
+                fill_separator(dst, osz, r->out_dtype, sp->src == TF_SPAN_PAD ? r->pad : r->separator, sp->len);
                 continue;
             }
             if (sp->len > ds->num_tokens || sp->src > ds->num_tokens - sp->len) {

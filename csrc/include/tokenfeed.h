@@ -275,8 +275,10 @@ TF_API uint64_t tf_mix64(uint64_t x);
 
 typedef enum tf_packing {
     TF_PACK_CONCAT = 0,   /* documents concatenated, cut every seq_len tokens */
-    TF_PACK_BEST_FIT = 1, /* reserved */
-    TF_PACK_DOCUMENT = 2, /* reserved */
+    TF_PACK_BEST_FIT = 1, /* chunks of <= L + 1 tokens, best-fit-decreasing into samples
+                             within windows of pack_window documents, rest pad_id */
+    TF_PACK_DOCUMENT = 2, /* one non-empty document per sample, truncated to L + 1
+                             tokens or padded with pad_id */
 } tf_packing;
 
 typedef enum tf_shuffle {
@@ -295,6 +297,11 @@ typedef struct tf_order_config {
     uint64_t window_blocks; /* TF_SHUFFLE_BLOCK: blocks per window */
     uint64_t global_batch;  /* G: samples per global batch (all ranks) */
     uint64_t epochs;        /* 0 = infinite stream */
+    /* BEST_FIT / DOCUMENT (docs/packing.md) */
+    int64_t pad_id;         /* >= 0: fills the rest of a sample (default 0) */
+    uint64_t pack_window;   /* BEST_FIT: documents per packing window (default 1024) */
+    /* mixtures (tf_order_create_mix) */
+    uint64_t mix_window;    /* positions per schedule window before reduction (default 1000) */
 } tf_order_config;
 
 TF_API void tf_order_config_init(tf_order_config *cfg);
@@ -336,6 +343,55 @@ typedef struct tf_sample_extras {
 TF_API int tf_order_fill_sample(const tf_order *o, uint64_t sample, void *out, tf_dtype out_dtype,
                                 const tf_sample_extras *extras);
 
+/* A weighted mixture of n >= 1 datasets (all borrowed: they must outlive the
+ * order), every source packed with cfg (seq_len, packing, separator, pad) and
+ * shuffled over its own epochs with its own seed mix64(seed ^ mix64(s + C)).
+ * Weights (finite, > 0, any scale) become integer counts c_s per window of
+ * mix_window positions (largest remainder, then divided by their gcd, so 0.7 /
+ * 0.3 gives a window of 10 with 7 and 3); every window of positions
+ * [k*W, (k+1)*W) holds exactly c_s samples of source s, interleaved smoothly
+ * (a fixed table, the same in every window). Position pos is the
+ * (k*c_s + rank)-th position of source s's own stream, computed in O(1).
+ * A sample index (tf_order_sample_at) of a mixture is prefix(s) + the source's
+ * sample, prefix(s) = sum of N of the sources before s; N of the mixture is the
+ * sum of the sources' N (an "epoch" of the mixture for cfg->epochs).
+ * -EINVAL when a weight rounds to 0 (raise mix_window). */
+TF_API int tf_order_create_mix(const tf_dataset *const *ds, const double *weights, size_t n,
+                               const tf_order_config *cfg, tf_order **out);
+
+/* Sources of a mixture (1 for a plain order) and source i's own order
+ * (borrowed from o; for a plain order, i == 0 gives o itself). */
+TF_API size_t tf_order_num_sources(const tf_order *o);
+TF_API const tf_order *tf_order_source(const tf_order *o, size_t i);
+
+/* Schedule of a mixture: window size W and count of source i per window
+ * (plain order: 1 and 1). */
+TF_API uint64_t tf_order_mix_window(const tf_order *o);
+TF_API uint64_t tf_order_mix_count(const tf_order *o, size_t i);
+
+/* The dataset the order reads: ds for a plain order; for a mixture, a
+ * read-only view concatenating the sources' files (fingerprint = hash of the
+ * sources' fingerprints in order). Borrowed from o. */
+TF_API const tf_dataset *tf_order_dataset(const tf_order *o);
+
+/* Packing efficiency of one epoch of the order (a mixture: the sum over its
+ * sources, each over its own epoch). O(documents) for CONCAT; free for
+ * BEST_FIT / DOCUMENT (gathered when the plan counts were built). */
+typedef struct tf_packing_stats {
+    uint64_t samples;             /* N */
+    uint64_t documents;
+    uint64_t empty_documents;     /* no tokens (and no separator) */
+    uint64_t token_slots;         /* N * (L + 1) */
+    uint64_t pad_tokens;          /* slots holding pad_id */
+    uint64_t documents_split;     /* documents whose tokens land in more than one sample */
+    uint64_t documents_truncated; /* documents with tokens in no sample (DOCUMENT mode:
+                                     longer than L + 1; CONCAT: the dropped tail) */
+    uint64_t tokens_dropped;      /* dataset tokens (with separators) in no sample */
+    double padding_fraction;      /* pad_tokens / token_slots */
+} tf_packing_stats;
+
+TF_API int tf_order_packing_stats(const tf_order *o, tf_packing_stats *st);
+
 /* ------------------------------------------------------------------------ */
 /* Engine: loader and batches                                                */
 /* ------------------------------------------------------------------------ */
@@ -373,6 +429,10 @@ typedef struct tf_batch tf_batch;
 /* Create a loader over ds (borrowed; must outlive the loader). Threads start
  * lazily on the first tf_loader_next. */
 TF_API int tf_loader_create(const tf_dataset *ds, const tf_loader_config *cfg, tf_loader **out);
+/* A loader over a weighted mixture (see tf_order_create_mix); datasets
+ * borrowed. */
+TF_API int tf_loader_create_mix(const tf_dataset *const *ds, const double *weights, size_t n,
+                                const tf_loader_config *cfg, tf_loader **out);
 TF_API void tf_loader_free(tf_loader *l);
 
 /* Next batch for this rank, in order. Blocks until it is ready. Returns 0 and a

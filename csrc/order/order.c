@@ -81,21 +81,6 @@
 /* Largest seq_len: extras are int32 and cu_seqlens holds L itself. */
 #define MAX_SEQ_LEN ((uint64_t)INT32_MAX - 1)
 
-struct tf_order {
-    const tf_dataset *ds;
-    tf_order_config cfg;
-    uint64_t T;  /* dataset tokens */
-    uint64_t D;  /* dataset documents */
-    uint64_t Tv; /* virtual stream length: T, or T + D with separators */
-    uint64_t N;  /* samples per epoch */
-    uint64_t num_positions;
-    uint64_t fingerprint;
-    int sep;     /* separator mode */
-    /* BLOCK shuffle geometry */
-    uint64_t nbf;  /* full blocks */
-    uint64_t wsz;  /* positions per full window (W * Bk, saturated) */
-    uint64_t nwin; /* windows per epoch */
-};
 
 void tf_order_config_init(tf_order_config *cfg) {
     if (!cfg) return;
@@ -109,6 +94,9 @@ void tf_order_config_init(tf_order_config *cfg) {
     cfg->window_blocks = 16;
     cfg->global_batch = 1;
     cfg->epochs = 0;
+    cfg->pad_id = 0;
+    cfg->pack_window = 1024;
+    cfg->mix_window = 1000;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -119,7 +107,7 @@ void tf_order_config_init(tf_order_config *cfg) {
  * and independent of struct layout. BLOCK-only fields enter only in BLOCK mode
  * (changing block_size under FULL does not change the stream). */
 static uint64_t config_fingerprint(const tf_order_config *c) {
-    uint8_t buf[12 * 8], *p = buf;
+    uint8_t buf[16 * 8], *p = buf;
 #define PUT(v) (tf__put_le64(p, (uint64_t)(v)), p += 8)
     PUT(0x3144524f4654ULL); /* "TFORD1" tag */
     PUT(ORDER_FP_VERSION);
@@ -134,6 +122,9 @@ static uint64_t config_fingerprint(const tf_order_config *c) {
     }
     PUT(c->global_batch);
     PUT(c->epochs);
+    /* packed modes only, so CONCAT fingerprints (and checkpoints) are unchanged */
+    if (c->packing != TF_PACK_CONCAT) PUT(c->pad_id);
+    if (c->packing == TF_PACK_BEST_FIT) PUT(c->pack_window);
 #undef PUT
     return tf_hash64(buf, (size_t)(p - buf), 0);
 }
@@ -146,9 +137,11 @@ static int check_config(const tf_order_config *c) {
     if (c->seq_len < 1 || c->seq_len > MAX_SEQ_LEN)
         TF_FAIL(-EINVAL, "seq_len: expected 1 <= seq_len <= %llu, found %llu",
                 (unsigned long long)MAX_SEQ_LEN, (unsigned long long)c->seq_len);
-    if (c->packing != TF_PACK_CONCAT)
-        TF_FAIL(-TF_EUNSUPPORTED, "packing %d: only TF_PACK_CONCAT (documents concatenated and cut every seq_len tokens) is implemented",
-                (int)c->packing);
+    if (c->packing != TF_PACK_CONCAT && c->packing != TF_PACK_BEST_FIT && c->packing != TF_PACK_DOCUMENT)
+        TF_FAIL(-EINVAL, "packing: expected CONCAT (0), BEST_FIT (1) or DOCUMENT (2), found %d", (int)c->packing);
+    if (c->packing != TF_PACK_CONCAT && c->pad_id < 0)
+        TF_FAIL(-EINVAL, "pad_id: expected a token id >= 0 for packing BEST_FIT / DOCUMENT, found %lld",
+                (long long)c->pad_id);
     if (c->separator_id < -1)
         TF_FAIL(-EINVAL, "separator_id: expected -1 (none) or a token id >= 0, found %lld",
                 (long long)c->separator_id);
@@ -193,7 +186,16 @@ int tf_order_create(const tf_dataset *ds, const tf_order_config *cfg, tf_order *
     o.T = info.num_tokens;
     o.D = info.num_documents;
     o.sep = cfg->separator_id >= 0;
-    if (o.sep) {
+    if (cfg->packing != TF_PACK_CONCAT) {
+        if (info.vocab_size && (uint64_t)cfg->pad_id >= info.vocab_size)
+            TF_FAIL(-EINVAL, "pad_id %lld is outside the dataset's vocabulary (vocab_size %llu): use an id < vocab_size (padding is masked out of the loss)",
+                    (long long)cfg->pad_id, (unsigned long long)info.vocab_size);
+        if (o.sep && info.vocab_size && (uint64_t)cfg->separator_id >= info.vocab_size)
+            TF_FAIL(-EINVAL, "separator_id %lld is outside the dataset's vocabulary (vocab_size %llu): use an id < vocab_size, such as the tokenizer's EOS",
+                    (long long)cfg->separator_id, (unsigned long long)info.vocab_size);
+        TF_TRY(tf__plan_create(ds, cfg, &o.plan, &o.N));
+        o.Tv = o.T;
+    } else if (o.sep) {
         if (info.vocab_size && (uint64_t)cfg->separator_id >= info.vocab_size)
             TF_FAIL(-EINVAL, "separator_id %lld is outside the dataset's vocabulary (vocab_size %llu): use an id < vocab_size, such as the tokenizer's EOS",
                     (long long)cfg->separator_id, (unsigned long long)info.vocab_size);
@@ -203,11 +205,26 @@ int tf_order_create(const tf_dataset *ds, const tf_order_config *cfg, tf_order *
         o.Tv = o.T;
     }
     uint64_t L = cfg->seq_len;
-    o.N = o.Tv ? (o.Tv - 1) / L : 0;
-    if (o.N == 0)
+    if (!o.plan) o.N = o.Tv ? (o.Tv - 1) / L : 0;
+    int rc = tf__order_finish(&o, out);
+    if (rc) tf__plan_free(o.plan);
+    return rc;
+}
+
+/* Positions, shuffle geometry and fingerprint of a filled-in order (N, cfg
+ * set); allocates *out as a copy of o. Shared with mixtures (mix.c). */
+int tf__order_finish(tf_order *po, tf_order **out) {
+    tf_order o = *po;
+    const tf_order_config *cfg = &o.cfg;
+    uint64_t L = cfg->seq_len;
+    if (o.N == 0) {
+        if (o.plan)
+            TF_FAIL(-EINVAL, "the dataset has no sample: its %llu documents are all empty (packing %s)",
+                    (unsigned long long)o.D, cfg->packing == TF_PACK_BEST_FIT ? "best_fit" : "document");
         TF_FAIL(-EINVAL, "the dataset is shorter than one sample: it has %llu tokens%s, one sample of seq_len %llu needs %llu (seq_len + 1). Use a smaller seq_len or more data.",
                 (unsigned long long)o.Tv, o.sep ? " (separators included)" : "", (unsigned long long)L,
                 (unsigned long long)L + 1);
+    }
 
     if (cfg->epochs == 0) {
         o.num_positions = UINT64_MAX;
@@ -231,6 +248,7 @@ int tf_order_create(const tf_dataset *ds, const tf_order_config *cfg, tf_order *
         o.nwin = o.nbf ? o.nbf / W + (o.nbf % W != 0) : 1;
     }
     o.fingerprint = config_fingerprint(cfg);
+    if (o.mix) o.fingerprint = tf_mix64(o.fingerprint ^ o.mix_fp);
 
     tf_order *h = malloc(sizeof *h);
     if (!h) return -ENOMEM;
@@ -239,12 +257,19 @@ int tf_order_create(const tf_dataset *ds, const tf_order_config *cfg, tf_order *
     return 0;
 }
 
-void tf_order_free(tf_order *o) { free(o); }
+void tf_order_free(tf_order *o) {
+    if (!o) return;
+    tf__plan_free(o->plan);
+    tf__mix_free(o->mix);
+    free(o);
+}
 
 uint64_t tf_order_num_samples(const tf_order *o) { return o ? o->N : 0; }
 uint64_t tf_order_num_positions(const tf_order *o) { return o ? o->num_positions : 0; }
 uint64_t tf_order_fingerprint(const tf_order *o) { return o ? o->fingerprint : 0; }
 int64_t tf__order_separator(const tf_order *o) { return o->cfg.separator_id; }
+int64_t tf__order_pad(const tf_order *o) { return o->cfg.pad_id; }
+const tf_dataset *tf_order_dataset(const tf_order *o) { return o ? o->ds : NULL; }
 uint64_t tf__order_seq_len(const tf_order *o) { return o->cfg.seq_len; }
 
 /* ------------------------------------------------------------------------ */
@@ -274,6 +299,7 @@ static uint64_t block_sample(const tf_order *o, uint64_t ek, uint64_t i) {
 
 uint64_t tf_order_sample_at(const tf_order *o, uint64_t pos) {
     if (!o) return 0;
+    if (o->mix) return tf__mix_sample_at(o, pos);
     uint64_t e = pos / o->N, i = pos % o->N;
     switch (o->cfg.shuffle) {
     case TF_SHUFFLE_NONE: return i;
@@ -370,7 +396,25 @@ static int spans_next(const tf_order *o, span_cursor *c, tf__span *spans, size_t
     return 0;
 }
 
+/* Spans of a packed sample: each chunk's tokens and separator, then padding. */
+static int plan_spans(const tf_order *o, uint64_t sample, tf__span *spans, size_t *n) {
+    const tf__chunk *ch;
+    size_t nch, m = 0;
+    TF_TRY(tf__plan_sample(o->plan, sample, &ch, &nch));
+    uint64_t dst = 0;
+    for (size_t k = 0; k < nch; k++) {
+        if (ch[k].ntok) spans[m++] = (tf__span){ch[k].src, ch[k].ntok, dst};
+        dst += ch[k].ntok;
+        if (ch[k].sep) spans[m++] = (tf__span){TF_SPAN_SEPARATOR, 1, dst++};
+    }
+    if (dst < o->cfg.seq_len + 1) spans[m++] = (tf__span){TF_SPAN_PAD, o->cfg.seq_len + 1 - dst, dst};
+    *n = m;
+    return 0;
+}
+
 size_t tf__order_max_spans(const tf_order *o) {
+    if (o->mix) return tf__mix_max_spans(o);
+    if (o->plan) return (size_t)(2 * tf__plan_max_chunks(o->plan) + 1); /* tokens + SEP per chunk, one PAD */
     if (!o->sep) return 1;
     /* each document touched gives at most a token span and a separator span,
      * and every span holds at least one of the L + 1 tokens */
@@ -382,6 +426,8 @@ int tf__order_sample_spans(const tf_order *o, uint64_t sample, tf__span *spans, 
     if (!o || !spans || !n) return -EINVAL;
     if (cap < tf__order_max_spans(o))
         TF_FAIL(-EINVAL, "span buffer holds %zu spans, this order needs %zu", cap, tf__order_max_spans(o));
+    if (o->mix) return tf__mix_sample_spans(o, sample, spans, cap, n);
+    if (o->plan) return plan_spans(o, sample, spans, n);
     span_cursor c;
     TF_TRY(spans_begin(o, sample, &c));
     TF_TRY(spans_next(o, &c, spans, cap, n));
@@ -458,6 +504,14 @@ int tf__order_fill_extras(const tf_order *o, uint64_t sample, const tf_sample_ex
     if (!o) return -EINVAL;
     if (!ex || (!ex->position_ids && !ex->cu_seqlens && !ex->num_seqs && !ex->loss_mask)) return 0;
     const uint64_t L = o->cfg.seq_len;
+    if (o->mix) return tf__mix_fill_extras(o, sample, ex);
+    if (o->plan) {
+        const tf__chunk *ch;
+        size_t nch;
+        TF_TRY(tf__plan_sample(o->plan, sample, &ch, &nch));
+        tf__extras_from_segments(L, ch, nch, ex);
+        return 0;
+    }
     bnd_iter it;
     TF_TRY(bnd_begin(&it, o, sample));
     if (ex->loss_mask) memset(ex->loss_mask, 1, (size_t)L);
@@ -502,6 +556,37 @@ static int fits_dtype(int64_t v, tf_dtype dt) {
     }
 }
 
+/* fill_sample for packed modes and mixtures: all spans at once. */
+static int fill_packed(const tf_order *o, uint64_t sample, void *out, tf_dtype out_dtype,
+                       const tf_sample_extras *extras) {
+    size_t osz = tf_dtype_size(out_dtype), cap = tf__order_max_spans(o), n = 0;
+    int64_t vals[2] = {o->cfg.separator_id, o->cfg.pad_id};
+    uint8_t conv[2][8];
+    for (int k = 0; k < 2; k++) {
+        if (vals[k] < 0 || (k == 1 && o->cfg.packing == TF_PACK_CONCAT)) continue;
+        if (!fits_dtype(vals[k], out_dtype))
+            TF_FAIL(-EINVAL, "%s %lld does not fit the output dtype %s: use a wider out_dtype",
+                    k ? "pad_id" : "separator_id", (long long)vals[k], tf_dtype_name(out_dtype));
+        tf_convert(conv[k], out_dtype, &vals[k], TF_INT64, 1);
+    }
+    tf__span *spans = malloc(cap * sizeof *spans);
+    if (!spans) return -ENOMEM;
+    int rc = tf__order_sample_spans(o, sample, spans, cap, &n);
+    for (size_t i = 0; !rc && i < n; i++) {
+        uint8_t *d = (uint8_t *)out + spans[i].dst * osz;
+        if (spans[i].src >= TF_SPAN_PAD) {
+            const uint8_t *v = conv[spans[i].src == TF_SPAN_PAD];
+            for (uint64_t t = 0; t < spans[i].len; t++) memcpy(d + t * osz, v, osz);
+        } else {
+            rc = tf_dataset_read(o->ds, spans[i].src, spans[i].len, d, out_dtype);
+        }
+    }
+    free(spans);
+    if (rc) return rc;
+    /* extras after the tokens: the per-thread window cache is still warm */
+    return tf__order_fill_extras(o, sample, extras);
+}
+
 int tf_order_fill_sample(const tf_order *o, uint64_t sample, void *out, tf_dtype out_dtype,
                          const tf_sample_extras *extras) {
     if (!o || !out) return -EINVAL;
@@ -515,6 +600,7 @@ int tf_order_fill_sample(const tf_order *o, uint64_t sample, void *out, tf_dtype
         int64_t s = o->cfg.separator_id;
         tf_convert(sepval, out_dtype, &s, TF_INT64, 1);
     }
+    if (o->plan || o->mix) return fill_packed(o, sample, out, out_dtype, extras);
     span_cursor c;
     TF_TRY(spans_begin(o, sample, &c));
     uint8_t *dst = out;

@@ -15,6 +15,8 @@
  * piece inside the sample (in tokens). The spans of a sample are in dst order
  * and cover [0, L + 1) exactly. */
 #define TF_SPAN_SEPARATOR UINT64_MAX
+/* src == TF_SPAN_PAD: len copies of the pad id (BEST_FIT / DOCUMENT). */
+#define TF_SPAN_PAD (UINT64_MAX - 1)
 typedef struct tf__span {
     uint64_t src;
     uint64_t len;
@@ -34,6 +36,65 @@ TF_HIDDEN int tf__order_fill_extras(const tf_order *o, uint64_t sample, const tf
 
 /* Separator id (or -1) and sequence length, for the engine. */
 TF_HIDDEN int64_t tf__order_separator(const tf_order *o);
+TF_HIDDEN int64_t tf__order_pad(const tf_order *o);
 TF_HIDDEN uint64_t tf__order_seq_len(const tf_order *o);
+
+/* ---- packing plans (pack.c): BEST_FIT and DOCUMENT ---------------------- */
+
+/* One piece of a packed sample: ntok dataset tokens from src, then the
+ * separator when sep (a chunk of a document's virtual range doc + SEP). */
+typedef struct tf__chunk {
+    uint64_t src;
+    uint32_t ntok;
+    uint32_t sep;
+} tf__chunk;
+
+typedef struct tf__plan tf__plan;
+
+/* Build the per-window sample counts (on threads) for ds under cfg; *n_out = N. */
+TF_HIDDEN int tf__plan_create(const tf_dataset *ds, const tf_order_config *cfg, tf__plan **out,
+                              uint64_t *n_out);
+TF_HIDDEN void tf__plan_free(tf__plan *p);
+/* Chunks of sample (< N), in sample order; *chunks points into a per-thread
+ * cache valid until this thread's next plan call. */
+TF_HIDDEN int tf__plan_sample(const tf__plan *p, uint64_t sample, const tf__chunk **chunks, size_t *n);
+TF_HIDDEN uint64_t tf__plan_max_chunks(const tf__plan *p);
+TF_HIDDEN void tf__plan_stats(const tf__plan *p, tf_packing_stats *st);
+
+/* ---- the order object (order.c), shared with mix.c ---------------------- */
+
+typedef struct tf__mix tf__mix;
+
+struct tf_order {
+    const tf_dataset *ds; /* a mixture: the concatenated view (mix.c) */
+    tf_order_config cfg;
+    uint64_t T;  /* dataset tokens */
+    uint64_t D;  /* dataset documents */
+    uint64_t Tv; /* virtual stream length: T, or T + D with separators */
+    uint64_t N;  /* samples per epoch */
+    uint64_t num_positions;
+    uint64_t fingerprint;
+    int sep;     /* separator mode */
+    /* BLOCK shuffle geometry */
+    uint64_t nbf;  /* full blocks */
+    uint64_t wsz;  /* positions per full window (W * Bk, saturated) */
+    uint64_t nwin; /* windows per epoch */
+    tf__plan *plan; /* BEST_FIT / DOCUMENT */
+    tf__mix *mix;   /* a mixture of sources */
+    uint64_t mix_fp;
+};
+
+TF_HIDDEN int tf__order_finish(tf_order *o, tf_order **out);
+
+/* mix.c */
+TF_HIDDEN void tf__mix_free(tf__mix *m);
+TF_HIDDEN uint64_t tf__mix_sample_at(const tf_order *o, uint64_t pos);
+TF_HIDDEN size_t tf__mix_max_spans(const tf_order *o);
+TF_HIDDEN int tf__mix_sample_spans(const tf_order *o, uint64_t sample, tf__span *spans, size_t cap, size_t *n);
+TF_HIDDEN int tf__mix_fill_extras(const tf_order *o, uint64_t sample, const tf_sample_extras *ex);
+
+/* Extras of a sample whose segments have the given lengths (sum <= L + 1,
+ * rest padding); shared by packed modes. */
+TF_HIDDEN void tf__extras_from_segments(uint64_t L, const tf__chunk *c, size_t n, const tf_sample_extras *ex);
 
 #endif
