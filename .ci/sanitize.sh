@@ -20,7 +20,7 @@ step() { echo; echo "== sanitize: $* (at ${SECONDS}s)"; }
 
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 # Leak checking on for the C programs (they free everything they allocate).
-export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1
+export ASAN_OPTIONS=detect_leaks=1
 
 step "C tests and fuzz corpus replay, ASan+UBSan"
 make -s -C csrc -j"$JOBS" SANITIZE=address,undefined test
@@ -29,9 +29,9 @@ step "pytest against an ASan+UBSan build of the extension"
 # A separate build (build/asan) so the editable install stays a normal
 # build; PYTHONPATH puts it ahead of the editable .pth entry.
 rm -rf build/asan
-mkdir -p build/asan/tokenfeed
-(cd python/tokenfeed && find . -name '*.so' -prune -o -name lib -prune -o -name include -prune -o \
-  -name __pycache__ -prune -o -type f -print | cpio -pdm --quiet ../../build/asan/tokenfeed)
+mkdir -p build/asan
+cp -r python/tokenfeed build/asan/
+rm -rf build/asan/tokenfeed/lib build/asan/tokenfeed/include build/asan/tokenfeed/__pycache__ build/asan/tokenfeed/*.so
 TOKENFEED_SANITIZE=address,undefined $PY setup.py -q build_ext --force \
   --build-lib build/asan --build-temp build/asan-temp >build/asan-build.log 2>&1 ||
   { tail -40 build/asan-build.log; exit 1; }
