@@ -290,3 +290,39 @@ def test_cuda_real_gpu_batches_equal_cpu(tmp_path):
         torch.cuda.synchronize()
         feeder.close()
     """, tmp_path)
+
+
+def test_loader_device_cuda_yields_device_batches_equal_to_cpu(cuda_double, tmp_path):
+    """Loader(device="cuda") end to end through the double: same bytes as the CPU
+    path, the index from LOCAL_RANK, and no device-wide synchronisation."""
+    run_py("""
+        ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
+        cpu = tokenfeed.Loader(ds, seq_len=64, batch_size=4, seed=2, output="numpy", position_ids=True)
+        dev = tokenfeed.Loader(ds, seq_len=64, batch_size=4, seed=2, output="numpy", position_ids=True,
+                               device="cuda")
+        assert dev.device_index == 1            # LOCAL_RANK
+        for _ in range(30):
+            a, b = next(cpu), next(dev)
+            assert set(b) == set(a)
+            assert b["input_ids"].__dlpack_device__() == (2, 1)   # kDLCUDA, device 1
+            for k in a:
+                assert np.array_equal(host_copy(b[k]), a[k]), k
+        st = dev.state_dict()
+        assert st["position"] == 30 * 4
+        dev.close()
+        assert counter("device_syncs") == 0
+    """, tmp_path, env={"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_DEVICES": "2", "LOCAL_RANK": "1"})
+
+
+def test_loader_device_cuda_without_cuda_is_a_clear_error(tmp_path):
+    run_py("""
+        ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
+        try:
+            tokenfeed.Loader(ds, seq_len=64, batch_size=4, device="cuda")
+        except RuntimeError as e:
+            assert "CUDA" in str(e), e
+        else:
+            raise AssertionError("device='cuda' without CUDA must raise")
+        l = tokenfeed.Loader(ds, seq_len=64, batch_size=4, output="numpy")   # CPU path unaffected
+        assert next(l)["input_ids"].shape == (4, 64)
+    """, tmp_path, env={"TOKENFEED_CUDART": "/nonexistent/libcudart.so.12"})

@@ -23,6 +23,26 @@ __all__ = ["Loader", "StateError", "STATE_FORMAT_VERSION"]
 STATE_FORMAT_VERSION = 1
 _INFINITE = (1 << 64) - 1
 _SHUFFLE = {"none": _core.SHUFFLE_NONE, "full": _core.SHUFFLE_FULL, "block": _core.SHUFFLE_BLOCK}
+_PACKING = {"concat": 0, "best_fit": 1, "document": 2}
+
+
+def _packing_kw(packing: str, pad_id: Optional[int], pack_window: int) -> tuple[Dict[str, Any], Dict[str, Any]]:
+    """(order kwargs, config entries) for a packing mode; CONCAT adds no config entry, so
+    states saved before packing modes existed still match."""
+    if packing not in _PACKING:
+        raise ValueError(f"packing must be 'concat', 'best_fit' or 'document', got {packing!r}")
+    if not isinstance(pack_window, (int, np.integer)) or isinstance(pack_window, bool) or pack_window < 1:
+        raise ValueError(f"pack_window must be a positive int, got {pack_window!r}")
+    if pad_id is not None and (not isinstance(pad_id, (int, np.integer)) or isinstance(pad_id, bool) or pad_id < 0):
+        raise ValueError(f"pad_id must be None or a token id >= 0, got {pad_id!r}")
+    pad = 0 if pad_id is None else int(pad_id)
+    kw: Dict[str, Any] = dict(packing=_PACKING[packing], pad_id=pad, pack_window=int(pack_window))
+    cfg: Dict[str, Any] = {}
+    if packing != "concat":
+        cfg["pad_id"] = pad
+    if packing == "best_fit":
+        cfg["pack_window"] = int(pack_window)
+    return kw, cfg
 
 
 class StateError(ValueError):
@@ -62,18 +82,42 @@ class Loader:
     forever; with ``epochs=k`` the stream stops after ``k`` epochs, dropping the final
     partial *global* batch so every rank gets the same number of batches.
 
+    ``device="cuda"`` (or ``"cuda:N"``; the index defaults to ``LOCAL_RANK``) yields
+    device tensors, copied through pinned memory on a side stream and ready on the
+    consumer's current stream (see ``docs/gpu.md``); without CUDA it raises a
+    ``RuntimeError`` that says why.
+
     The C engine (threads, buffers) starts lazily in the process that iterates, so a
     Loader can be created before ``fork`` or pickled to a ``spawn`` worker.
     """
 
-    def __init__(self, dataset: Union[Dataset, PathLike, Sequence[PathLike]], *, seq_len: int, batch_size: int,
+    def __init__(self, dataset: Union[Dataset, PathLike, Sequence[Any]], *, seq_len: int, batch_size: int,
                  seed: int = 0, shuffle: Union[bool, str] = True, rank: Optional[int] = None,
                  world_size: Optional[int] = None, epochs: Optional[int] = None, separator_id: Optional[int] = None,
                  position_ids: bool = False, cu_seqlens: bool = False, loss_mask: bool = False,
                  dtype: Any = "int64", output: str = "auto", num_threads: Optional[int] = None,
                  prefetch: Optional[int] = None, backend: Optional[str] = None, direct_io: bool = False,
-                 block_size: int = 1024, window_blocks: int = 16, packing: str = "concat") -> None:
-        self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset)
+                 block_size: int = 1024, window_blocks: int = 16, packing: str = "concat",
+                 pad_id: Optional[int] = None, pack_window: int = 1024, weights: Optional[Sequence[float]] = None,
+                 mix_window: int = 1000,
+                 device: Any = None, device_slots: int = 4) -> None:
+        # weights= makes `dataset` a list of sources mixed by weight (docs/packing.md);
+        # without it a list of paths is one dataset (files concatenated), as before
+        self.weights: Optional[list[float]] = None
+        if weights is not None:
+            if isinstance(dataset, (Dataset, str, os.PathLike)):
+                raise ValueError("weights= needs a list of datasets (one per weight)")
+            srcs = list(dataset)
+            if len(srcs) != len(weights) or not srcs:
+                raise ValueError(f"weights= needs one weight per dataset: {len(srcs)} datasets, {len(weights)} weights")
+            self.weights = [float(x) for x in weights]
+            if not all(np.isfinite(x) and x > 0 for x in self.weights):
+                raise ValueError(f"weights must be finite and > 0, got {list(weights)!r}")
+            if not isinstance(mix_window, (int, np.integer)) or isinstance(mix_window, bool) or mix_window < 1:
+                raise ValueError(f"mix_window must be a positive int, got {mix_window!r}")
+            self.dataset: Any = [d if isinstance(d, Dataset) else _open(d) for d in srcs]
+        else:
+            self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset)
         for name, v in (("seq_len", seq_len), ("batch_size", batch_size), ("block_size", block_size),
                         ("window_blocks", window_blocks)):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
@@ -84,8 +128,7 @@ class Loader:
             shuffle_mode = shuffle
         else:
             raise ValueError(f"shuffle must be True, False, 'full', 'block' or 'none', got {shuffle!r}")
-        if packing != "concat":
-            raise NotImplementedError(f"packing={packing!r} is not available yet; use 'concat'")
+        pack_kw, pack_cfg = _packing_kw(packing, pad_id, pack_window)
         if epochs is not None and (not isinstance(epochs, (int, np.integer)) or epochs < 1):
             raise ValueError(f"epochs must be None or a positive int, got {epochs!r}")
         r, w = _resolve_rank(rank, world_size)
@@ -107,22 +150,36 @@ class Loader:
         self._config: Dict[str, Any] = {
             "packing": packing, "seq_len": self.seq_len, "separator_id": separator_id, "seed": int(seed),
             "shuffle": shuffle_mode, "block_size": int(block_size), "window_blocks": int(window_blocks),
-            "global_batch": self.global_batch, "epochs": epochs,
+            "global_batch": self.global_batch, "epochs": epochs, **pack_cfg,
         }
+        if self.weights is not None:
+            self._config["weights"] = list(self.weights)
+            self._config["mix_window"] = int(mix_window)
         self._order_kw: Dict[str, Any] = dict(
             seq_len=self.seq_len, seed=int(seed), shuffle=_SHUFFLE[shuffle_mode], block_size=int(block_size),
             window_blocks=int(window_blocks), global_batch=self.global_batch, epochs=epochs or 0,
-            separator_id=separator_id)
+            separator_id=separator_id, **pack_kw)
+        if self.weights is not None:
+            self._order_kw.update(weights=list(self.weights), mix_window=int(mix_window))
         self._engine_kw: Dict[str, Any] = dict(
             batch_size=self.batch_size, rank=r, world_size=w, dtype=self.out_dtype.name, want=want,
             num_threads=num_threads or 0, prefetch=prefetch or 0, backend=backend,
             direct_io=1 if direct_io else 0)
         # validates the configuration now, not at the first batch
-        self._order = _core.Order(self.dataset._core, **self._order_kw)
+        self._order = _core.Order(self._core_source(), **self._order_kw)
         self.num_samples: int = self._order.num_samples
         self.config_fingerprint = f"{self._order.fingerprint:016x}"
         self._position = 0
         self._engine: Optional[Any] = None
+        # GPU hand-off (docs/gpu.md): None keeps batches on the CPU. Creating the
+        # feeder checks CUDA now, so a missing GPU fails here, not at the first batch.
+        from ._device import DeviceFeeder, parse_device
+
+        self.device_index = parse_device(device)
+        self._feeder_kw: Dict[str, Any] = dict(output="dlpack" if output == "numpy" else output,
+                                               slots=int(device_slots))
+        self._feeder: Optional[Any] = (DeviceFeeder(self.device_index, **self._feeder_kw)
+                                       if self.device_index is not None else None)
         self._closed = False
         if output == "torch":
             import torch  # noqa: F401  (fail now, not at the first batch)
@@ -134,7 +191,7 @@ class Loader:
         # After fork() the engine object is a copy: the C layer notices the new
         # process on the next call and starts fresh threads at the same position.
         if self._engine is None:
-            eng = _core.Loader(self.dataset._core, **self._order_kw, **self._engine_kw)
+            eng = _core.Loader(self._core_source(), **self._order_kw, **self._engine_kw)
             if self._position:
                 eng.seek(self._position)
             self._engine = eng
@@ -164,7 +221,10 @@ class Loader:
         return self
 
     def __next__(self) -> Dict[str, Any]:
-        batch = self._get_engine().next()
+        batch: Dict[str, Any] = self._get_engine().next()
+        if self._feeder is not None:
+            out: Dict[str, Any] = self._feeder(batch)  # the host batch returns to the ring when dropped
+            return out
         if self.output == "torch":
             import torch
 
@@ -177,6 +237,9 @@ class Loader:
             self._position = self._engine.position
             self._engine.close()
             self._engine = None
+        if self._feeder is not None:
+            self._feeder.close()
+            self._feeder = None
         self._closed = True
 
     def __enter__(self) -> "Loader":
@@ -194,7 +257,41 @@ class Loader:
 
     def stats(self) -> Dict[str, Any]:
         """Batches, tokens, bytes read, backend in use, seconds the consumer waited, ring occupancy."""
-        return self._get_engine().stats()
+        st: Dict[str, Any] = self._get_engine().stats()
+        return st
+
+    def _core_source(self) -> Any:
+        if self.weights is not None:
+            return [d._core for d in self.dataset]
+        return self.dataset._core
+
+    @property
+    def dataset_fingerprint(self) -> str:
+        """Fingerprint of the data (a mixture: of its sources' fingerprints, in order)."""
+        if self.weights is not None:
+            return f"{self._order.dataset_fingerprint:016x}"
+        return str(self.dataset.fingerprint)
+
+    def packing_stats(self) -> Dict[str, Any]:
+        """Packing efficiency of one epoch of this configuration, computed in C.
+
+        Keys: ``packing``, ``seq_len``, ``samples``, ``documents``, ``empty_documents``,
+        ``token_slots`` (samples x (seq_len + 1)), ``pad_tokens``, ``padding_fraction``,
+        ``documents_split`` (documents whose tokens land in more than one sample),
+        ``documents_truncated`` (documents with tokens in no sample: ``document`` mode
+        drops what is past ``seq_len + 1``; ``concat`` drops the tail of the stream),
+        ``tokens_dropped``; for a mixture also ``weights``, ``mix_window``/``mix_counts``
+        (the exact per-window schedule) and ``sources`` (one dict per source, over its
+        own epoch). Free for ``best_fit``/``document`` (gathered when the plan was
+        built); one pass over the document index for ``concat``.
+        """
+        st: Dict[str, Any] = dict(self._order.packing_stats())
+        st["packing"] = self._config["packing"]
+        st["seq_len"] = self.seq_len
+        if self.weights is not None:
+            win, counts = self._order.mix_schedule()
+            st.update(weights=list(self.weights), mix_window=win, mix_counts=list(counts))
+        return st
 
     # --------------------------------------------------------------- pickling
     def __getstate__(self) -> Dict[str, Any]:
@@ -202,18 +299,23 @@ class Loader:
         d["_position"] = self.position
         d["_engine"] = None
         d["_order"] = None
+        d["_feeder"] = None  # device state is per process; rebuilt where the loader lands
         return d
 
     def __setstate__(self, d: Dict[str, Any]) -> None:
         self.__dict__.update(d)
-        self._order = _core.Order(self.dataset._core, **self._order_kw)
+        self._order = _core.Order(self._core_source(), **self._order_kw)
+        if self.device_index is not None:
+            from ._device import DeviceFeeder
+
+            self._feeder = DeviceFeeder(self.device_index, **self._feeder_kw)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> Dict[str, Any]:
         """A small JSON-able dict that resumes the exact stream (on any world size dividing the global batch)."""
         return {
             "format_version": STATE_FORMAT_VERSION,
-            "dataset_fingerprint": self.dataset.fingerprint,
+            "dataset_fingerprint": self.dataset_fingerprint,
             "config_fingerprint": self.config_fingerprint,
             "position": self.position,
             "config": dict(self._config),
@@ -237,12 +339,13 @@ class Loader:
         if state["format_version"] != STATE_FORMAT_VERSION:
             raise StateError(f"state format version {state['format_version']} is not supported "
                              f"(this tokenfeed reads version {STATE_FORMAT_VERSION})")
-        if state["dataset_fingerprint"] != self.dataset.fingerprint:
+        if state["dataset_fingerprint"] != self.dataset_fingerprint:
             raise StateError(
                 f"the dataset changed: the state was saved on data with fingerprint {state['dataset_fingerprint']}"
                 f" ({state.get('samples_per_epoch', '?')} samples per epoch), this loader reads "
-                f"{self.dataset.fingerprint} ({self.num_samples} samples per epoch). Point the loader at the "
-                f"same files (in the same order) to resume.")
+                f"{self.dataset_fingerprint} ({self.num_samples} samples per epoch). Point the loader at the "
+                f"same files (in the same order{', and the same sources in the same order' if self.weights else ''})"
+                f" to resume.")
         saved = dict(state["config"])
         if state["config_fingerprint"] != self.config_fingerprint or saved != self._config:
             diffs = [f"{k}: saved {saved.get(k)!r}, now {self._config.get(k)!r}"
