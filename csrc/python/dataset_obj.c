@@ -59,8 +59,13 @@ static PyObject *Dataset_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
             p = dec;
         }
         PyTuple_SET_ITEM(paths, i, p);
-        cpaths[i] = PyUnicode_AsUTF8(p);
+        Py_ssize_t plen;
+        cpaths[i] = PyUnicode_AsUTF8AndSize(p, &plen);
         if (!cpaths[i]) goto finally;
+        if ((size_t)plen != strlen(cpaths[i])) {
+            PyErr_Format(PyExc_ValueError, "path %R contains a NUL character", p);
+            goto finally;
+        }
     }
     tf_dataset *ds = NULL;
     int rc;
@@ -300,13 +305,26 @@ typedef struct {
     tf_dtype dtype;
 } tfpy_Writer;
 
+/* "O&" converter for a non-negative int that must fit in 64 bits: unlike the
+ * "K" format it raises OverflowError instead of wrapping. */
+static int u64_converter(PyObject *o, void *out) {
+    if (!PyLong_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "expected an int, got %.100s", Py_TYPE(o)->tp_name);
+        return 0;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) return 0;
+    *(unsigned long long *)out = v;
+    return 1;
+}
+
 static PyObject *Writer_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"path", "dtype", "vocab_size", "shard_tokens", "compression", "level", "block_tokens", "overwrite", NULL};
     PyObject *path_obj, *dtype_obj = Py_None, *comp_obj = Py_None;
     unsigned long long vocab = 0, shard_tokens = 0, block_tokens = 0;
     int level = 3, overwrite = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OKKOiKp:Writer", kwlist, &path_obj, &dtype_obj, &vocab, &shard_tokens,
-                                     &comp_obj, &level, &block_tokens, &overwrite))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO&O&OiO&p:Writer", kwlist, &path_obj, &dtype_obj, u64_converter, &vocab,
+                                     u64_converter, &shard_tokens, &comp_obj, &level, u64_converter, &block_tokens, &overwrite))
         return NULL;
     tf_writer_options opt;
     tf_writer_options_init(&opt);
@@ -547,8 +565,11 @@ int tfpy_parse_order_config(PyObject *kw, tf_order_config *cfg);
 int tfpy_parse_order_config(PyObject *kw, tf_order_config *cfg) {
     tf_order_config_init(cfg);
     if (!kw) return 0;
-    static const char *u64keys[] = {"seq_len", "seed", "block_size", "window_blocks", "global_batch", "epochs"};
-    uint64_t *u64slots[] = {&cfg->seq_len, &cfg->seed, &cfg->block_size, &cfg->window_blocks, &cfg->global_batch, &cfg->epochs};
+    uint64_t pad = 0, packing = TF_PACK_CONCAT;
+    static const char *u64keys[] = {"seq_len", "seed", "block_size", "window_blocks", "global_batch", "epochs",
+                                    "pad_id", "pack_window", "mix_window", "packing"};
+    uint64_t *u64slots[] = {&cfg->seq_len, &cfg->seed, &cfg->block_size, &cfg->window_blocks, &cfg->global_batch, &cfg->epochs,
+                            &pad, &cfg->pack_window, &cfg->mix_window, &packing};
     for (size_t i = 0; i < sizeof u64keys / sizeof u64keys[0]; i++) {
         PyObject *v = PyDict_GetItemString(kw, u64keys[i]);
         if (!v || v == Py_None) continue;
@@ -567,6 +588,12 @@ int tfpy_parse_order_config(PyObject *kw, tf_order_config *cfg) {
         if (x == (unsigned long long)-1 && PyErr_Occurred()) return -1;
         *u64slots[i] = x;
     }
+    if (pad > INT64_MAX || packing > TF_PACK_DOCUMENT) {
+        PyErr_Format(PyExc_ValueError, "pad_id or packing out of range");
+        return -1;
+    }
+    cfg->pad_id = (int64_t)pad;
+    cfg->packing = (tf_packing)packing;
     PyObject *v = PyDict_GetItemString(kw, "separator_id");
     if (v && v != Py_None) {
         long long s = PyLong_AsLongLong(v);
@@ -590,15 +617,89 @@ int tfpy_parse_order_config(PyObject *kw, tf_order_config *cfg) {
     return 0;
 }
 
+/* Shared with loader_obj.c: a _core.Dataset (*n = 0, (*dss)[0] = its
+ * dataset) or, with kw["weights"], a sequence of them with as many weights.
+ * *dss and *w are PyMem_Malloc'ed (free with PyMem_Free). */
+int tfpy_parse_sources(tf_module_state *st, PyObject *dsobj, PyObject *kw, const tf_dataset ***dss, double **w,
+                       size_t *n);
+
+int tfpy_parse_sources(tf_module_state *st, PyObject *dsobj, PyObject *kw, const tf_dataset ***dss, double **w,
+                       size_t *n) {
+    *dss = NULL;
+    *w = NULL;
+    *n = 0;
+    PyObject *wobj = kw ? PyDict_GetItemString(kw, "weights") : NULL;
+    if (!wobj || wobj == Py_None) {
+        if (!PyObject_TypeCheck(dsobj, st->DatasetType)) {
+            PyErr_SetString(PyExc_TypeError, "expected a _core.Dataset (or a list of them with weights=)");
+            return -1;
+        }
+        *dss = PyMem_Malloc(sizeof **dss);
+        if (!*dss) return PyErr_NoMemory(), -1;
+        (*dss)[0] = ((tfpy_Dataset *)dsobj)->ds;
+        return 0;
+    }
+    PyObject *seq = PySequence_Fast(dsobj, "a mixture needs a list of datasets");
+    if (!seq) return -1;
+    PyObject *wseq = PySequence_Fast(wobj, "weights must be a list of numbers");
+    if (!wseq) {
+        Py_DECREF(seq);
+        return -1;
+    }
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
+    int rc = -1;
+    if (k < 1 || PySequence_Fast_GET_SIZE(wseq) != k) {
+        PyErr_Format(PyExc_ValueError, "a mixture needs as many weights as datasets (>= 1), got %zd datasets and %zd weights",
+                     k, PySequence_Fast_GET_SIZE(wseq));
+        goto done;
+    }
+    *dss = PyMem_Malloc((size_t)k * sizeof **dss);
+    *w = PyMem_Malloc((size_t)k * sizeof **w);
+    if (!*dss || !*w) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *d = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyObject_TypeCheck(d, st->DatasetType)) {
+            PyErr_Format(PyExc_TypeError, "mixture source %zd is not a _core.Dataset", i);
+            goto done;
+        }
+        (*dss)[i] = ((tfpy_Dataset *)d)->ds;
+        (*w)[i] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(wseq, i));
+        if ((*w)[i] == -1.0 && PyErr_Occurred()) goto done;
+    }
+    *n = (size_t)k;
+    rc = 0;
+done:
+    if (rc) {
+        PyMem_Free(*dss);
+        PyMem_Free(*w);
+        *dss = NULL;
+        *w = NULL;
+    }
+    Py_DECREF(seq);
+    Py_DECREF(wseq);
+    return rc;
+}
+
 static PyObject *Order_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     PyObject *dsobj;
     if (!PyArg_ParseTuple(args, "O:Order", &dsobj)) return NULL;
     tf_module_state *st = tfpy_state_of_type(tp);
-    if (!PyObject_TypeCheck(dsobj, st->DatasetType)) return PyErr_Format(PyExc_TypeError, "Order() needs a _core.Dataset");
     tf_order_config cfg;
     if (tfpy_parse_order_config(kw, &cfg) < 0) return NULL;
+    const tf_dataset **dss;
+    double *w;
+    size_t n;
+    if (tfpy_parse_sources(st, dsobj, kw, &dss, &w, &n) < 0) return NULL;
     tf_order *o = NULL;
-    int rc = tf_order_create(((tfpy_Dataset *)dsobj)->ds, &cfg, &o);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS /* building packing plans takes time */
+    rc = n ? tf_order_create_mix(dss, w, n, &cfg, &o) : tf_order_create(dss[0], &cfg, &o);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(dss);
+    PyMem_Free(w);
     if (rc < 0) return tfpy_raise(st, rc, NULL);
     tfpy_Order *self = (tfpy_Order *)tp->tp_alloc(tp, 0);
     if (!self) {
@@ -607,8 +708,12 @@ static PyObject *Order_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     }
     self->o = o;
     self->cfg = cfg;
-    Py_INCREF(dsobj);
-    self->dataset = dsobj;
+    /* a mixture keeps its sources in a tuple: a list could drop them */
+    self->dataset = PyObject_TypeCheck(dsobj, st->DatasetType) ? Py_NewRef(dsobj) : PySequence_Tuple(dsobj);
+    if (!self->dataset) {
+        Py_DECREF(self);
+        return NULL;
+    }
     return (PyObject *)self;
 }
 
@@ -652,7 +757,7 @@ static PyObject *Order_fill(tfpy_Order *self, PyObject *args, PyObject *kw) {
     unsigned int want = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "K|OI:fill", kwlist, &sample, &dtype_obj, &want)) return NULL;
     tf_dataset_info in;
-    tf_dataset_get_info(((tfpy_Dataset *)self->dataset)->ds, &in);
+    tf_dataset_get_info(tf_order_dataset(self->o), &in);
     tf_dtype dt;
     if (tfpy_parse_dtype(dtype_obj, in.dtype, &dt) < 0) return NULL;
     if (sample >= tf_order_num_samples(self->o))
@@ -700,19 +805,89 @@ finally:
     return result;
 }
 
+PyDoc_STRVAR(Order_packing_stats_doc, "packing_stats() -> dict\n--\n\n"
+"Packing efficiency of one epoch (a mixture: summed over sources, each over its own epoch).");
+
+static PyObject *stats_dict(const tf_packing_stats *s) {
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d}", "samples", (unsigned long long)s->samples,
+                         "documents", (unsigned long long)s->documents, "empty_documents",
+                         (unsigned long long)s->empty_documents, "token_slots", (unsigned long long)s->token_slots,
+                         "pad_tokens", (unsigned long long)s->pad_tokens, "documents_split",
+                         (unsigned long long)s->documents_split, "documents_truncated",
+                         (unsigned long long)s->documents_truncated, "tokens_dropped",
+                         (unsigned long long)s->tokens_dropped, "padding_fraction", s->padding_fraction);
+}
+
+static PyObject *Order_packing_stats(tfpy_Order *self, PyObject *unused) {
+    size_t k = tf_order_num_sources(self->o);
+    tf_packing_stats total;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = tf_order_packing_stats(self->o, &total);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, NULL);
+    PyObject *d = stats_dict(&total);
+    if (!d || tf_order_num_sources(self->o) < 2 || !tf_order_mix_window(self->o)) return d;
+    PyObject *lst = PyList_New((Py_ssize_t)k);
+    if (!lst) goto fail;
+    for (size_t i = 0; i < k; i++) {
+        tf_packing_stats one;
+        rc = tf_order_packing_stats(tf_order_source(self->o, i), &one);
+        if (rc < 0) {
+            Py_DECREF(lst);
+            tfpy_raise(tfpy_state((PyObject *)self), rc, NULL);
+            goto fail;
+        }
+        PyObject *e = stats_dict(&one);
+        if (!e) {
+            Py_DECREF(lst);
+            goto fail;
+        }
+        PyList_SET_ITEM(lst, (Py_ssize_t)i, e);
+    }
+    if (PyDict_SetItemString(d, "sources", lst) < 0) {
+        Py_DECREF(lst);
+        goto fail;
+    }
+    Py_DECREF(lst);
+    return d;
+fail:
+    Py_DECREF(d);
+    return NULL;
+}
+
+static PyObject *Order_mix_schedule(tfpy_Order *self, PyObject *unused) {
+    size_t k = tf_order_num_sources(self->o);
+    PyObject *counts = PyList_New((Py_ssize_t)k);
+    if (!counts) return NULL;
+    for (size_t i = 0; i < k; i++)
+        PyList_SET_ITEM(counts, (Py_ssize_t)i, PyLong_FromUnsignedLongLong(tf_order_mix_count(self->o, i)));
+    PyObject *r = Py_BuildValue("(KO)", (unsigned long long)tf_order_mix_window(self->o), counts);
+    Py_DECREF(counts);
+    return r;
+}
+
 static PyObject *Order_get_num_samples(tfpy_Order *self, void *c) { return PyLong_FromUnsignedLongLong(tf_order_num_samples(self->o)); }
 static PyObject *Order_get_num_positions(tfpy_Order *self, void *c) { return PyLong_FromUnsignedLongLong(tf_order_num_positions(self->o)); }
 static PyObject *Order_get_fingerprint(tfpy_Order *self, void *c) { return PyLong_FromUnsignedLongLong(tf_order_fingerprint(self->o)); }
+static PyObject *Order_get_dataset_fingerprint(tfpy_Order *self, void *c) {
+    tf_dataset_info in;
+    tf_dataset_get_info(tf_order_dataset(self->o), &in);
+    return PyLong_FromUnsignedLongLong(in.fingerprint);
+}
 
 static PyMethodDef Order_methods[] = {
     {"sample_at", (PyCFunction)Order_sample_at, METH_O, "sample_at(pos) -> int | ndarray\n--\n\nSample index at global stream position(s)."},
     {"fill", (PyCFunction)(void (*)(void))Order_fill, METH_VARARGS | METH_KEYWORDS, Order_fill_doc},
+    {"packing_stats", (PyCFunction)Order_packing_stats, METH_NOARGS, Order_packing_stats_doc},
+    {"mix_schedule", (PyCFunction)Order_mix_schedule, METH_NOARGS, "mix_schedule() -> (window, [count per source])\n--\n\nExact per-window counts of a mixture ((1, [1]) for one dataset)."},
     {NULL, NULL, 0, NULL},
 };
 static PyGetSetDef Order_getset[] = {
     {"num_samples", (getter)Order_get_num_samples, NULL, "samples per epoch (N)", NULL},
     {"num_positions", (getter)Order_get_num_positions, NULL, "positions in the stream (2**64-1 when infinite)", NULL},
     {"fingerprint", (getter)Order_get_fingerprint, NULL, "64-bit configuration fingerprint", NULL},
+    {"dataset_fingerprint", (getter)Order_get_dataset_fingerprint, NULL, "64-bit fingerprint of the data read (a mixture: of its sources in order)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 static PyType_Slot Order_slots[] = {

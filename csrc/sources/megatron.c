@@ -98,9 +98,17 @@ int tf__open_megatron(const char *prefix, const tf_open_options *opt, tf_file *f
     f->mg_pointers = b + MG_HEADER + sz_lens;
     if (f->num_tokens > 0 && nseq == 0)
         TF_FAIL(-TF_EFORMAT, "%s: sequence_count: expected >= 1 for %llu tokens in the .bin, found 0. " FIX, ip, (ull)f->num_tokens);
-    if (nseq) { /* O(1): the last sequence must end inside the .bin */
+    if (nseq) {
+        /* O(1): the last sequence must end exactly where the .bin ends, as
+         * Megatron's builder writes it. This also catches a dtype code that
+         * reinterprets the .bin with another item size (the sizes would then
+         * cover a different number of bytes). */
         uint64_t s, n;
         TF_TRY(tf__file_document(f, nseq - 1, &s, &n));
+        if (s + n != f->num_tokens)
+            TF_FAIL(-TF_EFORMAT, "%s: sizes/pointers: the last sequence ends at token %llu (%llu bytes as %s), but %s holds %llu bytes. "
+                    "The .idx dtype code or sizes do not match the .bin; rebuild the .idx or check that both files belong together.",
+                    ip, (ull)(s + n), (ull)((s + n) * isz), tf_dtype_name(dt), f->path, (ull)bl);
     }
     /* Fingerprint: header, sizes, and the first/last 64 KiB of both files. */
     tf__xxh64_state h;
