@@ -99,16 +99,22 @@ class Permutation:
     def inverse(self, j: npt.ArrayLike, /) -> _UIntArray: ...
 
 class Order:
-    # keyword configuration (unknown keys are ignored, None means the default): seq_len, seed,
+    # `dataset` is a Dataset or, for a mixture, a list of them (weights= in the config).
+    # Keyword configuration (unknown keys are ignored, None means the default): seq_len, seed,
     # shuffle (SHUFFLE_*), block_size, window_blocks, global_batch, epochs (0 = infinite),
-    # separator_id (None = no separator)
-    def __new__(cls, dataset: Dataset, /, **config: Any) -> "Order": ...
+    # separator_id (None = no separator), packing (0 concat, 1 best_fit, 2 document), pad_id,
+    # pack_window, mix_window, weights
+    def __new__(cls, dataset: Union[Dataset, Sequence[Dataset]], /, **config: Any) -> "Order": ...
     @property
     def num_samples(self) -> int: ...
     @property
     def num_positions(self) -> int: ...  # 2**64 - 1 when infinite
     @property
     def fingerprint(self) -> int: ...
+    @property
+    def dataset_fingerprint(self) -> int: ...  # of the data read (a mixture: of its sources, in order)
+    def packing_stats(self) -> Dict[str, Any]: ...  # samples, documents, pad_tokens, documents_split, ...
+    def mix_schedule(self) -> Tuple[int, List[int]]: ...  # (window, count per source)
     @overload
     def sample_at(self, pos: int, /) -> int: ...
     @overload
@@ -129,7 +135,7 @@ class _LoaderStats(TypedDict):
 class Loader:
     # the Order keywords plus the engine's: batch_size, rank, world_size, dtype, want (WANT_* bits),
     # num_threads, prefetch, backend ("auto", "mmap", "pread", "io_uring"), direct_io
-    def __new__(cls, dataset: Dataset, /, **config: Any) -> "Loader": ...
+    def __new__(cls, dataset: Union[Dataset, Sequence[Dataset]], /, **config: Any) -> "Loader": ...
     @property
     def position(self) -> int: ...
     @property

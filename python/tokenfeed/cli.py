@@ -580,9 +580,7 @@ def _doc_lengths(ds: Any, max_docs: int) -> Tuple[np.ndarray, np.ndarray, bool]:
     return starts, lens, sampled
 
 
-def _inspect(ds: Any, seq_len: Optional[int], max_docs: int) -> Dict[str, Any]:
-    from . import _core
-
+def _inspect(ds: Any, seq_len: Optional[int], max_docs: int, packing: str = "concat") -> Dict[str, Any]:
     starts, lens, sampled = _doc_lengths(ds, max_docs)
     info: Dict[str, Any] = {
         "path": ds.paths if len(ds.paths) > 1 else ds.paths[0],
@@ -611,33 +609,47 @@ def _inspect(ds: Any, seq_len: Optional[int], max_docs: int) -> Dict[str, Any]:
             "empty": int((lens == 0).sum()), "histogram": hist,
         }
     if seq_len is not None:
-        L = int(seq_len)
-        try:
-            order = _core.Order(ds._core, seq_len=L, global_batch=1, shuffle=_core.SHUFFLE_NONE)
-            n_samples = int(order.num_samples)
-        except ValueError as e:
-            raise CLIError(f"--seq-len {L}: {e}") from None
-        T = ds.num_tokens
-        nz = lens > 0
+        info["packing"] = _packing(ds, int(seq_len), packing, starts, lens, sampled)
+    return info
+
+
+def _packing(ds: Any, L: int, packing: str, starts: np.ndarray, lens: np.ndarray, sampled: bool) -> Dict[str, Any]:
+    """How one epoch packs: the library's own statistics, plus concat-only extras measured here."""
+    from ._loader import Loader
+
+    try:  # builds the order only: no threads start until the first batch
+        loader = Loader(ds, seq_len=L, batch_size=1, shuffle=False, rank=0, world_size=1, output="numpy",
+                        packing=packing)
+    except (ValueError, NotImplementedError) as e:
+        raise CLIError(f"--seq-len {L} --packing {packing}: {e}") from None
+    T = ds.num_tokens
+    n_samples = int(loader.num_samples)
+    pk: Dict[str, Any] = {"mode": packing, "seq_len": L, "samples_per_epoch": n_samples, "sampled": sampled}
+    nz = lens > 0
+    if hasattr(loader, "packing_stats"):
+        st = loader.packing_stats()
+        docs = max(1, int(st["documents"]))
+        pk.update(tokens_used=T - int(st["tokens_dropped"]), tokens_dropped=int(st["tokens_dropped"]),
+                  pad_tokens=int(st["pad_tokens"]), padding_fraction=float(st["padding_fraction"]),
+                  documents_split=int(st["documents_split"]) / docs,
+                  documents_truncated=int(st["documents_truncated"]) / docs, stats=st)
+    else:  # concat only: sample i holds tokens [i*L, i*L + L + 1)
         s, end = starts[nz], starts[nz] + lens[nz]
         split = (s // L) != ((end - 1) // L)
-        longer = lens[nz] > L
-        sample_starts_at_doc = np.unique(s[(s % L) == 0] // L)
-        info["packing"] = {
-            "mode": "concat", "seq_len": L, "samples_per_epoch": n_samples,
-            "tokens_used": n_samples * L + 1,
-            "tokens_dropped_at_end": T - (n_samples * L + 1),
-            "efficiency": (n_samples * L + 1) / T if T else 0.0,
-            "documents_split": float(split.mean()) if len(split) else 0.0,
-            "documents_longer_than_seq_len": float(longer.mean()) if len(longer) else 0.0,
-            "samples_starting_at_document_start": (None if sampled else
-                                                   float(len(sample_starts_at_doc)) / n_samples),
-            # each sample touches its first document plus every document starting inside its inputs
-            "mean_documents_per_sample": 1.0 + float(((s % L) != 0).sum() * (ds.num_documents / max(1, len(lens)))
-                                                     ) / n_samples,
-            "sampled": sampled,
-        }
-    return info
+        used = n_samples * L + 1
+        pk.update(tokens_used=used, tokens_dropped=T - used, pad_tokens=0, padding_fraction=0.0,
+                  documents_split=float(split.mean()) if len(split) else 0.0, documents_truncated=None)
+    pk["efficiency"] = pk["tokens_used"] / T if T else 0.0
+    pk["documents_longer_than_seq_len"] = float((lens[nz] > L).mean()) if nz.any() else 0.0
+    if packing == "concat":
+        s = starts[nz]
+        scale = ds.num_documents / max(1, len(lens))
+        # each sample touches its first document plus every document starting inside its inputs
+        pk["mean_documents_per_sample"] = 1.0 + float(((s % L) != 0).sum() * scale) / n_samples
+        pk["samples_starting_at_document_start"] = (None if sampled else
+                                                   float(len(np.unique(s[(s % L) == 0] // L))) / n_samples)
+    loader.close()
+    return pk
 
 
 def _print_inspect(info: Dict[str, Any]) -> None:
@@ -676,15 +688,21 @@ def _print_inspect(info: Dict[str, Any]) -> None:
             print(f"  {label:>15} | {bar:<{width}} {h['documents']:,}")
     pk = info.get("packing")
     if pk:
-        print(f"\npacking (concat, seq_len {pk['seq_len']}):")
-        print(f"  samples per epoch           {pk['samples_per_epoch']:,}")
-        print(f"  tokens used                 {pk['tokens_used']:,} ({pk['efficiency'] * 100:.2f}%; no padding)")
-        print(f"  tokens dropped at the end   {pk['tokens_dropped_at_end']:,}")
-        print(f"  documents split across samples  {pk['documents_split'] * 100:.1f}%"
+        print(f"\npacking ({pk['mode']}, seq_len {pk['seq_len']}){' (estimated from a sample)' if pk['sampled'] else ''}:")
+        print(f"  samples per epoch                {pk['samples_per_epoch']:,}")
+        print(f"  tokens used                      {pk['tokens_used']:,} of {info['num_tokens']:,} "
+              f"({pk['efficiency'] * 100:.2f}%)")
+        print(f"  tokens dropped                   {pk['tokens_dropped']:,}"
+              + (" (the tail of the stream)" if pk["mode"] == "concat" else ""))
+        print(f"  padding                          {pk['pad_tokens']:,} tokens ({pk['padding_fraction'] * 100:.2f}%)")
+        print(f"  documents split across samples   {pk['documents_split'] * 100:.1f}%"
               f" ({pk['documents_longer_than_seq_len'] * 100:.1f}% are longer than seq_len)")
-        if pk["samples_starting_at_document_start"] is not None:
-            print(f"  samples starting at a document start  {pk['samples_starting_at_document_start'] * 100:.1f}%")
-        print(f"  documents per sample (mean) {pk['mean_documents_per_sample']:.2f}")
+        if pk.get("documents_truncated") is not None:
+            print(f"  documents truncated              {pk['documents_truncated'] * 100:.1f}%")
+        if pk.get("samples_starting_at_document_start") is not None:
+            print(f"  samples starting at a document   {pk['samples_starting_at_document_start'] * 100:.1f}%")
+        if "mean_documents_per_sample" in pk:
+            print(f"  documents per sample (mean)      {pk['mean_documents_per_sample']:.2f}")
 
 
 def cmd_inspect(a: argparse.Namespace) -> int:
@@ -693,7 +711,7 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     if a.seq_len is not None and a.seq_len < 1:
         raise CLIError("--seq-len must be >= 1")
     ds = tf_open(a.path, dtype=a.dtype, format=a.format)
-    info = _inspect(ds, a.seq_len, a.max_docs)
+    info = _inspect(ds, a.seq_len, a.max_docs, a.packing)
     if a.json:
         print(json.dumps(info, indent=2))
     else:
@@ -821,7 +839,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("path", nargs="+", metavar="PATH", help="dataset directory, shard, Megatron prefix, llm.c/.npy/raw file(s)")
     _source_options(i)
     i.add_argument("--seq-len", type=int, default=None,
-                   help="show concat packing for this sequence length: samples, tokens dropped, documents split")
+                   help="show how packing cuts the data at this sequence length: samples, tokens dropped, padding, documents split")
+    i.add_argument("--packing", choices=["concat", "best_fit", "document"], default="concat",
+                   help="packing mode for --seq-len (default: concat); see docs/packing.md")
     i.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     i.add_argument("--max-docs", type=int, default=20_000_000,
                    help="measure at most this many documents (a uniform sample beyond; default 20M)")
