@@ -11,6 +11,8 @@
 #include <errno.h>
 
 int tfpy_parse_order_config(PyObject *kw, tf_order_config *cfg);
+int tfpy_parse_sources(tf_module_state *st, PyObject *dsobj, PyObject *kw, const tf_dataset ***dss, double **w,
+                       size_t *n);
 
 typedef struct {
     PyObject_HEAD
@@ -80,7 +82,6 @@ static PyObject *Loader_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     PyObject *dsobj;
     if (!PyArg_ParseTuple(args, "O:Loader", &dsobj)) return NULL;
     tf_module_state *st = tfpy_state_of_type(tp);
-    if (!PyObject_TypeCheck(dsobj, st->DatasetType)) return PyErr_Format(PyExc_TypeError, "Loader() needs a _core.Dataset");
     tf_loader_config cfg;
     tf_loader_config_init(&cfg);
     if (tfpy_parse_order_config(kw, &cfg.order) < 0) return NULL;
@@ -101,11 +102,29 @@ static PyObject *Loader_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     int err;
     cfg.backend = parse_backend(kw ? PyDict_GetItemString(kw, "backend") : NULL, &err);
     if (err) return NULL;
+    const tf_dataset **dss;
+    double *w;
+    size_t n;
+    if (tfpy_parse_sources(st, dsobj, kw, &dss, &w, &n) < 0) return NULL;
     tf_dataset_info in;
-    tf_dataset_get_info(((tfpy_Dataset *)dsobj)->ds, &in);
-    if (tfpy_parse_dtype(kw ? PyDict_GetItemString(kw, "dtype") : NULL, in.dtype, &cfg.out_dtype) < 0) return NULL;
+    tf_dataset_get_info(dss[0], &in);
+    for (size_t i = 1; i < n; i++) { /* default out dtype: the widest source */
+        tf_dataset_info o;
+        tf_dataset_get_info(dss[i], &o);
+        if (tf_dtype_size(o.dtype) > tf_dtype_size(in.dtype)) in.dtype = o.dtype;
+    }
+    if (tfpy_parse_dtype(kw ? PyDict_GetItemString(kw, "dtype") : NULL, in.dtype, &cfg.out_dtype) < 0) {
+        PyMem_Free(dss);
+        PyMem_Free(w);
+        return NULL;
+    }
     tf_loader *l = NULL;
-    int rc = tf_loader_create(((tfpy_Dataset *)dsobj)->ds, &cfg, &l);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = n ? tf_loader_create_mix(dss, w, n, &cfg, &l) : tf_loader_create(dss[0], &cfg, &l);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(dss);
+    PyMem_Free(w);
     if (rc < 0) return tfpy_raise(st, rc, NULL);
     tfpy_Loader *self = (tfpy_Loader *)tp->tp_alloc(tp, 0);
     if (!self) {
@@ -113,8 +132,12 @@ static PyObject *Loader_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
         return NULL;
     }
     self->l = l;
-    Py_INCREF(dsobj);
-    self->dataset = dsobj;
+    /* a mixture keeps its sources in a tuple: a list could drop them */
+    self->dataset = PyObject_TypeCheck(dsobj, st->DatasetType) ? Py_NewRef(dsobj) : PySequence_Tuple(dsobj);
+    if (!self->dataset) {
+        Py_DECREF(self);
+        return NULL;
+    }
     self->seq_len = cfg.order.seq_len;
     self->batch_size = cfg.batch_size;
     self->global_batch = cfg.batch_size * cfg.world_size;

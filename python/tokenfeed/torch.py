@@ -26,7 +26,7 @@ from torch.utils.data import IterableDataset, Sampler, get_worker_info
 
 from . import _core
 from ._dataset import Dataset, PathLike, open as _open
-from ._loader import _SHUFFLE, Loader, _resolve_rank
+from ._loader import _SHUFFLE, Loader, _packing_kw, _resolve_rank
 
 __all__ = ["TokenDataset", "ResumableSampler", "TokenBatches"]
 
@@ -52,12 +52,13 @@ class TokenDataset(_TorchDataset):  # type: ignore[type-arg]
     def __init__(self, dataset: Union[Dataset, PathLike], *, seq_len: int, seed: int = 0,
                  shuffle: Union[bool, str] = True, separator_id: Optional[int] = None, block_size: int = 1024,
                  window_blocks: int = 16, position_ids: bool = False, cu_seqlens: bool = False,
-                 loss_mask: bool = False, dtype: Any = "int64") -> None:
+                 loss_mask: bool = False, dtype: Any = "int64", packing: str = "concat",
+                 pad_id: Optional[int] = None, pack_window: int = 1024) -> None:
         self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset)
         self.seq_len = int(seq_len)
         self._kw = dict(seq_len=self.seq_len, seed=int(seed), shuffle=_SHUFFLE[_shuffle_mode(shuffle)],
                         block_size=int(block_size), window_blocks=int(window_blocks), global_batch=1,
-                        separator_id=separator_id)
+                        separator_id=separator_id, **_packing_kw(packing, pad_id, pack_window)[0])
         self._want = ((_core.WANT_POSITION_IDS if position_ids else 0) | (_core.WANT_CU_SEQLENS if cu_seqlens else 0)
                       | (_core.WANT_LOSS_MASK if loss_mask else 0))
         self._dtype = np.dtype(dtype).name
