@@ -120,6 +120,11 @@ struct tf_loader {
     uint64_t nfree;
     int stop;
     int paused; /* after an error: no claims until the consumer asks again */
+    /* Fault injection ($TOKENFEED_FAULT_DELAY_MS, read at create): each worker
+     * waits this long before assembling a batch, so tests can hold next() in
+     * its wait (Ctrl-C, close from another thread) deterministically. The
+     * wait ends early when the loader stops. */
+    uint64_t fault_delay_ns;
 
     /* consumer-side thread state (next/seek/free are not called concurrently) */
     /* 0 while no threads run, else the pid of the process that started them
@@ -234,6 +239,13 @@ static void *worker_main(void *arg) {
         while (!l->stop && !can_claim(l)) pthread_cond_wait(&l->work_cv, &l->mu);
         if (l->stop) break;
         uint64_t k = l->next_claim++, gen = l->gen;
+        if (TF_UNLIKELY(l->fault_delay_ns)) {
+            uint64_t until = tf__now_ns() + l->fault_delay_ns;
+            while (!l->stop && tf__now_ns() < until) {
+                struct timespec ts = {(time_t)(until / 1000000000ull), (long)(until % 1000000000ull)};
+                pthread_cond_timedwait(&l->work_cv, &l->mu, &ts);
+            }
+        }
         int ok;
         uint64_t pos = batch_pos(l, k, &ok);
         tf_batch *b = take_buffer_locked(l);
@@ -470,6 +482,8 @@ static int loader_create(const tf_dataset *const *dss, const double *weights, si
     if (l->nthreads > 256) l->nthreads = 256;
     l->depth = cfg->prefetch ? cfg->prefetch : 2 * l->nthreads + 2;
     if (l->depth > 4096) l->depth = 4096;
+    const char *fd = getenv("TOKENFEED_FAULT_DELAY_MS");
+    if (fd && *fd) l->fault_delay_ns = strtoull(fd, NULL, 10) * 1000000ull;
 
     rc = tf__reader_init(&l->rd, ds, l->order, cfg->backend, cfg->direct_io, odt);
     if (rc) {
