@@ -80,7 +80,8 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--ckpt-every", type=int, default=25)
-    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--vocab", type=int, default=None,
+                    help="vocabulary size (default: the dataset's, or 256 for the generated corpus)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
@@ -90,9 +91,13 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     data = args.data or os.path.join(args.out, "data")
     if not os.path.exists(os.path.join(data, "tokenfeed.manifest")):
-        make_corpus(data, args.vocab)
+        make_corpus(data, args.vocab or 256)
 
     ds = tokenfeed.open(data)
+    if args.vocab is None:
+        args.vocab = ds.vocab_size or 256
+    if ds.vocab_size and args.vocab < ds.vocab_size:
+        ap.error(f"--vocab {args.vocab} is smaller than the dataset's vocabulary ({ds.vocab_size})")
     loader = tokenfeed.Loader(ds, seq_len=args.seq_len, batch_size=args.batch_size, seed=args.seed,
                               rank=0, world_size=1, output="torch")
     model = TinyGPT(args.vocab, args.seq_len)
