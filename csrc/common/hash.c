@@ -101,11 +101,4 @@ uint64_t tf_hash64(const void *data, size_t len, uint64_t seed) {
     return tf__xxh64_digest(&s);
 }
 
-uint64_t tf_mix64(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xBF58476D1CE4E5B9ULL;
-    x ^= x >> 27;
-    x *= 0x94D049BB133111EBULL;
-    x ^= x >> 31;
-    return x;
-}
+uint64_t tf_mix64(uint64_t x) { return tf__mix64(x); }

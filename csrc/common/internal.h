@@ -72,6 +72,17 @@ TF_HIDDEN void tf__xxh64_reset(tf__xxh64_state *s, uint64_t seed);
 TF_HIDDEN void tf__xxh64_update(tf__xxh64_state *s, const void *data, size_t len);
 TF_HIDDEN uint64_t tf__xxh64_digest(const tf__xxh64_state *s);
 
+/* splitmix64 finalizer: the library's 64-bit mixer (tf_mix64 exports it;
+ * hot loops such as the Feistel rounds use this inline copy). */
+static inline uint64_t tf__mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ULL;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBULL;
+    x ^= x >> 31;
+    return x;
+}
+
 /* Number of online CPUs (>= 1). */
 TF_HIDDEN int tf__num_cpus(void);
 

@@ -35,17 +35,9 @@
  */
 #include "../common/internal.h"
 
-/* Same function as tf_mix64 (hash.c); inlined here because apply runs it
- * TF_PERM_ROUNDS times per network evaluation and the exported symbol may be
- * reached through the PLT. */
-static inline uint64_t mix(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xBF58476D1CE4E5B9ULL;
-    x ^= x >> 27;
-    x *= 0x94D049BB133111EBULL;
-    x ^= x >> 31;
-    return x;
-}
+/* tf__mix64 (internal.h) is inlined: apply runs it TF_PERM_ROUNDS times per
+ * network evaluation, and the exported tf_mix64 may be reached through the PLT. */
+#define mix tf__mix64
 
 #define PERM_GOLDEN 0x9E3779B97F4A7C15ULL
 #define PERM_NKEY 0x243F6A8885A308D3ULL /* pi: separates n from the key */

@@ -454,7 +454,7 @@ fail:
 /* dataset directory                                                         */
 /* ------------------------------------------------------------------------ */
 
-static char *join(const char *dir, const char *name) {
+char *tf__path_join(const char *dir, const char *name) {
     size_t a = strlen(dir), b = strlen(name);
     char *p = malloc(a + b + 2);
     if (!p) return NULL;
@@ -467,7 +467,7 @@ static char *join(const char *dir, const char *name) {
 
 int tf__open_native_dir(const char *dir, const tf_open_options *opt, tf_file **files, uint64_t *nfiles,
                         uint64_t *cap) {
-    char *mpath = join(dir, TF_MANIFEST_NAME);
+    char *mpath = tf__path_join(dir, TF_MANIFEST_NAME);
     if (!mpath) return -ENOMEM;
     void *map = NULL;
     size_t mlen = 0;
@@ -491,7 +491,7 @@ int tf__open_native_dir(const char *dir, const tf_open_options *opt, tf_file **f
     }
     for (uint64_t i = 0; i < m.num_shards && rc == 0; i++) {
         const tf_manifest_shard *sh = &m.shards[i];
-        char *sp = join(dir, sh->name);
+        char *sp = tf__path_join(dir, sh->name);
         tf_file *f = sp ? tf__files_push(files, nfiles, cap) : NULL;
         if (!f) {
             free(sp);

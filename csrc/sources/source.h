@@ -148,6 +148,9 @@ TF_HIDDEN int tf__parse_npy_header(const char *path, const uint8_t *buf, size_t 
  * (Hashing everything would make open O(tokens).) Implemented in raw.c. */
 TF_HIDDEN uint64_t tf__sampled_fingerprint(const uint8_t *buf, uint64_t len, uint64_t seed);
 
+/* dir + "/" + name, malloc'ed (NULL on ENOMEM). */
+TF_HIDDEN char *tf__path_join(const char *dir, const char *name);
+
 /* Close one file: unmap, free. Safe on a zeroed or partially filled file. */
 TF_HIDDEN void tf__file_close(tf_file *f);
 

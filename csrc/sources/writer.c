@@ -105,16 +105,6 @@ struct tf_writer {
 /* small helpers                                                             */
 /* ------------------------------------------------------------------------ */
 
-static char *join(const char *dir, const char *name) {
-    size_t a = strlen(dir), b = strlen(name);
-    char *p = malloc(a + b + 2);
-    if (!p) return NULL;
-    memcpy(p, dir, a);
-    size_t k = a;
-    if (a && dir[a - 1] != '/') p[k++] = '/';
-    memcpy(p + k, name, b + 1);
-    return p;
-}
 
 static int write_all(int fd, const void *buf, size_t n, const char *path) {
     const uint8_t *p = buf;
@@ -259,7 +249,7 @@ int tf_writer_create(const char *dir, const tf_writer_options *opt, tf_writer **
     }
     TF_TRY(check_options(opt));
     TF_TRY(make_dirs(dir));
-    char *mpath = join(dir, TF_MANIFEST_NAME);
+    char *mpath = tf__path_join(dir, TF_MANIFEST_NAME);
     if (!mpath) return -ENOMEM;
     int had = exists(mpath);
     free(mpath);
@@ -297,7 +287,7 @@ int tf_writer_create(const char *dir, const tf_writer_options *opt, tf_writer **
         w->run_id = random_u32();
         char nm[64];
         snprintf(nm, sizeof nm, "shard-%08x-00000.tfs", w->run_id);
-        char *p = join(dir, nm);
+        char *p = tf__path_join(dir, nm);
         if (!p) goto nomem;
         int clash = exists(p);
         free(p);
@@ -325,7 +315,7 @@ static void remove_run_files(tf_writer *w) {
         w->tmp_path = NULL;
     }
     for (uint64_t i = 0; i < w->nshards; i++) {
-        char *p = join(w->dir, w->shards[i].name);
+        char *p = tf__path_join(w->dir, w->shards[i].name);
         if (p) unlink(p);
         free(p);
     }
@@ -363,7 +353,7 @@ static int open_shard(tf_writer *w) {
     char tmp[48];
     snprintf(tmp, sizeof tmp, ".%s.tmp", w->name);
     free(w->tmp_path);
-    w->tmp_path = join(w->dir, tmp);
+    w->tmp_path = tf__path_join(w->dir, tmp);
     if (!w->tmp_path) return -ENOMEM;
     w->fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (w->fd < 0) {
@@ -511,7 +501,7 @@ static int close_shard(tf_writer *w) {
         w->shards = ns;
         w->shards_cap = nc;
     }
-    char *final = join(w->dir, w->name);
+    char *final = tf__path_join(w->dir, w->name);
     if (!final) return -ENOMEM;
     if (rename(w->tmp_path, final) != 0) {
         int e = errno;
@@ -661,8 +651,8 @@ static int write_manifest(tf_writer *w) {
         free(buf);
         return rc;
     }
-    char *tmp = join(w->dir, "." TF_MANIFEST_NAME ".tmp");
-    char *final = join(w->dir, TF_MANIFEST_NAME);
+    char *tmp = tf__path_join(w->dir, "." TF_MANIFEST_NAME ".tmp");
+    char *final = tf__path_join(w->dir, TF_MANIFEST_NAME);
     tf_manifest old;
     memset(&old, 0, sizeof old);
     int fd = -1;
@@ -707,7 +697,7 @@ static int write_manifest(tf_writer *w) {
         int ours = 0;
         for (uint64_t k = 0; k < w->nshards && !ours; k++) ours = strcmp(old.shards[i].name, w->shards[k].name) == 0;
         if (ours) continue;
-        char *p = join(w->dir, old.shards[i].name);
+        char *p = tf__path_join(w->dir, old.shards[i].name);
         if (p) unlink(p);
         free(p);
     }
@@ -728,7 +718,7 @@ int tf_writer_finish(tf_writer *w) {
     if (w->fd >= 0) rc = close_shard(w);
     if (rc == 0) {
         /* Re-check: another writer may have published here since create. */
-        char *mpath = join(w->dir, TF_MANIFEST_NAME);
+        char *mpath = tf__path_join(w->dir, TF_MANIFEST_NAME);
         if (!mpath) rc = -ENOMEM;
         else if (!w->opt.overwrite && exists(mpath))
             rc = tf__seterr(-EEXIST, "%s: a tokenfeed dataset appeared here while writing. Pass overwrite=True to replace it.", w->dir);
