@@ -1307,7 +1307,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     py = sys.executable
     have_torch = _torch_ok()
     out_kind = "torch" if have_torch else "numpy"
-    tf = dict(base, kind="tokenfeed", path=native, output=out_kind)
+    tf = dict(base, kind="tokenfeed", path=native, output=out_kind, dtype_in=args.dtype if args.data else None)
     bi = tokenfeed.build_info()
 
     def add(name: str, group: str, case: Dict[str, Any], note: str = "", cache: str = "warm",
