@@ -143,7 +143,7 @@ static PyObject *Dataset_files(tfpy_Dataset *self, PyObject *unused) {
     return list;
 }
 
-PyDoc_STRVAR(Dataset_read_doc, "read(start, count, dtype=None) -> numpy.ndarray\n--\n\nCopy tokens [start, start+count), converted to dtype (default: the dataset's).");
+PyDoc_STRVAR(Dataset_read_doc, "read($self, start, count, dtype=None)\n--\n\nReturns numpy.ndarray. Copy tokens [start, start+count), converted to dtype (default: the dataset's).");
 
 static PyObject *Dataset_read(tfpy_Dataset *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"start", "count", "dtype", NULL};
@@ -173,7 +173,7 @@ static PyObject *Dataset_read(tfpy_Dataset *self, PyObject *args, PyObject *kw) 
     return arr;
 }
 
-PyDoc_STRVAR(Dataset_view_doc, "view(start, count) -> numpy.ndarray | None\n--\n\nZero-copy read-only view of tokens [start, start+count) when they lie in one uncompressed mapped file, else None.");
+PyDoc_STRVAR(Dataset_view_doc, "view($self, start, count, /)\n--\n\nReturns numpy.ndarray | None. Zero-copy read-only view of tokens [start, start+count) when they lie in one uncompressed mapped file, else None.");
 
 static PyObject *Dataset_view(tfpy_Dataset *self, PyObject *args) {
     unsigned long long start, count;
@@ -237,7 +237,7 @@ static int verify_cb(void *user, uint64_t done, uint64_t total) {
     return stop;
 }
 
-PyDoc_STRVAR(Dataset_verify_doc, "verify(threads=0, progress=None)\n--\n\nFull check of checksums, document indices and token ids < vocab_size. progress(done_bytes, total_bytes) is called periodically.");
+PyDoc_STRVAR(Dataset_verify_doc, "verify($self, threads=0, progress=None)\n--\n\nFull check of checksums, document indices and token ids < vocab_size. progress(done_bytes, total_bytes) is called periodically.");
 
 static PyObject *Dataset_verify(tfpy_Dataset *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"threads", "progress", NULL};
@@ -265,11 +265,11 @@ static PyObject *Dataset_paths(tfpy_Dataset *self, void *closure) {
 }
 
 static PyMethodDef Dataset_methods[] = {
-    {"files", (PyCFunction)Dataset_files, METH_NOARGS, "files() -> list[dict]\n--\n\nOne dict per file: path, format, dtype, counts."},
+    {"files", (PyCFunction)Dataset_files, METH_NOARGS, "files($self)\n--\n\nReturns list[dict]. One dict per file: path, format, dtype, counts."},
     {"read", (PyCFunction)(void (*)(void))Dataset_read, METH_VARARGS | METH_KEYWORDS, Dataset_read_doc},
     {"view", (PyCFunction)Dataset_view, METH_VARARGS, Dataset_view_doc},
     {"document", (PyCFunction)Dataset_document, METH_O, "document(i) -> (start, length)"},
-    {"find_document", (PyCFunction)Dataset_find_document, METH_O, "find_document(pos) -> int\n--\n\nIndex of the document containing token pos."},
+    {"find_document", (PyCFunction)Dataset_find_document, METH_O, "find_document($self, pos, /)\n--\n\nReturns int. Index of the document containing token pos."},
     {"verify", (PyCFunction)(void (*)(void))Dataset_verify, METH_VARARGS | METH_KEYWORDS, Dataset_verify_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -372,7 +372,7 @@ static int writer_check(tfpy_Writer *self) {
     return 0;
 }
 
-PyDoc_STRVAR(Writer_add_doc, "add_document(tokens)\n--\n\nAppend one document: any 1-D integer array-like.");
+PyDoc_STRVAR(Writer_add_doc, "add_document($self, tokens, /)\n--\n\nAppend one document: any 1-D integer array-like.");
 
 static PyObject *Writer_add_document(tfpy_Writer *self, PyObject *obj) {
     if (writer_check(self) < 0) return NULL;
@@ -441,8 +441,8 @@ static PyObject *Writer_counts(tfpy_Writer *self, void *closure) {
 
 static PyMethodDef Writer_methods[] = {
     {"add_document", (PyCFunction)Writer_add_document, METH_O, Writer_add_doc},
-    {"finish", (PyCFunction)Writer_finish, METH_NOARGS, "finish()\n--\n\nFlush the last shard and publish the manifest."},
-    {"abort", (PyCFunction)Writer_abort, METH_NOARGS, "abort()\n--\n\nDiscard what was written; any previous dataset stays."},
+    {"finish", (PyCFunction)Writer_finish, METH_NOARGS, "finish($self)\n--\n\nFlush the last shard and publish the manifest."},
+    {"abort", (PyCFunction)Writer_abort, METH_NOARGS, "abort($self)\n--\n\nDiscard what was written; any previous dataset stays."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -492,13 +492,17 @@ static void Permutation_dealloc(PyObject *self) {
     Py_DECREF(tp);
 }
 
-/* Apply f elementwise to a scalar or an integer array. */
-static PyObject *perm_map(tfpy_Permutation *self, PyObject *arg, int inverse) {
+/* Apply fn(ctx, x) to an int or elementwise to an integer array (as uint64,
+ * GIL released), refusing inputs >= limit with IndexError. One loop for every
+ * "position -> index" method of the binding. */
+typedef uint64_t (*u64_map_fn)(const void *ctx, uint64_t x);
+
+static PyObject *map_u64(PyObject *arg, u64_map_fn fn, const void *ctx, uint64_t limit) {
     if (PyLong_Check(arg)) {
         unsigned long long i = PyLong_AsUnsignedLongLong(arg);
         if (i == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-        if (i >= self->p.n) return PyErr_Format(PyExc_IndexError, "index %llu out of range [0, %llu)", i, (unsigned long long)self->p.n);
-        return PyLong_FromUnsignedLongLong(inverse ? tf_perm_inverse(&self->p, i) : tf_perm_apply(&self->p, i));
+        if (i >= limit) return PyErr_Format(PyExc_IndexError, "index %llu out of range [0, %llu)", i, (unsigned long long)limit);
+        return PyLong_FromUnsignedLongLong(fn(ctx, i));
     }
     PyArrayObject *in = (PyArrayObject *)PyArray_FROMANY(arg, NPY_UINT64, 0, 0, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST);
     if (!in) return NULL;
@@ -513,25 +517,29 @@ static PyObject *perm_map(tfpy_Permutation *self, PyObject *arg, int inverse) {
     int bad = 0;
     Py_BEGIN_ALLOW_THREADS
     for (npy_intp k = 0; k < n; k++) {
-        if (a[k] >= self->p.n) { bad = 1; break; }
-        b[k] = inverse ? tf_perm_inverse(&self->p, a[k]) : tf_perm_apply(&self->p, a[k]);
+        if (a[k] >= limit) { bad = 1; break; }
+        b[k] = fn(ctx, a[k]);
     }
     Py_END_ALLOW_THREADS
     Py_DECREF(in);
     if (bad) {
         Py_DECREF(out);
-        return PyErr_Format(PyExc_IndexError, "an index is out of range [0, %llu)", (unsigned long long)self->p.n);
+        return PyErr_Format(PyExc_IndexError, "an index is out of range [0, %llu)", (unsigned long long)limit);
     }
     return (PyObject *)out;
 }
 
-static PyObject *Permutation_apply(tfpy_Permutation *self, PyObject *arg) { return perm_map(self, arg, 0); }
-static PyObject *Permutation_inverse(tfpy_Permutation *self, PyObject *arg) { return perm_map(self, arg, 1); }
+static uint64_t perm_fwd(const void *p, uint64_t i) { return tf_perm_apply(p, i); }
+static uint64_t perm_inv(const void *p, uint64_t i) { return tf_perm_inverse(p, i); }
+static uint64_t order_at(const void *o, uint64_t pos) { return tf_order_sample_at(o, pos); }
+
+static PyObject *Permutation_apply(tfpy_Permutation *self, PyObject *arg) { return map_u64(arg, perm_fwd, &self->p, self->p.n); }
+static PyObject *Permutation_inverse(tfpy_Permutation *self, PyObject *arg) { return map_u64(arg, perm_inv, &self->p, self->p.n); }
 static PyObject *Permutation_len(tfpy_Permutation *self, void *c) { return PyLong_FromUnsignedLongLong(self->p.n); }
 
 static PyMethodDef Permutation_methods[] = {
-    {"apply", (PyCFunction)Permutation_apply, METH_O, "apply(i) -> int | ndarray\n--\n\nThe image of i (scalar or uint64 array)."},
-    {"inverse", (PyCFunction)Permutation_inverse, METH_O, "inverse(j) -> int | ndarray\n--\n\nThe preimage of j."},
+    {"apply", (PyCFunction)Permutation_apply, METH_O, "apply($self, i, /)\n--\n\nReturns int | ndarray. The image of i (scalar or uint64 array)."},
+    {"inverse", (PyCFunction)Permutation_inverse, METH_O, "inverse($self, j, /)\n--\n\nReturns int | ndarray. The preimage of j."},
     {NULL, NULL, 0, NULL},
 };
 static PyGetSetDef Permutation_getset[] = {
@@ -726,29 +734,10 @@ static void Order_dealloc(tfpy_Order *self) {
 }
 
 static PyObject *Order_sample_at(tfpy_Order *self, PyObject *arg) {
-    if (PyLong_Check(arg)) {
-        unsigned long long p = PyLong_AsUnsignedLongLong(arg);
-        if (p == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-        return PyLong_FromUnsignedLongLong(tf_order_sample_at(self->o, p));
-    }
-    PyArrayObject *in = (PyArrayObject *)PyArray_FROMANY(arg, NPY_UINT64, 0, 0, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST);
-    if (!in) return NULL;
-    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(in), PyArray_DIMS(in), NPY_UINT64);
-    if (!out) {
-        Py_DECREF(in);
-        return NULL;
-    }
-    const uint64_t *a = PyArray_DATA(in);
-    uint64_t *b = PyArray_DATA(out);
-    npy_intp n = PyArray_SIZE(in);
-    Py_BEGIN_ALLOW_THREADS
-    for (npy_intp k = 0; k < n; k++) b[k] = tf_order_sample_at(self->o, a[k]);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(in);
-    return (PyObject *)out;
+    return map_u64(arg, order_at, self->o, UINT64_MAX);
 }
 
-PyDoc_STRVAR(Order_fill_doc, "fill(sample, dtype=None, want=0) -> dict\n--\n\nTokens (L+1) and the requested extras of one sample.");
+PyDoc_STRVAR(Order_fill_doc, "fill($self, sample, dtype=None, want=0)\n--\n\nReturns dict. Tokens (L+1) and the requested extras of one sample.");
 
 static PyObject *Order_fill(tfpy_Order *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"sample", "dtype", "want", NULL};
@@ -805,7 +794,7 @@ finally:
     return result;
 }
 
-PyDoc_STRVAR(Order_packing_stats_doc, "packing_stats() -> dict\n--\n\n"
+PyDoc_STRVAR(Order_packing_stats_doc, "packing_stats($self)\n--\n\nReturns dict. "
 "Packing efficiency of one epoch (a mixture: summed over sources, each over its own epoch).");
 
 static PyObject *stats_dict(const tf_packing_stats *s) {
@@ -877,10 +866,10 @@ static PyObject *Order_get_dataset_fingerprint(tfpy_Order *self, void *c) {
 }
 
 static PyMethodDef Order_methods[] = {
-    {"sample_at", (PyCFunction)Order_sample_at, METH_O, "sample_at(pos) -> int | ndarray\n--\n\nSample index at global stream position(s)."},
+    {"sample_at", (PyCFunction)Order_sample_at, METH_O, "sample_at($self, pos, /)\n--\n\nReturns int | ndarray. Sample index at global stream position(s)."},
     {"fill", (PyCFunction)(void (*)(void))Order_fill, METH_VARARGS | METH_KEYWORDS, Order_fill_doc},
     {"packing_stats", (PyCFunction)Order_packing_stats, METH_NOARGS, Order_packing_stats_doc},
-    {"mix_schedule", (PyCFunction)Order_mix_schedule, METH_NOARGS, "mix_schedule() -> (window, [count per source])\n--\n\nExact per-window counts of a mixture ((1, [1]) for one dataset)."},
+    {"mix_schedule", (PyCFunction)Order_mix_schedule, METH_NOARGS, "mix_schedule($self)\n--\n\nReturns (window, [count per source]). Exact per-window counts of a mixture ((1, [1]) for one dataset)."},
     {NULL, NULL, 0, NULL},
 };
 static PyGetSetDef Order_getset[] = {

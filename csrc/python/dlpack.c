@@ -179,7 +179,7 @@ static int parse_stream(PyObject *obj, uintptr_t *stream, int *wait) {
 }
 
 PyDoc_STRVAR(DeviceTensor_dlpack_doc,
-"__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\n"
+"__dlpack__($self, *, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\n"
 "Export as a DLPack capsule. `stream` is the consumer's CUDA stream: it is made to\n"
 "wait for this batch's host-to-device copy (no host wait), and the batch's device\n"
 "slot is recycled only after work queued on that stream before the tensor is freed\n"
@@ -275,7 +275,7 @@ static tfpy_DeviceTensor *tensor_new(PyTypeObject *tp, devslot *h, char *data, s
 }
 
 PyDoc_STRVAR(DeviceTensor_view_doc,
-"_view(offset, shape, strides) -> DeviceTensor\n--\n\n"
+"_view($self, offset, shape, strides)\n--\n\nReturns DeviceTensor. "
 "A view sharing this tensor's device slot: element `offset` onwards, with the given\n"
 "shape and strides (in elements). Bounds are checked against the segment.");
 
@@ -341,9 +341,9 @@ static PyObject *DeviceTensor_get_ptr(tfpy_DeviceTensor *self, void *c) { return
 static PyMethodDef DeviceTensor_methods[] = {
     {"__dlpack__", (PyCFunction)(void (*)(void))DeviceTensor_dlpack, METH_VARARGS | METH_KEYWORDS, DeviceTensor_dlpack_doc},
     {"__dlpack_device__", (PyCFunction)DeviceTensor_dlpack_device, METH_NOARGS,
-     "__dlpack_device__() -> (2, device)\n--\n\n(kDLCUDA, device index)."},
+     "__dlpack_device__($self)\n--\n\nReturns (2, device). (kDLCUDA, device index)."},
     {"synchronize", (PyCFunction)DeviceTensor_synchronize, METH_NOARGS,
-     "synchronize()\n--\n\nBlock this thread until the batch's copy has landed (an event wait; for checks and tests)."},
+     "synchronize($self)\n--\n\nBlock this thread until the batch's copy has landed (an event wait; for checks and tests)."},
     {"_view", (PyCFunction)DeviceTensor_view, METH_VARARGS, DeviceTensor_view_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -415,7 +415,7 @@ static void DeviceRing_dealloc(tfpy_DeviceRing *self) {
 }
 
 PyDoc_STRVAR(DeviceRing_upload_doc,
-"upload(arrays, wait=True) -> list[DeviceTensor]\n--\n\n"
+"upload($self, arrays, wait=True)\n--\n\nReturns list[DeviceTensor]. "
 "Copy C-contiguous NumPy arrays into one device slot on the ring's copy stream and\n"
 "return a DeviceTensor for each. Returns before the copy completes; consumers are\n"
 "ordered after it through __dlpack__(stream=...). With wait=True, blocks (GIL\n"
@@ -550,12 +550,12 @@ static PyObject *DeviceRing_get_closed(tfpy_DeviceRing *self, void *c) { return 
 static PyMethodDef DeviceRing_methods[] = {
     {"upload", (PyCFunction)(void (*)(void))DeviceRing_upload, METH_VARARGS | METH_KEYWORDS, DeviceRing_upload_doc},
     {"close", (PyCFunction)DeviceRing_close, METH_NOARGS,
-     "close()\n--\n\nDrop the ring. Device tensors already handed out stay valid; their memory goes with the last of them."},
-    {"info", (PyCFunction)DeviceRing_info, METH_NOARGS, "info() -> dict\n--\n\nSlots, occupancy, pinned staging, counters."},
+     "close($self)\n--\n\nDrop the ring. Device tensors already handed out stay valid; their memory goes with the last of them."},
+    {"info", (PyCFunction)DeviceRing_info, METH_NOARGS, "info($self)\n--\n\nReturns dict. Slots, occupancy, pinned staging, counters."},
     {"cuda_available", (PyCFunction)DeviceRing_cuda_available, METH_NOARGS | METH_STATIC,
-     "cuda_available() -> (bool, str)\n--\n\nWhether CUDA is usable here, and what was loaded or why not."},
+     "cuda_available()\n--\n\nReturns (bool, str). Whether CUDA is usable here, and what was loaded or why not."},
     {"device_count", (PyCFunction)DeviceRing_device_count, METH_NOARGS | METH_STATIC,
-     "device_count() -> int\n--\n\nCUDA devices visible to this process (0 without CUDA)."},
+     "device_count()\n--\n\nReturns int. CUDA devices visible to this process (0 without CUDA)."},
     {NULL, NULL, 0, NULL},
 };
 static PyGetSetDef DeviceRing_getset[] = {

@@ -199,7 +199,7 @@ static int dict_put(PyObject *d, const char *k, PyObject *v) {
 }
 
 PyDoc_STRVAR(Loader_next_doc,
-"next() -> dict\n--\n\n"
+"next($self)\n--\n\nReturns dict. "
 "The next batch for this rank: 'tokens' (B, L+1), 'input_ids' and 'labels'\n"
 "(B, L) views of it, plus 'position_ids', 'cu_seqlens', 'num_seqs' and\n"
 "'loss_mask' when asked for. Raises StopIteration at the end of a finite stream.");
@@ -306,8 +306,8 @@ static PyObject *Loader_get_closed(tfpy_Loader *self, void *c) { return PyBool_F
 
 static PyMethodDef Loader_methods[] = {
     {"next", (PyCFunction)Loader_next, METH_NOARGS, Loader_next_doc},
-    {"seek", (PyCFunction)Loader_seek, METH_O, "seek(position)\n--\n\nMove to a global position (a multiple of the global batch). O(1)."},
-    {"close", (PyCFunction)Loader_close, METH_NOARGS, "close()\n--\n\nStop the worker threads. Batches already handed out stay valid."},
+    {"seek", (PyCFunction)Loader_seek, METH_O, "seek($self, position, /)\n--\n\nMove to a global position (a multiple of the global batch). O(1)."},
+    {"close", (PyCFunction)Loader_close, METH_NOARGS, "close($self)\n--\n\nStop the worker threads. Batches already handed out stay valid."},
     {"stats", (PyCFunction)Loader_stats, METH_NOARGS, "stats() -> dict"},
     {NULL, NULL, 0, NULL},
 };

@@ -109,7 +109,7 @@ int tfpy_parse_dtype(PyObject *obj, tf_dtype dflt, tf_dtype *out) {
 }
 
 PyDoc_STRVAR(build_info_doc,
-"build_info() -> dict\n--\n\n"
+"build_info($module)\n--\n\nReturns dict. "
 "What the C core was compiled with and what is usable at run time.");
 
 static PyObject *build_info(PyObject *mod, PyObject *unused) {
