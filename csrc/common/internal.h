@@ -89,4 +89,16 @@ TF_HIDDEN int tf__num_cpus(void);
 /* Monotonic clock in nanoseconds. */
 TF_HIDDEN uint64_t tf__now_ns(void);
 
+/* SIGBUS guard (sigbus.c): a file truncated while mapped must give -EIO, not
+ * kill the process. tf__sigbus_install() (once per process; tf__map_file calls
+ * it) installs a chaining SIGBUS handler. tf__sigbus_run() calls fn(arg) so
+ * that a bus error on a mapped page inside it returns -EIO, with a message
+ * naming the file among files[0, nfiles) whose mapping holds the address.
+ * Guards nest. Code under a guard must not hold a lock or an unstored
+ * allocation across a load from a mapping. */
+struct tf_file;
+TF_HIDDEN void tf__sigbus_install(void);
+TF_HIDDEN int tf__sigbus_installed(void);
+TF_HIDDEN int tf__sigbus_run(const struct tf_file *files, uint64_t nfiles, int (*fn)(void *), void *arg);
+
 #endif

@@ -325,6 +325,7 @@ static int start_threads(tf_loader *l) {
     }
     sigset_t all, old;
     sigfillset(&all);
+    sigdelset(&all, SIGBUS); /* a fault on a truncated mapping must reach the guard (sigbus.c) */
     pthread_sigmask(SIG_SETMASK, &all, &old);
     int started = 0, err = 0;
     for (int i = 0; i < l->nthreads; i++) {

@@ -502,7 +502,29 @@ static void fill_separator(void *out, size_t osz, tf_dtype odt, int64_t sep, uin
     for (uint64_t k = 0; k < n; k++) memcpy(o + k * osz, one, osz);
 }
 
+static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const tf_batch_view *v);
+typedef struct fill_call {
+    tf__worker *w;
+    uint64_t pos, rows;
+    const tf_batch_view *v;
+} fill_call;
+static int call_fill(void *p) {
+    fill_call *c = p;
+    return worker_fill(c->w, c->pos, c->rows, c->v);
+}
+
+/* The whole fill runs under the SIGBUS guard (common/sigbus.c): a file that
+ * shrank while mapped gives -EIO naming it instead of killing the process.
+ * This covers mmap reads, zstd blocks, and the document index walks of the
+ * order layer's spans and extras. Mapped bytes are only touched before any
+ * io_uring read is submitted, and every allocation inside is stored in the
+ * worker before mapped bytes are read, so abandoning the fill is safe. */
 int tf__worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const tf_batch_view *v) {
+    fill_call c = {w, pos, rows, v};
+    return tf__sigbus_run(w->rd->ds->files, w->rd->ds->nfiles, call_fill, &c);
+}
+
+static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const tf_batch_view *v) {
     tf__reader *r = w->rd;
     const tf_dataset *ds = r->ds;
     const tf_order *o = r->order;

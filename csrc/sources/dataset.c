@@ -52,6 +52,7 @@ int tf__map_file(const char *path, void **map, size_t *len) {
     if (m == MAP_FAILED) TF_FAIL(-e, "%s: cannot map %lld bytes: %s", path, (long long)st.st_size, strerror(e));
     *map = m;
     *len = (size_t)st.st_size;
+    tf__sigbus_install(); /* from now on a shrinking file may raise SIGBUS */
     return 0;
 }
 
@@ -528,7 +529,51 @@ uint64_t tf__dataset_file_of(const tf_dataset *ds, uint64_t pos) {
     return lo;
 }
 
+/* Public reads and lookups touch mapped bytes: they run under the SIGBUS
+ * guard (common/sigbus.c), so a file truncated while mapped gives -EIO. */
+typedef struct guarded_call {
+    const tf_dataset *ds;
+    uint64_t a, b;
+    void *out;
+    tf_dtype dt;
+    uint64_t *r1, *r2;
+} guarded_call;
+
+static int dataset_read(const tf_dataset *ds, uint64_t start, uint64_t count, void *out, tf_dtype out_dtype);
+static int dataset_document(const tf_dataset *ds, uint64_t i, uint64_t *start, uint64_t *len);
+static int dataset_find_document(const tf_dataset *ds, uint64_t pos, uint64_t *doc);
+static int call_read(void *p) {
+    guarded_call *c = p;
+    return dataset_read(c->ds, c->a, c->b, c->out, c->dt);
+}
+static int call_document(void *p) {
+    guarded_call *c = p;
+    return dataset_document(c->ds, c->a, c->r1, c->r2);
+}
+static int call_find_document(void *p) {
+    guarded_call *c = p;
+    return dataset_find_document(c->ds, c->a, c->r1);
+}
+
 int tf_dataset_read(const tf_dataset *ds, uint64_t start, uint64_t count, void *out, tf_dtype out_dtype) {
+    if (!ds) return -EINVAL;
+    guarded_call c = {ds, start, count, out, out_dtype, NULL, NULL};
+    return tf__sigbus_run(ds->files, ds->nfiles, call_read, &c);
+}
+
+int tf_dataset_document(const tf_dataset *ds, uint64_t i, uint64_t *start, uint64_t *len) {
+    if (!ds) return -EINVAL;
+    guarded_call c = {ds, i, 0, NULL, TF_DTYPE_INVALID, start, len};
+    return tf__sigbus_run(ds->files, ds->nfiles, call_document, &c);
+}
+
+int tf_dataset_find_document(const tf_dataset *ds, uint64_t pos, uint64_t *doc) {
+    if (!ds) return -EINVAL;
+    guarded_call c = {ds, pos, 0, NULL, TF_DTYPE_INVALID, doc, NULL};
+    return tf__sigbus_run(ds->files, ds->nfiles, call_find_document, &c);
+}
+
+static int dataset_read(const tf_dataset *ds, uint64_t start, uint64_t count, void *out, tf_dtype out_dtype) {
     if (!ds || (!out && count)) return -EINVAL;
     size_t osz = tf_dtype_size(out_dtype);
     if (!osz) TF_FAIL(-EINVAL, "invalid output dtype %d", (int)out_dtype);
@@ -576,7 +621,7 @@ static uint64_t file_of_doc(const tf_dataset *ds, uint64_t doc) {
     return lo;
 }
 
-int tf_dataset_document(const tf_dataset *ds, uint64_t i, uint64_t *start, uint64_t *len) {
+static int dataset_document(const tf_dataset *ds, uint64_t i, uint64_t *start, uint64_t *len) {
     if (!ds || !start || !len) return -EINVAL;
     if (i >= ds->num_docs)
         TF_FAIL(-ERANGE, "document %llu out of range: the dataset has %llu documents", (unsigned long long)i, (unsigned long long)ds->num_docs);
@@ -586,7 +631,7 @@ int tf_dataset_document(const tf_dataset *ds, uint64_t i, uint64_t *start, uint6
     return 0;
 }
 
-int tf_dataset_find_document(const tf_dataset *ds, uint64_t pos, uint64_t *doc) {
+static int dataset_find_document(const tf_dataset *ds, uint64_t pos, uint64_t *doc) {
     if (!ds || !doc) return -EINVAL;
     if (pos >= ds->num_tokens)
         TF_FAIL(-ERANGE, "token %llu out of range: the dataset has %llu tokens", (unsigned long long)pos, (unsigned long long)ds->num_tokens);
@@ -599,10 +644,11 @@ int tf_dataset_find_document(const tf_dataset *ds, uint64_t pos, uint64_t *doc) 
 /* verify                                                                    */
 /* ------------------------------------------------------------------------ */
 
-static int check_vocab(const tf_file *f, uint64_t vocab, _Atomic uint64_t *progress, _Atomic int *cancel) {
-    enum { CHUNK = 1 << 18 };
-    int64_t *buf = malloc(CHUNK * sizeof(int64_t));
-    if (!buf) return -ENOMEM;
+enum { CHUNK = 1 << 18 }; /* tokens per check_vocab read */
+
+/* buf: CHUNK int64 of scratch, allocated by tf__file_verify outside the guard. */
+static int check_vocab(const tf_file *f, uint64_t vocab, _Atomic uint64_t *progress, _Atomic int *cancel,
+                       int64_t *buf) {
     int rc = 0;
     size_t isz = tf_dtype_size(f->dtype);
     for (uint64_t s = 0; s < f->num_tokens && !rc; s += CHUNK) {
@@ -621,11 +667,41 @@ static int check_vocab(const tf_file *f, uint64_t vocab, _Atomic uint64_t *progr
         }
         if (!f->has_checksums) atomic_fetch_add(progress, n * isz);
     }
-    free(buf);
     return rc;
 }
 
+static int file_verify(const tf_file *f, uint64_t vocab_size, _Atomic uint64_t *progress, _Atomic int *cancel,
+                       void *scratch, size_t cap);
+typedef struct verify_call {
+    const tf_file *f;
+    uint64_t vocab;
+    _Atomic uint64_t *progress;
+    _Atomic int *cancel;
+    void *scratch;
+    size_t cap;
+} verify_call;
+static int call_verify(void *p) {
+    verify_call *c = p;
+    return file_verify(c->f, c->vocab, c->progress, c->cancel, c->scratch, c->cap);
+}
+
+/* Hashing and scanning a mapped file run under the SIGBUS guard (a file
+ * truncated meanwhile gives -EIO); the scratch buffer is allocated here,
+ * outside the guard, so a fault cannot leak it. */
 int tf__file_verify(const tf_file *f, uint64_t vocab_size, _Atomic uint64_t *progress, _Atomic int *cancel) {
+    size_t cap = CHUNK * sizeof(int64_t);
+    if (f->compressed && f->block_tokens * tf_dtype_size(f->dtype) > cap)
+        cap = (size_t)(f->block_tokens * tf_dtype_size(f->dtype));
+    void *scratch = malloc(cap);
+    if (!scratch) return -ENOMEM;
+    verify_call c = {f, vocab_size, progress, cancel, scratch, cap};
+    int rc = tf__sigbus_run(f, 1, call_verify, &c);
+    free(scratch);
+    return rc;
+}
+
+static int file_verify(const tf_file *f, uint64_t vocab_size, _Atomic uint64_t *progress, _Atomic int *cancel,
+                       void *scratch, size_t cap) {
     if (f->has_checksums) {
         /* tokens_checksum covers the uncompressed token bytes, so a compressed
          * shard and its uncompressed twin share checksums and fingerprint. */
@@ -644,19 +720,16 @@ int tf__file_verify(const tf_file *f, uint64_t vocab_size, _Atomic uint64_t *pro
                 atomic_fetch_add(progress, n);
             }
         } else {
-            size_t cap = (size_t)f->block_tokens * isz;
-            uint8_t *buf = malloc(cap ? cap : 1);
-            if (!buf) return -ENOMEM;
+            uint8_t *buf = scratch;
             for (uint64_t b = 0; b < f->num_blocks; b++) {
-                if (atomic_load(cancel)) { free(buf); return -ECANCELED; }
+                if (atomic_load(cancel)) return -ECANCELED;
                 uint64_t first = b * f->block_tokens;
                 uint64_t n = f->num_tokens - first < f->block_tokens ? f->num_tokens - first : f->block_tokens;
                 int rc = tf__native_read_block(f, b, buf, cap);
-                if (rc < 0) { free(buf); return rc; }
+                if (rc < 0) return rc;
                 tf__xxh64_update(&h, buf, (size_t)(n * isz));
                 atomic_fetch_add(progress, n * isz);
             }
-            free(buf);
         }
         uint64_t got = tf__xxh64_digest(&h);
         if (got != f->tokens_checksum)
@@ -683,7 +756,7 @@ int tf__file_verify(const tf_file *f, uint64_t vocab_size, _Atomic uint64_t *pro
                     f->aux_path, (unsigned long long)j, (unsigned long long)s, (unsigned long long)prev_end);
         prev_end = s + n;
     }
-    return check_vocab(f, vocab_size, progress, cancel);
+    return check_vocab(f, vocab_size, progress, cancel, scratch);
 }
 
 typedef struct verify_ctx {

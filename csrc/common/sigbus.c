@@ -1,0 +1,163 @@
+/*
+ * sigbus.c — turn a SIGBUS from a mapped file that shrank into -EIO.
+ *
+ * A file mapped with mmap can be truncated (or rewritten in place) by another
+ * process while we read it; touching a page past the new end raises SIGBUS,
+ * whose default action kills the whole training job. As LMDB and SQLite do for
+ * their mmap modes, library code that reads mapped memory runs under a guard:
+ *
+ *   - A process-wide SIGBUS handler is installed once (pthread_once), the first
+ *     time a file is mapped (tf__map_file). It is installed with
+ *     SA_SIGINFO | SA_ONSTACK and remembers the previous disposition.
+ *   - Each thread has a stack of guard frames (a sigjmp_buf each; guards
+ *     nest: the innermost catches). tf__sigbus_run(files, n, fn, arg) pushes a
+ *     frame, sigsetjmp(env, 0)s, calls fn(arg) and pops.
+ *   - The handler: if this thread is inside a guard and the fault is a real
+ *     memory fault (si_code BUS_ADRERR / BUS_OBJERR / BUS_MCEERR_AR, not a
+ *     kill()), it records si_addr and siglongjmps to the innermost frame.
+ *     Otherwise the fault is not ours: it calls the previous handler, or for
+ *     SIG_DFL/SIG_IGN restores the default disposition and lets the fault
+ *     happen again (or re-raises a sent signal), so SIGBUS behaves as before.
+ *   - Back in tf__sigbus_run, the frame is popped, SIGBUS unblocked (the
+ *     kernel blocked it for the handler and siglongjmp(…, 0-mask) does not
+ *     restore the mask), and the fault becomes -EIO with a message naming the
+ *     file whose mapping holds si_addr and the byte offset in it.
+ *
+ * Rules for code run under a guard: it may be abandoned at any load from a
+ * mapping, so it must not hold a lock, or have an allocation not yet stored
+ * where its owner frees it, across such a load. The engine's fill, the
+ * dataset's reads and lookups and verify's hashing follow this (allocations
+ * are stored before mapped bytes are touched; no locks are taken inside).
+ *
+ * Not covered: zero-copy NumPy views of a mapping handed to Python
+ * (Dataset.tokens/document): Python code reading them runs outside any guard,
+ * and a fault there kills the process as before. Set
+ * TOKENFEED_NO_SIGBUS_GUARD=1 to never install the handler.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../sources/source.h"
+
+typedef struct sigbus_frame {
+    sigjmp_buf env;
+    struct sigbus_frame *prev;
+    void *volatile addr;
+} sigbus_frame;
+
+/* initial-exec: the handler reads it, and a dynamic TLS access may allocate. */
+static _Thread_local sigbus_frame *tl_top __attribute__((tls_model("initial-exec")));
+
+static pthread_once_t install_once = PTHREAD_ONCE_INIT;
+static struct sigaction prev_sa;
+static volatile sig_atomic_t installed;
+
+static int is_memory_fault(const siginfo_t *si) {
+    if (!si) return 0;
+    switch (si->si_code) {
+    case BUS_ADRERR: /* page past the end of the file */
+    case BUS_OBJERR: /* object-specific hardware error */
+#ifdef BUS_MCEERR_AR
+    case BUS_MCEERR_AR: /* memory error on a page we touched */
+#endif
+        return 1;
+    default: return 0;
+    }
+}
+
+static void restore_default(void) {
+    struct sigaction d;
+    memset(&d, 0, sizeof d);
+    d.sa_handler = SIG_DFL;
+    sigemptyset(&d.sa_mask);
+    sigaction(SIGBUS, &d, NULL);
+}
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc) {
+    sigbus_frame *f = tl_top;
+    if (f && is_memory_fault(si)) {
+        f->addr = si->si_addr;
+        siglongjmp(f->env, 1);
+    }
+    /* Not ours: behave as if we were never installed. */
+    if (prev_sa.sa_flags & SA_SIGINFO) {
+        if (prev_sa.sa_sigaction) {
+            prev_sa.sa_sigaction(sig, si, uc);
+            return;
+        }
+    } else if (prev_sa.sa_handler == SIG_IGN) {
+        if (!si || si->si_code <= 0) return; /* a sent signal, ignored as before */
+    } else if (prev_sa.sa_handler != SIG_DFL) {
+        prev_sa.sa_handler(sig);
+        return;
+    }
+    /* Default action: a real fault re-executes and faults again, now fatal; a
+     * sent signal is re-raised (pending until this handler returns). */
+    restore_default();
+    if (!si || si->si_code <= 0) raise(sig);
+}
+
+static void install(void) {
+    const char *e = getenv("TOKENFEED_NO_SIGBUS_GUARD");
+    if (e && *e && strcmp(e, "0") != 0) return;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGBUS, &sa, &prev_sa) == 0) installed = 1;
+}
+
+void tf__sigbus_install(void) { pthread_once(&install_once, install); }
+
+int tf__sigbus_installed(void) { return installed; }
+
+/* The message for a fault at addr: which mapping of files[0, n) holds it. */
+static int fault_error(const struct tf_file *files, uint64_t n, const void *addr) {
+    const uint8_t *a = addr;
+    for (uint64_t i = 0; files && i < n; i++) {
+        const tf_file *f = &files[i];
+        const char *path = NULL;
+        size_t off = 0;
+        if (f->map && a >= (const uint8_t *)f->map && (size_t)(a - (const uint8_t *)f->map) < f->map_len) {
+            path = f->path;
+            off = (size_t)(a - (const uint8_t *)f->map);
+        } else if (f->aux_map && a >= (const uint8_t *)f->aux_map &&
+                   (size_t)(a - (const uint8_t *)f->aux_map) < f->aux_len) {
+            path = f->aux_path ? f->aux_path : f->path;
+            off = (size_t)(a - (const uint8_t *)f->aux_map);
+        }
+        if (path)
+            return tf__seterr(-EIO, "%s: the file changed while mapped: reading byte %zu failed (bus error). Files must not be modified while a job reads them; re-open the dataset.",
+                              path, off);
+    }
+    return tf__seterr(-EIO, "a mapped page at address %p could not be read (bus error): a file changed while mapped. Files must not be modified while a job reads them; re-open the dataset.",
+                      addr);
+}
+
+int tf__sigbus_run(const struct tf_file *files, uint64_t nfiles, int (*fn)(void *), void *arg) {
+    if (!installed) return fn(arg);
+    sigbus_frame fr;
+    fr.prev = tl_top;
+    fr.addr = NULL;
+    if (sigsetjmp(fr.env, 0)) {
+        tl_top = fr.prev;
+        sigset_t s;
+        sigemptyset(&s);
+        sigaddset(&s, SIGBUS);
+        pthread_sigmask(SIG_UNBLOCK, &s, NULL);
+        return fault_error(files, nfiles, fr.addr);
+    }
+    tl_top = &fr;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST); /* the handler sees the frame before fn runs */
+    int rc = fn(arg);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    tl_top = fr.prev;
+    return rc;
+}
