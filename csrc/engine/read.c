@@ -21,6 +21,7 @@
 #define _GNU_SOURCE
 #endif
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -406,12 +407,35 @@ static int rd_error(const tf__rd *d, int e) {
                       d->path, d->len - d->done, (unsigned long long)(d->off + d->done), errstr(e, eb, sizeof eb));
 }
 
+/* Test-only fault injection ($TOKENFEED_FAULT_READ, read once per process;
+ * tests/test_faults.py): "eio:N", "short:N" or "eof:N" makes the Nth read
+ * completion of the pread and io_uring backends (counted from 1 across the
+ * process) fail with EIO, report half of its bytes (the rest must be read
+ * again), or report 0 bytes (end of file). res is bytes or -errno. */
+static int fault_mode; /* 0 off, 1 eio, 2 short, 3 eof */
+static uint64_t fault_n;
+static _Atomic uint64_t fault_count;
+static pthread_once_t fault_once = PTHREAD_ONCE_INIT;
+static void fault_init(void) {
+    const char *e = getenv("TOKENFEED_FAULT_READ");
+    if (!e) return;
+    int m = !strncmp(e, "eio:", 4) ? 1 : !strncmp(e, "short:", 6) ? 2 : !strncmp(e, "eof:", 4) ? 3 : 0;
+    if (m) fault_n = strtoull(strchr(e, ':') + 1, NULL, 10);
+    fault_mode = fault_n ? m : 0;
+}
+static long fault_read(long res) {
+    pthread_once(&fault_once, fault_init);
+    if (TF_LIKELY(!fault_mode) || res < 0 || atomic_fetch_add(&fault_count, 1) + 1 != fault_n) return res;
+    return fault_mode == 1 ? -EIO : fault_mode == 2 ? res / 2 : 0;
+}
+
 static int run_pread(tf__worker *w, tf__rd *d) {
     for (;;) {
         ssize_t n = pread(d->fd, d->buf + d->done, d->len - d->done, (off_t)(d->off + d->done));
+        n = (ssize_t)fault_read(n < 0 ? -(long)errno : (long)n);
         if (n < 0) {
-            if (errno == EINTR || errno == EAGAIN) continue;
-            return rd_error(d, errno);
+            if (n == -EINTR || n == -EAGAIN) continue;
+            return rd_error(d, (int)-n);
         }
         w->bytes += (uint64_t)n;
         int rc = rd_advance(d, (size_t)n);
@@ -478,7 +502,7 @@ static int run_uring(tf__worker *w) {
             inflight--;
             size_t i = (size_t)io_uring_cqe_get_data64(cqe);
             tf__rd *d = &w->rds[i];
-            int res = cqe->res;
+            int res = (int)fault_read(cqe->res);
             if (res < 0) {
                 if (res == -EINTR || res == -EAGAIN) w->queue[nq++] = i;
                 else if (!err) err = rd_error(d, -res);
