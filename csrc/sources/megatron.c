@@ -127,5 +127,7 @@ int tf__open_megatron(const char *prefix, const tf_open_options *opt, tf_file *f
         tf__xxh64_update(&h, bins + (bl < S ? 0 : bl - S), (size_t)(bl < S ? bl : S));
     }
     f->fingerprint = tf__xxh64_digest(&h);
+    tf__release_pages(f->map, f->map_len);
+    tf__release_pages(f->aux_map, f->aux_len);
     return 0;
 }

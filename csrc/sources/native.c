@@ -214,7 +214,9 @@ int tf__open_native(const char *path, const tf_open_options *opt, tf_file *f) {
     f->path = strdup(path);
     if (!f->path) return -ENOMEM;
     TF_TRY(tf__map_file(path, &f->map, &f->map_len));
-    return tf__parse_native_header(path, f->map, f->map_len, f->map_len, f);
+    int rc = tf__parse_native_header(path, f->map, f->map_len, f->map_len, f);
+    if (rc == 0) tf__release_pages(f->map, f->map_len);
+    return rc;
 }
 
 /* ------------------------------------------------------------------------ */

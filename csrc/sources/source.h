@@ -146,6 +146,9 @@ TF_HIDDEN int tf__parse_npy_header(const char *path, const uint8_t *buf, size_t 
 
 /* O(1) fingerprint of a foreign file: its size and its first and last 64 KiB.
  * (Hashing everything would make open O(tokens).) Implemented in raw.c. */
+/* Drop the pages of a mapping from this process's RSS after the header
+ * checks at open (the data stays in the page cache). */
+TF_HIDDEN void tf__release_pages(const void *map, uint64_t len);
 TF_HIDDEN uint64_t tf__sampled_fingerprint(const uint8_t *buf, uint64_t len, uint64_t seed);
 
 /* dir + "/" + name, malloc'ed (NULL on ENOMEM). */
