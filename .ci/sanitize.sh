@@ -20,7 +20,7 @@ step() { echo; echo "== sanitize: $* (at ${SECONDS}s)"; }
 
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 # Leak checking on for the C programs (they free everything they allocate).
-export ASAN_OPTIONS=detect_leaks=1
+export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1
 
 step "C tests and fuzz corpus replay, ASan+UBSan"
 make -s -C csrc -j"$JOBS" SANITIZE=address,undefined test
@@ -28,21 +28,30 @@ make -s -C csrc -j"$JOBS" SANITIZE=address,undefined test
 step "pytest against an ASan+UBSan build of the extension"
 # A separate build (build/asan) so the editable install stays a normal
 # build; PYTHONPATH puts it ahead of the editable .pth entry.
+# It mirrors the repository layout (build/asan/python/tokenfeed next to a
+# copy of pyproject.toml) for tests that look at the package's files.
 rm -rf build/asan
-mkdir -p build/asan
-cp -r python/tokenfeed build/asan/
-rm -rf build/asan/tokenfeed/lib build/asan/tokenfeed/include build/asan/tokenfeed/__pycache__ build/asan/tokenfeed/*.so
+mkdir -p build/asan/python
+cp pyproject.toml build/asan/
+cp -r python/tokenfeed build/asan/python/
+rm -rf build/asan/python/tokenfeed/lib build/asan/python/tokenfeed/include build/asan/python/tokenfeed/__pycache__ \
+  build/asan/python/tokenfeed/*.so
 TOKENFEED_SANITIZE=address,undefined $PY setup.py -q build_ext --force \
-  --build-lib build/asan --build-temp build/asan-temp >build/asan-build.log 2>&1 ||
+  --build-lib build/asan/python --build-temp build/asan-temp >build/asan-build.log 2>&1 ||
   { tail -40 build/asan-build.log; exit 1; }
-LIBASAN=$(${CC:-cc} -print-file-name=libasan.so)
-# Python itself leaks at exit: leak checking off. Every other ASan/UBSan
+# libstdc++ preloaded too: otherwise ASan's __cxa_throw interceptor finds no
+# real symbol (python is not C++) and aborts on the first C++ exception in a
+# third-party extension (torch, matplotlib).
+LIBASAN="$(${CC:-cc} -print-file-name=libasan.so) $(${CC:-cc} -print-file-name=libstdc++.so)"
+# Python itself leaks at exit: leak checking off. allocator_may_return_null:
+# a huge request (tests ask for a 2^40-row batch) returns NULL as malloc
+# does, instead of ASan aborting, so the MemoryError path is tested. Every other ASan/UBSan
 # report aborts the test process, which fails pytest.
-env LD_PRELOAD="$LIBASAN" PYTHONMALLOC=malloc PYTHONPATH="$PWD/build/asan" \
-  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  TOKENFEED_SANITIZED=1 $PY -c 'import tokenfeed, sys; f = tokenfeed._core.__file__; print("sanitized build:", f); sys.exit("build/asan" not in f)'
-env LD_PRELOAD="$LIBASAN" PYTHONMALLOC=malloc PYTHONPATH="$PWD/build/asan" \
-  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+env LD_PRELOAD="$LIBASAN" PYTHONMALLOC=malloc PYTHONPATH="$PWD/build/asan/python" \
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  TOKENFEED_SANITIZED=1 $PY -c 'import tokenfeed, sys; f = tokenfeed._core.__file__; print("sanitized build:", f); sys.exit("build/asan/" not in f)'
+env LD_PRELOAD="$LIBASAN" PYTHONMALLOC=malloc PYTHONPATH="$PWD/build/asan/python" \
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   TOKENFEED_SANITIZED=1 $PY -m pytest -q -p no:cacheprovider "$@"
 
 step "engine stress test, TSan"
