@@ -1,4 +1,9 @@
 /* dtype.c — token dtypes and conversion between them. */
+/* The conversion loops are the hot path of batch assembly: GCC only
+ * vectorises them at -O3 (its -O2 cost model rejects loops with an epilogue). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("O3")
+#endif
 #include <string.h>
 
 #include "internal.h"
@@ -70,6 +75,17 @@ typedef double tf_f64;
 static inline float tf__f2i_tf_f32(double v) { return (float)v; }
 static inline double tf__f2i_tf_f64(double v) { return v; }
 
+/* Widening u16 -> i64 is the hot loop of batch assembly. Builds are generic
+ * x86-64 (SSE2), where it takes several shuffles per element; target_clones
+ * adds AVX2 and AVX-512 copies chosen once at load time (ifunc), so the same
+ * wheel runs everywhere and uses the wide loads where the CPU has them. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define TF_CONVERT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define TF_CONVERT_CLONES
+#endif
+
+TF_CONVERT_CLONES
 void tf_convert(void *dst, tf_dtype d, const void *src, tf_dtype s, size_t n) {
     if (n == 0) return;
     if (d == s) {
