@@ -94,7 +94,11 @@ class Dataset:
 
     def find_document(self, pos: int) -> int:
         """Index of the document that holds token ``pos``."""
-        return self._core.find_document(pos)
+        if not isinstance(pos, (int, np.integer)) or isinstance(pos, bool):
+            raise TypeError(f"pos must be an int, not {type(pos).__name__}")
+        if not 0 <= pos < self.num_tokens:
+            raise IndexError(f"token {pos} out of range: the dataset has {self.num_tokens} tokens")
+        return int(self._core.find_document(int(pos)))
 
     def verify(self, threads: int = 0, progress: Union[bool, Callable[[int, int], Any], None] = None) -> None:
         """Check every checksum, document index and token id (< vocab_size) on ``threads`` threads.

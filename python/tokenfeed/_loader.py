@@ -49,7 +49,15 @@ class StateError(ValueError):
     """A saved loader state does not match this loader (other data or configuration)."""
 
 
+def _check_int(name: str, v: Any) -> None:
+    """Refuse floats, strings and bools where an int is meant (int() would convert them silently)."""
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
+        raise TypeError(f"{name} must be an int, not {type(v).__name__} ({v!r})")
+
+
 def _resolve_rank(rank: Optional[int], world_size: Optional[int]) -> tuple[int, int]:
+    _check_int("rank", rank)
+    _check_int("world_size", world_size)
     if rank is not None and world_size is not None:
         return int(rank), int(world_size)
     r: Optional[int] = None
@@ -147,6 +155,8 @@ class Loader:
         want = ((_core.WANT_POSITION_IDS if position_ids else 0) | (_core.WANT_CU_SEQLENS if cu_seqlens else 0)
                 | (_core.WANT_LOSS_MASK if loss_mask else 0))
         # everything that changes the global stream (recorded in the state)
+        _check_int("seed", seed)
+        _check_int("separator_id", separator_id)
         self._config: Dict[str, Any] = {
             "packing": packing, "seq_len": self.seq_len, "separator_id": separator_id, "seed": int(seed),
             "shuffle": shuffle_mode, "block_size": int(block_size), "window_blocks": int(window_blocks),
