@@ -79,7 +79,10 @@ static inline double tf__f2i_tf_f64(double v) { return v; }
  * x86-64 (SSE2), where it takes several shuffles per element; target_clones
  * adds AVX2 and AVX-512 copies chosen once at load time (ifunc), so the same
  * wheel runs everywhere and uses the wide loads where the CPU has them. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+/* Not under sanitizers: the ifunc resolver runs during relocation, before
+ * the TSan runtime is initialised, and crashes there. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
+    !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
 #define TF_CONVERT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define TF_CONVERT_CLONES
