@@ -478,7 +478,10 @@ static int loader_create(const tf_dataset *const *dss, const double *weights, si
     if (l->bytes == 0) l->bytes = 64;
 
     int cores = tf__num_cpus();
-    l->nthreads = cfg->num_threads ? cfg->num_threads : (cores < 4 ? cores : 4);
+    /* Default: leave one core to the consumer (the training loop and its
+     * next() calls), at most 4 workers. On 2 cores, 2 workers plus the
+     * consumer measured ~25% slower than 1 worker (docs/performance.md). */
+    l->nthreads = cfg->num_threads ? cfg->num_threads : (cores - 1 < 4 ? cores - 1 : 4);
     if (l->nthreads < 1) l->nthreads = 1;
     if (l->nthreads > 256) l->nthreads = 256;
     l->depth = cfg->prefetch ? cfg->prefetch : 2 * l->nthreads + 2;
