@@ -523,19 +523,9 @@ int tf__order_fill_extras(const tf_order *o, uint64_t sample, const tf_sample_ex
         if (got < 0) return got;
         if (!got) break;
         if (ex->loss_mask) ex->loss_mask[b - 1] = 0;
-        if (b < L) {
-            if (ex->position_ids)
-                for (uint64_t t = last; t < b; t++) ex->position_ids[t] = (int32_t)(t - last);
-            if (ex->cu_seqlens) ex->cu_seqlens[nc] = (int32_t)b;
-            nc++;
-            last = b;
-        }
+        if (b < L) tf__extras_segment(ex, b, &last, &nc);
     }
-    if (ex->position_ids)
-        for (uint64_t t = last; t < L; t++) ex->position_ids[t] = (int32_t)(t - last);
-    if (ex->cu_seqlens)
-        for (uint64_t t = nc; t <= L; t++) ex->cu_seqlens[t] = (int32_t)L;
-    if (ex->num_seqs) ex->num_seqs[0] = (int32_t)nc; /* entries 0..nc are non-fill: nc segments */
+    tf__extras_finish(ex, L, last, nc);
     return 0;
 }
 

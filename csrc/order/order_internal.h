@@ -97,4 +97,24 @@ TF_HIDDEN int tf__mix_fill_extras(const tf_order *o, uint64_t sample, const tf_s
  * rest padding); shared by packed modes. */
 TF_HIDDEN void tf__extras_from_segments(uint64_t L, const tf__chunk *c, size_t n, const tf_sample_extras *ex);
 
+/* Building position_ids / cu_seqlens / num_seqs from segment starts, shared by
+ * every packing: start with {last = 0, nc = 1} and cu_seqlens[0] = 0, call
+ * tf__extras_segment for each segment start b in (0, L) in order, then
+ * tf__extras_finish (fills the rest of position_ids, pads cu_seqlens with L,
+ * and stores the number of segments). */
+static inline void tf__extras_segment(const tf_sample_extras *ex, uint64_t b, uint64_t *last, uint64_t *nc) {
+    if (ex->position_ids)
+        for (uint64_t t = *last; t < b; t++) ex->position_ids[t] = (int32_t)(t - *last);
+    if (ex->cu_seqlens) ex->cu_seqlens[*nc] = (int32_t)b;
+    (*nc)++;
+    *last = b;
+}
+static inline void tf__extras_finish(const tf_sample_extras *ex, uint64_t L, uint64_t last, uint64_t nc) {
+    if (ex->position_ids)
+        for (uint64_t t = last; t < L; t++) ex->position_ids[t] = (int32_t)(t - last);
+    if (ex->cu_seqlens)
+        for (uint64_t t = nc; t <= L; t++) ex->cu_seqlens[t] = (int32_t)L;
+    if (ex->num_seqs) ex->num_seqs[0] = (int32_t)nc; /* entries 0..nc-1 are segment starts: nc segments */
+}
+
 #endif

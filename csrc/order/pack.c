@@ -618,15 +618,7 @@ void tf__extras_from_segments(uint64_t L, const tf__chunk *c, size_t n, const tf
         b += (uint64_t)c[k].ntok + c[k].sep;
         int is_start = k + 1 < n || b < L + 1;
         if (!is_start || b >= L) break;
-        if (ex->position_ids)
-            for (uint64_t t = last; t < b; t++) ex->position_ids[t] = (int32_t)(t - last);
-        if (ex->cu_seqlens) ex->cu_seqlens[nc] = (int32_t)b;
-        nc++;
-        last = b;
+        tf__extras_segment(ex, b, &last, &nc);
     }
-    if (ex->position_ids)
-        for (uint64_t t = last; t < L; t++) ex->position_ids[t] = (int32_t)(t - last);
-    if (ex->cu_seqlens)
-        for (uint64_t t = nc; t <= L; t++) ex->cu_seqlens[t] = (int32_t)L;
-    if (ex->num_seqs) ex->num_seqs[0] = (int32_t)nc;
+    tf__extras_finish(ex, L, last, nc);
 }
