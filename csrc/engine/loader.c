@@ -477,15 +477,6 @@ static int loader_create(const tf_dataset *const *dss, const double *weights, si
     l->bytes = l->off_lm + align64((size_t)lm_b);
     if (l->bytes == 0) l->bytes = 64;
 
-    int cores = tf__num_cpus();
-    /* Default: leave one core to the consumer (the training loop and its
-     * next() calls), at most 4 workers. On 2 cores, 2 workers plus the
-     * consumer measured ~25% slower than 1 worker (docs/performance.md). */
-    l->nthreads = cfg->num_threads ? cfg->num_threads : (cores - 1 < 4 ? cores - 1 : 4);
-    if (l->nthreads < 1) l->nthreads = 1;
-    if (l->nthreads > 256) l->nthreads = 256;
-    l->depth = cfg->prefetch ? cfg->prefetch : 2 * l->nthreads + 2;
-    if (l->depth > 4096) l->depth = 4096;
     const char *fd = getenv("TOKENFEED_FAULT_DELAY_MS");
     if (fd && *fd) l->fault_delay_ns = strtoull(fd, NULL, 10) * 1000000ull;
 
@@ -495,6 +486,20 @@ static int loader_create(const tf_dataset *const *dss, const double *weights, si
         free(l);
         return rc;
     }
+    /* Default worker count. mmap (CPU-bound copies from the page cache):
+     * leave one core to the consumer, at most 4 - on 2 cores, 2 workers plus
+     * the consumer measured ~25% slower than 1 worker. pread/io_uring (chosen
+     * for cold data, where workers mostly wait on the device): 4, so that
+     * about four batches' reads are in flight - cold shuffled io_uring went
+     * from 80 M (1 worker) to 133-142 M tokens/s (4) on 2 cores. */
+    int cores = tf__num_cpus();
+    int cpu_default = cores - 1 < 4 ? cores - 1 : 4;
+    l->nthreads = cfg->num_threads ? cfg->num_threads
+                  : (l->rd.backend == TF_BACKEND_MMAP ? cpu_default : 4);
+    if (l->nthreads < 1) l->nthreads = 1;
+    if (l->nthreads > 256) l->nthreads = 256;
+    l->depth = cfg->prefetch ? cfg->prefetch : 2 * l->nthreads + 2;
+    if (l->depth > 4096) l->depth = 4096;
     l->slots = calloc((size_t)l->depth, sizeof *l->slots);
     l->pool = calloc(1, sizeof *l->pool);
     if (!l->slots || !l->pool || init_sync(l)) {

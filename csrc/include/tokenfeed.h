@@ -415,7 +415,8 @@ typedef struct tf_loader_config {
     uint32_t world_size;
     tf_dtype out_dtype;   /* TF_DTYPE_INVALID = the dataset's dtype */
     unsigned want;        /* TF_WANT_* bits */
-    int num_threads;      /* 0 = default: min(cores - 1, 4), at least 1 */
+    int num_threads;      /* 0 = default: mmap min(cores - 1, 4) (at least 1);
+                             pread/io_uring 4 (I/O-bound: keeps reads in flight) */
     int prefetch;         /* ring depth in batches; 0 = default */
     tf_backend backend;   /* TF_BACKEND_AUTO: $TOKENFEED_BACKEND, else mmap */
     int direct_io;        /* io_uring: open with O_DIRECT (aligned reads) */
