@@ -83,6 +83,15 @@ static inline uint64_t tf__mix64(uint64_t x) {
     return x;
 }
 
+/* Hint to the CPU inside a spin-wait loop. */
+static inline void tf__cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
 /* Number of online CPUs (>= 1). */
 TF_HIDDEN int tf__num_cpus(void);
 
