@@ -27,6 +27,7 @@
 #define TF__FD_UNUSABLE (-2) /* read this file through its mapping instead */
 
 #define TF__BLOCK_CACHE 16 /* decompressed blocks cached per worker */
+#define TF__PREFETCH_LINES 16 /* cache lines prefetched at the start of the next sample */
 #define TF__URING_QD 64    /* io_uring submission queue depth per worker */
 #define TF__DIO_ALIGN 4096 /* O_DIRECT offset / length / buffer alignment */
 

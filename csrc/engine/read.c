@@ -548,6 +548,19 @@ int tf__worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const tf_batch_v
     return tf__sigbus_run(w->rd->ds->files, w->rd->ds->nfiles, call_fill, &c);
 }
 
+/* Prefetch the first source lines of a sample whose tokens are one mapped span
+ * (concat without separators: the common case). Best effort, never fails. */
+static void prefetch_sample(const tf__reader *r, uint64_t sample) {
+    tf__span sp[2];
+    size_t ns = 0;
+    if (tf__order_sample_spans(r->order, sample, sp, 2, &ns) != 0 || ns == 0) return;
+    if (sp[0].src == TF_SPAN_SEPARATOR || sp[0].src == TF_SPAN_PAD) return;
+    const void *p;
+    tf_dtype dt;
+    if (tf_dataset_view(r->ds, sp[0].src, 1, &p, &dt) != 0) return;
+    for (int k = 0; k < TF__PREFETCH_LINES; k++) __builtin_prefetch((const char *)p + 64 * k, 0, 0);
+}
+
 static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const tf_batch_view *v) {
     tf__reader *r = w->rd;
     const tf_dataset *ds = r->ds;
@@ -561,8 +574,16 @@ static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const tf_batc
     int want_extras = v->position_ids || v->cu_seqlens || v->num_seqs || v->loss_mask;
     int rc = 0;
 
+    /* Software pipelining: the next row's sample index (a Feistel network:
+     * ~100 dependent multiplies) is computed, and its first source lines are
+     * prefetched, before this row is copied, so the copy of one row overlaps
+     * the memory latency of the next. Without it the loader ran at 9.1 us per
+     * 8x2048 batch against 6.5 us with precomputed offsets. */
+    const int prefetch = mmap_only && r->max_spans <= 2;
+    uint64_t sample = rows ? tf_order_sample_at(o, pos) : 0;
     for (uint64_t j = 0; j < rows && !rc; j++) {
-        uint64_t sample = tf_order_sample_at(o, pos + j);
+        uint64_t next = j + 1 < rows ? tf_order_sample_at(o, pos + j + 1) : 0;
+        if (prefetch && j + 1 < rows) prefetch_sample(r, next);
         uint8_t *row = (uint8_t *)v->tokens + j * (L + 1) * osz;
         size_t ns = 0;
         rc = tf__order_sample_spans(o, sample, w->spans, r->max_spans, &ns);
@@ -614,6 +635,7 @@ static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const tf_batc
             };
             rc = tf__order_fill_extras(o, sample, &ex);
         }
+        sample = next;
     }
 
     if (!rc && w->nrds) {
