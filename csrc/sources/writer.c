@@ -106,10 +106,13 @@ struct tf_writer {
 /* ------------------------------------------------------------------------ */
 
 
-static int write_all(int fd, const void *buf, size_t n, const char *path) {
+/* Write all n bytes, retrying short writes and EINTR: at off with pwrite, or
+ * at the file position when off is TF_AT_POS. */
+#define TF_AT_POS UINT64_MAX
+static int pwrite_all(int fd, const void *buf, size_t n, uint64_t off, const char *path) {
     const uint8_t *p = buf;
     while (n) {
-        ssize_t w = write(fd, p, n);
+        ssize_t w = off == TF_AT_POS ? write(fd, p, n) : pwrite(fd, p, n, (off_t)off);
         if (w < 0) {
             if (errno == EINTR) continue;
             int e = errno;
@@ -117,24 +120,13 @@ static int write_all(int fd, const void *buf, size_t n, const char *path) {
         }
         p += w;
         n -= (size_t)w;
+        if (off != TF_AT_POS) off += (uint64_t)w;
     }
     return 0;
 }
 
-static int pwrite_all(int fd, const void *buf, size_t n, uint64_t off, const char *path) {
-    const uint8_t *p = buf;
-    while (n) {
-        ssize_t w = pwrite(fd, p, n, (off_t)off);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            int e = errno;
-            TF_FAIL(-e, "%s: write failed: %s", path, strerror(e));
-        }
-        p += w;
-        n -= (size_t)w;
-        off += (uint64_t)w;
-    }
-    return 0;
+static int write_all(int fd, const void *buf, size_t n, const char *path) {
+    return pwrite_all(fd, buf, n, TF_AT_POS, path);
 }
 
 static int fsync_dir(const char *dir) {
