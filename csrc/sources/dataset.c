@@ -766,6 +766,7 @@ typedef struct verify_ctx {
     _Atomic int cancel;
     _Atomic int running;
     pthread_mutex_t mu;
+    pthread_cond_t done; /* signalled when the last worker exits */
     int rc;
     uint64_t failed_file;
     char msg[1024];
@@ -789,7 +790,9 @@ static void *verify_worker(void *arg) {
             atomic_store(&c->cancel, 1);
         }
     }
-    atomic_fetch_sub(&c->running, 1);
+    pthread_mutex_lock(&c->mu);
+    if (atomic_fetch_sub(&c->running, 1) == 1) pthread_cond_signal(&c->done);
+    pthread_mutex_unlock(&c->mu);
     return NULL;
 }
 
@@ -808,8 +811,17 @@ int tf_dataset_verify(const tf_dataset *ds, int threads, tf_progress_fn cb, void
     memset(&c, 0, sizeof c);
     c.ds = ds;
     pthread_mutex_init(&c.mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c.done, &ca);
+    pthread_condattr_destroy(&ca);
     pthread_t *th = calloc((size_t)threads, sizeof *th);
-    if (!th) return -ENOMEM;
+    if (!th) {
+        pthread_cond_destroy(&c.done);
+        pthread_mutex_destroy(&c.mu);
+        return -ENOMEM;
+    }
     int started = 0;
     for (int t = 0; t < threads; t++) {
         atomic_fetch_add(&c.running, 1);
@@ -823,17 +835,32 @@ int tf_dataset_verify(const tf_dataset *ds, int threads, tf_progress_fn cb, void
         atomic_fetch_add(&c.running, 1);
         verify_worker(&c);
     }
+    /* Wake for progress reports every 100 ms, or at once when the workers are
+     * done (a small dataset verifies in well under one poll interval). The
+     * callback runs without mu held: it may take the GIL. */
     int cancelled = 0;
+    pthread_mutex_lock(&c.mu);
     while (atomic_load(&c.running) > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += 100 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&c.done, &c.mu, &ts);
+        if (atomic_load(&c.running) == 0) break;
+        pthread_mutex_unlock(&c.mu);
         if (cb && !cancelled && cb(user, atomic_load(&c.progress), total)) {
             atomic_store(&c.cancel, 1);
             cancelled = 1;
         }
-        struct timespec ts = {0, 20 * 1000 * 1000};
-        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&c.mu);
     }
+    pthread_mutex_unlock(&c.mu);
     for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
     free(th);
+    pthread_cond_destroy(&c.done);
     pthread_mutex_destroy(&c.mu);
     if (c.rc) return tf__seterr(c.rc, "%s", c.msg);
     if (cancelled) TF_FAIL(-ECANCELED, "verify cancelled");
