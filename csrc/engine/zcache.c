@@ -33,9 +33,10 @@
  * the lock), READY. pins counts workers reading the buffer; a pinned or
  * LOADING entry is never chosen as a victim. A worker pins at most one entry
  * at a time (tf__zhold: the block it is copying from, kept while consecutive
- * pieces come from it), plus the one it loads, so with capacity >= workers + 1
- * a victim always exists; if not (a tiny explicit capacity), the worker
- * decodes into its own scratch buffer without caching.
+ * pieces come from it) or the one it loads, so with capacity >= workers + 1
+ * (any automatic size) a victim always exists; with a smaller explicit
+ * capacity, a worker that finds every entry in use decodes into its own
+ * scratch buffer without caching.
  *
  * Locking: one mutex `mu` over the table, the list and the entries' state,
  * pins and keys. Block bytes are written only by the loading worker while
@@ -134,15 +135,33 @@ static double window_blocks(const tf__zgeom *g, const zfacts *z) {
 
 /* Entries the cache needs so that, with the shuffle of g, each block is
  * decoded once per window visit (block shuffle), once (no shuffle), or as
- * rarely as a small cache allows (full shuffle: hits are luck). */
+ * rarely as a small cache allows (full shuffle: hits are luck).
+ *
+ * Block shuffle: between two uses of a block of window w, the workers use
+ * other blocks of w (at most the window's ws), blocks of w - 1 that batches
+ * still in flight read (near the start of w) and blocks of w + 1 that batches
+ * claimed ahead read (near its end). At most depth batches of B samples are in
+ * flight (the claim bound of loader.c), each sample touching at most
+ * 1 + ceil(L / bt) blocks, and they span at most ceil(depth * B / window) + 1
+ * windows. With ws + twice that + one pin per worker, LRU never evicts a block
+ * before its last use in its window, whatever the thread timing, so a block
+ * is decoded at most once per window it belongs to: at most twice per epoch
+ * (a block can straddle two sample blocks of different windows). */
 static double needed_entries(const tf__zgeom *g, const zfacts *z) {
     double S = (double)g->seq_len + 1, bt = (double)z->bt_min;
-    /* what the workers hold while assembling their batches */
-    double per_worker = ceil((double)g->batch_size * S / bt) + 2;
-    double base = (double)g->nthreads * per_worker;
+    double per_sample = 1 + ceil((S - 1) / bt);
+    /* what the workers assemble at once */
+    double base = (double)g->nthreads * (ceil((double)g->batch_size * S / bt) + 2);
     if (base < 16.0 * g->nthreads) base = 16.0 * g->nthreads; /* the old per-worker cache, at least */
     double need = base + g->nthreads + 1;
-    if (g->shuffle == TF_SHUFFLE_BLOCK) need += window_blocks(g, z);
+    if (g->shuffle == TF_SHUFFLE_BLOCK) {
+        double ws = window_blocks(g, z);
+        double flight = (double)g->depth * (double)g->batch_size; /* samples */
+        double ahead = flight * per_sample;
+        double wins = ceil(flight / ((double)g->window_blocks * (double)g->block_size)) + 1;
+        if (ahead > wins * ws) ahead = wins * ws;
+        need += ws + 2 * ahead;
+    }
     return need;
 }
 
@@ -286,16 +305,20 @@ int tf__zcache_create(const tf_dataset *ds, const tf__zgeom *g, tf__zcache **out
     int capped = 0;
     double floor_n = (double)g->nthreads + 1;
     if (g->cache_bytes) {
+        /* As asked, even below one entry per worker: workers that find every
+         * entry in use decode into their own buffer, uncached. */
         want = floor((double)g->cache_bytes / (double)z.blk_bytes);
+        if (want < 1) want = 1;
+        if (want > (double)z.blocks + floor_n) want = (double)z.blocks + floor_n; /* more is useless */
     } else {
         want = needed_entries(g, &z);
+        if (want > (double)z.blocks + floor_n) want = (double)z.blocks + floor_n;
         if (want * (double)z.blk_bytes > (double)TF__ZCACHE_AUTO_MAX) {
             want = floor((double)TF__ZCACHE_AUTO_MAX / (double)z.blk_bytes);
             capped = 1;
         }
+        if (want < floor_n) want = floor_n;
     }
-    if (want > (double)z.blocks + floor_n) want = (double)z.blocks + floor_n; /* more is useless */
-    if (want < floor_n) want = floor_n;
     if (want > Z_MAX_ENTRIES) want = Z_MAX_ENTRIES;
 
     tf__zcache *c = calloc(1, sizeof *c);
