@@ -721,11 +721,13 @@ static int file_verify(const tf_file *f, uint64_t vocab_size, _Atomic uint64_t *
             }
         } else {
             uint8_t *buf = scratch;
+            uint64_t next_off = 0;
             for (uint64_t b = 0; b < f->num_blocks; b++) {
                 if (atomic_load(cancel)) return -ECANCELED;
                 uint64_t first = b * f->block_tokens;
                 uint64_t n = f->num_tokens - first < f->block_tokens ? f->num_tokens - first : f->block_tokens;
-                int rc = tf__native_read_block(f, b, buf, cap);
+                int rc = tf__native_check_frame(f, b, &next_off);
+                if (rc == 0) rc = tf__native_read_block(f, b, buf, cap);
                 if (rc < 0) return rc;
                 tf__xxh64_update(&h, buf, (size_t)(n * isz));
                 atomic_fetch_add(progress, n * isz);

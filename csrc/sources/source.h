@@ -180,6 +180,9 @@ TF_HIDDEN tf_file *tf__files_push(tf_file **files, uint64_t *nfiles, uint64_t *c
 /* Decompress block b of a compressed file into out (block_tokens tokens or
  * fewer for the last block). Implemented in native.c. */
 TF_HIDDEN int tf__native_read_block(const tf_file *f, uint64_t b, void *out, size_t out_cap);
+/* verify(): block b is one standard zstd frame stored right at *next_off
+ * (advanced past it); the last one ends the token section. native.c. */
+TF_HIDDEN int tf__native_check_frame(const tf_file *f, uint64_t b, uint64_t *next_off);
 
 struct tf_dataset {
     tf_file *files;
