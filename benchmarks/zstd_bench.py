@@ -28,6 +28,7 @@ the medians. ``--json`` writes every figure.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -371,7 +372,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     # ---- speed datasets: the real tokens repeated up to --tokens
     rep = max(1, -(-a.tokens // real.size))
     log(f"writing speed datasets: {rep} x {real.size / 1e6:.1f} M real tokens")
-    paths = {k: os.path.join(a.cache_dir, k) for k in ("plain", "zstd")}
+    paths: Dict[Any, str] = {k: os.path.join(a.cache_dir, k) for k in ("plain", "zstd")}
     paths.update({b: os.path.join(a.cache_dir, f"zstd-{b}") for b in small})
     write(paths["plain"], real, real_lens, a.vocab, repeat=rep)
     write(paths["zstd"], real, real_lens, a.vocab, repeat=rep, compression="zstd", block_tokens=65536, level=a.level)
@@ -383,18 +384,19 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     L, B = a.seq_len, a.batch_size
     window_tokens = 1024 * 16 * L
-    kw = dict(seq_len=L, batch_size=B, seconds=a.seconds, warmup_tokens=window_tokens + window_tokens // 2)
+    kw: Dict[str, Any] = dict(seq_len=L, batch_size=B, seconds=a.seconds,
+                              warmup_tokens=window_tokens + window_tokens // 2)
     cases: Dict[str, Callable[[], Dict[str, Any]]] = {}
     threads = [None if t == "default" else int(t) for t in a.threads.split(",")]
     for th in threads:
         sfx = "" if th is None else f" threads={th}"
-        cases[f"plain block{sfx}"] = lambda th=th: time_loader(paths["plain"], "block", threads=th, **kw)
-        cases[f"zstd block{sfx}"] = lambda th=th: time_loader(paths["zstd"], "block", threads=th, **kw)
+        cases[f"plain block{sfx}"] = functools.partial(time_loader, paths["plain"], "block", threads=th, **kw)
+        cases[f"zstd block{sfx}"] = functools.partial(time_loader, paths["zstd"], "block", threads=th, **kw)
     cases["decode 1 thread"] = lambda: time_decode(paths["zstd"], a.seconds)
     kf = dict(kw, warmup_tokens=20 * L * B)  # a full shuffle's cache holds no window: a short warm-up
     cases["plain full"] = lambda: time_loader(paths["plain"], "full", **kf)
     for b in small:
-        cases[f"zstd full block_tokens={b}"] = lambda b=b: time_loader(paths[b], "full", **kf)
+        cases[f"zstd full block_tokens={b}"] = functools.partial(time_loader, paths[b], "full", **kf)
     cases["zstd full block_tokens=65536"] = lambda: time_loader(paths["zstd"], "full", **dict(kf, seconds=a.seconds / 2))
     res = interleaved(cases, a.trials)
     report["speed"] = res
