@@ -15,8 +15,10 @@ It measures:
   uncompressed vs zstd (64 Ki-token blocks), with the decode cost from ``stats()``;
 * the single-thread sequential decode rate (``Dataset.tokens()`` in 1 Mi-token
   chunks: C decode + copy), and workers x that rate;
-* ``shuffle="full"`` on zstd data at the recommended small block size
-  (``--full-block-tokens``, 4096 by default) and at 64 Ki, beside uncompressed.
+* ``shuffle="full"`` on zstd data at small block sizes (``--full-block-tokens``) and
+  at 64 Ki, beside uncompressed;
+* rank 0 of ``--ranks`` data-parallel ranks on the block shuffle, at 64 Ki and 4 Ki
+  blocks: each rank decodes the blocks its own samples touch.
 
 Trials are interleaved (every configuration once per trial) so that a noisy machine
 slows all of them alike; the report gives the best trial of each and the ratios of
@@ -240,18 +242,25 @@ def other_threads_cpu() -> float:
 
 
 def time_loader(path: str, shuffle: str, *, seq_len: int, batch_size: int, seconds: float, warmup_tokens: int,
-                threads: Optional[int] = None) -> Dict[str, Any]:
+                threads: Optional[int] = None, world_size: int = 1) -> Dict[str, Any]:
+    """Tokens/s of rank 0 of world_size ranks (the other ranks' batches are not read)."""
     ds = tokenfeed.open(path)
-    ld = tokenfeed.Loader(ds, seq_len=seq_len, batch_size=batch_size, seed=0, shuffle=shuffle,
-                          num_threads=threads, dtype="int64", output="numpy")
+    ld = tokenfeed.Loader(ds, seq_len=seq_len, batch_size=batch_size, seed=0, shuffle=shuffle, rank=0,
+                          world_size=world_size, num_threads=threads, dtype="int64", output="numpy")
     it = iter(ld)
     per = seq_len * batch_size
-    # warm-up: enough batches to fill the block cache (one shuffle window or more)
+    # warm-up: a shuffle window or more, and until the block cache has touched all of its memory
+    # (first-touch page faults are a start-up cost, not the steady state), within a time limit
     t = time.perf_counter()
     got = 0
-    while got < warmup_tokens and time.perf_counter() - t < 2 * seconds:
-        next(it)
-        got += per
+    while time.perf_counter() - t < max(3 * seconds, 5.0):
+        for _ in range(16):
+            next(it)
+        got += 16 * per
+        if got >= warmup_tokens:
+            z = ld.stats().get("zstd") or {}
+            if z.get("cache_allocated", 0) >= z.get("cache_bytes", 0):
+                break
     st0 = ld.stats()
     z0 = st0.get("zstd") or {}
     c0 = other_threads_cpu()
@@ -331,6 +340,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--threads", default="default",
                    help="comma-separated worker counts for the block-shuffle comparison ('default' = the "
                         "loader's default); e.g. default,2")
+    p.add_argument("--ranks", type=int, default=8, help="world size of the data-parallel cases (rank 0 is timed)")
     p.add_argument("--seconds", type=float, default=None, help="timed seconds per configuration and trial (default 2)")
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--quick", action="store_true")
@@ -393,6 +403,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         cases[f"plain block{sfx}"] = functools.partial(time_loader, paths["plain"], "block", threads=th, **kw)
         cases[f"zstd block{sfx}"] = functools.partial(time_loader, paths["zstd"], "block", threads=th, **kw)
     cases["decode 1 thread"] = lambda: time_decode(paths["zstd"], a.seconds)
+    # data parallel: rank 0 of 8 takes 1/8 of every window's samples, scattered over all of its blocks
+    sb = 4096 if 4096 in small else small[0]
+    kr = dict(kw, world_size=a.ranks, warmup_tokens=kw["warmup_tokens"] // a.ranks)
+    cases[f"zstd block, rank 0 of {a.ranks}"] = functools.partial(time_loader, paths["zstd"], "block", **kr)
+    cases[f"zstd block, rank 0 of {a.ranks}, block_tokens={sb}"] = functools.partial(time_loader, paths[sb], "block", **kr)
     kf = dict(kw, warmup_tokens=20 * L * B)  # a full shuffle's cache holds no window: a short warm-up
     cases["plain full"] = lambda: time_loader(paths["plain"], "full", **kf)
     for b in small:
