@@ -55,7 +55,6 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -125,11 +124,19 @@ static int gather(const tf_dataset *ds, zfacts *z) {
     return 0;
 }
 
+/* floor and ceil of x >= 0 without libm (the shared library links none);
+ * values beyond 2^63 saturate, far past any size used here. */
+static double floor_pos(double x) { return x < 9.2e18 ? (double)(uint64_t)x : x; }
+static double ceil_pos(double x) {
+    double f = floor_pos(x);
+    return f < x ? f + 1 : f;
+}
+
 /* Blocks one window of the block shuffle touches (all sources of a mixture
  * advance together, so each contributes its window). */
 static double window_blocks(const tf__zgeom *g, const zfacts *z) {
     double bt = (double)z->bt_min;
-    double per_run = ceil((double)g->block_size * (double)g->seq_len / bt) + 2;
+    double per_run = ceil_pos((double)g->block_size * (double)g->seq_len / bt) + 2;
     return (double)g->num_sources * (double)g->window_blocks * per_run;
 }
 
@@ -149,20 +156,32 @@ static double window_blocks(const tf__zgeom *g, const zfacts *z) {
  * (a block can straddle two sample blocks of different windows). */
 static double needed_entries(const tf__zgeom *g, const zfacts *z) {
     double S = (double)g->seq_len + 1, bt = (double)z->bt_min;
-    double per_sample = 1 + ceil((S - 1) / bt);
+    double per_sample = 1 + ceil_pos((S - 1) / bt);
     /* what the workers assemble at once */
-    double base = (double)g->nthreads * (ceil((double)g->batch_size * S / bt) + 2);
+    double base = (double)g->nthreads * (ceil_pos((double)g->batch_size * S / bt) + 2);
     if (base < 16.0 * g->nthreads) base = 16.0 * g->nthreads; /* the old per-worker cache, at least */
     double need = base + g->nthreads + 1;
     if (g->shuffle == TF_SHUFFLE_BLOCK) {
         double ws = window_blocks(g, z);
         double flight = (double)g->depth * (double)g->batch_size; /* samples */
         double ahead = flight * per_sample;
-        double wins = ceil(flight / ((double)g->window_blocks * (double)g->block_size)) + 1;
+        double wins = ceil_pos(flight / ((double)g->window_blocks * (double)g->block_size)) + 1;
         if (ahead > wins * ws) ahead = wins * ws;
         need += ws + 2 * ahead;
     }
     return need;
+}
+
+/* base^q for 0 < base <= 1, q >= 0, without libm (the shared library links
+ * no libm): squaring for the integer part, linear between the two integer
+ * powers for the fraction. Close enough for a cost model. */
+static double pow_model(double base, double q) {
+    double r = 1.0, b = base;
+    uint64_t k = (uint64_t)q;
+    double f = q - (double)k;
+    for (uint64_t e = k; e; e >>= 1, b *= b)
+        if (e & 1) r *= b;
+    return r * (1.0 - f * (1.0 - base));
 }
 
 /* Predicted tokens decoded per token delivered from compressed files, for
@@ -198,7 +217,7 @@ static double cost_model(const tf__zgeom *g, const zfacts *z, double C) {
     }
     case TF_SHUFFLE_BLOCK: {
         double q = (bt + S - 1) / L;
-        double touch = R == 1 ? 1.0 : 1.0 - pow(1.0 - 1.0 / R, q);
+        double touch = R == 1 ? 1.0 : 1.0 - pow_model(1.0 - 1.0 / R, q);
         double Bk = (double)(g->block_size ? g->block_size : 1);
         r = R * touch * (L + bt / Bk) / S;
         double ws = window_blocks(g, z) * touch;
@@ -218,7 +237,7 @@ static double cost_model(const tf__zgeom *g, const zfacts *z, double C) {
 
 static void human_bytes(char *out, size_t cap, double b) {
     if (b >= 1024.0 * 1024 * 1024) snprintf(out, cap, "%.1f GiB", b / (1024.0 * 1024 * 1024));
-    else snprintf(out, cap, "%.0f MiB", ceil(b / (1024.0 * 1024)));
+    else snprintf(out, cap, "%.0f MiB", ceil_pos(b / (1024.0 * 1024)));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -307,14 +326,14 @@ int tf__zcache_create(const tf_dataset *ds, const tf__zgeom *g, tf__zcache **out
     if (g->cache_bytes) {
         /* As asked, even below one entry per worker: workers that find every
          * entry in use decode into their own buffer, uncached. */
-        want = floor((double)g->cache_bytes / (double)z.blk_bytes);
+        want = floor_pos((double)g->cache_bytes / (double)z.blk_bytes);
         if (want < 1) want = 1;
         if (want > (double)z.blocks + floor_n) want = (double)z.blocks + floor_n; /* more is useless */
     } else {
         want = needed_entries(g, &z);
         if (want > (double)z.blocks + floor_n) want = (double)z.blocks + floor_n;
         if (want * (double)z.blk_bytes > (double)TF__ZCACHE_AUTO_MAX) {
-            want = floor((double)TF__ZCACHE_AUTO_MAX / (double)z.blk_bytes);
+            want = floor_pos((double)TF__ZCACHE_AUTO_MAX / (double)z.blk_bytes);
             capped = 1;
         }
         if (want < floor_n) want = floor_n;
