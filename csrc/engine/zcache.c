@@ -200,12 +200,14 @@ static double pow_model(double base, double q) {
  *          smaller than the working set falls back toward c1.
  * R ranks on a shuffled order each decode the blocks their samples touch:
  * the model says how much of that work is theirs alone. */
-static double cost_model(const tf__zgeom *g, const zfacts *z, double C) {
+enum { Z_WHY_FULL = 1, Z_WHY_CACHE = 2, Z_WHY_RANKS = 3 }; /* what makes the cost (*why) */
+static double cost_model(const tf__zgeom *g, const zfacts *z, double C, int *why) {
     double S = (double)g->seq_len + 1, L = (double)g->seq_len;
     double bt = (double)z->tokens / (double)(z->blocks ? z->blocks : 1);
     double NB = (double)z->blocks, R = (double)(g->world_size ? g->world_size : 1);
     double c1 = (bt + S - 1) / S;
     double r;
+    *why = 0;
     if (C >= NB) return 1.0; /* everything fits: each block is decoded once */
     switch (g->shuffle) {
     case TF_SHUFFLE_NONE: {
@@ -213,6 +215,7 @@ static double cost_model(const tf__zgeom *g, const zfacts *z, double C) {
         r = 1 + bt / (B * L);
         if (r > R) r = R;
         if (R == 1) r = 1;
+        *why = Z_WHY_RANKS;
         break;
     }
     case TF_SHUFFLE_BLOCK: {
@@ -220,16 +223,18 @@ static double cost_model(const tf__zgeom *g, const zfacts *z, double C) {
         double touch = R == 1 ? 1.0 : 1.0 - pow_model(1.0 - 1.0 / R, q);
         double Bk = (double)(g->block_size ? g->block_size : 1);
         r = R * touch * (L + bt / Bk) / S;
+        *why = Z_WHY_RANKS;
         double ws = window_blocks(g, z) * touch;
         if (ws > NB) ws = NB;
         if (C < ws) {
             double miss = c1 * (1 - C / ws);
-            if (miss > r) r = miss;
+            if (miss > r) r = miss, *why = Z_WHY_CACHE;
         }
         break;
     }
     default:
         r = c1 * (1 - C / NB);
+        *why = Z_WHY_FULL;
         break;
     }
     return r < 1 ? 1 : r;
@@ -237,7 +242,8 @@ static double cost_model(const tf__zgeom *g, const zfacts *z, double C) {
 
 static void human_bytes(char *out, size_t cap, double b) {
     if (b >= 1024.0 * 1024 * 1024) snprintf(out, cap, "%.1f GiB", b / (1024.0 * 1024 * 1024));
-    else snprintf(out, cap, "%.0f MiB", ceil_pos(b / (1024.0 * 1024)));
+    else if (b >= 1024.0 * 1024) snprintf(out, cap, "%.0f MiB", ceil_pos(b / (1024.0 * 1024)));
+    else snprintf(out, cap, "%.0f KiB", ceil_pos(b / 1024.0));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -375,27 +381,32 @@ int tf__zcache_create(const tf_dataset *ds, const tf__zgeom *g, tf__zcache **out
 
     /* The pins held by workers are not available for reuse. */
     double usable = (double)c->n - g->nthreads;
-    c->model = cost_model(g, &z, usable < 1 ? 1 : usable);
+    int why;
+    c->model = cost_model(g, &z, usable < 1 ? 1 : usable, &why);
     char need_s[24], have_s[24];
     human_bytes(have_s, sizeof have_s, (double)c->n * (double)z.blk_bytes);
-    if (capped) {
-        human_bytes(need_s, sizeof need_s, needed_entries(g, &z) * (double)z.blk_bytes);
+    human_bytes(need_s, sizeof need_s, needed_entries(g, &z) * (double)z.blk_bytes);
+    unsigned long long bt = (unsigned long long)z.bt_max, L2 = 2 * (unsigned long long)g->seq_len;
+    if (capped)
         snprintf(c->note, sizeof c->note,
                  "the block-shuffle window needs %.12s of decompressed zstd blocks, the cache stops at %.12s: "
                  "set zstd_cache_bytes, or lower block_size x window_blocks",
                  need_s, have_s);
-    } else if (c->model > TF__ZCOST_WARN) {
-        if (g->shuffle == TF_SHUFFLE_FULL)
-            snprintf(c->note, sizeof c->note,
-                     "decodes ~%.0fx the zstd tokens it delivers: a full shuffle decodes a %llu-token block "
-                     "per sample. Use shuffle='block', or write the data with block_tokens=4096",
-                     c->model, (unsigned long long)z.bt_max);
-        else
-            snprintf(c->note, sizeof c->note,
-                     "decodes ~%.0fx the zstd tokens it delivers (%llu ranks each decode the blocks of their "
-                     "samples; %llu-token blocks). Smaller block_tokens or uncompressed data cost less",
-                     c->model, (unsigned long long)g->world_size, (unsigned long long)z.bt_max);
-    }
+    else if (c->model > TF__ZCOST_WARN && why == Z_WHY_FULL)
+        snprintf(c->note, sizeof c->note,
+                 "decodes ~%.0fx the zstd tokens it delivers: a full shuffle decodes a %llu-token block per "
+                 "sample. Use shuffle='block', or write the data with block_tokens <= %llu (2 x seq_len)",
+                 c->model, bt, L2);
+    else if (c->model > TF__ZCOST_WARN && why == Z_WHY_CACHE)
+        snprintf(c->note, sizeof c->note,
+                 "decodes ~%.0fx the zstd tokens it delivers: zstd_cache_bytes gives %.12s, one block-shuffle "
+                 "window needs %.12s. Raise it, or leave it at 0 (sized from the window)",
+                 c->model, have_s, need_s);
+    else if (c->model > TF__ZCOST_WARN)
+        snprintf(c->note, sizeof c->note,
+                 "decodes ~%.0fx the zstd tokens it delivers: each of the %llu ranks decodes the %llu-token "
+                 "blocks its samples touch. Write the data with block_tokens <= %llu (2 x seq_len)",
+                 c->model, (unsigned long long)g->world_size, bt, L2);
     *out = c;
     return 0;
 }
