@@ -89,7 +89,7 @@ static PyObject *Loader_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     if (get_u64(kw, "batch_size", &cfg.batch_size) < 0 || get_u64(kw, "rank", &rank) < 0 ||
         get_u64(kw, "world_size", &world) < 0 || get_u64(kw, "num_threads", &threads) < 0 ||
         get_u64(kw, "prefetch", &prefetch) < 0 || get_u64(kw, "want", &want) < 0 ||
-        get_u64(kw, "direct_io", &direct) < 0)
+        get_u64(kw, "direct_io", &direct) < 0 || get_u64(kw, "zstd_cache_bytes", &cfg.zstd_cache_bytes) < 0)
         return NULL;
     if (rank > UINT32_MAX || world > UINT32_MAX || threads > 4096 || prefetch > 1 << 20)
         return PyErr_Format(PyExc_ValueError, "rank/world_size/num_threads/prefetch out of range");
@@ -287,11 +287,37 @@ static PyObject *Loader_stats(tfpy_Loader *self, PyObject *unused) {
     tf_loader_stats s;
     memset(&s, 0, sizeof s);
     tf_loader_get_stats(self->l, &s);
-    return Py_BuildValue("{s:K,s:K,s:K,s:d,s:K,s:K,s:s,s:i,s:s}", "batches", (unsigned long long)s.batches, "tokens",
+    PyObject *d = Py_BuildValue("{s:K,s:K,s:K,s:d,s:K,s:K,s:s,s:i,s:s}", "batches", (unsigned long long)s.batches, "tokens",
                          (unsigned long long)s.tokens, "bytes_read", (unsigned long long)s.bytes_read, "wait_seconds",
                          (double)s.wait_ns / 1e9, "ring_ready", (unsigned long long)s.ring_ready, "ring_slots",
                          (unsigned long long)s.ring_slots, "backend", tf_backend_name(s.backend), "num_threads",
                          s.num_threads, "backend_note", s.backend_note);
+    if (!d) return NULL;
+    if (!s.zstd_cache_bytes) { /* no compressed file */
+        if (PyDict_SetItemString(d, "zstd", Py_None) < 0) {
+            Py_DECREF(d);
+            return NULL;
+        }
+        return d;
+    }
+    PyObject *z = Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:s}",
+                                "cache_bytes", (unsigned long long)s.zstd_cache_bytes,
+                                "cache_allocated", (unsigned long long)s.zstd_cache_allocated,
+                                "blocks_decoded", (unsigned long long)s.zstd_blocks_decoded,
+                                "tokens_decoded", (unsigned long long)s.zstd_tokens_decoded,
+                                "tokens_used", (unsigned long long)s.zstd_tokens_used,
+                                "cache_hits", (unsigned long long)s.zstd_cache_hits,
+                                "cache_misses", (unsigned long long)s.zstd_cache_misses,
+                                "cache_waits", (unsigned long long)s.zstd_cache_waits,
+                                "decode_ratio", s.zstd_decode_ratio, "decode_model", s.zstd_decode_model,
+                                "note", s.zstd_note);
+    if (!z || PyDict_SetItemString(d, "zstd", z) < 0) {
+        Py_XDECREF(z);
+        Py_DECREF(d);
+        return NULL;
+    }
+    Py_DECREF(z);
+    return d;
 }
 
 static PyObject *Loader_get_position(tfpy_Loader *self, void *c) {

@@ -17,12 +17,12 @@ from typing import Any, Dict
 from . import _core
 from ._core import FormatError
 from ._dataset import Dataset, DatasetWriter, open
-from ._loader import Loader, StateError
+from ._loader import Loader, PerformanceWarning, StateError
 
 __version__: str = _core.__version__
 
-__all__ = ["Dataset", "DatasetWriter", "FormatError", "Loader", "StateError", "build_info", "get_include",
-           "get_library", "open", "__version__"]
+__all__ = ["Dataset", "DatasetWriter", "FormatError", "Loader", "PerformanceWarning", "StateError", "build_info",
+           "get_include", "get_library", "open", "__version__"]
 
 
 def build_info() -> Dict[str, Any]:

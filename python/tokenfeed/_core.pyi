@@ -121,6 +121,19 @@ class Order:
     def sample_at(self, pos: npt.ArrayLike, /) -> _UIntArray: ...
     def fill(self, sample: int, dtype: _DTypeArg = None, want: int = 0) -> Dict[str, npt.NDArray[Any]]: ...
 
+class _ZstdStats(TypedDict):
+    cache_bytes: int
+    cache_allocated: int
+    blocks_decoded: int
+    tokens_decoded: int
+    tokens_used: int
+    cache_hits: int
+    cache_misses: int
+    cache_waits: int
+    decode_ratio: float
+    decode_model: float
+    note: str
+
 class _LoaderStats(TypedDict):
     batches: int
     tokens: int
@@ -131,10 +144,11 @@ class _LoaderStats(TypedDict):
     backend: str
     num_threads: int
     backend_note: str
+    zstd: Optional[_ZstdStats]
 
 class Loader:
     # the Order keywords plus the engine's: batch_size, rank, world_size, dtype, want (WANT_* bits),
-    # num_threads, prefetch, backend ("auto", "mmap", "pread", "io_uring"), direct_io
+    # num_threads, prefetch, backend ("auto", "mmap", "pread", "io_uring"), direct_io, zstd_cache_bytes
     def __new__(cls, dataset: Union[Dataset, Sequence[Dataset]], /, **config: Any) -> "Loader": ...
     @property
     def position(self) -> int: ...

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import warnings
 from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -47,6 +48,16 @@ def _packing_kw(packing: str, pad_id: Optional[int], pack_window: int) -> tuple[
 
 class StateError(ValueError):
     """A saved loader state does not match this loader (other data or configuration)."""
+
+
+class PerformanceWarning(UserWarning):
+    """A loader configuration that works, but will be much slower than it needs to be.
+
+    Emitted once per loader, e.g. when reading zstd-compressed data would decode more than
+    8x the tokens it delivers (a full shuffle over large compressed blocks). The same text
+    is in ``stats()["zstd"]["note"]``. Silence with ``warnings.filterwarnings("ignore",
+    category=tokenfeed.PerformanceWarning)``.
+    """
 
 
 def _check_int(name: str, v: Any) -> None:
@@ -97,6 +108,13 @@ class Loader:
 
     The C engine (threads, buffers) starts lazily in the process that iterates, so a
     Loader can be created before ``fork`` or pickled to a ``spawn`` worker.
+
+    On zstd-compressed data the workers share a cache of decompressed blocks sized from
+    the shuffle (a block-shuffle window: ~86 MiB at the defaults, at most 1 GiB);
+    ``zstd_cache_bytes`` sets it instead. It changes how often a block is decoded, never
+    the stream. ``stats()["zstd"]`` reports it, with the tokens decoded per token
+    delivered; a configuration predicted to decode more than 8x what it delivers gets a
+    :class:`PerformanceWarning` (see ``docs/performance.md``).
     """
 
     def __init__(self, dataset: Union[Dataset, PathLike, Sequence[Any]], *, seq_len: int, batch_size: int,
@@ -107,7 +125,7 @@ class Loader:
                  prefetch: Optional[int] = None, backend: Optional[str] = None, direct_io: bool = False,
                  block_size: int = 1024, window_blocks: int = 16, packing: str = "concat",
                  pad_id: Optional[int] = None, pack_window: int = 1024, weights: Optional[Sequence[float]] = None,
-                 mix_window: int = 1000,
+                 mix_window: int = 1000, zstd_cache_bytes: Optional[int] = None,
                  device: Any = None, device_slots: int = 4) -> None:
         # weights= makes `dataset` a list of sources mixed by weight (docs/packing.md);
         # without it a list of paths is one dataset (files concatenated), as before
@@ -171,10 +189,14 @@ class Loader:
             separator_id=separator_id, **pack_kw)
         if self.weights is not None:
             self._order_kw.update(weights=list(self.weights), mix_window=int(mix_window))
+        _check_int("zstd_cache_bytes", zstd_cache_bytes)
+        if zstd_cache_bytes is not None and zstd_cache_bytes < 0:
+            raise ValueError(f"zstd_cache_bytes must be >= 0 (0 = sized from the shuffle), got {zstd_cache_bytes}")
         self._engine_kw: Dict[str, Any] = dict(
             batch_size=self.batch_size, rank=r, world_size=w, dtype=self.out_dtype.name, want=want,
             num_threads=num_threads or 0, prefetch=prefetch or 0, backend=backend,
-            direct_io=1 if direct_io else 0)
+            direct_io=1 if direct_io else 0, zstd_cache_bytes=int(zstd_cache_bytes or 0))
+        self._warned = False
         # validates the configuration now, not at the first batch
         self._order = _core.Order(self._core_source(), **self._order_kw)
         self.num_samples: int = self._order.num_samples
@@ -205,6 +227,12 @@ class Loader:
             if self._position:
                 eng.seek(self._position)
             self._engine = eng
+            z = eng.stats().get("zstd")
+            if z and z["note"] and not self._warned:
+                self._warned = True
+                # stacklevel 3: the caller of next()/stats(), through __next__ or stats
+                warnings.warn(PerformanceWarning(f"tokenfeed: {z['note']} (docs/performance.md, "
+                                                 f"'Compressed data')"), stacklevel=3)
         return self._engine
 
     @property
@@ -266,7 +294,15 @@ class Loader:
             pass
 
     def stats(self) -> Dict[str, Any]:
-        """Batches, tokens, bytes read, backend in use, seconds the consumer waited, ring occupancy."""
+        """Batches, tokens, bytes read, backend in use, seconds the consumer waited, ring occupancy.
+
+        ``zstd`` is ``None`` without compressed files, else a dict: ``cache_bytes``
+        (capacity of the decompressed-block cache the workers share), ``cache_allocated``,
+        ``blocks_decoded``, ``tokens_decoded``, ``tokens_used`` (copied into batches),
+        ``decode_ratio`` (decoded / used so far), ``decode_model`` (predicted for this
+        configuration), ``cache_hits``, ``cache_misses``, ``cache_waits`` and ``note``
+        (why this configuration is slow on compressed data, or ``""``).
+        """
         st: Dict[str, Any] = self._get_engine().stats()
         return st
 
