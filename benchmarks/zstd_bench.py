@@ -447,10 +447,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"| {r['block_tokens']} | {r['ratio']:.2f} | {zr[r['block_tokens']]:.2f} |"
               if r["block_tokens"] in zr else f"| {r['block_tokens']} | {r['ratio']:.2f} | |")
     print()
-    print("| configuration | tokens/s (median of %d) | best | per worker CPU-s | decode x | cache |" % a.trials)
+    print("| configuration | tokens/s (median of %d) | best | per worker CPU-s | decode x (model) | cache |" % a.trials)
     print("|---|---:|---:|---:|---:|---:|")
     for name, r in res.items():
-        dr = f"{r['decode_ratio']:.2f}" if r.get("decode_ratio") else ""
+        dr = f"{r['decode_ratio']:.2f} ({r['decode_model']:.2f})" if r.get("decode_ratio") else ""
         cm = f"{r['cache_mib']:.2g} MiB" if r.get("cache_mib") else ""
         cp = human(statistics.median(r["cpu_trials"])) if r.get("cpu_trials") else ""
         print(f"| {name} | {human(r['median_tokens_per_s'])} | {human(r['best_tokens_per_s'])} | {cp} | {dr} | {cm} |")
