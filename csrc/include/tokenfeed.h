@@ -37,10 +37,14 @@ extern "C" {
 #define TF_API
 #endif
 
+/* The version of tokenfeed: written here only (setup.py reads it for the
+ * Python package's version). */
 #define TF_VERSION_MAJOR 0
 #define TF_VERSION_MINOR 1
 #define TF_VERSION_PATCH 0
-#define TF_VERSION_STRING "0.1.0"
+#define TF__STR_(x) #x
+#define TF__STR(x) TF__STR_(x)
+#define TF_VERSION_STRING TF__STR(TF_VERSION_MAJOR) "." TF__STR(TF_VERSION_MINOR) "." TF__STR(TF_VERSION_PATCH)
 
 /* ------------------------------------------------------------------------ */
 /* Errors                                                                    */
