@@ -69,7 +69,7 @@ TF_API const char *tf_strerror(int err);
  * library ("" when none). Valid until the next failing call on this thread. */
 TF_API const char *tf_last_error(void);
 
-/* Library version string, e.g. "0.1.0". */
+/* Library version string, "MAJOR.MINOR.PATCH" (TF_VERSION_STRING). */
 TF_API const char *tf_version(void);
 
 /* Features compiled in: bit set of TF_FEATURE_*. */
