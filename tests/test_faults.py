@@ -223,6 +223,7 @@ def inject_data(tmp_path_factory):
     return root / "ds"
 
 
+@pytest.mark.test_hooks
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "mmap"])
 @pytest.mark.parametrize("mode", ["eio", "short", "eof"])
 def test_injected_read_faults(inject_data, backend, mode):

@@ -120,7 +120,8 @@ struct tf_loader {
     uint64_t nfree;
     int stop;
     int paused; /* after an error: no claims until the consumer asks again */
-    /* Fault injection ($TOKENFEED_FAULT_DELAY_MS, read at create): each worker
+    /* Fault injection ($TOKENFEED_FAULT_DELAY_MS, read at create in test
+     * builds, TF_TEST_HOOKS; 0 otherwise): each worker
      * waits this long before assembling a batch, so tests can hold next() in
      * its wait (Ctrl-C, close from another thread) deterministically. The
      * wait ends early when the loader stops. */
@@ -478,8 +479,10 @@ static int loader_create(const tf_dataset *const *dss, const double *weights, si
     l->bytes = l->off_lm + align64((size_t)lm_b);
     if (l->bytes == 0) l->bytes = 64;
 
+#ifdef TF_TEST_HOOKS
     const char *fd = getenv("TOKENFEED_FAULT_DELAY_MS");
     if (fd && *fd) l->fault_delay_ns = strtoull(fd, NULL, 10) * 1000000ull;
+#endif
 
     rc = tf__reader_init(&l->rd, ds, l->order, cfg->backend, cfg->direct_io, odt);
     if (rc) {

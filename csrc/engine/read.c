@@ -411,7 +411,9 @@ static int rd_error(const tf__rd *d, int e) {
  * tests/test_faults.py): "eio:N", "short:N" or "eof:N" makes the Nth read
  * completion of the pread and io_uring backends (counted from 1 across the
  * process) fail with EIO, report half of its bytes (the rest must be read
- * again), or report 0 bytes (end of file). res is bytes or -errno. */
+ * again), or report 0 bytes (end of file). res is bytes or -errno.
+ * Compiled only into test builds (TF_TEST_HOOKS); elsewhere a no-op. */
+#ifdef TF_TEST_HOOKS
 static int fault_mode; /* 0 off, 1 eio, 2 short, 3 eof */
 static uint64_t fault_n;
 static _Atomic uint64_t fault_count;
@@ -428,6 +430,9 @@ static long fault_read(long res) {
     if (TF_LIKELY(!fault_mode) || res < 0 || atomic_fetch_add(&fault_count, 1) + 1 != fault_n) return res;
     return fault_mode == 1 ? -EIO : fault_mode == 2 ? res / 2 : 0;
 }
+#else
+static inline long fault_read(long res) { return res; }
+#endif
 
 static int run_pread(tf__worker *w, tf__rd *d) {
     for (;;) {

@@ -37,10 +37,14 @@ extern "C" {
 #define TF_API
 #endif
 
+/* The version of tokenfeed: written here only (setup.py reads it for the
+ * Python package's version). */
 #define TF_VERSION_MAJOR 0
 #define TF_VERSION_MINOR 1
 #define TF_VERSION_PATCH 0
-#define TF_VERSION_STRING "0.1.0"
+#define TF__STR_(x) #x
+#define TF__STR(x) TF__STR_(x)
+#define TF_VERSION_STRING TF__STR(TF_VERSION_MAJOR) "." TF__STR(TF_VERSION_MINOR) "." TF__STR(TF_VERSION_PATCH)
 
 /* ------------------------------------------------------------------------ */
 /* Errors                                                                    */
@@ -65,7 +69,7 @@ TF_API const char *tf_strerror(int err);
  * library ("" when none). Valid until the next failing call on this thread. */
 TF_API const char *tf_last_error(void);
 
-/* Library version string, e.g. "0.1.0". */
+/* Library version string, "MAJOR.MINOR.PATCH" (TF_VERSION_STRING). */
 TF_API const char *tf_version(void);
 
 /* Features compiled in: bit set of TF_FEATURE_*. */

@@ -165,7 +165,7 @@ def _plan_chunks(paths: Sequence[str], forced: Optional[str], chunk_bytes: int) 
 
 def _pyarrow_parquet() -> Any:
     try:
-        import pyarrow.parquet as pq  # type: ignore[import-untyped, unused-ignore]
+        import pyarrow.parquet as pq  # type: ignore[import-untyped, import-not-found, unused-ignore]
     except ImportError:
         raise CLIError("reading Parquet needs pyarrow: pip install pyarrow") from None
     return pq
@@ -858,7 +858,17 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=cmd_verify)
 
     sub.add_parser("bench", add_help=False, help="benchmark the loader (see 'tokenfeed bench --help')")
+    sub.add_parser("build-info", help="what this build has (zstd, io_uring, CUDA), what is usable here, how to get the rest",
+                   description="Print what the C core was built with and what is usable on this machine; for a "
+                               "library the build lacks, which package to install.").set_defaults(func=cmd_build_info)
     return ap
+
+
+def cmd_build_info(a: argparse.Namespace) -> int:
+    from ._build import report
+
+    print(report())
+    return 0
 
 
 def _version() -> str:
@@ -907,10 +917,12 @@ def _run(fn: Callable[[], int], debug: bool) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
-    except (CLIError, FormatError, OSError, ValueError) as e:
+    except (CLIError, FormatError, OSError, ValueError, NotImplementedError) as e:
         if debug:
             raise
         msg = str(e)
+        if isinstance(e, NotImplementedError):  # a feature this build lacks
+            msg += f" ('{PROG} build-info' says what this build has and how to get the rest)"
         if isinstance(e, OSError) and e.strerror:  # drop the "[Errno N]" prefix
             msg = e.strerror
         if isinstance(e, OSError) and e.filename and str(e.filename) not in msg:
