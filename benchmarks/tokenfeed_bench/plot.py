@@ -22,7 +22,7 @@ def _panels(report: Dict[str, Any]) -> List[str]:
     big = report.get("larger_than_memory") or {}
     if big.get("status") == "ok" and any(r.get("status") == "ok" for r in big.get("rows", [])):
         out.append("larger")
-    if any(r.get("status") == "ok" for r in report.get("startup") or []):
+    if any(r.get("status") == "ok" and not r.get("layout") and not r.get("sparse") for r in report.get("startup") or []):
         out.append("startup")
     return out
 
@@ -35,6 +35,7 @@ def write_plot(report: Dict[str, Any], path: str) -> Optional[str]:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         from matplotlib.patches import Patch
+        from matplotlib.ticker import FuncFormatter
     except ImportError:
         return "matplotlib is not installed: pip install matplotlib (or pip install 'tokenfeed[bench]')"
     panels = _panels(report)
@@ -68,6 +69,10 @@ def write_plot(report: Dict[str, Any], path: str) -> Optional[str]:
                     ax.plot(xs, ys, marker="o", label=r["name"], color=COLORS.get(r["group"]) if r["name"] ==
                             "tokenfeed" else None, linewidth=2.5 if r["name"] == "tokenfeed" else 1.2)
             ax.set_xscale("log")
+            steps = sorted({s["step_ms"] for r in report["results"] for s in (r.get("stalls") or [])})
+            ax.set_xticks(steps)
+            ax.set_xticklabels([f"{s:g}" for s in steps])
+            ax.minorticks_off()
             ax.set_xlabel("training step time per batch, ms (log scale)", fontsize=8)
             ax.set_ylabel("% of wall time waiting for data", fontsize=8)
             ax.set_ylim(bottom=0)
@@ -92,13 +97,14 @@ def write_plot(report: Dict[str, Any], path: str) -> Optional[str]:
             for yi, v in zip(y, vals):
                 ax.text(v, yi, " " + human(v), va="center", fontsize=6)
             ax.set_xlim(right=max(vals) * 1.3)
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: human(v)))
             ax.set_xlabel(f"tokens/s, shuffled over {big['bytes'] / 1e9:.3g} GB "
                           f"({'larger than' if big['exceeds_ram'] else 'fits in'} {big['ram_bytes'] / 2**30:.0f} "
                           f"GiB RAM)", fontsize=8)
         else:
             series: Dict[str, List[Any]] = {}
             for r in report.get("startup") or []:
-                if r.get("status") == "ok" and not r.get("sparse"):
+                if r.get("status") == "ok" and not r.get("sparse") and not r.get("layout"):
                     series.setdefault(r["loader"], []).append((r["shards"], r["first_batch_s"] * 1e3))
             for name, pts in series.items():
                 pts.sort()

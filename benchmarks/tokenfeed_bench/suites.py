@@ -47,10 +47,19 @@ class Runner:
             pythonpath: Optional[str] = None) -> Dict[str, Any]:
         self.log(f"{name} ...")
         t = time.monotonic()
+        prep: Dict[str, Any] = {}
         if case.get("kind") == "ceiling":
             r = ceiling.run_ceiling(case)
         else:
-            r = spawn(case, python=python, timeout=self.args.timeout, pythonpath=pythonpath)
+            if pythonpath is not None:  # a peer: convert its data in a process of its own first
+                prep = spawn(dict(case, mode="prepare"), python=python, timeout=self.args.timeout,
+                             pythonpath=pythonpath)
+            if prep.get("status", "ok") != "ok":
+                r = prep
+            else:
+                r = spawn(case, python=python, timeout=self.args.timeout, pythonpath=pythonpath)
+                if prep.get("prepare"):
+                    r["prepare"] = prep["prepare"]
         hidden = ("offsets", "samples", "offsets_file", "binary", "peer_dir", "warmup", "seconds", "timeout",
                   "raw", "doc_ends", "path", "step_ms", "stall_seconds", "mode")
         row = {"name": name, "group": group, "config": {k: v for k, v in case.items() if k not in hidden},

@@ -2,7 +2,9 @@
 
 Reads a case (JSON) on stdin, imports ``tokenfeed_bench.loaders.<kind>``, and:
 
-* mode ``run``: prepares the loader's own data format (cached), opens the loader,
+* mode ``prepare``: converts the shared tokens into the loader's own format (cached),
+  so that the measuring process starts clean;
+* mode ``run``: prepares the loader's own data format if needed, opens the loader,
   times the first batch, then throughput and, when ``step_ms`` is given, stalls;
 * mode ``startup``: open and first batch only (``shards`` picks the layout);
 * mode ``restore``: for each position, the loader's own resumable state at that
@@ -57,6 +59,8 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
         prep = mod.prepare(case)
         if prep:
             r["prepare"] = dict(prep, seconds=time.perf_counter() - t)
+    if mode == "prepare":
+        return r
     if mode == "restore":
         rows = []
         for pos in case["positions"]:

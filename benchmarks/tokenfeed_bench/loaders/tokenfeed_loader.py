@@ -27,10 +27,11 @@ def _loader(case: Dict[str, Any]) -> Any:
     import tokenfeed
 
     ds = tokenfeed.open(_paths(case), dtype=case.get("dtype_in"))
+    kw = {"device": case["device"]} if case.get("device") else {}
     return tokenfeed.Loader(ds, seq_len=case["seq_len"], batch_size=case["batch_size"], seed=case["seed"],
                             shuffle=case.get("shuffle", True), num_threads=case.get("threads"),
                             backend=case.get("backend"), dtype=case.get("out_dtype", "int64"),
-                            output=case.get("output", "numpy"), direct_io=bool(case.get("direct_io", False)))
+                            output=case.get("output", "numpy"), direct_io=bool(case.get("direct_io", False)), **kw)
 
 
 def _feed(loader: Any) -> Feed:
