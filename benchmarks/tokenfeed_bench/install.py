@@ -278,10 +278,13 @@ def ensure_peer(peer: Peer, root: str, *, timeout: float, log: Callable[[str], N
                 "requirements": reqs, "steps": steps}
 
     if pip_install is None:
-        base = ensure_base(root, deadline=deadline, log=log, python=python)
+        # the shared base has a limit of its own: the first peer's install should not pay for it
+        base = ensure_base(root, deadline=time.monotonic() + timeout, log=log, python=python)
         steps["base"] = base.get("seconds", 0.0)
         if base["status"] != "ok":
             return fail(base["status"], "shared base: " + base["reason"])
+        t0 = time.monotonic()
+        deadline = t0 + timeout
         cmd = [base["python"], "-m", "pip", "--python", py, "install", "--progress-bar", "off"]
     else:
         cmd = list(pip_install)

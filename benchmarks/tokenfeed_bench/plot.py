@@ -11,6 +11,8 @@ from typing import Any, Dict, List, Optional
 from .common import human
 
 COLORS = {"tokenfeed": "#1f77b4", "ceiling": "#7f7f7f", "baseline": "#ff7f0e", "peer": "#2ca02c"}
+# line colours for the other loaders: matplotlib's tab10 without tokenfeed's blue
+OTHERS = ["#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 
 
 def _panels(report: Dict[str, Any]) -> List[str]:
@@ -62,12 +64,14 @@ def write_plot(report: Dict[str, Any], path: str) -> Optional[str]:
             ax.set_xlim(right=max(vals) * 8)
             ax.legend(handles=[Patch(color=v, label=k) for k, v in COLORS.items()], fontsize=6, loc="lower right")
         elif panel == "stalls":
+            others = iter(OTHERS * 3)
             for r in report["results"]:
                 if r.get("status") == "ok" and r.get("stalls"):
                     xs = [s["step_ms"] for s in r["stalls"]]
                     ys = [s["stall_fraction"] * 100 for s in r["stalls"]]
-                    ax.plot(xs, ys, marker="o", label=r["name"], color=COLORS.get(r["group"]) if r["name"] ==
-                            "tokenfeed" else None, linewidth=2.5 if r["name"] == "tokenfeed" else 1.2)
+                    mine = r["group"] == "tokenfeed"
+                    ax.plot(xs, ys, marker="o", label=r["name"], color=COLORS["tokenfeed"] if mine else next(others),
+                            linewidth=2.5 if mine else 1.2)
             ax.set_xscale("log")
             steps = sorted({s["step_ms"] for r in report["results"] for s in (r.get("stalls") or [])})
             ax.set_xticks(steps)
@@ -106,10 +110,12 @@ def write_plot(report: Dict[str, Any], path: str) -> Optional[str]:
             for r in report.get("startup") or []:
                 if r.get("status") == "ok" and not r.get("sparse") and not r.get("layout"):
                     series.setdefault(r["loader"], []).append((r["shards"], r["first_batch_s"] * 1e3))
+            others = iter(OTHERS * 3)
             for name, pts in series.items():
                 pts.sort()
+                mine = name == "tokenfeed"
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name,
-                        linewidth=2.5 if name == "tokenfeed" else 1.2)
+                        color=COLORS["tokenfeed"] if mine else next(others), linewidth=2.5 if mine else 1.2)
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlabel("shards / chunk files (log scale)", fontsize=8)
@@ -117,7 +123,7 @@ def write_plot(report: Dict[str, Any], path: str) -> Optional[str]:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=6)
         ax.tick_params(labelsize=7)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.985))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None

@@ -397,6 +397,7 @@ def _restore(R: Runner, base: Case, tf: Case, peers: Dict[str, Dict[str, Any]], 
     out: List[Dict[str, Any]] = []
 
     def rows(name: str, r: Dict[str, Any], loader: str, method: str) -> None:
+        method = r.get("method") or method
         if r.get("status") == "ok":
             for x in r["restore"]:
                 out.append(dict(x, loader=loader, status="ok", method=method))

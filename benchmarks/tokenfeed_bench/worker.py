@@ -72,6 +72,7 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
             rows.append(dict(feed.info, position=int(pos), restore_s=dt))
             feed.close()
         r["restore"] = rows
+        r["method"] = getattr(mod, "RESTORE_METHOD", "")
         r["version"] = getattr(mod, "version", lambda: None)()
         return r
     rss0 = self_status("VmRSS")

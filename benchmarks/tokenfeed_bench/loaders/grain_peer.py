@@ -13,6 +13,9 @@ from .common import num_samples
 IMPORTS = ("grain",)
 
 
+RESTORE_METHOD = "its own get_state()/set_state() at the position"
+
+
 def version() -> str:
     import importlib.metadata as md
 

@@ -18,6 +18,9 @@ from .common import done, mark
 IMPORTS = ("litdata",)
 
 
+RESTORE_METHOD = "its own state_dict()/load_state_dict() at the position"
+
+
 def version() -> str:
     import litdata
 

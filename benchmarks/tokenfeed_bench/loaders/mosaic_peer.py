@@ -39,6 +39,9 @@ def check() -> None:
     preload()
 
 
+RESTORE_METHOD = "its own state_dict(), sample_in_epoch set; load_state_dict()"
+
+
 def version() -> str:
     import streaming
 

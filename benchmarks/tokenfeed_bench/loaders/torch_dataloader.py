@@ -11,6 +11,9 @@ from ..worker import Feed
 from .common import MemmapSamples, SampleList
 
 
+RESTORE_METHOD = "no state: replays (iterates and drops) the batches before the position"
+
+
 def version() -> str:
     import torch
 

@@ -11,6 +11,9 @@ from .common import MemmapSamples
 IMPORTS = ("torchdata.stateful_dataloader",)
 
 
+RESTORE_METHOD = "its own state_dict()/load_state_dict() at the position"
+
+
 def version() -> str:
     import importlib.metadata as md
 
