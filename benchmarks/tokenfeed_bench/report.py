@@ -176,7 +176,8 @@ def _figures(report: Dict[str, Any]) -> Dict[Tuple[str, str], Tuple[float, str, 
 
 
 def format_compare(old: Dict[str, Any], new: Dict[str, Any], threshold: float = 0.10) -> str:
-    """What changed from `old` to `new`: each common figure with its change; marks moves beyond `threshold`."""
+    """What changed from `old` to `new`: the figures in both runs that moved beyond `threshold`
+    (waiting fractions: half of it, in points), and the figures only one run has."""
     a, b = _figures(old), _figures(new)
     out = [f"compared with {old.get('created', '?')} ({'quick' if old.get('quick') else 'full'} run):"]
     mo, mn = old.get("machine", {}), new.get("machine", {})
@@ -189,7 +190,7 @@ def format_compare(old: Dict[str, Any], new: Dict[str, Any], threshold: float = 
     if cdiff:
         out.append("  configuration differs: " + ", ".join(f"{k} {co.get(k)} -> {cn.get(k)}" for k in cdiff))
     rows = []
-    better = worse = 0
+    better = worse = same = 0
     for key in [k for k in b if k in a]:
         va, _, up = a[key]
         vb = b[key][0]
@@ -203,7 +204,10 @@ def format_compare(old: Dict[str, Any], new: Dict[str, Any], threshold: float = 
             txt = f"{change * 100:+.1f}%"
             moved = abs(change) >= threshold
             good = (change > 0) == up
-        mark = ("better" if good else "worse") if moved else ""
+        if not moved:
+            same += 1
+            continue
+        mark = "better" if good else "worse"
         better += mark == "better"
         worse += mark == "worse"
         unit = b[key][1]
@@ -217,6 +221,6 @@ def format_compare(old: Dict[str, Any], new: Dict[str, Any], threshold: float = 
         out.append(f"  only in the old run ({len(gone)}): " + "; ".join(gone[:20]) + (" ..." if len(gone) > 20 else ""))
     if added:
         out.append(f"  only in this run ({len(added)}): " + "; ".join(added[:20]) + (" ..." if len(added) > 20 else ""))
-    out.append(f"  {better} better and {worse} worse by more than {threshold * 100:.0f}% "
-               f"(waiting: {threshold * 50:.0f} points), of {len(rows)} figures in both")
+    out.append(f"  {better} better and {worse} worse by more than {threshold * 100:.0f}% (waiting for data: "
+               f"{threshold * 50:.0f} points); {same} of the {same + len(rows)} figures in both runs moved less")
     return "\n".join(out)
