@@ -439,11 +439,11 @@ def test_bench_delegates(monkeypatch, capsys):
     import types
 
     seen: List[Any] = []
-    fake = types.ModuleType("tokenfeed.bench")
+    fake = types.ModuleType("tokenfeed_bench")
     fake.main = lambda argv: seen.append(argv) or 0  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "tokenfeed.bench", fake)
+    monkeypatch.setitem(sys.modules, "tokenfeed_bench", fake)
     assert main(["bench", "--seq-len", "8", "x"]) == 0
     assert seen == [["--seq-len", "8", "x"]]
-    monkeypatch.setitem(sys.modules, "tokenfeed.bench", None)  # as if the module did not exist
+    monkeypatch.setitem(sys.modules, "tokenfeed_bench", None)  # as if the package did not exist
     rc = main(["bench"])
     assert rc == 2 and "not available" in capsys.readouterr().err

@@ -745,16 +745,25 @@ def cmd_verify(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(argv: List[str]) -> int:
+    """Hand the arguments to the benchmark, a separate package (tokenfeed_bench) imported only here."""
     import importlib
 
-    try:
-        bench = importlib.import_module("tokenfeed.bench")
-    except ModuleNotFoundError as e:
-        if e.name != "tokenfeed.bench":
-            raise  # bench exists but needs something missing: show that, not "not available"
-        print(f"{PROG} bench: the benchmark module (tokenfeed.bench) is not available in this installation",
-              file=sys.stderr)
-        return 2
+    here = os.path.dirname(os.path.abspath(__file__))
+    checkout = os.path.normpath(os.path.join(here, "..", "..", "benchmarks"))  # a source tree, not installed
+    for attempt in (0, 1):
+        try:
+            bench = importlib.import_module("tokenfeed_bench")
+            break
+        except ModuleNotFoundError as e:
+            if e.name != "tokenfeed_bench":
+                raise  # the benchmark exists but needs something missing: show that, not "not available"
+            if attempt == 0 and os.path.isdir(os.path.join(checkout, "tokenfeed_bench")):
+                sys.path.insert(0, checkout)
+                continue
+            print(f"{PROG} bench: the benchmark package (tokenfeed_bench) is not available in this installation; "
+                  "reinstall tokenfeed, or run python benchmarks/bench_tokens.py from a source checkout",
+                  file=sys.stderr)
+            return 2
     rc = bench.main(argv)
     return int(rc or 0)
 
@@ -884,7 +893,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``tokenfeed`` console script and ``python -m tokenfeed``. Returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
-    # bench forwards everything after its name to tokenfeed.bench.main
+    # bench forwards everything after its name to the benchmark package
     if "bench" in args:
         k = args.index("bench")
         if all(x.startswith("-") for x in args[:k]):
