@@ -18,11 +18,12 @@ from . import _core
 from ._core import FormatError
 from ._dataset import Dataset, DatasetWriter, open
 from ._loader import Loader, StateError
+from ._parts import PartWriter, merge_parts
 
 __version__: str = _core.__version__
 
-__all__ = ["Dataset", "DatasetWriter", "FormatError", "Loader", "StateError", "build_info", "get_include",
-           "get_library", "open", "__version__"]
+__all__ = ["Dataset", "DatasetWriter", "FormatError", "Loader", "PartWriter", "StateError", "build_info",
+           "get_include", "get_library", "merge_parts", "open", "__version__"]
 
 
 def build_info() -> Dict[str, Any]:
