@@ -378,6 +378,9 @@ def _convert_text(a: argparse.Namespace) -> int:
         "paragraphs": a.paragraphs, "utf8_errors": a.utf8_errors, "vocab_size": vocab,
         "input_format": a.input_format, "chunk_bytes": _chunk_bytes(a),
     }
+    if a.tasks:  # parts merged at the end: the layout differs, so a plan of the other kind cannot resume
+        plan["tasks"] = a.tasks
+        plan["chunk_bytes"] = _task_chunk_bytes(a, paths)
     plan_path = os.path.join(work, "plan.json")
     if os.path.exists(work):
         if a.resume and os.path.exists(plan_path):
@@ -400,6 +403,8 @@ def _convert_text(a: argparse.Namespace) -> int:
             json.dump(plan, f, indent=1)
         os.replace(plan_path + ".tmp", plan_path)
 
+    if a.tasks:
+        return _convert_text_tasks(a, paths, settings, plan["chunk_bytes"], dtype)
     chunks = _plan_chunks(paths, a.input_format, _chunk_bytes(a))
     done = {c.seq for c in chunks if os.path.exists(os.path.join(_part_dir(work, c.seq), "done"))}
     todo = [c for c in chunks if c.seq not in done]
@@ -472,6 +477,87 @@ def _convert_text(a: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- convert: text, as datatrove tasks
+
+
+def _task_chunk_bytes(a: argparse.Namespace, paths: Sequence[str]) -> int:
+    """JSONL bytes per chunk with --tasks: --chunk-mb, or finer so that every task gets about four chunks."""
+    total = sum(os.path.getsize(p) for p in paths)
+    return max(4096, min(_chunk_bytes(a), math.ceil(total / (4 * a.tasks)) if total else _chunk_bytes(a)))
+
+
+def _convert_text_tasks(a: argparse.Namespace, paths: Sequence[str], settings: Settings, chunk_bytes: int,
+                        dtype: str) -> int:
+    """``--tasks N``: the inputs cut into chunks, task k of N tokenizes a contiguous run of them and writes
+    part k (tokenfeed.integrations.datatrove), datatrove's local executor runs the tasks on --workers
+    processes, and the parts are merged without copying. Same documents in the same order as without
+    --tasks; a rerun with --resume redoes only the tasks datatrove did not record as complete."""
+    try:
+        from datatrove.executor import LocalPipelineExecutor  # type: ignore[import-untyped, unused-ignore]
+
+        from .integrations.datatrove import ConvertReader, TokenfeedWriter
+    except ImportError as e:
+        raise ConvertError(f"--tasks runs the conversion as datatrove tasks and needs datatrove ({e}): "
+                           f"pip install 'tokenfeed[datatrove]'") from None
+    from ._parts import PARTS_DIR, merge_parts
+
+    out = a.out
+    work = os.path.join(out, WORK_DIR)
+    parts_dir = os.path.join(out, PARTS_DIR)
+    if os.path.isdir(parts_dir) and not (a.resume and os.path.isdir(os.path.join(work, "datatrove"))):
+        if not a.overwrite and os.listdir(parts_dir):
+            raise ConvertError(f"{parts_dir}: holds parts of another conversion; pass --overwrite to replace them")
+        shutil.rmtree(parts_dir)
+    chunks = _plan_chunks(paths, a.input_format, chunk_bytes)
+    workers = max(1, min(a.workers or os.cpu_count() or 1, a.tasks))
+    # one tokenizer thread per task: tasks are the parallelism (as the worker processes without --tasks)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    t0 = time.monotonic()
+    pipeline = [
+        ConvertReader(chunks, settings),
+        TokenfeedWriter(out, tokenizer=settings.tokenizer, vocab_size=settings.vocab_size, eod_id=settings.eod_id,
+                        add_special_tokens=settings.add_special_tokens, batch_size=settings.batch_docs,
+                        shard_tokens=a.shard_tokens, compression=a.compression, level=a.level),
+    ]
+    executor = LocalPipelineExecutor(pipeline, tasks=a.tasks, workers=workers,
+                                     logging_dir=os.path.join(work, "datatrove"))
+    try:
+        executor.run()
+    except ConvertError:
+        raise
+    except Exception as e:
+        raise ConvertError(f"a conversion task failed: {type(e).__name__}: {e} (logs in {work}/datatrove/logs); "
+                           f"fix the cause and run again with --resume: finished tasks are kept") from None
+    incomplete = executor.get_incomplete_ranks()
+    if incomplete:
+        raise ConvertError(f"{len(incomplete)} of {a.tasks} tasks did not finish ({work}/datatrove); "
+                           f"run again with --resume")
+    ds = merge_parts(out, overwrite=a.overwrite)
+    _clean_orphans_after_merge(out)
+    skipped = 0
+    for p in _part_infos(out):
+        skipped += int(p.get("counts", {}).get("skipped_empty", 0))
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"wrote {out}: {ds.num_tokens:,} tokens, {ds.num_documents:,} documents in {a.tasks} parts, dtype {dtype}, "
+          f"vocab_size {settings.vocab_size}{', zstd' if a.compression else ''} ({time.monotonic() - t0:.1f}s)")
+    if skipped:
+        _note(f"skipped {skipped:,} empty or missing texts")
+    return 0
+
+
+def _part_infos(out: str) -> List[Dict[str, Any]]:
+    from ._parts import read_parts
+
+    return read_parts(out)
+
+
+def _clean_orphans_after_merge(out: str) -> None:
+    """Shards of a dataset the merge replaced (top-level shard files no manifest names any more)."""
+    for name in os.listdir(out):
+        if name.startswith("shard-") and name.endswith(".tfs"):
+            os.unlink(os.path.join(out, name))
+
+
 # --------------------------------------------------------------------------- convert: tokens
 
 
@@ -533,6 +619,11 @@ def convert(a: argparse.Namespace) -> int:
     """Run ``tokenfeed convert`` with parsed options ``a``. Returns the exit status."""
     if len(a.inputs) < 1:
         raise ConvertError("convert needs at least one INPUT and an OUT directory")
+    a.tasks = getattr(a, "tasks", None)
+    if a.tasks is not None and a.tasks < 1:
+        raise ConvertError("--tasks must be >= 1")
+    if a.tasks and not a.tokenizer:
+        raise ConvertError("--tasks applies to text input (with --tokenizer); token files are copied in one pass")
     if a.workers is not None and a.workers < 1:
         raise ConvertError("--workers must be >= 1")
     if a.compression == "none":

@@ -101,6 +101,8 @@ class PartWriter:
         self.part = part
         self.parts = parts
         self.metadata: Dict[str, Any] = dict(metadata or {})
+        #: free-form counts recorded in part.json (e.g. documents left out); merge does not compare them
+        self.counts: Dict[str, int] = {}
         json.dumps(self.metadata)  # refuse what cannot be recorded, now rather than at the end
         self._root = os.path.join(self.path, PARTS_DIR)
         self.final_path = os.path.join(self._root, part_name(part))
@@ -150,7 +152,7 @@ class PartWriter:
             _write_json_atomic(os.path.join(self._staging, PART_INFO), {
                 "format": PART_FORMAT, "version": PART_VERSION, "part": self.part, "parts": self.parts,
                 "documents": w.num_documents, "tokens": w.num_tokens, "dtype": self.dtype.name,
-                "vocab_size": self.vocab_size, "metadata": self.metadata})
+                "vocab_size": self.vocab_size, "metadata": self.metadata, "counts": dict(self.counts)})
             _fsync_dir(self._staging)
             old = None
             if os.path.exists(self.final_path):  # an earlier attempt finished: replace it whole

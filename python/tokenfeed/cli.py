@@ -1,9 +1,11 @@
-"""The ``tokenfeed`` command line: convert, inspect, verify, bench.
+"""The ``tokenfeed`` command line: convert, merge, inspect, verify, bench.
 
 ::
 
     tokenfeed convert corpus/*.jsonl data/train --tokenizer tokenizer.json
     tokenfeed convert megatron/my_text_document data/train --compression zstd
+    tokenfeed convert corpus/ data/train --tokenizer tokenizer.json --tasks 64 --workers 8
+    tokenfeed merge data/train
     tokenfeed inspect data/train --seq-len 2048
     tokenfeed verify data/train
 
@@ -198,6 +200,21 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- merge
+
+
+def cmd_merge(a: argparse.Namespace) -> int:
+    from ._parts import merge_parts, read_parts
+
+    t0 = time.monotonic()
+    n = len(read_parts(a.path))
+    ds = merge_parts(a.path, overwrite=a.overwrite)
+    print(f"merged {n} part(s) into {a.path}: {ds.num_tokens:,} tokens, {ds.num_documents:,} documents, "
+          f"{ds.num_files} shard(s), dtype {ds.dtype.name}, vocab_size {ds.vocab_size}; fingerprint {ds.fingerprint} "
+          f"({time.monotonic() - t0:.1f}s)")
+    return 0
+
+
 # --------------------------------------------------------------------------- verify
 
 
@@ -291,6 +308,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--add-special-tokens", action="store_true",
                    help="let the tokenizer's post-processor add its special tokens (e.g. a BOS) to each document")
     g.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: number of cores)")
+    g.add_argument("--tasks", type=int, default=None, metavar="N",
+                   help="run the conversion as N datatrove tasks (part k = a contiguous share of the input), "
+                        "--workers at a time on datatrove's local executor, then merge the parts without copying; "
+                        "needs pip install 'tokenfeed[datatrove]' (see docs/guides/cluster-conversion.md)")
     g.add_argument("--resume", action="store_true",
                    help="continue an interrupted conversion into OUT, keeping the chunks it finished")
     g.add_argument("--chunk-mb", type=float, default=64, help="JSONL bytes per work unit, in MiB (default: 64)")
@@ -335,6 +356,16 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: when stderr is a terminal)")
     v.set_defaults(func=cmd_verify)
+
+    m = sub.add_parser("merge", help="join the parts written by independent tasks into one dataset (no copy)",
+                       description="Write PATH/tokenfeed.manifest naming the shards of every part under "
+                                   "PATH/parts/ (written by tokenfeed.PartWriter or the datatrove step), part 0 "
+                                   "first. Copies no token data. Refuses a missing part, a part twice, parts of "
+                                   "runs with different part counts, and parts written with different settings.")
+    m.add_argument("path", metavar="PATH", help="dataset directory holding parts/")
+    m.add_argument("--overwrite", action="store_true",
+                   help="replace a dataset in PATH that is not a merge of parts (a merge is always replaced)")
+    m.set_defaults(func=cmd_merge)
 
     sub.add_parser("bench", add_help=False, help="benchmark the loader (see 'tokenfeed bench --help')")
     return ap
