@@ -523,10 +523,9 @@ def _convert_text_tasks(a: argparse.Namespace, paths: Sequence[str], settings: S
                                      logging_dir=os.path.join(work, "datatrove"))
     try:
         executor.run()
-    except ConvertError:
-        raise
-    except Exception as e:
-        raise ConvertError(f"a conversion task failed: {type(e).__name__}: {e} (logs in {work}/datatrove/logs); "
+    except Exception as e:  # in a worker or (one worker) in this process
+        what = str(e) if isinstance(e, ConvertError) else f"{type(e).__name__}: {e}"
+        raise ConvertError(f"a conversion task failed: {what} (logs in {work}/datatrove/logs); "
                            f"fix the cause and run again with --resume: finished tasks are kept") from None
     incomplete = executor.get_incomplete_ranks()
     if incomplete:
