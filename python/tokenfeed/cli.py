@@ -267,7 +267,7 @@ def _source_options(p: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog=PROG, description="Convert, inspect and verify token datasets for tokenfeed.",
+        prog=PROG, description="Convert, merge, inspect and verify token datasets for tokenfeed.",
         epilog="Run 'tokenfeed COMMAND --help' for each command's options. Docs: docs/quickstart.md")
     ap.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
     ap.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -290,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=("examples:\n"
                 "  tokenfeed convert corpus/ data/train --tokenizer tokenizer.json --text-field content\n"
                 "  tokenfeed convert books/*.txt data/books --tokenizer tokenizer.json --paragraphs\n"
+                "  tokenfeed convert corpus/ data/train --tokenizer tokenizer.json --tasks 16 --workers 8\n"
                 "  tokenfeed convert gpt2_data/my_text_document data/train --compression zstd\n"
                 "  tokenfeed convert fineweb_train_*.bin data/fineweb --vocab-size 50257\n"
                 "  tokenfeed convert tokens.bin data/train --dtype uint16 --vocab-size 50304"))
