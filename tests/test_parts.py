@@ -217,6 +217,8 @@ def test_cli_merge(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "merged 2 part(s)" in out and f"{sum(len(d) for d in docs[0] + docs[1]):,} tokens" in out
     assert "8 documents" in out
+    assert main(["inspect", str(tmp_path / "ds")]) == 0
+    assert "  parts/part-00001/shard-" in capsys.readouterr().out  # shards shown inside their parts
     shutil.rmtree(tmp_path / "ds" / "parts" / "part-00001")
     assert main(["merge", str(tmp_path / "ds")]) == 1
     err = capsys.readouterr().err

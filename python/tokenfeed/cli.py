@@ -153,7 +153,9 @@ def _print_inspect(info: Dict[str, Any]) -> None:
             continue
         size = os.path.getsize(f["path"]) if os.path.exists(f["path"]) else None
         extra = f", {_human(size)}B on disk" if size is not None else ""
-        print(f"  {os.path.basename(f['path']) or f['path']}  {f['num_tokens']:,} tokens, "
+        # a merged dataset's shards live in part directories: show the path inside the dataset
+        name = os.path.relpath(f["path"], p) if isinstance(p, str) and os.path.isdir(p) else None
+        print(f"  {name or os.path.basename(f['path']) or f['path']}  {f['num_tokens']:,} tokens, "
               f"{f['num_documents']:,} documents{', zstd' if f['compressed'] else ''}{extra}")
     dl = info.get("document_length")
     if dl:
