@@ -851,8 +851,9 @@ int tf_dataset_merge(const char *dir, const char *const *parts, uint64_t nparts,
         if (have) {
             int same = olen == len && memcmp(map, buf, len) == 0;
             tf_manifest old;
-            int was_merge = tf__parse_manifest(final, map, olen, &old) == 0 && old.version >= 2;
-            if (was_merge) tf__manifest_free(&old);
+            int parsed = tf__parse_manifest(final, map, olen, &old) == 0;
+            int was_merge = parsed && old.version >= 2;
+            if (parsed) tf__manifest_free(&old);
             tf__unmap(map, olen);
             tf__clearerr();
             if (same) goto out;
