@@ -50,7 +50,9 @@ CI = os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
 
 # Top-level module -> why it is not in the `test` extra and how to install it.
 # Under CI, a skip from pytest.importorskip of one of these is allowed.
-OPTIONAL_MODULES: Dict[str, str] = {}
+OPTIONAL_MODULES: Dict[str, str] = {
+    "ray": "datatrove's Ray executor; heavy (hundreds of MB) and not needed by tokenfeed itself: pip install ray",
+}
 
 GPU_SKIP_REASON = "needs a CUDA GPU: torch.cuda.is_available() is False"
 HOOKS_SKIP_REASON = ("needs the fault-injection hooks of a test build (build_info()['test_hooks'] is False): "

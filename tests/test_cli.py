@@ -243,14 +243,14 @@ def test_resume_after_crash(tmp_path, tok_path, capsys):
     out = tmp_path / "out"
     # run the conversion in a child and kill it after the first chunk is done
     code = f"""
-import os, signal, tokenfeed.cli as cli
-real = cli._tokenize_chunk
+import os, signal, tokenfeed.cli as cli, tokenfeed._convert as conv
+real = conv._tokenize_chunk
 def crash_after_first(args):
     r = real(args)
     if args[0].seq == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     return r
-cli._tokenize_chunk = crash_after_first
+conv._tokenize_chunk = crash_after_first
 cli.main(["convert", {str(tmp_path / 'a.jsonl')!r}, {str(tmp_path / 'b.jsonl')!r}, {str(out)!r},
           "--tokenizer", {tok_path!r}, "--workers", "1", "--chunk-mb", "0.01"])
 """

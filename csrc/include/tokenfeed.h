@@ -250,6 +250,19 @@ TF_API uint64_t tf_writer_num_tokens(const tf_writer *w);
  * dataset in dir untouched. */
 TF_API void tf_writer_free(tf_writer *w);
 
+/* Join datasets written independently (the "parts", e.g. one per conversion
+ * task) into one dataset: writes dir's manifest naming every shard of
+ * parts[0], then parts[1], ... in that order (format version 2, shard names
+ * are paths relative to dir). No token data is read or copied: the cost is
+ * reading each part's manifest. Each part is a dataset directory given as a
+ * path relative to dir (no "..", no leading '/'); all must have the same dtype
+ * and vocab_size (-TF_EFORMAT naming the odd part otherwise; a part without a
+ * manifest is refused, as unfinished). The manifest is published atomically;
+ * merging the same parts again leaves it unchanged. A previous merge's
+ * manifest is replaced; a dataset written by tf_writer in dir is replaced
+ * only with overwrite (-EEXIST otherwise). No file is ever deleted. */
+TF_API int tf_dataset_merge(const char *dir, const char *const *parts, uint64_t nparts, int overwrite);
+
 /* ------------------------------------------------------------------------ */
 /* Order: keyed permutation                                                  */
 /* ------------------------------------------------------------------------ */

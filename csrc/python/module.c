@@ -129,8 +129,54 @@ static PyObject *build_info(PyObject *mod, PyObject *unused) {
                          "build", TF_BUILD_SUMMARY);
 }
 
+PyDoc_STRVAR(merge_doc,
+"merge($module, path, parts, overwrite=False)\n--\n\n"
+"Write path's manifest joining the datasets parts (paths relative to path), in order.\n"
+"No token data is copied. See tf_dataset_merge in tokenfeed.h.");
+
+static PyObject *merge(PyObject *mod, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"path", "parts", "overwrite", NULL};
+    PyObject *path_obj, *parts_obj, *seq = NULL, *fs = NULL, *ret = NULL;
+    int overwrite = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|p", kwlist, &path_obj, &parts_obj, &overwrite)) return NULL;
+    if (!PyUnicode_FSConverter(path_obj, &fs)) return NULL;
+    seq = PySequence_Fast(parts_obj, "parts must be a sequence of paths");
+    Py_ssize_t n = seq ? PySequence_Fast_GET_SIZE(seq) : 0;
+    PyObject **conv = seq ? PyMem_Calloc((size_t)n + 1, sizeof *conv) : NULL;
+    const char **names = seq ? PyMem_Calloc((size_t)n + 1, sizeof *names) : NULL;
+    if (seq && (!conv || !names)) {
+        PyErr_NoMemory();
+        goto finally;
+    }
+    for (Py_ssize_t i = 0; seq && i < n; i++) {
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(seq, i), &conv[i])) goto finally;
+        names[i] = PyBytes_AS_STRING(conv[i]);
+    }
+    if (!seq) goto finally;
+    int rc;
+    char msg[1024];
+    const char *dir = PyBytes_AS_STRING(fs);
+    Py_BEGIN_ALLOW_THREADS
+    rc = tf_dataset_merge(dir, names, (uint64_t)n, overwrite);
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", tf_last_error());
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        tfpy_raise(PyModule_GetState(mod), rc, msg);
+        goto finally;
+    }
+    ret = Py_NewRef(Py_None);
+finally:
+    for (Py_ssize_t i = 0; conv && i < n; i++) Py_XDECREF(conv[i]);
+    PyMem_Free(conv);
+    PyMem_Free(names);
+    Py_XDECREF(seq);
+    Py_XDECREF(fs);
+    return ret;
+}
+
 static PyMethodDef module_methods[] = {
     {"build_info", build_info, METH_NOARGS, build_info_doc},
+    {"merge", (PyCFunction)(void (*)(void))merge, METH_VARARGS | METH_KEYWORDS, merge_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -119,11 +119,12 @@ TF_HIDDEN uint32_t tf__native_dtype_code(tf_dtype dt);
 
 /* A parsed manifest (docs/format.md, "Manifest"). */
 typedef struct tf_manifest_shard {
-    char *name; /* owned; a plain file name (no '/', no whitespace) */
+    char *name; /* owned; a plain file name, or in version 2 a relative path (tf__manifest_name_ok) */
     uint64_t num_tokens, num_docs;
     uint64_t tokens_checksum, docs_checksum;
 } tf_manifest_shard;
 typedef struct tf_manifest {
+    uint32_t version; /* 1, or 2 when shard names may name subdirectories */
     tf_dtype dtype;
     uint64_t vocab_size;
     uint64_t num_shards;
@@ -133,6 +134,12 @@ typedef struct tf_manifest {
  * *m owns its shards (free with tf__manifest_free); on error *m is empty. */
 TF_HIDDEN int tf__parse_manifest(const char *path, const uint8_t *buf, size_t len, tf_manifest *m);
 TF_HIDDEN void tf__manifest_free(tf_manifest *m);
+/* Whether name[0, n) is a valid shard NAME: a plain file name (no '/', no
+ * whitespace or control characters, not "." or ".."), or with allow_dirs a
+ * relative path of such names joined by single '/' (no leading '/', no "..",
+ * at most TF_MANIFEST_MAX_PATH bytes). */
+TF_HIDDEN int tf__manifest_name_ok(const char *name, size_t n, int allow_dirs);
+#define TF_MANIFEST_MAX_PATH 4096
 
 /* A parsed .npy header. */
 typedef struct tf_npy_header {

@@ -41,6 +41,8 @@ class _BuildInfo(TypedDict):
     build: str
 
 def build_info() -> Dict[str, Any]: ...  # the keys and types of _BuildInfo
+def merge(path: Union[str, bytes, PathLike[str], PathLike[bytes]],
+          parts: Sequence[Union[str, bytes, PathLike[str], PathLike[bytes]]], overwrite: bool = False) -> None: ...
 
 class _DatasetInfo(TypedDict):
     num_tokens: int
