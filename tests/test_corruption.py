@@ -1,5 +1,4 @@
-"""Corrupted and truncated files of every format (issue 9 part 4, the
-Must-show of issue 2): each header field of each format is overwritten in
+"""Corrupted and truncated files of every format: each header field of each format is overwritten in
 turn with hostile values, and files are truncated at many offsets.
 
 Every case must end in one of:
