@@ -276,7 +276,7 @@ static int get_block(tf__worker *w, uint64_t fi, uint64_t b, const uint8_t **out
         victim->cap = (size_t)cap64;
     }
     victim->valid = 0;
-    TF_TRY(tf__native_read_block(f, b, victim->buf, victim->cap));
+    TF_TRY(tf__file_read_block(f, b, victim->buf, victim->cap));
     uint64_t first = b * f->block_tokens;
     uint64_t n = f->num_tokens - first < f->block_tokens ? f->num_tokens - first : f->block_tokens;
     w->bytes += n * isz;
@@ -545,7 +545,7 @@ static int call_fill(void *p) {
  * worker before mapped bytes are read, so abandoning the fill is safe. */
 int tf__worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const tf_batch_view *v) {
     fill_call c = {w, pos, rows, v};
-    return tf__sigbus_run(w->rd->ds->files, w->rd->ds->nfiles, call_fill, &c);
+    return tf__files_guard(w->rd->ds->files, w->rd->ds->nfiles, call_fill, &c);
 }
 
 /* Prefetch the first source lines of a sample whose tokens are one mapped span
