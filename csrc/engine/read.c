@@ -62,9 +62,11 @@ int tf__reader_init(tf__reader *r, const tf_dataset *ds, const tf_order *o, tf_b
     r->order = o;
     r->direct_io = direct_io;
     r->out_dtype = out_dtype;
-    r->seq_len = tf__order_seq_len(o);
-    r->separator = tf__order_separator(o);
-    r->pad = tf__order_pad(o);
+    tf_order_config oc;
+    TF_TRY(tf_order_get_config(o, &oc));
+    r->seq_len = oc.seq_len;
+    r->separator = oc.separator_id;
+    r->pad = oc.pad_id;
     r->max_spans = tf__order_max_spans(o);
     if (r->max_spans < 1) r->max_spans = 1;
     atomic_init(&r->bytes_read, 0);

@@ -325,6 +325,9 @@ TF_API uint64_t tf_order_num_positions(const tf_order *o);
  * stream; not the dataset). */
 TF_API uint64_t tf_order_fingerprint(const tf_order *o);
 
+/* The configuration the order was built with. */
+TF_API int tf_order_get_config(const tf_order *o, tf_order_config *cfg);
+
 /* The sample (index into the unshuffled sample sequence) at global stream
  * position pos: epoch = pos / N, permuted within the epoch. */
 TF_API uint64_t tf_order_sample_at(const tf_order *o, uint64_t pos);

@@ -1,5 +1,6 @@
 /*
- * mix.c — weighted mixtures of datasets, and packing statistics.
+ * mix.c — the order kind of weighted mixtures of datasets: one order per
+ * dataset (a source), interleaved by a fixed schedule.
  *
  * Schedule
  * --------
@@ -31,10 +32,11 @@
  * = N_0 + ... + N_{s-1}; N of the mixture = sum N_s, which also defines a
  * mixture "epoch" for cfg.epochs (positions = floor(epochs * N / G) * G). The
  * engine reads through one tf_dataset: a view whose file list concatenates
- * the sources' files (borrowed, never closed here), so a source's spans are
- * shifted by the tokens of the sources before it and every read backend works
- * unchanged. The view's fingerprint hashes the sources' fingerprints in order;
- * the schedule (K, W, c_s) enters the config fingerprint.
+ * the sources' files (tf__dataset_concat_view: borrowed, never closed here),
+ * so a source's spans are shifted by the tokens of the sources before it and
+ * every read backend works unchanged. The view's fingerprint hashes the
+ * sources' fingerprints in order; the schedule (K, W, c_s) enters the config
+ * fingerprint. Packing statistics of a mixture are the sum of its sources'.
  */
 #include <math.h>
 #include <stdio.h>
@@ -42,13 +44,13 @@
 #include <string.h>
 
 #include "../sources/source.h"
-#include "order_internal.h"
+#include "kind.h"
 
 #define KEY_SOURCE 0x50C1A7ED5EED0003ULL
 #define MAX_MIX_WINDOW (1u << 20)
 #define MAX_SOURCES 65536
 
-struct tf__mix {
+typedef struct tf__mix {
     size_t K;
     tf_order **src;
     uint64_t *tok_off;  /* K */
@@ -57,11 +59,11 @@ struct tf__mix {
     uint64_t *cnt;      /* K */
     uint32_t *tab_src;  /* W */
     uint32_t *tab_rank; /* W */
-    tf_dataset view;
-    size_t max_spans;
-};
+    tf_dataset *view;
+} tf__mix;
 
-void tf__mix_free(tf__mix *m) {
+static void mix_free(void *v) {
+    tf__mix *m = v;
     if (!m) return;
     for (size_t s = 0; m->src && s < m->K; s++) tf_order_free(m->src[s]);
     free(m->src);
@@ -70,9 +72,7 @@ void tf__mix_free(tf__mix *m) {
     free(m->cnt);
     free(m->tab_src);
     free(m->tab_rank);
-    free(m->view.files);
-    free(m->view.tok_prefix);
-    free(m->view.doc_prefix);
+    tf_dataset_free(m->view);
     free(m);
 }
 
@@ -124,55 +124,18 @@ static int schedule_counts(const double *weights, size_t K, uint64_t M, uint64_t
     return 0;
 }
 
-static int build_view(tf__mix *m, const tf_dataset *const *ds) {
-    tf_dataset *v = &m->view;
-    uint64_t nf = 0;
-    for (size_t s = 0; s < m->K; s++) nf += ds[s]->nfiles;
-    v->files = calloc(nf ? nf : 1, sizeof *v->files);
-    v->tok_prefix = calloc(nf + 1, sizeof *v->tok_prefix);
-    v->doc_prefix = calloc(nf + 1, sizeof *v->doc_prefix);
-    if (!v->files || !v->tok_prefix || !v->doc_prefix) return -ENOMEM;
-    tf__xxh64_state h;
-    tf__xxh64_reset(&h, 0x4D49585455524531ULL); /* "MIXTURE1" */
-    uint8_t rec[8];
-    tf__put_le64(rec, m->K);
-    tf__xxh64_update(&h, rec, 8);
-    uint64_t f = 0;
-    for (size_t s = 0; s < m->K; s++) {
-        const tf_dataset *d = ds[s];
-        m->tok_off[s] = v->num_tokens;
-        for (uint64_t i = 0; i < d->nfiles; i++, f++) {
-            v->files[f] = d->files[i];
-            v->tok_prefix[f] = v->num_tokens + d->tok_prefix[i];
-            v->doc_prefix[f] = v->num_docs + d->doc_prefix[i];
-        }
-        v->num_tokens += d->num_tokens;
-        v->num_docs += d->num_docs;
-        if (d->vocab_size > v->vocab_size) v->vocab_size = d->vocab_size;
-        if (!v->dtype || tf_dtype_size(d->dtype) > tf_dtype_size(v->dtype)) v->dtype = d->dtype;
-        tf__put_le64(rec, d->fingerprint);
-        tf__xxh64_update(&h, rec, 8);
-    }
-    v->nfiles = nf;
-    v->tok_prefix[nf] = v->num_tokens;
-    v->doc_prefix[nf] = v->num_docs;
-    v->fingerprint = tf__xxh64_digest(&h);
-    return 0;
-}
+typedef struct mix_args {
+    const tf_dataset *const *ds;
+    const double *weights;
+    size_t n;
+} mix_args;
 
-int tf_order_create_mix(const tf_dataset *const *ds, const double *weights, size_t n,
-                        const tf_order_config *cfg, tf_order **out) {
-    if (!out) return -EINVAL;
-    *out = NULL;
-    tf__clearerr();
-    if (!ds || !weights || !cfg || n == 0)
-        TF_FAIL(-EINVAL, "tf_order_create_mix: datasets, weights (n >= 1) and config are required");
-    if (n > MAX_SOURCES) TF_FAIL(-EINVAL, "a mixture takes at most %d sources, found %zu", MAX_SOURCES, n);
-    for (size_t s = 0; s < n; s++)
-        if (!ds[s]) TF_FAIL(-EINVAL, "tf_order_create_mix: dataset %zu is NULL", s);
-    if (cfg->mix_window < 1 || cfg->mix_window > MAX_MIX_WINDOW)
-        TF_FAIL(-EINVAL, "mix_window: expected 1 <= mix_window <= %u, found %llu", MAX_MIX_WINDOW,
-                (unsigned long long)cfg->mix_window);
+static const tf__order_ops mix_ops;
+
+static int mix_init(tf_order *o, const void *args) {
+    const mix_args *a = args;
+    const tf_order_config *cfg = &o->cfg;
+    size_t n = a->n;
     tf__mix *m = calloc(1, sizeof *m);
     if (!m) return -ENOMEM;
     m->K = n;
@@ -185,7 +148,7 @@ int tf_order_create_mix(const tf_dataset *const *ds, const double *weights, size
         rc = -ENOMEM;
         goto fail;
     }
-    rc = schedule_counts(weights, n, cfg->mix_window, m->cnt, &m->W);
+    rc = schedule_counts(a->weights, n, cfg->mix_window, m->cnt, &m->W);
     if (rc) goto fail;
     m->tab_src = malloc(m->W * sizeof *m->tab_src);
     m->tab_rank = malloc(m->W * sizeof *m->tab_rank);
@@ -215,7 +178,7 @@ int tf_order_create_mix(const tf_dataset *const *ds, const double *weights, size
         sc.seed = tf_mix64(cfg->seed ^ tf_mix64(s + KEY_SOURCE));
         sc.epochs = 0;
         sc.global_batch = 1;
-        rc = tf_order_create(ds[s], &sc, &m->src[s]);
+        rc = tf_order_create(a->ds[s], &sc, &m->src[s]);
         if (rc) {
             char msg[400];
             snprintf(msg, sizeof msg, "%s", tf_last_error());
@@ -224,21 +187,11 @@ int tf_order_create_mix(const tf_dataset *const *ds, const double *weights, size
         }
         m->samp_off[s + 1] = m->samp_off[s] + tf_order_num_samples(m->src[s]);
         size_t ms = tf__order_max_spans(m->src[s]);
-        if (ms > m->max_spans) m->max_spans = ms;
+        if (ms > o->max_spans) o->max_spans = ms;
     }
-    rc = build_view(m, ds);
+    rc = tf__dataset_concat_view(a->ds, n, &m->view);
     if (rc) goto fail;
-
-    tf_order o;
-    memset(&o, 0, sizeof o);
-    o.ds = &m->view;
-    o.cfg = *cfg;
-    o.T = m->view.num_tokens;
-    o.D = m->view.num_docs;
-    o.Tv = o.T;
-    o.sep = cfg->separator_id >= 0;
-    o.N = m->samp_off[n];
-    o.mix = m;
+    for (size_t s = 1; s < n; s++) m->tok_off[s] = m->tok_off[s - 1] + a->ds[s - 1]->num_tokens;
     {
         tf__xxh64_state h;
         uint8_t rec[8];
@@ -251,14 +204,34 @@ int tf_order_create_mix(const tf_dataset *const *ds, const double *weights, size
             tf__put_le64(rec, m->cnt[s]);
             tf__xxh64_update(&h, rec, 8);
         }
-        o.mix_fp = tf__xxh64_digest(&h);
+        o->kind_fp = tf__xxh64_digest(&h);
+        o->has_kind_fp = 1;
     }
-    rc = tf__order_finish(&o, out);
-    if (rc) goto fail;
+    o->ops = &mix_ops;
+    o->impl = m;
+    o->ds = m->view;
+    o->N = m->samp_off[n];
     return 0;
 fail:
-    tf__mix_free(m);
+    mix_free(m);
     return rc;
+}
+
+int tf_order_create_mix(const tf_dataset *const *ds, const double *weights, size_t n,
+                        const tf_order_config *cfg, tf_order **out) {
+    if (!out) return -EINVAL;
+    *out = NULL;
+    tf__clearerr();
+    if (!ds || !weights || !cfg || n == 0)
+        TF_FAIL(-EINVAL, "tf_order_create_mix: datasets, weights (n >= 1) and config are required");
+    if (n > MAX_SOURCES) TF_FAIL(-EINVAL, "a mixture takes at most %d sources, found %zu", MAX_SOURCES, n);
+    for (size_t s = 0; s < n; s++)
+        if (!ds[s]) TF_FAIL(-EINVAL, "tf_order_create_mix: dataset %zu is NULL", s);
+    if (cfg->mix_window < 1 || cfg->mix_window > MAX_MIX_WINDOW)
+        TF_FAIL(-EINVAL, "mix_window: expected 1 <= mix_window <= %u, found %llu", MAX_MIX_WINDOW,
+                (unsigned long long)cfg->mix_window);
+    mix_args a = {ds, weights, n};
+    return tf__order_build(mix_init, &a, cfg, out);
 }
 
 /* Source of mixture sample id `sample` (< N). */
@@ -272,21 +245,16 @@ static size_t source_of(const tf__mix *m, uint64_t sample) {
     return lo;
 }
 
-uint64_t tf__mix_sample_at(const tf_order *o, uint64_t pos) {
-    const tf__mix *m = o->mix;
+static uint64_t mix_sample_at(const tf_order *o, uint64_t pos) {
+    const tf__mix *m = o->impl;
     uint64_t k = pos / m->W, t = pos % m->W;
     uint32_t s = m->tab_src[t];
     uint64_t j = k * m->cnt[s] + m->tab_rank[t];
     return m->samp_off[s] + tf_order_sample_at(m->src[s], j);
 }
 
-size_t tf__mix_max_spans(const tf_order *o) { return o->mix->max_spans; }
-
-int tf__mix_sample_spans(const tf_order *o, uint64_t sample, tf__span *spans, size_t cap, size_t *n) {
-    const tf__mix *m = o->mix;
-    if (sample >= o->N)
-        TF_FAIL(-ERANGE, "sample %llu out of range: the mixture has %llu samples", (unsigned long long)sample,
-                (unsigned long long)o->N);
+static int mix_spans(const tf_order *o, uint64_t sample, tf__span *spans, size_t cap, size_t *n) {
+    const tf__mix *m = o->impl;
     size_t s = source_of(m, sample);
     TF_TRY(tf__order_sample_spans(m->src[s], sample - m->samp_off[s], spans, cap, n));
     for (size_t i = 0; i < *n; i++)
@@ -294,83 +262,68 @@ int tf__mix_sample_spans(const tf_order *o, uint64_t sample, tf__span *spans, si
     return 0;
 }
 
-int tf__mix_fill_extras(const tf_order *o, uint64_t sample, const tf_sample_extras *ex) {
-    const tf__mix *m = o->mix;
-    if (sample >= o->N)
-        TF_FAIL(-ERANGE, "sample %llu out of range: the mixture has %llu samples", (unsigned long long)sample,
-                (unsigned long long)o->N);
+static int mix_extras(const tf_order *o, uint64_t sample, const tf_sample_extras *ex) {
+    const tf__mix *m = o->impl;
     size_t s = source_of(m, sample);
     return tf__order_fill_extras(m->src[s], sample - m->samp_off[s], ex);
 }
 
-size_t tf_order_num_sources(const tf_order *o) { return !o ? 0 : o->mix ? o->mix->K : 1; }
-
-const tf_order *tf_order_source(const tf_order *o, size_t i) {
-    if (!o) return NULL;
-    if (!o->mix) return i == 0 ? o : NULL;
-    return i < o->mix->K ? o->mix->src[i] : NULL;
-}
-
-uint64_t tf_order_mix_window(const tf_order *o) { return o && o->mix ? o->mix->W : 1; }
-
-uint64_t tf_order_mix_count(const tf_order *o, size_t i) {
-    if (!o) return 0;
-    if (!o->mix) return i == 0;
-    return i < o->mix->K ? o->mix->cnt[i] : 0;
-}
-
-/* ------------------------------------------------------------------------ */
-/* packing statistics                                                        */
-/* ------------------------------------------------------------------------ */
-
-/* CONCAT: sample i is virtual tokens [i*L, i*L + L + 1); positions past
- * N*L + 1 are dropped. A document is split when no single sample holds all of
- * its virtual range (i = start / L is the best candidate), truncated when part
- * of it lies in the dropped tail. */
-static int concat_stats(const tf_order *o, tf_packing_stats *st) {
-    const uint64_t L = o->cfg.seq_len, end = o->N * L + 1;
-    memset(st, 0, sizeof *st);
-    st->samples = o->N;
-    st->documents = o->D;
-    st->token_slots = o->N * (L + 1);
-    st->tokens_dropped = o->Tv - end;
-    for (uint64_t k = 0; k < o->D; k++) {
-        uint64_t s, len;
-        TF_TRY(tf_dataset_document(o->ds, k, &s, &len));
-        uint64_t a = s + (o->sep ? k : 0), v = len + (o->sep ? 1 : 0);
-        if (!v) {
-            st->empty_documents++;
-            continue;
-        }
-        if (a + v > end) st->documents_truncated++;
-        else if (a + v > a / L * L + L + 1) st->documents_split++;
+/* The sum over the sources, each over its own epoch. */
+static int mix_stats(const tf_order *o, tf_packing_stats *st) {
+    const tf__mix *m = o->impl;
+    tf_packing_stats sum, one;
+    memset(&sum, 0, sizeof sum);
+    for (size_t s = 0; s < m->K; s++) {
+        TF_TRY(tf_order_packing_stats(m->src[s], &one));
+        sum.samples += one.samples;
+        sum.documents += one.documents;
+        sum.empty_documents += one.empty_documents;
+        sum.token_slots += one.token_slots;
+        sum.pad_tokens += one.pad_tokens;
+        sum.documents_split += one.documents_split;
+        sum.documents_truncated += one.documents_truncated;
+        sum.tokens_dropped += one.tokens_dropped;
     }
+    sum.padding_fraction = sum.token_slots ? (double)sum.pad_tokens / (double)sum.token_slots : 0.0;
+    *st = sum;
     return 0;
 }
 
-int tf_order_packing_stats(const tf_order *o, tf_packing_stats *st) {
-    if (!o || !st) return -EINVAL;
-    if (o->mix) {
-        tf_packing_stats sum, one;
-        memset(&sum, 0, sizeof sum);
-        for (size_t s = 0; s < o->mix->K; s++) {
-            TF_TRY(tf_order_packing_stats(o->mix->src[s], &one));
-            sum.samples += one.samples;
-            sum.documents += one.documents;
-            sum.empty_documents += one.empty_documents;
-            sum.token_slots += one.token_slots;
-            sum.pad_tokens += one.pad_tokens;
-            sum.documents_split += one.documents_split;
-            sum.documents_truncated += one.documents_truncated;
-            sum.tokens_dropped += one.tokens_dropped;
-        }
-        sum.padding_fraction = sum.token_slots ? (double)sum.pad_tokens / (double)sum.token_slots : 0.0;
-        *st = sum;
-        return 0;
-    }
-    if (o->plan) {
-        tf__plan_stats(o->plan, st);
-        return 0;
-    }
-    return concat_stats(o, st);
+static const tf__order_ops mix_ops = {
+    .name = "mixture",
+    .sample_at = mix_sample_at,
+    .spans = mix_spans,
+    .extras = mix_extras,
+    .stats = mix_stats,
+    .destroy = mix_free,
+};
+
+/* ------------------------------------------------------------------------ */
+/* the mixture queries of the public API                                     */
+/* ------------------------------------------------------------------------ */
+
+static const tf__mix *mix_of(const tf_order *o) { return o && o->ops == &mix_ops ? o->impl : NULL; }
+
+size_t tf_order_num_sources(const tf_order *o) {
+    const tf__mix *m = mix_of(o);
+    return !o ? 0 : m ? m->K : 1;
+}
+
+const tf_order *tf_order_source(const tf_order *o, size_t i) {
+    const tf__mix *m = mix_of(o);
+    if (!o) return NULL;
+    if (!m) return i == 0 ? o : NULL;
+    return i < m->K ? m->src[i] : NULL;
+}
+
+uint64_t tf_order_mix_window(const tf_order *o) {
+    const tf__mix *m = mix_of(o);
+    return m ? m->W : 1;
+}
+
+uint64_t tf_order_mix_count(const tf_order *o, size_t i) {
+    const tf__mix *m = mix_of(o);
+    if (!o) return 0;
+    if (!m) return i == 0;
+    return i < m->K ? m->cnt[i] : 0;
 }
