@@ -411,16 +411,22 @@ typedef enum tf_backend {
 /* "auto", "mmap", "pread", "io_uring". */
 TF_API const char *tf_backend_name(tf_backend b);
 
+/* Largest num_threads and prefetch a loader accepts (-EINVAL past them). */
+#define TF_MAX_THREADS 256
+#define TF_MAX_PREFETCH 4096
+
 typedef struct tf_loader_config {
-    tf_order_config order;
+    tf_order_config order; /* tf_loader_create(_mix) only; see tf_loader_create_from_order */
     uint64_t batch_size;  /* B: samples per rank per batch; order.global_batch = B * world_size */
     uint32_t rank;
     uint32_t world_size;
-    tf_dtype out_dtype;   /* TF_DTYPE_INVALID = the dataset's dtype */
+    tf_dtype out_dtype;   /* TF_DTYPE_INVALID = the widest dtype of the order's sources */
     unsigned want;        /* TF_WANT_* bits */
     int num_threads;      /* 0 = default: mmap min(cores - 1, 4) (at least 1);
-                             pread/io_uring 4 (I/O-bound: keeps reads in flight) */
-    int prefetch;         /* ring depth in batches; 0 = default */
+                             pread/io_uring 4 (I/O-bound: keeps reads in flight);
+                             at most TF_MAX_THREADS */
+    int prefetch;         /* ring depth in batches; 0 = default (2 x threads + 2);
+                             at most TF_MAX_PREFETCH */
     tf_backend backend;   /* TF_BACKEND_AUTO: $TOKENFEED_BACKEND, else mmap */
     int direct_io;        /* io_uring: open with O_DIRECT (aligned reads) */
 } tf_loader_config;
@@ -430,10 +436,21 @@ TF_API void tf_loader_config_init(tf_loader_config *cfg);
 typedef struct tf_loader tf_loader;
 typedef struct tf_batch tf_batch;
 
-/* Create a loader over ds (borrowed; must outlive the loader). Threads start
- * lazily on the first tf_loader_next. */
+/* A loader over an order built by the caller (tf_order_create or
+ * tf_order_create_mix), borrowed: the order, and the datasets it reads, must
+ * outlive the loader. The order decides the stream; cfg gives the engine's
+ * settings (its `order` member is not used). The order's global_batch must
+ * equal cfg->batch_size * cfg->world_size (-EINVAL otherwise). This is the
+ * way to build an order once and both query it (sample_at, packing stats,
+ * fingerprint) and load from it: several loaders (ranks of a test, say) may
+ * share one order. Threads start lazily on the first tf_loader_next. */
+TF_API int tf_loader_create_from_order(const tf_order *order, const tf_loader_config *cfg, tf_loader **out);
+
+/* Build an order over ds (borrowed; must outlive the loader) from cfg->order
+ * with global_batch = batch_size * world_size, and a loader over it that owns
+ * it. Threads start lazily on the first tf_loader_next. */
 TF_API int tf_loader_create(const tf_dataset *ds, const tf_loader_config *cfg, tf_loader **out);
-/* A loader over a weighted mixture (see tf_order_create_mix); datasets
+/* The same over a weighted mixture (see tf_order_create_mix); datasets
  * borrowed. */
 TF_API int tf_loader_create_mix(const tf_dataset *const *ds, const double *weights, size_t n,
                                 const tf_loader_config *cfg, tf_loader **out);
