@@ -277,14 +277,9 @@ static int check_tiling(const concat *o) {
     return 0;
 }
 
-static const tf__order_ops concat_ops = {
-    .name = "concat",
-    .sample_at = NULL, /* the epoch shuffle */
-    .spans = concat_spans,
-    .extras = concat_extras,
-    .stats = concat_stats,
-    .destroy = free,
-};
+/* sample_at: NULL, the epoch shuffle */
+static const tf__order_ops concat_ops = {.name = "concat", .spans = concat_spans, .extras = concat_extras,
+                                         .stats = concat_stats, .destroy = free};
 
 int tf__concat_init(tf_order *order, const void *args) {
     const tf_dataset *ds = args;

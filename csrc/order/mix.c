@@ -50,28 +50,32 @@
 #define MAX_MIX_WINDOW (1u << 20)
 #define MAX_SOURCES 65536
 
+typedef struct mix_source {
+    tf_order *order;  /* its own order (seed_s, endless, global batch 1) */
+    uint64_t tok_off; /* its first token in the view */
+    uint64_t first;   /* its first mixture sample id: prefix(s) */
+    uint64_t count;   /* c_s: its positions per window */
+} mix_source;
+
+typedef struct mix_slot {
+    uint32_t src;  /* the source of window offset t */
+    uint32_t rank; /* offsets of the same source before t in the window */
+} mix_slot;
+
 typedef struct tf__mix {
     size_t K;
-    tf_order **src;
-    uint64_t *tok_off;  /* K */
-    uint64_t *samp_off; /* K + 1 */
+    mix_source *src; /* K */
     uint64_t W;
-    uint64_t *cnt;      /* K */
-    uint32_t *tab_src;  /* W */
-    uint32_t *tab_rank; /* W */
+    mix_slot *tab;   /* W */
     tf_dataset *view;
 } tf__mix;
 
 static void mix_free(void *v) {
     tf__mix *m = v;
     if (!m) return;
-    for (size_t s = 0; m->src && s < m->K; s++) tf_order_free(m->src[s]);
+    for (size_t s = 0; m->src && s < m->K; s++) tf_order_free(m->src[s].order);
     free(m->src);
-    free(m->tok_off);
-    free(m->samp_off);
-    free(m->cnt);
-    free(m->tab_src);
-    free(m->tab_rank);
+    free(m->tab);
     tf_dataset_free(m->view);
     free(m);
 }
@@ -86,7 +90,7 @@ static uint64_t gcd64(uint64_t a, uint64_t b) {
 }
 
 /* Counts per window from the weights (see the top of the file). */
-static int schedule_counts(const double *weights, size_t K, uint64_t M, uint64_t *cnt, uint64_t *W) {
+static int schedule_counts(const double *weights, size_t K, uint64_t M, mix_source *src, uint64_t *W) {
     double sum = 0;
     for (size_t s = 0; s < K; s++) {
         if (!(weights[s] > 0) || !isfinite(weights[s]))
@@ -99,27 +103,27 @@ static int schedule_counts(const double *weights, size_t K, uint64_t M, uint64_t
     uint64_t used = 0;
     for (size_t s = 0; s < K; s++) {
         double q = (double)M * (weights[s] / sum);
-        cnt[s] = (uint64_t)floor(q);
-        if (cnt[s] > M) cnt[s] = M;
-        frac[s] = q - (double)cnt[s];
-        used += cnt[s];
+        src[s].count = (uint64_t)floor(q);
+        if (src[s].count > M) src[s].count = M;
+        frac[s] = q - (double)src[s].count;
+        used += src[s].count;
     }
     while (used < M) { /* largest remainder, lowest index on ties */
         size_t best = 0;
         for (size_t s = 1; s < K; s++)
             if (frac[s] > frac[best]) best = s;
-        cnt[best]++;
+        src[best].count++;
         frac[best] = -1;
         used++;
     }
     free(frac);
     for (size_t s = 0; s < K; s++)
-        if (cnt[s] == 0)
+        if (src[s].count == 0)
             TF_FAIL(-EINVAL, "weights[%zu] = %g rounds to 0 positions in a window of %llu: raise mix_window or the weight",
                     s, weights[s], (unsigned long long)M);
     uint64_t g = 0;
-    for (size_t s = 0; s < K; s++) g = gcd64(g, cnt[s]);
-    for (size_t s = 0; s < K; s++) cnt[s] /= g;
+    for (size_t s = 0; s < K; s++) g = gcd64(g, src[s].count);
+    for (size_t s = 0; s < K; s++) src[s].count /= g;
     *W = M / g;
     return 0;
 }
@@ -140,21 +144,17 @@ static int mix_init(tf_order *o, const void *args) {
     if (!m) return -ENOMEM;
     m->K = n;
     m->src = calloc(n, sizeof *m->src);
-    m->tok_off = calloc(n, sizeof *m->tok_off);
-    m->samp_off = calloc(n + 1, sizeof *m->samp_off);
-    m->cnt = calloc(n, sizeof *m->cnt);
     int rc = 0;
-    if (!m->src || !m->tok_off || !m->samp_off || !m->cnt) {
+    if (!m->src) {
         rc = -ENOMEM;
         goto fail;
     }
-    rc = schedule_counts(a->weights, n, cfg->mix_window, m->cnt, &m->W);
+    rc = schedule_counts(a->weights, n, cfg->mix_window, m->src, &m->W);
     if (rc) goto fail;
-    m->tab_src = malloc(m->W * sizeof *m->tab_src);
-    m->tab_rank = malloc(m->W * sizeof *m->tab_rank);
+    m->tab = malloc(m->W * sizeof *m->tab);
     int64_t *credit = calloc(n, sizeof *credit);
     uint32_t *given = calloc(n, sizeof *given);
-    if (!m->tab_src || !m->tab_rank || !credit || !given) {
+    if (!m->tab || !credit || !given) {
         free(credit);
         free(given);
         rc = -ENOMEM;
@@ -163,12 +163,11 @@ static int mix_init(tf_order *o, const void *args) {
     for (uint64_t t = 0; t < m->W; t++) {
         size_t best = 0;
         for (size_t s = 0; s < n; s++) {
-            credit[s] += (int64_t)m->cnt[s];
+            credit[s] += (int64_t)m->src[s].count;
             if (credit[s] > credit[best]) best = s;
         }
         credit[best] -= (int64_t)m->W;
-        m->tab_src[t] = (uint32_t)best;
-        m->tab_rank[t] = given[best]++;
+        m->tab[t] = (mix_slot){(uint32_t)best, given[best]++};
     }
     free(credit);
     free(given);
@@ -178,20 +177,21 @@ static int mix_init(tf_order *o, const void *args) {
         sc.seed = tf_mix64(cfg->seed ^ tf_mix64(s + KEY_SOURCE));
         sc.epochs = 0;
         sc.global_batch = 1;
-        rc = tf_order_create(a->ds[s], &sc, &m->src[s]);
+        rc = tf_order_create(a->ds[s], &sc, &m->src[s].order);
         if (rc) {
             char msg[400];
             snprintf(msg, sizeof msg, "%s", tf_last_error());
             rc = tf__seterr(rc, "mixture source %zu: %s", s, msg);
             goto fail;
         }
-        m->samp_off[s + 1] = m->samp_off[s] + tf_order_num_samples(m->src[s]);
-        size_t ms = tf__order_max_spans(m->src[s]);
+        if (s + 1 < n) m->src[s + 1].first = m->src[s].first + tf_order_num_samples(m->src[s].order);
+        else o->N = m->src[s].first + tf_order_num_samples(m->src[s].order);
+        size_t ms = tf__order_max_spans(m->src[s].order);
         if (ms > o->max_spans) o->max_spans = ms;
     }
     rc = tf__dataset_concat_view(a->ds, n, &m->view);
     if (rc) goto fail;
-    for (size_t s = 1; s < n; s++) m->tok_off[s] = m->tok_off[s - 1] + a->ds[s - 1]->num_tokens;
+    for (size_t s = 1; s < n; s++) m->src[s].tok_off = m->src[s - 1].tok_off + a->ds[s - 1]->num_tokens;
     {
         tf__xxh64_state h;
         uint8_t rec[8];
@@ -201,7 +201,7 @@ static int mix_init(tf_order *o, const void *args) {
         tf__put_le64(rec, m->W);
         tf__xxh64_update(&h, rec, 8);
         for (size_t s = 0; s < n; s++) {
-            tf__put_le64(rec, m->cnt[s]);
+            tf__put_le64(rec, m->src[s].count);
             tf__xxh64_update(&h, rec, 8);
         }
         o->kind_fp = tf__xxh64_digest(&h);
@@ -210,7 +210,6 @@ static int mix_init(tf_order *o, const void *args) {
     o->ops = &mix_ops;
     o->impl = m;
     o->ds = m->view;
-    o->N = m->samp_off[n];
     return 0;
 fail:
     mix_free(m);
@@ -235,37 +234,37 @@ int tf_order_create_mix(const tf_dataset *const *ds, const double *weights, size
 }
 
 /* Source of mixture sample id `sample` (< N). */
-static size_t source_of(const tf__mix *m, uint64_t sample) {
-    size_t lo = 0, hi = m->K; /* samp_off[lo] <= sample < samp_off[hi] */
+static const mix_source *source_of(const tf__mix *m, uint64_t sample) {
+    size_t lo = 0, hi = m->K; /* src[lo].first <= sample < src[hi].first (src[K].first = N) */
     while (hi - lo > 1) {
         size_t mid = lo + (hi - lo) / 2;
-        if (m->samp_off[mid] <= sample) lo = mid;
+        if (m->src[mid].first <= sample) lo = mid;
         else hi = mid;
     }
-    return lo;
+    return &m->src[lo];
 }
 
 static uint64_t mix_sample_at(const tf_order *o, uint64_t pos) {
     const tf__mix *m = o->impl;
     uint64_t k = pos / m->W, t = pos % m->W;
-    uint32_t s = m->tab_src[t];
-    uint64_t j = k * m->cnt[s] + m->tab_rank[t];
-    return m->samp_off[s] + tf_order_sample_at(m->src[s], j);
+    const mix_source *src = &m->src[m->tab[t].src];
+    uint64_t j = k * src->count + m->tab[t].rank;
+    return src->first + tf_order_sample_at(src->order, j);
 }
 
 static int mix_spans(const tf_order *o, uint64_t sample, tf__span *spans, size_t cap, size_t *n) {
     const tf__mix *m = o->impl;
-    size_t s = source_of(m, sample);
-    TF_TRY(tf__order_sample_spans(m->src[s], sample - m->samp_off[s], spans, cap, n));
+    const mix_source *src = source_of(m, sample);
+    TF_TRY(tf__order_sample_spans(src->order, sample - src->first, spans, cap, n));
     for (size_t i = 0; i < *n; i++)
-        if (spans[i].src < TF_SPAN_PAD) spans[i].src += m->tok_off[s];
+        if (spans[i].src < TF_SPAN_PAD) spans[i].src += src->tok_off;
     return 0;
 }
 
 static int mix_extras(const tf_order *o, uint64_t sample, const tf_sample_extras *ex) {
     const tf__mix *m = o->impl;
-    size_t s = source_of(m, sample);
-    return tf__order_fill_extras(m->src[s], sample - m->samp_off[s], ex);
+    const mix_source *src = source_of(m, sample);
+    return tf__order_fill_extras(src->order, sample - src->first, ex);
 }
 
 /* The sum over the sources, each over its own epoch. */
@@ -274,7 +273,7 @@ static int mix_stats(const tf_order *o, tf_packing_stats *st) {
     tf_packing_stats sum, one;
     memset(&sum, 0, sizeof sum);
     for (size_t s = 0; s < m->K; s++) {
-        TF_TRY(tf_order_packing_stats(m->src[s], &one));
+        TF_TRY(tf_order_packing_stats(m->src[s].order, &one));
         sum.samples += one.samples;
         sum.documents += one.documents;
         sum.empty_documents += one.empty_documents;
@@ -289,14 +288,8 @@ static int mix_stats(const tf_order *o, tf_packing_stats *st) {
     return 0;
 }
 
-static const tf__order_ops mix_ops = {
-    .name = "mixture",
-    .sample_at = mix_sample_at,
-    .spans = mix_spans,
-    .extras = mix_extras,
-    .stats = mix_stats,
-    .destroy = mix_free,
-};
+static const tf__order_ops mix_ops = {.name = "mixture", .sample_at = mix_sample_at, .spans = mix_spans,
+                                      .extras = mix_extras, .stats = mix_stats, .destroy = mix_free};
 
 /* ------------------------------------------------------------------------ */
 /* the mixture queries of the public API                                     */
@@ -313,7 +306,7 @@ const tf_order *tf_order_source(const tf_order *o, size_t i) {
     const tf__mix *m = mix_of(o);
     if (!o) return NULL;
     if (!m) return i == 0 ? o : NULL;
-    return i < m->K ? m->src[i] : NULL;
+    return i < m->K ? m->src[i].order : NULL;
 }
 
 uint64_t tf_order_mix_window(const tf_order *o) {
@@ -325,5 +318,5 @@ uint64_t tf_order_mix_count(const tf_order *o, size_t i) {
     const tf__mix *m = mix_of(o);
     if (!o) return 0;
     if (!m) return i == 0;
-    return i < m->K ? m->cnt[i] : 0;
+    return i < m->K ? m->src[i].count : 0;
 }

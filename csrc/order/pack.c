@@ -588,14 +588,9 @@ static int packed_stats(const tf_order *o, tf_packing_stats *st) {
     return 0;
 }
 
-static const tf__order_ops packed_ops = {
-    .name = "packed",
-    .sample_at = NULL, /* the epoch shuffle */
-    .spans = packed_spans,
-    .extras = packed_extras,
-    .stats = packed_stats,
-    .destroy = plan_free,
-};
+/* sample_at: NULL, the epoch shuffle */
+static const tf__order_ops packed_ops = {.name = "packed", .spans = packed_spans, .extras = packed_extras,
+                                         .stats = packed_stats, .destroy = plan_free};
 
 int tf__packed_init(tf_order *o, const void *args) {
     const tf_dataset *ds = args;
