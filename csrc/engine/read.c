@@ -14,7 +14,7 @@
  * Files with no descriptor we can use (memory datasets, a path that no longer
  * opens, EMFILE) are read through the mapping, which gives the same bytes.
  *
- * Contract: every backend writes byte-identical batches (DESIGN.md, "What
+ * Contract: every backend writes byte-identical batches (docs/design.md, "What
  * must stay true" #2); only bytes_read and timing differ.
  */
 #ifndef _GNU_SOURCE

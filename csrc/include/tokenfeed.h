@@ -2,12 +2,16 @@
  * tokenfeed.h — the complete C API of tokenfeed.
  *
  * tokenfeed feeds pre-tokenized training data to accelerators. The library is
- * layered (see docs/design.md):
+ * layered, each layer usable without the ones above it (docs/design.md in the
+ * source repository):
  *
  *   sources  tf_dataset, tf_writer   open / write token shards of several formats
  *   order    tf_perm, tf_order       which tokens make sample i: packing, shuffle,
- *                                    rank partition; pure functions of (config, pos)
- *   engine   tf_loader, tf_batch     batches assembled into reusable buffers
+ *                                    mixing; pure functions of (config, position)
+ *   engine   tf_loader, tf_batch     batches assembled into reusable buffers, over
+ *                                    an order built once (tf_loader_create_from_order)
+ *   device   tf_device_ring          pinned host memory and device slots; the CUDA
+ *                                    runtime is loaded at run time
  *
  * Conventions, said once for the whole header:
  *   - Functions that can fail return 0 on success or a negative error code:

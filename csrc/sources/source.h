@@ -1,12 +1,14 @@
 /*
  * source.h — the sources layer's internal model, shared by the format parsers
- * (native.c, megatron.c, llmc.c, raw.c, npy.c) and the dataset (dataset.c).
+ * (native.c, megatron.c, llmc.c, raw.c, npy.c), the file primitives (file.c),
+ * the dataset (dataset.c) and the writer (writer.c).
  *
  * A dataset is an ordered list of files (tf_file). Each parser validates one
  * file's headers and sizes (never its whole payload: that is verify's job) and
- * fills a tf_file: where its tokens are (a mapping, or compressed blocks),
- * its dtype and counts, and how to find its documents. dataset.c then only
- * deals with tf_file, whatever the format.
+ * fills a tf_file: where its tokens are (a mapping, or compressed blocks and
+ * the function that reads one), its dtype and counts, and how to find its
+ * documents. dataset.c then only deals with tf_file, whatever the format, and
+ * file.c is the one place that knows how a file's bytes are obtained.
  *
  * Every offset read from disk is distrusted: parsers check it against the
  * mapped size with overflow-checked arithmetic before any pointer is formed.
