@@ -97,3 +97,11 @@ def test_packing_constants_are_the_c_values():
     assert _config.PACKING == {"concat": _core.PACK_CONCAT, "best_fit": _core.PACK_BEST_FIT,
                                "document": _core.PACK_DOCUMENT}
     assert np.unique(list(_config.SHUFFLE.values())).size == 3
+
+
+@pytest.mark.parametrize("kw", [dict(num_threads=10**6), dict(prefetch=10**6), dict(backend="floppy"),
+                                dict(num_threads=-1), dict(dtype="float99"), dict(block_size=0)])
+def test_loader_checks_every_setting_when_made(ds, kw):
+    """Engine settings too fail at Loader(), not at the first batch."""
+    with pytest.raises((ValueError, TypeError)):
+        tokenfeed.Loader(ds, seq_len=8, batch_size=2, output="numpy", **kw)

@@ -297,13 +297,14 @@ typedef struct tf_order_config {
     int64_t separator_id;   /* >= 0: inserted after every document; -1: none */
     uint64_t seed;
     tf_shuffle shuffle;
-    uint64_t block_size;    /* TF_SHUFFLE_BLOCK: samples per block */
-    uint64_t window_blocks; /* TF_SHUFFLE_BLOCK: blocks per window */
+    uint64_t block_size;    /* TF_SHUFFLE_BLOCK: samples per block (>= 1 in every mode) */
+    uint64_t window_blocks; /* TF_SHUFFLE_BLOCK: blocks per window (>= 1 in every mode) */
     uint64_t global_batch;  /* G: samples per global batch (all ranks) */
     uint64_t epochs;        /* 0 = infinite stream */
     /* BEST_FIT / DOCUMENT (docs/packing.md) */
     int64_t pad_id;         /* >= 0: fills the rest of a sample (default 0) */
-    uint64_t pack_window;   /* BEST_FIT: documents per packing window (default 1024) */
+    uint64_t pack_window;   /* BEST_FIT: documents per packing window (default 1024;
+                               1 to 2^24 in every mode) */
     /* mixtures (tf_order_create_mix) */
     uint64_t mix_window;    /* positions per schedule window before reduction (default 1000) */
 } tf_order_config;
@@ -314,7 +315,9 @@ typedef struct tf_order tf_order;
 
 /* Build the order over ds (borrowed: must outlive the order). O(1) memory in
  * the number of samples. -EINVAL (with a message) when the dataset is shorter
- * than one sample or the config is inconsistent. */
+ * than one sample or the config is inconsistent; every setting is checked,
+ * including those the chosen modes do not use. Build it once and share it:
+ * tf_loader_create_from_order borrows it. */
 TF_API int tf_order_create(const tf_dataset *ds, const tf_order_config *cfg, tf_order **out);
 TF_API void tf_order_free(tf_order *o);
 

@@ -51,7 +51,13 @@ class Loader:
     consumer's current stream (see ``docs/gpu.md``); without CUDA it raises a
     ``RuntimeError`` that says why.
 
-    The C engine (threads, buffers) starts lazily in the process that iterates, so a
+    ``num_threads`` (default: the engine's choice for the backend, at most 256) and
+    ``prefetch`` (batches assembled ahead, default ``2 * num_threads + 2``, at most 4096)
+    never change the stream. Every setting is checked when the Loader is made: an
+    unknown keyword is a ``TypeError``, a bad value a ``ValueError`` or ``TypeError``
+    that names it.
+
+    The C engine's threads and buffers start lazily in the process that iterates, so a
     Loader can be created before ``fork`` or pickled to a ``spawn`` worker.
     """
 
@@ -92,11 +98,11 @@ class Loader:
         if output == "auto":
             output = "torch" if _torch_available() else "numpy"
         self.output = output
-        # the order, built once: the engine (created lazily, in the process that
-        # iterates) reads this same order
+        # the order, built once, and the engine that reads it (its threads start at
+        # the first batch, in the process that iterates)
         self._order = self._order_cfg.build(self._core_source())
         self._position = 0
-        self._engine: Optional[Any] = None
+        self._engine: Optional[Any] = self._engine_cfg.build(self._order)
         # GPU hand-off (docs/gpu.md): None keeps batches on the CPU. Creating the
         # feeder checks CUDA now, so a missing GPU fails here, not at the first batch.
         from ._device import DeviceFeeder, parse_device
