@@ -118,7 +118,7 @@ static int check_config(const tf_order_config *c) {
     /* checked in every mode (they only matter to BLOCK), so that a bad value
      * is refused where it is written rather than when the mode changes */
     if (c->block_size < 1 || c->window_blocks < 1)
-        TF_FAIL(-EINVAL, "block shuffle: block_size and window_blocks must be >= 1, found %llu and %llu",
+        TF_FAIL(-EINVAL, "block_size and window_blocks: expected >= 1 (they shape the block shuffle), found %llu and %llu",
                 (unsigned long long)c->block_size, (unsigned long long)c->window_blocks);
     if (c->pack_window < 1 || c->pack_window > TF__MAX_PACK_WINDOW)
         TF_FAIL(-EINVAL, "pack_window: expected 1 <= pack_window <= %u documents, found %llu", TF__MAX_PACK_WINDOW,
