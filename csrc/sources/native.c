@@ -175,6 +175,7 @@ int tf__parse_native_header(const char *path, const uint8_t *buf, size_t len, ui
     f->blocks_checksum = bsum;
     f->tokens_section_len = tok_bytes;
     f->compressed = compressed;
+    f->read_block = compressed ? tf__native_read_block : NULL;
     f->num_blocks = nblocks;
     f->block_tokens = compressed ? blk_tokens : 0;
     uint8_t rec[48];
@@ -275,6 +276,59 @@ int tf__native_read_block(const tf_file *f, uint64_t b, void *out, size_t out_ca
     TF_FAIL(-TF_EUNSUPPORTED, "%s: the shard is zstd-compressed, but this tokenfeed build lacks zstd. Rebuild with libzstd (pkg-config libzstd) installed, or rewrite the dataset with compression=None.",
             f->path);
 #endif
+}
+
+/* ------------------------------------------------------------------------ */
+/* checksums                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* Full check of a shard's stored checksums (verify; runs under the caller's
+ * SIGBUS guard). scratch holds at least one decompressed block (cap bytes). */
+int tf__native_verify(const tf_file *f, _Atomic uint64_t *progress, _Atomic int *cancel, void *scratch,
+                      size_t cap) {
+    /* tokens_checksum covers the uncompressed token bytes, so a compressed
+     * shard and its uncompressed twin share checksums and fingerprint. */
+    tf__xxh64_state h;
+    tf__xxh64_reset(&h, 0);
+    size_t isz = tf_dtype_size(f->dtype);
+    if (!f->compressed) {
+        const uint8_t *p = f->tokens;
+        uint64_t left = f->num_tokens * isz;
+        while (left) {
+            if (atomic_load(cancel)) return -ECANCELED;
+            size_t n = left < (8u << 20) ? (size_t)left : (8u << 20);
+            tf__xxh64_update(&h, p, n);
+            p += n;
+            left -= n;
+            atomic_fetch_add(progress, n);
+        }
+    } else {
+        uint8_t *buf = scratch;
+        for (uint64_t b = 0; b < f->num_blocks; b++) {
+            if (atomic_load(cancel)) return -ECANCELED;
+            uint64_t first = b * f->block_tokens;
+            uint64_t n = f->num_tokens - first < f->block_tokens ? f->num_tokens - first : f->block_tokens;
+            int rc = tf__native_read_block(f, b, buf, cap);
+            if (rc < 0) return rc;
+            tf__xxh64_update(&h, buf, (size_t)(n * isz));
+            atomic_fetch_add(progress, n * isz);
+        }
+    }
+    uint64_t got = tf__xxh64_digest(&h);
+    if (got != f->tokens_checksum)
+        TF_FAIL(-TF_ECHECKSUM, "%s: tokens_checksum: expected %016llx, found %016llx. The shard is corrupt: restore it from a good copy or regenerate it.",
+                f->path, (unsigned long long)f->tokens_checksum, (unsigned long long)got);
+    got = tf_hash64(f->docs_section, (size_t)f->docs_section_len, 0);
+    if (got != f->docs_checksum)
+        TF_FAIL(-TF_ECHECKSUM, "%s: docs_checksum: expected %016llx, found %016llx. The shard's document index is corrupt: restore it from a good copy or regenerate it.",
+                f->path, (unsigned long long)f->docs_checksum, (unsigned long long)got);
+    if (f->compressed) {
+        got = tf_hash64(f->block_table, (size_t)(f->num_blocks * 16), 0);
+        if (got != f->blocks_checksum)
+            TF_FAIL(-TF_ECHECKSUM, "%s: blocks_checksum: expected %016llx, found %016llx. The shard's block table is corrupt: restore it from a good copy or regenerate it.",
+                    f->path, (unsigned long long)f->blocks_checksum, (unsigned long long)got);
+    }
+    return 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -498,17 +552,6 @@ fail:
 /* ------------------------------------------------------------------------ */
 /* dataset directory                                                         */
 /* ------------------------------------------------------------------------ */
-
-char *tf__path_join(const char *dir, const char *name) {
-    size_t a = strlen(dir), b = strlen(name);
-    char *p = malloc(a + b + 2);
-    if (!p) return NULL;
-    memcpy(p, dir, a);
-    size_t k = a;
-    if (a && dir[a - 1] != '/') p[k++] = '/';
-    memcpy(p + k, name, b + 1);
-    return p;
-}
 
 int tf__open_native_dir(const char *dir, const tf_open_options *opt, tf_file **files, uint64_t *nfiles,
                         uint64_t *cap) {
