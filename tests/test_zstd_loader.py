@@ -102,20 +102,21 @@ def test_block_shuffle_decodes_each_block_about_once(twin):
 
 def test_small_explicit_cache_warns(twin):
     _, zstd = twin
-    ld = tokenfeed.Loader(zstd, seq_len=SEQ, batch_size=B, shuffle="block", block_size=64, output="numpy",
-                          zstd_cache_bytes=3 * BLOCK_TOKENS * 2)
-    with pytest.warns(tokenfeed.PerformanceWarning, match="zstd_cache_bytes gives 3 KiB"):
-        next(ld)
+    with pytest.warns(tokenfeed.PerformanceWarning, match="zstd_cache_bytes gives 3 KiB") as rec:
+        ld = tokenfeed.Loader(zstd, seq_len=SEQ, batch_size=B, shuffle="block", block_size=64, output="numpy",
+                              zstd_cache_bytes=3 * BLOCK_TOKENS * 2)
+    assert rec[0].filename == __file__  # points at the line that created the loader
+    next(ld)
     ld.close()
 
 
 def test_full_shuffle_on_large_blocks_warns(twin):
     _, zstd = twin
     # seq_len 15 on 512-token blocks: each sample decodes ~(512 + 15) / 16 = 33x its tokens
-    ld = tokenfeed.Loader(zstd, seq_len=15, batch_size=B, seed=1, shuffle="full", output="numpy",
-                          zstd_cache_bytes=4 * BLOCK_TOKENS * 2)
+    # warned when the loader is created: the prediction needs no batch
     with pytest.warns(tokenfeed.PerformanceWarning, match="full shuffle"):
-        next(ld)
+        ld = tokenfeed.Loader(zstd, seq_len=15, batch_size=B, seed=1, shuffle="full", output="numpy",
+                              zstd_cache_bytes=4 * BLOCK_TOKENS * 2)
     z = ld.stats()["zstd"]
     assert z["decode_model"] > 8 and "block_tokens" in z["note"]
     for _ in range(100):

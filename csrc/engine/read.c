@@ -15,7 +15,7 @@
  * Files with no descriptor we can use (memory datasets, a path that no longer
  * opens, EMFILE) are read through the mapping, which gives the same bytes.
  *
- * Contract: every backend writes byte-identical batches (DESIGN.md, "What
+ * Contract: every backend writes byte-identical batches (docs/design.md, "What
  * must stay true" #2); only bytes_read and timing differ.
  */
 #ifndef _GNU_SOURCE
@@ -63,9 +63,11 @@ int tf__reader_init(tf__reader *r, const tf_dataset *ds, const tf_order *o, tf_b
     r->order = o;
     r->direct_io = direct_io;
     r->out_dtype = out_dtype;
-    r->seq_len = tf__order_seq_len(o);
-    r->separator = tf__order_separator(o);
-    r->pad = tf__order_pad(o);
+    tf_order_config oc;
+    TF_TRY(tf_order_get_config(o, &oc));
+    r->seq_len = oc.seq_len;
+    r->separator = oc.separator_id;
+    r->pad = oc.pad_id;
     r->max_spans = tf__order_max_spans(o);
     if (r->max_spans < 1) r->max_spans = 1;
     atomic_init(&r->bytes_read, 0);
@@ -356,7 +358,9 @@ static int rd_error(const tf__rd *d, int e) {
  * tests/test_faults.py): "eio:N", "short:N" or "eof:N" makes the Nth read
  * completion of the pread and io_uring backends (counted from 1 across the
  * process) fail with EIO, report half of its bytes (the rest must be read
- * again), or report 0 bytes (end of file). res is bytes or -errno. */
+ * again), or report 0 bytes (end of file). res is bytes or -errno.
+ * Compiled only into test builds (TF_TEST_HOOKS); elsewhere a no-op. */
+#ifdef TF_TEST_HOOKS
 static int fault_mode; /* 0 off, 1 eio, 2 short, 3 eof */
 static uint64_t fault_n;
 static _Atomic uint64_t fault_count;
@@ -373,6 +377,9 @@ static long fault_read(long res) {
     if (TF_LIKELY(!fault_mode) || res < 0 || atomic_fetch_add(&fault_count, 1) + 1 != fault_n) return res;
     return fault_mode == 1 ? -EIO : fault_mode == 2 ? res / 2 : 0;
 }
+#else
+static inline long fault_read(long res) { return res; }
+#endif
 
 static int run_pread(tf__worker *w, tf__rd *d) {
     for (;;) {
@@ -491,7 +498,7 @@ static int call_fill(void *p) {
  * zstd cache takes its lock only around bookkeeping, never across a decode. */
 int tf__worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const tf_batch_view *v) {
     fill_call c = {w, pos, rows, v};
-    int rc = tf__sigbus_run(w->rd->ds->files, w->rd->ds->nfiles, call_fill, &c);
+    int rc = tf__files_guard(w->rd->ds->files, w->rd->ds->nfiles, call_fill, &c);
     /* Drop this worker's pin in the zstd cache; after a fault mid-decode
      * (SIGBUS), also empty the entry it was loading so others stop waiting. */
     if (rc) tf__zcache_abandon(w->rd->zc, &w->zh);

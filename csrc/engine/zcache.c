@@ -483,7 +483,7 @@ static int acquire(tf__zcache *c, tf__zhold *h, const tf_file *f, uint64_t fi, u
             h->scratch = p;
             h->scratch_cap = c->blk_bytes;
         }
-        rc = tf__native_read_block(f, b, h->scratch, h->scratch_cap);
+        rc = tf__file_read_block(f, b, h->scratch, h->scratch_cap);
         if (rc) return rc;
         h->data = h->scratch;
     } else {
@@ -503,7 +503,7 @@ static int acquire(tf__zcache *c, tf__zhold *h, const tf_file *f, uint64_t fi, u
         h->loading = e; /* before any mapped byte is read: see tf__zcache_abandon */
         pthread_mutex_unlock(&c->mu);
 
-        rc = tf__native_read_block(f, b, e->buf, c->blk_bytes);
+        rc = tf__file_read_block(f, b, e->buf, c->blk_bytes);
 
         pthread_mutex_lock(&c->mu);
         h->loading = NULL;
