@@ -1,0 +1,156 @@
+/*
+ * remote.h — remote objects for the sources layer: the transport wrapper with
+ * retries (remote.c), the fetch pool (remote.c) and the node-local chunk
+ * cache shared by every process on the node (remote_cache.c).
+ * docs/remote.md describes the behaviour; this header the pieces.
+ *
+ * Vocabulary:
+ *   object    one remote file at one version (url, size, version/ETag).
+ *   chunking  how an object's data region [data_off, data_off + data_len) is
+ *             cut into chunks of chunk_bytes (the last one shorter). Bytes
+ *             outside the region (headers, indices) are only read at open,
+ *             directly, never through the cache.
+ *   oid       128-bit identity of (url, size, version, data_off, data_len,
+ *             chunk_bytes): a changed object or another chunking never shares
+ *             chunks with this one.
+ *   need      the stream position at which a process will next use a chunk
+ *             (a loader's scheduler publishes them); eviction drops the chunk
+ *             whose next use is farthest away.
+ */
+#ifndef TF_REMOTE_H
+#define TF_REMOTE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "../common/internal.h"
+
+/* No known next use: evicted first (least recently used first among them). */
+#define TF__NO_NEED UINT64_MAX
+
+typedef struct tf__ckey {
+    uint64_t oid_lo, oid_hi;
+    uint32_t chunk;
+} tf__ckey;
+
+/* One remote object as a dataset file uses it. Owned by the file; holds a
+ * reference on its tf_remote. */
+typedef struct tf__robj {
+    tf_remote *r;
+    char *url;             /* owned */
+    tf_object_info info;
+    uint64_t data_off, data_len; /* the chunked region */
+    uint64_t chunk_bytes;
+    uint32_t nchunks;
+    uint64_t oid_lo, oid_hi;
+    /* Optional per-granule XXH64 of the data region (native shards with a
+     * chunk table): sums[g] covers [data_off + g * granule, + granule).
+     * chunk_bytes is a multiple of granule. Owned (copied at set-up). */
+    uint64_t *sums;
+    uint64_t nsums;
+    uint64_t granule;
+} tf__robj;
+
+/* Whether path names a remote object ("scheme://..." other than file://). */
+TF_HIDDEN int tf__is_url(const char *path);
+
+/* Stat url and make an object with the whole file as its data region. */
+TF_HIDDEN int tf__robj_open(tf_remote *r, const char *url, tf__robj **out);
+/* Same, from an already known size/version (no request). */
+TF_HIDDEN int tf__robj_from_info(tf_remote *r, const char *url, const tf_object_info *info,
+                                 tf__robj **out);
+TF_HIDDEN void tf__robj_free(tf__robj *o);
+/* Re-cut the data region (before any chunk is read). sums may be NULL;
+ * otherwise nsums entries of granule bytes each (copied); chunk_bytes is
+ * rounded up to a multiple of granule. */
+TF_HIDDEN int tf__robj_set_region(tf__robj *o, uint64_t data_off, uint64_t data_len, const uint64_t *sums,
+                                  uint64_t nsums, uint64_t granule);
+
+/* Read object bytes [off, off + len): through the cache inside the data
+ * region, directly (uncached, with retries) outside it. */
+TF_HIDDEN int tf__robj_read(const tf__robj *o, uint64_t off, uint64_t len, void *out);
+
+/* Uncached ranged reads with retries, concurrently on the fetch pool; every
+ * request is tried even if one fails; returns the first failure in array
+ * order, with its message. */
+typedef struct tf__rreq {
+    const tf__robj *o;
+    uint64_t off, len;
+    void *buf;
+    int rc; /* out */
+} tf__rreq;
+TF_HIDDEN int tf__remote_read_many(tf_remote *r, tf__rreq *reqs, size_t n);
+
+/* Hot path: chunk k of o, mapped and verified, valid until released. *data
+ * points at the chunk's first byte (object offset data_off + k * chunk_bytes),
+ * *len its length. Blocks while the chunk is fetched (by this process or
+ * another). */
+typedef struct tf__chunkref tf__chunkref;
+TF_HIDDEN int tf__chunk_acquire(const tf__robj *o, uint32_t k, const uint8_t **data, size_t *len,
+                                tf__chunkref **ref);
+TF_HIDDEN void tf__chunk_release(tf__chunkref *ref);
+
+/* Scheduler side: ask for chunk k of o to be fetched ahead (no-op when it is
+ * cached or already asked for), to be used at stream position next_use.
+ * Lower next_use is fetched first. */
+TF_HIDDEN void tf__chunk_want(const tf__robj *o, uint32_t k, uint64_t next_use);
+/* Publish next uses of cached chunks (one lock for the batch) and this
+ * process's consumer position (needs below it are stale). */
+TF_HIDDEN void tf__remote_publish(tf_remote *r, const tf__ckey *keys, const uint64_t *next_use, size_t n,
+                                  uint64_t position);
+/* Whether chunk k of o is on this node's disk now (a hint). */
+TF_HIDDEN int tf__chunk_cached(const tf__robj *o, uint32_t k);
+/* Bytes the scheduler may keep requested ahead. */
+TF_HIDDEN uint64_t tf__remote_prefetch_bytes(const tf_remote *r);
+TF_HIDDEN tf_remote *tf__remote_ref(tf_remote *r);
+
+/* ---- remote_cache.c: the cache directory and its shared index ----------- */
+
+typedef struct tf__cache tf__cache;
+
+/* Open (creating if needed) the cache in dir and take a process slot. */
+TF_HIDDEN int tf__cache_open(const char *dir, uint64_t limit, int create, tf__cache **out);
+TF_HIDDEN void tf__cache_close(tf__cache *c);
+/* After fork(): take a new slot for the child (the parent keeps its own). */
+TF_HIDDEN int tf__cache_after_fork(tf__cache *c);
+TF_HIDDEN const char *tf__cache_dir(const tf__cache *c);
+
+/* Outcome of tf__cache_begin. */
+enum {
+    TF__BEGIN_PRESENT = 0,  /* already cached: nothing to fetch */
+    TF__BEGIN_FETCH = 1,    /* reserved: the caller fetches, then commits or aborts */
+    TF__BEGIN_OTHER = 2,    /* a live process fetches it: wait and look again */
+    TF__BEGIN_NOSPACE = 3,  /* every cached chunk is needed sooner: try later */
+};
+/* Look up key; when absent, reserve bytes for it (evicting the chunks whose
+ * next use is farthest away, but only ones needed later than next_use; with
+ * urgent set, any chunk). Returns a TF__BEGIN_* value or a negative code. */
+TF_HIDDEN int tf__cache_begin(tf__cache *c, const tf__ckey *key, uint64_t bytes, uint64_t next_use, int urgent,
+                              uint64_t *evicted_chunks, uint64_t *evicted_bytes);
+/* Land a fetched chunk: data (len bytes) is written to a temporary file with
+ * its trailer and renamed into place; the record becomes present. On error
+ * (ENOSPC...) nothing is left behind and the reservation is dropped. */
+TF_HIDDEN int tf__cache_commit(tf__cache *c, const tf__ckey *key, const char *url, const tf_object_info *info,
+                               const void *data, size_t len, uint64_t next_use);
+TF_HIDDEN void tf__cache_abort(tf__cache *c, const tf__ckey *key);
+/* Map the cached chunk read-only and verify its trailer and hash (and, when
+ * sums is not NULL, its granule checksums). Returns 0, -ENOENT (not cached),
+ * or -TF_ECHECKSUM (corrupt: the file was removed). */
+TF_HIDDEN int tf__cache_map(tf__cache *c, const tf__ckey *key, size_t len, const uint64_t *sums, size_t nsums,
+                            uint64_t granule, void **map, size_t *map_len);
+TF_HIDDEN void tf__cache_unmap(void *map, size_t map_len);
+/* Forget a chunk (remove its file and record): a corrupted one. */
+TF_HIDDEN void tf__cache_forget(tf__cache *c, const tf__ckey *key);
+TF_HIDDEN void tf__cache_publish(tf__cache *c, const tf__ckey *keys, const uint64_t *next_use, size_t n,
+                                 uint64_t position);
+TF_HIDDEN int tf__cache_present(tf__cache *c, const tf__ckey *key);
+/* A counter bumped (in the shared index) whenever a chunk leaves the cache:
+ * a reader holding mappings revalidates them when it moved. Lock-free. */
+TF_HIDDEN uint64_t tf__cache_evictions(const tf__cache *c);
+TF_HIDDEN void tf__cache_usage(tf__cache *c, uint64_t *bytes, uint64_t *limit);
+
+/* Chunk file trailer (docs/remote.md). */
+#define TF__CHUNK_MAGIC "TFCHUNK1"
+#define TF__CHUNK_TRAILER 40u
+
+#endif

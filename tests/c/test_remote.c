@@ -1,0 +1,445 @@
+/* Remote objects through the C API: a transport that reads local files (the
+ * way a C trainer plugs in its own client), the chunk cache (hits, sharing
+ * between two processes, the limit, a corrupted chunk, a killed fetcher, a
+ * full disk), and the retry policy (transient faults retried, permanent ones
+ * not, a changed object refused). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "sources/remote.h"
+
+static char tmpdir[256];
+
+/* ---- a transport over local files: "local://<path>" ---------------------- */
+
+typedef struct fault_plan {
+    _Atomic int reads;    /* read calls seen */
+    _Atomic int fail_left; /* transient failures still to inject */
+    int fail_code;        /* what to inject */
+    int short_reads;      /* return at most half of each request */
+    int stale;            /* pretend every object changed */
+} fault_plan;
+
+static fault_plan plan;
+
+static const char *local_path(const char *url) { return strncmp(url, "local://", 8) == 0 ? url + 8 : NULL; }
+
+static int lt_stat(void *ctx, const char *url, tf_object_info *info) {
+    (void)ctx;
+    const char *p = local_path(url);
+    struct stat st;
+    if (!p || stat(p, &st) != 0) {
+        tf_transport_set_error("no such file");
+        return -ENOENT;
+    }
+    info->size = (uint64_t)st.st_size;
+    snprintf(info->version, sizeof info->version, "%lld.%ld", (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+    return 0;
+}
+
+static int64_t lt_read(void *ctx, const char *url, const tf_object_info *expect, uint64_t off, void *buf, size_t len) {
+    (void)ctx;
+    atomic_fetch_add(&plan.reads, 1);
+    if (atomic_fetch_sub(&plan.fail_left, 1) > 0) {
+        tf_transport_set_error("injected failure");
+        return plan.fail_code;
+    }
+    if (plan.stale) {
+        tf_transport_set_error("412 Precondition Failed");
+        return -ESTALE;
+    }
+    const char *p = local_path(url);
+    int fd = p ? open(p, O_RDONLY) : -1;
+    if (fd < 0) return -ENOENT;
+    struct stat st;
+    fstat(fd, &st);
+    if ((uint64_t)st.st_size != expect->size) {
+        close(fd);
+        return -ESTALE;
+    }
+    if (plan.short_reads && len > 1) len /= 2;
+    ssize_t n = pread(fd, buf, len, (off_t)off);
+    close(fd);
+    return n < 0 ? -errno : n;
+}
+
+static void reset_plan(void) {
+    atomic_store(&plan.reads, 0);
+    atomic_store(&plan.fail_left, 0);
+    plan.fail_code = 0;
+    plan.short_reads = 0;
+    plan.stale = 0;
+}
+
+static tf_remote *make_remote(const char *cache, uint64_t limit, uint64_t chunk) {
+    tf_transport t = {NULL, lt_stat, lt_read, NULL};
+    tf_remote_config cfg;
+    tf_remote_config_init(&cfg);
+    cfg.cache_dir = cache;
+    cfg.cache_limit = limit;
+    cfg.chunk_bytes = chunk;
+    cfg.fetch_threads = 4;
+    cfg.backoff_ms = 1;
+    cfg.backoff_max_ms = 4;
+    cfg.max_attempts = 5;
+    tf_remote *r = NULL;
+    CHECK_OK(tf_remote_create(&t, &cfg, &r));
+    return r;
+}
+
+static uint8_t *make_file(const char *name, size_t n, char *url, size_t cap) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+    uint8_t *b = malloc(n);
+    for (size_t i = 0; i < n; i++) b[i] = (uint8_t)(i * 2654435761u >> 13);
+    FILE *fp = fopen(path, "wb");
+    fwrite(b, 1, n, fp);
+    fclose(fp);
+    snprintf(url, cap, "local://%s", path);
+    return b;
+}
+
+#define CHUNK (64u << 10)
+
+static void test_reads_and_hits(void) {
+    char cache[512], url[600];
+    snprintf(cache, sizeof cache, "%s/cache1", tmpdir);
+    size_t n = 10 * CHUNK + 1234;
+    uint8_t *ref = make_file("obj1", n, url, sizeof url);
+    tf_remote *r = make_remote(cache, 64ull << 20, CHUNK);
+    if (!r) return;
+    tf_object_info info;
+    CHECK_OK(tf_remote_stat(r, url, &info));
+    CHECK(info.size == n);
+    uint8_t *out = malloc(n);
+    CHECK_OK(tf_remote_read(r, url, &info, 0, n, out));
+    CHECK(memcmp(out, ref, n) == 0);
+    tf_remote_stats st;
+    tf_remote_get_stats(r, &st);
+    CHECK(st.chunks_fetched == 11);
+    CHECK(st.bytes_fetched == n);
+    /* random ranges again: all from the cache, nothing fetched */
+    uint64_t before = st.requests;
+    for (int i = 0; i < 200; i++) {
+        uint64_t a = (uint64_t)(i * 7919u) % n, len = (uint64_t)(i * 104729u) % 100000;
+        if (a + len > n) len = n - a;
+        memset(out, 0, len);
+        CHECK_OK(tf_remote_read(r, url, &info, a, len, out));
+        CHECK(memcmp(out, ref + a, len) == 0);
+    }
+    tf_remote_get_stats(r, &st);
+    CHECK(st.requests == before);
+    CHECK(st.cache_bytes == n);
+    /* past the end */
+    CHECK_RC(tf_remote_read(r, url, &info, n - 10, 11, out), -ERANGE);
+
+    /* a second remote on the same directory (another process slot, as another
+     * rank would be) finds every chunk cached */
+    tf_remote *r2 = make_remote(cache, 64ull << 20, CHUNK);
+    CHECK_OK(tf_remote_read(r2, url, &info, 0, n, out));
+    CHECK(memcmp(out, ref, n) == 0);
+    tf_remote_get_stats(r2, &st);
+    CHECK(st.requests == 0);
+    CHECK(st.chunk_hits == 11);
+
+    tf_cache_info ci;
+    CHECK_OK(tf_cache_info_get(cache, &ci));
+    CHECK(ci.chunks == 11);
+    CHECK(ci.bytes == n);
+    CHECK(ci.objects == 1);
+    CHECK(ci.processes == 2);
+    CHECK_RC(tf_cache_prune(cache, 0), -EBUSY);
+    tf_remote_free(r2);
+    tf_remote_free(r);
+    CHECK_OK(tf_cache_info_get(cache, &ci));
+    CHECK(ci.processes == 0);
+    CHECK_OK(tf_cache_prune(cache, 5 * CHUNK));
+    CHECK_OK(tf_cache_info_get(cache, &ci));
+    CHECK(ci.bytes <= 5 * CHUNK);
+    CHECK(ci.chunks == 5);
+    CHECK_OK(tf_cache_prune(cache, 0));
+    CHECK_OK(tf_cache_info_get(cache, &ci));
+    CHECK(ci.bytes == 0 && ci.chunks == 0 && ci.objects == 0);
+    free(out);
+    free(ref);
+}
+
+static void test_limit(void) {
+    char cache[512], url[600];
+    snprintf(cache, sizeof cache, "%s/cache2", tmpdir);
+    size_t n = 16 * CHUNK;
+    uint8_t *ref = make_file("obj2", n, url, sizeof url);
+    tf_remote *r = make_remote(cache, 4 * CHUNK, CHUNK);
+    if (!r) return;
+    tf_object_info info;
+    CHECK_OK(tf_remote_stat(r, url, &info));
+    uint8_t *out = malloc(n);
+    for (int pass = 0; pass < 2; pass++) {
+        memset(out, 0, n);
+        CHECK_OK(tf_remote_read(r, url, &info, 0, n, out));
+        CHECK(memcmp(out, ref, n) == 0);
+        tf_remote_stats st;
+        tf_remote_get_stats(r, &st);
+        CHECK(st.cache_bytes <= 4 * CHUNK);
+    }
+    tf_remote_stats st;
+    tf_remote_get_stats(r, &st);
+    CHECK(st.chunks_fetched == 32);
+    CHECK(st.evictions >= 28);
+    tf_remote_free(r);
+    tf_cache_info ci;
+    CHECK_OK(tf_cache_info_get(cache, &ci));
+    CHECK(ci.bytes <= 4 * CHUNK);
+    free(out);
+    free(ref);
+}
+
+/* Flip a byte of every cached chunk file of the cache. */
+static int corrupt_cache(const char *cache) {
+    char od[600];
+    snprintf(od, sizeof od, "%s/objects", cache);
+    DIR *d = opendir(od);
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char sub[900];
+        snprintf(sub, sizeof sub, "%s/%s", od, e->d_name);
+        DIR *s = opendir(sub);
+        struct dirent *f;
+        while (s && (f = readdir(s))) {
+            size_t l = strlen(f->d_name);
+            if (l < 3 || strcmp(f->d_name + l - 2, ".c")) continue;
+            char p[1200];
+            snprintf(p, sizeof p, "%s/%s", sub, f->d_name);
+            int fd = open(p, O_RDWR);
+            uint8_t b;
+            if (fd >= 0 && pread(fd, &b, 1, 100) == 1) {
+                b ^= 0x5a;
+                if (pwrite(fd, &b, 1, 100) == 1) n++;
+            }
+            if (fd >= 0) close(fd);
+        }
+        if (s) closedir(s);
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+static void test_integrity(void) {
+    char cache[512], url[600];
+    snprintf(cache, sizeof cache, "%s/cache3", tmpdir);
+    size_t n = 3 * CHUNK;
+    uint8_t *ref = make_file("obj3", n, url, sizeof url);
+    tf_remote *r = make_remote(cache, 64ull << 20, CHUNK);
+    if (!r) return;
+    tf_object_info info;
+    CHECK_OK(tf_remote_stat(r, url, &info));
+    uint8_t *out = malloc(n);
+    CHECK_OK(tf_remote_read(r, url, &info, 0, n, out));
+    tf_remote_free(r);
+    /* corrupted on disk: found before use, fetched again, right bytes */
+    CHECK(corrupt_cache(cache) == 3);
+    r = make_remote(cache, 64ull << 20, CHUNK);
+    memset(out, 0, n);
+    CHECK_OK(tf_remote_read(r, url, &info, 0, n, out));
+    CHECK(memcmp(out, ref, n) == 0);
+    tf_remote_stats st;
+    tf_remote_get_stats(r, &st);
+    CHECK(st.refetches == 3);
+    CHECK(st.chunks_fetched == 3);
+
+    /* the object changed (the store answers 412): fetched once more, then a
+     * clear error; never bytes of the new version */
+    reset_plan();
+    plan.stale = 1;
+    tf_object_info other = info;
+    snprintf(other.version, sizeof other.version, "v2");
+    CHECK_RC(tf_remote_read(r, url, &other, 0, 10, out), -ESTALE);
+    CHECK(strstr(tf_last_error(), "changed since the dataset was opened") != NULL);
+    CHECK(strstr(tf_last_error(), "bytes [0, ") != NULL);
+    CHECK(atomic_load(&plan.reads) == 2);
+    reset_plan();
+    tf_remote_free(r);
+    free(out);
+    free(ref);
+}
+
+static void test_faults(void) {
+    char cache[512], url[600];
+    snprintf(cache, sizeof cache, "%s/cache4", tmpdir);
+    size_t n = 2 * CHUNK;
+    uint8_t *ref = make_file("obj4", n, url, sizeof url);
+    tf_remote *r = make_remote(cache, 64ull << 20, CHUNK);
+    if (!r) return;
+    tf_object_info info;
+    CHECK_OK(tf_remote_stat(r, url, &info));
+    uint8_t *out = malloc(n);
+    int codes[] = {-EAGAIN, -ETIMEDOUT, -ECONNRESET, -EPROTO, -EIO};
+    for (size_t i = 0; i < sizeof codes / sizeof *codes; i++) {
+        reset_plan();
+        plan.fail_code = codes[i];
+        atomic_store(&plan.fail_left, 3);
+        /* a fresh object range each time so it is not cached: another url */
+        char u2[700];
+        snprintf(u2, sizeof u2, "%s", url);
+        tf_object_info inf2 = info;
+        snprintf(inf2.version, sizeof inf2.version, "try%zu", i);
+        tf_remote_stats a, b;
+        tf_remote_get_stats(r, &a);
+        memset(out, 0, n);
+        CHECK_OK(tf_remote_read(r, u2, &inf2, 0, CHUNK, out));
+        CHECK(memcmp(out, ref, CHUNK) == 0);
+        tf_remote_get_stats(r, &b);
+        CHECK(b.retries - a.retries == 3);
+    }
+    /* short bodies: every response carries half of what was asked */
+    reset_plan();
+    plan.short_reads = 1;
+    tf_object_info inf3 = info;
+    snprintf(inf3.version, sizeof inf3.version, "short");
+    CHECK_OK(tf_remote_read(r, url, &inf3, 0, n, out));
+    CHECK(memcmp(out, ref, n) == 0);
+    /* more failures than attempts: an error naming the object and the range */
+    reset_plan();
+    plan.fail_code = -EAGAIN;
+    atomic_store(&plan.fail_left, 100);
+    tf_object_info inf4 = info;
+    snprintf(inf4.version, sizeof inf4.version, "exhaust");
+    CHECK_RC(tf_remote_read(r, url, &inf4, 0, 100, out), -EAGAIN);
+    CHECK(strstr(tf_last_error(), url) != NULL);
+    CHECK(strstr(tf_last_error(), "after 5 attempts") != NULL);
+    CHECK(strstr(tf_last_error(), "injected failure") != NULL);
+    CHECK(atomic_load(&plan.reads) == 5);
+    /* permanent: not retried */
+    reset_plan();
+    plan.fail_code = -EACCES;
+    atomic_store(&plan.fail_left, 1);
+    snprintf(inf4.version, sizeof inf4.version, "denied");
+    CHECK_RC(tf_remote_read(r, url, &inf4, 0, 100, out), -EACCES);
+    CHECK(atomic_load(&plan.reads) == 1);
+    CHECK(strstr(tf_last_error(), "credentials") != NULL);
+    reset_plan();
+    tf_object_info none;
+    CHECK_RC(tf_remote_stat(r, "local:///no/such/file", &none), -ENOENT);
+    tf_remote_free(r);
+    free(out);
+    free(ref);
+}
+
+static void test_killed_fetcher(void) {
+    char cache[512], url[600];
+    snprintf(cache, sizeof cache, "%s/cache5", tmpdir);
+    size_t n = 2 * CHUNK;
+    uint8_t *ref = make_file("obj5", n, url, sizeof url);
+    tf_remote *r = make_remote(cache, 64ull << 20, CHUNK);
+    if (!r) return;
+    tf_object_info info;
+    CHECK_OK(tf_remote_stat(r, url, &info));
+    tf__robj *o = NULL;
+    CHECK_OK(tf__robj_from_info(r, url, &info, &o));
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* a process that reserves chunk 0 and dies before landing it */
+        tf__cache *c;
+        if (tf__cache_open(cache, 64ull << 20, 1, &c)) _exit(2);
+        tf__ckey k = {o->oid_lo, o->oid_hi, 0};
+        int b = tf__cache_begin(c, &k, CHUNK, 0, 1, NULL, NULL);
+        _exit(b == TF__BEGIN_FETCH ? 0 : 3);
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    uint8_t *out = malloc(n);
+    CHECK_OK(tf__robj_read(o, 0, n, out));
+    CHECK(memcmp(out, ref, n) == 0);
+    tf_remote_stats st;
+    tf_remote_get_stats(r, &st);
+    CHECK(st.chunks_fetched == 2);
+    CHECK(st.cache_bytes == n);
+    tf__robj_free(o);
+    tf_remote_free(r);
+    free(out);
+    free(ref);
+}
+
+static void test_full_disk(void) {
+    char cache[512], url[600];
+    snprintf(cache, sizeof cache, "%s/cache6", tmpdir);
+    size_t n = 2 * CHUNK;
+    uint8_t *ref = make_file("obj6", n, url, sizeof url);
+    setenv("TOKENFEED_FAULT_CACHE", "enospc:1", 1);
+    tf_remote *r = make_remote(cache, 64ull << 20, CHUNK);
+    if (!r) return;
+    tf_object_info info;
+    CHECK_OK(tf_remote_stat(r, url, &info));
+    uint8_t *out = malloc(n);
+    CHECK_RC(tf_remote_read(r, url, &info, 0, 10, out), -ENOSPC);
+    CHECK(strstr(tf_last_error(), "cache disk is full") != NULL);
+    tf_cache_info ci;
+    CHECK_OK(tf_cache_info_get(cache, &ci));
+    CHECK(ci.bytes == 0 && ci.chunks == 0 && ci.temp_bytes == 0);
+    /* the next write succeeds: the cache was not damaged */
+    CHECK_OK(tf_remote_read(r, url, &info, 0, n, out));
+    CHECK(memcmp(out, ref, n) == 0);
+    tf_remote_free(r);
+    free(out);
+    free(ref);
+}
+
+static void test_private_dir(void) {
+    char cache[512];
+    snprintf(cache, sizeof cache, "%s/cache7", tmpdir);
+    tf_remote *r = make_remote(cache, 64ull << 20, CHUNK);
+    struct stat st;
+    CHECK(stat(cache, &st) == 0 && (st.st_mode & 0777) == 0700);
+    tf_remote_free(r);
+    chmod(cache, 0777);
+    tf_transport t = {NULL, lt_stat, lt_read, NULL};
+    tf_remote_config cfg;
+    tf_remote_config_init(&cfg);
+    cfg.cache_dir = cache;
+    cfg.cache_limit = 64ull << 20;
+    r = NULL;
+    CHECK_RC(tf_remote_create(&t, &cfg, &r), -EPERM);
+    CHECK(strstr(tf_last_error(), "writable by every user") != NULL);
+    chmod(cache, 0700);
+    /* a directory with someone else's files is not taken over */
+    char other[512];
+    snprintf(other, sizeof other, "%s/notacache", tmpdir);
+    mkdir(other, 0700);
+    char f[600];
+    snprintf(f, sizeof f, "%s/thesis.tex", other);
+    FILE *fp = fopen(f, "w");
+    fclose(fp);
+    cfg.cache_dir = other;
+    CHECK_RC(tf_remote_create(&t, &cfg, &r), -EEXIST);
+    cfg.cache_dir = cache;
+    cfg.cache_limit = 100; /* fewer than 4 chunks */
+    CHECK_RC(tf_remote_create(&t, &cfg, &r), -EINVAL);
+}
+
+int main(void) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/tf_remote_XXXXXX");
+    if (!mkdtemp(tmpdir)) return T_EXIT_FAIL;
+    test_reads_and_hits();
+    test_limit();
+    test_integrity();
+    test_faults();
+    test_killed_fetcher();
+    test_full_disk();
+    test_private_dir();
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    return T_DONE();
+}
