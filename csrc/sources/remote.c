@@ -59,12 +59,36 @@ typedef unsigned long long ull;
 /* transport messages                                                        */
 /* ------------------------------------------------------------------------ */
 
-static _Thread_local char tl_tmsg[512];
+/* Per-thread message buffer, from a pthread key rather than _Thread_local:
+ * the extension module's static TLS (it has an initial-exec variable, see
+ * sigbus.c) must stay small enough for dlopen. */
+#define TMSG_CAP 512
+static pthread_key_t tmsg_key;
+static pthread_once_t tmsg_once = PTHREAD_ONCE_INIT;
+static int tmsg_ok;
+static char tmsg_fallback[1]; /* "" when no buffer can be had */
+static void tmsg_init(void) { tmsg_ok = pthread_key_create(&tmsg_key, free) == 0; }
+
+static char *tmsg(void) {
+    pthread_once(&tmsg_once, tmsg_init);
+    if (!tmsg_ok) return tmsg_fallback;
+    char *b = pthread_getspecific(tmsg_key);
+    if (!b) {
+        b = calloc(1, TMSG_CAP);
+        if (!b || pthread_setspecific(tmsg_key, b) != 0) {
+            free(b);
+            return tmsg_fallback;
+        }
+    }
+    return b;
+}
 
 void tf_transport_set_error(const char *fmt, ...) {
+    char *b = tmsg();
+    if (b == tmsg_fallback) return;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(tl_tmsg, sizeof tl_tmsg, fmt, ap);
+    vsnprintf(b, TMSG_CAP, fmt, ap);
     va_end(ap);
 }
 
@@ -369,7 +393,8 @@ static int fetch_range(tf_remote *r, const char *url, const tf_object_info *info
     while (done < len) {
         atomic_fetch_add_explicit(&r->st_requests, 1, memory_order_relaxed);
         if (attempt) atomic_fetch_add_explicit(&r->st_retries, 1, memory_order_relaxed);
-        tl_tmsg[0] = '\0';
+        char *tm = tmsg();
+        tm[0] = '\0';
         size_t want = (size_t)(len - done);
         int64_t n = r->t.read(r->t.ctx, url, info, off + done, (uint8_t *)buf + done, want);
         if (n > 0 && (uint64_t)n <= want) {
@@ -382,7 +407,7 @@ static int fetch_range(tf_remote *r, const char *url, const tf_object_info *info
             snprintf(last, sizeof last, "the transport returned %lld bytes for a %zu-byte request", (long long)n, want);
         } else {
             rc = n == 0 ? -EPROTO : (int)n;
-            snprintf(last, sizeof last, "%s", tl_tmsg[0] ? tl_tmsg : n == 0 ? "empty response" : tf_strerror(rc));
+            snprintf(last, sizeof last, "%s", tm[0] ? tm : n == 0 ? "empty response" : tf_strerror(rc));
         }
         attempt++;
         uint64_t el = tf__now_ns() - t0;
@@ -403,9 +428,10 @@ int tf_remote_stat(tf_remote *r, const char *url, tf_object_info *info) {
     if (!r || !url || !info) return -EINVAL;
     uint64_t t0 = tf__now_ns();
     int attempt = 0, rc;
+    char *tm = tmsg();
     for (;;) {
         memset(info, 0, sizeof *info);
-        tl_tmsg[0] = '\0';
+        tm[0] = '\0';
         atomic_fetch_add_explicit(&r->st_requests, 1, memory_order_relaxed);
         rc = r->t.stat(r->t.ctx, url, info);
         if (rc >= 0) {
@@ -421,8 +447,8 @@ int tf_remote_stat(tf_remote *r, const char *url, tf_object_info *info) {
         struct timespec ts = {(time_t)(d / 1000000000ull), (long)(d % 1000000000ull)};
         nanosleep(&ts, NULL);
     }
-    if (rc == -ENOENT) TF_FAIL(rc, "%s: no such object%s%s", url, tl_tmsg[0] ? ": " : "", tl_tmsg);
-    TF_FAIL(rc, "%s: cannot get the object's size: %s (after %d attempt%s). %s", url, tl_tmsg[0] ? tl_tmsg : tf_strerror(rc),
+    if (rc == -ENOENT) TF_FAIL(rc, "%s: no such object%s%s", url, tm[0] ? ": " : "", tm);
+    TF_FAIL(rc, "%s: cannot get the object's size: %s (after %d attempt%s). %s", url, tm[0] ? tm : tf_strerror(rc),
             attempt, attempt == 1 ? "" : "s", advice(rc));
 }
 
