@@ -117,6 +117,16 @@ def test_transport_stat_and_read(s3env, bucket):
     assert arr.tobytes() == data[:4096]
 
 
+def test_transport_list(s3env, bucket):
+    for name in ("ds/a.tfs", "ds/b.tfs", "ds/sub/c.bin", "other/x"):
+        s3env.put(bucket, name, name.encode())
+    t = ObjectStoreTransport(endpoint_url=s3env.endpoint)
+    got = sorted((u, n) for u, n, _v in t.list(f"s3://{bucket}/ds/"))
+    assert got == [(f"s3://{bucket}/ds/a.tfs", 8), (f"s3://{bucket}/ds/b.tfs", 8), (f"s3://{bucket}/ds/sub/c.bin", 12)]
+    assert all(v for _u, _n, v in t.list(f"s3://{bucket}/ds"))
+    assert list(t.list(f"s3://{bucket}/nothing-here/")) == []
+
+
 def test_transport_endpoint_from_environment(s3env, bucket, monkeypatch):
     s3env.put(bucket, "k", b"hello world")
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3env.endpoint)

@@ -277,6 +277,10 @@ typedef struct tf_object_info {
     char version[TF_OBJECT_VERSION_MAX];   /* ETag or generation; "" when the store has none */
 } tf_object_info;
 
+/* Called by a transport's list callback once per object; return non-zero to
+ * stop the listing. */
+typedef int (*tf_list_emit_fn)(void *emit_ctx, const char *url, const tf_object_info *info);
+
 typedef struct tf_transport {
     void *ctx; /* passed to every callback */
     /* Size and version of the object at url (a full URL: "s3://bucket/key",
@@ -294,6 +298,11 @@ typedef struct tf_transport {
     /* Optional (may be NULL): called once when the last tf_remote using this
      * transport is freed. */
     void (*release)(void *ctx);
+    /* Optional (may be NULL): call emit for every object whose URL starts with
+     * prefix (any order). Opening a dataset of many shards uses it to learn
+     * every size and version in a few requests instead of one per shard.
+     * Returns 0 or a negative code, like stat. */
+    int (*list)(void *ctx, const char *prefix, tf_list_emit_fn emit, void *emit_ctx);
 } tf_transport;
 
 /* For transport callbacks: record a message describing the failure about to

@@ -120,6 +120,45 @@ static int64_t py_read(void *ctx, const char *url, const tf_object_info *expect,
     return rc;
 }
 
+static int py_list(void *ctx, const char *prefix, tf_list_emit_fn emit, void *emit_ctx) {
+    if (finalizing()) return -ECANCELED;
+    PyGILState_STATE g = PyGILState_Ensure();
+    int rc = 0;
+    PyObject *res = PyObject_CallMethod((PyObject *)ctx, "list", "s", prefix);
+    PyObject *it = res ? PyObject_GetIter(res) : NULL;
+    if (!it) {
+        rc = code_from_exception();
+    } else {
+        PyObject *item;
+        while ((item = PyIter_Next(it))) {
+            const char *url, *ver;
+            unsigned long long size;
+            tf_object_info info;
+            int ok = PyArg_ParseTuple(item, "sKs;list() must yield (url, size, version)", &url, &size, &ver);
+            if (ok) {
+                memset(&info, 0, sizeof info);
+                info.size = size;
+                snprintf(info.version, sizeof info.version, "%s", ver);
+                /* emit runs C code that takes no Python objects: keep the GIL */
+                if (emit(emit_ctx, url, &info)) {
+                    Py_DECREF(item);
+                    break;
+                }
+            }
+            Py_DECREF(item);
+            if (!ok) {
+                rc = code_from_exception();
+                break;
+            }
+        }
+        if (!rc && PyErr_Occurred()) rc = code_from_exception();
+    }
+    Py_XDECREF(it);
+    Py_XDECREF(res);
+    PyGILState_Release(g);
+    return rc;
+}
+
 static void py_release(void *ctx) {
     if (finalizing()) return; /* leaked on purpose: no interpreter to decref in */
     PyGILState_STATE g = PyGILState_Ensure();
@@ -172,7 +211,8 @@ static PyObject *Remote_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
         return NULL;
     }
     Py_INCREF(transport); /* owned by the tf_remote; dropped by py_release */
-    tf_transport t = {transport, py_stat, py_read, py_release};
+    tf_transport t = {.ctx = transport, .stat = py_stat, .read = py_read, .release = py_release,
+                      .list = PyObject_HasAttrString(transport, "list") ? py_list : NULL};
     int rc;
     char msg[1024];
     Py_BEGIN_ALLOW_THREADS

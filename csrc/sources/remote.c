@@ -452,6 +452,27 @@ int tf_remote_stat(tf_remote *r, const char *url, tf_object_info *info) {
             attempt, attempt == 1 ? "" : "s", advice(rc));
 }
 
+int tf__remote_list(tf_remote *r, const char *prefix, tf_list_emit_fn emit, void *emit_ctx) {
+    if (!r->t.list) return -TF_EUNSUPPORTED;
+    uint64_t t0 = tf__now_ns();
+    int attempt = 0, rc;
+    char *tm = tmsg();
+    for (;;) {
+        tm[0] = '\0';
+        atomic_fetch_add_explicit(&r->st_requests, 1, memory_order_relaxed);
+        rc = r->t.list(r->t.ctx, prefix, emit, emit_ctx);
+        if (rc >= 0) return 0;
+        attempt++;
+        if (!transient(rc) || attempt >= r->cfg.max_attempts ||
+            tf__now_ns() - t0 > (uint64_t)r->cfg.deadline_ms * 1000000ull)
+            break;
+        atomic_fetch_add_explicit(&r->st_retries, 1, memory_order_relaxed);
+        if (pool_sleep(r, backoff_ns(r, attempt))) break;
+    }
+    TF_FAIL(rc, "%s: cannot list the objects: %s (after %d attempt%s). %s", prefix, tm[0] ? tm : tf_strerror(rc),
+            attempt, attempt == 1 ? "" : "s", advice(rc));
+}
+
 /* ------------------------------------------------------------------------ */
 /* objects                                                                   */
 /* ------------------------------------------------------------------------ */

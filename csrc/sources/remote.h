@@ -54,6 +54,11 @@ typedef struct tf__robj {
 /* Whether path names a remote object ("scheme://..." other than file://). */
 TF_HIDDEN int tf__is_url(const char *path);
 
+/* List objects under prefix through the transport (with retries); emit may
+ * be called several times for one object if a retry restarts the listing.
+ * -TF_EUNSUPPORTED when the transport cannot list. */
+TF_HIDDEN int tf__remote_list(tf_remote *r, const char *prefix, tf_list_emit_fn emit, void *emit_ctx);
+
 /* Stat url and make an object with the whole file as its data region. */
 TF_HIDDEN int tf__robj_open(tf_remote *r, const char *url, tf__robj **out);
 /* Same, from an already known size/version (no request). */

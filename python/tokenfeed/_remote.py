@@ -19,7 +19,7 @@ import os
 import re
 import threading
 from datetime import timedelta
-from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, Mapping, NamedTuple, Optional, Tuple, Union
 
 __all__ = ["RemoteURL", "TransportError", "ObjectStoreTransport", "default_cache_dir", "is_url", "parse_size",
            "parse_url"]
@@ -263,6 +263,19 @@ class ObjectStoreTransport:
         except Exception as e:
             raise self._error(e) from None
         return int(meta["size"]), str(meta.get("e_tag") or "")
+
+    def list(self, prefix_url: str) -> Iterator[Tuple[str, int, str]]:
+        """``(url, size, version)`` of every object under ``prefix_url`` taken as a directory."""
+        import obstore
+
+        store, key = self._store(prefix_url)
+        u = parse_url(prefix_url)
+        try:
+            for batch in obstore.list(store, prefix=key.rstrip("/") or None, chunk_size=1000):
+                for m in batch:
+                    yield f"{u.scheme}://{u.bucket}/{m['path']}", int(m["size"]), str(m.get("e_tag") or "")
+        except Exception as e:
+            raise self._error(e) from None
 
     def read_into(self, url: str, version: str, size: int, offset: int, buf: Any) -> int:
         """Read ``len(buf)`` bytes at ``offset`` into ``buf`` (a writable buffer); returns the count.

@@ -72,6 +72,27 @@ static int64_t lt_read(void *ctx, const char *url, const tf_object_info *expect,
     return n < 0 ? -errno : n;
 }
 
+/* "local://<dir>/": every regular file of the directory (not recursive). */
+static int lt_list(void *ctx, const char *prefix, tf_list_emit_fn emit, void *emit_ctx) {
+    (void)ctx;
+    const char *p = local_path(prefix);
+    DIR *d = p ? opendir(p) : NULL;
+    if (!d) return -ENOENT;
+    struct dirent *e;
+    int rc = 0;
+    while (!rc && (e = readdir(d))) {
+        char url[1200];
+        snprintf(url, sizeof url, "%s%s%s", prefix, prefix[strlen(prefix) - 1] == '/' ? "" : "/", e->d_name);
+        tf_object_info info;
+        memset(&info, 0, sizeof info);
+        struct stat st;
+        if (stat(local_path(url), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+        if (lt_stat(NULL, url, &info) == 0 && emit(emit_ctx, url, &info)) rc = 1;
+    }
+    closedir(d);
+    return 0;
+}
+
 static void reset_plan(void) {
     atomic_store(&plan.reads, 0);
     atomic_store(&plan.fail_left, 0);
@@ -81,7 +102,7 @@ static void reset_plan(void) {
 }
 
 static tf_remote *make_remote(const char *cache, uint64_t limit, uint64_t chunk) {
-    tf_transport t = {NULL, lt_stat, lt_read, NULL};
+    tf_transport t = {.stat = lt_stat, .read = lt_read, .list = lt_list};
     tf_remote_config cfg;
     tf_remote_config_init(&cfg);
     cfg.cache_dir = cache;
@@ -171,6 +192,34 @@ static void test_reads_and_hits(void) {
     CHECK(ci.bytes == 0 && ci.chunks == 0 && ci.objects == 0);
     free(out);
     free(ref);
+}
+
+typedef struct listed {
+    int n;
+    uint64_t bytes;
+} listed;
+
+static int count_emit(void *ctx, const char *url, const tf_object_info *info) {
+    listed *l = ctx;
+    (void)url;
+    l->n++;
+    l->bytes += info->size;
+    return 0;
+}
+
+static void test_list(void) {
+    char url[600], dir[700];
+    free(make_file("listed_a", 100, url, sizeof url));
+    free(make_file("listed_b", 200, url, sizeof url));
+    char cache[512];
+    snprintf(cache, sizeof cache, "%s/cache_list", tmpdir);
+    tf_remote *r = make_remote(cache, 64ull << 20, CHUNK);
+    if (!r) return;
+    snprintf(dir, sizeof dir, "local://%s/", tmpdir);
+    listed l = {0, 0};
+    CHECK_OK(tf__remote_list(r, dir, count_emit, &l));
+    CHECK(l.n >= 2 && l.bytes >= 300);
+    tf_remote_free(r);
 }
 
 static void test_limit(void) {
@@ -404,7 +453,7 @@ static void test_private_dir(void) {
     CHECK(stat(cache, &st) == 0 && (st.st_mode & 0777) == 0700);
     tf_remote_free(r);
     chmod(cache, 0777);
-    tf_transport t = {NULL, lt_stat, lt_read, NULL};
+    tf_transport t = {.stat = lt_stat, .read = lt_read};
     tf_remote_config cfg;
     tf_remote_config_init(&cfg);
     cfg.cache_dir = cache;
@@ -432,6 +481,7 @@ int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/tf_remote_XXXXXX");
     if (!mkdtemp(tmpdir)) return T_EXIT_FAIL;
     test_reads_and_hits();
+    test_list();
     test_limit();
     test_integrity();
     test_faults();
