@@ -239,7 +239,7 @@ int tf_remote_create(const tf_transport *t, const tf_remote_config *cfg, tf_remo
         r->cfg.cache_dir = r->cache_dir;
     }
     if (!rc) rc = init_locks(r);
-    if (!rc) rc = tf__cache_open(r->cache_dir, r->cfg.cache_limit, 1, &r->cache);
+    if (!rc) rc = tf__cache_open(r->cache_dir, r->cfg.cache_limit, r->cfg.chunk_bytes, 1, &r->cache);
     if (rc) {
         tf__cache_close(r->cache);
         free(r->cache_dir);

@@ -25,7 +25,7 @@
 
 #include "../common/internal.h"
 
-/* No known next use: evicted first (least recently used first among them). */
+/* No known next use: evicted first (most recently used first among them). */
 #define TF__NO_NEED UINT64_MAX
 
 typedef struct tf__ckey {
@@ -109,12 +109,38 @@ TF_HIDDEN int tf__chunk_cached(const tf__robj *o, uint32_t k);
 TF_HIDDEN uint64_t tf__remote_prefetch_bytes(const tf_remote *r);
 TF_HIDDEN tf_remote *tf__remote_ref(tf_remote *r);
 
+/* ---- remote_prefetch.c: the scheduler ---------------------------------- */
+
+/* One scheduler per loader: walks this rank's positions ahead of the
+ * consumer and asks for their chunks in the order of first use. locate()
+ * calls emit for each chunk the sample at global position pos needs (it runs
+ * on the scheduler's thread). Local index i is the i-th sample this rank
+ * receives after a seek: global position base + (i / B) * G + rank * B + i % B. */
+typedef void (*tf__prefetch_emit_fn)(void *ectx, const tf__robj *o, uint32_t k);
+typedef int (*tf__prefetch_locate_fn)(void *ctx, uint64_t pos, tf__prefetch_emit_fn emit, void *ectx);
+typedef struct tf__prefetch tf__prefetch;
+/* end_index: local indices in the stream (UINT64_MAX for an infinite one).
+ * Holds a reference on r; the thread starts at the first seek/advance. */
+TF_HIDDEN int tf__prefetch_create(tf_remote *r, tf__prefetch_locate_fn locate, void *ctx, uint64_t B, uint64_t G,
+                                  uint64_t rank, uint64_t end_index, tf__prefetch **out);
+/* The consumer restarts at local index consumer_index of a stream whose index
+ * 0 is global position base: the window is rebuilt. */
+TF_HIDDEN void tf__prefetch_seek(tf__prefetch *p, uint64_t base, uint64_t consumer_index);
+/* The consumer moved on (local index of the next sample it will receive). */
+TF_HIDDEN void tf__prefetch_advance(tf__prefetch *p, uint64_t consumer_index);
+/* In a fork()ed child: forget the parent's thread (a new one starts on the
+ * next seek/advance). */
+TF_HIDDEN void tf__prefetch_forget_thread(tf__prefetch *p);
+TF_HIDDEN void tf__prefetch_free(tf__prefetch *p);
+TF_HIDDEN void tf__prefetch_stats(tf__prefetch *p, uint64_t *walked, uint64_t *wants, uint64_t *window_bytes);
+
 /* ---- remote_cache.c: the cache directory and its shared index ----------- */
 
 typedef struct tf__cache tf__cache;
 
-/* Open (creating if needed) the cache in dir and take a process slot. */
-TF_HIDDEN int tf__cache_open(const char *dir, uint64_t limit, int create, tf__cache **out);
+/* Open (creating if needed) the cache in dir and take a process slot.
+ * chunk_bytes sizes the index of a new cache (0: 1 MiB). */
+TF_HIDDEN int tf__cache_open(const char *dir, uint64_t limit, uint64_t chunk_bytes, int create, tf__cache **out);
 TF_HIDDEN void tf__cache_close(tf__cache *c);
 /* After fork(): take a new slot for the child (the parent keeps its own). */
 TF_HIDDEN int tf__cache_after_fork(tf__cache *c);

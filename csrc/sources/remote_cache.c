@@ -31,8 +31,8 @@
  *
  * Eviction. The victim is the present chunk whose effective next use is
  * largest: a need counts while its process is alive and has not consumed past
- * it (procs[slot].position); chunks without a valid need come first, least
- * recently landed or used first. A fetch ahead for position p evicts only
+ * it (procs[slot].position); chunks without a valid need come first, most
+ * recently used first (for an order that repeats, the one needed last). A fetch ahead for position p evicts only
  * chunks needed after p (or not at all); a reader that waits evicts anything.
  * One table scan keeps the best candidates (revalidated before use), so a
  * scan is paid once per many evictions.
@@ -82,7 +82,8 @@ typedef struct idx_hdr {
     uint64_t dirty;  /* non-zero while a holder of the lock is updating */
     uint64_t stamp;  /* logical clock for LRU among chunks without a need */
     _Atomic uint64_t evictions; /* bumped on every removal: readers revalidate mappings */
-    uint64_t pad[6];
+    uint64_t changes; /* bumped by publish, commit and eviction: candidate lists go stale */
+    uint64_t pad[5];
     idx_proc procs[MAX_PROCS];
 } idx_hdr;
 
@@ -101,8 +102,9 @@ _Static_assert(sizeof(idx_rec) == 64, "index record is 64 bytes");
 _Static_assert(sizeof(idx_hdr) <= HDR_BYTES, "index header fits its page run");
 
 typedef struct cand {
-    tf__ckey key;
-    uint64_t eff, stamp;
+    tf__ckey id;
+    int cls;
+    uint64_t key, stamp;
 } cand;
 
 struct tf__cache {
@@ -121,9 +123,11 @@ struct tf__cache {
     pthread_mutex_t mu;
     cand cands[NCAND];
     int ncand;
+    uint64_t scan_changes, scan_ns; /* index state and time of the last scan */
     _Atomic uint64_t tmp_counter;
     uint64_t fault_n;
     _Atomic uint64_t fault_count;
+    int positioned; /* a scheduler of this process published a position */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -276,6 +280,7 @@ static idx_rec *insert(tf__cache *c, const tf__ckey *k) {
 }
 
 static void remove_rec(tf__cache *c, idx_rec *r) {
+    c->hdr->changes++;
     if (r->state == ST_PRESENT) atomic_fetch_add_explicit(&c->hdr->evictions, 1, memory_order_release);
     r->state = ST_TOMB;
     c->hdr->used--;
@@ -323,26 +328,51 @@ static int slot_alive(tf__cache *c, uint32_t slot, uint32_t gen) {
     return errno == EWOULDBLOCK;
 }
 
-/* Next use that counts for eviction, or TF__NO_NEED. */
-static uint64_t eff_need(tf__cache *c, const idx_rec *r) {
-    if (r->next_use == TF__NO_NEED) return TF__NO_NEED;
-    if (!slot_alive(c, r->need_slot, r->need_gen)) return TF__NO_NEED;
-    if (r->next_use < c->hdr->procs[r->need_slot].position) return TF__NO_NEED;
-    return r->next_use;
+/* How much a chunk is worth keeping, for eviction: cls 1 with key = its next
+ * use when a live process announced one it has not consumed past; else cls 0
+ * with key = the stale need (the position it was last needed at) or
+ * UINT64_MAX when it never had one. */
+static void chunk_worth(tf__cache *c, const idx_rec *r, int *cls, uint64_t *key) {
+    if (r->next_use == TF__NO_NEED) {
+        *cls = 0;
+        *key = UINT64_MAX;
+    } else if (!slot_alive(c, r->need_slot, r->need_gen) || r->next_use < c->hdr->procs[r->need_slot].position) {
+        *cls = 0;
+        *key = r->next_use;
+    } else {
+        *cls = 1;
+        *key = r->next_use;
+    }
 }
 
-/* Candidate a is a better victim than b. */
+/* Next use that counts (publish): the key of a cls-1 chunk, else TF__NO_NEED. */
+static uint64_t eff_need(tf__cache *c, const idx_rec *r) {
+    int cls;
+    uint64_t key;
+    chunk_worth(c, r, &cls, &key);
+    return cls ? key : TF__NO_NEED;
+}
+
+/* Candidate a is a better victim than b. Chunks nobody needs go first: an
+ * order that repeats (epochs read in the same order) needs the one used last
+ * again last, so among them the latest stale need (then the latest use) goes
+ * first; then the chunk whose next use is farthest. That is Belady's choice
+ * where the order is known, and its usual stand-in where it is not. */
 static int better_victim(const cand *a, const cand *b) {
-    if (a->eff != b->eff) return a->eff > b->eff;
-    return a->stamp < b->stamp;
+    if (a->cls != b->cls) return a->cls < b->cls;
+    if (a->key != b->key) return a->key > b->key;
+    return a->stamp > b->stamp;
 }
 
 static void scan_candidates(tf__cache *c) {
     c->ncand = 0;
+    c->scan_changes = c->hdr->changes;
+    c->scan_ns = tf__now_ns();
     for (uint64_t i = 0; i <= c->mask; i++) {
         idx_rec *r = &c->recs[i];
         if (r->state != ST_PRESENT) continue;
-        cand x = {{r->oid_lo, r->oid_hi, r->chunk}, eff_need(c, r), r->stamp};
+        cand x = {{r->oid_lo, r->oid_hi, r->chunk}, 0, 0, r->stamp};
+        chunk_worth(c, r, &x.cls, &x.key);
         if (c->ncand < NCAND) {
             c->cands[c->ncand++] = x;
         } else {
@@ -377,16 +407,24 @@ static void evict_rec(tf__cache *c, idx_rec *r) {
 /* Evict one chunk whose effective next use is later than `after` (any chunk
  * with urgent). Returns its bytes, or 0 when there is none. Lock held. */
 static uint64_t evict_one(tf__cache *c, uint64_t after, int urgent) {
+    /* A list from an older state of the index may miss a better victim (a
+     * chunk whose need just passed): scan again when the index changed, at
+     * once for small tables, at most every 20 ms for large ones. */
+    if (c->ncand && c->hdr->changes != c->scan_changes &&
+        (c->mask < (1u << 16) || tf__now_ns() - c->scan_ns > 20000000ull))
+        c->ncand = 0;
     for (int pass = 0; pass < 2; pass++) {
         while (c->ncand > 0) {
             cand x = c->cands[0];
             memmove(&c->cands[0], &c->cands[1], (size_t)(c->ncand - 1) * sizeof(cand));
             c->ncand--;
-            idx_rec *r = find(c, &x.key);
+            idx_rec *r = find(c, &x.id);
             if (!r || r->state != ST_PRESENT) continue;
-            uint64_t eff = eff_need(c, r);
-            if (eff != x.eff) continue; /* changed since the scan: rescan decides */
-            if (!urgent && eff != TF__NO_NEED && eff <= after) {
+            int cls;
+            uint64_t key;
+            chunk_worth(c, r, &cls, &key);
+            if (cls != x.cls || key != x.key) continue; /* changed since the scan: rescan decides */
+            if (!urgent && cls == 1 && key <= after) {
                 /* the best candidate is needed sooner: nothing to evict
                  * (keep it at the front for the next caller) */
                 memmove(&c->cands[1], &c->cands[0], (size_t)c->ncand * sizeof(cand));
@@ -396,6 +434,7 @@ static uint64_t evict_one(tf__cache *c, uint64_t after, int urgent) {
             }
             uint64_t b = r->bytes;
             evict_rec(c, r);
+            c->scan_changes = c->hdr->changes; /* our own eviction leaves the list valid */
             return b ? b : 1;
         }
         if (pass == 0) scan_candidates(c);
@@ -507,14 +546,16 @@ static int rebuild(tf__cache *c) {
 /* open / close                                                              */
 /* ------------------------------------------------------------------------ */
 
-static uint64_t table_slots(uint64_t limit) {
-    /* room for 4x the chunks of the creator's limit at 1 MiB chunks, bounded */
-    uint64_t want = (limit > (1ull << 44) ? (1ull << 44) : limit) / (1u << 20) * 4, n = 1u << 16;
+static uint64_t table_slots(uint64_t limit, uint64_t chunk_bytes) {
+    /* room for 4x the chunks of the creator's limit (the table is kept at
+     * most 3/4 full), bounded; a scan for victims reads it all */
+    if (!chunk_bytes) chunk_bytes = 1u << 20;
+    uint64_t want = (limit > (1ull << 50) ? (1ull << 50) : limit) / chunk_bytes * 4, n = 1u << 12;
     while (n < want && n < (1u << 22)) n <<= 1;
     return n;
 }
 
-static int map_index(tf__cache *c, uint64_t limit) {
+static int map_index(tf__cache *c, uint64_t limit, uint64_t chunk_bytes) {
     char *p = cat3(c->dir, "/index", NULL);
     if (!p) return -ENOMEM;
     c->index_fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -532,7 +573,7 @@ static int map_index(tf__cache *c, uint64_t limit) {
     }
     uint64_t nslots;
     if (st.st_size == 0) {
-        nslots = table_slots(limit);
+        nslots = table_slots(limit, chunk_bytes);
         size_t len = HDR_BYTES + (size_t)nslots * sizeof(idx_rec);
         if (ftruncate(c->index_fd, (off_t)len) != 0) {
             e = errno;
@@ -622,7 +663,7 @@ static int register_slot(tf__cache *c) {
     return 0;
 }
 
-int tf__cache_open(const char *dir, uint64_t limit, int create, tf__cache **out) {
+int tf__cache_open(const char *dir, uint64_t limit, uint64_t chunk_bytes, int create, tf__cache **out) {
     *out = NULL;
     if (!dir || !*dir) TF_FAIL(-EINVAL, "cache_dir: expected a directory, found an empty path");
     if (create) TF_TRY(mkdirs(dir));
@@ -680,7 +721,7 @@ int tf__cache_open(const char *dir, uint64_t limit, int create, tf__cache **out)
          * opening a new cache at once agree on one table */
         while (flock(c->lock_fd, LOCK_EX) != 0 && errno == EINTR) {
         }
-        rc = map_index(c, limit);
+        rc = map_index(c, limit, chunk_bytes);
         if (!rc && create) {
             write_small_file(c->dir, "CACHEDIR.TAG",
                              "Signature: 8a477f597d28d172789f06886806bc55\n# This directory is a tokenfeed chunk cache (docs/remote.md).\n");
@@ -913,8 +954,12 @@ int tf__cache_commit(tf__cache *c, const tf__ckey *key, const char *url, const t
         }
         r->state = ST_PRESENT;
         r->stamp = ++c->hdr->stamp;
+        c->hdr->changes++;
         if (next_use != TF__NO_NEED) {
-            r->next_use = next_use;
+            /* a need the consumer already reached (a reader waiting now, or
+             * a fetch that took a while) means "now", not "passed" */
+            uint64_t now = c->hdr->procs[c->slot].position;
+            r->next_use = !c->positioned ? TF__NO_NEED : next_use < now ? now : next_use;
             r->need_slot = (uint16_t)c->slot;
             r->need_gen = c->gen;
         } else {
@@ -998,7 +1043,9 @@ int tf__cache_present(tf__cache *c, const tf__ckey *key) {
 
 void tf__cache_publish(tf__cache *c, const tf__ckey *keys, const uint64_t *next_use, size_t n, uint64_t position) {
     lock(c);
+    if (c->hdr->procs[c->slot].position != position || n) c->hdr->changes++;
     c->hdr->procs[c->slot].position = position;
+    c->positioned = 1;
     for (size_t i = 0; i < n; i++) {
         idx_rec *r = find(c, &keys[i]);
         if (!r || (r->state != ST_PRESENT && r->state != ST_FETCHING)) continue;
@@ -1027,7 +1074,7 @@ void tf__cache_usage(tf__cache *c, uint64_t *bytes, uint64_t *limit) {
 /* Open an existing cache without taking a process slot. */
 static int open_admin(const char *dir, tf__cache **out) {
     tf__clearerr();
-    int rc = tf__cache_open(dir, UINT64_MAX, 0, out);
+    int rc = tf__cache_open(dir, UINT64_MAX, 0, 0, out);
     if (rc) return rc;
     (*out)->slot = UINT32_MAX; /* no slot: every slot is a peer */
     (*out)->pid = getpid();

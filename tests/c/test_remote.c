@@ -21,8 +21,10 @@ static char tmpdir[256];
 
 /* ---- a transport over local files: "local://<path>" ---------------------- */
 
+#define LOG_CAP 4096
 typedef struct fault_plan {
     _Atomic int reads;    /* read calls seen */
+    uint64_t log_off[LOG_CAP]; /* offsets of the reads, in call order */
     _Atomic int fail_left; /* transient failures still to inject */
     int fail_code;        /* what to inject */
     int short_reads;      /* return at most half of each request */
@@ -48,7 +50,8 @@ static int lt_stat(void *ctx, const char *url, tf_object_info *info) {
 
 static int64_t lt_read(void *ctx, const char *url, const tf_object_info *expect, uint64_t off, void *buf, size_t len) {
     (void)ctx;
-    atomic_fetch_add(&plan.reads, 1);
+    int nth = atomic_fetch_add(&plan.reads, 1);
+    if (nth < LOG_CAP) plan.log_off[nth] = off;
     if (atomic_fetch_sub(&plan.fail_left, 1) > 0) {
         tf_transport_set_error("injected failure");
         return plan.fail_code;
@@ -242,8 +245,11 @@ static void test_limit(void) {
     }
     tf_remote_stats st;
     tf_remote_get_stats(r, &st);
-    CHECK(st.chunks_fetched == 32);
-    CHECK(st.evictions >= 28);
+    /* no loader, so no known next uses: the most recently used chunk goes
+     * first, which for a repeated scan is Belady's choice (16 + 13 fetches)
+     * where least-recently-used would fetch all 32 */
+    CHECK(st.chunks_fetched == 29);
+    CHECK(st.evictions == 25);
     tf_remote_free(r);
     tf_cache_info ci;
     CHECK_OK(tf_cache_info_get(cache, &ci));
@@ -400,7 +406,7 @@ static void test_killed_fetcher(void) {
     if (pid == 0) {
         /* a process that reserves chunk 0 and dies before landing it */
         tf__cache *c;
-        if (tf__cache_open(cache, 64ull << 20, 1, &c)) _exit(2);
+        if (tf__cache_open(cache, 64ull << 20, CHUNK, 1, &c)) _exit(2);
         tf__ckey k = {o->oid_lo, o->oid_hi, 0};
         int b = tf__cache_begin(c, &k, CHUNK, 0, 1, NULL, NULL);
         _exit(b == TF__BEGIN_FETCH ? 0 : 3);
@@ -441,6 +447,7 @@ static void test_full_disk(void) {
     CHECK_OK(tf_remote_read(r, url, &info, 0, n, out));
     CHECK(memcmp(out, ref, n) == 0);
     tf_remote_free(r);
+    unsetenv("TOKENFEED_FAULT_CACHE");
     free(out);
     free(ref);
 }
@@ -477,6 +484,210 @@ static void test_private_dir(void) {
     CHECK_RC(tf_remote_create(&t, &cfg, &r), -EINVAL);
 }
 
+/* ---- the scheduler --------------------------------------------------------- */
+
+typedef struct fake_order {
+    tf__robj *o;
+    uint32_t nchunks;
+    int mode; /* 0: sample i uses chunk i*7 % n; 1: chunk i % n */
+} fake_order;
+
+static int fake_locate(void *ctx, uint64_t pos, tf__prefetch_emit_fn emit, void *ectx) {
+    fake_order *f = ctx;
+    uint32_t k = f->mode == 0 ? (uint32_t)((pos * 7) % f->nchunks) : (uint32_t)(pos % f->nchunks);
+    emit(ectx, f->o, k);
+    return 0;
+}
+
+/* Wait (bounded) until the remote has fetched `want` chunks. */
+static void wait_fetched(tf_remote *r, uint64_t want) {
+    for (int i = 0; i < 3000; i++) {
+        tf_remote_stats st;
+        tf_remote_get_stats(r, &st);
+        if (st.chunks_fetched >= want) return;
+        usleep(10000);
+    }
+}
+
+static void test_prefetch_order(void) {
+    char cache[512], url[600];
+    snprintf(cache, sizeof cache, "%s/cache_pf1", tmpdir);
+    size_t n = 32 * CHUNK;
+    uint8_t *ref = make_file("objpf1", n, url, sizeof url);
+    tf_transport t = {.stat = lt_stat, .read = lt_read};
+    tf_remote_config cfg;
+    tf_remote_config_init(&cfg);
+    cfg.cache_dir = cache;
+    cfg.cache_limit = 64ull << 20;
+    cfg.chunk_bytes = CHUNK;
+    cfg.fetch_threads = 1; /* one request at a time: the order is observable */
+    tf_remote *r = NULL;
+    CHECK_OK(tf_remote_create(&t, &cfg, &r));
+    if (!r) return;
+    tf__robj *o = NULL;
+    CHECK_OK(tf__robj_open(r, url, &o));
+    reset_plan();
+    fake_order fo = {o, 32, 0};
+    tf__prefetch *p = NULL;
+    CHECK_OK(tf__prefetch_create(r, fake_locate, &fo, 1, 1, 0, 32, &p));
+    tf__prefetch_seek(p, 0, 0);
+    wait_fetched(r, 32);
+    tf_remote_stats st;
+    tf_remote_get_stats(r, &st);
+    CHECK(st.chunks_fetched == 32);
+    /* requested in the order of first use: sample i needs chunk 7i mod 32 */
+    int in_order = atomic_load(&plan.reads) == 32;
+    for (int i = 0; i < 32 && in_order; i++) in_order = plan.log_off[i] == (uint64_t)((i * 7) % 32) * CHUNK;
+    CHECK(in_order);
+    /* the consumer then finds everything cached */
+    for (uint32_t i = 0; i < 32; i++) {
+        const uint8_t *d;
+        size_t len;
+        tf__chunkref *ref_ = NULL;
+        uint32_t k = (i * 7) % 32;
+        CHECK_OK(tf__chunk_acquire(o, k, &d, &len, &ref_));
+        if (ref_) {
+            CHECK(len == CHUNK && memcmp(d, ref + (size_t)k * CHUNK, CHUNK) == 0);
+            tf__chunk_release(ref_);
+        }
+        tf__prefetch_advance(p, i + 1);
+    }
+    tf_remote_get_stats(r, &st);
+    CHECK(st.chunks_fetched == 32);
+    CHECK(st.chunk_waits == 0);
+    CHECK(st.chunk_hits == 32);
+    tf__prefetch_free(p);
+    tf__robj_free(o);
+    tf_remote_free(r);
+    free(ref);
+}
+
+/* Belady's MIN for a trace of chunk ids with a cache of `cap` chunks. */
+static int belady(const uint32_t *trace, int n, int cap) {
+    int cached[64], nc = 0, misses = 0;
+    for (int i = 0; i < n; i++) {
+        int hit = 0;
+        for (int j = 0; j < nc; j++) hit |= cached[j] == (int)trace[i];
+        if (hit) continue;
+        misses++;
+        if (nc < cap) {
+            cached[nc++] = (int)trace[i];
+            continue;
+        }
+        int victim = 0, far = -1;
+        for (int j = 0; j < nc; j++) {
+            int next = n + 1;
+            for (int k = i + 1; k < n; k++)
+                if ((int)trace[k] == cached[j]) {
+                    next = k;
+                    break;
+                }
+            if (next > far) {
+                far = next;
+                victim = j;
+            }
+        }
+        cached[victim] = (int)trace[i];
+    }
+    return misses;
+}
+
+static void test_prefetch_limit(void) {
+    char cache[512], url[600];
+    snprintf(cache, sizeof cache, "%s/cache_pf2", tmpdir);
+    size_t n = 16 * CHUNK;
+    uint8_t *ref = make_file("objpf2", n, url, sizeof url);
+    tf_remote *r = make_remote(cache, 8 * CHUNK, CHUNK);
+    if (!r) return;
+    tf__robj *o = NULL;
+    CHECK_OK(tf__robj_open(r, url, &o));
+    fake_order fo = {o, 16, 1};
+    const int N = 48; /* three passes over 16 chunks, in the same order */
+    tf__prefetch *p = NULL;
+    CHECK_OK(tf__prefetch_create(r, fake_locate, &fo, 1, 1, 0, (uint64_t)N, &p));
+    tf__prefetch_seek(p, 0, 0);
+    uint32_t trace[48];
+    for (int i = 0; i < N; i++) {
+        const uint8_t *d;
+        size_t len;
+        tf__chunkref *ref_ = NULL;
+        uint32_t k = (uint32_t)(i % 16);
+        trace[i] = k;
+        CHECK_OK(tf__chunk_acquire(o, k, &d, &len, &ref_));
+        if (ref_) {
+            CHECK(memcmp(d, ref + (size_t)k * CHUNK, CHUNK) == 0);
+            tf__chunk_release(ref_);
+        }
+        tf__prefetch_advance(p, (uint64_t)i + 1);
+        tf_remote_stats st;
+        tf_remote_get_stats(r, &st);
+        CHECK(st.cache_bytes <= 8 * CHUNK);
+    }
+    tf_remote_stats st;
+    tf_remote_get_stats(r, &st);
+    int best = belady(trace, N, 8);
+    fprintf(stderr, "prefetch over a repeating order: %llu chunks fetched, Belady's MIN %d, LRU %d\n",
+            (unsigned long long)st.chunks_fetched, best, N);
+    /* how many depends on how the fetches and the consumer interleave (35 to
+     * 45 seen); the eviction order itself is pinned by test_eviction_order */
+    CHECK(st.chunks_fetched >= (uint64_t)best && st.chunks_fetched <= (uint64_t)N);
+    tf__prefetch_free(p);
+    tf__robj_free(o);
+    tf_remote_free(r);
+    free(ref);
+}
+
+/* The eviction order, driven by hand without threads: chunks nobody needs
+ * go first (the latest stale need first), then the farthest next use; a fetch
+ * ahead never evicts a chunk needed sooner than itself; a waiting reader may. */
+static void test_eviction_order(void) {
+    char cache[512];
+    snprintf(cache, sizeof cache, "%s/cache_ev", tmpdir);
+    tf__cache *c = NULL;
+    CHECK_OK(tf__cache_open(cache, 5 * CHUNK, CHUNK, 1, &c));
+    if (!c) return;
+    static uint8_t data[CHUNK];
+    tf_object_info info = {5 * CHUNK, "v"};
+    tf__ckey k[8];
+    for (uint32_t i = 0; i < 8; i++) k[i] = (tf__ckey){0x1234, 0x5678, i};
+    /* land chunks 0..4; 0 and 1 are needed at 50 and 20, 2 was needed at 3
+     * (passed once the position is 10), 3 at 7 (passed), 4 never */
+    for (int i = 0; i < 5; i++) {
+        CHECK(tf__cache_begin(c, &k[i], CHUNK, TF__NO_NEED, 0, NULL, NULL) == TF__BEGIN_FETCH);
+        CHECK_OK(tf__cache_commit(c, &k[i], "local://x", &info, data, CHUNK, TF__NO_NEED));
+    }
+    uint64_t uses[4] = {50, 20, 3, 7};
+    tf__cache_publish(c, k, uses, 4, 10);
+    uint64_t ec = 0, eb = 0;
+    /* a chunk needed at 30: evicts 4 (never needed), then 3 (stale, the
+     * latest), then 2 */
+    CHECK(tf__cache_begin(c, &k[5], CHUNK, 30, 0, &ec, &eb) == TF__BEGIN_FETCH);
+    CHECK(ec == 1 && !tf__cache_present(c, &k[4]) && tf__cache_present(c, &k[3]));
+    CHECK_OK(tf__cache_commit(c, &k[5], "local://x", &info, data, CHUNK, 30));
+    CHECK(tf__cache_begin(c, &k[6], CHUNK, 30, 0, &ec, &eb) == TF__BEGIN_FETCH);
+    CHECK(ec == 2 && !tf__cache_present(c, &k[3]) && tf__cache_present(c, &k[2]));
+    CHECK_OK(tf__cache_commit(c, &k[6], "local://x", &info, data, CHUNK, 30));
+    CHECK(tf__cache_begin(c, &k[7], CHUNK, 30, 0, &ec, &eb) == TF__BEGIN_FETCH);
+    CHECK(ec == 3 && !tf__cache_present(c, &k[2]));
+    CHECK_OK(tf__cache_commit(c, &k[7], "local://x", &info, data, CHUNK, 30));
+    /* now 0 (50), 1 (20), 5, 6, 7 (30): a fetch for 40 may only evict 0 */
+    tf__ckey extra = {0x1234, 0x5678, 9}, extra2 = {0x1234, 0x5678, 10};
+    CHECK(tf__cache_begin(c, &extra, CHUNK, 40, 0, &ec, &eb) == TF__BEGIN_FETCH);
+    CHECK(ec == 4 && !tf__cache_present(c, &k[0]) && tf__cache_present(c, &k[1]));
+    CHECK_OK(tf__cache_commit(c, &extra, "local://x", &info, data, CHUNK, 40));
+    /* a fetch for 45 finds every chunk needed sooner: no room */
+    CHECK(tf__cache_begin(c, &extra2, CHUNK, 45, 0, &ec, &eb) == TF__BEGIN_NOSPACE);
+    CHECK(ec == 4);
+    /* a reader waiting for it evicts the farthest (9, needed at 40) */
+    CHECK(tf__cache_begin(c, &extra2, CHUNK, 45, 1, &ec, &eb) == TF__BEGIN_FETCH);
+    CHECK(ec == 5 && !tf__cache_present(c, &extra) && tf__cache_present(c, &k[1]));
+    tf__cache_abort(c, &extra2);
+    uint64_t bytes, limit;
+    tf__cache_usage(c, &bytes, &limit);
+    CHECK(bytes == 4 * CHUNK && limit == 5 * CHUNK);
+    tf__cache_close(c);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/tf_remote_XXXXXX");
     if (!mkdtemp(tmpdir)) return T_EXIT_FAIL;
@@ -488,6 +699,9 @@ int main(void) {
     test_killed_fetcher();
     test_full_disk();
     test_private_dir();
+    test_eviction_order();
+    test_prefetch_order();
+    test_prefetch_limit();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
