@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "../sources/remote.h"
 
 static const char *errstr(int e, char *buf, size_t cap) {
     /* GNU strerror_r: thread-safe, returns the string to use. */
@@ -551,6 +552,8 @@ static int call_fill(void *p) {
  * io_uring read is submitted, and every allocation inside is stored in the
  * worker before mapped bytes are read, so abandoning the fill is safe. */
 int tf__worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const tf_batch_view *v) {
+    /* remote chunks this fill must fetch itself are needed at pos */
+    tf__remote_set_reader_position(pos);
     fill_call c = {w, pos, rows, v};
     return tf__files_guard(w->rd->ds->files, w->rd->ds->nfiles, call_fill, &c);
 }

@@ -146,12 +146,27 @@ typedef struct tf_open_options {
 /* Open one path: a native dataset directory, a native shard, a Megatron prefix
  * (path without .bin/.idx), an llm.c shard, a .npy file, or a headerless token
  * file (only with raw_dtype set). Validates headers and sizes only: O(files).
+ * URLs of remote objects need tf_dataset_open_remote.
  * opt may be NULL. On success *out owns the mappings; free with tf_dataset_free. */
 TF_API int tf_dataset_open(const char *path, const tf_open_options *opt, tf_dataset **out);
 
 /* Open several paths and concatenate them in order (documents and tokens). */
 TF_API int tf_dataset_open_many(const char *const *paths, size_t n, const tf_open_options *opt,
                                 tf_dataset **out);
+
+typedef struct tf_remote tf_remote; /* see "Sources: remote objects" below */
+
+/* As tf_dataset_open_many, where paths may also be URLs of remote objects
+ * ("s3://bucket/prefix/", "https://host/file.bin", any "scheme://" but
+ * file://), read through remote (tf_remote_create; borrowed: the dataset
+ * takes its own reference). Each URL names what a local path can (a native
+ * dataset directory, a shard, a Megatron prefix, an llm.c / .npy / raw file).
+ * Only metadata is read at open, with concurrent ranged requests; the
+ * fingerprint equals that of the same files on local disk. Token bytes are
+ * read later through the node-local chunk cache. remote may be NULL when no
+ * path is a URL. */
+TF_API int tf_dataset_open_remote(const char *const *paths, size_t n, const tf_open_options *opt,
+                                  tf_remote *remote, tf_dataset **out);
 
 /* A dataset over memory: tokens (n of dtype dt) and optional document ends
  * (cumulative, ndocs entries, last == n; NULL means one document). Copies both.
@@ -230,6 +245,10 @@ typedef struct tf_writer_options {
     int level;               /* zstd level */
     uint64_t block_tokens;   /* tokens per compressed block */
     int overwrite;           /* replace an existing dataset in dir */
+    uint64_t chunk_checksum_bytes; /* a table of XXH64 per this many stored token bytes (a power
+                                      of two, 4096 to 2^30), so that each chunk fetched from
+                                      object storage is checked alone; 0: none (shards that
+                                      older tokenfeed versions read). Default 64 KiB. */
 } tf_writer_options;
 
 TF_API void tf_writer_options_init(tf_writer_options *opt);
@@ -336,8 +355,8 @@ TF_API void tf_transport_set_error(const char *fmt, ...)
 
 /* A remote store as tokenfeed uses it: a transport, a node-local chunk cache
  * directory, and a pool of fetch threads. Datasets and loaders opened through
- * it hold a reference; tf_remote_free drops the caller's. */
-typedef struct tf_remote tf_remote;
+ * it hold a reference; tf_remote_free drops the caller's. (The type is
+ * declared with tf_dataset_open_remote above.) */
 
 typedef struct tf_remote_config {
     const char *cache_dir;   /* required; created 0700 if missing. Refused when another
@@ -387,6 +406,8 @@ typedef struct tf_remote_stats {
     uint64_t evictions;      /* chunks this process evicted */
     uint64_t bytes_evicted;
     uint64_t wait_ns;        /* time readers spent waiting for chunks */
+    uint64_t small_reads;    /* reads served by a direct range request while their chunk was
+                                still on its way (the first batches after a start or a seek) */
     uint64_t cache_bytes;    /* bytes of chunks in the cache now (all processes) */
     uint64_t cache_limit;
     uint64_t chunk_bytes;

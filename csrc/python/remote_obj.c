@@ -20,9 +20,6 @@
 #include <errno.h>
 #include <string.h>
 
-extern PyType_Spec tfpy_RemoteSpec;
-extern PyMethodDef tfpy_remote_functions[];
-
 typedef struct {
     PyObject_HEAD
     tf_remote *r;
@@ -303,7 +300,7 @@ static PyObject *Remote_read(tfpy_Remote *self, PyObject *args) {
 }
 
 static PyObject *stats_dict(const tf_remote_stats *s) {
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:K,s:K,s:K}",
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K}",
                          "requests", (unsigned long long)s->requests,
                          "bytes_fetched", (unsigned long long)s->bytes_fetched,
                          "retries", (unsigned long long)s->retries,
@@ -316,7 +313,8 @@ static PyObject *stats_dict(const tf_remote_stats *s) {
                          "wait_s", (double)s->wait_ns / 1e9,
                          "cache_bytes", (unsigned long long)s->cache_bytes,
                          "cache_limit", (unsigned long long)s->cache_limit,
-                         "chunk_bytes", (unsigned long long)s->chunk_bytes);
+                         "chunk_bytes", (unsigned long long)s->chunk_bytes,
+                         "small_reads", (unsigned long long)s->small_reads);
 }
 
 static PyObject *Remote_stats(tfpy_Remote *self, PyObject *unused) {
@@ -368,10 +366,8 @@ PyType_Spec tfpy_RemoteSpec = {
 
 /* tf_remote of a Remote object (borrowed), or NULL with TypeError. */
 tf_remote *tfpy_remote_of(PyObject *obj) {
-    tf_module_state *st = NULL;
     PyTypeObject *tp = Py_TYPE(obj);
     if (tp->tp_dealloc == (destructor)Remote_dealloc) return ((tfpy_Remote *)obj)->r;
-    (void)st;
     PyErr_Format(PyExc_TypeError, "remote must be a tokenfeed._core.Remote, not %.100s", tp->tp_name);
     return NULL;
 }

@@ -54,6 +54,7 @@ typedef unsigned long long ull;
 #define TF__OPEN_CHUNKS 64
 #define TF__JOB_NOSPACE 1 /* internal: a prefetch found no room; asked again later */
 #define TF__HASH 1024
+#define TF__SMALL_READ (256u << 10) /* reads up to this size do not wait for their whole chunk */
 
 /* ------------------------------------------------------------------------ */
 /* transport messages                                                        */
@@ -92,6 +93,22 @@ void tf_transport_set_error(const char *fmt, ...) {
     va_end(ap);
 }
 
+static pthread_key_t rpos_key;
+static pthread_once_t rpos_once = PTHREAD_ONCE_INIT;
+static int rpos_ok;
+static void rpos_init(void) { rpos_ok = pthread_key_create(&rpos_key, NULL) == 0; }
+
+void tf__remote_set_reader_position(uint64_t pos) {
+    pthread_once(&rpos_once, rpos_init);
+    if (rpos_ok) pthread_setspecific(rpos_key, (void *)(uintptr_t)(pos == UINT64_MAX ? 0 : pos + 1));
+}
+
+static uint64_t reader_position(void) {
+    pthread_once(&rpos_once, rpos_init);
+    uintptr_t v = rpos_ok ? (uintptr_t)pthread_getspecific(rpos_key) : 0;
+    return v ? (uint64_t)v - 1 : TF__NO_NEED;
+}
+
 int tf__is_url(const char *path) {
     if (!path) return 0;
     const char *p = strstr(path, "://");
@@ -125,10 +142,13 @@ typedef struct job {
     char err[600];
     int refs;
     void *buf;   /* J_RANGE */
+    int (*fn)(void *ctx, size_t i); /* J_CALL */
+    void *fn_ctx;
+    size_t fn_i;
     size_t heap_i;
 } job;
 
-enum { J_CHUNK = 0, J_RANGE = 1 };
+enum { J_CHUNK = 0, J_RANGE = 1, J_CALL = 2 };
 enum { JS_QUEUED = 0, JS_RUNNING = 1, JS_DONE = 2 };
 
 typedef struct ochunk {
@@ -167,7 +187,7 @@ struct tf_remote {
     uint64_t seen_evictions; /* eviction counter when idle mappings were last revalidated */
 
     _Atomic uint64_t st_requests, st_bytes, st_retries, st_chunks, st_hits, st_waits, st_refetch, st_evict,
-        st_evict_bytes, st_wait_ns;
+        st_evict_bytes, st_wait_ns, st_small;
 };
 
 static size_t hslot(const tf__ckey *k) {
@@ -420,6 +440,9 @@ static int fetch_range(tf_remote *r, const char *url, const tf_object_info *info
     }
     if (done >= len) return 0;
     double secs = (double)(tf__now_ns() - t0) / 1e9;
+    /* still throttled after every retry: an I/O error for the caller (EAGAIN
+     * would read as "try again now", which the retries just did) */
+    if (rc == -EAGAIN) rc = -EIO;
     TF_FAIL(rc, "%s: bytes [%llu, %llu): %s (after %d attempt%s in %.1f s). %s", url, (ull)(off + done),
             (ull)(off + len), last, attempt, attempt == 1 ? "" : "s", secs, advice(rc));
 }
@@ -645,6 +668,36 @@ static job *hash_find(tf_remote *r, const tf__ckey *k) {
     return NULL;
 }
 
+static void trim_open(tf_remote *r);
+static ochunk *open_find(tf_remote *r, const tf__ckey *k);
+
+/* A chunk just landed, mapped by its fetcher: put it in the open table so
+ * that its reader finds it there even if the cache evicts it meanwhile. */
+static void offer_open(tf_remote *r, const tf__ckey *key, void *map, size_t ml, size_t len) {
+    ochunk *n = calloc(1, sizeof *n);
+    pthread_mutex_lock(&r->omu);
+    if (!n || open_find(r, key)) {
+        pthread_mutex_unlock(&r->omu);
+        free(n);
+        tf__cache_unmap(map, ml);
+        return;
+    }
+    n->key = *key;
+    n->owner = r;
+    n->map = map;
+    n->map_len = ml;
+    n->len = len;
+    n->valid_at = tf__cache_evictions(r->cache);
+    n->last = ++r->clock;
+    size_t h = hslot(key);
+    n->next = r->open[h];
+    r->open[h] = n;
+    r->nopen++;
+    r->nidle++;
+    trim_open(r);
+    pthread_mutex_unlock(&r->omu);
+}
+
 /* Fetch, check and land one chunk (a pool thread, no lock held). */
 static int run_chunk(tf_remote *r, job *j) {
     int refetched = 0;
@@ -688,9 +741,14 @@ again:
         }
     }
     if (!rc) {
-        atomic_fetch_add_explicit(&r->st_chunks, 1, memory_order_relaxed);
-        rc = tf__cache_commit(r->cache, &j->key, j->url, &j->info, buf, (size_t)j->len, j->next_use);
+        void *map = NULL;
+        size_t ml = 0;
+        rc = tf__cache_commit(r->cache, &j->key, j->url, &j->info, buf, (size_t)j->len, j->next_use, &map, &ml);
         free(buf);
+        if (!rc) {
+            atomic_fetch_add_explicit(&r->st_chunks, 1, memory_order_relaxed);
+            if (map) offer_open(r, &j->key, map, ml, (size_t)j->len);
+        }
         return rc;
     }
     free(buf);
@@ -713,7 +771,9 @@ static void *pool_main(void *arg) {
         j->state = JS_RUNNING;
         pthread_mutex_unlock(&r->mu);
         tf__clearerr();
-        int rc = j->kind == J_RANGE ? fetch_range(r, j->url, &j->info, j->off, j->len, j->buf) : run_chunk(r, j);
+        int rc = j->kind == J_RANGE  ? fetch_range(r, j->url, &j->info, j->off, j->len, j->buf)
+                 : j->kind == J_CALL ? j->fn(j->fn_ctx, j->fn_i)
+                                     : run_chunk(r, j);
         pthread_mutex_lock(&r->mu);
         j->rc = rc;
         if (rc < 0) snprintf(j->err, sizeof j->err, "%s", tf_last_error()[0] ? tf_last_error() : tf_strerror(rc));
@@ -821,7 +881,8 @@ void tf__chunk_want(const tf__robj *o, uint32_t k, uint64_t next_use) {
 static int fetch_and_wait(tf_remote *r, const tf__robj *o, uint32_t k) {
     pthread_mutex_lock(&r->mu);
     job *j = NULL;
-    int rc = r->stop ? -ECANCELED : submit_locked(r, o, k, 0, 1, &j);
+    uint64_t pos = reader_position();
+    int rc = r->stop ? -ECANCELED : submit_locked(r, o, k, pos == TF__NO_NEED ? 0 : pos, 1, &j);
     if (rc) {
         pthread_mutex_unlock(&r->mu);
         return rc;
@@ -831,6 +892,49 @@ static int fetch_and_wait(tf_remote *r, const tf__robj *o, uint32_t k) {
     if (rc < 0) tf__seterr(rc, "%s", j->err);
     job_unref_locked(j);
     pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+int tf__remote_run_many(tf_remote *r, size_t n, int (*fn)(void *ctx, size_t i), void *ctx) {
+    if (!n) return 0;
+    check_fork(r);
+    job **js = calloc(n, sizeof *js);
+    if (!js) return -ENOMEM;
+    pthread_mutex_lock(&r->mu);
+    int rc = ensure_pool(r);
+    for (size_t i = 0; i < n && !rc; i++) {
+        job *j = calloc(1, sizeof *j);
+        if (!j) {
+            rc = -ENOMEM;
+            break;
+        }
+        j->kind = J_CALL;
+        j->fn = fn;
+        j->fn_ctx = ctx;
+        j->fn_i = i;
+        j->urgent = 2;
+        j->seq = r->seq++;
+        j->refs = 2;
+        if (heap_push(r, j) != 0) {
+            free(j);
+            rc = -ENOMEM;
+            break;
+        }
+        js[i] = j;
+    }
+    pthread_cond_broadcast(&r->work_cv);
+    for (size_t i = 0; i < n; i++) {
+        job *j = js[i];
+        if (!j) continue;
+        while (j->state != JS_DONE) pthread_cond_wait(&r->done_cv, &r->mu);
+        if (j->rc < 0 && !rc) {
+            rc = j->rc;
+            tf__seterr(j->rc, "%s", j->err);
+        }
+        job_unref_locked(j);
+    }
+    pthread_mutex_unlock(&r->mu);
+    free(js);
     return rc;
 }
 
@@ -1047,6 +1151,60 @@ int tf__chunk_cached(const tf__robj *o, uint32_t k) {
     return tf__cache_present(o->r->cache, &key);
 }
 
+/* Whether chunk k can be read without waiting for a fetch: mapped here, or
+ * on this node's disk. */
+static int chunk_ready(const tf__robj *o, uint32_t k) {
+    tf_remote *r = o->r;
+    tf__ckey key = {o->oid_lo, o->oid_hi, k};
+    pthread_mutex_lock(&r->omu);
+    int here = open_find(r, &key) != NULL;
+    pthread_mutex_unlock(&r->omu);
+    return here || tf__cache_present(r->cache, &key);
+}
+
+int tf__robj_read_small(const tf__robj *o, uint64_t off, uint64_t len, void *out) {
+    /* off is relative to the data region. A few bytes a reader needs now
+     * should not wait behind a whole chunk that shares the link with others
+     * fetched ahead: read just them, then ask for the chunk (it lands in the
+     * cache for later). Checked like a chunk: whole 64 KiB granules against
+     * the shard's table when it has one, else conditional on the version.
+     * "Small" is at most an eighth of a chunk (and 256 KiB): reading a whole
+     * chunk's worth this way would only double the transfer. */
+    tf_remote *r = o->r;
+    uint32_t k = (uint32_t)(off / o->chunk_bytes);
+    uint64_t limit = o->chunk_bytes / 8 < TF__SMALL_READ ? o->chunk_bytes / 8 : TF__SMALL_READ;
+    /* only for a loader's reads (a position is set): other readers wait for
+     * the chunk, which then stays cached */
+    if (reader_position() == TF__NO_NEED || len > limit || chunk_ready(o, k)) return 1;
+    check_fork(r);
+    uint64_t a = off, b = off + len;
+    if (o->sums) {
+        a = a / o->granule * o->granule;
+        b = (b + o->granule - 1) / o->granule * o->granule;
+        if (b > o->data_len) b = o->data_len;
+    }
+    uint8_t *buf = malloc((size_t)(b - a));
+    if (!buf) return -ENOMEM;
+    int rc = fetch_range(r, o->url, &o->info, o->data_off + a, b - a, buf);
+    int mismatch = 0;
+    for (uint64_t g = a; !rc && o->sums && g < b; g += o->granule) {
+        uint64_t n = b - g < o->granule ? b - g : o->granule;
+        if (tf_hash64(buf + (g - a), (size_t)n, 0) != o->sums[g / o->granule]) mismatch = 1;
+    }
+    if (!rc && !mismatch) {
+        memcpy(out, buf + (off - a), (size_t)len);
+        atomic_fetch_add_explicit(&r->st_small, 1, memory_order_relaxed);
+        uint64_t pos = reader_position();
+        pthread_mutex_lock(&r->mu);
+        if (!r->stop) submit_locked(r, o, k, pos, 1, NULL);
+        pthread_mutex_unlock(&r->mu);
+    }
+    free(buf);
+    if (rc == -ESTALE) return 1; /* the chunk path fetches once more, then reports it */
+    if (rc < 0) return rc;       /* after the retries: the reader gets the error */
+    return mismatch ? 1 : 0;     /* a mismatch: the chunk path fetches again, then fails */
+}
+
 uint64_t tf__remote_prefetch_bytes(const tf_remote *r) { return r->cfg.prefetch_bytes; }
 
 void tf__remote_publish(tf_remote *r, const tf__ckey *keys, const uint64_t *next_use, size_t n, uint64_t position) {
@@ -1111,6 +1269,7 @@ void tf_remote_get_stats(tf_remote *r, tf_remote_stats *st) {
     st->evictions = atomic_load(&r->st_evict);
     st->bytes_evicted = atomic_load(&r->st_evict_bytes);
     st->wait_ns = atomic_load(&r->st_wait_ns);
+    st->small_reads = atomic_load(&r->st_small);
     check_fork(r);
     tf__cache_usage(r->cache, &st->cache_bytes, &st->cache_limit);
     st->chunk_bytes = r->cfg.chunk_bytes;

@@ -75,6 +75,13 @@ TF_HIDDEN int tf__robj_set_region(tf__robj *o, uint64_t data_off, uint64_t data_
  * region, directly (uncached, with retries) outside it. */
 TF_HIDDEN int tf__robj_read(const tf__robj *o, uint64_t off, uint64_t len, void *out);
 
+/* A small read of data-region bytes [off, off + len) that cannot wait for
+ * its chunk (not cached yet): fetched directly (and checked), while the
+ * chunk is asked for. Returns 0 when out was filled, 1 when the caller should
+ * go through the chunk (large read, chunk ready, or the direct read failed),
+ * or a negative code. */
+TF_HIDDEN int tf__robj_read_small(const tf__robj *o, uint64_t off, uint64_t len, void *out);
+
 /* Uncached ranged reads with retries, concurrently on the fetch pool; every
  * request is tried even if one fails; returns the first failure in array
  * order, with its message. */
@@ -85,6 +92,9 @@ typedef struct tf__rreq {
     int rc; /* out */
 } tf__rreq;
 TF_HIDDEN int tf__remote_read_many(tf_remote *r, tf__rreq *reqs, size_t n);
+/* Run fn(ctx, i) for i in [0, n) on the fetch pool (stats at open);
+ * returns the first failure in index order. */
+TF_HIDDEN int tf__remote_run_many(tf_remote *r, size_t n, int (*fn)(void *ctx, size_t i), void *ctx);
 
 /* Hot path: chunk k of o, mapped and verified, valid until released. *data
  * points at the chunk's first byte (object offset data_off + k * chunk_bytes),
@@ -103,6 +113,11 @@ TF_HIDDEN void tf__chunk_want(const tf__robj *o, uint32_t k, uint64_t next_use);
  * process's consumer position (needs below it are stale). */
 TF_HIDDEN void tf__remote_publish(tf_remote *r, const tf__ckey *keys, const uint64_t *next_use, size_t n,
                                   uint64_t position);
+/* The stream position the calling thread is reading for (an engine worker
+ * filling a batch sets it): chunks it has to fetch itself are published as
+ * needed there. UINT64_MAX (the default) when unknown. Per thread. */
+TF_HIDDEN void tf__remote_set_reader_position(uint64_t pos);
+
 /* Whether chunk k of o is on this node's disk now (a hint). */
 TF_HIDDEN int tf__chunk_cached(const tf__robj *o, uint32_t k);
 /* Bytes the scheduler may keep requested ahead. */
@@ -119,13 +134,15 @@ TF_HIDDEN tf_remote *tf__remote_ref(tf_remote *r);
 typedef void (*tf__prefetch_emit_fn)(void *ectx, const tf__robj *o, uint32_t k);
 typedef int (*tf__prefetch_locate_fn)(void *ctx, uint64_t pos, tf__prefetch_emit_fn emit, void *ectx);
 typedef struct tf__prefetch tf__prefetch;
-/* end_index: local indices in the stream (UINT64_MAX for an infinite one).
- * Holds a reference on r; the thread starts at the first seek/advance. */
+/* end_index: local indices in the stream (UINT64_MAX for an infinite one;
+ * each seek sets it anew). Holds a reference on r; the thread starts at the
+ * first seek/advance. */
 TF_HIDDEN int tf__prefetch_create(tf_remote *r, tf__prefetch_locate_fn locate, void *ctx, uint64_t B, uint64_t G,
                                   uint64_t rank, uint64_t end_index, tf__prefetch **out);
 /* The consumer restarts at local index consumer_index of a stream whose index
- * 0 is global position base: the window is rebuilt. */
-TF_HIDDEN void tf__prefetch_seek(tf__prefetch *p, uint64_t base, uint64_t consumer_index);
+ * 0 is global position base and that ends before local index end_index
+ * (UINT64_MAX: never): the window is rebuilt. */
+TF_HIDDEN void tf__prefetch_seek(tf__prefetch *p, uint64_t base, uint64_t consumer_index, uint64_t end_index);
 /* The consumer moved on (local index of the next sample it will receive). */
 TF_HIDDEN void tf__prefetch_advance(tf__prefetch *p, uint64_t consumer_index);
 /* In a fork()ed child: forget the parent's thread (a new one starts on the
@@ -159,10 +176,11 @@ enum {
 TF_HIDDEN int tf__cache_begin(tf__cache *c, const tf__ckey *key, uint64_t bytes, uint64_t next_use, int urgent,
                               uint64_t *evicted_chunks, uint64_t *evicted_bytes);
 /* Land a fetched chunk: data (len bytes) is written to a temporary file with
- * its trailer and renamed into place; the record becomes present. On error
+ * its trailer and renamed into place; the record becomes present. With
+ * map_out, the file is also mapped (before the rename) and returned. On error
  * (ENOSPC...) nothing is left behind and the reservation is dropped. */
 TF_HIDDEN int tf__cache_commit(tf__cache *c, const tf__ckey *key, const char *url, const tf_object_info *info,
-                               const void *data, size_t len, uint64_t next_use);
+                               const void *data, size_t len, uint64_t next_use, void **map_out, size_t *map_len_out);
 TF_HIDDEN void tf__cache_abort(tf__cache *c, const tf__ckey *key);
 /* Map the cached chunk read-only and verify its trailer and hash (and, when
  * sums is not NULL, its granule checksums). Returns 0, -ENOENT (not cached),

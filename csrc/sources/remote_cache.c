@@ -902,7 +902,11 @@ static int ensure_object_dir(tf__cache *c, const tf__ckey *k, const char *url, c
 }
 
 int tf__cache_commit(tf__cache *c, const tf__ckey *key, const char *url, const tf_object_info *info,
-                     const void *data, size_t len, uint64_t next_use) {
+                     const void *data, size_t len, uint64_t next_use, void **map_out, size_t *map_len_out) {
+    if (map_out) {
+        *map_out = NULL;
+        *map_len_out = 0;
+    }
     char tmp[4096], dst[4096];
     int rc = ensure_object_dir(c, key, url, info);
     if (rc == 0) rc = chunk_path(c, key, dst, sizeof dst);
@@ -914,12 +918,16 @@ int tf__cache_commit(tf__cache *c, const tf__ckey *key, const char *url, const t
              (ull)atomic_fetch_add(&c->tmp_counter, 1));
     uint8_t tr[TF__CHUNK_TRAILER];
     make_trailer(tr, key, data, len);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    int fd = open(tmp, (map_out ? O_RDWR : O_WRONLY) | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    void *m = MAP_FAILED;
     if (fd < 0) {
         rc = -errno;
     } else {
         rc = fault_write(c) ? -ENOSPC : write_all(fd, data, len);
         if (!rc) rc = write_all(fd, tr, sizeof tr);
+        /* mapped before it has a name: an eviction right after the rename
+         * cannot take it from the reader waiting for it */
+        if (!rc && map_out) m = mmap(NULL, len + TF__CHUNK_TRAILER, PROT_READ, MAP_SHARED, fd, 0);
         if (close(fd) != 0 && !rc) rc = -errno;
         /* no fsync: a chunk torn by a power loss fails its hash and is fetched again */
         if (!rc && rename(tmp, dst) != 0) {
@@ -928,6 +936,14 @@ int tf__cache_commit(tf__cache *c, const tf__ckey *key, const char *url, const t
             if (rc == -ENOENT && ensure_object_dir(c, key, url, info) == 0) rc = rename(tmp, dst) == 0 ? 0 : -errno;
         }
         if (rc) unlink(tmp);
+    }
+    if (rc && m != MAP_FAILED) {
+        munmap(m, len + TF__CHUNK_TRAILER);
+        m = MAP_FAILED;
+    }
+    if (!rc && m != MAP_FAILED) {
+        *map_out = m;
+        *map_len_out = len + TF__CHUNK_TRAILER;
     }
     if (rc) {
         tf__cache_abort(c, key);

@@ -68,7 +68,7 @@ struct tf__prefetch {
     tf__prefetch_locate_fn locate;
     void *ctx;
     uint64_t B, G, rank;
-    uint64_t end_index; /* local indices available (UINT64_MAX: infinite) */
+    uint64_t end_index; /* local indices available (UINT64_MAX: infinite; under mu, read by the thread) */
     uint64_t prefetch_bytes;
 
     pthread_t thread;
@@ -247,7 +247,7 @@ static int ensure_scratch(tf__prefetch *p, size_t n) {
 }
 
 /* One pass over the window (scheduler thread; mu not held). */
-static void tick(tf__prefetch *p, uint64_t base, uint64_t consumer) {
+static void tick(tf__prefetch *p, uint64_t base, uint64_t consumer, uint64_t end) {
     p->tick++;
     atomic_fetch_add_explicit(&p->st_ticks, 1, memory_order_relaxed);
     if (p->cursor < consumer) {
@@ -265,7 +265,7 @@ static void tick(tf__prefetch *p, uint64_t base, uint64_t consumer) {
     }
     /* walk ahead */
     uint64_t walked = 0;
-    while (p->cursor < p->end_index && p->window_bytes < p->prefetch_bytes && walked < WALK_PER_TICK) {
+    while (p->cursor < end && p->window_bytes < p->prefetch_bytes && walked < WALK_PER_TICK) {
         p->nsample = 0;
         p->cur_index = p->cursor;
         if (p->locate(p->ctx, pos_of(p, base, p->cursor), on_chunk, p) < 0) break;
@@ -342,7 +342,7 @@ static void *pf_main(void *arg) {
             pthread_cond_timedwait(&p->cv, &p->mu, &ts);
             if (p->stop) break;
         }
-        uint64_t base = p->base, consumer = p->consumer, gen = p->gen;
+        uint64_t base = p->base, consumer = p->consumer, gen = p->gen, end = p->end_index;
         seen_consumer = consumer;
         seen_gen = gen;
         pthread_mutex_unlock(&p->mu);
@@ -351,7 +351,7 @@ static void *pf_main(void *arg) {
             p->wgen = gen;
             p->cursor = consumer;
         }
-        tick(p, base, consumer);
+        tick(p, base, consumer, end);
         pthread_mutex_lock(&p->mu);
         /* more to walk right away when the budget, not the window, stopped us */
         if (p->window_bytes < p->prefetch_bytes && p->cursor < p->end_index && p->gen == gen)
@@ -401,10 +401,11 @@ static void ensure_thread(tf__prefetch *p) {
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
-void tf__prefetch_seek(tf__prefetch *p, uint64_t base, uint64_t consumer_index) {
+void tf__prefetch_seek(tf__prefetch *p, uint64_t base, uint64_t consumer_index, uint64_t end_index) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
     p->base = base;
+    p->end_index = end_index;
     p->consumer = consumer_index;
     p->gen++;
     ensure_thread(p);

@@ -370,7 +370,7 @@ static void test_faults(void) {
     atomic_store(&plan.fail_left, 100);
     tf_object_info inf4 = info;
     snprintf(inf4.version, sizeof inf4.version, "exhaust");
-    CHECK_RC(tf_remote_read(r, url, &inf4, 0, 100, out), -EAGAIN);
+    CHECK_RC(tf_remote_read(r, url, &inf4, 0, 100, out), -EIO); /* still throttled after the retries */
     CHECK(strstr(tf_last_error(), url) != NULL);
     CHECK(strstr(tf_last_error(), "after 5 attempts") != NULL);
     CHECK(strstr(tf_last_error(), "injected failure") != NULL);
@@ -530,7 +530,7 @@ static void test_prefetch_order(void) {
     fake_order fo = {o, 32, 0};
     tf__prefetch *p = NULL;
     CHECK_OK(tf__prefetch_create(r, fake_locate, &fo, 1, 1, 0, 32, &p));
-    tf__prefetch_seek(p, 0, 0);
+    tf__prefetch_seek(p, 0, 0, UINT64_MAX);
     wait_fetched(r, 32);
     tf_remote_stats st;
     tf_remote_get_stats(r, &st);
@@ -605,7 +605,7 @@ static void test_prefetch_limit(void) {
     const int N = 48; /* three passes over 16 chunks, in the same order */
     tf__prefetch *p = NULL;
     CHECK_OK(tf__prefetch_create(r, fake_locate, &fo, 1, 1, 0, (uint64_t)N, &p));
-    tf__prefetch_seek(p, 0, 0);
+    tf__prefetch_seek(p, 0, 0, UINT64_MAX);
     uint32_t trace[48];
     for (int i = 0; i < N; i++) {
         const uint8_t *d;
@@ -654,7 +654,7 @@ static void test_eviction_order(void) {
      * (passed once the position is 10), 3 at 7 (passed), 4 never */
     for (int i = 0; i < 5; i++) {
         CHECK(tf__cache_begin(c, &k[i], CHUNK, TF__NO_NEED, 0, NULL, NULL) == TF__BEGIN_FETCH);
-        CHECK_OK(tf__cache_commit(c, &k[i], "local://x", &info, data, CHUNK, TF__NO_NEED));
+        CHECK_OK(tf__cache_commit(c, &k[i], "local://x", &info, data, CHUNK, TF__NO_NEED, NULL, NULL));
     }
     uint64_t uses[4] = {50, 20, 3, 7};
     tf__cache_publish(c, k, uses, 4, 10);
@@ -663,18 +663,18 @@ static void test_eviction_order(void) {
      * latest), then 2 */
     CHECK(tf__cache_begin(c, &k[5], CHUNK, 30, 0, &ec, &eb) == TF__BEGIN_FETCH);
     CHECK(ec == 1 && !tf__cache_present(c, &k[4]) && tf__cache_present(c, &k[3]));
-    CHECK_OK(tf__cache_commit(c, &k[5], "local://x", &info, data, CHUNK, 30));
+    CHECK_OK(tf__cache_commit(c, &k[5], "local://x", &info, data, CHUNK, 30, NULL, NULL));
     CHECK(tf__cache_begin(c, &k[6], CHUNK, 30, 0, &ec, &eb) == TF__BEGIN_FETCH);
     CHECK(ec == 2 && !tf__cache_present(c, &k[3]) && tf__cache_present(c, &k[2]));
-    CHECK_OK(tf__cache_commit(c, &k[6], "local://x", &info, data, CHUNK, 30));
+    CHECK_OK(tf__cache_commit(c, &k[6], "local://x", &info, data, CHUNK, 30, NULL, NULL));
     CHECK(tf__cache_begin(c, &k[7], CHUNK, 30, 0, &ec, &eb) == TF__BEGIN_FETCH);
     CHECK(ec == 3 && !tf__cache_present(c, &k[2]));
-    CHECK_OK(tf__cache_commit(c, &k[7], "local://x", &info, data, CHUNK, 30));
+    CHECK_OK(tf__cache_commit(c, &k[7], "local://x", &info, data, CHUNK, 30, NULL, NULL));
     /* now 0 (50), 1 (20), 5, 6, 7 (30): a fetch for 40 may only evict 0 */
     tf__ckey extra = {0x1234, 0x5678, 9}, extra2 = {0x1234, 0x5678, 10};
     CHECK(tf__cache_begin(c, &extra, CHUNK, 40, 0, &ec, &eb) == TF__BEGIN_FETCH);
     CHECK(ec == 4 && !tf__cache_present(c, &k[0]) && tf__cache_present(c, &k[1]));
-    CHECK_OK(tf__cache_commit(c, &extra, "local://x", &info, data, CHUNK, 40));
+    CHECK_OK(tf__cache_commit(c, &extra, "local://x", &info, data, CHUNK, 40, NULL, NULL));
     /* a fetch for 45 finds every chunk needed sooner: no room */
     CHECK(tf__cache_begin(c, &extra2, CHUNK, 45, 0, &ec, &eb) == TF__BEGIN_NOSPACE);
     CHECK(ec == 4);
@@ -686,6 +686,146 @@ static void test_eviction_order(void) {
     tf__cache_usage(c, &bytes, &limit);
     CHECK(bytes == 4 * CHUNK && limit == 5 * CHUNK);
     tf__cache_close(c);
+}
+
+/* ---- datasets through the transport ------------------------------------------ */
+
+/* Every token of both datasets, and the first batches of a shuffled loader,
+ * are equal; so are the fingerprints. */
+static void compare_datasets(tf_dataset *a, tf_dataset *b) {
+    tf_dataset_info ia, ib;
+    CHECK_OK(tf_dataset_get_info(a, &ia));
+    CHECK_OK(tf_dataset_get_info(b, &ib));
+    CHECK(ia.fingerprint == ib.fingerprint);
+    CHECK(ia.num_tokens == ib.num_tokens && ia.num_documents == ib.num_documents && ia.dtype == ib.dtype);
+    uint64_t n = ia.num_tokens;
+    int32_t *ta = malloc(n * 4), *tb = malloc(n * 4);
+    CHECK_OK(tf_dataset_read(a, 0, n, ta, TF_INT32));
+    CHECK_OK(tf_dataset_read(b, 0, n, tb, TF_INT32));
+    CHECK(memcmp(ta, tb, n * 4) == 0);
+    for (uint64_t d = 0; d < ia.num_documents; d += 7) {
+        uint64_t s1, l1, s2, l2;
+        CHECK_OK(tf_dataset_document(a, d, &s1, &l1));
+        CHECK_OK(tf_dataset_document(b, d, &s2, &l2));
+        CHECK(s1 == s2 && l1 == l2);
+    }
+    free(ta);
+    free(tb);
+    tf_loader_config cfg;
+    tf_loader_config_init(&cfg);
+    cfg.order.seq_len = 64;
+    cfg.order.seed = 3;
+    cfg.order.shuffle = TF_SHUFFLE_FULL;
+    cfg.batch_size = 4;
+    cfg.order.global_batch = 4;
+    cfg.out_dtype = TF_INT32;
+    tf_loader *la = NULL, *lb = NULL;
+    CHECK_OK(tf_loader_create(a, &cfg, &la));
+    CHECK_OK(tf_loader_create(b, &cfg, &lb));
+    for (int k = 0; la && lb && k < 20; k++) {
+        tf_batch *x = NULL, *y = NULL;
+        CHECK_OK(tf_loader_next(la, &x));
+        CHECK_OK(tf_loader_next(lb, &y));
+        if (x && y) {
+            tf_batch_view vx, vy;
+            tf_batch_get_view(x, &vx);
+            tf_batch_get_view(y, &vy);
+            CHECK(memcmp(vx.tokens, vy.tokens, 4 * 65 * 4) == 0);
+        }
+        tf_batch_release(x);
+        tf_batch_release(y);
+    }
+    tf_loader_free(la);
+    tf_loader_free(lb);
+}
+
+static void test_remote_datasets(void) {
+    char cache[512], dir[600], url[700];
+    snprintf(cache, sizeof cache, "%s/cache_ds", tmpdir);
+    tf_remote *r = make_remote(cache, 256ull << 20, CHUNK);
+    if (!r) return;
+    for (int comp = 0; comp < 2; comp++) {
+#ifndef TF_HAVE_ZSTD
+        if (comp) break;
+#endif
+        /* a native dataset of several shards */
+        snprintf(dir, sizeof dir, "%s/native%d", tmpdir, comp);
+        tf_writer_options o;
+        tf_writer_options_init(&o);
+        o.dtype = TF_UINT16;
+        o.vocab_size = 50000;
+        o.shard_tokens = 40000;
+        o.compression = comp ? TF_COMPRESS_ZSTD : TF_COMPRESS_NONE;
+        o.block_tokens = 4096;
+        tf_writer *w = NULL;
+        CHECK_OK(tf_writer_create(dir, &o, &w));
+        uint16_t doc[3000];
+        for (int d = 0; w && d < 120; d++) {
+            size_t len = 50 + (size_t)(d * 977) % 2900;
+            for (size_t i = 0; i < len; i++) doc[i] = (uint16_t)((d * 31 + i * 7) % 50000);
+            CHECK_OK(tf_writer_add_document(w, doc, len, TF_UINT16));
+        }
+        CHECK_OK(tf_writer_finish(w));
+        tf_writer_free(w);
+        tf_dataset *loc = NULL, *rem = NULL;
+        CHECK_OK(tf_dataset_open(dir, NULL, &loc));
+        snprintf(url, sizeof url, "local://%s/", dir);
+        const char *p = url;
+        tf_remote_stats st0, st;
+        tf_remote_get_stats(r, &st0);
+        CHECK_OK(tf_dataset_open_remote(&p, 1, NULL, r, &rem));
+        /* open read metadata only: no token chunk was fetched */
+        tf_remote_get_stats(r, &st);
+        CHECK(st.chunks_fetched == st0.chunks_fetched);
+        if (loc && rem) compare_datasets(loc, rem);
+        CHECK_OK(tf_dataset_verify(rem, 2, NULL, NULL));
+        tf_dataset_free(rem);
+        tf_dataset_free(loc);
+    }
+    /* an llm.c shard and a headerless file with a datatrove index, as a list */
+    {
+        char p1[600], p2[600], p3[600];
+        snprintf(p1, sizeof p1, "%s/shard.llmc", tmpdir);
+        snprintf(p2, sizeof p2, "%s/tokens.ds", tmpdir);
+        snprintf(p3, sizeof p3, "%s/tokens.ds.index", tmpdir);
+        int32_t hdr[256] = {20240520, 1, 70000};
+        uint16_t *t = malloc(70000 * 2);
+        for (int i = 0; i < 70000; i++) t[i] = (uint16_t)(i * 13 % 50257);
+        FILE *fp = fopen(p1, "wb");
+        fwrite(hdr, 4, 256, fp);
+        fwrite(t, 2, 70000, fp);
+        fclose(fp);
+        fp = fopen(p2, "wb");
+        fwrite(t, 2, 70000, fp);
+        fclose(fp);
+        uint64_t ends[3] = {1000, 50000, 70000};
+        fp = fopen(p3, "wb");
+        fwrite(ends, 8, 3, fp);
+        fclose(fp);
+        free(t);
+        tf_open_options oo = {TF_FORMAT_AUTO, TF_UINT16};
+        const char *lp[2] = {p1, p2};
+        char u1[700], u2[700];
+        snprintf(u1, sizeof u1, "local://%s", p1);
+        snprintf(u2, sizeof u2, "local://%s", p2);
+        const char *up[2] = {u1, u2};
+        tf_dataset *loc = NULL, *rem = NULL;
+        CHECK_OK(tf_dataset_open_many(lp, 2, &oo, &loc));
+        CHECK_OK(tf_dataset_open_remote(up, 2, &oo, r, &rem));
+        if (loc && rem) compare_datasets(loc, rem);
+        tf_dataset_free(rem);
+        tf_dataset_free(loc);
+    }
+    /* refused without a remote store, and a missing object named */
+    {
+        const char *p = "local:///no/such/dataset/";
+        tf_dataset *ds = NULL;
+        CHECK_RC(tf_dataset_open_remote(&p, 1, NULL, NULL, &ds), -EINVAL);
+        CHECK(strstr(tf_last_error(), "remote store") != NULL);
+        CHECK(tf_dataset_open_remote(&p, 1, NULL, r, &ds) < 0);
+        CHECK(strstr(tf_last_error(), "/no/such/dataset") != NULL);
+    }
+    tf_remote_free(r);
 }
 
 int main(void) {
@@ -702,6 +842,7 @@ int main(void) {
     test_eviction_order();
     test_prefetch_order();
     test_prefetch_limit();
+    test_remote_datasets();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
