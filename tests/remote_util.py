@@ -318,3 +318,43 @@ class FaultProxy:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(10)
+
+
+# ---------------------------------------------------------------------------------------
+# pytest fixtures (import them into a test module to use them)
+
+import uuid  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def moto():
+    """moto's S3 server for the module, with the test credentials in the environment."""
+    m = MotoServer()
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in TEST_CREDENTIALS.items():
+            mp.setenv(k, v)
+        for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
+            mp.delenv(k, raising=False)
+        yield m
+    m.stop()
+
+
+@pytest.fixture
+def s3env(moto):
+    return moto
+
+
+@pytest.fixture
+def bucket(moto):
+    name = f"tf-{uuid.uuid4().hex[:12]}"
+    moto.create_bucket(name)
+    return name
+
+
+@pytest.fixture
+def proxy(moto):
+    p = FaultProxy(moto.port)
+    yield p
+    p.stop()

@@ -10,39 +10,9 @@ import uuid
 
 import pytest
 
-from remote_util import TEST_CREDENTIALS, FaultProxy, MotoServer
+from remote_util import TEST_CREDENTIALS, FaultProxy, bucket, moto, proxy, s3env  # noqa: F401  (fixtures)
 from tokenfeed import _remote
 from tokenfeed._remote import ObjectStoreTransport, TransportError, parse_size, parse_url
-
-
-@pytest.fixture(scope="module")
-def moto():
-    m = MotoServer()
-    yield m
-    m.stop()
-
-
-@pytest.fixture
-def s3env(monkeypatch, moto):
-    for k, v in TEST_CREDENTIALS.items():
-        monkeypatch.setenv(k, v)
-    for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
-        monkeypatch.delenv(k, raising=False)
-    return moto
-
-
-@pytest.fixture
-def bucket(s3env):
-    name = f"tf-{uuid.uuid4().hex[:12]}"
-    s3env.create_bucket(name)
-    return name
-
-
-@pytest.fixture
-def proxy(moto):
-    p = FaultProxy(moto.port)
-    yield p
-    p.stop()
 
 
 # ---- sizes and URLs ---------------------------------------------------------------------

@@ -57,7 +57,7 @@ def cache_objects(cache_dir: str) -> List[Dict[str, Any]]:
                 for e in it:
                     if e.name.endswith(".c"):
                         chunks += 1
-                        nbytes += e.stat().st_size
+                        nbytes += max(0, e.stat().st_size - 40)  # less the trailer
         except OSError:
             continue
         if chunks:
@@ -75,7 +75,7 @@ def cmd_cache(a: argparse.Namespace) -> int:
     if a.cache_command == "prune":
         if a.all == (a.keep is not None):
             raise ValueError("cache prune: give either --keep SIZE or --all")
-        keep = 0 if a.all else parse_size(a.keep, "--keep")
+        keep = 0 if a.all else (parse_size(a.keep, "--keep") or 0)
         before = _core.cache_info(d)
         _core.cache_prune(d, keep)
         after = _core.cache_info(d)

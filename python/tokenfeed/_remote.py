@@ -33,7 +33,7 @@ def is_url(path: Any) -> bool:
     if not isinstance(path, str):
         return False
     m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", path)
-    return bool(m) and m.group(1).lower() != "file"
+    return m is not None and m.group(1).lower() != "file"
 
 
 class RemoteURL(NamedTuple):
@@ -155,6 +155,25 @@ def _classify(exc: BaseException) -> int:
     return errno.EIO
 
 
+# obstore runs its requests on a tokio runtime whose threads a fork() does not copy: a
+# process forked after the runtime started cannot make requests (they would hang). The pid
+# of the first process that made one is recorded so that a forked child fails clearly.
+_obstore_pid: Optional[int] = None
+
+
+def _check_fork() -> None:
+    global _obstore_pid
+    pid = os.getpid()
+    if _obstore_pid is None:
+        _obstore_pid = pid
+    elif _obstore_pid != pid:
+        raise TransportError(errno.ENOTSUP,
+                             "this process was forked after the object-store client (obstore) had started, and it "
+                             "cannot make requests in a forked child. Start DataLoader workers with "
+                             "multiprocessing_context='spawn' or 'forkserver' (remote datasets pickle to them), "
+                             "or open the dataset in each worker")
+
+
 def _env_endpoint() -> Optional[str]:
     return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
 
@@ -204,14 +223,14 @@ class ObjectStoreTransport:
         vals += [str(v) for v in self._options.values() if isinstance(v, str)]
         return tuple(v for v in vals if v)
 
-    def _client_options(self, allow_http: bool) -> Dict[str, Any]:
+    def _client_options(self, allow_http: bool) -> Any:
         return {"allow_http": allow_http, "timeout": timedelta(seconds=self.timeout),
                 "connect_timeout": timedelta(seconds=self.connect_timeout)}
 
     def _make_store(self, u: RemoteURL) -> Any:
         from obstore import store as obs
 
-        retry = {"max_retries": 0, "retry_timeout": timedelta(seconds=max(self.timeout, 1.0))}
+        retry: Any = {"max_retries": 0, "retry_timeout": timedelta(seconds=max(self.timeout, 1.0))}
         if u.scheme in ("s3", "s3a"):
             ep = self.endpoint_url or _env_endpoint()
             kw: Dict[str, Any] = dict(self._options)
@@ -231,8 +250,9 @@ class ObjectStoreTransport:
             return obs.HTTPStore.from_url(f"{u.scheme}://{u.bucket}",
                                           client_options=self._client_options(u.scheme == "http"),
                                           retry_config=retry)
-        return obs.from_url(f"{u.scheme}://{u.bucket}", client_options=self._client_options(False),
-                            retry_config=retry, **self._options)
+        from_url: Any = obs.from_url
+        return from_url(f"{u.scheme}://{u.bucket}", client_options=self._client_options(False),
+                        retry_config=retry, **self._options)
 
     def _store(self, url: str) -> Tuple[Any, str]:
         u = parse_url(url)
@@ -257,6 +277,7 @@ class ObjectStoreTransport:
         """``(size, version)`` of the object; version is its ETag ("" when the store has none)."""
         import obstore
 
+        _check_fork()
         store, key = self._store(url)
         try:
             meta = obstore.head(store, key)
@@ -268,6 +289,7 @@ class ObjectStoreTransport:
         """``(url, size, version)`` of every object under ``prefix_url`` taken as a directory."""
         import obstore
 
+        _check_fork()
         store, key = self._store(prefix_url)
         u = parse_url(prefix_url)
         try:
@@ -285,12 +307,13 @@ class ObjectStoreTransport:
         """
         import obstore
 
+        _check_fork()
         store, key = self._store(url)
         mv = memoryview(buf).cast("B")
         n = mv.nbytes
         if n == 0:
             return 0
-        opts: Dict[str, Any] = {"range": (int(offset), int(offset) + n)}
+        opts: Any = {"range": (int(offset), int(offset) + n)}
         if version:
             opts["if_match"] = version
         try:
@@ -317,7 +340,7 @@ def _has_aws_profile() -> bool:
 def _boto3_provider() -> Any:
     """boto3's credential chain (profiles, SSO, assume-role), when boto3 is installed."""
     try:
-        import boto3
+        import boto3  # type: ignore[import-untyped,unused-ignore]
         from obstore.auth.boto3 import Boto3CredentialProvider
     except ImportError:
         return None
@@ -325,3 +348,54 @@ def _boto3_provider() -> Any:
         return Boto3CredentialProvider(boto3.Session())
     except Exception:
         return None
+
+
+# ---------------------------------------------------------------------------------------
+# remote stores: one per (cache directory, endpoint, options) in a process
+
+
+def store_options(cache_dir: Any = None, cache_limit: Union[int, str, None] = None,
+                  endpoint_url: Optional[str] = None, chunk_size: Union[int, str, None] = None,
+                  prefetch: Union[int, str, None] = None, fetch_threads: Optional[int] = None,
+                  storage_options: Optional[Mapping[str, Any]] = None,
+                  request_timeout: Optional[float] = None) -> Dict[str, Any]:
+    """Check and normalise the remote options of ``tokenfeed.open`` (sizes in bytes)."""
+    if request_timeout is not None and (isinstance(request_timeout, bool) or not isinstance(request_timeout, (int, float))
+                                        or not request_timeout > 0):
+        raise ValueError(f"request_timeout must be a positive number of seconds, got {request_timeout!r}")
+    if fetch_threads is not None and (isinstance(fetch_threads, bool) or not isinstance(fetch_threads, int)
+                                      or not 1 <= fetch_threads <= 256):
+        raise ValueError(f"fetch_threads must be an int from 1 to 256, got {fetch_threads!r}")
+    if storage_options is not None and not isinstance(storage_options, Mapping):
+        raise TypeError("storage_options must be a dict of client options")
+    return {"cache_dir": os.path.abspath(os.fspath(cache_dir)) if cache_dir is not None else default_cache_dir(),
+            "cache_limit": parse_size(cache_limit, "cache_limit"),
+            "endpoint_url": endpoint_url,
+            "chunk_size": parse_size(chunk_size, "chunk_size"),
+            "prefetch": parse_size(prefetch, "prefetch"),
+            "fetch_threads": fetch_threads,
+            "storage_options": dict(storage_options) if storage_options else None,
+            "request_timeout": float(request_timeout) if request_timeout is not None else None}
+
+
+_stores: Dict[Tuple[Any, ...], Any] = {}
+_stores_lock = threading.Lock()
+
+
+def get_store(cache_dir: str, cache_limit: Optional[int] = None, endpoint_url: Optional[str] = None,
+              chunk_size: Optional[int] = None, prefetch: Optional[int] = None, fetch_threads: Optional[int] = None,
+              storage_options: Optional[Dict[str, Any]] = None, request_timeout: Optional[float] = None) -> Any:
+    """The process's remote store for these options (one fetch pool and cache slot each)."""
+    from . import _core
+
+    so = tuple(sorted((k, repr(v)) for k, v in (storage_options or {}).items()))
+    key = (os.getpid(), cache_dir, cache_limit, endpoint_url, chunk_size, prefetch, fetch_threads, so, request_timeout)
+    with _stores_lock:
+        st = _stores.get(key)
+        if st is None:
+            transport = ObjectStoreTransport(endpoint_url=endpoint_url, storage_options=storage_options,
+                                             timeout=request_timeout or 60.0)
+            st = _core.Remote(transport, cache_dir, cache_limit=cache_limit or 0, chunk_bytes=chunk_size or 0,
+                              prefetch_bytes=prefetch or 0, fetch_threads=fetch_threads or 0)
+            _stores[key] = st
+        return st
