@@ -169,6 +169,7 @@ def test_corrupted_cached_chunk_fetched_again(uploaded, moto, tmp_path):
     assert st["refetches"] == flipped and st["chunks_fetched"] == flipped
 
 
+@pytest.mark.test_hooks
 def test_full_cache_disk(uploaded, moto, tmp_path, monkeypatch):
     local, url = uploaded
     monkeypatch.setenv("TOKENFEED_FAULT_CACHE", "enospc:2")

@@ -124,6 +124,40 @@ TF_HIDDEN int tf__chunk_cached(const tf__robj *o, uint32_t k);
 TF_HIDDEN uint64_t tf__remote_prefetch_bytes(const tf_remote *r);
 TF_HIDDEN tf_remote *tf__remote_ref(tf_remote *r);
 
+/* ---- remote_registry.c: objects prepared by a remote open --------------- */
+
+/* An object a remote open (remote_open.c) prepares for the parsers: its size
+ * and version, and a sparse anonymous map of its size with the bytes they
+ * read filled in. */
+typedef struct tf__pobj {
+    char *url;
+    int known;  /* size/version known */
+    int exists;
+    tf_object_info info;
+    uint8_t *map; /* NULL when the object is empty */
+    int whole;    /* every byte fetched */
+    int claimed;  /* handed to a parser (the file owns the map now) */
+    uint64_t head, tail; /* fetched: [0, head) and [tail, size) */
+} tf__pobj;
+
+typedef struct tf__preg {
+    tf_remote *r;
+    tf__pobj *o;
+    size_t n, cap;
+} tf__preg;
+
+/* Make g the calling thread's registry (NULL: none) for the parsers' reads. */
+TF_HIDDEN int tf__preg_enter(tf__preg *g);
+TF_HIDDEN tf__pobj *tf__preg_find(tf__preg *g, const char *url);
+TF_HIDDEN tf__pobj *tf__preg_add(tf__preg *g, const char *url);
+/* Unmap what no parser claimed; free the entries. */
+TF_HIDDEN void tf__preg_free(tf__preg *g);
+/* For file.c during a remote open: hand over the prepared map of url, whether
+ * an object exists, whether a remote open runs on this thread. */
+TF_HIDDEN int tf__remote_map_take(const char *url, void **map, size_t *len);
+TF_HIDDEN int tf__remote_exists(const char *url);
+TF_HIDDEN int tf__remote_opening(void);
+
 /* ---- remote_prefetch.c: the scheduler ---------------------------------- */
 
 /* One scheduler per loader: walks this rank's positions ahead of the

@@ -695,8 +695,10 @@ int tf__cache_open(const char *dir, uint64_t limit, uint64_t chunk_bytes, int cr
     if (!c) return -ENOMEM;
     c->lock_fd = c->slot_fd = c->index_fd = -1;
     c->limit = limit;
+#ifdef TF_TEST_HOOKS
     const char *fe = getenv("TOKENFEED_FAULT_CACHE");
     if (fe && !strncmp(fe, "enospc:", 7)) c->fault_n = strtoull(fe + 7, NULL, 10);
+#endif
     c->dir = strdup(dir);
     c->peer_fds = malloc(MAX_PROCS * sizeof(int));
     int rc = c->dir && c->peer_fds ? 0 : -ENOMEM;
@@ -858,9 +860,9 @@ static int write_all(int fd, const void *p, size_t n) {
 }
 
 /* Test-only fault injection ($TOKENFEED_FAULT_CACHE, read when a cache is
- * opened; tests/c/test_remote.c, tests/test_remote_faults.py): "enospc:N"
- * makes the Nth chunk write of this cache (counted from 1) fail as if the
- * disk were full. */
+ * opened, only in test builds (TF_TEST_HOOKS); tests/c/test_remote.c,
+ * tests/test_remote_faults.py): "enospc:N" makes the Nth chunk write of this
+ * cache (counted from 1) fail as if the disk were full. */
 static int fault_write(tf__cache *c) {
     return c->fault_n && atomic_fetch_add(&c->fault_count, 1) + 1 == c->fault_n;
 }

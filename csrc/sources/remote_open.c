@@ -50,92 +50,6 @@ typedef unsigned long long ull;
 #define WHOLE_BELOW (256u << 10)
 
 /* ------------------------------------------------------------------------ */
-/* the registry of prepared objects (per thread, during one open)            */
-/* ------------------------------------------------------------------------ */
-
-typedef struct pobj {
-    char *url;
-    int known;  /* size/version known */
-    int exists;
-    tf_object_info info;
-    uint8_t *map; /* sparse anonymous mapping of info.size bytes (NULL when empty) */
-    int whole;    /* every byte fetched */
-    int claimed;  /* handed to a parser (the file owns the map now) */
-    /* fetched ranges, to plan further rounds: [0, head) and [tail, size) */
-    uint64_t head, tail;
-} pobj;
-
-typedef struct reg {
-    tf_remote *r;
-    pobj *o;
-    size_t n, cap;
-} reg;
-
-static pthread_key_t reg_key;
-static pthread_once_t reg_once = PTHREAD_ONCE_INIT;
-static int reg_key_ok;
-static void reg_init(void) { reg_key_ok = pthread_key_create(&reg_key, NULL) == 0; }
-
-static reg *cur_reg(void) {
-    pthread_once(&reg_once, reg_init);
-    return reg_key_ok ? pthread_getspecific(reg_key) : NULL;
-}
-
-static pobj *reg_find(reg *g, const char *url) {
-    for (size_t i = 0; g && i < g->n; i++)
-        if (strcmp(g->o[i].url, url) == 0) return &g->o[i];
-    return NULL;
-}
-
-static pobj *reg_add(reg *g, const char *url) {
-    pobj *p = reg_find(g, url);
-    if (p) return p;
-    if (g->n == g->cap) {
-        size_t nc = g->cap ? g->cap * 2 : 64;
-        pobj *no = realloc(g->o, nc * sizeof *no);
-        if (!no) return NULL;
-        g->o = no;
-        g->cap = nc;
-    }
-    p = &g->o[g->n];
-    memset(p, 0, sizeof *p);
-    p->url = strdup(url);
-    if (!p->url) return NULL;
-    g->n++;
-    return p;
-}
-
-static void reg_free(reg *g) {
-    for (size_t i = 0; i < g->n; i++) {
-        if (!g->o[i].claimed && g->o[i].map) munmap(g->o[i].map, (size_t)g->o[i].info.size);
-        free(g->o[i].url);
-    }
-    free(g->o);
-    g->o = NULL;
-    g->n = g->cap = 0;
-}
-
-int tf__remote_map_take(const char *url, void **map, size_t *len) {
-    reg *g = cur_reg();
-    pobj *p = reg_find(g, url);
-    if (!p || !p->known)
-        TF_FAIL(-EINVAL, "%s: a remote object read outside of a remote open (internal error)", url);
-    if (!p->exists) TF_FAIL(-ENOENT, "%s: no such object", url);
-    if (p->claimed) TF_FAIL(-EINVAL, "%s: opened twice in one open (internal error)", url);
-    p->claimed = 1;
-    *map = p->map;
-    *len = (size_t)p->info.size;
-    return 0;
-}
-
-int tf__remote_exists(const char *url) {
-    pobj *p = reg_find(cur_reg(), url);
-    return p && p->known && p->exists;
-}
-
-int tf__remote_opening(void) { return cur_reg() != NULL; }
-
-/* ------------------------------------------------------------------------ */
 /* rounds of requests                                                        */
 /* ------------------------------------------------------------------------ */
 
@@ -146,13 +60,13 @@ static int is_index_name(const char *url) {
 }
 
 typedef struct listed {
-    reg *g;
+    tf__preg *g;
     const char *prefix;
 } listed;
 
 static int on_listed(void *ctx, const char *url, const tf_object_info *info) {
     listed *l = ctx;
-    pobj *p = reg_find(l->g, url);
+    tf__pobj *p = tf__preg_find(l->g, url);
     if (p && !p->known) {
         p->known = p->exists = 1;
         p->info = *info;
@@ -161,14 +75,14 @@ static int on_listed(void *ctx, const char *url, const tf_object_info *info) {
 }
 
 typedef struct stat_ctx {
-    reg *g;
+    tf__preg *g;
     size_t *idx;
     int *rcs;
 } stat_ctx;
 
 static int stat_one(void *ctx, size_t i) {
     stat_ctx *s = ctx;
-    pobj *p = &s->g->o[s->idx[i]];
+    tf__pobj *p = &s->g->o[s->idx[i]];
     tf_object_info info;
     int rc = tf_remote_stat(s->g->r, p->url, &info);
     if (rc == -ENOENT) {
@@ -188,7 +102,7 @@ static size_t parent_len(const char *url) {
 }
 
 /* Round 1: sizes and versions of every registered object not yet known. */
-static int learn_sizes(reg *g) {
+static int learn_sizes(tf__preg *g) {
     /* listings first: a parent prefix with many unknown objects */
     for (size_t i = 0; i < g->n; i++) {
         if (g->o[i].known) continue;
@@ -222,7 +136,7 @@ static int learn_sizes(reg *g) {
 }
 
 /* Make the sparse map of an object (no bytes fetched yet). */
-static int ensure_map(pobj *p) {
+static int ensure_map(tf__pobj *p) {
     if (p->map || !p->info.size) return 0;
     void *m = mmap(NULL, (size_t)p->info.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
@@ -237,7 +151,7 @@ static int ensure_map(pobj *p) {
 }
 
 typedef struct want {
-    pobj *p;
+    tf__pobj *p;
     uint64_t off, len;
 } want;
 
@@ -246,7 +160,7 @@ typedef struct fetch_plan {
     size_t n, cap;
 } fetch_plan;
 
-static int plan_add(fetch_plan *fp, pobj *p, uint64_t off, uint64_t len) {
+static int plan_add(fetch_plan *fp, tf__pobj *p, uint64_t off, uint64_t len) {
     if (!len) return 0;
     if (fp->n == fp->cap) {
         size_t nc = fp->cap ? fp->cap * 2 : 256;
@@ -260,7 +174,7 @@ static int plan_add(fetch_plan *fp, pobj *p, uint64_t off, uint64_t len) {
 }
 
 /* Fetch the planned ranges into their objects' maps, concurrently. */
-static int run_plan(reg *g, fetch_plan *fp) {
+static int run_plan(tf__preg *g, fetch_plan *fp) {
     if (!fp->n) return 0;
     tf__rreq *rq = calloc(fp->n, sizeof *rq);
     tf__robj **objs = calloc(fp->n, sizeof *objs);
@@ -279,7 +193,7 @@ static int run_plan(reg *g, fetch_plan *fp) {
 }
 
 /* Plan what a parser will read of p: whole, or head and tail. */
-static int plan_head_tail(fetch_plan *fp, pobj *p, uint64_t tail_hint) {
+static int plan_head_tail(fetch_plan *fp, tf__pobj *p, uint64_t tail_hint) {
     TF_TRY(ensure_map(p));
     uint64_t size = p->info.size;
     if (!size) {
@@ -301,7 +215,7 @@ static int plan_head_tail(fetch_plan *fp, pobj *p, uint64_t tail_hint) {
 
 /* Plan bytes [off, end) of p that are not fetched yet (everything outside
  * the head [0, head) and the tail [tail, size) fetched before). */
-static int plan_range(fetch_plan *fp, pobj *p, uint64_t off, uint64_t end) {
+static int plan_range(fetch_plan *fp, tf__pobj *p, uint64_t off, uint64_t end) {
     if (p->whole) return 0;
     if (off < p->head) off = p->head;
     if (end > p->tail) end = p->tail;
@@ -356,18 +270,18 @@ static char *megatron_base(const char *url) {
     return p;
 }
 
-static int register_candidates(reg *g, const char *url, const tf_open_options *opt) {
+static int register_candidates(tf__preg *g, const char *url, const tf_open_options *opt) {
     char *d = dir_url(url), *mf = d ? tf__path_join(d, TF_MANIFEST_NAME) : NULL;
     char *pre = megatron_base(url), *bin = pre ? cat2(pre, ".bin") : NULL, *idx = pre ? cat2(pre, ".idx") : NULL;
     char *index = cat2(url, ".index");
     int rc = d && mf && pre && bin && idx && index ? 0 : -ENOMEM;
-    if (!rc && !reg_add(g, url)) rc = -ENOMEM;
-    if (!rc && (opt->format == TF_FORMAT_AUTO || opt->format == TF_FORMAT_NATIVE) && !reg_add(g, mf)) rc = -ENOMEM;
+    if (!rc && !tf__preg_add(g, url)) rc = -ENOMEM;
+    if (!rc && (opt->format == TF_FORMAT_AUTO || opt->format == TF_FORMAT_NATIVE) && !tf__preg_add(g, mf)) rc = -ENOMEM;
     if (!rc && (opt->format == TF_FORMAT_AUTO || opt->format == TF_FORMAT_MEGATRON) &&
-        (!reg_add(g, bin) || !reg_add(g, idx)))
+        (!tf__preg_add(g, bin) || !tf__preg_add(g, idx)))
         rc = -ENOMEM;
     if (!rc && (opt->format == TF_FORMAT_AUTO || opt->format == TF_FORMAT_RAW) && !ends_with(url, "/") &&
-        !reg_add(g, index))
+        !tf__preg_add(g, index))
         rc = -ENOMEM;
     free(d);
     free(mf);
@@ -378,13 +292,13 @@ static int register_candidates(reg *g, const char *url, const tf_open_options *o
     return rc;
 }
 
-static int exists(reg *g, const char *url) {
-    pobj *p = reg_find(g, url);
+static int exists(tf__preg *g, const char *url) {
+    tf__pobj *p = tf__preg_find(g, url);
     return p && p->exists;
 }
 
 /* Decide what t->url names, from the sizes learnt (before any bytes). */
-static int resolve(reg *g, target *t, const tf_open_options *opt) {
+static int resolve(tf__preg *g, target *t, const tf_open_options *opt) {
     const char *url = t->url;
     char *d = dir_url(url), *mf = d ? tf__path_join(d, TF_MANIFEST_NAME) : NULL;
     char *pre = megatron_base(url), *bin = pre ? cat2(pre, ".bin") : NULL, *idx = pre ? cat2(pre, ".idx") : NULL;
@@ -450,10 +364,10 @@ static int relocate_native(tf_file *f, uint64_t docs_off) {
     return 0;
 }
 
-static int finish_remote_file(reg *g, tf_file *f) {
+static int finish_remote_file(tf__preg *g, tf_file *f) {
     tf_remote *r = g->r;
     const char *url = f->path;
-    pobj *p = reg_find(g, url);
+    tf__pobj *p = tf__preg_find(g, url);
     if (!p) TF_FAIL(-EINVAL, "%s: not prepared (internal error)", url);
     uint64_t data_off, data_len;
     size_t isz = tf_dtype_size(f->dtype);
@@ -491,7 +405,7 @@ static int finish_remote_file(reg *g, tf_file *f) {
 /* the open                                                                  */
 /* ------------------------------------------------------------------------ */
 
-static int fetch_and_open(reg *g, target *ts, size_t nt, const tf_open_options *opt, tf_file **files,
+static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_open_options *opt, tf_file **files,
                           uint64_t *nfiles, uint64_t *cap) {
     fetch_plan fp = {NULL, 0, 0};
     int rc = 0;
@@ -499,7 +413,7 @@ static int fetch_and_open(reg *g, target *ts, size_t nt, const tf_open_options *
     for (size_t i = 0; i < nt && !rc; i++)
         if (ts[i].k == K_DIR) {
             char *mf = tf__path_join(ts[i].path, TF_MANIFEST_NAME);
-            pobj *p = mf ? reg_find(g, mf) : NULL;
+            tf__pobj *p = mf ? tf__preg_find(g, mf) : NULL;
             rc = p ? plan_head_tail(&fp, p, 0) : -ENOMEM;
             free(mf);
         }
@@ -507,12 +421,12 @@ static int fetch_and_open(reg *g, target *ts, size_t nt, const tf_open_options *
     for (size_t i = 0; i < nt && !rc; i++) {
         if (ts[i].k != K_DIR) continue;
         char *mf = tf__path_join(ts[i].path, TF_MANIFEST_NAME);
-        pobj *p = mf ? reg_find(g, mf) : NULL;
+        tf__pobj *p = mf ? tf__preg_find(g, mf) : NULL;
         rc = p ? tf__parse_manifest(mf, p->map, (size_t)p->info.size, &ts[i].m) : -ENOMEM;
         ts[i].have_m = rc == 0;
         for (uint64_t s = 0; !rc && s < ts[i].m.num_shards; s++) {
             char *su = tf__path_join(ts[i].path, ts[i].m.shards[s].name);
-            if (!su || !reg_add(g, su)) rc = -ENOMEM;
+            if (!su || !tf__preg_add(g, su)) rc = -ENOMEM;
             free(su);
         }
         free(mf);
@@ -524,7 +438,7 @@ static int fetch_and_open(reg *g, target *ts, size_t nt, const tf_open_options *
         if (t->k == K_DIR) {
             for (uint64_t s = 0; !rc && s < t->m.num_shards; s++) {
                 char *su = tf__path_join(t->path, t->m.shards[s].name);
-                pobj *p = su ? reg_find(g, su) : NULL;
+                tf__pobj *p = su ? tf__preg_find(g, su) : NULL;
                 if (!p) rc = -ENOMEM;
                 else if (!p->exists)
                     rc = tf__seterr(-ENOENT, "%s: the manifest names this shard, but there is no such object. The dataset is incomplete: upload every shard, or rewrite the dataset.",
@@ -534,16 +448,16 @@ static int fetch_and_open(reg *g, target *ts, size_t nt, const tf_open_options *
             }
         } else if (t->k == K_MEGATRON) {
             char *bin = cat2(t->path, ".bin"), *idx = cat2(t->path, ".idx");
-            pobj *pb = bin ? reg_find(g, bin) : NULL, *pi = idx ? reg_find(g, idx) : NULL;
+            tf__pobj *pb = bin ? tf__preg_find(g, bin) : NULL, *pi = idx ? tf__preg_find(g, idx) : NULL;
             rc = pb && pi ? plan_head_tail(&fp, pb, 0) : -ENOMEM;
             if (!rc) rc = plan_head_tail(&fp, pi, 0);
             free(bin);
             free(idx);
         } else {
-            pobj *p = reg_find(g, t->path);
+            tf__pobj *p = tf__preg_find(g, t->path);
             rc = p ? plan_head_tail(&fp, p, 0) : -ENOMEM;
             char *index = cat2(t->path, ".index");
-            pobj *pi = index ? reg_find(g, index) : NULL;
+            tf__pobj *pi = index ? tf__preg_find(g, index) : NULL;
             if (!rc && pi && pi->exists) rc = plan_head_tail(&fp, pi, 0);
             free(index);
         }
@@ -551,7 +465,7 @@ static int fetch_and_open(reg *g, target *ts, size_t nt, const tf_open_options *
     if (!rc) rc = run_plan(g, &fp);
     /* what the headers show is missing: native tables, long .npy headers */
     for (size_t i = 0; i < g->n && !rc; i++) {
-        pobj *p = &g->o[i];
+        tf__pobj *p = &g->o[i];
         if (!p->map || p->whole || p->info.size < 8) continue;
         if (!memcmp(p->map, TF_NATIVE_MAGIC, 8)) {
             tf_file tmp;
@@ -579,7 +493,7 @@ static int fetch_and_open(reg *g, target *ts, size_t nt, const tf_open_options *
             tf_format fmt = opt->format;
             if (t->k == K_MEGATRON) {
                 char *idx = cat2(t->path, ".idx");
-                pobj *pi = idx ? reg_find(g, idx) : NULL;
+                tf__pobj *pi = idx ? tf__preg_find(g, idx) : NULL;
                 free(idx);
                 if (!pi) return -ENOMEM;
                 if (pi->info.size >= 9 && !memcmp(pi->map, "MMIDIDX\0\0", 9)) fmt = TF_FORMAT_MEGATRON;
@@ -592,7 +506,7 @@ static int fetch_and_open(reg *g, target *ts, size_t nt, const tf_open_options *
                     t->path = strdup(t->url);
                     if (!t->path) return -ENOMEM;
                     t->k = K_FILE;
-                    pobj *p = reg_find(g, t->path);
+                    tf__pobj *p = tf__preg_find(g, t->path);
                     fetch_plan f2 = {NULL, 0, 0};
                     rc = p ? plan_head_tail(&f2, p, 0) : -ENOMEM;
                     if (!rc) rc = run_plan(g, &f2);
@@ -602,7 +516,7 @@ static int fetch_and_open(reg *g, target *ts, size_t nt, const tf_open_options *
                 }
             }
             if (fmt == TF_FORMAT_AUTO) {
-                pobj *p = reg_find(g, t->path);
+                tf__pobj *p = tf__preg_find(g, t->path);
                 const uint8_t *h = p ? p->map : NULL;
                 uint64_t n = p ? p->info.size : 0;
                 if (n >= 8 && !memcmp(h, TF_NATIVE_MAGIC, 8)) fmt = TF_FORMAT_NATIVE;
@@ -638,9 +552,7 @@ int tf__open_remote_many(const char *const *urls, size_t n, const tf_open_option
     if (!r)
         TF_FAIL(-EINVAL, "%s: a remote URL needs a remote store: open it with tf_dataset_open_remote and a tf_remote (tf_remote_create), or with tokenfeed.open() from Python",
                 urls[0]);
-    pthread_once(&reg_once, reg_init);
-    if (!reg_key_ok) return -ENOMEM;
-    reg g = {r, NULL, 0, 0};
+    tf__preg g = {r, NULL, 0, 0};
     target *ts = calloc(n, sizeof *ts);
     if (!ts) return -ENOMEM;
     int rc = 0;
@@ -651,15 +563,15 @@ int tf__open_remote_many(const char *const *urls, size_t n, const tf_open_option
     if (!rc) rc = learn_sizes(&g);
     for (size_t i = 0; i < n && !rc; i++) rc = resolve(&g, &ts[i], opt);
     if (!rc) {
-        pthread_setspecific(reg_key, &g);
-        rc = fetch_and_open(&g, ts, n, opt, files, nfiles, cap);
-        pthread_setspecific(reg_key, NULL);
+        rc = tf__preg_enter(&g);
+        if (!rc) rc = fetch_and_open(&g, ts, n, opt, files, nfiles, cap);
+        tf__preg_enter(NULL);
     }
     for (size_t i = 0; i < n; i++) {
         free(ts[i].path);
         if (ts[i].have_m) tf__manifest_free(&ts[i].m);
     }
     free(ts);
-    reg_free(&g);
+    tf__preg_free(&g);
     return rc;
 }

@@ -183,11 +183,6 @@ TF_HIDDEN int tf__file_exists(const char *path);
  * for local paths. remote_open.c. */
 TF_HIDDEN int tf__open_remote_many(const char *const *urls, size_t n, const tf_open_options *opt,
                                    tf_remote *remote, tf_file **files, uint64_t *nfiles, uint64_t *cap);
-/* During a remote open: hand over the prepared map of url, say whether an
- * object exists, whether a remote open runs on this thread. */
-TF_HIDDEN int tf__remote_map_take(const char *url, void **map, size_t *len);
-TF_HIDDEN int tf__remote_exists(const char *url);
-TF_HIDDEN int tf__remote_opening(void);
 
 /* Map a whole file read-only. Empty files are mapped as NULL with len 0.
  * Returns -errno with a message naming the path. */

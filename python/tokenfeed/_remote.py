@@ -340,7 +340,7 @@ def _has_aws_profile() -> bool:
 def _boto3_provider() -> Any:
     """boto3's credential chain (profiles, SSO, assume-role), when boto3 is installed."""
     try:
-        import boto3  # type: ignore[import-untyped,unused-ignore]
+        import boto3
         from obstore.auth.boto3 import Boto3CredentialProvider
     except ImportError:
         return None
