@@ -93,6 +93,14 @@ typedef struct tf__worker {
 #endif
 } tf__worker;
 
+/* The chunk scheduler of a loader whose dataset has remote files
+ * (remote_glue.c): *out stays NULL when nothing is remote. ctx_out is the
+ * scheduler's locate context, freed by tf__engine_prefetch_free. */
+struct tf__prefetch;
+TF_HIDDEN int tf__engine_prefetch_create(const tf_order *order, uint64_t B, uint64_t G, uint64_t rank,
+                                         struct tf__prefetch **out, void **ctx_out);
+TF_HIDDEN void tf__engine_prefetch_free(struct tf__prefetch *p, void *ctx);
+
 /* Set up the shared reader; resolves backend AUTO/$TOKENFEED_BACKEND and
  * probes io_uring. Returns -EINVAL (with a message) for a bad env value. */
 TF_HIDDEN int tf__reader_init(tf__reader *r, const tf_dataset *ds, const tf_order *o,

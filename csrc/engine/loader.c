@@ -78,6 +78,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "../sources/remote.h"
 
 #define TF__ERRMSG 512
 
@@ -138,6 +139,14 @@ struct tf_loader {
     int nstarted;
 
     _Atomic uint64_t position;
+
+    /* Remote data: the chunk scheduler walks this rank's positions ahead of
+     * the consumer (sources/remote_prefetch.c); pf_base is the position of
+     * its local index 0 (the last seek). NULL when nothing is remote. */
+    tf__prefetch *pf;
+    void *pf_ctx;
+    uint64_t pf_base;
+    int pf_started;
     _Atomic uint64_t st_batches, st_tokens, st_wait_ns;
 };
 
@@ -375,6 +384,10 @@ static int after_fork(tf_loader *l) {
     l->gen++;
     l->base = atomic_load(&l->position);
     l->next_claim = l->next_deliver = 0;
+    if (l->pf) {
+        tf__prefetch_forget_thread(l->pf); /* the parent's scheduler thread is not here */
+        l->pf_started = 0;
+    }
     return tf__zcache_after_fork(l->rd.zc);
 }
 
@@ -548,6 +561,12 @@ static int engine_create(const tf_order *order, int owns, const tf_loader_config
     atomic_init(&l->st_tokens, 0);
     atomic_init(&l->st_wait_ns, 0);
     atomic_init(&l->owner, 0);
+    rc = tf__engine_prefetch_create(order, l->B, l->G, l->rank, &l->pf, &l->pf_ctx);
+    if (rc) {
+        l->owns_order = 0; /* the caller frees the order on failure */
+        tf_loader_free(l);
+        return rc;
+    }
     *out = l;
     return 0;
 }
@@ -613,12 +632,21 @@ void tf_loader_free(tf_loader *l) {
     }
     /* In a forked child whose threads were the parent's, the worker state and
      * the possibly-locked mutex are left alone (see after_fork). */
+    tf__engine_prefetch_free(l->pf, l->pf_ctx);
     pool_drain_free(l->pool);
     tf__reader_destroy(&l->rd);
     if (l->owns_order) tf_order_free((tf_order *)l->order);
     free(l->slots);
     pool_unref(l->pool);
     free(l);
+}
+
+/* Local indices of this rank left in the stream after pf_base (the
+ * scheduler walks no further). */
+static uint64_t pf_end(const tf_loader *l) {
+    if (!l->finite) return UINT64_MAX;
+    uint64_t base = l->pf_base;
+    return l->npos > base ? (l->npos - base) / l->G * l->B : 0;
 }
 
 /* Reset the pipeline at global position pos (mu held). */
@@ -641,6 +669,11 @@ int tf_loader_next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_ns) {
     if (!l) return -EINVAL;
     TF_TRY(after_fork(l));
     if (!atomic_load(&l->owner)) TF_TRY(start_threads(l));
+    if (l->pf && !l->pf_started) {
+        l->pf_base = atomic_load(&l->position);
+        tf__prefetch_seek(l->pf, l->pf_base, 0, pf_end(l));
+        l->pf_started = 1;
+    }
 
     pthread_mutex_lock(&l->mu);
     if (l->paused) {
@@ -713,6 +746,7 @@ int tf_loader_next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_ns) {
     pthread_mutex_unlock(&l->mu);
 
     atomic_store_explicit(&l->position, pos + l->G, memory_order_release);
+    if (l->pf) tf__prefetch_advance(l->pf, (pos + l->G - l->pf_base) / l->G * l->B);
     atomic_fetch_add_explicit(&l->st_batches, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&l->st_tokens, l->B * (l->L + 1), memory_order_relaxed);
     atomic_fetch_add_explicit(&l->pool->refs, 1, memory_order_relaxed);
@@ -738,6 +772,11 @@ int tf_loader_seek(tf_loader *l, uint64_t pos) {
     l->paused = 0;
     pthread_mutex_unlock(&l->mu);
     atomic_store_explicit(&l->position, pos, memory_order_release);
+    if (l->pf) {
+        l->pf_base = pos;
+        tf__prefetch_seek(l->pf, pos, 0, pf_end(l));
+        l->pf_started = 1;
+    }
     return 0;
 }
 

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "../sources/remote.h"
 
 static const char *errstr(int e, char *buf, size_t cap) {
     /* GNU strerror_r: thread-safe, returns the string to use. */
@@ -497,6 +498,8 @@ static int call_fill(void *p) {
  * worker before mapped bytes are read, so abandoning the fill is safe; the
  * zstd cache takes its lock only around bookkeeping, never across a decode. */
 int tf__worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const tf_batch_view *v) {
+    /* remote chunks this fill must fetch itself are needed at pos */
+    tf__remote_set_reader_position(pos);
     fill_call c = {w, pos, rows, v};
     int rc = tf__files_guard(w->rd->ds->files, w->rd->ds->nfiles, call_fill, &c);
     /* Drop this worker's pin in the zstd cache; after a fault mid-decode

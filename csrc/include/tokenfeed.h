@@ -146,12 +146,27 @@ typedef struct tf_open_options {
 /* Open one path: a native dataset directory, a native shard, a Megatron prefix
  * (path without .bin/.idx), an llm.c shard, a .npy file, or a headerless token
  * file (only with raw_dtype set). Validates headers and sizes only: O(files).
+ * URLs of remote objects need tf_dataset_open_remote.
  * opt may be NULL. On success *out owns the mappings; free with tf_dataset_free. */
 TF_API int tf_dataset_open(const char *path, const tf_open_options *opt, tf_dataset **out);
 
 /* Open several paths and concatenate them in order (documents and tokens). */
 TF_API int tf_dataset_open_many(const char *const *paths, size_t n, const tf_open_options *opt,
                                 tf_dataset **out);
+
+typedef struct tf_remote tf_remote; /* see "Sources: remote objects" below */
+
+/* As tf_dataset_open_many, where paths may also be URLs of remote objects
+ * ("s3://bucket/prefix/", "https://host/file.bin", any "scheme://" but
+ * file://), read through remote (tf_remote_create; borrowed: the dataset
+ * takes its own reference). Each URL names what a local path can (a native
+ * dataset directory, a shard, a Megatron prefix, an llm.c / .npy / raw file).
+ * Only metadata is read at open, with concurrent ranged requests; the
+ * fingerprint equals that of the same files on local disk. Token bytes are
+ * read later through the node-local chunk cache. remote may be NULL when no
+ * path is a URL. */
+TF_API int tf_dataset_open_remote(const char *const *paths, size_t n, const tf_open_options *opt,
+                                  tf_remote *remote, tf_dataset **out);
 
 /* A dataset over memory: tokens (n of dtype dt) and optional document ends
  * (cumulative, ndocs entries, last == n; NULL means one document). Copies both.
@@ -230,6 +245,10 @@ typedef struct tf_writer_options {
     int level;               /* zstd level */
     uint64_t block_tokens;   /* tokens per compressed block */
     int overwrite;           /* replace an existing dataset in dir */
+    uint64_t chunk_checksum_bytes; /* a table of XXH64 per this many stored token bytes (a power
+                                      of two, 4096 to 2^30), so that each chunk fetched from
+                                      object storage is checked alone; 0: none (shards that
+                                      older tokenfeed versions read). Default 64 KiB. */
 } tf_writer_options;
 
 TF_API void tf_writer_options_init(tf_writer_options *opt);
@@ -266,6 +285,154 @@ TF_API void tf_writer_free(tf_writer *w);
  * manifest is replaced; a dataset written by tf_writer in dir is replaced
  * only with overwrite (-EEXIST otherwise). No file is ever deleted. */
 TF_API int tf_dataset_merge(const char *dir, const char *const *parts, uint64_t nparts, int overwrite);
+
+/* ------------------------------------------------------------------------ */
+/* Sources: remote objects — transport and node-local chunk cache            */
+/* ------------------------------------------------------------------------ */
+
+/* The C core has no network client. Remote bytes (object storage, HTTP) arrive
+ * through a transport: callbacks the embedder provides. tokenfeed retries,
+ * caches and schedules on top of it; see docs/remote.md.
+ *
+ * Error codes a transport returns (negative), and what tokenfeed does:
+ *   -EAGAIN      throttled (HTTP 503 SlowDown, 429)          retried with backoff
+ *   -ETIMEDOUT   no answer in time                           retried with backoff
+ *   -ECONNRESET  connection reset or closed mid-body         retried with backoff
+ *   -EPROTO      malformed or short response                 retried with backoff
+ *   -EIO         server error (5xx) or other transient       retried with backoff
+ *   -ENOENT      no such object                              fails at once
+ *   -EACCES      credentials refused                         fails at once
+ *   -ESTALE      the object is no longer at the expected version (HTTP 412):
+ *                the chunk is fetched once more, then the read fails
+ *   anything else                                            fails at once
+ * A transport may describe its failure with tf_transport_set_error(); the
+ * message is included in the error tokenfeed reports. It must never contain
+ * credentials. */
+
+/* Largest version string (ETag, generation) kept for an object, with NUL. */
+#define TF_OBJECT_VERSION_MAX 160
+
+typedef struct tf_object_info {
+    uint64_t size;                         /* bytes */
+    char version[TF_OBJECT_VERSION_MAX];   /* ETag or generation; "" when the store has none */
+} tf_object_info;
+
+/* Called by a transport's list callback once per object; return non-zero to
+ * stop the listing. */
+typedef int (*tf_list_emit_fn)(void *emit_ctx, const char *url, const tf_object_info *info);
+
+typedef struct tf_transport {
+    void *ctx; /* passed to every callback */
+    /* Size and version of the object at url (a full URL: "s3://bucket/key",
+     * "file:///path", whatever the transport understands). Returns 0 or a
+     * negative code (-ENOENT when there is none). Called from any thread. */
+    int (*stat)(void *ctx, const char *url, tf_object_info *info);
+    /* Read bytes [off, off + len) of the object into buf. The object must
+     * still be at version expect->version (when not ""; a store with
+     * conditional requests sends If-Match) and of size expect->size.
+     * Returns the number of bytes placed at buf (1 to len: fewer than len is
+     * allowed, the rest is asked for again) or a negative code (see above).
+     * Called concurrently from several threads. */
+    int64_t (*read)(void *ctx, const char *url, const tf_object_info *expect, uint64_t off, void *buf,
+                    size_t len);
+    /* Optional (may be NULL): called once when the last tf_remote using this
+     * transport is freed. */
+    void (*release)(void *ctx);
+    /* Optional (may be NULL): call emit for every object whose URL starts with
+     * prefix (any order). Opening a dataset of many shards uses it to learn
+     * every size and version in a few requests instead of one per shard.
+     * Returns 0 or a negative code, like stat. */
+    int (*list)(void *ctx, const char *prefix, tf_list_emit_fn emit, void *emit_ctx);
+} tf_transport;
+
+/* For transport callbacks: record a message describing the failure about to
+ * be returned (thread-local; printf-style; truncated to 512 bytes). */
+TF_API void tf_transport_set_error(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+
+/* A remote store as tokenfeed uses it: a transport, a node-local chunk cache
+ * directory, and a pool of fetch threads. Datasets and loaders opened through
+ * it hold a reference; tf_remote_free drops the caller's. (The type is
+ * declared with tf_dataset_open_remote above.) */
+
+typedef struct tf_remote_config {
+    const char *cache_dir;   /* required; created 0700 if missing. Refused when another
+                                user owns it or the group or others can write it. */
+    uint64_t cache_limit;    /* bytes of chunks kept (0: 10% of the free space, >= 1 GB) */
+    uint64_t chunk_bytes;    /* bytes per chunk (0: 8 MiB); a multiple of 4096 */
+    uint64_t prefetch_bytes; /* distinct chunk bytes requested ahead (0: min(limit / 2, 2 GiB)) */
+    int fetch_threads;       /* concurrent range requests (0: 16) */
+    int max_attempts;        /* tries per range before failing (0: 8) */
+    uint32_t backoff_ms;     /* first retry delay (0: 100); doubles, full jitter */
+    uint32_t backoff_max_ms; /* cap of the delay (0: 5000) */
+    uint32_t deadline_ms;    /* give up on a range after this long (0: 120000) */
+} tf_remote_config;
+
+TF_API void tf_remote_config_init(tf_remote_config *cfg);
+
+/* Create a remote store. The transport table is copied; t->ctx must stay valid
+ * until t->release is called (or forever, without release). Opens (creating it
+ * if needed) the cache directory and takes a process slot in it. Errors:
+ * -EINVAL (bad config), -EPERM (the cache directory is not private to this
+ * user), -errno from the file system. */
+TF_API int tf_remote_create(const tf_transport *t, const tf_remote_config *cfg, tf_remote **out);
+
+/* Drop the caller's reference (accepts NULL). The fetch threads stop and the
+ * process slot is given back when the last reference goes. */
+TF_API void tf_remote_free(tf_remote *r);
+
+/* Stat an object through the transport, with the same retries as reads. */
+TF_API int tf_remote_stat(tf_remote *r, const char *url, tf_object_info *info);
+
+/* Read bytes [off, off + len) of an object, as described by info (from
+ * tf_remote_stat), through the chunk cache: chunks already cached on this node
+ * are read from disk (verified first), missing ones are fetched, checked and
+ * cached. -ERANGE past the end; -ESTALE when the object changed; -ENOSPC when
+ * the cache disk is full; transport errors after the retries. */
+TF_API int tf_remote_read(tf_remote *r, const char *url, const tf_object_info *info, uint64_t off,
+                          uint64_t len, void *out);
+
+typedef struct tf_remote_stats {
+    uint64_t requests;       /* range requests sent (retries included) */
+    uint64_t bytes_fetched;  /* bytes received from the transport */
+    uint64_t retries;        /* requests that were retries */
+    uint64_t chunks_fetched; /* chunks fetched and landed by this process */
+    uint64_t chunk_hits;     /* chunk uses served from the cache without waiting */
+    uint64_t chunk_waits;    /* chunk uses that waited for a fetch (this or another process) */
+    uint64_t refetches;      /* chunks fetched again after a mismatch or a changed object */
+    uint64_t evictions;      /* chunks this process evicted */
+    uint64_t bytes_evicted;
+    uint64_t wait_ns;        /* time readers spent waiting for chunks */
+    uint64_t small_reads;    /* reads served by a direct range request while their chunk was
+                                still on its way (the first batches after a start or a seek) */
+    uint64_t cache_bytes;    /* bytes of chunks in the cache now (all processes) */
+    uint64_t cache_limit;
+    uint64_t chunk_bytes;
+} tf_remote_stats;
+
+TF_API void tf_remote_get_stats(tf_remote *r, tf_remote_stats *st);
+
+/* A cache directory as a whole, without a transport (tokenfeed cache show). */
+typedef struct tf_cache_info {
+    uint64_t bytes;     /* bytes of chunks present */
+    uint64_t chunks;    /* chunks present */
+    uint64_t fetching;  /* chunks being fetched by live processes */
+    uint64_t objects;   /* objects with at least one chunk */
+    uint64_t processes; /* processes attached now */
+    uint64_t temp_bytes; /* bytes in temporary files (chunks being written) */
+} tf_cache_info;
+
+/* Describe the cache in dir (which must exist and pass the ownership checks).
+ * -ENOENT when dir is not a tokenfeed cache. */
+TF_API int tf_cache_info_get(const char *dir, tf_cache_info *info);
+
+/* Evict chunks until at most keep_bytes remain: chunks no attached process
+ * needs first, then those needed farthest away. keep_bytes == 0 empties the
+ * cache, and is refused with -EBUSY while a process is attached. */
+TF_API int tf_cache_prune(const char *dir, uint64_t keep_bytes);
 
 /* ------------------------------------------------------------------------ */
 /* Order: keyed permutation                                                  */

@@ -41,7 +41,8 @@
 
 /* The module's types, one list: X(Name) for tokenfeed._core.Name, defined in
  * <name>_obj.c as tfpy_<Name>Spec and kept in the state as <Name>Type. */
-#define TFPY_TYPES(X) X(Dataset) X(Writer) X(Permutation) X(Order) X(Loader) X(Batch) X(DeviceRing) X(DeviceTensor)
+#define TFPY_TYPES(X) X(Dataset) X(Writer) X(Permutation) X(Order) X(Loader) X(Batch) X(DeviceRing) X(DeviceTensor) \
+    X(Remote)
 
 #define TFPY_STATE_TYPE(N) PyTypeObject *N##Type;
 typedef struct tf_module_state {
@@ -143,6 +144,11 @@ typedef uint64_t (*tfpy_u64_map)(const void *ctx, uint64_t x);
 PyObject *tfpy_map_u64(PyObject *arg, tfpy_u64_map fn, const void *ctx, uint64_t limit);
 
 /* ---- objects shared between files ----------------------------------------- */
+
+/* The tf_remote of a _core.Remote (remote_obj.c), borrowed; NULL with a
+ * TypeError for anything else. The cache directory functions of the module. */
+tf_remote *tfpy_remote_of(PyObject *obj);
+extern PyMethodDef tfpy_remote_functions[];
 
 /* Dataset: owns a tf_dataset. */
 typedef struct {

@@ -70,7 +70,7 @@ class _FileInfo(TypedDict):
 
 class Dataset:
     def __new__(cls, paths: Sequence[Union[str, bytes, PathLike[str], PathLike[bytes]]], dtype: _DTypeArg = ...,
-                format: Optional[str] = ...) -> "Dataset": ...
+                format: Optional[str] = ..., remote: Optional["Remote"] = ...) -> "Dataset": ...
     @property
     def info(self) -> Dict[str, Any]: ...  # _DatasetInfo
     @property
@@ -82,10 +82,51 @@ class Dataset:
     def find_document(self, pos: int, /) -> int: ...
     def verify(self, threads: int = 0, progress: Optional[Callable[[int, int], object]] = None) -> None: ...
 
+class _RemoteStats(TypedDict):
+    requests: int
+    bytes_fetched: int
+    retries: int
+    chunks_fetched: int
+    chunk_hits: int
+    chunk_waits: int
+    refetches: int
+    evictions: int
+    bytes_evicted: int
+    wait_s: float
+    cache_bytes: int
+    cache_limit: int
+    chunk_bytes: int
+    small_reads: int
+
+class _CacheInfo(TypedDict):
+    bytes: int
+    chunks: int
+    fetching: int
+    objects: int
+    processes: int
+    temp_bytes: int
+
+class Remote:
+    # transport: an object with stat(url) -> (size, version), read_into(url, version, size, offset,
+    # buffer) -> int and optionally list(prefix) -> iterable of (url, size, version)
+    def __new__(cls, transport: Any, cache_dir: Union[str, PathLike[str]], cache_limit: int = ...,
+                chunk_bytes: int = ..., prefetch_bytes: int = ..., fetch_threads: int = ..., max_attempts: int = ...,
+                backoff_ms: int = ..., backoff_max_ms: int = ..., deadline_ms: int = ...) -> "Remote": ...
+    @property
+    def cache_dir(self) -> str: ...
+    @property
+    def transport(self) -> Any: ...
+    def stat(self, url: str, /) -> Tuple[int, str]: ...
+    def read(self, url: str, size: int, version: str, offset: int, length: int, /) -> bytes: ...
+    def stats(self) -> Dict[str, Any]: ...  # the keys and types of _RemoteStats
+
+def cache_info(dir: Union[str, PathLike[str]], /) -> Dict[str, int]: ...  # _CacheInfo
+def cache_prune(dir: Union[str, PathLike[str]], keep_bytes: int, /) -> None: ...
+
 class Writer:
     def __new__(cls, path: Union[str, bytes, PathLike[str], PathLike[bytes]], dtype: _DTypeArg = ...,
                 vocab_size: int = ..., shard_tokens: int = ..., compression: Optional[str] = ..., level: int = ...,
-                block_tokens: int = ..., overwrite: bool = ...) -> "Writer": ...
+                block_tokens: int = ..., overwrite: bool = ..., chunk_checksum_bytes: Optional[int] = ...) -> "Writer": ...
     @property
     def counts(self) -> Optional[Tuple[int, int]]: ...
     def add_document(self, tokens: npt.ArrayLike, /) -> None: ...
