@@ -307,31 +307,48 @@ static uint8_t *thread_zbuf(size_t need) {
     return z->p;
 }
 
-int tf__native_read_block(const tf_file *f, uint64_t b, void *out, size_t out_cap) {
+/* Block b's entry in the block table: [*off, *off + *size) of the token section. */
+static int block_entry(const tf_file *f, uint64_t b, uint64_t *off, uint64_t *size) {
     if (!f->compressed || b >= f->num_blocks)
         TF_FAIL(-ERANGE, "%s: block %llu out of range (%llu blocks)", f->path, (ull)b, (ull)f->num_blocks);
-    size_t isz = tf_dtype_size(f->dtype);
-    uint64_t first = b * f->block_tokens;
-    uint64_t n = f->num_tokens - first < f->block_tokens ? f->num_tokens - first : f->block_tokens;
-    uint64_t want = n * isz;
-    if (want > out_cap)
-        TF_FAIL(-EINVAL, "%s: block %llu needs %llu bytes, buffer has %zu", f->path, (ull)b, (ull)want, out_cap);
     const uint8_t *e = f->block_table + 16 * b;
-    uint64_t off = tf__le64(e), size = tf__le64(e + 8);
-    if (!section_ok(off, size, 0, f->tokens_section_len))
+    *off = tf__le64(e);
+    *size = tf__le64(e + 8);
+    if (!section_ok(*off, *size, 0, f->tokens_section_len))
         TF_FAIL(-TF_EFORMAT, "%s: block table: entry %llu: expected [offset, +size) within the %llu-byte token section, found [%llu, +%llu). The block table is corrupt. " REGEN,
-                f->path, (ull)b, (ull)f->tokens_section_len, (ull)off, (ull)size);
-#ifdef TF_HAVE_ZSTD
-    ZSTD_DCtx *d = thread_dctx();
-    if (!d) return -ENOMEM;
-    const uint8_t *src = f->zdata + off;
+                f->path, (ull)b, (ull)f->tokens_section_len, (ull)*off, (ull)*size);
+    return 0;
+}
+
+/* The stored (compressed) bytes of a block: in the mapping of a local shard;
+ * for a remote one, fetched through the chunk cache into a per-thread buffer
+ * (valid until this thread's next call). */
+static int block_src(const tf_file *f, uint64_t off, uint64_t size, const uint8_t **src) {
     if (f->remote) {
-        /* the compressed bytes come through the chunk cache */
         uint8_t *zb = thread_zbuf((size_t)size);
         if (!zb) return -ENOMEM;
         TF_TRY(tf__robj_read(f->remote, f->data_off + off, size, zb));
-        src = zb;
+        *src = zb;
+    } else {
+        *src = f->zdata + off;
     }
+    return 0;
+}
+
+static uint64_t block_bytes_out(const tf_file *f, uint64_t b) {
+    uint64_t first = b * f->block_tokens;
+    uint64_t n = f->num_tokens - first < f->block_tokens ? f->num_tokens - first : f->block_tokens;
+    return n * tf_dtype_size(f->dtype);
+}
+
+static int decode_block(const tf_file *f, uint64_t b, const uint8_t *src, uint64_t size, void *out,
+                        size_t out_cap) {
+    uint64_t want = block_bytes_out(f, b);
+    if (want > out_cap)
+        TF_FAIL(-EINVAL, "%s: block %llu needs %llu bytes, buffer has %zu", f->path, (ull)b, (ull)want, out_cap);
+#ifdef TF_HAVE_ZSTD
+    ZSTD_DCtx *d = thread_dctx();
+    if (!d) return -ENOMEM;
     size_t got = ZSTD_decompressDCtx(d, out, (size_t)want, src, (size_t)size);
     if (ZSTD_isError(got))
         TF_FAIL(-TF_EFORMAT, "%s: block %llu: zstd: %s. The compressed data is corrupt. " REGEN, f->path, (ull)b,
@@ -341,9 +358,19 @@ int tf__native_read_block(const tf_file *f, uint64_t b, void *out, size_t out_ca
                 (ull)want, got);
     return 0;
 #else
+    (void)src;
+    (void)size;
     TF_FAIL(-TF_EUNSUPPORTED, "%s: the shard is zstd-compressed, but this tokenfeed build lacks zstd. Rebuild with libzstd (pkg-config libzstd) installed, or rewrite the dataset with compression=None.",
             f->path);
 #endif
+}
+
+int tf__native_read_block(const tf_file *f, uint64_t b, void *out, size_t out_cap) {
+    uint64_t off, size;
+    const uint8_t *src;
+    TF_TRY(block_entry(f, b, &off, &size));
+    TF_TRY(block_src(f, off, size, &src));
+    return decode_block(f, b, src, size, out, out_cap);
 }
 
 /* verify(): block b must be one standard zstd frame, decodable on its own by
@@ -354,11 +381,8 @@ int tf__native_read_block(const tf_file *f, uint64_t b, void *out, size_t out_ca
  * table's offsets, is the frames and nothing else (docs/format.md).
  * *next_off: where block b must start; advanced past it. The content checksum
  * itself is checked when verify decodes the block. */
-static int check_frame(const tf_file *f, uint64_t b, uint64_t *next_off) {
-    if (!f->compressed || b >= f->num_blocks)
-        TF_FAIL(-ERANGE, "%s: block %llu out of range (%llu blocks)", f->path, (ull)b, (ull)f->num_blocks);
-    const uint8_t *e = f->block_table + 16 * b;
-    uint64_t off = tf__le64(e), size = tf__le64(e + 8);
+static int check_frame(const tf_file *f, uint64_t b, uint64_t off, uint64_t size, const uint8_t *src,
+                       uint64_t *next_off) {
     if (!section_ok(off, size, 0, f->zdata_len))
         TF_FAIL(-TF_EFORMAT, "%s: block table: entry %llu: expected [offset, +size) within the %llu-byte token section, found [%llu, +%llu). The block table is corrupt. " REGEN,
                 f->path, (ull)b, (ull)f->zdata_len, (ull)off, (ull)size);
@@ -370,10 +394,7 @@ static int check_frame(const tf_file *f, uint64_t b, uint64_t *next_off) {
         TF_FAIL(-TF_EFORMAT, "%s: tokens_bytes: expected the token section to end with the last frame, at %llu bytes, found %llu bytes. " REGEN,
                 f->path, (ull)*next_off, (ull)f->zdata_len);
 #ifdef TF_HAVE_ZSTD
-    const uint8_t *src = f->zdata + off;
-    uint64_t first = b * f->block_tokens;
-    uint64_t n = f->num_tokens - first < f->block_tokens ? f->num_tokens - first : f->block_tokens;
-    uint64_t want = n * tf_dtype_size(f->dtype);
+    uint64_t want = block_bytes_out(f, b);
     if (size < 6 || tf__le32(src) != ZSTD_MAGICNUMBER)
         TF_FAIL(-TF_EFORMAT, "%s: block %llu: expected a zstd frame (magic 28 b5 2f fd), found %llu bytes starting %02x %02x %02x %02x. " REGEN,
                 f->path, (ull)b, (ull)size, size > 0 ? src[0] : 0, size > 1 ? src[1] : 0, size > 2 ? src[2] : 0,
@@ -446,9 +467,12 @@ int tf__native_verify(const tf_file *f, _Atomic uint64_t *progress, _Atomic int 
             if (atomic_load(cancel)) return -ECANCELED;
             uint64_t first = b * f->block_tokens;
             uint64_t n = f->num_tokens - first < f->block_tokens ? f->num_tokens - first : f->block_tokens;
-            int rc = check_frame(f, b, &next_off);
-            if (rc == 0) rc = tf__native_read_block(f, b, buf, cap);
-            if (rc < 0) return rc;
+            uint64_t off, size;
+            const uint8_t *src;
+            TF_TRY(block_entry(f, b, &off, &size));
+            TF_TRY(block_src(f, off, size, &src)); /* a remote block is fetched once for both */
+            TF_TRY(check_frame(f, b, off, size, src, &next_off));
+            TF_TRY(decode_block(f, b, src, size, buf, cap));
             tf__xxh64_update(&h, buf, (size_t)(n * isz));
             atomic_fetch_add(progress, n * isz);
         }
