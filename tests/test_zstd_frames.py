@@ -26,7 +26,10 @@ ZSTD_CLI = shutil.which("zstd")
 def write(path, tokens, dtype, block_tokens, docs=5):
     vocab = {np.uint8: 256, np.uint16: 65000, np.uint32: 1 << 20}[dtype]
     with tokenfeed.DatasetWriter(path, vocab_size=vocab, dtype=np.dtype(dtype).name, compression="zstd",
-                                 block_tokens=block_tokens) as w:
+                                 block_tokens=block_tokens,
+                                 # no per-chunk checksum table: the variants below rewrite the token
+                                 # section, which that table (docs/format.md) would then refuse first
+                                 chunk_checksum_bytes=0) as w:
         for part in np.array_split(tokens, docs):
             w.add_document(part)
     shards = sorted(p for p in os.listdir(path) if p.endswith(".tfs"))
