@@ -1182,6 +1182,107 @@ static int case_stage_free_in_flight(void) {
     return T_DONE();
 }
 
+/* The C/CUDA trainer of docs/guides/c-api.md (docs/examples/device_train.c,
+ * linked against the double as libcudart.so.12, as a trainer links the real
+ * runtime): what its steps saw on the GPU is the CPU loader's stream, with
+ * and without static buffers, and its resume gives the same batch. */
+static char example_path[4096];
+
+static int run_example(const char *ds, const char *steps, const char *mode, char *out, size_t cap) {
+    int fd[2];
+    if (pipe(fd)) return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fd[1], 1);
+        close(fd[0]);
+        unsetenv("TOKENFEED_CUDART"); /* it finds the libcudart.so.12 the program is linked with */
+        execl(example_path, example_path, ds, steps, mode, (char *)NULL);
+        _exit(127);
+    }
+    close(fd[1]);
+    size_t n = 0;
+    ssize_t r;
+    while (n + 1 < cap && (r = read(fd[0], out + n, cap - 1 - n)) > 0) n += (size_t)r;
+    out[n] = '\0';
+    close(fd[0]);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int case_example_trainer(void) {
+    if (access(example_path, X_OK)) {
+        fprintf(stderr, "%s is not built (make -C csrc builds it)\n", example_path);
+        return T_EXIT_FAIL;
+    }
+    char dir[] = "/tmp/tf_device_example_XXXXXX";
+    if (!mkdtemp(dir)) return T_EXIT_FAIL;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/ds", dir);
+    tf_writer_options wo;
+    tf_writer_options_init(&wo);
+    wo.dtype = TF_UINT16;
+    wo.vocab_size = 5000;
+    tf_writer *w = NULL;
+    CHECK_OK(tf_writer_create(path, &wo, &w));
+    if (!w) return T_DONE();
+    uint16_t doc[300];
+    uint64_t x = 99;
+    for (int d = 0; d < 300; d++) {
+        x = tf_mix64(x + 1);
+        uint64_t len = 1 + x % 299;
+        for (uint64_t i = 0; i < len; i++) doc[i] = (uint16_t)(tf_mix64(x ^ i) % 5000);
+        CHECK_OK(tf_writer_add_document(w, doc, len, TF_UINT16));
+    }
+    CHECK_OK(tf_writer_finish(w));
+    tf_writer_free(w);
+
+    /* The CPU stream, configured as the example configures its loader. */
+    enum { STEPS = 30 };
+    tf_dataset *ds = NULL;
+    CHECK_OK(tf_dataset_open(path, NULL, &ds));
+    tf_loader_config cfg;
+    tf_loader_config_init(&cfg);
+    cfg.order.seq_len = 64;
+    cfg.order.seed = 1234;
+    cfg.batch_size = 4;
+    cfg.order.global_batch = 4;
+    cfg.out_dtype = TF_INT32;
+    tf_loader *l = NULL;
+    CHECK_OK(tf_loader_create(ds, &cfg, &l));
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (int k = 0; k < STEPS && l; k++) {
+        tf_batch *b = NULL;
+        CHECK_OK(tf_loader_next(l, &b));
+        tf_batch_view v;
+        tf_batch_get_view(b, &v);
+        const uint8_t *p = v.tokens;
+        for (size_t i = 0; i < v.rows * (v.seq_len + 1) * 4; i++) h = (h ^ p[i]) * 0x100000001B3ull;
+        tf_batch_release(b);
+    }
+    tf_loader_free(l);
+    tf_dataset_free(ds);
+    char want[128];
+    snprintf(want, sizeof want, "batches %d  checksum %016llx  position %d", STEPS, (unsigned long long)h, STEPS * 4);
+
+    const char *modes[2] = {"slots", "static"};
+    for (int m = 0; m < 2; m++) {
+        char out[4096];
+        char steps[16];
+        snprintf(steps, sizeof steps, "%d", STEPS);
+        int rc = run_example(path, steps, modes[m], out, sizeof out);
+        if (rc != 0) fprintf(stderr, "example (%s) exited with %d:\n%s\n", modes[m], rc, out);
+        CHECK(rc == 0);
+        CONTAINS(out, want);
+        CONTAINS(out, "copies issued ahead");
+        CONTAINS(out, "resume at position 64: same batch");
+    }
+    char cmd[4300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
+    return T_DONE();
+}
+
 /* ---------------------------------------------------------------- driver */
 
 static const char *only; /* argv[1]: run the cases whose name contains it */
@@ -1224,6 +1325,7 @@ int main(int argc, char **argv) {
     const char *dir = dirname(exe);
     snprintf(double_path, sizeof double_path, "%s/libcudart_double.so", dir);
     snprintf(double_so12, sizeof double_so12, "%s/cuda_double/libcudart.so.12", dir);
+    snprintf(example_path, sizeof example_path, "%s/example_device_train", dir);
     if (access(double_path, R_OK) || access(double_so12, R_OK)) {
         fprintf(stderr, "test_device: %s not built (make -C csrc test builds it)\n", double_path);
         return T_EXIT_SKIP;
@@ -1254,5 +1356,6 @@ int main(int argc, char **argv) {
     run_case("stage_no_cuda", case_stage_no_cuda);
     run_case("stage_bad_device", case_stage_bad_device);
     run_case("stage_free_in_flight", case_stage_free_in_flight);
+    run_case("example_trainer", case_example_trainer);
     return T_DONE();
 }
