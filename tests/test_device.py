@@ -326,3 +326,29 @@ def test_loader_device_cuda_without_cuda_is_a_clear_error(tmp_path):
         l = tokenfeed.Loader(ds, seq_len=64, batch_size=4, output="numpy")   # CPU path unaffected
         assert next(l)["input_ids"].shape == (4, 64)
     """, tmp_path, env={"TOKENFEED_CUDART": "/nonexistent/libcudart.so.12"})
+
+
+def test_gpu_feed_benchmark_dry_run(tmp_path):
+    """benchmarks/gpu_feed.py without a GPU: arguments, the synthetic data, the three
+    loaders' host batches and the GPT-2 model code all run; on a machine without CUDA
+    the real run says so instead of failing obscurely."""
+    pytest.importorskip("torch")
+    script = os.path.join(ROOT, "benchmarks", "gpu_feed.py")
+    out = tmp_path / "dry.json"
+    r = subprocess.run([sys.executable, script, "--dry-run", "--dry-tokens", "200000", "--seq-lens", "1024,2048",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    import json
+
+    rep = json.loads(out.read_text())
+    assert rep["loaders"] == ["dataloader", "nanogpt", "tokenfeed"]
+    assert 120e6 < rep["gpt2_params"] < 130e6  # GPT-2 small
+    assert rep["seq_lens"] == [1024, 2048] and rep["batch"] == 8
+    r = subprocess.run([sys.executable, script, "--loaders", "tokenfeed,bogus", "--dry-run"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "bogus" in r.stderr
+    import torch
+
+    if not torch.cuda.is_available():
+        r = subprocess.run([sys.executable, script, "--skip-h2d"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "--dry-run" in r.stderr
