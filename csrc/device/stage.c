@@ -866,6 +866,14 @@ int tf_device_batch_wait(tf_device_batch *b, uintptr_t stream) {
     return rc;
 }
 
+int tf_device_batch_synchronize(tf_device_batch *b) {
+    if (!b) return -EINVAL;
+    const tf__cudart *cu = b->d->cu;
+    tf__cuerr e = cu->EventSynchronize((tf__cuevent)b->view.ready_event);
+    if (e != TF__CU_SUCCESS) return tf__cuda_fail(cu, e, "cudaEventSynchronize (a batch's ready event)", "");
+    return 0;
+}
+
 int tf_device_batch_release(tf_device_batch *b, uintptr_t stream) {
     if (!b) return 0;
     tf_device_loader *d = b->d;

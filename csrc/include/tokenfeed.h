@@ -746,6 +746,11 @@ TF_API void tf_device_batch_get_view(const tf_device_batch *b, tf_device_batch_v
 /* Make another stream wait (on the device) for the batch's data. */
 TF_API int tf_device_batch_wait(tf_device_batch *b, uintptr_t stream);
 
+/* Block the calling thread until the batch's data is in place (an event
+ * synchronize on its ready event; for CPU-side checks and tests, not for a
+ * training loop, which uses the stream waits above). */
+TF_API int tf_device_batch_synchronize(tf_device_batch *b);
+
 /* Give the batch back. `stream` is the stream of the last work that reads
  * it (TF_DEVICE_STREAM_NONE if nothing did): an event recorded there gates
  * the slot's reuse. The batch pointer is invalid afterwards, whatever the

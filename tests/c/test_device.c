@@ -1127,6 +1127,12 @@ static int case_stage_bad_device(void) {
     tf_device_batch_view v;
     tf_device_batch_get_view(b, &v);
     CHECK(v.device == 1);
+    /* host-side check of the batch: wait for its copy, read device memory */
+    CHECK_OK(tf_device_batch_synchronize(b));
+    flat cpu[1];
+    CHECK(cpu_stream(ds, 0, 0, 0, 1, cpu) == 1);
+    CHECK(!memcmp(v.tokens, cpu[0].p, S_B * (S_L + 1) * 4));
+    flat_free(cpu, 1);
     tf_device_stats st;
     tf_device_loader_get_stats(d, &st);
     CHECK(st.prefetch == 2 && st.slots == 4); /* the defaults */
