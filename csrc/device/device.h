@@ -117,6 +117,12 @@ struct tf_device_ring {
     tf_device_slot *slots;
 };
 
+/* A ring as tf_device_ring_create makes it, but with staging only if
+ * `staging`; tf__device_ring_ensure_staging adds it later (once; called by
+ * the one thread that fills slots, before it fills one from staging). */
+TF_HIDDEN int tf__device_ring_create(int device, size_t slot_bytes, int slots, int staging, tf_device_ring **out);
+TF_HIDDEN int tf__device_ring_ensure_staging(tf_device_ring *r);
+
 /* Issue the host-to-device copy of a slot in state filling and record its
  * "copied" event (state in use), as tf_device_slot_commit does, with two
  * differences for the stage: the sources are either the slot's staging

@@ -117,7 +117,30 @@ static void ring_unref(tf_device_ring *r) {
     if (left == 0) ring_destroy(r);
 }
 
-int tf_device_ring_create(int device, size_t slot_bytes, int slots, tf_device_ring **out) {
+/* Pinned staging for every slot, once (mu not needed: before any slot is
+ * filled from it, by the one thread that fills). */
+static int ring_staging(tf_device_ring *r) {
+    if (r->staging) return 0;
+    size_t total = r->slot_bytes * (size_t)r->nslots;
+    int pinned = 0;
+    uint8_t *p = NULL;
+    int rc = tf_pinned_alloc(total, (void **)&p, &pinned);
+    if (rc < 0)
+        return tf__seterr(rc, "device ring: cannot allocate %zu bytes of host staging (%d slots of %zu bytes)", total,
+                          r->nslots, r->slot_bytes);
+    pthread_mutex_lock(&r->mu);
+    if (!pinned) snprintf(r->note, sizeof r->note, "%s", tf_last_error());
+    for (int i = 0; i < r->nslots; i++) r->slots[i].host = p + (size_t)i * r->slot_bytes;
+    r->staging_bytes = total;
+    r->staging_pinned = pinned;
+    r->staging = p;
+    pthread_mutex_unlock(&r->mu);
+    return 0;
+}
+
+int tf__device_ring_ensure_staging(tf_device_ring *r) { return ring_staging(r); }
+
+static int ring_create(int device, size_t slot_bytes, int slots, int staging, tf_device_ring **out) {
     *out = NULL;
     if (slots < 1 || slots > 1024)
         return tf__seterr(-EINVAL, "device ring: slots must be in [1, 1024], got %d", slots);
@@ -167,16 +190,7 @@ int tf_device_ring_create(int device, size_t slot_bytes, int slots, tf_device_ri
         return rc;
     }
     /* Host staging first: page-locked once here, never per batch. */
-    int pinned = 0;
-    rc = tf_pinned_alloc(total, (void **)&r->staging, &pinned);
-    if (rc < 0) {
-        rc = tf__seterr(rc, "device ring: cannot allocate %zu bytes of host staging (%d slots of %zu bytes)",
-                        total, slots, slot_bytes);
-        goto fail;
-    }
-    r->staging_bytes = total;
-    r->staging_pinned = pinned;
-    if (!pinned) snprintf(r->note, sizeof r->note, "%s", tf_last_error());
+    if (staging && (rc = ring_staging(r)) < 0) goto fail;
     tf__cuerr e = cu->StreamCreateWithFlags(&r->stream, TF__CU_STREAM_NON_BLOCKING);
     if (e != TF__CU_SUCCESS) {
         r->stream = NULL;
@@ -185,7 +199,6 @@ int tf_device_ring_create(int device, size_t slot_bytes, int slots, tf_device_ri
     }
     for (int i = 0; i < slots; i++) {
         tf_device_slot *s = &r->slots[i];
-        s->host = r->staging + (size_t)i * slot_bytes;
         e = cu->Malloc(&s->dev, slot_bytes);
         if (e != TF__CU_SUCCESS) {
             s->dev = NULL;
@@ -220,6 +233,14 @@ fail:;
     return tf__seterr(rc, "%s", msg);
 }
 
+int tf_device_ring_create(int device, size_t slot_bytes, int slots, tf_device_ring **out) {
+    return ring_create(device, slot_bytes, slots, 1, out);
+}
+
+int tf__device_ring_create(int device, size_t slot_bytes, int slots, int staging, tf_device_ring **out) {
+    return ring_create(device, slot_bytes, slots, staging, out);
+}
+
 void tf_device_ring_free(tf_device_ring *r) {
     if (r) ring_unref(r);
 }
@@ -230,7 +251,7 @@ void tf_device_ring_get_info(tf_device_ring *r, tf_device_ring_info *info) {
     info->device = r->device;
     info->slots = r->nslots;
     info->slot_bytes = r->slot_bytes;
-    info->host_pinned = r->staging_pinned;
+    info->host_pinned = r->staging ? r->staging_pinned : 1; /* no staging: nothing pageable */
     for (int i = 0; i < r->nslots; i++) {
         int st = r->slots[i].state;
         info->free_slots += st == TF__SLOT_FREE;

@@ -33,10 +33,20 @@
  * known: the ring (device memory, pinned staging, stream, events) is
  * allocated then, by the copy thread, once.
  *
- * Host memory. When the engine's buffers are pageable, step 4 first copies
- * the batch into the slot's pinned staging (a host memcpy, counted in
- * staging_copies/staging_bytes) and gives the host batch back at once; the
- * DMA then reads only page-locked memory.
+ * Host memory. Creating a device loader gives the engine an allocator of
+ * page-locked memory (tf__loader_set_allocator: the engine itself knows
+ * nothing of CUDA): every batch buffer is then registered once, when the
+ * engine makes it, and the workers assemble batches straight into it. Step 4
+ * copies such a batch from the engine's buffer itself, one cudaMemcpyAsync
+ * per array, into the slot: no host-to-host copy. The host batch cannot go
+ * back to the engine (to be refilled) before the DMA has read it, so it stays
+ * attached to its slot (hold[]) until the slot's "copied" event is seen
+ * complete: polled after every copy, and certain when the slot comes back
+ * from the ring ("released" completed implies "copied" did). A batch in a
+ * pageable buffer (made before the device loader existed) is first copied
+ * into the ring's pinned staging, allocated on first need (a host memcpy,
+ * counted in staging_copies/staging_bytes), and given back at once; the DMA
+ * reads only page-locked memory either way.
  *
  * Queue (under mu): a ring of entries in batch order. An entry is a copied
  * batch {slot, position, loader position after it}, or an error / end of
@@ -104,6 +114,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../engine/engine.h"
 #include "device.h"
 
 #define TF__ERRMSG 512
@@ -147,6 +158,7 @@ struct tf_device_loader {
     size_t seg_bytes[TF__NSEG], seg_off[TF__NSEG], slot_need;
     tf_device_ring *ring;
     tf__cuevent *t0, *t1; /* per slot: timing events around its copy */
+    tf_batch **hold;      /* per slot: the page-locked host batch its copy reads (copy thread; after a join, the consumer) */
     tf__cuevent static_ready, static_consumed;
 
     pthread_mutex_t mu;
@@ -163,10 +175,8 @@ struct tf_device_loader {
     unsigned char *timing;   /* per slot: copy timed, not yet collected */
     size_t *timing_bytes;
     uint64_t st_batches, st_ahead, st_copies, st_h2d_bytes, st_timed_bytes, st_staging, st_staging_bytes;
-    uint64_t st_full_waits, st_timed_ns;
+    uint64_t st_full_waits, st_timed_ns, st_direct, st_pageable;
     uint64_t waits[TF__WAITS], nwaits, wait_total_ns;
-    int host_pinned;
-    char note[160];
 
     atomic_int stop;
     _Atomic uint64_t position;
@@ -193,6 +203,62 @@ static int forked(const tf_device_loader *d) { return d->pid != getpid(); }
 static int fail_forked(void) {
     return tf__seterr(-TF_ECUDA, "this device loader was created in another process: CUDA does not survive "
                                  "fork(); create the loader with a device in the process that trains");
+}
+
+/* Page-locked batch buffers for the engine (see "Host memory" above). */
+static void *locked_alloc(size_t bytes, int *locked) {
+    void *p = NULL;
+    return tf_pinned_alloc(bytes, &p, locked) < 0 ? NULL : p;
+}
+static void locked_free(void *p, size_t bytes, int locked) { tf_pinned_free(p, bytes); }
+static const tf__buffer_allocator locked_allocator = {locked_alloc, locked_free};
+
+/* Give back the host batches whose copies have completed; slot `done` (or
+ * -1) is known to have completed. Copy thread, or the consumer after a join. */
+static void return_hosts(tf_device_loader *d, int done) {
+    if (!d->ring) return;
+    const tf__cudart *cu = d->cu;
+    for (int i = 0; i < d->nslots; i++) {
+        if (!d->hold[i]) continue;
+        if (i != done) {
+            tf__cuerr e = cu->EventQuery(d->ring->slots[i].copied);
+            if (e != TF__CU_SUCCESS) {
+                if (e != TF__CU_ERR_NOT_READY) cu->GetLastError();
+                continue; /* still read by the DMA (or unknown: kept until free waits) */
+            }
+        }
+        tf_batch_release(d->hold[i]);
+        d->hold[i] = NULL;
+    }
+}
+
+/* Error path of a direct copy: wait (host) until everything issued on the
+ * copy stream so far has run. -1 if that cannot be known. */
+static int fence(tf_device_loader *d, tf_device_slot *s) {
+    const tf__cudart *cu = d->cu;
+    int rc = cu->EventRecord(s->copied, d->ring->stream) == TF__CU_SUCCESS &&
+                     cu->EventSynchronize(s->copied) == TF__CU_SUCCESS
+                 ? 0
+                 : -1;
+    cu->GetLastError();
+    return rc;
+}
+
+/* At free, copy thread stopped: wait for the copies that still read host
+ * batches (an event wait on our own copies, at teardown), give them back. */
+static void return_hosts_wait(tf_device_loader *d) {
+    if (!d->ring) return;
+    const tf__cudart *cu = d->cu;
+    for (int i = 0; i < d->nslots; i++) {
+        if (!d->hold[i]) continue;
+        if (cu->EventSynchronize(d->ring->slots[i].copied) != TF__CU_SUCCESS) {
+            cu->GetLastError(); /* the CUDA context failed: leak the buffer rather than risk it */
+            d->hold[i] = NULL;
+            continue;
+        }
+        tf_batch_release(d->hold[i]);
+        d->hold[i] = NULL;
+    }
 }
 
 /* mu held. Collect slot i's copy time if its events have completed. */
@@ -306,7 +372,8 @@ static int setup(tf_device_loader *d, const tf_batch_view *v) {
         }
     }
     tf_device_ring *r = NULL;
-    TF_TRY(tf_device_ring_create(d->device, need ? need : 1, d->nslots, &r));
+    /* no staging unless a pageable batch ever needs it */
+    TF_TRY(tf__device_ring_create(d->device, need ? need : 1, d->nslots, 0, &r));
     d->t0 = calloc((size_t)d->nslots, sizeof *d->t0);
     d->t1 = calloc((size_t)d->nslots, sizeof *d->t1);
     int rc = 0;
@@ -341,8 +408,6 @@ static int setup(tf_device_loader *d, const tf_batch_view *v) {
     d->slot_need = need;
     d->ring = r;
     d->have_layout = 1;
-    d->host_pinned = info.host_pinned;
-    snprintf(d->note, sizeof d->note, "%s", info.note);
     pthread_mutex_unlock(&d->mu);
     return 0;
 fail:;
@@ -422,21 +487,45 @@ static int copy_one(tf_device_loader *d) {
         rc = tf__seterr(-EINVAL, "device loader: batch shape changed (the loader was reconfigured?)");
         goto fail;
     }
-    /* Pageable engine buffer: into the slot's pinned staging, then the host
-     * batch goes straight back to the engine. */
-    for (int j = 0; j < TF__NSEG; j++)
-        if (bytes[j]) memcpy(s->host + d->seg_off[j], src[j], bytes[j]);
-    tf_batch_release(hb);
-    hb = NULL;
     int i = s->index;
+    return_hosts(d, i); /* the slot came back from the ring: its last copy is over */
     pthread_mutex_lock(&d->mu);
-    collect_timing(d, i); /* the slot came back from the ring: its last copy is over ... */
-    d->timing[i] = 0;     /* ... (if its event still says otherwise, the sample is dropped) */
-    d->st_staging++;
-    d->st_staging_bytes += d->slot_need;
+    collect_timing(d, i); /* ... (if its event still says otherwise, the sample is dropped) */
+    d->timing[i] = 0;
     pthread_mutex_unlock(&d->mu);
-    rc = tf__device_slot_issue(s, NULL, 0, d->slot_need, d->t0[i], d->t1[i]);
-    if (rc < 0) goto fail;
+    int direct = tf__batch_locked(hb);
+    if (direct) {
+        /* Page-locked engine buffer: the DMA reads it in place. */
+        tf_device_seg segs[TF__NSEG];
+        for (int j = 0; j < TF__NSEG; j++) segs[j].host = src[j], segs[j].bytes = bytes[j];
+        rc = tf__device_slot_issue(s, segs, TF__NSEG, 0, d->t0[i], d->t1[i]);
+        if (rc < 0) {
+            /* An earlier array's copy may be in flight: the host batch goes
+             * back only once the copy stream has passed it. */
+            if (fence(d, s) < 0) hb = NULL; /* cannot tell: leak it rather than risk it */
+            goto fail;
+        }
+        d->hold[i] = hb;
+        hb = NULL;
+    } else {
+        /* Pageable engine buffer: into the slot's pinned staging, then the
+         * host batch goes straight back to the engine. */
+        if ((rc = tf__device_ring_ensure_staging(d->ring)) < 0) goto fail;
+        for (int j = 0; j < TF__NSEG; j++)
+            if (bytes[j]) memcpy(s->host + d->seg_off[j], src[j], bytes[j]);
+        tf_batch_release(hb);
+        hb = NULL;
+        pthread_mutex_lock(&d->mu);
+        d->st_staging++;
+        d->st_staging_bytes += d->slot_need;
+        d->st_pageable += !d->ring->staging_pinned;
+        pthread_mutex_unlock(&d->mu);
+        rc = tf__device_slot_issue(s, NULL, 0, d->slot_need, d->t0[i], d->t1[i]);
+        if (rc < 0) goto fail;
+    }
+    pthread_mutex_lock(&d->mu);
+    d->st_direct += direct;
+    pthread_mutex_unlock(&d->mu);
     dentry e;
     e.slot = s;
     e.rc = 0;
@@ -444,6 +533,7 @@ static int copy_one(tf_device_loader *d) {
     e.pos_after = pos_after;
     e.err[0] = '\0';
     publish(d, &e, d->slot_need);
+    return_hosts(d, -1);
     return 1;
 fail:;
     char msg[TF__ERRMSG];
@@ -548,6 +638,7 @@ static void destroy(tf_device_loader *d) {
     free(d->q);
     free(d->timing);
     free(d->timing_bytes);
+    free(d->hold);
     pthread_cond_destroy(&d->feed_cv);
     pthread_cond_destroy(&d->ready_cv);
     pthread_mutex_destroy(&d->mu);
@@ -606,8 +697,10 @@ int tf_device_loader_create(tf_loader *l, const tf_device_config *cfg, tf_device
     d->q = calloc((size_t)d->qcap, sizeof *d->q);
     d->timing = calloc((size_t)slots, 1);
     d->timing_bytes = calloc((size_t)slots, sizeof *d->timing_bytes);
-    if (!d->q || !d->timing || !d->timing_bytes) {
+    d->hold = calloc((size_t)slots, sizeof *d->hold);
+    if (!d->q || !d->timing || !d->timing_bytes || !d->hold) {
         free(d->q);
+        free(d->hold);
         free(d->timing);
         free(d->timing_bytes);
         free(d);
@@ -619,7 +712,6 @@ int tf_device_loader_create(tf_loader *l, const tf_device_config *cfg, tf_device
     }
     d->pid = getpid();
     d->refs = 1;
-    d->host_pinned = -1;
     pthread_mutex_init(&d->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -629,6 +721,8 @@ int tf_device_loader_create(tf_loader *l, const tf_device_config *cfg, tf_device
     pthread_condattr_destroy(&ca);
     atomic_init(&d->stop, 0);
     atomic_init(&d->position, tf_loader_position(l));
+    /* From now on the engine assembles batches in page-locked buffers. */
+    tf__loader_set_allocator(l, &locked_allocator);
     *out = d;
     return 0;
 }
@@ -645,9 +739,12 @@ void tf_device_loader_free(tf_device_loader *d) {
     int fetched = d->running;
     stop_thread(d);
     drop_queue(d);
+    return_hosts_wait(d); /* host batches still read by copies in flight */
     /* The engine went ahead of the consumer: put it back, so that a caller
-     * who goes on with the plain loader continues exactly. */
+     * who goes on with the plain loader continues exactly (with ordinary
+     * buffers again: page-locked ones are freed as they come back). */
     if (fetched) tf_loader_seek(d->l, atomic_load(&d->position));
+    tf__loader_set_allocator(d->l, NULL);
     unref(d);
 }
 
@@ -929,8 +1026,9 @@ void tf_device_loader_get_stats(const tf_device_loader *cd, tf_device_stats *st)
     st->queued = 0;
     for (int i = 0; i < d->qcount; i++) st->queued += d->q[(d->qhead + i) % d->qcap].slot != NULL;
     st->held = d->held;
-    st->host_pinned = d->host_pinned;
-    snprintf(st->note, sizeof st->note, "%s", d->note);
+    st->direct_copies = d->st_direct;
+    st->engine_buffers_locked = tf__loader_locked_buffers(d->l);
+    st->host_pinned = d->st_copies ? d->st_pageable == 0 : -1;
     uint64_t n = d->nwaits < TF__WAITS ? d->nwaits : TF__WAITS;
     if (sorted) memcpy(sorted, d->waits, n * sizeof *sorted);
     st->wait_total_s = (double)d->wait_total_ns / 1e9;
@@ -939,6 +1037,7 @@ void tf_device_loader_get_stats(const tf_device_loader *cd, tf_device_stats *st)
         tf_device_ring_info info;
         tf_device_ring_get_info(d->ring, &info);
         st->release_waits = info.release_waits;
+        snprintf(st->note, sizeof st->note, "%s", info.note);
     }
     pthread_mutex_unlock(&d->mu);
     if (n && sorted) {

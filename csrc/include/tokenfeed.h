@@ -732,7 +732,10 @@ TF_API void tf_device_config_init(tf_device_config *cfg);
  * now that CUDA is usable and the device exists (-TF_ECUDA / -EINVAL with
  * the reason); device memory is allocated when the first batch's shape is
  * known, on the first tf_device_loader_next (its errors, -ENOMEM for a full
- * GPU among them, come from there). Threads start on the first next. */
+ * GPU among them, come from there). Threads start on the first next. From
+ * now on l assembles its batches in page-locked buffers (each registered
+ * once, when the engine makes it), which the copies read in place; after
+ * tf_device_loader_free it goes back to ordinary memory. */
 TF_API int tf_device_loader_create(tf_loader *l, const tf_device_config *cfg, tf_device_loader **out);
 
 /* Stop the copy thread and drop the batches copied ahead (waiting, on
@@ -811,8 +814,11 @@ typedef struct tf_device_stats {
     uint64_t h2d_timed_bytes;   /* bytes of the copies timed so far */
     double h2d_seconds;         /* device time of the timed copies (events) */
     double h2d_gbps;            /* h2d_timed_bytes / h2d_seconds / 1e9 */
-    uint64_t staging_copies;    /* host memcpys of an engine buffer into pinned staging */
+    uint64_t direct_copies;     /* copies read straight from a page-locked engine buffer */
+    uint64_t staging_copies;    /* host memcpys of an engine buffer into pinned staging
+                                   (only for buffers made before the device loader) */
     uint64_t staging_bytes;
+    uint64_t engine_buffers_locked; /* engine buffers page-locked so far (each once) */
     double wait_mean_s;         /* consumer time in next() waiting for a batch */
     double wait_p99_s;          /* over the last 4096 batches */
     double wait_total_s;
@@ -822,9 +828,9 @@ typedef struct tf_device_stats {
     int slots;
     int queued;                 /* batches copied ahead, not yet delivered */
     int held;                   /* batches delivered, not yet released */
-    int host_pinned;            /* copies read page-locked memory (-1: not known yet) */
+    int host_pinned;            /* every copy read page-locked memory (-1: no copy yet) */
     int static_buffers;
-    char note[160];             /* why copies read pageable memory, "" otherwise */
+    char note[160];             /* why staging is pageable, "" otherwise */
 } tf_device_stats;
 
 TF_API void tf_device_loader_get_stats(const tf_device_loader *d, tf_device_stats *st);

@@ -782,14 +782,19 @@ static int case_stage_bytes(void) {
     for (int j = 0; j < 5; j++) segs[j].host = NULL, segs[j].bytes = sz[j];
     CHECK(st.h2d_bytes == st.copies * tf_device_packed_size(segs, 5, NULL));
     CHECK(st.h2d_timed_bytes > 0 && st.h2d_seconds > 0 && st.h2d_gbps > 0);
-    /* Engine buffers are pageable here: each batch is copied once into the
-     * pinned staging (counted), and the DMA reads nothing else. */
-    CHECK(st.staging_copies == st.copies);
+    /* The workers assembled every batch in a page-locked engine buffer and
+     * the DMA read it there: no host memcpy into staging (none exists), no
+     * pageable source (which the runtime would stage itself), and each
+     * buffer registered once, not per batch. */
+    CHECK(st.staging_copies == 0 && st.staging_bytes == 0);
+    CHECK(st.direct_copies == st.copies);
     CHECK(d_counter("h2d_pageable") == 0);
-    CHECK(d_counter("h2d_pinned") == (long long)st.copies);
-    CHECK(d_counter("registers") == 1); /* staging page-locked once */
-    printf("  bytes: %d batches equal; %.2f GB/s simulated copies; %llu staging copies\n", n, st.h2d_gbps,
-           (unsigned long long)st.staging_copies);
+    CHECK(d_counter("h2d_pinned") == 5 * (long long)st.copies); /* one copy per array */
+    CHECK(st.engine_buffers_locked > 0 && d_counter("registers") == (long long)st.engine_buffers_locked);
+    CHECK(st.engine_buffers_locked <= 16); /* ring depth + workers + slots, for 173 batches */
+    printf("  bytes: %d batches equal, %llu direct copies, %llu staging copies, %llu engine buffers page-locked\n", n,
+           (unsigned long long)st.direct_copies, (unsigned long long)st.staging_copies,
+           (unsigned long long)st.engine_buffers_locked);
     tf_device_loader_free(d);
     tf_loader_free(l);
     flat_free(cpu, n);
@@ -798,6 +803,67 @@ static int case_stage_bytes(void) {
     d_stream_destroy(cs);
     CHECK(d_counter("device_syncs") == 0 && d_counter("stream_syncs") == 0);
     CHECK(d_counter("live_allocs") == 0 && d_counter("bad_frees") == 0);
+    CHECK(d_counter("live_registered") == 0); /* engine buffers unregistered when freed */
+    return T_DONE();
+}
+
+/* A loader that already ran on the CPU has batches assembled in pageable
+ * buffers: those go through the ring's pinned staging (allocated then, once,
+ * and counted); every later batch is read in place; the bytes are the same. */
+static int case_stage_pageable_first(void) {
+    use_double(NULL);
+    if (bind_double() < 0) return T_EXIT_FAIL;
+    tf_dataset *ds = stage_dataset();
+    if (!ds) return T_EXIT_FAIL;
+    enum { N = 80 };
+    flat cpu[N], dev[N];
+    CHECK(cpu_stream(ds, TF_WANT_LOSS_MASK, 0, 0, N, cpu) == N);
+    tf_loader *l = stage_loader(ds, TF_WANT_LOSS_MASK, 0);
+    tf_batch *hb = NULL;
+    CHECK_OK(tf_loader_next(l, &hb)); /* the CPU path first: workers fill ordinary buffers */
+    dev[0] = flat_cpu(hb);
+    tf_batch_release(hb);
+    void *cs = NULL;
+    CHECK(d_stream_create(&cs, 1) == 0);
+    tf_device_loader *d = NULL;
+    CHECK_OK(tf_device_loader_create(l, NULL, &d));
+    if (!d) return T_DONE();
+    CHECK(tf_device_loader_position(d) == S_B);
+    for (int k = 1; k < N; k++) {
+        tf_device_batch *b = NULL;
+        CHECK_OK(tf_device_loader_next(d, (uintptr_t)cs, &b));
+        if (!b) break;
+        tf_device_batch_view v;
+        tf_device_batch_get_view(b, &v);
+        dev[k] = flat_dev_enqueue(&v, cs);
+        CHECK_OK(tf_device_batch_release(b, (uintptr_t)cs));
+    }
+    d_drain(cs);
+    int bad = 0;
+    for (int k = 0; k < N; k++) bad += !flat_eq(&cpu[k], &dev[k]);
+    CHECK(bad == 0);
+    tf_device_stats st;
+    tf_device_loader_get_stats(d, &st);
+    printf("  pageable first: %llu staging copies, then %llu direct\n", (unsigned long long)st.staging_copies,
+           (unsigned long long)st.direct_copies);
+    CHECK(st.staging_copies > 0 && st.direct_copies > 0);
+    CHECK(st.staging_copies + st.direct_copies == st.copies);
+    CHECK(st.staging_copies <= 8); /* only what was assembled before: the ring's depth at most */
+    CHECK(st.host_pinned == 1 && d_counter("h2d_pageable") == 0);
+    CHECK(d_counter("registers") == (long long)st.engine_buffers_locked + 1); /* + the staging, once */
+    tf_device_loader_free(d);
+    /* after the device loader, the plain loader goes on exactly, in ordinary memory */
+    CHECK_OK(tf_loader_next(l, &hb));
+    tf_batch_view hv;
+    tf_batch_get_view(hb, &hv);
+    CHECK(hv.position == (uint64_t)N * S_B);
+    tf_batch_release(hb);
+    tf_loader_free(l);
+    flat_free(cpu, N);
+    flat_free(dev, N);
+    tf_dataset_free(ds);
+    d_stream_destroy(cs);
+    CHECK(d_counter("live_allocs") == 0 && d_counter("live_registered") == 0);
     return T_DONE();
 }
 
@@ -1354,6 +1420,7 @@ int main(int argc, char **argv) {
     run_case("outlives_owner", case_outlives_owner);
     run_case("stage_ahead", case_stage_ahead);
     run_case("stage_bytes", case_stage_bytes);
+    run_case("stage_pageable_first", case_stage_pageable_first);
     run_case("stage_resume", case_stage_resume);
     run_case("stage_static", case_stage_static);
     run_case("stage_held", case_stage_held);
