@@ -172,6 +172,12 @@ static PyObject *Loader_get_position(tfpy_Loader *self, void *c) {
     return PyLong_FromUnsignedLongLong(tf_loader_position(self->l));
 }
 
+tf_loader *tfpy_loader_handle(PyObject *loader) {
+    tfpy_Loader *self = (tfpy_Loader *)loader;
+    if (loader_check(self) < 0) return NULL;
+    return self->l;
+}
+
 static PyObject *Loader_get_closed(tfpy_Loader *self, void *c) { return PyBool_FromLong(!self->l || self->close_pending); }
 
 PyDoc_STRVAR(Loader_doc, "Loader(order, /, *, batch_size=8, rank=0, world_size=1, dtype=None, want=0, num_threads=0, prefetch=0, "
