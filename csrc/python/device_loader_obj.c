@@ -86,8 +86,8 @@ static int dict_put(PyObject *d, const char *k, PyObject *v) {
 }
 
 /* A 2-D DeviceTensor over rows x cols elements, row stride `ld` (elements). */
-static PyObject *tensor2d(tf_module_state *st, tfpy_devslot *h, void *data, int typenum, size_t isz, int64_t rows,
-                          int64_t cols, int64_t ld, size_t extent) {
+static PyObject *tensor2d(tf_module_state *st, tfpy_devslot *h, void *data, int typenum, int64_t rows, int64_t cols,
+                          int64_t ld, size_t extent) {
     int64_t shape[2] = {rows, cols}, strides[2] = {ld, 1};
     return tfpy_device_tensor_new(st, h, data, extent, typenum, 2, shape, strides);
 }
@@ -113,20 +113,20 @@ static PyObject *batch_dict(tf_module_state *st, tf_device_batch *b) {
     char *tok = v.tokens;
     PyObject *d = PyDict_New();
     if (!d) goto fail;
-    if (dict_put(d, "tokens", tensor2d(st, h, tok, tn, isz, B, L + 1, L + 1, tok_bytes)) < 0 ||
-        dict_put(d, "input_ids", tensor2d(st, h, tok, tn, isz, B, L, L + 1, tok_bytes)) < 0 ||
-        dict_put(d, "labels", tensor2d(st, h, tok + isz, tn, isz, B, L, L + 1, tok_bytes - isz)) < 0)
+    if (dict_put(d, "tokens", tensor2d(st, h, tok, tn, B, L + 1, L + 1, tok_bytes)) < 0 ||
+        dict_put(d, "input_ids", tensor2d(st, h, tok, tn, B, L, L + 1, tok_bytes)) < 0 ||
+        dict_put(d, "labels", tensor2d(st, h, tok + isz, tn, B, L, L + 1, tok_bytes - isz)) < 0)
         goto fail;
     if (v.position_ids &&
-        dict_put(d, "position_ids", tensor2d(st, h, v.position_ids, NPY_INT32, 4, B, L, L, (size_t)(B * L) * 4)) < 0)
+        dict_put(d, "position_ids", tensor2d(st, h, v.position_ids, NPY_INT32, B, L, L, (size_t)(B * L) * 4)) < 0)
         goto fail;
-    if (v.cu_seqlens && dict_put(d, "cu_seqlens", tensor2d(st, h, v.cu_seqlens, NPY_INT32, 4, B, L + 1, L + 1,
+    if (v.cu_seqlens && dict_put(d, "cu_seqlens", tensor2d(st, h, v.cu_seqlens, NPY_INT32, B, L + 1, L + 1,
                                                            (size_t)(B * (L + 1)) * 4)) < 0)
         goto fail;
-    if (v.num_seqs && dict_put(d, "num_seqs", tensor2d(st, h, v.num_seqs, NPY_INT32, 4, B, 1, 1, (size_t)B * 4)) < 0)
+    if (v.num_seqs && dict_put(d, "num_seqs", tensor2d(st, h, v.num_seqs, NPY_INT32, B, 1, 1, (size_t)B * 4)) < 0)
         goto fail;
     if (v.loss_mask &&
-        dict_put(d, "loss_mask", tensor2d(st, h, v.loss_mask, NPY_UINT8, 1, B, L, L, (size_t)(B * L))) < 0)
+        dict_put(d, "loss_mask", tensor2d(st, h, v.loss_mask, NPY_UINT8, B, L, L, (size_t)(B * L))) < 0)
         goto fail;
     tfpy_devslot_unref(h);
     return d;
