@@ -489,6 +489,11 @@ def test_loader_device_close_with_copies_in_flight(cuda_double, tmp_path):
             if loader.stats()["device"]["queued"] >= 3:
                 break
             time.sleep(0.005)
+        try:                                               # the engine belongs to the copy thread now
+            loader._engine.next()
+            raise AssertionError("the engine served a second consumer")
+        except RuntimeError as e:
+            assert "DeviceLoader" in str(e), e
         loader.close()                                     # copies of 3+ batches still queued on the DMA
         assert loader.position == 4
         assert counter("bad_frees") == 0
@@ -626,3 +631,51 @@ def test_loader_device_errors_keep_the_position(cuda_double, tmp_path):
         b = next(iter(tokenfeed.Loader(ds, seq_len=32, batch_size=2, output="numpy")))
         assert b["tokens"].shape == (2, 33)
     """, tmp_path, {"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_FAIL": "memcpy_after=3"})
+
+
+STALLED_DEVICE = textwrap.dedent("""
+    import sys, threading, time, tokenfeed
+    ds = tokenfeed.open(sys.argv[1])
+    l = tokenfeed.Loader(ds, seq_len=64, batch_size=4, num_threads=2, output="numpy", device="cuda")
+    mode = sys.argv[2]
+    if mode == "close":
+        threading.Timer(0.5, l.close).start()
+    print("waiting", flush=True)
+    t0 = time.monotonic()
+    try:
+        next(l)                      # workers stall for 60 s ($TOKENFEED_FAULT_DELAY_MS)
+        print("got a batch", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    except ValueError as e:
+        print("closed:", e, flush=True)
+    assert l.position == 0
+    l.close()                        # must not wait for the stalled workers
+    print(f"done {time.monotonic() - t0:.1f}", flush=True)
+""")
+
+
+@pytest.mark.test_hooks
+@pytest.mark.parametrize("mode", ["sigint", "close"])
+def test_loader_device_blocked_next_is_interruptible(cuda_double, tmp_path, mode):
+    """Ctrl-C, or close() from another thread, ends a device loader's next() that waits
+    on stalled workers, well before the 60 s they are held for; the copy thread and the
+    engine stop, and the position has not moved."""
+    ds_dir = tmp_path / "ds"
+    run_py(f"make_dataset({str(ds_dir)!r})", tmp_path)
+    script = tmp_path / "stalled.py"
+    script.write_text(STALLED_DEVICE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_DOUBLE")}
+    env.update(TOKENFEED_CUDART=cuda_double, TOKENFEED_FAULT_DELAY_MS="60000")
+    p = subprocess.Popen([sys.executable, str(script), str(ds_dir), mode], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+    assert p.stdout.readline().strip() == "waiting"
+    if mode == "sigint":
+        time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=45)
+    assert p.returncode == 0, out + err
+    lines = out.split("\n")
+    assert lines[0] == ("interrupted" if mode == "sigint" else "closed: the loader was closed while waiting for a batch")
+    assert lines[1].startswith("done")
+    assert float(lines[1].split()[1]) < 40

@@ -179,9 +179,13 @@ typedef struct tfpy_devslot {
     int device;
 } tfpy_devslot;
 void tfpy_devslot_unref(tfpy_devslot *h);
-/* The engine of a _core.Loader (ValueError, NULL when it is closed), for a
- * DeviceLoader to borrow. */
-tf_loader *tfpy_loader_handle(PyObject *loader);
+/* The engine of a _core.Loader, for a DeviceLoader to drive (NULL with
+ * ValueError when it is closed, RuntimeError when another drives it). While
+ * used, the Loader refuses next()/seek() and defers close() until
+ * tfpy_loader_unuse (GIL held), which the DeviceLoader calls once its copy
+ * thread is gone. */
+tf_loader *tfpy_loader_use(PyObject *loader);
+void tfpy_loader_unuse(PyObject *loader);
 /* Whether a NumPy type can go through DLPack (TypeError if not). */
 int tfpy_dlpack_dtype_ok(int typenum);
 /* A DeviceTensor over ndim <= 4 dims of slot h (takes a reference on h):

@@ -38,24 +38,35 @@ static PyObject *DeviceLoader_new(PyTypeObject *tp, PyObject *args, PyObject *kw
         {NULL, NULL, NULL},
     };
     if (tfpy_parse_kwargs(kw, table, "DeviceLoader") < 0) return NULL;
-    tf_loader *l = tfpy_loader_handle(ldobj);
+    tf_loader *l = tfpy_loader_use(ldobj);
     if (!l) return NULL;
     tf_device_loader *d = NULL;
     int rc;
     char msg[1024];
     TFPY_NOGIL_CALL(rc, msg, tf_device_loader_create(l, &cfg, &d));
-    if (rc < 0) return tfpy_raise(st, rc, msg);
-    tfpy_DeviceLoader *self;
-    TFPY_NEW_OWNER(self, tp, d, d, tf_device_loader_free);
-    if (self) {
-        self->loader = Py_NewRef(ldobj);
-        self->device = cfg.device;
+    if (rc < 0) {
+        tfpy_loader_unuse(ldobj);
+        return tfpy_raise(st, rc, msg);
     }
+    tfpy_DeviceLoader *self = (tfpy_DeviceLoader *)tp->tp_alloc(tp, 0);
+    if (!self) {
+        TFPY_DESTROY_NOGIL(d, tf_device_loader_free);
+        tfpy_loader_unuse(ldobj);
+        return NULL;
+    }
+    self->d = d;
+    self->loader = Py_NewRef(ldobj);
+    self->device = cfg.device;
     return (PyObject *)self;
 }
 
-/* Stopping the copy thread and waiting for copies in flight: without the GIL. */
-static void dl_free(tfpy_DeviceLoader *self) { TFPY_DESTROY_NOGIL(self->d, tf_device_loader_free); }
+/* Stopping the copy thread and waiting for copies in flight: without the GIL.
+ * Then the engine is the Loader's again (which frees it if it was closed). */
+static void dl_free(tfpy_DeviceLoader *self) {
+    if (!self->d) return;
+    TFPY_DESTROY_NOGIL(self->d, tf_device_loader_free);
+    tfpy_loader_unuse(self->loader);
+}
 
 static void DeviceLoader_dealloc(tfpy_DeviceLoader *self) {
     PyTypeObject *tp = Py_TYPE(self);

@@ -232,12 +232,14 @@ class Loader:
     def close(self) -> None:
         """Stop the worker threads (and the copies to the GPU, waiting for those in flight).
         Batches already handed out stay valid."""
+        drove = self._device is not None
         if self._device is not None:
-            self._position = self.position
-            self._device.close()  # puts the engine back at the consumer's position
+            self._position = self.position  # what the consumer received
+            self._device.close()  # (in another thread's next(): closed when that wakes up)
             self._device = None
         if self._engine is not None:
-            self._position = self._engine.position
+            if not drove:  # else the engine may still be ahead by what was copied to the GPU
+                self._position = self._engine.position
             self._engine.close()
             self._engine = None
         self._closed = True
