@@ -141,7 +141,7 @@ def tokenfeed_batches(raw: str, B: int, L: int, device: Optional[str], prefetch:
         kw["device"] = device
         if "device_prefetch" in inspect.signature(tokenfeed.Loader).parameters:
             kw["device_prefetch"] = prefetch
-    loader = tokenfeed.Loader(tokenfeed.open(raw, dtype="uint16"), **kw)
+    loader = tokenfeed.Loader(tokenfeed.open(raw, dtype="uint16", format="raw"), **kw)
 
     def gen() -> Iterator:
         for b in loader:
