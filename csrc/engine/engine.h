@@ -3,9 +3,10 @@
  * (loader.c) and its read backends (read.c). Not installed.
  *
  * read.c turns "fill rows [p, p + rows) of the stream into these buffers" into
- * reads, through one of the backends (mmap, pread, io_uring), with a per-worker
- * LRU cache of decompressed zstd blocks. All backends produce byte-identical
- * output; they differ only in how the bytes come off storage.
+ * reads, through one of the backends (mmap, pread, io_uring), with a cache of
+ * decompressed zstd blocks shared by the workers (zcache.c). All backends
+ * produce byte-identical output; they differ only in how the bytes come off
+ * storage.
  */
 #ifndef TF_ENGINE_H
 #define TF_ENGINE_H
@@ -17,6 +18,7 @@
 #include "../common/internal.h"
 #include "../order/order_internal.h"
 #include "../sources/source.h"
+#include "zcache.h"
 
 #ifdef TF_HAVE_IO_URING
 #include <liburing.h>
@@ -26,13 +28,13 @@
 #define TF__FD_UNOPENED (-1)
 #define TF__FD_UNUSABLE (-2) /* read this file through its mapping instead */
 
-#define TF__BLOCK_CACHE 16 /* decompressed blocks cached per worker */
 #define TF__PREFETCH_LINES 16 /* cache lines prefetched at the start of the next sample */
 #define TF__URING_QD 64    /* io_uring submission queue depth per worker */
 #define TF__DIO_ALIGN 4096 /* O_DIRECT offset / length / buffer alignment */
 
 /* What every worker shares: read-only after tf__reader_init, except the fd
- * tables (lazily filled with CAS), bytes_read and the note. */
+ * tables (lazily filled with CAS), bytes_read, the note and the zstd block
+ * cache (its own lock). */
 typedef struct tf__reader {
     const tf_dataset *ds;
     const tf_order *order;
@@ -47,6 +49,7 @@ typedef struct tf__reader {
     _Atomic int *dfds; /* per file, O_DIRECT reads (only with direct_io) */
     _Atomic uint64_t bytes_read;
     _Atomic int uring_workers; /* workers whose ring works (for stats) */
+    tf__zcache *zc;            /* decompressed zstd blocks; NULL without compressed files */
     /* A one-time note on a fallback (backend, O_DIRECT, fds): state 0 empty,
      * 1 being written, 2 readable. */
     _Atomic int note_state;
@@ -70,13 +73,6 @@ typedef struct tf__rd {
     const char *path;  /* for messages */
 } tf__rd;
 
-typedef struct tf__blk {
-    uint64_t file, block, stamp;
-    uint8_t *buf;
-    size_t cap;
-    int valid;
-} tf__blk;
-
 /* Per worker thread: never shared, so no locking. */
 typedef struct tf__worker {
     tf__reader *rd;
@@ -89,8 +85,7 @@ typedef struct tf__worker {
     tf__rd *rds;
     size_t nrds, cap_rds;
     size_t *queue;            /* io_uring: indices to (re)submit */
-    tf__blk blocks[TF__BLOCK_CACHE];
-    uint64_t clock;
+    tf__zhold zh;             /* this worker's pin in the shared zstd cache */
     uint64_t bytes;           /* bytes read in the current batch */
 #ifdef TF_HAVE_IO_URING
     struct io_uring ring;

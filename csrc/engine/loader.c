@@ -402,7 +402,7 @@ static int after_fork(tf_loader *l) {
     l->gen++;
     l->base = atomic_load(&l->position);
     l->next_claim = l->next_deliver = 0;
-    return 0;
+    return tf__zcache_after_fork(l->rd.zc);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -544,6 +544,21 @@ static int engine_create(const tf_order *order, int owns, const tf_loader_config
     if (l->nthreads < 1) l->nthreads = 1;
     l->depth = cfg->prefetch ? cfg->prefetch : 2 * l->nthreads + 2;
     l->spin_ns = l->nthreads < cores ? 50 * 1000 : 0;
+    /* The zstd block cache is sized from the shuffle geometry (zcache.c). */
+    tf__zgeom zg = {oc.shuffle, oc.packing, oc.seq_len, oc.block_size, oc.window_blocks, cfg->batch_size,
+                    cfg->world_size, tf_order_num_samples(l->order), tf_order_num_sources(l->order), l->depth,
+                    l->nthreads, cfg->zstd_cache_bytes};
+    rc = tf__zcache_create(l->ds, &zg, &l->rd.zc);
+    if (rc) {
+        tf__reader_destroy(&l->rd);
+        free(l);
+        return rc;
+    }
+    /* Compressed data: a batch takes the workers tens of microseconds of
+     * decoding, so a consumer that waits for one would spin for most of it,
+     * taking a core from the decoding workers or the training loop when cores
+     * are short (on 2 shared cores: ~10 % more zstd tokens/s without it). */
+    if (l->rd.zc) l->spin_ns = 0;
     l->slots = calloc((size_t)l->depth, sizeof *l->slots);
     l->pool = calloc(1, sizeof *l->pool);
     if (!l->slots || !l->pool || init_sync(l)) {
@@ -799,6 +814,21 @@ void tf_loader_get_stats(const tf_loader *cl, tf_loader_stats *st) {
         atomic_load(&l->rd.uring_workers) == 0)
         st->backend = TF_BACKEND_PREAD;
     tf__reader_get_note(&l->rd, st->backend_note, sizeof st->backend_note);
+    if (l->rd.zc) {
+        tf__zinfo zi;
+        tf__zcache_info(l->rd.zc, &zi);
+        st->zstd_cache_bytes = zi.capacity_bytes;
+        st->zstd_cache_allocated = zi.allocated_bytes;
+        st->zstd_blocks_decoded = zi.blocks_decoded;
+        st->zstd_tokens_decoded = zi.tokens_decoded;
+        st->zstd_tokens_used = zi.tokens_used;
+        st->zstd_cache_hits = zi.hits;
+        st->zstd_cache_misses = zi.misses;
+        st->zstd_cache_waits = zi.waits;
+        st->zstd_decode_ratio = zi.tokens_used ? (double)zi.tokens_decoded / (double)zi.tokens_used : 0.0;
+        st->zstd_decode_model = zi.model;
+        snprintf(st->zstd_note, sizeof st->zstd_note, "%s", zi.note);
+    }
 }
 
 /* ------------------------------------------------------------------------ */

@@ -453,6 +453,9 @@ typedef struct tf_loader_config {
                              at most TF_MAX_PREFETCH */
     tf_backend backend;   /* TF_BACKEND_AUTO: $TOKENFEED_BACKEND, else mmap */
     int direct_io;        /* io_uring: open with O_DIRECT (aligned reads) */
+    uint64_t zstd_cache_bytes; /* decompressed zstd blocks the workers share; 0 = sized
+                                  from the shuffle (a block-shuffle window, at most
+                                  1 GiB). Never changes the stream, only the decoding. */
 } tf_loader_config;
 
 TF_API void tf_loader_config_init(tf_loader_config *cfg);
@@ -527,6 +530,19 @@ typedef struct tf_loader_stats {
     tf_backend backend;    /* backend in use after any fallback */
     int num_threads;
     char backend_note[160]; /* why a requested backend fell back ("" if none) */
+    /* zstd-compressed files (all 0 when the dataset has none). Decoded and used
+     * count the workers' work, prefetched batches included. */
+    uint64_t zstd_cache_bytes;     /* capacity of the shared decompressed-block cache */
+    uint64_t zstd_cache_allocated; /* bytes of it allocated so far (grows on use) */
+    uint64_t zstd_blocks_decoded;
+    uint64_t zstd_tokens_decoded;  /* tokens decompressed */
+    uint64_t zstd_tokens_used;     /* tokens copied from decompressed blocks into batches */
+    uint64_t zstd_cache_hits, zstd_cache_misses;
+    uint64_t zstd_cache_waits;     /* lookups that waited for another worker's decode */
+    double zstd_decode_ratio;      /* tokens_decoded / tokens_used so far (0 before any) */
+    double zstd_decode_model;      /* predicted ratio for this configuration (cost model) */
+    char zstd_note[200];           /* "" or why this configuration decodes far more than it
+                                      delivers (ratio > 8) / the cache is capped */
 } tf_loader_stats;
 
 TF_API void tf_loader_get_stats(const tf_loader *l, tf_loader_stats *st);

@@ -52,7 +52,7 @@ static int parse_bool(PyObject *v, void *out) {
 }
 
 /* Loader(order, /, *, batch_size, rank, world_size, dtype, want, num_threads,
- * prefetch, backend, direct_io): the engine's settings; the order decides the
+ * prefetch, backend, direct_io, zstd_cache_bytes): the engine's settings; the order decides the
  * stream. The C library checks the values (tf_loader_create_from_order). */
 static PyObject *Loader_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     PyObject *ordobj;
@@ -65,7 +65,7 @@ static PyObject *Loader_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
         {"world_size", parse_u32, &cfg.world_size}, {"dtype", parse_dtype, &cfg.out_dtype},
         {"want", parse_u32, &cfg.want}, {"num_threads", tfpy_nonneg_int, &cfg.num_threads},
         {"prefetch", tfpy_nonneg_int, &cfg.prefetch}, {"backend", parse_backend, &cfg.backend},
-        {"direct_io", parse_bool, &cfg.direct_io},
+        {"direct_io", parse_bool, &cfg.direct_io}, {"zstd_cache_bytes", tfpy_u64, &cfg.zstd_cache_bytes},
         {NULL, NULL, NULL},
     };
     if (tfpy_parse_kwargs(kw, table, "Loader") < 0) return NULL;
@@ -163,11 +163,29 @@ static PyObject *Loader_stats(tfpy_Loader *self, PyObject *unused) {
     tf_loader_stats s;
     memset(&s, 0, sizeof s);
     tf_loader_get_stats(self->l, &s);
-    return Py_BuildValue("{s:K,s:K,s:K,s:d,s:K,s:K,s:s,s:i,s:s}", "batches", (unsigned long long)s.batches, "tokens",
+    PyObject *z;
+    if (!s.zstd_cache_bytes) { /* no compressed file */
+        z = Py_NewRef(Py_None);
+    } else {
+        z = Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:s}",
+                          "cache_bytes", (unsigned long long)s.zstd_cache_bytes,
+                          "cache_allocated", (unsigned long long)s.zstd_cache_allocated,
+                          "blocks_decoded", (unsigned long long)s.zstd_blocks_decoded,
+                          "tokens_decoded", (unsigned long long)s.zstd_tokens_decoded,
+                          "tokens_used", (unsigned long long)s.zstd_tokens_used,
+                          "cache_hits", (unsigned long long)s.zstd_cache_hits,
+                          "cache_misses", (unsigned long long)s.zstd_cache_misses,
+                          "cache_waits", (unsigned long long)s.zstd_cache_waits,
+                          "decode_ratio", s.zstd_decode_ratio, "decode_model", s.zstd_decode_model,
+                          "note", s.zstd_note);
+        if (!z) return NULL;
+    }
+    /* "N": the dict takes the reference to z */
+    return Py_BuildValue("{s:K,s:K,s:K,s:d,s:K,s:K,s:s,s:i,s:s,s:N}", "batches", (unsigned long long)s.batches, "tokens",
                          (unsigned long long)s.tokens, "bytes_read", (unsigned long long)s.bytes_read, "wait_seconds",
                          (double)s.wait_ns / 1e9, "ring_ready", (unsigned long long)s.ring_ready, "ring_slots",
                          (unsigned long long)s.ring_slots, "backend", tf_backend_name(s.backend), "num_threads",
-                         s.num_threads, "backend_note", s.backend_note);
+                         s.num_threads, "backend_note", s.backend_note, "zstd", z);
 }
 
 static PyObject *Loader_get_position(tfpy_Loader *self, void *c) {
@@ -193,7 +211,7 @@ void tfpy_loader_unuse(PyObject *loader) {
 static PyObject *Loader_get_closed(tfpy_Loader *self, void *c) { return PyBool_FromLong(!self->l || self->close_pending); }
 
 PyDoc_STRVAR(Loader_doc, "Loader(order, /, *, batch_size=8, rank=0, world_size=1, dtype=None, want=0, num_threads=0, prefetch=0, "
-                "backend=None, direct_io=False)\n--\n\n"
+                "backend=None, direct_io=False, zstd_cache_bytes=0)\n--\n\n"
                 "The C batch engine over an Order (whose global_batch is batch_size * world_size).");
 
 TFPY_TYPE_SPEC(Loader, tfpy_Loader, Py_TPFLAGS_DEFAULT,

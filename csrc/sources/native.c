@@ -278,6 +278,61 @@ int tf__native_read_block(const tf_file *f, uint64_t b, void *out, size_t out_ca
 #endif
 }
 
+/* verify(): block b must be one standard zstd frame, decodable on its own by
+ * any zstd decoder (the zstd command-line tool included): the frame magic, a
+ * stored content size equal to the block's bytes, the content checksum flag,
+ * no dictionary, and exactly one frame filling the block table entry. Blocks
+ * lie back to back in block order, so the token section, cut at the block
+ * table's offsets, is the frames and nothing else (docs/format.md).
+ * *next_off: where block b must start; advanced past it. The content checksum
+ * itself is checked when verify decodes the block. */
+static int check_frame(const tf_file *f, uint64_t b, uint64_t *next_off) {
+    if (!f->compressed || b >= f->num_blocks)
+        TF_FAIL(-ERANGE, "%s: block %llu out of range (%llu blocks)", f->path, (ull)b, (ull)f->num_blocks);
+    const uint8_t *e = f->block_table + 16 * b;
+    uint64_t off = tf__le64(e), size = tf__le64(e + 8);
+    if (!section_ok(off, size, 0, f->zdata_len))
+        TF_FAIL(-TF_EFORMAT, "%s: block table: entry %llu: expected [offset, +size) within the %llu-byte token section, found [%llu, +%llu). The block table is corrupt. " REGEN,
+                f->path, (ull)b, (ull)f->zdata_len, (ull)off, (ull)size);
+    if (off != *next_off)
+        TF_FAIL(-TF_EFORMAT, "%s: block table: entry %llu: expected the frame to start at offset %llu (right after block %llu: blocks are stored back to back in block order), found %llu. " REGEN,
+                f->path, (ull)b, (ull)*next_off, (ull)(b ? b - 1 : 0), (ull)off);
+    *next_off = off + size;
+    if (b + 1 == f->num_blocks && *next_off != f->zdata_len)
+        TF_FAIL(-TF_EFORMAT, "%s: tokens_bytes: expected the token section to end with the last frame, at %llu bytes, found %llu bytes. " REGEN,
+                f->path, (ull)*next_off, (ull)f->zdata_len);
+#ifdef TF_HAVE_ZSTD
+    const uint8_t *src = f->zdata + off;
+    uint64_t first = b * f->block_tokens;
+    uint64_t n = f->num_tokens - first < f->block_tokens ? f->num_tokens - first : f->block_tokens;
+    uint64_t want = n * tf_dtype_size(f->dtype);
+    if (size < 6 || tf__le32(src) != ZSTD_MAGICNUMBER)
+        TF_FAIL(-TF_EFORMAT, "%s: block %llu: expected a zstd frame (magic 28 b5 2f fd), found %llu bytes starting %02x %02x %02x %02x. " REGEN,
+                f->path, (ull)b, (ull)size, size > 0 ? src[0] : 0, size > 1 ? src[1] : 0, size > 2 ? src[2] : 0,
+                size > 3 ? src[3] : 0);
+    unsigned fhd = src[4]; /* frame header descriptor (RFC 8878, 3.1.1.1.1) */
+    unsigned long long fcs = ZSTD_getFrameContentSize(src, (size_t)size);
+    if (fcs == ZSTD_CONTENTSIZE_ERROR || fcs == ZSTD_CONTENTSIZE_UNKNOWN || fcs != want)
+        TF_FAIL(-TF_EFORMAT, "%s: block %llu: expected a zstd frame that stores its content size, %llu bytes, found %s%llu. " REGEN,
+                f->path, (ull)b, (ull)want,
+                fcs == ZSTD_CONTENTSIZE_ERROR ? "a bad frame header, " : fcs == ZSTD_CONTENTSIZE_UNKNOWN ? "no size, " : "",
+                fcs == ZSTD_CONTENTSIZE_ERROR || fcs == ZSTD_CONTENTSIZE_UNKNOWN ? 0ull : fcs);
+    if (!(fhd & 0x04))
+        TF_FAIL(-TF_EFORMAT, "%s: block %llu: expected a zstd frame with a content checksum, found none. " REGEN, f->path, (ull)b);
+    if ((fhd & 0x03) || ZSTD_getDictID_fromFrame(src, (size_t)size) != 0)
+        TF_FAIL(-TF_EFORMAT, "%s: block %llu: expected a zstd frame that needs no dictionary, found a dictionary id. " REGEN, f->path, (ull)b);
+    size_t fsz = ZSTD_findFrameCompressedSize(src, (size_t)size);
+    if (ZSTD_isError(fsz) || fsz != size)
+        TF_FAIL(-TF_EFORMAT, "%s: block %llu: expected exactly one zstd frame of %llu bytes, found %s%zu. " REGEN,
+                f->path, (ull)b, (ull)size, ZSTD_isError(fsz) ? "a truncated or corrupt frame: " : "a frame of ",
+                ZSTD_isError(fsz) ? (size_t)0 : fsz);
+    return 0;
+#else
+    TF_FAIL(-TF_EUNSUPPORTED, "%s: the shard is zstd-compressed, but this tokenfeed build lacks zstd. Rebuild with libzstd (pkg-config libzstd) installed, or rewrite the dataset with compression=None.",
+            f->path);
+#endif
+}
+
 /* ------------------------------------------------------------------------ */
 /* checksums                                                                 */
 /* ------------------------------------------------------------------------ */
@@ -304,11 +359,13 @@ int tf__native_verify(const tf_file *f, _Atomic uint64_t *progress, _Atomic int 
         }
     } else {
         uint8_t *buf = scratch;
+        uint64_t next_off = 0;
         for (uint64_t b = 0; b < f->num_blocks; b++) {
             if (atomic_load(cancel)) return -ECANCELED;
             uint64_t first = b * f->block_tokens;
             uint64_t n = f->num_tokens - first < f->block_tokens ? f->num_tokens - first : f->block_tokens;
-            int rc = tf__native_read_block(f, b, buf, cap);
+            int rc = check_frame(f, b, &next_off);
+            if (rc == 0) rc = tf__native_read_block(f, b, buf, cap);
             if (rc < 0) return rc;
             tf__xxh64_update(&h, buf, (size_t)(n * isz));
             atomic_fetch_add(progress, n * isz);

@@ -131,6 +131,19 @@ class Order:
     def sample_at(self, pos: npt.ArrayLike, /) -> _UIntArray: ...
     def fill(self, sample: int, dtype: _DTypeArg = None, want: int = 0) -> Dict[str, npt.NDArray[Any]]: ...
 
+class _ZstdStats(TypedDict):
+    cache_bytes: int
+    cache_allocated: int
+    blocks_decoded: int
+    tokens_decoded: int
+    tokens_used: int
+    cache_hits: int
+    cache_misses: int
+    cache_waits: int
+    decode_ratio: float
+    decode_model: float
+    note: str
+
 class _LoaderStats(TypedDict):
     batches: int
     tokens: int
@@ -141,6 +154,7 @@ class _LoaderStats(TypedDict):
     backend: str
     num_threads: int
     backend_note: str
+    zstd: Optional[_ZstdStats]
 
 class Loader:
     # The engine over an Order built once (its global_batch is batch_size * world_size);
@@ -148,7 +162,7 @@ class Loader:
     # is a TypeError.
     def __new__(cls, order: Order, /, *, batch_size: int = 8, rank: int = 0, world_size: int = 1,
                 dtype: _DTypeArg = None, want: int = 0, num_threads: int = 0, prefetch: int = 0,
-                backend: Optional[str] = None, direct_io: bool = False) -> "Loader": ...
+                backend: Optional[str] = None, direct_io: bool = False, zstd_cache_bytes: int = 0) -> "Loader": ...
     @property
     def position(self) -> int: ...
     @property

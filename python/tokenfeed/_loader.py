@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import warnings
 from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -26,6 +27,16 @@ _INFINITE = (1 << 64) - 1
 
 class StateError(ValueError):
     """A saved loader state does not match this loader (other data or configuration)."""
+
+
+class PerformanceWarning(UserWarning):
+    """A loader configuration that works, but will be much slower than it needs to be.
+
+    Emitted once per loader, e.g. when reading zstd-compressed data would decode more than
+    8x the tokens it delivers (a full shuffle over large compressed blocks). The same text
+    is in ``stats()["zstd"]["note"]``. Silence with ``warnings.filterwarnings("ignore",
+    category=tokenfeed.PerformanceWarning)``.
+    """
 
 
 def _torch_available() -> bool:
@@ -63,6 +74,13 @@ class Loader:
 
     The C engine's threads and buffers start lazily in the process that iterates, so a
     Loader can be created before ``fork`` or pickled to a ``spawn`` worker.
+
+    On zstd-compressed data the workers share a cache of decompressed blocks sized from
+    the shuffle (a block-shuffle window: ~86 MiB at the defaults, at most 1 GiB);
+    ``zstd_cache_bytes`` sets it instead. It changes how often a block is decoded, never
+    the stream. ``stats()["zstd"]`` reports it, with the tokens decoded per token
+    delivered; a configuration predicted to decode more than 8x what it delivers gets a
+    :class:`PerformanceWarning` when the loader is created (see ``docs/performance.md``).
     """
 
     def __init__(self, dataset: Union[Dataset, PathLike, Sequence[Any]], *, seq_len: int, batch_size: int,
@@ -73,7 +91,7 @@ class Loader:
                  prefetch: Optional[int] = None, backend: Optional[str] = None, direct_io: bool = False,
                  block_size: int = 1024, window_blocks: int = 16, packing: str = "concat",
                  pad_id: Optional[int] = None, pack_window: int = 1024, weights: Optional[Sequence[float]] = None,
-                 mix_window: int = 1000,
+                 mix_window: int = 1000, zstd_cache_bytes: Optional[int] = None,
                  device: Any = None, device_prefetch: int = 2, device_slots: Optional[int] = None) -> None:
         # one configuration, checked once: the engine's (the global batch comes from
         # it) and the stream's; the C library checks ranges when it builds them
@@ -81,7 +99,7 @@ class Loader:
         self._engine_cfg = EngineConfig(
             batch_size=batch_size, rank=r, world_size=w, dtype=dtype, position_ids=position_ids,
             cu_seqlens=cu_seqlens, loss_mask=loss_mask, num_threads=num_threads, prefetch=prefetch,
-            backend=backend, direct_io=direct_io)
+            backend=backend, direct_io=direct_io, zstd_cache_bytes=zstd_cache_bytes)
         self._order_cfg = OrderConfig(
             seq_len=seq_len, seed=seed, shuffle=shuffle, block_size=block_size, window_blocks=window_blocks,
             separator_id=separator_id, packing=packing, pad_id=pad_id, pack_window=pack_window, weights=weights,
@@ -107,7 +125,8 @@ class Loader:
         # the first batch, in the process that iterates)
         self._order = self._order_cfg.build(self._core_source())
         self._position = 0
-        self._engine: Optional[Any] = self._engine_cfg.build(self._order)
+        self._warned = False
+        self._engine: Optional[Any] = self._new_engine(stacklevel=3)
         # The GPU hop (docs/gpu.md): None keeps batches on the CPU. The device stage
         # is made now, so a missing GPU fails here, not at the first batch; from then
         # on the engine works in page-locked memory.
@@ -169,13 +188,24 @@ class Loader:
         return f"{self._order.fingerprint:016x}"
 
     # ---------------------------------------------------------------- engine
+    def _new_engine(self, stacklevel: int) -> Any:
+        """The C engine; warns once per loader when it predicts a slow configuration.
+        stacklevel: of the user's frame, counted from here."""
+        eng = self._engine_cfg.build(self._order)
+        z = eng.stats().get("zstd")
+        if z and z["note"] and not self._warned:
+            self._warned = True
+            warnings.warn(PerformanceWarning(f"tokenfeed: {z['note']} (docs/performance.md, 'Compressed data')"),
+                          stacklevel=stacklevel)
+        return eng
+
     def _get_engine(self) -> Any:
         if self._closed:
             raise ValueError("the loader is closed")
         # After fork() the engine object is a copy: the C layer notices the new
         # process on the next call and starts fresh threads at the same position.
         if self._engine is None:
-            eng = self._engine_cfg.build(self._order)
+            eng = self._new_engine(stacklevel=4)
             if self._position:
                 eng.seek(self._position)
             self._engine = eng
@@ -261,6 +291,13 @@ class Loader:
 
     def stats(self) -> Dict[str, Any]:
         """Batches, tokens, bytes read, backend in use, seconds the consumer waited, ring occupancy.
+
+        ``zstd`` is ``None`` without compressed files, else a dict: ``cache_bytes``
+        (capacity of the decompressed-block cache the workers share), ``cache_allocated``,
+        ``blocks_decoded``, ``tokens_decoded``, ``tokens_used`` (copied into batches),
+        ``decode_ratio`` (decoded / used so far), ``decode_model`` (predicted for this
+        configuration), ``cache_hits``, ``cache_misses``, ``cache_waits`` and ``note``
+        (why this configuration is slow on compressed data, or ``""``).
 
         With a device, ``stats()["device"]`` adds the GPU hop: ``copies_issued_ahead``
         (the fraction of batches received whose copy had been issued before ``next()``
