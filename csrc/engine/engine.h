@@ -120,4 +120,23 @@ TF_HIDDEN void tf__worker_destroy(tf__worker *w);
  * NULL). Returns 0 or a negative code with tf_last_error set on this thread. */
 TF_HIDDEN int tf__worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const tf_batch_view *v);
 
+/* ---- hand-off to the device stage (csrc/device/stage.c) ------------------- */
+
+/* The engine knows nothing of CUDA. A device stage that wants the batch
+ * buffers page-locked, so that its copies read them in place, gives the
+ * loader an allocator of page-aligned memory. From then on every new buffer
+ * comes from it; buffers made before are freed as they come back instead of
+ * being reused; buffers from it are kept while the loader lives (never freed
+ * to a cap), so each is page-locked once. `a` must outlive every buffer (a
+ * static table); NULL goes back to ordinary memory. Thread-safe. */
+typedef struct tf__buffer_allocator {
+    void *(*alloc)(size_t bytes, int *locked); /* page-aligned, or NULL; *locked: page-locked */
+    void (*free)(void *p, size_t bytes, int locked);
+} tf__buffer_allocator;
+TF_HIDDEN void tf__loader_set_allocator(tf_loader *l, const tf__buffer_allocator *a);
+/* Whether b's buffer is page-locked memory (from the allocator). */
+TF_HIDDEN int tf__batch_locked(const tf_batch *b);
+/* Buffers the allocator has made page-locked so far (each once). */
+TF_HIDDEN uint64_t tf__loader_locked_buffers(const tf_loader *l);
+
 #endif

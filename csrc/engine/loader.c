@@ -90,6 +90,9 @@ typedef struct tf__pool {
 struct tf_batch {
     struct tf_batch *next; /* link on the free list / returned stack */
     tf__pool *pool;
+    const tf__buffer_allocator *alloc; /* NULL: posix_memalign'd */
+    size_t alloc_bytes;
+    int locked;            /* page-locked (from alloc) */
     tf_batch_view view;    /* pointers into the payload after this header */
 };
 
@@ -148,6 +151,9 @@ struct tf_loader {
     uint64_t pf_base;
     int pf_started;
     _Atomic uint64_t st_batches, st_tokens, st_wait_ns;
+    /* page-locked buffers for a device stage (tf__loader_set_allocator) */
+    _Atomic(const tf__buffer_allocator *) alloc;
+    _Atomic uint64_t st_locked;
 };
 
 /* ------------------------------------------------------------------------ */
@@ -156,11 +162,17 @@ struct tf_loader {
 
 static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
+static void batch_free(tf_batch *b) {
+    if (!b) return;
+    if (b->alloc) b->alloc->free(b, b->alloc_bytes, b->locked);
+    else free(b);
+}
+
 static void pool_drain_free(tf__pool *p) {
     tf_batch *b = atomic_exchange_explicit(&p->returned, NULL, memory_order_acquire);
     while (b) {
         tf_batch *n = b->next;
-        free(b);
+        batch_free(b);
         b = n;
     }
 }
@@ -174,9 +186,20 @@ static void pool_unref(tf__pool *p) {
 
 static tf_batch *batch_alloc(tf_loader *l) {
     void *mem = NULL;
-    if (posix_memalign(&mem, 64, l->hdr + l->bytes) != 0) return NULL;
+    const tf__buffer_allocator *a = atomic_load_explicit(&l->alloc, memory_order_acquire);
+    int locked = 0;
+    if (a) {
+        /* page-aligned, so the payload keeps its 64-byte alignment */
+        if (!(mem = a->alloc(l->hdr + l->bytes, &locked))) return NULL;
+        if (locked) atomic_fetch_add_explicit(&l->st_locked, 1, memory_order_relaxed);
+    } else if (posix_memalign(&mem, 64, l->hdr + l->bytes) != 0) {
+        return NULL;
+    }
     tf_batch *b = mem;
     memset(b, 0, sizeof *b);
+    b->alloc = a;
+    b->alloc_bytes = l->hdr + l->bytes;
+    b->locked = locked;
     uint8_t *base = (uint8_t *)mem + l->hdr;
     b->pool = l->pool;
     b->view.tokens = base;
@@ -195,8 +218,12 @@ static tf_batch *batch_alloc(tf_loader *l) {
 /* mu held. */
 static void put_buffer_locked(tf_loader *l, tf_batch *b) {
     if (!b) return;
-    if (l->nfree >= (uint64_t)(l->depth + l->nthreads)) {
-        free(b);
+    const tf__buffer_allocator *a = atomic_load_explicit(&l->alloc, memory_order_relaxed);
+    /* With an allocator, a buffer from it is kept (it was page-locked once;
+     * the buffers in use are bounded by the ring and the stage), any other
+     * is replaced; without one, the free list is capped. */
+    if (b->alloc != a || (!a && l->nfree >= (uint64_t)(l->depth + l->nthreads))) {
+        batch_free(b);
         return;
     }
     b->next = l->free_list;
@@ -560,6 +587,8 @@ static int engine_create(const tf_order *order, int owns, const tf_loader_config
     atomic_init(&l->st_batches, 0);
     atomic_init(&l->st_tokens, 0);
     atomic_init(&l->st_wait_ns, 0);
+    atomic_init(&l->alloc, NULL);
+    atomic_init(&l->st_locked, 0);
     atomic_init(&l->owner, 0);
     rc = tf__engine_prefetch_create(order, l->B, l->G, l->rank, &l->pf, &l->pf_ctx);
     if (rc) {
@@ -618,12 +647,12 @@ void tf_loader_free(tf_loader *l) {
     if (same_process) {
         stop_threads(l);
         for (int i = 0; i < l->depth; i++) {
-            free(l->slots[i].b);
+            batch_free(l->slots[i].b);
             l->slots[i].b = NULL;
         }
         while (l->free_list) {
             tf_batch *n = l->free_list->next;
-            free(l->free_list);
+            batch_free(l->free_list);
             l->free_list = n;
         }
         pthread_mutex_destroy(&l->mu);
@@ -839,4 +868,18 @@ void tf_loader_get_stats(const tf_loader *cl, tf_loader_stats *st) {
         st->zstd_decode_model = zi.model;
         snprintf(st->zstd_note, sizeof st->zstd_note, "%s", zi.note);
     }
+}
+
+/* ------------------------------------------------------------------------ */
+/* hand-off to the device stage                                              */
+/* ------------------------------------------------------------------------ */
+
+void tf__loader_set_allocator(tf_loader *l, const tf__buffer_allocator *a) {
+    atomic_store_explicit(&l->alloc, a, memory_order_release);
+}
+
+int tf__batch_locked(const tf_batch *b) { return b && b->locked; }
+
+uint64_t tf__loader_locked_buffers(const tf_loader *l) {
+    return atomic_load_explicit(&((tf_loader *)l)->st_locked, memory_order_relaxed);
 }

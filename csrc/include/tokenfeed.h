@@ -851,6 +851,173 @@ TF_API int tf_device_slot_synchronize(tf_device_slot *s);
  * Thread-safe against the ring's other functions; accepts NULL. */
 TF_API int tf_device_slot_release(tf_device_slot *s, uintptr_t stream);
 
+/* ------------------------------------------------------------------------ */
+/* Device loader: batches copied to the GPU ahead of the training step       */
+/* ------------------------------------------------------------------------ */
+
+/* A device loader puts a loader's batches on a CUDA device ahead of the
+ * consumer. Its own thread takes batch k from the loader as soon as the
+ * engine has assembled it and issues the host-to-device copy at once, on the
+ * device ring's non-blocking stream, into a device slot, recording the slot's
+ * "ready" event; it runs up to `prefetch` batches ahead of the consumer.
+ * tf_device_loader_next() hands out the oldest such batch and makes the
+ * consumer's stream wait on its event (cudaStreamWaitEvent: the host does not
+ * wait for the copy, nothing synchronises the device or a stream). A slot is
+ * reused only after an event recorded on the consumer's stream at
+ * tf_device_batch_release has completed. See docs/gpu.md.
+ *
+ * Position and seek count what the consumer received: batches copied ahead
+ * are not part of the state and are dropped by a seek. While a device loader
+ * exists, its loader belongs to it: call tf_loader_next/seek only through the
+ * device loader. */
+
+typedef struct tf_device_loader tf_device_loader;
+typedef struct tf_device_batch tf_device_batch;
+
+/* Caller-owned device buffers that every batch is delivered into (for
+ * training steps captured in CUDA graphs, whose addresses must not change).
+ * Each array the loader produces needs a buffer of at least
+ *   tokens        rows x (seq_len + 1) x dtype size
+ *   position_ids  rows x seq_len x 4          (TF_WANT_POSITION_IDS)
+ *   cu_seqlens    rows x (seq_len + 1) x 4    (TF_WANT_CU_SEQLENS)
+ *   num_seqs      rows x 4                    (TF_WANT_CU_SEQLENS)
+ *   loss_mask     rows x seq_len              (TF_WANT_LOSS_MASK)
+ * bytes, on the device loader's device. */
+typedef struct tf_device_static {
+    void *tokens;
+    size_t tokens_bytes;
+    int32_t *position_ids;
+    size_t position_ids_bytes;
+    int32_t *cu_seqlens;
+    size_t cu_seqlens_bytes;
+    int32_t *num_seqs;
+    size_t num_seqs_bytes;
+    uint8_t *loss_mask;
+    size_t loss_mask_bytes;
+} tf_device_static;
+
+typedef struct tf_device_config {
+    int device;        /* CUDA device index */
+    int prefetch;      /* batches whose copy is issued ahead of the consumer;
+                          0 = default (2) */
+    int slots;         /* device slots in all; 0 = prefetch + 2, so that the
+                          consumer can hold two batches at once. At least
+                          prefetch + 1. */
+    const tf_device_static *static_buffers;
+                       /* NULL: each batch in a slot of its own. Else every
+                          batch is delivered into these buffers (copied once).
+                          Copied at create time; the buffers are borrowed. */
+} tf_device_config;
+
+TF_API void tf_device_config_init(tf_device_config *cfg);
+
+/* A device loader over l (borrowed: must outlive the device loader). Checks
+ * now that CUDA is usable and the device exists (-TF_ECUDA / -EINVAL with
+ * the reason); device memory is allocated when the first batch's shape is
+ * known, on the first tf_device_loader_next (its errors, -ENOMEM for a full
+ * GPU among them, come from there). Threads start on the first next. From
+ * now on l assembles its batches in page-locked buffers (each registered
+ * once, when the engine makes it), which the copies read in place; after
+ * tf_device_loader_free it goes back to ordinary memory. */
+TF_API int tf_device_loader_create(tf_loader *l, const tf_device_config *cfg, tf_device_loader **out);
+
+/* Stop the copy thread and drop the batches copied ahead (waiting, on
+ * events, for copies in flight). Batches the consumer holds stay valid; the
+ * device memory goes with the last of them. Accepts NULL. */
+TF_API void tf_device_loader_free(tf_device_loader *d);
+
+/* The next batch, on the device. `stream` (a cudaStream_t: 1 = legacy
+ * default, 2 = per-thread default, or a created stream) is made to wait for
+ * the batch's copy; TF_DEVICE_STREAM_NONE makes nothing wait (use
+ * tf_device_batch_wait or the view's ready_event). With static buffers the
+ * batch is copied into them on `stream` (which must then be a stream), after
+ * the work already queued there. Returns 0, -TF_EEOF at the end of a finite
+ * stream, -EBUSY when every slot is held by the consumer (release old
+ * batches, or create with more slots), or an error of the loader or of CUDA:
+ * after an error the position has not advanced and the next call retries the
+ * same batch. */
+TF_API int tf_device_loader_next(tf_device_loader *d, uintptr_t stream, tf_device_batch **out);
+
+/* Like tf_device_loader_next, but gives up with -ETIMEDOUT after timeout_ns
+ * (no message; call again). */
+TF_API int tf_device_loader_next_timed(tf_device_loader *d, uintptr_t stream, tf_device_batch **out,
+                                       uint64_t timeout_ns);
+
+/* Global position of the next batch the consumer will receive (never counts
+ * the batches copied ahead). */
+TF_API uint64_t tf_device_loader_position(const tf_device_loader *d);
+
+/* Move to position pos (a multiple of the global batch): the batches copied
+ * ahead are dropped; batches the consumer holds stay valid. */
+TF_API int tf_device_loader_seek(tf_device_loader *d, uint64_t pos);
+
+/* Start the copy thread now instead of at the first next (so that the first
+ * batches are on the device before the training loop asks). Optional. */
+TF_API int tf_device_loader_start(tf_device_loader *d);
+
+typedef struct tf_device_batch_view {
+    void *tokens;          /* device: rows x (seq_len + 1), dtype */
+    tf_dtype dtype;
+    uint64_t rows;
+    uint64_t seq_len;
+    int32_t *position_ids; /* device: rows x seq_len, or NULL */
+    int32_t *cu_seqlens;   /* device: rows x (seq_len + 1), or NULL */
+    int32_t *num_seqs;     /* device: rows, or NULL */
+    uint8_t *loss_mask;    /* device: rows x seq_len, or NULL */
+    uint64_t position;     /* global position of this batch's first sample */
+    int device;
+    uintptr_t ready_event; /* cudaEvent_t: the data is in place once it has
+                              completed (owned by the loader; valid until the
+                              batch is released) */
+} tf_device_batch_view;
+
+TF_API void tf_device_batch_get_view(const tf_device_batch *b, tf_device_batch_view *view);
+
+/* Make another stream wait (on the device) for the batch's data. */
+TF_API int tf_device_batch_wait(tf_device_batch *b, uintptr_t stream);
+
+/* Block the calling thread until the batch's data is in place (an event
+ * synchronize on its ready event; for CPU-side checks and tests, not for a
+ * training loop, which uses the stream waits above). */
+TF_API int tf_device_batch_synchronize(tf_device_batch *b);
+
+/* Give the batch back. `stream` is the stream of the last work that reads
+ * it (TF_DEVICE_STREAM_NONE if nothing did): an event recorded there gates
+ * the slot's reuse. The batch pointer is invalid afterwards, whatever the
+ * result. Thread-safe; may outlive the device loader; accepts NULL. */
+TF_API int tf_device_batch_release(tf_device_batch *b, uintptr_t stream);
+
+typedef struct tf_device_stats {
+    uint64_t batches;           /* delivered to the consumer */
+    uint64_t issued_ahead;      /* of those, batches whose copy had been issued
+                                   before next() asked for them */
+    double copies_issued_ahead; /* issued_ahead / batches (0 before the first) */
+    uint64_t copies;            /* batches whose host-to-device copy was issued */
+    uint64_t h2d_bytes;         /* bytes of those copies */
+    uint64_t h2d_timed_bytes;   /* bytes of the copies timed so far */
+    double h2d_seconds;         /* device time of the timed copies (events) */
+    double h2d_gbps;            /* h2d_timed_bytes / h2d_seconds / 1e9 */
+    uint64_t direct_copies;     /* copies read straight from a page-locked engine buffer */
+    uint64_t staging_copies;    /* host memcpys of an engine buffer into pinned staging
+                                   (only for buffers made before the device loader) */
+    uint64_t staging_bytes;
+    uint64_t engine_buffers_locked; /* engine buffers page-locked so far (each once) */
+    double wait_mean_s;         /* consumer time in next() waiting for a batch */
+    double wait_p99_s;          /* over the last 4096 batches */
+    double wait_total_s;
+    uint64_t release_waits;     /* the copy thread waited on a release event */
+    uint64_t slot_full_waits;   /* ... or for the consumer to release a batch */
+    int prefetch;
+    int slots;
+    int queued;                 /* batches copied ahead, not yet delivered */
+    int held;                   /* batches delivered, not yet released */
+    int host_pinned;            /* every copy read page-locked memory (-1: no copy yet) */
+    int static_buffers;
+    char note[160];             /* why staging is pageable, "" otherwise */
+} tf_device_stats;
+
+TF_API void tf_device_loader_get_stats(const tf_device_loader *d, tf_device_stats *st);
+
 #ifdef __cplusplus
 }
 #endif

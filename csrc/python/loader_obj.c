@@ -11,7 +11,8 @@ typedef struct {
     tf_loader *l;
     PyObject *order;     /* the _core.Order the engine borrows */
     int busy;            /* a thread is inside next() with the GIL released */
-    int close_pending;   /* close() was called while busy */
+    int close_pending;   /* close() was called while busy or used */
+    int users;           /* DeviceLoaders driving the engine (their copy thread calls it) */
 } tfpy_Loader;
 
 static int parse_backend(PyObject *v, void *out) {
@@ -95,6 +96,10 @@ static int loader_check(tfpy_Loader *self) {
         PyErr_SetString(PyExc_ValueError, "the loader is closed");
         return -1;
     }
+    if (self->users) {
+        PyErr_SetString(PyExc_RuntimeError, "this loader's engine is driven by a DeviceLoader: take batches from that");
+        return -1;
+    }
     if (self->busy) {
         PyErr_SetString(PyExc_RuntimeError, "the loader is being iterated by another thread; a Loader is not shared between threads");
         return -1;
@@ -144,7 +149,8 @@ static PyObject *Loader_seek(tfpy_Loader *self, PyObject *arg) {
 }
 
 static PyObject *Loader_close(tfpy_Loader *self, PyObject *unused) {
-    if (self->busy) self->close_pending = 1; /* the waiting thread frees it */
+    /* the waiting thread, or the last DeviceLoader to let go, frees it */
+    if (self->busy || self->users) self->close_pending = 1;
     else loader_free(self);
     Py_RETURN_NONE;
 }
@@ -188,6 +194,18 @@ static PyObject *Loader_get_position(tfpy_Loader *self, void *c) {
         return NULL;
     }
     return PyLong_FromUnsignedLongLong(tf_loader_position(self->l));
+}
+
+tf_loader *tfpy_loader_use(PyObject *loader) {
+    tfpy_Loader *self = (tfpy_Loader *)loader;
+    if (loader_check(self) < 0) return NULL;
+    self->users++;
+    return self->l;
+}
+
+void tfpy_loader_unuse(PyObject *loader) {
+    tfpy_Loader *self = (tfpy_Loader *)loader;
+    if (--self->users == 0 && self->close_pending && !self->busy) loader_free(self);
 }
 
 static PyObject *Loader_get_closed(tfpy_Loader *self, void *c) { return PyBool_FromLong(!self->l || self->close_pending); }

@@ -58,9 +58,13 @@ class Loader:
     partial *global* batch so every rank gets the same number of batches.
 
     ``device="cuda"`` (or ``"cuda:N"``; the index defaults to ``LOCAL_RANK``) yields
-    device tensors, copied through pinned memory on a side stream and ready on the
-    consumer's current stream (see ``docs/gpu.md``); without CUDA it raises a
-    ``RuntimeError`` that says why.
+    device tensors, ready on the consumer's current stream (see ``docs/gpu.md``): the
+    engine assembles batches in page-locked memory and a C thread issues each batch's
+    copy to the GPU as soon as it is assembled, ``device_prefetch`` (default 2) batches
+    ahead of ``next()``, into ``device_slots`` device buffers (default
+    ``device_prefetch + 2``: the consumer may hold two batches at once). ``position``
+    and ``state_dict()`` count the batches you received, never those copied ahead.
+    Without CUDA it raises a ``RuntimeError`` that says why.
 
     ``num_threads`` (default: the engine's choice for the backend, at most 256) and
     ``prefetch`` (batches assembled ahead, default ``2 * num_threads + 2``, at most 4096)
@@ -88,7 +92,7 @@ class Loader:
                  block_size: int = 1024, window_blocks: int = 16, packing: str = "concat",
                  pad_id: Optional[int] = None, pack_window: int = 1024, weights: Optional[Sequence[float]] = None,
                  mix_window: int = 1000, zstd_cache_bytes: Optional[int] = None,
-                 device: Any = None, device_slots: int = 4) -> None:
+                 device: Any = None, device_prefetch: int = 2, device_slots: Optional[int] = None) -> None:
         # one configuration, checked once: the engine's (the global batch comes from
         # it) and the stream's; the C library checks ranges when it builds them
         r, w = resolve_rank(rank, world_size)
@@ -113,6 +117,7 @@ class Loader:
             self.dataset: Any = [d if isinstance(d, Dataset) else _open(d) for d in srcs]
         else:
             self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset)
+        requested_output = output
         if output == "auto":
             output = "torch" if _torch_available() else "numpy"
         self.output = output
@@ -122,16 +127,19 @@ class Loader:
         self._position = 0
         self._warned = False
         self._engine: Optional[Any] = self._new_engine(stacklevel=3)
-        # GPU hand-off (docs/gpu.md): None keeps batches on the CPU. Creating the
-        # feeder checks CUDA now, so a missing GPU fails here, not at the first batch.
-        from ._device import DeviceFeeder, parse_device
+        # The GPU hop (docs/gpu.md): None keeps batches on the CPU. The device stage
+        # is made now, so a missing GPU fails here, not at the first batch; from then
+        # on the engine works in page-locked memory.
+        from ._device import parse_device
 
         self.device_index = parse_device(device)
-        self._feeder_kw: Dict[str, Any] = dict(output="dlpack" if output == "numpy" else output,
-                                               slots=int(device_slots))
-        self._feeder: Optional[Any] = (DeviceFeeder(self.device_index, **self._feeder_kw)
-                                       if self.device_index is not None else None)
+        self._device_kw: Dict[str, Any] = dict(
+            prefetch=device_prefetch, slots=device_slots,
+            output="dlpack" if output == "numpy" else ("auto" if requested_output == "auto" else output))
+        self._device: Optional[Any] = None
         self._closed = False
+        if self.device_index is not None:
+            self._get_device()
         if output == "torch":
             import torch  # noqa: F401  (fail now, not at the first batch)
 
@@ -203,10 +211,22 @@ class Loader:
             self._engine = eng
         return self._engine
 
+    def _get_device(self) -> Any:
+        # per process: made again after unpickling, over the engine at the position
+        if self._device is None:
+            from ._device import DeviceStage
+
+            assert self.device_index is not None
+            self._device = DeviceStage(self._get_engine(), self.device_index, **self._device_kw)
+        return self._device
+
     @property
     def position(self) -> int:
         """Global stream position (in samples) of the next batch this rank will receive."""
-        if self._engine is not None and not self._engine.closed:
+        if self._device is not None:
+            if not self._device.closed:  # the engine runs ahead by what was copied to the GPU
+                self._position = self._device.position
+        elif self._engine is not None and not self._engine.closed:
             self._position = self._engine.position
         return self._position
 
@@ -224,13 +244,15 @@ class Loader:
         return max(0, (n - self.position) // self.global_batch)
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
+        if self.device_index is not None and not self._closed:
+            self._get_device().start()  # copies to the GPU begin with the loop, before the first next()
         return self
 
     def __next__(self) -> Dict[str, Any]:
-        batch: Dict[str, Any] = self._get_engine().next()
-        if self._feeder is not None:
-            out: Dict[str, Any] = self._feeder(batch)  # the host batch returns to the ring when dropped
+        if self.device_index is not None:
+            out: Dict[str, Any] = self._get_device().next()
             return out
+        batch: Dict[str, Any] = self._get_engine().next()
         if self.output == "torch":
             import torch
 
@@ -238,14 +260,18 @@ class Loader:
         return batch
 
     def close(self) -> None:
-        """Stop the worker threads. Batches already handed out stay valid."""
+        """Stop the worker threads (and the copies to the GPU, waiting for those in flight).
+        Batches already handed out stay valid."""
+        drove = self._device is not None
+        if self._device is not None:
+            self._position = self.position  # what the consumer received
+            self._device.close()  # (in another thread's next(): closed when that wakes up)
+            self._device = None
         if self._engine is not None:
-            self._position = self._engine.position
+            if not drove:  # else the engine may still be ahead by what was copied to the GPU
+                self._position = self._engine.position
             self._engine.close()
             self._engine = None
-        if self._feeder is not None:
-            self._feeder.close()
-            self._feeder = None
         self._closed = True
 
     def __enter__(self) -> "Loader":
@@ -256,6 +282,8 @@ class Loader:
 
     def __del__(self) -> None:
         try:
+            if self._device is not None:
+                self._device.close()
             if self._engine is not None:
                 self._engine.close()
         except Exception:
@@ -270,8 +298,17 @@ class Loader:
         ``decode_ratio`` (decoded / used so far), ``decode_model`` (predicted for this
         configuration), ``cache_hits``, ``cache_misses``, ``cache_waits`` and ``note``
         (why this configuration is slow on compressed data, or ``""``).
+
+        With a device, ``stats()["device"]`` adds the GPU hop: ``copies_issued_ahead``
+        (the fraction of batches received whose copy had been issued before ``next()``
+        asked), ``wait_mean_seconds``/``wait_p99_seconds`` (the consumer's wait in
+        ``next()``), ``h2d_bytes`` and ``h2d_gbps`` (copy time from CUDA events),
+        ``direct_copies``/``staging_copies`` and ``engine_buffers_locked``; the engine's
+        own counters then include the batches copied ahead.
         """
         st: Dict[str, Any] = self._get_engine().stats()
+        if self.device_index is not None:
+            st["device"] = self._get_device().stats()
         return st
 
     def _core_source(self) -> Any:
@@ -313,16 +350,12 @@ class Loader:
         d["_position"] = self.position
         d["_engine"] = None
         d["_order"] = None
-        d["_feeder"] = None  # device state is per process; rebuilt where the loader lands
+        d["_device"] = None  # device state is per process; made again where the loader is used
         return d
 
     def __setstate__(self, d: Dict[str, Any]) -> None:
         self.__dict__.update(d)
         self._order = self._order_cfg.build(self._core_source())
-        if self.device_index is not None:
-            from ._device import DeviceFeeder
-
-            self._feeder = DeviceFeeder(self.device_index, **self._feeder_kw)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> Dict[str, Any]:
@@ -374,7 +407,9 @@ class Loader:
             raise StateError(f"position {pos} is not a multiple of the global batch {self.global_batch}: "
                              f"keep batch_size * world_size the same as when the state was saved")
         self._position = pos
-        if self._engine is not None:
+        if self._device is not None:
+            self._device.seek(pos)  # drops what was copied ahead; moves the engine
+        elif self._engine is not None:
             self._engine.seek(pos)
 
     def __repr__(self) -> str:
