@@ -83,8 +83,9 @@ def batches(loader, n):
     it = iter(loader)
     for _ in range(n):
         b = next(it)
-        out.append(np.array(b["input_ids"]).copy())
-        out.append(np.array(b["labels"]).copy())
+        for k in ("input_ids", "labels"):
+            v = b[k]
+            out.append(v.numpy().copy() if hasattr(v, "numpy") else np.array(v))
     return out
 
 
