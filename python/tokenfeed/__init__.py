@@ -18,11 +18,12 @@ from . import _core
 from ._core import FormatError
 from ._dataset import Dataset, DatasetWriter, open
 from ._loader import Loader, StateError
+from ._mesh import ParallelCoords, parallel_coords
 
 __version__: str = _core.__version__
 
 __all__ = ["Dataset", "DatasetWriter", "FormatError", "Loader", "StateError", "build_info", "get_include",
-           "get_library", "open", "__version__"]
+           "get_library", "open", "parallel_coords", "ParallelCoords", "__version__"]
 
 
 def build_info() -> Dict[str, Any]:
