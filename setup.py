@@ -1,126 +1,108 @@
-"""Build tokenfeed: one extension module (tokenfeed._core) and the same C
-sources as a shared library (tokenfeed/lib/libtokenfeed.so) that C programs can
-link, with the public header copied to tokenfeed/include/.
+"""Build tokenfeed: one extension module (tokenfeed._core) and a shared library
+(tokenfeed/lib/libtokenfeed.so) that C programs can link, with the public header
+copied to tokenfeed/include/.
 
-Optional libraries are probed at build time — pkg-config first, then a tiny
-compile-and-link test — and a found/not-found summary is printed. Each probe can
-be disabled from the environment:
+The C core is built once, by csrc/Makefile (``make -C csrc lib``) in the build
+directory, and its objects are linked into both the extension and the shared
+library. The Makefile owns the probe of the optional libraries
+(csrc/configure.sh) and records the whole configuration in a file that every
+object depends on, so a changed probe result, flag or option rebuilds what it
+affects, and nothing stale is reused. Building needs a C compiler and make.
+
+Options, from the environment:
 
     TOKENFEED_NO_ZSTD=1       build without zstd (compressed shards unsupported)
     TOKENFEED_NO_IO_URING=1   build without io_uring (mmap/pread backends only)
     TOKENFEED_SANITIZE=address,undefined   instrumented build (see docs/reliability.md)
+    TOKENFEED_TEST_HOOKS=1    compile in the fault-injection hooks the tests use
+
+The version is read from csrc/include/tokenfeed.h (TF_VERSION_*), its only home.
 """
 from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
-import tempfile
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join(HERE, "csrc")
+HEADER = os.path.join(CSRC, "include", "tokenfeed.h")
 
 
-def _pkg_config(name: str) -> tuple[list[str], list[str]] | None:
+def read_version() -> str:
+    with open(HEADER) as f:
+        text = f.read()
+    parts = [re.search(rf"^#define TF_VERSION_{k}\s+(\d+)\s*$", text, re.M) for k in ("MAJOR", "MINOR", "PATCH")]
+    if not all(parts):
+        raise RuntimeError(f"{HEADER}: TF_VERSION_MAJOR/MINOR/PATCH not found")
+    return ".".join(m.group(1) for m in parts if m)
+
+
+def build_core(build_dir: str) -> dict[str, str]:
+    """Build the core with csrc/Makefile into build_dir; return its configuration record."""
+    cmd = ["make", "-C", CSRC, f"-j{max(1, os.cpu_count() or 1)}", "lib", f"BUILD={build_dir}"]
+    if os.environ.get("TOKENFEED_SANITIZE"):
+        cmd.append(f"SANITIZE={os.environ['TOKENFEED_SANITIZE']}")
+    os.makedirs(build_dir, exist_ok=True)
+    log = os.path.join(build_dir, "make.log")
     try:
-        cflags = subprocess.run(["pkg-config", "--cflags", name], capture_output=True, text=True, check=True).stdout.split()
-        libs = subprocess.run(["pkg-config", "--libs", name], capture_output=True, text=True, check=True).stdout.split()
-        return cflags, libs
-    except (OSError, subprocess.CalledProcessError):
-        return None
+        with open(log, "w") as out:
+            rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode
+    except FileNotFoundError:
+        raise SystemExit("building tokenfeed needs make and a C compiler "
+                         "(Debian/Ubuntu: apt-get install build-essential)") from None
+    if rc != 0:
+        with open(log) as f:
+            sys.stderr.write(f.read()[-8000:])
+        raise SystemExit(f"building the C core failed ({' '.join(cmd)}); the log is {log}")
+    config: dict[str, str] = {}
+    with open(os.path.join(build_dir, "config")) as f:
+        for line in f:
+            key, _, value = line.rstrip("\n").partition("=")
+            config[key] = value
+    return config
 
 
-def _compiles(code: str, libs: list[str]) -> bool:
-    cc = os.environ.get("CC", "cc")
-    with tempfile.TemporaryDirectory() as d:
-        src = os.path.join(d, "probe.c")
-        with open(src, "w") as f:
-            f.write(code)
-        r = subprocess.run([cc, src, "-o", os.path.join(d, "probe"), *libs], capture_output=True)
-        return r.returncode == 0
-
-
-PROBES = {
-    "zstd": ("TOKENFEED_NO_ZSTD", "libzstd", "TF_HAVE_ZSTD",
-             "#include <zstd.h>\nint main(void){return (int)ZSTD_versionNumber()==0;}\n", ["-lzstd"]),
-    "io_uring": ("TOKENFEED_NO_IO_URING", "liburing", "TF_HAVE_IO_URING",
-                 "#include <liburing.h>\nint main(void){struct io_uring r; (void)r; return 0;}\n", ["-luring"]),
-}
-
-
-def probe() -> tuple[list[tuple[str, str]], list[str], list[str], dict[str, str]]:
-    macros: list[tuple[str, str]] = []
-    cflags: list[str] = []
-    libs: list[str] = []
-    summary: dict[str, str] = {}
-    for name, (env, pc, macro, code, fallback_libs) in PROBES.items():
-        if os.environ.get(env, "") not in ("", "0"):
-            summary[name] = f"disabled by {env}"
-            continue
-        found = _pkg_config(pc)
-        how = "pkg-config"
-        if found is None or not _compiles(code, found[0] + found[1]):
-            found = ([], fallback_libs) if _compiles(code, fallback_libs) else None
-            how = "compile test"
-        if found is None:
-            summary[name] = "not found (install the -dev package to enable)"
-            continue
-        macros.append((macro, "1"))
-        cflags += found[0]
-        libs += found[1]
-        summary[name] = f"found ({how})"
-    print("tokenfeed build configuration:", file=sys.stderr)
-    for k, v in summary.items():
-        print(f"  {k:9s} {v}", file=sys.stderr)
-    print("  cuda      runtime loaded with dlopen at run time (no toolkit needed)", file=sys.stderr)
-    return macros, cflags, libs, summary
-
-
-def core_sources() -> list[str]:
-    srcs = []
-    for layer in ("common", "sources", "order", "engine", "device"):
-        srcs += sorted(glob.glob(os.path.join("csrc", layer, "*.c")))
-    return srcs
-
-
-MACROS, PROBE_CFLAGS, PROBE_LIBS, SUMMARY = probe()
-MACROS.append(("TF_HAVE_CUDA_LAYER", "1"))
-MACROS.append(("TF_BUILD_SUMMARY", '"' + "; ".join(f"{k}: {v}" for k, v in SUMMARY.items()) + '"'))
-
-CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden",
-          "-D_GNU_SOURCE", "-pthread", *PROBE_CFLAGS]
-LDFLAGS = ["-pthread", "-ldl", *PROBE_LIBS]
-SANITIZE = os.environ.get("TOKENFEED_SANITIZE", "")
-if SANITIZE:
-    CFLAGS = [f for f in CFLAGS if f != "-O2"] + ["-O1", "-g", "-fno-omit-frame-pointer", f"-fsanitize={SANITIZE}"]
-    LDFLAGS += [f"-fsanitize={SANITIZE}"]
+def _from_csrc(flag: str) -> str:
+    """The Makefile's include flags are relative to csrc/."""
+    if flag.startswith("-I") and not os.path.isabs(flag[2:]):
+        return "-I" + os.path.join(CSRC, flag[2:])
+    return flag
 
 
 class BuildExt(build_ext):
-    """Build the extension, then the standalone shared library and header."""
+    """Build the core with make, then the extension on its objects, then ship the
+    shared library and the header in the package."""
 
     def run(self) -> None:
+        core_dir = os.path.join(os.path.abspath(self.build_temp), "core")
+        config = build_core(core_dir)
+        objects = config["objects"].split()
+        summary = config["summary"]
+        for ext in self.extensions:
+            ext.extra_objects = objects
+            ext.extra_compile_args = config["cflags"].split() + [_from_csrc(f) for f in config["cppflags"].split()]
+            ext.extra_link_args = config["ldflags"].split() + config["ldlibs"].split()
+            ext.define_macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
+                                 ("TF_BUILD_SUMMARY", '"' + summary.replace('"', "'") + '"')]
+            # relink (and recompile the binding, which embeds the summary) whenever the core or its
+            # configuration changed
+            ext.depends = objects + [os.path.join(core_dir, "config"), HEADER,
+                                     *glob.glob(os.path.join(CSRC, "python", "*.h"))]
         super().run()
-        pkg_dir = os.path.join(self.build_lib, "tokenfeed")
-        if self.inplace:
-            pkg_dir = os.path.join(HERE, "python", "tokenfeed")
-        self._build_shared_lib(pkg_dir)
-
-    def _build_shared_lib(self, pkg_dir: str) -> None:
-        objects = self.compiler.compile(core_sources(), output_dir=self.build_temp,
-                                        macros=MACROS, include_dirs=["csrc/include", "csrc"],
-                                        extra_postargs=CFLAGS + ["-fPIC"])
-        lib_dir = os.path.join(pkg_dir, "lib")
-        os.makedirs(lib_dir, exist_ok=True)
-        self.compiler.link_shared_object(objects, os.path.join(lib_dir, "libtokenfeed.so"),
-                                         extra_postargs=LDFLAGS + ["-Wl,-soname,libtokenfeed.so"])
-        inc_dir = os.path.join(pkg_dir, "include")
-        os.makedirs(inc_dir, exist_ok=True)
-        shutil.copy(os.path.join("csrc", "include", "tokenfeed.h"), inc_dir)
+        pkg_dir = os.path.join(HERE, "python", "tokenfeed") if self.inplace else os.path.join(self.build_lib,
+                                                                                              "tokenfeed")
+        os.makedirs(os.path.join(pkg_dir, "lib"), exist_ok=True)
+        os.makedirs(os.path.join(pkg_dir, "include"), exist_ok=True)
+        shutil.copy2(os.path.join(core_dir, "libtokenfeed.so"), os.path.join(pkg_dir, "lib", "libtokenfeed.so"))
+        shutil.copy2(HEADER, os.path.join(pkg_dir, "include", "tokenfeed.h"))
+        print("tokenfeed build configuration: " + summary, file=sys.stderr)
 
 
 def numpy_include() -> str:
@@ -131,11 +113,8 @@ def numpy_include() -> str:
 
 ext = Extension(
     "tokenfeed._core",
-    sources=core_sources() + sorted(glob.glob(os.path.join("csrc", "python", "*.c"))),
-    include_dirs=["csrc/include", "csrc", numpy_include()],
-    define_macros=MACROS + [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-    extra_compile_args=CFLAGS,
-    extra_link_args=LDFLAGS,
+    sources=sorted(glob.glob(os.path.join("csrc", "python", "*.c"))),
+    include_dirs=[numpy_include()],
 )
 
-setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt})
+setup(version=read_version(), ext_modules=[ext], cmdclass={"build_ext": BuildExt})

@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""Tokens/s of tokenfeed beside the C gather ceiling, nanoGPT, torch DataLoader and peer loaders.
+"""The tokenfeed benchmark from a checkout: the same as ``tokenfeed bench``.
 
-The same as ``tokenfeed bench``; see ``python benchmarks/bench_tokens.py --help`` and
-docs/performance.md. Example: ``python benchmarks/bench_tokens.py --quick --json out.json``.
+    python benchmarks/bench_tokens.py --quick --json out.json --plot chart.png
+
+See ``--help`` and docs/performance.md.
 """
+import os
 import sys
 
-from tokenfeed.bench import main
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from tokenfeed_bench import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""open() of 10^4 sparse llm.c shards totalling 10^12 tokens: time and memory (issue 2's must-show).
+"""open() of 10^4 sparse llm.c shards totalling 10^12 tokens: time and memory.
 
 Target: under 1 s and under 100 MB (peak RSS delta of a fresh process). Each size runs in
 its own process; the shards are sparse files (a real header, a hole for the tokens) kept
@@ -14,7 +14,9 @@ import os
 import shutil
 import sys
 
-from tokenfeed.bench import _default_cache, open_scaling
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tokenfeed_bench.common import default_cache as _default_cache  # noqa: E402
+from tokenfeed_bench.scaling import open_scaling  # noqa: E402
 
 
 def main() -> int:

@@ -1,4 +1,4 @@
-"""Soak test (issue 9, part 5): resources stay flat over a long run.
+"""Soak test: resources stay flat over a long run.
 
 Phase 1 iterates one Loader for N batches (default 10^7 batches of 1 x 16
 tokens: the per-batch overheads dominate, which is what leaks show up in) and

@@ -1,4 +1,4 @@
-"""Abuse tests (issue 9, part 4): inputs at and past the edges of what the
+"""Abuse tests: inputs at and past the edges of what the
 library accepts. Each case must end in a clear Python exception or in the
 right data: never a crash, never a hang, never silent garbage.
 

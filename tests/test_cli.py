@@ -243,14 +243,14 @@ def test_resume_after_crash(tmp_path, tok_path, capsys):
     out = tmp_path / "out"
     # run the conversion in a child and kill it after the first chunk is done
     code = f"""
-import os, signal, tokenfeed.cli as cli
-real = cli._tokenize_chunk
+import os, signal, tokenfeed.cli as cli, tokenfeed._convert as conv
+real = conv._tokenize_chunk
 def crash_after_first(args):
     r = real(args)
     if args[0].seq == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     return r
-cli._tokenize_chunk = crash_after_first
+conv._tokenize_chunk = crash_after_first
 cli.main(["convert", {str(tmp_path / 'a.jsonl')!r}, {str(tmp_path / 'b.jsonl')!r}, {str(out)!r},
           "--tokenizer", {tok_path!r}, "--workers", "1", "--chunk-mb", "0.01"])
 """
@@ -439,11 +439,11 @@ def test_bench_delegates(monkeypatch, capsys):
     import types
 
     seen: List[Any] = []
-    fake = types.ModuleType("tokenfeed.bench")
+    fake = types.ModuleType("tokenfeed_bench")
     fake.main = lambda argv: seen.append(argv) or 0  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "tokenfeed.bench", fake)
+    monkeypatch.setitem(sys.modules, "tokenfeed_bench", fake)
     assert main(["bench", "--seq-len", "8", "x"]) == 0
     assert seen == [["--seq-len", "8", "x"]]
-    monkeypatch.setitem(sys.modules, "tokenfeed.bench", None)  # as if the module did not exist
+    monkeypatch.setitem(sys.modules, "tokenfeed_bench", None)  # as if the package did not exist
     rc = main(["bench"])
     assert rc == 2 and "not available" in capsys.readouterr().err

@@ -1,6 +1,6 @@
-"""Corrupted and truncated files of every format (issue 9 part 4, the
-Must-show of issue 2): each header field of each format is overwritten in
-turn with hostile values, and files are truncated at many offsets.
+"""Corrupted and truncated files of every format: each header field of each
+format is overwritten in turn with hostile values, and files are truncated at
+many offsets.
 
 Every case must end in one of:
   - tokenfeed.FormatError at open, whose message names the file;

@@ -184,6 +184,7 @@ STALLED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.test_hooks
 @pytest.mark.parametrize("mode", ["sigint", "close"])
 def test_blocked_next_is_interruptible(twin, tmp_path, mode):
     """Ctrl-C (SIGINT) or close() from another thread ends a next() that is

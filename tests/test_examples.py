@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -84,3 +85,37 @@ def test_embed_c_reads_raw_tokens(embed_exe, tmp_path):
 def test_python_m_tokenfeed():
     p = subprocess.run([sys.executable, "-m", "tokenfeed", "--help"], capture_output=True, text=True)
     assert p.returncode == 0 and "convert" in p.stdout and "inspect" in p.stdout and "verify" in p.stdout
+
+
+def test_library_loads_beside_the_extension(tmp_path):
+    """libtokenfeed.so loads with ctypes in a process that already imported tokenfeed.
+
+    Both copies of the core take their thread-locals from glibc's small static TLS
+    surplus (the SIGBUS guard needs an initial-exec variable); the per-thread message
+    buffers live on the heap so that two copies fit. The C library's error detail
+    works from a thread of its own too.
+    """
+    code = textwrap.dedent("""
+        import ctypes, sys, threading
+        import tokenfeed
+        lib = ctypes.CDLL(tokenfeed.get_library())
+        lib.tf_version.restype = ctypes.c_char_p
+        lib.tf_last_error.restype = ctypes.c_char_p
+        lib.tf_strerror.restype = ctypes.c_char_p
+        lib.tf_dataset_open.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+        out = {}
+        def run():
+            ds = ctypes.c_void_p()
+            rc = lib.tf_dataset_open(sys.argv[1].encode(), None, ctypes.byref(ds))
+            out["rc"], out["err"], out["str"] = rc, lib.tf_last_error(), lib.tf_strerror(2)
+        t = threading.Thread(target=run); t.start(); t.join()
+        print(lib.tf_version().decode(), out["rc"], out["str"].decode(), out["err"].decode(), sep="|")
+    """)
+    missing = str(tmp_path / "no-such-dataset")
+    p = subprocess.run([sys.executable, "-c", code, missing], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    version, rc, strerr, detail = p.stdout.strip().split("|", 3)
+    assert version == tokenfeed.__version__
+    assert int(rc) < 0
+    assert strerr == "No such file or directory"
+    assert "no-such-dataset" in detail

@@ -1,4 +1,4 @@
-"""Faults (issue 9, part 3): files truncated or replaced while mapped, read errors
+"""Faults: files truncated or replaced while mapped, read errors
 and short reads from the pread and io_uring backends, and a writer killed with
 SIGKILL. Each risky body runs in a subprocess, so a SIGBUS that escapes the guard
 (or any crash) fails the test instead of killing pytest.
@@ -223,6 +223,7 @@ def inject_data(tmp_path_factory):
     return root / "ds"
 
 
+@pytest.mark.test_hooks
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "mmap"])
 @pytest.mark.parametrize("mode", ["eio", "short", "eof"])
 def test_injected_read_faults(inject_data, backend, mode):

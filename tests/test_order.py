@@ -1,4 +1,4 @@
-"""The global order contract (DESIGN.md): permutation, coverage, determinism,
+"""The global order contract (docs/order.md, docs/design.md): permutation, coverage, determinism,
 exact resume, rank partition and elastic resume."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Soak, short form (issue 9, part 5): benchmarks/soak.py at 10^5 batches and 10^3
+"""Soak, short form: benchmarks/soak.py at 10^5 batches and 10^3
 loaders + datasets opened and closed. RSS must stay flat after warm-up (generous
 16 MiB margin here; the full run in docs/reliability.md uses 4 MiB), and open file
 descriptors and threads must come back to their baseline. Never asserts timing.

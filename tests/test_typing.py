@@ -2,7 +2,8 @@
 
 The stub of the extension (``tokenfeed/_core.pyi``) is also compared with the built
 module, name by name, so a method added or renamed in C cannot silently go missing
-from the stub. Skipped when mypy is not installed (it is in the ``test`` extras).
+from the stub. mypy is in the ``test`` extra; the check passes with and without the
+optional packages installed.
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ PKG = os.path.dirname(os.path.abspath(tokenfeed.__file__))
 # The typed public surface. bench.py (a tool with many optional third-party imports) is
 # checked by its own tests, not here.
 MODULES = sorted(f for f in os.listdir(PKG) if f.endswith((".py", ".pyi")) and f != "bench.py")
+# The project's mypy settings (the optional packages); the sanitizer run mirrors the repository's layout.
+PYPROJECT = os.path.join(os.path.dirname(os.path.dirname(PKG)), "pyproject.toml")
 
 USAGE = '''
 from __future__ import annotations
@@ -85,7 +88,8 @@ def run_mypy(*args: str) -> subprocess.CompletedProcess[str]:
         import tempfile
 
         _CACHE.append(tempfile.mkdtemp(prefix="tokenfeed-mypy-"))
-    return subprocess.run([sys.executable, "-m", "mypy", "--strict", "--cache-dir", _CACHE[0], "--show-error-codes",
+    return subprocess.run([sys.executable, "-m", "mypy", "--strict", "--config-file", PYPROJECT,
+                           "--cache-dir", _CACHE[0], "--show-error-codes",
                            "--python-version", f"{sys.version_info[0]}.{sys.version_info[1]}", *args],
                           capture_output=True, text=True, cwd=os.path.dirname(PKG))
 
@@ -93,6 +97,30 @@ def run_mypy(*args: str) -> subprocess.CompletedProcess[str]:
 def test_package_passes_mypy_strict():
     paths = [os.path.join("tokenfeed", m) for m in MODULES if os.path.exists(os.path.join(PKG, m))]
     p = run_mypy(*paths)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_package_passes_mypy_strict_without_optional_packages(tmp_path):
+    """The same check where only numpy, the one required dependency, is installed: an optional
+    import (torch, pyarrow, tokenizers, ...) must not fail it. mypy looks for installed packages
+    through an interpreter (a bare virtual environment) whose path holds numpy alone."""
+    import numpy
+
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    only_numpy = tmp_path / "only-numpy"
+    only_numpy.mkdir()
+    os.symlink(os.path.dirname(numpy.__file__), only_numpy / "numpy")
+    for site in venv.glob("lib/python*/site-packages"):
+        (site / "only_numpy.pth").write_text(f"{only_numpy}\n")
+    bare_python = str(venv / "bin" / "python")
+    probe = subprocess.run([bare_python, "-c", "import importlib.util as u; print(u.find_spec('numpy') is not None, "
+                            "u.find_spec('torch') is None and u.find_spec('pyarrow') is None)"],
+                           capture_output=True, text=True, check=True)
+    assert probe.stdout.split() == ["True", "True"], probe.stdout + probe.stderr
+    # tokenfeed.torch is the torch adapter itself: it needs torch to mean anything
+    paths = [os.path.join("tokenfeed", m) for m in MODULES if os.path.exists(os.path.join(PKG, m)) and m != "torch.py"]
+    p = run_mypy("--python-executable", bare_python, *paths)
     assert p.returncode == 0, p.stdout + p.stderr
 
 

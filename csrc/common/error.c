@@ -2,26 +2,67 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
 
-static _Thread_local char tf_errbuf[1024];
+/* Per-thread message buffers live on the heap, reached through a pthread key,
+ * not in _Thread_local arrays: the library's TLS segment goes into the static
+ * TLS block (common/sigbus.c needs an initial-exec variable), and glibc has
+ * only a small surplus for libraries loaded with dlopen. With 1 KiB arrays, the
+ * extension and libtokenfeed.so could not both be loaded in one process
+ * ("cannot allocate memory in static TLS block"). */
+typedef struct tf_thread_msgs {
+    char err[1024];
+    char strerr[128];
+} tf_thread_msgs;
+
+static pthread_key_t msgs_key;
+static pthread_once_t msgs_once = PTHREAD_ONCE_INIT;
+static int msgs_key_ok;
+
+static void msgs_init(void) { msgs_key_ok = pthread_key_create(&msgs_key, free) == 0; }
+
+/* NULL when the key or the allocation fails: callers then report a fixed
+ * message instead of the detail. */
+static tf_thread_msgs *thread_msgs(int create) {
+    pthread_once(&msgs_once, msgs_init);
+    if (!msgs_key_ok) return NULL;
+    tf_thread_msgs *m = pthread_getspecific(msgs_key);
+    if (!m && create) {
+        m = calloc(1, sizeof *m);
+        if (m && pthread_setspecific(msgs_key, m) != 0) {
+            free(m);
+            m = NULL;
+        }
+    }
+    return m;
+}
 
 int tf__seterr(int code, const char *fmt, ...) {
+    tf_thread_msgs *m = thread_msgs(1);
+    if (!m) return code;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(tf_errbuf, sizeof tf_errbuf, fmt, ap);
+    vsnprintf(m->err, sizeof m->err, fmt, ap);
     va_end(ap);
     return code;
 }
 
-void tf__clearerr(void) { tf_errbuf[0] = '\0'; }
+void tf__clearerr(void) {
+    tf_thread_msgs *m = thread_msgs(0);
+    if (m) m->err[0] = '\0';
+}
 
-const char *tf_last_error(void) { return tf_errbuf; }
+const char *tf_last_error(void) {
+    tf_thread_msgs *m = thread_msgs(0);
+    return m ? m->err : "";
+}
 
 const char *tf_strerror(int err) {
     if (err < 0) err = -err;
@@ -38,8 +79,9 @@ const char *tf_strerror(int err) {
     }
     /* strerror() is not thread-safe; strerror_r (GNU) returns a static or
      * thread-safe string for known codes. */
-    static _Thread_local char buf[128];
-    return strerror_r(err, buf, sizeof buf);
+    tf_thread_msgs *m = thread_msgs(1);
+    if (!m) return "system error";
+    return strerror_r(err, m->strerr, sizeof m->strerr);
 }
 
 const char *tf_version(void) { return TF_VERSION_STRING; }

@@ -99,15 +99,19 @@ TF_HIDDEN int tf__num_cpus(void);
 TF_HIDDEN uint64_t tf__now_ns(void);
 
 /* SIGBUS guard (sigbus.c): a file truncated while mapped must give -EIO, not
- * kill the process. tf__sigbus_install() (once per process; tf__map_file calls
- * it) installs a chaining SIGBUS handler. tf__sigbus_run() calls fn(arg) so
- * that a bus error on a mapped page inside it returns -EIO, with a message
- * naming the file among files[0, nfiles) whose mapping holds the address.
- * Guards nest. Code under a guard must not hold a lock or an unstored
- * allocation across a load from a mapping. */
-struct tf_file;
+ * kill the process. tf__sigbus_install() (once per process; the sources layer
+ * calls it when it maps a file) installs a chaining SIGBUS handler.
+ * tf__sigbus_run() calls fn(arg) so that a bus error on a mapped page inside
+ * it returns -EIO with fault->hit = 1 and the faulting address in
+ * fault->addr (the caller says which file that is); otherwise it returns
+ * fn's result with fault->hit = 0. Guards nest. Code under a guard must not
+ * hold a lock or an unstored allocation across a load from a mapping. */
+typedef struct tf__sigbus_fault {
+    int hit;
+    const void *addr;
+} tf__sigbus_fault;
 TF_HIDDEN void tf__sigbus_install(void);
 TF_HIDDEN int tf__sigbus_installed(void);
-TF_HIDDEN int tf__sigbus_run(const struct tf_file *files, uint64_t nfiles, int (*fn)(void *), void *arg);
+TF_HIDDEN int tf__sigbus_run(int (*fn)(void *), void *arg, tf__sigbus_fault *fault);
 
 #endif

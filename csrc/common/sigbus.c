@@ -10,7 +10,7 @@
  *     time a file is mapped (tf__map_file). It is installed with
  *     SA_SIGINFO | SA_ONSTACK and remembers the previous disposition.
  *   - Each thread has a stack of guard frames (a sigjmp_buf each; guards
- *     nest: the innermost catches). tf__sigbus_run(files, n, fn, arg) pushes a
+ *     nest: the innermost catches). tf__sigbus_run(fn, arg, &fault) pushes a
  *     frame, sigsetjmp(env, 0)s, calls fn(arg) and pops.
  *   - The handler: if this thread is inside a guard and the fault is a real
  *     memory fault (si_code BUS_ADRERR / BUS_OBJERR / BUS_MCEERR_AR, not a
@@ -20,8 +20,10 @@
  *     happen again (or re-raises a sent signal), so SIGBUS behaves as before.
  *   - Back in tf__sigbus_run, the frame is popped, SIGBUS unblocked (the
  *     kernel blocked it for the handler and siglongjmp(…, 0-mask) does not
- *     restore the mask), and the fault becomes -EIO with a message naming the
- *     file whose mapping holds si_addr and the byte offset in it.
+ *     restore the mask), and the fault becomes -EIO with the faulting address
+ *     reported to the caller. This file knows nothing of files: the sources
+ *     layer (tf__files_guard, sources/file.c) turns the address into a
+ *     message naming the file whose mapping holds it and the byte offset.
  *
  * Rules for code run under a guard: it may be abandoned at any load from a
  * mapping, so it must not hold a lock, or have an allocation not yet stored
@@ -31,8 +33,8 @@
  *
  * Not covered: zero-copy NumPy views of a mapping handed to Python
  * (Dataset.tokens/document): Python code reading them runs outside any guard,
- * and a fault there kills the process as before. Set
- * TOKENFEED_NO_SIGBUS_GUARD=1 to never install the handler.
+ * and a fault there kills the process as before. In test builds
+ * (TF_TEST_HOOKS), TOKENFEED_NO_SIGBUS_GUARD=1 never installs the handler.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -43,7 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../sources/source.h"
+#include "internal.h"
 
 typedef struct sigbus_frame {
     sigjmp_buf env;
@@ -104,8 +106,10 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc) {
 }
 
 static void install(void) {
+#ifdef TF_TEST_HOOKS
     const char *e = getenv("TOKENFEED_NO_SIGBUS_GUARD");
     if (e && *e && strcmp(e, "0") != 0) return;
+#endif
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_sigbus;
@@ -118,30 +122,9 @@ void tf__sigbus_install(void) { pthread_once(&install_once, install); }
 
 int tf__sigbus_installed(void) { return installed; }
 
-/* The message for a fault at addr: which mapping of files[0, n) holds it. */
-static int fault_error(const struct tf_file *files, uint64_t n, const void *addr) {
-    const uint8_t *a = addr;
-    for (uint64_t i = 0; files && i < n; i++) {
-        const tf_file *f = &files[i];
-        const char *path = NULL;
-        size_t off = 0;
-        if (f->map && a >= (const uint8_t *)f->map && (size_t)(a - (const uint8_t *)f->map) < f->map_len) {
-            path = f->path;
-            off = (size_t)(a - (const uint8_t *)f->map);
-        } else if (f->aux_map && a >= (const uint8_t *)f->aux_map &&
-                   (size_t)(a - (const uint8_t *)f->aux_map) < f->aux_len) {
-            path = f->aux_path ? f->aux_path : f->path;
-            off = (size_t)(a - (const uint8_t *)f->aux_map);
-        }
-        if (path)
-            return tf__seterr(-EIO, "%s: the file changed while mapped: reading byte %zu failed (bus error). Files must not be modified while a job reads them; re-open the dataset.",
-                              path, off);
-    }
-    return tf__seterr(-EIO, "a mapped page at address %p could not be read (bus error): a file changed while mapped. Files must not be modified while a job reads them; re-open the dataset.",
-                      addr);
-}
-
-int tf__sigbus_run(const struct tf_file *files, uint64_t nfiles, int (*fn)(void *), void *arg) {
+int tf__sigbus_run(int (*fn)(void *), void *arg, tf__sigbus_fault *fault) {
+    fault->hit = 0;
+    fault->addr = NULL;
     if (!installed) return fn(arg);
     sigbus_frame fr;
     fr.prev = tl_top;
@@ -152,7 +135,9 @@ int tf__sigbus_run(const struct tf_file *files, uint64_t nfiles, int (*fn)(void 
         sigemptyset(&s);
         sigaddset(&s, SIGBUS);
         pthread_sigmask(SIG_UNBLOCK, &s, NULL);
-        return fault_error(files, nfiles, fr.addr);
+        fault->hit = 1;
+        fault->addr = fr.addr;
+        return -EIO;
     }
     tl_top = &fr;
     __atomic_signal_fence(__ATOMIC_SEQ_CST); /* the handler sees the frame before fn runs */

@@ -100,8 +100,9 @@ typedef struct tf__slot {
 } tf__slot;
 
 struct tf_loader {
-    const tf_dataset *ds;
-    tf_order *order;
+    const tf_dataset *ds;  /* tf_order_dataset(order) */
+    const tf_order *order;
+    int owns_order;        /* built by tf_loader_create(_mix); borrowed from tf_loader_create_from_order */
     uint64_t B, G, L, npos, rank;
     int finite;
     tf_dtype out_dtype;
@@ -120,7 +121,8 @@ struct tf_loader {
     uint64_t nfree;
     int stop;
     int paused; /* after an error: no claims until the consumer asks again */
-    /* Fault injection ($TOKENFEED_FAULT_DELAY_MS, read at create): each worker
+    /* Fault injection ($TOKENFEED_FAULT_DELAY_MS, read at create in test
+     * builds, TF_TEST_HOOKS; 0 otherwise): each worker
      * waits this long before assembling a batch, so tests can hold next() in
      * its wait (Ctrl-C, close from another thread) deterministically. The
      * wait ends early when the loader stops. */
@@ -405,37 +407,55 @@ void tf_loader_config_init(tf_loader_config *cfg) {
     cfg->direct_io = 0;
 }
 
-/* A plain loader (n == 0: dss[0] alone) or a mixture of n datasets. The
- * engine reads through tf_order_dataset(order), which for a mixture is a view
- * over every source's files, so the backends need no notion of sources. */
-static int loader_create(const tf_dataset *const *dss, const double *weights, size_t n,
-                         const tf_loader_config *cfg, tf_loader **out) {
-    if (!out) return -EINVAL;
-    *out = NULL;
-    tf__clearerr();
-    if (!dss || !dss[0] || !cfg) TF_FAIL(-EINVAL, "tf_loader_create: dataset and config must not be NULL");
-    const tf_dataset *ds = dss[0];
+/* The engine's own settings, checked before any order is built (building a
+ * packed order's plan takes time). */
+static int check_engine_config(const tf_loader_config *cfg) {
     if (cfg->batch_size < 1) TF_FAIL(-EINVAL, "batch_size: expected >= 1, found 0");
     if (cfg->world_size < 1) TF_FAIL(-EINVAL, "world_size: expected >= 1, found 0");
     if (cfg->rank >= cfg->world_size)
         TF_FAIL(-EINVAL, "rank: expected 0 <= rank < world_size (%u), found %u", cfg->world_size, cfg->rank);
     if (cfg->want & ~(unsigned)(TF_WANT_POSITION_IDS | TF_WANT_CU_SEQLENS | TF_WANT_LOSS_MASK))
         TF_FAIL(-EINVAL, "want: unknown bits 0x%x", cfg->want);
-    if (cfg->num_threads < 0) TF_FAIL(-EINVAL, "num_threads: expected >= 0 (0 = default), found %d", cfg->num_threads);
-    if (cfg->prefetch < 0) TF_FAIL(-EINVAL, "prefetch: expected >= 0 (0 = default), found %d", cfg->prefetch);
-    tf_dtype odt = cfg->out_dtype;
-    for (size_t s = 0; odt == TF_DTYPE_INVALID && s < (n ? n : 1); s++) /* the widest source dtype */
-        if (s == 0 || tf_dtype_size(dss[s]->dtype) > tf_dtype_size(ds->dtype)) ds = dss[s];
-    if (odt == TF_DTYPE_INVALID) odt = ds->dtype;
-    ds = dss[0];
-    if (!tf_dtype_size(odt)) TF_FAIL(-EINVAL, "out_dtype: unknown dtype code %d", (int)cfg->out_dtype);
-
+    if (cfg->num_threads < 0 || cfg->num_threads > TF_MAX_THREADS)
+        TF_FAIL(-EINVAL, "num_threads: expected 0 (default) to %d, found %d", TF_MAX_THREADS, cfg->num_threads);
+    if (cfg->prefetch < 0 || cfg->prefetch > TF_MAX_PREFETCH)
+        TF_FAIL(-EINVAL, "prefetch: expected 0 (default) to %d batches, found %d", TF_MAX_PREFETCH, cfg->prefetch);
+    if (cfg->out_dtype != TF_DTYPE_INVALID && !tf_dtype_size(cfg->out_dtype))
+        TF_FAIL(-EINVAL, "out_dtype: unknown dtype code %d", (int)cfg->out_dtype);
     uint64_t G;
     if (tf__mul_overflow(cfg->batch_size, cfg->world_size, &G))
         TF_FAIL(-EINVAL, "batch_size x world_size (%llu x %u) overflows 64 bits",
                 (unsigned long long)cfg->batch_size, cfg->world_size);
-    tf_order_config oc = cfg->order;
-    oc.global_batch = G;
+    return 0;
+}
+
+/* Default out dtype: the widest (by size) of the order's sources' dtypes,
+ * the first of them on a tie. */
+static tf_dtype default_out_dtype(const tf_order *o) {
+    tf_dtype dt = TF_DTYPE_INVALID;
+    for (size_t s = 0; s < tf_order_num_sources(o); s++) {
+        tf_dataset_info in;
+        if (tf_dataset_get_info(tf_order_dataset(tf_order_source(o, s)), &in) == 0 &&
+            (dt == TF_DTYPE_INVALID || tf_dtype_size(in.dtype) > tf_dtype_size(dt)))
+            dt = in.dtype;
+    }
+    return dt;
+}
+
+/* The engine over an order (engine settings checked). The engine reads
+ * through tf_order_dataset(order), which for a mixture is a view over every
+ * source's files, so the backends need no notion of sources. With owns, the
+ * loader frees the order. */
+static int engine_create(const tf_order *order, int owns, const tf_loader_config *cfg, tf_loader **out) {
+    tf_order_config oc;
+    TF_TRY(tf_order_get_config(order, &oc));
+    uint64_t G = cfg->batch_size * cfg->world_size; /* no overflow: check_engine_config */
+    if (oc.global_batch != G)
+        TF_FAIL(-EINVAL, "the order's global batch is %llu, but batch_size x world_size is %llu x %u = %llu: "
+                "build the order with global_batch = batch_size x world_size",
+                (unsigned long long)oc.global_batch, (unsigned long long)cfg->batch_size, cfg->world_size,
+                (unsigned long long)G);
+    tf_dtype odt = cfg->out_dtype != TF_DTYPE_INVALID ? cfg->out_dtype : default_out_dtype(order);
     uint64_t L = oc.seq_len;
 
     /* Buffer layout: tokens, then the extras, each 64-byte aligned. */
@@ -455,20 +475,16 @@ static int loader_create(const tf_dataset *const *dss, const double *weights, si
 
     tf_loader *l = calloc(1, sizeof *l);
     if (!l) return -ENOMEM;
-    int rc = n ? tf_order_create_mix(dss, weights, n, &oc, &l->order) : tf_order_create(ds, &oc, &l->order);
-    if (rc) {
-        free(l);
-        return rc;
-    }
-    ds = tf_order_dataset(l->order);
-    l->ds = ds;
+    l->order = order;
+    l->owns_order = owns;
+    l->ds = tf_order_dataset(order);
     l->B = cfg->batch_size;
     l->G = G;
     l->L = L;
     l->rank = cfg->rank;
     l->out_dtype = odt;
     l->want = cfg->want;
-    l->npos = tf_order_num_positions(l->order);
+    l->npos = tf_order_num_positions(order);
     l->finite = l->npos != UINT64_MAX;
     l->hdr = align64(sizeof(struct tf_batch));
     l->off_pos = align64((size_t)tok);
@@ -478,12 +494,13 @@ static int loader_create(const tf_dataset *const *dss, const double *weights, si
     l->bytes = l->off_lm + align64((size_t)lm_b);
     if (l->bytes == 0) l->bytes = 64;
 
+#ifdef TF_TEST_HOOKS
     const char *fd = getenv("TOKENFEED_FAULT_DELAY_MS");
     if (fd && *fd) l->fault_delay_ns = strtoull(fd, NULL, 10) * 1000000ull;
+#endif
 
-    rc = tf__reader_init(&l->rd, ds, l->order, cfg->backend, cfg->direct_io, odt);
+    int rc = tf__reader_init(&l->rd, l->ds, order, cfg->backend, cfg->direct_io, odt);
     if (rc) {
-        tf_order_free(l->order);
         free(l);
         return rc;
     }
@@ -498,15 +515,12 @@ static int loader_create(const tf_dataset *const *dss, const double *weights, si
     l->nthreads = cfg->num_threads ? cfg->num_threads
                   : (l->rd.backend == TF_BACKEND_MMAP ? cpu_default : 4);
     if (l->nthreads < 1) l->nthreads = 1;
-    if (l->nthreads > 256) l->nthreads = 256;
     l->depth = cfg->prefetch ? cfg->prefetch : 2 * l->nthreads + 2;
-    if (l->depth > 4096) l->depth = 4096;
     l->spin_ns = l->nthreads < cores ? 50 * 1000 : 0;
     l->slots = calloc((size_t)l->depth, sizeof *l->slots);
     l->pool = calloc(1, sizeof *l->pool);
     if (!l->slots || !l->pool || init_sync(l)) {
         tf__reader_destroy(&l->rd);
-        tf_order_free(l->order);
         free(l->slots);
         free(l->pool);
         free(l);
@@ -523,6 +537,24 @@ static int loader_create(const tf_dataset *const *dss, const double *weights, si
     return 0;
 }
 
+/* A loader that builds and owns its order: a plain one (n == 0: dss[0]
+ * alone) or a mixture of n datasets. */
+static int loader_create(const tf_dataset *const *dss, const double *weights, size_t n,
+                         const tf_loader_config *cfg, tf_loader **out) {
+    if (!out) return -EINVAL;
+    *out = NULL;
+    tf__clearerr();
+    if (!dss || !dss[0] || !cfg) TF_FAIL(-EINVAL, "tf_loader_create: dataset and config must not be NULL");
+    TF_TRY(check_engine_config(cfg));
+    tf_order_config oc = cfg->order;
+    oc.global_batch = cfg->batch_size * cfg->world_size;
+    tf_order *order = NULL;
+    TF_TRY(n ? tf_order_create_mix(dss, weights, n, &oc, &order) : tf_order_create(dss[0], &oc, &order));
+    int rc = engine_create(order, 1, cfg, out);
+    if (rc) tf_order_free(order);
+    return rc;
+}
+
 int tf_loader_create(const tf_dataset *ds, const tf_loader_config *cfg, tf_loader **out) {
     return loader_create(&ds, NULL, 0, cfg, out);
 }
@@ -534,6 +566,15 @@ int tf_loader_create_mix(const tf_dataset *const *ds, const double *weights, siz
         TF_FAIL(-EINVAL, "tf_loader_create_mix: at least one dataset is required");
     }
     return loader_create(ds, weights, n, cfg, out);
+}
+
+int tf_loader_create_from_order(const tf_order *order, const tf_loader_config *cfg, tf_loader **out) {
+    if (!out) return -EINVAL;
+    *out = NULL;
+    tf__clearerr();
+    if (!order || !cfg) TF_FAIL(-EINVAL, "tf_loader_create_from_order: order and config must not be NULL");
+    TF_TRY(check_engine_config(cfg));
+    return engine_create(order, 0, cfg, out); /* borrowed: read only, never freed here */
 }
 
 void tf_loader_free(tf_loader *l) {
@@ -559,7 +600,7 @@ void tf_loader_free(tf_loader *l) {
      * the possibly-locked mutex are left alone (see after_fork). */
     pool_drain_free(l->pool);
     tf__reader_destroy(&l->rd);
-    tf_order_free(l->order);
+    if (l->owns_order) tf_order_free((tf_order *)l->order);
     free(l->slots);
     pool_unref(l->pool);
     free(l);

@@ -14,7 +14,7 @@
  * Files with no descriptor we can use (memory datasets, a path that no longer
  * opens, EMFILE) are read through the mapping, which gives the same bytes.
  *
- * Contract: every backend writes byte-identical batches (DESIGN.md, "What
+ * Contract: every backend writes byte-identical batches (docs/design.md, "What
  * must stay true" #2); only bytes_read and timing differ.
  */
 #ifndef _GNU_SOURCE
@@ -62,9 +62,11 @@ int tf__reader_init(tf__reader *r, const tf_dataset *ds, const tf_order *o, tf_b
     r->order = o;
     r->direct_io = direct_io;
     r->out_dtype = out_dtype;
-    r->seq_len = tf__order_seq_len(o);
-    r->separator = tf__order_separator(o);
-    r->pad = tf__order_pad(o);
+    tf_order_config oc;
+    TF_TRY(tf_order_get_config(o, &oc));
+    r->seq_len = oc.seq_len;
+    r->separator = oc.separator_id;
+    r->pad = oc.pad_id;
     r->max_spans = tf__order_max_spans(o);
     if (r->max_spans < 1) r->max_spans = 1;
     atomic_init(&r->bytes_read, 0);
@@ -276,7 +278,7 @@ static int get_block(tf__worker *w, uint64_t fi, uint64_t b, const uint8_t **out
         victim->cap = (size_t)cap64;
     }
     victim->valid = 0;
-    TF_TRY(tf__native_read_block(f, b, victim->buf, victim->cap));
+    TF_TRY(tf__file_read_block(f, b, victim->buf, victim->cap));
     uint64_t first = b * f->block_tokens;
     uint64_t n = f->num_tokens - first < f->block_tokens ? f->num_tokens - first : f->block_tokens;
     w->bytes += n * isz;
@@ -411,7 +413,9 @@ static int rd_error(const tf__rd *d, int e) {
  * tests/test_faults.py): "eio:N", "short:N" or "eof:N" makes the Nth read
  * completion of the pread and io_uring backends (counted from 1 across the
  * process) fail with EIO, report half of its bytes (the rest must be read
- * again), or report 0 bytes (end of file). res is bytes or -errno. */
+ * again), or report 0 bytes (end of file). res is bytes or -errno.
+ * Compiled only into test builds (TF_TEST_HOOKS); elsewhere a no-op. */
+#ifdef TF_TEST_HOOKS
 static int fault_mode; /* 0 off, 1 eio, 2 short, 3 eof */
 static uint64_t fault_n;
 static _Atomic uint64_t fault_count;
@@ -428,6 +432,9 @@ static long fault_read(long res) {
     if (TF_LIKELY(!fault_mode) || res < 0 || atomic_fetch_add(&fault_count, 1) + 1 != fault_n) return res;
     return fault_mode == 1 ? -EIO : fault_mode == 2 ? res / 2 : 0;
 }
+#else
+static inline long fault_read(long res) { return res; }
+#endif
 
 static int run_pread(tf__worker *w, tf__rd *d) {
     for (;;) {
@@ -545,7 +552,7 @@ static int call_fill(void *p) {
  * worker before mapped bytes are read, so abandoning the fill is safe. */
 int tf__worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const tf_batch_view *v) {
     fill_call c = {w, pos, rows, v};
-    return tf__sigbus_run(w->rd->ds->files, w->rd->ds->nfiles, call_fill, &c);
+    return tf__files_guard(w->rd->ds->files, w->rd->ds->nfiles, call_fill, &c);
 }
 
 /* Prefetch the first source lines of a sample whose tokens are one mapped span

@@ -2,12 +2,16 @@
  * tokenfeed.h — the complete C API of tokenfeed.
  *
  * tokenfeed feeds pre-tokenized training data to accelerators. The library is
- * layered (see docs/design.md):
+ * layered, each layer usable without the ones above it (docs/design.md in the
+ * source repository):
  *
  *   sources  tf_dataset, tf_writer   open / write token shards of several formats
  *   order    tf_perm, tf_order       which tokens make sample i: packing, shuffle,
- *                                    rank partition; pure functions of (config, pos)
- *   engine   tf_loader, tf_batch     batches assembled into reusable buffers
+ *                                    mixing; pure functions of (config, position)
+ *   engine   tf_loader, tf_batch     batches assembled into reusable buffers, over
+ *                                    an order built once (tf_loader_create_from_order)
+ *   device   tf_device_ring          pinned host memory and device slots; the CUDA
+ *                                    runtime is loaded at run time
  *
  * Conventions, said once for the whole header:
  *   - Functions that can fail return 0 on success or a negative error code:
@@ -37,10 +41,14 @@ extern "C" {
 #define TF_API
 #endif
 
+/* The version of tokenfeed: written here only (setup.py reads it for the
+ * Python package's version). */
 #define TF_VERSION_MAJOR 0
 #define TF_VERSION_MINOR 1
 #define TF_VERSION_PATCH 0
-#define TF_VERSION_STRING "0.1.0"
+#define TF__STR_(x) #x
+#define TF__STR(x) TF__STR_(x)
+#define TF_VERSION_STRING TF__STR(TF_VERSION_MAJOR) "." TF__STR(TF_VERSION_MINOR) "." TF__STR(TF_VERSION_PATCH)
 
 /* ------------------------------------------------------------------------ */
 /* Errors                                                                    */
@@ -65,7 +73,7 @@ TF_API const char *tf_strerror(int err);
  * library ("" when none). Valid until the next failing call on this thread. */
 TF_API const char *tf_last_error(void);
 
-/* Library version string, e.g. "0.1.0". */
+/* Library version string, "MAJOR.MINOR.PATCH" (TF_VERSION_STRING). */
 TF_API const char *tf_version(void);
 
 /* Features compiled in: bit set of TF_FEATURE_*. */
@@ -246,6 +254,19 @@ TF_API uint64_t tf_writer_num_tokens(const tf_writer *w);
  * dataset in dir untouched. */
 TF_API void tf_writer_free(tf_writer *w);
 
+/* Join datasets written independently (the "parts", e.g. one per conversion
+ * task) into one dataset: writes dir's manifest naming every shard of
+ * parts[0], then parts[1], ... in that order (format version 2, shard names
+ * are paths relative to dir). No token data is read or copied: the cost is
+ * reading each part's manifest. Each part is a dataset directory given as a
+ * path relative to dir (no "..", no leading '/'); all must have the same dtype
+ * and vocab_size (-TF_EFORMAT naming the odd part otherwise; a part without a
+ * manifest is refused, as unfinished). The manifest is published atomically;
+ * merging the same parts again leaves it unchanged. A previous merge's
+ * manifest is replaced; a dataset written by tf_writer in dir is replaced
+ * only with overwrite (-EEXIST otherwise). No file is ever deleted. */
+TF_API int tf_dataset_merge(const char *dir, const char *const *parts, uint64_t nparts, int overwrite);
+
 /* ------------------------------------------------------------------------ */
 /* Order: keyed permutation                                                  */
 /* ------------------------------------------------------------------------ */
@@ -293,13 +314,14 @@ typedef struct tf_order_config {
     int64_t separator_id;   /* >= 0: inserted after every document; -1: none */
     uint64_t seed;
     tf_shuffle shuffle;
-    uint64_t block_size;    /* TF_SHUFFLE_BLOCK: samples per block */
-    uint64_t window_blocks; /* TF_SHUFFLE_BLOCK: blocks per window */
+    uint64_t block_size;    /* TF_SHUFFLE_BLOCK: samples per block (>= 1 in every mode) */
+    uint64_t window_blocks; /* TF_SHUFFLE_BLOCK: blocks per window (>= 1 in every mode) */
     uint64_t global_batch;  /* G: samples per global batch (all ranks) */
     uint64_t epochs;        /* 0 = infinite stream */
     /* BEST_FIT / DOCUMENT (docs/packing.md) */
     int64_t pad_id;         /* >= 0: fills the rest of a sample (default 0) */
-    uint64_t pack_window;   /* BEST_FIT: documents per packing window (default 1024) */
+    uint64_t pack_window;   /* BEST_FIT: documents per packing window (default 1024;
+                               1 to 2^24 in every mode) */
     /* mixtures (tf_order_create_mix) */
     uint64_t mix_window;    /* positions per schedule window before reduction (default 1000) */
 } tf_order_config;
@@ -310,7 +332,9 @@ typedef struct tf_order tf_order;
 
 /* Build the order over ds (borrowed: must outlive the order). O(1) memory in
  * the number of samples. -EINVAL (with a message) when the dataset is shorter
- * than one sample or the config is inconsistent. */
+ * than one sample or the config is inconsistent; every setting is checked,
+ * including those the chosen modes do not use. Build it once and share it:
+ * tf_loader_create_from_order borrows it. */
 TF_API int tf_order_create(const tf_dataset *ds, const tf_order_config *cfg, tf_order **out);
 TF_API void tf_order_free(tf_order *o);
 
@@ -324,6 +348,9 @@ TF_API uint64_t tf_order_num_positions(const tf_order *o);
 /* 64-bit fingerprint of the configuration (everything that changes the
  * stream; not the dataset). */
 TF_API uint64_t tf_order_fingerprint(const tf_order *o);
+
+/* The configuration the order was built with. */
+TF_API int tf_order_get_config(const tf_order *o, tf_order_config *cfg);
 
 /* The sample (index into the unshuffled sample sequence) at global stream
  * position pos: epoch = pos / N, permuted within the epoch. */
@@ -408,16 +435,22 @@ typedef enum tf_backend {
 /* "auto", "mmap", "pread", "io_uring". */
 TF_API const char *tf_backend_name(tf_backend b);
 
+/* Largest num_threads and prefetch a loader accepts (-EINVAL past them). */
+#define TF_MAX_THREADS 256
+#define TF_MAX_PREFETCH 4096
+
 typedef struct tf_loader_config {
-    tf_order_config order;
+    tf_order_config order; /* tf_loader_create(_mix) only; see tf_loader_create_from_order */
     uint64_t batch_size;  /* B: samples per rank per batch; order.global_batch = B * world_size */
     uint32_t rank;
     uint32_t world_size;
-    tf_dtype out_dtype;   /* TF_DTYPE_INVALID = the dataset's dtype */
+    tf_dtype out_dtype;   /* TF_DTYPE_INVALID = the widest dtype of the order's sources */
     unsigned want;        /* TF_WANT_* bits */
     int num_threads;      /* 0 = default: mmap min(cores - 1, 4) (at least 1);
-                             pread/io_uring 4 (I/O-bound: keeps reads in flight) */
-    int prefetch;         /* ring depth in batches; 0 = default */
+                             pread/io_uring 4 (I/O-bound: keeps reads in flight);
+                             at most TF_MAX_THREADS */
+    int prefetch;         /* ring depth in batches; 0 = default (2 x threads + 2);
+                             at most TF_MAX_PREFETCH */
     tf_backend backend;   /* TF_BACKEND_AUTO: $TOKENFEED_BACKEND, else mmap */
     int direct_io;        /* io_uring: open with O_DIRECT (aligned reads) */
 } tf_loader_config;
@@ -427,10 +460,21 @@ TF_API void tf_loader_config_init(tf_loader_config *cfg);
 typedef struct tf_loader tf_loader;
 typedef struct tf_batch tf_batch;
 
-/* Create a loader over ds (borrowed; must outlive the loader). Threads start
- * lazily on the first tf_loader_next. */
+/* A loader over an order built by the caller (tf_order_create or
+ * tf_order_create_mix), borrowed: the order, and the datasets it reads, must
+ * outlive the loader. The order decides the stream; cfg gives the engine's
+ * settings (its `order` member is not used). The order's global_batch must
+ * equal cfg->batch_size * cfg->world_size (-EINVAL otherwise). This is the
+ * way to build an order once and both query it (sample_at, packing stats,
+ * fingerprint) and load from it: several loaders (ranks of a test, say) may
+ * share one order. Threads start lazily on the first tf_loader_next. */
+TF_API int tf_loader_create_from_order(const tf_order *order, const tf_loader_config *cfg, tf_loader **out);
+
+/* Build an order over ds (borrowed; must outlive the loader) from cfg->order
+ * with global_batch = batch_size * world_size, and a loader over it that owns
+ * it. Threads start lazily on the first tf_loader_next. */
 TF_API int tf_loader_create(const tf_dataset *ds, const tf_loader_config *cfg, tf_loader **out);
-/* A loader over a weighted mixture (see tf_order_create_mix); datasets
+/* The same over a weighted mixture (see tf_order_create_mix); datasets
  * borrowed. */
 TF_API int tf_loader_create_mix(const tf_dataset *const *ds, const double *weights, size_t n,
                                 const tf_loader_config *cfg, tf_loader **out);

@@ -1,5 +1,6 @@
 /*
- * mix.c — weighted mixtures of datasets, and packing statistics.
+ * mix.c — the order kind of weighted mixtures of datasets: one order per
+ * dataset (a source), interleaved by a fixed schedule.
  *
  * Schedule
  * --------
@@ -31,10 +32,11 @@
  * = N_0 + ... + N_{s-1}; N of the mixture = sum N_s, which also defines a
  * mixture "epoch" for cfg.epochs (positions = floor(epochs * N / G) * G). The
  * engine reads through one tf_dataset: a view whose file list concatenates
- * the sources' files (borrowed, never closed here), so a source's spans are
- * shifted by the tokens of the sources before it and every read backend works
- * unchanged. The view's fingerprint hashes the sources' fingerprints in order;
- * the schedule (K, W, c_s) enters the config fingerprint.
+ * the sources' files (tf__dataset_concat_view: borrowed, never closed here),
+ * so a source's spans are shifted by the tokens of the sources before it and
+ * every read backend works unchanged. The view's fingerprint hashes the
+ * sources' fingerprints in order; the schedule (K, W, c_s) enters the config
+ * fingerprint. Packing statistics of a mixture are the sum of its sources'.
  */
 #include <math.h>
 #include <stdio.h>
@@ -42,37 +44,39 @@
 #include <string.h>
 
 #include "../sources/source.h"
-#include "order_internal.h"
+#include "kind.h"
 
 #define KEY_SOURCE 0x50C1A7ED5EED0003ULL
 #define MAX_MIX_WINDOW (1u << 20)
 #define MAX_SOURCES 65536
 
-struct tf__mix {
-    size_t K;
-    tf_order **src;
-    uint64_t *tok_off;  /* K */
-    uint64_t *samp_off; /* K + 1 */
-    uint64_t W;
-    uint64_t *cnt;      /* K */
-    uint32_t *tab_src;  /* W */
-    uint32_t *tab_rank; /* W */
-    tf_dataset view;
-    size_t max_spans;
-};
+typedef struct mix_source {
+    tf_order *order;  /* its own order (seed_s, endless, global batch 1) */
+    uint64_t tok_off; /* its first token in the view */
+    uint64_t first;   /* its first mixture sample id: prefix(s) */
+    uint64_t count;   /* c_s: its positions per window */
+} mix_source;
 
-void tf__mix_free(tf__mix *m) {
+typedef struct mix_slot {
+    uint32_t src;  /* the source of window offset t */
+    uint32_t rank; /* offsets of the same source before t in the window */
+} mix_slot;
+
+typedef struct tf__mix {
+    size_t K;
+    mix_source *src; /* K */
+    uint64_t W;
+    mix_slot *tab;   /* W */
+    tf_dataset *view;
+} tf__mix;
+
+static void mix_free(void *v) {
+    tf__mix *m = v;
     if (!m) return;
-    for (size_t s = 0; m->src && s < m->K; s++) tf_order_free(m->src[s]);
+    for (size_t s = 0; m->src && s < m->K; s++) tf_order_free(m->src[s].order);
     free(m->src);
-    free(m->tok_off);
-    free(m->samp_off);
-    free(m->cnt);
-    free(m->tab_src);
-    free(m->tab_rank);
-    free(m->view.files);
-    free(m->view.tok_prefix);
-    free(m->view.doc_prefix);
+    free(m->tab);
+    tf_dataset_free(m->view);
     free(m);
 }
 
@@ -86,7 +90,7 @@ static uint64_t gcd64(uint64_t a, uint64_t b) {
 }
 
 /* Counts per window from the weights (see the top of the file). */
-static int schedule_counts(const double *weights, size_t K, uint64_t M, uint64_t *cnt, uint64_t *W) {
+static int schedule_counts(const double *weights, size_t K, uint64_t M, mix_source *src, uint64_t *W) {
     double sum = 0;
     for (size_t s = 0; s < K; s++) {
         if (!(weights[s] > 0) || !isfinite(weights[s]))
@@ -99,65 +103,117 @@ static int schedule_counts(const double *weights, size_t K, uint64_t M, uint64_t
     uint64_t used = 0;
     for (size_t s = 0; s < K; s++) {
         double q = (double)M * (weights[s] / sum);
-        cnt[s] = (uint64_t)floor(q);
-        if (cnt[s] > M) cnt[s] = M;
-        frac[s] = q - (double)cnt[s];
-        used += cnt[s];
+        src[s].count = (uint64_t)floor(q);
+        if (src[s].count > M) src[s].count = M;
+        frac[s] = q - (double)src[s].count;
+        used += src[s].count;
     }
     while (used < M) { /* largest remainder, lowest index on ties */
         size_t best = 0;
         for (size_t s = 1; s < K; s++)
             if (frac[s] > frac[best]) best = s;
-        cnt[best]++;
+        src[best].count++;
         frac[best] = -1;
         used++;
     }
     free(frac);
     for (size_t s = 0; s < K; s++)
-        if (cnt[s] == 0)
+        if (src[s].count == 0)
             TF_FAIL(-EINVAL, "weights[%zu] = %g rounds to 0 positions in a window of %llu: raise mix_window or the weight",
                     s, weights[s], (unsigned long long)M);
     uint64_t g = 0;
-    for (size_t s = 0; s < K; s++) g = gcd64(g, cnt[s]);
-    for (size_t s = 0; s < K; s++) cnt[s] /= g;
+    for (size_t s = 0; s < K; s++) g = gcd64(g, src[s].count);
+    for (size_t s = 0; s < K; s++) src[s].count /= g;
     *W = M / g;
     return 0;
 }
 
-static int build_view(tf__mix *m, const tf_dataset *const *ds) {
-    tf_dataset *v = &m->view;
-    uint64_t nf = 0;
-    for (size_t s = 0; s < m->K; s++) nf += ds[s]->nfiles;
-    v->files = calloc(nf ? nf : 1, sizeof *v->files);
-    v->tok_prefix = calloc(nf + 1, sizeof *v->tok_prefix);
-    v->doc_prefix = calloc(nf + 1, sizeof *v->doc_prefix);
-    if (!v->files || !v->tok_prefix || !v->doc_prefix) return -ENOMEM;
-    tf__xxh64_state h;
-    tf__xxh64_reset(&h, 0x4D49585455524531ULL); /* "MIXTURE1" */
-    uint8_t rec[8];
-    tf__put_le64(rec, m->K);
-    tf__xxh64_update(&h, rec, 8);
-    uint64_t f = 0;
-    for (size_t s = 0; s < m->K; s++) {
-        const tf_dataset *d = ds[s];
-        m->tok_off[s] = v->num_tokens;
-        for (uint64_t i = 0; i < d->nfiles; i++, f++) {
-            v->files[f] = d->files[i];
-            v->tok_prefix[f] = v->num_tokens + d->tok_prefix[i];
-            v->doc_prefix[f] = v->num_docs + d->doc_prefix[i];
-        }
-        v->num_tokens += d->num_tokens;
-        v->num_docs += d->num_docs;
-        if (d->vocab_size > v->vocab_size) v->vocab_size = d->vocab_size;
-        if (!v->dtype || tf_dtype_size(d->dtype) > tf_dtype_size(v->dtype)) v->dtype = d->dtype;
-        tf__put_le64(rec, d->fingerprint);
-        tf__xxh64_update(&h, rec, 8);
+typedef struct mix_args {
+    const tf_dataset *const *ds;
+    const double *weights;
+    size_t n;
+} mix_args;
+
+static const tf__order_ops mix_ops;
+
+static int mix_init(tf_order *o, const void *args) {
+    const mix_args *a = args;
+    const tf_order_config *cfg = &o->cfg;
+    size_t n = a->n;
+    tf__mix *m = calloc(1, sizeof *m);
+    if (!m) return -ENOMEM;
+    m->K = n;
+    m->src = calloc(n, sizeof *m->src);
+    int rc = 0;
+    if (!m->src) {
+        rc = -ENOMEM;
+        goto fail;
     }
-    v->nfiles = nf;
-    v->tok_prefix[nf] = v->num_tokens;
-    v->doc_prefix[nf] = v->num_docs;
-    v->fingerprint = tf__xxh64_digest(&h);
+    rc = schedule_counts(a->weights, n, cfg->mix_window, m->src, &m->W);
+    if (rc) goto fail;
+    m->tab = malloc(m->W * sizeof *m->tab);
+    int64_t *credit = calloc(n, sizeof *credit);
+    uint32_t *given = calloc(n, sizeof *given);
+    if (!m->tab || !credit || !given) {
+        free(credit);
+        free(given);
+        rc = -ENOMEM;
+        goto fail;
+    }
+    for (uint64_t t = 0; t < m->W; t++) {
+        size_t best = 0;
+        for (size_t s = 0; s < n; s++) {
+            credit[s] += (int64_t)m->src[s].count;
+            if (credit[s] > credit[best]) best = s;
+        }
+        credit[best] -= (int64_t)m->W;
+        m->tab[t] = (mix_slot){(uint32_t)best, given[best]++};
+    }
+    free(credit);
+    free(given);
+
+    for (size_t s = 0; s < n; s++) {
+        tf_order_config sc = *cfg;
+        sc.seed = tf_mix64(cfg->seed ^ tf_mix64(s + KEY_SOURCE));
+        sc.epochs = 0;
+        sc.global_batch = 1;
+        rc = tf_order_create(a->ds[s], &sc, &m->src[s].order);
+        if (rc) {
+            char msg[400];
+            snprintf(msg, sizeof msg, "%s", tf_last_error());
+            rc = tf__seterr(rc, "mixture source %zu: %s", s, msg);
+            goto fail;
+        }
+        if (s + 1 < n) m->src[s + 1].first = m->src[s].first + tf_order_num_samples(m->src[s].order);
+        else o->N = m->src[s].first + tf_order_num_samples(m->src[s].order);
+        size_t ms = tf__order_max_spans(m->src[s].order);
+        if (ms > o->max_spans) o->max_spans = ms;
+    }
+    rc = tf__dataset_concat_view(a->ds, n, &m->view);
+    if (rc) goto fail;
+    for (size_t s = 1; s < n; s++) m->src[s].tok_off = m->src[s - 1].tok_off + a->ds[s - 1]->num_tokens;
+    {
+        tf__xxh64_state h;
+        uint8_t rec[8];
+        tf__xxh64_reset(&h, 0x4D49585343484544ULL); /* "MIXSCHED" */
+        tf__put_le64(rec, n);
+        tf__xxh64_update(&h, rec, 8);
+        tf__put_le64(rec, m->W);
+        tf__xxh64_update(&h, rec, 8);
+        for (size_t s = 0; s < n; s++) {
+            tf__put_le64(rec, m->src[s].count);
+            tf__xxh64_update(&h, rec, 8);
+        }
+        o->kind_fp = tf__xxh64_digest(&h);
+        o->has_kind_fp = 1;
+    }
+    o->ops = &mix_ops;
+    o->impl = m;
+    o->ds = m->view;
     return 0;
+fail:
+    mix_free(m);
+    return rc;
 }
 
 int tf_order_create_mix(const tf_dataset *const *ds, const double *weights, size_t n,
@@ -173,204 +229,94 @@ int tf_order_create_mix(const tf_dataset *const *ds, const double *weights, size
     if (cfg->mix_window < 1 || cfg->mix_window > MAX_MIX_WINDOW)
         TF_FAIL(-EINVAL, "mix_window: expected 1 <= mix_window <= %u, found %llu", MAX_MIX_WINDOW,
                 (unsigned long long)cfg->mix_window);
-    tf__mix *m = calloc(1, sizeof *m);
-    if (!m) return -ENOMEM;
-    m->K = n;
-    m->src = calloc(n, sizeof *m->src);
-    m->tok_off = calloc(n, sizeof *m->tok_off);
-    m->samp_off = calloc(n + 1, sizeof *m->samp_off);
-    m->cnt = calloc(n, sizeof *m->cnt);
-    int rc = 0;
-    if (!m->src || !m->tok_off || !m->samp_off || !m->cnt) {
-        rc = -ENOMEM;
-        goto fail;
-    }
-    rc = schedule_counts(weights, n, cfg->mix_window, m->cnt, &m->W);
-    if (rc) goto fail;
-    m->tab_src = malloc(m->W * sizeof *m->tab_src);
-    m->tab_rank = malloc(m->W * sizeof *m->tab_rank);
-    int64_t *credit = calloc(n, sizeof *credit);
-    uint32_t *given = calloc(n, sizeof *given);
-    if (!m->tab_src || !m->tab_rank || !credit || !given) {
-        free(credit);
-        free(given);
-        rc = -ENOMEM;
-        goto fail;
-    }
-    for (uint64_t t = 0; t < m->W; t++) {
-        size_t best = 0;
-        for (size_t s = 0; s < n; s++) {
-            credit[s] += (int64_t)m->cnt[s];
-            if (credit[s] > credit[best]) best = s;
-        }
-        credit[best] -= (int64_t)m->W;
-        m->tab_src[t] = (uint32_t)best;
-        m->tab_rank[t] = given[best]++;
-    }
-    free(credit);
-    free(given);
-
-    for (size_t s = 0; s < n; s++) {
-        tf_order_config sc = *cfg;
-        sc.seed = tf_mix64(cfg->seed ^ tf_mix64(s + KEY_SOURCE));
-        sc.epochs = 0;
-        sc.global_batch = 1;
-        rc = tf_order_create(ds[s], &sc, &m->src[s]);
-        if (rc) {
-            char msg[400];
-            snprintf(msg, sizeof msg, "%s", tf_last_error());
-            rc = tf__seterr(rc, "mixture source %zu: %s", s, msg);
-            goto fail;
-        }
-        m->samp_off[s + 1] = m->samp_off[s] + tf_order_num_samples(m->src[s]);
-        size_t ms = tf__order_max_spans(m->src[s]);
-        if (ms > m->max_spans) m->max_spans = ms;
-    }
-    rc = build_view(m, ds);
-    if (rc) goto fail;
-
-    tf_order o;
-    memset(&o, 0, sizeof o);
-    o.ds = &m->view;
-    o.cfg = *cfg;
-    o.T = m->view.num_tokens;
-    o.D = m->view.num_docs;
-    o.Tv = o.T;
-    o.sep = cfg->separator_id >= 0;
-    o.N = m->samp_off[n];
-    o.mix = m;
-    {
-        tf__xxh64_state h;
-        uint8_t rec[8];
-        tf__xxh64_reset(&h, 0x4D49585343484544ULL); /* "MIXSCHED" */
-        tf__put_le64(rec, n);
-        tf__xxh64_update(&h, rec, 8);
-        tf__put_le64(rec, m->W);
-        tf__xxh64_update(&h, rec, 8);
-        for (size_t s = 0; s < n; s++) {
-            tf__put_le64(rec, m->cnt[s]);
-            tf__xxh64_update(&h, rec, 8);
-        }
-        o.mix_fp = tf__xxh64_digest(&h);
-    }
-    rc = tf__order_finish(&o, out);
-    if (rc) goto fail;
-    return 0;
-fail:
-    tf__mix_free(m);
-    return rc;
+    mix_args a = {ds, weights, n};
+    return tf__order_build(mix_init, &a, cfg, out);
 }
 
 /* Source of mixture sample id `sample` (< N). */
-static size_t source_of(const tf__mix *m, uint64_t sample) {
-    size_t lo = 0, hi = m->K; /* samp_off[lo] <= sample < samp_off[hi] */
+static const mix_source *source_of(const tf__mix *m, uint64_t sample) {
+    size_t lo = 0, hi = m->K; /* src[lo].first <= sample < src[hi].first (src[K].first = N) */
     while (hi - lo > 1) {
         size_t mid = lo + (hi - lo) / 2;
-        if (m->samp_off[mid] <= sample) lo = mid;
+        if (m->src[mid].first <= sample) lo = mid;
         else hi = mid;
     }
-    return lo;
+    return &m->src[lo];
 }
 
-uint64_t tf__mix_sample_at(const tf_order *o, uint64_t pos) {
-    const tf__mix *m = o->mix;
+static uint64_t mix_sample_at(const tf_order *o, uint64_t pos) {
+    const tf__mix *m = o->impl;
     uint64_t k = pos / m->W, t = pos % m->W;
-    uint32_t s = m->tab_src[t];
-    uint64_t j = k * m->cnt[s] + m->tab_rank[t];
-    return m->samp_off[s] + tf_order_sample_at(m->src[s], j);
+    const mix_source *src = &m->src[m->tab[t].src];
+    uint64_t j = k * src->count + m->tab[t].rank;
+    return src->first + tf_order_sample_at(src->order, j);
 }
 
-size_t tf__mix_max_spans(const tf_order *o) { return o->mix->max_spans; }
-
-int tf__mix_sample_spans(const tf_order *o, uint64_t sample, tf__span *spans, size_t cap, size_t *n) {
-    const tf__mix *m = o->mix;
-    if (sample >= o->N)
-        TF_FAIL(-ERANGE, "sample %llu out of range: the mixture has %llu samples", (unsigned long long)sample,
-                (unsigned long long)o->N);
-    size_t s = source_of(m, sample);
-    TF_TRY(tf__order_sample_spans(m->src[s], sample - m->samp_off[s], spans, cap, n));
+static int mix_spans(const tf_order *o, uint64_t sample, tf__span *spans, size_t cap, size_t *n) {
+    const tf__mix *m = o->impl;
+    const mix_source *src = source_of(m, sample);
+    TF_TRY(tf__order_sample_spans(src->order, sample - src->first, spans, cap, n));
     for (size_t i = 0; i < *n; i++)
-        if (spans[i].src < TF_SPAN_PAD) spans[i].src += m->tok_off[s];
+        if (spans[i].src < TF_SPAN_PAD) spans[i].src += src->tok_off;
     return 0;
 }
 
-int tf__mix_fill_extras(const tf_order *o, uint64_t sample, const tf_sample_extras *ex) {
-    const tf__mix *m = o->mix;
-    if (sample >= o->N)
-        TF_FAIL(-ERANGE, "sample %llu out of range: the mixture has %llu samples", (unsigned long long)sample,
-                (unsigned long long)o->N);
-    size_t s = source_of(m, sample);
-    return tf__order_fill_extras(m->src[s], sample - m->samp_off[s], ex);
+static int mix_extras(const tf_order *o, uint64_t sample, const tf_sample_extras *ex) {
+    const tf__mix *m = o->impl;
+    const mix_source *src = source_of(m, sample);
+    return tf__order_fill_extras(src->order, sample - src->first, ex);
 }
 
-size_t tf_order_num_sources(const tf_order *o) { return !o ? 0 : o->mix ? o->mix->K : 1; }
+/* The sum over the sources, each over its own epoch. */
+static int mix_stats(const tf_order *o, tf_packing_stats *st) {
+    const tf__mix *m = o->impl;
+    tf_packing_stats sum, one;
+    memset(&sum, 0, sizeof sum);
+    for (size_t s = 0; s < m->K; s++) {
+        TF_TRY(tf_order_packing_stats(m->src[s].order, &one));
+        sum.samples += one.samples;
+        sum.documents += one.documents;
+        sum.empty_documents += one.empty_documents;
+        sum.token_slots += one.token_slots;
+        sum.pad_tokens += one.pad_tokens;
+        sum.documents_split += one.documents_split;
+        sum.documents_truncated += one.documents_truncated;
+        sum.tokens_dropped += one.tokens_dropped;
+    }
+    sum.padding_fraction = sum.token_slots ? (double)sum.pad_tokens / (double)sum.token_slots : 0.0;
+    *st = sum;
+    return 0;
+}
+
+static const tf__order_ops mix_ops = {.name = "mixture", .sample_at = mix_sample_at, .spans = mix_spans,
+                                      .extras = mix_extras, .stats = mix_stats, .destroy = mix_free};
+
+/* ------------------------------------------------------------------------ */
+/* the mixture queries of the public API                                     */
+/* ------------------------------------------------------------------------ */
+
+static const tf__mix *mix_of(const tf_order *o) { return o && o->ops == &mix_ops ? o->impl : NULL; }
+
+size_t tf_order_num_sources(const tf_order *o) {
+    const tf__mix *m = mix_of(o);
+    return !o ? 0 : m ? m->K : 1;
+}
 
 const tf_order *tf_order_source(const tf_order *o, size_t i) {
+    const tf__mix *m = mix_of(o);
     if (!o) return NULL;
-    if (!o->mix) return i == 0 ? o : NULL;
-    return i < o->mix->K ? o->mix->src[i] : NULL;
+    if (!m) return i == 0 ? o : NULL;
+    return i < m->K ? m->src[i].order : NULL;
 }
 
-uint64_t tf_order_mix_window(const tf_order *o) { return o && o->mix ? o->mix->W : 1; }
+uint64_t tf_order_mix_window(const tf_order *o) {
+    const tf__mix *m = mix_of(o);
+    return m ? m->W : 1;
+}
 
 uint64_t tf_order_mix_count(const tf_order *o, size_t i) {
+    const tf__mix *m = mix_of(o);
     if (!o) return 0;
-    if (!o->mix) return i == 0;
-    return i < o->mix->K ? o->mix->cnt[i] : 0;
-}
-
-/* ------------------------------------------------------------------------ */
-/* packing statistics                                                        */
-/* ------------------------------------------------------------------------ */
-
-/* CONCAT: sample i is virtual tokens [i*L, i*L + L + 1); positions past
- * N*L + 1 are dropped. A document is split when no single sample holds all of
- * its virtual range (i = start / L is the best candidate), truncated when part
- * of it lies in the dropped tail. */
-static int concat_stats(const tf_order *o, tf_packing_stats *st) {
-    const uint64_t L = o->cfg.seq_len, end = o->N * L + 1;
-    memset(st, 0, sizeof *st);
-    st->samples = o->N;
-    st->documents = o->D;
-    st->token_slots = o->N * (L + 1);
-    st->tokens_dropped = o->Tv - end;
-    for (uint64_t k = 0; k < o->D; k++) {
-        uint64_t s, len;
-        TF_TRY(tf_dataset_document(o->ds, k, &s, &len));
-        uint64_t a = s + (o->sep ? k : 0), v = len + (o->sep ? 1 : 0);
-        if (!v) {
-            st->empty_documents++;
-            continue;
-        }
-        if (a + v > end) st->documents_truncated++;
-        else if (a + v > a / L * L + L + 1) st->documents_split++;
-    }
-    return 0;
-}
-
-int tf_order_packing_stats(const tf_order *o, tf_packing_stats *st) {
-    if (!o || !st) return -EINVAL;
-    if (o->mix) {
-        tf_packing_stats sum, one;
-        memset(&sum, 0, sizeof sum);
-        for (size_t s = 0; s < o->mix->K; s++) {
-            TF_TRY(tf_order_packing_stats(o->mix->src[s], &one));
-            sum.samples += one.samples;
-            sum.documents += one.documents;
-            sum.empty_documents += one.empty_documents;
-            sum.token_slots += one.token_slots;
-            sum.pad_tokens += one.pad_tokens;
-            sum.documents_split += one.documents_split;
-            sum.documents_truncated += one.documents_truncated;
-            sum.tokens_dropped += one.tokens_dropped;
-        }
-        sum.padding_fraction = sum.token_slots ? (double)sum.pad_tokens / (double)sum.token_slots : 0.0;
-        *st = sum;
-        return 0;
-    }
-    if (o->plan) {
-        tf__plan_stats(o->plan, st);
-        return 0;
-    }
-    return concat_stats(o, st);
+    if (!m) return i == 0;
+    return i < m->K ? m->src[i].count : 0;
 }

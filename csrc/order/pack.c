@@ -1,8 +1,8 @@
 /*
- * pack.c — BEST_FIT and DOCUMENT packing: which document chunks make up each
- * sample, as a pure function of (dataset, seq_len, separator, pack_window).
- * The seed does not enter the plan: it shuffles the packed samples like any
- * other (order.c), so the plan counts can be shared and cached.
+ * pack.c — the order kind of BEST_FIT and DOCUMENT packing: which document
+ * chunks make up each sample, as a pure function of (dataset, seq_len,
+ * separator, pack_window). The seed does not enter the plan: it shuffles the
+ * packed samples like any other (the epoch shuffle of order.c).
  *
  * Documents and chunks
  * --------------------
@@ -36,13 +36,11 @@
  * s is in window w = the last with prefix[w] <= s (binary search, O(log
  * windows)); its chunks come from rebuilding window w's plan, O(W log W),
  * cached per thread (the last window built by this thread, keyed by a serial
- * number unique to the plan, so a stale cache is never read). Counts are kept
- * in a small process-wide cache keyed by the dataset (pointer, fingerprint,
- * sizes) and the packing parameters, so a second order on the same data and
- * settings (the Python Loader makes one to validate and one in the engine)
- * costs O(1).
+ * number unique to the plan, so a stale cache is never read). The counts are
+ * built once per order: a Loader builds its order once and hands it to the
+ * engine, so nothing needs to share them across orders.
  *
- * Inputs, labels and masks of a packed sample (tf__extras_from_segments):
+ * Inputs, labels and masks of a packed sample (extras_from_segments):
  * segment k is chunk k; when the chunks end at P < C, [P, C) is one more
  * segment (padding). Then, for t in [0, L):
  *   position_ids[t] = t - start of t's segment
@@ -58,22 +56,30 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "order_internal.h"
+#include "kind.h"
 
-#define MAX_PACK_WINDOW (1u << 24) /* the item index takes 24 bits of a sort key */
+#define MAX_PACK_WINDOW TF__MAX_PACK_WINDOW
 #define DOCUMENT_WINDOW 1024
 #define COUNT_CHUNK 16 /* windows a counting thread claims at once */
 
-struct tf__plan {
+/* One piece of a packed sample: ntok dataset tokens from src, then the
+ * separator when sep (a chunk of a document's virtual range doc + SEP). */
+typedef struct tf__chunk {
+    uint64_t src;
+    uint32_t ntok;
+    uint32_t sep;
+} tf__chunk;
+
+/* The kind's state: the plan of every window, as counts. */
+typedef struct tf__plan {
     const tf_dataset *ds;
     tf_packing mode;
     uint64_t C, W, D, nwin, N;
     uint64_t sep; /* 1 with a separator */
-    const uint64_t *prefix; /* nwin + 1, owned by the cache entry */
-    struct cache_entry *ce;
+    uint64_t *prefix; /* nwin + 1 */
     uint64_t serial;
     tf_packing_stats st;
-};
+} tf__plan;
 
 /* ------------------------------------------------------------------------ */
 /* one window                                                                */
@@ -346,23 +352,8 @@ static wbuild *tls_get(void) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* counts: parallel build and process-wide cache                             */
+/* counts: parallel build                                                    */
 /* ------------------------------------------------------------------------ */
-
-typedef struct cache_entry {
-    struct cache_entry *next;
-    const tf_dataset *ds;
-    uint64_t key[7]; /* fingerprint, docs, tokens, mode, C, W, sep */
-    uint64_t *prefix;
-    uint64_t nwin;
-    tf_packing_stats st;
-    uint64_t refs, stamp;
-} cache_entry;
-
-static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
-static cache_entry *cache_head;
-static uint64_t cache_clock;
-#define CACHE_MAX 8
 
 typedef struct count_ctx {
     const tf__plan *p;
@@ -468,30 +459,15 @@ static int count_windows(tf__plan *p, uint64_t **prefix_out, tf_packing_stats *s
     return 0;
 }
 
-static void cache_put_locked(void) {
-    /* evict unreferenced entries beyond CACHE_MAX, oldest first */
-    for (;;) {
-        size_t n = 0;
-        cache_entry *old = NULL, **oldp = NULL;
-        for (cache_entry **pp = &cache_head; *pp; pp = &(*pp)->next) {
-            n++;
-            if (!(*pp)->refs && (!old || (*pp)->stamp < old->stamp)) {
-                old = *pp;
-                oldp = pp;
-            }
-        }
-        if (n <= CACHE_MAX || !old) return;
-        *oldp = old->next;
-        free(old->prefix);
-        free(old);
-    }
+static void plan_free(void *v) {
+    tf__plan *p = v;
+    if (!p) return;
+    free(p->prefix);
+    free(p);
 }
 
-int tf__plan_create(const tf_dataset *ds, const tf_order_config *cfg, tf__plan **out, uint64_t *n_out) {
+static int plan_create(const tf_dataset *ds, const tf_order_config *cfg, tf__plan **out) {
     *out = NULL;
-    if (cfg->packing == TF_PACK_BEST_FIT && (cfg->pack_window < 1 || cfg->pack_window > MAX_PACK_WINDOW))
-        TF_FAIL(-EINVAL, "pack_window: expected 1 <= pack_window <= %u documents, found %llu", MAX_PACK_WINDOW,
-                (unsigned long long)cfg->pack_window);
     tf_dataset_info info;
     TF_TRY(tf_dataset_get_info(ds, &info));
     tf__plan *p = calloc(1, sizeof *p);
@@ -505,71 +481,26 @@ int tf__plan_create(const tf_dataset *ds, const tf_order_config *cfg, tf__plan *
     p->D = info.num_documents;
     p->sep = cfg->separator_id >= 0;
     p->nwin = p->D / p->W + (p->D % p->W != 0);
-    uint64_t key[7] = {info.fingerprint, info.num_documents, info.num_tokens, (uint64_t)p->mode, p->C, p->W, p->sep};
-
-    pthread_mutex_lock(&cache_mu);
-    cache_entry *e = cache_head;
-    while (e && !(e->ds == ds && !memcmp(e->key, key, sizeof key))) e = e->next;
-    if (e) {
-        e->refs++;
-        e->stamp = ++cache_clock;
+    int rc = 0;
+    if (p->nwin) {
+        rc = count_windows(p, &p->prefix, &p->st);
+    } else {
+        p->prefix = calloc(1, sizeof *p->prefix);
+        if (!p->prefix) rc = -ENOMEM;
     }
-    pthread_mutex_unlock(&cache_mu);
-    if (!e) {
-        uint64_t *pre = NULL;
-        tf_packing_stats st;
-        int rc = p->nwin ? count_windows(p, &pre, &st) : 0;
-        if (!rc && !p->nwin) {
-            pre = calloc(1, sizeof *pre);
-            memset(&st, 0, sizeof st);
-            if (!pre) rc = -ENOMEM;
-        }
-        e = rc ? NULL : calloc(1, sizeof *e);
-        if (!e) {
-            free(pre);
-            free(p);
-            return rc ? rc : -ENOMEM;
-        }
-        e->ds = ds;
-        memcpy(e->key, key, sizeof key);
-        e->prefix = pre;
-        e->nwin = p->nwin;
-        e->st = st;
-        e->refs = 1;
-        pthread_mutex_lock(&cache_mu);
-        e->stamp = ++cache_clock;
-        e->next = cache_head;
-        cache_head = e;
-        cache_put_locked();
-        pthread_mutex_unlock(&cache_mu);
+    if (rc) {
+        plan_free(p);
+        return rc;
     }
-    p->ce = e;
-    p->prefix = e->prefix;
-    p->st = e->st;
     p->st.documents = info.num_documents;
-    p->N = e->prefix[p->nwin];
-    *n_out = p->N;
+    p->N = p->prefix[p->nwin];
     *out = p;
     return 0;
 }
 
-void tf__plan_free(tf__plan *p) {
-    if (!p) return;
-    pthread_mutex_lock(&cache_mu);
-    p->ce->refs--;
-    cache_put_locked();
-    pthread_mutex_unlock(&cache_mu);
-    free(p);
-}
-
-uint64_t tf__plan_max_chunks(const tf__plan *p) {
-    if (p->mode == TF_PACK_DOCUMENT) return 1;
-    return p->C < p->W ? p->C : p->W; /* every chunk holds >= 1 token */
-}
-
-void tf__plan_stats(const tf__plan *p, tf_packing_stats *st) { *st = p->st; }
-
-int tf__plan_sample(const tf__plan *p, uint64_t sample, const tf__chunk **chunks, size_t *n) {
+/* Chunks of sample (< N), in sample order; *chunks points into a per-thread
+ * cache valid until this thread's next plan call. */
+static int plan_sample(const tf__plan *p, uint64_t sample, const tf__chunk **chunks, size_t *n) {
     if (sample >= p->N)
         TF_FAIL(-ERANGE, "sample %llu out of range: an epoch has %llu samples", (unsigned long long)sample,
                 (unsigned long long)p->N);
@@ -600,7 +531,7 @@ int tf__plan_sample(const tf__plan *p, uint64_t sample, const tf__chunk **chunks
 /* extras                                                                    */
 /* ------------------------------------------------------------------------ */
 
-void tf__extras_from_segments(uint64_t L, const tf__chunk *c, size_t n, const tf_sample_extras *ex) {
+static void extras_from_segments(uint64_t L, const tf__chunk *c, size_t n, const tf_sample_extras *ex) {
     uint64_t P = 0;
     for (size_t k = 0; k < n; k++) P += (uint64_t)c[k].ntok + c[k].sep;
     if (ex->loss_mask) {
@@ -621,4 +552,61 @@ void tf__extras_from_segments(uint64_t L, const tf__chunk *c, size_t n, const tf
         tf__extras_segment(ex, b, &last, &nc);
     }
     tf__extras_finish(ex, L, last, nc);
+}
+
+/* ------------------------------------------------------------------------ */
+/* the kind                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Spans of a packed sample: each chunk's tokens and separator, then padding. */
+static int packed_spans(const tf_order *o, uint64_t sample, tf__span *spans, size_t cap, size_t *n) {
+    const tf__chunk *ch;
+    size_t nch, m = 0;
+    TF_TRY(plan_sample(o->impl, sample, &ch, &nch));
+    uint64_t dst = 0;
+    for (size_t k = 0; k < nch; k++) {
+        if (ch[k].ntok) spans[m++] = (tf__span){ch[k].src, ch[k].ntok, dst};
+        dst += ch[k].ntok;
+        if (ch[k].sep) spans[m++] = (tf__span){TF_SPAN_SEPARATOR, 1, dst++};
+    }
+    if (dst < o->cfg.seq_len + 1) spans[m++] = (tf__span){TF_SPAN_PAD, o->cfg.seq_len + 1 - dst, dst};
+    *n = m;
+    return 0;
+}
+
+static int packed_extras(const tf_order *o, uint64_t sample, const tf_sample_extras *ex) {
+    const tf__chunk *ch;
+    size_t nch;
+    TF_TRY(plan_sample(o->impl, sample, &ch, &nch));
+    extras_from_segments(o->cfg.seq_len, ch, nch, ex);
+    return 0;
+}
+
+/* Free: gathered when the plan counts were built. */
+static int packed_stats(const tf_order *o, tf_packing_stats *st) {
+    *st = ((const tf__plan *)o->impl)->st;
+    return 0;
+}
+
+/* sample_at: NULL, the epoch shuffle */
+static const tf__order_ops packed_ops = {.name = "packed", .spans = packed_spans, .extras = packed_extras,
+                                         .stats = packed_stats, .destroy = plan_free};
+
+int tf__packed_init(tf_order *o, const void *args) {
+    const tf_dataset *ds = args;
+    tf__plan *p;
+    TF_TRY(plan_create(ds, &o->cfg, &p));
+    if (p->N == 0) {
+        int rc = tf__seterr(-EINVAL, "the dataset has no sample: its %llu documents are all empty (packing %s)",
+                            (unsigned long long)p->D, p->mode == TF_PACK_BEST_FIT ? "best_fit" : "document");
+        plan_free(p);
+        return rc;
+    }
+    uint64_t max_chunks = p->mode == TF_PACK_DOCUMENT ? 1 : p->C < p->W ? p->C : p->W; /* every chunk holds >= 1 token */
+    o->ops = &packed_ops;
+    o->impl = p;
+    o->ds = ds;
+    o->N = p->N;
+    o->max_spans = (size_t)(2 * max_chunks + 1); /* tokens + SEP per chunk, one PAD */
+    return 0;
 }

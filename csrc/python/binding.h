@@ -2,10 +2,25 @@
  * binding.h — shared pieces of the tokenfeed._core extension module.
  *
  * The binding is thin: it parses arguments, releases the GIL around C work and
- * turns C results into Python objects. All logic lives in the C library. Every
- * type is a heap type created from a PyType_Spec; per-module state holds the
- * types and the exception class, found from any instance through
- * PyType_GetModuleState.
+ * turns C results into Python objects. All logic lives in the C library,
+ * which the binding reaches through the public header only. Every type is a
+ * heap type created from a PyType_Spec, one file per type:
+ *
+ *   module.c             module state, error mapping, dtype and argument
+ *                        helpers, constants, build_info()
+ *   dataset_obj.c        Dataset        (tf_dataset)
+ *   writer_obj.c         Writer         (tf_writer)
+ *   permutation_obj.c    Permutation    (tf_perm)
+ *   order_obj.c          Order          (tf_order)
+ *   loader_obj.c         Loader         (tf_loader over an Order)
+ *   batch_obj.c          Batch          (owner of one tf_batch's buffers)
+ *   device_ring_obj.c    DeviceRing     (tf_device_ring)
+ *   device_tensor_obj.c  DeviceTensor   (one device slot's array, DLPack)
+ *
+ * TFPY_TYPES lists them. Per-module state holds the types and the exception class, found from any
+ * instance through PyType_GetModuleState. Every function that takes keyword
+ * arguments parses them with a fixed list, so an unknown keyword is a
+ * TypeError.
  */
 #ifndef TF_BINDING_H
 #define TF_BINDING_H
@@ -19,19 +34,21 @@
 #define PY_ARRAY_UNIQUE_SYMBOL tokenfeed_ARRAY_API
 #include <numpy/arrayobject.h>
 
+#include <errno.h>
+#include <stdatomic.h>
+
 #include "tokenfeed.h"
 
+/* The module's types, one list: X(Name) for tokenfeed._core.Name, defined in
+ * <name>_obj.c as tfpy_<Name>Spec and kept in the state as <Name>Type. */
+#define TFPY_TYPES(X) X(Dataset) X(Writer) X(Permutation) X(Order) X(Loader) X(Batch) X(DeviceRing) X(DeviceTensor)
+
+#define TFPY_STATE_TYPE(N) PyTypeObject *N##Type;
 typedef struct tf_module_state {
     PyObject *FormatError; /* tokenfeed.FormatError (ValueError) */
-    PyTypeObject *DatasetType;
-    PyTypeObject *WriterType;
-    PyTypeObject *PermutationType;
-    PyTypeObject *OrderType;
-    PyTypeObject *LoaderType;
-    PyTypeObject *BatchType;
-    PyTypeObject *DeviceRingType;   /* dlpack.c */
-    PyTypeObject *DeviceTensorType;
+    TFPY_TYPES(TFPY_STATE_TYPE)
 } tf_module_state;
+#undef TFPY_STATE_TYPE
 
 /* State from a heap type defined by this module. */
 static inline tf_module_state *tfpy_state_of_type(PyTypeObject *tp) {
@@ -39,15 +56,58 @@ static inline tf_module_state *tfpy_state_of_type(PyTypeObject *tp) {
 }
 static inline tf_module_state *tfpy_state(PyObject *self) { return tfpy_state_of_type(Py_TYPE(self)); }
 
+/* ---- errors (module.c) ---------------------------------------------------- */
+
 /* Raise the Python exception for a negative tokenfeed return code, using the
- * thread's detail message. Always returns NULL. Mapping: format/checksum/
- * vocab -> FormatError; ENOMEM -> MemoryError; EINVAL -> ValueError; ERANGE ->
- * IndexError; TF_EUNSUPPORTED -> NotImplementedError; TF_EEOF ->
- * StopIteration; TF_ESTATE / TF_ECUDA -> RuntimeError; other errno -> OSError.
- * The message must be captured right after the failing call, before anything
- * else can overwrite it: pass it in `msg` when it was captured earlier, or
- * NULL to read tf_last_error() now. */
+ * thread's detail message. Always returns NULL. The one table of the binding:
+ * format/checksum/vocab -> FormatError; ENOMEM -> MemoryError; EINVAL ->
+ * ValueError; ERANGE -> IndexError; TF_EUNSUPPORTED -> NotImplementedError;
+ * TF_EEOF -> StopIteration; TF_ESTATE / TF_ECUDA / EBUSY / EAGAIN (device
+ * slots all held or in flight) -> RuntimeError; EINTR -> the pending signal's
+ * exception or InterruptedError; other errno -> OSError. The message must be
+ * captured right after the failing call, before anything else can overwrite
+ * it: pass it in `msg` when it was captured earlier, or NULL to read
+ * tf_last_error() now. */
 PyObject *tfpy_raise(tf_module_state *st, int rc, const char *msg);
+/* The same for errors about data the caller passed in (not a file): an id
+ * outside the vocabulary is then a ValueError, not a FormatError. */
+PyObject *tfpy_raise_input(tf_module_state *st, int rc, const char *msg);
+
+/* Run `call` (an int expression) with the GIL released, storing its result in
+ * rc and, on failure, the thread's message in msg (a char array) before the
+ * GIL is taken back. */
+#define TFPY_NOGIL_CALL(rc, msg, call)                                                             \
+    do {                                                                                           \
+        Py_BEGIN_ALLOW_THREADS                                                                     \
+        (rc) = (call);                                                                             \
+        if ((rc) < 0) snprintf((msg), sizeof(msg), "%s", tf_last_error());                         \
+        Py_END_ALLOW_THREADS                                                                       \
+    } while (0)
+
+/* self = a new instance of tp whose member `field` owns handle; when the
+ * allocation fails, destroy(handle) runs and self is NULL. */
+#define TFPY_NEW_OWNER(self, tp, field, handle, destroy)                                            \
+    do {                                                                                           \
+        (self) = (void *)(tp)->tp_alloc((tp), 0);                                                  \
+        if (self) (self)->field = (handle);                                                        \
+        else destroy(handle);                                                                      \
+    } while (0)
+
+/* Take the handle out of `field` (NULL after) and destroy it, if any, with the
+ * GIL released: destroying an engine or a device ring joins threads or waits
+ * on events. */
+#define TFPY_DESTROY_NOGIL(field, destroy)                                                         \
+    do {                                                                                           \
+        __typeof__(field) tfpy_h = (field);                                                        \
+        (field) = NULL;                                                                            \
+        if (tfpy_h) {                                                                              \
+            Py_BEGIN_ALLOW_THREADS                                                                 \
+            destroy(tfpy_h);                                                                       \
+            Py_END_ALLOW_THREADS                                                                   \
+        }                                                                                          \
+    } while (0)
+
+/* ---- dtypes and arguments (module.c) -------------------------------------- */
 
 /* tf_dtype for a NumPy type number, TF_DTYPE_INVALID if not a token dtype. */
 tf_dtype tfpy_dtype_from_npy(int typenum);
@@ -55,20 +115,87 @@ int tfpy_npy_from_dtype(tf_dtype dt);
 /* Parse None / str / numpy dtype-like into a tf_dtype; None gives dflt. */
 int tfpy_parse_dtype(PyObject *obj, tf_dtype dflt, tf_dtype *out);
 
-/* Dataset object: owns a tf_dataset. */
+/* "O&" converters. tfpy_u64: a non-negative int that fits 64 bits (bool and
+ * other types: TypeError; negative: ValueError; too large: OverflowError).
+ * tfpy_opt_u64: the same, or None to leave *out (its default) untouched.
+ * tfpy_opt_id: a token id (>= 0, fits int64) or None, stored in an int64_t
+ * (None leaves it). tfpy_nonneg_int: an int in [0, INT_MAX] into an int. */
+int tfpy_u64(PyObject *o, void *out);
+int tfpy_opt_u64(PyObject *o, void *out);
+int tfpy_opt_id(PyObject *o, void *out);
+int tfpy_nonneg_int(PyObject *o, void *out);
+
+/* Keyword arguments parsed from a fixed table (NULL name ends it): each value
+ * goes through its converter into dest; a keyword not in the table is a
+ * TypeError naming it, and a converter's error is prefixed with the keyword.
+ * Returns 0 or -1 with an exception set. */
+typedef struct tfpy_kwarg {
+    const char *name;
+    int (*conv)(PyObject *o, void *dest);
+    void *dest;
+} tfpy_kwarg;
+int tfpy_parse_kwargs(PyObject *kw, const tfpy_kwarg *table, const char *fname);
+
+/* Apply fn(ctx, x) to an int or elementwise to an integer array (as uint64,
+ * GIL released), refusing inputs >= limit with IndexError. One loop for every
+ * "position -> index" method of the binding. */
+typedef uint64_t (*tfpy_u64_map)(const void *ctx, uint64_t x);
+PyObject *tfpy_map_u64(PyObject *arg, tfpy_u64_map fn, const void *ctx, uint64_t limit);
+
+/* ---- objects shared between files ----------------------------------------- */
+
+/* Dataset: owns a tf_dataset. */
 typedef struct {
     PyObject_HEAD
     tf_dataset *ds;
     PyObject *paths; /* tuple of str, for messages and pickling */
 } tfpy_Dataset;
 
-extern PyType_Spec tfpy_DatasetSpec;
-extern PyType_Spec tfpy_WriterSpec;
-extern PyType_Spec tfpy_PermutationSpec;
-extern PyType_Spec tfpy_OrderSpec;
-extern PyType_Spec tfpy_LoaderSpec;
-extern PyType_Spec tfpy_BatchSpec;
-extern PyType_Spec tfpy_DeviceRingSpec;
-extern PyType_Spec tfpy_DeviceTensorSpec;
+/* Order: owns a tf_order; keeps the Dataset(s) it reads alive. */
+typedef struct {
+    PyObject_HEAD
+    tf_order *o;
+    PyObject *dataset; /* a Dataset, or a tuple of them for a mixture */
+} tfpy_Order;
+
+/* A Batch owning b, whose buffers go back to the engine when it dies; and
+ * the dict of NumPy views of b (each with the Batch as base), as
+ * Loader.next() returns it. tfpy_batch_dict takes b over, even on failure. */
+PyObject *tfpy_batch_dict(tf_module_state *st, tf_batch *b);
+
+/* One device slot shared by the DeviceTensors of an upload and every DLPack
+ * capsule made from them (device_tensor_obj.c): plain C with an atomic count,
+ * so a consumer's deleter may drop it on any thread without the GIL. The
+ * last reference releases the slot on the last consumer stream. */
+typedef struct tfpy_devslot {
+    atomic_int refs;
+    tf_device_slot *slot;
+    _Atomic uintptr_t stream; /* last consumer stream, TF_DEVICE_STREAM_NONE if none */
+    int device;
+} tfpy_devslot;
+void tfpy_devslot_unref(tfpy_devslot *h);
+/* Whether a NumPy type can go through DLPack (TypeError if not). */
+int tfpy_dlpack_dtype_ok(int typenum);
+/* A DeviceTensor over ndim <= 4 dims of slot h (takes a reference on h):
+ * data is element 0, extent the bytes from it to the end of its segment,
+ * strides in elements. */
+PyObject *tfpy_device_tensor_new(tf_module_state *st, tfpy_devslot *h, char *data, size_t extent, int typenum,
+                                 int ndim, const int64_t *shape, const int64_t *strides);
+#define TFPY_MAXDIM 4
+
+/* Define PyType_Spec tfpy_<NAME>Spec for tokenfeed._core.NAME, whose objects
+ * are STRUCTs; the slots ({Py_tp_new, f}, ...) follow the flags. A type's
+ * method and attribute tables go inline, {Py_tp_methods, TFPY_METHODS(...)}
+ * and {Py_tp_getset, TFPY_GETSET(...)} (file-scope compound literals: static
+ * arrays, terminated here). */
+#define TFPY_METHODS(...) ((PyMethodDef[]){__VA_ARGS__, {NULL, NULL, 0, NULL}})
+#define TFPY_GETSET(...) ((PyGetSetDef[]){__VA_ARGS__, {NULL, NULL, NULL, NULL, NULL}})
+#define TFPY_TYPE_SPEC(NAME, STRUCT, FLAGS, ...)                                                    \
+    static PyType_Slot NAME##_slots[] = {__VA_ARGS__, {0, NULL}};                                  \
+    PyType_Spec tfpy_##NAME##Spec = {"tokenfeed._core." #NAME, sizeof(STRUCT), 0, (FLAGS), NAME##_slots}
+
+#define TFPY_EXTERN_SPEC(N) extern PyType_Spec tfpy_##N##Spec;
+TFPY_TYPES(TFPY_EXTERN_SPEC)
+#undef TFPY_EXTERN_SPEC
 
 #endif

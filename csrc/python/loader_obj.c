@@ -1,166 +1,91 @@
 /*
- * loader_obj.c — _core.Loader and _core.Batch.
- *
- * A Batch owns one tf_batch; every NumPy array handed out for it has the Batch
- * as its base object, so the buffers go back to the engine's pool only when
- * the last array (or tensor sharing its memory) is gone. next() waits with the
- * GIL released, in 50 ms slices so that Ctrl-C interrupts it promptly.
+ * loader_obj.c — _core.Loader: the C batch engine over an Order built once
+ * (tf_loader_create_from_order). The Loader keeps its Order, and through it
+ * the datasets, alive. next() waits with the GIL released, in 50 ms slices
+ * so that Ctrl-C interrupts it promptly, and hands the batch to batch_obj.c.
  */
 #include "binding.h"
-
-#include <errno.h>
-
-int tfpy_parse_order_config(PyObject *kw, tf_order_config *cfg);
-int tfpy_parse_sources(tf_module_state *st, PyObject *dsobj, PyObject *kw, const tf_dataset ***dss, double **w,
-                       size_t *n);
-
-typedef struct {
-    PyObject_HEAD
-    tf_batch *b;
-} tfpy_Batch;
-
-static void Batch_dealloc(tfpy_Batch *self) {
-    PyTypeObject *tp = Py_TYPE(self);
-    tf_batch_release(self->b);
-    tp->tp_free((PyObject *)self);
-    Py_DECREF(tp);
-}
-
-static PyType_Slot Batch_slots[] = {
-    {Py_tp_dealloc, Batch_dealloc},
-    {Py_tp_doc, "Owner of one batch's buffers; they return to the loader when the last array is gone."},
-    {0, NULL},
-};
-PyType_Spec tfpy_BatchSpec = {"tokenfeed._core.Batch", sizeof(tfpy_Batch), 0, Py_TPFLAGS_DEFAULT, Batch_slots};
 
 typedef struct {
     PyObject_HEAD
     tf_loader *l;
-    PyObject *dataset;   /* keeps the tf_dataset alive */
+    PyObject *order;     /* the _core.Order the engine borrows */
     int busy;            /* a thread is inside next() with the GIL released */
     int close_pending;   /* close() was called while busy */
-    uint64_t seq_len, batch_size, global_batch;
-    tf_dtype out_dtype;
-    unsigned want;
 } tfpy_Loader;
 
-static tf_backend parse_backend(PyObject *v, int *err) {
-    *err = 0;
-    if (!v || v == Py_None) return TF_BACKEND_AUTO;
-    const char *s = PyUnicode_AsUTF8(v);
-    if (!s) { *err = 1; return TF_BACKEND_AUTO; }
-    if (!strcmp(s, "auto")) return TF_BACKEND_AUTO;
-    if (!strcmp(s, "mmap")) return TF_BACKEND_MMAP;
-    if (!strcmp(s, "pread")) return TF_BACKEND_PREAD;
-    if (!strcmp(s, "io_uring")) return TF_BACKEND_IO_URING;
-    PyErr_Format(PyExc_ValueError, "backend must be 'auto', 'mmap', 'pread' or 'io_uring', not %R", v);
-    *err = 1;
-    return TF_BACKEND_AUTO;
+static int parse_backend(PyObject *v, void *out) {
+    tf_backend *b = out;
+    if (v == Py_None) return 1;
+    const char *s = PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : NULL;
+    if (!s && PyErr_Occurred()) return 0;
+    if (s && !strcmp(s, "auto")) *b = TF_BACKEND_AUTO;
+    else if (s && !strcmp(s, "mmap")) *b = TF_BACKEND_MMAP;
+    else if (s && !strcmp(s, "pread")) *b = TF_BACKEND_PREAD;
+    else if (s && !strcmp(s, "io_uring")) *b = TF_BACKEND_IO_URING;
+    else {
+        PyErr_Format(PyExc_ValueError, "expected 'auto', 'mmap', 'pread' or 'io_uring', not %R", v);
+        return 0;
+    }
+    return 1;
 }
 
-static int get_u64(PyObject *kw, const char *key, uint64_t *out) {
-    PyObject *v = kw ? PyDict_GetItemString(kw, key) : NULL;
-    if (!v || v == Py_None) return 0;
-    if (!PyLong_Check(v)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", key, Py_TYPE(v)->tp_name);
-        return -1;
+static int parse_dtype(PyObject *v, void *out) { return tfpy_parse_dtype(v, TF_DTYPE_INVALID, out) == 0; }
+
+static int parse_u32(PyObject *v, void *out) {
+    uint64_t x;
+    if (!tfpy_u64(v, &x)) return 0;
+    if (x > UINT32_MAX) {
+        PyErr_Format(PyExc_OverflowError, "expected an int < 2**32, got %R", v);
+        return 0;
     }
-    int overflow = 0;
-    long long sv = PyLong_AsLongLongAndOverflow(v, &overflow);
-    if (sv == -1 && PyErr_Occurred()) return -1;
-    if (overflow < 0 || (!overflow && sv < 0)) {
-        PyErr_Format(PyExc_ValueError, "%s must be >= 0, got %R", key, v);
-        return -1;
-    }
-    unsigned long long x = PyLong_AsUnsignedLongLong(v);
-    if (x == (unsigned long long)-1 && PyErr_Occurred()) return -1;
-    *out = x;
-    return 0;
+    *(uint32_t *)out = (uint32_t)x;
+    return 1;
 }
 
+static int parse_bool(PyObject *v, void *out) {
+    int t = PyObject_IsTrue(v);
+    if (t < 0) return 0;
+    *(int *)out = t;
+    return 1;
+}
+
+/* Loader(order, /, *, batch_size, rank, world_size, dtype, want, num_threads,
+ * prefetch, backend, direct_io): the engine's settings; the order decides the
+ * stream. The C library checks the values (tf_loader_create_from_order). */
 static PyObject *Loader_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
-    PyObject *dsobj;
-    if (!PyArg_ParseTuple(args, "O:Loader", &dsobj)) return NULL;
+    PyObject *ordobj;
     tf_module_state *st = tfpy_state_of_type(tp);
+    if (!PyArg_ParseTuple(args, "O!:Loader", st->OrderType, &ordobj)) return NULL;
     tf_loader_config cfg;
     tf_loader_config_init(&cfg);
-    if (tfpy_parse_order_config(kw, &cfg.order) < 0) return NULL;
-    uint64_t rank = cfg.rank, world = cfg.world_size, threads = 0, prefetch = 0, want = 0, direct = 0;
-    if (get_u64(kw, "batch_size", &cfg.batch_size) < 0 || get_u64(kw, "rank", &rank) < 0 ||
-        get_u64(kw, "world_size", &world) < 0 || get_u64(kw, "num_threads", &threads) < 0 ||
-        get_u64(kw, "prefetch", &prefetch) < 0 || get_u64(kw, "want", &want) < 0 ||
-        get_u64(kw, "direct_io", &direct) < 0)
-        return NULL;
-    if (rank > UINT32_MAX || world > UINT32_MAX || threads > 4096 || prefetch > 1 << 20)
-        return PyErr_Format(PyExc_ValueError, "rank/world_size/num_threads/prefetch out of range");
-    cfg.rank = (uint32_t)rank;
-    cfg.world_size = (uint32_t)world;
-    cfg.num_threads = (int)threads;
-    cfg.prefetch = (int)prefetch;
-    cfg.want = (unsigned)want;
-    cfg.direct_io = direct != 0;
-    int err;
-    cfg.backend = parse_backend(kw ? PyDict_GetItemString(kw, "backend") : NULL, &err);
-    if (err) return NULL;
-    const tf_dataset **dss;
-    double *w;
-    size_t n;
-    if (tfpy_parse_sources(st, dsobj, kw, &dss, &w, &n) < 0) return NULL;
-    tf_dataset_info in;
-    tf_dataset_get_info(dss[0], &in);
-    for (size_t i = 1; i < n; i++) { /* default out dtype: the widest source */
-        tf_dataset_info o;
-        tf_dataset_get_info(dss[i], &o);
-        if (tf_dtype_size(o.dtype) > tf_dtype_size(in.dtype)) in.dtype = o.dtype;
-    }
-    if (tfpy_parse_dtype(kw ? PyDict_GetItemString(kw, "dtype") : NULL, in.dtype, &cfg.out_dtype) < 0) {
-        PyMem_Free(dss);
-        PyMem_Free(w);
-        return NULL;
-    }
+    const tfpy_kwarg table[] = {
+        {"batch_size", tfpy_u64, &cfg.batch_size}, {"rank", parse_u32, &cfg.rank},
+        {"world_size", parse_u32, &cfg.world_size}, {"dtype", parse_dtype, &cfg.out_dtype},
+        {"want", parse_u32, &cfg.want}, {"num_threads", tfpy_nonneg_int, &cfg.num_threads},
+        {"prefetch", tfpy_nonneg_int, &cfg.prefetch}, {"backend", parse_backend, &cfg.backend},
+        {"direct_io", parse_bool, &cfg.direct_io},
+        {NULL, NULL, NULL},
+    };
+    if (tfpy_parse_kwargs(kw, table, "Loader") < 0) return NULL;
     tf_loader *l = NULL;
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = n ? tf_loader_create_mix(dss, w, n, &cfg, &l) : tf_loader_create(dss[0], &cfg, &l);
-    Py_END_ALLOW_THREADS
-    PyMem_Free(dss);
-    PyMem_Free(w);
-    if (rc < 0) return tfpy_raise(st, rc, NULL);
-    tfpy_Loader *self = (tfpy_Loader *)tp->tp_alloc(tp, 0);
-    if (!self) {
-        tf_loader_free(l);
-        return NULL;
-    }
-    self->l = l;
-    /* a mixture keeps its sources in a tuple: a list could drop them */
-    self->dataset = PyObject_TypeCheck(dsobj, st->DatasetType) ? Py_NewRef(dsobj) : PySequence_Tuple(dsobj);
-    if (!self->dataset) {
-        Py_DECREF(self);
-        return NULL;
-    }
-    self->seq_len = cfg.order.seq_len;
-    self->batch_size = cfg.batch_size;
-    self->global_batch = cfg.batch_size * cfg.world_size;
-    self->out_dtype = cfg.out_dtype;
-    self->want = cfg.want;
+    char msg[1024];
+    TFPY_NOGIL_CALL(rc, msg, tf_loader_create_from_order(((tfpy_Order *)ordobj)->o, &cfg, &l));
+    if (rc < 0) return tfpy_raise(st, rc, msg);
+    tfpy_Loader *self;
+    TFPY_NEW_OWNER(self, tp, l, l, tf_loader_free);
+    if (self) self->order = Py_NewRef(ordobj);
     return (PyObject *)self;
 }
 
-static void loader_free(tfpy_Loader *self) {
-    tf_loader *l = self->l;
-    self->l = NULL;
-    if (l) {
-        /* Joining worker threads can take a moment: do it without the GIL. */
-        Py_BEGIN_ALLOW_THREADS
-        tf_loader_free(l);
-        Py_END_ALLOW_THREADS
-    }
-}
+/* Joining worker threads can take a moment: done without the GIL. */
+static void loader_free(tfpy_Loader *self) { TFPY_DESTROY_NOGIL(self->l, tf_loader_free); }
 
 static void Loader_dealloc(tfpy_Loader *self) {
     PyTypeObject *tp = Py_TYPE(self);
     loader_free(self);
-    Py_CLEAR(self->dataset);
+    Py_CLEAR(self->order); /* after the engine that borrows it */
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
@@ -177,27 +102,6 @@ static int loader_check(tfpy_Loader *self) {
     return 0;
 }
 
-/* A 2-D view into the batch's buffer with the Batch as base. */
-static PyObject *view2d(PyObject *owner, void *data, int typenum, npy_intp rows, npy_intp cols, npy_intp row_stride, npy_intp elsize) {
-    npy_intp dims[2] = {rows, cols};
-    npy_intp strides[2] = {row_stride, elsize};
-    PyObject *arr = PyArray_New(&PyArray_Type, 2, dims, typenum, strides, data, 0, NPY_ARRAY_WRITEABLE | NPY_ARRAY_ALIGNED, NULL);
-    if (!arr) return NULL;
-    Py_INCREF(owner);
-    if (PyArray_SetBaseObject((PyArrayObject *)arr, owner) < 0) { /* steals owner even on failure */
-        Py_DECREF(arr);
-        return NULL;
-    }
-    return arr;
-}
-
-static int dict_put(PyObject *d, const char *k, PyObject *v) {
-    if (!v) return -1;
-    int rc = PyDict_SetItemString(d, k, v);
-    Py_DECREF(v);
-    return rc;
-}
-
 PyDoc_STRVAR(Loader_next_doc,
 "next($self)\n--\n\nReturns dict. "
 "The next batch for this rank: 'tokens' (B, L+1), 'input_ids' and 'labels'\n"
@@ -212,10 +116,7 @@ static PyObject *Loader_next(tfpy_Loader *self, PyObject *unused) {
     char msg[1024];
     self->busy = 1;
     for (;;) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = tf_loader_next_timed(self->l, &b, 50ull * 1000 * 1000);
-        if (rc < 0 && rc != -ETIMEDOUT) snprintf(msg, sizeof msg, "%s", tf_last_error());
-        Py_END_ALLOW_THREADS
+        TFPY_NOGIL_CALL(rc, msg, tf_loader_next_timed(self->l, &b, 50ull * 1000 * 1000));
         if (rc != -ETIMEDOUT) break;
         if (self->close_pending || PyErr_CheckSignals() < 0) break;
     }
@@ -228,35 +129,7 @@ static PyObject *Loader_next(tfpy_Loader *self, PyObject *unused) {
     }
     if (rc == -ETIMEDOUT) return NULL; /* interrupted: exception set by PyErr_CheckSignals */
     if (rc < 0) return tfpy_raise(st, rc, msg);
-
-    tfpy_Batch *owner = PyObject_New(tfpy_Batch, st->BatchType);
-    if (!owner) {
-        tf_batch_release(b);
-        return NULL;
-    }
-    owner->b = b;
-    tf_batch_view v;
-    tf_batch_get_view(b, &v);
-    npy_intp B = (npy_intp)v.rows, L = (npy_intp)v.seq_len;
-    int tn = tfpy_npy_from_dtype(v.dtype);
-    npy_intp isz = (npy_intp)tf_dtype_size(v.dtype);
-    PyObject *d = PyDict_New();
-    if (!d) goto fail;
-    char *tok = v.tokens;
-    if (dict_put(d, "tokens", view2d((PyObject *)owner, tok, tn, B, L + 1, (L + 1) * isz, isz)) < 0 ||
-        dict_put(d, "input_ids", view2d((PyObject *)owner, tok, tn, B, L, (L + 1) * isz, isz)) < 0 ||
-        dict_put(d, "labels", view2d((PyObject *)owner, tok + isz, tn, B, L, (L + 1) * isz, isz)) < 0)
-        goto fail;
-    if (v.position_ids && dict_put(d, "position_ids", view2d((PyObject *)owner, v.position_ids, NPY_INT32, B, L, L * 4, 4)) < 0) goto fail;
-    if (v.cu_seqlens && dict_put(d, "cu_seqlens", view2d((PyObject *)owner, v.cu_seqlens, NPY_INT32, B, L + 1, (L + 1) * 4, 4)) < 0) goto fail;
-    if (v.num_seqs && dict_put(d, "num_seqs", view2d((PyObject *)owner, v.num_seqs, NPY_INT32, B, 1, 4, 4)) < 0) goto fail;
-    if (v.loss_mask && dict_put(d, "loss_mask", view2d((PyObject *)owner, v.loss_mask, NPY_UINT8, B, L, L, 1)) < 0) goto fail;
-    Py_DECREF(owner);
-    return d;
-fail:
-    Py_XDECREF(d);
-    Py_DECREF(owner);
-    return NULL;
+    return tfpy_batch_dict(st, b);
 }
 
 static PyObject *Loader_seek(tfpy_Loader *self, PyObject *arg) {
@@ -265,10 +138,7 @@ static PyObject *Loader_seek(tfpy_Loader *self, PyObject *arg) {
     if (pos == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
     int rc;
     char msg[1024];
-    Py_BEGIN_ALLOW_THREADS
-    rc = tf_loader_seek(self->l, pos);
-    if (rc < 0) snprintf(msg, sizeof msg, "%s", tf_last_error());
-    Py_END_ALLOW_THREADS
+    TFPY_NOGIL_CALL(rc, msg, tf_loader_seek(self->l, pos));
     if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, msg);
     Py_RETURN_NONE;
 }
@@ -304,24 +174,17 @@ static PyObject *Loader_get_position(tfpy_Loader *self, void *c) {
 
 static PyObject *Loader_get_closed(tfpy_Loader *self, void *c) { return PyBool_FromLong(!self->l || self->close_pending); }
 
-static PyMethodDef Loader_methods[] = {
-    {"next", (PyCFunction)Loader_next, METH_NOARGS, Loader_next_doc},
-    {"seek", (PyCFunction)Loader_seek, METH_O, "seek($self, position, /)\n--\n\nMove to a global position (a multiple of the global batch). O(1)."},
-    {"close", (PyCFunction)Loader_close, METH_NOARGS, "close($self)\n--\n\nStop the worker threads. Batches already handed out stay valid."},
-    {"stats", (PyCFunction)Loader_stats, METH_NOARGS, "stats() -> dict"},
-    {NULL, NULL, 0, NULL},
-};
-static PyGetSetDef Loader_getset[] = {
-    {"position", (getter)Loader_get_position, NULL, "global position of the next batch this rank receives", NULL},
-    {"closed", (getter)Loader_get_closed, NULL, "whether close() was called", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-static PyType_Slot Loader_slots[] = {
-    {Py_tp_new, Loader_new},
-    {Py_tp_dealloc, Loader_dealloc},
-    {Py_tp_methods, Loader_methods},
-    {Py_tp_getset, Loader_getset},
-    {Py_tp_doc, "Loader(dataset, **config)\n--\n\nThe C batch engine over a dataset."},
-    {0, NULL},
-};
-PyType_Spec tfpy_LoaderSpec = {"tokenfeed._core.Loader", sizeof(tfpy_Loader), 0, Py_TPFLAGS_DEFAULT, Loader_slots};
+PyDoc_STRVAR(Loader_doc, "Loader(order, /, *, batch_size=8, rank=0, world_size=1, dtype=None, want=0, num_threads=0, prefetch=0, "
+                "backend=None, direct_io=False)\n--\n\n"
+                "The C batch engine over an Order (whose global_batch is batch_size * world_size).");
+
+TFPY_TYPE_SPEC(Loader, tfpy_Loader, Py_TPFLAGS_DEFAULT,
+               {Py_tp_doc, (void *)Loader_doc}, {Py_tp_new, Loader_new}, {Py_tp_dealloc, Loader_dealloc},
+               {Py_tp_methods, TFPY_METHODS(
+                   {"next", (PyCFunction)Loader_next, METH_NOARGS, Loader_next_doc},
+                   {"seek", (PyCFunction)Loader_seek, METH_O, "seek($self, position, /)\n--\n\nMove to a global position (a multiple of the global batch). O(1)."},
+                   {"close", (PyCFunction)Loader_close, METH_NOARGS, "close($self)\n--\n\nStop the worker threads. Batches already handed out stay valid."},
+                   {"stats", (PyCFunction)Loader_stats, METH_NOARGS, "stats() -> dict"})},
+               {Py_tp_getset, TFPY_GETSET(
+                   {"position", (getter)Loader_get_position, NULL, "global position of the next batch this rank receives", NULL},
+                   {"closed", (getter)Loader_get_closed, NULL, "whether close() was called", NULL})});

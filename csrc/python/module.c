@@ -1,57 +1,58 @@
 /*
- * module.c — tokenfeed._core: module state, the one function that maps C
- * errors to Python exceptions, dtype helpers and build_info().
+ * module.c — tokenfeed._core: module state, the one table that maps C errors
+ * to Python exceptions, dtype and argument helpers shared by the types,
+ * constants and build_info().
  */
 #define TF_BINDING_MAIN
 #include "binding.h"
-
-#include <errno.h>
 
 #ifndef TF_BUILD_SUMMARY
 #define TF_BUILD_SUMMARY ""
 #endif
 
+/* The exception type of an error code, or NULL where tfpy_raise decides. */
+static PyObject *exception_for(tf_module_state *st, int e) {
+    switch (e) {
+    case TF_EFORMAT: case TF_ECHECKSUM: case TF_EVOCAB: return st->FormatError;
+    case TF_EUNSUPPORTED: return PyExc_NotImplementedError;
+    case TF_ESTATE: case TF_ECUDA: return PyExc_RuntimeError;
+    case EBUSY:  /* device ring: every slot held by the consumer */
+    case EAGAIN: /* device ring: no slot free yet and not asked to wait */
+        return PyExc_RuntimeError;
+    case ENOMEM: return PyExc_MemoryError;
+    case EINVAL: return PyExc_ValueError;
+    case ERANGE: return PyExc_IndexError;
+    default: return NULL;
+    }
+}
+
 PyObject *tfpy_raise(tf_module_state *st, int rc, const char *msg) {
     if (!msg) msg = tf_last_error();
     if (!msg || !*msg) msg = tf_strerror(rc);
     int e = rc < 0 ? -rc : rc;
-    switch (e) {
-    case TF_EFORMAT:
-    case TF_ECHECKSUM:
-    case TF_EVOCAB:
-        PyErr_SetString(st->FormatError, msg);
-        break;
-    case TF_EEOF:
+    PyObject *type = exception_for(st, e);
+    if (type) {
+        PyErr_SetString(type, msg);
+    } else if (e == TF_EEOF) {
         PyErr_SetNone(PyExc_StopIteration);
-        break;
-    case TF_EUNSUPPORTED:
-        PyErr_SetString(PyExc_NotImplementedError, msg);
-        break;
-    case TF_ESTATE:
-    case TF_ECUDA:
-        PyErr_SetString(PyExc_RuntimeError, msg);
-        break;
-    case ENOMEM:
-        PyErr_SetString(PyExc_MemoryError, msg);
-        break;
-    case EINVAL:
-        PyErr_SetString(PyExc_ValueError, msg);
-        break;
-    case ERANGE:
-        PyErr_SetString(PyExc_IndexError, msg);
-        break;
-    case EINTR:
+    } else if (e == EINTR) {
         if (!PyErr_CheckSignals()) PyErr_SetString(PyExc_InterruptedError, msg);
-        break;
-    default: {
-        PyObject *args = Py_BuildValue("(is)", e, msg);
+    } else {
+        PyObject *args = Py_BuildValue("(is)", e, msg); /* OSError picks its subclass from errno */
         if (args) {
             PyErr_SetObject(PyExc_OSError, args);
             Py_DECREF(args);
         }
     }
-    }
     return NULL;
+}
+
+PyObject *tfpy_raise_input(tf_module_state *st, int rc, const char *msg) {
+    if (rc == -TF_EVOCAB) {
+        PyErr_SetString(PyExc_ValueError, msg ? msg : tf_last_error());
+        return NULL;
+    }
+    return tfpy_raise(st, rc, msg);
 }
 
 tf_dtype tfpy_dtype_from_npy(int t) {
@@ -108,6 +109,126 @@ int tfpy_parse_dtype(PyObject *obj, tf_dtype dflt, tf_dtype *out) {
     return 0;
 }
 
+/* ------------------------------------------------------------------------ */
+/* argument converters                                                       */
+/* ------------------------------------------------------------------------ */
+
+/* An int that is not a bool, as unsigned long long; -1 with an exception. */
+static int as_u64(PyObject *o, unsigned long long *v) {
+    if (!PyLong_Check(o) || PyBool_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "expected an int, got %.100s", Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    int overflow = 0;
+    long long sv = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (sv == -1 && PyErr_Occurred()) return -1;
+    if (overflow < 0 || (!overflow && sv < 0)) {
+        PyErr_Format(PyExc_ValueError, "expected an int >= 0, got %R", o);
+        return -1;
+    }
+    *v = PyLong_AsUnsignedLongLong(o); /* OverflowError past 64 bits */
+    return *v == (unsigned long long)-1 && PyErr_Occurred() ? -1 : 0;
+}
+
+int tfpy_u64(PyObject *o, void *out) {
+    unsigned long long v;
+    if (as_u64(o, &v) < 0) return 0;
+    *(uint64_t *)out = v;
+    return 1;
+}
+
+int tfpy_opt_u64(PyObject *o, void *out) { return o == Py_None ? 1 : tfpy_u64(o, out); }
+
+int tfpy_opt_id(PyObject *o, void *out) {
+    unsigned long long v;
+    if (o == Py_None) return 1;
+    if (as_u64(o, &v) < 0) return 0;
+    if (v > INT64_MAX) {
+        PyErr_Format(PyExc_OverflowError, "a token id must fit 63 bits, got %R", o);
+        return 0;
+    }
+    *(int64_t *)out = (int64_t)v;
+    return 1;
+}
+
+int tfpy_nonneg_int(PyObject *o, void *out) {
+    unsigned long long v;
+    if (as_u64(o, &v) < 0) return 0;
+    if (v > INT_MAX) {
+        PyErr_Format(PyExc_OverflowError, "expected an int <= %d, got %R", INT_MAX, o);
+        return 0;
+    }
+    *(int *)out = (int)v;
+    return 1;
+}
+
+int tfpy_parse_kwargs(PyObject *kw, const tfpy_kwarg *table, const char *fname) {
+    if (!kw) return 0;
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(kw, &pos, &key, &value)) {
+        const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+        if (!k) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "%s() keywords must be strings", fname);
+            return -1;
+        }
+        const tfpy_kwarg *a = table;
+        while (a->name && strcmp(a->name, k) != 0) a++;
+        if (!a->name) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%s'", fname, k);
+            return -1;
+        }
+        if (!a->conv(value, a->dest)) {
+            /* name the argument in the converter's message, keeping its type */
+            PyObject *type, *val, *tb;
+            PyErr_Fetch(&type, &val, &tb);
+            PyErr_NormalizeException(&type, &val, &tb);
+            PyErr_Format(type ? type : PyExc_TypeError, "%s: %S", k, val ? val : Py_None);
+            Py_XDECREF(type);
+            Py_XDECREF(val);
+            Py_XDECREF(tb);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+PyObject *tfpy_map_u64(PyObject *arg, tfpy_u64_map fn, const void *ctx, uint64_t limit) {
+    if (PyLong_Check(arg)) {
+        unsigned long long i = PyLong_AsUnsignedLongLong(arg);
+        if (i == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+        if (i >= limit) return PyErr_Format(PyExc_IndexError, "index %llu out of range [0, %llu)", i, (unsigned long long)limit);
+        return PyLong_FromUnsignedLongLong(fn(ctx, i));
+    }
+    PyArrayObject *in = (PyArrayObject *)PyArray_FROMANY(arg, NPY_UINT64, 0, 0, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST);
+    if (!in) return NULL;
+    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(in), PyArray_DIMS(in), NPY_UINT64);
+    if (!out) {
+        Py_DECREF(in);
+        return NULL;
+    }
+    const uint64_t *a = PyArray_DATA(in);
+    uint64_t *b = PyArray_DATA(out);
+    npy_intp n = PyArray_SIZE(in);
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (npy_intp k = 0; k < n; k++) {
+        if (a[k] >= limit) { bad = 1; break; }
+        b[k] = fn(ctx, a[k]);
+    }
+    Py_END_ALLOW_THREADS
+    Py_DECREF(in);
+    if (bad) {
+        Py_DECREF(out);
+        return PyErr_Format(PyExc_IndexError, "an index is out of range [0, %llu)", (unsigned long long)limit);
+    }
+    return (PyObject *)out;
+}
+
+/* ------------------------------------------------------------------------ */
+/* module                                                                    */
+/* ------------------------------------------------------------------------ */
+
 PyDoc_STRVAR(build_info_doc,
 "build_info($module)\n--\n\nReturns dict. "
 "What the C core was compiled with and what is usable at run time.");
@@ -129,8 +250,54 @@ static PyObject *build_info(PyObject *mod, PyObject *unused) {
                          "build", TF_BUILD_SUMMARY);
 }
 
+PyDoc_STRVAR(merge_doc,
+"merge($module, path, parts, overwrite=False)\n--\n\n"
+"Write path's manifest joining the datasets parts (paths relative to path), in order.\n"
+"No token data is copied. See tf_dataset_merge in tokenfeed.h.");
+
+static PyObject *merge(PyObject *mod, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"path", "parts", "overwrite", NULL};
+    PyObject *path_obj, *parts_obj, *seq = NULL, *fs = NULL, *ret = NULL;
+    int overwrite = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|p", kwlist, &path_obj, &parts_obj, &overwrite)) return NULL;
+    if (!PyUnicode_FSConverter(path_obj, &fs)) return NULL;
+    seq = PySequence_Fast(parts_obj, "parts must be a sequence of paths");
+    Py_ssize_t n = seq ? PySequence_Fast_GET_SIZE(seq) : 0;
+    PyObject **conv = seq ? PyMem_Calloc((size_t)n + 1, sizeof *conv) : NULL;
+    const char **names = seq ? PyMem_Calloc((size_t)n + 1, sizeof *names) : NULL;
+    if (seq && (!conv || !names)) {
+        PyErr_NoMemory();
+        goto finally;
+    }
+    for (Py_ssize_t i = 0; seq && i < n; i++) {
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(seq, i), &conv[i])) goto finally;
+        names[i] = PyBytes_AS_STRING(conv[i]);
+    }
+    if (!seq) goto finally;
+    int rc;
+    char msg[1024];
+    const char *dir = PyBytes_AS_STRING(fs);
+    Py_BEGIN_ALLOW_THREADS
+    rc = tf_dataset_merge(dir, names, (uint64_t)n, overwrite);
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", tf_last_error());
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        tfpy_raise(PyModule_GetState(mod), rc, msg);
+        goto finally;
+    }
+    ret = Py_NewRef(Py_None);
+finally:
+    for (Py_ssize_t i = 0; conv && i < n; i++) Py_XDECREF(conv[i]);
+    PyMem_Free(conv);
+    PyMem_Free(names);
+    Py_XDECREF(seq);
+    Py_XDECREF(fs);
+    return ret;
+}
+
 static PyMethodDef module_methods[] = {
     {"build_info", build_info, METH_NOARGS, build_info_doc},
+    {"merge", (PyCFunction)(void (*)(void))merge, METH_VARARGS | METH_KEYWORDS, merge_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -159,50 +326,39 @@ static int module_exec(PyObject *m) {
         Py_DECREF(st->FormatError);
         return -1;
     }
-    if (add_type(m, &tfpy_DatasetSpec, &st->DatasetType) < 0) return -1;
-    if (add_type(m, &tfpy_WriterSpec, &st->WriterType) < 0) return -1;
-    if (add_type(m, &tfpy_PermutationSpec, &st->PermutationType) < 0) return -1;
-    if (add_type(m, &tfpy_OrderSpec, &st->OrderType) < 0) return -1;
-    if (add_type(m, &tfpy_LoaderSpec, &st->LoaderType) < 0) return -1;
-    if (add_type(m, &tfpy_BatchSpec, &st->BatchType) < 0) return -1;
-    if (add_type(m, &tfpy_DeviceRingSpec, &st->DeviceRingType) < 0) return -1;
-    if (add_type(m, &tfpy_DeviceTensorSpec, &st->DeviceTensorType) < 0) return -1;
-    if (PyModule_AddIntConstant(m, "SHUFFLE_NONE", TF_SHUFFLE_NONE) < 0 ||
+#define ADD_TYPE(N) if (add_type(m, &tfpy_##N##Spec, &st->N##Type) < 0) return -1;
+    TFPY_TYPES(ADD_TYPE)
+#undef ADD_TYPE
+    if (PyModule_AddIntConstant(m, "PACK_CONCAT", TF_PACK_CONCAT) < 0 ||
+        PyModule_AddIntConstant(m, "PACK_BEST_FIT", TF_PACK_BEST_FIT) < 0 ||
+        PyModule_AddIntConstant(m, "PACK_DOCUMENT", TF_PACK_DOCUMENT) < 0 ||
+        PyModule_AddIntConstant(m, "SHUFFLE_NONE", TF_SHUFFLE_NONE) < 0 ||
         PyModule_AddIntConstant(m, "SHUFFLE_FULL", TF_SHUFFLE_FULL) < 0 ||
         PyModule_AddIntConstant(m, "SHUFFLE_BLOCK", TF_SHUFFLE_BLOCK) < 0 ||
         PyModule_AddIntConstant(m, "WANT_POSITION_IDS", TF_WANT_POSITION_IDS) < 0 ||
         PyModule_AddIntConstant(m, "WANT_CU_SEQLENS", TF_WANT_CU_SEQLENS) < 0 ||
         PyModule_AddIntConstant(m, "WANT_LOSS_MASK", TF_WANT_LOSS_MASK) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_THREADS", TF_MAX_THREADS) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_PREFETCH", TF_MAX_PREFETCH) < 0 ||
         PyModule_AddStringConstant(m, "__version__", tf_version()) < 0)
         return -1;
     return 0;
 }
 
+#define VISIT_TYPE(N) Py_VISIT(st->N##Type);
+#define CLEAR_TYPE(N) Py_CLEAR(st->N##Type);
+
 static int module_traverse(PyObject *m, visitproc visit, void *arg) {
     tf_module_state *st = PyModule_GetState(m);
     Py_VISIT(st->FormatError);
-    Py_VISIT(st->DatasetType);
-    Py_VISIT(st->WriterType);
-    Py_VISIT(st->PermutationType);
-    Py_VISIT(st->OrderType);
-    Py_VISIT(st->LoaderType);
-    Py_VISIT(st->BatchType);
-    Py_VISIT(st->DeviceRingType);
-    Py_VISIT(st->DeviceTensorType);
+    TFPY_TYPES(VISIT_TYPE)
     return 0;
 }
 
 static int module_clear(PyObject *m) {
     tf_module_state *st = PyModule_GetState(m);
     Py_CLEAR(st->FormatError);
-    Py_CLEAR(st->DatasetType);
-    Py_CLEAR(st->WriterType);
-    Py_CLEAR(st->PermutationType);
-    Py_CLEAR(st->OrderType);
-    Py_CLEAR(st->LoaderType);
-    Py_CLEAR(st->BatchType);
-    Py_CLEAR(st->DeviceRingType);
-    Py_CLEAR(st->DeviceTensorType);
+    TFPY_TYPES(CLEAR_TYPE)
     return 0;
 }
 

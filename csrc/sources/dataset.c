@@ -2,8 +2,10 @@
  * dataset.c — a dataset is an ordered list of files of any supported format,
  * concatenated: documents and tokens in order. This file owns format detection,
  * the concatenation (prefix sums, O(log files) lookups), token reads with dtype
- * conversion, the fingerprint and the multi-threaded verify. Formats live in
- * their own files and only fill a tf_file (see source.h).
+ * conversion, the fingerprint, views that concatenate datasets (mixtures read
+ * through one), and the multi-threaded verify. Formats live in their own files
+ * and only fill a tf_file; a file's bytes are obtained and read in file.c (see
+ * source.h).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -13,205 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "source.h"
-
-/* ------------------------------------------------------------------------ */
-/* files                                                                     */
-/* ------------------------------------------------------------------------ */
-
-int tf__map_file(const char *path, void **map, size_t *len) {
-    *map = NULL;
-    *len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        TF_FAIL(-e, "%s: cannot open: %s", path, strerror(e));
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        TF_FAIL(-e, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        TF_FAIL(-EINVAL, "%s: not a regular file", path);
-    }
-    if (st.st_size == 0) {
-        close(fd);
-        return 0;
-    }
-    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-    int e = errno;
-    close(fd);
-    if (m == MAP_FAILED) TF_FAIL(-e, "%s: cannot map %lld bytes: %s", path, (long long)st.st_size, strerror(e));
-    *map = m;
-    *len = (size_t)st.st_size;
-    tf__sigbus_install(); /* from now on a shrinking file may raise SIGBUS */
-    return 0;
-}
-
-void tf__unmap(void *map, size_t len) {
-    if (map && len) munmap(map, len);
-}
-
-void tf__file_close(tf_file *f) {
-    if (!f) return;
-    tf__unmap(f->map, f->map_len);
-    tf__unmap(f->aux_map, f->aux_len);
-    free(f->owned);
-    free(f->path);
-    free(f->aux_path);
-    memset(f, 0, sizeof *f);
-}
-
-tf_file *tf__files_push(tf_file **files, uint64_t *nfiles, uint64_t *cap) {
-    if (*nfiles == *cap) {
-        uint64_t nc = *cap ? *cap * 2 : 8;
-        tf_file *nf = realloc(*files, nc * sizeof *nf);
-        if (!nf) return NULL;
-        *files = nf;
-        *cap = nc;
-    }
-    tf_file *f = &(*files)[(*nfiles)++];
-    memset(f, 0, sizeof *f);
-    return f;
-}
-
-int tf__file_document(const tf_file *f, uint64_t j, uint64_t *start, uint64_t *len) {
-    if (j >= f->num_docs) TF_FAIL(-ERANGE, "document %llu out of range", (unsigned long long)j);
-    switch (f->doc_kind) {
-    case TF_DOCS_SINGLE:
-        *start = 0;
-        *len = f->num_tokens;
-        return 0;
-    case TF_DOCS_ENDS: {
-        uint64_t s = j ? f->doc_ends[j - 1] : 0, e = f->doc_ends[j];
-        if (e < s || e > f->num_tokens)
-            TF_FAIL(-TF_EFORMAT, "%s: document index: entry %llu is %llu, expected between %llu and %llu. Run verify(); the index is corrupt.",
-                    f->aux_path ? f->aux_path : f->path, (unsigned long long)j, (unsigned long long)e,
-                    (unsigned long long)s, (unsigned long long)f->num_tokens);
-        *start = s;
-        *len = e - s;
-        return 0;
-    }
-    case TF_DOCS_MEGATRON: {
-        size_t isz = tf_dtype_size(f->dtype);
-        int64_t p = tf__mg_pointer(f, j);
-        int32_t n = tf__mg_size(f, j);
-        if (p < 0 || n < 0 || (uint64_t)p % isz != 0 || (uint64_t)p / isz > f->num_tokens ||
-            (uint64_t)n > f->num_tokens - (uint64_t)p / isz)
-            TF_FAIL(-TF_EFORMAT, "%s: sequence %llu: pointer %lld, size %d lie outside the %llu tokens of the .bin. The .idx does not belong to this .bin or is corrupt.",
-                    f->aux_path, (unsigned long long)j, (long long)p, (int)n, (unsigned long long)f->num_tokens);
-        *start = (uint64_t)p / isz;
-        *len = (uint64_t)n;
-        return 0;
-    }
-    }
-    return -EINVAL;
-}
-
-uint64_t tf__file_find_document(const tf_file *f, uint64_t pos) {
-    switch (f->doc_kind) {
-    case TF_DOCS_SINGLE: return 0;
-    case TF_DOCS_ENDS: {
-        /* first j with doc_ends[j] > pos */
-        uint64_t lo = 0, hi = f->num_docs;
-        while (lo < hi) {
-            uint64_t mid = lo + (hi - lo) / 2;
-            if (f->doc_ends[mid] > pos) hi = mid; else lo = mid + 1;
-        }
-        return lo < f->num_docs ? lo : f->num_docs - 1;
-    }
-    case TF_DOCS_MEGATRON: {
-        /* last j with start(j) <= pos; pointers are ascending in valid files */
-        size_t isz = tf_dtype_size(f->dtype);
-        uint64_t lo = 0, hi = f->num_docs;
-        while (hi - lo > 1) {
-            uint64_t mid = lo + (hi - lo) / 2;
-            int64_t p = tf__mg_pointer(f, mid);
-            if (p >= 0 && (uint64_t)p / isz <= pos) lo = mid; else hi = mid;
-        }
-        /* skip empty sequences that start at the same position */
-        while (lo + 1 < f->num_docs && tf__mg_pointer(f, lo + 1) >= 0 &&
-               (uint64_t)tf__mg_pointer(f, lo + 1) / isz <= pos) lo++;
-        return lo;
-    }
-    }
-    return 0;
-}
-
-/* Per-thread scratch for one decompressed block. Held in a pthread key (not
- * _Thread_local) so that its destructor frees it when a verify or engine
- * thread exits. */
-typedef struct tf_blockbuf {
-    uint8_t *p;
-    size_t cap;
-} tf_blockbuf;
-static pthread_key_t tf_blockbuf_key;
-static pthread_once_t tf_blockbuf_once = PTHREAD_ONCE_INIT;
-static int tf_blockbuf_key_ok;
-
-static void tf_blockbuf_free(void *v) {
-    tf_blockbuf *b = v;
-    if (b) free(b->p);
-    free(b);
-}
-static void tf_blockbuf_init(void) { tf_blockbuf_key_ok = pthread_key_create(&tf_blockbuf_key, tf_blockbuf_free) == 0; }
-
-static tf_blockbuf *thread_blockbuf(size_t need) {
-    pthread_once(&tf_blockbuf_once, tf_blockbuf_init);
-    if (!tf_blockbuf_key_ok) return NULL;
-    tf_blockbuf *b = pthread_getspecific(tf_blockbuf_key);
-    if (!b) {
-        b = calloc(1, sizeof *b);
-        if (!b) return NULL;
-        if (pthread_setspecific(tf_blockbuf_key, b) != 0) {
-            free(b);
-            return NULL;
-        }
-    }
-    if (b->cap < need) {
-        uint8_t *nb = realloc(b->p, need);
-        if (!nb) return NULL;
-        b->p = nb;
-        b->cap = need;
-    }
-    return b;
-}
-
-int tf__file_read(const tf_file *f, uint64_t start, uint64_t count, void *out, tf_dtype out_dtype) {
-    if (start > f->num_tokens || count > f->num_tokens - start)
-        TF_FAIL(-ERANGE, "%s: tokens [%llu, %llu) out of range (%llu tokens)", f->path,
-                (unsigned long long)start, (unsigned long long)(start + count), (unsigned long long)f->num_tokens);
-    size_t isz = tf_dtype_size(f->dtype), osz = tf_dtype_size(out_dtype);
-    if (!f->compressed) {
-        tf_convert(out, out_dtype, f->tokens + start * isz, f->dtype, (size_t)count);
-        return 0;
-    }
-    /* Compressed: decompress each block touched. The batch engine keeps a
-     * block cache; this path serves random access and verify. */
-    uint64_t bt = f->block_tokens;
-    size_t need = (size_t)bt * isz;
-    tf_blockbuf *bb = thread_blockbuf(need);
-    if (!bb) return -ENOMEM;
-    uint8_t *o = out;
-    while (count) {
-        uint64_t b = start / bt, off = start % bt;
-        uint64_t n = bt - off < count ? bt - off : count;
-        TF_TRY(tf__native_read_block(f, b, bb->p, bb->cap));
-        tf_convert(o, out_dtype, bb->p + off * isz, f->dtype, (size_t)n);
-        o += n * osz;
-        start += n;
-        count -= n;
-    }
-    return 0;
-}
 
 /* ------------------------------------------------------------------------ */
 /* detection and open                                                        */
@@ -332,35 +140,49 @@ static tf_dtype wider(tf_dtype a, tf_dtype b) {
     return z == 8 ? TF_UINT64 : z == 4 ? TF_UINT32 : z == 2 ? TF_UINT16 : TF_UINT8;
 }
 
-/* Build the dataset from files (takes ownership of the array). */
-static int finish_dataset(tf_file *files, uint64_t nfiles, tf_dataset **out) {
-    tf_dataset *ds = calloc(1, sizeof *ds);
-    if (!ds) goto nomem;
-    ds->files = files;
-    ds->nfiles = nfiles;
-    ds->tok_prefix = malloc((nfiles + 1) * sizeof(uint64_t));
-    ds->doc_prefix = malloc((nfiles + 1) * sizeof(uint64_t));
-    if (!ds->tok_prefix || !ds->doc_prefix) {
-        tf_dataset_free(ds);
-        return -ENOMEM;
-    }
+/* Prefix sums (overflow-checked), dtype and vocab_size of ds->files. A
+ * dataset's vocab_size is known only when every file records one. */
+static int index_files(tf_dataset *ds) {
+    ds->tok_prefix = malloc((ds->nfiles + 1) * sizeof(uint64_t));
+    ds->doc_prefix = malloc((ds->nfiles + 1) * sizeof(uint64_t));
+    if (!ds->tok_prefix || !ds->doc_prefix) return -ENOMEM;
     ds->tok_prefix[0] = ds->doc_prefix[0] = 0;
-    tf__xxh64_state h;
-    tf__xxh64_reset(&h, 0x746f6b656e666565ULL);
     uint64_t vocab = 0;
     int vocab_known = 1;
-    for (uint64_t i = 0; i < nfiles; i++) {
-        tf_file *f = &files[i];
+    for (uint64_t i = 0; i < ds->nfiles; i++) {
+        const tf_file *f = &ds->files[i];
         if (tf__add_overflow(ds->tok_prefix[i], f->num_tokens, &ds->tok_prefix[i + 1]) ||
-            tf__add_overflow(ds->doc_prefix[i], f->num_docs, &ds->doc_prefix[i + 1])) {
-            /* message first: f->path dies with the dataset */
-            int rc = tf__seterr(-TF_EFORMAT, "%s: num_tokens: the dataset's total overflows 64 bits", f->path);
-            tf_dataset_free(ds);
-            return rc;
-        }
+            tf__add_overflow(ds->doc_prefix[i], f->num_docs, &ds->doc_prefix[i + 1]))
+            TF_FAIL(-TF_EFORMAT, "%s: num_tokens: the dataset's total overflows 64 bits", f->path);
         ds->dtype = wider(ds->dtype, f->dtype);
         if (f->vocab_size == 0) vocab_known = 0;
         else if (f->vocab_size > vocab) vocab = f->vocab_size;
+    }
+    ds->num_tokens = ds->tok_prefix[ds->nfiles];
+    ds->num_docs = ds->doc_prefix[ds->nfiles];
+    ds->vocab_size = vocab_known ? vocab : 0;
+    return 0;
+}
+
+/* Build the dataset from files (takes ownership of the array). */
+static int finish_dataset(tf_file *files, uint64_t nfiles, tf_dataset **out) {
+    tf_dataset *ds = calloc(1, sizeof *ds);
+    if (!ds) {
+        for (uint64_t i = 0; i < nfiles; i++) tf__file_close(&files[i]);
+        free(files);
+        return -ENOMEM;
+    }
+    ds->files = files;
+    ds->nfiles = nfiles;
+    int rc = index_files(ds); /* on failure the message is set before paths die with ds */
+    if (rc) {
+        tf_dataset_free(ds);
+        return rc;
+    }
+    tf__xxh64_state h;
+    tf__xxh64_reset(&h, 0x746f6b656e666565ULL);
+    for (uint64_t i = 0; i < nfiles; i++) {
+        const tf_file *f = &files[i];
         uint8_t rec[32];
         tf__put_le64(rec, f->fingerprint);
         tf__put_le64(rec + 8, f->num_tokens);
@@ -368,22 +190,47 @@ static int finish_dataset(tf_file *files, uint64_t nfiles, tf_dataset **out) {
         tf__put_le64(rec + 24, (uint64_t)f->dtype);
         tf__xxh64_update(&h, rec, sizeof rec);
     }
-    ds->num_tokens = ds->tok_prefix[nfiles];
-    ds->num_docs = ds->doc_prefix[nfiles];
-    ds->vocab_size = vocab_known ? vocab : 0;
     ds->fingerprint = tf__xxh64_digest(&h);
     if (ds->num_tokens == 0) {
         const char *p = nfiles ? files[0].path : "(no files)";
-        int rc = tf__seterr(-TF_EFORMAT, "%s: num_tokens: expected at least one token, found an empty dataset. Check that the path points at the data you meant.", p);
+        rc = tf__seterr(-TF_EFORMAT, "%s: num_tokens: expected at least one token, found an empty dataset. Check that the path points at the data you meant.", p);
         tf_dataset_free(ds);
         return rc;
     }
     *out = ds;
     return 0;
-nomem:
-    for (uint64_t i = 0; i < nfiles; i++) tf__file_close(&files[i]);
-    free(files);
-    return -ENOMEM;
+}
+
+int tf__dataset_concat_view(const tf_dataset *const *dss, size_t n, tf_dataset **out) {
+    *out = NULL;
+    tf_dataset *v = calloc(1, sizeof *v);
+    if (!v) return -ENOMEM;
+    v->borrowed = 1;
+    for (size_t s = 0; s < n; s++) v->nfiles += dss[s]->nfiles;
+    v->files = calloc(v->nfiles ? v->nfiles : 1, sizeof *v->files);
+    if (!v->files) {
+        tf_dataset_free(v);
+        return -ENOMEM;
+    }
+    tf__xxh64_state h;
+    tf__xxh64_reset(&h, 0x4D49585455524531ULL); /* "MIXTURE1" */
+    uint8_t rec[8];
+    tf__put_le64(rec, n);
+    tf__xxh64_update(&h, rec, 8);
+    uint64_t f = 0;
+    for (size_t s = 0; s < n; s++) {
+        for (uint64_t i = 0; i < dss[s]->nfiles; i++) v->files[f++] = dss[s]->files[i];
+        tf__put_le64(rec, dss[s]->fingerprint);
+        tf__xxh64_update(&h, rec, 8);
+    }
+    int rc = index_files(v);
+    if (rc) {
+        tf_dataset_free(v);
+        return rc;
+    }
+    v->fingerprint = tf__xxh64_digest(&h);
+    *out = v;
+    return 0;
 }
 
 int tf_dataset_open_many(const char *const *paths, size_t n, const tf_open_options *opt, tf_dataset **out) {
@@ -468,7 +315,7 @@ int tf_dataset_from_memory(const void *tokens, uint64_t n, tf_dtype dt, const ui
 
 void tf_dataset_free(tf_dataset *ds) {
     if (!ds) return;
-    for (uint64_t i = 0; i < ds->nfiles; i++) tf__file_close(&ds->files[i]);
+    for (uint64_t i = 0; !ds->borrowed && i < ds->nfiles; i++) tf__file_close(&ds->files[i]);
     free(ds->files);
     free(ds->tok_prefix);
     free(ds->doc_prefix);
@@ -558,19 +405,19 @@ static int call_find_document(void *p) {
 int tf_dataset_read(const tf_dataset *ds, uint64_t start, uint64_t count, void *out, tf_dtype out_dtype) {
     if (!ds) return -EINVAL;
     guarded_call c = {ds, start, count, out, out_dtype, NULL, NULL};
-    return tf__sigbus_run(ds->files, ds->nfiles, call_read, &c);
+    return tf__files_guard(ds->files, ds->nfiles, call_read, &c);
 }
 
 int tf_dataset_document(const tf_dataset *ds, uint64_t i, uint64_t *start, uint64_t *len) {
     if (!ds) return -EINVAL;
     guarded_call c = {ds, i, 0, NULL, TF_DTYPE_INVALID, start, len};
-    return tf__sigbus_run(ds->files, ds->nfiles, call_document, &c);
+    return tf__files_guard(ds->files, ds->nfiles, call_document, &c);
 }
 
 int tf_dataset_find_document(const tf_dataset *ds, uint64_t pos, uint64_t *doc) {
     if (!ds) return -EINVAL;
     guarded_call c = {ds, pos, 0, NULL, TF_DTYPE_INVALID, doc, NULL};
-    return tf__sigbus_run(ds->files, ds->nfiles, call_find_document, &c);
+    return tf__files_guard(ds->files, ds->nfiles, call_find_document, &c);
 }
 
 static int dataset_read(const tf_dataset *ds, uint64_t start, uint64_t count, void *out, tf_dtype out_dtype) {
@@ -695,57 +542,15 @@ int tf__file_verify(const tf_file *f, uint64_t vocab_size, _Atomic uint64_t *pro
     void *scratch = malloc(cap);
     if (!scratch) return -ENOMEM;
     verify_call c = {f, vocab_size, progress, cancel, scratch, cap};
-    int rc = tf__sigbus_run(f, 1, call_verify, &c);
+    int rc = tf__files_guard(f, 1, call_verify, &c);
     free(scratch);
     return rc;
 }
 
 static int file_verify(const tf_file *f, uint64_t vocab_size, _Atomic uint64_t *progress, _Atomic int *cancel,
                        void *scratch, size_t cap) {
-    if (f->has_checksums) {
-        /* tokens_checksum covers the uncompressed token bytes, so a compressed
-         * shard and its uncompressed twin share checksums and fingerprint. */
-        tf__xxh64_state h;
-        tf__xxh64_reset(&h, 0);
-        size_t isz = tf_dtype_size(f->dtype);
-        if (!f->compressed) {
-            const uint8_t *p = f->tokens;
-            uint64_t left = f->num_tokens * isz;
-            while (left) {
-                if (atomic_load(cancel)) return -ECANCELED;
-                size_t n = left < (8u << 20) ? (size_t)left : (8u << 20);
-                tf__xxh64_update(&h, p, n);
-                p += n;
-                left -= n;
-                atomic_fetch_add(progress, n);
-            }
-        } else {
-            uint8_t *buf = scratch;
-            for (uint64_t b = 0; b < f->num_blocks; b++) {
-                if (atomic_load(cancel)) return -ECANCELED;
-                uint64_t first = b * f->block_tokens;
-                uint64_t n = f->num_tokens - first < f->block_tokens ? f->num_tokens - first : f->block_tokens;
-                int rc = tf__native_read_block(f, b, buf, cap);
-                if (rc < 0) return rc;
-                tf__xxh64_update(&h, buf, (size_t)(n * isz));
-                atomic_fetch_add(progress, n * isz);
-            }
-        }
-        uint64_t got = tf__xxh64_digest(&h);
-        if (got != f->tokens_checksum)
-            TF_FAIL(-TF_ECHECKSUM, "%s: tokens_checksum: expected %016llx, found %016llx. The shard is corrupt: restore it from a good copy or regenerate it.",
-                    f->path, (unsigned long long)f->tokens_checksum, (unsigned long long)got);
-        got = tf_hash64(f->docs_section, (size_t)f->docs_section_len, 0);
-        if (got != f->docs_checksum)
-            TF_FAIL(-TF_ECHECKSUM, "%s: docs_checksum: expected %016llx, found %016llx. The shard's document index is corrupt: restore it from a good copy or regenerate it.",
-                    f->path, (unsigned long long)f->docs_checksum, (unsigned long long)got);
-        if (f->compressed) {
-            got = tf_hash64(f->block_table, (size_t)(f->num_blocks * 16), 0);
-            if (got != f->blocks_checksum)
-                TF_FAIL(-TF_ECHECKSUM, "%s: blocks_checksum: expected %016llx, found %016llx. The shard's block table is corrupt: restore it from a good copy or regenerate it.",
-                        f->path, (unsigned long long)f->blocks_checksum, (unsigned long long)got);
-        }
-    }
+    /* Format checksums (only the native format has them): native.c. */
+    if (f->has_checksums) TF_TRY(tf__native_verify(f, progress, cancel, scratch, cap));
     /* Document index consistency: monotonic, within the token count. */
     uint64_t prev_end = 0;
     for (uint64_t j = 0; j < f->num_docs; j++) {

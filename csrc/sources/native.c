@@ -175,6 +175,7 @@ int tf__parse_native_header(const char *path, const uint8_t *buf, size_t len, ui
     f->blocks_checksum = bsum;
     f->tokens_section_len = tok_bytes;
     f->compressed = compressed;
+    f->read_block = compressed ? tf__native_read_block : NULL;
     f->num_blocks = nblocks;
     f->block_tokens = compressed ? blk_tokens : 0;
     uint8_t rec[48];
@@ -278,6 +279,59 @@ int tf__native_read_block(const tf_file *f, uint64_t b, void *out, size_t out_ca
 }
 
 /* ------------------------------------------------------------------------ */
+/* checksums                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* Full check of a shard's stored checksums (verify; runs under the caller's
+ * SIGBUS guard). scratch holds at least one decompressed block (cap bytes). */
+int tf__native_verify(const tf_file *f, _Atomic uint64_t *progress, _Atomic int *cancel, void *scratch,
+                      size_t cap) {
+    /* tokens_checksum covers the uncompressed token bytes, so a compressed
+     * shard and its uncompressed twin share checksums and fingerprint. */
+    tf__xxh64_state h;
+    tf__xxh64_reset(&h, 0);
+    size_t isz = tf_dtype_size(f->dtype);
+    if (!f->compressed) {
+        const uint8_t *p = f->tokens;
+        uint64_t left = f->num_tokens * isz;
+        while (left) {
+            if (atomic_load(cancel)) return -ECANCELED;
+            size_t n = left < (8u << 20) ? (size_t)left : (8u << 20);
+            tf__xxh64_update(&h, p, n);
+            p += n;
+            left -= n;
+            atomic_fetch_add(progress, n);
+        }
+    } else {
+        uint8_t *buf = scratch;
+        for (uint64_t b = 0; b < f->num_blocks; b++) {
+            if (atomic_load(cancel)) return -ECANCELED;
+            uint64_t first = b * f->block_tokens;
+            uint64_t n = f->num_tokens - first < f->block_tokens ? f->num_tokens - first : f->block_tokens;
+            int rc = tf__native_read_block(f, b, buf, cap);
+            if (rc < 0) return rc;
+            tf__xxh64_update(&h, buf, (size_t)(n * isz));
+            atomic_fetch_add(progress, n * isz);
+        }
+    }
+    uint64_t got = tf__xxh64_digest(&h);
+    if (got != f->tokens_checksum)
+        TF_FAIL(-TF_ECHECKSUM, "%s: tokens_checksum: expected %016llx, found %016llx. The shard is corrupt: restore it from a good copy or regenerate it.",
+                f->path, (unsigned long long)f->tokens_checksum, (unsigned long long)got);
+    got = tf_hash64(f->docs_section, (size_t)f->docs_section_len, 0);
+    if (got != f->docs_checksum)
+        TF_FAIL(-TF_ECHECKSUM, "%s: docs_checksum: expected %016llx, found %016llx. The shard's document index is corrupt: restore it from a good copy or regenerate it.",
+                f->path, (unsigned long long)f->docs_checksum, (unsigned long long)got);
+    if (f->compressed) {
+        got = tf_hash64(f->block_table, (size_t)(f->num_blocks * 16), 0);
+        if (got != f->blocks_checksum)
+            TF_FAIL(-TF_ECHECKSUM, "%s: blocks_checksum: expected %016llx, found %016llx. The shard's block table is corrupt: restore it from a good copy or regenerate it.",
+                    f->path, (unsigned long long)f->blocks_checksum, (unsigned long long)got);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
 /* manifest                                                                  */
 /* ------------------------------------------------------------------------ */
 
@@ -347,6 +401,46 @@ static int parse_hex16(const uint8_t *s, size_t n, uint64_t *v) {
 #define MBAD(c, what, ...) do { rc = tf__seterr(-TF_EFORMAT, "%s: line %llu: " what, (c)->path, (ull)(c)->line, __VA_ARGS__); goto fail; } while (0)
 #define MFIX "The manifest is corrupt or was edited by hand: rewrite the dataset."
 
+int tf__manifest_name_ok(const char *name, size_t n, int allow_dirs) {
+    if (n == 0 || n > (allow_dirs ? TF_MANIFEST_MAX_PATH : 255)) return 0;
+    size_t part = 0; /* start of the current path component */
+    for (size_t k = 0; k <= n; k++) {
+        if (k == n || name[k] == '/') {
+            size_t len = k - part;
+            if (k < n && !allow_dirs) return 0;
+            /* no empty component (leading '/', trailing '/', "//"), no "." or ".." */
+            if (len == 0 || len > 255 || (len == 1 && name[part] == '.') ||
+                (len == 2 && name[part] == '.' && name[part + 1] == '.'))
+                return 0;
+            part = k + 1;
+            continue;
+        }
+        unsigned char ch = (unsigned char)name[k];
+        if (ch <= ' ' || ch == 0x7f) return 0;
+    }
+    return 1;
+}
+
+static int cmp_name_ptr(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Shard names must be unique; sorting keeps this O(n log n) for merged
+ * datasets with many thousands of shards. */
+static int check_unique_names(const mcur *c, const tf_manifest *m) {
+    if (m->num_shards < 2) return 0;
+    char **names = malloc(m->num_shards * sizeof *names);
+    if (!names) return -ENOMEM;
+    for (uint64_t i = 0; i < m->num_shards; i++) names[i] = m->shards[i].name;
+    qsort(names, (size_t)m->num_shards, sizeof *names, cmp_name_ptr);
+    int rc = 0;
+    for (uint64_t i = 1; i < m->num_shards && rc == 0; i++)
+        if (strcmp(names[i - 1], names[i]) == 0)
+            rc = tf__seterr(-TF_EFORMAT, "%s: expected unique shard names, found \"%s\" twice. " MFIX, c->path, names[i]);
+    free(names);
+    return rc;
+}
+
 /* "key value" line with a fixed key; value returned as [*v, +*vl). */
 static int keyed_line(mcur *c, const char *key, const uint8_t **v, size_t *vl) {
     const uint8_t *s, *e, *k;
@@ -371,12 +465,17 @@ int tf__parse_manifest(const char *path, const uint8_t *buf, size_t len, tf_mani
     size_t vl, fl;
 
     TF_TRY(next_line(&c, &s, &e));
-    static const char first[] = "tokenfeed-manifest 1";
-    if ((size_t)(e - s) != sizeof first - 1 || memcmp(s, first, sizeof first - 1) != 0) {
-        if ((size_t)(e - s) > 19 && memcmp(s, "tokenfeed-manifest ", 19) == 0)
-            TF_FAIL(-TF_EFORMAT, "%s: line 1: version: expected 1, found \"%.*s\". The dataset was written by a newer tokenfeed; upgrade tokenfeed.",
-                    path, (int)((e - s - 19) > 40 ? 40 : (e - s - 19)), (const char *)s + 19);
-        TF_FAIL(-TF_EFORMAT, "%s: line 1: expected \"tokenfeed-manifest 1\", found something else. This is not a tokenfeed manifest.", path);
+    /* Version 1: shard names are plain file names. Version 2 (written by a
+     * merge of parts) also allows relative paths into subdirectories. */
+    static const char first[] = "tokenfeed-manifest ";
+    const size_t fl0 = sizeof first - 1;
+    if ((size_t)(e - s) == fl0 + 1 && memcmp(s, first, fl0) == 0 && (s[fl0] == '1' || s[fl0] == '2')) {
+        m->version = (uint32_t)(s[fl0] - '0');
+    } else {
+        if ((size_t)(e - s) > fl0 && memcmp(s, first, fl0) == 0)
+            TF_FAIL(-TF_EFORMAT, "%s: line 1: version: expected 1 or 2, found \"%.*s\". The dataset was written by a newer tokenfeed; upgrade tokenfeed.",
+                    path, (int)((e - s - fl0) > 40 ? 40 : (e - s - fl0)), (const char *)s + fl0);
+        TF_FAIL(-TF_EFORMAT, "%s: line 1: expected \"tokenfeed-manifest 1\" or \"tokenfeed-manifest 2\", found something else. This is not a tokenfeed manifest.", path);
     }
     TF_TRY(keyed_line(&c, "dtype", &v, &vl));
     char dname[16] = {0};
@@ -409,11 +508,10 @@ int tf__parse_manifest(const char *path, const uint8_t *buf, size_t len, tf_mani
         if (!ok || s != e)
             MBAD(&c, "expected \"shard NAME NUM_TOKENS NUM_DOCS TOKENS_CHECKSUM DOCS_CHECKSUM\" (shard %llu of %llu), found a line that does not match. " MFIX,
                  (ull)i, (ull)ns);
-        int name_ok = nl > 0 && nl <= 255 && !(nl == 1 && name[0] == '.') && !(nl == 2 && name[0] == '.' && name[1] == '.');
-        for (size_t k = 0; name_ok && k < nl; k++)
-            if (name[k] == '/' || name[k] <= ' ' || name[k] == 0x7f) name_ok = 0;
-        if (!name_ok)
-            MBAD(&c, "shard name: expected a plain file name (no '/', no spaces or control characters), found \"%.*s\". " MFIX,
+        if (!tf__manifest_name_ok((const char *)name, nl, m->version >= 2))
+            MBAD(&c, "shard name: expected %s, found \"%.*s\". " MFIX,
+                 m->version >= 2 ? "a relative path of plain names (no '..', no leading '/', no empty part, no spaces or control characters)"
+                                 : "a plain file name (no '/', no spaces or control characters)",
                  (int)(nl > 80 ? 80 : nl), (const char *)name);
         if (!parse_dec(fv[0], fvl[0], &sh->num_tokens) || !parse_dec(fv[1], fvl[1], &sh->num_docs))
             MBAD(&c, "shard %llu: expected decimal NUM_TOKENS and NUM_DOCS, found \"%.*s\" \"%.*s\". " MFIX, (ull)i,
@@ -424,11 +522,10 @@ int tf__parse_manifest(const char *path, const uint8_t *buf, size_t len, tf_mani
         sh->name = strndup((const char *)name, nl);
         if (!sh->name) { rc = -ENOMEM; goto fail; }
         m->num_shards = i + 1; /* so that tf__manifest_free frees what exists */
-        for (uint64_t k = 0; k < i; k++)
-            if (strcmp(m->shards[k].name, sh->name) == 0)
-                MBAD(&c, "shard %llu: expected a unique name, found \"%s\" twice. " MFIX, (ull)i, sh->name);
     }
     m->num_shards = ns;
+    rc = check_unique_names(&c, m);
+    if (rc < 0) goto fail;
     {
         const uint8_t *before = c.p;
         rc = next_line(&c, &s, &e);
@@ -455,17 +552,6 @@ fail:
 /* ------------------------------------------------------------------------ */
 /* dataset directory                                                         */
 /* ------------------------------------------------------------------------ */
-
-char *tf__path_join(const char *dir, const char *name) {
-    size_t a = strlen(dir), b = strlen(name);
-    char *p = malloc(a + b + 2);
-    if (!p) return NULL;
-    memcpy(p, dir, a);
-    size_t k = a;
-    if (a && dir[a - 1] != '/') p[k++] = '/';
-    memcpy(p + k, name, b + 1);
-    return p;
-}
 
 int tf__open_native_dir(const char *dir, const tf_open_options *opt, tf_file **files, uint64_t *nfiles,
                         uint64_t *cap) {

@@ -19,40 +19,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include <sys/mman.h>
-
 #include "source.h"
 
 typedef unsigned long long ull;
-
-void tf__release_pages(const void *map, uint64_t len) {
-    /* MADV_DONTNEED on a shared file mapping only drops this process's page
-     * table entries; the page cache keeps the data and a later access maps it
-     * again. Opening 10^4 shards would otherwise leave the header pages (and
-     * their fault-around neighbours) counted in RSS. */
-    if (map && len) madvise((void *)map, (size_t)len, MADV_DONTNEED);
-}
-
-uint64_t tf__sampled_fingerprint(const uint8_t *b, uint64_t len, uint64_t seed) {
-    /* One page at each end: enough to tell files apart, and cheap at 10^4
-     * shards. MADV_RANDOM while sampling keeps the two faults from pulling a
-     * readahead window each into the page cache (hundreds of MB over many
-     * shards); the mapping goes back to normal (sequential) advice after. */
-    const uint64_t S = 4096;
-    if (len > 2 * S) madvise((void *)b, (size_t)len, MADV_RANDOM);
-    tf__xxh64_state h;
-    tf__xxh64_reset(&h, seed);
-    uint8_t rec[8];
-    tf__put_le64(rec, len);
-    tf__xxh64_update(&h, rec, sizeof rec);
-    if (len) {
-        tf__xxh64_update(&h, b, (size_t)(len < S ? len : S));
-        tf__xxh64_update(&h, b + (len < S ? 0 : len - S), (size_t)(len < S ? len : S));
-    }
-    if (len > 2 * S) madvise((void *)b, (size_t)len, MADV_NORMAL);
-    tf__release_pages(b, len);
-    return tf__xxh64_digest(&h);
-}
 
 int tf__open_raw(const char *path, const tf_open_options *opt, tf_file *f) {
     tf_dtype dt = opt->raw_dtype;

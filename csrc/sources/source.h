@@ -1,12 +1,14 @@
 /*
  * source.h — the sources layer's internal model, shared by the format parsers
- * (native.c, megatron.c, llmc.c, raw.c, npy.c) and the dataset (dataset.c).
+ * (native.c, megatron.c, llmc.c, raw.c, npy.c), the file primitives (file.c),
+ * the dataset (dataset.c) and the writer (writer.c).
  *
  * A dataset is an ordered list of files (tf_file). Each parser validates one
  * file's headers and sizes (never its whole payload: that is verify's job) and
- * fills a tf_file: where its tokens are (a mapping, or compressed blocks),
- * its dtype and counts, and how to find its documents. dataset.c then only
- * deals with tf_file, whatever the format.
+ * fills a tf_file: where its tokens are (a mapping, or compressed blocks and
+ * the function that reads one), its dtype and counts, and how to find its
+ * documents. dataset.c then only deals with tf_file, whatever the format, and
+ * file.c is the one place that knows how a file's bytes are obtained.
  *
  * Every offset read from disk is distrusted: parsers check it against the
  * mapped size with overflow-checked arithmetic before any pointer is formed.
@@ -54,8 +56,10 @@ typedef struct tf_file {
     size_t aux_len;
     char *aux_path;       /* owned; path of the second file, for messages */
 
-    /* Compressed token storage (native format, zstd); see native.c. */
+    /* Compressed token storage (native format, zstd); see native.c. The
+     * parser installs read_block, which decompresses block b into out. */
     int compressed;
+    int (*read_block)(const struct tf_file *f, uint64_t b, void *out, size_t out_cap);
     const uint8_t *zdata;       /* start of the compressed token section */
     uint64_t zdata_len;
     const uint8_t *block_table; /* raw block table bytes */
@@ -119,11 +123,12 @@ TF_HIDDEN uint32_t tf__native_dtype_code(tf_dtype dt);
 
 /* A parsed manifest (docs/format.md, "Manifest"). */
 typedef struct tf_manifest_shard {
-    char *name; /* owned; a plain file name (no '/', no whitespace) */
+    char *name; /* owned; a plain file name, or in version 2 a relative path (tf__manifest_name_ok) */
     uint64_t num_tokens, num_docs;
     uint64_t tokens_checksum, docs_checksum;
 } tf_manifest_shard;
 typedef struct tf_manifest {
+    uint32_t version; /* 1, or 2 when shard names may name subdirectories */
     tf_dtype dtype;
     uint64_t vocab_size;
     uint64_t num_shards;
@@ -133,6 +138,12 @@ typedef struct tf_manifest {
  * *m owns its shards (free with tf__manifest_free); on error *m is empty. */
 TF_HIDDEN int tf__parse_manifest(const char *path, const uint8_t *buf, size_t len, tf_manifest *m);
 TF_HIDDEN void tf__manifest_free(tf_manifest *m);
+/* Whether name[0, n) is a valid shard NAME: a plain file name (no '/', no
+ * whitespace or control characters, not "." or ".."), or with allow_dirs a
+ * relative path of such names joined by single '/' (no leading '/', no "..",
+ * at most TF_MANIFEST_MAX_PATH bytes). */
+TF_HIDDEN int tf__manifest_name_ok(const char *name, size_t n, int allow_dirs);
+#define TF_MANIFEST_MAX_PATH 4096
 
 /* A parsed .npy header. */
 typedef struct tf_npy_header {
@@ -144,42 +155,58 @@ typedef struct tf_npy_header {
  * integer arrays only). Does not check the data size against the file. */
 TF_HIDDEN int tf__parse_npy_header(const char *path, const uint8_t *buf, size_t len, tf_npy_header *h);
 
-/* O(1) fingerprint of a foreign file: its size and its first and last 64 KiB.
- * (Hashing everything would make open O(tokens).) Implemented in raw.c. */
-/* Drop the pages of a mapping from this process's RSS after the header
- * checks at open (the data stays in the page cache). */
-TF_HIDDEN void tf__release_pages(const void *map, uint64_t len);
-TF_HIDDEN uint64_t tf__sampled_fingerprint(const uint8_t *buf, uint64_t len, uint64_t seed);
-
-/* dir + "/" + name, malloc'ed (NULL on ENOMEM). */
-TF_HIDDEN char *tf__path_join(const char *dir, const char *name);
-
-/* Close one file: unmap, free. Safe on a zeroed or partially filled file. */
-TF_HIDDEN void tf__file_close(tf_file *f);
+/* ---- file.c: one file's bytes, whatever its format ---------------------- */
 
 /* Map a whole file read-only. Empty files are mapped as NULL with len 0.
  * Returns -errno with a message naming the path. */
 TF_HIDDEN int tf__map_file(const char *path, void **map, size_t *len);
 TF_HIDDEN void tf__unmap(void *map, size_t len);
+/* Drop the pages of a mapping from this process's RSS after the header
+ * checks at open (the data stays in the page cache). */
+TF_HIDDEN void tf__release_pages(const void *map, uint64_t len);
+/* O(1) fingerprint of a foreign file: its size and its first and last page
+ * (hashing everything would make open O(tokens)). */
+TF_HIDDEN uint64_t tf__sampled_fingerprint(const uint8_t *buf, uint64_t len, uint64_t seed);
+/* dir + "/" + name, malloc'ed (NULL on ENOMEM). */
+TF_HIDDEN char *tf__path_join(const char *dir, const char *name);
+/* Close one file: unmap, free. Safe on a zeroed or partially filled file. */
+TF_HIDDEN void tf__file_close(tf_file *f);
+/* Grow *files by one zeroed entry; returns it or NULL (-ENOMEM). */
+TF_HIDDEN tf_file *tf__files_push(tf_file **files, uint64_t *nfiles, uint64_t *cap);
 
 /* Document j of file f (local coordinates). */
 TF_HIDDEN int tf__file_document(const tf_file *f, uint64_t j, uint64_t *start, uint64_t *len);
 /* Document of f containing local token pos (pos < num_tokens). */
 TF_HIDDEN uint64_t tf__file_find_document(const tf_file *f, uint64_t pos);
+/* Decompressed block b of a compressed file (f->read_block), into out. */
+TF_HIDDEN int tf__file_read_block(const tf_file *f, uint64_t b, void *out, size_t out_cap);
 /* Copy local tokens [start, start+count) converted to out_dtype. */
 TF_HIDDEN int tf__file_read(const tf_file *f, uint64_t start, uint64_t count, void *out,
                             tf_dtype out_dtype);
-/* Verify one file fully (checksums, index, vocab): called from verify
+
+/* Run fn(arg) under the SIGBUS guard (common/sigbus.c): a bus error on a
+ * mapped page gives -EIO with a message naming the file among
+ * files[0, nfiles) whose mapping holds the address. */
+TF_HIDDEN int tf__files_guard(const tf_file *files, uint64_t nfiles, int (*fn)(void *), void *arg);
+
+/* ---- native.c: the native format beyond its parsers --------------------- */
+
+/* Decompress block b of a compressed file into out (block_tokens tokens or
+ * fewer for the last block). The native parser installs it as f->read_block. */
+TF_HIDDEN int tf__native_read_block(const tf_file *f, uint64_t b, void *out, size_t out_cap);
+/* Check a shard's stored checksums (tokens, document index, block table).
+ * scratch holds one decompressed block (cap bytes). Runs under the caller's
+ * SIGBUS guard; stops with -ECANCELED when *cancel becomes non-zero. */
+TF_HIDDEN int tf__native_verify(const tf_file *f, _Atomic uint64_t *progress, _Atomic int *cancel,
+                                void *scratch, size_t cap);
+
+/* ---- dataset.c ------------------------------------------------------------ */
+
+/* Verify one file fully (format checksums, index, vocab): called from verify
  * threads. Adds bytes checked to *progress as it goes; stops early when
  * *cancel becomes non-zero. */
 TF_HIDDEN int tf__file_verify(const tf_file *f, uint64_t vocab_size, _Atomic uint64_t *progress,
                               _Atomic int *cancel);
-/* Grow *files by one zeroed entry; returns it or NULL (-ENOMEM). */
-TF_HIDDEN tf_file *tf__files_push(tf_file **files, uint64_t *nfiles, uint64_t *cap);
-
-/* Decompress block b of a compressed file into out (block_tokens tokens or
- * fewer for the last block). Implemented in native.c. */
-TF_HIDDEN int tf__native_read_block(const tf_file *f, uint64_t b, void *out, size_t out_cap);
 
 struct tf_dataset {
     tf_file *files;
@@ -191,9 +218,18 @@ struct tf_dataset {
     uint64_t vocab_size;
     tf_dtype dtype;
     uint64_t fingerprint;
+    int borrowed; /* a view: files belong to other datasets (never closed here) */
 };
 
 /* Index of the file holding global token pos (pos < num_tokens): O(log files). */
 TF_HIDDEN uint64_t tf__dataset_file_of(const tf_dataset *ds, uint64_t pos);
+
+/* A read-only view concatenating the files of ds[0], ..., ds[n-1] (n >= 1),
+ * in order, without copying or reopening anything: the datasets must outlive
+ * the view; tf_dataset_free frees the view and leaves their files alone.
+ * Counts, dtype and vocab_size follow the rules of a dataset of several files;
+ * the fingerprint hashes n and the datasets' fingerprints in order (so it
+ * names the list of datasets, not their files). */
+TF_HIDDEN int tf__dataset_concat_view(const tf_dataset *const *ds, size_t n, tf_dataset **out);
 
 #endif

@@ -628,61 +628,98 @@ static void read_old_manifest(const char *mpath, tf_manifest *old) {
     tf__unmap(map, len);
 }
 
-static int write_manifest(tf_writer *w) {
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    int rc = append(&buf, &len, &cap, "tokenfeed-manifest 1\ndtype %s\nvocab_size %llu\nnum_shards %llu\n",
-                    tf_dtype_name(w->opt.dtype), (ull)w->opt.vocab_size, (ull)w->nshards);
-    for (uint64_t i = 0; i < w->nshards && rc == 0; i++) {
-        const shard_rec *r = &w->shards[i];
-        rc = append(&buf, &len, &cap, "shard %s %llu %llu %016llx %016llx\n", r->name, (ull)r->num_tokens,
-                    (ull)r->num_docs, (ull)r->tokens_checksum, (ull)r->docs_checksum);
-    }
-    if (rc == 0) rc = append(&buf, &len, &cap, "end %016llx\n", (ull)tf_hash64(buf, len, 0));
+/* Manifest text (docs/format.md, "Manifest"): the header, the shard lines
+ * already formatted in lines[0, llen), and the end line over all of it. */
+static int manifest_text(char **buf, size_t *len, int version, tf_dtype dt, uint64_t vocab, uint64_t nshards,
+                         const char *lines, size_t llen) {
+    size_t cap = 0;
+    *buf = NULL;
+    *len = 0;
+    int rc = append(buf, len, &cap, "tokenfeed-manifest %d\ndtype %s\nvocab_size %llu\nnum_shards %llu\n", version,
+                    tf_dtype_name(dt), (ull)vocab, (ull)nshards);
+    if (rc == 0 && llen) rc = append(buf, len, &cap, "%.*s", (int)llen, lines);
+    if (rc == 0) rc = append(buf, len, &cap, "end %016llx\n", (ull)tf_hash64(*buf, *len, 0));
     if (rc < 0) {
-        free(buf);
-        return rc;
+        free(*buf);
+        *buf = NULL;
     }
-    char *tmp = tf__path_join(w->dir, "." TF_MANIFEST_NAME ".tmp");
-    char *final = tf__path_join(w->dir, TF_MANIFEST_NAME);
-    tf_manifest old;
-    memset(&old, 0, sizeof old);
-    int fd = -1;
-    if (!tmp || !final) {
-        rc = -ENOMEM;
-        goto out;
-    }
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    return rc;
+}
+
+/* First half of publishing a manifest: write buf to a temporary file in dir
+ * (a random name, so two publishers never share one), fsync it, and fsync dir
+ * so that every shard rename before this is durable before a manifest names
+ * it. On success *tmp is the temporary path (owned by the caller). */
+static int manifest_stage(const char *dir, const char *buf, size_t len, char **tmp) {
+    char nm[64];
+    snprintf(nm, sizeof nm, "." TF_MANIFEST_NAME ".%08x.tmp", random_u32());
+    *tmp = tf__path_join(dir, nm);
+    if (!*tmp) return -ENOMEM;
+    int fd = open(*tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         int e = errno;
-        rc = tf__seterr(-e, "%s: cannot create: %s", tmp, strerror(e));
-        goto out;
+        return tf__seterr(-e, "%s: cannot create: %s", *tmp, strerror(e));
     }
-    rc = write_all(fd, buf, len, tmp);
+    int rc = write_all(fd, buf, len, *tmp);
     if (rc == 0 && fsync(fd) != 0) {
         int e = errno;
-        rc = tf__seterr(-e, "%s: fsync failed: %s", tmp, strerror(e));
+        rc = tf__seterr(-e, "%s: fsync failed: %s", *tmp, strerror(e));
     }
     close(fd);
-    if (rc < 0) {
+    if (rc == 0) rc = fsync_dir(dir);
+    if (rc < 0) unlink(*tmp);
+    return rc;
+}
+
+/* Second half: rename the staged file over dir's manifest (the atomic switch
+ * readers see) and fsync dir. *renamed says whether the switch happened. */
+static int manifest_commit(const char *dir, const char *tmp, int *renamed) {
+    *renamed = 0;
+    char *final = tf__path_join(dir, TF_MANIFEST_NAME);
+    if (!final) {
         unlink(tmp);
-        goto out;
+        return -ENOMEM;
     }
-    /* The shard renames must be durable before a manifest names them. */
-    rc = fsync_dir(w->dir);
-    if (rc < 0) {
-        unlink(tmp);
-        goto out;
-    }
-    if (w->opt.overwrite) read_old_manifest(final, &old);
+    int rc = 0;
     if (rename(tmp, final) != 0) {
         int e = errno;
         rc = tf__seterr(-e, "%s: cannot rename to %s: %s", tmp, final, strerror(e));
         unlink(tmp);
+    } else {
+        *renamed = 1;
+        rc = fsync_dir(dir);
+    }
+    free(final);
+    return rc;
+}
+
+static int write_manifest(tf_writer *w) {
+    char *lines = NULL, *buf = NULL, *tmp = NULL, *final = NULL;
+    size_t llen = 0, lcap = 0, len = 0;
+    int rc = 0;
+    for (uint64_t i = 0; i < w->nshards && rc == 0; i++) {
+        const shard_rec *r = &w->shards[i];
+        rc = append(&lines, &llen, &lcap, "shard %s %llu %llu %016llx %016llx\n", r->name, (ull)r->num_tokens,
+                    (ull)r->num_docs, (ull)r->tokens_checksum, (ull)r->docs_checksum);
+    }
+    if (rc == 0) rc = manifest_text(&buf, &len, 1, w->opt.dtype, w->opt.vocab_size, w->nshards, lines, llen);
+    free(lines);
+    if (rc < 0) return rc;
+    tf_manifest old;
+    memset(&old, 0, sizeof old);
+    rc = manifest_stage(w->dir, buf, len, &tmp);
+    if (rc < 0) goto out;
+    final = tf__path_join(w->dir, TF_MANIFEST_NAME);
+    if (!final) {
+        unlink(tmp);
+        rc = -ENOMEM;
         goto out;
     }
-    w->finished = 1; /* from here on the shards belong to the manifest */
-    rc = fsync_dir(w->dir);
+    if (w->opt.overwrite) read_old_manifest(final, &old);
+    int renamed;
+    rc = manifest_commit(w->dir, tmp, &renamed);
+    if (renamed) w->finished = 1; /* from here on the shards belong to the manifest */
+    if (!renamed) goto out;
     /* Remove the replaced dataset's shards (never one of ours: run ids differ,
      * but compare names anyway). Failures only leave garbage behind. */
     for (uint64_t i = 0; i < old.num_shards; i++) {
@@ -718,5 +755,126 @@ int tf_writer_finish(tf_writer *w) {
     }
     if (rc == 0) rc = write_manifest(w);
     if (rc < 0 && !w->finished) w->error = rc;
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* merge: a dataset made of parts                                            */
+/* ------------------------------------------------------------------------ */
+
+/* Read and parse the manifest of dir/part. */
+static int read_part_manifest(const char *dir, const char *part, uint64_t index, uint64_t nparts, tf_manifest *m,
+                              char **mpath) {
+    memset(m, 0, sizeof *m);
+    char *pdir = tf__path_join(dir, part);
+    *mpath = pdir ? tf__path_join(pdir, TF_MANIFEST_NAME) : NULL;
+    free(pdir);
+    if (!*mpath) return -ENOMEM;
+    struct stat st;
+    if (stat(*mpath, &st) != 0) {
+        int e = errno;
+        if (e == ENOENT)
+            TF_FAIL(-TF_EFORMAT, "%s: part %llu of %llu has no manifest: the task that writes it did not finish. Run that task again, then merge.",
+                    *mpath, (ull)index, (ull)nparts);
+        TF_FAIL(-e, "%s: cannot read part %llu: %s", *mpath, (ull)index, strerror(e));
+    }
+    void *map = NULL;
+    size_t len = 0;
+    TF_TRY(tf__map_file(*mpath, &map, &len));
+    int rc = tf__parse_manifest(*mpath, map, len, m);
+    tf__unmap(map, len);
+    return rc;
+}
+
+int tf_dataset_merge(const char *dir, const char *const *parts, uint64_t nparts, int overwrite) {
+    tf__clearerr();
+    if (!dir || !*dir) TF_FAIL(-EINVAL, "dir: expected a directory path, found none");
+    if (nparts && !parts) TF_FAIL(-EINVAL, "parts is NULL");
+    for (uint64_t i = 0; i < nparts; i++) {
+        if (!parts[i] || !tf__manifest_name_ok(parts[i], strlen(parts[i]), 1))
+            TF_FAIL(-EINVAL, "part %llu: expected a path relative to %s without '..', a leading '/' or empty parts, found \"%s\". Put the parts inside the dataset directory.",
+                    (ull)i, dir, parts[i] ? parts[i] : "(null)");
+        for (uint64_t k = 0; k < i; k++)
+            if (strcmp(parts[k], parts[i]) == 0)
+                TF_FAIL(-EINVAL, "part %llu: expected each part once, found \"%s\" as part %llu too", (ull)i, parts[i], (ull)k);
+    }
+    char *lines = NULL, *buf = NULL, *tmp = NULL, *mpath = NULL, *first = NULL, *final = NULL;
+    size_t llen = 0, lcap = 0, len = 0;
+    uint64_t nshards = 0, vocab = 0;
+    tf_dtype dt = TF_DTYPE_INVALID;
+    int rc = 0;
+    for (uint64_t i = 0; i < nparts && rc == 0; i++) {
+        tf_manifest m;
+        rc = read_part_manifest(dir, parts[i], i, nparts, &m, &mpath);
+        if (rc == 0 && i == 0) {
+            dt = m.dtype;
+            vocab = m.vocab_size;
+            first = mpath;
+            mpath = NULL;
+        } else if (rc == 0 && m.dtype != dt) {
+            rc = tf__seterr(-TF_EFORMAT, "%s: dtype: expected %s as in %s, found %s. The parts were written with different settings: write every part with the same vocabulary size.",
+                            mpath, tf_dtype_name(dt), first, tf_dtype_name(m.dtype));
+        } else if (rc == 0 && m.vocab_size != vocab) {
+            rc = tf__seterr(-TF_EFORMAT, "%s: vocab_size: expected %llu as in %s, found %llu. The parts were written with different settings: write every part with the same tokenizer and vocabulary size.",
+                            mpath, (ull)vocab, first, (ull)m.vocab_size);
+        }
+        for (uint64_t k = 0; rc == 0 && k < m.num_shards; k++) {
+            const tf_manifest_shard *s = &m.shards[k];
+            if (strlen(parts[i]) + 1 + strlen(s->name) > TF_MANIFEST_MAX_PATH)
+                rc = tf__seterr(-EINVAL, "%s: shard %s: the path %s/%s is longer than %d bytes. Use a shorter part path.",
+                                mpath ? mpath : first, s->name, parts[i], s->name, TF_MANIFEST_MAX_PATH);
+            else
+                rc = append(&lines, &llen, &lcap, "shard %s/%s %llu %llu %016llx %016llx\n", parts[i], s->name,
+                            (ull)s->num_tokens, (ull)s->num_docs, (ull)s->tokens_checksum, (ull)s->docs_checksum);
+            nshards++;
+        }
+        tf__manifest_free(&m);
+        free(mpath);
+        mpath = NULL;
+    }
+    if (rc == 0 && nparts == 0) rc = tf__seterr(-EINVAL, "%s: no parts to merge", dir);
+    if (rc == 0) rc = manifest_text(&buf, &len, 2, dt, vocab, nshards, lines, llen);
+    if (rc < 0) goto out;
+    final = tf__path_join(dir, TF_MANIFEST_NAME);
+    if (!final) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    {
+        /* Idempotent: the same parts give the same bytes, and a manifest
+         * already equal to them is left as it is. A previous merge (version 2)
+         * is replaced; a dataset written by a writer only with overwrite. */
+        void *map = NULL;
+        size_t olen = 0;
+        int have = tf__map_file(final, &map, &olen) == 0;
+        tf__clearerr(); /* no manifest yet is the common case */
+        if (have) {
+            int same = olen == len && memcmp(map, buf, len) == 0;
+            tf_manifest old;
+            int parsed = tf__parse_manifest(final, map, olen, &old) == 0;
+            int was_merge = parsed && old.version >= 2;
+            if (parsed) tf__manifest_free(&old);
+            tf__unmap(map, olen);
+            tf__clearerr();
+            if (same) goto out;
+            if (!was_merge && !overwrite) {
+                rc = tf__seterr(-EEXIST, "%s: a dataset that is not a merge of parts already exists here (%s). Pass overwrite to replace its manifest (its shard files are left in place), or merge into another directory.",
+                                dir, TF_MANIFEST_NAME);
+                goto out;
+            }
+        }
+    }
+    rc = manifest_stage(dir, buf, len, &tmp);
+    if (rc == 0) {
+        int renamed;
+        rc = manifest_commit(dir, tmp, &renamed);
+    }
+out:
+    free(lines);
+    free(buf);
+    free(tmp);
+    free(mpath);
+    free(first);
+    free(final);
     return rc;
 }

@@ -14,21 +14,30 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from . import _core
+from . import _build, _core
 from ._core import FormatError
 from ._dataset import Dataset, DatasetWriter, open
 from ._loader import Loader, StateError
 from ._mesh import ParallelCoords, parallel_coords
+from ._parts import PartWriter, merge_parts
 
 __version__: str = _core.__version__
 
-__all__ = ["Dataset", "DatasetWriter", "FormatError", "Loader", "StateError", "build_info", "get_include",
-           "get_library", "open", "parallel_coords", "ParallelCoords", "__version__"]
+_build.warn_if_missing()  # a source build without zstd or io_uring says so here: pip hides the build's output
+
+__all__ = ["Dataset", "DatasetWriter", "FormatError", "Loader", "ParallelCoords", "PartWriter", "StateError",
+           "build_info", "get_include", "get_library", "merge_parts", "open", "parallel_coords", "__version__"]
 
 
 def build_info() -> Dict[str, Any]:
-    """What the C core was compiled with and what is usable here: ``zstd``, ``io_uring``, ``cuda``."""
-    return _core.build_info()
+    """What the C core was compiled with and what is usable here.
+
+    ``zstd``, ``io_uring``, ``cuda``: ``{"compiled", "usable", "detail"}``, where ``detail`` says why a
+    feature is missing or unusable and how to get it (which package to install); ``test_hooks``: whether
+    the fault-injection hooks of a test build are compiled in; ``sanitizers``; ``version``; ``build``: the
+    build's own one-line record. ``tokenfeed build-info`` prints the same.
+    """
+    return _build.build_info()
 
 
 def get_include() -> str:

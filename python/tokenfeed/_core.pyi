@@ -11,12 +11,17 @@ from os import PathLike
 
 __version__: str
 
+PACK_CONCAT: int
+PACK_BEST_FIT: int
+PACK_DOCUMENT: int
 SHUFFLE_NONE: int
 SHUFFLE_FULL: int
 SHUFFLE_BLOCK: int
 WANT_POSITION_IDS: int
 WANT_CU_SEQLENS: int
 WANT_LOSS_MASK: int
+MAX_THREADS: int
+MAX_PREFETCH: int
 
 _DTypeArg = Union[str, np.dtype[Any], type, None]
 _UIntArray = npt.NDArray[np.uint64]
@@ -41,6 +46,8 @@ class _BuildInfo(TypedDict):
     build: str
 
 def build_info() -> Dict[str, Any]: ...  # the keys and types of _BuildInfo
+def merge(path: Union[str, bytes, PathLike[str], PathLike[bytes]],
+          parts: Sequence[Union[str, bytes, PathLike[str], PathLike[bytes]]], overwrite: bool = False) -> None: ...
 
 class _DatasetInfo(TypedDict):
     num_tokens: int
@@ -99,12 +106,15 @@ class Permutation:
     def inverse(self, j: npt.ArrayLike, /) -> _UIntArray: ...
 
 class Order:
-    # `dataset` is a Dataset or, for a mixture, a list of them (weights= in the config).
-    # Keyword configuration (unknown keys are ignored, None means the default): seq_len, seed,
-    # shuffle (SHUFFLE_*), block_size, window_blocks, global_batch, epochs (0 = infinite),
-    # separator_id (None = no separator), packing (0 concat, 1 best_fit, 2 document), pad_id,
-    # pack_window, mix_window, weights
-    def __new__(cls, dataset: Union[Dataset, Sequence[Dataset]], /, **config: Any) -> "Order": ...
+    # `dataset` is a Dataset or, for a mixture, a list of them (with weights). None means the
+    # C default (tf_order_config_init); an unknown keyword is a TypeError. shuffle: SHUFFLE_*,
+    # packing: PACK_*, epochs: 0 = endless, separator_id: None = no separator.
+    def __new__(cls, dataset: Union[Dataset, Sequence[Dataset]], /, *, seq_len: Optional[int] = None,
+                seed: Optional[int] = None, shuffle: Optional[int] = None, block_size: Optional[int] = None,
+                window_blocks: Optional[int] = None, global_batch: Optional[int] = None,
+                epochs: Optional[int] = None, separator_id: Optional[int] = None, packing: Optional[int] = None,
+                pad_id: Optional[int] = None, pack_window: Optional[int] = None, mix_window: Optional[int] = None,
+                weights: Optional[Sequence[float]] = None) -> "Order": ...
     @property
     def num_samples(self) -> int: ...
     @property
@@ -133,9 +143,12 @@ class _LoaderStats(TypedDict):
     backend_note: str
 
 class Loader:
-    # the Order keywords plus the engine's: batch_size, rank, world_size, dtype, want (WANT_* bits),
-    # num_threads, prefetch, backend ("auto", "mmap", "pread", "io_uring"), direct_io
-    def __new__(cls, dataset: Union[Dataset, Sequence[Dataset]], /, **config: Any) -> "Loader": ...
+    # The engine over an Order built once (its global_batch is batch_size * world_size);
+    # want: WANT_* bits; backend: "auto", "mmap", "pread" or "io_uring". An unknown keyword
+    # is a TypeError.
+    def __new__(cls, order: Order, /, *, batch_size: int = 8, rank: int = 0, world_size: int = 1,
+                dtype: _DTypeArg = None, want: int = 0, num_threads: int = 0, prefetch: int = 0,
+                backend: Optional[str] = None, direct_io: bool = False) -> "Loader": ...
     @property
     def position(self) -> int: ...
     @property

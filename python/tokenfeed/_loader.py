@@ -15,61 +15,17 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from . import _core
+from ._config import EngineConfig, OrderConfig, resolve_rank
 from ._dataset import Dataset, PathLike, open as _open
 
 __all__ = ["Loader", "StateError", "STATE_FORMAT_VERSION"]
 
 STATE_FORMAT_VERSION = 1
 _INFINITE = (1 << 64) - 1
-_SHUFFLE = {"none": _core.SHUFFLE_NONE, "full": _core.SHUFFLE_FULL, "block": _core.SHUFFLE_BLOCK}
-_PACKING = {"concat": 0, "best_fit": 1, "document": 2}
-
-
-def _packing_kw(packing: str, pad_id: Optional[int], pack_window: int) -> tuple[Dict[str, Any], Dict[str, Any]]:
-    """(order kwargs, config entries) for a packing mode; CONCAT adds no config entry, so
-    states saved before packing modes existed still match."""
-    if packing not in _PACKING:
-        raise ValueError(f"packing must be 'concat', 'best_fit' or 'document', got {packing!r}")
-    if not isinstance(pack_window, (int, np.integer)) or isinstance(pack_window, bool) or pack_window < 1:
-        raise ValueError(f"pack_window must be a positive int, got {pack_window!r}")
-    if pad_id is not None and (not isinstance(pad_id, (int, np.integer)) or isinstance(pad_id, bool) or pad_id < 0):
-        raise ValueError(f"pad_id must be None or a token id >= 0, got {pad_id!r}")
-    pad = 0 if pad_id is None else int(pad_id)
-    kw: Dict[str, Any] = dict(packing=_PACKING[packing], pad_id=pad, pack_window=int(pack_window))
-    cfg: Dict[str, Any] = {}
-    if packing != "concat":
-        cfg["pad_id"] = pad
-    if packing == "best_fit":
-        cfg["pack_window"] = int(pack_window)
-    return kw, cfg
 
 
 class StateError(ValueError):
     """A saved loader state does not match this loader (other data or configuration)."""
-
-
-def _check_int(name: str, v: Any) -> None:
-    """Refuse floats, strings and bools where an int is meant (int() would convert them silently)."""
-    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
-        raise TypeError(f"{name} must be an int, not {type(v).__name__} ({v!r})")
-
-
-def _resolve_rank(rank: Optional[int], world_size: Optional[int]) -> tuple[int, int]:
-    _check_int("rank", rank)
-    _check_int("world_size", world_size)
-    if rank is not None and world_size is not None:
-        return int(rank), int(world_size)
-    r: Optional[int] = None
-    w: Optional[int] = None
-    dist = sys.modules.get("torch.distributed")  # initialised only if torch was imported
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        r, w = dist.get_rank(), dist.get_world_size()
-    elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        r, w = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    else:
-        r, w = 0, 1
-    return (int(rank) if rank is not None else r, int(world_size) if world_size is not None else w)
 
 
 def _torch_available() -> bool:
@@ -95,7 +51,13 @@ class Loader:
     consumer's current stream (see ``docs/gpu.md``); without CUDA it raises a
     ``RuntimeError`` that says why.
 
-    The C engine (threads, buffers) starts lazily in the process that iterates, so a
+    ``num_threads`` (default: the engine's choice for the backend, at most 256) and
+    ``prefetch`` (batches assembled ahead, default ``2 * num_threads + 2``, at most 4096)
+    never change the stream. Every setting is checked when the Loader is made: an
+    unknown keyword is a ``TypeError``, a bad value a ``ValueError`` or ``TypeError``
+    that names it.
+
+    The C engine's threads and buffers start lazily in the process that iterates, so a
     Loader can be created before ``fork`` or pickled to a ``spawn`` worker.
     """
 
@@ -109,78 +71,38 @@ class Loader:
                  pad_id: Optional[int] = None, pack_window: int = 1024, weights: Optional[Sequence[float]] = None,
                  mix_window: int = 1000,
                  device: Any = None, device_slots: int = 4) -> None:
+        # one configuration, checked once: the engine's (the global batch comes from
+        # it) and the stream's; the C library checks ranges when it builds them
+        r, w = resolve_rank(rank, world_size)
+        self._engine_cfg = EngineConfig(
+            batch_size=batch_size, rank=r, world_size=w, dtype=dtype, position_ids=position_ids,
+            cu_seqlens=cu_seqlens, loss_mask=loss_mask, num_threads=num_threads, prefetch=prefetch,
+            backend=backend, direct_io=direct_io)
+        self._order_cfg = OrderConfig(
+            seq_len=seq_len, seed=seed, shuffle=shuffle, block_size=block_size, window_blocks=window_blocks,
+            separator_id=separator_id, packing=packing, pad_id=pad_id, pack_window=pack_window, weights=weights,
+            mix_window=mix_window, global_batch=self._engine_cfg.global_batch, epochs=epochs)
+        if output not in ("auto", "torch", "numpy"):
+            raise ValueError(f"output must be 'auto', 'torch' or 'numpy', got {output!r}")
         # weights= makes `dataset` a list of sources mixed by weight (docs/packing.md);
-        # without it a list of paths is one dataset (files concatenated), as before
-        self.weights: Optional[list[float]] = None
+        # without it a list of paths is one dataset (files concatenated)
         if weights is not None:
             if isinstance(dataset, (Dataset, str, os.PathLike)):
                 raise ValueError("weights= needs a list of datasets (one per weight)")
             srcs = list(dataset)
             if len(srcs) != len(weights) or not srcs:
                 raise ValueError(f"weights= needs one weight per dataset: {len(srcs)} datasets, {len(weights)} weights")
-            self.weights = [float(x) for x in weights]
-            if not all(np.isfinite(x) and x > 0 for x in self.weights):
-                raise ValueError(f"weights must be finite and > 0, got {list(weights)!r}")
-            if not isinstance(mix_window, (int, np.integer)) or isinstance(mix_window, bool) or mix_window < 1:
-                raise ValueError(f"mix_window must be a positive int, got {mix_window!r}")
             self.dataset: Any = [d if isinstance(d, Dataset) else _open(d) for d in srcs]
         else:
             self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset)
-        for name, v in (("seq_len", seq_len), ("batch_size", batch_size), ("block_size", block_size),
-                        ("window_blocks", window_blocks)):
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if isinstance(shuffle, bool):
-            shuffle_mode = "full" if shuffle else "none"
-        elif shuffle in _SHUFFLE:
-            shuffle_mode = shuffle
-        else:
-            raise ValueError(f"shuffle must be True, False, 'full', 'block' or 'none', got {shuffle!r}")
-        pack_kw, pack_cfg = _packing_kw(packing, pad_id, pack_window)
-        if epochs is not None and (not isinstance(epochs, (int, np.integer)) or epochs < 1):
-            raise ValueError(f"epochs must be None or a positive int, got {epochs!r}")
-        r, w = _resolve_rank(rank, world_size)
-        if w < 1 or not 0 <= r < w:
-            raise ValueError(f"need 0 <= rank < world_size, got rank={r}, world_size={w}")
-        if output not in ("auto", "torch", "numpy"):
-            raise ValueError(f"output must be 'auto', 'torch' or 'numpy', got {output!r}")
         if output == "auto":
             output = "torch" if _torch_available() else "numpy"
         self.output = output
-        self.seq_len = int(seq_len)
-        self.batch_size = int(batch_size)
-        self.rank, self.world_size = r, w
-        self.global_batch = self.batch_size * w
-        self.out_dtype = np.dtype(dtype)
-        want = ((_core.WANT_POSITION_IDS if position_ids else 0) | (_core.WANT_CU_SEQLENS if cu_seqlens else 0)
-                | (_core.WANT_LOSS_MASK if loss_mask else 0))
-        # everything that changes the global stream (recorded in the state)
-        _check_int("seed", seed)
-        _check_int("separator_id", separator_id)
-        self._config: Dict[str, Any] = {
-            "packing": packing, "seq_len": self.seq_len, "separator_id": separator_id, "seed": int(seed),
-            "shuffle": shuffle_mode, "block_size": int(block_size), "window_blocks": int(window_blocks),
-            "global_batch": self.global_batch, "epochs": epochs, **pack_cfg,
-        }
-        if self.weights is not None:
-            self._config["weights"] = list(self.weights)
-            self._config["mix_window"] = int(mix_window)
-        self._order_kw: Dict[str, Any] = dict(
-            seq_len=self.seq_len, seed=int(seed), shuffle=_SHUFFLE[shuffle_mode], block_size=int(block_size),
-            window_blocks=int(window_blocks), global_batch=self.global_batch, epochs=epochs or 0,
-            separator_id=separator_id, **pack_kw)
-        if self.weights is not None:
-            self._order_kw.update(weights=list(self.weights), mix_window=int(mix_window))
-        self._engine_kw: Dict[str, Any] = dict(
-            batch_size=self.batch_size, rank=r, world_size=w, dtype=self.out_dtype.name, want=want,
-            num_threads=num_threads or 0, prefetch=prefetch or 0, backend=backend,
-            direct_io=1 if direct_io else 0)
-        # validates the configuration now, not at the first batch
-        self._order = _core.Order(self._core_source(), **self._order_kw)
-        self.num_samples: int = self._order.num_samples
-        self.config_fingerprint = f"{self._order.fingerprint:016x}"
+        # the order, built once, and the engine that reads it (its threads start at
+        # the first batch, in the process that iterates)
+        self._order = self._order_cfg.build(self._core_source())
         self._position = 0
-        self._engine: Optional[Any] = None
+        self._engine: Optional[Any] = self._engine_cfg.build(self._order)
         # GPU hand-off (docs/gpu.md): None keeps batches on the CPU. Creating the
         # feeder checks CUDA now, so a missing GPU fails here, not at the first batch.
         from ._device import DeviceFeeder, parse_device
@@ -194,6 +116,50 @@ class Loader:
         if output == "torch":
             import torch  # noqa: F401  (fail now, not at the first batch)
 
+    # ----------------------------------------------------------- configuration
+    @property
+    def seq_len(self) -> int:
+        return self._order_cfg.seq_len
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per rank per batch."""
+        return self._engine_cfg.batch_size
+
+    @property
+    def rank(self) -> int:
+        return self._engine_cfg.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._engine_cfg.world_size
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per step over all ranks: ``batch_size * world_size``."""
+        return self._engine_cfg.global_batch
+
+    @property
+    def out_dtype(self) -> "np.dtype[Any]":
+        dt: "np.dtype[Any]" = np.dtype(self._engine_cfg.dtype)
+        return dt
+
+    @property
+    def weights(self) -> Optional[list[float]]:
+        """Mixing weights, or None for one dataset."""
+        w = self._order_cfg.weights
+        return None if w is None else list(w)
+
+    @property
+    def num_samples(self) -> int:
+        """Samples per epoch."""
+        n: int = self._order.num_samples
+        return n
+
+    @property
+    def config_fingerprint(self) -> str:
+        return f"{self._order.fingerprint:016x}"
+
     # ---------------------------------------------------------------- engine
     def _get_engine(self) -> Any:
         if self._closed:
@@ -201,7 +167,7 @@ class Loader:
         # After fork() the engine object is a copy: the C layer notices the new
         # process on the next call and starts fresh threads at the same position.
         if self._engine is None:
-            eng = _core.Loader(self._core_source(), **self._order_kw, **self._engine_kw)
+            eng = self._engine_cfg.build(self._order)
             if self._position:
                 eng.seek(self._position)
             self._engine = eng
@@ -296,7 +262,7 @@ class Loader:
         built); one pass over the document index for ``concat``.
         """
         st: Dict[str, Any] = dict(self._order.packing_stats())
-        st["packing"] = self._config["packing"]
+        st["packing"] = self._order_cfg.packing
         st["seq_len"] = self.seq_len
         if self.weights is not None:
             win, counts = self._order.mix_schedule()
@@ -314,7 +280,7 @@ class Loader:
 
     def __setstate__(self, d: Dict[str, Any]) -> None:
         self.__dict__.update(d)
-        self._order = _core.Order(self._core_source(), **self._order_kw)
+        self._order = self._order_cfg.build(self._core_source())
         if self.device_index is not None:
             from ._device import DeviceFeeder
 
@@ -328,7 +294,7 @@ class Loader:
             "dataset_fingerprint": self.dataset_fingerprint,
             "config_fingerprint": self.config_fingerprint,
             "position": self.position,
-            "config": dict(self._config),
+            "config": self._order_cfg.state(),
             "samples_per_epoch": self.num_samples,
             "world_size": self.world_size,
         }
@@ -357,9 +323,10 @@ class Loader:
                 f"same files (in the same order{', and the same sources in the same order' if self.weights else ''})"
                 f" to resume.")
         saved = dict(state["config"])
-        if state["config_fingerprint"] != self.config_fingerprint or saved != self._config:
-            diffs = [f"{k}: saved {saved.get(k)!r}, now {self._config.get(k)!r}"
-                     for k in sorted(set(saved) | set(self._config)) if saved.get(k) != self._config.get(k)]
+        now = self._order_cfg.state()
+        if state["config_fingerprint"] != self.config_fingerprint or saved != now:
+            diffs = [f"{k}: saved {saved.get(k)!r}, now {now.get(k)!r}"
+                     for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
             if strict:
                 detail = "; ".join(diffs) if diffs else "config fingerprint differs"
                 raise StateError(f"the loader configuration changed ({detail}). Restore with the saved settings, "
@@ -374,5 +341,5 @@ class Loader:
 
     def __repr__(self) -> str:
         return (f"tokenfeed.Loader(seq_len={self.seq_len}, batch_size={self.batch_size}, rank={self.rank}/"
-                f"{self.world_size}, shuffle={self._config['shuffle']!r}, seed={self._config['seed']}, "
+                f"{self.world_size}, shuffle={self._order_cfg.shuffle!r}, seed={self._order_cfg.seed}, "
                 f"position={self.position}, samples_per_epoch={self.num_samples})")

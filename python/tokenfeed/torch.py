@@ -16,7 +16,7 @@ batch_size=B, ...), batch_size=B, num_workers=K)`` yields the same ``input_ids``
 """
 from __future__ import annotations
 
-import os
+import inspect
 from typing import Any, Dict, Iterator, Mapping, Optional, Union
 
 import numpy as np
@@ -24,19 +24,11 @@ import torch
 from torch.utils.data import Dataset as _TorchDataset
 from torch.utils.data import IterableDataset, Sampler, get_worker_info
 
-from . import _core
+from ._config import OrderConfig, resolve_rank, want_bits
 from ._dataset import Dataset, PathLike, open as _open
-from ._loader import _SHUFFLE, Loader, _packing_kw, _resolve_rank
+from ._loader import Loader
 
 __all__ = ["TokenDataset", "ResumableSampler", "TokenBatches"]
-
-
-def _shuffle_mode(shuffle: Union[bool, str]) -> str:
-    if isinstance(shuffle, bool):
-        return "full" if shuffle else "none"
-    if shuffle not in _SHUFFLE:
-        raise ValueError(f"shuffle must be True, False, 'full', 'block' or 'none', got {shuffle!r}")
-    return shuffle
 
 
 class TokenDataset(_TorchDataset):  # type: ignore[type-arg]
@@ -54,15 +46,15 @@ class TokenDataset(_TorchDataset):  # type: ignore[type-arg]
                  window_blocks: int = 16, position_ids: bool = False, cu_seqlens: bool = False,
                  loss_mask: bool = False, dtype: Any = "int64", packing: str = "concat",
                  pad_id: Optional[int] = None, pack_window: int = 1024) -> None:
+        # the Loader's configuration of the stream, with a global batch of one sample
+        self._cfg = OrderConfig(seq_len=seq_len, seed=seed, shuffle=shuffle, separator_id=separator_id,
+                                block_size=block_size, window_blocks=window_blocks, packing=packing, pad_id=pad_id,
+                                pack_window=pack_window)
         self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset)
-        self.seq_len = int(seq_len)
-        self._kw = dict(seq_len=self.seq_len, seed=int(seed), shuffle=_SHUFFLE[_shuffle_mode(shuffle)],
-                        block_size=int(block_size), window_blocks=int(window_blocks), global_batch=1,
-                        separator_id=separator_id, **_packing_kw(packing, pad_id, pack_window)[0])
-        self._want = ((_core.WANT_POSITION_IDS if position_ids else 0) | (_core.WANT_CU_SEQLENS if cu_seqlens else 0)
-                      | (_core.WANT_LOSS_MASK if loss_mask else 0))
+        self.seq_len = self._cfg.seq_len
+        self._want = want_bits(position_ids, cu_seqlens, loss_mask)
         self._dtype = np.dtype(dtype).name
-        self._order: Any = _core.Order(self.dataset._core, **self._kw)
+        self._order: Any = self._cfg.build(self.dataset._core)
         self.num_samples: int = self._order.num_samples
 
     def __len__(self) -> int:
@@ -87,7 +79,7 @@ class TokenDataset(_TorchDataset):  # type: ignore[type-arg]
 
     def __setstate__(self, st: Dict[str, Any]) -> None:
         self.__dict__.update(st)
-        self._order = _core.Order(self.dataset._core, **self._kw)
+        self._order = self._cfg.build(self.dataset._core)
 
 
 class ResumableSampler(Sampler[int]):
@@ -111,7 +103,7 @@ class ResumableSampler(Sampler[int]):
         self.batch_size = int(batch_size)
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.rank, self.world_size = _resolve_rank(rank, world_size)
+        self.rank, self.world_size = resolve_rank(rank, world_size)
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"need 0 <= rank < world_size, got {self.rank}, {self.world_size}")
         self.global_batch = self.batch_size * self.world_size
@@ -172,9 +164,11 @@ class TokenBatches(IterableDataset):  # type: ignore[type-arg]
     def __init__(self, dataset: Union[Dataset, PathLike], *, seq_len: int, batch_size: int,
                  rank: Optional[int] = None, world_size: Optional[int] = None, start: int = 0,
                  **loader_kw: Any) -> None:
+        # the same keywords as Loader: an unknown one is refused now, not in a worker
+        inspect.signature(Loader).bind(dataset, seq_len=seq_len, batch_size=batch_size, **loader_kw)
         self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset)
         self.seq_len, self.batch_size = int(seq_len), int(batch_size)
-        self.rank, self.world_size = _resolve_rank(rank, world_size)
+        self.rank, self.world_size = resolve_rank(rank, world_size)
         self.global_batch = self.batch_size * self.world_size
         if start % self.global_batch:
             raise ValueError(f"start {start} is not a multiple of the global batch {self.global_batch}")

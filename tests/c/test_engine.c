@@ -2,7 +2,8 @@
  * for every backend (mmap, pread, io_uring when usable), thread count and
  * compressed shards; kept batches stay intact; rank slices concatenate to the
  * single-rank stream; seek + continue == uninterrupted; the loader can be
- * freed while batches are held. */
+ * freed while batches are held; loaders over one order built by the caller
+ * (tf_loader_create_from_order) give the stream of tf_loader_create. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -561,6 +562,80 @@ static void test_many_files(void) {
     free(paths);
 }
 
+/* Several loaders borrow one order built once: every rank's stream is the one
+ * tf_loader_create gives for the same configuration, and the order outlives
+ * (and is not freed by) the loaders. Engine limits are checked here too. */
+static void test_from_order(const tf_dataset *ds) {
+    const int NB = 12;
+    spec s = default_spec();
+    s.world = 2;
+    s.B = 3;
+    tf_order_config oc;
+    order_cfg(&s, &oc);
+    tf_order *o = NULL;
+    CHECK_OK(tf_order_create(ds, &oc, &o));
+    if (!o) return;
+    for (uint32_t r = 0; r < s.world; r++) {
+        s.rank = r;
+        tf_loader_config c;
+        tf_loader_config_init(&c);
+        c.order.seq_len = 7; /* not used: the order decides the stream */
+        c.batch_size = s.B;
+        c.world_size = s.world;
+        c.rank = r;
+        c.out_dtype = s.odt;
+        c.want = s.want;
+        c.num_threads = s.threads;
+        tf_loader *shared = NULL, *own = mk(ds, &s);
+        CHECK_OK(tf_loader_create_from_order(o, &c, &shared));
+        for (int i = 0; shared && own && i < NB; i++) {
+            tf_batch *a = NULL, *b = NULL;
+            CHECK_OK(tf_loader_next(shared, &a));
+            CHECK_OK(tf_loader_next(own, &b));
+            if (!a || !b) break;
+            CHECK(check_against_reference(o, &s, a, (uint64_t)i * s.B * s.world) == 0);
+            tf_batch_view va, vb;
+            tf_batch_get_view(a, &va);
+            tf_batch_get_view(b, &vb);
+            CHECK(memcmp(va.tokens, vb.tokens, s.B * (SEQ + 1) * 8) == 0);
+            tf_batch_release(a);
+            tf_batch_release(b);
+        }
+        tf_loader_free(shared);
+        tf_loader_free(own);
+    }
+    /* the order is still usable after its loaders are gone */
+    CHECK(tf_order_num_samples(o) > 0);
+    tf_order_config got;
+    CHECK_OK(tf_order_get_config(o, &got));
+    CHECK(got.seq_len == SEQ && got.global_batch == s.B * s.world);
+
+    tf_loader_config c;
+    tf_loader_config_init(&c);
+    c.batch_size = s.B;
+    c.world_size = s.world;
+    tf_loader *l = NULL;
+    c.batch_size = s.B + 1; /* the order's global batch is B x world */
+    CHECK_RC(tf_loader_create_from_order(o, &c, &l), -EINVAL);
+    CHECK(strstr(tf_last_error(), "global batch") != NULL && l == NULL);
+    c.batch_size = s.B;
+    c.num_threads = TF_MAX_THREADS + 1;
+    CHECK_RC(tf_loader_create_from_order(o, &c, &l), -EINVAL);
+    CHECK(strstr(tf_last_error(), "num_threads") != NULL);
+    c.num_threads = TF_MAX_THREADS;
+    c.prefetch = TF_MAX_PREFETCH + 1;
+    CHECK_RC(tf_loader_create_from_order(o, &c, &l), -EINVAL);
+    CHECK(strstr(tf_last_error(), "prefetch") != NULL);
+    c.prefetch = 0;
+    CHECK_RC(tf_loader_create_from_order(NULL, &c, &l), -EINVAL);
+    CHECK_OK(tf_loader_create_from_order(o, &c, &l)); /* the largest thread count is accepted */
+    tf_loader_stats st;
+    tf_loader_get_stats(l, &st);
+    CHECK(st.num_threads == TF_MAX_THREADS);
+    tf_loader_free(l);
+    tf_order_free(o);
+}
+
 static void test_config_errors(const tf_dataset *ds) {
     tf_loader_config c;
     tf_loader_config_init(&c);
@@ -648,6 +723,7 @@ int main(void) {
         tf_dataset_get_info(plain, &info);
         CHECK(info.num_files > 3);
         test_config_errors(plain);
+        test_from_order(plain);
         test_backends_threads(plain, zstd);
         test_memory_dataset();
         test_kept_batch(plain);

@@ -180,7 +180,7 @@ static void check_best_fit(uint64_t D, uint64_t mean, uint64_t L, int64_t sep, u
         free(x);
         free(y);
     }
-    /* a second order on the same data (the count cache) gives the same N */
+    /* a second order on the same data and settings gives the same N */
     tf_order *o2 = NULL;
     CHECK_OK(tf_order_create(ds, &c, &o2));
     CHECK(o2 && tf_order_num_samples(o2) == N && tf_order_fingerprint(o2) == tf_order_fingerprint(o));

@@ -131,6 +131,20 @@ def main() -> None:
         save("manifest", "bad_version", man1.replace(b"tokenfeed-manifest 1", b"tokenfeed-manifest 9"))
         save("manifest", "bad_count", man1.replace(b"num_shards 1", b"num_shards 99999999999"))
         save("manifest", "dup_name", manm.replace(manm.split(b"\n")[5].split(b" ")[1], manm.split(b"\n")[4].split(b" ")[1]))
+        # version 2: a dataset made of parts (shard names are paths into parts/)
+        merged = os.path.join(tmp, "merged")
+        prng = np.random.default_rng(99)  # its own generator: the seeds after these stay as they were
+        for k, n in enumerate((5, 0, 7)):
+            with tokenfeed.PartWriter(merged, part=k, parts=3, vocab_size=1000, shard_tokens=60) as pw:
+                for d in docs(prng, n, 1000):
+                    pw.add_document(d)
+        tokenfeed.merge_parts(merged)
+        man2 = open(os.path.join(merged, "tokenfeed.manifest"), "rb").read()
+        save("manifest", "v2_parts", man2)
+        save("manifest", "v2_dotdot", man2.replace(b"shard parts/", b"shard parts/../", 1))
+        save("manifest", "v2_absolute", man2.replace(b"shard parts/", b"shard /parts/", 1))
+        save("manifest", "v2_empty_component", man2.replace(b"shard parts/", b"shard parts//", 1))
+        save("manifest", "v1_with_slash", man2.replace(b"tokenfeed-manifest 2", b"tokenfeed-manifest 1"))
 
         # ---- .npy
         for name, arr, ver in [("u16", rng.integers(0, 50257, 50).astype(np.uint16), None),

@@ -1,16 +1,14 @@
 /*
- * dlpack.c — _core.DeviceRing and _core.DeviceTensor: batches on the GPU,
- * handed to frameworks through DLPack.
+ * device_tensor_obj.c — _core.DeviceTensor: one array of a batch in a device
+ * slot, handed to frameworks through DLPack.
  *
- * DeviceRing wraps a tf_device_ring. upload(arrays) copies host arrays into
- * one device slot (on the ring's copy stream; it does not wait for the copy)
- * and returns one DeviceTensor per array. All tensors of one upload share a
- * small C handle (devslot) with an atomic reference count: each DeviceTensor
- * holds one reference and so does every DLPack capsule exported from it, so
- * the slot stays out of the ring while any of them (or any framework tensor
- * made from a capsule) is alive. The last reference releases the slot with an
- * event on the last consumer stream. The handle is plain C so that a
- * consumer's deleter can run on any thread without the GIL.
+ * All tensors of one upload (device_ring_obj.c) share a small C handle
+ * (tfpy_devslot) with an atomic reference count: each DeviceTensor holds one
+ * reference and so does every DLPack capsule exported from it, so the slot
+ * stays out of the ring while any of them (or any framework tensor made from
+ * a capsule) is alive. The last reference releases the slot with an event on
+ * the last consumer stream. The handle is plain C so that a consumer's
+ * deleter can run on any thread without the GIL.
  *
  * Stream semantics (DLPack / array API): __dlpack__(stream=s) makes s wait on
  * the slot's "copied" event (cudaStreamWaitEvent: the host does not wait)
@@ -20,9 +18,6 @@
  * refused, as the DLPack spec says for CUDA.
  */
 #include "binding.h"
-
-#include <errno.h>
-#include <stdatomic.h>
 
 /* ------------------------------------------------------------ DLPack ABI */
 
@@ -52,18 +47,12 @@ typedef struct DLManagedTensorVersioned {
 } DLManagedTensorVersioned;
 
 enum { kDLCUDA = 2, kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBool = 6 };
-#define TFPY_MAXDIM 4
 
 /* ------------------------------------------------------------ slot handle */
 
-typedef struct devslot {
-    atomic_int refs;
-    tf_device_slot *slot;
-    _Atomic uintptr_t stream; /* last consumer stream, TF_DEVICE_STREAM_NONE if none */
-    int device;
-} devslot;
+typedef tfpy_devslot devslot;
 
-static void devslot_unref(devslot *h) {
+void tfpy_devslot_unref(devslot *h) {
     if (atomic_fetch_sub(&h->refs, 1) != 1) return;
     /* An error here withdraws the slot from the ring (see tokenfeed.h); there
      * is nobody to tell from a deleter. */
@@ -100,7 +89,7 @@ static int dl_dtype(int typenum, DLDataType *dt) {
 
 static void DeviceTensor_dealloc(tfpy_DeviceTensor *self) {
     PyTypeObject *tp = Py_TYPE(self);
-    if (self->h) devslot_unref(self->h);
+    if (self->h) tfpy_devslot_unref(self->h);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
@@ -122,11 +111,11 @@ typedef struct { DLManagedTensor mt; int64_t shape[TFPY_MAXDIM], strides[TFPY_MA
 typedef struct { DLManagedTensorVersioned mt; int64_t shape[TFPY_MAXDIM], strides[TFPY_MAXDIM]; } versioned_ctx;
 
 static void legacy_deleter(DLManagedTensor *mt) {
-    devslot_unref(mt->manager_ctx);
+    tfpy_devslot_unref(mt->manager_ctx);
     free(mt); /* mt is the first member of legacy_ctx */
 }
 static void versioned_deleter(DLManagedTensorVersioned *mt) {
-    devslot_unref(mt->manager_ctx);
+    tfpy_devslot_unref(mt->manager_ctx);
     free(mt);
 }
 
@@ -249,10 +238,7 @@ static PyObject *DeviceTensor_dlpack_device(tfpy_DeviceTensor *self, PyObject *u
 static PyObject *DeviceTensor_synchronize(tfpy_DeviceTensor *self, PyObject *unused) {
     int rc;
     char msg[1024] = "";
-    Py_BEGIN_ALLOW_THREADS
-    rc = tf_device_slot_synchronize(self->h->slot);
-    if (rc < 0) snprintf(msg, sizeof msg, "%s", tf_last_error());
-    Py_END_ALLOW_THREADS
+    TFPY_NOGIL_CALL(rc, msg, tf_device_slot_synchronize(self->h->slot));
     if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, msg);
     Py_RETURN_NONE;
 }
@@ -272,6 +258,16 @@ static tfpy_DeviceTensor *tensor_new(PyTypeObject *tp, devslot *h, char *data, s
     memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
     memcpy(t->strides, strides, (size_t)ndim * sizeof *strides);
     return t;
+}
+
+PyObject *tfpy_device_tensor_new(tf_module_state *st, tfpy_devslot *h, char *data, size_t extent, int typenum,
+                                 int ndim, const int64_t *shape, const int64_t *strides) {
+    return (PyObject *)tensor_new(st->DeviceTensorType, h, data, extent, typenum, ndim, shape, strides);
+}
+
+int tfpy_dlpack_dtype_ok(int typenum) {
+    DLDataType dt;
+    return dl_dtype(typenum, &dt);
 }
 
 PyDoc_STRVAR(DeviceTensor_view_doc,
@@ -338,238 +334,21 @@ static PyObject *DeviceTensor_get_dtype(tfpy_DeviceTensor *self, void *c) { retu
 static PyObject *DeviceTensor_get_device(tfpy_DeviceTensor *self, void *c) { return PyLong_FromLong(self->h->device); }
 static PyObject *DeviceTensor_get_ptr(tfpy_DeviceTensor *self, void *c) { return PyLong_FromVoidPtr(self->data); }
 
-static PyMethodDef DeviceTensor_methods[] = {
-    {"__dlpack__", (PyCFunction)(void (*)(void))DeviceTensor_dlpack, METH_VARARGS | METH_KEYWORDS, DeviceTensor_dlpack_doc},
-    {"__dlpack_device__", (PyCFunction)DeviceTensor_dlpack_device, METH_NOARGS,
-     "__dlpack_device__($self)\n--\n\nReturns (2, device). (kDLCUDA, device index)."},
-    {"synchronize", (PyCFunction)DeviceTensor_synchronize, METH_NOARGS,
-     "synchronize($self)\n--\n\nBlock this thread until the batch's copy has landed (an event wait; for checks and tests)."},
-    {"_view", (PyCFunction)DeviceTensor_view, METH_VARARGS, DeviceTensor_view_doc},
-    {NULL, NULL, 0, NULL},
-};
-static PyGetSetDef DeviceTensor_getset[] = {
-    {"shape", (getter)DeviceTensor_get_shape, NULL, "shape", NULL},
-    {"strides", (getter)DeviceTensor_get_strides, NULL, "strides in elements", NULL},
-    {"dtype", (getter)DeviceTensor_get_dtype, NULL, "NumPy dtype of the elements", NULL},
-    {"device", (getter)DeviceTensor_get_device, NULL, "CUDA device index", NULL},
-    {"data_ptr", (getter)DeviceTensor_get_ptr, NULL, "device address of the first element", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-static PyType_Slot DeviceTensor_slots[] = {
-    {Py_tp_dealloc, DeviceTensor_dealloc},
-    {Py_tp_methods, DeviceTensor_methods},
-    {Py_tp_getset, DeviceTensor_getset},
-    {Py_tp_doc, "A batch array in device memory, exported with DLPack (torch.from_dlpack, cupy.from_dlpack, jax.dlpack)."},
-    {0, NULL},
-};
-PyType_Spec tfpy_DeviceTensorSpec = {"tokenfeed._core.DeviceTensor", sizeof(tfpy_DeviceTensor), 0,
-                                     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION, DeviceTensor_slots};
+PyDoc_STRVAR(DeviceTensor_doc, "A batch array in device memory, exported with DLPack (torch.from_dlpack, cupy.from_dlpack, jax.dlpack).");
 
-/* ------------------------------------------------------------ DeviceRing */
+TFPY_TYPE_SPEC(DeviceTensor, tfpy_DeviceTensor, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+               {Py_tp_doc, (void *)DeviceTensor_doc}, {Py_tp_dealloc, DeviceTensor_dealloc},
+               {Py_tp_methods, TFPY_METHODS(
+                   {"__dlpack__", (PyCFunction)(void (*)(void))DeviceTensor_dlpack, METH_VARARGS | METH_KEYWORDS, DeviceTensor_dlpack_doc},
+                   {"__dlpack_device__", (PyCFunction)DeviceTensor_dlpack_device, METH_NOARGS,
+                    "__dlpack_device__($self)\n--\n\nReturns (2, device). (kDLCUDA, device index)."},
+                   {"synchronize", (PyCFunction)DeviceTensor_synchronize, METH_NOARGS,
+                    "synchronize($self)\n--\n\nBlock this thread until the batch's copy has landed (an event wait; for checks and tests)."},
+                   {"_view", (PyCFunction)DeviceTensor_view, METH_VARARGS, DeviceTensor_view_doc})},
+               {Py_tp_getset, TFPY_GETSET(
+                   {"shape", (getter)DeviceTensor_get_shape, NULL, "shape", NULL},
+                   {"strides", (getter)DeviceTensor_get_strides, NULL, "strides in elements", NULL},
+                   {"dtype", (getter)DeviceTensor_get_dtype, NULL, "NumPy dtype of the elements", NULL},
+                   {"device", (getter)DeviceTensor_get_device, NULL, "CUDA device index", NULL},
+                   {"data_ptr", (getter)DeviceTensor_get_ptr, NULL, "device address of the first element", NULL})});
 
-typedef struct {
-    PyObject_HEAD
-    tf_device_ring *r;
-    int device;
-} tfpy_DeviceRing;
-
-static PyObject *DeviceRing_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"device", "slot_bytes", "slots", NULL};
-    int device, slots;
-    Py_ssize_t slot_bytes;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "ini:DeviceRing", kwlist, &device, &slot_bytes, &slots)) return NULL;
-    if (slot_bytes <= 0) return PyErr_Format(PyExc_ValueError, "slot_bytes must be > 0");
-    tf_device_ring *r = NULL;
-    int rc;
-    char msg[1024] = "";
-    Py_BEGIN_ALLOW_THREADS
-    rc = tf_device_ring_create(device, (size_t)slot_bytes, slots, &r);
-    if (rc < 0) snprintf(msg, sizeof msg, "%s", tf_last_error());
-    Py_END_ALLOW_THREADS
-    if (rc < 0) return tfpy_raise(tfpy_state_of_type(tp), rc, msg);
-    tfpy_DeviceRing *self = (tfpy_DeviceRing *)tp->tp_alloc(tp, 0);
-    if (!self) {
-        tf_device_ring_free(r);
-        return NULL;
-    }
-    self->r = r;
-    self->device = device;
-    return (PyObject *)self;
-}
-
-static void ring_close(tfpy_DeviceRing *self) {
-    tf_device_ring *r = self->r;
-    self->r = NULL;
-    if (r) {
-        Py_BEGIN_ALLOW_THREADS
-        tf_device_ring_free(r);
-        Py_END_ALLOW_THREADS
-    }
-}
-
-static void DeviceRing_dealloc(tfpy_DeviceRing *self) {
-    PyTypeObject *tp = Py_TYPE(self);
-    ring_close(self);
-    tp->tp_free((PyObject *)self);
-    Py_DECREF(tp);
-}
-
-PyDoc_STRVAR(DeviceRing_upload_doc,
-"upload($self, arrays, wait=True)\n--\n\nReturns list[DeviceTensor]. "
-"Copy C-contiguous NumPy arrays into one device slot on the ring's copy stream and\n"
-"return a DeviceTensor for each. Returns before the copy completes; consumers are\n"
-"ordered after it through __dlpack__(stream=...). With wait=True, blocks (GIL\n"
-"released) while every slot is still in use by the GPU.");
-
-static PyObject *DeviceRing_upload(tfpy_DeviceRing *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"arrays", "wait", NULL};
-    PyObject *seq_o;
-    int wait = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p:upload", kwlist, &seq_o, &wait)) return NULL;
-    tf_module_state *st = tfpy_state((PyObject *)self);
-    if (!self->r) {
-        PyErr_SetString(PyExc_ValueError, "the device ring is closed");
-        return NULL;
-    }
-    PyObject *seq = PySequence_Fast(seq_o, "upload() needs a sequence of NumPy arrays");
-    if (!seq) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject *out = NULL;
-    tf_device_seg *segs = NULL;
-    size_t *offs = NULL;
-    devslot *h = NULL;
-    if (n < 1 || n > 64) {
-        PyErr_SetString(PyExc_ValueError, "upload() takes 1 to 64 arrays");
-        goto done;
-    }
-    segs = PyMem_Calloc((size_t)n, sizeof *segs);
-    offs = PyMem_Calloc((size_t)n, sizeof *offs);
-    if (!segs || !offs) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *a = PySequence_Fast_GET_ITEM(seq, i);
-        if (!PyArray_Check(a) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)a) ||
-            PyArray_NDIM((PyArrayObject *)a) < 1 || PyArray_NDIM((PyArrayObject *)a) > TFPY_MAXDIM) {
-            PyErr_Format(PyExc_TypeError, "upload(): item %zd must be a C-contiguous NumPy array of 1 to 4 dimensions", i);
-            goto done;
-        }
-        DLDataType dt;
-        if (dl_dtype(PyArray_TYPE((PyArrayObject *)a), &dt) < 0) goto done;
-        segs[i].host = PyArray_DATA((PyArrayObject *)a);
-        segs[i].bytes = (size_t)PyArray_NBYTES((PyArrayObject *)a);
-    }
-    tf_device_packed_size(segs, (int)n, offs);
-    tf_device_slot *slot = NULL;
-    int rc;
-    char msg[1024] = "";
-    Py_BEGIN_ALLOW_THREADS
-    rc = tf_device_ring_upload(self->r, segs, (int)n, wait, &slot);
-    if (rc < 0) snprintf(msg, sizeof msg, "%s", tf_last_error());
-    Py_END_ALLOW_THREADS
-    if (rc == -EBUSY || rc == -EAGAIN) {
-        PyErr_SetString(PyExc_RuntimeError, msg);
-        goto done;
-    }
-    if (rc < 0) {
-        tfpy_raise(st, rc, msg);
-        goto done;
-    }
-    h = malloc(sizeof *h);
-    if (!h) {
-        tf_device_slot_release(slot, TF_DEVICE_STREAM_NONE);
-        PyErr_NoMemory();
-        goto done;
-    }
-    atomic_init(&h->refs, 1); /* ours until the tensors hold it */
-    h->slot = slot;
-    atomic_init(&h->stream, TF_DEVICE_STREAM_NONE);
-    h->device = self->device;
-    out = PyList_New(n);
-    char *base = tf_device_slot_ptr(slot);
-    for (Py_ssize_t i = 0; out && i < n; i++) {
-        PyArrayObject *a = (PyArrayObject *)PySequence_Fast_GET_ITEM(seq, i);
-        int nd = PyArray_NDIM(a);
-        int64_t shape[TFPY_MAXDIM], strides[TFPY_MAXDIM];
-        int64_t s = 1;
-        for (int d = nd - 1; d >= 0; d--) {
-            shape[d] = (int64_t)PyArray_DIM(a, d);
-            strides[d] = s;
-            s *= shape[d];
-        }
-        PyObject *t = (PyObject *)tensor_new(st->DeviceTensorType, h, base + offs[i], segs[i].bytes,
-                                             PyArray_TYPE(a), nd, shape, strides);
-        if (!t) Py_CLEAR(out);
-        else PyList_SET_ITEM(out, i, t);
-    }
-    devslot_unref(h);
-done:
-    PyMem_Free(segs);
-    PyMem_Free(offs);
-    Py_DECREF(seq);
-    return out;
-}
-
-static PyObject *DeviceRing_close(tfpy_DeviceRing *self, PyObject *unused) {
-    ring_close(self);
-    Py_RETURN_NONE;
-}
-
-static PyObject *DeviceRing_info(tfpy_DeviceRing *self, PyObject *unused) {
-    if (!self->r) {
-        PyErr_SetString(PyExc_ValueError, "the device ring is closed");
-        return NULL;
-    }
-    tf_device_ring_info in;
-    tf_device_ring_get_info(self->r, &in);
-    return Py_BuildValue("{s:i,s:i,s:n,s:O,s:i,s:i,s:i,s:K,s:K,s:s}", "device", in.device, "slots", in.slots,
-                         "slot_bytes", (Py_ssize_t)in.slot_bytes, "host_pinned", in.host_pinned ? Py_True : Py_False,
-                         "free_slots", in.free_slots, "in_use", in.in_use, "lost", in.lost, "uploads",
-                         (unsigned long long)in.uploads, "release_waits", (unsigned long long)in.release_waits, "note",
-                         in.note);
-}
-
-static PyObject *DeviceRing_cuda_available(PyObject *unused_cls, PyObject *unused) {
-    char why[512] = "";
-    int ok;
-    Py_BEGIN_ALLOW_THREADS
-    ok = tf_cuda_available(why, sizeof why);
-    Py_END_ALLOW_THREADS
-    return Py_BuildValue("(Os)", ok ? Py_True : Py_False, why);
-}
-
-static PyObject *DeviceRing_device_count(PyObject *unused_cls, PyObject *unused) {
-    int n = 0, rc = tf_cuda_device_count(&n);
-    if (rc < 0) return PyLong_FromLong(0);
-    return PyLong_FromLong(n);
-}
-
-static PyObject *DeviceRing_get_closed(tfpy_DeviceRing *self, void *c) { return PyBool_FromLong(self->r == NULL); }
-
-static PyMethodDef DeviceRing_methods[] = {
-    {"upload", (PyCFunction)(void (*)(void))DeviceRing_upload, METH_VARARGS | METH_KEYWORDS, DeviceRing_upload_doc},
-    {"close", (PyCFunction)DeviceRing_close, METH_NOARGS,
-     "close($self)\n--\n\nDrop the ring. Device tensors already handed out stay valid; their memory goes with the last of them."},
-    {"info", (PyCFunction)DeviceRing_info, METH_NOARGS, "info($self)\n--\n\nReturns dict. Slots, occupancy, pinned staging, counters."},
-    {"cuda_available", (PyCFunction)DeviceRing_cuda_available, METH_NOARGS | METH_STATIC,
-     "cuda_available()\n--\n\nReturns (bool, str). Whether CUDA is usable here, and what was loaded or why not."},
-    {"device_count", (PyCFunction)DeviceRing_device_count, METH_NOARGS | METH_STATIC,
-     "device_count()\n--\n\nReturns int. CUDA devices visible to this process (0 without CUDA)."},
-    {NULL, NULL, 0, NULL},
-};
-static PyGetSetDef DeviceRing_getset[] = {
-    {"closed", (getter)DeviceRing_get_closed, NULL, "whether close() was called", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-static PyType_Slot DeviceRing_slots[] = {
-    {Py_tp_new, DeviceRing_new},
-    {Py_tp_dealloc, DeviceRing_dealloc},
-    {Py_tp_methods, DeviceRing_methods},
-    {Py_tp_getset, DeviceRing_getset},
-    {Py_tp_doc, "DeviceRing(device, slot_bytes, slots)\n--\n\n"
-                "Preallocated device slots fed from pinned host staging on a side stream (see docs/gpu.md)."},
-    {0, NULL},
-};
-PyType_Spec tfpy_DeviceRingSpec = {"tokenfeed._core.DeviceRing", sizeof(tfpy_DeviceRing), 0, Py_TPFLAGS_DEFAULT,
-                                   DeviceRing_slots};

@@ -1,0 +1,70 @@
+"""open() time, memory and time to first batch as a dataset grows to 10^12 tokens.
+
+Used by ``benchmarks/open_scaling.py``. The shards are sparse llm.c files (a real
+header, a hole for the tokens), so 10^12 tokens take no disk space; each size is
+measured in a fresh process (RSS delta = peak RSS after minus RSS before).
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from .common import RESULT, human, package_parent, reset_peak_rss, self_status
+from .data import make_sparse_llmc
+
+
+def open_scaling(cache: str, sizes: Sequence[int], *, shards_for: Optional[Callable[[int], int]] = None,
+                 seq_len: int = 2048, batch_size: int = 8, log: Callable[[str], None] = lambda m: None,
+                 python: str = sys.executable, first_batch: bool = True) -> List[Dict[str, Any]]:
+    if shards_for is None:
+        shards_for = lambda n: max(1, min(10_000, n // 10**8))  # noqa: E731
+    out = []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in (package_parent(), os.environ.get("PYTHONPATH"))
+                                                      if x))
+    for n in sizes:
+        k = shards_for(n)
+        d = os.path.join(cache, "sparse", f"llmc-{n}-{k}")
+        make_sparse_llmc(d, n, k)
+        code = ("import json\nfrom tokenfeed_bench.scaling import scaling_child\n"
+                f"print({RESULT!r}+json.dumps(scaling_child({d!r}, {seq_len}, {batch_size}, {bool(first_batch)})))")
+        p = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+        k_ = p.stdout.rfind(RESULT)
+        if k_ < 0:
+            r: Dict[str, Any] = {"status": "failed", "reason": (p.stderr.strip().splitlines() or ["?"])[-1]}
+        else:
+            r = json.loads(p.stdout[k_ + len(RESULT):])
+            r["status"] = "ok"
+        r.update({"tokens": n, "shards": k, "format": "llm.c (sparse)"})
+        out.append(r)
+        if r["status"] == "ok":
+            log(f"scaling {human(n)} tokens / {k} shards: open {r['open_s'] * 1e3:.0f} ms, "
+                f"+{r['open_rss_delta_mb']:.1f} MB; first batch {r.get('first_batch_s', 0) * 1e3:.0f} ms")
+        else:
+            log(f"scaling {human(n)} tokens: failed: {r['reason']}")
+    return out
+
+
+def scaling_child(d: str, seq_len: int, batch_size: int, first_batch: bool) -> Dict[str, Any]:
+    import tokenfeed
+
+    names = sorted(glob.glob(os.path.join(d, "shard_*.bin")))
+    rss0 = self_status("VmRSS")
+    reset_peak_rss()
+    t = time.perf_counter()
+    ds = tokenfeed.open(names)
+    r: Dict[str, Any] = {"open_s": time.perf_counter() - t}
+    r["open_rss_delta_mb"] = (self_status("VmHWM") - rss0) / 1024
+    if first_batch:
+        t = time.perf_counter()
+        loader = tokenfeed.Loader(ds, seq_len=seq_len, batch_size=batch_size, seed=0, output="numpy")
+        next(iter(loader))
+        r["first_batch_s"] = time.perf_counter() - t
+        r["first_batch_rss_delta_mb"] = (self_status("VmHWM") - rss0) / 1024
+        loader.close()
+    r["num_tokens"] = ds.num_tokens
+    return r

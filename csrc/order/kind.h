@@ -1,0 +1,100 @@
+/*
+ * kind.h — inside the order layer: the order object and the table of
+ * operations behind which each kind of order lives. Not seen by the engine
+ * (it uses order_internal.h) nor installed.
+ *
+ * An order answers, for a configuration over some data: which sample is at
+ * stream position pos (sample_at), which token spans make that sample
+ * (spans), its per-sample extras (extras) and the packing statistics of an
+ * epoch (stats). order.c owns what every kind shares — the configuration and
+ * its checks, the fingerprint, the number of positions, the epoch shuffle and
+ * the generic fill of a sample from its spans — and calls the kind only
+ * through its table. A kind owns its state (impl) and never calls back into
+ * order.c, except a mixture, which is made of orders and uses them through
+ * the public and engine-facing functions like any caller.
+ *
+ *   concat.c  CONCAT packing: the documents as one stream (with separators),
+ *             cut every seq_len tokens
+ *   pack.c    BEST_FIT and DOCUMENT packing: per-window plans of chunks
+ *   mix.c     weighted mixtures of orders, one per dataset
+ *
+ * A new kind (a mixture whose weights change at given steps, a
+ * context-parallel view that takes a share of each sample, another packing)
+ * is a new table and a constructor; nothing else changes. What must stay true
+ * of every kind: sample_at, spans and extras are pure functions of (data,
+ * config, argument), computed in O(1) memory in the number of samples, and
+ * spans cover [0, seq_len + 1) exactly, in order (order_internal.h).
+ */
+#ifndef TF_ORDER_KIND_H
+#define TF_ORDER_KIND_H
+
+#include "order_internal.h"
+
+/* Largest pack_window: pack.c's sort key gives a document's index 24 bits. */
+#define TF__MAX_PACK_WINDOW (1u << 24)
+
+typedef struct tf__order_ops {
+    const char *name;
+    /* Sample at global position pos. NULL: the epoch shuffle over the order's
+     * N samples (order.c), which plain and packed orders share. */
+    uint64_t (*sample_at)(const tf_order *o, uint64_t pos);
+    /* Spans of sample (< N; cap >= max_spans, both checked by order.c). */
+    int (*spans)(const tf_order *o, uint64_t sample, tf__span *spans, size_t cap, size_t *n);
+    /* Extras of sample (< N, checked); at least one pointer of ex is set. */
+    int (*extras)(const tf_order *o, uint64_t sample, const tf_sample_extras *ex);
+    /* Packing statistics of one epoch. */
+    int (*stats)(const tf_order *o, tf_packing_stats *st);
+    /* Free impl (may be NULL). */
+    void (*destroy)(void *impl);
+} tf__order_ops;
+
+struct tf_order {
+    /* set by the kind's constructor */
+    const tf__order_ops *ops;
+    void *impl;            /* the kind's state */
+    const tf_dataset *ds;  /* what spans index: the dataset, or a mixture's view of its sources */
+    uint64_t N;            /* samples per epoch (>= 1) */
+    size_t max_spans;      /* upper bound on the spans of one sample (>= 1) */
+    int has_kind_fp;       /* kind_fp enters the fingerprint (a mixture's schedule) */
+    uint64_t kind_fp;
+    /* set by order.c */
+    tf_order_config cfg;
+    uint64_t num_positions;
+    uint64_t fingerprint;
+    uint64_t nbf, wsz, nwin; /* BLOCK shuffle geometry (order.c) */
+};
+
+/* A kind's constructor: fills ops, impl, ds, N and max_spans of o (o->cfg is
+ * set and checked) from args, or returns an error with nothing left to free.
+ * An order with no sample is an error the constructor reports (it knows why). */
+typedef int (*tf__order_init)(tf_order *o, const void *args);
+
+/* order.c: check cfg, run init, derive positions, shuffle geometry and
+ * fingerprint. On success *out owns the order (tf_order_free). */
+TF_HIDDEN int tf__order_build(tf__order_init init, const void *args, const tf_order_config *cfg, tf_order **out);
+
+/* Constructors; args is the const tf_dataset * the order reads. */
+TF_HIDDEN int tf__concat_init(tf_order *o, const void *ds);   /* concat.c */
+TF_HIDDEN int tf__packed_init(tf_order *o, const void *ds);   /* pack.c */
+
+/* Building position_ids / cu_seqlens / num_seqs from segment starts, shared by
+ * every kind: start with {last = 0, nc = 1} and cu_seqlens[0] = 0, call
+ * tf__extras_segment for each segment start b in (0, L) in order, then
+ * tf__extras_finish (fills the rest of position_ids, pads cu_seqlens with L,
+ * and stores the number of segments). */
+static inline void tf__extras_segment(const tf_sample_extras *ex, uint64_t b, uint64_t *last, uint64_t *nc) {
+    if (ex->position_ids)
+        for (uint64_t t = *last; t < b; t++) ex->position_ids[t] = (int32_t)(t - *last);
+    if (ex->cu_seqlens) ex->cu_seqlens[*nc] = (int32_t)b;
+    (*nc)++;
+    *last = b;
+}
+static inline void tf__extras_finish(const tf_sample_extras *ex, uint64_t L, uint64_t last, uint64_t nc) {
+    if (ex->position_ids)
+        for (uint64_t t = last; t < L; t++) ex->position_ids[t] = (int32_t)(t - last);
+    if (ex->cu_seqlens)
+        for (uint64_t t = nc; t <= L; t++) ex->cu_seqlens[t] = (int32_t)L;
+    if (ex->num_seqs) ex->num_seqs[0] = (int32_t)nc; /* entries 0..nc-1 are segment starts: nc segments */
+}
+
+#endif

@@ -1,0 +1,280 @@
+/*
+ * order_obj.c — _core.Order: the global sample order (tf_order), built once
+ * and shared with the Loaders made from it.
+ */
+#include "binding.h"
+
+/* Keep the object as given (borrowed; the caller holds the kwargs). */
+static int keep_obj(PyObject *o, void *out) {
+    *(PyObject **)out = o;
+    return 1;
+}
+
+static int opt_int(PyObject *o, void *out) { return o == Py_None ? 1 : tfpy_nonneg_int(o, out); }
+
+/* A Dataset (*n = 0, (*dss)[0] = its dataset) or, with weights, a sequence of
+ * them with as many weights. *dss and *w are PyMem_Malloc'ed (free with
+ * PyMem_Free). */
+static int parse_sources(tf_module_state *st, PyObject *dsobj, PyObject *wobj, const tf_dataset ***dss, double **w,
+                         size_t *n) {
+    *dss = NULL;
+    *w = NULL;
+    *n = 0;
+    if (!wobj || wobj == Py_None) {
+        if (!PyObject_TypeCheck(dsobj, st->DatasetType)) {
+            PyErr_SetString(PyExc_TypeError, "expected a _core.Dataset (or a list of them with weights=)");
+            return -1;
+        }
+        *dss = PyMem_Malloc(sizeof **dss);
+        if (!*dss) return PyErr_NoMemory(), -1;
+        (*dss)[0] = ((tfpy_Dataset *)dsobj)->ds;
+        return 0;
+    }
+    PyObject *seq = PySequence_Fast(dsobj, "a mixture needs a list of datasets");
+    if (!seq) return -1;
+    PyObject *wseq = PySequence_Fast(wobj, "weights must be a list of numbers");
+    if (!wseq) {
+        Py_DECREF(seq);
+        return -1;
+    }
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
+    int rc = -1;
+    if (k < 1 || PySequence_Fast_GET_SIZE(wseq) != k) {
+        PyErr_Format(PyExc_ValueError, "a mixture needs as many weights as datasets (>= 1), got %zd datasets and %zd weights",
+                     k, PySequence_Fast_GET_SIZE(wseq));
+        goto done;
+    }
+    *dss = PyMem_Malloc((size_t)k * sizeof **dss);
+    *w = PyMem_Malloc((size_t)k * sizeof **w);
+    if (!*dss || !*w) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *d = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyObject_TypeCheck(d, st->DatasetType)) {
+            PyErr_Format(PyExc_TypeError, "mixture source %zd is not a _core.Dataset", i);
+            goto done;
+        }
+        (*dss)[i] = ((tfpy_Dataset *)d)->ds;
+        (*w)[i] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(wseq, i));
+        if ((*w)[i] == -1.0 && PyErr_Occurred()) goto done;
+    }
+    *n = (size_t)k;
+    rc = 0;
+done:
+    if (rc) {
+        PyMem_Free(*dss);
+        PyMem_Free(*w);
+        *dss = NULL;
+        *w = NULL;
+    }
+    Py_DECREF(seq);
+    Py_DECREF(wseq);
+    return rc;
+}
+
+/* Order(dataset, /, **config): None for any setting means its default; the C
+ * library checks the values (tf_order_create). */
+static PyObject *Order_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
+    PyObject *dsobj, *wobj = NULL;
+    if (!PyArg_ParseTuple(args, "O:Order", &dsobj)) return NULL;
+    tf_module_state *st = tfpy_state_of_type(tp);
+    tf_order_config cfg;
+    tf_order_config_init(&cfg);
+    int packing = (int)cfg.packing, shuffle = (int)cfg.shuffle;
+    const tfpy_kwarg table[] = {
+        {"seq_len", tfpy_opt_u64, &cfg.seq_len}, {"seed", tfpy_opt_u64, &cfg.seed},
+        {"shuffle", opt_int, &shuffle}, {"block_size", tfpy_opt_u64, &cfg.block_size},
+        {"window_blocks", tfpy_opt_u64, &cfg.window_blocks}, {"global_batch", tfpy_opt_u64, &cfg.global_batch},
+        {"epochs", tfpy_opt_u64, &cfg.epochs}, {"separator_id", tfpy_opt_id, &cfg.separator_id},
+        {"packing", opt_int, &packing}, {"pad_id", tfpy_opt_id, &cfg.pad_id},
+        {"pack_window", tfpy_opt_u64, &cfg.pack_window}, {"mix_window", tfpy_opt_u64, &cfg.mix_window},
+        {"weights", keep_obj, &wobj},
+        {NULL, NULL, NULL},
+    };
+    if (tfpy_parse_kwargs(kw, table, "Order") < 0) return NULL;
+    cfg.packing = (tf_packing)packing;
+    cfg.shuffle = (tf_shuffle)shuffle;
+    const tf_dataset **dss;
+    double *w;
+    size_t n;
+    if (parse_sources(st, dsobj, wobj, &dss, &w, &n) < 0) return NULL;
+    tf_order *o = NULL;
+    int rc;
+    char msg[1024];
+    /* building packing plans takes time */
+    TFPY_NOGIL_CALL(rc, msg, n ? tf_order_create_mix(dss, w, n, &cfg, &o) : tf_order_create(dss[0], &cfg, &o));
+    PyMem_Free(dss);
+    PyMem_Free(w);
+    if (rc < 0) return tfpy_raise(st, rc, msg);
+    tfpy_Order *self;
+    TFPY_NEW_OWNER(self, tp, o, o, tf_order_free);
+    if (!self) return NULL;
+    /* a mixture keeps its sources in a tuple: a list could drop them */
+    self->dataset = n ? PySequence_Tuple(dsobj) : Py_NewRef(dsobj);
+    if (!self->dataset) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static void Order_dealloc(tfpy_Order *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    tf_order_free(self->o);
+    Py_CLEAR(self->dataset);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static uint64_t order_at(const void *o, uint64_t pos) { return tf_order_sample_at(o, pos); }
+
+static PyObject *Order_sample_at(tfpy_Order *self, PyObject *arg) {
+    return tfpy_map_u64(arg, order_at, self->o, UINT64_MAX);
+}
+
+PyDoc_STRVAR(Order_fill_doc, "fill($self, sample, dtype=None, want=0)\n--\n\nReturns dict. Tokens (L+1) and the requested extras of one sample.");
+
+static PyObject *Order_fill(tfpy_Order *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"sample", "dtype", "want", NULL};
+    unsigned long long sample;
+    PyObject *dtype_obj = Py_None;
+    unsigned int want = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "K|OI:fill", kwlist, &sample, &dtype_obj, &want)) return NULL;
+    tf_dataset_info in;
+    tf_dataset_get_info(tf_order_dataset(self->o), &in);
+    tf_dtype dt;
+    if (tfpy_parse_dtype(dtype_obj, in.dtype, &dt) < 0) return NULL;
+    if (sample >= tf_order_num_samples(self->o))
+        return PyErr_Format(PyExc_IndexError, "sample %llu out of range [0, %llu)", sample, (unsigned long long)tf_order_num_samples(self->o));
+    tf_order_config cfg;
+    tf_order_get_config(self->o, &cfg);
+    uint64_t L = cfg.seq_len;
+    npy_intp d1[1] = {(npy_intp)(L + 1)}, dL[1] = {(npy_intp)L}, d0[1] = {1};
+    PyObject *tok = PyArray_SimpleNew(1, d1, tfpy_npy_from_dtype(dt));
+    PyObject *pos = (want & TF_WANT_POSITION_IDS) ? PyArray_SimpleNew(1, dL, NPY_INT32) : NULL;
+    PyObject *cu = (want & TF_WANT_CU_SEQLENS) ? PyArray_SimpleNew(1, d1, NPY_INT32) : NULL;
+    PyObject *ns = (want & TF_WANT_CU_SEQLENS) ? PyArray_SimpleNew(1, d0, NPY_INT32) : NULL;
+    PyObject *lm = (want & TF_WANT_LOSS_MASK) ? PyArray_SimpleNew(1, dL, NPY_UINT8) : NULL;
+    PyObject *result = NULL;
+    if (!tok || ((want & TF_WANT_POSITION_IDS) && !pos) || ((want & TF_WANT_CU_SEQLENS) && (!cu || !ns)) || ((want & TF_WANT_LOSS_MASK) && !lm))
+        goto finally;
+    tf_sample_extras ex = {
+        pos ? PyArray_DATA((PyArrayObject *)pos) : NULL,
+        cu ? PyArray_DATA((PyArrayObject *)cu) : NULL,
+        ns ? PyArray_DATA((PyArrayObject *)ns) : NULL,
+        lm ? PyArray_DATA((PyArrayObject *)lm) : NULL,
+    };
+    int rc;
+    char msg[1024];
+    TFPY_NOGIL_CALL(rc, msg, tf_order_fill_sample(self->o, sample, PyArray_DATA((PyArrayObject *)tok), dt, &ex));
+    if (rc < 0) {
+        tfpy_raise(tfpy_state((PyObject *)self), rc, msg);
+        goto finally;
+    }
+    result = PyDict_New();
+    if (!result) goto finally;
+    if (PyDict_SetItemString(result, "tokens", tok) < 0 ||
+        (pos && PyDict_SetItemString(result, "position_ids", pos) < 0) ||
+        (cu && PyDict_SetItemString(result, "cu_seqlens", cu) < 0) ||
+        (ns && PyDict_SetItemString(result, "num_seqs", ns) < 0) ||
+        (lm && PyDict_SetItemString(result, "loss_mask", lm) < 0))
+        Py_CLEAR(result);
+finally:
+    Py_XDECREF(tok);
+    Py_XDECREF(pos);
+    Py_XDECREF(cu);
+    Py_XDECREF(ns);
+    Py_XDECREF(lm);
+    return result;
+}
+
+PyDoc_STRVAR(Order_packing_stats_doc, "packing_stats($self)\n--\n\nReturns dict. "
+"Packing efficiency of one epoch (a mixture: summed over sources, each over its own epoch).");
+
+static PyObject *stats_dict(const tf_packing_stats *s) {
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d}", "samples", (unsigned long long)s->samples,
+                         "documents", (unsigned long long)s->documents, "empty_documents",
+                         (unsigned long long)s->empty_documents, "token_slots", (unsigned long long)s->token_slots,
+                         "pad_tokens", (unsigned long long)s->pad_tokens, "documents_split",
+                         (unsigned long long)s->documents_split, "documents_truncated",
+                         (unsigned long long)s->documents_truncated, "tokens_dropped",
+                         (unsigned long long)s->tokens_dropped, "padding_fraction", s->padding_fraction);
+}
+
+static PyObject *Order_packing_stats(tfpy_Order *self, PyObject *unused) {
+    size_t k = tf_order_num_sources(self->o);
+    tf_packing_stats total;
+    int rc;
+    char msg[1024];
+    TFPY_NOGIL_CALL(rc, msg, tf_order_packing_stats(self->o, &total));
+    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, msg);
+    PyObject *d = stats_dict(&total);
+    if (!d || tf_order_num_sources(self->o) < 2 || !tf_order_mix_window(self->o)) return d;
+    PyObject *lst = PyList_New((Py_ssize_t)k);
+    if (!lst) goto fail;
+    for (size_t i = 0; i < k; i++) {
+        tf_packing_stats one;
+        rc = tf_order_packing_stats(tf_order_source(self->o, i), &one);
+        if (rc < 0) {
+            Py_DECREF(lst);
+            tfpy_raise(tfpy_state((PyObject *)self), rc, NULL);
+            goto fail;
+        }
+        PyObject *e = stats_dict(&one);
+        if (!e) {
+            Py_DECREF(lst);
+            goto fail;
+        }
+        PyList_SET_ITEM(lst, (Py_ssize_t)i, e);
+    }
+    if (PyDict_SetItemString(d, "sources", lst) < 0) {
+        Py_DECREF(lst);
+        goto fail;
+    }
+    Py_DECREF(lst);
+    return d;
+fail:
+    Py_DECREF(d);
+    return NULL;
+}
+
+static PyObject *Order_mix_schedule(tfpy_Order *self, PyObject *unused) {
+    size_t k = tf_order_num_sources(self->o);
+    PyObject *counts = PyList_New((Py_ssize_t)k);
+    if (!counts) return NULL;
+    for (size_t i = 0; i < k; i++)
+        PyList_SET_ITEM(counts, (Py_ssize_t)i, PyLong_FromUnsignedLongLong(tf_order_mix_count(self->o, i)));
+    PyObject *r = Py_BuildValue("(KO)", (unsigned long long)tf_order_mix_window(self->o), counts);
+    Py_DECREF(counts);
+    return r;
+}
+
+static PyObject *Order_get_num_samples(tfpy_Order *self, void *c) { return PyLong_FromUnsignedLongLong(tf_order_num_samples(self->o)); }
+static PyObject *Order_get_num_positions(tfpy_Order *self, void *c) { return PyLong_FromUnsignedLongLong(tf_order_num_positions(self->o)); }
+static PyObject *Order_get_fingerprint(tfpy_Order *self, void *c) { return PyLong_FromUnsignedLongLong(tf_order_fingerprint(self->o)); }
+static PyObject *Order_get_dataset_fingerprint(tfpy_Order *self, void *c) {
+    tf_dataset_info in;
+    tf_dataset_get_info(tf_order_dataset(self->o), &in);
+    return PyLong_FromUnsignedLongLong(in.fingerprint);
+}
+
+PyDoc_STRVAR(Order_doc, "Order(dataset, /, *, seq_len=None, seed=None, shuffle=None, block_size=None, window_blocks=None, "
+                "global_batch=None, epochs=None, separator_id=None, packing=None, pad_id=None, pack_window=None, "
+                "mix_window=None, weights=None)\n--\n\n"
+                "The global sample order: packing, shuffle and positions. `dataset` is a Dataset, or with weights a "
+                "list of them (a mixture). None means the C default (tf_order_config_init).");
+
+TFPY_TYPE_SPEC(Order, tfpy_Order, Py_TPFLAGS_DEFAULT,
+               {Py_tp_doc, (void *)Order_doc}, {Py_tp_new, Order_new}, {Py_tp_dealloc, Order_dealloc},
+               {Py_tp_methods, TFPY_METHODS(
+                   {"sample_at", (PyCFunction)Order_sample_at, METH_O, "sample_at($self, pos, /)\n--\n\nReturns int | ndarray. Sample index at global stream position(s)."},
+                   {"fill", (PyCFunction)(void (*)(void))Order_fill, METH_VARARGS | METH_KEYWORDS, Order_fill_doc},
+                   {"packing_stats", (PyCFunction)Order_packing_stats, METH_NOARGS, Order_packing_stats_doc},
+                   {"mix_schedule", (PyCFunction)Order_mix_schedule, METH_NOARGS, "mix_schedule($self)\n--\n\nReturns (window, [count per source]). Exact per-window counts of a mixture ((1, [1]) for one dataset)."})},
+               {Py_tp_getset, TFPY_GETSET(
+                   {"num_samples", (getter)Order_get_num_samples, NULL, "samples per epoch (N)", NULL},
+                   {"num_positions", (getter)Order_get_num_positions, NULL, "positions in the stream (2**64-1 when infinite)", NULL},
+                   {"fingerprint", (getter)Order_get_fingerprint, NULL, "64-bit configuration fingerprint", NULL},
+                   {"dataset_fingerprint", (getter)Order_get_dataset_fingerprint, NULL, "64-bit fingerprint of the data read (a mixture: of its sources in order)", NULL})});

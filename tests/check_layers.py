@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Check that the C core and the Python package keep their layers (docs/design.md).
+
+    python3 tests/check_layers.py          # prints the graphs, exits 1 on a violation
+
+C layers, bottom to top: common < sources < order < engine < device. A file may use
+(include, or call a function defined in) files of its own layer or of lower layers,
+never of a higher one; csrc/include/tokenfeed.h (the public API) may be included by
+anyone. The binding (csrc/python) sees only the public header and its own files.
+Two graphs are checked:
+
+- includes: every ``#include "..."`` between files of csrc/;
+- calls: for every object file, the tf_/tf__ symbols it uses and which object file
+  defines them (``nm`` on objects compiled here), so a call that goes upward or round
+  in a circle is found even when no header says so.
+
+And in both graphs and in the Python package's imports (``from . import x``, ``from
+.x import y``), no two files depend on each other in a circle, directly or not.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Dict, Iterable, List, Set, Tuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CSRC = os.path.join(ROOT, "csrc")
+PKG = os.path.join(ROOT, "python", "tokenfeed")
+
+# The layer of each directory of csrc/, in the order of docs/design.md ("Layers").
+C_LAYERS = {"common": 0, "sources": 1, "order": 2, "engine": 3, "device": 4}
+PUBLIC = "include/tokenfeed.h"
+BINDING = "python"
+
+Graph = Dict[str, Set[str]]
+
+
+def c_files() -> List[str]:
+    out = []
+    for d in list(C_LAYERS) + ["include", BINDING]:
+        for f in sorted(os.listdir(os.path.join(CSRC, d))):
+            if f.endswith((".c", ".h")):
+                out.append(f"{d}/{f}")
+    return out
+
+
+def include_graph() -> Graph:
+    g: Graph = {}
+    for f in c_files():
+        deps = g.setdefault(f, set())
+        with open(os.path.join(CSRC, f), encoding="utf-8") as fh:
+            for inc in re.findall(r'^\s*#\s*include\s+"([^"]+)"', fh.read(), re.M):
+                target = os.path.normpath(os.path.join(os.path.dirname(f), inc))
+                if not os.path.exists(os.path.join(CSRC, target)):
+                    target = os.path.normpath(os.path.join("include", inc))  # -Iinclude
+                if not os.path.exists(os.path.join(CSRC, target)):
+                    raise SystemExit(f"{f}: cannot resolve #include \"{inc}\"")
+                deps.add(target)
+    return g
+
+
+def call_graph(cc: str = "") -> Graph:
+    """Object file -> object files whose tf_/tf__ symbols it uses (library only)."""
+    cc = cc or os.environ.get("CC", "cc")
+    if not shutil.which(cc) or not shutil.which("nm"):
+        raise RuntimeError(f"need a C compiler ({cc}) and nm")
+    srcs = [f for f in c_files() if f.endswith(".c") and f.split("/")[0] in C_LAYERS]
+    defined: Dict[str, str] = {}
+    used: Dict[str, Set[str]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for f in srcs:
+            obj = os.path.join(tmp, f.replace("/", "_") + ".o")
+            subprocess.run([cc, "-std=c11", "-O0", "-D_GNU_SOURCE", "-DTF_HAVE_CUDA_LAYER=1", "-I", "include", "-I", ".",
+                            "-c", f, "-o", obj], cwd=CSRC, check=True, capture_output=True)
+            out = subprocess.run(["nm", obj], check=True, capture_output=True, text=True).stdout
+            used[f] = set()
+            for line in out.splitlines():
+                parts = line.split()
+                if not parts or not parts[-1].startswith("tf_"):
+                    continue
+                sym, kind = parts[-1], parts[-2]
+                if kind == "U":
+                    used[f].add(sym)
+                elif kind.isupper():  # defined and global
+                    defined[sym] = f
+    g: Graph = {}
+    for f, syms in used.items():
+        g[f] = {defined[s] for s in syms if s in defined and defined[s] != f}
+    return g
+
+
+def binding_private_symbols(cc: str = "", include_dirs: Iterable[str] = ()) -> Dict[str, Set[str]]:
+    """Symbols of the library's insides (tf__*) that binding files use: none may be."""
+    cc = cc or os.environ.get("CC", "cc")
+    incs = [x for d in include_dirs for x in ("-I", d)]
+    out: Dict[str, Set[str]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for f in c_files():
+            if not (f.startswith(BINDING + "/") and f.endswith(".c")):
+                continue
+            obj = os.path.join(tmp, f.replace("/", "_") + ".o")
+            subprocess.run([cc, "-std=c11", "-O0", "-D_GNU_SOURCE", "-I", "include", *incs, "-c", f, "-o", obj],
+                           cwd=CSRC, check=True, capture_output=True)
+            nm = subprocess.run(["nm", "-u", obj], check=True, capture_output=True, text=True).stdout
+            out[f] = {line.split()[-1] for line in nm.splitlines() if line.split()[-1].startswith("tf__")}
+    return out
+
+
+def python_graph() -> Graph:
+    g: Graph = {}
+    mods = {f[:-3] for f in os.listdir(PKG) if f.endswith(".py")}
+    for m in sorted(mods):
+        deps = g.setdefault(m, set())
+        with open(os.path.join(PKG, m + ".py"), encoding="utf-8") as fh:
+            src = fh.read()
+        for a, b in re.findall(r"^\s*from \.(\w*) import ([\w, ]+)", src, re.M):
+            names = [a] if a else [n.strip() for n in b.split(",")]
+            deps.update(n for n in names if n in mods and n != m)
+    return g
+
+
+def layer(f: str) -> int:
+    return C_LAYERS.get(f.split("/")[0], -1)
+
+
+def layer_violations(g: Graph) -> List[str]:
+    bad = []
+    for f, deps in sorted(g.items()):
+        top = f.split("/")[0]
+        for d in sorted(deps):
+            if d == PUBLIC:
+                continue
+            if top == BINDING:
+                if not d.startswith(BINDING + "/"):
+                    bad.append(f"{f} -> {d}: the binding uses the public API only")
+            elif top == "include":
+                bad.append(f"{f} -> {d}: the public header stands alone")
+            elif d.split("/")[0] == BINDING or layer(d) > layer(f):
+                bad.append(f"{f} -> {d}: {top} is below {d.split('/')[0]}")
+    return bad
+
+
+def cycles(g: Graph) -> List[List[str]]:
+    """Strongly connected components of more than one node (Tarjan)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on: Set[str] = set()
+    out: List[List[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in g.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def report(name: str, g: Graph, layered: bool) -> Tuple[List[str], List[List[str]]]:
+    bad = layer_violations(g) if layered else []
+    circ = cycles(g)
+    print(f"== {name}: {len(g)} files, {sum(len(d) for d in g.values())} edges")
+    for f, deps in sorted(g.items()):
+        if deps:
+            print(f"  {f} -> {', '.join(sorted(deps))}")
+    for b in bad:
+        print(f"  LAYER VIOLATION {b}")
+    for c in circ:
+        print(f"  CYCLE {' <-> '.join(c)}")
+    return bad, circ
+
+
+def main(argv: Iterable[str] = ()) -> int:
+    failed = False
+    for name, g, layered in (("C includes", include_graph(), True), ("C calls", call_graph(), True),
+                             ("Python imports", python_graph(), False)):
+        bad, circ = report(name, g, layered)
+        failed |= bool(bad or circ)
+    print("FAIL" if failed else "OK: every dependency goes down the layers, and none goes round in a circle")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
