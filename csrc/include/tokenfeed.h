@@ -386,13 +386,61 @@ TF_API int tf_order_fill_sample(const tf_order *o, uint64_t sample, void *out, t
 TF_API int tf_order_create_mix(const tf_dataset *const *ds, const double *weights, size_t n,
                                const tf_order_config *cfg, tf_order **out);
 
+/* A weighted mixture whose weights change at given global steps (curricula,
+ * annealing phases): point m's weights (sch->weights[m*n .. m*n + n), finite,
+ * >= 0, at least one > 0) apply from global step sch->steps[m] (step k starts
+ * at position k * cfg->global_batch; steps[0] == 0, increasing). Each point's
+ * weights become counts per mix_window positions as in tf_order_create_mix.
+ * TF_MIX_CONSTANT: a point's counts hold until the next point, windows
+ * restarting at each point, every full window exact. TF_MIX_LINEAR: between
+ * two points the counts move one unit at a time, window by window, along the
+ * straight line (docs/packing.md gives the rule); after the last point its
+ * counts hold. Seeking costs O(log runs of windows with equal counts); building
+ * costs O(points x mix_window x n), never O(steps).
+ *
+ * anchor_counts (n entries, or NULL): a hand-over from another schedule at
+ * anchor_position: from there on, source s continues from its own sample
+ * anchor_counts[s] (the samples it had delivered there under the schedule a
+ * saved state was made with), so nothing consumed is repeated or skipped. The
+ * anchor does not enter the fingerprint: the state that carries it resumes. */
+typedef enum tf_mix_interpolation {
+    TF_MIX_CONSTANT = 0,
+    TF_MIX_LINEAR = 1,
+} tf_mix_interpolation;
+
+typedef struct tf_mix_schedule {
+    size_t num_points;             /* >= 1 */
+    const uint64_t *steps;         /* num_points global steps, steps[0] == 0, increasing */
+    const double *weights;         /* num_points x n, row-major */
+    tf_mix_interpolation interpolation;
+    uint64_t anchor_position;      /* with anchor_counts */
+    const uint64_t *anchor_counts; /* n, or NULL: no hand-over */
+} tf_mix_schedule;
+
+TF_API int tf_order_create_mix_schedule(const tf_dataset *const *ds, size_t n, const tf_mix_schedule *sch,
+                                        const tf_order_config *cfg, tf_order **out);
+
+/* The source (0 for a plain order) of position pos, and the index of that
+ * position in the source's own stream. -ENOMEM when a schedule table cannot
+ * be allocated. */
+TF_API int tf_order_mix_source_at(const tf_order *o, uint64_t pos, size_t *source, uint64_t *index);
+
+/* Positions of source i among positions [0, pos) (with a hand-over anchor, as
+ * delivered): the index of source i's next position at or after pos. A plain
+ * order: pos for i == 0. UINT64_MAX when a schedule table cannot be allocated. */
+TF_API uint64_t tf_order_mix_source_count(const tf_order *o, size_t i, uint64_t pos);
+
+/* Counts per window at position pos: counts[i] of every source (n entries;
+ * a plain order: 1) in a window of the returned size. */
+TF_API uint64_t tf_order_mix_counts_at(const tf_order *o, uint64_t pos, uint64_t *counts);
+
 /* Sources of a mixture (1 for a plain order) and source i's own order
  * (borrowed from o; for a plain order, i == 0 gives o itself). */
 TF_API size_t tf_order_num_sources(const tf_order *o);
 TF_API const tf_order *tf_order_source(const tf_order *o, size_t i);
 
-/* Schedule of a mixture: window size W and count of source i per window
- * (plain order: 1 and 1). */
+/* Schedule of a mixture at position 0: window size W and count of source i
+ * per window (plain order: 1 and 1). */
 TF_API uint64_t tf_order_mix_window(const tf_order *o);
 TF_API uint64_t tf_order_mix_count(const tf_order *o, size_t i);
 

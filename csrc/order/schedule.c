@@ -108,8 +108,8 @@ static int point_counts(const double *w, size_t K, uint64_t M, int allow_zero, s
     if (npoints > 1) snprintf(where, sizeof where, " (schedule point %zu)", point);
     for (size_t s = 0; s < K; s++) {
         if (!isfinite(w[s]) || w[s] < 0 || (!allow_zero && !(w[s] > 0)))
-            TF_FAIL(-EINVAL, "weights[%zu] = %g%s: expected a finite weight %s", s, w[s], where,
-                    allow_zero ? ">= 0" : "> 0");
+            TF_FAIL(-EINVAL, "weights[%zu]%s: expected a finite weight %s, found %g", s, where,
+                    allow_zero ? ">= 0" : "> 0", w[s]);
         sum += w[s];
     }
     if (!(sum > 0)) TF_FAIL(-EINVAL, "weights%s: at least one weight must be > 0", where);
@@ -505,6 +505,7 @@ uint64_t tf__sched_count(const tf__sched *s, size_t k, uint64_t pos) {
     const run *R = &s->runs[r];
     uint64_t x = pos - R->start, rem = x % R->W;
     uint64_t c = s->J0[r * K + k] + x / R->W * s->cnt[r * K + k];
+    if (s->anchor_delta && pos >= s->anchor_pos) c += s->anchor_delta[k];
     if (!rem) return c;
     uint64_t rank;
     for (uint64_t t = 0; t < rem; t++) {

@@ -35,7 +35,9 @@ TF_HIDDEN void tf__sched_free(tf__sched *s);
 /* Source of position pos; *j = its index in that source's stream. O(log runs). */
 TF_HIDDEN uint32_t tf__sched_at(const tf__sched *s, uint64_t pos, uint64_t *j);
 
-/* Positions of source k in [0, pos) under the schedule (without the anchor). */
+/* Positions of source k in [0, pos): the j the next position of source k at
+ * or after pos takes (with the anchor, from anchor_pos on). UINT64_MAX when
+ * a table cannot be allocated. */
 TF_HIDDEN uint64_t tf__sched_count(const tf__sched *s, size_t k, uint64_t pos);
 
 /* Counts per window at position pos (w[K], summing to the returned window). */

@@ -23,6 +23,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _core
+from ._schedule import WeightSchedule, as_schedule
 
 __all__ = ["OrderConfig", "EngineConfig", "resolve_rank", "want_bits"]
 
@@ -47,8 +48,12 @@ class OrderConfig:
     """The settings that define the global stream (the loader state's ``config``).
 
     ``shuffle`` takes ``True``/``False`` or ``"full"``/``"block"``/``"none"`` and is
-    kept as the name. ``weights`` makes the order a mixture of as many datasets.
-    ``global_batch`` is samples per step over all ranks; ``epochs=None`` is endless.
+    kept as the name. ``weights`` makes the order a mixture of as many datasets: plain
+    weights, or a :class:`WeightSchedule` (also given as a list of ``(step, weights)``
+    pairs or its recorded dict). ``global_batch`` is samples per step over all ranks;
+    ``epochs=None`` is endless. ``mix_anchor`` (position, per-source counts) is the
+    hand-over point of a resume under another schedule: the saved state carries it,
+    it is not part of the state's ``config``.
     """
 
     seq_len: int
@@ -60,10 +65,11 @@ class OrderConfig:
     packing: str = "concat"
     pad_id: Optional[int] = None
     pack_window: int = 1024
-    weights: Optional[Sequence[float]] = None
+    weights: Optional[Any] = None
     mix_window: int = 1000
     global_batch: int = 1
     epochs: Optional[int] = None
+    mix_anchor: Optional[Tuple[int, Tuple[int, ...]]] = None
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "seed", "block_size", "window_blocks", "pack_window", "mix_window", "global_batch"):
@@ -81,9 +87,16 @@ class OrderConfig:
         if self.epochs is not None and self.epochs < 1:
             # C reads 0 as "endless"; here that is None, so 0 is a mistake
             raise ValueError(f"epochs must be None (endless) or a positive int, got {self.epochs!r}")
-        weights = None if self.weights is None else tuple(float(x) for x in self.weights)
+        weights: Any = None
+        if self.weights is not None:
+            plain, sched = as_schedule(self.weights)
+            weights = tuple(plain) if plain is not None else sched
+        anchor = None
+        if self.mix_anchor is not None:
+            apos, acounts = self.mix_anchor
+            anchor = (int(apos), tuple(int(c) for c in acounts))
         # canonical values: plain ints and names, so that states compare and serialise
-        canon = dict(shuffle=shuffle, weights=weights, separator_id=_int(self.separator_id),
+        canon = dict(shuffle=shuffle, weights=weights, mix_anchor=anchor, separator_id=_int(self.separator_id),
                      pad_id=_int(self.pad_id), epochs=_int(self.epochs))
         canon.update({k: int(getattr(self, k)) for k in ("seq_len", "seed", "block_size", "window_blocks",
                                                           "pack_window", "mix_window", "global_batch")})
@@ -103,10 +116,31 @@ class OrderConfig:
             cfg["pad_id"] = 0 if self.pad_id is None else self.pad_id
         if self.packing == "best_fit":
             cfg["pack_window"] = self.pack_window
-        if self.weights is not None:
+        if isinstance(self.weights, WeightSchedule):
+            cfg["weights"] = self.weights.to_dict()
+            cfg["mix_window"] = self.mix_window
+        elif self.weights is not None:
             cfg["weights"] = list(self.weights)
             cfg["mix_window"] = self.mix_window
         return cfg
+
+    @property
+    def num_sources(self) -> int:
+        """Datasets mixed (1 without weights)."""
+        if isinstance(self.weights, WeightSchedule):
+            return self.weights.num_sources
+        return 1 if self.weights is None else len(self.weights)
+
+    @classmethod
+    def from_state(cls, config: Dict[str, Any], mix_anchor: Any = None) -> "OrderConfig":
+        """The configuration a loader state's ``config`` (and ``mix_anchor``) was saved with."""
+        keys = ("seq_len", "seed", "shuffle", "block_size", "window_blocks", "separator_id", "packing", "pad_id",
+                "pack_window", "weights", "mix_window", "global_batch", "epochs")
+        kw = {k: config[k] for k in keys if k in config}
+        anchor = None
+        if mix_anchor is not None:
+            anchor = (int(mix_anchor["position"]), tuple(int(c) for c in mix_anchor["counts"]))
+        return cls(mix_anchor=anchor, **kw)
 
     def core_kwargs(self) -> Dict[str, Any]:
         """Keyword arguments of ``_core.Order``."""
@@ -115,8 +149,17 @@ class OrderConfig:
             window_blocks=self.window_blocks, global_batch=self.global_batch, epochs=self.epochs or 0,
             separator_id=self.separator_id, packing=PACKING[self.packing],
             pad_id=0 if self.pad_id is None else self.pad_id, pack_window=self.pack_window)
-        if self.weights is not None:
+        if isinstance(self.weights, WeightSchedule):
+            kw.update(weights=[list(w) for w in self.weights.weights], schedule_steps=list(self.weights.steps),
+                      interpolation=1 if self.weights.interpolation == "linear" else 0, mix_window=self.mix_window)
+            if self.mix_anchor is not None:
+                kw.update(anchor_position=self.mix_anchor[0], anchor_counts=list(self.mix_anchor[1]))
+        elif self.weights is not None:
             kw.update(weights=list(self.weights), mix_window=self.mix_window)
+            if self.mix_anchor is not None:
+                # plain weights handed over from other weights: a one-point schedule with the anchor
+                kw.update(weights=[list(self.weights)], schedule_steps=[0], interpolation=0,
+                          anchor_position=self.mix_anchor[0], anchor_counts=list(self.mix_anchor[1]))
         return kw
 
     def build(self, source: Any) -> Any:

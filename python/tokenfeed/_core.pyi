@@ -114,7 +114,10 @@ class Order:
                 window_blocks: Optional[int] = None, global_batch: Optional[int] = None,
                 epochs: Optional[int] = None, separator_id: Optional[int] = None, packing: Optional[int] = None,
                 pad_id: Optional[int] = None, pack_window: Optional[int] = None, mix_window: Optional[int] = None,
-                weights: Optional[Sequence[float]] = None) -> "Order": ...
+                weights: Optional[Sequence[Any]] = None, schedule_steps: Optional[Sequence[int]] = None,
+                interpolation: Optional[int] = None, anchor_position: Optional[int] = None,
+                anchor_counts: Optional[Sequence[int]] = None) -> "Order": ...
+    # with schedule_steps: weights holds one list per step; interpolation 0 = constant, 1 = linear
     @property
     def num_samples(self) -> int: ...
     @property
@@ -124,7 +127,10 @@ class Order:
     @property
     def dataset_fingerprint(self) -> int: ...  # of the data read (a mixture: of its sources, in order)
     def packing_stats(self) -> Dict[str, Any]: ...  # samples, documents, pad_tokens, documents_split, ...
-    def mix_schedule(self) -> Tuple[int, List[int]]: ...  # (window, count per source)
+    def mix_schedule(self) -> Tuple[int, List[int]]: ...  # (window, count per source) at position 0
+    def mix_counts_at(self, pos: int, /) -> Tuple[int, List[int]]: ...  # (window, count per source) in force at pos
+    def mix_source_at(self, pos: int, /) -> Tuple[int, int]: ...  # (source, index in its own stream)
+    def mix_source_count(self, source: int, pos: int, /) -> int: ...  # positions of source in [0, pos)
     @overload
     def sample_at(self, pos: int, /) -> int: ...
     @overload

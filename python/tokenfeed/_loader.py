@@ -8,14 +8,16 @@ state is that position plus fingerprints, so restoring is O(1) and works with an
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import sys
-from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ._config import EngineConfig, OrderConfig, resolve_rank
+from ._schedule import WeightSchedule
 from ._dataset import Dataset, PathLike, open as _open
 
 __all__ = ["Loader", "StateError", "STATE_FORMAT_VERSION"]
@@ -68,7 +70,8 @@ class Loader:
                  dtype: Any = "int64", output: str = "auto", num_threads: Optional[int] = None,
                  prefetch: Optional[int] = None, backend: Optional[str] = None, direct_io: bool = False,
                  block_size: int = 1024, window_blocks: int = 16, packing: str = "concat",
-                 pad_id: Optional[int] = None, pack_window: int = 1024, weights: Optional[Sequence[float]] = None,
+                 pad_id: Optional[int] = None, pack_window: int = 1024,
+                 weights: Optional[Union[Sequence[Any], WeightSchedule, Mapping[str, Any]]] = None,
                  mix_window: int = 1000,
                  device: Any = None, device_slots: int = 4) -> None:
         # one configuration, checked once: the engine's (the global batch comes from
@@ -90,8 +93,9 @@ class Loader:
             if isinstance(dataset, (Dataset, str, os.PathLike)):
                 raise ValueError("weights= needs a list of datasets (one per weight)")
             srcs = list(dataset)
-            if len(srcs) != len(weights) or not srcs:
-                raise ValueError(f"weights= needs one weight per dataset: {len(srcs)} datasets, {len(weights)} weights")
+            nw = self._order_cfg.num_sources
+            if len(srcs) != nw or not srcs:
+                raise ValueError(f"weights= needs one weight per dataset: {len(srcs)} datasets, {nw} weights")
             self.dataset: Any = [d if isinstance(d, Dataset) else _open(d) for d in srcs]
         else:
             self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset)
@@ -146,9 +150,23 @@ class Loader:
 
     @property
     def weights(self) -> Optional[list[float]]:
-        """Mixing weights, or None for one dataset."""
+        """Mixing weights (with a schedule: those of the point in force at the current position), or None
+        for one dataset."""
         w = self._order_cfg.weights
+        if isinstance(w, WeightSchedule):
+            step = self.position // self.global_batch
+            return list(w.weights[max(i for i, s in enumerate(w.steps) if s <= step)])
         return None if w is None else list(w)
+
+    @property
+    def weight_schedule(self) -> Optional[WeightSchedule]:
+        """The mixture's weight schedule, or None (plain weights, or one dataset)."""
+        w = self._order_cfg.weights
+        return w if isinstance(w, WeightSchedule) else None
+
+    @property
+    def _mixture(self) -> bool:
+        return self._order_cfg.weights is not None
 
     @property
     def num_samples(self) -> int:
@@ -237,14 +255,14 @@ class Loader:
         return st
 
     def _core_source(self) -> Any:
-        if self.weights is not None:
+        if self._mixture:
             return [d._core for d in self.dataset]
         return self.dataset._core
 
     @property
     def dataset_fingerprint(self) -> str:
         """Fingerprint of the data (a mixture: of its sources' fingerprints, in order)."""
-        if self.weights is not None:
+        if self._mixture:
             return f"{self._order.dataset_fingerprint:016x}"
         return str(self.dataset.fingerprint)
 
@@ -256,17 +274,20 @@ class Loader:
         ``documents_split`` (documents whose tokens land in more than one sample),
         ``documents_truncated`` (documents with tokens in no sample: ``document`` mode
         drops what is past ``seq_len + 1``; ``concat`` drops the tail of the stream),
-        ``tokens_dropped``; for a mixture also ``weights``, ``mix_window``/``mix_counts``
-        (the exact per-window schedule) and ``sources`` (one dict per source, over its
-        own epoch). Free for ``best_fit``/``document`` (gathered when the plan was
-        built); one pass over the document index for ``concat``.
+        ``tokens_dropped``; for a mixture also ``weights`` (a schedule: its recorded
+        dict), ``mix_window``/``mix_counts`` (the exact per-window counts in force at the
+        current position) and ``sources`` (one dict per source, over its own epoch). Free
+        for ``best_fit``/``document`` (gathered when the plan was built); one pass over
+        the document index for ``concat``.
         """
         st: Dict[str, Any] = dict(self._order.packing_stats())
         st["packing"] = self._order_cfg.packing
         st["seq_len"] = self.seq_len
-        if self.weights is not None:
-            win, counts = self._order.mix_schedule()
-            st.update(weights=list(self.weights), mix_window=win, mix_counts=list(counts))
+        if self._mixture:
+            win, counts = self._order.mix_counts_at(self.position)
+            w = self._order_cfg.weights
+            st.update(weights=w.to_dict() if isinstance(w, WeightSchedule) else list(w or ()), mix_window=win,
+                      mix_counts=list(counts))
         return st
 
     # --------------------------------------------------------------- pickling
@@ -297,6 +318,9 @@ class Loader:
             "config": self._order_cfg.state(),
             "samples_per_epoch": self.num_samples,
             "world_size": self.world_size,
+            **({"mix_anchor": {"position": self._order_cfg.mix_anchor[0],
+                               "counts": list(self._order_cfg.mix_anchor[1])}}
+               if self._order_cfg.mix_anchor is not None else {}),
         }
 
     def load_state_dict(self, state: Mapping[str, Any], *, strict: bool = True) -> None:
@@ -335,9 +359,39 @@ class Loader:
         if pos < 0 or pos % self.global_batch:
             raise StateError(f"position {pos} is not a multiple of the global batch {self.global_batch}: "
                              f"keep batch_size * world_size the same as when the state was saved")
+        if self._mixture:
+            self._hand_over(state, saved, now, pos)
         self._position = pos
         if self._engine is not None:
             self._engine.seek(pos)
+
+    def _hand_over(self, state: Mapping[str, Any], saved: Dict[str, Any], now: Dict[str, Any], pos: int) -> None:
+        """A mixture resumes where each source was: under the saved configuration (and its own
+        hand-over anchor, if it had one) every source had delivered some number of samples at
+        ``pos``; when this configuration would put a source elsewhere (another schedule, other
+        weights), hand over there, so that nothing consumed is repeated or skipped."""
+        saved_anchor = state.get("mix_anchor")
+        anchor: Optional[Tuple[int, Tuple[int, ...]]] = None
+        if saved == now:
+            if saved_anchor is not None:
+                anchor = (int(saved_anchor["position"]), tuple(int(c) for c in saved_anchor["counts"]))
+        else:
+            try:
+                before = OrderConfig.from_state(saved, saved_anchor).build(self._core_source())
+            except (TypeError, ValueError, KeyError) as e:
+                raise StateError(f"the saved mixture configuration cannot be rebuilt to find where each source "
+                                 f"was ({e}); resume with the saved weights") from None
+            k = self._order_cfg.num_sources
+            had = tuple(int(before.mix_source_count(i, pos)) for i in range(k))
+            plain = self._order_cfg.build(self._core_source())
+            if had != tuple(int(plain.mix_source_count(i, pos)) for i in range(k)):
+                anchor = (pos, had)
+        if anchor != self._order_cfg.mix_anchor:
+            self._order_cfg = dataclasses.replace(self._order_cfg, mix_anchor=anchor)
+            self._order = self._order_cfg.build(self._core_source())
+            if self._engine is not None:  # the engine borrows the order: rebuild it over the new one
+                self._engine.close()
+                self._engine = None
 
     def __repr__(self) -> str:
         return (f"tokenfeed.Loader(seq_len={self.seq_len}, batch_size={self.batch_size}, rank={self.rank}/"

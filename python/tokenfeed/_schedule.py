@@ -132,5 +132,5 @@ def as_schedule(weights: Union[Sequence[Any], WeightSchedule, Mapping[str, Any]]
                         f"got {weights!r}")
     items = list(weights)
     if items and all(isinstance(x, (tuple, list)) for x in items):
-        return None, WeightSchedule([tuple(x) for x in items])  # type: ignore[misc]
+        return None, WeightSchedule([tuple(x) for x in items])
     return _weights(items, "weights"), None

@@ -71,7 +71,7 @@ static void test_errors(void) {
     sp.steps = ok;
     sp.weights = neg;
     CHECK_RC(tf__sched_create(&sp, &s), -EINVAL);
-    CHECK(strstr(tf_last_error(), "weights[1] = -1 (schedule point 0)") != NULL);
+    CHECK(strstr(tf_last_error(), "weights[1] (schedule point 0): expected a finite weight >= 0, found -1") != NULL);
     sp.weights = zero;
     CHECK_RC(tf__sched_create(&sp, &s), -EINVAL);
     CHECK(strstr(tf_last_error(), "at least one weight must be > 0") != NULL);
