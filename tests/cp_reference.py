@@ -122,7 +122,7 @@ def thd_layout(batch: Dict[str, np.ndarray], cp_size: int, cp_rank: int, pad_id:
     L = l1 - 1
     seglens: List[int] = []
     for r in range(rows):
-        seglens += row_segments(batch["cu_seqlens"][r], int(batch["num_seqs"][r]))
+        seglens += row_segments(batch["cu_seqlens"][r], int(np.ravel(batch["num_seqs"])[r]))
     cu = np.concatenate([[0], np.cumsum(seglens)]).astype(np.int64)
     assert cu[-1] == rows * L
     f = 2 * cp_size

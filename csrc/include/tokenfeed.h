@@ -501,6 +501,16 @@ typedef struct tf_loader_config {
                              at most TF_MAX_PREFETCH */
     tf_backend backend;   /* TF_BACKEND_AUTO: $TOKENFEED_BACKEND, else mmap */
     int direct_io;        /* io_uring: open with O_DIRECT (aligned reads) */
+    /* Context parallelism (docs/packing.md): the ranks of a group of cp_size
+     * share their data-parallel rank's samples, and rank cp_rank takes its
+     * load-balanced share of each: chunks cp_rank and 2*cp_size-1-cp_rank of
+     * 2*cp_size (seq_len must be divisible by 2*cp_size), or with
+     * TF_WANT_CU_SEQLENS the THD layout (every sequence padded to a multiple
+     * of 2*cp_size and split the same way). The batch then has input_ids and
+     * labels of their own (tf_batch_view) and no tokens. 0 or 1: no split.
+     * The stream, and so the state, does not depend on these. */
+    uint32_t cp_rank;
+    uint32_t cp_size;
 } tf_loader_config;
 
 TF_API void tf_loader_config_init(tf_loader_config *cfg);
@@ -557,6 +567,19 @@ typedef struct tf_batch_view {
     int32_t *num_seqs;     /* rows, or NULL */
     uint8_t *loss_mask;    /* rows x L, or NULL */
     uint64_t position;     /* global position of this batch's first sample */
+    /* Context parallelism (cp_size > 1; tokens is NULL). input_ids and labels
+     * hold this rank's share, and position_ids / loss_mask are split alike:
+     * rows x (L / cp_size) each, or in the THD layout (thd = 1) num_tokens
+     * entries for the whole batch (its rows end to end), with cu_seqlens and
+     * cu_seqlens_padded of num_seqs[0] + 1 entries (whole-sequence
+     * coordinates) and max_seqlen the longest padded sequence. */
+    uint32_t cp_size;
+    int thd;
+    void *input_ids;
+    void *labels;
+    uint64_t num_tokens;         /* entries of input_ids, labels, position_ids, loss_mask */
+    int32_t *cu_seqlens_padded;  /* THD, or NULL */
+    int32_t max_seqlen;          /* THD */
 } tf_batch_view;
 
 TF_API void tf_batch_get_view(const tf_batch *b, tf_batch_view *view);
@@ -578,6 +601,21 @@ typedef struct tf_loader_stats {
 } tf_loader_stats;
 
 TF_API void tf_loader_get_stats(const tf_loader *l, tf_loader_stats *st);
+
+/* What the consumer has received from source i of a mixture since the
+ * loader was created: samples, tokens (input tokens that are not padding)
+ * and documents (documents whose first token was among them; one split over
+ * several samples counts once). Under context parallelism every rank of the
+ * group counts its data-parallel rank's whole samples. -ERANGE past the
+ * sources; -EINVAL for a loader over a plain order (tf_loader_get_stats
+ * covers its one source; the per-row accounting is kept for mixtures only). */
+typedef struct tf_source_stats {
+    uint64_t samples;
+    uint64_t tokens;
+    uint64_t documents;
+} tf_source_stats;
+
+TF_API int tf_loader_get_source_stats(const tf_loader *l, size_t i, tf_source_stats *st);
 
 /* ------------------------------------------------------------------------ */
 /* Device: CUDA runtime loaded at run time, pinned host memory, device ring  */

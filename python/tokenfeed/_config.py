@@ -15,14 +15,13 @@ built, with messages naming the setting. Nothing is checked twice.
 """
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _core
+from ._mesh import parallel_coords
 from ._schedule import WeightSchedule, as_schedule
 
 __all__ = ["OrderConfig", "EngineConfig", "resolve_rank", "want_bits"]
@@ -177,7 +176,9 @@ def want_bits(position_ids: bool = False, cu_seqlens: bool = False, loss_mask: b
 class EngineConfig:
     """How this rank's batches are assembled: ``batch_size`` samples per rank, output
     ``dtype``, the extras asked for, worker threads, ring depth and read backend (``None``
-    means the engine's default)."""
+    means the engine's default). ``rank``/``world_size`` are the data-parallel rank and
+    size; ``cp_rank``/``cp_size`` the context-parallel ones: the rank's load-balanced share
+    of every sample (docs/packing.md), which never changes the stream."""
 
     batch_size: int
     rank: int = 0
@@ -190,9 +191,11 @@ class EngineConfig:
     prefetch: Optional[int] = None
     backend: Optional[str] = None
     direct_io: bool = False
+    cp_rank: int = 0
+    cp_size: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "rank", "world_size"):
+        for name in ("batch_size", "rank", "world_size", "cp_rank", "cp_size"):
             check_int(name, getattr(self, name))
         for name in ("num_threads", "prefetch"):
             check_int(name, getattr(self, name), optional=True)
@@ -201,8 +204,10 @@ class EngineConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={self.rank}, world_size={self.world_size}")
+        if self.cp_size < 1 or not 0 <= self.cp_rank < self.cp_size:
+            raise ValueError(f"need 0 <= cp_rank < cp_size, got cp_rank={self.cp_rank}, cp_size={self.cp_size}")
         object.__setattr__(self, "dtype", np.dtype(self.dtype).name)
-        for k in ("batch_size", "rank", "world_size"):
+        for k in ("batch_size", "rank", "world_size", "cp_rank", "cp_size"):
             object.__setattr__(self, k, int(getattr(self, k)))
 
     @property
@@ -217,7 +222,7 @@ class EngineConfig:
         """Keyword arguments of ``_core.Loader``."""
         return dict(batch_size=self.batch_size, rank=self.rank, world_size=self.world_size, dtype=self.dtype,
                     want=self.want, num_threads=self.num_threads or 0, prefetch=self.prefetch or 0,
-                    backend=self.backend, direct_io=bool(self.direct_io))
+                    backend=self.backend, direct_io=bool(self.direct_io), cp_rank=self.cp_rank, cp_size=self.cp_size)
 
     def build(self, order: Any) -> Any:
         """The C engine over ``order`` (a ``_core.Order`` whose global batch is this one's)."""
@@ -225,19 +230,8 @@ class EngineConfig:
 
 
 def resolve_rank(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
-    """``rank``/``world_size`` as given, else from ``torch.distributed`` when initialised, else
-    from the ``RANK``/``WORLD_SIZE`` environment variables, else 0/1."""
-    check_int("rank", rank, optional=True)
-    check_int("world_size", world_size, optional=True)
-    if rank is not None and world_size is not None:
-        return int(rank), int(world_size)
-    r: Optional[int] = None
-    w: Optional[int] = None
-    dist = sys.modules.get("torch.distributed")  # initialised only if torch was imported
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        r, w = dist.get_rank(), dist.get_world_size()
-    elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        r, w = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    else:
-        r, w = 0, 1
-    return (int(rank) if rank is not None else r, int(world_size) if world_size is not None else w)
+    """The data-parallel ``rank``/``world_size`` as given, else from ``torch.distributed`` when
+    initialised, else from the ``RANK``/``WORLD_SIZE`` environment variables, else 0/1 (see
+    :func:`tokenfeed.parallel_coords` for meshes and context parallelism)."""
+    pc = parallel_coords(rank=rank, world_size=world_size)
+    return pc.dp_rank, pc.dp_size

@@ -12,11 +12,12 @@ import dataclasses
 import importlib.util
 import os
 import sys
-from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ._config import EngineConfig, OrderConfig, resolve_rank
+from ._config import EngineConfig, OrderConfig
+from ._mesh import DEFAULT_CP_DIM, DEFAULT_DP_DIMS, ParallelCoords, parallel_coords
 from ._schedule import WeightSchedule
 from ._dataset import Dataset, PathLike, open as _open
 
@@ -42,11 +43,20 @@ class Loader:
     ``position_ids``, ``cu_seqlens``/``num_seqs`` and ``loss_mask`` when asked for. Arrays
     are torch tensors when torch is importable (``output="auto"``), else NumPy.
 
-    ``batch_size`` is per rank; the global batch is ``batch_size * world_size``. ``rank``
-    and ``world_size`` default to ``torch.distributed`` when initialised, then to the
-    ``RANK``/``WORLD_SIZE`` environment variables, then to 0/1. ``epochs=None`` streams
-    forever; with ``epochs=k`` the stream stops after ``k`` epochs, dropping the final
-    partial *global* batch so every rank gets the same number of batches.
+    ``batch_size`` is per data-parallel rank; the global batch is ``batch_size * dp_size``.
+    ``device_mesh=`` (a torch ``DeviceMesh`` with named dims) gives the data-parallel rank
+    and size (dims ``dp_dims``: ``dp``, ``dp_replicate``, ``dp_shard``) and the
+    context-parallel ones (dim ``cp_dim``: ``cp``); every other dim replicates, so tensor-,
+    pipeline- and expert-parallel peers get identical batches. Without torch, pass
+    ``dp_rank``/``dp_size`` (older names ``rank``/``world_size``) and ``cp_rank``/``cp_size``.
+    With neither, the global ``torch.distributed`` rank and world size are used (then
+    ``RANK``/``WORLD_SIZE``, then 0/1): right only for pure data parallelism (see
+    ``docs/guides/distributed.md``). With ``cp_size > 1`` each batch holds this rank's
+    load-balanced share of every sample: ``input_ids``, ``labels`` and the extras are
+    ``batch_size x seq_len / cp_size`` (no ``tokens``), or with ``cu_seqlens=True`` the THD
+    layout (``docs/packing.md``). ``epochs=None`` streams forever; with ``epochs=k`` the
+    stream stops after ``k`` epochs, dropping the final partial *global* batch so every
+    rank gets the same number of batches.
 
     ``device="cuda"`` (or ``"cuda:N"``; the index defaults to ``LOCAL_RANK``) yields
     device tensors, copied through pinned memory on a side stream and ready on the
@@ -73,14 +83,22 @@ class Loader:
                  pad_id: Optional[int] = None, pack_window: int = 1024,
                  weights: Optional[Union[Sequence[Any], WeightSchedule, Mapping[str, Any]]] = None,
                  mix_window: int = 1000,
-                 device: Any = None, device_slots: int = 4) -> None:
+                 device: Any = None, device_slots: int = 4, device_mesh: Any = None,
+                 dp_rank: Optional[int] = None, dp_size: Optional[int] = None, cp_rank: Optional[int] = None,
+                 cp_size: Optional[int] = None, dp_dims: Sequence[str] = DEFAULT_DP_DIMS,
+                 cp_dim: Optional[str] = DEFAULT_CP_DIM) -> None:
+        # which part of the data this rank takes: its data-parallel slice of every global
+        # batch and its context-parallel share of every sample (docs/guides/distributed.md)
+        self.parallel: ParallelCoords = parallel_coords(device_mesh, dp_rank=dp_rank, dp_size=dp_size, cp_rank=cp_rank,
+                                        cp_size=cp_size, rank=rank, world_size=world_size, dp_dims=dp_dims,
+                                        cp_dim=cp_dim)
         # one configuration, checked once: the engine's (the global batch comes from
         # it) and the stream's; the C library checks ranges when it builds them
-        r, w = resolve_rank(rank, world_size)
+        pc = self.parallel
         self._engine_cfg = EngineConfig(
-            batch_size=batch_size, rank=r, world_size=w, dtype=dtype, position_ids=position_ids,
+            batch_size=batch_size, rank=pc.dp_rank, world_size=pc.dp_size, dtype=dtype, position_ids=position_ids,
             cu_seqlens=cu_seqlens, loss_mask=loss_mask, num_threads=num_threads, prefetch=prefetch,
-            backend=backend, direct_io=direct_io)
+            backend=backend, direct_io=direct_io, cp_rank=pc.cp_rank, cp_size=pc.cp_size)
         self._order_cfg = OrderConfig(
             seq_len=seq_len, seed=seed, shuffle=shuffle, block_size=block_size, window_blocks=window_blocks,
             separator_id=separator_id, packing=packing, pad_id=pad_id, pack_window=pack_window, weights=weights,
@@ -107,6 +125,8 @@ class Loader:
         self._order = self._order_cfg.build(self._core_source())
         self._position = 0
         self._engine: Optional[Any] = self._engine_cfg.build(self._order)
+        # the global positions this engine has served, for the per-source accounting
+        self._acct_ranges: List[Tuple[int, int]] = [(0, 0)]
         # GPU hand-off (docs/gpu.md): None keeps batches on the CPU. Creating the
         # feeder checks CUDA now, so a missing GPU fails here, not at the first batch.
         from ._device import DeviceFeeder, parse_device
@@ -132,11 +152,29 @@ class Loader:
 
     @property
     def rank(self) -> int:
+        """The data-parallel rank (``dp_rank``)."""
         return self._engine_cfg.rank
 
     @property
     def world_size(self) -> int:
+        """The data-parallel size (``dp_size``)."""
         return self._engine_cfg.world_size
+
+    @property
+    def dp_rank(self) -> int:
+        return self._engine_cfg.rank
+
+    @property
+    def dp_size(self) -> int:
+        return self._engine_cfg.world_size
+
+    @property
+    def cp_rank(self) -> int:
+        return self._engine_cfg.cp_rank
+
+    @property
+    def cp_size(self) -> int:
+        return self._engine_cfg.cp_size
 
     @property
     def global_batch(self) -> int:
@@ -189,6 +227,7 @@ class Loader:
             if self._position:
                 eng.seek(self._position)
             self._engine = eng
+            self._acct_ranges = [(self._position, self._position)]
         return self._engine
 
     @property
@@ -222,7 +261,8 @@ class Loader:
         if self.output == "torch":
             import torch
 
-            return {k: torch.from_numpy(v) for k, v in batch.items()}
+            # THD batches also carry max_seqlen / num_seqs as ints
+            return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
         return batch
 
     def close(self) -> None:
@@ -250,8 +290,34 @@ class Loader:
             pass
 
     def stats(self) -> Dict[str, Any]:
-        """Batches, tokens, bytes read, backend in use, seconds the consumer waited, ring occupancy."""
-        st: Dict[str, Any] = self._get_engine().stats()
+        """Batches, tokens, bytes read, backend in use, seconds the consumer waited, ring occupancy.
+
+        For a mixture also ``sources``: per source, what this rank's consumer received since
+        the engine started (the Loader was created or restored): ``samples``, ``tokens``
+        (input tokens that are not padding), ``documents`` (documents whose first token was
+        among them), ``share`` (this rank's fraction of the samples), ``scheduled_share``
+        (the schedule's fraction over the same global positions, all ranks together) and
+        ``weight`` (the intended proportion at the current step).
+        """
+        eng = self._get_engine()
+        st: Dict[str, Any] = eng.stats()
+        per = eng.source_stats()
+        if per is not None:
+            pos = self.position
+            ranges = self._acct_ranges[:-1] + [(self._acct_ranges[-1][0], pos)]
+            sched = [sum(self._order.mix_source_count(i, b) - self._order.mix_source_count(i, a) for a, b in ranges)
+                     for i in range(len(per))]
+            total, stotal = sum(p["samples"] for p in per), sum(sched)
+            w = self._order_cfg.weights
+            if isinstance(w, WeightSchedule):
+                weight = w.proportions_at(pos / self.global_batch)
+            else:
+                weight = [x / sum(w or (1.0,)) for x in (w or ())]
+            for i, p in enumerate(per):
+                p["share"] = p["samples"] / total if total else 0.0
+                p["scheduled_share"] = sched[i] / stotal if stotal else 0.0
+                p["weight"] = weight[i]
+            st["sources"] = per
         return st
 
     def _core_source(self) -> Any:
@@ -361,9 +427,10 @@ class Loader:
                              f"keep batch_size * world_size the same as when the state was saved")
         if self._mixture:
             self._hand_over(state, saved, now, pos)
-        self._position = pos
         if self._engine is not None:
+            self._acct_ranges = self._acct_ranges[:-1] + [(self._acct_ranges[-1][0], self.position), (pos, pos)]
             self._engine.seek(pos)
+        self._position = pos
 
     def _hand_over(self, state: Mapping[str, Any], saved: Dict[str, Any], now: Dict[str, Any], pos: int) -> None:
         """A mixture resumes where each source was: under the saved configuration (and its own
@@ -394,6 +461,7 @@ class Loader:
                 self._engine = None
 
     def __repr__(self) -> str:
+        cp = f", cp={self.cp_rank}/{self.cp_size}" if self.cp_size > 1 else ""
         return (f"tokenfeed.Loader(seq_len={self.seq_len}, batch_size={self.batch_size}, rank={self.rank}/"
-                f"{self.world_size}, shuffle={self._order_cfg.shuffle!r}, seed={self._order_cfg.seed}, "
+                f"{self.world_size}{cp}, shuffle={self._order_cfg.shuffle!r}, seed={self._order_cfg.seed}, "
                 f"position={self.position}, samples_per_epoch={self.num_samples})")
