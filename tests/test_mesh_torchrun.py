@@ -1,6 +1,9 @@
-"""Real DeviceMeshes over 4 processes (torchrun, gloo, CPU): tensor-parallel peers receive
-identical batches, data-parallel ranks disjoint slices that together are the one-process
-stream with the same global batch, and a state saved at dp=4 resumes at (dp=2, tp=2).
+"""Real DeviceMeshes over 4 processes (torchrun, gloo, CPU), given to the Loader as
+device_mesh=: tensor-parallel peers receive identical batches, data-parallel ranks disjoint
+slices that together are the one-process stream with the same global batch; the CP ranks of
+a (dp=2, cp=2) mesh receive pieces that reassemble into the one-process samples, with
+position ids, and with cu_seqlens the THD layout; a state saved at dp=4 resumes at
+(dp=2, tp=2).
 
 torchrun is started by the test on a free port of 127.0.0.1 (gloo on the loopback
 interface) with a time limit; the ranks write what they received to files that the test
@@ -18,6 +21,8 @@ import numpy as np
 import pytest
 
 import tokenfeed
+
+import cp_reference as ref
 
 pytest.importorskip("torch.distributed")
 import torch.distributed as dist  # noqa: E402
@@ -64,7 +69,7 @@ def run(tmp_path_factory):
 def one_process(ds, steps, start=0):
     """The same configuration in one process: rank 0 of 1 with the whole global batch."""
     l = tokenfeed.Loader(ds, seq_len=SEQ_LEN, batch_size=G, seed=7, rank=0, world_size=1, output="numpy",
-                         num_threads=1, position_ids=True, loss_mask=True)
+                         num_threads=1, position_ids=True, loss_mask=True, cu_seqlens=True)
     if start:
         st = l.state_dict()
         st["position"] = start
@@ -117,3 +122,37 @@ def test_state_saved_at_dp4_resumes_at_dp2_tp2_on_the_same_stream(run):
         assert np.array_equal(peers[0], peers[1])
     got_after = np.concatenate([by_dp[0][0], by_dp[1][0]], axis=1)
     assert np.array_equal(got_after, whole["tokens"][STEPS:])
+
+
+def test_dp2_cp2_pieces_reassemble_into_the_samples(run):
+    ds, load = run
+    whole = one_process(ds, STEPS)
+    B = G // 2
+    groups = {}
+    for arrays, meta in load("dp2cp2"):
+        assert meta["cp_size"] == 2 and "tokens" not in arrays
+        groups.setdefault(meta["dp_rank"], {})[meta["cp_rank"]] = arrays
+    assert sorted(groups) == [0, 1] and all(sorted(g) == [0, 1] for g in groups.values())
+    for d, g in groups.items():
+        rows = slice(d * B, (d + 1) * B)
+        for i in range(STEPS):
+            for k, full in (("input_ids", whole["tokens"][i, rows, :-1]), ("labels", whole["tokens"][i, rows, 1:]),
+                            ("position_ids", whole["position_ids"][i, rows]),
+                            ("loss_mask", whole["loss_mask"][i, rows])):
+                assert np.array_equal(ref.megatron_cp_unsplit([g[0][k][i], g[1][k][i]]), full), (d, i, k)
+                assert np.array_equal(g[1][k][i], ref.megatron_cp_split(full, 2, 1)), (d, i, k)
+
+
+def test_dp2_cp2_thd_layout(run):
+    ds, load = run
+    whole = one_process(ds, STEPS)
+    B = G // 2
+    for arrays, meta in load("dp2cp2_thd"):
+        d, r = meta["dp_rank"], meta["cp_rank"]
+        for i in range(STEPS):
+            rows = slice(d * B, (d + 1) * B)
+            batch = {k: whole[k][i, rows] for k in ("tokens", "cu_seqlens", "num_seqs", "loss_mask")}
+            want = ref.thd_layout(batch, 2, r, pad_id=0)
+            for k in ("input_ids", "labels", "position_ids", "loss_mask", "cu_seqlens", "cu_seqlens_padded"):
+                assert np.array_equal(arrays[f"{k}.{i}"], want[k]), (d, r, i, k)
+            assert meta["ints"][i]["max_seqlen"] == int(want["max_seqlen"][0])
