@@ -219,3 +219,33 @@ def test_cp_batches_through_the_device_path(cuda_double, tmp_path):
             dev.close()
         print("ok")
     """, tmp_path, env={"TOKENFEED_CUDART": cuda_double})
+
+
+def test_torch_adapters_take_the_same_share(ds):
+    torch = pytest.importorskip("torch")
+    from tokenfeed.torch import ResumableSampler, TokenBatches, TokenDataset
+
+    from test_mesh import FakeMesh
+
+    full = TokenDataset(ds, seq_len=32, seed=3, position_ids=True)
+    half = TokenDataset(ds, seq_len=32, seed=3, position_ids=True, cp_rank=1, cp_size=2)
+    for p in (0, 5, 77):
+        a, b = full[p], half[p]
+        for k in ("input_ids", "labels", "position_ids"):
+            assert torch.equal(b[k], torch.from_numpy(ref.megatron_cp_split(a[k].numpy()[None], 2, 1)[0])), k
+    with pytest.raises(ValueError, match="THD layout"):
+        TokenDataset(ds, seq_len=32, cu_seqlens=True, cp_rank=0, cp_size=2)
+    # the sampler's positions come from the mesh's data-parallel dims; tp and cp replicate
+    s = ResumableSampler(batch_size=2, device_mesh=FakeMesh((2, 2, 2), ("dp", "cp", "tp"), (1, 0, 1)))
+    assert (s.rank, s.world_size) == (1, 2)
+    it = iter(s)
+    assert [next(it) for _ in range(4)] == [2, 3, 6, 7]
+    # TokenBatches: the Loader's batches for this DP and CP rank
+    tb = TokenBatches(ds, seq_len=32, batch_size=2, device_mesh=FakeMesh((2, 2), ("dp", "cp"), (1, 1)),
+                      output="numpy", seed=3)
+    want = tokenfeed.Loader(ds, seq_len=32, batch_size=2, dp_rank=1, dp_size=2, cp_rank=1, cp_size=2,
+                            output="numpy", seed=3)
+    got = iter(tb)
+    for _ in range(3):
+        a, b = next(got), next(want)
+        assert np.array_equal(a["input_ids"], b["input_ids"]) and np.array_equal(a["labels"], b["labels"])
