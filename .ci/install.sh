@@ -13,8 +13,11 @@ PY=${PYTHON:-python3}
 # System packages: a C compiler and make, pkg-config, and the optional
 # libraries' headers (libzstd-dev: compressed datasets; liburing-dev: the
 # io_uring backend). Python's headers where the interpreter lacks them.
+pkgs=(build-essential pkg-config libzstd-dev liburing-dev)
+# the tests also decode compressed blocks with the stock zstd tool (standard frames)
+[ "${1:-}" = test ] && pkgs+=(zstd)
 need=()
-for pkg in build-essential pkg-config libzstd-dev liburing-dev; do
+for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if ! $PY -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -318,3 +320,362 @@ def test_loader_device_cuda_without_cuda_is_a_clear_error(tmp_path):
         l = tokenfeed.Loader(ds, seq_len=64, batch_size=4, output="numpy")   # CPU path unaffected
         assert next(l)["input_ids"].shape == (4, 64)
     """, tmp_path, env={"TOKENFEED_CUDART": "/nonexistent/libcudart.so.12"})
+
+
+def test_gpu_feed_benchmark_dry_run(tmp_path):
+    """benchmarks/gpu_feed.py without a GPU: arguments, the synthetic data, the three
+    loaders' host batches and the GPT-2 model code all run; on a machine without CUDA
+    the real run says so instead of failing obscurely."""
+    pytest.importorskip("torch")
+    script = os.path.join(ROOT, "benchmarks", "gpu_feed.py")
+    out = tmp_path / "dry.json"
+    r = subprocess.run([sys.executable, script, "--dry-run", "--dry-tokens", "200000", "--seq-lens", "1024,2048",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    import json
+
+    rep = json.loads(out.read_text())
+    assert rep["loaders"] == ["dataloader", "nanogpt", "tokenfeed"]
+    assert 120e6 < rep["gpt2_params"] < 130e6  # GPT-2 small
+    assert rep["seq_lens"] == [1024, 2048] and rep["batch"] == 8
+    r = subprocess.run([sys.executable, script, "--loaders", "tokenfeed,bogus", "--dry-run"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "bogus" in r.stderr
+    import torch
+
+    if not torch.cuda.is_available():
+        r = subprocess.run([sys.executable, script, "--skip-h2d"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "--dry-run" in r.stderr
+
+
+# ------------------------------------------------ Loader(device=...): copies issued ahead
+
+def test_loader_device_copies_issued_ahead_of_a_2ms_step(cuda_double, tmp_path):
+    """With a consumer that spends 2 ms per step, every batch's copy to the device was
+    issued before next() asked for it (copy-at-next gave 0). The copy thread does it on
+    its own: before each step the consumer waits, bounded, until the loader reports the
+    next copy issued, so the count does not depend on how a loaded machine schedules
+    threads; a loader that copied at next() would never report one and fail here."""
+    run_py("""
+        import time
+        ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
+        loader = tokenfeed.Loader(ds, seq_len=64, batch_size=4, seed=5, output="numpy", device="cuda",
+                                  device_prefetch=2)
+        def copied_ahead():
+            for _ in range(10000):                       # at most 10 s
+                if loader.stats()["device"]["queued"] >= 1:
+                    return True
+                time.sleep(0.001)
+            return False
+        held = None
+        it = iter(loader)                                 # a for loop's start: copying begins
+        for step in range(100):
+            assert copied_ahead(), f"no copy issued ahead of step {step}"
+            batch = next(it)
+            held = batch                                  # the step holds its batch ...
+            time.sleep(0.002)                             # ... for 2 ms
+        st = loader.stats()["device"]
+        assert st["batches"] == 100
+        assert st["copies_issued_ahead"] >= 0.95, st
+        assert st["issued_ahead"] == 100, st
+        assert 100 <= st["copies"] <= 102                # never more than device_prefetch ahead
+        assert loader.position == 100 * 4                # what the consumer received, not what was copied
+        assert loader.stats()["batches"] > 100           # (the engine handed the copy thread more)
+        assert st["wait_p99_seconds"] > 0 and st["wait_mean_seconds"] > 0
+        del held, batch
+        loader.close()
+        assert counter("device_syncs") == 0 and counter("stream_syncs") == 0
+    """, tmp_path, {"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_COPY_US": "300"})
+
+
+def test_loader_device_no_host_copy_no_sync_bytes_equal(cuda_double, tmp_path):
+    """Every array of every batch on the device equals the CPU loader's, to the end of
+    a finite stream; the engine's workers assembled each batch in page-locked memory
+    and the copy read it there: no host memcpy into staging (counted by the loader), no
+    pageable source (counted by the double: the real runtime would stage it itself),
+    each engine buffer page-locked once, not per batch; and nothing synchronised the
+    device or a stream."""
+    run_py("""
+        ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
+        kw = dict(seq_len=64, batch_size=4, seed=3, position_ids=True, cu_seqlens=True, loss_mask=True,
+                  output="numpy", epochs=1)
+        cpu = [{k: v.copy() for k, v in b.items()} for b in tokenfeed.Loader(ds, **kw)]
+        loader = tokenfeed.Loader(ds, device="cuda", **kw)
+        n = 0
+        for i, b in enumerate(loader):
+            assert list(b) == list(cpu[i])
+            for k, t in b.items():
+                assert t.__dlpack_device__() == (2, 0)
+                got = host_copy(t)
+                assert got.dtype == cpu[i][k].dtype and got.shape == cpu[i][k].shape, k
+                assert got.tobytes() == cpu[i][k].tobytes(), (i, k)
+            n += 1
+        assert n == len(cpu) > 20
+        st = loader.stats()["device"]
+        assert st["batches"] == n and st["copies"] == n
+        assert st["staging_copies"] == 0 and st["staging_bytes"] == 0
+        assert st["direct_copies"] == n and st["host_pinned"] is True
+        assert counter("h2d_pageable") == 0
+        assert counter("h2d_pinned") == 5 * n           # one copy per array, each from the engine's buffer
+        assert counter("registers") == st["engine_buffers_locked"] <= 16, (counter("registers"), n)
+        assert st["h2d_bytes"] > 0 and st["h2d_gbps"] > 0
+        assert counter("device_syncs") == 0 and counter("stream_syncs") == 0
+        del b, t
+        loader.close()
+        assert counter("live_allocs") == 0 and counter("live_registered") == 0
+        print("ok", n)
+    """, tmp_path, {"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_COPY_US": "100"})
+
+
+def test_loader_device_state_counts_received_batches_and_resumes_exactly(cuda_double, tmp_path):
+    """With copies in flight beyond the consumer, position and state_dict() count the
+    batches received; a new device loader restored from that state, the same loader
+    restored on the fly, and a CPU loader restored from it all continue the exact
+    uninterrupted stream."""
+    run_py("""
+        import json
+        ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
+        kw = dict(seq_len=64, batch_size=4, seed=9, position_ids=True, output="numpy")
+        ref = tokenfeed.Loader(ds, **kw)
+        expect = [{k: v.copy() for k, v in next(ref).items()} for _ in range(40)]
+        def same(b, i):
+            return all(np.array_equal(host_copy(t), expect[i][k]) for k, t in b.items())
+
+        a = tokenfeed.Loader(ds, device="cuda", device_prefetch=4, **kw)
+        for i in range(13):
+            assert same(next(a), i)
+        for _ in range(1000):                            # let copies run ahead of the consumer
+            if a.stats()["device"]["queued"] >= 3:
+                break
+            time.sleep(0.005)
+        state = json.loads(json.dumps(a.state_dict()))
+        assert state["position"] == 13 * 4 == a.position
+        assert a.stats()["batches"] > 13                 # the engine did go ahead
+
+        b = tokenfeed.Loader(ds, device="cuda", **kw)     # resume in a fresh device loader
+        b.load_state_dict(state)
+        assert b.position == 13 * 4
+        for i in range(13, 30):
+            assert same(next(b), i), i
+
+        for i in range(13, 20):                           # the first loader goes on ...
+            assert same(next(a), i)
+        a.load_state_dict(state)                          # ... and is sent back with copies in flight
+        for i in range(13, 40):
+            assert same(next(a), i), i
+
+        c = tokenfeed.Loader(ds, **kw)                    # the state is the same state on the CPU
+        c.load_state_dict(state)
+        assert np.array_equal(next(c)["tokens"], expect[13]["tokens"])
+        for l in (a, b, c):
+            l.close()
+        assert counter("device_syncs") == 0 and counter("stream_syncs") == 0
+    """.replace("import json", "import json, time"), tmp_path,
+       {"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_COPY_US": "2000"})
+
+
+def test_loader_device_close_with_copies_in_flight(cuda_double, tmp_path):
+    """close() while copies are still running on the copy stream (slow DMA) returns
+    once they are done, never frees memory a copy or a held batch still uses, and
+    everything is given back when the last batch goes."""
+    run_py("""
+        import time
+        ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
+        kw = dict(seq_len=64, batch_size=4, seed=2, output="numpy")
+        first = next(tokenfeed.Loader(ds, **kw))["tokens"].copy()
+        loader = tokenfeed.Loader(ds, device="cuda", device_prefetch=4, **kw)
+        held = next(loader)
+        for _ in range(1000):
+            if loader.stats()["device"]["queued"] >= 3:
+                break
+            time.sleep(0.005)
+        try:                                               # the engine belongs to the copy thread now
+            loader._engine.next()
+            raise AssertionError("the engine served a second consumer")
+        except RuntimeError as e:
+            assert "DeviceLoader" in str(e), e
+        loader.close()                                     # copies of 3+ batches still queued on the DMA
+        assert loader.position == 4
+        assert counter("bad_frees") == 0
+        assert np.array_equal(host_copy(held["tokens"]), first)   # the held batch outlives the loader
+        del held
+        assert counter("live_allocs") == 0 and counter("live_registered") == 0
+        assert counter("device_syncs") == 0 and counter("stream_syncs") == 0
+        try:
+            next(loader)
+            raise AssertionError("next() after close()")
+        except ValueError:
+            pass
+    """, tmp_path, {"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_COPY_US": "20000"})
+
+
+INTERRUPTED = textwrap.dedent('''
+    import json, os, signal, sys, threading, time
+    import numpy as np
+    import tokenfeed
+    ds = tokenfeed.open(sys.argv[1])
+    kw = dict(seq_len=64, batch_size=4, seed=4, output="numpy")
+    loader = tokenfeed.Loader(ds, device="cuda", device_prefetch=2, **kw)
+    got = 0
+    print("running", flush=True)
+    try:
+        while True:
+            b = next(loader)          # the engine is slow, the copies slower: next() waits, copies are in flight
+            got += 1
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    state = loader.state_dict()
+    t0 = time.monotonic()
+    loader.close()                    # stops the copy thread, waits for the copies in flight
+    print(json.dumps({"got": got, "position": state["position"], "close_s": time.monotonic() - t0}), flush=True)
+    ref = tokenfeed.Loader(ds, **kw)
+    ref.load_state_dict(state)
+    want = tokenfeed.Loader(ds, **kw)
+    for _ in range(got):
+        next(want)
+    assert np.array_equal(next(ref)["tokens"], next(want)["tokens"])
+    print("resumed", flush=True)
+''')
+
+
+@pytest.mark.test_hooks
+def test_loader_device_ctrl_c_with_copies_in_flight(cuda_double, tmp_path):
+    """Ctrl-C while next() waits and copies are in flight: KeyboardInterrupt, a state
+    that counts exactly the batches received, a close() that does not hang, and a
+    resume from that state that continues the stream."""
+    ds_dir = tmp_path / "ds"
+    run_py(f"make_dataset({str(ds_dir)!r})", tmp_path)
+    script = tmp_path / "interrupted.py"
+    script.write_text(INTERRUPTED)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_DOUBLE")}
+    env.update(TOKENFEED_CUDART=cuda_double, CUDA_DOUBLE_COPY_US="100000", TOKENFEED_FAULT_DELAY_MS="150")
+    p = subprocess.Popen([sys.executable, str(script), str(ds_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env)
+    assert p.stdout.readline().strip() == "running"
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, out + err
+    lines = out.split("\n")
+    assert lines[0] == "interrupted", out + err
+    import json
+
+    res = json.loads(lines[1])
+    assert res["position"] == 4 * res["got"]
+    assert res["close_s"] < 30
+    assert lines[2] == "resumed"
+
+
+@needs_gpu
+def test_cuda_real_gpu_loader_device_prefetch(tmp_path):
+    """On a real GPU: Loader(device=...) batches equal the CPU batches on a non-default
+    torch stream, every copy read page-locked engine memory, and a resume is exact."""
+    run_py("""
+        import torch
+        ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
+        kw = dict(seq_len=128, batch_size=8, seed=1, position_ids=True, loss_mask=True, epochs=1)
+        cpu = [{k: v.copy() for k, v in b.items()} for b in tokenfeed.Loader(ds, output="numpy", **kw)]
+        loader = tokenfeed.Loader(ds, device="cuda:0", output="torch", **kw)
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            for i, b in enumerate(loader):
+                for k, t in b.items():
+                    assert t.is_cuda
+                    assert torch.equal(t.cpu(), torch.from_numpy(cpu[i][k])), (i, k)
+                if i == 5:
+                    state = loader.state_dict()
+        torch.cuda.synchronize()
+        st = loader.stats()["device"]
+        assert st["staging_copies"] == 0 and st["direct_copies"] == st["copies"] and st["host_pinned"] is True
+        assert state["position"] == 6 * 8
+        again = tokenfeed.Loader(ds, device="cuda:0", output="torch", **kw)
+        again.load_state_dict(state)
+        assert torch.equal(next(again)["tokens"].cpu(), torch.from_numpy(cpu[6]["tokens"]))
+        loader.close(); again.close()
+    """, tmp_path)
+
+
+def test_loader_device_errors_keep_the_position(cuda_double, tmp_path):
+    """A full GPU is a MemoryError from the first next(); a CUDA failure mid-run is a
+    RuntimeError naming the call, after the batches before it, with the position where
+    it was; either way close() is clean and the process goes on."""
+    run_py("""
+        ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
+        loader = tokenfeed.Loader(ds, seq_len=128, batch_size=8, output="numpy", device="cuda")
+        try:
+            next(loader)
+            raise AssertionError("no error")
+        except MemoryError as e:
+            assert "out of memory" in str(e) and "lower batch_size" in str(e), e
+        assert loader.position == 0
+        loader.close()
+        assert counter("live_allocs") == 0 and counter("live_registered") == 0
+    """, tmp_path, {"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_MEM": "20000"})
+    run_py("""
+        ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds2"))
+        loader = tokenfeed.Loader(ds, seq_len=32, batch_size=2, output="numpy", device="cuda")
+        got = 0
+        try:
+            while True:
+                next(loader)
+                got += 1
+        except RuntimeError as e:
+            assert "CUDA" in str(e) and "cudaMemcpyAsync" in str(e), e
+        assert got == 3 and loader.position == 3 * 2   # memcpy_after=3: batches 0-2 (one array each)
+        try:
+            next(loader)
+            raise AssertionError("no error on retry")
+        except RuntimeError:
+            assert loader.position == 3 * 2
+        loader.close()
+        b = next(iter(tokenfeed.Loader(ds, seq_len=32, batch_size=2, output="numpy")))
+        assert b["tokens"].shape == (2, 33)
+    """, tmp_path, {"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_FAIL": "memcpy_after=3"})
+
+
+STALLED_DEVICE = textwrap.dedent("""
+    import sys, threading, time, tokenfeed
+    ds = tokenfeed.open(sys.argv[1])
+    l = tokenfeed.Loader(ds, seq_len=64, batch_size=4, num_threads=2, output="numpy", device="cuda")
+    mode = sys.argv[2]
+    if mode == "close":
+        threading.Timer(0.5, l.close).start()
+    print("waiting", flush=True)
+    t0 = time.monotonic()
+    try:
+        next(l)                      # workers stall for 60 s ($TOKENFEED_FAULT_DELAY_MS)
+        print("got a batch", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    except ValueError as e:
+        print("closed:", e, flush=True)
+    assert l.position == 0
+    l.close()                        # must not wait for the stalled workers
+    print(f"done {time.monotonic() - t0:.1f}", flush=True)
+""")
+
+
+@pytest.mark.test_hooks
+@pytest.mark.parametrize("mode", ["sigint", "close"])
+def test_loader_device_blocked_next_is_interruptible(cuda_double, tmp_path, mode):
+    """Ctrl-C, or close() from another thread, ends a device loader's next() that waits
+    on stalled workers, well before the 60 s they are held for; the copy thread and the
+    engine stop, and the position has not moved."""
+    ds_dir = tmp_path / "ds"
+    run_py(f"make_dataset({str(ds_dir)!r})", tmp_path)
+    script = tmp_path / "stalled.py"
+    script.write_text(STALLED_DEVICE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_DOUBLE")}
+    env.update(TOKENFEED_CUDART=cuda_double, TOKENFEED_FAULT_DELAY_MS="60000")
+    p = subprocess.Popen([sys.executable, str(script), str(ds_dir), mode], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+    assert p.stdout.readline().strip() == "waiting"
+    if mode == "sigint":
+        time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=45)
+    assert p.returncode == 0, out + err
+    lines = out.split("\n")
+    assert lines[0] == ("interrupted" if mode == "sigint" else "closed: the loader was closed while waiting for a batch")
+    assert lines[1].startswith("done")
+    assert float(lines[1].split()[1]) < 40

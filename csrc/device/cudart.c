@@ -104,6 +104,7 @@ static int resolve(void *h, const char *from) {
     TF_SYM(EventRecord, "cudaEventRecord");
     TF_SYM(EventQuery, "cudaEventQuery");
     TF_SYM(EventSynchronize, "cudaEventSynchronize");
+    TF_SYM(EventElapsedTime, "cudaEventElapsedTime");
     TF_SYM(StreamWaitEvent, "cudaStreamWaitEvent");
     TF_SYM(MemcpyAsync, "cudaMemcpyAsync");
     TF_SYM(GetErrorString, "cudaGetErrorString");

@@ -1,12 +1,14 @@
 /*
  * device.h — private interface of the device layer: the CUDA runtime entry
- * points resolved at run time (cudart.c) and used by the device ring
- * (ring.c). Not installed. No CUDA header is needed: the few types, enums and
- * constants used are declared here with the runtime's ABI values.
+ * points resolved at run time (cudart.c), the device ring (ring.c) and the
+ * device stage that feeds it from the engine (stage.c). Not installed. No
+ * CUDA header is needed: the few types, enums and constants used are declared
+ * here with the runtime's ABI values.
  */
 #ifndef TF_DEVICE_H
 #define TF_DEVICE_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -32,9 +34,12 @@ enum {
 
 enum {
     TF__CU_STREAM_NON_BLOCKING = 0x1,  /* cudaStreamNonBlocking */
+    TF__CU_EVENT_DEFAULT = 0x0,        /* cudaEventDefault (timing enabled) */
+    TF__CU_EVENT_BLOCKING_SYNC = 0x1,  /* cudaEventBlockingSync: a host wait sleeps, not spins */
     TF__CU_EVENT_DISABLE_TIMING = 0x2, /* cudaEventDisableTiming */
     TF__CU_HOST_REGISTER_PORTABLE = 0x1,
     TF__CU_MEMCPY_H2D = 1,             /* cudaMemcpyHostToDevice */
+    TF__CU_MEMCPY_D2D = 3,             /* cudaMemcpyDeviceToDevice */
     TF__CU_EVENT_WAIT_DEFAULT = 0,
 };
 
@@ -55,6 +60,7 @@ typedef struct tf__cudart {
     tf__cuerr (*EventRecord)(tf__cuevent, tf__custream);
     tf__cuerr (*EventQuery)(tf__cuevent);
     tf__cuerr (*EventSynchronize)(tf__cuevent);
+    tf__cuerr (*EventElapsedTime)(float *, tf__cuevent, tf__cuevent);
     tf__cuerr (*StreamWaitEvent)(tf__custream, tf__cuevent, unsigned);
     tf__cuerr (*MemcpyAsync)(void *, const void *, size_t, int, tf__custream);
     const char *(*GetErrorString)(tf__cuerr);
@@ -79,5 +85,53 @@ TF_HIDDEN int tf__cuda_fail(const tf__cudart *cu, tf__cuerr e, const char *what,
  * left as it was. */
 TF_HIDDEN int tf__cuda_push_device(const tf__cudart *cu, int device, int *prev);
 TF_HIDDEN void tf__cuda_pop_device(const tf__cudart *cu, int device, int prev);
+
+/* ------------------------------------------------------------------------ */
+/* The device ring (ring.c), shared with the stage (stage.c)                 */
+/* ------------------------------------------------------------------------ */
+
+enum { TF__SLOT_FREE, TF__SLOT_FILLING, TF__SLOT_IN_USE, TF__SLOT_RELEASED, TF__SLOT_WAITED, TF__SLOT_LOST };
+
+struct tf_device_slot {
+    tf_device_ring *ring;
+    int index, state;
+    void *dev;              /* slot_bytes of device memory */
+    uint8_t *host;          /* slot_bytes of the ring's staging */
+    tf__cuevent copied, released;
+    uint64_t release_seq;   /* order of release, to recycle oldest first */
+};
+
+struct tf_device_ring {
+    const tf__cudart *cu;
+    int device, nslots;
+    size_t slot_bytes;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* a WAITED slot went back to RELEASED */
+    int refs;               /* owner + slots out of the ring; under mu */
+    tf__custream stream;    /* the copy stream (non-blocking) */
+    uint8_t *staging;       /* nslots * slot_bytes, one mapping */
+    size_t staging_bytes;
+    int staging_pinned;
+    char note[160];
+    uint64_t uploads, release_waits, release_seq;
+    tf_device_slot *slots;
+};
+
+/* A ring as tf_device_ring_create makes it, but with staging only if
+ * `staging`; tf__device_ring_ensure_staging adds it later (once; called by
+ * the one thread that fills slots, before it fills one from staging). */
+TF_HIDDEN int tf__device_ring_create(int device, size_t slot_bytes, int slots, int staging, tf_device_ring **out);
+TF_HIDDEN int tf__device_ring_ensure_staging(tf_device_ring *r);
+
+/* Issue the host-to-device copy of a slot in state filling and record its
+ * "copied" event (state in use), as tf_device_slot_commit does, with two
+ * differences for the stage: the sources are either the slot's staging
+ * (segs == NULL: its first `bytes`) or page-locked host segments copied
+ * straight to their packed offsets (no staging, no host memcpy); and t0/t1
+ * (timing events, may be NULL) are recorded just before and just after the
+ * copies, before "copied", so that "copied" completing implies t1 has. On
+ * failure the slot stays in state filling, as with tf_device_slot_commit. */
+TF_HIDDEN int tf__device_slot_issue(tf_device_slot *s, const tf_device_seg *segs, int nsegs, size_t bytes,
+                                    tf__cuevent t0, tf__cuevent t1);
 
 #endif

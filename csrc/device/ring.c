@@ -71,33 +71,6 @@ void tf_pinned_free(void *ptr, size_t bytes) {
 /* Device ring                                                               */
 /* ------------------------------------------------------------------------ */
 
-enum { SLOT_FREE, SLOT_FILLING, SLOT_IN_USE, SLOT_RELEASED, SLOT_WAITED, SLOT_LOST };
-
-struct tf_device_slot {
-    tf_device_ring *ring;
-    int index, state;
-    void *dev;              /* slot_bytes of device memory */
-    uint8_t *host;          /* slot_bytes of the ring's staging */
-    tf__cuevent copied, released;
-    uint64_t release_seq;   /* order of release, to recycle oldest first */
-};
-
-struct tf_device_ring {
-    const tf__cudart *cu;
-    int device, nslots;
-    size_t slot_bytes;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;      /* a WAITED slot went back to RELEASED */
-    int refs;               /* owner + slots out of the ring; under mu */
-    tf__custream stream;    /* the copy stream (non-blocking) */
-    uint8_t *staging;       /* nslots * slot_bytes, one mapping */
-    size_t staging_bytes;
-    int staging_pinned;
-    char note[160];
-    uint64_t uploads, release_waits, release_seq;
-    tf_device_slot *slots;
-};
-
 static size_t align_up(size_t n) { return (n + TF_DEVICE_ALIGN - 1) / TF_DEVICE_ALIGN * TF_DEVICE_ALIGN; }
 
 /* Free every resource. Called with no lock by whoever drops the last
@@ -117,14 +90,14 @@ static void ring_destroy(tf_device_ring *r) {
     }
     for (int i = 0; r->slots && i < r->nslots; i++) {
         tf_device_slot *s = &r->slots[i];
-        if (have_dev && s->state != SLOT_LOST) {
+        if (have_dev && s->state != TF__SLOT_LOST) {
             /* the consumer's last reads must be done before the memory goes
              * (cudaFree would wait for the device anyway) */
             if (s->released && cu->EventSynchronize(s->released) != TF__CU_SUCCESS) cu->GetLastError();
         }
         if (s->copied) cu->EventDestroy(s->copied);
         if (s->released) cu->EventDestroy(s->released);
-        if (s->dev && s->state != SLOT_LOST) cu->Free(s->dev); /* a lost slot may still be read: leak it */
+        if (s->dev && s->state != TF__SLOT_LOST) cu->Free(s->dev); /* a lost slot may still be read: leak it */
     }
     if (r->stream) cu->StreamDestroy(r->stream);
     cu->GetLastError();
@@ -144,7 +117,30 @@ static void ring_unref(tf_device_ring *r) {
     if (left == 0) ring_destroy(r);
 }
 
-int tf_device_ring_create(int device, size_t slot_bytes, int slots, tf_device_ring **out) {
+/* Pinned staging for every slot, once (mu not needed: before any slot is
+ * filled from it, by the one thread that fills). */
+static int ring_staging(tf_device_ring *r) {
+    if (r->staging) return 0;
+    size_t total = r->slot_bytes * (size_t)r->nslots;
+    int pinned = 0;
+    uint8_t *p = NULL;
+    int rc = tf_pinned_alloc(total, (void **)&p, &pinned);
+    if (rc < 0)
+        return tf__seterr(rc, "device ring: cannot allocate %zu bytes of host staging (%d slots of %zu bytes)", total,
+                          r->nslots, r->slot_bytes);
+    pthread_mutex_lock(&r->mu);
+    if (!pinned) snprintf(r->note, sizeof r->note, "%s", tf_last_error());
+    for (int i = 0; i < r->nslots; i++) r->slots[i].host = p + (size_t)i * r->slot_bytes;
+    r->staging_bytes = total;
+    r->staging_pinned = pinned;
+    r->staging = p;
+    pthread_mutex_unlock(&r->mu);
+    return 0;
+}
+
+int tf__device_ring_ensure_staging(tf_device_ring *r) { return ring_staging(r); }
+
+static int ring_create(int device, size_t slot_bytes, int slots, int staging, tf_device_ring **out) {
     *out = NULL;
     if (slots < 1 || slots > 1024)
         return tf__seterr(-EINVAL, "device ring: slots must be in [1, 1024], got %d", slots);
@@ -184,7 +180,7 @@ int tf_device_ring_create(int device, size_t slot_bytes, int slots, tf_device_ri
     for (int i = 0; i < slots; i++) {
         r->slots[i].ring = r;
         r->slots[i].index = i;
-        r->slots[i].state = SLOT_LOST; /* nothing to wait on until set up */
+        r->slots[i].state = TF__SLOT_LOST; /* nothing to wait on until set up */
     }
     int prev = -1, rc = tf__cuda_push_device(cu, device, &prev);
     if (rc < 0) {
@@ -194,16 +190,7 @@ int tf_device_ring_create(int device, size_t slot_bytes, int slots, tf_device_ri
         return rc;
     }
     /* Host staging first: page-locked once here, never per batch. */
-    int pinned = 0;
-    rc = tf_pinned_alloc(total, (void **)&r->staging, &pinned);
-    if (rc < 0) {
-        rc = tf__seterr(rc, "device ring: cannot allocate %zu bytes of host staging (%d slots of %zu bytes)",
-                        total, slots, slot_bytes);
-        goto fail;
-    }
-    r->staging_bytes = total;
-    r->staging_pinned = pinned;
-    if (!pinned) snprintf(r->note, sizeof r->note, "%s", tf_last_error());
+    if (staging && (rc = ring_staging(r)) < 0) goto fail;
     tf__cuerr e = cu->StreamCreateWithFlags(&r->stream, TF__CU_STREAM_NON_BLOCKING);
     if (e != TF__CU_SUCCESS) {
         r->stream = NULL;
@@ -212,7 +199,6 @@ int tf_device_ring_create(int device, size_t slot_bytes, int slots, tf_device_ri
     }
     for (int i = 0; i < slots; i++) {
         tf_device_slot *s = &r->slots[i];
-        s->host = r->staging + (size_t)i * slot_bytes;
         e = cu->Malloc(&s->dev, slot_bytes);
         if (e != TF__CU_SUCCESS) {
             s->dev = NULL;
@@ -226,9 +212,12 @@ int tf_device_ring_create(int device, size_t slot_bytes, int slots, tf_device_ri
                                    : "");
             goto fail;
         }
-        s->state = SLOT_FREE;
+        s->state = TF__SLOT_FREE;
+        /* "released" may be waited on by a host thread (acquire with wait):
+         * blocking sync makes that wait sleep instead of spinning a core. */
         if ((e = cu->EventCreateWithFlags(&s->copied, TF__CU_EVENT_DISABLE_TIMING)) != TF__CU_SUCCESS ||
-            (e = cu->EventCreateWithFlags(&s->released, TF__CU_EVENT_DISABLE_TIMING)) != TF__CU_SUCCESS) {
+            (e = cu->EventCreateWithFlags(&s->released, TF__CU_EVENT_DISABLE_TIMING | TF__CU_EVENT_BLOCKING_SYNC)) !=
+                TF__CU_SUCCESS) {
             rc = tf__cuda_fail(cu, e, "cudaEventCreateWithFlags", "");
             goto fail;
         }
@@ -244,6 +233,14 @@ fail:;
     return tf__seterr(rc, "%s", msg);
 }
 
+int tf_device_ring_create(int device, size_t slot_bytes, int slots, tf_device_ring **out) {
+    return ring_create(device, slot_bytes, slots, 1, out);
+}
+
+int tf__device_ring_create(int device, size_t slot_bytes, int slots, int staging, tf_device_ring **out) {
+    return ring_create(device, slot_bytes, slots, staging, out);
+}
+
 void tf_device_ring_free(tf_device_ring *r) {
     if (r) ring_unref(r);
 }
@@ -254,12 +251,12 @@ void tf_device_ring_get_info(tf_device_ring *r, tf_device_ring_info *info) {
     info->device = r->device;
     info->slots = r->nslots;
     info->slot_bytes = r->slot_bytes;
-    info->host_pinned = r->staging_pinned;
+    info->host_pinned = r->staging ? r->staging_pinned : 1; /* no staging: nothing pageable */
     for (int i = 0; i < r->nslots; i++) {
         int st = r->slots[i].state;
-        info->free_slots += st == SLOT_FREE;
-        info->in_use += st == SLOT_FILLING || st == SLOT_IN_USE;
-        info->lost += st == SLOT_LOST;
+        info->free_slots += st == TF__SLOT_FREE;
+        info->in_use += st == TF__SLOT_FILLING || st == TF__SLOT_IN_USE;
+        info->lost += st == TF__SLOT_LOST;
     }
     info->uploads = r->uploads;
     info->release_waits = r->release_waits;
@@ -275,17 +272,17 @@ static tf_device_slot *find_free(tf_device_ring *r, tf_device_slot **oldest, int
     *oldest = NULL;
     *err = 0;
     for (int i = 0; i < r->nslots; i++)
-        if (r->slots[i].state == SLOT_FREE) return &r->slots[i];
+        if (r->slots[i].state == TF__SLOT_FREE) return &r->slots[i];
     for (;;) {
         tf_device_slot *o = NULL;
         for (int i = 0; i < r->nslots; i++) {
             tf_device_slot *s = &r->slots[i];
-            if (s->state == SLOT_RELEASED && (!o || s->release_seq < o->release_seq)) o = s;
+            if (s->state == TF__SLOT_RELEASED && (!o || s->release_seq < o->release_seq)) o = s;
         }
         if (!o) return NULL;
         tf__cuerr e = cu->EventQuery(o->released);
         if (e == TF__CU_SUCCESS) {
-            o->state = SLOT_FREE;
+            o->state = TF__SLOT_FREE;
             return o;
         }
         if (e != TF__CU_ERR_NOT_READY) {
@@ -312,7 +309,7 @@ int tf_device_ring_acquire(tf_device_ring *r, int wait, tf_device_slot **out) {
         tf_device_slot *oldest, *s = find_free(r, &oldest, &rc);
         if (rc < 0) break;
         if (s) {
-            s->state = SLOT_FILLING;
+            s->state = TF__SLOT_FILLING;
             r->refs++;
             r->release_waits += waited;
             *out = s;
@@ -320,7 +317,7 @@ int tf_device_ring_acquire(tf_device_ring *r, int wait, tf_device_slot **out) {
         }
         if (!oldest) {
             int waiting = 0;
-            for (int i = 0; i < r->nslots; i++) waiting += r->slots[i].state == SLOT_WAITED;
+            for (int i = 0; i < r->nslots; i++) waiting += r->slots[i].state == TF__SLOT_WAITED;
             if (waiting && wait) { /* another thread is waiting on an event: let it finish */
                 pthread_cond_wait(&r->cv, &r->mu);
                 continue;
@@ -342,11 +339,11 @@ int tf_device_ring_acquire(tf_device_ring *r, int wait, tf_device_slot **out) {
         }
         /* Block on that one event, without the lock, so that releases from
          * other threads go on. WAITED keeps other acquirers off the slot. */
-        oldest->state = SLOT_WAITED;
+        oldest->state = TF__SLOT_WAITED;
         pthread_mutex_unlock(&r->mu);
         tf__cuerr e = cu->EventSynchronize(oldest->released);
         pthread_mutex_lock(&r->mu);
-        oldest->state = SLOT_RELEASED;
+        oldest->state = TF__SLOT_RELEASED;
         pthread_cond_broadcast(&r->cv);
         waited = 1;
         if (e != TF__CU_SUCCESS) {
@@ -364,11 +361,13 @@ void *tf_device_slot_host(tf_device_slot *s) { return s->host; }
 
 void *tf_device_slot_ptr(const tf_device_slot *s) { return s->dev; }
 
-int tf_device_slot_commit(tf_device_slot *s, size_t bytes) {
+int tf__device_slot_issue(tf_device_slot *s, const tf_device_seg *segs, int nsegs, size_t bytes,
+                          tf__cuevent t0, tf__cuevent t1) {
     tf_device_ring *r = s->ring;
     const tf__cudart *cu = r->cu;
-    if (s->state != SLOT_FILLING)
+    if (s->state != TF__SLOT_FILLING)
         return tf__seterr(-EINVAL, "tf_device_slot_commit: the slot was not acquired (or was committed already)");
+    if (segs) bytes = tf_device_packed_size(segs, nsegs, NULL);
     if (bytes > r->slot_bytes)
         return tf__seterr(-EINVAL, "tf_device_slot_commit: %zu bytes do not fit a slot of %zu bytes", bytes,
                           r->slot_bytes);
@@ -376,27 +375,47 @@ int tf_device_slot_commit(tf_device_slot *s, size_t bytes) {
     TF_TRY(tf__cuda_push_device(cu, r->device, &prev));
     int rc = 0;
     tf__cuerr e = TF__CU_SUCCESS;
-    if (bytes) e = cu->MemcpyAsync(s->dev, s->host, bytes, TF__CU_MEMCPY_H2D, r->stream);
+    /* Timing is best effort: a failed record only loses the measurement. */
+    if (t0 && cu->EventRecord(t0, r->stream) != TF__CU_SUCCESS) cu->GetLastError();
+    if (!segs) {
+        if (bytes) e = cu->MemcpyAsync(s->dev, s->host, bytes, TF__CU_MEMCPY_H2D, r->stream);
+    } else {
+        size_t off = 0;
+        for (int i = 0; i < nsegs && e == TF__CU_SUCCESS; i++) {
+            off = align_up(off);
+            if (segs[i].bytes)
+                e = cu->MemcpyAsync((uint8_t *)s->dev + off, segs[i].host, segs[i].bytes, TF__CU_MEMCPY_H2D, r->stream);
+            off += segs[i].bytes;
+        }
+    }
     if (e != TF__CU_SUCCESS) {
         char what[128];
         snprintf(what, sizeof what, "cudaMemcpyAsync of %zu bytes to device %d", bytes, r->device);
         rc = tf__cuda_fail(cu, e, what, "the batch was not copied; close the loader if this repeats");
-    } else if ((e = cu->EventRecord(s->copied, r->stream)) != TF__CU_SUCCESS) {
-        rc = tf__cuda_fail(cu, e, "cudaEventRecord (a device slot's copy event)", "");
-        /* The copy may be in flight with nothing to wait on: withdraw. */
-        pthread_mutex_lock(&r->mu);
-        s->state = SLOT_LOST;
-        pthread_mutex_unlock(&r->mu);
-        ring_unref(r);
+        /* A copy of an earlier segment may be in flight: the slot's next
+         * user is ordered after it by the copy stream, and nothing frees the
+         * slot before the ring's teardown waits on that stream. */
     } else {
-        pthread_mutex_lock(&r->mu);
-        s->state = SLOT_IN_USE;
-        r->uploads++;
-        pthread_mutex_unlock(&r->mu);
+        if (t1 && cu->EventRecord(t1, r->stream) != TF__CU_SUCCESS) cu->GetLastError();
+        if ((e = cu->EventRecord(s->copied, r->stream)) != TF__CU_SUCCESS) {
+            rc = tf__cuda_fail(cu, e, "cudaEventRecord (a device slot's copy event)", "");
+            /* The copy may be in flight with nothing to wait on: withdraw. */
+            pthread_mutex_lock(&r->mu);
+            s->state = TF__SLOT_LOST;
+            pthread_mutex_unlock(&r->mu);
+            ring_unref(r);
+        } else {
+            pthread_mutex_lock(&r->mu);
+            s->state = TF__SLOT_IN_USE;
+            r->uploads++;
+            pthread_mutex_unlock(&r->mu);
+        }
     }
     tf__cuda_pop_device(cu, r->device, prev);
     return rc;
 }
+
+int tf_device_slot_commit(tf_device_slot *s, size_t bytes) { return tf__device_slot_issue(s, NULL, 0, bytes, NULL, NULL); }
 
 size_t tf_device_packed_size(const tf_device_seg *segs, int nsegs, size_t *offsets) {
     size_t off = 0;
@@ -426,7 +445,7 @@ int tf_device_ring_upload(tf_device_ring *r, const tf_device_seg *segs, int nseg
     }
     int rc = tf_device_slot_commit(s, need);
     if (rc < 0) {
-        if (s->state == SLOT_FILLING) {
+        if (s->state == TF__SLOT_FILLING) {
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", tf_last_error());
             tf_device_slot_release(s, TF_DEVICE_STREAM_NONE);
@@ -441,7 +460,7 @@ int tf_device_ring_upload(tf_device_ring *r, const tf_device_seg *segs, int nseg
 int tf_device_slot_wait(tf_device_slot *s, uintptr_t stream) {
     tf_device_ring *r = s->ring;
     const tf__cudart *cu = r->cu;
-    if (s->state != SLOT_IN_USE) return tf__seterr(-EINVAL, "tf_device_slot_wait: the slot has no copy in flight");
+    if (s->state != TF__SLOT_IN_USE) return tf__seterr(-EINVAL, "tf_device_slot_wait: the slot has no copy in flight");
     if (stream == TF_DEVICE_STREAM_NONE) return 0;
     int prev = -1;
     TF_TRY(tf__cuda_push_device(cu, r->device, &prev));
@@ -456,7 +475,7 @@ int tf_device_slot_wait(tf_device_slot *s, uintptr_t stream) {
 
 int tf_device_slot_synchronize(tf_device_slot *s) {
     const tf__cudart *cu = s->ring->cu;
-    if (s->state != SLOT_IN_USE) return tf__seterr(-EINVAL, "tf_device_slot_synchronize: the slot has no copy in flight");
+    if (s->state != TF__SLOT_IN_USE) return tf__seterr(-EINVAL, "tf_device_slot_synchronize: the slot has no copy in flight");
     tf__cuerr e = cu->EventSynchronize(s->copied);
     if (e != TF__CU_SUCCESS) return tf__cuda_fail(cu, e, "cudaEventSynchronize (a batch's copy event)", "");
     return 0;
@@ -467,15 +486,15 @@ int tf_device_slot_release(tf_device_slot *s, uintptr_t stream) {
     tf_device_ring *r = s->ring;
     const tf__cudart *cu = r->cu;
     int rc = 0, prev = -1;
-    if (s->state == SLOT_FILLING) {
+    if (s->state == TF__SLOT_FILLING) {
         /* Never committed: nothing in flight, straight back to free. */
         pthread_mutex_lock(&r->mu);
-        s->state = SLOT_FREE;
+        s->state = TF__SLOT_FREE;
         pthread_mutex_unlock(&r->mu);
         ring_unref(r);
         return 0;
     }
-    if (s->state != SLOT_IN_USE)
+    if (s->state != TF__SLOT_IN_USE)
         return tf__seterr(-EINVAL, "tf_device_slot_release: the slot is not in use (released twice?)");
     int lost = 0;
     rc = tf__cuda_push_device(cu, r->device, &prev);
@@ -493,9 +512,9 @@ int tf_device_slot_release(tf_device_slot *s, uintptr_t stream) {
     }
     pthread_mutex_lock(&r->mu);
     if (lost) {
-        s->state = SLOT_LOST;
+        s->state = TF__SLOT_LOST;
     } else {
-        s->state = SLOT_RELEASED;
+        s->state = TF__SLOT_RELEASED;
         s->release_seq = ++r->release_seq;
     }
     pthread_mutex_unlock(&r->mu);

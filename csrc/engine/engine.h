@@ -3,9 +3,10 @@
  * (loader.c) and its read backends (read.c). Not installed.
  *
  * read.c turns "fill rows [p, p + rows) of the stream into these buffers" into
- * reads, through one of the backends (mmap, pread, io_uring), with a per-worker
- * LRU cache of decompressed zstd blocks. All backends produce byte-identical
- * output; they differ only in how the bytes come off storage.
+ * reads, through one of the backends (mmap, pread, io_uring), with a cache of
+ * decompressed zstd blocks shared by the workers (zcache.c). All backends
+ * produce byte-identical output; they differ only in how the bytes come off
+ * storage.
  */
 #ifndef TF_ENGINE_H
 #define TF_ENGINE_H
@@ -17,6 +18,7 @@
 #include "../common/internal.h"
 #include "../order/order_internal.h"
 #include "../sources/source.h"
+#include "zcache.h"
 
 #ifdef TF_HAVE_IO_URING
 #include <liburing.h>
@@ -29,13 +31,13 @@ struct tf__cp_piece;
 #define TF__FD_UNOPENED (-1)
 #define TF__FD_UNUSABLE (-2) /* read this file through its mapping instead */
 
-#define TF__BLOCK_CACHE 16 /* decompressed blocks cached per worker */
 #define TF__PREFETCH_LINES 16 /* cache lines prefetched at the start of the next sample */
 #define TF__URING_QD 64    /* io_uring submission queue depth per worker */
 #define TF__DIO_ALIGN 4096 /* O_DIRECT offset / length / buffer alignment */
 
 /* What every worker shares: read-only after tf__reader_init, except the fd
- * tables (lazily filled with CAS), bytes_read and the note. */
+ * tables (lazily filled with CAS), bytes_read, the note and the zstd block
+ * cache (its own lock). */
 typedef struct tf__reader {
     const tf_dataset *ds;
     const tf_order *order;
@@ -59,6 +61,7 @@ typedef struct tf__reader {
     _Atomic int *dfds; /* per file, O_DIRECT reads (only with direct_io) */
     _Atomic uint64_t bytes_read;
     _Atomic int uring_workers; /* workers whose ring works (for stats) */
+    tf__zcache *zc;            /* decompressed zstd blocks; NULL without compressed files */
     /* A one-time note on a fallback (backend, O_DIRECT, fds): state 0 empty,
      * 1 being written, 2 readable. */
     _Atomic int note_state;
@@ -82,13 +85,6 @@ typedef struct tf__rd {
     const char *path;  /* for messages */
 } tf__rd;
 
-typedef struct tf__blk {
-    uint64_t file, block, stamp;
-    uint8_t *buf;
-    size_t cap;
-    int valid;
-} tf__blk;
-
 /* Per worker thread: never shared, so no locking. */
 typedef struct tf__worker {
     tf__reader *rd;
@@ -101,8 +97,7 @@ typedef struct tf__worker {
     tf__rd *rds;
     size_t nrds, cap_rds;
     size_t *queue;            /* io_uring: indices to (re)submit */
-    tf__blk blocks[TF__BLOCK_CACHE];
-    uint64_t clock;
+    tf__zhold zh;             /* this worker's pin in the shared zstd cache */
     uint64_t bytes;           /* bytes read in the current batch */
     /* context parallelism: one row's extras (L positions, L + 1 cu_seqlens, L
      * mask), its segment lengths and padded lengths, the pieces of the batch
@@ -119,6 +114,14 @@ typedef struct tf__worker {
     int ring_ok;
 #endif
 } tf__worker;
+
+/* The chunk scheduler of a loader whose dataset has remote files
+ * (remote_glue.c): *out stays NULL when nothing is remote. ctx_out is the
+ * scheduler's locate context, freed by tf__engine_prefetch_free. */
+struct tf__prefetch;
+TF_HIDDEN int tf__engine_prefetch_create(const tf_order *order, uint64_t B, uint64_t G, uint64_t rank,
+                                         struct tf__prefetch **out, void **ctx_out);
+TF_HIDDEN void tf__engine_prefetch_free(struct tf__prefetch *p, void *ctx);
 
 /* Set up the shared reader; resolves backend AUTO/$TOKENFEED_BACKEND and
  * probes io_uring. Returns -EINVAL (with a message) for a bad env value. */
@@ -147,5 +150,27 @@ typedef struct tf__row_acct {
  * entries filled for a mixture, or NULL. Returns 0 or a negative code with
  * tf_last_error set on this thread. */
 TF_HIDDEN int tf__worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view *v, tf__row_acct *acct);
+
+/* ---- hand-off to the device stage (csrc/device/stage.c) ------------------- */
+
+/* The engine knows nothing of CUDA. A device stage that wants the batch
+ * buffers page-locked, so that its copies read them in place, gives the
+ * loader an allocator of page-aligned memory. From then on every new buffer
+ * comes from it; buffers made before are freed as they come back instead of
+ * being reused; buffers from it are kept while the loader lives (never freed
+ * to a cap), so each is page-locked once. `a` must outlive every buffer (a
+ * static table); NULL goes back to ordinary memory. Thread-safe. */
+typedef struct tf__buffer_allocator {
+    void *(*alloc)(size_t bytes, int *locked); /* page-aligned, or NULL; *locked: page-locked */
+    void (*free)(void *p, size_t bytes, int locked);
+} tf__buffer_allocator;
+TF_HIDDEN void tf__loader_set_allocator(tf_loader *l, const tf__buffer_allocator *a);
+/* Whether b's buffer is page-locked memory (from the allocator). */
+TF_HIDDEN int tf__batch_locked(const tf_batch *b);
+/* Buffers the allocator has made page-locked so far (each once). */
+TF_HIDDEN uint64_t tf__loader_locked_buffers(const tf_loader *l);
+
+/* Context-parallel group size of a loader's batches (1: whole samples). */
+TF_HIDDEN uint32_t tf__loader_cp_size(const struct tf_loader *l);
 
 #endif

@@ -4,7 +4,8 @@
  * boundaries); each piece is served by one of:
  *
  *   separator         written in place
- *   compressed file   per-worker LRU cache of decompressed blocks (any backend)
+ *   compressed file   decompressed blocks from the cache the workers share
+ *                     (zcache.c; any backend)
  *   mmap backend      tf__file_read from the mapping (one conversion, no copy)
  *   pread backend     pread() of the piece into the stage (or straight into
  *                     the output when no conversion is needed), then convert
@@ -30,6 +31,7 @@
 
 #include "cp.h"
 #include "engine.h"
+#include "../sources/remote.h"
 
 static const char *errstr(int e, char *buf, size_t cap) {
     /* GNU strerror_r: thread-safe, returns the string to use. */
@@ -125,6 +127,8 @@ void tf__reader_destroy(tf__reader *r) {
     free((void *)r->fds);
     free((void *)r->dfds);
     r->fds = r->dfds = NULL;
+    tf__zcache_free(r->zc);
+    r->zc = NULL;
 }
 
 /* Byte offset of file f's first token inside the file, or -1 when f cannot be
@@ -254,67 +258,9 @@ void tf__worker_destroy(tf__worker *w) {
     free(w->stage);
     free(w->rds);
     free(w->queue);
-    for (int i = 0; i < TF__BLOCK_CACHE; i++) free(w->blocks[i].buf);
+    tf__zcache_release(w->rd->zc, &w->zh);
+    tf__zhold_destroy(&w->zh);
     memset(w, 0, sizeof *w);
-}
-
-/* Decompressed block b of file fi, from the cache or freshly read. */
-static int get_block(tf__worker *w, uint64_t fi, uint64_t b, const uint8_t **out) {
-    tf__blk *victim = NULL;
-    for (int i = 0; i < TF__BLOCK_CACHE; i++) {
-        tf__blk *e = &w->blocks[i];
-        if (e->valid && e->file == fi && e->block == b) {
-            e->stamp = ++w->clock;
-            *out = e->buf;
-            return 0;
-        }
-        if (!e->valid) {
-            if (!victim || victim->valid) victim = e; /* prefer an empty entry */
-        } else if (!victim || (victim->valid && e->stamp < victim->stamp)) {
-            victim = e; /* else the least recently used */
-        }
-    }
-    const tf_file *f = &w->rd->ds->files[fi];
-    size_t isz = tf_dtype_size(f->dtype);
-    uint64_t cap64;
-    if (tf__mul_overflow(f->block_tokens, isz, &cap64) || cap64 > SIZE_MAX || cap64 == 0)
-        TF_FAIL(-TF_EFORMAT, "%s: block_tokens: %llu is not a usable block size", f->path,
-                (unsigned long long)f->block_tokens);
-    if (victim->cap < cap64) {
-        uint8_t *nb = realloc(victim->buf, (size_t)cap64);
-        if (!nb) return -ENOMEM;
-        victim->buf = nb;
-        victim->cap = (size_t)cap64;
-    }
-    victim->valid = 0;
-    TF_TRY(tf__file_read_block(f, b, victim->buf, victim->cap));
-    uint64_t first = b * f->block_tokens;
-    uint64_t n = f->num_tokens - first < f->block_tokens ? f->num_tokens - first : f->block_tokens;
-    w->bytes += n * isz;
-    victim->valid = 1;
-    victim->file = fi;
-    victim->block = b;
-    victim->stamp = ++w->clock;
-    *out = victim->buf;
-    return 0;
-}
-
-static int read_compressed(tf__worker *w, uint64_t fi, uint64_t start, uint64_t count, uint8_t *out) {
-    const tf_file *f = &w->rd->ds->files[fi];
-    size_t isz = tf_dtype_size(f->dtype), osz = tf_dtype_size(w->rd->out_dtype);
-    uint64_t bt = f->block_tokens;
-    if (!bt) TF_FAIL(-TF_EFORMAT, "%s: block_tokens: expected > 0, found 0", f->path);
-    while (count) {
-        uint64_t b = start / bt, off = start % bt;
-        uint64_t n = bt - off < count ? bt - off : count;
-        const uint8_t *blk = NULL;
-        TF_TRY(get_block(w, fi, b, &blk));
-        tf_convert(out, w->rd->out_dtype, blk + off * isz, f->dtype, (size_t)n);
-        out += n * osz;
-        start += n;
-        count -= n;
-    }
-    return 0;
 }
 
 static tf__rd *push_rd(tf__worker *w) {
@@ -559,10 +505,18 @@ static int call_fill(void *p) {
  * This covers mmap reads, zstd blocks, and the document index walks of the
  * order layer's spans and extras. Mapped bytes are only touched before any
  * io_uring read is submitted, and every allocation inside is stored in the
- * worker before mapped bytes are read, so abandoning the fill is safe. */
+ * worker before mapped bytes are read, so abandoning the fill is safe; the
+ * zstd cache takes its lock only around bookkeeping, never across a decode. */
 int tf__worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view *v, tf__row_acct *acct) {
+    /* remote chunks this fill must fetch itself are needed at pos */
+    tf__remote_set_reader_position(pos);
     fill_call c = {w, pos, rows, v, acct};
-    return tf__files_guard(w->rd->ds->files, w->rd->ds->nfiles, call_fill, &c);
+    int rc = tf__files_guard(w->rd->ds->files, w->rd->ds->nfiles, call_fill, &c);
+    /* Drop this worker's pin in the zstd cache; after a fault mid-decode
+     * (SIGBUS), also empty the entry it was loading so others stop waiting. */
+    if (rc) tf__zcache_abandon(w->rd->zc, &w->zh);
+    else tf__zcache_release(w->rd->zc, &w->zh);
+    return rc;
 }
 
 /* Read sample offsets [lo, hi) of span sp (all of it: 0, L + 1) into row,
@@ -593,7 +547,8 @@ static int read_span(tf__worker *w, uint64_t sample, const tf__span *sp, uint64_
         uint64_t n = f->num_tokens - local < left ? f->num_tokens - local : left;
         if (n) {
             if (f->compressed) {
-                rc = read_compressed(w, fi, local, n, dst);
+                rc = r->zc ? tf__zcache_read(r->zc, &w->zh, ds, fi, local, n, dst, r->out_dtype)
+                           : tf__seterr(-EFAULT, "internal: %s is compressed but the loader has no block cache", f->path);
             } else {
                 int q = mmap_only ? 1 : queue_read(w, fi, local, n, dst, stage_need);
                 if (q == 1) {
@@ -657,7 +612,11 @@ static size_t prefetch_sample(const tf__reader *r, uint64_t sample, tf__span sp[
     if (ns == 0 || sp[0].src == TF_SPAN_SEPARATOR || sp[0].src == TF_SPAN_PAD) return ns;
     const void *p;
     tf_dtype dt;
-    if (tf_dataset_view(r->ds, sp[0].src, 1, &p, &dt) != 0) return ns;
+    if (tf_dataset_view(r->ds, sp[0].src, 1, &p, &dt) != 0) {
+        /* a compressed file: prefetch from its decoded block, if cached */
+        if (r->zc) tf__zcache_prefetch(r->zc, r->ds, sp[0].src, sp[0].len);
+        return ns;
+    }
     for (int k = 0; k < TF__PREFETCH_LINES; k++) __builtin_prefetch((const char *)p + 64 * k, 0, 0);
     return ns;
 }
@@ -683,7 +642,7 @@ static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view
      * prefetched, before this row is copied, so the copy of one row overlaps
      * the memory latency of the next. Without it the loader ran at 9.1 us per
      * 8x2048 batch against 6.5 us with precomputed offsets. */
-    const int prefetch = mmap_only && r->max_spans <= 2;
+    const int prefetch = (mmap_only || r->zc) && r->max_spans <= 2;
     uint64_t sample = rows ? tf_order_sample_at(o, pos) : 0;
     tf__span pre[2][2]; /* spans computed while prefetching: this row's, the next's */
     size_t npre[2] = {0, 0};
@@ -715,6 +674,9 @@ static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view
     }
 
     if (!rc) rc = finish_reads(w, stage_need);
+    /* compressed files count the zstd bytes decoded, not the tokens they hold */
+    w->bytes += w->zh.decoded_bytes;
+    w->zh.decoded_bytes = 0;
     atomic_fetch_add_explicit(&r->bytes_read, w->bytes, memory_order_relaxed);
     return rc;
 }
@@ -919,6 +881,9 @@ static int cp_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view *v,
             v->max_seqlen = (int32_t)maxp;
         }
     }
+    /* compressed files count the zstd bytes decoded, not the tokens they hold */
+    w->bytes += w->zh.decoded_bytes;
+    w->zh.decoded_bytes = 0;
     atomic_fetch_add_explicit(&r->bytes_read, w->bytes, memory_order_relaxed);
     return rc;
 }

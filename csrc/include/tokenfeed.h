@@ -146,12 +146,27 @@ typedef struct tf_open_options {
 /* Open one path: a native dataset directory, a native shard, a Megatron prefix
  * (path without .bin/.idx), an llm.c shard, a .npy file, or a headerless token
  * file (only with raw_dtype set). Validates headers and sizes only: O(files).
+ * URLs of remote objects need tf_dataset_open_remote.
  * opt may be NULL. On success *out owns the mappings; free with tf_dataset_free. */
 TF_API int tf_dataset_open(const char *path, const tf_open_options *opt, tf_dataset **out);
 
 /* Open several paths and concatenate them in order (documents and tokens). */
 TF_API int tf_dataset_open_many(const char *const *paths, size_t n, const tf_open_options *opt,
                                 tf_dataset **out);
+
+typedef struct tf_remote tf_remote; /* see "Sources: remote objects" below */
+
+/* As tf_dataset_open_many, where paths may also be URLs of remote objects
+ * ("s3://bucket/prefix/", "https://host/file.bin", any "scheme://" but
+ * file://), read through remote (tf_remote_create; borrowed: the dataset
+ * takes its own reference). Each URL names what a local path can (a native
+ * dataset directory, a shard, a Megatron prefix, an llm.c / .npy / raw file).
+ * Only metadata is read at open, with concurrent ranged requests; the
+ * fingerprint equals that of the same files on local disk. Token bytes are
+ * read later through the node-local chunk cache. remote may be NULL when no
+ * path is a URL. */
+TF_API int tf_dataset_open_remote(const char *const *paths, size_t n, const tf_open_options *opt,
+                                  tf_remote *remote, tf_dataset **out);
 
 /* A dataset over memory: tokens (n of dtype dt) and optional document ends
  * (cumulative, ndocs entries, last == n; NULL means one document). Copies both.
@@ -230,6 +245,10 @@ typedef struct tf_writer_options {
     int level;               /* zstd level */
     uint64_t block_tokens;   /* tokens per compressed block */
     int overwrite;           /* replace an existing dataset in dir */
+    uint64_t chunk_checksum_bytes; /* a table of XXH64 per this many stored token bytes (a power
+                                      of two, 4096 to 2^30), so that each chunk fetched from
+                                      object storage is checked alone; 0: none (shards that
+                                      older tokenfeed versions read). Default 64 KiB. */
 } tf_writer_options;
 
 TF_API void tf_writer_options_init(tf_writer_options *opt);
@@ -266,6 +285,154 @@ TF_API void tf_writer_free(tf_writer *w);
  * manifest is replaced; a dataset written by tf_writer in dir is replaced
  * only with overwrite (-EEXIST otherwise). No file is ever deleted. */
 TF_API int tf_dataset_merge(const char *dir, const char *const *parts, uint64_t nparts, int overwrite);
+
+/* ------------------------------------------------------------------------ */
+/* Sources: remote objects — transport and node-local chunk cache            */
+/* ------------------------------------------------------------------------ */
+
+/* The C core has no network client. Remote bytes (object storage, HTTP) arrive
+ * through a transport: callbacks the embedder provides. tokenfeed retries,
+ * caches and schedules on top of it; see docs/remote.md.
+ *
+ * Error codes a transport returns (negative), and what tokenfeed does:
+ *   -EAGAIN      throttled (HTTP 503 SlowDown, 429)          retried with backoff
+ *   -ETIMEDOUT   no answer in time                           retried with backoff
+ *   -ECONNRESET  connection reset or closed mid-body         retried with backoff
+ *   -EPROTO      malformed or short response                 retried with backoff
+ *   -EIO         server error (5xx) or other transient       retried with backoff
+ *   -ENOENT      no such object                              fails at once
+ *   -EACCES      credentials refused                         fails at once
+ *   -ESTALE      the object is no longer at the expected version (HTTP 412):
+ *                the chunk is fetched once more, then the read fails
+ *   anything else                                            fails at once
+ * A transport may describe its failure with tf_transport_set_error(); the
+ * message is included in the error tokenfeed reports. It must never contain
+ * credentials. */
+
+/* Largest version string (ETag, generation) kept for an object, with NUL. */
+#define TF_OBJECT_VERSION_MAX 160
+
+typedef struct tf_object_info {
+    uint64_t size;                         /* bytes */
+    char version[TF_OBJECT_VERSION_MAX];   /* ETag or generation; "" when the store has none */
+} tf_object_info;
+
+/* Called by a transport's list callback once per object; return non-zero to
+ * stop the listing. */
+typedef int (*tf_list_emit_fn)(void *emit_ctx, const char *url, const tf_object_info *info);
+
+typedef struct tf_transport {
+    void *ctx; /* passed to every callback */
+    /* Size and version of the object at url (a full URL: "s3://bucket/key",
+     * "file:///path", whatever the transport understands). Returns 0 or a
+     * negative code (-ENOENT when there is none). Called from any thread. */
+    int (*stat)(void *ctx, const char *url, tf_object_info *info);
+    /* Read bytes [off, off + len) of the object into buf. The object must
+     * still be at version expect->version (when not ""; a store with
+     * conditional requests sends If-Match) and of size expect->size.
+     * Returns the number of bytes placed at buf (1 to len: fewer than len is
+     * allowed, the rest is asked for again) or a negative code (see above).
+     * Called concurrently from several threads. */
+    int64_t (*read)(void *ctx, const char *url, const tf_object_info *expect, uint64_t off, void *buf,
+                    size_t len);
+    /* Optional (may be NULL): called once when the last tf_remote using this
+     * transport is freed. */
+    void (*release)(void *ctx);
+    /* Optional (may be NULL): call emit for every object whose URL starts with
+     * prefix (any order). Opening a dataset of many shards uses it to learn
+     * every size and version in a few requests instead of one per shard.
+     * Returns 0 or a negative code, like stat. */
+    int (*list)(void *ctx, const char *prefix, tf_list_emit_fn emit, void *emit_ctx);
+} tf_transport;
+
+/* For transport callbacks: record a message describing the failure about to
+ * be returned (thread-local; printf-style; truncated to 512 bytes). */
+TF_API void tf_transport_set_error(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+
+/* A remote store as tokenfeed uses it: a transport, a node-local chunk cache
+ * directory, and a pool of fetch threads. Datasets and loaders opened through
+ * it hold a reference; tf_remote_free drops the caller's. (The type is
+ * declared with tf_dataset_open_remote above.) */
+
+typedef struct tf_remote_config {
+    const char *cache_dir;   /* required; created 0700 if missing. Refused when another
+                                user owns it or the group or others can write it. */
+    uint64_t cache_limit;    /* bytes of chunks kept (0: 10% of the free space, >= 1 GB) */
+    uint64_t chunk_bytes;    /* bytes per chunk (0: 8 MiB); a multiple of 4096 */
+    uint64_t prefetch_bytes; /* distinct chunk bytes requested ahead (0: min(limit / 2, 2 GiB)) */
+    int fetch_threads;       /* concurrent range requests (0: 16) */
+    int max_attempts;        /* tries per range before failing (0: 8) */
+    uint32_t backoff_ms;     /* first retry delay (0: 100); doubles, full jitter */
+    uint32_t backoff_max_ms; /* cap of the delay (0: 5000) */
+    uint32_t deadline_ms;    /* give up on a range after this long (0: 120000) */
+} tf_remote_config;
+
+TF_API void tf_remote_config_init(tf_remote_config *cfg);
+
+/* Create a remote store. The transport table is copied; t->ctx must stay valid
+ * until t->release is called (or forever, without release). Opens (creating it
+ * if needed) the cache directory and takes a process slot in it. Errors:
+ * -EINVAL (bad config), -EPERM (the cache directory is not private to this
+ * user), -errno from the file system. */
+TF_API int tf_remote_create(const tf_transport *t, const tf_remote_config *cfg, tf_remote **out);
+
+/* Drop the caller's reference (accepts NULL). The fetch threads stop and the
+ * process slot is given back when the last reference goes. */
+TF_API void tf_remote_free(tf_remote *r);
+
+/* Stat an object through the transport, with the same retries as reads. */
+TF_API int tf_remote_stat(tf_remote *r, const char *url, tf_object_info *info);
+
+/* Read bytes [off, off + len) of an object, as described by info (from
+ * tf_remote_stat), through the chunk cache: chunks already cached on this node
+ * are read from disk (verified first), missing ones are fetched, checked and
+ * cached. -ERANGE past the end; -ESTALE when the object changed; -ENOSPC when
+ * the cache disk is full; transport errors after the retries. */
+TF_API int tf_remote_read(tf_remote *r, const char *url, const tf_object_info *info, uint64_t off,
+                          uint64_t len, void *out);
+
+typedef struct tf_remote_stats {
+    uint64_t requests;       /* range requests sent (retries included) */
+    uint64_t bytes_fetched;  /* bytes received from the transport */
+    uint64_t retries;        /* requests that were retries */
+    uint64_t chunks_fetched; /* chunks fetched and landed by this process */
+    uint64_t chunk_hits;     /* chunk uses served from the cache without waiting */
+    uint64_t chunk_waits;    /* chunk uses that waited for a fetch (this or another process) */
+    uint64_t refetches;      /* chunks fetched again after a mismatch or a changed object */
+    uint64_t evictions;      /* chunks this process evicted */
+    uint64_t bytes_evicted;
+    uint64_t wait_ns;        /* time readers spent waiting for chunks */
+    uint64_t small_reads;    /* reads served by a direct range request while their chunk was
+                                still on its way (the first batches after a start or a seek) */
+    uint64_t cache_bytes;    /* bytes of chunks in the cache now (all processes) */
+    uint64_t cache_limit;
+    uint64_t chunk_bytes;
+} tf_remote_stats;
+
+TF_API void tf_remote_get_stats(tf_remote *r, tf_remote_stats *st);
+
+/* A cache directory as a whole, without a transport (tokenfeed cache show). */
+typedef struct tf_cache_info {
+    uint64_t bytes;     /* bytes of chunks present */
+    uint64_t chunks;    /* chunks present */
+    uint64_t fetching;  /* chunks being fetched by live processes */
+    uint64_t objects;   /* objects with at least one chunk */
+    uint64_t processes; /* processes attached now */
+    uint64_t temp_bytes; /* bytes in temporary files (chunks being written) */
+} tf_cache_info;
+
+/* Describe the cache in dir (which must exist and pass the ownership checks).
+ * -ENOENT when dir is not a tokenfeed cache. */
+TF_API int tf_cache_info_get(const char *dir, tf_cache_info *info);
+
+/* Evict chunks until at most keep_bytes remain: chunks no attached process
+ * needs first, then those needed farthest away. keep_bytes == 0 empties the
+ * cache, and is refused with -EBUSY while a process is attached. */
+TF_API int tf_cache_prune(const char *dir, uint64_t keep_bytes);
 
 /* ------------------------------------------------------------------------ */
 /* Order: keyed permutation                                                  */
@@ -501,6 +668,9 @@ typedef struct tf_loader_config {
                              at most TF_MAX_PREFETCH */
     tf_backend backend;   /* TF_BACKEND_AUTO: $TOKENFEED_BACKEND, else mmap */
     int direct_io;        /* io_uring: open with O_DIRECT (aligned reads) */
+    uint64_t zstd_cache_bytes; /* decompressed zstd blocks the workers share; 0 = sized
+                                  from the shuffle (a block-shuffle window, at most
+                                  1 GiB). Never changes the stream, only the decoding. */
     /* Context parallelism (docs/packing.md): the ranks of a group of cp_size
      * share their data-parallel rank's samples, and rank cp_rank takes its
      * load-balanced share of each: chunks cp_rank and 2*cp_size-1-cp_rank of
@@ -598,6 +768,19 @@ typedef struct tf_loader_stats {
     tf_backend backend;    /* backend in use after any fallback */
     int num_threads;
     char backend_note[160]; /* why a requested backend fell back ("" if none) */
+    /* zstd-compressed files (all 0 when the dataset has none). Decoded and used
+     * count the workers' work, prefetched batches included. */
+    uint64_t zstd_cache_bytes;     /* capacity of the shared decompressed-block cache */
+    uint64_t zstd_cache_allocated; /* bytes of it allocated so far (grows on use) */
+    uint64_t zstd_blocks_decoded;
+    uint64_t zstd_tokens_decoded;  /* tokens decompressed */
+    uint64_t zstd_tokens_used;     /* tokens copied from decompressed blocks into batches */
+    uint64_t zstd_cache_hits, zstd_cache_misses;
+    uint64_t zstd_cache_waits;     /* lookups that waited for another worker's decode */
+    double zstd_decode_ratio;      /* tokens_decoded / tokens_used so far (0 before any) */
+    double zstd_decode_model;      /* predicted ratio for this configuration (cost model) */
+    char zstd_note[200];           /* "" or why this configuration decodes far more than it
+                                      delivers (ratio > 8) / the cache is capped */
 } tf_loader_stats;
 
 TF_API void tf_loader_get_stats(const tf_loader *l, tf_loader_stats *st);
@@ -753,6 +936,173 @@ TF_API int tf_device_slot_synchronize(tf_device_slot *s);
  * `lost`) rather than risk reuse while still read, and -TF_ECUDA is returned.
  * Thread-safe against the ring's other functions; accepts NULL. */
 TF_API int tf_device_slot_release(tf_device_slot *s, uintptr_t stream);
+
+/* ------------------------------------------------------------------------ */
+/* Device loader: batches copied to the GPU ahead of the training step       */
+/* ------------------------------------------------------------------------ */
+
+/* A device loader puts a loader's batches on a CUDA device ahead of the
+ * consumer. Its own thread takes batch k from the loader as soon as the
+ * engine has assembled it and issues the host-to-device copy at once, on the
+ * device ring's non-blocking stream, into a device slot, recording the slot's
+ * "ready" event; it runs up to `prefetch` batches ahead of the consumer.
+ * tf_device_loader_next() hands out the oldest such batch and makes the
+ * consumer's stream wait on its event (cudaStreamWaitEvent: the host does not
+ * wait for the copy, nothing synchronises the device or a stream). A slot is
+ * reused only after an event recorded on the consumer's stream at
+ * tf_device_batch_release has completed. See docs/gpu.md.
+ *
+ * Position and seek count what the consumer received: batches copied ahead
+ * are not part of the state and are dropped by a seek. While a device loader
+ * exists, its loader belongs to it: call tf_loader_next/seek only through the
+ * device loader. */
+
+typedef struct tf_device_loader tf_device_loader;
+typedef struct tf_device_batch tf_device_batch;
+
+/* Caller-owned device buffers that every batch is delivered into (for
+ * training steps captured in CUDA graphs, whose addresses must not change).
+ * Each array the loader produces needs a buffer of at least
+ *   tokens        rows x (seq_len + 1) x dtype size
+ *   position_ids  rows x seq_len x 4          (TF_WANT_POSITION_IDS)
+ *   cu_seqlens    rows x (seq_len + 1) x 4    (TF_WANT_CU_SEQLENS)
+ *   num_seqs      rows x 4                    (TF_WANT_CU_SEQLENS)
+ *   loss_mask     rows x seq_len              (TF_WANT_LOSS_MASK)
+ * bytes, on the device loader's device. */
+typedef struct tf_device_static {
+    void *tokens;
+    size_t tokens_bytes;
+    int32_t *position_ids;
+    size_t position_ids_bytes;
+    int32_t *cu_seqlens;
+    size_t cu_seqlens_bytes;
+    int32_t *num_seqs;
+    size_t num_seqs_bytes;
+    uint8_t *loss_mask;
+    size_t loss_mask_bytes;
+} tf_device_static;
+
+typedef struct tf_device_config {
+    int device;        /* CUDA device index */
+    int prefetch;      /* batches whose copy is issued ahead of the consumer;
+                          0 = default (2) */
+    int slots;         /* device slots in all; 0 = prefetch + 2, so that the
+                          consumer can hold two batches at once. At least
+                          prefetch + 1. */
+    const tf_device_static *static_buffers;
+                       /* NULL: each batch in a slot of its own. Else every
+                          batch is delivered into these buffers (copied once).
+                          Copied at create time; the buffers are borrowed. */
+} tf_device_config;
+
+TF_API void tf_device_config_init(tf_device_config *cfg);
+
+/* A device loader over l (borrowed: must outlive the device loader). Checks
+ * now that CUDA is usable and the device exists (-TF_ECUDA / -EINVAL with
+ * the reason); device memory is allocated when the first batch's shape is
+ * known, on the first tf_device_loader_next (its errors, -ENOMEM for a full
+ * GPU among them, come from there). Threads start on the first next. From
+ * now on l assembles its batches in page-locked buffers (each registered
+ * once, when the engine makes it), which the copies read in place; after
+ * tf_device_loader_free it goes back to ordinary memory. */
+TF_API int tf_device_loader_create(tf_loader *l, const tf_device_config *cfg, tf_device_loader **out);
+
+/* Stop the copy thread and drop the batches copied ahead (waiting, on
+ * events, for copies in flight). Batches the consumer holds stay valid; the
+ * device memory goes with the last of them. Accepts NULL. */
+TF_API void tf_device_loader_free(tf_device_loader *d);
+
+/* The next batch, on the device. `stream` (a cudaStream_t: 1 = legacy
+ * default, 2 = per-thread default, or a created stream) is made to wait for
+ * the batch's copy; TF_DEVICE_STREAM_NONE makes nothing wait (use
+ * tf_device_batch_wait or the view's ready_event). With static buffers the
+ * batch is copied into them on `stream` (which must then be a stream), after
+ * the work already queued there. Returns 0, -TF_EEOF at the end of a finite
+ * stream, -EBUSY when every slot is held by the consumer (release old
+ * batches, or create with more slots), or an error of the loader or of CUDA:
+ * after an error the position has not advanced and the next call retries the
+ * same batch. */
+TF_API int tf_device_loader_next(tf_device_loader *d, uintptr_t stream, tf_device_batch **out);
+
+/* Like tf_device_loader_next, but gives up with -ETIMEDOUT after timeout_ns
+ * (no message; call again). */
+TF_API int tf_device_loader_next_timed(tf_device_loader *d, uintptr_t stream, tf_device_batch **out,
+                                       uint64_t timeout_ns);
+
+/* Global position of the next batch the consumer will receive (never counts
+ * the batches copied ahead). */
+TF_API uint64_t tf_device_loader_position(const tf_device_loader *d);
+
+/* Move to position pos (a multiple of the global batch): the batches copied
+ * ahead are dropped; batches the consumer holds stay valid. */
+TF_API int tf_device_loader_seek(tf_device_loader *d, uint64_t pos);
+
+/* Start the copy thread now instead of at the first next (so that the first
+ * batches are on the device before the training loop asks). Optional. */
+TF_API int tf_device_loader_start(tf_device_loader *d);
+
+typedef struct tf_device_batch_view {
+    void *tokens;          /* device: rows x (seq_len + 1), dtype */
+    tf_dtype dtype;
+    uint64_t rows;
+    uint64_t seq_len;
+    int32_t *position_ids; /* device: rows x seq_len, or NULL */
+    int32_t *cu_seqlens;   /* device: rows x (seq_len + 1), or NULL */
+    int32_t *num_seqs;     /* device: rows, or NULL */
+    uint8_t *loss_mask;    /* device: rows x seq_len, or NULL */
+    uint64_t position;     /* global position of this batch's first sample */
+    int device;
+    uintptr_t ready_event; /* cudaEvent_t: the data is in place once it has
+                              completed (owned by the loader; valid until the
+                              batch is released) */
+} tf_device_batch_view;
+
+TF_API void tf_device_batch_get_view(const tf_device_batch *b, tf_device_batch_view *view);
+
+/* Make another stream wait (on the device) for the batch's data. */
+TF_API int tf_device_batch_wait(tf_device_batch *b, uintptr_t stream);
+
+/* Block the calling thread until the batch's data is in place (an event
+ * synchronize on its ready event; for CPU-side checks and tests, not for a
+ * training loop, which uses the stream waits above). */
+TF_API int tf_device_batch_synchronize(tf_device_batch *b);
+
+/* Give the batch back. `stream` is the stream of the last work that reads
+ * it (TF_DEVICE_STREAM_NONE if nothing did): an event recorded there gates
+ * the slot's reuse. The batch pointer is invalid afterwards, whatever the
+ * result. Thread-safe; may outlive the device loader; accepts NULL. */
+TF_API int tf_device_batch_release(tf_device_batch *b, uintptr_t stream);
+
+typedef struct tf_device_stats {
+    uint64_t batches;           /* delivered to the consumer */
+    uint64_t issued_ahead;      /* of those, batches whose copy had been issued
+                                   before next() asked for them */
+    double copies_issued_ahead; /* issued_ahead / batches (0 before the first) */
+    uint64_t copies;            /* batches whose host-to-device copy was issued */
+    uint64_t h2d_bytes;         /* bytes of those copies */
+    uint64_t h2d_timed_bytes;   /* bytes of the copies timed so far */
+    double h2d_seconds;         /* device time of the timed copies (events) */
+    double h2d_gbps;            /* h2d_timed_bytes / h2d_seconds / 1e9 */
+    uint64_t direct_copies;     /* copies read straight from a page-locked engine buffer */
+    uint64_t staging_copies;    /* host memcpys of an engine buffer into pinned staging
+                                   (only for buffers made before the device loader) */
+    uint64_t staging_bytes;
+    uint64_t engine_buffers_locked; /* engine buffers page-locked so far (each once) */
+    double wait_mean_s;         /* consumer time in next() waiting for a batch */
+    double wait_p99_s;          /* over the last 4096 batches */
+    double wait_total_s;
+    uint64_t release_waits;     /* the copy thread waited on a release event */
+    uint64_t slot_full_waits;   /* ... or for the consumer to release a batch */
+    int prefetch;
+    int slots;
+    int queued;                 /* batches copied ahead, not yet delivered */
+    int held;                   /* batches delivered, not yet released */
+    int host_pinned;            /* every copy read page-locked memory (-1: no copy yet) */
+    int static_buffers;
+    char note[160];             /* why staging is pageable, "" otherwise */
+} tf_device_stats;
+
+TF_API void tf_device_loader_get_stats(const tf_device_loader *d, tf_device_stats *st);
 
 #ifdef __cplusplus
 }

@@ -15,7 +15,8 @@
  *   loader_obj.c         Loader         (tf_loader over an Order)
  *   batch_obj.c          Batch          (owner of one tf_batch's buffers)
  *   device_ring_obj.c    DeviceRing     (tf_device_ring)
- *   device_tensor_obj.c  DeviceTensor   (one device slot's array, DLPack)
+ *   device_loader_obj.c  DeviceLoader   (tf_device_loader over a Loader)
+ *   device_tensor_obj.c  DeviceTensor   (one array of a batch on the device, DLPack)
  *
  * TFPY_TYPES lists them. Per-module state holds the types and the exception class, found from any
  * instance through PyType_GetModuleState. Every function that takes keyword
@@ -41,7 +42,9 @@
 
 /* The module's types, one list: X(Name) for tokenfeed._core.Name, defined in
  * <name>_obj.c as tfpy_<Name>Spec and kept in the state as <Name>Type. */
-#define TFPY_TYPES(X) X(Dataset) X(Writer) X(Permutation) X(Order) X(Loader) X(Batch) X(DeviceRing) X(DeviceTensor)
+#define TFPY_TYPES(X)                                                                              \
+    X(Dataset) X(Writer) X(Permutation) X(Order) X(Loader) X(Batch) X(DeviceRing) X(DeviceLoader) X(DeviceTensor) \
+    X(Remote)
 
 #define TFPY_STATE_TYPE(N) PyTypeObject *N##Type;
 typedef struct tf_module_state {
@@ -144,6 +147,11 @@ PyObject *tfpy_map_u64(PyObject *arg, tfpy_u64_map fn, const void *ctx, uint64_t
 
 /* ---- objects shared between files ----------------------------------------- */
 
+/* The tf_remote of a _core.Remote (remote_obj.c), borrowed; NULL with a
+ * TypeError for anything else. The cache directory functions of the module. */
+tf_remote *tfpy_remote_of(PyObject *obj);
+extern PyMethodDef tfpy_remote_functions[];
+
 /* Dataset: owns a tf_dataset. */
 typedef struct {
     PyObject_HEAD
@@ -163,17 +171,27 @@ typedef struct {
  * Loader.next() returns it. tfpy_batch_dict takes b over, even on failure. */
 PyObject *tfpy_batch_dict(tf_module_state *st, tf_batch *b);
 
-/* One device slot shared by the DeviceTensors of an upload and every DLPack
+/* One batch on the device, shared by its DeviceTensors and every DLPack
  * capsule made from them (device_tensor_obj.c): plain C with an atomic count,
- * so a consumer's deleter may drop it on any thread without the GIL. The
- * last reference releases the slot on the last consumer stream. */
+ * so a consumer's deleter may drop it on any thread without the GIL. It is a
+ * ring slot (DeviceRing.upload) or a device loader's batch (DeviceLoader.next,
+ * then `batch` is set). The last reference releases it on the last consumer
+ * stream. */
 typedef struct tfpy_devslot {
     atomic_int refs;
     tf_device_slot *slot;
+    tf_device_batch *batch;
     _Atomic uintptr_t stream; /* last consumer stream, TF_DEVICE_STREAM_NONE if none */
     int device;
 } tfpy_devslot;
 void tfpy_devslot_unref(tfpy_devslot *h);
+/* The engine of a _core.Loader, for a DeviceLoader to drive (NULL with
+ * ValueError when it is closed, RuntimeError when another drives it). While
+ * used, the Loader refuses next()/seek() and defers close() until
+ * tfpy_loader_unuse (GIL held), which the DeviceLoader calls once its copy
+ * thread is gone. */
+tf_loader *tfpy_loader_use(PyObject *loader);
+void tfpy_loader_unuse(PyObject *loader);
 /* Whether a NumPy type can go through DLPack (TypeError if not). */
 int tfpy_dlpack_dtype_ok(int typenum);
 /* A DeviceTensor over ndim <= 4 dims of slot h (takes a reference on h):

@@ -24,10 +24,13 @@ static int parse_format(PyObject *obj, tf_format *out) {
 }
 
 static PyObject *Dataset_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"paths", "dtype", "format", NULL};
-    PyObject *paths_obj, *dtype_obj = Py_None, *format_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO:Dataset", kwlist, &paths_obj, &dtype_obj, &format_obj))
+    static char *kwlist[] = {"paths", "dtype", "format", "remote", NULL};
+    PyObject *paths_obj, *dtype_obj = Py_None, *format_obj = Py_None, *remote_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOO:Dataset", kwlist, &paths_obj, &dtype_obj, &format_obj,
+                                     &remote_obj))
         return NULL;
+    tf_remote *remote = NULL;
+    if (remote_obj != Py_None && !(remote = tfpy_remote_of(remote_obj))) return NULL;
     tf_module_state *st = tfpy_state_of_type(tp);
     tf_open_options opt = {TF_FORMAT_AUTO, TF_DTYPE_INVALID};
     if (tfpy_parse_dtype(dtype_obj, TF_DTYPE_INVALID, &opt.raw_dtype) < 0) return NULL;
@@ -64,7 +67,7 @@ static PyObject *Dataset_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     tf_dataset *ds = NULL;
     int rc;
     char msg[1024];
-    TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_many(cpaths, (size_t)n, &opt, &ds));
+    TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_remote(cpaths, (size_t)n, &opt, remote, &ds));
     if (rc < 0) {
         tfpy_raise(st, rc, msg);
         goto finally;
@@ -83,7 +86,9 @@ finally:
 static void Dataset_dealloc(tfpy_Dataset *self) {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
-    tf_dataset_free(self->ds);
+    /* a remote dataset may drop the last reference to its store, whose fetch
+     * threads may be waiting for the GIL in a transport call */
+    TFPY_DESTROY_NOGIL(self->ds, tf_dataset_free);
     Py_CLEAR(self->paths);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);

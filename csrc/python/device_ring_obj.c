@@ -101,6 +101,7 @@ static PyObject *DeviceRing_upload(tfpy_DeviceRing *self, PyObject *args, PyObje
     }
     atomic_init(&h->refs, 1); /* ours until the tensors hold it */
     h->slot = slot;
+    h->batch = NULL;
     atomic_init(&h->stream, TF_DEVICE_STREAM_NONE);
     h->device = self->device;
     out = PyList_New(n);

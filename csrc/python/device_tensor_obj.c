@@ -2,12 +2,13 @@
  * device_tensor_obj.c — _core.DeviceTensor: one array of a batch in a device
  * slot, handed to frameworks through DLPack.
  *
- * All tensors of one upload (device_ring_obj.c) share a small C handle
- * (tfpy_devslot) with an atomic reference count: each DeviceTensor holds one
- * reference and so does every DLPack capsule exported from it, so the slot
- * stays out of the ring while any of them (or any framework tensor made from
- * a capsule) is alive. The last reference releases the slot with an event on
- * the last consumer stream. The handle is plain C so that a consumer's
+ * All tensors of one batch (an upload of device_ring_obj.c, or a batch of
+ * device_loader_obj.c) share a small C handle (tfpy_devslot) with an atomic
+ * reference count: each DeviceTensor holds one reference and so does every
+ * DLPack capsule exported from it, so the slot stays out of the ring while
+ * any of them (or any framework tensor made from a capsule) is alive. The
+ * last reference releases the slot with an event on the last consumer
+ * stream. The handle is plain C so that a consumer's
  * deleter can run on any thread without the GIL.
  *
  * Stream semantics (DLPack / array API): __dlpack__(stream=s) makes s wait on
@@ -56,7 +57,8 @@ void tfpy_devslot_unref(devslot *h) {
     if (atomic_fetch_sub(&h->refs, 1) != 1) return;
     /* An error here withdraws the slot from the ring (see tokenfeed.h); there
      * is nobody to tell from a deleter. */
-    tf_device_slot_release(h->slot, atomic_load(&h->stream));
+    if (h->batch) tf_device_batch_release(h->batch, atomic_load(&h->stream));
+    else tf_device_slot_release(h->slot, atomic_load(&h->stream));
     free(h);
 }
 
@@ -202,7 +204,7 @@ static PyObject *DeviceTensor_dlpack(tfpy_DeviceTensor *self, PyObject *args, Py
     int wait;
     if (parse_stream(stream_obj, &stream, &wait) < 0) return NULL;
     if (wait) {
-        int rc = tf_device_slot_wait(self->h->slot, stream);
+        int rc = self->h->batch ? tf_device_batch_wait(self->h->batch, stream) : tf_device_slot_wait(self->h->slot, stream);
         if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, NULL);
         atomic_store(&self->h->stream, stream);
     }
@@ -238,7 +240,8 @@ static PyObject *DeviceTensor_dlpack_device(tfpy_DeviceTensor *self, PyObject *u
 static PyObject *DeviceTensor_synchronize(tfpy_DeviceTensor *self, PyObject *unused) {
     int rc;
     char msg[1024] = "";
-    TFPY_NOGIL_CALL(rc, msg, tf_device_slot_synchronize(self->h->slot));
+    TFPY_NOGIL_CALL(rc, msg,
+                    self->h->batch ? tf_device_batch_synchronize(self->h->batch) : tf_device_slot_synchronize(self->h->slot));
     if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, msg);
     Py_RETURN_NONE;
 }

@@ -11,7 +11,8 @@ typedef struct {
     tf_loader *l;
     PyObject *order;     /* the _core.Order the engine borrows */
     int busy;            /* a thread is inside next() with the GIL released */
-    int close_pending;   /* close() was called while busy */
+    int close_pending;   /* close() was called while busy or used */
+    int users;           /* DeviceLoaders driving the engine (their copy thread calls it) */
 } tfpy_Loader;
 
 static int parse_backend(PyObject *v, void *out) {
@@ -51,7 +52,7 @@ static int parse_bool(PyObject *v, void *out) {
 }
 
 /* Loader(order, /, *, batch_size, rank, world_size, dtype, want, num_threads,
- * prefetch, backend, direct_io): the engine's settings; the order decides the
+ * prefetch, backend, direct_io, zstd_cache_bytes): the engine's settings; the order decides the
  * stream. The C library checks the values (tf_loader_create_from_order). */
 static PyObject *Loader_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     PyObject *ordobj;
@@ -64,8 +65,8 @@ static PyObject *Loader_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
         {"world_size", parse_u32, &cfg.world_size}, {"dtype", parse_dtype, &cfg.out_dtype},
         {"want", parse_u32, &cfg.want}, {"num_threads", tfpy_nonneg_int, &cfg.num_threads},
         {"prefetch", tfpy_nonneg_int, &cfg.prefetch}, {"backend", parse_backend, &cfg.backend},
-        {"direct_io", parse_bool, &cfg.direct_io}, {"cp_rank", parse_u32, &cfg.cp_rank},
-        {"cp_size", parse_u32, &cfg.cp_size},
+        {"direct_io", parse_bool, &cfg.direct_io}, {"zstd_cache_bytes", tfpy_u64, &cfg.zstd_cache_bytes},
+        {"cp_rank", parse_u32, &cfg.cp_rank}, {"cp_size", parse_u32, &cfg.cp_size},
         {NULL, NULL, NULL},
     };
     if (tfpy_parse_kwargs(kw, table, "Loader") < 0) return NULL;
@@ -94,6 +95,10 @@ static void Loader_dealloc(tfpy_Loader *self) {
 static int loader_check(tfpy_Loader *self) {
     if (!self->l || self->close_pending) {
         PyErr_SetString(PyExc_ValueError, "the loader is closed");
+        return -1;
+    }
+    if (self->users) {
+        PyErr_SetString(PyExc_RuntimeError, "this loader's engine is driven by a DeviceLoader: take batches from that");
         return -1;
     }
     if (self->busy) {
@@ -148,7 +153,8 @@ static PyObject *Loader_seek(tfpy_Loader *self, PyObject *arg) {
 }
 
 static PyObject *Loader_close(tfpy_Loader *self, PyObject *unused) {
-    if (self->busy) self->close_pending = 1; /* the waiting thread frees it */
+    /* the waiting thread, or the last DeviceLoader to let go, frees it */
+    if (self->busy || self->users) self->close_pending = 1;
     else loader_free(self);
     Py_RETURN_NONE;
 }
@@ -161,11 +167,29 @@ static PyObject *Loader_stats(tfpy_Loader *self, PyObject *unused) {
     tf_loader_stats s;
     memset(&s, 0, sizeof s);
     tf_loader_get_stats(self->l, &s);
-    return Py_BuildValue("{s:K,s:K,s:K,s:d,s:K,s:K,s:s,s:i,s:s}", "batches", (unsigned long long)s.batches, "tokens",
+    PyObject *z;
+    if (!s.zstd_cache_bytes) { /* no compressed file */
+        z = Py_NewRef(Py_None);
+    } else {
+        z = Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:s}",
+                          "cache_bytes", (unsigned long long)s.zstd_cache_bytes,
+                          "cache_allocated", (unsigned long long)s.zstd_cache_allocated,
+                          "blocks_decoded", (unsigned long long)s.zstd_blocks_decoded,
+                          "tokens_decoded", (unsigned long long)s.zstd_tokens_decoded,
+                          "tokens_used", (unsigned long long)s.zstd_tokens_used,
+                          "cache_hits", (unsigned long long)s.zstd_cache_hits,
+                          "cache_misses", (unsigned long long)s.zstd_cache_misses,
+                          "cache_waits", (unsigned long long)s.zstd_cache_waits,
+                          "decode_ratio", s.zstd_decode_ratio, "decode_model", s.zstd_decode_model,
+                          "note", s.zstd_note);
+        if (!z) return NULL;
+    }
+    /* "N": the dict takes the reference to z */
+    return Py_BuildValue("{s:K,s:K,s:K,s:d,s:K,s:K,s:s,s:i,s:s,s:N}", "batches", (unsigned long long)s.batches, "tokens",
                          (unsigned long long)s.tokens, "bytes_read", (unsigned long long)s.bytes_read, "wait_seconds",
                          (double)s.wait_ns / 1e9, "ring_ready", (unsigned long long)s.ring_ready, "ring_slots",
                          (unsigned long long)s.ring_slots, "backend", tf_backend_name(s.backend), "num_threads",
-                         s.num_threads, "backend_note", s.backend_note);
+                         s.num_threads, "backend_note", s.backend_note, "zstd", z);
 }
 
 static PyObject *Loader_source_stats(tfpy_Loader *self, PyObject *unused) {
@@ -203,10 +227,22 @@ static PyObject *Loader_get_position(tfpy_Loader *self, void *c) {
     return PyLong_FromUnsignedLongLong(tf_loader_position(self->l));
 }
 
+tf_loader *tfpy_loader_use(PyObject *loader) {
+    tfpy_Loader *self = (tfpy_Loader *)loader;
+    if (loader_check(self) < 0) return NULL;
+    self->users++;
+    return self->l;
+}
+
+void tfpy_loader_unuse(PyObject *loader) {
+    tfpy_Loader *self = (tfpy_Loader *)loader;
+    if (--self->users == 0 && self->close_pending && !self->busy) loader_free(self);
+}
+
 static PyObject *Loader_get_closed(tfpy_Loader *self, void *c) { return PyBool_FromLong(!self->l || self->close_pending); }
 
 PyDoc_STRVAR(Loader_doc, "Loader(order, /, *, batch_size=8, rank=0, world_size=1, dtype=None, want=0, num_threads=0, prefetch=0, "
-                "backend=None, direct_io=False, cp_rank=0, cp_size=1)\n--\n\n"
+                "backend=None, direct_io=False, zstd_cache_bytes=0, cp_rank=0, cp_size=1)\n--\n\n"
                 "The C batch engine over an Order (whose global_batch is batch_size * world_size). cp_size > 1: this "
                 "rank's load-balanced share of every sample (docs/packing.md).");
 

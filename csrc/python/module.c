@@ -329,6 +329,7 @@ static int module_exec(PyObject *m) {
 #define ADD_TYPE(N) if (add_type(m, &tfpy_##N##Spec, &st->N##Type) < 0) return -1;
     TFPY_TYPES(ADD_TYPE)
 #undef ADD_TYPE
+    if (PyModule_AddFunctions(m, tfpy_remote_functions) < 0) return -1;
     if (PyModule_AddIntConstant(m, "PACK_CONCAT", TF_PACK_CONCAT) < 0 ||
         PyModule_AddIntConstant(m, "PACK_BEST_FIT", TF_PACK_BEST_FIT) < 0 ||
         PyModule_AddIntConstant(m, "PACK_DOCUMENT", TF_PACK_DOCUMENT) < 0 ||

@@ -3,6 +3,8 @@
  */
 #include "binding.h"
 
+#define TF_CHUNK_SUMS_DEFAULT_ UINT64_MAX /* chunk_checksum_bytes not given */
+
 typedef struct {
     PyObject_HEAD
     tf_writer *w;
@@ -10,12 +12,14 @@ typedef struct {
 } tfpy_Writer;
 
 static PyObject *Writer_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"path", "dtype", "vocab_size", "shard_tokens", "compression", "level", "block_tokens", "overwrite", NULL};
+    static char *kwlist[] = {"path", "dtype", "vocab_size", "shard_tokens", "compression", "level", "block_tokens", "overwrite",
+                             "chunk_checksum_bytes", NULL};
     PyObject *path_obj, *dtype_obj = Py_None, *comp_obj = Py_None;
-    uint64_t vocab = 0, shard_tokens = 0, block_tokens = 0;
+    uint64_t vocab = 0, shard_tokens = 0, block_tokens = 0, chunk_sums = TF_CHUNK_SUMS_DEFAULT_;
     int level = 3, overwrite = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO&O&OiO&p:Writer", kwlist, &path_obj, &dtype_obj, tfpy_u64, &vocab,
-                                     tfpy_u64, &shard_tokens, &comp_obj, &level, tfpy_u64, &block_tokens, &overwrite))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO&O&OiO&pO&:Writer", kwlist, &path_obj, &dtype_obj, tfpy_u64, &vocab,
+                                     tfpy_u64, &shard_tokens, &comp_obj, &level, tfpy_u64, &block_tokens, &overwrite,
+                                     tfpy_opt_u64, &chunk_sums))
         return NULL;
     tf_writer_options opt;
     tf_writer_options_init(&opt);
@@ -25,6 +29,7 @@ static PyObject *Writer_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     if (block_tokens) opt.block_tokens = block_tokens;
     opt.level = level;
     opt.overwrite = overwrite;
+    if (chunk_sums != TF_CHUNK_SUMS_DEFAULT_) opt.chunk_checksum_bytes = chunk_sums; /* None: the default */
     if (comp_obj != Py_None) {
         const char *c = PyUnicode_AsUTF8(comp_obj);
         if (!c) return NULL;
@@ -119,7 +124,7 @@ static PyObject *Writer_counts(tfpy_Writer *self, void *closure) {
     return Py_BuildValue("(KK)", (unsigned long long)tf_writer_num_documents(self->w), (unsigned long long)tf_writer_num_tokens(self->w));
 }
 
-PyDoc_STRVAR(Writer_doc, "Writer(path, dtype, vocab_size, shard_tokens=0, compression=None, level=3, block_tokens=0, overwrite=False)");
+PyDoc_STRVAR(Writer_doc, "Writer(path, dtype, vocab_size, shard_tokens=0, compression=None, level=3, block_tokens=0, overwrite=False, chunk_checksum_bytes=None)");
 
 TFPY_TYPE_SPEC(Writer, tfpy_Writer, Py_TPFLAGS_DEFAULT,
                {Py_tp_doc, (void *)Writer_doc}, {Py_tp_new, Writer_new}, {Py_tp_dealloc, Writer_dealloc},

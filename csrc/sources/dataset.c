@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "remote.h"
 #include "source.h"
 
 /* ------------------------------------------------------------------------ */
@@ -234,6 +235,11 @@ int tf__dataset_concat_view(const tf_dataset *const *dss, size_t n, tf_dataset *
 }
 
 int tf_dataset_open_many(const char *const *paths, size_t n, const tf_open_options *opt, tf_dataset **out) {
+    return tf_dataset_open_remote(paths, n, opt, NULL, out);
+}
+
+int tf_dataset_open_remote(const char *const *paths, size_t n, const tf_open_options *opt, tf_remote *remote,
+                           tf_dataset **out) {
     if (!out) return -EINVAL;
     *out = NULL;
     tf__clearerr();
@@ -252,7 +258,17 @@ int tf_dataset_open_many(const char *const *paths, size_t n, const tf_open_optio
             free(files);
             TF_FAIL(-EINVAL, "path %zu is NULL", i);
         }
-        int rc = open_one(paths[i], opt, &files, &nfiles, &cap);
+        int rc;
+        if (tf__is_url(paths[i])) {
+            /* a run of remote URLs is opened together: their metadata is
+             * fetched with concurrent requests */
+            size_t j = i + 1;
+            while (j < n && paths[j] && tf__is_url(paths[j])) j++;
+            rc = tf__open_remote_many(paths + i, j - i, opt, remote, &files, &nfiles, &cap);
+            i = j - 1;
+        } else {
+            rc = open_one(paths[i], opt, &files, &nfiles, &cap);
+        }
         if (rc < 0) {
             for (uint64_t k = 0; k < nfiles; k++) tf__file_close(&files[k]);
             free(files);

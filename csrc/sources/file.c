@@ -31,6 +31,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "remote.h"
 #include "source.h"
 
 /* ------------------------------------------------------------------------ */
@@ -40,6 +41,8 @@
 int tf__map_file(const char *path, void **map, size_t *len) {
     *map = NULL;
     *len = 0;
+    /* a remote object: the map remote_open.c prepared (metadata filled in) */
+    if (tf__is_url(path)) return tf__remote_map_take(path, map, len);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
@@ -73,8 +76,16 @@ void tf__unmap(void *map, size_t len) {
     if (map && len) munmap(map, len);
 }
 
+int tf__file_exists(const char *path) {
+    if (tf__is_url(path)) return tf__remote_exists(path);
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
 void tf__file_close(tf_file *f) {
     if (!f) return;
+    tf__robj_free(f->remote);
+    free(f->remote_meta);
     tf__unmap(f->map, f->map_len);
     tf__unmap(f->aux_map, f->aux_len);
     free(f->owned);
@@ -97,6 +108,9 @@ tf_file *tf__files_push(tf_file **files, uint64_t *nfiles, uint64_t *cap) {
 }
 
 void tf__release_pages(const void *map, uint64_t len) {
+    /* During a remote open the maps are anonymous, where MADV_DONTNEED
+     * would zero the metadata just fetched. */
+    if (tf__remote_opening()) return;
     /* MADV_DONTNEED on a shared file mapping only drops this process's page
      * table entries; the page cache keeps the data and a later access maps it
      * again. Opening 10^4 shards would otherwise leave the header pages (and
@@ -249,11 +263,51 @@ int tf__file_read_block(const tf_file *f, uint64_t b, void *out, size_t out_cap)
     return f->read_block(f, b, out, out_cap);
 }
 
+/* Tokens of a remote, uncompressed file: straight from the cached chunks
+ * into out, converting on the way. The chunked region starts at the first
+ * token and chunks are a multiple of 4096 bytes, so no token straddles two. */
+static int tf__file_read_remote(const tf_file *f, uint64_t start, uint64_t count, void *out, tf_dtype out_dtype) {
+    const tf__robj *o = f->remote;
+    size_t isz = tf_dtype_size(f->dtype), osz = tf_dtype_size(out_dtype);
+    uint64_t off = start * isz, left = count * isz; /* relative to the data region */
+    uint8_t *dst = out;
+    while (left) {
+        uint32_t k = (uint32_t)(off / o->chunk_bytes);
+        uint64_t in = off % o->chunk_bytes;
+        uint64_t n = o->chunk_bytes - in < left ? o->chunk_bytes - in : left;
+        if (n <= (256u << 10)) {
+            /* not cached yet and small: read it directly rather than wait */
+            uint8_t *tmp = f->dtype == out_dtype ? dst : thread_blockbuf((size_t)n) ? thread_blockbuf((size_t)n)->p : NULL;
+            int s = tmp ? tf__robj_read_small(o, off, n, tmp) : 1;
+            if (s < 0) return s;
+            if (s == 0) {
+                if (tmp != dst) tf_convert(dst, out_dtype, tmp, f->dtype, (size_t)(n / isz));
+                dst += n / isz * osz;
+                off += n;
+                left -= n;
+                continue;
+            }
+        }
+        const uint8_t *data;
+        size_t clen;
+        tf__chunkref *ref;
+        TF_TRY(tf__chunk_acquire(o, k, &data, &clen, &ref));
+        n = clen - in < left ? clen - in : left;
+        tf_convert(dst, out_dtype, data + in, f->dtype, (size_t)(n / isz));
+        tf__chunk_release(ref);
+        dst += n / isz * osz;
+        off += n;
+        left -= n;
+    }
+    return 0;
+}
+
 int tf__file_read(const tf_file *f, uint64_t start, uint64_t count, void *out, tf_dtype out_dtype) {
     if (start > f->num_tokens || count > f->num_tokens - start)
         TF_FAIL(-ERANGE, "%s: tokens [%llu, %llu) out of range (%llu tokens)", f->path,
                 (unsigned long long)start, (unsigned long long)(start + count), (unsigned long long)f->num_tokens);
     size_t isz = tf_dtype_size(f->dtype), osz = tf_dtype_size(out_dtype);
+    if (!f->compressed && f->remote) return tf__file_read_remote(f, start, count, out, out_dtype);
     if (!f->compressed) {
         tf_convert(out, out_dtype, f->tokens + start * isz, f->dtype, (size_t)count);
         return 0;

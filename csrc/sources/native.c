@@ -38,6 +38,7 @@
 #include <zstd.h>
 #endif
 
+#include "remote.h"
 #include "source.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -108,14 +109,17 @@ int tf__parse_native_header(const char *path, const uint8_t *buf, size_t len, ui
     uint64_t tsum = tf__le64(buf + 104), dsum = tf__le64(buf + 112), bsum = tf__le64(buf + 120);
     uint64_t fsize = tf__le64(buf + 128);
 
-    if (flags & ~TF_NATIVE_FLAG_ZSTD)
-        BAD("flags", "expected only bit 0 (zstd) to be possibly set, found 0x%x. The shard uses a feature this tokenfeed does not know; upgrade tokenfeed.", flags);
+    if (flags & ~(TF_NATIVE_FLAG_ZSTD | TF_NATIVE_FLAG_CHUNKS))
+        BAD("flags", "expected only bits 0 (zstd) and 1 (chunk checksums) to be possibly set, found 0x%x. The shard uses a feature this tokenfeed does not know; upgrade tokenfeed.", flags);
     tf_dtype dt = tf__native_dtype_from_code(code);
     if (dt == TF_DTYPE_INVALID)
         BAD("dtype", "expected 1 (uint8), 2 (uint16) or 3 (uint32), found %u. " REGEN, code);
     size_t isz = tf_dtype_size(dt);
-    for (size_t i = 136; i < TF_NATIVE_HDR_CHECKSUM_AT; i++)
-        if (buf[i]) BAD("reserved", "expected zero bytes at 136..247, found 0x%02x at byte %zu. The shard uses a feature this tokenfeed does not know; upgrade tokenfeed.", buf[i], i);
+    int has_chunks = (flags & TF_NATIVE_FLAG_CHUNKS) != 0;
+    uint64_t ck_off = tf__le64(buf + 136), ck_bytes = tf__le64(buf + 144), ck_size = tf__le64(buf + 152),
+             ck_sum = tf__le64(buf + 160);
+    for (size_t i = has_chunks ? 168 : 136; i < TF_NATIVE_HDR_CHECKSUM_AT; i++)
+        if (buf[i]) BAD("reserved", "expected zero bytes at %d..247, found 0x%02x at byte %zu. The shard uses a feature this tokenfeed does not know; upgrade tokenfeed.", has_chunks ? 168 : 136, buf[i], i);
     if (vocab == 0) BAD("vocab_size", "expected > 0, found 0. " REGEN);
     if (fsize != file_size)
         BAD("file_size", "expected %llu (from the header), found %llu on disk. The file is truncated or was appended to: regenerate it or restore it from a good copy.",
@@ -162,6 +166,20 @@ int tf__parse_native_header(const char *path, const uint8_t *buf, size_t len, ui
         BAD("blocks_offset", "expected blocks_offset, blocks_bytes, block_tokens and blocks_checksum to be 0 in an uncompressed shard, found %llu, %llu, %llu, %016llx. " REGEN,
             (ull)blk_off, (ull)blk_bytes, (ull)blk_tokens, (ull)bsum);
     }
+    uint64_t nchunks = 0;
+    if (has_chunks) {
+        if (ck_size < 4096 || ck_size > (1ull << 30) || (ck_size & (ck_size - 1)))
+            BAD("chunk_bytes", "expected a power of two from 4096 to 2^30, found %llu. " REGEN, (ull)ck_size);
+        nchunks = tok_bytes / ck_size + (tok_bytes % ck_size != 0);
+        uint64_t prev_end = compressed ? blk_off + blk_bytes : docs_off + docs_bytes;
+        if (ck_bytes != nchunks * 8)
+            BAD("chunks_bytes", "expected ceil(tokens_bytes / chunk_bytes) * 8 = %llu * 8, found %llu. " REGEN,
+                (ull)nchunks, (ull)ck_bytes);
+        if (ck_off % 8 != 0) BAD("chunks_offset", "expected a multiple of 8, found %llu. " REGEN, (ull)ck_off);
+        if (!section_ok(ck_off, ck_bytes, prev_end, file_size))
+            BAD("chunks_offset", "expected the chunk checksum table [%llu, +%llu) between the end of the previous section %llu and the file size %llu. The file is truncated or corrupt. " REGEN,
+                (ull)ck_off, (ull)ck_bytes, (ull)prev_end, (ull)file_size);
+    }
 
     f->format = TF_FORMAT_NATIVE;
     f->dtype = dt;
@@ -178,6 +196,13 @@ int tf__parse_native_header(const char *path, const uint8_t *buf, size_t len, ui
     f->read_block = compressed ? tf__native_read_block : NULL;
     f->num_blocks = nblocks;
     f->block_tokens = compressed ? blk_tokens : 0;
+    f->tokens_offset = tok_off;
+    f->docs_offset = docs_off;
+    f->num_chunk_sums = nchunks;
+    f->chunk_sum_bytes = has_chunks ? ck_size : 0;
+    f->chunks_checksum = has_chunks ? ck_sum : 0;
+    /* the chunk table is not part of the fingerprint: a shard identifies its
+     * data whether or not it carries one */
     uint8_t rec[48];
     tf__put_le64(rec, tsum);
     tf__put_le64(rec + 8, dsum);
@@ -201,6 +226,7 @@ int tf__parse_native_header(const char *path, const uint8_t *buf, size_t len, ui
     } else {
         f->tokens = buf + tok_off;
     }
+    if (has_chunks) f->chunk_sums = (const uint64_t *)(const void *)(buf + ck_off); /* 8-aligned: checked above */
     if (ndocs) {
         uint64_t last = tf__le64(buf + docs_off + docs_bytes - 8);
         if (last != ntok)
@@ -247,30 +273,148 @@ static ZSTD_DCtx *thread_dctx(void) {
 }
 #endif
 
-int tf__native_read_block(const tf_file *f, uint64_t b, void *out, size_t out_cap) {
+/* Per-thread buffer for the compressed bytes of one block of a remote shard. */
+static pthread_key_t zbuf_key;
+static pthread_once_t zbuf_once = PTHREAD_ONCE_INIT;
+static int zbuf_key_ok;
+typedef struct zbuf {
+    uint8_t *p;
+    size_t cap;
+} zbuf;
+static void zbuf_free(void *v) {
+    zbuf *z = v;
+    if (z) free(z->p);
+    free(z);
+}
+static void zbuf_init(void) { zbuf_key_ok = pthread_key_create(&zbuf_key, zbuf_free) == 0; }
+static uint8_t *thread_zbuf(size_t need) {
+    pthread_once(&zbuf_once, zbuf_init);
+    if (!zbuf_key_ok) return NULL;
+    zbuf *z = pthread_getspecific(zbuf_key);
+    if (!z) {
+        z = calloc(1, sizeof *z);
+        if (!z || pthread_setspecific(zbuf_key, z) != 0) {
+            free(z);
+            return NULL;
+        }
+    }
+    if (z->cap < need) {
+        uint8_t *n = realloc(z->p, need ? need : 1);
+        if (!n) return NULL;
+        z->p = n;
+        z->cap = need;
+    }
+    return z->p;
+}
+
+/* Block b's entry in the block table: [*off, *off + *size) of the token section. */
+static int block_entry(const tf_file *f, uint64_t b, uint64_t *off, uint64_t *size) {
     if (!f->compressed || b >= f->num_blocks)
         TF_FAIL(-ERANGE, "%s: block %llu out of range (%llu blocks)", f->path, (ull)b, (ull)f->num_blocks);
-    size_t isz = tf_dtype_size(f->dtype);
+    const uint8_t *e = f->block_table + 16 * b;
+    *off = tf__le64(e);
+    *size = tf__le64(e + 8);
+    if (!section_ok(*off, *size, 0, f->tokens_section_len))
+        TF_FAIL(-TF_EFORMAT, "%s: block table: entry %llu: expected [offset, +size) within the %llu-byte token section, found [%llu, +%llu). The block table is corrupt. " REGEN,
+                f->path, (ull)b, (ull)f->tokens_section_len, (ull)*off, (ull)*size);
+    return 0;
+}
+
+/* The stored (compressed) bytes of a block: in the mapping of a local shard;
+ * for a remote one, fetched through the chunk cache into a per-thread buffer
+ * (valid until this thread's next call). */
+static int block_src(const tf_file *f, uint64_t off, uint64_t size, const uint8_t **src) {
+    if (f->remote) {
+        uint8_t *zb = thread_zbuf((size_t)size);
+        if (!zb) return -ENOMEM;
+        TF_TRY(tf__robj_read(f->remote, f->data_off + off, size, zb));
+        *src = zb;
+    } else {
+        *src = f->zdata + off;
+    }
+    return 0;
+}
+
+static uint64_t block_bytes_out(const tf_file *f, uint64_t b) {
     uint64_t first = b * f->block_tokens;
     uint64_t n = f->num_tokens - first < f->block_tokens ? f->num_tokens - first : f->block_tokens;
-    uint64_t want = n * isz;
+    return n * tf_dtype_size(f->dtype);
+}
+
+static int decode_block(const tf_file *f, uint64_t b, const uint8_t *src, uint64_t size, void *out,
+                        size_t out_cap) {
+    uint64_t want = block_bytes_out(f, b);
     if (want > out_cap)
         TF_FAIL(-EINVAL, "%s: block %llu needs %llu bytes, buffer has %zu", f->path, (ull)b, (ull)want, out_cap);
-    const uint8_t *e = f->block_table + 16 * b;
-    uint64_t off = tf__le64(e), size = tf__le64(e + 8);
-    if (!section_ok(off, size, 0, f->zdata_len))
-        TF_FAIL(-TF_EFORMAT, "%s: block table: entry %llu: expected [offset, +size) within the %llu-byte token section, found [%llu, +%llu). The block table is corrupt. " REGEN,
-                f->path, (ull)b, (ull)f->zdata_len, (ull)off, (ull)size);
 #ifdef TF_HAVE_ZSTD
     ZSTD_DCtx *d = thread_dctx();
     if (!d) return -ENOMEM;
-    size_t got = ZSTD_decompressDCtx(d, out, (size_t)want, f->zdata + off, (size_t)size);
+    size_t got = ZSTD_decompressDCtx(d, out, (size_t)want, src, (size_t)size);
     if (ZSTD_isError(got))
         TF_FAIL(-TF_EFORMAT, "%s: block %llu: zstd: %s. The compressed data is corrupt. " REGEN, f->path, (ull)b,
                 ZSTD_getErrorName(got));
     if (got != want)
         TF_FAIL(-TF_EFORMAT, "%s: block %llu: expected %llu decompressed bytes, found %zu. " REGEN, f->path, (ull)b,
                 (ull)want, got);
+    return 0;
+#else
+    (void)src;
+    (void)size;
+    TF_FAIL(-TF_EUNSUPPORTED, "%s: the shard is zstd-compressed, but this tokenfeed build lacks zstd. Rebuild with libzstd (pkg-config libzstd) installed, or rewrite the dataset with compression=None.",
+            f->path);
+#endif
+}
+
+int tf__native_read_block(const tf_file *f, uint64_t b, void *out, size_t out_cap) {
+    uint64_t off, size;
+    const uint8_t *src;
+    TF_TRY(block_entry(f, b, &off, &size));
+    TF_TRY(block_src(f, off, size, &src));
+    return decode_block(f, b, src, size, out, out_cap);
+}
+
+/* verify(): block b must be one standard zstd frame, decodable on its own by
+ * any zstd decoder (the zstd command-line tool included): the frame magic, a
+ * stored content size equal to the block's bytes, the content checksum flag,
+ * no dictionary, and exactly one frame filling the block table entry. Blocks
+ * lie back to back in block order, so the token section, cut at the block
+ * table's offsets, is the frames and nothing else (docs/format.md).
+ * *next_off: where block b must start; advanced past it. The content checksum
+ * itself is checked when verify decodes the block. */
+static int check_frame(const tf_file *f, uint64_t b, uint64_t off, uint64_t size, const uint8_t *src,
+                       uint64_t *next_off) {
+    if (!section_ok(off, size, 0, f->zdata_len))
+        TF_FAIL(-TF_EFORMAT, "%s: block table: entry %llu: expected [offset, +size) within the %llu-byte token section, found [%llu, +%llu). The block table is corrupt. " REGEN,
+                f->path, (ull)b, (ull)f->zdata_len, (ull)off, (ull)size);
+    if (off != *next_off)
+        TF_FAIL(-TF_EFORMAT, "%s: block table: entry %llu: expected the frame to start at offset %llu (right after block %llu: blocks are stored back to back in block order), found %llu. " REGEN,
+                f->path, (ull)b, (ull)*next_off, (ull)(b ? b - 1 : 0), (ull)off);
+    *next_off = off + size;
+    if (b + 1 == f->num_blocks && *next_off != f->zdata_len)
+        TF_FAIL(-TF_EFORMAT, "%s: tokens_bytes: expected the token section to end with the last frame, at %llu bytes, found %llu bytes. " REGEN,
+                f->path, (ull)*next_off, (ull)f->zdata_len);
+#ifdef TF_HAVE_ZSTD
+    uint64_t want = block_bytes_out(f, b);
+    if (size < 6 || tf__le32(src) != ZSTD_MAGICNUMBER)
+        TF_FAIL(-TF_EFORMAT, "%s: block %llu: expected a zstd frame (magic 28 b5 2f fd), found %llu bytes starting %02x %02x %02x %02x. " REGEN,
+                f->path, (ull)b, (ull)size, size > 0 ? src[0] : 0, size > 1 ? src[1] : 0, size > 2 ? src[2] : 0,
+                size > 3 ? src[3] : 0);
+    unsigned fhd = src[4]; /* frame header descriptor (RFC 8878, 3.1.1.1.1) */
+    unsigned long long fcs = ZSTD_getFrameContentSize(src, (size_t)size);
+    if (fcs == ZSTD_CONTENTSIZE_ERROR || fcs == ZSTD_CONTENTSIZE_UNKNOWN || fcs != want)
+        TF_FAIL(-TF_EFORMAT, "%s: block %llu: expected a zstd frame that stores its content size, %llu bytes, found %s%llu. " REGEN,
+                f->path, (ull)b, (ull)want,
+                fcs == ZSTD_CONTENTSIZE_ERROR ? "a bad frame header, " : fcs == ZSTD_CONTENTSIZE_UNKNOWN ? "no size, " : "",
+                fcs == ZSTD_CONTENTSIZE_ERROR || fcs == ZSTD_CONTENTSIZE_UNKNOWN ? 0ull : fcs);
+    if (!(fhd & 0x04))
+        TF_FAIL(-TF_EFORMAT, "%s: block %llu: expected a zstd frame with a content checksum, found none. " REGEN, f->path, (ull)b);
+    if ((fhd & 0x03) || ZSTD_getDictID_fromFrame(src, (size_t)size) != 0)
+        TF_FAIL(-TF_EFORMAT, "%s: block %llu: expected a zstd frame that needs no dictionary, found a dictionary id. " REGEN, f->path, (ull)b);
+    size_t fsz = ZSTD_findFrameCompressedSize(src, (size_t)size);
+    if (ZSTD_isError(fsz) || fsz != size)
+        TF_FAIL(-TF_EFORMAT, "%s: block %llu: expected exactly one zstd frame of %llu bytes, found %s%zu. " REGEN,
+                f->path, (ull)b, (ull)size, ZSTD_isError(fsz) ? "a truncated or corrupt frame: " : "a frame of ",
+                ZSTD_isError(fsz) ? (size_t)0 : fsz);
     return 0;
 #else
     TF_FAIL(-TF_EUNSUPPORTED, "%s: the shard is zstd-compressed, but this tokenfeed build lacks zstd. Rebuild with libzstd (pkg-config libzstd) installed, or rewrite the dataset with compression=None.",
@@ -291,7 +435,21 @@ int tf__native_verify(const tf_file *f, _Atomic uint64_t *progress, _Atomic int 
     tf__xxh64_state h;
     tf__xxh64_reset(&h, 0);
     size_t isz = tf_dtype_size(f->dtype);
-    if (!f->compressed) {
+    if (!f->compressed && f->remote) {
+        /* through the chunk cache, a chunk at a time (scratch holds 2 MiB) */
+        uint8_t *buf = scratch;
+        uint64_t left = f->num_tokens * isz, off = 0;
+        size_t step = cap / isz * isz;
+        while (left) {
+            if (atomic_load(cancel)) return -ECANCELED;
+            size_t n = left < step ? (size_t)left : step;
+            TF_TRY(tf__file_read(f, off / isz, n / isz, buf, f->dtype));
+            tf__xxh64_update(&h, buf, n);
+            off += n;
+            left -= n;
+            atomic_fetch_add(progress, n);
+        }
+    } else if (!f->compressed) {
         const uint8_t *p = f->tokens;
         uint64_t left = f->num_tokens * isz;
         while (left) {
@@ -304,12 +462,17 @@ int tf__native_verify(const tf_file *f, _Atomic uint64_t *progress, _Atomic int 
         }
     } else {
         uint8_t *buf = scratch;
+        uint64_t next_off = 0;
         for (uint64_t b = 0; b < f->num_blocks; b++) {
             if (atomic_load(cancel)) return -ECANCELED;
             uint64_t first = b * f->block_tokens;
             uint64_t n = f->num_tokens - first < f->block_tokens ? f->num_tokens - first : f->block_tokens;
-            int rc = tf__native_read_block(f, b, buf, cap);
-            if (rc < 0) return rc;
+            uint64_t off, size;
+            const uint8_t *src;
+            TF_TRY(block_entry(f, b, &off, &size));
+            TF_TRY(block_src(f, off, size, &src)); /* a remote block is fetched once for both */
+            TF_TRY(check_frame(f, b, off, size, src, &next_off));
+            TF_TRY(decode_block(f, b, src, size, buf, cap));
             tf__xxh64_update(&h, buf, (size_t)(n * isz));
             atomic_fetch_add(progress, n * isz);
         }
@@ -327,6 +490,24 @@ int tf__native_verify(const tf_file *f, _Atomic uint64_t *progress, _Atomic int 
         if (got != f->blocks_checksum)
             TF_FAIL(-TF_ECHECKSUM, "%s: blocks_checksum: expected %016llx, found %016llx. The shard's block table is corrupt: restore it from a good copy or regenerate it.",
                     f->path, (unsigned long long)f->blocks_checksum, (unsigned long long)got);
+    }
+    if (f->chunk_sums) {
+        got = tf_hash64(f->chunk_sums, (size_t)(f->num_chunk_sums * 8), 0);
+        if (got != f->chunks_checksum)
+            TF_FAIL(-TF_ECHECKSUM, "%s: chunks_checksum: expected %016llx, found %016llx. The shard's chunk checksum table is corrupt: restore it from a good copy or regenerate it.",
+                    f->path, (unsigned long long)f->chunks_checksum, (unsigned long long)got);
+        /* local stored bytes against the table (remote chunks were checked
+         * against it as they landed) */
+        const uint8_t *stored = f->compressed ? f->zdata : f->tokens;
+        for (uint64_t i = 0; stored && i < f->num_chunk_sums; i++) {
+            if (atomic_load(cancel)) return -ECANCELED;
+            uint64_t o = i * f->chunk_sum_bytes;
+            uint64_t n = f->tokens_section_len - o < f->chunk_sum_bytes ? f->tokens_section_len - o : f->chunk_sum_bytes;
+            got = tf_hash64(stored + o, (size_t)n, 0);
+            if (got != f->chunk_sums[i])
+                TF_FAIL(-TF_ECHECKSUM, "%s: chunk checksum %llu (token section bytes [%llu, %llu)): expected %016llx, found %016llx. The shard is corrupt: restore it from a good copy or regenerate it.",
+                        f->path, (ull)i, (ull)o, (ull)(o + n), (ull)f->chunk_sums[i], (ull)got);
+        }
     }
     return 0;
 }
@@ -559,8 +740,7 @@ int tf__open_native_dir(const char *dir, const tf_open_options *opt, tf_file **f
     if (!mpath) return -ENOMEM;
     void *map = NULL;
     size_t mlen = 0;
-    struct stat st;
-    if (stat(mpath, &st) != 0 && errno == ENOENT) {
+    if (!tf__file_exists(mpath)) {
         free(mpath);
         TF_FAIL(-TF_EFORMAT, "%s: no manifest: the write did not finish or this is not a tokenfeed dataset. Expected %s/%s; rerun the writer to completion, or pass the path of a single file.",
                 dir, dir, TF_MANIFEST_NAME);

@@ -47,8 +47,7 @@ int tf__open_raw(const char *path, const tf_open_options *opt, tf_file *f) {
     char *ip = malloc(pl + 7);
     if (!ip) return -ENOMEM;
     sprintf(ip, "%s.index", path);
-    struct stat st;
-    if (stat(ip, &st) != 0) {
+    if (!tf__file_exists(ip)) {
         free(ip);
         return 0;
     }

@@ -77,6 +77,21 @@ typedef struct tf_file {
      * O(1): checksums for native files; header + sizes + sampled bytes for
      * foreign ones). */
     uint64_t fingerprint;
+
+    /* Native section offsets (set by the header parser) and the optional
+     * per-chunk checksums of the stored token section (flag bit 1):
+     * chunk_sums[i] is the XXH64 of stored bytes [i * chunk_sum_bytes, +). */
+    uint64_t tokens_offset, docs_offset;
+    const uint64_t *chunk_sums;
+    uint64_t num_chunk_sums, chunk_sum_bytes, chunks_checksum;
+
+    /* A remote file (remote_open.c): no token byte is mapped (tokens and
+     * zdata are NULL); the object's bytes [data_off, + token bytes) are read
+     * through the node-local chunk cache. remote_meta holds the metadata
+     * (native document index and tables) the pointers above point into. */
+    struct tf__robj *remote;
+    uint64_t data_off;
+    void *remote_meta;
 } tf_file;
 
 /* Sequence j of a Megatron file: byte offset in the .bin and length in tokens. */
@@ -112,6 +127,8 @@ TF_HIDDEN int tf__parse_native_header(const char *path, const uint8_t *buf, size
 #define TF_NATIVE_HEADER_SIZE 256u
 #define TF_NATIVE_TOKENS_ALIGN 4096u
 #define TF_NATIVE_FLAG_ZSTD 1u
+#define TF_NATIVE_FLAG_CHUNKS 2u /* a table of per-chunk checksums follows the other sections */
+#define TF_NATIVE_CHUNK_BYTES (64u << 10) /* default bytes per chunk checksum */
 #define TF_NATIVE_HDR_CHECKSUM_AT 248u
 /* Largest accepted block_tokens * itemsize: readers allocate one block. */
 #define TF_NATIVE_MAX_BLOCK_BYTES (1ull << 30)
@@ -156,6 +173,16 @@ typedef struct tf_npy_header {
 TF_HIDDEN int tf__parse_npy_header(const char *path, const uint8_t *buf, size_t len, tf_npy_header *h);
 
 /* ---- file.c: one file's bytes, whatever its format ---------------------- */
+
+/* Whether path names an existing regular file (a remote object during a
+ * remote open: see remote_open.c). */
+TF_HIDDEN int tf__file_exists(const char *path);
+
+/* Open the URLs urls[0, n) (remote objects read through remote, which may be
+ * NULL only to fail with a message) and append their files, as open_one does
+ * for local paths. remote_open.c. */
+TF_HIDDEN int tf__open_remote_many(const char *const *urls, size_t n, const tf_open_options *opt,
+                                   tf_remote *remote, tf_file **files, uint64_t *nfiles, uint64_t *cap);
 
 /* Map a whole file read-only. Empty files are mapped as NULL with len 0.
  * Returns -errno with a message naming the path. */

@@ -197,6 +197,7 @@ void tf_writer_options_init(tf_writer_options *opt) {
     opt->level = 3;
     opt->block_tokens = 65536;
     opt->overwrite = 0;
+    opt->chunk_checksum_bytes = TF_NATIVE_CHUNK_BYTES;
 }
 
 static int check_options(const tf_writer_options *o) {
@@ -209,6 +210,9 @@ static int check_options(const tf_writer_options *o) {
         TF_FAIL(-EINVAL, "vocab_size: %llu ids do not fit dtype %s (at most %llu). Use dtype=\"%s\".", (ull)o->vocab_size,
                 tf_dtype_name(o->dtype), 1ull << (8 * isz), isz == 1 ? "uint16" : "uint32");
     if (o->shard_tokens == 0) TF_FAIL(-EINVAL, "shard_tokens: expected > 0, found 0");
+    uint64_t cb = o->chunk_checksum_bytes;
+    if (cb && (cb < 4096 || cb > (1ull << 30) || (cb & (cb - 1))))
+        TF_FAIL(-EINVAL, "chunk_checksum_bytes: expected 0 or a power of two from 4096 to 2^30, found %llu", (ull)cb);
     if (o->compression != TF_COMPRESS_NONE && o->compression != TF_COMPRESS_ZSTD)
         TF_FAIL(-EINVAL, "compression: expected none (0) or zstd (1), found %d", o->compression);
     if (o->compression == TF_COMPRESS_ZSTD) {
@@ -433,6 +437,46 @@ static int put_tokens(tf_writer *w, const uint8_t *t, uint64_t n) {
 #endif
 }
 
+/* The chunk checksum table (docs/format.md): XXH64 of every cb bytes of the
+ * stored token section [tok_off, tok_off + tok_bytes), read back from the
+ * shard being written (a second pass over bytes the page cache still holds,
+ * so that the writing path itself stays as it is). Returns a malloc'ed table
+ * of *n entries (n may be 0). */
+static int chunk_table(tf_writer *w, uint64_t tok_off, uint64_t tok_bytes, uint64_t cb, uint8_t **out, uint64_t *n) {
+    *out = NULL;
+    *n = tok_bytes / cb + (tok_bytes % cb != 0);
+    if (!*n) return 0;
+    uint8_t *t = malloc(*n * 8), *buf = malloc((size_t)cb);
+    if (!t || !buf) {
+        free(t);
+        free(buf);
+        return -ENOMEM;
+    }
+    int rfd = open(w->tmp_path, O_RDONLY | O_CLOEXEC);
+    int rc = rfd < 0 ? -errno : 0;
+    for (uint64_t i = 0; i < *n && !rc; i++) {
+        uint64_t o = i * cb, len = tok_bytes - o < cb ? tok_bytes - o : cb, got = 0;
+        while (got < len) {
+            ssize_t r = pread(rfd, buf + got, (size_t)(len - got), (off_t)(tok_off + o + got));
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) {
+                rc = r < 0 ? -errno : -EIO;
+                break;
+            }
+            got += (uint64_t)r;
+        }
+        if (!rc) tf__put_le64(t + 8 * i, tf_hash64(buf, (size_t)len, 0));
+    }
+    if (rfd >= 0) close(rfd);
+    free(buf);
+    if (rc) {
+        free(t);
+        TF_FAIL(rc, "%s: cannot read the token section back for its chunk checksums: %s", w->tmp_path, strerror(-rc));
+    }
+    *out = t;
+    return 0;
+}
+
 static int close_shard(tf_writer *w) {
     int compressed = w->opt.compression == TF_COMPRESS_ZSTD;
 #ifdef TF_HAVE_ZSTD
@@ -453,6 +497,18 @@ static int close_shard(tf_writer *w) {
         bsum = tf_hash64(w->table, (size_t)blk_bytes, 0);
         TF_TRY(put_bytes(w, w->table, (size_t)blk_bytes));
     }
+    uint64_t ck_off = 0, ck_n = 0, ck_sum = 0, cb = w->opt.chunk_checksum_bytes;
+    if (cb) {
+        uint8_t *ct = NULL;
+        TF_TRY(flush_io(w)); /* the token section must be on file to be read back */
+        TF_TRY(chunk_table(w, TF_NATIVE_TOKENS_ALIGN, tok_bytes, cb, &ct, &ck_n));
+        TF_TRY(pad_to(w, 8));
+        ck_off = w->pos + w->iolen;
+        ck_sum = tf_hash64(ct, (size_t)(ck_n * 8), 0);
+        int prc = put_bytes(w, ct, (size_t)(ck_n * 8));
+        free(ct);
+        TF_TRY(prc);
+    }
     TF_TRY(flush_io(w));
     uint64_t tsum = tf__xxh64_digest(&w->tok_hash);
 
@@ -461,7 +517,7 @@ static int close_shard(tf_writer *w) {
     memcpy(h, TF_NATIVE_MAGIC, 8);
     tf__put_le32(h + 8, TF_NATIVE_VERSION);
     tf__put_le32(h + 12, TF_NATIVE_HEADER_SIZE);
-    tf__put_le32(h + 16, compressed ? TF_NATIVE_FLAG_ZSTD : 0);
+    tf__put_le32(h + 16, (compressed ? TF_NATIVE_FLAG_ZSTD : 0) | (cb ? TF_NATIVE_FLAG_CHUNKS : 0));
     tf__put_le32(h + 20, tf__native_dtype_code(w->opt.dtype));
     tf__put_le64(h + 24, w->opt.vocab_size);
     tf__put_le64(h + 32, w->cur_tokens);
@@ -477,6 +533,12 @@ static int close_shard(tf_writer *w) {
     tf__put_le64(h + 112, dsum);
     tf__put_le64(h + 120, bsum);
     tf__put_le64(h + 128, w->pos);
+    if (cb) {
+        tf__put_le64(h + 136, ck_off);
+        tf__put_le64(h + 144, ck_n * 8);
+        tf__put_le64(h + 152, cb);
+        tf__put_le64(h + 160, ck_sum);
+    }
     tf__put_le64(h + TF_NATIVE_HDR_CHECKSUM_AT, tf_hash64(h, TF_NATIVE_HDR_CHECKSUM_AT, 0));
     TF_TRY(pwrite_all(w->fd, h, sizeof h, 0, w->tmp_path));
     if (fsync(w->fd) != 0) {

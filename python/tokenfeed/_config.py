@@ -175,10 +175,11 @@ def want_bits(position_ids: bool = False, cu_seqlens: bool = False, loss_mask: b
 @dataclass(frozen=True)
 class EngineConfig:
     """How this rank's batches are assembled: ``batch_size`` samples per rank, output
-    ``dtype``, the extras asked for, worker threads, ring depth and read backend (``None``
-    means the engine's default). ``rank``/``world_size`` are the data-parallel rank and
-    size; ``cp_rank``/``cp_size`` the context-parallel ones: the rank's load-balanced share
-    of every sample (docs/packing.md), which never changes the stream."""
+    ``dtype``, the extras asked for, worker threads, ring depth, read backend and the
+    size of the zstd block cache (``None`` means the engine's default). ``rank``/``world_size``
+    are the data-parallel rank and size; ``cp_rank``/``cp_size`` the context-parallel ones:
+    the rank's load-balanced share of every sample (docs/packing.md), which never changes
+    the stream."""
 
     batch_size: int
     rank: int = 0
@@ -191,14 +192,18 @@ class EngineConfig:
     prefetch: Optional[int] = None
     backend: Optional[str] = None
     direct_io: bool = False
+    zstd_cache_bytes: Optional[int] = None  # decompressed zstd blocks; None: sized from the shuffle
     cp_rank: int = 0
     cp_size: int = 1
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "rank", "world_size", "cp_rank", "cp_size"):
             check_int(name, getattr(self, name))
-        for name in ("num_threads", "prefetch"):
+        for name in ("num_threads", "prefetch", "zstd_cache_bytes"):
             check_int(name, getattr(self, name), optional=True)
+        if self.zstd_cache_bytes is not None and self.zstd_cache_bytes < 0:
+            raise ValueError(f"zstd_cache_bytes must be >= 0 (0 or None: sized from the shuffle), "
+                             f"got {self.zstd_cache_bytes}")
         # the global batch and the rank's slice of it are computed here
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
@@ -222,7 +227,8 @@ class EngineConfig:
         """Keyword arguments of ``_core.Loader``."""
         return dict(batch_size=self.batch_size, rank=self.rank, world_size=self.world_size, dtype=self.dtype,
                     want=self.want, num_threads=self.num_threads or 0, prefetch=self.prefetch or 0,
-                    backend=self.backend, direct_io=bool(self.direct_io), cp_rank=self.cp_rank, cp_size=self.cp_size)
+                    backend=self.backend, direct_io=bool(self.direct_io),
+                    zstd_cache_bytes=int(self.zstd_cache_bytes or 0), cp_rank=self.cp_rank, cp_size=self.cp_size)
 
     def build(self, order: Any) -> Any:
         """The C engine over ``order`` (a ``_core.Order`` whose global batch is this one's)."""

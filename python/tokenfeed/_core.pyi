@@ -70,7 +70,7 @@ class _FileInfo(TypedDict):
 
 class Dataset:
     def __new__(cls, paths: Sequence[Union[str, bytes, PathLike[str], PathLike[bytes]]], dtype: _DTypeArg = ...,
-                format: Optional[str] = ...) -> "Dataset": ...
+                format: Optional[str] = ..., remote: Optional["Remote"] = ...) -> "Dataset": ...
     @property
     def info(self) -> Dict[str, Any]: ...  # _DatasetInfo
     @property
@@ -82,10 +82,51 @@ class Dataset:
     def find_document(self, pos: int, /) -> int: ...
     def verify(self, threads: int = 0, progress: Optional[Callable[[int, int], object]] = None) -> None: ...
 
+class _RemoteStats(TypedDict):
+    requests: int
+    bytes_fetched: int
+    retries: int
+    chunks_fetched: int
+    chunk_hits: int
+    chunk_waits: int
+    refetches: int
+    evictions: int
+    bytes_evicted: int
+    wait_s: float
+    cache_bytes: int
+    cache_limit: int
+    chunk_bytes: int
+    small_reads: int
+
+class _CacheInfo(TypedDict):
+    bytes: int
+    chunks: int
+    fetching: int
+    objects: int
+    processes: int
+    temp_bytes: int
+
+class Remote:
+    # transport: an object with stat(url) -> (size, version), read_into(url, version, size, offset,
+    # buffer) -> int and optionally list(prefix) -> iterable of (url, size, version)
+    def __new__(cls, transport: Any, cache_dir: Union[str, PathLike[str]], cache_limit: int = ...,
+                chunk_bytes: int = ..., prefetch_bytes: int = ..., fetch_threads: int = ..., max_attempts: int = ...,
+                backoff_ms: int = ..., backoff_max_ms: int = ..., deadline_ms: int = ...) -> "Remote": ...
+    @property
+    def cache_dir(self) -> str: ...
+    @property
+    def transport(self) -> Any: ...
+    def stat(self, url: str, /) -> Tuple[int, str]: ...
+    def read(self, url: str, size: int, version: str, offset: int, length: int, /) -> bytes: ...
+    def stats(self) -> Dict[str, Any]: ...  # the keys and types of _RemoteStats
+
+def cache_info(dir: Union[str, PathLike[str]], /) -> Dict[str, int]: ...  # _CacheInfo
+def cache_prune(dir: Union[str, PathLike[str]], keep_bytes: int, /) -> None: ...
+
 class Writer:
     def __new__(cls, path: Union[str, bytes, PathLike[str], PathLike[bytes]], dtype: _DTypeArg = ...,
                 vocab_size: int = ..., shard_tokens: int = ..., compression: Optional[str] = ..., level: int = ...,
-                block_tokens: int = ..., overwrite: bool = ...) -> "Writer": ...
+                block_tokens: int = ..., overwrite: bool = ..., chunk_checksum_bytes: Optional[int] = ...) -> "Writer": ...
     @property
     def counts(self) -> Optional[Tuple[int, int]]: ...
     def add_document(self, tokens: npt.ArrayLike, /) -> None: ...
@@ -137,6 +178,19 @@ class Order:
     def sample_at(self, pos: npt.ArrayLike, /) -> _UIntArray: ...
     def fill(self, sample: int, dtype: _DTypeArg = None, want: int = 0) -> Dict[str, npt.NDArray[Any]]: ...
 
+class _ZstdStats(TypedDict):
+    cache_bytes: int
+    cache_allocated: int
+    blocks_decoded: int
+    tokens_decoded: int
+    tokens_used: int
+    cache_hits: int
+    cache_misses: int
+    cache_waits: int
+    decode_ratio: float
+    decode_model: float
+    note: str
+
 class _LoaderStats(TypedDict):
     batches: int
     tokens: int
@@ -147,6 +201,7 @@ class _LoaderStats(TypedDict):
     backend: str
     num_threads: int
     backend_note: str
+    zstd: Optional[_ZstdStats]
 
 class Loader:
     # The engine over an Order built once (its global_batch is batch_size * world_size);
@@ -154,8 +209,8 @@ class Loader:
     # rank's context-parallel share of every sample. An unknown keyword is a TypeError.
     def __new__(cls, order: Order, /, *, batch_size: int = 8, rank: int = 0, world_size: int = 1,
                 dtype: _DTypeArg = None, want: int = 0, num_threads: int = 0, prefetch: int = 0,
-                backend: Optional[str] = None, direct_io: bool = False, cp_rank: int = 0,
-                cp_size: int = 1) -> "Loader": ...
+                backend: Optional[str] = None, direct_io: bool = False, zstd_cache_bytes: int = 0,
+                cp_rank: int = 0, cp_size: int = 1) -> "Loader": ...
     @property
     def position(self) -> int: ...
     @property
@@ -188,6 +243,18 @@ class DeviceTensor:
     def __dlpack_device__(self) -> Tuple[int, int]: ...
     def synchronize(self) -> None: ...
     def _view(self, offset: int, shape: Sequence[int], strides: Sequence[int], /) -> "DeviceTensor": ...
+
+class DeviceLoader:
+    def __new__(cls, loader: Loader, /, *, device: int = 0, prefetch: int = 0, slots: int = 0) -> "DeviceLoader": ...
+    @property
+    def position(self) -> int: ...
+    @property
+    def closed(self) -> bool: ...
+    def next(self) -> Dict[str, DeviceTensor]: ...
+    def seek(self, position: int, /) -> None: ...
+    def start(self) -> None: ...
+    def close(self) -> None: ...
+    def stats(self) -> Dict[str, Any]: ...
 
 class DeviceRing:
     def __new__(cls, device: int, slot_bytes: int, slots: int) -> "DeviceRing": ...

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Union
 
 import numpy as np
 
-from . import _core
+from . import _core, _remote
 from ._progress import Progress
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -35,11 +35,17 @@ class Dataset:
     ``ds[i]`` is document ``i`` as a NumPy array (zero-copy where possible).
     """
 
-    def __init__(self, paths: Sequence[str], dtype: Optional[str] = None, format: Optional[str] = None) -> None:
+    def __init__(self, paths: Sequence[str], dtype: Optional[str] = None, format: Optional[str] = None,
+                 remote: Optional[Dict[str, Any]] = None) -> None:
         self._paths = list(paths)
         self._dtype_arg = dtype
         self._format_arg = format
-        self._core = _core.Dataset(self._paths, dtype=dtype, format=format)
+        self._remote_args = remote
+        store = None
+        if any(_remote.is_url(p) for p in self._paths):
+            store = _remote.get_store(**(remote or {}))
+        self._store = store
+        self._core = _core.Dataset(self._paths, dtype=dtype, format=format, remote=store)
         info = self._core.info
         self.num_tokens: int = info["num_tokens"]
         self.num_documents: int = info["num_documents"]
@@ -51,7 +57,11 @@ class Dataset:
 
     # pickles as paths + options: a spawned DataLoader worker re-opens the files
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Dataset, (self._paths, self._dtype_arg, self._format_arg))
+        return (Dataset, (self._paths, self._dtype_arg, self._format_arg, self._remote_args))
+
+    def cache_stats(self) -> Optional[Dict[str, Any]]:
+        """For a remote dataset: requests, bytes fetched, chunks fetched and hit, cache usage (else None)."""
+        return None if self._store is None else dict(self._store.stats(), cache_dir=self._store.cache_dir)
 
     @property
     def paths(self) -> list[str]:
@@ -127,7 +137,11 @@ class Dataset:
                 f"fingerprint={self.fingerprint})")
 
 
-def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, format: Optional[str] = None) -> Dataset:
+def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, format: Optional[str] = None,
+         cache_dir: Optional[PathLike] = None, cache_limit: Union[int, str, None] = None,
+         endpoint_url: Optional[str] = None, chunk_size: Union[int, str, None] = None,
+         prefetch: Union[int, str, None] = None, fetch_threads: Optional[int] = None,
+         storage_options: Optional[Dict[str, Any]] = None, request_timeout: Optional[float] = None) -> Dataset:
     """Open token data in place and return a :class:`Dataset`.
 
     ``path`` is a tokenfeed dataset directory or shard, a Megatron ``.bin/.idx`` prefix,
@@ -136,8 +150,29 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     concatenated in order. The format is detected unless ``format=`` names one
     (``"tokenfeed"``, ``"megatron"``, ``"llm.c"``, ``"raw"``, ``"npy"``).
     Malformed input raises :class:`tokenfeed.FormatError` naming the file and field.
+
+    Any path may be a URL in object storage (``s3://bucket/prefix/``, ``gs://``, ``az://``,
+    ``https://``; needs ``pip install 'tokenfeed[remote]'``): open reads metadata only, and
+    token bytes reach the loader through a bounded local cache filled ahead of use
+    (docs/remote.md). ``cache_dir`` (default ``$TOKENFEED_CACHE_DIR`` or
+    ``~/.cache/tokenfeed/remote``) is shared by every process of the node; ``cache_limit``
+    caps it (bytes or ``"200GB"``); ``endpoint_url`` (default ``$AWS_ENDPOINT_URL_S3`` /
+    ``$AWS_ENDPOINT_URL``) points ``s3://`` at an S3-compatible store; ``chunk_size``,
+    ``prefetch`` (bytes kept requested ahead) and ``fetch_threads`` tune the transfers;
+    ``request_timeout`` (seconds, default 60) bounds one request before it is retried;
+    ``storage_options`` go to the client (never printed).
     """
-    return Dataset(_as_paths(path), dtype=_dtype_name(dtype), format=format)
+    paths = _as_paths(path)
+    remote: Optional[Dict[str, Any]] = None
+    opts = {"cache_dir": cache_dir, "cache_limit": cache_limit, "endpoint_url": endpoint_url,
+            "chunk_size": chunk_size, "prefetch": prefetch, "fetch_threads": fetch_threads,
+            "storage_options": storage_options, "request_timeout": request_timeout}
+    if any(_remote.is_url(p) for p in paths):
+        remote = _remote.store_options(**opts)  # type: ignore[arg-type]
+    elif any(v is not None for v in opts.values()):
+        given = ", ".join(k for k, v in opts.items() if v is not None)
+        raise ValueError(f"{given}: only for remote paths (s3://, gs://, az://, https://); no path here is remote")
+    return Dataset(paths, dtype=_dtype_name(dtype), format=format, remote=remote)
 
 
 def _dtype_for_vocab(vocab_size: int) -> str:
@@ -165,11 +200,14 @@ class DatasetWriter:
     renamed, and the manifest is written last. If the block raises, everything written
     is discarded and any dataset that was already in ``path`` stays as it was.
     ``dtype`` defaults to the smallest of uint8/uint16/uint32 that holds ``vocab_size``.
+    ``chunk_checksum_bytes`` (a power of two, default 64 KiB) adds a checksum per that many
+    stored bytes, so that reading the dataset from object storage checks every fetched piece
+    (docs/format.md); 0 writes shards that tokenfeed versions without that table can read.
     """
 
     def __init__(self, path: PathLike, *, vocab_size: int, dtype: DTypeLike = None, shard_tokens: int = 1 << 28,
                  compression: Optional[str] = None, level: int = 3, block_tokens: int = 1 << 16,
-                 overwrite: bool = False) -> None:
+                 overwrite: bool = False, chunk_checksum_bytes: int = 1 << 16) -> None:
         if not isinstance(vocab_size, (int, np.integer)) or vocab_size <= 0:
             raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
         if dtype is None:
@@ -190,7 +228,8 @@ class DatasetWriter:
         self._w: Optional[Any] = _core.Writer(self.path, dtype=name, vocab_size=int(vocab_size),
                                               shard_tokens=int(shard_tokens), compression=compression,
                                               level=int(level), block_tokens=int(block_tokens),
-                                              overwrite=bool(overwrite))
+                                              overwrite=bool(overwrite),
+                                              chunk_checksum_bytes=int(chunk_checksum_bytes))
         self._counts = (0, 0)
 
     def add_document(self, tokens: Any) -> None:

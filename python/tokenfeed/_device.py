@@ -1,15 +1,20 @@
-"""The device path: host batches (NumPy) to GPU tensors through tokenfeed's device ring.
+"""The device path: batches on the GPU, through tokenfeed's C device layer.
 
 The C device layer loads the CUDA runtime at run time (``dlopen``; no toolkit is
-needed to build), copies each batch from page-locked staging into a preallocated
-device slot on its own non-blocking stream, and hands the result out through DLPack:
-the consumer's stream waits on the copy's event (no host wait, no device-wide sync),
-and a slot is reused only after an event recorded on the consumer's stream when the
-tensor is freed has completed. See ``docs/gpu.md``.
+needed to build) and hands batches out through DLPack: the consumer's stream waits on
+the copy's event (no host wait, no device-wide sync), and a slot is reused only after
+an event recorded on the consumer's stream when the tensor is freed has completed. See
+``docs/gpu.md``.
 
-``DeviceFeeder(device)(batch)`` turns one host batch dict into device tensors: torch
-tensors (``torch.from_dlpack``, on torch's current stream) when torch with CUDA is
-importable, else :class:`tokenfeed._core.DeviceTensor` objects that implement
+:class:`DeviceStage` is what ``Loader(device=...)`` uses: a copy thread in C takes each
+batch from the engine as soon as it is assembled (in page-locked memory) and issues its
+copy to the device at once, ``device_prefetch`` batches ahead of ``next()``.
+
+``DeviceFeeder(device)(batch)`` moves host batch dicts you already have (from
+DataLoader workers, say) onto the device: each call copies the batch into pinned
+staging and issues its copy then. Values are torch tensors (``torch.from_dlpack``, on
+torch's current stream) when torch with CUDA is importable, else
+:class:`tokenfeed._core.DeviceTensor` objects that implement
 ``__dlpack__``/``__dlpack_device__`` for CuPy, JAX and others.
 """
 from __future__ import annotations
@@ -22,7 +27,7 @@ import numpy as np
 
 from . import _core
 
-__all__ = ["DeviceFeeder", "cuda_available", "parse_device"]
+__all__ = ["DeviceFeeder", "DeviceStage", "cuda_available", "parse_device"]
 
 # Arrays of a batch that are views of "tokens" rather than buffers of their own.
 _TOKEN_VIEWS = {"input_ids": 0, "labels": 1}
@@ -168,3 +173,79 @@ class DeviceFeeder:
             self._ring.close()
         self._ring = None
         self._slot_bytes = -1
+
+
+def _check_cuda(index: int) -> None:
+    ok, why = cuda_available()
+    if not ok:
+        raise RuntimeError(f"device='cuda:{index}' was requested but CUDA is not available: {why}. "
+                           f"Use device=None (CPU batches), or fix the CUDA installation.")
+
+
+def _output_torch(output: str) -> Any:
+    """torch for output "torch"/"auto" when it has CUDA; None for DeviceTensors."""
+    if output not in ("auto", "torch", "dlpack"):
+        raise ValueError(f"output must be 'auto', 'torch' or 'dlpack', got {output!r}")
+    torch = _torch_cuda() if output in ("auto", "torch") else None
+    if output == "torch" and torch is None:
+        raise RuntimeError("output='torch' needs PyTorch built with CUDA (torch.cuda.is_available() is False)")
+    return torch
+
+
+class DeviceStage:
+    """A Loader's batches on one CUDA device, copied ahead of the consumer (``Loader(device=...)``).
+
+    Wraps :class:`tokenfeed._core.DeviceLoader` over the Loader's engine: from creation
+    on, the engine assembles batches in page-locked buffers and a C thread issues each
+    batch's host-to-device copy the moment it is assembled, ``prefetch`` batches ahead
+    of :meth:`next`, into ``slots`` device slots (``None``: ``prefetch + 2``).
+    :meth:`next` returns a dict of torch tensors (``torch.from_dlpack``: torch's current
+    stream waits for the copy on the GPU) or of ``DeviceTensor`` objects.
+    """
+
+    def __init__(self, engine: Any, index: int, *, prefetch: int = 2, slots: Optional[int] = None,
+                 output: str = "auto") -> None:
+        for name, v, lo in (("device_prefetch", prefetch, 1), ("device_slots", slots, 2)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo):
+                raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+        _check_cuda(index)
+        self._torch = _output_torch(output)
+        self.output = "torch" if self._torch is not None else "dlpack"
+        self.index = index
+        self._core: Any = _core.DeviceLoader(engine, device=index, prefetch=int(prefetch),
+                                             slots=int(slots) if slots is not None else 0)
+
+    def next(self) -> Dict[str, Any]:
+        """The next batch on the device (its copy was issued ahead)."""
+        batch: Dict[str, Any] = self._core.next()
+        if self._torch is not None:
+            with self._torch.cuda.device(self.index):
+                return {k: self._torch.from_dlpack(v) for k, v in batch.items()}
+        return batch
+
+    @property
+    def position(self) -> int:
+        """Position of the next batch the consumer receives (never counts batches copied ahead)."""
+        p: int = self._core.position
+        return p
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._core.closed)
+
+    def seek(self, position: int) -> None:
+        """Move to ``position``: what was copied ahead is dropped and fetched again from there."""
+        self._core.seek(position)
+
+    def start(self) -> None:
+        """Start copying ahead now instead of at the first :meth:`next`."""
+        self._core.start()
+
+    def stats(self) -> Dict[str, Any]:
+        """copies_issued_ahead, consumer wait (mean, p99), host-to-device bytes and GB/s, staging copies, slots."""
+        st: Dict[str, Any] = self._core.stats()
+        return st
+
+    def close(self) -> None:
+        """Stop the copy thread and wait for copies in flight; batches handed out stay valid."""
+        self._core.close()

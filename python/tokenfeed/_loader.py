@@ -12,6 +12,7 @@ import dataclasses
 import importlib.util
 import os
 import sys
+import warnings
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -31,8 +32,60 @@ class StateError(ValueError):
     """A saved loader state does not match this loader (other data or configuration)."""
 
 
+class PerformanceWarning(UserWarning):
+    """A loader configuration that works, but will be much slower than it needs to be.
+
+    Emitted once per loader, e.g. when reading zstd-compressed data would decode more than
+    8x the tokens it delivers (a full shuffle over large compressed blocks). The same text
+    is in ``stats()["zstd"]["note"]``. Silence with ``warnings.filterwarnings("ignore",
+    category=tokenfeed.PerformanceWarning)``.
+    """
+
+
 def _torch_available() -> bool:
     return "torch" in sys.modules or importlib.util.find_spec("torch") is not None
+
+
+class _FeederStage:
+    """The device path of context-parallel batches (their input_ids/labels are arrays of their
+    own, THD lengths vary): each batch the engine assembled is copied to the GPU when ``next()``
+    takes it, through :class:`tokenfeed._device.DeviceFeeder`, with the interface of
+    ``DeviceStage`` that the Loader drives."""
+
+    def __init__(self, engine: Any, index: int, *, prefetch: int = 2, slots: Optional[int] = None,
+                 output: str = "auto") -> None:
+        from ._device import DeviceFeeder
+
+        self._engine = engine
+        self._feeder: Optional[Any] = DeviceFeeder(index, output=output, slots=slots or prefetch + 2)
+
+    def next(self) -> Dict[str, Any]:
+        if self._feeder is None:
+            raise ValueError("the loader is closed")
+        out: Dict[str, Any] = self._feeder(self._engine.next())  # the host batch returns to the ring when dropped
+        return out
+
+    @property
+    def position(self) -> int:
+        return int(self._engine.position)
+
+    @property
+    def closed(self) -> bool:
+        return self._feeder is None
+
+    def seek(self, position: int) -> None:
+        self._engine.seek(position)
+
+    def start(self) -> None:
+        pass
+
+    def stats(self) -> Dict[str, Any]:
+        return dict(self._feeder.info()) if self._feeder is not None else {}
+
+    def close(self) -> None:
+        if self._feeder is not None:
+            self._feeder.close()
+            self._feeder = None
 
 
 class Loader:
@@ -59,9 +112,13 @@ class Loader:
     rank gets the same number of batches.
 
     ``device="cuda"`` (or ``"cuda:N"``; the index defaults to ``LOCAL_RANK``) yields
-    device tensors, copied through pinned memory on a side stream and ready on the
-    consumer's current stream (see ``docs/gpu.md``); without CUDA it raises a
-    ``RuntimeError`` that says why.
+    device tensors, ready on the consumer's current stream (see ``docs/gpu.md``): the
+    engine assembles batches in page-locked memory and a C thread issues each batch's
+    copy to the GPU as soon as it is assembled, ``device_prefetch`` (default 2) batches
+    ahead of ``next()``, into ``device_slots`` device buffers (default
+    ``device_prefetch + 2``: the consumer may hold two batches at once). ``position``
+    and ``state_dict()`` count the batches you received, never those copied ahead.
+    Without CUDA it raises a ``RuntimeError`` that says why.
 
     ``num_threads`` (default: the engine's choice for the backend, at most 256) and
     ``prefetch`` (batches assembled ahead, default ``2 * num_threads + 2``, at most 4096)
@@ -71,6 +128,13 @@ class Loader:
 
     The C engine's threads and buffers start lazily in the process that iterates, so a
     Loader can be created before ``fork`` or pickled to a ``spawn`` worker.
+
+    On zstd-compressed data the workers share a cache of decompressed blocks sized from
+    the shuffle (a block-shuffle window: ~86 MiB at the defaults, at most 1 GiB);
+    ``zstd_cache_bytes`` sets it instead. It changes how often a block is decoded, never
+    the stream. ``stats()["zstd"]`` reports it, with the tokens decoded per token
+    delivered; a configuration predicted to decode more than 8x what it delivers gets a
+    :class:`PerformanceWarning` when the loader is created (see ``docs/performance.md``).
     """
 
     def __init__(self, dataset: Union[Dataset, PathLike, Sequence[Any]], *, seq_len: int, batch_size: int,
@@ -82,23 +146,24 @@ class Loader:
                  block_size: int = 1024, window_blocks: int = 16, packing: str = "concat",
                  pad_id: Optional[int] = None, pack_window: int = 1024,
                  weights: Optional[Union[Sequence[Any], WeightSchedule, Mapping[str, Any]]] = None,
-                 mix_window: int = 1000,
-                 device: Any = None, device_slots: int = 4, device_mesh: Any = None,
-                 dp_rank: Optional[int] = None, dp_size: Optional[int] = None, cp_rank: Optional[int] = None,
-                 cp_size: Optional[int] = None, dp_dims: Sequence[str] = DEFAULT_DP_DIMS,
-                 cp_dim: Optional[str] = DEFAULT_CP_DIM) -> None:
+                 mix_window: int = 1000, zstd_cache_bytes: Optional[int] = None,
+                 device: Any = None, device_prefetch: int = 2, device_slots: Optional[int] = None,
+                 device_mesh: Any = None, dp_rank: Optional[int] = None, dp_size: Optional[int] = None,
+                 cp_rank: Optional[int] = None, cp_size: Optional[int] = None,
+                 dp_dims: Sequence[str] = DEFAULT_DP_DIMS, cp_dim: Optional[str] = DEFAULT_CP_DIM) -> None:
         # which part of the data this rank takes: its data-parallel slice of every global
         # batch and its context-parallel share of every sample (docs/guides/distributed.md)
         self.parallel: ParallelCoords = parallel_coords(device_mesh, dp_rank=dp_rank, dp_size=dp_size, cp_rank=cp_rank,
-                                        cp_size=cp_size, rank=rank, world_size=world_size, dp_dims=dp_dims,
-                                        cp_dim=cp_dim)
+                                                        cp_size=cp_size, rank=rank, world_size=world_size,
+                                                        dp_dims=dp_dims, cp_dim=cp_dim)
+        pc = self.parallel
         # one configuration, checked once: the engine's (the global batch comes from
         # it) and the stream's; the C library checks ranges when it builds them
-        pc = self.parallel
         self._engine_cfg = EngineConfig(
             batch_size=batch_size, rank=pc.dp_rank, world_size=pc.dp_size, dtype=dtype, position_ids=position_ids,
             cu_seqlens=cu_seqlens, loss_mask=loss_mask, num_threads=num_threads, prefetch=prefetch,
-            backend=backend, direct_io=direct_io, cp_rank=pc.cp_rank, cp_size=pc.cp_size)
+            backend=backend, direct_io=direct_io, zstd_cache_bytes=zstd_cache_bytes,
+            cp_rank=pc.cp_rank, cp_size=pc.cp_size)
         self._order_cfg = OrderConfig(
             seq_len=seq_len, seed=seed, shuffle=shuffle, block_size=block_size, window_blocks=window_blocks,
             separator_id=separator_id, packing=packing, pad_id=pad_id, pack_window=pack_window, weights=weights,
@@ -117,6 +182,7 @@ class Loader:
             self.dataset: Any = [d if isinstance(d, Dataset) else _open(d) for d in srcs]
         else:
             self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset)
+        requested_output = output
         if output == "auto":
             output = "torch" if _torch_available() else "numpy"
         self.output = output
@@ -124,19 +190,23 @@ class Loader:
         # the first batch, in the process that iterates)
         self._order = self._order_cfg.build(self._core_source())
         self._position = 0
-        self._engine: Optional[Any] = self._engine_cfg.build(self._order)
+        self._warned = False
+        self._engine: Optional[Any] = self._new_engine(stacklevel=3)
         # the global positions this engine has served, for the per-source accounting
         self._acct_ranges: List[Tuple[int, int]] = [(0, 0)]
-        # GPU hand-off (docs/gpu.md): None keeps batches on the CPU. Creating the
-        # feeder checks CUDA now, so a missing GPU fails here, not at the first batch.
-        from ._device import DeviceFeeder, parse_device
+        # The GPU hop (docs/gpu.md): None keeps batches on the CPU. The device stage
+        # is made now, so a missing GPU fails here, not at the first batch; from then
+        # on the engine works in page-locked memory.
+        from ._device import parse_device
 
         self.device_index = parse_device(device)
-        self._feeder_kw: Dict[str, Any] = dict(output="dlpack" if output == "numpy" else output,
-                                               slots=int(device_slots))
-        self._feeder: Optional[Any] = (DeviceFeeder(self.device_index, **self._feeder_kw)
-                                       if self.device_index is not None else None)
+        self._device_kw: Dict[str, Any] = dict(
+            prefetch=device_prefetch, slots=device_slots,
+            output="dlpack" if output == "numpy" else ("auto" if requested_output == "auto" else output))
+        self._device: Optional[Any] = None
         self._closed = False
+        if self.device_index is not None:
+            self._get_device()
         if output == "torch":
             import torch  # noqa: F401  (fail now, not at the first batch)
 
@@ -217,23 +287,49 @@ class Loader:
         return f"{self._order.fingerprint:016x}"
 
     # ---------------------------------------------------------------- engine
+    def _new_engine(self, stacklevel: int) -> Any:
+        """The C engine; warns once per loader when it predicts a slow configuration.
+        stacklevel: of the user's frame, counted from here."""
+        eng = self._engine_cfg.build(self._order)
+        z = eng.stats().get("zstd")
+        if z and z["note"] and not self._warned:
+            self._warned = True
+            warnings.warn(PerformanceWarning(f"tokenfeed: {z['note']} (docs/performance.md, 'Compressed data')"),
+                          stacklevel=stacklevel)
+        return eng
+
     def _get_engine(self) -> Any:
         if self._closed:
             raise ValueError("the loader is closed")
         # After fork() the engine object is a copy: the C layer notices the new
         # process on the next call and starts fresh threads at the same position.
         if self._engine is None:
-            eng = self._engine_cfg.build(self._order)
+            eng = self._new_engine(stacklevel=4)
             if self._position:
                 eng.seek(self._position)
             self._engine = eng
             self._acct_ranges = [(self._position, self._position)]
         return self._engine
 
+    def _get_device(self) -> Any:
+        # per process: made again after unpickling, over the engine at the position
+        if self._device is None:
+            from ._device import DeviceStage
+
+            assert self.device_index is not None
+            if self.cp_size > 1:  # CP batches have their own arrays: copied as host batches are
+                self._device = _FeederStage(self._get_engine(), self.device_index, **self._device_kw)
+            else:
+                self._device = DeviceStage(self._get_engine(), self.device_index, **self._device_kw)
+        return self._device
+
     @property
     def position(self) -> int:
         """Global stream position (in samples) of the next batch this rank will receive."""
-        if self._engine is not None and not self._engine.closed:
+        if self._device is not None:
+            if not self._device.closed:  # the engine runs ahead by what was copied to the GPU
+                self._position = self._device.position
+        elif self._engine is not None and not self._engine.closed:
             self._position = self._engine.position
         return self._position
 
@@ -251,13 +347,15 @@ class Loader:
         return max(0, (n - self.position) // self.global_batch)
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
+        if self.device_index is not None and not self._closed:
+            self._get_device().start()  # copies to the GPU begin with the loop, before the first next()
         return self
 
     def __next__(self) -> Dict[str, Any]:
-        batch: Dict[str, Any] = self._get_engine().next()
-        if self._feeder is not None:
-            out: Dict[str, Any] = self._feeder(batch)  # the host batch returns to the ring when dropped
+        if self.device_index is not None:
+            out: Dict[str, Any] = self._get_device().next()
             return out
+        batch: Dict[str, Any] = self._get_engine().next()
         if self.output == "torch":
             import torch
 
@@ -266,14 +364,18 @@ class Loader:
         return batch
 
     def close(self) -> None:
-        """Stop the worker threads. Batches already handed out stay valid."""
+        """Stop the worker threads (and the copies to the GPU, waiting for those in flight).
+        Batches already handed out stay valid."""
+        drove = self._device is not None
+        if self._device is not None:
+            self._position = self.position  # what the consumer received
+            self._device.close()  # (in another thread's next(): closed when that wakes up)
+            self._device = None
         if self._engine is not None:
-            self._position = self._engine.position
+            if not drove:  # else the engine may still be ahead by what was copied to the GPU
+                self._position = self._engine.position
             self._engine.close()
             self._engine = None
-        if self._feeder is not None:
-            self._feeder.close()
-            self._feeder = None
         self._closed = True
 
     def __enter__(self) -> "Loader":
@@ -284,6 +386,8 @@ class Loader:
 
     def __del__(self) -> None:
         try:
+            if self._device is not None:
+                self._device.close()
             if self._engine is not None:
                 self._engine.close()
         except Exception:
@@ -292,15 +396,32 @@ class Loader:
     def stats(self) -> Dict[str, Any]:
         """Batches, tokens, bytes read, backend in use, seconds the consumer waited, ring occupancy.
 
+        ``zstd`` is ``None`` without compressed files, else a dict: ``cache_bytes``
+        (capacity of the decompressed-block cache the workers share), ``cache_allocated``,
+        ``blocks_decoded``, ``tokens_decoded``, ``tokens_used`` (copied into batches),
+        ``decode_ratio`` (decoded / used so far), ``decode_model`` (predicted for this
+        configuration), ``cache_hits``, ``cache_misses``, ``cache_waits`` and ``note``
+        (why this configuration is slow on compressed data, or ``""``).
+
+        With a device, ``stats()["device"]`` adds the GPU hop: ``copies_issued_ahead``
+        (the fraction of batches received whose copy had been issued before ``next()``
+        asked), ``wait_mean_seconds``/``wait_p99_seconds`` (the consumer's wait in
+        ``next()``), ``h2d_bytes`` and ``h2d_gbps`` (copy time from CUDA events),
+        ``direct_copies``/``staging_copies`` and ``engine_buffers_locked``; the engine's
+        own counters then include the batches copied ahead.
+
         For a mixture also ``sources``: per source, what this rank's consumer received since
         the engine started (the Loader was created or restored): ``samples``, ``tokens``
         (input tokens that are not padding), ``documents`` (documents whose first token was
         among them), ``share`` (this rank's fraction of the samples), ``scheduled_share``
         (the schedule's fraction over the same global positions, all ranks together) and
-        ``weight`` (the intended proportion at the current step).
+        ``weight`` (the intended proportion at the current step). With a device, the counts
+        include the batches copied ahead, like the engine's.
         """
         eng = self._get_engine()
         st: Dict[str, Any] = eng.stats()
+        if self.device_index is not None:
+            st["device"] = self._get_device().stats()
         per = eng.source_stats()
         if per is not None:
             pos = self.position
@@ -362,16 +483,12 @@ class Loader:
         d["_position"] = self.position
         d["_engine"] = None
         d["_order"] = None
-        d["_feeder"] = None  # device state is per process; rebuilt where the loader lands
+        d["_device"] = None  # device state is per process; made again where the loader is used
         return d
 
     def __setstate__(self, d: Dict[str, Any]) -> None:
         self.__dict__.update(d)
         self._order = self._order_cfg.build(self._core_source())
-        if self.device_index is not None:
-            from ._device import DeviceFeeder
-
-            self._feeder = DeviceFeeder(self.device_index, **self._feeder_kw)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> Dict[str, Any]:
@@ -429,8 +546,11 @@ class Loader:
             self._hand_over(state, saved, now, pos)
         if self._engine is not None:
             self._acct_ranges = self._acct_ranges[:-1] + [(self._acct_ranges[-1][0], self.position), (pos, pos)]
-            self._engine.seek(pos)
         self._position = pos
+        if self._device is not None:
+            self._device.seek(pos)  # drops what was copied ahead; moves the engine
+        elif self._engine is not None:
+            self._engine.seek(pos)
 
     def _hand_over(self, state: Mapping[str, Any], saved: Dict[str, Any], now: Dict[str, Any], pos: int) -> None:
         """A mixture resumes where each source was: under the saved configuration (and its own
@@ -456,7 +576,11 @@ class Loader:
         if anchor != self._order_cfg.mix_anchor:
             self._order_cfg = dataclasses.replace(self._order_cfg, mix_anchor=anchor)
             self._order = self._order_cfg.build(self._core_source())
-            if self._engine is not None:  # the engine borrows the order: rebuild it over the new one
+            # the engine (and the device stage over it) borrow the order: made again over the new one
+            if self._device is not None:
+                self._device.close()
+                self._device = None
+            if self._engine is not None:
                 self._engine.close()
                 self._engine = None
 

@@ -383,6 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("build-info", help="what this build has (zstd, io_uring, CUDA), what is usable here, how to get the rest",
                    description="Print what the C core was built with and what is usable on this machine; for a "
                                "library the build lacks, which package to install.").set_defaults(func=cmd_build_info)
+    from ._cache_cli import add_parser as add_cache_parser
+
+    add_cache_parser(sub)
     return ap
 
 

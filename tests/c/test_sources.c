@@ -389,6 +389,19 @@ static void test_native_corrupt(void) {
     uint64_t ntok;
     memcpy(&ntok, b + 32, 8);
     put64(b + 104, tf_hash64(b + 4096, ntok * 2, 0));
+    uint32_t flags;
+    memcpy(&flags, b + 16, 4);
+    if (flags & 2) { /* the chunk checksum table covers the token too */
+        uint64_t ck_off, cb;
+        memcpy(&ck_off, b + 136, 8);
+        memcpy(&cb, b + 152, 8);
+        uint64_t nck = (ntok * 2 + cb - 1) / cb;
+        for (uint64_t i = 0; i < nck; i++) {
+            uint64_t len = ntok * 2 - i * cb < cb ? ntok * 2 - i * cb : cb;
+            put64(b + ck_off + 8 * i, tf_hash64(b + 4096 + i * cb, len, 0));
+        }
+        put64(b + 160, tf_hash64(b + ck_off, nck * 8, 0));
+    }
     fix_header(b);
     write_file(bad, b, n);
     CHECK_OK(tf_dataset_open(bad, NULL, &ds));

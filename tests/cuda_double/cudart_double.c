@@ -17,9 +17,18 @@
  *     records, waits on events, and "reads" queued by the tests to stand in
  *     for kernels. CUDA_DOUBLE_DELAY_US delays every operation; tests can
  *     pause a stream (cuda_double_pause) to hold its events pending.
- *   - An event counts records and completions: cudaEventQuery is "not ready"
- *     while the last record has not executed; cudaStreamWaitEvent waits for
- *     the record current at the call, as CUDA does.
+ *   - Each cudaEventRecord is a record of its own: cudaEventQuery is "not
+ *     ready" while the event's latest record has not executed;
+ *     cudaStreamWaitEvent waits for the record current at the call (none: no
+ *     wait), as CUDA does, even when the event is recorded again, on another
+ *     stream, before that one has run. A completed record keeps the time it
+ *     executed, for cudaEventElapsedTime (refused, as CUDA does, for events
+ *     created with cudaEventDisableTiming).
+ *   - Copies are host to device (from registered "pinned" memory or from
+ *     pageable memory: counted apart, because the real runtime stages a
+ *     pageable source through its own pinned buffer, a hidden host memcpy),
+ *     device to device and device to host. CUDA_DOUBLE_COPY_US / CUDA_DOUBLE_COPY_GBPS make
+ *     each copy take time on its stream, as a DMA engine would.
  *
  * Environment:
  *   CUDA_DOUBLE_DEVICES=N   devices (default 1; 0: cudaErrorNoDevice)
@@ -30,11 +39,14 @@
  *                           (cudaGetDeviceCount: insufficient driver)
  *   CUDA_DOUBLE_MEM=BYTES   per-process "device memory" (default unlimited)
  *   CUDA_DOUBLE_DELAY_US=N  sleep before each stream operation
+ *   CUDA_DOUBLE_COPY_US=N   each copy takes N more microseconds on its stream
+ *   CUDA_DOUBLE_COPY_GBPS=X each copy takes bytes / (X GB/s) more
  *   CUDA_DOUBLE_VERSION=N   cudaRuntimeGetVersion (default 12040)
  *
  * Extra exports for the tests: cuda_double_counter(name),
  * cuda_double_pause(stream, on), cuda_double_enqueue_read(stream, dev, n, out),
- * cuda_double_stream_drain(stream).
+ * cuda_double_stream_drain(stream), cuda_double_stream_pending(stream),
+ * cuda_double_is_pinned(ptr, n).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -65,9 +77,16 @@ enum {
 
 /* ---------------------------------------------------------------- state */
 
+/* One cudaEventRecord: shared by the event (while it is the latest), the
+ * record operation and the waits queued on it. */
+typedef struct rec {
+    int done, refs;
+    uint64_t done_ns; /* when it executed */
+} rec;
+
 typedef struct event {
-    uint64_t recorded, completed;
-    int live;
+    rec *last; /* latest record, NULL if never recorded */
+    int live, timing;
 } event;
 
 enum { OP_COPY, OP_RECORD, OP_WAIT, OP_READ, OP_EXIT };
@@ -78,8 +97,7 @@ typedef struct op {
     const void *src;
     size_t n;
     struct alloc *target; /* OP_COPY: destination allocation */
-    event *ev;
-    uint64_t gen;
+    rec *r;               /* OP_RECORD: the record; OP_WAIT: the record waited for (NULL: none) */
     struct op *next;
 } op;
 
@@ -114,8 +132,19 @@ static _Thread_local cudaError_t t_last;
 static struct {
     long long device_syncs, stream_syncs, event_queries, event_syncs, memcpys, mallocs, frees, live_allocs,
         streams_created, live_streams, events_created, live_events, registers, live_registered, stream_waits,
-        records, bad_frees, set_device;
+        records, bad_frees, set_device, h2d_pinned, h2d_pageable, h2d_bytes, d2d, d2d_bytes, d2h, elapsed;
 } C;
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static double env_double(const char *name) {
+    const char *v = getenv(name);
+    return v && *v ? atof(v) : 0.0;
+}
 
 static int env_int(const char *name, int dflt) {
     const char *v = getenv(name);
@@ -146,23 +175,36 @@ static int ndevices(void) { return env_int("CUDA_DOUBLE_DEVICES", 1); }
 
 /* ---------------------------------------------------------------- streams */
 
-static int event_done(const event *e, uint64_t gen) { return e->completed >= gen; }
+/* g_mu held. */
+static void rec_unref(rec *r) {
+    if (r && --r->refs == 0) free(r);
+}
 
 static void *stream_main(void *arg) {
     stream *s = arg;
     int delay = env_int("CUDA_DOUBLE_DELAY_US", 0);
+    int copy_us = env_int("CUDA_DOUBLE_COPY_US", 0);
+    double copy_gbps = env_double("CUDA_DOUBLE_COPY_GBPS");
     pthread_mutex_lock(&g_mu);
     for (;;) {
-        while (!s->head || s->paused || (s->head->kind == OP_WAIT && !event_done(s->head->ev, s->head->gen)))
+        while (!s->head || s->paused || (s->head->kind == OP_WAIT && s->head->r && !s->head->r->done))
             pthread_cond_wait(&g_cv, &g_mu);
         op *o = s->head;
         if (o->kind == OP_EXIT) break;
         s->busy = 1;
         pthread_mutex_unlock(&g_mu);
         if (delay) usleep((useconds_t)delay);
+        if (o->kind == OP_COPY) {
+            double us = copy_us + (copy_gbps > 0 ? (double)o->n / (copy_gbps * 1e3) : 0.0);
+            if (us >= 1.0) usleep((useconds_t)us);
+        }
         if (o->kind == OP_COPY || o->kind == OP_READ) memcpy(o->dst, o->src, o->n);
         pthread_mutex_lock(&g_mu);
-        if (o->kind == OP_RECORD && o->gen > o->ev->completed) o->ev->completed = o->gen;
+        if (o->kind == OP_RECORD) {
+            o->r->done = 1;
+            o->r->done_ns = now_ns();
+        }
+        if (o->kind == OP_RECORD || o->kind == OP_WAIT) rec_unref(o->r);
         if (o->kind == OP_COPY && o->target) o->target->pending--;
         s->head = o->next;
         if (!s->head) s->tail = NULL;
@@ -210,6 +252,14 @@ static alloc *find_alloc(const void *p, size_t n) {
     for (alloc *a = g_allocs; a; a = a->next)
         if ((const char *)p >= (char *)a->p && (const char *)p + n <= (char *)a->p + a->n) return a;
     return NULL;
+}
+
+/* g_mu held. Whether [p, p + n) lies in memory registered with
+ * cudaHostRegister. */
+static int registered(const void *p, size_t n) {
+    for (reg *r = g_regs; r; r = r->next)
+        if ((const char *)p >= (char *)r->p && (const char *)p + n <= (char *)r->p + r->n) return 1;
+    return 0;
 }
 
 /* ---------------------------------------------------------------- API */
@@ -360,6 +410,7 @@ API cudaError_t cudaEventCreateWithFlags(void **out, unsigned flags) {
     *out = e;
     if (!e) return ret(ERR_MEMORY);
     e->live = 1;
+    e->timing = !(flags & 0x2); /* cudaEventDisableTiming */
     __atomic_add_fetch(&C.events_created, 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&C.live_events, 1, __ATOMIC_RELAXED);
     return OK;
@@ -369,11 +420,12 @@ API cudaError_t cudaEventDestroy(void *h) {
     if (!h) return ret(ERR_HANDLE);
     event *e = h;
     pthread_mutex_lock(&g_mu);
-    /* Never freed: a wait queued on another stream may still look at it
-     * (CUDA keeps it alive until then too). A few bytes per event. */
+    /* Operations still queued hold its records, not the event. */
     e->live = 0;
     C.live_events--;
+    rec_unref(e->last);
     pthread_mutex_unlock(&g_mu);
+    free(e);
     return OK;
 }
 
@@ -390,8 +442,16 @@ API cudaError_t cudaEventRecord(void *h, void *st) {
     C.records++;
     event *e = h;
     o->kind = OP_RECORD;
-    o->ev = e;
-    o->gen = ++e->recorded;
+    rec *r = calloc(1, sizeof *r);
+    if (!r) {
+        pthread_mutex_unlock(&g_mu);
+        free(o);
+        return ret(ERR_MEMORY);
+    }
+    r->refs = 2; /* the event and the operation */
+    rec_unref(e->last);
+    e->last = r;
+    o->r = r;
     enqueue(resolve(st), o);
     pthread_mutex_unlock(&g_mu);
     return OK;
@@ -401,7 +461,7 @@ API cudaError_t cudaEventQuery(void *h) {
     event *e = h;
     pthread_mutex_lock(&g_mu);
     C.event_queries++;
-    int done = e->completed >= e->recorded;
+    int done = !e->last || e->last->done;
     pthread_mutex_unlock(&g_mu);
     return done ? OK : ERR_NOT_READY;
 }
@@ -410,10 +470,29 @@ API cudaError_t cudaEventSynchronize(void *h) {
     event *e = h;
     pthread_mutex_lock(&g_mu);
     C.event_syncs++;
-    uint64_t gen = e->recorded;
-    while (e->completed < gen) pthread_cond_wait(&g_cv, &g_mu);
+    rec *r = e->last;
+    if (r) {
+        r->refs++;
+        while (!r->done) pthread_cond_wait(&g_cv, &g_mu);
+        rec_unref(r);
+    }
     pthread_mutex_unlock(&g_mu);
     return OK;
+}
+
+/* Milliseconds between two completed records, as CUDA reports them. */
+API cudaError_t cudaEventElapsedTime(float *ms, void *start, void *end) {
+    event *a = start, *b = end;
+    if (!ms || !a || !b) return ret(ERR_VALUE);
+    pthread_mutex_lock(&g_mu);
+    C.elapsed++;
+    cudaError_t e = OK;
+    if (!a->timing || !b->timing) e = ERR_HANDLE;
+    else if (!a->last || !b->last || !a->last->done || !b->last->done)
+        e = ERR_NOT_READY;
+    else *ms = (float)((double)((int64_t)(b->last->done_ns - a->last->done_ns)) / 1e6);
+    pthread_mutex_unlock(&g_mu);
+    return e == OK ? OK : ret(e);
 }
 
 API cudaError_t cudaStreamWaitEvent(void *st, void *h, unsigned flags) {
@@ -422,27 +501,39 @@ API cudaError_t cudaStreamWaitEvent(void *st, void *h, unsigned flags) {
     pthread_mutex_lock(&g_mu);
     C.stream_waits++;
     o->kind = OP_WAIT;
-    o->ev = h;
-    o->gen = ((event *)h)->recorded;
+    o->r = ((event *)h)->last;
+    if (o->r) o->r->refs++;
     enqueue(resolve(st), o);
     pthread_mutex_unlock(&g_mu);
     return OK;
 }
 
+/* Host to device (1), device to host (2) and device to device (3) are
+ * modelled: the device ends must lie inside allocations. */
 API cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *st) {
-    if (kind != 1) return ret(ERR_VALUE); /* only host to device is modelled */
+    if (kind < 1 || kind > 3) return ret(ERR_VALUE);
     op *o = calloc(1, sizeof *o);
     if (!o) return ret(ERR_MEMORY);
     pthread_mutex_lock(&g_mu);
     long after = fail_param("memcpy_after");
-    alloc *a = find_alloc(dst, n);
-    if ((after >= 0 && C.memcpys >= after) || !a) {
+    alloc *a = kind == 2 ? NULL : find_alloc(dst, n);
+    if ((after >= 0 && C.memcpys >= after) || (kind != 2 && !a) || (kind != 1 && !find_alloc(src, n))) {
         pthread_mutex_unlock(&g_mu);
         free(o);
         return ret(ERR_VALUE);
     }
     C.memcpys++;
-    a->pending++;
+    if (kind == 2) {
+            C.d2h++;
+    } else if (kind == 3) {
+        C.d2d++;
+        C.d2d_bytes += (long long)n;
+    } else {
+        if (registered(src, n)) C.h2d_pinned++;
+        else C.h2d_pageable++;
+        C.h2d_bytes += (long long)n;
+    }
+    if (a) a->pending++;
     o->kind = OP_COPY;
     o->dst = dst;
     o->src = src;
@@ -510,7 +601,8 @@ API long long cuda_double_counter(const char *name) {
 #define X(f) if (!strcmp(name, #f)) v = C.f;
     X(device_syncs) X(stream_syncs) X(event_queries) X(event_syncs) X(memcpys) X(mallocs) X(frees)
     X(live_allocs) X(streams_created) X(live_streams) X(events_created) X(live_events) X(registers)
-    X(live_registered) X(stream_waits) X(records) X(bad_frees) X(set_device)
+    X(live_registered) X(stream_waits) X(records) X(bad_frees) X(set_device) X(h2d_pinned)
+    X(h2d_pageable) X(h2d_bytes) X(d2d) X(d2d_bytes) X(d2h) X(elapsed)
 #undef X
     pthread_mutex_unlock(&g_mu);
     return v;
@@ -545,4 +637,21 @@ API void cuda_double_stream_drain(void *st) {
     pthread_mutex_lock(&g_mu);
     drain(resolve(st));
     pthread_mutex_unlock(&g_mu);
+}
+
+/* Operations queued on st and not yet run. */
+API int cuda_double_stream_pending(void *st) {
+    pthread_mutex_lock(&g_mu);
+    int n = 0;
+    for (op *o = resolve(st)->head; o; o = o->next) n++;
+    pthread_mutex_unlock(&g_mu);
+    return n;
+}
+
+/* Whether [p, p + n) is registered host memory (1) or not (0). */
+API int cuda_double_is_pinned(const void *p, size_t n) {
+    pthread_mutex_lock(&g_mu);
+    int r = registered(p, n);
+    pthread_mutex_unlock(&g_mu);
+    return r;
 }

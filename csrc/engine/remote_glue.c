@@ -1,0 +1,105 @@
+/*
+ * remote_glue.c — what the chunk scheduler (sources/remote_prefetch.c) needs
+ * from the engine: which remote chunks the sample at a stream position reads.
+ * The order gives the sample and its token spans; the dataset maps spans to
+ * files; a remote file maps tokens (or, when compressed, the blocks holding
+ * them) to chunks of its object.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "../sources/remote.h"
+
+typedef struct glue {
+    const tf_order *order;
+    const tf_dataset *ds;
+    tf__span *spans;
+    size_t max_spans;
+} glue;
+
+/* Chunks of object bytes [a, b) of the data region of o. */
+static void emit_range(const tf__robj *o, uint64_t a, uint64_t b, tf__prefetch_emit_fn emit, void *ectx) {
+    if (b <= a) return;
+    for (uint64_t k = a / o->chunk_bytes; k <= (b - 1) / o->chunk_bytes; k++) emit(ectx, o, (uint32_t)k);
+}
+
+static int locate(void *ctx, uint64_t pos, tf__prefetch_emit_fn emit, void *ectx) {
+    glue *g = ctx;
+    uint64_t sample = tf_order_sample_at(g->order, pos);
+    size_t ns = 0;
+    TF_TRY(tf__order_sample_spans(g->order, sample, g->spans, g->max_spans, &ns));
+    const tf_dataset *ds = g->ds;
+    for (size_t s = 0; s < ns; s++) {
+        const tf__span *sp = &g->spans[s];
+        if (sp->src == TF_SPAN_SEPARATOR || sp->src == TF_SPAN_PAD || !sp->len) continue;
+        if (sp->src >= ds->num_tokens) continue;
+        uint64_t start = sp->src, left = sp->len;
+        if (left > ds->num_tokens - start) left = ds->num_tokens - start;
+        uint64_t fi = tf__dataset_file_of(ds, start);
+        while (left && fi < ds->nfiles) {
+            const tf_file *f = &ds->files[fi];
+            uint64_t local = start - ds->tok_prefix[fi];
+            uint64_t n = f->num_tokens - local < left ? f->num_tokens - local : left;
+            if (n && f->remote) {
+                size_t isz = tf_dtype_size(f->dtype);
+                if (!f->compressed) {
+                    emit_range(f->remote, local * isz, (local + n) * isz, emit, ectx);
+                } else if (f->block_tokens) {
+                    for (uint64_t b = local / f->block_tokens; b <= (local + n - 1) / f->block_tokens && b < f->num_blocks; b++) {
+                        const uint8_t *e = f->block_table + 16 * b;
+                        uint64_t off = tf__le64(e), size = tf__le64(e + 8);
+                        if (off <= f->tokens_section_len && size <= f->tokens_section_len - off)
+                            emit_range(f->remote, off, off + size, emit, ectx);
+                    }
+                }
+            }
+            start += n;
+            left -= n;
+            fi++;
+        }
+    }
+    return 0;
+}
+
+static void glue_free(void *p) {
+    glue *g = p;
+    if (g) free(g->spans);
+    free(g);
+}
+
+int tf__engine_prefetch_create(const tf_order *order, uint64_t B, uint64_t G, uint64_t rank, tf__prefetch **out,
+                               void **ctx_out) {
+    *out = NULL;
+    *ctx_out = NULL;
+    const tf_dataset *ds = tf_order_dataset(order);
+    tf_remote *r = NULL;
+    for (uint64_t i = 0; i < ds->nfiles && !r; i++)
+        if (ds->files[i].remote) r = ds->files[i].remote->r;
+    if (!r) return 0; /* nothing remote: no scheduler */
+    glue *g = calloc(1, sizeof *g);
+    if (!g) return -ENOMEM;
+    g->order = order;
+    g->ds = ds;
+    g->max_spans = tf__order_max_spans(order);
+    g->spans = malloc(g->max_spans * sizeof *g->spans);
+    if (!g->spans) {
+        glue_free(g);
+        return -ENOMEM;
+    }
+    int rc = tf__prefetch_create(r, locate, g, B, G, rank, UINT64_MAX, out);
+    if (rc) {
+        glue_free(g);
+        return rc;
+    }
+    *ctx_out = g;
+    return 0;
+}
+
+void tf__engine_prefetch_free(tf__prefetch *p, void *ctx) {
+    tf__prefetch_free(p); /* joins the thread that uses ctx */
+    glue_free(ctx);
+}

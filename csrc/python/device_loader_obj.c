@@ -1,0 +1,263 @@
+/*
+ * device_loader_obj.c — _core.DeviceLoader: a Loader's batches copied to a
+ * CUDA device ahead of the consumer (tf_device_loader, csrc/device/stage.c).
+ *
+ * DeviceLoader(loader, /, *, device, prefetch, slots) takes over a _core.Loader
+ * (kept alive: the C device loader borrows its engine). next() waits with the
+ * GIL released, in 50 ms slices so that Ctrl-C interrupts it promptly; an
+ * interrupted wait leaves the batch where it was, so the position does not
+ * move. It returns the batch as a dict of DeviceTensors, named and shaped as
+ * Loader.next() names and shapes its NumPy arrays ('input_ids' and 'labels'
+ * are views of 'tokens'). Every tensor of the batch, and every DLPack capsule
+ * made from one, shares one tfpy_devslot holding the tf_device_batch; the last
+ * of them releases it on the stream of the most recent __dlpack__ export. No
+ * stream is made to wait at next(): __dlpack__(stream=s) makes s wait on the
+ * batch's copy, as DLPack asks.
+ */
+#include "binding.h"
+
+typedef struct {
+    PyObject_HEAD
+    tf_device_loader *d;
+    PyObject *loader;  /* the _core.Loader whose engine the device loader borrows */
+    int device;
+    int busy;          /* a thread is inside next() with the GIL released */
+    int close_pending; /* close() was called while busy */
+} tfpy_DeviceLoader;
+
+static PyObject *DeviceLoader_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
+    PyObject *ldobj;
+    tf_module_state *st = tfpy_state_of_type(tp);
+    if (!PyArg_ParseTuple(args, "O!:DeviceLoader", st->LoaderType, &ldobj)) return NULL;
+    tf_device_config cfg;
+    tf_device_config_init(&cfg);
+    const tfpy_kwarg table[] = {
+        {"device", tfpy_nonneg_int, &cfg.device},
+        {"prefetch", tfpy_nonneg_int, &cfg.prefetch},
+        {"slots", tfpy_nonneg_int, &cfg.slots},
+        {NULL, NULL, NULL},
+    };
+    if (tfpy_parse_kwargs(kw, table, "DeviceLoader") < 0) return NULL;
+    tf_loader *l = tfpy_loader_use(ldobj);
+    if (!l) return NULL;
+    tf_device_loader *d = NULL;
+    int rc;
+    char msg[1024];
+    TFPY_NOGIL_CALL(rc, msg, tf_device_loader_create(l, &cfg, &d));
+    if (rc < 0) {
+        tfpy_loader_unuse(ldobj);
+        return tfpy_raise(st, rc, msg);
+    }
+    tfpy_DeviceLoader *self = (tfpy_DeviceLoader *)tp->tp_alloc(tp, 0);
+    if (!self) {
+        TFPY_DESTROY_NOGIL(d, tf_device_loader_free);
+        tfpy_loader_unuse(ldobj);
+        return NULL;
+    }
+    self->d = d;
+    self->loader = Py_NewRef(ldobj);
+    self->device = cfg.device;
+    return (PyObject *)self;
+}
+
+/* Stopping the copy thread and waiting for copies in flight: without the GIL.
+ * Then the engine is the Loader's again (which frees it if it was closed). */
+static void dl_free(tfpy_DeviceLoader *self) {
+    if (!self->d) return;
+    TFPY_DESTROY_NOGIL(self->d, tf_device_loader_free);
+    tfpy_loader_unuse(self->loader);
+}
+
+static void DeviceLoader_dealloc(tfpy_DeviceLoader *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    dl_free(self);
+    Py_CLEAR(self->loader); /* after the device loader that borrows its engine */
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static int dl_check(tfpy_DeviceLoader *self) {
+    if (!self->d || self->close_pending) {
+        PyErr_SetString(PyExc_ValueError, "the device loader is closed");
+        return -1;
+    }
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "the loader is being iterated by another thread; a Loader is not shared between threads");
+        return -1;
+    }
+    return 0;
+}
+
+static int dict_put(PyObject *d, const char *k, PyObject *v) {
+    if (!v) return -1;
+    int rc = PyDict_SetItemString(d, k, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+/* A 2-D DeviceTensor over rows x cols elements, row stride `ld` (elements). */
+static PyObject *tensor2d(tf_module_state *st, tfpy_devslot *h, void *data, int typenum, int64_t rows, int64_t cols,
+                          int64_t ld, size_t extent) {
+    int64_t shape[2] = {rows, cols}, strides[2] = {ld, 1};
+    return tfpy_device_tensor_new(st, h, data, extent, typenum, 2, shape, strides);
+}
+
+/* The batch's dict; takes b over (released with the last tensor, or now on
+ * failure). */
+static PyObject *batch_dict(tf_module_state *st, tf_device_batch *b) {
+    tfpy_devslot *h = malloc(sizeof *h);
+    if (!h) {
+        tf_device_batch_release(b, TF_DEVICE_STREAM_NONE);
+        return PyErr_NoMemory();
+    }
+    tf_device_batch_view v;
+    tf_device_batch_get_view(b, &v);
+    atomic_init(&h->refs, 1); /* ours until the tensors hold it */
+    h->slot = NULL;
+    h->batch = b;
+    atomic_init(&h->stream, TF_DEVICE_STREAM_NONE);
+    h->device = v.device;
+    int64_t B = (int64_t)v.rows, L = (int64_t)v.seq_len;
+    int tn = tfpy_npy_from_dtype(v.dtype);
+    size_t isz = tf_dtype_size(v.dtype), tok_bytes = (size_t)(B * (L + 1)) * isz;
+    char *tok = v.tokens;
+    PyObject *d = PyDict_New();
+    if (!d) goto fail;
+    if (dict_put(d, "tokens", tensor2d(st, h, tok, tn, B, L + 1, L + 1, tok_bytes)) < 0 ||
+        dict_put(d, "input_ids", tensor2d(st, h, tok, tn, B, L, L + 1, tok_bytes)) < 0 ||
+        dict_put(d, "labels", tensor2d(st, h, tok + isz, tn, B, L, L + 1, tok_bytes - isz)) < 0)
+        goto fail;
+    if (v.position_ids &&
+        dict_put(d, "position_ids", tensor2d(st, h, v.position_ids, NPY_INT32, B, L, L, (size_t)(B * L) * 4)) < 0)
+        goto fail;
+    if (v.cu_seqlens && dict_put(d, "cu_seqlens", tensor2d(st, h, v.cu_seqlens, NPY_INT32, B, L + 1, L + 1,
+                                                           (size_t)(B * (L + 1)) * 4)) < 0)
+        goto fail;
+    if (v.num_seqs && dict_put(d, "num_seqs", tensor2d(st, h, v.num_seqs, NPY_INT32, B, 1, 1, (size_t)B * 4)) < 0)
+        goto fail;
+    if (v.loss_mask &&
+        dict_put(d, "loss_mask", tensor2d(st, h, v.loss_mask, NPY_UINT8, B, L, L, (size_t)(B * L))) < 0)
+        goto fail;
+    tfpy_devslot_unref(h);
+    return d;
+fail:
+    Py_XDECREF(d); /* drops the tensors made so far */
+    tfpy_devslot_unref(h);
+    return NULL;
+}
+
+PyDoc_STRVAR(DeviceLoader_next_doc,
+"next($self)\n--\n\nReturns dict. "
+"The next batch on the device, as DeviceTensors named as Loader.next() names its\n"
+"arrays. Its copy was issued ahead; __dlpack__(stream=s) makes s wait for it.\n"
+"Raises StopIteration at the end of a finite stream.");
+
+static PyObject *DeviceLoader_next(tfpy_DeviceLoader *self, PyObject *unused) {
+    if (dl_check(self) < 0) return NULL;
+    tf_module_state *st = tfpy_state((PyObject *)self);
+    tf_device_batch *b = NULL;
+    int rc;
+    char msg[1024];
+    self->busy = 1;
+    for (;;) {
+        TFPY_NOGIL_CALL(rc, msg, tf_device_loader_next_timed(self->d, TF_DEVICE_STREAM_NONE, &b, 50ull * 1000 * 1000));
+        if (rc != -ETIMEDOUT) break;
+        if (self->close_pending || PyErr_CheckSignals() < 0) break;
+    }
+    self->busy = 0;
+    if (self->close_pending) {
+        if (rc == 0) tf_device_batch_release(b, TF_DEVICE_STREAM_NONE);
+        dl_free(self);
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "the loader was closed while waiting for a batch");
+        return NULL;
+    }
+    if (rc == -ETIMEDOUT) return NULL; /* interrupted: exception set by PyErr_CheckSignals */
+    if (rc < 0) return tfpy_raise(st, rc, msg);
+    return batch_dict(st, b);
+}
+
+static PyObject *DeviceLoader_seek(tfpy_DeviceLoader *self, PyObject *arg) {
+    if (dl_check(self) < 0) return NULL;
+    unsigned long long pos = PyLong_AsUnsignedLongLong(arg);
+    if (pos == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    int rc;
+    char msg[1024];
+    TFPY_NOGIL_CALL(rc, msg, tf_device_loader_seek(self->d, pos));
+    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, msg);
+    Py_RETURN_NONE;
+}
+
+static PyObject *DeviceLoader_start(tfpy_DeviceLoader *self, PyObject *unused) {
+    if (dl_check(self) < 0) return NULL;
+    int rc;
+    char msg[1024];
+    TFPY_NOGIL_CALL(rc, msg, tf_device_loader_start(self->d));
+    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, msg);
+    Py_RETURN_NONE;
+}
+
+static PyObject *DeviceLoader_close(tfpy_DeviceLoader *self, PyObject *unused) {
+    if (self->busy) self->close_pending = 1; /* the waiting thread frees it */
+    else dl_free(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *DeviceLoader_stats(tfpy_DeviceLoader *self, PyObject *unused) {
+    if (!self->d) {
+        PyErr_SetString(PyExc_ValueError, "the device loader is closed");
+        return NULL;
+    }
+    tf_device_stats s;
+    tf_device_loader_get_stats(self->d, &s);
+    PyObject *pinned = s.host_pinned < 0 ? Py_None : s.host_pinned ? Py_True : Py_False;
+    return Py_BuildValue(
+        "{s:i,s:K,s:K,s:d,s:K,s:K,s:K,s:d,s:d,s:K,s:K,s:K,s:K,s:d,s:d,s:d,s:K,s:K,s:i,s:i,s:i,s:i,s:O,s:O,s:s}",
+        "device", self->device, "batches", (unsigned long long)s.batches, "issued_ahead",
+        (unsigned long long)s.issued_ahead, "copies_issued_ahead", s.copies_issued_ahead, "copies",
+        (unsigned long long)s.copies, "h2d_bytes", (unsigned long long)s.h2d_bytes, "h2d_timed_bytes",
+        (unsigned long long)s.h2d_timed_bytes, "h2d_seconds", s.h2d_seconds, "h2d_gbps", s.h2d_gbps, "direct_copies",
+        (unsigned long long)s.direct_copies, "staging_copies", (unsigned long long)s.staging_copies, "staging_bytes",
+        (unsigned long long)s.staging_bytes, "engine_buffers_locked", (unsigned long long)s.engine_buffers_locked,
+        "wait_mean_seconds", s.wait_mean_s, "wait_p99_seconds", s.wait_p99_s, "wait_seconds", s.wait_total_s,
+        "release_waits", (unsigned long long)s.release_waits, "slot_full_waits", (unsigned long long)s.slot_full_waits,
+        "prefetch", s.prefetch, "slots", s.slots, "queued", s.queued, "held", s.held, "host_pinned", pinned,
+        "static_buffers", s.static_buffers ? Py_True : Py_False, "note", s.note);
+}
+
+static PyObject *DeviceLoader_get_position(tfpy_DeviceLoader *self, void *c) {
+    if (!self->d) {
+        PyErr_SetString(PyExc_ValueError, "the device loader is closed");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(tf_device_loader_position(self->d));
+}
+
+static PyObject *DeviceLoader_get_closed(tfpy_DeviceLoader *self, void *c) {
+    return PyBool_FromLong(!self->d || self->close_pending);
+}
+
+PyDoc_STRVAR(DeviceLoader_doc,
+"DeviceLoader(loader, /, *, device=0, prefetch=0, slots=0)\n--\n\n"
+"A Loader's batches copied to CUDA device `device` by a thread of its own as soon as\n"
+"the engine has assembled them, `prefetch` (default 2) ahead of next(), into `slots`\n"
+"(default prefetch + 2) device slots. The Loader's engine then assembles its batches\n"
+"in page-locked memory, which the copies read in place. See docs/gpu.md.");
+
+TFPY_TYPE_SPEC(DeviceLoader, tfpy_DeviceLoader, Py_TPFLAGS_DEFAULT,
+               {Py_tp_doc, (void *)DeviceLoader_doc}, {Py_tp_new, DeviceLoader_new},
+               {Py_tp_dealloc, DeviceLoader_dealloc},
+               {Py_tp_methods, TFPY_METHODS(
+                   {"next", (PyCFunction)DeviceLoader_next, METH_NOARGS, DeviceLoader_next_doc},
+                   {"seek", (PyCFunction)DeviceLoader_seek, METH_O,
+                    "seek($self, position, /)\n--\n\nMove to a global position; batches copied ahead are dropped."},
+                   {"start", (PyCFunction)DeviceLoader_start, METH_NOARGS,
+                    "start($self)\n--\n\nStart copying ahead now rather than at the first next()."},
+                   {"close", (PyCFunction)DeviceLoader_close, METH_NOARGS,
+                    "close($self)\n--\n\nStop the copy thread and wait for copies in flight. Batches already handed out stay valid."},
+                   {"stats", (PyCFunction)DeviceLoader_stats, METH_NOARGS,
+                    "stats($self)\n--\n\nReturns dict. Copies issued ahead, consumer wait, host-to-device bytes and GB/s, slots."})},
+               {Py_tp_getset, TFPY_GETSET(
+                   {"position", (getter)DeviceLoader_get_position, NULL,
+                    "global position of the next batch the consumer receives (never counts batches copied ahead)", NULL},
+                   {"closed", (getter)DeviceLoader_get_closed, NULL, "whether close() was called", NULL})});

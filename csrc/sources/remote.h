@@ -1,0 +1,239 @@
+/*
+ * remote.h — remote objects for the sources layer: the transport wrapper with
+ * retries (remote.c), the fetch pool (remote.c) and the node-local chunk
+ * cache shared by every process on the node (remote_cache.c).
+ * docs/remote.md describes the behaviour; this header the pieces.
+ *
+ * Vocabulary:
+ *   object    one remote file at one version (url, size, version/ETag).
+ *   chunking  how an object's data region [data_off, data_off + data_len) is
+ *             cut into chunks of chunk_bytes (the last one shorter). Bytes
+ *             outside the region (headers, indices) are only read at open,
+ *             directly, never through the cache.
+ *   oid       128-bit identity of (url, size, version, data_off, data_len,
+ *             chunk_bytes): a changed object or another chunking never shares
+ *             chunks with this one.
+ *   need      the stream position at which a process will next use a chunk
+ *             (a loader's scheduler publishes them); eviction drops the chunk
+ *             whose next use is farthest away.
+ */
+#ifndef TF_REMOTE_H
+#define TF_REMOTE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "../common/internal.h"
+
+/* No known next use: evicted first (most recently used first among them). */
+#define TF__NO_NEED UINT64_MAX
+
+typedef struct tf__ckey {
+    uint64_t oid_lo, oid_hi;
+    uint32_t chunk;
+} tf__ckey;
+
+/* One remote object as a dataset file uses it. Owned by the file; holds a
+ * reference on its tf_remote. */
+typedef struct tf__robj {
+    tf_remote *r;
+    char *url;             /* owned */
+    tf_object_info info;
+    uint64_t data_off, data_len; /* the chunked region */
+    uint64_t chunk_bytes;
+    uint32_t nchunks;
+    uint64_t oid_lo, oid_hi;
+    /* Optional per-granule XXH64 of the data region (native shards with a
+     * chunk table): sums[g] covers [data_off + g * granule, + granule).
+     * chunk_bytes is a multiple of granule. Owned (copied at set-up). */
+    uint64_t *sums;
+    uint64_t nsums;
+    uint64_t granule;
+} tf__robj;
+
+/* Whether path names a remote object ("scheme://..." other than file://). */
+TF_HIDDEN int tf__is_url(const char *path);
+
+/* List objects under prefix through the transport (with retries); emit may
+ * be called several times for one object if a retry restarts the listing.
+ * -TF_EUNSUPPORTED when the transport cannot list. */
+TF_HIDDEN int tf__remote_list(tf_remote *r, const char *prefix, tf_list_emit_fn emit, void *emit_ctx);
+
+/* Stat url and make an object with the whole file as its data region. */
+TF_HIDDEN int tf__robj_open(tf_remote *r, const char *url, tf__robj **out);
+/* Same, from an already known size/version (no request). */
+TF_HIDDEN int tf__robj_from_info(tf_remote *r, const char *url, const tf_object_info *info,
+                                 tf__robj **out);
+TF_HIDDEN void tf__robj_free(tf__robj *o);
+/* Re-cut the data region (before any chunk is read). sums may be NULL;
+ * otherwise nsums entries of granule bytes each (copied); chunk_bytes is
+ * rounded up to a multiple of granule. */
+TF_HIDDEN int tf__robj_set_region(tf__robj *o, uint64_t data_off, uint64_t data_len, const uint64_t *sums,
+                                  uint64_t nsums, uint64_t granule);
+
+/* Read object bytes [off, off + len): through the cache inside the data
+ * region, directly (uncached, with retries) outside it. */
+TF_HIDDEN int tf__robj_read(const tf__robj *o, uint64_t off, uint64_t len, void *out);
+
+/* A small read of data-region bytes [off, off + len) that cannot wait for
+ * its chunk (not cached yet): fetched directly (and checked), while the
+ * chunk is asked for. Returns 0 when out was filled, 1 when the caller should
+ * go through the chunk (large read, chunk ready, or the direct read failed),
+ * or a negative code. */
+TF_HIDDEN int tf__robj_read_small(const tf__robj *o, uint64_t off, uint64_t len, void *out);
+
+/* Uncached ranged reads with retries, concurrently on the fetch pool; every
+ * request is tried even if one fails; returns the first failure in array
+ * order, with its message. */
+typedef struct tf__rreq {
+    const tf__robj *o;
+    uint64_t off, len;
+    void *buf;
+    int rc; /* out */
+} tf__rreq;
+TF_HIDDEN int tf__remote_read_many(tf_remote *r, tf__rreq *reqs, size_t n);
+/* Run fn(ctx, i) for i in [0, n) on the fetch pool (stats at open);
+ * returns the first failure in index order. */
+TF_HIDDEN int tf__remote_run_many(tf_remote *r, size_t n, int (*fn)(void *ctx, size_t i), void *ctx);
+
+/* Hot path: chunk k of o, mapped and verified, valid until released. *data
+ * points at the chunk's first byte (object offset data_off + k * chunk_bytes),
+ * *len its length. Blocks while the chunk is fetched (by this process or
+ * another). */
+typedef struct tf__chunkref tf__chunkref;
+TF_HIDDEN int tf__chunk_acquire(const tf__robj *o, uint32_t k, const uint8_t **data, size_t *len,
+                                tf__chunkref **ref);
+TF_HIDDEN void tf__chunk_release(tf__chunkref *ref);
+
+/* Scheduler side: ask for chunk k of o to be fetched ahead (no-op when it is
+ * cached or already asked for), to be used at stream position next_use.
+ * Lower next_use is fetched first. */
+TF_HIDDEN void tf__chunk_want(const tf__robj *o, uint32_t k, uint64_t next_use);
+/* Publish next uses of cached chunks (one lock for the batch) and this
+ * process's consumer position (needs below it are stale). */
+TF_HIDDEN void tf__remote_publish(tf_remote *r, const tf__ckey *keys, const uint64_t *next_use, size_t n,
+                                  uint64_t position);
+/* The stream position the calling thread is reading for (an engine worker
+ * filling a batch sets it): chunks it has to fetch itself are published as
+ * needed there. UINT64_MAX (the default) when unknown. Per thread. */
+TF_HIDDEN void tf__remote_set_reader_position(uint64_t pos);
+
+/* Whether chunk k of o is on this node's disk now (a hint). */
+TF_HIDDEN int tf__chunk_cached(const tf__robj *o, uint32_t k);
+/* Bytes the scheduler may keep requested ahead. */
+TF_HIDDEN uint64_t tf__remote_prefetch_bytes(const tf_remote *r);
+TF_HIDDEN tf_remote *tf__remote_ref(tf_remote *r);
+
+/* ---- remote_registry.c: objects prepared by a remote open --------------- */
+
+/* An object a remote open (remote_open.c) prepares for the parsers: its size
+ * and version, and a sparse anonymous map of its size with the bytes they
+ * read filled in. */
+typedef struct tf__pobj {
+    char *url;
+    int known;  /* size/version known */
+    int exists;
+    tf_object_info info;
+    uint8_t *map; /* NULL when the object is empty */
+    int whole;    /* every byte fetched */
+    int claimed;  /* handed to a parser (the file owns the map now) */
+    uint64_t head, tail; /* fetched: [0, head) and [tail, size) */
+} tf__pobj;
+
+typedef struct tf__preg {
+    tf_remote *r;
+    tf__pobj *o;
+    size_t n, cap;
+} tf__preg;
+
+/* Make g the calling thread's registry (NULL: none) for the parsers' reads. */
+TF_HIDDEN int tf__preg_enter(tf__preg *g);
+TF_HIDDEN tf__pobj *tf__preg_find(tf__preg *g, const char *url);
+TF_HIDDEN tf__pobj *tf__preg_add(tf__preg *g, const char *url);
+/* Unmap what no parser claimed; free the entries. */
+TF_HIDDEN void tf__preg_free(tf__preg *g);
+/* For file.c during a remote open: hand over the prepared map of url, whether
+ * an object exists, whether a remote open runs on this thread. */
+TF_HIDDEN int tf__remote_map_take(const char *url, void **map, size_t *len);
+TF_HIDDEN int tf__remote_exists(const char *url);
+TF_HIDDEN int tf__remote_opening(void);
+
+/* ---- remote_prefetch.c: the scheduler ---------------------------------- */
+
+/* One scheduler per loader: walks this rank's positions ahead of the
+ * consumer and asks for their chunks in the order of first use. locate()
+ * calls emit for each chunk the sample at global position pos needs (it runs
+ * on the scheduler's thread). Local index i is the i-th sample this rank
+ * receives after a seek: global position base + (i / B) * G + rank * B + i % B. */
+typedef void (*tf__prefetch_emit_fn)(void *ectx, const tf__robj *o, uint32_t k);
+typedef int (*tf__prefetch_locate_fn)(void *ctx, uint64_t pos, tf__prefetch_emit_fn emit, void *ectx);
+typedef struct tf__prefetch tf__prefetch;
+/* end_index: local indices in the stream (UINT64_MAX for an infinite one;
+ * each seek sets it anew). Holds a reference on r; the thread starts at the
+ * first seek/advance. */
+TF_HIDDEN int tf__prefetch_create(tf_remote *r, tf__prefetch_locate_fn locate, void *ctx, uint64_t B, uint64_t G,
+                                  uint64_t rank, uint64_t end_index, tf__prefetch **out);
+/* The consumer restarts at local index consumer_index of a stream whose index
+ * 0 is global position base and that ends before local index end_index
+ * (UINT64_MAX: never): the window is rebuilt. */
+TF_HIDDEN void tf__prefetch_seek(tf__prefetch *p, uint64_t base, uint64_t consumer_index, uint64_t end_index);
+/* The consumer moved on (local index of the next sample it will receive). */
+TF_HIDDEN void tf__prefetch_advance(tf__prefetch *p, uint64_t consumer_index);
+/* In a fork()ed child: forget the parent's thread (a new one starts on the
+ * next seek/advance). */
+TF_HIDDEN void tf__prefetch_forget_thread(tf__prefetch *p);
+TF_HIDDEN void tf__prefetch_free(tf__prefetch *p);
+TF_HIDDEN void tf__prefetch_stats(tf__prefetch *p, uint64_t *walked, uint64_t *wants, uint64_t *window_bytes);
+
+/* ---- remote_cache.c: the cache directory and its shared index ----------- */
+
+typedef struct tf__cache tf__cache;
+
+/* Open (creating if needed) the cache in dir and take a process slot.
+ * chunk_bytes sizes the index of a new cache (0: 1 MiB). */
+TF_HIDDEN int tf__cache_open(const char *dir, uint64_t limit, uint64_t chunk_bytes, int create, tf__cache **out);
+TF_HIDDEN void tf__cache_close(tf__cache *c);
+/* After fork(): take a new slot for the child (the parent keeps its own). */
+TF_HIDDEN int tf__cache_after_fork(tf__cache *c);
+TF_HIDDEN const char *tf__cache_dir(const tf__cache *c);
+
+/* Outcome of tf__cache_begin. */
+enum {
+    TF__BEGIN_PRESENT = 0,  /* already cached: nothing to fetch */
+    TF__BEGIN_FETCH = 1,    /* reserved: the caller fetches, then commits or aborts */
+    TF__BEGIN_OTHER = 2,    /* a live process fetches it: wait and look again */
+    TF__BEGIN_NOSPACE = 3,  /* every cached chunk is needed sooner: try later */
+};
+/* Look up key; when absent, reserve bytes for it (evicting the chunks whose
+ * next use is farthest away, but only ones needed later than next_use; with
+ * urgent set, any chunk). Returns a TF__BEGIN_* value or a negative code. */
+TF_HIDDEN int tf__cache_begin(tf__cache *c, const tf__ckey *key, uint64_t bytes, uint64_t next_use, int urgent,
+                              uint64_t *evicted_chunks, uint64_t *evicted_bytes);
+/* Land a fetched chunk: data (len bytes) is written to a temporary file with
+ * its trailer and renamed into place; the record becomes present. With
+ * map_out, the file is also mapped (before the rename) and returned. On error
+ * (ENOSPC...) nothing is left behind and the reservation is dropped. */
+TF_HIDDEN int tf__cache_commit(tf__cache *c, const tf__ckey *key, const char *url, const tf_object_info *info,
+                               const void *data, size_t len, uint64_t next_use, void **map_out, size_t *map_len_out);
+TF_HIDDEN void tf__cache_abort(tf__cache *c, const tf__ckey *key);
+/* Map the cached chunk read-only and verify its trailer and hash (and, when
+ * sums is not NULL, its granule checksums). Returns 0, -ENOENT (not cached),
+ * or -TF_ECHECKSUM (corrupt: the file was removed). */
+TF_HIDDEN int tf__cache_map(tf__cache *c, const tf__ckey *key, size_t len, const uint64_t *sums, size_t nsums,
+                            uint64_t granule, void **map, size_t *map_len);
+TF_HIDDEN void tf__cache_unmap(void *map, size_t map_len);
+/* Forget a chunk (remove its file and record): a corrupted one. */
+TF_HIDDEN void tf__cache_forget(tf__cache *c, const tf__ckey *key);
+TF_HIDDEN void tf__cache_publish(tf__cache *c, const tf__ckey *keys, const uint64_t *next_use, size_t n,
+                                 uint64_t position);
+TF_HIDDEN int tf__cache_present(tf__cache *c, const tf__ckey *key);
+/* A counter bumped (in the shared index) whenever a chunk leaves the cache:
+ * a reader holding mappings revalidates them when it moved. Lock-free. */
+TF_HIDDEN uint64_t tf__cache_evictions(const tf__cache *c);
+TF_HIDDEN void tf__cache_usage(tf__cache *c, uint64_t *bytes, uint64_t *limit);
+
+/* Chunk file trailer (docs/remote.md). */
+#define TF__CHUNK_MAGIC "TFCHUNK1"
+#define TF__CHUNK_TRAILER 40u
+
+#endif

@@ -1,0 +1,1195 @@
+/*
+ * remote_cache.c — the node-local chunk cache shared by every process that
+ * opens the same directory (docs/remote.md, "One cache per node").
+ *
+ * DESIGN
+ *
+ * Truth and index. A chunk is cached iff its file objects/<oid>/<k>.c exists;
+ * files land complete (temporary file + rename) and carry a trailer with their
+ * XXH64, checked before a process first uses them. The index (file "index",
+ * mapped MAP_SHARED by every process) is an open-addressing table of records
+ * (key -> state, bytes, next use, fetcher) plus a header with the byte total
+ * and the process slots. It is what makes the limit, "fetched once per node"
+ * and farthest-next-use eviction work across processes; if it is ever
+ * suspect it is rebuilt from the files.
+ *
+ * Locking. Every index access holds the process mutex `mu` (threads) and an
+ * exclusive flock on the file "lock" (processes). The kernel drops a flock
+ * when its holder dies, so a killed process never leaves the cache locked.
+ * The header's `dirty` word is set while the lock is held and cleared on
+ * release: a process that takes the lock and finds it set knows the previous
+ * holder died mid-update and rebuilds the index from the chunk files (the
+ * only state lost is who is fetching what and the published next uses).
+ *
+ * Process slots. A process (one tf__cache) owns slot i while it holds an
+ * exclusive flock on procs/<i>.lock; the header's procs[i].gen is bumped on
+ * every claim and release. Records name their fetcher and their need by
+ * (slot, gen); a slot whose gen moved on, or whose lock file nobody holds,
+ * is dead: its fetches are taken over, its needs ignored, its temporary
+ * files removed. This works across PID namespaces (containers) because it
+ * relies on the shared file system only.
+ *
+ * Eviction. The victim is the present chunk whose effective next use is
+ * largest: a need counts while its process is alive and has not consumed past
+ * it (procs[slot].position); chunks without a valid need come first, most
+ * recently used first (for an order that repeats, the one needed last). A fetch ahead for position p evicts only
+ * chunks needed after p (or not at all); a reader that waits evicts anything.
+ * One table scan keeps the best candidates (revalidated before use), so a
+ * scan is paid once per many evictions.
+ *
+ * Files removed while another process has them mapped stay readable there
+ * (POSIX unlink); their space is freed when unmapped.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "remote.h"
+
+typedef unsigned long long ull;
+
+#define IDX_MAGIC "TFCIDX01"
+#define IDX_VERSION 1u
+#define MAX_PROCS 256
+#define HDR_BYTES 16384u
+#define NCAND 64
+#define MARKER "tokenfeed-cache 1\n"
+
+enum { ST_EMPTY = 0, ST_FETCHING = 1, ST_PRESENT = 2, ST_TOMB = 3 };
+
+typedef struct idx_proc {
+    uint64_t gen;
+    uint64_t position; /* consumer position: its needs below this are stale */
+    int64_t pid;       /* for `tokenfeed cache show` only (not for liveness) */
+    uint64_t pad;
+} idx_proc;
+
+typedef struct idx_hdr {
+    char magic[8];
+    uint32_t version, rec_size;
+    uint64_t nslots, used, tombs;
+    uint64_t bytes;  /* present + being fetched */
+    uint64_t chunks; /* present */
+    uint64_t dirty;  /* non-zero while a holder of the lock is updating */
+    uint64_t stamp;  /* logical clock for LRU among chunks without a need */
+    _Atomic uint64_t evictions; /* bumped on every removal: readers revalidate mappings */
+    uint64_t changes; /* bumped by publish, commit and eviction: candidate lists go stale */
+    uint64_t pad[5];
+    idx_proc procs[MAX_PROCS];
+} idx_hdr;
+
+typedef struct idx_rec {
+    uint64_t oid_lo, oid_hi;
+    uint32_t chunk, state;
+    uint16_t fetch_slot, need_slot;
+    uint32_t fetch_gen;
+    uint32_t need_gen, pad;
+    uint64_t bytes;
+    uint64_t next_use;
+    uint64_t stamp;
+} idx_rec;
+
+_Static_assert(sizeof(idx_rec) == 64, "index record is 64 bytes");
+_Static_assert(sizeof(idx_hdr) <= HDR_BYTES, "index header fits its page run");
+
+typedef struct cand {
+    tf__ckey id;
+    int cls;
+    uint64_t key, stamp;
+} cand;
+
+struct tf__cache {
+    char *dir;
+    int lock_fd;
+    int slot_fd;
+    int index_fd;
+    int *peer_fds; /* per slot, for liveness checks; -1 when not open */
+    uint32_t slot, gen;
+    pid_t pid;
+    uint64_t limit;
+    idx_hdr *hdr;
+    idx_rec *recs;
+    size_t map_len;
+    uint64_t mask;
+    pthread_mutex_t mu;
+    cand cands[NCAND];
+    int ncand;
+    uint64_t scan_changes, scan_ns; /* index state and time of the last scan */
+    _Atomic uint64_t tmp_counter;
+    uint64_t fault_n;
+    _Atomic uint64_t fault_count;
+    int positioned; /* a scheduler of this process published a position */
+};
+
+/* ------------------------------------------------------------------------ */
+/* paths and the directory                                                   */
+/* ------------------------------------------------------------------------ */
+
+static char *cat3(const char *a, const char *b, const char *c) {
+    size_t la = strlen(a), lb = strlen(b), lc = c ? strlen(c) : 0;
+    char *s = malloc(la + lb + lc + 1);
+    if (!s) return NULL;
+    memcpy(s, a, la);
+    memcpy(s + la, b, lb);
+    if (c) memcpy(s + la + lb, c, lc);
+    s[la + lb + lc] = '\0';
+    return s;
+}
+
+static void oid_hex(const tf__ckey *k, char out[33]) {
+    snprintf(out, 33, "%016llx%016llx", (ull)k->oid_hi, (ull)k->oid_lo);
+}
+
+static int chunk_path(const tf__cache *c, const tf__ckey *k, char *out, size_t cap) {
+    char h[33];
+    oid_hex(k, h);
+    int n = snprintf(out, cap, "%s/objects/%s/%08x.c", c->dir, h, k->chunk);
+    return n > 0 && (size_t)n < cap ? 0 : -ENAMETOOLONG;
+}
+
+/* The directory must be ours and writable by nobody else: a cache another
+ * user can write could feed a run poisoned bytes. */
+static int check_private(const char *path, int want_dir) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        int e = errno;
+        TF_FAIL(-e, "%s: cannot stat the cache directory: %s", path, strerror(e));
+    }
+    if (want_dir && !S_ISDIR(st.st_mode)) TF_FAIL(-ENOTDIR, "%s: the cache path is not a directory. Pass cache_dir= a directory.", path);
+    if (st.st_uid != geteuid())
+        TF_FAIL(-EPERM, "%s: the cache directory belongs to uid %u, not to this user (uid %u). A cache another user controls could feed the run altered bytes: use a directory of your own (cache_dir=).",
+                path, (unsigned)st.st_uid, (unsigned)geteuid());
+    if (st.st_mode & (S_IWGRP | S_IWOTH))
+        TF_FAIL(-EPERM, "%s: the cache directory is writable by %s (mode %03o). A cache others can write could feed the run altered bytes: run `chmod go-w %s` or use another cache_dir.",
+                path, (st.st_mode & S_IWOTH) ? "every user" : "its group", (unsigned)(st.st_mode & 0777), path);
+    return 0;
+}
+
+/* mkdir -p with mode 0700 for every component created. */
+static int mkdirs(const char *path) {
+    char *p = strdup(path);
+    if (!p) return -ENOMEM;
+    size_t n = strlen(p);
+    while (n > 1 && p[n - 1] == '/') p[--n] = '\0';
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/') continue;
+        *s = '\0';
+        if (mkdir(p, 0700) != 0 && errno != EEXIST) {
+            int e = errno;
+            free(p);
+            TF_FAIL(-e, "%s: cannot create the cache directory: %s", path, strerror(e));
+        }
+        *s = '/';
+    }
+    int rc = 0;
+    if (mkdir(p, 0700) != 0 && errno != EEXIST) {
+        int e = errno;
+        rc = tf__seterr(-e, "%s: cannot create the cache directory: %s", path, strerror(e));
+    }
+    free(p);
+    return rc;
+}
+
+static int ensure_sub(const char *dir, const char *name) {
+    char *p = cat3(dir, "/", name);
+    if (!p) return -ENOMEM;
+    int rc = 0;
+    if (mkdir(p, 0700) != 0 && errno != EEXIST) {
+        int e = errno;
+        rc = tf__seterr(-e, "%s: cannot create: %s", p, strerror(e));
+    }
+    if (!rc) rc = check_private(p, 1);
+    free(p);
+    return rc;
+}
+
+static int write_small_file(const char *dir, const char *name, const char *text) {
+    char *p = cat3(dir, "/", name);
+    if (!p) return -ENOMEM;
+    int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+        ssize_t w = write(fd, text, strlen(text));
+        (void)w;
+        close(fd);
+    }
+    free(p);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* index                                                                     */
+/* ------------------------------------------------------------------------ */
+
+static uint64_t key_hash(const tf__ckey *k) { return tf__mix64(k->oid_lo ^ tf__mix64(k->oid_hi + k->chunk)); }
+
+static int key_eq(const idx_rec *r, const tf__ckey *k) {
+    return r->oid_lo == k->oid_lo && r->oid_hi == k->oid_hi && r->chunk == k->chunk;
+}
+
+/* Record of key, or NULL. */
+static idx_rec *find(tf__cache *c, const tf__ckey *k) {
+    uint64_t i = key_hash(k) & c->mask;
+    for (uint64_t n = 0; n <= c->mask; n++, i = (i + 1) & c->mask) {
+        idx_rec *r = &c->recs[i];
+        if (r->state == ST_EMPTY) return NULL;
+        if (r->state != ST_TOMB && key_eq(r, k)) return r;
+    }
+    return NULL;
+}
+
+/* A free record for key (not present): the first tombstone on its probe path,
+ * or the empty slot that ends it. NULL when the table is full. */
+static idx_rec *insert(tf__cache *c, const tf__ckey *k) {
+    uint64_t i = key_hash(k) & c->mask;
+    idx_rec *tomb = NULL;
+    for (uint64_t n = 0; n <= c->mask; n++, i = (i + 1) & c->mask) {
+        idx_rec *r = &c->recs[i];
+        if (r->state == ST_TOMB) {
+            if (!tomb) tomb = r;
+            continue;
+        }
+        if (r->state == ST_EMPTY) {
+            idx_rec *dst = tomb ? tomb : r;
+            if (tomb) c->hdr->tombs--;
+            c->hdr->used++;
+            memset(dst, 0, sizeof *dst);
+            dst->oid_lo = k->oid_lo;
+            dst->oid_hi = k->oid_hi;
+            dst->chunk = k->chunk;
+            return dst;
+        }
+    }
+    if (tomb) {
+        c->hdr->tombs--;
+        c->hdr->used++;
+        memset(tomb, 0, sizeof *tomb);
+        tomb->oid_lo = k->oid_lo;
+        tomb->oid_hi = k->oid_hi;
+        tomb->chunk = k->chunk;
+    }
+    return tomb;
+}
+
+static void remove_rec(tf__cache *c, idx_rec *r) {
+    c->hdr->changes++;
+    if (r->state == ST_PRESENT) atomic_fetch_add_explicit(&c->hdr->evictions, 1, memory_order_release);
+    r->state = ST_TOMB;
+    c->hdr->used--;
+    c->hdr->tombs++;
+}
+
+/* Rehash in place to drop tombstones (lock held). */
+static int compact(tf__cache *c) {
+    uint64_t n = c->hdr->used, k = 0;
+    idx_rec *live = n ? malloc(n * sizeof *live) : NULL;
+    if (n && !live) return -ENOMEM;
+    for (uint64_t i = 0; i <= c->mask; i++) {
+        idx_rec *r = &c->recs[i];
+        if ((r->state == ST_PRESENT || r->state == ST_FETCHING) && k < n) live[k++] = *r;
+    }
+    memset(c->recs, 0, (c->mask + 1) * sizeof *c->recs);
+    c->hdr->used = c->hdr->tombs = 0;
+    for (uint64_t j = 0; j < k; j++) {
+        tf__ckey key = {live[j].oid_lo, live[j].oid_hi, live[j].chunk};
+        idx_rec *r = insert(c, &key);
+        if (r) *r = live[j];
+    }
+    free(live);
+    c->ncand = 0;
+    return 0;
+}
+
+static int slot_alive(tf__cache *c, uint32_t slot, uint32_t gen) {
+    if (slot >= MAX_PROCS) return 0;
+    if (slot == c->slot) return gen == c->gen;
+    if ((uint32_t)c->hdr->procs[slot].gen != gen) return 0;
+    if (c->peer_fds[slot] < 0) {
+        char name[64];
+        snprintf(name, sizeof name, "procs/%u.lock", slot);
+        char *p = cat3(c->dir, "/", name);
+        if (!p) return 1; /* cannot tell: assume alive (safe: we only wait) */
+        c->peer_fds[slot] = open(p, O_RDONLY | O_CLOEXEC);
+        free(p);
+        if (c->peer_fds[slot] < 0) return 0;
+    }
+    if (flock(c->peer_fds[slot], LOCK_SH | LOCK_NB) == 0) {
+        flock(c->peer_fds[slot], LOCK_UN);
+        return 0;
+    }
+    return errno == EWOULDBLOCK;
+}
+
+/* How much a chunk is worth keeping, for eviction: cls 1 with key = its next
+ * use when a live process announced one it has not consumed past; else cls 0
+ * with key = the stale need (the position it was last needed at) or
+ * UINT64_MAX when it never had one. */
+static void chunk_worth(tf__cache *c, const idx_rec *r, int *cls, uint64_t *key) {
+    if (r->next_use == TF__NO_NEED) {
+        *cls = 0;
+        *key = UINT64_MAX;
+    } else if (!slot_alive(c, r->need_slot, r->need_gen) || r->next_use < c->hdr->procs[r->need_slot].position) {
+        *cls = 0;
+        *key = r->next_use;
+    } else {
+        *cls = 1;
+        *key = r->next_use;
+    }
+}
+
+/* Next use that counts (publish): the key of a cls-1 chunk, else TF__NO_NEED. */
+static uint64_t eff_need(tf__cache *c, const idx_rec *r) {
+    int cls;
+    uint64_t key;
+    chunk_worth(c, r, &cls, &key);
+    return cls ? key : TF__NO_NEED;
+}
+
+/* Candidate a is a better victim than b. Chunks nobody needs go first: an
+ * order that repeats (epochs read in the same order) needs the one used last
+ * again last, so among them the latest stale need (then the latest use) goes
+ * first; then the chunk whose next use is farthest. That is Belady's choice
+ * where the order is known, and its usual stand-in where it is not. */
+static int better_victim(const cand *a, const cand *b) {
+    if (a->cls != b->cls) return a->cls < b->cls;
+    if (a->key != b->key) return a->key > b->key;
+    return a->stamp > b->stamp;
+}
+
+static void scan_candidates(tf__cache *c) {
+    c->ncand = 0;
+    c->scan_changes = c->hdr->changes;
+    c->scan_ns = tf__now_ns();
+    for (uint64_t i = 0; i <= c->mask; i++) {
+        idx_rec *r = &c->recs[i];
+        if (r->state != ST_PRESENT) continue;
+        cand x = {{r->oid_lo, r->oid_hi, r->chunk}, 0, 0, r->stamp};
+        chunk_worth(c, r, &x.cls, &x.key);
+        if (c->ncand < NCAND) {
+            c->cands[c->ncand++] = x;
+        } else {
+            /* replace the worst kept candidate if x is better */
+            int w = 0;
+            for (int j = 1; j < c->ncand; j++)
+                if (better_victim(&c->cands[w], &c->cands[j])) w = j;
+            if (better_victim(&x, &c->cands[w])) c->cands[w] = x;
+        }
+    }
+    /* sort best first (insertion sort: at most NCAND) */
+    for (int i = 1; i < c->ncand; i++) {
+        cand x = c->cands[i];
+        int j = i - 1;
+        while (j >= 0 && better_victim(&x, &c->cands[j])) {
+            c->cands[j + 1] = c->cands[j];
+            j--;
+        }
+        c->cands[j + 1] = x;
+    }
+}
+
+static void evict_rec(tf__cache *c, idx_rec *r) {
+    char path[4096];
+    tf__ckey k = {r->oid_lo, r->oid_hi, r->chunk};
+    if (chunk_path(c, &k, path, sizeof path) == 0) unlink(path);
+    c->hdr->bytes -= r->bytes < c->hdr->bytes ? r->bytes : c->hdr->bytes;
+    if (c->hdr->chunks) c->hdr->chunks--;
+    remove_rec(c, r);
+}
+
+/* Evict one chunk whose effective next use is later than `after` (any chunk
+ * with urgent). Returns its bytes, or 0 when there is none. Lock held. */
+static uint64_t evict_one(tf__cache *c, uint64_t after, int urgent) {
+    /* A list from an older state of the index may miss a better victim (a
+     * chunk whose need just passed): scan again when the index changed, at
+     * once for small tables, at most every 20 ms for large ones. */
+    if (c->ncand && c->hdr->changes != c->scan_changes &&
+        (c->mask < (1u << 16) || tf__now_ns() - c->scan_ns > 20000000ull))
+        c->ncand = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        while (c->ncand > 0) {
+            cand x = c->cands[0];
+            memmove(&c->cands[0], &c->cands[1], (size_t)(c->ncand - 1) * sizeof(cand));
+            c->ncand--;
+            idx_rec *r = find(c, &x.id);
+            if (!r || r->state != ST_PRESENT) continue;
+            int cls;
+            uint64_t key;
+            chunk_worth(c, r, &cls, &key);
+            if (cls != x.cls || key != x.key) continue; /* changed since the scan: rescan decides */
+            if (!urgent && cls == 1 && key <= after) {
+                /* the best candidate is needed sooner: nothing to evict
+                 * (keep it at the front for the next caller) */
+                memmove(&c->cands[1], &c->cands[0], (size_t)c->ncand * sizeof(cand));
+                c->cands[0] = x;
+                c->ncand++;
+                return 0;
+            }
+            uint64_t b = r->bytes;
+            evict_rec(c, r);
+            c->scan_changes = c->hdr->changes; /* our own eviction leaves the list valid */
+            return b ? b : 1;
+        }
+        if (pass == 0) scan_candidates(c);
+    }
+    return 0;
+}
+
+static int rebuild(tf__cache *c);
+
+static void lock(tf__cache *c) {
+    pthread_mutex_lock(&c->mu);
+    while (flock(c->lock_fd, LOCK_EX) != 0 && errno == EINTR) {
+    }
+    if (c->hdr->dirty) rebuild(c);
+    c->hdr->dirty = 1;
+}
+
+static void unlock(tf__cache *c) {
+    c->hdr->dirty = 0;
+    flock(c->lock_fd, LOCK_UN);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Parse "<32 hex>" and "<8 hex>.c". */
+static int parse_hex(const char *s, size_t n, uint64_t *v) {
+    uint64_t x = 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+        if (d < 0) return 0;
+        x = x << 4 | (uint64_t)d;
+    }
+    *v = x;
+    return 1;
+}
+
+static int tmp_owner(const char *name, uint32_t *slot, uint32_t *gen) {
+    unsigned s, g;
+    if (sscanf(name, "%u-%u-", &s, &g) != 2) return 0;
+    *slot = s;
+    *gen = g;
+    return 1;
+}
+
+/* Remove the temporary files of dead processes (lock held). */
+static void clean_tmp(tf__cache *c) {
+    char *td = cat3(c->dir, "/tmp", NULL);
+    if (!td) return;
+    DIR *t = opendir(td);
+    if (t) {
+        struct dirent *e;
+        while ((e = readdir(t))) {
+            uint32_t s, g;
+            if (e->d_name[0] == '.' || !tmp_owner(e->d_name, &s, &g)) continue;
+            if (!slot_alive(c, s, g)) unlinkat(dirfd(t), e->d_name, 0);
+        }
+        closedir(t);
+    }
+    free(td);
+}
+
+/* Rebuild the index from the chunk files (lock held, table possibly torn). */
+static int rebuild(tf__cache *c) {
+    memset(c->recs, 0, (c->mask + 1) * sizeof *c->recs);
+    c->hdr->used = c->hdr->tombs = c->hdr->bytes = c->hdr->chunks = 0;
+    c->ncand = 0;
+    char *od = cat3(c->dir, "/objects", NULL);
+    if (!od) return -ENOMEM;
+    DIR *d = opendir(od);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            uint64_t hi, lo;
+            if (strlen(e->d_name) != 32 || !parse_hex(e->d_name, 16, &hi) || !parse_hex(e->d_name + 16, 16, &lo)) continue;
+            char *sub = cat3(od, "/", e->d_name);
+            if (!sub) continue;
+            DIR *sd = opendir(sub);
+            if (sd) {
+                struct dirent *f;
+                while ((f = readdir(sd))) {
+                    uint64_t k;
+                    if (strlen(f->d_name) != 10 || strcmp(f->d_name + 8, ".c") != 0 || !parse_hex(f->d_name, 8, &k)) continue;
+                    struct stat st;
+                    if (fstatat(dirfd(sd), f->d_name, &st, 0) != 0 || !S_ISREG(st.st_mode) ||
+                        (uint64_t)st.st_size <= TF__CHUNK_TRAILER)
+                        continue;
+                    tf__ckey key = {lo, hi, (uint32_t)k};
+                    idx_rec *r = insert(c, &key);
+                    if (!r) break;
+                    r->state = ST_PRESENT;
+                    r->bytes = (uint64_t)st.st_size - TF__CHUNK_TRAILER;
+                    r->next_use = TF__NO_NEED;
+                    r->stamp = ++c->hdr->stamp;
+                    c->hdr->bytes += r->bytes;
+                    c->hdr->chunks++;
+                }
+                closedir(sd);
+            }
+            free(sub);
+        }
+        closedir(d);
+    }
+    free(od);
+    clean_tmp(c);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* open / close                                                              */
+/* ------------------------------------------------------------------------ */
+
+static uint64_t table_slots(uint64_t limit, uint64_t chunk_bytes) {
+    /* room for 4x the chunks of the creator's limit (the table is kept at
+     * most 3/4 full), bounded; a scan for victims reads it all */
+    if (!chunk_bytes) chunk_bytes = 1u << 20;
+    uint64_t want = (limit > (1ull << 50) ? (1ull << 50) : limit) / chunk_bytes * 4, n = 1u << 12;
+    while (n < want && n < (1u << 22)) n <<= 1;
+    return n;
+}
+
+static int map_index(tf__cache *c, uint64_t limit, uint64_t chunk_bytes) {
+    char *p = cat3(c->dir, "/index", NULL);
+    if (!p) return -ENOMEM;
+    c->index_fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    int e = errno;
+    if (c->index_fd < 0) {
+        int rc = tf__seterr(-e, "%s: cannot open the cache index: %s", p, strerror(e));
+        free(p);
+        return rc;
+    }
+    struct stat st;
+    if (fstat(c->index_fd, &st) != 0) {
+        e = errno;
+        free(p);
+        TF_FAIL(-e, "cannot stat the cache index: %s", strerror(e));
+    }
+    uint64_t nslots;
+    if (st.st_size == 0) {
+        nslots = table_slots(limit, chunk_bytes);
+        size_t len = HDR_BYTES + (size_t)nslots * sizeof(idx_rec);
+        if (ftruncate(c->index_fd, (off_t)len) != 0) {
+            e = errno;
+            int rc = tf__seterr(-e, "%s: cannot size the cache index (%zu bytes): %s", p, len, strerror(e));
+            free(p);
+            return rc;
+        }
+        idx_hdr h;
+        memset(&h, 0, sizeof h);
+        memcpy(h.magic, IDX_MAGIC, 8);
+        h.version = IDX_VERSION;
+        h.rec_size = sizeof(idx_rec);
+        h.nslots = nslots;
+        if (pwrite(c->index_fd, &h, sizeof h, 0) != (ssize_t)sizeof h) {
+            e = errno ? errno : EIO;
+            int rc = tf__seterr(-e, "%s: cannot write the cache index: %s", p, strerror(e));
+            free(p);
+            return rc;
+        }
+    } else {
+        idx_hdr h;
+        if (pread(c->index_fd, &h, sizeof h, 0) != (ssize_t)sizeof h || memcmp(h.magic, IDX_MAGIC, 8) != 0 ||
+            h.version != IDX_VERSION || h.rec_size != sizeof(idx_rec) || h.nslots < 16 ||
+            (h.nslots & (h.nslots - 1)) || (uint64_t)st.st_size != HDR_BYTES + h.nslots * sizeof(idx_rec)) {
+            int rc = tf__seterr(-TF_EFORMAT, "%s: index: expected a tokenfeed cache index version %u, found another layout. The cache was made by another tokenfeed version: use another cache_dir, or empty this one with `tokenfeed cache prune --all`.",
+                                p, IDX_VERSION);
+            free(p);
+            return rc;
+        }
+        nslots = h.nslots;
+    }
+    free(p);
+    c->map_len = HDR_BYTES + (size_t)nslots * sizeof(idx_rec);
+    void *m = mmap(NULL, c->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, c->index_fd, 0);
+    if (m == MAP_FAILED) {
+        e = errno;
+        TF_FAIL(-e, "cannot map the cache index: %s", strerror(e));
+    }
+    c->hdr = m;
+    c->recs = (idx_rec *)(void *)((uint8_t *)m + HDR_BYTES);
+    c->mask = nslots - 1;
+    return 0;
+}
+
+static int claim_slot(tf__cache *c) {
+    for (uint32_t i = 0; i < MAX_PROCS; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "/procs/%u.lock", i);
+        char *p = cat3(c->dir, name, NULL);
+        if (!p) return -ENOMEM;
+        int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        free(p);
+        if (fd < 0) continue;
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+            c->slot_fd = fd;
+            c->slot = i;
+            return 0;
+        }
+        close(fd);
+    }
+    TF_FAIL(-EBUSY, "%s: every one of the %d process slots of the cache is taken. Close other processes using this cache_dir, or give this job another one.",
+            c->dir, MAX_PROCS);
+}
+
+static int open_lock(tf__cache *c) {
+    char *p = cat3(c->dir, "/lock", NULL);
+    if (!p) return -ENOMEM;
+    c->lock_fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    int e = errno;
+    int rc = c->lock_fd < 0 ? tf__seterr(-e, "%s: cannot open: %s", p, strerror(e)) : 0;
+    free(p);
+    return rc;
+}
+
+/* Take a slot and register it in the header (the index lock is taken here). */
+static int register_slot(tf__cache *c) {
+    TF_TRY(claim_slot(c));
+    lock(c);
+    idx_proc *pr = &c->hdr->procs[c->slot];
+    pr->gen++;
+    if ((uint32_t)pr->gen == 0) pr->gen++;
+    c->gen = (uint32_t)pr->gen;
+    pr->position = 0;
+    pr->pid = (int64_t)getpid();
+    unlock(c);
+    c->pid = getpid();
+    return 0;
+}
+
+int tf__cache_open(const char *dir, uint64_t limit, uint64_t chunk_bytes, int create, tf__cache **out) {
+    *out = NULL;
+    if (!dir || !*dir) TF_FAIL(-EINVAL, "cache_dir: expected a directory, found an empty path");
+    if (create) TF_TRY(mkdirs(dir));
+    TF_TRY(check_private(dir, 1));
+    char *marker = cat3(dir, "/tokenfeed-cache", NULL);
+    if (!marker) return -ENOMEM;
+    struct stat st;
+    int have = stat(marker, &st) == 0;
+    free(marker);
+    if (!have && !create) TF_FAIL(-ENOENT, "%s: not a tokenfeed cache directory (no tokenfeed-cache file)", dir);
+    if (!have) {
+        /* an existing non-empty directory that is not a cache: refuse rather
+         * than fill (and later prune) someone's files */
+        DIR *d = opendir(dir);
+        int other = 0;
+        if (d) {
+            struct dirent *e;
+            while ((e = readdir(d)))
+                if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && strcmp(e->d_name, "lock") &&
+                    strcmp(e->d_name, "index") && strcmp(e->d_name, "objects") && strcmp(e->d_name, "tmp") &&
+                    strcmp(e->d_name, "procs") && strcmp(e->d_name, "CACHEDIR.TAG"))
+                    other = 1;
+            closedir(d);
+        }
+        if (other)
+            TF_FAIL(-EEXIST, "%s: the directory holds other files and is not a tokenfeed cache. Pass cache_dir= an empty or new directory.", dir);
+    }
+    tf__cache *c = calloc(1, sizeof *c);
+    if (!c) return -ENOMEM;
+    c->lock_fd = c->slot_fd = c->index_fd = -1;
+    c->limit = limit;
+#ifdef TF_TEST_HOOKS
+    const char *fe = getenv("TOKENFEED_FAULT_CACHE");
+    if (fe && !strncmp(fe, "enospc:", 7)) c->fault_n = strtoull(fe + 7, NULL, 10);
+#endif
+    c->dir = strdup(dir);
+    c->peer_fds = malloc(MAX_PROCS * sizeof(int));
+    int rc = c->dir && c->peer_fds ? 0 : -ENOMEM;
+    if (!rc) {
+        for (int i = 0; i < MAX_PROCS; i++) c->peer_fds[i] = -1;
+        size_t n = strlen(c->dir);
+        while (n > 1 && c->dir[n - 1] == '/') c->dir[--n] = '\0';
+        pthread_mutex_init(&c->mu, NULL);
+    }
+    if (!rc && create) {
+        rc = ensure_sub(c->dir, "objects");
+        if (!rc) rc = ensure_sub(c->dir, "tmp");
+        if (!rc) rc = ensure_sub(c->dir, "procs");
+    } else if (!rc) {
+        char *o = cat3(c->dir, "/objects", NULL);
+        rc = o ? check_private(o, 1) : -ENOMEM;
+        free(o);
+    }
+    if (!rc) rc = open_lock(c);
+    if (!rc) {
+        /* creating the index happens under the lock, so two processes
+         * opening a new cache at once agree on one table */
+        while (flock(c->lock_fd, LOCK_EX) != 0 && errno == EINTR) {
+        }
+        rc = map_index(c, limit, chunk_bytes);
+        if (!rc && create) {
+            write_small_file(c->dir, "CACHEDIR.TAG",
+                             "Signature: 8a477f597d28d172789f06886806bc55\n# This directory is a tokenfeed chunk cache (docs/remote.md).\n");
+            write_small_file(c->dir, "tokenfeed-cache", MARKER);
+        }
+        flock(c->lock_fd, LOCK_UN);
+    }
+    if (!rc && create) rc = register_slot(c);
+    if (rc) {
+        tf__cache_close(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+void tf__cache_close(tf__cache *c) {
+    if (!c) return;
+    if (c->hdr && c->slot_fd >= 0 && c->pid == getpid()) {
+        lock(c);
+        /* our needs and fetches die with the slot's generation */
+        c->hdr->procs[c->slot].gen++;
+        c->hdr->procs[c->slot].pid = 0;
+        c->hdr->procs[c->slot].position = 0;
+        unlock(c);
+    }
+    if (c->slot_fd >= 0) close(c->slot_fd);
+    if (c->lock_fd >= 0) close(c->lock_fd);
+    if (c->index_fd >= 0) close(c->index_fd);
+    if (c->peer_fds)
+        for (int i = 0; i < MAX_PROCS; i++)
+            if (c->peer_fds[i] >= 0) close(c->peer_fds[i]);
+    if (c->hdr) munmap(c->hdr, c->map_len);
+    if (c->dir) pthread_mutex_destroy(&c->mu);
+    free(c->peer_fds);
+    free(c->dir);
+    free(c);
+}
+
+int tf__cache_after_fork(tf__cache *c) {
+    if (c->pid == getpid()) return 0;
+    /* The child shares the parent's open file descriptions, and with them its
+     * flocks: reopen everything lock-related and take a slot of its own. */
+    pthread_mutex_init(&c->mu, NULL);
+    if (c->lock_fd >= 0) close(c->lock_fd);
+    if (c->slot_fd >= 0) close(c->slot_fd);
+    c->lock_fd = c->slot_fd = -1;
+    for (int i = 0; i < MAX_PROCS; i++) {
+        if (c->peer_fds[i] >= 0) close(c->peer_fds[i]);
+        c->peer_fds[i] = -1;
+    }
+    c->ncand = 0;
+    TF_TRY(open_lock(c));
+    return register_slot(c);
+}
+
+const char *tf__cache_dir(const tf__cache *c) { return c->dir; }
+
+/* ------------------------------------------------------------------------ */
+/* fetch protocol                                                            */
+/* ------------------------------------------------------------------------ */
+
+int tf__cache_begin(tf__cache *c, const tf__ckey *key, uint64_t bytes, uint64_t next_use, int urgent,
+                    uint64_t *evicted_chunks, uint64_t *evicted_bytes) {
+    lock(c);
+    int rc;
+    idx_rec *r = find(c, key);
+    if (r && r->state == ST_PRESENT) {
+        r->stamp = ++c->hdr->stamp;
+        rc = TF__BEGIN_PRESENT;
+        goto out;
+    }
+    if (r && r->state == ST_FETCHING) {
+        if (slot_alive(c, r->fetch_slot, r->fetch_gen) && r->fetch_slot != c->slot) {
+            rc = TF__BEGIN_OTHER;
+            goto out;
+        }
+        /* its fetcher died (or is an earlier attempt of ours): take it over */
+        r->fetch_slot = (uint16_t)c->slot;
+        r->fetch_gen = c->gen;
+        rc = TF__BEGIN_FETCH;
+        goto out;
+    }
+    if (c->hdr->used + c->hdr->tombs >= (c->mask + 1) / 4 * 3) compact(c);
+    while (c->hdr->bytes + bytes > c->limit || c->hdr->used >= (c->mask + 1) / 4 * 3) {
+        uint64_t b = evict_one(c, next_use, urgent);
+        if (!b) {
+            rc = TF__BEGIN_NOSPACE;
+            goto out;
+        }
+        if (evicted_chunks) (*evicted_chunks)++;
+        if (evicted_bytes) *evicted_bytes += b;
+    }
+    r = insert(c, key);
+    if (!r) {
+        rc = TF__BEGIN_NOSPACE;
+        goto out;
+    }
+    r->state = ST_FETCHING;
+    r->bytes = bytes;
+    r->fetch_slot = (uint16_t)c->slot;
+    r->fetch_gen = c->gen;
+    r->next_use = TF__NO_NEED;
+    c->hdr->bytes += bytes;
+    rc = TF__BEGIN_FETCH;
+out:
+    unlock(c);
+    return rc;
+}
+
+void tf__cache_abort(tf__cache *c, const tf__ckey *key) {
+    lock(c);
+    idx_rec *r = find(c, key);
+    if (r && r->state == ST_FETCHING && r->fetch_slot == c->slot && r->fetch_gen == c->gen) {
+        c->hdr->bytes -= r->bytes < c->hdr->bytes ? r->bytes : c->hdr->bytes;
+        remove_rec(c, r);
+    }
+    unlock(c);
+}
+
+static int write_all(int fd, const void *p, size_t n) {
+    const uint8_t *b = p;
+    while (n) {
+        ssize_t w = write(fd, b, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        if (w == 0) return -EIO;
+        b += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Test-only fault injection ($TOKENFEED_FAULT_CACHE, read when a cache is
+ * opened, only in test builds (TF_TEST_HOOKS); tests/c/test_remote.c,
+ * tests/test_remote_faults.py): "enospc:N" makes the Nth chunk write of this
+ * cache (counted from 1) fail as if the disk were full. */
+static int fault_write(tf__cache *c) {
+    return c->fault_n && atomic_fetch_add(&c->fault_count, 1) + 1 == c->fault_n;
+}
+
+static void make_trailer(uint8_t t[TF__CHUNK_TRAILER], const tf__ckey *k, const void *data, size_t len) {
+    memcpy(t, TF__CHUNK_MAGIC, 8);
+    tf__put_le64(t + 8, k->oid_lo ^ k->oid_hi);
+    tf__put_le64(t + 16, k->chunk);
+    tf__put_le64(t + 24, len);
+    tf__xxh64_state h;
+    tf__xxh64_reset(&h, 0);
+    tf__xxh64_update(&h, data, len);
+    tf__xxh64_update(&h, t, 32);
+    tf__put_le64(t + 32, tf__xxh64_digest(&h));
+}
+
+/* objects/<oid>/ with its info file (written once, atomically). */
+static int ensure_object_dir(tf__cache *c, const tf__ckey *k, const char *url, const tf_object_info *info) {
+    char h[33], path[4096];
+    oid_hex(k, h);
+    snprintf(path, sizeof path, "%s/objects/%s", c->dir, h);
+    if (mkdir(path, 0700) != 0) {
+        if (errno == EEXIST) return 0;
+        int e = errno;
+        TF_FAIL(-e, "%s: cannot create: %s", path, strerror(e));
+    }
+    char tmp[4200], dst[4200];
+    snprintf(tmp, sizeof tmp, "%s/tmp/%u-%u-%llu.info", c->dir, c->slot, c->gen,
+             (ull)atomic_fetch_add(&c->tmp_counter, 1));
+    snprintf(dst, sizeof dst, "%s/info", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return 0; /* the info file only serves `tokenfeed cache show` */
+    char text[4600];
+    int n = snprintf(text, sizeof text, "url %s\nsize %llu\nversion %s\n", url, (ull)info->size, info->version);
+    int rc = write_all(fd, text, (size_t)(n > 0 && (size_t)n < sizeof text ? n : 0));
+    close(fd);
+    if (rc || rename(tmp, dst) != 0) unlink(tmp);
+    return 0;
+}
+
+int tf__cache_commit(tf__cache *c, const tf__ckey *key, const char *url, const tf_object_info *info,
+                     const void *data, size_t len, uint64_t next_use, void **map_out, size_t *map_len_out) {
+    if (map_out) {
+        *map_out = NULL;
+        *map_len_out = 0;
+    }
+    char tmp[4096], dst[4096];
+    int rc = ensure_object_dir(c, key, url, info);
+    if (rc == 0) rc = chunk_path(c, key, dst, sizeof dst);
+    if (rc) {
+        tf__cache_abort(c, key);
+        return rc;
+    }
+    snprintf(tmp, sizeof tmp, "%s/tmp/%u-%u-%llu.tmp", c->dir, c->slot, c->gen,
+             (ull)atomic_fetch_add(&c->tmp_counter, 1));
+    uint8_t tr[TF__CHUNK_TRAILER];
+    make_trailer(tr, key, data, len);
+    int fd = open(tmp, (map_out ? O_RDWR : O_WRONLY) | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    void *m = MAP_FAILED;
+    if (fd < 0) {
+        rc = -errno;
+    } else {
+        rc = fault_write(c) ? -ENOSPC : write_all(fd, data, len);
+        if (!rc) rc = write_all(fd, tr, sizeof tr);
+        /* mapped before it has a name: an eviction right after the rename
+         * cannot take it from the reader waiting for it */
+        if (!rc && map_out) m = mmap(NULL, len + TF__CHUNK_TRAILER, PROT_READ, MAP_SHARED, fd, 0);
+        if (close(fd) != 0 && !rc) rc = -errno;
+        /* no fsync: a chunk torn by a power loss fails its hash and is fetched again */
+        if (!rc && rename(tmp, dst) != 0) {
+            rc = -errno;
+            /* a concurrent prune removed the (then empty) object directory */
+            if (rc == -ENOENT && ensure_object_dir(c, key, url, info) == 0) rc = rename(tmp, dst) == 0 ? 0 : -errno;
+        }
+        if (rc) unlink(tmp);
+    }
+    if (rc && m != MAP_FAILED) {
+        munmap(m, len + TF__CHUNK_TRAILER);
+        m = MAP_FAILED;
+    }
+    if (!rc && m != MAP_FAILED) {
+        *map_out = m;
+        *map_len_out = len + TF__CHUNK_TRAILER;
+    }
+    if (rc) {
+        tf__cache_abort(c, key);
+        if (rc == -ENOSPC || rc == -EDQUOT)
+            TF_FAIL(-ENOSPC, "%s: the cache disk is full (writing a %zu-byte chunk of %s). Nothing in the cache was damaged; free space on that file system or lower cache_limit (now %llu bytes).",
+                    c->dir, len, url, (ull)c->limit);
+        TF_FAIL(rc, "%s: cannot write a chunk of %s into the cache: %s", c->dir, url, strerror(-rc));
+    }
+    lock(c);
+    idx_rec *r = find(c, key);
+    if (!r) {
+        r = insert(c, key);
+        if (r) {
+            r->bytes = len;
+            c->hdr->bytes += len;
+        }
+    }
+    if (r) {
+        if (r->state != ST_PRESENT) c->hdr->chunks++;
+        if (r->bytes != len) {
+            c->hdr->bytes += len;
+            c->hdr->bytes -= r->bytes < c->hdr->bytes ? r->bytes : c->hdr->bytes;
+            r->bytes = len;
+        }
+        r->state = ST_PRESENT;
+        r->stamp = ++c->hdr->stamp;
+        c->hdr->changes++;
+        if (next_use != TF__NO_NEED) {
+            /* a need the consumer already reached (a reader waiting now, or
+             * a fetch that took a while) means "now", not "passed" */
+            uint64_t now = c->hdr->procs[c->slot].position;
+            r->next_use = !c->positioned ? TF__NO_NEED : next_use < now ? now : next_use;
+            r->need_slot = (uint16_t)c->slot;
+            r->need_gen = c->gen;
+        } else {
+            r->next_use = TF__NO_NEED;
+        }
+    }
+    unlock(c);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* readers                                                                   */
+/* ------------------------------------------------------------------------ */
+
+void tf__cache_unmap(void *map, size_t map_len) {
+    if (map && map_len) munmap(map, map_len);
+}
+
+void tf__cache_forget(tf__cache *c, const tf__ckey *key) {
+    char path[4096];
+    lock(c);
+    idx_rec *r = find(c, key);
+    if (r && r->state == ST_PRESENT) evict_rec(c, r);
+    else if (chunk_path(c, key, path, sizeof path) == 0) unlink(path);
+    unlock(c);
+}
+
+int tf__cache_map(tf__cache *c, const tf__ckey *key, size_t len, const uint64_t *sums, size_t nsums,
+                  uint64_t granule, void **map, size_t *map_len) {
+    *map = NULL;
+    *map_len = 0;
+    char path[4096];
+    TF_TRY(chunk_path(c, key, path, sizeof path));
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errno == ENOENT ? -ENOENT : -errno;
+    struct stat st;
+    const char *why = NULL;
+    size_t want = len + TF__CHUNK_TRAILER;
+    void *m = MAP_FAILED;
+    if (fstat(fd, &st) != 0) why = "cannot stat";
+    else if ((uint64_t)st.st_size != want) why = "wrong size";
+    else m = mmap(NULL, want, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (!why && m == MAP_FAILED) why = "cannot map";
+    if (!why) {
+        const uint8_t *b = m, *t = b + len;
+        uint8_t expect[TF__CHUNK_TRAILER];
+        make_trailer(expect, key, b, len);
+        if (memcmp(t, expect, TF__CHUNK_TRAILER) != 0) why = "trailer or XXH64 mismatch";
+        for (size_t g = 0; !why && sums && g < nsums; g++) {
+            uint64_t off = g * granule, n = len - off < granule ? len - off : granule;
+            if (off >= len) break;
+            if (tf_hash64(b + off, (size_t)n, 0) != sums[g]) why = "chunk checksum mismatch";
+        }
+    }
+    if (why) {
+        if (m != MAP_FAILED) munmap(m, want);
+        tf__cache_forget(c, key);
+        TF_FAIL(-TF_ECHECKSUM, "%s: cached chunk is corrupt (%s); it was removed", path, why);
+    }
+    lock(c);
+    idx_rec *r = find(c, key);
+    if (r && r->state == ST_PRESENT) r->stamp = ++c->hdr->stamp;
+    unlock(c);
+    *map = m;
+    *map_len = want;
+    return 0;
+}
+
+uint64_t tf__cache_evictions(const tf__cache *c) {
+    return atomic_load_explicit(&c->hdr->evictions, memory_order_acquire);
+}
+
+int tf__cache_present(tf__cache *c, const tf__ckey *key) {
+    lock(c);
+    idx_rec *r = find(c, key);
+    int p = r && r->state == ST_PRESENT;
+    unlock(c);
+    return p;
+}
+
+void tf__cache_publish(tf__cache *c, const tf__ckey *keys, const uint64_t *next_use, size_t n, uint64_t position) {
+    lock(c);
+    if (c->hdr->procs[c->slot].position != position || n) c->hdr->changes++;
+    c->hdr->procs[c->slot].position = position;
+    c->positioned = 1;
+    for (size_t i = 0; i < n; i++) {
+        idx_rec *r = find(c, &keys[i]);
+        if (!r || (r->state != ST_PRESENT && r->state != ST_FETCHING)) continue;
+        int mine = r->need_slot == c->slot && r->need_gen == c->gen;
+        uint64_t cur = mine ? TF__NO_NEED : eff_need(c, r);
+        if (mine || next_use[i] <= cur) {
+            r->next_use = next_use[i];
+            r->need_slot = (uint16_t)c->slot;
+            r->need_gen = c->gen;
+        }
+    }
+    unlock(c);
+}
+
+void tf__cache_usage(tf__cache *c, uint64_t *bytes, uint64_t *limit) {
+    lock(c);
+    *bytes = c->hdr->bytes;
+    unlock(c);
+    *limit = c->limit;
+}
+
+/* ------------------------------------------------------------------------ */
+/* administration: tf_cache_info_get, tf_cache_prune                         */
+/* ------------------------------------------------------------------------ */
+
+/* Open an existing cache without taking a process slot. */
+static int open_admin(const char *dir, tf__cache **out) {
+    tf__clearerr();
+    int rc = tf__cache_open(dir, UINT64_MAX, 0, 0, out);
+    if (rc) return rc;
+    (*out)->slot = UINT32_MAX; /* no slot: every slot is a peer */
+    (*out)->pid = getpid();
+    return 0;
+}
+
+static uint64_t count_objects_and_tmp(const char *dir, uint64_t *temp_bytes, int remove_empty) {
+    uint64_t n = 0;
+    char *od = cat3(dir, "/objects", NULL);
+    DIR *d = od ? opendir(od) : NULL;
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            if (e->d_name[0] == '.') continue;
+            char *sub = cat3(od, "/", e->d_name);
+            DIR *sd = sub ? opendir(sub) : NULL;
+            int chunks = 0;
+            if (sd) {
+                struct dirent *f;
+                while ((f = readdir(sd)))
+                    if (strlen(f->d_name) > 2 && strcmp(f->d_name + strlen(f->d_name) - 2, ".c") == 0) chunks++;
+                closedir(sd);
+            }
+            if (chunks) n++;
+            else if (remove_empty && sub) {
+                char *info = cat3(sub, "/info", NULL);
+                if (info) unlink(info);
+                free(info);
+                rmdir(sub);
+            }
+            free(sub);
+        }
+        closedir(d);
+    }
+    free(od);
+    *temp_bytes = 0;
+    char *td = cat3(dir, "/tmp", NULL);
+    DIR *t = td ? opendir(td) : NULL;
+    if (t) {
+        struct dirent *e;
+        while ((e = readdir(t))) {
+            struct stat st;
+            if (e->d_name[0] != '.' && fstatat(dirfd(t), e->d_name, &st, 0) == 0) *temp_bytes += (uint64_t)st.st_size;
+        }
+        closedir(t);
+    }
+    free(td);
+    return n;
+}
+
+int tf_cache_info_get(const char *dir, tf_cache_info *info) {
+    if (!dir || !info) return -EINVAL;
+    memset(info, 0, sizeof *info);
+    tf__cache *c;
+    TF_TRY(open_admin(dir, &c));
+    lock(c);
+    info->bytes = 0;
+    for (uint64_t i = 0; i <= c->mask; i++) {
+        idx_rec *r = &c->recs[i];
+        if (r->state == ST_PRESENT) {
+            info->chunks++;
+            info->bytes += r->bytes;
+        } else if (r->state == ST_FETCHING && slot_alive(c, r->fetch_slot, r->fetch_gen)) {
+            info->fetching++;
+        }
+    }
+    for (uint32_t s = 0; s < MAX_PROCS; s++)
+        if (c->hdr->procs[s].pid && slot_alive(c, s, (uint32_t)c->hdr->procs[s].gen)) info->processes++;
+    unlock(c);
+    info->objects = count_objects_and_tmp(c->dir, &info->temp_bytes, 0);
+    tf__cache_close(c);
+    return 0;
+}
+
+int tf_cache_prune(const char *dir, uint64_t keep_bytes) {
+    if (!dir) return -EINVAL;
+    tf__cache *c;
+    TF_TRY(open_admin(dir, &c));
+    lock(c);
+    int rc = 0;
+    if (keep_bytes == 0) {
+        for (uint32_t s = 0; s < MAX_PROCS; s++)
+            if (c->hdr->procs[s].pid && slot_alive(c, s, (uint32_t)c->hdr->procs[s].gen)) {
+                rc = tf__seterr(-EBUSY, "%s: a process (pid %lld) has the cache open; emptying it now would make it fetch everything again. Stop it first, or prune to a size (--keep).",
+                                c->dir, (long long)c->hdr->procs[s].pid);
+                break;
+            }
+    }
+    if (!rc) {
+        clean_tmp(c);
+        c->ncand = 0;
+        while (c->hdr->bytes > keep_bytes)
+            if (!evict_one(c, 0, 1)) break;
+    }
+    unlock(c);
+    uint64_t tb;
+    if (!rc) count_objects_and_tmp(c->dir, &tb, 1);
+    tf__cache_close(c);
+    return rc;
+}

@@ -1,0 +1,577 @@
+/*
+ * remote_open.c — opening remote files (URLs) as dataset files: metadata only,
+ * with concurrent ranged requests, through the same parsers as local files so
+ * that the fingerprint is the same (docs/remote.md, "Open reads metadata
+ * only").
+ *
+ * DESIGN
+ *
+ * The format parsers read a file through tf__map_file and pointers into the
+ * mapping. For a remote object this file prepares, before any parser runs, a
+ * "sparse map": an anonymous mapping of the object's size in which only the
+ * byte ranges a parser reads are filled (headers, the first and last 64 KiB
+ * that fingerprints sample, document indices, block tables, whole index
+ * files). The prepared maps of one open are kept in a per-thread registry;
+ * tf__map_file hands a URL's map over from it, tf__file_exists answers from
+ * it, and tf__release_pages leaves such maps alone (MADV_DONTNEED would zero
+ * an anonymous mapping). Token bytes are never fetched here.
+ *
+ * Rounds, each one batch of concurrent requests on the remote's fetch pool:
+ *   1. sizes and versions: a listing of each parent prefix when the
+ *      transport can list and many objects share it, else one stat each;
+ *   2. the manifests of dataset directories (whole), then the sizes of their
+ *      shards (round 1 again for those);
+ *   3. for every object: the whole object when small or an index file,
+ *      otherwise its first and last 64 KiB (the tail sized to hold a native
+ *      shard's document index when the manifest tells its length);
+ *   4. what the headers show is still missing (a native shard's document
+ *      index and tables, a long .npy header).
+ * Then the parsers run on the calling thread, and each remote file is
+ * finished: its token region becomes a chunked object read through the
+ * cache (f->remote), its metadata moves out of the sparse map into a compact
+ * buffer, and the sparse map is unmapped.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "remote.h"
+#include "source.h"
+
+typedef unsigned long long ull;
+
+#define HEAD_BYTES (64u << 10)
+#define TAIL_BYTES (64u << 10)
+#define WHOLE_BELOW (256u << 10)
+
+/* ------------------------------------------------------------------------ */
+/* rounds of requests                                                        */
+/* ------------------------------------------------------------------------ */
+
+static int is_index_name(const char *url) {
+    size_t n = strlen(url);
+    return (n > 4 && !strcmp(url + n - 4, ".idx")) || (n > 6 && !strcmp(url + n - 6, ".index")) ||
+           (n > 18 && !strcmp(url + n - 18, TF_MANIFEST_NAME));
+}
+
+typedef struct listed {
+    tf__preg *g;
+    const char *prefix;
+} listed;
+
+static int on_listed(void *ctx, const char *url, const tf_object_info *info) {
+    listed *l = ctx;
+    tf__pobj *p = tf__preg_find(l->g, url);
+    if (p && !p->known) {
+        p->known = p->exists = 1;
+        p->info = *info;
+    }
+    return 0;
+}
+
+typedef struct stat_ctx {
+    tf__preg *g;
+    size_t *idx;
+    int *rcs;
+} stat_ctx;
+
+static int stat_one(void *ctx, size_t i) {
+    stat_ctx *s = ctx;
+    tf__pobj *p = &s->g->o[s->idx[i]];
+    tf_object_info info;
+    int rc = tf_remote_stat(s->g->r, p->url, &info);
+    if (rc == -ENOENT) {
+        p->known = 1;
+        p->exists = 0;
+        return 0;
+    }
+    if (rc < 0) return rc;
+    p->info = info;
+    p->known = p->exists = 1;
+    return 0;
+}
+
+static size_t parent_len(const char *url) {
+    const char *s = strrchr(url, '/');
+    return s ? (size_t)(s - url) + 1 : 0;
+}
+
+/* Round 1: sizes and versions of every registered object not yet known. */
+static int learn_sizes(tf__preg *g) {
+    /* listings first: a parent prefix with many unknown objects */
+    for (size_t i = 0; i < g->n; i++) {
+        if (g->o[i].known) continue;
+        size_t pl = parent_len(g->o[i].url), same = 0;
+        for (size_t j = i; j < g->n; j++)
+            if (!g->o[j].known && parent_len(g->o[j].url) == pl && !strncmp(g->o[j].url, g->o[i].url, pl)) same++;
+        if (same < 16) continue;
+        char *prefix = strndup(g->o[i].url, pl);
+        if (!prefix) return -ENOMEM;
+        listed l = {g, prefix};
+        int rc = tf__remote_list(g->r, prefix, on_listed, &l);
+        if (rc == 0) {
+            /* what the listing did not show does not exist */
+            for (size_t j = i; j < g->n; j++)
+                if (!g->o[j].known && parent_len(g->o[j].url) == pl && !strncmp(g->o[j].url, prefix, pl)) {
+                    g->o[j].known = 1;
+                    g->o[j].exists = 0;
+                }
+        }
+        free(prefix);
+        if (rc < 0 && rc != -TF_EUNSUPPORTED) return rc;
+    }
+    size_t *idx = malloc((g->n ? g->n : 1) * sizeof *idx), m = 0;
+    if (!idx) return -ENOMEM;
+    for (size_t i = 0; i < g->n; i++)
+        if (!g->o[i].known) idx[m++] = i;
+    stat_ctx s = {g, idx, NULL};
+    int rc = tf__remote_run_many(g->r, m, stat_one, &s);
+    free(idx);
+    return rc;
+}
+
+/* Make the sparse map of an object (no bytes fetched yet). */
+static int ensure_map(tf__pobj *p) {
+    if (p->map || !p->info.size) return 0;
+    void *m = mmap(NULL, (size_t)p->info.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (m == MAP_FAILED) {
+        int e = errno;
+        TF_FAIL(-e, "%s: cannot reserve %llu bytes of address space for its metadata: %s", p->url,
+                (ull)p->info.size, strerror(e));
+    }
+    p->map = m;
+    p->tail = p->info.size;
+    return 0;
+}
+
+typedef struct want {
+    tf__pobj *p;
+    uint64_t off, len;
+} want;
+
+typedef struct fetch_plan {
+    want *w;
+    size_t n, cap;
+} fetch_plan;
+
+static int plan_add(fetch_plan *fp, tf__pobj *p, uint64_t off, uint64_t len) {
+    if (!len) return 0;
+    if (fp->n == fp->cap) {
+        size_t nc = fp->cap ? fp->cap * 2 : 256;
+        want *nw = realloc(fp->w, nc * sizeof *nw);
+        if (!nw) return -ENOMEM;
+        fp->w = nw;
+        fp->cap = nc;
+    }
+    fp->w[fp->n++] = (want){p, off, len};
+    return 0;
+}
+
+/* Fetch the planned ranges into their objects' maps, concurrently. */
+static int run_plan(tf__preg *g, fetch_plan *fp) {
+    if (!fp->n) return 0;
+    tf__rreq *rq = calloc(fp->n, sizeof *rq);
+    tf__robj **objs = calloc(fp->n, sizeof *objs);
+    int rc = rq && objs ? 0 : -ENOMEM;
+    for (size_t i = 0; i < fp->n && !rc; i++) {
+        want *w = &fp->w[i];
+        rc = tf__robj_from_info(g->r, w->p->url, &w->p->info, &objs[i]);
+        if (!rc) rq[i] = (tf__rreq){objs[i], w->off, w->len, w->p->map + w->off, 0};
+    }
+    if (!rc) rc = tf__remote_read_many(g->r, rq, fp->n);
+    for (size_t i = 0; objs && i < fp->n; i++) tf__robj_free(objs[i]);
+    free(rq);
+    free(objs);
+    fp->n = 0;
+    return rc;
+}
+
+/* Plan what a parser will read of p: whole, or head and tail. */
+static int plan_head_tail(fetch_plan *fp, tf__pobj *p, uint64_t tail_hint) {
+    TF_TRY(ensure_map(p));
+    uint64_t size = p->info.size;
+    if (!size) {
+        p->whole = 1;
+        return 0;
+    }
+    uint64_t tail = tail_hint > TAIL_BYTES ? tail_hint : TAIL_BYTES;
+    if (size <= WHOLE_BELOW || is_index_name(p->url) || HEAD_BYTES + tail >= size) {
+        p->whole = 1;
+        p->head = size;
+        p->tail = 0;
+        return plan_add(fp, p, 0, size);
+    }
+    p->head = HEAD_BYTES;
+    p->tail = size - tail;
+    TF_TRY(plan_add(fp, p, 0, HEAD_BYTES));
+    return plan_add(fp, p, p->tail, tail);
+}
+
+/* Plan bytes [off, end) of p that are not fetched yet (everything outside
+ * the head [0, head) and the tail [tail, size) fetched before). */
+static int plan_range(fetch_plan *fp, tf__pobj *p, uint64_t off, uint64_t end) {
+    if (p->whole) return 0;
+    if (off < p->head) off = p->head;
+    if (end > p->tail) end = p->tail;
+    if (off >= end) return 0;
+    TF_TRY(plan_add(fp, p, off, end - off));
+    if (off == p->head) p->head = end;
+    else if (end == p->tail) p->tail = off;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* resolving what a URL names                                                */
+/* ------------------------------------------------------------------------ */
+
+typedef enum kind { K_DIR, K_MEGATRON, K_FILE } kind;
+
+typedef struct target {
+    const char *url;   /* as given */
+    kind k;
+    char *path;        /* directory URL, Megatron prefix, or file URL (owned) */
+    tf_format fmt;     /* for K_FILE, after detection */
+    tf_manifest m;     /* K_DIR */
+    int have_m;
+} target;
+
+static int ends_with(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+static char *cat2(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    char *s = malloc(la + lb + 1);
+    if (!s) return NULL;
+    memcpy(s, a, la);
+    memcpy(s + la, b, lb + 1);
+    return s;
+}
+
+/* The URL of a directory without its trailing slashes. */
+static char *dir_url(const char *url) {
+    char *d = strdup(url);
+    if (!d) return NULL;
+    size_t n = strlen(d);
+    while (n > 1 && d[n - 1] == '/') d[--n] = '\0';
+    return d;
+}
+
+static char *megatron_base(const char *url) {
+    char *p = strdup(url);
+    if (p && (ends_with(p, ".bin") || ends_with(p, ".idx"))) p[strlen(p) - 4] = '\0';
+    return p;
+}
+
+static int register_candidates(tf__preg *g, const char *url, const tf_open_options *opt) {
+    char *d = dir_url(url), *mf = d ? tf__path_join(d, TF_MANIFEST_NAME) : NULL;
+    char *pre = megatron_base(url), *bin = pre ? cat2(pre, ".bin") : NULL, *idx = pre ? cat2(pre, ".idx") : NULL;
+    char *index = cat2(url, ".index");
+    int rc = d && mf && pre && bin && idx && index ? 0 : -ENOMEM;
+    if (!rc && !tf__preg_add(g, url)) rc = -ENOMEM;
+    if (!rc && (opt->format == TF_FORMAT_AUTO || opt->format == TF_FORMAT_NATIVE) && !tf__preg_add(g, mf)) rc = -ENOMEM;
+    if (!rc && (opt->format == TF_FORMAT_AUTO || opt->format == TF_FORMAT_MEGATRON) &&
+        (!tf__preg_add(g, bin) || !tf__preg_add(g, idx)))
+        rc = -ENOMEM;
+    if (!rc && (opt->format == TF_FORMAT_AUTO || opt->format == TF_FORMAT_RAW) && !ends_with(url, "/") &&
+        !tf__preg_add(g, index))
+        rc = -ENOMEM;
+    free(d);
+    free(mf);
+    free(pre);
+    free(bin);
+    free(idx);
+    free(index);
+    return rc;
+}
+
+static int exists(tf__preg *g, const char *url) {
+    tf__pobj *p = tf__preg_find(g, url);
+    return p && p->exists;
+}
+
+/* Decide what t->url names, from the sizes learnt (before any bytes). */
+static int resolve(tf__preg *g, target *t, const tf_open_options *opt) {
+    const char *url = t->url;
+    char *d = dir_url(url), *mf = d ? tf__path_join(d, TF_MANIFEST_NAME) : NULL;
+    char *pre = megatron_base(url), *bin = pre ? cat2(pre, ".bin") : NULL, *idx = pre ? cat2(pre, ".idx") : NULL;
+    int rc = d && mf && pre && bin && idx ? 0 : -ENOMEM;
+    if (!rc) {
+        int fmt = opt->format;
+        if ((fmt == TF_FORMAT_AUTO || fmt == TF_FORMAT_NATIVE) && exists(g, mf) &&
+            (ends_with(url, "/") || !exists(g, url))) {
+            t->k = K_DIR;
+            t->path = d;
+            d = NULL;
+        } else if ((fmt == TF_FORMAT_AUTO || fmt == TF_FORMAT_MEGATRON) && exists(g, bin) && exists(g, idx) &&
+                   (fmt == TF_FORMAT_MEGATRON || !exists(g, url) || ends_with(url, ".bin") || ends_with(url, ".idx"))) {
+            t->k = K_MEGATRON; /* confirmed by the .idx magic once fetched */
+            t->path = pre;
+            pre = NULL;
+        } else if (fmt == TF_FORMAT_MEGATRON) {
+            rc = tf__seterr(-TF_EFORMAT, "%s: no Megatron dataset here: expected %s and %s. Pass the common prefix of the two objects.",
+                            url, bin, idx);
+        } else if (exists(g, url)) {
+            t->k = K_FILE;
+            t->path = strdup(url);
+            if (!t->path) rc = -ENOMEM;
+        } else if (ends_with(url, "/") || fmt == TF_FORMAT_NATIVE) {
+            rc = tf__seterr(-TF_EFORMAT, "%s: no manifest: expected %s. This is not a tokenfeed dataset, or its write did not finish.",
+                            url, mf);
+        } else {
+            rc = tf__seterr(-ENOENT, "%s: no such object (nor a dataset directory %s/ or a Megatron prefix %s/.idx)",
+                            url, d, pre);
+        }
+    }
+    free(d);
+    free(mf);
+    free(pre);
+    free(bin);
+    free(idx);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* after the parsers: turn a remote file into a chunked object               */
+/* ------------------------------------------------------------------------ */
+
+/* Move bytes [off, end) of f's sparse map into a compact buffer and repoint
+ * the metadata pointers that lie there. */
+static int relocate_native(tf_file *f, uint64_t docs_off) {
+    const uint8_t *m = f->map;
+    uint64_t end = f->map_len;
+    uint8_t *meta = NULL;
+    if (end > docs_off) {
+        meta = aligned_alloc(64, (size_t)((end - docs_off + 63) & ~63ull));
+        if (!meta) return -ENOMEM;
+        memcpy(meta, m + docs_off, (size_t)(end - docs_off));
+    }
+#define MOVE(ptr) \
+    if (ptr) ptr = (void *)(meta + ((const uint8_t *)(ptr) - (m + docs_off)))
+    MOVE(f->doc_ends);
+    MOVE(f->docs_section);
+    MOVE(f->block_table);
+    MOVE(f->chunk_sums);
+#undef MOVE
+    f->remote_meta = meta;
+    return 0;
+}
+
+static int finish_remote_file(tf__preg *g, tf_file *f) {
+    tf_remote *r = g->r;
+    const char *url = f->path;
+    tf__pobj *p = tf__preg_find(g, url);
+    if (!p) TF_FAIL(-EINVAL, "%s: not prepared (internal error)", url);
+    uint64_t data_off, data_len;
+    size_t isz = tf_dtype_size(f->dtype);
+    if (f->format == TF_FORMAT_NATIVE) {
+        data_off = f->tokens_offset;
+        data_len = f->tokens_section_len;
+        uint64_t docs_off = (uint64_t)((const uint8_t *)f->docs_section - (const uint8_t *)f->map);
+        TF_TRY(relocate_native(f, docs_off));
+    } else {
+        if (f->num_tokens && (!f->tokens || f->tokens < (const uint8_t *)f->map))
+            TF_FAIL(-EINVAL, "%s: token offset unknown (internal error)", url);
+        data_off = f->num_tokens ? (uint64_t)(f->tokens - (const uint8_t *)f->map) : 0;
+        data_len = f->num_tokens * isz;
+    }
+    tf__robj *o = NULL;
+    TF_TRY(tf__robj_from_info(r, url, &p->info, &o));
+    int rc = tf__robj_set_region(o, data_off, data_len, f->chunk_sums ? f->chunk_sums : NULL, f->num_chunk_sums,
+                                 f->chunk_sum_bytes);
+    if (rc) {
+        tf__robj_free(o);
+        return rc;
+    }
+    f->remote = o;
+    f->data_off = data_off;
+    /* no token byte is in memory: every read goes through the cache */
+    f->tokens = NULL;
+    f->zdata = NULL;
+    tf__unmap(f->map, f->map_len);
+    f->map = NULL;
+    f->map_len = 0;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* the open                                                                  */
+/* ------------------------------------------------------------------------ */
+
+static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_open_options *opt, tf_file **files,
+                          uint64_t *nfiles, uint64_t *cap) {
+    fetch_plan fp = {NULL, 0, 0};
+    int rc = 0;
+    /* manifests first: they name the shards */
+    for (size_t i = 0; i < nt && !rc; i++)
+        if (ts[i].k == K_DIR) {
+            char *mf = tf__path_join(ts[i].path, TF_MANIFEST_NAME);
+            tf__pobj *p = mf ? tf__preg_find(g, mf) : NULL;
+            rc = p ? plan_head_tail(&fp, p, 0) : -ENOMEM;
+            free(mf);
+        }
+    if (!rc) rc = run_plan(g, &fp);
+    for (size_t i = 0; i < nt && !rc; i++) {
+        if (ts[i].k != K_DIR) continue;
+        char *mf = tf__path_join(ts[i].path, TF_MANIFEST_NAME);
+        tf__pobj *p = mf ? tf__preg_find(g, mf) : NULL;
+        rc = p ? tf__parse_manifest(mf, p->map, (size_t)p->info.size, &ts[i].m) : -ENOMEM;
+        ts[i].have_m = rc == 0;
+        for (uint64_t s = 0; !rc && s < ts[i].m.num_shards; s++) {
+            char *su = tf__path_join(ts[i].path, ts[i].m.shards[s].name);
+            if (!su || !tf__preg_add(g, su)) rc = -ENOMEM;
+            free(su);
+        }
+        free(mf);
+    }
+    if (!rc) rc = learn_sizes(g);
+    /* heads and tails of everything a parser will read */
+    for (size_t i = 0; i < nt && !rc; i++) {
+        target *t = &ts[i];
+        if (t->k == K_DIR) {
+            for (uint64_t s = 0; !rc && s < t->m.num_shards; s++) {
+                char *su = tf__path_join(t->path, t->m.shards[s].name);
+                tf__pobj *p = su ? tf__preg_find(g, su) : NULL;
+                if (!p) rc = -ENOMEM;
+                else if (!p->exists)
+                    rc = tf__seterr(-ENOENT, "%s: the manifest names this shard, but there is no such object. The dataset is incomplete: upload every shard, or rewrite the dataset.",
+                                    su);
+                else rc = plan_head_tail(&fp, p, t->m.shards[s].num_docs * 8 + TAIL_BYTES);
+                free(su);
+            }
+        } else if (t->k == K_MEGATRON) {
+            char *bin = cat2(t->path, ".bin"), *idx = cat2(t->path, ".idx");
+            tf__pobj *pb = bin ? tf__preg_find(g, bin) : NULL, *pi = idx ? tf__preg_find(g, idx) : NULL;
+            rc = pb && pi ? plan_head_tail(&fp, pb, 0) : -ENOMEM;
+            if (!rc) rc = plan_head_tail(&fp, pi, 0);
+            free(bin);
+            free(idx);
+        } else {
+            tf__pobj *p = tf__preg_find(g, t->path);
+            rc = p ? plan_head_tail(&fp, p, 0) : -ENOMEM;
+            char *index = cat2(t->path, ".index");
+            tf__pobj *pi = index ? tf__preg_find(g, index) : NULL;
+            if (!rc && pi && pi->exists) rc = plan_head_tail(&fp, pi, 0);
+            free(index);
+        }
+    }
+    if (!rc) rc = run_plan(g, &fp);
+    /* what the headers show is missing: native tables, long .npy headers */
+    for (size_t i = 0; i < g->n && !rc; i++) {
+        tf__pobj *p = &g->o[i];
+        if (!p->map || p->whole || p->info.size < 8) continue;
+        if (!memcmp(p->map, TF_NATIVE_MAGIC, 8)) {
+            tf_file tmp;
+            memset(&tmp, 0, sizeof tmp);
+            if (tf__parse_native_header(p->url, p->map, TF_NATIVE_HEADER_SIZE, p->info.size, &tmp) == 0)
+                rc = plan_range(&fp, p, tmp.docs_offset, p->info.size);
+        } else if (!memcmp(p->map, "\x93NUMPY", 6) && p->info.size >= 12) {
+            /* format 1.0: u16 header length at 8; 2.0 and 3.0: u32 */
+            uint64_t hl = p->map[6] == 1 ? 10u + (uint64_t)(p->map[8] | p->map[9] << 8) : 12u + tf__le32(p->map + 8);
+            rc = plan_range(&fp, p, 0, hl < p->info.size ? hl : p->info.size);
+        }
+        tf__clearerr();
+    }
+    if (!rc) rc = run_plan(g, &fp);
+    free(fp.w);
+    if (rc) return rc;
+
+    /* the parsers, on the prepared maps */
+    for (size_t i = 0; i < nt && !rc; i++) {
+        target *t = &ts[i];
+        uint64_t first = *nfiles;
+        if (t->k == K_DIR) {
+            rc = tf__open_native_dir(t->path, opt, files, nfiles, cap);
+        } else {
+            tf_format fmt = opt->format;
+            if (t->k == K_MEGATRON) {
+                char *idx = cat2(t->path, ".idx");
+                tf__pobj *pi = idx ? tf__preg_find(g, idx) : NULL;
+                free(idx);
+                if (!pi) return -ENOMEM;
+                if (pi->info.size >= 9 && !memcmp(pi->map, "MMIDIDX\0\0", 9)) fmt = TF_FORMAT_MEGATRON;
+                else if (fmt == TF_FORMAT_MEGATRON || !exists(g, t->url))
+                    return tf__seterr(-TF_EFORMAT, "%s.idx: magic: expected \"MMIDIDX\\0\\0\", found another value. This is not a Megatron .idx file.",
+                                      t->path);
+                else {
+                    /* not Megatron after all: the URL is a file of its own */
+                    free(t->path);
+                    t->path = strdup(t->url);
+                    if (!t->path) return -ENOMEM;
+                    t->k = K_FILE;
+                    tf__pobj *p = tf__preg_find(g, t->path);
+                    fetch_plan f2 = {NULL, 0, 0};
+                    rc = p ? plan_head_tail(&f2, p, 0) : -ENOMEM;
+                    if (!rc) rc = run_plan(g, &f2);
+                    free(f2.w);
+                    if (rc) return rc;
+                    fmt = opt->format;
+                }
+            }
+            if (fmt == TF_FORMAT_AUTO) {
+                tf__pobj *p = tf__preg_find(g, t->path);
+                const uint8_t *h = p ? p->map : NULL;
+                uint64_t n = p ? p->info.size : 0;
+                if (n >= 8 && !memcmp(h, TF_NATIVE_MAGIC, 8)) fmt = TF_FORMAT_NATIVE;
+                else if (n >= 6 && !memcmp(h, "\x93NUMPY", 6)) fmt = TF_FORMAT_NPY;
+                else if (n >= 4 && (tf__le32(h) == 20240520u || tf__le32(h) == 20240801u)) fmt = TF_FORMAT_LLMC;
+                else fmt = TF_FORMAT_RAW;
+                if (fmt == TF_FORMAT_RAW && opt->raw_dtype == TF_DTYPE_INVALID)
+                    return tf__seterr(-TF_EFORMAT, "%s: header: expected a tokenfeed, llm.c or .npy magic number, found none. For a headerless token file (nanoGPT train.bin, OLMo, datatrove .ds) pass dtype= (e.g. dtype=\"uint16\").",
+                                      t->url);
+            }
+            tf_file *f = tf__files_push(files, nfiles, cap);
+            if (!f) return -ENOMEM;
+            switch (fmt) {
+            case TF_FORMAT_NATIVE: rc = tf__open_native(t->path, opt, f); break;
+            case TF_FORMAT_MEGATRON: rc = tf__open_megatron(t->path, opt, f); break;
+            case TF_FORMAT_LLMC: rc = tf__open_llmc(t->path, opt, f); break;
+            case TF_FORMAT_NPY: rc = tf__open_npy(t->path, opt, f); break;
+            case TF_FORMAT_RAW: rc = tf__open_raw(t->path, opt, f); break;
+            default: rc = tf__seterr(-EINVAL, "%s: unknown format code %d", t->url, (int)fmt);
+            }
+            if (rc < 0) {
+                tf__file_close(f);
+                (*nfiles)--;
+            }
+        }
+        for (uint64_t k = first; k < *nfiles && !rc; k++) rc = finish_remote_file(g, &(*files)[k]);
+    }
+    return rc;
+}
+
+int tf__open_remote_many(const char *const *urls, size_t n, const tf_open_options *opt, tf_remote *r,
+                         tf_file **files, uint64_t *nfiles, uint64_t *cap) {
+    if (!r)
+        TF_FAIL(-EINVAL, "%s: a remote URL needs a remote store: open it with tf_dataset_open_remote and a tf_remote (tf_remote_create), or with tokenfeed.open() from Python",
+                urls[0]);
+    tf__preg g = {r, NULL, 0, 0};
+    target *ts = calloc(n, sizeof *ts);
+    if (!ts) return -ENOMEM;
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        ts[i].url = urls[i];
+        rc = register_candidates(&g, urls[i], opt);
+    }
+    if (!rc) rc = learn_sizes(&g);
+    for (size_t i = 0; i < n && !rc; i++) rc = resolve(&g, &ts[i], opt);
+    if (!rc) {
+        rc = tf__preg_enter(&g);
+        if (!rc) rc = fetch_and_open(&g, ts, n, opt, files, nfiles, cap);
+        tf__preg_enter(NULL);
+    }
+    for (size_t i = 0; i < n; i++) {
+        free(ts[i].path);
+        if (ts[i].have_m) tf__manifest_free(&ts[i].m);
+    }
+    free(ts);
+    tf__preg_free(&g);
+    return rc;
+}

@@ -1,0 +1,401 @@
+"""Remote datasets: URLs, byte sizes, the cache directory, and the object-store transport.
+
+The C core reads remote bytes through a transport with two calls, ``stat(url)`` and
+``read_into(url, version, size, offset, buffer)`` (see ``tokenfeed.h``, "Sources: remote
+objects"); it retries, caches and schedules on top. This module provides the transport the
+package uses, built on `obstore <https://developmentseed.org/obstore/>`_ (the optional extra
+``tokenfeed[remote]``), imported only when a remote URL is opened.
+
+Errors are raised as :class:`TransportError` (an ``OSError``) whose ``errno`` says what the
+core does with them: ``EAGAIN`` (throttled), ``ETIMEDOUT``, ``ECONNRESET``, ``EPROTO`` (short
+or malformed body) and ``EIO`` (server error) are retried with backoff; ``ENOENT``,
+``EACCES`` and ``ESTALE`` (the object changed since open) are not. Credentials are read by the
+client from the standard chains and never appear in messages or ``repr``s.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import re
+import threading
+from datetime import timedelta
+from typing import Any, Dict, Iterator, Mapping, NamedTuple, Optional, Tuple, Union
+
+__all__ = ["RemoteURL", "TransportError", "ObjectStoreTransport", "default_cache_dir", "is_url", "parse_size",
+           "parse_url"]
+
+#: URL schemes served by the obstore transport.
+SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "http", "https")
+
+
+def is_url(path: Any) -> bool:
+    """Whether ``path`` is a remote URL (``scheme://...``, ``file://`` excluded)."""
+    if not isinstance(path, str):
+        return False
+    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", path)
+    return m is not None and m.group(1).lower() != "file"
+
+
+class RemoteURL(NamedTuple):
+    scheme: str  #: lower-case scheme as given ("s3", "gs", "az", "https", ...)
+    bucket: str  #: bucket or container; for http(s) the host (with port)
+    key: str     #: object key (no leading "/"); "" for the bucket itself
+
+    def join(self, name: str) -> str:
+        """URL of ``name`` inside this URL taken as a directory."""
+        base = self.key.rstrip("/")
+        return f"{self.scheme}://{self.bucket}/{base + '/' if base else ''}{name}"
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.bucket}/{self.key}"
+
+
+def parse_url(url: str) -> RemoteURL:
+    """Split ``scheme://bucket/key``. Raises ``ValueError`` for a malformed or unsupported URL."""
+    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://([^/?#]*)(/[^?#]*)?$", url)
+    if not m:
+        raise ValueError(f"{url!r}: expected a URL of the form scheme://bucket/key "
+                         "(query strings and fragments are not supported)")
+    scheme, bucket, path = m.group(1).lower(), m.group(2), m.group(3) or ""
+    if scheme not in SCHEMES:
+        raise ValueError(f"{url!r}: unsupported scheme {scheme!r}; expected one of "
+                         + ", ".join(s + "://" for s in SCHEMES))
+    if not bucket:
+        raise ValueError(f"{url!r}: expected a bucket (or host) after {scheme}://")
+    if "@" in bucket and scheme not in ("abfs", "abfss"):
+        raise ValueError(f"{url!r}: credentials in URLs are not accepted; use the standard credential "
+                         "chain (environment, profile files, instance metadata) instead")
+    return RemoteURL(scheme, bucket, path.lstrip("/"))
+
+
+_UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "M": 1000 ** 2, "MB": 1000 ** 2, "G": 1000 ** 3,
+          "GB": 1000 ** 3, "T": 1000 ** 4, "TB": 1000 ** 4, "P": 1000 ** 5, "PB": 1000 ** 5,
+          "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40, "PIB": 1 << 50}
+
+
+def parse_size(value: Union[int, str, None], what: str = "cache_limit") -> Optional[int]:
+    """Bytes from an int or a string such as ``"200GB"``, ``"1.5TiB"``, ``"500M"``.
+
+    SI units (``KB``, ``MB``, ``GB``, ``TB``; also ``K``, ``M``, ``G``, ``T``) are powers of
+    1000; ``KiB``, ``MiB``, ``GiB``, ``TiB`` powers of 1024. ``None`` stays ``None``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be a number of bytes or a string like '200GB', not bool")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(f"{what} must be positive, got {value}")
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a number of bytes or a string like '200GB', not {type(value).__name__}")
+    m = re.match(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*$", value)
+    unit = m.group(2).upper() if m else ""
+    if not m or unit not in _UNITS:
+        raise ValueError(f"{what}: cannot read {value!r} as a size; expected e.g. 200GB, 1.5TiB, 500M or a "
+                         "number of bytes")
+    n = int(float(m.group(1)) * _UNITS[unit])
+    if n <= 0:
+        raise ValueError(f"{what} must be positive, got {value!r}")
+    return n
+
+
+def default_cache_dir() -> str:
+    """``$TOKENFEED_CACHE_DIR``, else ``$XDG_CACHE_HOME/tokenfeed/remote`` (``~/.cache/...``)."""
+    d = os.environ.get("TOKENFEED_CACHE_DIR")
+    if d:
+        return d
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "tokenfeed", "remote")
+
+
+class TransportError(OSError):
+    """A failed request; ``errno`` tells the C core whether to retry (see the module docstring)."""
+
+
+# Words that must never reach a message: credential values from the environment and options.
+_SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "AZURE_STORAGE_ACCOUNT_KEY",
+               "AZURE_STORAGE_SAS_TOKEN", "AZURE_CLIENT_SECRET", "GOOGLE_SERVICE_ACCOUNT_KEY")
+
+
+def _redact(msg: str, secrets: Tuple[str, ...]) -> str:
+    msg = msg.split("\n\nDebug source", 1)[0]
+    msg = re.sub(r"(https?://[^\s?]*)\?\S*", r"\1?<query redacted>", msg)  # presigned URLs, SAS tokens
+    msg = re.sub(r"(?i)(signature|credential|x-amz-security-token|sig|token)=[^&\s]*", r"\1=<redacted>", msg)
+    for s in secrets:
+        if s and len(s) >= 4:
+            msg = msg.replace(s, "<redacted>")
+    msg = " ".join(msg.split())
+    return msg[:400]
+
+
+def _classify(exc: BaseException) -> int:
+    name = type(exc).__name__
+    text = str(exc)
+    if isinstance(exc, FileNotFoundError) or name == "NotFoundError":
+        return errno.ENOENT
+    if name == "PreconditionError" or "412 Precondition" in text:
+        return errno.ESTALE
+    if name in ("PermissionDeniedError", "UnauthenticatedError") or re.search(r"status code: 40[13]\b", text):
+        return errno.EACCES
+    if re.search(r"status code: (503|429)\b", text) or "SlowDown" in text or "Throttl" in text:
+        return errno.EAGAIN
+    if re.search(r"status code: 5\d\d\b", text):
+        return errno.EIO
+    if "kind: Timeout" in text or "TimedOut" in text or "timed out" in text.lower():
+        return errno.ETIMEDOUT
+    if "IncompleteBody" in text or "UnexpectedEof" in text or "body error" in text:
+        return errno.EPROTO
+    if "error sending request" in text or "Connection reset" in text or "connection closed" in text.lower() \
+            or "Interrupted" in text or "Connect" in text:
+        return errno.ECONNRESET
+    if re.search(r"status code: 4\d\d\b", text) or name in ("InvalidPathError", "NotSupportedError",
+                                                             "UnknownConfigurationKeyError"):
+        return errno.EINVAL
+    return errno.EIO
+
+
+# obstore runs its requests on a tokio runtime whose threads a fork() does not copy: a
+# process forked after the runtime started cannot make requests (they would hang). The pid
+# of the first process that made one is recorded so that a forked child fails clearly.
+_obstore_pid: Optional[int] = None
+
+
+def _check_fork() -> None:
+    global _obstore_pid
+    pid = os.getpid()
+    if _obstore_pid is None:
+        _obstore_pid = pid
+    elif _obstore_pid != pid:
+        raise TransportError(errno.ENOTSUP,
+                             "this process was forked after the object-store client (obstore) had started, and it "
+                             "cannot make requests in a forked child. Start DataLoader workers with "
+                             "multiprocessing_context='spawn' or 'forkserver' (remote datasets pickle to them), "
+                             "or open the dataset in each worker")
+
+
+def _env_endpoint() -> Optional[str]:
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
+class ObjectStoreTransport:
+    """The transport the package plugs into the C core: obstore stores, one per bucket.
+
+    ``endpoint_url`` (else ``$AWS_ENDPOINT_URL_S3``, ``$AWS_ENDPOINT_URL``) points ``s3://``
+    URLs at an S3-compatible store; plain ``http://`` endpoints are allowed. ``storage_options``
+    go to the store constructors (region, profile, ...); they are kept private and never
+    printed. ``timeout`` bounds one request (seconds); retries belong to the C core.
+    """
+
+    def __init__(self, endpoint_url: Optional[str] = None, storage_options: Optional[Mapping[str, Any]] = None,
+                 timeout: float = 60.0, connect_timeout: float = 10.0) -> None:
+        try:
+            import obstore  # noqa: F401
+        except ImportError as e:
+            raise ImportError("reading remote datasets needs obstore: pip install 'tokenfeed[remote]'") from e
+        if endpoint_url is not None and not re.match(r"^https?://[^/\s]+/?$", endpoint_url):
+            raise ValueError(f"endpoint_url: expected http(s)://host[:port], got {endpoint_url!r}")
+        self.endpoint_url = endpoint_url.rstrip("/") if endpoint_url else None
+        self._options: Dict[str, Any] = dict(storage_options or {})
+        self.timeout = float(timeout)
+        self.connect_timeout = float(connect_timeout)
+        self._stores: Dict[Tuple[str, str], Any] = {}
+        self._lock = threading.Lock()
+
+    # never print credentials: only the endpoint and the option names
+    def __repr__(self) -> str:
+        opts = f", storage_options=<{', '.join(sorted(self._options))}>" if self._options else ""
+        ep = self.endpoint_url or _env_endpoint()
+        return f"ObjectStoreTransport(endpoint_url={ep!r}{opts})"
+
+    __str__ = __repr__
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # a spawned DataLoader worker re-creates the stores (and re-reads credentials)
+        return {"endpoint_url": self.endpoint_url, "options": self._options, "timeout": self.timeout,
+                "connect_timeout": self.connect_timeout}
+
+    def __setstate__(self, st: Dict[str, Any]) -> None:
+        self.__init__(st["endpoint_url"], st["options"], st["timeout"], st["connect_timeout"])  # type: ignore[misc]
+
+    def _secrets(self) -> Tuple[str, ...]:
+        vals = [os.environ.get(k, "") for k in _SECRET_ENV]
+        vals += [str(v) for v in self._options.values() if isinstance(v, str)]
+        return tuple(v for v in vals if v)
+
+    def _client_options(self, allow_http: bool) -> Any:
+        return {"allow_http": allow_http, "timeout": timedelta(seconds=self.timeout),
+                "connect_timeout": timedelta(seconds=self.connect_timeout)}
+
+    def _make_store(self, u: RemoteURL) -> Any:
+        from obstore import store as obs
+
+        retry: Any = {"max_retries": 0, "retry_timeout": timedelta(seconds=max(self.timeout, 1.0))}
+        if u.scheme in ("s3", "s3a"):
+            ep = self.endpoint_url or _env_endpoint()
+            kw: Dict[str, Any] = dict(self._options)
+            if ep:
+                kw["endpoint"] = ep
+            if "region" not in kw and not (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")):
+                kw["region"] = "us-east-1"
+            provider = None
+            if not os.environ.get("AWS_ACCESS_KEY_ID") and not kw.get("access_key_id") \
+                    and not kw.get("skip_signature") and _has_aws_profile():
+                provider = _boto3_provider()
+            if provider is not None:
+                kw["credential_provider"] = provider
+            return obs.S3Store(u.bucket, client_options=self._client_options(bool(ep and ep.startswith("http://"))),
+                               retry_config=retry, **kw)
+        if u.scheme in ("http", "https"):
+            return obs.HTTPStore.from_url(f"{u.scheme}://{u.bucket}",
+                                          client_options=self._client_options(u.scheme == "http"),
+                                          retry_config=retry)
+        from_url: Any = obs.from_url
+        return from_url(f"{u.scheme}://{u.bucket}", client_options=self._client_options(False),
+                        retry_config=retry, **self._options)
+
+    def _store(self, url: str) -> Tuple[Any, str]:
+        u = parse_url(url)
+        k = (u.scheme, u.bucket)
+        with self._lock:
+            st = self._stores.get(k)
+        if st is None:
+            try:
+                st = self._make_store(u)
+            except Exception as e:  # configuration errors: not retried
+                raise TransportError(errno.EINVAL, f"cannot set up a client for {u.scheme}://{u.bucket}: "
+                                                   f"{_redact(str(e), self._secrets())}") from None
+            with self._lock:
+                st = self._stores.setdefault(k, st)
+        return st, u.key
+
+    def _error(self, exc: BaseException) -> TransportError:
+        code = _classify(exc)
+        return TransportError(code, _redact(f"{type(exc).__name__}: {exc}", self._secrets()))
+
+    def stat(self, url: str) -> Tuple[int, str]:
+        """``(size, version)`` of the object; version is its ETag ("" when the store has none)."""
+        import obstore
+
+        _check_fork()
+        store, key = self._store(url)
+        try:
+            meta = obstore.head(store, key)
+        except Exception as e:
+            raise self._error(e) from None
+        return int(meta["size"]), str(meta.get("e_tag") or "")
+
+    def list(self, prefix_url: str) -> Iterator[Tuple[str, int, str]]:
+        """``(url, size, version)`` of every object under ``prefix_url`` taken as a directory."""
+        import obstore
+
+        _check_fork()
+        store, key = self._store(prefix_url)
+        u = parse_url(prefix_url)
+        try:
+            for batch in obstore.list(store, prefix=key.rstrip("/") or None, chunk_size=1000):
+                for m in batch:
+                    yield f"{u.scheme}://{u.bucket}/{m['path']}", int(m["size"]), str(m.get("e_tag") or "")
+        except Exception as e:
+            raise self._error(e) from None
+
+    def read_into(self, url: str, version: str, size: int, offset: int, buf: Any) -> int:
+        """Read ``len(buf)`` bytes at ``offset`` into ``buf`` (a writable buffer); returns the count.
+
+        The request is conditional on ``version`` (``If-Match``): a changed object fails with
+        ``ESTALE`` instead of returning bytes of another version.
+        """
+        import obstore
+
+        _check_fork()
+        store, key = self._store(url)
+        mv = memoryview(buf).cast("B")
+        n = mv.nbytes
+        if n == 0:
+            return 0
+        opts: Any = {"range": (int(offset), int(offset) + n)}
+        if version:
+            opts["if_match"] = version
+        try:
+            data = obstore.get(store, key, options=opts).bytes()
+        except Exception as e:
+            raise self._error(e) from None
+        got = memoryview(data).cast("B")
+        m = min(got.nbytes, n)
+        if m == 0:
+            raise TransportError(errno.EPROTO, f"empty response for bytes [{offset}, {offset + n})")
+        mv[:m] = got[:m]
+        return m
+
+
+def _has_aws_profile() -> bool:
+    if os.environ.get("AWS_PROFILE"):
+        return True
+    home = os.path.expanduser("~")
+    cfg = os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.join(home, ".aws", "credentials")
+    return os.path.exists(cfg) or os.path.exists(os.environ.get("AWS_CONFIG_FILE")
+                                                 or os.path.join(home, ".aws", "config"))
+
+
+def _boto3_provider() -> Any:
+    """boto3's credential chain (profiles, SSO, assume-role), when boto3 is installed."""
+    try:
+        import boto3
+        from obstore.auth.boto3 import Boto3CredentialProvider
+    except ImportError:
+        return None
+    try:
+        return Boto3CredentialProvider(boto3.Session())
+    except Exception:
+        return None
+
+
+# ---------------------------------------------------------------------------------------
+# remote stores: one per (cache directory, endpoint, options) in a process
+
+
+def store_options(cache_dir: Any = None, cache_limit: Union[int, str, None] = None,
+                  endpoint_url: Optional[str] = None, chunk_size: Union[int, str, None] = None,
+                  prefetch: Union[int, str, None] = None, fetch_threads: Optional[int] = None,
+                  storage_options: Optional[Mapping[str, Any]] = None,
+                  request_timeout: Optional[float] = None) -> Dict[str, Any]:
+    """Check and normalise the remote options of ``tokenfeed.open`` (sizes in bytes)."""
+    if request_timeout is not None and (isinstance(request_timeout, bool) or not isinstance(request_timeout, (int, float))
+                                        or not request_timeout > 0):
+        raise ValueError(f"request_timeout must be a positive number of seconds, got {request_timeout!r}")
+    if fetch_threads is not None and (isinstance(fetch_threads, bool) or not isinstance(fetch_threads, int)
+                                      or not 1 <= fetch_threads <= 256):
+        raise ValueError(f"fetch_threads must be an int from 1 to 256, got {fetch_threads!r}")
+    if storage_options is not None and not isinstance(storage_options, Mapping):
+        raise TypeError("storage_options must be a dict of client options")
+    return {"cache_dir": os.path.abspath(os.fspath(cache_dir)) if cache_dir is not None else default_cache_dir(),
+            "cache_limit": parse_size(cache_limit, "cache_limit"),
+            "endpoint_url": endpoint_url,
+            "chunk_size": parse_size(chunk_size, "chunk_size"),
+            "prefetch": parse_size(prefetch, "prefetch"),
+            "fetch_threads": fetch_threads,
+            "storage_options": dict(storage_options) if storage_options else None,
+            "request_timeout": float(request_timeout) if request_timeout is not None else None}
+
+
+_stores: Dict[Tuple[Any, ...], Any] = {}
+_stores_lock = threading.Lock()
+
+
+def get_store(cache_dir: str, cache_limit: Optional[int] = None, endpoint_url: Optional[str] = None,
+              chunk_size: Optional[int] = None, prefetch: Optional[int] = None, fetch_threads: Optional[int] = None,
+              storage_options: Optional[Dict[str, Any]] = None, request_timeout: Optional[float] = None) -> Any:
+    """The process's remote store for these options (one fetch pool and cache slot each)."""
+    from . import _core
+
+    so = tuple(sorted((k, repr(v)) for k, v in (storage_options or {}).items()))
+    key = (os.getpid(), cache_dir, cache_limit, endpoint_url, chunk_size, prefetch, fetch_threads, so, request_timeout)
+    with _stores_lock:
+        st = _stores.get(key)
+        if st is None:
+            transport = ObjectStoreTransport(endpoint_url=endpoint_url, storage_options=storage_options,
+                                             timeout=request_timeout or 60.0)
+            st = _core.Remote(transport, cache_dir, cache_limit=cache_limit or 0, chunk_bytes=chunk_size or 0,
+                              prefetch_bytes=prefetch or 0, fetch_threads=fetch_threads or 0)
+            _stores[key] = st
+        return st

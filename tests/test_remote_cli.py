@@ -1,0 +1,112 @@
+"""The command line on remote datasets (inspect, verify with progress, cache show/prune), and
+remote datasets in forked DataLoader workers and with every read backend."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import tokenfeed
+from remote_util import bucket, moto  # noqa: F401  (fixtures)
+from tokenfeed import cli
+
+
+@pytest.fixture
+def remote_ds(moto, bucket, tmp_path, monkeypatch):
+    rng = np.random.default_rng(0)
+    with tokenfeed.DatasetWriter(tmp_path / "src", vocab_size=1000, shard_tokens=40_000) as w:
+        for _ in range(300):
+            w.add_document(rng.integers(0, 1000, size=int(rng.integers(50, 500))))
+    moto.upload_dir(bucket, "d", str(tmp_path / "src"))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto.endpoint)
+    monkeypatch.setenv("TOKENFEED_CACHE_DIR", str(tmp_path / "cache"))
+    return tokenfeed.open(tmp_path / "src"), f"s3://{bucket}/d/", str(tmp_path / "cache")
+
+
+def test_inspect_and_verify_remote(remote_ds, capsys):
+    local, url, cache = remote_ds
+    assert cli.main(["inspect", url, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["fingerprint"] == local.fingerprint and info["num_tokens"] == local.num_tokens
+    assert cli.main(["verify", url, "--progress"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("OK") and local.fingerprint in out
+    assert "verify" in err  # the progress bar of the fetch and check
+
+
+def test_cache_show_and_prune(remote_ds, capsys):
+    local, url, cache = remote_ds
+    ds = tokenfeed.open(url)
+    ds.tokens(0, ds.num_tokens)
+    assert cli.main(["cache", "show", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["cache_dir"] == cache and shown["chunks"] >= ds.num_files and shown["processes"] == 1
+    urls = {o["url"] for o in shown["objects_detail"]}
+    assert urls == {f["path"] for f in ds.files()}
+    assert cli.main(["cache", "show"]) == 0
+    assert url in capsys.readouterr().out
+    # emptying is refused while a process (this one) has the cache open
+    assert cli.main(["cache", "prune", "--all"]) == 1
+    assert "has the cache open" in capsys.readouterr().err
+    assert cli.main(["cache", "prune", "--keep", "10KB"]) == 0
+    assert tokenfeed._core.cache_info(cache)["bytes"] <= 10_000
+    # what was evicted comes back on demand, and the bytes are right
+    assert np.array_equal(ds.tokens(0, ds.num_tokens), local.tokens(0, local.num_tokens))
+    assert cli.main(["cache", "prune"]) == 1  # neither --keep nor --all
+    capsys.readouterr()
+
+
+def test_cache_refused_when_not_private(tmp_path, capsys):
+    d = tmp_path / "c"
+    d.mkdir()
+    (d / "tokenfeed-cache").write_text("tokenfeed-cache 1\n")
+    os.chmod(d, 0o777)
+    assert cli.main(["cache", "show", str(d)]) == 1
+    assert "writable by every user" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread", "io_uring"])
+def test_backends_read_remote_the_same(remote_ds, backend):
+    local, url, _ = remote_ds
+    ds = tokenfeed.open(url)
+    kw = dict(seq_len=64, batch_size=4, seed=3, shuffle=True, backend=backend, output="numpy")
+    a, b = iter(tokenfeed.Loader(ds, **kw)), iter(tokenfeed.Loader(local, **kw))
+    for _ in range(30):
+        assert np.array_equal(next(a)["input_ids"], next(b)["input_ids"])
+
+
+@pytest.mark.parametrize("context", ["spawn", "fork"])
+def test_dataloader_workers(remote_ds, context):
+    """spawn (and forkserver) workers reopen the dataset from its pickle and stream the same
+    batches; a fork()ed worker cannot use the object-store client once the parent has (its
+    runtime's threads are not copied) and fails with an error that says what to do."""
+    torch = pytest.importorskip("torch")
+    import multiprocessing
+
+    from tokenfeed.torch import TokenBatches
+
+    local, url, cache = remote_ds
+    ds = tokenfeed.open(url)
+    ds.tokens(0, 10)  # the client has made requests in this process
+    kw = dict(seq_len=64, batch_size=4, seed=5, shuffle=True, epochs=1)
+
+    def first(d, n=21):
+        dl = torch.utils.data.DataLoader(TokenBatches(d, **kw), batch_size=None, num_workers=2,
+                                         multiprocessing_context=multiprocessing.get_context(context))
+        out = []
+        for i, b in enumerate(dl):
+            out.append(np.asarray(b["input_ids"]).copy())
+            if i + 1 == n:
+                break
+        return out
+
+    if context == "fork":
+        with pytest.raises(Exception) as ei:
+            first(ds)
+        assert "forked" in str(ei.value) and "spawn" in str(ei.value)
+        return
+    got, want = first(ds), first(local)
+    assert len(got) == len(want) == 21
+    assert all(np.array_equal(x, y) for x, y in zip(got, want))
