@@ -656,6 +656,10 @@ int tf_device_loader_create(tf_loader *l, const tf_device_config *cfg, tf_device
     if (!out) return -EINVAL;
     *out = NULL;
     if (!l) TF_FAIL(-EINVAL, "tf_device_loader_create: the loader must not be NULL");
+    if (tf__loader_cp_size(l) > 1)
+        TF_FAIL(-EINVAL, "tf_device_loader_create: the loader gives context-parallel shares (cp_size %u), whose "
+                "input_ids and labels the device stage does not copy: take them from tf_loader_next and copy them "
+                "yourself", tf__loader_cp_size(l));
     tf_device_config def;
     if (!cfg) {
         tf_device_config_init(&def);

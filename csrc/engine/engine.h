@@ -24,6 +24,9 @@
 #include <liburing.h>
 #endif
 
+struct tf__cp_work;
+struct tf__cp_piece;
+
 /* fd table states besides a real descriptor (>= 0). */
 #define TF__FD_UNOPENED (-1)
 #define TF__FD_UNUSABLE (-2) /* read this file through its mapping instead */
@@ -45,6 +48,15 @@ typedef struct tf__reader {
     int64_t separator;
     int64_t pad; /* pad id of BEST_FIT / DOCUMENT samples */
     size_t max_spans;
+    /* context parallelism (cp.h): set by the loader after tf__reader_init */
+    uint32_t cp_size, cp_rank; /* cp_size <= 1: none */
+    int thd;                   /* THD layout (with cu_seqlens) */
+    uint64_t cp_c, cp_first[2]; /* plain split: chunk length and rank's two chunks */
+    uint64_t thd_cap_tokens, thd_cap_seqs; /* THD: capacity of the batch's arrays */
+    /* per-row accounting of a mixture (sources > 0): first sample id of each
+     * source, nsources + 1 entries */
+    size_t nsources;
+    const uint64_t *source_first;
     _Atomic int *fds;  /* per file, buffered reads; TF__FD_* or a descriptor */
     _Atomic int *dfds; /* per file, O_DIRECT reads (only with direct_io) */
     _Atomic uint64_t bytes_read;
@@ -87,6 +99,16 @@ typedef struct tf__worker {
     size_t *queue;            /* io_uring: indices to (re)submit */
     tf__zhold zh;             /* this worker's pin in the shared zstd cache */
     uint64_t bytes;           /* bytes read in the current batch */
+    /* context parallelism: one row's extras (L positions, L + 1 cu_seqlens, L
+     * mask), its segment lengths and padded lengths, the pieces of the batch
+     * (THD) and the ranges of a row to read */
+    int32_t *cp_pos, *cp_cu;
+    uint8_t *cp_mask;
+    uint64_t *cp_seg, *cp_pad;
+    struct tf__cp_work *cp_work;
+    size_t cp_nwork, cp_cap_work;
+    struct tf__cp_piece *cp_pieces; /* 4 L */
+    uint64_t *cp_ranges;            /* 2 L + 2 pairs [lo, hi) */
 #ifdef TF_HAVE_IO_URING
     struct io_uring ring;
     int ring_ok;
@@ -115,10 +137,19 @@ TF_HIDDEN void tf__reader_get_note(tf__reader *r, char *out, size_t cap);
 TF_HIDDEN int tf__worker_init(tf__worker *w, tf__reader *r, int index);
 TF_HIDDEN void tf__worker_destroy(tf__worker *w);
 
+/* Accounting of one row of a mixture (per-source stats). */
+typedef struct tf__row_acct {
+    uint64_t source, tokens, documents;
+} tf__row_acct;
+
 /* Fill `rows` samples, stream positions [pos, pos + rows), into the view's
  * buffers (tokens rows x (L+1) in the out dtype, and the extras that are not
- * NULL). Returns 0 or a negative code with tf_last_error set on this thread. */
-TF_HIDDEN int tf__worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const tf_batch_view *v);
+ * NULL; under context parallelism tokens is where the rank's ranges are read,
+ * at their offsets in the sample, and input_ids, labels and the extras get
+ * the rank's share, with num_tokens / max_seqlen set for THD). acct: rows
+ * entries filled for a mixture, or NULL. Returns 0 or a negative code with
+ * tf_last_error set on this thread. */
+TF_HIDDEN int tf__worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view *v, tf__row_acct *acct);
 
 /* ---- hand-off to the device stage (csrc/device/stage.c) ------------------- */
 
@@ -138,5 +169,8 @@ TF_HIDDEN void tf__loader_set_allocator(tf_loader *l, const tf__buffer_allocator
 TF_HIDDEN int tf__batch_locked(const tf_batch *b);
 /* Buffers the allocator has made page-locked so far (each once). */
 TF_HIDDEN uint64_t tf__loader_locked_buffers(const tf_loader *l);
+
+/* Context-parallel group size of a loader's batches (1: whole samples). */
+TF_HIDDEN uint32_t tf__loader_cp_size(const struct tf_loader *l);
 
 #endif

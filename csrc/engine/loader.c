@@ -77,6 +77,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cp.h"
 #include "engine.h"
 #include "../sources/remote.h"
 
@@ -94,6 +95,7 @@ struct tf_batch {
     size_t alloc_bytes;
     int locked;            /* page-locked (from alloc) */
     tf_batch_view view;    /* pointers into the payload after this header */
+    tf__row_acct *acct;    /* a mixture: per-row accounting (rows entries), else NULL */
 };
 
 typedef struct tf__slot {
@@ -111,7 +113,15 @@ struct tf_loader {
     int finite;
     tf_dtype out_dtype;
     unsigned want;
+    uint32_t cp_size; /* > 1: context parallelism (the rank's share of each row) */
+    int thd;
     size_t hdr, off_pos, off_cu, off_ns, off_lm, bytes; /* buffer layout */
+    size_t off_in, off_lab, off_cup, off_acct;          /* context parallelism, mixture accounting */
+    /* per-source stats of a mixture (nsources > 0): sample id offsets
+     * (nsources + 1) and what the consumer received, per source */
+    size_t nsources;
+    uint64_t *source_first;
+    _Atomic uint64_t *src_samples, *src_tokens, *src_docs;
     int nthreads, depth;
     tf__reader rd;
     tf__pool *pool;
@@ -212,6 +222,14 @@ static tf_batch *batch_alloc(tf_loader *l) {
         b->view.num_seqs = (int32_t *)(base + l->off_ns);
     }
     if (l->want & TF_WANT_LOSS_MASK) b->view.loss_mask = base + l->off_lm;
+    b->view.cp_size = l->cp_size;
+    b->view.thd = l->thd;
+    if (l->cp_size > 1) {
+        b->view.input_ids = base + l->off_in;
+        b->view.labels = base + l->off_lab;
+        if (l->thd) b->view.cu_seqlens_padded = (int32_t *)(base + l->off_cup);
+    }
+    if (l->nsources) b->acct = (tf__row_acct *)(base + l->off_acct);
     return b;
 }
 
@@ -300,7 +318,7 @@ static void *worker_main(void *arg) {
         } else {
             b->view.position = pos;
             tf__clearerr();
-            rc = tf__worker_fill(w, pos + l->rank * l->B, l->B, &b->view);
+            rc = tf__worker_fill(w, pos + l->rank * l->B, l->B, &b->view, b->acct);
             if (rc) {
                 const char *m = tf_last_error();
                 snprintf(err, sizeof err, "%s", m && *m ? m : tf_strerror(rc));
@@ -445,6 +463,8 @@ void tf_loader_config_init(tf_loader_config *cfg) {
     cfg->prefetch = 0;
     cfg->backend = TF_BACKEND_AUTO;
     cfg->direct_io = 0;
+    cfg->cp_rank = 0;
+    cfg->cp_size = 1;
 }
 
 /* The engine's own settings, checked before any order is built (building a
@@ -460,6 +480,8 @@ static int check_engine_config(const tf_loader_config *cfg) {
         TF_FAIL(-EINVAL, "num_threads: expected 0 (default) to %d, found %d", TF_MAX_THREADS, cfg->num_threads);
     if (cfg->prefetch < 0 || cfg->prefetch > TF_MAX_PREFETCH)
         TF_FAIL(-EINVAL, "prefetch: expected 0 (default) to %d batches, found %d", TF_MAX_PREFETCH, cfg->prefetch);
+    if (cfg->cp_size > 1 && cfg->cp_rank >= cfg->cp_size)
+        TF_FAIL(-EINVAL, "cp_rank: expected 0 <= cp_rank < cp_size (%u), found %u", cfg->cp_size, cfg->cp_rank);
     if (cfg->out_dtype != TF_DTYPE_INVALID && !tf_dtype_size(cfg->out_dtype))
         TF_FAIL(-EINVAL, "out_dtype: unknown dtype code %d", (int)cfg->out_dtype);
     uint64_t G;
@@ -480,6 +502,13 @@ static tf_dtype default_out_dtype(const tf_order *o) {
             dt = in.dtype;
     }
     return dt;
+}
+
+static void free_accounting(tf_loader *l) {
+    free(l->source_first);
+    free((void *)l->src_samples);
+    free((void *)l->src_tokens);
+    free((void *)l->src_docs);
 }
 
 /* The engine over an order (engine settings checked). The engine reads
@@ -506,12 +535,36 @@ static int engine_create(const tf_order *order, int owns, const tf_loader_config
         TF_FAIL(-EINVAL, "batch_size x (seq_len + 1) (%llu x %llu) is too large for one buffer",
                 (unsigned long long)cfg->batch_size, (unsigned long long)L + 1);
     uint64_t rowsL = cfg->batch_size * L;
-    if (cfg->want & TF_WANT_POSITION_IDS) pos_b = rowsL * 4;
-    if (cfg->want & TF_WANT_CU_SEQLENS) {
-        cu_b = (rowsL + cfg->batch_size) * 4;
-        ns_b = cfg->batch_size * 4;
+    uint32_t cp = cfg->cp_size > 1 ? cfg->cp_size : 1;
+    int thd = cp > 1 && (cfg->want & TF_WANT_CU_SEQLENS);
+    uint64_t cp_first[2] = {0, 0}, cp_c = 0, in_b = 0, cup_b = 0, thd_cap = 0;
+    if (cp > 1) {
+        TF_TRY(tf__cp_chunks(L, cp, cfg->cp_rank, cp_first, &cp_c));
+        /* plain: rows x L/cp entries. THD: a padded sequence is shorter than
+         * its length + 2cp, and there are at most rows x L sequences, so a rank
+         * gets fewer than 2 x rows x L entries; cu_seqlens go up to 2cp x that. */
+        thd_cap = thd ? 2 * rowsL : rowsL / cp;
+        if (thd && (rowsL > (uint64_t)INT32_MAX / 2 / cp))
+            TF_FAIL(-EINVAL, "batch_size x seq_len x 2 x cp_size (%llu x %llu x 2 x %u) exceeds the int32 range of cu_seqlens in the THD layout: use a smaller batch",
+                    (unsigned long long)cfg->batch_size, (unsigned long long)L, cp);
+        in_b = thd_cap * osz;
+        if (cfg->want & TF_WANT_POSITION_IDS) pos_b = thd_cap * 4;
+        if (cfg->want & TF_WANT_LOSS_MASK) lm_b = thd_cap;
+        if (thd) {
+            cu_b = cup_b = (rowsL + 1) * 4;
+            ns_b = 4;
+        }
+    } else {
+        if (cfg->want & TF_WANT_POSITION_IDS) pos_b = rowsL * 4;
+        if (cfg->want & TF_WANT_CU_SEQLENS) {
+            cu_b = (rowsL + cfg->batch_size) * 4;
+            ns_b = cfg->batch_size * 4;
+        }
+        if (cfg->want & TF_WANT_LOSS_MASK) lm_b = rowsL;
     }
-    if (cfg->want & TF_WANT_LOSS_MASK) lm_b = rowsL;
+    /* a mixture keeps per-row accounting for its per-source stats */
+    size_t nsources = tf_order_source(order, 0) != order ? tf_order_num_sources(order) : 0;
+    uint64_t acct_b = nsources ? cfg->batch_size * sizeof(tf__row_acct) : 0;
 
     tf_loader *l = calloc(1, sizeof *l);
     if (!l) return -ENOMEM;
@@ -531,8 +584,28 @@ static int engine_create(const tf_order *order, int owns, const tf_loader_config
     l->off_cu = l->off_pos + align64((size_t)pos_b);
     l->off_ns = l->off_cu + align64((size_t)cu_b);
     l->off_lm = l->off_ns + align64((size_t)ns_b);
-    l->bytes = l->off_lm + align64((size_t)lm_b);
+    l->off_in = l->off_lm + align64((size_t)lm_b);
+    l->off_lab = l->off_in + align64((size_t)in_b);
+    l->off_cup = l->off_lab + align64((size_t)in_b);
+    l->off_acct = l->off_cup + align64((size_t)cup_b);
+    l->bytes = l->off_acct + align64((size_t)acct_b);
     if (l->bytes == 0) l->bytes = 64;
+    l->cp_size = cp;
+    l->thd = thd;
+    l->nsources = nsources;
+    if (nsources) {
+        l->source_first = calloc(nsources + 1, sizeof *l->source_first);
+        l->src_samples = calloc(nsources, sizeof *l->src_samples);
+        l->src_tokens = calloc(nsources, sizeof *l->src_tokens);
+        l->src_docs = calloc(nsources, sizeof *l->src_docs);
+        if (!l->source_first || !l->src_samples || !l->src_tokens || !l->src_docs) {
+            free_accounting(l);
+            free(l);
+            return -ENOMEM;
+        }
+        for (size_t s = 0; s < nsources; s++)
+            l->source_first[s + 1] = l->source_first[s] + tf_order_num_samples(tf_order_source(order, s));
+    }
 
 #ifdef TF_TEST_HOOKS
     const char *fd = getenv("TOKENFEED_FAULT_DELAY_MS");
@@ -541,9 +614,20 @@ static int engine_create(const tf_order *order, int owns, const tf_loader_config
 
     int rc = tf__reader_init(&l->rd, l->ds, order, cfg->backend, cfg->direct_io, odt);
     if (rc) {
+        free_accounting(l);
         free(l);
         return rc;
     }
+    l->rd.cp_size = cp;
+    l->rd.cp_rank = cfg->cp_rank;
+    l->rd.thd = thd;
+    l->rd.cp_c = cp_c;
+    l->rd.cp_first[0] = cp_first[0];
+    l->rd.cp_first[1] = cp_first[1];
+    l->rd.thd_cap_tokens = thd_cap;
+    l->rd.thd_cap_seqs = rowsL;
+    l->rd.nsources = nsources;
+    l->rd.source_first = l->source_first;
     /* Default worker count. mmap (CPU-bound copies from the page cache):
      * leave one core to the consumer, at most 4 - on 2 cores, 2 workers plus
      * the consumer measured ~25% slower than 1 worker. pread/io_uring (chosen
@@ -578,6 +662,7 @@ static int engine_create(const tf_order *order, int owns, const tf_loader_config
         tf__reader_destroy(&l->rd);
         free(l->slots);
         free(l->pool);
+        free_accounting(l);
         free(l);
         return -ENOMEM;
     }
@@ -667,6 +752,7 @@ void tf_loader_free(tf_loader *l) {
     if (l->owns_order) tf_order_free((tf_order *)l->order);
     free(l->slots);
     pool_unref(l->pool);
+    free_accounting(l);
     free(l);
 }
 
@@ -777,7 +863,14 @@ int tf_loader_next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_ns) {
     atomic_store_explicit(&l->position, pos + l->G, memory_order_release);
     if (l->pf) tf__prefetch_advance(l->pf, (pos + l->G - l->pf_base) / l->G * l->B);
     atomic_fetch_add_explicit(&l->st_batches, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&l->st_tokens, l->B * (l->L + 1), memory_order_relaxed);
+    atomic_fetch_add_explicit(&l->st_tokens, l->cp_size > 1 ? b->view.num_tokens : l->B * (l->L + 1),
+                              memory_order_relaxed);
+    for (size_t j = 0; b->acct && j < l->B; j++) {
+        const tf__row_acct *a = &b->acct[j];
+        atomic_fetch_add_explicit(&l->src_samples[a->source], 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&l->src_tokens[a->source], a->tokens, memory_order_relaxed);
+        atomic_fetch_add_explicit(&l->src_docs[a->source], a->documents, memory_order_relaxed);
+    }
     atomic_fetch_add_explicit(&l->pool->refs, 1, memory_order_relaxed);
     *out = b;
     return 0;
@@ -816,6 +909,7 @@ void tf_batch_get_view(const tf_batch *b, tf_batch_view *view) {
         return;
     }
     *view = b->view;
+    if (view->cp_size > 1) view->tokens = NULL; /* only this rank's ranges were read there */
 }
 
 void tf_batch_release(tf_batch *b) {
@@ -883,3 +977,18 @@ int tf__batch_locked(const tf_batch *b) { return b && b->locked; }
 uint64_t tf__loader_locked_buffers(const tf_loader *l) {
     return atomic_load_explicit(&((tf_loader *)l)->st_locked, memory_order_relaxed);
 }
+
+int tf_loader_get_source_stats(const tf_loader *cl, size_t i, tf_source_stats *st) {
+    if (!cl || !st) return -EINVAL;
+    tf_loader *l = (tf_loader *)cl;
+    if (!l->nsources)
+        TF_FAIL(-EINVAL, "per-source stats are kept for mixtures; this loader reads one dataset (see tf_loader_get_stats)");
+    if (i >= l->nsources)
+        TF_FAIL(-ERANGE, "source %zu out of range: the mixture has %zu sources", i, l->nsources);
+    st->samples = atomic_load(&l->src_samples[i]);
+    st->tokens = atomic_load(&l->src_tokens[i]);
+    st->documents = atomic_load(&l->src_docs[i]);
+    return 0;
+}
+
+uint32_t tf__loader_cp_size(const tf_loader *l) { return l ? l->cp_size : 1; }

@@ -29,6 +29,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cp.h"
 #include "engine.h"
 #include "../sources/remote.h"
 
@@ -246,6 +247,14 @@ void tf__worker_destroy(tf__worker *w) {
     w->ring_ok = 0;
 #endif
     free(w->spans);
+    free(w->cp_pos);
+    free(w->cp_cu);
+    free(w->cp_mask);
+    free(w->cp_seg);
+    free(w->cp_pad);
+    free(w->cp_work);
+    free(w->cp_pieces);
+    free(w->cp_ranges);
     free(w->stage);
     free(w->rds);
     free(w->queue);
@@ -479,15 +488,16 @@ static void fill_separator(void *out, size_t osz, tf_dtype odt, int64_t sep, uin
     for (uint64_t k = 0; k < n; k++) memcpy(o + k * osz, one, osz);
 }
 
-static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const tf_batch_view *v);
+static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view *v, tf__row_acct *acct);
 typedef struct fill_call {
     tf__worker *w;
     uint64_t pos, rows;
-    const tf_batch_view *v;
+    tf_batch_view *v;
+    tf__row_acct *acct;
 } fill_call;
 static int call_fill(void *p) {
     fill_call *c = p;
-    return worker_fill(c->w, c->pos, c->rows, c->v);
+    return worker_fill(c->w, c->pos, c->rows, c->v, c->acct);
 }
 
 /* The whole fill runs under the SIGBUS guard (common/sigbus.c): a file that
@@ -497,16 +507,100 @@ static int call_fill(void *p) {
  * io_uring read is submitted, and every allocation inside is stored in the
  * worker before mapped bytes are read, so abandoning the fill is safe; the
  * zstd cache takes its lock only around bookkeeping, never across a decode. */
-int tf__worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const tf_batch_view *v) {
+int tf__worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view *v, tf__row_acct *acct) {
     /* remote chunks this fill must fetch itself are needed at pos */
     tf__remote_set_reader_position(pos);
-    fill_call c = {w, pos, rows, v};
+    fill_call c = {w, pos, rows, v, acct};
     int rc = tf__files_guard(w->rd->ds->files, w->rd->ds->nfiles, call_fill, &c);
     /* Drop this worker's pin in the zstd cache; after a fault mid-decode
      * (SIGBUS), also empty the entry it was loading so others stop waiting. */
     if (rc) tf__zcache_abandon(w->rd->zc, &w->zh);
     else tf__zcache_release(w->rd->zc, &w->zh);
     return rc;
+}
+
+/* Read sample offsets [lo, hi) of span sp (all of it: 0, L + 1) into row,
+ * at their offsets in the sample. */
+static int read_span(tf__worker *w, uint64_t sample, const tf__span *sp, uint64_t lo, uint64_t hi, uint8_t *row,
+                     size_t *stage_need) {
+    tf__reader *r = w->rd;
+    const tf_dataset *ds = r->ds;
+    const size_t osz = tf_dtype_size(r->out_dtype);
+    const int mmap_only = w->backend == TF_BACKEND_MMAP;
+    uint64_t a = sp->dst > lo ? sp->dst : lo, b = sp->dst + sp->len < hi ? sp->dst + sp->len : hi;
+    if (a >= b) return 0;
+    uint8_t *dst = row + a * osz;
+    if (sp->src == TF_SPAN_SEPARATOR || sp->src == TF_SPAN_PAD) {
+        fill_separator(dst, osz, r->out_dtype, sp->src == TF_SPAN_PAD ? r->pad : r->separator, b - a);
+        return 0;
+    }
+    if (sp->len > ds->num_tokens || sp->src > ds->num_tokens - sp->len)
+        return tf__seterr(-ERANGE, "sample %llu: span [%llu, %llu) lies past the %llu tokens of the dataset",
+                          (unsigned long long)sample, (unsigned long long)sp->src,
+                          (unsigned long long)(sp->src + sp->len), (unsigned long long)ds->num_tokens);
+    uint64_t start = sp->src + (a - sp->dst), left = b - a;
+    uint64_t fi = tf__dataset_file_of(ds, start);
+    int rc = 0;
+    while (left && !rc) {
+        const tf_file *f = &ds->files[fi];
+        uint64_t local = start - ds->tok_prefix[fi];
+        uint64_t n = f->num_tokens - local < left ? f->num_tokens - local : left;
+        if (n) {
+            if (f->compressed) {
+                rc = r->zc ? tf__zcache_read(r->zc, &w->zh, ds, fi, local, n, dst, r->out_dtype)
+                           : tf__seterr(-EFAULT, "internal: %s is compressed but the loader has no block cache", f->path);
+            } else {
+                int q = mmap_only ? 1 : queue_read(w, fi, local, n, dst, stage_need);
+                if (q == 1) {
+                    rc = tf__file_read(f, local, n, dst, r->out_dtype);
+                    w->bytes += n * tf_dtype_size(f->dtype);
+                } else {
+                    rc = q;
+                }
+            }
+        }
+        dst += n * osz;
+        start += n;
+        left -= n;
+        fi++;
+    }
+    return rc;
+}
+
+/* Source, non-padding input tokens and document starts of a mixture's row
+ * (its spans are in w->spans). A document counts where its first token is:
+ * the first non-empty document starting inside a token span of the input
+ * positions [0, L). */
+static int account_row(tf__worker *w, uint64_t sample, size_t ns, tf__row_acct *acct) {
+    const tf__reader *r = w->rd;
+    const uint64_t L = r->seq_len;
+    size_t lo = 0, hi = r->nsources; /* source_first[lo] <= sample < source_first[hi] */
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (r->source_first[mid] <= sample) lo = mid;
+        else hi = mid;
+    }
+    acct->source = lo;
+    acct->tokens = 0;
+    acct->documents = 0;
+    for (size_t s = 0; s < ns; s++) {
+        const tf__span *sp = &w->spans[s];
+        if (sp->dst >= L) break;
+        uint64_t n = sp->dst + sp->len <= L ? sp->len : L - sp->dst;
+        if (sp->src == TF_SPAN_PAD) continue;
+        acct->tokens += n;
+        if (sp->src == TF_SPAN_SEPARATOR || !n) continue;
+        uint64_t a = sp->src, b = sp->src + n, k, st, len;
+        TF_TRY(tf_dataset_find_document(r->ds, a, &k));
+        TF_TRY(tf_dataset_document(r->ds, k, &st, &len));
+        if (st == a) acct->documents++;
+        for (k++; k < r->ds->num_docs; k++) {
+            TF_TRY(tf_dataset_document(r->ds, k, &st, &len));
+            if (st >= b) break;
+            acct->documents += len > 0;
+        }
+    }
+    return 0;
 }
 
 /* Prefetch the first source lines of a sample whose tokens are one mapped span
@@ -527,9 +621,12 @@ static size_t prefetch_sample(const tf__reader *r, uint64_t sample, tf__span sp[
     return ns;
 }
 
-static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const tf_batch_view *v) {
+static int cp_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view *v, tf__row_acct *acct);
+static int finish_reads(tf__worker *w, size_t stage_need);
+
+static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view *v, tf__row_acct *acct) {
     tf__reader *r = w->rd;
-    const tf_dataset *ds = r->ds;
+    if (r->cp_size > 1) return cp_fill(w, pos, rows, v, acct);
     const tf_order *o = r->order;
     const uint64_t L = r->seq_len;
     const size_t osz = tf_dtype_size(r->out_dtype);
@@ -562,45 +659,8 @@ static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const tf_batc
             rc = tf__order_sample_spans(o, sample, w->spans, r->max_spans, &ns);
             if (rc) break;
         }
-        for (size_t s = 0; s < ns && !rc; s++) {
-            const tf__span *sp = &w->spans[s];
-            uint8_t *dst = row + sp->dst * osz;
-            if (sp->src == TF_SPAN_SEPARATOR || sp->src == TF_SPAN_PAD) {
-                fill_separator(dst, osz, r->out_dtype, sp->src == TF_SPAN_PAD ? r->pad : r->separator, sp->len);
-                continue;
-            }
-            if (sp->len > ds->num_tokens || sp->src > ds->num_tokens - sp->len) {
-                rc = tf__seterr(-ERANGE, "sample %llu: span [%llu, %llu) lies past the %llu tokens of the dataset",
-                                (unsigned long long)sample, (unsigned long long)sp->src,
-                                (unsigned long long)(sp->src + sp->len), (unsigned long long)ds->num_tokens);
-                break;
-            }
-            uint64_t start = sp->src, left = sp->len;
-            uint64_t fi = left ? tf__dataset_file_of(ds, start) : 0;
-            while (left && !rc) {
-                const tf_file *f = &ds->files[fi];
-                uint64_t local = start - ds->tok_prefix[fi];
-                uint64_t n = f->num_tokens - local < left ? f->num_tokens - local : left;
-                if (n) {
-                    if (f->compressed) {
-                        rc = r->zc ? tf__zcache_read(r->zc, &w->zh, ds, fi, local, n, dst, r->out_dtype)
-                                   : tf__seterr(-EFAULT, "internal: %s is compressed but the loader has no block cache", f->path);
-                    } else {
-                        int q = mmap_only ? 1 : queue_read(w, fi, local, n, dst, &stage_need);
-                        if (q == 1) {
-                            rc = tf__file_read(f, local, n, dst, r->out_dtype);
-                            w->bytes += n * tf_dtype_size(f->dtype);
-                        } else {
-                            rc = q;
-                        }
-                    }
-                }
-                dst += n * osz;
-                start += n;
-                left -= n;
-                fi++;
-            }
-        }
+        for (size_t s = 0; s < ns && !rc; s++) rc = read_span(w, sample, &w->spans[s], 0, L + 1, row, &stage_need);
+        if (!rc && acct) rc = account_row(w, sample, ns, &acct[j]);
         if (!rc && want_extras) {
             tf_sample_extras ex = {
                 v->position_ids ? v->position_ids + j * L : NULL,
@@ -613,30 +673,212 @@ static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const tf_batc
         sample = next;
     }
 
-    if (!rc && w->nrds) {
-        rc = ensure_stage(w, stage_need);
-        for (size_t i = 0; !rc && i < w->nrds; i++) {
-            tf__rd *d = &w->rds[i];
-            d->buf = d->stage_off == SIZE_MAX ? (uint8_t *)d->out : w->stage + d->stage_off;
-        }
-        int done = 0;
+    if (!rc) rc = finish_reads(w, stage_need);
+    /* compressed files count the zstd bytes decoded, not the tokens they hold */
+    w->bytes += w->zh.decoded_bytes;
+    w->zh.decoded_bytes = 0;
+    atomic_fetch_add_explicit(&r->bytes_read, w->bytes, memory_order_relaxed);
+    return rc;
+}
+
+/* Run the reads queued by queue_read (pread / io_uring backends) and convert
+ * what was staged. */
+static int finish_reads(tf__worker *w, size_t stage_need) {
+    tf__reader *r = w->rd;
+    int rc = 0;
+    if (!w->nrds) return 0;
+    rc = ensure_stage(w, stage_need);
+    for (size_t i = 0; !rc && i < w->nrds; i++) {
+        tf__rd *d = &w->rds[i];
+        d->buf = d->stage_off == SIZE_MAX ? (uint8_t *)d->out : w->stage + d->stage_off;
+    }
+    int done = 0;
 #ifdef TF_HAVE_IO_URING
-        if (!rc && w->backend == TF_BACKEND_IO_URING && w->ring_ok) {
-            int u = run_uring(w);
-            if (u == 1) {
-                tf__reader_note(r, "io_uring -> pread on worker %d: the ring failed", w->index);
-                w->backend = TF_BACKEND_PREAD;
-                for (size_t i = 0; i < w->nrds; i++) w->rds[i].done = 0;
-            } else {
-                rc = u;
-                done = 1;
-            }
+    if (!rc && w->backend == TF_BACKEND_IO_URING && w->ring_ok) {
+        int u = run_uring(w);
+        if (u == 1) {
+            tf__reader_note(r, "io_uring -> pread on worker %d: the ring failed", w->index);
+            w->backend = TF_BACKEND_PREAD;
+            for (size_t i = 0; i < w->nrds; i++) w->rds[i].done = 0;
+        } else {
+            rc = u;
+            done = 1;
         }
+    }
 #endif
-        for (size_t i = 0; !rc && !done && i < w->nrds; i++) rc = run_pread(w, &w->rds[i]);
-        for (size_t i = 0; !rc && i < w->nrds; i++) {
-            tf__rd *d = &w->rds[i];
-            if (d->stage_off != SIZE_MAX) tf_convert(d->out, r->out_dtype, d->buf + d->head, d->sdt, d->count);
+    for (size_t i = 0; !rc && !done && i < w->nrds; i++) rc = run_pread(w, &w->rds[i]);
+    for (size_t i = 0; !rc && i < w->nrds; i++) {
+        tf__rd *d = &w->rds[i];
+        if (d->stage_off != SIZE_MAX) tf_convert(d->out, r->out_dtype, d->buf + d->head, d->sdt, d->count);
+    }
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* context parallelism: a rank's share of every row (cp.h)                   */
+/* ------------------------------------------------------------------------ */
+
+/* One piece of the THD output: len entries at output offset out, from row
+ * `row`'s input positions [src, src + len) (labels: + 1), or padding. */
+struct tf__cp_work {
+    uint64_t row, src, len, out;
+};
+
+static int cp_scratch(tf__worker *w, uint64_t L) {
+    if (w->cp_ranges) return 0;
+    w->cp_pos = malloc(L * sizeof *w->cp_pos);
+    w->cp_cu = malloc((L + 1) * sizeof *w->cp_cu);
+    w->cp_mask = malloc(L);
+    w->cp_seg = malloc(L * sizeof *w->cp_seg);
+    w->cp_pad = malloc(L * sizeof *w->cp_pad);
+    w->cp_pieces = malloc(4 * L * sizeof *w->cp_pieces);
+    uint64_t *ranges = malloc((4 * L + 4) * sizeof *ranges);
+    if (!w->cp_pos || !w->cp_cu || !w->cp_mask || !w->cp_seg || !w->cp_pad || !w->cp_pieces || !ranges) {
+        free(ranges);
+        return -ENOMEM;
+    }
+    w->cp_ranges = ranges; /* last: it marks the scratch complete */
+    return 0;
+}
+
+static int cp_push(tf__worker *w, uint64_t row, uint64_t src, uint64_t len, uint64_t out) {
+    if (w->cp_nwork == w->cp_cap_work) {
+        size_t nc = w->cp_cap_work ? 2 * w->cp_cap_work : 256;
+        struct tf__cp_work *n = realloc(w->cp_work, nc * sizeof *n);
+        if (!n) return -ENOMEM;
+        w->cp_work = n;
+        w->cp_cap_work = nc;
+    }
+    w->cp_work[w->cp_nwork++] = (struct tf__cp_work){row, src, len, out};
+    return 0;
+}
+
+/* Read the union of the sorted ranges [lo, hi) of a row (nr pairs in
+ * w->cp_ranges, merged here) from its spans, at their offsets in the row. */
+static int cp_read_ranges(tf__worker *w, uint64_t sample, size_t ns, size_t nr, uint8_t *row, size_t *stage_need) {
+    uint64_t *rg = w->cp_ranges;
+    size_t m = 0;
+    for (size_t i = 0; i < nr; i++) {
+        if (m && rg[2 * i] <= rg[2 * m - 1]) {
+            if (rg[2 * i + 1] > rg[2 * m - 1]) rg[2 * m - 1] = rg[2 * i + 1];
+        } else {
+            rg[2 * m] = rg[2 * i];
+            rg[2 * m + 1] = rg[2 * i + 1];
+            m++;
+        }
+    }
+    size_t k = 0;
+    for (size_t s = 0; s < ns; s++) {
+        const tf__span *sp = &w->spans[s];
+        while (k < m && rg[2 * k + 1] <= sp->dst) k++;
+        for (size_t q = k; q < m && rg[2 * q] < sp->dst + sp->len; q++)
+            TF_TRY(read_span(w, sample, sp, rg[2 * q], rg[2 * q + 1], row, stage_need));
+    }
+    return 0;
+}
+
+static int cp_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view *v, tf__row_acct *acct) {
+    tf__reader *r = w->rd;
+    const tf_order *o = r->order;
+    const uint64_t L = r->seq_len, c = r->cp_c, Lc = L / r->cp_size;
+    const size_t osz = tf_dtype_size(r->out_dtype);
+    size_t stage_need = 0;
+    w->nrds = 0;
+    w->bytes = 0;
+    w->cp_nwork = 0;
+    TF_TRY(cp_scratch(w, L));
+    uint64_t out = 0, nseq = 0, cu = 0, cup = 0, maxp = 0;
+    if (r->thd) v->cu_seqlens[0] = v->cu_seqlens_padded[0] = 0;
+    int rc = 0;
+    for (uint64_t j = 0; j < rows && !rc; j++) {
+        uint64_t sample = tf_order_sample_at(o, pos + j);
+        size_t ns = 0, nr = 0;
+        rc = tf__order_sample_spans(o, sample, w->spans, r->max_spans, &ns);
+        if (rc) break;
+        uint8_t *row = (uint8_t *)v->tokens + j * (L + 1) * osz;
+        int32_t nseg = 0;
+        tf_sample_extras ex = {v->position_ids && !r->thd ? w->cp_pos : NULL, r->thd ? w->cp_cu : NULL,
+                               r->thd ? &nseg : NULL, v->loss_mask ? w->cp_mask : NULL};
+        if (ex.position_ids || ex.cu_seqlens || ex.loss_mask) {
+            rc = tf__order_fill_extras(o, sample, &ex);
+            if (rc) break;
+        }
+        if (!r->thd) {
+            for (int h = 0; h < 2; h++) {
+                uint64_t a = r->cp_first[h], at = j * Lc + (uint64_t)h * c;
+                w->cp_ranges[nr * 2] = a;
+                w->cp_ranges[nr * 2 + 1] = a + c + 1;
+                nr++;
+                if (v->position_ids) memcpy(v->position_ids + at, w->cp_pos + a, c * sizeof *w->cp_pos);
+                if (v->loss_mask) memcpy(v->loss_mask + at, w->cp_mask + a, c);
+            }
+        } else {
+            size_t n = (size_t)nseg;
+            for (size_t q = 0; q < n; q++) w->cp_seg[q] = (uint64_t)(w->cp_cu[q + 1] - w->cp_cu[q]);
+            uint64_t local;
+            size_t np = tf__cp_thd_pieces(w->cp_seg, n, r->cp_size, r->cp_rank, w->cp_pieces, &local, w->cp_pad);
+            if (out + local > r->thd_cap_tokens || nseq + n > r->thd_cap_seqs) {
+                rc = tf__seterr(-EFAULT, "internal: a THD batch outgrew its buffer (%llu entries, %llu sequences)",
+                                (unsigned long long)r->thd_cap_tokens, (unsigned long long)r->thd_cap_seqs);
+                break;
+            }
+            for (size_t q = 0; q < n; q++) {
+                cu += w->cp_seg[q];
+                cup += w->cp_pad[q];
+                if (w->cp_pad[q] > maxp) maxp = w->cp_pad[q];
+                nseq++;
+                v->cu_seqlens[nseq] = (int32_t)cu;
+                v->cu_seqlens_padded[nseq] = (int32_t)cup;
+            }
+            for (size_t q = 0; q < np && !rc; q++) {
+                const tf__cp_piece *pc = &w->cp_pieces[q];
+                rc = cp_push(w, j, pc->src, pc->len, out);
+                if (v->position_ids)
+                    for (uint64_t e = 0; e < pc->len; e++) v->position_ids[out + e] = (int32_t)(pc->pos + e);
+                if (v->loss_mask) {
+                    if (pc->src == TF_CP_PAD) memset(v->loss_mask + out, 0, pc->len);
+                    else memcpy(v->loss_mask + out, w->cp_mask + pc->src, pc->len);
+                }
+                if (pc->src != TF_CP_PAD) {
+                    w->cp_ranges[nr * 2] = pc->src;
+                    w->cp_ranges[nr * 2 + 1] = pc->src + pc->len + 1;
+                    nr++;
+                }
+                out += pc->len;
+            }
+            if (rc) break;
+        }
+        rc = cp_read_ranges(w, sample, ns, nr, row, &stage_need);
+        if (!rc && acct) rc = account_row(w, sample, ns, &acct[j]);
+    }
+    if (!rc) rc = finish_reads(w, stage_need);
+    if (!rc) {
+        uint8_t *in = v->input_ids, *lab = v->labels;
+        if (!r->thd) {
+            for (uint64_t j = 0; j < rows; j++) {
+                const uint8_t *row = (const uint8_t *)v->tokens + j * (L + 1) * osz;
+                for (int h = 0; h < 2; h++) {
+                    uint64_t a = r->cp_first[h], at = (j * Lc + (uint64_t)h * c) * osz;
+                    memcpy(in + at, row + a * osz, c * osz);
+                    memcpy(lab + at, row + (a + 1) * osz, c * osz);
+                }
+            }
+            v->num_tokens = rows * Lc;
+        } else {
+            for (size_t q = 0; q < w->cp_nwork; q++) {
+                const struct tf__cp_work *k = &w->cp_work[q];
+                if (k->src == TF_CP_PAD) {
+                    fill_separator(in + k->out * osz, osz, r->out_dtype, r->pad, k->len);
+                    fill_separator(lab + k->out * osz, osz, r->out_dtype, r->pad, k->len);
+                } else {
+                    const uint8_t *row = (const uint8_t *)v->tokens + k->row * (L + 1) * osz;
+                    memcpy(in + k->out * osz, row + k->src * osz, k->len * osz);
+                    memcpy(lab + k->out * osz, row + (k->src + 1) * osz, k->len * osz);
+                }
+            }
+            v->num_tokens = out;
+            v->num_seqs[0] = (int32_t)nseq;
+            v->max_seqlen = (int32_t)maxp;
         }
     }
     /* compressed files count the zstd bytes decoded, not the tokens they hold */

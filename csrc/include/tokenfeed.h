@@ -553,13 +553,61 @@ TF_API int tf_order_fill_sample(const tf_order *o, uint64_t sample, void *out, t
 TF_API int tf_order_create_mix(const tf_dataset *const *ds, const double *weights, size_t n,
                                const tf_order_config *cfg, tf_order **out);
 
+/* A weighted mixture whose weights change at given global steps (curricula,
+ * annealing phases): point m's weights (sch->weights[m*n .. m*n + n), finite,
+ * >= 0, at least one > 0) apply from global step sch->steps[m] (step k starts
+ * at position k * cfg->global_batch; steps[0] == 0, increasing). Each point's
+ * weights become counts per mix_window positions as in tf_order_create_mix.
+ * TF_MIX_CONSTANT: a point's counts hold until the next point, windows
+ * restarting at each point, every full window exact. TF_MIX_LINEAR: between
+ * two points the counts move one unit at a time, window by window, along the
+ * straight line (docs/packing.md gives the rule); after the last point its
+ * counts hold. Seeking costs O(log runs of windows with equal counts); building
+ * costs O(points x mix_window x n), never O(steps).
+ *
+ * anchor_counts (n entries, or NULL): a hand-over from another schedule at
+ * anchor_position: from there on, source s continues from its own sample
+ * anchor_counts[s] (the samples it had delivered there under the schedule a
+ * saved state was made with), so nothing consumed is repeated or skipped. The
+ * anchor does not enter the fingerprint: the state that carries it resumes. */
+typedef enum tf_mix_interpolation {
+    TF_MIX_CONSTANT = 0,
+    TF_MIX_LINEAR = 1,
+} tf_mix_interpolation;
+
+typedef struct tf_mix_schedule {
+    size_t num_points;             /* >= 1 */
+    const uint64_t *steps;         /* num_points global steps, steps[0] == 0, increasing */
+    const double *weights;         /* num_points x n, row-major */
+    tf_mix_interpolation interpolation;
+    uint64_t anchor_position;      /* with anchor_counts */
+    const uint64_t *anchor_counts; /* n, or NULL: no hand-over */
+} tf_mix_schedule;
+
+TF_API int tf_order_create_mix_schedule(const tf_dataset *const *ds, size_t n, const tf_mix_schedule *sch,
+                                        const tf_order_config *cfg, tf_order **out);
+
+/* The source (0 for a plain order) of position pos, and the index of that
+ * position in the source's own stream. -ENOMEM when a schedule table cannot
+ * be allocated. */
+TF_API int tf_order_mix_source_at(const tf_order *o, uint64_t pos, size_t *source, uint64_t *index);
+
+/* Positions of source i among positions [0, pos) (with a hand-over anchor, as
+ * delivered): the index of source i's next position at or after pos. A plain
+ * order: pos for i == 0. UINT64_MAX when a schedule table cannot be allocated. */
+TF_API uint64_t tf_order_mix_source_count(const tf_order *o, size_t i, uint64_t pos);
+
+/* Counts per window at position pos: counts[i] of every source (n entries;
+ * a plain order: 1) in a window of the returned size. */
+TF_API uint64_t tf_order_mix_counts_at(const tf_order *o, uint64_t pos, uint64_t *counts);
+
 /* Sources of a mixture (1 for a plain order) and source i's own order
  * (borrowed from o; for a plain order, i == 0 gives o itself). */
 TF_API size_t tf_order_num_sources(const tf_order *o);
 TF_API const tf_order *tf_order_source(const tf_order *o, size_t i);
 
-/* Schedule of a mixture: window size W and count of source i per window
- * (plain order: 1 and 1). */
+/* Schedule of a mixture at position 0: window size W and count of source i
+ * per window (plain order: 1 and 1). */
 TF_API uint64_t tf_order_mix_window(const tf_order *o);
 TF_API uint64_t tf_order_mix_count(const tf_order *o, size_t i);
 
@@ -623,6 +671,16 @@ typedef struct tf_loader_config {
     uint64_t zstd_cache_bytes; /* decompressed zstd blocks the workers share; 0 = sized
                                   from the shuffle (a block-shuffle window, at most
                                   1 GiB). Never changes the stream, only the decoding. */
+    /* Context parallelism (docs/packing.md): the ranks of a group of cp_size
+     * share their data-parallel rank's samples, and rank cp_rank takes its
+     * load-balanced share of each: chunks cp_rank and 2*cp_size-1-cp_rank of
+     * 2*cp_size (seq_len must be divisible by 2*cp_size), or with
+     * TF_WANT_CU_SEQLENS the THD layout (every sequence padded to a multiple
+     * of 2*cp_size and split the same way). The batch then has input_ids and
+     * labels of their own (tf_batch_view) and no tokens. 0 or 1: no split.
+     * The stream, and so the state, does not depend on these. */
+    uint32_t cp_rank;
+    uint32_t cp_size;
 } tf_loader_config;
 
 TF_API void tf_loader_config_init(tf_loader_config *cfg);
@@ -679,6 +737,19 @@ typedef struct tf_batch_view {
     int32_t *num_seqs;     /* rows, or NULL */
     uint8_t *loss_mask;    /* rows x L, or NULL */
     uint64_t position;     /* global position of this batch's first sample */
+    /* Context parallelism (cp_size > 1; tokens is NULL). input_ids and labels
+     * hold this rank's share, and position_ids / loss_mask are split alike:
+     * rows x (L / cp_size) each, or in the THD layout (thd = 1) num_tokens
+     * entries for the whole batch (its rows end to end), with cu_seqlens and
+     * cu_seqlens_padded of num_seqs[0] + 1 entries (whole-sequence
+     * coordinates) and max_seqlen the longest padded sequence. */
+    uint32_t cp_size;
+    int thd;
+    void *input_ids;
+    void *labels;
+    uint64_t num_tokens;         /* entries of input_ids, labels, position_ids, loss_mask */
+    int32_t *cu_seqlens_padded;  /* THD, or NULL */
+    int32_t max_seqlen;          /* THD */
 } tf_batch_view;
 
 TF_API void tf_batch_get_view(const tf_batch *b, tf_batch_view *view);
@@ -713,6 +784,21 @@ typedef struct tf_loader_stats {
 } tf_loader_stats;
 
 TF_API void tf_loader_get_stats(const tf_loader *l, tf_loader_stats *st);
+
+/* What the consumer has received from source i of a mixture since the
+ * loader was created: samples, tokens (input tokens that are not padding)
+ * and documents (documents whose first token was among them; one split over
+ * several samples counts once). Under context parallelism every rank of the
+ * group counts its data-parallel rank's whole samples. -ERANGE past the
+ * sources; -EINVAL for a loader over a plain order (tf_loader_get_stats
+ * covers its one source; the per-row accounting is kept for mixtures only). */
+typedef struct tf_source_stats {
+    uint64_t samples;
+    uint64_t tokens;
+    uint64_t documents;
+} tf_source_stats;
+
+TF_API int tf_loader_get_source_stats(const tf_loader *l, size_t i, tf_source_stats *st);
 
 /* ------------------------------------------------------------------------ */
 /* Device: CUDA runtime loaded at run time, pinned host memory, device ring  */

@@ -4,18 +4,13 @@
  *
  * Schedule
  * --------
- * Weights w_s (s = 0 .. K-1) become integer counts per window of M =
- * mix_window positions: c_s = floor(M * w_s / sum w), the M - sum c_s left go
- * one each to the largest fractional parts (ties: lower s); then every c_s and
- * M are divided by gcd(c_0, ..., c_{K-1}). W = the reduced M. A table of W
- * entries assigns each offset t of a window to a source by smooth weighted
- * round-robin (at each t every source gains c_s credit, the source with the
- * most credit, lowest s on ties, is chosen and pays W), so each source gets
- * exactly c_s offsets, spread evenly; rank[t] = how many earlier offsets of
- * the window went to the same source. Then position pos, k = pos / W,
- * t = pos % W, belongs to source s = src[t] as the j-th position of that
- * source's own stream, j = k * c_s + rank[t]: O(1), and exact in every window
- * [k*W, (k+1)*W) — no drift, no randomness in the counts.
+ * Which source, and which sample of that source's own stream, each position
+ * takes is decided by schedule.c: plain weights become exact counts per
+ * window of positions, interleaved by a fixed table (j = k * c_s + rank[t]:
+ * O(1), exact in every window, no drift); a weight schedule is a list of such
+ * phases, constant or moving linearly from one point to the next, found by a
+ * binary search over runs of windows with equal counts. One point is exactly
+ * the plain-weights mixture (same assignment, same fingerprint).
  *
  * Sources
  * -------
@@ -45,6 +40,7 @@
 
 #include "../sources/source.h"
 #include "kind.h"
+#include "schedule.h"
 
 #define KEY_SOURCE 0x50C1A7ED5EED0003ULL
 #define MAX_MIX_WINDOW (1u << 20)
@@ -54,19 +50,12 @@ typedef struct mix_source {
     tf_order *order;  /* its own order (seed_s, endless, global batch 1) */
     uint64_t tok_off; /* its first token in the view */
     uint64_t first;   /* its first mixture sample id: prefix(s) */
-    uint64_t count;   /* c_s: its positions per window */
 } mix_source;
-
-typedef struct mix_slot {
-    uint32_t src;  /* the source of window offset t */
-    uint32_t rank; /* offsets of the same source before t in the window */
-} mix_slot;
 
 typedef struct tf__mix {
     size_t K;
     mix_source *src; /* K */
-    uint64_t W;
-    mix_slot *tab;   /* W */
+    tf__sched *sched;
     tf_dataset *view;
 } tf__mix;
 
@@ -75,63 +64,15 @@ static void mix_free(void *v) {
     if (!m) return;
     for (size_t s = 0; m->src && s < m->K; s++) tf_order_free(m->src[s].order);
     free(m->src);
-    free(m->tab);
+    tf__sched_free(m->sched);
     tf_dataset_free(m->view);
     free(m);
 }
 
-static uint64_t gcd64(uint64_t a, uint64_t b) {
-    while (b) {
-        uint64_t t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
-}
-
-/* Counts per window from the weights (see the top of the file). */
-static int schedule_counts(const double *weights, size_t K, uint64_t M, mix_source *src, uint64_t *W) {
-    double sum = 0;
-    for (size_t s = 0; s < K; s++) {
-        if (!(weights[s] > 0) || !isfinite(weights[s]))
-            TF_FAIL(-EINVAL, "weights[%zu]: expected a finite weight > 0, found %g", s, weights[s]);
-        sum += weights[s];
-    }
-    if (!isfinite(sum)) TF_FAIL(-EINVAL, "weights: the sum overflows");
-    double *frac = malloc(K * sizeof *frac);
-    if (!frac) return -ENOMEM;
-    uint64_t used = 0;
-    for (size_t s = 0; s < K; s++) {
-        double q = (double)M * (weights[s] / sum);
-        src[s].count = (uint64_t)floor(q);
-        if (src[s].count > M) src[s].count = M;
-        frac[s] = q - (double)src[s].count;
-        used += src[s].count;
-    }
-    while (used < M) { /* largest remainder, lowest index on ties */
-        size_t best = 0;
-        for (size_t s = 1; s < K; s++)
-            if (frac[s] > frac[best]) best = s;
-        src[best].count++;
-        frac[best] = -1;
-        used++;
-    }
-    free(frac);
-    for (size_t s = 0; s < K; s++)
-        if (src[s].count == 0)
-            TF_FAIL(-EINVAL, "weights[%zu] = %g rounds to 0 positions in a window of %llu: raise mix_window or the weight",
-                    s, weights[s], (unsigned long long)M);
-    uint64_t g = 0;
-    for (size_t s = 0; s < K; s++) g = gcd64(g, src[s].count);
-    for (size_t s = 0; s < K; s++) src[s].count /= g;
-    *W = M / g;
-    return 0;
-}
-
 typedef struct mix_args {
     const tf_dataset *const *ds;
-    const double *weights;
     size_t n;
+    tf__sched_spec spec; /* K, steps, weights, interpolation, anchor; M and G come from the config */
 } mix_args;
 
 static const tf__order_ops mix_ops;
@@ -149,28 +90,11 @@ static int mix_init(tf_order *o, const void *args) {
         rc = -ENOMEM;
         goto fail;
     }
-    rc = schedule_counts(a->weights, n, cfg->mix_window, m->src, &m->W);
+    tf__sched_spec sp = a->spec;
+    sp.M = cfg->mix_window;
+    sp.G = cfg->global_batch;
+    rc = tf__sched_create(&sp, &m->sched);
     if (rc) goto fail;
-    m->tab = malloc(m->W * sizeof *m->tab);
-    int64_t *credit = calloc(n, sizeof *credit);
-    uint32_t *given = calloc(n, sizeof *given);
-    if (!m->tab || !credit || !given) {
-        free(credit);
-        free(given);
-        rc = -ENOMEM;
-        goto fail;
-    }
-    for (uint64_t t = 0; t < m->W; t++) {
-        size_t best = 0;
-        for (size_t s = 0; s < n; s++) {
-            credit[s] += (int64_t)m->src[s].count;
-            if (credit[s] > credit[best]) best = s;
-        }
-        credit[best] -= (int64_t)m->W;
-        m->tab[t] = (mix_slot){(uint32_t)best, given[best]++};
-    }
-    free(credit);
-    free(given);
 
     for (size_t s = 0; s < n; s++) {
         tf_order_config sc = *cfg;
@@ -192,21 +116,8 @@ static int mix_init(tf_order *o, const void *args) {
     rc = tf__dataset_concat_view(a->ds, n, &m->view);
     if (rc) goto fail;
     for (size_t s = 1; s < n; s++) m->src[s].tok_off = m->src[s - 1].tok_off + a->ds[s - 1]->num_tokens;
-    {
-        tf__xxh64_state h;
-        uint8_t rec[8];
-        tf__xxh64_reset(&h, 0x4D49585343484544ULL); /* "MIXSCHED" */
-        tf__put_le64(rec, n);
-        tf__xxh64_update(&h, rec, 8);
-        tf__put_le64(rec, m->W);
-        tf__xxh64_update(&h, rec, 8);
-        for (size_t s = 0; s < n; s++) {
-            tf__put_le64(rec, m->src[s].count);
-            tf__xxh64_update(&h, rec, 8);
-        }
-        o->kind_fp = tf__xxh64_digest(&h);
-        o->has_kind_fp = 1;
-    }
+    o->kind_fp = tf__sched_fingerprint(m->sched);
+    o->has_kind_fp = 1;
     o->ops = &mix_ops;
     o->impl = m;
     o->ds = m->view;
@@ -216,6 +127,18 @@ fail:
     return rc;
 }
 
+static int create_mix(const tf_dataset *const *ds, size_t n, const tf__sched_spec *spec, const tf_order_config *cfg,
+                      tf_order **out) {
+    if (n > MAX_SOURCES) TF_FAIL(-EINVAL, "a mixture takes at most %d sources, found %zu", MAX_SOURCES, n);
+    for (size_t s = 0; s < n; s++)
+        if (!ds[s]) TF_FAIL(-EINVAL, "tf_order_create_mix: dataset %zu is NULL", s);
+    if (cfg->mix_window < 1 || cfg->mix_window > MAX_MIX_WINDOW)
+        TF_FAIL(-EINVAL, "mix_window: expected 1 <= mix_window <= %u, found %llu", MAX_MIX_WINDOW,
+                (unsigned long long)cfg->mix_window);
+    mix_args a = {ds, n, *spec};
+    return tf__order_build(mix_init, &a, cfg, out);
+}
+
 int tf_order_create_mix(const tf_dataset *const *ds, const double *weights, size_t n,
                         const tf_order_config *cfg, tf_order **out) {
     if (!out) return -EINVAL;
@@ -223,14 +146,25 @@ int tf_order_create_mix(const tf_dataset *const *ds, const double *weights, size
     tf__clearerr();
     if (!ds || !weights || !cfg || n == 0)
         TF_FAIL(-EINVAL, "tf_order_create_mix: datasets, weights (n >= 1) and config are required");
-    if (n > MAX_SOURCES) TF_FAIL(-EINVAL, "a mixture takes at most %d sources, found %zu", MAX_SOURCES, n);
-    for (size_t s = 0; s < n; s++)
-        if (!ds[s]) TF_FAIL(-EINVAL, "tf_order_create_mix: dataset %zu is NULL", s);
-    if (cfg->mix_window < 1 || cfg->mix_window > MAX_MIX_WINDOW)
-        TF_FAIL(-EINVAL, "mix_window: expected 1 <= mix_window <= %u, found %llu", MAX_MIX_WINDOW,
-                (unsigned long long)cfg->mix_window);
-    mix_args a = {ds, weights, n};
-    return tf__order_build(mix_init, &a, cfg, out);
+    static const uint64_t step0 = 0;
+    tf__sched_spec sp = {.K = n, .npoints = 1, .steps = &step0, .weights = weights};
+    return create_mix(ds, n, &sp, cfg, out);
+}
+
+int tf_order_create_mix_schedule(const tf_dataset *const *ds, size_t n, const tf_mix_schedule *sch,
+                                 const tf_order_config *cfg, tf_order **out) {
+    if (!out) return -EINVAL;
+    *out = NULL;
+    tf__clearerr();
+    if (!ds || !sch || !cfg || n == 0 || sch->num_points == 0 || !sch->steps || !sch->weights)
+        TF_FAIL(-EINVAL, "tf_order_create_mix_schedule: datasets (n >= 1), a schedule with points and a config are required");
+    if (sch->interpolation != TF_MIX_CONSTANT && sch->interpolation != TF_MIX_LINEAR)
+        TF_FAIL(-EINVAL, "schedule interpolation: expected TF_MIX_CONSTANT (0) or TF_MIX_LINEAR (1), found %d",
+                (int)sch->interpolation);
+    tf__sched_spec sp = {.K = n, .npoints = sch->num_points, .steps = sch->steps, .weights = sch->weights,
+                         .linear = sch->interpolation == TF_MIX_LINEAR, .allow_zero = 1,
+                         .anchor_pos = sch->anchor_position, .anchor_counts = sch->anchor_counts};
+    return create_mix(ds, n, &sp, cfg, out);
 }
 
 /* Source of mixture sample id `sample` (< N). */
@@ -244,12 +178,17 @@ static const mix_source *source_of(const tf__mix *m, uint64_t sample) {
     return &m->src[lo];
 }
 
+/* UINT64_MAX (a sample past N, which the fill reports as an error) when the
+ * schedule's table cache cannot be allocated. */
 static uint64_t mix_sample_at(const tf_order *o, uint64_t pos) {
     const tf__mix *m = o->impl;
-    uint64_t k = pos / m->W, t = pos % m->W;
-    const mix_source *src = &m->src[m->tab[t].src];
-    uint64_t j = k * src->count + m->tab[t].rank;
-    return src->first + tf_order_sample_at(src->order, j);
+    uint64_t j;
+    uint32_t s = tf__sched_at(m->sched, pos, &j);
+    if (s == UINT32_MAX) {
+        tf__seterr(-ENOMEM, "out of memory building a mixture schedule table");
+        return UINT64_MAX;
+    }
+    return m->src[s].first + tf_order_sample_at(m->src[s].order, j);
 }
 
 static int mix_spans(const tf_order *o, uint64_t sample, tf__span *spans, size_t cap, size_t *n) {
@@ -311,12 +250,54 @@ const tf_order *tf_order_source(const tf_order *o, size_t i) {
 
 uint64_t tf_order_mix_window(const tf_order *o) {
     const tf__mix *m = mix_of(o);
-    return m ? m->W : 1;
+    if (!m) return 1;
+    uint64_t *c = malloc(m->K * sizeof *c);
+    if (!c) return 0;
+    uint64_t W = tf__sched_counts_at(m->sched, 0, c);
+    free(c);
+    return W;
 }
 
 uint64_t tf_order_mix_count(const tf_order *o, size_t i) {
     const tf__mix *m = mix_of(o);
     if (!o) return 0;
     if (!m) return i == 0;
-    return i < m->K ? m->src[i].count : 0;
+    if (i >= m->K) return 0;
+    uint64_t *c = malloc(m->K * sizeof *c);
+    if (!c) return 0;
+    tf__sched_counts_at(m->sched, 0, c);
+    uint64_t r = c[i];
+    free(c);
+    return r;
+}
+
+uint64_t tf_order_mix_counts_at(const tf_order *o, uint64_t pos, uint64_t *counts) {
+    const tf__mix *m = mix_of(o);
+    if (!o || !counts) return 0;
+    if (!m) {
+        counts[0] = 1;
+        return 1;
+    }
+    return tf__sched_counts_at(m->sched, pos, counts);
+}
+
+int tf_order_mix_source_at(const tf_order *o, uint64_t pos, size_t *source, uint64_t *index) {
+    if (!o || !source || !index) return -EINVAL;
+    const tf__mix *m = mix_of(o);
+    if (!m) {
+        *source = 0;
+        *index = pos;
+        return 0;
+    }
+    uint32_t s = tf__sched_at(m->sched, pos, index);
+    if (s == UINT32_MAX) TF_FAIL(-ENOMEM, "out of memory building a mixture schedule table");
+    *source = s;
+    return 0;
+}
+
+uint64_t tf_order_mix_source_count(const tf_order *o, size_t i, uint64_t pos) {
+    const tf__mix *m = mix_of(o);
+    if (!o) return 0;
+    if (!m) return i == 0 ? pos : 0;
+    return i < m->K ? tf__sched_count(m->sched, i, pos) : 0;
 }

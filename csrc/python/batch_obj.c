@@ -37,6 +37,19 @@ static PyObject *view2d(PyObject *owner, void *data, int typenum, npy_intp rows,
     return arr;
 }
 
+/* A 1-D view into the batch's buffer with the Batch as base. */
+static PyObject *view1d(PyObject *owner, void *data, int typenum, npy_intp n, npy_intp elsize) {
+    npy_intp dims[1] = {n}, strides[1] = {elsize};
+    PyObject *arr = PyArray_New(&PyArray_Type, 1, dims, typenum, strides, data, 0, NPY_ARRAY_WRITEABLE | NPY_ARRAY_ALIGNED, NULL);
+    if (!arr) return NULL;
+    Py_INCREF(owner);
+    if (PyArray_SetBaseObject((PyArrayObject *)arr, owner) < 0) { /* steals owner even on failure */
+        Py_DECREF(arr);
+        return NULL;
+    }
+    return arr;
+}
+
 static int dict_put(PyObject *d, const char *k, PyObject *v) {
     if (!v) return -1;
     int rc = PyDict_SetItemString(d, k, v);
@@ -58,6 +71,30 @@ PyObject *tfpy_batch_dict(tf_module_state *st, tf_batch *b) {
     npy_intp isz = (npy_intp)tf_dtype_size(v.dtype);
     PyObject *d = PyDict_New();
     if (!d) goto fail;
+    if (v.cp_size > 1) {
+        /* context parallelism: this rank's share, with buffers of its own */
+        if (v.thd) {
+            npy_intp T = (npy_intp)v.num_tokens, n = (npy_intp)v.num_seqs[0];
+            if (dict_put(d, "input_ids", view1d((PyObject *)owner, v.input_ids, tn, T, isz)) < 0 ||
+                dict_put(d, "labels", view1d((PyObject *)owner, v.labels, tn, T, isz)) < 0 ||
+                dict_put(d, "cu_seqlens", view1d((PyObject *)owner, v.cu_seqlens, NPY_INT32, n + 1, 4)) < 0 ||
+                dict_put(d, "cu_seqlens_padded", view1d((PyObject *)owner, v.cu_seqlens_padded, NPY_INT32, n + 1, 4)) < 0 ||
+                dict_put(d, "max_seqlen", PyLong_FromLong(v.max_seqlen)) < 0 ||
+                dict_put(d, "num_seqs", PyLong_FromLong(v.num_seqs[0])) < 0)
+                goto fail;
+            if (v.position_ids && dict_put(d, "position_ids", view1d((PyObject *)owner, v.position_ids, NPY_INT32, T, 4)) < 0) goto fail;
+            if (v.loss_mask && dict_put(d, "loss_mask", view1d((PyObject *)owner, v.loss_mask, NPY_UINT8, T, 1)) < 0) goto fail;
+        } else {
+            npy_intp Lc = L / (npy_intp)v.cp_size;
+            if (dict_put(d, "input_ids", view2d((PyObject *)owner, v.input_ids, tn, B, Lc, Lc * isz, isz)) < 0 ||
+                dict_put(d, "labels", view2d((PyObject *)owner, v.labels, tn, B, Lc, Lc * isz, isz)) < 0)
+                goto fail;
+            if (v.position_ids && dict_put(d, "position_ids", view2d((PyObject *)owner, v.position_ids, NPY_INT32, B, Lc, Lc * 4, 4)) < 0) goto fail;
+            if (v.loss_mask && dict_put(d, "loss_mask", view2d((PyObject *)owner, v.loss_mask, NPY_UINT8, B, Lc, Lc, 1)) < 0) goto fail;
+        }
+        Py_DECREF(owner);
+        return d;
+    }
     char *tok = v.tokens;
     if (dict_put(d, "tokens", view2d((PyObject *)owner, tok, tn, B, L + 1, (L + 1) * isz, isz)) < 0 ||
         dict_put(d, "input_ids", view2d((PyObject *)owner, tok, tn, B, L, (L + 1) * isz, isz)) < 0 ||

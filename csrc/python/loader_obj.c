@@ -66,6 +66,7 @@ static PyObject *Loader_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
         {"want", parse_u32, &cfg.want}, {"num_threads", tfpy_nonneg_int, &cfg.num_threads},
         {"prefetch", tfpy_nonneg_int, &cfg.prefetch}, {"backend", parse_backend, &cfg.backend},
         {"direct_io", parse_bool, &cfg.direct_io}, {"zstd_cache_bytes", tfpy_u64, &cfg.zstd_cache_bytes},
+        {"cp_rank", parse_u32, &cfg.cp_rank}, {"cp_size", parse_u32, &cfg.cp_size},
         {NULL, NULL, NULL},
     };
     if (tfpy_parse_kwargs(kw, table, "Loader") < 0) return NULL;
@@ -111,7 +112,10 @@ PyDoc_STRVAR(Loader_next_doc,
 "next($self)\n--\n\nReturns dict. "
 "The next batch for this rank: 'tokens' (B, L+1), 'input_ids' and 'labels'\n"
 "(B, L) views of it, plus 'position_ids', 'cu_seqlens', 'num_seqs' and\n"
-"'loss_mask' when asked for. Raises StopIteration at the end of a finite stream.");
+"'loss_mask' when asked for. With cp_size > 1: 'input_ids', 'labels' and the\n"
+"extras of this rank's share (B, L/cp), or in the THD layout 1-D arrays with\n"
+"'cu_seqlens', 'cu_seqlens_padded' and 'max_seqlen'. Raises StopIteration at\n"
+"the end of a finite stream.");
 
 static PyObject *Loader_next(tfpy_Loader *self, PyObject *unused) {
     if (loader_check(self) < 0) return NULL;
@@ -188,6 +192,33 @@ static PyObject *Loader_stats(tfpy_Loader *self, PyObject *unused) {
                          s.num_threads, "backend_note", s.backend_note, "zstd", z);
 }
 
+static PyObject *Loader_source_stats(tfpy_Loader *self, PyObject *unused) {
+    if (!self->l) {
+        PyErr_SetString(PyExc_ValueError, "the loader is closed");
+        return NULL;
+    }
+    PyObject *lst = PyList_New(0);
+    if (!lst) return NULL;
+    for (size_t i = 0;; i++) {
+        tf_source_stats s;
+        int rc = tf_loader_get_source_stats(self->l, i, &s);
+        if (rc == -ERANGE) break;
+        if (rc == -EINVAL) { /* one dataset: no per-source accounting */
+            Py_DECREF(lst);
+            Py_RETURN_NONE;
+        }
+        PyObject *d = Py_BuildValue("{s:K,s:K,s:K}", "samples", (unsigned long long)s.samples, "tokens",
+                                    (unsigned long long)s.tokens, "documents", (unsigned long long)s.documents);
+        if (!d || PyList_Append(lst, d) < 0) {
+            Py_XDECREF(d);
+            Py_DECREF(lst);
+            return NULL;
+        }
+        Py_DECREF(d);
+    }
+    return lst;
+}
+
 static PyObject *Loader_get_position(tfpy_Loader *self, void *c) {
     if (!self->l) {
         PyErr_SetString(PyExc_ValueError, "the loader is closed");
@@ -211,8 +242,9 @@ void tfpy_loader_unuse(PyObject *loader) {
 static PyObject *Loader_get_closed(tfpy_Loader *self, void *c) { return PyBool_FromLong(!self->l || self->close_pending); }
 
 PyDoc_STRVAR(Loader_doc, "Loader(order, /, *, batch_size=8, rank=0, world_size=1, dtype=None, want=0, num_threads=0, prefetch=0, "
-                "backend=None, direct_io=False, zstd_cache_bytes=0)\n--\n\n"
-                "The C batch engine over an Order (whose global_batch is batch_size * world_size).");
+                "backend=None, direct_io=False, zstd_cache_bytes=0, cp_rank=0, cp_size=1)\n--\n\n"
+                "The C batch engine over an Order (whose global_batch is batch_size * world_size). cp_size > 1: this "
+                "rank's load-balanced share of every sample (docs/packing.md).");
 
 TFPY_TYPE_SPEC(Loader, tfpy_Loader, Py_TPFLAGS_DEFAULT,
                {Py_tp_doc, (void *)Loader_doc}, {Py_tp_new, Loader_new}, {Py_tp_dealloc, Loader_dealloc},
@@ -220,7 +252,8 @@ TFPY_TYPE_SPEC(Loader, tfpy_Loader, Py_TPFLAGS_DEFAULT,
                    {"next", (PyCFunction)Loader_next, METH_NOARGS, Loader_next_doc},
                    {"seek", (PyCFunction)Loader_seek, METH_O, "seek($self, position, /)\n--\n\nMove to a global position (a multiple of the global batch). O(1)."},
                    {"close", (PyCFunction)Loader_close, METH_NOARGS, "close($self)\n--\n\nStop the worker threads. Batches already handed out stay valid."},
-                   {"stats", (PyCFunction)Loader_stats, METH_NOARGS, "stats() -> dict"})},
+                   {"stats", (PyCFunction)Loader_stats, METH_NOARGS, "stats() -> dict"},
+                   {"source_stats", (PyCFunction)Loader_source_stats, METH_NOARGS, "source_stats($self)\n--\n\nReturns list | None. Per source of a mixture: samples, tokens and documents the consumer received (None for one dataset)."})},
                {Py_tp_getset, TFPY_GETSET(
                    {"position", (getter)Loader_get_position, NULL, "global position of the next batch this rank receives", NULL},
                    {"closed", (getter)Loader_get_closed, NULL, "whether close() was called", NULL})});

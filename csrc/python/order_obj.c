@@ -74,10 +74,81 @@ done:
     return rc;
 }
 
+/* A list of non-negative ints (PyMem_Malloc'ed into *out, *n entries). */
+static int parse_u64_list(PyObject *obj, const char *what, uint64_t **out, size_t *n) {
+    *out = NULL;
+    *n = 0;
+    PyObject *seq = PySequence_Fast(obj, what);
+    if (!seq) return -1;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
+    *out = PyMem_Malloc((size_t)(k ? k : 1) * sizeof **out);
+    if (!*out) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory(), -1;
+    }
+    for (Py_ssize_t i = 0; i < k; i++)
+        if (!tfpy_u64(PySequence_Fast_GET_ITEM(seq, i), &(*out)[i])) {
+            Py_DECREF(seq);
+            PyMem_Free(*out);
+            *out = NULL;
+            return -1;
+        }
+    *n = (size_t)k;
+    Py_DECREF(seq);
+    return 0;
+}
+
+/* Schedule weights: one list of n numbers per point, flattened into *w. */
+static int parse_points(PyObject *wobj, size_t npoints, size_t n, double **w) {
+    *w = NULL;
+    PyObject *seq = PySequence_Fast(wobj, "a schedule's weights must be a list of lists (one per point)");
+    if (!seq) return -1;
+    int rc = -1;
+    if ((size_t)PySequence_Fast_GET_SIZE(seq) != npoints) {
+        PyErr_Format(PyExc_ValueError, "a schedule needs one list of weights per step: %zu steps, %zd lists", npoints,
+                     PySequence_Fast_GET_SIZE(seq));
+        goto done;
+    }
+    *w = PyMem_Malloc(npoints * n * sizeof **w);
+    if (!*w) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (size_t m = 0; m < npoints; m++) {
+        PyObject *row = PySequence_Fast(PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)m), "schedule weights must be lists of numbers");
+        if (!row) goto done;
+        if ((size_t)PySequence_Fast_GET_SIZE(row) != n) {
+            PyErr_Format(PyExc_ValueError, "schedule point %zu has %zd weights for %zu datasets", m,
+                         PySequence_Fast_GET_SIZE(row), n);
+            Py_DECREF(row);
+            goto done;
+        }
+        for (size_t i = 0; i < n; i++) {
+            double x = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(row, (Py_ssize_t)i));
+            if (x == -1.0 && PyErr_Occurred()) {
+                Py_DECREF(row);
+                goto done;
+            }
+            (*w)[m * n + i] = x;
+        }
+        Py_DECREF(row);
+    }
+    rc = 0;
+done:
+    if (rc) {
+        PyMem_Free(*w);
+        *w = NULL;
+    }
+    Py_DECREF(seq);
+    return rc;
+}
+
 /* Order(dataset, /, **config): None for any setting means its default; the C
  * library checks the values (tf_order_create). */
 static PyObject *Order_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
-    PyObject *dsobj, *wobj = NULL;
+    PyObject *dsobj, *wobj = NULL, *stepsobj = NULL, *anchorobj = NULL;
+    int interpolation = TF_MIX_CONSTANT;
+    uint64_t anchor_pos = 0;
     if (!PyArg_ParseTuple(args, "O:Order", &dsobj)) return NULL;
     tf_module_state *st = tfpy_state_of_type(tp);
     tf_order_config cfg;
@@ -90,23 +161,64 @@ static PyObject *Order_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
         {"epochs", tfpy_opt_u64, &cfg.epochs}, {"separator_id", tfpy_opt_id, &cfg.separator_id},
         {"packing", opt_int, &packing}, {"pad_id", tfpy_opt_id, &cfg.pad_id},
         {"pack_window", tfpy_opt_u64, &cfg.pack_window}, {"mix_window", tfpy_opt_u64, &cfg.mix_window},
-        {"weights", keep_obj, &wobj},
+        {"weights", keep_obj, &wobj}, {"schedule_steps", keep_obj, &stepsobj},
+        {"interpolation", opt_int, &interpolation}, {"anchor_position", tfpy_opt_u64, &anchor_pos},
+        {"anchor_counts", keep_obj, &anchorobj},
         {NULL, NULL, NULL},
     };
     if (tfpy_parse_kwargs(kw, table, "Order") < 0) return NULL;
     cfg.packing = (tf_packing)packing;
     cfg.shuffle = (tf_shuffle)shuffle;
     const tf_dataset **dss;
-    double *w;
+    double *w = NULL;
     size_t n;
-    if (parse_sources(st, dsobj, wobj, &dss, &w, &n) < 0) return NULL;
+    uint64_t *steps = NULL, *anchor = NULL;
+    size_t npoints = 0, nanchor = 0;
+    int sched = stepsobj && stepsobj != Py_None;
+    if (sched) {
+        /* a schedule: weights are one list per step; parse_sources only sees the datasets */
+        if (!wobj || wobj == Py_None) {
+            PyErr_SetString(PyExc_TypeError, "schedule_steps= needs weights= (one list of weights per step)");
+            return NULL;
+        }
+        if (parse_u64_list(stepsobj, "schedule_steps must be a list of ints", &steps, &npoints) < 0) return NULL;
+        PyObject *seq = PySequence_Fast(wobj, "weights must be a list");
+        if (!seq) {
+            PyMem_Free(steps);
+            return NULL;
+        }
+        PyObject *first = PySequence_Fast_GET_SIZE(seq) ? PySequence_Fast_GET_ITEM(seq, 0) : Py_None;
+        int rc0 = parse_sources(st, dsobj, first, &dss, &w, &n);
+        Py_DECREF(seq);
+        PyMem_Free(w);
+        w = NULL;
+        if (rc0 < 0 || parse_points(wobj, npoints, n, &w) < 0) {
+            if (rc0 == 0) PyMem_Free(dss);
+            PyMem_Free(steps);
+            return NULL;
+        }
+    } else if (parse_sources(st, dsobj, wobj, &dss, &w, &n) < 0) {
+        return NULL;
+    }
+    if (anchorobj && anchorobj != Py_None) {
+        if (parse_u64_list(anchorobj, "anchor_counts must be a list of ints", &anchor, &nanchor) < 0) goto fail_args;
+        if (!sched || nanchor != n) {
+            PyErr_Format(PyExc_ValueError, "anchor_counts= needs schedule_steps= and one count per dataset (%zu), got %zu",
+                         n, nanchor);
+            goto fail_args;
+        }
+    }
+    tf_mix_schedule ms = {npoints, steps, w, (tf_mix_interpolation)interpolation, anchor_pos, anchor};
     tf_order *o = NULL;
     int rc;
     char msg[1024];
     /* building packing plans takes time */
-    TFPY_NOGIL_CALL(rc, msg, n ? tf_order_create_mix(dss, w, n, &cfg, &o) : tf_order_create(dss[0], &cfg, &o));
+    TFPY_NOGIL_CALL(rc, msg, sched ? tf_order_create_mix_schedule(dss, n, &ms, &cfg, &o)
+                             : n ? tf_order_create_mix(dss, w, n, &cfg, &o) : tf_order_create(dss[0], &cfg, &o));
     PyMem_Free(dss);
     PyMem_Free(w);
+    PyMem_Free(steps);
+    PyMem_Free(anchor);
     if (rc < 0) return tfpy_raise(st, rc, msg);
     tfpy_Order *self;
     TFPY_NEW_OWNER(self, tp, o, o, tf_order_free);
@@ -118,6 +230,12 @@ static PyObject *Order_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
         return NULL;
     }
     return (PyObject *)self;
+fail_args:
+    PyMem_Free(dss);
+    PyMem_Free(w);
+    PyMem_Free(steps);
+    PyMem_Free(anchor);
+    return NULL;
 }
 
 static void Order_dealloc(tfpy_Order *self) {
@@ -251,6 +369,44 @@ static PyObject *Order_mix_schedule(tfpy_Order *self, PyObject *unused) {
     return r;
 }
 
+static PyObject *Order_mix_source_at(tfpy_Order *self, PyObject *arg) {
+    unsigned long long pos = PyLong_AsUnsignedLongLong(arg);
+    if (pos == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    size_t src;
+    uint64_t idx;
+    int rc = tf_order_mix_source_at(self->o, pos, &src, &idx);
+    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, NULL);
+    return Py_BuildValue("(nK)", (Py_ssize_t)src, (unsigned long long)idx);
+}
+
+static PyObject *Order_mix_source_count(tfpy_Order *self, PyObject *args) {
+    Py_ssize_t src;
+    unsigned long long pos;
+    if (!PyArg_ParseTuple(args, "nK:mix_source_count", &src, &pos)) return NULL;
+    if (src < 0 || (size_t)src >= tf_order_num_sources(self->o))
+        return PyErr_Format(PyExc_IndexError, "source %zd out of range [0, %zu)", src, tf_order_num_sources(self->o));
+    uint64_t c = tf_order_mix_source_count(self->o, (size_t)src, pos);
+    if (c == UINT64_MAX) return PyErr_NoMemory();
+    return PyLong_FromUnsignedLongLong(c);
+}
+
+static PyObject *Order_mix_counts_at(tfpy_Order *self, PyObject *arg) {
+    unsigned long long pos = PyLong_AsUnsignedLongLong(arg);
+    if (pos == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    size_t k = tf_order_num_sources(self->o);
+    uint64_t *c = PyMem_Malloc(k * sizeof *c);
+    if (!c) return PyErr_NoMemory();
+    uint64_t W = tf_order_mix_counts_at(self->o, pos, c);
+    PyObject *counts = PyList_New((Py_ssize_t)k);
+    for (size_t i = 0; counts && i < k; i++)
+        PyList_SET_ITEM(counts, (Py_ssize_t)i, PyLong_FromUnsignedLongLong(c[i]));
+    PyMem_Free(c);
+    if (!counts) return NULL;
+    PyObject *r = Py_BuildValue("(KO)", (unsigned long long)W, counts);
+    Py_DECREF(counts);
+    return r;
+}
+
 static PyObject *Order_get_num_samples(tfpy_Order *self, void *c) { return PyLong_FromUnsignedLongLong(tf_order_num_samples(self->o)); }
 static PyObject *Order_get_num_positions(tfpy_Order *self, void *c) { return PyLong_FromUnsignedLongLong(tf_order_num_positions(self->o)); }
 static PyObject *Order_get_fingerprint(tfpy_Order *self, void *c) { return PyLong_FromUnsignedLongLong(tf_order_fingerprint(self->o)); }
@@ -262,9 +418,11 @@ static PyObject *Order_get_dataset_fingerprint(tfpy_Order *self, void *c) {
 
 PyDoc_STRVAR(Order_doc, "Order(dataset, /, *, seq_len=None, seed=None, shuffle=None, block_size=None, window_blocks=None, "
                 "global_batch=None, epochs=None, separator_id=None, packing=None, pad_id=None, pack_window=None, "
-                "mix_window=None, weights=None)\n--\n\n"
+                "mix_window=None, weights=None, schedule_steps=None, interpolation=None, anchor_position=None, anchor_counts=None)\n--\n\n"
                 "The global sample order: packing, shuffle and positions. `dataset` is a Dataset, or with weights a "
-                "list of them (a mixture). None means the C default (tf_order_config_init).");
+                "list of them (a mixture). With schedule_steps, weights holds one list per step and interpolation is "
+                "0 (constant) or 1 (linear); anchor_position/anchor_counts hand over from another schedule. None "
+                "means the C default (tf_order_config_init).");
 
 TFPY_TYPE_SPEC(Order, tfpy_Order, Py_TPFLAGS_DEFAULT,
                {Py_tp_doc, (void *)Order_doc}, {Py_tp_new, Order_new}, {Py_tp_dealloc, Order_dealloc},
@@ -272,7 +430,10 @@ TFPY_TYPE_SPEC(Order, tfpy_Order, Py_TPFLAGS_DEFAULT,
                    {"sample_at", (PyCFunction)Order_sample_at, METH_O, "sample_at($self, pos, /)\n--\n\nReturns int | ndarray. Sample index at global stream position(s)."},
                    {"fill", (PyCFunction)(void (*)(void))Order_fill, METH_VARARGS | METH_KEYWORDS, Order_fill_doc},
                    {"packing_stats", (PyCFunction)Order_packing_stats, METH_NOARGS, Order_packing_stats_doc},
-                   {"mix_schedule", (PyCFunction)Order_mix_schedule, METH_NOARGS, "mix_schedule($self)\n--\n\nReturns (window, [count per source]). Exact per-window counts of a mixture ((1, [1]) for one dataset)."})},
+                   {"mix_schedule", (PyCFunction)Order_mix_schedule, METH_NOARGS, "mix_schedule($self)\n--\n\nReturns (window, [count per source]). Exact per-window counts of a mixture at position 0 ((1, [1]) for one dataset)."},
+                   {"mix_source_at", (PyCFunction)Order_mix_source_at, METH_O, "mix_source_at($self, pos, /)\n--\n\nReturns (source, index). The source of a global position and its index in that source's own stream."},
+                   {"mix_source_count", (PyCFunction)Order_mix_source_count, METH_VARARGS, "mix_source_count($self, source, pos, /)\n--\n\nReturns int. Positions of a source among positions [0, pos)."},
+                   {"mix_counts_at", (PyCFunction)Order_mix_counts_at, METH_O, "mix_counts_at($self, pos, /)\n--\n\nReturns (window, [count per source]). The exact counts per window in force at a position."})},
                {Py_tp_getset, TFPY_GETSET(
                    {"num_samples", (getter)Order_get_num_samples, NULL, "samples per epoch (N)", NULL},
                    {"num_positions", (getter)Order_get_num_positions, NULL, "positions in the stream (2**64-1 when infinite)", NULL},

@@ -18,14 +18,17 @@ from . import _build, _core
 from ._core import FormatError
 from ._dataset import Dataset, DatasetWriter, open
 from ._loader import Loader, PerformanceWarning, StateError
+from ._mesh import ParallelCoords, parallel_coords
 from ._parts import PartWriter, merge_parts
+from ._schedule import WeightSchedule
 
 __version__: str = _core.__version__
 
 _build.warn_if_missing()  # a source build without zstd or io_uring says so here: pip hides the build's output
 
-__all__ = ["Dataset", "DatasetWriter", "FormatError", "Loader", "PartWriter", "PerformanceWarning", "StateError",
-           "build_info", "get_include", "get_library", "merge_parts", "open", "__version__"]
+__all__ = ["Dataset", "DatasetWriter", "FormatError", "Loader", "ParallelCoords", "PartWriter", "PerformanceWarning",
+           "StateError", "WeightSchedule", "build_info", "get_include", "get_library", "merge_parts", "open",
+           "parallel_coords", "__version__"]
 
 
 def build_info() -> Dict[str, Any]:

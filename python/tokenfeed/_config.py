@@ -15,14 +15,14 @@ built, with messages naming the setting. Nothing is checked twice.
 """
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _core
+from ._mesh import parallel_coords
+from ._schedule import WeightSchedule, as_schedule
 
 __all__ = ["OrderConfig", "EngineConfig", "resolve_rank", "want_bits"]
 
@@ -47,8 +47,12 @@ class OrderConfig:
     """The settings that define the global stream (the loader state's ``config``).
 
     ``shuffle`` takes ``True``/``False`` or ``"full"``/``"block"``/``"none"`` and is
-    kept as the name. ``weights`` makes the order a mixture of as many datasets.
-    ``global_batch`` is samples per step over all ranks; ``epochs=None`` is endless.
+    kept as the name. ``weights`` makes the order a mixture of as many datasets: plain
+    weights, or a :class:`WeightSchedule` (also given as a list of ``(step, weights)``
+    pairs or its recorded dict). ``global_batch`` is samples per step over all ranks;
+    ``epochs=None`` is endless. ``mix_anchor`` (position, per-source counts) is the
+    hand-over point of a resume under another schedule: the saved state carries it,
+    it is not part of the state's ``config``.
     """
 
     seq_len: int
@@ -60,10 +64,11 @@ class OrderConfig:
     packing: str = "concat"
     pad_id: Optional[int] = None
     pack_window: int = 1024
-    weights: Optional[Sequence[float]] = None
+    weights: Optional[Any] = None
     mix_window: int = 1000
     global_batch: int = 1
     epochs: Optional[int] = None
+    mix_anchor: Optional[Tuple[int, Tuple[int, ...]]] = None
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "seed", "block_size", "window_blocks", "pack_window", "mix_window", "global_batch"):
@@ -81,9 +86,16 @@ class OrderConfig:
         if self.epochs is not None and self.epochs < 1:
             # C reads 0 as "endless"; here that is None, so 0 is a mistake
             raise ValueError(f"epochs must be None (endless) or a positive int, got {self.epochs!r}")
-        weights = None if self.weights is None else tuple(float(x) for x in self.weights)
+        weights: Any = None
+        if self.weights is not None:
+            plain, sched = as_schedule(self.weights)
+            weights = tuple(plain) if plain is not None else sched
+        anchor = None
+        if self.mix_anchor is not None:
+            apos, acounts = self.mix_anchor
+            anchor = (int(apos), tuple(int(c) for c in acounts))
         # canonical values: plain ints and names, so that states compare and serialise
-        canon = dict(shuffle=shuffle, weights=weights, separator_id=_int(self.separator_id),
+        canon = dict(shuffle=shuffle, weights=weights, mix_anchor=anchor, separator_id=_int(self.separator_id),
                      pad_id=_int(self.pad_id), epochs=_int(self.epochs))
         canon.update({k: int(getattr(self, k)) for k in ("seq_len", "seed", "block_size", "window_blocks",
                                                           "pack_window", "mix_window", "global_batch")})
@@ -103,10 +115,31 @@ class OrderConfig:
             cfg["pad_id"] = 0 if self.pad_id is None else self.pad_id
         if self.packing == "best_fit":
             cfg["pack_window"] = self.pack_window
-        if self.weights is not None:
+        if isinstance(self.weights, WeightSchedule):
+            cfg["weights"] = self.weights.to_dict()
+            cfg["mix_window"] = self.mix_window
+        elif self.weights is not None:
             cfg["weights"] = list(self.weights)
             cfg["mix_window"] = self.mix_window
         return cfg
+
+    @property
+    def num_sources(self) -> int:
+        """Datasets mixed (1 without weights)."""
+        if isinstance(self.weights, WeightSchedule):
+            return self.weights.num_sources
+        return 1 if self.weights is None else len(self.weights)
+
+    @classmethod
+    def from_state(cls, config: Dict[str, Any], mix_anchor: Any = None) -> "OrderConfig":
+        """The configuration a loader state's ``config`` (and ``mix_anchor``) was saved with."""
+        keys = ("seq_len", "seed", "shuffle", "block_size", "window_blocks", "separator_id", "packing", "pad_id",
+                "pack_window", "weights", "mix_window", "global_batch", "epochs")
+        kw = {k: config[k] for k in keys if k in config}
+        anchor = None
+        if mix_anchor is not None:
+            anchor = (int(mix_anchor["position"]), tuple(int(c) for c in mix_anchor["counts"]))
+        return cls(mix_anchor=anchor, **kw)
 
     def core_kwargs(self) -> Dict[str, Any]:
         """Keyword arguments of ``_core.Order``."""
@@ -115,8 +148,17 @@ class OrderConfig:
             window_blocks=self.window_blocks, global_batch=self.global_batch, epochs=self.epochs or 0,
             separator_id=self.separator_id, packing=PACKING[self.packing],
             pad_id=0 if self.pad_id is None else self.pad_id, pack_window=self.pack_window)
-        if self.weights is not None:
+        if isinstance(self.weights, WeightSchedule):
+            kw.update(weights=[list(w) for w in self.weights.weights], schedule_steps=list(self.weights.steps),
+                      interpolation=1 if self.weights.interpolation == "linear" else 0, mix_window=self.mix_window)
+            if self.mix_anchor is not None:
+                kw.update(anchor_position=self.mix_anchor[0], anchor_counts=list(self.mix_anchor[1]))
+        elif self.weights is not None:
             kw.update(weights=list(self.weights), mix_window=self.mix_window)
+            if self.mix_anchor is not None:
+                # plain weights handed over from other weights: a one-point schedule with the anchor
+                kw.update(weights=[list(self.weights)], schedule_steps=[0], interpolation=0,
+                          anchor_position=self.mix_anchor[0], anchor_counts=list(self.mix_anchor[1]))
         return kw
 
     def build(self, source: Any) -> Any:
@@ -134,7 +176,10 @@ def want_bits(position_ids: bool = False, cu_seqlens: bool = False, loss_mask: b
 class EngineConfig:
     """How this rank's batches are assembled: ``batch_size`` samples per rank, output
     ``dtype``, the extras asked for, worker threads, ring depth, read backend and the
-    size of the zstd block cache (``None`` means the engine's default)."""
+    size of the zstd block cache (``None`` means the engine's default). ``rank``/``world_size``
+    are the data-parallel rank and size; ``cp_rank``/``cp_size`` the context-parallel ones:
+    the rank's load-balanced share of every sample (docs/packing.md), which never changes
+    the stream."""
 
     batch_size: int
     rank: int = 0
@@ -148,9 +193,11 @@ class EngineConfig:
     backend: Optional[str] = None
     direct_io: bool = False
     zstd_cache_bytes: Optional[int] = None  # decompressed zstd blocks; None: sized from the shuffle
+    cp_rank: int = 0
+    cp_size: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "rank", "world_size"):
+        for name in ("batch_size", "rank", "world_size", "cp_rank", "cp_size"):
             check_int(name, getattr(self, name))
         for name in ("num_threads", "prefetch", "zstd_cache_bytes"):
             check_int(name, getattr(self, name), optional=True)
@@ -162,8 +209,10 @@ class EngineConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={self.rank}, world_size={self.world_size}")
+        if self.cp_size < 1 or not 0 <= self.cp_rank < self.cp_size:
+            raise ValueError(f"need 0 <= cp_rank < cp_size, got cp_rank={self.cp_rank}, cp_size={self.cp_size}")
         object.__setattr__(self, "dtype", np.dtype(self.dtype).name)
-        for k in ("batch_size", "rank", "world_size"):
+        for k in ("batch_size", "rank", "world_size", "cp_rank", "cp_size"):
             object.__setattr__(self, k, int(getattr(self, k)))
 
     @property
@@ -179,7 +228,7 @@ class EngineConfig:
         return dict(batch_size=self.batch_size, rank=self.rank, world_size=self.world_size, dtype=self.dtype,
                     want=self.want, num_threads=self.num_threads or 0, prefetch=self.prefetch or 0,
                     backend=self.backend, direct_io=bool(self.direct_io),
-                    zstd_cache_bytes=int(self.zstd_cache_bytes or 0))
+                    zstd_cache_bytes=int(self.zstd_cache_bytes or 0), cp_rank=self.cp_rank, cp_size=self.cp_size)
 
     def build(self, order: Any) -> Any:
         """The C engine over ``order`` (a ``_core.Order`` whose global batch is this one's)."""
@@ -187,19 +236,8 @@ class EngineConfig:
 
 
 def resolve_rank(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
-    """``rank``/``world_size`` as given, else from ``torch.distributed`` when initialised, else
-    from the ``RANK``/``WORLD_SIZE`` environment variables, else 0/1."""
-    check_int("rank", rank, optional=True)
-    check_int("world_size", world_size, optional=True)
-    if rank is not None and world_size is not None:
-        return int(rank), int(world_size)
-    r: Optional[int] = None
-    w: Optional[int] = None
-    dist = sys.modules.get("torch.distributed")  # initialised only if torch was imported
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        r, w = dist.get_rank(), dist.get_world_size()
-    elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        r, w = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    else:
-        r, w = 0, 1
-    return (int(rank) if rank is not None else r, int(world_size) if world_size is not None else w)
+    """The data-parallel ``rank``/``world_size`` as given, else from ``torch.distributed`` when
+    initialised, else from the ``RANK``/``WORLD_SIZE`` environment variables, else 0/1 (see
+    :func:`tokenfeed.parallel_coords` for meshes and context parallelism)."""
+    pc = parallel_coords(rank=rank, world_size=world_size)
+    return pc.dp_rank, pc.dp_size

@@ -155,7 +155,10 @@ class Order:
                 window_blocks: Optional[int] = None, global_batch: Optional[int] = None,
                 epochs: Optional[int] = None, separator_id: Optional[int] = None, packing: Optional[int] = None,
                 pad_id: Optional[int] = None, pack_window: Optional[int] = None, mix_window: Optional[int] = None,
-                weights: Optional[Sequence[float]] = None) -> "Order": ...
+                weights: Optional[Sequence[Any]] = None, schedule_steps: Optional[Sequence[int]] = None,
+                interpolation: Optional[int] = None, anchor_position: Optional[int] = None,
+                anchor_counts: Optional[Sequence[int]] = None) -> "Order": ...
+    # with schedule_steps: weights holds one list per step; interpolation 0 = constant, 1 = linear
     @property
     def num_samples(self) -> int: ...
     @property
@@ -165,7 +168,10 @@ class Order:
     @property
     def dataset_fingerprint(self) -> int: ...  # of the data read (a mixture: of its sources, in order)
     def packing_stats(self) -> Dict[str, Any]: ...  # samples, documents, pad_tokens, documents_split, ...
-    def mix_schedule(self) -> Tuple[int, List[int]]: ...  # (window, count per source)
+    def mix_schedule(self) -> Tuple[int, List[int]]: ...  # (window, count per source) at position 0
+    def mix_counts_at(self, pos: int, /) -> Tuple[int, List[int]]: ...  # (window, count per source) in force at pos
+    def mix_source_at(self, pos: int, /) -> Tuple[int, int]: ...  # (source, index in its own stream)
+    def mix_source_count(self, source: int, pos: int, /) -> int: ...  # positions of source in [0, pos)
     @overload
     def sample_at(self, pos: int, /) -> int: ...
     @overload
@@ -199,16 +205,20 @@ class _LoaderStats(TypedDict):
 
 class Loader:
     # The engine over an Order built once (its global_batch is batch_size * world_size);
-    # want: WANT_* bits; backend: "auto", "mmap", "pread" or "io_uring". An unknown keyword
-    # is a TypeError.
+    # want: WANT_* bits; backend: "auto", "mmap", "pread" or "io_uring"; cp_size > 1: this
+    # rank's context-parallel share of every sample. An unknown keyword is a TypeError.
     def __new__(cls, order: Order, /, *, batch_size: int = 8, rank: int = 0, world_size: int = 1,
                 dtype: _DTypeArg = None, want: int = 0, num_threads: int = 0, prefetch: int = 0,
-                backend: Optional[str] = None, direct_io: bool = False, zstd_cache_bytes: int = 0) -> "Loader": ...
+                backend: Optional[str] = None, direct_io: bool = False, zstd_cache_bytes: int = 0,
+                cp_rank: int = 0, cp_size: int = 1) -> "Loader": ...
     @property
     def position(self) -> int: ...
     @property
     def closed(self) -> bool: ...
-    def next(self) -> Dict[str, npt.NDArray[Any]]: ...
+    # arrays; a THD batch (context parallelism with cu_seqlens) also has max_seqlen and num_seqs (ints)
+    def next(self) -> Dict[str, Any]: ...
+    # per source of a mixture: samples, tokens, documents received; None for one dataset
+    def source_stats(self) -> Optional[List[Dict[str, int]]]: ...
     def seek(self, position: int, /) -> None: ...
     def close(self) -> None: ...
     def stats(self) -> Dict[str, Any]: ...  # _LoaderStats

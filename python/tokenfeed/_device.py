@@ -145,7 +145,9 @@ class DeviceFeeder:
         """Device tensors for one host batch dict (NumPy arrays, as the engine yields them)."""
         if self._ring is None and self._slot_bytes < 0:
             raise ValueError("the device feeder is closed")
-        names = [k for k in batch if k not in _TOKEN_VIEWS or "tokens" not in batch]
+        # arrays only: a THD batch (context parallelism) also carries ints (max_seqlen, num_seqs)
+        names = [k for k in batch
+                 if isinstance(batch[k], np.ndarray) and (k not in _TOKEN_VIEWS or "tokens" not in batch)]
         arrays = [np.ascontiguousarray(batch[k]) for k in names]
         ring = self._ensure_ring(self._packed_size(arrays))
         dev = dict(zip(names, ring.upload(arrays)))
@@ -155,10 +157,10 @@ class DeviceFeeder:
             for k, off in _TOKEN_VIEWS.items():
                 if k in batch:
                     dev[k] = tok._view(off, (rows, cols - 1), (cols, 1))
-        out = {k: dev[k] for k in batch}  # the engine's key order
+        out = {k: dev.get(k, batch[k]) for k in batch}  # the engine's key order
         if self._torch is not None:
             with self._torch.cuda.device(self.device):
-                return {k: self._torch.from_dlpack(v) for k, v in out.items()}
+                return {k: self._torch.from_dlpack(v) if k in dev else v for k, v in out.items()}
         return out
 
     def info(self) -> Dict[str, Any]:

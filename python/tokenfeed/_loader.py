@@ -8,15 +8,18 @@ state is that position plus fingerprints, so restoring is O(1) and works with an
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import sys
 import warnings
-from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ._config import EngineConfig, OrderConfig, resolve_rank
+from ._config import EngineConfig, OrderConfig
+from ._mesh import DEFAULT_CP_DIM, DEFAULT_DP_DIMS, ParallelCoords, parallel_coords
+from ._schedule import WeightSchedule
 from ._dataset import Dataset, PathLike, open as _open
 
 __all__ = ["Loader", "StateError", "STATE_FORMAT_VERSION"]
@@ -43,6 +46,48 @@ def _torch_available() -> bool:
     return "torch" in sys.modules or importlib.util.find_spec("torch") is not None
 
 
+class _FeederStage:
+    """The device path of context-parallel batches (their input_ids/labels are arrays of their
+    own, THD lengths vary): each batch the engine assembled is copied to the GPU when ``next()``
+    takes it, through :class:`tokenfeed._device.DeviceFeeder`, with the interface of
+    ``DeviceStage`` that the Loader drives."""
+
+    def __init__(self, engine: Any, index: int, *, prefetch: int = 2, slots: Optional[int] = None,
+                 output: str = "auto") -> None:
+        from ._device import DeviceFeeder
+
+        self._engine = engine
+        self._feeder: Optional[Any] = DeviceFeeder(index, output=output, slots=slots or prefetch + 2)
+
+    def next(self) -> Dict[str, Any]:
+        if self._feeder is None:
+            raise ValueError("the loader is closed")
+        out: Dict[str, Any] = self._feeder(self._engine.next())  # the host batch returns to the ring when dropped
+        return out
+
+    @property
+    def position(self) -> int:
+        return int(self._engine.position)
+
+    @property
+    def closed(self) -> bool:
+        return self._feeder is None
+
+    def seek(self, position: int) -> None:
+        self._engine.seek(position)
+
+    def start(self) -> None:
+        pass
+
+    def stats(self) -> Dict[str, Any]:
+        return dict(self._feeder.info()) if self._feeder is not None else {}
+
+    def close(self) -> None:
+        if self._feeder is not None:
+            self._feeder.close()
+            self._feeder = None
+
+
 class Loader:
     """Iterate batches of packed token sequences for this rank.
 
@@ -51,11 +96,20 @@ class Loader:
     ``position_ids``, ``cu_seqlens``/``num_seqs`` and ``loss_mask`` when asked for. Arrays
     are torch tensors when torch is importable (``output="auto"``), else NumPy.
 
-    ``batch_size`` is per rank; the global batch is ``batch_size * world_size``. ``rank``
-    and ``world_size`` default to ``torch.distributed`` when initialised, then to the
-    ``RANK``/``WORLD_SIZE`` environment variables, then to 0/1. ``epochs=None`` streams
-    forever; with ``epochs=k`` the stream stops after ``k`` epochs, dropping the final
-    partial *global* batch so every rank gets the same number of batches.
+    ``batch_size`` is per data-parallel rank; the global batch is ``batch_size * dp_size``.
+    ``device_mesh=`` (a torch ``DeviceMesh`` with named dims) gives the data-parallel rank
+    and size (dims ``dp_dims``: ``dp``, ``dp_replicate``, ``dp_shard``) and the
+    context-parallel ones (dim ``cp_dim``: ``cp``); every other dim replicates, so tensor-,
+    pipeline- and expert-parallel peers get identical batches. Without torch, pass
+    ``dp_rank``/``dp_size`` (older names ``rank``/``world_size``) and ``cp_rank``/``cp_size``.
+    With neither, the global ``torch.distributed`` rank and world size are used (then
+    ``RANK``/``WORLD_SIZE``, then 0/1): right only for pure data parallelism (see
+    ``docs/guides/distributed.md``). With ``cp_size > 1`` each batch holds this rank's
+    load-balanced share of every sample: ``input_ids``, ``labels`` and the extras are
+    ``batch_size x seq_len / cp_size`` (no ``tokens``), or with ``cu_seqlens=True`` the THD
+    layout (``docs/packing.md``). ``epochs=None`` streams forever; with ``epochs=k`` the
+    stream stops after ``k`` epochs, dropping the final partial *global* batch so every
+    rank gets the same number of batches.
 
     ``device="cuda"`` (or ``"cuda:N"``; the index defaults to ``LOCAL_RANK``) yields
     device tensors, ready on the consumer's current stream (see ``docs/gpu.md``): the
@@ -90,16 +144,26 @@ class Loader:
                  dtype: Any = "int64", output: str = "auto", num_threads: Optional[int] = None,
                  prefetch: Optional[int] = None, backend: Optional[str] = None, direct_io: bool = False,
                  block_size: int = 1024, window_blocks: int = 16, packing: str = "concat",
-                 pad_id: Optional[int] = None, pack_window: int = 1024, weights: Optional[Sequence[float]] = None,
+                 pad_id: Optional[int] = None, pack_window: int = 1024,
+                 weights: Optional[Union[Sequence[Any], WeightSchedule, Mapping[str, Any]]] = None,
                  mix_window: int = 1000, zstd_cache_bytes: Optional[int] = None,
-                 device: Any = None, device_prefetch: int = 2, device_slots: Optional[int] = None) -> None:
+                 device: Any = None, device_prefetch: int = 2, device_slots: Optional[int] = None,
+                 device_mesh: Any = None, dp_rank: Optional[int] = None, dp_size: Optional[int] = None,
+                 cp_rank: Optional[int] = None, cp_size: Optional[int] = None,
+                 dp_dims: Sequence[str] = DEFAULT_DP_DIMS, cp_dim: Optional[str] = DEFAULT_CP_DIM) -> None:
+        # which part of the data this rank takes: its data-parallel slice of every global
+        # batch and its context-parallel share of every sample (docs/guides/distributed.md)
+        self.parallel: ParallelCoords = parallel_coords(device_mesh, dp_rank=dp_rank, dp_size=dp_size, cp_rank=cp_rank,
+                                                        cp_size=cp_size, rank=rank, world_size=world_size,
+                                                        dp_dims=dp_dims, cp_dim=cp_dim)
+        pc = self.parallel
         # one configuration, checked once: the engine's (the global batch comes from
         # it) and the stream's; the C library checks ranges when it builds them
-        r, w = resolve_rank(rank, world_size)
         self._engine_cfg = EngineConfig(
-            batch_size=batch_size, rank=r, world_size=w, dtype=dtype, position_ids=position_ids,
+            batch_size=batch_size, rank=pc.dp_rank, world_size=pc.dp_size, dtype=dtype, position_ids=position_ids,
             cu_seqlens=cu_seqlens, loss_mask=loss_mask, num_threads=num_threads, prefetch=prefetch,
-            backend=backend, direct_io=direct_io, zstd_cache_bytes=zstd_cache_bytes)
+            backend=backend, direct_io=direct_io, zstd_cache_bytes=zstd_cache_bytes,
+            cp_rank=pc.cp_rank, cp_size=pc.cp_size)
         self._order_cfg = OrderConfig(
             seq_len=seq_len, seed=seed, shuffle=shuffle, block_size=block_size, window_blocks=window_blocks,
             separator_id=separator_id, packing=packing, pad_id=pad_id, pack_window=pack_window, weights=weights,
@@ -112,8 +176,9 @@ class Loader:
             if isinstance(dataset, (Dataset, str, os.PathLike)):
                 raise ValueError("weights= needs a list of datasets (one per weight)")
             srcs = list(dataset)
-            if len(srcs) != len(weights) or not srcs:
-                raise ValueError(f"weights= needs one weight per dataset: {len(srcs)} datasets, {len(weights)} weights")
+            nw = self._order_cfg.num_sources
+            if len(srcs) != nw or not srcs:
+                raise ValueError(f"weights= needs one weight per dataset: {len(srcs)} datasets, {nw} weights")
             self.dataset: Any = [d if isinstance(d, Dataset) else _open(d) for d in srcs]
         else:
             self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset)
@@ -127,6 +192,8 @@ class Loader:
         self._position = 0
         self._warned = False
         self._engine: Optional[Any] = self._new_engine(stacklevel=3)
+        # the global positions this engine has served, for the per-source accounting
+        self._acct_ranges: List[Tuple[int, int]] = [(0, 0)]
         # The GPU hop (docs/gpu.md): None keeps batches on the CPU. The device stage
         # is made now, so a missing GPU fails here, not at the first batch; from then
         # on the engine works in page-locked memory.
@@ -155,11 +222,29 @@ class Loader:
 
     @property
     def rank(self) -> int:
+        """The data-parallel rank (``dp_rank``)."""
         return self._engine_cfg.rank
 
     @property
     def world_size(self) -> int:
+        """The data-parallel size (``dp_size``)."""
         return self._engine_cfg.world_size
+
+    @property
+    def dp_rank(self) -> int:
+        return self._engine_cfg.rank
+
+    @property
+    def dp_size(self) -> int:
+        return self._engine_cfg.world_size
+
+    @property
+    def cp_rank(self) -> int:
+        return self._engine_cfg.cp_rank
+
+    @property
+    def cp_size(self) -> int:
+        return self._engine_cfg.cp_size
 
     @property
     def global_batch(self) -> int:
@@ -173,9 +258,23 @@ class Loader:
 
     @property
     def weights(self) -> Optional[list[float]]:
-        """Mixing weights, or None for one dataset."""
+        """Mixing weights (with a schedule: those of the point in force at the current position), or None
+        for one dataset."""
         w = self._order_cfg.weights
+        if isinstance(w, WeightSchedule):
+            step = self.position // self.global_batch
+            return list(w.weights[max(i for i, s in enumerate(w.steps) if s <= step)])
         return None if w is None else list(w)
+
+    @property
+    def weight_schedule(self) -> Optional[WeightSchedule]:
+        """The mixture's weight schedule, or None (plain weights, or one dataset)."""
+        w = self._order_cfg.weights
+        return w if isinstance(w, WeightSchedule) else None
+
+    @property
+    def _mixture(self) -> bool:
+        return self._order_cfg.weights is not None
 
     @property
     def num_samples(self) -> int:
@@ -209,6 +308,7 @@ class Loader:
             if self._position:
                 eng.seek(self._position)
             self._engine = eng
+            self._acct_ranges = [(self._position, self._position)]
         return self._engine
 
     def _get_device(self) -> Any:
@@ -217,7 +317,10 @@ class Loader:
             from ._device import DeviceStage
 
             assert self.device_index is not None
-            self._device = DeviceStage(self._get_engine(), self.device_index, **self._device_kw)
+            if self.cp_size > 1:  # CP batches have their own arrays: copied as host batches are
+                self._device = _FeederStage(self._get_engine(), self.device_index, **self._device_kw)
+            else:
+                self._device = DeviceStage(self._get_engine(), self.device_index, **self._device_kw)
         return self._device
 
     @property
@@ -256,7 +359,8 @@ class Loader:
         if self.output == "torch":
             import torch
 
-            return {k: torch.from_numpy(v) for k, v in batch.items()}
+            # THD batches also carry max_seqlen / num_seqs as ints
+            return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
         return batch
 
     def close(self) -> None:
@@ -305,21 +409,47 @@ class Loader:
         ``next()``), ``h2d_bytes`` and ``h2d_gbps`` (copy time from CUDA events),
         ``direct_copies``/``staging_copies`` and ``engine_buffers_locked``; the engine's
         own counters then include the batches copied ahead.
+
+        For a mixture also ``sources``: per source, what this rank's consumer received since
+        the engine started (the Loader was created or restored): ``samples``, ``tokens``
+        (input tokens that are not padding), ``documents`` (documents whose first token was
+        among them), ``share`` (this rank's fraction of the samples), ``scheduled_share``
+        (the schedule's fraction over the same global positions, all ranks together) and
+        ``weight`` (the intended proportion at the current step). With a device, the counts
+        include the batches copied ahead, like the engine's.
         """
-        st: Dict[str, Any] = self._get_engine().stats()
+        eng = self._get_engine()
+        st: Dict[str, Any] = eng.stats()
         if self.device_index is not None:
             st["device"] = self._get_device().stats()
+        per = eng.source_stats()
+        if per is not None:
+            pos = self.position
+            ranges = self._acct_ranges[:-1] + [(self._acct_ranges[-1][0], pos)]
+            sched = [sum(self._order.mix_source_count(i, b) - self._order.mix_source_count(i, a) for a, b in ranges)
+                     for i in range(len(per))]
+            total, stotal = sum(p["samples"] for p in per), sum(sched)
+            w = self._order_cfg.weights
+            if isinstance(w, WeightSchedule):
+                weight = w.proportions_at(pos / self.global_batch)
+            else:
+                weight = [x / sum(w or (1.0,)) for x in (w or ())]
+            for i, p in enumerate(per):
+                p["share"] = p["samples"] / total if total else 0.0
+                p["scheduled_share"] = sched[i] / stotal if stotal else 0.0
+                p["weight"] = weight[i]
+            st["sources"] = per
         return st
 
     def _core_source(self) -> Any:
-        if self.weights is not None:
+        if self._mixture:
             return [d._core for d in self.dataset]
         return self.dataset._core
 
     @property
     def dataset_fingerprint(self) -> str:
         """Fingerprint of the data (a mixture: of its sources' fingerprints, in order)."""
-        if self.weights is not None:
+        if self._mixture:
             return f"{self._order.dataset_fingerprint:016x}"
         return str(self.dataset.fingerprint)
 
@@ -331,17 +461,20 @@ class Loader:
         ``documents_split`` (documents whose tokens land in more than one sample),
         ``documents_truncated`` (documents with tokens in no sample: ``document`` mode
         drops what is past ``seq_len + 1``; ``concat`` drops the tail of the stream),
-        ``tokens_dropped``; for a mixture also ``weights``, ``mix_window``/``mix_counts``
-        (the exact per-window schedule) and ``sources`` (one dict per source, over its
-        own epoch). Free for ``best_fit``/``document`` (gathered when the plan was
-        built); one pass over the document index for ``concat``.
+        ``tokens_dropped``; for a mixture also ``weights`` (a schedule: its recorded
+        dict), ``mix_window``/``mix_counts`` (the exact per-window counts in force at the
+        current position) and ``sources`` (one dict per source, over its own epoch). Free
+        for ``best_fit``/``document`` (gathered when the plan was built); one pass over
+        the document index for ``concat``.
         """
         st: Dict[str, Any] = dict(self._order.packing_stats())
         st["packing"] = self._order_cfg.packing
         st["seq_len"] = self.seq_len
-        if self.weights is not None:
-            win, counts = self._order.mix_schedule()
-            st.update(weights=list(self.weights), mix_window=win, mix_counts=list(counts))
+        if self._mixture:
+            win, counts = self._order.mix_counts_at(self.position)
+            w = self._order_cfg.weights
+            st.update(weights=w.to_dict() if isinstance(w, WeightSchedule) else list(w or ()), mix_window=win,
+                      mix_counts=list(counts))
         return st
 
     # --------------------------------------------------------------- pickling
@@ -368,6 +501,9 @@ class Loader:
             "config": self._order_cfg.state(),
             "samples_per_epoch": self.num_samples,
             "world_size": self.world_size,
+            **({"mix_anchor": {"position": self._order_cfg.mix_anchor[0],
+                               "counts": list(self._order_cfg.mix_anchor[1])}}
+               if self._order_cfg.mix_anchor is not None else {}),
         }
 
     def load_state_dict(self, state: Mapping[str, Any], *, strict: bool = True) -> None:
@@ -406,13 +542,50 @@ class Loader:
         if pos < 0 or pos % self.global_batch:
             raise StateError(f"position {pos} is not a multiple of the global batch {self.global_batch}: "
                              f"keep batch_size * world_size the same as when the state was saved")
+        if self._mixture:
+            self._hand_over(state, saved, now, pos)
+        if self._engine is not None:
+            self._acct_ranges = self._acct_ranges[:-1] + [(self._acct_ranges[-1][0], self.position), (pos, pos)]
         self._position = pos
         if self._device is not None:
             self._device.seek(pos)  # drops what was copied ahead; moves the engine
         elif self._engine is not None:
             self._engine.seek(pos)
 
+    def _hand_over(self, state: Mapping[str, Any], saved: Dict[str, Any], now: Dict[str, Any], pos: int) -> None:
+        """A mixture resumes where each source was: under the saved configuration (and its own
+        hand-over anchor, if it had one) every source had delivered some number of samples at
+        ``pos``; when this configuration would put a source elsewhere (another schedule, other
+        weights), hand over there, so that nothing consumed is repeated or skipped."""
+        saved_anchor = state.get("mix_anchor")
+        anchor: Optional[Tuple[int, Tuple[int, ...]]] = None
+        if saved == now:
+            if saved_anchor is not None:
+                anchor = (int(saved_anchor["position"]), tuple(int(c) for c in saved_anchor["counts"]))
+        else:
+            try:
+                before = OrderConfig.from_state(saved, saved_anchor).build(self._core_source())
+            except (TypeError, ValueError, KeyError) as e:
+                raise StateError(f"the saved mixture configuration cannot be rebuilt to find where each source "
+                                 f"was ({e}); resume with the saved weights") from None
+            k = self._order_cfg.num_sources
+            had = tuple(int(before.mix_source_count(i, pos)) for i in range(k))
+            plain = self._order_cfg.build(self._core_source())
+            if had != tuple(int(plain.mix_source_count(i, pos)) for i in range(k)):
+                anchor = (pos, had)
+        if anchor != self._order_cfg.mix_anchor:
+            self._order_cfg = dataclasses.replace(self._order_cfg, mix_anchor=anchor)
+            self._order = self._order_cfg.build(self._core_source())
+            # the engine (and the device stage over it) borrow the order: made again over the new one
+            if self._device is not None:
+                self._device.close()
+                self._device = None
+            if self._engine is not None:
+                self._engine.close()
+                self._engine = None
+
     def __repr__(self) -> str:
+        cp = f", cp={self.cp_rank}/{self.cp_size}" if self.cp_size > 1 else ""
         return (f"tokenfeed.Loader(seq_len={self.seq_len}, batch_size={self.batch_size}, rank={self.rank}/"
-                f"{self.world_size}, shuffle={self._order_cfg.shuffle!r}, seed={self._order_cfg.seed}, "
+                f"{self.world_size}{cp}, shuffle={self._order_cfg.shuffle!r}, seed={self._order_cfg.seed}, "
                 f"position={self.position}, samples_per_epoch={self.num_samples})")

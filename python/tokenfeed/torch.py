@@ -17,16 +17,17 @@ batch_size=B, ...), batch_size=B, num_workers=K)`` yields the same ``input_ids``
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, Iterator, Mapping, Optional, Union
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset as _TorchDataset
 from torch.utils.data import IterableDataset, Sampler, get_worker_info
 
-from ._config import OrderConfig, resolve_rank, want_bits
+from ._config import OrderConfig, want_bits
 from ._dataset import Dataset, PathLike, open as _open
 from ._loader import Loader
+from ._mesh import DEFAULT_CP_DIM, DEFAULT_DP_DIMS, ParallelCoords, parallel_coords
 
 __all__ = ["TokenDataset", "ResumableSampler", "TokenBatches"]
 
@@ -38,14 +39,17 @@ class TokenDataset(_TorchDataset):  # type: ignore[type-arg]
     like :class:`tokenfeed.Loader`. ``len()`` is the number of samples in one epoch.
     Items are dicts of 1-D tensors: ``input_ids``, ``labels`` (and ``position_ids``,
     ``cu_seqlens``, ``loss_mask`` when asked for), so the default collate stacks them
-    into the Loader's batch shapes.
+    into the Loader's batch shapes. With ``cp_size > 1`` an item is context-parallel rank
+    ``cp_rank``'s share of the sample (chunks ``cp_rank`` and ``2*cp_size-1-cp_rank``,
+    as the Loader splits it; ``cu_seqlens`` is not available there: use the Loader's THD
+    layout).
     """
 
     def __init__(self, dataset: Union[Dataset, PathLike], *, seq_len: int, seed: int = 0,
                  shuffle: Union[bool, str] = True, separator_id: Optional[int] = None, block_size: int = 1024,
                  window_blocks: int = 16, position_ids: bool = False, cu_seqlens: bool = False,
                  loss_mask: bool = False, dtype: Any = "int64", packing: str = "concat",
-                 pad_id: Optional[int] = None, pack_window: int = 1024) -> None:
+                 pad_id: Optional[int] = None, pack_window: int = 1024, cp_rank: int = 0, cp_size: int = 1) -> None:
         # the Loader's configuration of the stream, with a global batch of one sample
         self._cfg = OrderConfig(seq_len=seq_len, seed=seed, shuffle=shuffle, separator_id=separator_id,
                                 block_size=block_size, window_blocks=window_blocks, packing=packing, pad_id=pad_id,
@@ -56,6 +60,18 @@ class TokenDataset(_TorchDataset):  # type: ignore[type-arg]
         self._dtype = np.dtype(dtype).name
         self._order: Any = self._cfg.build(self.dataset._core)
         self.num_samples: int = self._order.num_samples
+        pc = ParallelCoords(0, 1, cp_rank, cp_size)
+        self._cp_index: Optional[np.ndarray[Any, Any]] = None
+        if pc.cp_size > 1:
+            if cu_seqlens:
+                raise ValueError("cu_seqlens with cp_size > 1 is the THD layout of a whole batch: use "
+                                 "tokenfeed.Loader or TokenBatches")
+            k = 2 * pc.cp_size
+            if self.seq_len % k:
+                raise ValueError(f"seq_len {self.seq_len} is not divisible by 2 x cp_size = {k}: context parallelism "
+                                 f"cuts every sample into 2 x cp_size equal chunks")
+            c = self.seq_len // k
+            self._cp_index = np.r_[pc.cp_rank * c:(pc.cp_rank + 1) * c, (k - 1 - pc.cp_rank) * c:(k - pc.cp_rank) * c]
 
     def __len__(self) -> int:
         return self.num_samples
@@ -66,6 +82,11 @@ class TokenDataset(_TorchDataset):  # type: ignore[type-arg]
         sample = self._order.sample_at(int(position))
         d = self._order.fill(sample, dtype=self._dtype, want=self._want)
         tok = torch.from_numpy(d.pop("tokens"))
+        if self._cp_index is not None:  # this CP rank's share: the Loader's split, per sample
+            idx = torch.from_numpy(self._cp_index)
+            out = {"input_ids": tok[idx], "labels": tok[idx + 1]}
+            out.update({k: torch.from_numpy(np.asarray(v))[idx] for k, v in d.items()})
+            return out
         out = {"input_ids": tok[:-1], "labels": tok[1:]}
         if "num_seqs" in d:
             d["num_seqs"] = d["num_seqs"][0]
@@ -86,8 +107,11 @@ class ResumableSampler(Sampler[int]):
     """This rank's global positions, ``batch_size`` at a time, in the Loader's order.
 
     Global batch ``b`` is positions ``[b*G, (b+1)*G)`` with ``G = batch_size *
-    world_size``; rank ``r`` takes ``[b*G + r*B, b*G + (r+1)*B)``. Pass the same
-    ``batch_size`` to the ``DataLoader``. ``data`` is a :class:`TokenDataset` (or the
+    world_size``; data-parallel rank ``r`` takes ``[b*G + r*B, b*G + (r+1)*B)``. The
+    data-parallel rank and size come from ``device_mesh`` (as for :class:`tokenfeed.Loader`:
+    every dim but the data-parallel ones replicates, the context-parallel ranks of a group
+    get the same positions), or ``rank``/``world_size``, or ``torch.distributed``. Pass the
+    same ``batch_size`` to the ``DataLoader``. ``data`` is a :class:`TokenDataset` (or the
     number of samples per epoch), needed for ``epochs=``. ``epochs=None`` is infinite.
 
     ``state_dict()`` is ``{"position": p}`` where ``p`` is the global position of the next
@@ -99,11 +123,14 @@ class ResumableSampler(Sampler[int]):
     """
 
     def __init__(self, data: Union[TokenDataset, int, None] = None, *, batch_size: int, rank: Optional[int] = None,
-                 world_size: Optional[int] = None, epochs: Optional[int] = None, start: int = 0) -> None:
+                 world_size: Optional[int] = None, epochs: Optional[int] = None, start: int = 0,
+                 device_mesh: Any = None, dp_dims: Sequence[str] = DEFAULT_DP_DIMS,
+                 cp_dim: Optional[str] = DEFAULT_CP_DIM) -> None:
         self.batch_size = int(batch_size)
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.rank, self.world_size = resolve_rank(rank, world_size)
+        pc = parallel_coords(device_mesh, rank=rank, world_size=world_size, dp_dims=dp_dims, cp_dim=cp_dim)
+        self.rank, self.world_size = pc.dp_rank, pc.dp_size
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"need 0 <= rank < world_size, got {self.rank}, {self.world_size}")
         self.global_batch = self.batch_size * self.world_size
@@ -168,7 +195,11 @@ class TokenBatches(IterableDataset):  # type: ignore[type-arg]
         inspect.signature(Loader).bind(dataset, seq_len=seq_len, batch_size=batch_size, **loader_kw)
         self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset)
         self.seq_len, self.batch_size = int(seq_len), int(batch_size)
-        self.rank, self.world_size = resolve_rank(rank, world_size)
+        # the mesh is resolved here, in the process that has it; workers get the numbers
+        mesh_kw = {k: loader_kw.pop(k) for k in ("device_mesh", "dp_rank", "dp_size", "cp_rank", "cp_size",
+                                                 "dp_dims", "cp_dim") if k in loader_kw}
+        self.parallel = parallel_coords(mesh_kw.pop("device_mesh", None), rank=rank, world_size=world_size, **mesh_kw)
+        self.rank, self.world_size = self.parallel.dp_rank, self.parallel.dp_size
         self.global_batch = self.batch_size * self.world_size
         if start % self.global_batch:
             raise ValueError(f"start {start} is not a multiple of the global batch {self.global_batch}")
@@ -183,7 +214,8 @@ class TokenBatches(IterableDataset):  # type: ignore[type-arg]
         # w*R + r of a virtual run with K*R ranks and the same per-rank batch size: the
         # order is a function of positions only, so this is the same stream.
         loader = Loader(self.dataset, seq_len=self.seq_len, batch_size=self.batch_size,
-                        rank=w * self.world_size + self.rank, world_size=k * self.world_size, **self.loader_kw)
+                        dp_rank=w * self.world_size + self.rank, dp_size=k * self.world_size,
+                        cp_rank=self.parallel.cp_rank, cp_size=self.parallel.cp_size, **self.loader_kw)
         if self.start:
             if self.start % (k * self.global_batch):
                 raise ValueError(f"start must be a multiple of num_workers * global_batch = {k * self.global_batch}")

@@ -1,0 +1,49 @@
+/*
+ * cp.c — context-parallel index arithmetic (see cp.h for the layouts).
+ */
+#include "cp.h"
+
+int tf__cp_chunks(uint64_t L, uint32_t cp, uint32_t r, uint64_t first[2], uint64_t *c) {
+    if (cp < 1 || r >= cp) TF_FAIL(-EINVAL, "cp_rank: expected 0 <= cp_rank < cp_size (%u), found %u", cp, r);
+    uint64_t k = 2 * (uint64_t)cp;
+    if (L % k)
+        TF_FAIL(-EINVAL, "seq_len %llu is not divisible by 2 x cp_size = %llu: context parallelism cuts every sample into 2 x cp_size equal chunks. Use a seq_len that is a multiple of %llu.",
+                (unsigned long long)L, (unsigned long long)k, (unsigned long long)k);
+    *c = L / k;
+    first[0] = r * *c;
+    first[1] = (k - 1 - r) * *c;
+    return 0;
+}
+
+/* Append the part of padded-segment offsets [u0, u0 + h) of a segment that
+ * starts at row position start and has s real positions. */
+static size_t chunk_pieces(uint64_t start, uint64_t s, uint64_t u0, uint64_t h, tf__cp_piece *out) {
+    size_t m = 0;
+    if (u0 < s) {
+        uint64_t real = s - u0 < h ? s - u0 : h;
+        out[m++] = (tf__cp_piece){start + u0, real, u0};
+        if (real < h) out[m++] = (tf__cp_piece){TF_CP_PAD, h - real, u0 + real};
+    } else {
+        out[m++] = (tf__cp_piece){TF_CP_PAD, h, u0};
+    }
+    return m;
+}
+
+size_t tf__cp_thd_pieces(const uint64_t *seg, size_t n, uint32_t cp, uint32_t r, tf__cp_piece *out,
+                         uint64_t *local, uint64_t *padded) {
+    const uint64_t k = 2 * (uint64_t)cp;
+    size_t m = 0;
+    uint64_t start = 0, total = 0;
+    for (size_t j = 0; j < n; j++) {
+        uint64_t s = seg[j], p = (s + k - 1) / k * k, h = p / k;
+        if (padded) padded[j] = p;
+        if (h) {
+            m += chunk_pieces(start, s, r * h, h, out + m);
+            m += chunk_pieces(start, s, (k - 1 - r) * h, h, out + m);
+        }
+        start += s;
+        total += p;
+    }
+    *local = total / cp;
+    return m;
+}
