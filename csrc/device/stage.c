@@ -1069,11 +1069,13 @@ int tf_device_batch_release(tf_device_batch *b, uintptr_t stream) {
         if (stream != TF_DEVICE_STREAM_NONE && stream != b->waited) rc = tf_device_slot_wait(b->slot, stream);
         int rc2 = tf_device_slot_release(b->slot, rc < 0 ? TF_DEVICE_STREAM_NONE : stream);
         if (rc == 0) rc = rc2;
-    } else if (d->own_static && stream != TF_DEVICE_STREAM_NONE) {
+    } else if (d->own_static) {
         /* Our static buffers go with the last handle: not before the work
-         * queued where it is released has run (the event is waited on then). */
+         * queued where it is released (else where it was delivered) has run
+         * (the event is waited on then). */
         const tf__cudart *cu = d->cu;
         int prev = -1;
+        if (stream == TF_DEVICE_STREAM_NONE) stream = b->waited;
         if ((rc = tf__cuda_push_device(cu, d->device, &prev)) == 0) {
             tf__cuerr e = cu->EventRecord(d->static_done, (tf__custream)stream);
             if (e != TF__CU_SUCCESS) rc = tf__cuda_fail(cu, e, "cudaEventRecord (release of static buffers)", "");
