@@ -57,6 +57,7 @@ def run_stalled(tmp_path: "os.PathLike[str]", dataset: str, mode: str, env: Dict
     out, err = p.communicate(timeout=45)
     assert p.returncode == 0, out + err
     lines = out.split("\n")
-    assert lines[0] == ("interrupted" if mode == "sigint" else "closed: the loader was closed while waiting for a batch")
+    closed = "closed: the loader was closed while waiting for a batch"
+    assert lines[0] == ("interrupted" if mode == "sigint" else closed)
     assert lines[1].startswith("done")
     assert float(lines[1].split()[1]) < 40

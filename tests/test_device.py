@@ -95,6 +95,15 @@ PRELUDE = textwrap.dedent("""
             else:
                 assert t == cpu[k], (where, k, t, cpu[k])
 
+    def raises(exc, fn, *needles):
+        # fn() raises exc, with every needle in its message
+        try:
+            fn()
+        except exc as e:
+            assert all(n in str(e) for n in needles), e
+            return
+        raise AssertionError(f"{fn} raised no {exc.__name__}")
+
     def copied_ahead(loader, n=1):
         # wait (bounded, 10 s) until the loader reports n batches copied ahead of the consumer,
         # so that what the tests count does not depend on how a loaded machine schedules threads
@@ -157,19 +166,11 @@ def test_device_dlpack_stream_semantics(cuda_double, tmp_path):
         assert counter("stream_waits") == w0 + 1
         t.__dlpack__(stream=2)                               # per-thread default stream
         assert counter("stream_waits") == w0 + 2
-        try:
-            t.__dlpack__(stream=0)
-            raise AssertionError("stream=0 accepted")
-        except ValueError as e:
-            assert "ambiguous" in str(e)
+        raises(ValueError, lambda: t.__dlpack__(stream=0), "ambiguous")
         v = t.__dlpack__(stream=None, max_version=(1, 0))
         assert "dltensor_versioned" in repr(v)
         assert "dltensor" in repr(cap)
-        try:
-            t.__dlpack__(dl_device=(1, 0))
-            raise AssertionError("exported to the CPU")
-        except BufferError:
-            pass
+        raises(BufferError, lambda: t.__dlpack__(dl_device=(1, 0)))
         # the slot stays in use while any capsule (or a framework tensor made from it) is alive
         del t
         assert ring.info()["in_use"] == 1
@@ -179,11 +180,7 @@ def test_device_dlpack_stream_semantics(cuda_double, tmp_path):
         assert ring.info()["in_use"] == 0
         # consumer holding every slot: a clear error, not a hang
         held = [ring.upload([a]), ring.upload([a])]
-        try:
-            ring.upload([a])
-            raise AssertionError("no error with every slot held")
-        except RuntimeError as e:
-            assert "held by the consumer" in str(e)
+        raises(RuntimeError, lambda: ring.upload([a]), "held by the consumer")
         del held
         ring.upload([a])
         # tensors outlive the ring (the loader closed while a batch is alive)
@@ -202,11 +199,7 @@ def test_device_cuda_unavailable_raises_clear_error(tmp_path):
         assert not ok and "TOKENFEED_CUDART" in why, why
         info = tokenfeed.build_info()["cuda"]
         assert info["compiled"] is True and info["usable"] is False and "TOKENFEED_CUDART" in info["detail"]
-        try:
-            DeviceFeeder("cuda")
-            raise AssertionError("no error")
-        except RuntimeError as e:
-            assert "CUDA" in str(e) and "not available" in str(e), e
+        raises(RuntimeError, lambda: DeviceFeeder("cuda"), "CUDA", "not available")
         # the CPU path is unaffected
         ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
         b = next(iter(tokenfeed.Loader(ds, seq_len=32, batch_size=2, output="numpy")))
@@ -216,25 +209,13 @@ def test_device_cuda_unavailable_raises_clear_error(tmp_path):
 
 def test_device_missing_device_and_bad_index(cuda_double, tmp_path):
     run_py("""
-        try:
-            DeviceFeeder("cuda:0")
-            raise AssertionError("no error")
-        except RuntimeError as e:
-            assert "CUDA" in str(e) and "no CUDA-capable device" in str(e), e
+        raises(RuntimeError, lambda: DeviceFeeder("cuda:0"), "CUDA", "no CUDA-capable device")
     """, tmp_path, {"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_DEVICES": "0"})
     run_py("""
         assert tokenfeed.build_info()["cuda"]["usable"] is True
-        try:
-            DeviceFeeder("cuda:5")
-            raise AssertionError("no error")
-        except ValueError as e:
-            assert "out of range" in str(e) and "2 device(s)" in str(e), e
+        raises(ValueError, lambda: DeviceFeeder("cuda:5"), "out of range", "2 device(s)")
         from tokenfeed import _core
-        try:
-            _core.DeviceRing(7, 4096, 2)
-            raise AssertionError("no error")
-        except ValueError as e:
-            assert "device index 7 is out of range" in str(e), e
+        raises(ValueError, lambda: _core.DeviceRing(7, 4096, 2), "device index 7 is out of range")
         assert DeviceFeeder("cuda").device == 1          # LOCAL_RANK
         assert DeviceFeeder("cuda:0").device == 0
     """, tmp_path, {"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_DEVICES": "2", "LOCAL_RANK": "1"})
@@ -245,11 +226,7 @@ def test_device_out_of_memory(cuda_double, tmp_path):
         ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
         feeder = DeviceFeeder("cuda", output="dlpack")
         loader = tokenfeed.Loader(ds, seq_len=128, batch_size=8, output="numpy")
-        try:
-            feeder(next(loader))
-            raise AssertionError("no error")
-        except MemoryError as e:
-            assert "out of memory" in str(e) and "lower batch_size" in str(e), e
+        raises(MemoryError, lambda: feeder(next(loader)), "out of memory", "lower batch_size")
         feeder.close()
         loader.close()
         assert counter("live_allocs") == 0 and counter("live_registered") == 0
@@ -262,11 +239,7 @@ def test_device_cuda_error_mid_run(cuda_double, tmp_path):
         feeder = DeviceFeeder("cuda", output="dlpack")
         loader = tokenfeed.Loader(ds, seq_len=32, batch_size=2, output="numpy")
         feeder(next(loader)); feeder(next(loader))
-        try:
-            feeder(next(loader))
-            raise AssertionError("no error")
-        except RuntimeError as e:
-            assert "CUDA" in str(e) and "cudaMemcpyAsync" in str(e), e
+        raises(RuntimeError, lambda: feeder(next(loader)), "CUDA", "cudaMemcpyAsync")
         feeder.close()
         loader.close()
         # the process goes on, on the CPU
@@ -499,11 +472,7 @@ def test_loader_device_close_with_copies_in_flight(cuda_double, tmp_path):
         loader = tokenfeed.Loader(ds, device="cuda", device_prefetch=4, **kw)
         held = next(loader)
         assert copied_ahead(loader, 3)
-        try:                                               # the engine belongs to the copy thread now
-            loader._engine.next()
-            raise AssertionError("the engine served a second consumer")
-        except RuntimeError as e:
-            assert "DeviceLoader" in str(e), e
+        raises(RuntimeError, lambda: loader._engine.next(), "DeviceLoader")  # the engine belongs to the copy thread now
         loader.close()                                     # copies of 3+ batches still queued on the DMA
         assert loader.position == 4
         assert counter("bad_frees") == 0
@@ -511,11 +480,7 @@ def test_loader_device_close_with_copies_in_flight(cuda_double, tmp_path):
         del held
         assert counter("live_allocs") == 0 and counter("live_registered") == 0
         assert counter("device_syncs") == 0 and counter("stream_syncs") == 0
-        try:
-            next(loader)
-            raise AssertionError("next() after close()")
-        except ValueError:
-            pass
+        raises(ValueError, lambda: next(loader))
     """, tmp_path, {"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_COPY_US": "20000"})
 
 
@@ -612,11 +577,7 @@ def test_loader_device_errors_keep_the_position(cuda_double, tmp_path):
     run_py("""
         ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
         loader = tokenfeed.Loader(ds, seq_len=128, batch_size=8, output="numpy", device="cuda")
-        try:
-            next(loader)
-            raise AssertionError("no error")
-        except MemoryError as e:
-            assert "out of memory" in str(e) and "lower batch_size" in str(e), e
+        raises(MemoryError, lambda: next(loader), "out of memory", "lower batch_size")
         assert loader.position == 0
         loader.close()
         assert counter("live_allocs") == 0 and counter("live_registered") == 0
@@ -792,16 +753,9 @@ def test_loader_static_buffers_cp_thd(cuda_double, tmp_path):
 def test_loader_static_buffers_needs_a_device(tmp_path):
     run_py("""
         ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
-        try:
-            tokenfeed.Loader(ds, seq_len=64, batch_size=4, static_buffers=True)
-            raise AssertionError("static buffers without a device")
-        except ValueError as e:
-            assert "needs a device" in str(e), e
-        try:
-            tokenfeed.Loader(ds, seq_len=64, batch_size=4, static_buffers="yes")
-            raise AssertionError("a non-bool accepted")
-        except TypeError as e:
-            assert "static_buffers" in str(e), e
+        kw = dict(seq_len=64, batch_size=4)
+        raises(ValueError, lambda: tokenfeed.Loader(ds, static_buffers=True, **kw), "needs a device")
+        raises(TypeError, lambda: tokenfeed.Loader(ds, static_buffers="yes", **kw), "static_buffers")
     """, tmp_path)
 
 

@@ -110,7 +110,8 @@ class Loader:
                  weights: Optional[Union[Sequence[Any], WeightSchedule, Mapping[str, Any]]] = None,
                  mix_window: int = 1000, zstd_cache_bytes: Optional[int] = None,
                  device: Any = None, device_prefetch: int = 2, device_slots: Optional[int] = None,
-                 static_buffers: bool = False, device_mesh: Any = None, dp_rank: Optional[int] = None, dp_size: Optional[int] = None,
+                 static_buffers: bool = False,
+                 device_mesh: Any = None, dp_rank: Optional[int] = None, dp_size: Optional[int] = None,
                  cp_rank: Optional[int] = None, cp_size: Optional[int] = None,
                  dp_dims: Sequence[str] = DEFAULT_DP_DIMS, cp_dim: Optional[str] = DEFAULT_CP_DIM) -> None:
         # which part of the data this rank takes: its data-parallel slice of every global

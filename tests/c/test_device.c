@@ -83,18 +83,24 @@ static void fill(uint8_t *p, size_t n, unsigned seed) {
 
 /* ---------------------------------------------------------------- cases */
 
-static int case_absent(void) {
-    setenv("TOKENFEED_CUDART", "/nonexistent/libcudart.so.12", 1);
+/* CUDA is not usable: tf_cuda_available says why (with why_has), and a ring
+ * cannot be made (an error with err_has). */
+static void expect_unusable(const char *why_has, const char *err_has) {
     char why[512];
     CHECK(tf_cuda_available(why, sizeof why) == 0);
-    CONTAINS(why, "TOKENFEED_CUDART");
+    CONTAINS(why, why_has);
+    tf_device_ring *r = NULL;
+    CHECK_RC(tf_device_ring_create(0, 4096, 2, &r), -TF_ECUDA);
+    CONTAINS(tf_last_error(), err_has);
+    CHECK(r == NULL);
+}
+
+static int case_absent(void) {
+    setenv("TOKENFEED_CUDART", "/nonexistent/libcudart.so.12", 1);
+    expect_unusable("TOKENFEED_CUDART", "CUDA is not available");
     int n = -1;
     CHECK_RC(tf_cuda_device_count(&n), -TF_ECUDA);
     CHECK(n == 0);
-    tf_device_ring *r = NULL;
-    CHECK_RC(tf_device_ring_create(0, 4096, 2, &r), -TF_ECUDA);
-    CONTAINS(tf_last_error(), "CUDA is not available");
-    CHECK(r == NULL);
     tf_device_ring_free(NULL);
     /* pinned allocation falls back to pageable memory */
     void *p = NULL;
@@ -167,23 +173,13 @@ static int case_already_loaded(void) {
 static int case_no_device(void) {
     use_double(NULL);
     setenv("CUDA_DOUBLE_DEVICES", "0", 1);
-    char why[512];
-    CHECK(tf_cuda_available(why, sizeof why) == 0);
-    CONTAINS(why, "no CUDA-capable device");
-    tf_device_ring *r = NULL;
-    CHECK_RC(tf_device_ring_create(0, 4096, 2, &r), -TF_ECUDA);
-    CONTAINS(tf_last_error(), "no CUDA device is visible");
+    expect_unusable("no CUDA-capable device", "no CUDA device is visible");
     return T_DONE();
 }
 
 static int case_driver(void) {
     use_double("driver");
-    char why[512];
-    CHECK(tf_cuda_available(why, sizeof why) == 0);
-    CONTAINS(why, "driver");
-    tf_device_ring *r = NULL;
-    CHECK_RC(tf_device_ring_create(0, 4096, 2, &r), -TF_ECUDA);
-    CONTAINS(tf_last_error(), "cudaGetDeviceCount");
+    expect_unusable("driver", "cudaGetDeviceCount");
     return T_DONE();
 }
 
