@@ -81,6 +81,15 @@ static void fill(uint8_t *p, size_t n, unsigned seed) {
     for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(seed * 131u + i * 7u + (i >> 8));
 }
 
+/* The end of a case: everything allocated, registered or created on the
+ * "GPU" was given back, no memory was freed under a queued operation, and
+ * nothing synchronised the device or a stream. */
+static void expect_all_given_back(void) {
+    CHECK(d_counter("device_syncs") == 0 && d_counter("stream_syncs") == 0 && d_counter("bad_frees") == 0);
+    CHECK(d_counter("live_allocs") == 0 && d_counter("live_registered") == 0);
+    CHECK(d_counter("live_streams") == 0 && d_counter("live_events") == 0);
+}
+
 /* ---------------------------------------------------------------- cases */
 
 /* CUDA is not usable: tf_cuda_available says why (with why_has), and a ring
@@ -213,11 +222,7 @@ static int case_oom(void) {
     CONTAINS(tf_last_error(), "slot 3/4");
     CONTAINS(tf_last_error(), "lower batch_size");
     CHECK(r == NULL);
-    /* everything allocated before the failure was given back */
-    CHECK(d_counter("live_allocs") == 0);
-    CHECK(d_counter("live_streams") == 0);
-    CHECK(d_counter("live_registered") == 0);
-    CHECK(d_counter("live_events") == 0);
+    expect_all_given_back(); /* what was allocated before the failure */
     return T_DONE();
 }
 
@@ -319,10 +324,7 @@ static int case_roundtrip(void) {
     CONTAINS(tf_last_error(), "do not fit");
     tf_device_ring_free(r);
     d_stream_destroy(cs);
-    CHECK(d_counter("device_syncs") == 0 && d_counter("stream_syncs") == 0);
-    CHECK(d_counter("live_allocs") == 0);
-    CHECK(d_counter("live_registered") == 0);
-    CHECK(d_counter("live_streams") == 0);
+    expect_all_given_back();
     return T_DONE();
 }
 
@@ -406,10 +408,7 @@ static int case_event_gating(void) {
     }
     tf_device_ring_free(r);
     d_stream_destroy(cs);
-    CHECK(d_counter("device_syncs") == 0);
-    CHECK(d_counter("stream_syncs") == 0);
-    CHECK(d_counter("bad_frees") == 0);
-    CHECK(d_counter("live_allocs") == 0);
+    expect_all_given_back();
     return T_DONE();
 }
 
@@ -449,14 +448,13 @@ static int case_pipeline(void) {
     tf_device_ring_get_info(r, &info);
     CHECK(info.uploads == N);
     CHECK(d_counter("memcpys") == N);
-    CHECK(d_counter("device_syncs") == 0 && d_counter("stream_syncs") == 0);
     CHECK(d_counter("registers") == 1);                  /* staging registered once, not per batch */
     CHECK(d_counter("mallocs") == 3);                    /* device slots allocated once */
     printf("  pipeline: %d batches, %u release waits, %lld event queries, %lld event syncs\n", N,
            (unsigned)info.release_waits, d_counter("event_queries"), d_counter("event_syncs"));
     tf_device_ring_free(r);
     d_stream_destroy(cs);
-    CHECK(d_counter("live_allocs") == 0);
+    expect_all_given_back();
     return T_DONE();
 }
 
@@ -525,8 +523,7 @@ static int case_outlives_owner(void) {
         CHECK(!memcmp(tf_device_slot_ptr(s), src, sizeof src));
         CHECK_OK(tf_device_slot_release(s, 1));
     }
-    CHECK(d_counter("live_allocs") == 0);
-    CHECK(d_counter("live_registered") == 0);
+    expect_all_given_back();
     return T_DONE();
 }
 
@@ -733,16 +730,13 @@ static int stage_open(stage *t, const char *copy_us, const stage_cfg *c, const t
     return t->d ? 0 : -1;
 }
 
-/* Free a case's objects. Then nothing is left allocated or registered, no
- * memory was freed under a queued copy, and nothing synchronised the device
- * or a stream. */
+/* Free a case's objects, and expect_all_given_back. */
 static void stage_close(stage *t) {
     tf_device_loader_free(t->d);
     tf_loader_free(t->l);
     tf_dataset_free(t->ds);
     if (t->cs) d_stream_destroy(t->cs);
-    CHECK(d_counter("device_syncs") == 0 && d_counter("stream_syncs") == 0);
-    CHECK(d_counter("live_allocs") == 0 && d_counter("live_registered") == 0 && d_counter("bad_frees") == 0);
+    expect_all_given_back();
 }
 
 /* One step on stream cs: the next batch, a "kernel" there that reads it into
