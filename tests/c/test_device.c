@@ -271,15 +271,22 @@ static int case_pinned(void) {
     return T_DONE();
 }
 
+/* The double bound, a consumer stream *cs and a ring of `slots` slots of
+ * `bytes` on device 0; NULL when one cannot be made (reported). */
+static tf_device_ring *ring_open(size_t bytes, int slots, void **cs) {
+    tf_device_ring *r = NULL;
+    if (bind_double() < 0) return NULL;
+    CHECK(d_stream_create(cs, 1) == 0);
+    CHECK_OK(tf_device_ring_create(0, bytes, slots, &r));
+    return r;
+}
+
 /* Two segments round trip through a consumer stream. */
 static int case_roundtrip(void) {
     use_double(NULL);
-    if (bind_double() < 0) return T_EXIT_FAIL;
     void *cs = NULL;
-    CHECK(d_stream_create(&cs, 1) == 0);
-    tf_device_ring *r = NULL;
-    CHECK_OK(tf_device_ring_create(0, 2000, 2, &r));
-    if (!r) return T_DONE();
+    tf_device_ring *r = ring_open(2000, 2, &cs);
+    if (!r) return T_EXIT_FAIL;
     tf_device_ring_info info;
     tf_device_ring_get_info(r, &info);
     CHECK(info.slot_bytes == 2048 && info.free_slots == 2 && info.host_pinned == 1);
@@ -346,12 +353,9 @@ static void *acquire_thread(void *p) {
 /* The heart of it: a slot whose release event is pending is not reused. */
 static int case_event_gating(void) {
     use_double(NULL);
-    if (bind_double() < 0) return T_EXIT_FAIL;
     void *cs = NULL;
-    CHECK(d_stream_create(&cs, 1) == 0);
-    tf_device_ring *r = NULL;
-    CHECK_OK(tf_device_ring_create(0, 4096, 2, &r));
-    if (!r) return T_DONE();
+    tf_device_ring *r = ring_open(4096, 2, &cs);
+    if (!r) return T_EXIT_FAIL;
     static uint8_t A[4096], B[4096], Cb[4096], seenA[4096];
     fill(A, sizeof A, 10);
     fill(B, sizeof B, 11);
@@ -417,13 +421,10 @@ static int case_event_gating(void) {
 static int case_pipeline(void) {
     use_double(NULL);
     setenv("CUDA_DOUBLE_DELAY_US", "100", 1);
-    if (bind_double() < 0) return T_EXIT_FAIL;
-    void *cs = NULL;
-    CHECK(d_stream_create(&cs, 1) == 0);
-    tf_device_ring *r = NULL;
     enum { N = 200, SZ = 512 };
-    CHECK_OK(tf_device_ring_create(0, SZ, 3, &r));
-    if (!r) return T_DONE();
+    void *cs = NULL;
+    tf_device_ring *r = ring_open(SZ, 3, &cs);
+    if (!r) return T_EXIT_FAIL;
     static uint8_t seen[N][SZ];
     uint8_t src[SZ];
     for (int i = 0; i < N; i++) {
