@@ -1000,19 +1000,32 @@ static void stage_resume(stage *t, const stage_cfg *c) {
     flat_free(cpu, N);
 }
 
-static int case_stage_resume(void) {
-    const stage_cfg pos = {TF_WANT_POSITION_IDS, 0, 0, 0};
-    const stage_cfg cp_plain = {CP_PLAIN.want, 0, 1, 2}, cp_thd = {CP_THD.want, 0, 0, 2}; /* infinite streams */
+/* Each configuration in a process of its own: they start many threads, and
+ * ThreadSanitizer's runtime runs out of room for threads long before a
+ * process would. */
+static int stage_resume_case(const stage_cfg *c) {
     stage t;
     use_double(NULL);
     if (stage_open(&t, "500", &PLAIN, NULL) < 0) return T_EXIT_FAIL;
-    tf_device_loader_free(t.d); /* (the cases below make their own) */
+    tf_device_loader_free(t.d); /* (stage_resume makes its own) */
     t.d = NULL;
-    stage_resume(&t, &pos);
-    stage_resume(&t, &cp_plain);
-    stage_resume(&t, &cp_thd);
+    stage_resume(&t, c);
     stage_close(&t);
     return T_DONE();
+}
+
+static int case_stage_resume(void) {
+    const stage_cfg pos = {TF_WANT_POSITION_IDS, 0, 0, 0};
+    return stage_resume_case(&pos);
+}
+/* (infinite streams; the THD case on CP rank 0) */
+static int case_stage_cp_resume(void) {
+    const stage_cfg c = {CP_PLAIN.want, 0, 1, 2};
+    return stage_resume_case(&c);
+}
+static int case_stage_thd_resume(void) {
+    const stage_cfg c = {CP_THD.want, 0, 0, 2};
+    return stage_resume_case(&c);
 }
 
 /* Static buffers: every batch lands in the same caller-owned buffers, after
@@ -1515,6 +1528,8 @@ int main(int argc, char **argv) {
     run_case("stage_thd", case_stage_thd);
     run_case("stage_pageable_first", case_stage_pageable_first);
     run_case("stage_resume", case_stage_resume);
+    run_case("stage_cp_resume", case_stage_cp_resume);
+    run_case("stage_thd_resume", case_stage_thd_resume);
     run_case("stage_static", case_stage_static);
     run_case("stage_static_own", case_stage_static_own);
     run_case("stage_held", case_stage_held);
