@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
+from stalled_next import run_stalled
 
 DOUBLE_SRC = os.path.join(ROOT, "tests", "cuda_double", "cudart_double.c")
 DOUBLE_BUILT = os.path.join(ROOT, "build", "c", "libcudart_double.so")
@@ -43,7 +44,7 @@ def cuda_double(tmp_path_factory) -> str:
 # Shared by the subprocess bodies: a small dataset, the double's counters, and reading
 # device memory back (the double's device memory is host memory).
 PRELUDE = textwrap.dedent("""
-    import ctypes, os, sys
+    import ctypes, os, sys, time
     import numpy as np
     import tokenfeed
     from tokenfeed._device import DeviceFeeder, cuda_available
@@ -69,6 +70,48 @@ PRELUDE = textwrap.dedent("""
         extent = int(((shape - 1) * strides).sum() + 1) if shape.all() else 0
         flat = np.frombuffer(ctypes.string_at(t.data_ptr, extent * isz), dtype=t.dtype)
         return np.lib.stride_tricks.as_strided(flat, shape=tuple(shape), strides=tuple(strides * isz)).copy()
+
+    def cpu_batches(ds, n=None, **kw):
+        # the CPU loader's batches (copies), all of a finite stream or the first n
+        out = []
+        with tokenfeed.Loader(ds, **dict(kw, output="numpy")) as l:
+            while n is None or len(out) < n:
+                b = next(l, None)
+                if b is None:
+                    break
+                out.append({k: v.copy() if isinstance(v, np.ndarray) else v for k, v in b.items()})
+        return out
+
+    def assert_same(dev, cpu, where=""):
+        # a device batch equals a CPU batch: the same keys in the same order, each array's
+        # dtype, shape and bytes on the device, the ints (THD counts) as they are
+        assert list(dev) == list(cpu), (where, list(dev), list(cpu))
+        for k, t in dev.items():
+            if isinstance(cpu[k], np.ndarray):
+                assert t.__dlpack_device__()[0] == 2, (where, k)
+                got = host_copy(t)
+                assert got.dtype == cpu[k].dtype and got.shape == cpu[k].shape, (where, k, got.shape)
+                assert got.tobytes() == cpu[k].tobytes(), (where, k)
+            else:
+                assert t == cpu[k], (where, k, t, cpu[k])
+
+    def raises(exc, fn, *needles):
+        # fn() raises exc, with every needle in its message
+        try:
+            fn()
+        except exc as e:
+            assert all(n in str(e) for n in needles), e
+            return
+        raise AssertionError(f"{fn} raised no {exc.__name__}")
+
+    def copied_ahead(loader, n=1):
+        # wait (bounded, 10 s) until the loader reports n batches copied ahead of the consumer,
+        # so that what the tests count does not depend on how a loaded machine schedules threads
+        for _ in range(10000):
+            if loader.stats()["device"]["queued"] >= n:
+                return True
+            time.sleep(0.001)
+        return False
 """)
 
 
@@ -87,7 +130,7 @@ def test_device_batches_equal_cpu_batches(cuda_double, tmp_path):
         ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
         kw = dict(seq_len=64, batch_size=4, seed=3, position_ids=True, cu_seqlens=True, loss_mask=True,
                   output="numpy", epochs=1)
-        cpu = [{k: v.copy() for k, v in b.items()} for b in tokenfeed.Loader(ds, **kw)]
+        cpu = cpu_batches(ds, **kw)
         feeder = DeviceFeeder("cuda", output="dlpack", slots=3)
         assert feeder.output == "dlpack"
         n = 0
@@ -95,12 +138,7 @@ def test_device_batches_equal_cpu_batches(cuda_double, tmp_path):
         for i, b in enumerate(tokenfeed.Loader(ds, **kw)):
             dev = feeder(b)
             del b  # the host batch may go right away: upload copied it into pinned staging
-            assert list(dev) == list(cpu[i])
-            for k, t in dev.items():
-                assert t.__dlpack_device__() == (2, 0)
-                got = host_copy(t)
-                assert got.dtype == cpu[i][k].dtype and got.shape == cpu[i][k].shape, k
-                assert got.tobytes() == cpu[i][k].tobytes(), (i, k)
+            assert_same(dev, cpu[i], i)
             held = [dev]  # the consumer holds the latest batch, as a training step does
             n += 1
         assert n == len(cpu) > 5
@@ -108,7 +146,7 @@ def test_device_batches_equal_cpu_batches(cuda_double, tmp_path):
         assert info["uploads"] == n and info["host_pinned"] and info["slots"] == 3
         assert counter("device_syncs") == 0 and counter("stream_syncs") == 0
         assert counter("registers") == 1 and counter("mallocs") == 3  # once, not per batch
-        del held, dev, t
+        del held, dev
         feeder.close()
         assert counter("live_allocs") == 0
         print("ok", n)
@@ -128,19 +166,11 @@ def test_device_dlpack_stream_semantics(cuda_double, tmp_path):
         assert counter("stream_waits") == w0 + 1
         t.__dlpack__(stream=2)                               # per-thread default stream
         assert counter("stream_waits") == w0 + 2
-        try:
-            t.__dlpack__(stream=0)
-            raise AssertionError("stream=0 accepted")
-        except ValueError as e:
-            assert "ambiguous" in str(e)
+        raises(ValueError, lambda: t.__dlpack__(stream=0), "ambiguous")
         v = t.__dlpack__(stream=None, max_version=(1, 0))
         assert "dltensor_versioned" in repr(v)
         assert "dltensor" in repr(cap)
-        try:
-            t.__dlpack__(dl_device=(1, 0))
-            raise AssertionError("exported to the CPU")
-        except BufferError:
-            pass
+        raises(BufferError, lambda: t.__dlpack__(dl_device=(1, 0)))
         # the slot stays in use while any capsule (or a framework tensor made from it) is alive
         del t
         assert ring.info()["in_use"] == 1
@@ -150,11 +180,7 @@ def test_device_dlpack_stream_semantics(cuda_double, tmp_path):
         assert ring.info()["in_use"] == 0
         # consumer holding every slot: a clear error, not a hang
         held = [ring.upload([a]), ring.upload([a])]
-        try:
-            ring.upload([a])
-            raise AssertionError("no error with every slot held")
-        except RuntimeError as e:
-            assert "held by the consumer" in str(e)
+        raises(RuntimeError, lambda: ring.upload([a]), "held by the consumer")
         del held
         ring.upload([a])
         # tensors outlive the ring (the loader closed while a batch is alive)
@@ -173,11 +199,7 @@ def test_device_cuda_unavailable_raises_clear_error(tmp_path):
         assert not ok and "TOKENFEED_CUDART" in why, why
         info = tokenfeed.build_info()["cuda"]
         assert info["compiled"] is True and info["usable"] is False and "TOKENFEED_CUDART" in info["detail"]
-        try:
-            DeviceFeeder("cuda")
-            raise AssertionError("no error")
-        except RuntimeError as e:
-            assert "CUDA" in str(e) and "not available" in str(e), e
+        raises(RuntimeError, lambda: DeviceFeeder("cuda"), "CUDA", "not available")
         # the CPU path is unaffected
         ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
         b = next(iter(tokenfeed.Loader(ds, seq_len=32, batch_size=2, output="numpy")))
@@ -187,25 +209,13 @@ def test_device_cuda_unavailable_raises_clear_error(tmp_path):
 
 def test_device_missing_device_and_bad_index(cuda_double, tmp_path):
     run_py("""
-        try:
-            DeviceFeeder("cuda:0")
-            raise AssertionError("no error")
-        except RuntimeError as e:
-            assert "CUDA" in str(e) and "no CUDA-capable device" in str(e), e
+        raises(RuntimeError, lambda: DeviceFeeder("cuda:0"), "CUDA", "no CUDA-capable device")
     """, tmp_path, {"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_DEVICES": "0"})
     run_py("""
         assert tokenfeed.build_info()["cuda"]["usable"] is True
-        try:
-            DeviceFeeder("cuda:5")
-            raise AssertionError("no error")
-        except ValueError as e:
-            assert "out of range" in str(e) and "2 device(s)" in str(e), e
+        raises(ValueError, lambda: DeviceFeeder("cuda:5"), "out of range", "2 device(s)")
         from tokenfeed import _core
-        try:
-            _core.DeviceRing(7, 4096, 2)
-            raise AssertionError("no error")
-        except ValueError as e:
-            assert "device index 7 is out of range" in str(e), e
+        raises(ValueError, lambda: _core.DeviceRing(7, 4096, 2), "device index 7 is out of range")
         assert DeviceFeeder("cuda").device == 1          # LOCAL_RANK
         assert DeviceFeeder("cuda:0").device == 0
     """, tmp_path, {"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_DEVICES": "2", "LOCAL_RANK": "1"})
@@ -216,11 +226,7 @@ def test_device_out_of_memory(cuda_double, tmp_path):
         ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
         feeder = DeviceFeeder("cuda", output="dlpack")
         loader = tokenfeed.Loader(ds, seq_len=128, batch_size=8, output="numpy")
-        try:
-            feeder(next(loader))
-            raise AssertionError("no error")
-        except MemoryError as e:
-            assert "out of memory" in str(e) and "lower batch_size" in str(e), e
+        raises(MemoryError, lambda: feeder(next(loader)), "out of memory", "lower batch_size")
         feeder.close()
         loader.close()
         assert counter("live_allocs") == 0 and counter("live_registered") == 0
@@ -233,11 +239,7 @@ def test_device_cuda_error_mid_run(cuda_double, tmp_path):
         feeder = DeviceFeeder("cuda", output="dlpack")
         loader = tokenfeed.Loader(ds, seq_len=32, batch_size=2, output="numpy")
         feeder(next(loader)); feeder(next(loader))
-        try:
-            feeder(next(loader))
-            raise AssertionError("no error")
-        except RuntimeError as e:
-            assert "CUDA" in str(e) and "cudaMemcpyAsync" in str(e), e
+        raises(RuntimeError, lambda: feeder(next(loader)), "CUDA", "cudaMemcpyAsync")
         feeder.close()
         loader.close()
         # the process goes on, on the CPU
@@ -357,20 +359,13 @@ def test_loader_device_copies_issued_ahead_of_a_2ms_step(cuda_double, tmp_path):
     next copy issued, so the count does not depend on how a loaded machine schedules
     threads; a loader that copied at next() would never report one and fail here."""
     run_py("""
-        import time
         ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
         loader = tokenfeed.Loader(ds, seq_len=64, batch_size=4, seed=5, output="numpy", device="cuda",
                                   device_prefetch=2)
-        def copied_ahead():
-            for _ in range(10000):                       # at most 10 s
-                if loader.stats()["device"]["queued"] >= 1:
-                    return True
-                time.sleep(0.001)
-            return False
         held = None
         it = iter(loader)                                 # a for loop's start: copying begins
         for step in range(100):
-            assert copied_ahead(), f"no copy issued ahead of step {step}"
+            assert copied_ahead(loader), f"no copy issued ahead of step {step}"
             batch = next(it)
             held = batch                                  # the step holds its batch ...
             time.sleep(0.002)                             # ... for 2 ms
@@ -399,16 +394,11 @@ def test_loader_device_no_host_copy_no_sync_bytes_equal(cuda_double, tmp_path):
         ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
         kw = dict(seq_len=64, batch_size=4, seed=3, position_ids=True, cu_seqlens=True, loss_mask=True,
                   output="numpy", epochs=1)
-        cpu = [{k: v.copy() for k, v in b.items()} for b in tokenfeed.Loader(ds, **kw)]
+        cpu = cpu_batches(ds, **kw)
         loader = tokenfeed.Loader(ds, device="cuda", **kw)
         n = 0
         for i, b in enumerate(loader):
-            assert list(b) == list(cpu[i])
-            for k, t in b.items():
-                assert t.__dlpack_device__() == (2, 0)
-                got = host_copy(t)
-                assert got.dtype == cpu[i][k].dtype and got.shape == cpu[i][k].shape, k
-                assert got.tobytes() == cpu[i][k].tobytes(), (i, k)
+            assert_same(b, cpu[i], i)
             n += 1
         assert n == len(cpu) > 20
         st = loader.stats()["device"]
@@ -420,7 +410,7 @@ def test_loader_device_no_host_copy_no_sync_bytes_equal(cuda_double, tmp_path):
         assert counter("registers") == st["engine_buffers_locked"] <= 16, (counter("registers"), n)
         assert st["h2d_bytes"] > 0 and st["h2d_gbps"] > 0
         assert counter("device_syncs") == 0 and counter("stream_syncs") == 0
-        del b, t
+        del b
         loader.close()
         assert counter("live_allocs") == 0 and counter("live_registered") == 0
         print("ok", n)
@@ -444,10 +434,7 @@ def test_loader_device_state_counts_received_batches_and_resumes_exactly(cuda_do
         a = tokenfeed.Loader(ds, device="cuda", device_prefetch=4, **kw)
         for i in range(13):
             assert same(next(a), i)
-        for _ in range(1000):                            # let copies run ahead of the consumer
-            if a.stats()["device"]["queued"] >= 3:
-                break
-            time.sleep(0.005)
+        assert copied_ahead(a, 3)                        # copies run ahead of the consumer
         state = json.loads(json.dumps(a.state_dict()))
         assert state["position"] == 13 * 4 == a.position
         assert a.stats()["batches"] > 13                 # the engine did go ahead
@@ -470,7 +457,7 @@ def test_loader_device_state_counts_received_batches_and_resumes_exactly(cuda_do
         for l in (a, b, c):
             l.close()
         assert counter("device_syncs") == 0 and counter("stream_syncs") == 0
-    """.replace("import json", "import json, time"), tmp_path,
+    """, tmp_path,
        {"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_COPY_US": "2000"})
 
 
@@ -479,21 +466,13 @@ def test_loader_device_close_with_copies_in_flight(cuda_double, tmp_path):
     once they are done, never frees memory a copy or a held batch still uses, and
     everything is given back when the last batch goes."""
     run_py("""
-        import time
         ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
         kw = dict(seq_len=64, batch_size=4, seed=2, output="numpy")
         first = next(tokenfeed.Loader(ds, **kw))["tokens"].copy()
         loader = tokenfeed.Loader(ds, device="cuda", device_prefetch=4, **kw)
         held = next(loader)
-        for _ in range(1000):
-            if loader.stats()["device"]["queued"] >= 3:
-                break
-            time.sleep(0.005)
-        try:                                               # the engine belongs to the copy thread now
-            loader._engine.next()
-            raise AssertionError("the engine served a second consumer")
-        except RuntimeError as e:
-            assert "DeviceLoader" in str(e), e
+        assert copied_ahead(loader, 3)
+        raises(RuntimeError, lambda: loader._engine.next(), "DeviceLoader")  # the engine belongs to the copy thread now
         loader.close()                                     # copies of 3+ batches still queued on the DMA
         assert loader.position == 4
         assert counter("bad_frees") == 0
@@ -501,11 +480,7 @@ def test_loader_device_close_with_copies_in_flight(cuda_double, tmp_path):
         del held
         assert counter("live_allocs") == 0 and counter("live_registered") == 0
         assert counter("device_syncs") == 0 and counter("stream_syncs") == 0
-        try:
-            next(loader)
-            raise AssertionError("next() after close()")
-        except ValueError:
-            pass
+        raises(ValueError, lambda: next(loader))
     """, tmp_path, {"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_COPY_US": "20000"})
 
 
@@ -602,11 +577,7 @@ def test_loader_device_errors_keep_the_position(cuda_double, tmp_path):
     run_py("""
         ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
         loader = tokenfeed.Loader(ds, seq_len=128, batch_size=8, output="numpy", device="cuda")
-        try:
-            next(loader)
-            raise AssertionError("no error")
-        except MemoryError as e:
-            assert "out of memory" in str(e) and "lower batch_size" in str(e), e
+        raises(MemoryError, lambda: next(loader), "out of memory", "lower batch_size")
         assert loader.position == 0
         loader.close()
         assert counter("live_allocs") == 0 and counter("live_registered") == 0
@@ -633,28 +604,6 @@ def test_loader_device_errors_keep_the_position(cuda_double, tmp_path):
     """, tmp_path, {"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_FAIL": "memcpy_after=3"})
 
 
-STALLED_DEVICE = textwrap.dedent("""
-    import sys, threading, time, tokenfeed
-    ds = tokenfeed.open(sys.argv[1])
-    l = tokenfeed.Loader(ds, seq_len=64, batch_size=4, num_threads=2, output="numpy", device="cuda")
-    mode = sys.argv[2]
-    if mode == "close":
-        threading.Timer(0.5, l.close).start()
-    print("waiting", flush=True)
-    t0 = time.monotonic()
-    try:
-        next(l)                      # workers stall for 60 s ($TOKENFEED_FAULT_DELAY_MS)
-        print("got a batch", flush=True)
-    except KeyboardInterrupt:
-        print("interrupted", flush=True)
-    except ValueError as e:
-        print("closed:", e, flush=True)
-    assert l.position == 0
-    l.close()                        # must not wait for the stalled workers
-    print(f"done {time.monotonic() - t0:.1f}", flush=True)
-""")
-
-
 @pytest.mark.test_hooks
 @pytest.mark.parametrize("mode", ["sigint", "close"])
 def test_loader_device_blocked_next_is_interruptible(cuda_double, tmp_path, mode):
@@ -663,19 +612,183 @@ def test_loader_device_blocked_next_is_interruptible(cuda_double, tmp_path, mode
     engine stop, and the position has not moved."""
     ds_dir = tmp_path / "ds"
     run_py(f"make_dataset({str(ds_dir)!r})", tmp_path)
-    script = tmp_path / "stalled.py"
-    script.write_text(STALLED_DEVICE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_DOUBLE")}
-    env.update(TOKENFEED_CUDART=cuda_double, TOKENFEED_FAULT_DELAY_MS="60000")
-    p = subprocess.Popen([sys.executable, str(script), str(ds_dir), mode], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env)
-    assert p.stdout.readline().strip() == "waiting"
-    if mode == "sigint":
-        time.sleep(0.5)
-        p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=45)
-    assert p.returncode == 0, out + err
-    lines = out.split("\n")
-    assert lines[0] == ("interrupted" if mode == "sigint" else "closed: the loader was closed while waiting for a batch")
-    assert lines[1].startswith("done")
-    assert float(lines[1].split()[1]) < 40
+    run_stalled(tmp_path, str(ds_dir), mode, {"TOKENFEED_CUDART": cuda_double}, device="cuda")
+
+
+# ------------------------------------------------ context parallelism on the copy-ahead path
+
+@pytest.mark.parametrize("layout", ["plain", "thd"])
+def test_loader_device_cp_batches_copied_ahead(cuda_double, tmp_path, layout):
+    """A context-parallel rank's batches (no tokens buffer: input_ids, labels and the
+    extras of their own; with cu_seqlens the THD layout, whose counts stay ints) go
+    through the copy-ahead stage like any other: byte-identical to the CPU batches to the
+    end of the stream; with a consumer that spends 2 ms per step every copy was issued
+    before next() asked (the copy thread's progress is waited for, bounded, before each
+    step, so the count does not depend on scheduling); read in place from page-locked
+    engine buffers, one copy per array; nothing synchronised; and a state saved with
+    copies in flight resumes exactly, on the device and on the CPU."""
+    extra = "position_ids=True, loss_mask=True" + (", cu_seqlens=True" if layout == "thd" else "")
+    run_py(f"""
+        import json
+        ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
+        kw = dict(seq_len=64, batch_size=4, seed=8, cp_rank=1, cp_size=2, epochs=1, output="numpy", {extra})
+        cpu = cpu_batches(ds, **kw)
+        loader = tokenfeed.Loader(ds, device="cuda", device_prefetch=2, **kw)
+        it = iter(loader)
+        n, state = 0, None
+        for i in range(len(cpu)):
+            assert copied_ahead(loader), f"no copy issued ahead of step {{i}}"
+            b = next(it)
+            assert "tokens" not in b
+            assert_same(b, cpu[i], i)
+            time.sleep(0.002)                                  # the step
+            n += 1
+            if i == 9:
+                assert copied_ahead(loader, 2)
+                state = json.loads(json.dumps(loader.state_dict()))
+        assert next(it, None) is None and n == len(cpu) > 20
+        st = loader.stats()["device"]
+        assert st["batches"] == st["copies"] == n
+        assert st["copies_issued_ahead"] >= 0.95 and st["issued_ahead"] == n, st
+        assert st["staging_copies"] == 0 and st["direct_copies"] == n and st["host_pinned"] is True
+        arrays = sum(isinstance(v, np.ndarray) for v in cpu[0].values())
+        assert arrays == (6 if {layout!r} == "thd" else 4)
+        assert counter("h2d_pageable") == 0 and counter("h2d_pinned") == arrays * n
+        assert st["h2d_bytes"] == sum(v.nbytes for c in cpu for v in c.values() if isinstance(v, np.ndarray))
+        loader.close()
+
+        assert state["position"] == 10 * 4
+        again = tokenfeed.Loader(ds, device="cuda", **kw)     # resume on the device ...
+        again.load_state_dict(state)
+        for i in range(10, 20):
+            assert_same(next(again), cpu[i], i)
+        again.close()
+        host = tokenfeed.Loader(ds, **kw)                     # ... and on the CPU
+        host.load_state_dict(state)
+        b = next(host)
+        assert all(np.array_equal(b[k], cpu[10][k]) for k in b)
+        assert counter("device_syncs") == 0 and counter("stream_syncs") == 0
+        assert counter("live_allocs") == 0 and counter("live_registered") == 0
+    """, tmp_path, {"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_COPY_US": "300"})
+
+
+# ------------------------------------------------ static buffers (CUDA graphs)
+
+def test_loader_static_buffers_same_tensors_every_step(cuda_double, tmp_path):
+    """static_buffers=True: every step yields the same tensor objects at the same device
+    addresses, holding that step's batch (equal to the CPU stream); each batch is copied
+    into them on the consumer's stream (here the legacy default stream), after making it
+    wait on the batch's copy to the device: a step still queued there keeps reading its
+    own batch; nothing synchronises the device or a stream; resume is exact."""
+    run_py("""
+        import json
+        ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
+        kw = dict(seq_len=64, batch_size=4, seed=6, position_ids=True, loss_mask=True, output="numpy")
+        cpu = cpu_batches(ds, 40, **kw)
+        loader = tokenfeed.Loader(ds, device="cuda", static_buffers=True, **kw)
+        it = iter(loader)
+        first = next(it)
+        assert_same(first, cpu[0], 0)
+        ptrs = {k: t.data_ptr for k, t in first.items()}
+        d2d, waits = counter("d2d"), counter("stream_waits")
+        for i in range(1, 20):
+            b = next(it)
+            assert all(b[k] is first[k] for k in b), i             # the same tensors ...
+            assert {k: t.data_ptr for k, t in b.items()} == ptrs   # ... at the same addresses
+            assert_same(b, cpu[i], i)
+        assert counter("d2d") - d2d == 3 * 19                      # tokens, position_ids, loss_mask
+        assert counter("stream_waits") - waits >= 19               # each on its batch's copy
+
+        # A step queued on the consumer's stream that has not run yet (the stream is held)
+        # still reads its own batch: the next batch's copy into the buffers waits behind it.
+        L = ctypes.c_void_p(1)                                     # the legacy default stream
+        tok = first["tokens"]
+        seen = ctypes.create_string_buffer(cpu[19]["tokens"].nbytes)
+        double.cuda_double_pause(L, 1)
+        double.cuda_double_enqueue_read(L, ctypes.c_void_p(tok.data_ptr), ctypes.c_size_t(len(seen)), seen)
+        b = next(it)                                               # batch 20, queued behind the read
+        double.cuda_double_pause(L, 0)
+        double.cuda_double_stream_drain(L)
+        assert seen.raw == cpu[19]["tokens"].tobytes()
+        assert_same(b, cpu[20], 20)
+
+        state = json.loads(json.dumps(loader.state_dict()))
+        assert state["position"] == 21 * 4
+        st = loader.stats()["device"]
+        assert st["static_buffers"] is True and st["batches"] == 21
+        loader.close()
+        again = tokenfeed.Loader(ds, device="cuda", static_buffers=True, **kw)
+        again.load_state_dict(state)
+        for i in range(21, 30):
+            assert_same(next(again), cpu[i], i)
+        again.close()
+        assert counter("device_syncs") == 0 and counter("stream_syncs") == 0
+        del first, b, tok
+        assert counter("live_allocs") == 0 and counter("bad_frees") == 0
+    """, tmp_path, {"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_COPY_US": "100"})
+
+
+def test_loader_static_buffers_cp_thd(cuda_double, tmp_path):
+    """Static buffers for a context-parallel rank in the THD layout: the arrays' lengths
+    change from batch to batch, so they are views of the same buffers (same addresses),
+    re-made when the length changes; the counts are ints; the bytes are the CPU's."""
+    run_py("""
+        ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
+        kw = dict(seq_len=64, batch_size=4, seed=2, cp_rank=0, cp_size=2, cu_seqlens=True, position_ids=True,
+                  output="numpy")
+        cpu = cpu_batches(ds, 25, **kw)
+        assert len({c["input_ids"].shape for c in cpu}) > 1        # lengths do change
+        loader = tokenfeed.Loader(ds, device="cuda", static_buffers=True, **kw)
+        ptrs = None
+        for i, b in zip(range(25), loader):
+            assert_same(b, cpu[i], i)
+            p = {k: t.data_ptr for k, t in b.items() if not isinstance(t, int)}
+            assert ptrs is None or p == ptrs, i
+            ptrs = p
+        loader.close()
+        assert counter("device_syncs") == 0 and counter("stream_syncs") == 0
+    """, tmp_path, {"TOKENFEED_CUDART": cuda_double})
+
+
+def test_loader_static_buffers_needs_a_device(tmp_path):
+    run_py("""
+        ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
+        kw = dict(seq_len=64, batch_size=4)
+        raises(ValueError, lambda: tokenfeed.Loader(ds, static_buffers=True, **kw), "needs a device")
+        raises(TypeError, lambda: tokenfeed.Loader(ds, static_buffers="yes", **kw), "static_buffers")
+    """, tmp_path)
+
+
+@needs_gpu
+def test_cuda_real_gpu_static_buffers_in_a_cuda_graph(tmp_path):
+    """On a real GPU: a step captured once in a CUDA graph over the static tensors, then
+    replayed after each next(), computes on every batch of the stream."""
+    run_py("""
+        import torch
+        ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
+        kw = dict(seq_len=128, batch_size=8, seed=1, epochs=1)
+        cpu = cpu_batches(ds, **kw)
+        loader = tokenfeed.Loader(ds, device="cuda:0", output="torch", static_buffers=True, **kw)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            it = iter(loader)
+            batch = next(it)
+            for _ in range(3):                                     # warm-up, as torch asks
+                out = batch["input_ids"].sum(dim=1) + batch["labels"].sum(dim=1)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=s):
+                out = batch["input_ids"].sum(dim=1) + batch["labels"].sum(dim=1)
+            g.replay()
+            sums = [out.clone()]
+            for b in it:
+                assert b["input_ids"].data_ptr() == batch["input_ids"].data_ptr()
+                g.replay()
+                sums.append(out.clone())
+        torch.cuda.synchronize()
+        assert len(sums) == len(cpu)
+        for i, c in enumerate(cpu):
+            want = torch.from_numpy(c["input_ids"].sum(axis=1) + c["labels"].sum(axis=1))
+            assert torch.equal(sums[i].cpu(), want), i
+        loader.close()
+    """, tmp_path)

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import gc
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -16,6 +14,7 @@ import pytest
 import tokenfeed
 
 from conftest import random_docs
+from stalled_next import run_stalled
 
 
 @pytest.fixture(scope="module")
@@ -163,44 +162,10 @@ def test_thread_sharing_is_refused_not_crashing(twin):
     assert all("another thread" in str(e) for e in errors)
 
 
-STALLED = textwrap.dedent("""
-    import sys, threading, time, tokenfeed
-    ds = tokenfeed.open(sys.argv[1])
-    l = tokenfeed.Loader(ds, seq_len=64, batch_size=4, num_threads=2, output="numpy")
-    mode = sys.argv[2]
-    if mode == "close":
-        threading.Timer(0.5, l.close).start()
-    print("waiting", flush=True)
-    t0 = time.monotonic()
-    try:
-        next(l)                      # workers stall for 60 s ($TOKENFEED_FAULT_DELAY_MS)
-        print("got a batch", flush=True)
-    except KeyboardInterrupt:
-        print("interrupted", flush=True)
-    except ValueError as e:
-        print("closed:", e, flush=True)
-    l.close()                        # must not wait for the stalled workers
-    print(f"done {time.monotonic() - t0:.1f}", flush=True)
-""")
-
-
 @pytest.mark.test_hooks
 @pytest.mark.parametrize("mode", ["sigint", "close"])
 def test_blocked_next_is_interruptible(twin, tmp_path, mode):
     """Ctrl-C (SIGINT) or close() from another thread ends a next() that is
     waiting for workers, well before the 60 s the workers are held for."""
     plain, _ = twin
-    script = tmp_path / "stalled.py"
-    script.write_text(STALLED)
-    env = dict(os.environ, TOKENFEED_FAULT_DELAY_MS="60000")
-    p = subprocess.Popen([sys.executable, str(script), plain.paths[0], mode], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env)
-    assert p.stdout.readline().strip() == "waiting"
-    if mode == "sigint":
-        time.sleep(0.5)
-        p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=45)
-    assert p.returncode == 0, err
-    lines = out.split("\n")
-    assert lines[0] == ("interrupted" if mode == "sigint" else "closed: the loader was closed while waiting for a batch")
-    assert lines[1].startswith("done")
+    run_stalled(tmp_path, plain.paths[0], mode, {})

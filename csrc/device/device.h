@@ -127,11 +127,12 @@ TF_HIDDEN int tf__device_ring_ensure_staging(tf_device_ring *r);
  * "copied" event (state in use), as tf_device_slot_commit does, with two
  * differences for the stage: the sources are either the slot's staging
  * (segs == NULL: its first `bytes`) or page-locked host segments copied
- * straight to their packed offsets (no staging, no host memcpy); and t0/t1
+ * straight into the slot (no host memcpy), at offs[i] (NULL: packed as
+ * tf_device_packed_size packs them), one copy per non-empty segment; and t0/t1
  * (timing events, may be NULL) are recorded just before and just after the
  * copies, before "copied", so that "copied" completing implies t1 has. On
  * failure the slot stays in state filling, as with tf_device_slot_commit. */
-TF_HIDDEN int tf__device_slot_issue(tf_device_slot *s, const tf_device_seg *segs, int nsegs, size_t bytes,
-                                    tf__cuevent t0, tf__cuevent t1);
+TF_HIDDEN int tf__device_slot_issue(tf_device_slot *s, const tf_device_seg *segs, const size_t *offs, int nsegs,
+                                    size_t bytes, tf__cuevent t0, tf__cuevent t1);
 
 #endif

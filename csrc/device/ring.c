@@ -361,13 +361,19 @@ void *tf_device_slot_host(tf_device_slot *s) { return s->host; }
 
 void *tf_device_slot_ptr(const tf_device_slot *s) { return s->dev; }
 
-int tf__device_slot_issue(tf_device_slot *s, const tf_device_seg *segs, int nsegs, size_t bytes,
-                          tf__cuevent t0, tf__cuevent t1) {
+int tf__device_slot_issue(tf_device_slot *s, const tf_device_seg *segs, const size_t *offs, int nsegs,
+                          size_t bytes, tf__cuevent t0, tf__cuevent t1) {
     tf_device_ring *r = s->ring;
     const tf__cudart *cu = r->cu;
     if (s->state != TF__SLOT_FILLING)
         return tf__seterr(-EINVAL, "tf_device_slot_commit: the slot was not acquired (or was committed already)");
-    if (segs) bytes = tf_device_packed_size(segs, nsegs, NULL);
+    if (segs && !offs) {
+        bytes = tf_device_packed_size(segs, nsegs, NULL);
+    } else if (segs) { /* the end of the furthest segment */
+        bytes = 0;
+        for (int i = 0; i < nsegs; i++)
+            if (segs[i].bytes && offs[i] + segs[i].bytes > bytes) bytes = offs[i] + segs[i].bytes;
+    }
     if (bytes > r->slot_bytes)
         return tf__seterr(-EINVAL, "tf_device_slot_commit: %zu bytes do not fit a slot of %zu bytes", bytes,
                           r->slot_bytes);
@@ -382,7 +388,7 @@ int tf__device_slot_issue(tf_device_slot *s, const tf_device_seg *segs, int nseg
     } else {
         size_t off = 0;
         for (int i = 0; i < nsegs && e == TF__CU_SUCCESS; i++) {
-            off = align_up(off);
+            off = offs ? offs[i] : align_up(off);
             if (segs[i].bytes)
                 e = cu->MemcpyAsync((uint8_t *)s->dev + off, segs[i].host, segs[i].bytes, TF__CU_MEMCPY_H2D, r->stream);
             off += segs[i].bytes;
@@ -415,7 +421,9 @@ int tf__device_slot_issue(tf_device_slot *s, const tf_device_seg *segs, int nseg
     return rc;
 }
 
-int tf_device_slot_commit(tf_device_slot *s, size_t bytes) { return tf__device_slot_issue(s, NULL, 0, bytes, NULL, NULL); }
+int tf_device_slot_commit(tf_device_slot *s, size_t bytes) {
+    return tf__device_slot_issue(s, NULL, NULL, 0, bytes, NULL, NULL);
+}
 
 size_t tf_device_packed_size(const tf_device_seg *segs, int nsegs, size_t *offsets) {
     size_t off = 0;

@@ -33,6 +33,19 @@
  * known: the ring (device memory, pinned staging, stream, events) is
  * allocated then, by the copy thread, once.
  *
+ * Arrays. Which arrays a batch has is the engine's business: the stage asks
+ * it (tf__batch_segments) for each array's place in the host batch, the room
+ * the loader gives it and the part this batch filled, and copies what is
+ * there. So whole samples (tokens, with input_ids / labels as views of it,
+ * and the extras) and a context-parallel rank's share (input_ids, labels and
+ * the extras in buffers of their own, or TransformerEngine's THD layout with
+ * cu_seqlens_padded) go the same way. A slot holds every array at the room
+ * the loader gives it, at fixed offsets, so that any batch fits; under THD
+ * the arrays' lengths change from batch to batch and only the filled part is
+ * copied. Counts that are not arrays (THD num_seqs and max_seqlen, the
+ * share's num_tokens) travel in the queue entry and reach the consumer as
+ * host values in the batch view.
+ *
  * Host memory. Creating a device loader gives the engine an allocator of
  * page-locked memory (tf__loader_set_allocator: the engine itself knows
  * nothing of CUDA): every batch buffer is then registered once, when the
@@ -58,8 +71,9 @@
  * is none. "Copied ahead" is decided on entry: the head was already there.
  * Outside the lock it makes its stream wait on the slot's "copied" event
  * (cudaStreamWaitEvent: no host wait), or, with static buffers, queues on
- * its stream the device-to-device copies of the slot into the caller's
- * buffers and then releases the slot on that stream at once. Only then does
+ * its stream the device-to-device copies of the slot into the static
+ * buffers (the caller's, or with alloc_static our own, one allocation made
+ * with the ring) and then releases the slot on that stream at once. Only then does
  * it remove the entry, so a failure leaves the batch at the head for the
  * next call. It signals feed_cv (room in the queue). When the queue is empty
  * and the copy thread is starved, every slot is held by the consumer and
@@ -90,7 +104,9 @@
  * release), the copy thread (filling), a queue entry, or a batch handle the
  * consumer holds. The device loader is reference counted: 1 for its owner
  * plus one per handle out, so handles (and framework tensors) outlive
- * tf_device_loader_free; the last reference frees the ring and the events.
+ * tf_device_loader_free; the last reference frees the ring and the events,
+ * and our own static buffers once the work queued before the last release
+ * of a batch (on its stream: the static_done event) has run.
  *
  * State. `position` is the loader position after the last batch delivered to
  * the consumer, never one copied ahead. A seek, a reset after an error and
@@ -118,18 +134,20 @@
 #include "device.h"
 
 #define TF__ERRMSG 512
-#define TF__NSEG 5           /* tokens, position_ids, cu_seqlens, num_seqs, loss_mask */
 #define TF__WAITS 4096       /* consumer waits kept for the p99 */
 #define TF__SLICE_NS (20ull * 1000 * 1000)
 #define TF__STOPPED 1        /* internal: the copy thread was asked to stop */
-
-static const char *const seg_names[TF__NSEG] = {"tokens", "position_ids", "cu_seqlens", "num_seqs", "loss_mask"};
 
 typedef struct dentry {
     tf_device_slot *slot; /* NULL for an error or end entry */
     int rc;               /* 0, an error, or -TF_EEOF */
     uint64_t position;    /* global position of the batch's first sample */
     uint64_t pos_after;   /* the loader's position after it */
+    /* what this batch filled: bytes per array (a prefix of its room under
+     * THD) and the counts that stay on the host */
+    size_t used[TF__NSEGS];
+    uint64_t num_tokens;
+    int32_t thd_seqs, max_seqlen;
     char err[TF__ERRMSG];
 } dentry;
 
@@ -146,7 +164,9 @@ struct tf_device_loader {
     const tf__cudart *cu;
     int device, prefetch, nslots;
     int is_static;
+    int own_static;   /* the static buffers are ours (alloc_static): static_mem */
     tf_device_static stat;
+    void *static_mem;
     pid_t pid;
 
     /* Layout and device resources: made by the copy thread at the first
@@ -155,11 +175,14 @@ struct tf_device_loader {
     int have_layout;
     tf_dtype dtype;
     uint64_t rows, seq_len;
-    size_t seg_bytes[TF__NSEG], seg_off[TF__NSEG], slot_need;
+    uint32_t cp_size;
+    int thd;
+    size_t seg_cap[TF__NSEGS], seg_off[TF__NSEGS], slot_need; /* the arrays' room and place in a slot */
     tf_device_ring *ring;
     tf__cuevent *t0, *t1; /* per slot: timing events around its copy */
     tf_batch **hold;      /* per slot: the page-locked host batch its copy reads (copy thread; after a join, the consumer) */
     tf__cuevent static_ready, static_consumed;
+    tf__cuevent static_done; /* own static buffers: recorded where batches are released */
 
     pthread_mutex_t mu;
     pthread_cond_t feed_cv;  /* copy thread waits: room in the queue, a release, stop */
@@ -306,30 +329,46 @@ static void publish_error(tf_device_loader *d, int rc, const char *msg) {
 /* the copy thread                                                           */
 /* ------------------------------------------------------------------------ */
 
-/* Sizes of the batch's arrays (0 for one the loader does not produce). */
-static void seg_sizes(const tf_batch_view *v, size_t *bytes) {
-    uint64_t R = v->rows, L = v->seq_len;
-    bytes[0] = (size_t)(R * (L + 1) * tf_dtype_size(v->dtype));
-    bytes[1] = v->position_ids ? (size_t)(R * L * 4) : 0;
-    bytes[2] = v->cu_seqlens ? (size_t)(R * (L + 1) * 4) : 0;
-    bytes[3] = v->num_seqs ? (size_t)(R * 4) : 0;
-    bytes[4] = v->loss_mask ? (size_t)(R * L) : 0;
-}
-
-static void seg_hosts(const tf_batch_view *v, const void **p) {
-    p[0] = v->tokens;
-    p[1] = v->position_ids;
-    p[2] = v->cu_seqlens;
-    p[3] = v->num_seqs;
-    p[4] = v->loss_mask;
-}
-
+/* The caller's static buffers, indexed by tf__seg_id. */
 static void static_ptrs(const tf_device_static *s, void **p, size_t *cap) {
-    p[0] = s->tokens, cap[0] = s->tokens_bytes;
-    p[1] = s->position_ids, cap[1] = s->position_ids_bytes;
-    p[2] = s->cu_seqlens, cap[2] = s->cu_seqlens_bytes;
-    p[3] = s->num_seqs, cap[3] = s->num_seqs_bytes;
-    p[4] = s->loss_mask, cap[4] = s->loss_mask_bytes;
+    p[TF__SEG_TOKENS] = s->tokens, cap[TF__SEG_TOKENS] = s->tokens_bytes;
+    p[TF__SEG_POSITION_IDS] = s->position_ids, cap[TF__SEG_POSITION_IDS] = s->position_ids_bytes;
+    p[TF__SEG_CU_SEQLENS] = s->cu_seqlens, cap[TF__SEG_CU_SEQLENS] = s->cu_seqlens_bytes;
+    p[TF__SEG_NUM_SEQS] = s->num_seqs, cap[TF__SEG_NUM_SEQS] = s->num_seqs_bytes;
+    p[TF__SEG_LOSS_MASK] = s->loss_mask, cap[TF__SEG_LOSS_MASK] = s->loss_mask_bytes;
+    p[TF__SEG_INPUT_IDS] = s->input_ids, cap[TF__SEG_INPUT_IDS] = s->input_ids_bytes;
+    p[TF__SEG_LABELS] = s->labels, cap[TF__SEG_LABELS] = s->labels_bytes;
+    p[TF__SEG_CU_SEQLENS_PADDED] = s->cu_seqlens_padded, cap[TF__SEG_CU_SEQLENS_PADDED] = s->cu_seqlens_padded_bytes;
+}
+
+/* Buffers of our own as static buffers: the arrays at their slot offsets in
+ * one allocation of a slot's size. */
+static void static_own(tf_device_static *s, uint8_t *mem, const size_t *off, const size_t *cap) {
+    void *p[TF__NSEGS];
+    for (int j = 0; j < TF__NSEGS; j++) p[j] = cap[j] ? mem + off[j] : NULL;
+    s->tokens = p[TF__SEG_TOKENS], s->tokens_bytes = cap[TF__SEG_TOKENS];
+    s->position_ids = p[TF__SEG_POSITION_IDS], s->position_ids_bytes = cap[TF__SEG_POSITION_IDS];
+    s->cu_seqlens = p[TF__SEG_CU_SEQLENS], s->cu_seqlens_bytes = cap[TF__SEG_CU_SEQLENS];
+    s->num_seqs = p[TF__SEG_NUM_SEQS], s->num_seqs_bytes = cap[TF__SEG_NUM_SEQS];
+    s->loss_mask = p[TF__SEG_LOSS_MASK], s->loss_mask_bytes = cap[TF__SEG_LOSS_MASK];
+    s->input_ids = p[TF__SEG_INPUT_IDS], s->input_ids_bytes = cap[TF__SEG_INPUT_IDS];
+    s->labels = p[TF__SEG_LABELS], s->labels_bytes = cap[TF__SEG_LABELS];
+    s->cu_seqlens_padded = p[TF__SEG_CU_SEQLENS_PADDED], s->cu_seqlens_padded_bytes = cap[TF__SEG_CU_SEQLENS_PADDED];
+}
+
+/* Device pointer p of array j into the view. */
+static void view_set(tf_device_batch_view *v, int j, void *p) {
+    switch (j) {
+    case TF__SEG_TOKENS: v->tokens = p; break;
+    case TF__SEG_POSITION_IDS: v->position_ids = p; break;
+    case TF__SEG_CU_SEQLENS: v->cu_seqlens = p; break;
+    case TF__SEG_NUM_SEQS: v->num_seqs = p; break;
+    case TF__SEG_LOSS_MASK: v->loss_mask = p; break;
+    case TF__SEG_INPUT_IDS: v->input_ids = p; break;
+    case TF__SEG_LABELS: v->labels = p; break;
+    case TF__SEG_CU_SEQLENS_PADDED: v->cu_seqlens_padded = p; break;
+    default: break;
+    }
 }
 
 /* Destroy the events made by setup (device current). */
@@ -342,32 +381,45 @@ static void destroy_events(tf_device_loader *d) {
     free(d->t0);
     free(d->t1);
     d->t0 = d->t1 = NULL;
+    if (d->static_mem) {
+        /* The consumer's last reads (queued before its last release) and our
+         * copies into them (before the slots' release events, which the
+         * ring's teardown has waited for) are done before the memory goes. */
+        if (d->static_done && cu->EventSynchronize(d->static_done) != TF__CU_SUCCESS) cu->GetLastError();
+        cu->Free(d->static_mem);
+    }
+    d->static_mem = NULL;
     if (d->static_ready) cu->EventDestroy(d->static_ready);
     if (d->static_consumed) cu->EventDestroy(d->static_consumed);
-    d->static_ready = d->static_consumed = NULL;
+    if (d->static_done) cu->EventDestroy(d->static_done);
+    d->static_ready = d->static_consumed = d->static_done = NULL;
     cu->GetLastError();
 }
 
-/* First batch: fix the layout, check static buffers, allocate the ring and
- * the events. Copy thread, device current. */
-static int setup(tf_device_loader *d, const tf_batch_view *v) {
+/* First batch: fix the layout (every array the loader makes, at the room
+ * the loader gives it, so that any later batch fits), check or allocate the
+ * static buffers, allocate the ring and the events. Copy thread, device
+ * current. */
+static int setup(tf_device_loader *d, const tf_batch_view *v, const tf__batch_seg *seg) {
     const tf__cudart *cu = d->cu;
-    size_t bytes[TF__NSEG], off[TF__NSEG];
-    seg_sizes(v, bytes);
-    tf_device_seg segs[TF__NSEG];
-    for (int j = 0; j < TF__NSEG; j++) segs[j].host = NULL, segs[j].bytes = bytes[j];
-    size_t need = tf_device_packed_size(segs, TF__NSEG, off);
-    if (d->is_static) {
-        void *p[TF__NSEG];
-        size_t cap[TF__NSEG];
-        static_ptrs(&d->stat, p, cap);
-        for (int j = 0; j < TF__NSEG; j++) {
-            if (!bytes[j]) continue;
-            if (!p[j] || cap[j] < bytes[j])
+    size_t cap[TF__NSEGS], off[TF__NSEGS];
+    tf_device_seg segs[TF__NSEGS];
+    for (int j = 0; j < TF__NSEGS; j++) segs[j].host = NULL, segs[j].bytes = cap[j] = seg[j].cap;
+    size_t need = tf_device_packed_size(segs, TF__NSEGS, off);
+    if (d->is_static && !d->own_static) {
+        void *p[TF__NSEGS];
+        size_t have[TF__NSEGS];
+        static_ptrs(&d->stat, p, have);
+        for (int j = 0; j < TF__NSEGS; j++) {
+            if (!cap[j]) continue;
+            if (!p[j] || have[j] < cap[j])
                 return tf__seterr(-EINVAL,
-                                  "static buffers: %s needs a device buffer of %zu bytes (%llu rows, seq_len %llu), "
+                                  "static buffers: %s needs a device buffer of %zu bytes (%llu rows, seq_len %llu%s), "
                                   "%s; allocate it on device %d and pass it in tf_device_static",
-                                  seg_names[j], bytes[j], (unsigned long long)v->rows, (unsigned long long)v->seq_len,
+                                  tf__seg_names[j], cap[j], (unsigned long long)v->rows, (unsigned long long)v->seq_len,
+                                  v->cp_size > 1 ? (v->thd ? ", a context-parallel share in the THD layout"
+                                                           : ", a context-parallel share")
+                                                 : "",
                                   p[j] ? "a smaller one was given" : "none was given", d->device);
         }
     }
@@ -392,18 +444,32 @@ static int setup(tf_device_loader *d, const tf_batch_view *v) {
     if (d->is_static) {
         tf__cuerr e;
         if ((e = cu->EventCreateWithFlags(&d->static_ready, TF__CU_EVENT_DISABLE_TIMING)) != TF__CU_SUCCESS ||
-            (e = cu->EventCreateWithFlags(&d->static_consumed, TF__CU_EVENT_DISABLE_TIMING)) != TF__CU_SUCCESS) {
+            (e = cu->EventCreateWithFlags(&d->static_consumed, TF__CU_EVENT_DISABLE_TIMING)) != TF__CU_SUCCESS ||
+            (d->own_static && (e = cu->EventCreateWithFlags(&d->static_done, TF__CU_EVENT_DISABLE_TIMING |
+                                                                                 TF__CU_EVENT_BLOCKING_SYNC)) !=
+                                  TF__CU_SUCCESS)) {
             rc = tf__cuda_fail(cu, e, "cudaEventCreateWithFlags (static buffers)", "");
             goto fail;
         }
     }
-    tf_device_ring_info info;
-    tf_device_ring_get_info(r, &info);
+    if (d->own_static) {
+        tf__cuerr e = cu->Malloc(&d->static_mem, need ? need : 1);
+        if (e != TF__CU_SUCCESS) {
+            d->static_mem = NULL;
+            char what[96];
+            snprintf(what, sizeof what, "cudaMalloc of %zu bytes (the static buffers)", need);
+            rc = tf__cuda_fail(cu, e, what, "lower batch_size or seq_len, or free GPU memory");
+            goto fail;
+        }
+        static_own(&d->stat, d->static_mem, off, cap);
+    }
     pthread_mutex_lock(&d->mu);
     d->dtype = v->dtype;
     d->rows = v->rows;
     d->seq_len = v->seq_len;
-    memcpy(d->seg_bytes, bytes, sizeof bytes);
+    d->cp_size = v->cp_size;
+    d->thd = v->thd;
+    memcpy(d->seg_cap, cap, sizeof cap);
     memcpy(d->seg_off, off, sizeof off);
     d->slot_need = need;
     d->ring = r;
@@ -469,8 +535,10 @@ static int copy_one(tf_device_loader *d) {
     uint64_t pos_after = tf_loader_position(d->l);
     tf_batch_view v;
     tf_batch_get_view(hb, &v);
+    tf__batch_seg seg[TF__NSEGS];
+    tf__batch_segments(hb, seg);
     if (!d->ring) {
-        if ((rc = setup(d, &v)) < 0) goto fail;
+        if ((rc = setup(d, &v, seg)) < 0) goto fail;
         rc = get_slot(d, &s);
         if (rc == TF__STOPPED) {
             tf_batch_release(hb);
@@ -478,12 +546,13 @@ static int copy_one(tf_device_loader *d) {
         }
         if (rc < 0) goto fail;
     }
-    size_t bytes[TF__NSEG];
-    const void *src[TF__NSEG];
-    seg_sizes(&v, bytes);
-    seg_hosts(&v, src);
-    if (v.rows != d->rows || v.seq_len != d->seq_len || v.dtype != d->dtype ||
-        memcmp(bytes, d->seg_bytes, sizeof bytes)) {
+    size_t bytes = 0; /* what this batch's copy moves */
+    int same = v.rows == d->rows && v.seq_len == d->seq_len && v.dtype == d->dtype;
+    for (int j = 0; j < TF__NSEGS; j++) {
+        same &= seg[j].cap == d->seg_cap[j];
+        bytes += seg[j].bytes;
+    }
+    if (!same) {
         rc = tf__seterr(-EINVAL, "device loader: batch shape changed (the loader was reconfigured?)");
         goto fail;
     }
@@ -493,12 +562,28 @@ static int copy_one(tf_device_loader *d) {
     collect_timing(d, i); /* ... (if its event still says otherwise, the sample is dropped) */
     d->timing[i] = 0;
     pthread_mutex_unlock(&d->mu);
+    /* Each array to its place in the slot; under THD only the prefix the
+     * batch filled. */
+    dentry e;
+    memset(&e, 0, sizeof e);
+    e.position = v.position;
+    e.pos_after = pos_after;
+    if (v.cp_size > 1) { /* the counts, read while the host batch is ours */
+        e.num_tokens = v.num_tokens;
+        if (v.thd) {
+            e.thd_seqs = v.num_seqs[0];
+            e.max_seqlen = v.max_seqlen;
+        }
+    }
+    tf_device_seg segs[TF__NSEGS];
+    for (int j = 0; j < TF__NSEGS; j++) {
+        segs[j].host = seg[j].host;
+        segs[j].bytes = e.used[j] = seg[j].bytes;
+    }
     int direct = tf__batch_locked(hb);
     if (direct) {
         /* Page-locked engine buffer: the DMA reads it in place. */
-        tf_device_seg segs[TF__NSEG];
-        for (int j = 0; j < TF__NSEG; j++) segs[j].host = src[j], segs[j].bytes = bytes[j];
-        rc = tf__device_slot_issue(s, segs, TF__NSEG, 0, d->t0[i], d->t1[i]);
+        rc = tf__device_slot_issue(s, segs, d->seg_off, TF__NSEGS, 0, d->t0[i], d->t1[i]);
         if (rc < 0) {
             /* An earlier array's copy may be in flight: the host batch goes
              * back only once the copy stream has passed it. */
@@ -511,28 +596,25 @@ static int copy_one(tf_device_loader *d) {
         /* Pageable engine buffer: into the slot's pinned staging, then the
          * host batch goes straight back to the engine. */
         if ((rc = tf__device_ring_ensure_staging(d->ring)) < 0) goto fail;
-        for (int j = 0; j < TF__NSEG; j++)
-            if (bytes[j]) memcpy(s->host + d->seg_off[j], src[j], bytes[j]);
+        for (int j = 0; j < TF__NSEGS; j++) {
+            if (segs[j].bytes) memcpy(s->host + d->seg_off[j], segs[j].host, segs[j].bytes);
+            segs[j].host = s->host + d->seg_off[j];
+        }
         tf_batch_release(hb);
         hb = NULL;
         pthread_mutex_lock(&d->mu);
         d->st_staging++;
-        d->st_staging_bytes += d->slot_need;
+        d->st_staging_bytes += bytes;
         d->st_pageable += !d->ring->staging_pinned;
         pthread_mutex_unlock(&d->mu);
-        rc = tf__device_slot_issue(s, NULL, 0, d->slot_need, d->t0[i], d->t1[i]);
+        rc = tf__device_slot_issue(s, segs, d->seg_off, TF__NSEGS, 0, d->t0[i], d->t1[i]);
         if (rc < 0) goto fail;
     }
     pthread_mutex_lock(&d->mu);
     d->st_direct += direct;
     pthread_mutex_unlock(&d->mu);
-    dentry e;
     e.slot = s;
-    e.rc = 0;
-    e.position = v.position;
-    e.pos_after = pos_after;
-    e.err[0] = '\0';
-    publish(d, &e, d->slot_need);
+    publish(d, &e, bytes);
     return_hosts(d, -1);
     return 1;
 fail:;
@@ -656,10 +738,6 @@ int tf_device_loader_create(tf_loader *l, const tf_device_config *cfg, tf_device
     if (!out) return -EINVAL;
     *out = NULL;
     if (!l) TF_FAIL(-EINVAL, "tf_device_loader_create: the loader must not be NULL");
-    if (tf__loader_cp_size(l) > 1)
-        TF_FAIL(-EINVAL, "tf_device_loader_create: the loader gives context-parallel shares (cp_size %u), whose "
-                "input_ids and labels the device stage does not copy: take them from tf_loader_next and copy them "
-                "yourself", tf__loader_cp_size(l));
     tf_device_config def;
     if (!cfg) {
         tf_device_config_init(&def);
@@ -713,6 +791,8 @@ int tf_device_loader_create(tf_loader *l, const tf_device_config *cfg, tf_device
     if (cfg->static_buffers) {
         d->is_static = 1;
         d->stat = *cfg->static_buffers;
+    } else if (cfg->alloc_static) {
+        d->is_static = d->own_static = 1; /* d->stat is filled when the layout is known */
     }
     d->pid = getpid();
     d->refs = 1;
@@ -772,8 +852,10 @@ int tf_device_loader_seek(tf_device_loader *d, uint64_t pos) {
     return 0;
 }
 
-/* Static buffers: queue the copies slot -> caller's buffers on `stream`. */
-static int deliver_static(tf_device_loader *d, tf_device_slot *s, uintptr_t stream) {
+/* Static buffers: queue the copies slot -> static buffers on `stream` (the
+ * part of each array that the batch `e` filled). */
+static int deliver_static(tf_device_loader *d, const dentry *ent, uintptr_t stream) {
+    tf_device_slot *s = ent->slot;
     const tf__cudart *cu = d->cu;
     int prev = -1;
     TF_TRY(tf__cuda_push_device(cu, d->device, &prev));
@@ -793,15 +875,15 @@ static int deliver_static(tf_device_loader *d, tf_device_slot *s, uintptr_t stre
                            "pass a valid stream of the loader's device");
         goto done;
     }
-    void *dst[TF__NSEG];
-    size_t cap[TF__NSEG];
+    void *dst[TF__NSEGS];
+    size_t cap[TF__NSEGS];
     static_ptrs(&d->stat, dst, cap);
-    for (int j = 0; j < TF__NSEG; j++) {
-        if (!d->seg_bytes[j]) continue;
-        e = cu->MemcpyAsync(dst[j], (uint8_t *)s->dev + d->seg_off[j], d->seg_bytes[j], TF__CU_MEMCPY_D2D, st);
+    for (int j = 0; j < TF__NSEGS; j++) {
+        if (!ent->used[j]) continue;
+        e = cu->MemcpyAsync(dst[j], (uint8_t *)s->dev + d->seg_off[j], ent->used[j], TF__CU_MEMCPY_D2D, st);
         if (e != TF__CU_SUCCESS) {
             char what[128];
-            snprintf(what, sizeof what, "cudaMemcpyAsync of %s into its static buffer", seg_names[j]);
+            snprintf(what, sizeof what, "cudaMemcpyAsync of %s into its static buffer", tf__seg_names[j]);
             rc = tf__cuda_fail(cu, e, what, "check that the static buffers are device memory of the loader's device");
             goto done;
         }
@@ -872,7 +954,7 @@ int tf_device_loader_next_timed(tf_device_loader *d, uintptr_t stream, tf_device
         return tf__seterr(e.rc, "%s", e.err);
     }
     tf_device_slot *s = e.slot;
-    if (d->is_static) rc = deliver_static(d, s, stream);
+    if (d->is_static) rc = deliver_static(d, &e, stream);
     else if (stream != TF_DEVICE_STREAM_NONE) rc = tf_device_slot_wait(s, stream);
     if (rc < 0) { /* the batch stays at the head */
         d->wait_t0 = 0;
@@ -911,9 +993,14 @@ int tf_device_loader_next_timed(tf_device_loader *d, uintptr_t stream, tf_device
     v->seq_len = d->seq_len;
     v->position = e.position;
     v->device = d->device;
-    void *p[TF__NSEG];
+    v->cp_size = d->cp_size;
+    v->thd = d->thd;
+    v->num_tokens = e.num_tokens;
+    v->thd_seqs = e.thd_seqs;
+    v->max_seqlen = e.max_seqlen;
+    void *p[TF__NSEGS];
     if (d->is_static) {
-        size_t cap[TF__NSEG];
+        size_t cap[TF__NSEGS];
         static_ptrs(&d->stat, p, cap);
         v->ready_event = (uintptr_t)d->static_ready;
         b->waited = stream;
@@ -921,16 +1008,13 @@ int tf_device_loader_next_timed(tf_device_loader *d, uintptr_t stream, tf_device
          * on `stream` have run: back to the ring on that stream. */
         tf_device_slot_release(s, stream);
     } else {
-        for (int j = 0; j < TF__NSEG; j++) p[j] = (uint8_t *)s->dev + d->seg_off[j];
+        for (int j = 0; j < TF__NSEGS; j++) p[j] = (uint8_t *)s->dev + d->seg_off[j];
         v->ready_event = (uintptr_t)s->copied;
         b->slot = s;
         b->waited = stream;
     }
-    v->tokens = p[0];
-    if (d->seg_bytes[1]) v->position_ids = p[1];
-    if (d->seg_bytes[2]) v->cu_seqlens = p[2];
-    if (d->seg_bytes[3]) v->num_seqs = p[3];
-    if (d->seg_bytes[4]) v->loss_mask = p[4];
+    for (int j = 0; j < TF__NSEGS; j++)
+        if (d->seg_cap[j]) view_set(v, j, p[j]);
     *out = b;
     return 0;
 }
@@ -985,6 +1069,18 @@ int tf_device_batch_release(tf_device_batch *b, uintptr_t stream) {
         if (stream != TF_DEVICE_STREAM_NONE && stream != b->waited) rc = tf_device_slot_wait(b->slot, stream);
         int rc2 = tf_device_slot_release(b->slot, rc < 0 ? TF_DEVICE_STREAM_NONE : stream);
         if (rc == 0) rc = rc2;
+    } else if (d->own_static) {
+        /* Our static buffers go with the last handle: not before the work
+         * queued where it is released (else where it was delivered) has run
+         * (the event is waited on then). */
+        const tf__cudart *cu = d->cu;
+        int prev = -1;
+        if (stream == TF_DEVICE_STREAM_NONE) stream = b->waited;
+        if ((rc = tf__cuda_push_device(cu, d->device, &prev)) == 0) {
+            tf__cuerr e = cu->EventRecord(d->static_done, (tf__custream)stream);
+            if (e != TF__CU_SUCCESS) rc = tf__cuda_fail(cu, e, "cudaEventRecord (release of static buffers)", "");
+            tf__cuda_pop_device(cu, d->device, prev);
+        }
     }
     pthread_mutex_lock(&d->mu);
     d->held--;

@@ -170,7 +170,34 @@ TF_HIDDEN int tf__batch_locked(const tf_batch *b);
 /* Buffers the allocator has made page-locked so far (each once). */
 TF_HIDDEN uint64_t tf__loader_locked_buffers(const tf_loader *l);
 
-/* Context-parallel group size of a loader's batches (1: whole samples). */
-TF_HIDDEN uint32_t tf__loader_cp_size(const struct tf_loader *l);
+/* The arrays of a batch, for a stage that copies them elsewhere: whatever
+ * the loader's configuration makes (the plain arrays, or a context-parallel
+ * rank's input_ids / labels / extras and the THD cu_seqlens_padded), indexed
+ * by tf__seg_id. `cap` is the room the loader gives the array, the same for
+ * every batch of the loader (0: an array it does not make); `bytes` is what
+ * this batch fills, a prefix of it: equal to cap except under THD, where the
+ * token arrays hold num_tokens entries and cu_seqlens / cu_seqlens_padded
+ * num_seqs + 1. Counts that are not arrays (THD num_seqs and max_seqlen, the
+ * view's num_tokens) are not segments: read them from the view. Under
+ * context parallelism `tokens` is the workers' scratch, not a segment. */
+typedef enum tf__seg_id {
+    TF__SEG_TOKENS,
+    TF__SEG_POSITION_IDS,
+    TF__SEG_CU_SEQLENS,
+    TF__SEG_NUM_SEQS,
+    TF__SEG_LOSS_MASK,
+    TF__SEG_INPUT_IDS,
+    TF__SEG_LABELS,
+    TF__SEG_CU_SEQLENS_PADDED,
+    TF__NSEGS
+} tf__seg_id;
+typedef struct tf__batch_seg {
+    const void *host; /* in the batch's buffer; NULL when cap is 0 */
+    size_t bytes, cap;
+} tf__batch_seg;
+/* The array names, as the binding names them (indexed by tf__seg_id). */
+TF_HIDDEN extern const char *const tf__seg_names[TF__NSEGS];
+TF_HIDDEN void tf__batch_segments(const tf_batch *b, tf__batch_seg seg[TF__NSEGS]);
+
 
 #endif

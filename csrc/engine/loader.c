@@ -86,6 +86,7 @@
 typedef struct tf__pool {
     _Atomic(struct tf_batch *) returned; /* lock-free stack of released buffers */
     _Atomic uint64_t refs;               /* 1 (loader, while alive) + batches held */
+    size_t seg_cap[TF__NSEGS];           /* room per array (tf__batch_segments); outlives the loader */
 } tf__pool;
 
 struct tf_batch {
@@ -96,6 +97,7 @@ struct tf_batch {
     int locked;            /* page-locked (from alloc) */
     tf_batch_view view;    /* pointers into the payload after this header */
     tf__row_acct *acct;    /* a mixture: per-row accounting (rows entries), else NULL */
+    const size_t *seg_cap; /* the loader's room per array (tf__seg_id), in the pool */
 };
 
 typedef struct tf__slot {
@@ -230,6 +232,7 @@ static tf_batch *batch_alloc(tf_loader *l) {
         if (l->thd) b->view.cu_seqlens_padded = (int32_t *)(base + l->off_cup);
     }
     if (l->nsources) b->acct = (tf__row_acct *)(base + l->off_acct);
+    b->seg_cap = l->pool->seg_cap;
     return b;
 }
 
@@ -668,6 +671,14 @@ static int engine_create(const tf_order *order, int owns, const tf_loader_config
     }
     atomic_init(&l->pool->returned, NULL);
     atomic_init(&l->pool->refs, 1);
+    size_t *cap = l->pool->seg_cap; /* what a stage copies out of a batch (tf__batch_segments) */
+    cap[TF__SEG_TOKENS] = cp > 1 ? 0 : (size_t)tok; /* under CP: the workers' scratch */
+    cap[TF__SEG_POSITION_IDS] = (size_t)pos_b;
+    cap[TF__SEG_CU_SEQLENS] = (size_t)cu_b;
+    cap[TF__SEG_NUM_SEQS] = thd ? 0 : (size_t)ns_b; /* THD: a count, not an array */
+    cap[TF__SEG_LOSS_MASK] = (size_t)lm_b;
+    cap[TF__SEG_INPUT_IDS] = cap[TF__SEG_LABELS] = (size_t)in_b;
+    cap[TF__SEG_CU_SEQLENS_PADDED] = (size_t)cup_b;
     atomic_init(&l->position, 0);
     atomic_init(&l->st_batches, 0);
     atomic_init(&l->st_tokens, 0);
@@ -912,6 +923,38 @@ void tf_batch_get_view(const tf_batch *b, tf_batch_view *view) {
     if (view->cp_size > 1) view->tokens = NULL; /* only this rank's ranges were read there */
 }
 
+const char *const tf__seg_names[TF__NSEGS] = {"tokens",    "position_ids", "cu_seqlens", "num_seqs",
+                                               "loss_mask", "input_ids",    "labels",     "cu_seqlens_padded"};
+
+void tf__batch_segments(const tf_batch *b, tf__batch_seg seg[TF__NSEGS]) {
+    const tf_batch_view *v = &b->view;
+    void *host[TF__NSEGS] = {v->tokens,    v->position_ids, v->cu_seqlens, v->num_seqs,
+                             v->loss_mask, v->input_ids,    v->labels,     v->cu_seqlens_padded};
+    size_t tok = 0, seqs = 0; /* THD: entries used of the token arrays and of cu_seqlens */
+    if (v->cp_size > 1 && v->thd) {
+        tok = (size_t)v->num_tokens;
+        seqs = (size_t)v->num_seqs[0] + 1;
+    }
+    for (int j = 0; j < TF__NSEGS; j++) {
+        size_t cap = b->seg_cap[j], bytes = cap;
+        if (tok || seqs) {
+            switch (j) {
+            case TF__SEG_INPUT_IDS:
+            case TF__SEG_LABELS: bytes = tok * tf_dtype_size(v->dtype); break;
+            case TF__SEG_POSITION_IDS: bytes = tok * 4; break;
+            case TF__SEG_LOSS_MASK: bytes = tok; break;
+            case TF__SEG_CU_SEQLENS:
+            case TF__SEG_CU_SEQLENS_PADDED: bytes = seqs * 4; break;
+            default: break;
+            }
+            if (bytes > cap) bytes = cap; /* (cannot happen: the fill stays within its room) */
+        }
+        seg[j].host = cap ? host[j] : NULL;
+        seg[j].bytes = cap ? bytes : 0;
+        seg[j].cap = cap;
+    }
+}
+
 void tf_batch_release(tf_batch *b) {
     if (!b) return;
     tf__pool *p = b->pool;
@@ -991,4 +1034,3 @@ int tf_loader_get_source_stats(const tf_loader *cl, size_t i, tf_source_stats *s
     return 0;
 }
 
-uint32_t tf__loader_cp_size(const tf_loader *l) { return l ? l->cp_size : 1; }

@@ -968,7 +968,18 @@ typedef struct tf_device_batch tf_device_batch;
  *   cu_seqlens    rows x (seq_len + 1) x 4    (TF_WANT_CU_SEQLENS)
  *   num_seqs      rows x 4                    (TF_WANT_CU_SEQLENS)
  *   loss_mask     rows x seq_len              (TF_WANT_LOSS_MASK)
- * bytes, on the device loader's device. */
+ * bytes, on the device loader's device. Context-parallel loaders (cp_size =
+ * cp > 1) produce no tokens; with N = rows x seq_len they need
+ *   input_ids, labels  N / cp x dtype size each
+ *   position_ids       N / cp x 4             (TF_WANT_POSITION_IDS)
+ *   loss_mask          N / cp                 (TF_WANT_LOSS_MASK)
+ * or in the THD layout (TF_WANT_CU_SEQLENS), room for the most a batch can
+ * hold (each batch fills a prefix: tf_device_batch_view.num_tokens entries)
+ *   input_ids, labels  2 N x dtype size each
+ *   position_ids       2 N x 4                (TF_WANT_POSITION_IDS)
+ *   loss_mask          2 N                    (TF_WANT_LOSS_MASK)
+ *   cu_seqlens, cu_seqlens_padded  (N + 1) x 4 each
+ * The first next() says which buffer is missing or short, and its size. */
 typedef struct tf_device_static {
     void *tokens;
     size_t tokens_bytes;
@@ -980,6 +991,12 @@ typedef struct tf_device_static {
     size_t num_seqs_bytes;
     uint8_t *loss_mask;
     size_t loss_mask_bytes;
+    void *input_ids; /* context parallelism */
+    size_t input_ids_bytes;
+    void *labels;
+    size_t labels_bytes;
+    int32_t *cu_seqlens_padded; /* THD */
+    size_t cu_seqlens_padded_bytes;
 } tf_device_static;
 
 typedef struct tf_device_config {
@@ -993,6 +1010,12 @@ typedef struct tf_device_config {
                        /* NULL: each batch in a slot of its own. Else every
                           batch is delivered into these buffers (copied once).
                           Copied at create time; the buffers are borrowed. */
+    int alloc_static;  /* 1 (with static_buffers NULL): static buffers too, but
+                          allocated by the device loader, at the first next(),
+                          sized for any batch of the loader; the batch view
+                          gives their addresses (the same for every batch).
+                          They are freed with the last batch handle, after
+                          tf_device_loader_free. */
 } tf_device_config;
 
 TF_API void tf_device_config_init(tf_device_config *cfg);
@@ -1055,6 +1078,21 @@ typedef struct tf_device_batch_view {
     uintptr_t ready_event; /* cudaEvent_t: the data is in place once it has
                               completed (owned by the loader; valid until the
                               batch is released) */
+    /* Context parallelism (cp_size > 1; tokens is NULL), as tf_batch_view
+     * gives it on the host: input_ids and labels (device) hold this rank's
+     * share, and position_ids / loss_mask are split alike: rows x (seq_len /
+     * cp_size) each; or in the THD layout (thd = 1), num_tokens entries for
+     * the whole batch, with cu_seqlens and cu_seqlens_padded (device) of
+     * thd_seqs + 1 entries, and num_seqs NULL. num_tokens, max_seqlen and
+     * thd_seqs are host values: no need to wait for the copy to read them. */
+    uint32_t cp_size;
+    int thd;
+    void *input_ids;
+    void *labels;
+    uint64_t num_tokens;         /* entries of input_ids, labels, position_ids, loss_mask */
+    int32_t *cu_seqlens_padded;  /* THD, else NULL */
+    int32_t max_seqlen;          /* THD: the longest padded sequence */
+    int32_t thd_seqs;            /* THD: sequences in the batch */
 } tf_device_batch_view;
 
 TF_API void tf_device_batch_get_view(const tf_device_batch *b, tf_device_batch_view *view);

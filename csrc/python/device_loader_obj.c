@@ -2,17 +2,24 @@
  * device_loader_obj.c — _core.DeviceLoader: a Loader's batches copied to a
  * CUDA device ahead of the consumer (tf_device_loader, csrc/device/stage.c).
  *
- * DeviceLoader(loader, /, *, device, prefetch, slots) takes over a _core.Loader
- * (kept alive: the C device loader borrows its engine). next() waits with the
- * GIL released, in 50 ms slices so that Ctrl-C interrupts it promptly; an
- * interrupted wait leaves the batch where it was, so the position does not
- * move. It returns the batch as a dict of DeviceTensors, named and shaped as
- * Loader.next() names and shapes its NumPy arrays ('input_ids' and 'labels'
- * are views of 'tokens'). Every tensor of the batch, and every DLPack capsule
- * made from one, shares one tfpy_devslot holding the tf_device_batch; the last
- * of them releases it on the stream of the most recent __dlpack__ export. No
- * stream is made to wait at next(): __dlpack__(stream=s) makes s wait on the
- * batch's copy, as DLPack asks.
+ * DeviceLoader(loader, /, *, device, prefetch, slots, static) takes over a
+ * _core.Loader (kept alive: the C device loader borrows its engine). next()
+ * waits with the GIL released, in 50 ms slices so that Ctrl-C interrupts it
+ * promptly; an interrupted wait leaves the batch where it was, so the
+ * position does not move. It returns the batch as a dict of DeviceTensors,
+ * named and shaped as Loader.next() names and shapes its NumPy arrays
+ * ('input_ids' and 'labels' are views of 'tokens'; a context-parallel share
+ * has them as arrays of their own, and in the THD layout its counts
+ * 'max_seqlen' and 'num_seqs' as ints). Every tensor of the batch, and every
+ * DLPack capsule made from one, shares one tfpy_devslot holding the
+ * tf_device_batch; the last of them releases it on the stream of the most
+ * recent __dlpack__ export. No stream is made to wait at next():
+ * __dlpack__(stream=s) makes s wait on the batch's copy, as DLPack asks.
+ *
+ * static=True: static buffers the device loader allocates (alloc_static):
+ * every batch in the same device memory, copied there on the stream given to
+ * next(stream=...) (None: the legacy default stream), after the work queued
+ * there before.
  */
 #include "binding.h"
 
@@ -23,7 +30,18 @@ typedef struct {
     int device;
     int busy;          /* a thread is inside next() with the GIL released */
     int close_pending; /* close() was called while busy */
+    int is_static;     /* static buffers: next() queues their copies on a stream */
 } tfpy_DeviceLoader;
+
+/* "O&" converter of a flag: True or False. */
+static int flag_arg(PyObject *o, void *out) {
+    if (o != Py_True && o != Py_False) {
+        PyErr_Format(PyExc_TypeError, "expected True or False, got %R", o);
+        return 0;
+    }
+    *(int *)out = o == Py_True;
+    return 1;
+}
 
 static PyObject *DeviceLoader_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     PyObject *ldobj;
@@ -35,6 +53,7 @@ static PyObject *DeviceLoader_new(PyTypeObject *tp, PyObject *args, PyObject *kw
         {"device", tfpy_nonneg_int, &cfg.device},
         {"prefetch", tfpy_nonneg_int, &cfg.prefetch},
         {"slots", tfpy_nonneg_int, &cfg.slots},
+        {"static", flag_arg, &cfg.alloc_static},
         {NULL, NULL, NULL},
     };
     if (tfpy_parse_kwargs(kw, table, "DeviceLoader") < 0) return NULL;
@@ -57,6 +76,7 @@ static PyObject *DeviceLoader_new(PyTypeObject *tp, PyObject *args, PyObject *kw
     self->d = d;
     self->loader = Py_NewRef(ldobj);
     self->device = cfg.device;
+    self->is_static = cfg.alloc_static;
     return (PyObject *)self;
 }
 
@@ -103,8 +123,16 @@ static PyObject *tensor2d(tf_module_state *st, tfpy_devslot *h, void *data, int 
     return tfpy_device_tensor_new(st, h, data, extent, typenum, 2, shape, strides);
 }
 
-/* The batch's dict; takes b over (released with the last tensor, or now on
- * failure). */
+/* A dense array: 2-D rows x cols, or 1-D of cols entries when rows < 0. */
+static PyObject *dense(tf_module_state *st, tfpy_devslot *h, void *data, int typenum, size_t isz, int64_t rows,
+                       int64_t cols) {
+    if (rows >= 0) return tensor2d(st, h, data, typenum, rows, cols, cols, (size_t)(rows * cols) * isz);
+    int64_t shape[1] = {cols}, strides[1] = {1};
+    return tfpy_device_tensor_new(st, h, data, (size_t)cols * isz, typenum, 1, shape, strides);
+}
+
+/* The batch's dict, keys in the order Loader.next() gives them; takes b over
+ * (released with the last tensor, or now on failure). */
 static PyObject *batch_dict(tf_module_state *st, tf_device_batch *b) {
     tfpy_devslot *h = malloc(sizeof *h);
     if (!h) {
@@ -120,25 +148,39 @@ static PyObject *batch_dict(tf_module_state *st, tf_device_batch *b) {
     h->device = v.device;
     int64_t B = (int64_t)v.rows, L = (int64_t)v.seq_len;
     int tn = tfpy_npy_from_dtype(v.dtype);
-    size_t isz = tf_dtype_size(v.dtype), tok_bytes = (size_t)(B * (L + 1)) * isz;
-    char *tok = v.tokens;
+    size_t isz = tf_dtype_size(v.dtype);
     PyObject *d = PyDict_New();
     if (!d) goto fail;
-    if (dict_put(d, "tokens", tensor2d(st, h, tok, tn, B, L + 1, L + 1, tok_bytes)) < 0 ||
-        dict_put(d, "input_ids", tensor2d(st, h, tok, tn, B, L, L + 1, tok_bytes)) < 0 ||
-        dict_put(d, "labels", tensor2d(st, h, tok + isz, tn, B, L, L + 1, tok_bytes - isz)) < 0)
+    /* Rows and entries of the per-token arrays: B x L for whole samples, B x
+     * L / cp for a context-parallel share, num_tokens entries (1-D) in the
+     * THD layout. */
+    int64_t rows = B, cols = L;
+    if (v.cp_size > 1) {
+        if (v.thd) rows = -1, cols = (int64_t)v.num_tokens;
+        else cols = L / (int64_t)v.cp_size;
+        if (dict_put(d, "input_ids", dense(st, h, v.input_ids, tn, isz, rows, cols)) < 0 ||
+            dict_put(d, "labels", dense(st, h, v.labels, tn, isz, rows, cols)) < 0)
+            goto fail;
+        if (v.thd && (dict_put(d, "cu_seqlens", dense(st, h, v.cu_seqlens, NPY_INT32, 4, -1, v.thd_seqs + 1)) < 0 ||
+                      dict_put(d, "cu_seqlens_padded",
+                               dense(st, h, v.cu_seqlens_padded, NPY_INT32, 4, -1, v.thd_seqs + 1)) < 0 ||
+                      dict_put(d, "max_seqlen", PyLong_FromLong(v.max_seqlen)) < 0 ||
+                      dict_put(d, "num_seqs", PyLong_FromLong(v.thd_seqs)) < 0))
+            goto fail;
+    } else {
+        char *tok = v.tokens;
+        size_t tok_bytes = (size_t)(B * (L + 1)) * isz;
+        if (dict_put(d, "tokens", tensor2d(st, h, tok, tn, B, L + 1, L + 1, tok_bytes)) < 0 ||
+            dict_put(d, "input_ids", tensor2d(st, h, tok, tn, B, L, L + 1, tok_bytes)) < 0 ||
+            dict_put(d, "labels", tensor2d(st, h, tok + isz, tn, B, L, L + 1, tok_bytes - isz)) < 0)
+            goto fail;
+    }
+    if (v.position_ids && dict_put(d, "position_ids", dense(st, h, v.position_ids, NPY_INT32, 4, rows, cols)) < 0)
         goto fail;
-    if (v.position_ids &&
-        dict_put(d, "position_ids", tensor2d(st, h, v.position_ids, NPY_INT32, B, L, L, (size_t)(B * L) * 4)) < 0)
+    if (v.cu_seqlens && !v.thd && dict_put(d, "cu_seqlens", dense(st, h, v.cu_seqlens, NPY_INT32, 4, B, L + 1)) < 0)
         goto fail;
-    if (v.cu_seqlens && dict_put(d, "cu_seqlens", tensor2d(st, h, v.cu_seqlens, NPY_INT32, B, L + 1, L + 1,
-                                                           (size_t)(B * (L + 1)) * 4)) < 0)
-        goto fail;
-    if (v.num_seqs && dict_put(d, "num_seqs", tensor2d(st, h, v.num_seqs, NPY_INT32, B, 1, 1, (size_t)B * 4)) < 0)
-        goto fail;
-    if (v.loss_mask &&
-        dict_put(d, "loss_mask", tensor2d(st, h, v.loss_mask, NPY_UINT8, B, L, L, (size_t)(B * L))) < 0)
-        goto fail;
+    if (v.num_seqs && dict_put(d, "num_seqs", dense(st, h, v.num_seqs, NPY_INT32, 4, B, 1)) < 0) goto fail;
+    if (v.loss_mask && dict_put(d, "loss_mask", dense(st, h, v.loss_mask, NPY_UINT8, 1, rows, cols)) < 0) goto fail;
     tfpy_devslot_unref(h);
     return d;
 fail:
@@ -148,12 +190,28 @@ fail:
 }
 
 PyDoc_STRVAR(DeviceLoader_next_doc,
-"next($self)\n--\n\nReturns dict. "
+"next($self, /, stream=None)\n--\n\nReturns dict. "
 "The next batch on the device, as DeviceTensors named as Loader.next() names its\n"
 "arrays. Its copy was issued ahead; __dlpack__(stream=s) makes s wait for it.\n"
-"Raises StopIteration at the end of a finite stream.");
+"With static buffers, `stream` (a cudaStream_t: 1 the legacy default stream, 2 the\n"
+"per-thread one; None: 1) is where the copy into them is queued, after the work\n"
+"already there. Raises StopIteration at the end of a finite stream.");
 
-static PyObject *DeviceLoader_next(tfpy_DeviceLoader *self, PyObject *unused) {
+static PyObject *DeviceLoader_next(tfpy_DeviceLoader *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"stream", NULL};
+    PyObject *stream_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:next", kwlist, &stream_obj)) return NULL;
+    uintptr_t stream = self->is_static ? 1 : TF_DEVICE_STREAM_NONE;
+    if (stream_obj != Py_None) {
+        unsigned long long s = PyLong_AsUnsignedLongLong(stream_obj);
+        if (s == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+        if (s == 0) {
+            PyErr_SetString(PyExc_ValueError, "stream=0 is ambiguous: pass 1 for the legacy default stream, 2 for the "
+                                              "per-thread default stream, or a stream handle");
+            return NULL;
+        }
+        stream = (uintptr_t)s;
+    }
     if (dl_check(self) < 0) return NULL;
     tf_module_state *st = tfpy_state((PyObject *)self);
     tf_device_batch *b = NULL;
@@ -161,7 +219,7 @@ static PyObject *DeviceLoader_next(tfpy_DeviceLoader *self, PyObject *unused) {
     char msg[1024];
     self->busy = 1;
     for (;;) {
-        TFPY_NOGIL_CALL(rc, msg, tf_device_loader_next_timed(self->d, TF_DEVICE_STREAM_NONE, &b, 50ull * 1000 * 1000));
+        TFPY_NOGIL_CALL(rc, msg, tf_device_loader_next_timed(self->d, stream, &b, 50ull * 1000 * 1000));
         if (rc != -ETIMEDOUT) break;
         if (self->close_pending || PyErr_CheckSignals() < 0) break;
     }
@@ -238,17 +296,19 @@ static PyObject *DeviceLoader_get_closed(tfpy_DeviceLoader *self, void *c) {
 }
 
 PyDoc_STRVAR(DeviceLoader_doc,
-"DeviceLoader(loader, /, *, device=0, prefetch=0, slots=0)\n--\n\n"
+"DeviceLoader(loader, /, *, device=0, prefetch=0, slots=0, static=False)\n--\n\n"
 "A Loader's batches copied to CUDA device `device` by a thread of its own as soon as\n"
 "the engine has assembled them, `prefetch` (default 2) ahead of next(), into `slots`\n"
 "(default prefetch + 2) device slots. The Loader's engine then assembles its batches\n"
-"in page-locked memory, which the copies read in place. See docs/gpu.md.");
+"in page-locked memory, which the copies read in place. static=True delivers every\n"
+"batch into the same device buffers (for CUDA graphs). See docs/gpu.md.");
 
 TFPY_TYPE_SPEC(DeviceLoader, tfpy_DeviceLoader, Py_TPFLAGS_DEFAULT,
                {Py_tp_doc, (void *)DeviceLoader_doc}, {Py_tp_new, DeviceLoader_new},
                {Py_tp_dealloc, DeviceLoader_dealloc},
                {Py_tp_methods, TFPY_METHODS(
-                   {"next", (PyCFunction)DeviceLoader_next, METH_NOARGS, DeviceLoader_next_doc},
+                   {"next", (PyCFunction)(void (*)(void))DeviceLoader_next, METH_VARARGS | METH_KEYWORDS,
+                    DeviceLoader_next_doc},
                    {"seek", (PyCFunction)DeviceLoader_seek, METH_O,
                     "seek($self, position, /)\n--\n\nMove to a global position; batches copied ahead are dropped."},
                    {"start", (PyCFunction)DeviceLoader_start, METH_NOARGS,

@@ -8,7 +8,10 @@ an event recorded on the consumer's stream when the tensor is freed has complete
 
 :class:`DeviceStage` is what ``Loader(device=...)`` uses: a copy thread in C takes each
 batch from the engine as soon as it is assembled (in page-locked memory) and issues its
-copy to the device at once, ``device_prefetch`` batches ahead of ``next()``.
+copy to the device at once, ``device_prefetch`` batches ahead of ``next()``, whatever
+arrays the batch has (a context-parallel share's included). With
+``static_buffers=True`` every batch is delivered into the same device tensors, for
+training steps captured in CUDA graphs.
 
 ``DeviceFeeder(device)(batch)`` moves host batch dicts you already have (from
 DataLoader workers, say) onto the device: each call copies the batch into pinned
@@ -201,27 +204,63 @@ class DeviceStage:
     of :meth:`next`, into ``slots`` device slots (``None``: ``prefetch + 2``).
     :meth:`next` returns a dict of torch tensors (``torch.from_dlpack``: torch's current
     stream waits for the copy on the GPU) or of ``DeviceTensor`` objects.
+
+    ``static_buffers=True``: device buffers allocated once (by the C device loader, at
+    the first batch) into which every batch is delivered, and :meth:`next` returns the
+    same tensors every step. The copy of batch k into them is queued on the consumer's
+    stream at ``next()`` (torch's current stream; without torch, the legacy default
+    stream), after the work already queued there, so a step still running on the GPU
+    never sees its batch overwritten. Arrays whose length changes per batch (the THD
+    layout) are views of the same buffers, re-made when their length changes.
     """
 
     def __init__(self, engine: Any, index: int, *, prefetch: int = 2, slots: Optional[int] = None,
-                 output: str = "auto") -> None:
+                 output: str = "auto", static_buffers: bool = False) -> None:
         for name, v, lo in (("device_prefetch", prefetch, 1), ("device_slots", slots, 2)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo):
                 raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+        if not isinstance(static_buffers, bool):
+            raise TypeError(f"static_buffers must be True or False, got {static_buffers!r}")
         _check_cuda(index)
         self._torch = _output_torch(output)
         self.output = "torch" if self._torch is not None else "dlpack"
         self.index = index
+        self.static_buffers = static_buffers
+        # static buffers: the tensors handed out, per key, handed out again while the shape holds
+        self._static: Dict[str, Any] = {}
         self._core: Any = _core.DeviceLoader(engine, device=index, prefetch=int(prefetch),
-                                             slots=int(slots) if slots is not None else 0)
+                                             slots=int(slots) if slots is not None else 0, static=static_buffers)
+
+    def _consumer_stream(self) -> Optional[int]:
+        """Where the copies into static buffers are queued: torch's current stream (None without torch:
+        the legacy default stream)."""
+        if self._torch is None:
+            return None
+        s = int(self._torch.cuda.current_stream(self.index).cuda_stream)
+        return s or 1  # torch gives the legacy default stream as 0; DLPack and tokenfeed call it 1
+
+    def _to_output(self, v: Any) -> Any:
+        if self._torch is None or not hasattr(v, "__dlpack__"):
+            return v
+        with self._torch.cuda.device(self.index):
+            return self._torch.from_dlpack(v)
 
     def next(self) -> Dict[str, Any]:
         """The next batch on the device (its copy was issued ahead)."""
-        batch: Dict[str, Any] = self._core.next()
-        if self._torch is not None:
-            with self._torch.cuda.device(self.index):
-                return {k: self._torch.from_dlpack(v) for k, v in batch.items()}
-        return batch
+        if not self.static_buffers:
+            batch: Dict[str, Any] = self._core.next()
+            return {k: self._to_output(v) for k, v in batch.items()}
+        raw: Dict[str, Any] = self._core.next(stream=self._consumer_stream())
+        out: Dict[str, Any] = {}
+        for k, v in raw.items():
+            if not hasattr(v, "__dlpack__"):  # THD counts (max_seqlen, num_seqs): ints
+                out[k] = v
+                continue
+            held = self._static.get(k)
+            if held is None or tuple(held.shape) != tuple(v.shape):
+                held = self._static[k] = self._to_output(v)
+            out[k] = held
+        return out
 
     @property
     def position(self) -> int:

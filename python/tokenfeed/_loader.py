@@ -46,48 +46,6 @@ def _torch_available() -> bool:
     return "torch" in sys.modules or importlib.util.find_spec("torch") is not None
 
 
-class _FeederStage:
-    """The device path of context-parallel batches (their input_ids/labels are arrays of their
-    own, THD lengths vary): each batch the engine assembled is copied to the GPU when ``next()``
-    takes it, through :class:`tokenfeed._device.DeviceFeeder`, with the interface of
-    ``DeviceStage`` that the Loader drives."""
-
-    def __init__(self, engine: Any, index: int, *, prefetch: int = 2, slots: Optional[int] = None,
-                 output: str = "auto") -> None:
-        from ._device import DeviceFeeder
-
-        self._engine = engine
-        self._feeder: Optional[Any] = DeviceFeeder(index, output=output, slots=slots or prefetch + 2)
-
-    def next(self) -> Dict[str, Any]:
-        if self._feeder is None:
-            raise ValueError("the loader is closed")
-        out: Dict[str, Any] = self._feeder(self._engine.next())  # the host batch returns to the ring when dropped
-        return out
-
-    @property
-    def position(self) -> int:
-        return int(self._engine.position)
-
-    @property
-    def closed(self) -> bool:
-        return self._feeder is None
-
-    def seek(self, position: int) -> None:
-        self._engine.seek(position)
-
-    def start(self) -> None:
-        pass
-
-    def stats(self) -> Dict[str, Any]:
-        return dict(self._feeder.info()) if self._feeder is not None else {}
-
-    def close(self) -> None:
-        if self._feeder is not None:
-            self._feeder.close()
-            self._feeder = None
-
-
 class Loader:
     """Iterate batches of packed token sequences for this rank.
 
@@ -118,7 +76,11 @@ class Loader:
     ahead of ``next()``, into ``device_slots`` device buffers (default
     ``device_prefetch + 2``: the consumer may hold two batches at once). ``position``
     and ``state_dict()`` count the batches you received, never those copied ahead.
-    Without CUDA it raises a ``RuntimeError`` that says why.
+    Context-parallel shares are copied ahead the same way. ``static_buffers=True``
+    delivers every batch into the same device tensors (allocated once), for training
+    steps captured in CUDA graphs: each batch is copied into them on the current stream
+    at ``next()``, after the step before it. Without CUDA it raises a ``RuntimeError``
+    that says why.
 
     ``num_threads`` (default: the engine's choice for the backend, at most 256) and
     ``prefetch`` (batches assembled ahead, default ``2 * num_threads + 2``, at most 4096)
@@ -148,6 +110,7 @@ class Loader:
                  weights: Optional[Union[Sequence[Any], WeightSchedule, Mapping[str, Any]]] = None,
                  mix_window: int = 1000, zstd_cache_bytes: Optional[int] = None,
                  device: Any = None, device_prefetch: int = 2, device_slots: Optional[int] = None,
+                 static_buffers: bool = False,
                  device_mesh: Any = None, dp_rank: Optional[int] = None, dp_size: Optional[int] = None,
                  cp_rank: Optional[int] = None, cp_size: Optional[int] = None,
                  dp_dims: Sequence[str] = DEFAULT_DP_DIMS, cp_dim: Optional[str] = DEFAULT_CP_DIM) -> None:
@@ -200,8 +163,13 @@ class Loader:
         from ._device import parse_device
 
         self.device_index = parse_device(device)
+        if not isinstance(static_buffers, bool):
+            raise TypeError(f"static_buffers must be True or False, got {static_buffers!r}")
+        if static_buffers and self.device_index is None:
+            raise ValueError("static_buffers=True needs a device: the static buffers are device memory for steps "
+                             "captured in CUDA graphs (Loader(..., device='cuda', static_buffers=True))")
         self._device_kw: Dict[str, Any] = dict(
-            prefetch=device_prefetch, slots=device_slots,
+            prefetch=device_prefetch, slots=device_slots, static_buffers=static_buffers,
             output="dlpack" if output == "numpy" else ("auto" if requested_output == "auto" else output))
         self._device: Optional[Any] = None
         self._closed = False
@@ -317,10 +285,7 @@ class Loader:
             from ._device import DeviceStage
 
             assert self.device_index is not None
-            if self.cp_size > 1:  # CP batches have their own arrays: copied as host batches are
-                self._device = _FeederStage(self._get_engine(), self.device_index, **self._device_kw)
-            else:
-                self._device = DeviceStage(self._get_engine(), self.device_index, **self._device_kw)
+            self._device = DeviceStage(self._get_engine(), self.device_index, **self._device_kw)
         return self._device
 
     @property

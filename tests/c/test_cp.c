@@ -193,13 +193,7 @@ static void test_loader_api(void) {
     lc.cp_size = 2;
     lc.cp_rank = 2;
     CHECK_RC(tf_loader_create_from_order(o, &lc, &bad), -EINVAL);
-    /* the device stage copies whole batches: it refuses a CP loader (before needing CUDA) */
-    lc.cp_rank = 1;
-    CHECK_OK(tf_loader_create_from_order(o, &lc, &bad));
-    tf_device_loader *dl = NULL;
-    CHECK_RC(tf_device_loader_create(bad, NULL, &dl), -EINVAL);
-    CHECK(dl == NULL && strstr(tf_last_error(), "context-parallel") != NULL);
-    tf_loader_free(bad);
+    /* (a CP loader's batches on the device: tests/c/test_device.c, stage_cp / stage_thd) */
     tf_source_stats ss;
     CHECK_RC(tf_loader_get_source_stats(whole, 0, &ss), -EINVAL); /* one dataset: no per-source accounting */
     tf_batch_release(wb);

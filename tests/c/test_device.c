@@ -81,20 +81,35 @@ static void fill(uint8_t *p, size_t n, unsigned seed) {
     for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(seed * 131u + i * 7u + (i >> 8));
 }
 
+/* The end of a case: everything allocated, registered or created on the
+ * "GPU" was given back, no memory was freed under a queued operation, and
+ * nothing synchronised the device or a stream. */
+static void expect_all_given_back(void) {
+    CHECK(d_counter("device_syncs") == 0 && d_counter("stream_syncs") == 0 && d_counter("bad_frees") == 0);
+    CHECK(d_counter("live_allocs") == 0 && d_counter("live_registered") == 0);
+    CHECK(d_counter("live_streams") == 0 && d_counter("live_events") == 0);
+}
+
 /* ---------------------------------------------------------------- cases */
+
+/* CUDA is not usable: tf_cuda_available says why (with why_has), and a ring
+ * cannot be made (an error with err_has). */
+static void expect_unusable(const char *why_has, const char *err_has) {
+    char why[512];
+    CHECK(tf_cuda_available(why, sizeof why) == 0);
+    CONTAINS(why, why_has);
+    tf_device_ring *r = NULL;
+    CHECK_RC(tf_device_ring_create(0, 4096, 2, &r), -TF_ECUDA);
+    CONTAINS(tf_last_error(), err_has);
+    CHECK(r == NULL);
+}
 
 static int case_absent(void) {
     setenv("TOKENFEED_CUDART", "/nonexistent/libcudart.so.12", 1);
-    char why[512];
-    CHECK(tf_cuda_available(why, sizeof why) == 0);
-    CONTAINS(why, "TOKENFEED_CUDART");
+    expect_unusable("TOKENFEED_CUDART", "CUDA is not available");
     int n = -1;
     CHECK_RC(tf_cuda_device_count(&n), -TF_ECUDA);
     CHECK(n == 0);
-    tf_device_ring *r = NULL;
-    CHECK_RC(tf_device_ring_create(0, 4096, 2, &r), -TF_ECUDA);
-    CONTAINS(tf_last_error(), "CUDA is not available");
-    CHECK(r == NULL);
     tf_device_ring_free(NULL);
     /* pinned allocation falls back to pageable memory */
     void *p = NULL;
@@ -167,23 +182,13 @@ static int case_already_loaded(void) {
 static int case_no_device(void) {
     use_double(NULL);
     setenv("CUDA_DOUBLE_DEVICES", "0", 1);
-    char why[512];
-    CHECK(tf_cuda_available(why, sizeof why) == 0);
-    CONTAINS(why, "no CUDA-capable device");
-    tf_device_ring *r = NULL;
-    CHECK_RC(tf_device_ring_create(0, 4096, 2, &r), -TF_ECUDA);
-    CONTAINS(tf_last_error(), "no CUDA device is visible");
+    expect_unusable("no CUDA-capable device", "no CUDA device is visible");
     return T_DONE();
 }
 
 static int case_driver(void) {
     use_double("driver");
-    char why[512];
-    CHECK(tf_cuda_available(why, sizeof why) == 0);
-    CONTAINS(why, "driver");
-    tf_device_ring *r = NULL;
-    CHECK_RC(tf_device_ring_create(0, 4096, 2, &r), -TF_ECUDA);
-    CONTAINS(tf_last_error(), "cudaGetDeviceCount");
+    expect_unusable("driver", "cudaGetDeviceCount");
     return T_DONE();
 }
 
@@ -217,11 +222,7 @@ static int case_oom(void) {
     CONTAINS(tf_last_error(), "slot 3/4");
     CONTAINS(tf_last_error(), "lower batch_size");
     CHECK(r == NULL);
-    /* everything allocated before the failure was given back */
-    CHECK(d_counter("live_allocs") == 0);
-    CHECK(d_counter("live_streams") == 0);
-    CHECK(d_counter("live_registered") == 0);
-    CHECK(d_counter("live_events") == 0);
+    expect_all_given_back(); /* what was allocated before the failure */
     return T_DONE();
 }
 
@@ -270,15 +271,22 @@ static int case_pinned(void) {
     return T_DONE();
 }
 
+/* The double bound, a consumer stream *cs and a ring of `slots` slots of
+ * `bytes` on device 0; NULL when one cannot be made (reported). */
+static tf_device_ring *ring_open(size_t bytes, int slots, void **cs) {
+    tf_device_ring *r = NULL;
+    if (bind_double() < 0) return NULL;
+    CHECK(d_stream_create(cs, 1) == 0);
+    CHECK_OK(tf_device_ring_create(0, bytes, slots, &r));
+    return r;
+}
+
 /* Two segments round trip through a consumer stream. */
 static int case_roundtrip(void) {
     use_double(NULL);
-    if (bind_double() < 0) return T_EXIT_FAIL;
     void *cs = NULL;
-    CHECK(d_stream_create(&cs, 1) == 0);
-    tf_device_ring *r = NULL;
-    CHECK_OK(tf_device_ring_create(0, 2000, 2, &r));
-    if (!r) return T_DONE();
+    tf_device_ring *r = ring_open(2000, 2, &cs);
+    if (!r) return T_EXIT_FAIL;
     tf_device_ring_info info;
     tf_device_ring_get_info(r, &info);
     CHECK(info.slot_bytes == 2048 && info.free_slots == 2 && info.host_pinned == 1);
@@ -323,10 +331,7 @@ static int case_roundtrip(void) {
     CONTAINS(tf_last_error(), "do not fit");
     tf_device_ring_free(r);
     d_stream_destroy(cs);
-    CHECK(d_counter("device_syncs") == 0 && d_counter("stream_syncs") == 0);
-    CHECK(d_counter("live_allocs") == 0);
-    CHECK(d_counter("live_registered") == 0);
-    CHECK(d_counter("live_streams") == 0);
+    expect_all_given_back();
     return T_DONE();
 }
 
@@ -348,12 +353,9 @@ static void *acquire_thread(void *p) {
 /* The heart of it: a slot whose release event is pending is not reused. */
 static int case_event_gating(void) {
     use_double(NULL);
-    if (bind_double() < 0) return T_EXIT_FAIL;
     void *cs = NULL;
-    CHECK(d_stream_create(&cs, 1) == 0);
-    tf_device_ring *r = NULL;
-    CHECK_OK(tf_device_ring_create(0, 4096, 2, &r));
-    if (!r) return T_DONE();
+    tf_device_ring *r = ring_open(4096, 2, &cs);
+    if (!r) return T_EXIT_FAIL;
     static uint8_t A[4096], B[4096], Cb[4096], seenA[4096];
     fill(A, sizeof A, 10);
     fill(B, sizeof B, 11);
@@ -410,10 +412,7 @@ static int case_event_gating(void) {
     }
     tf_device_ring_free(r);
     d_stream_destroy(cs);
-    CHECK(d_counter("device_syncs") == 0);
-    CHECK(d_counter("stream_syncs") == 0);
-    CHECK(d_counter("bad_frees") == 0);
-    CHECK(d_counter("live_allocs") == 0);
+    expect_all_given_back();
     return T_DONE();
 }
 
@@ -422,13 +421,10 @@ static int case_event_gating(void) {
 static int case_pipeline(void) {
     use_double(NULL);
     setenv("CUDA_DOUBLE_DELAY_US", "100", 1);
-    if (bind_double() < 0) return T_EXIT_FAIL;
-    void *cs = NULL;
-    CHECK(d_stream_create(&cs, 1) == 0);
-    tf_device_ring *r = NULL;
     enum { N = 200, SZ = 512 };
-    CHECK_OK(tf_device_ring_create(0, SZ, 3, &r));
-    if (!r) return T_DONE();
+    void *cs = NULL;
+    tf_device_ring *r = ring_open(SZ, 3, &cs);
+    if (!r) return T_EXIT_FAIL;
     static uint8_t seen[N][SZ];
     uint8_t src[SZ];
     for (int i = 0; i < N; i++) {
@@ -453,14 +449,13 @@ static int case_pipeline(void) {
     tf_device_ring_get_info(r, &info);
     CHECK(info.uploads == N);
     CHECK(d_counter("memcpys") == N);
-    CHECK(d_counter("device_syncs") == 0 && d_counter("stream_syncs") == 0);
     CHECK(d_counter("registers") == 1);                  /* staging registered once, not per batch */
     CHECK(d_counter("mallocs") == 3);                    /* device slots allocated once */
     printf("  pipeline: %d batches, %u release waits, %lld event queries, %lld event syncs\n", N,
            (unsigned)info.release_waits, d_counter("event_queries"), d_counter("event_syncs"));
     tf_device_ring_free(r);
     d_stream_destroy(cs);
-    CHECK(d_counter("live_allocs") == 0);
+    expect_all_given_back();
     return T_DONE();
 }
 
@@ -529,8 +524,7 @@ static int case_outlives_owner(void) {
         CHECK(!memcmp(tf_device_slot_ptr(s), src, sizeof src));
         CHECK_OK(tf_device_slot_release(s, 1));
     }
-    CHECK(d_counter("live_allocs") == 0);
-    CHECK(d_counter("live_registered") == 0);
+    expect_all_given_back();
     return T_DONE();
 }
 
@@ -560,70 +554,122 @@ static tf_dataset *stage_dataset(void) {
 
 enum { S_L = 64, S_B = 4 };
 
-static tf_loader *stage_loader(tf_dataset *ds, unsigned want, uint64_t epochs) {
+/* What the device loader cases vary in the loader: the arrays it makes, its
+ * epochs (0: an infinite stream) and context parallelism (cp_size 0: none). */
+typedef struct {
+    unsigned want;
+    uint64_t epochs;
+    uint32_t cp_rank, cp_size;
+} stage_cfg;
+
+static const stage_cfg PLAIN = {0, 0, 0, 0};
+#define ALL_ARRAYS (TF_WANT_POSITION_IDS | TF_WANT_CU_SEQLENS | TF_WANT_LOSS_MASK)
+/* A context-parallel rank's share: plain split, and TransformerEngine's THD
+ * layout (what cu_seqlens asks for under CP). */
+static const stage_cfg CP_PLAIN = {TF_WANT_POSITION_IDS | TF_WANT_LOSS_MASK, 1, 1, 2};
+static const stage_cfg CP_THD = {ALL_ARRAYS, 1, 1, 2};
+
+static tf_loader *stage_loader(tf_dataset *ds, const stage_cfg *c) {
     tf_loader_config cfg;
     tf_loader_config_init(&cfg);
     cfg.order.seq_len = S_L;
     cfg.order.seed = 7;
     cfg.order.shuffle = TF_SHUFFLE_FULL;
-    cfg.order.epochs = epochs;
+    cfg.order.epochs = c->epochs;
     cfg.batch_size = S_B;
     cfg.order.global_batch = S_B;
     cfg.out_dtype = TF_INT32;
-    cfg.want = want;
+    cfg.want = c->want;
     cfg.num_threads = 2;
+    if (c->cp_size > 1) {
+        cfg.cp_rank = c->cp_rank;
+        cfg.cp_size = c->cp_size;
+    }
     tf_loader *l = NULL;
     if (tf_loader_create(ds, &cfg, &l) < 0) fprintf(stderr, "tf_loader_create: %s\n", tf_last_error());
     return l;
 }
 
-/* One batch's arrays, flattened in a fixed order: tokens, position_ids,
- * cu_seqlens, num_seqs, loss_mask (those present). */
+/* A batch's arrays, in a fixed order (tokens, position_ids, cu_seqlens,
+ * num_seqs, loss_mask, input_ids, labels, cu_seqlens_padded; size 0 for those
+ * it does not have), sized from the layout tokenfeed.h documents (out dtype
+ * int32), and its host-side counts (num_tokens, THD sequences, max_seqlen). */
+enum { NARR = 8 };
+typedef struct {
+    const void *p[NARR];
+    size_t n[NARR];
+    int64_t counts[3];
+} arrays;
+
+static void arrays_size(arrays *a, uint64_t rows, uint64_t L, uint32_t cp, int thd) {
+    uint64_t N = rows * L, t = (uint64_t)a->counts[0], seqs = thd ? (uint64_t)a->counts[1] + 1 : 0;
+    uint64_t whole[NARR] = {(N + rows) * 4, N * 4, (N + rows) * 4, rows * 4, N, 0, 0, 0};
+    uint64_t share[NARR] = {0, t * 4, seqs * 4, 0, t, t * 4, t * 4, seqs * 4};
+    for (int j = 0; j < NARR; j++) a->n[j] = a->p[j] ? (size_t)(cp > 1 ? share[j] : whole[j]) : 0;
+}
+
+static void host_arrays(const tf_batch_view *v, arrays *a) {
+    const void *p[NARR] = {v->tokens,    v->position_ids, v->cu_seqlens, v->thd ? NULL : v->num_seqs,
+                           v->loss_mask, v->input_ids,    v->labels,     v->cu_seqlens_padded};
+    memcpy(a->p, p, sizeof p);
+    a->counts[0] = v->cp_size > 1 ? (int64_t)v->num_tokens : 0;
+    a->counts[1] = v->thd ? v->num_seqs[0] : 0;
+    a->counts[2] = v->thd ? v->max_seqlen : 0;
+    arrays_size(a, v->rows, v->seq_len, v->cp_size, v->thd);
+}
+
+static void dev_arrays(const tf_device_batch_view *v, arrays *a) {
+    const void *p[NARR] = {v->tokens,    v->position_ids, v->cu_seqlens, v->num_seqs,
+                           v->loss_mask, v->input_ids,    v->labels,     v->cu_seqlens_padded};
+    memcpy(a->p, p, sizeof p);
+    a->counts[0] = v->cp_size > 1 ? (int64_t)v->num_tokens : 0;
+    a->counts[1] = v->thd ? v->thd_seqs : 0;
+    a->counts[2] = v->thd ? v->max_seqlen : 0;
+    arrays_size(a, v->rows, v->seq_len, v->cp_size, v->thd);
+}
+
+static size_t arrays_bytes(const arrays *a) {
+    size_t n = 0;
+    for (int j = 0; j < NARR; j++) n += a->n[j];
+    return n;
+}
+
+/* One batch flattened: its arrays end to end, then its counts, so that two
+ * batches compare with one memcmp. */
 typedef struct { uint8_t *p; size_t n; uint64_t position; } flat;
 
-static size_t flat_sizes(uint64_t rows, uint64_t L, int has_pos, int has_cu, int has_lm, size_t *sz) {
-    sz[0] = rows * (L + 1) * 4;
-    sz[1] = has_pos ? rows * L * 4 : 0;
-    sz[2] = has_cu ? rows * (L + 1) * 4 : 0;
-    sz[3] = has_cu ? rows * 4 : 0;
-    sz[4] = has_lm ? rows * L : 0;
-    return sz[0] + sz[1] + sz[2] + sz[3] + sz[4];
+static flat flat_alloc(const arrays *a, uint64_t position) {
+    flat f = {NULL, arrays_bytes(a) + sizeof a->counts, position};
+    f.p = malloc(f.n);
+    if (f.p) memcpy(f.p + f.n - sizeof a->counts, a->counts, sizeof a->counts);
+    return f;
 }
 
 static flat flat_cpu(tf_batch *b) {
     tf_batch_view v;
     tf_batch_get_view(b, &v);
-    size_t sz[5];
-    flat f = {NULL, flat_sizes(v.rows, v.seq_len, !!v.position_ids, !!v.cu_seqlens, !!v.loss_mask, sz), v.position};
-    f.p = malloc(f.n);
-    const void *src[5] = {v.tokens, v.position_ids, v.cu_seqlens, v.num_seqs, v.loss_mask};
-    size_t off = 0;
-    for (int j = 0; j < 5; j++) {
-        if (sz[j]) memcpy(f.p + off, src[j], sz[j]);
-        off += sz[j];
-    }
+    arrays a;
+    host_arrays(&v, &a);
+    flat f = flat_alloc(&a, v.position);
+    for (size_t j = 0, off = 0; j < NARR && f.p; off += a.n[j++])
+        if (a.n[j]) memcpy(f.p + off, a.p[j], a.n[j]);
     return f;
 }
 
 /* What a kernel on `cs` reads from the device batch: reads queued on the
  * stream (run in stream order, after its wait on the copy). */
 static flat flat_dev_enqueue(const tf_device_batch_view *v, void *cs) {
-    size_t sz[5];
-    flat f = {NULL, flat_sizes(v->rows, v->seq_len, !!v->position_ids, !!v->cu_seqlens, !!v->loss_mask, sz),
-              v->position};
-    f.p = malloc(f.n);
-    const void *src[5] = {v->tokens, v->position_ids, v->cu_seqlens, v->num_seqs, v->loss_mask};
-    size_t off = 0;
-    for (int j = 0; j < 5; j++) {
-        if (sz[j]) d_read(cs, src[j], sz[j], f.p + off);
-        off += sz[j];
-    }
+    arrays a;
+    dev_arrays(v, &a);
+    flat f = flat_alloc(&a, v->position);
+    for (size_t j = 0, off = 0; j < NARR && f.p; off += a.n[j++])
+        if (a.n[j]) d_read(cs, a.p[j], a.n[j], f.p + off);
     return f;
 }
 
 /* The CPU stream: n batches (fewer at the end of a finite stream). */
-static int cpu_stream(tf_dataset *ds, unsigned want, uint64_t epochs, uint64_t start, int n, flat *out) {
-    tf_loader *l = stage_loader(ds, want, epochs);
+static int cpu_stream(tf_dataset *ds, const stage_cfg *c, uint64_t start, int n, flat *out) {
+    tf_loader *l = stage_loader(ds, c);
     if (!l) return -1;
     if (start) tf_loader_seek(l, start);
     int k = 0;
@@ -639,6 +685,13 @@ static int cpu_stream(tf_dataset *ds, unsigned want, uint64_t epochs, uint64_t s
 
 static int flat_eq(const flat *a, const flat *b) {
     return a->n == b->n && a->position == b->position && !memcmp(a->p, b->p, a->n);
+}
+
+/* How many of n batches differ. */
+static int flats_differ(const flat *a, const flat *b, int n) {
+    int bad = 0;
+    for (int i = 0; i < n; i++) bad += !flat_eq(&a[i], &b[i]);
+    return bad;
 }
 
 static void flat_free(flat *f, int n) {
@@ -657,201 +710,220 @@ static int wait_queued(tf_device_loader *d, int n) {
     return 0;
 }
 
+/* A device loader case's objects: the dataset, a loader over it, the
+ * consumer's stream and the device loader. */
+typedef struct {
+    tf_dataset *ds;
+    tf_loader *l;
+    void *cs;
+    tf_device_loader *d;
+} stage;
+
+/* Bind the double (copies taking copy_us each on the DMA engine, NULL: no
+ * time) and make a case's objects; dc NULL: the default device config. -1
+ * when one cannot be made (reported). */
+static int stage_open(stage *t, const char *copy_us, const stage_cfg *c, const tf_device_config *dc) {
+    memset(t, 0, sizeof *t);
+    if (copy_us) setenv("CUDA_DOUBLE_COPY_US", copy_us, 1);
+    if (bind_double() < 0 || !(t->ds = stage_dataset()) || !(t->l = stage_loader(t->ds, c))) return -1;
+    CHECK(d_stream_create(&t->cs, 1) == 0);
+    CHECK_OK(tf_device_loader_create(t->l, dc, &t->d));
+    return t->d ? 0 : -1;
+}
+
+/* Free a case's objects, and expect_all_given_back. */
+static void stage_close(stage *t) {
+    tf_device_loader_free(t->d);
+    tf_loader_free(t->l);
+    tf_dataset_free(t->ds);
+    if (t->cs) d_stream_destroy(t->cs);
+    expect_all_given_back();
+}
+
+/* One step on stream cs: the next batch, a "kernel" there that reads it into
+ * *f, the release on that stream. 0, or what next() returned. */
+static int step(tf_device_loader *d, void *cs, flat *f) {
+    tf_device_batch *b = NULL;
+    int rc = tf_device_loader_next(d, (uintptr_t)cs, &b);
+    if (rc < 0) return rc;
+    tf_device_batch_view v;
+    tf_device_batch_get_view(b, &v);
+    *f = flat_dev_enqueue(&v, cs);
+    CHECK_OK(tf_device_batch_release(b, (uintptr_t)cs));
+    return 0;
+}
+
 /* The copies run ahead of the consumer without being asked, up to prefetch,
  * and a consumer that spends 2 ms per step finds every batch's copy issued. */
 static int case_stage_ahead(void) {
-    use_double(NULL);
-    setenv("CUDA_DOUBLE_COPY_US", "300", 1); /* copies take time on the DMA engine */
-    if (bind_double() < 0) return T_EXIT_FAIL;
-    tf_dataset *ds = stage_dataset();
-    tf_loader *l = ds ? stage_loader(ds, 0, 0) : NULL;
-    if (!l) return T_EXIT_FAIL;
-    void *cs = NULL;
-    CHECK(d_stream_create(&cs, 1) == 0);
     tf_device_config dc;
     tf_device_config_init(&dc);
     dc.prefetch = 3;
-    tf_device_loader *d = NULL;
-    CHECK_OK(tf_device_loader_create(l, &dc, &d));
-    if (!d) return T_DONE();
+    stage t;
+    use_double(NULL);
+    if (stage_open(&t, "300", &PLAIN, &dc) < 0) return T_EXIT_FAIL; /* copies take time on the DMA engine */
     /* Nothing is asked of the loader: the copy thread fills the queue up to
      * prefetch, and no further. */
-    CHECK_OK(tf_device_loader_start(d));
-    CHECK(wait_queued(d, 3));
+    CHECK_OK(tf_device_loader_start(t.d));
+    CHECK(wait_queued(t.d, 3));
     usleep(50 * 1000);
     tf_device_stats st;
-    tf_device_loader_get_stats(d, &st);
+    tf_device_loader_get_stats(t.d, &st);
     CHECK(st.queued == 3 && st.copies == 3 && st.batches == 0);
-    CHECK(tf_device_loader_position(d) == 0); /* copied ahead is not received */
-    CHECK(tf_loader_position(l) == 3 * S_B);  /* (the engine handed them out) */
+    CHECK(tf_device_loader_position(t.d) == 0); /* copied ahead is not received */
+    CHECK(tf_loader_position(t.l) == 3 * S_B);  /* (the engine handed them out) */
 
     enum { STEPS = 100 };
-    static uint8_t seen[STEPS][S_B * (S_L + 1) * 4];
-    for (int k = 0; k < STEPS; k++) {
+    flat got[STEPS], cpu[STEPS];
+    int k = 0;
+    for (; k < STEPS; k++) {
         /* The step before took 2 ms; like a training loop whose GPU work is
          * queued, the consumer comes back for the next batch. On a loaded
          * machine the copy thread may not have run in those 2 ms: wait
          * (bounded) until it reports the next copy issued, so the count
          * below does not depend on scheduling. */
-        CHECK(wait_queued(d, 1));
+        CHECK(wait_queued(t.d, 1));
         tf_device_batch *b = NULL;
-        CHECK_OK(tf_device_loader_next(d, (uintptr_t)cs, &b));
+        CHECK_OK(tf_device_loader_next(t.d, (uintptr_t)t.cs, &b));
         if (!b) break;
         tf_device_batch_view v;
         tf_device_batch_get_view(b, &v);
         CHECK(v.position == (uint64_t)k * S_B && v.rows == S_B && v.seq_len == S_L && v.dtype == TF_INT32);
-        CHECK(tf_device_loader_position(d) == (uint64_t)(k + 1) * S_B);
-        d_read(cs, v.tokens, sizeof seen[k], seen[k]); /* the "kernel" */
-        usleep(2000);                                   /* the step */
-        CHECK_OK(tf_device_batch_release(b, (uintptr_t)cs));
+        CHECK(tf_device_loader_position(t.d) == (uint64_t)(k + 1) * S_B);
+        got[k] = flat_dev_enqueue(&v, t.cs); /* the "kernel" */
+        usleep(2000);                         /* the step */
+        CHECK_OK(tf_device_batch_release(b, (uintptr_t)t.cs));
     }
-    tf_device_loader_get_stats(d, &st);
+    tf_device_loader_get_stats(t.d, &st);
     printf("  ahead: %llu/%llu copies issued ahead, %.1f us mean wait, p99 %.1f us\n",
            (unsigned long long)st.issued_ahead, (unsigned long long)st.batches, st.wait_mean_s * 1e6,
            st.wait_p99_s * 1e6);
-    CHECK(st.batches == STEPS);
+    CHECK(k == STEPS && st.batches == STEPS);
     CHECK(st.copies_issued_ahead >= 0.95);
     CHECK(st.issued_ahead == STEPS); /* with the bounded wait above, every one */
     CHECK(st.copies >= STEPS && st.copies <= STEPS + 3);
     CHECK(st.wait_p99_s > 0 && st.wait_mean_s > 0);
-    d_drain(cs);
-    flat cpu[STEPS];
-    CHECK(cpu_stream(ds, 0, 0, 0, STEPS, cpu) == STEPS);
-    int bad = 0;
-    for (int k = 0; k < STEPS; k++) bad += memcmp(seen[k], cpu[k].p, sizeof seen[k]) != 0;
-    CHECK(bad == 0);
+    d_drain(t.cs);
+    CHECK(cpu_stream(t.ds, &PLAIN, 0, STEPS, cpu) == STEPS);
+    CHECK(flats_differ(cpu, got, k) == 0);
     flat_free(cpu, STEPS);
-    tf_device_loader_free(d);
-    tf_loader_free(l);
-    tf_dataset_free(ds);
-    d_stream_destroy(cs);
-    CHECK(d_counter("device_syncs") == 0 && d_counter("stream_syncs") == 0);
-    CHECK(d_counter("live_allocs") == 0 && d_counter("live_registered") == 0 && d_counter("live_streams") == 0);
+    flat_free(got, k);
+    stage_close(&t);
+    CHECK(d_counter("live_streams") == 0);
     return T_DONE();
 }
 
 /* Device batches equal the CPU batches byte for byte, every array, to the
- * end of a finite stream; only pinned memory is read by the DMA, and what
- * staging costs is counted. */
-static int case_stage_bytes(void) {
-    use_double(NULL);
-    setenv("CUDA_DOUBLE_COPY_US", "200", 1); /* a read before the copy lands would see 0xAB */
-    if (bind_double() < 0) return T_EXIT_FAIL;
-    tf_dataset *ds = stage_dataset();
-    if (!ds) return T_EXIT_FAIL;
-    unsigned want = TF_WANT_POSITION_IDS | TF_WANT_CU_SEQLENS | TF_WANT_LOSS_MASK;
+ * end of a finite stream, with the consumer holding the previous batch
+ * during a step; the workers assembled each batch in page-locked memory and
+ * the DMA read it there (no host memcpy into staging, no pageable source),
+ * one copy per array. With context parallelism, whatever arrays the rank's
+ * share has (plain: input_ids, labels, position_ids, loss_mask; THD: those
+ * and cu_seqlens, cu_seqlens_padded, with the counts on the host) are copied
+ * ahead the same way, a consumer that spends 2 ms per step finds them all
+ * copied ahead, and no tokens buffer exists on the device. */
+static int stage_bytes(const stage_cfg *c, int narrays, int paced) {
     enum { MAX = 400 };
     static flat cpu[MAX], dev[MAX];
-    int n = cpu_stream(ds, want, 1, 0, MAX, cpu);
+    stage t;
+    use_double(NULL);
+    if (stage_open(&t, "200", c, NULL) < 0) return T_EXIT_FAIL; /* a read before the copy lands would see 0xAB */
+    int n = cpu_stream(t.ds, c, 0, MAX, cpu);
     CHECK(n > 20 && n < MAX);
-    tf_loader *l = stage_loader(ds, want, 1);
-    void *cs = NULL;
-    CHECK(d_stream_create(&cs, 1) == 0);
-    tf_device_loader *d = NULL;
-    CHECK_OK(tf_device_loader_create(l, NULL, &d));
-    if (!d) return T_DONE();
     int k = 0, rc = 0;
+    size_t bytes = 0;
     tf_device_batch *held = NULL; /* the consumer keeps the previous batch alive during a step */
+    if (paced) CHECK_OK(tf_device_loader_start(t.d));
     for (;; k++) {
+        if (paced && k < n) CHECK(wait_queued(t.d, 1)); /* (bounded: see case_stage_ahead) */
         tf_device_batch *b = NULL;
-        rc = tf_device_loader_next(d, (uintptr_t)cs, &b);
+        rc = tf_device_loader_next(t.d, (uintptr_t)t.cs, &b);
         if (rc < 0) break;
         tf_device_batch_view v;
         tf_device_batch_get_view(b, &v);
-        CHECK(v.position_ids && v.cu_seqlens && v.num_seqs && v.loss_mask && v.ready_event);
-        if (k < MAX) dev[k] = flat_dev_enqueue(&v, cs);
-        CHECK_OK(tf_device_batch_release(held, (uintptr_t)cs));
+        CHECK(v.ready_event && v.cp_size == (c->cp_size > 1 ? c->cp_size : 1));
+        CHECK(c->cp_size > 1 ? !v.tokens && v.input_ids && v.labels : v.tokens && !v.input_ids);
+        CHECK(!!v.cu_seqlens_padded == (c->cp_size > 1 && (c->want & TF_WANT_CU_SEQLENS)));
+        if (k < MAX) {
+            dev[k] = flat_dev_enqueue(&v, t.cs);
+            arrays a;
+            dev_arrays(&v, &a);
+            bytes += arrays_bytes(&a);
+        }
+        if (paced) usleep(2000);
+        CHECK_OK(tf_device_batch_release(held, (uintptr_t)t.cs));
         held = b;
     }
     CHECK_RC(rc, -TF_EEOF);
     tf_device_batch *none = NULL;
-    CHECK_RC(tf_device_loader_next(d, (uintptr_t)cs, &none), -TF_EEOF); /* and again */
-    CHECK_OK(tf_device_batch_release(held, (uintptr_t)cs));
-    d_drain(cs);
+    CHECK_RC(tf_device_loader_next(t.d, (uintptr_t)t.cs, &none), -TF_EEOF); /* and again */
+    CHECK_OK(tf_device_batch_release(held, (uintptr_t)t.cs));
+    d_drain(t.cs);
     CHECK(k == n);
-    int bad = 0;
-    for (int i = 0; i < k && i < n; i++) bad += !flat_eq(&cpu[i], &dev[i]);
-    CHECK(bad == 0);
+    CHECK(flats_differ(cpu, dev, k < n ? k : n) == 0);
     tf_device_stats st;
-    tf_device_loader_get_stats(d, &st);
+    tf_device_loader_get_stats(t.d, &st);
     CHECK(st.batches == (uint64_t)n && st.copies == (uint64_t)n);
+    if (paced) CHECK(st.copies_issued_ahead >= 0.95 && st.issued_ahead == st.batches);
     CHECK(st.host_pinned == 1);
-    size_t sz[5];
-    flat_sizes(S_B, S_L, 1, 1, 1, sz);
-    tf_device_seg segs[5];
-    for (int j = 0; j < 5; j++) segs[j].host = NULL, segs[j].bytes = sz[j];
-    CHECK(st.h2d_bytes == st.copies * tf_device_packed_size(segs, 5, NULL));
+    CHECK(st.h2d_bytes == bytes); /* each array's filled part, no more */
     CHECK(st.h2d_timed_bytes > 0 && st.h2d_seconds > 0 && st.h2d_gbps > 0);
-    /* The workers assembled every batch in a page-locked engine buffer and
-     * the DMA read it there: no host memcpy into staging (none exists), no
-     * pageable source (which the runtime would stage itself), and each
-     * buffer registered once, not per batch. */
     CHECK(st.staging_copies == 0 && st.staging_bytes == 0);
     CHECK(st.direct_copies == st.copies);
     CHECK(d_counter("h2d_pageable") == 0);
-    CHECK(d_counter("h2d_pinned") == 5 * (long long)st.copies); /* one copy per array */
+    CHECK(d_counter("h2d_pinned") == narrays * (long long)st.copies); /* one copy per array */
     CHECK(st.engine_buffers_locked > 0 && d_counter("registers") == (long long)st.engine_buffers_locked);
     CHECK(st.engine_buffers_locked <= 16); /* ring depth + workers + slots, for 173 batches */
-    printf("  bytes: %d batches equal, %llu direct copies, %llu staging copies, %llu engine buffers page-locked\n", n,
-           (unsigned long long)st.direct_copies, (unsigned long long)st.staging_copies,
-           (unsigned long long)st.engine_buffers_locked);
-    tf_device_loader_free(d);
-    tf_loader_free(l);
+    printf("  bytes: %d batches (cp %u), %llu direct copies, %llu staging copies, %llu engine buffers "
+           "page-locked, %.2f copied ahead\n",
+           n, c->cp_size, (unsigned long long)st.direct_copies, (unsigned long long)st.staging_copies,
+           (unsigned long long)st.engine_buffers_locked, st.copies_issued_ahead);
     flat_free(cpu, n);
     flat_free(dev, k < MAX ? k : MAX);
-    tf_dataset_free(ds);
-    d_stream_destroy(cs);
-    CHECK(d_counter("device_syncs") == 0 && d_counter("stream_syncs") == 0);
-    CHECK(d_counter("live_allocs") == 0 && d_counter("bad_frees") == 0);
-    CHECK(d_counter("live_registered") == 0); /* engine buffers unregistered when freed */
+    stage_close(&t);
     return T_DONE();
 }
+
+static int case_stage_bytes(void) {
+    const stage_cfg all = {ALL_ARRAYS, 1, 0, 0};
+    return stage_bytes(&all, 5, 0);
+}
+static int case_stage_cp(void) { return stage_bytes(&CP_PLAIN, 4, 1); }
+static int case_stage_thd(void) { return stage_bytes(&CP_THD, 6, 1); }
 
 /* A loader that already ran on the CPU has batches assembled in pageable
  * buffers: those go through the ring's pinned staging (allocated then, once,
  * and counted); every later batch is read in place; the bytes are the same. */
 static int case_stage_pageable_first(void) {
+    const stage_cfg lm = {TF_WANT_LOSS_MASK, 0, 0, 0};
     use_double(NULL);
-    if (bind_double() < 0) return T_EXIT_FAIL;
-    tf_dataset *ds = stage_dataset();
+    tf_dataset *ds = bind_double() < 0 ? NULL : stage_dataset();
     if (!ds) return T_EXIT_FAIL;
     enum { N = 80 };
     flat cpu[N], dev[N];
-    CHECK(cpu_stream(ds, TF_WANT_LOSS_MASK, 0, 0, N, cpu) == N);
-    tf_loader *l = stage_loader(ds, TF_WANT_LOSS_MASK, 0);
+    CHECK(cpu_stream(ds, &lm, 0, N, cpu) == N);
+    stage t = {ds, stage_loader(ds, &lm), NULL, NULL};
     tf_batch *hb = NULL;
-    CHECK_OK(tf_loader_next(l, &hb)); /* the CPU path first: workers fill ordinary buffers */
+    CHECK_OK(tf_loader_next(t.l, &hb)); /* the CPU path first: workers fill ordinary buffers */
     dev[0] = flat_cpu(hb);
     tf_batch_release(hb);
     /* wait (bounded) until batches assembled in ordinary buffers are waiting */
     tf_loader_stats ls;
     for (int i = 0; i < 10000; i++) {
-        tf_loader_get_stats(l, &ls);
+        tf_loader_get_stats(t.l, &ls);
         if (ls.ring_ready >= 2) break;
         usleep(1000);
     }
     CHECK(ls.ring_ready >= 2);
-    void *cs = NULL;
-    CHECK(d_stream_create(&cs, 1) == 0);
-    tf_device_loader *d = NULL;
-    CHECK_OK(tf_device_loader_create(l, NULL, &d));
-    if (!d) return T_DONE();
-    CHECK(tf_device_loader_position(d) == S_B);
-    for (int k = 1; k < N; k++) {
-        tf_device_batch *b = NULL;
-        CHECK_OK(tf_device_loader_next(d, (uintptr_t)cs, &b));
-        if (!b) break;
-        tf_device_batch_view v;
-        tf_device_batch_get_view(b, &v);
-        dev[k] = flat_dev_enqueue(&v, cs);
-        CHECK_OK(tf_device_batch_release(b, (uintptr_t)cs));
-    }
-    d_drain(cs);
-    int bad = 0;
-    for (int k = 0; k < N; k++) bad += !flat_eq(&cpu[k], &dev[k]);
-    CHECK(bad == 0);
+    CHECK(d_stream_create(&t.cs, 1) == 0);
+    CHECK_OK(tf_device_loader_create(t.l, NULL, &t.d));
+    if (!t.d) return T_DONE();
+    CHECK(tf_device_loader_position(t.d) == S_B);
+    for (int k = 1; k < N; k++) CHECK_OK(step(t.d, t.cs, &dev[k]));
+    d_drain(t.cs);
+    CHECK(flats_differ(cpu, dev, N) == 0);
     tf_device_stats st;
-    tf_device_loader_get_stats(d, &st);
+    tf_device_loader_get_stats(t.d, &st);
     printf("  pageable first: %llu staging copies, then %llu direct\n", (unsigned long long)st.staging_copies,
            (unsigned long long)st.direct_copies);
     CHECK(st.staging_copies > 0 && st.direct_copies > 0);
@@ -859,53 +931,38 @@ static int case_stage_pageable_first(void) {
     CHECK(st.staging_copies >= 2 && st.staging_copies <= 8); /* what was assembled before: the ring's depth at most */
     CHECK(st.host_pinned == 1 && d_counter("h2d_pageable") == 0);
     CHECK(d_counter("registers") == (long long)st.engine_buffers_locked + 1); /* + the staging, once */
-    tf_device_loader_free(d);
+    tf_device_loader_free(t.d);
+    t.d = NULL;
     /* after the device loader, the plain loader goes on exactly, in ordinary memory */
-    CHECK_OK(tf_loader_next(l, &hb));
+    CHECK_OK(tf_loader_next(t.l, &hb));
     tf_batch_view hv;
     tf_batch_get_view(hb, &hv);
     CHECK(hv.position == (uint64_t)N * S_B);
     tf_batch_release(hb);
-    tf_loader_free(l);
     flat_free(cpu, N);
     flat_free(dev, N);
-    tf_dataset_free(ds);
-    d_stream_destroy(cs);
-    CHECK(d_counter("live_allocs") == 0 && d_counter("live_registered") == 0);
+    stage_close(&t);
     return T_DONE();
 }
 
 /* Position counts what the consumer received; seek with copies in flight,
- * and resume in a new device loader, continue the exact stream. */
-static int case_stage_resume(void) {
-    use_double(NULL);
-    setenv("CUDA_DOUBLE_COPY_US", "500", 1);
-    if (bind_double() < 0) return T_EXIT_FAIL;
-    tf_dataset *ds = stage_dataset();
-    if (!ds) return T_EXIT_FAIL;
+ * and resume in a new device loader, continue the exact stream: for whole
+ * samples and for context-parallel shares (plain and THD). */
+static void stage_resume(stage *t, const stage_cfg *c) {
     enum { N = 60 };
     flat cpu[N];
-    CHECK(cpu_stream(ds, TF_WANT_POSITION_IDS, 0, 0, N, cpu) == N);
-    void *cs = NULL;
-    CHECK(d_stream_create(&cs, 1) == 0);
+    CHECK(cpu_stream(t->ds, c, 0, N, cpu) == N);
+    tf_device_config dc;
+    tf_device_config_init(&dc);
+    dc.prefetch = 4;
     for (int cut = 1; cut < N; cut += 13) {
-        tf_loader *l = stage_loader(ds, TF_WANT_POSITION_IDS, 0);
-        tf_device_config dc;
-        tf_device_config_init(&dc);
-        dc.prefetch = 4;
+        tf_loader *l = stage_loader(t->ds, c);
         tf_device_loader *d = NULL;
         CHECK_OK(tf_device_loader_create(l, &dc, &d));
         if (!d) break;
         flat got[N];
         int k = 0;
-        for (; k < cut; k++) {
-            tf_device_batch *b = NULL;
-            CHECK_OK(tf_device_loader_next(d, (uintptr_t)cs, &b));
-            if (!b) break;
-            tf_device_batch_view v;
-            tf_device_batch_get_view(b, &v);
-            got[k] = flat_dev_enqueue(&v, cs);
-            CHECK_OK(tf_device_batch_release(b, (uintptr_t)cs));
+        for (; k < cut && step(d, t->cs, &got[k]) == 0; k++) {
         }
         CHECK(wait_queued(d, 2)); /* copies in flight beyond the position */
         uint64_t saved = tf_device_loader_position(d);
@@ -918,60 +975,74 @@ static int case_stage_resume(void) {
         tf_device_loader_free(d);
         tf_loader_free(l);
         /* resume */
-        l = stage_loader(ds, TF_WANT_POSITION_IDS, 0);
+        l = stage_loader(t->ds, c);
         CHECK_OK(tf_device_loader_create(l, &dc, &d));
         if (!d) break;
         CHECK_OK(tf_device_loader_seek(d, saved));
         int sought = 0;
         for (; k < N; k++) {
-            tf_device_batch *b = NULL;
-            CHECK_OK(tf_device_loader_next(d, (uintptr_t)cs, &b));
-            if (!b) break;
-            tf_device_batch_view v;
-            tf_device_batch_get_view(b, &v);
-            got[k] = flat_dev_enqueue(&v, cs);
-            CHECK_OK(tf_device_batch_release(b, (uintptr_t)cs));
+            CHECK_OK(step(d, t->cs, &got[k]));
             if (k == cut + 5 && !sought) { /* seek back on a running device loader, copies in flight */
                 sought = 1;
-                d_drain(cs);
+                d_drain(t->cs);
                 CHECK_OK(tf_device_loader_seek(d, (uint64_t)(cut + 1) * S_B));
                 CHECK(tf_device_loader_position(d) == (uint64_t)(cut + 1) * S_B);
                 flat_free(&got[cut + 1], k - cut);
                 k = cut;
             }
         }
-        d_drain(cs);
-        int bad = 0;
-        for (int i = 0; i < N; i++) bad += !flat_eq(&cpu[i], &got[i]);
-        CHECK(bad == 0);
+        d_drain(t->cs);
+        CHECK(flats_differ(cpu, got, N) == 0);
         flat_free(got, N);
         tf_device_loader_free(d);
         tf_loader_free(l);
     }
     flat_free(cpu, N);
-    tf_dataset_free(ds);
-    d_stream_destroy(cs);
-    CHECK(d_counter("device_syncs") == 0 && d_counter("stream_syncs") == 0);
-    CHECK(d_counter("live_allocs") == 0 && d_counter("bad_frees") == 0);
+}
+
+/* Each configuration in a process of its own: they start many threads, and
+ * ThreadSanitizer's runtime runs out of room for threads long before a
+ * process would. */
+static int stage_resume_case(const stage_cfg *c) {
+    stage t;
+    use_double(NULL);
+    if (stage_open(&t, "500", &PLAIN, NULL) < 0) return T_EXIT_FAIL;
+    tf_device_loader_free(t.d); /* (stage_resume makes its own) */
+    t.d = NULL;
+    stage_resume(&t, c);
+    stage_close(&t);
     return T_DONE();
+}
+
+static int case_stage_resume(void) {
+    const stage_cfg pos = {TF_WANT_POSITION_IDS, 0, 0, 0};
+    return stage_resume_case(&pos);
+}
+/* (infinite streams; the THD case on CP rank 0) */
+static int case_stage_cp_resume(void) {
+    const stage_cfg c = {CP_PLAIN.want, 0, 1, 2};
+    return stage_resume_case(&c);
+}
+static int case_stage_thd_resume(void) {
+    const stage_cfg c = {CP_THD.want, 0, 0, 2};
+    return stage_resume_case(&c);
 }
 
 /* Static buffers: every batch lands in the same caller-owned buffers, after
  * the work queued before it on the consumer's stream (so a step held on the
  * GPU still reads its own batch), and after work on a previous stream. */
 static int case_stage_static(void) {
+    const stage_cfg c = {TF_WANT_POSITION_IDS | TF_WANT_LOSS_MASK, 0, 0, 0};
     use_double(NULL);
     setenv("CUDA_DOUBLE_COPY_US", "100", 1);
     if (bind_double() < 0) return T_EXIT_FAIL;
-    tf_dataset *ds = stage_dataset();
-    if (!ds) return T_EXIT_FAIL;
-    unsigned want = TF_WANT_POSITION_IDS | TF_WANT_LOSS_MASK;
     enum { N = 24 };
     flat cpu[N];
-    CHECK(cpu_stream(ds, want, 0, 0, N, cpu) == N);
-    tf_loader *l = stage_loader(ds, want, 0);
-    void *cs = NULL, *cs2 = NULL;
-    CHECK(d_stream_create(&cs, 1) == 0 && d_stream_create(&cs2, 1) == 0);
+    stage t = {stage_dataset(), NULL, NULL, NULL};
+    if (!t.ds || !(t.l = stage_loader(t.ds, &c))) return T_EXIT_FAIL;
+    CHECK(cpu_stream(t.ds, &c, 0, N, cpu) == N);
+    void *cs2 = NULL;
+    CHECK(d_stream_create(&t.cs, 1) == 0 && d_stream_create(&cs2, 1) == 0);
     tf_device_static sb;
     memset(&sb, 0, sizeof sb);
     sb.tokens_bytes = S_B * (S_L + 1) * 4;
@@ -984,58 +1055,47 @@ static int case_stage_static(void) {
     tf_device_config_init(&dc);
     dc.static_buffers = &sb;
     dc.slots = 8; /* the stream is held for PAUSED steps below: slots come back only as it runs */
-    tf_device_loader *d = NULL;
-    CHECK_OK(tf_device_loader_create(l, &dc, &d));
     tf_device_batch *b = NULL;
-    CHECK_RC(tf_device_loader_next(d, TF_DEVICE_STREAM_NONE, &b), -EINVAL); /* needs a stream */
-    CHECK_RC(tf_device_loader_next(d, (uintptr_t)cs, &b), -EINVAL);
+    CHECK_OK(tf_device_loader_create(t.l, &dc, &t.d));
+    CHECK_RC(tf_device_loader_next(t.d, TF_DEVICE_STREAM_NONE, &b), -EINVAL); /* needs a stream */
+    CHECK_RC(tf_device_loader_next(t.d, (uintptr_t)t.cs, &b), -EINVAL);
     CONTAINS(tf_last_error(), "loss_mask needs a device buffer of 256 bytes");
-    tf_device_loader_free(d);
+    tf_device_loader_free(t.d);
     sb.loss_mask_bytes = S_B * S_L;
-    CHECK_OK(tf_device_loader_create(l, &dc, &d));
-    if (!d) return T_DONE();
+    CHECK_OK(tf_device_loader_create(t.l, &dc, &t.d));
+    if (!t.d) return T_DONE();
 
     /* The consumer's stream is busy: steps are queued, none has run. */
     enum { PAUSED = 6 };
     flat got[N];
-    d_pause(cs, 1);
+    d_pause(t.cs, 1);
     for (int k = 0; k < PAUSED; k++) {
-        CHECK_OK(tf_device_loader_next(d, (uintptr_t)cs, &b));
+        CHECK_OK(tf_device_loader_next(t.d, (uintptr_t)t.cs, &b));
         if (!b) break;
         tf_device_batch_view v;
         tf_device_batch_get_view(b, &v);
         CHECK(v.tokens == sb.tokens && v.position_ids == sb.position_ids && v.loss_mask == sb.loss_mask);
         CHECK(v.cu_seqlens == NULL && v.position == (uint64_t)k * S_B);
-        got[k] = flat_dev_enqueue(&v, cs); /* the step reads the static buffers */
-        CHECK_OK(tf_device_batch_release(b, (uintptr_t)cs));
+        got[k] = flat_dev_enqueue(&v, t.cs); /* the step reads the static buffers */
+        CHECK_OK(tf_device_batch_release(b, (uintptr_t)t.cs));
     }
-    d_pause(cs, 0);
-    d_drain(cs);
+    d_pause(t.cs, 0);
+    d_drain(t.cs);
     /* Alternate streams. Step k on one stream is held (paused, not run)
      * when step k + 1 is queued on the other: the other stream must wait
      * for it before its copy into the static buffers runs. */
     int (*d_pending)(void *) = NULL;
-    *(void **)&d_pending = dlsym(RTLD_DEFAULT, "cuda_double_stream_pending");
     void *h = dlopen(double_path, RTLD_NOW | RTLD_NOLOAD);
     if (h) *(void **)&d_pending = dlsym(h, "cuda_double_stream_pending");
     CHECK(d_pending != NULL);
     for (int k = PAUSED; k + 1 < N && d_pending; k += 2) {
-        void *s1 = (k / 2) % 2 ? cs2 : cs, *s2 = s1 == cs ? cs2 : cs;
-        d_drain(cs);
+        void *s1 = (k / 2) % 2 ? cs2 : t.cs, *s2 = s1 == t.cs ? cs2 : t.cs;
+        d_drain(t.cs);
         d_drain(cs2);
         d_pause(s1, 1);
         d_pause(s2, 1);
-        CHECK_OK(tf_device_loader_next(d, (uintptr_t)s1, &b));
-        if (!b) break;
-        tf_device_batch_view v;
-        tf_device_batch_get_view(b, &v);
-        got[k] = flat_dev_enqueue(&v, s1);
-        CHECK_OK(tf_device_batch_release(b, (uintptr_t)s1));
-        CHECK_OK(tf_device_loader_next(d, (uintptr_t)s2, &b));
-        if (!b) break;
-        tf_device_batch_get_view(b, &v);
-        got[k + 1] = flat_dev_enqueue(&v, s2);
-        CHECK_OK(tf_device_batch_release(b, (uintptr_t)s2));
+        CHECK_OK(step(t.d, s1, &got[k]));
+        CHECK_OK(step(t.d, s2, &got[k + 1]));
         /* s2 runs up to its wait on s1's step and stays there: its copies
          * into the static buffers, reads and release (9 operations after
          * the wait) have not run. Without that wait they would, and step k
@@ -1045,65 +1105,122 @@ static int case_stage_static(void) {
         CHECK(d_pending(s2) >= 10);
         d_pause(s1, 0);
     }
-    d_drain(cs);
+    d_drain(t.cs);
     d_drain(cs2);
-    int bad = 0;
-    for (int k = 0; k < N; k++) bad += !flat_eq(&cpu[k], &got[k]);
-    CHECK(bad == 0);
+    CHECK(flats_differ(cpu, got, N) == 0);
     tf_device_stats st;
-    tf_device_loader_get_stats(d, &st);
+    tf_device_loader_get_stats(t.d, &st);
     CHECK(st.static_buffers == 1 && st.batches == N && st.held == 0);
     CHECK(d_counter("d2d") == 3 * N); /* tokens, position_ids, loss_mask per batch */
-    tf_device_loader_free(d);
-    tf_loader_free(l);
     flat_free(cpu, N);
     flat_free(got, N);
-    tf_dataset_free(ds);
+    tf_device_loader_free(t.d);
+    t.d = NULL;
     d_free(sb.tokens);
     d_free(sb.position_ids);
     d_free(sb.loss_mask);
-    d_stream_destroy(cs);
     d_stream_destroy(cs2);
-    CHECK(d_counter("device_syncs") == 0 && d_counter("stream_syncs") == 0);
-    CHECK(d_counter("live_allocs") == 0 && d_counter("bad_frees") == 0);
+    stage_close(&t);
+    return T_DONE();
+}
+
+/* Static buffers the device loader allocates itself (alloc_static), for a
+ * context-parallel rank in the THD layout, whose arrays' lengths change from
+ * batch to batch: every batch is in the same buffers (room for the largest),
+ * filling a prefix, with the counts on the host; steps queued on a busy
+ * stream each read their own batch; a loader whose caller-owned buffers miss
+ * an array is told which and how large. */
+static int case_stage_static_own(void) {
+    enum { N = 30, PAUSED = 5 };
+    flat cpu[N], got[N];
+    tf_device_config dc;
+    tf_device_config_init(&dc);
+    tf_device_static none;
+    memset(&none, 0, sizeof none);
+    dc.static_buffers = &none;
+    stage t;
+    use_double(NULL);
+    if (stage_open(&t, "100", &CP_THD, &dc) < 0) return T_EXIT_FAIL;
+    tf_device_batch *b = NULL;
+    CHECK_RC(tf_device_loader_next(t.d, (uintptr_t)t.cs, &b), -EINVAL);
+    CONTAINS(tf_last_error(), "position_ids needs a device buffer of 2048 bytes"); /* 2 N x 4 */
+    CONTAINS(tf_last_error(), "THD");
+    tf_device_loader_free(t.d);
+    dc.static_buffers = NULL;
+    dc.alloc_static = 1;
+    dc.slots = PAUSED + 3;
+    CHECK_OK(tf_device_loader_create(t.l, &dc, &t.d));
+    if (!t.d) return T_DONE();
+    CHECK(cpu_stream(t.ds, &CP_THD, 0, N, cpu) == N);
+    tf_device_batch_view first;
+    memset(&first, 0, sizeof first);
+    long long d2d = 0;
+    for (int k = 0; k < N; k++) {
+        if (k == 0) d_pause(t.cs, 1); /* the first steps queue up behind a busy stream */
+        if (k == PAUSED) {
+            d_pause(t.cs, 0);
+            d_drain(t.cs);
+        }
+        CHECK_OK(tf_device_loader_next(t.d, (uintptr_t)t.cs, &b));
+        if (!b) break;
+        tf_device_batch_view v;
+        tf_device_batch_get_view(b, &v);
+        if (k == 0) first = v;
+        CHECK(v.thd == 1 && v.cp_size == 2 && !v.tokens && !v.num_seqs);
+        CHECK(v.input_ids == first.input_ids && v.labels == first.labels && v.position_ids == first.position_ids &&
+              v.loss_mask == first.loss_mask && v.cu_seqlens == first.cu_seqlens &&
+              v.cu_seqlens_padded == first.cu_seqlens_padded && v.ready_event == first.ready_event);
+        got[k] = flat_dev_enqueue(&v, t.cs);
+        arrays a;
+        dev_arrays(&v, &a);
+        for (int j = 0; j < NARR; j++) d2d += a.n[j] > 0;
+        CHECK_OK(tf_device_batch_release(b, (uintptr_t)t.cs));
+    }
+    d_drain(t.cs);
+    CHECK(flats_differ(cpu, got, N) == 0);
+    tf_device_stats st;
+    tf_device_loader_get_stats(t.d, &st);
+    CHECK(st.static_buffers == 1 && st.batches == N && st.held == 0);
+    CHECK(d_counter("d2d") == d2d); /* one device-to-device copy per array, its filled part */
+    flat_free(cpu, N);
+    flat_free(got, N);
+    stage_close(&t); /* the buffers went with the device loader */
     return T_DONE();
 }
 
 /* A consumer that holds every slot gets -EBUSY, not a hang; releasing one
  * lets it go on. */
 static int case_stage_held(void) {
-    use_double(NULL);
-    if (bind_double() < 0) return T_EXIT_FAIL;
-    tf_dataset *ds = stage_dataset();
-    tf_loader *l = ds ? stage_loader(ds, 0, 0) : NULL;
-    if (!l) return T_EXIT_FAIL;
     tf_device_config dc;
     tf_device_config_init(&dc);
     dc.prefetch = 2;
-    dc.slots = 2;
-    tf_device_loader *d = NULL;
-    CHECK_RC(tf_device_loader_create(l, &dc, &d), -EINVAL);
-    CONTAINS(tf_last_error(), "device slots");
     dc.slots = 3;
-    CHECK_OK(tf_device_loader_create(l, &dc, &d));
-    if (!d) return T_DONE();
+    stage t;
+    use_double(NULL);
+    if (stage_open(&t, NULL, &PLAIN, &dc) < 0) return T_EXIT_FAIL;
+    tf_device_loader *d2 = NULL;
+    dc.slots = 2;
+    CHECK_RC(tf_device_loader_create(t.l, &dc, &d2), -EINVAL);
+    CONTAINS(tf_last_error(), "device slots");
     tf_device_batch *b[4] = {NULL};
-    for (int i = 0; i < 3; i++) CHECK_OK(tf_device_loader_next(d, 1, &b[i]));
-    CHECK_RC(tf_device_loader_next(d, 1, &b[3]), -EBUSY);
+    for (int i = 0; i < 3; i++) CHECK_OK(tf_device_loader_next(t.d, 1, &b[i]));
+    CHECK_RC(tf_device_loader_next(t.d, 1, &b[3]), -EBUSY);
     CONTAINS(tf_last_error(), "held by the consumer");
-    CHECK(tf_device_loader_position(d) == 3 * S_B);
+    CHECK(tf_device_loader_position(t.d) == 3 * S_B);
     CHECK_OK(tf_device_batch_release(b[0], 1));
-    CHECK_OK(tf_device_loader_next(d, 1, &b[3]));
+    CHECK_OK(tf_device_loader_next(t.d, 1, &b[3]));
     tf_device_batch_view v;
     tf_device_batch_get_view(b[3], &v);
     CHECK(v.position == 3 * S_B);
     /* Batches outlive the device loader and the loader. */
-    tf_device_loader_free(d);
-    tf_loader_free(l);
+    tf_device_loader_free(t.d);
+    tf_loader_free(t.l);
+    t.d = NULL;
+    t.l = NULL;
     CHECK(d_counter("live_allocs") == 3);
     for (int i = 1; i < 4; i++) CHECK_OK(tf_device_batch_release(b[i], 1));
-    CHECK(d_counter("live_allocs") == 0 && d_counter("live_registered") == 0 && d_counter("live_streams") == 0);
-    tf_dataset_free(ds);
+    stage_close(&t);
+    CHECK(d_counter("live_streams") == 0);
     return T_DONE();
 }
 
@@ -1111,62 +1228,50 @@ static int case_stage_held(void) {
  * move, and everything is given back. GPU out of memory at the first batch.
  * No CUDA at all: a clear error at create. */
 static int case_stage_errors(void) {
+    stage t;
     use_double("memcpy_after=5");
-    if (bind_double() < 0) return T_EXIT_FAIL;
-    tf_dataset *ds = stage_dataset();
-    tf_loader *l = ds ? stage_loader(ds, 0, 0) : NULL;
-    if (!l) return T_EXIT_FAIL;
-    tf_device_loader *d = NULL;
-    CHECK_OK(tf_device_loader_create(l, NULL, &d));
-    if (!d) return T_DONE();
+    if (stage_open(&t, NULL, &PLAIN, NULL) < 0) return T_EXIT_FAIL;
     tf_device_batch *b = NULL;
     int k = 0, rc = 0;
-    for (; k < 10 && (rc = tf_device_loader_next(d, 1, &b)) == 0; k++) CHECK_OK(tf_device_batch_release(b, 1));
+    for (; k < 10 && (rc = tf_device_loader_next(t.d, 1, &b)) == 0; k++) CHECK_OK(tf_device_batch_release(b, 1));
     CHECK(k == 5);
     CHECK_RC(rc, -TF_ECUDA);
     CONTAINS(tf_last_error(), "cudaMemcpyAsync");
-    CHECK(tf_device_loader_position(d) == 5 * S_B);
-    CHECK_RC(tf_device_loader_next(d, 1, &b), -TF_ECUDA); /* retried: still failing */
-    CHECK(tf_device_loader_position(d) == 5 * S_B);
-    tf_device_loader_free(d);
-    CHECK(tf_loader_position(l) == 5 * S_B); /* the loader goes on from the consumer's position */
+    CHECK(tf_device_loader_position(t.d) == 5 * S_B);
+    CHECK_RC(tf_device_loader_next(t.d, 1, &b), -TF_ECUDA); /* retried: still failing */
+    CHECK(tf_device_loader_position(t.d) == 5 * S_B);
+    tf_device_loader_free(t.d);
+    t.d = NULL;
+    CHECK(tf_loader_position(t.l) == 5 * S_B); /* the loader goes on from the consumer's position */
     tf_batch *hb = NULL;
-    CHECK_OK(tf_loader_next(l, &hb));
+    CHECK_OK(tf_loader_next(t.l, &hb));
     tf_batch_view hv;
     tf_batch_get_view(hb, &hv);
     CHECK(hv.position == 5 * S_B);
     tf_batch_release(hb);
-    tf_loader_free(l);
-    CHECK(d_counter("live_allocs") == 0 && d_counter("live_registered") == 0);
-    tf_dataset_free(ds);
+    stage_close(&t);
     return T_DONE();
 }
 
 static int case_stage_oom(void) {
+    stage t;
     use_double(NULL);
     setenv("CUDA_DOUBLE_MEM", "2000", 1);
-    if (bind_double() < 0) return T_EXIT_FAIL;
-    tf_dataset *ds = stage_dataset();
-    tf_loader *l = ds ? stage_loader(ds, 0, 0) : NULL;
-    if (!l) return T_EXIT_FAIL;
-    tf_device_loader *d = NULL;
-    CHECK_OK(tf_device_loader_create(l, NULL, &d));
+    if (stage_open(&t, NULL, &PLAIN, NULL) < 0) return T_EXIT_FAIL;
     tf_device_batch *b = NULL;
-    CHECK_RC(tf_device_loader_next(d, 1, &b), -ENOMEM);
+    CHECK_RC(tf_device_loader_next(t.d, 1, &b), -ENOMEM);
     CONTAINS(tf_last_error(), "out of memory");
     CONTAINS(tf_last_error(), "lower batch_size");
-    CHECK(tf_device_loader_position(d) == 0);
-    tf_device_loader_free(d);
-    tf_loader_free(l);
-    CHECK(d_counter("live_allocs") == 0 && d_counter("live_registered") == 0 && d_counter("live_events") == 0);
-    tf_dataset_free(ds);
+    CHECK(tf_device_loader_position(t.d) == 0);
+    stage_close(&t);
+    CHECK(d_counter("live_events") == 0);
     return T_DONE();
 }
 
 static int case_stage_no_cuda(void) {
     setenv("TOKENFEED_CUDART", "/nonexistent/libcudart.so.12", 1);
     tf_dataset *ds = stage_dataset();
-    tf_loader *l = ds ? stage_loader(ds, 0, 0) : NULL;
+    tf_loader *l = ds ? stage_loader(ds, &PLAIN) : NULL;
     if (!l) return T_EXIT_FAIL;
     tf_device_loader *d = NULL;
     CHECK_RC(tf_device_loader_create(l, NULL, &d), -TF_ECUDA);
@@ -1182,7 +1287,7 @@ static int case_stage_bad_device(void) {
     use_double(NULL);
     setenv("CUDA_DOUBLE_DEVICES", "2", 1);
     tf_dataset *ds = stage_dataset();
-    tf_loader *l = ds ? stage_loader(ds, 0, 0) : NULL;
+    tf_loader *l = ds ? stage_loader(ds, &PLAIN) : NULL;
     if (!l) return T_EXIT_FAIL;
     tf_device_config dc;
     tf_device_config_init(&dc);
@@ -1203,8 +1308,8 @@ static int case_stage_bad_device(void) {
     CHECK(v.device == 1);
     /* host-side check of the batch: wait for its copy, read device memory */
     CHECK_OK(tf_device_batch_synchronize(b));
-    flat cpu[1];
-    CHECK(cpu_stream(ds, 0, 0, 0, 1, cpu) == 1);
+    flat cpu[1] = {{NULL, 0, 0}};
+    CHECK(cpu_stream(ds, &PLAIN, 0, 1, cpu) == 1);
     CHECK(!memcmp(v.tokens, cpu[0].p, S_B * (S_L + 1) * 4));
     flat_free(cpu, 1);
     tf_device_stats st;
@@ -1221,44 +1326,35 @@ static int case_stage_bad_device(void) {
  * still busy with a batch: nothing is freed under a reader, all is given
  * back at the end, and nothing synchronised the device. */
 static int case_stage_free_in_flight(void) {
-    use_double(NULL);
-    setenv("CUDA_DOUBLE_COPY_US", "3000", 1);
-    if (bind_double() < 0) return T_EXIT_FAIL;
-    tf_dataset *ds = stage_dataset();
-    tf_loader *l = ds ? stage_loader(ds, 0, 0) : NULL;
-    if (!l) return T_EXIT_FAIL;
-    void *cs = NULL;
-    CHECK(d_stream_create(&cs, 1) == 0);
     tf_device_config dc;
     tf_device_config_init(&dc);
     dc.prefetch = 4;
-    tf_device_loader *d = NULL;
-    CHECK_OK(tf_device_loader_create(l, &dc, &d));
-    if (!d) return T_DONE();
+    stage t;
+    use_double(NULL);
+    if (stage_open(&t, "3000", &PLAIN, &dc) < 0) return T_EXIT_FAIL;
     tf_device_batch *b = NULL;
-    CHECK_OK(tf_device_loader_next(d, (uintptr_t)cs, &b));
-    CHECK(wait_queued(d, 2));
-    uint8_t seen[S_B * (S_L + 1) * 4];
-    d_pause(cs, 1);
+    CHECK_OK(tf_device_loader_next(t.d, (uintptr_t)t.cs, &b));
+    CHECK(wait_queued(t.d, 2));
+    d_pause(t.cs, 1);
     tf_device_batch_view v;
     tf_device_batch_get_view(b, &v);
-    d_read(cs, v.tokens, sizeof seen, seen);
-    tf_device_loader_free(d); /* copies still running on the copy stream, the step not run */
-    tf_loader_free(l);
+    flat seen = flat_dev_enqueue(&v, t.cs);
+    tf_device_loader_free(t.d); /* copies still running on the copy stream, the step not run */
+    tf_loader_free(t.l);
+    t.d = NULL;
+    t.l = NULL;
     CHECK(d_counter("bad_frees") == 0);
-    d_pause(cs, 0);
-    CHECK_OK(tf_device_batch_release(b, (uintptr_t)cs)); /* the last reference: frees the ring */
-    d_drain(cs);
-    flat cpu[1];
-    CHECK(cpu_stream(ds, 0, 0, 0, 1, cpu) == 1);
-    CHECK(!memcmp(seen, cpu[0].p, sizeof seen));
+    d_pause(t.cs, 0);
+    CHECK_OK(tf_device_batch_release(b, (uintptr_t)t.cs)); /* the last reference: frees the ring */
+    d_drain(t.cs);
+    flat cpu[1] = {{NULL, 0, 0}};
+    CHECK(cpu_stream(t.ds, &PLAIN, 0, 1, cpu) == 1);
+    CHECK(flat_eq(&seen, &cpu[0]));
     flat_free(cpu, 1);
+    flat_free(&seen, 1);
     /* the last release freed the ring after its copies */
     for (int i = 0; i < 1000 && d_counter("live_allocs"); i++) usleep(1000);
-    CHECK(d_counter("live_allocs") == 0 && d_counter("live_registered") == 0 && d_counter("live_streams") == 1);
-    d_stream_destroy(cs);
-    CHECK(d_counter("device_syncs") == 0 && d_counter("stream_syncs") == 0 && d_counter("bad_frees") == 0);
-    tf_dataset_free(ds);
+    stage_close(&t);
     return T_DONE();
 }
 
@@ -1428,9 +1524,14 @@ int main(int argc, char **argv) {
     run_case("outlives_owner", case_outlives_owner);
     run_case("stage_ahead", case_stage_ahead);
     run_case("stage_bytes", case_stage_bytes);
+    run_case("stage_cp", case_stage_cp);
+    run_case("stage_thd", case_stage_thd);
     run_case("stage_pageable_first", case_stage_pageable_first);
     run_case("stage_resume", case_stage_resume);
+    run_case("stage_cp_resume", case_stage_cp_resume);
+    run_case("stage_thd_resume", case_stage_thd_resume);
     run_case("stage_static", case_stage_static);
+    run_case("stage_static_own", case_stage_static_own);
     run_case("stage_held", case_stage_held);
     run_case("stage_errors", case_stage_errors);
     run_case("stage_oom", case_stage_oom);

@@ -508,6 +508,15 @@ API cudaError_t cudaStreamWaitEvent(void *st, void *h, unsigned flags) {
     return OK;
 }
 
+/* g_mu held. Queue o, a copy or a read of n bytes from src to dst, on st. */
+static void submit(void *st, op *o, int kind, void *dst, const void *src, size_t n) {
+    o->kind = kind;
+    o->dst = dst;
+    o->src = src;
+    o->n = n;
+    enqueue(resolve(st), o);
+}
+
 /* Host to device (1), device to host (2) and device to device (3) are
  * modelled: the device ends must lie inside allocations. */
 API cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *st) {
@@ -534,12 +543,8 @@ API cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, 
         C.h2d_bytes += (long long)n;
     }
     if (a) a->pending++;
-    o->kind = OP_COPY;
-    o->dst = dst;
-    o->src = src;
-    o->n = n;
     o->target = a;
-    enqueue(resolve(st), o);
+    submit(st, o, OP_COPY, dst, src, n);
     pthread_mutex_unlock(&g_mu);
     return OK;
 }
@@ -622,11 +627,7 @@ API int cuda_double_enqueue_read(void *st, const void *dev, size_t n, void *out)
     op *o = calloc(1, sizeof *o);
     if (!o) return ERR_MEMORY;
     pthread_mutex_lock(&g_mu);
-    o->kind = OP_READ;
-    o->dst = out;
-    o->src = dev;
-    o->n = n;
-    enqueue(resolve(st), o);
+    submit(st, o, OP_READ, out, dev, n);
     pthread_mutex_unlock(&g_mu);
     return OK;
 }
