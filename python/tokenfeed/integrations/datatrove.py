@@ -41,18 +41,10 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("tokenfeed.integrations.datatrove needs datatrove: pip install 'tokenfeed[datatrove]'") from e
 
-from .._convert import Chunk, ConvertError, Settings, _chunk_texts, _default_eod, _load_tokenizer
+from .._convert import Chunk, ConvertError, Settings, _chunk_texts, _default_eod, _file_sha256, _load_tokenizer
 from .._parts import PartWriter
 
 __all__ = ["TokenfeedWriter", "ConvertReader", "task_chunks"]
-
-
-def _sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class TokenfeedWriter(PipelineStep):
@@ -114,7 +106,7 @@ class TokenfeedWriter(PipelineStep):
         tok = self.tokenizer
         meta: Dict[str, Any] = {"add_special_tokens": bool(self.add_special_tokens)}
         if isinstance(tok, str):
-            meta["tokenizer_sha256"] = _sha256_file(tok)
+            meta["tokenizer_sha256"] = _file_sha256(tok)
             tok = _load_tokenizer(tok)
         elif tok is not None:
             meta["tokenizer_sha256"] = hashlib.sha256(tok.to_str().encode()).hexdigest()
