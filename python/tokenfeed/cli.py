@@ -27,7 +27,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._convert import EOD_CANDIDATES, ConvertError, convert
+from ._convert import convert
+from ._text import EOD_CANDIDATES, ConvertError
 
 __all__ = ["main"]
 
