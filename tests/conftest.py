@@ -211,16 +211,24 @@ def bpe_tokenizer(texts: Iterable[str], vocab_size: int = 400, special_tokens: S
     return tok
 
 
-def numpy_loader(datasets: Sequence[tokenfeed.Dataset], **kw: Any) -> tokenfeed.Loader:
-    """A Loader over ``datasets`` (a mixture when several) with NumPy output and two threads unless told."""
+def tokenizer_json(directory: Any, texts: Iterable[str], **kw: Any) -> str:
+    """:func:`bpe_tokenizer` trained on ``texts``, saved as ``directory/tokenizer.json``; its path."""
+    path = os.path.join(os.fspath(directory), "tokenizer.json")
+    bpe_tokenizer(texts, **kw).save(path)
+    return path
+
+
+def numpy_loader(data: Any, **kw: Any) -> tokenfeed.Loader:
+    """A Loader with NumPy output and two threads unless told. ``data`` as for Loader; a tuple of
+    datasets is a mixture, as a list is."""
     kw.setdefault("output", "numpy")
     kw.setdefault("num_threads", 2)
-    return tokenfeed.Loader(list(datasets), **kw)
+    return tokenfeed.Loader(list(data) if isinstance(data, tuple) else data, **kw)
 
 
-def take_tokens(loader: Any, n: int) -> List[np.ndarray]:
-    """The ``tokens`` of the loader's next ``n`` batches, copied."""
-    return [next(loader)["tokens"].copy() for _ in range(n)]
+def take_tokens(loader: Any, n: int, key: str = "tokens") -> List[np.ndarray]:
+    """The ``key`` array of the loader's next ``n`` batches, copied."""
+    return [next(loader)[key].copy() for _ in range(n)]
 
 
 # Foreign formats, written by hand following each format's published layout (independent of

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import tokenfeed
-from conftest import assert_docs_equal, bpe_tokenizer, documents, write_llmc, write_megatron
+from conftest import assert_docs_equal, bpe_tokenizer, documents, tokenizer_json, write_llmc, write_megatron
 from tokenfeed.cli import main
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -37,9 +37,7 @@ def corpus(n: int, seed: int = 0) -> List[str]:
 
 @pytest.fixture(scope="module")
 def tok_path(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("tok") / "tokenizer.json")
-    bpe_tokenizer(corpus(500, seed=1)).save(path)
-    return path
+    return tokenizer_json(tmp_path_factory.mktemp("tok"), corpus(500, seed=1))
 
 
 def vocab_of(tok_path: str) -> int:

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import tokenfeed
-from conftest import assert_docs_equal, bpe_tokenizer, documents
+from conftest import assert_docs_equal, bpe_tokenizer, documents, tokenizer_json
 from tokenfeed.cli import main
 
 pytest.importorskip("tokenizers")
@@ -49,9 +49,7 @@ def texts(n: int, seed: int) -> List[str]:
 
 @pytest.fixture(scope="module")
 def tok_path(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("tok") / "tokenizer.json")
-    bpe_tokenizer(texts(400, seed=99)).save(path)
-    return path
+    return tokenizer_json(tmp_path_factory.mktemp("tok"), texts(400, seed=99))
 
 
 @pytest.fixture(scope="module")
