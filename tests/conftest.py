@@ -33,10 +33,11 @@ are usable would quietly test less.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import struct
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
@@ -229,6 +230,22 @@ def numpy_loader(data: Any, **kw: Any) -> tokenfeed.Loader:
 def take_tokens(loader: Any, n: int, key: str = "tokens") -> List[np.ndarray]:
     """The ``key`` array of the loader's next ``n`` batches, copied."""
     return [next(loader)[key].copy() for _ in range(n)]
+
+
+def assert_resumes_exactly(data: Any, k: int, n: int, **kw: Any) -> Tuple[Dict[str, Any], List[np.ndarray]]:
+    """The state saved after ``k`` batches (through JSON, as a checkpoint keeps it), restored into a
+    new loader, continues with exactly the ``n`` batches that the uninterrupted stream has next.
+    Returns the state and the uninterrupted stream's first ``k + n`` batches."""
+    whole = take_tokens(numpy_loader(data, **kw), k + n)
+    first = numpy_loader(data, **kw)
+    take_tokens(first, k)
+    state = json.loads(json.dumps(first.state_dict()))
+    first.close()
+    resumed = numpy_loader(data, **kw)
+    resumed.load_state_dict(state)
+    got = take_tokens(resumed, n)
+    assert all(np.array_equal(x, y) for x, y in zip(whole[k:], got)), f"resumed after {k} batches: {kw}"
+    return state, whole
 
 
 # Foreign formats, written by hand following each format's published layout (independent of

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tokenfeed
-from conftest import numpy_loader, take_tokens
+from conftest import assert_resumes_exactly, numpy_loader, take_tokens
 from tokenfeed import _core
 
 MODES = ["concat", "best_fit", "document"]
@@ -99,14 +99,8 @@ def test_identical_across_threads_and_backends(sources, packing):
 @pytest.mark.parametrize("k", [0, 5, 23])
 def test_restore_after_k_batches(sources, packing, k):
     a, b = sources()
-    kw = dict(weights=[0.7, 0.3], seq_len=12, batch_size=3, seed=5, packing=packing, pad_id=PAD, pack_window=16)
-    ref = take_tokens(numpy_loader([a, b], **kw), k + 8)
-    first = numpy_loader([a, b], **kw)
-    take_tokens(first, k)
-    state = first.state_dict()
-    resumed = numpy_loader([a, b], **kw)
-    resumed.load_state_dict(state)
-    assert all(np.array_equal(x, y) for x, y in zip(ref[k:], take_tokens(resumed, 8)))
+    assert_resumes_exactly([a, b], k, 8, weights=[0.7, 0.3], seq_len=12, batch_size=3, seed=5, packing=packing,
+                           pad_id=PAD, pack_window=16)
 
 
 @pytest.mark.parametrize("packing", MODES)

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tokenfeed
-from conftest import numpy_loader, take_tokens
+from conftest import assert_resumes_exactly, numpy_loader, take_tokens
 from tokenfeed import _core
 
 
@@ -122,16 +122,8 @@ def test_identical_config_identical_stream(make_dataset):
 @given(k=st.integers(0, 60), shuffle=st.sampled_from(["none", "full", "block"]), bs=st.integers(1, 5))
 def test_restore_after_k_batches_continues_exactly(make_dataset, k, shuffle, bs):
     ds = make_dataset(n_docs=120, seed=1)
-    kw = dict(seq_len=17, batch_size=bs, seed=5, shuffle=shuffle, block_size=4, window_blocks=2)
-    ref = take_tokens(numpy_loader(ds, **kw), k + 10)
-    first = numpy_loader(ds, **kw)
-    take_tokens(first, k)
-    state = first.state_dict()
-    first.close()
-    resumed = numpy_loader(ds, **kw)
-    resumed.load_state_dict(state)
-    got = take_tokens(resumed, 10)
-    assert all(np.array_equal(x, y) for x, y in zip(ref[k:], got))
+    assert_resumes_exactly(ds, k, 10, seq_len=17, batch_size=bs, seed=5, shuffle=shuffle, block_size=4,
+                           window_blocks=2)
 
 
 def test_state_is_small_and_json(make_dataset):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tokenfeed
-from conftest import numpy_loader, take_tokens
+from conftest import assert_resumes_exactly, numpy_loader, take_tokens
 from tokenfeed import _core
 
 VOCAB = 1 << 20
@@ -146,16 +146,8 @@ def test_identical_across_threads_and_backends(uds, packing):
 @pytest.mark.parametrize("k", [0, 3, 17])
 def test_restore_after_k_batches(uds, packing, k):
     ds = uds(n_docs=200)
-    kw = dict(seq_len=17, batch_size=3, seed=5, packing=packing, pad_id=PAD, pack_window=32, shuffle="block",
-              block_size=4, window_blocks=2)
-    ref = take_tokens(numpy_loader(ds, **kw), k + 8)
-    first = numpy_loader(ds, **kw)
-    take_tokens(first, k)
-    state = first.state_dict()
-    first.close()
-    resumed = numpy_loader(ds, **kw)
-    resumed.load_state_dict(state)
-    assert all(np.array_equal(x, y) for x, y in zip(ref[k:], take_tokens(resumed, 8)))
+    assert_resumes_exactly(ds, k, 8, seq_len=17, batch_size=3, seed=5, packing=packing, pad_id=PAD, pack_window=32,
+                           shuffle="block", block_size=4, window_blocks=2)
 
 
 @pytest.mark.parametrize("packing", ["best_fit", "document"])
