@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 from typing import Any, List, Sequence
@@ -371,13 +372,37 @@ def test_debug_shows_traceback(tmp_path, capsys):
 # --------------------------------------------------------------------------- entry points
 
 
+COMMANDS = ["convert", "merge", "inspect", "verify", "cache", "bench", "build-info"]
+
+
 def test_python_m_tokenfeed_help():
-    for args in ([], ["convert"], ["inspect"], ["verify"]):
+    p = subprocess.run([sys.executable, "-m", "tokenfeed", "--help"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    listed = [m.group(1) for m in re.finditer(r"^ {4}(\S+)", p.stdout, re.M)]
+    assert listed == COMMANDS  # every command, in the order a user meets them
+    for args in (["convert"], ["merge"], ["inspect"], ["verify"], ["cache"], ["cache", "show"], ["cache", "prune"],
+                 ["build-info"], ["bench"]):
         p = subprocess.run([sys.executable, "-m", "tokenfeed", *args, "--help"], capture_output=True, text=True)
         assert p.returncode == 0, p.stderr
-        assert "usage: tokenfeed" in p.stdout
+        assert f"usage: tokenfeed {' '.join(args)}" in p.stdout
     p = subprocess.run([sys.executable, "-m", "tokenfeed"], capture_output=True, text=True)
     assert p.returncode == 2 and "convert" in p.stdout
+
+
+@pytest.mark.parametrize("args, says", [
+    (["inspect", "{tmp}/missing"], "no such file"),
+    (["verify", "{tmp}/missing"], "no such file"),
+    (["merge", "{tmp}"], "nothing to merge"),
+    (["convert", "{tmp}/missing.bin", "{tmp}/out"], "no such file"),
+    (["cache", "show", "{tmp}/no-cache"], "cache directory"),
+    (["cache", "prune", "{tmp}"], "--keep SIZE or --all"),
+    (["cache", "prune", "{tmp}", "--keep", "5XB"], "cannot read '5XB' as a size"),
+    (["inspect", "{tmp}", "--seq-len", "0"], "--seq-len"),
+])
+def test_errors_are_one_line(tmp_path, capsys, args, says):
+    rc, out, err = run_cli([a.format(tmp=tmp_path) for a in args], capsys)
+    assert rc == 1 and out == ""
+    assert err.count("\n") == 1 and err.startswith("tokenfeed: error: ") and says in err, err
 
 
 def test_bench_delegates(monkeypatch, capsys):

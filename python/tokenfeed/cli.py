@@ -307,8 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
             "prefix, llm.c .bin shards, .npy, raw tokens with --dtype), concatenated in order, documents kept.\n\n"
             "The token dtype follows the vocabulary size: uint8 up to 256, uint16 up to 65536, else uint32.\n"
             "OUT has no manifest until the end, so an interrupted run leaves nothing that opens.\n"
-            "--resume (text only) keeps the chunks an interrupted run finished; see 'python -m pydoc\n"
-            "tokenfeed.cli' for exactly what it checks."),
+            "--resume (text only) keeps the chunks an interrupted run finished; it refuses when the inputs\n"
+            "(path, size, modification time), the tokenizer file or an option that changes the tokens differ."),
         epilog=("examples:\n"
                 "  tokenfeed convert corpus/ data/train --tokenizer tokenizer.json --text-field content\n"
                 "  tokenfeed convert books/*.txt data/books --tokenizer tokenizer.json --paragraphs\n"
