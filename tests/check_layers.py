@@ -111,14 +111,29 @@ def binding_private_symbols(cc: str = "", include_dirs: Iterable[str] = ()) -> D
 
 
 def python_graph() -> Graph:
+    """Module -> modules of the package it imports (relative imports), subpackages included:
+    a module of ``integrations/`` is named ``integrations.datatrove``."""
+    mods: Dict[str, str] = {}  # dotted name -> file
+    for d, _, files in os.walk(PKG):
+        rel = os.path.relpath(d, PKG)
+        prefix = "" if rel == "." else rel.replace(os.sep, ".") + "."
+        for f in files:
+            if f.endswith(".py"):
+                name = prefix + f[:-3]
+                mods[name[:-len(".__init__")] if name.endswith(".__init__") else name] = os.path.join(d, f)
     g: Graph = {}
-    mods = {f[:-3] for f in os.listdir(PKG) if f.endswith(".py")}
     for m in sorted(mods):
         deps = g.setdefault(m, set())
-        with open(os.path.join(PKG, m + ".py"), encoding="utf-8") as fh:
+        # the package a relative import starts from: a module's parent, or an __init__'s own package
+        parts = m.split(".") if mods[m].endswith("__init__.py") and m != "__init__" else m.split(".")[:-1]
+        with open(mods[m], encoding="utf-8") as fh:
             src = fh.read()
-        for a, b in re.findall(r"^\s*from \.(\w*) import ([\w, ]+)", src, re.M):
-            names = [a] if a else [n.strip() for n in b.split(",")]
+        for dots, a, b in re.findall(r"^\s*from (\.+)([\w.]*) import (\([^)]*\)|[\w, ]+)", src, re.M):
+            base = parts[:len(parts) - (len(dots) - 1)] if len(dots) - 1 <= len(parts) else []
+            if a:
+                names = [".".join(base + [a])]
+            else:  # from . import x, y  /  from . import (x,\n y)
+                names = [".".join(base + [n]) for n in re.findall(r"\w+", b.replace(" as ", " "))]
             deps.update(n for n in names if n in mods and n != m)
     return g
 

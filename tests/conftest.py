@@ -33,10 +33,11 @@ are usable would quietly test less.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
-import sys
-from typing import Any, Callable, Dict, List, Optional
+import struct
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
@@ -173,3 +174,116 @@ def make_dataset(tmp_path) -> Callable[..., tokenfeed.Dataset]:
 
 def torch_or_skip():
     return pytest.importorskip("torch")
+
+
+# ------------------------------------------------------------- helpers the test modules import
+
+def documents(ds: tokenfeed.Dataset) -> List[np.ndarray]:
+    """Every document of ``ds``, as int64 arrays."""
+    return [ds.document(i).astype(np.int64) for i in range(ds.num_documents)]
+
+
+def assert_docs_equal(got: Sequence[np.ndarray], want: Sequence[Any]) -> None:
+    """Same number of documents, each with the same token ids."""
+    assert len(got) == len(want), (len(got), len(want))
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert np.array_equal(g, np.asarray(w, dtype=np.int64)), f"document {i} differs"
+
+
+def bpe_tokenizer(texts: Iterable[str], vocab_size: int = 400, special_tokens: Sequence[str] = ("[UNK]", "<|endoftext|>"),
+                  byte_level: bool = True) -> Any:
+    """A BPE tokenizer (Hugging Face ``tokenizers``) trained here on ``texts``: nothing is downloaded.
+
+    ``byte_level``: GPT-2 style byte-level pre-tokenizer and decoder, else whitespace splitting.
+    Without ``<|endoftext|>`` in ``special_tokens`` it has no end-of-document token.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    extra: Dict[str, Any] = {}
+    if byte_level:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        extra["initial_alphabet"] = pre_tokenizers.ByteLevel.alphabet()
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(special_tokens),
+                                                       show_progress=False, **extra))
+    return tok
+
+
+def tokenizer_json(directory: Any, texts: Iterable[str], **kw: Any) -> str:
+    """:func:`bpe_tokenizer` trained on ``texts``, saved as ``directory/tokenizer.json``; its path."""
+    path = os.path.join(os.fspath(directory), "tokenizer.json")
+    bpe_tokenizer(texts, **kw).save(path)
+    return path
+
+
+def numpy_loader(data: Any, **kw: Any) -> tokenfeed.Loader:
+    """A Loader with NumPy output and two threads unless told. ``data`` as for Loader; a tuple of
+    datasets is a mixture, as a list is."""
+    kw.setdefault("output", "numpy")
+    kw.setdefault("num_threads", 2)
+    return tokenfeed.Loader(list(data) if isinstance(data, tuple) else data, **kw)
+
+
+def take_tokens(loader: Any, n: int, key: str = "tokens") -> List[np.ndarray]:
+    """The ``key`` array of the loader's next ``n`` batches, copied."""
+    return [next(loader)[key].copy() for _ in range(n)]
+
+
+def assert_resumes_exactly(data: Any, k: int, n: int, **kw: Any) -> Tuple[Dict[str, Any], List[np.ndarray]]:
+    """The state saved after ``k`` batches (through JSON, as a checkpoint keeps it), restored into a
+    new loader, continues with exactly the ``n`` batches that the uninterrupted stream has next.
+    Returns the state and the uninterrupted stream's first ``k + n`` batches."""
+    whole = take_tokens(numpy_loader(data, **kw), k + n)
+    first = numpy_loader(data, **kw)
+    take_tokens(first, k)
+    state = json.loads(json.dumps(first.state_dict()))
+    first.close()
+    resumed = numpy_loader(data, **kw)
+    resumed.load_state_dict(state)
+    got = take_tokens(resumed, n)
+    assert all(np.array_equal(x, y) for x, y in zip(whole[k:], got)), f"resumed after {k} batches: {kw}"
+    return state, whole
+
+
+# Foreign formats, written by hand following each format's published layout (independent of
+# tokenfeed's readers, so that reading them back checks the readers).
+
+#: Megatron ``MMIDIDX`` dtype codes (megatron/core/datasets/indexed_dataset.py, ``DType``)
+MEGATRON_CODES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32,
+                  8: np.uint16}
+
+
+def write_megatron(prefix: Any, docs: Sequence[Any], code: int = 8) -> None:
+    """``prefix.bin`` and ``prefix.idx`` (MMIDIDX v1) as Megatron-LM's indexed_dataset.py writes them;
+    ``code`` is the token dtype's code in ``MEGATRON_CODES`` (8: uint16)."""
+    dt = np.dtype(MEGATRON_CODES[code])
+    sizes = np.array([len(d) for d in docs], dtype=np.int32)
+    pointers = np.concatenate([[0], np.cumsum(sizes[:-1].astype(np.int64) * dt.itemsize)]).astype(np.int64)
+    doc_idx = np.arange(len(docs) + 1, dtype=np.int64)
+    with open(f"{prefix}.idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00")
+        f.write(struct.pack("<Q", 1))
+        f.write(struct.pack("<B", code))
+        f.write(struct.pack("<Q", len(sizes)))
+        f.write(struct.pack("<Q", len(doc_idx)))
+        f.write(sizes.tobytes())
+        f.write(pointers.tobytes())
+        f.write(doc_idx.tobytes())
+    with open(f"{prefix}.bin", "wb") as f:
+        for d in docs:
+            f.write(np.asarray(d, dtype=dt).tobytes())
+
+
+def write_llmc(path: Any, tokens: Any, version: int = 1) -> None:
+    """An llm.c shard as dev/data/data_common.py write_datafile makes it: 256 int32 header words (magic,
+    version, token count), then the tokens (version 1: uint16, GPT-2; version 7: uint32, Llama 3)."""
+    header = np.zeros(256, dtype=np.int32)
+    header[0], header[1] = (20240520, 1) if version == 1 else (20240801, 7)
+    header[2] = len(tokens)
+    dt = np.uint16 if version == 1 else np.uint32
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(tokens, dtype=dt).tobytes())

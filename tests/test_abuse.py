@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import struct
 import sys
 import time
 
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 
 import tokenfeed
+from conftest import write_llmc
 
 WATCHDOG_S = 300
 
@@ -31,14 +31,6 @@ def watchdog():
     faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)
     yield
     faulthandler.cancel_dump_traceback_later()
-
-
-def write_llmc(path, tokens) -> None:
-    hdr = np.zeros(256, dtype=np.int32)
-    hdr[0], hdr[1], hdr[2] = 20240520, 1, len(tokens)
-    with open(path, "wb") as f:
-        f.write(hdr.tobytes())
-        f.write(np.asarray(tokens, dtype=np.uint16).tobytes())
 
 
 def native(tmp_path, docs, name="ds", vocab=1000, **kw) -> tokenfeed.Dataset:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import struct
+import re
 import subprocess
 import sys
 from typing import Any, List, Sequence
@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import tokenfeed
+from conftest import assert_docs_equal, bpe_tokenizer, documents, tokenizer_json, write_llmc, write_megatron
 from tokenfeed.cli import main
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -37,17 +38,7 @@ def corpus(n: int, seed: int = 0) -> List[str]:
 
 @pytest.fixture(scope="module")
 def tok_path(tmp_path_factory) -> str:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["[UNK]", "<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(corpus(500, seed=1), trainer)
-    path = str(tmp_path_factory.mktemp("tok") / "tokenizer.json")
-    tok.save(path)
-    return path
+    return tokenizer_json(tmp_path_factory.mktemp("tok"), corpus(500, seed=1))
 
 
 def vocab_of(tok_path: str) -> int:
@@ -71,16 +62,6 @@ def expected_docs(tok_path: str, texts: Sequence[str], eod: int | None) -> List[
         ids = tok.encode(t, add_special_tokens=False).ids
         out.append(np.array(ids + ([eod] if eod is not None else []), dtype=np.int64))
     return out
-
-
-def docs_of(ds: tokenfeed.Dataset) -> List[np.ndarray]:
-    return [ds.document(i).astype(np.int64) for i in range(ds.num_documents)]
-
-
-def assert_docs_equal(got: List[np.ndarray], want: List[np.ndarray]) -> None:
-    assert len(got) == len(want)
-    for i, (g, w) in enumerate(zip(got, want)):
-        assert np.array_equal(g, w), f"document {i} differs"
 
 
 def write_jsonl(path, texts: Sequence[str], field: str = "text") -> None:
@@ -107,7 +88,7 @@ def test_convert_jsonl_inspect_verify(tmp_path, tok_path, capsys):
     ds = tokenfeed.open(out)
     eod = 1
     assert ds.vocab_size == vocab_of(tok_path) and ds.dtype == np.uint16 and ds.num_files > 1
-    assert_docs_equal(docs_of(ds), expected_docs(tok_path, texts, eod))
+    assert_docs_equal(documents(ds), expected_docs(tok_path, texts, eod))
     assert not os.path.exists(out / ".tokenfeed-convert")
 
     rc, stdout, err = run_cli(["inspect", out, "--seq-len", "64"], capsys)
@@ -124,7 +105,7 @@ def test_convert_jsonl_inspect_verify(tmp_path, tok_path, capsys):
     assert pk["samples_per_epoch"] == (ds.num_tokens - 1) // 64
     assert pk["tokens_used"] + pk["tokens_dropped"] == ds.num_tokens
     assert pk["tokens_dropped"] == ds.num_tokens - (pk["samples_per_epoch"] * 64 + 1)
-    lens = np.array([len(d) for d in docs_of(ds)])
+    lens = np.array([len(d) for d in documents(ds)])
     starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
     split = (starts // 64) != ((starts + lens - 1) // 64)
     assert abs(pk["documents_split"] - split.mean()) < 0.05  # the library counts the shared label token too
@@ -161,13 +142,13 @@ def test_convert_text_options(tmp_path, tok_path, capsys):
     rc, _, err = run_cli(["convert", tmp_path / "docs", tmp_path / "paras", "--tokenizer", tok_path,
                           "--paragraphs", "--eod-id", "0"], capsys)
     assert rc == 0, err
-    assert_docs_equal(docs_of(tokenfeed.open(tmp_path / "paras")), expected_docs(tok_path, texts, 0))
+    assert_docs_equal(documents(tokenfeed.open(tmp_path / "paras")), expected_docs(tok_path, texts, 0))
     rc, _, err = run_cli(["convert", tmp_path / "docs", tmp_path / "files", "--tokenizer", tok_path, "--no-eod"],
                          capsys)
     assert rc == 0, err
     ds = tokenfeed.open(tmp_path / "files")
     assert ds.num_documents == 2
-    assert_docs_equal(docs_of(ds), expected_docs(tok_path, ["\n\n".join(texts[:10]) + "\n",
+    assert_docs_equal(documents(ds), expected_docs(tok_path, ["\n\n".join(texts[:10]) + "\n",
                                                               "\n\n\n".join(texts[10:])], None))
     # another text field; empty and null texts are skipped (and counted)
     with open(tmp_path / "f.jsonl", "w") as f:
@@ -177,7 +158,7 @@ def test_convert_text_options(tmp_path, tok_path, capsys):
                           "--text-field", "content"], capsys)
     assert rc == 0, err
     assert "skipped 2" in err
-    assert_docs_equal(docs_of(tokenfeed.open(tmp_path / "field")), expected_docs(tok_path, texts[:8], 1))
+    assert_docs_equal(documents(tokenfeed.open(tmp_path / "field")), expected_docs(tok_path, texts[:8], 1))
 
 
 def test_convert_parquet(tmp_path, tok_path, capsys):
@@ -188,7 +169,7 @@ def test_convert_parquet(tmp_path, tok_path, capsys):
     rc, _, err = run_cli(["convert", tmp_path / "c.parquet", tmp_path / "pq", "--tokenizer", tok_path,
                           "--workers", "2"], capsys)
     assert rc == 0, err
-    assert_docs_equal(docs_of(tokenfeed.open(tmp_path / "pq")), expected_docs(tok_path, texts, 1))
+    assert_docs_equal(documents(tokenfeed.open(tmp_path / "pq")), expected_docs(tok_path, texts, 1))
 
 
 def test_convert_text_errors(tmp_path, tok_path, capsys):
@@ -208,13 +189,7 @@ def test_convert_text_errors(tmp_path, tok_path, capsys):
 
 
 def test_eod_required_when_tokenizer_has_none(tmp_path, capsys):
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(corpus(50), trainers.BpeTrainer(vocab_size=120, special_tokens=["[UNK]"],
-                                                            show_progress=False))
-    tok.save(str(tmp_path / "t.json"))
+    bpe_tokenizer(corpus(50), vocab_size=120, special_tokens=["[UNK]"], byte_level=False).save(str(tmp_path / "t.json"))
     write_jsonl(tmp_path / "x.jsonl", corpus(5))
     rc, _, err = run_cli(["convert", tmp_path / "x.jsonl", tmp_path / "o", "--tokenizer", tmp_path / "t.json"],
                          capsys)
@@ -277,7 +252,7 @@ cli.main(["convert", {str(tmp_path / 'a.jsonl')!r}, {str(tmp_path / 'b.jsonl')!r
     assert rc == 0, err
     assert "resuming: 2 of" in err
     ds = tokenfeed.open(out)
-    assert_docs_equal(docs_of(ds), expected_docs(tok_path, texts, 1))
+    assert_docs_equal(documents(ds), expected_docs(tok_path, texts, 1))
     assert sorted(os.listdir(out)) == sorted(f["path"].rsplit("/", 1)[1] for f in ds.files()) + ["tokenfeed.manifest"]
     assert done_mtime  # the first chunk was not redone (its part dir is gone with the work dir now)
 
@@ -294,35 +269,6 @@ def test_existing_dataset_needs_overwrite(tmp_path, tok_path, capsys):
 # --------------------------------------------------------------------------- convert tokens
 
 
-def write_megatron(prefix: str, docs: Sequence[np.ndarray], dtype=np.uint16) -> None:
-    """MMIDIDX v1 as megatron/core/datasets/indexed_dataset.py's _IndexWriter writes it."""
-    code = {np.uint8: 1, np.int8: 2, np.int16: 3, np.int32: 4, np.int64: 5, np.uint16: 8}[dtype]
-    with open(prefix + ".bin", "wb") as f:
-        for d in docs:
-            f.write(np.asarray(d, dtype=dtype).tobytes())
-    sizes = np.array([len(d) for d in docs], dtype=np.int32)
-    pointers = np.concatenate([[0], np.cumsum(sizes.astype(np.int64))[:-1]]) * np.dtype(dtype).itemsize
-    doc_idx = np.arange(len(docs) + 1, dtype=np.int64)
-    with open(prefix + ".idx", "wb") as f:
-        f.write(b"MMIDIDX\x00\x00")
-        f.write(struct.pack("<Q", 1))
-        f.write(struct.pack("<B", code))
-        f.write(struct.pack("<Q", len(sizes)))
-        f.write(struct.pack("<Q", len(doc_idx)))
-        f.write(sizes.tobytes())
-        f.write(pointers.astype(np.int64).tobytes())
-        f.write(doc_idx.tobytes())
-
-
-def write_llmc(path: str, tokens: np.ndarray, version: int = 1) -> None:
-    """llm.c dev/data/data_common.py write_datafile: int32[256] header, then the tokens."""
-    header = np.zeros(256, dtype=np.int32)
-    header[0], header[1], header[2] = (20240520, 1, len(tokens)) if version == 1 else (20240801, 7, len(tokens))
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(tokens.astype(np.uint16 if version == 1 else np.uint32).tobytes())
-
-
 def test_convert_megatron_to_native(tmp_path, capsys):
     rng = np.random.default_rng(0)
     docs = [rng.integers(0, 50257, size=int(n)) for n in rng.integers(0, 300, size=400)]
@@ -334,7 +280,7 @@ def test_convert_megatron_to_native(tmp_path, capsys):
     src, ds = tokenfeed.open(prefix), tokenfeed.open(tmp_path / "nat")
     assert ds.vocab_size == 50257 and ds.dtype == np.uint16 and all(f["compressed"] for f in ds.files())
     assert ds.num_documents == len(docs) and ds.num_tokens == src.num_tokens
-    assert_docs_equal(docs_of(ds), [d.astype(np.int64) for d in docs])
+    assert_docs_equal(documents(ds), [d.astype(np.int64) for d in docs])
     assert np.array_equal(ds.tokens(0, ds.num_tokens), src.tokens(0, src.num_tokens))
     assert run_cli(["verify", tmp_path / "nat"], capsys)[0] == 0
 
@@ -426,13 +372,37 @@ def test_debug_shows_traceback(tmp_path, capsys):
 # --------------------------------------------------------------------------- entry points
 
 
+COMMANDS = ["convert", "merge", "inspect", "verify", "cache", "bench", "build-info"]
+
+
 def test_python_m_tokenfeed_help():
-    for args in ([], ["convert"], ["inspect"], ["verify"]):
+    p = subprocess.run([sys.executable, "-m", "tokenfeed", "--help"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    listed = [m.group(1) for m in re.finditer(r"^ {4}(\S+)", p.stdout, re.M)]
+    assert listed == COMMANDS  # every command, in the order a user meets them
+    for args in (["convert"], ["merge"], ["inspect"], ["verify"], ["cache"], ["cache", "show"], ["cache", "prune"],
+                 ["build-info"], ["bench"]):
         p = subprocess.run([sys.executable, "-m", "tokenfeed", *args, "--help"], capture_output=True, text=True)
         assert p.returncode == 0, p.stderr
-        assert "usage: tokenfeed" in p.stdout
+        assert f"usage: tokenfeed {' '.join(args)}" in p.stdout
     p = subprocess.run([sys.executable, "-m", "tokenfeed"], capture_output=True, text=True)
     assert p.returncode == 2 and "convert" in p.stdout
+
+
+@pytest.mark.parametrize("args, says", [
+    (["inspect", "{tmp}/missing"], "no such file"),
+    (["verify", "{tmp}/missing"], "no such file"),
+    (["merge", "{tmp}"], "nothing to merge"),
+    (["convert", "{tmp}/missing.bin", "{tmp}/out"], "no such file"),
+    (["cache", "show", "{tmp}/no-cache"], "cache directory"),
+    (["cache", "prune", "{tmp}"], "--keep SIZE or --all"),
+    (["cache", "prune", "{tmp}", "--keep", "5XB"], "cannot read '5XB' as a size"),
+    (["inspect", "{tmp}", "--seq-len", "0"], "--seq-len"),
+])
+def test_errors_are_one_line(tmp_path, capsys, args, says):
+    rc, out, err = run_cli([a.format(tmp=tmp_path) for a in args], capsys)
+    assert rc == 1 and out == ""
+    assert err.count("\n") == 1 and err.startswith("tokenfeed: error: ") and says in err, err
 
 
 def test_bench_delegates(monkeypatch, capsys):

@@ -18,12 +18,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-from typing import Dict, List, Sequence
+from typing import Dict, List
 
 import numpy as np
 import pytest
 
 import tokenfeed
+from conftest import assert_docs_equal, bpe_tokenizer, documents, tokenizer_json
 from tokenfeed.cli import main
 
 pytest.importorskip("tokenizers")
@@ -48,17 +49,7 @@ def texts(n: int, seed: int) -> List[str]:
 
 @pytest.fixture(scope="module")
 def tok_path(tmp_path_factory) -> str:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["[UNK]", "<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts(400, seed=99), trainer)
-    path = str(tmp_path_factory.mktemp("tok") / "tokenizer.json")
-    tok.save(path)
-    return path
+    return tokenizer_json(tmp_path_factory.mktemp("tok"), texts(400, seed=99))
 
 
 @pytest.fixture(scope="module")
@@ -81,16 +72,6 @@ def corpus_files(corpus: Dict[str, List[str]]) -> List[str]:
     return sorted(k for k in corpus if k != "__dir__")
 
 
-def docs_of(ds: tokenfeed.Dataset) -> List[np.ndarray]:
-    return [ds.document(i).astype(np.int64) for i in range(ds.num_documents)]
-
-
-def assert_docs_equal(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> None:
-    assert len(got) == len(want), (len(got), len(want))
-    for i, (g, w) in enumerate(zip(got, want)):
-        assert np.array_equal(g, w), f"document {i} differs"
-
-
 @pytest.fixture(scope="module")
 def single(corpus, tok_path, tmp_path_factory) -> tokenfeed.Dataset:
     """What single-process ``tokenfeed convert`` writes from the corpus."""
@@ -101,7 +82,7 @@ def single(corpus, tok_path, tmp_path_factory) -> tokenfeed.Dataset:
 
 def per_file_docs(single: tokenfeed.Dataset, corpus) -> Dict[str, List[np.ndarray]]:
     """convert's documents split by input file (it reads files in sorted order; blank texts are left out)."""
-    docs = docs_of(single)
+    docs = documents(single)
     out, at = {}, 0
     for name in corpus_files(corpus):
         n = sum(1 for t in corpus[name] if t.strip())
@@ -145,7 +126,7 @@ def test_convert_tasks_equals_single_process(corpus, tok_path, single, tmp_path,
     _, err = capsys.readouterr()
     assert rc == 0, err
     ds = tokenfeed.open(out)
-    assert_docs_equal(docs_of(ds), docs_of(single))
+    assert_docs_equal(documents(ds), documents(single))
     assert ds.num_tokens == single.num_tokens and ds.vocab_size == single.vocab_size and ds.dtype == single.dtype
     blank = sum(1 for k in corpus_files(corpus) for t in corpus[k] if not t.strip())
     assert f"skipped {blank:,} empty or missing texts" in err
@@ -164,7 +145,7 @@ def test_convert_tasks_equals_single_process(corpus, tok_path, single, tmp_path,
     assert main(["convert", corpus["__dir__"][0], str(out), "--tokenizer", tok_path, "--tasks", "3",
                  "--workers", "1", "--overwrite"]) == 0
     again = tokenfeed.open(out)
-    assert_docs_equal(docs_of(again), docs_of(single))
+    assert_docs_equal(documents(again), documents(single))
     assert len(os.listdir(out / "parts")) == 3
 
 
@@ -177,7 +158,7 @@ def test_convert_tasks_parquet(tmp_path, tok_path, capsys):
     assert main(["convert", args[0], str(tmp_path / "one"), *args[1:]]) == 0
     assert main(["convert", args[0], str(tmp_path / "many"), *args[1:], "--tasks", "3", "--workers", "1"]) == 0
     capsys.readouterr()
-    assert_docs_equal(docs_of(tokenfeed.open(tmp_path / "many")), docs_of(tokenfeed.open(tmp_path / "one")))
+    assert_docs_equal(documents(tokenfeed.open(tmp_path / "many")), documents(tokenfeed.open(tmp_path / "one")))
 
 
 def test_convert_tasks_errors(corpus, tok_path, tmp_path, capsys):
@@ -204,7 +185,7 @@ def test_example_local_executor_equals_single_process(corpus, tok_path, single, 
     assert p.returncode == 0, p.stderr[-3000:]
     assert "wrote" in p.stdout
     ds = tokenfeed.open(out)
-    assert_docs_equal(docs_of(ds), datatrove_order(single, corpus, 4))
+    assert_docs_equal(documents(ds), datatrove_order(single, corpus, 4))
     ds.verify()
 
 
@@ -223,7 +204,7 @@ def test_step_pretokenized_input(tmp_path):
         assert passed == docs  # documents pass through to later steps
     ds = tokenfeed.merge_parts(tmp_path / "ds")
     want = [np.append(ids[i], 70000) for r in range(2) for i in range(r, 50, 2) if len(ids[i])]
-    assert_docs_equal(docs_of(ds), want)
+    assert_docs_equal(documents(ds), want)
     assert ds.dtype == np.uint32 and ds.vocab_size == 70001
     with pytest.raises(ValueError, match="needs vocab_size"):
         TokenfeedWriter(tmp_path / "x")
@@ -235,14 +216,10 @@ def test_step_pretokenized_input(tmp_path):
 
 def test_step_refuses_tokenizer_without_eod(tmp_path):
     from datatrove.data import Document
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     from tokenfeed.integrations.datatrove import TokenfeedWriter
 
-    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(["a b c d"] * 10, trainers.BpeTrainer(vocab_size=40, special_tokens=["[UNK]"],
-                                                                  show_progress=False))
+    tok = bpe_tokenizer(["a b c d"] * 10, vocab_size=40, special_tokens=["[UNK]"], byte_level=False)
     with pytest.raises(Exception, match="no end-of-document token"):
         list(TokenfeedWriter(tmp_path / "o", tokenizer=tok).run(iter([Document(text="a b", id="0")])))
     out = list(TokenfeedWriter(tmp_path / "o", tokenizer=tok, eod_id=None).run(iter([Document(text="a b", id="0")])))
@@ -316,7 +293,7 @@ def test_worker_killed_then_rerun_no_duplicate_no_missing(corpus, tok_path, sing
     for d in done:  # finished tasks were not run again
         assert os.stat(out / "parts" / f"part-{int(d):05d}").st_ino == kept[f"part-{int(d):05d}"]
     ds = tokenfeed.merge_parts(out)
-    assert_docs_equal(docs_of(ds), datatrove_order(single, corpus, 4))
+    assert_docs_equal(documents(ds), datatrove_order(single, corpus, 4))
     ds.verify()
 
 
@@ -350,7 +327,7 @@ def test_convert_tasks_killed_then_resume(corpus, tok_path, single, tmp_path, ca
     err = capsys.readouterr().err
     assert "Skipping 2 already completed tasks" in err
     assert {n: os.stat(out / "parts" / n).st_ino for n in kept} == kept
-    assert_docs_equal(docs_of(tokenfeed.open(out)), docs_of(single))
+    assert_docs_equal(documents(tokenfeed.open(out)), documents(single))
 
 
 # --------------------------------------------------------------------------- Ray
@@ -374,4 +351,4 @@ def test_example_ray_executor(corpus, tok_path, single, tmp_path):
     p = run_py(code, timeout=600)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     ds = tokenfeed.open(out)
-    assert_docs_equal(docs_of(ds), datatrove_order(single, corpus, 4))
+    assert_docs_equal(documents(ds), datatrove_order(single, corpus, 4))

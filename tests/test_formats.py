@@ -3,7 +3,6 @@ independent writers following each published layout (and by Megatron's own
 builder when megatron-core is installed), lists, verify."""
 from __future__ import annotations
 
-import struct
 
 import numpy as np
 import pytest
@@ -11,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tokenfeed
+from conftest import MEGATRON_CODES, write_llmc, write_megatron
 
 VOCAB_DTYPES = {256: np.uint8, 50257: np.uint16, 128256: np.uint32, 2**32 - 1: np.uint32}
 
@@ -108,30 +108,6 @@ def test_compressed_and_plain_share_fingerprint(tmp_path):
 
 # ------------------------------------------------ foreign formats, independent writers
 
-MEGATRON_CODES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32,
-                  8: np.uint16}
-
-
-def write_megatron(prefix, docs, code):
-    """MMIDIDX v1 as Megatron-LM's indexed_dataset.py lays it out."""
-    dt = np.dtype(MEGATRON_CODES[code])
-    sizes = np.array([len(d) for d in docs], dtype=np.int32)
-    pointers = np.concatenate([[0], np.cumsum(sizes[:-1].astype(np.int64) * dt.itemsize)]).astype(np.int64)
-    doc_idx = np.arange(len(docs) + 1, dtype=np.int64)
-    with open(f"{prefix}.idx", "wb") as f:
-        f.write(b"MMIDIDX\x00\x00")
-        f.write(struct.pack("<Q", 1))
-        f.write(struct.pack("<B", code))
-        f.write(struct.pack("<Q", len(sizes)))
-        f.write(struct.pack("<Q", len(doc_idx)))
-        f.write(sizes.tobytes())
-        f.write(pointers.tobytes())
-        f.write(doc_idx.tobytes())
-    with open(f"{prefix}.bin", "wb") as f:
-        for d in docs:
-            f.write(np.asarray(d, dtype=dt).tobytes())
-
-
 @pytest.mark.parametrize("code", sorted(MEGATRON_CODES))
 def test_megatron_all_dtype_codes(tmp_path, code):
     rng = np.random.default_rng(code)
@@ -160,17 +136,6 @@ def test_megatron_own_builder(tmp_path):
     for i in range(len(theirs)):
         assert np.array_equal(ours[i], theirs[i])
         assert ours[i].dtype == theirs[i].dtype
-
-
-def write_llmc(path, tokens, version):
-    """llm.c dev/data/data_common.py write_datafile: 256 x int32 header then tokens."""
-    header = np.zeros(256, dtype=np.int32)
-    header[0], header[1] = (20240520, 1) if version == 1 else (20240801, 7)
-    header[2] = len(tokens)
-    dt = np.uint16 if version == 1 else np.uint32
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(np.asarray(tokens, dtype=dt).tobytes())
 
 
 @pytest.mark.parametrize("version", [1, 7])

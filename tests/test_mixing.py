@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import tokenfeed
+from conftest import assert_resumes_exactly, numpy_loader, take_tokens
 from tokenfeed import _core
 
 MODES = ["concat", "best_fit", "document"]
@@ -26,16 +27,6 @@ def sources(make_dataset):
     return make
 
 
-def loader(dss, **kw):
-    kw.setdefault("output", "numpy")
-    kw.setdefault("num_threads", 2)
-    return tokenfeed.Loader(list(dss), **kw)
-
-
-def take(l, n):
-    return [next(l)["tokens"].copy() for _ in range(n)]
-
-
 def source_of_rows(tokens):
     real = np.where(tokens == PAD, -1, tokens)
     return (real.max(axis=1) >= 1000).astype(int)
@@ -44,10 +35,10 @@ def source_of_rows(tokens):
 @pytest.mark.parametrize("packing", MODES)
 def test_70_30_exact_in_every_window(sources, packing):
     a, b = sources()
-    l = loader([a, b], weights=[0.7, 0.3], seq_len=16, batch_size=10, packing=packing, pad_id=PAD, seed=1)
+    l = numpy_loader([a, b], weights=[0.7, 0.3], seq_len=16, batch_size=10, packing=packing, pad_id=PAD, seed=1)
     st = l.packing_stats()
     assert (st["mix_window"], st["mix_counts"]) == (10, [7, 3])
-    rows = np.concatenate(take(l, 60))
+    rows = np.concatenate(take_tokens(l, 60))
     src = source_of_rows(rows)
     assert (src.reshape(-1, 10).sum(axis=1) == 3).all()  # every window of 10 positions: exactly 3 from B
     # and any window aligned to the schedule, not only batch-aligned ones
@@ -98,9 +89,9 @@ def test_each_source_runs_its_own_epochs(sources, packing):
 def test_identical_across_threads_and_backends(sources, packing):
     a, b = sources()
     kw = dict(weights=[0.7, 0.3], seq_len=20, batch_size=5, seed=3, packing=packing, pad_id=PAD, pack_window=16)
-    ref = take(loader([a, b], num_threads=1, backend="mmap", **kw), 25)
+    ref = take_tokens(numpy_loader([a, b], num_threads=1, backend="mmap", **kw), 25)
     for over in (dict(num_threads=4, prefetch=9), dict(backend="pread"), dict(backend="io_uring", num_threads=3)):
-        got = take(loader([a, b], **{**kw, **over}), 25)
+        got = take_tokens(numpy_loader([a, b], **{**kw, **over}), 25)
         assert all(np.array_equal(x, y) for x, y in zip(ref, got)), over
 
 
@@ -108,35 +99,29 @@ def test_identical_across_threads_and_backends(sources, packing):
 @pytest.mark.parametrize("k", [0, 5, 23])
 def test_restore_after_k_batches(sources, packing, k):
     a, b = sources()
-    kw = dict(weights=[0.7, 0.3], seq_len=12, batch_size=3, seed=5, packing=packing, pad_id=PAD, pack_window=16)
-    ref = take(loader([a, b], **kw), k + 8)
-    first = loader([a, b], **kw)
-    take(first, k)
-    state = first.state_dict()
-    resumed = loader([a, b], **kw)
-    resumed.load_state_dict(state)
-    assert all(np.array_equal(x, y) for x, y in zip(ref[k:], take(resumed, 8)))
+    assert_resumes_exactly([a, b], k, 8, weights=[0.7, 0.3], seq_len=12, batch_size=3, seed=5, packing=packing,
+                           pad_id=PAD, pack_window=16)
 
 
 @pytest.mark.parametrize("packing", MODES)
 def test_elastic(sources, packing):
     a, b = sources()
     G, kw = 8, dict(weights=[0.7, 0.3], seq_len=14, seed=4, packing=packing, pad_id=PAD)
-    ref = take(loader([a, b], batch_size=G, **kw), 14)
+    ref = take_tokens(numpy_loader([a, b], batch_size=G, **kw), 14)
     for R in (1, 2, 4, 8):
-        per = [take(loader([a, b], batch_size=G // R, rank=r, world_size=R, **kw), 6) for r in range(R)]
+        per = [take_tokens(numpy_loader([a, b], batch_size=G // R, rank=r, world_size=R, **kw), 6) for r in range(R)]
         for bi in range(6):
             assert np.array_equal(np.concatenate([per[r][bi] for r in range(R)]), ref[bi])
     states = []
     for r in range(2):
-        l2 = loader([a, b], batch_size=G // 2, rank=r, world_size=2, **kw)
-        take(l2, 7)
+        l2 = numpy_loader([a, b], batch_size=G // 2, rank=r, world_size=2, **kw)
+        take_tokens(l2, 7)
         states.append(l2.state_dict())
     out = []
     for r in range(4):
-        l4 = loader([a, b], batch_size=G // 4, rank=r, world_size=4, **kw)
+        l4 = numpy_loader([a, b], batch_size=G // 4, rank=r, world_size=4, **kw)
         l4.load_state_dict(states[0])
-        out.append(take(l4, 5))
+        out.append(take_tokens(l4, 5))
     for bi in range(5):
         assert np.array_equal(np.concatenate([out[r][bi] for r in range(4)]), ref[7 + bi])
 
@@ -144,21 +129,21 @@ def test_elastic(sources, packing):
 def test_state_names_mixture_changes(sources, make_dataset):
     a, b = sources()
     base = dict(seq_len=12, batch_size=2, seed=1)
-    st = loader([a, b], weights=[0.7, 0.3], **base).state_dict()
+    st = numpy_loader([a, b], weights=[0.7, 0.3], **base).state_dict()
     assert st["config"]["weights"] == [0.7, 0.3] and st["config"]["mix_window"] == 1000
     with pytest.raises(tokenfeed.StateError, match=r"weights: saved \[0.7, 0.3\], now \[0.6, 0.4\]"):
-        loader([a, b], weights=[0.6, 0.4], **base).load_state_dict(st)
+        numpy_loader([a, b], weights=[0.6, 0.4], **base).load_state_dict(st)
     with pytest.raises(tokenfeed.StateError, match="dataset changed"):
-        loader([b, a], weights=[0.7, 0.3], **base).load_state_dict(st)
+        numpy_loader([b, a], weights=[0.7, 0.3], **base).load_state_dict(st)
     c = make_dataset(seed=9, vocab=2000, n_docs=50)
     with pytest.raises(tokenfeed.StateError, match="dataset changed"):
-        loader([a, c], weights=[0.7, 0.3], **base).load_state_dict(st)
+        numpy_loader([a, c], weights=[0.7, 0.3], **base).load_state_dict(st)
     with pytest.raises(ValueError, match="one weight per dataset"):
-        loader([a, b], weights=[1.0], **base)
+        numpy_loader([a, b], weights=[1.0], **base)
     with pytest.raises(ValueError, match="weights"):
-        loader([a, b], weights=[1.0, -1.0], **base)
+        numpy_loader([a, b], weights=[1.0, -1.0], **base)
     # the same sources and weights resume
-    l = loader([a, b], weights=[0.7, 0.3], **base)
+    l = numpy_loader([a, b], weights=[0.7, 0.3], **base)
     l.load_state_dict(st)
 
 
@@ -168,9 +153,9 @@ def test_mixture_of_paths_and_pickle(sources):
     a, b = sources()
     l = tokenfeed.Loader([a.path if hasattr(a, "path") else a, b], weights=[2, 1], seq_len=10, batch_size=3,
                          output="numpy")
-    first = take(l, 3)
+    first = take_tokens(l, 3)
     l2 = pickle.loads(pickle.dumps(l))
     assert l2.position == l.position
     l3 = pickle.loads(pickle.dumps(tokenfeed.Loader([a, b], weights=[2, 1], seq_len=10, batch_size=3,
                                                     output="numpy")))
-    assert all(np.array_equal(x, y) for x, y in zip(first, take(l3, 3)))
+    assert all(np.array_equal(x, y) for x, y in zip(first, take_tokens(l3, 3)))

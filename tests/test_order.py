@@ -8,20 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tokenfeed
+from conftest import assert_resumes_exactly, numpy_loader, take_tokens
 from tokenfeed import _core
-
-
-def numpy_loader(ds, **kw):
-    kw.setdefault("output", "numpy")
-    kw.setdefault("num_threads", 2)
-    return tokenfeed.Loader(ds, **kw)
-
-
-def take(loader, n):
-    out = []
-    for _ in range(n):
-        out.append(next(loader)["tokens"].copy())
-    return out
 
 
 # ---------------------------------------------------------------- permutation
@@ -121,9 +109,9 @@ def test_concat_packing_matches_token_stream(make_dataset):
 
 def test_identical_config_identical_stream(make_dataset):
     ds = make_dataset()
-    a = take(numpy_loader(ds, seq_len=33, batch_size=3, seed=9, num_threads=1), 40)
-    b = take(numpy_loader(ds, seq_len=33, batch_size=3, seed=9, num_threads=4, prefetch=9), 40)
-    c = take(numpy_loader(ds, seq_len=33, batch_size=3, seed=10), 40)
+    a = take_tokens(numpy_loader(ds, seq_len=33, batch_size=3, seed=9, num_threads=1), 40)
+    b = take_tokens(numpy_loader(ds, seq_len=33, batch_size=3, seed=9, num_threads=4, prefetch=9), 40)
+    c = take_tokens(numpy_loader(ds, seq_len=33, batch_size=3, seed=10), 40)
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
     assert not all(np.array_equal(x, y) for x, y in zip(a, c))
 
@@ -134,16 +122,8 @@ def test_identical_config_identical_stream(make_dataset):
 @given(k=st.integers(0, 60), shuffle=st.sampled_from(["none", "full", "block"]), bs=st.integers(1, 5))
 def test_restore_after_k_batches_continues_exactly(make_dataset, k, shuffle, bs):
     ds = make_dataset(n_docs=120, seed=1)
-    kw = dict(seq_len=17, batch_size=bs, seed=5, shuffle=shuffle, block_size=4, window_blocks=2)
-    ref = take(numpy_loader(ds, **kw), k + 10)
-    first = numpy_loader(ds, **kw)
-    take(first, k)
-    state = first.state_dict()
-    first.close()
-    resumed = numpy_loader(ds, **kw)
-    resumed.load_state_dict(state)
-    got = take(resumed, 10)
-    assert all(np.array_equal(x, y) for x, y in zip(ref[k:], got))
+    assert_resumes_exactly(ds, k, 10, seq_len=17, batch_size=bs, seed=5, shuffle=shuffle, block_size=4,
+                           window_blocks=2)
 
 
 def test_state_is_small_and_json(make_dataset):
@@ -151,7 +131,7 @@ def test_state_is_small_and_json(make_dataset):
 
     ds = make_dataset()
     loader = numpy_loader(ds, seq_len=16, batch_size=2)
-    take(loader, 3)
+    take_tokens(loader, 3)
     s = json.dumps(loader.state_dict())
     assert len(s) < 600
     assert json.loads(s)["position"] == 6
@@ -175,7 +155,7 @@ def test_state_refused_on_other_data_or_config(make_dataset):
 # ---------------------------------------------------------- ranks, elasticity
 
 def global_stream(ds, G, n_batches, **kw):
-    return take(numpy_loader(ds, batch_size=G, rank=0, world_size=1, **kw), n_batches)
+    return take_tokens(numpy_loader(ds, batch_size=G, rank=0, world_size=1, **kw), n_batches)
 
 
 @pytest.mark.parametrize("R", [1, 2, 4, 8])
@@ -184,7 +164,7 @@ def test_rank_slices_concatenate_to_single_rank_stream(make_dataset, R):
     G = 8
     kw = dict(seq_len=21, seed=4)
     ref = global_stream(ds, G, 12, **kw)
-    per_rank = [take(numpy_loader(ds, batch_size=G // R, rank=r, world_size=R, **kw), 12) for r in range(R)]
+    per_rank = [take_tokens(numpy_loader(ds, batch_size=G // R, rank=r, world_size=R, **kw), 12) for r in range(R)]
     for b in range(12):
         assert np.array_equal(np.concatenate([per_rank[r][b] for r in range(R)]), ref[b])
 
@@ -196,14 +176,14 @@ def test_elastic_resume_two_ranks_to_four(make_dataset):
     states = []
     for r in range(2):
         l2 = numpy_loader(ds, batch_size=G // 2, rank=r, world_size=2, **kw)
-        take(l2, 7)
+        take_tokens(l2, 7)
         states.append(l2.state_dict())
     assert states[0]["position"] == states[1]["position"] == 7 * G
     resumed = []
     for r in range(4):
         l4 = numpy_loader(ds, batch_size=G // 4, rank=r, world_size=4, **kw)
         l4.load_state_dict(states[0])
-        resumed.append(take(l4, 5))
+        resumed.append(take_tokens(l4, 5))
     for b in range(5):
         assert np.array_equal(np.concatenate([resumed[r][b] for r in range(4)]), ref[7 + b])
 
@@ -211,7 +191,7 @@ def test_elastic_resume_two_ranks_to_four(make_dataset):
 def test_elastic_resume_refuses_world_size_not_dividing_position(make_dataset):
     ds = make_dataset()
     l = numpy_loader(ds, seq_len=16, batch_size=3, world_size=1, rank=0)
-    take(l, 1)
+    take_tokens(l, 1)
     state = l.state_dict()
     other = numpy_loader(ds, seq_len=16, batch_size=2, world_size=2, rank=0)
     with pytest.raises(tokenfeed.StateError):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import tokenfeed
+from conftest import assert_resumes_exactly, numpy_loader, take_tokens
 from tokenfeed import _core
 
 VOCAB = 1 << 20
@@ -30,16 +31,6 @@ def uds(make_dataset):
     def make(n_docs=300, seed=0, mean=40.0, **kw):
         return make_dataset(docs=unique_docs(n_docs, seed, mean), vocab=VOCAB, **kw)
     return make
-
-
-def loader(ds, **kw):
-    kw.setdefault("output", "numpy")
-    kw.setdefault("num_threads", 2)
-    return tokenfeed.Loader(ds, **kw)
-
-
-def take(l, n, key="tokens"):
-    return [next(l)[key].copy() for _ in range(n)]
 
 
 def epoch_samples(ds, L, packing, sep=None, **kw):
@@ -138,7 +129,7 @@ def test_identical_across_threads_and_backends(uds, packing):
               position_ids=True, cu_seqlens=True, loss_mask=True)
     keys = ["tokens", "position_ids", "cu_seqlens", "num_seqs", "loss_mask"]
     def run(**over):
-        l = loader(ds, **{**kw, **over})
+        l = numpy_loader(ds, **{**kw, **over})
         out = [{k: v.copy() for k, v in next(l).items() if k in keys} for _ in range(30)]
         l.close()
         return out
@@ -155,37 +146,29 @@ def test_identical_across_threads_and_backends(uds, packing):
 @pytest.mark.parametrize("k", [0, 3, 17])
 def test_restore_after_k_batches(uds, packing, k):
     ds = uds(n_docs=200)
-    kw = dict(seq_len=17, batch_size=3, seed=5, packing=packing, pad_id=PAD, pack_window=32, shuffle="block",
-              block_size=4, window_blocks=2)
-    ref = take(loader(ds, **kw), k + 8)
-    first = loader(ds, **kw)
-    take(first, k)
-    state = first.state_dict()
-    first.close()
-    resumed = loader(ds, **kw)
-    resumed.load_state_dict(state)
-    assert all(np.array_equal(x, y) for x, y in zip(ref[k:], take(resumed, 8)))
+    assert_resumes_exactly(ds, k, 8, seq_len=17, batch_size=3, seed=5, packing=packing, pad_id=PAD, pack_window=32,
+                           shuffle="block", block_size=4, window_blocks=2)
 
 
 @pytest.mark.parametrize("packing", ["best_fit", "document"])
 def test_elastic(uds, packing):
     ds = uds(n_docs=300)
     G, kw = 8, dict(seq_len=21, seed=4, packing=packing, pad_id=PAD, pack_window=50)
-    ref = take(loader(ds, batch_size=G, **kw), 14)
+    ref = take_tokens(numpy_loader(ds, batch_size=G, **kw), 14)
     for R in (1, 2, 4, 8):
-        per = [take(loader(ds, batch_size=G // R, rank=r, world_size=R, **kw), 6) for r in range(R)]
+        per = [take_tokens(numpy_loader(ds, batch_size=G // R, rank=r, world_size=R, **kw), 6) for r in range(R)]
         for b in range(6):
             assert np.array_equal(np.concatenate([per[r][b] for r in range(R)]), ref[b])
     states = []
     for r in range(2):
-        l2 = loader(ds, batch_size=G // 2, rank=r, world_size=2, **kw)
-        take(l2, 7)
+        l2 = numpy_loader(ds, batch_size=G // 2, rank=r, world_size=2, **kw)
+        take_tokens(l2, 7)
         states.append(l2.state_dict())
     out = []
     for r in range(4):
-        l4 = loader(ds, batch_size=G // 4, rank=r, world_size=4, **kw)
+        l4 = numpy_loader(ds, batch_size=G // 4, rank=r, world_size=4, **kw)
         l4.load_state_dict(states[r % 2])
-        out.append(take(l4, 5))
+        out.append(take_tokens(l4, 5))
     for b in range(5):
         assert np.array_equal(np.concatenate([out[r][b] for r in range(4)]), ref[7 + b])
 
@@ -193,21 +176,21 @@ def test_elastic(uds, packing):
 def test_state_names_packing_changes(uds):
     ds = uds()
     base = dict(seq_len=16, batch_size=2, seed=1)
-    s_bf = loader(ds, packing="best_fit", pad_id=PAD, **base).state_dict()
+    s_bf = numpy_loader(ds, packing="best_fit", pad_id=PAD, **base).state_dict()
     assert s_bf["config"]["packing"] == "best_fit" and s_bf["config"]["pad_id"] == PAD
     assert s_bf["config"]["pack_window"] == 1024
     with pytest.raises(tokenfeed.StateError, match="packing: saved 'best_fit', now 'concat'"):
-        loader(ds, **base).load_state_dict(s_bf)
+        numpy_loader(ds, **base).load_state_dict(s_bf)
     with pytest.raises(tokenfeed.StateError, match="pack_window: saved 1024, now 64"):
-        loader(ds, packing="best_fit", pad_id=PAD, pack_window=64, **base).load_state_dict(s_bf)
+        numpy_loader(ds, packing="best_fit", pad_id=PAD, pack_window=64, **base).load_state_dict(s_bf)
     with pytest.raises(tokenfeed.StateError, match="pad_id"):
-        loader(ds, packing="best_fit", pad_id=5, **base).load_state_dict(s_bf)
+        numpy_loader(ds, packing="best_fit", pad_id=5, **base).load_state_dict(s_bf)
     # concat states keep their old shape (no new keys), so older checkpoints still load
-    assert "pad_id" not in loader(ds, **base).state_dict()["config"]
+    assert "pad_id" not in numpy_loader(ds, **base).state_dict()["config"]
     with pytest.raises(ValueError, match="packing"):
-        loader(ds, packing="best", **base)
+        numpy_loader(ds, packing="best", **base)
     with pytest.raises(ValueError, match="pad_id"):
-        loader(ds, packing="best_fit", pad_id=VOCAB + 5, **base)
+        numpy_loader(ds, packing="best_fit", pad_id=VOCAB + 5, **base)
 
 
 def test_packing_stats_lognormal_best_fit_vs_concat(make_dataset):
@@ -215,8 +198,8 @@ def test_packing_stats_lognormal_best_fit_vs_concat(make_dataset):
     lens = np.maximum(1, rng.lognormal(np.log(300), 1.2, size=3000).astype(np.int64))
     ds = make_dataset(docs=[rng.integers(0, 1000, size=n) for n in lens], vocab=1024)
     L = 1024
-    cat = loader(ds, seq_len=L, batch_size=1).packing_stats()
-    bf = loader(ds, seq_len=L, batch_size=1, packing="best_fit").packing_stats()
+    cat = numpy_loader(ds, seq_len=L, batch_size=1).packing_stats()
+    bf = numpy_loader(ds, seq_len=L, batch_size=1, packing="best_fit").packing_stats()
     assert cat["pad_tokens"] == 0 and cat["documents"] == bf["documents"] == 3000
     # concat: a document is split when no sample holds it whole
     starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
@@ -236,7 +219,7 @@ def test_token_dataset_packing(uds):
 
     ds = uds(n_docs=200)
     td = TokenDataset(ds, seq_len=20, seed=3, packing="best_fit", pad_id=PAD, loss_mask=True)
-    l = loader(ds, seq_len=20, batch_size=4, seed=3, packing="best_fit", pad_id=PAD, loss_mask=True)
+    l = numpy_loader(ds, seq_len=20, batch_size=4, seed=3, packing="best_fit", pad_id=PAD, loss_mask=True)
     b = next(l)
     for i in range(4):
         item = td[i]

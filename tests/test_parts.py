@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import tokenfeed
+from conftest import assert_docs_equal, documents
 from tokenfeed import _core
 from tokenfeed.cli import main
 
@@ -37,26 +38,16 @@ def write_parts(path, sizes, vocab: int = 1000, order=None, **kw) -> List[List[n
     return docs
 
 
-def all_docs(ds: tokenfeed.Dataset) -> List[np.ndarray]:
-    return [ds.document(i).astype(np.int64) for i in range(ds.num_documents)]
-
-
-def assert_same_docs(got: List[np.ndarray], want: List[np.ndarray]) -> None:
-    assert len(got) == len(want)
-    for i, (g, w) in enumerate(zip(got, want)):
-        assert np.array_equal(g, np.asarray(w, dtype=np.int64)), f"document {i} differs"
-
-
 def test_merge_orders_by_part_then_write_order(tmp_path):
     # parts written out of order (as concurrent tasks finish); one part is empty
     docs = write_parts(tmp_path / "ds", [7, 0, 12, 5], order=[2, 0, 3, 1], shard_tokens=100)
     ds = tokenfeed.merge_parts(tmp_path / "ds")
-    assert_same_docs(all_docs(ds), [d for part in docs for d in part])
+    assert_docs_equal(documents(ds), [d for part in docs for d in part])
     ds.verify()
     # every part is a dataset of its own too
     for k, part in enumerate(docs):
         if part:
-            assert_same_docs(all_docs(tokenfeed.open(tmp_path / "ds" / "parts" / f"part-{k:05d}")), part)
+            assert_docs_equal(documents(tokenfeed.open(tmp_path / "ds" / "parts" / f"part-{k:05d}")), part)
     man = (tmp_path / "ds" / "tokenfeed.manifest").read_text()
     assert man.startswith("tokenfeed-manifest 2\n")
     names = [line.split()[1] for line in man.splitlines() if line.startswith("shard ")]
@@ -92,7 +83,7 @@ def test_same_parts_same_fingerprint_and_idempotent_merge(tmp_path):
     with tokenfeed.PartWriter(tmp_path / "c", part=0, parts=1, vocab_size=1000) as w:
         w.add_documents(docs)
     c = tokenfeed.merge_parts(tmp_path / "c")
-    assert_same_docs(all_docs(c), docs)
+    assert_docs_equal(documents(c), docs)
     assert c.fingerprint != fa
 
 
@@ -146,7 +137,7 @@ def test_killed_part_leaves_only_a_hidden_staging_dir(tmp_path):
         w.add_documents(docs1)
     assert sorted(os.listdir(out / "parts")) == ["part-00000", "part-00001", "part-00002"]
     ds = tokenfeed.merge_parts(out)
-    assert_same_docs(all_docs(ds), part_docs(0, 3) + docs1 + part_docs(2, 3))
+    assert_docs_equal(documents(ds), part_docs(0, 3) + docs1 + part_docs(2, 3))
 
 
 def test_merge_refuses_parts_that_are_not_one_dataset(tmp_path):
@@ -188,7 +179,7 @@ def test_merge_refuses_writer_dataset_without_overwrite(tmp_path):
         tokenfeed.merge_parts(out)
     assert tokenfeed.open(out).num_documents == 1  # untouched
     ds = tokenfeed.merge_parts(out, overwrite=True)
-    assert_same_docs(all_docs(ds), docs[0] + docs[1])
+    assert_docs_equal(documents(ds), docs[0] + docs[1])
 
 
 def test_core_merge_refuses_paths_leaving_the_dataset(tmp_path):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import struct
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -22,6 +21,7 @@ import numpy as np
 import pytest
 
 import tokenfeed
+from conftest import write_megatron
 from tokenfeed import _core
 
 VOCAB = 1000
@@ -63,19 +63,6 @@ def write_native(path: Path, docs: List[np.ndarray], **kw: Any) -> None:
             w.add_document(d)
 
 
-def write_megatron(prefix: Path, docs: List[np.ndarray]) -> None:
-    """MMIDIDX v1 with int32 tokens (dtype code 4)."""
-    sizes = np.array([len(d) for d in docs], dtype=np.int32)
-    pointers = np.concatenate([[0], np.cumsum(sizes[:-1].astype(np.int64) * 4)]).astype(np.int64)
-    doc_idx = np.arange(len(docs) + 1, dtype=np.int64)
-    with open(f"{prefix}.idx", "wb") as f:
-        f.write(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 4, len(sizes), len(doc_idx)))
-        f.write(sizes.tobytes() + pointers.tobytes() + doc_idx.tobytes())
-    with open(f"{prefix}.bin", "wb") as f:
-        for d in docs:
-            f.write(np.asarray(d, dtype=np.int32).tobytes())
-
-
 def build_data(root: Path) -> Dict[str, Any]:
     """Every dataset the pinned configurations read, opened."""
     a = gen_docs(400, 1)
@@ -87,7 +74,7 @@ def build_data(root: Path) -> Dict[str, Any]:
     np.concatenate(c).astype(np.uint16).tofile(root / "x.ds")
     np.cumsum([len(d) for d in c]).astype(np.uint64).tofile(root / "x.ds.index")
     np.save(root / "t.npy", np.concatenate(gen_docs(60, 4)).astype(np.int32))
-    write_megatron(root / "mg", gen_docs(80, 5))
+    write_megatron(root / "mg", gen_docs(80, 5), 4)  # int32 tokens
     return {
         "a": tokenfeed.open(root / "a"),
         "a_zstd": tokenfeed.open(root / "a_zstd"),

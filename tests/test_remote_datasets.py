@@ -17,7 +17,7 @@ import pytest
 
 import tokenfeed
 from remote_util import FaultProxy, bucket, moto, proxy, s3env  # noqa: F401  (fixtures)
-from test_formats import write_llmc, write_megatron
+from conftest import write_llmc, write_megatron
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

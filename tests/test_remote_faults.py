@@ -73,37 +73,29 @@ def test_error_rate_stream_identical(uploaded, moto, tmp_path):
         p.stop()
 
 
-def test_persistent_failure_names_object_and_range(uploaded, moto, tmp_path, monkeypatch):
+def test_persistent_failure_names_object_and_range(uploaded, proxy, tmp_path):
     local, url = uploaded
-    p = FaultProxy(moto.port)
-    try:
-        remote = _open(url, tmp_path, p.endpoint)
-        p.plan(*["503"] * 200, path_contains=".tfs")
-        with pytest.raises(OSError) as ei:
-            remote.tokens(0, 100)
-        msg = str(ei.value)
-        assert url.rstrip("/") in msg and ".tfs" in msg and "bytes [" in msg
-        assert "after 8 attempts" in msg and "SlowDown" in msg
-        assert "testing-secret-key" not in msg
-        assert p.injected["503"] == 8  # bounded: the default attempts, no more
-    finally:
-        p.stop()
+    remote = _open(url, tmp_path, proxy.endpoint)
+    proxy.plan(*["503"] * 200, path_contains=".tfs")
+    with pytest.raises(OSError) as ei:
+        remote.tokens(0, 100)
+    msg = str(ei.value)
+    assert url.rstrip("/") in msg and ".tfs" in msg and "bytes [" in msg
+    assert "after 8 attempts" in msg and "SlowDown" in msg
+    assert "testing-secret-key" not in msg
+    assert proxy.injected["503"] == 8  # bounded: the default attempts, no more
 
 
-def test_missing_after_open_not_retried(uploaded, moto, bucket, tmp_path):
+def test_missing_after_open_not_retried(uploaded, moto, bucket, proxy, tmp_path):
     local, url = uploaded
-    p = FaultProxy(moto.port)
-    try:
-        remote = _open(url, tmp_path, p.endpoint)
-        name = remote.files()[0]["path"].rsplit("/", 1)[1]
-        moto.delete(bucket, f"ds/{name}")
-        before = p.requests.get("GET", 0)
-        with pytest.raises(FileNotFoundError) as ei:
-            remote.tokens(0, 10)
-        assert name in str(ei.value) and "does not exist" in str(ei.value)
-        assert p.requests["GET"] - before == 1
-    finally:
-        p.stop()
+    remote = _open(url, tmp_path, proxy.endpoint)
+    name = remote.files()[0]["path"].rsplit("/", 1)[1]
+    moto.delete(bucket, f"ds/{name}")
+    before = proxy.requests.get("GET", 0)
+    with pytest.raises(FileNotFoundError) as ei:
+        remote.tokens(0, 10)
+    assert name in str(ei.value) and "does not exist" in str(ei.value)
+    assert proxy.requests["GET"] - before == 1
 
 
 def test_changed_object_refused(uploaded, moto, bucket, tmp_path):

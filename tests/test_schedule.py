@@ -80,6 +80,7 @@ def test_reference_model_properties():
 import numpy as np
 
 import tokenfeed
+from conftest import assert_resumes_exactly, numpy_loader, take_tokens
 
 MODES = ["concat", "best_fit", "document"]
 PAD = 1999
@@ -105,16 +106,6 @@ def source_of_rows(tokens):
     return (real.max(axis=1) // 700).astype(int)
 
 
-def loader(dss, **kw):
-    kw.setdefault("output", "numpy")
-    kw.setdefault("num_threads", 2)
-    return tokenfeed.Loader(list(dss), **kw)
-
-
-def take(l, n):
-    return [next(l)["tokens"].copy() for _ in range(n)]
-
-
 def rows(batches):
     return np.concatenate(batches) if batches else np.zeros((0, 1), dtype=np.int64)
 
@@ -125,9 +116,9 @@ TWO_PHASE = [(0, [0.7, 0.3]), (25, [0.2, 0.8])]   # G = 8: phase 0 is positions 
 @pytest.mark.parametrize("packing", MODES)
 def test_two_phase_schedule_exact_in_every_window(sources, packing):
     a, b, _ = sources()
-    l = loader([a, b], weights=tokenfeed.WeightSchedule(TWO_PHASE), seq_len=16, batch_size=8, packing=packing,
+    l = numpy_loader([a, b], weights=tokenfeed.WeightSchedule(TWO_PHASE), seq_len=16, batch_size=8, packing=packing,
                pad_id=PAD, seed=2, mix_window=100)
-    src = source_of_rows(rows(take(l, 60)))          # 480 positions: both phases
+    src = source_of_rows(rows(take_tokens(l, 60)))          # 480 positions: both phases
     assert ((src[:200].reshape(-1, 10) == 1).sum(axis=1) == 3).all()     # 7 + 3 in every window of 10
     assert ((src[200:].reshape(-1, 5) == 1).sum(axis=1) == 4).all()      # 1 + 4 in every window of 5
     # every position takes the source the documented rules give
@@ -145,21 +136,15 @@ def test_resume_in_the_middle_of_each_phase_is_exact(sources, packing, k):
     a, b, _ = sources()
     kw = dict(weights=TWO_PHASE, seq_len=12, batch_size=8, seed=5, packing=packing, pad_id=PAD, pack_window=16,
               mix_window=100)
-    whole = take(loader([a, b], **kw), k + 10)
-    first = loader([a, b], **kw)
-    take(first, k)
-    state = json.loads(json.dumps(first.state_dict()))
+    state, whole = assert_resumes_exactly([a, b], k, 10, **kw)
     assert state["config"]["weights"] == {"steps": [0, 25], "weights": [[0.7, 0.3], [0.2, 0.8]],
                                           "interpolation": "constant"}
-    resumed = loader([a, b], **kw)
-    resumed.load_state_dict(state)
-    assert all(np.array_equal(x, y) for x, y in zip(whole[k:], take(resumed, 10)))
     # and elastically: two ranks with half the batch each continue the same global stream
     halves = []
     for r in range(2):
-        lr_ = loader([a, b], **{**kw, "batch_size": 4}, rank=r, world_size=2)
+        lr_ = numpy_loader([a, b], **{**kw, "batch_size": 4}, rank=r, world_size=2)
         lr_.load_state_dict(state)
-        halves.append(take(lr_, 10))
+        halves.append(take_tokens(lr_, 10))
     assert all(np.array_equal(np.concatenate([halves[0][i], halves[1][i]]), whole[k + i]) for i in range(10))
 
 
@@ -168,41 +153,41 @@ def test_linear_schedule_follows_the_rules_and_resumes(sources):
     pts = [(0, [0.9, 0.1, 0.0]), (40, [0.5, 0.3, 0.2]), (60, [0.5, 0.3, 0.2])]
     sched = tokenfeed.WeightSchedule(pts, interpolation="linear")
     kw = dict(weights=sched, seq_len=10, batch_size=5, seed=3, mix_window=50)
-    whole = take(loader([a, b, c], **kw), 70)
+    whole = take_tokens(numpy_loader([a, b, c], **kw), 70)
     src = source_of_rows(rows(whole))
     want = [s for s, _ in ref.simulate(pts, 5, 50, 350, linear=True)]
     assert src.tolist() == want
     for k in range(200 // 50):   # windows of the ramp move monotonically toward the second point
         w = np.bincount(src[k * 50:(k + 1) * 50], minlength=3)
         assert abs(w[2] - 50 * 0.2 * (k * 50 + 25) / 200) <= 1.5
-    r = loader([a, b, c], **kw)
-    take(r, 23)
+    r = numpy_loader([a, b, c], **kw)
+    take_tokens(r, 23)
     st = r.state_dict()
-    r2 = loader([a, b, c], **kw)
+    r2 = numpy_loader([a, b, c], **kw)
     r2.load_state_dict(st)
-    assert all(np.array_equal(x, y) for x, y in zip(whole[23:], take(r2, 20)))
+    assert all(np.array_equal(x, y) for x, y in zip(whole[23:], take_tokens(r2, 20)))
 
 
 def test_schedule_state_names_changes_and_old_states_load(sources):
     a, b, _ = sources()
     base = dict(seq_len=12, batch_size=4, seed=1, mix_window=100)
-    st = loader([a, b], weights=TWO_PHASE, **base).state_dict()
+    st = numpy_loader([a, b], weights=TWO_PHASE, **base).state_dict()
     with pytest.raises(tokenfeed.StateError, match=r"weights: saved \{'steps': \[0, 25\]"):
-        loader([a, b], weights=[(0, [0.7, 0.3]), (30, [0.2, 0.8])], **base).load_state_dict(st)
+        numpy_loader([a, b], weights=[(0, [0.7, 0.3]), (30, [0.2, 0.8])], **base).load_state_dict(st)
     # a state saved with plain weights (before schedules existed) loads as it always did
-    plain = loader([a, b], weights=[0.7, 0.3], **base)
-    take(plain, 3)
+    plain = numpy_loader([a, b], weights=[0.7, 0.3], **base)
+    take_tokens(plain, 3)
     old = json.loads(json.dumps(plain.state_dict()))
     assert old["config"]["weights"] == [0.7, 0.3] and "mix_anchor" not in old
-    expected = take(plain, 4)
-    again = loader([a, b], weights=[0.7, 0.3], **base)
+    expected = take_tokens(plain, 4)
+    again = numpy_loader([a, b], weights=[0.7, 0.3], **base)
     again.load_state_dict(old)
-    assert all(np.array_equal(x, y) for x, y in zip(expected, take(again, 4)))
+    assert all(np.array_equal(x, y) for x, y in zip(expected, take_tokens(again, 4)))
     # and a schedule whose first phase is those weights continues it without a hand-over
-    sched = loader([a, b], weights=[(0, [0.7, 0.3]), (100, [0.5, 0.5])], **base)
+    sched = numpy_loader([a, b], weights=[(0, [0.7, 0.3]), (100, [0.5, 0.5])], **base)
     sched.load_state_dict(old, strict=False)
     assert "mix_anchor" not in sched.state_dict()
-    assert all(np.array_equal(x, y) for x, y in zip(expected, take(sched, 4)))
+    assert all(np.array_equal(x, y) for x, y in zip(expected, take_tokens(sched, 4)))
 
 
 def per_source(batches, k):
@@ -220,15 +205,15 @@ def test_changed_future_with_strict_false_leaves_consumed_untouched(sources):
     old_sched = [(0, [0.7, 0.3]), (200, [0.5, 0.5])]
     new_sched = [(0, [0.7, 0.3]), (5, [0.2, 0.8])]
     k = 12
-    old = loader([a, b], weights=old_sched, **base)
-    before = take(old, k)
+    old = numpy_loader([a, b], weights=old_sched, **base)
+    before = take_tokens(old, k)
     state = json.loads(json.dumps(old.state_dict()))
-    uninterrupted = before + take(old, 40)         # the old schedule, continued
-    new = loader([a, b], weights=new_sched, **base)
+    uninterrupted = before + take_tokens(old, 40)         # the old schedule, continued
+    new = numpy_loader([a, b], weights=new_sched, **base)
     with pytest.raises(tokenfeed.StateError, match="weights"):
         new.load_state_dict(state)
     new.load_state_dict(state, strict=False)
-    after = take(new, 12)
+    after = take_tokens(new, 12)
     had = np.bincount([src for src, _ in ref.simulate(old_sched, 8, 100, k * 8)], minlength=2).tolist()
     assert had == [67, 29]   # 9 windows of 7 + 3, then 4 + 2 of the next
     assert new.state_dict()["mix_anchor"] == {"position": k * 8, "counts": had}
@@ -242,10 +227,10 @@ def test_changed_future_with_strict_false_leaves_consumed_untouched(sources):
     assert ((src_after[4:94].reshape(-1, 5) == 1).sum(axis=1) == 4).all()
     # the anchored state resumes exactly with strict=True, on a fresh loader of the new schedule
     st2 = json.loads(json.dumps(new.state_dict()))
-    more = take(new, 6)
-    fresh = loader([a, b], weights=new_sched, **base)
+    more = take_tokens(new, 6)
+    fresh = numpy_loader([a, b], weights=new_sched, **base)
     fresh.load_state_dict(st2)
-    assert all(np.array_equal(x, y) for x, y in zip(more, take(fresh, 6)))
+    assert all(np.array_equal(x, y) for x, y in zip(more, take_tokens(fresh, 6)))
 
 
 def test_schedule_seeks_far_without_walking(sources):
@@ -255,11 +240,11 @@ def test_schedule_seeks_far_without_walking(sources):
     pts = [(0, [0.9, 0.1]), (10**12, [0.1, 0.9]), (2 * 10**12, [0.5, 0.5])]
     kw = dict(weights=tokenfeed.WeightSchedule(pts, interpolation="linear"), seq_len=8, batch_size=4,
               mix_window=1000)
-    l = loader([a, b], **kw)
+    l = numpy_loader([a, b], **kw)
     st = l.state_dict()
     st["position"] = (2 * 10**12 - 3) * 4
     l.load_state_dict(st)
-    batches = take(l, 6)
+    batches = take_tokens(l, 6)
     src = source_of_rows(rows(batches))
     assert len(src) == 24 and set(src.tolist()) <= {0, 1}
     # source 1's share: 0.1 -> 0.9 over the first half (0.5 on average), 0.9 -> 0.5 over the second (0.7)

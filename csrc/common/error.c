@@ -110,3 +110,11 @@ uint64_t tf__now_ns(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+
+int tf__cond_init(pthread_cond_t *cv) {
+    pthread_condattr_t ca;
+    if (pthread_condattr_init(&ca) != 0) return -ENOMEM;
+    int rc = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) || pthread_cond_init(cv, &ca);
+    pthread_condattr_destroy(&ca);
+    return rc ? -ENOMEM : 0;
+}

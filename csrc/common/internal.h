@@ -10,9 +10,11 @@
 #define TF_INTERNAL_H
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "tokenfeed.h"
 
@@ -97,6 +99,23 @@ TF_HIDDEN int tf__num_cpus(void);
 
 /* Monotonic clock in nanoseconds. */
 TF_HIDDEN uint64_t tf__now_ns(void);
+
+/* Timed waits. Every condition variable that a thread waits on with a
+ * timeout is made by tf__cond_init (0 or -ENOMEM): its deadlines are on the
+ * monotonic clock, so a change of the wall clock neither cuts a wait short
+ * nor stretches it. tf__abstime turns a tf__now_ns() instant into such a
+ * deadline; tf__deadline_after is the instant ns from now (saturating). */
+TF_HIDDEN int tf__cond_init(pthread_cond_t *cv);
+
+static inline struct timespec tf__abstime(uint64_t mono_ns) {
+    struct timespec ts = {(time_t)(mono_ns / 1000000000ull), (long)(mono_ns % 1000000000ull)};
+    return ts;
+}
+
+static inline struct timespec tf__deadline_after(uint64_t ns) {
+    uint64_t now = tf__now_ns();
+    return tf__abstime(ns > UINT64_MAX - now ? UINT64_MAX : now + ns);
+}
 
 /* SIGBUS guard (sigbus.c): a file truncated while mapped must give -EIO, not
  * kill the process. tf__sigbus_install() (once per process; the sources layer

@@ -301,10 +301,8 @@ static void *worker_main(void *arg) {
         uint64_t k = l->next_claim++, gen = l->gen;
         if (TF_UNLIKELY(l->fault_delay_ns)) {
             uint64_t until = tf__now_ns() + l->fault_delay_ns;
-            while (!l->stop && tf__now_ns() < until) {
-                struct timespec ts = {(time_t)(until / 1000000000ull), (long)(until % 1000000000ull)};
-                pthread_cond_timedwait(&l->work_cv, &l->mu, &ts);
-            }
+            struct timespec ts = tf__abstime(until);
+            while (!l->stop && tf__now_ns() < until) pthread_cond_timedwait(&l->work_cv, &l->mu, &ts);
         }
         int ok;
         uint64_t pos = batch_pos(l, k, &ok);
@@ -345,13 +343,8 @@ static void *worker_main(void *arg) {
 }
 
 static int init_sync(tf_loader *l) {
-    pthread_condattr_t ca;
     if (pthread_mutex_init(&l->mu, NULL) != 0) return -ENOMEM;
-    if (pthread_condattr_init(&ca) != 0) return -ENOMEM;
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    int rc = pthread_cond_init(&l->work_cv, &ca) || pthread_cond_init(&l->ready_cv, &ca);
-    pthread_condattr_destroy(&ca);
-    return rc ? -ENOMEM : 0;
+    return tf__cond_init(&l->work_cv) || tf__cond_init(&l->ready_cv) ? -ENOMEM : 0;
 }
 
 static void stop_threads(tf_loader *l) {
@@ -830,13 +823,8 @@ int tf_loader_next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_ns) {
                 tf__cpu_relax();
             pthread_mutex_lock(&l->mu);
         }
-        struct timespec dl;
-        if (timeout_ns != UINT64_MAX) {
-            clock_gettime(CLOCK_MONOTONIC, &dl);
-            uint64_t ns = (uint64_t)dl.tv_nsec + timeout_ns % 1000000000ull;
-            dl.tv_sec += (time_t)(timeout_ns / 1000000000ull + ns / 1000000000ull);
-            dl.tv_nsec = (long)(ns % 1000000000ull);
-        }
+        struct timespec dl = {0, 0};
+        if (timeout_ns != UINT64_MAX) dl = tf__deadline_after(timeout_ns);
         int timed_out = 0;
         while (!s->ready) {
             if (timeout_ns == UINT64_MAX) {

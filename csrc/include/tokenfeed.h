@@ -5,13 +5,20 @@
  * layered, each layer usable without the ones above it (docs/design.md in the
  * source repository):
  *
- *   sources  tf_dataset, tf_writer   open / write token shards of several formats
+ *   sources  tf_dataset, tf_writer   open / write token shards of several formats,
+ *            tf_remote               locally or from object storage through a
+ *                                    transport you supply and a node-local chunk
+ *                                    cache; join datasets made of parts
  *   order    tf_perm, tf_order       which tokens make sample i: packing, shuffle,
- *                                    mixing; pure functions of (config, position)
+ *                                    mixing and mixture schedules; pure functions
+ *                                    of (config, position)
  *   engine   tf_loader, tf_batch     batches assembled into reusable buffers, over
- *                                    an order built once (tf_loader_create_from_order)
- *   device   tf_device_ring          pinned host memory and device slots; the CUDA
- *                                    runtime is loaded at run time
+ *                                    an order built once (tf_loader_create_from_order);
+ *                                    context-parallel shares of each sample
+ *   device   tf_device_loader,       a loader's batches copied to a CUDA device
+ *            tf_device_ring          ahead of the consumer; pinned host memory and
+ *                                    device slots; the CUDA runtime is loaded at
+ *                                    run time
  *
  * Conventions, said once for the whole header:
  *   - Functions that can fail return 0 on success or a negative error code:

@@ -23,11 +23,9 @@ PyDoc_STRVAR(Batch_doc, "Owner of one batch's buffers; they return to the loader
 TFPY_TYPE_SPEC(Batch, tfpy_Batch, Py_TPFLAGS_DEFAULT,
                {Py_tp_doc, (void *)Batch_doc}, {Py_tp_dealloc, Batch_dealloc});
 
-/* A 2-D view into the batch's buffer with the Batch as base. */
-static PyObject *view2d(PyObject *owner, void *data, int typenum, npy_intp rows, npy_intp cols, npy_intp row_stride, npy_intp elsize) {
-    npy_intp dims[2] = {rows, cols};
-    npy_intp strides[2] = {row_stride, elsize};
-    PyObject *arr = PyArray_New(&PyArray_Type, 2, dims, typenum, strides, data, 0, NPY_ARRAY_WRITEABLE | NPY_ARRAY_ALIGNED, NULL);
+/* An nd-dimensional view into the batch's buffer with the Batch as base. */
+static PyObject *view(PyObject *owner, void *data, int typenum, int nd, npy_intp *dims, npy_intp *strides) {
+    PyObject *arr = PyArray_New(&PyArray_Type, nd, dims, typenum, strides, data, 0, NPY_ARRAY_WRITEABLE | NPY_ARRAY_ALIGNED, NULL);
     if (!arr) return NULL;
     Py_INCREF(owner);
     if (PyArray_SetBaseObject((PyArrayObject *)arr, owner) < 0) { /* steals owner even on failure */
@@ -37,17 +35,14 @@ static PyObject *view2d(PyObject *owner, void *data, int typenum, npy_intp rows,
     return arr;
 }
 
-/* A 1-D view into the batch's buffer with the Batch as base. */
+static PyObject *view2d(PyObject *owner, void *data, int typenum, npy_intp rows, npy_intp cols, npy_intp row_stride, npy_intp elsize) {
+    npy_intp dims[2] = {rows, cols}, strides[2] = {row_stride, elsize};
+    return view(owner, data, typenum, 2, dims, strides);
+}
+
 static PyObject *view1d(PyObject *owner, void *data, int typenum, npy_intp n, npy_intp elsize) {
     npy_intp dims[1] = {n}, strides[1] = {elsize};
-    PyObject *arr = PyArray_New(&PyArray_Type, 1, dims, typenum, strides, data, 0, NPY_ARRAY_WRITEABLE | NPY_ARRAY_ALIGNED, NULL);
-    if (!arr) return NULL;
-    Py_INCREF(owner);
-    if (PyArray_SetBaseObject((PyArrayObject *)arr, owner) < 0) { /* steals owner even on failure */
-        Py_DECREF(arr);
-        return NULL;
-    }
-    return arr;
+    return view(owner, data, typenum, 1, dims, strides);
 }
 
 static int dict_put(PyObject *d, const char *k, PyObject *v) {

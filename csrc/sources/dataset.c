@@ -632,11 +632,7 @@ int tf_dataset_verify(const tf_dataset *ds, int threads, tf_progress_fn cb, void
     memset(&c, 0, sizeof c);
     c.ds = ds;
     pthread_mutex_init(&c.mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&c.done, &ca);
-    pthread_condattr_destroy(&ca);
+    tf__cond_init(&c.done);
     pthread_t *th = calloc((size_t)threads, sizeof *th);
     if (!th) {
         pthread_cond_destroy(&c.done);
@@ -662,13 +658,7 @@ int tf_dataset_verify(const tf_dataset *ds, int threads, tf_progress_fn cb, void
     int cancelled = 0;
     pthread_mutex_lock(&c.mu);
     while (atomic_load(&c.running) > 0) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += 100 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        struct timespec ts = tf__deadline_after(100 * 1000 * 1000);
         pthread_cond_timedwait(&c.done, &c.mu, &ts);
         if (atomic_load(&c.running) == 0) break;
         pthread_mutex_unlock(&c.mu);

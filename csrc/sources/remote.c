@@ -234,14 +234,8 @@ static int resolve_config(const tf_remote_config *in, tf_remote_config *c) {
 }
 
 static int init_locks(tf_remote *r) {
-    pthread_condattr_t ca;
-    if (pthread_mutex_init(&r->mu, NULL) || pthread_mutex_init(&r->omu, NULL) || pthread_condattr_init(&ca))
-        return -ENOMEM;
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    int rc = pthread_cond_init(&r->work_cv, &ca) || pthread_cond_init(&r->done_cv, &ca) ||
-             pthread_cond_init(&r->stop_cv, &ca);
-    pthread_condattr_destroy(&ca);
-    return rc ? -ENOMEM : 0;
+    if (pthread_mutex_init(&r->mu, NULL) || pthread_mutex_init(&r->omu, NULL)) return -ENOMEM;
+    return tf__cond_init(&r->work_cv) || tf__cond_init(&r->done_cv) || tf__cond_init(&r->stop_cv) ? -ENOMEM : 0;
 }
 
 int tf_remote_create(const tf_transport *t, const tf_remote_config *cfg, tf_remote **out) {
@@ -387,10 +381,8 @@ static uint64_t rand_u64(void) {
 static int pool_sleep(tf_remote *r, uint64_t ns) {
     uint64_t until = tf__now_ns() + ns;
     pthread_mutex_lock(&r->mu);
-    while (!r->stop && tf__now_ns() < until) {
-        struct timespec ts = {(time_t)(until / 1000000000ull), (long)(until % 1000000000ull)};
-        pthread_cond_timedwait(&r->stop_cv, &r->mu, &ts);
-    }
+    struct timespec ts = tf__abstime(until);
+    while (!r->stop && tf__now_ns() < until) pthread_cond_timedwait(&r->stop_cv, &r->mu, &ts);
     int s = r->stop;
     pthread_mutex_unlock(&r->mu);
     return s;

@@ -332,13 +332,7 @@ static void *pf_main(void *arg) {
     for (;;) {
         if (p->stop) break;
         if (p->consumer == seen_consumer && p->gen == seen_gen) {
-            struct timespec ts;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            ts.tv_nsec += 100 * 1000 * 1000;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
+            struct timespec ts = tf__deadline_after(100 * 1000 * 1000);
             pthread_cond_timedwait(&p->cv, &p->mu, &ts);
             if (p->stop) break;
         }
@@ -376,12 +370,8 @@ int tf__prefetch_create(tf_remote *r, tf__prefetch_locate_fn locate, void *ctx, 
     p->end_index = end_index;
     p->prefetch_bytes = tf__remote_prefetch_bytes(r);
     p->wgen = UINT64_MAX;
-    pthread_condattr_t ca;
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&p->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&p->mu, NULL); /* on Linux neither fails without attributes that need resources */
+    tf__cond_init(&p->cv);
     if (grow_chunks(p)) {
         tf__prefetch_free(p);
         return -ENOMEM;
@@ -429,11 +419,7 @@ void tf__prefetch_forget_thread(tf__prefetch *p) {
     if (!p) return;
     p->started = 0;
     pthread_mutex_init(&p->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&p->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    tf__cond_init(&p->cv);
     p->wgen = UINT64_MAX;
 }
 

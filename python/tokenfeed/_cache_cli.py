@@ -114,12 +114,19 @@ def add_parser(sub: Any) -> None:
                                    "~/.cache/tokenfeed/remote.")
     cs = c.add_subparsers(dest="cache_command", metavar="ACTION")
     cs.required = True
-    s = cs.add_parser("show", help="size, chunks, objects and processes attached")
-    s.add_argument("dir", nargs="?", metavar="DIR")
+    dir_help = "the cache directory (default: $TOKENFEED_CACHE_DIR or ~/.cache/tokenfeed/remote)"
+    s = cs.add_parser("show", help="size, chunks, objects and processes attached",
+                      description="Show the cache's size, its chunks and the objects they belong to (largest "
+                                  "first), chunks being fetched, and how many processes have it open.")
+    s.add_argument("dir", nargs="?", metavar="DIR", help=dir_help)
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--top", type=int, default=20, help="objects listed (largest first; default 20)")
-    p = cs.add_parser("prune", help="evict chunks down to a size (farthest next use first)")
-    p.add_argument("dir", nargs="?", metavar="DIR")
+    p = cs.add_parser("prune", help="evict chunks down to a size (farthest next use first)",
+                      description="Evict cached chunks until the cache holds at most --keep bytes: first those "
+                                  "no attached process needs, then those needed farthest ahead, so it may run "
+                                  "while training uses the cache. --all empties it, and is refused while a "
+                                  "process has it open.")
+    p.add_argument("dir", nargs="?", metavar="DIR", help=dir_help)
     p.add_argument("--keep", metavar="SIZE", help="bytes to keep: 50GB, 1.5TiB, 500M, ...")
     p.add_argument("--all", action="store_true", help="empty the cache (refused while a process has it open)")
     c.set_defaults(func=cmd_cache)

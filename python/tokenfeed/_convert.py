@@ -21,9 +21,6 @@ writes ``OUT`` from all chunks again (a sequential copy, fast next to tokenizing
 from __future__ import annotations
 
 import argparse
-import gzip
-import hashlib
-import io
 import json
 import math
 import multiprocessing
@@ -31,22 +28,18 @@ import os
 import shutil
 import sys
 import time
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from ._text import (EOD_CANDIDATES, TEXT_EXTS, Chunk, ConvertError, Settings, chunk_texts, default_eod,
+                    expand_inputs, file_sha256, load_tokenizer, plan_chunks)
 
 __all__ = ["ConvertError", "convert"]
 
 PROG = "tokenfeed"
 WORK_DIR = ".tokenfeed-convert"
 PLAN_VERSION = 1
-EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
-TEXT_EXTS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".txt": "text",
-             ".text": "text", ".md": "text"}
-
-
-class ConvertError(Exception):
-    """A problem the user can fix (bad input, missing file, bad option): reported as one line."""
 
 
 # --------------------------------------------------------------------------- helpers
@@ -65,192 +58,6 @@ def _note(msg: str) -> None:
 # --------------------------------------------------------------------------- convert: text
 
 
-class Chunk(NamedTuple):
-    """One unit of tokenizing work: a byte range of a JSONL file, a Parquet row group or a text file."""
-    seq: int          # position in the output order
-    path: str
-    kind: str         # "jsonl", "jsonl.gz", "parquet", "text"
-    start: int        # byte offset (jsonl) or row group (parquet)
-    stop: int
-    weight: int       # bytes, for the progress bar
-
-
-class Settings(NamedTuple):
-    tokenizer: str
-    text_field: str
-    eod_id: Optional[int]
-    add_special_tokens: bool
-    paragraphs: bool
-    utf8_errors: str
-    vocab_size: int
-    batch_docs: int
-
-
-def _input_kind(path: str, forced: Optional[str]) -> str:
-    name = path[:-3] if path.endswith(".gz") else path
-    gz = path.endswith(".gz")
-    if forced:
-        kind = forced
-    else:
-        ext = os.path.splitext(name)[1].lower()
-        if ext not in TEXT_EXTS:
-            raise ConvertError(f"{path}: cannot tell the input format from the extension {ext or '(none)'!r}: "
-                           f"pass --input-format jsonl, parquet or text")
-        kind = TEXT_EXTS[ext]
-    if gz and kind == "parquet":
-        raise ConvertError(f"{path}: a gzip-compressed Parquet file is not supported; Parquet compresses internally")
-    return kind + (".gz" if gz else "")
-
-
-def _expand_inputs(inputs: Sequence[str], forced: Optional[str]) -> List[str]:
-    out: List[str] = []
-    for p in inputs:
-        if os.path.isdir(p):
-            found = []
-            for root, dirs, files in os.walk(p):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                for f in sorted(files):
-                    base = f[:-3] if f.endswith(".gz") else f
-                    if forced or os.path.splitext(base)[1].lower() in TEXT_EXTS:
-                        found.append(os.path.join(root, f))
-            if not found:
-                raise ConvertError(f"{p}: no .jsonl/.json/.parquet/.txt files in this directory")
-            out.extend(found)
-        elif os.path.exists(p):
-            out.append(p)
-        else:
-            raise ConvertError(f"{p}: no such file or directory")
-    return out
-
-
-def _plan_chunks(paths: Sequence[str], forced: Optional[str], chunk_bytes: int) -> List[Chunk]:
-    chunks: List[Chunk] = []
-    for path in paths:
-        kind = _input_kind(path, forced)
-        size = os.path.getsize(path)
-        if kind == "jsonl":
-            n = max(1, math.ceil(size / chunk_bytes))
-            step = math.ceil(size / n) if size else 0
-            for k in range(n):
-                a, b = k * step, min(size, (k + 1) * step)
-                if a < b or (k == 0 and size == 0):
-                    chunks.append(Chunk(len(chunks), path, kind, a, b, b - a))
-        elif kind == "parquet":
-            pq = _pyarrow_parquet()
-            md = pq.ParquetFile(path).metadata
-            rows = max(1, md.num_rows)
-            for g in range(md.num_row_groups):
-                w = size * md.row_group(g).num_rows // rows
-                chunks.append(Chunk(len(chunks), path, kind, g, g + 1, w))
-        else:  # text, text.gz, jsonl.gz: one chunk per file (gzip cannot seek)
-            chunks.append(Chunk(len(chunks), path, kind, 0, size, size))
-    return chunks
-
-
-def _pyarrow_parquet() -> Any:
-    try:
-        import pyarrow.parquet as pq  # type: ignore[import-untyped, import-not-found, unused-ignore]
-    except ImportError:
-        raise ConvertError("reading Parquet needs pyarrow: pip install pyarrow") from None
-    return pq
-
-
-def _load_tokenizer(path: str) -> Any:
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise ConvertError("converting text needs the Hugging Face tokenizers library: pip install tokenizers") from None
-    if not os.path.isfile(path):
-        raise ConvertError(f"{path}: no such tokenizer file (give the path of a tokenizer.json)")
-    try:
-        return Tokenizer.from_file(path)
-    except Exception as e:  # the Rust side raises a plain Exception
-        raise ConvertError(f"{path}: not a Hugging Face tokenizers file: {e}") from None
-
-
-def _decode(raw: bytes, where: str, errors: str) -> str:
-    try:
-        return raw.decode("utf-8", errors=errors)
-    except UnicodeDecodeError as e:
-        raise ConvertError(f"{where}: invalid UTF-8 at byte {e.start}: {e.reason}; "
-                       f"pass --utf8-errors replace to substitute U+FFFD") from None
-
-
-def _jsonl_texts(chunk: Chunk, field: str, errors: str) -> Iterator[Optional[str]]:
-    """Texts of the lines that *start* inside [chunk.start, chunk.stop)."""
-    opener: Callable[..., Any] = gzip.open if chunk.kind.endswith(".gz") else io.open
-    with opener(chunk.path, "rb") as f:
-        pos = chunk.start
-        if pos > 0 and not chunk.kind.endswith(".gz"):
-            f.seek(pos - 1)
-            pos = pos - 1 + len(f.readline())  # skip the line that began in the previous chunk
-        gz = chunk.kind.endswith(".gz")
-        while gz or pos < chunk.stop:
-            line = f.readline()
-            if not line:
-                break
-            where = f"{chunk.path}: line starting at byte {pos}"
-            pos += len(line)
-            s = line.strip()
-            if not s:
-                continue
-            try:
-                obj = json.loads(s)
-            except ValueError as e:
-                raise ConvertError(f"{where}: not valid JSON ({e})") from None
-            if not isinstance(obj, dict):
-                raise ConvertError(f"{where}: expected a JSON object per line, got {type(obj).__name__}")
-            if field not in obj:
-                raise ConvertError(f"{where}: no field {field!r} (fields: {', '.join(map(str, obj)) or 'none'}); "
-                               f"choose one with --text-field")
-            text = obj[field]
-            if text is None:
-                yield None
-                continue
-            if not isinstance(text, str):
-                raise ConvertError(f"{where}: field {field!r} is {type(text).__name__}, not a string")
-            yield text
-
-
-def _parquet_texts(chunk: Chunk, field: str) -> Iterator[Optional[str]]:
-    pq = _pyarrow_parquet()
-    pf = pq.ParquetFile(chunk.path)
-    names = pf.schema_arrow.names
-    if field not in names:
-        raise ConvertError(f"{chunk.path}: no column {field!r} (columns: {', '.join(names)}); choose one with --text-field")
-    col = pf.read_row_group(chunk.start, columns=[field]).column(0)
-    for v in col.to_pylist():
-        if v is not None and not isinstance(v, str):
-            v = v.decode("utf-8") if isinstance(v, bytes) else str(v)
-        yield v
-
-
-def _text_texts(chunk: Chunk, paragraphs: bool, errors: str) -> Iterator[Optional[str]]:
-    opener: Callable[..., Any] = gzip.open if chunk.kind.endswith(".gz") else io.open
-    with opener(chunk.path, "rb") as f:
-        text = _decode(f.read(), chunk.path, errors)
-    if not paragraphs:
-        yield text
-        return
-    para: List[str] = []
-    for line in text.splitlines(keepends=True):
-        if line.strip():
-            para.append(line)
-        elif para:
-            yield "".join(para).rstrip("\n")
-            para = []
-    if para:
-        yield "".join(para).rstrip("\n")
-
-
-def _chunk_texts(chunk: Chunk, s: Settings) -> Iterator[Optional[str]]:
-    if chunk.kind.startswith("jsonl"):
-        return _jsonl_texts(chunk, s.text_field, s.utf8_errors)
-    if chunk.kind == "parquet":
-        return _parquet_texts(chunk, s.text_field)
-    return _text_texts(chunk, s.paragraphs, s.utf8_errors)
-
-
 _WORKER: Dict[str, Any] = {}
 
 
@@ -258,7 +65,7 @@ def _worker_init(settings: Settings) -> None:
     # one worker per core: the tokenizer's own thread pool would oversubscribe
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _WORKER["settings"] = settings
-    _WORKER["tokenizer"] = _load_tokenizer(settings.tokenizer)
+    _WORKER["tokenizer"] = load_tokenizer(settings.tokenizer)
 
 
 def _part_dir(work: str, index: int) -> str:
@@ -292,7 +99,7 @@ def _tokenize_chunk(args: Tuple[Chunk, str]) -> Tuple[int, int, int, int, int]:
                     tokens += len(ids)
                 batch.clear()
 
-            for text in _chunk_texts(chunk, s):
+            for text in chunk_texts(chunk, s):
                 if text is None or not text.strip():
                     skipped += 1
                     continue
@@ -315,22 +122,6 @@ def _chunk_bytes(a: argparse.Namespace) -> int:
     return max(4096, int(a.chunk_mb * (1 << 20)))
 
 
-def _file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _default_eod(tok: Any) -> Optional[Tuple[str, int]]:
-    for t in EOD_CANDIDATES:
-        i = tok.token_to_id(t)
-        if i is not None:
-            return t, int(i)
-    return None
-
-
 def _clean_orphans(out: str) -> None:
     """Remove shards and temporary files a killed writer left in ``out`` (only when it has no manifest)."""
     if not os.path.isdir(out) or os.path.exists(os.path.join(out, "tokenfeed.manifest")):
@@ -341,7 +132,7 @@ def _clean_orphans(out: str) -> None:
 
 
 def _convert_text(a: argparse.Namespace) -> int:
-    tok = _load_tokenizer(a.tokenizer)
+    tok = load_tokenizer(a.tokenizer)
     tok_vocab = int(tok.get_vocab_size(with_added_tokens=True))
     vocab = a.vocab_size or tok_vocab
     if vocab < tok_vocab:
@@ -351,7 +142,7 @@ def _convert_text(a: argparse.Namespace) -> int:
     elif a.eod_id is not None:
         eod = a.eod_id
     else:
-        found = _default_eod(tok)
+        found = default_eod(tok)
         if found is None:
             raise ConvertError(f"{a.tokenizer}: no end-of-document token ({', '.join(EOD_CANDIDATES)}) in this "
                            f"tokenizer: give one with --eod-id ID, or pass --no-eod to separate nothing")
@@ -361,7 +152,7 @@ def _convert_text(a: argparse.Namespace) -> int:
         raise ConvertError(f"--eod-id {eod} is outside the vocabulary [0, {vocab})")
     dtype = "uint8" if vocab <= 1 << 8 else "uint16" if vocab <= 1 << 16 else "uint32"
 
-    paths = _expand_inputs(a.inputs, a.input_format)
+    paths = expand_inputs(a.inputs, a.input_format)
     out = a.out
     work = os.path.join(out, WORK_DIR)
     manifest = os.path.join(out, "tokenfeed.manifest")
@@ -373,7 +164,7 @@ def _convert_text(a: argparse.Namespace) -> int:
         "version": PLAN_VERSION,
         "inputs": [{"path": os.path.abspath(p), "size": os.path.getsize(p), "mtime_ns": os.stat(p).st_mtime_ns}
                    for p in paths],
-        "tokenizer_sha256": _file_sha256(a.tokenizer),
+        "tokenizer_sha256": file_sha256(a.tokenizer),
         "text_field": a.text_field, "eod_id": eod, "add_special_tokens": a.add_special_tokens,
         "paragraphs": a.paragraphs, "utf8_errors": a.utf8_errors, "vocab_size": vocab,
         "input_format": a.input_format, "chunk_bytes": _chunk_bytes(a),
@@ -405,7 +196,7 @@ def _convert_text(a: argparse.Namespace) -> int:
 
     if a.tasks:
         return _convert_text_tasks(a, paths, settings, plan["chunk_bytes"], dtype)
-    chunks = _plan_chunks(paths, a.input_format, _chunk_bytes(a))
+    chunks = plan_chunks(paths, a.input_format, _chunk_bytes(a))
     done = {c.seq for c in chunks if os.path.exists(os.path.join(_part_dir(work, c.seq), "done"))}
     todo = [c for c in chunks if c.seq not in done]
     total_w = sum(c.weight for c in chunks) or 1
@@ -508,7 +299,7 @@ def _convert_text_tasks(a: argparse.Namespace, paths: Sequence[str], settings: S
         if not a.overwrite and os.listdir(parts_dir):
             raise ConvertError(f"{parts_dir}: holds parts of another conversion; pass --overwrite to replace them")
         shutil.rmtree(parts_dir)
-    chunks = _plan_chunks(paths, a.input_format, chunk_bytes)
+    chunks = plan_chunks(paths, a.input_format, chunk_bytes)
     workers = max(1, min(a.workers or os.cpu_count() or 1, a.tasks))
     # one tokenizer thread per task: tasks are the parallelism (as the worker processes without --tasks)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
 
@@ -185,7 +185,57 @@ def _dtype_for_vocab(vocab_size: int) -> str:
     raise ValueError(f"vocab_size {vocab_size} does not fit the native format (at most 2**32)")
 
 
-class DatasetWriter:
+_W = TypeVar("_W", bound="_DocumentWriter")
+
+
+class _DocumentWriter:
+    """What DatasetWriter and PartWriter share: documents go to ``_w`` until the writer is
+    closed (``_w`` is then None); a ``with`` block closes the writer when it ends cleanly and
+    aborts it when it raises."""
+
+    _w: Optional[Any]
+    _closed_message = "the writer is closed"
+
+    def add_document(self, tokens: Any) -> None:
+        """Append one document (any 1-D integer array-like). Ids must be in ``[0, vocab_size)``."""
+        if self._w is None:
+            raise ValueError(self._closed_message)
+        self._w.add_document(tokens)
+
+    def add_documents(self, docs: Iterable[Any]) -> None:
+        """Append each document of ``docs``, in order."""
+        for d in docs:
+            self.add_document(d)
+
+    def _written(self) -> Tuple[int, int]:
+        """(documents, tokens) written so far, or in all once closed."""
+        raise NotImplementedError
+
+    @property
+    def num_documents(self) -> int:
+        return self._written()[0]
+
+    @property
+    def num_tokens(self) -> int:
+        return self._written()[1]
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _W) -> _W:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class DatasetWriter(_DocumentWriter):
     """Write documents into a tokenfeed dataset directory, atomically.
 
     ::
@@ -230,27 +280,11 @@ class DatasetWriter:
                                               level=int(level), block_tokens=int(block_tokens),
                                               overwrite=bool(overwrite),
                                               chunk_checksum_bytes=int(chunk_checksum_bytes))
-        self._counts = (0, 0)
+        self._counts: Tuple[int, int] = (0, 0)
 
-    def add_document(self, tokens: Any) -> None:
-        """Append one document (any 1-D integer array-like). Ids must be in ``[0, vocab_size)``."""
-        if self._w is None:
-            raise ValueError("the writer is closed")
-        self._w.add_document(tokens)
-
-    def add_documents(self, docs: Iterable[Any]) -> None:
-        for d in docs:
-            self.add_document(d)
-
-    @property
-    def num_documents(self) -> int:
+    def _written(self) -> Tuple[int, int]:
         c = self._w.counts if self._w is not None else None
-        return (c or self._counts)[0]
-
-    @property
-    def num_tokens(self) -> int:
-        c = self._w.counts if self._w is not None else None
-        return (c or self._counts)[1]
+        return c or self._counts
 
     def close(self) -> None:
         """Flush the last shard and publish the manifest. Idempotent."""
@@ -265,12 +299,3 @@ class DatasetWriter:
             self._counts = self._w.counts
             w, self._w = self._w, None
             w.abort()
-
-    def __enter__(self) -> "DatasetWriter":
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()

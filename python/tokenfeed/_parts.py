@@ -36,10 +36,10 @@ import os
 import re
 import secrets
 import shutil
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _core
-from ._dataset import Dataset, DatasetWriter, DTypeLike, PathLike, open as tf_open
+from ._dataset import Dataset, DatasetWriter, DTypeLike, PathLike, _DocumentWriter, open as tf_open
 
 __all__ = ["PartWriter", "merge_parts", "PARTS_DIR", "PART_INFO"]
 
@@ -73,7 +73,7 @@ def _write_json_atomic(path: str, obj: Dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-class PartWriter:
+class PartWriter(_DocumentWriter):
     """Write part ``part`` of ``parts`` of the dataset at ``path``, atomically.
 
     Use one per task; tasks run at the same time, on any machines that share the
@@ -88,6 +88,8 @@ class PartWriter:
     the staging directory is discarded (a later attempt of the same part removes what a
     killed one left).
     """
+
+    _closed_message = "the part writer is closed"
 
     def __init__(self, path: PathLike, part: int, parts: int, *, vocab_size: int, dtype: DTypeLike = None,
                  shard_tokens: int = 1 << 28, compression: Optional[str] = None, level: int = 3,
@@ -114,7 +116,7 @@ class PartWriter:
             level=level, block_tokens=block_tokens)
         self.dtype = self._w.dtype
         self.vocab_size = self._w.vocab_size
-        self._counts = (0, 0)
+        self._counts: Tuple[int, int] = (0, 0)
 
     def _remove_stale_attempts(self) -> None:
         """Remove what earlier attempts of this part left (staging or replaced directories)."""
@@ -123,23 +125,8 @@ class PartWriter:
             if name.startswith(prefix) and (name.endswith(".tmp") or name.endswith(".old")):
                 shutil.rmtree(os.path.join(self._root, name), ignore_errors=True)
 
-    def add_document(self, tokens: Any) -> None:
-        """Append one document (any 1-D integer array-like). Ids must be in ``[0, vocab_size)``."""
-        if self._w is None:
-            raise ValueError("the part writer is closed")
-        self._w.add_document(tokens)
-
-    def add_documents(self, docs: Iterable[Any]) -> None:
-        for d in docs:
-            self.add_document(d)
-
-    @property
-    def num_documents(self) -> int:
-        return self._w.num_documents if self._w is not None else self._counts[0]
-
-    @property
-    def num_tokens(self) -> int:
-        return self._w.num_tokens if self._w is not None else self._counts[1]
+    def _written(self) -> Tuple[int, int]:
+        return self._w._written() if self._w is not None else self._counts
 
     def close(self) -> None:
         """Finish the part and publish it under ``parts/``. Idempotent."""
@@ -172,15 +159,6 @@ class PartWriter:
             w, self._w = self._w, None
             w.abort()
         shutil.rmtree(self._staging, ignore_errors=True)
-
-    def __enter__(self) -> "PartWriter":
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
 
 def read_parts(path: PathLike) -> List[Dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""The ``tokenfeed`` command line: convert, merge, inspect, verify, bench.
+"""The ``tokenfeed`` command line: convert, merge, inspect, verify, cache, bench, build-info.
 
 ::
 
@@ -8,6 +8,10 @@
     tokenfeed merge data/train
     tokenfeed inspect data/train --seq-len 2048
     tokenfeed verify data/train
+    tokenfeed verify s3://bucket/train/
+    tokenfeed cache show
+    tokenfeed bench --quick
+    tokenfeed build-info
 
 Each subcommand has ``--help``. Errors (bad input, missing files, bad options) print
 one line on stderr and exit with status 1; ``--debug`` shows the traceback instead.
@@ -23,7 +27,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._convert import EOD_CANDIDATES, ConvertError, convert
+from ._convert import convert
+from ._text import EOD_CANDIDATES, ConvertError
 
 __all__ = ["main"]
 
@@ -269,6 +274,11 @@ def cmd_bench(argv: List[str]) -> int:
 # --------------------------------------------------------------------------- parser
 
 
+def _progress_option(p: Any) -> None:
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on stderr (default: when stderr is a terminal)")
+
+
 def _source_options(p: Any) -> None:
     p.add_argument("--dtype", help="token dtype of headerless files (uint16, uint32, int32, ...); "
                                    "required for raw token files (nanoGPT .bin, OLMo .npy-less, datatrove .ds)")
@@ -278,7 +288,8 @@ def _source_options(p: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog=PROG, description="Convert, merge, inspect and verify token datasets for tokenfeed.",
+        prog=PROG, description="Convert, merge, inspect and verify token datasets for tokenfeed; show or prune "
+                               "the node-local cache of remote datasets; benchmark the loader; say what this build has.",
         epilog="Run 'tokenfeed COMMAND --help' for each command's options. Docs: docs/quickstart.md")
     ap.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
     ap.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -296,8 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
             "prefix, llm.c .bin shards, .npy, raw tokens with --dtype), concatenated in order, documents kept.\n\n"
             "The token dtype follows the vocabulary size: uint8 up to 256, uint16 up to 65536, else uint32.\n"
             "OUT has no manifest until the end, so an interrupted run leaves nothing that opens.\n"
-            "--resume (text only) keeps the chunks an interrupted run finished; see 'python -m pydoc\n"
-            "tokenfeed.cli' for exactly what it checks."),
+            "--resume (text only) keeps the chunks an interrupted run finished; it refuses when the inputs\n"
+            "(path, size, modification time), the tokenizer file or an option that changes the tokens differ."),
         epilog=("examples:\n"
                 "  tokenfeed convert corpus/ data/train --tokenizer tokenizer.json --text-field content\n"
                 "  tokenfeed convert books/*.txt data/books --tokenizer tokenizer.json --paragraphs\n"
@@ -340,15 +351,25 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--level", type=int, default=3, help="zstd level (default: 3)")
     o.add_argument("--shard-tokens", type=int, default=1 << 28, help="tokens per shard (default: 2**28)")
     o.add_argument("--overwrite", action="store_true", help="replace a dataset (or unfinished conversion) in OUT")
-    o.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar on stderr (default: when stderr is a terminal)")
+    _progress_option(o)
     c.set_defaults(func=cmd_convert)
+
+    m = sub.add_parser("merge", help="join the parts written by independent tasks into one dataset (no copy)",
+                       description="Write PATH/tokenfeed.manifest naming the shards of every part under "
+                                   "PATH/parts/ (written by tokenfeed.PartWriter or the datatrove step), part 0 "
+                                   "first. Copies no token data. Refuses a missing part, a part twice, parts of "
+                                   "runs with different part counts, and parts written with different settings.")
+    m.add_argument("path", metavar="PATH", help="dataset directory holding parts/")
+    m.add_argument("--overwrite", action="store_true",
+                   help="replace a dataset in PATH that is not a merge of parts (a merge is always replaced)")
+    m.set_defaults(func=cmd_merge)
 
     i = sub.add_parser("inspect", help="show format, counts, dtype, files, document lengths and packing",
                        description="Describe a dataset: format detected, token and document counts, dtype, "
                                    "vocabulary, files, a document-length histogram (log2 buckets), the packing "
                                    "for --seq-len, and the fingerprint that loader states are tied to.")
-    i.add_argument("path", nargs="+", metavar="PATH", help="dataset directory, shard, Megatron prefix, llm.c/.npy/raw file(s)")
+    i.add_argument("path", nargs="+", metavar="PATH", help="dataset directory, shard, Megatron prefix, llm.c/.npy/raw file(s); local, or "
+                        "a URL (s3://, gs://, az://, https://) read through the node's cache (docs/remote.md)")
     _source_options(i)
     i.add_argument("--seq-len", type=int, default=None,
                    help="show how packing cuts the data at this sequence length: samples, tokens dropped, padding, documents split")
@@ -362,30 +383,20 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="check every checksum, document index and token id (< vocab size)",
                        description="Full verification on several threads. Prints OK and exits 0, or names the "
                                    "failing file and field and exits 1.")
-    v.add_argument("path", nargs="+", metavar="PATH", help="dataset directory, shard, or any readable token file(s)")
+    v.add_argument("path", nargs="+", metavar="PATH", help="dataset directory, shard, or any readable token file(s); local, or a URL (s3://, "
+                        "gs://, az://, https://) whose chunks are fetched through the node's cache")
     _source_options(v)
     v.add_argument("--threads", type=int, default=0, help="threads (default: number of cores)")
-    v.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar on stderr (default: when stderr is a terminal)")
+    _progress_option(v)
     v.set_defaults(func=cmd_verify)
 
-    m = sub.add_parser("merge", help="join the parts written by independent tasks into one dataset (no copy)",
-                       description="Write PATH/tokenfeed.manifest naming the shards of every part under "
-                                   "PATH/parts/ (written by tokenfeed.PartWriter or the datatrove step), part 0 "
-                                   "first. Copies no token data. Refuses a missing part, a part twice, parts of "
-                                   "runs with different part counts, and parts written with different settings.")
-    m.add_argument("path", metavar="PATH", help="dataset directory holding parts/")
-    m.add_argument("--overwrite", action="store_true",
-                   help="replace a dataset in PATH that is not a merge of parts (a merge is always replaced)")
-    m.set_defaults(func=cmd_merge)
+    from ._cache_cli import add_parser as add_cache_parser
 
+    add_cache_parser(sub)
     sub.add_parser("bench", add_help=False, help="benchmark the loader (see 'tokenfeed bench --help')")
     sub.add_parser("build-info", help="what this build has (zstd, io_uring, CUDA), what is usable here, how to get the rest",
                    description="Print what the C core was built with and what is usable on this machine; for a "
                                "library the build lacks, which package to install.").set_defaults(func=cmd_build_info)
-    from ._cache_cli import add_parser as add_cache_parser
-
-    add_cache_parser(sub)
     return ap
 
 

@@ -2,10 +2,14 @@
  * 77 skip), in the style of liburing's test/helpers.h. */
 #ifndef TF_TEST_HELPERS_H
 #define TF_TEST_HELPERS_H
+#include <dirent.h>
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "tokenfeed.h"
 
@@ -43,6 +47,83 @@ static int t_failures;
             t_failures++;                                                                          \
         }                                                                                          \
     } while (0)
+
+/* xorshift64: a reproducible stream of pseudo-random numbers from *state
+ * (which must not be 0). */
+static inline uint64_t t_xorshift(uint64_t *state) {
+    uint64_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *state = x;
+}
+
+/* Make a fresh directory $TMPDIR/<name>_XXXXXX (TMPDIR defaults to /tmp) and
+ * put its path in buf. 0, or -1 with the reason printed. */
+static inline int t_mkdtemp(char *buf, size_t cap, const char *name) {
+    const char *base = getenv("TMPDIR");
+    snprintf(buf, cap, "%s/%s_XXXXXX", base && *base ? base : "/tmp", name);
+    if (!mkdtemp(buf)) {
+        perror(buf);
+        return -1;
+    }
+    return 0;
+}
+
+/* Remove a file, or a directory and everything below it; a symbolic link is
+ * removed, never followed. */
+static inline void t_rm_rf(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return;
+    if (!S_ISDIR(st.st_mode)) {
+        unlink(path);
+        return;
+    }
+    DIR *d = opendir(path);
+    if (d) {
+        struct dirent *e;
+        char p[1024];
+        while ((e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            if ((size_t)snprintf(p, sizeof p, "%s/%s", path, e->d_name) < sizeof p) t_rm_rf(p);
+        }
+        closedir(d);
+    }
+    rmdir(path);
+}
+
+/* The whole file in a malloc'd buffer with a NUL after its *n bytes, or NULL
+ * if it cannot be read. The caller frees it. */
+static inline uint8_t *t_read_file(const char *path, size_t *n) {
+    *n = 0;
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return NULL;
+    fseek(fp, 0, SEEK_END);
+    long len = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    uint8_t *b = len < 0 ? NULL : malloc((size_t)len + 1);
+    if (b && fread(b, 1, (size_t)len, fp) != (size_t)len) {
+        free(b);
+        b = NULL;
+    }
+    fclose(fp);
+    if (!b) return NULL;
+    b[len] = 0;
+    *n = (size_t)len;
+    return b;
+}
+
+/* Write n bytes to path (replacing it); a failure counts as a failed check. */
+static inline void t_write_file(const char *path, const void *data, size_t n) {
+    FILE *fp = fopen(path, "wb");
+    if (!fp) {
+        perror(path);
+        t_failures++;
+        return;
+    }
+    if (n && fwrite(data, 1, n, fp) != n) t_failures++;
+    if (fclose(fp) != 0) t_failures++;
+}
 
 #define T_DONE() (t_failures ? (fprintf(stderr, "%d check(s) failed\n", t_failures), T_EXIT_FAIL) : T_EXIT_PASS)
 

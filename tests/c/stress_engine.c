@@ -21,12 +21,7 @@
 #define MAXQ 64
 
 static uint64_t rs = 88172645463325252ull;
-static uint64_t rnd(void) {
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return rs;
-}
+static uint64_t rnd(void) { return t_xorshift(&rs); }
 
 /* Batches handed to the releaser thread. */
 static pthread_mutex_t qmu = PTHREAD_MUTEX_INITIALIZER;
@@ -128,30 +123,12 @@ static int check(const tf_order *o, tf_batch *b, uint64_t B, uint32_t rank, uint
     return 0;
 }
 
-static void rm_rf(const char *path) {
-    DIR *d = opendir(path);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char p[600];
-            snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-            rm_rf(p);
-        }
-        closedir(d);
-        rmdir(path);
-    } else {
-        unlink(path);
-    }
-}
-
 int main(int argc, char **argv) {
     /* stress_engine [rounds [seed]]: the seed makes a failing run repeatable */
     int rounds = argc > 1 ? atoi(argv[1]) : 24;
     if (argc > 2) rs = strtoull(argv[2], NULL, 0) | 1;
     char tmp[256], dp[300], dz[300];
-    snprintf(tmp, sizeof tmp, "%s/tf_stress_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(tmp)) return T_EXIT_FAIL;
+    if (t_mkdtemp(tmp, sizeof tmp, "tf_stress")) return T_EXIT_FAIL;
     snprintf(dp, sizeof dp, "%s/plain", tmp);
     snprintf(dz, sizeof dz, "%s/zstd", tmp);
     tf_dataset *ds[2] = {NULL, NULL};
@@ -258,7 +235,7 @@ int main(int argc, char **argv) {
     pthread_join(rel, NULL);
     tf_dataset_free(ds[0]);
     tf_dataset_free(ds[1]);
-    rm_rf(tmp);
+    t_rm_rf(tmp);
     fprintf(stderr, "stress_engine: %d rounds, %llu batches checked\n", rounds, (unsigned long long)delivered);
     return T_DONE();
 }

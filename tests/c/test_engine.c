@@ -24,12 +24,7 @@ static char dir_plain[300], dir_zstd[300];
 #define VOCAB 50000
 
 static uint64_t rng_state = 0x1234567;
-static uint64_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
+static uint64_t rnd(void) { return t_xorshift(&rng_state); }
 
 /* Documents of random lengths (some empty, some longer than a sample), in
  * shards small enough that samples cross shard boundaries. */
@@ -683,30 +678,8 @@ static void test_config_errors(const tf_dataset *ds) {
     CHECK(strcmp(tf_backend_name(TF_BACKEND_AUTO), "auto") == 0);
 }
 
-static void rm_rf(const char *path) {
-    DIR *d = opendir(path);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char p[600];
-            snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-            rm_rf(p);
-        }
-        closedir(d);
-        rmdir(path);
-    } else {
-        unlink(path);
-    }
-}
-
 int main(void) {
-    const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    snprintf(tmpdir, sizeof tmpdir, "%s/tf_engine_XXXXXX", base);
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        return T_EXIT_FAIL;
-    }
+    if (t_mkdtemp(tmpdir, sizeof tmpdir, "tf_engine")) return T_EXIT_FAIL;
     snprintf(dir_plain, sizeof dir_plain, "%s/plain", tmpdir);
     snprintf(dir_zstd, sizeof dir_zstd, "%s/zstd", tmpdir);
     tf_dataset *plain = NULL, *zstd = NULL;
@@ -736,6 +709,6 @@ int main(void) {
     }
     tf_dataset_free(plain);
     tf_dataset_free(zstd);
-    rm_rf(tmpdir);
+    t_rm_rf(tmpdir);
     return T_DONE();
 }

@@ -14,49 +14,6 @@
 
 static char tmpdir[256];
 
-static void rm_rf(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[1024];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        struct stat st;
-        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode)) rm_rf(p);
-        else unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
-static uint8_t *read_all(const char *path, size_t *n) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return NULL;
-    fseek(fp, 0, SEEK_END);
-    long len = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)len + 1);
-    if (b && fread(b, 1, (size_t)len, fp) != (size_t)len) {
-        free(b);
-        b = NULL;
-    }
-    fclose(fp);
-    if (b) b[len] = 0;
-    *n = (size_t)len;
-    return b;
-}
-
-static void write_all_file(const char *path, const void *data, size_t n) {
-    FILE *fp = fopen(path, "wb");
-    if (!fp) {
-        t_failures++;
-        return;
-    }
-    if (n && fwrite(data, 1, n, fp) != n) t_failures++;
-    fclose(fp);
-}
-
 /* Part k: documents of length 3 + j (j < ndocs), token t of document j is
  * (k * 1000 + j * 10 + t) % vocab. Small shards so parts have several. */
 static void write_part(const char *dir, int k, uint64_t ndocs, tf_dtype dt, uint64_t vocab) {
@@ -113,13 +70,13 @@ static void test_merge_basic(void) {
     /* idempotent: the same parts give the same bytes, untouched */
     snprintf(p, sizeof p, "%s/tokenfeed.manifest", root);
     size_t n1 = 0, n2 = 0;
-    uint8_t *m1 = read_all(p, &n1);
+    uint8_t *m1 = t_read_file(p, &n1);
     CHECK(m1 && strncmp((char *)m1, "tokenfeed-manifest 2\n", 21) == 0);
     CHECK(m1 && strstr((char *)m1, "\nshard parts/part-00002/shard-") != NULL);
     struct stat st1, st2;
     CHECK(stat(p, &st1) == 0);
     CHECK_OK(tf_dataset_merge(root, parts, 3, 0));
-    uint8_t *m2 = read_all(p, &n2);
+    uint8_t *m2 = t_read_file(p, &n2);
     CHECK(stat(p, &st2) == 0);
     CHECK(m1 && m2 && n1 == n2 && memcmp(m1, m2, n1) == 0);
     CHECK(st1.st_ino == st2.st_ino); /* not rewritten */
@@ -142,7 +99,7 @@ static void test_merge_basic(void) {
     tf_dataset_free(ds);
     free(m1);
     free(m2);
-    rm_rf(root);
+    t_rm_rf(root);
 }
 
 static void test_merge_refusals(void) {
@@ -184,7 +141,7 @@ static void test_merge_refusals(void) {
     if (ds) CHECK_OK(tf_dataset_get_info(ds, &i3));
     CHECK(i3.num_documents == 4);
     tf_dataset_free(ds);
-    rm_rf(root);
+    t_rm_rf(root);
 }
 
 /* Version 2 names: relative paths only. Each manifest is written by hand with
@@ -197,7 +154,7 @@ static void test_manifest_names(void) {
     /* the part's own manifest gives the shard's counts and checksums */
     snprintf(p, sizeof p, "%s/sub/tokenfeed.manifest", root);
     size_t n = 0;
-    uint8_t *pm = read_all(p, &n);
+    uint8_t *pm = t_read_file(p, &n);
     CHECK(pm != NULL);
     if (!pm) return;
     char *line = strstr((char *)pm, "\nshard ");
@@ -227,7 +184,7 @@ static void test_manifest_names(void) {
         len += snprintf(body + len, sizeof body - (size_t)len, "end %016llx\n",
                         (unsigned long long)tf_hash64(body, (size_t)len, 0));
         snprintf(p, sizeof p, "%s/tokenfeed.manifest", root);
-        write_all_file(p, body, (size_t)len);
+        t_write_file(p, body, (size_t)len);
         tf_dataset *ds = NULL;
         int rc = tf_dataset_open(root, NULL, &ds);
         if (cases[i].ok) CHECK_OK(rc);
@@ -243,23 +200,19 @@ static void test_manifest_names(void) {
                        shard, nt, nd, ts, dsum, shard, nt, nd, ts, dsum);
     len += snprintf(body + len, sizeof body - (size_t)len, "end %016llx\n",
                     (unsigned long long)tf_hash64(body, (size_t)len, 0));
-    write_all_file(p, body, (size_t)len);
+    t_write_file(p, body, (size_t)len);
     tf_dataset *ds = NULL;
     CHECK_RC(tf_dataset_open(root, NULL, &ds), -TF_EFORMAT);
     CHECK(strstr(tf_last_error(), "twice") != NULL);
     free(pm);
-    rm_rf(root);
+    t_rm_rf(root);
 }
 
 int main(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/tf_test_merge_XXXXXX");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        return T_EXIT_FAIL;
-    }
+    if (t_mkdtemp(tmpdir, sizeof tmpdir, "tf_test_merge")) return T_EXIT_FAIL;
     test_merge_basic();
     test_merge_refusals();
     test_manifest_names();
-    rm_rf(tmpdir);
+    t_rm_rf(tmpdir);
     return t_failures ? T_EXIT_FAIL : T_EXIT_PASS;
 }

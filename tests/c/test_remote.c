@@ -134,67 +134,95 @@ static uint8_t *make_file(const char *name, size_t n, char *url, size_t cap) {
 
 #define CHUNK (64u << 10)
 
-static void test_reads_and_hits(void) {
+/* What most tests start from: an object of n bytes written by make_file, a
+ * remote whose cache is tmpdir/<cache_name>, the object's stat, and an n-byte
+ * buffer to read into. */
+typedef struct fixture {
     char cache[512], url[600];
-    snprintf(cache, sizeof cache, "%s/cache1", tmpdir);
-    size_t n = 10 * CHUNK + 1234;
-    uint8_t *ref = make_file("obj1", n, url, sizeof url);
-    tf_remote *r = make_remote(cache, 64ull << 20, CHUNK);
-    if (!r) return;
+    size_t n;
+    uint8_t *ref, *out;
+    tf_remote *r;
     tf_object_info info;
-    CHECK_OK(tf_remote_stat(r, url, &info));
-    CHECK(info.size == n);
-    uint8_t *out = malloc(n);
-    CHECK_OK(tf_remote_read(r, url, &info, 0, n, out));
-    CHECK(memcmp(out, ref, n) == 0);
+} fixture;
+
+/* 0, or -1 (a failed check counted) when the remote could not be made. */
+static int fixture_open(fixture *f, const char *cache_name, const char *object, size_t n, uint64_t limit) {
+    memset(f, 0, sizeof *f);
+    snprintf(f->cache, sizeof f->cache, "%s/%s", tmpdir, cache_name);
+    f->n = n;
+    f->ref = make_file(object, n, f->url, sizeof f->url);
+    f->out = malloc(n);
+    f->r = make_remote(f->cache, limit, CHUNK);
+    if (!f->r) {
+        free(f->out);
+        free(f->ref);
+        return -1;
+    }
+    CHECK_OK(tf_remote_stat(f->r, f->url, &f->info));
+    return 0;
+}
+
+/* Frees what fixture_open made (the remote too, unless already freed and set to NULL). */
+static void fixture_close(fixture *f) {
+    tf_remote_free(f->r);
+    free(f->out);
+    free(f->ref);
+}
+
+static void test_reads_and_hits(void) {
+    fixture f;
+    if (fixture_open(&f, "cache1", "obj1", 10 * CHUNK + 1234, 64ull << 20)) return;
+    CHECK(f.info.size == f.n);
+    CHECK_OK(tf_remote_read(f.r, f.url, &f.info, 0, f.n, f.out));
+    CHECK(memcmp(f.out, f.ref, f.n) == 0);
     tf_remote_stats st;
-    tf_remote_get_stats(r, &st);
+    tf_remote_get_stats(f.r, &st);
     CHECK(st.chunks_fetched == 11);
-    CHECK(st.bytes_fetched == n);
+    CHECK(st.bytes_fetched == f.n);
     /* random ranges again: all from the cache, nothing fetched */
     uint64_t before = st.requests;
     for (int i = 0; i < 200; i++) {
-        uint64_t a = (uint64_t)(i * 7919u) % n, len = (uint64_t)(i * 104729u) % 100000;
-        if (a + len > n) len = n - a;
-        memset(out, 0, len);
-        CHECK_OK(tf_remote_read(r, url, &info, a, len, out));
-        CHECK(memcmp(out, ref + a, len) == 0);
+        uint64_t a = (uint64_t)(i * 7919u) % f.n, len = (uint64_t)(i * 104729u) % 100000;
+        if (a + len > f.n) len = f.n - a;
+        memset(f.out, 0, len);
+        CHECK_OK(tf_remote_read(f.r, f.url, &f.info, a, len, f.out));
+        CHECK(memcmp(f.out, f.ref + a, len) == 0);
     }
-    tf_remote_get_stats(r, &st);
+    tf_remote_get_stats(f.r, &st);
     CHECK(st.requests == before);
-    CHECK(st.cache_bytes == n);
+    CHECK(st.cache_bytes == f.n);
     /* past the end */
-    CHECK_RC(tf_remote_read(r, url, &info, n - 10, 11, out), -ERANGE);
+    CHECK_RC(tf_remote_read(f.r, f.url, &f.info, f.n - 10, 11, f.out), -ERANGE);
 
     /* a second remote on the same directory (another process slot, as another
      * rank would be) finds every chunk cached */
-    tf_remote *r2 = make_remote(cache, 64ull << 20, CHUNK);
-    CHECK_OK(tf_remote_read(r2, url, &info, 0, n, out));
-    CHECK(memcmp(out, ref, n) == 0);
+    tf_remote *r2 = make_remote(f.cache, 64ull << 20, CHUNK);
+    CHECK_OK(tf_remote_read(r2, f.url, &f.info, 0, f.n, f.out));
+    CHECK(memcmp(f.out, f.ref, f.n) == 0);
     tf_remote_get_stats(r2, &st);
     CHECK(st.requests == 0);
     CHECK(st.chunk_hits == 11);
 
     tf_cache_info ci;
-    CHECK_OK(tf_cache_info_get(cache, &ci));
+    CHECK_OK(tf_cache_info_get(f.cache, &ci));
     CHECK(ci.chunks == 11);
-    CHECK(ci.bytes == n);
+    CHECK(ci.bytes == f.n);
     CHECK(ci.objects == 1);
     CHECK(ci.processes == 2);
-    CHECK_RC(tf_cache_prune(cache, 0), -EBUSY);
+    CHECK_RC(tf_cache_prune(f.cache, 0), -EBUSY);
     tf_remote_free(r2);
-    tf_remote_free(r);
-    CHECK_OK(tf_cache_info_get(cache, &ci));
+    tf_remote_free(f.r);
+    f.r = NULL;
+    CHECK_OK(tf_cache_info_get(f.cache, &ci));
     CHECK(ci.processes == 0);
-    CHECK_OK(tf_cache_prune(cache, 5 * CHUNK));
-    CHECK_OK(tf_cache_info_get(cache, &ci));
+    CHECK_OK(tf_cache_prune(f.cache, 5 * CHUNK));
+    CHECK_OK(tf_cache_info_get(f.cache, &ci));
     CHECK(ci.bytes <= 5 * CHUNK);
     CHECK(ci.chunks == 5);
-    CHECK_OK(tf_cache_prune(cache, 0));
-    CHECK_OK(tf_cache_info_get(cache, &ci));
+    CHECK_OK(tf_cache_prune(f.cache, 0));
+    CHECK_OK(tf_cache_info_get(f.cache, &ci));
     CHECK(ci.bytes == 0 && ci.chunks == 0 && ci.objects == 0);
-    free(out);
-    free(ref);
+    fixture_close(&f);
 }
 
 typedef struct listed {
@@ -226,36 +254,29 @@ static void test_list(void) {
 }
 
 static void test_limit(void) {
-    char cache[512], url[600];
-    snprintf(cache, sizeof cache, "%s/cache2", tmpdir);
-    size_t n = 16 * CHUNK;
-    uint8_t *ref = make_file("obj2", n, url, sizeof url);
-    tf_remote *r = make_remote(cache, 4 * CHUNK, CHUNK);
-    if (!r) return;
-    tf_object_info info;
-    CHECK_OK(tf_remote_stat(r, url, &info));
-    uint8_t *out = malloc(n);
+    fixture f;
+    if (fixture_open(&f, "cache2", "obj2", 16 * CHUNK, 4 * CHUNK)) return;
     for (int pass = 0; pass < 2; pass++) {
-        memset(out, 0, n);
-        CHECK_OK(tf_remote_read(r, url, &info, 0, n, out));
-        CHECK(memcmp(out, ref, n) == 0);
+        memset(f.out, 0, f.n);
+        CHECK_OK(tf_remote_read(f.r, f.url, &f.info, 0, f.n, f.out));
+        CHECK(memcmp(f.out, f.ref, f.n) == 0);
         tf_remote_stats st;
-        tf_remote_get_stats(r, &st);
+        tf_remote_get_stats(f.r, &st);
         CHECK(st.cache_bytes <= 4 * CHUNK);
     }
     tf_remote_stats st;
-    tf_remote_get_stats(r, &st);
+    tf_remote_get_stats(f.r, &st);
     /* no loader, so no known next uses: the most recently used chunk goes
      * first, which for a repeated scan is Belady's choice (16 + 13 fetches)
      * where least-recently-used would fetch all 32 */
     CHECK(st.chunks_fetched == 29);
     CHECK(st.evictions == 25);
-    tf_remote_free(r);
+    tf_remote_free(f.r);
+    f.r = NULL;
     tf_cache_info ci;
-    CHECK_OK(tf_cache_info_get(cache, &ci));
+    CHECK_OK(tf_cache_info_get(f.cache, &ci));
     CHECK(ci.bytes <= 4 * CHUNK);
-    free(out);
-    free(ref);
+    fixture_close(&f);
 }
 
 /* Flip a byte of every cached chunk file of the cache. */
@@ -291,25 +312,18 @@ static int corrupt_cache(const char *cache) {
 }
 
 static void test_integrity(void) {
-    char cache[512], url[600];
-    snprintf(cache, sizeof cache, "%s/cache3", tmpdir);
-    size_t n = 3 * CHUNK;
-    uint8_t *ref = make_file("obj3", n, url, sizeof url);
-    tf_remote *r = make_remote(cache, 64ull << 20, CHUNK);
-    if (!r) return;
-    tf_object_info info;
-    CHECK_OK(tf_remote_stat(r, url, &info));
-    uint8_t *out = malloc(n);
-    CHECK_OK(tf_remote_read(r, url, &info, 0, n, out));
-    tf_remote_free(r);
+    fixture f;
+    if (fixture_open(&f, "cache3", "obj3", 3 * CHUNK, 64ull << 20)) return;
+    CHECK_OK(tf_remote_read(f.r, f.url, &f.info, 0, f.n, f.out));
+    tf_remote_free(f.r);
     /* corrupted on disk: found before use, fetched again, right bytes */
-    CHECK(corrupt_cache(cache) == 3);
-    r = make_remote(cache, 64ull << 20, CHUNK);
-    memset(out, 0, n);
-    CHECK_OK(tf_remote_read(r, url, &info, 0, n, out));
-    CHECK(memcmp(out, ref, n) == 0);
+    CHECK(corrupt_cache(f.cache) == 3);
+    f.r = make_remote(f.cache, 64ull << 20, CHUNK);
+    memset(f.out, 0, f.n);
+    CHECK_OK(tf_remote_read(f.r, f.url, &f.info, 0, f.n, f.out));
+    CHECK(memcmp(f.out, f.ref, f.n) == 0);
     tf_remote_stats st;
-    tf_remote_get_stats(r, &st);
+    tf_remote_get_stats(f.r, &st);
     CHECK(st.refetches == 3);
     CHECK(st.chunks_fetched == 3);
 
@@ -317,28 +331,19 @@ static void test_integrity(void) {
      * clear error; never bytes of the new version */
     reset_plan();
     plan.stale = 1;
-    tf_object_info other = info;
+    tf_object_info other = f.info;
     snprintf(other.version, sizeof other.version, "v2");
-    CHECK_RC(tf_remote_read(r, url, &other, 0, 10, out), -ESTALE);
+    CHECK_RC(tf_remote_read(f.r, f.url, &other, 0, 10, f.out), -ESTALE);
     CHECK(strstr(tf_last_error(), "changed since the dataset was opened") != NULL);
     CHECK(strstr(tf_last_error(), "bytes [0, ") != NULL);
     CHECK(atomic_load(&plan.reads) == 2);
     reset_plan();
-    tf_remote_free(r);
-    free(out);
-    free(ref);
+    fixture_close(&f);
 }
 
 static void test_faults(void) {
-    char cache[512], url[600];
-    snprintf(cache, sizeof cache, "%s/cache4", tmpdir);
-    size_t n = 2 * CHUNK;
-    uint8_t *ref = make_file("obj4", n, url, sizeof url);
-    tf_remote *r = make_remote(cache, 64ull << 20, CHUNK);
-    if (!r) return;
-    tf_object_info info;
-    CHECK_OK(tf_remote_stat(r, url, &info));
-    uint8_t *out = malloc(n);
+    fixture f;
+    if (fixture_open(&f, "cache4", "obj4", 2 * CHUNK, 64ull << 20)) return;
     int codes[] = {-EAGAIN, -ETIMEDOUT, -ECONNRESET, -EPROTO, -EIO};
     for (size_t i = 0; i < sizeof codes / sizeof *codes; i++) {
         reset_plan();
@@ -346,32 +351,32 @@ static void test_faults(void) {
         atomic_store(&plan.fail_left, 3);
         /* a fresh object range each time so it is not cached: another url */
         char u2[700];
-        snprintf(u2, sizeof u2, "%s", url);
-        tf_object_info inf2 = info;
+        snprintf(u2, sizeof u2, "%s", f.url);
+        tf_object_info inf2 = f.info;
         snprintf(inf2.version, sizeof inf2.version, "try%zu", i);
         tf_remote_stats a, b;
-        tf_remote_get_stats(r, &a);
-        memset(out, 0, n);
-        CHECK_OK(tf_remote_read(r, u2, &inf2, 0, CHUNK, out));
-        CHECK(memcmp(out, ref, CHUNK) == 0);
-        tf_remote_get_stats(r, &b);
+        tf_remote_get_stats(f.r, &a);
+        memset(f.out, 0, f.n);
+        CHECK_OK(tf_remote_read(f.r, u2, &inf2, 0, CHUNK, f.out));
+        CHECK(memcmp(f.out, f.ref, CHUNK) == 0);
+        tf_remote_get_stats(f.r, &b);
         CHECK(b.retries - a.retries == 3);
     }
     /* short bodies: every response carries half of what was asked */
     reset_plan();
     plan.short_reads = 1;
-    tf_object_info inf3 = info;
+    tf_object_info inf3 = f.info;
     snprintf(inf3.version, sizeof inf3.version, "short");
-    CHECK_OK(tf_remote_read(r, url, &inf3, 0, n, out));
-    CHECK(memcmp(out, ref, n) == 0);
+    CHECK_OK(tf_remote_read(f.r, f.url, &inf3, 0, f.n, f.out));
+    CHECK(memcmp(f.out, f.ref, f.n) == 0);
     /* more failures than attempts: an error naming the object and the range */
     reset_plan();
     plan.fail_code = -EAGAIN;
     atomic_store(&plan.fail_left, 100);
-    tf_object_info inf4 = info;
+    tf_object_info inf4 = f.info;
     snprintf(inf4.version, sizeof inf4.version, "exhaust");
-    CHECK_RC(tf_remote_read(r, url, &inf4, 0, 100, out), -EIO); /* still throttled after the retries */
-    CHECK(strstr(tf_last_error(), url) != NULL);
+    CHECK_RC(tf_remote_read(f.r, f.url, &inf4, 0, 100, f.out), -EIO); /* still throttled after the retries */
+    CHECK(strstr(tf_last_error(), f.url) != NULL);
     CHECK(strstr(tf_last_error(), "after 5 attempts") != NULL);
     CHECK(strstr(tf_last_error(), "injected failure") != NULL);
     CHECK(atomic_load(&plan.reads) == 5);
@@ -380,33 +385,25 @@ static void test_faults(void) {
     plan.fail_code = -EACCES;
     atomic_store(&plan.fail_left, 1);
     snprintf(inf4.version, sizeof inf4.version, "denied");
-    CHECK_RC(tf_remote_read(r, url, &inf4, 0, 100, out), -EACCES);
+    CHECK_RC(tf_remote_read(f.r, f.url, &inf4, 0, 100, f.out), -EACCES);
     CHECK(atomic_load(&plan.reads) == 1);
     CHECK(strstr(tf_last_error(), "credentials") != NULL);
     reset_plan();
     tf_object_info none;
-    CHECK_RC(tf_remote_stat(r, "local:///no/such/file", &none), -ENOENT);
-    tf_remote_free(r);
-    free(out);
-    free(ref);
+    CHECK_RC(tf_remote_stat(f.r, "local:///no/such/file", &none), -ENOENT);
+    fixture_close(&f);
 }
 
 static void test_killed_fetcher(void) {
-    char cache[512], url[600];
-    snprintf(cache, sizeof cache, "%s/cache5", tmpdir);
-    size_t n = 2 * CHUNK;
-    uint8_t *ref = make_file("obj5", n, url, sizeof url);
-    tf_remote *r = make_remote(cache, 64ull << 20, CHUNK);
-    if (!r) return;
-    tf_object_info info;
-    CHECK_OK(tf_remote_stat(r, url, &info));
+    fixture f;
+    if (fixture_open(&f, "cache5", "obj5", 2 * CHUNK, 64ull << 20)) return;
     tf__robj *o = NULL;
-    CHECK_OK(tf__robj_from_info(r, url, &info, &o));
+    CHECK_OK(tf__robj_from_info(f.r, f.url, &f.info, &o));
     pid_t pid = fork();
     if (pid == 0) {
         /* a process that reserves chunk 0 and dies before landing it */
         tf__cache *c;
-        if (tf__cache_open(cache, 64ull << 20, CHUNK, 1, &c)) _exit(2);
+        if (tf__cache_open(f.cache, 64ull << 20, CHUNK, 1, &c)) _exit(2);
         tf__ckey k = {o->oid_lo, o->oid_hi, 0};
         int b = tf__cache_begin(c, &k, CHUNK, 0, 1, NULL, NULL);
         _exit(b == TF__BEGIN_FETCH ? 0 : 3);
@@ -414,17 +411,14 @@ static void test_killed_fetcher(void) {
     int status;
     waitpid(pid, &status, 0);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    uint8_t *out = malloc(n);
-    CHECK_OK(tf__robj_read(o, 0, n, out));
-    CHECK(memcmp(out, ref, n) == 0);
+    CHECK_OK(tf__robj_read(o, 0, f.n, f.out));
+    CHECK(memcmp(f.out, f.ref, f.n) == 0);
     tf_remote_stats st;
-    tf_remote_get_stats(r, &st);
+    tf_remote_get_stats(f.r, &st);
     CHECK(st.chunks_fetched == 2);
-    CHECK(st.cache_bytes == n);
+    CHECK(st.cache_bytes == f.n);
     tf__robj_free(o);
-    tf_remote_free(r);
-    free(out);
-    free(ref);
+    fixture_close(&f);
 }
 
 static void test_full_disk(void) {
@@ -432,28 +426,22 @@ static void test_full_disk(void) {
     fprintf(stderr, "full-disk check skipped: needs a test build (TEST_HOOKS=1)\n");
     return;
 #endif
-    char cache[512], url[600];
-    snprintf(cache, sizeof cache, "%s/cache6", tmpdir);
-    size_t n = 2 * CHUNK;
-    uint8_t *ref = make_file("obj6", n, url, sizeof url);
     setenv("TOKENFEED_FAULT_CACHE", "enospc:1", 1);
-    tf_remote *r = make_remote(cache, 64ull << 20, CHUNK);
-    if (!r) return;
-    tf_object_info info;
-    CHECK_OK(tf_remote_stat(r, url, &info));
-    uint8_t *out = malloc(n);
-    CHECK_RC(tf_remote_read(r, url, &info, 0, 10, out), -ENOSPC);
+    fixture f;
+    if (fixture_open(&f, "cache6", "obj6", 2 * CHUNK, 64ull << 20)) {
+        unsetenv("TOKENFEED_FAULT_CACHE");
+        return;
+    }
+    CHECK_RC(tf_remote_read(f.r, f.url, &f.info, 0, 10, f.out), -ENOSPC);
     CHECK(strstr(tf_last_error(), "cache disk is full") != NULL);
     tf_cache_info ci;
-    CHECK_OK(tf_cache_info_get(cache, &ci));
+    CHECK_OK(tf_cache_info_get(f.cache, &ci));
     CHECK(ci.bytes == 0 && ci.chunks == 0 && ci.temp_bytes == 0);
     /* the next write succeeds: the cache was not damaged */
-    CHECK_OK(tf_remote_read(r, url, &info, 0, n, out));
-    CHECK(memcmp(out, ref, n) == 0);
-    tf_remote_free(r);
+    CHECK_OK(tf_remote_read(f.r, f.url, &f.info, 0, f.n, f.out));
+    CHECK(memcmp(f.out, f.ref, f.n) == 0);
+    fixture_close(&f);
     unsetenv("TOKENFEED_FAULT_CACHE");
-    free(out);
-    free(ref);
 }
 
 static void test_private_dir(void) {
@@ -833,8 +821,7 @@ static void test_remote_datasets(void) {
 }
 
 int main(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/tf_remote_XXXXXX");
-    if (!mkdtemp(tmpdir)) return T_EXIT_FAIL;
+    if (t_mkdtemp(tmpdir, sizeof tmpdir, "tf_remote")) return T_EXIT_FAIL;
     test_reads_and_hits();
     test_list();
     test_limit();
@@ -847,8 +834,6 @@ int main(void) {
     test_prefetch_order();
     test_prefetch_limit();
     test_remote_datasets();
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    t_rm_rf(tmpdir);
     return T_DONE();
 }

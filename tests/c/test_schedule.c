@@ -9,12 +9,7 @@
 #include "order/schedule.h"
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ULL;
-static uint64_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
+static uint64_t rnd(void) { return t_xorshift(&rng_state); }
 
 /* Round-robin table, as documented (independent of schedule.c's). */
 static void swrr(const uint64_t *c, size_t K, uint64_t W, uint32_t *out) {

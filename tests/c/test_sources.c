@@ -16,49 +16,6 @@ static char tmpdir[256];
 
 static void path_in(char *out, size_t cap, const char *name) { snprintf(out, cap, "%s/%s", tmpdir, name); }
 
-static void write_file(const char *path, const void *data, size_t n) {
-    FILE *fp = fopen(path, "wb");
-    if (!fp) {
-        perror(path);
-        t_failures++;
-        return;
-    }
-    if (n && fwrite(data, 1, n, fp) != n) t_failures++;
-    fclose(fp);
-}
-
-static uint8_t *read_file(const char *path, size_t *n) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return NULL;
-    fseek(fp, 0, SEEK_END);
-    long len = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)len + 1);
-    if (b && fread(b, 1, (size_t)len, fp) != (size_t)len) {
-        free(b);
-        b = NULL;
-    }
-    fclose(fp);
-    *n = (size_t)len;
-    return b;
-}
-
-static void rm_rf(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        struct stat st;
-        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode)) rm_rf(p);
-        else unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
 static int count_files(const char *dir, const char *prefix) {
     DIR *d = opendir(dir);
     if (!d) return -1;
@@ -297,7 +254,7 @@ static uint8_t *make_shard(const char *name, int zstd, char *shard, size_t cap, 
     CHECK_OK(tf_writer_finish(w));
     tf_writer_free(w);
     first_shard(dir, shard, cap);
-    return read_file(shard, len);
+    return t_read_file(shard, len);
 }
 
 /* Rewrite the header checksum after editing a field, so that the field's own
@@ -305,7 +262,7 @@ static uint8_t *make_shard(const char *name, int zstd, char *shard, size_t cap, 
 static void fix_header(uint8_t *b) { put64(b + 248, tf_hash64(b, 248, 0)); }
 
 static int open_bytes(const char *path, const uint8_t *b, size_t n) {
-    write_file(path, b, n);
+    t_write_file(path, b, n);
     tf_dataset *ds = NULL;
     int rc = tf_dataset_open(path, NULL, &ds);
     tf_dataset_free(ds);
@@ -375,7 +332,7 @@ static void test_native_corrupt(void) {
      * too (the index is covered by docs_checksum) */
     memcpy(b, orig, n);
     b[4096 + 10] ^= 0x01;
-    write_file(bad, b, n);
+    t_write_file(bad, b, n);
     tf_dataset *ds = NULL;
     CHECK_OK(tf_dataset_open(bad, NULL, &ds));
     if (ds) CHECK_RC(tf_dataset_verify(ds, 1, NULL, NULL), -TF_ECHECKSUM);
@@ -403,7 +360,7 @@ static void test_native_corrupt(void) {
         put64(b + 160, tf_hash64(b + ck_off, nck * 8, 0));
     }
     fix_header(b);
-    write_file(bad, b, n);
+    t_write_file(bad, b, n);
     CHECK_OK(tf_dataset_open(bad, NULL, &ds));
     if (ds) {
         CHECK_RC(tf_dataset_verify(ds, 1, NULL, NULL), -TF_EVOCAB);
@@ -418,18 +375,18 @@ static void test_native_corrupt(void) {
     path_in(dir, sizeof dir, "corrupt");
     snprintf(man, sizeof man, "%s/tokenfeed.manifest", dir);
     size_t mn = 0;
-    uint8_t *m = read_file(man, &mn);
+    uint8_t *m = t_read_file(man, &mn);
     if (m && mn > 20) {
         uint8_t *mm = malloc(mn + 1);
         memcpy(mm, m, mn);
         mm[mn - 3] = mm[mn - 3] == '0' ? '1' : '0'; /* end checksum */
-        write_file(man, mm, mn);
+        t_write_file(man, mm, mn);
         CHECK_RC(tf_dataset_open(dir, NULL, &ds), -TF_EFORMAT);
-        write_file(man, m, mn - 1); /* no final newline */
+        t_write_file(man, m, mn - 1); /* no final newline */
         CHECK_RC(tf_dataset_open(dir, NULL, &ds), -TF_EFORMAT);
-        write_file(man, m, mn / 2);
+        t_write_file(man, m, mn / 2);
         CHECK_RC(tf_dataset_open(dir, NULL, &ds), -TF_EFORMAT);
-        write_file(man, m, mn);
+        t_write_file(man, m, mn);
         CHECK_OK(tf_dataset_open(dir, NULL, &ds));
         tf_dataset_free(ds);
         ds = NULL;
@@ -443,7 +400,7 @@ static void test_native_corrupt(void) {
             ob[4096] ^= 1; /* payload differs, header identical: caught by verify only */
             put64(ob + 104, tf_hash64(ob + 4096, 400 * 2, 0));
             fix_header(ob);
-            write_file(sh, ob, on);
+            t_write_file(sh, ob, on);
             CHECK_RC(tf_dataset_open(dir, NULL, &ds), -TF_EFORMAT);
             CHECK(strstr(tf_last_error(), "tokens_checksum") != NULL);
         }
@@ -453,7 +410,7 @@ static void test_native_corrupt(void) {
         for (size_t i = 0; i < mn; i++) {
             memcpy(mm = malloc(mn), m, mn);
             mm[i] ^= 0x5a;
-            write_file(man, mm, mn);
+            t_write_file(man, mm, mn);
             if (tf_dataset_open(dir, NULL, &ds) == 0) tf_dataset_free(ds);
             ds = NULL;
             free(mm);
@@ -468,7 +425,7 @@ static void test_native_corrupt(void) {
         if (z) {
             CHECK_OK(open_bytes(bad, z, n));
             z[4096 + 20] ^= 0xff;
-            write_file(bad, z, n);
+            t_write_file(bad, z, n);
             CHECK_OK(tf_dataset_open(bad, NULL, &ds));
             if (ds) {
                 int rc = tf_dataset_verify(ds, 1, NULL, NULL);
@@ -481,7 +438,7 @@ static void test_native_corrupt(void) {
             uint64_t boff;
             memcpy(&boff, z + 80, 8);
             put64(z + boff + 16, 1ull << 40);
-            write_file(bad, z, n);
+            t_write_file(bad, z, n);
             CHECK_OK(tf_dataset_open(bad, NULL, &ds)); /* O(1) open: entry checked on read */
             uint16_t out[10];
             if (ds) CHECK_RC(tf_dataset_read(ds, 70, 10, out, TF_UINT16), -TF_EFORMAT);
@@ -519,8 +476,8 @@ static void test_megatron(void) {
     path_in(pre, sizeof pre, "mg");
     snprintf(bin, sizeof bin, "%s.bin", pre);
     snprintf(idxp, sizeof idxp, "%s.idx", pre);
-    write_file(bin, toks, sizeof toks);
-    write_file(idxp, idx, sizeof idx);
+    t_write_file(bin, toks, sizeof toks);
+    t_write_file(idxp, idx, sizeof idx);
     tf_dataset *ds;
     const char *names[3] = {pre, bin, idxp};
     for (int k = 0; k < 3; k++) {
@@ -551,7 +508,7 @@ static void test_megatron(void) {
     uint8_t idxm[sizeof idx + 3];
     memcpy(idxm, idx, sizeof idx);
     memset(idxm + sizeof idx, 0, 3);
-    write_file(idxp, idxm, sizeof idxm);
+    t_write_file(idxp, idxm, sizeof idxm);
     CHECK_OK(open_path(pre, NULL, &ds));
     tf_dataset_free(ds);
 
@@ -563,23 +520,23 @@ static void test_megatron(void) {
         memcpy(b, idx, sizeof idx);
         if (edits[i].width == 8) put64(b + edits[i].off, edits[i].val);
         else b[edits[i].off] = (uint8_t)edits[i].val;
-        write_file(idxp, b, sizeof b);
+        t_write_file(idxp, b, sizeof b);
         CHECK_RC(open_path(pre, NULL, &ds), -TF_EFORMAT);
         CHECK(strstr(tf_last_error(), idxp) != NULL);
     }
     for (size_t cut = 9; cut < sizeof idx; cut += 5) {
-        write_file(idxp, idx, cut);
+        t_write_file(idxp, idx, cut);
         CHECK_RC(open_path(pre, NULL, &ds), -TF_EFORMAT);
     }
     /* last sequence past the end of the .bin */
     memcpy(b, idx, sizeof idx);
     put32(b + 34 + 8, 4);
-    write_file(idxp, b, sizeof b);
+    t_write_file(idxp, b, sizeof b);
     CHECK_RC(open_path(pre, NULL, &ds), -TF_EFORMAT);
     /* a middle pointer out of range: open is O(1), the lookup and verify catch it */
     memcpy(b, idx, sizeof idx);
     put64(b + 46 + 8, 1ull << 40);
-    write_file(idxp, b, sizeof b);
+    t_write_file(idxp, b, sizeof b);
     CHECK_OK(open_path(pre, NULL, &ds));
     if (ds) {
         uint64_t s, n;
@@ -590,13 +547,13 @@ static void test_megatron(void) {
     /* pointers going backwards: verify */
     memcpy(b, idx, sizeof idx);
     put64(b + 46 + 8, 0); /* the middle sequence restarts at 0 (the last still ends at the .bin end) */
-    write_file(idxp, b, sizeof b);
+    t_write_file(idxp, b, sizeof b);
     CHECK_OK(open_path(pre, NULL, &ds));
     if (ds) CHECK_RC(tf_dataset_verify(ds, 1, NULL, NULL), -TF_EFORMAT);
     tf_dataset_free(ds);
     /* odd .bin size */
-    write_file(idxp, idx, sizeof idx);
-    write_file(bin, toks, sizeof toks - 1);
+    t_write_file(idxp, idx, sizeof idx);
+    t_write_file(bin, toks, sizeof toks - 1);
     CHECK_RC(open_path(pre, NULL, &ds), -TF_EFORMAT);
 }
 
@@ -610,7 +567,7 @@ static void test_llmc(void) {
     put32(f + 8, 5);
     uint16_t t16[5] = {1, 2, 3, 50256, 7};
     memcpy(f + 1024, t16, sizeof t16);
-    write_file(p, f, 1024 + 10);
+    t_write_file(p, f, 1024 + 10);
     tf_dataset *ds;
     CHECK_OK(open_path(p, NULL, &ds));
     if (ds) {
@@ -628,7 +585,7 @@ static void test_llmc(void) {
     put32(f + 4, 7);
     uint32_t t32[5] = {1, 128000, 3, 4, 5};
     memcpy(f + 1024, t32, sizeof t32);
-    write_file(p, f, sizeof f);
+    t_write_file(p, f, sizeof f);
     CHECK_OK(open_path(p, NULL, &ds));
     if (ds) {
         uint32_t out[5];
@@ -636,18 +593,18 @@ static void test_llmc(void) {
         CHECK(out[1] == 128000);
     }
     tf_dataset_free(ds);
-    write_file(p, f, sizeof f - 1); /* truncated */
+    t_write_file(p, f, sizeof f - 1); /* truncated */
     CHECK_RC(open_path(p, NULL, &ds), -TF_EFORMAT);
     CHECK(strstr(tf_last_error(), "file size") != NULL);
-    write_file(p, f, 1000);
+    t_write_file(p, f, 1000);
     CHECK_RC(open_path(p, NULL, &ds), -TF_EFORMAT);
     put32(f + 4, 1); /* wrong version for the magic */
-    write_file(p, f, sizeof f);
+    t_write_file(p, f, sizeof f);
     CHECK_RC(open_path(p, NULL, &ds), -TF_EFORMAT);
     CHECK(strstr(tf_last_error(), "version") != NULL);
     put32(f + 4, 7);
     put32(f + 8, (uint32_t)-3);
-    write_file(p, f, sizeof f);
+    t_write_file(p, f, sizeof f);
     CHECK_RC(open_path(p, NULL, &ds), -TF_EFORMAT);
 }
 
@@ -682,7 +639,7 @@ static void test_npy(void) {
                 uint64_t val = (uint64_t)(i * 3 + 1);
                 memcpy(f + padded + i * isz, &val, isz);
             }
-            write_file(p, f, padded + 6 * isz);
+            t_write_file(p, f, padded + 6 * isz);
             tf_dataset *ds;
             CHECK_OK(open_path(p, NULL, &ds));
             if (ds) {
@@ -732,7 +689,7 @@ static void test_raw(void) {
     path_in(p, sizeof p, "x.ds");
     snprintf(ip, sizeof ip, "%s.index", p);
     uint16_t toks[10] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
-    write_file(p, toks, sizeof toks);
+    t_write_file(p, toks, sizeof toks);
     tf_dataset *ds;
     CHECK_RC(open_path(p, NULL, &ds), -TF_EFORMAT); /* no dtype */
     CHECK(strstr(tf_last_error(), "dtype=") != NULL);
@@ -745,13 +702,13 @@ static void test_raw(void) {
     }
     tf_dataset_free(ds);
     o.raw_dtype = TF_UINT32;
-    write_file(p, toks, 18); /* 18 bytes: not a multiple of 4 */
+    t_write_file(p, toks, 18); /* 18 bytes: not a multiple of 4 */
     CHECK_RC(open_path(p, &o, &ds), -TF_EFORMAT);
     o.raw_dtype = TF_UINT16;
-    write_file(p, toks, sizeof toks);
+    t_write_file(p, toks, sizeof toks);
     /* datatrove index: uint64 cumulative ends in tokens */
     uint64_t ends[4] = {3, 3, 7, 10};
-    write_file(ip, ends, sizeof ends);
+    t_write_file(ip, ends, sizeof ends);
     CHECK_OK(open_path(p, &o, &ds));
     if (ds) {
         tf_dataset_info info;
@@ -764,22 +721,22 @@ static void test_raw(void) {
     }
     tf_dataset_free(ds);
     uint64_t bad_last[2] = {3, 11};
-    write_file(ip, bad_last, sizeof bad_last);
+    t_write_file(ip, bad_last, sizeof bad_last);
     CHECK_RC(open_path(p, &o, &ds), -TF_EFORMAT);
     CHECK(strstr(tf_last_error(), ip) != NULL);
-    write_file(ip, ends, 12);
+    t_write_file(ip, ends, 12);
     CHECK_RC(open_path(p, &o, &ds), -TF_EFORMAT);
-    write_file(ip, ends, 0);
+    t_write_file(ip, ends, 0);
     CHECK_RC(open_path(p, &o, &ds), -TF_EFORMAT);
     uint64_t nonmono[3] = {5, 3, 10};
-    write_file(ip, nonmono, sizeof nonmono);
+    t_write_file(ip, nonmono, sizeof nonmono);
     CHECK_OK(open_path(p, &o, &ds)); /* O(1) open; verify walks the index */
     if (ds) CHECK_RC(tf_dataset_verify(ds, 1, NULL, NULL), -TF_EFORMAT);
     tf_dataset_free(ds);
     unlink(ip);
     /* vocab: raw files have none, so verify checks no ids; an empty file alone
      * is an empty dataset */
-    write_file(p, toks, 0);
+    t_write_file(p, toks, 0);
     CHECK_RC(open_path(p, &o, &ds), -TF_EFORMAT);
 }
 
@@ -824,7 +781,7 @@ static void mutate_file(const char *path, const uint8_t *orig, size_t n, int ite
         }
         if (fixhdr && n >= 256) fix_header(b);
         size_t len = rng() % 8 ? n : rng() % (n + 1);
-        write_file(path, b, len);
+        t_write_file(path, b, len);
         exercise(path, o);
     }
     free(b);
@@ -866,7 +823,7 @@ static void test_fuzz(void) {
     path_in(p, sizeof p, "fuzz.ds");
     snprintf(ip, sizeof ip, "%s.index", p);
     uint16_t toks[10] = {0};
-    write_file(p, toks, sizeof toks);
+    t_write_file(p, toks, sizeof toks);
     uint64_t ends[3] = {2, 5, 10};
     tf_open_options o = {TF_FORMAT_AUTO, TF_UINT16};
     mutate_file(ip, (const uint8_t *)ends, sizeof ends, 200, 0, &o);
@@ -874,11 +831,7 @@ static void test_fuzz(void) {
 }
 
 int main(void) {
-    snprintf(tmpdir, sizeof tmpdir, "%s/tf_test_sources_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        return T_EXIT_FAIL;
-    }
+    if (t_mkdtemp(tmpdir, sizeof tmpdir, "tf_test_sources")) return T_EXIT_FAIL;
     test_native();
     test_native_corrupt();
     test_megatron();
@@ -886,6 +839,6 @@ int main(void) {
     test_npy();
     test_raw();
     test_fuzz();
-    rm_rf(tmpdir);
+    t_rm_rf(tmpdir);
     return T_DONE();
 }

@@ -23,12 +23,7 @@
 static char tmpdir[256];
 
 static uint64_t rs = 0x9E3779B97F4A7C15ull;
-static uint64_t rnd(void) {
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return rs;
-}
+static uint64_t rnd(void) { return t_xorshift(&rs); }
 
 /* ~200 K tokens in shards of ~20 K (samples cross shard and block
  * boundaries; the last block of each shard is short). */
@@ -278,30 +273,12 @@ static void test_fork(const tf_dataset *plain, const tf_dataset *zstd) {
     tf_loader_free(z);
 }
 
-static void rm_rf(const char *path) {
-    DIR *d = opendir(path);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char p[600];
-            snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-            rm_rf(p);
-        }
-        closedir(d);
-        rmdir(path);
-    } else {
-        unlink(path);
-    }
-}
-
 int main(void) {
     if (!(tf_features() & TF_FEATURE_ZSTD)) {
         fprintf(stderr, "zstd not compiled in: nothing to test\n");
         return T_EXIT_SKIP;
     }
-    snprintf(tmpdir, sizeof tmpdir, "%s/tf_zcache_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(tmpdir)) return T_EXIT_FAIL;
+    if (t_mkdtemp(tmpdir, sizeof tmpdir, "tf_zcache")) return T_EXIT_FAIL;
     char dp[300], dz[300];
     snprintf(dp, sizeof dp, "%s/plain", tmpdir);
     snprintf(dz, sizeof dz, "%s/zstd", tmpdir);
@@ -330,6 +307,6 @@ int main(void) {
     }
     tf_dataset_free(plain);
     tf_dataset_free(zstd);
-    rm_rf(tmpdir);
+    t_rm_rf(tmpdir);
     return T_DONE();
 }

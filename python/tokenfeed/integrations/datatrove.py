@@ -41,18 +41,10 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("tokenfeed.integrations.datatrove needs datatrove: pip install 'tokenfeed[datatrove]'") from e
 
-from .._convert import Chunk, ConvertError, Settings, _chunk_texts, _default_eod, _load_tokenizer
+from .._text import Chunk, ConvertError, Settings, chunk_texts, default_eod, file_sha256, load_tokenizer
 from .._parts import PartWriter
 
 __all__ = ["TokenfeedWriter", "ConvertReader", "task_chunks"]
-
-
-def _sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class TokenfeedWriter(PipelineStep):
@@ -114,8 +106,8 @@ class TokenfeedWriter(PipelineStep):
         tok = self.tokenizer
         meta: Dict[str, Any] = {"add_special_tokens": bool(self.add_special_tokens)}
         if isinstance(tok, str):
-            meta["tokenizer_sha256"] = _sha256_file(tok)
-            tok = _load_tokenizer(tok)
+            meta["tokenizer_sha256"] = file_sha256(tok)
+            tok = load_tokenizer(tok)
         elif tok is not None:
             meta["tokenizer_sha256"] = hashlib.sha256(tok.to_str().encode()).hexdigest()
         else:
@@ -126,7 +118,7 @@ class TokenfeedWriter(PipelineStep):
             if tok is None:
                 eod = None
             else:
-                found = _default_eod(tok)
+                found = default_eod(tok)
                 if found is None:
                     raise ConvertError("the tokenizer has no end-of-document token (<|endoftext|>, </s>, <eos>, "
                                        "<|end_of_text|>): pass eod_id=ID, or eod_id=None to separate nothing")
@@ -235,7 +227,7 @@ class ConvertReader(PipelineStep):
         for c in mine:
             self.stat_update("input_chunks")
             n = 0
-            for text in _chunk_texts(c, self.settings):
+            for text in chunk_texts(c, self.settings):
                 yield Document(text=text or "", id=f"{c.path}#{c.start}:{n}")
                 n += 1
             self.stat_update("documents", value=n, unit="input_chunk")
