@@ -563,6 +563,22 @@ def test_cuda_real_gpu_loader_device_prefetch(tmp_path):
         st = loader.stats()["device"]
         assert st["staging_copies"] == 0 and st["direct_copies"] == st["copies"] and st["host_pinned"] is True
         assert state["position"] == 6 * 8
+        # input_ids and labels are torch views of tokens; a view alone keeps its batch's slot
+        # from being reused, however far the loader runs on
+        view_loader = tokenfeed.Loader(ds, device="cuda:0", output="torch", **kw)
+        with torch.cuda.stream(s):
+            b = next(view_loader)
+            t = b["tokens"]
+            assert b["input_ids"].data_ptr() == t.data_ptr()
+            assert b["labels"].data_ptr() == t.data_ptr() + t.element_size()
+            kept = b["labels"]
+            del b, t
+            for _ in range(12):
+                next(view_loader)
+        torch.cuda.synchronize()
+        assert torch.equal(kept.cpu(), torch.from_numpy(cpu[0]["labels"]))
+        del kept
+        view_loader.close()
         again = tokenfeed.Loader(ds, device="cuda:0", output="torch", **kw)
         again.load_state_dict(state)
         assert torch.equal(next(again)["tokens"].cpu(), torch.from_numpy(cpu[6]["tokens"]))

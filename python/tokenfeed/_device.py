@@ -245,11 +245,41 @@ class DeviceStage:
         with self._torch.cuda.device(self.index):
             return self._torch.from_dlpack(v)
 
+    def _torch_batch(self, batch: Dict[str, Any]) -> Dict[str, Any]:
+        """A batch's DeviceTensors as torch tensors. ``input_ids`` and ``labels`` are views of ``tokens``
+        in device memory; they become torch slices of the one ``tokens`` tensor instead of tensors of
+        their own: ``torch.from_dlpack`` costs tens of microseconds of host time each, spent while the
+        GPU may be waiting for the step, and the views keep the batch held exactly as long."""
+        torch = self._torch
+        out: Dict[str, Any] = {}
+        with torch.cuda.device(self.index):
+            tok = batch.get("tokens")
+            t = torch.from_dlpack(tok) if hasattr(tok, "__dlpack__") else None
+            for k, v in batch.items():
+                if not hasattr(v, "__dlpack__"):  # THD counts (max_seqlen, num_seqs): ints
+                    out[k] = v
+                elif k == "tokens":
+                    out[k] = t
+                elif t is not None and k in _TOKEN_VIEWS and t.dim() == 2 and self._is_token_view(v, tok, k):
+                    off = _TOKEN_VIEWS[k]
+                    out[k] = t[:, off:off + t.shape[1] - 1]
+                else:
+                    out[k] = torch.from_dlpack(v)
+        return out
+
+    @staticmethod
+    def _is_token_view(v: Any, tok: Any, key: str) -> bool:
+        rows, cols = tok.shape
+        return (tuple(v.shape) == (rows, cols - 1) and tuple(v.strides) == tuple(tok.strides)
+                and v.dtype == tok.dtype and v.data_ptr == tok.data_ptr + _TOKEN_VIEWS[key] * tok.dtype.itemsize)
+
     def next(self) -> Dict[str, Any]:
         """The next batch on the device (its copy was issued ahead)."""
         if not self.static_buffers:
             batch: Dict[str, Any] = self._core.next()
-            return {k: self._to_output(v) for k, v in batch.items()}
+            if self._torch is not None:
+                return self._torch_batch(batch)
+            return batch
         raw: Dict[str, Any] = self._core.next(stream=self._consumer_stream())
         out: Dict[str, Any] = {}
         for k, v in raw.items():
