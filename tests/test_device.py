@@ -808,3 +808,46 @@ def test_cuda_real_gpu_static_buffers_in_a_cuda_graph(tmp_path):
             assert torch.equal(sums[i].cpu(), want), i
         loader.close()
     """, tmp_path)
+
+
+@needs_gpu
+@pytest.mark.parametrize("layout", ["plain", "thd"])
+def test_cuda_real_gpu_context_parallel_batches(layout, tmp_path):
+    """On a real GPU: a context-parallel rank's shares (plain and THD), copied ahead into
+    slots and into static buffers, equal the CPU shares on a non-default torch stream, and
+    a resume on the device is exact."""
+    extra = "position_ids=True, loss_mask=True" + (", cu_seqlens=True" if layout == "thd" else "")
+    run_py(f"""
+        import json, torch
+        ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
+        kw = dict(seq_len=64, batch_size=4, seed=8, cp_rank=1, cp_size=2, epochs=1, {extra})
+        cpu = cpu_batches(ds, output="numpy", **kw)
+
+        def same(b, c, i):
+            assert set(b) == set(c), (i, set(b), set(c))
+            for k, v in c.items():
+                if isinstance(v, np.ndarray):
+                    assert b[k].is_cuda and np.array_equal(b[k].cpu().numpy(), v), (i, k)
+                else:
+                    assert b[k] == v, (i, k)
+
+        s = torch.cuda.Stream()
+        for static in (False, True):
+            loader = tokenfeed.Loader(ds, device="cuda:0", output="torch", static_buffers=static, **kw)
+            state = None
+            with torch.cuda.stream(s):
+                for i, b in enumerate(loader):
+                    same(b, cpu[i], i)
+                    if i == 9:
+                        state = json.loads(json.dumps(loader.state_dict()))
+            torch.cuda.synchronize()
+            assert i + 1 == len(cpu) > 20
+            assert loader.stats()["device"]["staging_copies"] == 0
+            loader.close()
+            again = tokenfeed.Loader(ds, device="cuda:0", output="torch", static_buffers=static, **kw)
+            again.load_state_dict(state)
+            with torch.cuda.stream(s):
+                for i in range(10, 15):
+                    same(next(again), cpu[i], i)
+            again.close()
+    """, tmp_path)
