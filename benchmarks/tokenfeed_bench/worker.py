@@ -4,12 +4,14 @@ Reads a case (JSON) on stdin, imports ``tokenfeed_bench.loaders.<kind>``, and:
 
 * mode ``prepare``: converts the shared tokens into the loader's own format (cached),
   so that the measuring process starts clean;
-* mode ``run``: prepares the loader's own data format if needed, opens the loader,
-  times the first batch, then throughput and, when ``step_ms`` is given, stalls;
+* mode ``run``: prepares the loader's own data format if needed, reads the files the
+  loader will read once (so that "warm page cache" holds for every row, whatever ran
+  before it; not for cold cases), opens the loader, times the first batch, then
+  throughput and, when ``step_ms`` is given, stalls;
 * mode ``startup``: open and first batch only (``shards`` picks the layout);
 * mode ``restore``: for each position, the loader's own resumable state at that
   position (``make_state``, not timed), then a fresh loader restored from it
-  (``restore``), timed to its first batch.
+  (``restore``), timed to its first batch; its files are read once first, as for ``run``.
 
 Prints ``@@RESULT@@{json}`` as its last line and leaves with ``os._exit`` (no slow
 interpreter teardown of DataLoader workers).
@@ -21,7 +23,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from . import measure
 from .common import RESULT, reset_peak_rss, self_status
@@ -40,6 +42,35 @@ class Feed:
 
 def _module(kind: str) -> Any:
     return importlib.import_module(f"tokenfeed_bench.loaders.{kind}")
+
+
+def warm_page_cache(paths: Any, chunk: int = 8 << 20) -> int:
+    """Read every file under `paths` (files or directories) once, into one reused buffer, so
+    that the loader then reads from the page cache. Returns the bytes read."""
+    buf = bytearray(chunk)
+    total = 0
+    files: List[str] = []
+    for p in [paths] if isinstance(paths, str) else list(paths):
+        if os.path.isdir(p):
+            for root, _, names in os.walk(p):
+                files.extend(os.path.join(root, n) for n in sorted(names))
+        elif os.path.isfile(p):
+            files.append(p)
+    for f in files:
+        with open(f, "rb", buffering=0) as fh:
+            while True:
+                n = fh.readinto(buf)
+                if not n:
+                    break
+                total += n
+    return total
+
+
+def data_paths(mod: Any, case: Dict[str, Any]) -> Any:
+    """The files a case's loader reads: the module's own ``data_paths(case)``, else the
+    shared flat token file."""
+    f = getattr(mod, "data_paths", None)
+    return f(case) if f is not None else [case["raw"]]
 
 
 def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
@@ -61,6 +92,10 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
             r["prepare"] = dict(prep, seconds=time.perf_counter() - t)
     if mode == "prepare":
         return r
+    if mode in ("run", "restore") and not case.get("cold"):
+        t = time.perf_counter()
+        r["warm_bytes"] = warm_page_cache(data_paths(mod, case))
+        r["warm_s"] = time.perf_counter() - t
     if mode == "restore":
         rows = []
         for pos in case["positions"]:

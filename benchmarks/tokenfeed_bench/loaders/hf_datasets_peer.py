@@ -26,6 +26,10 @@ def _path(case: Dict[str, Any]) -> str:
     return os.path.join(case["peer_dir"], "hf-datasets" + (f"-{n}-shards" if n else ""))
 
 
+def data_paths(case: Dict[str, Any]) -> Any:
+    return [_path(case)]
+
+
 def prepare(case: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     import datasets
 

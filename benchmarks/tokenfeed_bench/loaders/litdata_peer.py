@@ -40,6 +40,10 @@ def _tokens(item: Any) -> Any:
     yield torch.from_numpy(np.array(data[s:e]).astype(np.int32 if dt != "uint8" else np.int16))
 
 
+def data_paths(case: Dict[str, Any]) -> Any:
+    return [_path(case)]
+
+
 def prepare(case: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     from litdata import TokensLoader, optimize
 

@@ -85,3 +85,7 @@ def open(case: Dict[str, Any]) -> Feed:  # noqa: A001
         next(it)
 
     return Feed(nb)
+
+
+def data_paths(case: Dict[str, Any]) -> Any:
+    return [_prefix(case) + ".bin", _prefix(case) + ".idx"]

@@ -136,3 +136,7 @@ def restore(case: Dict[str, Any], state: Dict[str, Any]) -> Feed:
     ds = _dataset(case)
     ds.load_state_dict(state)
     return _feed(ds, case)
+
+
+def data_paths(case: Dict[str, Any]) -> Any:
+    return [_path(case)]

@@ -26,6 +26,10 @@ def _paths(case: Dict[str, Any]) -> Any:
     return case["path"]
 
 
+def data_paths(case: Dict[str, Any]) -> Any:
+    return _paths(case)
+
+
 def _loader(case: Dict[str, Any]) -> Any:
     import tokenfeed
 
