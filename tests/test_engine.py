@@ -169,3 +169,40 @@ def test_blocked_next_is_interruptible(twin, tmp_path, mode):
     waiting for workers, well before the 60 s the workers are held for."""
     plain, _ = twin
     run_stalled(tmp_path, plain.paths[0], mode, {})
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux /proc/self/smaps")
+def test_full_shuffle_over_mmap_advises_random_reads(tmp_path):
+    """A full shuffle reads one sample here, one there: the mapped shards are advised
+    MADV_RANDOM (the kernel's "rr" flag in /proc/self/smaps), so that a fault on data not
+    in the page cache reads the pages it touches instead of a readahead window. Without
+    a shuffle, or with another backend, the mapping keeps the default advice."""
+    docs = random_docs(np.random.default_rng(3), 200, 50257)
+    flags = {}
+    for name, kw in (("full", dict(shuffle="full")), ("none", dict(shuffle=False)),
+                     ("block", dict(shuffle="block")), ("pread", dict(shuffle="full", backend="pread"))):
+        path = tmp_path / name
+        with tokenfeed.DatasetWriter(path, vocab_size=50257) as w:
+            w.add_documents(docs)
+        ds = tokenfeed.open(path)
+        with tokenfeed.Loader(ds, seq_len=64, batch_size=4, output="numpy", **kw) as l:
+            next(l)
+            flags[name] = _vm_flags_of(str(path))
+        del ds
+    assert flags["full"] and all("rr" in f for f in flags["full"]), flags
+    for name in ("none", "block", "pread"):
+        assert flags[name] and not any("rr" in f for f in flags[name]), (name, flags)
+
+
+def _vm_flags_of(prefix: str) -> list:
+    """VmFlags of every read-only mapping of a file under `prefix` (the shards' token
+    data), from /proc/self/smaps."""
+    out, current = [], None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 6 and "-" in parts[0] and ":" in parts[3]:
+                current = parts[5] if parts[5].startswith(prefix) else None
+            elif current and line.startswith("VmFlags:") and "wr" not in line.split()[1:]:
+                out.append(line.split()[1:])
+    return out

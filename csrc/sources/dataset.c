@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -379,6 +380,14 @@ int tf_dataset_get_file(const tf_dataset *ds, uint64_t i, tf_file_info *info) {
     info->num_documents = f->num_docs;
     info->compressed = f->compressed;
     return 0;
+}
+
+void tf__dataset_advise_random(const tf_dataset *ds) {
+    if (!ds) return;
+    for (uint64_t i = 0; i < ds->nfiles; i++) {
+        const tf_file *f = &ds->files[i];
+        if (f->map && f->map_len && f->tokens) madvise(f->map, f->map_len, MADV_RANDOM);
+    }
 }
 
 uint64_t tf__dataset_file_of(const tf_dataset *ds, uint64_t pos) {

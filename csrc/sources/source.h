@@ -248,6 +248,12 @@ struct tf_dataset {
     int borrowed; /* a view: files belong to other datasets (never closed here) */
 };
 
+/* Advise the kernel that the mapped files of ds are read at random
+ * (MADV_RANDOM): a page fault then reads the pages it touches instead of a
+ * readahead window around them. Pages already in the page cache are
+ * unaffected. Best effort; nothing to report. */
+TF_HIDDEN void tf__dataset_advise_random(const tf_dataset *ds);
+
 /* Index of the file holding global token pos (pos < num_tokens): O(log files). */
 TF_HIDDEN uint64_t tf__dataset_file_of(const tf_dataset *ds, uint64_t pos);
 
