@@ -17,7 +17,10 @@ import time
 from typing import Dict, Optional
 
 SCRIPT = textwrap.dedent("""
-    import sys, threading, time, tokenfeed
+    import signal, sys, threading, time, tokenfeed
+    # Ctrl-C raises KeyboardInterrupt even when the test run was started with SIGINT
+    # ignored (a background job of a non-interactive shell), which children inherit
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     ds = tokenfeed.open(sys.argv[1])
     mode, device = sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None
     l = tokenfeed.Loader(ds, seq_len=64, batch_size=4, num_threads=2, output="numpy", device=device)

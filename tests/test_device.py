@@ -488,6 +488,7 @@ INTERRUPTED = textwrap.dedent('''
     import json, os, signal, sys, threading, time
     import numpy as np
     import tokenfeed
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if the run started with SIGINT ignored
     ds = tokenfeed.open(sys.argv[1])
     kw = dict(seq_len=64, batch_size=4, seed=4, output="numpy")
     loader = tokenfeed.Loader(ds, device="cuda", device_prefetch=2, **kw)

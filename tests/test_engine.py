@@ -203,6 +203,8 @@ def _vm_flags_of(prefix: str) -> list:
             parts = line.split()
             if len(parts) >= 6 and "-" in parts[0] and ":" in parts[3]:
                 current = parts[5] if parts[5].startswith(prefix) else None
-            elif current and line.startswith("VmFlags:") and "wr" not in line.split()[1:]:
-                out.append(line.split()[1:])
+            elif current and line.startswith("VmFlags:"):
+                flags = line.split()[1:]
+                if "rd" in flags and "wr" not in flags:
+                    out.append(flags)
     return out
