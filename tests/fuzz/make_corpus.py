@@ -281,7 +281,7 @@ def cache_seeds() -> None:
     hdr, recs = cache_index(16, [(0, 2, 21, M64, 0, 0, 1), (8, 2, 31, 7, 0, 1, 2), (1, 1, 11, 5, 0, 1, 3)],
                             procs=[(1, 0, 0)])
     seed("index_commits", bytes([0, 5, 0, 1]), hdr, recs, life, data)
-    seed("index_verbatim", bytes([2, 5, 0, 1]), hdr, recs, life, data)
+    seed("index_verbatim", bytes([2, 5, 0, 1]), hdr.ljust(16384, b"\0"), recs, life, data)
     seed("index_dirty_rebuild", bytes([4, 5, 0, 1]), hdr[:56] + struct.pack("<Q", 1) + hdr[64:], recs, life, data,
          b"k\x00\nk\x08\nt0-1-0.tmp\nt7-99-1.info\n", bytes(8) + b"\x00" * 40)
     # malformed: a record count past the table (compaction), states and slots
