@@ -287,9 +287,13 @@ static void remove_rec(tf__cache *c, idx_rec *r) {
     c->hdr->tombs++;
 }
 
-/* Rehash in place to drop tombstones (lock held). */
+/* Rehash in place to drop tombstones (lock held). The live records are
+ * counted here rather than taken from hdr->used: the header may be damaged
+ * and claim more records than the table holds. */
 static int compact(tf__cache *c) {
-    uint64_t n = c->hdr->used, k = 0;
+    uint64_t n = 0, k = 0;
+    for (uint64_t i = 0; i <= c->mask; i++)
+        if (c->recs[i].state == ST_PRESENT || c->recs[i].state == ST_FETCHING) n++;
     idx_rec *live = n ? malloc(n * sizeof *live) : NULL;
     if (n && !live) return -ENOMEM;
     for (uint64_t i = 0; i <= c->mask; i++) {
@@ -597,7 +601,10 @@ static int map_index(tf__cache *c, uint64_t limit, uint64_t chunk_bytes) {
         idx_hdr h;
         if (pread(c->index_fd, &h, sizeof h, 0) != (ssize_t)sizeof h || memcmp(h.magic, IDX_MAGIC, 8) != 0 ||
             h.version != IDX_VERSION || h.rec_size != sizeof(idx_rec) || h.nslots < 16 ||
-            (h.nslots & (h.nslots - 1)) || (uint64_t)st.st_size != HDR_BYTES + h.nslots * sizeof(idx_rec)) {
+            (h.nslots & (h.nslots - 1)) || (uint64_t)st.st_size < HDR_BYTES ||
+            /* divided, not multiplied: nslots * 64 can wrap around to the file size */
+            ((uint64_t)st.st_size - HDR_BYTES) / sizeof(idx_rec) != h.nslots ||
+            ((uint64_t)st.st_size - HDR_BYTES) % sizeof(idx_rec) != 0) {
             int rc = tf__seterr(-TF_EFORMAT, "%s: index: expected a tokenfeed cache index version %u, found another layout. The cache was made by another tokenfeed version: use another cache_dir, or empty this one with `tokenfeed cache prune --all`.",
                                 p, IDX_VERSION);
             free(p);
@@ -807,7 +814,9 @@ int tf__cache_begin(tf__cache *c, const tf__ckey *key, uint64_t bytes, uint64_t 
         rc = TF__BEGIN_FETCH;
         goto out;
     }
-    if (c->hdr->used + c->hdr->tombs >= (c->mask + 1) / 4 * 3) compact(c);
+    /* (counts beyond the table size are a damaged header: compact recounts) */
+    if (c->hdr->used > c->mask || c->hdr->tombs > c->mask || c->hdr->used + c->hdr->tombs >= (c->mask + 1) / 4 * 3)
+        compact(c);
     while (c->hdr->bytes + bytes > c->limit || c->hdr->used >= (c->mask + 1) / 4 * 3) {
         uint64_t b = evict_one(c, next_use, urgent);
         if (!b) {

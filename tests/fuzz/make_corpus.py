@@ -213,8 +213,102 @@ def main() -> None:
         save("dataset", "mixed", ds(5, 0x9999, sh1[0], llmc(rng.integers(0, 50257, 20)), npy(np.arange(9, dtype=np.uint8)),
                                     rng.integers(0, 60000, 31).astype(np.uint16).tobytes()))
         save("dataset", "one_token", ds(4, 0, npy(np.arange(1, dtype=np.uint16))))
+        cache_seeds()
     finally:
         shutil.rmtree(tmp)
+
+
+# ---- the chunk cache (fuzz_cache.c): 4 control bytes, then chunks: header,
+# records, operations, commit data, file names, file bytes. The index layout
+# is remote_cache.c's (idx_hdr / idx_rec).
+M64 = (1 << 64) - 1
+
+
+def mix64(x: int) -> int:
+    x &= M64
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & M64
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & M64
+    return x ^ (x >> 31)
+
+
+def cache_key(b: int) -> tuple[int, int, int]:
+    """key_of() of fuzz_cache.c: (oid_lo, oid_hi, chunk)."""
+    return 1 + (b & 3), 0x5EED if (b >> 2) & 1 else 0, (b >> 3) & 3
+
+
+def cache_index(nslots: int, recs: list, used=None, dirty: int = 0, procs=()) -> tuple[bytes, bytes]:
+    """(header, records) of an index whose records sit where lookups find them.
+    recs: (key byte, state, bytes, next_use, need_slot, need_gen, stamp)."""
+    table = [b""] * nslots
+    for kb, state, nbytes, next_use, need_slot, need_gen, stamp in recs:
+        lo, hi, ch = cache_key(kb)
+        i = mix64(lo ^ mix64(hi + ch)) & (nslots - 1)
+        while table[i]:
+            i = (i + 1) & (nslots - 1)
+        table[i] = struct.pack("<QQIIHHIIIQQQ", lo, hi, ch, state, 0, need_slot, 0, need_gen, 0, nbytes,
+                               next_use, stamp)
+    records = b"".join(r or bytes(64) for r in table)
+    present = [r for r in recs if r[1] == 2]
+    hdr = b"TFCIDX01" + struct.pack("<IIQQQQQQQQQ", 1, 64, nslots, len(recs) if used is None else used, 0,
+                                     sum(r[2] for r in recs), len(present), dirty, len(recs), 0, len(recs))
+    hdr += bytes(40)
+    for gen, position, pid in procs:
+        hdr += struct.pack("<QQqQ", gen, position, pid, 0)
+    return hdr, records
+
+
+def cache_ops(*ops: tuple[int, int, int]) -> bytes:
+    return b"".join(bytes(o) for o in ops)
+
+
+def cache_seeds() -> None:
+    def seed(name: str, ctl: bytes, hdr: bytes = b"", recs: bytes = b"", ops: bytes = b"", data: bytes = b"",
+             names: bytes = b"", body: bytes = b"") -> None:
+        save("cache", name, ctl + chunks(hdr, recs, ops, data, names, body))
+
+    data = bytes(range(256))
+    # commit (with and without a mapping), look up, map, publish, evict under
+    # a 40-byte limit, forget, a second process, abort of a reservation
+    life = cache_ops((1, 0, 20), (0x23, 0, 20), (0, 0, 0), (5, 0, 20), (1, 8, 30), (2, 8, 30), (8, 0, 9),
+                     (9, 0, 0), (1, 16, 40), (0x83, 16, 40), (0x0B, 0, 3), (0x41, 1, 10), (0x44, 1, 10),
+                     (0x42, 2, 12), (6, 2, 0x0C), (7, 8, 0), (0x0B, 0, 0), (9, 0, 0))
+    seed("fresh", bytes([3, 5, 0, 1]), ops=life, data=data)
+    seed("fresh_roomy", bytes([3, 200, 16, 0]), ops=life, data=data)
+    # the index of a cache after a few commits (records found by lookups;
+    # no chunk files: maps answer ENOENT)
+    hdr, recs = cache_index(16, [(0, 2, 21, M64, 0, 0, 1), (8, 2, 31, 7, 0, 1, 2), (1, 1, 11, 5, 0, 1, 3)],
+                            procs=[(1, 0, 0)])
+    seed("index_commits", bytes([0, 5, 0, 1]), hdr, recs, life, data)
+    seed("index_verbatim", bytes([2, 5, 0, 1]), hdr.ljust(16384, b"\0"), recs, life, data)
+    seed("index_dirty_rebuild", bytes([4, 5, 0, 1]), hdr[:56] + struct.pack("<Q", 1) + hdr[64:], recs, life, data,
+         b"k\x00\nk\x08\nt0-1-0.tmp\nt7-99-1.info\n", bytes(8) + b"\x00" * 40)
+    # malformed: a record count past the table (compaction), states and slots
+    # out of range, a header whose nslots * 64 wraps around, a wrong size
+    seed("index_used_huge", bytes([0, 5, 0, 1]), hdr[:24] + struct.pack("<Q", (1 << 58) + 1) + hdr[32:], recs, life,
+         data)
+    bad = bytearray(recs)
+    for i in range(0, len(bad), 64):
+        if bad[i + 20]:
+            bad[i + 20] = 7 if i % 128 else bad[i + 20]
+            bad[i + 24:i + 28] = struct.pack("<HH", 300, 0xFFFF)
+    seed("index_bad_states", bytes([0, 5, 0, 1]), hdr, bytes(bad), life, data)
+    seed("index_nslots_wraps", bytes([1, 5, 0, 1]), hdr[:16] + struct.pack("<Q", 1 << 58) + hdr[24:], b"", life, data)
+    seed("index_wrong_size", bytes([1, 5, 0, 1]), hdr, recs[:-64], life, data)
+    seed("index_bad_magic", bytes([2, 5, 0, 1]), b"TFCIDX02" + hdr[8:], recs, life, data)
+    # temporary file and object directory names the cleanup and the rebuild parse
+    names = (b"t0-1-0.tmp\nt4294967296-1-x.tmp\nt-1-2-\nt300-0-3.tmp\nt1-4294967295-9.info\nt 12-3\n"
+             b"o00000000000000000000000000000001/00000000.c\no0000000000005eed0000000000000002/0000000g.c\n"
+             b"oZZ/abc\nofffffffffffffffffffffffffffffffff/ffffffff.c\np0.lock\npx\n")
+    seed("odd_names_dirty", bytes([4, 5, 0, 1]), hdr[:56] + struct.pack("<Q", 1) + hdr[64:], recs, life, data, names,
+         bytes(100))
+    seed("odd_names_fresh", bytes([3, 5, 0, 0]), ops=life, data=data, names=names, body=bytes(41))
+    seed("stray_file", bytes([3, 5, 0, 0]), ops=life, data=data, names=b"xnotes.txt\n")
+    # a committed chunk rewritten behind the cache's back, then mapped
+    seed("chunk_overwritten", bytes([3, 50, 0, 1]),
+         ops=cache_ops((2, 0, 20), (10, 0, 3), (2, 8, 30), (0x2A, 8, 0), (2, 16, 5), (10, 16, 200), (5, 16, 5)),
+         data=data, body=b"\xff\x00garbage")
 
 
 if __name__ == "__main__":

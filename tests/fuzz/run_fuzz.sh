@@ -14,7 +14,7 @@ RUNS=${RUNS:-1000000}
 JOBS=${JOBS:-2}
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(dataset megatron datatrove llmc npy_header native_header manifest)
+  targets=(dataset megatron datatrove llmc npy_header native_header manifest cache)
 fi
 make -s -C csrc fuzz >/dev/null || exit 1
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
