@@ -605,7 +605,7 @@ static int map_index(tf__cache *c, uint64_t limit, uint64_t chunk_bytes) {
             /* divided, not multiplied: nslots * 64 can wrap around to the file size */
             ((uint64_t)st.st_size - HDR_BYTES) / sizeof(idx_rec) != h.nslots ||
             ((uint64_t)st.st_size - HDR_BYTES) % sizeof(idx_rec) != 0) {
-            int rc = tf__seterr(-TF_EFORMAT, "%s: index: expected a tokenfeed cache index version %u, found another layout. The cache was made by another tokenfeed version: use another cache_dir, or empty this one with `tokenfeed cache prune --all`.",
+            int rc = tf__seterr(-TF_EFORMAT, "%s: index: expected a tokenfeed cache index version %u, found another layout (the cache was made by another tokenfeed version, or the file is damaged). Nothing in it can be trusted: use another cache_dir, or delete this cache directory (no process may be using it) and let it be rebuilt from the store.",
                                 p, IDX_VERSION);
             free(p);
             return rc;

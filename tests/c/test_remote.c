@@ -680,6 +680,26 @@ static void test_eviction_order(void) {
     tf__cache_close(c);
 }
 
+/* An index that is not this version's layout (another version's, or damaged):
+ * refused with a message that says what to do, and the cache is not used. */
+static void test_bad_index(void) {
+    char cache[512], path[600];
+    snprintf(cache, sizeof cache, "%s/cache_badidx", tmpdir);
+    tf__cache *c = NULL;
+    CHECK_OK(tf__cache_open(cache, 5 * CHUNK, CHUNK, 1, &c));
+    tf__cache_close(c);
+    c = NULL;
+    snprintf(path, sizeof path, "%s/index", cache);
+    FILE *f = fopen(path, "r+b");
+    CHECK(f != NULL);
+    if (!f) return;
+    CHECK(fwrite("NOTANIDX", 1, 8, f) == 8);
+    fclose(f);
+    CHECK(tf__cache_open(cache, 5 * CHUNK, CHUNK, 1, &c) == -TF_EFORMAT && c == NULL);
+    CHECK(strstr(tf_last_error(), "damaged") != NULL);
+    CHECK(strstr(tf_last_error(), "delete this cache directory") != NULL);
+}
+
 /* ---- datasets through the transport ------------------------------------------ */
 
 /* Every token of both datasets, and the first batches of a shuffled loader,
@@ -831,6 +851,7 @@ int main(void) {
     test_full_disk();
     test_private_dir();
     test_eviction_order();
+    test_bad_index();
     test_prefetch_order();
     test_prefetch_limit();
     test_remote_datasets();
