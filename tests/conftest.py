@@ -11,16 +11,17 @@ kinds of skip are allowed there:
    the reason ``GPU_SKIP_REASON``, when torch is importable and
    ``torch.cuda.is_available()`` is False. Only that skip is allowed: the same
    test skipped for another reason (torch missing, say) fails.
-2. **An explicitly optional module.** ``pytest.importorskip("ray")`` may skip
-   under CI only if the top-level module is a key of ``OPTIONAL_MODULES`` below.
+2. **An explicitly optional module.** ``pytest.importorskip(module)`` may skip
+   under CI only if the top-level module is a key of ``OPTIONAL_MODULES`` below
+   (none at present: every module the tests import is in the ``test`` extra).
    A module belongs there only when it is deliberately NOT in the ``test``
    extra (too large, or another platform's), and its value says why and how to
    install it. Everything else a test imports goes into
    ``[project.optional-dependencies] test`` in pyproject.toml.
 
    To add an optional dependency's tests: import it with
-   ``pytest.importorskip("name")`` (module level or in the test), then add
-   ``"name": "why it is optional; pip install ..."`` to ``OPTIONAL_MODULES``.
+   ``pytest.importorskip(module)`` (module level or in the test), then add
+   ``module: "why it is optional; pip install ..."`` to ``OPTIONAL_MODULES``.
 
 Any other skip under CI fails: ``pytest.skip(...)``, ``skipif`` markers, a test
 marked ``test_hooks`` in a build without them, a missing C compiler. Outside CI
@@ -51,9 +52,7 @@ CI = os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
 
 # Top-level module -> why it is not in the `test` extra and how to install it.
 # Under CI, a skip from pytest.importorskip of one of these is allowed.
-OPTIONAL_MODULES: Dict[str, str] = {
-    "ray": "datatrove's Ray executor; heavy (hundreds of MB) and not needed by tokenfeed itself: pip install ray",
-}
+OPTIONAL_MODULES: Dict[str, str] = {}
 
 GPU_SKIP_REASON = "needs a CUDA GPU: torch.cuda.is_available() is False"
 HOOKS_SKIP_REASON = ("needs the fault-injection hooks of a test build (build_info()['test_hooks'] is False): "

@@ -335,7 +335,6 @@ def test_convert_tasks_killed_then_resume(corpus, tok_path, single, tmp_path, ca
 
 def test_example_ray_executor(corpus, tok_path, single, tmp_path):
     """The same step under datatrove's Ray executor, on a local Ray cluster started here."""
-    pytest.importorskip("ray")  # not in the test extra (heavy): OPTIONAL_MODULES in conftest.py
     out = tmp_path / "ray"
     code = textwrap.dedent(f"""
         import sys, ray

@@ -8,6 +8,7 @@ import errno
 import os
 import uuid
 
+import numpy as np
 import pytest
 
 from remote_util import TEST_CREDENTIALS, FaultProxy, bucket, moto, proxy, s3env  # noqa: F401  (fixtures)
@@ -81,7 +82,6 @@ def test_transport_stat_and_read(s3env, bucket):
     assert t.read_into(f"s3://{bucket}/d/obj.bin", version, size, 12345, buf) == 1000
     assert bytes(buf) == data[12345:13345]
     # into a numpy array too (any writable buffer)
-    np = pytest.importorskip("numpy")
     arr = np.zeros(4096, dtype=np.uint8)
     assert t.read_into(f"s3://{bucket}/d/obj.bin", "", size, 0, arr) == 4096
     assert arr.tobytes() == data[:4096]

@@ -17,20 +17,25 @@ import pytest
 
 from conftest import GPU_SKIP_REASON, HERE, ci_build_problems, skip_verdict
 
+# The case files import modules that do not exist, on purpose: they are the
+# skips the rule must refuse or allow, not dependencies of the test suite.
 CASES = textwrap.dedent('''
     import pytest
+
+    MISSING = "tokenfeed_no_such_module"
+    STAND_IN = "tokenfeed_optional_for_test"   # OPTIONAL_MODULES gets it in run_cases
 
     def test_passes():
         pass
 
     def test_missing_module():
-        pytest.importorskip("tokenfeed_no_such_module")
+        pytest.importorskip(MISSING)
 
     def test_missing_submodule():
-        pytest.importorskip("tokenfeed_no_such_module.sub")
+        pytest.importorskip(MISSING + ".sub")
 
     def test_optional_module():
-        pytest.importorskip("tokenfeed_optional_for_test")
+        pytest.importorskip(STAND_IN)
 
     def test_plain_skip():
         pytest.skip("the machine lacks something")
@@ -52,7 +57,7 @@ CASES = textwrap.dedent('''
     def test_xfail():
         assert False
 ''')
-MODULE_SKIP = 'import pytest\npytest.importorskip("tokenfeed_no_such_module")\n\ndef test_never_runs():\n    pass\n'
+MODULE_SKIP = 'import pytest\nMISSING = "tokenfeed_no_such_module"\npytest.importorskip(MISSING)\n\ndef test_never_runs():\n    pass\n'
 
 
 def run_cases(tmp_path, ci: bool, files: dict) -> tuple[int, dict, str]:
