@@ -32,7 +32,9 @@ CSRC = os.path.join(ROOT, "csrc")
 PKG = os.path.join(ROOT, "python", "tokenfeed")
 
 # The layer of each directory of csrc/, in the order of docs/design.md ("Layers").
-C_LAYERS = {"common": 0, "sources": 1, "order": 2, "engine": 3, "device": 4}
+# remote/ (object storage: transport, fetch pool, chunk cache, scheduler) shares the
+# sources layer: a remote file is a source whose bytes come through the chunk cache.
+C_LAYERS = {"common": 0, "sources": 1, "remote": 1, "order": 2, "engine": 3, "device": 4}
 PUBLIC = "include/tokenfeed.h"
 BINDING = "python"
 

@@ -17,8 +17,8 @@ import check_layers as cl  # noqa: E402
 
 # Files whose place in the layers matters most: if one moved or was renamed without the
 # checker seeing it, the checks below would pass on a graph without it.
-EXPECTED_C = ["sources/remote.c", "sources/remote_cache.c", "sources/remote_open.c", "sources/remote_prefetch.c",
-              "sources/remote_registry.c", "order/schedule.c", "engine/zcache.c", "engine/cp.c",
+EXPECTED_C = ["remote/remote.c", "remote/remote_cache.c", "remote/remote_open.c", "remote/remote_prefetch.c",
+              "remote/remote_registry.c", "order/schedule.c", "engine/zcache.c", "engine/cp.c",
               "engine/remote_glue.c", "device/stage.c"]
 
 
@@ -30,7 +30,7 @@ def test_every_c_file_is_in_the_graphs():
     # the device stage copies a loader's batches: it sits on the engine, never the reverse
     assert "engine/loader.c" in calls["device/stage.c"]
     # the engine tells the chunk scheduler (sources) what to fetch; sources never call the engine
-    assert "sources/remote_prefetch.c" in calls["engine/remote_glue.c"]
+    assert "remote/remote_prefetch.c" in calls["engine/remote_glue.c"]
 
 
 def test_includes_go_down_the_layers():

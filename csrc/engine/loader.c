@@ -79,7 +79,7 @@
 
 #include "cp.h"
 #include "engine.h"
-#include "../sources/remote.h"
+#include "../remote/remote.h"
 
 #define TF__ERRMSG 512
 
@@ -156,7 +156,7 @@ struct tf_loader {
     _Atomic uint64_t position;
 
     /* Remote data: the chunk scheduler walks this rank's positions ahead of
-     * the consumer (sources/remote_prefetch.c); pf_base is the position of
+     * the consumer (remote/remote_prefetch.c); pf_base is the position of
      * its local index 0 (the last seek). NULL when nothing is remote. */
     tf__prefetch *pf;
     void *pf_ctx;

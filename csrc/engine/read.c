@@ -31,7 +31,7 @@
 
 #include "cp.h"
 #include "engine.h"
-#include "../sources/remote.h"
+#include "../remote/remote.h"
 
 static const char *errstr(int e, char *buf, size_t cap) {
     /* GNU strerror_r: thread-safe, returns the string to use. */

@@ -1,5 +1,5 @@
 /*
- * remote_glue.c — what the chunk scheduler (sources/remote_prefetch.c) needs
+ * remote_glue.c — what the chunk scheduler (remote/remote_prefetch.c) needs
  * from the engine: which remote chunks the sample at a stream position reads.
  * The order gives the sample and its token spans; the dataset maps spans to
  * files; a remote file maps tokens (or, when compressed, the blocks holding
@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "engine.h"
-#include "../sources/remote.h"
+#include "../remote/remote.h"
 
 typedef struct glue {
     const tf_order *order;

@@ -20,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "remote.h"
+#include "../remote/remote.h"
 #include "source.h"
 
 /* ------------------------------------------------------------------------ */

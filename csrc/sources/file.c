@@ -31,7 +31,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "remote.h"
+#include "../remote/remote.h"
 #include "source.h"
 
 /* ------------------------------------------------------------------------ */

@@ -38,7 +38,7 @@
 #include <zstd.h>
 #endif
 
-#include "remote.h"
+#include "../remote/remote.h"
 #include "source.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
-#include "sources/remote.h"
+#include "remote/remote.h"
 
 static char tmpdir[256];
 

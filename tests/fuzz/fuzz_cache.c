@@ -1,5 +1,5 @@
 /* Fuzz target: the node-local chunk cache of remote datasets
- * (sources/remote_cache.c). Everything in a cache directory may have been
+ * (remote/remote_cache.c). Everything in a cache directory may have been
  * left in any state by another process, a crash or a bad disk: the shared
  * index file (a header checked at open, then fixed-size records used as they
  * are), the chunk files with their 40-byte trailer, and the names of the
@@ -34,7 +34,7 @@
 #include <ftw.h>
 
 #include "fuzz_util.h"
-#include "sources/remote.h"
+#include "remote/remote.h"
 
 #define MAXC 6
 #define HDR_BYTES 16384u /* the index layout (remote_cache.c) */

@@ -41,7 +41,7 @@
 #include <sys/mman.h>
 
 #include "remote.h"
-#include "source.h"
+#include "../sources/source.h"
 
 typedef unsigned long long ull;
 
