@@ -1,10 +1,15 @@
 """Build tokenfeed: one extension module (tokenfeed._core) and a shared library
-(tokenfeed/lib/libtokenfeed.so) that C programs can link, with the public header
-copied to tokenfeed/include/.
+(tokenfeed/lib/libtokenfeed.so.MAJOR) that C programs can link, with the public
+header copied to tokenfeed/include/.
 
 The C core is built once, by csrc/Makefile (``make -C csrc lib``) in the build
 directory, and its objects are linked into both the extension and the shared
-library. The Makefile owns the probe of the optional libraries
+library. The extension does not load the shared library: it carries the core
+itself. The shared library goes into the package under its soname,
+libtokenfeed.so.MAJOR (what programs linked against it load at run time), with
+libtokenfeed.so beside it as a one-line linker script naming it, so that
+``-ltokenfeed`` works; a wheel cannot hold the symbolic link that ``make
+install`` makes, and two copies of the library would double its size. The Makefile owns the probe of the optional libraries
 (csrc/configure.sh) and records the whole configuration in a file that every
 object depends on, so a changed probe result, flag or option rebuilds what it
 affects, and nothing stale is reused. Building needs a C compiler and make.
@@ -100,7 +105,13 @@ class BuildExt(build_ext):
                                                                                               "tokenfeed")
         os.makedirs(os.path.join(pkg_dir, "lib"), exist_ok=True)
         os.makedirs(os.path.join(pkg_dir, "include"), exist_ok=True)
-        shutil.copy2(os.path.join(core_dir, "libtokenfeed.so"), os.path.join(pkg_dir, "lib", "libtokenfeed.so"))
+        soname = f"libtokenfeed.so.{read_version().split('.')[0]}"
+        lib_dir = os.path.join(pkg_dir, "lib")
+        for old in glob.glob(os.path.join(lib_dir, "libtokenfeed.so*")):
+            os.remove(old)  # also an earlier build's file of another name
+        shutil.copy2(os.path.join(core_dir, soname), os.path.join(lib_dir, soname))  # follows the build's links
+        with open(os.path.join(lib_dir, "libtokenfeed.so"), "w") as f:
+            f.write(f"/* GNU ld script: -ltokenfeed links the library beside it */\nINPUT({soname})\n")
         shutil.copy2(HEADER, os.path.join(pkg_dir, "include", "tokenfeed.h"))
         print("tokenfeed build configuration: " + summary, file=sys.stderr)
 

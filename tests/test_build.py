@@ -35,7 +35,7 @@ REPORT = textwrap.dedent("""
     print(json.dumps({"info": tokenfeed.build_info(), "warnings": [str(w.message) for w in caught],
                       "file": tokenfeed._core.__file__}))
 """)
-# The features of the shipped libtokenfeed.so, through its C API (in a process of
+# The features of the shipped libtokenfeed.so.MAJOR, through its C API (in a process of
 # its own: the library and the extension each hold the core's thread-locals).
 LIB_FEATURES = textwrap.dedent("""
     import ctypes, sys
@@ -78,7 +78,9 @@ def build(src, **env_extra: str) -> dict:
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["file"].startswith(str(src / "python" / "tokenfeed")), out["file"]
-    lib = src / "python" / "tokenfeed" / "lib" / "libtokenfeed.so"
+    libs = list((src / "python" / "tokenfeed" / "lib").glob("libtokenfeed.so.*"))  # its soname
+    assert len(libs) == 1, libs
+    lib = libs[0]
     r = subprocess.run([sys.executable, "-c", LIB_FEATURES, str(lib)], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     out["lib_features"] = int(r.stdout)

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#define TF_EXPERIMENTAL_API /* the library implements the whole header */
 #include "tokenfeed.h"
 
 #define TF_HIDDEN __attribute__((visibility("hidden")))

@@ -12,8 +12,9 @@
  *   - Each thread has a stack of guard frames (a sigjmp_buf each; guards
  *     nest: the innermost catches). tf__sigbus_run(fn, arg, &fault) pushes a
  *     frame, sigsetjmp(env, 0)s, calls fn(arg) and pops.
- *   - The handler: if this thread is inside a guard and the fault is a real
- *     memory fault (si_code BUS_ADRERR / BUS_OBJERR / BUS_MCEERR_AR, not a
+ *   - The handler (its first half is tf_sigbus_handle, public so that a
+ *     program that replaces our handler can call it from its own): if this
+ *     thread is inside a guard and the fault is a real memory fault (si_code BUS_ADRERR / BUS_OBJERR / BUS_MCEERR_AR, not a
  *     kill()), it records si_addr and siglongjmps to the innermost frame.
  *     Otherwise the fault is not ours: it calls the previous handler, or for
  *     SIG_DFL/SIG_IGN restores the default disposition and lets the fault
@@ -44,6 +45,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ucontext.h>
 
 #include "internal.h"
 
@@ -81,12 +83,25 @@ static void restore_default(void) {
     sigaction(SIGBUS, &d, NULL);
 }
 
-static void on_sigbus(int sig, siginfo_t *si, void *uc) {
+/* Ours: a memory fault on a thread inside a guard. Jumps to the innermost
+ * frame; returns 0 otherwise. Also the public entry point for a handler that
+ * replaced ours (tokenfeed.h). */
+int tf_sigbus_handle(int sig, void *info, void *ucontext) {
+    const siginfo_t *si = info;
     sigbus_frame *f = tl_top;
-    if (f && is_memory_fault(si)) {
+    if (sig == SIGBUS && f && is_memory_fault(si)) {
         f->addr = si->si_addr;
+        /* Back to the signal mask of the read that faulted: a handler that
+         * called us may have blocked more than SIGBUS (its sa_mask), and
+         * siglongjmp(…, 0-mask) would leave those blocked. */
+        if (ucontext) pthread_sigmask(SIG_SETMASK, &((const ucontext_t *)ucontext)->uc_sigmask, NULL);
         siglongjmp(f->env, 1);
     }
+    return 0;
+}
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc) {
+    tf_sigbus_handle(sig, si, uc);
     /* Not ours: behave as if we were never installed. */
     if (prev_sa.sa_flags & SA_SIGINFO) {
         if (prev_sa.sa_sigaction) {

@@ -31,6 +31,25 @@
  *     must outlive the object that borrows them.
  *   - All counters (tokens, documents, samples, positions) are 64-bit.
  *   - No function calls exit() or abort(), whatever the input.
+ *   - Process-wide state: the first mapped file installs a SIGBUS handler
+ *     (see "Sources: the SIGBUS guard of mapped files" for what it does and
+ *     how a program with a SIGBUS handler of its own keeps it working).
+ *
+ * Stable and experimental API. Everything declared by default is the stable
+ * API: it keeps its meaning and its binary interface across releases with the
+ * same major version (TF_VERSION_MAJOR; the shared library's soname is
+ * libtokenfeed.so.MAJOR, and its symbols carry the version TOKENFEED_MAJOR).
+ * The experimental API (the raw keyed permutation tf_perm and the device ring
+ * tf_device_ring/tf_device_slot) is declared only where the including file
+ * defines TF_EXPERIMENTAL_API first:
+ *
+ *     #define TF_EXPERIMENTAL_API
+ *     #include "tokenfeed.h"
+ *
+ * as zstd.h does with ZSTD_STATIC_LINKING_ONLY. It may change in any release;
+ * its symbols carry a version of their own (TOKENFEED_EXPERIMENTAL_N, N raised
+ * whenever it changes), so a program built against an older one refuses to
+ * load rather than misbehave.
  */
 #ifndef TOKENFEED_H
 #define TOKENFEED_H
@@ -237,6 +256,44 @@ typedef int (*tf_progress_fn)(void *user, uint64_t done, uint64_t total);
 TF_API int tf_dataset_verify(const tf_dataset *ds, int threads, tf_progress_fn cb, void *user);
 
 /* ------------------------------------------------------------------------ */
+/* Sources: the SIGBUS guard of mapped files                                 */
+/* ------------------------------------------------------------------------ */
+
+/* Files are read through mmap. If another process truncates a mapped file (or
+ * rewrites it in place), touching a page past its new end raises SIGBUS, whose
+ * default action kills the process. So the library reads mapped memory under a
+ * guard, and a fault there becomes -EIO with a message naming the file and the
+ * offset, from the call that was reading (tf_dataset_read, tf_loader_next, ...).
+ *
+ * The guard needs a process-wide SIGBUS handler. It is installed once, the
+ * first time any file is mapped (the first tf_dataset_open* of a local or
+ * cached file), with sigaction(SA_SIGINFO | SA_ONSTACK), and never removed.
+ * It handles a fault only when the faulting thread is inside one of the
+ * library's guarded reads and the fault is a memory fault (si_code
+ * BUS_ADRERR, BUS_OBJERR or BUS_MCEERR_AR): it then jumps back into the
+ * library (siglongjmp), which returns -EIO. Every other SIGBUS (a fault in
+ * your own code, a signal sent with kill) goes to the handler that was
+ * installed before it, or, if that was SIG_DFL / SIG_IGN, behaves as it would
+ * without tokenfeed. A fault in memory the library handed out without a copy
+ * (tf_dataset_view, read by your code) is not guarded.
+ *
+ * A program with a SIGBUS handler of its own keeps the guard working by:
+ *   - installing its handler before the first dataset is opened: the
+ *     library's handler then passes every fault that is not its own to it; or
+ *   - if it installs its handler later (replacing the library's), calling
+ *     tf_sigbus_handle(sig, info, ucontext) first thing in that handler, or
+ *     chaining to the previous handler that sigaction returned.
+ * A handler installed later that does neither turns a file truncated under
+ * the library into whatever that handler does with SIGBUS. */
+
+/* For a SIGBUS handler (SA_SIGINFO) that replaced the library's: pass it the
+ * handler's three arguments (info is the siginfo_t *, ucontext the third
+ * argument). If the fault is one the library guards, it does not return: the
+ * library's read that faulted returns -EIO. Otherwise it returns 0 and the
+ * handler goes on with the fault. Async-signal-safe. */
+TF_API int tf_sigbus_handle(int sig, void *info, void *ucontext);
+
+/* ------------------------------------------------------------------------ */
 /* Sources: writer of the native format                                      */
 /* ------------------------------------------------------------------------ */
 
@@ -440,29 +497,6 @@ TF_API int tf_cache_info_get(const char *dir, tf_cache_info *info);
  * needs first, then those needed farthest away. keep_bytes == 0 empties the
  * cache, and is refused with -EBUSY while a process is attached. */
 TF_API int tf_cache_prune(const char *dir, uint64_t keep_bytes);
-
-/* ------------------------------------------------------------------------ */
-/* Order: keyed permutation                                                  */
-/* ------------------------------------------------------------------------ */
-
-#define TF_PERM_ROUNDS 10
-
-/* A keyed bijection on [0, n): a balanced Feistel network over the smallest
- * even number of bits that covers n, with cycle-walking. Plain value; no free. */
-typedef struct tf_perm {
-    uint64_t n;
-    uint32_t half_bits;
-    uint64_t half_mask;
-    uint64_t keys[TF_PERM_ROUNDS];
-} tf_perm;
-
-/* n >= 1 (n == 0 is -EINVAL). */
-TF_API int tf_perm_init(tf_perm *p, uint64_t n, uint64_t key);
-TF_API uint64_t tf_perm_apply(const tf_perm *p, uint64_t i);   /* i < n */
-TF_API uint64_t tf_perm_inverse(const tf_perm *p, uint64_t j); /* j < n */
-
-/* 64-bit mixer used to derive keys (splitmix64 finalizer). */
-TF_API uint64_t tf_mix64(uint64_t x);
 
 /* ------------------------------------------------------------------------ */
 /* Order: packing, shuffle, partition                                        */
@@ -808,7 +842,7 @@ typedef struct tf_source_stats {
 TF_API int tf_loader_get_source_stats(const tf_loader *l, size_t i, tf_source_stats *st);
 
 /* ------------------------------------------------------------------------ */
-/* Device: CUDA runtime loaded at run time, pinned host memory, device ring  */
+/* Device: CUDA runtime loaded at run time, pinned host memory             */
 /* ------------------------------------------------------------------------ */
 
 /* The CUDA runtime (libcudart) is never linked: it is loaded with dlopen the
@@ -845,104 +879,6 @@ TF_API int tf_cuda_device_count(int *count);
  * Returns 0, -EINVAL for bytes == 0, or -ENOMEM. */
 TF_API int tf_pinned_alloc(size_t bytes, void **out, int *pinned);
 TF_API void tf_pinned_free(void *ptr, size_t bytes);
-
-typedef struct tf_device_ring tf_device_ring;
-typedef struct tf_device_slot tf_device_slot;
-
-/* A ring of `slots` preallocated device buffers of slot_bytes each on
- * `device`, each with pinned host staging of the same size, one non-blocking
- * copy stream and two events per slot ("copied", "released"). Everything is
- * allocated here; nothing is allocated per transfer. Slot life cycle:
- *
- *   free -> filling (acquired) -> in use (copy issued on the ring's stream;
- *   consumers wait on its "copied" event) -> released (a "released" event was
- *   recorded on the consumer stream) -> free once that event has completed
- *   (found with cudaEventQuery; nothing device-synchronises).
- *
- * Errors: -EINVAL (bad sizes, device index out of range: the message gives the
- * number of devices), -ENOMEM (device or host out of memory: the message says
- * how much was asked for), -TF_ECUDA (runtime missing or failing). The caller
- * owns *out and frees it with tf_device_ring_free. */
-TF_API int tf_device_ring_create(int device, size_t slot_bytes, int slots, tf_device_ring **out);
-
-/* Drop the caller's reference. Slots still held (in use) stay valid; the
- * device memory goes when the last of them is released. Accepts NULL. May
- * wait (on events, never the device) for copies and releases in flight. */
-TF_API void tf_device_ring_free(tf_device_ring *r);
-
-typedef struct tf_device_ring_info {
-    int device;
-    int slots;
-    size_t slot_bytes;
-    int host_pinned;        /* staging is page-locked (0: pageable fallback) */
-    int free_slots;         /* free right now (released slots not yet polled count as not free) */
-    int in_use;             /* acquired or handed out, not yet released */
-    int lost;               /* slots withdrawn after a CUDA error on release */
-    uint64_t uploads;       /* copies issued */
-    uint64_t release_waits; /* acquisitions that had to wait on a "released" event */
-    char note[160];         /* why staging is pageable, "" otherwise */
-} tf_device_ring_info;
-
-TF_API void tf_device_ring_get_info(tf_device_ring *r, tf_device_ring_info *info);
-
-/* Take a free slot for filling (state filling). Released slots whose event has
- * completed are recycled first-released first. If none is free: with wait = 0
- * returns -EAGAIN; with wait != 0 blocks on the oldest "released" event
- * (cudaEventSynchronize on that event, not the device). -EBUSY when every slot
- * is held by the consumer (no release pending): release tensors of old batches
- * or create the ring with more slots. The slot belongs to the caller until it
- * passes it to tf_device_slot_release. */
-TF_API int tf_device_ring_acquire(tf_device_ring *r, int wait, tf_device_slot **out);
-
-/* Pinned host staging of a slot in state filling: slot_bytes writable bytes.
- * Fill it (an embedder can read or decode straight into it), then commit. */
-TF_API void *tf_device_slot_host(tf_device_slot *s);
-
-/* Start the host-to-device copy of the first `bytes` of the staging on the
- * ring's copy stream and record the slot's "copied" event (state in use).
- * Does not wait for the copy. The staging must not be written again until the
- * slot is released. On failure the slot stays in state filling (commit again
- * or release it with TF_DEVICE_STREAM_NONE). -EINVAL if bytes > slot_bytes. */
-TF_API int tf_device_slot_commit(tf_device_slot *s, size_t bytes);
-
-/* One host buffer to upload (borrowed for the duration of the call). */
-typedef struct tf_device_seg {
-    const void *host;
-    size_t bytes;
-} tf_device_seg;
-
-/* Bytes a slot needs for these segments, each placed at the next multiple of
- * TF_DEVICE_ALIGN; offsets (may be NULL) receives each segment's offset. */
-TF_API size_t tf_device_packed_size(const tf_device_seg *segs, int nsegs, size_t *offsets);
-
-/* Acquire (as tf_device_ring_acquire), copy the segments into the staging at
- * their packed offsets, commit. The host buffers may be reused as soon as this
- * returns. -EINVAL when they do not fit slot_bytes. */
-TF_API int tf_device_ring_upload(tf_device_ring *r, const tf_device_seg *segs, int nsegs, int wait,
-                                 tf_device_slot **out);
-
-/* Device address of the slot's buffer (segment i is at ptr + offset i). Valid
- * until the slot is released; to be read only on streams ordered after the
- * slot's "copied" event (tf_device_slot_wait). */
-TF_API void *tf_device_slot_ptr(const tf_device_slot *s);
-
-/* Hand-off: make `stream` wait (cudaStreamWaitEvent) on the slot's "copied"
- * event, so work queued on it afterwards sees the data. Returns immediately. */
-TF_API int tf_device_slot_wait(tf_device_slot *s, uintptr_t stream);
-
-/* Block the calling thread until the slot's copy has completed (an event
- * synchronize, for CPU-side checks and tests; consumers use
- * tf_device_slot_wait instead). */
-TF_API int tf_device_slot_synchronize(tf_device_slot *s);
-
-/* Give the slot back. Records its "released" event on `stream`, the stream of
- * the last work that reads the slot (or TF_DEVICE_STREAM_NONE when nobody
- * read it: the event goes on the copy stream); the slot is reused only after
- * that event has completed. The slot pointer is invalid afterwards, whatever
- * the result. On a CUDA error the slot is withdrawn from the ring (counted in
- * `lost`) rather than risk reuse while still read, and -TF_ECUDA is returned.
- * Thread-safe against the ring's other functions; accepts NULL. */
-TF_API int tf_device_slot_release(tf_device_slot *s, uintptr_t stream);
 
 /* ------------------------------------------------------------------------ */
 /* Device loader: batches copied to the GPU ahead of the training step       */
@@ -1148,6 +1084,151 @@ typedef struct tf_device_stats {
 } tf_device_stats;
 
 TF_API void tf_device_loader_get_stats(const tf_device_loader *d, tf_device_stats *st);
+
+/* ======================================================================== */
+/* Experimental API (TF_EXPERIMENTAL_API)                                    */
+/* ======================================================================== */
+
+/* Declared only when the including file defines TF_EXPERIMENTAL_API (see the
+ * top of this header): these interfaces may change in any release. The shared
+ * library exports their symbols under a version node of their own
+ * (TOKENFEED_EXPERIMENTAL_0 in csrc/tokenfeed.map), renamed when they change. */
+#ifdef TF_EXPERIMENTAL_API
+
+/* ------------------------------------------------------------------------ */
+/* Order: the keyed permutation itself                                       */
+/* ------------------------------------------------------------------------ */
+
+/* The bijection the shuffles are built from. Its struct layout and key
+ * schedule are exposed for tests and tools; orders (tf_order_*) are the stable
+ * way to get shuffled samples. */
+
+#define TF_PERM_ROUNDS 10
+
+/* A keyed bijection on [0, n): a balanced Feistel network over the smallest
+ * even number of bits that covers n, with cycle-walking. Plain value; no free. */
+typedef struct tf_perm {
+    uint64_t n;
+    uint32_t half_bits;
+    uint64_t half_mask;
+    uint64_t keys[TF_PERM_ROUNDS];
+} tf_perm;
+
+/* n >= 1 (n == 0 is -EINVAL). */
+TF_API int tf_perm_init(tf_perm *p, uint64_t n, uint64_t key);
+TF_API uint64_t tf_perm_apply(const tf_perm *p, uint64_t i);   /* i < n */
+TF_API uint64_t tf_perm_inverse(const tf_perm *p, uint64_t j); /* j < n */
+
+/* 64-bit mixer used to derive keys (splitmix64 finalizer). */
+TF_API uint64_t tf_mix64(uint64_t x);
+
+/* ------------------------------------------------------------------------ */
+/* Device ring: preallocated device slots with pinned staging                */
+/* ------------------------------------------------------------------------ */
+
+/* The building block of tf_device_loader, for embedders that move their own
+ * host buffers to the GPU (the Python DeviceFeeder does). Conventions of the
+ * device section above (streams, the CUDA runtime loaded at run time). */
+
+typedef struct tf_device_ring tf_device_ring;
+typedef struct tf_device_slot tf_device_slot;
+
+/* A ring of `slots` preallocated device buffers of slot_bytes each on
+ * `device`, each with pinned host staging of the same size, one non-blocking
+ * copy stream and two events per slot ("copied", "released"). Everything is
+ * allocated here; nothing is allocated per transfer. Slot life cycle:
+ *
+ *   free -> filling (acquired) -> in use (copy issued on the ring's stream;
+ *   consumers wait on its "copied" event) -> released (a "released" event was
+ *   recorded on the consumer stream) -> free once that event has completed
+ *   (found with cudaEventQuery; nothing device-synchronises).
+ *
+ * Errors: -EINVAL (bad sizes, device index out of range: the message gives the
+ * number of devices), -ENOMEM (device or host out of memory: the message says
+ * how much was asked for), -TF_ECUDA (runtime missing or failing). The caller
+ * owns *out and frees it with tf_device_ring_free. */
+TF_API int tf_device_ring_create(int device, size_t slot_bytes, int slots, tf_device_ring **out);
+
+/* Drop the caller's reference. Slots still held (in use) stay valid; the
+ * device memory goes when the last of them is released. Accepts NULL. May
+ * wait (on events, never the device) for copies and releases in flight. */
+TF_API void tf_device_ring_free(tf_device_ring *r);
+
+typedef struct tf_device_ring_info {
+    int device;
+    int slots;
+    size_t slot_bytes;
+    int host_pinned;        /* staging is page-locked (0: pageable fallback) */
+    int free_slots;         /* free right now (released slots not yet polled count as not free) */
+    int in_use;             /* acquired or handed out, not yet released */
+    int lost;               /* slots withdrawn after a CUDA error on release */
+    uint64_t uploads;       /* copies issued */
+    uint64_t release_waits; /* acquisitions that had to wait on a "released" event */
+    char note[160];         /* why staging is pageable, "" otherwise */
+} tf_device_ring_info;
+
+TF_API void tf_device_ring_get_info(tf_device_ring *r, tf_device_ring_info *info);
+
+/* Take a free slot for filling (state filling). Released slots whose event has
+ * completed are recycled first-released first. If none is free: with wait = 0
+ * returns -EAGAIN; with wait != 0 blocks on the oldest "released" event
+ * (cudaEventSynchronize on that event, not the device). -EBUSY when every slot
+ * is held by the consumer (no release pending): release tensors of old batches
+ * or create the ring with more slots. The slot belongs to the caller until it
+ * passes it to tf_device_slot_release. */
+TF_API int tf_device_ring_acquire(tf_device_ring *r, int wait, tf_device_slot **out);
+
+/* Pinned host staging of a slot in state filling: slot_bytes writable bytes.
+ * Fill it (an embedder can read or decode straight into it), then commit. */
+TF_API void *tf_device_slot_host(tf_device_slot *s);
+
+/* Start the host-to-device copy of the first `bytes` of the staging on the
+ * ring's copy stream and record the slot's "copied" event (state in use).
+ * Does not wait for the copy. The staging must not be written again until the
+ * slot is released. On failure the slot stays in state filling (commit again
+ * or release it with TF_DEVICE_STREAM_NONE). -EINVAL if bytes > slot_bytes. */
+TF_API int tf_device_slot_commit(tf_device_slot *s, size_t bytes);
+
+/* One host buffer to upload (borrowed for the duration of the call). */
+typedef struct tf_device_seg {
+    const void *host;
+    size_t bytes;
+} tf_device_seg;
+
+/* Bytes a slot needs for these segments, each placed at the next multiple of
+ * TF_DEVICE_ALIGN; offsets (may be NULL) receives each segment's offset. */
+TF_API size_t tf_device_packed_size(const tf_device_seg *segs, int nsegs, size_t *offsets);
+
+/* Acquire (as tf_device_ring_acquire), copy the segments into the staging at
+ * their packed offsets, commit. The host buffers may be reused as soon as this
+ * returns. -EINVAL when they do not fit slot_bytes. */
+TF_API int tf_device_ring_upload(tf_device_ring *r, const tf_device_seg *segs, int nsegs, int wait,
+                                 tf_device_slot **out);
+
+/* Device address of the slot's buffer (segment i is at ptr + offset i). Valid
+ * until the slot is released; to be read only on streams ordered after the
+ * slot's "copied" event (tf_device_slot_wait). */
+TF_API void *tf_device_slot_ptr(const tf_device_slot *s);
+
+/* Hand-off: make `stream` wait (cudaStreamWaitEvent) on the slot's "copied"
+ * event, so work queued on it afterwards sees the data. Returns immediately. */
+TF_API int tf_device_slot_wait(tf_device_slot *s, uintptr_t stream);
+
+/* Block the calling thread until the slot's copy has completed (an event
+ * synchronize, for CPU-side checks and tests; consumers use
+ * tf_device_slot_wait instead). */
+TF_API int tf_device_slot_synchronize(tf_device_slot *s);
+
+/* Give the slot back. Records its "released" event on `stream`, the stream of
+ * the last work that reads the slot (or TF_DEVICE_STREAM_NONE when nobody
+ * read it: the event goes on the copy stream); the slot is reused only after
+ * that event has completed. The slot pointer is invalid afterwards, whatever
+ * the result. On a CUDA error the slot is withdrawn from the ring (counted in
+ * `lost`) rather than risk reuse while still read, and -TF_ECUDA is returned.
+ * Thread-safe against the ring's other functions; accepts NULL. */
+TF_API int tf_device_slot_release(tf_device_slot *s, uintptr_t stream);
+
+#endif /* TF_EXPERIMENTAL_API */
 
 #ifdef __cplusplus
 }

@@ -38,6 +38,7 @@
 #include <errno.h>
 #include <stdatomic.h>
 
+#define TF_EXPERIMENTAL_API /* Permutation and DeviceRing wrap the experimental API */
 #include "tokenfeed.h"
 
 /* The module's types, one list: X(Name) for tokenfeed._core.Name, defined in

@@ -50,7 +50,11 @@ def get_include() -> str:
 
 
 def get_library() -> str:
-    """Path of ``libtokenfeed.so`` for C programs that embed the library."""
+    """Path of the shared library for C programs that embed it: ``libtokenfeed.so.MAJOR`` (its soname).
+
+    Link with ``-L`` its directory and ``-ltokenfeed`` (``libtokenfeed.so`` there is a linker script
+    that names it); load it with ``ctypes.CDLL`` by this path.
+    """
     import os
 
-    return os.path.join(os.path.dirname(__file__), "lib", "libtokenfeed.so")
+    return os.path.join(os.path.dirname(__file__), "lib", "libtokenfeed.so." + __version__.split(".")[0])

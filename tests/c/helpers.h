@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#define TF_EXPERIMENTAL_API /* the tests cover the experimental API too */
 #include "tokenfeed.h"
 
 #define T_EXIT_PASS 0

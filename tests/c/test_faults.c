@@ -3,7 +3,9 @@
  * tf_dataset_document, verify and the mmap engine; the loader can be freed
  * afterwards; and a SIGBUS that is not ours still reaches the handler that was
  * installed before tokenfeed's (chaining), for a sent signal and for a real
- * fault outside any guard.
+ * fault outside any guard; and a handler installed after tokenfeed's keeps
+ * the guard working by calling tf_sigbus_handle, or by chaining to the
+ * handler it replaced.
  *
  * Passes under ASan+UBSan too (their runtime lets our sigaction through).
  * Skipped (77) when $TOKENFEED_NO_SIGBUS_GUARD turns the guard off (a test
@@ -12,6 +14,7 @@
 #define _GNU_SOURCE
 #endif
 #include <fcntl.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdint.h>
@@ -198,6 +201,46 @@ static void test_chaining(void) {
     tf_dataset_free(ds);
 }
 
+/* ---- a handler installed after tokenfeed's ------------------------------ */
+
+static struct sigaction replaced; /* tokenfeed's, as sigaction returned it */
+static volatile sig_atomic_t later_calls;
+static void later_calls_first(int sig, siginfo_t *si, void *uc) {
+    later_calls++;
+    tf_sigbus_handle(sig, si, uc); /* ours: does not return */
+    _exit(3);                      /* a trainer's own SIGBUS handling */
+}
+static void later_chains(int sig, siginfo_t *si, void *uc) {
+    later_calls++;
+    replaced.sa_sigaction(sig, si, uc);
+}
+
+static void test_handler_installed_later(void (*handler)(int, siginfo_t *, void *)) {
+    CHECK(write_tokens(path, NTOK) == 0);
+    tf_dataset *ds = NULL;
+    CHECK_OK(open_raw(&ds)); /* the guard is installed by now */
+    if (!ds) return;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = handler;
+    sa.sa_flags = SA_SIGINFO;
+    sigfillset(&sa.sa_mask); /* blocks everything while it runs */
+    CHECK(sigaction(SIGBUS, &sa, &replaced) == 0);
+    CHECK(replaced.sa_flags & SA_SIGINFO);
+    CHECK(truncate(path, KEEP) == 0);
+    later_calls = 0;
+    uint16_t buf[8];
+    CHECK_RC(tf_dataset_read(ds, NTOK - 8, 8, buf, TF_UINT16), -EIO);
+    CHECK(names_file(path));
+    CHECK(later_calls == 1);
+    /* the faulting thread's signal mask is the one it had before the fault */
+    sigset_t now;
+    CHECK(pthread_sigmask(SIG_SETMASK, NULL, &now) == 0);
+    CHECK(!sigismember(&now, SIGUSR1) && !sigismember(&now, SIGBUS));
+    CHECK(sigaction(SIGBUS, &replaced, NULL) == 0);
+    tf_dataset_free(ds);
+}
+
 int main(void) {
 #ifdef TF_TEST_HOOKS /* only a test build reads it */
     const char *off = getenv("TOKENFEED_NO_SIGBUS_GUARD");
@@ -226,6 +269,8 @@ int main(void) {
     test_loader(TF_BACKEND_PREAD);
     test_index_truncated();
     test_chaining();
+    test_handler_installed_later(later_calls_first);
+    test_handler_installed_later(later_chains);
 
     unlink(path);
     unlink(mbin);
