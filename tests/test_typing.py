@@ -103,6 +103,13 @@ def remote(url: str) -> Optional[Dict[str, Any]]:
     return ds.cache_stats()
 
 
+def on_gpu(host_batch: Dict[str, Any]) -> bool:
+    feeder = tokenfeed.DeviceFeeder("cuda:0", output="dlpack", slots=4)
+    batch: Dict[str, Any] = feeder(host_batch)
+    feeder.close()
+    return isinstance(batch["tokens"], tokenfeed.DeviceTensor)
+
+
 def strict_performance() -> None:
     import warnings
 

@@ -17,7 +17,7 @@ training steps captured in CUDA graphs.
 DataLoader workers, say) onto the device: each call copies the batch into pinned
 staging and issues its copy then. Values are torch tensors (``torch.from_dlpack``, on
 torch's current stream) when torch with CUDA is importable, else
-:class:`tokenfeed._core.DeviceTensor` objects that implement
+:class:`tokenfeed.DeviceTensor` objects that implement
 ``__dlpack__``/``__dlpack_device__`` for CuPy, JAX and others.
 """
 from __future__ import annotations
@@ -95,7 +95,7 @@ class DeviceFeeder:
     """Moves host batches onto one CUDA device through a ring of ``slots`` preallocated device buffers.
 
     ``output``: ``"torch"`` (torch tensors via ``torch.from_dlpack``), ``"dlpack"``
-    (:class:`tokenfeed._core.DeviceTensor`) or ``"auto"`` (torch when torch with CUDA is
+    (:class:`tokenfeed.DeviceTensor`) or ``"auto"`` (torch when torch with CUDA is
     importable). The ring is sized from the first batch and allocated once. A batch is
     held on the device until every tensor of it is freed; ``slots`` bounds how many
     batches the consumer can hold at once (a RuntimeError says so when exceeded).
