@@ -9,7 +9,7 @@ import re
 import shutil
 import subprocess
 
-import pytest
+import numpy as np
 
 import tokenfeed
 
@@ -109,42 +109,6 @@ def test_experimental_api_needs_the_macro(tmp_path):
         assert p.returncode == 0, p.stderr
 
 
-PROGRAM = r"""
-#include <stdio.h>
-#include "tokenfeed.h"
-
-int main(void) {
-    uint16_t tokens[4096];
-    for (int i = 0; i < 4096; i++) tokens[i] = (uint16_t)(i * 7 % 1000);
-    tf_dataset *ds = NULL;
-    tf_loader *l = NULL;
-    tf_batch *b = NULL;
-    int rc = tf_dataset_from_memory(tokens, 4096, TF_UINT16, NULL, 0, 1000, &ds);
-    tf_loader_config c;
-    tf_loader_config_init(&c);
-    c.order.seq_len = 63;
-    c.order.seed = 3;
-    c.order.shuffle = TF_SHUFFLE_FULL;
-    c.batch_size = 4;
-    c.order.global_batch = 4;
-    if (rc == 0) rc = tf_loader_create(ds, &c, &l);
-    if (rc == 0) rc = tf_loader_next(l, &b);
-    if (rc < 0) {
-        fprintf(stderr, "%s: %s\n", tf_strerror(rc), tf_last_error());
-        return 1;
-    }
-    tf_batch_view v;
-    tf_batch_get_view(b, &v);
-    uint64_t h = tf_hash64(v.tokens, v.rows * (v.seq_len + 1) * 2, 0);
-    printf("tokenfeed %s batch %016llx\n", tf_version(), (unsigned long long)h);
-    tf_batch_release(b);
-    tf_loader_free(l);
-    tf_dataset_free(ds);
-    return 0;
-}
-"""
-
-
 def needed(exe: str) -> list[str]:
     out = subprocess.run(["readelf", "-d", exe], capture_output=True, text=True, check=True).stdout
     return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
@@ -152,7 +116,8 @@ def needed(exe: str) -> list[str]:
 
 def test_make_install_and_pkg_config(tmp_path):
     """make install DESTDIR=... PREFIX=/usr/local; then a program built with pkg-config links the
-    installed library shared, fully static (--static), and with libtokenfeed.a in a dynamic program."""
+    installed library shared, fully static (--static), and with libtokenfeed.a in a dynamic program.
+    The program is docs/examples/embed.c, the C API guide's example."""
     assert shutil.which("pkg-config"), "pkg-config is missing (.ci/install.sh installs it)"
     dest = tmp_path / "root"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TOKENFEED_", "PKG_CONFIG"))}
@@ -181,8 +146,9 @@ def test_make_install_and_pkg_config(tmp_path):
     assert {"-pthread", "-ldl", "-lm"} <= set(private)
     features = set(tokenfeed.build_info()[k]["compiled"] and k for k in ("zstd", "io_uring"))
     assert ("-lzstd" in private) == ("zstd" in features) and ("-luring" in private) == ("io_uring" in features)
-    src = tmp_path / "prog.c"
-    src.write_text(PROGRAM)
+    src = os.path.join(ROOT, "docs", "examples", "embed.c")
+    data = tmp_path / "tokens.npy"
+    np.save(data, (np.arange(20_000, dtype=np.uint32) * 7919) % 50_000)
     builds = {
         "shared": [*pkg("--cflags", "--libs")],
         "static": ["-static", *pkg("--static", "--cflags", "--libs")],
@@ -191,7 +157,8 @@ def test_make_install_and_pkg_config(tmp_path):
     outputs = {}
     for name, flags in builds.items():
         exe = str(tmp_path / name)
-        p = subprocess.run([cc(), "-std=c11", str(src), "-o", exe, *flags], env=env, capture_output=True, text=True)
+        p = subprocess.run([cc(), "-std=c11", "-Wall", "-Werror", src, "-o", exe, *flags], env=env,
+                           capture_output=True, text=True)
         # a fully static program that calls dlopen gets a warning from glibc's linker stub, not an error
         assert p.returncode == 0, (name, flags, p.stderr)
         deps = needed(exe)
@@ -199,8 +166,8 @@ def test_make_install_and_pkg_config(tmp_path):
         if name == "static":
             assert deps == [], deps
         run_env = dict(env, LD_LIBRARY_PATH=str(lib))
-        r = subprocess.run([exe], env=run_env, capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, (name, r.stderr)
+        r = subprocess.run([exe, str(data), "3"], env=run_env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, (name, r.stdout, r.stderr)
         outputs[name] = r.stdout
-    assert outputs["shared"].startswith(f"tokenfeed {tokenfeed.__version__} batch ")
+    assert re.search(r"batches 3\s+checksum [0-9a-f]{16}", outputs["shared"]), outputs["shared"]
     assert len(set(outputs.values())) == 1, outputs

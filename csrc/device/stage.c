@@ -515,101 +515,137 @@ static int fetch(tf_device_loader *d, tf_batch **hb) {
     }
 }
 
-/* One batch: slot, host batch, copy, publish. Returns 1 to go on, 0 when
+/* Step 1 of a batch: a device slot (once the ring exists), then the next
+ * host batch; the slot first, so that the copy is not held up by a slot once
+ * the batch exists. 0, TF__STOPPED (nothing held), or an error (what was
+ * taken is left in *s and *hb for the caller to give back). */
+static int take(tf_device_loader *d, tf_device_slot **s, tf_batch **hb) {
+    if (d->ring) {
+        int rc = get_slot(d, s);
+        if (rc != 0) return rc;
+    }
+    int rc = fetch(d, hb);
+    if (rc == TF__STOPPED) {
+        tf_device_slot_release(*s, TF_DEVICE_STREAM_NONE);
+        *s = NULL;
+    }
+    return rc;
+}
+
+/* The batch has the layout the ring was made for (a loader's batches all
+ * have one); *bytes is what its copy moves. */
+static int check_layout(const tf_device_loader *d, const tf_batch_view *v, const tf__batch_seg *seg, size_t *bytes) {
+    size_t n = 0;
+    int same = v->rows == d->rows && v->seq_len == d->seq_len && v->dtype == d->dtype;
+    for (int j = 0; j < TF__NSEGS; j++) {
+        same &= seg[j].cap == d->seg_cap[j];
+        n += seg[j].bytes;
+    }
+    *bytes = n;
+    if (!same) return tf__seterr(-EINVAL, "device loader: batch shape changed (the loader was reconfigured?)");
+    return 0;
+}
+
+/* Slot i came back from the ring, so its last copy is over: the host batch
+ * that copy read goes back to the engine, and its timing is collected (if
+ * its event still says otherwise, the sample is dropped). */
+static void reclaim_slot(tf_device_loader *d, int i) {
+    return_hosts(d, i);
+    pthread_mutex_lock(&d->mu);
+    collect_timing(d, i);
+    d->timing[i] = 0;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* The queue entry of a batch (all but its slot) and its arrays to copy:
+ * each to its place in the slot, under THD only the prefix the batch
+ * filled. The counts are read here, while the host batch is ours. */
+static void make_entry(dentry *e, tf_device_seg *segs, const tf_batch_view *v, const tf__batch_seg *seg,
+                       uint64_t pos_after) {
+    memset(e, 0, sizeof *e);
+    e->position = v->position;
+    e->pos_after = pos_after;
+    if (v->cp_size > 1) {
+        e->num_tokens = v->num_tokens;
+        if (v->thd) {
+            e->thd_seqs = v->num_seqs[0];
+            e->max_seqlen = v->max_seqlen;
+        }
+    }
+    for (int j = 0; j < TF__NSEGS; j++) {
+        segs[j].host = seg[j].host;
+        segs[j].bytes = e->used[j] = seg[j].bytes;
+    }
+}
+
+/* Page-locked engine buffer: the DMA reads it in place, and the host batch
+ * stays attached to the slot (hold[]) until the copy is seen complete. On
+ * failure *hb is the caller's to give back once the copy stream has passed
+ * it (an earlier array's copy may be in flight), or NULL when that cannot be
+ * told: leaked rather than risked. */
+static int issue_direct(tf_device_loader *d, tf_device_slot *s, tf_batch **hb, const tf_device_seg *segs) {
+    int i = s->index;
+    int rc = tf__device_slot_issue(s, segs, d->seg_off, TF__NSEGS, 0, d->t0[i], d->t1[i]);
+    if (rc < 0) {
+        if (fence(d, s) < 0) *hb = NULL;
+        return rc;
+    }
+    d->hold[i] = *hb;
+    *hb = NULL;
+    return 0;
+}
+
+/* Pageable engine buffer: into the slot's pinned staging, then the host
+ * batch goes straight back to the engine, then the copy. */
+static int issue_staged(tf_device_loader *d, tf_device_slot *s, tf_batch **hb, tf_device_seg *segs, size_t bytes) {
+    int rc = tf__device_ring_ensure_staging(d->ring);
+    if (rc < 0) return rc;
+    for (int j = 0; j < TF__NSEGS; j++) {
+        if (segs[j].bytes) memcpy(s->host + d->seg_off[j], segs[j].host, segs[j].bytes);
+        segs[j].host = s->host + d->seg_off[j];
+    }
+    tf_batch_release(*hb);
+    *hb = NULL;
+    pthread_mutex_lock(&d->mu);
+    d->st_staging++;
+    d->st_staging_bytes += bytes;
+    d->st_pageable += !d->ring->staging_pinned;
+    pthread_mutex_unlock(&d->mu);
+    int i = s->index;
+    return tf__device_slot_issue(s, segs, d->seg_off, TF__NSEGS, 0, d->t0[i], d->t1[i]);
+}
+
+/* One batch: slot and host batch, copy, publish. Returns 1 to go on, 0 when
  * asked to stop, -1 when an error or the end was published. */
 static int copy_one(tf_device_loader *d) {
     tf_device_slot *s = NULL;
     tf_batch *hb = NULL;
-    int rc = 0;
-    if (d->ring) {
-        rc = get_slot(d, &s);
-        if (rc == TF__STOPPED) return 0;
-        if (rc < 0) goto fail;
-    }
-    rc = fetch(d, &hb);
-    if (rc == TF__STOPPED) {
-        tf_device_slot_release(s, TF_DEVICE_STREAM_NONE);
-        return 0;
-    }
+    int rc = take(d, &s, &hb);
+    if (rc == TF__STOPPED) return 0;
     if (rc < 0) goto fail;
     uint64_t pos_after = tf_loader_position(d->l);
     tf_batch_view v;
     tf_batch_get_view(hb, &v);
     tf__batch_seg seg[TF__NSEGS];
     tf__batch_segments(hb, seg);
-    if (!d->ring) {
-        if ((rc = setup(d, &v, seg)) < 0) goto fail;
-        rc = get_slot(d, &s);
+    if (!d->ring) { /* the first batch: its layout makes the ring, then the slot */
+        rc = setup(d, &v, seg);
+        if (rc == 0) rc = get_slot(d, &s);
         if (rc == TF__STOPPED) {
             tf_batch_release(hb);
             return 0;
         }
         if (rc < 0) goto fail;
     }
-    size_t bytes = 0; /* what this batch's copy moves */
-    int same = v.rows == d->rows && v.seq_len == d->seq_len && v.dtype == d->dtype;
-    for (int j = 0; j < TF__NSEGS; j++) {
-        same &= seg[j].cap == d->seg_cap[j];
-        bytes += seg[j].bytes;
-    }
-    if (!same) {
-        rc = tf__seterr(-EINVAL, "device loader: batch shape changed (the loader was reconfigured?)");
-        goto fail;
-    }
-    int i = s->index;
-    return_hosts(d, i); /* the slot came back from the ring: its last copy is over */
-    pthread_mutex_lock(&d->mu);
-    collect_timing(d, i); /* ... (if its event still says otherwise, the sample is dropped) */
-    d->timing[i] = 0;
-    pthread_mutex_unlock(&d->mu);
-    /* Each array to its place in the slot; under THD only the prefix the
-     * batch filled. */
+    size_t bytes;
+    if ((rc = check_layout(d, &v, seg, &bytes)) < 0) goto fail;
+    reclaim_slot(d, s->index);
     dentry e;
-    memset(&e, 0, sizeof e);
-    e.position = v.position;
-    e.pos_after = pos_after;
-    if (v.cp_size > 1) { /* the counts, read while the host batch is ours */
-        e.num_tokens = v.num_tokens;
-        if (v.thd) {
-            e.thd_seqs = v.num_seqs[0];
-            e.max_seqlen = v.max_seqlen;
-        }
-    }
     tf_device_seg segs[TF__NSEGS];
-    for (int j = 0; j < TF__NSEGS; j++) {
-        segs[j].host = seg[j].host;
-        segs[j].bytes = e.used[j] = seg[j].bytes;
-    }
+    make_entry(&e, segs, &v, seg, pos_after);
     int direct = tf__batch_locked(hb);
-    if (direct) {
-        /* Page-locked engine buffer: the DMA reads it in place. */
-        rc = tf__device_slot_issue(s, segs, d->seg_off, TF__NSEGS, 0, d->t0[i], d->t1[i]);
-        if (rc < 0) {
-            /* An earlier array's copy may be in flight: the host batch goes
-             * back only once the copy stream has passed it. */
-            if (fence(d, s) < 0) hb = NULL; /* cannot tell: leak it rather than risk it */
-            goto fail;
-        }
-        d->hold[i] = hb;
-        hb = NULL;
-    } else {
-        /* Pageable engine buffer: into the slot's pinned staging, then the
-         * host batch goes straight back to the engine. */
-        if ((rc = tf__device_ring_ensure_staging(d->ring)) < 0) goto fail;
-        for (int j = 0; j < TF__NSEGS; j++) {
-            if (segs[j].bytes) memcpy(s->host + d->seg_off[j], segs[j].host, segs[j].bytes);
-            segs[j].host = s->host + d->seg_off[j];
-        }
-        tf_batch_release(hb);
-        hb = NULL;
-        pthread_mutex_lock(&d->mu);
-        d->st_staging++;
-        d->st_staging_bytes += bytes;
-        d->st_pageable += !d->ring->staging_pinned;
-        pthread_mutex_unlock(&d->mu);
-        rc = tf__device_slot_issue(s, segs, d->seg_off, TF__NSEGS, 0, d->t0[i], d->t1[i]);
-        if (rc < 0) goto fail;
-    }
+    rc = direct ? issue_direct(d, s, &hb, segs) : issue_staged(d, s, &hb, segs, bytes);
+    if (rc < 0) goto fail;
     pthread_mutex_lock(&d->mu);
     d->st_direct += direct;
     pthread_mutex_unlock(&d->mu);
