@@ -49,7 +49,7 @@ def doc_names() -> dict[str, set[str]]:
         names = {"tokenfeed" + m for m in DOTTED.findall(text)}
         for mod, what in FROM_IMPORT.findall(text):
             names |= {f"{mod}.{n.strip()}" for n in what.strip("()").split(",") if n.strip()}
-        out[os.path.relpath(page, ROOT)] = {n for n in names if not re.search(r"\.(h|pc|manifest|c)$", n)}
+        out[os.path.relpath(page, ROOT)] = {n for n in names if not re.search(r"\.(h|pc|manifest|map|c)$", n)}
     return out
 
 

@@ -39,9 +39,9 @@
  * API: it keeps its meaning and its binary interface across releases with the
  * same major version (TF_VERSION_MAJOR; the shared library's soname is
  * libtokenfeed.so.MAJOR, and its symbols carry the version TOKENFEED_MAJOR).
- * The experimental API (the raw keyed permutation tf_perm and the device ring
- * tf_device_ring/tf_device_slot) is declared only where the including file
- * defines TF_EXPERIMENTAL_API first:
+ * The experimental API (the raw keyed permutation tf_perm, llm.c's data order
+ * and the device ring tf_device_ring/tf_device_slot) is declared only where
+ * the including file defines TF_EXPERIMENTAL_API first:
  *
  *     #define TF_EXPERIMENTAL_API
  *     #include "tokenfeed.h"
@@ -1121,6 +1121,38 @@ TF_API uint64_t tf_perm_inverse(const tf_perm *p, uint64_t j); /* j < n */
 
 /* 64-bit mixer used to derive keys (splitmix64 finalizer). */
 TF_API uint64_t tf_mix64(uint64_t x);
+
+/* ------------------------------------------------------------------------ */
+/* Order: llm.c's data loader order                                          */
+/* ------------------------------------------------------------------------ */
+
+/* The order of llm.c's training data loader (karpathy/llm.c,
+ * llmc/dataloader.h), so that a run begun on llm.c's loader continues on
+ * tokenfeed with the same batches. The dataset's files are llm.c's shards,
+ * in the order llm.c lists them (its glob, sorted by name). Each file is cut
+ * on its own from its token 0 into global batches of cfg->global_batch rows
+ * of seq_len + 1 tokens (consecutive rows overlap by one token); its tail of
+ * (tokens - 1) mod (global_batch x seq_len) tokens is never read, and no
+ * batch spans two files. An epoch reads every file once.
+ *
+ * num_processes is llm.c's number of processes R; global_batch is R x B
+ * (llm.c's B), and a loader over this order with world_size R and
+ * batch_size B gives rank r what llm.c's process r reads. cfg->shuffle
+ * NONE reads files and batches in order; FULL is llm.c's shuffle (its
+ * permute_train_loader, on in train_gpt2.c): process r shuffles the file
+ * order every epoch and each file's batches with its own MT19937 seeded
+ * cfg->seed + r, as llm.c does with 42 + r, so set cfg->seed = 42 to
+ * continue an llm.c run. Processes then read different files at the same
+ * step, and a state resumes only with the same num_processes (it enters the
+ * fingerprint). packing must be CONCAT without separator; block_size and
+ * window_blocks are not used. Extras (position_ids, ...) follow the
+ * documents as CONCAT's do.
+ *
+ * Every file must hold at least one global batch plus one token (-EINVAL
+ * naming it: llm.c refuses such a shard too). Memory: O(files + batches per
+ * epoch) integers per process with shuffle. The order borrows ds. */
+TF_API int tf_order_create_llmc(const tf_dataset *ds, const tf_order_config *cfg, uint32_t num_processes,
+                                tf_order **out);
 
 /* ------------------------------------------------------------------------ */
 /* Device ring: preallocated device slots with pinned staging                */

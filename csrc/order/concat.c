@@ -158,10 +158,11 @@ typedef struct bnd_iter {
     int done;
 } bnd_iter;
 
-static int bnd_begin(bnd_iter *it, const concat *o, uint64_t sample) {
+/* p0: the absolute position of the sample's offset 0 (sample * L). */
+static int bnd_begin(bnd_iter *it, const concat *o, uint64_t p0) {
     memset(it, 0, sizeof *it);
     it->o = o;
-    it->p0 = sample * o->L;
+    it->p0 = p0;
     if (o->sep) {
         uint64_t vs, s, n;
         TF_TRY(sep_locate(o, it->p0, &it->k, &vs));
@@ -207,11 +208,11 @@ static int bnd_next(bnd_iter *it, uint64_t *b) {
     return 1;
 }
 
-static int concat_extras(const tf_order *order, uint64_t sample, const tf_sample_extras *ex) {
-    const concat *o = order->impl;
+/* Extras of the L + 1 tokens whose offset 0 is at (virtual) position p0. */
+static int extras_at(const concat *o, uint64_t p0, const tf_sample_extras *ex) {
     const uint64_t L = o->L;
     bnd_iter it;
-    TF_TRY(bnd_begin(&it, o, sample));
+    TF_TRY(bnd_begin(&it, o, p0));
     if (ex->loss_mask) memset(ex->loss_mask, 1, (size_t)L);
     uint64_t last = 0, nc = 0, b;
     if (ex->cu_seqlens) ex->cu_seqlens[0] = 0;
@@ -225,6 +226,18 @@ static int concat_extras(const tf_order *order, uint64_t sample, const tf_sample
     }
     tf__extras_finish(ex, L, last, nc);
     return 0;
+}
+
+static int concat_extras(const tf_order *order, uint64_t sample, const tf_sample_extras *ex) {
+    const concat *o = order->impl;
+    return extras_at(o, sample * o->L, ex);
+}
+
+int tf__concat_extras_at(const tf_dataset *ds, uint64_t L, uint64_t p0, const tf_sample_extras *ex) {
+    tf_dataset_info info;
+    TF_TRY(tf_dataset_get_info(ds, &info));
+    concat o = {.ds = ds, .L = L, .T = info.num_tokens, .D = info.num_documents, .Tv = info.num_tokens};
+    return extras_at(&o, p0, ex);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -17,6 +17,8 @@
  *             cut every seq_len tokens
  *   pack.c    BEST_FIT and DOCUMENT packing: per-window plans of chunks
  *   mix.c     weighted mixtures of orders, one per dataset
+ *   llmc_order.c  llm.c's data loader order: each file cut on its own, in
+ *             per-process shuffled order
  *
  * A new kind (a mixture whose weights change at given steps, a
  * context-parallel view that takes a share of each sample, another packing)
@@ -76,6 +78,10 @@ TF_HIDDEN int tf__order_build(tf__order_init init, const void *args, const tf_or
 /* Constructors; args is the const tf_dataset * the order reads. */
 TF_HIDDEN int tf__concat_init(tf_order *o, const void *ds);   /* concat.c */
 TF_HIDDEN int tf__packed_init(tf_order *o, const void *ds);   /* pack.c */
+
+/* concat.c: the CONCAT extras (no separator) of the L + 1 dataset tokens that
+ * start at token p0, for kinds that cut the tokens at other places. */
+TF_HIDDEN int tf__concat_extras_at(const tf_dataset *ds, uint64_t L, uint64_t p0, const tf_sample_extras *ex);
 
 /* Building position_ids / cu_seqlens / num_seqs from segment starts, shared by
  * every kind: start with {last = 0, nc = 1} and cu_seqlens[0] = 0, call

@@ -1,0 +1,341 @@
+/* llm.c's data order (tf_order_create_llmc) against llm.c's own loader.
+ *
+ * The reference below is llm.c's DataLoader (karpathy/llm.c, llmc/dataloader.h,
+ * MIT license) function for function: the same fields, the same shard
+ * loading, reset, advance and shuffles, reading the shard files with stdio
+ * as llm.c does; glob is replaced by a list of paths and exit() by a failed
+ * check. Its generator is MT19937 written out independently of the library's
+ * (one loop over the state) and checked against the PyTorch values llmc/rand.h
+ * quotes. For several (processes, B, T, shuffle, seed) over shards of unequal
+ * sizes, every process's batches over three epochs equal a tokenfeed loader's
+ * at that rank; seeking to a step (forward and back) gives the same batch;
+ * a shard shorter than one global batch is refused naming it. */
+#include "helpers.h"
+
+/* ---- MT19937, PyTorch's (llmc/rand.h manual_seed / randint32) ------------ */
+
+typedef struct ref_mt {
+    uint32_t mt[624];
+    int idx; /* next word; 624: regenerate */
+} ref_mt;
+
+static void ref_seed(ref_mt *g, uint32_t seed) {
+    g->mt[0] = seed;
+    for (int i = 1; i < 624; i++) g->mt[i] = 1812433253u * (g->mt[i - 1] ^ (g->mt[i - 1] >> 30)) + (uint32_t)i;
+    g->idx = 624;
+}
+
+static uint32_t ref_u32(ref_mt *g) {
+    if (g->idx >= 624) {
+        for (int i = 0; i < 624; i++) {
+            uint32_t y = (g->mt[i] & 0x80000000u) | (g->mt[(i + 1) % 624] & 0x7fffffffu);
+            g->mt[i] = g->mt[(i + 397) % 624] ^ (y >> 1) ^ ((y & 1u) ? 0x9908b0dfu : 0u);
+        }
+        g->idx = 0;
+    }
+    uint32_t y = g->mt[g->idx++];
+    y ^= y >> 11;
+    y ^= (y << 7) & 0x9d2c5680u;
+    y ^= (y << 15) & 0xefc60000u;
+    return y ^ (y >> 18);
+}
+
+/* llmc/rand.h */
+static void init_identity_permutation(int *data, int numel) {
+    for (int i = 0; i < numel; i++) data[i] = i;
+}
+static void random_permutation(int *data, int numel, ref_mt *state) {
+    for (int i = numel - 1; i > 0; i--) {
+        int j = (int)(ref_u32(state) % (uint32_t)(i + 1)); /* pick an index j in [0, i] */
+        int tmp = data[i];
+        data[i] = data[j], data[j] = tmp;
+    }
+}
+
+/* ---- llmc/dataloader.h ---------------------------------------------------- */
+
+#define HEADER_SIZE 256
+
+typedef struct {
+    int process_rank, num_processes;
+    size_t B, T, num_tokens, shard_num_samples;
+    const char *const *paths; /* glob_result */
+    size_t npaths;
+    size_t current_shard_idx, current_sample_idx;
+    FILE *tokens_file;
+    uint16_t *buffer;
+    ref_mt shuffle_rng;
+    int should_shuffle;
+    int *shard_indices, *intra_shard_indices;
+    size_t total_batch_size_bytes, local_batch_offset_bytes, header_bytes;
+    int64_t file_size_bytes;
+} DataLoader;
+
+static int64_t dataloader_load_shard_(DataLoader *loader, int shard_index) {
+    if (loader->should_shuffle) shard_index = loader->shard_indices[shard_index];
+    const char *filename = loader->paths[shard_index];
+    if (loader->tokens_file != NULL) fclose(loader->tokens_file);
+    loader->tokens_file = fopen(filename, "rb");
+    CHECK(loader->tokens_file != NULL);
+    int header[HEADER_SIZE];
+    CHECK(fread(header, sizeof(int), HEADER_SIZE, loader->tokens_file) == HEADER_SIZE);
+    CHECK(header[0] == 20240520 && header[1] == 1);
+    int64_t ntok = header[2];
+    fseek(loader->tokens_file, 0, SEEK_END);
+    loader->file_size_bytes = ftell(loader->tokens_file);
+    fseek(loader->tokens_file, 0, SEEK_SET);
+    CHECK(loader->file_size_bytes == (int64_t)(HEADER_SIZE * sizeof(int) + ntok * sizeof(uint16_t)));
+    /* -1 uint16_t due to us taking B*T+1 tokens but moving by B*T tokens */
+    loader->shard_num_samples = (ntok * sizeof(uint16_t) - sizeof(uint16_t)) / loader->total_batch_size_bytes;
+    return ntok;
+}
+
+static void prepare_intra_shard_indices_(DataLoader *loader) {
+    free(loader->intra_shard_indices);
+    loader->intra_shard_indices = malloc(loader->shard_num_samples * sizeof(int));
+    init_identity_permutation(loader->intra_shard_indices, (int)loader->shard_num_samples);
+    random_permutation(loader->intra_shard_indices, (int)loader->shard_num_samples, &loader->shuffle_rng);
+}
+
+static void dataloader_reset(DataLoader *loader) {
+    loader->current_shard_idx = 0;
+    loader->current_sample_idx = 0;
+    if (loader->should_shuffle) random_permutation(loader->shard_indices, (int)loader->npaths, &loader->shuffle_rng);
+    dataloader_load_shard_(loader, (int)loader->current_shard_idx);
+    if (loader->should_shuffle) prepare_intra_shard_indices_(loader);
+}
+
+static void dataloader_advance_(DataLoader *loader) {
+    if (loader->current_shard_idx == loader->npaths - 1) { /* the last shard: a new epoch */
+        dataloader_reset(loader);
+        return;
+    }
+    loader->current_shard_idx = (loader->current_shard_idx + 1) % loader->npaths;
+    loader->current_sample_idx = 0;
+    dataloader_load_shard_(loader, (int)loader->current_shard_idx);
+    if (loader->should_shuffle) prepare_intra_shard_indices_(loader);
+}
+
+static void dataloader_init(DataLoader *loader, const char *const *paths, size_t npaths, size_t B, size_t T,
+                            int process_rank, int num_processes, int should_shuffle, uint32_t seed) {
+    memset(loader, 0, sizeof *loader);
+    loader->process_rank = process_rank;
+    loader->num_processes = num_processes;
+    loader->B = B;
+    loader->T = T;
+    loader->should_shuffle = should_shuffle;
+    loader->header_bytes = HEADER_SIZE * sizeof(int);
+    loader->total_batch_size_bytes = ((loader->num_processes * (loader->B * loader->T)) * sizeof(uint16_t));
+    loader->local_batch_offset_bytes = loader->process_rank * loader->B * loader->T * sizeof(uint16_t);
+    loader->paths = paths;
+    loader->npaths = npaths;
+    if (should_shuffle) {
+        ref_seed(&loader->shuffle_rng, seed + (uint32_t)process_rank); /* llm.c: 42 + process_rank */
+        loader->shard_indices = malloc(npaths * sizeof(int));
+        init_identity_permutation(loader->shard_indices, (int)npaths);
+    }
+    int64_t ntok_total = 0;
+    for (int shard_index = 0; shard_index < (int)npaths; shard_index++) {
+        int64_t shard_ntok = dataloader_load_shard_(loader, shard_index);
+        CHECK(shard_ntok >= (int64_t)(num_processes * B * T + 1));
+        ntok_total += shard_ntok;
+    }
+    loader->buffer = malloc((B * T + 1) * sizeof(uint16_t));
+    loader->num_tokens = (size_t)ntok_total;
+    dataloader_reset(loader);
+}
+
+static void dataloader_load_batch(DataLoader *loader) {
+    size_t idx = loader->should_shuffle ? (size_t)loader->intra_shard_indices[loader->current_sample_idx]
+                                        : loader->current_sample_idx;
+    size_t global_batch_offset_bytes = idx * loader->total_batch_size_bytes;
+    int64_t current_offset = (int64_t)(loader->header_bytes + global_batch_offset_bytes + loader->local_batch_offset_bytes);
+    fseek(loader->tokens_file, (long)current_offset, SEEK_SET);
+    CHECK(fread(loader->buffer, sizeof(uint16_t), loader->B * loader->T + 1, loader->tokens_file) ==
+          loader->B * loader->T + 1);
+}
+
+static void dataloader_next_batch(DataLoader *loader) {
+    if (loader->current_sample_idx >= loader->shard_num_samples) dataloader_advance_(loader);
+    dataloader_load_batch(loader);
+    loader->current_sample_idx += 1;
+}
+
+static void dataloader_free(DataLoader *loader) {
+    free(loader->buffer);
+    free(loader->shard_indices);
+    free(loader->intra_shard_indices);
+    if (loader->tokens_file) fclose(loader->tokens_file);
+}
+
+/* ---- the comparison -------------------------------------------------------- */
+
+#define NSHARDS 4
+static char dir[64], paths_buf[NSHARDS + 1][128];
+static const char *paths[NSHARDS + 1];
+
+static void write_shard(const char *path, int ntok, uint32_t salt) {
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL);
+    if (!f) return;
+    int header[HEADER_SIZE] = {20240520, 1, ntok};
+    fwrite(header, sizeof header, 1, f);
+    for (int i = 0; i < ntok; i++) {
+        uint16_t t = (uint16_t)((i * 2654435761u + salt) % 50257u);
+        fwrite(&t, 2, 1, f);
+    }
+    fclose(f);
+}
+
+/* Does tokenfeed's batch equal llm.c's buffer (B rows of T + 1 tokens, each
+ * starting T after the previous)? */
+static int same_batch(const tf_batch_view *v, const uint16_t *buf, size_t B, size_t T) {
+    if (v->rows != B || v->seq_len != T || v->dtype != TF_UINT16) return 0;
+    const uint16_t *t = v->tokens;
+    for (size_t j = 0; j < B; j++)
+        if (memcmp(t + j * (T + 1), buf + j * T, (T + 1) * 2)) return 0;
+    return 1;
+}
+
+static tf_order *make_order(tf_dataset *ds, size_t R, size_t B, size_t T, int shuffle, uint32_t seed) {
+    tf_order_config oc;
+    tf_order_config_init(&oc);
+    oc.seq_len = T;
+    oc.global_batch = R * B;
+    oc.shuffle = shuffle ? TF_SHUFFLE_FULL : TF_SHUFFLE_NONE;
+    oc.seed = seed;
+    tf_order *o = NULL;
+    CHECK_OK(tf_order_create_llmc(ds, &oc, (uint32_t)R, &o));
+    return o;
+}
+
+static tf_loader *make_loader(tf_order *o, size_t R, size_t B, size_t r) {
+    tf_loader_config lc;
+    tf_loader_config_init(&lc);
+    lc.batch_size = B;
+    lc.rank = (uint32_t)r;
+    lc.world_size = (uint32_t)R;
+    lc.num_threads = 2;
+    tf_loader *l = NULL;
+    CHECK_OK(tf_loader_create_from_order(o, &lc, &l));
+    return l;
+}
+
+/* Every process over three epochs; for one process, seeks. */
+static void compare(tf_dataset *ds, size_t R, size_t B, size_t T, int shuffle, uint32_t seed) {
+    tf_order *o = make_order(ds, R, B, T, shuffle, seed);
+    if (!o) return;
+    uint64_t G = R * B, E = tf_order_num_samples(o) / G, steps = 3 * E;
+    /* an epoch: every shard's batches, as llm.c counts them */
+    DataLoader cnt;
+    dataloader_init(&cnt, paths, NSHARDS, B, T, 0, (int)R, 0, seed);
+    uint64_t E_ref = 0;
+    for (int f = 0; f < NSHARDS; f++) {
+        dataloader_load_shard_(&cnt, f);
+        E_ref += cnt.shard_num_samples;
+    }
+    dataloader_free(&cnt);
+    CHECK(E == E_ref && tf_order_num_samples(o) % G == 0);
+    for (size_t r = 0; r < R; r++) {
+        DataLoader ref;
+        dataloader_init(&ref, paths, NSHARDS, B, T, (int)r, (int)R, shuffle, seed);
+        uint16_t *want = malloc(steps * (B * T + 1) * 2);
+        tf_loader *l = make_loader(o, R, B, r);
+        int ok = want && l;
+        for (uint64_t k = 0; ok && k < steps; k++) {
+            dataloader_next_batch(&ref);
+            memcpy(want + k * (B * T + 1), ref.buffer, (B * T + 1) * 2);
+            tf_batch *b = NULL;
+            int rc = tf_loader_next(l, &b);
+            CHECK_OK(rc);
+            if (rc < 0) break;
+            tf_batch_view v;
+            tf_batch_get_view(b, &v);
+            if (!same_batch(&v, ref.buffer, B, T)) {
+                fprintf(stderr, "R %zu B %zu T %zu shuffle %d seed %u: process %zu step %llu differs from llm.c's\n",
+                        R, B, T, shuffle, seed, r, (unsigned long long)k);
+                ok = 0;
+            }
+            CHECK(v.position == k * G);
+            tf_batch_release(b);
+        }
+        CHECK(ok);
+        /* resume anywhere: forward, across epochs, and back to an earlier epoch */
+        const uint64_t at[] = {2 * E + E / 2, 5 % steps, E + 1, steps - 1, 0};
+        for (size_t i = 0; ok && i < sizeof at / sizeof at[0]; i++) {
+            CHECK_OK(tf_loader_seek(l, at[i] * G));
+            tf_batch *b = NULL;
+            CHECK_OK(tf_loader_next(l, &b));
+            if (!b) break;
+            tf_batch_view v;
+            tf_batch_get_view(b, &v);
+            CHECK(same_batch(&v, want + at[i] * (B * T + 1), B, T));
+            tf_batch_release(b);
+        }
+        tf_loader_free(l);
+        free(want);
+        dataloader_free(&ref);
+    }
+    tf_order_free(o);
+}
+
+static void test_generator(void) {
+    /* the values llmc/rand.h quotes for torch.manual_seed(137) */
+    static const uint32_t want[] = {4053805790u, 2173880614u, 380293709u, 1237255315u, 2986595568u};
+    ref_mt g;
+    ref_seed(&g, 137);
+    for (size_t i = 0; i < 5; i++) CHECK(ref_u32(&g) == want[i]);
+}
+
+static void test_refusals(tf_dataset *ds) {
+    tf_order_config oc;
+    tf_order_config_init(&oc);
+    oc.seq_len = 64;
+    oc.global_batch = 8;
+    tf_order *o = NULL;
+    /* 8 rows of 64 tokens: more than the 300-token shard holds */
+    CHECK_RC(tf_order_create_llmc(ds, &oc, 1, &o), -EINVAL);
+    CHECK(strstr(tf_last_error(), paths[0]) != NULL);
+    oc.seq_len = 8;
+    CHECK_RC(tf_order_create_llmc(ds, &oc, 3, &o), -EINVAL); /* 8 rows over 3 processes */
+    oc.shuffle = TF_SHUFFLE_BLOCK;
+    CHECK_RC(tf_order_create_llmc(ds, &oc, 2, &o), -EINVAL);
+    oc.shuffle = TF_SHUFFLE_FULL;
+    oc.separator_id = 0;
+    CHECK_RC(tf_order_create_llmc(ds, &oc, 2, &o), -EINVAL);
+    oc.separator_id = -1;
+    /* the number of processes changes the stream, so the fingerprint */
+    tf_order *a = NULL, *b = NULL;
+    CHECK_OK(tf_order_create_llmc(ds, &oc, 2, &a));
+    CHECK_OK(tf_order_create_llmc(ds, &oc, 4, &b));
+    if (a && b) CHECK(tf_order_fingerprint(a) != tf_order_fingerprint(b));
+    tf_order_free(a);
+    tf_order_free(b);
+}
+
+int main(void) {
+    test_generator();
+    snprintf(dir, sizeof dir, "/tmp/tf_llmc_XXXXXX");
+    if (!mkdtemp(dir)) return T_EXIT_FAIL;
+    /* unequal shards, so that shuffled processes cross shard ends at different steps */
+    static const int ntok[NSHARDS] = {300, 1031, 517, 777};
+    for (int f = 0; f < NSHARDS; f++) {
+        snprintf(paths_buf[f], sizeof paths_buf[f], "%s/shard_%02d.bin", dir, f);
+        paths[f] = paths_buf[f];
+        write_shard(paths[f], ntok[f], (uint32_t)f * 7919u);
+    }
+    tf_dataset *ds = NULL;
+    CHECK_OK(tf_dataset_open_many(paths, NSHARDS, NULL, &ds));
+    if (ds) {
+        compare(ds, 1, 4, 8, 0, 42);
+        compare(ds, 1, 3, 10, 1, 42);
+        compare(ds, 2, 2, 16, 1, 42);
+        compare(ds, 2, 2, 16, 0, 42);
+        compare(ds, 3, 1, 7, 1, 7);
+        test_refusals(ds);
+    }
+    tf_dataset_free(ds);
+    for (int f = 0; f < NSHARDS; f++) unlink(paths[f]);
+    rmdir(dir);
+    return T_DONE();
+}
