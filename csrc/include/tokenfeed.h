@@ -842,7 +842,7 @@ typedef struct tf_source_stats {
 TF_API int tf_loader_get_source_stats(const tf_loader *l, size_t i, tf_source_stats *st);
 
 /* ------------------------------------------------------------------------ */
-/* Device: CUDA runtime loaded at run time, pinned host memory             */
+/* Device: CUDA runtime loaded at run time, pinned host memory               */
 /* ------------------------------------------------------------------------ */
 
 /* The CUDA runtime (libcudart) is never linked: it is loaded with dlopen the
