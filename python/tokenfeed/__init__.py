@@ -17,6 +17,7 @@ from typing import Any, Dict
 from . import _build, _core
 from ._core import FormatError
 from ._dataset import Dataset, DatasetWriter, open
+from ._explain import Segment, meter_all_ranks, meter_verdict
 from ._loader import Loader, PerformanceWarning, StateError
 from ._mesh import ParallelCoords, parallel_coords
 from ._parts import PartWriter, merge_parts
@@ -27,8 +28,8 @@ __version__: str = _core.__version__
 _build.warn_if_missing()  # a source build without zstd or io_uring says so here: pip hides the build's output
 
 __all__ = ["Dataset", "DatasetWriter", "FormatError", "Loader", "ParallelCoords", "PartWriter", "PerformanceWarning",
-           "StateError", "WeightSchedule", "build_info", "get_include", "get_library", "merge_parts", "open",
-           "parallel_coords", "__version__"]
+           "Segment", "StateError", "WeightSchedule", "build_info", "get_include", "get_library", "merge_parts", "meter_all_ranks",
+           "meter_verdict", "open", "parallel_coords", "__version__"]
 
 
 def build_info() -> Dict[str, Any]:
