@@ -1,0 +1,183 @@
+"""Provenance: Loader.explain(step) names, for every row of a step's batch, the document
+pieces it was cut from; read back from the datasets, they are the batch's tokens, for every
+packing, shuffle, mixture, schedule, data- and context-parallel layout, also after a resume.
+Loader.where(document) finds the steps that hold a document."""
+from __future__ import annotations
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+
+import tokenfeed
+from conftest import numpy_loader
+
+import cp_reference as ref
+
+SEP, PAD = 7, 3
+
+
+def rebuild(loader, step, fill):
+    """This rank's rows of `step`, rebuilt from explain(step) and the datasets' documents."""
+    datasets = loader.dataset if isinstance(loader.dataset, list) else [loader.dataset]
+    rows = []
+    for segs in loader.explain(step):
+        row = np.full(loader.seq_len + 1, fill, dtype=np.int64)
+        for s in segs:
+            assert 0 <= s.start < s.stop <= datasets[s.source].document(s.document).size
+            row[s.offset:s.offset + s.stop - s.start] = datasets[s.source].document(s.document)[s.start:s.stop]
+        rows.append(row)
+    return np.stack(rows)
+
+
+def check_steps(loader, steps, fill=0):
+    for _ in range(steps):
+        step = loader.position // loader.global_batch
+        got = next(loader)["tokens"]
+        assert np.array_equal(rebuild(loader, step, fill), got), f"step {step}"
+
+
+@pytest.fixture
+def two(make_dataset):
+    return make_dataset(n_docs=150, vocab=500, seed=1, mean_len=40), make_dataset(n_docs=80, vocab=500, seed=2,
+                                                                                  mean_len=90)
+
+
+@pytest.mark.parametrize("packing", ["concat", "best_fit", "document"])
+@pytest.mark.parametrize("shuffle", ["full", "block", "none"])
+def test_segments_are_the_batch(two, packing, shuffle):
+    sep = SEP if packing == "concat" else None
+    l = numpy_loader(two[0], seq_len=32, batch_size=4, seed=5, packing=packing, shuffle=shuffle, block_size=4,
+                     window_blocks=3, separator_id=sep, pad_id=None if packing == "concat" else PAD, pack_window=16)
+    check_steps(l, 12, fill=SEP if packing == "concat" else PAD)
+
+
+def test_concat_without_separator_is_covered_exactly(two):
+    l = numpy_loader(two[0], seq_len=24, batch_size=3, seed=2)
+    for step in range(5):
+        for segs in l.explain(step):
+            assert sum(s.stop - s.start for s in segs) == 25
+            assert [s.offset for s in segs] == list(np.cumsum([0] + [s.stop - s.start for s in segs[:-1]]))
+    check_steps(l, 5)
+
+
+@pytest.mark.parametrize("packing", ["concat", "best_fit"])
+def test_mixture_and_schedule(two, packing):
+    pad = None if packing == "concat" else PAD
+    for weights in ([0.6, 0.4], tokenfeed.WeightSchedule([(0, [1.0, 0.0]), (3, [0.2, 0.8]), (6, [0.5, 0.5])],
+                                                         interpolation="linear")):
+        l = numpy_loader(list(two), seq_len=32, batch_size=4, seed=9, weights=weights, mix_window=10,
+                         packing=packing, pad_id=pad, separator_id=SEP if packing == "concat" else None)
+        check_steps(l, 10, fill=SEP if packing == "concat" else PAD)
+        sources = {s.source for step in range(10) for row in l.explain(step) for s in row}
+        assert sources == {0, 1}
+
+
+def test_four_data_parallel_ranks(two):
+    ranks = [numpy_loader(two[0], seq_len=16, batch_size=2, seed=3, dp_rank=r, dp_size=4) for r in range(4)]
+    whole = numpy_loader(two[0], seq_len=16, batch_size=8, seed=3)
+    for step in range(4):
+        rows = [row for l in ranks for row in l.explain(step)]
+        assert rows == whole.explain(step)
+    for l in ranks:
+        check_steps(l, 4)
+
+
+@pytest.mark.parametrize("cu", [False, True])
+def test_context_parallel_rows_are_whole(two, cu):
+    """Under CP, explain gives the whole row the group shares; each rank's input_ids are its share of it."""
+    cp = 2
+    ls = [numpy_loader(two[0], seq_len=32, batch_size=2, seed=4, cp_rank=r, cp_size=cp) for r in range(cp)]
+    plain = numpy_loader(two[0], seq_len=32, batch_size=2, seed=4)
+    for step in range(4):
+        whole = rebuild(plain, step, 0)
+        assert all(l.explain(step) == plain.explain(step) for l in ls)
+        for r, l in enumerate(ls):
+            got = next(l)["input_ids"]
+            assert np.array_equal(got, ref.megatron_cp_split(whole[:, :-1], cp, r))
+
+
+def test_after_resume(two):
+    kw = dict(seq_len=32, batch_size=4, seed=11, packing="best_fit", pad_id=PAD, shuffle="block", block_size=8)
+    a = numpy_loader(two[0], **kw)
+    for _ in range(5):
+        next(a)
+    state = json.loads(json.dumps(a.state_dict()))
+    b = numpy_loader(two[0], **kw)
+    b.load_state_dict(state)
+    assert b.position // b.global_batch == 5
+    check_steps(b, 6, fill=PAD)
+    # a mixture resumed with other weights hands over; explain follows the hand-over
+    m = numpy_loader(list(two), seq_len=32, batch_size=4, seed=1, weights=[0.5, 0.5])
+    for _ in range(4):
+        next(m)
+    st = json.loads(json.dumps(m.state_dict()))
+    m2 = numpy_loader(list(two), seq_len=32, batch_size=4, seed=1, weights=[0.2, 0.8])
+    m2.load_state_dict(st, strict=False)
+    check_steps(m2, 5, fill=0)
+
+
+def test_explain_reads_nothing_and_is_the_same_far_away(two):
+    l = numpy_loader(two[0], seq_len=32, batch_size=4, seed=5)
+    far = 10 ** 9
+    rows = l.explain(far)
+    assert len(rows) == 4 and all(rows)
+    assert l.stats()["batches"] == 0 and l.stats()["bytes_read"] == 0
+    st = l.state_dict()
+    st["position"] = far * l.global_batch
+    l.load_state_dict(st)
+    assert np.array_equal(rebuild(l, far, 0), next(l)["tokens"])
+
+
+def test_explain_bounds(two):
+    l = numpy_loader(two[0], seq_len=32, batch_size=4, seed=5, epochs=1)
+    with pytest.raises(ValueError):
+        l.explain(-1)
+    with pytest.raises(IndexError, match="past the end"):
+        l.explain(len(l))
+    l.explain(len(l) - 1)
+
+
+def test_segment_is_a_4_tuple():
+    s = tokenfeed.Segment(1, 2, 3, 9, offset=5)
+    source, document, start, stop = s
+    assert (source, document, start, stop) == (1, 2, 3, 9) == s
+    assert (s.source, s.document, s.start, s.stop, s.offset, s.num_tokens) == (1, 2, 3, 9, 5, 6)
+    assert pickle.loads(pickle.dumps(s)).offset == 5
+    assert "offset=5" in repr(s)
+
+
+@pytest.mark.parametrize("packing", ["concat", "best_fit", "document"])
+def test_where_finds_every_row_holding_the_document(two, packing):
+    kw = dict(seq_len=16, batch_size=3, seed=8, packing=packing, pad_id=None if packing == "concat" else PAD,
+              dp_rank=1, dp_size=2)
+    l = numpy_loader(two[0], **kw)
+    n, G = l.num_samples, l.global_batch
+    want = {}
+    for step in range(2 * n // G + 1):
+        for r in range(2):
+            lr = l if r == 1 else numpy_loader(two[0], **dict(kw, dp_rank=0))
+            for row, segs in enumerate(lr.explain(step)):
+                for s in segs:
+                    want.setdefault(s.document, set()).add((step, r, row))
+    for doc in (0, 5, 77, 149):
+        got = l.where(doc, epochs="0:2")
+        pos_end = 2 * n
+        expect = {t for t in want.get(doc, ()) if t[0] * G + t[1] * 3 + t[2] < pos_end}
+        assert {(h["step"], h["rank"], h["row"]) for h in got} == expect
+        assert all(h["epoch"] in (0, 1) and h["position"] // G == h["step"] for h in got)
+
+
+def test_where_in_a_mixture(two):
+    l = numpy_loader(list(two), seq_len=16, batch_size=4, seed=2, weights=[0.5, 0.5])
+    hits = l.where(3, source=1)
+    assert hits
+    for h in hits:
+        assert any(s.source == 1 and s.document == 3 for s in l.explain(h["step"])[h["row"]])
+    with pytest.raises(IndexError):
+        l.where(3, source=2)
+    with pytest.raises(IndexError):
+        l.where(10 ** 6, source=0)
+    with pytest.raises(ValueError):
+        l.where(3, epochs="2:1")
