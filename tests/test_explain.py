@@ -5,6 +5,7 @@ Loader.where(document) finds the steps that hold a document."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
 
 import numpy as np
@@ -181,3 +182,60 @@ def test_where_in_a_mixture(two):
         l.where(10 ** 6, source=0)
     with pytest.raises(ValueError):
         l.where(3, epochs="2:1")
+
+
+# ------------------------------------------------------------------ the CLI
+def test_cli_explain_and_where(tmp_path, capsys):
+    from conftest import bpe_tokenizer
+    from tokenfeed.cli import main
+
+    texts = [f"document number {i} says " + " ".join(["alpha", "beta", "gamma"][i % 3] for _ in range(i % 7 + 3))
+             for i in range(60)]
+    tok = bpe_tokenizer(texts)
+    tpath = str(tmp_path / "tokenizer.json")
+    tok.save(tpath)
+    data = tmp_path / "data"
+    with tokenfeed.DatasetWriter(data, vocab_size=tok.get_vocab_size(), shard_tokens=300) as w:
+        for t in texts:
+            w.add_document(np.array(tok.encode(t).ids))
+    ds = tokenfeed.open(data)
+    kw = dict(seq_len=16, batch_size=2, seed=3, dp_rank=1, dp_size=2)
+    l = numpy_loader(ds, **kw)
+    for _ in range(3):
+        next(l)
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"model": "elsewhere", "loader": l.state_dict()}))
+
+    rc = main(["explain", str(data), "--step", "4", "--rank", "1", "--dp-size", "2", "--state", str(state),
+               "--tokenizer", tpath, "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and len(out["rows"]) == 2
+    rows = l.explain(4)
+    for got, want in zip(out["rows"], rows):
+        assert [(s["source"], s["document"], s["start"], s["stop"], s["offset"]) for s in got["segments"]] == \
+            [(s.source, s.document, s.start, s.stop, s.offset) for s in want]
+        for s in got["segments"]:
+            assert s["file"].endswith(".tfs") and os.path.exists(s["file"])
+            assert s["text"] == tok.decode(ds.document(s["document"])[s["start"]:s["stop"]].tolist())
+    # the text form, configured by options instead of a state
+    rc = main(["explain", str(data), "--step", "4", "--rank", "1", "--dp-size", "2", "--seq-len", "16",
+               "--global-batch", "4", "--seed", "3", "--tokenizer", tpath])
+    text = capsys.readouterr().out
+    assert rc == 0 and text.startswith("step 4, rank 1 of 2: 2 rows")
+    assert f"document {rows[0][0].document}" in text and '"' in text
+
+    doc = rows[1][0].document
+    rc = main(["where", str(data), "--document", str(doc), "--state", str(state), "--dp-size", "2", "--json"])
+    hits = json.loads(capsys.readouterr().out)["rows"]
+    assert rc == 0 and {"step": 4, "rank": 1, "row": 1} in [{k: h[k] for k in ("step", "rank", "row")} for h in hits]
+    rc = main(["where", str(data), "--document", str(doc), "--state", str(state), "--dp-size", "2"])
+    assert rc == 0 and "step 4  rank 1  row 1" in capsys.readouterr().out
+
+    # a state from other data is refused, as a resume would refuse it
+    other = tmp_path / "other"
+    with tokenfeed.DatasetWriter(other, vocab_size=tok.get_vocab_size()) as w:
+        w.add_document(np.arange(100) % 50)
+    assert main(["explain", str(other), "--step", "0", "--state", str(state), "--dp-size", "2"]) == 1
+    assert "dataset changed" in capsys.readouterr().err
+    assert main(["explain", str(data), "--step", "0"]) == 1
+    assert "--state" in capsys.readouterr().err
