@@ -13,7 +13,7 @@ import importlib.util
 import os
 import sys
 import warnings
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from ._config import EngineConfig, OrderConfig
 from ._mesh import DEFAULT_CP_DIM, DEFAULT_DP_DIMS, ParallelCoords, parallel_coords
 from ._schedule import WeightSchedule
 from ._dataset import Dataset, PathLike, open as _open
+
+if TYPE_CHECKING:
+    from ._explain import Segment
 
 __all__ = ["Loader", "StateError", "STATE_FORMAT_VERSION"]
 
@@ -574,7 +577,7 @@ class Loader:
         within = pos % self.global_batch
         return within // self.batch_size, within % self.batch_size
 
-    def explain(self, step: int) -> List[List[Any]]:
+    def explain(self, step: int) -> List[List["Segment"]]:
         """Which documents made ``step``'s batch on this rank: one list per row, of :class:`tokenfeed.Segment`.
 
         A segment is ``(source, document, start, stop)``: tokens ``[start, stop)`` of document
