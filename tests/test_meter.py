@@ -15,6 +15,7 @@ import pytest
 
 import tokenfeed
 from conftest import numpy_loader
+from test_device import cuda_double  # noqa: F401  (the fixture)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -115,3 +116,31 @@ def test_meter_all_ranks_names_the_slow_rank(tmp_path):
     assert rep["ranks"][0]["wait_fraction"] < 0.35 < 0.45 < rep["ranks"][1]["wait_fraction"], rep
     assert rep["wait_fraction_max"] == rep["ranks"][1]["wait_fraction"]
     assert rep["verdict"].startswith("rank 1 waits"), rep["verdict"]
+
+
+@pytest.mark.test_hooks
+def test_device_meter_through_the_cuda_double(cuda_double, tmp_path):
+    """With device="cuda" the meter times the consumer's wait in the device stage's next():
+    a slow engine and an idle consumer wait nearly all the time; a busy consumer hardly."""
+    from test_device import run_py
+
+    r = run_py("""
+        import json
+        ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
+        out = {}
+        for delay, work in ((60, 0.0), (0, 0.03)):
+            os.environ["TOKENFEED_FAULT_DELAY_MS"] = str(delay)
+            l = tokenfeed.Loader(ds, seq_len=32, batch_size=2, device="cuda", output="numpy", num_threads=1,
+                                 prefetch=1)
+            for _ in range(8):
+                b = next(l)
+                del b
+                time.sleep(work)
+            out[str(delay)] = l.meter(6)
+            l.close()
+        print(json.dumps(out))
+    """, tmp_path, env={"TOKENFEED_CUDART": cuda_double})
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["60"]["wait_fraction"] > 0.75, out
+    assert out["0"]["wait_fraction"] < 0.25, out
+    assert out["0"]["batches"] == 6 and out["0"]["prefetch"] >= 1
