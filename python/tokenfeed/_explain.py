@@ -11,10 +11,10 @@ and :func:`meter_all_ranks` gathers them over a process group.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-if TYPE_CHECKING:
-    from ._loader import Loader
+# The functions take a Loader (typed Any: _loader imports this module, not the reverse).
+_LoaderT = Any
 
 __all__ = ["Segment", "meter_all_ranks", "meter_verdict"]
 
@@ -71,7 +71,7 @@ class Segment(Tuple[int, int, int, int]):
         return (Segment, (self[0], self[1], self[2], self[3], self.offset))
 
 
-def explain(loader: "Loader", step: int) -> List[List[Segment]]:
+def explain(loader: _LoaderT, step: int) -> List[List[Segment]]:
     """Segments of each row of ``step``'s batch on this rank (see :meth:`Loader.explain`)."""
     order = loader._order
     rows = []
@@ -80,7 +80,7 @@ def explain(loader: "Loader", step: int) -> List[List[Segment]]:
     return rows
 
 
-def _epoch_range(loader: "Loader", epochs: Union[None, int, Tuple[int, int], str]) -> Tuple[int, int]:
+def _epoch_range(loader: _LoaderT, epochs: Union[None, int, Tuple[int, int], str]) -> Tuple[int, int]:
     """Epochs [a, b) as given: None (the first), k, (a, b) or "a:b"."""
     if epochs is None:
         return 0, 1
@@ -99,7 +99,7 @@ def _epoch_range(loader: "Loader", epochs: Union[None, int, Tuple[int, int], str
     return lo, hi
 
 
-def where(loader: "Loader", document: int, source: int = 0,
+def where(loader: _LoaderT, document: int, source: int = 0,
           epochs: Union[None, int, Tuple[int, int], str] = None) -> List[Dict[str, int]]:
     """Where a document is read in an epoch range (see :meth:`Loader.where`)."""
     if not isinstance(document, int) or document < 0:
@@ -116,7 +116,7 @@ def where(loader: "Loader", document: int, source: int = 0,
 
 
 # ------------------------------------------------------------------ the meter
-def meter(loader: "Loader", window: Optional[int] = None, prefix: str = "") -> Dict[str, Union[int, float]]:
+def meter(loader: _LoaderT, window: Optional[int] = None, prefix: str = "") -> Dict[str, Union[int, float]]:
     """The data-wait meter as a flat dict (see :meth:`Loader.meter`)."""
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 0):
         raise ValueError(f"window: expected None or an int >= 0 (batches), got {window!r}")
@@ -158,7 +158,7 @@ def meter_verdict(m: Dict[str, Any], rank: Optional[int] = None) -> str:
     return f"{who} waits {100 * frac:.0f} % of wall time for data: {_advice(m)}"
 
 
-def meter_all_ranks(loader: "Loader", group: Any = None, window: Optional[int] = None) -> Dict[str, Any]:
+def meter_all_ranks(loader: _LoaderT, group: Any = None, window: Optional[int] = None) -> Dict[str, Any]:
     """Gather every rank's :meth:`Loader.meter` over a ``torch.distributed`` process group.
 
     A collective: every rank of ``group`` (default: the whole world) must call it. Returns,
