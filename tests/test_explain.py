@@ -54,6 +54,15 @@ def test_segments_are_the_batch(two, packing, shuffle):
     check_steps(l, 12, fill=SEP if packing == "concat" else PAD)
 
 
+def test_packed_rows_with_separators(two):
+    l = numpy_loader(two[0], seq_len=32, batch_size=4, seed=5, packing="best_fit", separator_id=SEP, pad_id=PAD)
+    for _ in range(6):
+        step = l.position // l.global_batch
+        got = next(l)["tokens"]
+        want = rebuild(l, step, -1)
+        assert np.array_equal(np.where(want < 0, got, want), got) and np.isin(got[want < 0], [SEP, PAD]).all()
+
+
 def test_concat_without_separator_is_covered_exactly(two):
     l = numpy_loader(two[0], seq_len=24, batch_size=3, seed=2)
     for step in range(5):

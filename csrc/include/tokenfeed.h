@@ -645,7 +645,7 @@ TF_API int tf_order_packing_stats(const tf_order *o, tf_packing_stats *st);
  * A segment is tokens [start, stop) of document `document` of dataset
  * `source` (the index among a mixture's datasets; 0 for a plain order), placed
  * at token `offset` of the sample (0 .. seq_len). Tokens of the sample that no
- * segment covers are separators (CONCAT with separator_id) or padding
+ * segment covers are separators (with separator_id) or padding
  * (BEST_FIT / DOCUMENT). */
 typedef struct tf_segment {
     uint64_t source;

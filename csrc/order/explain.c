@@ -23,6 +23,15 @@
 
 #include "kind.h"
 
+/* The end of both queries: *n = k found, -ENOBUFS when they did not all fit
+ * in cap (what and at say which, for the message). */
+static int found(size_t k, size_t cap, size_t *n, const char *what, unsigned long long at) {
+    *n = k;
+    if (k > cap)
+        TF_FAIL(-ENOBUFS, "%s %llu: %zu found, room was given for %zu", what, at, k, cap);
+    return 0;
+}
+
 /* The source order and its sample at global position pos. */
 static int locate(const tf_order *o, uint64_t pos, size_t *source, const tf_order **so, uint64_t *sample) {
     uint64_t j;
@@ -87,11 +96,7 @@ int tf_order_segments_at(const tf_order *o, uint64_t pos, tf_segment *out, size_
     }
     free(spans);
     if (rc) return rc;
-    *n = k;
-    if (k > cap)
-        TF_FAIL(-ENOBUFS, "the sample at position %llu has %zu segments, room was given for %zu (seq_len + 1 always suffices)",
-                (unsigned long long)pos, k, cap);
-    return 0;
+    return found(k, cap, n, "segments (seq_len + 1 always suffice) of the sample at position", pos);
 }
 
 static int cmp_u64(const void *a, const void *b) {
@@ -173,9 +178,5 @@ int tf_order_find_document(const tf_order *o, size_t source, uint64_t document, 
     }
     free(set);
     if (rc) return rc;
-    *n = k;
-    if (k > cap)
-        TF_FAIL(-ENOBUFS, "document %llu is in %zu positions of the range, room was given for %zu",
-                (unsigned long long)document, k, cap);
-    return 0;
+    return found(k, cap, n, "positions of the range holding document", document);
 }

@@ -29,7 +29,7 @@ class Segment(Tuple[int, int, int, int]):
     the loader's datasets (0 for one dataset), ``document`` its index in that dataset,
     ``start``/``stop`` token offsets within the document. ``offset`` (an attribute, not part
     of the tuple) is where the piece begins in the row (0 .. ``seq_len``): the row's tokens
-    that no segment covers are separators (``concat`` with ``separator_id``) or padding
+    that no segment covers are separators (with ``separator_id``) or padding
     (``best_fit``, ``document``).
     """
 
