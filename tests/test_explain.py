@@ -248,3 +248,21 @@ def test_cli_explain_and_where(tmp_path, capsys):
     assert "dataset changed" in capsys.readouterr().err
     assert main(["explain", str(data), "--step", "0"]) == 1
     assert "--state" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, says", [
+    (["explain", "{data}", "--step", "10000", "--seq-len", "16", "--global-batch", "4", "--epochs-total", "1"],
+     "past the end"),
+    (["where", "{data}", "--document", "999999", "--seq-len", "16", "--global-batch", "4"], "documents"),
+    (["where", "{data}", "--document", "1", "--source", "3", "--seq-len", "16", "--global-batch", "4"], "source 3"),
+    (["explain", "{data}", "--step", "0", "--seq-len", "16", "--global-batch", "4", "--dp-size", "3"],
+     "does not divide"),
+    (["explain", "{data}", "--step", "0", "--state", "{data}/../nothing.json"], "nothing.json"),
+])
+def test_cli_errors_are_one_line(two, capsys, args, says):
+    from tokenfeed.cli import main
+
+    data = os.path.dirname(two[0].files()[0]["path"])
+    rc = main([a.format(data=data) for a in args])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1 and err.startswith("tokenfeed: error: ") and says in err, err

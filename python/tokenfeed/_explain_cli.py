@@ -18,7 +18,7 @@ import argparse
 import bisect
 import json
 import sys
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 __all__ = ["add_parsers", "cmd_explain", "cmd_where"]
 
@@ -107,6 +107,18 @@ def _file_of(files: List[Dict[str, Any]], document: int) -> str:
     return str(files[i]["path"])
 
 
+def _one_line(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A step or document out of range (IndexError) is a one-line error of the command line."""
+    def run(a: argparse.Namespace) -> int:
+        try:
+            return fn(a)
+        except IndexError as e:
+            raise _Problem(str(e).strip("'\"")) from None
+    run.__doc__ = fn.__doc__
+    return run
+
+
+@_one_line
 def cmd_explain(a: argparse.Namespace) -> int:
     loader = make_loader(a)
     tok = None
@@ -146,6 +158,7 @@ def cmd_explain(a: argparse.Namespace) -> int:
     return 0
 
 
+@_one_line
 def cmd_where(a: argparse.Namespace) -> int:
     a.rank, a.dp_size = 0, getattr(a, "dp_size", 1)
     loader = make_loader(a)
