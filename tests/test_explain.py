@@ -158,10 +158,12 @@ def test_segment_is_a_4_tuple():
     assert "offset=5" in repr(s)
 
 
-@pytest.mark.parametrize("packing", ["concat", "best_fit", "document"])
-def test_where_finds_every_row_holding_the_document(two, packing):
+@pytest.mark.parametrize("packing, shuffle, sep", [("concat", "full", None), ("concat", "block", SEP),
+                                                  ("concat", "none", SEP), ("best_fit", "full", None),
+                                                  ("best_fit", "block", SEP), ("document", "full", None)])
+def test_where_finds_every_row_holding_the_document(two, packing, shuffle, sep):
     kw = dict(seq_len=16, batch_size=3, seed=8, packing=packing, pad_id=None if packing == "concat" else PAD,
-              dp_rank=1, dp_size=2)
+              dp_rank=1, dp_size=2, shuffle=shuffle, separator_id=sep, block_size=5, window_blocks=3)
     l = numpy_loader(two[0], **kw)
     n, G = l.num_samples, l.global_batch
     want = {}
@@ -179,12 +181,20 @@ def test_where_finds_every_row_holding_the_document(two, packing):
         assert all(h["epoch"] in (0, 1) and h["position"] // G == h["step"] for h in got)
 
 
-def test_where_in_a_mixture(two):
-    l = numpy_loader(list(two), seq_len=16, batch_size=4, seed=2, weights=[0.5, 0.5])
-    hits = l.where(3, source=1)
-    assert hits
-    for h in hits:
-        assert any(s.source == 1 and s.document == 3 for s in l.explain(h["step"])[h["row"]])
+@pytest.mark.parametrize("weights", [[0.5, 0.5], tokenfeed.WeightSchedule([(0, [1.0, 0.0]), (5, [0.3, 0.7])],
+                                                                          interpolation="linear")])
+def test_where_in_a_mixture(two, weights):
+    l = numpy_loader(list(two), seq_len=16, batch_size=4, seed=2, weights=weights, mix_window=10)
+    n = l.num_samples
+    want = {(src, doc): set() for src in (0, 1) for doc in (3, 40)}
+    for step in range(2 * n // l.global_batch):
+        for row, segs in enumerate(l.explain(step)):
+            for s in segs:
+                if (s.source, s.document) in want:
+                    want[s.source, s.document].add(step * l.global_batch + row)
+    for (src, doc), positions in want.items():
+        got = [h["position"] for h in l.where(doc, source=src, epochs="0:2")]
+        assert got == sorted(p for p in positions if p < 2 * n), (src, doc)
     with pytest.raises(IndexError):
         l.where(3, source=2)
     with pytest.raises(IndexError):

@@ -665,10 +665,11 @@ TF_API int tf_order_segments_at(const tf_order *o, uint64_t pos, tf_segment *out
 /* The positions in [begin, end) (end clamped to the stream) whose sample holds
  * tokens of document `document` of dataset `source`, ascending. Writes up to
  * cap of them and sets *n to their number; -ENOBUFS when there are more than
- * cap; -ERANGE for a source or document that does not exist. Cost: one pass
- * over the source's samples of an epoch (O(N_s x spans)) to find the samples
- * that hold the document, then one tf_order_sample_at per position of the
- * range; reads no tokens. */
+ * cap; -ERANGE for a source or document that does not exist. Computed by
+ * running the order backwards (the samples that can hold the document, then
+ * the inverse of the shuffle and of the mixture's schedule): O(samples of the
+ * document's packing window + positions found x log positions), not
+ * O(positions of the range); reads no tokens. */
 TF_API int tf_order_find_document(const tf_order *o, size_t source, uint64_t document, uint64_t begin,
                                   uint64_t end, uint64_t *out, size_t cap, size_t *n);
 
