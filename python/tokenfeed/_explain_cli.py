@@ -217,9 +217,8 @@ def add_parsers(sub: Any) -> None:
     e.add_argument("--max-chars", type=int, default=400, help="characters of text shown per segment (0: all)")
     e.set_defaults(func=cmd_explain)
     w = sub.add_parser("where", help="which steps of an epoch range hold a document",
-                       description="The steps, ranks and rows whose batches hold tokens of a document. Cost: one "
-                                   "pass over the source's samples of an epoch, then one permutation lookup per "
-                                   "position of the range; no token is read.")
+                       description="The steps, ranks and rows whose batches hold tokens of a document, found "
+                                   "by running the order backwards (no token is read, the range is not visited).")
     _loader_options(w)
     w.add_argument("--document", type=int, required=True, help="the document's index in its dataset")
     w.add_argument("--source", type=int, default=0, help="the dataset's index among DATA in a mixture (default 0)")

@@ -599,9 +599,11 @@ class Loader:
 
         ``epochs``: ``None`` (the first), ``k``, ``(a, b)`` or ``"a:b"`` (epochs a to b-1).
         Returns one dict per row that holds the document: ``step``, ``rank`` and ``row`` (who
-        receives it), ``position`` and ``epoch``. Cost: one pass over the source's samples
-        of an epoch to find the samples holding the document, then one permutation lookup per
-        position of the range (no token is read).
+        receives it), ``position`` and ``epoch``, ascending. Computed by running the order
+        backwards, without reading tokens or visiting the range: the samples that can hold the
+        document (a few for ``concat``, its packing window's for ``best_fit``/``document``),
+        then the inverse of the shuffle (and of a mixture's schedule) for each: microseconds
+        to milliseconds, whatever the range.
         """
         from ._explain import where
 
