@@ -3,7 +3,7 @@
 
 explain is computed from the order alone, so its cost must not grow with the step: this
 times it (median of many calls, per packing and for a mixture) at steps 10, 10^3, 10^6 and
-10^9. The meter part runs a consumer that works a known time per step against an engine
+10^9, and Loader.where (the reverse) over ten epochs. The meter part runs a consumer that works a known time per step against an engine
 slowed by a known amount (the $TOKENFEED_FAULT_DELAY_MS hook of a test build) and prints
 the fraction of wall time reported waiting next to the truth.
 
@@ -59,9 +59,14 @@ def explain_part(tmp, reps, log):
         ds = kw.pop("dataset")
         l = tokenfeed.Loader(ds, seq_len=2048, batch_size=8, seed=0, output="numpy", **kw)
         t = {s: time_explain(l, s, reps) for s in STEPS}
-        rows.append({"case": name, "seconds": {str(s): t[s] for s in STEPS}})
+        t0 = time.perf_counter()
+        hits = l.where(1234, epochs="0:10")
+        tw = time.perf_counter() - t0
+        rows.append({"case": name, "seconds": {str(s): t[s] for s in STEPS}, "where_10_epochs_seconds": tw,
+                     "where_rows": len(hits)})
         log(f"{name:>16}: " + "  ".join(f"step {s:.0e} {t[s] * 1e6:7.1f} us" for s in STEPS)
-            + f"   (10^9 / 10: {t[10 ** 9] / t[10]:.2f}x)")
+            + f"   (10^9 / 10: {t[10 ** 9] / t[10]:.2f}x); where(1234) over 10 epochs {tw * 1e3:.2f} ms"
+            f" ({len(hits)} rows)")
     return rows
 
 
