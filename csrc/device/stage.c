@@ -131,6 +131,7 @@
 #include <unistd.h>
 
 #include "../engine/engine.h"
+#include "../engine/meter.h"
 #include "device.h"
 
 #define TF__ERRMSG 512
@@ -210,6 +211,7 @@ struct tf_device_loader {
     uint64_t wait_t0; /* start of the wait in progress across timed-out calls (0: none) */
     int wait_ahead;
     uintptr_t static_last; /* stream of the previous static delivery (0: none) */
+    tf__meter meter; /* the consumer's waits (engine/meter.h) */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -760,6 +762,7 @@ static void destroy(tf_device_loader *d) {
     pthread_cond_destroy(&d->feed_cv);
     pthread_cond_destroy(&d->ready_cv);
     pthread_mutex_destroy(&d->mu);
+    tf__meter_destroy(&d->meter);
     free(d);
 }
 
@@ -841,6 +844,7 @@ int tf_device_loader_create(tf_loader *l, const tf_device_config *cfg, tf_device
     pthread_condattr_destroy(&ca);
     atomic_init(&d->stop, 0);
     atomic_init(&d->position, tf_loader_position(l));
+    tf__meter_init(&d->meter);
     /* From now on the engine assembles batches in page-locked buffers. */
     tf__loader_set_allocator(l, &locked_allocator);
     *out = d;
@@ -934,7 +938,7 @@ done:
     return rc;
 }
 
-int tf_device_loader_next_timed(tf_device_loader *d, uintptr_t stream, tf_device_batch **out, uint64_t timeout_ns) {
+static int next_timed(tf_device_loader *d, uintptr_t stream, tf_device_batch **out, uint64_t timeout_ns) {
     if (!out) return -EINVAL;
     *out = NULL;
     if (!d) return -EINVAL;
@@ -1053,6 +1057,30 @@ int tf_device_loader_next_timed(tf_device_loader *d, uintptr_t stream, tf_device
         if (d->seg_cap[j]) view_set(v, j, p[j]);
     *out = b;
     return 0;
+}
+
+/* next_timed between the data-wait meter's marks (engine/meter.h); batches
+ * ready ahead: those whose copy was issued behind the one delivered. */
+int tf_device_loader_next_timed(tf_device_loader *d, uintptr_t stream, tf_device_batch **out, uint64_t timeout_ns) {
+    int own = d && !forked(d);
+    if (own) tf__meter_enter(&d->meter);
+    int rc = next_timed(d, stream, out, timeout_ns);
+    if (own) {
+        uint32_t ahead = 0;
+        if (!rc) {
+            pthread_mutex_lock(&d->mu);
+            ahead = (uint32_t)d->qcount;
+            pthread_mutex_unlock(&d->mu);
+        }
+        tf__meter_leave(&d->meter, rc, ahead);
+    }
+    return rc;
+}
+
+void tf_device_loader_get_meter(const tf_device_loader *d, uint32_t window, tf_meter *m) {
+    if (!m) return;
+    memset(m, 0, sizeof *m);
+    if (d) tf__meter_get(&((tf_device_loader *)d)->meter, window, m);
 }
 
 int tf_device_loader_next(tf_device_loader *d, uintptr_t stream, tf_device_batch **out) {

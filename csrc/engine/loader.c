@@ -79,6 +79,7 @@
 
 #include "cp.h"
 #include "engine.h"
+#include "meter.h"
 #include "../remote/remote.h"
 
 #define TF__ERRMSG 512
@@ -166,6 +167,7 @@ struct tf_loader {
     /* page-locked buffers for a device stage (tf__loader_set_allocator) */
     _Atomic(const tf__buffer_allocator *) alloc;
     _Atomic uint64_t st_locked;
+    tf__meter meter; /* the consumer's waits (meter.h) */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -421,6 +423,7 @@ static int after_fork(tf_loader *l) {
     l->free_list = NULL;
     l->nfree = 0;
     if (init_sync(l)) return -ENOMEM;
+    tf__meter_reinit_lock(&l->meter);
     for (int i = 0; i < l->depth; i++) memset(&l->slots[i], 0, sizeof l->slots[i]);
     l->gen++;
     l->base = atomic_load(&l->position);
@@ -687,6 +690,7 @@ static int engine_create(const tf_order *order, int owns, const tf_loader_config
     atomic_init(&l->alloc, NULL);
     atomic_init(&l->st_locked, 0);
     atomic_init(&l->owner, 0);
+    tf__meter_init(&l->meter);
     rc = tf__engine_prefetch_create(order, l->B, l->G, l->rank, &l->pf, &l->pf_ctx);
     if (rc) {
         l->owns_order = 0; /* the caller frees the order on failure */
@@ -765,6 +769,7 @@ void tf_loader_free(tf_loader *l) {
     free(l->slots);
     pool_unref(l->pool);
     free_accounting(l);
+    tf__meter_destroy(&l->meter);
     free(l);
 }
 
@@ -790,7 +795,7 @@ static void reset_locked(tf_loader *l, uint64_t pos) {
     pthread_cond_broadcast(&l->work_cv);
 }
 
-int tf_loader_next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_ns) {
+static int next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_ns) {
     if (!out) return -EINVAL;
     *out = NULL;
     if (!l) return -EINVAL;
@@ -883,7 +888,34 @@ int tf_loader_next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_ns) {
     return 0;
 }
 
+/* Batches assembled behind the next one the consumer will take (consecutive
+ * ready slots from next_deliver), for the meter. */
+static uint32_t ready_ahead(tf_loader *l) {
+    uint32_t n = 0;
+    pthread_mutex_lock(&l->mu);
+    for (uint64_t k = l->next_deliver; n < (uint32_t)l->depth; k++, n++) {
+        const tf__slot *s = &l->slots[k % (uint64_t)l->depth];
+        if (!s->ready || s->rc) break;
+    }
+    pthread_mutex_unlock(&l->mu);
+    return n;
+}
+
+/* next_timed between the data-wait meter's marks (meter.h). */
+int tf_loader_next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_ns) {
+    if (l) tf__meter_enter(&l->meter);
+    int rc = next_timed(l, out, timeout_ns);
+    if (l) tf__meter_leave(&l->meter, rc, rc ? 0 : ready_ahead(l));
+    return rc;
+}
+
 int tf_loader_next(tf_loader *l, tf_batch **out) { return tf_loader_next_timed(l, out, UINT64_MAX); }
+
+void tf_loader_get_meter(const tf_loader *l, uint32_t window, tf_meter *m) {
+    if (!m) return;
+    memset(m, 0, sizeof *m);
+    if (l) tf__meter_get(&((tf_loader *)l)->meter, window, m);
+}
 
 uint64_t tf_loader_position(const tf_loader *l) {
     return l ? atomic_load_explicit(&((tf_loader *)l)->position, memory_order_acquire) : 0;

@@ -675,6 +675,38 @@ typedef struct tf_packing_stats {
 
 TF_API int tf_order_packing_stats(const tf_order *o, tf_packing_stats *st);
 
+/* Provenance: which documents, and which of their tokens, make a sample.
+ * A segment is tokens [start, stop) of document `document` of dataset
+ * `source` (the index among a mixture's datasets; 0 for a plain order), placed
+ * at token `offset` of the sample (0 .. seq_len). Tokens of the sample that no
+ * segment covers are separators (with separator_id) or padding
+ * (BEST_FIT / DOCUMENT). */
+typedef struct tf_segment {
+    uint64_t source;
+    uint64_t document; /* index of the document in dataset `source` */
+    uint64_t start;    /* offsets in the document, in tokens */
+    uint64_t stop;
+    uint64_t offset;   /* where the segment begins in the sample */
+} tf_segment;
+
+/* The segments, in sample order, of the sample at global stream position pos
+ * (< tf_order_num_positions). Reads no tokens: O(spans x log documents), the
+ * same at any position. Writes up to cap segments and sets *n to their number;
+ * -ENOBUFS when there are more than cap (cap = seq_len + 1 always suffices);
+ * -ERANGE past the end of the stream. */
+TF_API int tf_order_segments_at(const tf_order *o, uint64_t pos, tf_segment *out, size_t cap, size_t *n);
+
+/* The positions in [begin, end) (end clamped to the stream) whose sample holds
+ * tokens of document `document` of dataset `source`, ascending. Writes up to
+ * cap of them and sets *n to their number; -ENOBUFS when there are more than
+ * cap; -ERANGE for a source or document that does not exist. Computed by
+ * running the order backwards (the samples that can hold the document, then
+ * the inverse of the shuffle and of the mixture's schedule): O(samples of the
+ * document's packing window + positions found x log positions), not
+ * O(positions of the range); reads no tokens. */
+TF_API int tf_order_find_document(const tf_order *o, size_t source, uint64_t document, uint64_t begin,
+                                  uint64_t end, uint64_t *out, size_t cap, size_t *n);
+
 /* ------------------------------------------------------------------------ */
 /* Engine: loader and batches                                                */
 /* ------------------------------------------------------------------------ */
@@ -840,6 +872,30 @@ typedef struct tf_source_stats {
 } tf_source_stats;
 
 TF_API int tf_loader_get_source_stats(const tf_loader *l, size_t i, tf_source_stats *st);
+
+/* The data-wait meter: over the last `window` batches the consumer received
+ * (0 or more than kept: the last TF_METER_MAX_WINDOW), how much of its wall
+ * time went into waiting for data. The consumer's time is cut into one cycle
+ * per batch, from the return of one batch to the return of the next; the
+ * wait is the part spent inside next() for that batch (across timed-out
+ * calls). wait_fraction = wait_seconds / window_seconds. ready_ahead: batches
+ * already assembled behind the one delivered, when it was delivered (0 while
+ * the consumer outruns the engine). Readable from any thread. */
+#define TF_METER_MAX_WINDOW 4096
+typedef struct tf_meter {
+    uint64_t batches;         /* cycles in the window (< window before that many batches) */
+    uint64_t total_batches;   /* batches recorded since the loader was made */
+    double window_seconds;    /* wall time the window covers */
+    double wait_seconds;      /* of it, waiting in next() */
+    double wait_fraction;
+    double wait_p50_seconds;  /* per-batch wait: median, 99th percentile, largest */
+    double wait_p99_seconds;
+    double wait_max_seconds;
+    double ready_ahead_mean;
+    uint64_t ready_ahead_min;
+} tf_meter;
+
+TF_API void tf_loader_get_meter(const tf_loader *l, uint32_t window, tf_meter *m);
 
 /* ------------------------------------------------------------------------ */
 /* Device: CUDA runtime loaded at run time, pinned host memory               */
@@ -1084,6 +1140,11 @@ typedef struct tf_device_stats {
 } tf_device_stats;
 
 TF_API void tf_device_loader_get_stats(const tf_device_loader *d, tf_device_stats *st);
+
+/* The data-wait meter (tf_meter) of the consumer of a device loader: its
+ * wait in tf_device_loader_next for a batch whose copy has been issued, and
+ * ready_ahead the batches whose copy was issued behind it. */
+TF_API void tf_device_loader_get_meter(const tf_device_loader *d, uint32_t window, tf_meter *m);
 
 /* ======================================================================== */
 /* Experimental API (TF_EXPERIMENTAL_API)                                    */

@@ -291,7 +291,25 @@ static int check_tiling(const concat *o) {
 }
 
 /* sample_at: NULL, the epoch shuffle */
+/* Document doc occupies virtual [vs, vs + len) (its separator aside); sample
+ * i covers [i*L, i*L + L], so the samples holding it are (vs - 1) / L (0 when
+ * vs == 0) to (vs + len - 1) / L. */
+static int concat_doc_samples(const tf_order *order, uint64_t doc, uint64_t *first, uint64_t *end) {
+    const concat *o = order->impl;
+    uint64_t s, len;
+    TF_TRY(tf_dataset_document(o->ds, doc, &s, &len));
+    *first = *end = 0;
+    if (!len) return 0;
+    uint64_t vs = s + (o->sep ? doc : 0);
+    *first = vs ? (vs - 1) / o->L : 0;
+    *end = (vs + len - 1) / o->L + 1;
+    if (*end > o->N) *end = o->N;
+    if (*first > *end) *first = *end;
+    return 0;
+}
+
 static const tf__order_ops concat_ops = {.name = "concat", .spans = concat_spans, .extras = concat_extras,
+                                         .doc_samples = concat_doc_samples,
                                          .stats = concat_stats, .destroy = free};
 
 int tf__concat_init(tf_order *order, const void *args) {

@@ -48,6 +48,10 @@ typedef struct tf__order_ops {
     int (*stats)(const tf_order *o, tf_packing_stats *st);
     /* Free impl (may be NULL). */
     void (*destroy)(void *impl);
+    /* Optional (NULL: every sample): samples [*first, *end) include every
+     * sample that holds tokens of document doc (< the dataset's documents), so
+     * that finding a document's samples (explain.c) need not visit them all. */
+    int (*doc_samples)(const tf_order *o, uint64_t doc, uint64_t *first, uint64_t *end);
 } tf__order_ops;
 
 struct tf_order {
@@ -74,6 +78,10 @@ typedef int (*tf__order_init)(tf_order *o, const void *args);
 /* order.c: check cfg, run init, derive positions, shuffle geometry and
  * fingerprint. On success *out owns the order (tf_order_free). */
 TF_HIDDEN int tf__order_build(tf__order_init init, const void *args, const tf_order_config *cfg, tf_order **out);
+
+/* order.c: the position in epoch e of sample (< N) of an order whose
+ * sample_at is the epoch shuffle (not a mixture): the inverse of the shuffle. */
+TF_HIDDEN uint64_t tf__order_position_of(const tf_order *o, uint64_t e, uint64_t sample);
 
 /* Constructors; args is the const tf_dataset * the order reads. */
 TF_HIDDEN int tf__concat_init(tf_order *o, const void *ds);   /* concat.c */

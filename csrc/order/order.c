@@ -273,6 +273,39 @@ uint64_t tf_order_sample_at(const tf_order *o, uint64_t pos) {
     return i;
 }
 
+/* The inverse of block_sample: the epoch index i of sample s. */
+static uint64_t block_index(const tf_order *o, uint64_t ek, uint64_t s) {
+    const uint64_t Bk = o->cfg.block_size, W = o->cfg.window_blocks;
+    uint64_t w, j;
+    if (s < o->nbf * Bk) { /* in a full block: where the block permutation put it */
+        tf_perm pb;
+        tf_perm_init(&pb, o->nbf, tf_mix64(ek ^ KEY_BLOCKS));
+        uint64_t q = tf_perm_inverse(&pb, s / Bk);
+        w = q / W;
+        j = (q - w * W) * Bk + s % Bk;
+    } else { /* a tail sample: in the last window, after its full blocks */
+        w = o->nwin - 1;
+        j = (o->nbf - w * W) * Bk + (s - o->nbf * Bk);
+    }
+    uint64_t wstart = w * o->wsz;
+    uint64_t size = w + 1 < o->nwin ? o->wsz : o->N - wstart;
+    tf_perm pw;
+    tf_perm_init(&pw, size, tf_mix64(ek ^ tf_mix64(w + KEY_WINDOW)));
+    return wstart + tf_perm_inverse(&pw, j);
+}
+
+uint64_t tf__order_position_of(const tf_order *o, uint64_t e, uint64_t sample) {
+    uint64_t ek = epoch_key(o->cfg.seed, e), i = sample;
+    if (o->cfg.shuffle == TF_SHUFFLE_FULL) {
+        tf_perm p;
+        tf_perm_init(&p, o->N, ek);
+        i = tf_perm_inverse(&p, sample);
+    } else if (o->cfg.shuffle == TF_SHUFFLE_BLOCK) {
+        i = block_index(o, ek, sample);
+    }
+    return e * o->N + i;
+}
+
 /* ------------------------------------------------------------------------ */
 /* the kind's queries                                                        */
 /* ------------------------------------------------------------------------ */

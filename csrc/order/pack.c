@@ -588,9 +588,19 @@ static int packed_stats(const tf_order *o, tf_packing_stats *st) {
     return 0;
 }
 
+/* A document's chunks are all in the samples of its window. */
+static int packed_doc_samples(const tf_order *o, uint64_t doc, uint64_t *first, uint64_t *end) {
+    const tf__plan *p = o->impl;
+    uint64_t w = doc / p->W;
+    *first = w < p->nwin ? p->prefix[w] : p->N;
+    *end = w < p->nwin ? p->prefix[w + 1] : p->N;
+    return 0;
+}
+
 /* sample_at: NULL, the epoch shuffle */
 static const tf__order_ops packed_ops = {.name = "packed", .spans = packed_spans, .extras = packed_extras,
-                                         .stats = packed_stats, .destroy = plan_free};
+                                         .stats = packed_stats, .destroy = plan_free,
+                                         .doc_samples = packed_doc_samples};
 
 int tf__packed_init(tf_order *o, const void *args) {
     const tf_dataset *ds = args;

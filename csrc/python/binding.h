@@ -17,6 +17,8 @@
  *   device_ring_obj.c    DeviceRing     (tf_device_ring)
  *   device_loader_obj.c  DeviceLoader   (tf_device_loader over a Loader)
  *   device_tensor_obj.c  DeviceTensor   (one array of a batch on the device, DLPack)
+ *   explain.c            provenance (Order.segments_at / find_document) and the
+ *                        data-wait meter's dict (Loader / DeviceLoader.meter)
  *
  * TFPY_TYPES lists them. Per-module state holds the types and the exception class, found from any
  * instance through PyType_GetModuleState. Every function that takes keyword
@@ -201,6 +203,12 @@ int tfpy_dlpack_dtype_ok(int typenum);
 PyObject *tfpy_device_tensor_new(tf_module_state *st, tfpy_devslot *h, char *data, size_t extent, int typenum,
                                  int ndim, const int64_t *shape, const int64_t *strides);
 #define TFPY_MAXDIM 4
+
+/* explain.c: Order methods (METH_O and METH_VARARGS) and the meter's dict. */
+PyObject *tfpy_Order_segments_at(PyObject *self, PyObject *arg);
+PyObject *tfpy_Order_find_document(PyObject *self, PyObject *args);
+int tfpy_meter_window(PyObject *args, uint32_t *window);
+PyObject *tfpy_meter_dict(const tf_meter *m);
 
 /* Define PyType_Spec tfpy_<NAME>Spec for tokenfeed._core.NAME, whose objects
  * are STRUCTs; the slots ({Py_tp_new, f}, ...) follow the flags. A type's

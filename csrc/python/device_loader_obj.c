@@ -295,6 +295,18 @@ static PyObject *DeviceLoader_get_closed(tfpy_DeviceLoader *self, void *c) {
     return PyBool_FromLong(!self->d || self->close_pending);
 }
 
+static PyObject *DeviceLoader_meter(tfpy_DeviceLoader *self, PyObject *args) {
+    uint32_t window;
+    if (tfpy_meter_window(args, &window) < 0) return NULL;
+    if (!self->d) {
+        PyErr_SetString(PyExc_ValueError, "the device loader is closed");
+        return NULL;
+    }
+    tf_meter m;
+    tf_device_loader_get_meter(self->d, window, &m);
+    return tfpy_meter_dict(&m);
+}
+
 PyDoc_STRVAR(DeviceLoader_doc,
 "DeviceLoader(loader, /, *, device=0, prefetch=0, slots=0, static=False)\n--\n\n"
 "A Loader's batches copied to CUDA device `device` by a thread of its own as soon as\n"
@@ -315,6 +327,8 @@ TFPY_TYPE_SPEC(DeviceLoader, tfpy_DeviceLoader, Py_TPFLAGS_DEFAULT,
                     "start($self)\n--\n\nStart copying ahead now rather than at the first next()."},
                    {"close", (PyCFunction)DeviceLoader_close, METH_NOARGS,
                     "close($self)\n--\n\nStop the copy thread and wait for copies in flight. Batches already handed out stay valid."},
+                   {"meter", (PyCFunction)DeviceLoader_meter, METH_VARARGS,
+                    "meter($self, window=None, /)\n--\n\nReturns dict. The consumer's wait in next() over the last `window` batches."},
                    {"stats", (PyCFunction)DeviceLoader_stats, METH_NOARGS,
                     "stats($self)\n--\n\nReturns dict. Copies issued ahead, consumer wait, host-to-device bytes and GB/s, slots."})},
                {Py_tp_getset, TFPY_GETSET(

@@ -241,6 +241,18 @@ void tfpy_loader_unuse(PyObject *loader) {
 
 static PyObject *Loader_get_closed(tfpy_Loader *self, void *c) { return PyBool_FromLong(!self->l || self->close_pending); }
 
+static PyObject *Loader_meter(tfpy_Loader *self, PyObject *args) {
+    uint32_t window;
+    if (tfpy_meter_window(args, &window) < 0) return NULL;
+    if (!self->l) {
+        PyErr_SetString(PyExc_ValueError, "the loader is closed");
+        return NULL;
+    }
+    tf_meter m;
+    tf_loader_get_meter(self->l, window, &m);
+    return tfpy_meter_dict(&m);
+}
+
 PyDoc_STRVAR(Loader_doc, "Loader(order, /, *, batch_size=8, rank=0, world_size=1, dtype=None, want=0, num_threads=0, prefetch=0, "
                 "backend=None, direct_io=False, zstd_cache_bytes=0, cp_rank=0, cp_size=1)\n--\n\n"
                 "The C batch engine over an Order (whose global_batch is batch_size * world_size). cp_size > 1: this "
@@ -253,6 +265,7 @@ TFPY_TYPE_SPEC(Loader, tfpy_Loader, Py_TPFLAGS_DEFAULT,
                    {"seek", (PyCFunction)Loader_seek, METH_O, "seek($self, position, /)\n--\n\nMove to a global position (a multiple of the global batch). O(1)."},
                    {"close", (PyCFunction)Loader_close, METH_NOARGS, "close($self)\n--\n\nStop the worker threads. Batches already handed out stay valid."},
                    {"stats", (PyCFunction)Loader_stats, METH_NOARGS, "stats() -> dict"},
+                   {"meter", (PyCFunction)Loader_meter, METH_VARARGS, "meter($self, window=None, /)\n--\n\nReturns dict. The consumer's wait for data over the last `window` batches (None: all kept, at most 4096)."},
                    {"source_stats", (PyCFunction)Loader_source_stats, METH_NOARGS, "source_stats($self)\n--\n\nReturns list | None. Per source of a mixture: samples, tokens and documents the consumer received (None for one dataset)."})},
                {Py_tp_getset, TFPY_GETSET(
                    {"position", (getter)Loader_get_position, NULL, "global position of the next batch this rank receives", NULL},

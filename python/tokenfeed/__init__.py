@@ -18,6 +18,7 @@ from . import _build, _core
 from ._core import DeviceTensor, FormatError
 from ._dataset import Dataset, DatasetWriter, open
 from ._device import DeviceFeeder
+from ._explain import Segment, meter_all_ranks, meter_verdict
 from ._loader import Loader, PerformanceWarning, StateError
 from ._mesh import ParallelCoords, parallel_coords
 from ._parts import PartWriter, merge_parts
@@ -28,8 +29,8 @@ __version__: str = _core.__version__
 _build.warn_if_missing()  # a source build without zstd or io_uring says so here: pip hides the build's output
 
 __all__ = ["Dataset", "DatasetWriter", "DeviceFeeder", "DeviceTensor", "FormatError", "Loader", "ParallelCoords",
-           "PartWriter", "PerformanceWarning", "StateError", "WeightSchedule", "build_info", "get_include",
-           "get_library", "merge_parts", "open", "parallel_coords", "__version__"]
+           "PartWriter", "PerformanceWarning", "Segment", "StateError", "WeightSchedule", "build_info", "get_include",
+           "get_library", "merge_parts", "meter_all_ranks", "meter_verdict", "open", "parallel_coords", "__version__"]
 
 # Exceptions and warnings say where users import them from: a traceback prints
 # "tokenfeed.StateError: ...", not the private module that defines it.

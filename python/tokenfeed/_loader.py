@@ -13,7 +13,7 @@ import importlib.util
 import os
 import sys
 import warnings
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from ._config import EngineConfig, OrderConfig
 from ._mesh import DEFAULT_CP_DIM, DEFAULT_DP_DIMS, ParallelCoords, parallel_coords
 from ._schedule import WeightSchedule
 from ._dataset import Dataset, PathLike, open as _open
+
+if TYPE_CHECKING:
+    from ._explain import Segment
 
 __all__ = ["Loader", "StateError", "STATE_FORMAT_VERSION"]
 
@@ -554,3 +557,72 @@ class Loader:
         return (f"tokenfeed.Loader(seq_len={self.seq_len}, batch_size={self.batch_size}, rank={self.rank}/"
                 f"{self.world_size}{cp}, shuffle={self._order_cfg.shuffle!r}, seed={self._order_cfg.seed}, "
                 f"position={self.position}, samples_per_epoch={self.num_samples})")
+
+    # ------------------------------------------------------ provenance, meter
+    def _row_positions(self, step: int) -> List[int]:
+        """Global positions of this rank's rows of global batch ``step``, in row order.
+
+        The one place that says which rows of a global batch a rank takes (its contiguous
+        slice): :meth:`explain` and :meth:`where` go through it and
+        :meth:`_position_rank_row`, so a rule that assigns rows to ranks differently changes
+        these two and nothing else.
+        """
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"step: expected an int >= 0, got {step!r}")
+        base = step * self.global_batch + self.dp_rank * self.batch_size
+        return [base + r for r in range(self.batch_size)]
+
+    def _position_rank_row(self, pos: int) -> Tuple[int, int]:
+        """The data-parallel rank and row that receive global position ``pos`` (see :meth:`_row_positions`)."""
+        within = pos % self.global_batch
+        return within // self.batch_size, within % self.batch_size
+
+    def explain(self, step: int) -> List[List["Segment"]]:
+        """Which documents made ``step``'s batch on this rank: one list per row, of :class:`tokenfeed.Segment`.
+
+        A segment is ``(source, document, start, stop)``: tokens ``[start, stop)`` of document
+        ``document`` of dataset ``source`` (its index among the loader's datasets; 0 for one
+        dataset), with ``offset``, where it begins in the row. Steps count global batches
+        from the start of the stream (``position // global_batch``), whatever was resumed.
+        Computed from the order alone: no token is read and the loader is not run; the cost is
+        that of one row's spans, the same at step 10 and at step 10**9. With context
+        parallelism the segments are those of the whole row, which every rank of the group
+        shares; each rank holds its share of it (``docs/guides/loss-spikes.md``).
+        """
+        from ._explain import explain
+
+        return explain(self, step)
+
+    def where(self, document: int, *, source: int = 0,
+              epochs: Union[None, int, Tuple[int, int], str] = None) -> List[Dict[str, int]]:
+        """The steps of an epoch range whose batches hold tokens of ``document`` (of dataset ``source``).
+
+        ``epochs``: ``None`` (the first), ``k``, ``(a, b)`` or ``"a:b"`` (epochs a to b-1).
+        Returns one dict per row that holds the document: ``step``, ``rank`` and ``row`` (who
+        receives it), ``position`` and ``epoch``, ascending. Computed by running the order
+        backwards, without reading tokens or visiting the range: the samples that can hold the
+        document (a few for ``concat``, its packing window's for ``best_fit``/``document``),
+        then the inverse of the shuffle (and of a mixture's schedule) for each: microseconds
+        to milliseconds, whatever the range.
+        """
+        from ._explain import where
+
+        return where(self, document, source=source, epochs=epochs)
+
+    def meter(self, window: Optional[int] = None, *, prefix: str = "") -> Dict[str, Union[int, float]]:
+        """The data-wait meter over the last ``window`` batches (None: all kept, at most 4096): a flat dict
+        of numbers for a logger, keys prefixed with ``prefix`` (``"data/"``, say).
+
+        ``wait_fraction`` (and ``wait_percent``): the share of the consumer's wall time spent
+        waiting in ``next()`` for data: the host loop's, or with ``device="cuda"`` its wait
+        for a batch whose copy to the GPU has been issued. ``wait_p50_seconds``,
+        ``wait_p99_seconds``, ``wait_max_seconds``: per-batch waits. ``ready_ahead_mean`` and
+        ``ready_ahead_min``: batches already assembled (or copied) behind the one delivered.
+        ``window_seconds``, ``wait_seconds``, ``batches`` (in the window), ``total_batches``,
+        ``num_threads`` and ``prefetch``. Timed in C where the wait happens; reading it costs
+        a few microseconds. :func:`tokenfeed.meter_verdict` says it in one line, and
+        :func:`tokenfeed.meter_all_ranks` gathers it over ranks.
+        """
+        from ._explain import meter
+
+        return meter(self, window, prefix)

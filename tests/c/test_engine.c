@@ -678,6 +678,36 @@ static void test_config_errors(const tf_dataset *ds) {
     CHECK(strcmp(tf_backend_name(TF_BACKEND_AUTO), "auto") == 0);
 }
 
+/* The data-wait meter counts the batches the consumer received, in a window,
+ * with waits inside the cycles and timed-out calls folded into one wait. */
+static void test_meter(const tf_dataset *ds) {
+    spec s = default_spec();
+    tf_loader *l = mk(ds, &s);
+    if (!l) return;
+    tf_meter m;
+    tf_loader_get_meter(l, 0, &m);
+    CHECK(m.batches == 0 && m.total_batches == 0 && m.wait_fraction == 0.0);
+    for (int i = 0; i < 12; i++) {
+        tf_batch *b = NULL;
+        int rc;
+        while ((rc = tf_loader_next_timed(l, &b, 1000)) == -ETIMEDOUT) {
+        }
+        CHECK_OK(rc);
+        tf_batch_release(b);
+        usleep(2000); /* the consumer's work */
+    }
+    tf_loader_get_meter(l, 5, &m);
+    CHECK(m.batches == 5 && m.total_batches == 12);
+    CHECK(m.wait_fraction >= 0.0 && m.wait_fraction <= 1.0);
+    CHECK(m.window_seconds >= 4 * 0.002 && m.wait_seconds <= m.window_seconds);
+    CHECK(m.wait_p50_seconds <= m.wait_p99_seconds && m.wait_p99_seconds <= m.wait_max_seconds);
+    tf_loader_get_meter(l, 100000, &m); /* more than recorded: all of them */
+    CHECK(m.batches == 12);
+    tf_loader_get_meter(NULL, 0, &m);
+    CHECK(m.batches == 0);
+    tf_loader_free(l);
+}
+
 int main(void) {
     if (t_mkdtemp(tmpdir, sizeof tmpdir, "tf_engine")) return T_EXIT_FAIL;
     snprintf(dir_plain, sizeof dir_plain, "%s/plain", tmpdir);
@@ -706,6 +736,7 @@ int main(void) {
         test_fork(plain);
         test_worker_error();
         test_many_files();
+        test_meter(plain);
     }
     tf_dataset_free(plain);
     tf_dataset_free(zstd);

@@ -524,7 +524,104 @@ static void test_positions_and_errors(void) {
     tf_dataset_free(ds);
 }
 
+/* tf_order_segments_at: the segments, read back (token value = its position in the
+ * dataset, plus 10^6 for a mixture's second source), rebuild every sample, for each
+ * packing, a mixture and far positions; tf_order_find_document agrees with them. */
+#define SEG_SEP 4000000
+#define SEG_PAD 4000001
+static tf_dataset *seg_dataset(uint64_t D, uint32_t base, uint64_t seed) {
+    uint64_t *ends = malloc(D * sizeof *ends), T = 0;
+    for (uint64_t d = 0; d < D; d++) {
+        uint64_t len = tf_mix64(seed + d) % 40; /* some documents are empty */
+        T += len;
+        ends[d] = T;
+    }
+    uint32_t *tok = malloc(T * sizeof *tok);
+    for (uint64_t t = 0; t < T; t++) tok[t] = base + (uint32_t)t;
+    tf_dataset *ds = NULL;
+    CHECK_OK(tf_dataset_from_memory(tok, T, TF_UINT32, ends, D, 0, &ds));
+    free(tok);
+    free(ends);
+    return ds;
+}
+
+static void check_segments(const tf_order *o, const tf_dataset *const *dss, uint64_t pos) {
+    tf_order_config c;
+    CHECK_OK(tf_order_get_config(o, &c));
+    uint64_t L1 = c.seq_len + 1;
+    uint32_t *got = malloc(L1 * 4), *want = malloc(L1 * 4);
+    tf_segment *seg = malloc(L1 * sizeof *seg);
+    size_t n = 0;
+    CHECK_OK(tf_order_fill_sample(o, tf_order_sample_at(o, pos), got, TF_UINT32, NULL));
+    CHECK_OK(tf_order_segments_at(o, pos, seg, L1, &n));
+    for (uint64_t t = 0; t < L1; t++) want[t] = UINT32_MAX; /* no segment: a separator or padding */
+    for (size_t i = 0; i < n; i++) {
+        uint64_t dstart, dlen;
+        CHECK_OK(tf_dataset_document(dss[seg[i].source], seg[i].document, &dstart, &dlen));
+        CHECK(seg[i].start < seg[i].stop && seg[i].stop <= dlen && seg[i].offset + seg[i].stop - seg[i].start <= L1);
+        for (uint64_t t = seg[i].start; t < seg[i].stop; t++)
+            want[seg[i].offset + t - seg[i].start] = (uint32_t)(seg[i].source * 1000000 + dstart + t);
+    }
+    for (uint64_t t = 0; t < L1; t++) {
+        if (want[t] == UINT32_MAX) CHECK(got[t] == SEG_SEP || (c.packing != TF_PACK_CONCAT && got[t] == SEG_PAD));
+        else CHECK(got[t] == want[t]);
+    }
+    if (n > 1) CHECK_RC(tf_order_segments_at(o, pos, seg, 1, &n), -ENOBUFS);
+    free(got);
+    free(want);
+    free(seg);
+}
+
+static void test_segments(void) {
+    tf_dataset *dss[2] = {seg_dataset(120, 0, 1), seg_dataset(50, 1000000, 2)};
+    tf_order_config c;
+    tf_order_config_init(&c);
+    c.seq_len = 24;
+    c.separator_id = SEG_SEP;
+    c.pad_id = SEG_PAD;
+    c.global_batch = 4;
+    c.pack_window = 16;
+    for (int k = 0; k < 4; k++) {
+        tf_order *o = NULL;
+        c.packing = k == 3 ? TF_PACK_BEST_FIT : (tf_packing)k;
+        c.shuffle = k == 1 ? TF_SHUFFLE_BLOCK : TF_SHUFFLE_FULL;
+        c.block_size = 3;
+        if (k < 3) {
+            CHECK_OK(tf_order_create(dss[0], &c, &o));
+        } else {
+            double w[2] = {0.6, 0.4};
+            c.mix_window = 10;
+            CHECK_OK(tf_order_create_mix((const tf_dataset *const *)dss, w, 2, &c, &o));
+        }
+        uint64_t N = tf_order_num_samples(o);
+        for (uint64_t pos = 0; pos < 2 * N + 5; pos++) check_segments(o, (const tf_dataset *const *)dss, pos);
+        check_segments(o, (const tf_dataset *const *)dss, 4000000000000ULL + 7);
+        /* find_document == the documents' segments, over two epochs */
+        size_t src = k == 3 ? 1 : 0;
+        for (uint64_t doc = 0; doc < 50; doc += 7) {
+            uint64_t pos_found[512];
+            size_t nf = 0, m = 0;
+            CHECK_OK(tf_order_find_document(o, src, doc, 0, 2 * N, pos_found, 512, &nf));
+            tf_segment seg[32];
+            for (uint64_t pos = 0; pos < 2 * N; pos++) {
+                size_t n = 0;
+                CHECK_OK(tf_order_segments_at(o, pos, seg, 32, &n));
+                int has = 0;
+                for (size_t i = 0; i < n; i++) has |= seg[i].source == src && seg[i].document == doc;
+                if (has) CHECK(m < nf && pos_found[m++] == pos);
+            }
+            CHECK(m == nf);
+        }
+        CHECK_RC(tf_order_find_document(o, 2, 0, 0, 10, NULL, 0, &(size_t){0}), -ERANGE);
+        CHECK_RC(tf_order_find_document(o, 0, 100000, 0, 10, NULL, 0, &(size_t){0}), -ERANGE);
+        tf_order_free(o);
+    }
+    tf_dataset_free(dss[0]);
+    tf_dataset_free(dss[1]);
+}
+
 int main(void) {
+    test_segments();
     test_perm_bijection();
     test_shuffles();
     test_packing();

@@ -1,0 +1,89 @@
+/*
+ * explain.c — provenance and the data-wait meter in the binding: the Order
+ * methods segments_at() and find_document() (tf_order_segments_at,
+ * tf_order_find_document), and the dict both Loader.meter() and
+ * DeviceLoader.meter() return (tf_meter).
+ */
+#include "binding.h"
+
+PyObject *tfpy_Order_segments_at(PyObject *self, PyObject *arg) {
+    const tf_order *o = ((tfpy_Order *)self)->o;
+    unsigned long long pos = PyLong_AsUnsignedLongLong(arg);
+    if (pos == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    tf_order_config cfg;
+    tf_order_get_config(o, &cfg);
+    size_t cap = (size_t)cfg.seq_len + 1, n = 0; /* one token per segment at least */
+    tf_segment *seg = PyMem_Malloc(cap * sizeof *seg);
+    if (!seg) return PyErr_NoMemory();
+    int rc;
+    char msg[1024];
+    TFPY_NOGIL_CALL(rc, msg, tf_order_segments_at(o, pos, seg, cap, &n));
+    PyObject *lst = NULL;
+    if (rc < 0) {
+        tfpy_raise(tfpy_state(self), rc, msg);
+        goto done;
+    }
+    lst = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; lst && i < n; i++) {
+        PyObject *t = Py_BuildValue("(KKKKK)", (unsigned long long)seg[i].source, (unsigned long long)seg[i].document,
+                                    (unsigned long long)seg[i].start, (unsigned long long)seg[i].stop,
+                                    (unsigned long long)seg[i].offset);
+        if (!t) Py_CLEAR(lst);
+        else PyList_SET_ITEM(lst, (Py_ssize_t)i, t);
+    }
+done:
+    PyMem_Free(seg);
+    return lst;
+}
+
+PyObject *tfpy_Order_find_document(PyObject *self, PyObject *args) {
+    const tf_order *o = ((tfpy_Order *)self)->o;
+    Py_ssize_t source;
+    unsigned long long doc, begin, end;
+    if (!PyArg_ParseTuple(args, "nKKK:find_document", &source, &doc, &begin, &end)) return NULL;
+    if (source < 0) return PyErr_Format(PyExc_IndexError, "source %zd: expected >= 0", source);
+    size_t cap = 1024, n = 0;
+    for (;;) {
+        uint64_t *pos = PyMem_Malloc(cap * sizeof *pos);
+        if (!pos) return PyErr_NoMemory();
+        int rc;
+        char msg[1024];
+        TFPY_NOGIL_CALL(rc, msg, tf_order_find_document(o, (size_t)source, doc, begin, end, pos, cap, &n));
+        if (rc == -ENOBUFS) { /* more positions than room: again, with room for all */
+            PyMem_Free(pos);
+            cap = n;
+            continue;
+        }
+        PyObject *lst = NULL;
+        if (rc < 0) tfpy_raise(tfpy_state(self), rc, msg);
+        else lst = PyList_New((Py_ssize_t)n);
+        for (size_t i = 0; lst && i < n; i++) {
+            PyObject *v = PyLong_FromUnsignedLongLong(pos[i]);
+            if (!v) Py_CLEAR(lst);
+            else PyList_SET_ITEM(lst, (Py_ssize_t)i, v);
+        }
+        PyMem_Free(pos);
+        return lst;
+    }
+}
+
+/* Window argument of meter(): None or an int >= 0 (0: all kept). */
+int tfpy_meter_window(PyObject *args, uint32_t *window) {
+    PyObject *w = Py_None;
+    *window = 0;
+    if (!PyArg_ParseTuple(args, "|O:meter", &w)) return -1;
+    if (w == Py_None) return 0;
+    uint64_t x;
+    if (!tfpy_u64(w, &x)) return -1;
+    *window = x > TF_METER_MAX_WINDOW ? TF_METER_MAX_WINDOW : (uint32_t)x;
+    return 0;
+}
+
+PyObject *tfpy_meter_dict(const tf_meter *m) {
+    return Py_BuildValue("{s:K,s:K,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:K}", "batches", (unsigned long long)m->batches,
+                         "total_batches", (unsigned long long)m->total_batches, "window_seconds", m->window_seconds,
+                         "wait_seconds", m->wait_seconds, "wait_fraction", m->wait_fraction, "wait_p50_seconds",
+                         m->wait_p50_seconds, "wait_p99_seconds", m->wait_p99_seconds, "wait_max_seconds",
+                         m->wait_max_seconds, "ready_ahead_mean", m->ready_ahead_mean, "ready_ahead_min",
+                         (unsigned long long)m->ready_ahead_min);
+}

@@ -1,0 +1,189 @@
+"""Provenance of a step's batch, and the data-wait meter.
+
+The order is a pure function of (configuration, position), so which documents made any
+step is computed, never recorded: :meth:`Loader.explain` asks the C order layer for the
+segments of each row (``tf_order_segments_at``: no tokens are read, the cost is the same at
+step 10 and at step 10**9), and :meth:`Loader.where` for the steps that hold a document.
+
+The meter is timed in C where the consumer waits (the engine's ``next()``, or the device
+stage's with ``device="cuda"``); :func:`meter_verdict` turns its numbers into one line,
+and :func:`meter_all_ranks` gathers them over a process group.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+# The functions take a Loader (typed Any: _loader imports this module, not the reverse).
+_LoaderT = Any
+
+__all__ = ["Segment", "meter_all_ranks", "meter_verdict"]
+
+# below this fraction of wall time waiting, data is not what limits the step
+_OK_FRACTION = 0.02
+
+
+class Segment(Tuple[int, int, int, int]):
+    """One piece of a row: tokens ``[start, stop)`` of document ``document`` of dataset ``source``.
+
+    A tuple ``(source, document, start, stop)``; ``source`` is the index of the dataset among
+    the loader's datasets (0 for one dataset), ``document`` its index in that dataset,
+    ``start``/``stop`` token offsets within the document. ``offset`` (an attribute, not part
+    of the tuple) is where the piece begins in the row (0 .. ``seq_len``): the row's tokens
+    that no segment covers are separators (with ``separator_id``) or padding
+    (``best_fit``, ``document``).
+    """
+
+    offset: int
+
+    def __new__(cls, source: int, document: int, start: int, stop: int, offset: int = 0) -> "Segment":
+        self = super().__new__(cls, (source, document, start, stop))
+        self.offset = offset
+        return self
+
+    @property
+    def source(self) -> int:
+        return self[0]
+
+    @property
+    def document(self) -> int:
+        return self[1]
+
+    @property
+    def start(self) -> int:
+        return self[2]
+
+    @property
+    def stop(self) -> int:
+        return self[3]
+
+    def __len__(self) -> int:
+        return 4
+
+    @property
+    def num_tokens(self) -> int:
+        return self[3] - self[2]
+
+    def __repr__(self) -> str:
+        return (f"Segment(source={self[0]}, document={self[1]}, start={self[2]}, stop={self[3]}, "
+                f"offset={self.offset})")
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return (Segment, (self[0], self[1], self[2], self[3], self.offset))
+
+
+def explain(loader: _LoaderT, step: int) -> List[List[Segment]]:
+    """Segments of each row of ``step``'s batch on this rank (see :meth:`Loader.explain`)."""
+    order = loader._order
+    rows = []
+    for pos in loader._row_positions(step):
+        rows.append([Segment(*t) for t in order.segments_at(pos)])
+    return rows
+
+
+def _epoch_range(loader: _LoaderT, epochs: Union[None, int, Tuple[int, int], str]) -> Tuple[int, int]:
+    """Epochs [a, b) as given: None (the first), k, (a, b) or "a:b"."""
+    if epochs is None:
+        return 0, 1
+    if isinstance(epochs, str):
+        a, sep, b = epochs.partition(":")
+        try:
+            lo, hi = (int(a), int(b)) if sep else (int(a), int(a) + 1)
+        except ValueError:
+            raise ValueError(f"epochs: expected 'a:b' (epochs a to b-1) or 'k', got {epochs!r}") from None
+    elif isinstance(epochs, int):
+        lo, hi = epochs, epochs + 1
+    else:
+        lo, hi = int(epochs[0]), int(epochs[1])
+    if not 0 <= lo < hi:
+        raise ValueError(f"epochs: expected 0 <= a < b, got {lo}:{hi}")
+    return lo, hi
+
+
+def where(loader: _LoaderT, document: int, source: int = 0,
+          epochs: Union[None, int, Tuple[int, int], str] = None) -> List[Dict[str, int]]:
+    """Where a document is read in an epoch range (see :meth:`Loader.where`)."""
+    if not isinstance(document, int) or document < 0:
+        raise ValueError(f"document: expected an int >= 0, got {document!r}")
+    lo, hi = _epoch_range(loader, epochs)
+    n = loader.num_samples
+    positions = loader._order.find_document(source, document, lo * n, hi * n)
+    out = []
+    for pos in positions:
+        rank, row = loader._position_rank_row(pos)
+        out.append({"step": pos // loader.global_batch, "rank": rank, "row": row, "position": pos,
+                    "epoch": pos // n})
+    return out
+
+
+# ------------------------------------------------------------------ the meter
+def meter(loader: _LoaderT, window: Optional[int] = None, prefix: str = "") -> Dict[str, Union[int, float]]:
+    """The data-wait meter as a flat dict (see :meth:`Loader.meter`)."""
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 0):
+        raise ValueError(f"window: expected None or an int >= 0 (batches), got {window!r}")
+    if loader.device_index is not None:
+        dev = loader._get_device()
+        m: Dict[str, Any] = dev._core.meter(window)
+        m["prefetch"] = dev.stats()["prefetch"]
+        m["num_threads"] = loader._get_engine().stats()["num_threads"]
+    else:
+        eng = loader._get_engine()
+        m = eng.meter(window)
+        st = eng.stats()
+        m["prefetch"] = st["ring_slots"]
+        m["num_threads"] = st["num_threads"]
+    m["wait_percent"] = 100.0 * m["wait_fraction"]
+    return {prefix + k: v for k, v in m.items()}
+
+
+def _advice(m: Dict[str, Any]) -> str:
+    """What to change when a rank waits: from how its waits look."""
+    threads, prefetch = int(m.get("num_threads", 0)), int(m.get("prefetch", 0))
+    if m.get("ready_ahead_mean", 0.0) < 0.5:
+        return (f"the engine does not keep up (no batch ready ahead): raise num_threads (now {threads}), "
+                f"or read faster storage / less compressed data (stats()['bytes_read'], docs/performance.md)")
+    return (f"batches are usually ready but some arrive late (p99 {1e3 * m.get('wait_p99_seconds', 0.0):.1f} ms): "
+            f"raise prefetch (now {prefetch}) to ride out slow reads, or num_threads (now {threads})")
+
+
+def meter_verdict(m: Dict[str, Any], rank: Optional[int] = None) -> str:
+    """One line from a :meth:`Loader.meter` dict: whether data is the bottleneck, and what to change."""
+    frac = float(m.get("wait_fraction", 0.0))
+    if not m.get("batches"):
+        return "no batch received yet: nothing measured"
+    if frac < _OK_FRACTION:
+        return (f"data is not the bottleneck: {100 * frac:.1f} % of wall time waiting "
+                f"(p99 wait {1e3 * float(m.get('wait_p99_seconds', 0.0)):.1f} ms, "
+                f"{float(m.get('ready_ahead_mean', 0.0)):.1f} batches ready ahead)")
+    who = f"rank {rank}" if rank is not None else "the consumer"
+    return f"{who} waits {100 * frac:.0f} % of wall time for data: {_advice(m)}"
+
+
+def meter_all_ranks(loader: _LoaderT, group: Any = None, window: Optional[int] = None) -> Dict[str, Any]:
+    """Gather every rank's :meth:`Loader.meter` over a ``torch.distributed`` process group.
+
+    A collective: every rank of ``group`` (default: the whole world) must call it. Returns,
+    on every rank, a dict: ``ranks`` (each rank's meter dict, in group rank order),
+    ``slowest_rank`` (the global rank that waited the largest fraction of its wall time),
+    ``wait_fraction_max``/``_mean``/``_min``, ``wait_p99_seconds_max`` and ``verdict``, one
+    line: ``"data is not the bottleneck: 0.3 % of wall time waiting (...)"`` or
+    ``"rank 5 waits 12 % of wall time for data: ..."`` with what to change.
+    """
+    import torch.distributed as dist
+
+    mine = meter(loader, window)
+    world = dist.get_world_size(group)
+    gathered: List[Any] = [None] * world
+    dist.all_gather_object(gathered, mine, group=group)
+    ranks: Sequence[Dict[str, Any]] = gathered
+    fr = [float(r["wait_fraction"]) for r in ranks]
+    i = max(range(world), key=lambda k: fr[k])
+    slowest = dist.get_global_rank(group, i) if group is not None else i
+    return {
+        "ranks": list(ranks),
+        "slowest_rank": slowest,
+        "wait_fraction_max": fr[i],
+        "wait_fraction_mean": sum(fr) / world,
+        "wait_fraction_min": min(fr),
+        "wait_p99_seconds_max": max(float(r["wait_p99_seconds"]) for r in ranks),
+        "verdict": meter_verdict(ranks[i], rank=slowest),
+    }

@@ -1,0 +1,226 @@
+"""``tokenfeed explain`` and ``tokenfeed where``: which documents made a step, and which steps hold a document.
+
+::
+
+    tokenfeed explain DATA... --step N --state loader_state.json [--rank R --dp-size D] [--tokenizer tokenizer.json]
+    tokenfeed explain DATA... --step N --seq-len 2048 --global-batch 512 --seed 0 [...]
+    tokenfeed where DATA... --document D [--source S] [--epochs a:b] --state loader_state.json
+
+The loader's configuration comes from a saved loader state (``--state``: the JSON of
+``Loader.state_dict()``, or a checkpoint holding it under ``"loader"``), which is checked
+against DATA as a resume would be, or from the options. Nothing is read but the datasets'
+indexes (and, with ``--tokenizer``, the tokens of the segments shown). See
+docs/guides/loss-spikes.md.
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import sys
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
+__all__ = ["add_parsers", "cmd_explain", "cmd_where"]
+
+# keys of a loader state's "config" that are Loader keyword arguments
+_STATE_KEYS = ("seq_len", "seed", "shuffle", "block_size", "window_blocks", "separator_id", "packing", "pad_id",
+               "pack_window", "weights", "mix_window", "epochs")
+
+
+class _Problem(ValueError):
+    """A problem with the command line the user can fix (printed as one line)."""
+
+
+def _read_state(path: str) -> Mapping[str, Any]:
+    """A loader state from a JSON file (the state itself, or an object holding it under "loader"), or
+    from a torch checkpoint holding it under "loader"."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj: Any = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        try:
+            import torch
+        except ImportError:
+            raise _Problem(f"{path}: not JSON (a loader state from Loader.state_dict(), saved with json.dump), "
+                           f"and torch is not installed to read it as a checkpoint") from None
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(obj, Mapping) and "config" not in obj and isinstance(obj.get("loader"), Mapping):
+        obj = obj["loader"]
+    if not isinstance(obj, Mapping) or "config" not in obj or "position" not in obj:
+        raise _Problem(f"{path}: not a loader state (expected the dict of Loader.state_dict(), or a checkpoint "
+                       f"holding it under 'loader')")
+    return obj
+
+
+def _weights_arg(text: Optional[str]) -> Optional[List[float]]:
+    if text is None:
+        return None
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        raise _Problem(f"--weights: expected numbers separated by commas (one per DATA path), got {text!r}") from None
+
+
+def make_loader(a: argparse.Namespace) -> Any:
+    """The Loader of rank ``a.rank`` of ``a.dp_size`` that the options (or the saved state) describe."""
+    from ._dataset import open as _open
+    from ._loader import Loader
+
+    if a.dp_size < 1 or not 0 <= a.rank < a.dp_size:
+        raise _Problem(f"--rank {a.rank} --dp-size {a.dp_size}: expected 0 <= rank < dp-size")
+    kw: Dict[str, Any] = {}
+    state = None
+    if a.state:
+        state = _read_state(a.state)
+        cfg = state["config"]
+        kw = {k: cfg[k] for k in _STATE_KEYS if k in cfg}
+        global_batch = int(cfg["global_batch"])
+    else:
+        if a.seq_len is None or a.global_batch is None:
+            raise _Problem("give the loader's configuration: --state FILE (a saved Loader.state_dict()), or at "
+                           "least --seq-len and --global-batch (and every setting that differs from the default)")
+        global_batch = a.global_batch
+        kw = dict(seq_len=a.seq_len, seed=a.seed, shuffle=a.shuffle, packing=a.packing, separator_id=a.separator_id,
+                  pad_id=a.pad_id, block_size=a.block_size, window_blocks=a.window_blocks,
+                  pack_window=a.pack_window, epochs=a.epochs_total, mix_window=a.mix_window)
+        w = _weights_arg(a.weights)
+        if w is not None:
+            kw["weights"] = w
+    if global_batch % a.dp_size:
+        raise _Problem(f"--dp-size {a.dp_size} does not divide the global batch {global_batch}")
+    mixture = kw.get("weights") is not None
+    data: Any = [_open(p, dtype=a.dtype) for p in a.data] if mixture else _open(a.data, dtype=a.dtype)
+    loader = Loader(data, batch_size=global_batch // a.dp_size, dp_rank=a.rank, dp_size=a.dp_size,
+                    output="numpy", **kw)
+    if state is not None:
+        loader.load_state_dict(state)  # checks that DATA is what the state was saved on; mixture hand-over
+    return loader
+
+
+def _datasets(loader: Any) -> List[Any]:
+    return list(loader.dataset) if isinstance(loader.dataset, list) else [loader.dataset]
+
+
+def _file_of(files: List[Dict[str, Any]], document: int) -> str:
+    firsts = [f["first_document"] for f in files]
+    i = max(0, bisect.bisect_right(firsts, document) - 1)
+    return str(files[i]["path"])
+
+
+def _one_line(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A step or document out of range (IndexError) is a one-line error of the command line."""
+    def run(a: argparse.Namespace) -> int:
+        try:
+            return fn(a)
+        except IndexError as e:
+            raise _Problem(str(e).strip("'\"")) from None
+    run.__doc__ = fn.__doc__
+    return run
+
+
+@_one_line
+def cmd_explain(a: argparse.Namespace) -> int:
+    loader = make_loader(a)
+    tok = None
+    if a.tokenizer:
+        from ._text import load_tokenizer
+
+        tok = load_tokenizer(a.tokenizer)
+    dss = _datasets(loader)
+    files = [d.files() for d in dss]
+    rows = loader.explain(a.step)
+    positions = loader._row_positions(a.step)
+    if a.json:
+        out = []
+        for pos, segs in zip(positions, rows):
+            out.append({"position": pos, "segments": [
+                {"source": s.source, "document": s.document, "start": s.start, "stop": s.stop, "offset": s.offset,
+                 "file": _file_of(files[s.source], s.document),
+                 **({"text": tok.decode(dss[s.source].document(s.document)[s.start:s.stop].tolist())} if tok else {})}
+                for s in segs]})
+        json.dump({"step": a.step, "rank": a.rank, "dp_size": a.dp_size, "rows": out}, sys.stdout)
+        print()
+        return 0
+    n = loader.num_samples
+    print(f"step {a.step}, rank {a.rank} of {a.dp_size}: {len(rows)} rows of {loader.seq_len + 1} tokens, "
+          f"positions {positions[0]}..{positions[-1]} (epoch {positions[0] // n})")
+    for r, (pos, segs) in enumerate(zip(positions, rows)):
+        print(f"row {r} (position {pos}): {len(segs)} segment{'s' if len(segs) != 1 else ''}")
+        for s in segs:
+            src = f"source {s.source}  " if len(dss) > 1 else ""
+            print(f"  [{s.offset:>5}, {s.offset + s.stop - s.start:>5})  {src}document {s.document}  "
+                  f"tokens {s.start}..{s.stop}  {_file_of(files[s.source], s.document)}")
+            if tok is not None:
+                text = tok.decode(dss[s.source].document(s.document)[s.start:s.stop].tolist())
+                if a.max_chars and len(text) > a.max_chars:
+                    text = text[:a.max_chars] + " ..."
+                print("      " + json.dumps(text, ensure_ascii=False))
+    return 0
+
+
+@_one_line
+def cmd_where(a: argparse.Namespace) -> int:
+    a.rank, a.dp_size = 0, getattr(a, "dp_size", 1)
+    loader = make_loader(a)
+    hits = loader.where(a.document, source=a.source, epochs=a.epochs)
+    if a.json:
+        json.dump({"document": a.document, "source": a.source, "epochs": a.epochs or "0:1", "rows": hits}, sys.stdout)
+        print()
+        return 0
+    where = f"document {a.document}" + (f" of source {a.source}" if len(_datasets(loader)) > 1 else "")
+    if not hits:
+        print(f"{where}: in no step of epochs {a.epochs or '0:1'} (empty, or dropped by the packing: "
+              f"'tokenfeed inspect --seq-len' shows what is dropped)")
+        return 0
+    print(f"{where}: {len(hits)} row{'s' if len(hits) != 1 else ''} in epochs {a.epochs or '0:1'} "
+          f"(dp-size {a.dp_size})")
+    for h in hits:
+        print(f"  step {h['step']}  rank {h['rank']}  row {h['row']}  (position {h['position']}, epoch {h['epoch']})")
+    return 0
+
+
+def _loader_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("data", nargs="+", metavar="DATA", help="the dataset path(s) the loader reads (with weights: one "
+                                                           "per source, in the loader's order)")
+    p.add_argument("--state", metavar="FILE", help="a saved Loader.state_dict() (JSON; or a checkpoint with it under "
+                                                   "'loader'): gives the configuration, checked against DATA")
+    p.add_argument("--dp-size", type=int, default=1, help="data-parallel ranks (default 1)")
+    p.add_argument("--dtype", help="token dtype of headerless files")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    g = p.add_argument_group("configuration without --state (Loader's keyword arguments)")
+    g.add_argument("--seq-len", type=int)
+    g.add_argument("--global-batch", type=int, help="samples per step over all ranks")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--shuffle", choices=["full", "block", "none"], default="full")
+    g.add_argument("--packing", choices=["concat", "best_fit", "document"], default="concat")
+    g.add_argument("--separator-id", type=int)
+    g.add_argument("--pad-id", type=int)
+    g.add_argument("--block-size", type=int, default=1024)
+    g.add_argument("--window-blocks", type=int, default=16)
+    g.add_argument("--pack-window", type=int, default=1024)
+    g.add_argument("--weights", help="mixture weights, one per DATA path: 0.7,0.3")
+    g.add_argument("--mix-window", type=int, default=1000)
+    g.add_argument("--epochs-total", type=int, metavar="K", help="the loader's epochs= (default: endless)")
+
+
+def add_parsers(sub: Any) -> None:
+    """Add the ``explain`` and ``where`` commands to an argparse subparsers object."""
+    e = sub.add_parser("explain", help="which documents (and which of their tokens) made a training step",
+                       description="For each row of step N's batch on one rank: the document pieces it was cut "
+                                   "from (source, document, token range, the file it lives in), computed from the "
+                                   "order without reading tokens; with --tokenizer, their text. "
+                                   "See docs/guides/loss-spikes.md.")
+    _loader_options(e)
+    e.add_argument("--step", type=int, required=True, help="the global step (batches since the stream's start)")
+    e.add_argument("--rank", type=int, default=0, help="data-parallel rank (default 0)")
+    e.add_argument("--tokenizer", metavar="JSON", help="a Hugging Face tokenizer.json: print each segment's text")
+    e.add_argument("--max-chars", type=int, default=400, help="characters of text shown per segment (0: all)")
+    e.set_defaults(func=cmd_explain)
+    w = sub.add_parser("where", help="which steps of an epoch range hold a document",
+                       description="The steps, ranks and rows whose batches hold tokens of a document, found "
+                                   "by running the order backwards (no token is read, the range is not visited).")
+    _loader_options(w)
+    w.add_argument("--document", type=int, required=True, help="the document's index in its dataset")
+    w.add_argument("--source", type=int, default=0, help="the dataset's index among DATA in a mixture (default 0)")
+    w.add_argument("--epochs", metavar="A:B", help="epochs A to B-1 (default 0:1)")
+    w.set_defaults(func=cmd_where)

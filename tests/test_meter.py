@@ -1,0 +1,146 @@
+"""The data-wait meter: against a consumer that works a known time per step and an engine
+slowed by a known amount, the fraction of wall time reported waiting matches the truth
+(bounds wide enough for a loaded machine: the truths are far apart), and meter_all_ranks
+names the slow rank over a gloo process group."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import tokenfeed
+from conftest import numpy_loader
+from test_device import cuda_double  # noqa: F401  (the fixture)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture
+def ds(make_dataset):
+    return make_dataset(n_docs=200, vocab=500, seed=1, mean_len=40)
+
+
+def consume(loader, steps, work_s):
+    for _ in range(steps):
+        next(loader)
+        if work_s:
+            time.sleep(work_s)
+
+
+def test_fast_engine_busy_consumer_waits_nothing(ds):
+    l = numpy_loader(ds, seq_len=32, batch_size=2, num_threads=1)
+    consume(l, 14, 0.03)
+    m = l.meter(10)
+    assert m["batches"] == 10 and m["total_batches"] == 14
+    # truth: ~0 % (every batch is assembled while the consumer works)
+    assert m["wait_fraction"] < 0.25, m
+    assert m["window_seconds"] >= 10 * 0.03
+    assert m["ready_ahead_mean"] >= 0.5
+    assert tokenfeed.meter_verdict(m).startswith("data is not the bottleneck") or m["wait_fraction"] >= 0.02
+
+
+@pytest.mark.test_hooks
+def test_slow_engine_idle_consumer_waits_all(ds, monkeypatch):
+    monkeypatch.setenv("TOKENFEED_FAULT_DELAY_MS", "60")
+    l = numpy_loader(ds, seq_len=32, batch_size=2, num_threads=1, prefetch=1)
+    consume(l, 8, 0.0)
+    m = l.meter(6)
+    # truth: ~100 % (the consumer does nothing but wait for 60 ms batches)
+    assert m["wait_fraction"] > 0.75, m
+    assert m["wait_p50_seconds"] >= 0.05 and m["wait_p99_seconds"] >= m["wait_p50_seconds"]
+    assert m["ready_ahead_min"] == 0
+    v = tokenfeed.meter_verdict(m, rank=3)
+    assert v.startswith("rank 3 waits") and "num_threads" in v
+
+
+@pytest.mark.test_hooks
+def test_half_and_half(ds, monkeypatch):
+    """Engine 160 ms per batch, consumer 80 ms per step: the consumer waits about half of its time."""
+    monkeypatch.setenv("TOKENFEED_FAULT_DELAY_MS", "160")
+    l = numpy_loader(ds, seq_len=32, batch_size=2, num_threads=1, prefetch=1)
+    consume(l, 8, 0.08)
+    m = l.meter(6)
+    assert 0.2 < m["wait_fraction"] < 0.8, m
+    assert abs(m["wait_percent"] - 100 * m["wait_fraction"]) < 1e-9
+
+
+def test_meter_dict_is_flat_numbers(ds):
+    l = numpy_loader(ds, seq_len=32, batch_size=2)
+    assert l.meter()["batches"] == 0
+    assert tokenfeed.meter_verdict(l.meter()).startswith("no batch")
+    consume(l, 3, 0)
+    m = l.meter(prefix="data/")
+    assert m and all(k.startswith("data/") and isinstance(v, (int, float)) and not isinstance(v, bool)
+                     for k, v in m.items())
+    with pytest.raises(ValueError):
+        l.meter(-1)
+    # a seek does not disturb the meter; a resumed loader starts its own
+    l.load_state_dict(l.state_dict())
+    consume(l, 2, 0)
+    assert l.meter()["total_batches"] == 5
+
+
+@pytest.mark.test_hooks
+def test_meter_all_ranks_names_the_slow_rank(tmp_path):
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available in this torch build")
+    from test_mesh_torchrun import free_port
+
+    data = tmp_path / "data"
+    rng = np.random.default_rng(0)
+    with tokenfeed.DatasetWriter(data, vocab_size=500) as w:
+        for _ in range(200):
+            w.add_document(rng.integers(0, 500, size=int(rng.integers(1, 80))))
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1",
+               PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TOKENFEED_FAULT_DELAY_MS"):
+        env.pop(k, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+           os.path.join(HERE, "meter_worker.py"), str(data), str(out)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
+    reports = [json.loads((out / f"meter.{r}.json").read_text()) for r in range(2)]
+    assert reports[0] == reports[1]
+    rep = reports[0]
+    assert rep["slowest_rank"] == 1
+    assert rep["ranks"][0]["wait_fraction"] < 0.35 < 0.45 < rep["ranks"][1]["wait_fraction"], rep
+    assert rep["wait_fraction_max"] == rep["ranks"][1]["wait_fraction"]
+    assert rep["verdict"].startswith("rank 1 waits"), rep["verdict"]
+
+
+@pytest.mark.test_hooks
+def test_device_meter_through_the_cuda_double(cuda_double, tmp_path):
+    """With device="cuda" the meter times the consumer's wait in the device stage's next():
+    a slow engine and an idle consumer wait nearly all the time; a busy consumer hardly."""
+    from test_device import run_py
+
+    r = run_py("""
+        import json
+        ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
+        out = {}
+        for delay, work in ((60, 0.0), (0, 0.03)):
+            os.environ["TOKENFEED_FAULT_DELAY_MS"] = str(delay)
+            l = tokenfeed.Loader(ds, seq_len=32, batch_size=2, device="cuda", output="numpy", num_threads=1,
+                                 prefetch=1)
+            for _ in range(8):
+                b = next(l)
+                del b
+                time.sleep(work)
+            out[str(delay)] = l.meter(6)
+            l.close()
+        print(json.dumps(out))
+    """, tmp_path, env={"TOKENFEED_CUDART": cuda_double})
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["60"]["wait_fraction"] > 0.75, out
+    assert out["0"]["wait_fraction"] < 0.25, out
+    assert out["0"]["batches"] == 6 and out["0"]["prefetch"] >= 1
