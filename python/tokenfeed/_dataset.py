@@ -250,13 +250,17 @@ class DatasetWriter(_DocumentWriter):
     renamed, and the manifest is written last. If the block raises, everything written
     is discarded and any dataset that was already in ``path`` stays as it was.
     ``dtype`` defaults to the smallest of uint8/uint16/uint32 that holds ``vocab_size``.
+    With ``compression="zstd"``, ``block_tokens`` (default 2048, the C writer's) tokens make
+    one independently decodable frame: small enough that a full shuffle at ``seq_len`` >=
+    1024 decodes at most ~3 tokens per token it delivers; larger blocks compress a little
+    better and suit ``shuffle="block"`` (trade-off measured in docs/performance.md).
     ``chunk_checksum_bytes`` (a power of two, default 64 KiB) adds a checksum per that many
     stored bytes, so that reading the dataset from object storage checks every fetched piece
     (docs/format.md); 0 writes shards that tokenfeed versions without that table can read.
     """
 
     def __init__(self, path: PathLike, *, vocab_size: int, dtype: DTypeLike = None, shard_tokens: int = 1 << 28,
-                 compression: Optional[str] = None, level: int = 3, block_tokens: int = 1 << 16,
+                 compression: Optional[str] = None, level: int = 3, block_tokens: Optional[int] = None,
                  overwrite: bool = False, chunk_checksum_bytes: int = 1 << 16) -> None:
         if not isinstance(vocab_size, (int, np.integer)) or vocab_size <= 0:
             raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
@@ -268,7 +272,7 @@ class DatasetWriter(_DocumentWriter):
         limit = 1 << (8 * np.dtype(name).itemsize)
         if vocab_size > limit:
             raise ValueError(f"vocab_size {vocab_size} does not fit {name} (at most {limit}); use a wider dtype")
-        if shard_tokens <= 0 or block_tokens <= 0:
+        if shard_tokens <= 0 or (block_tokens is not None and block_tokens <= 0):
             raise ValueError("shard_tokens and block_tokens must be positive")
         if compression not in (None, "zstd"):
             raise ValueError(f"compression must be None or 'zstd', got {compression!r}")
@@ -277,7 +281,7 @@ class DatasetWriter(_DocumentWriter):
         self.vocab_size = int(vocab_size)
         self._w: Optional[Any] = _core.Writer(self.path, dtype=name, vocab_size=int(vocab_size),
                                               shard_tokens=int(shard_tokens), compression=compression,
-                                              level=int(level), block_tokens=int(block_tokens),
+                                              level=int(level), block_tokens=int(block_tokens or 0),
                                               overwrite=bool(overwrite),
                                               chunk_checksum_bytes=int(chunk_checksum_bytes))
         self._counts: Tuple[int, int] = (0, 0)

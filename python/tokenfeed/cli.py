@@ -349,6 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "else max id + 1 with a note)")
     o.add_argument("--compression", choices=["none", "zstd"], default=None, help="compress token blocks with zstd")
     o.add_argument("--level", type=int, default=3, help="zstd level (default: 3)")
+    o.add_argument("--block-tokens", type=int, default=None, metavar="N",
+                   help="tokens per zstd frame (default: 2048, suits a full shuffle at seq_len >= 1024; larger "
+                        "blocks compress a little better and suit shuffle='block'; see docs/performance.md)")
     o.add_argument("--shard-tokens", type=int, default=1 << 28, help="tokens per shard (default: 2**28)")
     o.add_argument("--overwrite", action="store_true", help="replace a dataset (or unfinished conversion) in OUT")
     _progress_option(o)

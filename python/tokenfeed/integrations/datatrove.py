@@ -67,7 +67,7 @@ class TokenfeedWriter(PipelineStep):
         skip_empty: leave out documents whose text is empty or only whitespace (as
             ``tokenfeed convert`` does); they are counted in the ``skipped_empty`` stat.
         batch_size: documents per ``encode_batch`` call.
-        shard_tokens, compression, level: as :class:`tokenfeed.DatasetWriter`.
+        shard_tokens, compression, level, block_tokens: as :class:`tokenfeed.DatasetWriter`.
 
     Documents pass through unchanged, so steps may follow this one. Stats (datatrove's
     per-task and merged tables): ``documents``, ``tokens``, ``skipped_empty``, and the
@@ -81,7 +81,7 @@ class TokenfeedWriter(PipelineStep):
                  tokens_key: str = "input_ids", vocab_size: Optional[int] = None,
                  eod_id: Union[int, str, None] = "auto", add_special_tokens: bool = False, skip_empty: bool = True,
                  batch_size: int = 256, shard_tokens: int = 1 << 28, compression: Optional[str] = None,
-                 level: int = 3) -> None:
+                 level: int = 3, block_tokens: Optional[int] = None) -> None:
         super().__init__()
         if isinstance(eod_id, str) and eod_id != "auto":
             raise ValueError(f"eod_id must be an int, 'auto' or None, got {eod_id!r}")
@@ -98,6 +98,7 @@ class TokenfeedWriter(PipelineStep):
         self.shard_tokens = shard_tokens
         self.compression = compression
         self.level = level
+        self.block_tokens = block_tokens
         if tokenizer is None and vocab_size is None:
             raise ValueError("pre-tokenized input (tokenizer=None) needs vocab_size")
 
@@ -154,7 +155,7 @@ class TokenfeedWriter(PipelineStep):
         eod_arr = None if eod is None else np.array([eod], dtype=np.uint32)
         with PartWriter(self.output_dir, part=rank, parts=world_size, vocab_size=vocab,
                         shard_tokens=self.shard_tokens, compression=self.compression, level=self.level,
-                        metadata=meta) as w:
+                        block_tokens=self.block_tokens, metadata=meta) as w:
             for batch in batched(data or (), self.batch_size):
                 with self.track_time(unit="batch"):
                     ids_list = self._ids(tok, batch)
