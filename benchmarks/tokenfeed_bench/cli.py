@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--json", metavar="PATH", help="write every raw figure as JSON")
     o.add_argument("--plot", metavar="PATH",
                    help="write charts to a PNG: throughput, stall fraction vs step time, start-up vs shards "
-                        "(needs matplotlib: pip install 'tokenfeed[bench]')")
+                        "(needs matplotlib: pip install 'matplotlib>=3.5')")
     o.add_argument("--compare", metavar="OLD.json", help="print what changed against an earlier --json file")
     o.add_argument("-v", "--verbose", action="store_true",
                    help="also print tokenfeed's own variants (threads, backends, output types), the C gather "

@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import numpy as np
 
+from ._extras import pip_hint
 from ._text import (EOD_CANDIDATES, TEXT_EXTS, Chunk, ConvertError, Settings, chunk_texts, default_eod,
                     expand_inputs, file_sha256, load_tokenizer, plan_chunks)
 
@@ -289,7 +290,7 @@ def _convert_text_tasks(a: argparse.Namespace, paths: Sequence[str], settings: S
         from .integrations.datatrove import ConvertReader, TokenfeedWriter
     except ImportError as e:
         raise ConvertError(f"--tasks runs the conversion as datatrove tasks and needs datatrove ({e}): "
-                           f"pip install 'tokenfeed[datatrove]'") from None
+                           f"{pip_hint('datatrove')}") from None
     from ._parts import PARTS_DIR, merge_parts
 
     out = a.out

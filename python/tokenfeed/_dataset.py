@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
@@ -152,7 +153,7 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     Malformed input raises :class:`tokenfeed.FormatError` naming the file and field.
 
     Any path may be a URL in object storage (``s3://bucket/prefix/``, ``gs://``, ``az://``,
-    ``https://``; needs ``pip install 'tokenfeed[remote]'``): open reads metadata only, and
+    ``https://``; needs ``pip install 'obstore>=0.6'``): open reads metadata only, and
     token bytes reach the loader through a bounded local cache filled ahead of use
     (docs/remote.md). ``cache_dir`` (default ``$TOKENFEED_CACHE_DIR`` or
     ``~/.cache/tokenfeed/remote``) is shared by every process of the node; ``cache_limit``
@@ -172,7 +173,29 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     elif any(v is not None for v in opts.values()):
         given = ", ".join(k for k, v in opts.items() if v is not None)
         raise ValueError(f"{given}: only for remote paths (s3://, gs://, az://, https://); no path here is remote")
-    return Dataset(paths, dtype=_dtype_name(dtype), format=format, remote=remote)
+    ds = Dataset(paths, dtype=_dtype_name(dtype), format=format, remote=remote)
+    if ds.format == "raw" and remote is None:
+        _warn_if_not_tokens(paths)
+    return ds
+
+
+def _warn_if_not_tokens(paths: Sequence[str]) -> None:
+    """A headerless file opened with a dtype reads any bytes as tokens: say so when the file
+    is text or an image (what the C detector finds when no dtype is given), instead of
+    handing out meaningless ids. The first few files only: open stays O(1)."""
+    for p in list(paths)[:4]:
+        if not os.path.isfile(p) or os.path.getsize(p) == 0:
+            continue
+        try:
+            _core.Dataset([p], dtype=None, format=None, remote=None)
+        except _core.FormatError as e:
+            msg = str(e)
+            if ": the file is " in msg:
+                what = msg.split(": the file is ", 1)[1].split(". tokenfeed reads", 1)[0]
+                warnings.warn(f"{p}: opened as headerless tokens, but the file is {what}; its bytes read as "
+                              f"tokens are meaningless ids", UserWarning, stacklevel=3)
+        except Exception:
+            pass  # anything else is not ours to report here: the open above succeeded
 
 
 def _dtype_for_vocab(vocab_size: int) -> str:

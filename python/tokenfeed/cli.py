@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -28,6 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ._convert import convert
+from ._extras import pip_hint
 from ._text import EOD_CANDIDATES, ConvertError
 
 __all__ = ["main"]
@@ -334,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tasks", type=int, default=None, metavar="N",
                    help="run the conversion as N datatrove tasks (part k = a contiguous share of the input), "
                         "--workers at a time on datatrove's local executor, then merge the parts without copying; "
-                        "needs pip install 'tokenfeed[datatrove]' (see docs/guides/cluster-conversion.md)")
+                        "needs " + pip_hint("datatrove") + " (see docs/guides/cluster-conversion.md)")
     g.add_argument("--resume", action="store_true",
                    help="continue an interrupted conversion into OUT, keeping the chunks it finished")
     g.add_argument("--chunk-mb", type=float, default=64, help="JSONL bytes per work unit, in MiB (default: 64)")
@@ -422,7 +424,8 @@ def _version() -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``tokenfeed`` console script and ``python -m tokenfeed``. Returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args
+    debug = "--debug" in args  # accepted before or after the command, for every command
+    args = [x for x in args if x != "--debug"]
     # bench forwards everything after its name to the benchmark package
     if "bench" in args:
         k = args.index("bench")
@@ -466,8 +469,26 @@ def _run(fn: Callable[[], int], debug: bool) -> int:
             msg = e.strerror
         if isinstance(e, OSError) and e.filename and str(e.filename) not in msg:
             msg = f"{e.filename}: {msg}"
-        print(f"{PROG}: error: {msg}", file=sys.stderr)
+        print(f"{PROG}: error: {cli_words(msg)}", file=sys.stderr)
         return 1
+    except Exception as e:  # anything else (a missing optional module, a bug): one line, the traceback on --debug
+        if debug:
+            raise
+        print(f"{PROG}: error: {type(e).__name__}: {cli_words(str(e))} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+# Keyword arguments that the library's messages advise, and the command-line flag that
+# does the same: a message shown by the CLI names what can be typed there.
+_FLAGS = {"dtype": "--dtype", "format": "--format", "vocab_size": "--vocab-size", "block_tokens": "--block-tokens",
+          "seq_len": "--seq-len", "packing": "--packing"}
+_KW = re.compile(r"\b(" + "|".join(_FLAGS) + r")=(?:([\"'])([^\"']*)\2|(?=[\s).,;]|$))")
+
+
+def cli_words(msg: str) -> str:
+    """`msg` with library keywords (``dtype="uint16"``, ``pass dtype=``) as CLI flags (``--dtype uint16``)."""
+    return _KW.sub(lambda m: _FLAGS[m.group(1)] + (f" {m.group(3)}" if m.group(2) else ""), msg)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -23,7 +23,7 @@ part 1's, and so on; with datatrove's file readers, task ``k`` reads files ``k``
 
 The same step runs under the Slurm and Ray executors; the output directory must be a
 filesystem path every task can write (local disk for the local executor, a shared
-filesystem on a cluster). Needs ``pip install 'tokenfeed[datatrove]'``.
+filesystem on a cluster). Needs ``pip install 'datatrove>=0.5' orjson 'tokenizers>=0.13'``.
 """
 from __future__ import annotations
 
@@ -33,13 +33,15 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .._extras import pip_hint
+
 try:
     from datatrove.data import Document, DocumentsPipeline
     from datatrove.pipeline.base import PipelineStep
     from datatrove.utils.batching import batched
     from datatrove.utils.logging import logger
 except ImportError as e:  # pragma: no cover - exercised only without the extra
-    raise ImportError("tokenfeed.integrations.datatrove needs datatrove: pip install 'tokenfeed[datatrove]'") from e
+    raise ImportError(f"tokenfeed.integrations.datatrove needs datatrove: {pip_hint('datatrove')}") from e
 
 from .._text import Chunk, ConvertError, Settings, chunk_texts, default_eod, file_sha256, load_tokenizer
 from .._parts import PartWriter
