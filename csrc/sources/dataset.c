@@ -299,6 +299,12 @@ int tf_dataset_open_remote(const char *const *paths, size_t n, const tf_open_opt
             return rc;
         }
     }
+    if (nfiles == 0 && n > 0) { /* e.g. a dataset written with no documents: name what was opened */
+        free(files);
+        TF_FAIL(-TF_EFORMAT, "%s: num_tokens: expected at least one token, found an empty dataset (no token files; a "
+                "DatasetWriter that received no documents writes one). Check that the path points at the data you "
+                "meant.", paths[0]);
+    }
     return finish_dataset(files, nfiles, out);
 }
 
