@@ -96,9 +96,50 @@ def _inspect(ds: Any, seq_len: Optional[int], max_docs: int, packing: str = "con
             "p99": float(np.percentile(lens, 99)), "max": int(lens.max()),
             "empty": int((lens == 0).sum()), "histogram": hist,
         }
+    info.update(_max_id(ds))
     if seq_len is not None:
         info["packing"] = _packing(ds, int(seq_len), packing, starts, lens, sampled)
     return info
+
+
+# Up to this many local tokens the maximum id is exact; beyond, and for remote data, it is
+# the maximum of evenly spaced pieces (inspect stays quick; `verify` reads everything).
+_MAX_ID_SCAN = 1 << 31
+
+
+def _max_id(ds: Any) -> Dict[str, Any]:
+    """The largest token id (exact, or over evenly spaced pieces), and warnings about it: ids at
+    the dtype's largest value (a vocabulary wider than the dtype was cut when written) or at or
+    above vocab_size."""
+    from ._remote import is_url
+
+    n, step = ds.num_tokens, 1 << 24
+    if n <= _MAX_ID_SCAN and not any(is_url(str(p)) for p in ds.paths):
+        ranges, scanned = [(s, min(n, s + step)) for s in range(0, n, step)], n
+    else:
+        piece = min(1 << 20, n)
+        k = min(256, max(1, n // piece))
+        starts = np.unique(np.linspace(0, n - piece, k).astype(np.int64))
+        ranges, scanned = [(int(s), int(s) + piece) for s in starts], len(starts) * piece
+    mx = None
+    for a, b in ranges:
+        t = ds.tokens(a, b)
+        if len(t):
+            m = int(t.max())
+            mx = m if mx is None or m > mx else mx
+    out: Dict[str, Any] = {"max_token_id": mx, "max_token_id_tokens_scanned": scanned}
+    warn: List[str] = []
+    if mx is not None:
+        dt = np.dtype(ds.dtype)
+        if dt.kind in "iu" and mx == int(np.iinfo(dt).max):
+            warn.append(f"the maximum token id {mx:,} is the largest {dt.name} value: ids from a vocabulary wider "
+                        f"than {dt.name} may have been cut when the data was written (more than "
+                        f"{int(np.iinfo(dt).max) + 1:,} ids need uint32)")
+        if ds.vocab_size is not None and mx >= ds.vocab_size:
+            warn.append(f"the maximum token id {mx:,} is >= vocab_size {ds.vocab_size:,}: an embedding of "
+                        f"vocab_size rows would fail on it (wrong --dtype, or wrong --vocab-size when converted?)")
+    out["warnings"] = warn
+    return out
 
 
 def _packing(ds: Any, L: int, packing: str, starts: np.ndarray, lens: np.ndarray, sampled: bool) -> Dict[str, Any]:
@@ -149,6 +190,12 @@ def _print_inspect(info: Dict[str, Any]) -> None:
     print(f"documents     {info['num_documents']:,}")
     print(f"dtype         {info['dtype']}")
     print(f"vocab_size    {vocab}")
+    if info.get("max_token_id") is not None:
+        part = info["max_token_id_tokens_scanned"] < info["num_tokens"]
+        print(f"max token id  {info['max_token_id']:,}"
+              + (f" (over {info['max_token_id_tokens_scanned']:,} evenly spaced tokens)" if part else ""))
+    for w in info.get("warnings", []):
+        print(f"warning: {w}", file=sys.stderr)
     print(f"fingerprint   {info['fingerprint']}")
     files = info["files"]
     comp = sum(1 for f in files if f["compressed"])
@@ -433,6 +480,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _run(lambda: cmd_bench(args[k + 1:]), debug)
     ap = build_parser()
     a = ap.parse_args(args)
+    a.debug = debug
     if a.command is None:
         ap.print_help()
         return 2
