@@ -363,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "  tokenfeed convert books/*.txt data/books --tokenizer tokenizer.json --paragraphs\n"
                 "  tokenfeed convert corpus/ data/train --tokenizer tokenizer.json --tasks 16 --workers 8\n"
                 "  tokenfeed convert gpt2_data/my_text_document data/train --compression zstd\n"
+                "  tokenfeed convert data/train data/train-zstd --compression zstd --block-tokens 4096\n"
                 "  tokenfeed convert fineweb_train_*.bin data/fineweb --vocab-size 50257\n"
                 "  tokenfeed convert tokens.bin data/train --dtype uint16 --vocab-size 50304"))
     c.add_argument("paths", nargs="+", metavar="PATH", help="INPUT files or directories, then the OUT directory")
