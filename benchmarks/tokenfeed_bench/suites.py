@@ -227,7 +227,7 @@ def run(args: Any) -> Dict[str, Any]:
             R.skip("tokenfeed backend=io_uring", "tokenfeed", "skipped",
                    f"io_uring not usable here: {bi.get('io_uring', {}).get('detail')}")
         if zdir and bi.get("zstd", {}).get("usable"):
-            R.results.append(R.run("tokenfeed zstd data", "tokenfeed", dict(tf, path=zdir), headline=True,
+            R.results.append(R.run("tokenfeed zstd data", "tokenfeed", dict(tf, path=zdir, **stall), headline=True,
                                    note="full shuffle: every sample decompresses its own zstd block"))
             R.results.append(R.run("tokenfeed zstd data shuffle=block", "tokenfeed",
                                    dict(tf, path=zdir, shuffle="block"),
@@ -321,7 +321,7 @@ def estimate(args: Any) -> str:
     stall_rows = 0
     if "tokenfeed" in g:
         secs += 12 * per_case
-        stall_rows += 1
+        stall_rows += 2
     if "ceiling" in g:
         secs += 2 * per_case + 5
     if "baselines" in g:
