@@ -47,6 +47,27 @@ class PerformanceWarning(UserWarning):
 PADDING_WARN = 0.5
 
 
+def _traps(order: Any, weights: Any, packing: str, seq_len: int, global_batch: int, mix_window: int) -> List[str]:
+    """Configurations that work but do not deliver what they look like: a linear ramp
+    flattened by the mixing window, a packing that is mostly padding."""
+    out = []
+    if isinstance(weights, WeightSchedule):
+        ramp = short_ramps(weights, global_batch, mix_window)
+        if ramp:
+            out.append(ramp)
+    if packing in ("best_fit", "document"):  # their packing stats are free: gathered with the plan
+        pad = order.packing_stats()
+        frac = float(pad.get("padding_fraction") or 0.0)
+        if frac > PADDING_WARN:
+            real = int(pad["token_slots"]) - int(pad["pad_tokens"])
+            mean = real / max(1, int(pad["documents"]) - int(pad.get("empty_documents", 0)))
+            out.append(f"tokenfeed: packing={packing!r} at seq_len={seq_len} pads {frac:.0%} of every batch "
+                       f"(packing_stats()['padding_fraction']): the documents average {mean:,.0f} tokens. "
+                       f"Lower seq_len toward that, or use packing='concat' (no padding)"
+                       + (" or 'best_fit'" if packing == "document" else ""))
+    return out
+
+
 def _torch_available() -> bool:
     return "torch" in sys.modules or importlib.util.find_spec("torch") is not None
 
@@ -159,20 +180,8 @@ class Loader:
         self._order = self._order_cfg.build(self._core_source())
         self._position = 0
         self._warned = False
-        if isinstance(self._order_cfg.weights, WeightSchedule):
-            ramp = short_ramps(self._order_cfg.weights, self.global_batch, mix_window)
-            if ramp:
-                warnings.warn(ramp, UserWarning, stacklevel=2)
-        if packing in ("best_fit", "document"):  # their packing stats are free: gathered with the plan
-            pad = self._order.packing_stats()
-            frac = float(pad.get("padding_fraction") or 0.0)
-            if frac > PADDING_WARN:
-                real = int(pad["token_slots"]) - int(pad["pad_tokens"])
-                mean = real / max(1, int(pad["documents"]) - int(pad.get("empty_documents", 0)))
-                warnings.warn(f"tokenfeed: packing={packing!r} at seq_len={seq_len} pads {frac:.0%} of every batch "
-                              f"(packing_stats()['padding_fraction']): the documents average {mean:,.0f} tokens. "
-                              f"Lower seq_len toward that, or use packing='concat' (no padding)"
-                              + (" or 'best_fit'" if packing == "document" else ""), UserWarning, stacklevel=2)
+        for trap in _traps(self._order, self._order_cfg.weights, packing, seq_len, self.global_batch, mix_window):
+            warnings.warn(trap, UserWarning, stacklevel=2)
         self._engine: Optional[Any] = self._new_engine(stacklevel=3)
         # the global positions this engine has served, for the per-source accounting
         self._acct_ranges: List[Tuple[int, int]] = [(0, 0)]
