@@ -50,7 +50,7 @@ PADDING_WARN = 0.5
 def _traps(order: Any, weights: Any, packing: str, seq_len: int, global_batch: int, mix_window: int) -> List[str]:
     """Configurations that work but do not deliver what they look like: a linear ramp
     flattened by the mixing window, a packing that is mostly padding."""
-    out = []
+    out: List[str] = []
     if isinstance(weights, WeightSchedule):
         ramp = short_ramps(weights, global_batch, mix_window)
         if ramp:
