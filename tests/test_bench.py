@@ -456,3 +456,14 @@ def test_data_option_reads_existing_raw(tmp_path) -> None:
     assert "tokenfeed" in {x["name"] for x in r["results"] if x["status"] == "ok"}
     z = [x for x in r["results"] if x["name"] == "tokenfeed zstd data"][0]
     assert z["status"] == "skipped" and z["reason"]
+
+
+def test_the_run_says_up_front_how_long_it_takes_and_what_it_writes(tmp_path) -> None:
+    from tokenfeed_bench.suites import estimate
+
+    a = cli.parse_args(["--quick", "--cache-dir", str(tmp_path), "--skip", "larger"])
+    text = estimate(a)
+    assert "this run takes about" in text and "minute" in text and str(tmp_path) in text
+    full = estimate(cli.parse_args(["--cache-dir", str(tmp_path), "--big-size", "40G"]))
+    assert "removed at the end" in full
+    assert int(full.split("about ")[1].split(" ")[0]) > int(text.split("about ")[1].split(" ")[0])
