@@ -327,6 +327,8 @@ def estimate(args: Any) -> str:
     if "baselines" in g:
         secs += 4 * per_case
         stall_rows += 2
+    if g & {"peers", "startup", "restore"}:
+        secs += 5 * len(args.peers)  # each peer's import is tried in a child process first
     npeers = len(args.peers) if "peers" in g else 0
     secs += npeers * per_case
     stall_rows += npeers
@@ -342,7 +344,8 @@ def estimate(args: Any) -> str:
     gen = args.tokens / 10e6 if not args.data else 0.0
     disk = (args.tokens * 2 * 3.5 if not args.data else 0) + (args.big_size or 0)
     mins = (secs + gen) / 60
-    return (f"this run takes about {max(1, round(mins))} minute{'s' if mins >= 1.5 else ''} here "
+    return (f"this run takes about {max(1, round(mins))} minute{'s' if mins >= 1.5 else ''} on this machine when "
+            f"it is idle "
             f"({round(gen / 60, 1)} of them generating data, which a later run reuses; peer installs with "
             f"--install-peers come on top) and writes up to {human_bytes(disk)} under {args.cache_dir}"
             + (" (the larger-than-memory file is removed at the end)" if "larger" in g and not args.keep_big else ""))
