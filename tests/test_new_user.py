@@ -223,3 +223,18 @@ def test_heavy_padding_warns_and_stats_say_how_much(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tokenfeed.Loader(d, seq_len=64, batch_size=2, packing="best_fit", output="numpy")
+
+
+def test_convert_text_with_block_tokens(tmp_path, capsys):
+    from conftest import tokenizer_json
+
+    texts = [f"document {i} says the quick brown fox jumps over the lazy dog {i * 7}" for i in range(300)]
+    tok = tokenizer_json(tmp_path, texts)
+    (tmp_path / "corpus.jsonl").write_text("".join('{"text": "%s"}\n' % t for t in texts))
+    rc, out, err = run_cli(["convert", tmp_path / "corpus.jsonl", tmp_path / "out", "--tokenizer", tok,
+                            "--compression", "zstd", "--block-tokens", "64", "--workers", "1"], capsys)
+    assert rc == 0, err
+    ds = tokenfeed.open(tmp_path / "out")
+    shard = ds.files()[0]["path"]
+    with open(shard, "rb") as fh:
+        assert int.from_bytes(fh.read(104)[96:104], "little") == 64
