@@ -24,11 +24,33 @@ done
 if ! $PY -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then
   need+=(python3-dev)
 fi
+# Fresh cloud VMs often run unattended upgrades at boot, holding the dpkg lock for a
+# few minutes: wait for it (up to 5 minutes, saying so) instead of failing at once.
+# apt waits by itself where it knows DPkg::Lock::Timeout (apt >= 1.9.11); the loop
+# covers older apt and the lists lock of `apt-get update`.
+LOCK_WAIT_S=300
+apt_wait() {
+  local deadline=$((SECONDS + LOCK_WAIT_S)) out
+  while :; do
+    if out=$("$@" 2>&1); then return 0; fi
+    if ! printf '%s' "$out" | grep -qiE 'could not get lock|unable to lock|unable to acquire|is another process using it'; then
+      printf '%s\n' "$out" >&2
+      return 1
+    fi
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      printf '%s\n' "$out" >&2
+      echo "another package manager still holds the dpkg lock after $((LOCK_WAIT_S / 60)) minutes (unattended upgrades?): wait for it to finish, then re-run" >&2
+      return 1
+    fi
+    echo "waiting for another package manager to release the dpkg lock ($((deadline - SECONDS)) s left of $((LOCK_WAIT_S / 60)) minutes)..." >&2
+    sleep 10
+  done
+}
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi
   echo "installing system packages: ${need[*]}"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+  apt_wait $SUDO apt-get -o DPkg::Lock::Timeout=60 update -qq
+  apt_wait $SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=60 install -y -qq "${need[@]}"
 fi
 [ "${1:-}" = system ] && exit 0
 

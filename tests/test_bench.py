@@ -175,12 +175,41 @@ def _fake_report(scale: float = 1.0) -> dict:
 
 def test_summary_has_every_table_and_no_words_for_developers() -> None:
     text = report.format_summary(_fake_report())
-    for needle in ("tokens/s", "x ceiling CPU", "waiting for data", "T=1 ms", "60.0", "fio randread 8 KiB QD1",
+    for needle in ("tokens/s", "waiting for data", "T=1 ms", "60.0", "fio randread 8 KiB QD1",
                    "larger than", "time to first batch", "restore, then first batch", "KeyError",
                    "MosaicML Streaming (MDS): not installed: pip install failed"):
         assert needle in text, needle
     lowered = text.lower()
     assert "goal" not in lowered and "issue" not in lowered and "target" not in lowered
+
+
+def test_summary_ends_with_a_verdict_and_keeps_internal_columns_for_verbose() -> None:
+    r = _fake_report()
+    r["left_on_disk"] = {"path": "/cache/bench", "bytes": 512 * 2**20}
+    text = report.format_summary(r)
+    assert "at a 1 ms step your GPU waits for data 2.0 % of the time with tokenfeed, 60.0 % with LitData " \
+           "TokensLoader" in " ".join(text.split())
+    assert "T = your training step time" in text
+    for internal in ("x ceiling CPU", "x tokenfeed", "C gather ceiling (1 thread)"):
+        assert internal not in text, internal
+        assert internal in report.format_summary(r, verbose=True), internal
+    assert "left on disk: 512 MiB in /cache/bench" in text and "rm -rf /cache/bench" in text
+    assert text.count("did not run") == 1 and text.count("KeyError") == 1
+    assert all(len(line) <= 120 for line in text.splitlines() if not line.startswith(("loader", "tokenfeed ")))
+
+
+def test_disk_heading_says_whether_the_file_fits_in_memory() -> None:
+    r = _fake_report()
+    assert "larger than the 24 GiB of RAM (reads reach the disk)" in report.format_summary(r)
+    r["larger_than_memory"].update(bytes=2e9, exceeds_ram=False)
+    text = " ".join(report.format_summary(r).split())
+    assert "smaller than the 24 GiB of RAM (it fits in the page cache" in text and "NOT" not in text
+
+
+def test_megatron_hint_is_one_runnable_pip_command() -> None:
+    hint = install.install_hint(next(p for p in PEERS if p.key == "megatron-core"))
+    assert hint.startswith(sys.executable.split("/")[-1]) or "-m pip install megatron-core==" in hint
+    assert ";" not in hint and "python_version" not in hint and hint.count("megatron-core==") == 1
 
 
 def test_compare_names_what_changed() -> None:
@@ -427,3 +456,14 @@ def test_data_option_reads_existing_raw(tmp_path) -> None:
     assert "tokenfeed" in {x["name"] for x in r["results"] if x["status"] == "ok"}
     z = [x for x in r["results"] if x["name"] == "tokenfeed zstd data"][0]
     assert z["status"] == "skipped" and z["reason"]
+
+
+def test_the_run_says_up_front_how_long_it_takes_and_what_it_writes(tmp_path) -> None:
+    from tokenfeed_bench.suites import estimate
+
+    a = cli.parse_args(["--quick", "--cache-dir", str(tmp_path), "--skip", "larger"])
+    text = estimate(a)
+    assert "this run takes about" in text and "minute" in text and str(tmp_path) in text
+    full = estimate(cli.parse_args(["--cache-dir", str(tmp_path), "--big-size", "40G"]))
+    assert "removed at the end" in full
+    assert int(full.split("about ")[1].split(" ")[0]) > int(text.split("about ")[1].split(" ")[0])

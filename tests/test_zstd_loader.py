@@ -118,7 +118,7 @@ def test_full_shuffle_on_large_blocks_warns(twin):
         ld = tokenfeed.Loader(zstd, seq_len=15, batch_size=B, seed=1, shuffle="full", output="numpy",
                               zstd_cache_bytes=4 * BLOCK_TOKENS * 2)
     z = ld.stats()["zstd"]
-    assert z["decode_model"] > 8 and "block_tokens" in z["note"]
+    assert z["decode_model"] > 8 and "--block-tokens" in z["note"]
     for _ in range(100):
         next(ld)
     assert 16 < ld.stats()["zstd"]["decode_ratio"] < 40

@@ -113,8 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--json", metavar="PATH", help="write every raw figure as JSON")
     o.add_argument("--plot", metavar="PATH",
                    help="write charts to a PNG: throughput, stall fraction vs step time, start-up vs shards "
-                        "(needs matplotlib: pip install 'tokenfeed[bench]')")
+                        "(needs matplotlib: pip install 'matplotlib>=3.5')")
     o.add_argument("--compare", metavar="OLD.json", help="print what changed against an earlier --json file")
+    o.add_argument("-v", "--verbose", action="store_true",
+                   help="also print tokenfeed's own variants (threads, backends, output types), the C gather "
+                        "ceiling and the ratio columns (x ceiling CPU, x tokenfeed, x ceiling)")
     o.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     return p
 
@@ -207,7 +210,7 @@ def main(argv: Optional[List[str]] = None, run: Optional[Callable[[argparse.Name
         return 130
     from . import report as rep
 
-    print(rep.format_summary(report))
+    print(rep.format_summary(report, verbose=getattr(args, "verbose", False)))
     if args.json:
         _write_json(report, args.json)
         sys.stderr.write(f"wrote {args.json}\n")

@@ -149,6 +149,37 @@ def venv_python(root: str, peer: Peer) -> str:
     return os.path.join(root, peer.key, "bin", "python")
 
 
+def _applies(requirement: str) -> bool:
+    """Whether a requirement's environment marker holds for this interpreter (python_version
+    markers only: the only kind peers.py uses)."""
+    if ";" not in requirement:
+        return True
+    marker = requirement.split(";", 1)[1].strip()
+    try:
+        from packaging.markers import Marker
+
+        return bool(Marker(marker).evaluate())
+    except ImportError:
+        import operator
+        import re
+
+        m = re.fullmatch(r"python_version\s*(<=|>=|<|>|==|!=)\s*[\"']([\d.]+)[\"']", marker)
+        if not m:
+            return True
+        ops = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
+               "!=": operator.ne}
+        want = tuple(int(x) for x in m.group(2).split("."))
+        return bool(ops[m.group(1)](sys.version_info[:len(want)], want))
+
+
+def install_hint(peer: Peer) -> str:
+    """A pip command for this interpreter that installs the peer's pinned release as it is."""
+    import shlex
+
+    reqs = [r.split(";", 1)[0].strip() for r in peer.requirements if _applies(r)]
+    return f"{shlex.quote(sys.executable)} -m pip install " + " ".join(shlex.quote(r) for r in reqs)
+
+
 def requirements_for(peer: Peer) -> List[str]:
     reqs = list(peer.requirements) + ["numpy"]  # every loader module reads the tokens with numpy
     if peer.needs_torch:

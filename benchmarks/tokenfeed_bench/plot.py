@@ -39,7 +39,7 @@ def write_plot(report: Dict[str, Any], path: str) -> Optional[str]:
         from matplotlib.patches import Patch
         from matplotlib.ticker import FuncFormatter
     except ImportError:
-        return "matplotlib is not installed: pip install matplotlib (or pip install 'tokenfeed[bench]')"
+        return "matplotlib is not installed: pip install 'matplotlib>=3.5'"
     panels = _panels(report)
     if not panels:
         return "nothing to plot: no configuration ran"

@@ -25,33 +25,71 @@ def _num(v: float) -> str:
     return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.2f}" if abs(v) >= 1 else f"{v:.4f}"
 
 
-def throughput_table(report: Dict[str, Any]) -> str:
-    ceil_cpu = (report.get("reference") or {}).get("ceiling_cpu_s_per_btok")
-    hdr = ("loader", "tokens/s", "p50 ms", "p99 ms", "CPU s/Gtok", "x ceiling CPU", "peak RSS MB", "first batch ms",
-           "x tokenfeed", "x ceiling")
-    rows, failed = [], []
+# Rows a training team compares: the loader they would use as it comes. The other rows
+# (thread counts, backends, the C gather ceiling, output types) explain tokenfeed's own
+# figures and are shown with --verbose. A suite adds a headline row by giving it one of
+# these groups or "headline": True (Runner.run(..., headline=True)).
+HEADLINE_GROUPS = ("baseline", "peer", "adapter")
+HEADLINE_NAMES = ("tokenfeed", "tokenfeed zstd data", "tokenfeed device=cuda")
+
+
+def is_headline(r: Dict[str, Any]) -> bool:
+    return bool(r.get("headline")) or r.get("group") in HEADLINE_GROUPS or r.get("name") in HEADLINE_NAMES
+
+
+def _wrap(text: str, indent: str = "  ", width: int = 100) -> List[str]:
+    """Whole words on lines of at most `width` characters (a long reason is wrapped, never cut)."""
+    import textwrap
+
+    return textwrap.wrap(" ".join(str(text).split()), width=width, initial_indent=indent,
+                         subsequent_indent=indent + "  ", break_long_words=False, break_on_hyphens=False) or [indent]
+
+
+def _not_run(report: Dict[str, Any]) -> Dict[str, str]:
+    """{loader or configuration: why it did not run}, once per loader, from every section."""
+    out: Dict[str, str] = {}
+
+    def add(name: str, r: Dict[str, Any]) -> None:
+        why = f"{r.get('status')}: {r.get('reason') or ''}".rstrip(": ")
+        out.setdefault(name, why)
+
     for r in report.get("results", []):
-        if r.get("status") == "ok" and "tokens_per_s" in r:
-            rows.append((r["name"], human(r["tokens_per_s"]), _f(r["p50_ms"]), _f(r["p99_ms"]),
-                         _f(r["cpu_s_per_btok"], ".1f"),
-                         _f(r["cpu_s_per_btok"] / ceil_cpu if ceil_cpu else None, ".1f"),
-                         _f(r["peak_rss_mb"], ".0f"),
-                         _f(r["first_batch_s"] * 1e3 if r.get("first_batch_s") is not None else None, ".0f"),
-                         _f(r.get("ratio_to_tokenfeed")), _f(r.get("ratio_to_ceiling"))))
-        else:
-            failed.append(f"{r['name']}: {r.get('status')}: {r.get('reason', '')}")
-    out = _table(hdr, rows) if rows else ["(no throughput figures)"]
-    if failed:
-        out += ["", "did not run:"] + [f"  {x[:300]}" for x in failed]
-    return "\n".join(out)
+        if r.get("status") != "ok":
+            add(r["name"], r)
+    for r in report.get("startup") or []:
+        if r.get("status") != "ok":
+            add(r["loader"] if r.get("peer") else f"start-up: {r['loader']} at {r['shards']:,} shards", r)
+    for r in report.get("restore") or []:
+        if r.get("status") != "ok":
+            add(r["loader"] if r.get("peer") else f"restore: {r['loader']}", r)
+    return out
 
 
-def stall_table(report: Dict[str, Any]) -> Optional[str]:
-    rows = [r for r in report.get("results", []) if r.get("status") == "ok" and r.get("stalls")]
+def throughput_table(report: Dict[str, Any], verbose: bool = False) -> str:
+    ceil_cpu = (report.get("reference") or {}).get("ceiling_cpu_s_per_btok")
+    hdr: Tuple[str, ...] = ("loader", "tokens/s", "p50 ms", "p99 ms", "CPU s/Gtok", "peak RSS MB")
+    if verbose:
+        hdr += ("x ceiling CPU", "first batch ms", "x tokenfeed", "x ceiling")
+    rows = []
+    for r in report.get("results", []):
+        if r.get("status") == "ok" and "tokens_per_s" in r and (verbose or is_headline(r)):
+            row = [r["name"], human(r["tokens_per_s"]), _f(r["p50_ms"]), _f(r["p99_ms"]),
+                   _f(r["cpu_s_per_btok"], ".1f"), _f(r["peak_rss_mb"], ".0f")]
+            if verbose:
+                row += [_f(r["cpu_s_per_btok"] / ceil_cpu if ceil_cpu else None, ".1f"),
+                        _f(r["first_batch_s"] * 1e3 if r.get("first_batch_s") is not None else None, ".0f"),
+                        _f(r.get("ratio_to_tokenfeed")), _f(r.get("ratio_to_ceiling"))]
+            rows.append(row)
+    return "\n".join(_table(hdr, rows) if rows else ["(no throughput figures)"])
+
+
+def stall_table(report: Dict[str, Any], verbose: bool = False) -> Optional[str]:
+    rows = [r for r in report.get("results", []) if r.get("status") == "ok" and r.get("stalls")
+            and (verbose or is_headline(r))]
     if not rows:
         return None
     steps = [s["step_ms"] for s in rows[0]["stalls"]]
-    hdr = ["waiting for data, % of wall time"] + [f"T={s:g} ms" for s in steps]
+    hdr = ["GPU waiting for data, % of time"] + [f"T={s:g} ms" for s in steps]
     body = []
     for r in rows:
         by = {s["step_ms"]: s for s in r["stalls"]}
@@ -59,14 +97,49 @@ def stall_table(report: Dict[str, Any]) -> Optional[str]:
     return "\n".join(_table(hdr, body))
 
 
+def verdict_lines(report: Dict[str, Any]) -> List[str]:
+    """The answer in a training team's words: per step time, how much of the time the GPU
+    would wait for data with each loader that was measured with a step."""
+    rows = [r for r in report.get("results", []) if r.get("status") == "ok" and r.get("stalls") and is_headline(r)]
+    if not rows:
+        return []
+    c = report.get("config", {})
+    out = _wrap(f"Verdict (T = your training step time: the GPU's forward, backward and optimizer work on one batch "
+                f"of {c.get('batch_size')} x {c.get('seq_len')} tokens; the loader was read by a loop that spends T "
+                f"per batch):", indent="")
+    steps = sorted({s["step_ms"] for r in rows for s in r["stalls"]})
+    for t in steps:
+        parts = []
+        for r in rows:
+            s = next((x for x in r["stalls"] if x["step_ms"] == t), None)
+            if s is not None:
+                parts.append(f"{s['stall_fraction'] * 100:.1f} %" + (" of the time" if not parts else "")
+                             + f" with {r['name']}")
+        if parts:
+            out += _wrap(f"at a {t:g} ms step your GPU waits for data " + ", ".join(parts))
+    tf = next((r for r in report.get("results", []) if r.get("name") == "tokenfeed" and r.get("status") == "ok"
+               and "tokens_per_s" in r), None)
+    if tf and c.get("batch_size") and c.get("seq_len"):
+        ms = c["batch_size"] * c["seq_len"] / tf["tokens_per_s"] * 1e3
+        out += _wrap(f"tokenfeed assembles a batch in {ms:.3g} ms on average here ({human(tf['tokens_per_s'])} "
+                     f"tokens/s, {_f(tf['cpu_s_per_btok'], '.1f')} CPU s per billion tokens), on CPU cores your "
+                     f"training process shares with it")
+    return out
+
+
 def larger_lines(report: Dict[str, Any]) -> List[str]:
     big = report.get("larger_than_memory")
     if not big:
         return []
     if big.get("status") != "ok":
-        return [f"larger than memory: {big.get('status')}: {big.get('reason')}"]
-    fits = "larger than" if big["exceeds_ram"] else "NOT larger than (it fits in the page cache)"
-    out = [f"shuffled reads of {human_bytes(big['bytes'])}, {fits} {human_bytes(big['ram_bytes'])} RAM:"]
+        return _wrap(f"larger than memory: {big.get('status')}: {big.get('reason')}", indent="")
+    size, ram = human_bytes(big["bytes"]), human_bytes(big["ram_bytes"])
+    if big["exceeds_ram"]:
+        head = f"shuffled reads of a {size} file, larger than the {ram} of RAM (reads reach the disk):"
+    else:
+        head = (f"shuffled reads of a {size} file, smaller than the {ram} of RAM (it fits in the page cache, so "
+                f"this measures memory more than the disk; pass --big-size above the RAM to measure the disk):")
+    out = _wrap(head, indent="")
     f = big.get("fio", {})
     hdr = ("reader", "tokens/s", "p99 ms", "CPU s/Gtok", "x fio limit")
     rows = []
@@ -80,10 +153,13 @@ def larger_lines(report: Dict[str, Any]) -> List[str]:
             rows.append((name, human(r["tokens_per_s"]), _f(r["p99_ms"]), _f(r["cpu_s_per_btok"], ".1f"),
                          _f(r.get("ratio_to_fio"))))
         else:
-            rows.append((name, f"{r.get('status')}: {r.get('reason')}"[:100], "", "", ""))
+            rows.append((name, f"{r.get('status')} (below)", "", "", ""))
     out += _table(hdr, rows)
     if f.get("status") != "ok":
-        out.append(f"fio: {f.get('status')}: {f.get('reason')}")
+        out += _wrap(f"fio: {f.get('status')}: {f.get('reason')}", indent="")
+    for r in big.get("rows", []):
+        if r.get("status") != "ok":
+            out += _wrap(f"{r['name']}: {r.get('status')}: {r.get('reason')}", indent="")
     return out
 
 
@@ -95,10 +171,10 @@ def startup_lines(report: Dict[str, Any]) -> List[str]:
     body = []
     for r in rows:
         what = r["loader"] + (" (sparse)" if r.get("sparse") else "") + (" (default layout)" if r.get("layout") else "")
-        val = _f(r["first_batch_s"] * 1e3, ".0f") if r.get("status") == "ok" else \
-            f"{r.get('status')}: {r.get('reason')}"[:100]
-        body.append((what, f"{r['shards']:,}", human(r.get("tokens")), val))
-    return _table(hdr, body, left=1)
+        if r.get("status") != "ok":
+            continue  # listed once, with the reason, under "did not run"
+        body.append((what, f"{r['shards']:,}", human(r.get("tokens")), _f(r["first_batch_s"] * 1e3, ".0f")))
+    return _table(hdr, body, left=1) if body else []
 
 
 def restore_lines(report: Dict[str, Any]) -> List[str]:
@@ -106,24 +182,42 @@ def restore_lines(report: Dict[str, Any]) -> List[str]:
     if not rows:
         return []
     hdr = ("restore, then first batch", "position (samples)", "ms")
-    body, how, failed = [], {}, []
+    body, how = [], {}
     for r in rows:
         if r.get("status") == "ok":
             body.append((r["loader"], human(r["position"]), _f(r["restore_s"] * 1e3, ".1f")))
             how.setdefault(r["loader"], r.get("method", ""))
-        else:
-            failed.append(f"  {r['loader']}: {r.get('status')}: {' '.join(str(r.get('reason')).split())[:300]}")
     out = _table(hdr, body, left=1) if body else []
-    out += [f"  {k}: {v}" for k, v in how.items() if v]
-    return out + (["did not run:"] + failed if failed else [])
+    return out + [f"  {k}: {v}" for k, v in how.items() if v]
 
 
-def format_summary(report: Dict[str, Any]) -> str:
+def not_run_lines(report: Dict[str, Any], verbose: bool = False) -> List[str]:
+    items = _not_run(report)
+    if not verbose:  # tokenfeed's own variants that do not apply here (no CUDA, no io_uring) stay in --verbose
+        items = {k: v for k, v in items.items() if not (k.startswith("tokenfeed ") and v.startswith("skipped"))}
+    if not items:
+        return []
+    out = ["did not run:"]
+    for k, v in items.items():
+        out += _wrap(f"{k}: {v}")
+    return out
+
+
+def disk_lines(report: Dict[str, Any]) -> List[str]:
+    d = report.get("left_on_disk")
+    if not d:
+        return []
+    return _wrap(f"left on disk: {human_bytes(d['bytes'])} in {d['path']} (generated data, converted peer data, "
+                 f"peer environments; reused by the next run). Remove it with: rm -rf {d['path']}", indent="")
+
+
+def format_summary(report: Dict[str, Any], verbose: bool = False) -> str:
     m = report.get("machine", {})
     c = report.get("config", {})
     out = [f"tokenfeed bench: {c.get('batch_size')} x {c.get('seq_len')} {c.get('data_dtype')} -> int64, shuffled; "
-           f"{m.get('cpu_model')}, {m.get('cores')} cores, {m.get('memory_gib')} GiB", "", throughput_table(report)]
-    st = stall_table(report)
+           f"{m.get('cpu_model')}, {m.get('cores')} cores, {m.get('memory_gib')} GiB", "",
+           throughput_table(report, verbose)]
+    st = stall_table(report, verbose)
     if st:
         out += ["", st]
     for part in (larger_lines(report), startup_lines(report), restore_lines(report)):
@@ -139,6 +233,19 @@ def format_summary(report: Dict[str, Any]) -> str:
             f"{k} {v['status']}" + (f" ({v.get('seconds')}s)" if v.get("status") == "ok" and not v.get("reused")
                                     else " (reused)" if v.get("reused") else "")
             for k, v in envs.items())]
+    nr = not_run_lines(report, verbose)
+    if nr:
+        out += [""] + nr
+    v = verdict_lines(report)
+    if v:
+        out += [""] + v
+    if not verbose:
+        out += _wrap("(--verbose adds tokenfeed's own variants, the C gather ceiling and the ratio columns; "
+                     "--json PATH writes every figure)", indent="")
+    tail = disk_lines(report)
+    if tail or report.get("total_seconds") is not None:
+        out.append("")
+    out += tail
     if report.get("total_seconds") is not None:
         out += [f"wall time {report['total_seconds']:.0f}s"]
     return "\n".join(out)

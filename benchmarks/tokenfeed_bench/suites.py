@@ -44,7 +44,10 @@ class Runner:
                              "reason": reason})
 
     def run(self, name: str, group: str, case: Case, *, note: str = "", python: str = sys.executable,
-            pythonpath: Optional[str] = None) -> Dict[str, Any]:
+            pythonpath: Optional[str] = None, headline: bool = False) -> Dict[str, Any]:
+        """One measurement in a child process. `headline`: the row is a loader a training team
+        would compare (printed without --verbose, and in the verdict when it has stalls);
+        rows of the groups in report.HEADLINE_GROUPS are headline rows anyway."""
         self.log(f"{name} ...")
         t = time.monotonic()
         prep: Dict[str, Any] = {}
@@ -64,6 +67,8 @@ class Runner:
                   "raw", "doc_ends", "path", "step_ms", "stall_seconds", "mode")
         row = {"name": name, "group": group, "config": {k: v for k, v in case.items() if k not in hidden},
                "note": note}
+        if headline:
+            row["headline"] = True
         row.update(r)
         row.setdefault("status", "failed")
         if row["status"] == "ok" and "tokens_per_s" in row:
@@ -106,7 +111,7 @@ def resolve_peers(args: Any, log: Callable[[str], None]) -> Tuple[Dict[str, Dict
         else:
             out[p.key] = {"status": "not installed",
                           "reason": f"{p.key} is not installed: run with --install-peers (a private environment "
-                                    f"per peer in {root}), or pip install {' '.join(p.requirements)}"}
+                                    f"per peer in {root}), or install it here: {install.install_hint(p)}"}
     return out, envs
 
 
@@ -145,6 +150,7 @@ def run(args: Any) -> Dict[str, Any]:
                               "quick": bool(args.quick), "groups": sorted(args.groups)}
     m = report["machine"]
     log(f"machine: {m['cpu_model']}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}")
+    log(estimate(args))
     bi = tokenfeed.build_info()
     have_torch = _has_torch()
     L, B = args.seq_len, args.batch_size
@@ -209,7 +215,7 @@ def run(args: Any) -> Dict[str, Any]:
     R = Runner(args, log)
 
     if "tokenfeed" in args.groups:
-        R.results.append(R.run("tokenfeed", "tokenfeed", dict(tf, **stall),
+        R.results.append(R.run("tokenfeed", "tokenfeed", dict(tf, **stall), headline=True,
                                note=f"reference: shuffle=full, default threads and backend, int64, output={out_kind}"))
         for name, extra in (("threads=1", {"threads": 1}), ("threads=2", {"threads": 2}),
                             ("shuffle=block", {"shuffle": "block"}), ("shuffle=none", {"shuffle": False}),
@@ -221,7 +227,7 @@ def run(args: Any) -> Dict[str, Any]:
             R.skip("tokenfeed backend=io_uring", "tokenfeed", "skipped",
                    f"io_uring not usable here: {bi.get('io_uring', {}).get('detail')}")
         if zdir and bi.get("zstd", {}).get("usable"):
-            R.results.append(R.run("tokenfeed zstd data", "tokenfeed", dict(tf, path=zdir),
+            R.results.append(R.run("tokenfeed zstd data", "tokenfeed", dict(tf, path=zdir, **stall), headline=True,
                                    note="full shuffle: every sample decompresses its own zstd block"))
             R.results.append(R.run("tokenfeed zstd data shuffle=block", "tokenfeed",
                                    dict(tf, path=zdir, shuffle="block"),
@@ -235,7 +241,8 @@ def run(args: Any) -> Dict[str, Any]:
         R.results.append(R.run("tokenfeed on the flat .bin", "tokenfeed", dict(tf, path=raw, dtype_in=raw_dtype),
                                note="the same headerless file the other loaders read"))
         if bi.get("cuda", {}).get("usable"):
-            R.results.append(R.run("tokenfeed device=cuda", "tokenfeed", dict(tf, device="cuda", **stall)))
+            R.results.append(R.run("tokenfeed device=cuda", "tokenfeed", dict(tf, device="cuda", **stall),
+                                   headline=True))
         else:
             R.skip("tokenfeed device=cuda", "tokenfeed", "skipped",
                    f"no usable CUDA device: {bi.get('cuda', {}).get('detail')}")
@@ -298,9 +305,50 @@ def run(args: Any) -> Dict[str, Any]:
         report["larger_than_memory"] = _larger(R, base, args, bi, have_torch, log)
     if "zstd" in args.groups:
         report["zstd"] = _zstd_figures(native, zdir, log)
+    report["left_on_disk"] = {"path": os.path.abspath(args.cache_dir), "bytes": install.dir_size(args.cache_dir)}
     report["total_seconds"] = round(time.monotonic() - t_start, 1)
     log(f"done in {report['total_seconds']}s")
     return report
+
+
+def estimate(args: Any) -> str:
+    """How long the run will take, said before it starts: a rough sum over the groups
+    (a child process costs ~3 s to start and import; installs and first-time data
+    generation come on top)."""
+    per_case = args.seconds + 3.0
+    g = args.groups
+    secs = 0.0
+    stall_rows = 0
+    if "tokenfeed" in g:
+        secs += 12 * per_case
+        stall_rows += 2
+    if "ceiling" in g:
+        secs += 2 * per_case + 5
+    if "baselines" in g:
+        secs += 4 * per_case
+        stall_rows += 2
+    if g & {"peers", "startup", "restore"}:
+        secs += 5 * len(args.peers)  # each peer's import is tried in a child process first
+    npeers = len(args.peers) if "peers" in g else 0
+    secs += npeers * per_case
+    stall_rows += npeers
+    if "stalls" in g:
+        secs += stall_rows * len(args.step_ms) * args.stall_seconds
+    if "startup" in g:
+        secs += len(args.shards) * 8 + (10 if args.sparse_tokens else 0)
+    if "restore" in g:
+        secs += 4 * 4.0
+    if "larger" in g:
+        size = args.big_size or int((meminfo_bytes() or 0) * 1.6)
+        secs += size / 400e6 + 5 * (args.big_seconds + 3) + 2 * args.fio_seconds
+    gen = args.tokens / 10e6 if not args.data else 0.0
+    disk = (args.tokens * 2 * 3.5 if not args.data else 0) + (args.big_size or 0)
+    mins = (secs + gen) / 60
+    return (f"this run takes about {max(1, round(mins))} minute{'s' if mins >= 1.5 else ''} on this machine when "
+            f"it is idle "
+            f"({round(gen / 60, 1)} of them generating data, which a later run reuses; peer installs with "
+            f"--install-peers come on top) and writes up to {human_bytes(disk)} under {args.cache_dir}"
+            + (" (the larger-than-memory file is removed at the end)" if "larger" in g and not args.keep_big else ""))
 
 
 def _has_torch() -> bool:

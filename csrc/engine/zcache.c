@@ -5,7 +5,7 @@
  * WHY SHARED AND SIZED FROM THE WINDOW
  *
  * A zstd shard stores tokens in independent frames of block_tokens tokens
- * (64 Ki by default). A sample uses L + 1 tokens of a block, so reading a
+ * (2048 by default). A sample uses L + 1 tokens of a block, so reading a
  * sample from a block nobody decoded yet costs (block_tokens + L) tokens of
  * decoding. The block shuffle (order.c) gives locality: the W * Bk samples of
  * one window come from W runs of Bk consecutive samples, i.e. about
@@ -395,7 +395,7 @@ int tf__zcache_create(const tf_dataset *ds, const tf__zgeom *g, tf__zcache **out
     else if (c->model > TF__ZCOST_WARN && why == Z_WHY_FULL)
         snprintf(c->note, sizeof c->note,
                  "decodes ~%.0fx the zstd tokens it delivers: a full shuffle decodes a %llu-token block per "
-                 "sample. Use shuffle='block', or write the data with block_tokens <= %llu (2 x seq_len)",
+                 "sample. Pass shuffle='block', or run tokenfeed convert DIR NEW --compression zstd --block-tokens %llu",
                  c->model, bt, L2);
     else if (c->model > TF__ZCOST_WARN && why == Z_WHY_CACHE)
         snprintf(c->note, sizeof c->note,
@@ -405,7 +405,8 @@ int tf__zcache_create(const tf_dataset *ds, const tf__zgeom *g, tf__zcache **out
     else if (c->model > TF__ZCOST_WARN)
         snprintf(c->note, sizeof c->note,
                  "decodes ~%.0fx the zstd tokens it delivers: each of the %llu ranks decodes the %llu-token "
-                 "blocks its samples touch. Write the data with block_tokens <= %llu (2 x seq_len)",
+                 "blocks its samples touch. Run tokenfeed convert DIR NEW --compression zstd "
+                 "--block-tokens %llu",
                  c->model, (unsigned long long)g->world_size, bt, L2);
     *out = c;
     return 0;

@@ -307,7 +307,8 @@ typedef struct tf_writer_options {
     uint64_t shard_tokens;   /* roll over to a new shard past this many tokens */
     int compression;         /* TF_COMPRESS_NONE or TF_COMPRESS_ZSTD */
     int level;               /* zstd level */
-    uint64_t block_tokens;   /* tokens per compressed block */
+    uint64_t block_tokens;   /* tokens per compressed block; default 2048, so that a full
+                                shuffle decodes ~2x what it reads at seq_len 2048 */
     int overwrite;           /* replace an existing dataset in dir */
     uint64_t chunk_checksum_bytes; /* a table of XXH64 per this many stored token bytes (a power
                                       of two, 4096 to 2^30), so that each chunk fetched from

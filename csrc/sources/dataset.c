@@ -70,8 +70,26 @@ static char *megatron_prefix(const char *path) {
     return pre;
 }
 
-static int detect_file(const char *path, tf_format *fmt) {
-    uint8_t head[8] = {0};
+/* What a file without a token header is, when its first bytes say so: "" when
+ * they do not (it may be a headerless token file). Names the common mistakes
+ * (an empty file, text not yet tokenized, an image or archive) in the error. */
+static const char *not_tokens(const uint8_t *head, ssize_t got) {
+    static const struct { const char *magic; size_t n; const char *what; } known[] = {
+        {"\xff\xd8\xff", 3, "a JPEG image"}, {"\x89PNG", 4, "a PNG image"}, {"GIF8", 4, "a GIF image"},
+        {"%PDF", 4, "a PDF document"}, {"PK\x03\x04", 4, "a zip archive"}, {"\x1f\x8b", 2, "a gzip file"},
+        {"\x28\xb5\x2f\xfd", 4, "a zstd-compressed file"}, {"PAR1", 4, "a Parquet file"},
+    };
+    if (got == 0) return "empty (0 bytes): there are no tokens in it";
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if ((size_t)got >= known[i].n && memcmp(head, known[i].magic, known[i].n) == 0) return known[i].what;
+    for (ssize_t i = 0; i < got; i++) /* text: printable ASCII, whitespace or UTF-8 bytes, and no NUL */
+        if (head[i] < 0x20 && head[i] != '\n' && head[i] != '\r' && head[i] != '\t') return "";
+    return "text, not tokens: tokenize it with tokenfeed convert FILE OUT --tokenizer tokenizer.json "
+           "(--input-format text for plain text)";
+}
+
+static int detect_file(const char *path, tf_format *fmt, char *why, size_t why_cap) {
+    uint8_t head[512] = {0};
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
@@ -83,6 +101,7 @@ static int detect_file(const char *path, tf_format *fmt) {
     else if (got >= 6 && memcmp(head, "\x93NUMPY", 6) == 0) *fmt = TF_FORMAT_NPY;
     else if (got >= 4 && (tf__le32(head) == 20240520u || tf__le32(head) == 20240801u)) *fmt = TF_FORMAT_LLMC;
     else *fmt = TF_FORMAT_RAW;
+    if (*fmt == TF_FORMAT_RAW) snprintf(why, why_cap, "%s", got < 0 ? "" : not_tokens(head, got));
     return 0;
 }
 
@@ -104,7 +123,11 @@ static int open_one(const char *path, const tf_open_options *opt, tf_file **file
             if (access(path, F_OK) != 0) TF_FAIL(-ENOENT, "%s: no such file or directory", path);
             TF_FAIL(-EINVAL, "%s: not a regular file or directory", path);
         }
-        TF_TRY(detect_file(path, &fmt));
+        char why[160] = "";
+        TF_TRY(detect_file(path, &fmt, why, sizeof why));
+        if (fmt == TF_FORMAT_RAW && opt->raw_dtype == TF_DTYPE_INVALID && why[0])
+            TF_FAIL(-TF_EFORMAT, "%s: the file is %s. tokenfeed reads tokenfeed datasets, llm.c shards, .npy files, "
+                    "Megatron .bin/.idx and headerless token files (pass dtype=).", path, why);
         if (fmt == TF_FORMAT_RAW && opt->raw_dtype == TF_DTYPE_INVALID)
             TF_FAIL(-TF_EFORMAT, "%s: header: expected a tokenfeed, llm.c or .npy magic number, found none. For a headerless token file (nanoGPT train.bin, OLMo, datatrove .ds) pass dtype= (e.g. dtype=\"uint16\").", path);
     }
@@ -275,6 +298,12 @@ int tf_dataset_open_remote(const char *const *paths, size_t n, const tf_open_opt
             free(files);
             return rc;
         }
+    }
+    if (nfiles == 0 && n > 0) { /* e.g. a dataset written with no documents: name what was opened */
+        free(files);
+        TF_FAIL(-TF_EFORMAT, "%s: num_tokens: expected at least one token, found an empty dataset (no token files; a "
+                "DatasetWriter that received no documents writes one). Check that the path points at the data you "
+                "meant.", paths[0]);
     }
     return finish_dataset(files, nfiles, out);
 }

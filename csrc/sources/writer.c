@@ -195,7 +195,7 @@ void tf_writer_options_init(tf_writer_options *opt) {
     opt->shard_tokens = 1ull << 28;
     opt->compression = TF_COMPRESS_NONE;
     opt->level = 3;
-    opt->block_tokens = 65536;
+    opt->block_tokens = 2048;
     opt->overwrite = 0;
     opt->chunk_checksum_bytes = TF_NATIVE_CHUNK_BYTES;
 }

@@ -2,7 +2,7 @@
 
 ::
 
-    pip install 'tokenfeed[datatrove]'
+    pip install 'datatrove>=0.5' orjson 'tokenizers>=0.13'
     python docs/examples/datatrove_convert.py corpus/ data/train tokenizer.json --tasks 64 --workers 8
 
 Each of the ``--tasks`` datatrove tasks reads its share of the files (datatrove gives

@@ -82,6 +82,11 @@ def cmd_cache(a: argparse.Namespace) -> int:
         print(f"{d}: {_human(before['bytes'])} in {before['chunks']} chunks -> "
               f"{_human(after['bytes'])} in {after['chunks']} chunks")
         return 0
+    if a.dir is None and not os.path.lexists(d):  # the default on a fresh node: an empty cache, not an error
+        print(json.dumps({"cache_dir": d, "exists": False, "chunks": 0, "bytes": 0, "objects": 0}) if a.json
+              else f"cache        {d}\nchunks       0 (nothing cached yet: the directory is made when a remote "
+                   f"dataset is first read)")
+        return 0
     info = _core.cache_info(d)
     objs = cache_objects(d)
     if a.json:

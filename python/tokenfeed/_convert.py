@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import numpy as np
 
+from ._extras import pip_hint
 from ._text import (EOD_CANDIDATES, TEXT_EXTS, Chunk, ConvertError, Settings, chunk_texts, default_eod,
                     expand_inputs, file_sha256, load_tokenizer, plan_chunks)
 
@@ -247,7 +248,7 @@ def _convert_text(a: argparse.Namespace) -> int:
     bar = _progress("write", " tokens", a.progress)
     written = 0
     with DatasetWriter(out, vocab_size=vocab, dtype=dtype, shard_tokens=a.shard_tokens, compression=a.compression,
-                       level=a.level, overwrite=a.overwrite) as w:
+                       level=a.level, block_tokens=a.block_tokens, overwrite=a.overwrite) as w:
         for d, _ in parts:
             ds = tf_open(d)
             for i in range(ds.num_documents):
@@ -289,7 +290,7 @@ def _convert_text_tasks(a: argparse.Namespace, paths: Sequence[str], settings: S
         from .integrations.datatrove import ConvertReader, TokenfeedWriter
     except ImportError as e:
         raise ConvertError(f"--tasks runs the conversion as datatrove tasks and needs datatrove ({e}): "
-                           f"pip install 'tokenfeed[datatrove]'") from None
+                           f"{pip_hint('datatrove')}") from None
     from ._parts import PARTS_DIR, merge_parts
 
     out = a.out
@@ -308,7 +309,8 @@ def _convert_text_tasks(a: argparse.Namespace, paths: Sequence[str], settings: S
         ConvertReader(chunks, settings),
         TokenfeedWriter(out, tokenizer=settings.tokenizer, vocab_size=settings.vocab_size, eod_id=settings.eod_id,
                         add_special_tokens=settings.add_special_tokens, batch_size=settings.batch_docs,
-                        shard_tokens=a.shard_tokens, compression=a.compression, level=a.level),
+                        shard_tokens=a.shard_tokens, compression=a.compression, level=a.level,
+                        block_tokens=a.block_tokens),
     ]
     executor = LocalPipelineExecutor(pipeline, tasks=a.tasks, workers=workers,
                                      logging_dir=os.path.join(work, "datatrove"))
@@ -389,7 +391,7 @@ def _convert_tokens(a: argparse.Namespace) -> int:
     written = 0
     _clean_orphans(a.out)
     with DatasetWriter(a.out, vocab_size=int(vocab), shard_tokens=a.shard_tokens, compression=a.compression,
-                       level=a.level, overwrite=a.overwrite) as w:
+                       level=a.level, block_tokens=a.block_tokens, overwrite=a.overwrite) as w:
         dtype = w.dtype.name
         for i in range(ds.num_documents):
             doc = ds.document(i)
@@ -418,6 +420,12 @@ def convert(a: argparse.Namespace) -> int:
         raise ConvertError("--workers must be >= 1")
     if a.compression == "none":
         a.compression = None
+    a.block_tokens = getattr(a, "block_tokens", None)
+    if a.block_tokens is not None:
+        if a.compression != "zstd":
+            raise ConvertError("--block-tokens sets the size of zstd frames: add --compression zstd")
+        if a.block_tokens < 1:
+            raise ConvertError(f"--block-tokens {a.block_tokens}: give a positive number of tokens, e.g. 2048")
     if a.compression == "zstd":
         from . import build_info
 

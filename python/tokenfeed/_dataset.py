@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
@@ -152,7 +153,7 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     Malformed input raises :class:`tokenfeed.FormatError` naming the file and field.
 
     Any path may be a URL in object storage (``s3://bucket/prefix/``, ``gs://``, ``az://``,
-    ``https://``; needs ``pip install 'tokenfeed[remote]'``): open reads metadata only, and
+    ``https://``; needs ``pip install 'obstore>=0.6'``): open reads metadata only, and
     token bytes reach the loader through a bounded local cache filled ahead of use
     (docs/remote.md). ``cache_dir`` (default ``$TOKENFEED_CACHE_DIR`` or
     ``~/.cache/tokenfeed/remote``) is shared by every process of the node; ``cache_limit``
@@ -172,7 +173,29 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     elif any(v is not None for v in opts.values()):
         given = ", ".join(k for k, v in opts.items() if v is not None)
         raise ValueError(f"{given}: only for remote paths (s3://, gs://, az://, https://); no path here is remote")
-    return Dataset(paths, dtype=_dtype_name(dtype), format=format, remote=remote)
+    ds = Dataset(paths, dtype=_dtype_name(dtype), format=format, remote=remote)
+    if ds.format == "raw" and remote is None:
+        _warn_if_not_tokens(paths)
+    return ds
+
+
+def _warn_if_not_tokens(paths: Sequence[str]) -> None:
+    """A headerless file opened with a dtype reads any bytes as tokens: say so when the file
+    is text or an image (what the C detector finds when no dtype is given), instead of
+    handing out meaningless ids. The first few files only: open stays O(1)."""
+    for p in list(paths)[:4]:
+        if not os.path.isfile(p) or os.path.getsize(p) == 0:
+            continue
+        try:
+            _core.Dataset([p], dtype=None, format=None, remote=None)
+        except _core.FormatError as e:
+            msg = str(e)
+            if ": the file is " in msg:
+                what = msg.split(": the file is ", 1)[1].split(". tokenfeed reads", 1)[0]
+                warnings.warn(f"{p}: opened as headerless tokens, but the file is {what}; its bytes read as "
+                              f"tokens are meaningless ids", UserWarning, stacklevel=3)
+        except Exception:
+            pass  # anything else is not ours to report here: the open above succeeded
 
 
 def _dtype_for_vocab(vocab_size: int) -> str:
@@ -250,13 +273,17 @@ class DatasetWriter(_DocumentWriter):
     renamed, and the manifest is written last. If the block raises, everything written
     is discarded and any dataset that was already in ``path`` stays as it was.
     ``dtype`` defaults to the smallest of uint8/uint16/uint32 that holds ``vocab_size``.
+    With ``compression="zstd"``, ``block_tokens`` (default 2048, the C writer's) tokens make
+    one independently decodable frame: small enough that a full shuffle at ``seq_len`` >=
+    1024 decodes at most ~3 tokens per token it delivers; larger blocks compress a little
+    better and suit ``shuffle="block"`` (trade-off measured in docs/performance.md).
     ``chunk_checksum_bytes`` (a power of two, default 64 KiB) adds a checksum per that many
     stored bytes, so that reading the dataset from object storage checks every fetched piece
     (docs/format.md); 0 writes shards that tokenfeed versions without that table can read.
     """
 
     def __init__(self, path: PathLike, *, vocab_size: int, dtype: DTypeLike = None, shard_tokens: int = 1 << 28,
-                 compression: Optional[str] = None, level: int = 3, block_tokens: int = 1 << 16,
+                 compression: Optional[str] = None, level: int = 3, block_tokens: Optional[int] = None,
                  overwrite: bool = False, chunk_checksum_bytes: int = 1 << 16) -> None:
         if not isinstance(vocab_size, (int, np.integer)) or vocab_size <= 0:
             raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
@@ -268,7 +295,7 @@ class DatasetWriter(_DocumentWriter):
         limit = 1 << (8 * np.dtype(name).itemsize)
         if vocab_size > limit:
             raise ValueError(f"vocab_size {vocab_size} does not fit {name} (at most {limit}); use a wider dtype")
-        if shard_tokens <= 0 or block_tokens <= 0:
+        if shard_tokens <= 0 or (block_tokens is not None and block_tokens <= 0):
             raise ValueError("shard_tokens and block_tokens must be positive")
         if compression not in (None, "zstd"):
             raise ValueError(f"compression must be None or 'zstd', got {compression!r}")
@@ -277,7 +304,7 @@ class DatasetWriter(_DocumentWriter):
         self.vocab_size = int(vocab_size)
         self._w: Optional[Any] = _core.Writer(self.path, dtype=name, vocab_size=int(vocab_size),
                                               shard_tokens=int(shard_tokens), compression=compression,
-                                              level=int(level), block_tokens=int(block_tokens),
+                                              level=int(level), block_tokens=int(block_tokens or 0),
                                               overwrite=bool(overwrite),
                                               chunk_checksum_bytes=int(chunk_checksum_bytes))
         self._counts: Tuple[int, int] = (0, 0)

@@ -19,7 +19,7 @@ import numpy as np
 
 from ._config import EngineConfig, OrderConfig
 from ._mesh import DEFAULT_CP_DIM, DEFAULT_DP_DIMS, ParallelCoords, parallel_coords
-from ._schedule import WeightSchedule
+from ._schedule import WeightSchedule, short_ramps
 from ._dataset import Dataset, PathLike, open as _open
 
 if TYPE_CHECKING:
@@ -43,6 +43,32 @@ class PerformanceWarning(UserWarning):
     is in ``stats()["zstd"]["note"]``. Silence with ``warnings.filterwarnings("ignore",
     category=tokenfeed.PerformanceWarning)``.
     """
+
+
+#: A best_fit or document packing that pads more than this fraction of the token slots
+#: gets a warning when the Loader is made (the figure is in ``packing_stats()``).
+PADDING_WARN = 0.5
+
+
+def _traps(order: Any, weights: Any, packing: str, seq_len: int, global_batch: int, mix_window: int) -> List[str]:
+    """Configurations that work but do not deliver what they look like: a linear ramp
+    flattened by the mixing window, a packing that is mostly padding."""
+    out: List[str] = []
+    if isinstance(weights, WeightSchedule):
+        ramp = short_ramps(weights, global_batch, mix_window)
+        if ramp:
+            out.append(ramp)
+    if packing in ("best_fit", "document"):  # their packing stats are free: gathered with the plan
+        pad = order.packing_stats()
+        frac = float(pad.get("padding_fraction") or 0.0)
+        if frac > PADDING_WARN:
+            real = int(pad["token_slots"]) - int(pad["pad_tokens"])
+            mean = real / max(1, int(pad["documents"]) - int(pad.get("empty_documents", 0)))
+            out.append(f"tokenfeed: packing={packing!r} at seq_len={seq_len} pads {frac:.0%} of every batch "
+                       f"(packing_stats()['padding_fraction']): the documents average {mean:,.0f} tokens. "
+                       f"Lower seq_len toward that, or use packing='concat' (no padding)"
+                       + (" or 'best_fit'" if packing == "document" else ""))
+    return out
 
 
 def _torch_available() -> bool:
@@ -157,6 +183,8 @@ class Loader:
         self._order = self._order_cfg.build(self._core_source())
         self._position = 0
         self._warned = False
+        for trap in _traps(self._order, self._order_cfg.weights, packing, seq_len, self.global_batch, mix_window):
+            warnings.warn(trap, UserWarning, stacklevel=2)
         self._engine: Optional[Any] = self._new_engine(stacklevel=3)
         # the global positions this engine has served, for the per-source accounting
         self._acct_ranges: List[Tuple[int, int]] = [(0, 0)]
@@ -315,6 +343,14 @@ class Loader:
         return max(0, (n - self.position) // self.global_batch)
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
+        n = self.num_positions
+        if n is not None and not self._closed and self.position + self.global_batch > n:
+            # `for epoch in range(E): for batch in loader` over epochs=1 would train on empty epochs
+            warnings.warn(f"tokenfeed: this Loader's stream is exhausted (position {self.position:,} of {n:,}: "
+                          f"its epochs ran out), so this loop yields no batches. To run E epochs, "
+                          f"make the Loader with epochs=E and iterate it once; or with epochs=None take "
+                          f"loader.num_samples // loader.global_batch batches per epoch "
+                          f"(itertools.islice(loader, n)). A new Loader starts over.", UserWarning, stacklevel=2)
         if self.device_index is not None and not self._closed:
             self._get_device().start()  # copies to the GPU begin with the loop, before the first next()
         return self

@@ -93,7 +93,7 @@ class PartWriter(_DocumentWriter):
 
     def __init__(self, path: PathLike, part: int, parts: int, *, vocab_size: int, dtype: DTypeLike = None,
                  shard_tokens: int = 1 << 28, compression: Optional[str] = None, level: int = 3,
-                 block_tokens: int = 1 << 16, metadata: Optional[Dict[str, Any]] = None) -> None:
+                 block_tokens: Optional[int] = None, metadata: Optional[Dict[str, Any]] = None) -> None:
         for name, v in (("part", part), ("parts", parts)):
             if not isinstance(v, int) or isinstance(v, bool):
                 raise TypeError(f"{name} must be an int, not {type(v).__name__}")

@@ -21,6 +21,8 @@ import threading
 from datetime import timedelta
 from typing import Any, Dict, Iterator, Mapping, NamedTuple, Optional, Tuple, Union
 
+from ._extras import pip_hint
+
 __all__ = ["RemoteURL", "TransportError", "ObjectStoreTransport", "default_cache_dir", "is_url", "parse_size",
            "parse_url"]
 
@@ -192,7 +194,7 @@ class ObjectStoreTransport:
         try:
             import obstore  # noqa: F401
         except ImportError as e:
-            raise ImportError("reading remote datasets needs obstore: pip install 'tokenfeed[remote]'") from e
+            raise ImportError(f"reading remote datasets needs obstore: {pip_hint('remote')}") from e
         if endpoint_url is not None and not re.match(r"^https?://[^/\s]+/?$", endpoint_url):
             raise ValueError(f"endpoint_url: expected http(s)://host[:port], got {endpoint_url!r}")
         self.endpoint_url = endpoint_url.rstrip("/") if endpoint_url else None

@@ -115,6 +115,25 @@ class WeightSchedule:
         return f"WeightSchedule([{pts}]{extra})"
 
 
+def short_ramps(schedule: WeightSchedule, global_batch: int, mix_window: int) -> Optional[str]:
+    """A warning for linear ramps that span fewer than two mixing windows, or None.
+
+    Counts move window by window (docs/packing.md), so a ramp inside one window of
+    ``mix_window`` positions is delivered at the middle weights, flat, and one across
+    two windows in two steps."""
+    if schedule.interpolation != "linear":
+        return None
+    short = [(a, b) for a, b in zip(schedule.steps, schedule.steps[1:]) if (b - a) * global_batch < 2 * mix_window]
+    if not short:
+        return None
+    a, b = short[0]
+    return (f"tokenfeed: the linear ramp from step {a} to {b} covers {(b - a) * global_batch:,} positions "
+            f"({b - a} steps x global batch {global_batch}), less than two mixing windows of mix_window="
+            f"{mix_window}: weights move once per window, so it is delivered flat or in one jump"
+            + (f" ({len(short)} such ramps)" if len(short) > 1 else "")
+            + f". Pass mix_window={max(1, (b - a) * global_batch // 8)} or less (or spread the ramp over more steps)")
+
+
 def as_schedule(weights: Union[Sequence[Any], WeightSchedule, Mapping[str, Any]]) -> Tuple[Optional[List[float]],
                                                                                           Optional[WeightSchedule]]:
     """``(plain weights, None)`` or ``(None, schedule)`` for what ``weights=`` was given.

@@ -14,7 +14,7 @@ import io
 import json
 import math
 import os
-from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 __all__ = ["ConvertError", "EOD_CANDIDATES", "Chunk", "Settings", "expand_inputs", "plan_chunks", "chunk_texts",
            "load_tokenizer", "default_eod", "file_sha256"]
@@ -70,15 +70,25 @@ def expand_inputs(inputs: Sequence[str], forced: Optional[str]) -> List[str]:
     out: List[str] = []
     for p in inputs:
         if os.path.isdir(p):
-            found = []
+            found, other = [], []
             for root, dirs, files in os.walk(p):
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
                 for f in sorted(files):
                     base = f[:-3] if f.endswith(".gz") else f
                     if forced or os.path.splitext(base)[1].lower() in TEXT_EXTS:
                         found.append(os.path.join(root, f))
+                    elif not f.startswith("."):
+                        other.append(f)
             if not found:
-                raise ConvertError(f"{p}: no .jsonl/.json/.parquet/.txt files in this directory")
+                kinds: Dict[str, List[str]] = {}
+                for ext, kind in TEXT_EXTS.items():
+                    kinds.setdefault(kind, []).append(ext)
+                formats = "; ".join(f"{'/'.join(exts)}: {kind} (--input-format {kind})" for kind, exts in kinds.items())
+                held = (f"it holds {len(other)} other file(s), e.g. {', '.join(other[:3])}" if other
+                        else "it holds no files")
+                raise ConvertError(f"{p}: no file in this directory has an extension that tells its format "
+                                   f"({formats}; each may end in .gz); {held}. To read every file as one format, "
+                                   f"pass it: e.g. --input-format text for plain text")
             out.extend(found)
         elif os.path.exists(p):
             out.append(p)

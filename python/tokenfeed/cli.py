@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -28,6 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ._convert import convert
+from ._extras import pip_hint
 from ._text import EOD_CANDIDATES, ConvertError
 
 __all__ = ["main"]
@@ -94,9 +96,50 @@ def _inspect(ds: Any, seq_len: Optional[int], max_docs: int, packing: str = "con
             "p99": float(np.percentile(lens, 99)), "max": int(lens.max()),
             "empty": int((lens == 0).sum()), "histogram": hist,
         }
+    info.update(_max_id(ds))
     if seq_len is not None:
         info["packing"] = _packing(ds, int(seq_len), packing, starts, lens, sampled)
     return info
+
+
+# Up to this many local tokens the maximum id is exact; beyond, and for remote data, it is
+# the maximum of evenly spaced pieces (inspect stays quick; `verify` reads everything).
+_MAX_ID_SCAN = 1 << 31
+
+
+def _max_id(ds: Any) -> Dict[str, Any]:
+    """The largest token id (exact, or over evenly spaced pieces), and warnings about it: ids at
+    the dtype's largest value (a vocabulary wider than the dtype was cut when written) or at or
+    above vocab_size."""
+    from ._remote import is_url
+
+    n, step = ds.num_tokens, 1 << 24
+    if n <= _MAX_ID_SCAN and not any(is_url(str(p)) for p in ds.paths):
+        ranges, scanned = [(s, min(n, s + step)) for s in range(0, n, step)], n
+    else:
+        piece = min(1 << 20, n)
+        k = min(256, max(1, n // piece))
+        starts = np.unique(np.linspace(0, n - piece, k).astype(np.int64))
+        ranges, scanned = [(int(s), int(s) + piece) for s in starts], len(starts) * piece
+    mx = None
+    for a, b in ranges:
+        t = ds.tokens(a, b)
+        if len(t):
+            m = int(t.max())
+            mx = m if mx is None or m > mx else mx
+    out: Dict[str, Any] = {"max_token_id": mx, "max_token_id_tokens_scanned": scanned}
+    warn: List[str] = []
+    if mx is not None:
+        dt = np.dtype(ds.dtype)
+        if dt.kind in "iu" and mx == int(np.iinfo(dt).max):
+            warn.append(f"the maximum token id {mx:,} is the largest {dt.name} value: ids from a vocabulary wider "
+                        f"than {dt.name} may have been cut when the data was written (more than "
+                        f"{int(np.iinfo(dt).max) + 1:,} ids need uint32)")
+        if ds.vocab_size is not None and mx >= ds.vocab_size:
+            warn.append(f"the maximum token id {mx:,} is >= vocab_size {ds.vocab_size:,}: an embedding of "
+                        f"vocab_size rows would fail on it (wrong --dtype, or wrong --vocab-size when converted?)")
+    out["warnings"] = warn
+    return out
 
 
 def _packing(ds: Any, L: int, packing: str, starts: np.ndarray, lens: np.ndarray, sampled: bool) -> Dict[str, Any]:
@@ -147,6 +190,12 @@ def _print_inspect(info: Dict[str, Any]) -> None:
     print(f"documents     {info['num_documents']:,}")
     print(f"dtype         {info['dtype']}")
     print(f"vocab_size    {vocab}")
+    if info.get("max_token_id") is not None:
+        part = info["max_token_id_tokens_scanned"] < info["num_tokens"]
+        print(f"max token id  {info['max_token_id']:,}"
+              + (f" (over {info['max_token_id_tokens_scanned']:,} evenly spaced tokens)" if part else ""))
+    for w in info.get("warnings", []):
+        print(f"warning: {w}", file=sys.stderr)
     print(f"fingerprint   {info['fingerprint']}")
     files = info["files"]
     comp = sum(1 for f in files if f["compressed"])
@@ -314,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "  tokenfeed convert books/*.txt data/books --tokenizer tokenizer.json --paragraphs\n"
                 "  tokenfeed convert corpus/ data/train --tokenizer tokenizer.json --tasks 16 --workers 8\n"
                 "  tokenfeed convert gpt2_data/my_text_document data/train --compression zstd\n"
+                "  tokenfeed convert data/train data/train-zstd --compression zstd --block-tokens 4096\n"
                 "  tokenfeed convert fineweb_train_*.bin data/fineweb --vocab-size 50257\n"
                 "  tokenfeed convert tokens.bin data/train --dtype uint16 --vocab-size 50304"))
     c.add_argument("paths", nargs="+", metavar="PATH", help="INPUT files or directories, then the OUT directory")
@@ -334,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tasks", type=int, default=None, metavar="N",
                    help="run the conversion as N datatrove tasks (part k = a contiguous share of the input), "
                         "--workers at a time on datatrove's local executor, then merge the parts without copying; "
-                        "needs pip install 'tokenfeed[datatrove]' (see docs/guides/cluster-conversion.md)")
+                        "needs " + pip_hint("datatrove") + " (see docs/guides/cluster-conversion.md)")
     g.add_argument("--resume", action="store_true",
                    help="continue an interrupted conversion into OUT, keeping the chunks it finished")
     g.add_argument("--chunk-mb", type=float, default=64, help="JSONL bytes per work unit, in MiB (default: 64)")
@@ -349,6 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "else max id + 1 with a note)")
     o.add_argument("--compression", choices=["none", "zstd"], default=None, help="compress token blocks with zstd")
     o.add_argument("--level", type=int, default=3, help="zstd level (default: 3)")
+    o.add_argument("--block-tokens", type=int, default=None, metavar="N",
+                   help="tokens per zstd frame (default: 2048, suits a full shuffle at seq_len >= 1024; larger "
+                        "blocks compress a little better and suit shuffle='block'; see docs/performance.md)")
     o.add_argument("--shard-tokens", type=int, default=1 << 28, help="tokens per shard (default: 2**28)")
     o.add_argument("--overwrite", action="store_true", help="replace a dataset (or unfinished conversion) in OUT")
     _progress_option(o)
@@ -422,7 +475,8 @@ def _version() -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``tokenfeed`` console script and ``python -m tokenfeed``. Returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args
+    debug = "--debug" in args  # accepted before or after the command, for every command
+    args = [x for x in args if x != "--debug"]
     # bench forwards everything after its name to the benchmark package
     if "bench" in args:
         k = args.index("bench")
@@ -430,6 +484,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _run(lambda: cmd_bench(args[k + 1:]), debug)
     ap = build_parser()
     a = ap.parse_args(args)
+    a.debug = debug
     if a.command is None:
         ap.print_help()
         return 2
@@ -466,8 +521,26 @@ def _run(fn: Callable[[], int], debug: bool) -> int:
             msg = e.strerror
         if isinstance(e, OSError) and e.filename and str(e.filename) not in msg:
             msg = f"{e.filename}: {msg}"
-        print(f"{PROG}: error: {msg}", file=sys.stderr)
+        print(f"{PROG}: error: {cli_words(msg)}", file=sys.stderr)
         return 1
+    except Exception as e:  # anything else (a missing optional module, a bug): one line, the traceback on --debug
+        if debug:
+            raise
+        print(f"{PROG}: error: {type(e).__name__}: {cli_words(str(e))} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+# Keyword arguments that the library's messages advise, and the command-line flag that
+# does the same: a message shown by the CLI names what can be typed there.
+_FLAGS = {"dtype": "--dtype", "format": "--format", "vocab_size": "--vocab-size", "block_tokens": "--block-tokens",
+          "seq_len": "--seq-len", "packing": "--packing"}
+_KW = re.compile(r"\b(" + "|".join(_FLAGS) + r")=(?:([\"'])([^\"']*)\2|(?=[\s).,;]|$))")
+
+
+def cli_words(msg: str) -> str:
+    """`msg` with library keywords (``dtype="uint16"``, ``pass dtype=``) as CLI flags (``--dtype uint16``)."""
+    return _KW.sub(lambda m: _FLAGS[m.group(1)] + (f" {m.group(3)}" if m.group(2) else ""), msg)
 
 
 if __name__ == "__main__":  # pragma: no cover

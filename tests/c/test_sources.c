@@ -128,7 +128,7 @@ static void test_native(void) {
     path_in(dirz, sizeof dirz, "zstd");
     tf_writer_options o;
     tf_writer_options_init(&o);
-    CHECK(o.dtype == TF_UINT16 && o.shard_tokens == (1ull << 28) && o.block_tokens == 65536 && o.level == 3);
+    CHECK(o.dtype == TF_UINT16 && o.shard_tokens == (1ull << 28) && o.block_tokens == 2048 && o.level == 3);
     tf_writer *w = NULL;
     CHECK_RC(tf_writer_create(dir, &o, &w), -EINVAL); /* vocab_size unset */
     o.vocab_size = 1000;

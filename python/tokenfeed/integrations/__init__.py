@@ -4,5 +4,5 @@ Each integration lives in its own module and imports its engine only when that m
 is imported, so ``import tokenfeed`` never needs them:
 
 - :mod:`tokenfeed.integrations.datatrove` — a datatrove pipeline step
-  (``pip install 'tokenfeed[datatrove]'``); see docs/guides/cluster-conversion.md.
+  (``pip install 'datatrove>=0.5' orjson 'tokenizers>=0.13'``); see docs/guides/cluster-conversion.md.
 """

@@ -23,7 +23,7 @@ part 1's, and so on; with datatrove's file readers, task ``k`` reads files ``k``
 
 The same step runs under the Slurm and Ray executors; the output directory must be a
 filesystem path every task can write (local disk for the local executor, a shared
-filesystem on a cluster). Needs ``pip install 'tokenfeed[datatrove]'``.
+filesystem on a cluster). Needs ``pip install 'datatrove>=0.5' orjson 'tokenizers>=0.13'``.
 """
 from __future__ import annotations
 
@@ -33,13 +33,15 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .._extras import pip_hint
+
 try:
     from datatrove.data import Document, DocumentsPipeline
     from datatrove.pipeline.base import PipelineStep
     from datatrove.utils.batching import batched
     from datatrove.utils.logging import logger
 except ImportError as e:  # pragma: no cover - exercised only without the extra
-    raise ImportError("tokenfeed.integrations.datatrove needs datatrove: pip install 'tokenfeed[datatrove]'") from e
+    raise ImportError(f"tokenfeed.integrations.datatrove needs datatrove: {pip_hint('datatrove')}") from e
 
 from .._text import Chunk, ConvertError, Settings, chunk_texts, default_eod, file_sha256, load_tokenizer
 from .._parts import PartWriter
@@ -67,7 +69,7 @@ class TokenfeedWriter(PipelineStep):
         skip_empty: leave out documents whose text is empty or only whitespace (as
             ``tokenfeed convert`` does); they are counted in the ``skipped_empty`` stat.
         batch_size: documents per ``encode_batch`` call.
-        shard_tokens, compression, level: as :class:`tokenfeed.DatasetWriter`.
+        shard_tokens, compression, level, block_tokens: as :class:`tokenfeed.DatasetWriter`.
 
     Documents pass through unchanged, so steps may follow this one. Stats (datatrove's
     per-task and merged tables): ``documents``, ``tokens``, ``skipped_empty``, and the
@@ -81,7 +83,7 @@ class TokenfeedWriter(PipelineStep):
                  tokens_key: str = "input_ids", vocab_size: Optional[int] = None,
                  eod_id: Union[int, str, None] = "auto", add_special_tokens: bool = False, skip_empty: bool = True,
                  batch_size: int = 256, shard_tokens: int = 1 << 28, compression: Optional[str] = None,
-                 level: int = 3) -> None:
+                 level: int = 3, block_tokens: Optional[int] = None) -> None:
         super().__init__()
         if isinstance(eod_id, str) and eod_id != "auto":
             raise ValueError(f"eod_id must be an int, 'auto' or None, got {eod_id!r}")
@@ -98,6 +100,7 @@ class TokenfeedWriter(PipelineStep):
         self.shard_tokens = shard_tokens
         self.compression = compression
         self.level = level
+        self.block_tokens = block_tokens
         if tokenizer is None and vocab_size is None:
             raise ValueError("pre-tokenized input (tokenizer=None) needs vocab_size")
 
@@ -154,7 +157,7 @@ class TokenfeedWriter(PipelineStep):
         eod_arr = None if eod is None else np.array([eod], dtype=np.uint32)
         with PartWriter(self.output_dir, part=rank, parts=world_size, vocab_size=vocab,
                         shard_tokens=self.shard_tokens, compression=self.compression, level=self.level,
-                        metadata=meta) as w:
+                        block_tokens=self.block_tokens, metadata=meta) as w:
             for batch in batched(data or (), self.batch_size):
                 with self.track_time(unit="batch"):
                     ids_list = self._ids(tok, batch)
