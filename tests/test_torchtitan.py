@@ -114,3 +114,27 @@ def test_checkpoint_from_two_ranks_resumes_on_one(make_dataset, tmp_path, one_ra
         for k in ("input", "positions", "labels"):
             assert np.array_equal(b[k], np.concatenate([ranks[0][f"{k}{s}"], ranks[1][f"{k}{s}"]])), (s, k)
     ckpt.close()
+
+
+def test_example_job_config_builds_the_loader(make_dataset, tmp_path):
+    """docs/examples/torchtitan_tokenfeed.py through torchtitan's own ConfigManager (what
+    `-m torchtitan.train --module ... --config ...` parses), with overrides on its command line;
+    the Config it yields builds the loader with the arguments the Trainer passes."""
+    from torchtitan.config.manager import ConfigManager
+
+    ds = make_dataset(n_docs=100)
+    sys.path.insert(0, os.path.join(ROOT, "docs", "examples"))
+    try:
+        cfg = ConfigManager().parse_args(["--module", "torchtitan_tokenfeed", "--config",
+                                          "llama3_debugmodel_tokenfeed", "--dataloader.dataset_path",
+                                          ds.paths[0], "--dataloader.seed", "3", "--training.seq_len", str(L)])
+    finally:
+        sys.path.remove(os.path.join(ROOT, "docs", "examples"))
+    assert isinstance(cfg.dataloader, TokenfeedDataLoader.Config) and cfg.dataloader.seed == 3
+    assert cfg.dataloader.packing == "best_fit"
+    dl = cfg.dataloader.build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=cfg.training.seq_len,
+                              local_batch_size=2, snapshot_every_n_steps=None)
+    ref = tokenfeed.Loader(ds, seq_len=L, batch_size=2, seed=3, packing="best_fit", output="numpy")
+    for want, (inputs, _labels) in zip([next(ref)["input_ids"].copy() for _ in range(3)], dl):
+        assert np.array_equal(inputs["input"].numpy(), want)
+    dl.close()
