@@ -354,8 +354,8 @@ def _ring(path: str, slot_bytes: int) -> _MappedRing:
     return r
 
 
-def _rebuild(path: str, slot_bytes: int, slot: int, layout: Sequence[Tuple[str, str, Tuple[int, ...],
-             Tuple[int, ...], int]], scalars: Dict[str, Any], as_torch: bool, num_workers: int) -> Dict[str, Any]:
+def _rebuild(path: str, slot_bytes: int, slot: int, layout: _Layout, scalars: Dict[str, Any], as_torch: bool,
+             num_workers: int) -> Dict[str, Any]:
     global _warned_workers
     if not _warned_workers and num_workers > 0:
         _warned_workers = True
