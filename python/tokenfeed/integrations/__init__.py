@@ -7,4 +7,6 @@ is imported, so ``import tokenfeed`` never needs them:
   (``pip install 'tokenfeed[datatrove]'``); see docs/guides/cluster-conversion.md.
 - :mod:`tokenfeed.integrations.torchtitan` — a torchtitan data loader and its Config
   (``pip install torchtitan``); see docs/guides/torchtitan.md.
+- :mod:`tokenfeed.integrations.megatron` — a datasets provider for Megatron-LM's
+  ``pretrain`` (``pip install megatron-core``); see docs/guides/megatron.md.
 """
