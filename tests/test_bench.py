@@ -429,20 +429,22 @@ def test_data_option_reads_existing_raw(tmp_path) -> None:
     assert z["status"] == "skipped" and z["reason"]
 
 
+
 @pytest.mark.skipif(not HAVE_TORCH, reason="the DataLoader adapters need torch")
 def test_dataloader_adapter_rows(tmp_path) -> None:
-    """A row per tokenfeed.torch adapter, with 0 workers and with the DataLoader rows' worker count."""
+    """A row per tokenfeed.torch adapter, with 0 workers and with the DataLoader rows' worker
+    count, each measured in its own process like every other row."""
+    from types import SimpleNamespace
+
+    from tokenfeed_bench import adapters
+    from tokenfeed_bench.suites import Runner
+
     raw = tmp_path / "train.bin"
     np.random.default_rng(0).integers(0, 500, 300_000, dtype=np.uint16).tofile(raw)
-    out = tmp_path / "o.json"
-    rc = cli.main(["--data", str(raw), "--dtype", "uint16", "--seq-len", "64", "--batch-size", "2",
-                   "--seconds", "0.05", "--warmup", "1", "--only", "tokenfeed", "-q",
-                   "--cache-dir", str(tmp_path / "c"), "--json", str(out)])
-    assert rc == 0
-    rows = {x["name"]: x for x in json.loads(out.read_text())["results"]}
-    nw = max(1, min(2, os.cpu_count() or 1))
-    for adapter in ("TokenBatches", "TokenDataset"):
-        for w in sorted({0, nw}):
-            row = rows[f"tokenfeed {adapter} workers={w}"]
-            assert row["status"] == "ok", row
-            assert row["tokens_per_s"] > 0 and row["config"]["workers"] == w
+    tf = {"kind": "tokenfeed_loader", "path": str(raw), "dtype_in": "uint16", "seq_len": 64, "batch_size": 2,
+          "seed": 0, "warmup": 1, "seconds": 0.05, "output": "torch"}
+    rows = {r["name"]: r for r in adapters.rows(Runner(SimpleNamespace(timeout=300), lambda _: None), tf, 2)}
+    assert sorted(rows) == [f"tokenfeed {a} workers={w}" for a in ("TokenBatches", "TokenDataset") for w in (0, 2)]
+    for row in rows.values():
+        assert row["status"] == "ok", row
+        assert row["tokens_per_s"] > 0 and row["group"] == "tokenfeed"

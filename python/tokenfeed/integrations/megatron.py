@@ -50,7 +50,7 @@ Blend = Tuple[List[str], Optional[List[float]]]
 _SPLITS = ("train", "valid", "test")
 
 
-class TokenfeedGPTDataset(_TorchDataset):  # type: ignore[type-arg]
+class TokenfeedGPTDataset(_TorchDataset):  # type: ignore[type-arg,unused-ignore]
     """Map-style: item ``i`` is the sample at global position ``i`` of a tokenfeed stream, in
     Megatron's ``GPTDataset`` keys. ``len()`` is ``num_samples`` (Megatron's request for the
     split), or one epoch. A sample is read by a Loader of one sample per step, moved only when
@@ -194,5 +194,5 @@ def datasets_provider(config: Union[Any, Callable[[], Any]], **loader_kw: Any) -
         cfg = config() if callable(config) else config
         return build_datasets(cfg, train_val_test_num_samples, **loader_kw)
 
-    provider.is_distributed = True  # type: ignore[attr-defined]
+    setattr(provider, "is_distributed", True)  # Megatron then calls it on every rank
     return provider
