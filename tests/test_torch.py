@@ -174,6 +174,21 @@ def test_iterable_batches_outputs_through_workers(make_dataset, extras):
                 assert g == v, k
 
 
+def test_iterable_batches_finite_epochs_with_persistent_workers(make_dataset):
+    """A finite stream ends where the Loader's does, and a second pass over persistent workers
+    (which reuse their shared-memory rings) gives it again."""
+    _batches_filter()
+    ds = make_dataset(n_docs=40)
+    ref = tokenfeed.Loader(ds, seq_len=L, batch_size=B, seed=3, epochs=1, output="numpy")
+    want = [b["input_ids"].copy() for b in ref]
+    assert len(want) > 3
+    dl = DataLoader(TokenBatches(ds, seq_len=L, batch_size=B, rank=0, world_size=1, seed=3, epochs=1),
+                    batch_size=None, num_workers=2, persistent_workers=True)
+    for _ in range(2):
+        got = [b["input_ids"].numpy().copy() for b in dl]
+        assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
 def test_iterable_batches_spawned_workers(make_dataset):
     _batches_filter()
     ds = make_dataset(n_docs=150)

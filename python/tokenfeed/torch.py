@@ -243,8 +243,10 @@ class _SlotRing:
         self.path = path
         self.flags = np.frombuffer(self.mm, dtype=np.int32, count=_SLOTS)
         self.next = 0
-        # DataLoader workers leave through multiprocessing's exit path, which runs these
-        mp_util.Finalize(self, _unlink_quietly, args=(path,), exitpriority=10)
+        # The name must outlive this iterator: batches it sent may not be unpickled yet. It
+        # goes when the worker process exits (multiprocessing's exit path runs this; the
+        # DataLoader ends a worker only after taking its last batch, or when abandoning it).
+        mp_util.Finalize(None, _unlink_quietly, args=(path,), exitpriority=10)
 
     def take(self) -> Optional[int]:
         """A free slot (marked in use), or None when the consumer holds them all."""
@@ -263,8 +265,20 @@ class _SlotRing:
                 return None
             time.sleep(0.0002)
 
-    def close(self) -> None:
-        _unlink_quietly(self.path)
+
+
+# the worker's ring, kept for the process's life and reused by its next iterator (the
+# next epoch with persistent workers): (pid, ring)
+_worker_ring: Optional[Tuple[int, _SlotRing]] = None
+
+
+def _ring_for(nbytes: int) -> _SlotRing:
+    global _worker_ring
+    if _worker_ring is not None and _worker_ring[0] == os.getpid() and nbytes <= _worker_ring[1].slot_bytes:
+        return _worker_ring[1]
+    ring = _SlotRing(max(nbytes, 1))
+    _worker_ring = (os.getpid(), ring)
+    return ring
 
 
 def _unlink_quietly(path: str) -> None:
@@ -497,8 +511,8 @@ class TokenBatches(IterableDataset):  # type: ignore[type-arg]
                 scalars = {k: v for k, v in batch.items() if not isinstance(v, np.ndarray)}
                 if ring is None or scalars:
                     layout, copies, nbytes = _layout(batch)
-                if ring is None:
-                    ring = _SlotRing(max(nbytes, 1))
+                if ring is None or nbytes > ring.slot_bytes:
+                    ring = _ring_for(nbytes)
                 slot = ring.take() if nbytes <= ring.slot_bytes else None
                 if slot is None:  # every slot held by the consumer: this one goes the ordinary way
                     whole = np.empty(nbytes, np.uint8)
