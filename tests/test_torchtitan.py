@@ -138,3 +138,15 @@ def test_example_job_config_builds_the_loader(make_dataset, tmp_path):
     for want, (inputs, _labels) in zip([next(ref)["input_ids"].copy() for _ in range(3)], dl):
         assert np.array_equal(inputs["input"].numpy(), want)
     dl.close()
+
+
+def test_validator_pass_ends_with_a_finite_stream(make_dataset, tmp_path):
+    """loader={"epochs": 1}: the stream ends after one epoch, as torchtitan's Validator expects."""
+    ds = make_dataset(n_docs=40)
+    dl = TokenfeedDataLoader.Config(dataset_path=ds.paths[0], seed=3, loader={"epochs": 1}).build(
+        dp_world_size=1, dp_rank=0, seq_len=L, local_batch_size=2)
+    ref = tokenfeed.Loader(ds, seq_len=L, batch_size=2, seed=3, epochs=1, output="numpy")
+    want = [b["input_ids"].copy() for b in ref]
+    got = [inputs["input"].numpy().copy() for inputs, _ in dl]
+    assert len(got) == len(want) > 1 and all(np.array_equal(a, b) for a, b in zip(got, want))
+    dl.close()

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
-from torchtitan.components.dataloader import BaseDataLoader, DataloaderExhaustedError
+from torchtitan.components.dataloader import BaseDataLoader
 
 import tokenfeed
 
@@ -81,11 +81,9 @@ class TokenfeedDataLoader(BaseDataLoader):
                                        output="torch", **opts)
 
     def __iter__(self) -> Iterator[Tuple[Dict[str, torch.Tensor], torch.Tensor]]:
-        while True:
-            try:
-                batch = next(self.loader)
-            except StopIteration:  # a finite stream (loader={"epochs": k}) ended
-                raise DataloaderExhaustedError() from None
+        # A finite stream (loader={"epochs": k}) ends here; the Trainer turns the end into
+        # DataloaderExhaustedError and the Validator ends its pass, as with their own loaders.
+        for batch in self.loader:
             yield _to_titan(batch)
 
     def state_dict(self) -> Dict[str, Any]:
