@@ -189,6 +189,21 @@ def test_iterable_batches_finite_epochs_with_persistent_workers(make_dataset):
         assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
 
 
+def test_iterable_batches_without_shared_memory_room(make_dataset, monkeypatch):
+    """No ring can be made (no room in /dev/shm, here a missing directory): the batches go the
+    ordinary way, the same batches, with a warning saying so."""
+    import tokenfeed.torch as tft
+
+    _batches_filter()
+    ds = make_dataset(n_docs=150)
+    ref = loader_batches(ds, 6)
+    monkeypatch.setattr(tft, "_shm_dir", lambda: str(ds.paths[0]) + "-no-such-dir")  # forked workers see it
+    dl = DataLoader(TokenBatches(ds, seq_len=L, batch_size=B, rank=0, world_size=1, seed=3), batch_size=None,
+                    num_workers=2, multiprocessing_context="fork")
+    for b, batch in zip(range(6), dl):
+        assert np.array_equal(batch["input_ids"].numpy(), ref[b]), f"batch {b}"
+
+
 def test_iterable_batches_spawned_workers(make_dataset):
     _batches_filter()
     ds = make_dataset(n_docs=150)

@@ -233,7 +233,11 @@ class _SlotRing:
         else:
             raise FileExistsError(f"could not create a shared-memory file in {d}")
         try:
-            os.ftruncate(fd, size)
+            # reserved now: a full /dev/shm fails here (ENOSPC), not as SIGBUS at a write
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, size)
+            else:
+                os.ftruncate(fd, size)
             self.mm = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
@@ -502,6 +506,7 @@ class TokenBatches(IterableDataset):  # type: ignore[type-arg]
         as_torch = self.loader_kw["output"] != "numpy"
         loader = self._loader(info.id, info.num_workers, self.start, output="numpy")
         ring: Optional[_SlotRing] = None
+        no_ring = False
         layout: _Layout = ()
         copies: Tuple[Tuple[str, int], ...] = ()
         nbytes = 0
@@ -511,9 +516,15 @@ class TokenBatches(IterableDataset):  # type: ignore[type-arg]
                 scalars = {k: v for k, v in batch.items() if not isinstance(v, np.ndarray)}
                 if ring is None or scalars:
                     layout, copies, nbytes = _layout(batch)
-                if ring is None or nbytes > ring.slot_bytes:
-                    ring = _ring_for(nbytes)
-                slot = ring.take() if nbytes <= ring.slot_bytes else None
+                if not no_ring and (ring is None or nbytes > ring.slot_bytes):
+                    try:
+                        ring = _ring_for(nbytes)
+                    except OSError as e:  # no room in /dev/shm: every batch goes the ordinary way
+                        no_ring = True
+                        warnings.warn(PerformanceWarning(
+                            f"tokenfeed.torch.TokenBatches: no shared-memory ring for this DataLoader worker ({e}); "
+                            f"batches are sent the ordinary way (docs/troubleshooting.md, 'Shared memory')"))
+                slot = ring.take() if ring is not None and not no_ring else None
                 if slot is None:  # every slot held by the consumer: this one goes the ordinary way
                     whole = np.empty(nbytes, np.uint8)
                     _copy_in(batch, copies, whole, 0)
@@ -521,6 +532,7 @@ class TokenBatches(IterableDataset):  # type: ignore[type-arg]
                     out.update(scalars)
                     yield out
                     continue
+                assert ring is not None
                 _copy_in(batch, copies, ring.mm, _HEADER + slot * ring.slot_bytes)
                 del batch
                 yield _Ticket(ring.path, ring.slot_bytes, slot, layout, scalars, as_torch, info.num_workers)
