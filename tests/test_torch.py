@@ -290,3 +290,13 @@ def test_torchrun_two_ranks_partition_the_global_batches(make_dataset, tmp_path)
         g = next(single)["tokens"]
         assert np.array_equal(np.concatenate([r0[b], r1[b]]), g)
         assert not {row.tobytes() for row in r0[b]} & {row.tobytes() for row in r1[b]}
+
+
+def test_map_style_in_workers_says_what_to_use(make_dataset, monkeypatch):
+    """TokenDataset read in a DataLoader worker says it is slower there, and what to use."""
+    import tokenfeed.torch as tft
+
+    td = TokenDataset(make_dataset(n_docs=50), seq_len=L)
+    monkeypatch.setattr(tft, "get_worker_info", lambda: object())  # as inside a DataLoader worker
+    with pytest.warns(tokenfeed.PerformanceWarning, match="use TokenBatches"):
+        td[0]

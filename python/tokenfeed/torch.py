@@ -69,6 +69,7 @@ class TokenDataset(_TorchDataset):  # type: ignore[type-arg]
         self._dtype = np.dtype(dtype).name
         self._order: Any = self._cfg.build(self.dataset._core)
         self.num_samples: int = self._order.num_samples
+        self._told_workers = False
         pc = ParallelCoords(0, 1, cp_rank, cp_size)
         self._cp_index: Optional[np.ndarray[Any, Any]] = None
         if pc.cp_size > 1:
@@ -88,6 +89,14 @@ class TokenDataset(_TorchDataset):  # type: ignore[type-arg]
     def __getitem__(self, position: int) -> Dict[str, torch.Tensor]:
         if position < 0:
             raise IndexError(f"position must be >= 0, got {position}")
+        if not self._told_workers and get_worker_info() is not None:
+            self._told_workers = True  # once per worker process
+            warnings.warn(PerformanceWarning(
+                "tokenfeed.torch.TokenDataset in a DataLoader worker: samples are read one by one and every "
+                "collated batch crosses to the training process as a new shared-memory tensor, which is slower "
+                "than num_workers=0. For whole batches from tokenfeed's C engine use TokenBatches "
+                "(DataLoader(TokenBatches(...), batch_size=None)) or tokenfeed.Loader (docs/guides/dataloader.md)"),
+                stacklevel=2)
         sample = self._order.sample_at(int(position))
         d = self._order.fill(sample, dtype=self._dtype, want=self._want)
         tok = torch.from_numpy(d.pop("tokens"))
