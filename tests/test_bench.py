@@ -467,3 +467,23 @@ def test_the_run_says_up_front_how_long_it_takes_and_what_it_writes(tmp_path) ->
     full = estimate(cli.parse_args(["--cache-dir", str(tmp_path), "--big-size", "40G"]))
     assert "removed at the end" in full
     assert int(full.split("about ")[1].split(" ")[0]) > int(text.split("about ")[1].split(" ")[0])
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="the DataLoader adapters need torch")
+def test_dataloader_adapter_rows(tmp_path) -> None:
+    """A row per tokenfeed.torch adapter, with 0 workers and with the DataLoader rows' worker
+    count, each measured in its own process like every other row."""
+    from types import SimpleNamespace
+
+    from tokenfeed_bench import adapters
+    from tokenfeed_bench.suites import Runner
+
+    raw = tmp_path / "train.bin"
+    np.random.default_rng(0).integers(0, 500, 300_000, dtype=np.uint16).tofile(raw)
+    tf = {"kind": "tokenfeed_loader", "path": str(raw), "dtype_in": "uint16", "seq_len": 64, "batch_size": 2,
+          "seed": 0, "warmup": 1, "seconds": 0.05, "output": "torch"}
+    rows = {r["name"]: r for r in adapters.rows(Runner(SimpleNamespace(timeout=300), lambda _: None), tf, 2)}
+    assert sorted(rows) == [f"tokenfeed {a} workers={w}" for a in ("TokenBatches", "TokenDataset") for w in (0, 2)]
+    for row in rows.values():
+        assert row["status"] == "ok", row
+        assert row["tokens_per_s"] > 0 and row["group"] == "tokenfeed"

@@ -108,6 +108,122 @@ def test_iterable_batches_split_across_workers(make_dataset, workers):
         assert np.array_equal(batch["input_ids"].numpy(), ref[b]), f"batch {b}"
 
 
+def _batches_filter():
+    import warnings
+    warnings.filterwarnings("ignore", category=tokenfeed.PerformanceWarning)
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2, 3])
+@pytest.mark.parametrize("steps", [0, 1, 2, 5])
+def test_iterable_batches_resume_at_any_step(make_dataset, workers, steps):
+    """start= may be any step's position, whatever num_workers: the DataLoader continues the stream."""
+    _batches_filter()
+    ds = make_dataset(n_docs=150)
+    ref = loader_batches(ds, steps + 7)
+    first = TokenBatches(ds, seq_len=L, batch_size=B, rank=0, world_size=1, seed=3)
+    tb = TokenBatches(ds, seq_len=L, batch_size=B, rank=0, world_size=1, seed=3, start=first.position_after(steps))
+    for b, batch in zip(range(steps, steps + 7), DataLoader(tb, batch_size=None, num_workers=workers)):
+        assert np.array_equal(batch["input_ids"].numpy(), ref[b]), f"batch {b}"
+        assert np.array_equal(batch["labels"][:, :-1].numpy(), ref[b][:, 1:])
+
+
+def test_iterable_batches_start_checked_before_workers(make_dataset):
+    ds = make_dataset(n_docs=50)
+    with pytest.raises(ValueError, match="multiple of the global batch 8"):
+        TokenBatches(ds, seq_len=L, batch_size=B, rank=0, world_size=2, seed=3, start=12)
+    with pytest.raises(ValueError, match="seq_len"):  # a bad setting too: here, not in a worker
+        TokenBatches(ds, seq_len=0, batch_size=B, rank=0, world_size=1)
+
+
+def test_iterable_batches_held_by_the_consumer_are_never_overwritten(make_dataset):
+    """Batches come through shared memory the worker reuses: one the loop keeps stays intact, also
+    when the loop keeps more than the ring holds (those go the ordinary way)."""
+    _batches_filter()
+    ds = make_dataset(n_docs=300)
+    ref = loader_batches(ds, 40)
+    dl = DataLoader(TokenBatches(ds, seq_len=L, batch_size=B, rank=0, world_size=1, seed=3), batch_size=None,
+                    num_workers=2)
+    kept = [batch for _, batch in zip(range(40), dl)]
+    for b, batch in enumerate(kept):
+        assert np.array_equal(batch["input_ids"].numpy(), ref[b]), f"batch {b}"
+        assert batch["input_ids"].data_ptr() == batch["tokens"].data_ptr()  # still views of one buffer
+
+
+@pytest.mark.parametrize("extras", [dict(position_ids=True, loss_mask=True),
+                                    dict(cu_seqlens=True, position_ids=True, separator_id=0),
+                                    dict(output="numpy", loss_mask=True)])
+def test_iterable_batches_outputs_through_workers(make_dataset, extras):
+    _batches_filter()
+    ds = make_dataset(n_docs=150)
+    kw = dict(seed=3, **extras)
+    out = kw.get("output", "torch")
+    kw.pop("output", None)
+    ref = tokenfeed.Loader(ds, seq_len=L, batch_size=B, output="numpy", **kw)
+    ref_batches = [{k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in next(ref).items()}
+                   for _ in range(6)]
+    dl = DataLoader(TokenBatches(ds, seq_len=L, batch_size=B, rank=0, world_size=1, output=out, **kw),
+                    batch_size=None, num_workers=2)
+    for want, got in zip(ref_batches, dl):
+        assert set(got) == set(want)
+        for k, v in want.items():
+            g = got[k]
+            if isinstance(v, np.ndarray):
+                assert isinstance(g, np.ndarray if out == "numpy" else torch.Tensor)
+                assert np.array_equal(np.asarray(g), v), k
+            else:
+                assert g == v, k
+
+
+def test_iterable_batches_finite_epochs_with_persistent_workers(make_dataset):
+    """A finite stream ends where the Loader's does, and a second pass over persistent workers
+    (which reuse their shared-memory rings) gives it again."""
+    _batches_filter()
+    ds = make_dataset(n_docs=40)
+    ref = tokenfeed.Loader(ds, seq_len=L, batch_size=B, seed=3, epochs=1, output="numpy")
+    want = [b["input_ids"].copy() for b in ref]
+    assert len(want) > 3
+    dl = DataLoader(TokenBatches(ds, seq_len=L, batch_size=B, rank=0, world_size=1, seed=3, epochs=1),
+                    batch_size=None, num_workers=2, persistent_workers=True)
+    for _ in range(2):
+        got = [b["input_ids"].numpy().copy() for b in dl]
+        assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+def test_iterable_batches_without_shared_memory_room(make_dataset, monkeypatch):
+    """No ring can be made (no room in /dev/shm, here a missing directory): the batches go the
+    ordinary way, the same batches, with a warning saying so."""
+    import tokenfeed.torch as tft
+
+    _batches_filter()
+    ds = make_dataset(n_docs=150)
+    ref = loader_batches(ds, 6)
+    monkeypatch.setattr(tft, "_shm_dir", lambda: str(ds.paths[0]) + "-no-such-dir")  # forked workers see it
+    dl = DataLoader(TokenBatches(ds, seq_len=L, batch_size=B, rank=0, world_size=1, seed=3), batch_size=None,
+                    num_workers=2, multiprocessing_context="fork")
+    for b, batch in zip(range(6), dl):
+        assert np.array_equal(batch["input_ids"].numpy(), ref[b]), f"batch {b}"
+
+
+def test_iterable_batches_spawned_workers(make_dataset):
+    _batches_filter()
+    ds = make_dataset(n_docs=150)
+    ref = loader_batches(ds, 8)
+    tb = TokenBatches(ds, seq_len=L, batch_size=B, rank=0, world_size=1, seed=3, start=2 * B)
+    dl = DataLoader(tb, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    for b, batch in zip(range(2, 8), dl):
+        assert np.array_equal(batch["input_ids"].numpy(), ref[b]), f"batch {b}"
+
+
+def test_iterable_batches_with_workers_say_what_to_use(make_dataset):
+    import tokenfeed.torch as tft
+
+    ds = make_dataset(n_docs=50)
+    tft._warned_workers = False
+    dl = DataLoader(TokenBatches(ds, seq_len=L, batch_size=B, rank=0, world_size=1), batch_size=None, num_workers=1)
+    with pytest.warns(tokenfeed.PerformanceWarning, match="num_workers=0"):
+        next(iter(dl))
+
+
 def test_loader_yields_torch_tensors_sharing_memory(make_dataset):
     ds = make_dataset()
     l = tokenfeed.Loader(ds, seq_len=L, batch_size=B, output="torch")
@@ -174,3 +290,13 @@ def test_torchrun_two_ranks_partition_the_global_batches(make_dataset, tmp_path)
         g = next(single)["tokens"]
         assert np.array_equal(np.concatenate([r0[b], r1[b]]), g)
         assert not {row.tobytes() for row in r0[b]} & {row.tobytes() for row in r1[b]}
+
+
+def test_map_style_in_workers_says_what_to_use(make_dataset, monkeypatch):
+    """TokenDataset read in a DataLoader worker says it is slower there, and what to use."""
+    import tokenfeed.torch as tft
+
+    td = TokenDataset(make_dataset(n_docs=50), seq_len=L)
+    monkeypatch.setattr(tft, "get_worker_info", lambda: object())  # as inside a DataLoader worker
+    with pytest.warns(tokenfeed.PerformanceWarning, match="use TokenBatches"):
+        td[0]

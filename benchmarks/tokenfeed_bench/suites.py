@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import ceiling, data, fio, install
+from . import adapters, ceiling, data, fio, install
 from .common import Log, human, human_bytes, machine_info, meminfo_bytes, package_parent, spawn
 from .peers import PEERS, Peer
 
@@ -240,6 +240,8 @@ def run(args: Any) -> Dict[str, Any]:
             R.results.append(R.run("tokenfeed output=numpy", "tokenfeed", dict(tf, output="numpy")))
         R.results.append(R.run("tokenfeed on the flat .bin", "tokenfeed", dict(tf, path=raw, dtype_in=raw_dtype),
                                note="the same headerless file the other loaders read"))
+        if have_torch:  # the DataLoader adapters (tokenfeed.torch)
+            R.results.extend(adapters.rows(R, tf, nw))
         if bi.get("cuda", {}).get("usable"):
             R.results.append(R.run("tokenfeed device=cuda", "tokenfeed", dict(tf, device="cuda", **stall),
                                    headline=True))

@@ -1,0 +1,198 @@
+"""Megatron-LM: a train/valid/test datasets provider for ``pretrain`` that reads with tokenfeed.
+
+    from megatron.training import get_args, pretrain
+    from megatron.training.arguments import core_gpt_dataset_config_from_args  # pretrain_gpt.py's
+    from tokenfeed.integrations.megatron import datasets_provider
+
+    provider = datasets_provider(lambda: core_gpt_dataset_config_from_args(get_args()))
+    pretrain(provider, model_provider, ModelType.encoder_or_decoder, forward_step, ...)
+
+The provider takes megatron-core's ``GPTDatasetConfig`` (what ``--data-path``,
+``--train-data-path``/``--valid-data-path``/``--test-data-path``, ``--split``,
+``--seq-length``, ``--seed`` and the mask options set), or a function returning it, called
+when Megatron asks for the datasets (after its arguments are parsed). Each dataset is
+map-style: item ``i`` is sample ``i`` of that split's tokenfeed stream (its global
+position), the dict ``GPTDataset`` gives: ``tokens`` and ``labels`` (``seq_length``
+each, int64), ``loss_mask`` (float), ``position_ids`` and, when the config asks for it,
+``attention_mask`` (``1 x L x L`` bool, True where attention is masked). Megatron's
+sampler asks for positions from ``consumed_train_samples`` on, so a resumed run continues
+the stream exactly; tokenfeed's order does not depend on the data-parallel layout.
+
+Blend: the prefixes of ``blend`` (``--data-path 0.3 a 0.7 b``) are opened with
+``tokenfeed.open`` (a Megatron ``.bin/.idx`` prefix read in place, or a tokenfeed dataset)
+and mixed with the weights (normalized; without weights, in proportion to their tokens,
+as Megatron infers them from the datasets' sizes). Split: ``blend_per_split`` gives each
+split its own blend. A ``split`` that puts samples in more than one split would cut each
+dataset into document ranges; tokenfeed does not cut a dataset by documents, so it is
+refused with what to do instead (a split that is all train, ``--split 100,0,0``, works).
+
+Masks, from tokenfeed's document boundaries (no EOD id needed): ``position_ids`` restart
+at every document when ``reset_position_ids`` (else ``0..L-1``); ``attention_mask`` is
+causal, block-diagonal per document when ``reset_attention_mask``; ``loss_mask`` is 0 where
+a label would cross a document boundary (Megatron's ``eod_mask_loss`` on data whose
+documents end with EOD) and on padding; with ``eod_mask_loss`` off, only padding is 0
+(``packing="concat"`` has none). See docs/guides/megatron.md.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset as _TorchDataset
+
+import tokenfeed
+
+__all__ = ["datasets_provider", "TokenfeedGPTDataset", "build_datasets"]
+
+Blend = Tuple[List[str], Optional[List[float]]]
+_SPLITS = ("train", "valid", "test")
+
+
+class TokenfeedGPTDataset(_TorchDataset):  # type: ignore[type-arg,unused-ignore]
+    """Map-style: item ``i`` is the sample at global position ``i`` of a tokenfeed stream, in
+    Megatron's ``GPTDataset`` keys. ``len()`` is ``num_samples`` (Megatron's request for the
+    split), or one epoch. A sample is read by a Loader of one sample per step, moved only when
+    an item is asked out of sequence (Megatron's sampler reads each rank's rows in order)."""
+
+    def __init__(self, name: str, datasets: Sequence[Any], weights: Optional[Sequence[float]], *, seq_len: int,
+                 seed: int, num_samples: Optional[int] = None, reset_position_ids: bool = True,
+                 reset_attention_mask: bool = False, eod_mask_loss: bool = True, create_attention_mask: bool = False,
+                 **loader_kw: Any) -> None:
+        self.name = name
+        self.seq_len = int(seq_len)
+        self.reset_position_ids, self.reset_attention_mask = bool(reset_position_ids), bool(reset_attention_mask)
+        self.eod_mask_loss, self.create_attention_mask = bool(eod_mask_loss), bool(create_attention_mask)
+        data: Any = list(datasets) if weights is not None else datasets[0]
+        self._kw = dict(loader_kw, seq_len=self.seq_len, batch_size=1, seed=int(seed), dp_rank=0, dp_size=1,
+                        position_ids=True, loss_mask=True, output="numpy",
+                        **({"weights": list(weights)} if weights is not None else {}))
+        self._data = data
+        self._loader: Optional[tokenfeed.Loader] = tokenfeed.Loader(data, **self._kw)  # settings checked now
+        self.samples_per_epoch = self._loader.num_samples
+        self.num_samples = int(num_samples) if num_samples else self.samples_per_epoch
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def _get_loader(self) -> tokenfeed.Loader:
+        if self._loader is None:  # after unpickling in a DataLoader worker
+            self._loader = tokenfeed.Loader(self._data, **self._kw)
+        return self._loader
+
+    def __getitem__(self, idx: int) -> Dict[str, torch.Tensor]:
+        idx = int(idx)
+        if not 0 <= idx:
+            raise IndexError(f"{self.name}: sample index must be >= 0, got {idx}")
+        loader = self._get_loader()
+        if loader.position != idx:  # O(1): the stream is a function of the position
+            state = loader.state_dict()
+            state["position"] = idx
+            loader.load_state_dict(state)
+        b = next(loader)
+        return self._megatron(b["input_ids"][0], b["labels"][0], b["position_ids"][0], b["loss_mask"][0])
+
+    def _megatron(self, inputs: np.ndarray[Any, Any], labels: np.ndarray[Any, Any], pos: np.ndarray[Any, Any],
+                  mask: np.ndarray[Any, Any]) -> Dict[str, torch.Tensor]:
+        L = self.seq_len
+        pos = pos.astype(np.int64)
+        out = {"tokens": torch.from_numpy(inputs.astype(np.int64)),
+               "labels": torch.from_numpy(labels.astype(np.int64))}
+        if self.eod_mask_loss:
+            loss = mask.astype(np.float32)
+        else:  # only padding (a chunk of pad_id after the last document) is not trained
+            pad = self._kw.get("pad_id")
+            loss = np.ones(L, np.float32) if pad is None else (labels != pad).astype(np.float32)
+        if self.create_attention_mask:
+            causal = np.tril(np.ones((L, L), dtype=bool))
+            if self.reset_attention_mask:  # a token sees only its own document
+                seg = np.cumsum(pos == 0)
+                causal &= seg[:, None] == seg[None, :]
+            out["attention_mask"] = torch.from_numpy(~causal[None])
+        out["loss_mask"] = torch.from_numpy(loss)
+        out["position_ids"] = torch.from_numpy(pos if self.reset_position_ids else np.arange(L, dtype=np.int64))
+        return out
+
+    def __getstate__(self) -> Dict[str, Any]:
+        st = self.__dict__.copy()
+        st["_loader"] = None  # made again in the process that reads
+        return st
+
+    def __setstate__(self, st: Dict[str, Any]) -> None:
+        self.__dict__.update(st)
+
+
+def _open_prefix(prefix: str) -> tokenfeed.Dataset:
+    """A Megatron blend entry: a ``.bin/.idx`` prefix read in place, else whatever tokenfeed.open reads."""
+    if os.path.exists(prefix + ".bin") and os.path.exists(prefix + ".idx"):
+        return tokenfeed.open(prefix + ".bin")
+    return tokenfeed.open(prefix)
+
+
+def _blend_weights(blend: Blend, datasets: Sequence[tokenfeed.Dataset]) -> Optional[List[float]]:
+    prefixes, weights = blend
+    if len(prefixes) == 1:
+        return None
+    if weights is None:  # Megatron infers them from the datasets' sizes
+        weights = [float(d.num_tokens) for d in datasets]
+    total = float(sum(weights))
+    if total <= 0 or any(w < 0 for w in weights):
+        raise ValueError(f"blend weights must be >= 0 with a positive sum, got {list(weights)}")
+    return [float(w) / total for w in weights]
+
+
+def _split_blends(config: Any) -> List[Optional[Blend]]:
+    """One blend per split (train, valid, test), from ``blend_per_split`` or a ``blend`` all in train."""
+    per = getattr(config, "blend_per_split", None)
+    if per is not None and any(per):
+        return [None if b is None else (list(b[0]), None if b[1] is None else list(b[1])) for b in per]
+    blend = getattr(config, "blend", None)
+    if blend is None:
+        raise ValueError("the Megatron dataset config has no data: set blend (--data-path) or blend_per_split "
+                         "(--train-data-path, --valid-data-path, --test-data-path)")
+    matrix = getattr(config, "split_matrix", None) or [(0.0, 1.0), (1.0, 1.0), (1.0, 1.0)]
+    used = [name for name, ab in zip(_SPLITS, matrix) if ab is not None and ab[1] > ab[0]]  # None: empty
+    if used != ["train"]:
+        raise ValueError(
+            f"split {getattr(config, 'split', None)!r} puts samples in {' and '.join(used)}: Megatron would cut each "
+            f"dataset into document ranges, and tokenfeed reads a dataset whole. Give each split its own data "
+            f"(--train-data-path, --valid-data-path, --test-data-path: blend_per_split), or use --split 100,0,0")
+    return [(list(blend[0]), None if blend[1] is None else list(blend[1])), None, None]
+
+
+def build_datasets(config: Any, train_val_test_num_samples: Sequence[Optional[int]],
+                   **loader_kw: Any) -> Tuple[Optional[TokenfeedGPTDataset], ...]:
+    """The (train, valid, test) datasets of a megatron-core ``GPTDatasetConfig``; a split without data is None.
+    ``loader_kw``: other ``tokenfeed.Loader`` keywords (packing, shuffle, pad_id, ...)."""
+    out: List[Optional[TokenfeedGPTDataset]] = []
+    for name, blend, n in zip(_SPLITS, _split_blends(config), train_val_test_num_samples):
+        if blend is None:
+            out.append(None)
+            continue
+        datasets = [_open_prefix(p) for p in blend[0]]
+        out.append(TokenfeedGPTDataset(
+            name, datasets, _blend_weights(blend, datasets), seq_len=config.sequence_length,
+            seed=config.random_seed, num_samples=n,
+            reset_position_ids=bool(getattr(config, "reset_position_ids", False)),
+            reset_attention_mask=bool(getattr(config, "reset_attention_mask", False)),
+            eod_mask_loss=bool(getattr(config, "eod_mask_loss", False)),
+            create_attention_mask=bool(getattr(config, "create_attention_mask", True)), **loader_kw))
+    return tuple(out)
+
+
+def datasets_provider(config: Union[Any, Callable[[], Any]], **loader_kw: Any) -> Callable[..., Any]:
+    """A ``train_valid_test_datasets_provider`` for Megatron-LM's ``pretrain``.
+
+    ``config``: a megatron-core ``GPTDatasetConfig`` (or any object with its fields), or a
+    function that returns one when Megatron asks for the datasets. ``loader_kw``: other
+    ``tokenfeed.Loader`` keywords. Every rank builds its own datasets (``is_distributed``):
+    opening is O(1) and the stream does not depend on the rank."""
+
+    def provider(train_val_test_num_samples: Sequence[Optional[int]], vp_stage: Optional[int] = None
+                 ) -> Tuple[Optional[TokenfeedGPTDataset], ...]:
+        cfg = config() if callable(config) else config
+        return build_datasets(cfg, train_val_test_num_samples, **loader_kw)
+
+    setattr(provider, "is_distributed", True)  # Megatron then calls it on every rank
+    return provider

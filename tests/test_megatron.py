@@ -1,0 +1,131 @@
+"""tokenfeed.integrations.megatron with megatron-core's own pieces: its GPTDatasetConfig
+(blend, blend_per_split, split as --data-path / --split set them), its IndexedDatasetBuilder
+writing the .bin/.idx data, its NullTokenizer, and its mask function
+(_get_ltor_masks_and_position_ids) as the reference for the batch keys.
+
+Megatron-LM's pretrain and its MegatronPretrainingSampler are not in the megatron-core
+package; the sampler's rule (rank r of the data-parallel group takes samples
+[consumed + r*mbs, consumed + (r+1)*mbs) of each global batch; a resumed run starts at its
+saved consumed_train_samples) is written out in `megatron_batches` below."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from megatron.core.datasets.gpt_dataset import GPTDatasetConfig, _get_ltor_masks_and_position_ids
+from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+from megatron.core.datasets.utils import get_blend_from_list
+from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
+from torch.utils.data import DataLoader
+
+import tokenfeed
+from tokenfeed.integrations.megatron import datasets_provider
+
+L = 32
+VOCAB = 1000  # NullTokenizer(VOCAB).eod == VOCAB
+
+
+def write_megatron(path, seed, n_docs=120):
+    """A Megatron .bin/.idx pair by megatron-core's builder; every document ends with EOD."""
+    rng = np.random.default_rng(seed)
+    b = IndexedDatasetBuilder(f"{path}.bin", dtype=np.uint16)
+    for _ in range(n_docs):
+        doc = np.append(rng.integers(0, VOCAB, int(rng.integers(3, 60))), VOCAB)
+        b.add_document(torch.from_numpy(doc.astype(np.int64)), [len(doc)])
+    b.finalize(f"{path}.idx")
+    return str(path)
+
+
+def config(**kw):
+    kw.setdefault("reset_position_ids", True)
+    kw.setdefault("reset_attention_mask", True)
+    kw.setdefault("eod_mask_loss", True)
+    return GPTDatasetConfig(random_seed=5, sequence_length=L, tokenizer=NullTokenizer(VOCAB), **kw)
+
+
+def megatron_batches(ds, mbs, dp, rank, consumed, steps, workers=0):
+    """Megatron's MegatronPretrainingSampler over ``ds`` (see the module docstring) in a DataLoader."""
+    g = mbs * dp
+    batches = [list(range(consumed + s * g + rank * mbs, consumed + s * g + (rank + 1) * mbs)) for s in range(steps)]
+    return list(DataLoader(ds, batch_sampler=batches, num_workers=workers))
+
+
+@pytest.mark.parametrize("create_attention_mask", [True, False])
+def test_batch_keys_match_megatrons_masks(tmp_path, create_attention_mask):
+    prefix = write_megatron(tmp_path / "a", 0)
+    cfg = config(blend=get_blend_from_list([prefix]), split="100,0,0", create_attention_mask=create_attention_mask)
+    train, valid, test = datasets_provider(cfg)([64, None, None])
+    assert valid is None and test is None and len(train) == 64
+    ref = tokenfeed.Loader(tokenfeed.open(prefix + ".bin"), seq_len=L, batch_size=1, seed=5, output="numpy")
+    for i in range(12):
+        item = train[i]
+        want = next(ref)
+        assert set(item) == {"tokens", "labels", "loss_mask", "position_ids"} | (
+            {"attention_mask"} if create_attention_mask else set())
+        assert np.array_equal(item["tokens"].numpy(), want["input_ids"][0])
+        assert np.array_equal(item["labels"].numpy(), want["labels"][0])
+        am, lm, pos = _get_ltor_masks_and_position_ids(item["tokens"], VOCAB, True, True, True, create_attention_mask)
+        assert item["loss_mask"].dtype == torch.float32 and torch.equal(item["loss_mask"], lm)
+        assert torch.equal(item["position_ids"], pos)
+        if create_attention_mask:
+            assert item["attention_mask"].dtype == torch.bool and torch.equal(item["attention_mask"], am)
+
+
+def test_masks_off_as_megatron(tmp_path):
+    prefix = write_megatron(tmp_path / "a", 1)
+    cfg = config(blend=get_blend_from_list([prefix]), split="100,0,0", reset_position_ids=False,
+                 reset_attention_mask=False, eod_mask_loss=False)
+    train = datasets_provider(cfg)([8, None, None])[0]
+    for i in range(6):
+        item = train[i]
+        am, lm, pos = _get_ltor_masks_and_position_ids(item["tokens"], VOCAB, False, False, False, True)
+        assert torch.equal(item["loss_mask"], lm) and torch.equal(item["position_ids"], pos)
+        assert torch.equal(item["attention_mask"], am)
+
+
+def test_blend_and_blend_per_split(tmp_path):
+    a, b, c = (write_megatron(tmp_path / n, i) for i, n in enumerate("abc"))
+    # --data-path 30 a 70 b: the train split mixes a and b 0.3 / 0.7
+    cfg = config(blend=get_blend_from_list(["30", a, "70", b]), split="100,0,0")
+    train = datasets_provider(cfg)([40, None, None])[0]
+    ref = tokenfeed.Loader([tokenfeed.open(a + ".bin"), tokenfeed.open(b + ".bin")], weights=[0.3, 0.7],
+                           seq_len=L, batch_size=1, seed=5, output="numpy")
+    for i in range(10):
+        assert np.array_equal(train[i]["tokens"].numpy(), next(ref)["input_ids"][0])
+    # --train-data-path a b --valid-data-path c: weights from the sizes, a dataset per split
+    cfg = config(blend_per_split=[get_blend_from_list([a, b]), get_blend_from_list([c]), None])
+    train, valid, test = datasets_provider(cfg)([40, 8, None])
+    assert test is None and len(valid) == 8
+    da, db = tokenfeed.open(a + ".bin"), tokenfeed.open(b + ".bin")
+    w = [da.num_tokens / (da.num_tokens + db.num_tokens), db.num_tokens / (da.num_tokens + db.num_tokens)]
+    ref = tokenfeed.Loader([da, db], weights=w, seq_len=L, batch_size=1, seed=5, output="numpy")
+    assert np.array_equal(train[0]["tokens"].numpy(), next(ref)["input_ids"][0])
+    ref = tokenfeed.Loader(tokenfeed.open(c + ".bin"), seq_len=L, batch_size=1, seed=5, output="numpy")
+    assert np.array_equal(valid[0]["tokens"].numpy(), next(ref)["input_ids"][0])
+
+
+def test_split_into_document_ranges_is_refused(tmp_path):
+    a = write_megatron(tmp_path / "a", 0)
+    with pytest.raises(ValueError, match="--train-data-path, --valid-data-path"):
+        datasets_provider(config(blend=get_blend_from_list([a]), split="969,30,1"))([10, 10, 10])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stop_and_resume_from_consumed_samples(tmp_path, workers):
+    """Two data-parallel ranks read 6 steps; a run resumed from consumed_train_samples after step 3
+    (new provider, new datasets) reads the same batches for steps 3..5."""
+    prefix = write_megatron(tmp_path / "a", 2, n_docs=300)
+    cfg = config(blend=get_blend_from_list([prefix]), split="100,0,0")
+    mbs, dp = 2, 2
+    first = [megatron_batches(datasets_provider(cfg)([100, None, None])[0], mbs, dp, r, 0, 6, workers)
+             for r in range(dp)]
+    for r in range(dp):
+        again = megatron_batches(datasets_provider(cfg)([100, None, None])[0], mbs, dp, r, 3 * mbs * dp, 3, workers)
+        for s, batch in zip(range(3, 6), again):
+            for k in batch:
+                assert torch.equal(batch[k], first[r][s][k]), (r, s, k)
+    # and the ranks together are the one stream, in order
+    ref = tokenfeed.Loader(tokenfeed.open(prefix + ".bin"), seq_len=L, batch_size=mbs * dp, seed=5, output="numpy")
+    for s in range(6):
+        want = next(ref)["input_ids"]
+        assert np.array_equal(torch.cat([first[0][s]["tokens"], first[1][s]["tokens"]]).numpy(), want)
