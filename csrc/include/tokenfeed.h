@@ -468,6 +468,40 @@ TF_API uint64_t tf_mix64(uint64_t x);
 /* Order: packing, shuffle, partition                                        */
 /* ------------------------------------------------------------------------ */
 
+/* ------------------------------------------------------------------------ */
+/* Settings                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Every setting of the order (tf_order_config), the engine (tf_loader_config)
+ * and the device stage (tf_device_config) is one row of one table: its name
+ * (as the Python API spells it), type, default, bounds, enum names, whether it
+ * changes the stream, and a one-line description. Defaults, checks, the
+ * fingerprint and the loader state come from the rows; callers query them. */
+typedef enum tf_setting_scope { TF_SCOPE_ORDER = 0, TF_SCOPE_ENGINE = 1, TF_SCOPE_DEVICE = 2 } tf_setting_scope;
+typedef enum tf_setting_type { TF_SETTING_INT = 0, TF_SETTING_BOOL = 1, TF_SETTING_ENUM = 2 } tf_setting_type;
+
+typedef struct tf_setting {
+    const char *name;
+    tf_setting_scope scope;
+    tf_setting_type type;
+    int64_t def;              /* the default tf_*_config_init writes */
+    int64_t min;              /* bounds, inclusive (ENUM: 0 .. names - 1) */
+    uint64_t max;
+    int nullable;             /* none_value means "none" or "the default" (None in Python) */
+    int64_t none_value;
+    const char *const *names; /* ENUM: names by value, NULL-terminated; else NULL */
+    const char *stream;       /* when it changes the stream: "always", "never", or a
+                                 condition ("shuffle=block", "packing!=concat",
+                                 "packing=best_fit", "mixture") */
+    const char *description;
+} tf_setting;
+
+TF_API size_t tf_settings_count(void);
+TF_API const tf_setting *tf_setting_get(size_t i);        /* NULL past the end */
+TF_API const tf_setting *tf_setting_find(const char *name); /* NULL: no such setting */
+/* Bounds of a setting (as ZSTD_cParam_getBounds): -ENOENT for an unknown name. */
+TF_API int tf_setting_bounds(const char *name, int64_t *min, uint64_t *max);
+
 typedef enum tf_packing {
     TF_PACK_CONCAT = 0,   /* documents concatenated, cut every seq_len tokens */
     TF_PACK_BEST_FIT = 1, /* chunks of <= L + 1 tokens, best-fit-decreasing into samples

@@ -29,6 +29,7 @@
 #define TF_ORDER_KIND_H
 
 #include "order_internal.h"
+#include "schedule.h"
 
 /* Largest pack_window: pack.c's sort key gives a document's index 24 bits. */
 #define TF__MAX_PACK_WINDOW (1u << 24)
@@ -76,6 +77,14 @@ TF_HIDDEN int tf__order_build(tf__order_init init, const void *args, const tf_or
 /* Constructors; args is the const tf_dataset * the order reads. */
 TF_HIDDEN int tf__concat_init(tf_order *o, const void *ds);   /* concat.c */
 TF_HIDDEN int tf__packed_init(tf_order *o, const void *ds);   /* pack.c */
+
+/* A mixture's schedule as built (mix.c; -EINVAL for another kind): the
+ * spec (with its anchor; M and G are the config's) and the datasets, both
+ * borrowed from o. */
+TF_HIDDEN int tf__order_mix_spec(const tf_order *o, tf__sched_spec *spec, const tf_dataset *const **ds);
+/* A mixture over like's datasets with another config and schedule. */
+TF_HIDDEN int tf__order_mix_create(const tf_order *like, const tf_order_config *cfg, const tf__sched_spec *spec,
+                                   tf_order **out);
 
 /* Building position_ids / cu_seqlens / num_seqs from segment starts, shared by
  * every kind: start with {last = 0, nc = 1} and cu_seqlens[0] = 0, call
