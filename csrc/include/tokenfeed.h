@@ -642,6 +642,36 @@ TF_API uint64_t tf_order_mix_source_count(const tf_order *o, size_t i, uint64_t 
  * a plain order: 1) in a window of the returned size. */
 TF_API uint64_t tf_order_mix_counts_at(const tf_order *o, uint64_t pos, uint64_t *counts);
 
+/* ------------------------------------------------------------------------ */
+/* Loader state                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* The state a checkpoint keeps to resume a stream exactly: a JSON object
+ * (format version, dataset and configuration fingerprints, position, the
+ * configuration, a mixture's hand-over anchor, the world size), the same
+ * Python's Loader.state_dict() returns; docs/design.md lists its keys. Every
+ * key is always present, and every value is a number, a string, null or a
+ * list, so that every checkpointer keeps it. */
+#define TF_STATE_FORMAT_VERSION 2
+enum { TF_STATE_LENIENT = 1 }; /* accept a changed configuration, keep the position */
+
+/* Write the state of order o at global position pos (saved by a loader with
+ * world_size data-parallel ranks) as NUL-terminated JSON into buf (cap
+ * bytes). *len (may be NULL) receives the length without the NUL; -ENOSPC
+ * when cap <= that length (call with cap 0 to size the buffer). */
+TF_API int tf_order_state_save(const tf_order *o, uint64_t pos, uint32_t world_size, char *buf, size_t cap,
+                               size_t *len);
+
+/* Check a state against order o and give the position to seek to. Every field
+ * is checked for its type; a setting refuses the state (without
+ * TF_STATE_LENIENT) only where it changes the stream. -TF_ESTATE with a
+ * sentence naming what differs. A mixture resumed under other weights (or
+ * from a state that carries an anchor) continues each source from where it
+ * was: *handover then receives a new order, owned by the caller, to use in
+ * place of o; NULL when o itself resumes. */
+TF_API int tf_order_state_load(const tf_order *o, const char *state, size_t len, unsigned flags, uint64_t *pos,
+                               tf_order **handover);
+
 /* Sources of a mixture (1 for a plain order) and source i's own order
  * (borrowed from o; for a plain order, i == 0 gives o itself). */
 TF_API size_t tf_order_num_sources(const tf_order *o);
@@ -767,6 +797,16 @@ TF_API uint64_t tf_loader_position(const tf_loader *l);
  * prefetched for the old position are discarded; batches already handed out
  * stay valid. */
 TF_API int tf_loader_seek(tf_loader *l, uint64_t pos);
+
+/* The loader's state at its position (tf_order_state_save with the loader's
+ * order, position and world size). */
+TF_API int tf_loader_state_save(const tf_loader *l, char *buf, size_t cap, size_t *len);
+
+/* Resume from a state (tf_order_state_load), seeking to its position; a
+ * mixture's hand-over replaces the order the loader reads (the loader owns
+ * the new one; an order it borrowed is left as it was). Prefetched batches
+ * are discarded. */
+TF_API int tf_loader_state_load(tf_loader *l, const char *state, size_t len, unsigned flags);
 
 typedef struct tf_batch_view {
     void *tokens;          /* rows x (seq_len + 1), out dtype */

@@ -331,6 +331,7 @@ static int module_exec(PyObject *m) {
 #undef ADD_TYPE
     if (PyModule_AddFunctions(m, tfpy_remote_functions) < 0) return -1;
     if (PyModule_AddIntConstant(m, "PACK_CONCAT", TF_PACK_CONCAT) < 0 ||
+        PyModule_AddIntConstant(m, "STATE_FORMAT_VERSION", TF_STATE_FORMAT_VERSION) < 0 ||
         PyModule_AddIntConstant(m, "PACK_BEST_FIT", TF_PACK_BEST_FIT) < 0 ||
         PyModule_AddIntConstant(m, "PACK_DOCUMENT", TF_PACK_DOCUMENT) < 0 ||
         PyModule_AddIntConstant(m, "SHUFFLE_NONE", TF_SHUFFLE_NONE) < 0 ||

@@ -44,15 +44,15 @@ def _int(v: Any) -> Any:
 
 @dataclass(frozen=True)
 class OrderConfig:
-    """The settings that define the global stream (the loader state's ``config``).
+    """The settings that define the global stream (the C library records them in a loader state).
 
     ``shuffle`` takes ``True``/``False`` or ``"full"``/``"block"``/``"none"`` and is
     kept as the name. ``weights`` makes the order a mixture of as many datasets: plain
     weights, or a :class:`WeightSchedule` (also given as a list of ``(step, weights)``
     pairs or its recorded dict). ``global_batch`` is samples per step over all ranks;
     ``epochs=None`` is endless. ``mix_anchor`` (position, per-source counts) is the
-    hand-over point of a resume under another schedule: the saved state carries it,
-    it is not part of the state's ``config``.
+    hand-over point of a resume under another schedule (the C library finds it; the
+    state carries it).
     """
 
     seq_len: int
@@ -102,44 +102,12 @@ class OrderConfig:
         for k, v in canon.items():
             object.__setattr__(self, k, v)
 
-    def state(self) -> Dict[str, Any]:
-        """The ``config`` of a loader state: everything that changes the stream. Settings a
-        mode does not use are left out (a concat state has no ``pad_id``), so states
-        saved before a mode existed still match."""
-        cfg: Dict[str, Any] = {
-            "packing": self.packing, "seq_len": self.seq_len, "separator_id": self.separator_id,
-            "seed": self.seed, "shuffle": self.shuffle, "block_size": self.block_size,
-            "window_blocks": self.window_blocks, "global_batch": self.global_batch, "epochs": self.epochs,
-        }
-        if self.packing != "concat":
-            cfg["pad_id"] = 0 if self.pad_id is None else self.pad_id
-        if self.packing == "best_fit":
-            cfg["pack_window"] = self.pack_window
-        if isinstance(self.weights, WeightSchedule):
-            cfg["weights"] = self.weights.to_dict()
-            cfg["mix_window"] = self.mix_window
-        elif self.weights is not None:
-            cfg["weights"] = list(self.weights)
-            cfg["mix_window"] = self.mix_window
-        return cfg
-
     @property
     def num_sources(self) -> int:
         """Datasets mixed (1 without weights)."""
         if isinstance(self.weights, WeightSchedule):
             return self.weights.num_sources
         return 1 if self.weights is None else len(self.weights)
-
-    @classmethod
-    def from_state(cls, config: Dict[str, Any], mix_anchor: Any = None) -> "OrderConfig":
-        """The configuration a loader state's ``config`` (and ``mix_anchor``) was saved with."""
-        keys = ("seq_len", "seed", "shuffle", "block_size", "window_blocks", "separator_id", "packing", "pad_id",
-                "pack_window", "weights", "mix_window", "global_batch", "epochs")
-        kw = {k: config[k] for k in keys if k in config}
-        anchor = None
-        if mix_anchor is not None:
-            anchor = (int(mix_anchor["position"]), tuple(int(c) for c in mix_anchor["counts"]))
-        return cls(mix_anchor=anchor, **kw)
 
     def core_kwargs(self) -> Dict[str, Any]:
         """Keyword arguments of ``_core.Order``."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import os
 import sys
 import warnings
@@ -17,6 +18,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import _core
 from ._config import EngineConfig, OrderConfig
 from ._mesh import DEFAULT_CP_DIM, DEFAULT_DP_DIMS, ParallelCoords, parallel_coords
 from ._schedule import WeightSchedule
@@ -24,7 +26,7 @@ from ._dataset import Dataset, PathLike, open as _open
 
 __all__ = ["Loader", "StateError", "STATE_FORMAT_VERSION"]
 
-STATE_FORMAT_VERSION = 1
+STATE_FORMAT_VERSION = _core.STATE_FORMAT_VERSION
 _INFINITE = (1 << 64) - 1
 
 
@@ -40,6 +42,16 @@ class PerformanceWarning(UserWarning):
     is in ``stats()["zstd"]["note"]``. Silence with ``warnings.filterwarnings("ignore",
     category=tokenfeed.PerformanceWarning)``.
     """
+
+
+def _json_value(v: Any) -> Any:
+    """NumPy and torch scalars and arrays (as Orbax or a tensor-only checkpointer gives back
+    a state's numbers) as the plain values they hold."""
+    if isinstance(v, np.ndarray) or type(v).__name__ == "Tensor":
+        return v.tolist()
+    if isinstance(v, np.generic):
+        return v.item()
+    raise TypeError(f"{type(v).__name__} {v!r}")
 
 
 def _torch_available() -> bool:
@@ -457,58 +469,40 @@ class Loader:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> Dict[str, Any]:
-        """A small JSON-able dict that resumes the exact stream (on any world size dividing the global batch)."""
-        return {
-            "format_version": STATE_FORMAT_VERSION,
-            "dataset_fingerprint": self.dataset_fingerprint,
-            "config_fingerprint": self.config_fingerprint,
-            "position": self.position,
-            "config": self._order_cfg.state(),
-            "samples_per_epoch": self.num_samples,
-            "world_size": self.world_size,
-            **({"mix_anchor": {"position": self._order_cfg.mix_anchor[0],
-                               "counts": list(self._order_cfg.mix_anchor[1])}}
-               if self._order_cfg.mix_anchor is not None else {}),
-        }
+        """A small dict that resumes the exact stream (on any world size dividing the global batch).
+
+        Written by the C library (``tf_order_state_save``; keys in ``docs/design.md``):
+        always the same keys, whatever the loader went through (``mix_anchor`` is
+        ``None`` unless a mixture was resumed under other weights), holding only ints,
+        floats, strings, ``None`` and lists, so that ``torch.distributed.checkpoint``,
+        ``torch.save``, JSON and Orbax all keep it. The loader is a ``Stateful``: pass it
+        to ``dcp.save({"loader": loader})`` / ``dcp.load`` as it is.
+        """
+        state: Dict[str, Any] = json.loads(self._order.state_save(self.position, self.world_size))
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any], *, strict: bool = True) -> None:
         """Continue from ``state`` (from :meth:`state_dict`, possibly saved with another world size).
 
         A state from other data, or (with ``strict=True``) another configuration, raises
-        :class:`StateError` naming what differs. ``strict=False`` deliberately accepts a
-        changed configuration (a new seed from here on, say) and keeps the position.
+        :class:`StateError` naming what differs; a setting is compared only where it
+        changes the stream. Every field is checked for its type. ``strict=False``
+        deliberately accepts a changed configuration (a new seed from here on, say) and
+        keeps the position; a mixture then continues each source from where it was.
         """
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a dict from Loader.state_dict(), got {type(state).__name__}")
-        missing = [k for k in ("format_version", "dataset_fingerprint", "config_fingerprint", "position", "config")
-                   if k not in state]
-        if missing:
-            raise StateError(f"not a tokenfeed loader state: missing {', '.join(missing)}")
-        if state["format_version"] != STATE_FORMAT_VERSION:
-            raise StateError(f"state format version {state['format_version']} is not supported "
-                             f"(this tokenfeed reads version {STATE_FORMAT_VERSION})")
-        if state["dataset_fingerprint"] != self.dataset_fingerprint:
-            raise StateError(
-                f"the dataset changed: the state was saved on data with fingerprint {state['dataset_fingerprint']}"
-                f" ({state.get('samples_per_epoch', '?')} samples per epoch), this loader reads "
-                f"{self.dataset_fingerprint} ({self.num_samples} samples per epoch). Point the loader at the "
-                f"same files (in the same order{', and the same sources in the same order' if self.weights else ''})"
-                f" to resume.")
-        saved = dict(state["config"])
-        now = self._order_cfg.state()
-        if state["config_fingerprint"] != self.config_fingerprint or saved != now:
-            diffs = [f"{k}: saved {saved.get(k)!r}, now {now.get(k)!r}"
-                     for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
-            if strict:
-                detail = "; ".join(diffs) if diffs else "config fingerprint differs"
-                raise StateError(f"the loader configuration changed ({detail}). Restore with the saved settings, "
-                                 f"or pass strict=False to continue from the saved position with the new ones.")
-        pos = int(state["position"])
-        if pos < 0 or pos % self.global_batch:
-            raise StateError(f"position {pos} is not a multiple of the global batch {self.global_batch}: "
-                             f"keep batch_size * world_size the same as when the state was saved")
-        if self._mixture:
-            self._hand_over(state, saved, now, pos)
+        try:
+            text = json.dumps(state, default=_json_value)
+        except (TypeError, ValueError) as e:
+            raise StateError(f"the state holds a value that is not a number, string, list or None ({e}): pass "
+                             f"the dict Loader.state_dict() returned") from None
+        try:
+            pos, handover = self._order.state_load(text, not strict)
+        except RuntimeError as e:
+            raise StateError(str(e)) from None
+        if handover is not None:
+            self._hand_over(handover)
         if self._engine is not None:
             self._acct_ranges = self._acct_ranges[:-1] + [(self._acct_ranges[-1][0], self.position), (pos, pos)]
         self._position = pos
@@ -517,37 +511,21 @@ class Loader:
         elif self._engine is not None:
             self._engine.seek(pos)
 
-    def _hand_over(self, state: Mapping[str, Any], saved: Dict[str, Any], now: Dict[str, Any], pos: int) -> None:
-        """A mixture resumes where each source was: under the saved configuration (and its own
-        hand-over anchor, if it had one) every source had delivered some number of samples at
-        ``pos``; when this configuration would put a source elsewhere (another schedule, other
-        weights), hand over there, so that nothing consumed is repeated or skipped."""
-        saved_anchor = state.get("mix_anchor")
-        anchor: Optional[Tuple[int, Tuple[int, ...]]] = None
-        if saved == now:
-            if saved_anchor is not None:
-                anchor = (int(saved_anchor["position"]), tuple(int(c) for c in saved_anchor["counts"]))
-        else:
-            try:
-                before = OrderConfig.from_state(saved, saved_anchor).build(self._core_source())
-            except (TypeError, ValueError, KeyError) as e:
-                raise StateError(f"the saved mixture configuration cannot be rebuilt to find where each source "
-                                 f"was ({e}); resume with the saved weights") from None
-            k = self._order_cfg.num_sources
-            had = tuple(int(before.mix_source_count(i, pos)) for i in range(k))
-            plain = self._order_cfg.build(self._core_source())
-            if had != tuple(int(plain.mix_source_count(i, pos)) for i in range(k)):
-                anchor = (pos, had)
-        if anchor != self._order_cfg.mix_anchor:
-            self._order_cfg = dataclasses.replace(self._order_cfg, mix_anchor=anchor)
-            self._order = self._order_cfg.build(self._core_source())
-            # the engine (and the device stage over it) borrow the order: made again over the new one
-            if self._device is not None:
-                self._device.close()
-                self._device = None
-            if self._engine is not None:
-                self._engine.close()
-                self._engine = None
+    def _hand_over(self, order: Any) -> None:
+        """Read ``order`` from here on: this mixture with the hand-over anchor a resume needs (the
+        C library found where each source was). The anchor is kept in the configuration, so a
+        pickled loader rebuilds the same order."""
+        anchor = json.loads(order.state_save(0, 1))["mix_anchor"]
+        self._order_cfg = dataclasses.replace(
+            self._order_cfg, mix_anchor=None if anchor is None else (int(anchor[0]), tuple(anchor[1])))
+        self._order = order
+        # the engine (and the device stage over it) borrow the order: made again over the new one
+        if self._device is not None:
+            self._device.close()
+            self._device = None
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
 
     def __repr__(self) -> str:
         cp = f", cp={self.cp_rank}/{self.cp_size}" if self.cp_size > 1 else ""
