@@ -78,6 +78,10 @@ TF_HIDDEN int tf__order_build(tf__order_init init, const void *args, const tf_or
 TF_HIDDEN int tf__concat_init(tf_order *o, const void *ds);   /* concat.c */
 TF_HIDDEN int tf__packed_init(tf_order *o, const void *ds);   /* pack.c */
 
+/* Fingerprint of a configuration (order.c); an order's is this, mixed with
+ * its kind's (a mixture's schedule): tf_mix64(config ^ kind). */
+TF_HIDDEN uint64_t tf__order_config_fingerprint(const tf_order_config *c);
+
 /* A mixture's schedule as built (mix.c; -EINVAL for another kind): the
  * spec (with its anchor; M and G are the config's) and the datasets, both
  * borrowed from o. */

@@ -60,16 +60,17 @@ void tf_order_config_init(tf_order_config *cfg) {
 /* XXH64 over a fixed little-endian encoding, so it is the same on every host
  * and independent of struct layout. BLOCK-only fields enter only in BLOCK mode
  * (changing block_size under FULL does not change the stream). */
-static uint64_t config_fingerprint(const tf_order_config *c) {
+uint64_t tf__order_config_fingerprint(const tf_order_config *c) {
     uint8_t buf[16 * 8], *p = buf;
     tf__put_le64(p, 0x3144524f4654ULL); /* "TFORD1" tag */
     tf__put_le64(p + 8, ORDER_FP_VERSION);
     p += 16;
     /* the order rows in table order, each when it changes the stream; a
      * mixture's window enters through the schedule's own hash (mix.c) */
+    tf__cond_ctx x = {c, 0, 0};
     for (size_t i = 0; i < tf__nsettings; i++) {
         const tf__setting_row *r = &tf__settings[i];
-        if (r->pub.scope != TF_SCOPE_ORDER || !strcmp(r->pub.stream, "mixture") || !tf__setting_enters_stream(r, c, 0))
+        if (r->pub.scope != TF_SCOPE_ORDER || !strcmp(r->pub.stream, "mixture") || !tf__setting_in_fingerprint(r, &x))
             continue;
         tf__put_le64(p, (uint64_t)tf__setting_get(r, c));
         p += 8;
@@ -130,7 +131,7 @@ static int build(tf__order_init init, const void *args, const tf_order_config *c
         /* ceil(nbf / W) windows; one (tail only) when there is no full block */
         o->nwin = o->nbf ? o->nbf / W + (o->nbf % W != 0) : 1;
     }
-    o->fingerprint = config_fingerprint(cfg);
+    o->fingerprint = tf__order_config_fingerprint(cfg);
     if (o->has_kind_fp) o->fingerprint = tf_mix64(o->fingerprint ^ o->kind_fp);
     *out = o;
     return 0;

@@ -11,10 +11,13 @@
  * where the fingerprint should hash them, after those already there, so that
  * existing fingerprints do not change), and the code that uses the value. The
  * row's `stream` says when the setting changes the stream: "always", "never"
- * (engine and device settings), or a condition on an earlier order setting
- * ("shuffle=block", "packing!=concat", "mixture"); the state records the
- * setting (else null) and a resume compares it exactly when that condition
- * holds. tests/test_settings.py checks that _core.pyi and the docs' option
+ * (engine and device settings), or a condition on earlier order settings
+ * ("shuffle=block", "packing!=concat", "mixture", ...: holds() lists them); a
+ * resume compares the setting exactly when it holds. `fp` (NULL: the same)
+ * says when it enters the fingerprint, and so when the state records it (else
+ * null); it can be wider than `stream` (seed and global_batch entered the
+ * fingerprint before their finer conditions were known, and fingerprints
+ * never change). tests/test_settings.py checks that _core.pyi and the docs' option
  * tables name every row.
  */
 #include <stddef.h>
@@ -40,58 +43,58 @@ static const char *const BACKEND_NAMES[] = {"auto", "mmap", "pread", "io_uring",
  * it lives. The order rows are in fingerprint order. */
 const tf__setting_row tf__settings[] = {
     {{"seq_len", TF_SCOPE_ORDER, TF_SETTING_INT, 2048, 1, MAX_SEQ_LEN, 0, 0, NULL, "always",
-      "tokens per sample the model sees (a sample holds seq_len + 1 tokens)"}, 0, ORDER(seq_len)},
+      "tokens per sample the model sees (a sample holds seq_len + 1 tokens)"}, NULL, 0, ORDER(seq_len)},
     {{"packing", TF_SCOPE_ORDER, TF_SETTING_ENUM, TF_PACK_CONCAT, 0, 2, 0, 0, PACKING_NAMES, "always",
-      "how documents become samples: concat, best_fit or document"}, 0, ORDER(packing)},
+      "how documents become samples: concat, best_fit or document"}, NULL, 0, ORDER(packing)},
     {{"separator_id", TF_SCOPE_ORDER, TF_SETTING_INT, -1, -1, INT64_MAX, 1, -1, NULL, "always",
-      "token inserted after every document (None: none)"}, 1, ORDER(separator_id)},
-    {{"seed", TF_SCOPE_ORDER, TF_SETTING_INT, 0, 0, UINT64_MAX, 0, 0, NULL, "always",
-      "seed of the shuffle (and of each mixture source's own)"}, 0, ORDER(seed)},
+      "token inserted after every document (None: none)"}, NULL, 1, ORDER(separator_id)},
+    {{"seed", TF_SCOPE_ORDER, TF_SETTING_INT, 0, 0, UINT64_MAX, 0, 0, NULL, "shuffle!=none",
+      "seed of the shuffle (and of each mixture source's own)"}, "always", 0, ORDER(seed)},
     {{"shuffle", TF_SCOPE_ORDER, TF_SETTING_ENUM, TF_SHUFFLE_FULL, 0, 2, 0, 0, SHUFFLE_NAMES, "always",
-      "order of the samples within an epoch: none, full or block"}, 0, ORDER(shuffle)},
+      "order of the samples within an epoch: none, full or block"}, NULL, 0, ORDER(shuffle)},
     {{"block_size", TF_SCOPE_ORDER, TF_SETTING_INT, 1024, 1, UINT64_MAX, 0, 0, NULL, "shuffle=block",
-      "samples per block of the block shuffle"}, 0, ORDER(block_size)},
+      "samples per block of the block shuffle"}, NULL, 0, ORDER(block_size)},
     {{"window_blocks", TF_SCOPE_ORDER, TF_SETTING_INT, 16, 1, UINT64_MAX, 0, 0, NULL, "shuffle=block",
-      "blocks per window of the block shuffle"}, 0, ORDER(window_blocks)},
-    {{"global_batch", TF_SCOPE_ORDER, TF_SETTING_INT, 1, 1, UINT64_MAX, 0, 0, NULL, "always",
-      "samples per step over all data-parallel ranks (batch_size x dp_size)"}, 0, ORDER(global_batch)},
+      "blocks per window of the block shuffle"}, NULL, 0, ORDER(window_blocks)},
+    {{"global_batch", TF_SCOPE_ORDER, TF_SETTING_INT, 1, 1, UINT64_MAX, 0, 0, NULL, "epochs or schedule",
+      "samples per step over all data-parallel ranks (batch_size x dp_size)"}, "always", 0, ORDER(global_batch)},
     {{"epochs", TF_SCOPE_ORDER, TF_SETTING_INT, 0, 0, UINT64_MAX, 1, 0, NULL, "always",
-      "passes over the data before the stream ends (None: endless)"}, 0, ORDER(epochs)},
+      "passes over the data before the stream ends (None: endless)"}, NULL, 0, ORDER(epochs)},
     {{"pad_id", TF_SCOPE_ORDER, TF_SETTING_INT, 0, 0, INT64_MAX, 0, 0, NULL, "packing!=concat",
-      "token that fills the rest of a packed sample"}, 1, ORDER(pad_id)},
+      "token that fills the rest of a packed sample"}, NULL, 1, ORDER(pad_id)},
     {{"pack_window", TF_SCOPE_ORDER, TF_SETTING_INT, 1024, 1, TF__MAX_PACK_WINDOW, 0, 0, NULL, "packing=best_fit",
-      "documents per best_fit packing window"}, 0, ORDER(pack_window)},
+      "documents per best_fit packing window"}, NULL, 0, ORDER(pack_window)},
     {{"mix_window", TF_SCOPE_ORDER, TF_SETTING_INT, 1000, 1, 1u << 20, 0, 0, NULL, "mixture",
-      "positions per mixing window, over which the weights become exact counts"}, 0, ORDER(mix_window)},
+      "positions per mixing window, over which the weights become exact counts"}, NULL, 0, ORDER(mix_window)},
 
     {{"batch_size", TF_SCOPE_ENGINE, TF_SETTING_INT, 8, 1, UINT64_MAX, 0, 0, NULL, "never",
-      "samples per data-parallel rank per batch"}, 0, ENGINE(batch_size)},
+      "samples per data-parallel rank per batch"}, NULL, 0, ENGINE(batch_size)},
     {{"dp_rank", TF_SCOPE_ENGINE, TF_SETTING_INT, 0, 0, UINT32_MAX - 1, 0, 0, NULL, "never",
-      "data-parallel rank: which slice of every global batch (older name: rank)"}, 0, ENGINE(rank)},
+      "data-parallel rank: which slice of every global batch (older name: rank)"}, NULL, 0, ENGINE(rank)},
     {{"dp_size", TF_SCOPE_ENGINE, TF_SETTING_INT, 1, 1, UINT32_MAX, 0, 0, NULL, "never",
-      "data-parallel ranks the global batch is split over (older name: world_size)"}, 0, ENGINE(world_size)},
+      "data-parallel ranks the global batch is split over (older name: world_size)"}, NULL, 0, ENGINE(world_size)},
     {{"cp_rank", TF_SCOPE_ENGINE, TF_SETTING_INT, 0, 0, UINT32_MAX - 1, 0, 0, NULL, "never",
-      "context-parallel rank: which share of every sample"}, 0, ENGINE(cp_rank)},
+      "context-parallel rank: which share of every sample"}, NULL, 0, ENGINE(cp_rank)},
     {{"cp_size", TF_SCOPE_ENGINE, TF_SETTING_INT, 1, 1, UINT32_MAX, 0, 0, NULL, "never",
-      "context-parallel ranks every sample is shared over"}, 0, ENGINE(cp_size)},
+      "context-parallel ranks every sample is shared over"}, NULL, 0, ENGINE(cp_size)},
     {{"num_threads", TF_SCOPE_ENGINE, TF_SETTING_INT, 0, 0, TF_MAX_THREADS, 1, 0, NULL, "never",
-      "worker threads assembling batches (None: the engine's choice for the backend)"}, 1, ENGINE(num_threads)},
+      "worker threads assembling batches (None: the engine's choice for the backend)"}, NULL, 1, ENGINE(num_threads)},
     {{"prefetch_batches", TF_SCOPE_ENGINE, TF_SETTING_INT, 0, 0, TF_MAX_PREFETCH, 1, 0, NULL, "never",
-      "batches assembled ahead of the consumer (None: 2 x num_threads + 2; older name: prefetch)"}, 1,
+      "batches assembled ahead of the consumer (None: 2 x num_threads + 2; older name: prefetch)"}, NULL, 1,
      ENGINE(prefetch)},
     {{"backend", TF_SCOPE_ENGINE, TF_SETTING_ENUM, TF_BACKEND_AUTO, 0, 3, 1, TF_BACKEND_AUTO, BACKEND_NAMES, "never",
-      "how bytes come off storage: mmap, pread or io_uring (None: $TOKENFEED_BACKEND, else mmap)"}, 0,
+      "how bytes come off storage: mmap, pread or io_uring (None: $TOKENFEED_BACKEND, else mmap)"}, NULL, 0,
      ENGINE(backend)},
     {{"direct_io", TF_SCOPE_ENGINE, TF_SETTING_BOOL, 0, 0, 1, 0, 0, NULL, "never",
-      "io_uring reads with O_DIRECT (past the page cache)"}, 1, ENGINE(direct_io)},
+      "io_uring reads with O_DIRECT (past the page cache)"}, NULL, 1, ENGINE(direct_io)},
     {{"zstd_cache_bytes", TF_SCOPE_ENGINE, TF_SETTING_INT, 0, 0, INT64_MAX, 1, 0, NULL, "never",
-      "bytes of decompressed zstd blocks the workers share (None: sized from the shuffle)"}, 0,
+      "bytes of decompressed zstd blocks the workers share (None: sized from the shuffle)"}, NULL, 0,
      ENGINE(zstd_cache_bytes)},
 
     {{"device_prefetch_batches", TF_SCOPE_DEVICE, TF_SETTING_INT, 2, 1, 256, 0, 0, NULL, "never",
-      "batches copied to the GPU ahead of the consumer (older name: device_prefetch)"}, 1, DEVICE(prefetch)},
+      "batches copied to the GPU ahead of the consumer (older name: device_prefetch)"}, NULL, 1, DEVICE(prefetch)},
     {{"device_slots", TF_SCOPE_DEVICE, TF_SETTING_INT, 0, 0, 258, 1, 0, NULL, "never",
-      "device buffers in all, at least device_prefetch_batches + 1 (None: device_prefetch_batches + 2)"}, 1,
+      "device buffers in all, at least device_prefetch_batches + 1 (None: device_prefetch_batches + 2)"}, NULL, 1,
      DEVICE(slots)},
 };
 
@@ -195,13 +198,21 @@ int tf__settings_check(tf_setting_scope scope, const void *cfg) {
     return 0;
 }
 
-int tf__setting_enters_stream(const tf__setting_row *r, const tf_order_config *c, int mixture) {
-    const char *w = r->pub.stream;
+static int holds(const char *w, const tf__cond_ctx *x) {
+    const tf_order_config *c = x->cfg;
     if (!strcmp(w, "always")) return 1;
     if (!strcmp(w, "never")) return 0;
-    if (!strcmp(w, "mixture")) return mixture;
+    if (!strcmp(w, "mixture")) return x->mixture;
     if (!strcmp(w, "shuffle=block")) return c->shuffle == TF_SHUFFLE_BLOCK;
+    if (!strcmp(w, "shuffle!=none")) return c->shuffle != TF_SHUFFLE_NONE;
     if (!strcmp(w, "packing!=concat")) return c->packing != TF_PACK_CONCAT;
     if (!strcmp(w, "packing=best_fit")) return c->packing == TF_PACK_BEST_FIT;
+    if (!strcmp(w, "epochs or schedule")) return c->epochs != 0 || x->schedule;
     return 1; /* a condition this file does not know: compare, never ignore */
+}
+
+int tf__setting_enters_stream(const tf__setting_row *r, const tf__cond_ctx *c) { return holds(r->pub.stream, c); }
+
+int tf__setting_in_fingerprint(const tf__setting_row *r, const tf__cond_ctx *c) {
+    return holds(r->fp ? r->fp : r->pub.stream, c);
 }

@@ -75,9 +75,9 @@ static void write_mixture(tf__jw *w, const tf__sched_spec *sp) {
     tf__jw_printf(w, "], \"interpolation\": \"%s\"", sp->linear ? "linear" : "constant");
 }
 
-static void write_setting(tf__jw *w, const tf__setting_row *r, const tf_order_config *c, int mixture) {
-    int64_t v = tf__setting_get(r, c);
-    if (!tf__setting_enters_stream(r, c, mixture) || (r->pub.nullable && v == r->pub.none_value))
+static void write_setting(tf__jw *w, const tf__setting_row *r, const tf__cond_ctx *x) {
+    int64_t v = tf__setting_get(r, x->cfg);
+    if (!tf__setting_in_fingerprint(r, x) || (r->pub.nullable && v == r->pub.none_value))
         tf__jw_printf(w, "null");
     else if (r->pub.type == TF_SETTING_ENUM)
         tf__jw_printf(w, "\"%s\"", r->pub.names[v]);
@@ -91,6 +91,7 @@ int tf_order_state_save(const tf_order *o, uint64_t pos, uint32_t world_size, ch
     if (!o || (!buf && cap)) return -EINVAL;
     tf__sched_spec sp;
     int mixture = tf__order_mix_spec(o, &sp, NULL) == 0;
+    tf__cond_ctx x = {&o->cfg, mixture, mixture && sp.npoints > 1};
     tf__jw w = {0};
     tf__jw_printf(&w, "{\"format_version\": %d, \"dataset_fingerprint\": \"%016llx\", \"config_fingerprint\": "
                   "\"%016llx\", \"position\": %llu, \"samples_per_epoch\": %llu, \"world_size\": %u, \"config\": {",
@@ -100,7 +101,7 @@ int tf_order_state_save(const tf_order *o, uint64_t pos, uint32_t world_size, ch
         const tf__setting_row *r = &tf__settings[i];
         if (r->pub.scope != TF_SCOPE_ORDER) continue;
         tf__jw_printf(&w, "\"%s\": ", r->pub.name);
-        write_setting(&w, r, &o->cfg, mixture);
+        write_setting(&w, r, &x);
         tf__jw_printf(&w, ", ");
     }
     write_mixture(&w, mixture ? &sp : NULL);
@@ -141,6 +142,7 @@ typedef struct saved {
     int has_anchor;
     uint64_t anchor_pos;
     uint64_t *anchor_counts; /* K */
+    uint64_t sched_fp;       /* a mixture: its schedule's fingerprint (the assignment) */
 } saved;
 
 static void saved_free(saved *s) {
@@ -190,7 +192,7 @@ static int parse_setting(const tf__json *j, const tf__jnode *config, const tf__s
     int64_t v = 0;
     if (!n || n->type == TF__J_NULL) {
         if (st->nullable) v = st->none_value;
-        else if (!tf__setting_enters_stream(r, &s->cfg, s->mixture)) v = st->def;
+        else if (!tf__setting_in_fingerprint(r, &(tf__cond_ctx){&s->cfg, s->mixture, s->spec.npoints > 1})) v = st->def;
         else return bad(field, st->type == TF_SETTING_ENUM ? "a name" : "an integer", n);
     } else if (st->type == TF_SETTING_ENUM) {
         if (n->type != TF__J_STR) return bad(field, "a name", n);
@@ -201,7 +203,11 @@ static int parse_setting(const tf__json *j, const tf__jnode *config, const tf__s
         if (!n || n->type != TF__J_INT || (n->neg && st->min >= 0))
             return bad(field, st->min < 0 ? "an integer" : "a non-negative integer", n);
         v = n->neg ? -(int64_t)n->u : (int64_t)n->u;
-        if (tf__setting_check(r, v)) TF_FAIL(-TF_ESTATE, "the state's config: %s", tf_last_error());
+        if (tf__setting_check(r, v)) {
+            char msg[300];
+            snprintf(msg, sizeof msg, "%s", tf_last_error());
+            TF_FAIL(-TF_ESTATE, "the state's config: %s", msg);
+        }
     }
     tf__setting_put(r, &s->cfg, v);
     return 0;
@@ -352,29 +358,81 @@ static int same_spec(const tf__sched_spec *a, const tf__sched_spec *b) {
            !memcmp(a->weights, b->weights, a->npoints * a->K * sizeof *a->weights);
 }
 
+/* Positions of a finite stream of N samples per epoch (0: endless). */
+static uint64_t positions(uint64_t epochs, uint64_t N, uint64_t G) {
+    uint64_t t;
+    if (!epochs) return 0;
+    if (tf__mul_overflow(epochs, N, &t)) return UINT64_MAX;
+    return t / G * G;
+}
+
+static void diff_value(const tf__setting_row *r, int64_t a, int64_t b, char *d) {
+    char was[48], now[48];
+    tf__setting_describe(r, a, was, sizeof was);
+    tf__setting_describe(r, b, now, sizeof now);
+    add_diff(d, r->pub.name, was, now);
+}
+
 /* What differs between the saved configuration and o's, where it changes the
- * stream. */
+ * stream. The global batch changes it only through where a finite stream ends
+ * and a schedule's steps; a mixture's weights and window only through the
+ * assignment they make (0.7 / 0.3 in windows of 10 or of 20 is the same). */
 static void diff_config(const tf_order *o, const tf__sched_spec *now_spec, const saved *s, char *d) {
-    int mix_now = now_spec != NULL;
+    tf__cond_ctx now = {&o->cfg, now_spec != NULL, now_spec && now_spec->npoints > 1};
+    tf__cond_ctx was = {&s->cfg, s->mixture, s->mixture && s->spec.npoints > 1};
+    const tf__setting_row *gb = tf__setting_row_find("global_batch"), *mw = tf__setting_row_find("mix_window");
     for (size_t i = 0; i < tf__nsettings; i++) {
         const tf__setting_row *r = &tf__settings[i];
-        if (r->pub.scope != TF_SCOPE_ORDER) continue;
-        int used_now = tf__setting_enters_stream(r, &o->cfg, mix_now);
-        int used_was = tf__setting_enters_stream(r, &s->cfg, s->mixture);
+        if (r->pub.scope != TF_SCOPE_ORDER || r == gb || r == mw) continue;
+        int used_now = tf__setting_enters_stream(r, &now);
+        int used_was = tf__setting_enters_stream(r, &was);
         if (!used_now || !used_was) continue; /* where the condition differs, its setting says so */
         int64_t a = tf__setting_get(r, &s->cfg), b = tf__setting_get(r, &o->cfg);
-        if (a == b) continue;
-        char was[48], now[48];
-        tf__setting_describe(r, a, was, sizeof was);
-        tf__setting_describe(r, b, now, sizeof now);
-        add_diff(d, r->pub.name, was, now);
+        if (a != b) diff_value(r, a, b, d);
     }
+    uint64_t N = tf_order_num_samples(o);
+    int mix_same = s->mixture == (now_spec != NULL) && (!s->mixture || s->sched_fp == o->kind_fp);
+    if (s->cfg.global_batch != o->cfg.global_batch &&
+        ((mix_same && was.schedule) || /* its steps are global batches */
+         (s->cfg.epochs == o->cfg.epochs &&
+          positions(s->cfg.epochs, N, s->cfg.global_batch) != positions(o->cfg.epochs, N, o->cfg.global_batch))))
+        diff_value(gb, (int64_t)s->cfg.global_batch, (int64_t)o->cfg.global_batch, d);
+    if (mix_same) return;
     if (!same_spec(s->mixture ? &s->spec : NULL, now_spec)) {
-        char was[160], now[160];
-        spec_text(s->mixture ? &s->spec : NULL, was, sizeof was);
-        spec_text(now_spec, now, sizeof now);
-        add_diff(d, "weights", was, now);
+        char a[160], b[160];
+        spec_text(s->mixture ? &s->spec : NULL, a, sizeof a);
+        spec_text(now_spec, b, sizeof b);
+        add_diff(d, "weights", a, b);
+    } else if (s->cfg.mix_window != o->cfg.mix_window) {
+        diff_value(mw, (int64_t)s->cfg.mix_window, (int64_t)o->cfg.mix_window, d);
+    } else if (s->cfg.global_batch != o->cfg.global_batch) {
+        diff_value(gb, (int64_t)s->cfg.global_batch, (int64_t)o->cfg.global_batch, d);
+    } else {
+        add_diff(d, "weights", "another schedule", "this one");
     }
+}
+
+/* The fingerprint the saved configuration has: its settings', mixed with its
+ * schedule's for a mixture. A state whose recorded fingerprint differs was
+ * edited, or written by an order version this library does not reproduce. */
+static int saved_fingerprint(saved *s, uint64_t *fp) {
+    *fp = tf__order_config_fingerprint(&s->cfg);
+    if (!s->mixture) return 0;
+    tf__sched_spec sp = s->spec;
+    sp.M = s->cfg.mix_window;
+    sp.G = s->cfg.global_batch;
+    sp.anchor_counts = NULL;
+    tf__sched *sc;
+    int rc = tf__sched_create(&sp, &sc);
+    if (rc) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "%s", tf_last_error());
+        TF_FAIL(-TF_ESTATE, "the state's weights: %s", msg);
+    }
+    s->sched_fp = tf__sched_fingerprint(sc);
+    *fp = tf_mix64(*fp ^ s->sched_fp);
+    tf__sched_free(sc);
+    return 0;
 }
 
 /* ------------------------------------------------------------ hand-over */
@@ -475,11 +533,15 @@ int tf_order_state_load(const tf_order *o, const char *state, size_t len, unsign
                         mixture ? ", and the same sources in the same order" : "");
     }
     char diffs[DIFFS] = "";
+    uint64_t fp = 0;
+    if (!rc) rc = saved_fingerprint(&s, &fp);
+    if (!rc && fp != s.config_fp && !(flags & TF_STATE_LENIENT))
+        rc = tf__seterr(-TF_ESTATE, "the state's config_fingerprint %016llx does not match its config (which gives "
+                        "%016llx): the state was edited, or written by an order version this tokenfeed does not "
+                        "reproduce; load it leniently (strict=False) to continue from its position",
+                        (unsigned long long)s.config_fp, (unsigned long long)fp);
     if (!rc) diff_config(o, mixture ? &now_spec : NULL, &s, diffs);
     int same = !*diffs;
-    if (!rc && same && s.config_fp != tf_order_fingerprint(o))
-        snprintf(diffs, sizeof diffs, "config fingerprint: saved %016llx, now %016llx (another order version)",
-                 (unsigned long long)s.config_fp, (unsigned long long)tf_order_fingerprint(o));
     if (!rc && *diffs && !(flags & TF_STATE_LENIENT))
         rc = tf__seterr(-TF_ESTATE, "the loader configuration changed (%s). Restore with the saved settings, or load "
                         "leniently (strict=False; TF_STATE_LENIENT in C) to continue from the saved position with "
