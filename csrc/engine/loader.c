@@ -80,6 +80,7 @@
 #include "cp.h"
 #include "engine.h"
 #include "../remote/remote.h"
+#include "../order/settings.h"
 
 #define TF__ERRMSG 512
 
@@ -452,32 +453,19 @@ void tf_loader_config_init(tf_loader_config *cfg) {
     if (!cfg) return;
     memset(cfg, 0, sizeof *cfg);
     tf_order_config_init(&cfg->order);
-    cfg->batch_size = 8;
-    cfg->rank = 0;
-    cfg->world_size = 1;
+    tf__settings_init(TF_SCOPE_ENGINE, cfg); /* the settings table (order/settings.c) */
     cfg->out_dtype = TF_DTYPE_INVALID;
     cfg->want = 0;
-    cfg->num_threads = 0;
-    cfg->prefetch = 0;
-    cfg->backend = TF_BACKEND_AUTO;
-    cfg->direct_io = 0;
-    cfg->cp_rank = 0;
-    cfg->cp_size = 1;
 }
 
 /* The engine's own settings, checked before any order is built (building a
  * packed order's plan takes time). */
 static int check_engine_config(const tf_loader_config *cfg) {
-    if (cfg->batch_size < 1) TF_FAIL(-EINVAL, "batch_size: expected >= 1, found 0");
-    if (cfg->world_size < 1) TF_FAIL(-EINVAL, "world_size: expected >= 1, found 0");
+    TF_TRY(tf__settings_check(TF_SCOPE_ENGINE, cfg)); /* every row's bounds */
     if (cfg->rank >= cfg->world_size)
-        TF_FAIL(-EINVAL, "rank: expected 0 <= rank < world_size (%u), found %u", cfg->world_size, cfg->rank);
+        TF_FAIL(-EINVAL, "dp_rank: expected 0 <= dp_rank < dp_size (%u), found %u", cfg->world_size, cfg->rank);
     if (cfg->want & ~(unsigned)(TF_WANT_POSITION_IDS | TF_WANT_CU_SEQLENS | TF_WANT_LOSS_MASK))
         TF_FAIL(-EINVAL, "want: unknown bits 0x%x", cfg->want);
-    if (cfg->num_threads < 0 || cfg->num_threads > TF_MAX_THREADS)
-        TF_FAIL(-EINVAL, "num_threads: expected 0 (default) to %d, found %d", TF_MAX_THREADS, cfg->num_threads);
-    if (cfg->prefetch < 0 || cfg->prefetch > TF_MAX_PREFETCH)
-        TF_FAIL(-EINVAL, "prefetch: expected 0 (default) to %d batches, found %d", TF_MAX_PREFETCH, cfg->prefetch);
     if (cfg->cp_size > 1 && cfg->cp_rank >= cfg->cp_size)
         TF_FAIL(-EINVAL, "cp_rank: expected 0 <= cp_rank < cp_size (%u), found %u", cfg->cp_size, cfg->cp_rank);
     if (cfg->out_dtype != TF_DTYPE_INVALID && !tf_dtype_size(cfg->out_dtype))

@@ -501,6 +501,14 @@ TF_API const tf_setting *tf_setting_get(size_t i);        /* NULL past the end *
 TF_API const tf_setting *tf_setting_find(const char *name); /* NULL: no such setting */
 /* Bounds of a setting (as ZSTD_cParam_getBounds): -ENOENT for an unknown name. */
 TF_API int tf_setting_bounds(const char *name, int64_t *min, uint64_t *max);
+/* Set or read a setting by name in a configuration of scope (a
+ * tf_order_config, tf_loader_config or tf_device_config; a tf_loader_config
+ * also takes the order's settings, into its `order` member). A value above
+ * INT64_MAX is passed as its two's complement. -ENOENT: no such setting
+ * there; -EINVAL: outside its bounds (the message names the setting and
+ * them). none_value is always accepted where the setting is nullable. */
+TF_API int tf_config_set(tf_setting_scope scope, void *cfg, const char *name, int64_t value);
+TF_API int tf_config_get(tf_setting_scope scope, const void *cfg, const char *name, int64_t *value);
 
 typedef enum tf_packing {
     TF_PACK_CONCAT = 0,   /* documents concatenated, cut every seq_len tokens */

@@ -75,8 +75,8 @@ const tf__setting_row tf__settings[] = {
       "data-parallel ranks the global batch is split over (older name: world_size)"}, NULL, 0, ENGINE(world_size)},
     {{"cp_rank", TF_SCOPE_ENGINE, TF_SETTING_INT, 0, 0, UINT32_MAX - 1, 0, 0, NULL, "never",
       "context-parallel rank: which share of every sample"}, NULL, 0, ENGINE(cp_rank)},
-    {{"cp_size", TF_SCOPE_ENGINE, TF_SETTING_INT, 1, 1, UINT32_MAX, 0, 0, NULL, "never",
-      "context-parallel ranks every sample is shared over"}, NULL, 0, ENGINE(cp_size)},
+    {{"cp_size", TF_SCOPE_ENGINE, TF_SETTING_INT, 1, 1, UINT32_MAX, 1, 0, NULL, "never",
+      "context-parallel ranks every sample is shared over (None: 1, no split)"}, NULL, 0, ENGINE(cp_size)},
     {{"num_threads", TF_SCOPE_ENGINE, TF_SETTING_INT, 0, 0, TF_MAX_THREADS, 1, 0, NULL, "never",
       "worker threads assembling batches (None: the engine's choice for the backend)"}, NULL, 1, ENGINE(num_threads)},
     {{"prefetch_batches", TF_SCOPE_ENGINE, TF_SETTING_INT, 0, 0, TF_MAX_PREFETCH, 1, 0, NULL, "never",
@@ -91,9 +91,9 @@ const tf__setting_row tf__settings[] = {
       "bytes of decompressed zstd blocks the workers share (None: sized from the shuffle)"}, NULL, 0,
      ENGINE(zstd_cache_bytes)},
 
-    {{"device_prefetch_batches", TF_SCOPE_DEVICE, TF_SETTING_INT, 2, 1, 256, 0, 0, NULL, "never",
+    {{"device_prefetch_batches", TF_SCOPE_DEVICE, TF_SETTING_INT, 2, 1, 256, 1, 0, NULL, "never",
       "batches copied to the GPU ahead of the consumer (older name: device_prefetch)"}, NULL, 1, DEVICE(prefetch)},
-    {{"device_slots", TF_SCOPE_DEVICE, TF_SETTING_INT, 0, 0, 258, 1, 0, NULL, "never",
+    {{"device_slots", TF_SCOPE_DEVICE, TF_SETTING_INT, 0, 2, 1024, 1, 0, NULL, "never",
       "device buffers in all, at least device_prefetch_batches + 1 (None: device_prefetch_batches + 2)"}, NULL, 1,
      DEVICE(slots)},
 };
@@ -215,4 +215,29 @@ int tf__setting_enters_stream(const tf__setting_row *r, const tf__cond_ctx *c) {
 
 int tf__setting_in_fingerprint(const tf__setting_row *r, const tf__cond_ctx *c) {
     return holds(r->fp ? r->fp : r->pub.stream, c);
+}
+
+static void *scope_base(tf_setting_scope scope, const tf__setting_row *r, void *cfg) {
+    /* a loader config holds its order's settings in its `order` member */
+    if (scope == TF_SCOPE_ENGINE && r->pub.scope == TF_SCOPE_ORDER) return &((tf_loader_config *)cfg)->order;
+    return r->pub.scope == scope ? cfg : NULL;
+}
+
+int tf_config_set(tf_setting_scope scope, void *cfg, const char *name, int64_t value) {
+    const tf__setting_row *r = tf__setting_row_find(name);
+    if (!cfg) return -EINVAL;
+    void *base = r ? scope_base(scope, r, cfg) : NULL;
+    if (!base) TF_FAIL(-ENOENT, "no setting named %s in this configuration", name ? name : "(null)");
+    if (!(r->pub.nullable && value == r->pub.none_value)) TF_TRY(tf__setting_check(r, value));
+    tf__setting_put(r, base, value);
+    return 0;
+}
+
+int tf_config_get(tf_setting_scope scope, const void *cfg, const char *name, int64_t *value) {
+    const tf__setting_row *r = tf__setting_row_find(name);
+    if (!cfg || !value) return -EINVAL;
+    const void *base = r ? scope_base(scope, r, (void *)cfg) : NULL;
+    if (!base) TF_FAIL(-ENOENT, "no setting named %s in this configuration", name ? name : "(null)");
+    *value = tf__setting_get(r, base);
+    return 0;
 }

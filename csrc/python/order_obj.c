@@ -153,22 +153,14 @@ static PyObject *Order_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     tf_module_state *st = tfpy_state_of_type(tp);
     tf_order_config cfg;
     tf_order_config_init(&cfg);
-    int packing = (int)cfg.packing, shuffle = (int)cfg.shuffle;
+    /* the order's settings come from the settings table; these are the mixture's */
     const tfpy_kwarg table[] = {
-        {"seq_len", tfpy_opt_u64, &cfg.seq_len}, {"seed", tfpy_opt_u64, &cfg.seed},
-        {"shuffle", opt_int, &shuffle}, {"block_size", tfpy_opt_u64, &cfg.block_size},
-        {"window_blocks", tfpy_opt_u64, &cfg.window_blocks}, {"global_batch", tfpy_opt_u64, &cfg.global_batch},
-        {"epochs", tfpy_opt_u64, &cfg.epochs}, {"separator_id", tfpy_opt_id, &cfg.separator_id},
-        {"packing", opt_int, &packing}, {"pad_id", tfpy_opt_id, &cfg.pad_id},
-        {"pack_window", tfpy_opt_u64, &cfg.pack_window}, {"mix_window", tfpy_opt_u64, &cfg.mix_window},
         {"weights", keep_obj, &wobj}, {"schedule_steps", keep_obj, &stepsobj},
         {"interpolation", opt_int, &interpolation}, {"anchor_position", tfpy_opt_u64, &anchor_pos},
         {"anchor_counts", keep_obj, &anchorobj},
         {NULL, NULL, NULL},
     };
-    if (tfpy_parse_kwargs(kw, table, "Order") < 0) return NULL;
-    cfg.packing = (tf_packing)packing;
-    cfg.shuffle = (tf_shuffle)shuffle;
+    if (tfpy_parse_settings(kw, TF_SCOPE_ORDER, &cfg, table, "Order") < 0) return NULL;
     const tf_dataset **dss;
     double *w = NULL;
     size_t n;

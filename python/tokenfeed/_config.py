@@ -15,6 +15,7 @@ built, with messages naming the setting. Nothing is checked twice.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
@@ -24,7 +25,11 @@ from . import _core
 from ._mesh import parallel_coords
 from ._schedule import WeightSchedule, as_schedule
 
-__all__ = ["OrderConfig", "EngineConfig", "resolve_rank", "want_bits"]
+__all__ = ["OrderConfig", "EngineConfig", "SETTINGS", "check_settings", "renamed", "resolve_rank", "want_bits"]
+
+# The C library's settings table (tokenfeed.h, "Settings"): one row per setting of the
+# order, the engine and the device stage, by name.
+SETTINGS: Dict[str, Dict[str, Any]] = {row["name"]: dict(row) for row in _core.settings()}
 
 SHUFFLE = {"none": _core.SHUFFLE_NONE, "full": _core.SHUFFLE_FULL, "block": _core.SHUFFLE_BLOCK}
 PACKING = {"concat": _core.PACK_CONCAT, "best_fit": _core.PACK_BEST_FIT, "document": _core.PACK_DOCUMENT}
@@ -36,6 +41,36 @@ def check_int(name: str, v: Any, optional: bool = False) -> None:
         return
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
         raise TypeError(f"{name} must be an int{' or None' if optional else ''}, not {type(v).__name__} ({v!r})")
+
+
+def check_settings(**values: Any) -> None:
+    """Check values against their rows of the settings table (type, then bounds; ``None`` is
+    the default), for the few settings Python must check before the C library sees them."""
+    for name, v in values.items():
+        row = SETTINGS[name]
+        if v is None:
+            continue
+        if row["type"] == "bool":
+            if not isinstance(v, bool):
+                raise TypeError(f"{name} must be True or False, got {v!r}")
+        elif row["type"] == "enum":
+            if v not in row["names"]:
+                raise ValueError(f"{name} must be one of {row['names']}, got {v!r}")
+        else:
+            check_int(name, v, optional=row["nullable"])
+            if not row["min"] <= v <= row["max"]:
+                raise ValueError(f"{name}: expected {row['min']} <= {name} <= {row['max']}, got {v}")
+
+
+def renamed(name: str, value: Any, old_name: str, old_value: Any, default: Any = None) -> Any:
+    """A setting given by its new name, or by its older one (with a DeprecationWarning)."""
+    if old_value is None:
+        return value
+    if value is not None and value != default:
+        raise TypeError(f"{old_name}= is the older name of {name}=: pass only {name}=")
+    warnings.warn(f"{old_name}= is now {name}= ({SETTINGS[name]['description']}); the older name will be "
+                  f"removed in a later release", DeprecationWarning, stacklevel=4)
+    return old_value
 
 
 def _int(v: Any) -> Any:
@@ -167,8 +202,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         for name in ("batch_size", "rank", "world_size", "cp_rank", "cp_size"):
             check_int(name, getattr(self, name))
-        for name in ("num_threads", "prefetch", "zstd_cache_bytes"):
-            check_int(name, getattr(self, name), optional=True)
+        check_settings(num_threads=self.num_threads, prefetch_batches=self.prefetch, backend=self.backend,
+                       direct_io=self.direct_io, zstd_cache_bytes=self.zstd_cache_bytes)
         if self.zstd_cache_bytes is not None and self.zstd_cache_bytes < 0:
             raise ValueError(f"zstd_cache_bytes must be >= 0 (0 or None: sized from the shuffle), "
                              f"got {self.zstd_cache_bytes}")
@@ -193,10 +228,10 @@ class EngineConfig:
 
     def core_kwargs(self) -> Dict[str, Any]:
         """Keyword arguments of ``_core.Loader``."""
-        return dict(batch_size=self.batch_size, rank=self.rank, world_size=self.world_size, dtype=self.dtype,
-                    want=self.want, num_threads=self.num_threads or 0, prefetch=self.prefetch or 0,
-                    backend=self.backend, direct_io=bool(self.direct_io),
-                    zstd_cache_bytes=int(self.zstd_cache_bytes or 0), cp_rank=self.cp_rank, cp_size=self.cp_size)
+        return dict(batch_size=self.batch_size, dp_rank=self.rank, dp_size=self.world_size, dtype=self.dtype,
+                    want=self.want, num_threads=self.num_threads, prefetch_batches=self.prefetch,
+                    backend=self.backend, direct_io=bool(self.direct_io), zstd_cache_bytes=self.zstd_cache_bytes,
+                    cp_rank=self.cp_rank, cp_size=self.cp_size)
 
     def build(self, order: Any) -> Any:
         """The C engine over ``order`` (a ``_core.Order`` whose global batch is this one's)."""

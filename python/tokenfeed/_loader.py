@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _core
-from ._config import EngineConfig, OrderConfig
+from ._config import EngineConfig, OrderConfig, renamed
 from ._mesh import DEFAULT_CP_DIM, DEFAULT_DP_DIMS, ParallelCoords, parallel_coords
 from ._schedule import WeightSchedule
 from ._dataset import Dataset, PathLike, open as _open
@@ -84,9 +84,9 @@ class Loader:
     ``device="cuda"`` (or ``"cuda:N"``; the index defaults to ``LOCAL_RANK``) yields
     device tensors, ready on the consumer's current stream (see ``docs/gpu.md``): the
     engine assembles batches in page-locked memory and a C thread issues each batch's
-    copy to the GPU as soon as it is assembled, ``device_prefetch`` (default 2) batches
-    ahead of ``next()``, into ``device_slots`` device buffers (default
-    ``device_prefetch + 2``: the consumer may hold two batches at once). ``position``
+    copy to the GPU as soon as it is assembled, ``device_prefetch_batches`` (default 2)
+    batches ahead of ``next()``, into ``device_slots`` device buffers (default
+    ``device_prefetch_batches + 2``: the consumer may hold two batches at once). ``position``
     and ``state_dict()`` count the batches you received, never those copied ahead.
     Context-parallel shares are copied ahead the same way. ``static_buffers=True``
     delivers every batch into the same device tensors (allocated once), for training
@@ -95,10 +95,13 @@ class Loader:
     that says why.
 
     ``num_threads`` (default: the engine's choice for the backend, at most 256) and
-    ``prefetch`` (batches assembled ahead, default ``2 * num_threads + 2``, at most 4096)
-    never change the stream. Every setting is checked when the Loader is made: an
-    unknown keyword is a ``TypeError``, a bad value a ``ValueError`` or ``TypeError``
-    that names it.
+    ``prefetch_batches`` (batches assembled ahead, default ``2 * num_threads + 2``, at most
+    4096) never change the stream. ``prefetch`` and ``device_prefetch`` are the older
+    names of ``prefetch_batches`` and ``device_prefetch_batches`` (a
+    ``DeprecationWarning``). Every setting is one row of the C library's settings table
+    (``tokenfeed._core.settings()``: type, default, bounds, whether it changes the
+    stream) and is checked when the Loader is made: an unknown keyword is a
+    ``TypeError``, a bad value a ``ValueError`` or ``TypeError`` that names it.
 
     The C engine's threads and buffers start lazily in the process that iterates, so a
     Loader can be created before ``fork`` or pickled to a ``spawn`` worker.
@@ -116,16 +119,20 @@ class Loader:
                  world_size: Optional[int] = None, epochs: Optional[int] = None, separator_id: Optional[int] = None,
                  position_ids: bool = False, cu_seqlens: bool = False, loss_mask: bool = False,
                  dtype: Any = "int64", output: str = "auto", num_threads: Optional[int] = None,
-                 prefetch: Optional[int] = None, backend: Optional[str] = None, direct_io: bool = False,
+                 prefetch_batches: Optional[int] = None, backend: Optional[str] = None, direct_io: bool = False,
                  block_size: int = 1024, window_blocks: int = 16, packing: str = "concat",
                  pad_id: Optional[int] = None, pack_window: int = 1024,
                  weights: Optional[Union[Sequence[Any], WeightSchedule, Mapping[str, Any]]] = None,
                  mix_window: int = 1000, zstd_cache_bytes: Optional[int] = None,
-                 device: Any = None, device_prefetch: int = 2, device_slots: Optional[int] = None,
-                 static_buffers: bool = False,
+                 device: Any = None, device_prefetch_batches: int = 2, device_slots: Optional[int] = None,
+                 static_buffers: bool = False, prefetch: Optional[int] = None, device_prefetch: Optional[int] = None,
                  device_mesh: Any = None, dp_rank: Optional[int] = None, dp_size: Optional[int] = None,
                  cp_rank: Optional[int] = None, cp_size: Optional[int] = None,
                  dp_dims: Sequence[str] = DEFAULT_DP_DIMS, cp_dim: Optional[str] = DEFAULT_CP_DIM) -> None:
+        # the older names of two settings, kept for a release
+        prefetch_batches = renamed("prefetch_batches", prefetch_batches, "prefetch", prefetch)
+        device_prefetch_batches = renamed("device_prefetch_batches", device_prefetch_batches, "device_prefetch",
+                                          device_prefetch, default=2)
         # which part of the data this rank takes: its data-parallel slice of every global
         # batch and its context-parallel share of every sample (docs/guides/distributed.md)
         self.parallel: ParallelCoords = parallel_coords(device_mesh, dp_rank=dp_rank, dp_size=dp_size, cp_rank=cp_rank,
@@ -136,7 +143,7 @@ class Loader:
         # it) and the stream's; the C library checks ranges when it builds them
         self._engine_cfg = EngineConfig(
             batch_size=batch_size, rank=pc.dp_rank, world_size=pc.dp_size, dtype=dtype, position_ids=position_ids,
-            cu_seqlens=cu_seqlens, loss_mask=loss_mask, num_threads=num_threads, prefetch=prefetch,
+            cu_seqlens=cu_seqlens, loss_mask=loss_mask, num_threads=num_threads, prefetch=prefetch_batches,
             backend=backend, direct_io=direct_io, zstd_cache_bytes=zstd_cache_bytes,
             cp_rank=pc.cp_rank, cp_size=pc.cp_size)
         self._order_cfg = OrderConfig(
@@ -181,7 +188,7 @@ class Loader:
             raise ValueError("static_buffers=True needs a device: the static buffers are device memory for steps "
                              "captured in CUDA graphs (Loader(..., device='cuda', static_buffers=True))")
         self._device_kw: Dict[str, Any] = dict(
-            prefetch=device_prefetch, slots=device_slots, static_buffers=static_buffers,
+            prefetch=device_prefetch_batches, slots=device_slots, static_buffers=static_buffers,
             output="dlpack" if output == "numpy" else ("auto" if requested_output == "auto" else output))
         self._device: Optional[Any] = None
         self._closed = False
