@@ -31,7 +31,7 @@
 #include "order_internal.h"
 #include "schedule.h"
 
-/* Largest pack_window: pack.c's sort key gives a document's index 24 bits. */
+/* Largest best_fit packing window: pack.c's sort key gives a document's index 24 bits. */
 #define TF__MAX_PACK_WINDOW (1u << 24)
 
 typedef struct tf__order_ops {

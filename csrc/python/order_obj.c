@@ -449,10 +449,10 @@ static PyObject *Order_state_load(tfpy_Order *self, PyObject *args) {
     return Py_BuildValue("(KN)", (unsigned long long)pos, (PyObject *)o);
 }
 
-PyDoc_STRVAR(Order_doc, "Order(dataset, /, *, seq_len=None, seed=None, shuffle=None, block_size=None, window_blocks=None, "
-                "global_batch=None, epochs=None, separator_id=None, packing=None, pad_id=None, pack_window=None, "
-                "mix_window=None, weights=None, schedule_steps=None, interpolation=None, anchor_position=None, anchor_counts=None)\n--\n\n"
-                "The global sample order: packing, shuffle and positions. `dataset` is a Dataset, or with weights a "
+PyDoc_STRVAR(Order_doc, "Order(dataset, /, *, weights=None, schedule_steps=None, interpolation=None, anchor_position=None, "
+                "anchor_counts=None, **settings)\n--\n\n"
+                "The global sample order: packing, shuffle and positions; settings are the order's rows of settings(). "
+                "`dataset` is a Dataset, or with weights a "
                 "list of them (a mixture). With schedule_steps, weights holds one list per step and interpolation is "
                 "0 (constant) or 1 (linear); anchor_position/anchor_counts hand over from another schedule. None "
                 "means the C default (tf_order_config_init).");

@@ -25,7 +25,8 @@ from . import _core
 from ._mesh import parallel_coords
 from ._schedule import WeightSchedule, as_schedule
 
-__all__ = ["OrderConfig", "EngineConfig", "SETTINGS", "check_settings", "renamed", "resolve_rank", "want_bits"]
+__all__ = ["OrderConfig", "EngineConfig", "SETTINGS", "check_settings", "renamed", "resolve_rank", "split_settings",
+           "want_bits"]
 
 # The C library's settings table (tokenfeed.h, "Settings"): one row per setting of the
 # order, the engine and the device stage, by name.
@@ -60,6 +61,24 @@ def check_settings(**values: Any) -> None:
             check_int(name, v, optional=row["nullable"])
             if not row["min"] <= v <= row["max"]:
                 raise ValueError(f"{name}: expected {row['min']} <= {name} <= {row['max']}, got {v}")
+
+
+# Rows a caller does not pass as such: the global batch comes from batch_size and the
+# data-parallel size; the ranks and sizes are the Loader's own keywords (or a mesh's).
+_NOT_KEYWORDS = {"global_batch", "batch_size", "dp_rank", "dp_size", "cp_rank", "cp_size"}
+
+
+def split_settings(settings: Dict[str, Any], where: str,
+                   scopes: Tuple[str, ...] = ("order", "engine", "device")) -> Tuple[Dict[str, Any], ...]:
+    """Keywords that are rows of the settings table, by scope (one dict per scope of
+    ``scopes``); any other is a TypeError, as Python reports an unknown keyword."""
+    out: Tuple[Dict[str, Any], ...] = tuple({} for _ in scopes)
+    for k, v in settings.items():
+        row = SETTINGS.get(k)
+        if row is None or k in _NOT_KEYWORDS or row["scope"] not in scopes:
+            raise TypeError(f"{where}() got an unexpected keyword argument '{k}'")
+        out[scopes.index(row["scope"])][k] = v
+    return out
 
 
 def renamed(name: str, value: Any, old_name: str, old_value: Any, default: Any = None) -> Any:

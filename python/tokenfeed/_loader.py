@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _core
-from ._config import EngineConfig, OrderConfig, renamed
+from ._config import EngineConfig, OrderConfig, renamed, split_settings
 from ._mesh import DEFAULT_CP_DIM, DEFAULT_DP_DIMS, ParallelCoords, parallel_coords
 from ._schedule import WeightSchedule
 from ._dataset import Dataset, PathLike, open as _open
@@ -115,24 +115,24 @@ class Loader:
     """
 
     def __init__(self, dataset: Union[Dataset, PathLike, Sequence[Any]], *, seq_len: int, batch_size: int,
-                 seed: int = 0, shuffle: Union[bool, str] = True, rank: Optional[int] = None,
-                 world_size: Optional[int] = None, epochs: Optional[int] = None, separator_id: Optional[int] = None,
-                 position_ids: bool = False, cu_seqlens: bool = False, loss_mask: bool = False,
-                 dtype: Any = "int64", output: str = "auto", num_threads: Optional[int] = None,
-                 prefetch_batches: Optional[int] = None, backend: Optional[str] = None, direct_io: bool = False,
-                 block_size: int = 1024, window_blocks: int = 16, packing: str = "concat",
-                 pad_id: Optional[int] = None, pack_window: int = 1024,
+                 shuffle: Union[bool, str] = True,
                  weights: Optional[Union[Sequence[Any], WeightSchedule, Mapping[str, Any]]] = None,
-                 mix_window: int = 1000, zstd_cache_bytes: Optional[int] = None,
-                 device: Any = None, device_prefetch_batches: int = 2, device_slots: Optional[int] = None,
-                 static_buffers: bool = False, prefetch: Optional[int] = None, device_prefetch: Optional[int] = None,
+                 dtype: Any = "int64", output: str = "auto", position_ids: bool = False, cu_seqlens: bool = False,
+                 loss_mask: bool = False, device: Any = None, static_buffers: bool = False,
                  device_mesh: Any = None, dp_rank: Optional[int] = None, dp_size: Optional[int] = None,
                  cp_rank: Optional[int] = None, cp_size: Optional[int] = None,
-                 dp_dims: Sequence[str] = DEFAULT_DP_DIMS, cp_dim: Optional[str] = DEFAULT_CP_DIM) -> None:
+                 dp_dims: Sequence[str] = DEFAULT_DP_DIMS, cp_dim: Optional[str] = DEFAULT_CP_DIM,
+                 rank: Optional[int] = None, world_size: Optional[int] = None, prefetch: Optional[int] = None,
+                 device_prefetch: Optional[int] = None, **settings: Any) -> None:
+        # Every other keyword is a row of the C settings table (_core.settings(), listed in
+        # docs/api.md): passed through by scope and checked by its row.
+        order_kw, engine_kw, device_kw = split_settings(settings, "Loader")
         # the older names of two settings, kept for a release
-        prefetch_batches = renamed("prefetch_batches", prefetch_batches, "prefetch", prefetch)
-        device_prefetch_batches = renamed("device_prefetch_batches", device_prefetch_batches, "device_prefetch",
-                                          device_prefetch, default=2)
+        engine_kw["prefetch_batches"] = renamed("prefetch_batches", engine_kw.get("prefetch_batches"), "prefetch",
+                                                prefetch)
+        device_kw["device_prefetch_batches"] = renamed("device_prefetch_batches",
+                                                       device_kw.get("device_prefetch_batches"), "device_prefetch",
+                                                       device_prefetch)
         # which part of the data this rank takes: its data-parallel slice of every global
         # batch and its context-parallel share of every sample (docs/guides/distributed.md)
         self.parallel: ParallelCoords = parallel_coords(device_mesh, dp_rank=dp_rank, dp_size=dp_size, cp_rank=cp_rank,
@@ -143,13 +143,12 @@ class Loader:
         # it) and the stream's; the C library checks ranges when it builds them
         self._engine_cfg = EngineConfig(
             batch_size=batch_size, rank=pc.dp_rank, world_size=pc.dp_size, dtype=dtype, position_ids=position_ids,
-            cu_seqlens=cu_seqlens, loss_mask=loss_mask, num_threads=num_threads, prefetch=prefetch_batches,
-            backend=backend, direct_io=direct_io, zstd_cache_bytes=zstd_cache_bytes,
+            cu_seqlens=cu_seqlens, loss_mask=loss_mask, num_threads=engine_kw.get("num_threads"),
+            prefetch=engine_kw["prefetch_batches"], backend=engine_kw.get("backend"),
+            direct_io=engine_kw.get("direct_io", False), zstd_cache_bytes=engine_kw.get("zstd_cache_bytes"),
             cp_rank=pc.cp_rank, cp_size=pc.cp_size)
-        self._order_cfg = OrderConfig(
-            seq_len=seq_len, seed=seed, shuffle=shuffle, block_size=block_size, window_blocks=window_blocks,
-            separator_id=separator_id, packing=packing, pad_id=pad_id, pack_window=pack_window, weights=weights,
-            mix_window=mix_window, global_batch=self._engine_cfg.global_batch, epochs=epochs)
+        self._order_cfg = OrderConfig(seq_len=seq_len, shuffle=shuffle, weights=weights,
+                                      global_batch=self._engine_cfg.global_batch, **order_kw)
         if output not in ("auto", "torch", "numpy"):
             raise ValueError(f"output must be 'auto', 'torch' or 'numpy', got {output!r}")
         # weights= makes `dataset` a list of sources mixed by weight (docs/packing.md);
@@ -188,7 +187,9 @@ class Loader:
             raise ValueError("static_buffers=True needs a device: the static buffers are device memory for steps "
                              "captured in CUDA graphs (Loader(..., device='cuda', static_buffers=True))")
         self._device_kw: Dict[str, Any] = dict(
-            prefetch=device_prefetch_batches, slots=device_slots, static_buffers=static_buffers,
+            prefetch=2 if device_kw["device_prefetch_batches"] is None else device_kw["device_prefetch_batches"],
+            slots=device_kw.get("device_slots"),
+            static_buffers=static_buffers,
             output="dlpack" if output == "numpy" else ("auto" if requested_output == "auto" else output))
         self._device: Optional[Any] = None
         self._closed = False
