@@ -162,6 +162,18 @@ int tfpy_nonneg_int(PyObject *o, void *out) {
     return 1;
 }
 
+/* Prefix the pending exception's message with the keyword, keeping its type. -1. */
+static int name_error(const char *k) {
+    PyObject *type, *val, *tb;
+    PyErr_Fetch(&type, &val, &tb);
+    PyErr_NormalizeException(&type, &val, &tb);
+    PyErr_Format(type ? type : PyExc_TypeError, "%s: %S", k, val ? val : Py_None);
+    Py_XDECREF(type);
+    Py_XDECREF(val);
+    Py_XDECREF(tb);
+    return -1;
+}
+
 /* A Python value for a setting's row (see tfpy_parse_settings). */
 static int setting_value(const tf_setting *st, PyObject *o, int64_t *v) {
     if (o == Py_None) {
@@ -234,16 +246,7 @@ static int setting_value(const tf_setting *st, PyObject *o, int64_t *v) {
 static int parse_one_setting(PyObject *value, tf_setting_scope scope, void *cfg, const char *k, const char *fname) {
     const tf_setting *st = tf_setting_find(k);
     int64_t v;
-    if (setting_value(st, value, &v) < 0) {
-        PyObject *type, *val, *tb;
-        PyErr_Fetch(&type, &val, &tb);
-        PyErr_NormalizeException(&type, &val, &tb);
-        PyErr_Format(type ? type : PyExc_TypeError, "%s: %S", k, val ? val : Py_None);
-        Py_XDECREF(type);
-        Py_XDECREF(val);
-        Py_XDECREF(tb);
-        return -1;
-    }
+    if (setting_value(st, value, &v) < 0) return name_error(k);
     if (tf_config_set(scope, cfg, k, v) < 0) { /* outside its bounds (its name is in the message) */
         PyErr_SetString(PyExc_ValueError, tf_last_error());
         return -1;
@@ -291,17 +294,7 @@ int tfpy_parse_kwargs(PyObject *kw, const tfpy_kwarg *table, const char *fname) 
             PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%s'", fname, k);
             return -1;
         }
-        if (!a->conv(value, a->dest)) {
-            /* name the argument in the converter's message, keeping its type */
-            PyObject *type, *val, *tb;
-            PyErr_Fetch(&type, &val, &tb);
-            PyErr_NormalizeException(&type, &val, &tb);
-            PyErr_Format(type ? type : PyExc_TypeError, "%s: %S", k, val ? val : Py_None);
-            Py_XDECREF(type);
-            Py_XDECREF(val);
-            Py_XDECREF(tb);
-            return -1;
-        }
+        if (!a->conv(value, a->dest)) return name_error(k);
     }
     return 0;
 }

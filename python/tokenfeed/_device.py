@@ -8,7 +8,7 @@ an event recorded on the consumer's stream when the tensor is freed has complete
 
 :class:`DeviceStage` is what ``Loader(device=...)`` uses: a copy thread in C takes each
 batch from the engine as soon as it is assembled (in page-locked memory) and issues its
-copy to the device at once, ``device_prefetch`` batches ahead of ``next()``, whatever
+copy to the device at once, ``device_prefetch_batches`` batches ahead of ``next()``, whatever
 arrays the batch has (a context-parallel share's included). With
 ``static_buffers=True`` every batch is delivered into the same device tensors, for
 training steps captured in CUDA graphs.
