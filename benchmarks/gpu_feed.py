@@ -139,7 +139,9 @@ def tokenfeed_batches(raw: str, B: int, L: int, device: Optional[str], prefetch:
     kw: Dict[str, Any] = dict(seq_len=L, batch_size=B, seed=seed, dtype="int64", output="torch")
     if device is not None:
         kw["device"] = device
-        if "device_prefetch" in inspect.signature(tokenfeed.Loader).parameters:
+        if hasattr(tokenfeed._core, "settings"):  # versions with the settings table name it so
+            kw["device_prefetch_batches"] = prefetch
+        elif "device_prefetch" in inspect.signature(tokenfeed.Loader).parameters:
             kw["device_prefetch"] = prefetch
     loader = tokenfeed.Loader(tokenfeed.open(raw, dtype="uint16", format="raw"), **kw)
 

@@ -387,7 +387,38 @@ SAVED_STATES: List[Dict[str, Any]] = [{'batches': 10,
            '998, "seed": 7, "separator_id": null, "seq_len": 40, "shuffle": "full", "window_blocks": 16}, '
            '"config_fingerprint": "7fcdea0e1558373a", "dataset_fingerprint": "ba4d307931cfe702", '
            '"format_version": 1, "position": 12, "samples_per_epoch": 383, "world_size": 2}',
-  'stream': 'd89241f956eb7a6fd553763190d46da5'}]
+  'stream': 'd89241f956eb7a6fd553763190d46da5'},
+ # saved by the release before the state's keys were fixed: a linear schedule, a mixture
+ # resumed under other weights (it carries its hand-over anchor) and a block shuffle
+ # saved on two ranks
+ {'batches': 10,
+  'config': 'mix_concat',
+  'override': {'mix_window': 10,
+               'weights': {'interpolation': 'linear', 'steps': [0, 4], 'weights': [[0.9, 0.1], [0.2, 0.8]]}},
+  'state': '{"config": {"block_size": 1024, "epochs": null, "global_batch": 5, "mix_window": 10, "packing": '
+           '"concat", "seed": 2, "separator_id": null, "seq_len": 16, "shuffle": "full", "weights": '
+           '{"interpolation": "linear", "steps": [0, 4], "weights": [[0.9, 0.1], [0.2, 0.8]]}, '
+           '"window_blocks": 16}, "config_fingerprint": "cd040f7b3db26cf2", "dataset_fingerprint": '
+           '"beaac427afbe264c", "format_version": 1, "position": 15, "samples_per_epoch": 1298, '
+           '"world_size": 1}',
+  'stream': '291d3ae2652ac09b1b6fb4e104c0bcee'},
+ {'batches': 10,
+  'config': 'mix_concat',
+  'override': {'weights': [0.4, 0.6]},
+  'state': '{"config": {"block_size": 1024, "epochs": null, "global_batch": 5, "mix_window": 1000, '
+           '"packing": "concat", "seed": 2, "separator_id": null, "seq_len": 16, "shuffle": "full", '
+           '"weights": [0.4, 0.6], "window_blocks": 16}, "config_fingerprint": "663f28b794a9d9b6", '
+           '"dataset_fingerprint": "beaac427afbe264c", "format_version": 1, "mix_anchor": {"counts": [14, '
+           '6], "position": 20}, "position": 30, "samples_per_epoch": 1298, "world_size": 1}',
+  'stream': 'a7d5d985a7a8615a7fe11f6da0c5c291'},
+ {'batches': 10,
+  'config': 'concat_block_zstd',
+  'override': {'batch_size': 8, 'rank': 0, 'world_size': 1},
+  'state': '{"config": {"block_size": 5, "epochs": null, "global_batch": 8, "packing": "concat", "seed": 11, '
+           '"separator_id": null, "seq_len": 16, "shuffle": "block", "window_blocks": 3}, '
+           '"config_fingerprint": "a135fcf7a0012fb0", "dataset_fingerprint": "ba4d307931cfe702", '
+           '"format_version": 1, "position": 40, "samples_per_epoch": 1116, "world_size": 2}',
+  'stream': 'ab2531e7f70da6af9b26215ce96e7067'}]
 
 
 def test_saved_states_still_load_and_resume(data):

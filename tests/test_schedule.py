@@ -137,8 +137,9 @@ def test_resume_in_the_middle_of_each_phase_is_exact(sources, packing, k):
     kw = dict(weights=TWO_PHASE, seq_len=12, batch_size=8, seed=5, packing=packing, pad_id=PAD, pack_window=16,
               mix_window=100)
     state, whole = assert_resumes_exactly([a, b], k, 10, **kw)
-    assert state["config"]["weights"] == {"steps": [0, 25], "weights": [[0.7, 0.3], [0.2, 0.8]],
-                                          "interpolation": "constant"}
+    cfg = state["config"]
+    assert (cfg["weights"], cfg["schedule_steps"], cfg["interpolation"]) == ([[0.7, 0.3], [0.2, 0.8]], [0, 25],
+                                                                             "constant")
     # and elastically: two ranks with half the batch each continue the same global stream
     halves = []
     for r in range(2):
@@ -172,13 +173,13 @@ def test_schedule_state_names_changes_and_old_states_load(sources):
     a, b, _ = sources()
     base = dict(seq_len=12, batch_size=4, seed=1, mix_window=100)
     st = numpy_loader([a, b], weights=TWO_PHASE, **base).state_dict()
-    with pytest.raises(tokenfeed.StateError, match=r"weights: saved \{'steps': \[0, 25\]"):
+    with pytest.raises(tokenfeed.StateError, match=r"weights: saved \[\(0, \[0.7, 0.3\]\), \(25, \[0.2, 0.8\]\)\]"):
         numpy_loader([a, b], weights=[(0, [0.7, 0.3]), (30, [0.2, 0.8])], **base).load_state_dict(st)
     # a state saved with plain weights (before schedules existed) loads as it always did
     plain = numpy_loader([a, b], weights=[0.7, 0.3], **base)
     take_tokens(plain, 3)
     old = json.loads(json.dumps(plain.state_dict()))
-    assert old["config"]["weights"] == [0.7, 0.3] and "mix_anchor" not in old
+    assert old["config"]["weights"] == [0.7, 0.3] and old["mix_anchor"] is None
     expected = take_tokens(plain, 4)
     again = numpy_loader([a, b], weights=[0.7, 0.3], **base)
     again.load_state_dict(old)
@@ -186,7 +187,7 @@ def test_schedule_state_names_changes_and_old_states_load(sources):
     # and a schedule whose first phase is those weights continues it without a hand-over
     sched = numpy_loader([a, b], weights=[(0, [0.7, 0.3]), (100, [0.5, 0.5])], **base)
     sched.load_state_dict(old, strict=False)
-    assert "mix_anchor" not in sched.state_dict()
+    assert sched.state_dict()["mix_anchor"] is None
     assert all(np.array_equal(x, y) for x, y in zip(expected, take_tokens(sched, 4)))
 
 
@@ -216,7 +217,7 @@ def test_changed_future_with_strict_false_leaves_consumed_untouched(sources):
     after = take_tokens(new, 12)
     had = np.bincount([src for src, _ in ref.simulate(old_sched, 8, 100, k * 8)], minlength=2).tolist()
     assert had == [67, 29]   # 9 windows of 7 + 3, then 4 + 2 of the next
-    assert new.state_dict()["mix_anchor"] == {"position": k * 8, "counts": had}
+    assert new.state_dict()["mix_anchor"] == [k * 8, had]
     # each source's samples, in delivery order, are one prefix of that source's own stream
     got, want = per_source(before + after, 2), per_source(uninterrupted, 2)
     for s in range(2):

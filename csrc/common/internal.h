@@ -134,4 +134,41 @@ TF_HIDDEN void tf__sigbus_install(void);
 TF_HIDDEN int tf__sigbus_installed(void);
 TF_HIDDEN int tf__sigbus_run(int (*fn)(void *), void *arg, tf__sigbus_fault *fault);
 
+/* JSON (json.c), for the loader state: a flat array of nodes in preorder; an
+ * array's or object's children are linked by index (first, next), an object
+ * member's name is key/klen. Strings are slices of the text (escapes kept). */
+typedef enum tf__jtype { TF__J_NULL, TF__J_BOOL, TF__J_INT, TF__J_NUM, TF__J_STR, TF__J_ARR, TF__J_OBJ } tf__jtype;
+typedef struct tf__jnode {
+    tf__jtype type;
+    int neg;        /* TF__J_INT: negative (value -u) */
+    uint64_t u;     /* TF__J_INT: magnitude; TF__J_BOOL: 0 / 1 */
+    double d;       /* TF__J_INT, TF__J_NUM */
+    const char *s;  /* TF__J_STR */
+    size_t slen;
+    size_t first, next, n; /* children */
+    const char *key;
+    size_t klen;
+} tf__jnode;
+typedef struct tf__json {
+    const char *text;
+    tf__jnode *nodes; /* nodes[0] is the root */
+    size_t count, cap;
+} tf__json;
+/* -EINVAL with a message naming the place of the first error. */
+TF_HIDDEN int tf__json_parse(const char *text, size_t len, tf__json *j);
+TF_HIDDEN void tf__json_free(tf__json *j);
+TF_HIDDEN const tf__jnode *tf__json_child(const tf__json *j, const tf__jnode *n, size_t i);
+TF_HIDDEN const tf__jnode *tf__json_get(const tf__json *j, const tf__jnode *obj, const char *key);
+TF_HIDDEN int tf__json_streq(const tf__jnode *n, const char *s);
+/* "an integer", "a string", ... "missing" (NULL), for messages. */
+TF_HIDDEN const char *tf__json_type_name(const tf__jnode *n);
+/* A growing text buffer (free buf when done); the first failure sticks in rc. */
+typedef struct tf__jw {
+    char *buf;
+    size_t len, cap;
+    int rc;
+} tf__jw;
+TF_HIDDEN int tf__jw_printf(tf__jw *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+TF_HIDDEN int tf__jw_double(tf__jw *w, double d);
+
 #endif

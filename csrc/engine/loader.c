@@ -81,6 +81,7 @@
 #include "engine.h"
 #include "meter.h"
 #include "../remote/remote.h"
+#include "../order/settings.h"
 
 #define TF__ERRMSG 512
 
@@ -112,6 +113,8 @@ struct tf_loader {
     const tf_dataset *ds;  /* tf_order_dataset(order) */
     const tf_order *order;
     int owns_order;        /* built by tf_loader_create(_mix); borrowed from tf_loader_create_from_order */
+    tf_loader_config cfg;  /* as created (its order member unused) */
+    int synced;            /* mu and the condition variables exist */
     uint64_t B, G, L, npos, rank;
     int finite;
     tf_dtype out_dtype;
@@ -453,32 +456,19 @@ void tf_loader_config_init(tf_loader_config *cfg) {
     if (!cfg) return;
     memset(cfg, 0, sizeof *cfg);
     tf_order_config_init(&cfg->order);
-    cfg->batch_size = 8;
-    cfg->rank = 0;
-    cfg->world_size = 1;
+    tf__settings_init(TF_SCOPE_ENGINE, cfg); /* the settings table (order/settings.c) */
     cfg->out_dtype = TF_DTYPE_INVALID;
     cfg->want = 0;
-    cfg->num_threads = 0;
-    cfg->prefetch = 0;
-    cfg->backend = TF_BACKEND_AUTO;
-    cfg->direct_io = 0;
-    cfg->cp_rank = 0;
-    cfg->cp_size = 1;
 }
 
 /* The engine's own settings, checked before any order is built (building a
  * packed order's plan takes time). */
 static int check_engine_config(const tf_loader_config *cfg) {
-    if (cfg->batch_size < 1) TF_FAIL(-EINVAL, "batch_size: expected >= 1, found 0");
-    if (cfg->world_size < 1) TF_FAIL(-EINVAL, "world_size: expected >= 1, found 0");
+    TF_TRY(tf__settings_check(TF_SCOPE_ENGINE, cfg)); /* every row's bounds */
     if (cfg->rank >= cfg->world_size)
-        TF_FAIL(-EINVAL, "rank: expected 0 <= rank < world_size (%u), found %u", cfg->world_size, cfg->rank);
+        TF_FAIL(-EINVAL, "dp_rank: expected 0 <= dp_rank < dp_size (%u), found %u", cfg->world_size, cfg->rank);
     if (cfg->want & ~(unsigned)(TF_WANT_POSITION_IDS | TF_WANT_CU_SEQLENS | TF_WANT_LOSS_MASK))
         TF_FAIL(-EINVAL, "want: unknown bits 0x%x", cfg->want);
-    if (cfg->num_threads < 0 || cfg->num_threads > TF_MAX_THREADS)
-        TF_FAIL(-EINVAL, "num_threads: expected 0 (default) to %d, found %d", TF_MAX_THREADS, cfg->num_threads);
-    if (cfg->prefetch < 0 || cfg->prefetch > TF_MAX_PREFETCH)
-        TF_FAIL(-EINVAL, "prefetch: expected 0 (default) to %d batches, found %d", TF_MAX_PREFETCH, cfg->prefetch);
     if (cfg->cp_size > 1 && cfg->cp_rank >= cfg->cp_size)
         TF_FAIL(-EINVAL, "cp_rank: expected 0 <= cp_rank < cp_size (%u), found %u", cfg->cp_size, cfg->cp_rank);
     if (cfg->out_dtype != TF_DTYPE_INVALID && !tf_dtype_size(cfg->out_dtype))
@@ -510,10 +500,182 @@ static void free_accounting(tf_loader *l) {
     free((void *)l->src_docs);
 }
 
-/* The engine over an order (engine settings checked). The engine reads
- * through tf_order_dataset(order), which for a mixture is a view over every
- * source's files, so the backends need no notion of sources. With owns, the
- * loader frees the order. */
+static void reset_locked(tf_loader *l, uint64_t pos);
+
+/* Buffer layout of a batch: tokens, then the extras, each 64-byte aligned,
+ * and what a stage copies out of it (filled into the pool's seg_cap). */
+typedef struct layout {
+    uint64_t tok, pos_b, cu_b, ns_b, lm_b, in_b, cup_b, acct_b;
+    uint64_t cp_first[2], cp_c, thd_cap, rowsL;
+    uint32_t cp;
+    int thd;
+} layout;
+
+static int plan_layout(const tf_loader_config *cfg, uint64_t L, tf_dtype odt, size_t nsources, layout *y) {
+    memset(y, 0, sizeof *y);
+    size_t osz = tf_dtype_size(odt);
+    uint64_t rowsL1;
+    if (tf__add_overflow(L, 1, &rowsL1) || tf__mul_overflow(rowsL1, cfg->batch_size, &rowsL1) ||
+        tf__mul_overflow(rowsL1, osz, &y->tok) || y->tok > (uint64_t)SIZE_MAX / 4)
+        TF_FAIL(-EINVAL, "batch_size x (seq_len + 1) (%llu x %llu) is too large for one buffer",
+                (unsigned long long)cfg->batch_size, (unsigned long long)L + 1);
+    uint64_t rowsL = y->rowsL = cfg->batch_size * L;
+    uint32_t cp = y->cp = cfg->cp_size > 1 ? cfg->cp_size : 1;
+    int thd = y->thd = cp > 1 && (cfg->want & TF_WANT_CU_SEQLENS);
+    if (cp > 1) {
+        TF_TRY(tf__cp_chunks(L, cp, cfg->cp_rank, y->cp_first, &y->cp_c));
+        /* plain: rows x L/cp entries. THD: a padded sequence is shorter than
+         * its length + 2cp, and there are at most rows x L sequences, so a rank
+         * gets fewer than 2 x rows x L entries; cu_seqlens go up to 2cp x that. */
+        y->thd_cap = thd ? 2 * rowsL : rowsL / cp;
+        if (thd && (rowsL > (uint64_t)INT32_MAX / 2 / cp))
+            TF_FAIL(-EINVAL, "batch_size x seq_len x 2 x cp_size (%llu x %llu x 2 x %u) exceeds the int32 range of cu_seqlens in the THD layout: use a smaller batch",
+                    (unsigned long long)cfg->batch_size, (unsigned long long)L, cp);
+        y->in_b = y->thd_cap * osz;
+        if (cfg->want & TF_WANT_POSITION_IDS) y->pos_b = y->thd_cap * 4;
+        if (cfg->want & TF_WANT_LOSS_MASK) y->lm_b = y->thd_cap;
+        if (thd) {
+            y->cu_b = y->cup_b = (rowsL + 1) * 4;
+            y->ns_b = 4;
+        }
+    } else {
+        if (cfg->want & TF_WANT_POSITION_IDS) y->pos_b = rowsL * 4;
+        if (cfg->want & TF_WANT_CU_SEQLENS) {
+            y->cu_b = (rowsL + cfg->batch_size) * 4;
+            y->ns_b = cfg->batch_size * 4;
+        }
+        if (cfg->want & TF_WANT_LOSS_MASK) y->lm_b = rowsL;
+    }
+    /* a mixture keeps per-row accounting for its per-source stats */
+    y->acct_b = nsources ? cfg->batch_size * sizeof(tf__row_acct) : 0;
+    return 0;
+}
+
+static void apply_layout(tf_loader *l, const layout *y) {
+    l->hdr = align64(sizeof(struct tf_batch));
+    l->off_pos = align64((size_t)y->tok);
+    l->off_cu = l->off_pos + align64((size_t)y->pos_b);
+    l->off_ns = l->off_cu + align64((size_t)y->cu_b);
+    l->off_lm = l->off_ns + align64((size_t)y->ns_b);
+    l->off_in = l->off_lm + align64((size_t)y->lm_b);
+    l->off_lab = l->off_in + align64((size_t)y->in_b);
+    l->off_cup = l->off_lab + align64((size_t)y->in_b);
+    l->off_acct = l->off_cup + align64((size_t)y->cup_b);
+    l->bytes = l->off_acct + align64((size_t)y->acct_b);
+    if (l->bytes == 0) l->bytes = 64;
+    l->cp_size = y->cp;
+    l->thd = y->thd;
+}
+
+/* Per-source accounting of a mixture: the first sample id of each source. */
+static int alloc_accounting(tf_loader *l, const tf_order *order, size_t nsources) {
+    l->nsources = nsources;
+    if (!nsources) return 0;
+    l->source_first = calloc(nsources + 1, sizeof *l->source_first);
+    l->src_samples = calloc(nsources, sizeof *l->src_samples);
+    l->src_tokens = calloc(nsources, sizeof *l->src_tokens);
+    l->src_docs = calloc(nsources, sizeof *l->src_docs);
+    if (!l->source_first || !l->src_samples || !l->src_tokens || !l->src_docs) return -ENOMEM;
+    for (size_t s = 0; s < nsources; s++)
+        l->source_first[s + 1] = l->source_first[s] + tf_order_num_samples(tf_order_source(order, s));
+    return 0;
+}
+
+/* The reader over the order's data (backend probe, context-parallel split,
+ * zstd block cache) and the chunk scheduler of remote data. Undone by
+ * detach_order; a loader re-attaches when a resume hands its mixture over to
+ * another order. */
+static int attach_order(tf_loader *l, const tf_order *order, const layout *y) {
+    const tf_loader_config *cfg = &l->cfg;
+    tf_order_config oc;
+    TF_TRY(tf_order_get_config(order, &oc));
+    l->order = order;
+    l->ds = tf_order_dataset(order);
+    l->npos = tf_order_num_positions(order);
+    l->finite = l->npos != UINT64_MAX;
+    int rc = tf__reader_init(&l->rd, l->ds, order, cfg->backend, cfg->direct_io, l->out_dtype);
+    if (rc) {
+        memset(&l->rd, 0, sizeof l->rd); /* it freed what it had */
+        return rc;
+    }
+    l->rd.cp_size = y->cp;
+    l->rd.cp_rank = cfg->cp_rank;
+    l->rd.thd = y->thd;
+    l->rd.cp_c = y->cp_c;
+    l->rd.cp_first[0] = y->cp_first[0];
+    l->rd.cp_first[1] = y->cp_first[1];
+    l->rd.thd_cap_tokens = y->thd_cap;
+    l->rd.thd_cap_seqs = y->rowsL;
+    l->rd.nsources = l->nsources;
+    l->rd.source_first = l->source_first;
+    if (!l->nthreads) {
+        /* Default worker count. mmap (CPU-bound copies from the page cache):
+         * leave one core to the consumer, at most 4 - on 2 cores, 2 workers plus
+         * the consumer measured ~25% slower than 1 worker. pread/io_uring (chosen
+         * for cold data, where workers mostly wait on the device): 4, so that
+         * about four batches' reads are in flight - cold shuffled io_uring went
+         * from 80 M (1 worker) to 133-142 M tokens/s (4) on 2 cores. */
+        int cores = tf__num_cpus();
+        int cpu_default = cores - 1 < 4 ? cores - 1 : 4;
+        l->nthreads = cfg->num_threads ? cfg->num_threads : (l->rd.backend == TF_BACKEND_MMAP ? cpu_default : 4);
+        if (l->nthreads < 1) l->nthreads = 1;
+        l->depth = cfg->prefetch ? cfg->prefetch : 2 * l->nthreads + 2;
+        l->spin_ns = l->nthreads < cores ? 50 * 1000 : 0;
+    }
+    /* A full shuffle over mapped files reads a sample here, a sample there.
+     * Under the kernel's default advice every fault on a page that is not
+     * cached reads a readahead window around it: on a dataset larger than
+     * memory (38 GiB on 23.5 GiB, virtio disk) that ran at ~0.3 M tokens/s
+     * against a device good for 14-20 M at one request at a time, and at
+     * 12 M with MADV_RANDOM, which makes a fault read what it touches.
+     * Cached data is unaffected. */
+    if (l->rd.backend == TF_BACKEND_MMAP && oc.shuffle == TF_SHUFFLE_FULL) tf__dataset_advise_random(l->ds);
+    /* The zstd block cache is sized from the shuffle geometry (zcache.c). */
+    tf__zgeom zg = {oc.shuffle, oc.packing, oc.seq_len, oc.block_size, oc.window_blocks, cfg->batch_size,
+                    cfg->world_size, tf_order_num_samples(order), tf_order_num_sources(order), l->depth,
+                    l->nthreads, cfg->zstd_cache_bytes};
+    rc = tf__zcache_create(l->ds, &zg, &l->rd.zc);
+    /* Compressed data: a batch takes the workers tens of microseconds of
+     * decoding, so a consumer that waits for one would spin for most of it,
+     * taking a core from the decoding workers or the training loop when cores
+     * are short (on 2 shared cores: ~10 % more zstd tokens/s without it). */
+    if (!rc && l->rd.zc) l->spin_ns = 0;
+    if (!rc) rc = tf__engine_prefetch_create(order, l->B, l->G, l->rank, &l->pf, &l->pf_ctx);
+    return rc;
+}
+
+static void detach_order(tf_loader *l) {
+    tf__engine_prefetch_free(l->pf, l->pf_ctx);
+    l->pf = NULL;
+    l->pf_ctx = NULL;
+    l->pf_started = 0;
+    tf__reader_destroy(&l->rd);
+    memset(&l->rd, 0, sizeof l->rd);
+}
+
+/* The ring: slots, the buffer pool and its per-array capacities, the lock. */
+static int alloc_ring(tf_loader *l, const layout *y) {
+    l->slots = calloc((size_t)l->depth, sizeof *l->slots);
+    l->pool = calloc(1, sizeof *l->pool);
+    if (!l->slots || !l->pool || init_sync(l)) return -ENOMEM;
+    l->synced = 1;
+    atomic_init(&l->pool->returned, NULL);
+    atomic_init(&l->pool->refs, 1);
+    size_t *cap = l->pool->seg_cap; /* what a stage copies out of a batch (tf__batch_segments) */
+    cap[TF__SEG_TOKENS] = y->cp > 1 ? 0 : (size_t)y->tok; /* under CP: the workers' scratch */
+    cap[TF__SEG_POSITION_IDS] = (size_t)y->pos_b;
+    cap[TF__SEG_CU_SEQLENS] = (size_t)y->cu_b;
+    cap[TF__SEG_NUM_SEQS] = y->thd ? 0 : (size_t)y->ns_b; /* THD: a count, not an array */
+    cap[TF__SEG_LOSS_MASK] = (size_t)y->lm_b;
+    cap[TF__SEG_INPUT_IDS] = cap[TF__SEG_LABELS] = (size_t)y->in_b;
+    cap[TF__SEG_CU_SEQLENS_PADDED] = (size_t)y->cup_b;
+    return 0;
+}
+
+/* The engine over an order (engine settings checked), in named steps. The
+ * engine reads through tf_order_dataset(order), which for a mixture is a view
+ * over every source's files, so the backends need no notion of sources. With
+ * owns, the loader frees the order (on success). */
 static int engine_create(const tf_order *order, int owns, const tf_loader_config *cfg, tf_loader **out) {
     tf_order_config oc;
     TF_TRY(tf_order_get_config(order, &oc));
@@ -524,165 +686,20 @@ static int engine_create(const tf_order *order, int owns, const tf_loader_config
                 (unsigned long long)oc.global_batch, (unsigned long long)cfg->batch_size, cfg->world_size,
                 (unsigned long long)G);
     tf_dtype odt = cfg->out_dtype != TF_DTYPE_INVALID ? cfg->out_dtype : default_out_dtype(order);
-    uint64_t L = oc.seq_len;
-
-    /* Buffer layout: tokens, then the extras, each 64-byte aligned. */
-    size_t osz = tf_dtype_size(odt);
-    uint64_t rowsL1, tok, pos_b = 0, cu_b = 0, ns_b = 0, lm_b = 0;
-    if (tf__add_overflow(L, 1, &rowsL1) || tf__mul_overflow(rowsL1, cfg->batch_size, &rowsL1) ||
-        tf__mul_overflow(rowsL1, osz, &tok) || tok > (uint64_t)SIZE_MAX / 4)
-        TF_FAIL(-EINVAL, "batch_size x (seq_len + 1) (%llu x %llu) is too large for one buffer",
-                (unsigned long long)cfg->batch_size, (unsigned long long)L + 1);
-    uint64_t rowsL = cfg->batch_size * L;
-    uint32_t cp = cfg->cp_size > 1 ? cfg->cp_size : 1;
-    int thd = cp > 1 && (cfg->want & TF_WANT_CU_SEQLENS);
-    uint64_t cp_first[2] = {0, 0}, cp_c = 0, in_b = 0, cup_b = 0, thd_cap = 0;
-    if (cp > 1) {
-        TF_TRY(tf__cp_chunks(L, cp, cfg->cp_rank, cp_first, &cp_c));
-        /* plain: rows x L/cp entries. THD: a padded sequence is shorter than
-         * its length + 2cp, and there are at most rows x L sequences, so a rank
-         * gets fewer than 2 x rows x L entries; cu_seqlens go up to 2cp x that. */
-        thd_cap = thd ? 2 * rowsL : rowsL / cp;
-        if (thd && (rowsL > (uint64_t)INT32_MAX / 2 / cp))
-            TF_FAIL(-EINVAL, "batch_size x seq_len x 2 x cp_size (%llu x %llu x 2 x %u) exceeds the int32 range of cu_seqlens in the THD layout: use a smaller batch",
-                    (unsigned long long)cfg->batch_size, (unsigned long long)L, cp);
-        in_b = thd_cap * osz;
-        if (cfg->want & TF_WANT_POSITION_IDS) pos_b = thd_cap * 4;
-        if (cfg->want & TF_WANT_LOSS_MASK) lm_b = thd_cap;
-        if (thd) {
-            cu_b = cup_b = (rowsL + 1) * 4;
-            ns_b = 4;
-        }
-    } else {
-        if (cfg->want & TF_WANT_POSITION_IDS) pos_b = rowsL * 4;
-        if (cfg->want & TF_WANT_CU_SEQLENS) {
-            cu_b = (rowsL + cfg->batch_size) * 4;
-            ns_b = cfg->batch_size * 4;
-        }
-        if (cfg->want & TF_WANT_LOSS_MASK) lm_b = rowsL;
-    }
-    /* a mixture keeps per-row accounting for its per-source stats */
     size_t nsources = tf_order_source(order, 0) != order ? tf_order_num_sources(order) : 0;
-    uint64_t acct_b = nsources ? cfg->batch_size * sizeof(tf__row_acct) : 0;
+    layout y;
+    TF_TRY(plan_layout(cfg, oc.seq_len, odt, nsources, &y));
 
     tf_loader *l = calloc(1, sizeof *l);
     if (!l) return -ENOMEM;
-    l->order = order;
-    l->owns_order = owns;
-    l->ds = tf_order_dataset(order);
+    l->cfg = *cfg;
     l->B = cfg->batch_size;
     l->G = G;
-    l->L = L;
+    l->L = oc.seq_len;
     l->rank = cfg->rank;
     l->out_dtype = odt;
     l->want = cfg->want;
-    l->npos = tf_order_num_positions(order);
-    l->finite = l->npos != UINT64_MAX;
-    l->hdr = align64(sizeof(struct tf_batch));
-    l->off_pos = align64((size_t)tok);
-    l->off_cu = l->off_pos + align64((size_t)pos_b);
-    l->off_ns = l->off_cu + align64((size_t)cu_b);
-    l->off_lm = l->off_ns + align64((size_t)ns_b);
-    l->off_in = l->off_lm + align64((size_t)lm_b);
-    l->off_lab = l->off_in + align64((size_t)in_b);
-    l->off_cup = l->off_lab + align64((size_t)in_b);
-    l->off_acct = l->off_cup + align64((size_t)cup_b);
-    l->bytes = l->off_acct + align64((size_t)acct_b);
-    if (l->bytes == 0) l->bytes = 64;
-    l->cp_size = cp;
-    l->thd = thd;
-    l->nsources = nsources;
-    if (nsources) {
-        l->source_first = calloc(nsources + 1, sizeof *l->source_first);
-        l->src_samples = calloc(nsources, sizeof *l->src_samples);
-        l->src_tokens = calloc(nsources, sizeof *l->src_tokens);
-        l->src_docs = calloc(nsources, sizeof *l->src_docs);
-        if (!l->source_first || !l->src_samples || !l->src_tokens || !l->src_docs) {
-            free_accounting(l);
-            free(l);
-            return -ENOMEM;
-        }
-        for (size_t s = 0; s < nsources; s++)
-            l->source_first[s + 1] = l->source_first[s] + tf_order_num_samples(tf_order_source(order, s));
-    }
-
-#ifdef TF_TEST_HOOKS
-    const char *fd = getenv("TOKENFEED_FAULT_DELAY_MS");
-    if (fd && *fd) l->fault_delay_ns = strtoull(fd, NULL, 10) * 1000000ull;
-#endif
-
-    int rc = tf__reader_init(&l->rd, l->ds, order, cfg->backend, cfg->direct_io, odt);
-    if (rc) {
-        free_accounting(l);
-        free(l);
-        return rc;
-    }
-    l->rd.cp_size = cp;
-    l->rd.cp_rank = cfg->cp_rank;
-    l->rd.thd = thd;
-    l->rd.cp_c = cp_c;
-    l->rd.cp_first[0] = cp_first[0];
-    l->rd.cp_first[1] = cp_first[1];
-    l->rd.thd_cap_tokens = thd_cap;
-    l->rd.thd_cap_seqs = rowsL;
-    l->rd.nsources = nsources;
-    l->rd.source_first = l->source_first;
-    /* Default worker count. mmap (CPU-bound copies from the page cache):
-     * leave one core to the consumer, at most 4 - on 2 cores, 2 workers plus
-     * the consumer measured ~25% slower than 1 worker. pread/io_uring (chosen
-     * for cold data, where workers mostly wait on the device): 4, so that
-     * about four batches' reads are in flight - cold shuffled io_uring went
-     * from 80 M (1 worker) to 133-142 M tokens/s (4) on 2 cores. */
-    int cores = tf__num_cpus();
-    int cpu_default = cores - 1 < 4 ? cores - 1 : 4;
-    l->nthreads = cfg->num_threads ? cfg->num_threads
-                  : (l->rd.backend == TF_BACKEND_MMAP ? cpu_default : 4);
-    if (l->nthreads < 1) l->nthreads = 1;
-    /* A full shuffle over mapped files reads a sample here, a sample there.
-     * Under the kernel's default advice every fault on a page that is not
-     * cached reads a readahead window around it: on a dataset larger than
-     * memory (38 GiB on 23.5 GiB, virtio disk) that ran at ~0.3 M tokens/s
-     * against a device good for 14-20 M at one request at a time, and at
-     * 12 M with MADV_RANDOM, which makes a fault read what it touches.
-     * Cached data is unaffected. */
-    if (l->rd.backend == TF_BACKEND_MMAP && oc.shuffle == TF_SHUFFLE_FULL) tf__dataset_advise_random(l->ds);
-    l->depth = cfg->prefetch ? cfg->prefetch : 2 * l->nthreads + 2;
-    l->spin_ns = l->nthreads < cores ? 50 * 1000 : 0;
-    /* The zstd block cache is sized from the shuffle geometry (zcache.c). */
-    tf__zgeom zg = {oc.shuffle, oc.packing, oc.seq_len, oc.block_size, oc.window_blocks, cfg->batch_size,
-                    cfg->world_size, tf_order_num_samples(l->order), tf_order_num_sources(l->order), l->depth,
-                    l->nthreads, cfg->zstd_cache_bytes};
-    rc = tf__zcache_create(l->ds, &zg, &l->rd.zc);
-    if (rc) {
-        tf__reader_destroy(&l->rd);
-        free(l);
-        return rc;
-    }
-    /* Compressed data: a batch takes the workers tens of microseconds of
-     * decoding, so a consumer that waits for one would spin for most of it,
-     * taking a core from the decoding workers or the training loop when cores
-     * are short (on 2 shared cores: ~10 % more zstd tokens/s without it). */
-    if (l->rd.zc) l->spin_ns = 0;
-    l->slots = calloc((size_t)l->depth, sizeof *l->slots);
-    l->pool = calloc(1, sizeof *l->pool);
-    if (!l->slots || !l->pool || init_sync(l)) {
-        tf__reader_destroy(&l->rd);
-        free(l->slots);
-        free(l->pool);
-        free_accounting(l);
-        free(l);
-        return -ENOMEM;
-    }
-    atomic_init(&l->pool->returned, NULL);
-    atomic_init(&l->pool->refs, 1);
-    size_t *cap = l->pool->seg_cap; /* what a stage copies out of a batch (tf__batch_segments) */
-    cap[TF__SEG_TOKENS] = cp > 1 ? 0 : (size_t)tok; /* under CP: the workers' scratch */
-    cap[TF__SEG_POSITION_IDS] = (size_t)pos_b;
-    cap[TF__SEG_CU_SEQLENS] = (size_t)cu_b;
-    cap[TF__SEG_NUM_SEQS] = thd ? 0 : (size_t)ns_b; /* THD: a count, not an array */
-    cap[TF__SEG_LOSS_MASK] = (size_t)lm_b;
-    cap[TF__SEG_INPUT_IDS] = cap[TF__SEG_LABELS] = (size_t)in_b;
-    cap[TF__SEG_CU_SEQLENS_PADDED] = (size_t)cup_b;
+    apply_layout(l, &y);
     atomic_init(&l->position, 0);
     atomic_init(&l->st_batches, 0);
     atomic_init(&l->st_tokens, 0);
@@ -691,13 +708,59 @@ static int engine_create(const tf_order *order, int owns, const tf_loader_config
     atomic_init(&l->st_locked, 0);
     atomic_init(&l->owner, 0);
     tf__meter_init(&l->meter);
-    rc = tf__engine_prefetch_create(order, l->B, l->G, l->rank, &l->pf, &l->pf_ctx);
+#ifdef TF_TEST_HOOKS
+    const char *fd = getenv("TOKENFEED_FAULT_DELAY_MS");
+    if (fd && *fd) l->fault_delay_ns = strtoull(fd, NULL, 10) * 1000000ull;
+#endif
+    int rc = alloc_accounting(l, order, nsources);
+    if (!rc) rc = attach_order(l, order, &y);
+    if (!rc) rc = alloc_ring(l, &y);
     if (rc) {
-        l->owns_order = 0; /* the caller frees the order on failure */
-        tf_loader_free(l);
+        tf_loader_free(l); /* the caller frees the order on failure */
         return rc;
     }
+    l->owns_order = owns;
     *out = l;
+    return 0;
+}
+
+/* Read another order from here on (a mixture handed over at a resume): the
+ * same data and settings, so the layout and the ring stay; the threads, the
+ * reader and the scheduler start over. The loader owns the new order. */
+static int rebind_order(tf_loader *l, tf_order *order) {
+    TF_TRY(after_fork(l));
+    stop_threads(l);
+    pthread_mutex_lock(&l->mu);
+    reset_locked(l, atomic_load(&l->position));
+    pthread_mutex_unlock(&l->mu);
+    tf__reader old_rd = l->rd;
+    tf__prefetch *old_pf = l->pf;
+    void *old_ctx = l->pf_ctx;
+    const tf_order *old_order = l->order;
+    memset(&l->rd, 0, sizeof l->rd);
+    l->pf = NULL;
+    l->pf_ctx = NULL;
+    l->pf_started = 0;
+    layout y;
+    tf_order_config oc;
+    int rc = tf_order_get_config(order, &oc);
+    if (!rc) rc = plan_layout(&l->cfg, oc.seq_len, l->out_dtype, l->nsources, &y);
+    if (!rc) rc = attach_order(l, order, &y);
+    if (rc) { /* keep reading the old order */
+        detach_order(l);
+        l->rd = old_rd;
+        l->pf = old_pf;
+        l->pf_ctx = old_ctx;
+        l->order = old_order;
+        l->ds = tf_order_dataset(old_order);
+        l->npos = tf_order_num_positions(old_order);
+        l->finite = l->npos != UINT64_MAX;
+        return rc;
+    }
+    tf__engine_prefetch_free(old_pf, old_ctx);
+    tf__reader_destroy(&old_rd);
+    if (l->owns_order) tf_order_free((tf_order *)old_order);
+    l->owns_order = 1;
     return 0;
 }
 
@@ -745,9 +808,9 @@ void tf_loader_free(tf_loader *l) {
     if (!l) return;
     pid_t ow = atomic_load(&l->owner);
     int same_process = !ow || ow == getpid();
-    if (same_process) {
+    if (same_process && l->synced) { /* else a loader whose creation failed: no ring, no threads */
         stop_threads(l);
-        for (int i = 0; i < l->depth; i++) {
+        for (int i = 0; l->slots && i < l->depth; i++) {
             batch_free(l->slots[i].b);
             l->slots[i].b = NULL;
         }
@@ -762,12 +825,13 @@ void tf_loader_free(tf_loader *l) {
     }
     /* In a forked child whose threads were the parent's, the worker state and
      * the possibly-locked mutex are left alone (see after_fork). */
-    tf__engine_prefetch_free(l->pf, l->pf_ctx);
-    pool_drain_free(l->pool);
-    tf__reader_destroy(&l->rd);
+    detach_order(l);
     if (l->owns_order) tf_order_free((tf_order *)l->order);
     free(l->slots);
-    pool_unref(l->pool);
+    if (l->pool) {
+        pool_drain_free(l->pool);
+        pool_unref(l->pool);
+    }
     free_accounting(l);
     tf__meter_destroy(&l->meter);
     free(l);
@@ -779,6 +843,13 @@ static uint64_t pf_end(const tf_loader *l) {
     if (!l->finite) return UINT64_MAX;
     uint64_t base = l->pf_base;
     return l->npos > base ? (l->npos - base) / l->G * l->B : 0;
+}
+
+/* Epochs of a finite stream (its positions are those epochs rounded down to
+ * whole global batches). */
+static uint64_t epochs_of(const tf_loader *l) {
+    tf_order_config oc;
+    return tf_order_get_config(l->order, &oc) == 0 ? oc.epochs : 0;
 }
 
 /* Reset the pipeline at global position pos (mu held). */
@@ -819,7 +890,7 @@ static int next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_ns) {
         pthread_mutex_unlock(&l->mu);
         TF_FAIL(-TF_EEOF, "end of stream: position %llu + global batch %llu exceeds the %llu positions of %llu epoch(s)",
                 (unsigned long long)pos, (unsigned long long)l->G, (unsigned long long)l->npos,
-                (unsigned long long)(l->npos / (tf_order_num_samples(l->order) ? tf_order_num_samples(l->order) : 1)));
+                (unsigned long long)epochs_of(l));
     }
     tf__slot *s = &l->slots[k % (uint64_t)l->depth];
     if (!s->ready) {
@@ -927,6 +998,11 @@ int tf_loader_seek(tf_loader *l, uint64_t pos) {
         TF_FAIL(-EINVAL, "seek: position %llu is not a multiple of the global batch %llu (batch_size x world_size); "
                 "positions count samples of the whole stream",
                 (unsigned long long)pos, (unsigned long long)l->G);
+    if (l->finite && pos > l->npos)
+        TF_FAIL(-EINVAL, "seek: position %llu is past the end of the stream, which has %llu positions (%llu epoch(s) of "
+                "%llu samples, rounded down to whole global batches of %llu)",
+                (unsigned long long)pos, (unsigned long long)l->npos, (unsigned long long)epochs_of(l),
+                (unsigned long long)tf_order_num_samples(l->order), (unsigned long long)l->G);
     TF_TRY(after_fork(l));
     pthread_mutex_lock(&l->mu);
     reset_locked(l, pos);
@@ -1062,3 +1138,27 @@ int tf_loader_get_source_stats(const tf_loader *cl, size_t i, tf_source_stats *s
     return 0;
 }
 
+
+/* ------------------------------------------------------------------------ */
+/* state                                                                     */
+/* ------------------------------------------------------------------------ */
+
+int tf_loader_state_save(const tf_loader *l, char *buf, size_t cap, size_t *len) {
+    if (!l) return -EINVAL;
+    return tf_order_state_save(l->order, tf_loader_position(l), l->cfg.world_size, buf, cap, len);
+}
+
+int tf_loader_state_load(tf_loader *l, const char *state, size_t len, unsigned flags) {
+    if (!l || !state) return -EINVAL;
+    uint64_t pos;
+    tf_order *handover = NULL;
+    TF_TRY(tf_order_state_load(l->order, state, len, flags, &pos, &handover));
+    if (handover) {
+        int rc = rebind_order(l, handover);
+        if (rc) {
+            tf_order_free(handover);
+            return rc;
+        }
+    }
+    return tf_loader_seek(l, pos);
+}

@@ -503,6 +503,48 @@ TF_API int tf_cache_prune(const char *dir, uint64_t keep_bytes);
 /* Order: packing, shuffle, partition                                        */
 /* ------------------------------------------------------------------------ */
 
+/* ------------------------------------------------------------------------ */
+/* Settings                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Every setting of the order (tf_order_config), the engine (tf_loader_config)
+ * and the device stage (tf_device_config) is one row of one table: its name
+ * (as the Python API spells it), type, default, bounds, enum names, whether it
+ * changes the stream, and a one-line description. Defaults, checks, the
+ * fingerprint and the loader state come from the rows; callers query them. */
+typedef enum tf_setting_scope { TF_SCOPE_ORDER = 0, TF_SCOPE_ENGINE = 1, TF_SCOPE_DEVICE = 2 } tf_setting_scope;
+typedef enum tf_setting_type { TF_SETTING_INT = 0, TF_SETTING_BOOL = 1, TF_SETTING_ENUM = 2 } tf_setting_type;
+
+typedef struct tf_setting {
+    const char *name;
+    tf_setting_scope scope;
+    tf_setting_type type;
+    int64_t def;              /* the default tf_*_config_init writes */
+    int64_t min;              /* bounds, inclusive (ENUM: 0 .. names - 1) */
+    uint64_t max;
+    int nullable;             /* none_value means "none" or "the default" (None in Python) */
+    int64_t none_value;
+    const char *const *names; /* ENUM: names by value, NULL-terminated; else NULL */
+    const char *stream;       /* when it changes the stream: "always", "never", or a
+                                 condition ("shuffle=block", "packing!=concat",
+                                 "packing=best_fit", "mixture") */
+    const char *description;
+} tf_setting;
+
+TF_API size_t tf_settings_count(void);
+TF_API const tf_setting *tf_setting_get(size_t i);        /* NULL past the end */
+TF_API const tf_setting *tf_setting_find(const char *name); /* NULL: no such setting */
+/* Bounds of a setting (as ZSTD_cParam_getBounds): -ENOENT for an unknown name. */
+TF_API int tf_setting_bounds(const char *name, int64_t *min, uint64_t *max);
+/* Set or read a setting by name in a configuration of scope (a
+ * tf_order_config, tf_loader_config or tf_device_config; a tf_loader_config
+ * also takes the order's settings, into its `order` member). A value above
+ * INT64_MAX is passed as its two's complement. -ENOENT: no such setting
+ * there; -EINVAL: outside its bounds (the message names the setting and
+ * them). none_value is always accepted where the setting is nullable. */
+TF_API int tf_config_set(tf_setting_scope scope, void *cfg, const char *name, int64_t value);
+TF_API int tf_config_get(tf_setting_scope scope, const void *cfg, const char *name, int64_t *value);
+
 typedef enum tf_packing {
     TF_PACK_CONCAT = 0,   /* documents concatenated, cut every seq_len tokens */
     TF_PACK_BEST_FIT = 1, /* chunks of <= L + 1 tokens, best-fit-decreasing into samples
@@ -642,6 +684,36 @@ TF_API uint64_t tf_order_mix_source_count(const tf_order *o, size_t i, uint64_t 
 /* Counts per window at position pos: counts[i] of every source (n entries;
  * a plain order: 1) in a window of the returned size. */
 TF_API uint64_t tf_order_mix_counts_at(const tf_order *o, uint64_t pos, uint64_t *counts);
+
+/* ------------------------------------------------------------------------ */
+/* Loader state                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* The state a checkpoint keeps to resume a stream exactly: a JSON object
+ * (format version, dataset and configuration fingerprints, position, the
+ * configuration, a mixture's hand-over anchor, the world size), the same
+ * Python's Loader.state_dict() returns; docs/design.md lists its keys. Every
+ * key is always present, and every value is a number, a string, null or a
+ * list, so that every checkpointer keeps it. */
+#define TF_STATE_FORMAT_VERSION 2
+enum { TF_STATE_LENIENT = 1 }; /* accept a changed configuration, keep the position */
+
+/* Write the state of order o at global position pos (saved by a loader with
+ * world_size data-parallel ranks) as NUL-terminated JSON into buf (cap
+ * bytes). *len (may be NULL) receives the length without the NUL; -ENOSPC
+ * when cap <= that length (call with cap 0 to size the buffer). */
+TF_API int tf_order_state_save(const tf_order *o, uint64_t pos, uint32_t world_size, char *buf, size_t cap,
+                               size_t *len);
+
+/* Check a state against order o and give the position to seek to. Every field
+ * is checked for its type; a setting refuses the state (without
+ * TF_STATE_LENIENT) only where it changes the stream. -TF_ESTATE with a
+ * sentence naming what differs. A mixture resumed under other weights (or
+ * from a state that carries an anchor) continues each source from where it
+ * was: *handover then receives a new order, owned by the caller, to use in
+ * place of o; NULL when o itself resumes. */
+TF_API int tf_order_state_load(const tf_order *o, const char *state, size_t len, unsigned flags, uint64_t *pos,
+                               tf_order **handover);
 
 /* Sources of a mixture (1 for a plain order) and source i's own order
  * (borrowed from o; for a plain order, i == 0 gives o itself). */
@@ -800,6 +872,16 @@ TF_API uint64_t tf_loader_position(const tf_loader *l);
  * prefetched for the old position are discarded; batches already handed out
  * stay valid. */
 TF_API int tf_loader_seek(tf_loader *l, uint64_t pos);
+
+/* The loader's state at its position (tf_order_state_save with the loader's
+ * order, position and world size). */
+TF_API int tf_loader_state_save(const tf_loader *l, char *buf, size_t cap, size_t *len);
+
+/* Resume from a state (tf_order_state_load), seeking to its position; a
+ * mixture's hand-over replaces the order the loader reads (the loader owns
+ * the new one; an order it borrowed is left as it was). Prefetched batches
+ * are discarded. */
+TF_API int tf_loader_state_load(tf_loader *l, const char *state, size_t len, unsigned flags);
 
 typedef struct tf_batch_view {
     void *tokens;          /* rows x (seq_len + 1), out dtype */

@@ -31,8 +31,9 @@
 #define TF_ORDER_KIND_H
 
 #include "order_internal.h"
+#include "schedule.h"
 
-/* Largest pack_window: pack.c's sort key gives a document's index 24 bits. */
+/* Largest best_fit packing window: pack.c's sort key gives a document's index 24 bits. */
 #define TF__MAX_PACK_WINDOW (1u << 24)
 
 typedef struct tf__order_ops {
@@ -90,6 +91,18 @@ TF_HIDDEN int tf__packed_init(tf_order *o, const void *ds);   /* pack.c */
 /* concat.c: the CONCAT extras (no separator) of the L + 1 dataset tokens that
  * start at token p0, for kinds that cut the tokens at other places. */
 TF_HIDDEN int tf__concat_extras_at(const tf_dataset *ds, uint64_t L, uint64_t p0, const tf_sample_extras *ex);
+
+/* Fingerprint of a configuration (order.c); an order's is this, mixed with
+ * its kind's (a mixture's schedule): tf_mix64(config ^ kind). */
+TF_HIDDEN uint64_t tf__order_config_fingerprint(const tf_order_config *c);
+
+/* A mixture's schedule as built (mix.c; -EINVAL for another kind): the
+ * spec (with its anchor; M and G are the config's) and the datasets, both
+ * borrowed from o. */
+TF_HIDDEN int tf__order_mix_spec(const tf_order *o, tf__sched_spec *spec, const tf_dataset *const **ds);
+/* A mixture over like's datasets with another config and schedule. */
+TF_HIDDEN int tf__order_mix_create(const tf_order *like, const tf_order_config *cfg, const tf__sched_spec *spec,
+                                   tf_order **out);
 
 /* Building position_ids / cu_seqlens / num_seqs from segment starts, shared by
  * every kind: start with {last = 0, nc = 1} and cu_seqlens[0] = 0, call

@@ -43,7 +43,6 @@
 #include "schedule.h"
 
 #define KEY_SOURCE 0x50C1A7ED5EED0003ULL
-#define MAX_MIX_WINDOW (1u << 20)
 #define MAX_SOURCES 65536
 
 typedef struct mix_source {
@@ -57,6 +56,10 @@ typedef struct tf__mix {
     mix_source *src; /* K */
     tf__sched *sched;
     tf_dataset *view;
+    /* what it was built from, for the loader state (state.c): the datasets
+     * (borrowed) and a copy of the schedule with its anchor */
+    const tf_dataset **ds;
+    tf__sched_spec spec;
 } tf__mix;
 
 static void mix_free(void *v) {
@@ -66,6 +69,10 @@ static void mix_free(void *v) {
     free(m->src);
     tf__sched_free(m->sched);
     tf_dataset_free(m->view);
+    free(m->ds);
+    free((void *)m->spec.steps);
+    free((void *)m->spec.weights);
+    free((void *)m->spec.anchor_counts);
     free(m);
 }
 
@@ -76,6 +83,30 @@ typedef struct mix_args {
 } mix_args;
 
 static const tf__order_ops mix_ops;
+
+/* A copy of the datasets and the schedule, so that the state can record the
+ * schedule and a resume can rebuild the mixture with a hand-over anchor. */
+static int keep_spec(tf__mix *m, const tf_dataset *const *ds, const tf__sched_spec *sp) {
+    size_t K = sp->K, P = sp->npoints;
+    m->spec = *sp;
+    m->spec.steps = NULL;
+    m->spec.weights = NULL;
+    m->spec.anchor_counts = NULL;
+    uint64_t *steps = malloc(P * sizeof *steps), *anchor = NULL;
+    double *w = malloc(P * K * sizeof *w);
+    const tf_dataset **d = malloc(K * sizeof *d);
+    if (sp->anchor_counts) anchor = malloc(K * sizeof *anchor);
+    m->spec.steps = steps;
+    m->spec.weights = w;
+    m->spec.anchor_counts = anchor;
+    m->ds = d;
+    if (!steps || !w || !d || (sp->anchor_counts && !anchor)) return -ENOMEM;
+    memcpy(steps, sp->steps, P * sizeof *steps);
+    memcpy(w, sp->weights, P * K * sizeof *w);
+    memcpy(d, ds, K * sizeof *d);
+    if (anchor) memcpy(anchor, sp->anchor_counts, K * sizeof *anchor);
+    return 0;
+}
 
 static int mix_init(tf_order *o, const void *args) {
     const mix_args *a = args;
@@ -94,6 +125,8 @@ static int mix_init(tf_order *o, const void *args) {
     sp.M = cfg->mix_window;
     sp.G = cfg->global_batch;
     rc = tf__sched_create(&sp, &m->sched);
+    if (rc) goto fail;
+    rc = keep_spec(m, a->ds, &sp);
     if (rc) goto fail;
 
     for (size_t s = 0; s < n; s++) {
@@ -132,9 +165,6 @@ static int create_mix(const tf_dataset *const *ds, size_t n, const tf__sched_spe
     if (n > MAX_SOURCES) TF_FAIL(-EINVAL, "a mixture takes at most %d sources, found %zu", MAX_SOURCES, n);
     for (size_t s = 0; s < n; s++)
         if (!ds[s]) TF_FAIL(-EINVAL, "tf_order_create_mix: dataset %zu is NULL", s);
-    if (cfg->mix_window < 1 || cfg->mix_window > MAX_MIX_WINDOW)
-        TF_FAIL(-EINVAL, "mix_window: expected 1 <= mix_window <= %u, found %llu", MAX_MIX_WINDOW,
-                (unsigned long long)cfg->mix_window);
     mix_args a = {ds, n, *spec};
     return tf__order_build(mix_init, &a, cfg, out);
 }
@@ -300,4 +330,22 @@ uint64_t tf_order_mix_source_count(const tf_order *o, size_t i, uint64_t pos) {
     if (!o) return 0;
     if (!m) return i == 0 ? pos : 0;
     return i < m->K ? tf__sched_count(m->sched, i, pos) : 0;
+}
+
+int tf__order_mix_spec(const tf_order *o, tf__sched_spec *spec, const tf_dataset *const **ds) {
+    const tf__mix *m = mix_of(o);
+    if (!m) return -EINVAL;
+    *spec = m->spec;
+    if (ds) *ds = m->ds;
+    return 0;
+}
+
+int tf__order_mix_create(const tf_order *like, const tf_order_config *cfg, const tf__sched_spec *spec,
+                         tf_order **out) {
+    const tf__mix *m = mix_of(like);
+    *out = NULL;
+    if (!m) return -EINVAL;
+    if (spec->K != m->K)
+        TF_FAIL(-EINVAL, "the mixture has %zu sources, the schedule %zu", m->K, spec->K);
+    return create_mix(m->ds, m->K, spec, cfg, out);
 }

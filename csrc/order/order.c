@@ -40,29 +40,17 @@
 #include <string.h>
 
 #include "kind.h"
+#include "settings.h"
 
 #define ORDER_FP_VERSION 1
 #define KEY_EPOCH 0x9E3779B97F4A7C15ULL /* C_E */
 #define KEY_BLOCKS 0xB10CB10C5EED0001ULL /* C_B */
 #define KEY_WINDOW 0x57A1D0E5C0FFEE01ULL /* C_W */
-/* Largest seq_len: extras are int32 and cu_seqlens holds L itself. */
-#define MAX_SEQ_LEN ((uint64_t)INT32_MAX - 1)
 
 void tf_order_config_init(tf_order_config *cfg) {
     if (!cfg) return;
     memset(cfg, 0, sizeof *cfg);
-    cfg->seq_len = 2048;
-    cfg->packing = TF_PACK_CONCAT;
-    cfg->separator_id = -1;
-    cfg->seed = 0;
-    cfg->shuffle = TF_SHUFFLE_FULL;
-    cfg->block_size = 1024;
-    cfg->window_blocks = 16;
-    cfg->global_batch = 1;
-    cfg->epochs = 0;
-    cfg->pad_id = 0;
-    cfg->pack_window = 1024;
-    cfg->mix_window = 1000;
+    tf__settings_init(TF_SCOPE_ORDER, cfg); /* settings.c */
 }
 
 /* ------------------------------------------------------------------------ */
@@ -72,26 +60,21 @@ void tf_order_config_init(tf_order_config *cfg) {
 /* XXH64 over a fixed little-endian encoding, so it is the same on every host
  * and independent of struct layout. BLOCK-only fields enter only in BLOCK mode
  * (changing block_size under FULL does not change the stream). */
-static uint64_t config_fingerprint(const tf_order_config *c) {
+uint64_t tf__order_config_fingerprint(const tf_order_config *c) {
     uint8_t buf[16 * 8], *p = buf;
-#define PUT(v) (tf__put_le64(p, (uint64_t)(v)), p += 8)
-    PUT(0x3144524f4654ULL); /* "TFORD1" tag */
-    PUT(ORDER_FP_VERSION);
-    PUT(c->seq_len);
-    PUT(c->packing);
-    PUT(c->separator_id);
-    PUT(c->seed);
-    PUT(c->shuffle);
-    if (c->shuffle == TF_SHUFFLE_BLOCK) {
-        PUT(c->block_size);
-        PUT(c->window_blocks);
+    tf__put_le64(p, 0x3144524f4654ULL); /* "TFORD1" tag */
+    tf__put_le64(p + 8, ORDER_FP_VERSION);
+    p += 16;
+    /* the order rows in table order, each when it changes the stream; a
+     * mixture's window enters through the schedule's own hash (mix.c) */
+    tf__cond_ctx x = {c, 0, 0};
+    for (size_t i = 0; i < tf__nsettings; i++) {
+        const tf__setting_row *r = &tf__settings[i];
+        if (r->pub.scope != TF_SCOPE_ORDER || !strcmp(r->pub.stream, "mixture") || !tf__setting_in_fingerprint(r, &x))
+            continue;
+        tf__put_le64(p, (uint64_t)tf__setting_get(r, c));
+        p += 8;
     }
-    PUT(c->global_batch);
-    PUT(c->epochs);
-    /* packed modes only, so CONCAT fingerprints (and checkpoints) are unchanged */
-    if (c->packing != TF_PACK_CONCAT) PUT(c->pad_id);
-    if (c->packing == TF_PACK_BEST_FIT) PUT(c->pack_window);
-#undef PUT
     return tf_hash64(buf, (size_t)(p - buf), 0);
 }
 
@@ -102,28 +85,10 @@ static uint64_t config_fingerprint(const tf_order_config *c) {
 /* The one check of a configuration, whatever the kind and whoever calls
  * (C embedders, the Python binding, a mixture for its sources). */
 static int check_config(const tf_order_config *c) {
-    if (c->seq_len < 1 || c->seq_len > MAX_SEQ_LEN)
-        TF_FAIL(-EINVAL, "seq_len: expected 1 <= seq_len <= %llu, found %llu",
-                (unsigned long long)MAX_SEQ_LEN, (unsigned long long)c->seq_len);
-    if (c->packing != TF_PACK_CONCAT && c->packing != TF_PACK_BEST_FIT && c->packing != TF_PACK_DOCUMENT)
-        TF_FAIL(-EINVAL, "packing: expected CONCAT (0), BEST_FIT (1) or DOCUMENT (2), found %d", (int)c->packing);
+    TF_TRY(tf__settings_check(TF_SCOPE_ORDER, c)); /* every row's bounds, in every mode */
     if (c->packing != TF_PACK_CONCAT && c->pad_id < 0)
         TF_FAIL(-EINVAL, "pad_id: expected a token id >= 0 for packing BEST_FIT / DOCUMENT, found %lld",
                 (long long)c->pad_id);
-    if (c->separator_id < -1)
-        TF_FAIL(-EINVAL, "separator_id: expected -1 (none) or a token id >= 0, found %lld",
-                (long long)c->separator_id);
-    if (c->shuffle != TF_SHUFFLE_NONE && c->shuffle != TF_SHUFFLE_FULL && c->shuffle != TF_SHUFFLE_BLOCK)
-        TF_FAIL(-EINVAL, "shuffle: expected NONE (0), FULL (1) or BLOCK (2), found %d", (int)c->shuffle);
-    /* checked in every mode (they only matter to BLOCK), so that a bad value
-     * is refused where it is written rather than when the mode changes */
-    if (c->block_size < 1 || c->window_blocks < 1)
-        TF_FAIL(-EINVAL, "block_size and window_blocks: expected >= 1 (they shape the block shuffle), found %llu and %llu",
-                (unsigned long long)c->block_size, (unsigned long long)c->window_blocks);
-    if (c->pack_window < 1 || c->pack_window > TF__MAX_PACK_WINDOW)
-        TF_FAIL(-EINVAL, "pack_window: expected 1 <= pack_window <= %u documents, found %llu", TF__MAX_PACK_WINDOW,
-                (unsigned long long)c->pack_window);
-    if (c->global_batch < 1) TF_FAIL(-EINVAL, "global_batch: expected >= 1, found 0");
     return 0;
 }
 
@@ -166,7 +131,7 @@ static int build(tf__order_init init, const void *args, const tf_order_config *c
         /* ceil(nbf / W) windows; one (tail only) when there is no full block */
         o->nwin = o->nbf ? o->nbf / W + (o->nbf % W != 0) : 1;
     }
-    o->fingerprint = config_fingerprint(cfg);
+    o->fingerprint = tf__order_config_fingerprint(cfg);
     if (o->has_kind_fp) o->fingerprint = tf_mix64(o->fingerprint ^ o->kind_fp);
     *out = o;
     return 0;

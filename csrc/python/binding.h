@@ -141,6 +141,11 @@ typedef struct tfpy_kwarg {
     void *dest;
 } tfpy_kwarg;
 int tfpy_parse_kwargs(PyObject *kw, const tfpy_kwarg *table, const char *fname);
+/* The same, where every setting of the C settings table in scope is a keyword too, parsed by its row into cfg
+ * through tf_config_set: an int (not a bool) for INT rows, a name or its
+ * index for ENUM rows, a bool for BOOL rows, None for the default (a
+ * nullable row's none value). table (may be NULL) gives the other keywords. */
+int tfpy_parse_settings(PyObject *kw, tf_setting_scope scope, void *cfg, const tfpy_kwarg *table, const char *fname);
 
 /* Apply fn(ctx, x) to an int or elementwise to an integer array (as uint64,
  * GIL released), refusing inputs >= limit with IndexError. One loop for every

@@ -49,14 +49,13 @@ static PyObject *DeviceLoader_new(PyTypeObject *tp, PyObject *args, PyObject *kw
     if (!PyArg_ParseTuple(args, "O!:DeviceLoader", st->LoaderType, &ldobj)) return NULL;
     tf_device_config cfg;
     tf_device_config_init(&cfg);
+    /* device_prefetch_batches and device_slots come from the settings table */
     const tfpy_kwarg table[] = {
         {"device", tfpy_nonneg_int, &cfg.device},
-        {"prefetch", tfpy_nonneg_int, &cfg.prefetch},
-        {"slots", tfpy_nonneg_int, &cfg.slots},
         {"static", flag_arg, &cfg.alloc_static},
         {NULL, NULL, NULL},
     };
-    if (tfpy_parse_kwargs(kw, table, "DeviceLoader") < 0) return NULL;
+    if (tfpy_parse_settings(kw, TF_SCOPE_DEVICE, &cfg, table, "DeviceLoader") < 0) return NULL;
     tf_loader *l = tfpy_loader_use(ldobj);
     if (!l) return NULL;
     tf_device_loader *d = NULL;

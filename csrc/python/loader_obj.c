@@ -15,22 +15,6 @@ typedef struct {
     int users;           /* DeviceLoaders driving the engine (their copy thread calls it) */
 } tfpy_Loader;
 
-static int parse_backend(PyObject *v, void *out) {
-    tf_backend *b = out;
-    if (v == Py_None) return 1;
-    const char *s = PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : NULL;
-    if (!s && PyErr_Occurred()) return 0;
-    if (s && !strcmp(s, "auto")) *b = TF_BACKEND_AUTO;
-    else if (s && !strcmp(s, "mmap")) *b = TF_BACKEND_MMAP;
-    else if (s && !strcmp(s, "pread")) *b = TF_BACKEND_PREAD;
-    else if (s && !strcmp(s, "io_uring")) *b = TF_BACKEND_IO_URING;
-    else {
-        PyErr_Format(PyExc_ValueError, "expected 'auto', 'mmap', 'pread' or 'io_uring', not %R", v);
-        return 0;
-    }
-    return 1;
-}
-
 static int parse_dtype(PyObject *v, void *out) { return tfpy_parse_dtype(v, TF_DTYPE_INVALID, out) == 0; }
 
 static int parse_u32(PyObject *v, void *out) {
@@ -44,32 +28,21 @@ static int parse_u32(PyObject *v, void *out) {
     return 1;
 }
 
-static int parse_bool(PyObject *v, void *out) {
-    int t = PyObject_IsTrue(v);
-    if (t < 0) return 0;
-    *(int *)out = t;
-    return 1;
-}
-
-/* Loader(order, /, *, batch_size, rank, world_size, dtype, want, num_threads,
- * prefetch, backend, direct_io, zstd_cache_bytes): the engine's settings; the order decides the
- * stream. The C library checks the values (tf_loader_create_from_order). */
+/* Loader(order, /, *, dtype, want, **settings): the engine's settings (rows
+ * of the settings table: batch_size, dp_rank, dp_size, num_threads,
+ * prefetch_batches, backend, direct_io, zstd_cache_bytes, cp_rank, cp_size);
+ * the order decides the stream. The C library checks the values. */
 static PyObject *Loader_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     PyObject *ordobj;
     tf_module_state *st = tfpy_state_of_type(tp);
     if (!PyArg_ParseTuple(args, "O!:Loader", st->OrderType, &ordobj)) return NULL;
     tf_loader_config cfg;
     tf_loader_config_init(&cfg);
+    /* the engine's settings come from the settings table (batch_size, dp_rank, dp_size, ...) */
     const tfpy_kwarg table[] = {
-        {"batch_size", tfpy_u64, &cfg.batch_size}, {"rank", parse_u32, &cfg.rank},
-        {"world_size", parse_u32, &cfg.world_size}, {"dtype", parse_dtype, &cfg.out_dtype},
-        {"want", parse_u32, &cfg.want}, {"num_threads", tfpy_nonneg_int, &cfg.num_threads},
-        {"prefetch", tfpy_nonneg_int, &cfg.prefetch}, {"backend", parse_backend, &cfg.backend},
-        {"direct_io", parse_bool, &cfg.direct_io}, {"zstd_cache_bytes", tfpy_u64, &cfg.zstd_cache_bytes},
-        {"cp_rank", parse_u32, &cfg.cp_rank}, {"cp_size", parse_u32, &cfg.cp_size},
-        {NULL, NULL, NULL},
+        {"dtype", parse_dtype, &cfg.out_dtype}, {"want", parse_u32, &cfg.want}, {NULL, NULL, NULL},
     };
-    if (tfpy_parse_kwargs(kw, table, "Loader") < 0) return NULL;
+    if (tfpy_parse_settings(kw, TF_SCOPE_ENGINE, &cfg, table, "Loader") < 0) return NULL;
     tf_loader *l = NULL;
     int rc;
     char msg[1024];

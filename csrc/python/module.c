@@ -162,6 +162,122 @@ int tfpy_nonneg_int(PyObject *o, void *out) {
     return 1;
 }
 
+/* Prefix the pending exception's message with the keyword, keeping its type. -1. */
+static int name_error(const char *k) {
+    PyObject *type, *val, *tb;
+    PyErr_Fetch(&type, &val, &tb);
+    PyErr_NormalizeException(&type, &val, &tb);
+    PyErr_Format(type ? type : PyExc_TypeError, "%s: %S", k, val ? val : Py_None);
+    Py_XDECREF(type);
+    Py_XDECREF(val);
+    Py_XDECREF(tb);
+    return -1;
+}
+
+/* A Python value for a setting's row (see tfpy_parse_settings). */
+static int setting_value(const tf_setting *st, PyObject *o, int64_t *v) {
+    if (o == Py_None) {
+        *v = st->nullable ? st->none_value : st->def;
+        return 0;
+    }
+    if (st->type == TF_SETTING_BOOL) {
+        if (!PyBool_Check(o)) {
+            PyErr_Format(PyExc_TypeError, "expected True or False, got %.100s %R", Py_TYPE(o)->tp_name, o);
+            return -1;
+        }
+        *v = o == Py_True;
+        return 0;
+    }
+    if (st->type == TF_SETTING_ENUM && PyUnicode_Check(o)) {
+        const char *name = PyUnicode_AsUTF8(o);
+        if (!name) return -1;
+        for (int64_t k = 0; st->names[k]; k++)
+            if (!strcmp(st->names[k], name)) {
+                *v = k;
+                return 0;
+            }
+        PyObject *names = PyList_New(0);
+        for (int k = 0; names && st->names[k]; k++) {
+            PyObject *n = PyUnicode_FromString(st->names[k]);
+            if (!n || PyList_Append(names, n) < 0) Py_CLEAR(names);
+            Py_XDECREF(n);
+        }
+        if (names) PyErr_Format(PyExc_ValueError, "expected one of %R, got %R", names, o);
+        Py_XDECREF(names);
+        return -1;
+    }
+    PyObject *i = PyBool_Check(o) ? NULL : PyNumber_Index(o); /* ints and NumPy ints; never floats or bools */
+    if (!i) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "expected %s, got %.100s %R",
+                     st->type == TF_SETTING_ENUM ? "a name" : st->nullable ? "an int or None" : "an int",
+                     Py_TYPE(o)->tp_name, o);
+        return -1;
+    }
+    int overflow = 0;
+    long long sv = PyLong_AsLongLongAndOverflow(i, &overflow);
+    if (overflow > 0) {
+        unsigned long long uv = PyLong_AsUnsignedLongLong(i);
+        Py_DECREF(i);
+        if (uv == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+        if (st->min < 0 || uv > st->max) {
+            PyErr_Format(PyExc_ValueError, "expected %lld <= %s <= %llu, got %R", (long long)st->min, st->name,
+                         (unsigned long long)st->max, o);
+            return -1;
+        }
+        *v = (int64_t)uv;
+        return 0;
+    }
+    Py_DECREF(i);
+    if (overflow < 0 || (sv == -1 && PyErr_Occurred())) {
+        if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "expected %s >= %lld, got %R", st->name, (long long)st->min, o);
+        return -1;
+    }
+    if (sv < st->min && !(st->nullable && sv == st->none_value)) {
+        /* before a two's complement could pass as a large unsigned value */
+        PyErr_Format(PyExc_ValueError, "expected %lld <= %s <= %llu, got %lld", (long long)st->min, st->name,
+                     (unsigned long long)st->max, sv);
+        return -1;
+    }
+    *v = sv;
+    return 0;
+}
+
+static int parse_one_setting(PyObject *value, tf_setting_scope scope, void *cfg, const char *k, const char *fname) {
+    const tf_setting *st = tf_setting_find(k);
+    int64_t v;
+    if (setting_value(st, value, &v) < 0) return name_error(k);
+    if (tf_config_set(scope, cfg, k, v) < 0) { /* outside its bounds (its name is in the message) */
+        PyErr_SetString(PyExc_ValueError, tf_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+/* Whether name is a setting of scope (the engine over an Order takes no
+ * order setting: the Order decides the stream). */
+static int in_scope(const char *name, tf_setting_scope scope) {
+    const tf_setting *st = tf_setting_find(name);
+    return st && st->scope == scope;
+}
+
+int tfpy_parse_settings(PyObject *kw, tf_setting_scope scope, void *cfg, const tfpy_kwarg *table, const char *fname) {
+    static const tfpy_kwarg none[] = {{NULL, NULL, NULL}};
+    if (!kw) return 0;
+    PyObject *rest = PyDict_New(), *key, *value;
+    if (!rest) return -1;
+    Py_ssize_t pos = 0;
+    int rc = 0;
+    while (!rc && PyDict_Next(kw, &pos, &key, &value)) {
+        const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+        if (k && in_scope(k, scope)) rc = parse_one_setting(value, scope, cfg, k, fname);
+        else rc = PyDict_SetItem(rest, key, value);
+    }
+    if (!rc) rc = tfpy_parse_kwargs(rest, table ? table : none, fname);
+    Py_DECREF(rest);
+    return rc;
+}
+
 int tfpy_parse_kwargs(PyObject *kw, const tfpy_kwarg *table, const char *fname) {
     if (!kw) return 0;
     PyObject *key, *value;
@@ -178,17 +294,7 @@ int tfpy_parse_kwargs(PyObject *kw, const tfpy_kwarg *table, const char *fname) 
             PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%s'", fname, k);
             return -1;
         }
-        if (!a->conv(value, a->dest)) {
-            /* name the argument in the converter's message, keeping its type */
-            PyObject *type, *val, *tb;
-            PyErr_Fetch(&type, &val, &tb);
-            PyErr_NormalizeException(&type, &val, &tb);
-            PyErr_Format(type ? type : PyExc_TypeError, "%s: %S", k, val ? val : Py_None);
-            Py_XDECREF(type);
-            Py_XDECREF(val);
-            Py_XDECREF(tb);
-            return -1;
-        }
+        if (!a->conv(value, a->dest)) return name_error(k);
     }
     return 0;
 }
@@ -295,8 +401,50 @@ finally:
     return ret;
 }
 
+PyDoc_STRVAR(settings_doc,
+"settings($module)\n--\n\nReturns list[dict]. The C settings table: one dict per setting of the order, the "
+"engine and the device stage, with name, scope ('order', 'engine', 'device'), type ('int', 'bool', 'enum'), "
+"default, min, max, nullable, none_value, names (an enum's, else None), stream (when it changes the stream) "
+"and description.");
+
+static PyObject *settings(PyObject *mod, PyObject *unused) {
+    static const char *const scopes[] = {"order", "engine", "device"}, *const types[] = {"int", "bool", "enum"};
+    size_t n = tf_settings_count();
+    PyObject *out = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; out && i < n; i++) {
+        const tf_setting *st = tf_setting_get(i);
+        PyObject *names = Py_None;
+        if (st->names) {
+            names = PyList_New(0);
+            for (int k = 0; names && st->names[k]; k++) {
+                PyObject *nm = PyUnicode_FromString(st->names[k]);
+                if (!nm || PyList_Append(names, nm) < 0) Py_CLEAR(names);
+                Py_XDECREF(nm);
+            }
+            if (!names) {
+                Py_DECREF(out);
+                return NULL;
+            }
+        } else {
+            Py_INCREF(names);
+        }
+        PyObject *d = Py_BuildValue("{s:s,s:s,s:s,s:L,s:L,s:K,s:O,s:L,s:N,s:s,s:s}", "name", st->name, "scope",
+                                    scopes[st->scope], "type", types[st->type], "default", (long long)st->def, "min",
+                                    (long long)st->min, "max", (unsigned long long)st->max, "nullable",
+                                    st->nullable ? Py_True : Py_False, "none_value", (long long)st->none_value,
+                                    "names", names, "stream", st->stream, "description", st->description);
+        if (!d) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, (Py_ssize_t)i, d);
+    }
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
     {"build_info", build_info, METH_NOARGS, build_info_doc},
+    {"settings", settings, METH_NOARGS, settings_doc},
     {"merge", (PyCFunction)(void (*)(void))merge, METH_VARARGS | METH_KEYWORDS, merge_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -331,6 +479,7 @@ static int module_exec(PyObject *m) {
 #undef ADD_TYPE
     if (PyModule_AddFunctions(m, tfpy_remote_functions) < 0) return -1;
     if (PyModule_AddIntConstant(m, "PACK_CONCAT", TF_PACK_CONCAT) < 0 ||
+        PyModule_AddIntConstant(m, "STATE_FORMAT_VERSION", TF_STATE_FORMAT_VERSION) < 0 ||
         PyModule_AddIntConstant(m, "PACK_BEST_FIT", TF_PACK_BEST_FIT) < 0 ||
         PyModule_AddIntConstant(m, "PACK_DOCUMENT", TF_PACK_DOCUMENT) < 0 ||
         PyModule_AddIntConstant(m, "SHUFFLE_NONE", TF_SHUFFLE_NONE) < 0 ||

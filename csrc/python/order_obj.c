@@ -153,22 +153,14 @@ static PyObject *Order_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     tf_module_state *st = tfpy_state_of_type(tp);
     tf_order_config cfg;
     tf_order_config_init(&cfg);
-    int packing = (int)cfg.packing, shuffle = (int)cfg.shuffle;
+    /* the order's settings come from the settings table; these are the mixture's */
     const tfpy_kwarg table[] = {
-        {"seq_len", tfpy_opt_u64, &cfg.seq_len}, {"seed", tfpy_opt_u64, &cfg.seed},
-        {"shuffle", opt_int, &shuffle}, {"block_size", tfpy_opt_u64, &cfg.block_size},
-        {"window_blocks", tfpy_opt_u64, &cfg.window_blocks}, {"global_batch", tfpy_opt_u64, &cfg.global_batch},
-        {"epochs", tfpy_opt_u64, &cfg.epochs}, {"separator_id", tfpy_opt_id, &cfg.separator_id},
-        {"packing", opt_int, &packing}, {"pad_id", tfpy_opt_id, &cfg.pad_id},
-        {"pack_window", tfpy_opt_u64, &cfg.pack_window}, {"mix_window", tfpy_opt_u64, &cfg.mix_window},
         {"weights", keep_obj, &wobj}, {"schedule_steps", keep_obj, &stepsobj},
         {"interpolation", opt_int, &interpolation}, {"anchor_position", tfpy_opt_u64, &anchor_pos},
         {"anchor_counts", keep_obj, &anchorobj},
         {NULL, NULL, NULL},
     };
-    if (tfpy_parse_kwargs(kw, table, "Order") < 0) return NULL;
-    cfg.packing = (tf_packing)packing;
-    cfg.shuffle = (tf_shuffle)shuffle;
+    if (tfpy_parse_settings(kw, TF_SCOPE_ORDER, &cfg, table, "Order") < 0) return NULL;
     const tf_dataset **dss;
     double *w = NULL;
     size_t n;
@@ -416,10 +408,51 @@ static PyObject *Order_get_dataset_fingerprint(tfpy_Order *self, void *c) {
     return PyLong_FromUnsignedLongLong(in.fingerprint);
 }
 
-PyDoc_STRVAR(Order_doc, "Order(dataset, /, *, seq_len=None, seed=None, shuffle=None, block_size=None, window_blocks=None, "
-                "global_batch=None, epochs=None, separator_id=None, packing=None, pad_id=None, pack_window=None, "
-                "mix_window=None, weights=None, schedule_steps=None, interpolation=None, anchor_position=None, anchor_counts=None)\n--\n\n"
-                "The global sample order: packing, shuffle and positions. `dataset` is a Dataset, or with weights a "
+PyDoc_STRVAR(Order_state_save_doc, "state_save($self, position, world_size, /)\n--\n\nReturns str. The loader state (JSON) "
+             "at a global position, saved by world_size data-parallel ranks.");
+
+static PyObject *Order_state_save(tfpy_Order *self, PyObject *args) {
+    unsigned long long pos;
+    unsigned int ws;
+    if (!PyArg_ParseTuple(args, "KI:state_save", &pos, &ws)) return NULL;
+    size_t len = 0;
+    int rc = tf_order_state_save(self->o, pos, ws, NULL, 0, &len);
+    if (rc < 0 && rc != -ENOSPC) return tfpy_raise(tfpy_state((PyObject *)self), rc, NULL);
+    char *buf = PyMem_Malloc(len + 1);
+    if (!buf) return PyErr_NoMemory();
+    rc = tf_order_state_save(self->o, pos, ws, buf, len + 1, &len);
+    PyObject *r = rc < 0 ? tfpy_raise(tfpy_state((PyObject *)self), rc, NULL) : PyUnicode_FromStringAndSize(buf, (Py_ssize_t)len);
+    PyMem_Free(buf);
+    return r;
+}
+
+PyDoc_STRVAR(Order_state_load_doc, "state_load($self, state, lenient=False, /)\n--\n\nReturns (position, Order | None). Check "
+             "a loader state (JSON text) against this order: the position to seek to, and the order to read instead "
+             "when a mixture hands over (None: this one). RuntimeError (TF_ESTATE) naming what differs.");
+
+static PyObject *Order_state_load(tfpy_Order *self, PyObject *args) {
+    const char *text;
+    Py_ssize_t len;
+    int lenient = 0;
+    if (!PyArg_ParseTuple(args, "s#|p:state_load", &text, &len, &lenient)) return NULL;
+    uint64_t pos = 0;
+    tf_order *h = NULL;
+    int rc;
+    char msg[1024];
+    TFPY_NOGIL_CALL(rc, msg, tf_order_state_load(self->o, text, (size_t)len, lenient ? TF_STATE_LENIENT : 0, &pos, &h));
+    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, msg);
+    if (!h) return Py_BuildValue("(KO)", (unsigned long long)pos, Py_None);
+    tfpy_Order *o;
+    TFPY_NEW_OWNER(o, Py_TYPE(self), o, h, tf_order_free);
+    if (!o) return NULL;
+    o->dataset = Py_NewRef(self->dataset);
+    return Py_BuildValue("(KN)", (unsigned long long)pos, (PyObject *)o);
+}
+
+PyDoc_STRVAR(Order_doc, "Order(dataset, /, *, weights=None, schedule_steps=None, interpolation=None, anchor_position=None, "
+                "anchor_counts=None, **settings)\n--\n\n"
+                "The global sample order: packing, shuffle and positions; settings are the order's rows of settings(). "
+                "`dataset` is a Dataset, or with weights a "
                 "list of them (a mixture). With schedule_steps, weights holds one list per step and interpolation is "
                 "0 (constant) or 1 (linear); anchor_position/anchor_counts hand over from another schedule. None "
                 "means the C default (tf_order_config_init).");
@@ -433,9 +466,12 @@ TFPY_TYPE_SPEC(Order, tfpy_Order, Py_TPFLAGS_DEFAULT,
                    {"mix_schedule", (PyCFunction)Order_mix_schedule, METH_NOARGS, "mix_schedule($self)\n--\n\nReturns (window, [count per source]). Exact per-window counts of a mixture at position 0 ((1, [1]) for one dataset)."},
                    {"mix_source_at", (PyCFunction)Order_mix_source_at, METH_O, "mix_source_at($self, pos, /)\n--\n\nReturns (source, index). The source of a global position and its index in that source's own stream."},
                    {"mix_source_count", (PyCFunction)Order_mix_source_count, METH_VARARGS, "mix_source_count($self, source, pos, /)\n--\n\nReturns int. Positions of a source among positions [0, pos)."},
+                   {"state_save", (PyCFunction)Order_state_save, METH_VARARGS, Order_state_save_doc},
+                   {"state_load", (PyCFunction)Order_state_load, METH_VARARGS, Order_state_load_doc},
                    {"mix_counts_at", (PyCFunction)Order_mix_counts_at, METH_O, "mix_counts_at($self, pos, /)\n--\n\nReturns (window, [count per source]). The exact counts per window in force at a position."},
                    {"segments_at", (PyCFunction)tfpy_Order_segments_at, METH_O, "segments_at($self, pos, /)\n--\n\nReturns list of (source, document, start, stop, offset). The document pieces that make the sample at a global position; reads no tokens."},
                    {"find_document", (PyCFunction)tfpy_Order_find_document, METH_VARARGS, "find_document($self, source, document, begin, end, /)\n--\n\nReturns list of int. The positions in [begin, end) whose sample holds tokens of the document."})},
+
                {Py_tp_getset, TFPY_GETSET(
                    {"num_samples", (getter)Order_get_num_samples, NULL, "samples per epoch (N)", NULL},
                    {"num_positions", (getter)Order_get_num_positions, NULL, "positions in the stream (2**64-1 when infinite)", NULL},

@@ -15,6 +15,7 @@ built, with messages naming the setting. Nothing is checked twice.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
@@ -24,7 +25,12 @@ from . import _core
 from ._mesh import parallel_coords
 from ._schedule import WeightSchedule, as_schedule
 
-__all__ = ["OrderConfig", "EngineConfig", "resolve_rank", "want_bits"]
+__all__ = ["OrderConfig", "EngineConfig", "SETTINGS", "check_settings", "renamed", "resolve_rank", "split_settings",
+           "want_bits"]
+
+# The C library's settings table (tokenfeed.h, "Settings"): one row per setting of the
+# order, the engine and the device stage, by name.
+SETTINGS: Dict[str, Dict[str, Any]] = {row["name"]: dict(row) for row in _core.settings()}
 
 SHUFFLE = {"none": _core.SHUFFLE_NONE, "full": _core.SHUFFLE_FULL, "block": _core.SHUFFLE_BLOCK}
 PACKING = {"concat": _core.PACK_CONCAT, "best_fit": _core.PACK_BEST_FIT, "document": _core.PACK_DOCUMENT}
@@ -38,21 +44,69 @@ def check_int(name: str, v: Any, optional: bool = False) -> None:
         raise TypeError(f"{name} must be an int{' or None' if optional else ''}, not {type(v).__name__} ({v!r})")
 
 
+def check_settings(**values: Any) -> None:
+    """Check values against their rows of the settings table (type, then bounds; ``None`` is
+    the default), for the few settings Python must check before the C library sees them."""
+    for name, v in values.items():
+        row = SETTINGS[name]
+        if v is None:
+            continue
+        if row["type"] == "bool":
+            if not isinstance(v, bool):
+                raise TypeError(f"{name} must be True or False, got {v!r}")
+        elif row["type"] == "enum":
+            if v not in row["names"]:
+                raise ValueError(f"{name} must be one of {row['names']}, got {v!r}")
+        else:
+            check_int(name, v, optional=row["nullable"])
+            if not row["min"] <= v <= row["max"]:
+                raise ValueError(f"{name}: expected {row['min']} <= {name} <= {row['max']}, got {v}")
+
+
+# Rows a caller does not pass as such: the global batch comes from batch_size and the
+# data-parallel size; the ranks and sizes are the Loader's own keywords (or a mesh's).
+_NOT_KEYWORDS = {"global_batch", "batch_size", "dp_rank", "dp_size", "cp_rank", "cp_size"}
+
+
+def split_settings(settings: Dict[str, Any], where: str,
+                   scopes: Tuple[str, ...] = ("order", "engine", "device")) -> Tuple[Dict[str, Any], ...]:
+    """Keywords that are rows of the settings table, by scope (one dict per scope of
+    ``scopes``); any other is a TypeError, as Python reports an unknown keyword."""
+    out: Tuple[Dict[str, Any], ...] = tuple({} for _ in scopes)
+    for k, v in settings.items():
+        row = SETTINGS.get(k)
+        if row is None or k in _NOT_KEYWORDS or row["scope"] not in scopes:
+            raise TypeError(f"{where}() got an unexpected keyword argument '{k}'")
+        out[scopes.index(row["scope"])][k] = v
+    return out
+
+
+def renamed(name: str, value: Any, old_name: str, old_value: Any, default: Any = None) -> Any:
+    """A setting given by its new name, or by its older one (with a DeprecationWarning)."""
+    if old_value is None:
+        return value
+    if value is not None and value != default:
+        raise TypeError(f"{old_name}= is the older name of {name}=: pass only {name}=")
+    warnings.warn(f"{old_name}= is now {name}= ({SETTINGS[name]['description']}); the older name will be "
+                  f"removed in a later release", DeprecationWarning, stacklevel=4)
+    return old_value
+
+
 def _int(v: Any) -> Any:
     return None if v is None else int(v)
 
 
 @dataclass(frozen=True)
 class OrderConfig:
-    """The settings that define the global stream (the loader state's ``config``).
+    """The settings that define the global stream (the C library records them in a loader state).
 
     ``shuffle`` takes ``True``/``False`` or ``"full"``/``"block"``/``"none"`` and is
     kept as the name. ``weights`` makes the order a mixture of as many datasets: plain
     weights, or a :class:`WeightSchedule` (also given as a list of ``(step, weights)``
     pairs or its recorded dict). ``global_batch`` is samples per step over all ranks;
     ``epochs=None`` is endless. ``mix_anchor`` (position, per-source counts) is the
-    hand-over point of a resume under another schedule: the saved state carries it,
-    it is not part of the state's ``config``.
+    hand-over point of a resume under another schedule (the C library finds it; the
+    state carries it).
     """
 
     seq_len: int
@@ -102,44 +156,12 @@ class OrderConfig:
         for k, v in canon.items():
             object.__setattr__(self, k, v)
 
-    def state(self) -> Dict[str, Any]:
-        """The ``config`` of a loader state: everything that changes the stream. Settings a
-        mode does not use are left out (a concat state has no ``pad_id``), so states
-        saved before a mode existed still match."""
-        cfg: Dict[str, Any] = {
-            "packing": self.packing, "seq_len": self.seq_len, "separator_id": self.separator_id,
-            "seed": self.seed, "shuffle": self.shuffle, "block_size": self.block_size,
-            "window_blocks": self.window_blocks, "global_batch": self.global_batch, "epochs": self.epochs,
-        }
-        if self.packing != "concat":
-            cfg["pad_id"] = 0 if self.pad_id is None else self.pad_id
-        if self.packing == "best_fit":
-            cfg["pack_window"] = self.pack_window
-        if isinstance(self.weights, WeightSchedule):
-            cfg["weights"] = self.weights.to_dict()
-            cfg["mix_window"] = self.mix_window
-        elif self.weights is not None:
-            cfg["weights"] = list(self.weights)
-            cfg["mix_window"] = self.mix_window
-        return cfg
-
     @property
     def num_sources(self) -> int:
         """Datasets mixed (1 without weights)."""
         if isinstance(self.weights, WeightSchedule):
             return self.weights.num_sources
         return 1 if self.weights is None else len(self.weights)
-
-    @classmethod
-    def from_state(cls, config: Dict[str, Any], mix_anchor: Any = None) -> "OrderConfig":
-        """The configuration a loader state's ``config`` (and ``mix_anchor``) was saved with."""
-        keys = ("seq_len", "seed", "shuffle", "block_size", "window_blocks", "separator_id", "packing", "pad_id",
-                "pack_window", "weights", "mix_window", "global_batch", "epochs")
-        kw = {k: config[k] for k in keys if k in config}
-        anchor = None
-        if mix_anchor is not None:
-            anchor = (int(mix_anchor["position"]), tuple(int(c) for c in mix_anchor["counts"]))
-        return cls(mix_anchor=anchor, **kw)
 
     def core_kwargs(self) -> Dict[str, Any]:
         """Keyword arguments of ``_core.Order``."""
@@ -199,8 +221,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         for name in ("batch_size", "rank", "world_size", "cp_rank", "cp_size"):
             check_int(name, getattr(self, name))
-        for name in ("num_threads", "prefetch", "zstd_cache_bytes"):
-            check_int(name, getattr(self, name), optional=True)
+        check_settings(num_threads=self.num_threads, prefetch_batches=self.prefetch, backend=self.backend,
+                       direct_io=self.direct_io, zstd_cache_bytes=self.zstd_cache_bytes)
         if self.zstd_cache_bytes is not None and self.zstd_cache_bytes < 0:
             raise ValueError(f"zstd_cache_bytes must be >= 0 (0 or None: sized from the shuffle), "
                              f"got {self.zstd_cache_bytes}")
@@ -225,10 +247,10 @@ class EngineConfig:
 
     def core_kwargs(self) -> Dict[str, Any]:
         """Keyword arguments of ``_core.Loader``."""
-        return dict(batch_size=self.batch_size, rank=self.rank, world_size=self.world_size, dtype=self.dtype,
-                    want=self.want, num_threads=self.num_threads or 0, prefetch=self.prefetch or 0,
-                    backend=self.backend, direct_io=bool(self.direct_io),
-                    zstd_cache_bytes=int(self.zstd_cache_bytes or 0), cp_rank=self.cp_rank, cp_size=self.cp_size)
+        return dict(batch_size=self.batch_size, dp_rank=self.rank, dp_size=self.world_size, dtype=self.dtype,
+                    want=self.want, num_threads=self.num_threads, prefetch_batches=self.prefetch,
+                    backend=self.backend, direct_io=bool(self.direct_io), zstd_cache_bytes=self.zstd_cache_bytes,
+                    cp_rank=self.cp_rank, cp_size=self.cp_size)
 
     def build(self, order: Any) -> Any:
         """The C engine over ``order`` (a ``_core.Order`` whose global batch is this one's)."""

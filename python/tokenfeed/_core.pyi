@@ -46,6 +46,25 @@ class _BuildInfo(TypedDict):
     build: str
 
 def build_info() -> Dict[str, Any]: ...  # the keys and types of _BuildInfo
+
+STATE_FORMAT_VERSION: int
+
+class _Setting(TypedDict):
+    name: str
+    scope: str  # "order", "engine" or "device"
+    type: str  # "int", "bool" or "enum"
+    default: int
+    min: int
+    max: int
+    nullable: bool
+    none_value: int
+    names: Optional[List[str]]  # an enum's names, by value
+    stream: str  # when it changes the stream: "always", "never" or a condition
+    description: str
+
+# The C settings table, one row per setting (tokenfeed.h, "Settings"). The keywords of Order,
+# Loader and DeviceLoader below are its rows (tests/test_settings.py checks they agree).
+def settings() -> List[_Setting]: ...
 def merge(path: Union[str, bytes, PathLike[str], PathLike[bytes]],
           parts: Sequence[Union[str, bytes, PathLike[str], PathLike[bytes]]], overwrite: bool = False) -> None: ...
 
@@ -148,12 +167,13 @@ class Permutation:
 
 class Order:
     # `dataset` is a Dataset or, for a mixture, a list of them (with weights). None means the
-    # C default (tf_order_config_init); an unknown keyword is a TypeError. shuffle: SHUFFLE_*,
-    # packing: PACK_*, epochs: 0 = endless, separator_id: None = no separator.
+    # C default (tf_order_config_init); an unknown keyword is a TypeError. shuffle and packing:
+    # a name or SHUFFLE_* / PACK_*, epochs: None or 0 = endless, separator_id: None = no separator.
     def __new__(cls, dataset: Union[Dataset, Sequence[Dataset]], /, *, seq_len: Optional[int] = None,
-                seed: Optional[int] = None, shuffle: Optional[int] = None, block_size: Optional[int] = None,
+                seed: Optional[int] = None, shuffle: Union[int, str, None] = None, block_size: Optional[int] = None,
                 window_blocks: Optional[int] = None, global_batch: Optional[int] = None,
-                epochs: Optional[int] = None, separator_id: Optional[int] = None, packing: Optional[int] = None,
+                epochs: Optional[int] = None, separator_id: Optional[int] = None,
+                packing: Union[int, str, None] = None,
                 pad_id: Optional[int] = None, pack_window: Optional[int] = None, mix_window: Optional[int] = None,
                 weights: Optional[Sequence[Any]] = None, schedule_steps: Optional[Sequence[int]] = None,
                 interpolation: Optional[int] = None, anchor_position: Optional[int] = None,
@@ -181,6 +201,11 @@ class Order:
     @overload
     def sample_at(self, pos: npt.ArrayLike, /) -> _UIntArray: ...
     def fill(self, sample: int, dtype: _DTypeArg = None, want: int = 0) -> Dict[str, npt.NDArray[Any]]: ...
+    # the loader state (JSON) at a global position, saved by world_size data-parallel ranks
+    def state_save(self, position: int, world_size: int, /) -> str: ...
+    # (position, the order to read instead when a mixture hands over, or None); RuntimeError
+    # (TF_ESTATE) naming what differs
+    def state_load(self, state: str, lenient: bool = False, /) -> Tuple[int, Optional["Order"]]: ...
 
 class _ZstdStats(TypedDict):
     cache_bytes: int
@@ -208,13 +233,13 @@ class _LoaderStats(TypedDict):
     zstd: Optional[_ZstdStats]
 
 class Loader:
-    # The engine over an Order built once (its global_batch is batch_size * world_size);
+    # The engine over an Order built once (its global_batch is batch_size * dp_size);
     # want: WANT_* bits; backend: "auto", "mmap", "pread" or "io_uring"; cp_size > 1: this
     # rank's context-parallel share of every sample. An unknown keyword is a TypeError.
-    def __new__(cls, order: Order, /, *, batch_size: int = 8, rank: int = 0, world_size: int = 1,
-                dtype: _DTypeArg = None, want: int = 0, num_threads: int = 0, prefetch: int = 0,
-                backend: Optional[str] = None, direct_io: bool = False, zstd_cache_bytes: int = 0,
-                cp_rank: int = 0, cp_size: int = 1) -> "Loader": ...
+    def __new__(cls, order: Order, /, *, batch_size: int = 8, dp_rank: int = 0, dp_size: int = 1,
+                dtype: _DTypeArg = None, want: int = 0, num_threads: Optional[int] = None,
+                prefetch_batches: Optional[int] = None, backend: Optional[str] = None, direct_io: bool = False,
+                zstd_cache_bytes: Optional[int] = None, cp_rank: int = 0, cp_size: Optional[int] = 1) -> "Loader": ...
     @property
     def position(self) -> int: ...
     @property
@@ -250,8 +275,8 @@ class DeviceTensor:
     def _view(self, offset: int, shape: Sequence[int], strides: Sequence[int], /) -> "DeviceTensor": ...
 
 class DeviceLoader:
-    def __new__(cls, loader: Loader, /, *, device: int = 0, prefetch: int = 0, slots: int = 0,
-                static: bool = False) -> "DeviceLoader": ...
+    def __new__(cls, loader: Loader, /, *, device: int = 0, device_prefetch_batches: Optional[int] = None,
+                device_slots: Optional[int] = None, static: bool = False) -> "DeviceLoader": ...
     @property
     def position(self) -> int: ...
     @property

@@ -8,7 +8,7 @@ an event recorded on the consumer's stream when the tensor is freed has complete
 
 :class:`DeviceStage` is what ``Loader(device=...)`` uses: a copy thread in C takes each
 batch from the engine as soon as it is assembled (in page-locked memory) and issues its
-copy to the device at once, ``device_prefetch`` batches ahead of ``next()``, whatever
+copy to the device at once, ``device_prefetch_batches`` batches ahead of ``next()``, whatever
 arrays the batch has (a context-parallel share's included). With
 ``static_buffers=True`` every batch is delivered into the same device tensors, for
 training steps captured in CUDA graphs.
@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from . import _core
+from ._config import check_settings
 
 __all__ = ["DeviceFeeder", "DeviceStage", "cuda_available", "parse_device"]
 
@@ -216,9 +217,9 @@ class DeviceStage:
 
     def __init__(self, engine: Any, index: int, *, prefetch: int = 2, slots: Optional[int] = None,
                  output: str = "auto", static_buffers: bool = False) -> None:
-        for name, v, lo in (("device_prefetch", prefetch, 1), ("device_slots", slots, 2)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo):
-                raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+        # checked by the settings table's rows before CUDA is touched, so a bad value is
+        # reported as such on a machine without a GPU too
+        check_settings(device_prefetch_batches=prefetch, device_slots=slots)
         if not isinstance(static_buffers, bool):
             raise TypeError(f"static_buffers must be True or False, got {static_buffers!r}")
         _check_cuda(index)
@@ -228,8 +229,8 @@ class DeviceStage:
         self.static_buffers = static_buffers
         # static buffers: the tensors handed out, per key, handed out again while the shape holds
         self._static: Dict[str, Any] = {}
-        self._core: Any = _core.DeviceLoader(engine, device=index, prefetch=int(prefetch),
-                                             slots=int(slots) if slots is not None else 0, static=static_buffers)
+        self._core: Any = _core.DeviceLoader(engine, device=index, device_prefetch_batches=prefetch,
+                                             device_slots=slots, static=static_buffers)
 
     def _consumer_stream(self) -> Optional[int]:
         """Where the copies into static buffers are queued: torch's current stream (None without torch:

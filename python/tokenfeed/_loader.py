@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import os
 import sys
 import warnings
@@ -17,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, 
 
 import numpy as np
 
-from ._config import EngineConfig, OrderConfig
+from . import _core
+from ._config import EngineConfig, OrderConfig, renamed, split_settings
 from ._mesh import DEFAULT_CP_DIM, DEFAULT_DP_DIMS, ParallelCoords, parallel_coords
 from ._schedule import WeightSchedule, short_ramps
 from ._dataset import Dataset, PathLike, open as _open
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Loader", "StateError", "STATE_FORMAT_VERSION"]
 
-STATE_FORMAT_VERSION = 1
+STATE_FORMAT_VERSION = _core.STATE_FORMAT_VERSION
 _INFINITE = (1 << 64) - 1
 
 
@@ -71,6 +73,16 @@ def _traps(order: Any, weights: Any, packing: str, seq_len: int, global_batch: i
     return out
 
 
+def _json_value(v: Any) -> Any:
+    """NumPy and torch scalars and arrays (as Orbax or a tensor-only checkpointer gives back
+    a state's numbers) as the plain values they hold."""
+    if isinstance(v, np.ndarray) or type(v).__name__ == "Tensor":
+        return v.tolist()
+    if isinstance(v, np.generic):
+        return v.item()
+    raise TypeError(f"{type(v).__name__} {v!r}")
+
+
 def _torch_available() -> bool:
     return "torch" in sys.modules or importlib.util.find_spec("torch") is not None
 
@@ -101,9 +113,9 @@ class Loader:
     ``device="cuda"`` (or ``"cuda:N"``; the index defaults to ``LOCAL_RANK``) yields
     device tensors, ready on the consumer's current stream (see ``docs/gpu.md``): the
     engine assembles batches in page-locked memory and a C thread issues each batch's
-    copy to the GPU as soon as it is assembled, ``device_prefetch`` (default 2) batches
-    ahead of ``next()``, into ``device_slots`` device buffers (default
-    ``device_prefetch + 2``: the consumer may hold two batches at once). ``position``
+    copy to the GPU as soon as it is assembled, ``device_prefetch_batches`` (default 2)
+    batches ahead of ``next()``, into ``device_slots`` device buffers (default
+    ``device_prefetch_batches + 2``: the consumer may hold two batches at once). ``position``
     and ``state_dict()`` count the batches you received, never those copied ahead.
     Context-parallel shares are copied ahead the same way. ``static_buffers=True``
     delivers every batch into the same device tensors (allocated once), for training
@@ -112,10 +124,13 @@ class Loader:
     that says why.
 
     ``num_threads`` (default: the engine's choice for the backend, at most 256) and
-    ``prefetch`` (batches assembled ahead, default ``2 * num_threads + 2``, at most 4096)
-    never change the stream. Every setting is checked when the Loader is made: an
-    unknown keyword is a ``TypeError``, a bad value a ``ValueError`` or ``TypeError``
-    that names it.
+    ``prefetch_batches`` (batches assembled ahead, default ``2 * num_threads + 2``, at most
+    4096) never change the stream. ``prefetch`` and ``device_prefetch`` are the older
+    names of ``prefetch_batches`` and ``device_prefetch_batches`` (a
+    ``DeprecationWarning``). Every setting is one row of the C library's settings table
+    (``tokenfeed._core.settings()``: type, default, bounds, whether it changes the
+    stream) and is checked when the Loader is made: an unknown keyword is a
+    ``TypeError``, a bad value a ``ValueError`` or ``TypeError`` that names it.
 
     The C engine's threads and buffers start lazily in the process that iterates, so a
     Loader can be created before ``fork`` or pickled to a ``spawn`` worker.
@@ -129,20 +144,24 @@ class Loader:
     """
 
     def __init__(self, dataset: Union[Dataset, PathLike, Sequence[Any]], *, seq_len: int, batch_size: int,
-                 seed: int = 0, shuffle: Union[bool, str] = True, rank: Optional[int] = None,
-                 world_size: Optional[int] = None, epochs: Optional[int] = None, separator_id: Optional[int] = None,
-                 position_ids: bool = False, cu_seqlens: bool = False, loss_mask: bool = False,
-                 dtype: Any = "int64", output: str = "auto", num_threads: Optional[int] = None,
-                 prefetch: Optional[int] = None, backend: Optional[str] = None, direct_io: bool = False,
-                 block_size: int = 1024, window_blocks: int = 16, packing: str = "concat",
-                 pad_id: Optional[int] = None, pack_window: int = 1024,
+                 shuffle: Union[bool, str] = True,
                  weights: Optional[Union[Sequence[Any], WeightSchedule, Mapping[str, Any]]] = None,
-                 mix_window: int = 1000, zstd_cache_bytes: Optional[int] = None,
-                 device: Any = None, device_prefetch: int = 2, device_slots: Optional[int] = None,
-                 static_buffers: bool = False,
+                 dtype: Any = "int64", output: str = "auto", position_ids: bool = False, cu_seqlens: bool = False,
+                 loss_mask: bool = False, device: Any = None, static_buffers: bool = False,
                  device_mesh: Any = None, dp_rank: Optional[int] = None, dp_size: Optional[int] = None,
                  cp_rank: Optional[int] = None, cp_size: Optional[int] = None,
-                 dp_dims: Sequence[str] = DEFAULT_DP_DIMS, cp_dim: Optional[str] = DEFAULT_CP_DIM) -> None:
+                 dp_dims: Sequence[str] = DEFAULT_DP_DIMS, cp_dim: Optional[str] = DEFAULT_CP_DIM,
+                 rank: Optional[int] = None, world_size: Optional[int] = None, prefetch: Optional[int] = None,
+                 device_prefetch: Optional[int] = None, **settings: Any) -> None:
+        # Every other keyword is a row of the C settings table (_core.settings(), listed in
+        # docs/api.md): passed through by scope and checked by its row.
+        order_kw, engine_kw, device_kw = split_settings(settings, "Loader")
+        # the older names of two settings, kept for a release
+        engine_kw["prefetch_batches"] = renamed("prefetch_batches", engine_kw.get("prefetch_batches"), "prefetch",
+                                                prefetch)
+        device_kw["device_prefetch_batches"] = renamed("device_prefetch_batches",
+                                                       device_kw.get("device_prefetch_batches"), "device_prefetch",
+                                                       device_prefetch)
         # which part of the data this rank takes: its data-parallel slice of every global
         # batch and its context-parallel share of every sample (docs/guides/distributed.md)
         self.parallel: ParallelCoords = parallel_coords(device_mesh, dp_rank=dp_rank, dp_size=dp_size, cp_rank=cp_rank,
@@ -153,13 +172,12 @@ class Loader:
         # it) and the stream's; the C library checks ranges when it builds them
         self._engine_cfg = EngineConfig(
             batch_size=batch_size, rank=pc.dp_rank, world_size=pc.dp_size, dtype=dtype, position_ids=position_ids,
-            cu_seqlens=cu_seqlens, loss_mask=loss_mask, num_threads=num_threads, prefetch=prefetch,
-            backend=backend, direct_io=direct_io, zstd_cache_bytes=zstd_cache_bytes,
+            cu_seqlens=cu_seqlens, loss_mask=loss_mask, num_threads=engine_kw.get("num_threads"),
+            prefetch=engine_kw["prefetch_batches"], backend=engine_kw.get("backend"),
+            direct_io=engine_kw.get("direct_io", False), zstd_cache_bytes=engine_kw.get("zstd_cache_bytes"),
             cp_rank=pc.cp_rank, cp_size=pc.cp_size)
-        self._order_cfg = OrderConfig(
-            seq_len=seq_len, seed=seed, shuffle=shuffle, block_size=block_size, window_blocks=window_blocks,
-            separator_id=separator_id, packing=packing, pad_id=pad_id, pack_window=pack_window, weights=weights,
-            mix_window=mix_window, global_batch=self._engine_cfg.global_batch, epochs=epochs)
+        self._order_cfg = OrderConfig(seq_len=seq_len, shuffle=shuffle, weights=weights,
+                                      global_batch=self._engine_cfg.global_batch, **order_kw)
         if output not in ("auto", "torch", "numpy"):
             raise ValueError(f"output must be 'auto', 'torch' or 'numpy', got {output!r}")
         # weights= makes `dataset` a list of sources mixed by weight (docs/packing.md);
@@ -183,7 +201,8 @@ class Loader:
         self._order = self._order_cfg.build(self._core_source())
         self._position = 0
         self._warned = False
-        for trap in _traps(self._order, self._order_cfg.weights, packing, seq_len, self.global_batch, mix_window):
+        oc = self._order_cfg
+        for trap in _traps(self._order, oc.weights, oc.packing, seq_len, self.global_batch, oc.mix_window):
             warnings.warn(trap, UserWarning, stacklevel=2)
         self._engine: Optional[Any] = self._new_engine(stacklevel=3)
         # the global positions this engine has served, for the per-source accounting
@@ -200,7 +219,9 @@ class Loader:
             raise ValueError("static_buffers=True needs a device: the static buffers are device memory for steps "
                              "captured in CUDA graphs (Loader(..., device='cuda', static_buffers=True))")
         self._device_kw: Dict[str, Any] = dict(
-            prefetch=device_prefetch, slots=device_slots, static_buffers=static_buffers,
+            prefetch=2 if device_kw["device_prefetch_batches"] is None else device_kw["device_prefetch_batches"],
+            slots=device_kw.get("device_slots"),
+            static_buffers=static_buffers,
             output="dlpack" if output == "numpy" else ("auto" if requested_output == "auto" else output))
         self._device: Optional[Any] = None
         self._closed = False
@@ -496,58 +517,40 @@ class Loader:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> Dict[str, Any]:
-        """A small JSON-able dict that resumes the exact stream (on any world size dividing the global batch)."""
-        return {
-            "format_version": STATE_FORMAT_VERSION,
-            "dataset_fingerprint": self.dataset_fingerprint,
-            "config_fingerprint": self.config_fingerprint,
-            "position": self.position,
-            "config": self._order_cfg.state(),
-            "samples_per_epoch": self.num_samples,
-            "world_size": self.world_size,
-            **({"mix_anchor": {"position": self._order_cfg.mix_anchor[0],
-                               "counts": list(self._order_cfg.mix_anchor[1])}}
-               if self._order_cfg.mix_anchor is not None else {}),
-        }
+        """A small dict that resumes the exact stream (on any world size dividing the global batch).
+
+        Written by the C library (``tf_order_state_save``; keys in ``docs/design.md``):
+        always the same keys, whatever the loader went through (``mix_anchor`` is
+        ``None`` unless a mixture was resumed under other weights), holding only ints,
+        floats, strings, ``None`` and lists, so that ``torch.distributed.checkpoint``,
+        ``torch.save``, JSON and Orbax all keep it. The loader is a ``Stateful``: pass it
+        to ``dcp.save({"loader": loader})`` / ``dcp.load`` as it is.
+        """
+        state: Dict[str, Any] = json.loads(self._order.state_save(self.position, self.world_size))
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any], *, strict: bool = True) -> None:
         """Continue from ``state`` (from :meth:`state_dict`, possibly saved with another world size).
 
         A state from other data, or (with ``strict=True``) another configuration, raises
-        :class:`StateError` naming what differs. ``strict=False`` deliberately accepts a
-        changed configuration (a new seed from here on, say) and keeps the position.
+        :class:`StateError` naming what differs; a setting is compared only where it
+        changes the stream. Every field is checked for its type. ``strict=False``
+        deliberately accepts a changed configuration (a new seed from here on, say) and
+        keeps the position; a mixture then continues each source from where it was.
         """
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a dict from Loader.state_dict(), got {type(state).__name__}")
-        missing = [k for k in ("format_version", "dataset_fingerprint", "config_fingerprint", "position", "config")
-                   if k not in state]
-        if missing:
-            raise StateError(f"not a tokenfeed loader state: missing {', '.join(missing)}")
-        if state["format_version"] != STATE_FORMAT_VERSION:
-            raise StateError(f"state format version {state['format_version']} is not supported "
-                             f"(this tokenfeed reads version {STATE_FORMAT_VERSION})")
-        if state["dataset_fingerprint"] != self.dataset_fingerprint:
-            raise StateError(
-                f"the dataset changed: the state was saved on data with fingerprint {state['dataset_fingerprint']}"
-                f" ({state.get('samples_per_epoch', '?')} samples per epoch), this loader reads "
-                f"{self.dataset_fingerprint} ({self.num_samples} samples per epoch). Point the loader at the "
-                f"same files (in the same order{', and the same sources in the same order' if self.weights else ''})"
-                f" to resume.")
-        saved = dict(state["config"])
-        now = self._order_cfg.state()
-        if state["config_fingerprint"] != self.config_fingerprint or saved != now:
-            diffs = [f"{k}: saved {saved.get(k)!r}, now {now.get(k)!r}"
-                     for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
-            if strict:
-                detail = "; ".join(diffs) if diffs else "config fingerprint differs"
-                raise StateError(f"the loader configuration changed ({detail}). Restore with the saved settings, "
-                                 f"or pass strict=False to continue from the saved position with the new ones.")
-        pos = int(state["position"])
-        if pos < 0 or pos % self.global_batch:
-            raise StateError(f"position {pos} is not a multiple of the global batch {self.global_batch}: "
-                             f"keep batch_size * world_size the same as when the state was saved")
-        if self._mixture:
-            self._hand_over(state, saved, now, pos)
+        try:
+            text = json.dumps(state, default=_json_value)
+        except (TypeError, ValueError) as e:
+            raise StateError(f"the state holds a value that is not a number, string, list or None ({e}): pass "
+                             f"the dict Loader.state_dict() returned") from None
+        try:
+            pos, handover = self._order.state_load(text, not strict)
+        except RuntimeError as e:
+            raise StateError(str(e)) from None
+        if handover is not None:
+            self._hand_over(handover)
         if self._engine is not None:
             self._acct_ranges = self._acct_ranges[:-1] + [(self._acct_ranges[-1][0], self.position), (pos, pos)]
         self._position = pos
@@ -556,37 +559,21 @@ class Loader:
         elif self._engine is not None:
             self._engine.seek(pos)
 
-    def _hand_over(self, state: Mapping[str, Any], saved: Dict[str, Any], now: Dict[str, Any], pos: int) -> None:
-        """A mixture resumes where each source was: under the saved configuration (and its own
-        hand-over anchor, if it had one) every source had delivered some number of samples at
-        ``pos``; when this configuration would put a source elsewhere (another schedule, other
-        weights), hand over there, so that nothing consumed is repeated or skipped."""
-        saved_anchor = state.get("mix_anchor")
-        anchor: Optional[Tuple[int, Tuple[int, ...]]] = None
-        if saved == now:
-            if saved_anchor is not None:
-                anchor = (int(saved_anchor["position"]), tuple(int(c) for c in saved_anchor["counts"]))
-        else:
-            try:
-                before = OrderConfig.from_state(saved, saved_anchor).build(self._core_source())
-            except (TypeError, ValueError, KeyError) as e:
-                raise StateError(f"the saved mixture configuration cannot be rebuilt to find where each source "
-                                 f"was ({e}); resume with the saved weights") from None
-            k = self._order_cfg.num_sources
-            had = tuple(int(before.mix_source_count(i, pos)) for i in range(k))
-            plain = self._order_cfg.build(self._core_source())
-            if had != tuple(int(plain.mix_source_count(i, pos)) for i in range(k)):
-                anchor = (pos, had)
-        if anchor != self._order_cfg.mix_anchor:
-            self._order_cfg = dataclasses.replace(self._order_cfg, mix_anchor=anchor)
-            self._order = self._order_cfg.build(self._core_source())
-            # the engine (and the device stage over it) borrow the order: made again over the new one
-            if self._device is not None:
-                self._device.close()
-                self._device = None
-            if self._engine is not None:
-                self._engine.close()
-                self._engine = None
+    def _hand_over(self, order: Any) -> None:
+        """Read ``order`` from here on: this mixture with the hand-over anchor a resume needs (the
+        C library found where each source was). The anchor is kept in the configuration, so a
+        pickled loader rebuilds the same order."""
+        anchor = json.loads(order.state_save(0, 1))["mix_anchor"]
+        self._order_cfg = dataclasses.replace(
+            self._order_cfg, mix_anchor=None if anchor is None else (int(anchor[0]), tuple(anchor[1])))
+        self._order = order
+        # the engine (and the device stage over it) borrow the order: made again over the new one
+        if self._device is not None:
+            self._device.close()
+            self._device = None
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
 
     def __repr__(self) -> str:
         cp = f", cp={self.cp_rank}/{self.cp_size}" if self.cp_size > 1 else ""

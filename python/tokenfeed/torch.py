@@ -33,7 +33,7 @@ import torch
 from torch.utils.data import Dataset as _TorchDataset
 from torch.utils.data import IterableDataset, Sampler, get_worker_info
 
-from ._config import OrderConfig, want_bits
+from ._config import OrderConfig, split_settings, want_bits
 from ._dataset import Dataset, PathLike, open as _open
 from ._loader import Loader, PerformanceWarning
 from ._mesh import DEFAULT_CP_DIM, DEFAULT_DP_DIMS, ParallelCoords, parallel_coords
@@ -54,15 +54,13 @@ class TokenDataset(_TorchDataset):  # type: ignore[type-arg]
     layout).
     """
 
-    def __init__(self, dataset: Union[Dataset, PathLike], *, seq_len: int, seed: int = 0,
-                 shuffle: Union[bool, str] = True, separator_id: Optional[int] = None, block_size: int = 1024,
-                 window_blocks: int = 16, position_ids: bool = False, cu_seqlens: bool = False,
-                 loss_mask: bool = False, dtype: Any = "int64", packing: str = "concat",
-                 pad_id: Optional[int] = None, pack_window: int = 1024, cp_rank: int = 0, cp_size: int = 1) -> None:
-        # the Loader's configuration of the stream, with a global batch of one sample
-        self._cfg = OrderConfig(seq_len=seq_len, seed=seed, shuffle=shuffle, separator_id=separator_id,
-                                block_size=block_size, window_blocks=window_blocks, packing=packing, pad_id=pad_id,
-                                pack_window=pack_window)
+    def __init__(self, dataset: Union[Dataset, PathLike], *, seq_len: int, shuffle: Union[bool, str] = True,
+                 position_ids: bool = False, cu_seqlens: bool = False, loss_mask: bool = False, dtype: Any = "int64",
+                 cp_rank: int = 0, cp_size: int = 1, **settings: Any) -> None:
+        # the Loader's configuration of the stream (the order's rows of the settings table:
+        # seed, separator_id, packing, pad_id, ...), with a global batch of one sample
+        (order_kw,) = split_settings(settings, "TokenDataset", ("order",))
+        self._cfg = OrderConfig(seq_len=seq_len, shuffle=shuffle, **order_kw)
         self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset)
         self.seq_len = self._cfg.seq_len
         self._want = want_bits(position_ids, cu_seqlens, loss_mask)
@@ -463,7 +461,8 @@ class TokenBatches(IterableDataset):  # type: ignore[type-arg]
                  rank: Optional[int] = None, world_size: Optional[int] = None, start: int = 0,
                  **loader_kw: Any) -> None:
         # the same keywords as Loader: an unknown one is refused now, not in a worker
-        inspect.signature(Loader).bind(dataset, seq_len=seq_len, batch_size=batch_size, **loader_kw)
+        bound = inspect.signature(Loader).bind(dataset, seq_len=seq_len, batch_size=batch_size, **loader_kw)
+        split_settings(bound.arguments.get("settings", {}), "Loader")
         self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset)
         self.seq_len, self.batch_size = int(seq_len), int(batch_size)
         # the mesh is resolved here, in the process that has it; workers get the numbers

@@ -1,0 +1,43 @@
+/*
+ * settings.h — inside the library: the rows of the settings table
+ * (settings.c) with where each value lives, and the helpers that config
+ * initialisation, checks, fingerprint and state use. Not installed.
+ */
+#ifndef TF_ORDER_SETTINGS_H
+#define TF_ORDER_SETTINGS_H
+
+#include "../common/internal.h"
+
+typedef struct tf__setting_row {
+    tf_setting pub;
+    const char *fp;  /* order rows: when the setting enters the fingerprint (and the
+                        state records it): pub.stream's language; NULL: as pub.stream */
+    int is_signed;   /* the member is a signed integer (or an int enum) */
+    size_t offset;   /* in tf_order_config, tf_loader_config or tf_device_config (pub.scope) */
+    size_t size;
+} tf__setting_row;
+
+TF_HIDDEN extern const tf__setting_row tf__settings[];
+TF_HIDDEN extern const size_t tf__nsettings;
+
+TF_HIDDEN const tf__setting_row *tf__setting_row_find(const char *name);
+TF_HIDDEN int64_t tf__setting_get(const tf__setting_row *r, const void *cfg);
+TF_HIDDEN void tf__setting_put(const tf__setting_row *r, void *cfg, int64_t v);
+/* Every row of scope: its default / its bounds (-EINVAL naming the setting). */
+TF_HIDDEN void tf__settings_init(tf_setting_scope scope, void *cfg);
+TF_HIDDEN int tf__settings_check(tf_setting_scope scope, const void *cfg);
+TF_HIDDEN int tf__setting_check(const tf__setting_row *r, int64_t v);
+/* The value as Python writes it: None, 'name', True, 12. */
+TF_HIDDEN int tf__setting_describe(const tf__setting_row *r, int64_t v, char *buf, size_t cap);
+/* What a condition of the table is evaluated on: a configuration, and
+ * whether it is a mixture (of several weight points: a schedule). */
+typedef struct tf__cond_ctx {
+    const tf_order_config *cfg;
+    int mixture, schedule;
+} tf__cond_ctx;
+/* Whether an order setting changes the stream of a configuration / enters
+ * its fingerprint. */
+TF_HIDDEN int tf__setting_enters_stream(const tf__setting_row *r, const tf__cond_ctx *c);
+TF_HIDDEN int tf__setting_in_fingerprint(const tf__setting_row *r, const tf__cond_ctx *c);
+
+#endif

@@ -1,0 +1,561 @@
+/*
+ * state.c — the loader state: what a checkpoint keeps to resume a stream, as
+ * a JSON object (docs/design.md, "The state"):
+ *
+ *   format_version       2 (states of version 1 still load)
+ *   dataset_fingerprint  16 hex digits: the data (a mixture: its sources, in order)
+ *   config_fingerprint   16 hex digits: the order's configuration
+ *   position             global position (samples) of the next batch
+ *   samples_per_epoch    of the order, for messages
+ *   world_size           data-parallel ranks when saved (any size that divides
+ *                        the global batch resumes)
+ *   config               one member per order setting of the settings table:
+ *                        its value when it changes the stream, else null;
+ *                        and weights / schedule_steps / interpolation of a
+ *                        mixture (null without one)
+ *   mix_anchor           null, or [position, [samples each source had delivered
+ *                        there]]: the hand-over of a mixture resumed under
+ *                        other weights
+ *
+ * Every key is always present and every value is an integer, a double, a
+ * string, null or a list of them, so that every checkpointer keeps the state
+ * whatever the loader's history (torch.distributed.checkpoint only fills the
+ * keys a freshly built loader already has, and traverses nested objects).
+ *
+ * A resume compares each setting only where it changes the stream (a block
+ * size under a full shuffle is never compared), so a state is refused exactly
+ * when the stream would differ. Each field is checked for its type.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kind.h"
+#include "settings.h"
+
+#define STATE_VERSION 2
+#define DIFFS 480
+
+static uint64_t dataset_fp(const tf_order *o) {
+    tf_dataset_info in;
+    return tf_dataset_get_info(tf_order_dataset(o), &in) == 0 ? in.fingerprint : 0;
+}
+
+/* ------------------------------------------------------------------ save */
+
+static void write_doubles(tf__jw *w, const double *d, size_t n) {
+    tf__jw_printf(w, "[");
+    for (size_t i = 0; i < n; i++) {
+        if (i) tf__jw_printf(w, ", ");
+        tf__jw_double(w, d[i]);
+    }
+    tf__jw_printf(w, "]");
+}
+
+/* weights, schedule_steps and interpolation of a mixture (nulls without one):
+ * plain weights as one list, a schedule as a list per point. */
+static void write_mixture(tf__jw *w, const tf__sched_spec *sp) {
+    if (!sp) {
+        tf__jw_printf(w, "\"weights\": null, \"schedule_steps\": null, \"interpolation\": null");
+        return;
+    }
+    tf__jw_printf(w, "\"weights\": ");
+    if (sp->npoints == 1 && !sp->linear) {
+        write_doubles(w, sp->weights, sp->K);
+        tf__jw_printf(w, ", \"schedule_steps\": null, \"interpolation\": null");
+        return;
+    }
+    tf__jw_printf(w, "[");
+    for (size_t p = 0; p < sp->npoints; p++) {
+        if (p) tf__jw_printf(w, ", ");
+        write_doubles(w, sp->weights + p * sp->K, sp->K);
+    }
+    tf__jw_printf(w, "], \"schedule_steps\": [");
+    for (size_t p = 0; p < sp->npoints; p++) tf__jw_printf(w, "%s%llu", p ? ", " : "", (unsigned long long)sp->steps[p]);
+    tf__jw_printf(w, "], \"interpolation\": \"%s\"", sp->linear ? "linear" : "constant");
+}
+
+static void write_setting(tf__jw *w, const tf__setting_row *r, const tf__cond_ctx *x) {
+    int64_t v = tf__setting_get(r, x->cfg);
+    if (!tf__setting_in_fingerprint(r, x) || (r->pub.nullable && v == r->pub.none_value))
+        tf__jw_printf(w, "null");
+    else if (r->pub.type == TF_SETTING_ENUM)
+        tf__jw_printf(w, "\"%s\"", r->pub.names[v]);
+    else if (r->is_signed || r->pub.min < 0)
+        tf__jw_printf(w, "%lld", (long long)v);
+    else
+        tf__jw_printf(w, "%llu", (unsigned long long)v);
+}
+
+int tf_order_state_save(const tf_order *o, uint64_t pos, uint32_t world_size, char *buf, size_t cap, size_t *len) {
+    if (!o || (!buf && cap)) return -EINVAL;
+    tf__sched_spec sp;
+    int mixture = tf__order_mix_spec(o, &sp, NULL) == 0;
+    tf__cond_ctx x = {&o->cfg, mixture, mixture && sp.npoints > 1};
+    tf__jw w = {0};
+    tf__jw_printf(&w, "{\"format_version\": %d, \"dataset_fingerprint\": \"%016llx\", \"config_fingerprint\": "
+                  "\"%016llx\", \"position\": %llu, \"samples_per_epoch\": %llu, \"world_size\": %u, \"config\": {",
+                  STATE_VERSION, (unsigned long long)dataset_fp(o), (unsigned long long)tf_order_fingerprint(o),
+                  (unsigned long long)pos, (unsigned long long)tf_order_num_samples(o), world_size);
+    for (size_t i = 0; i < tf__nsettings; i++) {
+        const tf__setting_row *r = &tf__settings[i];
+        if (r->pub.scope != TF_SCOPE_ORDER) continue;
+        tf__jw_printf(&w, "\"%s\": ", r->pub.name);
+        write_setting(&w, r, &x);
+        tf__jw_printf(&w, ", ");
+    }
+    write_mixture(&w, mixture ? &sp : NULL);
+    tf__jw_printf(&w, "}, \"mix_anchor\": ");
+    if (mixture && sp.anchor_counts) {
+        tf__jw_printf(&w, "[%llu, [", (unsigned long long)sp.anchor_pos);
+        for (size_t k = 0; k < sp.K; k++)
+            tf__jw_printf(&w, "%s%llu", k ? ", " : "", (unsigned long long)sp.anchor_counts[k]);
+        tf__jw_printf(&w, "]]");
+    } else {
+        tf__jw_printf(&w, "null");
+    }
+    tf__jw_printf(&w, "}");
+    int rc = w.rc;
+    if (!rc) {
+        if (len) *len = w.len;
+        if (cap) {
+            size_t n = w.len < cap ? w.len : cap - 1;
+            memcpy(buf, w.buf, n);
+            buf[n] = 0;
+        }
+        if (w.len >= cap) rc = tf__seterr(-ENOSPC, "the state takes %zu bytes and a terminating NUL, the buffer holds %zu",
+                                          w.len, cap);
+    }
+    free(w.buf);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ load */
+
+/* What a state says, parsed and type-checked. */
+typedef struct saved {
+    int version;
+    uint64_t position, samples, dataset_fp, config_fp;
+    tf_order_config cfg;
+    int mixture;
+    tf__sched_spec spec; /* M, G unused here; arrays owned */
+    int has_anchor;
+    uint64_t anchor_pos;
+    uint64_t *anchor_counts; /* K */
+    uint64_t sched_fp;       /* a mixture: its schedule's fingerprint (the assignment) */
+} saved;
+
+static void saved_free(saved *s) {
+    free((void *)s->spec.steps);
+    free((void *)s->spec.weights);
+    free(s->anchor_counts);
+}
+
+static int bad(const char *field, const char *want, const tf__jnode *n) {
+    if (n && n->type == TF__J_STR)
+        TF_FAIL(-TF_ESTATE, "the state's %s: expected %s, found a string (\"%.*s\")", field, want, (int)n->slen, n->s);
+    if (n && n->type == TF__J_INT && n->neg)
+        TF_FAIL(-TF_ESTATE, "the state's %s: expected %s, found %lld", field, want, -(long long)n->u);
+    if (n && n->type == TF__J_NUM) TF_FAIL(-TF_ESTATE, "the state's %s: expected %s, found %g", field, want, n->d);
+    TF_FAIL(-TF_ESTATE, "the state's %s: expected %s, found %s", field, want, tf__json_type_name(n));
+}
+
+static int get_u64(const tf__jnode *n, const char *field, uint64_t *v) {
+    if (!n || n->type != TF__J_INT || n->neg) return bad(field, "a non-negative integer", n);
+    *v = n->u;
+    return 0;
+}
+
+static int get_hex(const tf__jnode *n, const char *field, uint64_t *v) {
+    char buf[17];
+    if (!n || n->type != TF__J_STR || n->slen == 0 || n->slen > 16) return bad(field, "16 hex digits", n);
+    memcpy(buf, n->s, n->slen);
+    buf[n->slen] = 0;
+    char *end;
+    *v = strtoull(buf, &end, 16);
+    if (*end) return bad(field, "16 hex digits", n);
+    return 0;
+}
+
+static int get_double(const tf__jnode *n, const char *field, double *d) {
+    if (!n || (n->type != TF__J_INT && n->type != TF__J_NUM)) return bad(field, "a number", n);
+    *d = n->d;
+    return 0;
+}
+
+/* config.<row>: by type, then the row's bounds. */
+static int parse_setting(const tf__json *j, const tf__jnode *config, const tf__setting_row *r, saved *s) {
+    const tf_setting *st = &r->pub;
+    const tf__jnode *n = tf__json_get(j, config, st->name);
+    char field[64];
+    snprintf(field, sizeof field, "config.%s", st->name);
+    int64_t v = 0;
+    if (!n || n->type == TF__J_NULL) {
+        if (st->nullable) v = st->none_value;
+        else if (!tf__setting_in_fingerprint(r, &(tf__cond_ctx){&s->cfg, s->mixture, s->spec.npoints > 1})) v = st->def;
+        else return bad(field, st->type == TF_SETTING_ENUM ? "a name" : "an integer", n);
+    } else if (st->type == TF_SETTING_ENUM) {
+        if (n->type != TF__J_STR) return bad(field, "a name", n);
+        for (v = 0; st->names[v] && !tf__json_streq(n, st->names[v]); v++) {}
+        if (!st->names[v]) TF_FAIL(-TF_ESTATE, "the state's %s: '%.*s' is not a name this tokenfeed knows", field,
+                                   (int)n->slen, n->s);
+    } else {
+        if (!n || n->type != TF__J_INT || (n->neg && st->min >= 0))
+            return bad(field, st->min < 0 ? "an integer" : "a non-negative integer", n);
+        v = n->neg ? -(int64_t)n->u : (int64_t)n->u;
+        if (tf__setting_check(r, v)) {
+            char msg[300];
+            snprintf(msg, sizeof msg, "%s", tf_last_error());
+            TF_FAIL(-TF_ESTATE, "the state's config: %s", msg);
+        }
+    }
+    tf__setting_put(r, &s->cfg, v);
+    return 0;
+}
+
+static int parse_point(const tf__json *j, const tf__jnode *n, size_t K, double *out) {
+    if (!n || n->type != TF__J_ARR || n->n != K) return bad("config.weights", "one weight per source", n);
+    for (size_t k = 0; k < K; k++) TF_TRY(get_double(tf__json_child(j, n, k), "config.weights", &out[k]));
+    return 0;
+}
+
+/* weights (a list: plain; a list of lists with schedule_steps: a schedule;
+ * version 1: a dict {steps, weights, interpolation}). */
+static int parse_mixture(const tf__json *j, const tf__jnode *config, saved *s) {
+    const tf__jnode *w = tf__json_get(j, config, "weights"), *steps = NULL, *interp = NULL, *points = w;
+    if (!w || w->type == TF__J_NULL) return 0;
+    s->mixture = 1;
+    if (w->type == TF__J_OBJ) {
+        points = tf__json_get(j, w, "weights");
+        steps = tf__json_get(j, w, "steps");
+        interp = tf__json_get(j, w, "interpolation");
+    } else if (w->type == TF__J_ARR && w->n && tf__json_child(j, w, 0)->type == TF__J_ARR) {
+        steps = tf__json_get(j, config, "schedule_steps");
+        interp = tf__json_get(j, config, "interpolation");
+    } else if (w->type != TF__J_ARR) {
+        return bad("config.weights", "a list", w);
+    }
+    size_t P = 1, K;
+    if (steps) {
+        if (steps->type != TF__J_ARR || !points || points->type != TF__J_ARR || steps->n != points->n || !steps->n)
+            return bad("config.schedule_steps", "one step per point of the weights", steps);
+        P = steps->n;
+        K = tf__json_child(j, points, 0)->n;
+    } else {
+        K = w->n;
+    }
+    if (!K) return bad("config.weights", "at least one weight", w);
+    uint64_t *st = calloc(P, sizeof *st);
+    double *wt = calloc(P * K, sizeof *wt);
+    s->spec.steps = st;
+    s->spec.weights = wt;
+    if (!st || !wt) return -ENOMEM;
+    s->spec.K = K;
+    s->spec.npoints = P;
+    s->spec.allow_zero = 1;
+    if (!steps) return parse_point(j, w, K, wt);
+    for (size_t p = 0; p < P; p++) {
+        TF_TRY(get_u64(tf__json_child(j, steps, p), "config.schedule_steps", &st[p]));
+        TF_TRY(parse_point(j, tf__json_child(j, points, p), K, wt + p * K));
+    }
+    if (interp && interp->type != TF__J_NULL) {
+        if (tf__json_streq(interp, "linear")) s->spec.linear = 1;
+        else if (!tf__json_streq(interp, "constant")) return bad("config.interpolation", "'constant' or 'linear'", interp);
+    }
+    return 0;
+}
+
+static int parse_anchor(const tf__json *j, const tf__jnode *a, saved *s) {
+    if (!a || a->type == TF__J_NULL) return 0;
+    const tf__jnode *pos, *counts;
+    if (a->type == TF__J_OBJ) { /* version 1 */
+        pos = tf__json_get(j, a, "position");
+        counts = tf__json_get(j, a, "counts");
+    } else if (a->type == TF__J_ARR && a->n == 2) {
+        pos = tf__json_child(j, a, 0);
+        counts = tf__json_child(j, a, 1);
+    } else {
+        return bad("mix_anchor", "null or [position, [counts]]", a);
+    }
+    TF_TRY(get_u64(pos, "mix_anchor position", &s->anchor_pos));
+    if (!s->mixture || !counts || counts->type != TF__J_ARR || counts->n != s->spec.K)
+        return bad("mix_anchor", "one count per source of the saved mixture", counts);
+    s->anchor_counts = calloc(s->spec.K, sizeof *s->anchor_counts);
+    if (!s->anchor_counts) return -ENOMEM;
+    for (size_t k = 0; k < s->spec.K; k++)
+        TF_TRY(get_u64(tf__json_child(j, counts, k), "mix_anchor counts", &s->anchor_counts[k]));
+    s->has_anchor = 1;
+    return 0;
+}
+
+static int parse_state(const tf__json *j, saved *s) {
+    const tf__jnode *root = &j->nodes[0];
+    if (root->type != TF__J_OBJ)
+        TF_FAIL(-TF_ESTATE, "not a tokenfeed loader state: expected an object, found %s", tf__json_type_name(root));
+    static const char *const required[] = {"format_version", "dataset_fingerprint", "config_fingerprint", "position",
+                                           "config"};
+    char missing[160] = "";
+    for (size_t i = 0; i < sizeof required / sizeof *required; i++)
+        if (!tf__json_get(j, root, required[i]))
+            snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s%s", *missing ? ", " : "",
+                     required[i]);
+    if (*missing) TF_FAIL(-TF_ESTATE, "not a tokenfeed loader state: missing %s", missing);
+    uint64_t v = 0;
+    const tf__jnode *fv = tf__json_get(j, root, "format_version");
+    TF_TRY(get_u64(fv, "format_version", &v));
+    if (v < 1 || v > STATE_VERSION)
+        TF_FAIL(-TF_ESTATE, "state format version %llu is not supported (this tokenfeed reads versions 1 to %d)",
+                (unsigned long long)v, STATE_VERSION);
+    s->version = (int)v;
+    TF_TRY(get_hex(tf__json_get(j, root, "dataset_fingerprint"), "dataset_fingerprint", &s->dataset_fp));
+    TF_TRY(get_hex(tf__json_get(j, root, "config_fingerprint"), "config_fingerprint", &s->config_fp));
+    TF_TRY(get_u64(tf__json_get(j, root, "position"), "position", &s->position));
+    const tf__jnode *n = tf__json_get(j, root, "samples_per_epoch");
+    if (n && n->type != TF__J_NULL) TF_TRY(get_u64(n, "samples_per_epoch", &s->samples));
+    n = tf__json_get(j, root, "world_size");
+    if (n && n->type != TF__J_NULL) TF_TRY(get_u64(n, "world_size", &v));
+    const tf__jnode *config = tf__json_get(j, root, "config");
+    if (config->type != TF__J_OBJ) return bad("config", "an object", config);
+    TF_TRY(parse_mixture(j, config, s));
+    tf_order_config_init(&s->cfg);
+    for (size_t i = 0; i < tf__nsettings; i++)
+        if (tf__settings[i].pub.scope == TF_SCOPE_ORDER) TF_TRY(parse_setting(j, config, &tf__settings[i], s));
+    return parse_anchor(j, tf__json_get(j, root, "mix_anchor"), s);
+}
+
+/* ------------------------------------------------------------- compare */
+
+static void add_diff(char *d, const char *name, const char *was, const char *now) {
+    size_t l = strlen(d);
+    snprintf(d + l, DIFFS - l, "%s%s: saved %s, now %s", l ? "; " : "", name, was, now);
+}
+
+/* Weights as Python shows them: [0.7, 0.3], or a schedule's points
+ * [(0, [0.7, 0.3]), (25, [0.2, 0.8])] (linear). */
+static void spec_text(const tf__sched_spec *sp, char *buf, size_t cap) {
+    tf__jw w = {0};
+    if (!sp) {
+        tf__jw_printf(&w, "None");
+    } else if (sp->npoints == 1 && !sp->linear) {
+        write_doubles(&w, sp->weights, sp->K);
+    } else {
+        tf__jw_printf(&w, "[");
+        for (size_t p = 0; p < sp->npoints; p++) {
+            tf__jw_printf(&w, "%s(%llu, ", p ? ", " : "", (unsigned long long)sp->steps[p]);
+            write_doubles(&w, sp->weights + p * sp->K, sp->K);
+            tf__jw_printf(&w, ")");
+        }
+        tf__jw_printf(&w, "]%s", sp->linear ? " (linear)" : "");
+    }
+    snprintf(buf, cap, "%s", w.rc ? "?" : w.buf);
+    free(w.buf);
+}
+
+static int same_spec(const tf__sched_spec *a, const tf__sched_spec *b) {
+    if (!a || !b) return a == b;
+    if (a->K != b->K || a->npoints != b->npoints || (a->npoints > 1 && a->linear != b->linear)) return 0;
+    return !memcmp(a->steps, b->steps, a->npoints * sizeof *a->steps) &&
+           !memcmp(a->weights, b->weights, a->npoints * a->K * sizeof *a->weights);
+}
+
+/* Positions of a finite stream of N samples per epoch (0: endless). */
+static uint64_t positions(uint64_t epochs, uint64_t N, uint64_t G) {
+    uint64_t t;
+    if (!epochs) return 0;
+    if (tf__mul_overflow(epochs, N, &t)) return UINT64_MAX;
+    return t / G * G;
+}
+
+static void diff_value(const tf__setting_row *r, int64_t a, int64_t b, char *d) {
+    char was[48], now[48];
+    tf__setting_describe(r, a, was, sizeof was);
+    tf__setting_describe(r, b, now, sizeof now);
+    add_diff(d, r->pub.name, was, now);
+}
+
+/* What differs between the saved configuration and o's, where it changes the
+ * stream. The global batch changes it only through where a finite stream ends
+ * and a schedule's steps; a mixture's weights and window only through the
+ * assignment they make (0.7 / 0.3 in windows of 10 or of 20 is the same). */
+static void diff_config(const tf_order *o, const tf__sched_spec *now_spec, const saved *s, char *d) {
+    tf__cond_ctx now = {&o->cfg, now_spec != NULL, now_spec && now_spec->npoints > 1};
+    tf__cond_ctx was = {&s->cfg, s->mixture, s->mixture && s->spec.npoints > 1};
+    const tf__setting_row *gb = tf__setting_row_find("global_batch"), *mw = tf__setting_row_find("mix_window");
+    for (size_t i = 0; i < tf__nsettings; i++) {
+        const tf__setting_row *r = &tf__settings[i];
+        if (r->pub.scope != TF_SCOPE_ORDER || r == gb || r == mw) continue;
+        int used_now = tf__setting_enters_stream(r, &now);
+        int used_was = tf__setting_enters_stream(r, &was);
+        if (!used_now || !used_was) continue; /* where the condition differs, its setting says so */
+        int64_t a = tf__setting_get(r, &s->cfg), b = tf__setting_get(r, &o->cfg);
+        if (a != b) diff_value(r, a, b, d);
+    }
+    uint64_t N = tf_order_num_samples(o);
+    int mix_same = s->mixture == (now_spec != NULL) && (!s->mixture || s->sched_fp == o->kind_fp);
+    if (s->cfg.global_batch != o->cfg.global_batch &&
+        ((mix_same && was.schedule) || /* its steps are global batches */
+         (s->cfg.epochs == o->cfg.epochs &&
+          positions(s->cfg.epochs, N, s->cfg.global_batch) != positions(o->cfg.epochs, N, o->cfg.global_batch))))
+        diff_value(gb, (int64_t)s->cfg.global_batch, (int64_t)o->cfg.global_batch, d);
+    if (mix_same) return;
+    if (!same_spec(s->mixture ? &s->spec : NULL, now_spec)) {
+        char a[160], b[160];
+        spec_text(s->mixture ? &s->spec : NULL, a, sizeof a);
+        spec_text(now_spec, b, sizeof b);
+        add_diff(d, "weights", a, b);
+    } else if (s->cfg.mix_window != o->cfg.mix_window) {
+        diff_value(mw, (int64_t)s->cfg.mix_window, (int64_t)o->cfg.mix_window, d);
+    } else if (s->cfg.global_batch != o->cfg.global_batch) {
+        diff_value(gb, (int64_t)s->cfg.global_batch, (int64_t)o->cfg.global_batch, d);
+    } else {
+        add_diff(d, "weights", "another schedule", "this one");
+    }
+}
+
+/* The fingerprint the saved configuration has: its settings', mixed with its
+ * schedule's for a mixture. A state whose recorded fingerprint differs was
+ * edited, or written by an order version this library does not reproduce. */
+static int saved_fingerprint(saved *s, uint64_t *fp) {
+    *fp = tf__order_config_fingerprint(&s->cfg);
+    if (!s->mixture) return 0;
+    tf__sched_spec sp = s->spec;
+    sp.M = s->cfg.mix_window;
+    sp.G = s->cfg.global_batch;
+    sp.anchor_counts = NULL;
+    tf__sched *sc;
+    int rc = tf__sched_create(&sp, &sc);
+    if (rc) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "%s", tf_last_error());
+        TF_FAIL(-TF_ESTATE, "the state's weights: %s", msg);
+    }
+    s->sched_fp = tf__sched_fingerprint(sc);
+    *fp = tf_mix64(*fp ^ s->sched_fp);
+    tf__sched_free(sc);
+    return 0;
+}
+
+/* ------------------------------------------------------------ hand-over */
+
+static int counts_at(const tf_order *o, size_t K, uint64_t pos, uint64_t *c) {
+    for (size_t k = 0; k < K; k++) {
+        c[k] = tf_order_mix_source_count(o, k, pos);
+        if (c[k] == UINT64_MAX) TF_FAIL(-ENOMEM, "out of memory building a mixture schedule table");
+    }
+    return 0;
+}
+
+/* Where each source of o's mixture must continue from at pos: the anchor the
+ * resumed order needs (*need = 0: none). Under the saved configuration every
+ * source had delivered some samples at pos; when o's schedule would put one
+ * elsewhere, hand over there, so that nothing consumed is repeated or
+ * skipped. */
+static int needed_anchor(const tf_order *o, const tf__sched_spec *now, const saved *s, int same, uint64_t *counts,
+                         int *need) {
+    size_t K = now->K;
+    *need = 0;
+    if (same) { /* the saved state resumes with its own anchor */
+        if (s->has_anchor) {
+            memcpy(counts, s->anchor_counts, K * sizeof *counts);
+            *need = 1;
+        }
+        return 0;
+    }
+    if (!s->mixture || s->spec.K != K) return 0; /* nothing to hand over from */
+    tf__sched_spec was = s->spec;
+    was.anchor_pos = s->anchor_pos;
+    was.anchor_counts = s->anchor_counts;
+    tf_order *before = NULL, *plain = NULL;
+    int rc = tf__order_mix_create(o, &s->cfg, &was, &before);
+    if (rc) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "%s", tf_last_error());
+        TF_FAIL(-TF_ESTATE, "the saved mixture configuration cannot be rebuilt to find where each source was (%s); "
+                "resume with the saved weights", msg);
+    }
+    uint64_t *mine = malloc(K * sizeof *mine);
+    rc = mine ? counts_at(before, K, s->position, counts) : -ENOMEM;
+    if (!rc) {
+        tf__sched_spec bare = *now;
+        bare.anchor_counts = NULL;
+        rc = now->anchor_counts ? tf__order_mix_create(o, &o->cfg, &bare, &plain) : 0;
+        if (!rc) rc = counts_at(plain ? plain : o, K, s->position, mine);
+        if (!rc) *need = memcmp(mine, counts, K * sizeof *mine) != 0;
+    }
+    free(mine);
+    tf_order_free(plain);
+    tf_order_free(before);
+    return rc;
+}
+
+static int resume_mixture(const tf_order *o, const saved *s, int same, tf_order **handover) {
+    tf__sched_spec now;
+    TF_TRY(tf__order_mix_spec(o, &now, NULL));
+    uint64_t *counts = calloc(now.K, sizeof *counts);
+    if (!counts) return -ENOMEM;
+    int need = 0;
+    int rc = needed_anchor(o, &now, s, same, counts, &need);
+    uint64_t apos = same ? s->anchor_pos : s->position;
+    int differs = need != (now.anchor_counts != NULL) ||
+                  (need && (apos != now.anchor_pos || memcmp(counts, now.anchor_counts, now.K * sizeof *counts)));
+    if (!rc && differs) {
+        tf__sched_spec sp = now;
+        sp.anchor_pos = apos;
+        sp.anchor_counts = need ? counts : NULL;
+        rc = tf__order_mix_create(o, &o->cfg, &sp, handover);
+    }
+    free(counts);
+    return rc;
+}
+
+int tf_order_state_load(const tf_order *o, const char *state, size_t len, unsigned flags, uint64_t *pos,
+                        tf_order **handover) {
+    if (!o || !state || !pos || !handover) return -EINVAL;
+    *handover = NULL;
+    tf__clearerr();
+    tf__json j;
+    int rc = tf__json_parse(state, len, &j);
+    if (rc) TF_FAIL(-TF_ESTATE, "%s", tf_last_error());
+    saved s;
+    memset(&s, 0, sizeof s);
+    rc = parse_state(&j, &s);
+    tf__json_free(&j);
+    tf__sched_spec now_spec;
+    int mixture = tf__order_mix_spec(o, &now_spec, NULL) == 0;
+    if (!rc && s.dataset_fp != dataset_fp(o)) {
+        char samples[32] = "?";
+        if (s.samples) snprintf(samples, sizeof samples, "%llu", (unsigned long long)s.samples);
+        rc = tf__seterr(-TF_ESTATE, "the dataset changed: the state was saved on data with fingerprint %016llx (%s "
+                        "samples per epoch), this loader reads %016llx (%llu samples per epoch). Point the loader at "
+                        "the same files (in the same order%s) to resume.",
+                        (unsigned long long)s.dataset_fp, samples, (unsigned long long)dataset_fp(o),
+                        (unsigned long long)tf_order_num_samples(o),
+                        mixture ? ", and the same sources in the same order" : "");
+    }
+    char diffs[DIFFS] = "";
+    uint64_t fp = 0;
+    if (!rc) rc = saved_fingerprint(&s, &fp);
+    if (!rc && fp != s.config_fp && !(flags & TF_STATE_LENIENT))
+        rc = tf__seterr(-TF_ESTATE, "the state's config_fingerprint %016llx does not match its config (which gives "
+                        "%016llx): the state was edited, or written by an order version this tokenfeed does not "
+                        "reproduce; load it leniently (strict=False) to continue from its position",
+                        (unsigned long long)s.config_fp, (unsigned long long)fp);
+    if (!rc) diff_config(o, mixture ? &now_spec : NULL, &s, diffs);
+    int same = !*diffs;
+    if (!rc && *diffs && !(flags & TF_STATE_LENIENT))
+        rc = tf__seterr(-TF_ESTATE, "the loader configuration changed (%s). Restore with the saved settings, or load "
+                        "leniently (strict=False; TF_STATE_LENIENT in C) to continue from the saved position with "
+                        "the new ones.", diffs);
+    uint64_t G = o->cfg.global_batch;
+    if (!rc && s.position % G)
+        rc = tf__seterr(-TF_ESTATE, "the state's position %llu is not a multiple of the global batch %llu: keep "
+                        "batch_size x world_size the same as when the state was saved",
+                        (unsigned long long)s.position, (unsigned long long)G);
+    if (!rc && s.position > tf_order_num_positions(o))
+        rc = tf__seterr(-TF_ESTATE, "the state's position %llu is past the end of this stream (%llu positions)",
+                        (unsigned long long)s.position, (unsigned long long)tf_order_num_positions(o));
+    if (!rc && mixture) rc = resume_mixture(o, &s, same, handover);
+    if (!rc) *pos = s.position;
+    saved_free(&s);
+    return rc;
+}

@@ -1,0 +1,143 @@
+"""The settings table of the C library is the one definition of every setting: the
+binding's keywords, ``_core.pyi``, the Loader's pass-through and ``docs/settings.md``
+all agree with its rows."""
+from __future__ import annotations
+
+import ast
+import re
+import warnings
+from pathlib import Path
+from typing import Any, Dict, List, Set
+
+import numpy as np
+import pytest
+
+import tokenfeed
+from tokenfeed import _core
+from tokenfeed._config import SETTINGS
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "settings.md"
+STUB = ROOT / "python" / "tokenfeed" / "_core.pyi"
+
+
+def _value(row: Dict[str, Any], v: int) -> str:
+    if row["nullable"] and v == row["none_value"]:
+        return "None"
+    if row["type"] == "enum":
+        return f'"{row["names"][v]}"'
+    if row["type"] == "bool":
+        return str(bool(v))
+    return str(v)
+
+
+def _bounds(row: Dict[str, Any]) -> str:
+    if row["type"] == "enum":
+        return ", ".join(f'"{n}"' for n in row["names"])
+    if row["type"] == "bool":
+        return "True, False"
+    hi = {2**64 - 1: "2^64 - 1", 2**63 - 1: "2^63 - 1", 2**32 - 1: "2^32 - 1", 2**32 - 2: "2^32 - 2"}
+    return f"{row['min']} .. {hi.get(row['max'], str(row['max']))}"
+
+
+def settings_table() -> str:
+    """The table docs/settings.md must hold, from _core.settings()."""
+    lines = ["| setting | scope | default | values | changes the stream | what it is |", "|---|---|---|---|---|---|"]
+    for r in _core.settings():
+        lines.append(f"| `{r['name']}` | {r['scope']} | `{_value(r, r['default'])}` | {_bounds(r)} | {r['stream']} | "
+                     f"{r['description']} |")
+    return "\n".join(lines)
+
+
+def test_docs_table_is_the_c_table():
+    text = DOC.read_text()
+    assert settings_table() in text, "docs/settings.md: regenerate the table from tests/test_settings.py"
+
+
+def _stub_keywords(cls: str) -> Set[str]:
+    tree = ast.parse(STUB.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for f in node.body:
+                if isinstance(f, ast.FunctionDef) and f.name == "__new__":
+                    return {a.arg for a in f.args.kwonlyargs}
+    raise AssertionError(cls)
+
+
+@pytest.mark.parametrize("cls,scope", [("Order", "order"), ("Loader", "engine"), ("DeviceLoader", "device")])
+def test_stub_names_every_row_of_its_scope(cls, scope):
+    rows = {r["name"] for r in _core.settings() if r["scope"] == scope}
+    assert rows <= _stub_keywords(cls), rows - _stub_keywords(cls)
+
+
+def test_binding_takes_every_row_and_refuses_the_rest(tmp_path):
+    with tokenfeed.DatasetWriter(tmp_path / "d", vocab_size=100) as w:
+        for i in range(50):
+            w.add_document(np.arange(i % 7 + 3) % 90)
+    src = tokenfeed.open(tmp_path / "d")._core
+    for r in _core.settings():
+        if r["scope"] == "order":
+            if r["name"] != "seq_len":  # None: the default, accepted by every row
+                _core.Order(src, **{"seq_len": 4, r["name"]: None})
+            with pytest.raises((ValueError, TypeError), match=r["name"]):
+                _core.Order(src, **{"seq_len": 4, r["name"]: "x" if r["type"] != "enum" else "nonsense"})
+    order = _core.Order(src, seq_len=4, global_batch=2)
+    for r in _core.settings():
+        if r["scope"] == "engine" and r["name"] not in ("batch_size", "dp_size", "dp_rank", "cp_rank"):
+            _core.Loader(order, batch_size=2, **{r["name"]: None}).close()
+
+
+def test_bounds_are_the_rows():
+    assert SETTINGS["num_threads"]["max"] == _core.MAX_THREADS
+    assert SETTINGS["pack_window"]["max"] == 1 << 24
+    assert SETTINGS["shuffle"]["names"] == ["none", "full", "block"]
+
+
+def test_every_row_is_a_loader_keyword_or_derived(tmp_path):
+    """The Loader passes every row through (global_batch is batch_size x dp_size)."""
+    with tokenfeed.DatasetWriter(tmp_path / "d", vocab_size=100) as w:
+        for i in range(50):
+            w.add_document(np.arange(i % 7 + 3) % 90)
+    for r in _core.settings():
+        if r["name"] in ("global_batch", "dp_rank", "dp_size", "cp_rank", "cp_size") or r["scope"] == "device":
+            continue  # derived, or the Loader's own keywords (with a mesh's rules)
+        v = r["default"] if not r["nullable"] else None
+        if r["type"] == "enum":
+            v = r["names"][r["default"]]
+        elif r["type"] == "bool":
+            v = bool(v)
+        kw = {"seq_len": 4, "batch_size": 2, r["name"]: v} if r["name"] not in ("seq_len", "batch_size") else \
+            {"seq_len": 4, "batch_size": 2}
+        tokenfeed.Loader(tmp_path / "d", output="numpy", **kw).close()
+    with pytest.raises(TypeError, match="global_batch"):
+        tokenfeed.Loader(tmp_path / "d", seq_len=4, batch_size=2, global_batch=4)
+    with pytest.raises(TypeError, match="pack_windw"):
+        tokenfeed.Loader(tmp_path / "d", seq_len=4, batch_size=2, pack_windw=4)
+
+
+def test_old_names_warn_and_still_work(tmp_path):
+    with tokenfeed.DatasetWriter(tmp_path / "d", vocab_size=100) as w:
+        for i in range(50):
+            w.add_document(np.arange(i % 7 + 3) % 90)
+    with pytest.warns(DeprecationWarning, match="prefetch= is now prefetch_batches="):
+        ld = tokenfeed.Loader(tmp_path / "d", seq_len=4, batch_size=2, prefetch=3, output="numpy")
+    assert ld._engine_cfg.prefetch == 3
+    with pytest.raises(TypeError, match="pass only prefetch_batches="):
+        tokenfeed.Loader(tmp_path / "d", seq_len=4, batch_size=2, prefetch=3, prefetch_batches=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tokenfeed.Loader(tmp_path / "d", seq_len=4, batch_size=2, prefetch_batches=3, output="numpy").close()
+    with pytest.warns(DeprecationWarning, match="device_prefetch= is now device_prefetch_batches="):
+        with pytest.raises(ValueError, match="device_prefetch_batches"):  # checked before CUDA is looked for
+            tokenfeed.Loader(tmp_path / "d", seq_len=4, batch_size=2, device="cuda", device_prefetch=0)
+
+
+def test_c_bounds_query():
+    import ctypes
+
+    lib = ctypes.CDLL(tokenfeed.get_library())
+    lo, hi = ctypes.c_int64(), ctypes.c_uint64()
+    lib.tf_setting_bounds.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_uint64)]
+    assert lib.tf_setting_bounds(b"pack_window", ctypes.byref(lo), ctypes.byref(hi)) == 0
+    assert (lo.value, hi.value) == (1, 1 << 24)
+    assert lib.tf_setting_bounds(b"no_such_setting", ctypes.byref(lo), ctypes.byref(hi)) < 0

@@ -1,0 +1,160 @@
+"""A state is refused exactly when the stream would change, and every field is checked.
+
+Each setting is changed in turn on loaders of several kinds; the changed loader must
+accept the saved state (``strict=True``) if and only if it delivers the same samples.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import pytest
+
+import tokenfeed
+from tokenfeed._loader import STATE_FORMAT_VERSION
+
+PAD, SEP = 998, 999
+
+BASES: Dict[str, Dict[str, Any]] = {
+    "concat_full": dict(seq_len=8, batch_size=4, seed=1, epochs=2),
+    "concat_none": dict(seq_len=8, batch_size=4, seed=1, epochs=2, shuffle=False),
+    "endless": dict(seq_len=8, batch_size=4, seed=1),
+    "best_fit_block": dict(seq_len=8, batch_size=4, seed=1, epochs=2, packing="best_fit", pad_id=PAD,
+                           pack_window=16, shuffle="block", block_size=3, window_blocks=2),
+    "mixture": dict(seq_len=8, batch_size=4, seed=1, epochs=2, weights=[0.7, 0.3], mix_window=10),
+    "schedule": dict(seq_len=8, batch_size=4, seed=1, weights=[(0, [0.9, 0.1]), (3, [0.2, 0.8])], mix_window=10),
+}
+
+# one other value per setting (those of the engine never change the stream)
+CHANGES: Dict[str, Any] = {
+    "seq_len": 12, "packing": "document", "separator_id": SEP, "seed": 2, "shuffle": "block", "block_size": 5,
+    "window_blocks": 3, "epochs": 3, "pad_id": 997, "pack_window": 8, "mix_window": 7, "weights": [0.6, 0.4],
+    "batch_size": 8, "num_threads": 2, "prefetch_batches": 3, "backend": "pread", "zstd_cache_bytes": 1 << 20,
+}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> List[tokenfeed.Dataset]:
+    rng = np.random.default_rng(1)
+    out = []
+    for name, n in (("a", 70), ("b", 40)):
+        root = tmp_path_factory.mktemp(name)
+        with tokenfeed.DatasetWriter(root / "d", vocab_size=1000) as w:
+            for _ in range(n):
+                w.add_document(rng.integers(0, 990, size=int(rng.integers(1, 30))))
+        out.append(tokenfeed.open(root / "d"))
+    return out
+
+
+def loader(data: List[tokenfeed.Dataset], kw: Dict[str, Any]) -> tokenfeed.Loader:
+    kw = {**kw, "output": "numpy", "num_threads": kw.get("num_threads", 1)}
+    if kw.get("weights") is None:
+        kw.pop("weights", None)
+        kw.pop("mix_window", None) if "mix_window" not in kw else None
+        return tokenfeed.Loader(data[0], **kw)
+    return tokenfeed.Loader(data, **kw)
+
+
+def samples(ld: tokenfeed.Loader, start: int, limit: int = 200) -> List[bytes]:
+    """The samples from global position ``start`` on (all of a finite stream, else ``limit``)."""
+    ld.load_state_dict(ld.state_dict() | {"position": start}, strict=False)
+    rows: List[bytes] = []
+    for batch in ld:
+        rows.extend(r.tobytes() for r in np.asarray(batch["tokens"]))
+        if len(rows) >= limit and ld.num_positions is None:
+            break
+    return rows if ld.num_positions is not None else rows[:limit]
+
+
+@pytest.mark.parametrize("base", sorted(BASES))
+@pytest.mark.parametrize("setting", sorted(CHANGES))
+def test_state_refused_exactly_when_the_stream_changes(data, base, setting):
+    kw = BASES[base]
+    if setting == "weights" and "weights" not in kw:
+        pytest.skip("weights make another kind of loader (a mixture of other data)")
+    changed = {**kw, setting: CHANGES[setting]}
+    if setting == "epochs" and "epochs" not in kw:
+        changed["epochs"] = 3
+    a, b = loader(data, kw), loader(data, changed)
+    pos = 8  # a multiple of both global batches (4 and 8)
+    next(a), next(a)
+    state = a.state_dict()
+    assert state["position"] == pos
+    try:
+        b.load_state_dict(state)
+        accepted, why = True, ""
+    except tokenfeed.StateError as e:
+        accepted, why = False, str(e)
+    same = samples(loader(data, kw), pos) == samples(loader(data, changed), pos)
+    assert accepted == same, (base, setting, same, why)
+    if not accepted:
+        assert setting in why or (setting == "batch_size" and "global_batch" in why), why
+
+
+def test_block_size_under_a_full_shuffle_resumes(data):
+    st = loader(data, dict(seq_len=8, batch_size=4, block_size=1024)).state_dict()
+    loader(data, dict(seq_len=8, batch_size=4, block_size=2048)).load_state_dict(st)  # same stream: accepted
+
+
+def bad(state: Dict[str, Any], path: str, value: Any) -> Dict[str, Any]:
+    st = json.loads(json.dumps(state))
+    *outer, last = path.split(".")
+    d = st
+    for k in outer:
+        d = d[k]
+    if value is KeyError:
+        del d[last]
+    else:
+        d[last] = value
+    return st
+
+
+@pytest.mark.parametrize("path,value,message", [
+    ("position", "40", r"position: expected a non-negative integer, found a string \(\"40\"\)"),
+    ("position", -8, r"position: expected a non-negative integer, found -8"),
+    ("position", 8.0, r"position: expected a non-negative integer, found 8"),
+    ("position", None, r"position: expected a non-negative integer, found null"),
+    ("position", 6, r"position 6 is not a multiple of the global batch 4"),
+    ("format_version", "1", r"format_version: expected a non-negative integer, found a string"),
+    ("format_version", 9, r"state format version 9 is not supported"),
+    ("dataset_fingerprint", 12, r"dataset_fingerprint: expected 16 hex digits, found an integer"),
+    ("config.seed", "1", r"config.seed: expected a non-negative integer, found a string"),
+    ("config.seed", True, r"config.seed: expected a non-negative integer, found a boolean"),
+    ("config.seq_len", 0, r"seq_len: expected 1 <= seq_len"),
+    ("config.packing", "best", r"config.packing: 'best' is not a name"),
+    ("config.shuffle", 1, r"config.shuffle: expected a name, found an integer"),
+    ("config", [], r"config: expected an object, found a list"),
+    ("config.weights", "0.5", r"config.weights: expected a list, found a string"),
+    ("mix_anchor", [8, [1, 2]], r"mix_anchor: expected one count per source of the saved mixture"),
+    ("mix_anchor", {"x": 1}, r"mix_anchor position: expected a non-negative integer, found missing"),
+    ("position", KeyError, r"not a tokenfeed loader state: missing position"),
+    ("config.seed", 7, r"config_fingerprint .* does not match its config"),
+])
+def test_state_fields_checked_with_their_types(data, path, value, message):
+    ld = loader(data, dict(seq_len=8, batch_size=4, seed=1))
+    next(ld), next(ld)
+    with pytest.raises(tokenfeed.StateError, match=message):
+        ld.load_state_dict(bad(ld.state_dict(), path, value))
+    assert ld.position == 8  # a refused state changes nothing
+
+
+def test_values_from_numpy_and_torch_are_numbers(data):
+    import torch
+
+    ld = loader(data, dict(seq_len=8, batch_size=4, seed=1))
+    st = ld.state_dict()
+    fresh = loader(data, dict(seq_len=8, batch_size=4, seed=1))
+    fresh.load_state_dict(st | {"position": np.int64(8), "world_size": torch.tensor(1)})
+    assert fresh.position == 8
+    with pytest.raises(tokenfeed.StateError, match="not a number, string, list or None"):
+        fresh.load_state_dict(st | {"position": object()})
+
+
+def test_c_state_text_is_what_python_returns(data):
+    ld = loader(data, dict(seq_len=8, batch_size=4, seed=1, epochs=2))
+    st = ld.state_dict()
+    assert st["format_version"] == STATE_FORMAT_VERSION == 2
+    assert sorted(st) == ["config", "config_fingerprint", "dataset_fingerprint", "format_version", "mix_anchor",
+                          "position", "samples_per_epoch", "world_size"]
+    assert st["config"]["block_size"] is None and st["config"]["weights"] is None  # not used: None, but present
