@@ -73,7 +73,8 @@ def make_loader(a: argparse.Namespace) -> Any:
     if a.state:
         state = _read_state(a.state)
         cfg = state["config"]
-        kw = {k: cfg[k] for k in _STATE_KEYS if k in cfg}
+        # a state lists every setting, None where it does not apply: those keep their defaults
+        kw = {k: cfg[k] for k in _STATE_KEYS if cfg.get(k) is not None}
         global_batch = int(cfg["global_batch"])
     else:
         if a.seq_len is None or a.global_batch is None:
