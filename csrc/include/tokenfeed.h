@@ -376,7 +376,9 @@ TF_API void tf_transport_set_error(const char *fmt, ...)
 typedef struct tf_remote_config {
     const char *cache_dir;   /* required; created 0700 if missing. Refused when another
                                 user owns it or the group or others can write it. */
-    uint64_t cache_limit;    /* bytes of chunks kept (0: 10% of the free space, >= 1 GB) */
+    uint64_t cache_limit;    /* bytes of chunks kept (0: the cache's default, fixed when it is
+                                created: 10% of what its file system can hold, at least 1 GB
+                                but at most half of it) */
     uint64_t chunk_bytes;    /* bytes per chunk (0: 8 MiB); a multiple of 4096 */
     uint64_t prefetch_bytes; /* distinct chunk bytes requested ahead (0: min(limit / 2, 2 GiB)) */
     int fetch_threads;       /* concurrent range requests (0: 16) */
