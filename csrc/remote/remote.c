@@ -1170,6 +1170,7 @@ int tf__robj_read_small(const tf__robj *o, uint64_t off, uint64_t len, void *out
      * the chunk, which then stays cached */
     if (reader_position() == TF__NO_NEED || len > limit || chunk_ready(o, k)) return 1;
     check_fork(r);
+    TF_TRY(tf__cache_failed(r->cache)); /* chunks fetched ahead do not land: say so, not read around it */
     uint64_t a = off, b = off + len;
     if (o->sums) {
         a = a / o->granule * o->granule;

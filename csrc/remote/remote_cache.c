@@ -149,6 +149,7 @@ struct tf__cache {
     uint64_t fault_n;
     _Atomic uint64_t fault_count;
     int positioned; /* a scheduler of this process published a position */
+    _Atomic int full; /* a chunk could not land: the disk is full (reported once, tf__cache_failed) */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -900,6 +901,12 @@ int tf__cache_open(const char *dir, uint64_t limit, uint64_t chunk_bytes, int cr
 
 uint64_t tf__cache_limit(const tf__cache *c) { return c->limit; }
 
+int tf__cache_failed(tf__cache *c) {
+    if (!atomic_exchange(&c->full, 0)) return 0;
+    TF_FAIL(-ENOSPC, "%s: the cache disk is full: chunks fetched ahead could not be written (cache_limit is %llu bytes, more than that file system has free). Nothing in the cache was damaged; free space there or lower cache_limit.",
+            c->dir, (ull)c->limit);
+}
+
 void tf__cache_close(tf__cache *c) {
     if (!c) return;
     if (c->hdr && c->slot_fd >= 0 && c->pid == getpid()) {
@@ -1170,6 +1177,7 @@ int tf__cache_commit(tf__cache *c, const tf__ckey *key, const char *url, const t
     }
     if (rc) {
         tf__cache_abort(c, key);
+        if (rc == -ENOSPC || rc == -EDQUOT) atomic_store(&c->full, 1);
         if (rc == -ENOSPC || rc == -EDQUOT)
             TF_FAIL(-ENOSPC, "%s: the cache disk is full (writing a %zu-byte chunk of %s). Nothing in the cache was damaged; free space on that file system or lower cache_limit (now %llu bytes).",
                     c->dir, len, url, (ull)c->limit);
