@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "manifest_write.h"
 #include "safe_fs.h"
 #include "source.h"
 

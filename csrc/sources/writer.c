@@ -57,6 +57,7 @@
 #include <zstd.h>
 #endif
 
+#include "manifest_write.h"
 #include "safe_fs.h"
 #include "source.h"
 
