@@ -325,15 +325,32 @@ def test_cache_swapped_under_a_running_job(moto, bucket, tmp_path):  # noqa: F81
         assert os.stat(cache).st_uid == pwd.getpwnam("nobody").pw_uid
 
 
-def test_old_layout_cache_is_refused_not_misread(moto, bucket, tmp_path):  # noqa: F811
+def test_old_layout_cache_is_rebuilt_never_misread(moto, bucket, tmp_path):  # noqa: F811
+    import fcntl
+
     local, url = _remote_dataset(moto, bucket, tmp_path, n_tokens=40_000)
     old = tmp_path / "old"
-    for d in ("objects", "tmp", "procs"):
+    for d in ("objects/00000000000000010000000000000002", "tmp", "procs"):
         (old / d).mkdir(parents=True)
     (old / "tokenfeed-cache").write_text("tokenfeed-cache 1\n")
+    (old / "index").write_bytes(b"TFCIDX01" + bytes(100))
+    (old / "objects/00000000000000010000000000000002/00000000.c").write_bytes(bytes(100))
     os.chmod(old, 0o700)
-    with pytest.raises(tokenfeed.FormatError, match="layout 1"):
+    # read only (`tokenfeed cache show`): refused, saying why
+    with pytest.raises(OSError, match="layout 1"):
+        tokenfeed._core.cache_info(str(old))
+    # a process of the older version still has it open: refused, nothing removed
+    slot = os.open(old / "procs" / "0.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(slot, fcntl.LOCK_EX)
+    with pytest.raises(tokenfeed.FormatError, match="still in use by a process of an older tokenfeed"):
         tokenfeed.open(url, cache_dir=old, endpoint_url=moto.endpoint)
+    assert (old / "index").read_bytes().startswith(b"TFCIDX01")
+    os.close(slot)
+    # once it is gone: emptied and made again in this layout, and read right
+    ds = tokenfeed.open(url, cache_dir=old, endpoint_url=moto.endpoint)
+    assert np.array_equal(ds.tokens(0, ds.num_tokens), local.tokens(0, local.num_tokens))
+    assert (old / "tokenfeed-cache").read_text() == "tokenfeed-cache 2\n"
+    assert not (old / "objects/00000000000000010000000000000002").exists()
 
 
 # --------------------------------------------------------------------------- a full cache disk

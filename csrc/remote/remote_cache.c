@@ -721,7 +721,8 @@ static int register_slot(tf__cache *c) {
     return 0;
 }
 
-/* The layout marker: 1 this layout, 0 absent, -1 another layout (message set). */
+/* The layout marker: 1 this layout, 0 absent, -2 an older layout, -1 another
+ * (message set for both). */
 static int read_marker(int dfd, const char *dir) {
     int fd = openat(dfd, "tokenfeed-cache", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0 && errno == ENOENT) return 0;
@@ -731,13 +732,73 @@ static int read_marker(int dfd, const char *dir) {
     b[n > 0 ? n : 0] = '\0';
     if (strcmp(b, MARKER) == 0) return 1;
     unsigned v = 0;
-    if (sscanf(b, "tokenfeed-cache %u", &v) == 1)
-        tf__seterr(-TF_EFORMAT, "%s: a tokenfeed cache of layout %u (made by %s tokenfeed); this one reads layout %d only. Use another cache_dir, or delete this directory (no process may be using it) and let it be rebuilt from the store.",
-                   dir, v, v < LAYOUT ? "an older" : "a newer", LAYOUT);
+    int older = sscanf(b, "tokenfeed-cache %u", &v) == 1 && v >= 1 && v < LAYOUT;
+    if (v)
+        tf__seterr(-TF_EFORMAT, "%s: a tokenfeed cache of layout %u (made by %s tokenfeed); this one reads layout %d only. %s",
+                   dir, v, older ? "an older" : "a newer", LAYOUT,
+                   older ? "Opening a remote dataset with this cache_dir empties it and makes it again in this layout, once no process of the older version has it open."
+                         : "Use another cache_dir, or the tokenfeed that made it.");
     else
         tf__seterr(-TF_EFORMAT, "%s: the tokenfeed-cache file is damaged or not a regular file. Use another cache_dir, or delete this directory (no process may be using it).",
                    dir);
-    return -1;
+    return older ? -2 : -1;
+}
+
+/* Remove every entry of the directory name in dfd (regular files, and with
+ * depth 1 the regular files of its subdirectories, then those), never
+ * following a symlink. */
+static void empty_dir(int dfd, const char *name, int depth) {
+    int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0) close(fd);
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        struct stat st;
+        if (fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+        if (S_ISDIR(st.st_mode) && depth > 0) {
+            empty_dir(fd, e->d_name, depth - 1);
+            unlinkat(fd, e->d_name, AT_REMOVEDIR);
+        } else if (!S_ISDIR(st.st_mode)) {
+            unlinkat(fd, e->d_name, 0);
+        }
+    }
+    closedir(d);
+}
+
+/* A cache of an older layout (lock held, its marker read): nothing in it can
+ * be read by this version, so it is emptied and made again, unless a process
+ * of the older version still has it open (it holds a process slot). */
+static int upgrade_layout(tf__cache *c) {
+    if (read_marker(c->dfd, c->dir) == 1) { /* another process upgraded it meanwhile */
+        tf__clearerr();
+        return 0;
+    }
+    DIR *d = open_dir_fd(c->procs_fd);
+    int busy = 0;
+    struct dirent *e;
+    while (d && !busy && (e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        int fd = openat(c->procs_fd, e->d_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0) continue;
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) busy = 1;
+        close(fd);
+    }
+    if (d) closedir(d);
+    if (busy)
+        TF_FAIL(-TF_EFORMAT, "%s: a cache of an older layout, still in use by a process of an older tokenfeed. Use another cache_dir, or let that process finish: the next open then rebuilds the cache in this layout.",
+                c->dir);
+    unlinkat(c->dfd, "tokenfeed-cache", 0); /* first: a crash from here leaves a cache to make again */
+    empty_dir(c->dfd, "objects", 1);
+    empty_dir(c->dfd, "tmp", 0);
+    empty_dir(c->dfd, "procs", 0);
+    unlinkat(c->dfd, "index", 0);
+    unlinkat(c->dfd, "key", 0);
+    tf__clearerr();
+    return 0;
 }
 
 /* The cache's secret (lock held): read from "key", made when missing. Only
@@ -846,10 +907,12 @@ int tf__cache_open(const char *dir, uint64_t limit, uint64_t chunk_bytes, int cr
         c->dev = st.st_dev;
         c->ino = st.st_ino;
     }
-    int have = 0;
+    int have = 0, upgrade = 0;
     if (!rc) {
         have = read_marker(c->dfd, c->dir);
-        if (have < 0) rc = -TF_EFORMAT;
+        upgrade = have == -2 && create;
+        if (upgrade) have = 1; /* its files are ours to replace (below, under the lock) */
+        else if (have < 0) rc = -TF_EFORMAT;
         else if (!have && !create) rc = tf__seterr(-ENOENT, "%s: not a tokenfeed cache directory (no tokenfeed-cache file)", dir);
     }
     if (!rc && !have) {
@@ -880,7 +943,8 @@ int tf__cache_open(const char *dir, uint64_t limit, uint64_t chunk_bytes, int cr
         while (flock(c->lock_fd, LOCK_EX) != 0 && errno == EINTR) {
         }
         c->creator_limit = limit ? limit : default_limit(c->dfd);
-        rc = map_index(c, c->creator_limit, chunk_bytes);
+        if (upgrade) rc = upgrade_layout(c);
+        if (!rc) rc = map_index(c, c->creator_limit, chunk_bytes);
         if (!rc) rc = load_key(c, create);
         if (!rc && !limit) c->limit = c->creator_limit ? c->creator_limit : default_limit(c->dfd);
         if (!rc && create) {
