@@ -217,8 +217,8 @@ static int resolve_config(const tf_remote_config *in, tf_remote_config *c) {
     return 0;
 }
 
-/* With the cache open: its limit (the default is the cache's, the same for
- * every process of the node) and what depends on it. */
+/* With the cache open: its limit (0 asks for the cache's default, the same
+ * for every process of the node) and what depends on it. */
 static int resolve_limits(tf_remote_config *c, uint64_t cache_limit) {
     c->cache_limit = cache_limit;
     if (c->cache_limit < 4 * c->chunk_bytes)
@@ -231,7 +231,6 @@ static int resolve_limits(tf_remote_config *c, uint64_t cache_limit) {
     if (c->prefetch_bytes > c->cache_limit) c->prefetch_bytes = c->cache_limit;
     return 0;
 }
-
 
 static int init_locks(tf_remote *r) {
     if (pthread_mutex_init(&r->mu, NULL) || pthread_mutex_init(&r->omu, NULL)) return -ENOMEM;

@@ -123,7 +123,8 @@ typedef struct cand {
 } cand;
 
 struct tf__cache {
-    char *dir;   /* for messages, and the re-check on use */
+    char *dir;   /* for messages */
+    char *abs;   /* dir made absolute at open: the re-check on use */
     int dfd;     /* the directory, checked at open; everything is reached through it */
     int obj_fd, tmp_fd, procs_fd;
     dev_t dev;   /* the directory's identity at open */
@@ -865,7 +866,7 @@ static uint64_t default_limit(int dfd) {
  * reaching the directory checked at open either way). */
 static int recheck(const tf__cache *c) {
     struct stat st;
-    if (stat(c->dir, &st) != 0 || st.st_dev != c->dev || st.st_ino != c->ino)
+    if (stat(c->abs, &st) != 0 || st.st_dev != c->dev || st.st_ino != c->ino)
         TF_FAIL(-EPERM, "%s: the cache directory was replaced (or moved) since this process opened it. Someone able to write a directory above it may be tampering with it: use a cache_dir whose parent directories only you can write.",
                 c->dir);
     return check_private_fd(c->dfd, c->dir);
@@ -884,8 +885,14 @@ int tf__cache_open(const char *dir, uint64_t limit, uint64_t chunk_bytes, int cr
     if (fe && !strncmp(fe, "enospc:", 7)) c->fault_n = strtoull(fe + 7, NULL, 10);
 #endif
     c->dir = strdup(dir);
+    if (dir[0] == '/') {
+        c->abs = strdup(dir);
+    } else { /* the process may change its working directory later */
+        char cwd[4096];
+        c->abs = getcwd(cwd, sizeof cwd) ? cat3(cwd, "/", dir) : strdup(dir);
+    }
     c->peer_fds = malloc(MAX_PROCS * sizeof(int));
-    int rc = c->dir && c->peer_fds ? 0 : -ENOMEM;
+    int rc = c->dir && c->abs && c->peer_fds ? 0 : -ENOMEM;
     if (!rc) {
         for (int i = 0; i < MAX_PROCS; i++) c->peer_fds[i] = -1;
         size_t n = strlen(c->dir);
@@ -994,6 +1001,7 @@ void tf__cache_close(tf__cache *c) {
     if (c->hdr) munmap(c->hdr, c->map_len);
     if (c->dir) pthread_mutex_destroy(&c->mu);
     free(c->peer_fds);
+    free(c->abs);
     free(c->dir);
     free(c);
 }

@@ -231,6 +231,13 @@ int tf__dir_lock(int dfd, const char *dir, const char *what, int *lock_fd) {
         int r;
         while ((r = flock(fd, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
         }
+        if (r != 0 && (errno == ENOLCK || errno == ENOSYS || errno == EOPNOTSUPP)) {
+            /* a file system without flock (NFS without a lock manager): write
+             * unlocked, as before there was a lock; concurrent runs are then
+             * not detected */
+            close(fd);
+            return 0;
+        }
         if (r != 0) {
             int e = errno;
             char holder[128] = "";
@@ -278,9 +285,15 @@ static int is_tmp_name(const char *n) {
            (strncmp(n, ".shard-", 7) == 0 || strncmp(n, "." TF_MANIFEST_NAME ".", sizeof TF_MANIFEST_NAME + 1) == 0);
 }
 
+/* A name the writer gives shards: shard-<8 hex>-<5 or more digits>.tfs. */
 static int is_shard_name(const char *n) {
     size_t l = strlen(n);
-    return strncmp(n, "shard-", 6) == 0 && l > 10 && strcmp(n + l - 4, ".tfs") == 0;
+    if (strncmp(n, "shard-", 6) != 0 || l < 6 + 9 + 5 + 4 || strcmp(n + l - 4, ".tfs") != 0 || n[14] != '-') return 0;
+    for (size_t i = 6; i < 14; i++)
+        if (!strchr("0123456789abcdef", n[i])) return 0;
+    for (size_t i = 15; i < l - 4; i++)
+        if (n[i] < '0' || n[i] > '9') return 0;
+    return 1;
 }
 
 void tf__clean_unpublished(int dfd) {

@@ -63,7 +63,9 @@ TF_HIDDEN int tf__fsync_dir(int dfd, const char *dir);
  * pid and host for the message). The kernel drops it when its holder dies, so
  * a killed writer never leaves the directory locked. -EBUSY, with a sentence
  * naming the holder and `what`, when another open file holds it (another
- * process, or another writer of this one). The file is removed on unlock. */
+ * process, or another writer of this one). The file is removed on unlock.
+ * On a file system without flock (ENOLCK: NFS without a lock manager) it
+ * succeeds with *lock_fd = -1: nothing is locked there. */
 #define TF_DIR_LOCK_NAME ".tokenfeed.lock"
 TF_HIDDEN int tf__dir_lock(int dfd, const char *dir, const char *what, int *lock_fd);
 TF_HIDDEN void tf__dir_unlock(int dfd, int lock_fd);

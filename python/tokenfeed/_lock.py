@@ -60,6 +60,11 @@ class RunLock:
                 raise OSError(errno.EBUSY, f"{self.directory}: another process is writing here ({holder} holds "
                                            f"{self.name}) and {what} would collide with it. Wait for it to finish, "
                                            f"or write somewhere else; nothing of the other run was touched.") from None
+            except OSError as e:
+                os.close(fd)
+                if e.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+                return  # a file system without flock: run unlocked (concurrent runs go undetected)
             try:
                 now = os.stat(self.name, dir_fd=self._dfd, follow_symlinks=False)
             except FileNotFoundError:
