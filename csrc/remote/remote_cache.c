@@ -949,9 +949,9 @@ int tf__cache_open(const char *dir, uint64_t limit, uint64_t chunk_bytes, int cr
          * processes opening a new cache at once agree on one of each */
         while (flock(c->lock_fd, LOCK_EX) != 0 && errno == EINTR) {
         }
-        c->creator_limit = limit ? limit : default_limit(c->dfd);
+        c->creator_limit = default_limit(c->dfd); /* recorded if this process creates the index */
         if (upgrade) rc = upgrade_layout(c);
-        if (!rc) rc = map_index(c, c->creator_limit, chunk_bytes);
+        if (!rc) rc = map_index(c, limit ? limit : c->creator_limit, chunk_bytes);
         if (!rc) rc = load_key(c, create);
         if (!rc && !limit) c->limit = c->creator_limit ? c->creator_limit : default_limit(c->dfd);
         if (!rc && create) {
