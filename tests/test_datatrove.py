@@ -280,7 +280,8 @@ def test_worker_killed_then_rerun_no_duplicate_no_missing(corpus, tok_path, sing
     assert not (out / "tokenfeed.manifest").exists()
     names = os.listdir(out / "parts")
     assert "part-00002" not in names
-    staging = [n for n in names if n.startswith(".part-00002.")]
+    staging = [n for n in names if n.startswith(".part-00002.") and n.endswith(".tmp")]
+    assert ".part-00002.lock" in names  # its lock file; the next attempt takes the lock and removes it
     assert staging and any(f.endswith(".tfs") for f in os.listdir(out / "parts" / staging[0]))  # died mid-write
     done = sorted(os.listdir(logs / "completions"))
     assert "00002" not in done and done  # 2 workers: task 2 started after task 0 or 1 had finished

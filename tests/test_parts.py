@@ -126,6 +126,8 @@ def test_killed_part_leaves_only_a_hidden_staging_dir(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode == -signal.SIGKILL, p.stderr
     names = sorted(os.listdir(out / "parts"))
+    assert ".part-00001.lock" in names  # a killed attempt cannot remove its lock file: the next one does
+    names.remove(".part-00001.lock")
     assert names[1:] == ["part-00000", "part-00002"] and len(names) == 3
     assert names[0].startswith(".part-00001.") and names[0].endswith(".tmp")
     assert any(n.endswith(".tfs") for n in os.listdir(out / "parts" / names[0]))  # it died mid-write

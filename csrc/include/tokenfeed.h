@@ -320,7 +320,13 @@ TF_API void tf_writer_options_init(tf_writer_options *opt);
 
 /* Start writing a dataset into directory dir (created if missing). Nothing is
  * visible to readers until tf_writer_finish: shards are written to temporary
- * names, fsynced and renamed, and the manifest is written last. */
+ * names, fsynced and renamed, and the manifest is written last. dir is opened
+ * once; every file in it is then created, renamed and deleted relative to
+ * that descriptor without following symlinks (temporary files O_EXCL under
+ * random names), so a directory other users can write is safe to write into.
+ * The writer holds dir's lock (the file ".tokenfeed.lock", flock) until
+ * tf_writer_free: a second writer or merge into dir fails with -EBUSY naming
+ * the holder, and never touches this writer's files. */
 TF_API int tf_writer_create(const char *dir, const tf_writer_options *opt, tf_writer **out);
 
 /* Append one document of n tokens of dtype src_dtype (copied). Ids that are
@@ -348,7 +354,9 @@ TF_API void tf_writer_free(tf_writer *w);
  * manifest is refused, as unfinished). The manifest is published atomically;
  * merging the same parts again leaves it unchanged. A previous merge's
  * manifest is replaced; a dataset written by tf_writer in dir is replaced
- * only with overwrite (-EEXIST otherwise). No file is ever deleted. */
+ * only with overwrite (-EEXIST otherwise), and its shards are then removed
+ * once the merged manifest is in place. The merge holds dir's lock, as a
+ * writer does (-EBUSY while another writer or merge holds it). */
 TF_API int tf_dataset_merge(const char *dir, const char *const *parts, uint64_t nparts, int overwrite);
 
 /* ------------------------------------------------------------------------ */
@@ -426,7 +434,9 @@ TF_API void tf_transport_set_error(const char *fmt, ...)
 typedef struct tf_remote_config {
     const char *cache_dir;   /* required; created 0700 if missing. Refused when another
                                 user owns it or the group or others can write it. */
-    uint64_t cache_limit;    /* bytes of chunks kept (0: 10% of the free space, >= 1 GB) */
+    uint64_t cache_limit;    /* bytes of chunks kept (0: the cache's default, fixed when it is
+                                created: 10% of what its file system can hold, at least 1 GB
+                                but at most half of it) */
     uint64_t chunk_bytes;    /* bytes per chunk (0: 8 MiB); a multiple of 4096 */
     uint64_t prefetch_bytes; /* distinct chunk bytes requested ahead (0: min(limit / 2, 2 GiB)) */
     int fetch_threads;       /* concurrent range requests (0: 16) */

@@ -387,6 +387,12 @@ static PyObject *merge(PyObject *mod, PyObject *args, PyObject *kwargs) {
     rc = tf_dataset_merge(dir, names, (uint64_t)n, overwrite);
     if (rc < 0) snprintf(msg, sizeof msg, "%s", tf_last_error());
     Py_END_ALLOW_THREADS
+    if (rc == -EBUSY) { /* another writer or merge holds the directory */
+        PyObject *a = Py_BuildValue("(is)", EBUSY, msg);
+        if (a) PyErr_SetObject(PyExc_OSError, a);
+        Py_XDECREF(a);
+        goto finally;
+    }
     if (rc < 0) {
         tfpy_raise(PyModule_GetState(mod), rc, msg);
         goto finally;

@@ -42,6 +42,12 @@ static PyObject *Writer_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     tf_writer *w = NULL;
     int rc = tf_writer_create(PyBytes_AS_STRING(fs), &opt, &w);
     Py_DECREF(fs);
+    if (rc == -EBUSY) { /* another writer holds the directory: an OSError, not the device ring's RuntimeError */
+        PyObject *a = Py_BuildValue("(is)", EBUSY, tf_last_error());
+        if (a) PyErr_SetObject(PyExc_OSError, a);
+        Py_XDECREF(a);
+        return NULL;
+    }
     if (rc < 0) return tfpy_raise(tfpy_state_of_type(tp), rc, NULL);
     tfpy_Writer *self;
     TFPY_NEW_OWNER(self, tp, w, w, tf_writer_free);

@@ -43,7 +43,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -208,13 +207,20 @@ static int resolve_config(const tf_remote_config *in, tf_remote_config *c) {
     if (!c->chunk_bytes) c->chunk_bytes = 8u << 20;
     if (c->chunk_bytes % 4096 || c->chunk_bytes < (64u << 10) || c->chunk_bytes > (1u << 30))
         TF_FAIL(-EINVAL, "chunk_size: expected a multiple of 4096 between 64 KiB and 1 GiB, found %llu", (ull)c->chunk_bytes);
-    if (!c->cache_limit) {
-        struct statvfs sv;
-        uint64_t free_b = 0;
-        if (statvfs(c->cache_dir, &sv) == 0) free_b = (uint64_t)sv.f_bavail * sv.f_frsize;
-        c->cache_limit = free_b / 10;
-        if (c->cache_limit < 1000000000ull) c->cache_limit = 1000000000ull;
-    }
+    if (c->fetch_threads <= 0) c->fetch_threads = 16;
+    if (c->fetch_threads > 256) TF_FAIL(-EINVAL, "fetch_threads: expected 1 to 256, found %d", c->fetch_threads);
+    if (c->max_attempts <= 0) c->max_attempts = 8;
+    if (!c->backoff_ms) c->backoff_ms = 100;
+    if (!c->backoff_max_ms) c->backoff_max_ms = 5000;
+    if (c->backoff_max_ms < c->backoff_ms) c->backoff_max_ms = c->backoff_ms;
+    if (!c->deadline_ms) c->deadline_ms = 120000;
+    return 0;
+}
+
+/* With the cache open: its limit (0 asks for the cache's default, the same
+ * for every process of the node) and what depends on it. */
+static int resolve_limits(tf_remote_config *c, uint64_t cache_limit) {
+    c->cache_limit = cache_limit;
     if (c->cache_limit < 4 * c->chunk_bytes)
         TF_FAIL(-EINVAL, "cache_limit: expected at least 4 chunks (%llu bytes at chunk_size %llu), found %llu. Raise cache_limit or lower chunk_size.",
                 (ull)(4 * c->chunk_bytes), (ull)c->chunk_bytes, (ull)c->cache_limit);
@@ -223,13 +229,6 @@ static int resolve_config(const tf_remote_config *in, tf_remote_config *c) {
         if (c->prefetch_bytes > (2ull << 30)) c->prefetch_bytes = 2ull << 30;
     }
     if (c->prefetch_bytes > c->cache_limit) c->prefetch_bytes = c->cache_limit;
-    if (c->fetch_threads <= 0) c->fetch_threads = 16;
-    if (c->fetch_threads > 256) TF_FAIL(-EINVAL, "fetch_threads: expected 1 to 256, found %d", c->fetch_threads);
-    if (c->max_attempts <= 0) c->max_attempts = 8;
-    if (!c->backoff_ms) c->backoff_ms = 100;
-    if (!c->backoff_max_ms) c->backoff_max_ms = 5000;
-    if (c->backoff_max_ms < c->backoff_ms) c->backoff_max_ms = c->backoff_ms;
-    if (!c->deadline_ms) c->deadline_ms = 120000;
     return 0;
 }
 
@@ -254,6 +253,7 @@ int tf_remote_create(const tf_transport *t, const tf_remote_config *cfg, tf_remo
     }
     if (!rc) rc = init_locks(r);
     if (!rc) rc = tf__cache_open(r->cache_dir, r->cfg.cache_limit, r->cfg.chunk_bytes, 1, &r->cache);
+    if (!rc) rc = resolve_limits(&r->cfg, tf__cache_limit(r->cache));
     if (rc) {
         tf__cache_close(r->cache);
         free(r->cache_dir);
@@ -1169,6 +1169,7 @@ int tf__robj_read_small(const tf__robj *o, uint64_t off, uint64_t len, void *out
      * the chunk, which then stays cached */
     if (reader_position() == TF__NO_NEED || len > limit || chunk_ready(o, k)) return 1;
     check_fork(r);
+    TF_TRY(tf__cache_failed(r->cache)); /* chunks fetched ahead do not land: say so, not read around it */
     uint64_t a = off, b = off + len;
     if (o->sums) {
         a = a / o->granule * o->granule;

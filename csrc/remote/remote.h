@@ -232,8 +232,19 @@ TF_HIDDEN int tf__cache_present(tf__cache *c, const tf__ckey *key);
 TF_HIDDEN uint64_t tf__cache_evictions(const tf__cache *c);
 TF_HIDDEN void tf__cache_usage(tf__cache *c, uint64_t *bytes, uint64_t *limit);
 
+/* The limit in force: the one given, or the cache's default (recorded in its
+ * index by the process that created it: the same for every process). */
+TF_HIDDEN uint64_t tf__cache_limit(const tf__cache *c);
+/* -ENOSPC (with a message naming the directory) when a chunk could not be
+ * written since the last call because the disk is full, else 0: readers that
+ * do not wait for chunks (small direct reads) learn of it this way. */
+TF_HIDDEN int tf__cache_failed(tf__cache *c);
+/* Whether data[0, len) followed by its trailer is chunk k of this cache (the
+ * trailer's tag is keyed by the cache's secret). */
+TF_HIDDEN int tf__cache_trailer_ok(const tf__cache *c, const tf__ckey *k, const void *data, size_t len);
+
 /* Chunk file trailer (docs/remote.md). */
-#define TF__CHUNK_MAGIC "TFCHUNK1"
+#define TF__CHUNK_MAGIC "TFCHUNK2"
 #define TF__CHUNK_TRAILER 40u
 
 #endif

@@ -39,6 +39,16 @@
  *
  * Files removed while another process has them mapped stay readable there
  * (POSIX unlink); their space is freed when unmapped.
+ *
+ * Trust. The directory is checked (owner, mode) on the descriptor opened at
+ * open, and every file is reached relative to descriptors of the directory and
+ * its objects/, tmp/ and procs/ subdirectories, with O_NOFOLLOW: swapping the
+ * path (or a directory in it) under a running process changes nothing it
+ * reads or writes, and a chunk file must be a regular file of this user. A
+ * chunk's trailer carries a tag keyed by the cache's secret (the file "key",
+ * 0600, made with the cache): bytes another user planted fail it. Layout
+ * version 2 (the marker file); a cache of another layout is refused, never
+ * read.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -51,18 +61,22 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "../sources/safe_fs.h"
 #include "remote.h"
 
 typedef unsigned long long ull;
 
-#define IDX_MAGIC "TFCIDX01"
-#define IDX_VERSION 1u
+#define IDX_MAGIC "TFCIDX02"
+#define IDX_VERSION 2u
 #define MAX_PROCS 256
 #define HDR_BYTES 16384u
 #define NCAND 64
-#define MARKER "tokenfeed-cache 1\n"
+#define LAYOUT 2
+#define MARKER "tokenfeed-cache 2\n"
+#define KEY_BYTES 16
 
 enum { ST_EMPTY = 0, ST_FETCHING = 1, ST_PRESENT = 2, ST_TOMB = 3 };
 
@@ -83,7 +97,8 @@ typedef struct idx_hdr {
     uint64_t stamp;  /* logical clock for LRU among chunks without a need */
     _Atomic uint64_t evictions; /* bumped on every removal: readers revalidate mappings */
     uint64_t changes; /* bumped by publish, commit and eviction: candidate lists go stale */
-    uint64_t pad[5];
+    uint64_t default_limit; /* the limit of processes that set none (fixed by the creator) */
+    uint64_t pad[4];
     idx_proc procs[MAX_PROCS];
 } idx_hdr;
 
@@ -108,7 +123,13 @@ typedef struct cand {
 } cand;
 
 struct tf__cache {
-    char *dir;
+    char *dir;   /* for messages */
+    char *abs;   /* dir made absolute at open: the re-check on use */
+    int dfd;     /* the directory, checked at open; everything is reached through it */
+    int obj_fd, tmp_fd, procs_fd;
+    dev_t dev;   /* the directory's identity at open */
+    ino_t ino;
+    uint64_t key[2]; /* the cache's secret: keys the chunk trailers */
     int lock_fd;
     int slot_fd;
     int index_fd;
@@ -116,6 +137,7 @@ struct tf__cache {
     uint32_t slot, gen;
     pid_t pid;
     uint64_t limit;
+    uint64_t creator_limit; /* the default limit recorded in the index */
     idx_hdr *hdr;
     idx_rec *recs;
     size_t map_len;
@@ -128,6 +150,7 @@ struct tf__cache {
     uint64_t fault_n;
     _Atomic uint64_t fault_count;
     int positioned; /* a scheduler of this process published a position */
+    _Atomic int full; /* a chunk could not land: the disk is full (reported once, tf__cache_failed) */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -157,14 +180,16 @@ static int chunk_path(const tf__cache *c, const tf__ckey *k, char *out, size_t c
 }
 
 /* The directory must be ours and writable by nobody else: a cache another
- * user can write could feed a run poisoned bytes. */
-static int check_private(const char *path, int want_dir) {
+ * user can write could feed a run poisoned bytes. Checked on the object
+ * opened (fstat), not on a path that may name another one by the time it is
+ * used. */
+static int check_private_fd(int fd, const char *path) {
     struct stat st;
-    if (stat(path, &st) != 0) {
+    if (fstat(fd, &st) != 0) {
         int e = errno;
         TF_FAIL(-e, "%s: cannot stat the cache directory: %s", path, strerror(e));
     }
-    if (want_dir && !S_ISDIR(st.st_mode)) TF_FAIL(-ENOTDIR, "%s: the cache path is not a directory. Pass cache_dir= a directory.", path);
+    if (!S_ISDIR(st.st_mode)) TF_FAIL(-ENOTDIR, "%s: the cache path is not a directory. Pass cache_dir= a directory.", path);
     if (st.st_uid != geteuid())
         TF_FAIL(-EPERM, "%s: the cache directory belongs to uid %u, not to this user (uid %u). A cache another user controls could feed the run altered bytes: use a directory of your own (cache_dir=).",
                 path, (unsigned)st.st_uid, (unsigned)geteuid());
@@ -172,6 +197,26 @@ static int check_private(const char *path, int want_dir) {
         TF_FAIL(-EPERM, "%s: the cache directory is writable by %s (mode %03o). A cache others can write could feed the run altered bytes: run `chmod go-w %s` or use another cache_dir.",
                 path, (st.st_mode & S_IWOTH) ? "every user" : "its group", (unsigned)(st.st_mode & 0777), path);
     return 0;
+}
+
+/* Open the subdirectory name of the cache (creating it when create), never
+ * through a symlink, and check it as the cache directory itself. */
+static int open_sub(int dfd, const char *dir, const char *name, int create, int *out) {
+    *out = -1;
+    char *p = cat3(dir, "/", name);
+    if (!p) return -ENOMEM;
+    int rc = 0;
+    if (create && mkdirat(dfd, name, 0700) != 0 && errno != EEXIST)
+        rc = tf__seterr(-errno, "%s: cannot create: %s", p, strerror(errno));
+    int fd = rc ? -1 : openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (!rc && fd < 0)
+        rc = tf__seterr(-errno, "%s: cannot open: %s", p,
+                        errno == ELOOP || errno == ENOTDIR ? "not a directory (a symbolic link?)" : strerror(errno));
+    if (!rc) rc = check_private_fd(fd, p);
+    free(p);
+    if (rc && fd >= 0) close(fd);
+    if (!rc) *out = fd;
+    return rc;
 }
 
 /* mkdir -p with mode 0700 for every component created. */
@@ -199,29 +244,13 @@ static int mkdirs(const char *path) {
     return rc;
 }
 
-static int ensure_sub(const char *dir, const char *name) {
-    char *p = cat3(dir, "/", name);
-    if (!p) return -ENOMEM;
-    int rc = 0;
-    if (mkdir(p, 0700) != 0 && errno != EEXIST) {
-        int e = errno;
-        rc = tf__seterr(-e, "%s: cannot create: %s", p, strerror(e));
-    }
-    if (!rc) rc = check_private(p, 1);
-    free(p);
-    return rc;
-}
-
-static int write_small_file(const char *dir, const char *name, const char *text) {
-    char *p = cat3(dir, "/", name);
-    if (!p) return -ENOMEM;
-    int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+static int write_small_file(int dfd, const char *name, const char *text) {
+    int fd = openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd >= 0) {
         ssize_t w = write(fd, text, strlen(text));
         (void)w;
         close(fd);
     }
-    free(p);
     return 0;
 }
 
@@ -317,12 +346,9 @@ static int slot_alive(tf__cache *c, uint32_t slot, uint32_t gen) {
     if (slot == c->slot) return gen == c->gen;
     if ((uint32_t)c->hdr->procs[slot].gen != gen) return 0;
     if (c->peer_fds[slot] < 0) {
-        char name[64];
-        snprintf(name, sizeof name, "procs/%u.lock", slot);
-        char *p = cat3(c->dir, "/", name);
-        if (!p) return 1; /* cannot tell: assume alive (safe: we only wait) */
-        c->peer_fds[slot] = open(p, O_RDONLY | O_CLOEXEC);
-        free(p);
+        char name[32];
+        snprintf(name, sizeof name, "%u.lock", slot);
+        c->peer_fds[slot] = openat(c->procs_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
         if (c->peer_fds[slot] < 0) return 0;
     }
     if (flock(c->peer_fds[slot], LOCK_SH | LOCK_NB) == 0) {
@@ -399,10 +425,29 @@ static void scan_candidates(tf__cache *c) {
     }
 }
 
+/* The object directory of k (created when create), or -errno. */
+static int obj_dir(const tf__cache *c, const tf__ckey *k, int create) {
+    char h[33];
+    oid_hex(k, h);
+    if (create && mkdirat(c->obj_fd, h, 0700) != 0 && errno != EEXIST) return -errno;
+    int fd = openat(c->obj_fd, h, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    return fd < 0 ? -errno : fd;
+}
+
+static void chunk_name(const tf__ckey *k, char out[16]) { snprintf(out, 16, "%08x.c", k->chunk); }
+
+static void unlink_chunk(const tf__cache *c, const tf__ckey *k) {
+    int d = obj_dir(c, k, 0);
+    if (d < 0) return;
+    char nm[16];
+    chunk_name(k, nm);
+    unlinkat(d, nm, 0);
+    close(d);
+}
+
 static void evict_rec(tf__cache *c, idx_rec *r) {
-    char path[4096];
     tf__ckey k = {r->oid_lo, r->oid_hi, r->chunk};
-    if (chunk_path(c, &k, path, sizeof path) == 0) unlink(path);
+    unlink_chunk(c, &k);
     c->hdr->bytes -= r->bytes < c->hdr->bytes ? r->bytes : c->hdr->bytes;
     if (c->hdr->chunks) c->hdr->chunks--;
     remove_rec(c, r);
@@ -484,20 +529,26 @@ static int tmp_owner(const char *name, uint32_t *slot, uint32_t *gen) {
 }
 
 /* Remove the temporary files of dead processes (lock held). */
+/* A directory stream over a copy of dfd (the descriptor stays usable). */
+static DIR *open_dir_fd(int dfd) {
+    int d = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *dp = d >= 0 ? fdopendir(d) : NULL;
+    if (!dp && d >= 0) close(d);
+    if (dp) rewinddir(dp);
+    return dp;
+}
+
 static void clean_tmp(tf__cache *c) {
-    char *td = cat3(c->dir, "/tmp", NULL);
-    if (!td) return;
-    DIR *t = opendir(td);
+    DIR *t = open_dir_fd(c->tmp_fd);
     if (t) {
         struct dirent *e;
         while ((e = readdir(t))) {
             uint32_t s, g;
             if (e->d_name[0] == '.' || !tmp_owner(e->d_name, &s, &g)) continue;
-            if (!slot_alive(c, s, g)) unlinkat(dirfd(t), e->d_name, 0);
+            if (!slot_alive(c, s, g)) unlinkat(c->tmp_fd, e->d_name, 0);
         }
         closedir(t);
     }
-    free(td);
 }
 
 /* Rebuild the index from the chunk files (lock held, table possibly torn). */
@@ -505,25 +556,23 @@ static int rebuild(tf__cache *c) {
     memset(c->recs, 0, (c->mask + 1) * sizeof *c->recs);
     c->hdr->used = c->hdr->tombs = c->hdr->bytes = c->hdr->chunks = 0;
     c->ncand = 0;
-    char *od = cat3(c->dir, "/objects", NULL);
-    if (!od) return -ENOMEM;
-    DIR *d = opendir(od);
+    DIR *d = open_dir_fd(c->obj_fd);
     if (d) {
         struct dirent *e;
         while ((e = readdir(d))) {
             uint64_t hi, lo;
             if (strlen(e->d_name) != 32 || !parse_hex(e->d_name, 16, &hi) || !parse_hex(e->d_name + 16, 16, &lo)) continue;
-            char *sub = cat3(od, "/", e->d_name);
-            if (!sub) continue;
-            DIR *sd = opendir(sub);
+            int sfd = openat(c->obj_fd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            DIR *sd = sfd >= 0 ? fdopendir(sfd) : NULL;
+            if (!sd && sfd >= 0) close(sfd);
             if (sd) {
                 struct dirent *f;
                 while ((f = readdir(sd))) {
                     uint64_t k;
                     if (strlen(f->d_name) != 10 || strcmp(f->d_name + 8, ".c") != 0 || !parse_hex(f->d_name, 8, &k)) continue;
                     struct stat st;
-                    if (fstatat(dirfd(sd), f->d_name, &st, 0) != 0 || !S_ISREG(st.st_mode) ||
-                        (uint64_t)st.st_size <= TF__CHUNK_TRAILER)
+                    if (fstatat(dirfd(sd), f->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+                        st.st_uid != geteuid() || (uint64_t)st.st_size <= TF__CHUNK_TRAILER)
                         continue;
                     tf__ckey key = {lo, hi, (uint32_t)k};
                     idx_rec *r = insert(c, &key);
@@ -537,11 +586,9 @@ static int rebuild(tf__cache *c) {
                 }
                 closedir(sd);
             }
-            free(sub);
         }
         closedir(d);
     }
-    free(od);
     clean_tmp(c);
     return 0;
 }
@@ -562,7 +609,7 @@ static uint64_t table_slots(uint64_t limit, uint64_t chunk_bytes) {
 static int map_index(tf__cache *c, uint64_t limit, uint64_t chunk_bytes) {
     char *p = cat3(c->dir, "/index", NULL);
     if (!p) return -ENOMEM;
-    c->index_fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    c->index_fd = openat(c->dfd, "index", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     int e = errno;
     if (c->index_fd < 0) {
         int rc = tf__seterr(-e, "%s: cannot open the cache index: %s", p, strerror(e));
@@ -574,6 +621,12 @@ static int map_index(tf__cache *c, uint64_t limit, uint64_t chunk_bytes) {
         e = errno;
         free(p);
         TF_FAIL(-e, "cannot stat the cache index: %s", strerror(e));
+    }
+    if (!S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+        int rc = tf__seterr(-EPERM, "%s: the cache index is not a regular file of this user (uid %u). Use a cache directory of your own (cache_dir=).",
+                            p, (unsigned)geteuid());
+        free(p);
+        return rc;
     }
     uint64_t nslots;
     if (st.st_size == 0) {
@@ -591,6 +644,7 @@ static int map_index(tf__cache *c, uint64_t limit, uint64_t chunk_bytes) {
         h.version = IDX_VERSION;
         h.rec_size = sizeof(idx_rec);
         h.nslots = nslots;
+        h.default_limit = c->creator_limit;
         if (pwrite(c->index_fd, &h, sizeof h, 0) != (ssize_t)sizeof h) {
             e = errno ? errno : EIO;
             int rc = tf__seterr(-e, "%s: cannot write the cache index: %s", p, strerror(e));
@@ -611,6 +665,7 @@ static int map_index(tf__cache *c, uint64_t limit, uint64_t chunk_bytes) {
             return rc;
         }
         nslots = h.nslots;
+        c->creator_limit = h.default_limit;
     }
     free(p);
     c->map_len = HDR_BYTES + (size_t)nslots * sizeof(idx_rec);
@@ -627,12 +682,9 @@ static int map_index(tf__cache *c, uint64_t limit, uint64_t chunk_bytes) {
 
 static int claim_slot(tf__cache *c) {
     for (uint32_t i = 0; i < MAX_PROCS; i++) {
-        char name[64];
-        snprintf(name, sizeof name, "/procs/%u.lock", i);
-        char *p = cat3(c->dir, name, NULL);
-        if (!p) return -ENOMEM;
-        int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-        free(p);
+        char name[32];
+        snprintf(name, sizeof name, "%u.lock", i);
+        int fd = openat(c->procs_fd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
         if (fd < 0) continue;
         if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
             c->slot_fd = fd;
@@ -648,7 +700,7 @@ static int claim_slot(tf__cache *c) {
 static int open_lock(tf__cache *c) {
     char *p = cat3(c->dir, "/lock", NULL);
     if (!p) return -ENOMEM;
-    c->lock_fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    c->lock_fd = openat(c->dfd, "lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     int e = errno;
     int rc = c->lock_fd < 0 ? tf__seterr(-e, "%s: cannot open: %s", p, strerror(e)) : 0;
     free(p);
@@ -670,71 +722,242 @@ static int register_slot(tf__cache *c) {
     return 0;
 }
 
+/* The layout marker: 1 this layout, 0 absent, -2 an older layout, -1 another
+ * (message set for both). */
+static int read_marker(int dfd, const char *dir) {
+    int fd = openat(dfd, "tokenfeed-cache", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT) return 0;
+    char b[64] = "";
+    ssize_t n = fd >= 0 ? read(fd, b, sizeof b - 1) : -1;
+    if (fd >= 0) close(fd);
+    b[n > 0 ? n : 0] = '\0';
+    if (strcmp(b, MARKER) == 0) return 1;
+    unsigned v = 0;
+    int older = sscanf(b, "tokenfeed-cache %u", &v) == 1 && v >= 1 && v < LAYOUT;
+    if (v)
+        tf__seterr(-TF_EFORMAT, "%s: a tokenfeed cache of layout %u (made by %s tokenfeed); this one reads layout %d only. %s",
+                   dir, v, older ? "an older" : "a newer", LAYOUT,
+                   older ? "Opening a remote dataset with this cache_dir empties it and makes it again in this layout, once no process of the older version has it open."
+                         : "Use another cache_dir, or the tokenfeed that made it.");
+    else
+        tf__seterr(-TF_EFORMAT, "%s: the tokenfeed-cache file is damaged or not a regular file. Use another cache_dir, or delete this directory (no process may be using it).",
+                   dir);
+    return older ? -2 : -1;
+}
+
+/* Remove every entry of the directory name in dfd (regular files, and with
+ * depth 1 the regular files of its subdirectories, then those), never
+ * following a symlink. */
+static void empty_dir(int dfd, const char *name, int depth) {
+    int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0) close(fd);
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        struct stat st;
+        if (fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+        if (S_ISDIR(st.st_mode) && depth > 0) {
+            empty_dir(fd, e->d_name, depth - 1);
+            unlinkat(fd, e->d_name, AT_REMOVEDIR);
+        } else if (!S_ISDIR(st.st_mode)) {
+            unlinkat(fd, e->d_name, 0);
+        }
+    }
+    closedir(d);
+}
+
+/* A cache of an older layout (lock held, its marker read): nothing in it can
+ * be read by this version, so it is emptied and made again, unless a process
+ * of the older version still has it open (it holds a process slot). */
+static int upgrade_layout(tf__cache *c) {
+    if (read_marker(c->dfd, c->dir) == 1) { /* another process upgraded it meanwhile */
+        tf__clearerr();
+        return 0;
+    }
+    DIR *d = open_dir_fd(c->procs_fd);
+    int busy = 0;
+    struct dirent *e;
+    while (d && !busy && (e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        int fd = openat(c->procs_fd, e->d_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0) continue;
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) busy = 1;
+        close(fd);
+    }
+    if (d) closedir(d);
+    if (busy)
+        TF_FAIL(-TF_EFORMAT, "%s: a cache of an older layout, still in use by a process of an older tokenfeed. Use another cache_dir, or let that process finish: the next open then rebuilds the cache in this layout.",
+                c->dir);
+    unlinkat(c->dfd, "tokenfeed-cache", 0); /* first: a crash from here leaves a cache to make again */
+    empty_dir(c->dfd, "objects", 1);
+    empty_dir(c->dfd, "tmp", 0);
+    empty_dir(c->dfd, "procs", 0);
+    unlinkat(c->dfd, "index", 0);
+    unlinkat(c->dfd, "key", 0);
+    tf__clearerr();
+    return 0;
+}
+
+/* The cache's secret (lock held): read from "key", made when missing. Only
+ * this user can read it (0600 in a 0700 directory), so only this user's
+ * processes can make a chunk trailer that verifies. */
+static int load_key(tf__cache *c, int create) {
+    uint8_t k[KEY_BYTES];
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int fd = openat(c->dfd, "key", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd >= 0) {
+            struct stat st;
+            int ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() && !(st.st_mode & 077) &&
+                     st.st_size == KEY_BYTES && pread(fd, k, KEY_BYTES, 0) == KEY_BYTES;
+            close(fd);
+            if (ok) {
+                c->key[0] = tf__le64(k);
+                c->key[1] = tf__le64(k + 8);
+                return 0;
+            }
+            if (!create)
+                TF_FAIL(-EPERM, "%s/key: the cache's key is not a %d-byte file only this user can read. Delete the cache directory (no process may be using it) and let it be rebuilt.",
+                        c->dir, KEY_BYTES);
+            /* damaged (a crash while it was made): a new key; chunks made
+             * with the old one fail their check and are fetched again */
+            unlinkat(c->dfd, "key", 0);
+        } else if (errno != ENOENT || !create) {
+            int e = errno == ENOENT ? ENOENT : errno;
+            TF_FAIL(-e, "%s/key: cannot read the cache's key: %s", c->dir, strerror(e));
+        }
+        tf__random_bytes(k, sizeof k);
+        char tmp[48];
+        snprintf(tmp, sizeof tmp, "key.%u.tmp", (unsigned)getpid());
+        unlinkat(c->dfd, tmp, 0);
+        fd = openat(c->dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd < 0) TF_FAIL(-errno, "%s: cannot create the cache's key: %s", c->dir, strerror(errno));
+        int ok = write(fd, k, sizeof k) == (ssize_t)sizeof k && fsync(fd) == 0;
+        close(fd);
+        if (!ok || renameat(c->dfd, tmp, c->dfd, "key") != 0) {
+            int e = errno ? errno : EIO;
+            unlinkat(c->dfd, tmp, 0);
+            TF_FAIL(-e, "%s: cannot write the cache's key: %s", c->dir, strerror(e));
+        }
+    }
+    TF_FAIL(-EIO, "%s/key: cannot make the cache's key", c->dir);
+}
+
+/* The limit of a process that sets none: 10% of what the cache's file system
+ * can hold (its free space plus the chunks already cached), at least 1 GB,
+ * but never more than half of what it can hold, so that a small disk gets a
+ * limit that fits it. Fixed by the process that creates the index and
+ * recorded there: every process of the node gets the same one. */
+static uint64_t default_limit(int dfd) {
+    struct statvfs sv;
+    if (fstatvfs(dfd, &sv) != 0) return 1000000000ull;
+    uint64_t room = (uint64_t)sv.f_bavail * sv.f_frsize, lim = room / 10;
+    if (lim < 1000000000ull) lim = 1000000000ull;
+    if (lim > room / 2) lim = room / 2;
+    return lim;
+}
+
+/* Whether the path still names the directory opened, and it is still
+ * private: re-checked whenever a chunk is mapped, so a cache swapped or
+ * opened up under a running process is noticed (its descriptors keep
+ * reaching the directory checked at open either way). */
+static int recheck(const tf__cache *c) {
+    struct stat st;
+    if (stat(c->abs, &st) != 0 || st.st_dev != c->dev || st.st_ino != c->ino)
+        TF_FAIL(-EPERM, "%s: the cache directory was replaced (or moved) since this process opened it. Someone able to write a directory above it may be tampering with it: use a cache_dir whose parent directories only you can write.",
+                c->dir);
+    return check_private_fd(c->dfd, c->dir);
+}
+
 int tf__cache_open(const char *dir, uint64_t limit, uint64_t chunk_bytes, int create, tf__cache **out) {
     *out = NULL;
     if (!dir || !*dir) TF_FAIL(-EINVAL, "cache_dir: expected a directory, found an empty path");
     if (create) TF_TRY(mkdirs(dir));
-    TF_TRY(check_private(dir, 1));
-    char *marker = cat3(dir, "/tokenfeed-cache", NULL);
-    if (!marker) return -ENOMEM;
-    struct stat st;
-    int have = stat(marker, &st) == 0;
-    free(marker);
-    if (!have && !create) TF_FAIL(-ENOENT, "%s: not a tokenfeed cache directory (no tokenfeed-cache file)", dir);
-    if (!have) {
-        /* an existing non-empty directory that is not a cache: refuse rather
-         * than fill (and later prune) someone's files */
-        DIR *d = opendir(dir);
-        int other = 0;
-        if (d) {
-            struct dirent *e;
-            while ((e = readdir(d)))
-                if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && strcmp(e->d_name, "lock") &&
-                    strcmp(e->d_name, "index") && strcmp(e->d_name, "objects") && strcmp(e->d_name, "tmp") &&
-                    strcmp(e->d_name, "procs") && strcmp(e->d_name, "CACHEDIR.TAG"))
-                    other = 1;
-            closedir(d);
-        }
-        if (other)
-            TF_FAIL(-EEXIST, "%s: the directory holds other files and is not a tokenfeed cache. Pass cache_dir= an empty or new directory.", dir);
-    }
     tf__cache *c = calloc(1, sizeof *c);
     if (!c) return -ENOMEM;
-    c->lock_fd = c->slot_fd = c->index_fd = -1;
+    c->lock_fd = c->slot_fd = c->index_fd = c->obj_fd = c->tmp_fd = c->procs_fd = -1;
     c->limit = limit;
 #ifdef TF_TEST_HOOKS
     const char *fe = getenv("TOKENFEED_FAULT_CACHE");
     if (fe && !strncmp(fe, "enospc:", 7)) c->fault_n = strtoull(fe + 7, NULL, 10);
 #endif
     c->dir = strdup(dir);
+    if (dir[0] == '/') {
+        c->abs = strdup(dir);
+    } else { /* the process may change its working directory later */
+        char cwd[4096];
+        c->abs = getcwd(cwd, sizeof cwd) ? cat3(cwd, "/", dir) : strdup(dir);
+    }
     c->peer_fds = malloc(MAX_PROCS * sizeof(int));
-    int rc = c->dir && c->peer_fds ? 0 : -ENOMEM;
+    int rc = c->dir && c->abs && c->peer_fds ? 0 : -ENOMEM;
     if (!rc) {
         for (int i = 0; i < MAX_PROCS; i++) c->peer_fds[i] = -1;
         size_t n = strlen(c->dir);
         while (n > 1 && c->dir[n - 1] == '/') c->dir[--n] = '\0';
         pthread_mutex_init(&c->mu, NULL);
+        c->dfd = open(c->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (c->dfd < 0) {
+            int e = errno;
+            rc = e == ENOTDIR ? tf__seterr(-ENOTDIR, "%s: the cache path is not a directory. Pass cache_dir= a directory.", dir)
+                              : tf__seterr(-e, "%s: cannot open the cache directory: %s", dir, strerror(e));
+        }
+    } else {
+        c->dfd = -1;
     }
-    if (!rc && create) {
-        rc = ensure_sub(c->dir, "objects");
-        if (!rc) rc = ensure_sub(c->dir, "tmp");
-        if (!rc) rc = ensure_sub(c->dir, "procs");
-    } else if (!rc) {
-        char *o = cat3(c->dir, "/objects", NULL);
-        rc = o ? check_private(o, 1) : -ENOMEM;
-        free(o);
+    if (!rc) rc = check_private_fd(c->dfd, c->dir);
+    if (!rc) {
+        struct stat st;
+        fstat(c->dfd, &st);
+        c->dev = st.st_dev;
+        c->ino = st.st_ino;
     }
+    int have = 0, upgrade = 0;
+    if (!rc) {
+        have = read_marker(c->dfd, c->dir);
+        upgrade = have == -2 && create;
+        if (upgrade) have = 1; /* its files are ours to replace (below, under the lock) */
+        else if (have < 0) rc = -TF_EFORMAT;
+        else if (!have && !create) rc = tf__seterr(-ENOENT, "%s: not a tokenfeed cache directory (no tokenfeed-cache file)", dir);
+    }
+    if (!rc && !have) {
+        /* an existing non-empty directory that is not a cache: refuse rather
+         * than fill (and later prune) someone's files */
+        DIR *d = open_dir_fd(c->dfd);
+        int other = 0;
+        if (d) {
+            struct dirent *e;
+            static const char *const ours[] = {".", "..", "lock", "index", "objects", "tmp", "procs", "key", "CACHEDIR.TAG"};
+            while ((e = readdir(d))) {
+                int known = strncmp(e->d_name, "key.", 4) == 0;
+                for (size_t i = 0; i < sizeof ours / sizeof *ours && !known; i++) known = strcmp(e->d_name, ours[i]) == 0;
+                if (!known) other = 1;
+            }
+            closedir(d);
+        }
+        if (other)
+            rc = tf__seterr(-EEXIST, "%s: the directory holds other files and is not a tokenfeed cache. Pass cache_dir= an empty or new directory.", dir);
+    }
+    if (!rc) rc = open_sub(c->dfd, c->dir, "objects", create, &c->obj_fd);
+    if (!rc) rc = open_sub(c->dfd, c->dir, "tmp", create, &c->tmp_fd);
+    if (!rc) rc = open_sub(c->dfd, c->dir, "procs", create, &c->procs_fd);
     if (!rc) rc = open_lock(c);
     if (!rc) {
-        /* creating the index happens under the lock, so two processes
-         * opening a new cache at once agree on one table */
+        /* creating the index and the key happens under the lock, so two
+         * processes opening a new cache at once agree on one of each */
         while (flock(c->lock_fd, LOCK_EX) != 0 && errno == EINTR) {
         }
-        rc = map_index(c, limit, chunk_bytes);
+        c->creator_limit = default_limit(c->dfd); /* recorded if this process creates the index */
+        if (upgrade) rc = upgrade_layout(c);
+        if (!rc) rc = map_index(c, limit ? limit : c->creator_limit, chunk_bytes);
+        if (!rc) rc = load_key(c, create);
+        if (!rc && !limit) c->limit = c->creator_limit ? c->creator_limit : default_limit(c->dfd);
         if (!rc && create) {
-            write_small_file(c->dir, "CACHEDIR.TAG",
+            write_small_file(c->dfd, "CACHEDIR.TAG",
                              "Signature: 8a477f597d28d172789f06886806bc55\n# This directory is a tokenfeed chunk cache (docs/remote.md).\n");
-            write_small_file(c->dir, "tokenfeed-cache", MARKER);
+            write_small_file(c->dfd, "tokenfeed-cache", MARKER); /* last: the cache is complete */
         }
         flock(c->lock_fd, LOCK_UN);
     }
@@ -745,6 +968,14 @@ int tf__cache_open(const char *dir, uint64_t limit, uint64_t chunk_bytes, int cr
     }
     *out = c;
     return 0;
+}
+
+uint64_t tf__cache_limit(const tf__cache *c) { return c->limit; }
+
+int tf__cache_failed(tf__cache *c) {
+    if (!atomic_exchange(&c->full, 0)) return 0;
+    TF_FAIL(-ENOSPC, "%s: the cache disk is full: chunks fetched ahead could not be written (cache_limit is %llu bytes, more than that file system has free). Nothing in the cache was damaged; free space there or lower cache_limit.",
+            c->dir, (ull)c->limit);
 }
 
 void tf__cache_close(tf__cache *c) {
@@ -760,12 +991,17 @@ void tf__cache_close(tf__cache *c) {
     if (c->slot_fd >= 0) close(c->slot_fd);
     if (c->lock_fd >= 0) close(c->lock_fd);
     if (c->index_fd >= 0) close(c->index_fd);
+    if (c->obj_fd >= 0) close(c->obj_fd);
+    if (c->tmp_fd >= 0) close(c->tmp_fd);
+    if (c->procs_fd >= 0) close(c->procs_fd);
+    if (c->dfd >= 0) close(c->dfd);
     if (c->peer_fds)
         for (int i = 0; i < MAX_PROCS; i++)
             if (c->peer_fds[i] >= 0) close(c->peer_fds[i]);
     if (c->hdr) munmap(c->hdr, c->map_len);
     if (c->dir) pthread_mutex_destroy(&c->mu);
     free(c->peer_fds);
+    free(c->abs);
     free(c->dir);
     free(c);
 }
@@ -876,40 +1112,88 @@ static int fault_write(tf__cache *c) {
     return c->fault_n && atomic_fetch_add(&c->fault_count, 1) + 1 == c->fault_n;
 }
 
-static void make_trailer(uint8_t t[TF__CHUNK_TRAILER], const tf__ckey *k, const void *data, size_t len) {
+/* SipHash-2-4 (Aumasson and Bernstein): a keyed PRF, so a tag cannot be
+ * made without the key. */
+#define SIPROUND                                                                                                       \
+    do {                                                                                                               \
+        v0 += v1; v1 = v1 << 13 | v1 >> 51; v1 ^= v0; v0 = v0 << 32 | v0 >> 32;                                          \
+        v2 += v3; v3 = v3 << 16 | v3 >> 48; v3 ^= v2;                                                                     \
+        v0 += v3; v3 = v3 << 21 | v3 >> 43; v3 ^= v0;                                                                     \
+        v2 += v1; v1 = v1 << 17 | v1 >> 47; v1 ^= v2; v2 = v2 << 32 | v2 >> 32;                                          \
+    } while (0)
+static uint64_t siphash(const uint64_t key[2], const uint8_t *m, size_t n) {
+    uint64_t v0 = 0x736f6d6570736575ull ^ key[0], v1 = 0x646f72616e646f6dull ^ key[1];
+    uint64_t v2 = 0x6c7967656e657261ull ^ key[0], v3 = 0x7465646279746573ull ^ key[1];
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w = tf__le64(m + i);
+        v3 ^= w;
+        SIPROUND;
+        SIPROUND;
+        v0 ^= w;
+    }
+    uint64_t b = (uint64_t)n << 56;
+    for (size_t j = 0; i + j < n; j++) b |= (uint64_t)m[i + j] << (8 * j);
+    v3 ^= b;
+    SIPROUND;
+    SIPROUND;
+    v0 ^= b;
+    v2 ^= 0xff;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+#undef SIPROUND
+
+/* Chunk trailer (layout 2): magic, object id, chunk index, length, then a tag
+ * keyed by the cache's secret: SipHash of those 32 bytes and of the data's
+ * XXH64 seeded with the secret (hashing the data itself with SipHash would
+ * cost a core per GB/s read; the seed is as secret as the key). */
+static void make_trailer(const tf__cache *c, uint8_t t[TF__CHUNK_TRAILER], const tf__ckey *k, const void *data, size_t len) {
     memcpy(t, TF__CHUNK_MAGIC, 8);
     tf__put_le64(t + 8, k->oid_lo ^ k->oid_hi);
     tf__put_le64(t + 16, k->chunk);
     tf__put_le64(t + 24, len);
-    tf__xxh64_state h;
-    tf__xxh64_reset(&h, 0);
-    tf__xxh64_update(&h, data, len);
-    tf__xxh64_update(&h, t, 32);
-    tf__put_le64(t + 32, tf__xxh64_digest(&h));
+    uint8_t m[40];
+    memcpy(m, t, 32);
+    tf__put_le64(m + 32, tf_hash64(data, len, c->key[0] ^ tf__mix64(c->key[1])));
+    tf__put_le64(t + 32, siphash(c->key, m, sizeof m));
 }
 
-/* objects/<oid>/ with its info file (written once, atomically). */
+int tf__cache_trailer_ok(const tf__cache *c, const tf__ckey *k, const void *data, size_t len) {
+    uint8_t expect[TF__CHUNK_TRAILER];
+    make_trailer(c, expect, k, data, len);
+    return memcmp((const uint8_t *)data + len, expect, TF__CHUNK_TRAILER) == 0;
+}
+
+/* objects/<oid>/ with its info file (written once, atomically). Returns the
+ * directory's descriptor, or -errno. */
 static int ensure_object_dir(tf__cache *c, const tf__ckey *k, const char *url, const tf_object_info *info) {
-    char h[33], path[4096];
+    char h[33];
     oid_hex(k, h);
-    snprintf(path, sizeof path, "%s/objects/%s", c->dir, h);
-    if (mkdir(path, 0700) != 0) {
-        if (errno == EEXIST) return 0;
+    int made = mkdirat(c->obj_fd, h, 0700) == 0;
+    if (!made && errno != EEXIST) {
         int e = errno;
-        TF_FAIL(-e, "%s: cannot create: %s", path, strerror(e));
+        TF_FAIL(-e, "%s/objects/%s: cannot create: %s", c->dir, h, strerror(e));
     }
-    char tmp[4200], dst[4200];
-    snprintf(tmp, sizeof tmp, "%s/tmp/%u-%u-%llu.info", c->dir, c->slot, c->gen,
-             (ull)atomic_fetch_add(&c->tmp_counter, 1));
-    snprintf(dst, sizeof dst, "%s/info", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) return 0; /* the info file only serves `tokenfeed cache show` */
+    int d = openat(c->obj_fd, h, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (d < 0) {
+        int e = errno;
+        TF_FAIL(-e, "%s/objects/%s: cannot open: %s", c->dir, h, strerror(e));
+    }
+    if (!made) return d;
+    char tmp[96];
+    snprintf(tmp, sizeof tmp, "%u-%u-%llu.info", c->slot, c->gen, (ull)atomic_fetch_add(&c->tmp_counter, 1));
+    int fd = openat(c->tmp_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) return d; /* the info file only serves `tokenfeed cache show` */
     char text[4600];
     int n = snprintf(text, sizeof text, "url %s\nsize %llu\nversion %s\n", url, (ull)info->size, info->version);
     int rc = write_all(fd, text, (size_t)(n > 0 && (size_t)n < sizeof text ? n : 0));
     close(fd);
-    if (rc || rename(tmp, dst) != 0) unlink(tmp);
-    return 0;
+    if (rc || renameat(c->tmp_fd, tmp, d, "info") != 0) unlinkat(c->tmp_fd, tmp, 0);
+    return d;
 }
 
 int tf__cache_commit(tf__cache *c, const tf__ckey *key, const char *url, const tf_object_info *info,
@@ -918,18 +1202,20 @@ int tf__cache_commit(tf__cache *c, const tf__ckey *key, const char *url, const t
         *map_out = NULL;
         *map_len_out = 0;
     }
-    char tmp[4096], dst[4096];
-    int rc = ensure_object_dir(c, key, url, info);
-    if (rc == 0) rc = chunk_path(c, key, dst, sizeof dst);
-    if (rc) {
+    char tmp[96], dst[16];
+    int od = ensure_object_dir(c, key, url, info), rc = 0;
+    if (od < 0) {
         tf__cache_abort(c, key);
-        return rc;
+        return od;
     }
-    snprintf(tmp, sizeof tmp, "%s/tmp/%u-%u-%llu.tmp", c->dir, c->slot, c->gen,
-             (ull)atomic_fetch_add(&c->tmp_counter, 1));
+    chunk_name(key, dst);
+    uint64_t rnd;
+    tf__random_bytes(&rnd, sizeof rnd);
+    snprintf(tmp, sizeof tmp, "%u-%u-%llu-%016llx.tmp", c->slot, c->gen, (ull)atomic_fetch_add(&c->tmp_counter, 1),
+             (ull)rnd);
     uint8_t tr[TF__CHUNK_TRAILER];
-    make_trailer(tr, key, data, len);
-    int fd = open(tmp, (map_out ? O_RDWR : O_WRONLY) | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    make_trailer(c, tr, key, data, len);
+    int fd = openat(c->tmp_fd, tmp, (map_out ? O_RDWR : O_WRONLY) | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     void *m = MAP_FAILED;
     if (fd < 0) {
         rc = -errno;
@@ -941,13 +1227,18 @@ int tf__cache_commit(tf__cache *c, const tf__ckey *key, const char *url, const t
         if (!rc && map_out) m = mmap(NULL, len + TF__CHUNK_TRAILER, PROT_READ, MAP_SHARED, fd, 0);
         if (close(fd) != 0 && !rc) rc = -errno;
         /* no fsync: a chunk torn by a power loss fails its hash and is fetched again */
-        if (!rc && rename(tmp, dst) != 0) {
+        if (!rc && renameat(c->tmp_fd, tmp, od, dst) != 0) {
             rc = -errno;
             /* a concurrent prune removed the (then empty) object directory */
-            if (rc == -ENOENT && ensure_object_dir(c, key, url, info) == 0) rc = rename(tmp, dst) == 0 ? 0 : -errno;
+            if (rc == -ENOENT) {
+                close(od);
+                od = ensure_object_dir(c, key, url, info);
+                rc = od < 0 ? od : renameat(c->tmp_fd, tmp, od, dst) == 0 ? 0 : -errno;
+            }
         }
-        if (rc) unlink(tmp);
+        if (rc) unlinkat(c->tmp_fd, tmp, 0);
     }
+    if (od >= 0) close(od);
     if (rc && m != MAP_FAILED) {
         munmap(m, len + TF__CHUNK_TRAILER);
         m = MAP_FAILED;
@@ -958,6 +1249,7 @@ int tf__cache_commit(tf__cache *c, const tf__ckey *key, const char *url, const t
     }
     if (rc) {
         tf__cache_abort(c, key);
+        if (rc == -ENOSPC || rc == -EDQUOT) atomic_store(&c->full, 1);
         if (rc == -ENOSPC || rc == -EDQUOT)
             TF_FAIL(-ENOSPC, "%s: the cache disk is full (writing a %zu-byte chunk of %s). Nothing in the cache was damaged; free space on that file system or lower cache_limit (now %llu bytes).",
                     c->dir, len, url, (ull)c->limit);
@@ -1006,11 +1298,10 @@ void tf__cache_unmap(void *map, size_t map_len) {
 }
 
 void tf__cache_forget(tf__cache *c, const tf__ckey *key) {
-    char path[4096];
     lock(c);
     idx_rec *r = find(c, key);
     if (r && r->state == ST_PRESENT) evict_rec(c, r);
-    else if (chunk_path(c, key, path, sizeof path) == 0) unlink(path);
+    else unlink_chunk(c, key);
     unlock(c);
 }
 
@@ -1018,24 +1309,32 @@ int tf__cache_map(tf__cache *c, const tf__ckey *key, size_t len, const uint64_t 
                   uint64_t granule, void **map, size_t *map_len) {
     *map = NULL;
     *map_len = 0;
-    char path[4096];
+    char path[4096], nm[16];
     TF_TRY(chunk_path(c, key, path, sizeof path));
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return errno == ENOENT ? -ENOENT : -errno;
+    TF_TRY(recheck(c));
+    int od = obj_dir(c, key, 0);
+    if (od < 0) return od == -ENOENT ? -ENOENT : od == -ELOOP || od == -ENOTDIR ? -TF_ECHECKSUM : od;
+    chunk_name(key, nm);
+    int fd = openat(od, nm, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    int fe = errno;
+    close(od);
+    if (fd < 0 && fe == ENOENT) return -ENOENT;
     struct stat st;
     const char *why = NULL;
     size_t want = len + TF__CHUNK_TRAILER;
     void *m = MAP_FAILED;
-    if (fstat(fd, &st) != 0) why = "cannot stat";
+    if (fd < 0) {
+        if (fe != ELOOP) return -fe;
+        why = "a symbolic link";
+    } else if (fstat(fd, &st) != 0) why = "cannot stat";
+    else if (!S_ISREG(st.st_mode) || st.st_uid != geteuid()) why = "not a regular file of this user";
     else if ((uint64_t)st.st_size != want) why = "wrong size";
     else m = mmap(NULL, want, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
+    if (fd >= 0) close(fd);
     if (!why && m == MAP_FAILED) why = "cannot map";
     if (!why) {
-        const uint8_t *b = m, *t = b + len;
-        uint8_t expect[TF__CHUNK_TRAILER];
-        make_trailer(expect, key, b, len);
-        if (memcmp(t, expect, TF__CHUNK_TRAILER) != 0) why = "trailer or XXH64 mismatch";
+        const uint8_t *b = m;
+        if (!tf__cache_trailer_ok(c, key, b, len)) why = "its trailer does not verify (damaged, or not written by this cache)";
         for (size_t g = 0; !why && sums && g < nsums; g++) {
             uint64_t off = g * granule, n = len - off < granule ? len - off : granule;
             if (off >= len) break;
@@ -1108,47 +1407,40 @@ static int open_admin(const char *dir, tf__cache **out) {
     return 0;
 }
 
-static uint64_t count_objects_and_tmp(const char *dir, uint64_t *temp_bytes, int remove_empty) {
+static uint64_t count_objects_and_tmp(const tf__cache *c, uint64_t *temp_bytes, int remove_empty) {
     uint64_t n = 0;
-    char *od = cat3(dir, "/objects", NULL);
-    DIR *d = od ? opendir(od) : NULL;
+    DIR *d = open_dir_fd(c->obj_fd);
     if (d) {
         struct dirent *e;
         while ((e = readdir(d))) {
             if (e->d_name[0] == '.') continue;
-            char *sub = cat3(od, "/", e->d_name);
-            DIR *sd = sub ? opendir(sub) : NULL;
+            int sfd = openat(c->obj_fd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            DIR *sd = sfd >= 0 ? fdopendir(sfd) : NULL;
+            if (!sd && sfd >= 0) close(sfd);
             int chunks = 0;
             if (sd) {
                 struct dirent *f;
                 while ((f = readdir(sd)))
                     if (strlen(f->d_name) > 2 && strcmp(f->d_name + strlen(f->d_name) - 2, ".c") == 0) chunks++;
+                if (!chunks && remove_empty) unlinkat(dirfd(sd), "info", 0);
                 closedir(sd);
             }
             if (chunks) n++;
-            else if (remove_empty && sub) {
-                char *info = cat3(sub, "/info", NULL);
-                if (info) unlink(info);
-                free(info);
-                rmdir(sub);
-            }
-            free(sub);
+            else if (remove_empty && sd) unlinkat(c->obj_fd, e->d_name, AT_REMOVEDIR);
         }
         closedir(d);
     }
-    free(od);
     *temp_bytes = 0;
-    char *td = cat3(dir, "/tmp", NULL);
-    DIR *t = td ? opendir(td) : NULL;
+    DIR *t = open_dir_fd(c->tmp_fd);
     if (t) {
         struct dirent *e;
         while ((e = readdir(t))) {
             struct stat st;
-            if (e->d_name[0] != '.' && fstatat(dirfd(t), e->d_name, &st, 0) == 0) *temp_bytes += (uint64_t)st.st_size;
+            if (e->d_name[0] != '.' && fstatat(c->tmp_fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0)
+                *temp_bytes += (uint64_t)st.st_size;
         }
         closedir(t);
     }
-    free(td);
     return n;
 }
 
@@ -1171,7 +1463,7 @@ int tf_cache_info_get(const char *dir, tf_cache_info *info) {
     for (uint32_t s = 0; s < MAX_PROCS; s++)
         if (c->hdr->procs[s].pid && slot_alive(c, s, (uint32_t)c->hdr->procs[s].gen)) info->processes++;
     unlock(c);
-    info->objects = count_objects_and_tmp(c->dir, &info->temp_bytes, 0);
+    info->objects = count_objects_and_tmp(c, &info->temp_bytes, 0);
     tf__cache_close(c);
     return 0;
 }
@@ -1198,7 +1490,7 @@ int tf_cache_prune(const char *dir, uint64_t keep_bytes) {
     }
     unlock(c);
     uint64_t tb;
-    if (!rc) count_objects_and_tmp(c->dir, &tb, 1);
+    if (!rc) count_objects_and_tmp(c, &tb, 1);
     tf__cache_close(c);
     return rc;
 }

@@ -5,11 +5,20 @@
  *   - One run = one random 32-bit run id; shards are named
  *     shard-<runid 8 hex>-<index 5 digits>.tfs, so a rewrite never touches the
  *     files the current manifest refers to.
- *   - A shard is written to ".<name>.tmp": header placeholder (zeros), tokens at
- *     offset 4096, document index, block table (zstd only), then the real header
- *     with pwrite, fsync, rename. The manifest is written last the same way and
- *     the directory fsynced before and after its rename, so a reader sees the
- *     old complete dataset or the new complete dataset, never a mix.
+ *   - A shard is written to ".<name>.<random>.tmp" (created O_EXCL|O_NOFOLLOW,
+ *     safe_fs.h): header placeholder (zeros), tokens at offset 4096, document
+ *     index, block table (zstd only), then the real header with pwrite, fsync,
+ *     rename (never over an existing name). The manifest is written last the
+ *     same way and the directory fsynced before and after its rename, so a
+ *     reader sees the old complete dataset or the new complete dataset, never
+ *     a mix.
+ *   - The directory is opened once; every file is reached relative to that
+ *     descriptor without following symlinks, because the directory may be
+ *     shared with other users (safe_fs.h). A writer holds the directory's
+ *     lock (".tokenfeed.lock", flock) from create to free: a second writer or
+ *     merge into the same directory is refused at once instead of deleting
+ *     this one's files. Holding it, create removes what killed writers left
+ *     (temporary files; shards too when there is no manifest).
  *   - Documents stay whole inside one shard: before adding a document, the
  *     writer rolls over when the current shard holds tokens and would pass
  *     shard_tokens. A document larger than shard_tokens gets a shard of its own.
@@ -30,8 +39,9 @@
  *     tf_writer_free of an unfinished writer removes its temporary file and the
  *     shards of this run already renamed (no manifest refers to them).
  *   - With overwrite, the previous manifest's shards are removed only after the
- *     new manifest is in place; a previous manifest that cannot be parsed is
- *     left alone along with its shards.
+ *     new manifest is in place, and only regular files reached without
+ *     following a symlink; a previous manifest that cannot be parsed is left
+ *     alone along with its shards.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -40,15 +50,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #ifdef TF_HAVE_ZSTD
 #include <zstd.h>
 #endif
 
+#include "manifest_write.h"
+#include "safe_fs.h"
 #include "source.h"
 
 typedef unsigned long long ull;
@@ -62,6 +72,8 @@ typedef struct shard_rec {
 
 struct tf_writer {
     char *dir;
+    int dfd;     /* the directory, opened once */
+    int lock_fd; /* its lock, held until free */
     tf_writer_options opt;
     size_t isz;
     uint32_t run_id;
@@ -71,7 +83,8 @@ struct tf_writer {
     /* current shard (fd < 0: none open) */
     int fd;
     char name[32];
-    char *tmp_path;
+    char tmp_name[64]; /* in dfd */
+    char *tmp_path;    /* dir/tmp_name, for messages */
     uint64_t pos; /* bytes written so far (file offset of the next write) */
     uint64_t cur_tokens, cur_docs;
     uint64_t *ends;
@@ -129,58 +142,9 @@ static int write_all(int fd, const void *buf, size_t n, const char *path) {
     return pwrite_all(fd, buf, n, TF_AT_POS, path);
 }
 
-static int fsync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        TF_FAIL(-e, "%s: cannot open directory to fsync: %s", dir, strerror(e));
-    }
-    int rc = 0;
-    if (fsync(fd) != 0 && errno != EINVAL) {
-        int e = errno;
-        rc = tf__seterr(-e, "%s: fsync of the directory failed: %s", dir, strerror(e));
-    }
-    close(fd);
-    return rc;
-}
-
-/* mkdir -p */
-static int make_dirs(const char *dir) {
-    char *p = strdup(dir);
-    if (!p) return -ENOMEM;
-    size_t n = strlen(p);
-    for (size_t i = 1; i <= n; i++) {
-        if (p[i] == '/' || p[i] == '\0') {
-            char c = p[i];
-            p[i] = '\0';
-            if (mkdir(p, 0777) != 0 && errno != EEXIST) {
-                int e = errno;
-                tf__seterr(-e, "%s: cannot create directory %s: %s", dir, p, strerror(e));
-                free(p);
-                return -e;
-            }
-            p[i] = c;
-        }
-    }
-    free(p);
+static int exists_at(int dfd, const char *name) {
     struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) TF_FAIL(-ENOTDIR, "%s: not a directory", dir);
-    return 0;
-}
-
-static int exists(const char *p) {
-    struct stat st;
-    return lstat(p, &st) == 0;
-}
-
-static uint32_t random_u32(void) {
-    uint32_t v = 0;
-    if (getrandom(&v, sizeof v, GRND_NONBLOCK) != (ssize_t)sizeof v) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        v = (uint32_t)tf_mix64((uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec << 30 ^ (uint64_t)getpid() << 48);
-    }
-    return v;
+    return fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -244,18 +208,20 @@ int tf_writer_create(const char *dir, const tf_writer_options *opt, tf_writer **
         opt = &dflt;
     }
     TF_TRY(check_options(opt));
-    TF_TRY(make_dirs(dir));
-    char *mpath = tf__path_join(dir, TF_MANIFEST_NAME);
-    if (!mpath) return -ENOMEM;
-    int had = exists(mpath);
-    free(mpath);
-    if (had && !opt->overwrite)
-        TF_FAIL(-EEXIST, "%s: a tokenfeed dataset already exists here (%s). Pass overwrite=True to replace it, or choose another directory.",
-                dir, TF_MANIFEST_NAME);
-
     tf_writer *w = calloc(1, sizeof *w);
     if (!w) return -ENOMEM;
-    w->fd = -1;
+    w->fd = w->lock_fd = -1;
+    int rc = tf__dir_open(dir, 1, &w->dfd);
+    if (rc == 0) rc = tf__dir_lock(w->dfd, dir, "this writer", &w->lock_fd);
+    if (rc == 0 && !opt->overwrite && exists_at(w->dfd, TF_MANIFEST_NAME))
+        rc = tf__seterr(-EEXIST, "%s: a tokenfeed dataset already exists here (%s). Pass overwrite=True to replace it, or choose another directory.",
+                        dir, TF_MANIFEST_NAME);
+    if (rc) {
+        w->finished = 1; /* nothing of ours to remove */
+        tf_writer_free(w);
+        return rc;
+    }
+    tf__clean_unpublished(w->dfd);
     w->opt = *opt;
     w->isz = tf_dtype_size(opt->dtype);
     w->dir = strdup(dir);
@@ -280,14 +246,10 @@ int tf_writer_create(const char *dir, const tf_writer_options *opt, tf_writer **
     }
     /* A run id whose first shard name is free; 2^-32 odds of a clash per try. */
     for (int tries = 0;; tries++) {
-        w->run_id = random_u32();
+        tf__random_bytes(&w->run_id, sizeof w->run_id);
         char nm[64];
         snprintf(nm, sizeof nm, "shard-%08x-00000.tfs", w->run_id);
-        char *p = tf__path_join(dir, nm);
-        if (!p) goto nomem;
-        int clash = exists(p);
-        free(p);
-        if (!clash) break;
+        if (!exists_at(w->dfd, nm)) break;
         if (tries > 16) {
             tf_writer_free(w);
             TF_FAIL(-EEXIST, "%s: cannot find a free shard run id", dir);
@@ -306,21 +268,19 @@ static void remove_run_files(tf_writer *w) {
         w->fd = -1;
     }
     if (w->tmp_path) {
-        unlink(w->tmp_path);
+        unlinkat(w->dfd, w->tmp_name, 0);
         free(w->tmp_path);
         w->tmp_path = NULL;
     }
-    for (uint64_t i = 0; i < w->nshards; i++) {
-        char *p = tf__path_join(w->dir, w->shards[i].name);
-        if (p) unlink(p);
-        free(p);
-    }
+    for (uint64_t i = 0; i < w->nshards; i++) unlinkat(w->dfd, w->shards[i].name, 0);
 }
 
 void tf_writer_free(tf_writer *w) {
     if (!w) return;
     if (!w->finished) remove_run_files(w);
     if (w->fd >= 0) close(w->fd);
+    tf__dir_unlock(w->dfd, w->lock_fd);
+    if (w->dfd >= 0) close(w->dfd);
     free(w->tmp_path);
     free(w->dir);
     free(w->ends);
@@ -346,16 +306,11 @@ uint64_t tf_writer_num_tokens(const tf_writer *w) { return w ? w->total_tokens :
 
 static int open_shard(tf_writer *w) {
     snprintf(w->name, sizeof w->name, "shard-%08x-%05llu.tfs", w->run_id, (ull)w->nshards);
-    char tmp[48];
-    snprintf(tmp, sizeof tmp, ".%s.tmp", w->name);
     free(w->tmp_path);
-    w->tmp_path = tf__path_join(w->dir, tmp);
+    w->tmp_path = NULL;
+    TF_TRY(tf__tmp_create(w->dfd, w->dir, w->name, w->tmp_name, sizeof w->tmp_name, &w->fd));
+    w->tmp_path = tf__path_join(w->dir, w->tmp_name);
     if (!w->tmp_path) return -ENOMEM;
-    w->fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (w->fd < 0) {
-        int e = errno;
-        TF_FAIL(-e, "%s: cannot create: %s", w->tmp_path, strerror(e));
-    }
     /* Header placeholder: the token section starts at 4096 (page-aligned). */
     static const uint8_t zeros[TF_NATIVE_TOKENS_ALIGN];
     TF_TRY(write_all(w->fd, zeros, sizeof zeros, w->tmp_path));
@@ -452,8 +407,7 @@ static int chunk_table(tf_writer *w, uint64_t tok_off, uint64_t tok_bytes, uint6
         free(buf);
         return -ENOMEM;
     }
-    int rfd = open(w->tmp_path, O_RDONLY | O_CLOEXEC);
-    int rc = rfd < 0 ? -errno : 0;
+    int rfd = w->fd, rc = 0; /* opened O_RDWR */
     for (uint64_t i = 0; i < *n && !rc; i++) {
         uint64_t o = i * cb, len = tok_bytes - o < cb ? tok_bytes - o : cb, got = 0;
         while (got < len) {
@@ -467,7 +421,6 @@ static int chunk_table(tf_writer *w, uint64_t tok_off, uint64_t tok_bytes, uint6
         }
         if (!rc) tf__put_le64(t + 8 * i, tf_hash64(buf, (size_t)len, 0));
     }
-    if (rfd >= 0) close(rfd);
     free(buf);
     if (rc) {
         free(t);
@@ -555,15 +508,7 @@ static int close_shard(tf_writer *w) {
         w->shards = ns;
         w->shards_cap = nc;
     }
-    char *final = tf__path_join(w->dir, w->name);
-    if (!final) return -ENOMEM;
-    if (rename(w->tmp_path, final) != 0) {
-        int e = errno;
-        tf__seterr(-e, "%s: cannot rename to %s: %s", w->tmp_path, final, strerror(e));
-        free(final);
-        return -e;
-    }
-    free(final);
+    TF_TRY(tf__rename_at(w->dfd, w->dir, w->tmp_name, w->name, 1));
     free(w->tmp_path);
     w->tmp_path = NULL;
     shard_rec *r = &w->shards[w->nshards++];
@@ -660,143 +605,35 @@ int tf_writer_add_document(tf_writer *w, const void *tokens, uint64_t n, tf_dtyp
 /* finish                                                                    */
 /* ------------------------------------------------------------------------ */
 
-static int append(char **buf, size_t *len, size_t *cap, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int append(char **buf, size_t *len, size_t *cap, const char *fmt, ...) {
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(*buf ? *buf + *len : NULL, *buf ? *cap - *len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) return -EINVAL;
-        if (*buf && *len + (size_t)n < *cap) {
-            *len += (size_t)n;
-            return 0;
-        }
-        size_t nc = (*cap ? *cap * 2 : 4096) + (size_t)n;
-        char *nb = realloc(*buf, nc);
-        if (!nb) return -ENOMEM;
-        *buf = nb;
-        *cap = nc;
-    }
-}
-
-/* The previous manifest's shards, to delete once the new one is in place. */
-static void read_old_manifest(const char *mpath, tf_manifest *old) {
-    memset(old, 0, sizeof *old);
-    void *map = NULL;
-    size_t len = 0;
-    if (tf__map_file(mpath, &map, &len) < 0) return;
-    if (tf__parse_manifest(mpath, map, len, old) < 0) memset(old, 0, sizeof *old);
-    tf__unmap(map, len);
-}
-
-/* Manifest text (docs/format.md, "Manifest"): the header, the shard lines
- * already formatted in lines[0, llen), and the end line over all of it. */
-static int manifest_text(char **buf, size_t *len, int version, tf_dtype dt, uint64_t vocab, uint64_t nshards,
-                         const char *lines, size_t llen) {
-    size_t cap = 0;
-    *buf = NULL;
-    *len = 0;
-    int rc = append(buf, len, &cap, "tokenfeed-manifest %d\ndtype %s\nvocab_size %llu\nnum_shards %llu\n", version,
-                    tf_dtype_name(dt), (ull)vocab, (ull)nshards);
-    if (rc == 0 && llen) rc = append(buf, len, &cap, "%.*s", (int)llen, lines);
-    if (rc == 0) rc = append(buf, len, &cap, "end %016llx\n", (ull)tf_hash64(*buf, *len, 0));
-    if (rc < 0) {
-        free(*buf);
-        *buf = NULL;
-    }
-    return rc;
-}
-
-/* First half of publishing a manifest: write buf to a temporary file in dir
- * (a random name, so two publishers never share one), fsync it, and fsync dir
- * so that every shard rename before this is durable before a manifest names
- * it. On success *tmp is the temporary path (owned by the caller). */
-static int manifest_stage(const char *dir, const char *buf, size_t len, char **tmp) {
-    char nm[64];
-    snprintf(nm, sizeof nm, "." TF_MANIFEST_NAME ".%08x.tmp", random_u32());
-    *tmp = tf__path_join(dir, nm);
-    if (!*tmp) return -ENOMEM;
-    int fd = open(*tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        int e = errno;
-        return tf__seterr(-e, "%s: cannot create: %s", *tmp, strerror(e));
-    }
-    int rc = write_all(fd, buf, len, *tmp);
-    if (rc == 0 && fsync(fd) != 0) {
-        int e = errno;
-        rc = tf__seterr(-e, "%s: fsync failed: %s", *tmp, strerror(e));
-    }
-    close(fd);
-    if (rc == 0) rc = fsync_dir(dir);
-    if (rc < 0) unlink(*tmp);
-    return rc;
-}
-
-/* Second half: rename the staged file over dir's manifest (the atomic switch
- * readers see) and fsync dir. *renamed says whether the switch happened. */
-static int manifest_commit(const char *dir, const char *tmp, int *renamed) {
-    *renamed = 0;
-    char *final = tf__path_join(dir, TF_MANIFEST_NAME);
-    if (!final) {
-        unlink(tmp);
-        return -ENOMEM;
-    }
-    int rc = 0;
-    if (rename(tmp, final) != 0) {
-        int e = errno;
-        rc = tf__seterr(-e, "%s: cannot rename to %s: %s", tmp, final, strerror(e));
-        unlink(tmp);
-    } else {
-        *renamed = 1;
-        rc = fsync_dir(dir);
-    }
-    free(final);
-    return rc;
-}
-
 static int write_manifest(tf_writer *w) {
-    char *lines = NULL, *buf = NULL, *tmp = NULL, *final = NULL;
+    char *lines = NULL, *buf = NULL;
     size_t llen = 0, lcap = 0, len = 0;
     int rc = 0;
     for (uint64_t i = 0; i < w->nshards && rc == 0; i++) {
         const shard_rec *r = &w->shards[i];
-        rc = append(&lines, &llen, &lcap, "shard %s %llu %llu %016llx %016llx\n", r->name, (ull)r->num_tokens,
-                    (ull)r->num_docs, (ull)r->tokens_checksum, (ull)r->docs_checksum);
+        rc = tf__strbuf_append(&lines, &llen, &lcap, "shard %s %llu %llu %016llx %016llx\n", r->name,
+                               (ull)r->num_tokens, (ull)r->num_docs, (ull)r->tokens_checksum, (ull)r->docs_checksum);
     }
-    if (rc == 0) rc = manifest_text(&buf, &len, 1, w->opt.dtype, w->opt.vocab_size, w->nshards, lines, llen);
+    if (rc == 0) rc = tf__manifest_text(&buf, &len, 1, w->opt.dtype, w->opt.vocab_size, w->nshards, lines, llen);
     free(lines);
     if (rc < 0) return rc;
-    tf_manifest old;
-    memset(&old, 0, sizeof old);
-    rc = manifest_stage(w->dir, buf, len, &tmp);
-    if (rc < 0) goto out;
-    final = tf__path_join(w->dir, TF_MANIFEST_NAME);
-    if (!final) {
-        unlink(tmp);
-        rc = -ENOMEM;
-        goto out;
-    }
-    if (w->opt.overwrite) read_old_manifest(final, &old);
+    uint8_t *old = NULL;
+    size_t olen = 0;
     int renamed;
-    rc = manifest_commit(w->dir, tmp, &renamed);
-    if (renamed) w->finished = 1; /* from here on the shards belong to the manifest */
-    if (!renamed) goto out;
-    /* Remove the replaced dataset's shards (never one of ours: run ids differ,
-     * but compare names anyway). Failures only leave garbage behind. */
-    for (uint64_t i = 0; i < old.num_shards; i++) {
-        int ours = 0;
-        for (uint64_t k = 0; k < w->nshards && !ours; k++) ours = strcmp(old.shards[i].name, w->shards[k].name) == 0;
-        if (ours) continue;
-        char *p = tf__path_join(w->dir, old.shards[i].name);
-        if (p) unlink(p);
-        free(p);
-    }
-out:
-    tf__manifest_free(&old);
-    free(tmp);
-    free(final);
+    rc = tf__manifest_publish(w->dfd, w->dir, buf, len, w->opt.overwrite ? &old : NULL, &olen, &renamed);
     free(buf);
+    if (renamed) w->finished = 1; /* from here on the shards belong to the manifest */
+    if (renamed && old) {
+        /* Remove the replaced dataset's shards (never one of ours: run ids
+         * differ, but compare names anyway). Failures only leave garbage. */
+        const char **keep = malloc((w->nshards + 1) * sizeof *keep);
+        if (keep) {
+            for (uint64_t i = 0; i < w->nshards; i++) keep[i] = w->shards[i].name;
+            tf__remove_replaced_shards(w->dfd, w->dir, old, olen, keep, w->nshards);
+        }
+        free(keep);
+    }
+    free(old);
     return rc;
 }
 
@@ -808,135 +645,11 @@ int tf_writer_finish(tf_writer *w) {
     int rc = 0;
     if (w->fd >= 0) rc = close_shard(w);
     if (rc == 0) {
-        /* Re-check: another writer may have published here since create. */
-        char *mpath = tf__path_join(w->dir, TF_MANIFEST_NAME);
-        if (!mpath) rc = -ENOMEM;
-        else if (!w->opt.overwrite && exists(mpath))
+        /* Re-check: something without the lock may have published here. */
+        if (!w->opt.overwrite && exists_at(w->dfd, TF_MANIFEST_NAME))
             rc = tf__seterr(-EEXIST, "%s: a tokenfeed dataset appeared here while writing. Pass overwrite=True to replace it.", w->dir);
-        free(mpath);
     }
     if (rc == 0) rc = write_manifest(w);
     if (rc < 0 && !w->finished) w->error = rc;
-    return rc;
-}
-
-/* ------------------------------------------------------------------------ */
-/* merge: a dataset made of parts                                            */
-/* ------------------------------------------------------------------------ */
-
-/* Read and parse the manifest of dir/part. */
-static int read_part_manifest(const char *dir, const char *part, uint64_t index, uint64_t nparts, tf_manifest *m,
-                              char **mpath) {
-    memset(m, 0, sizeof *m);
-    char *pdir = tf__path_join(dir, part);
-    *mpath = pdir ? tf__path_join(pdir, TF_MANIFEST_NAME) : NULL;
-    free(pdir);
-    if (!*mpath) return -ENOMEM;
-    struct stat st;
-    if (stat(*mpath, &st) != 0) {
-        int e = errno;
-        if (e == ENOENT)
-            TF_FAIL(-TF_EFORMAT, "%s: part %llu of %llu has no manifest: the task that writes it did not finish. Run that task again, then merge.",
-                    *mpath, (ull)index, (ull)nparts);
-        TF_FAIL(-e, "%s: cannot read part %llu: %s", *mpath, (ull)index, strerror(e));
-    }
-    void *map = NULL;
-    size_t len = 0;
-    TF_TRY(tf__map_file(*mpath, &map, &len));
-    int rc = tf__parse_manifest(*mpath, map, len, m);
-    tf__unmap(map, len);
-    return rc;
-}
-
-int tf_dataset_merge(const char *dir, const char *const *parts, uint64_t nparts, int overwrite) {
-    tf__clearerr();
-    if (!dir || !*dir) TF_FAIL(-EINVAL, "dir: expected a directory path, found none");
-    if (nparts && !parts) TF_FAIL(-EINVAL, "parts is NULL");
-    for (uint64_t i = 0; i < nparts; i++) {
-        if (!parts[i] || !tf__manifest_name_ok(parts[i], strlen(parts[i]), 1))
-            TF_FAIL(-EINVAL, "part %llu: expected a path relative to %s without '..', a leading '/' or empty parts, found \"%s\". Put the parts inside the dataset directory.",
-                    (ull)i, dir, parts[i] ? parts[i] : "(null)");
-        for (uint64_t k = 0; k < i; k++)
-            if (strcmp(parts[k], parts[i]) == 0)
-                TF_FAIL(-EINVAL, "part %llu: expected each part once, found \"%s\" as part %llu too", (ull)i, parts[i], (ull)k);
-    }
-    char *lines = NULL, *buf = NULL, *tmp = NULL, *mpath = NULL, *first = NULL, *final = NULL;
-    size_t llen = 0, lcap = 0, len = 0;
-    uint64_t nshards = 0, vocab = 0;
-    tf_dtype dt = TF_DTYPE_INVALID;
-    int rc = 0;
-    for (uint64_t i = 0; i < nparts && rc == 0; i++) {
-        tf_manifest m;
-        rc = read_part_manifest(dir, parts[i], i, nparts, &m, &mpath);
-        if (rc == 0 && i == 0) {
-            dt = m.dtype;
-            vocab = m.vocab_size;
-            first = mpath;
-            mpath = NULL;
-        } else if (rc == 0 && m.dtype != dt) {
-            rc = tf__seterr(-TF_EFORMAT, "%s: dtype: expected %s as in %s, found %s. The parts were written with different settings: write every part with the same vocabulary size.",
-                            mpath, tf_dtype_name(dt), first, tf_dtype_name(m.dtype));
-        } else if (rc == 0 && m.vocab_size != vocab) {
-            rc = tf__seterr(-TF_EFORMAT, "%s: vocab_size: expected %llu as in %s, found %llu. The parts were written with different settings: write every part with the same tokenizer and vocabulary size.",
-                            mpath, (ull)vocab, first, (ull)m.vocab_size);
-        }
-        for (uint64_t k = 0; rc == 0 && k < m.num_shards; k++) {
-            const tf_manifest_shard *s = &m.shards[k];
-            if (strlen(parts[i]) + 1 + strlen(s->name) > TF_MANIFEST_MAX_PATH)
-                rc = tf__seterr(-EINVAL, "%s: shard %s: the path %s/%s is longer than %d bytes. Use a shorter part path.",
-                                mpath ? mpath : first, s->name, parts[i], s->name, TF_MANIFEST_MAX_PATH);
-            else
-                rc = append(&lines, &llen, &lcap, "shard %s/%s %llu %llu %016llx %016llx\n", parts[i], s->name,
-                            (ull)s->num_tokens, (ull)s->num_docs, (ull)s->tokens_checksum, (ull)s->docs_checksum);
-            nshards++;
-        }
-        tf__manifest_free(&m);
-        free(mpath);
-        mpath = NULL;
-    }
-    if (rc == 0 && nparts == 0) rc = tf__seterr(-EINVAL, "%s: no parts to merge", dir);
-    if (rc == 0) rc = manifest_text(&buf, &len, 2, dt, vocab, nshards, lines, llen);
-    if (rc < 0) goto out;
-    final = tf__path_join(dir, TF_MANIFEST_NAME);
-    if (!final) {
-        rc = -ENOMEM;
-        goto out;
-    }
-    {
-        /* Idempotent: the same parts give the same bytes, and a manifest
-         * already equal to them is left as it is. A previous merge (version 2)
-         * is replaced; a dataset written by a writer only with overwrite. */
-        void *map = NULL;
-        size_t olen = 0;
-        int have = tf__map_file(final, &map, &olen) == 0;
-        tf__clearerr(); /* no manifest yet is the common case */
-        if (have) {
-            int same = olen == len && memcmp(map, buf, len) == 0;
-            tf_manifest old;
-            int parsed = tf__parse_manifest(final, map, olen, &old) == 0;
-            int was_merge = parsed && old.version >= 2;
-            if (parsed) tf__manifest_free(&old);
-            tf__unmap(map, olen);
-            tf__clearerr();
-            if (same) goto out;
-            if (!was_merge && !overwrite) {
-                rc = tf__seterr(-EEXIST, "%s: a dataset that is not a merge of parts already exists here (%s). Pass overwrite to replace its manifest (its shard files are left in place), or merge into another directory.",
-                                dir, TF_MANIFEST_NAME);
-                goto out;
-            }
-        }
-    }
-    rc = manifest_stage(dir, buf, len, &tmp);
-    if (rc == 0) {
-        int renamed;
-        rc = manifest_commit(dir, tmp, &renamed);
-    }
-out:
-    free(lines);
-    free(buf);
-    free(tmp);
-    free(mpath);
-    free(first);
-    free(final);
     return rc;
 }

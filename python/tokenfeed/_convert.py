@@ -21,6 +21,7 @@ writes ``OUT`` from all chunks again (a sequential copy, fast next to tokenizing
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
 import multiprocessing
@@ -33,6 +34,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 from ._extras import pip_hint
+from ._lock import RunLock
 from ._text import (EOD_CANDIDATES, TEXT_EXTS, Chunk, ConvertError, Settings, chunk_texts, default_eod,
                     expand_inputs, file_sha256, load_tokenizer, plan_chunks)
 
@@ -41,6 +43,9 @@ __all__ = ["ConvertError", "convert"]
 PROG = "tokenfeed"
 WORK_DIR = ".tokenfeed-convert"
 PLAN_VERSION = 1
+#: held by a conversion for its whole run (tokenizing included): a second ``convert`` into
+#: the same OUT is refused at once instead of deleting the first one's files
+CONVERT_LOCK = ".tokenfeed-convert.lock"
 
 
 # --------------------------------------------------------------------------- helpers
@@ -123,13 +128,15 @@ def _chunk_bytes(a: argparse.Namespace) -> int:
     return max(4096, int(a.chunk_mb * (1 << 20)))
 
 
-def _clean_orphans(out: str) -> None:
-    """Remove shards and temporary files a killed writer left in ``out`` (only when it has no manifest)."""
-    if not os.path.isdir(out) or os.path.exists(os.path.join(out, "tokenfeed.manifest")):
-        return
-    for name in os.listdir(out):
-        if (name.startswith("shard-") and name.endswith(".tfs")) or (name.startswith(".") and name.endswith(".tmp")):
-            os.unlink(os.path.join(out, name))
+def _lock_output(out: str) -> RunLock:
+    """Take OUT's conversion lock (creating OUT), or raise ConvertError naming the run that holds it."""
+    os.makedirs(out, exist_ok=True)
+    try:
+        return RunLock(out, CONVERT_LOCK, "this conversion")
+    except OSError as e:
+        if e.errno == errno.EBUSY:
+            raise ConvertError(str(e.strerror)) from None
+        raise
 
 
 def _convert_text(a: argparse.Namespace) -> int:
@@ -154,6 +161,11 @@ def _convert_text(a: argparse.Namespace) -> int:
     dtype = "uint8" if vocab <= 1 << 8 else "uint16" if vocab <= 1 << 16 else "uint32"
 
     paths = expand_inputs(a.inputs, a.input_format)
+    with _lock_output(a.out):
+        return _convert_text_locked(a, paths, vocab, eod, dtype)
+
+
+def _convert_text_locked(a: argparse.Namespace, paths: List[str], vocab: int, eod: Optional[int], dtype: str) -> int:
     out = a.out
     work = os.path.join(out, WORK_DIR)
     manifest = os.path.join(out, "tokenfeed.manifest")
@@ -244,7 +256,6 @@ def _convert_text(a: argparse.Namespace) -> int:
     total_tokens = sum(t for _, t in parts)
     if not parts:
         raise ConvertError("no documents found in the inputs (every text was empty or missing)")
-    _clean_orphans(out)
     bar = _progress("write", " tokens", a.progress)
     written = 0
     with DatasetWriter(out, vocab_size=vocab, dtype=dtype, shard_tokens=a.shard_tokens, compression=a.compression,
@@ -324,8 +335,7 @@ def _convert_text_tasks(a: argparse.Namespace, paths: Sequence[str], settings: S
     if incomplete:
         raise ConvertError(f"{len(incomplete)} of {a.tasks} tasks did not finish ({work}/datatrove); "
                            f"run again with --resume")
-    ds = merge_parts(out, overwrite=a.overwrite)
-    _clean_orphans_after_merge(out)
+    ds = merge_parts(out, overwrite=a.overwrite)  # removes the shards of a dataset it replaces
     skipped = 0
     for p in _part_infos(out):
         skipped += int(p.get("counts", {}).get("skipped_empty", 0))
@@ -341,13 +351,6 @@ def _part_infos(out: str) -> List[Dict[str, Any]]:
     from ._parts import read_parts
 
     return read_parts(out)
-
-
-def _clean_orphans_after_merge(out: str) -> None:
-    """Shards of a dataset the merge replaced (top-level shard files no manifest names any more)."""
-    for name in os.listdir(out):
-        if name.startswith("shard-") and name.endswith(".tfs"):
-            os.unlink(os.path.join(out, name))
 
 
 # --------------------------------------------------------------------------- convert: tokens
@@ -366,6 +369,13 @@ def _convert_tokens(a: argparse.Namespace) -> int:
             raise ConvertError(f"{p} looks like text: give --tokenizer PATH (a tokenizer.json) to tokenize it")
     if os.path.abspath(a.out) in [os.path.abspath(p) for p in a.inputs]:
         raise ConvertError(f"{a.out}: the output cannot be one of the inputs")
+    with _lock_output(a.out):
+        return _convert_tokens_locked(a)
+
+
+def _convert_tokens_locked(a: argparse.Namespace) -> int:
+    from ._dataset import DatasetWriter, open as tf_open
+
     ds = tf_open(a.inputs, dtype=a.dtype, format=a.format)
     vocab = a.vocab_size or ds.vocab_size
     if vocab is None:
@@ -389,7 +399,6 @@ def _convert_tokens(a: argparse.Namespace) -> int:
     bar = _progress("convert", " tokens", a.progress)
     t0 = time.monotonic()
     written = 0
-    _clean_orphans(a.out)
     with DatasetWriter(a.out, vocab_size=int(vocab), shard_tokens=a.shard_tokens, compression=a.compression,
                        level=a.level, block_tokens=a.block_tokens, overwrite=a.overwrite) as w:
         dtype = w.dtype.name

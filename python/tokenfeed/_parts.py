@@ -23,7 +23,11 @@ Layout (docs/format.md, "Datasets made of parts")::
 A part is written into a hidden staging directory (``parts/.part-00003.<random>.tmp``) and
 renamed to ``parts/part-00003`` only when complete, so a task that dies leaves no part,
 and a task that runs again replaces its part whole: a merge never sees a half-written
-part or two copies of one. The merge reads each part's manifest and writes the
+part or two copies of one. A part writer holds the part's lock (``parts/.part-00003.lock``,
+see ``_lock.py``) from start to finish: a second attempt of the same part started while
+the first still runs is refused with ``OSError(EBUSY)`` naming the holder, instead of
+removing the running attempt's files; with the lock held, what dead attempts left is
+removed. The merge reads each part's manifest and writes the
 dataset's manifest naming the parts' shards (no token data is copied), after checking
 that every part from 0 to n-1 is there exactly once, and that all agree on dtype,
 vocabulary and the settings recorded by the writer. The merged dataset's documents are
@@ -40,6 +44,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import _core
 from ._dataset import Dataset, DatasetWriter, DTypeLike, PathLike, _DocumentWriter, open as tf_open
+from ._lock import RunLock
 
 __all__ = ["PartWriter", "merge_parts", "PARTS_DIR", "PART_INFO"]
 
@@ -64,8 +69,9 @@ def _fsync_dir(path: str) -> None:
 
 
 def _write_json_atomic(path: str, obj: Dict[str, Any]) -> None:
-    tmp = f"{path}.{secrets.token_hex(4)}.tmp"
-    with open(tmp, "w") as f:
+    tmp = f"{path}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w") as f:
         json.dump(obj, f, indent=1, sort_keys=True)
         f.write("\n")
         f.flush()
@@ -109,17 +115,28 @@ class PartWriter(_DocumentWriter):
         self._root = os.path.join(self.path, PARTS_DIR)
         self.final_path = os.path.join(self._root, part_name(part))
         os.makedirs(self._root, exist_ok=True)
-        self._remove_stale_attempts()
-        self._staging = os.path.join(self._root, f".{part_name(part)}.{secrets.token_hex(4)}.tmp")
-        self._w: Optional[DatasetWriter] = DatasetWriter(
-            self._staging, vocab_size=vocab_size, dtype=dtype, shard_tokens=shard_tokens, compression=compression,
-            level=level, block_tokens=block_tokens)
+        self._lock: Optional[RunLock] = RunLock(self._root, f".{part_name(part)}.lock", f"this attempt of part {part}")
+        self._w: Optional[DatasetWriter] = None
+        try:
+            self._remove_stale_attempts()
+            self._staging = os.path.join(self._root, f".{part_name(part)}.{secrets.token_hex(8)}.tmp")
+            self._w = DatasetWriter(
+                self._staging, vocab_size=vocab_size, dtype=dtype, shard_tokens=shard_tokens, compression=compression,
+                level=level, block_tokens=block_tokens)
+        except BaseException:
+            self._release()
+            raise
         self.dtype = self._w.dtype
         self.vocab_size = self._w.vocab_size
         self._counts: Tuple[int, int] = (0, 0)
 
+    def _release(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
+
     def _remove_stale_attempts(self) -> None:
-        """Remove what earlier attempts of this part left (staging or replaced directories)."""
+        """Remove what dead attempts of this part left (staging or replaced directories); the lock is held."""
         prefix = f".{part_name(self.part)}."
         for name in os.listdir(self._root):
             if name.startswith(prefix) and (name.endswith(".tmp") or name.endswith(".old")):
@@ -152,13 +169,17 @@ class PartWriter(_DocumentWriter):
         except BaseException:
             shutil.rmtree(self._staging, ignore_errors=True)
             raise
+        finally:
+            self._release()
 
     def abort(self) -> None:
         """Discard this attempt; an earlier complete attempt of the part stays."""
         if self._w is not None:
             w, self._w = self._w, None
             w.abort()
-        shutil.rmtree(self._staging, ignore_errors=True)
+        if self._lock is not None:
+            shutil.rmtree(self._staging, ignore_errors=True)
+        self._release()
 
 
 def read_parts(path: PathLike) -> List[Dict[str, Any]]:

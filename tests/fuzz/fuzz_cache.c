@@ -2,7 +2,7 @@
  * (remote/remote_cache.c). Everything in a cache directory may have been
  * left in any state by another process, a crash or a bad disk: the shared
  * index file (a header checked at open, then fixed-size records used as they
- * are), the chunk files with their 40-byte trailer, and the names of the
+ * are), the chunk files with their 40-byte keyed trailer, and the names of the
  * temporary files and object directories that the cleanup and the rebuild
  * parse. The cache must give an error or carry on; it must never crash, hang,
  * leak, or hand out a chunk whose bytes are wrong.
@@ -63,18 +63,14 @@ static void key_path(const char *dir, const tf__ckey *k, char *out, size_t cap) 
 }
 
 /* A mapping the cache handed out must hold the chunk of that key: check its
- * trailer independently of the cache (layout in docs/remote.md). */
-static void check_chunk(const tf__ckey *k, const uint8_t *m, size_t len, size_t map_len) {
+ * trailer's fields here (layout in docs/remote.md) and its keyed tag. */
+static void check_chunk(const tf__cache *c, const tf__ckey *k, const uint8_t *m, size_t len, size_t map_len) {
     if (map_len != len + TF__CHUNK_TRAILER) abort();
     const uint8_t *t = m + len;
     if (memcmp(t, TF__CHUNK_MAGIC, 8) != 0 || tf__le64(t + 8) != (k->oid_lo ^ k->oid_hi) ||
         tf__le64(t + 16) != k->chunk || tf__le64(t + 24) != len)
         abort();
-    tf__xxh64_state h;
-    tf__xxh64_reset(&h, 0);
-    tf__xxh64_update(&h, m, len);
-    tf__xxh64_update(&h, t, 32);
-    if (tf__le64(t + 32) != tf__xxh64_digest(&h)) abort();
+    if (!tf__cache_trailer_ok(c, k, m, len)) abort();
 }
 
 static void write_index(const char *dir, uint8_t mode, const fuzz_chunk *hd, const fuzz_chunk *rc) {
@@ -96,8 +92,8 @@ static void write_index(const char *dir, uint8_t mode, const fuzz_chunk *hd, con
     uint8_t *b = calloc(1, HDR_BYTES + recs);
     if (!b) return;
     memcpy(b, hd->p, hd->n < HDR_BYTES ? hd->n : HDR_BYTES);
-    memcpy(b, "TFCIDX01", 8);
-    tf__put_le32(b + 8, 1);
+    memcpy(b, "TFCIDX02", 8);
+    tf__put_le32(b + 8, 2);
     tf__put_le32(b + 12, REC_BYTES);
     if ((mode & 3) == 0) tf__put_le64(b + 16, nslots);
     if (!(mode & 4)) tf__put_le64(b + 56, 0); /* dirty */
@@ -188,7 +184,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     if (ctl[3] & 1) {
         snprintf(p, sizeof p, "%s/tokenfeed-cache", dir);
-        fuzz_write(p, (const uint8_t *)"tokenfeed-cache 1\n", 18);
+        fuzz_write(p, (const uint8_t *)"tokenfeed-cache 2\n", 18);
     }
     write_index(dir, ctl[0], &c[0], &c[1]);
     make_files(dir, &c[4], &c[5]);
@@ -230,14 +226,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 if (r > 0) abort();
                 if (r == 0 && (op & 0x20)) {
                     if (!m || memcmp(m, d, len) != 0) abort();
-                    check_chunk(&k, m, len, ml);
+                    check_chunk(cc, &k, m, len, ml);
                     tf__cache_unmap(m, ml);
                 }
                 if (r == 0) {
                     /* just landed, nobody else in this directory: it maps */
                     if (tf__cache_map(cc, &k, len, NULL, 0, 0, &m, &ml) != 0) abort();
                     if (memcmp(m, d, len) != 0) abort();
-                    check_chunk(&k, m, len, ml);
+                    check_chunk(cc, &k, m, len, ml);
                     tf__cache_unmap(m, ml);
                 }
                 break;
@@ -253,7 +249,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 for (; (op & 1) && ns < 4 && (ns + 1) * 8 <= c[3].n; ns++) sums[ns] = tf__le64(c[3].p + 8 * ns);
                 int r = tf__cache_map(cc, &k, len, ns ? sums : NULL, ns, 1 + (arg & 15), &m, &ml);
                 if (r == 0) {
-                    check_chunk(&k, m, len, ml);
+                    check_chunk(cc, &k, m, len, ml);
                     tf__cache_unmap(m, ml);
                 } else if (r != -ENOENT && r != -TF_ECHECKSUM && r >= 0) {
                     abort();
@@ -287,7 +283,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 close(fd);
                 int r = tf__cache_map(cc, &k, clen, NULL, 0, 0, &m, &ml);
                 if (r == 0) {
-                    check_chunk(&k, m, clen, ml);
+                    check_chunk(cc, &k, m, clen, ml);
                     tf__cache_unmap(m, ml);
                 } else if (r != -TF_ECHECKSUM && r != -ENOENT) {
                     abort();

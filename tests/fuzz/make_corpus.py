@@ -251,7 +251,7 @@ def cache_index(nslots: int, recs: list, used=None, dirty: int = 0, procs=()) ->
                                next_use, stamp)
     records = b"".join(r or bytes(64) for r in table)
     present = [r for r in recs if r[1] == 2]
-    hdr = b"TFCIDX01" + struct.pack("<IIQQQQQQQQQ", 1, 64, nslots, len(recs) if used is None else used, 0,
+    hdr = b"TFCIDX02" + struct.pack("<IIQQQQQQQQQ", 2, 64, nslots, len(recs) if used is None else used, 0,
                                      sum(r[2] for r in recs), len(present), dirty, len(recs), 0, len(recs))
     hdr += bytes(40)
     for gen, position, pid in procs:
@@ -296,7 +296,7 @@ def cache_seeds() -> None:
     seed("index_bad_states", bytes([0, 5, 0, 1]), hdr, bytes(bad), life, data)
     seed("index_nslots_wraps", bytes([1, 5, 0, 1]), hdr[:16] + struct.pack("<Q", 1 << 58) + hdr[24:], b"", life, data)
     seed("index_wrong_size", bytes([1, 5, 0, 1]), hdr, recs[:-64], life, data)
-    seed("index_bad_magic", bytes([2, 5, 0, 1]), b"TFCIDX02" + hdr[8:], recs, life, data)
+    seed("index_bad_magic", bytes([2, 5, 0, 1]), b"TFCIDX01" + hdr[8:], recs, life, data)
     # temporary file and object directory names the cleanup and the rebuild parse
     names = (b"t0-1-0.tmp\nt4294967296-1-x.tmp\nt-1-2-\nt300-0-3.tmp\nt1-4294967295-9.info\nt 12-3\n"
              b"o00000000000000000000000000000001/00000000.c\no0000000000005eed0000000000000002/0000000g.c\n"
