@@ -94,6 +94,13 @@ static inline void tf__cpu_relax(void) {
 #endif
 }
 
+/* The embedder's interrupt check (interrupt.c; tf_interrupt_set_check): 1
+ * when the calling thread should give up its wait with -EINTR. Waits that a
+ * caller's thread makes poll it every TF__INTERRUPT_SLICE_NS. Call it without
+ * holding a lock (the check may take an interpreter's lock). */
+TF_HIDDEN int tf__interrupted(void);
+#define TF__INTERRUPT_SLICE_NS (50ull * 1000 * 1000)
+
 /* Number of online CPUs (>= 1). */
 TF_HIDDEN int tf__num_cpus(void);
 

@@ -845,7 +845,7 @@ int tf_loader_next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_ns) {
         atomic_fetch_add_explicit(&l->st_wait_ns, tf__now_ns() - t0, memory_order_relaxed);
         if (timed_out) {
             pthread_mutex_unlock(&l->mu);
-            return -ETIMEDOUT; /* not an error worth a message: the binding polls */
+            return -TF_ENOTREADY; /* not an error: the binding polls */
         }
     }
     tf_batch *b = s->b;

@@ -126,7 +126,7 @@ static PyObject *Loader_next(tfpy_Loader *self, PyObject *unused) {
     self->busy = 1;
     for (;;) {
         TFPY_NOGIL_CALL(rc, msg, tf_loader_next_timed(self->l, &b, 50ull * 1000 * 1000));
-        if (rc != -ETIMEDOUT) break;
+        if (rc != -TF_ENOTREADY) break;
         if (self->close_pending || PyErr_CheckSignals() < 0) break;
     }
     self->busy = 0;
@@ -136,7 +136,7 @@ static PyObject *Loader_next(tfpy_Loader *self, PyObject *unused) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "the loader was closed while waiting for a batch");
         return NULL;
     }
-    if (rc == -ETIMEDOUT) return NULL; /* interrupted: exception set by PyErr_CheckSignals */
+    if (rc == -TF_ENOTREADY) return NULL; /* interrupted: exception set by PyErr_CheckSignals */
     if (rc < 0) return tfpy_raise(st, rc, msg);
     return tfpy_batch_dict(st, b);
 }

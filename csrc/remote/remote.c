@@ -30,6 +30,15 @@
  * so that the hash check of a cached chunk is paid once per mapping, not per
  * read.
  *
+ * Interrupts. A caller's thread waiting for jobs (an open's requests, a
+ * chunk) wakes every TF__INTERRUPT_SLICE_NS to ask tf__interrupted(); when
+ * interrupted it returns -EINTR at once for a chunk (the job goes on: it
+ * writes only into the cache), and for requests that write into its buffers
+ * it drops the queued ones, marks the running ones cancelled (their retry
+ * loop stops before the next attempt, waking from its backoff) and waits for
+ * those, one transport call at most. Caller threads that retry in place
+ * (stat, reads outside the chunked region) are interrupted in their backoff.
+ *
  * fork(). A child (a DataLoader worker) has no pool threads and may hold
  * copies of locked mutexes: the first call in the child re-initialises the
  * locks, forgets (leaks) the parent's jobs and starts its own pool, and takes
@@ -93,6 +102,21 @@ void tf_transport_set_error(const char *fmt, ...) {
     va_end(ap);
 }
 
+/* The job a pool thread runs (NULL on other threads): its retry loops stop
+ * when the job is cancelled. */
+static pthread_key_t cjob_key;
+static pthread_once_t cjob_once = PTHREAD_ONCE_INIT;
+static int cjob_ok;
+static void cjob_init(void) { cjob_ok = pthread_key_create(&cjob_key, NULL) == 0; }
+static void set_current_job(void *j) {
+    pthread_once(&cjob_once, cjob_init);
+    if (cjob_ok) pthread_setspecific(cjob_key, j);
+}
+static void *current_job(void) {
+    pthread_once(&cjob_once, cjob_init);
+    return cjob_ok ? pthread_getspecific(cjob_key) : NULL;
+}
+
 static pthread_key_t rpos_key;
 static pthread_once_t rpos_once = PTHREAD_ONCE_INIT;
 static int rpos_ok;
@@ -138,6 +162,7 @@ typedef struct job {
     int urgent;
     uint64_t seq;
     int state; /* QUEUED, RUNNING, DONE */
+    int cancel; /* its waiter gave up (interrupted): stop at the next retry */
     int rc;
     char err[600];
     int refs;
@@ -229,7 +254,7 @@ static int resolve_config(const tf_remote_config *in, tf_remote_config *c) {
     if (!c->backoff_ms) c->backoff_ms = 100;
     if (!c->backoff_max_ms) c->backoff_max_ms = 5000;
     if (c->backoff_max_ms < c->backoff_ms) c->backoff_max_ms = c->backoff_ms;
-    if (!c->deadline_ms) c->deadline_ms = 120000;
+    if (!c->deadline_ms) c->deadline_ms = 30000;
     return 0;
 }
 
@@ -365,7 +390,7 @@ static const char *advice(int rc) {
     case EACCES: case EPERM: return "The store refused the request: check the credentials (environment, profile files, instance role) and the bucket policy.";
     case ESTALE: return "The object changed since the dataset was opened: reopen the dataset to read the new data (its fingerprint will change), or restore the object.";
     default:
-        if (transient(rc)) return "The store kept failing: check the network and the endpoint, or raise the retry limits (max_attempts, backoff, deadline).";
+        if (transient(rc)) return "The store kept failing: check the network and the endpoint, or raise the retry limits (open()'s max_attempts, deadline, request_timeout; max_attempts, deadline_ms in tf_remote_config).";
         return "Check the URL, the endpoint and the credentials.";
     }
 }
@@ -377,15 +402,42 @@ static uint64_t rand_u64(void) {
     return tf__mix64(s);
 }
 
-/* Sleep up to ns, waking early when the pool stops. Returns non-zero on stop. */
+/* Why a wait ended early (pool_sleep), and the code and words for it. */
+enum { WAKE_NONE = 0, WAKE_STOP = 1, WAKE_CANCEL = 2, WAKE_INTR = 3 };
+static int wake_code(int why) { return why == WAKE_INTR ? -EINTR : -ECANCELED; }
+static const char *wake_words(int why) {
+    return why == WAKE_STOP ? "cancelled: the remote store is being closed"
+           : why == WAKE_CANCEL ? "cancelled: its reader was interrupted"
+                                : "interrupted";
+}
+
+/* Sleep up to ns, waking early when the pool stops, when the pool thread's
+ * job is cancelled, or (a caller's thread) when interrupted. Returns a
+ * WAKE_* value. */
 static int pool_sleep(tf_remote *r, uint64_t ns) {
+    job *cj = current_job();
     uint64_t until = tf__now_ns() + ns;
+    int why = WAKE_NONE;
     pthread_mutex_lock(&r->mu);
-    struct timespec ts = tf__abstime(until);
-    while (!r->stop && tf__now_ns() < until) pthread_cond_timedwait(&r->stop_cv, &r->mu, &ts);
-    int s = r->stop;
+    for (;;) {
+        why = r->stop ? WAKE_STOP : cj && cj->cancel ? WAKE_CANCEL : WAKE_NONE;
+        uint64_t now = tf__now_ns();
+        if (why || now >= until) break;
+        uint64_t slice = cj || until - now < TF__INTERRUPT_SLICE_NS ? until : now + TF__INTERRUPT_SLICE_NS;
+        struct timespec ts = tf__abstime(slice);
+        pthread_cond_timedwait(&r->stop_cv, &r->mu, &ts);
+        if (!cj && tf__now_ns() < until) {
+            pthread_mutex_unlock(&r->mu);
+            int intr = tf__interrupted();
+            pthread_mutex_lock(&r->mu);
+            if (intr) {
+                why = WAKE_INTR;
+                break;
+            }
+        }
+    }
     pthread_mutex_unlock(&r->mu);
-    return s;
+    return why;
 }
 
 /* Full jitter: uniform in [0, min(max, base * 2^(attempt-1))]. */
@@ -396,13 +448,23 @@ static uint64_t backoff_ns(const tf_remote *r, int attempt) {
     return d ? rand_u64() % (d + 1) : 0;
 }
 
+/* Whether to try again after a failed attempt: a transient failure, attempts
+ * left, and time for one more as slow as the slowest failed one (a server
+ * that accepts and never answers costs a whole request timeout per attempt)
+ * before the deadline. */
+static int retry_allowed(const tf_remote *r, int rc, int attempt, uint64_t t0, uint64_t slowest) {
+    uint64_t el = tf__now_ns() - t0, dl = (uint64_t)r->cfg.deadline_ms * 1000000ull;
+    return transient(rc) && attempt < r->cfg.max_attempts && el + slowest <= dl;
+}
+
 /* Read [off, off + len) of url into buf, retrying transient failures. */
 static int fetch_range(tf_remote *r, const char *url, const tf_object_info *info, uint64_t off, uint64_t len,
                        void *buf) {
-    uint64_t done = 0, t0 = tf__now_ns();
+    uint64_t done = 0, t0 = tf__now_ns(), slowest = 0;
     int attempt = 0, rc = 0;
     char last[512] = "";
     while (done < len) {
+        uint64_t ta = tf__now_ns();
         atomic_fetch_add_explicit(&r->st_requests, 1, memory_order_relaxed);
         if (attempt) atomic_fetch_add_explicit(&r->st_retries, 1, memory_order_relaxed);
         char *tm = tmsg();
@@ -422,11 +484,12 @@ static int fetch_range(tf_remote *r, const char *url, const tf_object_info *info
             snprintf(last, sizeof last, "%s", tm[0] ? tm : n == 0 ? "empty response" : tf_strerror(rc));
         }
         attempt++;
-        uint64_t el = tf__now_ns() - t0;
-        if (!transient(rc) || attempt >= r->cfg.max_attempts || el > (uint64_t)r->cfg.deadline_ms * 1000000ull) break;
-        if (pool_sleep(r, backoff_ns(r, attempt))) {
-            rc = -ECANCELED;
-            snprintf(last, sizeof last, "cancelled: the remote store is being closed");
+        if (tf__now_ns() - ta > slowest) slowest = tf__now_ns() - ta;
+        if (!retry_allowed(r, rc, attempt, t0, slowest)) break;
+        int why = pool_sleep(r, backoff_ns(r, attempt));
+        if (why) {
+            rc = wake_code(why);
+            snprintf(last, sizeof last, "%s", wake_words(why));
             break;
         }
     }
@@ -441,10 +504,11 @@ static int fetch_range(tf_remote *r, const char *url, const tf_object_info *info
 
 int tf_remote_stat(tf_remote *r, const char *url, tf_object_info *info) {
     if (!r || !url || !info) return -EINVAL;
-    uint64_t t0 = tf__now_ns();
+    uint64_t t0 = tf__now_ns(), slowest = 0;
     int attempt = 0, rc;
     char *tm = tmsg();
     for (;;) {
+        uint64_t ta = tf__now_ns();
         memset(info, 0, sizeof *info);
         tm[0] = '\0';
         atomic_fetch_add_explicit(&r->st_requests, 1, memory_order_relaxed);
@@ -454,13 +518,15 @@ int tf_remote_stat(tf_remote *r, const char *url, tf_object_info *info) {
             return 0;
         }
         attempt++;
-        if (!transient(rc) || attempt >= r->cfg.max_attempts ||
-            tf__now_ns() - t0 > (uint64_t)r->cfg.deadline_ms * 1000000ull)
-            break;
+        if (tf__now_ns() - ta > slowest) slowest = tf__now_ns() - ta;
+        if (!retry_allowed(r, rc, attempt, t0, slowest)) break;
         atomic_fetch_add_explicit(&r->st_retries, 1, memory_order_relaxed);
-        uint64_t d = backoff_ns(r, attempt);
-        struct timespec ts = {(time_t)(d / 1000000000ull), (long)(d % 1000000000ull)};
-        nanosleep(&ts, NULL);
+        int why = pool_sleep(r, backoff_ns(r, attempt));
+        if (why) {
+            rc = wake_code(why);
+            tf_transport_set_error("%s", wake_words(why));
+            break;
+        }
     }
     if (rc == -ENOENT) TF_FAIL(rc, "%s: no such object%s%s", url, tm[0] ? ": " : "", tm);
     TF_FAIL(rc, "%s: cannot get the object's size: %s (after %d attempt%s). %s", url, tm[0] ? tm : tf_strerror(rc),
@@ -469,20 +535,25 @@ int tf_remote_stat(tf_remote *r, const char *url, tf_object_info *info) {
 
 int tf__remote_list(tf_remote *r, const char *prefix, tf_list_emit_fn emit, void *emit_ctx) {
     if (!r->t.list) return -TF_EUNSUPPORTED;
-    uint64_t t0 = tf__now_ns();
+    uint64_t t0 = tf__now_ns(), slowest = 0;
     int attempt = 0, rc;
     char *tm = tmsg();
     for (;;) {
+        uint64_t ta = tf__now_ns();
         tm[0] = '\0';
         atomic_fetch_add_explicit(&r->st_requests, 1, memory_order_relaxed);
         rc = r->t.list(r->t.ctx, prefix, emit, emit_ctx);
         if (rc >= 0) return 0;
         attempt++;
-        if (!transient(rc) || attempt >= r->cfg.max_attempts ||
-            tf__now_ns() - t0 > (uint64_t)r->cfg.deadline_ms * 1000000ull)
-            break;
+        if (tf__now_ns() - ta > slowest) slowest = tf__now_ns() - ta;
+        if (!retry_allowed(r, rc, attempt, t0, slowest)) break;
         atomic_fetch_add_explicit(&r->st_retries, 1, memory_order_relaxed);
-        if (pool_sleep(r, backoff_ns(r, attempt))) break;
+        int why = pool_sleep(r, backoff_ns(r, attempt));
+        if (why) {
+            rc = wake_code(why);
+            tf_transport_set_error("%s", wake_words(why));
+            break;
+        }
     }
     TF_FAIL(rc, "%s: cannot list the objects: %s (after %d attempt%s). %s", prefix, tm[0] ? tm : tf_strerror(rc),
             attempt, attempt == 1 ? "" : "s", advice(rc));
@@ -647,6 +718,18 @@ static job *heap_pop(tf_remote *r) {
     return j;
 }
 
+/* Take a queued job out of the heap. mu held. */
+static void heap_remove(tf_remote *r, job *j) {
+    size_t i = j->heap_i;
+    r->nheap--;
+    if (i == r->nheap) return;
+    job *m = r->heap[r->nheap];
+    r->heap[i] = m;
+    m->heap_i = i;
+    heap_down(r->heap, r->nheap, i);
+    heap_up(r->heap, m->heap_i);
+}
+
 static void hash_remove(tf_remote *r, job *j) {
     job **p = &r->hash[hslot(&j->key)];
     while (*p && *p != j) p = &(*p)->hnext;
@@ -708,10 +791,12 @@ again:
         if (b == TF__BEGIN_NOSPACE && !j->urgent) return TF__JOB_NOSPACE;
         /* another process fetches it, or (urgent) every byte is being fetched:
          * look again shortly */
-        if (tf__now_ns() - t0 > 2ull * r->cfg.deadline_ms * 1000000ull)
-            TF_FAIL(-ETIMEDOUT, "%s: bytes [%llu, +%llu): waited %u s for another process to fetch this chunk into %s. Check the other processes using this cache_dir.",
-                    j->url, (ull)j->off, (ull)j->len, 2 * r->cfg.deadline_ms / 1000, r->cache_dir);
-        if (pool_sleep(r, poll)) return -ECANCELED;
+        /* the other process has the same retry budget: no longer than it */
+        if (tf__now_ns() - t0 > (uint64_t)r->cfg.deadline_ms * 1000000ull)
+            TF_FAIL(-ETIMEDOUT, "%s: bytes [%llu, +%llu): waited %.1f s (the deadline) for another process to fetch this chunk into %s, in vain. Check the other processes using this cache_dir, and the network.",
+                    j->url, (ull)j->off, (ull)j->len, r->cfg.deadline_ms / 1000.0, r->cache_dir);
+        int why = pool_sleep(r, poll);
+        if (why) TF_FAIL(wake_code(why), "%s: bytes [%llu, +%llu): %s", j->url, (ull)j->off, (ull)j->len, wake_words(why));
         if (poll < 50000000) poll *= 2;
     }
     uint8_t *buf = malloc(j->len ? (size_t)j->len : 1);
@@ -763,9 +848,11 @@ static void *pool_main(void *arg) {
         j->state = JS_RUNNING;
         pthread_mutex_unlock(&r->mu);
         tf__clearerr();
+        set_current_job(j);
         int rc = j->kind == J_RANGE  ? fetch_range(r, j->url, &j->info, j->off, j->len, j->buf)
                  : j->kind == J_CALL ? j->fn(j->fn_ctx, j->fn_i)
                                      : run_chunk(r, j);
+        set_current_job(NULL);
         pthread_mutex_lock(&r->mu);
         j->rc = rc;
         if (rc < 0) snprintf(j->err, sizeof j->err, "%s", tf_last_error()[0] ? tf_last_error() : tf_strerror(rc));
@@ -869,6 +956,51 @@ void tf__chunk_want(const tf__robj *o, uint32_t k, uint64_t next_use) {
     pthread_mutex_unlock(&r->mu);
 }
 
+/* Wait (mu held) until j is done. A caller's thread (not a pool thread) wakes
+ * every TF__INTERRUPT_SLICE_NS to ask whether it is interrupted: -EINTR then,
+ * with j possibly still running; a pool thread waiting on behalf of a job
+ * gives up when that job is cancelled. 0 when done. */
+static int wait_job_locked(tf_remote *r, job *j) {
+    job *cj = current_job();
+    while (j->state != JS_DONE) {
+        if (cj) {
+            if (cj->cancel) return -ECANCELED;
+            struct timespec ts = tf__deadline_after(TF__INTERRUPT_SLICE_NS);
+            pthread_cond_timedwait(&r->done_cv, &r->mu, &ts);
+            continue;
+        }
+        struct timespec ts = tf__deadline_after(TF__INTERRUPT_SLICE_NS);
+        pthread_cond_timedwait(&r->done_cv, &r->mu, &ts);
+        if (j->state == JS_DONE) break;
+        pthread_mutex_unlock(&r->mu);
+        int intr = tf__interrupted();
+        pthread_mutex_lock(&r->mu);
+        if (intr) return -EINTR;
+    }
+    return 0;
+}
+
+/* The caller of a batch of jobs that write into its memory was interrupted
+ * (mu held): queued ones are dropped, running ones cancelled (they stop before
+ * their next attempt) and waited for, since they may still write. */
+static void cancel_jobs_locked(tf_remote *r, job **js, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        job *j = js[i];
+        if (!j || j->state == JS_DONE) continue;
+        j->cancel = 1;
+        if (j->state == JS_QUEUED) {
+            heap_remove(r, j);
+            j->state = JS_DONE;
+            j->rc = -EINTR;
+            job_unref_locked(j); /* the pool's reference */
+        }
+    }
+    pthread_cond_broadcast(&r->stop_cv); /* wake the running ones from their backoff */
+    for (size_t i = 0; i < n; i++)
+        if (js[i])
+            while (js[i]->state != JS_DONE) pthread_cond_wait(&r->done_cv, &r->mu);
+}
+
 /* Fetch chunk k now (urgent) and wait for it. 0, TF__JOB_NOSPACE or < 0. */
 static int fetch_and_wait(tf_remote *r, const tf__robj *o, uint32_t k) {
     pthread_mutex_lock(&r->mu);
@@ -879,7 +1011,14 @@ static int fetch_and_wait(tf_remote *r, const tf__robj *o, uint32_t k) {
         pthread_mutex_unlock(&r->mu);
         return rc;
     }
-    while (j->state != JS_DONE) pthread_cond_wait(&r->done_cv, &r->mu);
+    /* interrupted: the job goes on (it writes only into the cache, and others
+     * may wait for it too) */
+    if (wait_job_locked(r, j) < 0) {
+        job_unref_locked(j);
+        pthread_mutex_unlock(&r->mu);
+        TF_FAIL(-EINTR, "%s: interrupted while waiting for bytes [%llu, +%llu) to be fetched", o->url,
+                (ull)(o->data_off + (uint64_t)k * o->chunk_bytes), (ull)chunk_len(o, k));
+    }
     rc = j->rc;
     if (rc < 0) tf__seterr(rc, "%s", j->err);
     job_unref_locked(j);
@@ -915,11 +1054,14 @@ int tf__remote_run_many(tf_remote *r, size_t n, int (*fn)(void *ctx, size_t i), 
         js[i] = j;
     }
     pthread_cond_broadcast(&r->work_cv);
+    int intr = 0;
+    for (size_t i = 0; i < n && !intr; i++)
+        if (js[i] && wait_job_locked(r, js[i]) < 0) intr = 1;
+    if (intr) cancel_jobs_locked(r, js, n);
     for (size_t i = 0; i < n; i++) {
         job *j = js[i];
         if (!j) continue;
-        while (j->state != JS_DONE) pthread_cond_wait(&r->done_cv, &r->mu);
-        if (j->rc < 0 && !rc) {
+        if (j->rc < 0 && !rc && !intr) {
             rc = j->rc;
             tf__seterr(j->rc, "%s", j->err);
         }
@@ -927,6 +1069,7 @@ int tf__remote_run_many(tf_remote *r, size_t n, int (*fn)(void *ctx, size_t i), 
     }
     pthread_mutex_unlock(&r->mu);
     free(js);
+    if (intr) TF_FAIL(-EINTR, "interrupted while waiting for %zu remote request%s", n, n == 1 ? "" : "s");
     return rc;
 }
 
@@ -964,13 +1107,15 @@ int tf__remote_read_many(tf_remote *r, tf__rreq *reqs, size_t n) {
     pthread_cond_broadcast(&r->work_cv);
     /* wait for every job queued (even after a failure: they write into the
      * caller's buffers) */
-    int first = -1;
+    int first = -1, intr = 0;
+    for (size_t i = 0; i < n && !intr; i++)
+        if (js[i] && wait_job_locked(r, js[i]) < 0) intr = 1;
+    if (intr) cancel_jobs_locked(r, js, n);
     for (size_t i = 0; i < n; i++) {
         job *j = js[i];
         if (!j) continue;
-        while (j->state != JS_DONE) pthread_cond_wait(&r->done_cv, &r->mu);
         reqs[i].rc = j->rc;
-        if (j->rc < 0 && first < 0) {
+        if (j->rc < 0 && first < 0 && !intr) {
             first = (int)i;
             tf__seterr(j->rc, "%s", j->err);
             if (!rc) rc = j->rc;
@@ -979,6 +1124,7 @@ int tf__remote_read_many(tf_remote *r, tf__rreq *reqs, size_t n) {
     }
     pthread_mutex_unlock(&r->mu);
     free(js);
+    if (intr) TF_FAIL(-EINTR, "%s: interrupted while waiting for %zu remote request%s", reqs[0].o->url, n, n == 1 ? "" : "s");
     return rc;
 }
 

@@ -141,7 +141,8 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
          cache_dir: Optional[PathLike] = None, cache_limit: Union[int, str, None] = None,
          endpoint_url: Optional[str] = None, chunk_size: Union[int, str, None] = None,
          prefetch: Union[int, str, None] = None, fetch_threads: Optional[int] = None,
-         storage_options: Optional[Dict[str, Any]] = None, request_timeout: Optional[float] = None) -> Dataset:
+         storage_options: Optional[Dict[str, Any]] = None, request_timeout: Optional[float] = None,
+         max_attempts: Optional[int] = None, deadline: Optional[float] = None) -> Dataset:
     """Open token data in place and return a :class:`Dataset`.
 
     ``path`` is a tokenfeed dataset directory or shard, a Megatron ``.bin/.idx`` prefix,
@@ -159,14 +160,16 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     caps it (bytes or ``"200GB"``); ``endpoint_url`` (default ``$AWS_ENDPOINT_URL_S3`` /
     ``$AWS_ENDPOINT_URL``) points ``s3://`` at an S3-compatible store; ``chunk_size``,
     ``prefetch`` (bytes kept requested ahead) and ``fetch_threads`` tune the transfers;
-    ``request_timeout`` (seconds, default 60) bounds one request before it is retried;
-    ``storage_options`` go to the client (never printed).
+    ``request_timeout`` (seconds, default 10) bounds one request before it is retried;
+    ``max_attempts`` (default 8) and ``deadline`` (seconds, default 30) bound the retries of
+    one request (whichever ends first); ``storage_options`` go to the client (never printed).
     """
     paths = _as_paths(path)
     remote: Optional[Dict[str, Any]] = None
     opts = {"cache_dir": cache_dir, "cache_limit": cache_limit, "endpoint_url": endpoint_url,
             "chunk_size": chunk_size, "prefetch": prefetch, "fetch_threads": fetch_threads,
-            "storage_options": storage_options, "request_timeout": request_timeout}
+            "storage_options": storage_options, "request_timeout": request_timeout,
+            "max_attempts": max_attempts, "deadline": deadline}
     if any(_remote.is_url(p) for p in paths):
         remote = _remote.store_options(**opts)  # type: ignore[arg-type]
     elif any(v is not None for v in opts.values()):

@@ -188,7 +188,7 @@ class ObjectStoreTransport:
     """
 
     def __init__(self, endpoint_url: Optional[str] = None, storage_options: Optional[Mapping[str, Any]] = None,
-                 timeout: float = 60.0, connect_timeout: float = 10.0) -> None:
+                 timeout: float = 20.0, connect_timeout: float = 10.0) -> None:
         try:
             import obstore  # noqa: F401
         except ImportError as e:
@@ -354,12 +354,25 @@ def _boto3_provider() -> Any:
 # remote stores: one per (cache directory, endpoint, options) in a process
 
 
+#: Seconds one request may take (``request_timeout``): a whole 8 MiB chunk at 0.4 MB/s. With
+#: the C core's 30 s deadline, a server that accepts and never answers is reported after
+#: one or two attempts, by 30 s.
+DEFAULT_REQUEST_TIMEOUT = 20.0
+
+
 def store_options(cache_dir: Any = None, cache_limit: Union[int, str, None] = None,
                   endpoint_url: Optional[str] = None, chunk_size: Union[int, str, None] = None,
                   prefetch: Union[int, str, None] = None, fetch_threads: Optional[int] = None,
                   storage_options: Optional[Mapping[str, Any]] = None,
-                  request_timeout: Optional[float] = None) -> Dict[str, Any]:
+                  request_timeout: Optional[float] = None, max_attempts: Optional[int] = None,
+                  deadline: Optional[float] = None) -> Dict[str, Any]:
     """Check and normalise the remote options of ``tokenfeed.open`` (sizes in bytes)."""
+    if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
+                                     or not 1 <= max_attempts <= 1000):
+        raise ValueError(f"max_attempts must be an int from 1 to 1000, got {max_attempts!r}")
+    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
+                                 or not 0 < deadline <= 86400):
+        raise ValueError(f"deadline must be a number of seconds in (0, 86400], got {deadline!r}")
     if request_timeout is not None and (isinstance(request_timeout, bool) or not isinstance(request_timeout, (int, float))
                                         or not request_timeout > 0):
         raise ValueError(f"request_timeout must be a positive number of seconds, got {request_timeout!r}")
@@ -375,7 +388,9 @@ def store_options(cache_dir: Any = None, cache_limit: Union[int, str, None] = No
             "prefetch": parse_size(prefetch, "prefetch"),
             "fetch_threads": fetch_threads,
             "storage_options": dict(storage_options) if storage_options else None,
-            "request_timeout": float(request_timeout) if request_timeout is not None else None}
+            "request_timeout": float(request_timeout) if request_timeout is not None else None,
+            "max_attempts": max_attempts,
+            "deadline": float(deadline) if deadline is not None else None}
 
 
 _stores: Dict[Tuple[Any, ...], Any] = {}
@@ -384,18 +399,21 @@ _stores_lock = threading.Lock()
 
 def get_store(cache_dir: str, cache_limit: Optional[int] = None, endpoint_url: Optional[str] = None,
               chunk_size: Optional[int] = None, prefetch: Optional[int] = None, fetch_threads: Optional[int] = None,
-              storage_options: Optional[Dict[str, Any]] = None, request_timeout: Optional[float] = None) -> Any:
+              storage_options: Optional[Dict[str, Any]] = None, request_timeout: Optional[float] = None,
+              max_attempts: Optional[int] = None, deadline: Optional[float] = None) -> Any:
     """The process's remote store for these options (one fetch pool and cache slot each)."""
     from . import _core
 
     so = tuple(sorted((k, repr(v)) for k, v in (storage_options or {}).items()))
-    key = (os.getpid(), cache_dir, cache_limit, endpoint_url, chunk_size, prefetch, fetch_threads, so, request_timeout)
+    key = (os.getpid(), cache_dir, cache_limit, endpoint_url, chunk_size, prefetch, fetch_threads, so, request_timeout,
+           max_attempts, deadline)
     with _stores_lock:
         st = _stores.get(key)
         if st is None:
             transport = ObjectStoreTransport(endpoint_url=endpoint_url, storage_options=storage_options,
-                                             timeout=request_timeout or 60.0)
+                                             timeout=request_timeout or DEFAULT_REQUEST_TIMEOUT)
             st = _core.Remote(transport, cache_dir, cache_limit=cache_limit or 0, chunk_bytes=chunk_size or 0,
-                              prefetch_bytes=prefetch or 0, fetch_threads=fetch_threads or 0)
+                              prefetch_bytes=prefetch or 0, fetch_threads=fetch_threads or 0,
+                              max_attempts=max_attempts or 0, deadline_ms=int(round((deadline or 0) * 1000)))
             _stores[key] = st
         return st
