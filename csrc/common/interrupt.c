@@ -7,8 +7,13 @@
  * every retry. Threads of the library's own (fetch pool, engine workers)
  * block signals and never see an interrupt: the check is the embedder's to
  * restrict to the threads it cares about.
+ *
+ * Notices (tf_notice_set_fn): a wait that goes on longer than
+ * TF__NOTICE_NS says what it waits for through the embedder's function, so
+ * that a store that does not answer is visible long before its error.
  */
 #include <stdatomic.h>
+#include <stdio.h>
 
 #include "internal.h"
 
@@ -19,4 +24,19 @@ void tf_interrupt_set_check(tf_interrupt_check_fn fn) { atomic_store(&check_fn, 
 int tf__interrupted(void) {
     tf_interrupt_check_fn fn = atomic_load(&check_fn);
     return fn && fn() != 0;
+}
+
+static _Atomic(tf_notice_fn) notice_fn;
+
+void tf_notice_set_fn(tf_notice_fn fn) { atomic_store(&notice_fn, fn); }
+
+void tf__notice(const char *fmt, ...) {
+    tf_notice_fn fn = atomic_load(&notice_fn);
+    if (!fn) return;
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fn(msg);
 }

@@ -86,6 +86,14 @@ enum {
 typedef int (*tf_interrupt_check_fn)(void);
 TF_API void tf_interrupt_set_check(tf_interrupt_check_fn check);
 
+/* Progress notices: a wait that goes on (a remote request unanswered for 10 s
+ * and every 10 s after) says what it waits for, e.g. "waiting for
+ * s3://b/k (10 s, attempt 2 of 8)", through fn, from the waiting thread
+ * (any thread; no lock of the library's held). Process-wide; NULL (the
+ * default) keeps quiet. */
+typedef void (*tf_notice_fn)(const char *msg);
+TF_API void tf_notice_set_fn(tf_notice_fn fn);
+
 /* Static description of an error code (either sign accepted). Never NULL. */
 TF_API const char *tf_strerror(int err);
 

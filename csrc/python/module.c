@@ -324,6 +324,29 @@ static int tfpy_interrupted(void) {
     return r;
 }
 
+/* tf_notice_set_fn: progress lines of long waits go to the "tokenfeed" logger
+ * (stderr at WARNING unless the application configured logging). Any thread;
+ * nothing during finalization. */
+static void tfpy_notice(const char *msg) {
+#if PY_VERSION_HEX >= 0x030D0000
+    if (Py_IsFinalizing()) return;
+#else
+    if (_Py_IsFinalizing()) return;
+#endif
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *et, *ev, *etb; /* a pending exception (a waiter's KeyboardInterrupt) survives */
+    PyErr_Fetch(&et, &ev, &etb);
+    PyObject *logging = PyImport_ImportModule("logging");
+    PyObject *log = logging ? PyObject_CallMethod(logging, "getLogger", "s", "tokenfeed") : NULL;
+    PyObject *r = log ? PyObject_CallMethod(log, "warning", "ss", "%s", msg) : NULL;
+    Py_XDECREF(r);
+    Py_XDECREF(log);
+    Py_XDECREF(logging);
+    PyErr_Clear();
+    PyErr_Restore(et, ev, etb);
+    PyGILState_Release(g);
+}
+
 static int set_interrupt_check(void) {
     PyObject *th = PyImport_ImportModule("threading");
     PyObject *mt = th ? PyObject_CallMethod(th, "main_thread", NULL) : NULL;
@@ -335,6 +358,7 @@ static int set_interrupt_check(void) {
     if (PyErr_Occurred()) return -1;
     main_thread_ident = v;
     tf_interrupt_set_check(tfpy_interrupted);
+    tf_notice_set_fn(tfpy_notice);
     return 0;
 }
 

@@ -163,6 +163,8 @@ typedef struct job {
     uint64_t seq;
     int state; /* QUEUED, RUNNING, DONE */
     int cancel; /* its waiter gave up (interrupted): stop at the next retry */
+    int attempt;   /* the attempt running now (1-based; 0: none yet), and its */
+    char cur[256]; /* object: for a waiter's progress line */
     int rc;
     char err[600];
     int refs;
@@ -448,6 +450,17 @@ static uint64_t backoff_ns(const tf_remote *r, int attempt) {
     return d ? rand_u64() % (d + 1) : 0;
 }
 
+/* A pool thread's job starts attempt n at url: recorded for its waiters'
+ * progress lines. */
+static void note_attempt(tf_remote *r, const char *url, int n) {
+    job *cj = current_job();
+    if (!cj) return;
+    pthread_mutex_lock(&r->mu);
+    if (cj->attempt != n || strncmp(cj->cur, url, sizeof cj->cur - 1)) snprintf(cj->cur, sizeof cj->cur, "%s", url);
+    cj->attempt = n;
+    pthread_mutex_unlock(&r->mu);
+}
+
 /* Whether to try again after a failed attempt: a transient failure, attempts
  * left, and time for one more as slow as the slowest failed one (a server
  * that accepts and never answers costs a whole request timeout per attempt)
@@ -465,6 +478,7 @@ static int fetch_range(tf_remote *r, const char *url, const tf_object_info *info
     char last[512] = "";
     while (done < len) {
         uint64_t ta = tf__now_ns();
+        note_attempt(r, url, attempt + 1);
         atomic_fetch_add_explicit(&r->st_requests, 1, memory_order_relaxed);
         if (attempt) atomic_fetch_add_explicit(&r->st_retries, 1, memory_order_relaxed);
         char *tm = tmsg();
@@ -509,6 +523,7 @@ int tf_remote_stat(tf_remote *r, const char *url, tf_object_info *info) {
     char *tm = tmsg();
     for (;;) {
         uint64_t ta = tf__now_ns();
+        note_attempt(r, url, attempt + 1);
         memset(info, 0, sizeof *info);
         tm[0] = '\0';
         atomic_fetch_add_explicit(&r->st_requests, 1, memory_order_relaxed);
@@ -540,6 +555,7 @@ int tf__remote_list(tf_remote *r, const char *prefix, tf_list_emit_fn emit, void
     char *tm = tmsg();
     for (;;) {
         uint64_t ta = tf__now_ns();
+        note_attempt(r, prefix, attempt + 1);
         tm[0] = '\0';
         atomic_fetch_add_explicit(&r->st_requests, 1, memory_order_relaxed);
         rc = r->t.list(r->t.ctx, prefix, emit, emit_ctx);
@@ -962,6 +978,7 @@ void tf__chunk_want(const tf__robj *o, uint32_t k, uint64_t next_use) {
  * gives up when that job is cancelled. 0 when done. */
 static int wait_job_locked(tf_remote *r, job *j) {
     job *cj = current_job();
+    uint64_t t0 = tf__now_ns(), notice = t0 + TF__NOTICE_NS;
     while (j->state != JS_DONE) {
         if (cj) {
             if (cj->cancel) return -ECANCELED;
@@ -972,7 +989,15 @@ static int wait_job_locked(tf_remote *r, job *j) {
         struct timespec ts = tf__deadline_after(TF__INTERRUPT_SLICE_NS);
         pthread_cond_timedwait(&r->done_cv, &r->mu, &ts);
         if (j->state == JS_DONE) break;
+        char line[400] = "";
+        uint64_t now = tf__now_ns();
+        if (now >= notice && j->state == JS_RUNNING && j->cur[0]) {
+            snprintf(line, sizeof line, "waiting for %s (%.0f s, attempt %d of %d)", j->cur, (double)(now - t0) / 1e9,
+                     j->attempt, r->cfg.max_attempts);
+            notice += TF__NOTICE_NS;
+        }
         pthread_mutex_unlock(&r->mu);
+        if (line[0]) tf__notice("%s", line);
         int intr = tf__interrupted();
         pthread_mutex_lock(&r->mu);
         if (intr) return -EINTR;

@@ -1,0 +1,173 @@
+"""Waits on a remote store that stops answering end, with the failure that ended them, and
+answer Ctrl-C: next() raises instead of polling forever, an open against a server that
+accepts and never answers says what it waits for and fails by its deadline, and SIGINT
+during a remote open ends the process promptly. Loopback servers only; every wait bounded.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import tokenfeed
+from remote_util import TEST_CREDENTIALS, FaultProxy, bucket, moto, proxy, s3env  # noqa: F401  (fixtures)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _write(tmp_path, n_docs=200, seed=0):
+    rng = np.random.default_rng(seed)
+    docs = [rng.integers(0, 50000, size=int(n), dtype=np.uint16) for n in rng.integers(100, 900, size=n_docs)]
+    path = tmp_path / "src" / "ds"
+    with tokenfeed.DatasetWriter(path, vocab_size=50000, shard_tokens=60_000) as w:
+        w.add_documents(docs)
+    return path
+
+
+@pytest.fixture
+def uploaded(moto, bucket, tmp_path):
+    path = _write(tmp_path)
+    moto.upload_dir(bucket, "ds", str(path))
+    return f"s3://{bucket}/ds/"
+
+
+class _Silent:
+    """A loopback server that accepts connections and never answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.conns: list = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        self.sock.settimeout(0.1)
+        while not self._stop.is_set():
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.conns.append(c)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join(5)
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+@pytest.fixture
+def silent():
+    s = _Silent()
+    yield s
+    s.stop()
+
+
+class _Alarm(Exception):
+    pass
+
+
+def _bounded(seconds):
+    """SIGALRM after `seconds`: a wait that never ends fails the test instead of hanging it."""
+    def on_alarm(signum, frame):
+        raise _Alarm(f"still waiting after {seconds} s")
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(seconds)
+    return old
+
+
+def _unbound(old):
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def test_next_raises_when_store_stops_answering(uploaded, moto, tmp_path):
+    """A fetch that runs out of retries ends next() with TimeoutError naming the object; the
+    binding no longer takes it for "no batch yet" and polls forever."""
+    p = FaultProxy(moto.port, stall_seconds=30)
+    try:
+        ds = tokenfeed.open(uploaded, cache_dir=tmp_path / "cache", cache_limit="64MB", endpoint_url=p.endpoint,
+                            chunk_size=64 << 10, request_timeout=1.0, max_attempts=2)
+        p.plan(*["stall"] * 400, path_contains=".tfs")
+        loader = tokenfeed.Loader(ds, seq_len=128, batch_size=4, seed=9, shuffle="full")
+        old = _bounded(90)
+        try:
+            with pytest.raises(TimeoutError) as ei:
+                next(iter(loader))
+        finally:
+            _unbound(old)
+        msg = str(ei.value)
+        assert ".tfs" in msg and "bytes [" in msg and "attempt" in msg
+        loader.close()
+    finally:
+        p.stop()
+
+
+def test_silent_server_reported_then_fails_by_deadline(silent, tmp_path, monkeypatch, caplog):
+    """A server that accepts and never answers: a progress line through logging while the
+    first request waits, then a TimeoutError naming the object within the deadline."""
+    for k, v in TEST_CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+    caplog.set_level(logging.WARNING, logger="tokenfeed")
+    old = _bounded(120)
+    try:
+        with pytest.raises(TimeoutError) as ei:
+            tokenfeed.open("s3://bucket/ds/shard-00000.tfs", cache_dir=tmp_path / "cache", cache_limit="64MB",
+                           endpoint_url=silent.endpoint)
+    finally:
+        _unbound(old)
+    msg = str(ei.value)
+    assert "s3://bucket/ds/shard-00000.tfs" in msg and "max_attempts" in msg and "deadline" in msg
+    lines = [r.getMessage() for r in caplog.records if r.name == "tokenfeed"]
+    assert any(m.startswith("waiting for s3://bucket/ds/shard-00000.tfs (1") and "attempt 1 of 8" in m
+               for m in lines), lines
+
+
+_SIGINT_CHILD = textwrap.dedent("""
+    import sys, tokenfeed
+    print("opening", flush=True)
+    try:
+        tokenfeed.open(sys.argv[1], cache_dir=sys.argv[2], cache_limit="64MB", endpoint_url=sys.argv[3],
+                       request_timeout=3, max_attempts=10, deadline=600)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        sys.exit(7)
+""")
+
+
+def test_ctrl_c_during_remote_open_is_prompt(silent, tmp_path):
+    """SIGINT while open waits on a silent store ends the wait at once (not after every retry)
+    and the process exits promptly."""
+    env = dict(os.environ, **TEST_CREDENTIALS, PYTHONPATH=os.path.join(ROOT, "python"))
+    proc = subprocess.Popen([sys.executable, "-c", _SIGINT_CHILD, "s3://bucket/ds/", str(tmp_path / "cache"),
+                             silent.endpoint], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "opening"
+        # the open is under way once the silent server holds a connection
+        for _ in range(200):
+            if silent.conns:
+                break
+            threading.Event().wait(0.05)
+        assert silent.conns, "the open never reached the server"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)  # 10 attempts x 3 s would be 30 s and more
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 7, (out, err)
+    assert "interrupted" in out
