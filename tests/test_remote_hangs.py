@@ -171,3 +171,43 @@ def test_ctrl_c_during_remote_open_is_prompt(silent, tmp_path):
             proc.wait()
     assert proc.returncode == 7, (out, err)
     assert "interrupted" in out
+
+
+_EXIT_CHILD = textwrap.dedent("""
+    import sys, tokenfeed
+    ds = tokenfeed.open(sys.argv[1], cache_dir=sys.argv[2], cache_limit="64MB", endpoint_url=sys.argv[3],
+                        chunk_size=64 << 10)
+    loader = tokenfeed.Loader(ds, seq_len=128, batch_size=4, seed=9, shuffle="full")
+    it = iter(loader)
+    next(it)
+    print("got", flush=True)
+    if sys.argv[4] == "loop":
+        for _ in it:
+            pass
+    # "exit": ends with requests in flight and without loader.close()
+""")
+
+
+@pytest.mark.parametrize("how", ["exit", "exit", "exit", "loop"])
+def test_exit_and_ctrl_c_with_requests_in_flight_are_prompt(uploaded, moto, tmp_path, how):
+    """A script that ends without close(), or is interrupted in its training loop, while fetch
+    threads are inside requests: the process ends promptly (no join of a thread parked by the
+    finalizing interpreter)."""
+    p = FaultProxy(moto.port, latency=0.5)
+    env = dict(os.environ, **TEST_CREDENTIALS, PYTHONPATH=os.path.join(ROOT, "python"))
+    proc = subprocess.Popen([sys.executable, "-c", _EXIT_CHILD, uploaded, str(tmp_path / "cache"), p.endpoint, how],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "got", proc.stderr.read() if proc.poll() is not None else ""
+        if how == "loop":
+            proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        p.stop()
+    if how == "exit":
+        assert proc.returncode == 0, err
+    else:
+        assert proc.returncode in (-signal.SIGINT, 130, 1) and "KeyboardInterrupt" in err, (proc.returncode, err)

@@ -91,7 +91,9 @@ static void dl_free(tfpy_DeviceLoader *self) {
 static void DeviceLoader_dealloc(tfpy_DeviceLoader *self) {
     PyTypeObject *tp = Py_TYPE(self);
     dl_free(self);
-    Py_CLEAR(self->loader); /* after the device loader that borrows its engine */
+    /* after the device loader that borrows its engine (left running, with
+     * what it borrows, while finalizing: TFPY_DESTROY_NOGIL) */
+    if (!tfpy_finalizing()) Py_CLEAR(self->loader);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }

@@ -87,7 +87,9 @@ static void loader_free(tfpy_Loader *self) { TFPY_DESTROY_NOGIL(self->l, tf_load
 static void Loader_dealloc(tfpy_Loader *self) {
     PyTypeObject *tp = Py_TYPE(self);
     loader_free(self);
-    Py_CLEAR(self->order); /* after the engine that borrows it */
+    /* after the engine that borrows it; while finalizing, the engine is left
+     * running (TFPY_DESTROY_NOGIL), so what it borrows stays too */
+    if (!tfpy_finalizing()) Py_CLEAR(self->order);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }

@@ -303,6 +303,14 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+int tfpy_finalizing(void) {
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+}
+
 /* The interpreter's main thread: the only one whose waits Ctrl-C ends (Python
  * runs signal handlers there). */
 static unsigned long main_thread_ident;
@@ -313,11 +321,7 @@ static unsigned long main_thread_ident;
  * being finalized, are never interrupted. */
 static int tfpy_interrupted(void) {
     if (PyThread_get_thread_ident() != main_thread_ident) return 0;
-#if PY_VERSION_HEX >= 0x030D0000
-    if (Py_IsFinalizing()) return 0;
-#else
-    if (_Py_IsFinalizing()) return 0;
-#endif
+    if (tfpy_finalizing()) return 0;
     PyGILState_STATE g = PyGILState_Ensure();
     int r = PyErr_CheckSignals() < 0;
     PyGILState_Release(g);
@@ -328,11 +332,7 @@ static int tfpy_interrupted(void) {
  * (stderr at WARNING unless the application configured logging). Any thread;
  * nothing during finalization. */
 static void tfpy_notice(const char *msg) {
-#if PY_VERSION_HEX >= 0x030D0000
-    if (Py_IsFinalizing()) return;
-#else
-    if (_Py_IsFinalizing()) return;
-#endif
+    if (tfpy_finalizing()) return;
     PyGILState_STATE g = PyGILState_Ensure();
     PyObject *et, *ev, *etb; /* a pending exception (a waiter's KeyboardInterrupt) survives */
     PyErr_Fetch(&et, &ev, &etb);

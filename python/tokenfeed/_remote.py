@@ -14,6 +14,7 @@ client from the standard chains and never appear in messages or ``repr``s.
 """
 from __future__ import annotations
 
+import atexit
 import errno
 import os
 import re
@@ -395,6 +396,16 @@ def store_options(cache_dir: Any = None, cache_limit: Union[int, str, None] = No
 
 _stores: Dict[Tuple[Any, ...], Any] = {}
 _stores_lock = threading.Lock()
+_atexit_registered = False
+
+
+def _shutdown_at_exit() -> None:
+    """At exit, while the interpreter still runs: new remote requests are refused and those in
+    flight get a moment to return. Threads still in a request after that are never waited
+    for (a request that returns to a finalizing interpreter would park its thread for good)."""
+    from . import _core
+
+    _core.shutdown_transports(2.0)
 
 
 def get_store(cache_dir: str, cache_limit: Optional[int] = None, endpoint_url: Optional[str] = None,
@@ -407,7 +418,11 @@ def get_store(cache_dir: str, cache_limit: Optional[int] = None, endpoint_url: O
     so = tuple(sorted((k, repr(v)) for k, v in (storage_options or {}).items()))
     key = (os.getpid(), cache_dir, cache_limit, endpoint_url, chunk_size, prefetch, fetch_threads, so, request_timeout,
            max_attempts, deadline)
+    global _atexit_registered
     with _stores_lock:
+        if not _atexit_registered:
+            atexit.register(_shutdown_at_exit)
+            _atexit_registered = True
         st = _stores.get(key)
         if st is None:
             transport = ObjectStoreTransport(endpoint_url=endpoint_url, storage_options=storage_options,
