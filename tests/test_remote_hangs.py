@@ -211,3 +211,118 @@ def test_exit_and_ctrl_c_with_requests_in_flight_are_prompt(uploaded, moto, tmp_
         assert proc.returncode == 0, err
     else:
         assert proc.returncode in (-signal.SIGINT, 130, 1) and "KeyboardInterrupt" in err, (proc.returncode, err)
+
+
+# ---------------------------------------------------------------------------------------
+# objects without a usable version: weak ETags, no ETag
+
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: E402
+
+
+class _VersionServer:
+    """An http server of one directory whose ETag policy the test chooses: "weak" (W/"..."
+    tags and a strict If-Match, as nginx and Apache compare it: any weak tag gets 412) or
+    "none" (no ETag header at all). Counts 412 answers."""
+
+    def __init__(self, root, mode):
+        self.root, self.mode, self.refused, self.tag = str(root), mode, 0, "1"
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def _serve(self, body):
+                p = os.path.join(outer.root, self.path.lstrip("/"))
+                if not os.path.isfile(p):
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                etag = f'W/"{outer.tag}"'
+                im = self.headers.get("If-Match")
+                if im is not None and (im.startswith("W/") or im != etag):
+                    outer.refused += 1
+                    self.send_response(412)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                with open(p, "rb") as f:
+                    data = f.read()
+                rng = self.headers.get("Range")
+                status, total = 200, len(data)
+                if rng:
+                    a, b = rng.split("=")[1].split("-")
+                    a, b = int(a), min(int(b) if b else total - 1, total - 1)
+                    data, status = data[a:b + 1], 206
+                self.send_response(status)
+                if status == 206:
+                    self.send_header("Content-Range", f"bytes {a}-{b}/{total}")
+                if outer.mode == "weak":
+                    self.send_header("ETag", etag)
+                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Last-Modified", "Mon, 01 Jan 2024 00:00:00 GMT")
+                self.end_headers()
+                if body:
+                    self.wfile.write(data)
+
+            def do_GET(self):
+                self._serve(True)
+
+            def do_HEAD(self):
+                self._serve(False)
+
+        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.srv.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+        self.t = threading.Thread(target=self.srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.t.start()
+
+    def stop(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+        self.t.join(10)
+
+
+@pytest.mark.parametrize("mode", ["weak", "none"])
+def test_objects_without_a_strong_version(tmp_path, mode):
+    """Weak ETags are compared weakly (a strict server never sees them in If-Match, so an
+    unchanged object stays readable, and a changed one is refused); without an ETag, open
+    warns that changes cannot be detected."""
+    src = _write(tmp_path)
+    shard = sorted(f for f in os.listdir(src) if f.endswith(".tfs"))[0]
+    local = tokenfeed.open(src / shard)
+    srv = _VersionServer(src, mode)
+    try:
+        import warnings
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            ds = tokenfeed.open(f"{srv.url}/{shard}", cache_dir=tmp_path / "cache", cache_limit="64MB",
+                                chunk_size=64 << 10, max_attempts=2)
+        unversioned = [str(x.message) for x in w if "cannot be detected" in str(x.message)]
+        assert bool(unversioned) == (mode == "none"), unversioned
+        assert np.array_equal(ds.tokens(0, 5000), local.tokens(0, 5000))
+        assert srv.refused == 0
+        if mode == "weak":
+            srv.tag = "2"  # rewritten: the weak comparison sees it
+            with pytest.raises(OSError) as ei:
+                ds.tokens(ds.num_tokens - 5000, ds.num_tokens)
+            assert "changed" in str(ei.value)
+    finally:
+        srv.stop()
+
+
+def test_stores_are_freed_with_their_datasets(uploaded, moto, tmp_path):
+    """Each distinct set of options makes a store (fetch threads, descriptors, a cache process
+    slot): freed with its last dataset, so many opens neither pile up threads nor run out of
+    cache slots."""
+    import gc
+    threads0 = len(os.listdir("/proc/self/task"))
+    for i in range(300):
+        ds = tokenfeed.open(uploaded, cache_dir=tmp_path / "cache", cache_limit=64_000_000 + i,
+                            endpoint_url=moto.endpoint, chunk_size=64 << 10, fetch_threads=2)
+        del ds
+        gc.collect()
+    assert len(os.listdir("/proc/self/task")) < threads0 + 8

@@ -22,6 +22,8 @@
  */
 #include "binding.h"
 
+#include <structmember.h>
+
 #include <errno.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -32,6 +34,7 @@ typedef struct {
     tf_remote *r;
     PyObject *transport;
     PyObject *cache_dir; /* str */
+    PyObject *weakrefs;  /* tokenfeed._remote keeps its stores by weak reference */
 } tfpy_Remote;
 
 static _Atomic int shutting_down; /* set at exit: no new transport calls */
@@ -253,6 +256,7 @@ static PyObject *Remote_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
 static void Remote_dealloc(tfpy_Remote *self) {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
+    if (self->weakrefs) PyObject_ClearWeakRefs((PyObject *)self);
     tf_remote *r = self->r;
     self->r = NULL;
     if (r && !tfpy_finalizing()) { /* see "Shutdown" above */
@@ -365,7 +369,13 @@ static PyGetSetDef Remote_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
+static PyMemberDef Remote_members[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(tfpy_Remote, weakrefs), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyType_Slot Remote_slots[] = {
+    {Py_tp_members, Remote_members},
     {Py_tp_new, Remote_new},
     {Py_tp_dealloc, Remote_dealloc},
     {Py_tp_traverse, Remote_traverse},

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
@@ -28,6 +29,18 @@ def _dtype_name(dtype: DTypeLike) -> Optional[str]:
     return None if dtype is None else np.dtype(dtype).name
 
 
+def _warn_unversioned(store: Any) -> None:
+    take = getattr(store.transport, "take_unversioned", None)
+    seen = take() if take is not None else []
+    if seen:
+        more = f" and {len(seen) - 1} more" if len(seen) > 1 else ""
+        warnings.warn(f"{seen[0]}{more}: the store gives no version (ETag) for these objects, so a change made "
+                      "to them after open cannot be detected; bytes read later may come from the new content "
+                      "(native shards with a chunk checksum table are still checked). Rewrite data under new "
+                      "names, or serve it from a store that sends ETags (docs/remote.md)", RuntimeWarning,
+                      stacklevel=4)
+
+
 class Dataset:
     """Token files opened in place (memory-mapped, never converted) and concatenated.
 
@@ -46,6 +59,8 @@ class Dataset:
             store = _remote.get_store(**(remote or {}))
         self._store = store
         self._core = _core.Dataset(self._paths, dtype=dtype, format=format, remote=store)
+        if store is not None:
+            _warn_unversioned(store)
         info = self._core.info
         self.num_tokens: int = info["num_tokens"]
         self.num_documents: int = info["num_documents"]

@@ -19,6 +19,7 @@ import errno
 import os
 import re
 import threading
+import weakref
 from datetime import timedelta
 from typing import Any, Dict, Iterator, Mapping, NamedTuple, Optional, Tuple, Union
 
@@ -202,6 +203,7 @@ class ObjectStoreTransport:
         self.connect_timeout = float(connect_timeout)
         self._stores: Dict[Tuple[str, str], Any] = {}
         self._lock = threading.Lock()
+        self._unversioned: list[str] = []  # objects seen without an ETag, not yet reported
 
     # never print credentials: only the endpoint and the option names
     def __repr__(self) -> str:
@@ -270,6 +272,19 @@ class ObjectStoreTransport:
                 st = self._stores.setdefault(k, st)
         return st, u.key
 
+    def _version(self, url: str, e_tag: Any) -> str:
+        tag = str(e_tag or "")
+        if not tag:
+            with self._lock:
+                self._unversioned.append(url)
+        return tag
+
+    def take_unversioned(self) -> list[str]:
+        """Objects seen without an ETag since the last call: changes to them cannot be detected."""
+        with self._lock:
+            out, self._unversioned = self._unversioned, []
+        return out
+
     def _error(self, exc: BaseException) -> TransportError:
         code = _classify(exc)
         return TransportError(code, _redact(f"{type(exc).__name__}: {exc}", self._secrets()))
@@ -284,7 +299,7 @@ class ObjectStoreTransport:
             meta = obstore.head(store, key)
         except Exception as e:
             raise self._error(e) from None
-        return int(meta["size"]), str(meta.get("e_tag") or "")
+        return int(meta["size"]), self._version(url, meta.get("e_tag"))
 
     def list(self, prefix_url: str) -> Iterator[Tuple[str, int, str]]:
         """``(url, size, version)`` of every object under ``prefix_url`` taken as a directory."""
@@ -296,7 +311,8 @@ class ObjectStoreTransport:
         try:
             for batch in obstore.list(store, prefix=key.rstrip("/") or None, chunk_size=1000):
                 for m in batch:
-                    yield f"{u.scheme}://{u.bucket}/{m['path']}", int(m["size"]), str(m.get("e_tag") or "")
+                    url = f"{u.scheme}://{u.bucket}/{m['path']}"
+                    yield url, int(m["size"]), self._version(url, m.get("e_tag"))
         except Exception as e:
             raise self._error(e) from None
 
@@ -304,7 +320,10 @@ class ObjectStoreTransport:
         """Read ``len(buf)`` bytes at ``offset`` into ``buf`` (a writable buffer); returns the count.
 
         The request is conditional on ``version`` (``If-Match``): a changed object fails with
-        ``ESTALE`` instead of returning bytes of another version.
+        ``ESTALE`` instead of returning bytes of another version. A weak ETag (``W/"..."``) is
+        never sent in ``If-Match`` (servers compare it strongly and refuse every request with
+        412): the ETag of the response is compared with it weakly instead. Without a version
+        nothing is checked (open warns about such objects).
         """
         import obstore
 
@@ -315,10 +334,19 @@ class ObjectStoreTransport:
         if n == 0:
             return 0
         opts: Any = {"range": (int(offset), int(offset) + n)}
-        if version:
+        weak = version.startswith("W/")
+        if version and not weak:
             opts["if_match"] = version
         try:
-            data = obstore.get(store, key, options=opts).bytes()
+            res = obstore.get(store, key, options=opts)
+            if weak:
+                now = str(res.meta.get("e_tag") or "")
+                if _weak_tag(now) != _weak_tag(version):
+                    raise TransportError(errno.ESTALE, f"the object changed since open (ETag {version}, now "
+                                                       f"{now or 'none'})")
+            data = res.bytes()
+        except TransportError:
+            raise
         except Exception as e:
             raise self._error(e) from None
         got = memoryview(data).cast("B")
@@ -327,6 +355,11 @@ class ObjectStoreTransport:
             raise TransportError(errno.EPROTO, f"empty response for bytes [{offset}, {offset + n})")
         mv[:m] = got[:m]
         return m
+
+
+def _weak_tag(tag: str) -> str:
+    """An ETag for the weak comparison of RFC 7232: without its ``W/`` prefix."""
+    return tag[2:] if tag.startswith("W/") else tag
 
 
 def _has_aws_profile() -> bool:
@@ -394,7 +427,9 @@ def store_options(cache_dir: Any = None, cache_limit: Union[int, str, None] = No
             "deadline": float(deadline) if deadline is not None else None}
 
 
-_stores: Dict[Tuple[Any, ...], Any] = {}
+# By weak reference: a store (its fetch threads, descriptors and cache process slot) is freed
+# with the last dataset that uses it, and made anew by a later open.
+_stores: "weakref.WeakValueDictionary[Tuple[Any, ...], Any]" = weakref.WeakValueDictionary()
 _stores_lock = threading.Lock()
 _atexit_registered = False
 
@@ -412,7 +447,8 @@ def get_store(cache_dir: str, cache_limit: Optional[int] = None, endpoint_url: O
               chunk_size: Optional[int] = None, prefetch: Optional[int] = None, fetch_threads: Optional[int] = None,
               storage_options: Optional[Dict[str, Any]] = None, request_timeout: Optional[float] = None,
               max_attempts: Optional[int] = None, deadline: Optional[float] = None) -> Any:
-    """The process's remote store for these options (one fetch pool and cache slot each)."""
+    """The process's remote store for these options (one fetch pool and cache slot each), shared by
+    the datasets open with them and freed with the last of them."""
     from . import _core
 
     so = tuple(sorted((k, repr(v)) for k, v in (storage_options or {}).items()))
