@@ -326,3 +326,25 @@ def test_stores_are_freed_with_their_datasets(uploaded, moto, tmp_path):
         del ds
         gc.collect()
     assert len(os.listdir("/proc/self/task")) < threads0 + 8
+
+
+def test_block_table_entry_larger_than_a_frame_can_be_is_refused(tmp_path):
+    """A block-table entry larger than the zstd bound of its block is corrupt: refused before a
+    byte of it is read (a remote shard would otherwise fetch up to its whole token section)."""
+    import struct
+    if not tokenfeed.build_info()["zstd"]["usable"]:
+        pytest.skip("this build has no zstd")  # the test extra cannot provide a C library
+    rng = np.random.default_rng(3)
+    with tokenfeed.DatasetWriter(tmp_path / "ds", vocab_size=5000, compression="zstd", block_tokens=256) as w:
+        w.add_documents([rng.integers(0, 5000, size=3000) for _ in range(20)])
+    shard = [f for f in os.listdir(tmp_path / "ds") if f.endswith(".tfs")][0]
+    p = tmp_path / "ds" / shard
+    data = bytearray(p.read_bytes())
+    tokens_bytes, = struct.unpack_from("<Q", data, 56)
+    blocks_offset, = struct.unpack_from("<Q", data, 80)
+    struct.pack_into("<QQ", data, blocks_offset, 0, tokens_bytes)  # entry 0: the whole section
+    p.write_bytes(bytes(data))
+    ds = tokenfeed.open(p)
+    with pytest.raises(tokenfeed.FormatError) as ei:
+        ds.tokens(0, 5)
+    assert "entry 0" in str(ei.value) and "at most" in str(ei.value)

@@ -307,7 +307,18 @@ static uint8_t *thread_zbuf(size_t need) {
     return z->p;
 }
 
-/* Block b's entry in the block table: [*off, *off + *size) of the token section. */
+static uint64_t block_bytes_out(const tf_file *f, uint64_t b);
+
+/* ZSTD_compressBound (zstd's ZSTD_COMPRESSBOUND, here also for builds without
+ * zstd, which still check the table). */
+static uint64_t frame_bound(uint64_t n) {
+    return n + (n >> 8) + (n < (128u << 10) ? ((128u << 10) - n) >> 11 : 0);
+}
+
+/* Block b's entry in the block table: [*off, *off + *size) of the token section.
+ * A frame of a block is never larger than ZSTD_compressBound of the block's
+ * bytes: a larger entry is corrupt, refused before anything is read or
+ * allocated for it (a remote shard would fetch up to the whole section). */
 static int block_entry(const tf_file *f, uint64_t b, uint64_t *off, uint64_t *size) {
     if (!f->compressed || b >= f->num_blocks)
         TF_FAIL(-ERANGE, "%s: block %llu out of range (%llu blocks)", f->path, (ull)b, (ull)f->num_blocks);
@@ -317,6 +328,10 @@ static int block_entry(const tf_file *f, uint64_t b, uint64_t *off, uint64_t *si
     if (!section_ok(*off, *size, 0, f->tokens_section_len))
         TF_FAIL(-TF_EFORMAT, "%s: block table: entry %llu: expected [offset, +size) within the %llu-byte token section, found [%llu, +%llu). The block table is corrupt. " REGEN,
                 f->path, (ull)b, (ull)f->tokens_section_len, (ull)*off, (ull)*size);
+    uint64_t bound = frame_bound(block_bytes_out(f, b));
+    if (*size > bound)
+        TF_FAIL(-TF_EFORMAT, "%s: block table: entry %llu: expected a frame of at most %llu bytes (the zstd bound for its %llu bytes of tokens), found %llu. The block table is corrupt. " REGEN,
+                f->path, (ull)b, (ull)bound, (ull)block_bytes_out(f, b), (ull)*size);
     return 0;
 }
 
