@@ -7,6 +7,7 @@ wrong bytes. Counts and bytes are asserted, never time.
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -55,6 +56,12 @@ def test_transient_faults_are_retried(uploaded, moto, tmp_path, fault):
         want = _stream(local)
         assert all(np.array_equal(a, b) for a, b in zip(got, want))
         assert p.injected == {fault: 3}
+        # the third fault may hit a request fetched ahead, still waiting for its timeout
+        # when the stream is done: its retry is counted once that ends (bounded wait)
+        for _ in range(200):
+            if remote.cache_stats()["retries"] >= 3:
+                break
+            time.sleep(0.05)
         assert remote.cache_stats()["retries"] >= 3
     finally:
         p.stop()
