@@ -194,7 +194,8 @@ class ObjectStoreTransport:
         try:
             import obstore  # noqa: F401
         except ImportError as e:
-            raise ImportError("reading remote datasets needs obstore: pip install 'tokenfeed[remote]'") from e
+            raise ImportError("reading remote datasets needs obstore, which is not installed: pip install obstore "
+                              "(the 'remote' extra of tokenfeed)") from e
         if endpoint_url is not None and not re.match(r"^https?://[^/\s]+/?$", endpoint_url):
             raise ValueError(f"endpoint_url: expected http(s)://host[:port], got {endpoint_url!r}")
         self.endpoint_url = endpoint_url.rstrip("/") if endpoint_url else None
