@@ -348,3 +348,45 @@ def test_block_table_entry_larger_than_a_frame_can_be_is_refused(tmp_path):
     with pytest.raises(tokenfeed.FormatError) as ei:
         ds.tokens(0, 5)
     assert "entry 0" in str(ei.value) and "at most" in str(ei.value)
+
+
+_FD_CHILD = textwrap.dedent("""
+    import os, resource, sys
+    import numpy as np
+    import tokenfeed
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    d = sys.argv[1]
+    paths = [os.path.join(d, f) for f in sorted(os.listdir(d))]
+    ds = tokenfeed.open(paths)
+    base = len(os.listdir("/proc/self/fd"))
+    for backend in ("pread", "io_uring"):
+        loader = tokenfeed.Loader(ds, seq_len=16, batch_size=64, seed=1, shuffle="full", backend=backend,
+                                  epochs=1, output="numpy")
+        n = sum(1 for _ in loader)
+        fds = len(os.listdir("/proc/self/fd"))
+        # the process still has descriptors of its own (a checkpoint write, say)
+        extra = [open(os.devnull) for _ in range(300)]
+        for f in extra:
+            f.close()
+        loader.close()
+        print(backend, n, fds - base, flush=True)
+""")
+
+
+def test_descriptors_bounded_with_thousands_of_shards(tmp_path):
+    """5,000 files read by the pread and io_uring backends under `ulimit -n 1024`: at most a
+    quarter of the limit stays open, and the process keeps descriptors for its own use."""
+    d = tmp_path / "many"
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(5000):
+        np.save(d / f"part-{i:05d}.npy", rng.integers(0, 1000, size=40, dtype=np.uint16))
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    r = subprocess.run([sys.executable, "-c", _FD_CHILD, str(d)], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for line in r.stdout.split("\n"):
+        if line:
+            backend, n, fds = line.split()
+            # 1024 / 4 kept open, plus those the reads of a batch hold at once
+            assert int(n) > 0 and int(fds) < 512, line
