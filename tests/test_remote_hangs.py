@@ -390,3 +390,36 @@ def test_descriptors_bounded_with_thousands_of_shards(tmp_path):
             backend, n, fds = line.split()
             # 1024 / 4 kept open, plus those the reads of a batch hold at once
             assert int(n) > 0 and int(fds) < 512, line
+
+
+_MAP_CHILD = textwrap.dedent("""
+    import os, sys
+    import tokenfeed
+    d = sys.argv[1]
+    paths = [os.path.join(d, f) for f in sorted(os.listdir(d))]
+    with open("/proc/self/maps") as f:
+        now = sum(1 for _ in f)
+    os.environ["TOKENFEED_FAULT_MAP_LIMIT"] = str(now + 40)  # test builds: the limit stands at this
+    try:
+        tokenfeed.open(paths)
+    except OSError as e:
+        print(type(e).__name__, e)
+""")
+
+
+def test_more_files_than_the_mapping_limit_is_named(tmp_path):
+    """A dataset with more files than vm.max_map_count allows fails at open naming the limit
+    and the remedies, not with "MemoryError: cannot map N bytes"."""
+    if not tokenfeed.build_info().get("test_hooks", True):
+        pytest.skip("needs a test build (TOKENFEED_TEST_HOOKS=1)")
+    d = tmp_path / "files"
+    d.mkdir()
+    for i in range(200):
+        np.save(d / f"part-{i:05d}.npy", np.arange(40, dtype=np.uint16))
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    r = subprocess.run([sys.executable, "-c", _MAP_CHILD, str(d)], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout
+    assert "vm.max_map_count" in out and "larger shards" in out and "sysctl" in out, out
+    assert "MemoryError" not in out

@@ -38,6 +38,39 @@
 /* mapping and identity                                                      */
 /* ------------------------------------------------------------------------ */
 
+/* The process's memory mappings and the kernel's limit on them
+ * (vm.max_map_count). 0 when both could be read. Test builds:
+ * $TOKENFEED_FAULT_MAP_LIMIT=N stands for the limit, and mapping a file fails
+ * with ENOMEM once N mappings exist. */
+static int map_count(uint64_t *count, uint64_t *limit) {
+    *count = *limit = 0;
+#ifdef TF_TEST_HOOKS
+    const char *fake = getenv("TOKENFEED_FAULT_MAP_LIMIT");
+    if (fake && *fake) *limit = strtoull(fake, NULL, 10);
+#endif
+    FILE *fp;
+    if (!*limit && (fp = fopen("/proc/sys/vm/max_map_count", "re"))) {
+        unsigned long long v = 0;
+        if (fscanf(fp, "%llu", &v) == 1) *limit = v;
+        fclose(fp);
+    }
+    if (!(fp = fopen("/proc/self/maps", "re"))) return -1;
+    int c;
+    while ((c = getc(fp)) != EOF)
+        if (c == '\n') ++*count;
+    fclose(fp);
+    return *limit ? 0 : -1;
+}
+
+/* A mapping refused with ENOMEM: out of mappings rather than of memory? */
+static int map_failed(const char *path, long long size, int e) {
+    uint64_t count, limit;
+    if (e == ENOMEM && map_count(&count, &limit) == 0 && count + 16 >= limit)
+        TF_FAIL(-EMFILE, "%s: cannot map the file: the process has %llu memory mappings, at the kernel's limit vm.max_map_count = %llu (every file of a dataset takes one, two with an index file). Write the data into fewer, larger shards (DatasetWriter's shard_tokens, tokenfeed convert), or raise the limit as root: sysctl -w vm.max_map_count=%llu.",
+                path, (unsigned long long)count, (unsigned long long)limit, (unsigned long long)(limit * 4 > 1048576 ? limit * 4 : 1048576));
+    TF_FAIL(-e, "%s: cannot map %lld bytes: %s", path, size, strerror(e));
+}
+
 int tf__map_file(const char *path, void **map, size_t *len) {
     *map = NULL;
     *len = 0;
@@ -65,7 +98,15 @@ int tf__map_file(const char *path, void **map, size_t *len) {
     void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
     int e = errno;
     close(fd);
-    if (m == MAP_FAILED) TF_FAIL(-e, "%s: cannot map %lld bytes: %s", path, (long long)st.st_size, strerror(e));
+#ifdef TF_TEST_HOOKS
+    uint64_t cnt, lim;
+    if (m != MAP_FAILED && getenv("TOKENFEED_FAULT_MAP_LIMIT") && map_count(&cnt, &lim) == 0 && cnt >= lim) {
+        munmap(m, (size_t)st.st_size);
+        m = MAP_FAILED;
+        e = ENOMEM;
+    }
+#endif
+    if (m == MAP_FAILED) return map_failed(path, (long long)st.st_size, e);
     *map = m;
     *len = (size_t)st.st_size;
     tf__sigbus_install(); /* from now on a shrinking file may raise SIGBUS */
