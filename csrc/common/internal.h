@@ -105,6 +105,9 @@ TF_HIDDEN int tf__interrupted(void);
 TF_HIDDEN void tf__notice(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #define TF__NOTICE_NS (10ull * 1000 * 1000 * 1000)
 
+/* Whether path names a remote object ("scheme://..." other than file://). */
+TF_HIDDEN int tf__is_url(const char *path);
+
 /* Number of online CPUs (>= 1). */
 TF_HIDDEN int tf__num_cpus(void);
 

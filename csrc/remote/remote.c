@@ -133,17 +133,6 @@ static uint64_t reader_position(void) {
     return v ? (uint64_t)v - 1 : TF__NO_NEED;
 }
 
-int tf__is_url(const char *path) {
-    if (!path) return 0;
-    const char *p = strstr(path, "://");
-    if (!p || p == path) return 0;
-    for (const char *s = path; s < p; s++)
-        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '+' ||
-              *s == '-' || *s == '.'))
-            return 0;
-    return strncmp(path, "file://", 7) != 0;
-}
-
 /* ------------------------------------------------------------------------ */
 /* the remote object                                                         */
 /* ------------------------------------------------------------------------ */

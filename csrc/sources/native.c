@@ -38,7 +38,6 @@
 #include <zstd.h>
 #endif
 
-#include "../remote/remote.h"
 #include "source.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -339,10 +338,10 @@ static int block_entry(const tf_file *f, uint64_t b, uint64_t *off, uint64_t *si
  * for a remote one, fetched through the chunk cache into a per-thread buffer
  * (valid until this thread's next call). */
 static int block_src(const tf_file *f, uint64_t off, uint64_t size, const uint8_t **src) {
-    if (f->remote) {
+    if (f->bytes_ops) {
         uint8_t *zb = thread_zbuf((size_t)size);
         if (!zb) return -ENOMEM;
-        TF_TRY(tf__robj_read(f->remote, f->data_off + off, size, zb));
+        TF_TRY(f->bytes_ops->read(f->bytes_src, f->data_off + off, size, zb));
         *src = zb;
     } else {
         *src = f->zdata + off;
@@ -450,7 +449,7 @@ int tf__native_verify(const tf_file *f, _Atomic uint64_t *progress, _Atomic int 
     tf__xxh64_state h;
     tf__xxh64_reset(&h, 0);
     size_t isz = tf_dtype_size(f->dtype);
-    if (!f->compressed && f->remote) {
+    if (!f->compressed && f->bytes_ops) {
         /* through the chunk cache, a chunk at a time (scratch holds 2 MiB) */
         uint8_t *buf = scratch;
         uint64_t left = f->num_tokens * isz, off = 0;
