@@ -18,18 +18,13 @@ import numpy as np
 import pytest
 
 import tokenfeed
-from remote_util import TEST_CREDENTIALS, FaultProxy, bucket, moto, proxy, s3env  # noqa: F401  (fixtures)
+from remote_util import write_dataset, TEST_CREDENTIALS, FaultProxy, bucket, moto, proxy, s3env  # noqa: F401  (fixtures)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _write(tmp_path, n_docs=200, seed=0):
-    rng = np.random.default_rng(seed)
-    docs = [rng.integers(0, 50000, size=int(n), dtype=np.uint16) for n in rng.integers(100, 900, size=n_docs)]
-    path = tmp_path / "src" / "ds"
-    with tokenfeed.DatasetWriter(path, vocab_size=50000, shard_tokens=60_000) as w:
-        w.add_documents(docs)
-    return path
+    return write_dataset(tmp_path / "src" / "ds", n_docs, seed)
 
 
 @pytest.fixture

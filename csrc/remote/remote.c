@@ -505,49 +505,20 @@ static int fetch_range(tf_remote *r, const char *url, const tf_object_info *info
             (ull)(off + len), last, attempt, attempt == 1 ? "" : "s", secs, advice(rc));
 }
 
-int tf_remote_stat(tf_remote *r, const char *url, tf_object_info *info) {
-    if (!r || !url || !info) return -EINVAL;
+/* One metadata request (stat or list) with the retries of fetch_range: call
+ * runs one attempt. Returns 0, or the last failure with *attempts made (the
+ * transport's message, if any, in tmsg()). */
+typedef int (*meta_call_fn)(tf_remote *r, const char *url, void *ctx);
+static int retry_meta(tf_remote *r, const char *url, meta_call_fn call, void *ctx, int *attempts) {
     uint64_t t0 = tf__now_ns(), slowest = 0;
     int attempt = 0, rc;
     char *tm = tmsg();
     for (;;) {
         uint64_t ta = tf__now_ns();
         note_attempt(r, url, attempt + 1);
-        memset(info, 0, sizeof *info);
         tm[0] = '\0';
         atomic_fetch_add_explicit(&r->st_requests, 1, memory_order_relaxed);
-        rc = r->t.stat(r->t.ctx, url, info);
-        if (rc >= 0) {
-            info->version[TF_OBJECT_VERSION_MAX - 1] = '\0';
-            return 0;
-        }
-        attempt++;
-        if (tf__now_ns() - ta > slowest) slowest = tf__now_ns() - ta;
-        if (!retry_allowed(r, rc, attempt, t0, slowest)) break;
-        atomic_fetch_add_explicit(&r->st_retries, 1, memory_order_relaxed);
-        int why = pool_sleep(r, backoff_ns(r, attempt));
-        if (why) {
-            rc = wake_code(why);
-            tf_transport_set_error("%s", wake_words(why));
-            break;
-        }
-    }
-    if (rc == -ENOENT) TF_FAIL(rc, "%s: no such object%s%s", url, tm[0] ? ": " : "", tm);
-    TF_FAIL(rc, "%s: cannot get the object's size: %s (after %d attempt%s). %s", url, tm[0] ? tm : tf_strerror(rc),
-            attempt, attempt == 1 ? "" : "s", advice(rc));
-}
-
-int tf__remote_list(tf_remote *r, const char *prefix, tf_list_emit_fn emit, void *emit_ctx) {
-    if (!r->t.list) return -TF_EUNSUPPORTED;
-    uint64_t t0 = tf__now_ns(), slowest = 0;
-    int attempt = 0, rc;
-    char *tm = tmsg();
-    for (;;) {
-        uint64_t ta = tf__now_ns();
-        note_attempt(r, prefix, attempt + 1);
-        tm[0] = '\0';
-        atomic_fetch_add_explicit(&r->st_requests, 1, memory_order_relaxed);
-        rc = r->t.list(r->t.ctx, prefix, emit, emit_ctx);
+        rc = call(r, url, ctx);
         if (rc >= 0) return 0;
         attempt++;
         if (tf__now_ns() - ta > slowest) slowest = tf__now_ns() - ta;
@@ -560,6 +531,44 @@ int tf__remote_list(tf_remote *r, const char *prefix, tf_list_emit_fn emit, void
             break;
         }
     }
+    *attempts = attempt;
+    return rc;
+}
+
+static int stat_call(tf_remote *r, const char *url, void *info) {
+    memset(info, 0, sizeof(tf_object_info));
+    return r->t.stat(r->t.ctx, url, info);
+}
+
+int tf_remote_stat(tf_remote *r, const char *url, tf_object_info *info) {
+    if (!r || !url || !info) return -EINVAL;
+    int attempt = 0, rc = retry_meta(r, url, stat_call, info, &attempt);
+    char *tm = tmsg();
+    if (!rc) {
+        info->version[TF_OBJECT_VERSION_MAX - 1] = '\0';
+        return 0;
+    }
+    if (rc == -ENOENT) TF_FAIL(rc, "%s: no such object%s%s", url, tm[0] ? ": " : "", tm);
+    TF_FAIL(rc, "%s: cannot get the object's size: %s (after %d attempt%s). %s", url, tm[0] ? tm : tf_strerror(rc),
+            attempt, attempt == 1 ? "" : "s", advice(rc));
+}
+
+typedef struct list_args {
+    tf_list_emit_fn emit;
+    void *emit_ctx;
+} list_args;
+
+static int list_call(tf_remote *r, const char *prefix, void *ctx) {
+    list_args *a = ctx;
+    return r->t.list(r->t.ctx, prefix, a->emit, a->emit_ctx);
+}
+
+int tf__remote_list(tf_remote *r, const char *prefix, tf_list_emit_fn emit, void *emit_ctx) {
+    if (!r->t.list) return -TF_EUNSUPPORTED;
+    list_args a = {emit, emit_ctx};
+    int attempt = 0, rc = retry_meta(r, prefix, list_call, &a, &attempt);
+    if (!rc) return 0;
+    char *tm = tmsg();
     TF_FAIL(rc, "%s: cannot list the objects: %s (after %d attempt%s). %s", prefix, tm[0] ? tm : tf_strerror(rc),
             attempt, attempt == 1 ? "" : "s", advice(rc));
 }
@@ -1196,6 +1205,65 @@ static ochunk *open_find(tf_remote *r, const tf__ckey *k) {
     return NULL;
 }
 
+/* Step 1: the chunk mapped here already (revalidated against evictions)?
+ * Referenced when found. */
+static ochunk *open_hit(tf_remote *r, const tf__ckey *key) {
+    pthread_mutex_lock(&r->omu);
+    revalidate_open(r);
+    ochunk *oc = open_find(r, key);
+    if (oc) {
+        if (oc->refs++ == 0) r->nidle--;
+        oc->last = ++r->clock;
+    }
+    pthread_mutex_unlock(&r->omu);
+    return oc;
+}
+
+/* Step 2: the chunk on this node's disk: mapped, verified (trailer, and the
+ * shard's granule checksums) and entered in the open table, referenced.
+ * 0, -ENOENT (not cached), -TF_ECHECKSUM (corrupt: removed) or < 0. */
+static int map_cached(tf_remote *r, const tf__robj *o, uint32_t k, const tf__ckey *key, uint64_t clen,
+                      ochunk **out) {
+    const uint64_t *sums = NULL;
+    size_t nsums = 0;
+    if (o->sums) {
+        sums = o->sums + (uint64_t)k * (o->chunk_bytes / o->granule);
+        nsums = (size_t)((clen + o->granule - 1) / o->granule);
+    }
+    void *map;
+    size_t ml;
+    TF_TRY(tf__cache_map(r->cache, key, (size_t)clen, sums, nsums, o->granule, &map, &ml));
+    ochunk *n = calloc(1, sizeof *n);
+    if (!n) {
+        tf__cache_unmap(map, ml);
+        return -ENOMEM;
+    }
+    *n = (ochunk){.key = *key, .owner = r, .valid_at = tf__cache_evictions(r->cache), .map = map, .map_len = ml,
+                  .len = (size_t)clen};
+    pthread_mutex_lock(&r->omu);
+    ochunk *oc = open_find(r, key);
+    if (oc) { /* another thread mapped it meanwhile */
+        tf__cache_unmap(map, ml);
+        free(n);
+        if (oc->refs++ == 0) r->nidle--;
+    } else {
+        oc = n;
+        oc->refs = 1;
+        size_t h = hslot(key);
+        oc->next = r->open[h];
+        r->open[h] = oc;
+        r->nopen++;
+    }
+    oc->last = ++r->clock;
+    trim_open(r);
+    pthread_mutex_unlock(&r->omu);
+    *out = oc;
+    return 0;
+}
+
+/* Steps: mapped here (1), else on disk (2), else fetched (by this process
+ * or another) and looked for again; a chunk found corrupt on disk is fetched
+ * once more; one that keeps disappearing means the cache is too small. */
 int tf__chunk_acquire(const tf__robj *o, uint32_t k, const uint8_t **data, size_t *len, tf__chunkref **ref) {
     tf_remote *r = o->r;
     if (k >= o->nchunks)
@@ -1205,59 +1273,11 @@ int tf__chunk_acquire(const tf__robj *o, uint32_t k, const uint8_t **data, size_
     uint64_t clen = chunk_len(o, k), t0 = 0;
     int waited = 0, corrupt = 0;
     ochunk *oc = NULL;
-    for (int round = 0; round < 64; round++) {
-        pthread_mutex_lock(&r->omu);
-        revalidate_open(r);
-        oc = open_find(r, &key);
-        if (oc) {
-            if (oc->refs++ == 0) r->nidle--;
-            oc->last = ++r->clock;
-            pthread_mutex_unlock(&r->omu);
-            goto found_oc;
-        }
-        pthread_mutex_unlock(&r->omu);
-        const uint64_t *sums = NULL;
-        size_t nsums = 0;
-        if (o->sums) {
-            sums = o->sums + (uint64_t)k * (o->chunk_bytes / o->granule);
-            nsums = (size_t)((clen + o->granule - 1) / o->granule);
-        }
-        void *map;
-        size_t ml;
-        int rc = tf__cache_map(r->cache, &key, (size_t)clen, sums, nsums, o->granule, &map, &ml);
-        if (rc == 0) {
-            ochunk *n = calloc(1, sizeof *n);
-            if (!n) {
-                tf__cache_unmap(map, ml);
-                return -ENOMEM;
-            }
-            n->key = key;
-            n->owner = r;
-            n->valid_at = tf__cache_evictions(r->cache);
-            n->map = map;
-            n->map_len = ml;
-            n->len = (size_t)clen;
-            pthread_mutex_lock(&r->omu);
-            oc = open_find(r, &key);
-            if (oc) { /* another thread mapped it meanwhile */
-                tf__cache_unmap(map, ml);
-                free(n);
-                if (oc->refs++ == 0) r->nidle--;
-            } else {
-                oc = n;
-                oc->refs = 1;
-                size_t h = hslot(&key);
-                oc->next = r->open[h];
-                r->open[h] = oc;
-                r->nopen++;
-            }
-            oc->last = ++r->clock;
-            trim_open(r);
-            pthread_mutex_unlock(&r->omu);
-            goto found_oc;
-        }
+    for (int round = 0; round < 64 && !oc; round++) {
+        if ((oc = open_hit(r, &key))) break;
+        int rc = map_cached(r, o, k, &key, clen, &oc);
+        if (rc == 0) break;
         if (rc == -TF_ECHECKSUM) {
-            /* corrupt on disk: removed by tf__cache_map; fetch it once more */
             if (corrupt++)
                 TF_FAIL(-TF_ECHECKSUM, "%s: bytes [%llu, +%llu): the cached chunk was corrupt again after fetching it a second time (%s). Check the disk holding %s.",
                         o->url, (ull)(o->data_off + (uint64_t)k * o->chunk_bytes), (ull)clen, tf_last_error(), r->cache_dir);
@@ -1270,9 +1290,9 @@ int tf__chunk_acquire(const tf__robj *o, uint32_t k, const uint8_t **data, size_
         rc = fetch_and_wait(r, o, k);
         if (rc < 0) return rc;
     }
-    TF_FAIL(-EIO, "%s: chunk %u kept disappearing from the cache %s before it could be read: the cache is too small for the processes sharing it. Raise cache_limit.",
-            o->url, k, r->cache_dir);
-found_oc:
+    if (!oc)
+        TF_FAIL(-EIO, "%s: chunk %u kept disappearing from the cache %s before it could be read: the cache is too small for the processes sharing it. Raise cache_limit.",
+                o->url, k, r->cache_dir);
     if (waited) {
         atomic_fetch_add_explicit(&r->st_waits, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&r->st_wait_ns, tf__now_ns() - t0, memory_order_relaxed);
