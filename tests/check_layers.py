@@ -3,7 +3,7 @@
 
     python3 tests/check_layers.py          # prints the graphs, exits 1 on a violation
 
-C layers, bottom to top: common < sources < order < engine < device. A file may use
+C layers, bottom to top: common < sources < remote < order < engine < device. A file may use
 (include, or call a function defined in) files of its own layer or of lower layers,
 never of a higher one; csrc/include/tokenfeed.h (the public API) may be included by
 anyone. The binding (csrc/python) sees only the public header and its own files.
@@ -32,9 +32,10 @@ CSRC = os.path.join(ROOT, "csrc")
 PKG = os.path.join(ROOT, "python", "tokenfeed")
 
 # The layer of each directory of csrc/, in the order of docs/design.md ("Layers").
-# remote/ (object storage: transport, fetch pool, chunk cache, scheduler) shares the
-# sources layer: a remote file is a source whose bytes come through the chunk cache.
-C_LAYERS = {"common": 0, "sources": 1, "remote": 1, "order": 2, "engine": 3, "device": 4}
+# remote/ (object storage: transport, fetch pool, chunk cache, scheduler) sits above the
+# format parsers: it opens remote files with them and serves their bytes through the byte
+# provider of a tf_file (sources/source.h), so no parser names it.
+C_LAYERS = {"common": 0, "sources": 1, "remote": 2, "order": 3, "engine": 4, "device": 5}
 PUBLIC = "include/tokenfeed.h"
 BINDING = "python"
 

@@ -30,6 +30,19 @@ TEST_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing-key-id", "AWS_SECRET_ACCESS_KE
                     "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}
 
 
+def write_dataset(path: Any, n_docs: int = 400, seed: int = 0) -> Any:
+    """A native dataset of n_docs random documents (100 to 900 tokens) in several shards."""
+    import numpy as np
+
+    import tokenfeed
+
+    rng = np.random.default_rng(seed)
+    docs = [rng.integers(0, 50000, size=int(n), dtype=np.uint16) for n in rng.integers(100, 900, size=n_docs)]
+    with tokenfeed.DatasetWriter(path, vocab_size=50000, shard_tokens=60_000) as w:
+        w.add_documents(docs)
+    return path
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((LOOPBACK, 0))

@@ -110,3 +110,17 @@ def test_dataloader_workers(remote_ds, context):
     got, want = first(ds), first(local)
     assert len(got) == len(want) == 21
     assert all(np.array_equal(x, y) for x, y in zip(got, want))
+
+
+def test_inspect_remote_without_obstore_is_one_line(monkeypatch, capsys, tmp_path):
+    """Without obstore, `inspect s3://...` says what is missing and how to get it, in one line
+    (the traceback only with --debug)."""
+    import sys
+    monkeypatch.setitem(sys.modules, "obstore", None)  # import obstore raises ImportError
+    monkeypatch.setenv("TOKENFEED_CACHE_DIR", str(tmp_path / "cache"))
+    assert cli.main(["inspect", "s3://bucket/ds/"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    assert "needs obstore" in err and "pip install obstore" in err
+    with pytest.raises(ImportError):
+        cli.main(["--debug", "inspect", "s3://bucket/ds/"])

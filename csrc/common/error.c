@@ -75,6 +75,7 @@ const char *tf_strerror(int err) {
     case TF_EEOF: return "end of stream";
     case TF_EUNSUPPORTED: return "not supported in this build or on this system";
     case TF_ECUDA: return "CUDA error";
+    case TF_ENOTREADY: return "nothing ready yet: call again";
     default: break;
     }
     /* strerror() is not thread-safe; strerror_r (GNU) returns a static or

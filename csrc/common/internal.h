@@ -95,6 +95,20 @@ static inline void tf__cpu_relax(void) {
 #endif
 }
 
+/* The embedder's interrupt check (interrupt.c; tf_interrupt_set_check): 1
+ * when the calling thread should give up its wait with -EINTR. Waits that a
+ * caller's thread makes poll it every TF__INTERRUPT_SLICE_NS. Call it without
+ * holding a lock (the check may take an interpreter's lock). */
+TF_HIDDEN int tf__interrupted(void);
+#define TF__INTERRUPT_SLICE_NS (50ull * 1000 * 1000)
+/* Pass a progress line to the embedder's notice function (tf_notice_set_fn),
+ * if any. No lock of the library's may be held. */
+TF_HIDDEN void tf__notice(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+#define TF__NOTICE_NS (10ull * 1000 * 1000 * 1000)
+
+/* Whether path names a remote object ("scheme://..." other than file://). */
+TF_HIDDEN int tf__is_url(const char *path);
+
 /* Number of online CPUs (>= 1). */
 TF_HIDDEN int tf__num_cpus(void);
 

@@ -512,7 +512,7 @@ static int get_slot(tf_device_loader *d, tf_device_slot **s) {
 static int fetch(tf_device_loader *d, tf_batch **hb) {
     for (;;) {
         int rc = tf_loader_next_timed(d->l, hb, TF__SLICE_NS);
-        if (rc != -ETIMEDOUT) return rc;
+        if (rc != -TF_ENOTREADY) return rc;
         if (atomic_load(&d->stop)) return TF__STOPPED;
     }
 }
@@ -975,7 +975,7 @@ static int next_timed(tf_device_loader *d, uintptr_t stream, tf_device_batch **o
             pthread_cond_wait(&d->ready_cv, &d->mu);
         } else if (pthread_cond_timedwait(&d->ready_cv, &d->mu, &dl) == ETIMEDOUT && d->qcount == 0) {
             pthread_mutex_unlock(&d->mu);
-            return -ETIMEDOUT;
+            return -TF_ENOTREADY;
         }
     }
     dentry e = d->q[d->qhead];

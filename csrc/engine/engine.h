@@ -35,9 +35,20 @@ struct tf__cp_piece;
 #define TF__URING_QD 64    /* io_uring submission queue depth per worker */
 #define TF__DIO_ALIGN 4096 /* O_DIRECT offset / length / buffer alignment */
 
+/* A file's descriptor in the reader's table (fd_mu): TF__FD_* or open, with
+ * the reads queued on it now (never closed while > 0) and its last use. */
+typedef struct tf__fdslot {
+    int fd;
+    uint32_t users;
+    uint64_t last;
+} tf__fdslot;
+
 /* What every worker shares: read-only after tf__reader_init, except the fd
- * tables (lazily filled with CAS), bytes_read, the note and the zstd block
- * cache (its own lock). */
+ * tables (fd_mu), bytes_read, the note and the zstd block cache (its own
+ * lock). At most max_open descriptors stay open (a quarter of the soft
+ * RLIMIT_NOFILE, at most 1024): beyond, the least recently used one that no
+ * queued read holds is closed, so that a dataset of many thousand shards
+ * leaves the process its descriptors. */
 typedef struct tf__reader {
     const tf_dataset *ds;
     const tf_order *order;
@@ -57,8 +68,11 @@ typedef struct tf__reader {
      * source, nsources + 1 entries */
     size_t nsources;
     const uint64_t *source_first;
-    _Atomic int *fds;  /* per file, buffered reads; TF__FD_* or a descriptor */
-    _Atomic int *dfds; /* per file, O_DIRECT reads (only with direct_io) */
+    tf__fdslot *fds;  /* per file, buffered reads */
+    tf__fdslot *dfds; /* per file, O_DIRECT reads (only with direct_io) */
+    pthread_mutex_t fd_mu;
+    int fd_mu_ok;
+    uint64_t nopen, max_open, fd_clock;
     _Atomic uint64_t bytes_read;
     _Atomic int uring_workers; /* workers whose ring works (for stats) */
     tf__zcache *zc;            /* decompressed zstd blocks; NULL without compressed files */
@@ -71,6 +85,7 @@ typedef struct tf__reader {
 /* One pending read of a file range (pread and io_uring backends). */
 typedef struct tf__rd {
     int fd;
+    uint64_t fi;       /* the file (its descriptor is held until the fill ends) */
     uint64_t off;      /* file offset of buf[0] (aligned for O_DIRECT) */
     size_t len;        /* bytes requested into buf */
     size_t need;       /* bytes of buf that must arrive (head + payload) */

@@ -866,10 +866,9 @@ static void reset_locked(tf_loader *l, uint64_t pos) {
     pthread_cond_broadcast(&l->work_cv);
 }
 
-static int next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_ns) {
-    if (!out) return -EINVAL;
-    *out = NULL;
-    if (!l) return -EINVAL;
+/* next, step 1: threads (after a fork: this process's own) and the chunk
+ * scheduler running, and the workers unpaused after a failed batch. */
+static int next_start(tf_loader *l) {
     TF_TRY(after_fork(l));
     if (!atomic_load(&l->owner)) TF_TRY(start_threads(l));
     if (l->pf && !l->pf_started) {
@@ -877,6 +876,79 @@ static int next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_ns) {
         tf__prefetch_seek(l->pf, l->pf_base, 0, pf_end(l));
         l->pf_started = 1;
     }
+    return 0;
+}
+
+/* next, step 2 (mu held): wait until slot s is ready, up to timeout_ns
+ * (UINT64_MAX: for ever). -TF_ENOTREADY when the time ran out first. */
+static int next_wait_ready(tf_loader *l, tf__slot *s, uint64_t timeout_ns) {
+    if (s->ready) return 0;
+    uint64_t t0 = tf__now_ns();
+    /* Spin briefly before sleeping when a core is free for it (workers <
+     * cores): a futex sleep and wake-up per batch cost ~30% of the CPU
+     * time in perf on the 2-core VM, more than assembling the batch.
+     * With as many workers as cores, spinning would take a worker's core,
+     * so the consumer sleeps at once. seek/next/free are not concurrent,
+     * so the slot cannot change meaning while mu is released. */
+    if (l->spin_ns) {
+        pthread_mutex_unlock(&l->mu);
+        while (!atomic_load_explicit(&s->ready, memory_order_acquire) && tf__now_ns() - t0 < l->spin_ns)
+            tf__cpu_relax();
+        pthread_mutex_lock(&l->mu);
+    }
+    struct timespec dl = {0, 0};
+    if (timeout_ns != UINT64_MAX) dl = tf__deadline_after(timeout_ns);
+    int timed_out = 0;
+    while (!s->ready) {
+        if (timeout_ns == UINT64_MAX) {
+            pthread_cond_wait(&l->ready_cv, &l->mu);
+        } else if (pthread_cond_timedwait(&l->ready_cv, &l->mu, &dl) == ETIMEDOUT && !s->ready) {
+            timed_out = 1;
+            break;
+        }
+    }
+    atomic_fetch_add_explicit(&l->st_wait_ns, tf__now_ns() - t0, memory_order_relaxed);
+    return timed_out ? -TF_ENOTREADY : 0; /* not an error: the binding polls */
+}
+
+/* next, step 3 (mu held, released): the batch of slot s failed. Its buffer
+ * goes back, the pipeline restarts at pos and pauses, so that the same
+ * batch is tried again on the next call, not before. Returns its failure. */
+static int next_fail(tf_loader *l, tf__slot *s, uint64_t pos) {
+    char err[TF__ERRMSG];
+    int rc = s->rc;
+    memcpy(err, s->err, sizeof err);
+    s->ready = 0; /* reset_locked returns the buffer */
+    put_buffer_locked(l, s->b);
+    s->b = NULL;
+    reset_locked(l, pos);
+    l->paused = 1;
+    pthread_mutex_unlock(&l->mu);
+    return tf__seterr(rc, "%s", err);
+}
+
+/* next, step 4 (no lock): batch b at global position pos is handed out: the
+ * position, the scheduler and the counters move on. */
+static void next_deliver(tf_loader *l, tf_batch *b, uint64_t pos) {
+    atomic_store_explicit(&l->position, pos + l->G, memory_order_release);
+    if (l->pf) tf__prefetch_advance(l->pf, (pos + l->G - l->pf_base) / l->G * l->B);
+    atomic_fetch_add_explicit(&l->st_batches, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&l->st_tokens, l->cp_size > 1 ? b->view.num_tokens : l->B * (l->L + 1),
+                              memory_order_relaxed);
+    for (size_t j = 0; b->acct && j < l->B; j++) {
+        const tf__row_acct *a = &b->acct[j];
+        atomic_fetch_add_explicit(&l->src_samples[a->source], 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&l->src_tokens[a->source], a->tokens, memory_order_relaxed);
+        atomic_fetch_add_explicit(&l->src_docs[a->source], a->documents, memory_order_relaxed);
+    }
+    atomic_fetch_add_explicit(&l->pool->refs, 1, memory_order_relaxed);
+}
+
+static int next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_ns) {
+    if (!out) return -EINVAL;
+    *out = NULL;
+    if (!l) return -EINVAL;
+    TF_TRY(next_start(l));
 
     pthread_mutex_lock(&l->mu);
     if (l->paused) {
@@ -893,68 +965,20 @@ static int next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_ns) {
                 (unsigned long long)epochs_of(l));
     }
     tf__slot *s = &l->slots[k % (uint64_t)l->depth];
-    if (!s->ready) {
-        uint64_t t0 = tf__now_ns();
-        /* Spin briefly before sleeping when a core is free for it (workers <
-         * cores): a futex sleep and wake-up per batch cost ~30% of the CPU
-         * time in perf on the 2-core VM, more than assembling the batch.
-         * With as many workers as cores, spinning would take a worker's core,
-         * so the consumer sleeps at once. seek/next/free are not concurrent,
-         * so the slot cannot change meaning while mu is released. */
-        if (l->spin_ns) {
-            pthread_mutex_unlock(&l->mu);
-            while (!atomic_load_explicit(&s->ready, memory_order_acquire) && tf__now_ns() - t0 < l->spin_ns)
-                tf__cpu_relax();
-            pthread_mutex_lock(&l->mu);
-        }
-        struct timespec dl = {0, 0};
-        if (timeout_ns != UINT64_MAX) dl = tf__deadline_after(timeout_ns);
-        int timed_out = 0;
-        while (!s->ready) {
-            if (timeout_ns == UINT64_MAX) {
-                pthread_cond_wait(&l->ready_cv, &l->mu);
-            } else if (pthread_cond_timedwait(&l->ready_cv, &l->mu, &dl) == ETIMEDOUT && !s->ready) {
-                timed_out = 1;
-                break;
-            }
-        }
-        atomic_fetch_add_explicit(&l->st_wait_ns, tf__now_ns() - t0, memory_order_relaxed);
-        if (timed_out) {
-            pthread_mutex_unlock(&l->mu);
-            return -ETIMEDOUT; /* not an error worth a message: the binding polls */
-        }
-    }
-    tf_batch *b = s->b;
-    int rc = s->rc;
+    int rc = next_wait_ready(l, s, timeout_ns);
     if (rc) {
-        char err[TF__ERRMSG];
-        memcpy(err, s->err, sizeof err);
-        s->ready = 0; /* reset_locked returns the buffer */
-        put_buffer_locked(l, b);
-        s->b = NULL;
-        reset_locked(l, pos); /* retry this batch on the next call, not before */
-        l->paused = 1;
         pthread_mutex_unlock(&l->mu);
-        return tf__seterr(rc, "%s", err);
+        return rc;
     }
+    if (s->rc) return next_fail(l, s, pos);
+    tf_batch *b = s->b;
     s->b = NULL;
     s->ready = 0;
     l->next_deliver++;
     pthread_cond_signal(&l->work_cv);
     pthread_mutex_unlock(&l->mu);
 
-    atomic_store_explicit(&l->position, pos + l->G, memory_order_release);
-    if (l->pf) tf__prefetch_advance(l->pf, (pos + l->G - l->pf_base) / l->G * l->B);
-    atomic_fetch_add_explicit(&l->st_batches, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&l->st_tokens, l->cp_size > 1 ? b->view.num_tokens : l->B * (l->L + 1),
-                              memory_order_relaxed);
-    for (size_t j = 0; b->acct && j < l->B; j++) {
-        const tf__row_acct *a = &b->acct[j];
-        atomic_fetch_add_explicit(&l->src_samples[a->source], 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&l->src_tokens[a->source], a->tokens, memory_order_relaxed);
-        atomic_fetch_add_explicit(&l->src_docs[a->source], a->documents, memory_order_relaxed);
-    }
-    atomic_fetch_add_explicit(&l->pool->refs, 1, memory_order_relaxed);
+    next_deliver(l, b, pos);
     *out = b;
     return 0;
 }

@@ -27,7 +27,7 @@ void tf__meter_enter(tf__meter *m) {
 }
 
 void tf__meter_leave(tf__meter *m, int rc, uint32_t ahead) {
-    if (rc == -ETIMEDOUT || !m->t_call) return;
+    if (rc == -TF_ENOTREADY || !m->t_call) return;
     uint64_t now = tf__now_ns(), t_call = m->t_call;
     m->t_call = 0;
     if (rc) return;

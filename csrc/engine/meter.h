@@ -45,7 +45,7 @@ TF_HIDDEN void tf__meter_reinit_lock(tf__meter *m);
 /* The consumer calls next(): starts a wait unless one is in progress. */
 TF_HIDDEN void tf__meter_enter(tf__meter *m);
 /* next() returned rc: 0 records the batch (ahead: batches ready behind it);
- * -ETIMEDOUT keeps the wait going; anything else (end, error) drops it. */
+ * -TF_ENOTREADY keeps the wait going; anything else (end, error) drops it. */
 TF_HIDDEN void tf__meter_leave(tf__meter *m, int rc, uint32_t ahead);
 /* Summary of the last `window` batches (0: all kept). */
 TF_HIDDEN void tf__meter_get(tf__meter *m, uint32_t window, tf_meter *out);

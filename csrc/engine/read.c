@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -101,14 +102,15 @@ int tf__reader_init(tf__reader *r, const tf_dataset *ds, const tf_order *o, tf_b
         uint64_t n = ds->nfiles ? ds->nfiles : 1;
         r->fds = malloc(n * sizeof *r->fds);
         r->dfds = malloc(n * sizeof *r->dfds);
-        if (!r->fds || !r->dfds) {
+        if (!r->fds || !r->dfds || pthread_mutex_init(&r->fd_mu, NULL) != 0) {
             tf__reader_destroy(r);
             return -ENOMEM;
         }
-        for (uint64_t i = 0; i < n; i++) {
-            atomic_init(&r->fds[i], TF__FD_UNOPENED);
-            atomic_init(&r->dfds[i], TF__FD_UNOPENED);
-        }
+        r->fd_mu_ok = 1;
+        for (uint64_t i = 0; i < n; i++) r->fds[i] = r->dfds[i] = (tf__fdslot){TF__FD_UNOPENED, 0, 0};
+        struct rlimit rl;
+        uint64_t lim = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? (uint64_t)rl.rlim_cur : 4096;
+        r->max_open = lim / 4 < 8 ? 8 : lim / 4 > 1024 ? 1024 : lim / 4;
     }
     return 0;
 }
@@ -116,17 +118,15 @@ int tf__reader_init(tf__reader *r, const tf_dataset *ds, const tf_order *o, tf_b
 void tf__reader_destroy(tf__reader *r) {
     if (!r) return;
     uint64_t n = r->ds && r->ds->nfiles ? r->ds->nfiles : 1;
-    for (uint64_t i = 0; r->fds && i < n; i++) {
-        int fd = atomic_load(&r->fds[i]);
-        if (fd >= 0) close(fd);
-    }
-    for (uint64_t i = 0; r->dfds && i < n; i++) {
-        int fd = atomic_load(&r->dfds[i]);
-        if (fd >= 0) close(fd);
-    }
-    free((void *)r->fds);
-    free((void *)r->dfds);
+    for (uint64_t i = 0; r->fds && i < n; i++)
+        if (r->fds[i].fd >= 0) close(r->fds[i].fd);
+    for (uint64_t i = 0; r->dfds && i < n; i++)
+        if (r->dfds[i].fd >= 0) close(r->dfds[i].fd);
+    free(r->fds);
+    free(r->dfds);
     r->fds = r->dfds = NULL;
+    if (r->fd_mu_ok) pthread_mutex_destroy(&r->fd_mu);
+    r->fd_mu_ok = 0;
     tf__zcache_free(r->zc);
     r->zc = NULL;
 }
@@ -176,35 +176,82 @@ static int open_file(const tf_file *f, int flags, int *err) {
     return fallback;
 }
 
-/* Descriptor for file i (buffered or O_DIRECT), opened lazily and cached.
- * Returns TF__FD_UNUSABLE when the mapping must be used instead. */
+/* fd_mu held: close the least recently used descriptor no read holds (both
+ * tables), if any. */
+static void evict_fd(tf__reader *r) {
+    uint64_t n = r->ds->nfiles ? r->ds->nfiles : 1;
+    tf__fdslot *best = NULL;
+    for (int t = 0; t < 2; t++) {
+        tf__fdslot *tab = t ? r->dfds : r->fds;
+        for (uint64_t i = 0; i < n; i++)
+            if (tab[i].fd >= 0 && !tab[i].users && (!best || tab[i].last < best->last)) best = &tab[i];
+    }
+    if (!best) return;
+    close(best->fd);
+    best->fd = TF__FD_UNOPENED;
+    r->nopen--;
+}
+
+/* Descriptor for file i (buffered or O_DIRECT), opened lazily, cached (at most
+ * max_open, least recently used closed first) and held until put_fd.
+ * Returns TF__FD_UNUSABLE when the mapping must be used instead (not held). */
 static int get_fd(tf__reader *r, uint64_t i, int direct) {
-    _Atomic int *slot = direct ? &r->dfds[i] : &r->fds[i];
-    int fd = atomic_load_explicit(slot, memory_order_acquire);
-    if (fd != TF__FD_UNOPENED) return fd;
     const tf_file *f = &r->ds->files[i];
-    int err = 0;
-    fd = open_file(f, direct ? O_DIRECT : 0, &err);
-    if (fd < 0) {
-        char eb[96];
-        if (err == EMFILE || err == ENFILE) {
-            /* Transient: do not cache; this piece goes through the mapping. */
-            tf__reader_note(r, "%s: out of file descriptors; reading through the mapping", f->path);
-            return TF__FD_UNUSABLE;
+    pthread_mutex_lock(&r->fd_mu);
+    tf__fdslot *slot = direct ? &r->dfds[i] : &r->fds[i];
+    if (slot->fd == TF__FD_UNOPENED) {
+        if (r->nopen >= r->max_open) evict_fd(r);
+        int err = 0;
+        int fd = open_file(f, direct ? O_DIRECT : 0, &err);
+        if (fd < 0) {
+            pthread_mutex_unlock(&r->fd_mu);
+            char eb[96];
+            if (err == EMFILE || err == ENFILE) {
+                /* Transient: do not cache; this piece goes through the mapping. */
+                tf__reader_note(r, "%s: out of file descriptors; reading through the mapping", f->path);
+                return TF__FD_UNUSABLE;
+            }
+            if (direct)
+                tf__reader_note(r, "%s: O_DIRECT open failed (%s); buffered reads", f->path, errstr(err, eb, sizeof eb));
+            else
+                tf__reader_note(r, "%s: cannot open for %s (%s); reading through the mapping", f->path,
+                                r->backend == TF_BACKEND_IO_URING ? "io_uring" : "pread", errstr(err, eb, sizeof eb));
+            pthread_mutex_lock(&r->fd_mu);
+            if (slot->fd == TF__FD_UNOPENED) slot->fd = TF__FD_UNUSABLE;
+        } else {
+            slot->fd = fd;
+            r->nopen++;
         }
-        if (direct)
-            tf__reader_note(r, "%s: O_DIRECT open failed (%s); buffered reads", f->path, errstr(err, eb, sizeof eb));
-        else
-            tf__reader_note(r, "%s: cannot open for %s (%s); reading through the mapping", f->path,
-                            r->backend == TF_BACKEND_IO_URING ? "io_uring" : "pread", errstr(err, eb, sizeof eb));
-        fd = TF__FD_UNUSABLE;
     }
-    int expect = TF__FD_UNOPENED;
-    if (!atomic_compare_exchange_strong_explicit(slot, &expect, fd, memory_order_acq_rel, memory_order_acquire)) {
-        if (fd >= 0) close(fd);
-        return expect;
+    int fd = slot->fd;
+    if (fd >= 0) {
+        slot->users++;
+        slot->last = ++r->fd_clock;
     }
+    pthread_mutex_unlock(&r->fd_mu);
     return fd;
+}
+
+static void release_one(tf__reader *r, uint64_t fi, int direct, int fd) {
+    pthread_mutex_lock(&r->fd_mu);
+    tf__fdslot *slot = direct ? &r->dfds[fi] : &r->fds[fi];
+    if (slot->fd == fd && slot->users) slot->users--;
+    pthread_mutex_unlock(&r->fd_mu);
+}
+
+/* The reads queued on the worker's descriptors are over (done, failed or
+ * abandoned): they may be closed again. */
+static void put_fds(tf__worker *w) {
+    tf__reader *r = w->rd;
+    if (!w->nrds || !r->fd_mu_ok) return;
+    pthread_mutex_lock(&r->fd_mu);
+    for (size_t k = 0; k < w->nrds; k++) {
+        tf__rd *d = &w->rds[k];
+        tf__fdslot *slot = d->direct ? &r->dfds[d->fi] : &r->fds[d->fi];
+        if (slot->fd == d->fd && slot->users) slot->users--;
+    }
+    pthread_mutex_unlock(&r->fd_mu);
+    w->nrds = 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -304,8 +351,12 @@ static int queue_read(tf__worker *w, uint64_t fi, uint64_t start, uint64_t count
     uint64_t off = (uint64_t)base + start * isz;
     size_t bytes = (size_t)(count * isz);
     tf__rd *d = push_rd(w);
-    if (!d) return -ENOMEM;
+    if (!d) {
+        release_one(r, fi, direct, fd);
+        return -ENOMEM;
+    }
     d->fd = fd;
+    d->fi = fi;
     d->out = out;
     d->sdt = f->dtype;
     d->count = (size_t)count;
@@ -512,6 +563,7 @@ int tf__worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view *v
     tf__remote_set_reader_position(pos);
     fill_call c = {w, pos, rows, v, acct};
     int rc = tf__files_guard(w->rd->ds->files, w->rd->ds->nfiles, call_fill, &c);
+    put_fds(w);
     /* Drop this worker's pin in the zstd cache; after a fault mid-decode
      * (SIGBUS), also empty the entry it was loading so others stop waiting. */
     if (rc) tf__zcache_abandon(w->rd->zc, &w->zh);

@@ -44,16 +44,17 @@ static int locate(void *ctx, uint64_t pos, tf__prefetch_emit_fn emit, void *ectx
             const tf_file *f = &ds->files[fi];
             uint64_t local = start - ds->tok_prefix[fi];
             uint64_t n = f->num_tokens - local < left ? f->num_tokens - local : left;
-            if (n && f->remote) {
+            const tf__robj *ro = tf__file_robj(f);
+            if (n && ro) {
                 size_t isz = tf_dtype_size(f->dtype);
                 if (!f->compressed) {
-                    emit_range(f->remote, local * isz, (local + n) * isz, emit, ectx);
+                    emit_range(ro, local * isz, (local + n) * isz, emit, ectx);
                 } else if (f->block_tokens) {
                     for (uint64_t b = local / f->block_tokens; b <= (local + n - 1) / f->block_tokens && b < f->num_blocks; b++) {
                         const uint8_t *e = f->block_table + 16 * b;
                         uint64_t off = tf__le64(e), size = tf__le64(e + 8);
                         if (off <= f->tokens_section_len && size <= f->tokens_section_len - off)
-                            emit_range(f->remote, off, off + size, emit, ectx);
+                            emit_range(ro, off, off + size, emit, ectx);
                     }
                 }
             }
@@ -78,7 +79,7 @@ int tf__engine_prefetch_create(const tf_order *order, uint64_t B, uint64_t G, ui
     const tf_dataset *ds = tf_order_dataset(order);
     tf_remote *r = NULL;
     for (uint64_t i = 0; i < ds->nfiles && !r; i++)
-        if (ds->files[i].remote) r = ds->files[i].remote->r;
+        if (tf__file_robj(&ds->files[i])) r = tf__file_robj(&ds->files[i])->r;
     if (!r) return 0; /* nothing remote: no scheduler */
     glue *g = calloc(1, sizeof *g);
     if (!g) return -ENOMEM;

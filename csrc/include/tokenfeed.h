@@ -90,7 +90,28 @@ enum {
     TF_EEOF = 10005,      /* end of stream (epochs exhausted) */
     TF_EUNSUPPORTED = 10006, /* feature not compiled in or not usable here */
     TF_ECUDA = 10007,     /* CUDA runtime error (details in tf_last_error) */
+    TF_ENOTREADY = 10008, /* a timed wait ended with nothing ready yet: not a failure,
+                           * call again (the *_next_timed functions only) */
 };
+
+/* Interrupts. A blocking wait that a caller's thread makes inside the library
+ * (a remote open waiting for its requests, a read waiting for a chunk to be
+ * fetched) calls check every 50 ms or so, from that thread, without holding a
+ * lock of the library's; when it returns non-zero the wait ends with -EINTR
+ * (work it started is cancelled, or left to finish in the background where it
+ * writes nothing of the caller's). An interpreter passes a function that looks
+ * for a pending signal on its main thread. Process-wide; NULL (the default)
+ * means never interrupted. */
+typedef int (*tf_interrupt_check_fn)(void);
+TF_API void tf_interrupt_set_check(tf_interrupt_check_fn check);
+
+/* Progress notices: a wait that goes on (a remote request unanswered for 10 s
+ * and every 10 s after) says what it waits for, e.g. "waiting for
+ * s3://b/k (10 s, attempt 2 of 8)", through fn, from the waiting thread
+ * (any thread; no lock of the library's held). Process-wide; NULL (the
+ * default) keeps quiet. */
+typedef void (*tf_notice_fn)(const char *msg);
+TF_API void tf_notice_set_fn(tf_notice_fn fn);
 
 /* Static description of an error code (either sign accepted). Never NULL. */
 TF_API const char *tf_strerror(int err);
@@ -443,7 +464,9 @@ typedef struct tf_remote_config {
     int max_attempts;        /* tries per range before failing (0: 8) */
     uint32_t backoff_ms;     /* first retry delay (0: 100); doubles, full jitter */
     uint32_t backoff_max_ms; /* cap of the delay (0: 5000) */
-    uint32_t deadline_ms;    /* give up on a range after this long (0: 120000) */
+    uint32_t deadline_ms;    /* give up on a request after this long (0: 30000): no
+                                attempt is started that, as long as the slowest failed
+                                one, would end past it */
 } tf_remote_config;
 
 TF_API void tf_remote_config_init(tf_remote_config *cfg);
@@ -870,8 +893,10 @@ TF_API void tf_loader_free(tf_loader *l);
 TF_API int tf_loader_next(tf_loader *l, tf_batch **out);
 
 /* Like tf_loader_next, but gives up after timeout_ns nanoseconds with
- * -ETIMEDOUT (the binding waits in short slices so that Ctrl-C stays
- * responsive). */
+ * -TF_ENOTREADY, "no batch yet, call again" (the binding waits in short slices
+ * so that Ctrl-C stays responsive). Every other negative code is the failure
+ * of the batch (-ETIMEDOUT, for one, is a remote fetch that ran out of
+ * retries) and is never returned for a batch still being assembled. */
 TF_API int tf_loader_next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_ns);
 
 /* Global stream position (in samples) of the next batch this rank will receive:
@@ -1139,8 +1164,8 @@ TF_API void tf_device_loader_free(tf_device_loader *d);
  * same batch. */
 TF_API int tf_device_loader_next(tf_device_loader *d, uintptr_t stream, tf_device_batch **out);
 
-/* Like tf_device_loader_next, but gives up with -ETIMEDOUT after timeout_ns
- * (no message; call again). */
+/* Like tf_device_loader_next, but gives up with -TF_ENOTREADY after
+ * timeout_ns (no message; call again). Other negative codes are failures. */
 TF_API int tf_device_loader_next_timed(tf_device_loader *d, uintptr_t stream, tf_device_batch **out,
                                        uint64_t timeout_ns);
 

@@ -99,14 +99,19 @@ PyObject *tfpy_raise_input(tf_module_state *st, int rc, const char *msg);
         else destroy(handle);                                                                      \
     } while (0)
 
+/* Whether the interpreter is being finalized (module.c). */
+int tfpy_finalizing(void);
+
 /* Take the handle out of `field` (NULL after) and destroy it, if any, with the
  * GIL released: destroying an engine or a device ring joins threads or waits
- * on events. */
+ * on events. While the interpreter is finalized the handle is left to the
+ * ending process instead: a thread it would join may be inside a transport
+ * call that returns to a finalizing interpreter, which parks it for good. */
 #define TFPY_DESTROY_NOGIL(field, destroy)                                                         \
     do {                                                                                           \
         __typeof__(field) tfpy_h = (field);                                                        \
         (field) = NULL;                                                                            \
-        if (tfpy_h) {                                                                              \
+        if (tfpy_h && !tfpy_finalizing()) {                                                        \
             Py_BEGIN_ALLOW_THREADS                                                                 \
             destroy(tfpy_h);                                                                       \
             Py_END_ALLOW_THREADS                                                                   \

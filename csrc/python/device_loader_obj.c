@@ -90,7 +90,9 @@ static void dl_free(tfpy_DeviceLoader *self) {
 static void DeviceLoader_dealloc(tfpy_DeviceLoader *self) {
     PyTypeObject *tp = Py_TYPE(self);
     dl_free(self);
-    Py_CLEAR(self->loader); /* after the device loader that borrows its engine */
+    /* after the device loader that borrows its engine (left running, with
+     * what it borrows, while finalizing: TFPY_DESTROY_NOGIL) */
+    if (!tfpy_finalizing()) Py_CLEAR(self->loader);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
@@ -219,7 +221,7 @@ static PyObject *DeviceLoader_next(tfpy_DeviceLoader *self, PyObject *args, PyOb
     self->busy = 1;
     for (;;) {
         TFPY_NOGIL_CALL(rc, msg, tf_device_loader_next_timed(self->d, stream, &b, 50ull * 1000 * 1000));
-        if (rc != -ETIMEDOUT) break;
+        if (rc != -TF_ENOTREADY) break;
         if (self->close_pending || PyErr_CheckSignals() < 0) break;
     }
     self->busy = 0;
@@ -229,7 +231,7 @@ static PyObject *DeviceLoader_next(tfpy_DeviceLoader *self, PyObject *args, PyOb
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "the loader was closed while waiting for a batch");
         return NULL;
     }
-    if (rc == -ETIMEDOUT) return NULL; /* interrupted: exception set by PyErr_CheckSignals */
+    if (rc == -TF_ENOTREADY) return NULL; /* interrupted: exception set by PyErr_CheckSignals */
     if (rc < 0) return tfpy_raise(st, rc, msg);
     return batch_dict(st, b);
 }

@@ -60,7 +60,9 @@ static void loader_free(tfpy_Loader *self) { TFPY_DESTROY_NOGIL(self->l, tf_load
 static void Loader_dealloc(tfpy_Loader *self) {
     PyTypeObject *tp = Py_TYPE(self);
     loader_free(self);
-    Py_CLEAR(self->order); /* after the engine that borrows it */
+    /* after the engine that borrows it; while finalizing, the engine is left
+     * running (TFPY_DESTROY_NOGIL), so what it borrows stays too */
+    if (!tfpy_finalizing()) Py_CLEAR(self->order);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
@@ -99,7 +101,7 @@ static PyObject *Loader_next(tfpy_Loader *self, PyObject *unused) {
     self->busy = 1;
     for (;;) {
         TFPY_NOGIL_CALL(rc, msg, tf_loader_next_timed(self->l, &b, 50ull * 1000 * 1000));
-        if (rc != -ETIMEDOUT) break;
+        if (rc != -TF_ENOTREADY) break;
         if (self->close_pending || PyErr_CheckSignals() < 0) break;
     }
     self->busy = 0;
@@ -109,7 +111,7 @@ static PyObject *Loader_next(tfpy_Loader *self, PyObject *unused) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "the loader was closed while waiting for a batch");
         return NULL;
     }
-    if (rc == -ETIMEDOUT) return NULL; /* interrupted: exception set by PyErr_CheckSignals */
+    if (rc == -TF_ENOTREADY) return NULL; /* interrupted: exception set by PyErr_CheckSignals */
     if (rc < 0) return tfpy_raise(st, rc, msg);
     return tfpy_batch_dict(st, b);
 }

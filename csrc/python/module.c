@@ -36,6 +36,8 @@ PyObject *tfpy_raise(tf_module_state *st, int rc, const char *msg) {
     } else if (e == TF_EEOF) {
         PyErr_SetNone(PyExc_StopIteration);
     } else if (e == EINTR) {
+        /* the wait asked tfpy_interrupted, which left the handler's exception */
+        if (PyErr_Occurred()) return NULL;
         if (!PyErr_CheckSignals()) PyErr_SetString(PyExc_InterruptedError, msg);
     } else {
         PyObject *args = Py_BuildValue("(is)", e, msg); /* OSError picks its subclass from errno */
@@ -455,6 +457,65 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+int tfpy_finalizing(void) {
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+}
+
+/* The interpreter's main thread: the only one whose waits Ctrl-C ends (Python
+ * runs signal handlers there). */
+static unsigned long main_thread_ident;
+
+/* tf_interrupt_set_check: on the main thread, run pending signal handlers;
+ * one that raises (KeyboardInterrupt) ends the library's wait with -EINTR,
+ * its exception left set for tfpy_raise. Other threads, and an interpreter
+ * being finalized, are never interrupted. */
+static int tfpy_interrupted(void) {
+    if (PyThread_get_thread_ident() != main_thread_ident) return 0;
+    if (tfpy_finalizing()) return 0;
+    PyGILState_STATE g = PyGILState_Ensure();
+    int r = PyErr_CheckSignals() < 0;
+    PyGILState_Release(g);
+    return r;
+}
+
+/* tf_notice_set_fn: progress lines of long waits go to the "tokenfeed" logger
+ * (stderr at WARNING unless the application configured logging). Any thread;
+ * nothing during finalization. */
+static void tfpy_notice(const char *msg) {
+    if (tfpy_finalizing()) return;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *et, *ev, *etb; /* a pending exception (a waiter's KeyboardInterrupt) survives */
+    PyErr_Fetch(&et, &ev, &etb);
+    PyObject *logging = PyImport_ImportModule("logging");
+    PyObject *log = logging ? PyObject_CallMethod(logging, "getLogger", "s", "tokenfeed") : NULL;
+    PyObject *r = log ? PyObject_CallMethod(log, "warning", "ss", "%s", msg) : NULL;
+    Py_XDECREF(r);
+    Py_XDECREF(log);
+    Py_XDECREF(logging);
+    PyErr_Clear();
+    PyErr_Restore(et, ev, etb);
+    PyGILState_Release(g);
+}
+
+static int set_interrupt_check(void) {
+    PyObject *th = PyImport_ImportModule("threading");
+    PyObject *mt = th ? PyObject_CallMethod(th, "main_thread", NULL) : NULL;
+    PyObject *id = mt ? PyObject_GetAttrString(mt, "ident") : NULL;
+    unsigned long v = id ? PyLong_AsUnsignedLong(id) : 0;
+    Py_XDECREF(id);
+    Py_XDECREF(mt);
+    Py_XDECREF(th);
+    if (PyErr_Occurred()) return -1;
+    main_thread_ident = v;
+    tf_interrupt_set_check(tfpy_interrupted);
+    tf_notice_set_fn(tfpy_notice);
+    return 0;
+}
+
 static int add_type(PyObject *m, PyType_Spec *spec, PyTypeObject **slot) {
     PyObject *t = PyType_FromModuleAndSpec(m, spec, NULL);
     if (!t) return -1;
@@ -484,6 +545,7 @@ static int module_exec(PyObject *m) {
     TFPY_TYPES(ADD_TYPE)
 #undef ADD_TYPE
     if (PyModule_AddFunctions(m, tfpy_remote_functions) < 0) return -1;
+    if (set_interrupt_check() < 0) return -1;
     if (PyModule_AddIntConstant(m, "PACK_CONCAT", TF_PACK_CONCAT) < 0 ||
         PyModule_AddIntConstant(m, "STATE_FORMAT_VERSION", TF_STATE_FORMAT_VERSION) < 0 ||
         PyModule_AddIntConstant(m, "PACK_BEST_FIT", TF_PACK_BEST_FIT) < 0 ||

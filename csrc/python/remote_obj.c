@@ -12,28 +12,45 @@
  * GIL, or a fetch thread waiting for the GIL and the caller waiting for the
  * fetch would deadlock.
  *
- * During interpreter shutdown the callbacks refuse (-ECANCELED) rather than
- * take a GIL that no longer exists.
+ * Shutdown. At exit (tokenfeed._remote registers an atexit function that
+ * calls shutdown_transports) the callbacks start refusing new requests
+ * (-ECANCELED) and the calls in flight are given a bounded time to return,
+ * while the interpreter can still take them back; during finalization they
+ * refuse too, and handles are no longer freed (TFPY_DESTROY_NOGIL): a fetch
+ * thread whose call returns to a finalizing interpreter is parked there for
+ * good, and joining it would hang the exit.
  */
 #include "binding.h"
 
+#include <structmember.h>
+
 #include <errno.h>
+#include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct {
     PyObject_HEAD
     tf_remote *r;
     PyObject *transport;
     PyObject *cache_dir; /* str */
+    PyObject *weakrefs;  /* tokenfeed._remote keeps its stores by weak reference */
 } tfpy_Remote;
 
-static int finalizing(void) {
-#if PY_VERSION_HEX >= 0x030D0000
-    return Py_IsFinalizing();
-#else
-    return _Py_IsFinalizing();
-#endif
+static _Atomic int shutting_down; /* set at exit: no new transport calls */
+static _Atomic long in_flight;     /* transport calls between refuse() and done() */
+
+/* Whether a transport callback must refuse; otherwise it is counted in flight
+ * until done(). */
+static int refuse(void) {
+    if (atomic_load(&shutting_down) || tfpy_finalizing()) {
+        tf_transport_set_error("the interpreter is exiting");
+        return 1;
+    }
+    atomic_fetch_add(&in_flight, 1);
+    return 0;
 }
+static void done(void) { atomic_fetch_sub(&in_flight, 1); }
 
 /* Turn the pending Python exception into a negative code and a transport
  * message (GIL held). OSError keeps its errno; anything else is -EIO. */
@@ -68,7 +85,7 @@ static int code_from_exception(void) {
 }
 
 static int py_stat(void *ctx, const char *url, tf_object_info *info) {
-    if (finalizing()) return -ECANCELED;
+    if (refuse()) return -ECANCELED;
     PyGILState_STATE g = PyGILState_Ensure();
     int rc = 0;
     PyObject *res = PyObject_CallMethod((PyObject *)ctx, "stat", "s", url);
@@ -86,12 +103,13 @@ static int py_stat(void *ctx, const char *url, tf_object_info *info) {
         Py_DECREF(res);
     }
     PyGILState_Release(g);
+    done();
     return rc;
 }
 
 static int64_t py_read(void *ctx, const char *url, const tf_object_info *expect, uint64_t off, void *buf,
                        size_t len) {
-    if (finalizing()) return -ECANCELED;
+    if (refuse()) return -ECANCELED;
     PyGILState_STATE g = PyGILState_Ensure();
     int64_t rc;
     PyObject *mv = PyMemoryView_FromMemory(buf, (Py_ssize_t)len, PyBUF_WRITE);
@@ -114,11 +132,12 @@ static int64_t py_read(void *ctx, const char *url, const tf_object_info *expect,
         Py_DECREF(mv);
     }
     PyGILState_Release(g);
+    done();
     return rc;
 }
 
 static int py_list(void *ctx, const char *prefix, tf_list_emit_fn emit, void *emit_ctx) {
-    if (finalizing()) return -ECANCELED;
+    if (refuse()) return -ECANCELED;
     PyGILState_STATE g = PyGILState_Ensure();
     int rc = 0;
     PyObject *res = PyObject_CallMethod((PyObject *)ctx, "list", "s", prefix);
@@ -153,11 +172,12 @@ static int py_list(void *ctx, const char *prefix, tf_list_emit_fn emit, void *em
     Py_XDECREF(it);
     Py_XDECREF(res);
     PyGILState_Release(g);
+    done();
     return rc;
 }
 
 static void py_release(void *ctx) {
-    if (finalizing()) return; /* leaked on purpose: no interpreter to decref in */
+    if (tfpy_finalizing()) return; /* leaked on purpose: no interpreter to decref in */
     PyGILState_STATE g = PyGILState_Ensure();
     Py_DECREF((PyObject *)ctx);
     PyGILState_Release(g);
@@ -236,9 +256,10 @@ static PyObject *Remote_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
 static void Remote_dealloc(tfpy_Remote *self) {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
+    if (self->weakrefs) PyObject_ClearWeakRefs((PyObject *)self);
     tf_remote *r = self->r;
     self->r = NULL;
-    if (r) {
+    if (r && !tfpy_finalizing()) { /* see "Shutdown" above */
         /* may join fetch threads that wait for the GIL */
         Py_BEGIN_ALLOW_THREADS
         tf_remote_free(r);
@@ -348,7 +369,13 @@ static PyGetSetDef Remote_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
+static PyMemberDef Remote_members[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(tfpy_Remote, weakrefs), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyType_Slot Remote_slots[] = {
+    {Py_tp_members, Remote_members},
     {Py_tp_new, Remote_new},
     {Py_tp_dealloc, Remote_dealloc},
     {Py_tp_traverse, Remote_traverse},
@@ -416,7 +443,25 @@ static PyObject *cache_prune(PyObject *mod, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* At exit, before finalization: refuse new transport calls and give those in
+ * flight up to `timeout` seconds to come back (they need the GIL: released
+ * while waiting). Returns the number still in flight. */
+static PyObject *shutdown_transports(PyObject *mod, PyObject *arg) {
+    double timeout = PyFloat_AsDouble(arg);
+    if (timeout == -1.0 && PyErr_Occurred()) return NULL;
+    atomic_store(&shutting_down, 1);
+    long left;
+    Py_BEGIN_ALLOW_THREADS
+    for (int i = 0; (left = atomic_load(&in_flight)) > 0 && i < (int)(timeout * 100); i++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(left);
+}
+
 PyMethodDef tfpy_remote_functions[] = {
+    {"shutdown_transports", shutdown_transports, METH_O, "shutdown_transports(timeout, /)\n--\n\nReturns int. At exit: refuse new remote requests, wait up to timeout seconds for those in flight; returns how many are left."},
     {"cache_info", cache_info, METH_O, "cache_info(dir, /)\n--\n\nReturns dict. Bytes, chunks, objects and processes of a chunk cache."},
     {"cache_prune", cache_prune, METH_VARARGS, "cache_prune(dir, keep_bytes, /)\n--\n\nEvict chunks until at most keep_bytes remain (0: empty; refused while in use)."},
     {NULL, NULL, 0, NULL},

@@ -30,6 +30,15 @@
  * so that the hash check of a cached chunk is paid once per mapping, not per
  * read.
  *
+ * Interrupts. A caller's thread waiting for jobs (an open's requests, a
+ * chunk) wakes every TF__INTERRUPT_SLICE_NS to ask tf__interrupted(); when
+ * interrupted it returns -EINTR at once for a chunk (the job goes on: it
+ * writes only into the cache), and for requests that write into its buffers
+ * it drops the queued ones, marks the running ones cancelled (their retry
+ * loop stops before the next attempt, waking from its backoff) and waits for
+ * those, one transport call at most. Caller threads that retry in place
+ * (stat, reads outside the chunked region) are interrupted in their backoff.
+ *
  * fork(). A child (a DataLoader worker) has no pool threads and may hold
  * copies of locked mutexes: the first call in the child re-initialises the
  * locks, forgets (leaks) the parent's jobs and starts its own pool, and takes
@@ -92,6 +101,21 @@ void tf_transport_set_error(const char *fmt, ...) {
     va_end(ap);
 }
 
+/* The job a pool thread runs (NULL on other threads): its retry loops stop
+ * when the job is cancelled. */
+static pthread_key_t cjob_key;
+static pthread_once_t cjob_once = PTHREAD_ONCE_INIT;
+static int cjob_ok;
+static void cjob_init(void) { cjob_ok = pthread_key_create(&cjob_key, NULL) == 0; }
+static void set_current_job(void *j) {
+    pthread_once(&cjob_once, cjob_init);
+    if (cjob_ok) pthread_setspecific(cjob_key, j);
+}
+static void *current_job(void) {
+    pthread_once(&cjob_once, cjob_init);
+    return cjob_ok ? pthread_getspecific(cjob_key) : NULL;
+}
+
 static pthread_key_t rpos_key;
 static pthread_once_t rpos_once = PTHREAD_ONCE_INIT;
 static int rpos_ok;
@@ -106,17 +130,6 @@ static uint64_t reader_position(void) {
     pthread_once(&rpos_once, rpos_init);
     uintptr_t v = rpos_ok ? (uintptr_t)pthread_getspecific(rpos_key) : 0;
     return v ? (uint64_t)v - 1 : TF__NO_NEED;
-}
-
-int tf__is_url(const char *path) {
-    if (!path) return 0;
-    const char *p = strstr(path, "://");
-    if (!p || p == path) return 0;
-    for (const char *s = path; s < p; s++)
-        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '+' ||
-              *s == '-' || *s == '.'))
-            return 0;
-    return strncmp(path, "file://", 7) != 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -137,6 +150,9 @@ typedef struct job {
     int urgent;
     uint64_t seq;
     int state; /* QUEUED, RUNNING, DONE */
+    int cancel; /* its waiter gave up (interrupted): stop at the next retry */
+    int attempt;   /* the attempt running now (1-based; 0: none yet), and its */
+    char cur[256]; /* object: for a waiter's progress line */
     int rc;
     char err[600];
     int refs;
@@ -213,7 +229,7 @@ static int resolve_config(const tf_remote_config *in, tf_remote_config *c) {
     if (!c->backoff_ms) c->backoff_ms = 100;
     if (!c->backoff_max_ms) c->backoff_max_ms = 5000;
     if (c->backoff_max_ms < c->backoff_ms) c->backoff_max_ms = c->backoff_ms;
-    if (!c->deadline_ms) c->deadline_ms = 120000;
+    if (!c->deadline_ms) c->deadline_ms = 30000;
     return 0;
 }
 
@@ -365,7 +381,7 @@ static const char *advice(int rc) {
     case EACCES: case EPERM: return "The store refused the request: check the credentials (environment, profile files, instance role) and the bucket policy.";
     case ESTALE: return "The object changed since the dataset was opened: reopen the dataset to read the new data (its fingerprint will change), or restore the object.";
     default:
-        if (transient(rc)) return "The store kept failing: check the network and the endpoint, or raise the retry limits (max_attempts, backoff, deadline).";
+        if (transient(rc)) return "The store kept failing: check the network and the endpoint, or raise the retry limits (open()'s max_attempts, deadline, request_timeout; max_attempts, deadline_ms in tf_remote_config).";
         return "Check the URL, the endpoint and the credentials.";
     }
 }
@@ -377,15 +393,42 @@ static uint64_t rand_u64(void) {
     return tf__mix64(s);
 }
 
-/* Sleep up to ns, waking early when the pool stops. Returns non-zero on stop. */
+/* Why a wait ended early (pool_sleep), and the code and words for it. */
+enum { WAKE_NONE = 0, WAKE_STOP = 1, WAKE_CANCEL = 2, WAKE_INTR = 3 };
+static int wake_code(int why) { return why == WAKE_INTR ? -EINTR : -ECANCELED; }
+static const char *wake_words(int why) {
+    return why == WAKE_STOP ? "cancelled: the remote store is being closed"
+           : why == WAKE_CANCEL ? "cancelled: its reader was interrupted"
+                                : "interrupted";
+}
+
+/* Sleep up to ns, waking early when the pool stops, when the pool thread's
+ * job is cancelled, or (a caller's thread) when interrupted. Returns a
+ * WAKE_* value. */
 static int pool_sleep(tf_remote *r, uint64_t ns) {
+    job *cj = current_job();
     uint64_t until = tf__now_ns() + ns;
+    int why = WAKE_NONE;
     pthread_mutex_lock(&r->mu);
-    struct timespec ts = tf__abstime(until);
-    while (!r->stop && tf__now_ns() < until) pthread_cond_timedwait(&r->stop_cv, &r->mu, &ts);
-    int s = r->stop;
+    for (;;) {
+        why = r->stop ? WAKE_STOP : cj && cj->cancel ? WAKE_CANCEL : WAKE_NONE;
+        uint64_t now = tf__now_ns();
+        if (why || now >= until) break;
+        uint64_t slice = cj || until - now < TF__INTERRUPT_SLICE_NS ? until : now + TF__INTERRUPT_SLICE_NS;
+        struct timespec ts = tf__abstime(slice);
+        pthread_cond_timedwait(&r->stop_cv, &r->mu, &ts);
+        if (!cj && tf__now_ns() < until) {
+            pthread_mutex_unlock(&r->mu);
+            int intr = tf__interrupted();
+            pthread_mutex_lock(&r->mu);
+            if (intr) {
+                why = WAKE_INTR;
+                break;
+            }
+        }
+    }
     pthread_mutex_unlock(&r->mu);
-    return s;
+    return why;
 }
 
 /* Full jitter: uniform in [0, min(max, base * 2^(attempt-1))]. */
@@ -396,13 +439,35 @@ static uint64_t backoff_ns(const tf_remote *r, int attempt) {
     return d ? rand_u64() % (d + 1) : 0;
 }
 
+/* A pool thread's job starts attempt n at url: recorded for its waiters'
+ * progress lines. */
+static void note_attempt(tf_remote *r, const char *url, int n) {
+    job *cj = current_job();
+    if (!cj) return;
+    pthread_mutex_lock(&r->mu);
+    if (cj->attempt != n || strncmp(cj->cur, url, sizeof cj->cur - 1)) snprintf(cj->cur, sizeof cj->cur, "%s", url);
+    cj->attempt = n;
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Whether to try again after a failed attempt: a transient failure, attempts
+ * left, and time for one more as slow as the slowest failed one (a server
+ * that accepts and never answers costs a whole request timeout per attempt)
+ * before the deadline. */
+static int retry_allowed(const tf_remote *r, int rc, int attempt, uint64_t t0, uint64_t slowest) {
+    uint64_t el = tf__now_ns() - t0, dl = (uint64_t)r->cfg.deadline_ms * 1000000ull;
+    return transient(rc) && attempt < r->cfg.max_attempts && el + slowest <= dl;
+}
+
 /* Read [off, off + len) of url into buf, retrying transient failures. */
 static int fetch_range(tf_remote *r, const char *url, const tf_object_info *info, uint64_t off, uint64_t len,
                        void *buf) {
-    uint64_t done = 0, t0 = tf__now_ns();
+    uint64_t done = 0, t0 = tf__now_ns(), slowest = 0;
     int attempt = 0, rc = 0;
     char last[512] = "";
     while (done < len) {
+        uint64_t ta = tf__now_ns();
+        note_attempt(r, url, attempt + 1);
         atomic_fetch_add_explicit(&r->st_requests, 1, memory_order_relaxed);
         if (attempt) atomic_fetch_add_explicit(&r->st_retries, 1, memory_order_relaxed);
         char *tm = tmsg();
@@ -422,11 +487,12 @@ static int fetch_range(tf_remote *r, const char *url, const tf_object_info *info
             snprintf(last, sizeof last, "%s", tm[0] ? tm : n == 0 ? "empty response" : tf_strerror(rc));
         }
         attempt++;
-        uint64_t el = tf__now_ns() - t0;
-        if (!transient(rc) || attempt >= r->cfg.max_attempts || el > (uint64_t)r->cfg.deadline_ms * 1000000ull) break;
-        if (pool_sleep(r, backoff_ns(r, attempt))) {
-            rc = -ECANCELED;
-            snprintf(last, sizeof last, "cancelled: the remote store is being closed");
+        if (tf__now_ns() - ta > slowest) slowest = tf__now_ns() - ta;
+        if (!retry_allowed(r, rc, attempt, t0, slowest)) break;
+        int why = pool_sleep(r, backoff_ns(r, attempt));
+        if (why) {
+            rc = wake_code(why);
+            snprintf(last, sizeof last, "%s", wake_words(why));
             break;
         }
     }
@@ -439,51 +505,70 @@ static int fetch_range(tf_remote *r, const char *url, const tf_object_info *info
             (ull)(off + len), last, attempt, attempt == 1 ? "" : "s", secs, advice(rc));
 }
 
-int tf_remote_stat(tf_remote *r, const char *url, tf_object_info *info) {
-    if (!r || !url || !info) return -EINVAL;
-    uint64_t t0 = tf__now_ns();
+/* One metadata request (stat or list) with the retries of fetch_range: call
+ * runs one attempt. Returns 0, or the last failure with *attempts made (the
+ * transport's message, if any, in tmsg()). */
+typedef int (*meta_call_fn)(tf_remote *r, const char *url, void *ctx);
+static int retry_meta(tf_remote *r, const char *url, meta_call_fn call, void *ctx, int *attempts) {
+    uint64_t t0 = tf__now_ns(), slowest = 0;
     int attempt = 0, rc;
     char *tm = tmsg();
     for (;;) {
-        memset(info, 0, sizeof *info);
+        uint64_t ta = tf__now_ns();
+        note_attempt(r, url, attempt + 1);
         tm[0] = '\0';
         atomic_fetch_add_explicit(&r->st_requests, 1, memory_order_relaxed);
-        rc = r->t.stat(r->t.ctx, url, info);
-        if (rc >= 0) {
-            info->version[TF_OBJECT_VERSION_MAX - 1] = '\0';
-            return 0;
-        }
+        rc = call(r, url, ctx);
+        if (rc >= 0) return 0;
         attempt++;
-        if (!transient(rc) || attempt >= r->cfg.max_attempts ||
-            tf__now_ns() - t0 > (uint64_t)r->cfg.deadline_ms * 1000000ull)
-            break;
+        if (tf__now_ns() - ta > slowest) slowest = tf__now_ns() - ta;
+        if (!retry_allowed(r, rc, attempt, t0, slowest)) break;
         atomic_fetch_add_explicit(&r->st_retries, 1, memory_order_relaxed);
-        uint64_t d = backoff_ns(r, attempt);
-        struct timespec ts = {(time_t)(d / 1000000000ull), (long)(d % 1000000000ull)};
-        nanosleep(&ts, NULL);
+        int why = pool_sleep(r, backoff_ns(r, attempt));
+        if (why) {
+            rc = wake_code(why);
+            tf_transport_set_error("%s", wake_words(why));
+            break;
+        }
+    }
+    *attempts = attempt;
+    return rc;
+}
+
+static int stat_call(tf_remote *r, const char *url, void *info) {
+    memset(info, 0, sizeof(tf_object_info));
+    return r->t.stat(r->t.ctx, url, info);
+}
+
+int tf_remote_stat(tf_remote *r, const char *url, tf_object_info *info) {
+    if (!r || !url || !info) return -EINVAL;
+    int attempt = 0, rc = retry_meta(r, url, stat_call, info, &attempt);
+    char *tm = tmsg();
+    if (!rc) {
+        info->version[TF_OBJECT_VERSION_MAX - 1] = '\0';
+        return 0;
     }
     if (rc == -ENOENT) TF_FAIL(rc, "%s: no such object%s%s", url, tm[0] ? ": " : "", tm);
     TF_FAIL(rc, "%s: cannot get the object's size: %s (after %d attempt%s). %s", url, tm[0] ? tm : tf_strerror(rc),
             attempt, attempt == 1 ? "" : "s", advice(rc));
 }
 
+typedef struct list_args {
+    tf_list_emit_fn emit;
+    void *emit_ctx;
+} list_args;
+
+static int list_call(tf_remote *r, const char *prefix, void *ctx) {
+    list_args *a = ctx;
+    return r->t.list(r->t.ctx, prefix, a->emit, a->emit_ctx);
+}
+
 int tf__remote_list(tf_remote *r, const char *prefix, tf_list_emit_fn emit, void *emit_ctx) {
     if (!r->t.list) return -TF_EUNSUPPORTED;
-    uint64_t t0 = tf__now_ns();
-    int attempt = 0, rc;
+    list_args a = {emit, emit_ctx};
+    int attempt = 0, rc = retry_meta(r, prefix, list_call, &a, &attempt);
+    if (!rc) return 0;
     char *tm = tmsg();
-    for (;;) {
-        tm[0] = '\0';
-        atomic_fetch_add_explicit(&r->st_requests, 1, memory_order_relaxed);
-        rc = r->t.list(r->t.ctx, prefix, emit, emit_ctx);
-        if (rc >= 0) return 0;
-        attempt++;
-        if (!transient(rc) || attempt >= r->cfg.max_attempts ||
-            tf__now_ns() - t0 > (uint64_t)r->cfg.deadline_ms * 1000000ull)
-            break;
-        atomic_fetch_add_explicit(&r->st_retries, 1, memory_order_relaxed);
-        if (pool_sleep(r, backoff_ns(r, attempt))) break;
-    }
     TF_FAIL(rc, "%s: cannot list the objects: %s (after %d attempt%s). %s", prefix, tm[0] ? tm : tf_strerror(rc),
             attempt, attempt == 1 ? "" : "s", advice(rc));
 }
@@ -647,6 +732,18 @@ static job *heap_pop(tf_remote *r) {
     return j;
 }
 
+/* Take a queued job out of the heap. mu held. */
+static void heap_remove(tf_remote *r, job *j) {
+    size_t i = j->heap_i;
+    r->nheap--;
+    if (i == r->nheap) return;
+    job *m = r->heap[r->nheap];
+    r->heap[i] = m;
+    m->heap_i = i;
+    heap_down(r->heap, r->nheap, i);
+    heap_up(r->heap, m->heap_i);
+}
+
 static void hash_remove(tf_remote *r, job *j) {
     job **p = &r->hash[hslot(&j->key)];
     while (*p && *p != j) p = &(*p)->hnext;
@@ -708,10 +805,12 @@ again:
         if (b == TF__BEGIN_NOSPACE && !j->urgent) return TF__JOB_NOSPACE;
         /* another process fetches it, or (urgent) every byte is being fetched:
          * look again shortly */
-        if (tf__now_ns() - t0 > 2ull * r->cfg.deadline_ms * 1000000ull)
-            TF_FAIL(-ETIMEDOUT, "%s: bytes [%llu, +%llu): waited %u s for another process to fetch this chunk into %s. Check the other processes using this cache_dir.",
-                    j->url, (ull)j->off, (ull)j->len, 2 * r->cfg.deadline_ms / 1000, r->cache_dir);
-        if (pool_sleep(r, poll)) return -ECANCELED;
+        /* the other process has the same retry budget: no longer than it */
+        if (tf__now_ns() - t0 > (uint64_t)r->cfg.deadline_ms * 1000000ull)
+            TF_FAIL(-ETIMEDOUT, "%s: bytes [%llu, +%llu): waited %.1f s (the deadline) for another process to fetch this chunk into %s, in vain. Check the other processes using this cache_dir, and the network.",
+                    j->url, (ull)j->off, (ull)j->len, r->cfg.deadline_ms / 1000.0, r->cache_dir);
+        int why = pool_sleep(r, poll);
+        if (why) TF_FAIL(wake_code(why), "%s: bytes [%llu, +%llu): %s", j->url, (ull)j->off, (ull)j->len, wake_words(why));
         if (poll < 50000000) poll *= 2;
     }
     uint8_t *buf = malloc(j->len ? (size_t)j->len : 1);
@@ -763,9 +862,11 @@ static void *pool_main(void *arg) {
         j->state = JS_RUNNING;
         pthread_mutex_unlock(&r->mu);
         tf__clearerr();
+        set_current_job(j);
         int rc = j->kind == J_RANGE  ? fetch_range(r, j->url, &j->info, j->off, j->len, j->buf)
                  : j->kind == J_CALL ? j->fn(j->fn_ctx, j->fn_i)
                                      : run_chunk(r, j);
+        set_current_job(NULL);
         pthread_mutex_lock(&r->mu);
         j->rc = rc;
         if (rc < 0) snprintf(j->err, sizeof j->err, "%s", tf_last_error()[0] ? tf_last_error() : tf_strerror(rc));
@@ -869,6 +970,60 @@ void tf__chunk_want(const tf__robj *o, uint32_t k, uint64_t next_use) {
     pthread_mutex_unlock(&r->mu);
 }
 
+/* Wait (mu held) until j is done. A caller's thread (not a pool thread) wakes
+ * every TF__INTERRUPT_SLICE_NS to ask whether it is interrupted: -EINTR then,
+ * with j possibly still running; a pool thread waiting on behalf of a job
+ * gives up when that job is cancelled. 0 when done. */
+static int wait_job_locked(tf_remote *r, job *j) {
+    job *cj = current_job();
+    uint64_t t0 = tf__now_ns(), notice = t0 + TF__NOTICE_NS;
+    while (j->state != JS_DONE) {
+        if (cj) {
+            if (cj->cancel) return -ECANCELED;
+            struct timespec ts = tf__deadline_after(TF__INTERRUPT_SLICE_NS);
+            pthread_cond_timedwait(&r->done_cv, &r->mu, &ts);
+            continue;
+        }
+        struct timespec ts = tf__deadline_after(TF__INTERRUPT_SLICE_NS);
+        pthread_cond_timedwait(&r->done_cv, &r->mu, &ts);
+        if (j->state == JS_DONE) break;
+        char line[400] = "";
+        uint64_t now = tf__now_ns();
+        if (now >= notice && j->state == JS_RUNNING && j->cur[0]) {
+            snprintf(line, sizeof line, "waiting for %s (%.0f s, attempt %d of %d)", j->cur, (double)(now - t0) / 1e9,
+                     j->attempt, r->cfg.max_attempts);
+            notice += TF__NOTICE_NS;
+        }
+        pthread_mutex_unlock(&r->mu);
+        if (line[0]) tf__notice("%s", line);
+        int intr = tf__interrupted();
+        pthread_mutex_lock(&r->mu);
+        if (intr) return -EINTR;
+    }
+    return 0;
+}
+
+/* The caller of a batch of jobs that write into its memory was interrupted
+ * (mu held): queued ones are dropped, running ones cancelled (they stop before
+ * their next attempt) and waited for, since they may still write. */
+static void cancel_jobs_locked(tf_remote *r, job **js, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        job *j = js[i];
+        if (!j || j->state == JS_DONE) continue;
+        j->cancel = 1;
+        if (j->state == JS_QUEUED) {
+            heap_remove(r, j);
+            j->state = JS_DONE;
+            j->rc = -EINTR;
+            job_unref_locked(j); /* the pool's reference */
+        }
+    }
+    pthread_cond_broadcast(&r->stop_cv); /* wake the running ones from their backoff */
+    for (size_t i = 0; i < n; i++)
+        if (js[i])
+            while (js[i]->state != JS_DONE) pthread_cond_wait(&r->done_cv, &r->mu);
+}
+
 /* Fetch chunk k now (urgent) and wait for it. 0, TF__JOB_NOSPACE or < 0. */
 static int fetch_and_wait(tf_remote *r, const tf__robj *o, uint32_t k) {
     pthread_mutex_lock(&r->mu);
@@ -879,7 +1034,14 @@ static int fetch_and_wait(tf_remote *r, const tf__robj *o, uint32_t k) {
         pthread_mutex_unlock(&r->mu);
         return rc;
     }
-    while (j->state != JS_DONE) pthread_cond_wait(&r->done_cv, &r->mu);
+    /* interrupted: the job goes on (it writes only into the cache, and others
+     * may wait for it too) */
+    if (wait_job_locked(r, j) < 0) {
+        job_unref_locked(j);
+        pthread_mutex_unlock(&r->mu);
+        TF_FAIL(-EINTR, "%s: interrupted while waiting for bytes [%llu, +%llu) to be fetched", o->url,
+                (ull)(o->data_off + (uint64_t)k * o->chunk_bytes), (ull)chunk_len(o, k));
+    }
     rc = j->rc;
     if (rc < 0) tf__seterr(rc, "%s", j->err);
     job_unref_locked(j);
@@ -915,11 +1077,14 @@ int tf__remote_run_many(tf_remote *r, size_t n, int (*fn)(void *ctx, size_t i), 
         js[i] = j;
     }
     pthread_cond_broadcast(&r->work_cv);
+    int intr = 0;
+    for (size_t i = 0; i < n && !intr; i++)
+        if (js[i] && wait_job_locked(r, js[i]) < 0) intr = 1;
+    if (intr) cancel_jobs_locked(r, js, n);
     for (size_t i = 0; i < n; i++) {
         job *j = js[i];
         if (!j) continue;
-        while (j->state != JS_DONE) pthread_cond_wait(&r->done_cv, &r->mu);
-        if (j->rc < 0 && !rc) {
+        if (j->rc < 0 && !rc && !intr) {
             rc = j->rc;
             tf__seterr(j->rc, "%s", j->err);
         }
@@ -927,6 +1092,7 @@ int tf__remote_run_many(tf_remote *r, size_t n, int (*fn)(void *ctx, size_t i), 
     }
     pthread_mutex_unlock(&r->mu);
     free(js);
+    if (intr) TF_FAIL(-EINTR, "interrupted while waiting for %zu remote request%s", n, n == 1 ? "" : "s");
     return rc;
 }
 
@@ -964,13 +1130,15 @@ int tf__remote_read_many(tf_remote *r, tf__rreq *reqs, size_t n) {
     pthread_cond_broadcast(&r->work_cv);
     /* wait for every job queued (even after a failure: they write into the
      * caller's buffers) */
-    int first = -1;
+    int first = -1, intr = 0;
+    for (size_t i = 0; i < n && !intr; i++)
+        if (js[i] && wait_job_locked(r, js[i]) < 0) intr = 1;
+    if (intr) cancel_jobs_locked(r, js, n);
     for (size_t i = 0; i < n; i++) {
         job *j = js[i];
         if (!j) continue;
-        while (j->state != JS_DONE) pthread_cond_wait(&r->done_cv, &r->mu);
         reqs[i].rc = j->rc;
-        if (j->rc < 0 && first < 0) {
+        if (j->rc < 0 && first < 0 && !intr) {
             first = (int)i;
             tf__seterr(j->rc, "%s", j->err);
             if (!rc) rc = j->rc;
@@ -979,6 +1147,7 @@ int tf__remote_read_many(tf_remote *r, tf__rreq *reqs, size_t n) {
     }
     pthread_mutex_unlock(&r->mu);
     free(js);
+    if (intr) TF_FAIL(-EINTR, "%s: interrupted while waiting for %zu remote request%s", reqs[0].o->url, n, n == 1 ? "" : "s");
     return rc;
 }
 
@@ -1036,6 +1205,65 @@ static ochunk *open_find(tf_remote *r, const tf__ckey *k) {
     return NULL;
 }
 
+/* Step 1: the chunk mapped here already (revalidated against evictions)?
+ * Referenced when found. */
+static ochunk *open_hit(tf_remote *r, const tf__ckey *key) {
+    pthread_mutex_lock(&r->omu);
+    revalidate_open(r);
+    ochunk *oc = open_find(r, key);
+    if (oc) {
+        if (oc->refs++ == 0) r->nidle--;
+        oc->last = ++r->clock;
+    }
+    pthread_mutex_unlock(&r->omu);
+    return oc;
+}
+
+/* Step 2: the chunk on this node's disk: mapped, verified (trailer, and the
+ * shard's granule checksums) and entered in the open table, referenced.
+ * 0, -ENOENT (not cached), -TF_ECHECKSUM (corrupt: removed) or < 0. */
+static int map_cached(tf_remote *r, const tf__robj *o, uint32_t k, const tf__ckey *key, uint64_t clen,
+                      ochunk **out) {
+    const uint64_t *sums = NULL;
+    size_t nsums = 0;
+    if (o->sums) {
+        sums = o->sums + (uint64_t)k * (o->chunk_bytes / o->granule);
+        nsums = (size_t)((clen + o->granule - 1) / o->granule);
+    }
+    void *map;
+    size_t ml;
+    TF_TRY(tf__cache_map(r->cache, key, (size_t)clen, sums, nsums, o->granule, &map, &ml));
+    ochunk *n = calloc(1, sizeof *n);
+    if (!n) {
+        tf__cache_unmap(map, ml);
+        return -ENOMEM;
+    }
+    *n = (ochunk){.key = *key, .owner = r, .valid_at = tf__cache_evictions(r->cache), .map = map, .map_len = ml,
+                  .len = (size_t)clen};
+    pthread_mutex_lock(&r->omu);
+    ochunk *oc = open_find(r, key);
+    if (oc) { /* another thread mapped it meanwhile */
+        tf__cache_unmap(map, ml);
+        free(n);
+        if (oc->refs++ == 0) r->nidle--;
+    } else {
+        oc = n;
+        oc->refs = 1;
+        size_t h = hslot(key);
+        oc->next = r->open[h];
+        r->open[h] = oc;
+        r->nopen++;
+    }
+    oc->last = ++r->clock;
+    trim_open(r);
+    pthread_mutex_unlock(&r->omu);
+    *out = oc;
+    return 0;
+}
+
+/* Steps: mapped here (1), else on disk (2), else fetched (by this process
+ * or another) and looked for again; a chunk found corrupt on disk is fetched
+ * once more; one that keeps disappearing means the cache is too small. */
 int tf__chunk_acquire(const tf__robj *o, uint32_t k, const uint8_t **data, size_t *len, tf__chunkref **ref) {
     tf_remote *r = o->r;
     if (k >= o->nchunks)
@@ -1045,59 +1273,11 @@ int tf__chunk_acquire(const tf__robj *o, uint32_t k, const uint8_t **data, size_
     uint64_t clen = chunk_len(o, k), t0 = 0;
     int waited = 0, corrupt = 0;
     ochunk *oc = NULL;
-    for (int round = 0; round < 64; round++) {
-        pthread_mutex_lock(&r->omu);
-        revalidate_open(r);
-        oc = open_find(r, &key);
-        if (oc) {
-            if (oc->refs++ == 0) r->nidle--;
-            oc->last = ++r->clock;
-            pthread_mutex_unlock(&r->omu);
-            goto found_oc;
-        }
-        pthread_mutex_unlock(&r->omu);
-        const uint64_t *sums = NULL;
-        size_t nsums = 0;
-        if (o->sums) {
-            sums = o->sums + (uint64_t)k * (o->chunk_bytes / o->granule);
-            nsums = (size_t)((clen + o->granule - 1) / o->granule);
-        }
-        void *map;
-        size_t ml;
-        int rc = tf__cache_map(r->cache, &key, (size_t)clen, sums, nsums, o->granule, &map, &ml);
-        if (rc == 0) {
-            ochunk *n = calloc(1, sizeof *n);
-            if (!n) {
-                tf__cache_unmap(map, ml);
-                return -ENOMEM;
-            }
-            n->key = key;
-            n->owner = r;
-            n->valid_at = tf__cache_evictions(r->cache);
-            n->map = map;
-            n->map_len = ml;
-            n->len = (size_t)clen;
-            pthread_mutex_lock(&r->omu);
-            oc = open_find(r, &key);
-            if (oc) { /* another thread mapped it meanwhile */
-                tf__cache_unmap(map, ml);
-                free(n);
-                if (oc->refs++ == 0) r->nidle--;
-            } else {
-                oc = n;
-                oc->refs = 1;
-                size_t h = hslot(&key);
-                oc->next = r->open[h];
-                r->open[h] = oc;
-                r->nopen++;
-            }
-            oc->last = ++r->clock;
-            trim_open(r);
-            pthread_mutex_unlock(&r->omu);
-            goto found_oc;
-        }
+    for (int round = 0; round < 64 && !oc; round++) {
+        if ((oc = open_hit(r, &key))) break;
+        int rc = map_cached(r, o, k, &key, clen, &oc);
+        if (rc == 0) break;
         if (rc == -TF_ECHECKSUM) {
-            /* corrupt on disk: removed by tf__cache_map; fetch it once more */
             if (corrupt++)
                 TF_FAIL(-TF_ECHECKSUM, "%s: bytes [%llu, +%llu): the cached chunk was corrupt again after fetching it a second time (%s). Check the disk holding %s.",
                         o->url, (ull)(o->data_off + (uint64_t)k * o->chunk_bytes), (ull)clen, tf_last_error(), r->cache_dir);
@@ -1110,9 +1290,9 @@ int tf__chunk_acquire(const tf__robj *o, uint32_t k, const uint8_t **data, size_
         rc = fetch_and_wait(r, o, k);
         if (rc < 0) return rc;
     }
-    TF_FAIL(-EIO, "%s: chunk %u kept disappearing from the cache %s before it could be read: the cache is too small for the processes sharing it. Raise cache_limit.",
-            o->url, k, r->cache_dir);
-found_oc:
+    if (!oc)
+        TF_FAIL(-EIO, "%s: chunk %u kept disappearing from the cache %s before it could be read: the cache is too small for the processes sharing it. Raise cache_limit.",
+                o->url, k, r->cache_dir);
     if (waited) {
         atomic_fetch_add_explicit(&r->st_waits, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&r->st_wait_ns, tf__now_ns() - t0, memory_order_relaxed);

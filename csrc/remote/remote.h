@@ -24,6 +24,7 @@
 #include <stdatomic.h>
 
 #include "../common/internal.h"
+#include "../sources/source.h"
 
 /* No known next use: evicted first (most recently used first among them). */
 #define TF__NO_NEED UINT64_MAX
@@ -51,8 +52,6 @@ typedef struct tf__robj {
     uint64_t granule;
 } tf__robj;
 
-/* Whether path names a remote object ("scheme://..." other than file://). */
-TF_HIDDEN int tf__is_url(const char *path);
 
 /* List objects under prefix through the transport (with retries); emit may
  * be called several times for one object if a retry restarts the listing.
@@ -124,6 +123,18 @@ TF_HIDDEN int tf__chunk_cached(const tf__robj *o, uint32_t k);
 TF_HIDDEN uint64_t tf__remote_prefetch_bytes(const tf_remote *r);
 TF_HIDDEN tf_remote *tf__remote_ref(tf_remote *r);
 
+/* ---- remote_open.c: remote files for the format parsers ---------------- */
+
+/* Open the URLs urls[0, n) (remote objects read through remote, which may be
+ * NULL only to fail with a message) and append their files, as the sources
+ * layer does for local paths: their bytes come through the remote byte
+ * provider (tf__remote_byte_ops). */
+TF_HIDDEN int tf__open_remote_many(const char *const *urls, size_t n, const tf_open_options *opt,
+                                   tf_remote *remote, tf_file **files, uint64_t *nfiles, uint64_t *cap);
+/* The remote object behind f, or NULL when f is not read through the remote
+ * provider. */
+TF_HIDDEN const tf__robj *tf__file_robj(const tf_file *f);
+
 /* ---- remote_registry.c: objects prepared by a remote open --------------- */
 
 /* An object a remote open (remote_open.c) prepares for the parsers: its size
@@ -146,17 +157,14 @@ typedef struct tf__preg {
     size_t n, cap;
 } tf__preg;
 
-/* Make g the calling thread's registry (NULL: none) for the parsers' reads. */
+/* Make g the calling thread's registry (NULL: none) for the parsers' reads:
+ * the file primitives (file.c) take URLs from it through the open hooks
+ * (tf__open_hooks_enter). */
 TF_HIDDEN int tf__preg_enter(tf__preg *g);
 TF_HIDDEN tf__pobj *tf__preg_find(tf__preg *g, const char *url);
 TF_HIDDEN tf__pobj *tf__preg_add(tf__preg *g, const char *url);
 /* Unmap what no parser claimed; free the entries. */
 TF_HIDDEN void tf__preg_free(tf__preg *g);
-/* For file.c during a remote open: hand over the prepared map of url, whether
- * an object exists, whether a remote open runs on this thread. */
-TF_HIDDEN int tf__remote_map_take(const char *url, void **map, size_t *len);
-TF_HIDDEN int tf__remote_exists(const char *url);
-TF_HIDDEN int tf__remote_opening(void);
 
 /* ---- remote_prefetch.c: the scheduler ---------------------------------- */
 

@@ -28,7 +28,7 @@
  *      index and tables, a long .npy header).
  * Then the parsers run on the calling thread, and each remote file is
  * finished: its token region becomes a chunked object read through the
- * cache (f->remote), its metadata moves out of the sparse map into a compact
+ * cache (f->bytes_src), its metadata moves out of the sparse map into a compact
  * buffer, and the sparse map is unmapped.
  */
 #ifndef _GNU_SOURCE
@@ -360,8 +360,61 @@ static int relocate_native(tf_file *f, uint64_t docs_off) {
     MOVE(f->block_table);
     MOVE(f->chunk_sums);
 #undef MOVE
-    f->remote_meta = meta;
+    f->meta = meta;
     return 0;
+}
+
+/* Tokens of a remote, uncompressed file: straight from the cached chunks
+ * into out, converting on the way. The chunked region starts at the first
+ * token and chunks are a multiple of 4096 bytes, so no token straddles two. */
+static int remote_read_tokens(const tf_file *f, uint64_t start, uint64_t count, void *out, tf_dtype out_dtype) {
+    const tf__robj *o = f->bytes_src;
+    size_t isz = tf_dtype_size(f->dtype), osz = tf_dtype_size(out_dtype);
+    uint64_t off = start * isz, left = count * isz; /* relative to the data region */
+    uint8_t *dst = out;
+    while (left) {
+        uint32_t k = (uint32_t)(off / o->chunk_bytes);
+        uint64_t in = off % o->chunk_bytes;
+        uint64_t n = o->chunk_bytes - in < left ? o->chunk_bytes - in : left;
+        if (n <= (256u << 10)) {
+            /* not cached yet and small: read it directly rather than wait */
+            uint8_t *tmp = f->dtype == out_dtype ? dst : malloc((size_t)n);
+            int s = tmp ? tf__robj_read_small(o, off, n, tmp) : 1;
+            if (s == 0 && tmp != dst) tf_convert(dst, out_dtype, tmp, f->dtype, (size_t)(n / isz));
+            if (tmp != dst) free(tmp);
+            if (s < 0) return s;
+            if (s == 0) {
+                dst += n / isz * osz;
+                off += n;
+                left -= n;
+                continue;
+            }
+        }
+        const uint8_t *data;
+        size_t clen;
+        tf__chunkref *ref;
+        TF_TRY(tf__chunk_acquire(o, k, &data, &clen, &ref));
+        n = clen - in < left ? clen - in : left;
+        tf_convert(dst, out_dtype, data + in, f->dtype, (size_t)(n / isz));
+        tf__chunk_release(ref);
+        dst += n / isz * osz;
+        off += n;
+        left -= n;
+    }
+    return 0;
+}
+
+static int remote_read(const void *src, uint64_t off, uint64_t len, void *out) {
+    return tf__robj_read(src, off, len, out);
+}
+
+static void remote_free(void *src) { tf__robj_free(src); }
+
+/* The remote byte provider of the files this stack opens (source.h). */
+static const tf__byte_ops remote_byte_ops = {remote_read, remote_read_tokens, remote_free};
+
+const tf__robj *tf__file_robj(const tf_file *f) {
+    return f && f->bytes_ops == &remote_byte_ops ? f->bytes_src : NULL;
 }
 
 static int finish_remote_file(tf__preg *g, tf_file *f) {
@@ -390,7 +443,8 @@ static int finish_remote_file(tf__preg *g, tf_file *f) {
         tf__robj_free(o);
         return rc;
     }
-    f->remote = o;
+    f->bytes_ops = &remote_byte_ops;
+    f->bytes_src = o;
     f->data_off = data_off;
     /* no token byte is in memory: every read goes through the cache */
     f->tokens = NULL;
@@ -574,4 +628,14 @@ int tf__open_remote_many(const char *const *urls, size_t n, const tf_open_option
     free(ts);
     tf__preg_free(&g);
     return rc;
+}
+
+static int open_urls(void *ctx, const char *const *urls, size_t n, const tf_open_options *opt, tf_file **files,
+                     uint64_t *nfiles, uint64_t *cap) {
+    return tf__open_remote_many(urls, n, opt, ctx, files, nfiles, cap);
+}
+
+int tf_dataset_open_remote(const char *const *paths, size_t n, const tf_open_options *opt, tf_remote *remote,
+                           tf_dataset **out) {
+    return tf__dataset_open_paths(paths, n, opt, open_urls, remote, out);
 }

@@ -25,10 +25,15 @@ static tf__preg *cur_reg(void) {
     return reg_key_ok ? pthread_getspecific(reg_key) : NULL;
 }
 
+static int map_take(const char *url, void **map, size_t *len);
+static int exists(const char *url);
+static const tf__open_hooks hooks = {map_take, exists};
+
 int tf__preg_enter(tf__preg *g) {
     pthread_once(&reg_once, reg_init);
     if (!reg_key_ok) return -ENOMEM;
-    return pthread_setspecific(reg_key, g) == 0 ? 0 : -ENOMEM;
+    if (pthread_setspecific(reg_key, g) != 0) return -ENOMEM;
+    return tf__open_hooks_enter(g ? &hooks : NULL);
 }
 
 tf__pobj *tf__preg_find(tf__preg *g, const char *url) {
@@ -65,7 +70,9 @@ void tf__preg_free(tf__preg *g) {
     g->n = g->cap = 0;
 }
 
-int tf__remote_map_take(const char *url, void **map, size_t *len) {
+/* The file primitives' hooks during a remote open: the prepared map of url,
+ * and whether an object exists. */
+static int map_take(const char *url, void **map, size_t *len) {
     tf__pobj *p = tf__preg_find(cur_reg(), url);
     if (!p || !p->known)
         TF_FAIL(-EINVAL, "%s: a remote object read outside of a remote open (internal error)", url);
@@ -77,9 +84,7 @@ int tf__remote_map_take(const char *url, void **map, size_t *len) {
     return 0;
 }
 
-int tf__remote_exists(const char *url) {
+static int exists(const char *url) {
     tf__pobj *p = tf__preg_find(cur_reg(), url);
     return p && p->known && p->exists;
 }
-
-int tf__remote_opening(void) { return cur_reg() != NULL; }

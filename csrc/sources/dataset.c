@@ -20,7 +20,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../remote/remote.h"
 #include "source.h"
 
 /* ------------------------------------------------------------------------ */
@@ -259,11 +258,11 @@ int tf__dataset_concat_view(const tf_dataset *const *dss, size_t n, tf_dataset *
 }
 
 int tf_dataset_open_many(const char *const *paths, size_t n, const tf_open_options *opt, tf_dataset **out) {
-    return tf_dataset_open_remote(paths, n, opt, NULL, out);
+    return tf__dataset_open_paths(paths, n, opt, NULL, NULL, out);
 }
 
-int tf_dataset_open_remote(const char *const *paths, size_t n, const tf_open_options *opt, tf_remote *remote,
-                           tf_dataset **out) {
+int tf__dataset_open_paths(const char *const *paths, size_t n, const tf_open_options *opt, tf__url_open_fn open_urls,
+                           void *ctx, tf_dataset **out) {
     if (!out) return -EINVAL;
     *out = NULL;
     tf__clearerr();
@@ -288,7 +287,9 @@ int tf_dataset_open_remote(const char *const *paths, size_t n, const tf_open_opt
              * fetched with concurrent requests */
             size_t j = i + 1;
             while (j < n && paths[j] && tf__is_url(paths[j])) j++;
-            rc = tf__open_remote_many(paths + i, j - i, opt, remote, &files, &nfiles, &cap);
+            rc = open_urls ? open_urls(ctx, paths + i, j - i, opt, &files, &nfiles, &cap)
+                           : tf__seterr(-EINVAL, "%s: a remote URL needs a remote store: open it with tf_dataset_open_remote and a tf_remote (tf_remote_create), or with tokenfeed.open() from Python",
+                                        paths[i]);
             i = j - 1;
         } else {
             rc = open_one(paths[i], opt, &files, &nfiles, &cap);

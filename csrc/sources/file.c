@@ -31,18 +31,71 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../remote/remote.h"
 #include "source.h"
 
 /* ------------------------------------------------------------------------ */
 /* mapping and identity                                                      */
 /* ------------------------------------------------------------------------ */
 
+/* The process's memory mappings and the kernel's limit on them
+ * (vm.max_map_count). 0 when both could be read. Test builds:
+ * $TOKENFEED_FAULT_MAP_LIMIT=N stands for the limit, and mapping a file fails
+ * with ENOMEM once N mappings exist. */
+static int map_count(uint64_t *count, uint64_t *limit) {
+    *count = *limit = 0;
+#ifdef TF_TEST_HOOKS
+    const char *fake = getenv("TOKENFEED_FAULT_MAP_LIMIT");
+    if (fake && *fake) *limit = strtoull(fake, NULL, 10);
+#endif
+    FILE *fp;
+    if (!*limit && (fp = fopen("/proc/sys/vm/max_map_count", "re"))) {
+        unsigned long long v = 0;
+        if (fscanf(fp, "%llu", &v) == 1) *limit = v;
+        fclose(fp);
+    }
+    if (!(fp = fopen("/proc/self/maps", "re"))) return -1;
+    int c;
+    while ((c = getc(fp)) != EOF)
+        if (c == '\n') ++*count;
+    fclose(fp);
+    return *limit ? 0 : -1;
+}
+
+/* A mapping refused with ENOMEM: out of mappings rather than of memory? */
+static int map_failed(const char *path, long long size, int e) {
+    uint64_t count, limit;
+    if (e == ENOMEM && map_count(&count, &limit) == 0 && count + 16 >= limit)
+        TF_FAIL(-EMFILE, "%s: cannot map the file: the process has %llu memory mappings, at the kernel's limit vm.max_map_count = %llu (every file of a dataset takes one, two with an index file). Write the data into fewer, larger shards (DatasetWriter's shard_tokens, tokenfeed convert), or raise the limit as root: sysctl -w vm.max_map_count=%llu.",
+                path, (unsigned long long)count, (unsigned long long)limit, (unsigned long long)(limit * 4 > 1048576 ? limit * 4 : 1048576));
+    TF_FAIL(-e, "%s: cannot map %lld bytes: %s", path, size, strerror(e));
+}
+
+/* The open hooks of the calling thread (tf__open_hooks_enter). */
+static pthread_key_t hooks_key;
+static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
+static int hooks_key_ok;
+static void hooks_init(void) { hooks_key_ok = pthread_key_create(&hooks_key, NULL) == 0; }
+
+static const tf__open_hooks *open_hooks(void) {
+    pthread_once(&hooks_once, hooks_init);
+    return hooks_key_ok ? pthread_getspecific(hooks_key) : NULL;
+}
+
+int tf__open_hooks_enter(const tf__open_hooks *h) {
+    pthread_once(&hooks_once, hooks_init);
+    if (!hooks_key_ok) return -ENOMEM;
+    return pthread_setspecific(hooks_key, h) == 0 ? 0 : -ENOMEM;
+}
+
 int tf__map_file(const char *path, void **map, size_t *len) {
     *map = NULL;
     *len = 0;
-    /* a remote object: the map remote_open.c prepared (metadata filled in) */
-    if (tf__is_url(path)) return tf__remote_map_take(path, map, len);
+    /* a URL: the map its provider prepared (metadata filled in) */
+    if (tf__is_url(path)) {
+        const tf__open_hooks *h = open_hooks();
+        if (!h) TF_FAIL(-EINVAL, "%s: a remote object read outside of a remote open (internal error)", path);
+        return h->map_take(path, map, len);
+    }
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
@@ -65,7 +118,15 @@ int tf__map_file(const char *path, void **map, size_t *len) {
     void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
     int e = errno;
     close(fd);
-    if (m == MAP_FAILED) TF_FAIL(-e, "%s: cannot map %lld bytes: %s", path, (long long)st.st_size, strerror(e));
+#ifdef TF_TEST_HOOKS
+    uint64_t cnt, lim;
+    if (m != MAP_FAILED && getenv("TOKENFEED_FAULT_MAP_LIMIT") && map_count(&cnt, &lim) == 0 && cnt >= lim) {
+        munmap(m, (size_t)st.st_size);
+        m = MAP_FAILED;
+        e = ENOMEM;
+    }
+#endif
+    if (m == MAP_FAILED) return map_failed(path, (long long)st.st_size, e);
     *map = m;
     *len = (size_t)st.st_size;
     tf__sigbus_install(); /* from now on a shrinking file may raise SIGBUS */
@@ -77,15 +138,18 @@ void tf__unmap(void *map, size_t len) {
 }
 
 int tf__file_exists(const char *path) {
-    if (tf__is_url(path)) return tf__remote_exists(path);
+    if (tf__is_url(path)) {
+        const tf__open_hooks *h = open_hooks();
+        return h && h->exists(path);
+    }
     struct stat st;
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
 void tf__file_close(tf_file *f) {
     if (!f) return;
-    tf__robj_free(f->remote);
-    free(f->remote_meta);
+    if (f->bytes_ops && f->bytes_ops->free) f->bytes_ops->free(f->bytes_src);
+    free(f->meta);
     tf__unmap(f->map, f->map_len);
     tf__unmap(f->aux_map, f->aux_len);
     free(f->owned);
@@ -110,7 +174,7 @@ tf_file *tf__files_push(tf_file **files, uint64_t *nfiles, uint64_t *cap) {
 void tf__release_pages(const void *map, uint64_t len) {
     /* During a remote open the maps are anonymous, where MADV_DONTNEED
      * would zero the metadata just fetched. */
-    if (tf__remote_opening()) return;
+    if (open_hooks()) return;
     /* MADV_DONTNEED on a shared file mapping only drops this process's page
      * table entries; the page cache keeps the data and a later access maps it
      * again. Opening 10^4 shards would otherwise leave the header pages (and
@@ -263,51 +327,12 @@ int tf__file_read_block(const tf_file *f, uint64_t b, void *out, size_t out_cap)
     return f->read_block(f, b, out, out_cap);
 }
 
-/* Tokens of a remote, uncompressed file: straight from the cached chunks
- * into out, converting on the way. The chunked region starts at the first
- * token and chunks are a multiple of 4096 bytes, so no token straddles two. */
-static int tf__file_read_remote(const tf_file *f, uint64_t start, uint64_t count, void *out, tf_dtype out_dtype) {
-    const tf__robj *o = f->remote;
-    size_t isz = tf_dtype_size(f->dtype), osz = tf_dtype_size(out_dtype);
-    uint64_t off = start * isz, left = count * isz; /* relative to the data region */
-    uint8_t *dst = out;
-    while (left) {
-        uint32_t k = (uint32_t)(off / o->chunk_bytes);
-        uint64_t in = off % o->chunk_bytes;
-        uint64_t n = o->chunk_bytes - in < left ? o->chunk_bytes - in : left;
-        if (n <= (256u << 10)) {
-            /* not cached yet and small: read it directly rather than wait */
-            uint8_t *tmp = f->dtype == out_dtype ? dst : thread_blockbuf((size_t)n) ? thread_blockbuf((size_t)n)->p : NULL;
-            int s = tmp ? tf__robj_read_small(o, off, n, tmp) : 1;
-            if (s < 0) return s;
-            if (s == 0) {
-                if (tmp != dst) tf_convert(dst, out_dtype, tmp, f->dtype, (size_t)(n / isz));
-                dst += n / isz * osz;
-                off += n;
-                left -= n;
-                continue;
-            }
-        }
-        const uint8_t *data;
-        size_t clen;
-        tf__chunkref *ref;
-        TF_TRY(tf__chunk_acquire(o, k, &data, &clen, &ref));
-        n = clen - in < left ? clen - in : left;
-        tf_convert(dst, out_dtype, data + in, f->dtype, (size_t)(n / isz));
-        tf__chunk_release(ref);
-        dst += n / isz * osz;
-        off += n;
-        left -= n;
-    }
-    return 0;
-}
-
 int tf__file_read(const tf_file *f, uint64_t start, uint64_t count, void *out, tf_dtype out_dtype) {
     if (start > f->num_tokens || count > f->num_tokens - start)
         TF_FAIL(-ERANGE, "%s: tokens [%llu, %llu) out of range (%llu tokens)", f->path,
                 (unsigned long long)start, (unsigned long long)(start + count), (unsigned long long)f->num_tokens);
     size_t isz = tf_dtype_size(f->dtype), osz = tf_dtype_size(out_dtype);
-    if (!f->compressed && f->remote) return tf__file_read_remote(f, start, count, out, out_dtype);
+    if (!f->compressed && f->bytes_ops) return f->bytes_ops->read_tokens(f, start, count, out, out_dtype);
     if (!f->compressed) {
         tf_convert(out, out_dtype, f->tokens + start * isz, f->dtype, (size_t)count);
         return 0;

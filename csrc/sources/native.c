@@ -38,7 +38,6 @@
 #include <zstd.h>
 #endif
 
-#include "../remote/remote.h"
 #include "source.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -307,7 +306,18 @@ static uint8_t *thread_zbuf(size_t need) {
     return z->p;
 }
 
-/* Block b's entry in the block table: [*off, *off + *size) of the token section. */
+static uint64_t block_bytes_out(const tf_file *f, uint64_t b);
+
+/* ZSTD_compressBound (zstd's ZSTD_COMPRESSBOUND, here also for builds without
+ * zstd, which still check the table). */
+static uint64_t frame_bound(uint64_t n) {
+    return n + (n >> 8) + (n < (128u << 10) ? ((128u << 10) - n) >> 11 : 0);
+}
+
+/* Block b's entry in the block table: [*off, *off + *size) of the token section.
+ * A frame of a block is never larger than ZSTD_compressBound of the block's
+ * bytes: a larger entry is corrupt, refused before anything is read or
+ * allocated for it (a remote shard would fetch up to the whole section). */
 static int block_entry(const tf_file *f, uint64_t b, uint64_t *off, uint64_t *size) {
     if (!f->compressed || b >= f->num_blocks)
         TF_FAIL(-ERANGE, "%s: block %llu out of range (%llu blocks)", f->path, (ull)b, (ull)f->num_blocks);
@@ -317,6 +327,10 @@ static int block_entry(const tf_file *f, uint64_t b, uint64_t *off, uint64_t *si
     if (!section_ok(*off, *size, 0, f->tokens_section_len))
         TF_FAIL(-TF_EFORMAT, "%s: block table: entry %llu: expected [offset, +size) within the %llu-byte token section, found [%llu, +%llu). The block table is corrupt. " REGEN,
                 f->path, (ull)b, (ull)f->tokens_section_len, (ull)*off, (ull)*size);
+    uint64_t bound = frame_bound(block_bytes_out(f, b));
+    if (*size > bound)
+        TF_FAIL(-TF_EFORMAT, "%s: block table: entry %llu: expected a frame of at most %llu bytes (the zstd bound for its %llu bytes of tokens), found %llu. The block table is corrupt. " REGEN,
+                f->path, (ull)b, (ull)bound, (ull)block_bytes_out(f, b), (ull)*size);
     return 0;
 }
 
@@ -324,10 +338,10 @@ static int block_entry(const tf_file *f, uint64_t b, uint64_t *off, uint64_t *si
  * for a remote one, fetched through the chunk cache into a per-thread buffer
  * (valid until this thread's next call). */
 static int block_src(const tf_file *f, uint64_t off, uint64_t size, const uint8_t **src) {
-    if (f->remote) {
+    if (f->bytes_ops) {
         uint8_t *zb = thread_zbuf((size_t)size);
         if (!zb) return -ENOMEM;
-        TF_TRY(tf__robj_read(f->remote, f->data_off + off, size, zb));
+        TF_TRY(f->bytes_ops->read(f->bytes_src, f->data_off + off, size, zb));
         *src = zb;
     } else {
         *src = f->zdata + off;
@@ -435,7 +449,7 @@ int tf__native_verify(const tf_file *f, _Atomic uint64_t *progress, _Atomic int 
     tf__xxh64_state h;
     tf__xxh64_reset(&h, 0);
     size_t isz = tf_dtype_size(f->dtype);
-    if (!f->compressed && f->remote) {
+    if (!f->compressed && f->bytes_ops) {
         /* through the chunk cache, a chunk at a time (scratch holds 2 MiB) */
         uint8_t *buf = scratch;
         uint64_t left = f->num_tokens * isz, off = 0;

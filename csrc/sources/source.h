@@ -85,14 +85,45 @@ typedef struct tf_file {
     const uint64_t *chunk_sums;
     uint64_t num_chunk_sums, chunk_sum_bytes, chunks_checksum;
 
-    /* A remote file (remote_open.c): no token byte is mapped (tokens and
-     * zdata are NULL); the object's bytes [data_off, + token bytes) are read
-     * through the node-local chunk cache. remote_meta holds the metadata
+    /* A file whose token bytes are not mapped (tokens and zdata are NULL):
+     * its byte provider (bytes_ops, e.g. the remote stack's, which reads the
+     * object through the node-local chunk cache) serves the object's bytes
+     * [data_off, + token bytes) and owns bytes_src. meta holds the metadata
      * (native document index and tables) the pointers above point into. */
-    struct tf__robj *remote;
+    const struct tf__byte_ops *bytes_ops;
+    void *bytes_src;
     uint64_t data_off;
-    void *remote_meta;
+    void *meta;
 } tf_file;
+
+/* A byte provider: where the bytes of a file that is not mapped come from.
+ * The provider fills in f->bytes_ops and f->bytes_src when it opens the file;
+ * the parsers and file.c read through this table only, so that the sources
+ * layer never names a provider (csrc/remote/ sits above it). */
+typedef struct tf__byte_ops {
+    /* Bytes [off, off + len) of the file (offsets in the whole object). */
+    int (*read)(const void *src, uint64_t off, uint64_t len, void *out);
+    /* Tokens [start, start + count) of an uncompressed file, converted to
+     * out_dtype (range already checked). */
+    int (*read_tokens)(const tf_file *f, uint64_t start, uint64_t count, void *out, tf_dtype out_dtype);
+    void (*free)(void *src);
+} tf__byte_ops;
+
+/* While a provider opens files whose metadata it prepared (per thread, for
+ * the duration of one open): tf__map_file and tf__file_exists ask it about
+ * URLs. enter(NULL) leaves. */
+typedef struct tf__open_hooks {
+    int (*map_take)(const char *url, void **map, size_t *len);
+    int (*exists)(const char *url);
+} tf__open_hooks;
+TF_HIDDEN int tf__open_hooks_enter(const tf__open_hooks *h);
+
+/* Opens a run of URLs (a provider's), appending files. */
+typedef int (*tf__url_open_fn)(void *ctx, const char *const *urls, size_t n, const tf_open_options *opt,
+                               tf_file **files, uint64_t *nfiles, uint64_t *cap);
+/* tf_dataset_open_many, with URLs handed to open_urls (NULL: refused). */
+TF_HIDDEN int tf__dataset_open_paths(const char *const *paths, size_t n, const tf_open_options *opt,
+                                     tf__url_open_fn open_urls, void *ctx, tf_dataset **out);
 
 /* Sequence j of a Megatron file: byte offset in the .bin and length in tokens. */
 static inline int64_t tf__mg_pointer(const tf_file *f, uint64_t j) {
@@ -178,11 +209,6 @@ TF_HIDDEN int tf__parse_npy_header(const char *path, const uint8_t *buf, size_t 
  * remote open: see remote_open.c). */
 TF_HIDDEN int tf__file_exists(const char *path);
 
-/* Open the URLs urls[0, n) (remote objects read through remote, which may be
- * NULL only to fail with a message) and append their files, as open_one does
- * for local paths. remote_open.c. */
-TF_HIDDEN int tf__open_remote_many(const char *const *urls, size_t n, const tf_open_options *opt,
-                                   tf_remote *remote, tf_file **files, uint64_t *nfiles, uint64_t *cap);
 
 /* Map a whole file read-only. Empty files are mapped as NULL with len 0.
  * Returns -errno with a message naming the path. */

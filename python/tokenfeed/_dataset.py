@@ -29,6 +29,18 @@ def _dtype_name(dtype: DTypeLike) -> Optional[str]:
     return None if dtype is None else np.dtype(dtype).name
 
 
+def _warn_unversioned(store: Any) -> None:
+    take = getattr(store.transport, "take_unversioned", None)
+    seen = take() if take is not None else []
+    if seen:
+        more = f" and {len(seen) - 1} more" if len(seen) > 1 else ""
+        warnings.warn(f"{seen[0]}{more}: the store gives no version (ETag) for these objects, so a change made "
+                      "to them after open cannot be detected; bytes read later may come from the new content "
+                      "(native shards with a chunk checksum table are still checked). Rewrite data under new "
+                      "names, or serve it from a store that sends ETags (docs/remote.md)", RuntimeWarning,
+                      stacklevel=4)
+
+
 class Dataset:
     """Token files opened in place (memory-mapped, never converted) and concatenated.
 
@@ -47,6 +59,8 @@ class Dataset:
             store = _remote.get_store(**(remote or {}))
         self._store = store
         self._core = _core.Dataset(self._paths, dtype=dtype, format=format, remote=store)
+        if store is not None:
+            _warn_unversioned(store)
         info = self._core.info
         self.num_tokens: int = info["num_tokens"]
         self.num_documents: int = info["num_documents"]
@@ -142,7 +156,8 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
          cache_dir: Optional[PathLike] = None, cache_limit: Union[int, str, None] = None,
          endpoint_url: Optional[str] = None, chunk_size: Union[int, str, None] = None,
          prefetch: Union[int, str, None] = None, fetch_threads: Optional[int] = None,
-         storage_options: Optional[Dict[str, Any]] = None, request_timeout: Optional[float] = None) -> Dataset:
+         storage_options: Optional[Dict[str, Any]] = None, request_timeout: Optional[float] = None,
+         max_attempts: Optional[int] = None, deadline: Optional[float] = None) -> Dataset:
     """Open token data in place and return a :class:`Dataset`.
 
     ``path`` is a tokenfeed dataset directory or shard, a Megatron ``.bin/.idx`` prefix,
@@ -160,14 +175,16 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     caps it (bytes or ``"200GB"``); ``endpoint_url`` (default ``$AWS_ENDPOINT_URL_S3`` /
     ``$AWS_ENDPOINT_URL``) points ``s3://`` at an S3-compatible store; ``chunk_size``,
     ``prefetch`` (bytes kept requested ahead) and ``fetch_threads`` tune the transfers;
-    ``request_timeout`` (seconds, default 60) bounds one request before it is retried;
-    ``storage_options`` go to the client (never printed).
+    ``request_timeout`` (seconds, default 10) bounds one request before it is retried;
+    ``max_attempts`` (default 8) and ``deadline`` (seconds, default 30) bound the retries of
+    one request (whichever ends first); ``storage_options`` go to the client (never printed).
     """
     paths = _as_paths(path)
     remote: Optional[Dict[str, Any]] = None
     opts = {"cache_dir": cache_dir, "cache_limit": cache_limit, "endpoint_url": endpoint_url,
             "chunk_size": chunk_size, "prefetch": prefetch, "fetch_threads": fetch_threads,
-            "storage_options": storage_options, "request_timeout": request_timeout}
+            "storage_options": storage_options, "request_timeout": request_timeout,
+            "max_attempts": max_attempts, "deadline": deadline}
     if any(_remote.is_url(p) for p in paths):
         remote = _remote.store_options(**opts)  # type: ignore[arg-type]
     elif any(v is not None for v in opts.values()):

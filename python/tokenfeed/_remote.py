@@ -14,10 +14,12 @@ client from the standard chains and never appear in messages or ``repr``s.
 """
 from __future__ import annotations
 
+import atexit
 import errno
 import os
 import re
 import threading
+import weakref
 from datetime import timedelta
 from typing import Any, Dict, Iterator, Mapping, NamedTuple, Optional, Tuple, Union
 
@@ -190,7 +192,7 @@ class ObjectStoreTransport:
     """
 
     def __init__(self, endpoint_url: Optional[str] = None, storage_options: Optional[Mapping[str, Any]] = None,
-                 timeout: float = 60.0, connect_timeout: float = 10.0) -> None:
+                 timeout: float = 20.0, connect_timeout: float = 10.0) -> None:
         try:
             import obstore  # noqa: F401
         except ImportError as e:
@@ -203,6 +205,7 @@ class ObjectStoreTransport:
         self.connect_timeout = float(connect_timeout)
         self._stores: Dict[Tuple[str, str], Any] = {}
         self._lock = threading.Lock()
+        self._unversioned: list[str] = []  # objects seen without an ETag, not yet reported
 
     # never print credentials: only the endpoint and the option names
     def __repr__(self) -> str:
@@ -271,6 +274,19 @@ class ObjectStoreTransport:
                 st = self._stores.setdefault(k, st)
         return st, u.key
 
+    def _version(self, url: str, e_tag: Any) -> str:
+        tag = str(e_tag or "")
+        if not tag:
+            with self._lock:
+                self._unversioned.append(url)
+        return tag
+
+    def take_unversioned(self) -> list[str]:
+        """Objects seen without an ETag since the last call: changes to them cannot be detected."""
+        with self._lock:
+            out, self._unversioned = self._unversioned, []
+        return out
+
     def _error(self, exc: BaseException) -> TransportError:
         code = _classify(exc)
         return TransportError(code, _redact(f"{type(exc).__name__}: {exc}", self._secrets()))
@@ -285,7 +301,7 @@ class ObjectStoreTransport:
             meta = obstore.head(store, key)
         except Exception as e:
             raise self._error(e) from None
-        return int(meta["size"]), str(meta.get("e_tag") or "")
+        return int(meta["size"]), self._version(url, meta.get("e_tag"))
 
     def list(self, prefix_url: str) -> Iterator[Tuple[str, int, str]]:
         """``(url, size, version)`` of every object under ``prefix_url`` taken as a directory."""
@@ -297,7 +313,8 @@ class ObjectStoreTransport:
         try:
             for batch in obstore.list(store, prefix=key.rstrip("/") or None, chunk_size=1000):
                 for m in batch:
-                    yield f"{u.scheme}://{u.bucket}/{m['path']}", int(m["size"]), str(m.get("e_tag") or "")
+                    url = f"{u.scheme}://{u.bucket}/{m['path']}"
+                    yield url, int(m["size"]), self._version(url, m.get("e_tag"))
         except Exception as e:
             raise self._error(e) from None
 
@@ -305,7 +322,10 @@ class ObjectStoreTransport:
         """Read ``len(buf)`` bytes at ``offset`` into ``buf`` (a writable buffer); returns the count.
 
         The request is conditional on ``version`` (``If-Match``): a changed object fails with
-        ``ESTALE`` instead of returning bytes of another version.
+        ``ESTALE`` instead of returning bytes of another version. A weak ETag (``W/"..."``) is
+        never sent in ``If-Match`` (servers compare it strongly and refuse every request with
+        412): the ETag of the response is compared with it weakly instead. Without a version
+        nothing is checked (open warns about such objects).
         """
         import obstore
 
@@ -316,10 +336,19 @@ class ObjectStoreTransport:
         if n == 0:
             return 0
         opts: Any = {"range": (int(offset), int(offset) + n)}
-        if version:
+        weak = version.startswith("W/")
+        if version and not weak:
             opts["if_match"] = version
         try:
-            data = obstore.get(store, key, options=opts).bytes()
+            res = obstore.get(store, key, options=opts)
+            if weak:
+                now = str(res.meta.get("e_tag") or "")
+                if _weak_tag(now) != _weak_tag(version):
+                    raise TransportError(errno.ESTALE, f"the object changed since open (ETag {version}, now "
+                                                       f"{now or 'none'})")
+            data = res.bytes()
+        except TransportError:
+            raise
         except Exception as e:
             raise self._error(e) from None
         got = memoryview(data).cast("B")
@@ -328,6 +357,11 @@ class ObjectStoreTransport:
             raise TransportError(errno.EPROTO, f"empty response for bytes [{offset}, {offset + n})")
         mv[:m] = got[:m]
         return m
+
+
+def _weak_tag(tag: str) -> str:
+    """An ETag for the weak comparison of RFC 7232: without its ``W/`` prefix."""
+    return tag[2:] if tag.startswith("W/") else tag
 
 
 def _has_aws_profile() -> bool:
@@ -356,12 +390,25 @@ def _boto3_provider() -> Any:
 # remote stores: one per (cache directory, endpoint, options) in a process
 
 
+#: Seconds one request may take (``request_timeout``): a whole 8 MiB chunk at 0.4 MB/s. With
+#: the C core's 30 s deadline, a server that accepts and never answers is reported after
+#: one or two attempts, by 30 s.
+DEFAULT_REQUEST_TIMEOUT = 20.0
+
+
 def store_options(cache_dir: Any = None, cache_limit: Union[int, str, None] = None,
                   endpoint_url: Optional[str] = None, chunk_size: Union[int, str, None] = None,
                   prefetch: Union[int, str, None] = None, fetch_threads: Optional[int] = None,
                   storage_options: Optional[Mapping[str, Any]] = None,
-                  request_timeout: Optional[float] = None) -> Dict[str, Any]:
+                  request_timeout: Optional[float] = None, max_attempts: Optional[int] = None,
+                  deadline: Optional[float] = None) -> Dict[str, Any]:
     """Check and normalise the remote options of ``tokenfeed.open`` (sizes in bytes)."""
+    if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
+                                     or not 1 <= max_attempts <= 1000):
+        raise ValueError(f"max_attempts must be an int from 1 to 1000, got {max_attempts!r}")
+    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
+                                 or not 0 < deadline <= 86400):
+        raise ValueError(f"deadline must be a number of seconds in (0, 86400], got {deadline!r}")
     if request_timeout is not None and (isinstance(request_timeout, bool) or not isinstance(request_timeout, (int, float))
                                         or not request_timeout > 0):
         raise ValueError(f"request_timeout must be a positive number of seconds, got {request_timeout!r}")
@@ -377,27 +424,49 @@ def store_options(cache_dir: Any = None, cache_limit: Union[int, str, None] = No
             "prefetch": parse_size(prefetch, "prefetch"),
             "fetch_threads": fetch_threads,
             "storage_options": dict(storage_options) if storage_options else None,
-            "request_timeout": float(request_timeout) if request_timeout is not None else None}
+            "request_timeout": float(request_timeout) if request_timeout is not None else None,
+            "max_attempts": max_attempts,
+            "deadline": float(deadline) if deadline is not None else None}
 
 
-_stores: Dict[Tuple[Any, ...], Any] = {}
+# By weak reference: a store (its fetch threads, descriptors and cache process slot) is freed
+# with the last dataset that uses it, and made anew by a later open.
+_stores: "weakref.WeakValueDictionary[Tuple[Any, ...], Any]" = weakref.WeakValueDictionary()
 _stores_lock = threading.Lock()
+_atexit_registered = False
+
+
+def _shutdown_at_exit() -> None:
+    """At exit, while the interpreter still runs: new remote requests are refused and those in
+    flight get a moment to return. Threads still in a request after that are never waited
+    for (a request that returns to a finalizing interpreter would park its thread for good)."""
+    from . import _core
+
+    _core.shutdown_transports(2.0)
 
 
 def get_store(cache_dir: str, cache_limit: Optional[int] = None, endpoint_url: Optional[str] = None,
               chunk_size: Optional[int] = None, prefetch: Optional[int] = None, fetch_threads: Optional[int] = None,
-              storage_options: Optional[Dict[str, Any]] = None, request_timeout: Optional[float] = None) -> Any:
-    """The process's remote store for these options (one fetch pool and cache slot each)."""
+              storage_options: Optional[Dict[str, Any]] = None, request_timeout: Optional[float] = None,
+              max_attempts: Optional[int] = None, deadline: Optional[float] = None) -> Any:
+    """The process's remote store for these options (one fetch pool and cache slot each), shared by
+    the datasets open with them and freed with the last of them."""
     from . import _core
 
     so = tuple(sorted((k, repr(v)) for k, v in (storage_options or {}).items()))
-    key = (os.getpid(), cache_dir, cache_limit, endpoint_url, chunk_size, prefetch, fetch_threads, so, request_timeout)
+    key = (os.getpid(), cache_dir, cache_limit, endpoint_url, chunk_size, prefetch, fetch_threads, so, request_timeout,
+           max_attempts, deadline)
+    global _atexit_registered
     with _stores_lock:
+        if not _atexit_registered:
+            atexit.register(_shutdown_at_exit)
+            _atexit_registered = True
         st = _stores.get(key)
         if st is None:
             transport = ObjectStoreTransport(endpoint_url=endpoint_url, storage_options=storage_options,
-                                             timeout=request_timeout or 60.0)
+                                             timeout=request_timeout or DEFAULT_REQUEST_TIMEOUT)
             st = _core.Remote(transport, cache_dir, cache_limit=cache_limit or 0, chunk_bytes=chunk_size or 0,
-                              prefetch_bytes=prefetch or 0, fetch_threads=fetch_threads or 0)
+                              prefetch_bytes=prefetch or 0, fetch_threads=fetch_threads or 0,
+                              max_attempts=max_attempts or 0, deadline_ms=int(round((deadline or 0) * 1000)))
             _stores[key] = st
         return st

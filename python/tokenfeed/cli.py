@@ -511,7 +511,7 @@ def _run(fn: Callable[[], int], debug: bool) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
-    except (CLIError, ConvertError, FormatError, OSError, ValueError, NotImplementedError) as e:
+    except (CLIError, ConvertError, FormatError, OSError, ValueError, NotImplementedError, ImportError) as e:
         if debug:
             raise
         msg = str(e)
