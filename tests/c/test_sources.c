@@ -501,7 +501,7 @@ static void test_megatron(void) {
         CHECK_OK(tf_dataset_verify(ds, 1, NULL, NULL));
         tf_dataset_free(ds);
     }
-    tf_open_options o = {TF_FORMAT_MEGATRON, TF_DTYPE_INVALID};
+    tf_open_options o = {.format = TF_FORMAT_MEGATRON, .raw_dtype = TF_DTYPE_INVALID};
     CHECK_OK(open_path(pre, &o, &ds));
     tf_dataset_free(ds);
     /* multimodal variant: one mode byte per sequence appended */
@@ -693,7 +693,7 @@ static void test_raw(void) {
     tf_dataset *ds;
     CHECK_RC(open_path(p, NULL, &ds), -TF_EFORMAT); /* no dtype */
     CHECK(strstr(tf_last_error(), "dtype=") != NULL);
-    tf_open_options o = {TF_FORMAT_AUTO, TF_UINT16};
+    tf_open_options o = {.format = TF_FORMAT_AUTO, .raw_dtype = TF_UINT16};
     CHECK_OK(open_path(p, &o, &ds));
     if (ds) {
         tf_dataset_info info;
@@ -825,7 +825,7 @@ static void test_fuzz(void) {
     uint16_t toks[10] = {0};
     t_write_file(p, toks, sizeof toks);
     uint64_t ends[3] = {2, 5, 10};
-    tf_open_options o = {TF_FORMAT_AUTO, TF_UINT16};
+    tf_open_options o = {.format = TF_FORMAT_AUTO, .raw_dtype = TF_UINT16};
     mutate_file(ip, (const uint8_t *)ends, sizeof ends, 200, 0, &o);
     unlink(ip);
 }
