@@ -258,13 +258,20 @@ int tf_doc_index_build(const char *data_path, const tf_open_options *opt, const 
     if (!opt->has_eos_id) TF_FAIL(-EINVAL, "tf_doc_index_build: an eos id is required (has_eos_id)");
     if (!tf_dtype_size(opt->raw_dtype))
         TF_FAIL(-EINVAL, "%s: dtype: a headerless token file needs an explicit dtype (e.g. uint16)", data_path);
-    tf_open_options o = *opt;
-    o.format = TF_FORMAT_RAW;
-    o.has_eos_id = 0; /* the data file alone */
+    /* the data file alone, mapped as raw.c does (without its index lookup) */
     tf_file f;
     memset(&f, 0, sizeof f);
     struct stat dst;
-    int rc = tf__open_raw(data_path, &o, &f);
+    const size_t isz = tf_dtype_size(opt->raw_dtype);
+    f.path = strdup(data_path);
+    int rc = f.path ? tf__map_file(data_path, &f.map, &f.map_len) : -ENOMEM;
+    if (!rc && f.map_len % isz)
+        rc = tf__seterr(-TF_EFORMAT, "%s: file size: expected a multiple of the %s item size %zu, found %llu bytes. The file is truncated, or the dtype is wrong.",
+                        data_path, tf_dtype_name(opt->raw_dtype), isz, (ull)f.map_len);
+    f.format = TF_FORMAT_RAW;
+    f.dtype = opt->raw_dtype;
+    f.num_tokens = f.map_len / isz;
+    f.tokens = f.map;
     if (!rc && stat(data_path, &dst) != 0) rc = tf__seterr(-errno, "%s: cannot stat: %s", data_path, strerror(errno));
     ends_buf eb = {0};
     if (!rc && ends) {

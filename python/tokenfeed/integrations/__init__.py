@@ -1,8 +1,11 @@
-"""Steps that let other data-processing engines write tokenfeed datasets.
+"""Steps that let other data-processing engines write tokenfeed datasets, and data loaders
+for other trainers.
 
 Each integration lives in its own module and imports its engine only when that module
 is imported, so ``import tokenfeed`` never needs them:
 
 - :mod:`tokenfeed.integrations.datatrove` — a datatrove pipeline step
   (``pip install 'tokenfeed[datatrove]'``); see docs/guides/cluster-conversion.md.
+- :mod:`tokenfeed.integrations.olmo_core` — a data loader for OLMo-core's ``Trainer``
+  (``pip install ai2-olmo-core``); see docs/guides/olmo-core.md.
 """
