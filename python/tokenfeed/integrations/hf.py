@@ -25,7 +25,6 @@ from __future__ import annotations
 from typing import Any, Dict, Iterator
 
 try:
-    import torch
     from transformers import Trainer
 except ImportError as e:  # pragma: no cover - exercised only without the package
     raise ImportError("tokenfeed.integrations.hf needs transformers: pip install transformers") from e
@@ -62,7 +61,7 @@ class _Feed:
             yield causal_lm_batch(b)
 
 
-class TokenfeedTrainer(Trainer):  # type: ignore[misc]
+class TokenfeedTrainer(Trainer):
     """A ``transformers.Trainer`` whose training batches come from ``train_loader``."""
 
     def __init__(self, *args: Any, train_loader: Loader, **kwargs: Any) -> None:
@@ -76,5 +75,3 @@ class TokenfeedTrainer(Trainer):  # type: ignore[misc]
     def get_train_dataloader(self) -> Any:
         return _Feed(self)
 
-
-del torch

@@ -52,7 +52,7 @@ class _Feed:
         return len(self.loader)
 
 
-class TokenfeedDataModule(L.LightningDataModule):  # type: ignore[misc]
+class TokenfeedDataModule(L.LightningDataModule):
     """Training batches from ``tokenfeed.Loader(dataset, **loader_kwargs)``."""
 
     def __init__(self, dataset: Any, **loader_kwargs: Any) -> None:
