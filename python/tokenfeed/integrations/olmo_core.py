@@ -82,8 +82,7 @@ class TokenfeedDataLoader(TextDataLoaderBase):
         if collator is None:
             collator = DataCollator(pad_token_id=0)
         super().__init__(collator=collator, work_dir=work_dir, global_batch_size=global_batch_size,
-                         dp_world_size=dp_world_size, dp_rank=dp_rank,
-                         fs_local_rank=0 if fs_local_rank is None else fs_local_rank)
+                         dp_world_size=dp_world_size, dp_rank=dp_rank, fs_local_rank=fs_local_rank)
         if sequence_length <= 0 or global_batch_size % sequence_length:
             raise ValueError(f"global_batch_size ({global_batch_size} tokens) must be a multiple of "
                              f"sequence_length ({sequence_length})")
