@@ -130,3 +130,14 @@ def test_guide_example_runs_and_resumes(tmp_path):
                            env=env, capture_output=True, text=True, timeout=240)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert os.path.isdir(tmp_path / "ckpt" / "step4")
+
+
+def test_batch_size_schedule_is_refused(tmp_path):
+    dl = loader(olmo_files(str(tmp_path), nfiles=1))
+    dl.reshuffle(1)
+    it = iter(dl)
+    next(it)
+    next(it)
+    dl.global_batch_size = 16 * SEQ  # what OLMo's batch-size scheduler does, after 2 batches
+    with pytest.raises(RuntimeError, match="keeps its global batch size"):
+        next(it)

@@ -158,10 +158,13 @@ class TokenfeedDataLoader(TextDataLoaderBase):
             raise ValueError(f"'epoch' must be at least 1, got {epoch}")
         self._epoch = epoch
 
-    def _iter_batches(self) -> Iterable[Dict[str, Any]]:
+    def _check_batch_size(self) -> None:
         if self.global_batch_size != self._iter_global_batch:
             raise RuntimeError("TokenfeedDataLoader keeps its global batch size: changing it during a run "
                                "(a batch-size schedule) would change the stream; start a new loader instead")
+
+    def _iter_batches(self) -> Iterable[Dict[str, Any]]:
+        self._check_batch_size()
         epoch = self.epoch
         want = (self._epoch_start(epoch) + self.batches_processed) * self._rows
         if self._loader.position != want:
@@ -171,6 +174,7 @@ class TokenfeedDataLoader(TextDataLoaderBase):
             self._loader.load_state_dict(state)
         ignore = self.collator.label_ignore_index
         for _ in range(self.batches_processed, self.total_batches):
+            self._check_batch_size()
             b = next(self._loader)
             pos = self._loader.position - self._rows + self.dp_rank * (self._rows // self.dp_world_size)
             yield self._olmo_batch(b, ignore, pos)
