@@ -58,6 +58,10 @@ typedef struct tf__reader {
     uint64_t seq_len;
     int64_t separator;
     int64_t pad; /* pad id of BEST_FIT / DOCUMENT samples */
+    /* The dataset's documents end after eos_id and it has no document index
+     * (tf_dataset.docs_from_rows): a row's extras come from its own tokens. */
+    int eos_rows;
+    uint64_t eos_id;
     size_t max_spans;
     /* context parallelism (cp.h): set by the loader after tf__reader_init */
     uint32_t cp_size, cp_rank; /* cp_size <= 1: none */

@@ -32,6 +32,7 @@
 
 #include "cp.h"
 #include "engine.h"
+#include "../order/kind.h"
 #include "../remote/remote.h"
 
 static const char *errstr(int e, char *buf, size_t cap) {
@@ -71,6 +72,8 @@ int tf__reader_init(tf__reader *r, const tf_dataset *ds, const tf_order *o, tf_b
     r->seq_len = oc.seq_len;
     r->separator = oc.separator_id;
     r->pad = oc.pad_id;
+    r->eos_rows = ds->docs_from_rows;
+    r->eos_id = ds->eos_id;
     r->max_spans = tf__order_max_spans(o);
     if (r->max_spans < 1) r->max_spans = 1;
     atomic_init(&r->bytes_read, 0);
@@ -676,8 +679,39 @@ static size_t prefetch_sample(const tf__reader *r, uint64_t sample, tf__span sp[
 static int cp_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view *v, tf__row_acct *acct);
 static int finish_reads(tf__worker *w, size_t stage_need);
 
+/* Token k of a row in the batch's dtype, widened (eos comparisons). */
+static uint64_t row_token(const uint8_t *row, uint64_t k, tf_dtype dt) {
+    switch (dt) {
+    case TF_UINT8: return row[k];
+    case TF_UINT16: { uint16_t x; memcpy(&x, row + 2 * k, 2); return x; }
+    case TF_INT16: { int16_t x; memcpy(&x, row + 2 * k, 2); return (uint64_t)(int64_t)x; }
+    case TF_UINT32: { uint32_t x; memcpy(&x, row + 4 * k, 4); return x; }
+    case TF_INT32: { int32_t x; memcpy(&x, row + 4 * k, 4); return (uint64_t)(int64_t)x; }
+    default: { uint64_t x; memcpy(&x, row + 8 * k, 8); return x; }
+    }
+}
+
+/* The concat extras of one row of a dataset split at eos_id without a
+ * document index: a document starts at offset b in (0, L] iff row[b - 1] is
+ * the eos id, the same boundaries the index gives (docindex.c), so the
+ * formulas of concat.c hold. */
+static void eos_row_extras(const tf__reader *r, const uint8_t *row, const tf_sample_extras *ex) {
+    const uint64_t L = r->seq_len;
+    uint64_t last = 0, nc = 1;
+    if (ex->cu_seqlens) ex->cu_seqlens[0] = 0;
+    for (uint64_t t = 0; t < L; t++) {
+        int eos = row_token(row, t, r->out_dtype) == r->eos_id;
+        if (ex->loss_mask) ex->loss_mask[t] = !eos;
+        if (eos && t + 1 < L) tf__extras_segment(ex, t + 1, &last, &nc);
+    }
+    tf__extras_finish(ex, L, last, nc);
+}
+
 static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view *v, tf__row_acct *acct) {
     tf__reader *r = w->rd;
+    if (r->cp_size > 1 && r->eos_rows)
+        TF_FAIL(-EINVAL, "context parallelism needs the document index of data split at eos id %llu: build it with `tokenfeed index`",
+                (unsigned long long)r->eos_id);
     if (r->cp_size > 1) return cp_fill(w, pos, rows, v, acct);
     const tf_order *o = r->order;
     const uint64_t L = r->seq_len;
@@ -726,6 +760,16 @@ static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view
     }
 
     if (!rc) rc = finish_reads(w, stage_need);
+    if (!rc && want_extras && r->eos_rows)
+        for (uint64_t j = 0; j < rows; j++) {
+            tf_sample_extras ex = {
+                v->position_ids ? v->position_ids + j * L : NULL,
+                v->cu_seqlens ? v->cu_seqlens + j * (L + 1) : NULL,
+                v->num_seqs ? v->num_seqs + j : NULL,
+                v->loss_mask ? v->loss_mask + j * L : NULL,
+            };
+            eos_row_extras(r, (const uint8_t *)v->tokens + j * (L + 1) * osz, &ex);
+        }
     /* compressed files count the zstd bytes decoded, not the tokens they hold */
     w->bytes += w->zh.decoded_bytes;
     w->zh.decoded_bytes = 0;

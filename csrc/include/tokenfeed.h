@@ -188,6 +188,16 @@ TF_API const char *tf_format_name(tf_format f);
 typedef struct tf_open_options {
     tf_format format;   /* TF_FORMAT_AUTO to detect */
     tf_dtype raw_dtype; /* dtype of headerless files (required for them) */
+    /* Headerless files whose documents are separated by an end-of-document
+     * token: with has_eos_id set, a document ends after each eos_id. Its
+     * document index (tf_doc_index_build) is read from beside the file, or
+     * else from index_dir; without one, concat packing finds the documents of
+     * each row in the row's own tokens, and the other packings are refused.
+     * eos_id enters the dataset fingerprint; whether an index is present does
+     * not. Zero-initialised: no eos id, no index_dir. */
+    int has_eos_id;
+    uint64_t eos_id;
+    const char *index_dir; /* NULL: only beside the file */
 } tf_open_options;
 
 /* Open one path: a native dataset directory, a native shard, a Megatron prefix
@@ -223,6 +233,18 @@ TF_API int tf_dataset_from_memory(const void *tokens, uint64_t n, tf_dtype dt,
                                   tf_dataset **out);
 
 TF_API void tf_dataset_free(tf_dataset *ds);
+
+/* Build the document index of the headerless token file data_path (dtype
+ * opt->raw_dtype, documents ending after opt->eos_id, so opt->has_eos_id must
+ * be set): "<data_path>.tfdocs" beside it, or when that directory is not
+ * writable, in opt->index_dir. ends (cumulative document ends, nends entries,
+ * last == the file's token count) gives the documents from metadata written
+ * with the file; NULL scans the tokens for eos_id. The file is written under a
+ * temporary name, fsynced and renamed, never through a symlink; it records the
+ * data file's size and modification time, which every open checks.
+ * The path written goes to out (cap bytes). Format: docs/format.md. */
+TF_API int tf_doc_index_build(const char *data_path, const tf_open_options *opt, const uint64_t *ends,
+                              uint64_t nends, char *out, size_t cap);
 
 typedef struct tf_dataset_info {
     uint64_t num_tokens;

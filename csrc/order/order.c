@@ -41,6 +41,7 @@
 
 #include "kind.h"
 #include "settings.h"
+#include "../sources/source.h"
 
 #define ORDER_FP_VERSION 1
 #define KEY_EPOCH 0x9E3779B97F4A7C15ULL /* C_E */
@@ -160,6 +161,19 @@ static int check_ids(const tf_dataset *ds, const tf_order_config *cfg) {
     return 0;
 }
 
+/* Files split at an eos id without their document index know their documents
+ * only inside each row (the engine reads them from the row's tokens): enough
+ * for concat rows, not for packings that place whole documents. */
+static int check_docs(const tf_dataset *ds, const tf_order_config *cfg) {
+    if (!ds->docs_from_rows || (cfg->packing == TF_PACK_CONCAT && cfg->separator_id < 0)) return 0;
+    const char *p = "";
+    for (uint64_t i = 0; i < ds->nfiles && !*p; i++)
+        if (ds->files[i].docs_from_rows) p = ds->files[i].path;
+    TF_FAIL(-EINVAL, "%s: %s the document index of this file, which is split at eos id %llu and has none: build it once with `tokenfeed index %s --dtype %s --eos-id %llu` (kept beside the data, or in the node cache when that directory is read-only)",
+            p, cfg->packing == TF_PACK_CONCAT ? "separator_id needs" : "best-fit and document packing need", (unsigned long long)ds->eos_id, p,
+            tf_dtype_name(ds->dtype), (unsigned long long)ds->eos_id);
+}
+
 int tf_order_create(const tf_dataset *ds, const tf_order_config *cfg, tf_order **out) {
     if (!out) return -EINVAL;
     *out = NULL;
@@ -167,6 +181,7 @@ int tf_order_create(const tf_dataset *ds, const tf_order_config *cfg, tf_order *
     tf__clearerr();
     TF_TRY(check_config(cfg));
     TF_TRY(check_ids(ds, cfg));
+    TF_TRY(check_docs(ds, cfg));
     return build(cfg->packing == TF_PACK_CONCAT ? tf__concat_init : tf__packed_init, ds, cfg, out);
 }
 

@@ -24,17 +24,25 @@ static int parse_format(PyObject *obj, tf_format *out) {
 }
 
 static PyObject *Dataset_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"paths", "dtype", "format", "remote", NULL};
-    PyObject *paths_obj, *dtype_obj = Py_None, *format_obj = Py_None, *remote_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOO:Dataset", kwlist, &paths_obj, &dtype_obj, &format_obj,
-                                     &remote_obj))
+    static char *kwlist[] = {"paths", "dtype", "format", "remote", "eos_id", "index_dir", NULL};
+    PyObject *paths_obj, *dtype_obj = Py_None, *format_obj = Py_None, *remote_obj = Py_None, *eos_obj = Py_None;
+    const char *index_dir = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOz:Dataset", kwlist, &paths_obj, &dtype_obj, &format_obj,
+                                     &remote_obj, &eos_obj, &index_dir))
         return NULL;
     tf_remote *remote = NULL;
     if (remote_obj != Py_None && !(remote = tfpy_remote_of(remote_obj))) return NULL;
     tf_module_state *st = tfpy_state_of_type(tp);
-    tf_open_options opt = {TF_FORMAT_AUTO, TF_DTYPE_INVALID};
+    tf_open_options opt = {.format = TF_FORMAT_AUTO, .raw_dtype = TF_DTYPE_INVALID};
     if (tfpy_parse_dtype(dtype_obj, TF_DTYPE_INVALID, &opt.raw_dtype) < 0) return NULL;
     if (parse_format(format_obj, &opt.format) < 0) return NULL;
+    if (eos_obj != Py_None) {
+        unsigned long long e = PyLong_AsUnsignedLongLong(eos_obj);
+        if (e == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+        opt.has_eos_id = 1;
+        opt.eos_id = (uint64_t)e;
+        opt.index_dir = index_dir;
+    }
 
     PyObject *seq = PySequence_Fast(paths_obj, "paths must be a sequence of str");
     if (!seq) return NULL;

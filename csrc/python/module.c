@@ -450,9 +450,59 @@ static PyObject *settings(PyObject *mod, PyObject *unused) {
     return out;
 }
 
+PyDoc_STRVAR(build_doc_index_doc,
+"build_doc_index($module, path, dtype, eos_id, ends=None, index_dir=None)\n--\n\n"
+"Write the document index of the headerless token file path (documents end after\n"
+"eos_id; ends: cumulative document ends as a uint64 array, or None to scan the tokens).\n"
+"Returns the path written. See tf_doc_index_build in tokenfeed.h.");
+
+static PyObject *build_doc_index(PyObject *mod, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"path", "dtype", "eos_id", "ends", "index_dir", NULL};
+    PyObject *path_obj, *dtype_obj, *ends_obj = Py_None, *dir_obj = Py_None, *fs = NULL, *dfs = NULL, *ret = NULL;
+    unsigned long long eos;
+    Py_buffer ends = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOK|OO", kwlist, &path_obj, &dtype_obj, &eos, &ends_obj, &dir_obj))
+        return NULL;
+    tf_open_options opt = {TF_FORMAT_RAW, TF_DTYPE_INVALID, 1, (uint64_t)eos, NULL};
+    if (tfpy_parse_dtype(dtype_obj, TF_DTYPE_INVALID, &opt.raw_dtype) < 0) return NULL;
+    if (!PyUnicode_FSConverter(path_obj, &fs)) return NULL;
+    if (dir_obj != Py_None) {
+        if (!PyUnicode_FSConverter(dir_obj, &dfs)) goto finally;
+        opt.index_dir = PyBytes_AS_STRING(dfs);
+    }
+    if (ends_obj != Py_None) {
+        if (PyObject_GetBuffer(ends_obj, &ends, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto finally;
+        if (ends.itemsize != 8 || !ends.format || (strcmp(ends.format, "Q") != 0 && strcmp(ends.format, "L") != 0 &&
+                                                   strcmp(ends.format, "<Q") != 0 && strcmp(ends.format, "=Q") != 0)) {
+            PyErr_SetString(PyExc_TypeError, "ends must be a contiguous uint64 array");
+            goto finally;
+        }
+    }
+    int rc;
+    char msg[1024], out[4096];
+    const char *path = PyBytes_AS_STRING(fs);
+    const uint64_t *e = ends.buf ? (const uint64_t *)ends.buf : NULL;
+    uint64_t ne = ends.buf ? (uint64_t)(ends.len / 8) : 0;
+    Py_BEGIN_ALLOW_THREADS
+    rc = tf_doc_index_build(path, &opt, e, ne, out, sizeof out);
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", tf_last_error());
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        tfpy_raise(PyModule_GetState(mod), rc, msg);
+        goto finally;
+    }
+    ret = PyUnicode_DecodeFSDefault(out);
+finally:
+    if (ends.obj) PyBuffer_Release(&ends);
+    Py_XDECREF(fs);
+    Py_XDECREF(dfs);
+    return ret;
+}
+
 static PyMethodDef module_methods[] = {
     {"build_info", build_info, METH_NOARGS, build_info_doc},
     {"settings", settings, METH_NOARGS, settings_doc},
+    {"build_doc_index", (PyCFunction)(void (*)(void))build_doc_index, METH_VARARGS | METH_KEYWORDS, build_doc_index_doc},
     {"merge", (PyCFunction)(void (*)(void))merge, METH_VARARGS | METH_KEYWORDS, merge_doc},
     {NULL, NULL, 0, NULL},
 };

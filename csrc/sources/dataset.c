@@ -210,9 +210,14 @@ static int finish_dataset(tf_file *files, uint64_t nfiles, tf_dataset **out) {
         uint8_t rec[32];
         tf__put_le64(rec, f->fingerprint);
         tf__put_le64(rec + 8, f->num_tokens);
-        tf__put_le64(rec + 16, f->num_docs);
+        /* an eos-split file's documents follow from its tokens and eos id */
+        tf__put_le64(rec + 16, f->eos_mode ? UINT64_MAX : f->num_docs);
         tf__put_le64(rec + 24, (uint64_t)f->dtype);
         tf__xxh64_update(&h, rec, sizeof rec);
+        if (f->docs_from_rows) {
+            ds->docs_from_rows = 1;
+            ds->eos_id = f->eos_id;
+        }
     }
     ds->fingerprint = tf__xxh64_digest(&h);
     if (ds->num_tokens == 0) {
@@ -267,7 +272,7 @@ int tf__dataset_open_paths(const char *const *paths, size_t n, const tf_open_opt
     *out = NULL;
     tf__clearerr();
     if (!paths || n == 0) TF_FAIL(-EINVAL, "no paths given");
-    tf_open_options dflt = {TF_FORMAT_AUTO, TF_DTYPE_INVALID};
+    tf_open_options dflt = {.format = TF_FORMAT_AUTO, .raw_dtype = TF_DTYPE_INVALID};
     if (!opt) opt = &dflt;
     if (opt->raw_dtype != TF_DTYPE_INVALID && opt->raw_dtype != TF_UINT8 && opt->raw_dtype != TF_UINT16 &&
         opt->raw_dtype != TF_UINT32 && opt->raw_dtype != TF_INT32 && opt->raw_dtype != TF_INT64 &&

@@ -2,7 +2,9 @@
  * raw.c — headerless token files (nanoGPT train.bin, OLMo .npy-less memmaps,
  * datatrove .ds), with an explicit dtype (opt->raw_dtype).
  *
- * Documents: one per file, unless "<path>.index" exists beside it. datatrove's
+ * Documents: with an eos id (opt->has_eos_id), a document ends after each
+ * eos token, read from the document index docindex.c keeps. Otherwise one per
+ * file, unless "<path>.index" exists beside it. datatrove's
  * TokenizedFile writes that file (e.g. "x.ds.index") as uint64 little-endian
  * cumulative document ends in tokens (doc_ends.append(write_idx), where
  * write_idx counts tokens), and its DatatroveFileDataset reads it the same
@@ -20,6 +22,7 @@
 #include <sys/stat.h>
 
 #include "source.h"
+#include "../remote/remote.h"
 
 typedef unsigned long long ull;
 
@@ -42,6 +45,19 @@ int tf__open_raw(const char *path, const tf_open_options *opt, tf_file *f) {
     f->doc_kind = TF_DOCS_SINGLE;
     f->num_docs = f->num_tokens > 0;
     f->fingerprint = tf__sampled_fingerprint(f->map, len, 0x726177 + (uint64_t)dt);
+    if (opt->has_eos_id) {
+        /* documents end after each eos id (docindex.c); the index, whether
+         * present or not, leaves the fingerprint alone: it is a function of
+         * the tokens and the eos id */
+        f->eos_mode = 1;
+        f->eos_id = opt->eos_id;
+        f->fingerprint ^= tf_mix64(opt->eos_id ^ 0x656f7369640aULL);
+        if (tf__is_url(path)) {
+            f->docs_from_rows = 1;
+            return 0;
+        }
+        return tf__docindex_open(path, opt, f);
+    }
 
     size_t pl = strlen(path);
     char *ip = malloc(pl + 7);

@@ -73,6 +73,12 @@ typedef struct tf_file {
     const uint8_t *docs_section;
     uint64_t docs_section_len;
 
+    /* Opened with an eos id (raw files): eos_mode; docs_from_rows when no
+     * document index was found, so documents are known only inside the rows
+     * the engine reads (concat packing). */
+    int eos_mode, docs_from_rows;
+    uint64_t eos_id;
+
     /* Contribution to the dataset fingerprint (computed by the parser in
      * O(1): checksums for native files; header + sizes + sampled bytes for
      * foreign ones). */
@@ -141,6 +147,11 @@ TF_HIDDEN int tf__open_megatron(const char *prefix, const tf_open_options *opt, 
 TF_HIDDEN int tf__open_llmc(const char *path, const tf_open_options *opt, tf_file *f);
 TF_HIDDEN int tf__open_raw(const char *path, const tf_open_options *opt, tf_file *f);
 TF_HIDDEN int tf__open_npy(const char *path, const tf_open_options *opt, tf_file *f);
+
+/* docindex.c: the document index of a raw file opened with an eos id
+ * (f already holds its tokens): maps it into f, or marks f docs_from_rows
+ * when there is none. */
+TF_HIDDEN int tf__docindex_open(const char *path, const tf_open_options *opt, tf_file *f);
 
 /* A native dataset directory: reads the manifest and opens each shard,
  * checking the shard headers against the manifest. Appends to *files. */
@@ -272,6 +283,10 @@ struct tf_dataset {
     tf_dtype dtype;
     uint64_t fingerprint;
     int borrowed; /* a view: files belong to other datasets (never closed here) */
+    /* Raw files opened with an eos id and no document index: rows find their
+     * documents from the eos tokens in them (concat packing only). */
+    int docs_from_rows;
+    uint64_t eos_id;
 };
 
 /* Advise the kernel that the mapped files of ds are read at random

@@ -58,7 +58,7 @@ int main(int argc, char **argv) {
     tf_loader *loader = NULL;
     tf_batch *batch = NULL;
 
-    tf_open_options open_opt = {TF_FORMAT_AUTO, TF_DTYPE_INVALID};
+    tf_open_options open_opt = {.format = TF_FORMAT_AUTO, .raw_dtype = TF_DTYPE_INVALID};
     if (argc > 3) open_opt.raw_dtype = tf_dtype_from_name(argv[3]);
     CHECK(tf_dataset_open(path, &open_opt, &ds));
 

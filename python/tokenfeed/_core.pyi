@@ -65,6 +65,10 @@ class _Setting(TypedDict):
 # The C settings table, one row per setting (tokenfeed.h, "Settings"). The keywords of Order,
 # Loader and DeviceLoader below are its rows (tests/test_settings.py checks they agree).
 def settings() -> List[_Setting]: ...
+
+def build_doc_index(path: Union[str, bytes, PathLike[str], PathLike[bytes]], dtype: _DTypeArg, eos_id: int,
+                    ends: Optional[npt.NDArray[np.uint64]] = None,
+                    index_dir: Union[str, bytes, PathLike[str], PathLike[bytes], None] = None) -> str: ...
 def merge(path: Union[str, bytes, PathLike[str], PathLike[bytes]],
           parts: Sequence[Union[str, bytes, PathLike[str], PathLike[bytes]]], overwrite: bool = False) -> None: ...
 
@@ -89,7 +93,8 @@ class _FileInfo(TypedDict):
 
 class Dataset:
     def __new__(cls, paths: Sequence[Union[str, bytes, PathLike[str], PathLike[bytes]]], dtype: _DTypeArg = ...,
-                format: Optional[str] = ..., remote: Optional["Remote"] = ...) -> "Dataset": ...
+                format: Optional[str] = ..., remote: Optional["Remote"] = ..., eos_id: Optional[int] = ...,
+                index_dir: Optional[str] = ...) -> "Dataset": ...
     @property
     def info(self) -> Dict[str, Any]: ...  # _DatasetInfo
     @property

@@ -13,7 +13,54 @@ from ._progress import Progress
 PathLike = Union[str, "os.PathLike[str]"]
 DTypeLike = Union[str, np.dtype, type, None]
 
-__all__ = ["Dataset", "DatasetWriter", "open"]
+__all__ = ["Dataset", "DatasetWriter", "build_index", "open"]
+
+
+def default_index_dir() -> str:
+    """The node's directory for document indexes of data whose directory is read-only:
+    ``$TOKENFEED_INDEX_DIR``, else ``~/.cache/tokenfeed/docindex``."""
+    return os.environ.get("TOKENFEED_INDEX_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "tokenfeed",
+                                                                  "docindex")
+
+
+def _olmo_metadata_ends(path: str, num_tokens: int) -> Optional[np.ndarray]:
+    """Document ends from the metadata OLMo's tokenizer (dolma) writes beside a token file:
+    ``x.csv.gz`` for ``x.npy``, one ``start,end,...`` row per document (what OLMo-core's
+    ``iter_document_indices`` reads), or None when there is none."""
+    import gzip
+
+    root, ext = os.path.splitext(path)
+    meta = root + ".csv.gz"
+    if ext != ".npy" or not os.path.isfile(meta):
+        return None
+    ends = []
+    with gzip.open(meta, "rt") as fh:
+        for n, line in enumerate(fh):
+            fields = line.split(",", 2)
+            try:
+                ends.append(int(fields[1]))
+            except (IndexError, ValueError):
+                raise ValueError(f"{meta}: line {n + 1}: expected 'start,end,...' document spans") from None
+    arr = np.asarray(ends, dtype=np.uint64)
+    if arr.size and int(arr[-1]) < num_tokens:  # tokens after the last span form a last document
+        arr = np.append(arr, np.uint64(num_tokens))
+    return arr
+
+
+def build_index(path: PathLike, *, dtype: DTypeLike, eos_id: int, index_dir: Optional[PathLike] = None) -> str:
+    """Build the document index of a headerless token file whose documents end after
+    ``eos_id`` (what :func:`open` with ``eos_id=`` reads for best-fit and document packing),
+    and return where it was written: ``PATH.tfdocs`` beside the data, or the node's index
+    directory when that directory is read-only. OLMo's document metadata (``x.csv.gz`` beside
+    ``x.npy``) gives the documents when present; otherwise the file is scanned once."""
+    p = os.fspath(path)
+    name = _dtype_name(dtype)
+    if name is None:
+        raise ValueError("dtype= is required: a headerless token file does not record it")
+    ends = None
+    if p.endswith(".npy") and os.path.isfile(p[:-4] + ".csv.gz"):
+        ends = _olmo_metadata_ends(p, os.path.getsize(p) // np.dtype(name).itemsize)
+    return _core.build_doc_index(p, name, int(eos_id), ends, os.fspath(index_dir or default_index_dir()))
 
 
 def _as_paths(path: Union[PathLike, Sequence[PathLike]]) -> list[str]:
@@ -49,16 +96,19 @@ class Dataset:
     """
 
     def __init__(self, paths: Sequence[str], dtype: Optional[str] = None, format: Optional[str] = None,
-                 remote: Optional[Dict[str, Any]] = None) -> None:
+                 remote: Optional[Dict[str, Any]] = None, eos_id: Optional[int] = None) -> None:
         self._paths = list(paths)
         self._dtype_arg = dtype
         self._format_arg = format
         self._remote_args = remote
+        self._eos_id = eos_id
+        self.eos_id: Optional[int] = eos_id
         store = None
         if any(_remote.is_url(p) for p in self._paths):
             store = _remote.get_store(**(remote or {}))
         self._store = store
-        self._core = _core.Dataset(self._paths, dtype=dtype, format=format, remote=store)
+        self._core = _core.Dataset(self._paths, dtype=dtype, format=format, remote=store, eos_id=eos_id,
+                                   index_dir=default_index_dir() if eos_id is not None else None)
         if store is not None:
             _warn_unversioned(store)
         info = self._core.info
@@ -72,7 +122,7 @@ class Dataset:
 
     # pickles as paths + options: a spawned DataLoader worker re-opens the files
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Dataset, (self._paths, self._dtype_arg, self._format_arg, self._remote_args))
+        return (Dataset, (self._paths, self._dtype_arg, self._format_arg, self._remote_args, self._eos_id))
 
     def cache_stats(self) -> Optional[Dict[str, Any]]:
         """For a remote dataset: requests, bytes fetched, chunks fetched and hit, cache usage (else None)."""
@@ -157,7 +207,8 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
          endpoint_url: Optional[str] = None, chunk_size: Union[int, str, None] = None,
          prefetch: Union[int, str, None] = None, fetch_threads: Optional[int] = None,
          storage_options: Optional[Dict[str, Any]] = None, request_timeout: Optional[float] = None,
-         max_attempts: Optional[int] = None, deadline: Optional[float] = None) -> Dataset:
+         max_attempts: Optional[int] = None, deadline: Optional[float] = None,
+         eos_id: Optional[int] = None) -> Dataset:
     """Open token data in place and return a :class:`Dataset`.
 
     ``path`` is a tokenfeed dataset directory or shard, a Megatron ``.bin/.idx`` prefix,
@@ -175,10 +226,21 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     caps it (bytes or ``"200GB"``); ``endpoint_url`` (default ``$AWS_ENDPOINT_URL_S3`` /
     ``$AWS_ENDPOINT_URL``) points ``s3://`` at an S3-compatible store; ``chunk_size``,
     ``prefetch`` (bytes kept requested ahead) and ``fetch_threads`` tune the transfers;
-    ``request_timeout`` (seconds, default 10) bounds one request before it is retried;
+    ``request_timeout`` (seconds, default 20) bounds one request before it is retried;
     ``max_attempts`` (default 8) and ``deadline`` (seconds, default 30) bound the retries of
     one request (whichever ends first); ``storage_options`` go to the client (never printed).
+    ``eos_id`` splits the documents of headerless token files (nanoGPT, OLMo, datatrove
+    without ``.index``) after each occurrence of that id, and enters the dataset
+    fingerprint. Concat packing needs nothing more: each row finds its documents (position
+    ids, ``cu_seqlens``, loss mask) in its own tokens. Best-fit and document packing need the
+    document index, built once with ``tokenfeed index PATH --dtype D --eos-id N``
+    (:func:`tokenfeed.build_index`) and kept beside the data or, when that directory is
+    read-only, in the node's index directory (``$TOKENFEED_INDEX_DIR``, default
+    ``~/.cache/tokenfeed/docindex``); an index
+    whose data file changed is refused (docs/format.md, "Document index").
     """
+    if eos_id is not None and (not isinstance(eos_id, (int, np.integer)) or isinstance(eos_id, bool) or eos_id < 0):
+        raise ValueError(f"eos_id must be a non-negative int, got {eos_id!r}")
     paths = _as_paths(path)
     remote: Optional[Dict[str, Any]] = None
     opts = {"cache_dir": cache_dir, "cache_limit": cache_limit, "endpoint_url": endpoint_url,
@@ -190,7 +252,8 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     elif any(v is not None for v in opts.values()):
         given = ", ".join(k for k, v in opts.items() if v is not None)
         raise ValueError(f"{given}: only for remote paths (s3://, gs://, az://, https://); no path here is remote")
-    ds = Dataset(paths, dtype=_dtype_name(dtype), format=format, remote=remote)
+    ds = Dataset(paths, dtype=_dtype_name(dtype), format=format, remote=remote,
+                 eos_id=None if eos_id is None else int(eos_id))
     if ds.format == "raw" and remote is None:
         _warn_if_not_tokens(paths)
     return ds

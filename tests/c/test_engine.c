@@ -480,7 +480,7 @@ static void test_worker_error(void) {
     FILE *fp = fopen(path, "wb");
     if (!fp || fwrite(toks, 2, N, fp) != N) t_failures++;
     if (fp) fclose(fp);
-    tf_open_options opt = {TF_FORMAT_RAW, TF_UINT16};
+    tf_open_options opt = {.format = TF_FORMAT_RAW, .raw_dtype = TF_UINT16};
     tf_dataset *ds = NULL;
     CHECK_OK(tf_dataset_open(path, &opt, &ds));
     spec s = default_spec();
@@ -533,7 +533,7 @@ static void test_many_files(void) {
         if (!fp || fwrite(toks, 2, PER, fp) != PER) t_failures++;
         if (fp) fclose(fp);
     }
-    tf_open_options opt = {TF_FORMAT_RAW, TF_UINT16};
+    tf_open_options opt = {.format = TF_FORMAT_RAW, .raw_dtype = TF_UINT16};
     tf_dataset *ds = NULL;
     CHECK_OK(tf_dataset_open_many((const char *const *)paths, NF, &opt, &ds));
     if (ds) {

@@ -41,7 +41,7 @@ static int write_tokens(const char *p, uint32_t n) {
 }
 
 static int open_raw(tf_dataset **ds) {
-    tf_open_options o = {TF_FORMAT_AUTO, TF_UINT16};
+    tf_open_options o = {.format = TF_FORMAT_AUTO, .raw_dtype = TF_UINT16};
     return tf_dataset_open(path, &o, ds);
 }
 

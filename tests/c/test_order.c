@@ -356,7 +356,7 @@ static void test_multi_file(void) {
     fwrite(t + 37, 2, 63, f);
     fclose(f);
     const char *paths[2] = {p1, p2};
-    tf_open_options opt = {TF_FORMAT_RAW, TF_UINT16};
+    tf_open_options opt = {.format = TF_FORMAT_RAW, .raw_dtype = TF_UINT16};
     tf_dataset *ds = NULL;
     int rc = tf_dataset_open_many(paths, 2, &opt, &ds);
     if (rc == 0) {

@@ -815,7 +815,7 @@ static void test_remote_datasets(void) {
         fwrite(ends, 8, 3, fp);
         fclose(fp);
         free(t);
-        tf_open_options oo = {TF_FORMAT_AUTO, TF_UINT16};
+        tf_open_options oo = {.format = TF_FORMAT_AUTO, .raw_dtype = TF_UINT16};
         const char *lp[2] = {p1, p2};
         char u1[700], u2[700];
         snprintf(u1, sizeof u1, "local://%s", p1);

@@ -501,7 +501,7 @@ static void test_megatron(void) {
         CHECK_OK(tf_dataset_verify(ds, 1, NULL, NULL));
         tf_dataset_free(ds);
     }
-    tf_open_options o = {TF_FORMAT_MEGATRON, TF_DTYPE_INVALID};
+    tf_open_options o = {.format = TF_FORMAT_MEGATRON, .raw_dtype = TF_DTYPE_INVALID};
     CHECK_OK(open_path(pre, &o, &ds));
     tf_dataset_free(ds);
     /* multimodal variant: one mode byte per sequence appended */
@@ -693,7 +693,7 @@ static void test_raw(void) {
     tf_dataset *ds;
     CHECK_RC(open_path(p, NULL, &ds), -TF_EFORMAT); /* no dtype */
     CHECK(strstr(tf_last_error(), "dtype=") != NULL);
-    tf_open_options o = {TF_FORMAT_AUTO, TF_UINT16};
+    tf_open_options o = {.format = TF_FORMAT_AUTO, .raw_dtype = TF_UINT16};
     CHECK_OK(open_path(p, &o, &ds));
     if (ds) {
         tf_dataset_info info;
@@ -825,13 +825,55 @@ static void test_fuzz(void) {
     uint16_t toks[10] = {0};
     t_write_file(p, toks, sizeof toks);
     uint64_t ends[3] = {2, 5, 10};
-    tf_open_options o = {TF_FORMAT_AUTO, TF_UINT16};
+    tf_open_options o = {.format = TF_FORMAT_AUTO, .raw_dtype = TF_UINT16};
     mutate_file(ip, (const uint8_t *)ends, sizeof ends, 200, 0, &o);
     unlink(ip);
 }
 
+/* Headerless files split at an eos id: no index (rows only), the document
+ * index tf_doc_index_build writes, and a stale index refused. */
+static void test_eos_index(void) {
+    char p[300], ip[320], out[512];
+    path_in(p, sizeof p, "eos.bin");
+    snprintf(ip, sizeof ip, "%s.tfdocs", p);
+    uint16_t toks[10] = {5, 6, 0, 7, 0, 0, 8, 9, 0, 4}; /* docs: 3, 2, 1, 3, then a tail of 1 */
+    t_write_file(p, toks, sizeof toks);
+    tf_open_options o = {.format = TF_FORMAT_RAW, .raw_dtype = TF_UINT16, .has_eos_id = 1, .eos_id = 0};
+    tf_dataset *ds;
+    tf_dataset_info a, b;
+    CHECK_OK(open_path(p, &o, &ds));
+    if (ds) CHECK_OK(tf_dataset_get_info(ds, &a));
+    CHECK(ds && a.num_documents == 1); /* documents known only inside rows */
+    tf_dataset_free(ds);
+    CHECK_OK(tf_doc_index_build(p, &o, NULL, 0, out, sizeof out));
+    CHECK(strcmp(out, ip) == 0);
+    CHECK_OK(open_path(p, &o, &ds));
+    if (ds) {
+        CHECK_OK(tf_dataset_get_info(ds, &b));
+        CHECK(b.num_documents == 5 && b.fingerprint == a.fingerprint);
+        uint64_t s, n;
+        CHECK_OK(tf_dataset_document(ds, 3, &s, &n));
+        CHECK(s == 6 && n == 3);
+        CHECK_OK(tf_dataset_document(ds, 4, &s, &n));
+        CHECK(s == 9 && n == 1);
+    }
+    tf_dataset_free(ds);
+    uint64_t bad[2] = {3, 11}; /* metadata past the file's end */
+    CHECK_RC(tf_doc_index_build(p, &o, bad, 2, out, sizeof out), -EINVAL);
+    o.eos_id = 9; /* another eos id: another fingerprint, and this index is refused */
+    CHECK_RC(open_path(p, &o, &ds), -TF_EFORMAT);
+    CHECK(strstr(tf_last_error(), "eos id 0") != NULL);
+    o.eos_id = 0;
+    t_write_file(p, toks, 8); /* the data changed: the index is stale */
+    CHECK_RC(open_path(p, &o, &ds), -TF_EFORMAT);
+    CHECK(strstr(tf_last_error(), "stale") != NULL && strstr(tf_last_error(), "tokenfeed index") != NULL);
+    unlink(ip);
+    unlink(p);
+}
+
 int main(void) {
     if (t_mkdtemp(tmpdir, sizeof tmpdir, "tf_test_sources")) return T_EXIT_FAIL;
+    test_eos_index();
     test_native();
     test_native_corrupt();
     test_megatron();

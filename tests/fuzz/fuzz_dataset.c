@@ -25,7 +25,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint32_t ctl = tf__le32(data + 1);
     fuzz_chunk c[MAXC];
     int k = fuzz_split(data + 5, size - 5, c, MAXC);
-    tf_open_options opt = {TF_FORMAT_AUTO, TF_DTYPE_INVALID};
+    tf_open_options opt = {.format = TF_FORMAT_AUTO, .raw_dtype = TF_DTYPE_INVALID};
     const char *paths[4];
     char names[4][32];
     int np = 0;

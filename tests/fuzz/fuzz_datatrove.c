@@ -13,7 +13,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *p = fuzz_path(0, "x.ds");
     fuzz_write(p, c[0].p, c[0].n);
     if (k > 1) fuzz_write(fuzz_path(1, "x.ds.index"), c[1].p, c[1].n);
-    tf_open_options opt = {TF_FORMAT_RAW, dts[ctl & 7]};
+    tf_open_options opt = {.format = TF_FORMAT_RAW, .raw_dtype = dts[ctl & 7]};
     tf_dataset *ds = NULL;
     if (tf_dataset_open(p, &opt, &ds) == 0) {
         fuzz_exercise(ds, (uint32_t)(ctl >> 3) * 0x9e3779b9u);

@@ -9,7 +9,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_split(data, size, c, 3);
     fuzz_write(fuzz_path(0, "m.idx"), c[0].p, c[0].n);
     fuzz_write(fuzz_path(0, "m.bin"), c[1].p, c[1].n);
-    tf_open_options opt = {TF_FORMAT_MEGATRON, TF_DTYPE_INVALID};
+    tf_open_options opt = {.format = TF_FORMAT_MEGATRON, .raw_dtype = TF_DTYPE_INVALID};
     tf_dataset *ds = NULL;
     if (tf_dataset_open(fuzz_path(0, "m"), &opt, &ds) == 0) {
         fuzz_exercise(ds, c[2].n ? (uint32_t)c[2].p[0] * 2654435761u : 0);

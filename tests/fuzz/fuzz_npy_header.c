@@ -9,7 +9,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!tf_dtype_size(h.dtype) || h.data_offset > size) abort();
         const char *p = fuzz_path(0, "f.npy");
         fuzz_write(p, data, size);
-        tf_open_options opt = {TF_FORMAT_NPY, TF_DTYPE_INVALID};
+        tf_open_options opt = {.format = TF_FORMAT_NPY, .raw_dtype = TF_DTYPE_INVALID};
         tf_dataset *ds = NULL;
         if (tf_dataset_open(p, &opt, &ds) == 0) {
             fuzz_exercise(ds, size > 12 ? (uint32_t)data[size - 1] << 8 | data[size - 2] : 0);

@@ -198,6 +198,21 @@ def main() -> None:
         save("datatrove", "nonmonotonic", b"\x01" + chunks(toks.tobytes(), ends[::-1].copy().tobytes()))
         save("datatrove", "index_not_x8", b"\x01" + chunks(toks.tobytes(), ends.tobytes()[:-3]))
 
+        # ---- docindex: byte 0 = dtype | eos << 3 | flags, chunk 0 = tokens, chunk 1 = .tfdocs
+        erng = np.random.default_rng(99)  # its own generator: the seeds after these stay as they were
+        etoks = np.concatenate([np.append(d_ + 1, 0) for d_ in docs(erng, 8, 1000)]).astype(np.uint16)
+        ep = os.path.join(tmp, "eos.bin")
+        etoks.tofile(ep)
+        with open(tokenfeed.build_index(ep, dtype="uint16", eos_id=0), "rb") as f:
+            ix = f.read()
+        save("docindex", "u16_index", b"\x01" + chunks(etoks.tobytes(), ix))
+        save("docindex", "u16_build", b"\x01" + chunks(etoks.tobytes()))
+        save("docindex", "u32_build_eos3", bytes([0x02 | 3 << 3]) + chunks(etoks.astype(np.uint32).tobytes()))
+        save("docindex", "count_too_big", b"\x81" + chunks(etoks.tobytes(), ix[:40] + struct.pack("<Q", 1 << 60)
+                                                              + ix[48:]))
+        save("docindex", "truncated", b"\x81" + chunks(etoks.tobytes(), ix[:-8]))
+        save("docindex", "bad_version", b"\x01" + chunks(etoks.tobytes(), ix[:8] + struct.pack("<I", 9) + ix[12:]))
+
         # ---- whole datasets: kind, ctl (u32), chunks (fuzz_dataset.c)
         def ds(kind: int, ctl: int, *parts: bytes) -> bytes:
             return bytes([kind]) + struct.pack("<I", ctl) + chunks(*parts)
