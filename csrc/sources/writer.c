@@ -37,8 +37,8 @@
  *     raw, for ~10 % of ratio on BPE-tokenized text and ~4 % on i.i.d. Zipf
  *     tokens. At levels up to TF__ZSTD_FAST_LEVEL (3, the default) the writer
  *     therefore stores literals raw unless Huffman coding makes a frame at
- *     least a fifth smaller (uint32 ids, whose high bytes are mostly zero,
- *     keep it): every TF__ZSTD_PROBE_BLOCKS-th block of a shard is compressed
+ *     least a fifth smaller (ids concentrated on a few hundred tokens keep
+ *     it): every TF__ZSTD_PROBE_BLOCKS-th block of a shard is compressed
  *     both ways and the choice holds for the blocks up to the next probe, so
  *     the bytes written depend only on the tokens and the options. Higher
  *     levels leave the choice to zstd. Either way each block is one standard
@@ -391,12 +391,9 @@ static int flush_block(tf_writer *w) {
     if (w->opt.level <= TF__ZSTD_FAST_LEVEL && w->nblocks % TF__ZSTD_PROBE_BLOCKS == 0) {
         /* Probe: Huffman literals only where they make the frame a fifth smaller. */
         size_t zh = compress_block(w, w->zbuf, 0), zr = compress_block(w, w->zbuf2, 1);
-        z = ZSTD_isError(zh) ? zh : zr;
-        if (!ZSTD_isError(zh) && !ZSTD_isError(zr)) {
-            w->lit_raw = 5 * zh > 4 * zr;
-            z = w->lit_raw ? zr : zh;
-            zb = w->lit_raw ? w->zbuf2 : w->zbuf;
-        }
+        w->lit_raw = !ZSTD_isError(zh) && !ZSTD_isError(zr) && 5 * zh > 4 * zr;
+        z = w->lit_raw ? zr : zh;
+        if (w->lit_raw) zb = w->zbuf2;
     } else {
         z = compress_block(w, w->zbuf, w->lit_raw);
     }
