@@ -202,3 +202,72 @@ def test_verify_accepts_the_writers_frames(tmp_path, shard):
     p = _variant(tmp_path, "same", sh.rebuilt([sh.frame(k) for k in range(len(sh.table))]))
     assert open(p, "rb").read() == sh.data
     tokenfeed.open(str(p)).verify(threads=1, progress=False)
+
+
+def literal_kinds(frame: bytes) -> list:
+    """The Literals_Block_Type (RFC 8878 3.1.1.3.1.1: 0 raw, 1 RLE, 2 Huffman, 3 treeless) of every
+    compressed block of a frame; raw and RLE blocks carry no literals section and are left out."""
+    fhd = frame[4]
+    fcs_flag, single, dict_flag = fhd >> 6, (fhd >> 5) & 1, fhd & 3
+    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[dict_flag] + ((1 if single else 0), 2, 4, 8)[fcs_flag]
+    kinds = []
+    while True:
+        bh = int.from_bytes(frame[pos:pos + 3], "little")
+        last, btype, size = bh & 1, (bh >> 1) & 3, bh >> 3
+        pos += 3
+        if btype == 2:
+            kinds.append(frame[pos] & 3)
+        pos += 1 if btype == 1 else size
+        if last:
+            return kinds
+
+
+def zipf_ids(n: int, vocab: int, seed: int) -> np.ndarray:
+    """i.i.d. Zipf(1.1) ids over a shuffled vocabulary, as the benchmark's generated data."""
+    rng = np.random.default_rng(seed)
+    cdf = np.cumsum(np.arange(1, vocab + 1, dtype=np.float64) ** -1.1)
+    return rng.permutation(vocab)[np.searchsorted(cdf / cdf[-1], rng.random(n)).clip(0, vocab - 1)]
+
+
+def written_kinds(path, tokens, dtype, vocab, **kw):
+    with tokenfeed.DatasetWriter(str(path), vocab_size=vocab, dtype=np.dtype(dtype).name, compression="zstd",
+                                 **kw) as w:
+        for part in np.array_split(tokens.astype(dtype), 7):
+            w.add_document(part)
+    ds = tokenfeed.open(str(path))
+    assert np.array_equal(ds.tokens(0, ds.num_tokens), tokens.astype(dtype))
+    ds.verify(threads=1, progress=False)
+    shards = sorted(p for p in os.listdir(path) if p.endswith(".tfs"))
+    sh = Shard(open(os.path.join(path, shards[0]), "rb").read())
+    dctx = zstandard.ZstdDecompressor()
+    kinds = []
+    for k in range(len(sh.table)):
+        f = sh.frame(k)
+        assert dctx.decompress(f) == tokens[k * sh.block_tokens:(k + 1) * sh.block_tokens].astype(
+            np.dtype(dtype).newbyteorder("<")).tobytes()
+        kinds += literal_kinds(f)
+    return kinds
+
+
+def test_default_frames_store_literals_raw_where_huffman_gains_little(tmp_path):
+    # uint16 ids of a 50k vocabulary: Huffman coding of the literals saves a few percent and
+    # doubles the decoding time of a small frame, so the default (level 3) stores them raw
+    tokens = zipf_ids(300_000, 50257, 1)
+    kinds = written_kinds(tmp_path / "d", tokens, np.uint16, 50257)
+    assert kinds and set(kinds) == {0}, kinds
+    # a level above 3 leaves the choice to zstd, which codes them
+    kinds = written_kinds(tmp_path / "l5", tokens, np.uint16, 50257, level=5)
+    assert 2 in kinds, kinds
+
+
+def test_huffman_literals_kept_where_they_pay(tmp_path):
+    # ids of a few hundred common tokens: the high byte is nearly always 0 or 1, and Huffman
+    # coding makes each frame far more than a fifth smaller, so it is kept
+    rng = np.random.default_rng(2)
+    small = np.minimum(rng.geometric(0.02, 64 * 2048) - 1, 60000)
+    kinds = written_kinds(tmp_path / "d", small, np.uint16, 65000)
+    assert kinds and set(kinds) <= {2, 3} and 2 in kinds, kinds
+    # the choice is made per 64 blocks of a shard: data that changes kind mid-way switches
+    mixed = np.concatenate([zipf_ids(64 * 2048, 50257, 3), small, zipf_ids(64 * 2048, 50257, 4)])
+    kinds = written_kinds(tmp_path / "m", mixed, np.uint16, 65000)
+    assert set(kinds[:64]) == {0} and 2 in kinds[64:128] and set(kinds[128:]) == {0}, kinds

@@ -74,7 +74,7 @@ def generate_dataset(out_dir: str, *, tokens: int, vocab_size: int, doc_length: 
     import tokenfeed
 
     spec = {"tokens": int(tokens), "vocab_size": int(vocab_size), "doc_length": doc_length, "zipf": zipf,
-            "seed": seed, "generator": 3}  # 3: the zstd copy has the writer's default (2048-token) blocks
+            "seed": seed, "generator": 4}  # 4: the zstd copy as the writer writes it by default (2048-token blocks, raw literals where Huffman gains little)
     meta_path = os.path.join(out_dir, "meta.json")
     if os.path.exists(meta_path):
         try:
