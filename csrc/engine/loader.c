@@ -461,6 +461,8 @@ void tf_loader_config_init(tf_loader_config *cfg) {
     cfg->direct_io = 0;
     cfg->cp_rank = 0;
     cfg->cp_size = 1;
+    cfg->balance = TF_BALANCE_NONE;
+    cfg->balance_micro_batches = 1;
 }
 
 /* The engine's own settings, checked before any order is built (building a
@@ -478,6 +480,11 @@ static int check_engine_config(const tf_loader_config *cfg) {
         TF_FAIL(-EINVAL, "prefetch: expected 0 (default) to %d batches, found %d", TF_MAX_PREFETCH, cfg->prefetch);
     if (cfg->cp_size > 1 && cfg->cp_rank >= cfg->cp_size)
         TF_FAIL(-EINVAL, "cp_rank: expected 0 <= cp_rank < cp_size (%u), found %u", cfg->cp_size, cfg->cp_rank);
+    if (cfg->balance != TF_BALANCE_NONE && cfg->balance != TF_BALANCE_TOKENS && cfg->balance != TF_BALANCE_ATTENTION)
+        TF_FAIL(-EINVAL, "balance: expected NONE (0), TOKENS (1) or ATTENTION (2), found %d", (int)cfg->balance);
+    if (cfg->balance_micro_batches > TF_MAX_BALANCE_MICRO_BATCHES)
+        TF_FAIL(-EINVAL, "balance_micro_batches: expected 1 to %d batches per step, found %u",
+                TF_MAX_BALANCE_MICRO_BATCHES, cfg->balance_micro_batches);
     if (cfg->out_dtype != TF_DTYPE_INVALID && !tf_dtype_size(cfg->out_dtype))
         TF_FAIL(-EINVAL, "out_dtype: unknown dtype code %d", (int)cfg->out_dtype);
     uint64_t G;
@@ -520,6 +527,12 @@ static int engine_create(const tf_order *order, int owns, const tf_loader_config
                 "build the order with global_batch = batch_size x world_size",
                 (unsigned long long)oc.global_batch, (unsigned long long)cfg->batch_size, cfg->world_size,
                 (unsigned long long)G);
+    uint64_t steprows;
+    if (cfg->balance != TF_BALANCE_NONE &&
+        (tf__mul_overflow(G, cfg->balance_micro_batches ? cfg->balance_micro_batches : 1, &steprows) ||
+         steprows > (uint64_t)SIZE_MAX / 16))
+        TF_FAIL(-EINVAL, "balance: balance_micro_batches x global batch (%u x %llu) is too many rows to balance at once",
+                cfg->balance_micro_batches, (unsigned long long)G);
     tf_dtype odt = cfg->out_dtype != TF_DTYPE_INVALID ? cfg->out_dtype : default_out_dtype(order);
     uint64_t L = oc.seq_len;
 
@@ -623,6 +636,11 @@ static int engine_create(const tf_order *order, int owns, const tf_loader_config
     l->rd.thd_cap_tokens = thd_cap;
     l->rd.thd_cap_seqs = rowsL;
     l->rd.nsources = nsources;
+    l->rd.bal = cfg->balance;
+    l->rd.bal_world = cfg->world_size;
+    l->rd.bal_rank = cfg->rank;
+    l->rd.bal_micro = cfg->balance_micro_batches ? cfg->balance_micro_batches : 1;
+    l->rd.bal_B = cfg->batch_size;
     l->rd.source_first = l->source_first;
     /* Default worker count. mmap (CPU-bound copies from the page cache):
      * leave one core to the consumer, at most 4 - on 2 cores, 2 workers plus
@@ -687,7 +705,7 @@ static int engine_create(const tf_order *order, int owns, const tf_loader_config
     atomic_init(&l->alloc, NULL);
     atomic_init(&l->st_locked, 0);
     atomic_init(&l->owner, 0);
-    rc = tf__engine_prefetch_create(order, l->B, l->G, l->rank, &l->pf, &l->pf_ctx);
+    rc = tf__engine_prefetch_create(order, l->B, l->G, l->rank, cfg->balance, l->rd.bal_micro, &l->pf, &l->pf_ctx);
     if (rc) {
         l->owns_order = 0; /* the caller frees the order on failure */
         tf_loader_free(l);

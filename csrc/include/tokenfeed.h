@@ -641,6 +641,44 @@ typedef struct tf_packing_stats {
 
 TF_API int tf_order_packing_stats(const tf_order *o, tf_packing_stats *st);
 
+/* Balancing the work of a step across data-parallel ranks (docs/balance.md).
+ * The rows of a step (micro_batches consecutive global batches: positions
+ * [step * M * G, (step + 1) * M * G), fewer at the end of a finite stream)
+ * are the same whatever the rule; the rule only decides which rank, and which
+ * of its micro-batches, takes each row. It is computed from the step's rows
+ * alone, identically on every rank, without communication.
+ *   TF_BALANCE_NONE       rank r takes the contiguous slice r*B .. (r+1)*B - 1
+ *                         of each global batch (the global order contract)
+ *   TF_BALANCE_TOKENS     cost of a row = its non-padding input tokens
+ *   TF_BALANCE_ATTENTION  cost of a row = sum over the segments of its
+ *                         cu_seqlens of length^2 (causal attention work; every
+ *                         position of a row is computed, so the linear work is
+ *                         the same L on every row and every rank)
+ * Rows are given to the M x R (micro-batch, rank) bins of B rows each by
+ * longest-processing-time first (costs descending, ties by position; each
+ * row to the least loaded bin with room, ties by lower bin) followed by
+ * pairwise swaps that lower the busiest bin; a bin's rows are delivered in
+ * position order. */
+typedef enum tf_balance {
+    TF_BALANCE_NONE = 0,
+    TF_BALANCE_TOKENS = 1,
+    TF_BALANCE_ATTENTION = 2,
+} tf_balance;
+
+/* The cost of the row at stream position pos under `mode` (TOKENS or
+ * ATTENTION; NONE gives 0): see tf_balance. */
+TF_API int tf_order_row_cost(const tf_order *o, uint64_t pos, tf_balance mode, uint64_t *cost);
+
+/* The rows of the step that starts at position `start` (a multiple of
+ * micro_batches x global_batch), as world_size x micro_batches bins of
+ * global_batch / world_size positions: out[(m * world_size + r) * B + j] is row j
+ * of rank r's micro-batch m (B = global_batch / world_size). out holds
+ * micro_batches x global_batch entries; *n receives the entries written (fewer
+ * at the end of a finite stream: whole global batches only). world_size must
+ * divide the order's global batch. */
+TF_API int tf_order_balance(const tf_order *o, uint64_t start, uint32_t world_size, uint32_t micro_batches,
+                            tf_balance mode, uint64_t *out, size_t cap, size_t *n);
+
 /* ------------------------------------------------------------------------ */
 /* Engine: loader and batches                                                */
 /* ------------------------------------------------------------------------ */
@@ -660,6 +698,8 @@ TF_API const char *tf_backend_name(tf_backend b);
 /* Largest num_threads and prefetch a loader accepts (-EINVAL past them). */
 #define TF_MAX_THREADS 256
 #define TF_MAX_PREFETCH 4096
+/* Largest balance_micro_batches (batches per optimizer step balanced together). */
+#define TF_MAX_BALANCE_MICRO_BATCHES 4096
 
 typedef struct tf_loader_config {
     tf_order_config order; /* tf_loader_create(_mix) only; see tf_loader_create_from_order */
@@ -688,6 +728,14 @@ typedef struct tf_loader_config {
      * The stream, and so the state, does not depend on these. */
     uint32_t cp_rank;
     uint32_t cp_size;
+    /* Which rows of a step each data-parallel rank takes (tf_balance): NONE
+     * (default) keeps the contiguous slices. balance_micro_batches (M, 0 or 1:
+     * one) is the number of batches (tf_loader_next calls) per optimizer step:
+     * the M x G rows of a step are balanced across ranks and across each
+     * rank's M micro-batches. Neither changes the global stream (the rows of
+     * a step), so neither enters the fingerprint nor the state. */
+    tf_balance balance;
+    uint32_t balance_micro_batches;
 } tf_loader_config;
 
 TF_API void tf_loader_config_init(tf_loader_config *cfg);

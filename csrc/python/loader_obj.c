@@ -44,6 +44,13 @@ static int parse_u32(PyObject *v, void *out) {
     return 1;
 }
 
+static int parse_balance(PyObject *v, void *out) {
+    uint32_t x;
+    if (!parse_u32(v, &x)) return 0;
+    *(tf_balance *)out = (tf_balance)x; /* the C library checks the value */
+    return 1;
+}
+
 static int parse_bool(PyObject *v, void *out) {
     int t = PyObject_IsTrue(v);
     if (t < 0) return 0;
@@ -67,6 +74,7 @@ static PyObject *Loader_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
         {"prefetch", tfpy_nonneg_int, &cfg.prefetch}, {"backend", parse_backend, &cfg.backend},
         {"direct_io", parse_bool, &cfg.direct_io}, {"zstd_cache_bytes", tfpy_u64, &cfg.zstd_cache_bytes},
         {"cp_rank", parse_u32, &cfg.cp_rank}, {"cp_size", parse_u32, &cfg.cp_size},
+        {"balance", parse_balance, &cfg.balance}, {"balance_micro_batches", parse_u32, &cfg.balance_micro_batches},
         {NULL, NULL, NULL},
     };
     if (tfpy_parse_kwargs(kw, table, "Loader") < 0) return NULL;
@@ -242,7 +250,7 @@ void tfpy_loader_unuse(PyObject *loader) {
 static PyObject *Loader_get_closed(tfpy_Loader *self, void *c) { return PyBool_FromLong(!self->l || self->close_pending); }
 
 PyDoc_STRVAR(Loader_doc, "Loader(order, /, *, batch_size=8, rank=0, world_size=1, dtype=None, want=0, num_threads=0, prefetch=0, "
-                "backend=None, direct_io=False, zstd_cache_bytes=0, cp_rank=0, cp_size=1)\n--\n\n"
+                "backend=None, direct_io=False, zstd_cache_bytes=0, cp_rank=0, cp_size=1, balance=0, balance_micro_batches=1)\n--\n\n"
                 "The C batch engine over an Order (whose global_batch is batch_size * world_size). cp_size > 1: this "
                 "rank's load-balanced share of every sample (docs/packing.md).");
 

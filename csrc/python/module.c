@@ -341,6 +341,9 @@ static int module_exec(PyObject *m) {
         PyModule_AddIntConstant(m, "WANT_LOSS_MASK", TF_WANT_LOSS_MASK) < 0 ||
         PyModule_AddIntConstant(m, "MAX_THREADS", TF_MAX_THREADS) < 0 ||
         PyModule_AddIntConstant(m, "MAX_PREFETCH", TF_MAX_PREFETCH) < 0 ||
+        PyModule_AddIntConstant(m, "BALANCE_NONE", TF_BALANCE_NONE) < 0 ||
+        PyModule_AddIntConstant(m, "BALANCE_TOKENS", TF_BALANCE_TOKENS) < 0 ||
+        PyModule_AddIntConstant(m, "BALANCE_ATTENTION", TF_BALANCE_ATTENTION) < 0 ||
         PyModule_AddStringConstant(m, "__version__", tf_version()) < 0)
         return -1;
     return 0;

@@ -28,6 +28,7 @@ __all__ = ["OrderConfig", "EngineConfig", "resolve_rank", "want_bits"]
 
 SHUFFLE = {"none": _core.SHUFFLE_NONE, "full": _core.SHUFFLE_FULL, "block": _core.SHUFFLE_BLOCK}
 PACKING = {"concat": _core.PACK_CONCAT, "best_fit": _core.PACK_BEST_FIT, "document": _core.PACK_DOCUMENT}
+BALANCE = {None: _core.BALANCE_NONE, "tokens": _core.BALANCE_TOKENS, "attention": _core.BALANCE_ATTENTION}
 
 
 def check_int(name: str, v: Any, optional: bool = False) -> None:
@@ -195,10 +196,17 @@ class EngineConfig:
     zstd_cache_bytes: Optional[int] = None  # decompressed zstd blocks; None: sized from the shuffle
     cp_rank: int = 0
     cp_size: int = 1
+    balance: Optional[str] = None  # which rows of a step each rank takes (docs/balance.md)
+    balance_micro_batches: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "rank", "world_size", "cp_rank", "cp_size"):
+        for name in ("batch_size", "rank", "world_size", "cp_rank", "cp_size", "balance_micro_batches"):
             check_int(name, getattr(self, name))
+        if self.balance not in BALANCE:
+            raise ValueError(f"balance must be None, 'tokens' or 'attention', got {self.balance!r}")
+        if self.balance_micro_batches < 1:
+            raise ValueError(f"balance_micro_batches must be >= 1 (batches per optimizer step), "
+                             f"got {self.balance_micro_batches}")
         for name in ("num_threads", "prefetch", "zstd_cache_bytes"):
             check_int(name, getattr(self, name), optional=True)
         if self.zstd_cache_bytes is not None and self.zstd_cache_bytes < 0:
@@ -212,7 +220,7 @@ class EngineConfig:
         if self.cp_size < 1 or not 0 <= self.cp_rank < self.cp_size:
             raise ValueError(f"need 0 <= cp_rank < cp_size, got cp_rank={self.cp_rank}, cp_size={self.cp_size}")
         object.__setattr__(self, "dtype", np.dtype(self.dtype).name)
-        for k in ("batch_size", "rank", "world_size", "cp_rank", "cp_size"):
+        for k in ("batch_size", "rank", "world_size", "cp_rank", "cp_size", "balance_micro_batches"):
             object.__setattr__(self, k, int(getattr(self, k)))
 
     @property
@@ -228,7 +236,8 @@ class EngineConfig:
         return dict(batch_size=self.batch_size, rank=self.rank, world_size=self.world_size, dtype=self.dtype,
                     want=self.want, num_threads=self.num_threads or 0, prefetch=self.prefetch or 0,
                     backend=self.backend, direct_io=bool(self.direct_io),
-                    zstd_cache_bytes=int(self.zstd_cache_bytes or 0), cp_rank=self.cp_rank, cp_size=self.cp_size)
+                    zstd_cache_bytes=int(self.zstd_cache_bytes or 0), cp_rank=self.cp_rank, cp_size=self.cp_size,
+                    balance=BALANCE[self.balance], balance_micro_batches=self.balance_micro_batches)
 
     def build(self, order: Any) -> Any:
         """The C engine over ``order`` (a ``_core.Order`` whose global batch is this one's)."""

@@ -22,6 +22,9 @@ WANT_CU_SEQLENS: int
 WANT_LOSS_MASK: int
 MAX_THREADS: int
 MAX_PREFETCH: int
+BALANCE_NONE: int
+BALANCE_TOKENS: int
+BALANCE_ATTENTION: int
 
 _DTypeArg = Union[str, np.dtype[Any], type, None]
 _UIntArray = npt.NDArray[np.uint64]
@@ -177,6 +180,8 @@ class Order:
     @overload
     def sample_at(self, pos: npt.ArrayLike, /) -> _UIntArray: ...
     def fill(self, sample: int, dtype: _DTypeArg = None, want: int = 0) -> Dict[str, npt.NDArray[Any]]: ...
+    def balance(self, start: int, world_size: int, micro_batches: int, mode: int, /) -> _UIntArray: ...
+    def row_costs(self, start: int, count: int, mode: int, /) -> _UIntArray: ...
 
 class _ZstdStats(TypedDict):
     cache_bytes: int
@@ -210,7 +215,8 @@ class Loader:
     def __new__(cls, order: Order, /, *, batch_size: int = 8, rank: int = 0, world_size: int = 1,
                 dtype: _DTypeArg = None, want: int = 0, num_threads: int = 0, prefetch: int = 0,
                 backend: Optional[str] = None, direct_io: bool = False, zstd_cache_bytes: int = 0,
-                cp_rank: int = 0, cp_size: int = 1) -> "Loader": ...
+                cp_rank: int = 0, cp_size: int = 1, balance: int = 0,
+                balance_micro_batches: int = 1) -> "Loader": ...
     @property
     def position(self) -> int: ...
     @property

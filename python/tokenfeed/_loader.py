@@ -88,6 +88,14 @@ class Loader:
     unknown keyword is a ``TypeError``, a bad value a ``ValueError`` or ``TypeError``
     that names it.
 
+    ``balance="attention"`` (or ``"tokens"``) gives the rows of each global batch to the
+    data-parallel ranks so that every rank gets about the same attention work (or the
+    same number of non-padding tokens), computed from the global order on every rank
+    without communication; the global batch holds the same rows, and resume and elastic
+    resume stay exact. ``balance_micro_batches=M`` (gradient accumulation: ``M`` batches
+    per optimizer step) balances the ``M`` global batches of a step together, across
+    ranks and across each rank's micro-batches (``docs/balance.md``).
+
     The C engine's threads and buffers start lazily in the process that iterates, so a
     Loader can be created before ``fork`` or pickled to a ``spawn`` worker.
 
@@ -113,7 +121,8 @@ class Loader:
                  static_buffers: bool = False,
                  device_mesh: Any = None, dp_rank: Optional[int] = None, dp_size: Optional[int] = None,
                  cp_rank: Optional[int] = None, cp_size: Optional[int] = None,
-                 dp_dims: Sequence[str] = DEFAULT_DP_DIMS, cp_dim: Optional[str] = DEFAULT_CP_DIM) -> None:
+                 dp_dims: Sequence[str] = DEFAULT_DP_DIMS, cp_dim: Optional[str] = DEFAULT_CP_DIM,
+                 balance: Optional[str] = None, balance_micro_batches: int = 1) -> None:
         # which part of the data this rank takes: its data-parallel slice of every global
         # batch and its context-parallel share of every sample (docs/guides/distributed.md)
         self.parallel: ParallelCoords = parallel_coords(device_mesh, dp_rank=dp_rank, dp_size=dp_size, cp_rank=cp_rank,
@@ -126,7 +135,7 @@ class Loader:
             batch_size=batch_size, rank=pc.dp_rank, world_size=pc.dp_size, dtype=dtype, position_ids=position_ids,
             cu_seqlens=cu_seqlens, loss_mask=loss_mask, num_threads=num_threads, prefetch=prefetch,
             backend=backend, direct_io=direct_io, zstd_cache_bytes=zstd_cache_bytes,
-            cp_rank=pc.cp_rank, cp_size=pc.cp_size)
+            cp_rank=pc.cp_rank, cp_size=pc.cp_size, balance=balance, balance_micro_batches=balance_micro_batches)
         self._order_cfg = OrderConfig(
             seq_len=seq_len, seed=seed, shuffle=shuffle, block_size=block_size, window_blocks=window_blocks,
             separator_id=separator_id, packing=packing, pad_id=pad_id, pack_window=pack_window, weights=weights,
