@@ -88,6 +88,11 @@ class Loader:
     unknown keyword is a ``TypeError``, a bad value a ``ValueError`` or ``TypeError``
     that names it.
 
+    ``document_ids=True`` adds ``document_ids`` (int32 ``batch_size x seq_len``: the index of
+    each position's segment of ``cu_seqlens`` in its row), what FlexAttention's document
+    masks take; :func:`tokenfeed.flex.block_mask` builds the ``BlockMask`` from
+    ``cu_seqlens`` directly (``docs/balance.md``).
+
     ``balance="attention"`` (or ``"tokens"``) gives the rows of each global batch to the
     data-parallel ranks so that every rank gets about the same attention work (or the
     same number of non-padding tokens), computed from the global order on every rank
@@ -122,18 +127,27 @@ class Loader:
                  device_mesh: Any = None, dp_rank: Optional[int] = None, dp_size: Optional[int] = None,
                  cp_rank: Optional[int] = None, cp_size: Optional[int] = None,
                  dp_dims: Sequence[str] = DEFAULT_DP_DIMS, cp_dim: Optional[str] = DEFAULT_CP_DIM,
-                 balance: Optional[str] = None, balance_micro_batches: int = 1) -> None:
+                 balance: Optional[str] = None, balance_micro_batches: int = 1, document_ids: bool = False) -> None:
         # which part of the data this rank takes: its data-parallel slice of every global
         # batch and its context-parallel share of every sample (docs/guides/distributed.md)
         self.parallel: ParallelCoords = parallel_coords(device_mesh, dp_rank=dp_rank, dp_size=dp_size, cp_rank=cp_rank,
                                                         cp_size=cp_size, rank=rank, world_size=world_size,
                                                         dp_dims=dp_dims, cp_dim=cp_dim)
         pc = self.parallel
+        if not isinstance(document_ids, bool):
+            raise TypeError(f"document_ids must be True or False, got {document_ids!r}")
+        if document_ids and pc.cp_size > 1:
+            raise ValueError("document_ids=True is for whole rows; with context parallelism use the THD layout's "
+                             "cu_seqlens (cu_seqlens=True)")
+        # per-token document ids come from cu_seqlens (tokenfeed.flex.document_ids); the
+        # batch keeps cu_seqlens / num_seqs only when they were asked for too
+        self._document_ids = document_ids
+        self._drop_cu = document_ids and not cu_seqlens
         # one configuration, checked once: the engine's (the global batch comes from
         # it) and the stream's; the C library checks ranges when it builds them
         self._engine_cfg = EngineConfig(
             batch_size=batch_size, rank=pc.dp_rank, world_size=pc.dp_size, dtype=dtype, position_ids=position_ids,
-            cu_seqlens=cu_seqlens, loss_mask=loss_mask, num_threads=num_threads, prefetch=prefetch,
+            cu_seqlens=cu_seqlens or document_ids, loss_mask=loss_mask, num_threads=num_threads, prefetch=prefetch,
             backend=backend, direct_io=direct_io, zstd_cache_bytes=zstd_cache_bytes,
             cp_rank=pc.cp_rank, cp_size=pc.cp_size, balance=balance, balance_micro_batches=balance_micro_batches)
         self._order_cfg = OrderConfig(
@@ -172,6 +186,8 @@ class Loader:
         from ._device import parse_device
 
         self.device_index = parse_device(device)
+        if document_ids and self.device_index is not None and output == "numpy":
+            raise ValueError("document_ids=True on a device needs torch output (output='torch' or 'auto')")
         if not isinstance(static_buffers, bool):
             raise TypeError(f"static_buffers must be True or False, got {static_buffers!r}")
         if static_buffers and self.device_index is None:
@@ -328,13 +344,22 @@ class Loader:
     def __next__(self) -> Dict[str, Any]:
         if self.device_index is not None:
             out: Dict[str, Any] = self._get_device().next()
-            return out
+            return self._with_document_ids(out)
         batch: Dict[str, Any] = self._get_engine().next()
         if self.output == "torch":
             import torch
 
             # THD batches also carry max_seqlen / num_seqs as ints
-            return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+            batch = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+        return self._with_document_ids(batch)
+
+    def _with_document_ids(self, batch: Dict[str, Any]) -> Dict[str, Any]:
+        if self._document_ids:
+            from .flex import document_ids
+
+            batch["document_ids"] = document_ids(batch["cu_seqlens"], self.seq_len)
+            if self._drop_cu:
+                del batch["cu_seqlens"], batch["num_seqs"]
         return batch
 
     def close(self) -> None:
