@@ -107,6 +107,7 @@ typedef struct tf__worker {
     uint64_t *bal_rows;       /* micro x G positions */
     size_t bal_n;             /* entries of bal_rows filled (0: none yet) */
     uint64_t bal_start;       /* position of the step's first row */
+    int32_t *warm_cu;         /* sequence-length warmup: one sample's cu_seqlens (L + 1) */
     uint64_t bytes;           /* bytes read in the current batch */
     /* context parallelism: one row's extras (L positions, L + 1 cu_seqlens, L
      * mask), its segment lengths and padded lengths, the pieces of the batch
@@ -160,6 +161,13 @@ typedef struct tf__row_acct {
  * entries filled for a mixture, or NULL. Returns 0 or a negative code with
  * tf_last_error set on this thread. */
 TF_HIDDEN int tf__worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view *v, tf__row_acct *acct);
+
+/* Sequence-length warmup (warmup.c): -EINVAL unless min_len is L / 2^m (when
+ * steps > 0); cut a filled batch's samples into rows of l tokens in place
+ * (the buffer has room for rows x (L + L / l) tokens and cu_seqlens
+ * entries); cu_scratch holds L + 1 entries. */
+TF_HIDDEN int tf__warmup_check(uint64_t L, uint64_t min_len, uint64_t steps);
+TF_HIDDEN void tf__warmup_cut(tf_batch_view *v, uint64_t l, int32_t *cu_scratch);
 
 /* ---- hand-off to the device stage (csrc/device/stage.c) ------------------- */
 

@@ -112,6 +112,7 @@ struct tf_loader {
     const tf_order *order;
     int owns_order;        /* built by tf_loader_create(_mix); borrowed from tf_loader_create_from_order */
     uint64_t B, G, L, npos, rank;
+    uint64_t warm_steps, warm_min; /* sequence-length warmup (warmup.c); 0 steps: none */
     int finite;
     tf_dtype out_dtype;
     unsigned want;
@@ -318,8 +319,15 @@ static void *worker_main(void *arg) {
             snprintf(err, sizeof err, "cannot allocate a batch buffer of %zu bytes", l->hdr + l->bytes);
         } else {
             b->view.position = pos;
+            b->view.rows = l->B; /* a warmed batch of an earlier step may have changed them */
+            b->view.seq_len = l->L;
             tf__clearerr();
             rc = tf__worker_fill(w, pos + l->rank * l->B, l->B, &b->view, b->acct);
+            uint64_t wl = l->warm_steps ? tf_seq_len_warmup(l->L, l->warm_min, l->warm_steps, pos / l->G) : l->L;
+            if (!rc && wl < l->L) {
+                if (!w->warm_cu && !(w->warm_cu = malloc((l->L + 1) * sizeof *w->warm_cu))) rc = -ENOMEM;
+                else tf__warmup_cut(&b->view, wl, w->warm_cu);
+            }
             if (rc) {
                 const char *m = tf_last_error();
                 snprintf(err, sizeof err, "%s", m && *m ? m : tf_strerror(rc));
@@ -545,6 +553,19 @@ static int engine_create(const tf_order *order, int owns, const tf_loader_config
                 (unsigned long long)cfg->batch_size, (unsigned long long)L + 1);
     uint64_t rowsL = cfg->batch_size * L;
     uint32_t cp = cfg->cp_size > 1 ? cfg->cp_size : 1;
+    /* warmup: a sample cut into up to kmax rows needs kmax - 1 more tokens and
+     * cu_seqlens entries, and kmax num_seqs entries */
+    uint64_t kmax = 1;
+    if (cfg->warmup_steps) {
+        if (cp > 1)
+            TF_FAIL(-EINVAL, "warmup_steps: sequence-length warmup cuts whole samples into shorter rows; it does not combine with context parallelism (cp_size %u)", cp);
+        TF_TRY(tf__warmup_check(L, cfg->warmup_min_seq_len, cfg->warmup_steps));
+        kmax = L / cfg->warmup_min_seq_len;
+        if (tf__add_overflow(L + 1, kmax - 1, &rowsL1) || tf__mul_overflow(rowsL1, cfg->batch_size, &rowsL1) ||
+            tf__mul_overflow(rowsL1, osz, &tok) || tok > (uint64_t)SIZE_MAX / 4)
+            TF_FAIL(-EINVAL, "batch_size x (seq_len + 1) (%llu x %llu) is too large for one buffer",
+                    (unsigned long long)cfg->batch_size, (unsigned long long)L + 1);
+    }
     int thd = cp > 1 && (cfg->want & TF_WANT_CU_SEQLENS);
     uint64_t cp_first[2] = {0, 0}, cp_c = 0, in_b = 0, cup_b = 0, thd_cap = 0;
     if (cp > 1) {
@@ -566,8 +587,8 @@ static int engine_create(const tf_order *order, int owns, const tf_loader_config
     } else {
         if (cfg->want & TF_WANT_POSITION_IDS) pos_b = rowsL * 4;
         if (cfg->want & TF_WANT_CU_SEQLENS) {
-            cu_b = (rowsL + cfg->batch_size) * 4;
-            ns_b = cfg->batch_size * 4;
+            cu_b = (rowsL + cfg->batch_size * kmax) * 4;
+            ns_b = cfg->batch_size * kmax * 4;
         }
         if (cfg->want & TF_WANT_LOSS_MASK) lm_b = rowsL;
     }
@@ -584,6 +605,8 @@ static int engine_create(const tf_order *order, int owns, const tf_loader_config
     l->G = G;
     l->L = L;
     l->rank = cfg->rank;
+    l->warm_steps = cfg->warmup_steps;
+    l->warm_min = cfg->warmup_min_seq_len;
     l->out_dtype = odt;
     l->want = cfg->want;
     l->npos = tf_order_num_positions(order);

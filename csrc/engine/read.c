@@ -256,6 +256,7 @@ void tf__worker_destroy(tf__worker *w) {
     free(w->cp_pieces);
     free(w->cp_ranges);
     free(w->bal_rows);
+    free(w->warm_cu);
     free(w->stage);
     free(w->rds);
     free(w->queue);

@@ -736,7 +736,22 @@ typedef struct tf_loader_config {
      * a step), so neither enters the fingerprint nor the state. */
     tf_balance balance;
     uint32_t balance_micro_batches;
+    /* Sequence-length warmup (tf_seq_len_warmup; 0 steps: none): for the
+     * first warmup_steps global batches every sample is delivered cut into
+     * rows of seq_len / 2^m tokens (at least warmup_min_seq_len, itself
+     * seq_len / 2^m), so the batch is rows x k by seq_len / k + 1 (the view's
+     * rows and seq_len say which). The concatenated inputs and labels are the
+     * unwarmed stream's; positions, and so the state, do not change. Not with
+     * context parallelism. */
+    uint64_t warmup_steps;
+    uint64_t warmup_min_seq_len;
 } tf_loader_config;
+
+/* The row length at global step `step` of a warmup from min_seq_len to
+ * seq_len over warmup_steps steps: the largest seq_len / 2^m not above
+ * min_seq_len + (seq_len - min_seq_len) * step / warmup_steps, at least
+ * min_seq_len; seq_len from step warmup_steps on (or when warmup_steps is 0). */
+TF_API uint64_t tf_seq_len_warmup(uint64_t seq_len, uint64_t min_seq_len, uint64_t warmup_steps, uint64_t step);
 
 TF_API void tf_loader_config_init(tf_loader_config *cfg);
 

@@ -75,6 +75,7 @@ static PyObject *Loader_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
         {"direct_io", parse_bool, &cfg.direct_io}, {"zstd_cache_bytes", tfpy_u64, &cfg.zstd_cache_bytes},
         {"cp_rank", parse_u32, &cfg.cp_rank}, {"cp_size", parse_u32, &cfg.cp_size},
         {"balance", parse_balance, &cfg.balance}, {"balance_micro_batches", parse_u32, &cfg.balance_micro_batches},
+        {"warmup_steps", tfpy_u64, &cfg.warmup_steps}, {"warmup_min_seq_len", tfpy_u64, &cfg.warmup_min_seq_len},
         {NULL, NULL, NULL},
     };
     if (tfpy_parse_kwargs(kw, table, "Loader") < 0) return NULL;
@@ -250,7 +251,7 @@ void tfpy_loader_unuse(PyObject *loader) {
 static PyObject *Loader_get_closed(tfpy_Loader *self, void *c) { return PyBool_FromLong(!self->l || self->close_pending); }
 
 PyDoc_STRVAR(Loader_doc, "Loader(order, /, *, batch_size=8, rank=0, world_size=1, dtype=None, want=0, num_threads=0, prefetch=0, "
-                "backend=None, direct_io=False, zstd_cache_bytes=0, cp_rank=0, cp_size=1, balance=0, balance_micro_batches=1)\n--\n\n"
+                "backend=None, direct_io=False, zstd_cache_bytes=0, cp_rank=0, cp_size=1, balance=0, balance_micro_batches=1, warmup_steps=0, warmup_min_seq_len=0)\n--\n\n"
                 "The C batch engine over an Order (whose global_batch is batch_size * world_size). cp_size > 1: this "
                 "rank's load-balanced share of every sample (docs/packing.md).");
 

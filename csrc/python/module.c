@@ -295,7 +295,15 @@ finally:
     return ret;
 }
 
+static PyObject *seq_len_warmup(PyObject *m, PyObject *args) {
+    unsigned long long L, lo, steps, step;
+    if (!PyArg_ParseTuple(args, "KKKK:seq_len_warmup", &L, &lo, &steps, &step)) return NULL;
+    return PyLong_FromUnsignedLongLong(tf_seq_len_warmup(L, lo, steps, step));
+}
+
 static PyMethodDef module_methods[] = {
+    {"seq_len_warmup", seq_len_warmup, METH_VARARGS,
+     "seq_len_warmup(seq_len, min_seq_len, warmup_steps, step, /)\n--\n\nReturns int. The row length at a global step of a sequence-length warmup (tf_seq_len_warmup)."},
     {"build_info", build_info, METH_NOARGS, build_info_doc},
     {"merge", (PyCFunction)(void (*)(void))merge, METH_VARARGS | METH_KEYWORDS, merge_doc},
     {NULL, NULL, 0, NULL},

@@ -198,10 +198,18 @@ class EngineConfig:
     cp_size: int = 1
     balance: Optional[str] = None  # which rows of a step each rank takes (docs/balance.md)
     balance_micro_batches: int = 1
+    warmup_steps: int = 0  # sequence-length warmup (docs/balance.md); 0: none
+    warmup_min_seq_len: Optional[int] = None
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "rank", "world_size", "cp_rank", "cp_size", "balance_micro_batches"):
+        for name in ("batch_size", "rank", "world_size", "cp_rank", "cp_size", "balance_micro_batches",
+                     "warmup_steps"):
             check_int(name, getattr(self, name))
+        check_int("warmup_min_seq_len", self.warmup_min_seq_len, optional=True)
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0 (0: no warmup), got {self.warmup_steps}")
+        if self.warmup_steps and self.warmup_min_seq_len is None:
+            raise ValueError("warmup_steps needs warmup_min_seq_len: the row length at step 0 (seq_len / 2^m)")
         if self.balance not in BALANCE:
             raise ValueError(f"balance must be None, 'tokens' or 'attention', got {self.balance!r}")
         if self.balance_micro_batches < 1:
@@ -237,7 +245,8 @@ class EngineConfig:
                     want=self.want, num_threads=self.num_threads or 0, prefetch=self.prefetch or 0,
                     backend=self.backend, direct_io=bool(self.direct_io),
                     zstd_cache_bytes=int(self.zstd_cache_bytes or 0), cp_rank=self.cp_rank, cp_size=self.cp_size,
-                    balance=BALANCE[self.balance], balance_micro_batches=self.balance_micro_batches)
+                    balance=BALANCE[self.balance], balance_micro_batches=self.balance_micro_batches,
+                    warmup_steps=self.warmup_steps, warmup_min_seq_len=int(self.warmup_min_seq_len or 0))
 
     def build(self, order: Any) -> Any:
         """The C engine over ``order`` (a ``_core.Order`` whose global batch is this one's)."""

@@ -48,7 +48,8 @@ class _BuildInfo(TypedDict):
     cuda: _DetailedFeatureInfo
     build: str
 
-def build_info() -> Dict[str, Any]: ...  # the keys and types of _BuildInfo
+def build_info() -> Dict[str, Any]: ...
+def seq_len_warmup(seq_len: int, min_seq_len: int, warmup_steps: int, step: int, /) -> int: ...  # the keys and types of _BuildInfo
 def merge(path: Union[str, bytes, PathLike[str], PathLike[bytes]],
           parts: Sequence[Union[str, bytes, PathLike[str], PathLike[bytes]]], overwrite: bool = False) -> None: ...
 
@@ -216,7 +217,8 @@ class Loader:
                 dtype: _DTypeArg = None, want: int = 0, num_threads: int = 0, prefetch: int = 0,
                 backend: Optional[str] = None, direct_io: bool = False, zstd_cache_bytes: int = 0,
                 cp_rank: int = 0, cp_size: int = 1, balance: int = 0,
-                balance_micro_batches: int = 1) -> "Loader": ...
+                balance_micro_batches: int = 1, warmup_steps: int = 0,
+                warmup_min_seq_len: int = 0) -> "Loader": ...
     @property
     def position(self) -> int: ...
     @property

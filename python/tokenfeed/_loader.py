@@ -93,6 +93,12 @@ class Loader:
     masks take; :func:`tokenfeed.flex.block_mask` builds the ``BlockMask`` from
     ``cu_seqlens`` directly (``docs/balance.md``).
 
+    ``warmup_steps=T, warmup_min_seq_len=l0`` warms the sequence length up: for the first
+    ``T`` steps every sample comes cut into rows of ``seq_len / 2^m`` tokens (from ``l0``,
+    doubling on the way; ``current_seq_len``), so a batch is ``batch_size * k`` rows of
+    ``seq_len / k``; the concatenated tokens are the unwarmed stream's and the state is
+    unchanged.
+
     ``balance="attention"`` (or ``"tokens"``) gives the rows of each global batch to the
     data-parallel ranks so that every rank gets about the same attention work (or the
     same number of non-padding tokens), computed from the global order on every rank
@@ -127,7 +133,8 @@ class Loader:
                  device_mesh: Any = None, dp_rank: Optional[int] = None, dp_size: Optional[int] = None,
                  cp_rank: Optional[int] = None, cp_size: Optional[int] = None,
                  dp_dims: Sequence[str] = DEFAULT_DP_DIMS, cp_dim: Optional[str] = DEFAULT_CP_DIM,
-                 balance: Optional[str] = None, balance_micro_batches: int = 1, document_ids: bool = False) -> None:
+                 balance: Optional[str] = None, balance_micro_batches: int = 1, document_ids: bool = False,
+                 warmup_steps: int = 0, warmup_min_seq_len: Optional[int] = None) -> None:
         # which part of the data this rank takes: its data-parallel slice of every global
         # batch and its context-parallel share of every sample (docs/guides/distributed.md)
         self.parallel: ParallelCoords = parallel_coords(device_mesh, dp_rank=dp_rank, dp_size=dp_size, cp_rank=cp_rank,
@@ -149,7 +156,8 @@ class Loader:
             batch_size=batch_size, rank=pc.dp_rank, world_size=pc.dp_size, dtype=dtype, position_ids=position_ids,
             cu_seqlens=cu_seqlens or document_ids, loss_mask=loss_mask, num_threads=num_threads, prefetch=prefetch,
             backend=backend, direct_io=direct_io, zstd_cache_bytes=zstd_cache_bytes,
-            cp_rank=pc.cp_rank, cp_size=pc.cp_size, balance=balance, balance_micro_batches=balance_micro_batches)
+            cp_rank=pc.cp_rank, cp_size=pc.cp_size, balance=balance, balance_micro_batches=balance_micro_batches,
+            warmup_steps=warmup_steps, warmup_min_seq_len=warmup_min_seq_len)
         self._order_cfg = OrderConfig(
             seq_len=seq_len, seed=seed, shuffle=shuffle, block_size=block_size, window_blocks=window_blocks,
             separator_id=separator_id, packing=packing, pad_id=pad_id, pack_window=pack_window, weights=weights,
@@ -207,6 +215,16 @@ class Loader:
     @property
     def seq_len(self) -> int:
         return self._order_cfg.seq_len
+
+    @property
+    def current_seq_len(self) -> int:
+        """The row length of the next batch: ``seq_len``, or shorter during a sequence-length warmup
+        (``warmup_steps``), when each sample comes cut into ``seq_len / current_seq_len`` rows."""
+        from . import _core
+
+        e = self._engine_cfg
+        return _core.seq_len_warmup(self.seq_len, e.warmup_min_seq_len or 0, e.warmup_steps,
+                                    self.position // self.global_batch)
 
     @property
     def batch_size(self) -> int:
