@@ -35,13 +35,14 @@ def document_ids(cu_seqlens: Any, seq_len: Optional[int] = None) -> Any:
     L = int(cu.shape[-1]) - 1 if seq_len is None else int(seq_len)
     rows = int(cu.shape[0])
     # a 1 at every segment start inside (0, L), then a running sum along the row
+    ids: Any
     if _is_torch(cu):
         import torch
 
-        starts = cu[:, 1:].long().clamp(max=L)
-        marks = torch.zeros((rows, L + 1), dtype=torch.int32, device=cu.device)
-        marks.scatter_add_(1, starts, torch.ones_like(starts, dtype=torch.int32))
-        ids = marks[:, :L].cumsum(1, dtype=torch.int32)
+        tstarts = cu[:, 1:].long().clamp(max=L)
+        tmarks = torch.zeros((rows, L + 1), dtype=torch.int32, device=cu.device)
+        tmarks.scatter_add_(1, tstarts, torch.ones_like(tstarts, dtype=torch.int32))
+        ids = tmarks[:, :L].cumsum(1, dtype=torch.int32)
     else:
         starts = np.minimum(np.asarray(cu[:, 1:], dtype=np.int64), L)
         marks = np.zeros((rows, L + 1), dtype=np.int32)
