@@ -4,11 +4,13 @@ talking), the busiest rank's cost falls close to the mean, and resume and elasti
 exact with balancing on."""
 from __future__ import annotations
 
+
 import numpy as np
 import pytest
 
 import tokenfeed
 from tokenfeed import _core
+from remote_util import bucket, moto  # noqa: F401  (fixtures)
 
 L = 256
 G = 16
@@ -208,3 +210,17 @@ def test_bad_settings_are_refused(ds):
         loader(ds, 2, 0, balance="attention", balance_micro_batches=0)
     with pytest.raises(TypeError):
         loader(ds, 2, 0, balance="attention", balance_micro_batches=1.5)
+
+
+def test_remote_data_streams_the_same_balanced_rows(ds, moto, bucket, tmp_path):
+    """From object storage the chunk scheduler reads ahead the rows the rank is given; the bytes
+    are those of the local copy."""
+    root = ds.paths[0]  # the dataset directory
+    moto.upload_dir(bucket, "bal", root)
+    url = f"s3://{bucket}/bal/"
+    remote = tokenfeed.open(url, cache_dir=str(tmp_path / "cache"), endpoint_url=moto.endpoint, chunk_size=64 << 10)
+    kw = dict(balance="attention", balance_micro_batches=2, shuffle="full", seed=3)
+    for r in (0, 3):
+        want = take(loader(ds, 4, r, **kw), 6)
+        got = take(loader(remote, 4, r, **kw), 6)
+        assert all(np.array_equal(a, b) for a, b in zip(got, want))
