@@ -140,12 +140,12 @@ def main() -> int:
                           f"{steps_txt}{extra}  rule {x['rule_us_per_step']:.0f} us/step")
                 print("  predicted step-time gain: " + "  ".join(
                     f"{r[f'predicted_step_time_gain@{c}']:.3f}x @ crossover {c}" for c in a.crossover))
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=1)
     finally:
         if not a.dir:
             shutil.rmtree(tmp, ignore_errors=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
     return 0
 
 

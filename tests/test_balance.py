@@ -4,7 +4,6 @@ talking), the busiest rank's cost falls close to the mean, and resume and elasti
 exact with balancing on."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
