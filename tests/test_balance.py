@@ -223,3 +223,23 @@ def test_remote_data_streams_the_same_balanced_rows(ds, moto, bucket, tmp_path):
         want = take(loader(ds, 4, r, **kw), 6)
         got = take(loader(remote, 4, r, **kw), 6)
         assert all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+def test_mixture_balanced_steps_and_per_source_counts(ds, make_dataset):
+    """A mixture balances the same way; what each source delivered over all ranks is unchanged."""
+    other = make_dataset(n_docs=400, vocab=5000, mean_len=100, seed=9)
+    kw = dict(weights=[0.6, 0.4], seq_len=L)
+
+    def run(**extra):
+        out, per = [], []
+        for r in range(4):
+            l = tokenfeed.Loader([ds, other], batch_size=G // 4, rank=r, world_size=4, output="numpy", num_threads=1,
+                                 packing="best_fit", pad_id=0, **kw, **extra)
+            out.append(take(l, 4))
+            per.append([s["samples"] for s in l.stats()["sources"]])
+        return out, np.sum(per, axis=0)
+
+    (plain, n0), (bal, n1) = run(), run(balance="attention")
+    assert list(n0) == list(n1)
+    for k in range(4):
+        assert rows(p[k] for p in plain) == rows(b[k] for b in bal)
