@@ -800,13 +800,14 @@ TF_API int tf_loader_seek(tf_loader *l, uint64_t pos);
 typedef struct tf_batch_view {
     void *tokens;          /* rows x (seq_len + 1), out dtype */
     tf_dtype dtype;
-    uint64_t rows;         /* B */
-    uint64_t seq_len;      /* L */
+    uint64_t rows;         /* B (B x L / l during a sequence-length warmup) */
+    uint64_t seq_len;      /* L (the warmup's row length l) */
     int32_t *position_ids; /* rows x L, or NULL */
     int32_t *cu_seqlens;   /* rows x (L + 1), or NULL */
     int32_t *num_seqs;     /* rows, or NULL */
     uint8_t *loss_mask;    /* rows x L, or NULL */
-    uint64_t position;     /* global position of this batch's first sample */
+    uint64_t position;     /* global position of this batch's first sample (with
+                              balancing: of the contiguous slice it stands for) */
     /* Context parallelism (cp_size > 1; tokens is NULL). input_ids and labels
      * hold this rank's share, and position_ids / loss_mask are split alike:
      * rows x (L / cp_size) each, or in the THD layout (thd = 1) num_tokens
@@ -1143,7 +1144,8 @@ typedef struct tf_device_batch_view {
     int32_t *cu_seqlens;   /* device: rows x (seq_len + 1), or NULL */
     int32_t *num_seqs;     /* device: rows, or NULL */
     uint8_t *loss_mask;    /* device: rows x seq_len, or NULL */
-    uint64_t position;     /* global position of this batch's first sample */
+    uint64_t position;     /* global position of this batch's first sample (with
+                              balancing: of the contiguous slice it stands for) */
     int device;
     uintptr_t ready_event; /* cudaEvent_t: the data is in place once it has
                               completed (owned by the loader; valid until the
