@@ -807,7 +807,7 @@ typedef struct tf_batch_view {
     int32_t *num_seqs;     /* rows, or NULL */
     uint8_t *loss_mask;    /* rows x L, or NULL */
     uint64_t position;     /* global position of this batch's first sample (with
-                              balancing: of the contiguous slice it stands for) */
+                              balancing, its rows are those tf_order_balance gives) */
     /* Context parallelism (cp_size > 1; tokens is NULL). input_ids and labels
      * hold this rank's share, and position_ids / loss_mask are split alike:
      * rows x (L / cp_size) each, or in the THD layout (thd = 1) num_tokens
@@ -1145,7 +1145,7 @@ typedef struct tf_device_batch_view {
     int32_t *num_seqs;     /* device: rows, or NULL */
     uint8_t *loss_mask;    /* device: rows x seq_len, or NULL */
     uint64_t position;     /* global position of this batch's first sample (with
-                              balancing: of the contiguous slice it stands for) */
+                              balancing, its rows are those tf_order_balance gives) */
     int device;
     uintptr_t ready_event; /* cudaEvent_t: the data is in place once it has
                               completed (owned by the loader; valid until the
