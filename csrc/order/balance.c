@@ -75,6 +75,18 @@ typedef struct row {
     uint64_t cost, pos;
 } row;
 
+/* Rows by sample: a packed order answers a sample from a plan of its window,
+ * cached per thread, so costing a step's rows in sample order plans each
+ * window once however many of the step's rows it holds. */
+typedef struct by_sample {
+    uint64_t sample, index;
+} by_sample;
+
+static int by_sample_cmp(const void *a, const void *b) {
+    const by_sample *x = a, *y = b;
+    return x->sample < y->sample ? -1 : x->sample > y->sample;
+}
+
 static int row_cmp(const void *a, const void *b) {
     const row *x = a, *y = b;
     if (x->cost != y->cost) return x->cost > y->cost ? -1 : 1; /* costs descending */
@@ -197,13 +209,17 @@ int tf_order_balance(const tf_order *o, uint64_t start, uint32_t R, uint32_t M, 
     }
     row *rw = malloc(rows * sizeof *rw);
     uint64_t *bins = malloc(rows * sizeof *bins);
+    by_sample *bs = malloc(rows * sizeof *bs);
     int32_t *cu = malloc((o->cfg.seq_len + 1) * sizeof *cu);
     tf__span *spans = malloc(o->max_spans * sizeof *spans);
-    int rc = rw && bins && cu && spans ? 0 : -ENOMEM;
+    int rc = rw && bins && bs && cu && spans ? 0 : -ENOMEM;
     for (uint64_t i = 0; !rc && i < rows; i++) {
         rw[i].pos = start + i;
-        rc = sample_cost(o, tf_order_sample_at(o, start + i), mode, cu, spans, &rw[i].cost);
+        bs[i] = (by_sample){tf_order_sample_at(o, start + i), i};
     }
+    if (!rc) qsort(bs, (size_t)rows, sizeof *bs, by_sample_cmp);
+    for (uint64_t i = 0; !rc && i < rows; i++)
+        rc = sample_cost(o, bs[i].sample, mode, cu, spans, &rw[bs[i].index].cost);
     if (!rc) rc = assign(rw, (size_t)rows, (size_t)(R * batches), (size_t)B, bins);
     if (!rc) {
         for (uint64_t i = 0; i < rows; i++) out[i] = rw[bins[i]].pos;
@@ -212,6 +228,7 @@ int tf_order_balance(const tf_order *o, uint64_t start, uint32_t R, uint32_t M, 
     }
     free(rw);
     free(bins);
+    free(bs);
     free(cu);
     free(spans);
     return rc;
