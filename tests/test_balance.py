@@ -4,6 +4,8 @@ talking), the busiest rank's cost falls close to the mean, and resume and elasti
 exact with balancing on."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -243,3 +245,20 @@ def test_mixture_balanced_steps_and_per_source_counts(ds, make_dataset):
     assert list(n0) == list(n1)
     for k in range(4):
         assert rows(p[k] for p in plain) == rows(b[k] for b in bal)
+
+
+def test_benchmark_script_runs(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "b.json"
+    p = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "balance_bench.py"), "--seq-len", "256",
+                        "--steps", "4", "--micro-batches", "1", "2", "--dists", "lognormal:4:1.5:2000",
+                        "--json", str(out), "--dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    res = json.loads(out.read_text())
+    assert [r["micro_batches"] for r in res["results"]] == [1, 2]
+    for r in res["results"]:
+        assert r["attention"]["attention_imbalance_mean"] <= r["none"]["attention_imbalance_mean"] + 1e-9

@@ -657,7 +657,8 @@ TF_API int tf_order_packing_stats(const tf_order *o, tf_packing_stats *st);
  * Rows are given to the M x R (micro-batch, rank) bins of B rows each by
  * longest-processing-time first (costs descending, ties by position; each
  * row to the least loaded bin with room, ties by lower bin) followed by
- * pairwise swaps that lower the busiest bin; a bin's rows are delivered in
+ * pairwise swaps that lower the busiest bin; should the plain slices have a
+ * less loaded busiest bin, they are kept. A bin's rows are delivered in
  * position order. */
 typedef enum tf_balance {
     TF_BALANCE_NONE = 0,

@@ -220,9 +220,22 @@ int tf_order_balance(const tf_order *o, uint64_t start, uint32_t R, uint32_t M, 
     if (!rc) qsort(bs, (size_t)rows, sizeof *bs, by_sample_cmp);
     for (uint64_t i = 0; !rc && i < rows; i++)
         rc = sample_cost(o, bs[i].sample, mode, cu, spans, &rw[bs[i].index].cost);
+    /* the busiest bin of the plain slices (rw is still in position order) */
+    uint64_t plain = 0, busiest = 0;
+    for (uint64_t k = 0; !rc && k < R * batches; k++) {
+        uint64_t load = 0;
+        for (uint64_t j = 0; j < B; j++) load = sat_add(load, rw[k * B + j].cost);
+        if (load > plain) plain = load;
+    }
     if (!rc) rc = assign(rw, (size_t)rows, (size_t)(R * batches), (size_t)B, bins);
+    for (uint64_t k = 0; !rc && k < R * batches; k++) {
+        uint64_t load = 0;
+        for (uint64_t j = 0; j < B; j++) load = sat_add(load, rw[bins[k * B + j]].cost);
+        if (load > busiest) busiest = load;
+    }
     if (!rc) {
-        for (uint64_t i = 0; i < rows; i++) out[i] = rw[bins[i]].pos;
+        /* never busier than the plain slices: keep them when the heuristic lost */
+        for (uint64_t i = 0; i < rows; i++) out[i] = plain < busiest ? start + i : rw[bins[i]].pos;
         for (uint64_t k = 0; k < R * batches; k++) qsort(out + k * B, (size_t)B, sizeof *out, u64_cmp);
         *n = (size_t)rows;
     }
