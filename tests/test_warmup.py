@@ -88,3 +88,5 @@ def test_bad_settings_are_refused(ds):
         tokenfeed.Loader(ds, batch_size=2, warmup_steps=5, **KW)
     with pytest.raises(ValueError, match="context parallelism"):
         tokenfeed.Loader(ds, batch_size=2, cp_rank=0, cp_size=2, **KW, **WARM)
+    with pytest.raises(ValueError, match="one shape"):
+        tokenfeed.Loader(ds, batch_size=2, device="cuda", **KW, **WARM)

@@ -194,6 +194,9 @@ class Loader:
         from ._device import parse_device
 
         self.device_index = parse_device(device)
+        if warmup_steps and self.device_index is not None:
+            raise ValueError("warmup_steps with device=: the device stage copies batches of one shape, and a "
+                             "sequence-length warmup changes the shape; take CPU batches and move them yourself")
         if document_ids and self.device_index is not None and output == "numpy":
             raise ValueError("document_ids=True on a device needs torch output (output='torch' or 'auto')")
         if not isinstance(static_buffers, bool):
