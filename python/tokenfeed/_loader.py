@@ -132,6 +132,25 @@ class Loader:
     stream) and is checked when the Loader is made: an unknown keyword is a
     ``TypeError``, a bad value a ``ValueError`` or ``TypeError`` that names it.
 
+    ``document_ids=True`` adds ``document_ids`` (int32 ``batch_size x seq_len``: the index of
+    each position's segment of ``cu_seqlens`` in its row), what FlexAttention's document
+    masks take; :func:`tokenfeed.flex.block_mask` builds the ``BlockMask`` from
+    ``cu_seqlens`` directly (``docs/balance.md``).
+
+    ``warmup_steps=T, warmup_min_seq_len=l0`` warms the sequence length up: for the first
+    ``T`` steps every sample comes cut into rows of ``seq_len / 2^m`` tokens (from ``l0``,
+    doubling on the way; ``current_seq_len``), so a batch is ``batch_size * k`` rows of
+    ``seq_len / k``; the concatenated tokens are the unwarmed stream's and the state is
+    unchanged.
+
+    ``balance="attention"`` (or ``"tokens"``) gives the rows of each global batch to the
+    data-parallel ranks so that every rank gets about the same attention work (or the
+    same number of non-padding tokens), computed from the global order on every rank
+    without communication; the global batch holds the same rows, and resume and elastic
+    resume stay exact. ``balance_micro_batches=M`` (gradient accumulation: ``M`` batches
+    per optimizer step) balances the ``M`` global batches of a step together, across
+    ranks and across each rank's micro-batches (``docs/balance.md``).
+
     The C engine's threads and buffers start lazily in the process that iterates, so a
     Loader can be created before ``fork`` or pickled to a ``spawn`` worker.
 
@@ -147,7 +166,8 @@ class Loader:
                  shuffle: Union[bool, str] = True,
                  weights: Optional[Union[Sequence[Any], WeightSchedule, Mapping[str, Any]]] = None,
                  dtype: Any = "int64", output: str = "auto", position_ids: bool = False, cu_seqlens: bool = False,
-                 loss_mask: bool = False, device: Any = None, static_buffers: bool = False,
+                 loss_mask: bool = False, document_ids: bool = False, device: Any = None,
+                 static_buffers: bool = False,
                  device_mesh: Any = None, dp_rank: Optional[int] = None, dp_size: Optional[int] = None,
                  cp_rank: Optional[int] = None, cp_size: Optional[int] = None,
                  dp_dims: Sequence[str] = DEFAULT_DP_DIMS, cp_dim: Optional[str] = DEFAULT_CP_DIM,
@@ -168,14 +188,25 @@ class Loader:
                                                         cp_size=cp_size, rank=rank, world_size=world_size,
                                                         dp_dims=dp_dims, cp_dim=cp_dim)
         pc = self.parallel
+        if not isinstance(document_ids, bool):
+            raise TypeError(f"document_ids must be True or False, got {document_ids!r}")
+        if document_ids and pc.cp_size > 1:
+            raise ValueError("document_ids=True is for whole rows; with context parallelism use the THD layout's "
+                             "cu_seqlens (cu_seqlens=True)")
+        # per-token document ids come from cu_seqlens (tokenfeed.flex.document_ids); the
+        # batch keeps cu_seqlens / num_seqs only when they were asked for too
+        self._document_ids = document_ids
+        self._drop_cu = document_ids and not cu_seqlens
         # one configuration, checked once: the engine's (the global batch comes from
         # it) and the stream's; the C library checks ranges when it builds them
         self._engine_cfg = EngineConfig(
             batch_size=batch_size, rank=pc.dp_rank, world_size=pc.dp_size, dtype=dtype, position_ids=position_ids,
-            cu_seqlens=cu_seqlens, loss_mask=loss_mask, num_threads=engine_kw.get("num_threads"),
+            cu_seqlens=cu_seqlens or document_ids, loss_mask=loss_mask, num_threads=engine_kw.get("num_threads"),
             prefetch=engine_kw["prefetch_batches"], backend=engine_kw.get("backend"),
             direct_io=engine_kw.get("direct_io", False), zstd_cache_bytes=engine_kw.get("zstd_cache_bytes"),
-            cp_rank=pc.cp_rank, cp_size=pc.cp_size)
+            cp_rank=pc.cp_rank, cp_size=pc.cp_size, balance=engine_kw.get("balance"),
+            balance_micro_batches=engine_kw.get("balance_micro_batches"), warmup_steps=engine_kw.get("warmup_steps"),
+            warmup_min_seq_len=engine_kw.get("warmup_min_seq_len"))
         self._order_cfg = OrderConfig(seq_len=seq_len, shuffle=shuffle, weights=weights,
                                       global_batch=self._engine_cfg.global_batch, **order_kw)
         if output not in ("auto", "torch", "numpy"):
@@ -213,6 +244,11 @@ class Loader:
         from ._device import parse_device
 
         self.device_index = parse_device(device)
+        if self._engine_cfg.setting("warmup_steps") and self.device_index is not None:
+            raise ValueError("warmup_steps with device=: the device stage copies batches of one shape, and a "
+                             "sequence-length warmup changes the shape; take CPU batches and move them yourself")
+        if document_ids and self.device_index is not None and output == "numpy":
+            raise ValueError("document_ids=True on a device needs torch output (output='torch' or 'auto')")
         if not isinstance(static_buffers, bool):
             raise TypeError(f"static_buffers must be True or False, got {static_buffers!r}")
         if static_buffers and self.device_index is None:
@@ -234,6 +270,14 @@ class Loader:
     @property
     def seq_len(self) -> int:
         return self._order_cfg.seq_len
+
+    @property
+    def current_seq_len(self) -> int:
+        """The row length of the next batch: ``seq_len``, or shorter during a sequence-length warmup
+        (``warmup_steps``), when each sample comes cut into ``seq_len / current_seq_len`` rows."""
+        e = self._engine_cfg
+        return _core.seq_len_warmup(self.seq_len, e.setting("warmup_min_seq_len"), e.setting("warmup_steps"),
+                                    self.position // self.global_batch)
 
     @property
     def batch_size(self) -> int:
@@ -379,13 +423,22 @@ class Loader:
     def __next__(self) -> Dict[str, Any]:
         if self.device_index is not None:
             out: Dict[str, Any] = self._get_device().next()
-            return out
+            return self._with_document_ids(out)
         batch: Dict[str, Any] = self._get_engine().next()
         if self.output == "torch":
             import torch
 
             # THD batches also carry max_seqlen / num_seqs as ints
-            return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+            batch = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+        return self._with_document_ids(batch)
+
+    def _with_document_ids(self, batch: Dict[str, Any]) -> Dict[str, Any]:
+        if self._document_ids:
+            from .flex import document_ids
+
+            batch["document_ids"] = document_ids(batch["cu_seqlens"], self.seq_len)
+            if self._drop_cu:
+                del batch["cu_seqlens"], batch["num_seqs"]
         return batch
 
     def close(self) -> None:
