@@ -203,6 +203,40 @@ def test_where_in_a_mixture(two, weights):
         l.where(3, epochs="2:1")
 
 
+@pytest.mark.parametrize("mode, M", [("attention", 1), ("attention", 2), ("tokens", 3)])
+def test_balanced_rows_are_the_batch(two, mode, M, capsys):
+    """With balance= each rank's rows are those the balancing rule gives it: explain's segments
+    rebuild them, and where() names the step, rank and row that receive each position."""
+    kw = dict(seq_len=32, batch_size=3, seed=5, packing="best_fit", pad_id=PAD, dp_size=4, balance=mode,
+              balance_micro_batches=M)
+    ranks = [numpy_loader(two[0], dp_rank=r, **kw) for r in range(4)]
+    plain = numpy_loader(two[0], dp_rank=0, **dict(kw, balance=None))
+    steps = 4 * M
+    assert any(ranks[0]._row_positions(s) != plain._row_positions(s) for s in range(steps))  # rows did move
+    for l in ranks:
+        check_steps(l, steps, fill=PAD)
+    l = ranks[0]
+    n, G = l.num_samples, l.global_batch
+    got_by_explain = {}
+    for step in range(-(-n // (G * M)) * M):
+        for r, lr in enumerate(ranks):
+            for row, (pos, segs) in enumerate(zip(lr._row_positions(step), lr.explain(step))):
+                for s in segs:
+                    if pos < n:
+                        got_by_explain.setdefault(s.document, set()).add((step, r, row, pos))
+    for doc in (0, 5, 77, 149):
+        hits = {(h["step"], h["rank"], h["row"], h["position"]) for h in l.where(doc)}
+        assert hits == got_by_explain.get(doc, set()), doc
+    # the command line, told the balancing the loader used
+    from tokenfeed.cli import main
+
+    rc = main(["explain", str(two[0].paths[0]), "--step", "1", "--rank", "2", "--dp-size", "4", "--seq-len", "32",
+               "--global-batch", "12", "--seed", "5", "--packing", "best_fit", "--pad-id", str(PAD), "--balance", mode,
+               "--balance-micro-batches", str(M), "--json"])
+    assert rc == 0
+    assert [r["position"] for r in json.loads(capsys.readouterr().out)["rows"]] == ranks[2]._row_positions(1)
+
+
 # ------------------------------------------------------------------ the CLI
 def test_cli_explain_and_where(tmp_path, capsys):
     from conftest import bpe_tokenizer

@@ -135,6 +135,27 @@ def test_iterable_batches_start_checked_before_workers(make_dataset):
         TokenBatches(ds, seq_len=0, batch_size=B, rank=0, world_size=1)
 
 
+def test_iterable_batches_refuse_per_step_settings_with_workers(make_dataset):
+    """balance= and warmup_steps= act on each step: K workers read the steps as K x R ranks, so
+    they are refused with more than one worker, and give the Loader's batches with one."""
+    _batches_filter()
+    ds = make_dataset(n_docs=300)
+    per_step = [dict(balance="attention", balance_micro_batches=2, packing="best_fit", pad_id=0),
+                dict(warmup_steps=4, warmup_min_seq_len=L // 4, cu_seqlens=True)]
+    for kw in per_step:
+        tb = TokenBatches(ds, seq_len=L, batch_size=B, rank=1, world_size=2, seed=3, **kw)
+        with pytest.raises(ValueError, match=f"{next(iter(kw))}= with num_workers=2"):
+            next(iter(DataLoader(tb, batch_size=None, num_workers=2)))
+        ref = tokenfeed.Loader(ds, seq_len=L, batch_size=B, rank=1, world_size=2, seed=3, output="numpy", **kw)
+        want = [{k: v.copy() for k, v in next(ref).items()} for _ in range(6)]
+        for workers in (0, 1):
+            got = [b for _, b in zip(range(6), DataLoader(tb, batch_size=None, num_workers=workers))]
+            for w, g in zip(want, got):
+                assert set(w) == set(g) and all(np.array_equal(g[k].numpy(), v) for k, v in w.items()), workers
+    tb = TokenBatches(ds, seq_len=L, batch_size=B, rank=0, world_size=1, seed=3, balance="none")
+    assert next(iter(DataLoader(tb, batch_size=None, num_workers=2)))["tokens"].shape == (B, L + 1)
+
+
 def test_iterable_batches_held_by_the_consumer_are_never_overwritten(make_dataset):
     """Batches come through shared memory the worker reuses: one the loop keeps stays intact, also
     when the loop keeps more than the ring holds (those go the ordinary way)."""

@@ -68,6 +68,11 @@ typedef struct tf__reader {
     int thd;                   /* THD layout (with cu_seqlens) */
     uint64_t cp_c, cp_first[2]; /* plain split: chunk length and rank's two chunks */
     uint64_t thd_cap_tokens, thd_cap_seqs; /* THD: capacity of the batch's arrays */
+    /* balancing (tf_balance): which rows of a step this rank's batch takes;
+     * bal == TF_BALANCE_NONE: the contiguous slice */
+    tf_balance bal;
+    uint32_t bal_world, bal_rank, bal_micro;
+    uint64_t bal_B;
     /* per-row accounting of a mixture (sources > 0): first sample id of each
      * source, nsources + 1 entries */
     size_t nsources;
@@ -117,6 +122,11 @@ typedef struct tf__worker {
     size_t nrds, cap_rds;
     size_t *queue;            /* io_uring: indices to (re)submit */
     tf__zhold zh;             /* this worker's pin in the shared zstd cache */
+    /* balancing: the last step this worker computed (tf_order_balance) */
+    uint64_t *bal_rows;       /* micro x G positions */
+    size_t bal_n;             /* entries of bal_rows filled (0: none yet) */
+    uint64_t bal_start;       /* position of the step's first row */
+    int32_t *warm_cu;         /* sequence-length warmup: one sample's cu_seqlens (L + 1) */
     uint64_t bytes;           /* bytes read in the current batch */
     /* context parallelism: one row's extras (L positions, L + 1 cu_seqlens, L
      * mask), its segment lengths and padded lengths, the pieces of the batch
@@ -136,10 +146,11 @@ typedef struct tf__worker {
 
 /* The chunk scheduler of a loader whose dataset has remote files
  * (remote_glue.c): *out stays NULL when nothing is remote. ctx_out is the
- * scheduler's locate context, freed by tf__engine_prefetch_free. */
+ * scheduler's locate context, freed by tf__engine_prefetch_free. With
+ * balancing the scheduler reads ahead the rows the rank is given. */
 struct tf__prefetch;
 TF_HIDDEN int tf__engine_prefetch_create(const tf_order *order, uint64_t B, uint64_t G, uint64_t rank,
-                                         struct tf__prefetch **out, void **ctx_out);
+                                         tf_balance bal, uint32_t micro, struct tf__prefetch **out, void **ctx_out);
 TF_HIDDEN void tf__engine_prefetch_free(struct tf__prefetch *p, void *ctx);
 
 /* Set up the shared reader; resolves backend AUTO/$TOKENFEED_BACKEND and
@@ -169,6 +180,13 @@ typedef struct tf__row_acct {
  * entries filled for a mixture, or NULL. Returns 0 or a negative code with
  * tf_last_error set on this thread. */
 TF_HIDDEN int tf__worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view *v, tf__row_acct *acct);
+
+/* Sequence-length warmup (warmup.c): -EINVAL unless min_len is L / 2^m (when
+ * steps > 0); cut a filled batch's samples into rows of l tokens in place
+ * (the buffer has room for rows x (L + L / l) tokens and cu_seqlens
+ * entries); cu_scratch holds L + 1 entries. */
+TF_HIDDEN int tf__warmup_check(uint64_t L, uint64_t min_len, uint64_t steps);
+TF_HIDDEN void tf__warmup_cut(tf_batch_view *v, uint64_t l, int32_t *cu_scratch);
 
 /* ---- hand-off to the device stage (csrc/device/stage.c) ------------------- */
 

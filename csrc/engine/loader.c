@@ -323,8 +323,15 @@ static void *worker_main(void *arg) {
             snprintf(err, sizeof err, "cannot allocate a batch buffer of %zu bytes", l->hdr + l->bytes);
         } else {
             b->view.position = pos;
+            b->view.rows = l->B; /* a warmed batch of an earlier step may have changed them */
+            b->view.seq_len = l->L;
             tf__clearerr();
             rc = tf__worker_fill(w, pos + l->rank * l->B, l->B, &b->view, b->acct);
+            uint64_t wl = tf_seq_len_warmup(l->L, l->cfg.warmup_min_seq_len, l->cfg.warmup_steps, pos / l->G);
+            if (!rc && wl < l->L) {
+                if (!w->warm_cu && !(w->warm_cu = malloc((l->L + 1) * sizeof *w->warm_cu))) rc = -ENOMEM;
+                else tf__warmup_cut(&b->view, wl, w->warm_cu);
+            }
             if (rc) {
                 const char *m = tf_last_error();
                 snprintf(err, sizeof err, "%s", m && *m ? m : tf_strerror(rc));
@@ -521,6 +528,20 @@ static int plan_layout(const tf_loader_config *cfg, uint64_t L, tf_dtype odt, si
                 (unsigned long long)cfg->batch_size, (unsigned long long)L + 1);
     uint64_t rowsL = y->rowsL = cfg->batch_size * L;
     uint32_t cp = y->cp = cfg->cp_size > 1 ? cfg->cp_size : 1;
+    /* sequence-length warmup (warmup.c): a sample cut into up to kmax rows
+     * needs kmax - 1 more tokens and cu_seqlens entries, and kmax num_seqs
+     * entries */
+    uint64_t kmax = 1;
+    if (cfg->warmup_steps) {
+        if (cp > 1)
+            TF_FAIL(-EINVAL, "warmup_steps: sequence-length warmup cuts whole samples into shorter rows; it does not combine with context parallelism (cp_size %u)", cp);
+        TF_TRY(tf__warmup_check(L, cfg->warmup_min_seq_len, cfg->warmup_steps));
+        kmax = L / cfg->warmup_min_seq_len;
+        if (tf__add_overflow(L + 1, kmax - 1, &rowsL1) || tf__mul_overflow(rowsL1, cfg->batch_size, &rowsL1) ||
+            tf__mul_overflow(rowsL1, osz, &y->tok) || y->tok > (uint64_t)SIZE_MAX / 4)
+            TF_FAIL(-EINVAL, "batch_size x (seq_len + 1) (%llu x %llu) is too large for one buffer",
+                    (unsigned long long)cfg->batch_size, (unsigned long long)L + 1);
+    }
     int thd = y->thd = cp > 1 && (cfg->want & TF_WANT_CU_SEQLENS);
     if (cp > 1) {
         TF_TRY(tf__cp_chunks(L, cp, cfg->cp_rank, y->cp_first, &y->cp_c));
@@ -541,8 +562,8 @@ static int plan_layout(const tf_loader_config *cfg, uint64_t L, tf_dtype odt, si
     } else {
         if (cfg->want & TF_WANT_POSITION_IDS) y->pos_b = rowsL * 4;
         if (cfg->want & TF_WANT_CU_SEQLENS) {
-            y->cu_b = (rowsL + cfg->batch_size) * 4;
-            y->ns_b = cfg->batch_size * 4;
+            y->cu_b = (rowsL + cfg->batch_size * kmax) * 4;
+            y->ns_b = cfg->batch_size * kmax * 4;
         }
         if (cfg->want & TF_WANT_LOSS_MASK) y->lm_b = rowsL;
     }
@@ -608,6 +629,11 @@ static int attach_order(tf_loader *l, const tf_order *order, const layout *y) {
     l->rd.thd_cap_seqs = y->rowsL;
     l->rd.nsources = l->nsources;
     l->rd.source_first = l->source_first;
+    l->rd.bal = cfg->balance;
+    l->rd.bal_world = cfg->world_size;
+    l->rd.bal_rank = cfg->rank;
+    l->rd.bal_micro = cfg->balance_micro_batches;
+    l->rd.bal_B = cfg->batch_size;
     if (!l->nthreads) {
         /* Default worker count. mmap (CPU-bound copies from the page cache):
          * leave one core to the consumer, at most 4 - on 2 cores, 2 workers plus
@@ -640,7 +666,9 @@ static int attach_order(tf_loader *l, const tf_order *order, const layout *y) {
      * taking a core from the decoding workers or the training loop when cores
      * are short (on 2 shared cores: ~10 % more zstd tokens/s without it). */
     if (!rc && l->rd.zc) l->spin_ns = 0;
-    if (!rc) rc = tf__engine_prefetch_create(order, l->B, l->G, l->rank, &l->pf, &l->pf_ctx);
+    if (!rc)
+        rc = tf__engine_prefetch_create(order, l->B, l->G, l->rank, cfg->balance, cfg->balance_micro_batches, &l->pf,
+                                        &l->pf_ctx);
     return rc;
 }
 
@@ -685,6 +713,11 @@ static int engine_create(const tf_order *order, int owns, const tf_loader_config
                 "build the order with global_batch = batch_size x world_size",
                 (unsigned long long)oc.global_batch, (unsigned long long)cfg->batch_size, cfg->world_size,
                 (unsigned long long)G);
+    uint64_t steprows; /* balancing holds a step's positions, twice (read.c, remote_glue.c) */
+    if (cfg->balance != TF_BALANCE_NONE &&
+        (tf__mul_overflow(G, cfg->balance_micro_batches, &steprows) || steprows > (uint64_t)SIZE_MAX / 16))
+        TF_FAIL(-EINVAL, "balance: balance_micro_batches x global batch (%u x %llu) is too many rows to balance at once",
+                cfg->balance_micro_batches, (unsigned long long)G);
     tf_dtype odt = cfg->out_dtype != TF_DTYPE_INVALID ? cfg->out_dtype : default_out_dtype(order);
     size_t nsources = tf_order_source(order, 0) != order ? tf_order_num_sources(order) : 0;
     layout y;

@@ -305,6 +305,8 @@ void tf__worker_destroy(tf__worker *w) {
     free(w->cp_work);
     free(w->cp_pieces);
     free(w->cp_ranges);
+    free(w->bal_rows);
+    free(w->warm_cu);
     free(w->stage);
     free(w->rds);
     free(w->queue);
@@ -542,7 +544,35 @@ static void fill_separator(void *out, size_t osz, tf_dtype odt, int64_t sep, uin
     for (uint64_t k = 0; k < n; k++) memcpy(o + k * osz, one, osz);
 }
 
-static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view *v, tf__row_acct *acct);
+static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const uint64_t *rowpos, tf_batch_view *v,
+                       tf__row_acct *acct);
+
+/* With balancing: the positions of the rows of this rank's batch whose
+ * contiguous slice would start at pos (the step is computed once per worker
+ * and kept for the step's other micro-batches). */
+static int balanced_rows(tf__worker *w, uint64_t pos, const uint64_t **rowpos) {
+    const tf__reader *r = w->rd;
+    const uint64_t B = r->bal_B, G = B * r->bal_world, M = r->bal_micro;
+    const uint64_t batch = (pos - (uint64_t)r->bal_rank * B) / G, start = batch / M * M * G;
+    if (!w->bal_rows) {
+        w->bal_rows = malloc((size_t)(M * G) * sizeof *w->bal_rows);
+        if (!w->bal_rows) return -ENOMEM;
+    }
+    if (!w->bal_n || w->bal_start != start) {
+        w->bal_n = 0;
+        size_t n = 0;
+        TF_TRY(tf_order_balance(r->order, start, r->bal_world, (uint32_t)M, r->bal, w->bal_rows, (size_t)(M * G), &n));
+        w->bal_n = n;
+        w->bal_start = start;
+    }
+    uint64_t at = ((batch % M) * r->bal_world + r->bal_rank) * B;
+    if (at + B > w->bal_n)
+        return tf__seterr(-EFAULT, "internal: balanced step at %llu has %zu rows, batch needs %llu",
+                          (unsigned long long)start, w->bal_n, (unsigned long long)(at + B));
+    *rowpos = w->bal_rows + at;
+    return 0;
+}
+
 typedef struct fill_call {
     tf__worker *w;
     uint64_t pos, rows;
@@ -551,7 +581,9 @@ typedef struct fill_call {
 } fill_call;
 static int call_fill(void *p) {
     fill_call *c = p;
-    return worker_fill(c->w, c->pos, c->rows, c->v, c->acct);
+    const uint64_t *rowpos = NULL;
+    if (c->w->rd->bal != TF_BALANCE_NONE) TF_TRY(balanced_rows(c->w, c->pos, &rowpos));
+    return worker_fill(c->w, c->pos, c->rows, rowpos, c->v, c->acct);
 }
 
 /* The whole fill runs under the SIGBUS guard (common/sigbus.c): a file that
@@ -676,7 +708,8 @@ static size_t prefetch_sample(const tf__reader *r, uint64_t sample, tf__span sp[
     return ns;
 }
 
-static int cp_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view *v, tf__row_acct *acct);
+static int cp_fill(tf__worker *w, uint64_t pos, uint64_t rows, const uint64_t *rowpos, tf_batch_view *v,
+                   tf__row_acct *acct);
 static int finish_reads(tf__worker *w, size_t stage_need);
 
 /* Token k of a row in the batch's dtype, widened (eos comparisons). */
@@ -707,12 +740,16 @@ static void eos_row_extras(const tf__reader *r, const uint8_t *row, const tf_sam
     tf__extras_finish(ex, L, last, nc);
 }
 
-static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view *v, tf__row_acct *acct) {
+/* Stream position of row j: the contiguous slice from pos, or rowpos[j]. */
+#define ROW_POS(j) (rowpos ? rowpos[j] : pos + (j))
+
+static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const uint64_t *rowpos, tf_batch_view *v,
+                       tf__row_acct *acct) {
     tf__reader *r = w->rd;
     if (r->cp_size > 1 && r->eos_rows)
         TF_FAIL(-EINVAL, "context parallelism needs the document index of data split at eos id %llu: build it with `tokenfeed index`",
                 (unsigned long long)r->eos_id);
-    if (r->cp_size > 1) return cp_fill(w, pos, rows, v, acct);
+    if (r->cp_size > 1) return cp_fill(w, pos, rows, rowpos, v, acct);
     const tf_order *o = r->order;
     const uint64_t L = r->seq_len;
     const size_t osz = tf_dtype_size(r->out_dtype);
@@ -729,11 +766,11 @@ static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view
      * the memory latency of the next. Without it the loader ran at 9.1 us per
      * 8x2048 batch against 6.5 us with precomputed offsets. */
     const int prefetch = (mmap_only || r->zc) && r->max_spans <= 2;
-    uint64_t sample = rows ? tf_order_sample_at(o, pos) : 0;
+    uint64_t sample = rows ? tf_order_sample_at(o, ROW_POS(0)) : 0;
     tf__span pre[2][2]; /* spans computed while prefetching: this row's, the next's */
     size_t npre[2] = {0, 0};
     for (uint64_t j = 0; j < rows && !rc; j++) {
-        uint64_t next = j + 1 < rows ? tf_order_sample_at(o, pos + j + 1) : 0;
+        uint64_t next = j + 1 < rows ? tf_order_sample_at(o, ROW_POS(j + 1)) : 0;
         int cur = (int)(j & 1);
         npre[!cur] = prefetch && j + 1 < rows ? prefetch_sample(r, next, pre[!cur]) : 0;
         uint8_t *row = (uint8_t *)v->tokens + j * (L + 1) * osz;
@@ -873,7 +910,8 @@ static int cp_read_ranges(tf__worker *w, uint64_t sample, size_t ns, size_t nr, 
     return 0;
 }
 
-static int cp_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view *v, tf__row_acct *acct) {
+static int cp_fill(tf__worker *w, uint64_t pos, uint64_t rows, const uint64_t *rowpos, tf_batch_view *v,
+                   tf__row_acct *acct) {
     tf__reader *r = w->rd;
     const tf_order *o = r->order;
     const uint64_t L = r->seq_len, c = r->cp_c, Lc = L / r->cp_size;
@@ -887,7 +925,7 @@ static int cp_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view *v,
     if (r->thd) v->cu_seqlens[0] = v->cu_seqlens_padded[0] = 0;
     int rc = 0;
     for (uint64_t j = 0; j < rows && !rc; j++) {
-        uint64_t sample = tf_order_sample_at(o, pos + j);
+        uint64_t sample = tf_order_sample_at(o, ROW_POS(j));
         size_t ns = 0, nr = 0;
         rc = tf__order_sample_spans(o, sample, w->spans, r->max_spans, &ns);
         if (rc) break;

@@ -19,7 +19,31 @@ typedef struct glue {
     const tf_dataset *ds;
     tf__span *spans;
     size_t max_spans;
+    /* balancing: the scheduler walks this rank's contiguous slice; row j of
+     * it stands for row j of the rank's balanced rows (the last step computed
+     * is kept: the scheduler runs on one thread) */
+    tf_balance bal;
+    uint64_t B, G, rank, micro;
+    uint64_t *rows, start;
+    size_t nrows;
 } glue;
+
+/* The position the rank reads for position pos of its contiguous slice. */
+static int balanced_pos(glue *g, uint64_t pos, uint64_t *out) {
+    uint64_t batch = pos / g->G, j = pos % g->G - g->rank * g->B, start = batch / g->micro * g->micro * g->G;
+    if (!g->nrows || g->start != start) {
+        g->nrows = 0;
+        size_t n = 0;
+        TF_TRY(tf_order_balance(g->order, start, (uint32_t)(g->G / g->B), (uint32_t)g->micro, g->bal, g->rows,
+                                (size_t)(g->micro * g->G), &n));
+        g->nrows = n;
+        g->start = start;
+    }
+    uint64_t at = ((batch % g->micro) * (g->G / g->B) + g->rank) * g->B + j;
+    if (at >= g->nrows) return -ERANGE;
+    *out = g->rows[at];
+    return 0;
+}
 
 /* Chunks of object bytes [a, b) of the data region of o. */
 static void emit_range(const tf__robj *o, uint64_t a, uint64_t b, tf__prefetch_emit_fn emit, void *ectx) {
@@ -29,6 +53,7 @@ static void emit_range(const tf__robj *o, uint64_t a, uint64_t b, tf__prefetch_e
 
 static int locate(void *ctx, uint64_t pos, tf__prefetch_emit_fn emit, void *ectx) {
     glue *g = ctx;
+    if (g->bal != TF_BALANCE_NONE) TF_TRY(balanced_pos(g, pos, &pos));
     uint64_t sample = tf_order_sample_at(g->order, pos);
     size_t ns = 0;
     TF_TRY(tf__order_sample_spans(g->order, sample, g->spans, g->max_spans, &ns));
@@ -68,12 +93,15 @@ static int locate(void *ctx, uint64_t pos, tf__prefetch_emit_fn emit, void *ectx
 
 static void glue_free(void *p) {
     glue *g = p;
-    if (g) free(g->spans);
+    if (g) {
+        free(g->spans);
+        free(g->rows);
+    }
     free(g);
 }
 
-int tf__engine_prefetch_create(const tf_order *order, uint64_t B, uint64_t G, uint64_t rank, tf__prefetch **out,
-                               void **ctx_out) {
+int tf__engine_prefetch_create(const tf_order *order, uint64_t B, uint64_t G, uint64_t rank, tf_balance bal,
+                               uint32_t micro, tf__prefetch **out, void **ctx_out) {
     *out = NULL;
     *ctx_out = NULL;
     const tf_dataset *ds = tf_order_dataset(order);
@@ -87,7 +115,13 @@ int tf__engine_prefetch_create(const tf_order *order, uint64_t B, uint64_t G, ui
     g->ds = ds;
     g->max_spans = tf__order_max_spans(order);
     g->spans = malloc(g->max_spans * sizeof *g->spans);
-    if (!g->spans) {
+    g->bal = bal;
+    g->B = B;
+    g->G = G;
+    g->rank = rank;
+    g->micro = micro ? micro : 1;
+    if (bal != TF_BALANCE_NONE) g->rows = malloc((size_t)(g->micro * G) * sizeof *g->rows);
+    if (!g->spans || (bal != TF_BALANCE_NONE && !g->rows)) {
         glue_free(g);
         return -ENOMEM;
     }

@@ -835,6 +835,45 @@ TF_API int tf_order_segments_at(const tf_order *o, uint64_t pos, tf_segment *out
 TF_API int tf_order_find_document(const tf_order *o, size_t source, uint64_t document, uint64_t begin,
                                   uint64_t end, uint64_t *out, size_t cap, size_t *n);
 
+/* Balancing the work of a step across data-parallel ranks (docs/balance.md).
+ * The rows of a step (micro_batches consecutive global batches: positions
+ * [step * M * G, (step + 1) * M * G), fewer at the end of a finite stream)
+ * are the same whatever the rule; the rule only decides which rank, and which
+ * of its micro-batches, takes each row. It is computed from the step's rows
+ * alone, identically on every rank, without communication.
+ *   TF_BALANCE_NONE       rank r takes the contiguous slice r*B .. (r+1)*B - 1
+ *                         of each global batch (the global order contract)
+ *   TF_BALANCE_TOKENS     cost of a row = its non-padding input tokens
+ *   TF_BALANCE_ATTENTION  cost of a row = sum over the segments of its
+ *                         cu_seqlens of length^2 (causal attention work; every
+ *                         position of a row is computed, so the linear work is
+ *                         the same L on every row and every rank)
+ * Rows are given to the M x R (micro-batch, rank) bins of B rows each by
+ * longest-processing-time first (costs descending, ties by position; each
+ * row to the least loaded bin with room, ties by lower bin) followed by
+ * pairwise swaps that lower the busiest bin; should the plain slices have a
+ * less loaded busiest bin, they are kept. A bin's rows are delivered in
+ * position order. */
+typedef enum tf_balance {
+    TF_BALANCE_NONE = 0,
+    TF_BALANCE_TOKENS = 1,
+    TF_BALANCE_ATTENTION = 2,
+} tf_balance;
+
+/* The cost of the row at stream position pos under `mode` (TOKENS or
+ * ATTENTION; NONE gives 0): see tf_balance. */
+TF_API int tf_order_row_cost(const tf_order *o, uint64_t pos, tf_balance mode, uint64_t *cost);
+
+/* The rows of the step that starts at position `start` (a multiple of
+ * micro_batches x global_batch), as world_size x micro_batches bins of
+ * global_batch / world_size positions: out[(m * world_size + r) * B + j] is row j
+ * of rank r's micro-batch m (B = global_batch / world_size). out holds
+ * micro_batches x global_batch entries; *n receives the entries written (fewer
+ * at the end of a finite stream: whole global batches only). world_size must
+ * divide the order's global batch. */
+TF_API int tf_order_balance(const tf_order *o, uint64_t start, uint32_t world_size, uint32_t micro_batches,
+                            tf_balance mode, uint64_t *out, size_t cap, size_t *n);
+
 /* ------------------------------------------------------------------------ */
 /* Engine: loader and batches                                                */
 /* ------------------------------------------------------------------------ */
@@ -854,6 +893,8 @@ TF_API const char *tf_backend_name(tf_backend b);
 /* Largest num_threads and prefetch a loader accepts (-EINVAL past them). */
 #define TF_MAX_THREADS 256
 #define TF_MAX_PREFETCH 4096
+/* Largest balance_micro_batches (batches per optimizer step balanced together). */
+#define TF_MAX_BALANCE_MICRO_BATCHES 4096
 
 typedef struct tf_loader_config {
     tf_order_config order; /* tf_loader_create(_mix) only; see tf_loader_create_from_order */
@@ -882,7 +923,31 @@ typedef struct tf_loader_config {
      * The stream, and so the state, does not depend on these. */
     uint32_t cp_rank;
     uint32_t cp_size;
+    /* Which rows of a step each data-parallel rank takes (tf_balance): NONE
+     * (default) keeps the contiguous slices. balance_micro_batches (M, 1 to
+     * TF_MAX_BALANCE_MICRO_BATCHES; default 1) is the number of batches
+     * (tf_loader_next calls) per optimizer step:
+     * the M x G rows of a step are balanced across ranks and across each
+     * rank's M micro-batches. Neither changes the global stream (the rows of
+     * a step), so neither enters the fingerprint nor the state. */
+    tf_balance balance;
+    uint32_t balance_micro_batches;
+    /* Sequence-length warmup (tf_seq_len_warmup; 0 steps: none): for the
+     * first warmup_steps global batches every sample is delivered cut into
+     * rows of seq_len / 2^m tokens (at least warmup_min_seq_len, itself
+     * seq_len / 2^m), so the batch is rows x k by seq_len / k + 1 (the view's
+     * rows and seq_len say which). The concatenated inputs and labels are the
+     * unwarmed stream's; positions, and so the state, do not change. Not with
+     * context parallelism. */
+    uint64_t warmup_steps;
+    uint64_t warmup_min_seq_len;
 } tf_loader_config;
+
+/* The row length at global step `step` of a warmup from min_seq_len to
+ * seq_len over warmup_steps steps: the largest seq_len / 2^m not above
+ * min_seq_len + (seq_len - min_seq_len) * step / warmup_steps, at least
+ * min_seq_len; seq_len from step warmup_steps on (or when warmup_steps is 0). */
+TF_API uint64_t tf_seq_len_warmup(uint64_t seq_len, uint64_t min_seq_len, uint64_t warmup_steps, uint64_t step);
 
 TF_API void tf_loader_config_init(tf_loader_config *cfg);
 
@@ -943,13 +1008,14 @@ TF_API int tf_loader_state_load(tf_loader *l, const char *state, size_t len, uns
 typedef struct tf_batch_view {
     void *tokens;          /* rows x (seq_len + 1), out dtype */
     tf_dtype dtype;
-    uint64_t rows;         /* B */
-    uint64_t seq_len;      /* L */
+    uint64_t rows;         /* B (B x L / l during a sequence-length warmup) */
+    uint64_t seq_len;      /* L (the warmup's row length l) */
     int32_t *position_ids; /* rows x L, or NULL */
     int32_t *cu_seqlens;   /* rows x (L + 1), or NULL */
     int32_t *num_seqs;     /* rows, or NULL */
     uint8_t *loss_mask;    /* rows x L, or NULL */
-    uint64_t position;     /* global position of this batch's first sample */
+    uint64_t position;     /* global position of this batch's first sample (with
+                              balancing, its rows are those tf_order_balance gives) */
     /* Context parallelism (cp_size > 1; tokens is NULL). input_ids and labels
      * hold this rank's share, and position_ids / loss_mask are split alike:
      * rows x (L / cp_size) each, or in the THD layout (thd = 1) num_tokens
@@ -1212,7 +1278,8 @@ typedef struct tf_device_batch_view {
     int32_t *cu_seqlens;   /* device: rows x (seq_len + 1), or NULL */
     int32_t *num_seqs;     /* device: rows, or NULL */
     uint8_t *loss_mask;    /* device: rows x seq_len, or NULL */
-    uint64_t position;     /* global position of this batch's first sample */
+    uint64_t position;     /* global position of this batch's first sample (with
+                              balancing, its rows are those tf_order_balance gives) */
     int device;
     uintptr_t ready_event; /* cudaEvent_t: the data is in place once it has
                               completed (owned by the loader; valid until the

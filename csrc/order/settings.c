@@ -34,6 +34,7 @@
 static const char *const PACKING_NAMES[] = {"concat", "best_fit", "document", NULL};
 static const char *const SHUFFLE_NAMES[] = {"none", "full", "block", NULL};
 static const char *const BACKEND_NAMES[] = {"auto", "mmap", "pread", "io_uring", NULL};
+static const char *const BALANCE_NAMES[] = {"none", "tokens", "attention", NULL};
 
 /* Largest seq_len: extras are int32 and cu_seqlens holds L itself. */
 #define MAX_SEQ_LEN ((uint64_t)INT32_MAX - 1)
@@ -65,6 +66,10 @@ const tf__setting_row tf__settings[] = {
     {{"backend", TF_SCOPE_ENGINE, TF_SETTING_ENUM, TF_BACKEND_AUTO, 0, 3, 1, TF_BACKEND_AUTO, BACKEND_NAMES, "never", "how bytes come off storage: mmap, pread or io_uring (None: $TOKENFEED_BACKEND, else mmap)"}, NULL, 0, ENGINE(backend)},
     {{"direct_io", TF_SCOPE_ENGINE, TF_SETTING_BOOL, 0, 0, 1, 0, 0, NULL, "never", "io_uring reads with O_DIRECT (past the page cache)"}, NULL, 1, ENGINE(direct_io)},
     {{"zstd_cache_bytes", TF_SCOPE_ENGINE, TF_SETTING_INT, 0, 0, INT64_MAX, 1, 0, NULL, "never", "bytes of decompressed zstd blocks the workers share (None: sized from the shuffle)"}, NULL, 0, ENGINE(zstd_cache_bytes)},
+    {{"balance", TF_SCOPE_ENGINE, TF_SETTING_ENUM, TF_BALANCE_NONE, 0, 2, 1, TF_BALANCE_NONE, BALANCE_NAMES, "never", "which rows of a step each data-parallel rank takes: none (contiguous slices), tokens or attention (equal work; None: none)"}, NULL, 0, ENGINE(balance)},
+    {{"balance_micro_batches", TF_SCOPE_ENGINE, TF_SETTING_INT, 1, 1, TF_MAX_BALANCE_MICRO_BATCHES, 0, 0, NULL, "never", "batches per optimizer step balanced together (gradient accumulation steps)"}, NULL, 0, ENGINE(balance_micro_batches)},
+    {{"warmup_steps", TF_SCOPE_ENGINE, TF_SETTING_INT, 0, 0, UINT64_MAX, 0, 0, NULL, "never", "steps of sequence-length warmup, whose samples come cut into shorter rows (0: none)"}, NULL, 0, ENGINE(warmup_steps)},
+    {{"warmup_min_seq_len", TF_SCOPE_ENGINE, TF_SETTING_INT, 0, 1, MAX_SEQ_LEN, 1, 0, NULL, "never", "row length at step 0 of the warmup, seq_len / 2^m (needed with warmup_steps; None: none)"}, NULL, 0, ENGINE(warmup_min_seq_len)},
 
     {{"device_prefetch_batches", TF_SCOPE_DEVICE, TF_SETTING_INT, 2, 1, 256, 1, 0, NULL, "never", "batches copied to the GPU ahead of the consumer (older name: device_prefetch)"}, NULL, 1, DEVICE(prefetch)},
     {{"device_slots", TF_SCOPE_DEVICE, TF_SETTING_INT, 0, 2, 1024, 1, 0, NULL, "never", "device buffers in all, at least device_prefetch_batches + 1 (None: device_prefetch_batches + 2)"}, NULL, 1, DEVICE(slots)},

@@ -499,7 +499,15 @@ finally:
     return ret;
 }
 
+static PyObject *seq_len_warmup(PyObject *m, PyObject *args) {
+    unsigned long long L, lo, steps, step;
+    if (!PyArg_ParseTuple(args, "KKKK:seq_len_warmup", &L, &lo, &steps, &step)) return NULL;
+    return PyLong_FromUnsignedLongLong(tf_seq_len_warmup(L, lo, steps, step));
+}
+
 static PyMethodDef module_methods[] = {
+    {"seq_len_warmup", seq_len_warmup, METH_VARARGS,
+     "seq_len_warmup(seq_len, min_seq_len, warmup_steps, step, /)\n--\n\nReturns int. The row length at a global step of a sequence-length warmup (tf_seq_len_warmup)."},
     {"build_info", build_info, METH_NOARGS, build_info_doc},
     {"settings", settings, METH_NOARGS, settings_doc},
     {"build_doc_index", (PyCFunction)(void (*)(void))build_doc_index, METH_VARARGS | METH_KEYWORDS, build_doc_index_doc},
@@ -608,6 +616,9 @@ static int module_exec(PyObject *m) {
         PyModule_AddIntConstant(m, "WANT_LOSS_MASK", TF_WANT_LOSS_MASK) < 0 ||
         PyModule_AddIntConstant(m, "MAX_THREADS", TF_MAX_THREADS) < 0 ||
         PyModule_AddIntConstant(m, "MAX_PREFETCH", TF_MAX_PREFETCH) < 0 ||
+        PyModule_AddIntConstant(m, "BALANCE_NONE", TF_BALANCE_NONE) < 0 ||
+        PyModule_AddIntConstant(m, "BALANCE_TOKENS", TF_BALANCE_TOKENS) < 0 ||
+        PyModule_AddIntConstant(m, "BALANCE_ATTENTION", TF_BALANCE_ATTENTION) < 0 ||
         PyModule_AddStringConstant(m, "__version__", tf_version()) < 0)
         return -1;
     return 0;

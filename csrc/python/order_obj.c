@@ -382,6 +382,57 @@ static PyObject *Order_mix_source_count(tfpy_Order *self, PyObject *args) {
     return PyLong_FromUnsignedLongLong(c);
 }
 
+/* balance(start, world_size, micro_batches, mode): tf_order_balance as an ndarray. */
+static PyObject *Order_balance(tfpy_Order *self, PyObject *args) {
+    unsigned long long start;
+    unsigned int R, M;
+    int mode;
+    if (!PyArg_ParseTuple(args, "KIIi:balance", &start, &R, &M, &mode)) return NULL;
+    tf_order_config cfg;
+    tf_order_get_config(self->o, &cfg);
+    uint64_t m = M ? M : 1, cap = cfg.global_batch * m;
+    if (cfg.global_batch > (uint64_t)PY_SSIZE_T_MAX / 8 / m)
+        return PyErr_Format(PyExc_ValueError, "micro_batches x global_batch is too large");
+    npy_intp d[1] = {(npy_intp)cap};
+    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(1, d, NPY_UINT64);
+    if (!out) return NULL;
+    size_t n = 0;
+    int rc;
+    char msg[1024];
+    TFPY_NOGIL_CALL(rc, msg, tf_order_balance(self->o, start, R, M, (tf_balance)mode, PyArray_DATA(out), (size_t)cap, &n));
+    if (rc < 0) {
+        Py_DECREF(out);
+        return tfpy_raise(tfpy_state_of_type(Py_TYPE(self)), rc, msg);
+    }
+    if ((uint64_t)n == cap) return (PyObject *)out;
+    PyObject *r = PySequence_GetSlice((PyObject *)out, 0, (Py_ssize_t)n);
+    Py_DECREF(out);
+    return r;
+}
+
+/* row_costs(start, count, mode): tf_order_row_cost of positions [start, start + count). */
+static PyObject *Order_row_costs(tfpy_Order *self, PyObject *args) {
+    unsigned long long start, count;
+    int mode;
+    if (!PyArg_ParseTuple(args, "KKi:row_costs", &start, &count, &mode)) return NULL;
+    if (count > (unsigned long long)PY_SSIZE_T_MAX / 8) return PyErr_Format(PyExc_ValueError, "count is too large");
+    npy_intp d[1] = {(npy_intp)count};
+    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(1, d, NPY_UINT64);
+    if (!out) return NULL;
+    uint64_t *c = PyArray_DATA(out);
+    int rc = 0;
+    char msg[1024];
+    Py_BEGIN_ALLOW_THREADS
+    for (uint64_t i = 0; i < count && rc >= 0; i++) rc = tf_order_row_cost(self->o, start + i, (tf_balance)mode, &c[i]);
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", tf_last_error());
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        Py_DECREF(out);
+        return tfpy_raise(tfpy_state_of_type(Py_TYPE(self)), rc, msg);
+    }
+    return (PyObject *)out;
+}
+
 static PyObject *Order_mix_counts_at(tfpy_Order *self, PyObject *arg) {
     unsigned long long pos = PyLong_AsUnsignedLongLong(arg);
     if (pos == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
@@ -466,6 +517,8 @@ TFPY_TYPE_SPEC(Order, tfpy_Order, Py_TPFLAGS_DEFAULT,
                    {"mix_schedule", (PyCFunction)Order_mix_schedule, METH_NOARGS, "mix_schedule($self)\n--\n\nReturns (window, [count per source]). Exact per-window counts of a mixture at position 0 ((1, [1]) for one dataset)."},
                    {"mix_source_at", (PyCFunction)Order_mix_source_at, METH_O, "mix_source_at($self, pos, /)\n--\n\nReturns (source, index). The source of a global position and its index in that source's own stream."},
                    {"mix_source_count", (PyCFunction)Order_mix_source_count, METH_VARARGS, "mix_source_count($self, source, pos, /)\n--\n\nReturns int. Positions of a source among positions [0, pos)."},
+                   {"balance", (PyCFunction)Order_balance, METH_VARARGS, "balance($self, start, world_size, micro_batches, mode, /)\n--\n\nReturns ndarray. The positions of the step at start as world_size x micro_batches bins (tf_order_balance): entry (m * world_size + r) * B + j is row j of rank r's micro-batch m."},
+                   {"row_costs", (PyCFunction)Order_row_costs, METH_VARARGS, "row_costs($self, start, count, mode, /)\n--\n\nReturns ndarray. The balancing cost (tf_order_row_cost) of positions [start, start + count)."},
                    {"state_save", (PyCFunction)Order_state_save, METH_VARARGS, Order_state_save_doc},
                    {"state_load", (PyCFunction)Order_state_load, METH_VARARGS, Order_state_load_doc},
                    {"mix_counts_at", (PyCFunction)Order_mix_counts_at, METH_O, "mix_counts_at($self, pos, /)\n--\n\nReturns (window, [count per source]). The exact counts per window in force at a position."},

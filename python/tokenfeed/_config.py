@@ -217,12 +217,19 @@ class EngineConfig:
     zstd_cache_bytes: Optional[int] = None  # decompressed zstd blocks; None: sized from the shuffle
     cp_rank: int = 0
     cp_size: int = 1
+    # balancing and sequence-length warmup (docs/balance.md); None: the row's default
+    balance: Optional[str] = None
+    balance_micro_batches: Optional[int] = None
+    warmup_steps: Optional[int] = None
+    warmup_min_seq_len: Optional[int] = None
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "rank", "world_size", "cp_rank", "cp_size"):
             check_int(name, getattr(self, name))
         check_settings(num_threads=self.num_threads, prefetch_batches=self.prefetch, backend=self.backend,
-                       direct_io=self.direct_io, zstd_cache_bytes=self.zstd_cache_bytes)
+                       direct_io=self.direct_io, zstd_cache_bytes=self.zstd_cache_bytes, balance=self.balance,
+                       balance_micro_batches=self.balance_micro_batches, warmup_steps=self.warmup_steps,
+                       warmup_min_seq_len=self.warmup_min_seq_len)
         if self.zstd_cache_bytes is not None and self.zstd_cache_bytes < 0:
             raise ValueError(f"zstd_cache_bytes must be >= 0 (0 or None: sized from the shuffle), "
                              f"got {self.zstd_cache_bytes}")
@@ -241,6 +248,14 @@ class EngineConfig:
     def global_batch(self) -> int:
         return self.batch_size * self.world_size
 
+    def setting(self, name: str) -> int:
+        """The value the C engine holds for the setting field ``name`` (a row of the settings
+        table): ``None`` is the row's none value or default, an enum's name its index."""
+        row, v = SETTINGS[name], getattr(self, name)
+        if v is None:
+            return int(row["none_value"] if row["nullable"] else row["default"])
+        return row["names"].index(v) if row["type"] == "enum" else int(v)
+
     @property
     def want(self) -> int:
         return want_bits(self.position_ids, self.cu_seqlens, self.loss_mask)
@@ -250,7 +265,9 @@ class EngineConfig:
         return dict(batch_size=self.batch_size, dp_rank=self.rank, dp_size=self.world_size, dtype=self.dtype,
                     want=self.want, num_threads=self.num_threads, prefetch_batches=self.prefetch,
                     backend=self.backend, direct_io=bool(self.direct_io), zstd_cache_bytes=self.zstd_cache_bytes,
-                    cp_rank=self.cp_rank, cp_size=self.cp_size)
+                    cp_rank=self.cp_rank, cp_size=self.cp_size, balance=self.balance,
+                    balance_micro_batches=self.balance_micro_batches, warmup_steps=self.warmup_steps,
+                    warmup_min_seq_len=self.warmup_min_seq_len)
 
     def build(self, order: Any) -> Any:
         """The C engine over ``order`` (a ``_core.Order`` whose global batch is this one's)."""

@@ -22,6 +22,9 @@ WANT_CU_SEQLENS: int
 WANT_LOSS_MASK: int
 MAX_THREADS: int
 MAX_PREFETCH: int
+BALANCE_NONE: int
+BALANCE_TOKENS: int
+BALANCE_ATTENTION: int
 
 _DTypeArg = Union[str, np.dtype[Any], type, None]
 _UIntArray = npt.NDArray[np.uint64]
@@ -69,6 +72,8 @@ def settings() -> List[_Setting]: ...
 def build_doc_index(path: Union[str, bytes, PathLike[str], PathLike[bytes]], dtype: _DTypeArg, eos_id: int,
                     ends: Optional[npt.NDArray[np.uint64]] = None,
                     index_dir: Union[str, bytes, PathLike[str], PathLike[bytes], None] = None) -> str: ...
+
+def seq_len_warmup(seq_len: int, min_seq_len: int, warmup_steps: int, step: int, /) -> int: ...
 def merge(path: Union[str, bytes, PathLike[str], PathLike[bytes]],
           parts: Sequence[Union[str, bytes, PathLike[str], PathLike[bytes]]], overwrite: bool = False) -> None: ...
 
@@ -212,6 +217,8 @@ class Order:
     # (position, the order to read instead when a mixture hands over, or None); RuntimeError
     # (TF_ESTATE) naming what differs
     def state_load(self, state: str, lenient: bool = False, /) -> Tuple[int, Optional["Order"]]: ...
+    def balance(self, start: int, world_size: int, micro_batches: int, mode: int, /) -> _UIntArray: ...
+    def row_costs(self, start: int, count: int, mode: int, /) -> _UIntArray: ...
 
 class _ZstdStats(TypedDict):
     cache_bytes: int
@@ -245,7 +252,9 @@ class Loader:
     def __new__(cls, order: Order, /, *, batch_size: int = 8, dp_rank: int = 0, dp_size: int = 1,
                 dtype: _DTypeArg = None, want: int = 0, num_threads: Optional[int] = None,
                 prefetch_batches: Optional[int] = None, backend: Optional[str] = None, direct_io: bool = False,
-                zstd_cache_bytes: Optional[int] = None, cp_rank: int = 0, cp_size: Optional[int] = 1) -> "Loader": ...
+                zstd_cache_bytes: Optional[int] = None, cp_rank: int = 0, cp_size: Optional[int] = 1,
+                balance: Optional[str] = None, balance_micro_batches: int = 1, warmup_steps: int = 0,
+                warmup_min_seq_len: Optional[int] = None) -> "Loader": ...
     @property
     def position(self) -> int: ...
     @property

@@ -109,8 +109,8 @@ def where(loader: _LoaderT, document: int, source: int = 0,
     positions = loader._order.find_document(source, document, lo * n, hi * n)
     out = []
     for pos in positions:
-        rank, row = loader._position_rank_row(pos)
-        out.append({"step": pos // loader.global_batch, "rank": rank, "row": row, "position": pos,
+        step, rank, row = loader._position_rank_row(pos)
+        out.append({"step": step, "rank": rank, "row": row, "position": pos,
                     "epoch": pos // n})
     return out
 

@@ -92,7 +92,7 @@ def make_loader(a: argparse.Namespace) -> Any:
     mixture = kw.get("weights") is not None
     data: Any = [_open(p, dtype=a.dtype) for p in a.data] if mixture else _open(a.data, dtype=a.dtype)
     loader = Loader(data, batch_size=global_batch // a.dp_size, dp_rank=a.rank, dp_size=a.dp_size,
-                    output="numpy", **kw)
+                    output="numpy", balance=a.balance, balance_micro_batches=a.balance_micro_batches, **kw)
     if state is not None:
         loader.load_state_dict(state)  # checks that DATA is what the state was saved on; mixture hand-over
     return loader
@@ -143,8 +143,10 @@ def cmd_explain(a: argparse.Namespace) -> int:
         print()
         return 0
     n = loader.num_samples
+    span = f"positions {positions[0]}..{positions[-1]}" if positions == list(range(positions[0], positions[-1] + 1)) \
+        else f"positions {', '.join(map(str, positions))}"
     print(f"step {a.step}, rank {a.rank} of {a.dp_size}: {len(rows)} rows of {loader.seq_len + 1} tokens, "
-          f"positions {positions[0]}..{positions[-1]} (epoch {positions[0] // n})")
+          f"{span} (epoch {positions[0] // n})")
     for r, (pos, segs) in enumerate(zip(positions, rows)):
         print(f"row {r} (position {pos}): {len(segs)} segment{'s' if len(segs) != 1 else ''}")
         for s in segs:
@@ -188,6 +190,10 @@ def _loader_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dp-size", type=int, default=1, help="data-parallel ranks (default 1)")
     p.add_argument("--dtype", help="token dtype of headerless files")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--balance", choices=["none", "tokens", "attention"], default="none",
+                   help="the loader's balance= (a state does not record it; default none)")
+    p.add_argument("--balance-micro-batches", type=int, default=1, metavar="M",
+                   help="the loader's balance_micro_batches= (default 1)")
     g = p.add_argument_group("configuration without --state (Loader's keyword arguments)")
     g.add_argument("--seq-len", type=int)
     g.add_argument("--global-batch", type=int, help="samples per step over all ranks")

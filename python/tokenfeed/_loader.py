@@ -132,6 +132,25 @@ class Loader:
     stream) and is checked when the Loader is made: an unknown keyword is a
     ``TypeError``, a bad value a ``ValueError`` or ``TypeError`` that names it.
 
+    ``document_ids=True`` adds ``document_ids`` (int32 ``batch_size x seq_len``: the index of
+    each position's segment of ``cu_seqlens`` in its row), what FlexAttention's document
+    masks take; :func:`tokenfeed.flex.block_mask` builds the ``BlockMask`` from
+    ``cu_seqlens`` directly (``docs/balance.md``).
+
+    ``warmup_steps=T, warmup_min_seq_len=l0`` warms the sequence length up: for the first
+    ``T`` steps every sample comes cut into rows of ``seq_len / 2^m`` tokens (from ``l0``,
+    doubling on the way; ``current_seq_len``), so a batch is ``batch_size * k`` rows of
+    ``seq_len / k``; the concatenated tokens are the unwarmed stream's and the state is
+    unchanged.
+
+    ``balance="attention"`` (or ``"tokens"``) gives the rows of each global batch to the
+    data-parallel ranks so that every rank gets about the same attention work (or the
+    same number of non-padding tokens), computed from the global order on every rank
+    without communication; the global batch holds the same rows, and resume and elastic
+    resume stay exact. ``balance_micro_batches=M`` (gradient accumulation: ``M`` batches
+    per optimizer step) balances the ``M`` global batches of a step together, across
+    ranks and across each rank's micro-batches (``docs/balance.md``).
+
     The C engine's threads and buffers start lazily in the process that iterates, so a
     Loader can be created before ``fork`` or pickled to a ``spawn`` worker.
 
@@ -147,7 +166,8 @@ class Loader:
                  shuffle: Union[bool, str] = True,
                  weights: Optional[Union[Sequence[Any], WeightSchedule, Mapping[str, Any]]] = None,
                  dtype: Any = "int64", output: str = "auto", position_ids: bool = False, cu_seqlens: bool = False,
-                 loss_mask: bool = False, device: Any = None, static_buffers: bool = False,
+                 loss_mask: bool = False, document_ids: bool = False, device: Any = None,
+                 static_buffers: bool = False,
                  device_mesh: Any = None, dp_rank: Optional[int] = None, dp_size: Optional[int] = None,
                  cp_rank: Optional[int] = None, cp_size: Optional[int] = None,
                  dp_dims: Sequence[str] = DEFAULT_DP_DIMS, cp_dim: Optional[str] = DEFAULT_CP_DIM,
@@ -168,14 +188,25 @@ class Loader:
                                                         cp_size=cp_size, rank=rank, world_size=world_size,
                                                         dp_dims=dp_dims, cp_dim=cp_dim)
         pc = self.parallel
+        if not isinstance(document_ids, bool):
+            raise TypeError(f"document_ids must be True or False, got {document_ids!r}")
+        if document_ids and pc.cp_size > 1:
+            raise ValueError("document_ids=True is for whole rows; with context parallelism use the THD layout's "
+                             "cu_seqlens (cu_seqlens=True)")
+        # per-token document ids come from cu_seqlens (tokenfeed.flex.document_ids); the
+        # batch keeps cu_seqlens / num_seqs only when they were asked for too
+        self._document_ids = document_ids
+        self._drop_cu = document_ids and not cu_seqlens
         # one configuration, checked once: the engine's (the global batch comes from
         # it) and the stream's; the C library checks ranges when it builds them
         self._engine_cfg = EngineConfig(
             batch_size=batch_size, rank=pc.dp_rank, world_size=pc.dp_size, dtype=dtype, position_ids=position_ids,
-            cu_seqlens=cu_seqlens, loss_mask=loss_mask, num_threads=engine_kw.get("num_threads"),
+            cu_seqlens=cu_seqlens or document_ids, loss_mask=loss_mask, num_threads=engine_kw.get("num_threads"),
             prefetch=engine_kw["prefetch_batches"], backend=engine_kw.get("backend"),
             direct_io=engine_kw.get("direct_io", False), zstd_cache_bytes=engine_kw.get("zstd_cache_bytes"),
-            cp_rank=pc.cp_rank, cp_size=pc.cp_size)
+            cp_rank=pc.cp_rank, cp_size=pc.cp_size, balance=engine_kw.get("balance"),
+            balance_micro_batches=engine_kw.get("balance_micro_batches"), warmup_steps=engine_kw.get("warmup_steps"),
+            warmup_min_seq_len=engine_kw.get("warmup_min_seq_len"))
         self._order_cfg = OrderConfig(seq_len=seq_len, shuffle=shuffle, weights=weights,
                                       global_batch=self._engine_cfg.global_batch, **order_kw)
         if output not in ("auto", "torch", "numpy"):
@@ -213,6 +244,11 @@ class Loader:
         from ._device import parse_device
 
         self.device_index = parse_device(device)
+        if self._engine_cfg.setting("warmup_steps") and self.device_index is not None:
+            raise ValueError("warmup_steps with device=: the device stage copies batches of one shape, and a "
+                             "sequence-length warmup changes the shape; take CPU batches and move them yourself")
+        if document_ids and self.device_index is not None and output == "numpy":
+            raise ValueError("document_ids=True on a device needs torch output (output='torch' or 'auto')")
         if not isinstance(static_buffers, bool):
             raise TypeError(f"static_buffers must be True or False, got {static_buffers!r}")
         if static_buffers and self.device_index is None:
@@ -234,6 +270,14 @@ class Loader:
     @property
     def seq_len(self) -> int:
         return self._order_cfg.seq_len
+
+    @property
+    def current_seq_len(self) -> int:
+        """The row length of the next batch: ``seq_len``, or shorter during a sequence-length warmup
+        (``warmup_steps``), when each sample comes cut into ``seq_len / current_seq_len`` rows."""
+        e = self._engine_cfg
+        return _core.seq_len_warmup(self.seq_len, e.setting("warmup_min_seq_len"), e.setting("warmup_steps"),
+                                    self.position // self.global_batch)
 
     @property
     def batch_size(self) -> int:
@@ -379,13 +423,22 @@ class Loader:
     def __next__(self) -> Dict[str, Any]:
         if self.device_index is not None:
             out: Dict[str, Any] = self._get_device().next()
-            return out
+            return self._with_document_ids(out)
         batch: Dict[str, Any] = self._get_engine().next()
         if self.output == "torch":
             import torch
 
             # THD batches also carry max_seqlen / num_seqs as ints
-            return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+            batch = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+        return self._with_document_ids(batch)
+
+    def _with_document_ids(self, batch: Dict[str, Any]) -> Dict[str, Any]:
+        if self._document_ids:
+            from .flex import document_ids
+
+            batch["document_ids"] = document_ids(batch["cu_seqlens"], self.seq_len)
+            if self._drop_cu:
+                del batch["cu_seqlens"], batch["num_seqs"]
         return batch
 
     def close(self) -> None:
@@ -509,6 +562,7 @@ class Loader:
         d["_engine"] = None
         d["_order"] = None
         d["_device"] = None  # device state is per process; made again where the loader is used
+        d.pop("_bal_cache", None)  # holds the order
         return d
 
     def __setstate__(self, d: Dict[str, Any]) -> None:
@@ -585,20 +639,54 @@ class Loader:
     def _row_positions(self, step: int) -> List[int]:
         """Global positions of this rank's rows of global batch ``step``, in row order.
 
-        The one place that says which rows of a global batch a rank takes (its contiguous
-        slice): :meth:`explain` and :meth:`where` go through it and
-        :meth:`_position_rank_row`, so a rule that assigns rows to ranks differently changes
-        these two and nothing else.
+        The one place that says which rows of a global batch a rank takes: its contiguous
+        slice, or with ``balance=`` the rows the balancing rule gives it (the rule's step is
+        ``balance_micro_batches`` global batches; ``docs/balance.md``). :meth:`explain` and
+        :meth:`where` go through it and :meth:`_position_rank_row`, so a rule that assigns
+        rows to ranks differently changes these two and nothing else.
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"step: expected an int >= 0, got {step!r}")
-        base = step * self.global_batch + self.dp_rank * self.batch_size
-        return [base + r for r in range(self.batch_size)]
+        B, R = self.batch_size, self.dp_size
+        base = step * self.global_batch + self.dp_rank * B
+        rows = self._balanced_step(step)
+        at = ((step % self._engine_cfg.setting("balance_micro_batches")) * R + self.dp_rank) * B
+        if rows is None or at + B > len(rows):  # no balancing, or past the end of the stream
+            return [base + r for r in range(B)]
+        return [int(p) for p in rows[at:at + B]]
 
-    def _position_rank_row(self, pos: int) -> Tuple[int, int]:
-        """The data-parallel rank and row that receive global position ``pos`` (see :meth:`_row_positions`)."""
-        within = pos % self.global_batch
-        return within // self.batch_size, within % self.batch_size
+    def _position_rank_row(self, pos: int) -> Tuple[int, int, int]:
+        """The global batch (step), data-parallel rank and row that receive global position ``pos``
+        (see :meth:`_row_positions`)."""
+        G, B, R = self.global_batch, self.batch_size, self.dp_size
+        rows = self._balanced_step(pos // G)
+        if rows is None:
+            within = pos % G
+            return pos // G, within // B, within % B
+        M = self._engine_cfg.setting("balance_micro_batches")
+        i = int(np.flatnonzero(rows == pos)[0])
+        bin_, row = divmod(i, B)  # bin m * R + r: rank r's micro-batch m
+        m, rank = divmod(bin_, R)
+        return pos // G // M * M + m, rank, row
+
+    def _balanced_step(self, step: int) -> Optional["np.ndarray[Any, Any]"]:
+        """With ``balance=``: the positions of the balancing step that holds global batch ``step``,
+        as the rule gives them to (micro-batch, rank) bins (``_core.Order.balance``); else None.
+        The last step asked for is kept, with its order (``where`` asks for each of a step's
+        rows in turn)."""
+        e = self._engine_cfg
+        mode, M = e.setting("balance"), e.setting("balance_micro_batches")
+        if mode == _core.BALANCE_NONE:
+            return None
+        start = step // M * M * self.global_batch
+        if start >= self._order.num_positions:
+            return None
+        cached = self.__dict__.get("_bal_cache")
+        if cached is None or cached[0] is not self._order or cached[1] != start:
+            cached = (self._order, start, self._order.balance(start, self.dp_size, M, mode))
+            self._bal_cache = cached
+        rows: "np.ndarray[Any, Any]" = cached[2]
+        return rows
 
     def explain(self, step: int) -> List[List["Segment"]]:
         """Which documents made ``step``'s batch on this rank: one list per row, of :class:`tokenfeed.Segment`.

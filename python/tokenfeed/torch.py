@@ -454,7 +454,9 @@ class TokenBatches(IterableDataset):  # type: ignore[type-arg]
     ``start`` is a global stream position (a multiple of the global batch, checked here);
     after ``steps`` batches keep :meth:`position_after` ``(steps)`` in your checkpoint and
     pass it as ``start=`` to resume, with any ``num_workers``. Every other keyword is the
-    :class:`Loader`'s. A finite (``epochs=``) stream ends where the Loader's does.
+    :class:`Loader`'s. A finite (``epochs=``) stream ends where the Loader's does. ``balance=``
+    and ``warmup_steps=`` act on each step, so they take ``num_workers`` 0 or 1 (more is a
+    ``ValueError``; ``docs/balance.md``).
     """
 
     def __init__(self, dataset: Union[Dataset, PathLike], *, seq_len: int, batch_size: int,
@@ -479,7 +481,13 @@ class TokenBatches(IterableDataset):  # type: ignore[type-arg]
         self.loader_kw = loader_kw
         self.loader_kw.setdefault("output", "torch")
         # every setting checked now, in this process, before any worker starts
-        self._loader(0, 1, self.start).close()
+        probe = self._loader(0, 1, self.start)
+        # settings that act on the steps of the stream (docs/balance.md): with K workers each
+        # one reads every K-th step as one of K x R ranks, so they would act on K steps at once
+        e = probe._engine_cfg
+        self._per_step = [k for k, on in (("balance", e.setting("balance")),
+                                          ("warmup_steps", e.setting("warmup_steps"))) if on]
+        probe.close()
 
     def position_after(self, steps: int) -> int:
         """The global position after ``steps`` batches from ``start``: pass it as ``start=`` to resume."""
@@ -511,6 +519,13 @@ class TokenBatches(IterableDataset):  # type: ignore[type-arg]
             finally:
                 loader.close()
             return
+        if info.num_workers > 1 and self._per_step:
+            names = " and ".join(f"{k}=" for k in self._per_step)
+            raise ValueError(f"tokenfeed.torch.TokenBatches: {names} with num_workers={info.num_workers}: each "
+                             f"DataLoader worker reads one step in {info.num_workers}, as one of "
+                             f"{info.num_workers} x {self.world_size} ranks, so {names} would act on "
+                             f"{info.num_workers} steps together instead of on each step. Use num_workers=0 (the "
+                             f"engine already works on its own threads) or 1 (docs/balance.md)")
         as_torch = self.loader_kw["output"] != "numpy"
         loader = self._loader(info.id, info.num_workers, self.start, output="numpy")
         ring: Optional[_SlotRing] = None
@@ -518,12 +533,16 @@ class TokenBatches(IterableDataset):  # type: ignore[type-arg]
         layout: _Layout = ()
         copies: Tuple[Tuple[str, int], ...] = ()
         nbytes = 0
+        shapes: Tuple[Any, ...] = ()
         try:
             for batch in loader:
-                # the same layout every batch, but for the THD outputs (their length varies)
+                # the same layout every batch, but for the THD outputs (their length varies) and
+                # a sequence-length warmup (its rows lengthen)
                 scalars = {k: v for k, v in batch.items() if not isinstance(v, np.ndarray)}
-                if ring is None or scalars:
+                now = tuple(v.shape for v in batch.values() if isinstance(v, np.ndarray))
+                if ring is None or scalars or now != shapes:
                     layout, copies, nbytes = _layout(batch)
+                    shapes = now
                 if not no_ring and (ring is None or nbytes > ring.slot_bytes):
                     try:
                         ring = _ring_for(nbytes)
