@@ -37,6 +37,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def torchrun(script: str, args: list, nproc: int, unset: tuple = (), timeout: int = 300) -> None:
+    """Run tests/``script`` on ``nproc`` gloo ranks on 127.0.0.1 (a free port); fail with its output."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1",
+               PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK") + tuple(unset):
+        env.pop(k, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+           os.path.join(HERE, script)] + [str(a) for a in args]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     if not dist.is_available() or not dist.is_gloo_available():
@@ -49,15 +62,7 @@ def run(tmp_path_factory):
             w.add_document(rng.integers(0, 5000, size=int(n)))
     out = root / "out"
     out.mkdir()
-    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1",
-               PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TOKENFEED_BACKEND"):
-        env.pop(k, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(NPROC),
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-           os.path.join(HERE, "mesh_worker.py"), str(data), str(out), str(SEQ_LEN), str(G), str(STEPS)]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=420)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
+    torchrun("mesh_worker.py", [data, out, SEQ_LEN, G, STEPS], NPROC, unset=("TOKENFEED_BACKEND",), timeout=420)
 
     def load(name):
         files = [np.load(out / f"{name}.{r}.npz") for r in range(NPROC)]

@@ -5,9 +5,6 @@ names the slow rank over a gloo process group."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -16,8 +13,6 @@ import pytest
 import tokenfeed
 from conftest import numpy_loader
 from test_device import cuda_double  # noqa: F401  (the fixture)
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture
@@ -44,12 +39,18 @@ def test_fast_engine_busy_consumer_waits_nothing(ds):
     assert tokenfeed.meter_verdict(m).startswith("data is not the bottleneck") or m["wait_fraction"] >= 0.02
 
 
+def slowed(ds, monkeypatch, delay_ms, work_s):
+    """The meter over the last 6 of 8 batches of an engine slowed by ``delay_ms`` per batch,
+    consumed by a loop that works ``work_s`` per step."""
+    monkeypatch.setenv("TOKENFEED_FAULT_DELAY_MS", str(delay_ms))
+    l = numpy_loader(ds, seq_len=32, batch_size=2, num_threads=1, prefetch=1)
+    consume(l, 8, work_s)
+    return l.meter(6)
+
+
 @pytest.mark.test_hooks
 def test_slow_engine_idle_consumer_waits_all(ds, monkeypatch):
-    monkeypatch.setenv("TOKENFEED_FAULT_DELAY_MS", "60")
-    l = numpy_loader(ds, seq_len=32, batch_size=2, num_threads=1, prefetch=1)
-    consume(l, 8, 0.0)
-    m = l.meter(6)
+    m = slowed(ds, monkeypatch, 60, 0.0)
     # truth: ~100 % (the consumer does nothing but wait for 60 ms batches)
     assert m["wait_fraction"] > 0.75, m
     assert m["wait_p50_seconds"] >= 0.05 and m["wait_p99_seconds"] >= m["wait_p50_seconds"]
@@ -61,10 +62,7 @@ def test_slow_engine_idle_consumer_waits_all(ds, monkeypatch):
 @pytest.mark.test_hooks
 def test_half_and_half(ds, monkeypatch):
     """Engine 160 ms per batch, consumer 80 ms per step: the consumer waits about half of its time."""
-    monkeypatch.setenv("TOKENFEED_FAULT_DELAY_MS", "160")
-    l = numpy_loader(ds, seq_len=32, batch_size=2, num_threads=1, prefetch=1)
-    consume(l, 8, 0.08)
-    m = l.meter(6)
+    m = slowed(ds, monkeypatch, 160, 0.08)
     assert 0.2 < m["wait_fraction"] < 0.8, m
     assert abs(m["wait_percent"] - 100 * m["wait_fraction"]) < 1e-9
 
@@ -91,7 +89,7 @@ def test_meter_all_ranks_names_the_slow_rank(tmp_path):
 
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available in this torch build")
-    from test_mesh_torchrun import free_port
+    from test_mesh_torchrun import torchrun
 
     data = tmp_path / "data"
     rng = np.random.default_rng(0)
@@ -100,15 +98,7 @@ def test_meter_all_ranks_names_the_slow_rank(tmp_path):
             w.add_document(rng.integers(0, 500, size=int(rng.integers(1, 80))))
     out = tmp_path / "out"
     out.mkdir()
-    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1",
-               PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TOKENFEED_FAULT_DELAY_MS"):
-        env.pop(k, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-           os.path.join(HERE, "meter_worker.py"), str(data), str(out)]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
+    torchrun("meter_worker.py", [data, out], 2, unset=("TOKENFEED_FAULT_DELAY_MS",))
     reports = [json.loads((out / f"meter.{r}.json").read_text()) for r in range(2)]
     assert reports[0] == reports[1]
     rep = reports[0]

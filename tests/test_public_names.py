@@ -41,7 +41,8 @@ def resolve(dotted: str) -> object:
 
 
 def doc_names() -> dict[str, set[str]]:
-    """Dotted tokenfeed names (classes and functions; not file names such as tokenfeed.h) by page."""
+    """Dotted tokenfeed names (classes and functions; not file names such as tokenfeed.h or .tokenfeed.lock)
+    by page."""
     out: dict[str, set[str]] = {}
     for page in PAGES:
         with open(page) as f:
@@ -49,7 +50,7 @@ def doc_names() -> dict[str, set[str]]:
         names = {"tokenfeed" + m for m in DOTTED.findall(text)}
         for mod, what in FROM_IMPORT.findall(text):
             names |= {f"{mod}.{n.strip()}" for n in what.strip("()").split(",") if n.strip()}
-        out[os.path.relpath(page, ROOT)] = {n for n in names if not re.search(r"\.(h|pc|manifest|map|c)$", n)}
+        out[os.path.relpath(page, ROOT)] = {n for n in names if not re.search(r"\.(h|pc|manifest|map|c|lock)$", n)}
     return out
 
 

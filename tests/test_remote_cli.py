@@ -116,11 +116,13 @@ def test_inspect_remote_without_obstore_is_one_line(monkeypatch, capsys, tmp_pat
     """Without obstore, `inspect s3://...` says what is missing and how to get it, in one line
     (the traceback only with --debug)."""
     import sys
+    from tokenfeed._extras import pip_hint
     monkeypatch.setitem(sys.modules, "obstore", None)  # import obstore raises ImportError
     monkeypatch.setenv("TOKENFEED_CACHE_DIR", str(tmp_path / "cache"))
     assert cli.main(["inspect", "s3://bucket/ds/"]) == 1
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "Traceback" not in err
-    assert "needs obstore" in err and "pip install obstore" in err
+    # the install hint names the package with its version bound (the one pip_hint gives everywhere)
+    assert "needs obstore" in err and pip_hint("remote") in err
     with pytest.raises(ImportError):
         cli.main(["--debug", "inspect", "s3://bucket/ds/"])

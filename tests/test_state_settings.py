@@ -67,7 +67,8 @@ def samples(ld: tokenfeed.Loader, start: int, limit: int = 200) -> List[bytes]:
     return rows if ld.num_positions is not None else rows[:limit]
 
 
-# weights only on mixtures (on one dataset they make another loader, of other data)
+# weights only on mixtures (on one dataset they make another loader, of other data:
+# test_state_of_another_kind_of_loader_refused covers that)
 CASES = [(b, s) for s in sorted(CHANGES) for b in sorted(BASES) if s != "weights" or "weights" in BASES[b]]
 
 
@@ -91,6 +92,18 @@ def test_state_refused_exactly_when_the_stream_changes(data, base, setting):
     assert accepted == same, (base, setting, same, why)
     if not accepted:
         assert setting in why or (setting == "batch_size" and "global_batch" in why), why
+
+
+@pytest.mark.parametrize("base", sorted(b for b in BASES if "weights" not in BASES[b]))
+def test_state_of_another_kind_of_loader_refused(data, base):
+    """Weights on a single-source base read a mixture of other data: refused both ways."""
+    kw = BASES[base]
+    mixed = {**kw, "weights": CHANGES["weights"]}
+    for saved, resumed in ((kw, mixed), (mixed, kw)):
+        a = loader(data, saved)
+        next(a), next(a)
+        with pytest.raises(tokenfeed.StateError, match="the dataset changed"):
+            loader(data, resumed).load_state_dict(a.state_dict())
 
 
 def test_block_size_under_a_full_shuffle_resumes(data):

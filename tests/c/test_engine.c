@@ -103,6 +103,15 @@ static tf_loader *mk(const tf_dataset *ds, const spec *s) {
     return l;
 }
 
+/* The order the loader of spec s reads (NULL, counted as a failure, if it cannot be made). */
+static tf_order *mk_order(const tf_dataset *ds, const spec *s) {
+    tf_order_config oc;
+    order_cfg(s, &oc);
+    tf_order *o = NULL;
+    CHECK_OK(tf_order_create(ds, &oc, &o));
+    return o;
+}
+
 /* Compare batch b (global position pos) with rows built by tf_order_fill_sample. */
 static int check_against_reference(const tf_order *o, const spec *s, tf_batch *b, uint64_t pos) {
     tf_batch_view v;
@@ -134,10 +143,7 @@ static int check_against_reference(const tf_order *o, const spec *s, tf_batch *b
 
 /* Run nb batches from a fresh loader and compare each with the reference. */
 static void check_stream(const tf_dataset *ds, const spec *s, int nb, const char *what) {
-    tf_order_config oc;
-    order_cfg(s, &oc);
-    tf_order *o = NULL;
-    CHECK_OK(tf_order_create(ds, &oc, &o));
+    tf_order *o = mk_order(ds, s);
     tf_loader *l = mk(ds, s);
     if (!l || !o) goto out;
     uint64_t G = s->B * s->world;
@@ -252,10 +258,7 @@ static void test_memory_dataset(void) {
     s.epochs = 1;
     /* finite stream: ends with EOF at position + G > num_positions */
     tf_loader *l = mk(ds, &s);
-    tf_order_config oc;
-    order_cfg(&s, &oc);
-    tf_order *o = NULL;
-    CHECK_OK(tf_order_create(ds, &oc, &o));
+    tf_order *o = mk_order(ds, &s);
     uint64_t npos = o ? tf_order_num_positions(o) : 0, got = 0;
     tf_batch *b = NULL;
     while (l && tf_loader_next(l, &b) == 0) {
@@ -433,10 +436,7 @@ static void test_fork(const tf_dataset *ds) {
     s.threads = 2;
     tf_loader *l = mk(ds, &s);
     if (!l) return;
-    tf_order_config oc;
-    order_cfg(&s, &oc);
-    tf_order *o = NULL;
-    CHECK_OK(tf_order_create(ds, &oc, &o));
+    tf_order *o = mk_order(ds, &s);
     tf_batch *b = NULL;
     for (int i = 0; i < 3; i++) {
         CHECK_OK(tf_loader_next(l, &b));
@@ -565,10 +565,7 @@ static void test_from_order(const tf_dataset *ds) {
     spec s = default_spec();
     s.world = 2;
     s.B = 3;
-    tf_order_config oc;
-    order_cfg(&s, &oc);
-    tf_order *o = NULL;
-    CHECK_OK(tf_order_create(ds, &oc, &o));
+    tf_order *o = mk_order(ds, &s);
     if (!o) return;
     for (uint32_t r = 0; r < s.world; r++) {
         s.rank = r;
@@ -716,10 +713,7 @@ static void test_finite_end(const tf_dataset *ds) {
     s.epochs = 1;
     tf_loader *l = mk(ds, &s);
     if (!l) return;
-    tf_order_config oc;
-    order_cfg(&s, &oc);
-    tf_order *o = NULL;
-    CHECK_OK(tf_order_create(ds, &oc, &o));
+    tf_order *o = mk_order(ds, &s);
     uint64_t npos = tf_order_num_positions(o);
     CHECK(npos < tf_order_num_samples(o)); /* one epoch, rounded down to whole global batches */
     CHECK_RC(tf_loader_seek(l, npos + s.B), -EINVAL);
