@@ -142,3 +142,23 @@ def test_remote_llmc_list_needs_no_probe_per_file(moto, bucket, tmp_path):  # no
         assert p.requests.get("HEAD", 0) == 0, p.requests
     finally:
         p.stop()
+
+
+def test_remote_not_found_names_what_was_looked_for(moto, bucket, tmp_path):  # noqa: F811
+    url = f"s3://{bucket}/nothing/here.bin"
+    with pytest.raises(OSError) as ei:
+        tokenfeed.open(url, cache_dir=str(tmp_path / "c"), endpoint_url=moto.endpoint)
+    msg = str(ei.value)
+    assert f"{url}/tokenfeed.manifest" in msg and f"s3://{bucket}/nothing/here.idx" in msg, msg
+    assert "/.idx" not in msg
+
+
+def test_glob_dataset_pickles_as_its_files(tmp_path):
+    import pickle
+
+    for i in range(3):
+        np.save(tmp_path / f"{i}.npy", np.arange(i, i + 5, dtype=np.uint16))
+    ds = tokenfeed.open(str(tmp_path / "*.npy"))
+    np.save(tmp_path / "3.npy", np.arange(5, dtype=np.uint16))  # a file added later is not picked up
+    again = pickle.loads(pickle.dumps(ds))
+    assert again.paths == ds.paths and again.fingerprint == ds.fingerprint

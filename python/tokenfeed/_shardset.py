@@ -100,7 +100,7 @@ def _local_dir(path: str) -> List[str]:
 
 
 def _local_glob(pattern: str) -> List[str]:
-    hits = [p for p in _glob.glob(pattern) if os.path.isfile(p) or os.path.isdir(p)]
+    hits = _glob.glob(pattern)
     if not hits:
         raise FileNotFoundError(f"{pattern}: no file or directory matches this pattern")
     return _collapse(hits)[0]
