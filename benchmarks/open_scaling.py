@@ -61,8 +61,10 @@ def main() -> int:
 
 def startup(a: argparse.Namespace) -> int:
     rows = startup_scaling(a.cache_dir, sorted(a.startup), log=lambda m: print(m, file=sys.stderr))
-    base = {r["set"]: r for r in rows if r["status"] == "ok" and r["start"] == "warm" and r["shards"] == min(a.startup)}
-    print("| set | shards | cold: open / first batch (ms) | warm: open / first batch (ms) | warm first batch / smallest |")
+    base = {r["set"]: r for r in rows
+            if r["status"] == "ok" and r["start"] == "warm" and r["shards"] == min(a.startup)}
+    print("| set | shards | cold: open / first batch (ms) | warm: open / first batch (ms) "
+          "| warm first batch / smallest |")
     print("|---|--:|--:|--:|--:|")
     for kind in dict.fromkeys(r["set"] for r in rows):
         for k in sorted(a.startup):

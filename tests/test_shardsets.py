@@ -37,6 +37,8 @@ def test_npy_directory_and_glob_sorted(tmp_path):
         np.save(d / f"part-{i:03d}.npy", shards[i])
     (d / "_SUCCESS").write_bytes(b"")
     (d / ".hidden.npy").write_bytes(b"")
+    (d / "README.md").write_text("# a dataset card\n")
+    (d / "index.json").write_text("{}")
     files = [str(d / f"part-{i:03d}.npy") for i in range(12)]
     for spec in (str(d), str(d) + "/", str(d / "*.npy"), str(d / "part-00?.npy")):
         ds = tokenfeed.open(spec)
@@ -80,7 +82,9 @@ def test_mixed_or_empty_directory_says_what_it_found(tmp_path):
     e = tmp_path / "empty"
     (e / "train").mkdir(parents=True)
     (e / "_SUCCESS").write_bytes(b"")
-    with pytest.raises(tokenfeed.FormatError, match=r"no manifest .*found 1 subdirectories \(train\) and 1 hidden"):
+    (e / "README.md").write_bytes(b"")
+    with pytest.raises(tokenfeed.FormatError, match=r"no manifest .*found 1 subdirectories \(train\) and 2 files "
+                                                    r"that are not token data \(README\.md, _SUCCESS\)"):
         tokenfeed.open(str(e))
     with pytest.raises(FileNotFoundError, match="no file or directory matches"):
         tokenfeed.open(str(tmp_path / "nothing-*.bin"))

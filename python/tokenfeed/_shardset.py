@@ -3,9 +3,10 @@ files that :func:`tokenfeed.open` concatenates (docs/format.md, "Shard sets").
 
 * A directory without a ``tokenfeed.manifest`` (local, or a URL ending in ``/``) holds files of
   one format: ``.npy`` files, llm.c shards, Megatron ``.bin``/``.idx`` pairs, or headerless
-  files (with ``dtype=``). Files whose names start with ``.`` or ``_`` (``_SUCCESS``) are
-  not data; a datatrove ``X.index`` beside ``X`` belongs to ``X``. A directory that mixes
-  formats, or holds none, is an error that says what it holds.
+  files (with ``dtype=``). Files whose names start with ``.`` or ``_`` (``_SUCCESS``) and a
+  dataset's documentation and configs (``.md``, ``.json``, ``.txt``, ...) are not data; a
+  datatrove ``X.index`` beside ``X`` belongs to ``X``. A directory that mixes formats, or
+  holds none, is an error that says what it holds.
 * A path or URL with ``*``, ``?`` or ``[`` matches names segment by segment (``*`` never
   crosses ``/``), as :mod:`glob` does; a remote glob is matched against one listing of the
   store under the pattern's fixed prefix.
@@ -62,6 +63,16 @@ def _describe(kinds: Dict[str, List[str]]) -> str:
     return "; ".join(parts)
 
 
+# Beside the shards of a dataset repository: its card, configs, another tool's index
+# (LitData's and MosaicML's index.json), scripts. Never token data in a format read here.
+_NOT_DATA = (".md", ".json", ".yaml", ".yml", ".txt", ".py", ".sh", ".toml", ".cfg")
+
+
+def _not_data(base: str) -> bool:
+    """Hidden files, markers (_SUCCESS) and the documentation and configs of a dataset."""
+    return base.startswith((".", "_")) or base.lower().endswith(_NOT_DATA)
+
+
 def _native_leftovers(names: Sequence[str]) -> bool:
     """Native shards (or a writer's temporary files) without a manifest: a native dataset whose
     write did not finish, which the core reports as such."""
@@ -70,19 +81,21 @@ def _native_leftovers(names: Sequence[str]) -> bool:
 
 def _one_format(where: str, names: Sequence[str], others: Sequence[str]) -> List[str]:
     """The data files of a directory listing (full names), checked to be of one format."""
-    data = [n for n in names if not n.rsplit("/", 1)[-1].startswith((".", "_"))]
+    data = [n for n in names if not _not_data(n.rsplit("/", 1)[-1])]
     out, kinds = _collapse(data)
     if not out:
         found = f"{len(others)} subdirectories ({', '.join(sorted(others)[:3])})" if others else "nothing"
-        skipped = len(names) - len(data)
+        skipped = sorted(set(names) - set(data))
         if skipped:
-            found += f" and {skipped} hidden or marker files"
+            shown = ", ".join(n.rsplit("/", 1)[-1] for n in skipped[:3]) + (", ..." if len(skipped) > 3 else "")
+            found += f" and {len(skipped)} files that are not token data ({shown})"
         raise _core.FormatError(f"{where}: no manifest ({MANIFEST}) and no token files: found {found}. Expected a "
                                 "tokenfeed dataset, or files of one format (.npy, llm.c, Megatron .bin/.idx pairs, "
                                 "headerless with dtype=)")
     if len(kinds) > 1:
-        raise _core.FormatError(f"{where}: holds files of more than one format: {_describe(kinds)}. A directory opens "
-                         "as one shard set of one format: open a glob (e.g. dir/*.bin) or a list of paths instead")
+        raise _core.FormatError(f"{where}: holds files of more than one format: {_describe(kinds)}. A directory "
+                                "opens as one shard set of one format: open a glob (e.g. dir/*.bin) or a list of "
+                                "paths instead")
     return out
 
 
@@ -139,8 +152,9 @@ def _remote_glob(url: str, lister: Lister) -> List[str]:
 
 
 def _remote_dir(url: str, lister: Lister) -> Optional[List[str]]:
-    """The objects directly under ``url`` (which ends in ``/``); None when it holds a manifest
-    (a native dataset: the core opens it)."""
+    """The objects directly under ``url`` (which ends in ``/``); None when the core opens it:
+    it holds a manifest (a native dataset), or nothing, or native shards without a manifest
+    (a write that did not finish, which the core reports)."""
     names, subdirs = [], set()
     for obj_url, _size, _version in lister(url):
         rest = obj_url[len(url):] if obj_url.startswith(url) else ""
