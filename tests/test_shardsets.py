@@ -154,7 +154,9 @@ def test_remote_not_found_names_what_was_looked_for(moto, bucket, tmp_path):  # 
         tokenfeed.open(url, cache_dir=str(tmp_path / "c"), endpoint_url=moto.endpoint)
     msg = str(ei.value)
     assert f"{url}/tokenfeed.manifest" in msg and f"s3://{bucket}/nothing/here.idx" in msg, msg
-    assert "/.idx" not in msg
+    assert "/.idx" not in msg and "end the URL with" not in msg
+    with pytest.raises(OSError, match=rf"end the URL with / or give a glob: s3://{bucket}/nothing/\*\.bin"):
+        tokenfeed.open(f"s3://{bucket}/nothing", cache_dir=str(tmp_path / "c"), endpoint_url=moto.endpoint)
 
 
 def test_glob_dataset_pickles_as_its_files(tmp_path):

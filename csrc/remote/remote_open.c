@@ -329,8 +329,12 @@ static int resolve(tf__preg *g, target *t, const tf_open_options *opt) {
             rc = tf__seterr(-TF_EFORMAT, "%s: no manifest: expected %s. This is not a tokenfeed dataset, or its write did not finish.",
                             url, mf);
         } else {
-            rc = tf__seterr(-ENOENT, "%s: no such object (nor a dataset directory with %s, nor a Megatron pair %s and %s)",
-                            url, mf, bin, idx);
+            /* a name without an extension may be a directory of shards */
+            const char *base = strrchr(d, '/');
+            int dirlike = !strchr(base ? base + 1 : d, '.');
+            rc = tf__seterr(-ENOENT, "%s: no such object (nor a dataset directory with %s, nor a Megatron pair %s and %s)%s%s%s",
+                            url, mf, bin, idx, dirlike ? ". For a directory of shards, end the URL with / or give a glob: " : "",
+                            dirlike ? d : "", dirlike ? "/*.bin" : "");
         }
     }
     free(d);
