@@ -24,29 +24,36 @@ def open_scaling(cache: str, sizes: Sequence[int], *, shards_for: Optional[Calla
     if shards_for is None:
         shards_for = lambda n: max(1, min(10_000, n // 10**8))  # noqa: E731
     out = []
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in (package_parent(), os.environ.get("PYTHONPATH"))
-                                                      if x))
     for n in sizes:
         k = shards_for(n)
         d = os.path.join(cache, "sparse", f"llmc-{n}-{k}")
         make_sparse_llmc(d, n, k)
-        code = ("import json\nfrom tokenfeed_bench.scaling import scaling_child\n"
-                f"print({RESULT!r}+json.dumps(scaling_child({d!r}, {seq_len}, {batch_size}, {bool(first_batch)})))")
-        p = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=600, env=env)
-        k_ = p.stdout.rfind(RESULT)
-        if k_ < 0:
-            r: Dict[str, Any] = {"status": "failed", "reason": (p.stderr.strip().splitlines() or ["?"])[-1]}
-        else:
-            r = json.loads(p.stdout[k_ + len(RESULT):])
-            r["status"] = "ok"
-        r.update({"tokens": n, "shards": k, "format": "llm.c (sparse)"})
-        out.append(r)
-        if r["status"] == "ok":
-            log(f"scaling {human(n)} tokens / {k} shards: open {r['open_s'] * 1e3:.0f} ms, "
-                f"+{r['open_rss_delta_mb']:.1f} MB; first batch {r.get('first_batch_s', 0) * 1e3:.0f} ms")
-        else:
-            log(f"scaling {human(n)} tokens: failed: {r['reason']}")
+        out.append(_child(python, f"scaling_child({d!r}, {seq_len}, {batch_size}, {bool(first_batch)})",
+                          {"tokens": n, "shards": k, "format": "llm.c (sparse)"}, log,
+                          f"scaling {human(n)} tokens / {k} shards",
+                          lambda r: f"open {r['open_s'] * 1e3:.0f} ms, +{r['open_rss_delta_mb']:.1f} MB; first batch "
+                                    f"{r.get('first_batch_s', 0) * 1e3:.0f} ms"))
     return out
+
+
+def _child(python: str, call: str, extra: Dict[str, Any], log: Callable[[str], None], label: str,
+           summary: Callable[[Dict[str, Any]], str]) -> Dict[str, Any]:
+    """Run ``tokenfeed_bench.scaling.<call>`` in a fresh process: its dict and ``extra``, with
+    status "ok" (logged as ``label: summary(r)``), or status "failed" and the last line of its
+    stderr."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in (package_parent(), os.environ.get("PYTHONPATH"))
+                                                      if x))
+    code = f"import json\nfrom tokenfeed_bench import scaling\nprint({RESULT!r}+json.dumps(scaling.{call}))"
+    p = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    i = p.stdout.rfind(RESULT)
+    if i < 0:
+        r: Dict[str, Any] = {"status": "failed", "reason": (p.stderr.strip().splitlines() or ["?"])[-1]}
+        log(f"{label}: failed: {r['reason']}")
+    else:
+        r = dict(json.loads(p.stdout[i + len(RESULT):]), status="ok")
+        log(f"{label}: {summary(r)}")
+    r.update(extra)
+    return r
 
 
 def scaling_child(d: str, seq_len: int, batch_size: int, first_batch: bool) -> Dict[str, Any]:
@@ -118,8 +125,6 @@ def startup_scaling(cache: str, counts: Sequence[int], *, seq_len: int = 512, ba
                     log: Callable[[str], None] = lambda m: None, python: str = sys.executable) -> List[Dict[str, Any]]:
     """Time from open() to the first batch in a fresh process, for each shard count and set kind:
     cold (the files' pages dropped from the page cache first), then warm (the same again)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in (package_parent(), os.environ.get("PYTHONPATH"))
-                                                      if x))
     out = []
     for k in counts:
         ld = os.path.join(cache, "startup", f"llmc-{k}")
@@ -131,20 +136,9 @@ def startup_scaling(cache: str, counts: Sequence[int], *, seq_len: int = 512, ba
             for temp in ("cold", "warm"):
                 if temp == "cold":
                     _evict(files + [os.path.dirname(files[0])] if files else [])
-                code = ("import json\nfrom tokenfeed_bench.scaling import startup_child\n"
-                        f"print({RESULT!r}+json.dumps(startup_child({spec!r}, {seq_len}, {batch_size})))")
-                p = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=600, env=env)
-                i = p.stdout.rfind(RESULT)
-                r: Dict[str, Any]
-                if i < 0:
-                    r = {"status": "failed", "reason": (p.stderr.strip().splitlines() or ["?"])[-1]}
-                else:
-                    r = dict(json.loads(p.stdout[i + len(RESULT):]), status="ok")
-                r.update({"set": kind, "shards": k, "start": temp})
-                out.append(r)
-                if r["status"] == "ok":
-                    log(f"start-up {kind}, {k} shards, {temp}: open {r['open_s'] * 1e3:.0f} ms, first batch "
-                        f"{r['first_batch_s'] * 1e3:.0f} ms")
-                else:
-                    log(f"start-up {kind}, {k} shards, {temp}: failed: {r['reason']}")
+                out.append(_child(python, f"startup_child({spec!r}, {seq_len}, {batch_size})",
+                                  {"set": kind, "shards": k, "start": temp}, log,
+                                  f"start-up {kind}, {k} shards, {temp}",
+                                  lambda r: f"open {r['open_s'] * 1e3:.0f} ms, first batch "
+                                            f"{r['first_batch_s'] * 1e3:.0f} ms"))
     return out
