@@ -39,6 +39,8 @@ def test_npy_directory_and_glob_sorted(tmp_path):
     (d / ".hidden.npy").write_bytes(b"")
     (d / "README.md").write_text("# a dataset card\n")
     (d / "index.json").write_text("{}")
+    (d / "part-000.csv.gz").write_bytes(b"")  # OLMo's document metadata beside its .npy
+    (d / "part-001.npy.tfdocs").write_bytes(b"")  # a document index beside its file
     files = [str(d / f"part-{i:03d}.npy") for i in range(12)]
     for spec in (str(d), str(d) + "/", str(d / "*.npy"), str(d / "part-00?.npy")):
         ds = tokenfeed.open(spec)

@@ -5,7 +5,8 @@ files that :func:`tokenfeed.open` concatenates (docs/format.md, "Shard sets").
   one format: ``.npy`` files, llm.c shards, Megatron ``.bin``/``.idx`` pairs, or headerless
   files (with ``dtype=``). Files whose names start with ``.`` or ``_`` (``_SUCCESS``) and a
   dataset's documentation and configs (``.md``, ``.json``, ``.txt``, ...) are not data; a
-  datatrove ``X.index`` beside ``X`` belongs to ``X``. A directory that mixes formats, or
+  document index beside its file (datatrove's ``X.index``, ``X.tfdocs``, OLMo's ``x.csv.gz``
+  beside ``x.npy``) belongs to it. A directory that mixes formats, or
   holds none, is an error that says what it holds.
 * A path or URL with ``*``, ``?`` or ``[`` matches names segment by segment (``*`` never
   crosses ``/``), as :mod:`glob` does; a remote glob is matched against one listing of the
@@ -41,8 +42,10 @@ def _collapse(names: Sequence[str]) -> Tuple[List[str], Dict[str, List[str]]]:
     for n in sorted(present):
         if n.endswith(".idx") and n[:-4] + ".bin" in present:
             continue  # counted with its .bin
-        if n.endswith(".index") and n[:-6] in present:
-            continue  # a datatrove document index belongs to its data file
+        if n.endswith(".index") and n[:-6] in present or n.endswith(".tfdocs") and n[:-7] in present:
+            continue  # a document index (datatrove's, or tokenfeed's for eos_id=) belongs to its data file
+        if n.endswith(".csv.gz") and n[:-7] + ".npy" in present:
+            continue  # OLMo's document metadata belongs to its .npy
         if n.endswith(".bin") and n[:-4] + ".idx" in present:
             kind = "Megatron .bin/.idx pairs"
         else:
