@@ -7,6 +7,11 @@ in the cache directory. Also prints time to first shuffled batch.
 
     python benchmarks/open_scaling.py                # 10^12 tokens in 10^4 shards
     python benchmarks/open_scaling.py --sizes 1e9 1e10 1e11 1e12 --json scaling.json
+    python benchmarks/open_scaling.py --startup 10 1000 10000   # open to first batch against shard count
+
+--startup times open() to the first batch in a fresh process for a glob of llm.c shards and
+a native dataset of that many shards, cold (the files' pages dropped from the page cache
+first) and warm (again), and prints the ratio of each warm figure to the smallest count's.
 """
 import argparse
 import json
@@ -16,7 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tokenfeed_bench.common import default_cache as _default_cache  # noqa: E402
-from tokenfeed_bench.scaling import open_scaling  # noqa: E402
+from tokenfeed_bench.scaling import open_scaling, startup_scaling  # noqa: E402
 
 
 def main() -> int:
@@ -26,7 +31,11 @@ def main() -> int:
     p.add_argument("--cache-dir", default=_default_cache())
     p.add_argument("--json", help="write the figures as JSON")
     p.add_argument("--clean", action="store_true", help="remove the sparse files afterwards")
+    p.add_argument("--startup", nargs="+", type=int, metavar="SHARDS",
+                   help="instead: open to first batch at these shard counts, cold and warm")
     a = p.parse_args()
+    if a.startup:
+        return startup(a)
     sizes = [int(s) for s in a.sizes]
     big = max(sizes)
     shards = lambda n: max(1, round(a.shards * n / big))  # noqa: E731
@@ -48,6 +57,30 @@ def main() -> int:
     if a.clean:
         shutil.rmtree(os.path.join(a.cache_dir, "sparse"), ignore_errors=True)
     return 0 if ok else 1
+
+
+def startup(a: argparse.Namespace) -> int:
+    rows = startup_scaling(a.cache_dir, sorted(a.startup), log=lambda m: print(m, file=sys.stderr))
+    base = {r["set"]: r for r in rows
+            if r["status"] == "ok" and r["start"] == "warm" and r["shards"] == min(a.startup)}
+    print("| set | shards | cold: open / first batch (ms) | warm: open / first batch (ms) "
+          "| warm first batch / smallest |")
+    print("|---|--:|--:|--:|--:|")
+    for kind in dict.fromkeys(r["set"] for r in rows):
+        for k in sorted(a.startup):
+            by = {r["start"]: r for r in rows if r["set"] == kind and r["shards"] == k}
+            cells = []
+            for t in ("cold", "warm"):
+                r = by.get(t)
+                cells.append(f"{r['open_s'] * 1e3:.0f} / {r['first_batch_s'] * 1e3:.0f}" if r and r["status"] == "ok"
+                             else "failed")
+            w, b = by.get("warm"), base.get(kind)
+            ratio = f"{w['first_batch_s'] / b['first_batch_s']:.1f}x" if w and b and w["status"] == "ok" else "-"
+            print(f"| {kind} | {k:,} | {cells[0]} | {cells[1]} | {ratio} |")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
 
 
 if __name__ == "__main__":

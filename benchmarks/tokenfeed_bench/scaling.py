@@ -24,29 +24,36 @@ def open_scaling(cache: str, sizes: Sequence[int], *, shards_for: Optional[Calla
     if shards_for is None:
         shards_for = lambda n: max(1, min(10_000, n // 10**8))  # noqa: E731
     out = []
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in (package_parent(), os.environ.get("PYTHONPATH"))
-                                                      if x))
     for n in sizes:
         k = shards_for(n)
         d = os.path.join(cache, "sparse", f"llmc-{n}-{k}")
         make_sparse_llmc(d, n, k)
-        code = ("import json\nfrom tokenfeed_bench.scaling import scaling_child\n"
-                f"print({RESULT!r}+json.dumps(scaling_child({d!r}, {seq_len}, {batch_size}, {bool(first_batch)})))")
-        p = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=600, env=env)
-        k_ = p.stdout.rfind(RESULT)
-        if k_ < 0:
-            r: Dict[str, Any] = {"status": "failed", "reason": (p.stderr.strip().splitlines() or ["?"])[-1]}
-        else:
-            r = json.loads(p.stdout[k_ + len(RESULT):])
-            r["status"] = "ok"
-        r.update({"tokens": n, "shards": k, "format": "llm.c (sparse)"})
-        out.append(r)
-        if r["status"] == "ok":
-            log(f"scaling {human(n)} tokens / {k} shards: open {r['open_s'] * 1e3:.0f} ms, "
-                f"+{r['open_rss_delta_mb']:.1f} MB; first batch {r.get('first_batch_s', 0) * 1e3:.0f} ms")
-        else:
-            log(f"scaling {human(n)} tokens: failed: {r['reason']}")
+        out.append(_child(python, f"scaling_child({d!r}, {seq_len}, {batch_size}, {bool(first_batch)})",
+                          {"tokens": n, "shards": k, "format": "llm.c (sparse)"}, log,
+                          f"scaling {human(n)} tokens / {k} shards",
+                          lambda r: f"open {r['open_s'] * 1e3:.0f} ms, +{r['open_rss_delta_mb']:.1f} MB; first batch "
+                                    f"{r.get('first_batch_s', 0) * 1e3:.0f} ms"))
     return out
+
+
+def _child(python: str, call: str, extra: Dict[str, Any], log: Callable[[str], None], label: str,
+           summary: Callable[[Dict[str, Any]], str]) -> Dict[str, Any]:
+    """Run ``tokenfeed_bench.scaling.<call>`` in a fresh process: its dict and ``extra``, with
+    status "ok" (logged as ``label: summary(r)``), or status "failed" and the last line of its
+    stderr."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in (package_parent(), os.environ.get("PYTHONPATH"))
+                                                      if x))
+    code = f"import json\nfrom tokenfeed_bench import scaling\nprint({RESULT!r}+json.dumps(scaling.{call}))"
+    p = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    i = p.stdout.rfind(RESULT)
+    if i < 0:
+        r: Dict[str, Any] = {"status": "failed", "reason": (p.stderr.strip().splitlines() or ["?"])[-1]}
+        log(f"{label}: failed: {r['reason']}")
+    else:
+        r = dict(json.loads(p.stdout[i + len(RESULT):]), status="ok")
+        log(f"{label}: {summary(r)}")
+    r.update(extra)
+    return r
 
 
 def scaling_child(d: str, seq_len: int, batch_size: int, first_batch: bool) -> Dict[str, Any]:
@@ -68,3 +75,70 @@ def scaling_child(d: str, seq_len: int, batch_size: int, first_batch: bool) -> D
         loader.close()
     r["num_tokens"] = ds.num_tokens
     return r
+
+
+# ---- start-up against the shard count: glob of llm.c shards, native dataset, cold and warm ----
+
+def _evict(paths: Sequence[str]) -> None:
+    """Drop the files' clean pages from the page cache (no root needed), for a cold start."""
+    for p in paths:
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def make_native_shards(d: str, shards: int, tokens_per_shard: int = 2048) -> str:
+    """A native dataset of `shards` shards of one document each (vocab 50257)."""
+    import numpy as np
+
+    import tokenfeed
+
+    stamp = d + ".done"
+    if not os.path.exists(stamp):
+        rng = np.random.default_rng(0)
+        with tokenfeed.DatasetWriter(d, vocab_size=50257, shard_tokens=tokens_per_shard, overwrite=True) as w:
+            for _ in range(shards):
+                w.add_document(rng.integers(0, 50257, size=tokens_per_shard, dtype=np.uint16))
+        open(stamp, "w").close()
+    return d
+
+
+def startup_child(spec: str, seq_len: int, batch_size: int) -> Dict[str, Any]:
+    import tokenfeed
+
+    t0 = time.perf_counter()
+    ds = tokenfeed.open(spec)
+    t1 = time.perf_counter()
+    loader = tokenfeed.Loader(ds, seq_len=seq_len, batch_size=batch_size, seed=0, output="numpy")
+    next(iter(loader))
+    t2 = time.perf_counter()
+    loader.close()
+    return {"open_s": t1 - t0, "first_batch_s": t2 - t0, "num_files": ds.num_files}
+
+
+def startup_scaling(cache: str, counts: Sequence[int], *, seq_len: int = 512, batch_size: int = 8,
+                    log: Callable[[str], None] = lambda m: None, python: str = sys.executable) -> List[Dict[str, Any]]:
+    """Time from open() to the first batch in a fresh process, for each shard count and set kind:
+    cold (the files' pages dropped from the page cache first), then warm (the same again)."""
+    out = []
+    for k in counts:
+        ld = os.path.join(cache, "startup", f"llmc-{k}")
+        names = make_sparse_llmc(ld, k * 1_000_000, k)
+        nd = make_native_shards(os.path.join(cache, "startup", f"native-{k}"), k)
+        sets = [("llm.c glob", os.path.join(ld, "shard_*.bin"), names),
+                ("native", nd, sorted(glob.glob(os.path.join(nd, "*"))))]
+        for kind, spec, files in sets:
+            for temp in ("cold", "warm"):
+                if temp == "cold":
+                    _evict(files + [os.path.dirname(files[0])] if files else [])
+                out.append(_child(python, f"startup_child({spec!r}, {seq_len}, {batch_size})",
+                                  {"set": kind, "shards": k, "start": temp}, log,
+                                  f"start-up {kind}, {k} shards, {temp}",
+                                  lambda r: f"open {r['open_s'] * 1e3:.0f} ms, first batch "
+                                            f"{r['first_batch_s'] * 1e3:.0f} ms"))
+    return out

@@ -115,9 +115,12 @@ static int learn_sizes(tf__preg *g) {
         listed l = {g, prefix};
         int rc = tf__remote_list(g->r, prefix, on_listed, &l);
         if (rc == 0) {
-            /* what the listing did not show does not exist */
-            for (size_t j = i; j < g->n; j++)
-                if (!g->o[j].known && parent_len(g->o[j].url) == pl && !strncmp(g->o[j].url, prefix, pl)) {
+            /* What the listing did not show does not exist: it shows every
+             * object whose URL starts with the prefix, deeper ones included,
+             * so that a candidate such as <shard>/tokenfeed.manifest under a
+             * listed prefix is known absent without a request of its own. */
+            for (size_t j = 0; j < g->n; j++)
+                if (!g->o[j].known && strlen(g->o[j].url) >= pl && !strncmp(g->o[j].url, prefix, pl)) {
                     g->o[j].known = 1;
                     g->o[j].exists = 0;
                 }
@@ -326,8 +329,12 @@ static int resolve(tf__preg *g, target *t, const tf_open_options *opt) {
             rc = tf__seterr(-TF_EFORMAT, "%s: no manifest: expected %s. This is not a tokenfeed dataset, or its write did not finish.",
                             url, mf);
         } else {
-            rc = tf__seterr(-ENOENT, "%s: no such object (nor a dataset directory %s/ or a Megatron prefix %s/.idx)",
-                            url, d, pre);
+            /* a name without an extension may be a directory of shards */
+            const char *base = strrchr(d, '/');
+            int dirlike = !strchr(base ? base + 1 : d, '.');
+            rc = tf__seterr(-ENOENT, "%s: no such object (nor a dataset directory with %s, nor a Megatron pair %s and %s)%s%s%s",
+                            url, mf, bin, idx, dirlike ? ". For a directory of shards, end the URL with / or give a glob: " : "",
+                            dirlike ? d : "", dirlike ? "/*.bin" : "");
         }
     }
     free(d);

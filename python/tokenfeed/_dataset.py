@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, Typ
 
 import numpy as np
 
-from . import _core, _remote
+from . import _core, _remote, _shardset
 from ._progress import Progress
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -214,7 +214,9 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     ``path`` is a tokenfeed dataset directory or shard, a Megatron ``.bin/.idx`` prefix,
     an llm.c shard, a ``.npy`` file, a headerless token file (with ``dtype=``; a datatrove
     ``.index`` beside it gives document boundaries), or a list of any of these,
-    concatenated in order. The format is detected unless ``format=`` names one
+    concatenated in order. A shard set opens as its files in sorted name order: a directory
+    without a manifest holding files of one format (``"data/"``), or a glob
+    (``"data/*.npy"``, ``"s3://bucket/tokens/*.bin"``); see docs/format.md, "Shard sets". The format is detected unless ``format=`` names one
     (``"tokenfeed"``, ``"megatron"``, ``"llm.c"``, ``"raw"``, ``"npy"``).
     Malformed input raises :class:`tokenfeed.FormatError` naming the file and field.
 
@@ -252,8 +254,13 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     elif any(v is not None for v in opts.values()):
         given = ", ".join(k for k, v in opts.items() if v is not None)
         raise ValueError(f"{given}: only for remote paths (s3://, gs://, az://, https://); no path here is remote")
+    store = None
+    if remote is not None and any(_remote.is_url(p) and (p.endswith("/") or _shardset.is_glob(p)) for p in paths):
+        store = _remote.get_store(**remote)  # kept alive until the dataset holds it
+    paths = _shardset.expand(paths, store.transport.list if store is not None else None)
     ds = Dataset(paths, dtype=_dtype_name(dtype), format=format, remote=remote,
                  eos_id=None if eos_id is None else int(eos_id))
+    del store
     if ds.format == "raw" and remote is None:
         _warn_if_not_tokens(paths)
     return ds

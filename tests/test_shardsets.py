@@ -1,0 +1,172 @@
+"""Shard sets: a directory of foreign token files or a glob opens as its files in sorted name
+order, local and remote; a directory that mixes formats or holds none is refused with what it
+holds; opening a list of remote llm.c shards learns everything from one listing."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import tokenfeed
+from conftest import write_llmc, write_megatron
+from remote_util import FaultProxy, bucket, moto  # noqa: F401  (fixtures)
+
+
+def _tokens(ds):
+    return ds.tokens(0, ds.num_tokens)
+
+
+def _shards(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 50000, size=int(rng.integers(5, 40)), dtype=np.uint16) for _ in range(n)]
+
+
+def _same_as_list(ds, files):
+    ref = tokenfeed.open(files)
+    assert ds.paths == files
+    assert ds.fingerprint == ref.fingerprint and ds.num_documents == ref.num_documents
+    assert np.array_equal(_tokens(ds), _tokens(ref))
+
+
+def test_npy_directory_and_glob_sorted(tmp_path):
+    d = tmp_path / "npy"
+    d.mkdir()
+    shards = _shards(12)
+    for i in reversed(range(12)):  # written out of order: the set is sorted by name
+        np.save(d / f"part-{i:03d}.npy", shards[i])
+    (d / "_SUCCESS").write_bytes(b"")
+    (d / ".hidden.npy").write_bytes(b"")
+    (d / "README.md").write_text("# a dataset card\n")
+    (d / "index.json").write_text("{}")
+    (d / "part-000.csv.gz").write_bytes(b"")  # OLMo's document metadata beside its .npy
+    (d / "part-001.npy.tfdocs").write_bytes(b"")  # a document index beside its file
+    files = [str(d / f"part-{i:03d}.npy") for i in range(12)]
+    for spec in (str(d), str(d) + "/", str(d / "*.npy"), str(d / "part-00?.npy")):
+        ds = tokenfeed.open(spec)
+        assert ds.format == "npy" and ds.num_files == (12 if "?" not in spec else 10)
+        _same_as_list(ds, files[:ds.num_files])
+    assert np.array_equal(_tokens(tokenfeed.open(str(d))), np.concatenate(shards))
+
+
+def test_llmc_megatron_raw_directories(tmp_path):
+    shards = _shards(4, seed=1)
+    llmc, mg, raw = tmp_path / "llmc", tmp_path / "mg", tmp_path / "raw"
+    for p in (llmc, mg, raw):
+        p.mkdir()
+    for i, s in enumerate(shards):
+        write_llmc(llmc / f"train_{i:06d}.bin", s, 1)
+        write_megatron(str(mg / f"text_{i}"), [s[:3], s[3:]], 8)
+        s.tofile(raw / f"t{i}.ds")
+        np.array([3, len(s)], dtype=np.uint64).tofile(raw / f"t{i}.ds.index")
+    ds = tokenfeed.open(str(llmc))
+    assert ds.format == "llm.c"
+    _same_as_list(ds, [str(llmc / f"train_{i:06d}.bin") for i in range(4)])
+    ds = tokenfeed.open(str(mg))
+    assert ds.format == "megatron" and ds.num_documents == 8
+    _same_as_list(ds, [str(mg / f"text_{i}.bin") for i in range(4)])
+    assert tokenfeed.open(str(mg / "*")).num_documents == 8  # both files of a pair: one entry
+    ds = tokenfeed.open(str(raw), dtype="uint16")
+    assert ds.format == "raw" and ds.num_documents == 8  # the datatrove indexes belong to their files
+    assert np.array_equal(_tokens(ds), np.concatenate(shards))
+
+
+def test_mixed_or_empty_directory_says_what_it_found(tmp_path):
+    d = tmp_path / "mixed"
+    d.mkdir()
+    np.save(d / "a.npy", np.arange(4, dtype=np.uint16))
+    write_llmc(d / "b.bin", np.arange(4), 1)
+    write_llmc(d / "c.bin", np.arange(4), 1)
+    with pytest.raises(tokenfeed.FormatError, match=r"more than one format: 2 \.bin files \(b\.bin, c\.bin\); "
+                                                    r"1 \.npy files \(a\.npy\)"):
+        tokenfeed.open(str(d))
+    assert tokenfeed.open(str(d / "*.bin")).num_files == 2  # a glob picks one format out
+    e = tmp_path / "empty"
+    (e / "train").mkdir(parents=True)
+    (e / "_SUCCESS").write_bytes(b"")
+    (e / "README.md").write_bytes(b"")
+    with pytest.raises(tokenfeed.FormatError, match=r"no manifest .*found 1 subdirectories \(train\) and 2 files "
+                                                    r"that are not token data \(README\.md, _SUCCESS\)"):
+        tokenfeed.open(str(e))
+    with pytest.raises(FileNotFoundError, match="no file or directory matches"):
+        tokenfeed.open(str(tmp_path / "nothing-*.bin"))
+
+
+def test_unfinished_native_write_still_reported(tmp_path):
+    w = tokenfeed.DatasetWriter(tmp_path / "ds", vocab_size=100, shard_tokens=10)
+    w.add_documents([np.arange(8) for _ in range(5)])
+    w.close()
+    os.unlink(tmp_path / "ds" / "tokenfeed.manifest")
+    with pytest.raises(tokenfeed.FormatError, match="no manifest.*write did not finish"):
+        tokenfeed.open(str(tmp_path / "ds"))
+
+
+def test_remote_glob_and_directory(moto, bucket, tmp_path):  # noqa: F811
+    shards = _shards(20, seed=2)
+    local = tmp_path / "tokens"
+    local.mkdir()
+    for i, s in enumerate(shards):
+        write_llmc(local / f"shard_{i:04d}.bin", s, 1)
+    np.save(local / "extra.npy", shards[0])
+    moto.upload_dir(bucket, "tokens", str(local))
+    kw = {"cache_dir": str(tmp_path / "cache"), "endpoint_url": moto.endpoint}
+    want = [f"s3://{bucket}/tokens/shard_{i:04d}.bin" for i in range(20)]
+    ds = tokenfeed.open(f"s3://{bucket}/tokens/*.bin", **kw)
+    assert ds.paths == want and ds.format == "llm.c"
+    assert np.array_equal(_tokens(ds), np.concatenate(shards))
+    assert ds.fingerprint == tokenfeed.open(str(local / "*.bin")).fingerprint
+    with pytest.raises(tokenfeed.FormatError, match=r"more than one format: 20 \.bin files"):
+        tokenfeed.open(f"s3://{bucket}/tokens/", **kw)
+    moto.upload_dir(bucket, "npy", _npy_set(tmp_path, shards[:3]))
+    ds = tokenfeed.open(f"s3://{bucket}/npy/", **kw)
+    assert ds.format == "npy" and ds.num_files == 3
+    with pytest.raises(FileNotFoundError, match="no object matches"):
+        tokenfeed.open(f"s3://{bucket}/tokens/*.npz", **kw)
+
+
+def _npy_set(tmp_path, shards):
+    d = tmp_path / "npyset"
+    d.mkdir()
+    for i, s in enumerate(shards):
+        np.save(d / f"{i}.npy", s)
+    return str(d)
+
+
+def test_remote_llmc_list_needs_no_probe_per_file(moto, bucket, tmp_path):  # noqa: F811
+    """A list of llm.c URLs: one listing of their prefix shows every size, and shows that no
+    <shard>/tokenfeed.manifest exists, so open sends no HEAD request per file."""
+    local = tmp_path / "t"
+    local.mkdir()
+    for i, s in enumerate(_shards(24, seed=3)):
+        write_llmc(local / f"s{i:03d}.bin", s, 1)
+    moto.upload_dir(bucket, "t", str(local))
+    p = FaultProxy(moto.port)
+    try:
+        urls = [f"s3://{bucket}/t/s{i:03d}.bin" for i in range(24)]
+        ds = tokenfeed.open(urls, cache_dir=str(tmp_path / "cache"), endpoint_url=p.endpoint)
+        assert ds.num_files == 24
+        assert p.requests.get("HEAD", 0) == 0, p.requests
+    finally:
+        p.stop()
+
+
+def test_remote_not_found_names_what_was_looked_for(moto, bucket, tmp_path):  # noqa: F811
+    url = f"s3://{bucket}/nothing/here.bin"
+    with pytest.raises(OSError) as ei:
+        tokenfeed.open(url, cache_dir=str(tmp_path / "c"), endpoint_url=moto.endpoint)
+    msg = str(ei.value)
+    assert f"{url}/tokenfeed.manifest" in msg and f"s3://{bucket}/nothing/here.idx" in msg, msg
+    assert "/.idx" not in msg and "end the URL with" not in msg
+    with pytest.raises(OSError, match=rf"end the URL with / or give a glob: s3://{bucket}/nothing/\*\.bin"):
+        tokenfeed.open(f"s3://{bucket}/nothing", cache_dir=str(tmp_path / "c"), endpoint_url=moto.endpoint)
+
+
+def test_glob_dataset_pickles_as_its_files(tmp_path):
+    import pickle
+
+    for i in range(3):
+        np.save(tmp_path / f"{i}.npy", np.arange(i, i + 5, dtype=np.uint16))
+    ds = tokenfeed.open(str(tmp_path / "*.npy"))
+    np.save(tmp_path / "3.npy", np.arange(5, dtype=np.uint16))  # a file added later is not picked up
+    again = pickle.loads(pickle.dumps(ds))
+    assert again.paths == ds.paths and again.fingerprint == ds.fingerprint
