@@ -748,6 +748,17 @@ TF_API int tf_order_state_save(const tf_order *o, uint64_t pos, uint32_t world_s
 TF_API int tf_order_state_load(const tf_order *o, const char *state, size_t len, unsigned flags, uint64_t *pos,
                                tf_order **handover);
 
+/* Live mixture weights: a new order, owned by the caller, that reads o's
+ * stream up to global position pos (a multiple of the global batch) and the
+ * given weights (n, one per source; a weight may be 0, not all) from there.
+ * Each source continues from where it was at pos, so within a source nothing
+ * repeats and nothing is lost. The change is recorded in the new order's
+ * weight history, which its state lists (weights_history), so that a resume
+ * (any world size) continues with these weights. The positions before pos
+ * are not reproduced by the new order: read them from o. */
+TF_API int tf_order_mix_set_weights(const tf_order *o, uint64_t pos, const double *weights, size_t n,
+                                    tf_order **out);
+
 /* Sources of a mixture (1 for a plain order) and source i's own order
  * (borrowed from o; for a plain order, i == 0 gives o itself). */
 TF_API size_t tf_order_num_sources(const tf_order *o);

@@ -207,6 +207,7 @@ class Order:
     # (position, the order to read instead when a mixture hands over, or None); RuntimeError
     # (TF_ESTATE) naming what differs
     def state_load(self, state: str, lenient: bool = False, /) -> Tuple[int, Optional["Order"]]: ...
+    def mix_set_weights(self, position: int, weights: Sequence[float], /) -> "Order": ...
 
 class _ZstdStats(TypedDict):
     cache_bytes: int

@@ -152,7 +152,7 @@ class Loader:
                  cp_rank: Optional[int] = None, cp_size: Optional[int] = None,
                  dp_dims: Sequence[str] = DEFAULT_DP_DIMS, cp_dim: Optional[str] = DEFAULT_CP_DIM,
                  rank: Optional[int] = None, world_size: Optional[int] = None, prefetch: Optional[int] = None,
-                 device_prefetch: Optional[int] = None, **settings: Any) -> None:
+                 device_prefetch: Optional[int] = None, source_ids: bool = False, **settings: Any) -> None:
         # Every other keyword is a row of the C settings table (_core.settings(), listed in
         # docs/api.md): passed through by scope and checked by its row.
         order_kw, engine_kw, device_kw = split_settings(settings, "Loader")
@@ -192,6 +192,11 @@ class Loader:
             self.dataset: Any = [d if isinstance(d, Dataset) else _open(d) for d in srcs]
         else:
             self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset)
+        if not isinstance(source_ids, bool):
+            raise TypeError(f"source_ids must be True or False, got {source_ids!r}")
+        if source_ids and weights is None:
+            raise ValueError("source_ids=True needs a mixture (weights=): one dataset has one source")
+        self._source_ids = source_ids
         requested_output = output
         if output == "auto":
             output = "torch" if _torch_available() else "numpy"
@@ -377,16 +382,29 @@ class Loader:
         return self
 
     def __next__(self) -> Dict[str, Any]:
+        pos = self.position if self._source_ids else 0
         if self.device_index is not None:
             out: Dict[str, Any] = self._get_device().next()
+            if self._source_ids:
+                import torch
+
+                ids = self._source_ids_at(pos)
+                out["source_ids"] = torch.from_numpy(ids) if self.output == "torch" else ids
             return out
         batch: Dict[str, Any] = self._get_engine().next()
+        if self._source_ids:
+            batch["source_ids"] = self._source_ids_at(pos)
         if self.output == "torch":
             import torch
 
             # THD batches also carry max_seqlen / num_seqs as ints
             return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
         return batch
+
+    def _source_ids_at(self, pos: int) -> "np.ndarray[Any, np.dtype[np.int32]]":
+        """The source of each of this rank's rows of the batch at global position ``pos``."""
+        base = pos + self.dp_rank * self.batch_size
+        return np.array([self._order.mix_source_at(base + r)[0] for r in range(self.batch_size)], dtype=np.int32)
 
     def close(self) -> None:
         """Stop the worker threads (and the copies to the GPU, waiting for those in flight).
@@ -508,12 +526,19 @@ class Loader:
         d["_position"] = self.position
         d["_engine"] = None
         d["_order"] = None
+        d["_live_state"] = None
+        if self._mixture and json.loads(self._order.state_save(0, 1))["weights_history"]:
+            d["_live_state"] = self._order.state_save(d["_position"], self.world_size)
         d["_device"] = None  # device state is per process; made again where the loader is used
         return d
 
     def __setstate__(self, d: Dict[str, Any]) -> None:
         self.__dict__.update(d)
         self._order = self._order_cfg.build(self._core_source())
+        if d.get("_live_state"):  # weights set while it ran: their history comes back with the state
+            _, handover = self._order.state_load(d["_live_state"])
+            if handover is not None:
+                self._order = handover
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> Dict[str, Any]:
@@ -559,13 +584,39 @@ class Loader:
         elif self._engine is not None:
             self._engine.seek(pos)
 
+    def set_weights(self, weights: Sequence[float]) -> None:
+        """Mix with ``weights`` (one per source, >= 0, not all 0) from the next batch on.
+
+        Each source continues from where it was, so within a source no sample repeats and
+        none is lost; a weight schedule is replaced by these constant weights. The change is
+        recorded in the state (``weights_history``), so a resume, with any world size that
+        divides the global batch and through ``torch.distributed.checkpoint``, continues with
+        these weights whatever weights the new Loader was built with. Call it on every rank
+        with the same weights at the same step (``docs/guides/online-mixing.md``).
+        """
+        if not self._mixture:
+            raise ValueError("set_weights needs a mixture (a Loader made with weights=)")
+        w = [float(x) for x in weights]
+        pos = self.position
+        try:
+            order = self._order.mix_set_weights(pos, w)
+        except RuntimeError as e:
+            raise ValueError(str(e)) from None
+        # kept in the configuration too, so that a loader made again from it reads the same
+        self._order_cfg = dataclasses.replace(self._order_cfg, weights=tuple(w))
+        self._hand_over(order)
+        self._position = pos
+
     def _hand_over(self, order: Any) -> None:
         """Read ``order`` from here on: this mixture with the hand-over anchor a resume needs (the
         C library found where each source was). The anchor is kept in the configuration, so a
         pickled loader rebuilds the same order."""
-        anchor = json.loads(order.state_save(0, 1))["mix_anchor"]
+        saved = json.loads(order.state_save(0, 1))
+        anchor, history = saved["mix_anchor"], saved["weights_history"]
         self._order_cfg = dataclasses.replace(
             self._order_cfg, mix_anchor=None if anchor is None else (int(anchor[0]), tuple(anchor[1])))
+        if history:  # weights set while the stream ran are the ones it reads now
+            self._order_cfg = dataclasses.replace(self._order_cfg, weights=tuple(history[-1][1]))
         self._order = order
         # the engine (and the device stage over it) borrow the order: made again over the new one
         if self._device is not None:
