@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 import tokenfeed
 
 SEQ = 16
-KINDS = ["reweighted", "plain", "mixture", "schedule", "best_fit_block", "cp"]
+KINDS = ["reweighted", "plain", "mixture", "schedule", "best_fit_block", "cp", "live"]
 
 
 def make_data(root: Path) -> List[Any]:
@@ -60,6 +60,12 @@ def build(kind: str, paths: List[Path], rank: int = 0, world: int = 1, global_ba
     if kind == "schedule":
         sched = tokenfeed.WeightSchedule([(0, [0.9, 0.1]), (4, [0.2, 0.8])], interpolation="linear")
         return tokenfeed.Loader([a, b], weights=sched, mix_window=10, **kw)
+    if kind == "live":  # a 70/30 mixture given 20/80 by set_weights after two batches
+        ld = tokenfeed.Loader([a, b], weights=[0.7, 0.3], **kw)
+        if not fresh:
+            take(ld, 2)
+            ld.set_weights([0.2, 0.8])
+        return ld
     assert kind == "reweighted"
     ld = tokenfeed.Loader([a, b], weights=[0.4, 0.6], **kw)
     if not fresh:
@@ -102,7 +108,9 @@ def test_state_keys_do_not_depend_on_history(paths):
         return sorted(k2 for k, v in d.items() for k2 in (keys(v, f"{pre}{k}.") if isinstance(v, dict) else [pre + k]))
 
     assert keys(s) == keys(f)
-    for st in (s, f, build("plain", paths).state_dict(), build("schedule", paths).state_dict()):
+    live = build("live", paths).state_dict()
+    assert live["weights_history"] == [[8, [0.2, 0.8]]] and f["weights_history"] is None
+    for st in (s, f, live, build("plain", paths).state_dict(), build("schedule", paths).state_dict()):
         assert keys(st) == keys(f)  # one set of keys for every kind of loader
         for v in [x for x in st.values() if not isinstance(x, dict)] + list(st["config"].values()):
             assert v is None or isinstance(v, (int, float, str, list)), v
