@@ -69,6 +69,10 @@ struct tf_order {
     uint64_t num_positions;
     uint64_t fingerprint;
     uint64_t nbf, wsz, nwin; /* BLOCK shuffle geometry (order.c) */
+    /* positions a loader skips (tf_order_skip): nskips [start, stop) pairs,
+     * ascending and disjoint; the order of the stream is unchanged */
+    size_t nskips;
+    uint64_t *skips;
 };
 
 /* A kind's constructor: fills ops, impl, ds, N and max_spans of o (o->cfg is
@@ -111,6 +115,9 @@ TF_HIDDEN int tf__order_mix_create(const tf_order *like, const tf_order_config *
 TF_HIDDEN size_t tf__order_mix_history(const tf_order *o, const uint64_t **pos, const double **w);
 TF_HIDDEN int tf__order_mix_set_history(tf_order *o, size_t n, const uint64_t *pos, const double *w,
                                         const double *extra_w);
+
+/* Replace o's skipped ranges with n [start, stop) pairs (state.c). */
+TF_HIDDEN int tf__order_set_skips(tf_order *o, const uint64_t *ranges, size_t n);
 
 /* Building position_ids / cu_seqlens / num_seqs from segment starts, shared by
  * every kind: start with {last = 0, nc = 1} and cu_seqlens[0] = 0, call

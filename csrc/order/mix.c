@@ -356,6 +356,7 @@ int tf__order_mix_create(const tf_order *like, const tf_order_config *cfg, const
         TF_FAIL(-EINVAL, "the mixture has %zu sources, the schedule %zu", m->K, spec->K);
     TF_TRY(create_mix(m->ds, m->K, spec, cfg, out));
     int rc = tf__order_mix_set_history(*out, m->nhist, m->hist_pos, m->hist_w, NULL);
+    if (!rc) rc = tf__order_set_skips(*out, like->skips, like->nskips);
     if (rc) {
         tf_order_free(*out);
         *out = NULL;

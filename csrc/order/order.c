@@ -173,6 +173,7 @@ int tf_order_create(const tf_dataset *ds, const tf_order_config *cfg, tf_order *
 void tf_order_free(tf_order *o) {
     if (!o) return;
     if (o->ops && o->ops->destroy) o->ops->destroy(o->impl);
+    free(o->skips);
     free(o);
 }
 

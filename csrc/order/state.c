@@ -16,6 +16,9 @@
  *   mix_anchor           null, or [position, [samples each source had delivered
  *                        there]]: the hand-over of a mixture resumed under
  *                        other weights, or given weights while it ran
+ *   skipped              null, or [[start, stop], ...]: global positions the
+ *                        loader skips (tf_order_skip: the data of some steps
+ *                        left out), ascending
  *   weights_history      null, or [[position, [weights]], ...]: the weights a
  *                        mixture was given while its stream ran
  *                        (tf_order_mix_set_weights), oldest first. A state
@@ -136,6 +139,11 @@ int tf_order_state_save(const tf_order *o, uint64_t pos, uint32_t world_size, ch
     } else {
         tf__jw_printf(&w, "null");
     }
+    tf__jw_printf(&w, ", \"skipped\": ");
+    if (!o->nskips) tf__jw_printf(&w, "null");
+    for (size_t i = 0; i < o->nskips; i++)
+        tf__jw_printf(&w, "%s[%llu, %llu]%s", i ? ", " : "[", (unsigned long long)o->skips[2 * i],
+                      (unsigned long long)o->skips[2 * i + 1], i + 1 == o->nskips ? "]" : "");
     tf__jw_printf(&w, ", \"weights_history\": ");
     write_history(&w, o);
     tf__jw_printf(&w, "}");
@@ -167,6 +175,8 @@ typedef struct saved {
     uint64_t anchor_pos;
     uint64_t *anchor_counts; /* K */
     uint64_t sched_fp;       /* a mixture: its schedule's fingerprint (the assignment) */
+    size_t nskips;           /* skipped: [start, stop) pairs (owned) */
+    uint64_t *skips;
     size_t nhist;            /* weights_history: positions and K weights each (owned) */
     uint64_t *hist_pos;
     double *hist_w;
@@ -178,6 +188,7 @@ static void saved_free(saved *s) {
     free(s->anchor_counts);
     free(s->hist_pos);
     free(s->hist_w);
+    free(s->skips);
 }
 
 static int bad(const char *field, const char *want, const tf__jnode *n) {
@@ -317,6 +328,25 @@ static int parse_anchor(const tf__json *j, const tf__jnode *a, saved *s) {
     return 0;
 }
 
+static int parse_skipped(const tf__json *j, const tf__jnode *h, saved *s) {
+    if (!h || h->type == TF__J_NULL || (h->type == TF__J_ARR && h->n == 0)) return 0;
+    if (h->type != TF__J_ARR) return bad("skipped", "null, or [[start, stop], ...]", h);
+    s->skips = calloc(2 * h->n, sizeof *s->skips);
+    if (!s->skips) return -ENOMEM;
+    for (size_t i = 0; i < h->n; i++) {
+        const tf__jnode *e = tf__json_child(j, h, i);
+        if (!e || e->type != TF__J_ARR || e->n != 2) return bad("skipped", "[start, stop] entries", e);
+        TF_TRY(get_u64(tf__json_child(j, e, 0), "skipped start", &s->skips[2 * i]));
+        TF_TRY(get_u64(tf__json_child(j, e, 1), "skipped stop", &s->skips[2 * i + 1]));
+        if (s->skips[2 * i] >= s->skips[2 * i + 1] || (i && s->skips[2 * i] <= s->skips[2 * i - 1]))
+            TF_FAIL(-TF_ESTATE, "the state's skipped: expected ascending, disjoint [start, stop] ranges with start < "
+                    "stop, found [%llu, %llu]", (unsigned long long)s->skips[2 * i],
+                    (unsigned long long)s->skips[2 * i + 1]);
+    }
+    s->nskips = h->n;
+    return 0;
+}
+
 static int parse_history(const tf__json *j, const tf__jnode *h, saved *s) {
     if (!h || h->type == TF__J_NULL || (h->type == TF__J_ARR && h->n == 0)) return 0;
     if (h->type != TF__J_ARR || !s->mixture) return bad("weights_history", "null, or [[position, [weights]], ...] of a mixture", h);
@@ -370,6 +400,7 @@ static int parse_state(const tf__json *j, saved *s) {
     for (size_t i = 0; i < tf__nsettings; i++)
         if (tf__settings[i].pub.scope == TF_SCOPE_ORDER) TF_TRY(parse_setting(j, config, &tf__settings[i], s));
     TF_TRY(parse_anchor(j, tf__json_get(j, root, "mix_anchor"), s));
+    TF_TRY(parse_skipped(j, tf__json_get(j, root, "skipped"), s));
     return parse_history(j, tf__json_get(j, root, "weights_history"), s);
 }
 
@@ -572,6 +603,7 @@ int tf_order_state_load(const tf_order *o, const char *state, size_t len, unsign
     memset(&s, 0, sizeof s);
     rc = parse_state(&j, &s);
     tf__json_free(&j);
+    const tf_order *orig = o;
     tf__sched_spec now_spec;
     int mixture = tf__order_mix_spec(o, &now_spec, NULL) == 0;
     tf_order *live = NULL; /* weights given while the saved stream ran: they replace o's */
@@ -614,10 +646,20 @@ int tf_order_state_load(const tf_order *o, const char *state, size_t len, unsign
     if (!rc && s.position > tf_order_num_positions(o))
         rc = tf__seterr(-TF_ESTATE, "the state's position %llu is past the end of this stream (%llu positions)",
                         (unsigned long long)s.position, (unsigned long long)tf_order_num_positions(o));
+    if (!rc && s.nskips && s.skips[2 * s.nskips - 1] % G)
+        rc = tf__seterr(-TF_ESTATE, "the state's skipped ranges are not whole global batches of %llu: keep "
+                        "batch_size x world_size the same as when the state was saved", (unsigned long long)G);
     if (!rc && mixture) rc = resume_mixture(o, &s, same, handover);
     if (!rc) *pos = s.position;
     if (!rc && live && !*handover) *handover = live;
     else tf_order_free(live);
+    /* the skipped ranges are the state's: on the order that reads on (o itself
+     * is the caller's, and the ranges are no part of its stream) */
+    if (!rc) rc = tf__order_set_skips(*handover ? *handover : (tf_order *)orig, s.skips, s.nskips);
+    if (rc && *handover) {
+        tf_order_free(*handover);
+        *handover = NULL;
+    }
     saved_free(&s);
     return rc;
 }
@@ -672,4 +714,69 @@ int tf_order_mix_set_weights(const tf_order *o, uint64_t pos, const double *weig
     }
     free(counts);
     return rc;
+}
+
+/* ------------------------------------------------------------- skipping */
+
+int tf__order_set_skips(tf_order *o, const uint64_t *ranges, size_t n) {
+    uint64_t *r = NULL;
+    if (n) {
+        r = malloc(2 * n * sizeof *r);
+        if (!r) return -ENOMEM;
+        memcpy(r, ranges, 2 * n * sizeof *r);
+    }
+    free(o->skips);
+    o->skips = r;
+    o->nskips = n;
+    return 0;
+}
+
+int tf_order_skip(tf_order *o, uint64_t start, uint64_t stop) {
+    if (!o) return -EINVAL;
+    tf__clearerr();
+    uint64_t G = o->cfg.global_batch;
+    if (start >= stop || start % G || stop % G)
+        TF_FAIL(-EINVAL, "skip: [%llu, %llu) is not a range of whole global batches of %llu (start < stop)",
+                (unsigned long long)start, (unsigned long long)stop, (unsigned long long)G);
+    if (stop > o->num_positions)
+        TF_FAIL(-EINVAL, "skip: position %llu is past the end of the stream (%llu positions)",
+                (unsigned long long)stop, (unsigned long long)o->num_positions);
+    /* merge with the ranges it overlaps or touches */
+    uint64_t *r = malloc(2 * (o->nskips + 1) * sizeof *r);
+    if (!r) return -ENOMEM;
+    size_t n = 0, i = 0;
+    for (; i < o->nskips && o->skips[2 * i + 1] < start; i++, n++) {
+        r[2 * n] = o->skips[2 * i];
+        r[2 * n + 1] = o->skips[2 * i + 1];
+    }
+    for (; i < o->nskips && o->skips[2 * i] <= stop; i++) {
+        if (o->skips[2 * i] < start) start = o->skips[2 * i];
+        if (o->skips[2 * i + 1] > stop) stop = o->skips[2 * i + 1];
+    }
+    r[2 * n] = start;
+    r[2 * n + 1] = stop;
+    n++;
+    for (; i < o->nskips; i++, n++) {
+        r[2 * n] = o->skips[2 * i];
+        r[2 * n + 1] = o->skips[2 * i + 1];
+    }
+    free(o->skips);
+    o->skips = r;
+    o->nskips = n;
+    return 0;
+}
+
+size_t tf_order_skips(const tf_order *o, uint64_t *ranges, size_t cap) {
+    if (!o) return 0;
+    for (size_t i = 0; ranges && i < o->nskips && i < cap; i++) {
+        ranges[2 * i] = o->skips[2 * i];
+        ranges[2 * i + 1] = o->skips[2 * i + 1];
+    }
+    return o->nskips;
+}
+
+uint64_t tf_order_skip_to(const tf_order *o, uint64_t pos) {
+    for (size_t i = 0; o && i < o->nskips; i++)
+        if (o->skips[2 * i] <= pos && pos < o->skips[2 * i + 1]) return o->skips[2 * i + 1];
+    return pos;
 }

@@ -382,7 +382,7 @@ class Loader:
         return self
 
     def __next__(self) -> Dict[str, Any]:
-        pos = self.position if self._source_ids else 0
+        pos = self._order.skip_to(self.position) if self._source_ids else 0
         if self.device_index is not None:
             out: Dict[str, Any] = self._get_device().next()
             if self._source_ids:
@@ -463,6 +463,10 @@ class Loader:
         """
         eng = self._get_engine()
         st: Dict[str, Any] = eng.stats()
+        # the skipped data (skip_steps) the stream has passed, all ranks together
+        pos, g = self.position, self.global_batch
+        passed = sum(min(stop, pos) - start for start, stop in self._order.skips() if start < pos)
+        st["skipped_steps"], st["skipped_samples"] = passed // g, passed
         if self.device_index is not None:
             st["device"] = self._get_device().stats()
         per = eng.source_stats()
@@ -527,7 +531,8 @@ class Loader:
         d["_engine"] = None
         d["_order"] = None
         d["_live_state"] = None
-        if self._mixture and json.loads(self._order.state_save(0, 1))["weights_history"]:
+        saved = json.loads(self._order.state_save(0, 1))
+        if saved["weights_history"] or saved["skipped"]:
             d["_live_state"] = self._order.state_save(d["_position"], self.world_size)
         d["_device"] = None  # device state is per process; made again where the loader is used
         return d
@@ -535,7 +540,7 @@ class Loader:
     def __setstate__(self, d: Dict[str, Any]) -> None:
         self.__dict__.update(d)
         self._order = self._order_cfg.build(self._core_source())
-        if d.get("_live_state"):  # weights set while it ran: their history comes back with the state
+        if d.get("_live_state"):  # weights set, steps skipped while it ran: they come back with the state
             _, handover = self._order.state_load(d["_live_state"])
             if handover is not None:
                 self._order = handover
@@ -583,6 +588,34 @@ class Loader:
             self._device.seek(pos)  # drops what was copied ahead; moves the engine
         elif self._engine is not None:
             self._engine.seek(pos)
+
+    def skip_steps(self, start: int, stop: int) -> None:
+        """Leave the data of steps ``[start, stop)`` out: when the loader reaches step ``start`` it
+        continues with the batch of step ``stop``.
+
+        Steps count global batches from the start of the stream (``position // global_batch``,
+        as :meth:`explain` counts them); ``start`` must not be before the step of the next batch.
+        The skipped range is recorded in the state (``skipped``), so a resume, with any world
+        size that divides the global batch and through ``torch.distributed.checkpoint``, skips
+        the same data; ``stats()`` counts the steps skipped so far. The typical use: resume from
+        the checkpoint before a loss spike and skip the steps that led to it
+        (``docs/guides/loss-spikes.md``). Call it on every rank with the same steps.
+        """
+        for name, v in (("start", start), ("stop", stop)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"skip_steps: {name} must be an int >= 0, got {v!r}")
+        pos, g = self.position, self.global_batch
+        if start >= stop:
+            raise ValueError(f"skip_steps: expected start < stop, got [{start}, {stop})")
+        if start * g < pos:
+            raise ValueError(f"skip_steps: step {start} was already delivered (the next batch is step {pos // g}); "
+                             f"resume from a checkpoint taken before it, then skip")
+        n = self.num_positions
+        if n is not None and stop * g > n:
+            raise ValueError(f"skip_steps: step {stop} is past the end of the stream ({n // g} steps)")
+        self._order.skip(start * g, stop * g)
+        if self._device is not None and not self._device.closed:
+            self._device.seek(pos)  # what was copied ahead may lie in the skipped range
 
     def set_weights(self, weights: Sequence[float]) -> None:
         """Mix with ``weights`` (one per source, >= 0, not all 0) from the next batch on.
