@@ -116,7 +116,7 @@ TF_HIDDEN size_t tf__order_mix_history(const tf_order *o, const uint64_t **pos, 
 TF_HIDDEN int tf__order_mix_set_history(tf_order *o, size_t n, const uint64_t *pos, const double *w,
                                         const double *extra_w);
 
-/* Replace o's skipped ranges with n [start, stop) pairs (state.c). */
+/* Replace o's skipped ranges with n [start, stop) pairs (order.c). */
 TF_HIDDEN int tf__order_set_skips(tf_order *o, const uint64_t *ranges, size_t n);
 
 /* Building position_ids / cu_seqlens / num_seqs from segment starts, shared by

@@ -718,19 +718,6 @@ int tf_order_mix_set_weights(const tf_order *o, uint64_t pos, const double *weig
 
 /* ------------------------------------------------------------- skipping */
 
-int tf__order_set_skips(tf_order *o, const uint64_t *ranges, size_t n) {
-    uint64_t *r = NULL;
-    if (n) {
-        r = malloc(2 * n * sizeof *r);
-        if (!r) return -ENOMEM;
-        memcpy(r, ranges, 2 * n * sizeof *r);
-    }
-    free(o->skips);
-    o->skips = r;
-    o->nskips = n;
-    return 0;
-}
-
 int tf_order_skip(tf_order *o, uint64_t start, uint64_t stop) {
     if (!o) return -EINVAL;
     tf__clearerr();
