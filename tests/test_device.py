@@ -361,7 +361,7 @@ def test_loader_device_copies_issued_ahead_of_a_2ms_step(cuda_double, tmp_path):
     run_py("""
         ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
         loader = tokenfeed.Loader(ds, seq_len=64, batch_size=4, seed=5, output="numpy", device="cuda",
-                                  device_prefetch=2)
+                                  device_prefetch_batches=2)
         held = None
         it = iter(loader)                                 # a for loop's start: copying begins
         for step in range(100):
@@ -431,7 +431,7 @@ def test_loader_device_state_counts_received_batches_and_resumes_exactly(cuda_do
         def same(b, i):
             return all(np.array_equal(host_copy(t), expect[i][k]) for k, t in b.items())
 
-        a = tokenfeed.Loader(ds, device="cuda", device_prefetch=4, **kw)
+        a = tokenfeed.Loader(ds, device="cuda", device_prefetch_batches=4, **kw)
         for i in range(13):
             assert same(next(a), i)
         assert copied_ahead(a, 3)                        # copies run ahead of the consumer
@@ -469,7 +469,7 @@ def test_loader_device_close_with_copies_in_flight(cuda_double, tmp_path):
         ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
         kw = dict(seq_len=64, batch_size=4, seed=2, output="numpy")
         first = next(tokenfeed.Loader(ds, **kw))["tokens"].copy()
-        loader = tokenfeed.Loader(ds, device="cuda", device_prefetch=4, **kw)
+        loader = tokenfeed.Loader(ds, device="cuda", device_prefetch_batches=4, **kw)
         held = next(loader)
         assert copied_ahead(loader, 3)
         raises(RuntimeError, lambda: loader._engine.next(), "DeviceLoader")  # the engine belongs to the copy thread now
@@ -491,7 +491,7 @@ INTERRUPTED = textwrap.dedent('''
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if the run started with SIGINT ignored
     ds = tokenfeed.open(sys.argv[1])
     kw = dict(seq_len=64, batch_size=4, seed=4, output="numpy")
-    loader = tokenfeed.Loader(ds, device="cuda", device_prefetch=2, **kw)
+    loader = tokenfeed.Loader(ds, device="cuda", device_prefetch_batches=2, **kw)
     got = 0
     print("running", flush=True)
     try:
@@ -650,7 +650,7 @@ def test_loader_device_cp_batches_copied_ahead(cuda_double, tmp_path, layout):
         ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
         kw = dict(seq_len=64, batch_size=4, seed=8, cp_rank=1, cp_size=2, epochs=1, output="numpy", {extra})
         cpu = cpu_batches(ds, **kw)
-        loader = tokenfeed.Loader(ds, device="cuda", device_prefetch=2, **kw)
+        loader = tokenfeed.Loader(ds, device="cuda", device_prefetch_batches=2, **kw)
         it = iter(loader)
         n, state = 0, None
         for i in range(len(cpu)):

@@ -54,7 +54,7 @@ def test_identical_across_threads_backends_and_compression(twin, shuffle):
     for ds in (plain, zstd):
         for threads in (1, 2, 4):
             for backend in ("mmap", "pread", "io_uring"):
-                got = stream(ds, shuffle=shuffle, num_threads=threads, backend=backend, prefetch=threads + 1)
+                got = stream(ds, shuffle=shuffle, num_threads=threads, backend=backend, prefetch_batches=threads + 1)
                 assert same(ref, got), (ds.files()[0]["compressed"], threads, backend)
 
 
@@ -86,7 +86,7 @@ def test_output_dtypes(twin, dtype):
 
 def test_kept_batch_unchanged_after_1000_more(twin):
     plain, _ = twin
-    l = tokenfeed.Loader(plain, seq_len=64, batch_size=4, output="numpy", num_threads=2, prefetch=3)
+    l = tokenfeed.Loader(plain, seq_len=64, batch_size=4, output="numpy", num_threads=2, prefetch_batches=3)
     kept = next(l)
     snapshot = {k: v.copy() for k, v in kept.items()}
     held_views = kept["labels"]
@@ -101,7 +101,7 @@ def test_kept_batch_unchanged_after_1000_more(twin):
 
 def test_buffers_are_recycled_when_released(twin):
     plain, _ = twin
-    l = tokenfeed.Loader(plain, seq_len=64, batch_size=4, output="numpy", num_threads=1, prefetch=2)
+    l = tokenfeed.Loader(plain, seq_len=64, batch_size=4, output="numpy", num_threads=1, prefetch_batches=2)
     addrs = set()
     for _ in range(200):
         addrs.add(next(l)["tokens"].ctypes.data)  # released at once
@@ -124,7 +124,7 @@ def test_interpreter_exit_with_running_loader_does_not_hang(twin, tmp_path):
     code = textwrap.dedent(f"""
         import tokenfeed
         ds = tokenfeed.open({plain.paths[0]!r})
-        l = tokenfeed.Loader(ds, seq_len=64, batch_size=4, num_threads=4, prefetch=8, output="numpy")
+        l = tokenfeed.Loader(ds, seq_len=64, batch_size=4, num_threads=4, prefetch_batches=8, output="numpy")
         keep = [next(l) for _ in range(5)]
         print("ok", flush=True)
         # exit with live threads, a full ring and batches still referenced

@@ -96,7 +96,7 @@ def test_same_bytes_on_every_backend_and_thread_count(make_dataset, cu_seqlens):
               separator_id=4000)
     first, _ = cp_batches(plain, 6, 2, 1, **kw)
     for data, over in ((plain, dict(backend="pread")), (plain, dict(backend="io_uring", num_threads=3)),
-                       (plain, dict(num_threads=2, prefetch=7)), (packed, {})):
+                       (plain, dict(num_threads=2, prefetch_batches=7)), (packed, {})):
         got, _ = cp_batches(data, 6, 2, 1, **{**kw, **over})
         for a, b in zip(first, got):
             assert a.keys() == b.keys()
@@ -111,7 +111,7 @@ def test_a_rank_reads_only_its_ranges(make_dataset):
     L, B, n = 64, 4, 5
 
     def per_batch_read(cp, r):
-        _, st = cp_batches(ds, n, cp, r, seq_len=L, batch_size=B, backend="mmap", prefetch=1)
+        _, st = cp_batches(ds, n, cp, r, seq_len=L, batch_size=B, backend="mmap", prefetch_batches=1)
         return st["bytes_read"]
 
     whole_row = B * (L + 1) * 2                                    # uint16 tokens

@@ -90,7 +90,7 @@ def test_identical_across_threads_and_backends(sources, packing):
     a, b = sources()
     kw = dict(weights=[0.7, 0.3], seq_len=20, batch_size=5, seed=3, packing=packing, pad_id=PAD, pack_window=16)
     ref = take_tokens(numpy_loader([a, b], num_threads=1, backend="mmap", **kw), 25)
-    for over in (dict(num_threads=4, prefetch=9), dict(backend="pread"), dict(backend="io_uring", num_threads=3)):
+    for over in (dict(num_threads=4, prefetch_batches=9), dict(backend="pread"), dict(backend="io_uring", num_threads=3)):
         got = take_tokens(numpy_loader([a, b], **{**kw, **over}), 25)
         assert all(np.array_equal(x, y) for x, y in zip(ref, got)), over
 

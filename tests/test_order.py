@@ -110,7 +110,7 @@ def test_concat_packing_matches_token_stream(make_dataset):
 def test_identical_config_identical_stream(make_dataset):
     ds = make_dataset()
     a = take_tokens(numpy_loader(ds, seq_len=33, batch_size=3, seed=9, num_threads=1), 40)
-    b = take_tokens(numpy_loader(ds, seq_len=33, batch_size=3, seed=9, num_threads=4, prefetch=9), 40)
+    b = take_tokens(numpy_loader(ds, seq_len=33, batch_size=3, seed=9, num_threads=4, prefetch_batches=9), 40)
     c = take_tokens(numpy_loader(ds, seq_len=33, batch_size=3, seed=10), 40)
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
     assert not all(np.array_equal(x, y) for x, y in zip(a, c))

@@ -134,7 +134,7 @@ def test_identical_across_threads_and_backends(uds, packing):
         l.close()
         return out
     a = run(num_threads=1, backend="mmap")
-    for over in (dict(num_threads=4, prefetch=7), dict(backend="pread", num_threads=3),
+    for over in (dict(num_threads=4, prefetch_batches=7), dict(backend="pread", num_threads=3),
                  dict(backend="io_uring", num_threads=2)):
         b = run(**over)
         assert all(np.array_equal(x[k], y[k]) for x, y in zip(a, b) for k in keys), over

@@ -223,7 +223,7 @@ def test_stream_pinned(data, name):
 @pytest.mark.parametrize("backend", ["pread", "io_uring"])
 def test_pinned_stream_on_other_backends(data, backend):
     for name in ("concat_none_sep_extras", "best_fit_extras", "mix_concat"):
-        loader = make_loader(data, name, backend=backend, num_threads=3, prefetch=2)
+        loader = make_loader(data, name, backend=backend, num_threads=3, prefetch_batches=2)
         assert hash_batches(loader, CONFIGS[name][2]) == PINNED[name]["stream"], name
 
 

@@ -84,7 +84,7 @@ def parallel(path: str) -> int:
     pc: tokenfeed.ParallelCoords = tokenfeed.parallel_coords(dp_rank=1, dp_size=2, cp_rank=0, cp_size=2)
     loader = tokenfeed.Loader(path, seq_len=128, batch_size=4, dp_rank=pc.dp_rank, dp_size=pc.dp_size,
                               cp_rank=pc.cp_rank, cp_size=pc.cp_size, position_ids=True, loss_mask=True,
-                              device="cuda", device_prefetch=2, device_slots=4)
+                              device="cuda", device_prefetch_batches=2, device_slots=4)
     coords: tokenfeed.ParallelCoords = loader.parallel
     return loader.cp_size * loader.dp_size + loader.global_batch + coords.dp_rank
 

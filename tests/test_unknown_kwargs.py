@@ -99,7 +99,7 @@ def test_packing_constants_are_the_c_values():
     assert np.unique(list(_config.SHUFFLE.values())).size == 3
 
 
-@pytest.mark.parametrize("kw", [dict(num_threads=10**6), dict(prefetch=10**6), dict(backend="floppy"),
+@pytest.mark.parametrize("kw", [dict(num_threads=10**6), dict(prefetch_batches=10**6), dict(backend="floppy"),
                                 dict(num_threads=-1), dict(dtype="float99"), dict(block_size=0)])
 def test_loader_checks_every_setting_when_made(ds, kw):
     """Engine settings too fail at Loader(), not at the first batch."""

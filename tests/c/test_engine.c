@@ -690,7 +690,7 @@ static void test_meter(const tf_dataset *ds) {
     for (int i = 0; i < 12; i++) {
         tf_batch *b = NULL;
         int rc;
-        while ((rc = tf_loader_next_timed(l, &b, 1000)) == -ETIMEDOUT) {
+        while ((rc = tf_loader_next_timed(l, &b, 1000)) == -TF_ENOTREADY) {
         }
         CHECK_OK(rc);
         tf_batch_release(b);
@@ -705,6 +705,65 @@ static void test_meter(const tf_dataset *ds) {
     CHECK(m.batches == 12);
     tf_loader_get_meter(NULL, 0, &m);
     CHECK(m.batches == 0);
+    tf_loader_free(l);
+}
+
+/* A finite stream: a seek past its end fails at the seek, and the end-of-stream
+ * message counts the epochs asked for (not positions / samples, which rounds
+ * down to 0 when the last partial global batch is dropped). */
+static void test_finite_end(const tf_dataset *ds) {
+    spec s = default_spec();
+    s.epochs = 1;
+    tf_loader *l = mk(ds, &s);
+    if (!l) return;
+    tf_order_config oc;
+    order_cfg(&s, &oc);
+    tf_order *o = NULL;
+    CHECK_OK(tf_order_create(ds, &oc, &o));
+    uint64_t npos = tf_order_num_positions(o);
+    CHECK(npos < tf_order_num_samples(o)); /* one epoch, rounded down to whole global batches */
+    CHECK_RC(tf_loader_seek(l, npos + s.B), -EINVAL);
+    CHECK(strstr(tf_last_error(), "past the end of the stream") != NULL);
+    CHECK(tf_loader_position(l) == 0); /* a refused seek changes nothing */
+    CHECK_OK(tf_loader_seek(l, npos)); /* the end itself is a position */
+    tf_batch *b = NULL;
+    CHECK_RC(tf_loader_next(l, &b), -TF_EEOF);
+    CHECK(strstr(tf_last_error(), "of 1 epoch(s)") != NULL);
+    tf_order_free(o);
+    tf_loader_free(l);
+}
+
+/* A C trainer's state: saved, then loaded into a fresh loader (seeks there);
+ * a changed setting that changes the stream is refused with its name. */
+static void test_state(const tf_dataset *ds) {
+    spec s = default_spec();
+    tf_loader *l = mk(ds, &s), *m = mk(ds, &s);
+    if (!l || !m) return;
+    tf_batch *b = NULL;
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(tf_loader_next(l, &b));
+        tf_batch_release(b);
+    }
+    size_t len = 0;
+    CHECK_RC(tf_loader_state_save(l, NULL, 0, &len), -ENOSPC);
+    char *text = malloc(len + 1);
+    CHECK_OK(tf_loader_state_save(l, text, len + 1, &len));
+    CHECK(strlen(text) == len && strstr(text, "\"mix_anchor\": null") != NULL);
+    CHECK_OK(tf_loader_state_load(m, text, len, 0));
+    CHECK(tf_loader_position(m) == 3 * s.B);
+    tf_loader_free(m);
+    s.shuffle = TF_SHUFFLE_NONE;
+    m = mk(ds, &s);
+    if (m) {
+        CHECK_RC(tf_loader_state_load(m, text, len, 0), -TF_ESTATE);
+        CHECK(strstr(tf_last_error(), "shuffle: saved 'full', now 'none'") != NULL);
+        CHECK_OK(tf_loader_state_load(m, text, len, TF_STATE_LENIENT));
+        CHECK(tf_loader_position(m) == 3 * s.B);
+        CHECK_RC(tf_loader_state_load(m, "{\"position\": 8}", 15, 0), -TF_ESTATE);
+        CHECK(strstr(tf_last_error(), "missing format_version") != NULL);
+        tf_loader_free(m);
+    }
+    free(text);
     tf_loader_free(l);
 }
 
@@ -732,6 +791,8 @@ int main(void) {
         test_kept_batch(plain);
         test_ranks(plain);
         test_seek(plain);
+        test_finite_end(plain);
+        test_state(plain);
         test_free_with_batches_out(plain);
         test_fork(plain);
         test_worker_error();
