@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 import tokenfeed
 
 SEQ = 16
-KINDS = ["reweighted", "plain", "mixture", "schedule", "best_fit_block", "cp"]
+KINDS = ["reweighted", "plain", "mixture", "schedule", "best_fit_block", "cp", "live", "skipped"]
 
 
 def make_data(root: Path) -> List[Any]:
@@ -60,6 +60,18 @@ def build(kind: str, paths: List[Path], rank: int = 0, world: int = 1, global_ba
     if kind == "schedule":
         sched = tokenfeed.WeightSchedule([(0, [0.9, 0.1]), (4, [0.2, 0.8])], interpolation="linear")
         return tokenfeed.Loader([a, b], weights=sched, mix_window=10, **kw)
+    if kind == "skipped":  # the data of steps 3 and 4 left out, recorded before reaching them
+        ld = tokenfeed.Loader(a, **kw)
+        if not fresh:
+            take(ld, 1)
+            ld.skip_steps(3, 5)
+        return ld
+    if kind == "live":  # a 70/30 mixture given 20/80 by set_weights after two batches
+        ld = tokenfeed.Loader([a, b], weights=[0.7, 0.3], **kw)
+        if not fresh:
+            take(ld, 2)
+            ld.set_weights([0.2, 0.8])
+        return ld
     assert kind == "reweighted"
     ld = tokenfeed.Loader([a, b], weights=[0.4, 0.6], **kw)
     if not fresh:
@@ -102,7 +114,11 @@ def test_state_keys_do_not_depend_on_history(paths):
         return sorted(k2 for k, v in d.items() for k2 in (keys(v, f"{pre}{k}.") if isinstance(v, dict) else [pre + k]))
 
     assert keys(s) == keys(f)
-    for st in (s, f, build("plain", paths).state_dict(), build("schedule", paths).state_dict()):
+    live = build("live", paths).state_dict()
+    assert live["weights_history"] == [[8, [0.2, 0.8]]] and f["weights_history"] is None
+    skipped = build("skipped", paths).state_dict()
+    assert skipped["skipped"] == [[12, 20]] and f["skipped"] is None
+    for st in (s, f, live, skipped, build("plain", paths).state_dict(), build("schedule", paths).state_dict()):
         assert keys(st) == keys(f)  # one set of keys for every kind of loader
         for v in [x for x in st.values() if not isinstance(x, dict)] + list(st["config"].values()):
             assert v is None or isinstance(v, (int, float, str, list)), v
@@ -113,10 +129,11 @@ def test_dcp_round_trip_into_a_fresh_loader(paths, group, tmp_path, kind):
     ld = build(kind, paths)
     take(ld, 2)
     dcp.save({"loader": ld}, checkpoint_id=str(tmp_path / "ckpt"))
+    saved_at = ld.position
     want = take(ld, 5)
     fresh = build(kind, paths, fresh=True)
     dcp.load({"loader": fresh}, checkpoint_id=str(tmp_path / "ckpt"))
-    assert fresh.position == ld.position - 5 * ld.global_batch
+    assert fresh.position == saved_at
     assert same(take(fresh, 5), want)
 
 

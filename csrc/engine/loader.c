@@ -981,6 +981,9 @@ static int next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_ns) {
     if (!out) return -EINVAL;
     *out = NULL;
     if (!l) return -EINVAL;
+    /* a skipped range (tf_order_skip) that starts here: continue after it */
+    uint64_t at = atomic_load_explicit(&l->position, memory_order_acquire), to = tf_order_skip_to(l->order, at);
+    if (to != at) TF_TRY(tf_loader_seek(l, to));
     TF_TRY(next_start(l));
 
     pthread_mutex_lock(&l->mu);

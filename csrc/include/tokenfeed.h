@@ -766,9 +766,38 @@ TF_API int tf_order_state_save(const tf_order *o, uint64_t pos, uint32_t world_s
  * sentence naming what differs. A mixture resumed under other weights (or
  * from a state that carries an anchor) continues each source from where it
  * was: *handover then receives a new order, owned by the caller, to use in
- * place of o; NULL when o itself resumes. */
+ * place of o; NULL when o itself resumes. The state's skipped ranges
+ * (tf_order_skip) replace those of the order that reads on: *handover, or o
+ * itself (which is modified for that alone). */
 TF_API int tf_order_state_load(const tf_order *o, const char *state, size_t len, unsigned flags, uint64_t *pos,
                                tf_order **handover);
+
+/* Live mixture weights: a new order, owned by the caller, that reads o's
+ * stream up to global position pos (a multiple of the global batch) and the
+ * given weights (n, one per source; a weight may be 0, not all) from there.
+ * Each source continues from where it was at pos, so within a source nothing
+ * repeats and nothing is lost. The change is recorded in the new order's
+ * weight history, which its state lists (weights_history), so that a resume
+ * (any world size) continues with these weights. The positions before pos
+ * are not reproduced by the new order: read them from o. */
+TF_API int tf_order_mix_set_weights(const tf_order *o, uint64_t pos, const double *weights, size_t n,
+                                    tf_order **out);
+
+/* Skipping: the positions [start, stop) (whole global batches: the data of
+ * steps start / G to stop / G - 1) are left out of the stream a loader
+ * delivers: a loader whose position reaches start continues at stop. The
+ * order itself is unchanged (its sample at each position, explain); the
+ * ranges are kept with the order, listed in its state (skipped) and restored
+ * by tf_order_state_load on the order that reads on, so that a resume, with
+ * any world size, skips the same data. Ranges that overlap or touch merge.
+ * Not thread-safe against a tf_loader_next on a loader reading o. */
+TF_API int tf_order_skip(tf_order *o, uint64_t start, uint64_t stop);
+/* The skipped ranges (ascending, disjoint): their number; up to cap of them
+ * are copied to ranges as [start, stop] pairs (2 * cap values). */
+TF_API size_t tf_order_skips(const tf_order *o, uint64_t *ranges, size_t cap);
+/* Where a loader at position pos reads: the end of the skipped range that
+ * holds pos, else pos. */
+TF_API uint64_t tf_order_skip_to(const tf_order *o, uint64_t pos);
 
 /* Sources of a mixture (1 for a plain order) and source i's own order
  * (borrowed from o; for a plain order, i == 0 gives o itself). */

@@ -69,6 +69,10 @@ struct tf_order {
     uint64_t num_positions;
     uint64_t fingerprint;
     uint64_t nbf, wsz, nwin; /* BLOCK shuffle geometry (order.c) */
+    /* positions a loader skips (tf_order_skip): nskips [start, stop) pairs,
+     * ascending and disjoint; the order of the stream is unchanged */
+    size_t nskips;
+    uint64_t *skips;
 };
 
 /* A kind's constructor: fills ops, impl, ds, N and max_spans of o (o->cfg is
@@ -100,9 +104,20 @@ TF_HIDDEN uint64_t tf__order_config_fingerprint(const tf_order_config *c);
  * spec (with its anchor; M and G are the config's) and the datasets, both
  * borrowed from o. */
 TF_HIDDEN int tf__order_mix_spec(const tf_order *o, tf__sched_spec *spec, const tf_dataset *const **ds);
-/* A mixture over like's datasets with another config and schedule. */
+/* A mixture over like's datasets with another config and schedule (and
+ * like's weight history). */
 TF_HIDDEN int tf__order_mix_create(const tf_order *like, const tf_order_config *cfg, const tf__sched_spec *spec,
                                    tf_order **out);
+/* The weights a mixture was given while its stream ran (tf_order_mix_set_weights):
+ * n entries, oldest first, of a position (pos[i]) and K weights (w[i*K..]);
+ * 0 for another order. set_history replaces them with n given entries and,
+ * with extra_w, one more at the order's hand-over position. */
+TF_HIDDEN size_t tf__order_mix_history(const tf_order *o, const uint64_t **pos, const double **w);
+TF_HIDDEN int tf__order_mix_set_history(tf_order *o, size_t n, const uint64_t *pos, const double *w,
+                                        const double *extra_w);
+
+/* Replace o's skipped ranges with n [start, stop) pairs (order.c). */
+TF_HIDDEN int tf__order_set_skips(tf_order *o, const uint64_t *ranges, size_t n);
 
 /* Building position_ids / cu_seqlens / num_seqs from segment starts, shared by
  * every kind: start with {last = 0, nc = 1} and cu_seqlens[0] = 0, call

@@ -60,6 +60,11 @@ typedef struct tf__mix {
      * (borrowed) and a copy of the schedule with its anchor */
     const tf_dataset **ds;
     tf__sched_spec spec;
+    /* weights set while the stream ran (tf_order_mix_set_weights), oldest
+     * first: nhist entries of a position and K weights; the state records them */
+    size_t nhist;
+    uint64_t *hist_pos;
+    double *hist_w;
 } tf__mix;
 
 static void mix_free(void *v) {
@@ -73,6 +78,8 @@ static void mix_free(void *v) {
     free((void *)m->spec.steps);
     free((void *)m->spec.weights);
     free((void *)m->spec.anchor_counts);
+    free(m->hist_pos);
+    free(m->hist_w);
     free(m);
 }
 
@@ -347,5 +354,47 @@ int tf__order_mix_create(const tf_order *like, const tf_order_config *cfg, const
     if (!m) return -EINVAL;
     if (spec->K != m->K)
         TF_FAIL(-EINVAL, "the mixture has %zu sources, the schedule %zu", m->K, spec->K);
-    return create_mix(m->ds, m->K, spec, cfg, out);
+    TF_TRY(create_mix(m->ds, m->K, spec, cfg, out));
+    int rc = tf__order_mix_set_history(*out, m->nhist, m->hist_pos, m->hist_w, NULL);
+    if (!rc) rc = tf__order_set_skips(*out, like->skips, like->nskips);
+    if (rc) {
+        tf_order_free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+size_t tf__order_mix_history(const tf_order *o, const uint64_t **pos, const double **w) {
+    const tf__mix *m = mix_of(o);
+    if (!m) return 0;
+    *pos = m->hist_pos;
+    *w = m->hist_w;
+    return m->nhist;
+}
+
+int tf__order_mix_set_history(tf_order *o, size_t n, const uint64_t *pos, const double *w, const double *extra_w) {
+    tf__mix *m = o && o->ops == &mix_ops ? o->impl : NULL;
+    if (!m) return -EINVAL;
+    size_t total = n + (extra_w != NULL), K = m->K;
+    uint64_t *hp = total ? malloc(total * sizeof *hp) : NULL;
+    double *hw = total ? malloc(total * K * sizeof *hw) : NULL;
+    if (total && (!hp || !hw)) {
+        free(hp);
+        free(hw);
+        return -ENOMEM;
+    }
+    if (n) {
+        memcpy(hp, pos, n * sizeof *hp);
+        memcpy(hw, w, n * K * sizeof *hw);
+    }
+    if (extra_w) {
+        hp[n] = m->spec.anchor_pos;
+        memcpy(hw + n * K, extra_w, K * sizeof *hw);
+    }
+    free(m->hist_pos);
+    free(m->hist_w);
+    m->hist_pos = hp;
+    m->hist_w = hw;
+    m->nhist = total;
+    return 0;
 }

@@ -188,7 +188,23 @@ int tf_order_create(const tf_dataset *ds, const tf_order_config *cfg, tf_order *
 void tf_order_free(tf_order *o) {
     if (!o) return;
     if (o->ops && o->ops->destroy) o->ops->destroy(o->impl);
+    free(o->skips);
     free(o);
+}
+
+/* Skipped ranges (tf_order_skip, state.c) are copied to the orders a mixture
+ * hands over to, so they live here, below both. */
+int tf__order_set_skips(tf_order *o, const uint64_t *ranges, size_t n) {
+    uint64_t *r = NULL;
+    if (n) {
+        r = malloc(2 * n * sizeof *r);
+        if (!r) return -ENOMEM;
+        memcpy(r, ranges, 2 * n * sizeof *r);
+    }
+    free(o->skips);
+    o->skips = r;
+    o->nskips = n;
+    return 0;
 }
 
 uint64_t tf_order_num_samples(const tf_order *o) { return o ? o->N : 0; }

@@ -15,7 +15,15 @@
  *                        mixture (null without one)
  *   mix_anchor           null, or [position, [samples each source had delivered
  *                        there]]: the hand-over of a mixture resumed under
- *                        other weights
+ *                        other weights, or given weights while it ran
+ *   skipped              null, or [[start, stop], ...]: global positions the
+ *                        loader skips (tf_order_skip: the data of some steps
+ *                        left out), ascending
+ *   weights_history      null, or [[position, [weights]], ...]: the weights a
+ *                        mixture was given while its stream ran
+ *                        (tf_order_mix_set_weights), oldest first. A state
+ *                        that lists some resumes with the last of them and
+ *                        its anchor, whatever weights the loader was built with
  *
  * Every key is always present and every value is an integer, a double, a
  * string, null or a list of them, so that every checkpointer keeps the state
@@ -75,6 +83,23 @@ static void write_mixture(tf__jw *w, const tf__sched_spec *sp) {
     tf__jw_printf(w, "], \"interpolation\": \"%s\"", sp->linear ? "linear" : "constant");
 }
 
+static void write_history(tf__jw *w, const tf_order *o) {
+    const uint64_t *hp;
+    const double *hw;
+    size_t n = tf__order_mix_history(o, &hp, &hw), K = tf_order_num_sources(o);
+    if (!n) {
+        tf__jw_printf(w, "null");
+        return;
+    }
+    tf__jw_printf(w, "[");
+    for (size_t i = 0; i < n; i++) {
+        tf__jw_printf(w, "%s[%llu, ", i ? ", " : "", (unsigned long long)hp[i]);
+        write_doubles(w, hw + i * K, K);
+        tf__jw_printf(w, "]");
+    }
+    tf__jw_printf(w, "]");
+}
+
 static void write_setting(tf__jw *w, const tf__setting_row *r, const tf__cond_ctx *x) {
     int64_t v = tf__setting_get(r, x->cfg);
     if (!tf__setting_in_fingerprint(r, x) || (r->pub.nullable && v == r->pub.none_value))
@@ -114,6 +139,13 @@ int tf_order_state_save(const tf_order *o, uint64_t pos, uint32_t world_size, ch
     } else {
         tf__jw_printf(&w, "null");
     }
+    tf__jw_printf(&w, ", \"skipped\": ");
+    if (!o->nskips) tf__jw_printf(&w, "null");
+    for (size_t i = 0; i < o->nskips; i++)
+        tf__jw_printf(&w, "%s[%llu, %llu]%s", i ? ", " : "[", (unsigned long long)o->skips[2 * i],
+                      (unsigned long long)o->skips[2 * i + 1], i + 1 == o->nskips ? "]" : "");
+    tf__jw_printf(&w, ", \"weights_history\": ");
+    write_history(&w, o);
     tf__jw_printf(&w, "}");
     int rc = w.rc;
     if (!rc) {
@@ -143,12 +175,20 @@ typedef struct saved {
     uint64_t anchor_pos;
     uint64_t *anchor_counts; /* K */
     uint64_t sched_fp;       /* a mixture: its schedule's fingerprint (the assignment) */
+    size_t nskips;           /* skipped: [start, stop) pairs (owned) */
+    uint64_t *skips;
+    size_t nhist;            /* weights_history: positions and K weights each (owned) */
+    uint64_t *hist_pos;
+    double *hist_w;
 } saved;
 
 static void saved_free(saved *s) {
     free((void *)s->spec.steps);
     free((void *)s->spec.weights);
     free(s->anchor_counts);
+    free(s->hist_pos);
+    free(s->hist_w);
+    free(s->skips);
 }
 
 static int bad(const char *field, const char *want, const tf__jnode *n) {
@@ -288,6 +328,45 @@ static int parse_anchor(const tf__json *j, const tf__jnode *a, saved *s) {
     return 0;
 }
 
+static int parse_skipped(const tf__json *j, const tf__jnode *h, saved *s) {
+    if (!h || h->type == TF__J_NULL || (h->type == TF__J_ARR && h->n == 0)) return 0;
+    if (h->type != TF__J_ARR) return bad("skipped", "null, or [[start, stop], ...]", h);
+    s->skips = calloc(2 * h->n, sizeof *s->skips);
+    if (!s->skips) return -ENOMEM;
+    for (size_t i = 0; i < h->n; i++) {
+        const tf__jnode *e = tf__json_child(j, h, i);
+        if (!e || e->type != TF__J_ARR || e->n != 2) return bad("skipped", "[start, stop] entries", e);
+        TF_TRY(get_u64(tf__json_child(j, e, 0), "skipped start", &s->skips[2 * i]));
+        TF_TRY(get_u64(tf__json_child(j, e, 1), "skipped stop", &s->skips[2 * i + 1]));
+        if (s->skips[2 * i] >= s->skips[2 * i + 1] || (i && s->skips[2 * i] <= s->skips[2 * i - 1]))
+            TF_FAIL(-TF_ESTATE, "the state's skipped: expected ascending, disjoint [start, stop] ranges with start < "
+                    "stop, found [%llu, %llu]", (unsigned long long)s->skips[2 * i],
+                    (unsigned long long)s->skips[2 * i + 1]);
+    }
+    s->nskips = h->n;
+    return 0;
+}
+
+static int parse_history(const tf__json *j, const tf__jnode *h, saved *s) {
+    if (!h || h->type == TF__J_NULL || (h->type == TF__J_ARR && h->n == 0)) return 0;
+    if (h->type != TF__J_ARR || !s->mixture) return bad("weights_history", "null, or [[position, [weights]], ...] of a mixture", h);
+    size_t n = h->n, K = s->spec.K;
+    s->hist_pos = calloc(n, sizeof *s->hist_pos);
+    s->hist_w = calloc(n * K, sizeof *s->hist_w);
+    if (!s->hist_pos || !s->hist_w) return -ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        const tf__jnode *e = tf__json_child(j, h, i);
+        if (!e || e->type != TF__J_ARR || e->n != 2) return bad("weights_history", "[position, [weights]] entries", e);
+        TF_TRY(get_u64(tf__json_child(j, e, 0), "weights_history position", &s->hist_pos[i]));
+        const tf__jnode *w = tf__json_child(j, e, 1);
+        if (!w || w->type != TF__J_ARR || w->n != K) return bad("weights_history", "one weight per source", w);
+        for (size_t k = 0; k < K; k++)
+            TF_TRY(get_double(tf__json_child(j, w, k), "weights_history weight", &s->hist_w[i * K + k]));
+    }
+    s->nhist = n;
+    return 0;
+}
+
 static int parse_state(const tf__json *j, saved *s) {
     const tf__jnode *root = &j->nodes[0];
     if (root->type != TF__J_OBJ)
@@ -320,7 +399,9 @@ static int parse_state(const tf__json *j, saved *s) {
     tf_order_config_init(&s->cfg);
     for (size_t i = 0; i < tf__nsettings; i++)
         if (tf__settings[i].pub.scope == TF_SCOPE_ORDER) TF_TRY(parse_setting(j, config, &tf__settings[i], s));
-    return parse_anchor(j, tf__json_get(j, root, "mix_anchor"), s);
+    TF_TRY(parse_anchor(j, tf__json_get(j, root, "mix_anchor"), s));
+    TF_TRY(parse_skipped(j, tf__json_get(j, root, "skipped"), s));
+    return parse_history(j, tf__json_get(j, root, "weights_history"), s);
 }
 
 /* ------------------------------------------------------------- compare */
@@ -508,6 +589,8 @@ static int resume_mixture(const tf_order *o, const saved *s, int same, tf_order 
     return rc;
 }
 
+static int live_order(const tf_order *o, const saved *s, tf_order **out);
+
 int tf_order_state_load(const tf_order *o, const char *state, size_t len, unsigned flags, uint64_t *pos,
                         tf_order **handover) {
     if (!o || !state || !pos || !handover) return -EINVAL;
@@ -520,8 +603,17 @@ int tf_order_state_load(const tf_order *o, const char *state, size_t len, unsign
     memset(&s, 0, sizeof s);
     rc = parse_state(&j, &s);
     tf__json_free(&j);
+    const tf_order *orig = o;
     tf__sched_spec now_spec;
     int mixture = tf__order_mix_spec(o, &now_spec, NULL) == 0;
+    tf_order *live = NULL; /* weights given while the saved stream ran: they replace o's */
+    if (!rc && mixture && s.nhist) {
+        rc = live_order(o, &s, &live);
+        if (!rc) {
+            o = live;
+            tf__order_mix_spec(o, &now_spec, NULL);
+        }
+    }
     if (!rc && s.dataset_fp != dataset_fp(o)) {
         char samples[32] = "?";
         if (s.samples) snprintf(samples, sizeof samples, "%llu", (unsigned long long)s.samples);
@@ -554,8 +646,124 @@ int tf_order_state_load(const tf_order *o, const char *state, size_t len, unsign
     if (!rc && s.position > tf_order_num_positions(o))
         rc = tf__seterr(-TF_ESTATE, "the state's position %llu is past the end of this stream (%llu positions)",
                         (unsigned long long)s.position, (unsigned long long)tf_order_num_positions(o));
+    if (!rc && s.nskips && s.skips[2 * s.nskips - 1] % G)
+        rc = tf__seterr(-TF_ESTATE, "the state's skipped ranges are not whole global batches of %llu: keep "
+                        "batch_size x world_size the same as when the state was saved", (unsigned long long)G);
     if (!rc && mixture) rc = resume_mixture(o, &s, same, handover);
     if (!rc) *pos = s.position;
+    if (!rc && live && !*handover) *handover = live;
+    else tf_order_free(live);
+    /* the skipped ranges are the state's: on the order that reads on (o itself
+     * is the caller's, and the ranges are no part of its stream) */
+    if (!rc) rc = tf__order_set_skips(*handover ? *handover : (tf_order *)orig, s.skips, s.nskips);
+    if (rc && *handover) {
+        tf_order_free(*handover);
+        *handover = NULL;
+    }
     saved_free(&s);
     return rc;
+}
+
+/* The mixture the saved stream was reading: o's datasets and settings with the
+ * saved weights, anchor and weight history. */
+static int live_order(const tf_order *o, const saved *s, tf_order **out) {
+    tf__sched_spec sp = s->spec;
+    sp.anchor_pos = s->anchor_pos;
+    sp.anchor_counts = s->has_anchor ? s->anchor_counts : NULL;
+    int rc = tf__order_mix_create(o, &o->cfg, &sp, out);
+    if (rc) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "%s", tf_last_error());
+        TF_FAIL(-TF_ESTATE, "the state's weights_history: the weights last set cannot be applied (%s)", msg);
+    }
+    rc = tf__order_mix_set_history(*out, s->nhist, s->hist_pos, s->hist_w, NULL);
+    if (rc) {
+        tf_order_free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+int tf_order_mix_set_weights(const tf_order *o, uint64_t pos, const double *weights, size_t n, tf_order **out) {
+    if (!out) return -EINVAL;
+    *out = NULL;
+    tf__clearerr();
+    tf__sched_spec now;
+    if (!o || !weights || tf__order_mix_spec(o, &now, NULL))
+        TF_FAIL(-EINVAL, "set_weights: the order is not a mixture (build it with weights)");
+    if (n != now.K) TF_FAIL(-EINVAL, "set_weights: the mixture has %zu sources, %zu weights given", now.K, n);
+    if (pos % o->cfg.global_batch)
+        TF_FAIL(-EINVAL, "set_weights: position %llu is not a multiple of the global batch %llu",
+                (unsigned long long)pos, (unsigned long long)o->cfg.global_batch);
+    uint64_t *counts = malloc(n * sizeof *counts);
+    if (!counts) return -ENOMEM;
+    static const uint64_t step0 = 0;
+    tf__sched_spec sp = {.K = n, .npoints = 1, .steps = &step0, .weights = weights, .allow_zero = 1,
+                         .anchor_pos = pos, .anchor_counts = counts};
+    int rc = counts_at(o, n, pos, counts);
+    if (!rc) rc = tf__order_mix_create(o, &o->cfg, &sp, out);
+    if (!rc) {
+        const uint64_t *hp;
+        const double *hw;
+        size_t nh = tf__order_mix_history(o, &hp, &hw);
+        rc = tf__order_mix_set_history(*out, nh, hp, hw, weights);
+        if (rc) {
+            tf_order_free(*out);
+            *out = NULL;
+        }
+    }
+    free(counts);
+    return rc;
+}
+
+/* ------------------------------------------------------------- skipping */
+
+int tf_order_skip(tf_order *o, uint64_t start, uint64_t stop) {
+    if (!o) return -EINVAL;
+    tf__clearerr();
+    uint64_t G = o->cfg.global_batch;
+    if (start >= stop || start % G || stop % G)
+        TF_FAIL(-EINVAL, "skip: [%llu, %llu) is not a range of whole global batches of %llu (start < stop)",
+                (unsigned long long)start, (unsigned long long)stop, (unsigned long long)G);
+    if (stop > o->num_positions)
+        TF_FAIL(-EINVAL, "skip: position %llu is past the end of the stream (%llu positions)",
+                (unsigned long long)stop, (unsigned long long)o->num_positions);
+    /* merge with the ranges it overlaps or touches */
+    uint64_t *r = malloc(2 * (o->nskips + 1) * sizeof *r);
+    if (!r) return -ENOMEM;
+    size_t n = 0, i = 0;
+    for (; i < o->nskips && o->skips[2 * i + 1] < start; i++, n++) {
+        r[2 * n] = o->skips[2 * i];
+        r[2 * n + 1] = o->skips[2 * i + 1];
+    }
+    for (; i < o->nskips && o->skips[2 * i] <= stop; i++) {
+        if (o->skips[2 * i] < start) start = o->skips[2 * i];
+        if (o->skips[2 * i + 1] > stop) stop = o->skips[2 * i + 1];
+    }
+    r[2 * n] = start;
+    r[2 * n + 1] = stop;
+    n++;
+    for (; i < o->nskips; i++, n++) {
+        r[2 * n] = o->skips[2 * i];
+        r[2 * n + 1] = o->skips[2 * i + 1];
+    }
+    free(o->skips);
+    o->skips = r;
+    o->nskips = n;
+    return 0;
+}
+
+size_t tf_order_skips(const tf_order *o, uint64_t *ranges, size_t cap) {
+    if (!o) return 0;
+    for (size_t i = 0; ranges && i < o->nskips && i < cap; i++) {
+        ranges[2 * i] = o->skips[2 * i];
+        ranges[2 * i + 1] = o->skips[2 * i + 1];
+    }
+    return o->nskips;
+}
+
+uint64_t tf_order_skip_to(const tf_order *o, uint64_t pos) {
+    for (size_t i = 0; o && i < o->nskips; i++)
+        if (o->skips[2 * i] <= pos && pos < o->skips[2 * i + 1]) return o->skips[2 * i + 1];
+    return pos;
 }

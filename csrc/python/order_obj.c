@@ -500,6 +500,76 @@ static PyObject *Order_state_load(tfpy_Order *self, PyObject *args) {
     return Py_BuildValue("(KN)", (unsigned long long)pos, (PyObject *)o);
 }
 
+PyDoc_STRVAR(Order_mix_set_weights_doc, "mix_set_weights($self, position, weights, /)\n--\n\nReturns Order. This "
+             "mixture up to a global position and the given weights from there, each source continuing where it was "
+             "(tf_order_mix_set_weights); the change is recorded in the state's weights_history.");
+
+static PyObject *Order_mix_set_weights(tfpy_Order *self, PyObject *args) {
+    unsigned long long pos;
+    PyObject *wobj;
+    if (!PyArg_ParseTuple(args, "KO:mix_set_weights", &pos, &wobj)) return NULL;
+    PyObject *wseq = PySequence_Fast(wobj, "weights must be a list of numbers");
+    if (!wseq) return NULL;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(wseq);
+    double *w = PyMem_Malloc(((size_t)k + 1) * sizeof *w);
+    if (!w) {
+        Py_DECREF(wseq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        w[i] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(wseq, i));
+        if (w[i] == -1.0 && PyErr_Occurred()) {
+            PyMem_Free(w);
+            Py_DECREF(wseq);
+            return NULL;
+        }
+    }
+    Py_DECREF(wseq);
+    tf_order *h = NULL;
+    int rc;
+    char msg[1024];
+    TFPY_NOGIL_CALL(rc, msg, tf_order_mix_set_weights(self->o, pos, w, (size_t)k, &h));
+    PyMem_Free(w);
+    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, msg);
+    tfpy_Order *o;
+    TFPY_NEW_OWNER(o, Py_TYPE(self), o, h, tf_order_free);
+    if (!o) return NULL;
+    o->dataset = Py_NewRef(self->dataset);
+    return (PyObject *)o;
+}
+
+static PyObject *Order_skip(tfpy_Order *self, PyObject *args) {
+    unsigned long long start, stop;
+    if (!PyArg_ParseTuple(args, "KK:skip", &start, &stop)) return NULL;
+    int rc = tf_order_skip(self->o, start, stop);
+    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Order_skips(tfpy_Order *self, PyObject *unused) {
+    size_t n = tf_order_skips(self->o, NULL, 0);
+    uint64_t *r = PyMem_Malloc((2 * n + 1) * sizeof *r);
+    if (!r) return PyErr_NoMemory();
+    tf_order_skips(self->o, r, n);
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; list && i < n; i++) {
+        PyObject *t = Py_BuildValue("(KK)", (unsigned long long)r[2 * i], (unsigned long long)r[2 * i + 1]);
+        if (!t) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, t);
+    }
+    PyMem_Free(r);
+    return list;
+}
+
+static PyObject *Order_skip_to(tfpy_Order *self, PyObject *arg) {
+    unsigned long long pos = PyLong_AsUnsignedLongLong(arg);
+    if (pos == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    return PyLong_FromUnsignedLongLong(tf_order_skip_to(self->o, pos));
+}
+
 PyDoc_STRVAR(Order_doc, "Order(dataset, /, *, weights=None, schedule_steps=None, interpolation=None, anchor_position=None, "
                 "anchor_counts=None, **settings)\n--\n\n"
                 "The global sample order: packing, shuffle and positions; settings are the order's rows of settings(). "
@@ -521,6 +591,10 @@ TFPY_TYPE_SPEC(Order, tfpy_Order, Py_TPFLAGS_DEFAULT,
                    {"row_costs", (PyCFunction)Order_row_costs, METH_VARARGS, "row_costs($self, start, count, mode, /)\n--\n\nReturns ndarray. The balancing cost (tf_order_row_cost) of positions [start, start + count)."},
                    {"state_save", (PyCFunction)Order_state_save, METH_VARARGS, Order_state_save_doc},
                    {"state_load", (PyCFunction)Order_state_load, METH_VARARGS, Order_state_load_doc},
+                   {"mix_set_weights", (PyCFunction)Order_mix_set_weights, METH_VARARGS, Order_mix_set_weights_doc},
+                   {"skip", (PyCFunction)Order_skip, METH_VARARGS, "skip($self, start, stop, /)\n--\n\nLeave global positions [start, stop) (whole global batches) out of the stream a loader delivers (tf_order_skip); kept in the state."},
+                   {"skips", (PyCFunction)Order_skips, METH_NOARGS, "skips($self, /)\n--\n\nReturns list of (start, stop). The skipped ranges, ascending."},
+                   {"skip_to", (PyCFunction)Order_skip_to, METH_O, "skip_to($self, pos, /)\n--\n\nReturns int. Where a loader at pos reads: the end of the skipped range holding pos, else pos."},
                    {"mix_counts_at", (PyCFunction)Order_mix_counts_at, METH_O, "mix_counts_at($self, pos, /)\n--\n\nReturns (window, [count per source]). The exact counts per window in force at a position."},
                    {"segments_at", (PyCFunction)tfpy_Order_segments_at, METH_O, "segments_at($self, pos, /)\n--\n\nReturns list of (source, document, start, stop, offset). The document pieces that make the sample at a global position; reads no tokens."},
                    {"find_document", (PyCFunction)tfpy_Order_find_document, METH_VARARGS, "find_document($self, source, document, begin, end, /)\n--\n\nReturns list of int. The positions in [begin, end) whose sample holds tokens of the document."})},

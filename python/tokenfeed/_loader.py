@@ -172,7 +172,7 @@ class Loader:
                  cp_rank: Optional[int] = None, cp_size: Optional[int] = None,
                  dp_dims: Sequence[str] = DEFAULT_DP_DIMS, cp_dim: Optional[str] = DEFAULT_CP_DIM,
                  rank: Optional[int] = None, world_size: Optional[int] = None, prefetch: Optional[int] = None,
-                 device_prefetch: Optional[int] = None, **settings: Any) -> None:
+                 device_prefetch: Optional[int] = None, source_ids: bool = False, **settings: Any) -> None:
         # Every other keyword is a row of the C settings table (_core.settings(), listed in
         # docs/api.md): passed through by scope and checked by its row.
         order_kw, engine_kw, device_kw = split_settings(settings, "Loader")
@@ -223,6 +223,11 @@ class Loader:
             self.dataset: Any = [d if isinstance(d, Dataset) else _open(d) for d in srcs]
         else:
             self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset)
+        if not isinstance(source_ids, bool):
+            raise TypeError(f"source_ids must be True or False, got {source_ids!r}")
+        if source_ids and weights is None:
+            raise ValueError("source_ids=True needs a mixture (weights=): one dataset has one source")
+        self._source_ids = source_ids
         requested_output = output
         if output == "auto":
             output = "torch" if _torch_available() else "numpy"
@@ -421,10 +426,18 @@ class Loader:
         return self
 
     def __next__(self) -> Dict[str, Any]:
+        pos = self._order.skip_to(self.position) if self._source_ids else 0
         if self.device_index is not None:
             out: Dict[str, Any] = self._get_device().next()
+            if self._source_ids:
+                import torch
+
+                ids = self._source_ids_at(pos)
+                out["source_ids"] = torch.from_numpy(ids) if self.output == "torch" else ids
             return self._with_document_ids(out)
         batch: Dict[str, Any] = self._get_engine().next()
+        if self._source_ids:
+            batch["source_ids"] = self._source_ids_at(pos)
         if self.output == "torch":
             import torch
 
@@ -440,6 +453,12 @@ class Loader:
             if self._drop_cu:
                 del batch["cu_seqlens"], batch["num_seqs"]
         return batch
+
+    def _source_ids_at(self, pos: int) -> "np.ndarray[Any, np.dtype[np.int32]]":
+        """The source of each of this rank's rows of the batch at global position ``pos`` (the
+        rows :meth:`_row_positions` gives this rank: its slice, or the balancing rule's)."""
+        rows = self._row_positions(pos // self.global_batch)
+        return np.array([self._order.mix_source_at(p)[0] for p in rows], dtype=np.int32)
 
     def close(self) -> None:
         """Stop the worker threads (and the copies to the GPU, waiting for those in flight).
@@ -498,6 +517,10 @@ class Loader:
         """
         eng = self._get_engine()
         st: Dict[str, Any] = eng.stats()
+        # the skipped data (skip_steps) the stream has passed, all ranks together
+        pos, g = self.position, self.global_batch
+        passed = sum(min(stop, pos) - start for start, stop in self._order.skips() if start < pos)
+        st["skipped_steps"], st["skipped_samples"] = passed // g, passed
         if self.device_index is not None:
             st["device"] = self._get_device().stats()
         per = eng.source_stats()
@@ -561,6 +584,10 @@ class Loader:
         d["_position"] = self.position
         d["_engine"] = None
         d["_order"] = None
+        d["_live_state"] = None
+        saved = json.loads(self._order.state_save(0, 1))
+        if saved["weights_history"] or saved["skipped"]:
+            d["_live_state"] = self._order.state_save(d["_position"], self.world_size)
         d["_device"] = None  # device state is per process; made again where the loader is used
         d.pop("_bal_cache", None)  # holds the order
         return d
@@ -568,6 +595,10 @@ class Loader:
     def __setstate__(self, d: Dict[str, Any]) -> None:
         self.__dict__.update(d)
         self._order = self._order_cfg.build(self._core_source())
+        if d.get("_live_state"):  # weights set, steps skipped while it ran: they come back with the state
+            _, handover = self._order.state_load(d["_live_state"])
+            if handover is not None:
+                self._order = handover
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> Dict[str, Any]:
@@ -613,13 +644,67 @@ class Loader:
         elif self._engine is not None:
             self._engine.seek(pos)
 
+    def skip_steps(self, start: int, stop: int) -> None:
+        """Leave the data of steps ``[start, stop)`` out: when the loader reaches step ``start`` it
+        continues with the batch of step ``stop``.
+
+        Steps count global batches from the start of the stream (``position // global_batch``,
+        as :meth:`explain` counts them); ``start`` must not be before the step of the next batch.
+        The skipped range is recorded in the state (``skipped``), so a resume, with any world
+        size that divides the global batch and through ``torch.distributed.checkpoint``, skips
+        the same data; ``stats()`` counts the steps skipped so far. The typical use: resume from
+        the checkpoint before a loss spike and skip the steps that led to it
+        (``docs/guides/loss-spikes.md``). Call it on every rank with the same steps.
+        """
+        for name, v in (("start", start), ("stop", stop)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"skip_steps: {name} must be an int >= 0, got {v!r}")
+        pos, g = self.position, self.global_batch
+        if start >= stop:
+            raise ValueError(f"skip_steps: expected start < stop, got [{start}, {stop})")
+        if start * g < pos:
+            raise ValueError(f"skip_steps: step {start} was already delivered (the next batch is step {pos // g}); "
+                             f"resume from a checkpoint taken before it, then skip")
+        n = self.num_positions
+        if n is not None and stop * g > n:
+            raise ValueError(f"skip_steps: step {stop} is past the end of the stream ({n // g} steps)")
+        self._order.skip(start * g, stop * g)
+        if self._device is not None and not self._device.closed:
+            self._device.seek(pos)  # what was copied ahead may lie in the skipped range
+
+    def set_weights(self, weights: Sequence[float]) -> None:
+        """Mix with ``weights`` (one per source, >= 0, not all 0) from the next batch on.
+
+        Each source continues from where it was, so within a source no sample repeats and
+        none is lost; a weight schedule is replaced by these constant weights. The change is
+        recorded in the state (``weights_history``), so a resume, with any world size that
+        divides the global batch and through ``torch.distributed.checkpoint``, continues with
+        these weights whatever weights the new Loader was built with. Call it on every rank
+        with the same weights at the same step (``docs/guides/online-mixing.md``).
+        """
+        if not self._mixture:
+            raise ValueError("set_weights needs a mixture (a Loader made with weights=)")
+        w = [float(x) for x in weights]
+        pos = self.position
+        try:
+            order = self._order.mix_set_weights(pos, w)
+        except RuntimeError as e:
+            raise ValueError(str(e)) from None
+        # kept in the configuration too, so that a loader made again from it reads the same
+        self._order_cfg = dataclasses.replace(self._order_cfg, weights=tuple(w))
+        self._hand_over(order)
+        self._position = pos
+
     def _hand_over(self, order: Any) -> None:
         """Read ``order`` from here on: this mixture with the hand-over anchor a resume needs (the
         C library found where each source was). The anchor is kept in the configuration, so a
         pickled loader rebuilds the same order."""
-        anchor = json.loads(order.state_save(0, 1))["mix_anchor"]
+        saved = json.loads(order.state_save(0, 1))
+        anchor, history = saved["mix_anchor"], saved["weights_history"]
         self._order_cfg = dataclasses.replace(
             self._order_cfg, mix_anchor=None if anchor is None else (int(anchor[0]), tuple(anchor[1])))
+        if history:  # weights set while the stream ran are the ones it reads now
+            self._order_cfg = dataclasses.replace(self._order_cfg, weights=tuple(history[-1][1]))
         self._order = order
         # the engine (and the device stage over it) borrow the order: made again over the new one
         if self._device is not None:
