@@ -159,17 +159,14 @@ int tf__docindex_open(const char *path, const tf_open_options *opt, tf_file *f) 
 
 typedef struct ends_buf {
     uint64_t *v;
-    uint64_t n, cap;
+    uint64_t n;
+    size_t cap;
 } ends_buf;
 
 static int ends_push(ends_buf *e, uint64_t x) {
-    if (e->n == e->cap) {
-        uint64_t nc = e->cap ? 2 * e->cap : 1024;
-        uint64_t *p = realloc(e->v, nc * sizeof *p);
-        if (!p) return -ENOMEM;
-        e->v = p;
-        e->cap = nc;
-    }
+    uint64_t *p = tf__grow(e->v, &e->cap, (size_t)e->n, sizeof *p, 1024);
+    if (!p) return -ENOMEM;
+    e->v = p;
     e->v[e->n++] = x;
     return 0;
 }

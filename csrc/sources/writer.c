@@ -102,7 +102,7 @@ struct tf_writer {
     uint64_t pos; /* bytes written so far (file offset of the next write) */
     uint64_t cur_tokens, cur_docs;
     uint64_t *ends;
-    uint64_t ends_cap;
+    size_t ends_cap;
     tf__xxh64_state tok_hash;
     uint8_t *iobuf; /* staging for uncompressed writes */
     size_t iolen;
@@ -114,7 +114,8 @@ struct tf_writer {
     size_t zcap;
     int lit_raw;    /* literals stored raw in the blocks up to the next probe */
     uint8_t *table; /* 16 bytes per block */
-    uint64_t nblocks, table_cap;
+    uint64_t nblocks;
+    size_t table_cap;
 #ifdef TF_HAVE_ZSTD
     ZSTD_CCtx *cctx;
 #endif
@@ -125,7 +126,8 @@ struct tf_writer {
 
     /* finished shards of this run */
     shard_rec *shards;
-    uint64_t nshards, shards_cap;
+    uint64_t nshards;
+    size_t shards_cap;
     uint64_t total_tokens, total_docs;
 };
 
@@ -398,13 +400,9 @@ static int flush_block(tf_writer *w) {
         z = compress_block(w, w->zbuf, w->lit_raw);
     }
     if (ZSTD_isError(z)) TF_FAIL(-EIO, "%s: zstd compression failed: %s", w->tmp_path, ZSTD_getErrorName(z));
-    if (w->nblocks == w->table_cap) {
-        uint64_t nc = w->table_cap ? w->table_cap * 2 : 64;
-        uint8_t *nt = realloc(w->table, nc * 16);
-        if (!nt) return -ENOMEM;
-        w->table = nt;
-        w->table_cap = nc;
-    }
+    uint8_t *nt = tf__grow(w->table, &w->table_cap, (size_t)w->nblocks, 16, 64);
+    if (!nt) return -ENOMEM;
+    w->table = nt;
     uint64_t at = w->pos + w->iolen;
     tf__put_le64(w->table + 16 * w->nblocks, at - TF_NATIVE_TOKENS_ALIGN);
     tf__put_le64(w->table + 16 * w->nblocks + 8, z);
@@ -543,13 +541,9 @@ static int close_shard(tf_writer *w) {
     close(w->fd);
     w->fd = -1;
 
-    if (w->nshards == w->shards_cap) {
-        uint64_t nc = w->shards_cap ? w->shards_cap * 2 : 16;
-        shard_rec *ns = realloc(w->shards, nc * sizeof *ns);
-        if (!ns) return -ENOMEM;
-        w->shards = ns;
-        w->shards_cap = nc;
-    }
+    shard_rec *ns = tf__grow(w->shards, &w->shards_cap, (size_t)w->nshards, sizeof *ns, 16);
+    if (!ns) return -ENOMEM;
+    w->shards = ns;
     TF_TRY(tf__rename_at(w->dfd, w->dir, w->tmp_name, w->name, 1));
     free(w->tmp_path);
     w->tmp_path = NULL;
@@ -601,13 +595,9 @@ static int add_document(tf_writer *w, const uint8_t *src, uint64_t n, tf_dtype s
     uint64_t room = w->cur_tokens < w->opt.shard_tokens ? w->opt.shard_tokens - w->cur_tokens : 0;
     if (w->fd >= 0 && w->cur_tokens > 0 && n > room) TF_TRY(close_shard(w));
     if (w->fd < 0) TF_TRY(open_shard(w));
-    if (w->cur_docs == w->ends_cap) {
-        uint64_t nc = w->ends_cap ? w->ends_cap * 2 : 1024;
-        uint64_t *ne = realloc(w->ends, nc * sizeof *ne);
-        if (!ne) return -ENOMEM;
-        w->ends = ne;
-        w->ends_cap = nc;
-    }
+    uint64_t *ne = tf__grow(w->ends, &w->ends_cap, (size_t)w->cur_docs, sizeof *ne, 1024);
+    if (!ne) return -ENOMEM;
+    w->ends = ne;
     size_t ssz = tf_dtype_size(sd);
     for (uint64_t s = 0; s < n; s += CHUNK_TOKENS) {
         size_t k = (size_t)(n - s < CHUNK_TOKENS ? n - s : CHUNK_TOKENS);
