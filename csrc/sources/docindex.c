@@ -35,6 +35,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "safe_fs.h"
 #include "source.h"
 
 typedef unsigned long long ull;
@@ -199,21 +200,6 @@ static int scan_eos(void *p) {
     return 0;
 }
 
-static int write_all_fd(int fd, const void *buf, size_t n, const char *path) {
-    const uint8_t *p = buf;
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            int e = errno;
-            TF_FAIL(-e, "%s: write failed: %s", path, strerror(e));
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 /* Write header + ends as dir/name atomically: O_EXCL temporary (never a
  * symlink), fsync, renameat, fsync of the directory. */
 static int write_index(int dirfd, const char *dir, const char *name, const uint8_t *hdr, const uint64_t *ends,
@@ -225,12 +211,12 @@ static int write_index(int dirfd, const char *dir, const char *name, const uint8
         int e = errno;
         TF_FAIL(-e, "%s/%s: cannot create: %s", dir, tmp, strerror(e));
     }
-    int rc = write_all_fd(fd, hdr, DOCIX_HEADER, name);
+    int rc = tf__pwrite_all(fd, hdr, DOCIX_HEADER, TF_AT_POS, name);
     uint8_t buf[8192];
     for (uint64_t i = 0; !rc && i < n;) {
         size_t k = 0;
         for (; k < sizeof buf / 8 && i < n; k++, i++) tf__put_le64(buf + 8 * k, ends[i]);
-        rc = write_all_fd(fd, buf, 8 * k, name);
+        rc = tf__pwrite_all(fd, buf, 8 * k, TF_AT_POS, name);
     }
     if (!rc && fsync(fd) != 0) rc = tf__seterr(-errno, "%s/%s: fsync failed", dir, tmp);
     close(fd);

@@ -136,33 +136,14 @@ struct tf_writer {
 /* ------------------------------------------------------------------------ */
 
 
-/* Write all n bytes, retrying short writes and EINTR: at off with pwrite, or
- * at the file position when off is TF_AT_POS. */
-#define TF_AT_POS UINT64_MAX
 /* zstd literals (see the top of this file): levels up to this one favour decoding speed */
 #define TF__ZSTD_FAST_LEVEL 3
 #define TF__ZSTD_PROBE_BLOCKS 64
 /* ZSTD_c_literalCompressionMode values (ZSTD_ps_auto / ZSTD_ps_disable; ZSTD_lcm_* before 1.5.1) */
 #define TF__LIT_AUTO 0
 #define TF__LIT_RAW 2
-static int pwrite_all(int fd, const void *buf, size_t n, uint64_t off, const char *path) {
-    const uint8_t *p = buf;
-    while (n) {
-        ssize_t w = off == TF_AT_POS ? write(fd, p, n) : pwrite(fd, p, n, (off_t)off);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            int e = errno;
-            TF_FAIL(-e, "%s: write failed: %s", path, strerror(e));
-        }
-        p += w;
-        n -= (size_t)w;
-        if (off != TF_AT_POS) off += (uint64_t)w;
-    }
-    return 0;
-}
-
 static int write_all(int fd, const void *buf, size_t n, const char *path) {
-    return pwrite_all(fd, buf, n, TF_AT_POS, path);
+    return tf__pwrite_all(fd, buf, n, TF_AT_POS, path);
 }
 
 static int exists_at(int dfd, const char *name) {
@@ -533,7 +514,7 @@ static int close_shard(tf_writer *w) {
         tf__put_le64(h + 160, ck_sum);
     }
     tf__put_le64(h + TF_NATIVE_HDR_CHECKSUM_AT, tf_hash64(h, TF_NATIVE_HDR_CHECKSUM_AT, 0));
-    TF_TRY(pwrite_all(w->fd, h, sizeof h, 0, w->tmp_path));
+    TF_TRY(tf__pwrite_all(w->fd, h, sizeof h, 0, w->tmp_path));
     if (fsync(w->fd) != 0) {
         int e = errno;
         TF_FAIL(-e, "%s: fsync failed: %s", w->tmp_path, strerror(e));
