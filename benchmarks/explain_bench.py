@@ -13,6 +13,7 @@ the fraction of wall time reported waiting next to the truth.
 import argparse
 import json
 import os
+import pathlib
 import statistics
 import sys
 import tempfile
@@ -107,8 +108,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = {"explain": explain_part(tmp, a.reps, log), "meter": [] if a.no_meter else meter_part(tmp, log)}
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+        pathlib.Path(a.json).write_text(json.dumps(out, indent=1))
     return 0
 
 

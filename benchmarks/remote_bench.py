@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import resource
 import shutil
 import subprocess
@@ -318,8 +319,7 @@ def main(argv: List[str] | None = None) -> int:
         moto.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
 
 

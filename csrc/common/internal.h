@@ -14,6 +14,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <time.h>
 
 #define TF_EXPERIMENTAL_API /* the library implements the whole header */
@@ -44,6 +45,17 @@ static inline int tf__add_overflow(uint64_t a, uint64_t b, uint64_t *r) {
 }
 static inline int tf__mul_overflow(uint64_t a, uint64_t b, uint64_t *r) {
     return __builtin_mul_overflow(a, b, r);
+}
+
+/* A growing array v of *cap elements of elem bytes, n of them used: v itself while
+ * n < *cap, else v reallocated to twice the room (first elements for an empty one),
+ * *cap updated. NULL (v and *cap unchanged) when memory runs out. */
+static inline void *tf__grow(void *v, size_t *cap, size_t n, size_t elem, size_t first) {
+    if (n < *cap) return v;
+    size_t nc = *cap ? *cap * 2 : first;
+    void *g = realloc(v, nc * elem);
+    if (g) *cap = nc;
+    return g;
 }
 
 /* Little-endian loads from possibly unaligned bytes. */

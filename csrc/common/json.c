@@ -29,13 +29,9 @@ static int fail(parser *ps, const char *what) {
 
 static long new_node(parser *ps, tf__jtype t) {
     tf__json *j = ps->j;
-    if (j->count == j->cap) {
-        size_t cap = j->cap ? 2 * j->cap : 32;
-        tf__jnode *n = realloc(j->nodes, cap * sizeof *n);
-        if (!n) return -ENOMEM;
-        j->nodes = n;
-        j->cap = cap;
-    }
+    tf__jnode *n = tf__grow(j->nodes, &j->cap, j->count, sizeof *n, 32);
+    if (!n) return -ENOMEM;
+    j->nodes = n;
     memset(&j->nodes[j->count], 0, sizeof j->nodes[0]);
     j->nodes[j->count].type = t;
     return (long)j->count++;

@@ -157,13 +157,9 @@ typedef struct poslist {
 } poslist;
 
 static int poslist_add(poslist *l, uint64_t pos) {
-    if (l->n == l->room) {
-        size_t room = l->room ? l->room * 2 : 64;
-        uint64_t *g = realloc(l->v, room * sizeof *g);
-        if (!g) return -ENOMEM;
-        l->v = g;
-        l->room = room;
-    }
+    uint64_t *g = tf__grow(l->v, &l->room, l->n, sizeof *g, 64);
+    if (!g) return -ENOMEM;
+    l->v = g;
     l->v[l->n++] = pos;
     return 0;
 }

@@ -85,18 +85,15 @@ static inline uint64_t feistel_inv(const tf_perm *p, uint64_t x) {
 
 /* i must be < p->n; out-of-range input is reduced mod n rather than looping on
  * values outside the domain (no abort in a library). */
-uint64_t tf_perm_apply(const tf_perm *p, uint64_t i) {
+/* apply (inverse 0) or inverse (1) by cycle-walking (see the top of this file). */
+static inline uint64_t perm_walk(const tf_perm *p, uint64_t i, int inverse) {
     if (p->n <= 1) return 0;
     if (TF_UNLIKELY(i >= p->n)) i %= p->n;
     uint64_t x = i;
-    do x = feistel_fwd(p, x); while (x >= p->n);
+    do x = inverse ? feistel_inv(p, x) : feistel_fwd(p, x); while (x >= p->n);
     return x;
 }
 
-uint64_t tf_perm_inverse(const tf_perm *p, uint64_t j) {
-    if (p->n <= 1) return 0;
-    if (TF_UNLIKELY(j >= p->n)) j %= p->n;
-    uint64_t x = j;
-    do x = feistel_inv(p, x); while (x >= p->n);
-    return x;
-}
+uint64_t tf_perm_apply(const tf_perm *p, uint64_t i) { return perm_walk(p, i, 0); }
+
+uint64_t tf_perm_inverse(const tf_perm *p, uint64_t j) { return perm_walk(p, j, 1); }

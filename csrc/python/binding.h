@@ -214,11 +214,12 @@ PyObject *tfpy_device_tensor_new(tf_module_state *st, tfpy_devslot *h, char *dat
                                  int ndim, const int64_t *shape, const int64_t *strides);
 #define TFPY_MAXDIM 4
 
-/* explain.c: Order methods (METH_O and METH_VARARGS) and the meter's dict. */
+/* explain.c: Order methods (METH_O and METH_VARARGS) and meter(window=None): the
+ * meter of l, or of d where d is not NULL, as a dict; both NULL (closed): ValueError
+ * "the <what> is closed". */
 PyObject *tfpy_Order_segments_at(PyObject *self, PyObject *arg);
 PyObject *tfpy_Order_find_document(PyObject *self, PyObject *args);
-int tfpy_meter_window(PyObject *args, uint32_t *window);
-PyObject *tfpy_meter_dict(const tf_meter *m);
+PyObject *tfpy_meter(PyObject *args, const tf_loader *l, const tf_device_loader *d, const char *what);
 
 /* Define PyType_Spec tfpy_<NAME>Spec for tokenfeed._core.NAME, whose objects
  * are STRUCTs; the slots ({Py_tp_new, f}, ...) follow the flags. A type's

@@ -297,15 +297,7 @@ static PyObject *DeviceLoader_get_closed(tfpy_DeviceLoader *self, void *c) {
 }
 
 static PyObject *DeviceLoader_meter(tfpy_DeviceLoader *self, PyObject *args) {
-    uint32_t window;
-    if (tfpy_meter_window(args, &window) < 0) return NULL;
-    if (!self->d) {
-        PyErr_SetString(PyExc_ValueError, "the device loader is closed");
-        return NULL;
-    }
-    tf_meter m;
-    tf_device_loader_get_meter(self->d, window, &m);
-    return tfpy_meter_dict(&m);
+    return tfpy_meter(args, NULL, self->d, "device loader");
 }
 
 PyDoc_STRVAR(DeviceLoader_doc,

@@ -68,7 +68,7 @@ PyObject *tfpy_Order_find_document(PyObject *self, PyObject *args) {
 }
 
 /* Window argument of meter(): None or an int >= 0 (0: all kept). */
-int tfpy_meter_window(PyObject *args, uint32_t *window) {
+static int meter_window(PyObject *args, uint32_t *window) {
     PyObject *w = Py_None;
     *window = 0;
     if (!PyArg_ParseTuple(args, "|O:meter", &w)) return -1;
@@ -79,11 +79,22 @@ int tfpy_meter_window(PyObject *args, uint32_t *window) {
     return 0;
 }
 
-PyObject *tfpy_meter_dict(const tf_meter *m) {
-    return Py_BuildValue("{s:K,s:K,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:K}", "batches", (unsigned long long)m->batches,
-                         "total_batches", (unsigned long long)m->total_batches, "window_seconds", m->window_seconds,
-                         "wait_seconds", m->wait_seconds, "wait_fraction", m->wait_fraction, "wait_p50_seconds",
-                         m->wait_p50_seconds, "wait_p99_seconds", m->wait_p99_seconds, "wait_max_seconds",
-                         m->wait_max_seconds, "ready_ahead_mean", m->ready_ahead_mean, "ready_ahead_min",
-                         (unsigned long long)m->ready_ahead_min);
+PyObject *tfpy_meter(PyObject *args, const tf_loader *l, const tf_device_loader *d, const char *what) {
+    uint32_t window;
+    if (meter_window(args, &window) < 0) return NULL;
+    if (!l && !d) {
+        PyErr_Format(PyExc_ValueError, "the %s is closed", what);
+        return NULL;
+    }
+    tf_meter m;
+    if (d)
+        tf_device_loader_get_meter(d, window, &m);
+    else
+        tf_loader_get_meter(l, window, &m);
+    return Py_BuildValue("{s:K,s:K,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:K}", "batches", (unsigned long long)m.batches,
+                         "total_batches", (unsigned long long)m.total_batches, "window_seconds", m.window_seconds,
+                         "wait_seconds", m.wait_seconds, "wait_fraction", m.wait_fraction, "wait_p50_seconds",
+                         m.wait_p50_seconds, "wait_p99_seconds", m.wait_p99_seconds, "wait_max_seconds",
+                         m.wait_max_seconds, "ready_ahead_mean", m.ready_ahead_mean, "ready_ahead_min",
+                         (unsigned long long)m.ready_ahead_min);
 }

@@ -216,17 +216,7 @@ void tfpy_loader_unuse(PyObject *loader) {
 
 static PyObject *Loader_get_closed(tfpy_Loader *self, void *c) { return PyBool_FromLong(!self->l || self->close_pending); }
 
-static PyObject *Loader_meter(tfpy_Loader *self, PyObject *args) {
-    uint32_t window;
-    if (tfpy_meter_window(args, &window) < 0) return NULL;
-    if (!self->l) {
-        PyErr_SetString(PyExc_ValueError, "the loader is closed");
-        return NULL;
-    }
-    tf_meter m;
-    tf_loader_get_meter(self->l, window, &m);
-    return tfpy_meter_dict(&m);
-}
+static PyObject *Loader_meter(tfpy_Loader *self, PyObject *args) { return tfpy_meter(args, self->l, NULL, "loader"); }
 
 PyDoc_STRVAR(Loader_doc, "Loader(order, /, *, batch_size=8, rank=0, world_size=1, dtype=None, want=0, num_threads=0, prefetch=0, "
                 "backend=None, direct_io=False, zstd_cache_bytes=0, cp_rank=0, cp_size=1)\n--\n\n"

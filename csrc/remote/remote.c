@@ -1024,6 +1024,16 @@ static void cancel_jobs_locked(tf_remote *r, job **js, size_t n) {
             while (js[i]->state != JS_DONE) pthread_cond_wait(&r->done_cv, &r->mu);
 }
 
+/* Wait (mu held) for every job of js, even after one failed (they write into
+ * the caller's memory); interrupted: cancel the rest (cancel_jobs_locked) and 1. */
+static int wait_jobs_locked(tf_remote *r, job **js, size_t n) {
+    int intr = 0;
+    for (size_t i = 0; i < n && !intr; i++)
+        if (js[i] && wait_job_locked(r, js[i]) < 0) intr = 1;
+    if (intr) cancel_jobs_locked(r, js, n);
+    return intr;
+}
+
 /* Fetch chunk k now (urgent) and wait for it. 0, TF__JOB_NOSPACE or < 0. */
 static int fetch_and_wait(tf_remote *r, const tf__robj *o, uint32_t k) {
     pthread_mutex_lock(&r->mu);
@@ -1077,10 +1087,7 @@ int tf__remote_run_many(tf_remote *r, size_t n, int (*fn)(void *ctx, size_t i), 
         js[i] = j;
     }
     pthread_cond_broadcast(&r->work_cv);
-    int intr = 0;
-    for (size_t i = 0; i < n && !intr; i++)
-        if (js[i] && wait_job_locked(r, js[i]) < 0) intr = 1;
-    if (intr) cancel_jobs_locked(r, js, n);
+    int intr = wait_jobs_locked(r, js, n);
     for (size_t i = 0; i < n; i++) {
         job *j = js[i];
         if (!j) continue;
@@ -1128,12 +1135,7 @@ int tf__remote_read_many(tf_remote *r, tf__rreq *reqs, size_t n) {
         js[i] = j;
     }
     pthread_cond_broadcast(&r->work_cv);
-    /* wait for every job queued (even after a failure: they write into the
-     * caller's buffers) */
-    int first = -1, intr = 0;
-    for (size_t i = 0; i < n && !intr; i++)
-        if (js[i] && wait_job_locked(r, js[i]) < 0) intr = 1;
-    if (intr) cancel_jobs_locked(r, js, n);
+    int first = -1, intr = wait_jobs_locked(r, js, n);
     for (size_t i = 0; i < n; i++) {
         job *j = js[i];
         if (!j) continue;

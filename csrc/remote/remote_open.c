@@ -165,13 +165,9 @@ typedef struct fetch_plan {
 
 static int plan_add(fetch_plan *fp, tf__pobj *p, uint64_t off, uint64_t len) {
     if (!len) return 0;
-    if (fp->n == fp->cap) {
-        size_t nc = fp->cap ? fp->cap * 2 : 256;
-        want *nw = realloc(fp->w, nc * sizeof *nw);
-        if (!nw) return -ENOMEM;
-        fp->w = nw;
-        fp->cap = nc;
-    }
+    want *nw = tf__grow(fp->w, &fp->cap, fp->n, sizeof *nw, 256);
+    if (!nw) return -ENOMEM;
+    fp->w = nw;
     fp->w[fp->n++] = (want){p, off, len};
     return 0;
 }

@@ -35,6 +35,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "safe_fs.h"
 #include "source.h"
 
 typedef unsigned long long ull;
@@ -159,17 +160,14 @@ int tf__docindex_open(const char *path, const tf_open_options *opt, tf_file *f) 
 
 typedef struct ends_buf {
     uint64_t *v;
-    uint64_t n, cap;
+    uint64_t n;
+    size_t cap;
 } ends_buf;
 
 static int ends_push(ends_buf *e, uint64_t x) {
-    if (e->n == e->cap) {
-        uint64_t nc = e->cap ? 2 * e->cap : 1024;
-        uint64_t *p = realloc(e->v, nc * sizeof *p);
-        if (!p) return -ENOMEM;
-        e->v = p;
-        e->cap = nc;
-    }
+    uint64_t *p = tf__grow(e->v, &e->cap, (size_t)e->n, sizeof *p, 1024);
+    if (!p) return -ENOMEM;
+    e->v = p;
     e->v[e->n++] = x;
     return 0;
 }
@@ -202,21 +200,6 @@ static int scan_eos(void *p) {
     return 0;
 }
 
-static int write_all_fd(int fd, const void *buf, size_t n, const char *path) {
-    const uint8_t *p = buf;
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            int e = errno;
-            TF_FAIL(-e, "%s: write failed: %s", path, strerror(e));
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 /* Write header + ends as dir/name atomically: O_EXCL temporary (never a
  * symlink), fsync, renameat, fsync of the directory. */
 static int write_index(int dirfd, const char *dir, const char *name, const uint8_t *hdr, const uint64_t *ends,
@@ -228,12 +211,12 @@ static int write_index(int dirfd, const char *dir, const char *name, const uint8
         int e = errno;
         TF_FAIL(-e, "%s/%s: cannot create: %s", dir, tmp, strerror(e));
     }
-    int rc = write_all_fd(fd, hdr, DOCIX_HEADER, name);
+    int rc = tf__pwrite_all(fd, hdr, DOCIX_HEADER, TF_AT_POS, name);
     uint8_t buf[8192];
     for (uint64_t i = 0; !rc && i < n;) {
         size_t k = 0;
         for (; k < sizeof buf / 8 && i < n; k++, i++) tf__put_le64(buf + 8 * k, ends[i]);
-        rc = write_all_fd(fd, buf, 8 * k, name);
+        rc = tf__pwrite_all(fd, buf, 8 * k, TF_AT_POS, name);
     }
     if (!rc && fsync(fd) != 0) rc = tf__seterr(-errno, "%s/%s: fsync failed", dir, tmp);
     close(fd);

@@ -310,3 +310,19 @@ void tf__clean_unpublished(int dfd) {
         if (is_tmp_name(e->d_name) || (!have_manifest && is_shard_name(e->d_name))) tf__unlink_regular(dfd, e->d_name);
     closedir(d);
 }
+
+int tf__pwrite_all(int fd, const void *buf, size_t n, uint64_t off, const char *path) {
+    const uint8_t *p = buf;
+    while (n) {
+        ssize_t w = off == TF_AT_POS ? write(fd, p, n) : pwrite(fd, p, n, (off_t)off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            int e = errno;
+            TF_FAIL(-e, "%s: write failed: %s", path, strerror(e));
+        }
+        p += w;
+        n -= (size_t)w;
+        if (off != TF_AT_POS) off += (uint64_t)w;
+    }
+    return 0;
+}

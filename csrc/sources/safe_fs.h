@@ -75,4 +75,10 @@ TF_HIDDEN void tf__dir_unlock(int dfd, int lock_fd);
  * temporary files). Regular files only; errors are ignored (it is garbage). */
 TF_HIDDEN void tf__clean_unpublished(int dfd);
 
+/* Write all n bytes to fd, retrying short writes and EINTR: at off with pwrite,
+ * or at the file position when off is TF_AT_POS. path names the file in the
+ * message of a failure. */
+#define TF_AT_POS UINT64_MAX
+TF_HIDDEN int tf__pwrite_all(int fd, const void *buf, size_t n, uint64_t off, const char *path);
+
 #endif

@@ -102,7 +102,7 @@ struct tf_writer {
     uint64_t pos; /* bytes written so far (file offset of the next write) */
     uint64_t cur_tokens, cur_docs;
     uint64_t *ends;
-    uint64_t ends_cap;
+    size_t ends_cap;
     tf__xxh64_state tok_hash;
     uint8_t *iobuf; /* staging for uncompressed writes */
     size_t iolen;
@@ -114,7 +114,8 @@ struct tf_writer {
     size_t zcap;
     int lit_raw;    /* literals stored raw in the blocks up to the next probe */
     uint8_t *table; /* 16 bytes per block */
-    uint64_t nblocks, table_cap;
+    uint64_t nblocks;
+    size_t table_cap;
 #ifdef TF_HAVE_ZSTD
     ZSTD_CCtx *cctx;
 #endif
@@ -125,7 +126,8 @@ struct tf_writer {
 
     /* finished shards of this run */
     shard_rec *shards;
-    uint64_t nshards, shards_cap;
+    uint64_t nshards;
+    size_t shards_cap;
     uint64_t total_tokens, total_docs;
 };
 
@@ -134,33 +136,14 @@ struct tf_writer {
 /* ------------------------------------------------------------------------ */
 
 
-/* Write all n bytes, retrying short writes and EINTR: at off with pwrite, or
- * at the file position when off is TF_AT_POS. */
-#define TF_AT_POS UINT64_MAX
 /* zstd literals (see the top of this file): levels up to this one favour decoding speed */
 #define TF__ZSTD_FAST_LEVEL 3
 #define TF__ZSTD_PROBE_BLOCKS 64
 /* ZSTD_c_literalCompressionMode values (ZSTD_ps_auto / ZSTD_ps_disable; ZSTD_lcm_* before 1.5.1) */
 #define TF__LIT_AUTO 0
 #define TF__LIT_RAW 2
-static int pwrite_all(int fd, const void *buf, size_t n, uint64_t off, const char *path) {
-    const uint8_t *p = buf;
-    while (n) {
-        ssize_t w = off == TF_AT_POS ? write(fd, p, n) : pwrite(fd, p, n, (off_t)off);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            int e = errno;
-            TF_FAIL(-e, "%s: write failed: %s", path, strerror(e));
-        }
-        p += w;
-        n -= (size_t)w;
-        if (off != TF_AT_POS) off += (uint64_t)w;
-    }
-    return 0;
-}
-
 static int write_all(int fd, const void *buf, size_t n, const char *path) {
-    return pwrite_all(fd, buf, n, TF_AT_POS, path);
+    return tf__pwrite_all(fd, buf, n, TF_AT_POS, path);
 }
 
 static int exists_at(int dfd, const char *name) {
@@ -398,13 +381,9 @@ static int flush_block(tf_writer *w) {
         z = compress_block(w, w->zbuf, w->lit_raw);
     }
     if (ZSTD_isError(z)) TF_FAIL(-EIO, "%s: zstd compression failed: %s", w->tmp_path, ZSTD_getErrorName(z));
-    if (w->nblocks == w->table_cap) {
-        uint64_t nc = w->table_cap ? w->table_cap * 2 : 64;
-        uint8_t *nt = realloc(w->table, nc * 16);
-        if (!nt) return -ENOMEM;
-        w->table = nt;
-        w->table_cap = nc;
-    }
+    uint8_t *nt = tf__grow(w->table, &w->table_cap, (size_t)w->nblocks, 16, 64);
+    if (!nt) return -ENOMEM;
+    w->table = nt;
     uint64_t at = w->pos + w->iolen;
     tf__put_le64(w->table + 16 * w->nblocks, at - TF_NATIVE_TOKENS_ALIGN);
     tf__put_le64(w->table + 16 * w->nblocks + 8, z);
@@ -535,7 +514,7 @@ static int close_shard(tf_writer *w) {
         tf__put_le64(h + 160, ck_sum);
     }
     tf__put_le64(h + TF_NATIVE_HDR_CHECKSUM_AT, tf_hash64(h, TF_NATIVE_HDR_CHECKSUM_AT, 0));
-    TF_TRY(pwrite_all(w->fd, h, sizeof h, 0, w->tmp_path));
+    TF_TRY(tf__pwrite_all(w->fd, h, sizeof h, 0, w->tmp_path));
     if (fsync(w->fd) != 0) {
         int e = errno;
         TF_FAIL(-e, "%s: fsync failed: %s", w->tmp_path, strerror(e));
@@ -543,13 +522,9 @@ static int close_shard(tf_writer *w) {
     close(w->fd);
     w->fd = -1;
 
-    if (w->nshards == w->shards_cap) {
-        uint64_t nc = w->shards_cap ? w->shards_cap * 2 : 16;
-        shard_rec *ns = realloc(w->shards, nc * sizeof *ns);
-        if (!ns) return -ENOMEM;
-        w->shards = ns;
-        w->shards_cap = nc;
-    }
+    shard_rec *ns = tf__grow(w->shards, &w->shards_cap, (size_t)w->nshards, sizeof *ns, 16);
+    if (!ns) return -ENOMEM;
+    w->shards = ns;
     TF_TRY(tf__rename_at(w->dfd, w->dir, w->tmp_name, w->name, 1));
     free(w->tmp_path);
     w->tmp_path = NULL;
@@ -601,13 +576,9 @@ static int add_document(tf_writer *w, const uint8_t *src, uint64_t n, tf_dtype s
     uint64_t room = w->cur_tokens < w->opt.shard_tokens ? w->opt.shard_tokens - w->cur_tokens : 0;
     if (w->fd >= 0 && w->cur_tokens > 0 && n > room) TF_TRY(close_shard(w));
     if (w->fd < 0) TF_TRY(open_shard(w));
-    if (w->cur_docs == w->ends_cap) {
-        uint64_t nc = w->ends_cap ? w->ends_cap * 2 : 1024;
-        uint64_t *ne = realloc(w->ends, nc * sizeof *ne);
-        if (!ne) return -ENOMEM;
-        w->ends = ne;
-        w->ends_cap = nc;
-    }
+    uint64_t *ne = tf__grow(w->ends, &w->ends_cap, (size_t)w->cur_docs, sizeof *ne, 1024);
+    if (!ne) return -ENOMEM;
+    w->ends = ne;
     size_t ssz = tf_dtype_size(sd);
     for (uint64_t s = 0; s < n; s += CHUNK_TOKENS) {
         size_t k = (size_t)(n - s < CHUNK_TOKENS ? n - s : CHUNK_TOKENS);

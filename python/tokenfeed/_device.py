@@ -296,8 +296,7 @@ class DeviceStage:
     @property
     def position(self) -> int:
         """Position of the next batch the consumer receives (never counts batches copied ahead)."""
-        p: int = self._core.position
-        return p
+        return int(self._core.position)
 
     @property
     def closed(self) -> bool:

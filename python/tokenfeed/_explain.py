@@ -11,7 +11,7 @@ and :func:`meter_all_ranks` gathers them over a process group.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, overload
 
 # The functions take a Loader (typed Any: _loader imports this module, not the reverse).
 _LoaderT = Any
@@ -20,6 +20,25 @@ __all__ = ["Segment", "meter_all_ranks", "meter_verdict"]
 
 # below this fraction of wall time waiting, data is not what limits the step
 _OK_FRACTION = 0.02
+
+
+class _Item:
+    """Item ``index`` of a tuple of ints as a read-only attribute."""
+
+    def __init__(self, index: int, doc: str) -> None:
+        self.index = index
+        self.__doc__ = doc
+
+    @overload
+    def __get__(self, obj: None, owner: Any = None) -> "_Item": ...
+    @overload
+    def __get__(self, obj: Tuple[int, ...], owner: Any = None) -> int: ...
+
+    def __get__(self, obj: Optional[Tuple[int, ...]], owner: Any = None) -> Union[int, "_Item"]:
+        return self if obj is None else obj[self.index]
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        raise AttributeError("can't set attribute: a Segment's fields are its tuple's items")
 
 
 class Segment(Tuple[int, int, int, int]):
@@ -40,21 +59,10 @@ class Segment(Tuple[int, int, int, int]):
         self.offset = offset
         return self
 
-    @property
-    def source(self) -> int:
-        return self[0]
-
-    @property
-    def document(self) -> int:
-        return self[1]
-
-    @property
-    def start(self) -> int:
-        return self[2]
-
-    @property
-    def stop(self) -> int:
-        return self[3]
+    source = _Item(0, "index of the dataset among the loader's datasets")
+    document = _Item(1, "index of the document in its dataset")
+    start = _Item(2, "first token of the piece within the document")
+    stop = _Item(3, "token after the last token of the piece within the document")
 
     def __len__(self) -> int:
         return 4
