@@ -93,17 +93,17 @@ def a1_next_stalled_store(tmp: str) -> str:
     raise Reproduced("next() returned a batch from a store that never answers")
 
 
-def ended(proc: subprocess.Popen, what: str, sigint: bool) -> Tuple[float, str, str]:
-    """(Ctrl-C, if sigint, then) wait at most 20 s for proc to end: (seconds, stdout, stderr)."""
+def ended(proc: subprocess.Popen, what: str, sigint: bool, limit: float = 20) -> Tuple[float, str, str]:
+    """(Ctrl-C, if sigint, then) wait at most limit s for proc to end: (seconds, stdout, stderr)."""
     t0 = time.monotonic()
     if sigint:
         proc.send_signal(signal.SIGINT)
     try:
-        out, err = proc.communicate(timeout=20)
+        out, err = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        raise Reproduced(f"{what}: still running 20 s later")
+        raise Reproduced(f"{what}: still running {limit:.0f} s later")
     return time.monotonic() - t0, out, err
 
 
@@ -127,6 +127,16 @@ def a2_exit_without_close(tmp: str) -> str:
     return (f"3 exits without close() in {', '.join(f'{t:.1f}' for t in times[:3])} s; "
             f"Ctrl-C in the loop ended in {times[3]:.1f} s")
 
+
+_SIGINT_OPEN_DEFAULTS = """
+    import sys, tokenfeed
+    print("opening", flush=True)
+    try:
+        tokenfeed.open(sys.argv[1], cache_dir=sys.argv[2], cache_limit="64MB", endpoint_url=sys.argv[3])
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        sys.exit(7)
+"""
 
 _SIGINT_TOKENS = """
     import sys, tokenfeed
@@ -158,6 +168,18 @@ def a3_ctrl_c_remote_open(tmp: str) -> str:
     t_open, out, err = ended(proc, "Ctrl-C in open", True)
     note(f"open: interrupted in {t_open:.2f} s")
     check(proc.returncode == 7 and "interrupted" in out, f"open: exit {proc.returncode}: {err[-300:]}")
+    # the same with the default options (request_timeout 20 s): docs/reliability.md promises
+    # the interrupt within about 50 ms plus cancelling the request in flight
+    proc = run_script(_SIGINT_OPEN_DEFAULTS, ["s3://bucket/ds/", os.path.join(tmp, "c0"), s.endpoint])
+    check(proc.stdout.readline().strip() == "opening", "the child did not start")
+    n = len(s.conns)
+    for _ in range(200):
+        if len(s.conns) > n:
+            break
+        time.sleep(0.05)
+    time.sleep(0.5)
+    t_default, out, err = ended(proc, "Ctrl-C in open (default options)", True, 25)
+    check(proc.returncode == 7 and "interrupted" in out, f"open: exit {proc.returncode}: {err[-300:]}")
     s.stop()
     # Dataset.tokens with every request stalled
     m, url = moto_dataset(tmp)
@@ -179,7 +201,10 @@ def a3_ctrl_c_remote_open(tmp: str) -> str:
     note(f"tokens: {sum(p.requests.values()) - n0} requests since, sending SIGINT")
     t_tok, out, err = ended(proc, "Ctrl-C in Dataset.tokens", True)
     check(proc.returncode == 7 and "interrupted" in out, f"tokens: exit {proc.returncode}: {err[-300:]}")
-    return f"KeyboardInterrupt {t_open:.2f} s after SIGINT in open, {t_tok:.2f} s in Dataset.tokens (10 x 3 s retries)"
+    seen = (f"KeyboardInterrupt {t_open:.2f} s after SIGINT in open and {t_tok:.2f} s in Dataset.tokens with "
+            f"request_timeout=3 (10 x 3 s retries), {t_default:.2f} s in open with the default options")
+    check(max(t_open, t_tok, t_default) < 5, "the interrupt waits for the request in flight to time out: " + seen)
+    return seen
 
 
 def a4_two_converts(tmp: str) -> str:
