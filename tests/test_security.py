@@ -19,7 +19,7 @@ import struct
 import subprocess
 import sys
 import traceback
-from typing import Callable, List
+from typing import Callable, Dict, List
 
 import numpy as np
 import pytest
@@ -135,23 +135,25 @@ def _manifest(lines: List[str], version: int = 2) -> bytes:
     return (text + f"end {xxhash.xxh64(text.encode(), seed=0).intdigest():016x}\n").encode()
 
 
+def plant_manifest_through_links(dfd: int, victim: str) -> None:
+    """A merged dataset's manifest naming the victim's file behind a symlink to its directory
+    (``lnk/precious.ckpt``) and through a symlink named as a shard (``direct.ckpt``)."""
+    os.symlink(os.path.dirname(victim), "lnk", dir_fd=dfd)
+    os.symlink(victim, "direct.ckpt", dir_fd=dfd)
+    fd = os.open("m.tmp", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dfd)
+    os.write(fd, _manifest([f"shard lnk/precious.ckpt 10 1 {0:016x} {0:016x}\n",
+                            f"shard direct.ckpt 10 1 {0:016x} {0:016x}\n"]))
+    os.close(fd)
+    os.rename("m.tmp", "tokenfeed.manifest", src_dir_fd=dfd, dst_dir_fd=dfd)
+
+
 def test_overwrite_never_deletes_through_a_symlinked_directory(tmp_path):
     out = shared_dir(tmp_path / "team" / "ds")
     victim = precious(tmp_path)
     with tokenfeed.DatasetWriter(out, vocab_size=1000) as w:
         w.add_document(np.arange(10))
 
-    def plant(dfd: int) -> None:
-        # a merged dataset's manifest naming a file behind a symlink to the victim's home
-        os.symlink(os.path.dirname(victim), "lnk", dir_fd=dfd)
-        os.symlink(victim, "direct.ckpt", dir_fd=dfd)
-        fd = os.open("m.tmp", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dfd)
-        os.write(fd, _manifest([f"shard lnk/precious.ckpt 10 1 {0:016x} {0:016x}\n",
-                                f"shard direct.ckpt 10 1 {0:016x} {0:016x}\n"]))
-        os.close(fd)
-        os.rename("m.tmp", "tokenfeed.manifest", src_dir_fd=dfd, dst_dir_fd=dfd)
-
-    as_attacker(out, plant)
+    as_attacker(out, lambda dfd: plant_manifest_through_links(dfd, victim))
     with tokenfeed.DatasetWriter(out, vocab_size=1000, overwrite=True) as w:
         w.add_document(np.arange(20))
     assert os.path.exists(victim), "overwrite deleted a file through a symlinked directory"
@@ -267,6 +269,50 @@ def test_forged_chunk_fails_its_keyed_trailer(moto, bucket, tmp_path):  # noqa: 
     assert again.cache_stats()["refetches"] == len(files)
 
 
+def forge_cache(cache: str) -> Dict[str, bytes]:
+    """What an attacker computes for every chunk file of ``cache`` (object ids and chunk
+    indices are predictable): the chunk as [7, 7, ...] with an unkeyed XXH64 trailer, by the
+    file's path relative to the cache."""
+    rel = [os.path.relpath(p, cache) for p in _chunk_files(cache)]
+    with open(os.path.join(cache, rel[0]), "rb") as f:
+        magic = f.read()[-40:-32]
+    forged = {}
+    for r in rel:
+        with open(os.path.join(cache, r), "rb") as f:
+            b = f.read()
+        data = np.full((len(b) - 40) // 2, 7, dtype=np.uint16).tobytes()
+        head = magic + b[-32:-8]
+        forged[r] = data + head + struct.pack("<Q", xxhash.xxh64(data + head, seed=0).intdigest())
+    return forged
+
+
+def swap_in_cache(dfd: int, forged: Dict[str, bytes]) -> None:
+    """The attacker's steps in the cache's parent (``dfd``): move ``cache`` aside and make a
+    new one holding the forged chunk files."""
+    os.rename("cache", "cache.victim", src_dir_fd=dfd, dst_dir_fd=dfd)
+    os.mkdir("cache", 0o700, dir_fd=dfd)
+    top = os.open("cache", os.O_RDONLY | os.O_DIRECTORY, dir_fd=dfd)
+    for name in ("objects", "tmp", "procs"):
+        os.mkdir(name, 0o700, dir_fd=top)
+    for r, body in forged.items():
+        d, f = os.path.split(r)
+        cur = top
+        for part in d.split(os.sep):
+            try:
+                os.mkdir(part, 0o700, dir_fd=cur)
+            except FileExistsError:
+                pass
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY, dir_fd=cur)
+            if cur != top:
+                os.close(cur)
+            cur = nxt
+        fd = os.open(f, os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=cur)
+        os.write(fd, body)
+        os.close(fd)
+        os.close(cur)
+    os.close(top)
+
+
 def test_cache_swapped_under_a_running_job(moto, bucket, tmp_path):  # noqa: F811
     local, url = _remote_dataset(moto, bucket, tmp_path, n_tokens=3_000_000)
     parent = shared_dir(tmp_path / "team")  # the attacker can write the cache's parent
@@ -275,43 +321,9 @@ def test_cache_swapped_under_a_running_job(moto, bucket, tmp_path):  # noqa: F81
     remote = tokenfeed.open(url, **opts)
     n = remote.num_tokens
     assert np.array_equal(remote.tokens(0, n), local.tokens(0, n))  # > 64 chunks: more than a process keeps mapped
-    rel = [os.path.relpath(p, cache) for p in _chunk_files(cache)]
-    assert len(rel) > 64
-    with open(os.path.join(cache, rel[0]), "rb") as f:
-        magic = f.read()[-40:-32]
-    forged = {}
-    for r in rel:  # what the attacker computes: the object ids and chunk indices are predictable
-        with open(os.path.join(cache, r), "rb") as f:
-            b = f.read()
-        data = np.full((len(b) - 40) // 2, 7, dtype=np.uint16).tobytes()
-        head = magic + b[-32:-8]
-        forged[r] = data + head + struct.pack("<Q", xxhash.xxh64(data + head, seed=0).intdigest())
-
-    def swap(dfd: int) -> None:
-        os.rename("cache", "cache.victim", src_dir_fd=dfd, dst_dir_fd=dfd)
-        os.mkdir("cache", 0o700, dir_fd=dfd)
-        top = os.open("cache", os.O_RDONLY | os.O_DIRECTORY, dir_fd=dfd)
-        for name in ("objects", "tmp", "procs"):
-            os.mkdir(name, 0o700, dir_fd=top)
-        for r, body in forged.items():
-            d, f = os.path.split(r)
-            cur = top
-            for part in d.split(os.sep):
-                try:
-                    os.mkdir(part, 0o700, dir_fd=cur)
-                except FileExistsError:
-                    pass
-                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY, dir_fd=cur)
-                if cur != top:
-                    os.close(cur)
-                cur = nxt
-            fd = os.open(f, os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=cur)
-            os.write(fd, body)
-            os.close(fd)
-            os.close(cur)
-        os.close(top)
-
-    as_attacker(parent, swap)
+    forged = forge_cache(cache)
+    assert len(forged) > 64
+    as_attacker(parent, lambda dfd: swap_in_cache(dfd, forged))
     # the running job reads everything again (its mappings do not hold it all), and a reopen
     # with the same options reuses its store: neither may ever see the forged bytes
     for reader in (remote, tokenfeed.open(url, **opts)):

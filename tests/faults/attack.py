@@ -1,0 +1,598 @@
+#!/usr/bin/env python3
+"""Replay the attacks on the loader, the writers and the cache end to end, each in a fresh
+process, against the package as found on PYTHONPATH (or installed).
+
+    sudo env PYTHONPATH=$PWD/python python tests/faults/attack.py          # every attack
+    PYTHONPATH=$PWD/python python tests/faults/attack.py 1 4 9              # some of them
+
+Every server is on 127.0.0.1 (moto's S3 server, the fault-injecting proxy and the small
+http servers of tests/remote_util.py and the tests). Each attack runs in its own process
+group with a 60 s limit; one that runs over is killed and counts as a hang reproduced.
+Prints one line per attack, ``N name: held (what was seen)`` or ``N name: REPRODUCED
+(...)``, and exits 0 only if every attack held. Run as root, the attacks of another local
+user run as ``nobody`` and the full cache disk is a 20 MiB tmpfs; as an ordinary user the
+attacker is the same user and attack 9, which needs ``mount``, says INCONCLUSIVE (not
+held). ``ATTACK_VERBOSE=1`` prints the stderr of an attack that did not hold. Not part of
+CI: it needs root for some cases and takes a few minutes.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import warnings
+from typing import Callable, Dict, List, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(HERE)
+ROOT = os.path.dirname(TESTS)
+LIMIT = 60.0
+
+
+class Reproduced(Exception):
+    pass
+
+
+def note(what: str) -> None:
+    """Progress on stderr (shown with ATTACK_VERBOSE=1 when an attack does not hold)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {what}", file=sys.stderr, flush=True)
+
+
+def check(cond: bool, what: str) -> None:
+    if not cond:
+        raise Reproduced(what)
+
+
+def child_env() -> Dict[str, str]:
+    from remote_util import TEST_CREDENTIALS
+    env = dict(os.environ, **TEST_CREDENTIALS)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH")) if p)
+    for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "TOKENFEED_FAULT_CACHE",
+              "TOKENFEED_FAULT_DELAY_MS", "TOKENFEED_FAULT_TMP_NAME", "TOKENFEED_FAULT_MAP_LIMIT"):
+        env.pop(k, None)
+    return env
+
+
+def moto_dataset(tmp: str, n_docs: int = 200) -> Tuple[object, str]:
+    from remote_util import MotoServer, write_dataset
+    m = MotoServer()
+    m.create_bucket("attack")
+    write_dataset(os.path.join(tmp, "src"), n_docs)
+    m.upload_dir("attack", "ds", os.path.join(tmp, "src"))
+    return m, "s3://attack/ds/"
+
+
+def run_script(code: str, args: List[str], **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)] + args, env=child_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+# --------------------------------------------------------------------------- the attacks
+
+def a1_next_stalled_store(tmp: str) -> str:
+    import tokenfeed
+    from remote_util import FaultProxy
+    m, url = moto_dataset(tmp)
+    p = FaultProxy(m.port, stall_seconds=30)
+    ds = tokenfeed.open(url, cache_dir=os.path.join(tmp, "cache"), cache_limit="64MB", endpoint_url=p.endpoint,
+                        chunk_size=64 << 10, request_timeout=1.0, max_attempts=2)
+    p.plan(*["stall"] * 400, path_contains=".tfs")
+    loader = tokenfeed.Loader(ds, seq_len=128, batch_size=4, seed=9, shuffle="full")
+    t0 = time.monotonic()
+    try:
+        next(iter(loader))
+    except TimeoutError as e:
+        dt = time.monotonic() - t0
+        check(".tfs" in str(e), f"TimeoutError without the object: {e}")
+        return f"TimeoutError after {dt:.1f} s, {sum(p.requests.values())} requests: {str(e)[:90]}"
+    raise Reproduced("next() returned a batch from a store that never answers")
+
+
+def ended(proc: subprocess.Popen, what: str, sigint: bool, limit: float = 20) -> Tuple[float, str, str]:
+    """(Ctrl-C, if sigint, then) wait at most limit s for proc to end: (seconds, stdout, stderr)."""
+    t0 = time.monotonic()
+    if sigint:
+        proc.send_signal(signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise Reproduced(f"{what}: still running {limit:.0f} s later")
+    return time.monotonic() - t0, out, err
+
+
+def a2_exit_without_close(tmp: str) -> str:
+    import test_remote_hangs
+    from remote_util import FaultProxy
+    m, url = moto_dataset(tmp)
+    p = FaultProxy(m.port, latency=0.5)
+    times = []
+    for i, how in enumerate(("exit", "exit", "exit", "loop")):
+        proc = run_script(test_remote_hangs._EXIT_CHILD, [url, os.path.join(tmp, f"cache{i}"), p.endpoint, how])
+        line = proc.stdout.readline().strip()
+        check(line == "got", f"no first batch: {proc.stderr.read()[-300:] if proc.poll() is not None else line}")
+        dt, _, err = ended(proc, "script ended without close()" if how == "exit" else "Ctrl-C in the loop",
+                           how == "loop")
+        times.append(dt)
+        if how == "exit":
+            check(proc.returncode == 0, f"exit code {proc.returncode}: {err[-300:]}")
+        else:
+            check("KeyboardInterrupt" in err, f"Ctrl-C ended with {proc.returncode} without KeyboardInterrupt")
+    return (f"3 exits without close() in {', '.join(f'{t:.1f}' for t in times[:3])} s; "
+            f"Ctrl-C in the loop ended in {times[3]:.1f} s")
+
+
+_SIGINT_OPEN_DEFAULTS = """
+    import sys, tokenfeed
+    print("opening", flush=True)
+    try:
+        tokenfeed.open(sys.argv[1], cache_dir=sys.argv[2], cache_limit="64MB", endpoint_url=sys.argv[3])
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        sys.exit(7)
+"""
+
+_SIGINT_TOKENS = """
+    import sys, tokenfeed
+    ds = tokenfeed.open(sys.argv[1], cache_dir=sys.argv[2], cache_limit="64MB", endpoint_url=sys.argv[3],
+                        chunk_size=64 << 10, request_timeout=3, max_attempts=10, deadline=600)
+    print("reading", flush=True)
+    sys.stdin.readline()          # the parent stalls the proxy first
+    try:
+        ds.tokens(0, ds.num_tokens)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        sys.exit(7)
+"""
+
+
+def a3_ctrl_c_remote_open(tmp: str) -> str:
+    from remote_util import FaultProxy
+    import test_remote_hangs
+    from test_remote_hangs import _Silent
+    s = _Silent()
+    proc = run_script(test_remote_hangs._SIGINT_CHILD, ["s3://bucket/ds/", os.path.join(tmp, "c1"), s.endpoint])
+    check(proc.stdout.readline().strip() == "opening", "the child did not start")
+    note("open: waiting for the connection")
+    for _ in range(200):
+        if s.conns:
+            break
+        time.sleep(0.05)
+    check(bool(s.conns), "the open never reached the server")
+    t_open, out, err = ended(proc, "Ctrl-C in open", True)
+    note(f"open: interrupted in {t_open:.2f} s")
+    check(proc.returncode == 7 and "interrupted" in out, f"open: exit {proc.returncode}: {err[-300:]}")
+    # the same with the default options (request_timeout 20 s): docs/reliability.md promises
+    # the interrupt within about 50 ms plus cancelling the request in flight
+    proc = run_script(_SIGINT_OPEN_DEFAULTS, ["s3://bucket/ds/", os.path.join(tmp, "c0"), s.endpoint])
+    check(proc.stdout.readline().strip() == "opening", "the child did not start")
+    n = len(s.conns)
+    for _ in range(200):
+        if len(s.conns) > n:
+            break
+        time.sleep(0.05)
+    time.sleep(0.5)
+    t_default, out, err = ended(proc, "Ctrl-C in open (default options)", True, 25)
+    check(proc.returncode == 7 and "interrupted" in out, f"open: exit {proc.returncode}: {err[-300:]}")
+    s.stop()
+    # Dataset.tokens with every request stalled
+    m, url = moto_dataset(tmp)
+    note("tokens: moto up")
+    p = FaultProxy(m.port, stall_seconds=60)
+    proc = run_script(_SIGINT_TOKENS, [url, os.path.join(tmp, "c2"), p.endpoint], stdin=subprocess.PIPE)
+    if proc.stdout.readline().strip() != "reading":
+        raise Reproduced(f"tokens: no open: {proc.stderr.read()[-300:]}")
+    note("tokens: opened")
+    p.plan(*["stall"] * 400, path_contains=".tfs")
+    n0 = sum(p.requests.values())
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    for _ in range(200):
+        if sum(p.requests.values()) > n0:
+            break
+        time.sleep(0.05)
+    time.sleep(0.3)
+    note(f"tokens: {sum(p.requests.values()) - n0} requests since, sending SIGINT")
+    t_tok, out, err = ended(proc, "Ctrl-C in Dataset.tokens", True)
+    check(proc.returncode == 7 and "interrupted" in out, f"tokens: exit {proc.returncode}: {err[-300:]}")
+    seen = (f"KeyboardInterrupt {t_open:.2f} s after SIGINT in open and {t_tok:.2f} s in Dataset.tokens with "
+            f"request_timeout=3 (10 x 3 s retries), {t_default:.2f} s in open with the default options")
+    check(max(t_open, t_tok, t_default) < 5, "the interrupt waits for the request in flight to time out: " + seen)
+    return seen
+
+
+def a4_two_converts(tmp: str) -> str:
+    import numpy as np
+    import tokenfeed
+    src = os.path.join(tmp, "src")
+    rng = np.random.default_rng(1)
+    with tokenfeed.DatasetWriter(src, vocab_size=50000, shard_tokens=200_000) as w:
+        for _ in range(60):
+            w.add_documents([rng.integers(0, 50000, size=1000, dtype=np.uint16) for _ in range(100)])
+    local = tokenfeed.open(src)
+    out = os.path.join(tmp, "out")
+    cmd = [sys.executable, "-m", "tokenfeed", "convert", src, out]
+    first = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lock = os.path.join(out, ".tokenfeed-convert.lock")
+    while first.poll() is None and not (os.path.exists(lock) and any(n.endswith(".tmp") for n in os.listdir(out))):
+        time.sleep(0.002)
+    # the first run is paused mid-conversion (a job held by its scheduler, a slow disk) while
+    # the same job starts again
+    first.send_signal(signal.SIGSTOP)
+    if first.poll() is not None:
+        raise Reproduced("inconclusive: the first conversion ended before a second could start")
+    try:
+        second = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=40)
+    finally:
+        first.send_signal(signal.SIGCONT)
+    second_ran_while_first = True
+    o1, e1 = first.communicate(timeout=50)
+    check(first.returncode == 0, f"the first run failed: {e1[-300:]}")
+    if second_ran_while_first:
+        check(second.returncode != 0 and "another process is writing here" in second.stderr,
+              f"the second run was not refused: rc {second.returncode} {second.stderr[-200:]}")
+    got = tokenfeed.open(out)
+    check(got.num_tokens == local.num_tokens and got.num_documents == local.num_documents,
+          "the first run's output does not hold the source")
+    check(np.array_equal(got.tokens(0, got.num_tokens), local.tokens(0, local.num_tokens)),
+          "the first run's output differs from its source")
+    msg = second.stderr.strip().splitlines()[-1] if second.stderr.strip() else ""
+    return f"second run exit {second.returncode}: \"{msg[:80]}...\"; first run exit 0, output intact"
+
+
+def a5_planted_symlinks(tmp: str) -> str:
+    import numpy as np
+    import tokenfeed
+    from test_security import as_attacker, precious, shared_dir
+    from pathlib import Path
+    out = shared_dir(os.path.join(tmp, "team", "ds"))
+    victim = precious(Path(tmp))
+    docs = [np.arange(100, dtype=np.uint16) + j for j in range(8)]
+    w = tokenfeed.DatasetWriter(out, vocab_size=1000, shard_tokens=100)
+    w.add_document(docs[0])
+    w.add_document(docs[1])
+    names = [n for n in os.listdir(out) if n.startswith("shard-")]
+    check(bool(names), "no shard renamed into place after two documents")
+    run = names[0].split("-")[1]
+
+    def plant(dfd: int) -> None:
+        for k in range(2, 10):
+            os.symlink(victim, f".shard-{run}-{k:05d}.tfs.tmp", dir_fd=dfd)
+        for k in range(4):
+            os.symlink(victim, f".tokenfeed.manifest.{k:08x}.tmp", dir_fd=dfd)
+        for k in range(2, 10):  # and the final names too
+            os.symlink(victim, f"shard-{run}-{k:05d}.tfs", dir_fd=dfd)
+
+    as_attacker(out, plant)
+    err = None
+    try:
+        for d in docs[2:]:
+            w.add_document(d)
+        w.close()
+    except OSError as e:
+        err = e
+    with open(victim, "rb") as f:
+        check(f.read() == b"the victim's checkpoint", "the victim's file was overwritten through a planted link")
+    who = "nobody" if os.geteuid() == 0 else "this user"
+    if err is not None:
+        return f"links planted as {who}; victim untouched; writer refused: {str(err)[:80]}"
+    got = tokenfeed.open(out)
+    check(got.num_documents == len(docs), "the dataset is incomplete")
+    return f"20 links planted as {who} (temporary and final names); victim untouched, dataset complete"
+
+
+def a6_overwrite_planted_manifest(tmp: str) -> str:
+    import numpy as np
+    import tokenfeed
+    from pathlib import Path
+    from test_security import as_attacker, plant_manifest_through_links, precious, shared_dir
+    out = shared_dir(os.path.join(tmp, "team", "ds"))
+    victim = precious(Path(tmp))
+    with tokenfeed.DatasetWriter(out, vocab_size=1000) as w:
+        w.add_document(np.arange(10))
+
+    as_attacker(out, lambda dfd: plant_manifest_through_links(dfd, victim))
+    try:
+        with tokenfeed.DatasetWriter(out, vocab_size=1000, overwrite=True) as w:
+            w.add_document(np.arange(20))
+    except OSError as e:
+        check(os.path.exists(victim), "the victim's file was deleted")
+        return f"victim kept; overwrite refused: {str(e)[:80]}"
+    check(os.path.exists(victim), "overwrite=True deleted lnk/precious.ckpt through the symlinked directory")
+    check(os.path.islink(os.path.join(out, "direct.ckpt")), "the symlink named as a shard was deleted")
+    return "lnk/precious.ckpt and direct.ckpt survive overwrite=True; new dataset written"
+
+
+def a7_cache_swap(tmp: str) -> str:
+    import numpy as np
+    import tokenfeed
+    from pathlib import Path
+    from remote_util import MotoServer
+    from test_security import _remote_dataset, as_attacker, forge_cache, shared_dir, swap_in_cache
+    m = MotoServer()
+    m.create_bucket("attack")
+    local, url = _remote_dataset(m, "attack", Path(tmp), n_tokens=3_000_000)
+    parent = shared_dir(os.path.join(tmp, "team"))
+    cache = os.path.join(parent, "cache")
+    opts = dict(cache_dir=cache, endpoint_url=m.endpoint, chunk_size=64 << 10)
+    remote = tokenfeed.open(url, **opts)
+    n = remote.num_tokens
+    check(np.array_equal(remote.tokens(0, n), local.tokens(0, n)), "a first read differs")
+    forged = forge_cache(cache)
+    as_attacker(parent, lambda dfd: swap_in_cache(dfd, forged))
+    seen = []
+    for name, reader in (("running job", remote), ("reopen", tokenfeed.open(url, **opts))):
+        try:
+            got = reader.tokens(0, n)
+        except PermissionError as e:
+            check("replaced" in str(e), f"{name}: PermissionError of another kind: {e}")
+            seen.append(f"{name}: PermissionError (cache replaced)")
+        else:
+            check(not np.any(got == 7) or np.array_equal(got, local.tokens(0, n)),
+                  f"{name}: forged chunks were served")
+            check(np.array_equal(got, local.tokens(0, n)), f"{name}: wrong bytes served")
+            seen.append(f"{name}: true bytes")
+    return f"{len(forged)} forged chunks planted as {'nobody' if os.geteuid() == 0 else 'this user'}; " + "; ".join(seen)
+
+
+def a8_no_etag_rewrite(tmp: str) -> str:
+    import numpy as np
+    import tokenfeed
+    from remote_util import write_dataset
+    from test_remote_hangs import _VersionServer
+    src = write_dataset(os.path.join(tmp, "src"), 200)
+    shard = sorted(f for f in os.listdir(src) if f.endswith(".tfs"))[0]
+    path = os.path.join(src, shard)
+    srv = _VersionServer(src, "none")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        ds = tokenfeed.open(f"{srv.url}/{shard}", cache_dir=os.path.join(tmp, "cache"), cache_limit="64MB",
+                            chunk_size=64 << 10, max_attempts=2)
+    said = [str(x.message) for x in w if "cannot be detected" in str(x.message)]
+    check(bool(said), "open of an object without ETag said nothing")
+    before = tokenfeed.open(path).tokens(0, ds.num_tokens)
+    # rewrite in place at the same size: the token bytes change, the header stays
+    with open(path, "r+b") as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(size // 2)
+        f.write(bytes(4096))
+    try:
+        got = ds.tokens(0, ds.num_tokens)
+        same = np.array_equal(got, before)
+        after = "read after the rewrite: " + ("the bytes of open" if same else "the new bytes (as warned)")
+    except (OSError, tokenfeed.FormatError) as e:
+        after = f"read after the rewrite refused: {type(e).__name__}: {str(e)[:60]}"
+    srv.stop()
+    return f"warning at open: \"{said[0][:70]}...\"; {after}"
+
+
+def a9_full_cache_disk(tmp: str) -> str:
+    import numpy as np
+    import tokenfeed
+    mnt = os.path.join(tmp, "small")
+    os.makedirs(mnt)
+    how = "20 MiB tmpfs"
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", mnt], capture_output=True).returncode != 0:
+        raise Reproduced("inconclusive: cannot mount a small file system (run as root)")
+    try:
+        from remote_util import MotoServer
+        m = MotoServer()
+        m.create_bucket("attack")
+        src = os.path.join(tmp, "src")
+        rng = np.random.default_rng(2)
+        with tokenfeed.DatasetWriter(src, vocab_size=50000) as w:
+            for _ in range(15):
+                w.add_documents([rng.integers(0, 50000, size=10000, dtype=np.uint16) for _ in range(100)])
+        m.upload_dir("attack", "ds", src)
+        cache = os.path.join(mnt, "cache")
+        ds = tokenfeed.open("s3://attack/ds/", cache_dir=cache, cache_limit="1GB", endpoint_url=m.endpoint)
+        loader = tokenfeed.Loader(ds, seq_len=2048, batch_size=8, seed=1, shuffle="full", epochs=1)
+        batches = 0
+        try:
+            for _ in loader:
+                batches += 1
+        except OSError as e:
+            check(e.errno == 28, f"{type(e).__name__} errno {e.errno}: {e}")
+            check(cache in str(e) or mnt in str(e), f"ENOSPC without the directory: {e}")
+            what = str(e).split(": ", 1)[-1][:60]
+            return f"{how}, 30 MiB dataset, cache_limit=1GB: OSError(ENOSPC) at batch {batches + 1}: \"{what}...\""
+        finally:
+            loader.close()
+        raise Reproduced(f"an epoch of {batches} batches ended without a word about the full cache disk")
+    finally:
+        import gc
+        gc.collect()
+        subprocess.run(["umount", "-l", mnt], capture_output=True)
+
+
+def a10_weak_etags(tmp: str) -> str:
+    import numpy as np
+    import tokenfeed
+    from remote_util import write_dataset
+    from test_remote_hangs import _VersionServer
+    src = write_dataset(os.path.join(tmp, "src"), 200)
+    shard = sorted(f for f in os.listdir(src) if f.endswith(".tfs"))[0]
+    local = tokenfeed.open(os.path.join(src, shard))
+    srv = _VersionServer(src, "weak")
+    ds = tokenfeed.open(f"{srv.url}/{shard}", cache_dir=os.path.join(tmp, "cache"), cache_limit="64MB",
+                        chunk_size=64 << 10, max_attempts=2)
+    n = ds.num_tokens
+    check(np.array_equal(ds.tokens(0, n), local.tokens(0, n)), "weak-ETag object read wrong")
+    check(srv.refused == 0, f"{srv.refused} requests got 412")
+    srv.stop()
+    return f"{n:,} tokens read through a strict If-Match server, 0 answers 412"
+
+
+def a11_many_stores(tmp: str) -> str:
+    import gc
+    import tokenfeed
+    m, url = moto_dataset(tmp)
+
+    def sample() -> Tuple[int, int, float]:
+        with open("/proc/self/status") as f:
+            rss = next(int(x.split()[1]) for x in f if x.startswith("VmRSS")) / 1024
+        return len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd")), rss
+
+    t0, f0, r0 = sample()
+    for i in range(256):
+        ds = tokenfeed.open(url, cache_dir=os.path.join(tmp, "cache"), cache_limit=64_000_000 + i,
+                            endpoint_url=m.endpoint, chunk_size=64 << 10)
+        ds.tokens(0, 10)
+        del ds
+        gc.collect()
+    last = tokenfeed.open(url, cache_dir=os.path.join(tmp, "cache"), cache_limit=32_000_000,
+                          endpoint_url=m.endpoint, chunk_size=64 << 10)  # the 257th
+    last.tokens(0, 10)
+    del last
+    gc.collect()
+    t1, f1, r1 = sample()
+    check(t1 < t0 + 40, f"threads {t0} -> {t1}")
+    check(f1 < f0 + 40, f"fds {f0} -> {f1}")
+    check(r1 < r0 + 100, f"RSS {r0:.0f} -> {r1:.0f} MiB")
+    return f"257 opens: threads {t0}->{t1}, fds {f0}->{f1}, RSS {r0:.0f}->{r1:.0f} MiB"
+
+
+
+def a12_many_shards(tmp: str) -> str:
+    import test_remote_hangs
+    import numpy as np
+    d = os.path.join(tmp, "many")
+    os.makedirs(d)
+    rng = np.random.default_rng(0)
+    for i in range(5000):
+        np.save(os.path.join(d, f"part-{i:05d}.npy"), rng.integers(0, 1000, size=40, dtype=np.uint16))
+    proc = run_script(test_remote_hangs._FD_CHILD, [d])
+    out, err = proc.communicate(timeout=50)
+    check(proc.returncode == 0, f"exit {proc.returncode}: {err.strip().splitlines()[-1] if err.strip() else ''}")
+    seen = []
+    for line in out.strip().split("\n"):
+        backend, n, fds = line.split()
+        check(int(n) > 0 and int(fds) < 512, f"{backend}: {n} batches, {fds} descriptors held")
+        seen.append(f"{backend} {n} batches, {fds} fds held")
+    return "5,000 .npy files, ulimit -n 1024: " + "; ".join(seen) + "; 300 more opens fine"
+
+
+def a13_block_table(tmp: str) -> str:
+    import numpy as np
+    import struct
+    import tokenfeed
+    from remote_util import FaultProxy, MotoServer
+    if not tokenfeed.build_info()["zstd"]["usable"]:
+        raise Reproduced("inconclusive: this build has no zstd")
+    d = os.path.join(tmp, "ds")
+    rng = np.random.default_rng(3)
+    with tokenfeed.DatasetWriter(d, vocab_size=50000, compression="zstd", block_tokens=256) as w:
+        w.add_documents([rng.integers(0, 50000, size=30000) for _ in range(100)])
+    shard = [f for f in os.listdir(d) if f.endswith(".tfs")][0]
+    p = os.path.join(d, shard)
+    with open(p, "rb") as f:
+        data = bytearray(f.read())
+    tokens_bytes, = struct.unpack_from("<Q", data, 56)
+    blocks_offset, = struct.unpack_from("<Q", data, 80)
+    struct.pack_into("<QQ", data, blocks_offset, 0, tokens_bytes)
+    with open(p, "wb") as f:
+        f.write(bytes(data))
+    m = MotoServer()
+    m.create_bucket("attack")
+    m.upload_dir("attack", "ds", d)
+    px = FaultProxy(m.port)
+    ds = tokenfeed.open(f"s3://attack/ds/{shard}", cache_dir=os.path.join(tmp, "cache"), cache_limit="64MB",
+                        endpoint_url=px.endpoint, chunk_size=64 << 10)
+    px.reset_counts()
+    try:
+        ds.tokens(0, 5)
+    except tokenfeed.FormatError as e:
+        sent = px.bytes_sent
+        check(sent < tokens_bytes // 2, f"FormatError, but after {sent:,} of {tokens_bytes:,} bytes were fetched")
+        return f"FormatError \"{str(e)[:60]}...\" after {sent:,} bytes fetched (token section {tokens_bytes:,})"
+    raise Reproduced("a 5-token read through a corrupt block-table entry returned without an error")
+
+
+ATTACKS: List[Tuple[str, Callable[[str], str]]] = [
+    ("next() against a store that stops answering", a1_next_stalled_store),
+    ("exit without close() / Ctrl-C in the loop with requests in flight", a2_exit_without_close),
+    ("Ctrl-C during a remote open and Dataset.tokens", a3_ctrl_c_remote_open),
+    ("two tokenfeed convert runs into one output", a4_two_converts),
+    ("symlinks planted at the writer's names", a5_planted_symlinks),
+    ("overwrite=True with a planted manifest naming lnk/precious", a6_overwrite_planted_manifest),
+    ("cache directory swapped under a running job, forged chunks", a7_cache_swap),
+    ("http server without ETags, object rewritten in place", a8_no_etag_rewrite),
+    ("full cache disk", a9_full_cache_disk),
+    ("weak ETags, strict If-Match server", a10_weak_etags),
+    ("256 opens with distinct remote options", a11_many_stores),
+    ("5,000 shards under ulimit -n 1024", a12_many_shards),
+    ("corrupt remote block-table entry", a13_block_table),
+]
+
+
+def one(n: int) -> int:
+    """The child: run attack n and print its verdict as the last line."""
+    sys.path[:0] = [os.path.join(ROOT, "python"), TESTS]
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    from remote_util import TEST_CREDENTIALS
+    os.environ.update(TEST_CREDENTIALS)
+    for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
+        os.environ.pop(k, None)
+    _, fn = ATTACKS[n - 1]
+    import faulthandler
+    faulthandler.dump_traceback_later(LIMIT - 5, exit=False)  # where a hang waits, before the kill
+    with tempfile.TemporaryDirectory(prefix=f"tf-attack-{n}-") as tmp:
+        os.chmod(tmp, 0o755)  # the attacker (nobody) must reach the shared directories below
+        try:
+            seen = fn(tmp)
+            print(f"VERDICT held {seen}", flush=True)
+        except Reproduced as e:
+            word = "INCONCLUSIVE" if str(e).startswith("inconclusive") else "REPRODUCED"
+            print(f"VERDICT {word} {e}", flush=True)
+        except BaseException as e:  # noqa: BLE001  (any other failure is a finding too)
+            import traceback
+            traceback.print_exc()
+            print(f"VERDICT REPRODUCED unexpected {type(e).__name__}: {str(e)[:200]}", flush=True)
+    os._exit(0)  # servers and stores of this attack end with the process
+
+
+def main(argv: List[str]) -> int:
+    if len(argv) == 2 and argv[0] == "--one":
+        return one(int(argv[1]))
+    which = [int(a) for a in argv] or list(range(1, len(ATTACKS) + 1))
+    ok = True
+    for n in which:
+        name, _ = ATTACKS[n - 1]
+        t0 = time.monotonic()
+        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--one", str(n)], env=dict(
+            os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"), TESTS])),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=LIMIT)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            verdict = f"REPRODUCED (hang: killed after {LIMIT:.0f} s)"
+        else:
+            last = [ln for ln in out.splitlines() if ln.startswith("VERDICT ")]
+            if not last:
+                tail = err.strip().splitlines()[-1] if err.strip() else f"exit {proc.returncode}"
+                verdict = f"REPRODUCED (no verdict: {tail[:200]})"
+            else:
+                _, word, what = last[-1].split(" ", 2)
+                verdict = f"{word} ({what})"
+        try:  # anything the attack left running in its group
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        held = verdict.startswith("held")
+        ok = ok and held
+        print(f"{n} {name}: {verdict} [{time.monotonic() - t0:.0f} s]", flush=True)
+        if not held and os.environ.get("ATTACK_VERBOSE"):
+            print(err[-3000:], file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
