@@ -398,7 +398,7 @@ DEFAULT_REQUEST_TIMEOUT = 20.0
 
 def store_options(cache_dir: Any = None, cache_limit: Union[int, str, None] = None,
                   endpoint_url: Optional[str] = None, chunk_size: Union[int, str, None] = None,
-                  prefetch: Union[int, str, None] = None, fetch_threads: Optional[int] = None,
+                  prefetch_bytes: Union[int, str, None] = None, fetch_threads: Optional[int] = None,
                   storage_options: Optional[Mapping[str, Any]] = None,
                   request_timeout: Optional[float] = None, max_attempts: Optional[int] = None,
                   deadline: Optional[float] = None) -> Dict[str, Any]:
@@ -421,7 +421,7 @@ def store_options(cache_dir: Any = None, cache_limit: Union[int, str, None] = No
             "cache_limit": parse_size(cache_limit, "cache_limit"),
             "endpoint_url": endpoint_url,
             "chunk_size": parse_size(chunk_size, "chunk_size"),
-            "prefetch": parse_size(prefetch, "prefetch"),
+            "prefetch_bytes": parse_size(prefetch_bytes, "prefetch_bytes"),
             "fetch_threads": fetch_threads,
             "storage_options": dict(storage_options) if storage_options else None,
             "request_timeout": float(request_timeout) if request_timeout is not None else None,
@@ -446,7 +446,8 @@ def _shutdown_at_exit() -> None:
 
 
 def get_store(cache_dir: str, cache_limit: Optional[int] = None, endpoint_url: Optional[str] = None,
-              chunk_size: Optional[int] = None, prefetch: Optional[int] = None, fetch_threads: Optional[int] = None,
+              chunk_size: Optional[int] = None, prefetch_bytes: Optional[int] = None,
+              fetch_threads: Optional[int] = None,
               storage_options: Optional[Dict[str, Any]] = None, request_timeout: Optional[float] = None,
               max_attempts: Optional[int] = None, deadline: Optional[float] = None) -> Any:
     """The process's remote store for these options (one fetch pool and cache slot each), shared by
@@ -454,8 +455,8 @@ def get_store(cache_dir: str, cache_limit: Optional[int] = None, endpoint_url: O
     from . import _core
 
     so = tuple(sorted((k, repr(v)) for k, v in (storage_options or {}).items()))
-    key = (os.getpid(), cache_dir, cache_limit, endpoint_url, chunk_size, prefetch, fetch_threads, so, request_timeout,
-           max_attempts, deadline)
+    key = (os.getpid(), cache_dir, cache_limit, endpoint_url, chunk_size, prefetch_bytes, fetch_threads, so,
+           request_timeout, max_attempts, deadline)
     global _atexit_registered
     with _stores_lock:
         if not _atexit_registered:
@@ -466,7 +467,7 @@ def get_store(cache_dir: str, cache_limit: Optional[int] = None, endpoint_url: O
             transport = ObjectStoreTransport(endpoint_url=endpoint_url, storage_options=storage_options,
                                              timeout=request_timeout or DEFAULT_REQUEST_TIMEOUT)
             st = _core.Remote(transport, cache_dir, cache_limit=cache_limit or 0, chunk_bytes=chunk_size or 0,
-                              prefetch_bytes=prefetch or 0, fetch_threads=fetch_threads or 0,
+                              prefetch_bytes=prefetch_bytes or 0, fetch_threads=fetch_threads or 0,
                               max_attempts=max_attempts or 0, deadline_ms=int(round((deadline or 0) * 1000)))
             _stores[key] = st
         return st
