@@ -22,7 +22,6 @@
 #include <sys/stat.h>
 
 #include "source.h"
-#include "../remote/remote.h"
 
 typedef unsigned long long ull;
 

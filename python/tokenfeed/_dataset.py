@@ -245,8 +245,7 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     """
     if eos_id is not None and (not isinstance(eos_id, (int, np.integer)) or isinstance(eos_id, bool) or eos_id < 0):
         raise ValueError(f"eos_id must be a non-negative int, got {eos_id!r}")
-    prefetch_bytes = renamed("prefetch_bytes", prefetch_bytes, "prefetch", prefetch, stacklevel=3,
-                             description="bytes of remote data fetched ahead")
+    prefetch_bytes = renamed("prefetch_bytes", prefetch_bytes, "prefetch", prefetch, stacklevel=3)
     paths = _as_paths(path)
     remote: Optional[Dict[str, Any]] = None
     opts = {"cache_dir": cache_dir, "cache_limit": cache_limit, "endpoint_url": endpoint_url,
