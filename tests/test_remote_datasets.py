@@ -157,6 +157,21 @@ def test_pickled_dataset_reopens(remote_sets):
     assert "testing-secret" not in repr(again)
 
 
+def test_prefetch_is_the_older_name_of_prefetch_bytes(remote_sets):
+    """open(prefetch=) still works for a release, with a DeprecationWarning, and reaches the
+    store as prefetch_bytes; both names at once is a TypeError."""
+    local, _, url, dtype = remote_sets["sets"]["llmc"]
+    kw = dict(dtype=dtype, cache_dir=remote_sets["cache"], cache_limit="256MB", endpoint_url=remote_sets["endpoint"],
+              chunk_size=64 << 10)
+    with pytest.warns(DeprecationWarning, match="prefetch= is now prefetch_bytes="):
+        old = tokenfeed.open(url, prefetch="1MiB", **kw)
+    new = tokenfeed.open(url, prefetch_bytes=1 << 20, **kw)
+    assert old._remote_args["prefetch_bytes"] == new._remote_args["prefetch_bytes"] == 1 << 20
+    assert np.array_equal(old.tokens(0, 5000), local.tokens(0, 5000))
+    with pytest.raises(TypeError, match="prefetch_bytes"):
+        tokenfeed.open(url, prefetch="1MiB", prefetch_bytes="2MiB", **kw)
+
+
 def test_remote_options_refused_for_local_paths(tmp_path, make_dataset):
     ds = make_dataset(n_docs=5)
     with pytest.raises(ValueError, match="cache_limit"):

@@ -60,11 +60,12 @@ def _stub_keywords(cls: str) -> Set[str]:
         if isinstance(node, ast.ClassDef) and node.name == cls:
             for f in node.body:
                 if isinstance(f, ast.FunctionDef) and f.name == "__new__":
-                    return {a.arg for a in f.args.kwonlyargs}
+                    return {a.arg for a in f.args.kwonlyargs + f.args.args}
     raise AssertionError(cls)
 
 
-@pytest.mark.parametrize("cls,scope", [("Order", "order"), ("Loader", "engine"), ("DeviceLoader", "device")])
+@pytest.mark.parametrize("cls,scope", [("Order", "order"), ("Loader", "engine"), ("DeviceLoader", "device"),
+                                       ("Remote", "remote")])
 def test_stub_names_every_row_of_its_scope(cls, scope):
     rows = {r["name"] for r in _core.settings() if r["scope"] == scope}
     assert rows <= _stub_keywords(cls), rows - _stub_keywords(cls)
@@ -99,8 +100,8 @@ def test_every_row_is_a_loader_keyword_or_derived(tmp_path):
         for i in range(50):
             w.add_document(np.arange(i % 7 + 3) % 90)
     for r in _core.settings():
-        if r["name"] in ("global_batch", "dp_rank", "dp_size", "cp_rank", "cp_size") or r["scope"] == "device":
-            continue  # derived, or the Loader's own keywords (with a mesh's rules)
+        if r["name"] in ("global_batch", "dp_rank", "dp_size", "cp_rank", "cp_size") or r["scope"] in ("device", "remote"):
+            continue  # derived, the Loader's own keywords (with a mesh's rules), or open()'s
         v = r["default"] if not r["nullable"] else None
         if r["type"] == "enum":
             v = r["names"][r["default"]]
@@ -141,3 +142,32 @@ def test_c_bounds_query():
     assert lib.tf_setting_bounds(b"pack_window", ctypes.byref(lo), ctypes.byref(hi)) == 0
     assert (lo.value, hi.value) == (1, 1 << 24)
     assert lib.tf_setting_bounds(b"no_such_setting", ctypes.byref(lo), ctypes.byref(hi)) < 0
+
+
+class _NoTransport:
+    """A transport that is never asked: Remote() only opens the cache."""
+
+    def stat(self, url: str) -> Any:
+        raise AssertionError(url)
+
+    def read_into(self, *args: Any) -> int:
+        raise AssertionError(args)
+
+
+def test_remote_rows_are_the_remote_defaults_and_bounds(tmp_path):
+    """Remote reading reads its defaults and bounds from its rows: None (0) is the row's
+    default, a value outside the row is refused naming it, and the Loader takes none of them."""
+    rows = {r["name"]: r for r in _core.settings() if r["scope"] == "remote"}
+    assert {"cache_limit", "chunk_bytes", "prefetch_bytes", "fetch_threads", "max_attempts", "deadline_ms"} <= set(rows)
+    assert rows["fetch_threads"]["default"] == 16 and rows["fetch_threads"]["max"] == _core.MAX_THREADS
+    st = _core.Remote(_NoTransport(), tmp_path / "c", cache_limit=64 << 20).stats()
+    assert st["chunk_bytes"] == rows["chunk_bytes"]["default"]
+    for name in ("fetch_threads", "max_attempts", "chunk_bytes"):
+        with pytest.raises(ValueError, match=name):
+            _core.Remote(_NoTransport(), tmp_path / "c", cache_limit=64 << 20, **{name: rows[name]["max"] + 1})
+    with pytest.raises(ValueError, match="fetch_threads must be an int from 1 to 256"):
+        tokenfeed.open("s3://bucket/key.bin", fetch_threads=257)
+    with tokenfeed.DatasetWriter(tmp_path / "d", vocab_size=100) as w:
+        w.add_document(np.arange(20) % 90)
+    with pytest.raises(TypeError, match="fetch_threads"):
+        tokenfeed.Loader(tmp_path / "d", seq_len=4, batch_size=2, fetch_threads=4)

@@ -98,7 +98,7 @@ def parts(path: str, k: int, n: int) -> tokenfeed.Dataset:
 
 def remote(url: str) -> Optional[Dict[str, Any]]:
     ds = tokenfeed.open(url, cache_dir="/tmp/tokenfeed-cache", cache_limit="200GB",
-                        endpoint_url="http://127.0.0.1:9000", chunk_size=8 << 20, prefetch="1GiB",
+                        endpoint_url="http://127.0.0.1:9000", chunk_size=8 << 20, prefetch_bytes="1GiB",
                         fetch_threads=8, request_timeout=30.0, storage_options={"region": "us-east-1"})
     return ds.cache_stats()
 

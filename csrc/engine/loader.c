@@ -81,7 +81,7 @@
 #include "engine.h"
 #include "meter.h"
 #include "../remote/remote.h"
-#include "../order/settings.h"
+#include "../common/settings.h"
 
 #define TF__ERRMSG 512
 
@@ -463,7 +463,7 @@ void tf_loader_config_init(tf_loader_config *cfg) {
     if (!cfg) return;
     memset(cfg, 0, sizeof *cfg);
     tf_order_config_init(&cfg->order);
-    tf__settings_init(TF_SCOPE_ENGINE, cfg); /* the settings table (order/settings.c) */
+    tf__settings_init(TF_SCOPE_ENGINE, cfg); /* the settings table (common/settings.c) */
     cfg->out_dtype = TF_DTYPE_INVALID;
     cfg->want = 0;
 }

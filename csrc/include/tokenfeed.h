@@ -474,6 +474,9 @@ TF_API void tf_transport_set_error(const char *fmt, ...)
  * it hold a reference; tf_remote_free drops the caller's. (The type is
  * declared with tf_dataset_open_remote above.) */
 
+/* Every member but cache_dir is a row of the settings table (scope
+ * TF_SCOPE_REMOTE, the row named as the member): its default, which 0 also
+ * means, and its bounds come from the row (tf_setting_find). */
 typedef struct tf_remote_config {
     const char *cache_dir;   /* required; created 0700 if missing. Refused when another
                                 user owns it or the group or others can write it. */
@@ -482,8 +485,8 @@ typedef struct tf_remote_config {
                                 but at most half of it) */
     uint64_t chunk_bytes;    /* bytes per chunk (0: 8 MiB); a multiple of 4096 */
     uint64_t prefetch_bytes; /* distinct chunk bytes requested ahead (0: min(limit / 2, 2 GiB)) */
-    int fetch_threads;       /* concurrent range requests (0: 16) */
-    int max_attempts;        /* tries per range before failing (0: 8) */
+    int fetch_threads;       /* concurrent range requests (0: 16; at most TF_MAX_THREADS) */
+    int max_attempts;        /* tries per range before failing (0: 8; at most 1000) */
     uint32_t backoff_ms;     /* first retry delay (0: 100); doubles, full jitter */
     uint32_t backoff_max_ms; /* cap of the delay (0: 5000) */
     uint32_t deadline_ms;    /* give up on a request after this long (0: 30000): no
@@ -491,6 +494,8 @@ typedef struct tf_remote_config {
                                 one, would end past it */
 } tf_remote_config;
 
+/* Zero, then the rows' defaults (cache_limit and prefetch_bytes stay 0: they
+ * depend on the cache). */
 TF_API void tf_remote_config_init(tf_remote_config *cfg);
 
 /* Create a remote store. The transport table is copied; t->ctx must stay valid
@@ -562,12 +567,17 @@ TF_API int tf_cache_prune(const char *dir, uint64_t keep_bytes);
 /* Settings                                                                   */
 /* ------------------------------------------------------------------------ */
 
-/* Every setting of the order (tf_order_config), the engine (tf_loader_config)
- * and the device stage (tf_device_config) is one row of one table: its name
+/* Every setting of the order (tf_order_config), the engine (tf_loader_config),
+ * the device stage (tf_device_config) and remote reading (tf_remote_config) is one row of one table: its name
  * (as the Python API spells it), type, default, bounds, enum names, whether it
  * changes the stream, and a one-line description. Defaults, checks, the
  * fingerprint and the loader state come from the rows; callers query them. */
-typedef enum tf_setting_scope { TF_SCOPE_ORDER = 0, TF_SCOPE_ENGINE = 1, TF_SCOPE_DEVICE = 2 } tf_setting_scope;
+typedef enum tf_setting_scope {
+    TF_SCOPE_ORDER = 0,
+    TF_SCOPE_ENGINE = 1,
+    TF_SCOPE_DEVICE = 2,
+    TF_SCOPE_REMOTE = 3 /* tf_remote_config: where 0 (none) means the row's default */
+} tf_setting_scope;
 typedef enum tf_setting_type { TF_SETTING_INT = 0, TF_SETTING_BOOL = 1, TF_SETTING_ENUM = 2 } tf_setting_type;
 
 typedef struct tf_setting {

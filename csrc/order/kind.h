@@ -30,11 +30,11 @@
 #ifndef TF_ORDER_KIND_H
 #define TF_ORDER_KIND_H
 
+#include "../common/settings.h"
 #include "order_internal.h"
 #include "schedule.h"
 
 /* Largest best_fit packing window: pack.c's sort key gives a document's index 24 bits. */
-#define TF__MAX_PACK_WINDOW (1u << 24)
 
 typedef struct tf__order_ops {
     const char *name;

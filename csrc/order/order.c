@@ -40,7 +40,7 @@
 #include <string.h>
 
 #include "kind.h"
-#include "settings.h"
+#include "../common/settings.h"
 #include "../sources/source.h"
 
 #define ORDER_FP_VERSION 1
@@ -51,7 +51,7 @@
 void tf_order_config_init(tf_order_config *cfg) {
     if (!cfg) return;
     memset(cfg, 0, sizeof *cfg);
-    tf__settings_init(TF_SCOPE_ORDER, cfg); /* settings.c */
+    tf__settings_init(TF_SCOPE_ORDER, cfg); /* common/settings.c */
 }
 
 /* ------------------------------------------------------------------------ */

@@ -39,7 +39,7 @@
 #include <string.h>
 
 #include "kind.h"
-#include "settings.h"
+#include "../common/settings.h"
 
 #define STATE_VERSION 2
 #define DIFFS 480

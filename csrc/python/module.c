@@ -411,12 +411,12 @@ finally:
 
 PyDoc_STRVAR(settings_doc,
 "settings($module)\n--\n\nReturns list[dict]. The C settings table: one dict per setting of the order, the "
-"engine and the device stage, with name, scope ('order', 'engine', 'device'), type ('int', 'bool', 'enum'), "
+"engine, the device stage and remote reading, with name, scope ('order', 'engine', 'device', 'remote'), type ('int', 'bool', 'enum'), "
 "default, min, max, nullable, none_value, names (an enum's, else None), stream (when it changes the stream) "
 "and description.");
 
 static PyObject *settings(PyObject *mod, PyObject *unused) {
-    static const char *const scopes[] = {"order", "engine", "device"}, *const types[] = {"int", "bool", "enum"};
+    static const char *const scopes[] = {"order", "engine", "device", "remote"}, *const types[] = {"int", "bool", "enum"};
     size_t n = tf_settings_count();
     PyObject *out = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; out && i < n; i++) {

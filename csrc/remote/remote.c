@@ -55,6 +55,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../common/settings.h"
 #include "remote.h"
 
 typedef unsigned long long ull;
@@ -215,21 +216,17 @@ static int keq(const tf__ckey *a, const tf__ckey *b) {
 void tf_remote_config_init(tf_remote_config *cfg) {
     if (!cfg) return;
     memset(cfg, 0, sizeof *cfg);
+    tf__settings_init(TF_SCOPE_REMOTE, cfg);
 }
 
 static int resolve_config(const tf_remote_config *in, tf_remote_config *c) {
     *c = *in;
     if (!c->cache_dir || !*c->cache_dir) TF_FAIL(-EINVAL, "cache_dir: expected a directory for the chunk cache, found none");
-    if (!c->chunk_bytes) c->chunk_bytes = 8u << 20;
-    if (c->chunk_bytes % 4096 || c->chunk_bytes < (64u << 10) || c->chunk_bytes > (1u << 30))
+    /* defaults and bounds: the remote rows of the settings table (common/settings.c) */
+    TF_TRY(tf__settings_resolve(TF_SCOPE_REMOTE, c));
+    if (c->chunk_bytes % 4096)
         TF_FAIL(-EINVAL, "chunk_size: expected a multiple of 4096 between 64 KiB and 1 GiB, found %llu", (ull)c->chunk_bytes);
-    if (c->fetch_threads <= 0) c->fetch_threads = 16;
-    if (c->fetch_threads > 256) TF_FAIL(-EINVAL, "fetch_threads: expected 1 to 256, found %d", c->fetch_threads);
-    if (c->max_attempts <= 0) c->max_attempts = 8;
-    if (!c->backoff_ms) c->backoff_ms = 100;
-    if (!c->backoff_max_ms) c->backoff_max_ms = 5000;
     if (c->backoff_max_ms < c->backoff_ms) c->backoff_max_ms = c->backoff_ms;
-    if (!c->deadline_ms) c->deadline_ms = 30000;
     return 0;
 }
 

@@ -81,14 +81,15 @@ def split_settings(settings: Dict[str, Any], where: str,
     return out
 
 
-def renamed(name: str, value: Any, old_name: str, old_value: Any, default: Any = None) -> Any:
-    """A setting given by its new name, or by its older one (with a DeprecationWarning)."""
+def renamed(name: str, value: Any, old_name: str, old_value: Any, default: Any = None, stacklevel: int = 4) -> Any:
+    """A setting given by its new name, or by its older one (with a DeprecationWarning pointing
+    ``stacklevel`` frames up: at the caller of the function that takes both names)."""
     if old_value is None:
         return value
     if value is not None and value != default:
         raise TypeError(f"{old_name}= is the older name of {name}=: pass only {name}=")
     warnings.warn(f"{old_name}= is now {name}= ({SETTINGS[name]['description']}); the older name will be "
-                  f"removed in a later release", DeprecationWarning, stacklevel=4)
+                  f"removed in a later release", DeprecationWarning, stacklevel=stacklevel)
     return old_value
 
 

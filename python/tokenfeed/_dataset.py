@@ -8,6 +8,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, Typ
 import numpy as np
 
 from . import _core, _remote, _shardset
+from ._config import renamed
 from ._progress import Progress
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -205,10 +206,10 @@ class Dataset:
 def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, format: Optional[str] = None,
          cache_dir: Optional[PathLike] = None, cache_limit: Union[int, str, None] = None,
          endpoint_url: Optional[str] = None, chunk_size: Union[int, str, None] = None,
-         prefetch: Union[int, str, None] = None, fetch_threads: Optional[int] = None,
+         prefetch_bytes: Union[int, str, None] = None, fetch_threads: Optional[int] = None,
          storage_options: Optional[Dict[str, Any]] = None, request_timeout: Optional[float] = None,
          max_attempts: Optional[int] = None, deadline: Optional[float] = None,
-         eos_id: Optional[int] = None) -> Dataset:
+         eos_id: Optional[int] = None, prefetch: Union[int, str, None] = None) -> Dataset:
     """Open token data in place and return a :class:`Dataset`.
 
     ``path`` is a tokenfeed dataset directory or shard, a Megatron ``.bin/.idx`` prefix,
@@ -227,7 +228,8 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     ``~/.cache/tokenfeed/remote``) is shared by every process of the node; ``cache_limit``
     caps it (bytes or ``"200GB"``); ``endpoint_url`` (default ``$AWS_ENDPOINT_URL_S3`` /
     ``$AWS_ENDPOINT_URL``) points ``s3://`` at an S3-compatible store; ``chunk_size``,
-    ``prefetch`` (bytes kept requested ahead) and ``fetch_threads`` tune the transfers;
+    ``prefetch_bytes`` (bytes kept requested ahead; older name ``prefetch``, deprecated) and
+    ``fetch_threads`` tune the transfers;
     ``request_timeout`` (seconds, default 20) bounds one request before it is retried;
     ``max_attempts`` (default 8) and ``deadline`` (seconds, default 30) bound the retries of
     one request (whichever ends first); ``storage_options`` go to the client (never printed).
@@ -243,10 +245,11 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     """
     if eos_id is not None and (not isinstance(eos_id, (int, np.integer)) or isinstance(eos_id, bool) or eos_id < 0):
         raise ValueError(f"eos_id must be a non-negative int, got {eos_id!r}")
+    prefetch_bytes = renamed("prefetch_bytes", prefetch_bytes, "prefetch", prefetch, stacklevel=3)
     paths = _as_paths(path)
     remote: Optional[Dict[str, Any]] = None
     opts = {"cache_dir": cache_dir, "cache_limit": cache_limit, "endpoint_url": endpoint_url,
-            "chunk_size": chunk_size, "prefetch": prefetch, "fetch_threads": fetch_threads,
+            "chunk_size": chunk_size, "prefetch_bytes": prefetch_bytes, "fetch_threads": fetch_threads,
             "storage_options": storage_options, "request_timeout": request_timeout,
             "max_attempts": max_attempts, "deadline": deadline}
     if any(_remote.is_url(p) for p in paths):

@@ -398,30 +398,33 @@ DEFAULT_REQUEST_TIMEOUT = 20.0
 
 def store_options(cache_dir: Any = None, cache_limit: Union[int, str, None] = None,
                   endpoint_url: Optional[str] = None, chunk_size: Union[int, str, None] = None,
-                  prefetch: Union[int, str, None] = None, fetch_threads: Optional[int] = None,
+                  prefetch_bytes: Union[int, str, None] = None, fetch_threads: Optional[int] = None,
                   storage_options: Optional[Mapping[str, Any]] = None,
                   request_timeout: Optional[float] = None, max_attempts: Optional[int] = None,
                   deadline: Optional[float] = None) -> Dict[str, Any]:
-    """Check and normalise the remote options of ``tokenfeed.open`` (sizes in bytes)."""
-    if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
-                                     or not 1 <= max_attempts <= 1000):
-        raise ValueError(f"max_attempts must be an int from 1 to 1000, got {max_attempts!r}")
+    """Check and normalise the remote options of ``tokenfeed.open`` (sizes in bytes). Their
+    defaults and bounds are the remote rows of the C settings table (``_core.settings()``)."""
+    from . import _core
+
+    rows = {r["name"]: r for r in _core.settings() if r["scope"] == "remote"}
+    for name, v in (("max_attempts", max_attempts), ("fetch_threads", fetch_threads)):
+        lo, hi = rows[name]["min"], rows[name]["max"]
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi):
+            raise ValueError(f"{name} must be an int from {lo} to {hi}, got {v!r}")
+    longest = rows["deadline_ms"]["max"] / 1000
     if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
-                                 or not 0 < deadline <= 86400):
-        raise ValueError(f"deadline must be a number of seconds in (0, 86400], got {deadline!r}")
+                                 or not 0 < deadline <= longest):
+        raise ValueError(f"deadline must be a number of seconds in (0, {longest:g}], got {deadline!r}")
     if request_timeout is not None and (isinstance(request_timeout, bool) or not isinstance(request_timeout, (int, float))
                                         or not request_timeout > 0):
         raise ValueError(f"request_timeout must be a positive number of seconds, got {request_timeout!r}")
-    if fetch_threads is not None and (isinstance(fetch_threads, bool) or not isinstance(fetch_threads, int)
-                                      or not 1 <= fetch_threads <= 256):
-        raise ValueError(f"fetch_threads must be an int from 1 to 256, got {fetch_threads!r}")
     if storage_options is not None and not isinstance(storage_options, Mapping):
         raise TypeError("storage_options must be a dict of client options")
     return {"cache_dir": os.path.abspath(os.fspath(cache_dir)) if cache_dir is not None else default_cache_dir(),
             "cache_limit": parse_size(cache_limit, "cache_limit"),
             "endpoint_url": endpoint_url,
             "chunk_size": parse_size(chunk_size, "chunk_size"),
-            "prefetch": parse_size(prefetch, "prefetch"),
+            "prefetch_bytes": parse_size(prefetch_bytes, "prefetch_bytes"),
             "fetch_threads": fetch_threads,
             "storage_options": dict(storage_options) if storage_options else None,
             "request_timeout": float(request_timeout) if request_timeout is not None else None,
@@ -446,7 +449,8 @@ def _shutdown_at_exit() -> None:
 
 
 def get_store(cache_dir: str, cache_limit: Optional[int] = None, endpoint_url: Optional[str] = None,
-              chunk_size: Optional[int] = None, prefetch: Optional[int] = None, fetch_threads: Optional[int] = None,
+              chunk_size: Optional[int] = None, prefetch_bytes: Optional[int] = None,
+              fetch_threads: Optional[int] = None,
               storage_options: Optional[Dict[str, Any]] = None, request_timeout: Optional[float] = None,
               max_attempts: Optional[int] = None, deadline: Optional[float] = None) -> Any:
     """The process's remote store for these options (one fetch pool and cache slot each), shared by
@@ -454,8 +458,8 @@ def get_store(cache_dir: str, cache_limit: Optional[int] = None, endpoint_url: O
     from . import _core
 
     so = tuple(sorted((k, repr(v)) for k, v in (storage_options or {}).items()))
-    key = (os.getpid(), cache_dir, cache_limit, endpoint_url, chunk_size, prefetch, fetch_threads, so, request_timeout,
-           max_attempts, deadline)
+    key = (os.getpid(), cache_dir, cache_limit, endpoint_url, chunk_size, prefetch_bytes, fetch_threads, so,
+           request_timeout, max_attempts, deadline)
     global _atexit_registered
     with _stores_lock:
         if not _atexit_registered:
@@ -466,7 +470,7 @@ def get_store(cache_dir: str, cache_limit: Optional[int] = None, endpoint_url: O
             transport = ObjectStoreTransport(endpoint_url=endpoint_url, storage_options=storage_options,
                                              timeout=request_timeout or DEFAULT_REQUEST_TIMEOUT)
             st = _core.Remote(transport, cache_dir, cache_limit=cache_limit or 0, chunk_bytes=chunk_size or 0,
-                              prefetch_bytes=prefetch or 0, fetch_threads=fetch_threads or 0,
+                              prefetch_bytes=prefetch_bytes or 0, fetch_threads=fetch_threads or 0,
                               max_attempts=max_attempts or 0, deadline_ms=int(round((deadline or 0) * 1000)))
             _stores[key] = st
         return st

@@ -3,17 +3,21 @@
  * (settings.c) with where each value lives, and the helpers that config
  * initialisation, checks, fingerprint and state use. Not installed.
  */
-#ifndef TF_ORDER_SETTINGS_H
-#define TF_ORDER_SETTINGS_H
+#ifndef TF_COMMON_SETTINGS_H
+#define TF_COMMON_SETTINGS_H
 
-#include "../common/internal.h"
+#include "internal.h"
+
+/* Largest best_fit packing window (documents); the row's bound and pack.c's. */
+#define TF__MAX_PACK_WINDOW (1u << 24)
 
 typedef struct tf__setting_row {
     tf_setting pub;
     const char *fp;  /* order rows: when the setting enters the fingerprint (and the
                         state records it): pub.stream's language; NULL: as pub.stream */
     int is_signed;   /* the member is a signed integer (or an int enum) */
-    size_t offset;   /* in tf_order_config, tf_loader_config or tf_device_config (pub.scope) */
+    size_t offset;   /* in tf_order_config, tf_loader_config, tf_device_config or
+                        tf_remote_config (pub.scope) */
     size_t size;
 } tf__setting_row;
 
@@ -27,6 +31,9 @@ TF_HIDDEN void tf__setting_put(const tf__setting_row *r, void *cfg, int64_t v);
 TF_HIDDEN void tf__settings_init(tf_setting_scope scope, void *cfg);
 TF_HIDDEN int tf__settings_check(tf_setting_scope scope, const void *cfg);
 TF_HIDDEN int tf__setting_check(const tf__setting_row *r, int64_t v);
+/* Every row of scope: none becomes the row's default, any other value is
+ * checked against the row's bounds (-EINVAL naming the setting). */
+TF_HIDDEN int tf__settings_resolve(tf_setting_scope scope, void *cfg);
 /* The value as Python writes it: None, 'name', True, 12. */
 TF_HIDDEN int tf__setting_describe(const tf__setting_row *r, int64_t v, char *buf, size_t cap);
 /* What a condition of the table is evaluated on: a configuration, and

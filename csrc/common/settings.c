@@ -1,6 +1,7 @@
 /*
  * settings.c — the settings table: one row per setting of the order, the
- * engine and the device stage. Defaults (tf_*_config_init), range checks, the
+ * engine, the device stage and remote reading. It lives in common/, below
+ * every layer, so that remote/ reads its defaults and bounds from the rows too. Defaults (tf_*_config_init), range checks, the
  * configuration fingerprint, the configuration a loader state records and the
  * bounds a caller queries (tf_setting_find) all come from these rows; the
  * Python binding parses its keywords from them and exposes them as
@@ -24,12 +25,12 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "kind.h"
 #include "settings.h"
 
 #define ORDER(m) offsetof(tf_order_config, m), sizeof(((tf_order_config *)0)->m)
 #define ENGINE(m) offsetof(tf_loader_config, m), sizeof(((tf_loader_config *)0)->m)
 #define DEVICE(m) offsetof(tf_device_config, m), sizeof(((tf_device_config *)0)->m)
+#define REMOTE(m) offsetof(tf_remote_config, m), sizeof(((tf_remote_config *)0)->m)
 
 static const char *const PACKING_NAMES[] = {"concat", "best_fit", "document", NULL};
 static const char *const SHUFFLE_NAMES[] = {"none", "full", "block", NULL};
@@ -73,6 +74,15 @@ const tf__setting_row tf__settings[] = {
 
     {{"device_prefetch_batches", TF_SCOPE_DEVICE, TF_SETTING_INT, 2, 1, 256, 1, 0, NULL, "never", "batches copied to the GPU ahead of the consumer (older name: device_prefetch)"}, NULL, 1, DEVICE(prefetch)},
     {{"device_slots", TF_SCOPE_DEVICE, TF_SETTING_INT, 0, 2, 1024, 1, 0, NULL, "never", "device buffers in all, at least device_prefetch_batches + 1 (None: device_prefetch_batches + 2)"}, NULL, 1, DEVICE(slots)},
+    /* remote reading (tf_remote_config): 0 is none, the row's default (tf_remote_create resolves it) */
+    {{"cache_limit", TF_SCOPE_REMOTE, TF_SETTING_INT, 0, 1, UINT64_MAX, 1, 0, NULL, "never", "bytes of chunks the node's cache keeps, at least 4 chunks; fixed when the cache is created (None: 10% of its file system, 1 GB to half of it)"}, NULL, 0, REMOTE(cache_limit)},
+    {{"chunk_bytes", TF_SCOPE_REMOTE, TF_SETTING_INT, 8u << 20, 64u << 10, 1u << 30, 1, 0, NULL, "never", "bytes per cached chunk, a multiple of 4096 (open(chunk_size=))"}, NULL, 0, REMOTE(chunk_bytes)},
+    {{"prefetch_bytes", TF_SCOPE_REMOTE, TF_SETTING_INT, 0, 1, UINT64_MAX, 1, 0, NULL, "never", "bytes of distinct chunks requested ahead of the loader, at most the cache limit (None: half the cache limit, at most 2 GiB; older name: prefetch)"}, NULL, 0, REMOTE(prefetch_bytes)},
+    {{"fetch_threads", TF_SCOPE_REMOTE, TF_SETTING_INT, 16, 1, TF_MAX_THREADS, 1, 0, NULL, "never", "concurrent range requests per process"}, NULL, 1, REMOTE(fetch_threads)},
+    {{"max_attempts", TF_SCOPE_REMOTE, TF_SETTING_INT, 8, 1, 1000, 1, 0, NULL, "never", "attempts per request, the first included, before the error"}, NULL, 1, REMOTE(max_attempts)},
+    {{"backoff_ms", TF_SCOPE_REMOTE, TF_SETTING_INT, 100, 1, UINT32_MAX, 1, 0, NULL, "never", "milliseconds before the first retry; doubles per retry, with full jitter"}, NULL, 0, REMOTE(backoff_ms)},
+    {{"backoff_max_ms", TF_SCOPE_REMOTE, TF_SETTING_INT, 5000, 1, UINT32_MAX, 1, 0, NULL, "never", "milliseconds the retry delay grows to at most (at least backoff_ms)"}, NULL, 0, REMOTE(backoff_max_ms)},
+    {{"deadline_ms", TF_SCOPE_REMOTE, TF_SETTING_INT, 30000, 1, 86400000, 1, 0, NULL, "never", "milliseconds per request, retries included (open(deadline=) in seconds)"}, NULL, 0, REMOTE(deadline_ms)},
 };
 
 const size_t tf__nsettings = sizeof tf__settings / sizeof tf__settings[0];
@@ -171,6 +181,17 @@ int tf__settings_check(tf_setting_scope scope, const void *cfg) {
         int64_t v = tf__setting_get(r, cfg);
         if (r->pub.nullable && v == r->pub.none_value) continue;
         TF_TRY(tf__setting_check(r, v));
+    }
+    return 0;
+}
+
+int tf__settings_resolve(tf_setting_scope scope, void *cfg) {
+    for (size_t i = 0; i < tf__nsettings; i++) {
+        const tf__setting_row *r = &tf__settings[i];
+        if (r->pub.scope != scope) continue;
+        int64_t v = tf__setting_get(r, cfg);
+        if (r->pub.nullable && v == r->pub.none_value) tf__setting_put(r, cfg, r->pub.def);
+        else TF_TRY(tf__setting_check(r, v));
     }
     return 0;
 }
