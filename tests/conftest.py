@@ -218,6 +218,32 @@ def tokenizer_json(directory: Any, texts: Iterable[str], **kw: Any) -> str:
     return path
 
 
+def kill_when_logged(p: Any, log: Any, lines: int, what: str = "the run") -> None:
+    """SIGKILL the subprocess p once its log file holds at least `lines` lines (bounded: 300 s);
+    fail the test if it finished first."""
+    import signal
+    import time
+
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if os.path.exists(log) and sum(1 for _ in open(log)) >= lines:
+            break
+        if p.poll() is not None:
+            pytest.fail(f"{what} finished before it could be killed: " + p.stderr.read().decode())
+        time.sleep(0.02)
+    os.kill(p.pid, signal.SIGKILL)
+    p.communicate()
+
+
+def write_eos_documents(path: Any, n_docs: int = 300, seed: int = 0) -> str:
+    """A headerless uint16 token file of n_docs short documents (ids 1..249), each ended by
+    the end-of-document id 0: what the trainer-integration tests train on."""
+    rng = np.random.default_rng(seed)
+    np.concatenate([np.append(rng.integers(1, 250, size=int(rng.integers(5, 60))), 0)
+                    for _ in range(n_docs)]).astype(np.uint16).tofile(str(path))
+    return str(path)
+
+
 def numpy_loader(data: Any, **kw: Any) -> tokenfeed.Loader:
     """A Loader with NumPy output and two threads unless told. ``data`` as for Loader; a tuple of
     datasets is a mixture, as a list is."""

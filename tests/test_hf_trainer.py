@@ -1,7 +1,6 @@
 """tokenfeed.integrations.hf: transformers' Trainer (a tiny randomly initialised Llama built
 from a config, on CPU) trains from a Loader, stops, resumes from its checkpoint and sees the
 same batches and losses as an uninterrupted run."""
-import numpy as np
 import pytest
 
 pytest.importorskip("transformers")
@@ -11,6 +10,7 @@ import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback, TrainingArguments  # noqa: E402
 
 import tokenfeed  # noqa: E402
+from conftest import write_eos_documents  # noqa: E402
 from tokenfeed.integrations.hf import TokenfeedTrainer, causal_lm_batch  # noqa: E402
 
 SEQ, ROWS = 32, 4
@@ -55,10 +55,7 @@ def run(data, out, stop=None, resume=None):
 
 
 def test_trainer_stops_and_resumes_exactly(tmp_path):
-    rng = np.random.default_rng(0)
-    data = str(tmp_path / "train.bin")
-    np.concatenate([np.append(rng.integers(1, 250, size=int(rng.integers(5, 60))), 0)
-                    for _ in range(300)]).astype(np.uint16).tofile(data)
+    data = write_eos_documents(tmp_path / "train.bin")
     full, full_loss = run(data, str(tmp_path / "a"))
     first, _ = run(data, str(tmp_path / "b"), stop=3)
     rest, loss = run(data, str(tmp_path / "b"), resume=True)

@@ -12,6 +12,7 @@ pytest.importorskip("jax")
 pytest.importorskip("orbax.checkpoint")
 
 import tokenfeed  # noqa: E402
+from conftest import write_eos_documents  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NPROC, G, L = 2, 8, 32
@@ -45,10 +46,7 @@ def launch(data, ckpt, out, steps):
 
 
 def test_global_arrays_and_orbax_resume(tmp_path):
-    rng = np.random.default_rng(0)
-    data = str(tmp_path / "train.bin")
-    np.concatenate([np.append(rng.integers(1, 250, size=int(rng.integers(5, 60))), 0)
-                    for _ in range(300)]).astype(np.uint16).tofile(data)
+    data = write_eos_documents(tmp_path / "train.bin")
     ref_loader = tokenfeed.Loader(tokenfeed.open(data, dtype="uint16", eos_id=0), seq_len=L, batch_size=G, seed=3,
                                   output="numpy")
     ref = [np.asarray(next(ref_loader)["input_ids"]).copy() for _ in range(6)]

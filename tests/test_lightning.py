@@ -3,7 +3,6 @@ TokenfeedDataModule, stops, resumes from its checkpoint and sees the same batche
 losses as an uninterrupted run; the module's state refuses other data."""
 import glob
 
-import numpy as np
 import pytest
 
 pytest.importorskip("lightning")
@@ -13,6 +12,7 @@ import torch  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
 import tokenfeed  # noqa: E402
+from conftest import write_eos_documents  # noqa: E402
 from tokenfeed.integrations.lightning import TokenfeedDataModule  # noqa: E402
 
 
@@ -46,10 +46,7 @@ def run(data, out, steps, ckpt=None, seed=3):
 
 
 def test_trainer_stops_and_resumes_exactly(tmp_path):
-    rng = np.random.default_rng(0)
-    data = str(tmp_path / "train.bin")
-    np.concatenate([np.append(rng.integers(1, 250, size=int(rng.integers(5, 60))), 0)
-                    for _ in range(300)]).astype(np.uint16).tofile(data)
+    data = write_eos_documents(tmp_path / "train.bin")
     full, full_loss = run(data, str(tmp_path / "a"), 6)
     first, first_loss = run(data, str(tmp_path / "b"), 3)
     (ckpt,) = glob.glob(str(tmp_path / "b" / "*step=3.ckpt"))

@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from typing import Any, Dict, List
 
 import numpy as np
 import pytest
 
 import tokenfeed
-from conftest import ROOT, numpy_loader, take_tokens
+from conftest import ROOT, kill_when_logged, numpy_loader, take_tokens
 
 WORKER = os.path.join(ROOT, "tests", "online_mix_worker.py")
 
@@ -163,16 +161,7 @@ def test_sigkill_after_set_weights_resumes_the_same_stream(tmp_path, ckpt, resum
     assert sorted(want) == list(range(96))
     killed = tmp_path / "killed"
     p = run_worker(killed, data, 4, ckpt, sleep=0.02)
-    log = killed / "log.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if log.exists() and sum(1 for _ in open(log)) >= 30:
-            break
-        if p.poll() is not None:
-            pytest.fail("the run finished before it could be killed: " + p.stderr.read().decode())
-        time.sleep(0.02)
-    os.kill(p.pid, signal.SIGKILL)
-    p.communicate()
+    kill_when_logged(p, killed / "log.jsonl", 30)
     assert 30 <= len(log_of(killed)) < 96
     r = run_worker(killed, data, resume_ranks, ckpt)
     out, err = r.communicate(timeout=600)

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, kill_when_logged
 
 torch = pytest.importorskip("torch")
 
@@ -40,16 +38,7 @@ def test_sigkill_and_resume_gives_identical_losses(tmp_path):
     # start, wait until past a checkpoint but not done, then SIGKILL
     p = subprocess.Popen([sys.executable, EXAMPLE, "--out", str(kill_dir), "--data", str(data), *ARGS],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 300
-    log = kill_dir / "losses.jsonl"
-    while time.time() < deadline:
-        if log.exists() and sum(1 for _ in open(log)) >= 70:
-            break
-        if p.poll() is not None:
-            pytest.fail("training finished before it could be killed: " + p.stderr.read().decode())
-        time.sleep(0.05)
-    os.kill(p.pid, signal.SIGKILL)
-    p.wait()
+    kill_when_logged(p, kill_dir / "losses.jsonl", 70, "training")
     killed_steps = len(losses(kill_dir))
     assert 70 <= killed_steps < 160
 

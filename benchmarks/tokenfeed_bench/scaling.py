@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .common import RESULT, human, package_parent, reset_peak_rss, self_status
-from .data import make_sparse_llmc
+from .data import drop_cache, make_sparse_llmc
 
 
 def open_scaling(cache: str, sizes: Sequence[int], *, shards_for: Optional[Callable[[int], int]] = None,
@@ -81,15 +81,7 @@ def scaling_child(d: str, seq_len: int, batch_size: int, first_batch: bool) -> D
 
 def _evict(paths: Sequence[str]) -> None:
     """Drop the files' clean pages from the page cache (no root needed), for a cold start."""
-    for p in paths:
-        try:
-            fd = os.open(p, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    drop_cache(paths)
 
 
 def make_native_shards(d: str, shards: int, tokens_per_shard: int = 2048) -> str:
