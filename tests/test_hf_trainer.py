@@ -1,10 +1,8 @@
 """tokenfeed.integrations.hf: transformers' Trainer (a tiny randomly initialised Llama built
 from a config, on CPU) trains from a Loader, stops, resumes from its checkpoint and sees the
 same batches and losses as an uninterrupted run."""
-import pytest
 
-pytest.importorskip("transformers")
-pytest.importorskip("accelerate")
+import accelerate  # noqa: E402,F401  (the Trainer needs it; the test extra installs it)
 
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback, TrainingArguments  # noqa: E402

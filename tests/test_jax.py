@@ -6,10 +6,9 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
-pytest.importorskip("jax")
-pytest.importorskip("orbax.checkpoint")
+import jax  # noqa: E402,F401  (the workers use it; the test extra installs it)
+import orbax.checkpoint  # noqa: E402,F401
 
 import tokenfeed  # noqa: E402
 from conftest import write_eos_documents  # noqa: E402

@@ -5,7 +5,6 @@ import glob
 
 import pytest
 
-pytest.importorskip("lightning")
 
 import lightning as L  # noqa: E402
 import torch  # noqa: E402

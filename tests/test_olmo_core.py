@@ -9,7 +9,6 @@ import sys
 import numpy as np
 import pytest
 
-pytest.importorskip("olmo_core")
 
 import tokenfeed  # noqa: E402
 from tokenfeed.integrations.olmo_core import TokenfeedDataLoader  # noqa: E402
