@@ -52,13 +52,23 @@ LIBASAN="$(${CC:-cc} -print-file-name=libasan.so) $(${CC:-cc} -print-file-name=l
 env LD_PRELOAD="$LIBASAN" PYTHONMALLOC=malloc PYTHONPATH="$PWD/build/asan/python" \
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   TOKENFEED_SANITIZED=1 $PY -c 'import tokenfeed, sys; f = tokenfeed._core.__file__; print("sanitized build:", f); sys.exit("build/asan/" not in f)'
+# Reports go to files as well (log_path): pytest captures a test's stderr, and a report
+# written there is lost when the process aborts. -v names the test that was running.
+rm -f build/asan-report.*
 env LD_PRELOAD="$LIBASAN" PYTHONMALLOC=malloc PYTHONPATH="$PWD/build/asan/python" \
-  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  TOKENFEED_SANITIZED=1 $PY -m pytest -q -p no:cacheprovider "$@" || {
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1:log_path="$PWD/build/asan-report" \
+  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:log_path="$PWD/build/asan-report" \
+  TOKENFEED_SANITIZED=1 $PY -X faulthandler -m pytest -v -p no:cacheprovider "$@" >build/asan-pytest.log 2>&1 || {
   rc=$?
+  tail -60 build/asan-pytest.log
   [ "$rc" -eq 5 ] && echo "pytest collected no test (exit 5)" >&2
+  for f in build/asan-report.*; do
+    # allocator_may_return_null: the huge-allocation warnings are expected, not the failure
+    [ -f "$f" ] && grep -v "failed to allocate" "$f" | grep -q . && { echo "== $f"; head -120 "$f"; }
+  done
   exit 1
 }
+tail -3 build/asan-pytest.log
 
 step "engine stress test, TSan"
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 make -s -C csrc -j"$JOBS" SANITIZE=thread TEST_HOOKS=1 test-stress
