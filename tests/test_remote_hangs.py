@@ -133,51 +133,17 @@ def test_silent_server_reported_then_fails_by_deadline(silent, tmp_path, monkeyp
                for m in lines), lines
 
 
-_SIGINT_CHILD = textwrap.dedent("""
-    import sys, tokenfeed
-    print("opening", flush=True)
-    try:
-        tokenfeed.open(sys.argv[1], cache_dir=sys.argv[2], cache_limit="64MB", endpoint_url=sys.argv[3],
-                       request_timeout=3, max_attempts=10, deadline=600)
-    except KeyboardInterrupt:
-        print("interrupted", flush=True)
-        sys.exit(7)
-""")
-
-
-def test_ctrl_c_during_remote_open_is_prompt(silent, tmp_path):
-    """SIGINT while open waits on a silent store ends the wait at once (not after every retry)
-    and the process exits promptly."""
-    env = dict(os.environ, **TEST_CREDENTIALS, PYTHONPATH=os.path.join(ROOT, "python"))
-    proc = subprocess.Popen([sys.executable, "-c", _SIGINT_CHILD, "s3://bucket/ds/", str(tmp_path / "cache"),
-                             silent.endpoint], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "opening"
-        # the open is under way once the silent server holds a connection
-        for _ in range(200):
-            if silent.conns:
-                break
-            threading.Event().wait(0.05)
-        assert silent.conns, "the open never reached the server"
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=20)  # 10 attempts x 3 s would be 30 s and more
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 7, (out, err)
-    assert "interrupted" in out
-
-
-# request_timeout longer than any wait of the test: the child cannot give up on the held
-# request by itself, so "interrupted" arrives only if Ctrl-C ends the open without it
+# request_timeout longer than any wait of the tests (unless given): the child cannot give up
+# on a held request by itself, so "interrupted" arrives only if Ctrl-C ends the open without it
 _HELD_CHILD = textwrap.dedent("""
     import gc, sys, tokenfeed
     from tokenfeed import _remote
+    url, cache, endpoint, timeout, attempts = sys.argv[1:6]
+    opts = {} if timeout == "default" else {"request_timeout": float(timeout), "max_attempts": int(attempts),
+                                            "deadline": 900}
     print("opening", flush=True)
     try:
-        tokenfeed.open(sys.argv[1], cache_dir=sys.argv[2], cache_limit="64MB", endpoint_url=sys.argv[3],
-                       request_timeout=900, max_attempts=1, deadline=900)
+        tokenfeed.open(url, cache_dir=cache, cache_limit="64MB", endpoint_url=endpoint, **opts)
     except KeyboardInterrupt:
         print("interrupted", flush=True)
     else:
@@ -188,15 +154,16 @@ _HELD_CHILD = textwrap.dedent("""
 """)
 
 
-def _interrupt_held_open(url, endpoint, tmp_path, holding):
+def _interrupt_held_open(url, endpoint, tmp_path, holding, timeout=900, attempts=1):
     """Run an open of url in a child, SIGINT it once holding() says the server holds one of its
     requests, and check that the open raises KeyboardInterrupt and its store is freed while the
     server still holds that request (it is released only after)."""
     # the package this test imports (a sanitizer build's, under .ci/sanitize.sh), else the tree's
     path = [p for p in (os.environ.get("PYTHONPATH"), os.path.join(ROOT, "python")) if p]
     env = dict(os.environ, **TEST_CREDENTIALS, PYTHONPATH=os.pathsep.join(path))
-    proc = subprocess.Popen([sys.executable, "-c", _HELD_CHILD, url, str(tmp_path / "cache"), endpoint], env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", _HELD_CHILD, url, str(tmp_path / "cache"), endpoint, str(timeout),
+                             str(attempts)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     lines: "queue.Queue[str]" = queue.Queue()
     threading.Thread(target=lambda: [lines.put(ln.strip()) for ln in proc.stdout], daemon=True).start()
     try:
@@ -219,6 +186,12 @@ def _interrupt_held_open(url, endpoint, tmp_path, holding):
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, err
+
+
+def test_ctrl_c_during_remote_open_is_prompt(silent, tmp_path):
+    """SIGINT while open waits on a silent store ends the wait at once, not after every retry
+    (10 attempts of 3 s)."""
+    _interrupt_held_open("s3://bucket/ds/", silent.endpoint, tmp_path, lambda: bool(silent.conns), 3, 10)
 
 
 @pytest.mark.parametrize("url", ["s3://bucket/ds/", "s3://bucket/ds/*.bin", "s3://bucket/ds/shard-00000.tfs"],
