@@ -43,6 +43,12 @@
  * Caller threads that retry in place (stat, reads outside the chunked region)
  * are interrupted in their backoff.
  *
+ * Freeing. The last tf_remote_free stops the pool and joins its threads,
+ * except those still inside a transport call for a job whose waiter was
+ * interrupted: they are detached (pool_thread), and the last of them to end
+ * frees the remote, so that freeing the store of an interrupted open does not
+ * wait for the request in flight either.
+ *
  * fork(). A child (a DataLoader worker) has no pool threads and may hold
  * copies of locked mutexes: the first call in the child re-initialises the
  * locks, forgets (leaks) the parent's jobs and starts its own pool, and takes
