@@ -112,6 +112,30 @@ def test_writer_temporary_files_do_not_follow_planted_symlinks(tmp_path):
     assert all(os.readlink(os.path.join(out, n)) == victim for n in os.listdir(out) if n.endswith(".tmp"))
 
 
+def test_writer_stops_at_a_planted_final_name_and_says_so(tmp_path):
+    """A symlink planted at a future shard's final name: the writer stops with EEXIST, naming
+    the file, what it is and its owner, and leaves the link alone (not followed, not replaced)."""
+    out = shared_dir(tmp_path / "team" / "ds")
+    victim = precious(tmp_path)
+    w = tokenfeed.DatasetWriter(out, vocab_size=1000, shard_tokens=100)
+    w.add_document(np.arange(100, dtype=np.uint16))
+    w.add_document(np.arange(100, dtype=np.uint16))  # shard 0 is renamed into place: its name shows the run id
+    run = next(n for n in os.listdir(out) if n.startswith("shard-")).split("-")[1]
+    names = [f"shard-{run}-{k:05d}.tfs" for k in range(2, 10)]
+    as_attacker(out, lambda dfd: [os.symlink(victim, n, dir_fd=dfd) for n in names])
+    with pytest.raises(FileExistsError) as ei:
+        for j in range(8):
+            w.add_document(np.arange(100, dtype=np.uint16) + j)
+        w.close()
+    msg = str(ei.value)
+    owner = "owned by user nobody" if ROOT else "owned by this user"
+    assert f"{out}/{names[0]} already exists (a symbolic link, {owner})" in msg, msg
+    assert "this writer did not create it" in msg and "not followed" in msg, msg
+    with open(victim, "rb") as f:
+        assert f.read() == b"the victim's checkpoint"
+    assert all(os.readlink(os.path.join(out, n)) == victim for n in names)
+
+
 @pytest.mark.test_hooks
 def test_writer_never_opens_a_planted_name(tmp_path):
     """Even a symlink under the exact temporary name (fixed by a test hook) is never opened."""

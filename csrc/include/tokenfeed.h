@@ -452,7 +452,8 @@ typedef struct tf_transport {
     int64_t (*read)(void *ctx, const char *url, const tf_object_info *expect, uint64_t off, void *buf,
                     size_t len);
     /* Optional (may be NULL): called once when the last tf_remote using this
-     * transport is freed. */
+     * transport is freed: by tf_remote_free, or later from a fetch thread
+     * when an interrupted open left a call in flight (tf_remote_free). */
     void (*release)(void *ctx);
     /* Optional (may be NULL): call emit for every object whose URL starts with
      * prefix (any order). Opening a dataset of many shards uses it to learn
@@ -506,7 +507,10 @@ TF_API void tf_remote_config_init(tf_remote_config *cfg);
 TF_API int tf_remote_create(const tf_transport *t, const tf_remote_config *cfg, tf_remote **out);
 
 /* Drop the caller's reference (accepts NULL). The fetch threads stop and the
- * process slot is given back when the last reference goes. */
+ * process slot is given back when the last reference goes. Threads still
+ * inside a transport call for an open that was interrupted (-EINTR) are not
+ * waited for: the last of them frees the store, and calls release, once its
+ * call returns. */
 TF_API void tf_remote_free(tf_remote *r);
 
 /* Stat an object through the transport, with the same retries as reads. */

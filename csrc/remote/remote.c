@@ -6,8 +6,9 @@
  * DESIGN
  *
  * Threads. A tf_remote owns a pool of fetch threads (started on the first
- * job). Jobs are either a chunk (fetch, check, land in the cache) or a plain
- * range (metadata at open: read into the caller's buffer, uncached). They wait
+ * job). Jobs are either a chunk (fetch, check, land in the cache) or one of
+ * the metadata requests of an open: a plain range (uncached), the size of an
+ * object, or the listing of a prefix. They wait
  * in a min-heap ordered by (urgent first, then next use, then arrival): a
  * reader blocked on a chunk is urgent; the scheduler's requests come in the
  * order of first use. A chunk has at most one job per process (hash by key);
@@ -23,7 +24,9 @@
  * Ownership. A job is referenced by the pool while queued or running and by
  * each waiter; the last unref frees it. Jobs copy what they need of the object
  * (URL, size, version, checksums), so a dataset may be freed while its chunks
- * are still being fetched ahead.
+ * are still being fetched ahead. A job never writes into its waiter's memory:
+ * a range lands in a buffer of the job's own, a size or a listing in the job,
+ * and the waiter copies the result out once the job is done.
  *
  * Open chunks. Chunks mapped by this process are kept in a small table (at
  * most TF__OPEN_CHUNKS unreferenced ones, least recently used dropped first)
@@ -32,12 +35,19 @@
  *
  * Interrupts. A caller's thread waiting for jobs (an open's requests, a
  * chunk) wakes every TF__INTERRUPT_SLICE_NS to ask tf__interrupted(); when
- * interrupted it returns -EINTR at once for a chunk (the job goes on: it
- * writes only into the cache), and for requests that write into its buffers
- * it drops the queued ones, marks the running ones cancelled (their retry
- * loop stops before the next attempt, waking from its backoff) and waits for
- * those, one transport call at most. Caller threads that retry in place
- * (stat, reads outside the chunked region) are interrupted in their backoff.
+ * interrupted it returns -EINTR at once, without waiting for a transport call
+ * in flight. A chunk's job goes on (it writes only into the cache, and others
+ * may wait for it too); of an open's requests the queued ones are dropped and
+ * the running ones marked cancelled (their retry loop stops before the next
+ * attempt, waking from its backoff) and left to end and free themselves.
+ * Caller threads that retry in place (stat, reads outside the chunked region)
+ * are interrupted in their backoff.
+ *
+ * Freeing. The last tf_remote_free stops the pool and joins its threads,
+ * except those still inside a transport call for a job whose waiter was
+ * interrupted: they are detached (pool_thread), and the last of them to end
+ * frees the remote, so that freeing the store of an interrupted open does not
+ * wait for the request in flight either.
  *
  * fork(). A child (a DataLoader worker) has no pool threads and may hold
  * copies of locked mutexes: the first call in the child re-initialises the
@@ -139,7 +149,7 @@ static uint64_t reader_position(void) {
 
 typedef struct job {
     struct job *hnext;
-    int kind; /* J_CHUNK or J_RANGE */
+    int kind; /* J_CHUNK, J_RANGE, J_STAT or J_LIST */
     tf__ckey key;
     char *url;
     tf_object_info info;
@@ -157,15 +167,31 @@ typedef struct job {
     int rc;
     char err[600];
     int refs;
-    void *buf;   /* J_RANGE */
-    int (*fn)(void *ctx, size_t i); /* J_CALL */
-    void *fn_ctx;
-    size_t fn_i;
+    uint8_t *buf;          /* J_RANGE: the bytes read (len of them once done) */
+    struct listed_obj *ls; /* J_LIST: what the listing showed */
+    size_t nls, capls;
+    int ls_nomem;          /* J_LIST: an object could not be kept */
     size_t heap_i;
 } job;
 
-enum { J_CHUNK = 0, J_RANGE = 1, J_CALL = 2 };
+typedef struct listed_obj {
+    char *url;
+    tf_object_info info;
+} listed_obj;
+
+enum { J_CHUNK = 0, J_RANGE = 1, J_STAT = 2, J_LIST = 3 };
 enum { JS_QUEUED = 0, JS_RUNNING = 1, JS_DONE = 2 };
+
+/* A fetch thread. cur (mu) is the job it runs; a thread running a job its
+ * waiter abandoned is detached when the remote is freed, not joined: it ends
+ * after its transport call returns, and the last such thread frees the
+ * remote (tf_remote_free). */
+typedef struct pool_thread {
+    tf_remote *r;
+    pthread_t th;
+    job *cur;
+    int detached;
+} pool_thread;
 
 typedef struct ochunk {
     struct ochunk *next;
@@ -192,8 +218,10 @@ struct tf_remote {
     job **heap;
     size_t nheap, capheap;
     job *hash[TF__HASH];
-    pthread_t *threads;
+    struct pool_thread *threads;
     int nstarted;
+    int ndetached; /* pool threads left to end on their own when the remote was freed */
+    int handed_over; /* the last of them frees the remote */
     int stop;
     uint64_t seq;
 
@@ -287,21 +315,32 @@ tf_remote *tf__remote_ref(tf_remote *r) {
 
 static void job_unref_locked(job *j) {
     if (--j->refs > 0) return;
+    for (size_t i = 0; i < j->nls; i++) free(j->ls[i].url);
+    free(j->ls);
+    free(j->buf);
     free(j->url);
     free(j->sums);
     free(j);
 }
 
+/* Stop the fetch threads: joined, except those still inside a request of a
+ * job whose waiter was interrupted (pool_thread), which are detached. */
 static void stop_pool(tf_remote *r) {
     pthread_mutex_lock(&r->mu);
     r->stop = 1;
     pthread_cond_broadcast(&r->work_cv);
     pthread_cond_broadcast(&r->stop_cv);
+    for (int i = 0; i < r->nstarted; i++) {
+        pool_thread *pt = &r->threads[i];
+        if (pt->cur && pt->cur->cancel) {
+            pt->detached = 1;
+            r->ndetached++;
+            pthread_detach(pt->th);
+        }
+    }
     pthread_mutex_unlock(&r->mu);
-    for (int i = 0; i < r->nstarted; i++) pthread_join(r->threads[i], NULL);
-    free(r->threads);
-    r->threads = NULL;
-    r->nstarted = 0;
+    for (int i = 0; i < r->nstarted; i++)
+        if (!r->threads[i].detached) pthread_join(r->threads[i].th, NULL);
     pthread_mutex_lock(&r->mu);
     for (size_t i = 0; i < r->nheap; i++) {
         job *j = r->heap[i];
@@ -317,11 +356,23 @@ static void stop_pool(tf_remote *r) {
 
 static void check_fork(tf_remote *r);
 
+static void remote_destroy(tf_remote *r);
+
 void tf_remote_free(tf_remote *r) {
     if (!r) return;
     if (atomic_fetch_sub(&r->refs, 1) != 1) return;
     check_fork(r);
     stop_pool(r);
+    pthread_mutex_lock(&r->mu);
+    int later = r->ndetached > 0;
+    r->handed_over = later;
+    pthread_mutex_unlock(&r->mu);
+    if (!later) remote_destroy(r);
+}
+
+/* Everything of r once no fetch thread runs any more. */
+static void remote_destroy(tf_remote *r) {
+    free(r->threads);
     free(r->heap);
     for (size_t b = 0; b < TF__HASH; b++) {
         ochunk *o = r->open[b];
@@ -349,6 +400,7 @@ static void check_fork(tf_remote *r) {
     init_locks(r);
     r->threads = NULL; /* the parent's threads do not exist here */
     r->nstarted = 0;
+    r->ndetached = 0;
     r->stop = 0;
     r->heap = NULL;    /* leaked: the parent's jobs may be mid-update */
     r->nheap = r->capheap = 0;
@@ -560,8 +612,8 @@ static int list_call(tf_remote *r, const char *prefix, void *ctx) {
     return r->t.list(r->t.ctx, prefix, a->emit, a->emit_ctx);
 }
 
-int tf__remote_list(tf_remote *r, const char *prefix, tf_list_emit_fn emit, void *emit_ctx) {
-    if (!r->t.list) return -TF_EUNSUPPORTED;
+/* The listing of prefix on this thread, with retries (a J_LIST job). */
+static int list_here(tf_remote *r, const char *prefix, tf_list_emit_fn emit, void *emit_ctx) {
     list_args a = {emit, emit_ctx};
     int attempt = 0, rc = retry_meta(r, prefix, list_call, &a, &attempt);
     if (!rc) return 0;
@@ -849,19 +901,49 @@ again:
     return rc;
 }
 
+/* A range of an open (a pool thread, no lock held): into the job's own buffer,
+ * which its waiter copies out. */
+static int run_range(tf_remote *r, job *j) {
+    j->buf = malloc(j->len ? (size_t)j->len : 1);
+    if (!j->buf) return -ENOMEM;
+    return fetch_range(r, j->url, &j->info, j->off, j->len, j->buf);
+}
+
+/* tf_list_emit_fn of a listing job: the object is kept in the job. */
+static int keep_listed(void *ctx, const char *url, const tf_object_info *info) {
+    job *j = ctx;
+    listed_obj *n = tf__grow(j->ls, &j->capls, j->nls, sizeof *n, 256);
+    if (n) j->ls = n;
+    if (!n || !(n[j->nls].url = strdup(url))) {
+        j->ls_nomem = 1; /* a listing cut short would read as objects that do not exist */
+        return -ENOMEM;
+    }
+    n[j->nls++].info = *info;
+    return 0;
+}
+
+/* The listing of a prefix (a pool thread, no lock held), kept in the job. */
+static int run_list(tf_remote *r, job *j) {
+    int rc = list_here(r, j->url, keep_listed, j);
+    return rc ? rc : j->ls_nomem ? -ENOMEM : 0;
+}
+
 static void *pool_main(void *arg) {
-    tf_remote *r = arg;
+    pool_thread *pt = arg;
+    tf_remote *r = pt->r;
     pthread_mutex_lock(&r->mu);
     for (;;) {
         while (!r->stop && r->nheap == 0) pthread_cond_wait(&r->work_cv, &r->mu);
         if (r->stop) break;
         job *j = heap_pop(r);
         j->state = JS_RUNNING;
+        pt->cur = j;
         pthread_mutex_unlock(&r->mu);
         tf__clearerr();
         set_current_job(j);
-        int rc = j->kind == J_RANGE  ? fetch_range(r, j->url, &j->info, j->off, j->len, j->buf)
-                 : j->kind == J_CALL ? j->fn(j->fn_ctx, j->fn_i)
+        int rc = j->kind == J_RANGE  ? run_range(r, j)
+                 : j->kind == J_STAT ? tf_remote_stat(r, j->url, &j->info)
+                 : j->kind == J_LIST ? run_list(r, j)
                                      : run_chunk(r, j);
         set_current_job(NULL);
         pthread_mutex_lock(&r->mu);
@@ -869,10 +951,13 @@ static void *pool_main(void *arg) {
         if (rc < 0) snprintf(j->err, sizeof j->err, "%s", tf_last_error()[0] ? tf_last_error() : tf_strerror(rc));
         j->state = JS_DONE;
         if (j->kind == J_CHUNK) hash_remove(r, j);
+        pt->cur = NULL;
         pthread_cond_broadcast(&r->done_cv);
         job_unref_locked(j);
     }
+    int last = pt->detached && --r->ndetached == 0 && r->handed_over;
     pthread_mutex_unlock(&r->mu);
+    if (last) remote_destroy(r);
     return NULL;
 }
 
@@ -886,7 +971,9 @@ static int ensure_pool(tf_remote *r) {
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     for (int i = 0; i < n; i++) {
-        if (pthread_create(&r->threads[r->nstarted], NULL, pool_main, r) != 0) break;
+        pool_thread *pt = &r->threads[r->nstarted];
+        pt->r = r;
+        if (pthread_create(&pt->th, NULL, pool_main, pt) != 0) break;
         r->nstarted++;
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -1000,10 +1087,11 @@ static int wait_job_locked(tf_remote *r, job *j) {
     return 0;
 }
 
-/* The caller of a batch of jobs that write into its memory was interrupted
- * (mu held): queued ones are dropped, running ones cancelled (they stop before
- * their next attempt) and waited for, since they may still write. */
-static void cancel_jobs_locked(tf_remote *r, job **js, size_t n) {
+/* The caller of a batch of an open's jobs was interrupted (mu held): queued
+ * ones are dropped, running ones cancelled (they stop before their next
+ * attempt). Nothing is waited for: a job writes only into memory of its own,
+ * freed by whichever of the pool and the caller drops the last reference. */
+static void abandon_jobs_locked(tf_remote *r, job **js, size_t n) {
     for (size_t i = 0; i < n; i++) {
         job *j = js[i];
         if (!j || j->state == JS_DONE) continue;
@@ -1016,19 +1104,78 @@ static void cancel_jobs_locked(tf_remote *r, job **js, size_t n) {
         }
     }
     pthread_cond_broadcast(&r->stop_cv); /* wake the running ones from their backoff */
-    for (size_t i = 0; i < n; i++)
-        if (js[i])
-            while (js[i]->state != JS_DONE) pthread_cond_wait(&r->done_cv, &r->mu);
 }
 
-/* Wait (mu held) for every job of js, even after one failed (they write into
- * the caller's memory); interrupted: cancel the rest (cancel_jobs_locked) and 1. */
-static int wait_jobs_locked(tf_remote *r, job **js, size_t n) {
-    int intr = 0;
-    for (size_t i = 0; i < n && !intr; i++)
-        if (js[i] && wait_job_locked(r, js[i]) < 0) intr = 1;
-    if (intr) cancel_jobs_locked(r, js, n);
-    return intr;
+/* A new job of an open (J_RANGE, J_STAT, J_LIST) for url, or NULL. */
+static job *new_open_job(int kind, const char *url) {
+    job *j = calloc(1, sizeof *j);
+    if (j && !(j->url = strdup(url))) {
+        free(j);
+        return NULL;
+    }
+    if (j) j->kind = kind;
+    return j;
+}
+
+/* Queue j ahead of every chunk, referenced by the pool and by the caller.
+ * mu held. On failure j is freed. */
+static int submit_open_job_locked(tf_remote *r, job *j) {
+    int rc = ensure_pool(r);
+    j->urgent = 2;
+    j->seq = r->seq++;
+    j->refs = 2;
+    if (!rc && heap_push(r, j) != 0) rc = -ENOMEM;
+    if (rc) {
+        free(j->url);
+        free(j);
+    }
+    return rc;
+}
+
+/* Submit n jobs made by make(ctx, i) (NULL: no memory), and wait for them in
+ * index order; after each, collect(ctx, i, job) runs with mu released (the job
+ * is done and only the caller holds it). Every job is waited for even after
+ * one failed; returns the first failure in index order that keep() does not
+ * accept as an answer, with its message; -EINTR when interrupted (the rest
+ * abandoned, abandon_jobs_locked). */
+typedef job *(*open_make_fn)(void *ctx, size_t i);
+typedef void (*open_collect_fn)(void *ctx, size_t i, job *j);
+static int run_open_jobs(tf_remote *r, size_t n, open_make_fn make, open_collect_fn collect, void *ctx,
+                         int answer_rc) {
+    if (!n) return 0;
+    check_fork(r);
+    job **js = calloc(n, sizeof *js);
+    if (!js) return -ENOMEM;
+    int rc = 0, intr = 0;
+    pthread_mutex_lock(&r->mu);
+    for (size_t i = 0; i < n && !rc; i++) {
+        job *j = make(ctx, i);
+        rc = j ? submit_open_job_locked(r, j) : -ENOMEM;
+        if (!rc) js[i] = j;
+    }
+    pthread_cond_broadcast(&r->work_cv);
+    for (size_t i = 0; i < n && !intr; i++) {
+        job *j = js[i];
+        if (!j) continue;
+        if (wait_job_locked(r, j) < 0) {
+            intr = 1;
+            break;
+        }
+        if (j->rc < 0 && j->rc != answer_rc && !rc) {
+            rc = j->rc;
+            tf__seterr(j->rc, "%s", j->err);
+        }
+        pthread_mutex_unlock(&r->mu);
+        collect(ctx, i, j);
+        pthread_mutex_lock(&r->mu);
+    }
+    if (intr) abandon_jobs_locked(r, js, n);
+    for (size_t i = 0; i < n; i++)
+        if (js[i]) job_unref_locked(js[i]);
+    pthread_mutex_unlock(&r->mu);
+    free(js);
+    if (intr) TF_FAIL(-EINTR, "interrupted while waiting for %zu remote request%s", n, n == 1 ? "" : "s");
+    return rc;
 }
 
 /* Fetch chunk k now (urgent) and wait for it. 0, TF__JOB_NOSPACE or < 0. */
@@ -1056,97 +1203,75 @@ static int fetch_and_wait(tf_remote *r, const tf__robj *o, uint32_t k) {
     return rc;
 }
 
-int tf__remote_run_many(tf_remote *r, size_t n, int (*fn)(void *ctx, size_t i), void *ctx) {
-    if (!n) return 0;
-    check_fork(r);
-    job **js = calloc(n, sizeof *js);
-    if (!js) return -ENOMEM;
-    pthread_mutex_lock(&r->mu);
-    int rc = ensure_pool(r);
-    for (size_t i = 0; i < n && !rc; i++) {
-        job *j = calloc(1, sizeof *j);
-        if (!j) {
-            rc = -ENOMEM;
-            break;
-        }
-        j->kind = J_CALL;
-        j->fn = fn;
-        j->fn_ctx = ctx;
-        j->fn_i = i;
-        j->urgent = 2;
-        j->seq = r->seq++;
-        j->refs = 2;
-        if (heap_push(r, j) != 0) {
-            free(j);
-            rc = -ENOMEM;
-            break;
-        }
-        js[i] = j;
+typedef struct stat_many {
+    const char *const *urls;
+    tf_object_info *infos;
+    int *rcs;
+} stat_many;
+
+static job *make_stat(void *ctx, size_t i) { return new_open_job(J_STAT, ((stat_many *)ctx)->urls[i]); }
+
+static void collect_stat(void *ctx, size_t i, job *j) {
+    stat_many *s = ctx;
+    s->rcs[i] = j->rc;
+    if (!j->rc) s->infos[i] = j->info;
+}
+
+int tf__remote_stat_many(tf_remote *r, const char *const *urls, size_t n, tf_object_info *infos, int *rcs) {
+    stat_many s = {urls, infos, rcs};
+    for (size_t i = 0; i < n; i++) rcs[i] = -EINTR;
+    return run_open_jobs(r, n, make_stat, collect_stat, &s, -ENOENT);
+}
+
+static job *make_range(void *ctx, size_t i) {
+    tf__rreq *q = &((tf__rreq *)ctx)[i];
+    job *j = new_open_job(J_RANGE, q->o->url);
+    if (j) {
+        j->info = q->o->info;
+        j->off = q->off;
+        j->len = q->len;
     }
-    pthread_cond_broadcast(&r->work_cv);
-    int intr = wait_jobs_locked(r, js, n);
-    for (size_t i = 0; i < n; i++) {
-        job *j = js[i];
-        if (!j) continue;
-        if (j->rc < 0 && !rc && !intr) {
-            rc = j->rc;
-            tf__seterr(j->rc, "%s", j->err);
-        }
-        job_unref_locked(j);
-    }
-    pthread_mutex_unlock(&r->mu);
-    free(js);
-    if (intr) TF_FAIL(-EINTR, "interrupted while waiting for %zu remote request%s", n, n == 1 ? "" : "s");
-    return rc;
+    return j;
+}
+
+static void collect_range(void *ctx, size_t i, job *j) {
+    tf__rreq *q = &((tf__rreq *)ctx)[i];
+    q->rc = j->rc;
+    if (!j->rc && j->len) memcpy(q->buf, j->buf, (size_t)j->len);
+    free(j->buf); /* early: the ranges of a round are not all held at once */
+    j->buf = NULL;
 }
 
 int tf__remote_read_many(tf_remote *r, tf__rreq *reqs, size_t n) {
-    if (!n) return 0;
-    check_fork(r);
-    job **js = calloc(n, sizeof *js);
-    if (!js) return -ENOMEM;
-    int rc = 0;
-    pthread_mutex_lock(&r->mu);
-    rc = ensure_pool(r);
-    for (size_t i = 0; i < n && !rc; i++) {
-        job *j = calloc(1, sizeof *j);
-        if (!j || !(j->url = strdup(reqs[i].o->url))) {
-            free(j);
-            rc = -ENOMEM;
-            break;
-        }
-        j->kind = J_RANGE;
-        j->info = reqs[i].o->info;
-        j->off = reqs[i].off;
-        j->len = reqs[i].len;
-        j->buf = reqs[i].buf;
-        j->urgent = 2;
-        j->seq = r->seq++;
-        j->refs = 2;
-        if (heap_push(r, j) != 0) {
-            free(j->url);
-            free(j);
-            rc = -ENOMEM;
-            break;
-        }
-        js[i] = j;
-    }
-    pthread_cond_broadcast(&r->work_cv);
-    int first = -1, intr = wait_jobs_locked(r, js, n);
-    for (size_t i = 0; i < n; i++) {
-        job *j = js[i];
-        if (!j) continue;
-        reqs[i].rc = j->rc;
-        if (j->rc < 0 && first < 0 && !intr) {
-            first = (int)i;
-            tf__seterr(j->rc, "%s", j->err);
-            if (!rc) rc = j->rc;
-        }
-        job_unref_locked(j);
-    }
-    pthread_mutex_unlock(&r->mu);
-    free(js);
-    if (intr) TF_FAIL(-EINTR, "%s: interrupted while waiting for %zu remote request%s", reqs[0].o->url, n, n == 1 ? "" : "s");
+    for (size_t i = 0; i < n; i++) reqs[i].rc = -EINTR;
+    int rc = run_open_jobs(r, n, make_range, collect_range, reqs, 0);
+    if (rc == -EINTR) TF_FAIL(rc, "%s: interrupted while waiting for %zu remote request%s", reqs[0].o->url, n, n == 1 ? "" : "s");
+    return rc;
+}
+
+typedef struct list_many {
+    const char *prefix;
+    tf_list_emit_fn emit;
+    void *emit_ctx;
+    int rc;
+} list_many;
+
+static job *make_list(void *ctx, size_t i) {
+    (void)i;
+    return new_open_job(J_LIST, ((list_many *)ctx)->prefix);
+}
+
+static void collect_list(void *ctx, size_t i, job *j) {
+    (void)i;
+    list_many *l = ctx;
+    for (size_t k = 0; k < j->nls && !j->rc && !l->rc; k++) l->rc = l->emit(l->emit_ctx, j->ls[k].url, &j->ls[k].info);
+}
+
+int tf__remote_list(tf_remote *r, const char *prefix, tf_list_emit_fn emit, void *emit_ctx) {
+    if (!r->t.list) return -TF_EUNSUPPORTED;
+    list_many l = {prefix, emit, emit_ctx, 0};
+    int rc = run_open_jobs(r, 1, make_list, collect_list, &l, 0);
+    if (rc == -EINTR) TF_FAIL(rc, "%s: interrupted while listing the objects", prefix);
     return rc;
 }
 

@@ -53,9 +53,11 @@ typedef struct tf__robj {
 } tf__robj;
 
 
-/* List objects under prefix through the transport (with retries); emit may
- * be called several times for one object if a retry restarts the listing.
- * -TF_EUNSUPPORTED when the transport cannot list. */
+/* List objects under prefix through the transport (with retries), on the
+ * fetch pool; emit runs on the calling thread once the listing is complete,
+ * and may be called several times for one object if a retry restarts the
+ * listing. -TF_EUNSUPPORTED when the transport cannot list; -EINTR at once
+ * when the caller is interrupted (the request in flight is left to end). */
 TF_HIDDEN int tf__remote_list(tf_remote *r, const char *prefix, tf_list_emit_fn emit, void *emit_ctx);
 
 /* Stat url and make an object with the whole file as its data region. */
@@ -83,7 +85,9 @@ TF_HIDDEN int tf__robj_read_small(const tf__robj *o, uint64_t off, uint64_t len,
 
 /* Uncached ranged reads with retries, concurrently on the fetch pool; every
  * request is tried even if one fails; returns the first failure in array
- * order, with its message. */
+ * order, with its message. Each request reads into memory of its own, copied
+ * into buf once it is done: an interrupted caller gets -EINTR at once, and
+ * nothing writes into its buffers afterwards. */
 typedef struct tf__rreq {
     const tf__robj *o;
     uint64_t off, len;
@@ -91,9 +95,13 @@ typedef struct tf__rreq {
     int rc; /* out */
 } tf__rreq;
 TF_HIDDEN int tf__remote_read_many(tf_remote *r, tf__rreq *reqs, size_t n);
-/* Run fn(ctx, i) for i in [0, n) on the fetch pool (stats at open);
- * returns the first failure in index order. */
-TF_HIDDEN int tf__remote_run_many(tf_remote *r, size_t n, int (*fn)(void *ctx, size_t i), void *ctx);
+/* The sizes and versions of n objects (tf_remote_stat with retries),
+ * concurrently on the fetch pool: rcs[i] is 0 (infos[i] filled), -ENOENT or
+ * the failure of urls[i]. Returns the first failure in index order other than
+ * -ENOENT, with its message; -EINTR at once when interrupted (as
+ * tf__remote_read_many). */
+TF_HIDDEN int tf__remote_stat_many(tf_remote *r, const char *const *urls, size_t n, tf_object_info *infos,
+                                   int *rcs);
 
 /* Hot path: chunk k of o, mapped and verified, valid until released. *data
  * points at the chunk's first byte (object offset data_off + k * chunk_bytes),

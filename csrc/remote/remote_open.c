@@ -74,28 +74,6 @@ static int on_listed(void *ctx, const char *url, const tf_object_info *info) {
     return 0;
 }
 
-typedef struct stat_ctx {
-    tf__preg *g;
-    size_t *idx;
-    int *rcs;
-} stat_ctx;
-
-static int stat_one(void *ctx, size_t i) {
-    stat_ctx *s = ctx;
-    tf__pobj *p = &s->g->o[s->idx[i]];
-    tf_object_info info;
-    int rc = tf_remote_stat(s->g->r, p->url, &info);
-    if (rc == -ENOENT) {
-        p->known = 1;
-        p->exists = 0;
-        return 0;
-    }
-    if (rc < 0) return rc;
-    p->info = info;
-    p->known = p->exists = 1;
-    return 0;
-}
-
 static size_t parent_len(const char *url) {
     const char *s = strrchr(url, '/');
     return s ? (size_t)(s - url) + 1 : 0;
@@ -128,13 +106,28 @@ static int learn_sizes(tf__preg *g) {
         free(prefix);
         if (rc < 0 && rc != -TF_EUNSUPPORTED) return rc;
     }
-    size_t *idx = malloc((g->n ? g->n : 1) * sizeof *idx), m = 0;
-    if (!idx) return -ENOMEM;
-    for (size_t i = 0; i < g->n; i++)
-        if (!g->o[i].known) idx[m++] = i;
-    stat_ctx s = {g, idx, NULL};
-    int rc = tf__remote_run_many(g->r, m, stat_one, &s);
+    size_t n = g->n ? g->n : 1, m = 0;
+    size_t *idx = malloc(n * sizeof *idx);
+    const char **urls = malloc(n * sizeof *urls);
+    tf_object_info *infos = malloc(n * sizeof *infos);
+    int *rcs = malloc(n * sizeof *rcs);
+    int rc = idx && urls && infos && rcs ? 0 : -ENOMEM;
+    for (size_t i = 0; i < g->n && !rc; i++)
+        if (!g->o[i].known) {
+            idx[m] = i;
+            urls[m++] = g->o[i].url;
+        }
+    if (!rc) rc = tf__remote_stat_many(g->r, urls, m, infos, rcs);
+    for (size_t k = 0; k < m && !rc; k++) {
+        tf__pobj *p = &g->o[idx[k]];
+        if (rcs[k] == 0) p->info = infos[k];
+        p->known = 1;
+        p->exists = rcs[k] == 0;
+    }
     free(idx);
+    free(urls);
+    free(infos);
+    free(rcs);
     return rc;
 }
 

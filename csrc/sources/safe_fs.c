@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +116,30 @@ int tf__tmp_create(int dfd, const char *dir, const char *stem, char *name, size_
             dir);
 }
 
+/* What the entry name of dfd is and who owns it, for a message: "a symbolic
+ * link, owned by user nobody". The entry itself, never what a link names. */
+static void describe_entry(int dfd, const char *name, char *out, size_t cap) {
+    struct stat st;
+    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        snprintf(out, cap, "gone again");
+        return;
+    }
+    const char *kind = S_ISLNK(st.st_mode)   ? "a symbolic link"
+                       : S_ISREG(st.st_mode) ? "a file"
+                       : S_ISDIR(st.st_mode) ? "a directory"
+                                             : "a special file";
+    if (st.st_uid == geteuid()) {
+        snprintf(out, cap, "%s, owned by this user", kind);
+        return;
+    }
+    struct passwd pw, *found = NULL;
+    char buf[1024];
+    if (getpwuid_r(st.st_uid, &pw, buf, sizeof buf, &found) == 0 && found)
+        snprintf(out, cap, "%s, owned by user %s", kind, found->pw_name);
+    else
+        snprintf(out, cap, "%s, owned by uid %u", kind, (unsigned)st.st_uid);
+}
+
 int tf__rename_at(int dfd, const char *dir, const char *from, const char *to, int noreplace) {
     if (!noreplace) {
         if (renameat(dfd, from, dfd, to) == 0) return 0;
@@ -129,9 +154,12 @@ int tf__rename_at(int dfd, const char *dir, const char *from, const char *to, in
         }
     }
     int e = errno;
-    if (e == EEXIST)
-        TF_FAIL(-EEXIST, "%s: cannot rename %s to %s: something named %s appeared there, which this writer did not create. Check who else writes into this directory.",
-                dir, from, to, to);
+    if (e == EEXIST) {
+        char what[200];
+        describe_entry(dfd, to, what, sizeof what);
+        TF_FAIL(-EEXIST, "%s: cannot rename %s to %s: %s/%s already exists (%s), and this writer did not create it: another process or user did. It was left as it is (not followed, not replaced). Check who else writes into this directory.",
+                dir, from, to, dir, to, what);
+    }
     TF_FAIL(-e, "%s: cannot rename %s to %s: %s", dir, from, to, strerror(e));
 }
 

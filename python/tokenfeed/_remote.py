@@ -21,7 +21,7 @@ import re
 import threading
 import weakref
 from datetime import timedelta
-from typing import Any, Dict, Iterator, Mapping, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 from ._extras import pip_hint
 
@@ -357,6 +357,35 @@ class ObjectStoreTransport:
             raise TransportError(errno.EPROTO, f"empty response for bytes [{offset}, {offset + n})")
         mv[:m] = got[:m]
         return m
+
+
+def list_objects(lister: Callable[[str], Iterable[Tuple[str, int, str]]],
+                 prefix_url: str) -> List[Tuple[str, int, str]]:
+    """Every ``(url, size, version)`` that ``lister(prefix_url)`` yields, listed on a daemon
+    thread while the calling thread waits in short slices: Ctrl-C raises ``KeyboardInterrupt``
+    at once instead of when the request in flight ends (a listing runs in the client's code,
+    which does not answer signals). The interrupted listing is left to end on its own."""
+    result: List[Any] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            result.append(list(lister(prefix_url)))
+        except BaseException as e:  # noqa: BLE001  (handed to the waiting thread)
+            result.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="tokenfeed-list", daemon=True).start()
+    while not done.wait(0.05):
+        pass
+    out = result.pop()
+    if isinstance(out, BaseException):
+        try:
+            raise out
+        finally:
+            del out  # no cycle through the traceback
+    return out  # type: ignore[no-any-return]
 
 
 def _weak_tag(tag: str) -> str:

@@ -145,7 +145,7 @@ def _remote_glob(url: str, lister: Lister) -> List[str]:
     u = _remote.parse_url(url)
     prefix_url = f"{u.scheme}://{u.bucket}/{_fixed_prefix(u.key)}"
     hits = []
-    for obj_url, _size, _version in lister(prefix_url):
+    for obj_url, _size, _version in _remote.list_objects(lister, prefix_url):
         key = _remote.parse_url(obj_url).key
         if _match(u.key, key):
             hits.append(obj_url)
@@ -159,7 +159,7 @@ def _remote_dir(url: str, lister: Lister) -> Optional[List[str]]:
     it holds a manifest (a native dataset), or nothing, or native shards without a manifest
     (a write that did not finish, which the core reports)."""
     names, subdirs = [], set()
-    for obj_url, _size, _version in lister(url):
+    for obj_url, _size, _version in _remote.list_objects(lister, url):
         rest = obj_url[len(url):] if obj_url.startswith(url) else ""
         if not rest:
             continue

@@ -8,6 +8,7 @@
 #endif
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -840,6 +841,95 @@ static void test_remote_datasets(void) {
     tf_remote_free(r);
 }
 
+/* ---- an interrupted open leaves its requests in flight ------------------- */
+
+/* A transport whose calls for URLs with "held" in them wait at a gate that
+ * the test opens; its release callback says when the remote was freed. */
+static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
+static int gate_open, gate_entered, gate_freed;
+
+static void gate_pass(void) {
+    pthread_mutex_lock(&gate_mu);
+    gate_entered++;
+    while (!gate_open) pthread_cond_wait(&gate_cv, &gate_mu);
+    pthread_mutex_unlock(&gate_mu);
+}
+
+static int held_stat(void *ctx, const char *url, tf_object_info *info) {
+    if (strstr(url, "held")) gate_pass();
+    return lt_stat(ctx, url, info);
+}
+
+static int held_list(void *ctx, const char *prefix, tf_list_emit_fn emit, void *emit_ctx) {
+    if (strstr(prefix, "held")) gate_pass();
+    return lt_list(ctx, prefix, emit, emit_ctx);
+}
+
+static void held_release(void *ctx) {
+    (void)ctx;
+    pthread_mutex_lock(&gate_mu);
+    gate_freed = 1;
+    pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_mu);
+}
+
+/* The embedder's interrupt check: Ctrl-C arrives once a request is held. */
+static int interrupted_when_held(void) {
+    pthread_mutex_lock(&gate_mu);
+    int held = gate_entered > 0;
+    pthread_mutex_unlock(&gate_mu);
+    return held;
+}
+
+static void test_interrupted_open(void) {
+    for (int k = 0; k < 2; k++) { /* 0: the sizes of an object (open); 1: a listing */
+        char cache[512], url[600];
+        snprintf(cache, sizeof cache, "%s/cache_held%d", tmpdir, k);
+        snprintf(url, sizeof url, k ? "local://%s/held/" : "local://%s/held.bin", tmpdir);
+        gate_open = gate_entered = gate_freed = 0;
+        tf_transport t = {.stat = held_stat, .read = lt_read, .list = held_list, .release = held_release};
+        tf_remote_config cfg;
+        tf_remote_config_init(&cfg);
+        cfg.cache_dir = cache;
+        cfg.cache_limit = 64ull << 20;
+        cfg.fetch_threads = 2;
+        tf_remote *r = NULL;
+        CHECK_OK(tf_remote_create(&t, &cfg, &r));
+        if (!r) return;
+        tf_interrupt_set_check(interrupted_when_held);
+        int rc;
+        if (k == 0) {
+            const char *p = url;
+            tf_dataset *ds = NULL;
+            rc = tf_dataset_open_remote(&p, 1, NULL, r, &ds);
+            tf_dataset_free(ds);
+        } else {
+            listed l = {0, 0};
+            rc = tf__remote_list(r, url, count_emit, &l);
+        }
+        tf_interrupt_set_check(NULL);
+        /* interrupted while the transport still holds the request */
+        CHECK_RC(rc, -EINTR);
+        CHECK(strstr(tf_last_error(), "interrupted") != NULL);
+        /* freeing the remote does not wait for it either: its thread is left
+         * to end, and frees the remote then */
+        tf_remote_free(r);
+        pthread_mutex_lock(&gate_mu);
+        CHECK(gate_entered > 0 && !gate_freed);
+        gate_open = 1;
+        pthread_cond_broadcast(&gate_cv);
+        for (int i = 0; i < 300 && !gate_freed; i++) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&gate_cv, &gate_mu, &ts);
+        }
+        CHECK(gate_freed);
+        pthread_mutex_unlock(&gate_mu);
+    }
+}
+
 int main(void) {
     if (t_mkdtemp(tmpdir, sizeof tmpdir, "tf_remote")) return T_EXIT_FAIL;
     test_reads_and_hits();
@@ -855,6 +945,7 @@ int main(void) {
     test_prefetch_order();
     test_prefetch_limit();
     test_remote_datasets();
+    test_interrupted_open();
     t_rm_rf(tmpdir);
     return T_DONE();
 }
