@@ -507,7 +507,7 @@ INTERRUPTED = textwrap.dedent('''
     ref = tokenfeed.Loader(ds, **kw)
     ref.load_state_dict(state)
     want = tokenfeed.Loader(ds, **kw)
-    for _ in range(got):
+    for _ in range(state["position"] // 4):
         next(want)
     assert np.array_equal(next(ref)["tokens"], next(want)["tokens"])
     print("resumed", flush=True)
@@ -537,7 +537,10 @@ def test_loader_device_ctrl_c_with_copies_in_flight(cuda_double, tmp_path):
     import json
 
     res = json.loads(lines[1])
-    assert res["position"] == 4 * res["got"]
+    # the state counts what next() handed out. Python raises a pending KeyboardInterrupt
+    # as a call returns, so a SIGINT that lands just as next() returns drops that batch
+    # before the script's counter sees it: counted by the state, never duplicated
+    assert res["position"] in (4 * res["got"], 4 * (res["got"] + 1)), res
     assert res["close_s"] < 30
     assert lines[2] == "resumed"
 
