@@ -377,6 +377,42 @@ def test_stores_are_freed_with_their_datasets(uploaded, moto, tmp_path):
     assert len(os.listdir("/proc/self/task")) < threads0 + 8
 
 
+_CYCLE_CHILD = textwrap.dedent("""
+    import gc, sys, time
+    import tokenfeed
+    url, cache, endpoint = sys.argv[1:4]
+
+    class Holder:
+        pass
+
+    for i in range(6):
+        ds = tokenfeed.open(url, cache_dir=f"{cache}/{i}", endpoint_url=endpoint, chunk_size=64 << 10)
+        it = iter(tokenfeed.Loader(ds, seq_len=64, batch_size=2, seed=1, shuffle="full", output="numpy"))
+        next(it)  # the workers go on reading ahead, through the transport
+        h = Holder()
+        h.self, h.it, h.ds = h, it, ds  # only a cycle keeps the loader alive now
+        del h, it, ds
+        # every allocation collects: the collection comes in a worker's transport call,
+        # while this thread sleeps
+        gc.set_threshold(1, 1, 1)
+        time.sleep(0.3)
+        gc.set_threshold(700, 10, 10)
+        gc.collect()
+    print("done", flush=True)
+""")
+
+
+def test_loader_collected_on_its_own_worker_thread(uploaded, moto, tmp_path):
+    """A loader left in a reference cycle is collected wherever a collection starts, also in
+    one of its own worker threads while that thread is in a transport call: the engine and
+    the dataset are destroyed on a thread of their own, not under the worker still reading
+    them (which joined itself and read freed memory: a segfault)."""
+    env = dict(os.environ, **TEST_CREDENTIALS, PYTHONPATH=os.path.join(ROOT, "python"))
+    p = subprocess.run([sys.executable, "-c", _CYCLE_CHILD, uploaded, str(tmp_path / "cache"), moto.endpoint],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "done", (p.returncode, p.stderr[-2000:])
+
+
 def test_block_table_entry_larger_than_a_frame_can_be_is_refused(tmp_path):
     """A block-table entry larger than the zstd bound of its block is corrupt: refused before a
     byte of it is read (a remote shard would otherwise fetch up to its whole token section)."""

@@ -118,6 +118,21 @@ int tfpy_finalizing(void);
         }                                                                                          \
     } while (0)
 
+/* Python code that the library's own threads run (transport calls of the
+ * fetch and worker threads, progress notices) may start a garbage collection,
+ * and the collection may free the very object whose engine or store owns that
+ * thread: a Loader or Dataset left in a reference cycle. Destroying it there
+ * would join the thread from itself and free what it is still reading.
+ * tfpy_library_thread counts those calls on the current thread; while it is
+ * set, tfpy_destroy hands the destruction to a thread of its own. */
+extern _Thread_local int tfpy_library_thread;
+
+/* destroy(h) without the GIL, then drop `keep` (a reference given over, or
+ * NULL: what h borrows). On a library thread (above) both happen later on a
+ * detached thread; while the interpreter is finalized both are left to the
+ * ending process, as TFPY_DESTROY_NOGIL does. h may be NULL. */
+void tfpy_destroy(void (*destroy)(void *), void *h, PyObject *keep);
+
 /* ---- dtypes and arguments (module.c) -------------------------------------- */
 
 /* tf_dtype for a NumPy type number, TF_DTYPE_INVALID if not a token dtype. */

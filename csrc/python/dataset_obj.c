@@ -91,12 +91,16 @@ finally:
     return (PyObject *)self;
 }
 
+static void dataset_free(void *ds) { tf_dataset_free(ds); }
+
 static void Dataset_dealloc(tfpy_Dataset *self) {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     /* a remote dataset may drop the last reference to its store, whose fetch
      * threads may be waiting for the GIL in a transport call */
-    TFPY_DESTROY_NOGIL(self->ds, tf_dataset_free);
+    tf_dataset *ds = self->ds;
+    self->ds = NULL;
+    tfpy_destroy(dataset_free, ds, NULL);
     Py_CLEAR(self->paths);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);

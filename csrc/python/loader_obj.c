@@ -54,14 +54,22 @@ static PyObject *Loader_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     return (PyObject *)self;
 }
 
-/* Joining worker threads can take a moment: done without the GIL. */
-static void loader_free(tfpy_Loader *self) { TFPY_DESTROY_NOGIL(self->l, tf_loader_free); }
+static void engine_free(void *l) { tf_loader_free(l); }
+
+/* Joining worker threads can take a moment: done without the GIL, and the
+ * Order the engine borrows is held until it is done (tfpy_destroy may do it
+ * later, on a thread of its own). */
+static void loader_free(tfpy_Loader *self) {
+    tf_loader *l = self->l;
+    self->l = NULL;
+    if (l) tfpy_destroy(engine_free, l, Py_XNewRef(self->order));
+}
 
 static void Loader_dealloc(tfpy_Loader *self) {
     PyTypeObject *tp = Py_TYPE(self);
     loader_free(self);
-    /* after the engine that borrows it; while finalizing, the engine is left
-     * running (TFPY_DESTROY_NOGIL), so what it borrows stays too */
+    /* while finalizing, the engine is left running (tfpy_destroy), so what it
+     * borrows stays too */
     if (!tfpy_finalizing()) Py_CLEAR(self->order);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);

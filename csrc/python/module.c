@@ -6,6 +6,9 @@
 #define TF_BINDING_MAIN
 #include "binding.h"
 
+#include <pthread.h>
+#include <stdlib.h>
+
 #ifndef TF_BUILD_SUMMARY
 #define TF_BUILD_SUMMARY ""
 #endif
@@ -540,12 +543,58 @@ static int tfpy_interrupted(void) {
     return r;
 }
 
+_Thread_local int tfpy_library_thread;
+
+typedef struct {
+    void (*destroy)(void *);
+    void *h;
+    PyObject *keep;
+} tfpy_deferred;
+
+static void *deferred_destroy(void *arg) {
+    tfpy_deferred *d = arg;
+    if (d->h) d->destroy(d->h);
+    if (d->keep && !tfpy_finalizing()) {
+        PyGILState_STATE g = PyGILState_Ensure();
+        Py_DECREF(d->keep);
+        PyGILState_Release(g);
+    }
+    free(d);
+    return NULL;
+}
+
+void tfpy_destroy(void (*destroy)(void *), void *h, PyObject *keep) {
+    if (tfpy_finalizing()) return; /* left to the ending process (TFPY_DESTROY_NOGIL) */
+    if (tfpy_library_thread) {
+        tfpy_deferred *d = malloc(sizeof *d);
+        pthread_attr_t at;
+        pthread_t t;
+        int ok = d && pthread_attr_init(&at) == 0;
+        if (ok) {
+            *d = (tfpy_deferred){destroy, h, keep};
+            pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+            ok = pthread_create(&t, &at, deferred_destroy, d) == 0;
+            pthread_attr_destroy(&at);
+        }
+        /* no thread to do it: leaked, which is safe, where destroying it here is not */
+        if (!ok) free(d);
+        return;
+    }
+    if (h) {
+        Py_BEGIN_ALLOW_THREADS
+        destroy(h);
+        Py_END_ALLOW_THREADS
+    }
+    Py_XDECREF(keep);
+}
+
 /* tf_notice_set_fn: progress lines of long waits go to the "tokenfeed" logger
  * (stderr at WARNING unless the application configured logging). Any thread;
  * nothing during finalization. */
 static void tfpy_notice(const char *msg) {
     if (tfpy_finalizing()) return;
     PyGILState_STATE g = PyGILState_Ensure();
+    tfpy_library_thread++;
     PyObject *et, *ev, *etb; /* a pending exception (a waiter's KeyboardInterrupt) survives */
     PyErr_Fetch(&et, &ev, &etb);
     PyObject *logging = PyImport_ImportModule("logging");
@@ -556,6 +605,7 @@ static void tfpy_notice(const char *msg) {
     Py_XDECREF(logging);
     PyErr_Clear();
     PyErr_Restore(et, ev, etb);
+    tfpy_library_thread--;
     PyGILState_Release(g);
 }
 

@@ -87,6 +87,7 @@ static int code_from_exception(void) {
 static int py_stat(void *ctx, const char *url, tf_object_info *info) {
     if (refuse()) return -ECANCELED;
     PyGILState_STATE g = PyGILState_Ensure();
+    tfpy_library_thread++;
     int rc = 0;
     PyObject *res = PyObject_CallMethod((PyObject *)ctx, "stat", "s", url);
     if (!res) {
@@ -102,6 +103,7 @@ static int py_stat(void *ctx, const char *url, tf_object_info *info) {
         }
         Py_DECREF(res);
     }
+    tfpy_library_thread--;
     PyGILState_Release(g);
     done();
     return rc;
@@ -111,6 +113,7 @@ static int64_t py_read(void *ctx, const char *url, const tf_object_info *expect,
                        size_t len) {
     if (refuse()) return -ECANCELED;
     PyGILState_STATE g = PyGILState_Ensure();
+    tfpy_library_thread++;
     int64_t rc;
     PyObject *mv = PyMemoryView_FromMemory(buf, (Py_ssize_t)len, PyBUF_WRITE);
     PyObject *res = mv ? PyObject_CallMethod((PyObject *)ctx, "read_into", "ssKKO", url, expect->version,
@@ -131,6 +134,7 @@ static int64_t py_read(void *ctx, const char *url, const tf_object_info *expect,
         Py_XDECREF(r);
         Py_DECREF(mv);
     }
+    tfpy_library_thread--;
     PyGILState_Release(g);
     done();
     return rc;
@@ -139,6 +143,7 @@ static int64_t py_read(void *ctx, const char *url, const tf_object_info *expect,
 static int py_list(void *ctx, const char *prefix, tf_list_emit_fn emit, void *emit_ctx) {
     if (refuse()) return -ECANCELED;
     PyGILState_STATE g = PyGILState_Ensure();
+    tfpy_library_thread++;
     int rc = 0;
     PyObject *res = PyObject_CallMethod((PyObject *)ctx, "list", "s", prefix);
     PyObject *it = res ? PyObject_GetIter(res) : NULL;
@@ -171,6 +176,7 @@ static int py_list(void *ctx, const char *prefix, tf_list_emit_fn emit, void *em
     }
     Py_XDECREF(it);
     Py_XDECREF(res);
+    tfpy_library_thread--;
     PyGILState_Release(g);
     done();
     return rc;
@@ -179,7 +185,9 @@ static int py_list(void *ctx, const char *prefix, tf_list_emit_fn emit, void *em
 static void py_release(void *ctx) {
     if (tfpy_finalizing()) return; /* leaked on purpose: no interpreter to decref in */
     PyGILState_STATE g = PyGILState_Ensure();
+    tfpy_library_thread++;
     Py_DECREF((PyObject *)ctx);
+    tfpy_library_thread--;
     PyGILState_Release(g);
 }
 
@@ -253,18 +261,17 @@ static PyObject *Remote_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     return (PyObject *)self;
 }
 
+static void remote_free(void *r) { tf_remote_free(r); }
+
 static void Remote_dealloc(tfpy_Remote *self) {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     if (self->weakrefs) PyObject_ClearWeakRefs((PyObject *)self);
     tf_remote *r = self->r;
     self->r = NULL;
-    if (r && !tfpy_finalizing()) { /* see "Shutdown" above */
-        /* may join fetch threads that wait for the GIL */
-        Py_BEGIN_ALLOW_THREADS
-        tf_remote_free(r);
-        Py_END_ALLOW_THREADS
-    }
+    /* may join fetch threads that wait for the GIL; not from one of them (a
+     * collection that one started), and not while finalizing: see "Shutdown" */
+    tfpy_destroy(remote_free, r, NULL);
     Py_CLEAR(self->transport);
     Py_CLEAR(self->cache_dir);
     tp->tp_free((PyObject *)self);
