@@ -32,6 +32,10 @@ causal, block-diagonal per document when ``reset_attention_mask``; ``loss_mask``
 a label would cross a document boundary (Megatron's ``eod_mask_loss`` on data whose
 documents end with EOD) and on padding; with ``eod_mask_loss`` off, only padding is 0
 (``packing="concat"`` has none). See docs/guides/megatron.md.
+
+A run begun on Megatron's own ``GPTDataset`` continues sample for sample with
+:func:`continue_from_cache`: a ``tokenfeed.Loader`` over the index cache GPTDataset wrote
+(``path_to_cache``), at the run's ``consumed_train_samples``.
 """
 from __future__ import annotations
 
@@ -44,7 +48,7 @@ from torch.utils.data import Dataset as _TorchDataset
 
 import tokenfeed
 
-__all__ = ["datasets_provider", "TokenfeedGPTDataset", "build_datasets"]
+__all__ = ["datasets_provider", "TokenfeedGPTDataset", "build_datasets", "continue_from_cache"]
 
 Blend = Tuple[List[str], Optional[List[float]]]
 _SPLITS = ("train", "valid", "test")
@@ -196,3 +200,43 @@ def datasets_provider(config: Union[Any, Callable[[], Any]], **loader_kw: Any) -
 
     setattr(provider, "is_distributed", True)  # Megatron then calls it on every rank
     return provider
+
+
+def continue_from_cache(config: Any, *, micro_batch_size: int, dp_rank: int = 0, dp_size: int = 1,
+                        consumed_samples: int = 0, split: str = "train", cache: Any = None,
+                        **loader_kw: Any) -> tokenfeed.Loader:
+    """A ``tokenfeed.Loader`` that continues a run begun on megatron-core's ``GPTDataset``.
+
+    ``config``: the run's ``GPTDatasetConfig`` (its one data prefix, for ``split``;
+    ``sequence_length``; ``add_extra_token_to_sequence``; ``path_to_cache``, or ``cache``:
+    the directory where GPTDataset wrote its indices, or one of their files). Rank
+    ``dp_rank`` of ``dp_size`` gets, ``micro_batch_size`` samples per batch, what Megatron's
+    sampler gives it, from ``consumed_samples`` (the checkpoint's
+    ``consumed_train_samples``) on; ``state_dict()`` resumes it from then on. ``loader_kw``:
+    other ``tokenfeed.Loader`` keywords (``position_ids``, ``loss_mask``, ``device``, ...)."""
+    idx = _SPLITS.index(split) if split in _SPLITS else -1
+    if idx < 0:
+        raise ValueError(f"split must be one of {', '.join(_SPLITS)}, got {split!r}")
+    per = getattr(config, "blend_per_split", None)
+    blend = per[idx] if per is not None and any(per) else getattr(config, "blend", None)
+    if blend is None or len(blend[0]) != 1:
+        raise ValueError(f"continue_from_cache reads one GPTDataset: the config's {split} data must be one prefix, "
+                         f"found {None if blend is None else list(blend[0])} (a blend of several is Megatron's "
+                         f"BlendedDataset, whose order is not reproduced)")
+    cache = cache if cache is not None else getattr(config, "path_to_cache", None)
+    if cache is None:
+        cache = os.path.join(os.fspath(blend[0][0]), "cache", "GPTDataset_indices")  # where GPTDataset writes then
+    loader = tokenfeed.Loader(_prefix_data(blend[0][0]), seq_len=int(config.sequence_length),
+                              batch_size=micro_batch_size, dp_rank=dp_rank, dp_size=dp_size, megatron_cache=cache,
+                              megatron_split=split,
+                              megatron_add_extra_token=bool(getattr(config, "add_extra_token_to_sequence", True)),
+                              **loader_kw)
+    if consumed_samples:
+        state = loader.state_dict()
+        state["position"] = int(consumed_samples)
+        loader.load_state_dict(state)
+    return loader
+
+
+def _prefix_data(prefix: str) -> str:
+    return prefix + ".bin" if os.path.exists(prefix + ".bin") else prefix
