@@ -124,11 +124,6 @@ static void reference(const cache *c, int X, uint64_t i, uint16_t *out) {
 
 static void describe(const cache *c, int X, int narrow, int32_t *d32, int32_t *s32, uint32_t *h32,
                      tf_megatron_index *ix) {
-    memset(ix, 0, sizeof *ix);
-    ix->add_extra_token = X;
-    ix->document_index_len = NDOCS * EPOCHS;
-    ix->sample_index_rows = c->N + 1;
-    ix->shuffle_index_len = c->N;
     if (!narrow) {
         *ix = (tf_megatron_index){c->doc, TF_INT64, NDOCS * EPOCHS, c->smp, TF_INT64, c->N + 1, c->shf, TF_INT64,
                                   c->N, X};
