@@ -163,3 +163,25 @@ def test_cache_directory_lookup(tmp_path):
             json.loads(p.read_text())["random_seed"] == 6]
     ld = tokenfeed.Loader(prefix + ".bin", seq_len=L, batch_size=1, megatron_cache=desc[0], output="numpy")
     assert ld.num_samples >= 700
+
+
+def test_dcp_keeps_the_state(tmp_path):
+    """torch.distributed.checkpoint saves the state (its order key included) and loads it
+    into a freshly built loader, which continues where the saved one was."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    prefix, _ = build(tmp_path, 8)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        ld = loader(prefix, tmp_path, batch_size=4)
+        for _ in range(3):
+            next(ld)
+        dcp.save({"loader": ld}, checkpoint_id=str(tmp_path / "ckpt"))
+        want = [next(ld)["input_ids"] for _ in range(4)]
+        fresh = loader(prefix, tmp_path, batch_size=4)
+        dcp.load({"loader": fresh}, checkpoint_id=str(tmp_path / "ckpt"))
+        assert fresh.position == 12 and fresh.state_dict()["order"] == ld.state_dict()["order"]
+        assert all(np.array_equal(next(fresh)["input_ids"], w) for w in want)
+    finally:
+        dist.destroy_process_group()
