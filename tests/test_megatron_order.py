@@ -15,6 +15,7 @@ import pickle
 
 import numpy as np
 import pytest
+import torch
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.utils import get_blend_from_list
@@ -22,6 +23,7 @@ from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
 
 import tokenfeed
 from test_megatron import VOCAB, megatron_batches, write_megatron
+from tokenfeed.integrations.megatron import datasets_provider
 
 L = 32
 SPLITS = ("train", "valid", "test")
@@ -185,3 +187,19 @@ def test_dcp_keeps_the_state(tmp_path):
         assert all(np.array_equal(next(fresh)["input_ids"], w) for w in want)
     finally:
         dist.destroy_process_group()
+
+
+def test_datasets_provider_from_the_cache(tmp_path):
+    """datasets_provider(config, megatron_cache=True): Megatron's pretrain keeps its sampler
+    and its --split, and every item is GPTDataset's, key by key, from a DataLoader with workers."""
+    prefix, datasets = build(tmp_path, 9)
+    cfg = datasets[0].config
+    ours = datasets_provider(cfg, megatron_cache=True)([700, 60, 30])
+    for mine, theirs in zip(ours, datasets):
+        assert mine is not None and len(mine) == len(theirs)
+    for i in list(range(0, len(datasets[0]), 37)) + [len(datasets[0]) - 1]:
+        a, b = ours[0][i], datasets[0][i]
+        assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a), i
+    for k, mb in enumerate(megatron_batches(ours[1], 4, 2, 1, 8, 3, workers=2)):  # rank 1, from sample 8 on
+        want = [datasets[1][8 + k * 8 + 4 + j]["tokens"] for j in range(4)]
+        assert torch.equal(mb["tokens"], torch.stack(want))
