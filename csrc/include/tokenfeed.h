@@ -1571,6 +1571,54 @@ TF_API int tf_device_slot_synchronize(tf_device_slot *s);
  * Thread-safe against the ring's other functions; accepts NULL. */
 TF_API int tf_device_slot_release(tf_device_slot *s, uintptr_t stream);
 
+/* ------------------------------------------------------------------------ */
+/* Order: Megatron-core GPTDataset's order, from its index cache             */
+/* ------------------------------------------------------------------------ */
+
+/* The three arrays Megatron-core's GPTDataset writes into its cache
+ * directory (path_to_cache) as HASH-GPTDataset-SPLIT-document_index.npy,
+ * -sample_index.npy and -shuffle_index.npy, mapped by the caller (borrowed:
+ * they must outlive the order). Each is a C-contiguous little-endian array of
+ * TF_INT32, TF_UINT32, TF_INT64 or TF_UINT64 (GPTDataset writes int32 or
+ * int64, and uint32 or int64 for the shuffle). */
+typedef struct tf_megatron_index {
+    const void *document_index;    /* the dataset's documents in Megatron's shuffled order, every epoch */
+    tf_dtype document_index_dtype;
+    uint64_t document_index_len;
+    const void *sample_index;      /* rows of (document_index position, token offset): sample s
+                                      runs from row s to row s + 1 */
+    tf_dtype sample_index_dtype;
+    uint64_t sample_index_rows;    /* N + 1 rows of two entries */
+    const void *shuffle_index;     /* N samples in training order */
+    tf_dtype shuffle_index_dtype;
+    uint64_t shuffle_index_len;    /* N */
+    int add_extra_token;           /* GPTDatasetConfig.add_extra_token_to_sequence: 1 (Megatron's
+                                      default) or 0; the cache does not record it */
+} tf_megatron_index;
+
+/* The order of Megatron-core's GPTDataset over ds (the .bin/.idx data the
+ * cache was built from: its documents are Megatron's sequences), so that a
+ * run begun on Megatron continues on tokenfeed sample for sample: position i
+ * holds GPTDataset[i mod N]'s text (tokens then the last label: seq_len + 1
+ * tokens). With add_extra_token 0 the last token is 0, the label Megatron
+ * pads; a final partial sample (a validation split built without
+ * drop_last_partial_validation_sequence) is padded with 0 as GPTDataset
+ * returns it. Megatron's MegatronPretrainingSampler gives data-parallel rank r
+ * of D the r-th micro-batch of each D x micro_batch_size samples: a loader
+ * with batch_size = micro_batch_size and world_size = D gives rank r the same
+ * rows (a position is Megatron's consumed_train_samples).
+ *
+ * cfg: seq_len is the cache's sequence_length; packing CONCAT, separator_id
+ * -1, shuffle NONE and pad_id 0 (the cache holds the order); epochs = 1 ends
+ * the stream where the cache ends. Extras: a document starts at each piece
+ * of another document. Opening is O(1) in the cache's size: it checks the
+ * shapes and 64 samples spread over the cache, and every sample read is
+ * checked (-TF_EFORMAT naming the sample when the cache does not fit the
+ * dataset or seq_len). The state records a fingerprint of the cache, so a
+ * state saved on one cache is refused on another. */
+TF_API int tf_order_create_megatron(const tf_dataset *ds, const tf_order_config *cfg, const tf_megatron_index *index,
+                                    tf_order **out);
+
 #endif /* TF_EXPERIMENTAL_API */
 
 #ifdef __cplusplus

@@ -19,6 +19,8 @@
  *   mix.c     weighted mixtures of orders, one per dataset
  *   llmc_order.c  llm.c's data loader order: each file cut on its own, in
  *             per-process shuffled order
+ *   megatron_order.c  Megatron-core GPTDataset's order, read from its index
+ *             cache
  *
  * A new kind (a mixture whose weights change at given steps, a
  * context-parallel view that takes a share of each sample, another packing)
@@ -53,6 +55,10 @@ typedef struct tf__order_ops {
      * sample that holds tokens of document doc (< the dataset's documents), so
      * that finding a document's samples (explain.c) need not visit them all. */
     int (*doc_samples)(const tf_order *o, uint64_t doc, uint64_t *first, uint64_t *end);
+    /* Optional (NULL: tokenfeed's own order): the order reproduces another
+     * loader's, named so in the state ("order"), with kind_fp identifying the
+     * data of its own it reads (state.c refuses a state of another). */
+    const char *foreign;
 } tf__order_ops;
 
 struct tf_order {

@@ -24,6 +24,11 @@
  *                        (tf_order_mix_set_weights), oldest first. A state
  *                        that lists some resumes with the last of them and
  *                        its anchor, whatever weights the loader was built with
+ *   order                null for tokenfeed's own orders; for an order that
+ *                        reproduces another loader's, [its name, 16 hex
+ *                        digits: the fingerprint of the data of its own it
+ *                        reads] (["megatron", ...]: the index cache), which
+ *                        enters config_fingerprint
  *
  * Every key is always present and every value is an integer, a double, a
  * string, null or a list of them, so that every checkpointer keeps the state
@@ -146,7 +151,10 @@ int tf_order_state_save(const tf_order *o, uint64_t pos, uint32_t world_size, ch
                       (unsigned long long)o->skips[2 * i + 1], i + 1 == o->nskips ? "]" : "");
     tf__jw_printf(&w, ", \"weights_history\": ");
     write_history(&w, o);
-    tf__jw_printf(&w, "}");
+    if (o->ops->foreign)
+        tf__jw_printf(&w, ", \"order\": [\"%s\", \"%016llx\"]}", o->ops->foreign, (unsigned long long)o->kind_fp);
+    else
+        tf__jw_printf(&w, ", \"order\": null}");
     int rc = w.rc;
     if (!rc) {
         if (len) *len = w.len;
@@ -180,6 +188,8 @@ typedef struct saved {
     size_t nhist;            /* weights_history: positions and K weights each (owned) */
     uint64_t *hist_pos;
     double *hist_w;
+    char foreign[32];        /* order: another loader's order ("" for tokenfeed's own) */
+    uint64_t foreign_fp;     /* and its data's fingerprint */
 } saved;
 
 static void saved_free(saved *s) {
@@ -367,6 +377,17 @@ static int parse_history(const tf__json *j, const tf__jnode *h, saved *s) {
     return 0;
 }
 
+/* order: null, or [name, fingerprint] of another loader's order. */
+static int parse_foreign(const tf__json *j, const tf__jnode *n, saved *s) {
+    if (!n || n->type == TF__J_NULL) return 0;
+    const tf__jnode *name = n->type == TF__J_ARR && n->n == 2 ? tf__json_child(j, n, 0) : NULL;
+    if (!name || name->type != TF__J_STR || name->slen == 0 || name->slen >= sizeof s->foreign)
+        return bad("order", "null, or [name, fingerprint]", n);
+    memcpy(s->foreign, name->s, name->slen);
+    s->foreign[name->slen] = 0;
+    return get_hex(tf__json_child(j, n, 1), "order fingerprint", &s->foreign_fp);
+}
+
 static int parse_state(const tf__json *j, saved *s) {
     const tf__jnode *root = &j->nodes[0];
     if (root->type != TF__J_OBJ)
@@ -401,6 +422,7 @@ static int parse_state(const tf__json *j, saved *s) {
         if (tf__settings[i].pub.scope == TF_SCOPE_ORDER) TF_TRY(parse_setting(j, config, &tf__settings[i], s));
     TF_TRY(parse_anchor(j, tf__json_get(j, root, "mix_anchor"), s));
     TF_TRY(parse_skipped(j, tf__json_get(j, root, "skipped"), s));
+    TF_TRY(parse_foreign(j, tf__json_get(j, root, "order"), s));
     return parse_history(j, tf__json_get(j, root, "weights_history"), s);
 }
 
@@ -498,6 +520,7 @@ static void diff_config(const tf_order *o, const tf__sched_spec *now_spec, const
  * edited, or written by an order version this library does not reproduce. */
 static int saved_fingerprint(saved *s, uint64_t *fp) {
     *fp = tf__order_config_fingerprint(&s->cfg);
+    if (*s->foreign) *fp = tf_mix64(*fp ^ s->foreign_fp);
     if (!s->mixture) return 0;
     tf__sched_spec sp = s->spec;
     sp.M = s->cfg.mix_window;
@@ -591,6 +614,19 @@ static int resume_mixture(const tf_order *o, const saved *s, int same, tf_order 
 
 static int live_order(const tf_order *o, const saved *s, tf_order **out);
 
+/* Another loader's order: which one, and the data of its own it reads. */
+static void diff_foreign(const tf_order *o, const saved *s, char *d) {
+    const char *now = o->ops->foreign ? o->ops->foreign : "";
+    char was_fp[40], now_fp[40];
+    if (strcmp(now, s->foreign)) {
+        add_diff(d, "order", *s->foreign ? s->foreign : "tokenfeed's own", *now ? now : "tokenfeed's own");
+    } else if (*now && s->foreign_fp != o->kind_fp) {
+        snprintf(was_fp, sizeof was_fp, "%016llx", (unsigned long long)s->foreign_fp);
+        snprintf(now_fp, sizeof now_fp, "%016llx", (unsigned long long)o->kind_fp);
+        add_diff(d, !strcmp(now, "megatron") ? "the Megatron index cache" : "the order's own data", was_fp, now_fp);
+    }
+}
+
 int tf_order_state_load(const tf_order *o, const char *state, size_t len, unsigned flags, uint64_t *pos,
                         tf_order **handover) {
     if (!o || !state || !pos || !handover) return -EINVAL;
@@ -633,6 +669,7 @@ int tf_order_state_load(const tf_order *o, const char *state, size_t len, unsign
                         "reproduce; load it leniently (strict=False) to continue from its position",
                         (unsigned long long)s.config_fp, (unsigned long long)fp);
     if (!rc) diff_config(o, mixture ? &now_spec : NULL, &s, diffs);
+    if (!rc) diff_foreign(o, &s, diffs);
     int same = !*diffs;
     if (!rc && *diffs && !(flags & TF_STATE_LENIENT))
         rc = tf__seterr(-TF_ESTATE, "the loader configuration changed (%s). Restore with the saved settings, or load "

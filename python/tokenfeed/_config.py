@@ -107,7 +107,10 @@ class OrderConfig:
     pairs or its recorded dict). ``global_batch`` is samples per step over all ranks;
     ``epochs=None`` is endless. ``mix_anchor`` (position, per-source counts) is the
     hand-over point of a resume under another schedule (the C library finds it; the
-    state carries it).
+    state carries it). ``megatron_cache`` (the common start ``DIR/HASH-GPTDataset-SPLIT-``
+    of a Megatron-core GPTDataset index cache, see :mod:`tokenfeed._megatron_cache`) makes
+    the order GPTDataset's, read from that cache; ``megatron_add_extra_token`` is the
+    GPTDatasetConfig option ``add_extra_token_to_sequence`` it was built with.
     """
 
     seq_len: int
@@ -124,6 +127,8 @@ class OrderConfig:
     global_batch: int = 1
     epochs: Optional[int] = None
     mix_anchor: Optional[Tuple[int, Tuple[int, ...]]] = None
+    megatron_cache: Optional[str] = None
+    megatron_add_extra_token: bool = True
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "seed", "block_size", "window_blocks", "pack_window", "mix_window", "global_batch"):
@@ -138,6 +143,14 @@ class OrderConfig:
             raise ValueError(f"shuffle must be True, False, 'full', 'block' or 'none', got {self.shuffle!r}")
         if self.packing not in PACKING:
             raise ValueError(f"packing must be 'concat', 'best_fit' or 'document', got {self.packing!r}")
+        if self.megatron_cache is not None:
+            if self.weights is not None:
+                raise ValueError("megatron_cache= reads one dataset in the order Megatron's cache holds: no weights=")
+            if shuffle != "none" or self.packing != "concat" or self.separator_id is not None or self.pad_id:
+                raise ValueError("megatron_cache= takes the samples and their order from Megatron's cache: leave "
+                                 "shuffle, packing, separator_id and pad_id unset (shuffle=False, packing='concat')")
+            if not isinstance(self.megatron_add_extra_token, bool):
+                raise TypeError(f"megatron_add_extra_token must be True or False, got {self.megatron_add_extra_token!r}")
         if self.epochs is not None and self.epochs < 1:
             # C reads 0 as "endless"; here that is None, so 0 is a mistake
             raise ValueError(f"epochs must be None (endless) or a positive int, got {self.epochs!r}")
@@ -186,7 +199,13 @@ class OrderConfig:
 
     def build(self, source: Any) -> Any:
         """The C order over ``source`` (a ``_core.Dataset``, or a list of them for a mixture)."""
-        return _core.Order(source, **self.core_kwargs())
+        kw = self.core_kwargs()
+        if self.megatron_cache is not None:
+            from . import _megatron_cache
+
+            arrays = _megatron_cache.load(self.megatron_cache, seq_len=self.seq_len)
+            kw["megatron_index"] = arrays + (self.megatron_add_extra_token,)
+        return _core.Order(source, **kw)
 
 
 def want_bits(position_ids: bool = False, cu_seqlens: bool = False, loss_mask: bool = False) -> int:

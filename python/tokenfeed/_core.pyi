@@ -188,8 +188,12 @@ class Order:
                 pad_id: Optional[int] = None, pack_window: Optional[int] = None, mix_window: Optional[int] = None,
                 weights: Optional[Sequence[Any]] = None, schedule_steps: Optional[Sequence[int]] = None,
                 interpolation: Optional[int] = None, anchor_position: Optional[int] = None,
-                anchor_counts: Optional[Sequence[int]] = None) -> "Order": ...
+                anchor_counts: Optional[Sequence[int]] = None,
+                megatron_index: Optional[Tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any], bool]] = None,
+                ) -> "Order": ...
     # with schedule_steps: weights holds one list per step; interpolation 0 = constant, 1 = linear
+    # megatron_index: GPTDataset's (document_index, sample_index, shuffle_index, add_extra_token);
+    # the order is Megatron's (tf_order_create_megatron) and keeps the arrays
     @property
     def num_samples(self) -> int: ...
     @property

@@ -151,6 +151,19 @@ class Loader:
     per optimizer step) balances the ``M`` global batches of a step together, across
     ranks and across each rank's micro-batches (``docs/balance.md``).
 
+    ``megatron_cache=DIR`` continues a run begun on Megatron-core: the stream is
+    ``GPTDataset``'s, read from the index cache it wrote into ``DIR`` (its ``path_to_cache``,
+    ``--data-cache-path``) for ``megatron_split`` (default ``"train"``; or pass one of the
+    cache's files), over ``dataset``, the ``.bin/.idx`` data it was built from: position ``i``
+    is ``GPTDataset[i]`` (``input_ids`` its ``tokens``, ``labels`` its ``labels``), so rank
+    ``r`` of ``dp_size`` with ``batch_size`` = Megatron's micro-batch size gets what
+    Megatron's sampler gives that rank, and position = ``consumed_train_samples``. The
+    arrays are read in place (memory-mapped; opening is O(1) in their size). ``seq_len`` is
+    Megatron's ``--seq-length``; ``megatron_add_extra_token`` its
+    ``add_extra_token_to_sequence`` (default True), which the cache does not record; the
+    shuffle is Megatron's (``shuffle`` must not be ``"block"``); ``epochs=1`` ends the stream
+    where the cache ends (endless streams read it again). See ``docs/guides/megatron.md``.
+
     The C engine's threads and buffers start lazily in the process that iterates, so a
     Loader can be created before ``fork`` or pickled to a ``spawn`` worker.
 
@@ -172,7 +185,9 @@ class Loader:
                  cp_rank: Optional[int] = None, cp_size: Optional[int] = None,
                  dp_dims: Sequence[str] = DEFAULT_DP_DIMS, cp_dim: Optional[str] = DEFAULT_CP_DIM,
                  rank: Optional[int] = None, world_size: Optional[int] = None, prefetch: Optional[int] = None,
-                 device_prefetch: Optional[int] = None, source_ids: bool = False, **settings: Any) -> None:
+                 device_prefetch: Optional[int] = None, source_ids: bool = False,
+                 megatron_cache: Optional[PathLike] = None, megatron_split: str = "train",
+                 megatron_add_extra_token: bool = True, **settings: Any) -> None:
         # Every other keyword is a row of the C settings table (_core.settings(), listed in
         # docs/api.md): passed through by scope and checked by its row.
         order_kw, engine_kw, device_kw = split_settings(settings, "Loader")
@@ -207,6 +222,11 @@ class Loader:
             cp_rank=pc.cp_rank, cp_size=pc.cp_size, balance=engine_kw.get("balance"),
             balance_micro_batches=engine_kw.get("balance_micro_batches"), warmup_steps=engine_kw.get("warmup_steps"),
             warmup_min_seq_len=engine_kw.get("warmup_min_seq_len"))
+        if megatron_cache is not None:
+            # the cache holds Megatron's shuffle: shuffle=True (the default) or False read it as it is
+            if shuffle not in (True, False, "full", "none"):
+                raise ValueError(f"megatron_cache= reads Megatron's own shuffle: shuffle={shuffle!r} cannot apply")
+            shuffle = "none"
         self._order_cfg = OrderConfig(seq_len=seq_len, shuffle=shuffle, weights=weights,
                                       global_batch=self._engine_cfg.global_batch, **order_kw)
         if output not in ("auto", "torch", "numpy"):
@@ -223,6 +243,13 @@ class Loader:
             self.dataset: Any = [d if isinstance(d, Dataset) else _open(d) for d in srcs]
         else:
             self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset)
+        if megatron_cache is not None:
+            from . import _megatron_cache
+
+            base = _megatron_cache.resolve(megatron_cache, split=megatron_split, seq_len=seq_len,
+                                           data_paths=getattr(self.dataset, "paths", ()))
+            self._order_cfg = dataclasses.replace(self._order_cfg, megatron_cache=base,
+                                                  megatron_add_extra_token=megatron_add_extra_token)
         if not isinstance(source_ids, bool):
             raise TypeError(f"source_ids must be True or False, got {source_ids!r}")
         if source_ids and weights is None:

@@ -32,6 +32,11 @@ causal, block-diagonal per document when ``reset_attention_mask``; ``loss_mask``
 a label would cross a document boundary (Megatron's ``eod_mask_loss`` on data whose
 documents end with EOD) and on padding; with ``eod_mask_loss`` off, only padding is 0
 (``packing="concat"`` has none). See docs/guides/megatron.md.
+
+A run begun on Megatron's own ``GPTDataset`` continues sample for sample from the index
+cache GPTDataset wrote (``path_to_cache``): inside ``pretrain`` with
+``datasets_provider(config, megatron_cache=True)`` (item ``i`` is ``GPTDataset[i]``), or with
+:func:`continue_from_cache`, a ``tokenfeed.Loader`` at the run's ``consumed_train_samples``.
 """
 from __future__ import annotations
 
@@ -44,7 +49,7 @@ from torch.utils.data import Dataset as _TorchDataset
 
 import tokenfeed
 
-__all__ = ["datasets_provider", "TokenfeedGPTDataset", "build_datasets"]
+__all__ = ["datasets_provider", "TokenfeedGPTDataset", "build_datasets", "continue_from_cache"]
 
 Blend = Tuple[List[str], Optional[List[float]]]
 _SPLITS = ("train", "valid", "test")
@@ -142,8 +147,9 @@ def _blend_weights(blend: Blend, datasets: Sequence[tokenfeed.Dataset]) -> Optio
     return [float(w) / total for w in weights]
 
 
-def _split_blends(config: Any) -> List[Optional[Blend]]:
-    """One blend per split (train, valid, test), from ``blend_per_split`` or a ``blend`` all in train."""
+def _split_blends(config: Any, cached: bool = False) -> List[Optional[Blend]]:
+    """One blend per split (train, valid, test), from ``blend_per_split`` or a ``blend`` all in train
+    (``cached``: in every split the split matrix gives samples, each read from Megatron's cache)."""
     per = getattr(config, "blend_per_split", None)
     if per is not None and any(per):
         return [None if b is None else (list(b[0]), None if b[1] is None else list(b[1])) for b in per]
@@ -153,6 +159,9 @@ def _split_blends(config: Any) -> List[Optional[Blend]]:
                          "(--train-data-path, --valid-data-path, --test-data-path)")
     matrix = getattr(config, "split_matrix", None) or [(0.0, 1.0), (1.0, 1.0), (1.0, 1.0)]
     used = [name for name, ab in zip(_SPLITS, matrix) if ab is not None and ab[1] > ab[0]]  # None: empty
+    if cached:  # the cache holds each split's documents
+        return [(list(blend[0]), None if blend[1] is None else list(blend[1])) if name in used else None
+                for name in _SPLITS]
     if used != ["train"]:
         raise ValueError(
             f"split {getattr(config, 'split', None)!r} puts samples in {' and '.join(used)}: Megatron would cut each "
@@ -164,12 +173,23 @@ def _split_blends(config: Any) -> List[Optional[Blend]]:
 def build_datasets(config: Any, train_val_test_num_samples: Sequence[Optional[int]],
                    **loader_kw: Any) -> Tuple[Optional[TokenfeedGPTDataset], ...]:
     """The (train, valid, test) datasets of a megatron-core ``GPTDatasetConfig``; a split without data is None.
-    ``loader_kw``: other ``tokenfeed.Loader`` keywords (packing, shuffle, pad_id, ...)."""
+    ``loader_kw``: other ``tokenfeed.Loader`` keywords (packing, shuffle, pad_id, ...).
+
+    ``megatron_cache=True`` (or the cache directory) gives GPTDataset's own samples, item
+    ``i`` being ``GPTDataset[i]`` of the split, read from the index cache Megatron wrote
+    (``path_to_cache``): a run begun on Megatron's datasets goes on with the same data, on
+    Megatron's own sampler, with ``--split`` as it was."""
+    cache = loader_kw.pop("megatron_cache", None)
     out: List[Optional[TokenfeedGPTDataset]] = []
-    for name, blend, n in zip(_SPLITS, _split_blends(config), train_val_test_num_samples):
+    for name, blend, n in zip(_SPLITS, _split_blends(config, cache is not None), train_val_test_num_samples):
         if blend is None:
             out.append(None)
             continue
+        kw = dict(loader_kw)
+        if cache is not None:
+            kw.update(megatron_cache=_cache_dir(config, blend, name, cache), megatron_split=name,
+                      megatron_add_extra_token=bool(getattr(config, "add_extra_token_to_sequence", True)))
+            n = None  # as long as GPTDataset: the samples its cache holds
         datasets = [_open_prefix(p) for p in blend[0]]
         out.append(TokenfeedGPTDataset(
             name, datasets, _blend_weights(blend, datasets), seq_len=config.sequence_length,
@@ -177,7 +197,7 @@ def build_datasets(config: Any, train_val_test_num_samples: Sequence[Optional[in
             reset_position_ids=bool(getattr(config, "reset_position_ids", False)),
             reset_attention_mask=bool(getattr(config, "reset_attention_mask", False)),
             eod_mask_loss=bool(getattr(config, "eod_mask_loss", False)),
-            create_attention_mask=bool(getattr(config, "create_attention_mask", True)), **loader_kw))
+            create_attention_mask=bool(getattr(config, "create_attention_mask", True)), **kw))
     return tuple(out)
 
 
@@ -196,3 +216,51 @@ def datasets_provider(config: Union[Any, Callable[[], Any]], **loader_kw: Any) -
 
     setattr(provider, "is_distributed", True)  # Megatron then calls it on every rank
     return provider
+
+
+def continue_from_cache(config: Any, *, micro_batch_size: int, dp_rank: int = 0, dp_size: int = 1,
+                        consumed_samples: int = 0, split: str = "train", cache: Any = None,
+                        **loader_kw: Any) -> tokenfeed.Loader:
+    """A ``tokenfeed.Loader`` that continues a run begun on megatron-core's ``GPTDataset``.
+
+    ``config``: the run's ``GPTDatasetConfig`` (its one data prefix, for ``split``;
+    ``sequence_length``; ``add_extra_token_to_sequence``; ``path_to_cache``, or ``cache``:
+    the directory where GPTDataset wrote its indices, or one of their files). Rank
+    ``dp_rank`` of ``dp_size`` gets, ``micro_batch_size`` samples per batch, what Megatron's
+    sampler gives it, from ``consumed_samples`` (the checkpoint's
+    ``consumed_train_samples``) on; ``state_dict()`` resumes it from then on. ``loader_kw``:
+    other ``tokenfeed.Loader`` keywords (``position_ids``, ``loss_mask``, ``device``, ...)."""
+    idx = _SPLITS.index(split) if split in _SPLITS else -1
+    if idx < 0:
+        raise ValueError(f"split must be one of {', '.join(_SPLITS)}, got {split!r}")
+    blend = _split_blends(config, True)[idx]
+    cache = _cache_dir(config, blend, split, cache)
+    assert blend is not None  # _cache_dir refuses a split without data
+    loader = tokenfeed.Loader(_prefix_data(blend[0][0]), seq_len=int(config.sequence_length),
+                              batch_size=micro_batch_size, dp_rank=dp_rank, dp_size=dp_size, megatron_cache=cache,
+                              megatron_split=split,
+                              megatron_add_extra_token=bool(getattr(config, "add_extra_token_to_sequence", True)),
+                              **loader_kw)
+    if consumed_samples:
+        state = loader.state_dict()
+        state["position"] = int(consumed_samples)
+        loader.load_state_dict(state)
+    return loader
+
+
+def _cache_dir(config: Any, blend: Optional[Blend], split: str, cache: Any) -> Any:
+    """Where GPTDataset wrote the split's indices: ``cache`` (True: the config's), else its
+    ``path_to_cache``, else its default beside the data. The split must read one prefix."""
+    if blend is None or len(blend[0]) != 1:
+        raise ValueError(f"Megatron's cache order reads one GPTDataset: the config's {split} data must be one prefix, "
+                         f"found {None if blend is None else list(blend[0])} (a blend of several is Megatron's "
+                         f"BlendedDataset, whose order is not reproduced)")
+    if cache is None or cache is True:
+        cache = getattr(config, "path_to_cache", None)
+    if cache is None:
+        cache = os.path.join(os.fspath(blend[0][0]), "cache", "GPTDataset_indices")  # where GPTDataset writes then
+    return cache
+
+
+def _prefix_data(prefix: str) -> str:
+    return prefix + ".bin" if os.path.exists(prefix + ".bin") else prefix
