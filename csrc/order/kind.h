@@ -19,6 +19,8 @@
  *   mix.c     weighted mixtures of orders, one per dataset
  *   llmc_order.c  llm.c's data loader order: each file cut on its own, in
  *             per-process shuffled order
+ *   olmo_order.c  OLMo-core's NumpyFSLDataset instances in its data
+ *             loader's seeded order
  *
  * A new kind (a mixture whose weights change at given steps, a
  * context-parallel view that takes a share of each sample, another packing)
@@ -61,6 +63,8 @@ struct tf_order {
     void *impl;            /* the kind's state */
     const tf_dataset *ds;  /* what spans index: the dataset, or a mixture's view of its sources */
     uint64_t N;            /* samples per epoch (>= 1) */
+    uint64_t epoch_len;    /* positions per epoch; 0: N (an order that leaves samples out of every epoch sets it) */
+    int pad_last;          /* the sample's last token is pad_id, its label never trained (tf__order_pads_last) */
     size_t max_spans;      /* upper bound on the spans of one sample (>= 1) */
     int has_kind_fp;       /* kind_fp enters the fingerprint (a mixture's schedule) */
     uint64_t kind_fp;
@@ -91,6 +95,7 @@ TF_HIDDEN uint64_t tf__order_position_of(const tf_order *o, uint64_t e, uint64_t
 /* Constructors; args is the const tf_dataset * the order reads. */
 TF_HIDDEN int tf__concat_init(tf_order *o, const void *ds);   /* concat.c */
 TF_HIDDEN int tf__packed_init(tf_order *o, const void *ds);   /* pack.c */
+TF_HIDDEN int tf__olmo_init(tf_order *o, const void *ds);     /* olmo_order.c */
 
 /* concat.c: the CONCAT extras (no separator) of the L + 1 dataset tokens that
  * start at token p0, for kinds that cut the tokens at other places. */

@@ -343,5 +343,9 @@ int tf_order_create_llmc(const tf_dataset *ds, const tf_order_config *cfg, uint3
     if (!ds || !cfg) TF_FAIL(-EINVAL, "tf_order_create_llmc: dataset and config are required");
     tf__clearerr();
     llmc_args a = {ds, num_processes};
-    return tf__order_build(llmc_init, &a, cfg, out);
+    /* the configuration says what it is, so a state records it */
+    tf_order_config c = *cfg;
+    c.order = TF_ORDER_LLMC;
+    c.llmc_processes = num_processes;
+    return tf__order_build(llmc_init, &a, &c, out);
 }

@@ -108,11 +108,12 @@ static int build(tf__order_init init, const void *args, const tf_order_config *c
         rc = tf__seterr(-EFAULT, "internal: order kind %s built %llu samples", o->ops->name, (unsigned long long)o->N);
         goto fail;
     }
+    if (!o->epoch_len) o->epoch_len = o->N;
     if (cfg->epochs == 0) {
         o->num_positions = UINT64_MAX;
     } else {
         uint64_t total;
-        if (tf__mul_overflow(cfg->epochs, o->N, &total)) {
+        if (tf__mul_overflow(cfg->epochs, o->epoch_len, &total)) {
             rc = tf__seterr(-EOVERFLOW, "epochs %llu x %llu samples per epoch overflows 64 bits: use epochs = 0 for an endless stream",
                             (unsigned long long)cfg->epochs, (unsigned long long)o->N);
             goto fail;
@@ -180,8 +181,10 @@ int tf_order_create(const tf_dataset *ds, const tf_order_config *cfg, tf_order *
     if (!ds || !cfg) TF_FAIL(-EINVAL, "tf_order_create: dataset and config are required");
     tf__clearerr();
     TF_TRY(check_config(cfg));
+    if (cfg->order == TF_ORDER_LLMC) return tf_order_create_llmc(ds, cfg, cfg->llmc_processes ? cfg->llmc_processes : 1, out);
     TF_TRY(check_ids(ds, cfg));
     TF_TRY(check_docs(ds, cfg));
+    if (cfg->order == TF_ORDER_OLMO) return build(tf__olmo_init, ds, cfg, out);
     return build(cfg->packing == TF_PACK_CONCAT ? tf__concat_init : tf__packed_init, ds, cfg, out);
 }
 
@@ -208,6 +211,7 @@ int tf__order_set_skips(tf_order *o, const uint64_t *ranges, size_t n) {
 }
 
 uint64_t tf_order_num_samples(const tf_order *o) { return o ? o->N : 0; }
+uint64_t tf_order_epoch_positions(const tf_order *o) { return o ? o->epoch_len : 0; }
 uint64_t tf_order_num_positions(const tf_order *o) { return o ? o->num_positions : 0; }
 uint64_t tf_order_fingerprint(const tf_order *o) { return o ? o->fingerprint : 0; }
 const tf_dataset *tf_order_dataset(const tf_order *o) { return o ? o->ds : NULL; }
@@ -314,6 +318,7 @@ static int check_sample(const tf_order *o, uint64_t sample) {
 }
 
 size_t tf__order_max_spans(const tf_order *o) { return o->max_spans; }
+int tf__order_pads_last(const tf_order *o) { return o->pad_last; }
 
 int tf__order_sample_spans(const tf_order *o, uint64_t sample, tf__span *spans, size_t cap, size_t *n) {
     if (!o || !spans || !n) return -EINVAL;

@@ -25,6 +25,7 @@ MAX_PREFETCH: int
 BALANCE_NONE: int
 BALANCE_TOKENS: int
 BALANCE_ATTENTION: int
+BALANCE_STRIDED: int
 
 _DTypeArg = Union[str, np.dtype[Any], type, None]
 _UIntArray = npt.NDArray[np.uint64]
@@ -188,10 +189,15 @@ class Order:
                 pad_id: Optional[int] = None, pack_window: Optional[int] = None, mix_window: Optional[int] = None,
                 weights: Optional[Sequence[Any]] = None, schedule_steps: Optional[Sequence[int]] = None,
                 interpolation: Optional[int] = None, anchor_position: Optional[int] = None,
-                anchor_counts: Optional[Sequence[int]] = None) -> "Order": ...
+                anchor_counts: Optional[Sequence[int]] = None, order: Union[int, str, None] = None,
+                llmc_processes: Optional[int] = None) -> "Order": ...
+    # order: "tokenfeed" (default), "llmc" (llm.c's loader, llmc_processes of them) or "olmo"
+    # (OLMo-core's NumpyFSLDataset instances in NumpyFSLDataLoader's order)
     # with schedule_steps: weights holds one list per step; interpolation 0 = constant, 1 = linear
     @property
     def num_samples(self) -> int: ...
+    @property
+    def epoch_positions(self) -> int: ...
     @property
     def num_positions(self) -> int: ...  # 2**64 - 1 when infinite
     @property
