@@ -329,12 +329,16 @@ static int llmc_init(tf_order *order, const void *vargs) {
     order->N = N;
     order->max_spans = 1;
     order->has_kind_fp = 1;
+    order->kind_fp = tf__llmc_kind_fp(c);
+    return 0;
+}
+
+uint64_t tf__llmc_kind_fp(const tf_order_config *c) {
     uint8_t buf[24];
     tf__put_le64(buf, 0x31434d4c4cULL); /* "LLMC1" */
     tf__put_le64(buf + 8, LLMC_FP_VERSION);
-    tf__put_le64(buf + 16, o->R);
-    order->kind_fp = tf_hash64(buf, sizeof buf, 0);
-    return 0;
+    tf__put_le64(buf + 16, c->llmc_processes);
+    return tf_hash64(buf, sizeof buf, 0);
 }
 
 int tf_order_create_llmc(const tf_dataset *ds, const tf_order_config *cfg, uint32_t num_processes, tf_order **out) {

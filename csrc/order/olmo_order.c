@@ -349,9 +349,14 @@ int tf__olmo_init(tf_order *order, const void *vds) {
     order->max_spans = 2;
     order->pad_last = 1;
     order->has_kind_fp = 1;
+    order->kind_fp = tf__olmo_kind_fp(c);
+    return 0;
+}
+
+uint64_t tf__olmo_kind_fp(const tf_order_config *c) {
+    (void)c;
     uint8_t buf[16];
     tf__put_le64(buf, 0x314f4d4c4fULL); /* "OLMO1" */
     tf__put_le64(buf + 8, OLMO_FP_VERSION);
-    order->kind_fp = tf_hash64(buf, sizeof buf, 0);
-    return 0;
+    return tf_hash64(buf, sizeof buf, 0);
 }

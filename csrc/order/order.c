@@ -87,8 +87,8 @@ uint64_t tf__order_config_fingerprint(const tf_order_config *c) {
  * (C embedders, the Python binding, a mixture for its sources). */
 static int check_config(const tf_order_config *c) {
     TF_TRY(tf__settings_check(TF_SCOPE_ORDER, c)); /* every row's bounds, in every mode */
-    if (c->packing != TF_PACK_CONCAT && c->pad_id < 0)
-        TF_FAIL(-EINVAL, "pad_id: expected a token id >= 0 for packing BEST_FIT / DOCUMENT, found %lld",
+    if ((c->packing != TF_PACK_CONCAT || c->order == TF_ORDER_OLMO) && c->pad_id < 0)
+        TF_FAIL(-EINVAL, "pad_id: expected a token id >= 0 for packing BEST_FIT / DOCUMENT and order OLMO, found %lld",
                 (long long)c->pad_id);
     return 0;
 }
@@ -153,7 +153,7 @@ static int check_ids(const tf_dataset *ds, const tf_order_config *cfg) {
     tf_dataset_info info;
     TF_TRY(tf_dataset_get_info(ds, &info));
     if (!info.vocab_size) return 0;
-    if (cfg->packing != TF_PACK_CONCAT && (uint64_t)cfg->pad_id >= info.vocab_size)
+    if ((cfg->packing != TF_PACK_CONCAT || cfg->order == TF_ORDER_OLMO) && (uint64_t)cfg->pad_id >= info.vocab_size)
         TF_FAIL(-EINVAL, "pad_id %lld is outside the dataset's vocabulary (vocab_size %llu): use an id < vocab_size (padding is masked out of the loss)",
                 (long long)cfg->pad_id, (unsigned long long)info.vocab_size);
     if (cfg->separator_id >= 0 && (uint64_t)cfg->separator_id >= info.vocab_size)
@@ -368,7 +368,7 @@ int tf_order_fill_sample(const tf_order *o, uint64_t sample, void *out, tf_dtype
     int64_t vals[2] = {o->cfg.separator_id, o->cfg.pad_id};
     uint8_t conv[2][8] = {{0}};
     for (int k = 0; k < 2; k++) {
-        if (vals[k] < 0 || (k == 1 && o->cfg.packing == TF_PACK_CONCAT)) continue;
+        if (vals[k] < 0 || (k == 1 && o->cfg.packing == TF_PACK_CONCAT && !o->pad_last)) continue;
         if (!fits_dtype(vals[k], out_dtype))
             TF_FAIL(-EINVAL, "%s %lld does not fit the output dtype %s: use a wider out_dtype",
                     k ? "pad_id" : "separator_id", (long long)vals[k], tf_dtype_name(out_dtype));
