@@ -242,11 +242,6 @@ static void llmc_destroy(void *impl) {
 static const tf__order_ops llmc_ops = {.name = "llmc", .sample_at = llmc_sample_at, .spans = llmc_spans,
                                        .extras = llmc_extras, .stats = llmc_stats, .destroy = llmc_destroy};
 
-typedef struct llmc_args {
-    const tf_dataset *ds;
-    uint32_t num_processes;
-} llmc_args;
-
 /* The files and their batches; o->T, G, R set. */
 static int measure_files(llmc *o) {
     tf_dataset_info info;
@@ -277,26 +272,27 @@ static int measure_files(llmc *o) {
     return 0;
 }
 
-static int llmc_init(tf_order *order, const void *vargs) {
-    const llmc_args *a = vargs;
+int tf__llmc_init(tf_order *order, const void *vds) {
     const tf_order_config *c = &order->cfg;
+    const tf_dataset *ds = vds;
+    const uint32_t nproc = c->llmc_processes ? c->llmc_processes : 1;
     if (c->packing != TF_PACK_CONCAT || c->separator_id != -1)
         TF_FAIL(-EINVAL, "llm.c's order cuts the tokens as they are: packing must be CONCAT and separator_id -1");
     if (c->shuffle == TF_SHUFFLE_BLOCK)
         TF_FAIL(-EINVAL, "llm.c's order: shuffle must be NONE or FULL (llm.c's own shuffle), not BLOCK");
-    if (a->num_processes < 1 || c->global_batch % a->num_processes)
+    if (nproc < 1 || c->global_batch % nproc)
         TF_FAIL(-EINVAL, "llm.c's order: global_batch (%llu) must be num_processes (%u) x the rows per process",
-                (unsigned long long)c->global_batch, a->num_processes);
-    if (c->seed > UINT32_MAX - a->num_processes)
+                (unsigned long long)c->global_batch, nproc);
+    if (c->seed > UINT32_MAX - nproc)
         TF_FAIL(-EINVAL, "llm.c's order: seed + num_processes must fit 32 bits (llm.c seeds process r with 42 + r), found seed %llu",
                 (unsigned long long)c->seed);
     llmc *o = calloc(1, sizeof *o);
     if (!o) return -ENOMEM;
     pthread_mutex_init(&o->mu, NULL);
-    o->ds = a->ds;
+    o->ds = ds;
     o->T = c->seq_len;
     o->G = c->global_batch;
-    o->R = a->num_processes;
+    o->R = nproc;
     o->B = o->G / o->R;
     o->shuffle = c->shuffle == TF_SHUFFLE_FULL;
     o->seed = (uint32_t)c->seed;
@@ -325,7 +321,7 @@ static int llmc_init(tf_order *order, const void *vargs) {
     }
     order->ops = &llmc_ops;
     order->impl = o;
-    order->ds = a->ds;
+    order->ds = ds;
     order->N = N;
     order->max_spans = 1;
     order->has_kind_fp = 1;
@@ -339,17 +335,4 @@ uint64_t tf__llmc_kind_fp(const tf_order_config *c) {
     tf__put_le64(buf + 8, LLMC_FP_VERSION);
     tf__put_le64(buf + 16, c->llmc_processes);
     return tf_hash64(buf, sizeof buf, 0);
-}
-
-int tf_order_create_llmc(const tf_dataset *ds, const tf_order_config *cfg, uint32_t num_processes, tf_order **out) {
-    if (!out) return -EINVAL;
-    *out = NULL;
-    if (!ds || !cfg) TF_FAIL(-EINVAL, "tf_order_create_llmc: dataset and config are required");
-    tf__clearerr();
-    llmc_args a = {ds, num_processes};
-    /* the configuration says what it is, so a state records it */
-    tf_order_config c = *cfg;
-    c.order = TF_ORDER_LLMC;
-    c.llmc_processes = num_processes;
-    return tf__order_build(llmc_init, &a, &c, out);
 }

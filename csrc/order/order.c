@@ -181,11 +181,25 @@ int tf_order_create(const tf_dataset *ds, const tf_order_config *cfg, tf_order *
     if (!ds || !cfg) TF_FAIL(-EINVAL, "tf_order_create: dataset and config are required");
     tf__clearerr();
     TF_TRY(check_config(cfg));
-    if (cfg->order == TF_ORDER_LLMC) return tf_order_create_llmc(ds, cfg, cfg->llmc_processes ? cfg->llmc_processes : 1, out);
+    if (cfg->order == TF_ORDER_LLMC) return build(tf__llmc_init, ds, cfg, out);
     TF_TRY(check_ids(ds, cfg));
     TF_TRY(check_docs(ds, cfg));
     if (cfg->order == TF_ORDER_OLMO) return build(tf__olmo_init, ds, cfg, out);
     return build(cfg->packing == TF_PACK_CONCAT ? tf__concat_init : tf__packed_init, ds, cfg, out);
+}
+
+/* llm.c's order by its own constructor (llmc_order.c builds it). */
+int tf_order_create_llmc(const tf_dataset *ds, const tf_order_config *cfg, uint32_t num_processes, tf_order **out) {
+    if (!out) return -EINVAL;
+    *out = NULL;
+    if (!ds || !cfg) TF_FAIL(-EINVAL, "tf_order_create_llmc: dataset and config are required");
+    tf__clearerr();
+    if (num_processes < 1) TF_FAIL(-EINVAL, "llm.c's order: num_processes must be at least 1");
+    /* the configuration says what it is, so a state records it */
+    tf_order_config c = *cfg;
+    c.order = TF_ORDER_LLMC;
+    c.llmc_processes = num_processes;
+    return tf__order_build(tf__llmc_init, ds, &c, out);
 }
 
 void tf_order_free(tf_order *o) {
