@@ -127,6 +127,25 @@ TF_HIDDEN size_t tf__order_mix_history(const tf_order *o, const uint64_t **pos, 
 TF_HIDDEN int tf__order_mix_set_history(tf_order *o, size_t n, const uint64_t *pos, const double *w,
                                         const double *extra_w);
 
+/* The dataset's files as runs of units, for orders that cut each file on
+ * its own (file_runs.c): unit u is unit u - cum[f] of file f = find(u). */
+typedef struct tf__runs {
+    size_t n;        /* files (>= 1) */
+    uint64_t *first; /* n: the file's first token in the dataset (the allocation) */
+    uint64_t *count; /* n: units of the file (init: its tokens, which the kind converts) */
+    uint64_t *cum;   /* n + 1: units of the files before it (tf__runs_sum) */
+} tf__runs;
+/* Files of ds with their tokens in count; -EINVAL naming `who` without a file. */
+TF_HIDDEN int tf__runs_init(tf__runs *r, const tf_dataset *ds, const char *who);
+TF_HIDDEN void tf__runs_sum(tf__runs *r);
+TF_HIDDEN void tf__runs_free(tf__runs *r);
+TF_HIDDEN size_t tf__runs_find(const tf__runs *r, uint64_t unit);
+/* Documents, empty, truncated and split documents and dropped tokens, when
+ * file f is read as its tokens [0, count[f] * unit + overlap) in rows of L
+ * tokens every L (rows of L + overlap tokens). */
+TF_HIDDEN int tf__runs_doc_stats(const tf__runs *r, const tf_dataset *ds, uint64_t unit, uint64_t L, uint64_t overlap,
+                                 tf_packing_stats *st);
+
 /* Replace o's skipped ranges with n [start, stop) pairs (order.c). */
 TF_HIDDEN int tf__order_set_skips(tf_order *o, const uint64_t *ranges, size_t n);
 

@@ -169,25 +169,11 @@ typedef struct olmo {
     uint64_t L, N, Ne; /* seq_len, instances, positions per epoch */
     int shuffle;
     uint64_t seed;
-    size_t nfiles;
-    uint64_t *first; /* nfiles: the file's first token in the dataset (the allocation) */
-    uint64_t *nb;    /* nfiles: instances of the file */
-    uint64_t *C;     /* nfiles + 1: instances of the files before it */
+    tf__runs files; /* units: instances */
     pthread_mutex_t mu;
     slot slots[2];
     uint64_t clock;
 } olmo;
-
-/* Last i with cum[i] <= k (cum ascending, cum[0] = 0, k < cum[n]). */
-static size_t find(const uint64_t *cum, size_t n, uint64_t k) {
-    size_t lo = 0, hi = n;
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (cum[mid] <= k) lo = mid;
-        else hi = mid;
-    }
-    return lo;
-}
 
 /* Epoch e's shuffle (OLMo's epoch e + 1) into p. */
 static void draw_epoch(const olmo *o, uint64_t e, uint32_t *p) {
@@ -222,8 +208,8 @@ static uint64_t olmo_sample_at(const tf_order *order, uint64_t pos) {
 
 /* The instance's first token in the dataset. */
 static uint64_t instance_start(const olmo *o, uint64_t k) {
-    size_t f = find(o->C, o->nfiles, k);
-    return o->first[f] + (k - o->C[f]) * o->L;
+    size_t f = tf__runs_find(&o->files, k);
+    return o->files.first[f] + (k - o->files.cum[f]) * o->L;
 }
 
 static int olmo_spans(const tf_order *order, uint64_t sample, tf__span *spans, size_t cap, size_t *n) {
@@ -246,30 +232,12 @@ static int olmo_extras(const tf_order *order, uint64_t sample, const tf_sample_e
  * truncated when part of it lies past that, split when no instance holds it. */
 static int olmo_stats(const tf_order *order, tf_packing_stats *st) {
     const olmo *o = order->impl;
-    tf_dataset_info info;
-    TF_TRY(tf_dataset_get_info(o->ds, &info));
-    const uint64_t L = o->L;
     memset(st, 0, sizeof *st);
     st->samples = o->N;
-    st->documents = info.num_documents;
-    st->token_slots = o->N * (L + 1);
+    st->token_slots = o->N * (o->L + 1);
     st->pad_tokens = o->N;
-    st->padding_fraction = 1.0 / (double)(L + 1);
-    st->tokens_dropped = info.num_tokens - o->N * L;
-    size_t f = 0;
-    for (uint64_t k = 0; k < info.num_documents; k++) {
-        uint64_t s, len;
-        TF_TRY(tf_dataset_document(o->ds, k, &s, &len));
-        if (!len) {
-            st->empty_documents++;
-            continue;
-        }
-        while (f + 1 < o->nfiles && o->first[f + 1] <= s) f++;
-        uint64_t a = s - o->first[f];
-        if (a + len > o->nb[f] * L) st->documents_truncated++;
-        else if (a / L != (a + len - 1) / L) st->documents_split++;
-    }
-    return 0;
+    st->padding_fraction = 1.0 / (double)(o->L + 1);
+    return tf__runs_doc_stats(&o->files, o->ds, o->L, o->L, 0, st);
 }
 
 static void olmo_destroy(void *impl) {
@@ -278,7 +246,7 @@ static void olmo_destroy(void *impl) {
         pthread_mutex_destroy(&o->mu);
         free(o->slots[0].perm);
         free(o->slots[1].perm);
-        free(o->first); /* nb and C with it */
+        tf__runs_free(&o->files);
     }
     free(o);
 }
@@ -287,22 +255,10 @@ static const tf__order_ops olmo_ops = {.name = "olmo", .sample_at = olmo_sample_
                                        .extras = olmo_extras, .stats = olmo_stats, .destroy = olmo_destroy};
 
 static int measure_files(olmo *o) {
-    tf_dataset_info info;
-    TF_TRY(tf_dataset_get_info(o->ds, &info));
-    o->nfiles = (size_t)info.num_files;
-    if (o->nfiles == 0) TF_FAIL(-EINVAL, "OLMo's order: the dataset has no file");
-    o->first = calloc(3 * o->nfiles + 1, sizeof *o->first);
-    if (!o->first) return -ENOMEM;
-    o->nb = o->first + o->nfiles;
-    o->C = o->nb + o->nfiles;
-    for (size_t f = 0; f < o->nfiles; f++) {
-        tf_file_info fi;
-        TF_TRY(tf_dataset_get_file(o->ds, f, &fi));
-        o->first[f] = fi.first_token;
-        o->nb[f] = fi.num_tokens / o->L;
-        o->C[f + 1] = o->C[f] + o->nb[f];
-    }
-    o->N = o->C[o->nfiles];
+    TF_TRY(tf__runs_init(&o->files, o->ds, "OLMo's order"));
+    for (size_t f = 0; f < o->files.n; f++) o->files.count[f] /= o->L; /* whole instances */
+    tf__runs_sum(&o->files);
+    o->N = o->files.cum[o->files.n];
     return 0;
 }
 
