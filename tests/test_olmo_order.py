@@ -167,11 +167,13 @@ def test_loader_order_olmo(files):
     assert ld.num_samples == n and ld.epoch_positions == n // 4 * 4 and len(ld) == n // 4
     b = next(ld)
     assert (b["loss_mask"][:, -1] == 0).all() and (b["tokens"][:, -1] == 0).all()
+    st = ld._order.packing_stats()
+    assert st["samples"] == n and st["pad_tokens"] == n and st["tokens_dropped"] == sum(sizes) - n * SEQ
     tokens = np.fromfile(files[0], dtype=np.uint32)
     assert np.array_equal(b["input_ids"], tokens[:4 * SEQ].reshape(4, SEQ))
-    st = ld.state_dict()
-    assert st["config"]["order"] == "olmo"
+    state = ld.state_dict()
+    assert state["config"]["order"] == "olmo"
     with pytest.raises(tokenfeed.StateError, match="order"):
-        tokenfeed.Loader(ds, seq_len=SEQ, batch_size=4, seed=2, shuffle=False, epochs=1).load_state_dict(st)
+        tokenfeed.Loader(ds, seq_len=SEQ, batch_size=4, seed=2, shuffle=False, epochs=1).load_state_dict(state)
     with pytest.raises(ValueError, match="block"):
         tokenfeed.Loader(ds, seq_len=SEQ, batch_size=4, order="olmo", shuffle="block")
