@@ -152,6 +152,17 @@ static void test_refusals(tf_dataset *ds) {
     CHECK_OK(tf_order_create_llmc(ds, &oc, 2, &a));
     CHECK_OK(tf_order_create_llmc(ds, &oc, 4, &b));
     if (a && b) CHECK(tf_order_fingerprint(a) != tf_order_fingerprint(b));
+    /* the same order as a setting of tf_order_create */
+    tf_order *c = NULL;
+    oc.order = TF_ORDER_LLMC;
+    oc.llmc_processes = 2;
+    CHECK_OK(tf_order_create(ds, &oc, &c));
+    if (a && c) {
+        CHECK(tf_order_fingerprint(a) == tf_order_fingerprint(c));
+        for (uint64_t pos = 0; pos < 3 * tf_order_num_samples(a); pos += 7)
+            CHECK(tf_order_sample_at(a, pos) == tf_order_sample_at(c, pos));
+    }
+    tf_order_free(c);
     tf_order_free(a);
     tf_order_free(b);
 }
