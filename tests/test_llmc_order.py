@@ -72,7 +72,8 @@ def llmc_batches(ref: str, shards: List[str], tmp: Path, R: int, r: int, B: int,
 
 
 def loader(shards: List[str], R: int, r: int, B: int, T: int, shuffle: bool, **kw) -> tokenfeed.Loader:
-    return tokenfeed.Loader(shards, seq_len=T, batch_size=B, dp_rank=r, dp_size=R, order="llmc", seed=42,
+    # llm.c's seed, 42, is the default of order="llmc"
+    return tokenfeed.Loader(shards, seq_len=T, batch_size=B, dp_rank=r, dp_size=R, order="llmc",
                             shuffle=shuffle, dtype="uint16", output="numpy", **kw)
 
 

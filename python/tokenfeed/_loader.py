@@ -155,8 +155,8 @@ class Loader:
     a run begun on it continues here (``docs/order.md``, "Continuing another loader's
     run"): ``"llmc"`` is llm.c's ``DataLoader`` (each file cut on its own from its token 0,
     ``batch_size`` rows of ``seq_len + 1`` per process, shuffled per process as
-    ``train_gpt2`` does with ``seed=42``; ``llmc_processes``, default ``dp_size``, is its
-    number of processes); ``"olmo"`` is OLMo-core's ``NumpyFSLDataset`` instances
+    ``train_gpt2`` does, from ``seed`` (default 42, llm.c's); ``llmc_processes``, default
+    ``dp_size``, is its number of processes); ``"olmo"`` is OLMo-core's ``NumpyFSLDataset`` instances
     (``seq_len`` tokens each, then a ``pad_id`` whose label the loss mask leaves out) in
     ``NumpyFSLDataLoader``'s seeded order, with ``balance="strided"`` for its split over
     ranks (:mod:`tokenfeed.integrations.olmo_core` sets it all up).
@@ -220,9 +220,12 @@ class Loader:
             cp_rank=pc.cp_rank, cp_size=pc.cp_size, balance=engine_kw.get("balance"),
             balance_micro_batches=engine_kw.get("balance_micro_batches"), warmup_steps=engine_kw.get("warmup_steps"),
             warmup_min_seq_len=engine_kw.get("warmup_min_seq_len"))
-        if order == "llmc" and llmc_processes is None:
-            # llm.c's processes are the data-parallel ranks that continue its run
-            order_kw["llmc_processes"] = pc.dp_size
+        if order == "llmc":
+            # llm.c's processes are the data-parallel ranks that continue its run, and it seeds
+            # process r's shuffle with 42 + r
+            if llmc_processes is None:
+                order_kw["llmc_processes"] = pc.dp_size
+            order_kw.setdefault("seed", 42)
         self._order_cfg = OrderConfig(seq_len=seq_len, shuffle=shuffle, weights=weights,
                                       global_batch=self._engine_cfg.global_batch, **order_kw)
         if output not in ("auto", "torch", "numpy"):
