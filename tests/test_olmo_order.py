@@ -96,6 +96,39 @@ def test_two_epochs_identical_to_olmo(files, tmp_path, seed, shuffle):
     assert np.array_equal(inst[:SEQ], a[0]["input_ids"][0].numpy()) and inst[SEQ] == 1  # then the pad
 
 
+@pytest.mark.parametrize("seed", [0, 9])
+def test_max_target_sequence_length(files, tmp_path, seed):
+    """A dataset built for a sequence-length warm-up (max_target_sequence_length = 3 x SEQ):
+    each file cut in runs of 3 instances, OLMo's loader shuffling the runs (its chunk_size)."""
+    ds = NumpyFSLDataset(*files, sequence_length=SEQ, pad_token_id=1, eos_token_id=EOS, vocab_size=256,
+                         dtype=np.uint32, max_target_sequence_length=3 * SEQ)
+    ds.work_dir = tmp_path / "olmo_work"
+    theirs = NumpyFSLDataLoader.wrap_numpy_dataset(ds, global_batch_size=4 * SEQ, collator=DataCollator(pad_token_id=1),
+                                                   work_dir=tmp_path / "olmo_work", seed=seed, num_threads=0,
+                                                   fs_local_rank=0)
+    assert theirs.chunk_size == 3
+    mine = TokenfeedDataLoader.from_olmo_dataset(ds, global_batch_size=4 * SEQ, work_dir=tmp_path, seed=seed)
+    for epoch in (1, 2):
+        a, b = run(theirs, epoch), run(mine, epoch)
+        assert len(a) == len(b) == theirs.total_batches
+        for x, y in zip(a, b):
+            same(x, y)
+    k = 2
+    run(theirs, 1, k)
+    cont = TokenfeedDataLoader.from_olmo_dataset(ds, global_batch_size=4 * SEQ, work_dir=tmp_path, seed=seed)
+    cont.load_state_dict(theirs.state_dict())
+    for x, y in zip(run(olmo_loader_like(theirs, ds, tmp_path, seed), 1)[k:], run(cont, 1)):
+        same(x, y)
+    with pytest.raises(ValueError, match="max_target_sequence_length"):
+        ours(olmo_dataset(files, tmp_path), tmp_path, seed).load_state_dict(theirs.state_dict())
+
+
+def olmo_loader_like(dl, ds, tmp_path, seed):
+    return NumpyFSLDataLoader.wrap_numpy_dataset(ds, global_batch_size=dl.global_batch_size,
+                                                 collator=DataCollator(pad_token_id=1), work_dir=tmp_path / "olmo_work",
+                                                 seed=seed, num_threads=0, fs_local_rank=0)
+
+
 @pytest.mark.parametrize("seed", [3, 11])
 def test_ranks_identical_to_olmo(files, tmp_path, seed):
     ds = olmo_dataset(files, tmp_path)

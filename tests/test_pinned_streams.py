@@ -210,7 +210,7 @@ PINNED: Dict[str, Dict[str, Any]] = {'best_fit_extras': {'config': 'd03407e3d3a3
 PINNED.update({
     'llmc_shuffle_rank1of2': {'config': '87e4b3775513566e', 'dataset': 'ba4d307931cfe702', 'samples': 1104,
                               'stream': 'b55a0617f978a300027be135a6def3eb'},
-    'olmo_strided_rank1of2': {'config': 'cd887164b8af31d8', 'dataset': 'ba4d307931cfe702', 'samples': 1115,
+    'olmo_strided_rank1of2': {'config': '8b968f611b6e971b', 'dataset': 'ba4d307931cfe702', 'samples': 1115,
                               'stream': '3b005822f403a04be641d2ea493e1907'},
 })
 

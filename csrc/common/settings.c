@@ -59,6 +59,7 @@ const tf__setting_row tf__settings[] = {
     {{"mix_window", TF_SCOPE_ORDER, TF_SETTING_INT, 1000, 1, 1u << 20, 0, 0, NULL, "mixture", "positions per mixing window, over which the weights become exact counts"}, NULL, 0, ORDER(mix_window)},
     {{"order", TF_SCOPE_ORDER, TF_SETTING_ENUM, TF_ORDER_TOKENFEED, 0, 2, 0, 0, ORDER_NAMES, "always", "whose order of samples: tokenfeed's, or llmc / olmo to continue a run begun on llm.c's or OLMo-core's loader"}, "order!=tokenfeed", 1, ORDER(order)},
     {{"llmc_processes", TF_SCOPE_ORDER, TF_SETTING_INT, 1, 1, UINT32_MAX, 1, 0, NULL, "order=llmc", "llm.c's number of processes, each shuffling on its own (None: the data-parallel size)"}, NULL, 0, ORDER(llmc_processes)},
+    {{"olmo_chunk", TF_SCOPE_ORDER, TF_SETTING_INT, 1, 1, UINT32_MAX, 1, 0, NULL, "order=olmo", "OLMo's max_target_sequence_length / seq_len: instances shuffled in runs of this many (None: 1)"}, NULL, 0, ORDER(olmo_chunk)},
 
     {{"batch_size", TF_SCOPE_ENGINE, TF_SETTING_INT, 8, 1, UINT64_MAX, 0, 0, NULL, "never", "samples per data-parallel rank per batch"}, NULL, 0, ENGINE(batch_size)},
     {{"dp_rank", TF_SCOPE_ENGINE, TF_SETTING_INT, 0, 0, UINT32_MAX - 1, 0, 0, NULL, "never", "data-parallel rank: which slice of every global batch (older name: rank)"}, NULL, 0, ENGINE(rank)},
@@ -211,6 +212,7 @@ static int holds(const char *w, const tf__cond_ctx *x) {
     if (!strcmp(w, "epochs or schedule")) return c->epochs != 0 || x->schedule;
     if (!strcmp(w, "order!=tokenfeed")) return c->order != TF_ORDER_TOKENFEED;
     if (!strcmp(w, "order=llmc")) return c->order == TF_ORDER_LLMC;
+    if (!strcmp(w, "order=olmo")) return c->order == TF_ORDER_OLMO;
     if (!strcmp(w, "packing!=concat or order=olmo")) return c->packing != TF_PACK_CONCAT || c->order == TF_ORDER_OLMO;
     return 1; /* a condition this file does not know: compare, never ignore */
 }

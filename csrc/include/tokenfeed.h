@@ -644,7 +644,11 @@ typedef enum tf_shuffle {
  *                  FULL, 8 bytes per instance are held for two epochs'
  *                  permutations. OLMo gives data-parallel rank r the rows
  *                  r, r + R, ... of every global batch: balance
- *                  TF_BALANCE_STRIDED. */
+ *                  TF_BALANCE_STRIDED. olmo_chunk c > 1 is OLMo's
+ *                  max_target_sequence_length = c x seq_len (its loader's
+ *                  chunk_size): each file holds c x floor(tokens / (c x
+ *                  seq_len)) instances, and the shuffle permutes runs of c
+ *                  consecutive instances, which stay in order. */
 typedef enum tf_order_kind {
     TF_ORDER_TOKENFEED = 0,
     TF_ORDER_LLMC = 1,
@@ -670,6 +674,7 @@ typedef struct tf_order_config {
     /* another loader's order, to continue a run begun on it (tf_order_kind) */
     tf_order_kind order;    /* TF_ORDER_TOKENFEED (default), TF_ORDER_LLMC or TF_ORDER_OLMO */
     uint32_t llmc_processes; /* TF_ORDER_LLMC: llm.c's number of processes (default 1) */
+    uint64_t olmo_chunk;    /* TF_ORDER_OLMO: consecutive instances shuffled as one (default 1) */
 } tf_order_config;
 
 TF_API void tf_order_config_init(tf_order_config *cfg);

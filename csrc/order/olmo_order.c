@@ -17,6 +17,10 @@
  *     numpy.random.Generator(numpy.random.PCG64(seed + E)).shuffle (or in
  *     order without shuffling), cut to the first N' = floor(N / G) * G: the
  *     rest of every epoch is dropped;
+ *   - with max_target_sequence_length = c * L (olmo_chunk c, its loader's
+ *     chunk_size), a file holds c * floor(tokens_f / (c*L)) instances, and
+ *     the shuffle is of arange(N / c), run k standing for instances
+ *     [k*c, k*c + c) in order;
  *   - global batch b of the epoch is indices [b*G, (b+1)*G); rank r of R takes
  *     its rows r, r + R, ... (TF_BALANCE_STRIDED gives the same rows).
  *
@@ -161,12 +165,13 @@ static uint64_t pcg_interval(pcg64 *g, uint64_t max) {
 typedef struct slot {
     uint64_t epoch; /* NO_EPOCH: empty */
     uint64_t used;  /* when it was last asked for (the other slot is replaced) */
-    uint32_t *perm; /* N' used of N: the instances of the epoch in order */
+    uint32_t *perm; /* the runs of the epoch in order (N / chunk) */
 } slot;
 
 typedef struct olmo {
     const tf_dataset *ds;
     uint64_t L, N, Ne; /* seq_len, instances, positions per epoch */
+    uint64_t chunk;    /* instances per shuffled run (OLMo's chunk_size) */
     int shuffle;
     uint64_t seed;
     tf__runs files; /* units: instances */
@@ -175,13 +180,14 @@ typedef struct olmo {
     uint64_t clock;
 } olmo;
 
-/* Epoch e's shuffle (OLMo's epoch e + 1) into p. */
+/* Epoch e's shuffle (OLMo's epoch e + 1) of the N / chunk runs into p. */
 static void draw_epoch(const olmo *o, uint64_t e, uint32_t *p) {
     pcg64 g;
     u128 seed = (u128)o->seed + e + 1; /* OLMo seeds epoch E with seed + E */
     pcg_seed(&g, (uint64_t)seed, (uint64_t)(seed >> 64));
-    for (uint64_t i = 0; i < o->N; i++) p[i] = (uint32_t)i;
-    for (uint64_t i = o->N - 1; i > 0; i--) {
+    const uint64_t n = o->N / o->chunk;
+    for (uint64_t i = 0; i < n; i++) p[i] = (uint32_t)i;
+    for (uint64_t i = n - 1; i > 0; i--) {
         uint64_t j = pcg_interval(&g, i);
         uint32_t t = p[i];
         p[i] = p[j];
@@ -201,7 +207,7 @@ static uint64_t olmo_sample_at(const tf_order *order, uint64_t pos) {
         s->epoch = e;
     }
     s->used = ++o->clock;
-    uint64_t k = s->perm[i];
+    uint64_t k = (uint64_t)s->perm[i / o->chunk] * o->chunk + i % o->chunk;
     pthread_mutex_unlock(&o->mu);
     return k;
 }
@@ -256,7 +262,8 @@ static const tf__order_ops olmo_ops = {.name = "olmo", .sample_at = olmo_sample_
 
 static int measure_files(olmo *o) {
     TF_TRY(tf__runs_init(&o->files, o->ds, "OLMo's order"));
-    for (size_t f = 0; f < o->files.n; f++) o->files.count[f] /= o->L; /* whole instances */
+    /* whole instances, in whole runs of chunk (OLMo: whole max_target_sequence_length) */
+    for (size_t f = 0; f < o->files.n; f++) o->files.count[f] = o->files.count[f] / (o->L * o->chunk) * o->chunk;
     tf__runs_sum(&o->files);
     o->N = o->files.cum[o->files.n];
     return 0;
@@ -274,6 +281,11 @@ int tf__olmo_init(tf_order *order, const void *vds) {
     o->ds = vds;
     o->L = c->seq_len;
     o->shuffle = c->shuffle == TF_SHUFFLE_FULL;
+    o->chunk = c->olmo_chunk ? c->olmo_chunk : 1;
+    if (tf__mul_overflow(o->L, o->chunk, &o->Ne)) { /* Ne: scratch until the files are measured */
+        olmo_destroy(o);
+        TF_FAIL(-EOVERFLOW, "OLMo's order: olmo_chunk x seq_len overflows 64 bits");
+    }
     o->seed = c->seed;
     o->slots[0].epoch = o->slots[1].epoch = NO_EPOCH;
     int rc = measure_files(o);
@@ -287,8 +299,8 @@ int tf__olmo_init(tf_order *order, const void *vds) {
                             (unsigned long long)o->N, (unsigned long long)o->L, (unsigned long long)c->global_batch);
     }
     if (rc == 0 && o->shuffle) {
-        o->slots[0].perm = malloc(o->N * sizeof *o->slots[0].perm);
-        o->slots[1].perm = malloc(o->N * sizeof *o->slots[1].perm);
+        o->slots[0].perm = malloc(o->N / o->chunk * sizeof *o->slots[0].perm);
+        o->slots[1].perm = malloc(o->N / o->chunk * sizeof *o->slots[1].perm);
         if (!o->slots[0].perm || !o->slots[1].perm)
             rc = tf__seterr(-ENOMEM, "OLMo's order: out of memory for two epochs' shuffles of %llu instances (%llu MB)",
                             (unsigned long long)o->N, (unsigned long long)(o->N * 8 >> 20));

@@ -108,7 +108,7 @@ class OrderConfig:
     ``epochs=None`` is endless. ``mix_anchor`` (position, per-source counts) is the
     hand-over point of a resume under another schedule (the C library finds it; the
     state carries it). ``order`` is ``"tokenfeed"`` or another loader's order to continue
-    its run (``"llmc"``, with ``llmc_processes``; ``"olmo"``: docs/order.md).
+    its run (``"llmc"``, with ``llmc_processes``; ``"olmo"``, with ``olmo_chunk``: docs/order.md).
     """
 
     seq_len: int
@@ -127,6 +127,7 @@ class OrderConfig:
     mix_anchor: Optional[Tuple[int, Tuple[int, ...]]] = None
     order: str = "tokenfeed"
     llmc_processes: Optional[int] = None
+    olmo_chunk: Optional[int] = None
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "seed", "block_size", "window_blocks", "pack_window", "mix_window", "global_batch"):
@@ -141,7 +142,7 @@ class OrderConfig:
             raise ValueError(f"shuffle must be True, False, 'full', 'block' or 'none', got {self.shuffle!r}")
         if self.packing not in PACKING:
             raise ValueError(f"packing must be 'concat', 'best_fit' or 'document', got {self.packing!r}")
-        check_settings(order=self.order, llmc_processes=self.llmc_processes)
+        check_settings(order=self.order, llmc_processes=self.llmc_processes, olmo_chunk=self.olmo_chunk)
         if self.order != "tokenfeed" and self.weights is not None:
             raise ValueError(f"order={self.order!r} reads one dataset as that loader does, not a mixture (weights=)")
         if self.epochs is not None and self.epochs < 1:
@@ -157,7 +158,8 @@ class OrderConfig:
             anchor = (int(apos), tuple(int(c) for c in acounts))
         # canonical values: plain ints and names, so that states compare and serialise
         canon = dict(shuffle=shuffle, weights=weights, mix_anchor=anchor, separator_id=_int(self.separator_id),
-                     pad_id=_int(self.pad_id), epochs=_int(self.epochs), llmc_processes=_int(self.llmc_processes))
+                     pad_id=_int(self.pad_id), epochs=_int(self.epochs), llmc_processes=_int(self.llmc_processes),
+                     olmo_chunk=_int(self.olmo_chunk))
         canon.update({k: int(getattr(self, k)) for k in ("seq_len", "seed", "block_size", "window_blocks",
                                                           "pack_window", "mix_window", "global_batch")})
         for k, v in canon.items():
@@ -177,7 +179,7 @@ class OrderConfig:
             window_blocks=self.window_blocks, global_batch=self.global_batch, epochs=self.epochs or 0,
             separator_id=self.separator_id, packing=PACKING[self.packing],
             pad_id=0 if self.pad_id is None else self.pad_id, pack_window=self.pack_window, order=self.order,
-            llmc_processes=self.llmc_processes)
+            llmc_processes=self.llmc_processes, olmo_chunk=self.olmo_chunk)
         if isinstance(self.weights, WeightSchedule):
             kw.update(weights=[list(w) for w in self.weights.weights], schedule_steps=list(self.weights.steps),
                       interpolation=1 if self.weights.interpolation == "linear" else 0, mix_window=self.mix_window)

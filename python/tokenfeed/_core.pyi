@@ -190,7 +190,7 @@ class Order:
                 weights: Optional[Sequence[Any]] = None, schedule_steps: Optional[Sequence[int]] = None,
                 interpolation: Optional[int] = None, anchor_position: Optional[int] = None,
                 anchor_counts: Optional[Sequence[int]] = None, order: Union[int, str, None] = None,
-                llmc_processes: Optional[int] = None) -> "Order": ...
+                llmc_processes: Optional[int] = None, olmo_chunk: Optional[int] = None) -> "Order": ...
     # order: "tokenfeed" (default), "llmc" (llm.c's loader, llmc_processes of them) or "olmo"
     # (OLMo-core's NumpyFSLDataset instances in NumpyFSLDataLoader's order)
     # with schedule_steps: weights holds one list per step; interpolation 0 = constant, 1 = linear

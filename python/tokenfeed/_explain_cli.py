@@ -24,7 +24,8 @@ __all__ = ["add_parsers", "cmd_explain", "cmd_where"]
 
 # keys of a loader state's "config" that are Loader keyword arguments
 _STATE_KEYS = ("seq_len", "seed", "shuffle", "block_size", "window_blocks", "separator_id", "packing", "pad_id",
-               "pack_window", "weights", "mix_window", "epochs", "order", "llmc_processes")
+               "pack_window", "weights", "mix_window", "epochs", "order", "llmc_processes",
+               "olmo_chunk")
 
 
 class _Problem(ValueError):

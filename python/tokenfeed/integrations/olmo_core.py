@@ -77,6 +77,8 @@ class TokenfeedDataLoader(TextDataLoaderBase):
             in OLMo's order (``NumpyFSLDataLoader`` with the same ``seed`` and ``shuffle``).
         olmo_fingerprint: OLMo's dataset fingerprint, which an OLMo state is checked against
             (:meth:`from_olmo_dataset` sets it).
+        max_target_sequence_length: with ``order="olmo"``, the dataset's (a multiple of
+            ``sequence_length``; OLMo's loader then shuffles runs of that many tokens).
         document_masking: add ``doc_lens`` and ``max_doc_lens`` to every batch, which turns
             on OLMo's intra-document attention masking.
         loader_kwargs: any other :class:`tokenfeed.Loader` keyword (``num_threads``, ...).
@@ -91,7 +93,8 @@ class TokenfeedDataLoader(TextDataLoaderBase):
                  work_dir: PathLike, collator: Optional[DataCollator] = None, dp_world_size: int = 1,
                  dp_rank: int = 0, fs_local_rank: Optional[int] = None, seed: int = 0, shuffle: bool = True,
                  packing: str = "concat", document_masking: bool = False, order: str = "tokenfeed",
-                 loader_kwargs: Optional[Dict[str, Any]] = None, olmo_fingerprint: Optional[str] = None) -> None:
+                 loader_kwargs: Optional[Dict[str, Any]] = None, olmo_fingerprint: Optional[str] = None,
+                 max_target_sequence_length: Optional[int] = None) -> None:
         if collator is None:
             collator = DataCollator(pad_token_id=0)
         super().__init__(collator=collator, work_dir=work_dir, global_batch_size=global_batch_size,
@@ -107,6 +110,11 @@ class TokenfeedDataLoader(TextDataLoaderBase):
             raise ValueError(f"order must be 'tokenfeed' or 'olmo', got {order!r}")
         if order == "olmo" and packing != "concat":
             raise ValueError("order='olmo' cuts OLMo's instances as NumpyFSLDataset does: packing must be 'concat'")
+        mt = max_target_sequence_length
+        if mt is not None and (order != "olmo" or mt < sequence_length or mt % sequence_length):
+            raise ValueError(f"max_target_sequence_length ({mt}) is OLMo's, for order='olmo': a multiple of "
+                             f"sequence_length ({sequence_length})")
+        self.max_target_sequence_length = mt
         self.dataset = dataset
         self.sequence_length = sequence_length
         self.seed = seed
@@ -122,6 +130,8 @@ class TokenfeedDataLoader(TextDataLoaderBase):
             dtype="int64", output="torch", **(loader_kwargs or {}))
         if order == "olmo":
             kw.update(order="olmo", balance="strided")  # OLMo gives rank r rows r, r + R, ...
+            if mt:
+                kw.update(olmo_chunk=mt // sequence_length)
         self._loader_kw = kw
         self._loader = Loader(dataset, seed=seed, **kw)
         self._rows = rows
@@ -153,13 +163,11 @@ class TokenfeedDataLoader(TextDataLoaderBase):
         if type(dataset) is not NumpyFSLDataset:
             raise TypeError(f"from_olmo_dataset takes OLMo's NumpyFSLDataset, not {type(dataset).__name__} "
                             f"(its padded, packed and variable-length datasets cut other instances)")
-        if dataset.max_target_sequence_length not in (None, dataset.sequence_length):
-            raise ValueError("from_olmo_dataset: a dataset with max_target_sequence_length (a sequence-length "
-                             "warm-up's chunked order) is not reproduced; build it without")
         if "collator" not in kwargs:
             kwargs["collator"] = DataCollator(pad_token_id=dataset.pad_token_id)
         kwargs.setdefault("order", "olmo")
         kwargs.setdefault("sequence_length", dataset.sequence_length)
+        kwargs.setdefault("max_target_sequence_length", dataset.max_target_sequence_length)
         ds = _dataset.open([os.fspath(p) for p in dataset.paths], dtype=np.dtype(dataset.dtype).name,
                            eos_id=int(dataset.eos_token_id))
         return cls(ds, olmo_fingerprint=dataset.fingerprint, **kwargs)
@@ -186,7 +194,8 @@ class TokenfeedDataLoader(TextDataLoaderBase):
         }
         if self.order == "olmo":
             # the rest of NumpyFSLDataLoader's state: its own loader resumes from this one too
-            out.update(dataset_type="fsl", max_target_sequence_length=None, dataset_fingerprint_version="v2.0",
+            out.update(dataset_type="fsl", max_target_sequence_length=self.max_target_sequence_length,
+                       dataset_fingerprint_version="v2.0",
                        dataset_fingerprint=self.olmo_fingerprint)
         return out
 
@@ -209,9 +218,10 @@ class TokenfeedDataLoader(TextDataLoaderBase):
             raise ValueError("not a TokenfeedDataLoader state: it lacks the 'tokenfeed' loader state. A run begun on "
                              "OLMo's NumpyFSLDataLoader continues on TokenfeedDataLoader(order='olmo') "
                              "(TokenfeedDataLoader.from_olmo_dataset)")
-        if state_dict.get("max_target_sequence_length") is not None:
-            raise ValueError("the OLMo state comes from a dataset with max_target_sequence_length, whose chunked "
-                             "order this loader does not reproduce")
+        mt = state_dict.get("max_target_sequence_length")
+        if (mt or self.sequence_length) != (self.max_target_sequence_length or self.sequence_length):
+            raise ValueError(f"the OLMo state comes from a dataset with max_target_sequence_length {mt}, this loader "
+                             f"has {self.max_target_sequence_length}: the order differs")
         fp = state_dict.get("dataset_fingerprint")
         if self.olmo_fingerprint is not None and fp is not None and fp != self.olmo_fingerprint:
             raise ValueError("the OLMo state was saved on another dataset (its dataset_fingerprint differs from this "
