@@ -641,8 +641,8 @@ typedef enum tf_shuffle {
  *                  floor(instances / global_batch) * global_batch of them,
  *                  as OLMo drops the rest of every epoch. packing must be
  *                  CONCAT without separator; BLOCK shuffle is refused. With
- *                  FULL, 8 bytes per instance are held for two epochs'
- *                  permutations. OLMo gives data-parallel rank r the rows
+ *                  FULL, 8 bytes per instance (per run of olmo_chunk) are
+ *                  held for two epochs' permutations. OLMo gives data-parallel rank r the rows
  *                  r, r + R, ... of every global batch: balance
  *                  TF_BALANCE_STRIDED. olmo_chunk c > 1 is OLMo's
  *                  max_target_sequence_length = c x seq_len (its loader's
