@@ -32,11 +32,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def train(data, work, out):
+def train(data, work, out, *extra):
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
                LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in [os.path.dirname(tokenfeed.__path__[0]), env.get("PYTHONPATH")] if p)
-    r = subprocess.run([sys.executable, os.path.join(HERE, "olmo_core_train.py"), data, work, out],
+    r = subprocess.run([sys.executable, os.path.join(HERE, "olmo_core_train.py"), data, work, out, *extra],
                        env=env, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return np.load(out)
@@ -51,6 +51,19 @@ def test_trainer_stops_and_resumes_exactly(tmp_path):
     assert os.path.isdir(tmp_path / "b" / "step3")  # the rest resumed from the Trainer's checkpoint
     assert np.array_equal(r["full_ids"], np.concatenate([r["first_ids"], r["rest_ids"]]))
     assert len(r["full_loss"]) == 6
+    assert np.array_equal(r["full_loss"], np.concatenate([r["first_loss"], r["rest_loss"]]))
+
+
+def test_trainer_continues_a_run_of_olmos_loader(tmp_path):
+    """Three steps on OLMo's own NumpyFSLDataLoader, checkpointed by the Trainer, then the rest on
+    TokenfeedDataLoader(order="olmo") from that checkpoint: the same batches and losses as six
+    steps on OLMo's loader."""
+    data = tmp_path / "data"
+    data.mkdir()
+    olmo_files(str(data))
+    r = train(str(data), str(tmp_path), str(tmp_path / "runs.npz"), "switch")
+    assert len(r["full_ids"]) == 6 and len(r["first_ids"]) == 3 and len(r["rest_ids"]) == 3
+    assert np.array_equal(r["full_ids"], np.concatenate([r["first_ids"], r["rest_ids"]]))
     assert np.array_equal(r["full_loss"], np.concatenate([r["first_loss"], r["rest_loss"]]))
 
 

@@ -118,6 +118,11 @@ CONFIGS: Dict[str, Any] = {
                                              **EXTRAS), 30),
     "formats_concat": (["formats"], dict(seq_len=28, batch_size=4, seed=10, shuffle="block", block_size=4,
                                          window_blocks=2, dtype="uint16"), 30),
+    # another loader's order (each file of "a" cut on its own)
+    "olmo_strided_rank1of2": (["a"], dict(seq_len=16, batch_size=3, seed=12, order="olmo", pad_id=PAD,
+                                          balance="strided", rank=1, world_size=2, **EXTRAS), 60),
+    "llmc_shuffle_rank1of2": (["a"], dict(seq_len=16, batch_size=3, seed=42, order="llmc", rank=1, world_size=2,
+                                          **EXTRAS), 60),
 }
 
 
@@ -200,6 +205,15 @@ PINNED: Dict[str, Dict[str, Any]] = {'best_fit_extras': {'config': 'd03407e3d3a3
                    'samples': 266,
                    'stream': 'fad3f1b813d12a5798a73a355a512455'}}
 
+# Taken when these orders were checked against OLMo-core's and llm.c's own loaders
+# (tests/test_olmo_order.py, tests/test_llmc_order.py); must never change either.
+PINNED.update({
+    'llmc_shuffle_rank1of2': {'config': '87e4b3775513566e', 'dataset': 'ba4d307931cfe702', 'samples': 1104,
+                              'stream': 'b55a0617f978a300027be135a6def3eb'},
+    'olmo_strided_rank1of2': {'config': '8b968f611b6e971b', 'dataset': 'ba4d307931cfe702', 'samples': 1115,
+                              'stream': '3b005822f403a04be641d2ea493e1907'},
+})
+
 DATASET_FINGERPRINTS: Dict[str, str] = {'a': 'ba4d307931cfe702',
  'a_zstd': 'ba4d307931cfe702',
  'b': '66e813c7689a7c5c',
@@ -222,7 +236,7 @@ def test_stream_pinned(data, name):
 
 @pytest.mark.parametrize("backend", ["pread", "io_uring"])
 def test_pinned_stream_on_other_backends(data, backend):
-    for name in ("concat_none_sep_extras", "best_fit_extras", "mix_concat"):
+    for name in ("concat_none_sep_extras", "best_fit_extras", "mix_concat", "olmo_strided_rank1of2"):
         loader = make_loader(data, name, backend=backend, num_threads=3, prefetch_batches=2)
         assert hash_batches(loader, CONFIGS[name][2]) == PINNED[name]["stream"], name
 

@@ -35,7 +35,8 @@
 static const char *const PACKING_NAMES[] = {"concat", "best_fit", "document", NULL};
 static const char *const SHUFFLE_NAMES[] = {"none", "full", "block", NULL};
 static const char *const BACKEND_NAMES[] = {"auto", "mmap", "pread", "io_uring", NULL};
-static const char *const BALANCE_NAMES[] = {"none", "tokens", "attention", NULL};
+static const char *const BALANCE_NAMES[] = {"none", "tokens", "attention", "strided", NULL};
+static const char *const ORDER_NAMES[] = {"tokenfeed", "llmc", "olmo", NULL};
 
 /* Largest seq_len: extras are int32 and cu_seqlens holds L itself. */
 #define MAX_SEQ_LEN ((uint64_t)INT32_MAX - 1)
@@ -53,9 +54,12 @@ const tf__setting_row tf__settings[] = {
     {{"window_blocks", TF_SCOPE_ORDER, TF_SETTING_INT, 16, 1, UINT64_MAX, 0, 0, NULL, "shuffle=block", "blocks per window of the block shuffle"}, NULL, 0, ORDER(window_blocks)},
     {{"global_batch", TF_SCOPE_ORDER, TF_SETTING_INT, 1, 1, UINT64_MAX, 0, 0, NULL, "epochs or schedule", "samples per step over all data-parallel ranks (batch_size x dp_size)"}, "always", 0, ORDER(global_batch)},
     {{"epochs", TF_SCOPE_ORDER, TF_SETTING_INT, 0, 0, UINT64_MAX, 1, 0, NULL, "always", "passes over the data before the stream ends (None: endless)"}, NULL, 0, ORDER(epochs)},
-    {{"pad_id", TF_SCOPE_ORDER, TF_SETTING_INT, 0, 0, INT64_MAX, 0, 0, NULL, "packing!=concat", "token that fills the rest of a packed sample"}, NULL, 1, ORDER(pad_id)},
+    {{"pad_id", TF_SCOPE_ORDER, TF_SETTING_INT, 0, 0, INT64_MAX, 0, 0, NULL, "packing!=concat or order=olmo", "token that fills the rest of a packed sample (and ends an OLMo instance)"}, NULL, 1, ORDER(pad_id)},
     {{"pack_window", TF_SCOPE_ORDER, TF_SETTING_INT, 1024, 1, TF__MAX_PACK_WINDOW, 0, 0, NULL, "packing=best_fit", "documents per best_fit packing window"}, NULL, 0, ORDER(pack_window)},
     {{"mix_window", TF_SCOPE_ORDER, TF_SETTING_INT, 1000, 1, 1u << 20, 0, 0, NULL, "mixture", "positions per mixing window, over which the weights become exact counts"}, NULL, 0, ORDER(mix_window)},
+    {{"order", TF_SCOPE_ORDER, TF_SETTING_ENUM, TF_ORDER_TOKENFEED, 0, 2, 0, 0, ORDER_NAMES, "always", "whose order of samples: tokenfeed's, or llmc / olmo to continue a run begun on llm.c's or OLMo-core's loader"}, "order!=tokenfeed", 1, ORDER(order)},
+    {{"llmc_processes", TF_SCOPE_ORDER, TF_SETTING_INT, 1, 1, UINT32_MAX, 1, 0, NULL, "order=llmc", "llm.c's number of processes, each shuffling on its own (None: the data-parallel size)"}, NULL, 0, ORDER(llmc_processes)},
+    {{"olmo_chunk", TF_SCOPE_ORDER, TF_SETTING_INT, 1, 1, UINT32_MAX, 1, 0, NULL, "order=olmo", "OLMo's max_target_sequence_length / seq_len: instances shuffled in runs of this many (None: 1)"}, NULL, 0, ORDER(olmo_chunk)},
 
     {{"batch_size", TF_SCOPE_ENGINE, TF_SETTING_INT, 8, 1, UINT64_MAX, 0, 0, NULL, "never", "samples per data-parallel rank per batch"}, NULL, 0, ENGINE(batch_size)},
     {{"dp_rank", TF_SCOPE_ENGINE, TF_SETTING_INT, 0, 0, UINT32_MAX - 1, 0, 0, NULL, "never", "data-parallel rank: which slice of every global batch (older name: rank)"}, NULL, 0, ENGINE(rank)},
@@ -67,7 +71,7 @@ const tf__setting_row tf__settings[] = {
     {{"backend", TF_SCOPE_ENGINE, TF_SETTING_ENUM, TF_BACKEND_AUTO, 0, 3, 1, TF_BACKEND_AUTO, BACKEND_NAMES, "never", "how bytes come off storage: mmap, pread or io_uring (None: $TOKENFEED_BACKEND, else mmap)"}, NULL, 0, ENGINE(backend)},
     {{"direct_io", TF_SCOPE_ENGINE, TF_SETTING_BOOL, 0, 0, 1, 0, 0, NULL, "never", "io_uring reads with O_DIRECT (past the page cache)"}, NULL, 1, ENGINE(direct_io)},
     {{"zstd_cache_bytes", TF_SCOPE_ENGINE, TF_SETTING_INT, 0, 0, INT64_MAX, 1, 0, NULL, "never", "bytes of decompressed zstd blocks the workers share (None: sized from the shuffle)"}, NULL, 0, ENGINE(zstd_cache_bytes)},
-    {{"balance", TF_SCOPE_ENGINE, TF_SETTING_ENUM, TF_BALANCE_NONE, 0, 2, 1, TF_BALANCE_NONE, BALANCE_NAMES, "never", "which rows of a step each data-parallel rank takes: none (contiguous slices), tokens or attention (equal work; None: none)"}, NULL, 0, ENGINE(balance)},
+    {{"balance", TF_SCOPE_ENGINE, TF_SETTING_ENUM, TF_BALANCE_NONE, 0, 3, 1, TF_BALANCE_NONE, BALANCE_NAMES, "never", "which rows of a step each data-parallel rank takes: none (contiguous slices), tokens or attention (equal work), strided (rows r, r + R, ...: OLMo-core's split; None: none)"}, NULL, 0, ENGINE(balance)},
     {{"balance_micro_batches", TF_SCOPE_ENGINE, TF_SETTING_INT, 1, 1, TF_MAX_BALANCE_MICRO_BATCHES, 0, 0, NULL, "never", "batches per optimizer step balanced together (gradient accumulation steps)"}, NULL, 0, ENGINE(balance_micro_batches)},
     {{"warmup_steps", TF_SCOPE_ENGINE, TF_SETTING_INT, 0, 0, UINT64_MAX, 0, 0, NULL, "never", "steps of sequence-length warmup, whose samples come cut into shorter rows (0: none)"}, NULL, 0, ENGINE(warmup_steps)},
     {{"warmup_min_seq_len", TF_SCOPE_ENGINE, TF_SETTING_INT, 0, 1, MAX_SEQ_LEN, 1, 0, NULL, "never", "row length at step 0 of the warmup, seq_len / 2^m (needed with warmup_steps; None: none)"}, NULL, 0, ENGINE(warmup_min_seq_len)},
@@ -206,6 +210,10 @@ static int holds(const char *w, const tf__cond_ctx *x) {
     if (!strcmp(w, "packing!=concat")) return c->packing != TF_PACK_CONCAT;
     if (!strcmp(w, "packing=best_fit")) return c->packing == TF_PACK_BEST_FIT;
     if (!strcmp(w, "epochs or schedule")) return c->epochs != 0 || x->schedule;
+    if (!strcmp(w, "order!=tokenfeed")) return c->order != TF_ORDER_TOKENFEED;
+    if (!strcmp(w, "order=llmc")) return c->order == TF_ORDER_LLMC;
+    if (!strcmp(w, "order=olmo")) return c->order == TF_ORDER_OLMO;
+    if (!strcmp(w, "packing!=concat or order=olmo")) return c->packing != TF_PACK_CONCAT || c->order == TF_ORDER_OLMO;
     return 1; /* a condition this file does not know: compare, never ignore */
 }
 

@@ -806,6 +806,7 @@ static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const uint64_
                 v->loss_mask ? v->loss_mask + j * L : NULL,
             };
             eos_row_extras(r, (const uint8_t *)v->tokens + j * (L + 1) * osz, &ex);
+            if (ex.loss_mask && tf__order_pads_last(o)) ex.loss_mask[L - 1] = 0; /* its label is the pad */
         }
     /* compressed files count the zstd bytes decoded, not the tokens they hold */
     w->bytes += w->zh.decoded_bytes;

@@ -628,6 +628,37 @@ typedef enum tf_shuffle {
     TF_SHUFFLE_BLOCK = 2, /* two-level: permute blocks, then samples in windows */
 } tf_shuffle;
 
+/* Which loader's order tf_order_create builds. TOKENFEED is tokenfeed's own
+ * (the documents as one stream, cut and shuffled as above). The others
+ * reproduce another loader's samples and their order exactly, so that a run
+ * begun on it continues on tokenfeed:
+ *   TF_ORDER_LLMC  llm.c's data loader (see tf_order_create_llmc, which this
+ *                  builds with num_processes = cfg->llmc_processes)
+ *   TF_ORDER_OLMO  OLMo-core's NumpyFSLDataset with its NumpyFSLDataLoader:
+ *                  each file cut on its own into instances of seq_len tokens
+ *                  (its tail dropped); instance k is sample k, seq_len tokens
+ *                  then one pad_id token (its label is never trained: the
+ *                  loss mask is 0 there). Epoch e (0-based) is OLMo's epoch
+ *                  e + 1: with shuffle FULL, the instances permuted as
+ *                  numpy.random.Generator(PCG64(seed + e + 1)).shuffle does,
+ *                  with NONE in order; either way only the first
+ *                  floor(instances / global_batch) * global_batch of them,
+ *                  as OLMo drops the rest of every epoch. packing must be
+ *                  CONCAT without separator; BLOCK shuffle is refused. With
+ *                  FULL, 8 bytes per instance (per run of olmo_chunk) are
+ *                  held for two epochs' permutations. OLMo gives data-parallel rank r the rows
+ *                  r, r + R, ... of every global batch: balance
+ *                  TF_BALANCE_STRIDED. olmo_chunk c > 1 is OLMo's
+ *                  max_target_sequence_length = c x seq_len (its loader's
+ *                  chunk_size): each file holds c x floor(tokens / (c x
+ *                  seq_len)) instances, and the shuffle permutes runs of c
+ *                  consecutive instances, which stay in order. */
+typedef enum tf_order_kind {
+    TF_ORDER_TOKENFEED = 0,
+    TF_ORDER_LLMC = 1,
+    TF_ORDER_OLMO = 2,
+} tf_order_kind;
+
 typedef struct tf_order_config {
     uint64_t seq_len;       /* L >= 1; a sample is L + 1 tokens */
     tf_packing packing;
@@ -644,6 +675,10 @@ typedef struct tf_order_config {
                                1 to 2^24 in every mode) */
     /* mixtures (tf_order_create_mix) */
     uint64_t mix_window;    /* positions per schedule window before reduction (default 1000) */
+    /* another loader's order, to continue a run begun on it (tf_order_kind) */
+    tf_order_kind order;    /* TF_ORDER_TOKENFEED (default), TF_ORDER_LLMC or TF_ORDER_OLMO */
+    uint32_t llmc_processes; /* TF_ORDER_LLMC: llm.c's number of processes (default 1) */
+    uint64_t olmo_chunk;    /* TF_ORDER_OLMO: consecutive instances shuffled as one (default 1) */
 } tf_order_config;
 
 TF_API void tf_order_config_init(tf_order_config *cfg);
@@ -660,6 +695,10 @@ TF_API void tf_order_free(tf_order *o);
 
 /* N: samples per epoch. */
 TF_API uint64_t tf_order_num_samples(const tf_order *o);
+
+/* Positions per epoch: N, or fewer for an order that leaves samples out of
+ * every epoch (TF_ORDER_OLMO drops the instances past whole global batches). */
+TF_API uint64_t tf_order_epoch_positions(const tf_order *o);
 
 /* Total positions in the stream: epochs * N rounded down to whole global
  * batches, or UINT64_MAX when infinite. */
@@ -896,15 +935,19 @@ TF_API int tf_order_find_document(const tf_order *o, size_t source, uint64_t doc
  * row to the least loaded bin with room, ties by lower bin) followed by
  * pairwise swaps that lower the busiest bin; should the plain slices have a
  * less loaded busiest bin, they are kept. A bin's rows are delivered in
- * position order. */
+ * position order.
+ *   TF_BALANCE_STRIDED    rank r takes rows r, r + R, r + 2R, ... of each
+ *                         global batch, in that order (no cost: OLMo-core's
+ *                         data loader splits its global batches this way) */
 typedef enum tf_balance {
     TF_BALANCE_NONE = 0,
     TF_BALANCE_TOKENS = 1,
     TF_BALANCE_ATTENTION = 2,
+    TF_BALANCE_STRIDED = 3,
 } tf_balance;
 
 /* The cost of the row at stream position pos under `mode` (TOKENS or
- * ATTENTION; NONE gives 0): see tf_balance. */
+ * ATTENTION; NONE and STRIDED give 0): see tf_balance. */
 TF_API int tf_order_row_cost(const tf_order *o, uint64_t pos, tf_balance mode, uint64_t *cost);
 
 /* The rows of the step that starts at position `start` (a multiple of

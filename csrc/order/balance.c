@@ -57,9 +57,9 @@ static int sample_cost(const tf_order *o, uint64_t sample, tf_balance mode, int3
 int tf_order_row_cost(const tf_order *o, uint64_t pos, tf_balance mode, uint64_t *cost) {
     if (!o || !cost) return -EINVAL;
     *cost = 0;
-    if (mode == TF_BALANCE_NONE) return 0;
+    if (mode == TF_BALANCE_NONE || mode == TF_BALANCE_STRIDED) return 0;
     if (mode != TF_BALANCE_TOKENS && mode != TF_BALANCE_ATTENTION)
-        TF_FAIL(-EINVAL, "balance: expected NONE (0), TOKENS (1) or ATTENTION (2), found %d", (int)mode);
+        TF_FAIL(-EINVAL, "balance: expected NONE (0), TOKENS (1), ATTENTION (2) or STRIDED (3), found %d", (int)mode);
     if (pos >= o->num_positions)
         TF_FAIL(-ERANGE, "position %llu is past the %llu positions of the stream", (unsigned long long)pos,
                 (unsigned long long)o->num_positions);
@@ -188,8 +188,9 @@ int tf_order_balance(const tf_order *o, uint64_t start, uint32_t R, uint32_t M, 
     if (M == 0) M = 1;
     if (R == 0 || G % R)
         TF_FAIL(-EINVAL, "world_size %u does not divide the global batch %llu", R, (unsigned long long)G);
-    if (mode != TF_BALANCE_NONE && mode != TF_BALANCE_TOKENS && mode != TF_BALANCE_ATTENTION)
-        TF_FAIL(-EINVAL, "balance: expected NONE (0), TOKENS (1) or ATTENTION (2), found %d", (int)mode);
+    if (mode != TF_BALANCE_NONE && mode != TF_BALANCE_TOKENS && mode != TF_BALANCE_ATTENTION &&
+        mode != TF_BALANCE_STRIDED)
+        TF_FAIL(-EINVAL, "balance: expected NONE (0), TOKENS (1), ATTENTION (2) or STRIDED (3), found %d", (int)mode);
     uint64_t step;
     if (tf__mul_overflow(G, M, &step) || start % step)
         TF_FAIL(-EINVAL, "step start %llu is not a multiple of micro_batches x global_batch (%u x %llu)",
@@ -204,6 +205,13 @@ int tf_order_balance(const tf_order *o, uint64_t start, uint32_t R, uint32_t M, 
         TF_FAIL(-EINVAL, "output holds %zu positions, the step has %llu", cap, (unsigned long long)rows);
     if (mode == TF_BALANCE_NONE || R * batches == 1) {
         for (uint64_t i = 0; i < rows; i++) out[i] = start + i;
+        *n = (size_t)rows;
+        return 0;
+    }
+    if (mode == TF_BALANCE_STRIDED) { /* bin (m, k): rows k, k + R, ... of global batch m */
+        for (uint64_t m = 0; m < batches; m++)
+            for (uint64_t k = 0; k < R; k++)
+                for (uint64_t j = 0; j < B; j++) out[(m * R + k) * B + j] = start + m * G + j * R + k;
         *n = (size_t)rows;
         return 0;
     }

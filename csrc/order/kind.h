@@ -21,6 +21,8 @@
  *             per-process shuffled order
  *   megatron_order.c  Megatron-core GPTDataset's order, read from its index
  *             cache
+ *   olmo_order.c  OLMo-core's NumpyFSLDataset instances in its data
+ *             loader's seeded order
  *
  * A new kind (a mixture whose weights change at given steps, a
  * context-parallel view that takes a share of each sample, another packing)
@@ -67,6 +69,8 @@ struct tf_order {
     void *impl;            /* the kind's state */
     const tf_dataset *ds;  /* what spans index: the dataset, or a mixture's view of its sources */
     uint64_t N;            /* samples per epoch (>= 1) */
+    uint64_t epoch_len;    /* positions per epoch; 0: N (an order that leaves samples out of every epoch sets it) */
+    int pad_last;          /* the sample's last token is pad_id, its label never trained (tf__order_pads_last) */
     size_t max_spans;      /* upper bound on the spans of one sample (>= 1) */
     int has_kind_fp;       /* kind_fp enters the fingerprint (a mixture's schedule) */
     uint64_t kind_fp;
@@ -97,6 +101,13 @@ TF_HIDDEN uint64_t tf__order_position_of(const tf_order *o, uint64_t e, uint64_t
 /* Constructors; args is the const tf_dataset * the order reads. */
 TF_HIDDEN int tf__concat_init(tf_order *o, const void *ds);   /* concat.c */
 TF_HIDDEN int tf__packed_init(tf_order *o, const void *ds);   /* pack.c */
+TF_HIDDEN int tf__olmo_init(tf_order *o, const void *ds);     /* olmo_order.c */
+TF_HIDDEN int tf__llmc_init(tf_order *o, const void *ds);     /* llmc_order.c (cfg.llmc_processes; 0: 1) */
+/* The kind fingerprints of another loader's orders (the version of their
+ * algorithm), from the configuration alone, so that a saved state's
+ * fingerprint can be recomputed from its config (state.c). */
+TF_HIDDEN uint64_t tf__llmc_kind_fp(const tf_order_config *c);
+TF_HIDDEN uint64_t tf__olmo_kind_fp(const tf_order_config *c);
 
 /* concat.c: the CONCAT extras (no separator) of the L + 1 dataset tokens that
  * start at token p0, for kinds that cut the tokens at other places. */
@@ -121,6 +132,25 @@ TF_HIDDEN int tf__order_mix_create(const tf_order *like, const tf_order_config *
 TF_HIDDEN size_t tf__order_mix_history(const tf_order *o, const uint64_t **pos, const double **w);
 TF_HIDDEN int tf__order_mix_set_history(tf_order *o, size_t n, const uint64_t *pos, const double *w,
                                         const double *extra_w);
+
+/* The dataset's files as runs of units, for orders that cut each file on
+ * its own (file_runs.c): unit u is unit u - cum[f] of file f = find(u). */
+typedef struct tf__runs {
+    size_t n;        /* files (>= 1) */
+    uint64_t *first; /* n: the file's first token in the dataset (the allocation) */
+    uint64_t *count; /* n: units of the file (init: its tokens, which the kind converts) */
+    uint64_t *cum;   /* n + 1: units of the files before it (tf__runs_sum) */
+} tf__runs;
+/* Files of ds with their tokens in count; -EINVAL naming `who` without a file. */
+TF_HIDDEN int tf__runs_init(tf__runs *r, const tf_dataset *ds, const char *who);
+TF_HIDDEN void tf__runs_sum(tf__runs *r);
+TF_HIDDEN void tf__runs_free(tf__runs *r);
+TF_HIDDEN size_t tf__runs_find(const tf__runs *r, uint64_t unit);
+/* Documents, empty, truncated and split documents and dropped tokens, when
+ * file f is read as its tokens [0, count[f] * unit + overlap) in rows of L
+ * tokens every L (rows of L + overlap tokens). */
+TF_HIDDEN int tf__runs_doc_stats(const tf__runs *r, const tf_dataset *ds, uint64_t unit, uint64_t L, uint64_t overlap,
+                                 tf_packing_stats *st);
 
 /* Replace o's skipped ranges with n [start, stop) pairs (order.c). */
 TF_HIDDEN int tf__order_set_skips(tf_order *o, const uint64_t *ranges, size_t n);

@@ -114,9 +114,7 @@ typedef struct llmc {
     int shuffle;
     uint32_t seed;
     size_t nfiles;
-    uint64_t *first; /* nfiles: the file's first token in the dataset (the allocation) */
-    uint64_t *nb;    /* nfiles: global batches of the file */
-    uint64_t *C;     /* nfiles + 1: batches of the files before it */
+    tf__runs files; /* units: global batches */
     pthread_mutex_t mu;
     proc *procs;     /* R, with shuffling */
     uint64_t *proc_mem; /* their arrays, one allocation */
@@ -124,12 +122,8 @@ typedef struct llmc {
 
 /* Last i with cum[i] <= k (cum ascending, cum[0] = 0, k < cum[n]). */
 static size_t find(const uint64_t *cum, size_t n, uint64_t k) {
-    size_t lo = 0, hi = n;
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (cum[mid] <= k) lo = mid; else hi = mid;
-    }
-    return lo;
+    tf__runs r = {.n = n, .cum = (uint64_t *)cum};
+    return tf__runs_find(&r, k);
 }
 
 /* Process p's draws for the epoch after p->epoch (its order carries over). */
@@ -137,7 +131,7 @@ static void draw_next_epoch(const llmc *o, proc *p) {
     mt_shuffle(p->order, (uint32_t)o->nfiles, &p->m);
     uint64_t at = 0;
     for (size_t s = 0; s < o->nfiles; s++) {
-        uint32_t f = p->order[s], n = (uint32_t)o->nb[f];
+        uint32_t f = p->order[s], n = (uint32_t)o->files.count[f];
         p->slot_first[s] = at;
         for (uint32_t i = 0; i < n; i++) p->perm[at + i] = i;
         mt_shuffle(p->perm + at, n, &p->m);
@@ -165,8 +159,8 @@ static uint64_t llmc_sample_at(const tf_order *order, uint64_t pos) {
     size_t f;
     uint64_t c;
     if (!o->shuffle) {
-        f = find(o->C, o->nfiles, step);
-        c = step - o->C[f];
+        f = tf__runs_find(&o->files, step);
+        c = step - o->files.cum[f];
     } else {
         pthread_mutex_lock(&o->mu);
         proc *p = epoch_of(o, (uint32_t)(w / o->B), e);
@@ -175,14 +169,14 @@ static uint64_t llmc_sample_at(const tf_order *order, uint64_t pos) {
         c = p->perm[step];
         pthread_mutex_unlock(&o->mu);
     }
-    return (o->C[f] + c) * o->G + w;
+    return (o->files.cum[f] + c) * o->G + w;
 }
 
 /* The row's first token in the dataset. */
 static uint64_t row_start(const llmc *o, uint64_t sample) {
     uint64_t q = sample / o->G, w = sample % o->G;
-    size_t f = find(o->C, o->nfiles, q);
-    return o->first[f] + ((q - o->C[f]) * o->G + w) * o->T;
+    size_t f = tf__runs_find(&o->files, q);
+    return o->files.first[f] + ((q - o->files.cum[f]) * o->G + w) * o->T;
 }
 
 static int llmc_spans(const tf_order *order, uint64_t sample, tf__span *spans, size_t cap, size_t *n) {
@@ -202,30 +196,10 @@ static int llmc_extras(const tf_order *order, uint64_t sample, const tf_sample_e
  * split when no single row holds it. */
 static int llmc_stats(const tf_order *order, tf_packing_stats *st) {
     const llmc *o = order->impl;
-    tf_dataset_info info;
-    TF_TRY(tf_dataset_get_info(o->ds, &info));
-    const uint64_t L = o->T;
     memset(st, 0, sizeof *st);
     st->samples = order->N;
-    st->documents = info.num_documents;
-    st->token_slots = order->N * (L + 1);
-    uint64_t read = 0;
-    for (size_t f = 0; f < o->nfiles; f++) read += o->nb[f] * o->G * L + 1;
-    st->tokens_dropped = info.num_tokens - read;
-    size_t f = 0;
-    for (uint64_t k = 0; k < info.num_documents; k++) {
-        uint64_t s, len;
-        TF_TRY(tf_dataset_document(o->ds, k, &s, &len));
-        if (!len) {
-            st->empty_documents++;
-            continue;
-        }
-        while (f + 1 < o->nfiles && o->first[f + 1] <= s) f++;
-        uint64_t a = s - o->first[f], end = o->nb[f] * o->G * L + 1;
-        if (a + len > end) st->documents_truncated++;
-        else if (a + len > a / L * L + L + 1) st->documents_split++;
-    }
-    return 0;
+    st->token_slots = order->N * (o->T + 1);
+    return tf__runs_doc_stats(&o->files, o->ds, o->G * o->T, o->T, 1, st);
 }
 
 static void llmc_destroy(void *impl) {
@@ -234,7 +208,7 @@ static void llmc_destroy(void *impl) {
         pthread_mutex_destroy(&o->mu);
         free(o->proc_mem);
         free(o->procs);
-        free(o->first); /* nb and C with it */
+        tf__runs_free(&o->files);
     }
     free(o);
 }
@@ -242,24 +216,12 @@ static void llmc_destroy(void *impl) {
 static const tf__order_ops llmc_ops = {.name = "llmc", .sample_at = llmc_sample_at, .spans = llmc_spans,
                                        .extras = llmc_extras, .stats = llmc_stats, .destroy = llmc_destroy};
 
-typedef struct llmc_args {
-    const tf_dataset *ds;
-    uint32_t num_processes;
-} llmc_args;
-
 /* The files and their batches; o->T, G, R set. */
 static int measure_files(llmc *o) {
-    tf_dataset_info info;
-    TF_TRY(tf_dataset_get_info(o->ds, &info));
     uint64_t GT;
     if (tf__mul_overflow(o->G, o->T, &GT)) TF_FAIL(-EOVERFLOW, "global_batch x seq_len overflows 64 bits");
-    if (info.num_files > INT32_MAX) TF_FAIL(-EINVAL, "llm.c's order: %llu files, at most %d", (unsigned long long)info.num_files, INT32_MAX);
-    o->nfiles = (size_t)info.num_files;
-    if (o->nfiles == 0) TF_FAIL(-EINVAL, "llm.c's order: the dataset has no file");
-    o->first = calloc(3 * o->nfiles + 1, sizeof *o->first);
-    if (!o->first) return -ENOMEM;
-    o->nb = o->first + o->nfiles;
-    o->C = o->nb + o->nfiles;
+    TF_TRY(tf__runs_init(&o->files, o->ds, "llm.c's order"));
+    o->nfiles = o->files.n;
     for (size_t f = 0; f < o->nfiles; f++) {
         tf_file_info fi;
         TF_TRY(tf_dataset_get_file(o->ds, f, &fi));
@@ -269,34 +231,34 @@ static int measure_files(llmc *o) {
                     fi.path, (unsigned long long)fi.num_tokens, (unsigned long long)o->R,
                     (unsigned long long)o->B, (unsigned long long)o->T, (unsigned long long)GT + 1);
         if (n > INT32_MAX) TF_FAIL(-EINVAL, "%s: %llu global batches in one file, llm.c counts at most %d", fi.path, (unsigned long long)n, INT32_MAX);
-        o->first[f] = fi.first_token;
-        o->nb[f] = n;
-        o->C[f + 1] = o->C[f] + n;
+        o->files.count[f] = n;
     }
-    o->E = o->C[o->nfiles];
+    tf__runs_sum(&o->files);
+    o->E = o->files.cum[o->nfiles];
     return 0;
 }
 
-static int llmc_init(tf_order *order, const void *vargs) {
-    const llmc_args *a = vargs;
+int tf__llmc_init(tf_order *order, const void *vds) {
     const tf_order_config *c = &order->cfg;
+    const tf_dataset *ds = vds;
+    const uint32_t nproc = c->llmc_processes ? c->llmc_processes : 1;
     if (c->packing != TF_PACK_CONCAT || c->separator_id != -1)
         TF_FAIL(-EINVAL, "llm.c's order cuts the tokens as they are: packing must be CONCAT and separator_id -1");
     if (c->shuffle == TF_SHUFFLE_BLOCK)
         TF_FAIL(-EINVAL, "llm.c's order: shuffle must be NONE or FULL (llm.c's own shuffle), not BLOCK");
-    if (a->num_processes < 1 || c->global_batch % a->num_processes)
+    if (nproc < 1 || c->global_batch % nproc)
         TF_FAIL(-EINVAL, "llm.c's order: global_batch (%llu) must be num_processes (%u) x the rows per process",
-                (unsigned long long)c->global_batch, a->num_processes);
-    if (c->seed > UINT32_MAX - a->num_processes)
+                (unsigned long long)c->global_batch, nproc);
+    if (c->seed > UINT32_MAX - nproc)
         TF_FAIL(-EINVAL, "llm.c's order: seed + num_processes must fit 32 bits (llm.c seeds process r with 42 + r), found seed %llu",
                 (unsigned long long)c->seed);
     llmc *o = calloc(1, sizeof *o);
     if (!o) return -ENOMEM;
     pthread_mutex_init(&o->mu, NULL);
-    o->ds = a->ds;
+    o->ds = ds;
     o->T = c->seq_len;
     o->G = c->global_batch;
-    o->R = a->num_processes;
+    o->R = nproc;
     o->B = o->G / o->R;
     o->shuffle = c->shuffle == TF_SHUFFLE_FULL;
     o->seed = (uint32_t)c->seed;
@@ -325,23 +287,18 @@ static int llmc_init(tf_order *order, const void *vargs) {
     }
     order->ops = &llmc_ops;
     order->impl = o;
-    order->ds = a->ds;
+    order->ds = ds;
     order->N = N;
     order->max_spans = 1;
     order->has_kind_fp = 1;
-    uint8_t buf[24];
-    tf__put_le64(buf, 0x31434d4c4cULL); /* "LLMC1" */
-    tf__put_le64(buf + 8, LLMC_FP_VERSION);
-    tf__put_le64(buf + 16, o->R);
-    order->kind_fp = tf_hash64(buf, sizeof buf, 0);
+    order->kind_fp = tf__llmc_kind_fp(c);
     return 0;
 }
 
-int tf_order_create_llmc(const tf_dataset *ds, const tf_order_config *cfg, uint32_t num_processes, tf_order **out) {
-    if (!out) return -EINVAL;
-    *out = NULL;
-    if (!ds || !cfg) TF_FAIL(-EINVAL, "tf_order_create_llmc: dataset and config are required");
-    tf__clearerr();
-    llmc_args a = {ds, num_processes};
-    return tf__order_build(llmc_init, &a, cfg, out);
+uint64_t tf__llmc_kind_fp(const tf_order_config *c) {
+    uint8_t buf[24];
+    tf__put_le64(buf, 0x31434d4c4cULL); /* "LLMC1" */
+    tf__put_le64(buf + 8, LLMC_FP_VERSION);
+    tf__put_le64(buf + 16, c->llmc_processes);
+    return tf_hash64(buf, sizeof buf, 0);
 }

@@ -170,6 +170,8 @@ fail:
 static int create_mix(const tf_dataset *const *ds, size_t n, const tf__sched_spec *spec, const tf_order_config *cfg,
                       tf_order **out) {
     if (n > MAX_SOURCES) TF_FAIL(-EINVAL, "a mixture takes at most %d sources, found %zu", MAX_SOURCES, n);
+    if (cfg->order != TF_ORDER_TOKENFEED)
+        TF_FAIL(-EINVAL, "order: another loader's order (llmc, olmo) reads one dataset, not a mixture; use order 'tokenfeed'");
     for (size_t s = 0; s < n; s++)
         if (!ds[s]) TF_FAIL(-EINVAL, "tf_order_create_mix: dataset %zu is NULL", s);
     mix_args a = {ds, n, *spec};

@@ -87,8 +87,8 @@ uint64_t tf__order_config_fingerprint(const tf_order_config *c) {
  * (C embedders, the Python binding, a mixture for its sources). */
 static int check_config(const tf_order_config *c) {
     TF_TRY(tf__settings_check(TF_SCOPE_ORDER, c)); /* every row's bounds, in every mode */
-    if (c->packing != TF_PACK_CONCAT && c->pad_id < 0)
-        TF_FAIL(-EINVAL, "pad_id: expected a token id >= 0 for packing BEST_FIT / DOCUMENT, found %lld",
+    if ((c->packing != TF_PACK_CONCAT || c->order == TF_ORDER_OLMO) && c->pad_id < 0)
+        TF_FAIL(-EINVAL, "pad_id: expected a token id >= 0 for packing BEST_FIT / DOCUMENT and order OLMO, found %lld",
                 (long long)c->pad_id);
     return 0;
 }
@@ -108,11 +108,12 @@ static int build(tf__order_init init, const void *args, const tf_order_config *c
         rc = tf__seterr(-EFAULT, "internal: order kind %s built %llu samples", o->ops->name, (unsigned long long)o->N);
         goto fail;
     }
+    if (!o->epoch_len) o->epoch_len = o->N;
     if (cfg->epochs == 0) {
         o->num_positions = UINT64_MAX;
     } else {
         uint64_t total;
-        if (tf__mul_overflow(cfg->epochs, o->N, &total)) {
+        if (tf__mul_overflow(cfg->epochs, o->epoch_len, &total)) {
             rc = tf__seterr(-EOVERFLOW, "epochs %llu x %llu samples per epoch overflows 64 bits: use epochs = 0 for an endless stream",
                             (unsigned long long)cfg->epochs, (unsigned long long)o->N);
             goto fail;
@@ -152,7 +153,7 @@ static int check_ids(const tf_dataset *ds, const tf_order_config *cfg) {
     tf_dataset_info info;
     TF_TRY(tf_dataset_get_info(ds, &info));
     if (!info.vocab_size) return 0;
-    if (cfg->packing != TF_PACK_CONCAT && (uint64_t)cfg->pad_id >= info.vocab_size)
+    if ((cfg->packing != TF_PACK_CONCAT || cfg->order == TF_ORDER_OLMO) && (uint64_t)cfg->pad_id >= info.vocab_size)
         TF_FAIL(-EINVAL, "pad_id %lld is outside the dataset's vocabulary (vocab_size %llu): use an id < vocab_size (padding is masked out of the loss)",
                 (long long)cfg->pad_id, (unsigned long long)info.vocab_size);
     if (cfg->separator_id >= 0 && (uint64_t)cfg->separator_id >= info.vocab_size)
@@ -180,9 +181,25 @@ int tf_order_create(const tf_dataset *ds, const tf_order_config *cfg, tf_order *
     if (!ds || !cfg) TF_FAIL(-EINVAL, "tf_order_create: dataset and config are required");
     tf__clearerr();
     TF_TRY(check_config(cfg));
+    if (cfg->order == TF_ORDER_LLMC) return build(tf__llmc_init, ds, cfg, out);
     TF_TRY(check_ids(ds, cfg));
     TF_TRY(check_docs(ds, cfg));
+    if (cfg->order == TF_ORDER_OLMO) return build(tf__olmo_init, ds, cfg, out);
     return build(cfg->packing == TF_PACK_CONCAT ? tf__concat_init : tf__packed_init, ds, cfg, out);
+}
+
+/* llm.c's order by its own constructor (llmc_order.c builds it). */
+int tf_order_create_llmc(const tf_dataset *ds, const tf_order_config *cfg, uint32_t num_processes, tf_order **out) {
+    if (!out) return -EINVAL;
+    *out = NULL;
+    if (!ds || !cfg) TF_FAIL(-EINVAL, "tf_order_create_llmc: dataset and config are required");
+    tf__clearerr();
+    if (num_processes < 1) TF_FAIL(-EINVAL, "llm.c's order: num_processes must be at least 1");
+    /* the configuration says what it is, so a state records it */
+    tf_order_config c = *cfg;
+    c.order = TF_ORDER_LLMC;
+    c.llmc_processes = num_processes;
+    return tf__order_build(tf__llmc_init, ds, &c, out);
 }
 
 void tf_order_free(tf_order *o) {
@@ -208,6 +225,7 @@ int tf__order_set_skips(tf_order *o, const uint64_t *ranges, size_t n) {
 }
 
 uint64_t tf_order_num_samples(const tf_order *o) { return o ? o->N : 0; }
+uint64_t tf_order_epoch_positions(const tf_order *o) { return o ? o->epoch_len : 0; }
 uint64_t tf_order_num_positions(const tf_order *o) { return o ? o->num_positions : 0; }
 uint64_t tf_order_fingerprint(const tf_order *o) { return o ? o->fingerprint : 0; }
 const tf_dataset *tf_order_dataset(const tf_order *o) { return o ? o->ds : NULL; }
@@ -314,6 +332,7 @@ static int check_sample(const tf_order *o, uint64_t sample) {
 }
 
 size_t tf__order_max_spans(const tf_order *o) { return o->max_spans; }
+int tf__order_pads_last(const tf_order *o) { return o->pad_last; }
 
 int tf__order_sample_spans(const tf_order *o, uint64_t sample, tf__span *spans, size_t cap, size_t *n) {
     if (!o || !spans || !n) return -EINVAL;
@@ -363,7 +382,7 @@ int tf_order_fill_sample(const tf_order *o, uint64_t sample, void *out, tf_dtype
     int64_t vals[2] = {o->cfg.separator_id, o->cfg.pad_id};
     uint8_t conv[2][8] = {{0}};
     for (int k = 0; k < 2; k++) {
-        if (vals[k] < 0 || (k == 1 && o->cfg.packing == TF_PACK_CONCAT)) continue;
+        if (vals[k] < 0 || (k == 1 && o->cfg.packing == TF_PACK_CONCAT && !o->pad_last)) continue;
         if (!fits_dtype(vals[k], out_dtype))
             TF_FAIL(-EINVAL, "%s %lld does not fit the output dtype %s: use a wider out_dtype",
                     k ? "pad_id" : "separator_id", (long long)vals[k], tf_dtype_name(out_dtype));

@@ -33,6 +33,10 @@ TF_HIDDEN size_t tf__order_max_spans(const tf_order *o);
 TF_HIDDEN int tf__order_sample_spans(const tf_order *o, uint64_t sample, tf__span *spans, size_t cap,
                                      size_t *n);
 
+/* Whether every sample's last token is pad_id, its label never trained
+ * (TF_ORDER_OLMO): extras computed from a row's tokens keep its loss mask 0. */
+TF_HIDDEN int tf__order_pads_last(const tf_order *o);
+
 /* Fill only the extras of a sample (tokens are fetched by the caller). Any
  * pointer of ex may be NULL; ex itself may be NULL. */
 TF_HIDDEN int tf__order_fill_extras(const tf_order *o, uint64_t sample, const tf_sample_extras *ex);

@@ -521,7 +521,11 @@ static void diff_config(const tf_order *o, const tf__sched_spec *now_spec, const
 static int saved_fingerprint(saved *s, uint64_t *fp) {
     *fp = tf__order_config_fingerprint(&s->cfg);
     if (*s->foreign) *fp = tf_mix64(*fp ^ s->foreign_fp);
-    if (!s->mixture) return 0;
+    if (!s->mixture) {
+        if (s->cfg.order == TF_ORDER_LLMC) *fp = tf_mix64(*fp ^ tf__llmc_kind_fp(&s->cfg));
+        if (s->cfg.order == TF_ORDER_OLMO) *fp = tf_mix64(*fp ^ tf__olmo_kind_fp(&s->cfg));
+        return 0;
+    }
     tf__sched_spec sp = s->spec;
     sp.M = s->cfg.mix_window;
     sp.G = s->cfg.global_batch;

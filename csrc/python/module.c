@@ -669,6 +669,7 @@ static int module_exec(PyObject *m) {
         PyModule_AddIntConstant(m, "BALANCE_NONE", TF_BALANCE_NONE) < 0 ||
         PyModule_AddIntConstant(m, "BALANCE_TOKENS", TF_BALANCE_TOKENS) < 0 ||
         PyModule_AddIntConstant(m, "BALANCE_ATTENTION", TF_BALANCE_ATTENTION) < 0 ||
+        PyModule_AddIntConstant(m, "BALANCE_STRIDED", TF_BALANCE_STRIDED) < 0 ||
         PyModule_AddStringConstant(m, "__version__", tf_version()) < 0)
         return -1;
     return 0;

@@ -505,6 +505,7 @@ static PyObject *Order_mix_counts_at(tfpy_Order *self, PyObject *arg) {
 }
 
 static PyObject *Order_get_num_samples(tfpy_Order *self, void *c) { return PyLong_FromUnsignedLongLong(tf_order_num_samples(self->o)); }
+static PyObject *Order_get_epoch_positions(tfpy_Order *self, void *c) { return PyLong_FromUnsignedLongLong(tf_order_epoch_positions(self->o)); }
 static PyObject *Order_get_num_positions(tfpy_Order *self, void *c) { return PyLong_FromUnsignedLongLong(tf_order_num_positions(self->o)); }
 static PyObject *Order_get_fingerprint(tfpy_Order *self, void *c) { return PyLong_FromUnsignedLongLong(tf_order_fingerprint(self->o)); }
 static PyObject *Order_get_dataset_fingerprint(tfpy_Order *self, void *c) {
@@ -657,6 +658,7 @@ TFPY_TYPE_SPEC(Order, tfpy_Order, Py_TPFLAGS_DEFAULT,
 
                {Py_tp_getset, TFPY_GETSET(
                    {"num_samples", (getter)Order_get_num_samples, NULL, "samples per epoch (N)", NULL},
+                   {"epoch_positions", (getter)Order_get_epoch_positions, NULL, "positions per epoch (N, or fewer where an epoch leaves samples out)", NULL},
                    {"num_positions", (getter)Order_get_num_positions, NULL, "positions in the stream (2**64-1 when infinite)", NULL},
                    {"fingerprint", (getter)Order_get_fingerprint, NULL, "64-bit configuration fingerprint", NULL},
                    {"dataset_fingerprint", (getter)Order_get_dataset_fingerprint, NULL, "64-bit fingerprint of the data read (a mixture: of its sources in order)", NULL})});

@@ -111,6 +111,8 @@ class OrderConfig:
     of a Megatron-core GPTDataset index cache, see :mod:`tokenfeed._megatron_cache`) makes
     the order GPTDataset's, read from that cache; ``megatron_add_extra_token`` is the
     GPTDatasetConfig option ``add_extra_token_to_sequence`` it was built with.
+    state carries it). ``order`` is ``"tokenfeed"`` or another loader's order to continue
+    its run (``"llmc"``, with ``llmc_processes``; ``"olmo"``, with ``olmo_chunk``: docs/order.md).
     """
 
     seq_len: int
@@ -129,6 +131,9 @@ class OrderConfig:
     mix_anchor: Optional[Tuple[int, Tuple[int, ...]]] = None
     megatron_cache: Optional[str] = None
     megatron_add_extra_token: bool = True
+    order: str = "tokenfeed"
+    llmc_processes: Optional[int] = None
+    olmo_chunk: Optional[int] = None
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "seed", "block_size", "window_blocks", "pack_window", "mix_window", "global_batch"):
@@ -144,6 +149,8 @@ class OrderConfig:
         if self.packing not in PACKING:
             raise ValueError(f"packing must be 'concat', 'best_fit' or 'document', got {self.packing!r}")
         if self.megatron_cache is not None:
+            if self.order != "tokenfeed":
+                raise ValueError(f"megatron_cache= is Megatron's order: it does not combine with order={self.order!r}")
             if self.weights is not None:
                 raise ValueError("megatron_cache= reads one dataset in the order Megatron's cache holds: no weights=")
             if shuffle != "none" or self.packing != "concat" or self.separator_id is not None or self.pad_id:
@@ -151,6 +158,9 @@ class OrderConfig:
                                  "shuffle, packing, separator_id and pad_id unset (shuffle=False, packing='concat')")
             if not isinstance(self.megatron_add_extra_token, bool):
                 raise TypeError(f"megatron_add_extra_token must be True or False, got {self.megatron_add_extra_token!r}")
+        check_settings(order=self.order, llmc_processes=self.llmc_processes, olmo_chunk=self.olmo_chunk)
+        if self.order != "tokenfeed" and self.weights is not None:
+            raise ValueError(f"order={self.order!r} reads one dataset as that loader does, not a mixture (weights=)")
         if self.epochs is not None and self.epochs < 1:
             # C reads 0 as "endless"; here that is None, so 0 is a mistake
             raise ValueError(f"epochs must be None (endless) or a positive int, got {self.epochs!r}")
@@ -164,7 +174,8 @@ class OrderConfig:
             anchor = (int(apos), tuple(int(c) for c in acounts))
         # canonical values: plain ints and names, so that states compare and serialise
         canon = dict(shuffle=shuffle, weights=weights, mix_anchor=anchor, separator_id=_int(self.separator_id),
-                     pad_id=_int(self.pad_id), epochs=_int(self.epochs))
+                     pad_id=_int(self.pad_id), epochs=_int(self.epochs), llmc_processes=_int(self.llmc_processes),
+                     olmo_chunk=_int(self.olmo_chunk))
         canon.update({k: int(getattr(self, k)) for k in ("seq_len", "seed", "block_size", "window_blocks",
                                                           "pack_window", "mix_window", "global_batch")})
         for k, v in canon.items():
@@ -183,7 +194,8 @@ class OrderConfig:
             seq_len=self.seq_len, seed=self.seed, shuffle=SHUFFLE[str(self.shuffle)], block_size=self.block_size,
             window_blocks=self.window_blocks, global_batch=self.global_batch, epochs=self.epochs or 0,
             separator_id=self.separator_id, packing=PACKING[self.packing],
-            pad_id=0 if self.pad_id is None else self.pad_id, pack_window=self.pack_window)
+            pad_id=0 if self.pad_id is None else self.pad_id, pack_window=self.pack_window, order=self.order,
+            llmc_processes=self.llmc_processes, olmo_chunk=self.olmo_chunk)
         if isinstance(self.weights, WeightSchedule):
             kw.update(weights=[list(w) for w in self.weights.weights], schedule_steps=list(self.weights.steps),
                       interpolation=1 if self.weights.interpolation == "linear" else 0, mix_window=self.mix_window)

@@ -25,6 +25,7 @@ MAX_PREFETCH: int
 BALANCE_NONE: int
 BALANCE_TOKENS: int
 BALANCE_ATTENTION: int
+BALANCE_STRIDED: int
 
 _DTypeArg = Union[str, np.dtype[Any], type, None]
 _UIntArray = npt.NDArray[np.uint64]
@@ -188,14 +189,19 @@ class Order:
                 pad_id: Optional[int] = None, pack_window: Optional[int] = None, mix_window: Optional[int] = None,
                 weights: Optional[Sequence[Any]] = None, schedule_steps: Optional[Sequence[int]] = None,
                 interpolation: Optional[int] = None, anchor_position: Optional[int] = None,
-                anchor_counts: Optional[Sequence[int]] = None,
+                anchor_counts: Optional[Sequence[int]] = None, order: Union[int, str, None] = None,
+                llmc_processes: Optional[int] = None, olmo_chunk: Optional[int] = None,
                 megatron_index: Optional[Tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any], bool]] = None,
                 ) -> "Order": ...
+    # order: "tokenfeed" (default), "llmc" (llm.c's loader, llmc_processes of them) or "olmo"
+    # (OLMo-core's NumpyFSLDataset instances in NumpyFSLDataLoader's order)
     # with schedule_steps: weights holds one list per step; interpolation 0 = constant, 1 = linear
     # megatron_index: GPTDataset's (document_index, sample_index, shuffle_index, add_extra_token);
     # the order is Megatron's (tf_order_create_megatron) and keeps the arrays
     @property
     def num_samples(self) -> int: ...
+    @property
+    def epoch_positions(self) -> int: ...
     @property
     def num_positions(self) -> int: ...  # 2**64 - 1 when infinite
     @property

@@ -24,7 +24,8 @@ __all__ = ["add_parsers", "cmd_explain", "cmd_where"]
 
 # keys of a loader state's "config" that are Loader keyword arguments
 _STATE_KEYS = ("seq_len", "seed", "shuffle", "block_size", "window_blocks", "separator_id", "packing", "pad_id",
-               "pack_window", "weights", "mix_window", "epochs")
+               "pack_window", "weights", "mix_window", "epochs", "order", "llmc_processes",
+               "olmo_chunk")
 
 
 class _Problem(ValueError):
@@ -190,7 +191,7 @@ def _loader_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dp-size", type=int, default=1, help="data-parallel ranks (default 1)")
     p.add_argument("--dtype", help="token dtype of headerless files")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--balance", choices=["none", "tokens", "attention"], default="none",
+    p.add_argument("--balance", choices=["none", "tokens", "attention", "strided"], default="none",
                    help="the loader's balance= (a state does not record it; default none)")
     p.add_argument("--balance-micro-batches", type=int, default=1, metavar="M",
                    help="the loader's balance_micro_batches= (default 1)")

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 import warnings
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -163,6 +163,15 @@ class Loader:
     ``add_extra_token_to_sequence`` (default True), which the cache does not record; the
     shuffle is Megatron's (``shuffle`` must not be ``"block"``); ``epochs=1`` ends the stream
     where the cache ends (endless streams read it again). See ``docs/guides/megatron.md``.
+    ``order="llmc"`` or ``order="olmo"`` reproduces another loader's samples and order, so
+    a run begun on it continues here (``docs/order.md``, "Continuing another loader's
+    run"): ``"llmc"`` is llm.c's ``DataLoader`` (each file cut on its own from its token 0,
+    ``batch_size`` rows of ``seq_len + 1`` per process, shuffled per process as
+    ``train_gpt2`` does, from ``seed`` (default 42, llm.c's); ``llmc_processes``, default
+    ``dp_size``, is its number of processes); ``"olmo"`` is OLMo-core's ``NumpyFSLDataset`` instances
+    (``seq_len`` tokens each, then a ``pad_id`` whose label the loss mask leaves out) in
+    ``NumpyFSLDataLoader``'s seeded order, with ``balance="strided"`` for its split over
+    ranks (:mod:`tokenfeed.integrations.olmo_core` sets it all up).
 
     The C engine's threads and buffers start lazily in the process that iterates, so a
     Loader can be created before ``fork`` or pickled to a ``spawn`` worker.
@@ -187,10 +196,13 @@ class Loader:
                  rank: Optional[int] = None, world_size: Optional[int] = None, prefetch: Optional[int] = None,
                  device_prefetch: Optional[int] = None, source_ids: bool = False,
                  megatron_cache: Optional[PathLike] = None, megatron_split: str = "train",
-                 megatron_add_extra_token: bool = True, **settings: Any) -> None:
+                 megatron_add_extra_token: bool = True,
+                 order: Literal["tokenfeed", "llmc", "olmo"] = "tokenfeed", llmc_processes: Optional[int] = None,
+                 **settings: Any) -> None:
         # Every other keyword is a row of the C settings table (_core.settings(), listed in
         # docs/api.md): passed through by scope and checked by its row.
         order_kw, engine_kw, device_kw = split_settings(settings, "Loader")
+        order_kw.update(order=order, llmc_processes=llmc_processes)
         # the older names of two settings, kept for a release
         engine_kw["prefetch_batches"] = renamed("prefetch_batches", engine_kw.get("prefetch_batches"), "prefetch",
                                                 prefetch)
@@ -227,6 +239,12 @@ class Loader:
             if shuffle not in (True, False, "full", "none"):
                 raise ValueError(f"megatron_cache= reads Megatron's own shuffle: shuffle={shuffle!r} cannot apply")
             shuffle = "none"
+        if order == "llmc":
+            # llm.c's processes are the data-parallel ranks that continue its run, and it seeds
+            # process r's shuffle with 42 + r
+            if llmc_processes is None:
+                order_kw["llmc_processes"] = pc.dp_size
+            order_kw.setdefault("seed", 42)
         self._order_cfg = OrderConfig(seq_len=seq_len, shuffle=shuffle, weights=weights,
                                       global_batch=self._engine_cfg.global_batch, **order_kw)
         if output not in ("auto", "torch", "numpy"):
@@ -376,6 +394,13 @@ class Loader:
     def num_samples(self) -> int:
         """Samples per epoch."""
         n: int = self._order.num_samples
+        return n
+
+    @property
+    def epoch_positions(self) -> int:
+        """Positions per epoch: ``num_samples``, or fewer with ``order="olmo"``, whose epochs leave
+        out the instances past whole global batches as OLMo-core's data loader does."""
+        n: int = self._order.epoch_positions
         return n
 
     @property
