@@ -152,6 +152,29 @@ static int open_one(const char *path, const tf_open_options *opt, tf_file **file
     return rc;
 }
 
+/* Megatron files are parsed from their prefix; f->path is the .bin. */
+static int reopen_megatron(const char *bin, const tf_open_options *opt, tf_file *f) {
+    size_t n = strlen(bin);
+    char *pre = strdup(bin);
+    if (!pre) return -ENOMEM;
+    if (n > 4 && strcmp(pre + n - 4, ".bin") == 0) pre[n - 4] = '\0';
+    int rc = tf__open_megatron(pre, opt, f);
+    free(pre);
+    return rc;
+}
+
+/* The parser that maps a file of format fmt again from its path. */
+static tf__parse_fn parser_of(tf_format fmt) {
+    switch (fmt) {
+    case TF_FORMAT_NATIVE: return tf__open_native;
+    case TF_FORMAT_MEGATRON: return reopen_megatron;
+    case TF_FORMAT_LLMC: return tf__open_llmc;
+    case TF_FORMAT_NPY: return tf__open_npy;
+    case TF_FORMAT_RAW: return tf__open_raw;
+    default: return NULL;
+    }
+}
+
 static tf_dtype wider(tf_dtype a, tf_dtype b) {
     if (a == TF_DTYPE_INVALID) return b;
     if (a == b) return a;
@@ -279,7 +302,7 @@ int tf__dataset_open_paths(const char *const *paths, size_t n, const tf_open_opt
         opt->raw_dtype != TF_UINT64 && opt->raw_dtype != TF_INT16)
         TF_FAIL(-EINVAL, "dtype %s is not a token dtype", tf_dtype_name(opt->raw_dtype));
     tf_file *files = NULL;
-    uint64_t nfiles = 0, cap = 0;
+    uint64_t nfiles = 0, cap = 0, lazy_done = 0;
     for (size_t i = 0; i < n; i++) {
         if (!paths[i]) {
             for (uint64_t k = 0; k < nfiles; k++) tf__file_close(&files[k]);
@@ -298,6 +321,9 @@ int tf__dataset_open_paths(const char *const *paths, size_t n, const tf_open_opt
             i = j - 1;
         } else {
             rc = open_one(paths[i], opt, &files, &nfiles, &cap);
+            /* several files: each is mapped on demand from now on */
+            if (rc == 0 && (n > 1 || nfiles > 1))
+                for (; rc == 0 && lazy_done < nfiles; lazy_done++) rc = tf__file_make_lazy(&files[lazy_done], opt, parser_of(files[lazy_done].format));
         }
         if (rc < 0) {
             for (uint64_t k = 0; k < nfiles; k++) tf__file_close(&files[k]);
@@ -512,10 +538,21 @@ int tf_dataset_view(const tf_dataset *ds, uint64_t start, uint64_t count, const 
     uint64_t i = tf__dataset_file_of(ds, start);
     const tf_file *f = &ds->files[i];
     uint64_t local = start - ds->tok_prefix[i];
-    if (f->compressed || !f->tokens || count > f->num_tokens - local) return -TF_EUNSUPPORTED;
+    if (f->compressed || count > f->num_tokens - local) return -TF_EUNSUPPORTED;
+    /* a file mapped on demand stays mapped while the dataset lives once a
+     * pointer into it was handed out */
+    if (f->lazy) TF_TRY(tf__file_pin(f, &f));
+    if (!f->tokens) return -TF_EUNSUPPORTED;
     *ptr = f->tokens + local * tf_dtype_size(f->dtype);
     if (dtype) *dtype = f->dtype;
     return 0;
+}
+
+const void *tf__dataset_peek(const tf_dataset *ds, uint64_t pos) {
+    if (pos >= ds->num_tokens) return NULL;
+    const tf_file *f = &ds->files[tf__dataset_file_of(ds, pos)];
+    if (f->lazy || f->compressed || !f->tokens) return NULL;
+    return f->tokens + (pos - ds->tok_prefix[tf__dataset_file_of(ds, pos)]) * tf_dtype_size(f->dtype);
 }
 
 static uint64_t file_of_doc(const tf_dataset *ds, uint64_t doc) {
@@ -543,7 +580,9 @@ static int dataset_find_document(const tf_dataset *ds, uint64_t pos, uint64_t *d
     if (pos >= ds->num_tokens)
         TF_FAIL(-ERANGE, "token %llu out of range: the dataset has %llu tokens", (unsigned long long)pos, (unsigned long long)ds->num_tokens);
     uint64_t k = tf__dataset_file_of(ds, pos);
-    *doc = ds->doc_prefix[k] + tf__file_find_document(&ds->files[k], pos - ds->tok_prefix[k]);
+    uint64_t local;
+    TF_TRY(tf__file_find_document(&ds->files[k], pos - ds->tok_prefix[k], &local));
+    *doc = ds->doc_prefix[k] + local;
     return 0;
 }
 
@@ -592,10 +631,31 @@ static int call_verify(void *p) {
     return file_verify(c->f, c->vocab, c->progress, c->cancel, c->scratch, c->cap);
 }
 
+/* Mapping a file on demand reads its header: under the guard too. */
+typedef struct acquire_args {
+    const tf_file *f;
+    const tf_file **live;
+} acquire_args;
+static int acquire_call(void *p) {
+    acquire_args *a = p;
+    return tf__file_acquire(a->f, a->live);
+}
+
 /* Hashing and scanning a mapped file run under the SIGBUS guard (a file
  * truncated meanwhile gives -EIO); the scratch buffer is allocated here,
  * outside the guard, so a fault cannot leak it. */
+static int file_verify_live(const tf_file *f, uint64_t vocab_size, _Atomic uint64_t *progress, _Atomic int *cancel);
 int tf__file_verify(const tf_file *f, uint64_t vocab_size, _Atomic uint64_t *progress, _Atomic int *cancel) {
+    if (!f->lazy) return file_verify_live(f, vocab_size, progress, cancel);
+    const tf_file *l = NULL;
+    int rc = tf__files_guard(f, 1, acquire_call, &(acquire_args){f, &l});
+    if (rc) return rc;
+    rc = file_verify_live(l, vocab_size, progress, cancel);
+    tf__file_release(f);
+    return rc;
+}
+
+static int file_verify_live(const tf_file *f, uint64_t vocab_size, _Atomic uint64_t *progress, _Atomic int *cancel) {
     size_t cap = CHUNK * sizeof(int64_t);
     if (f->compressed && f->block_tokens * tf_dtype_size(f->dtype) > cap)
         cap = (size_t)(f->block_tokens * tf_dtype_size(f->dtype));
