@@ -279,7 +279,9 @@ TF_API int tf_dataset_read(const tf_dataset *ds, uint64_t start, uint64_t count,
 /* Zero-copy: if [start, start+count) lies in one uncompressed mapped file,
  * *ptr points at it (in the file's dtype, reported in *dtype) and 0 is returned;
  * otherwise -TF_EUNSUPPORTED (use tf_dataset_read). The pointer lives as long as
- * the dataset. */
+ * the dataset. The files of a dataset of several local files are mapped on
+ * demand and may be unmapped again (TOKENFEED_MAX_OPEN_SHARDS): they give
+ * -TF_EUNSUPPORTED too. */
 TF_API int tf_dataset_view(const tf_dataset *ds, uint64_t start, uint64_t count, const void **ptr,
                            tf_dtype *dtype);
 

@@ -538,11 +538,8 @@ int tf_dataset_view(const tf_dataset *ds, uint64_t start, uint64_t count, const 
     uint64_t i = tf__dataset_file_of(ds, start);
     const tf_file *f = &ds->files[i];
     uint64_t local = start - ds->tok_prefix[i];
-    if (f->compressed || count > f->num_tokens - local) return -TF_EUNSUPPORTED;
-    /* a file mapped on demand stays mapped while the dataset lives once a
-     * pointer into it was handed out */
-    if (f->lazy) TF_TRY(tf__file_pin(f, &f));
-    if (!f->tokens) return -TF_EUNSUPPORTED;
+    /* a file mapped on demand may be unmapped again: no pointer into it */
+    if (f->compressed || f->lazy || !f->tokens || count > f->num_tokens - local) return -TF_EUNSUPPORTED;
     *ptr = f->tokens + local * tf_dtype_size(f->dtype);
     if (dtype) *dtype = f->dtype;
     return 0;

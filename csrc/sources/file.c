@@ -457,7 +457,6 @@ struct tf__lazy {
     tf_file live;  /* the parsed, mapped file while mapped */
     int mapped;
     int in_lru;
-    int view_pinned; /* pinned for good by tf_dataset_view */
     _Atomic int checked; /* parsed and checked against the metadata once */
     uint32_t users;
     struct tf__lazy *prev, *next; /* LRU of mapped, unpinned files */
@@ -745,18 +744,6 @@ void tf__file_release(const tf_file *f) {
         evict_over_limit();
     }
     pthread_mutex_unlock(&lz_mu);
-}
-
-int tf__file_pin(const tf_file *f, const tf_file **live) {
-    TF_TRY(tf__file_acquire(f, live));
-    struct tf__lazy *z = f->lazy;
-    if (!z) return 0;
-    pthread_mutex_lock(&lz_mu);
-    int again = z->view_pinned;
-    z->view_pinned = 1;
-    pthread_mutex_unlock(&lz_mu);
-    if (again) tf__file_release(f); /* one pin for good is enough */
-    return 0;
 }
 
 int tf__file_mapped_at(const tf_file *f, const void *addr, const char **path, size_t *off) {

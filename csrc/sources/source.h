@@ -300,9 +300,6 @@ TF_HIDDEN void tf__file_release(const tf_file *f);
 /* Check f against its metadata if that was never done (a file known from a
  * catalog, read with pread): acquire and release once. */
 TF_HIDDEN int tf__file_touch(const tf_file *f);
-/* As acquire, pinned for as long as f lives (tf_dataset_view hands out
- * pointers into the mapping). */
-TF_HIDDEN int tf__file_pin(const tf_file *f, const tf_file **live);
 /* Whether addr lies in a mapping of f now: the file's path and the offset. */
 TF_HIDDEN int tf__file_mapped_at(const tf_file *f, const void *addr, const char **path, size_t *off);
 /* Byte offset of f's first token in its file, or -1 when f cannot be read
