@@ -152,29 +152,6 @@ static int open_one(const char *path, const tf_open_options *opt, tf_file **file
     return rc;
 }
 
-/* Megatron files are parsed from their prefix; f->path is the .bin. */
-static int reopen_megatron(const char *bin, const tf_open_options *opt, tf_file *f) {
-    size_t n = strlen(bin);
-    char *pre = strdup(bin);
-    if (!pre) return -ENOMEM;
-    if (n > 4 && strcmp(pre + n - 4, ".bin") == 0) pre[n - 4] = '\0';
-    int rc = tf__open_megatron(pre, opt, f);
-    free(pre);
-    return rc;
-}
-
-/* The parser that maps a file of format fmt again from its path. */
-static tf__parse_fn parser_of(tf_format fmt) {
-    switch (fmt) {
-    case TF_FORMAT_NATIVE: return tf__open_native;
-    case TF_FORMAT_MEGATRON: return reopen_megatron;
-    case TF_FORMAT_LLMC: return tf__open_llmc;
-    case TF_FORMAT_NPY: return tf__open_npy;
-    case TF_FORMAT_RAW: return tf__open_raw;
-    default: return NULL;
-    }
-}
-
 static tf_dtype wider(tf_dtype a, tf_dtype b) {
     if (a == TF_DTYPE_INVALID) return b;
     if (a == b) return a;
@@ -303,6 +280,15 @@ int tf__dataset_open_paths(const char *const *paths, size_t n, const tf_open_opt
         TF_FAIL(-EINVAL, "dtype %s is not a token dtype", tf_dtype_name(opt->raw_dtype));
     tf_file *files = NULL;
     uint64_t nfiles = 0, cap = 0, lazy_done = 0;
+    /* Several local files, or a directory: the node's catalog, if it has
+     * one for these paths, places every position without reading them. */
+    int local = 1, many = n > 1;
+    for (size_t i = 0; i < n; i++) {
+        if (!paths[i] || tf__is_url(paths[i])) local = 0;
+        else if (!many && path_exists(paths[i], 1)) many = 1;
+    }
+    if (local && many && tf__catalog_load(paths, n, opt, &files, &nfiles) == 0)
+        return finish_dataset(files, nfiles, out);
     for (size_t i = 0; i < n; i++) {
         if (!paths[i]) {
             for (uint64_t k = 0; k < nfiles; k++) tf__file_close(&files[k]);
@@ -323,7 +309,7 @@ int tf__dataset_open_paths(const char *const *paths, size_t n, const tf_open_opt
             rc = open_one(paths[i], opt, &files, &nfiles, &cap);
             /* several files: each is mapped on demand from now on */
             if (rc == 0 && (n > 1 || nfiles > 1))
-                for (; rc == 0 && lazy_done < nfiles; lazy_done++) rc = tf__file_make_lazy(&files[lazy_done], opt, parser_of(files[lazy_done].format));
+                for (; rc == 0 && lazy_done < nfiles; lazy_done++) rc = tf__file_make_lazy(&files[lazy_done], opt, tf__parser_of(files[lazy_done].format));
         }
         if (rc < 0) {
             for (uint64_t k = 0; k < nfiles; k++) tf__file_close(&files[k]);
@@ -337,6 +323,7 @@ int tf__dataset_open_paths(const char *const *paths, size_t n, const tf_open_opt
                 "DatasetWriter that received no documents writes one). Check that the path points at the data you "
                 "meant.", paths[0]);
     }
+    if (local && many) tf__catalog_save(paths, n, opt, files, nfiles);
     return finish_dataset(files, nfiles, out);
 }
 

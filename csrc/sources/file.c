@@ -68,8 +68,9 @@ static int map_count(uint64_t *count, uint64_t *limit) {
 static int map_failed(const char *path, long long size, int e) {
     uint64_t count, limit;
     if (e == ENOMEM && map_count(&count, &limit) == 0 && count + 16 >= limit)
-        TF_FAIL(-EMFILE, "%s: cannot map the file: the process has %llu memory mappings, at the kernel's limit vm.max_map_count = %llu (every file of a dataset takes one, two with an index file). Write the data into fewer, larger shards (DatasetWriter's shard_tokens, tokenfeed convert), or raise the limit as root: sysctl -w vm.max_map_count=%llu.",
-                path, (unsigned long long)count, (unsigned long long)limit, (unsigned long long)(limit * 4 > 1048576 ? limit * 4 : 1048576));
+        TF_FAIL(-EMFILE, "%s: cannot map the file: the process has %llu memory mappings, at the kernel's limit vm.max_map_count = %llu (every mapped file takes one, two with an index file; a dataset of several files keeps at most $TOKENFEED_MAX_OPEN_SHARDS = %llu of them mapped). Lower TOKENFEED_MAX_OPEN_SHARDS, write the data into fewer, larger shards (DatasetWriter's shard_tokens, tokenfeed convert), or raise the limit as root: sysctl -w vm.max_map_count=%llu.",
+                path, (unsigned long long)count, (unsigned long long)limit, (unsigned long long)tf__lazy_limit(),
+                (unsigned long long)(limit * 4 > 1048576 ? limit * 4 : 1048576));
     TF_FAIL(-e, "%s: cannot map %lld bytes: %s", path, size, strerror(e));
 }
 

@@ -307,6 +307,22 @@ TF_HIDDEN int tf__file_mapped_at(const tf_file *f, const void *addr, const char 
 TF_HIDDEN int64_t tf__file_token_offset(const tf_file *f);
 TF_HIDDEN uint64_t tf__file_size(const tf_file *f);
 
+/* ---- catalog.c: what open needs, in one file per set of paths ------------- */
+
+/* The parser that maps a file of format fmt again from its path (NULL for
+ * none). */
+TF_HIDDEN tf__parse_fn tf__parser_of(tf_format fmt);
+/* The files of paths from the node's catalog, each mapped on demand: 0 with
+ * *files (nfiles, owned) filled, 1 when there is no usable catalog (open by
+ * parsing). Files whose identity changed are parsed again and the catalog
+ * rewritten. */
+TF_HIDDEN int tf__catalog_load(const char *const *paths, size_t n, const tf_open_options *opt, tf_file **files,
+                               uint64_t *nfiles);
+/* Write the catalog of files opened from paths (best effort: nothing on
+ * failure, and nothing for a dataset a catalog cannot describe). */
+TF_HIDDEN void tf__catalog_save(const char *const *paths, size_t n, const tf_open_options *opt,
+                                const tf_file *files, uint64_t nfiles);
+
 /* ---- native.c: the native format beyond its parsers --------------------- */
 
 /* Decompress block b of a compressed file into out (block_tokens tokens or
