@@ -5,6 +5,7 @@ first touch, never other tokens."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -107,3 +108,104 @@ def test_shard_changed_after_open_is_an_error_naming_it(tmp_path):
         [os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])})
     assert "ERR" in out, out
     assert files[5] in out and "changed" in out
+
+
+def _aged(paths, seconds=60):
+    """Files old enough to enter a catalog (one modified in the last 2 s is not catalogued)."""
+    for p in paths:
+        st = os.stat(p)
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns - seconds * 1_000_000_000))
+
+
+def _llmc_set(d, n=12, per=50):
+    d.mkdir(exist_ok=True)
+    files = []
+    for i in range(n):
+        p = d / f"shard_{i:03d}.bin"
+        write_llmc(str(p), (np.arange(per) + 100 * i).astype(np.uint16))
+        files.append(str(p))
+    _aged(files)
+    return files
+
+
+def test_catalog_written_once_then_read(tmp_path, monkeypatch):
+    cat = tmp_path / "catalog"
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cat))
+    files = _llmc_set(tmp_path / "d")
+    spec = str(tmp_path / "d" / "shard_*.bin")
+    first = tokenfeed.open(spec)
+    written = sorted(os.listdir(cat))
+    assert len(written) == 1 and written[0].endswith(".tfcat")
+    second = tokenfeed.open(spec)  # from the catalog: nothing parsed
+    assert second.fingerprint == first.fingerprint and second.num_tokens == first.num_tokens
+    assert second.num_documents == first.num_documents and second.paths == files
+    assert np.array_equal(second.tokens(0, second.num_tokens), first.tokens(0, first.num_tokens))
+    assert _stream_digest(second, "pread") == _stream_digest(first, "pread")
+    assert _stream_digest(second, "mmap") == _stream_digest(first, "mmap")
+
+
+def test_native_dataset_from_catalog(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(tmp_path / "catalog"))
+    d = tmp_path / "native"
+    rng = np.random.default_rng(0)
+    with tokenfeed.DatasetWriter(str(d), vocab_size=1000, shard_tokens=64) as w:
+        for _ in range(30):
+            w.add_document(rng.integers(0, 1000, size=int(rng.integers(5, 40))))
+    _aged([str(p) for p in d.iterdir()])
+    a = tokenfeed.open(str(d))
+    assert a.num_files > 2 and os.listdir(tmp_path / "catalog")
+    b = tokenfeed.open(str(d))
+    assert b.fingerprint == a.fingerprint and b.num_documents == a.num_documents
+    for i in range(a.num_documents):
+        assert np.array_equal(a.document(i), b.document(i))
+    assert a.find_document(a.num_tokens - 1) == b.find_document(b.num_tokens - 1)
+    b.verify()
+
+
+def test_stale_catalog_entry_refreshed(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(tmp_path / "catalog"))
+    files = _llmc_set(tmp_path / "d")
+    spec = str(tmp_path / "d" / "shard_*.bin")
+    tokenfeed.open(spec)
+    write_llmc(files[3], np.full(77, 7, dtype=np.uint16))  # another size and tokens
+    _aged([files[3]])
+    ds = tokenfeed.open(spec)
+    assert ds.num_tokens == 11 * 50 + 77
+    assert (ds.tokens(3 * 50, 3 * 50 + 77) == 7).all()
+    fresh = tokenfeed.open(files)  # a list of the same files: parsed, not from that catalog
+    assert ds.fingerprint == fresh.fingerprint
+
+
+def test_file_changed_after_the_catalog_was_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(tmp_path / "catalog"))
+    files = _llmc_set(tmp_path / "d")
+    spec = str(tmp_path / "d" / "shard_*.bin")
+    tokenfeed.open(spec)
+    ds = tokenfeed.open(spec)  # from the catalog: no file mapped yet
+    write_llmc(files[4], np.full(50, 9, dtype=np.uint16))  # same size, other tokens
+    _aged([files[4]], 30)
+    with pytest.raises(tokenfeed.FormatError, match=re.escape(files[4]) + ".*changed"):
+        ds.tokens(4 * 50, 5 * 50)
+    assert (ds.tokens(0, 50) == np.arange(50)).all()  # the others read on
+
+
+def test_damaged_catalog_is_ignored_and_replaced(tmp_path, monkeypatch):
+    cat = tmp_path / "catalog"
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cat))
+    _llmc_set(tmp_path / "d")
+    spec = str(tmp_path / "d" / "shard_*.bin")
+    ref = tokenfeed.open(spec)
+    (name,) = os.listdir(cat)
+    blob = bytearray((cat / name).read_bytes())
+    blob[100] ^= 0xFF
+    (cat / name).write_bytes(bytes(blob))
+    ds = tokenfeed.open(spec)
+    assert ds.fingerprint == ref.fingerprint
+    assert (cat / name).read_bytes() != bytes(blob)  # written again
+
+
+def test_no_catalog_when_turned_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", "off")
+    _llmc_set(tmp_path / "d")
+    tokenfeed.open(str(tmp_path / "d" / "shard_*.bin"))
+    assert not (tmp_path / "catalog").exists()
