@@ -207,7 +207,11 @@ typedef struct tf_open_options {
  * opt may be NULL. On success *out owns the mappings; free with tf_dataset_free. */
 TF_API int tf_dataset_open(const char *path, const tf_open_options *opt, tf_dataset **out);
 
-/* Open several paths and concatenate them in order (documents and tokens). */
+/* Open several paths and concatenate them in order (documents and tokens).
+ * A dataset of several local files maps each on first touch and keeps at most
+ * $TOKENFEED_MAX_OPEN_SHARDS (default 256) of them mapped per process; the
+ * node's catalog ($TOKENFEED_CATALOG_DIR) lets a later open of the same paths
+ * skip reading their headers (docs/format.md, "The node's catalog"). */
 TF_API int tf_dataset_open_many(const char *const *paths, size_t n, const tf_open_options *opt,
                                 tf_dataset **out);
 
