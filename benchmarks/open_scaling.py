@@ -7,11 +7,13 @@ in the cache directory. Also prints time to first shuffled batch.
 
     python benchmarks/open_scaling.py                # 10^12 tokens in 10^4 shards
     python benchmarks/open_scaling.py --sizes 1e9 1e10 1e11 1e12 --json scaling.json
-    python benchmarks/open_scaling.py --startup 10 1000 10000   # open to first batch against shard count
+    python benchmarks/open_scaling.py --startup 10 1000 10000 100000   # open to first batch against shard count
 
 --startup times open() to the first batch in a fresh process for a glob of llm.c shards and
-a native dataset of that many shards, cold (the files' pages dropped from the page cache
-first) and warm (again), and prints the ratio of each warm figure to the smallest count's.
+a native dataset of that many shards (up to 10^4), without the node's catalog (cold: the
+files' pages dropped from the page cache first; warm: again) and with it (the first open,
+which writes it; then cold and warm opens that read it), and prints the ratio of each warm
+figure to the smallest count's.
 """
 import argparse
 import json
@@ -61,22 +63,29 @@ def main() -> int:
 
 def startup(a: argparse.Namespace) -> int:
     rows = startup_scaling(a.cache_dir, sorted(a.startup), log=lambda m: print(m, file=sys.stderr))
-    base = {r["set"]: r for r in rows
-            if r["status"] == "ok" and r["start"] == "warm" and r["shards"] == min(a.startup)}
-    print("| set | shards | cold: open / first batch (ms) | warm: open / first batch (ms) "
-          "| warm first batch / smallest |")
+    ok = [r for r in rows if r["status"] == "ok"]
+    base = {(r["set"], r["catalog"]): r for r in ok
+            if r["start"] == "warm" and r["shards"] == min(a.startup)}
+    print("| set | shards | no catalog: cold / warm (ms) | catalog: first open / cold / warm (ms) "
+          "| warm / smallest, without / with catalog |")
     print("|---|--:|--:|--:|--:|")
+
+    def ms(kind: str, k: int, cat: str, start: str) -> str:
+        r = next((r for r in rows if (r["set"], r["shards"], r["catalog"], r["start"]) == (kind, k, cat, start)), None)
+        return f"{r['first_batch_s'] * 1e3:.1f}" if r and r["status"] == "ok" else "failed" if r else "-"
+
+    def ratio(kind: str, k: int, cat: str) -> str:
+        w = next((r for r in ok if (r["set"], r["shards"], r["catalog"], r["start"]) == (kind, k, cat, "warm")), None)
+        b = base.get((kind, cat))
+        return f"{w['first_batch_s'] / b['first_batch_s']:.1f}x" if w and b else "-"
+
     for kind in dict.fromkeys(r["set"] for r in rows):
         for k in sorted(a.startup):
-            by = {r["start"]: r for r in rows if r["set"] == kind and r["shards"] == k}
-            cells = []
-            for t in ("cold", "warm"):
-                r = by.get(t)
-                cells.append(f"{r['open_s'] * 1e3:.0f} / {r['first_batch_s'] * 1e3:.0f}" if r and r["status"] == "ok"
-                             else "failed")
-            w, b = by.get("warm"), base.get(kind)
-            ratio = f"{w['first_batch_s'] / b['first_batch_s']:.1f}x" if w and b and w["status"] == "ok" else "-"
-            print(f"| {kind} | {k:,} | {cells[0]} | {cells[1]} | {ratio} |")
+            if not any(r["set"] == kind and r["shards"] == k for r in rows):
+                continue
+            print(f"| {kind} | {k:,} | {ms(kind, k, 'none', 'cold')} / {ms(kind, k, 'none', 'warm')} "
+                  f"| {ms(kind, k, 'first open', 'cold')} / {ms(kind, k, 'read', 'cold')} / {ms(kind, k, 'read', 'warm')} "
+                  f"| {ratio(kind, k, 'none')} / {ratio(kind, k, 'read')} |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

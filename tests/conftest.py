@@ -38,6 +38,7 @@ import json
 import os
 import re
 import struct
+import tempfile
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -312,3 +313,8 @@ def write_llmc(path: Any, tokens: Any, version: int = 1) -> None:
     with open(path, "wb") as f:
         f.write(header.tobytes())
         f.write(np.asarray(tokens, dtype=dt).tobytes())
+
+
+# The node's catalog of multi-file datasets (csrc/sources/catalog.c) goes to a directory of
+# this test session, not the user's ~/.cache.
+os.environ.setdefault("TOKENFEED_CATALOG_DIR", tempfile.mkdtemp(prefix="tokenfeed-catalog-"))

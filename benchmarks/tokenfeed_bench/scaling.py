@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -37,12 +38,12 @@ def open_scaling(cache: str, sizes: Sequence[int], *, shards_for: Optional[Calla
 
 
 def _child(python: str, call: str, extra: Dict[str, Any], log: Callable[[str], None], label: str,
-           summary: Callable[[Dict[str, Any]], str]) -> Dict[str, Any]:
-    """Run ``tokenfeed_bench.scaling.<call>`` in a fresh process: its dict and ``extra``, with
-    status "ok" (logged as ``label: summary(r)``), or status "failed" and the last line of its
-    stderr."""
+           summary: Callable[[Dict[str, Any]], str], env_extra: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """Run ``tokenfeed_bench.scaling.<call>`` in a fresh process (with ``env_extra`` in its
+    environment): its dict and ``extra``, with status "ok" (logged as ``label: summary(r)``), or
+    status "failed" and the last line of its stderr."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in (package_parent(), os.environ.get("PYTHONPATH"))
-                                                      if x))
+                                                      if x), **(env_extra or {}))
     code = f"import json\nfrom tokenfeed_bench import scaling\nprint({RESULT!r}+json.dumps(scaling.{call}))"
     p = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=600, env=env)
     i = p.stdout.rfind(RESULT)
@@ -114,23 +115,37 @@ def startup_child(spec: str, seq_len: int, batch_size: int) -> Dict[str, Any]:
 
 
 def startup_scaling(cache: str, counts: Sequence[int], *, seq_len: int = 512, batch_size: int = 8,
-                    log: Callable[[str], None] = lambda m: None, python: str = sys.executable) -> List[Dict[str, Any]]:
-    """Time from open() to the first batch in a fresh process, for each shard count and set kind:
-    cold (the files' pages dropped from the page cache first), then warm (the same again)."""
+                    log: Callable[[str], None] = lambda m: None, python: str = sys.executable,
+                    native_max: int = 10_000) -> List[Dict[str, Any]]:
+    """Time from open() to the first batch in a fresh process, for each shard count and set kind
+    (native datasets up to ``native_max`` shards), without and with the node's catalog:
+
+    * no catalog (``TOKENFEED_CATALOG_DIR=off``): cold (the files' pages dropped from the page
+      cache first), then warm (the same again);
+    * catalog: the first open, which parses every file and writes the catalog (cold); then cold
+      again (pages and catalog dropped from the page cache, the catalog file kept); then warm."""
     out = []
     for k in counts:
         ld = os.path.join(cache, "startup", f"llmc-{k}")
         names = make_sparse_llmc(ld, k * 1_000_000, k)
-        nd = make_native_shards(os.path.join(cache, "startup", f"native-{k}"), k)
-        sets = [("llm.c glob", os.path.join(ld, "shard_*.bin"), names),
-                ("native", nd, sorted(glob.glob(os.path.join(nd, "*"))))]
+        sets = [("llm.c glob", os.path.join(ld, "shard_*.bin"), names)]
+        if k <= native_max:
+            nd = make_native_shards(os.path.join(cache, "startup", f"native-{k}"), k)
+            sets.append(("native", nd, sorted(glob.glob(os.path.join(nd, "*")))))
         for kind, spec, files in sets:
-            for temp in ("cold", "warm"):
+            catdir = os.path.join(cache, "startup", "catalog")
+            shutil.rmtree(catdir, ignore_errors=True)
+            runs = [("none", "cold", "off"), ("none", "warm", "off"),
+                    ("first open", "cold", catdir), ("read", "cold", catdir), ("read", "warm", catdir)]
+            for cat, temp, cdir in runs:
                 if temp == "cold":
-                    _evict(files + [os.path.dirname(files[0])] if files else [])
+                    extra = glob.glob(os.path.join(catdir, "*.tfcat")) if cdir != "off" else []
+                    _evict(files + extra + ([os.path.dirname(files[0])] if files else []))
                 out.append(_child(python, f"startup_child({spec!r}, {seq_len}, {batch_size})",
-                                  {"set": kind, "shards": k, "start": temp}, log,
-                                  f"start-up {kind}, {k} shards, {temp}",
-                                  lambda r: f"open {r['open_s'] * 1e3:.0f} ms, first batch "
-                                            f"{r['first_batch_s'] * 1e3:.0f} ms"))
+                                  {"set": kind, "shards": k, "start": temp, "catalog": cat}, log,
+                                  f"start-up {kind}, {k} shards, {temp}, catalog {cat}",
+                                  lambda r: f"open {r['open_s'] * 1e3:.1f} ms, first batch "
+                                            f"{r['first_batch_s'] * 1e3:.1f} ms",
+                                  env_extra={"TOKENFEED_CATALOG_DIR": cdir}))
+            shutil.rmtree(catdir, ignore_errors=True)
     return out

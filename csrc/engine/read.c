@@ -137,12 +137,7 @@ void tf__reader_destroy(tf__reader *r) {
 /* Byte offset of file f's first token inside the file, or -1 when f cannot be
  * read with a descriptor (compressed, memory dataset, tokens not in the map). */
 static int64_t token_offset(const tf_file *f) {
-    if (f->compressed || !f->map || !f->tokens || !f->path) return -1;
-    const uint8_t *m = f->map;
-    size_t isz = tf_dtype_size(f->dtype);
-    if (f->tokens < m || (size_t)(f->tokens - m) > f->map_len) return -1;
-    if (f->num_tokens > (f->map_len - (size_t)(f->tokens - m)) / (isz ? isz : 1)) return -1;
-    return (int64_t)(f->tokens - m);
+    return tf__file_token_offset(f);
 }
 
 /* Open the file behind f: its path, or (Megatron, whose path may be the
@@ -166,7 +161,7 @@ static int open_file(const tf_file *f, int flags, int *err) {
             *err = EINVAL;
             continue;
         }
-        if ((uint64_t)st.st_size == (uint64_t)f->map_len) {
+        if ((uint64_t)st.st_size == tf__file_size(f)) {
             if (fallback >= 0) close(fallback);
             return fd;
         }
@@ -206,6 +201,15 @@ static int get_fd(tf__reader *r, uint64_t i, int direct) {
         if (r->nopen >= r->max_open) evict_fd(r);
         int err = 0;
         int fd = open_file(f, direct ? O_DIRECT : 0, &err);
+        /* Out of descriptors: give back the least recently used one this
+         * reader holds idle and cache fewer from now on. */
+        while (fd < 0 && (err == EMFILE || err == ENFILE) && r->nopen > 0) {
+            uint64_t before = r->nopen;
+            evict_fd(r);
+            if (r->nopen == before) break; /* every descriptor is in use */
+            r->max_open = r->nopen > 1 ? r->nopen : 1;
+            fd = open_file(f, direct ? O_DIRECT : 0, &err);
+        }
         if (fd < 0) {
             pthread_mutex_unlock(&r->fd_mu);
             char eb[96];
@@ -345,6 +349,7 @@ static int queue_read(tf__worker *w, uint64_t fi, uint64_t start, uint64_t count
     const tf_file *f = &r->ds->files[fi];
     int64_t base = token_offset(f);
     if (base < 0) return 1;
+    TF_TRY(tf__file_touch(f)); /* a file known from a catalog: checked before its bytes are used */
     int direct = 0, fd = TF__FD_UNUSABLE;
     if (r->direct_io) {
         fd = get_fd(r, fi, 1);
@@ -640,6 +645,13 @@ static int read_span(tf__worker *w, uint64_t sample, const tf__span *sp, uint64_
                 int q = mmap_only ? 1 : queue_read(w, fi, local, n, dst, stage_need);
                 if (q == 1) {
                     rc = tf__file_read(f, local, n, dst, r->out_dtype);
+                    if ((rc == -EMFILE || rc == -ENFILE) && r->fd_mu_ok) {
+                        /* mapping the file on demand needs a descriptor for a moment */
+                        pthread_mutex_lock(&r->fd_mu);
+                        evict_fd(r);
+                        pthread_mutex_unlock(&r->fd_mu);
+                        rc = tf__file_read(f, local, n, dst, r->out_dtype);
+                    }
                     w->bytes += n * tf_dtype_size(f->dtype);
                 } else {
                     rc = q;
@@ -697,9 +709,8 @@ static size_t prefetch_sample(const tf__reader *r, uint64_t sample, tf__span sp[
     size_t ns = 0;
     if (tf__order_sample_spans(r->order, sample, sp, 2, &ns) != 0) return 0;
     if (ns == 0 || sp[0].src == TF_SPAN_SEPARATOR || sp[0].src == TF_SPAN_PAD) return ns;
-    const void *p;
-    tf_dtype dt;
-    if (tf_dataset_view(r->ds, sp[0].src, 1, &p, &dt) != 0) {
+    const void *p = tf__dataset_peek(r->ds, sp[0].src);
+    if (!p) {
         /* a compressed file: prefetch from its decoded block, if cached */
         if (r->zc) tf__zcache_prefetch(r->zc, r->ds, sp[0].src, sp[0].len);
         return ns;

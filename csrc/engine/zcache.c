@@ -472,6 +472,7 @@ static int acquire(tf__zcache *c, tf__zhold *h, const tf_file *f, uint64_t fi, u
     while (v != Z_NIL && (c->e[v].pins || c->e[v].state == Z_LOADING)) v = c->e[v].prev;
     uint64_t first = b * f->block_tokens;
     uint64_t ntok = f->num_tokens - first < f->block_tokens ? f->num_tokens - first : f->block_tokens;
+    uint64_t stored = 0;
     int rc;
     if (v == Z_NIL) {
         /* Every entry is in use (a capacity below workers + 1): decode
@@ -484,7 +485,7 @@ static int acquire(tf__zcache *c, tf__zhold *h, const tf_file *f, uint64_t fi, u
             h->scratch = p;
             h->scratch_cap = c->blk_bytes;
         }
-        rc = tf__file_read_block(f, b, h->scratch, h->scratch_cap);
+        rc = tf__file_read_block(f, b, h->scratch, h->scratch_cap, &stored);
         if (rc) return rc;
         h->data = h->scratch;
     } else {
@@ -504,7 +505,7 @@ static int acquire(tf__zcache *c, tf__zhold *h, const tf_file *f, uint64_t fi, u
         h->loading = e; /* before any mapped byte is read: see tf__zcache_abandon */
         pthread_mutex_unlock(&c->mu);
 
-        rc = tf__file_read_block(f, b, e->buf, c->blk_bytes);
+        rc = tf__file_read_block(f, b, e->buf, c->blk_bytes, &stored);
 
         pthread_mutex_lock(&c->mu);
         h->loading = NULL;
@@ -525,7 +526,7 @@ static int acquire(tf__zcache *c, tf__zhold *h, const tf_file *f, uint64_t fi, u
     }
     h->file = fi;
     h->block = b;
-    h->decoded_bytes += tf__le64(f->block_table + 16 * b + 8);
+    h->decoded_bytes += stored;
     atomic_fetch_add_explicit(&c->blocks_decoded, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&c->tokens_decoded, ntok, memory_order_relaxed);
     return 0;

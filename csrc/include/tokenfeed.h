@@ -207,7 +207,11 @@ typedef struct tf_open_options {
  * opt may be NULL. On success *out owns the mappings; free with tf_dataset_free. */
 TF_API int tf_dataset_open(const char *path, const tf_open_options *opt, tf_dataset **out);
 
-/* Open several paths and concatenate them in order (documents and tokens). */
+/* Open several paths and concatenate them in order (documents and tokens).
+ * A dataset of several local files maps each on first touch and keeps at most
+ * $TOKENFEED_MAX_OPEN_SHARDS (default 256) of them mapped per process; the
+ * node's catalog ($TOKENFEED_CATALOG_DIR) lets a later open of the same paths
+ * skip reading their headers (docs/format.md, "The node's catalog"). */
 TF_API int tf_dataset_open_many(const char *const *paths, size_t n, const tf_open_options *opt,
                                 tf_dataset **out);
 
@@ -279,7 +283,9 @@ TF_API int tf_dataset_read(const tf_dataset *ds, uint64_t start, uint64_t count,
 /* Zero-copy: if [start, start+count) lies in one uncompressed mapped file,
  * *ptr points at it (in the file's dtype, reported in *dtype) and 0 is returned;
  * otherwise -TF_EUNSUPPORTED (use tf_dataset_read). The pointer lives as long as
- * the dataset. */
+ * the dataset. The files of a dataset of several local files are mapped on
+ * demand and may be unmapped again (TOKENFEED_MAX_OPEN_SHARDS): they give
+ * -TF_EUNSUPPORTED too. */
 TF_API int tf_dataset_view(const tf_dataset *ds, uint64_t start, uint64_t count, const void **ptr,
                            tf_dtype *dtype);
 

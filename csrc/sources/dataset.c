@@ -279,7 +279,16 @@ int tf__dataset_open_paths(const char *const *paths, size_t n, const tf_open_opt
         opt->raw_dtype != TF_UINT64 && opt->raw_dtype != TF_INT16)
         TF_FAIL(-EINVAL, "dtype %s is not a token dtype", tf_dtype_name(opt->raw_dtype));
     tf_file *files = NULL;
-    uint64_t nfiles = 0, cap = 0;
+    uint64_t nfiles = 0, cap = 0, lazy_done = 0;
+    /* Several local files, or a directory: the node's catalog, if it has
+     * one for these paths, places every position without reading them. */
+    int local = 1, many = n > 1;
+    for (size_t i = 0; i < n; i++) {
+        if (!paths[i] || tf__is_url(paths[i])) local = 0;
+        else if (!many && path_exists(paths[i], 1)) many = 1;
+    }
+    if (local && many && tf__catalog_load(paths, n, opt, &files, &nfiles) == 0)
+        return finish_dataset(files, nfiles, out);
     for (size_t i = 0; i < n; i++) {
         if (!paths[i]) {
             for (uint64_t k = 0; k < nfiles; k++) tf__file_close(&files[k]);
@@ -298,6 +307,9 @@ int tf__dataset_open_paths(const char *const *paths, size_t n, const tf_open_opt
             i = j - 1;
         } else {
             rc = open_one(paths[i], opt, &files, &nfiles, &cap);
+            /* several files: each is mapped on demand from now on */
+            if (rc == 0 && (n > 1 || nfiles > 1))
+                for (; rc == 0 && lazy_done < nfiles; lazy_done++) rc = tf__file_make_lazy(&files[lazy_done], opt, tf__parser_of(files[lazy_done].format));
         }
         if (rc < 0) {
             for (uint64_t k = 0; k < nfiles; k++) tf__file_close(&files[k]);
@@ -311,6 +323,7 @@ int tf__dataset_open_paths(const char *const *paths, size_t n, const tf_open_opt
                 "DatasetWriter that received no documents writes one). Check that the path points at the data you "
                 "meant.", paths[0]);
     }
+    if (local && many) tf__catalog_save(paths, n, opt, files, nfiles);
     return finish_dataset(files, nfiles, out);
 }
 
@@ -512,10 +525,18 @@ int tf_dataset_view(const tf_dataset *ds, uint64_t start, uint64_t count, const 
     uint64_t i = tf__dataset_file_of(ds, start);
     const tf_file *f = &ds->files[i];
     uint64_t local = start - ds->tok_prefix[i];
-    if (f->compressed || !f->tokens || count > f->num_tokens - local) return -TF_EUNSUPPORTED;
+    /* a file mapped on demand may be unmapped again: no pointer into it */
+    if (f->compressed || f->lazy || !f->tokens || count > f->num_tokens - local) return -TF_EUNSUPPORTED;
     *ptr = f->tokens + local * tf_dtype_size(f->dtype);
     if (dtype) *dtype = f->dtype;
     return 0;
+}
+
+const void *tf__dataset_peek(const tf_dataset *ds, uint64_t pos) {
+    if (pos >= ds->num_tokens) return NULL;
+    const tf_file *f = &ds->files[tf__dataset_file_of(ds, pos)];
+    if (f->lazy || f->compressed || !f->tokens) return NULL;
+    return f->tokens + (pos - ds->tok_prefix[tf__dataset_file_of(ds, pos)]) * tf_dtype_size(f->dtype);
 }
 
 static uint64_t file_of_doc(const tf_dataset *ds, uint64_t doc) {
@@ -543,7 +564,9 @@ static int dataset_find_document(const tf_dataset *ds, uint64_t pos, uint64_t *d
     if (pos >= ds->num_tokens)
         TF_FAIL(-ERANGE, "token %llu out of range: the dataset has %llu tokens", (unsigned long long)pos, (unsigned long long)ds->num_tokens);
     uint64_t k = tf__dataset_file_of(ds, pos);
-    *doc = ds->doc_prefix[k] + tf__file_find_document(&ds->files[k], pos - ds->tok_prefix[k]);
+    uint64_t local;
+    TF_TRY(tf__file_find_document(&ds->files[k], pos - ds->tok_prefix[k], &local));
+    *doc = ds->doc_prefix[k] + local;
     return 0;
 }
 
@@ -592,10 +615,31 @@ static int call_verify(void *p) {
     return file_verify(c->f, c->vocab, c->progress, c->cancel, c->scratch, c->cap);
 }
 
+/* Mapping a file on demand reads its header: under the guard too. */
+typedef struct acquire_args {
+    const tf_file *f;
+    const tf_file **live;
+} acquire_args;
+static int acquire_call(void *p) {
+    acquire_args *a = p;
+    return tf__file_acquire(a->f, a->live);
+}
+
 /* Hashing and scanning a mapped file run under the SIGBUS guard (a file
  * truncated meanwhile gives -EIO); the scratch buffer is allocated here,
  * outside the guard, so a fault cannot leak it. */
+static int file_verify_live(const tf_file *f, uint64_t vocab_size, _Atomic uint64_t *progress, _Atomic int *cancel);
 int tf__file_verify(const tf_file *f, uint64_t vocab_size, _Atomic uint64_t *progress, _Atomic int *cancel) {
+    if (!f->lazy) return file_verify_live(f, vocab_size, progress, cancel);
+    const tf_file *l = NULL;
+    int rc = tf__files_guard(f, 1, acquire_call, &(acquire_args){f, &l});
+    if (rc) return rc;
+    rc = file_verify_live(l, vocab_size, progress, cancel);
+    tf__file_release(f);
+    return rc;
+}
+
+static int file_verify_live(const tf_file *f, uint64_t vocab_size, _Atomic uint64_t *progress, _Atomic int *cancel) {
     size_t cap = CHUNK * sizeof(int64_t);
     if (f->compressed && f->block_tokens * tf_dtype_size(f->dtype) > cap)
         cap = (size_t)(f->block_tokens * tf_dtype_size(f->dtype));

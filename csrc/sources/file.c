@@ -24,6 +24,7 @@
 #endif
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,8 @@
 #include <unistd.h>
 
 #include "source.h"
+
+typedef unsigned long long ull;
 
 /* ------------------------------------------------------------------------ */
 /* mapping and identity                                                      */
@@ -65,8 +68,9 @@ static int map_count(uint64_t *count, uint64_t *limit) {
 static int map_failed(const char *path, long long size, int e) {
     uint64_t count, limit;
     if (e == ENOMEM && map_count(&count, &limit) == 0 && count + 16 >= limit)
-        TF_FAIL(-EMFILE, "%s: cannot map the file: the process has %llu memory mappings, at the kernel's limit vm.max_map_count = %llu (every file of a dataset takes one, two with an index file). Write the data into fewer, larger shards (DatasetWriter's shard_tokens, tokenfeed convert), or raise the limit as root: sysctl -w vm.max_map_count=%llu.",
-                path, (unsigned long long)count, (unsigned long long)limit, (unsigned long long)(limit * 4 > 1048576 ? limit * 4 : 1048576));
+        TF_FAIL(-EMFILE, "%s: cannot map the file: the process has %llu memory mappings, at the kernel's limit vm.max_map_count = %llu (every mapped file takes one, two with an index file; a dataset of several files keeps at most $TOKENFEED_MAX_OPEN_SHARDS = %llu of them mapped). Lower TOKENFEED_MAX_OPEN_SHARDS, write the data into fewer, larger shards (DatasetWriter's shard_tokens, tokenfeed convert), or raise the limit as root: sysctl -w vm.max_map_count=%llu.",
+                path, (unsigned long long)count, (unsigned long long)limit, (unsigned long long)tf__lazy_limit(),
+                (unsigned long long)(limit * 4 > 1048576 ? limit * 4 : 1048576));
     TF_FAIL(-e, "%s: cannot map %lld bytes: %s", path, size, strerror(e));
 }
 
@@ -148,6 +152,7 @@ int tf__file_exists(const char *path) {
 
 void tf__file_close(tf_file *f) {
     if (!f) return;
+    tf__file_lazy_free(f);
     if (f->bytes_ops && f->bytes_ops->free) f->bytes_ops->free(f->bytes_src);
     free(f->meta);
     tf__unmap(f->map, f->map_len);
@@ -220,6 +225,13 @@ char *tf__path_join(const char *dir, const char *name) {
 
 int tf__file_document(const tf_file *f, uint64_t j, uint64_t *start, uint64_t *len) {
     if (j >= f->num_docs) TF_FAIL(-ERANGE, "document %llu out of range", (unsigned long long)j);
+    if (f->lazy && f->doc_kind != TF_DOCS_SINGLE) {
+        const tf_file *l;
+        TF_TRY(tf__file_acquire(f, &l));
+        int rc = tf__file_document(l, j, start, len);
+        tf__file_release(f);
+        return rc;
+    }
     switch (f->doc_kind) {
     case TF_DOCS_SINGLE:
         *start = 0;
@@ -251,7 +263,7 @@ int tf__file_document(const tf_file *f, uint64_t j, uint64_t *start, uint64_t *l
     return -EINVAL;
 }
 
-uint64_t tf__file_find_document(const tf_file *f, uint64_t pos) {
+static uint64_t find_document(const tf_file *f, uint64_t pos) {
     switch (f->doc_kind) {
     case TF_DOCS_SINGLE: return 0;
     case TF_DOCS_ENDS: {
@@ -278,6 +290,18 @@ uint64_t tf__file_find_document(const tf_file *f, uint64_t pos) {
         return lo;
     }
     }
+    return 0;
+}
+
+int tf__file_find_document(const tf_file *f, uint64_t pos, uint64_t *doc) {
+    if (f->lazy && f->doc_kind != TF_DOCS_SINGLE) {
+        const tf_file *l;
+        TF_TRY(tf__file_acquire(f, &l));
+        *doc = find_document(l, pos);
+        tf__file_release(f);
+        return 0;
+    }
+    *doc = find_document(f, pos);
     return 0;
 }
 
@@ -320,10 +344,18 @@ static tf_blockbuf *thread_blockbuf(size_t need) {
     return b;
 }
 
-int tf__file_read_block(const tf_file *f, uint64_t b, void *out, size_t out_cap) {
+int tf__file_read_block(const tf_file *f, uint64_t b, void *out, size_t out_cap, uint64_t *stored) {
+    if (f->lazy) {
+        const tf_file *l;
+        TF_TRY(tf__file_acquire(f, &l));
+        int rc = tf__file_read_block(l, b, out, out_cap, stored);
+        tf__file_release(f);
+        return rc;
+    }
     if (!f->compressed || !f->read_block)
         TF_FAIL(-EINVAL, "%s: block %llu requested from a file that has no compressed blocks", f->path,
                 (unsigned long long)b);
+    if (stored && f->block_table && b < f->num_blocks) *stored = tf__le64(f->block_table + 16 * b + 8);
     return f->read_block(f, b, out, out_cap);
 }
 
@@ -331,6 +363,13 @@ int tf__file_read(const tf_file *f, uint64_t start, uint64_t count, void *out, t
     if (start > f->num_tokens || count > f->num_tokens - start)
         TF_FAIL(-ERANGE, "%s: tokens [%llu, %llu) out of range (%llu tokens)", f->path,
                 (unsigned long long)start, (unsigned long long)(start + count), (unsigned long long)f->num_tokens);
+    if (f->lazy) {
+        const tf_file *l;
+        TF_TRY(tf__file_acquire(f, &l));
+        int rc = tf__file_read(l, start, count, out, out_dtype);
+        tf__file_release(f);
+        return rc;
+    }
     size_t isz = tf_dtype_size(f->dtype), osz = tf_dtype_size(out_dtype);
     if (!f->compressed && f->bytes_ops) return f->bytes_ops->read_tokens(f, start, count, out, out_dtype);
     if (!f->compressed) {
@@ -347,7 +386,7 @@ int tf__file_read(const tf_file *f, uint64_t start, uint64_t count, void *out, t
     while (count) {
         uint64_t b = start / bt, off = start % bt;
         uint64_t n = bt - off < count ? bt - off : count;
-        TF_TRY(tf__file_read_block(f, b, bb->p, bb->cap));
+        TF_TRY(tf__file_read_block(f, b, bb->p, bb->cap, NULL));
         tf_convert(o, out_dtype, bb->p + off * isz, f->dtype, (size_t)n);
         o += n * osz;
         start += n;
@@ -362,20 +401,10 @@ int tf__file_read(const tf_file *f, uint64_t start, uint64_t count, void *out, t
 
 /* The message for a fault at addr: which mapping of files[0, n) holds it. */
 static int fault_error(const tf_file *files, uint64_t n, const void *addr) {
-    const uint8_t *a = addr;
     for (uint64_t i = 0; files && i < n; i++) {
-        const tf_file *f = &files[i];
         const char *path = NULL;
         size_t off = 0;
-        if (f->map && a >= (const uint8_t *)f->map && (size_t)(a - (const uint8_t *)f->map) < f->map_len) {
-            path = f->path;
-            off = (size_t)(a - (const uint8_t *)f->map);
-        } else if (f->aux_map && a >= (const uint8_t *)f->aux_map &&
-                   (size_t)(a - (const uint8_t *)f->aux_map) < f->aux_len) {
-            path = f->aux_path ? f->aux_path : f->path;
-            off = (size_t)(a - (const uint8_t *)f->aux_map);
-        }
-        if (path)
+        if (tf__file_mapped_at(&files[i], addr, &path, &off))
             return tf__seterr(-EIO, "%s: the file changed while mapped: reading byte %zu failed (bus error). Files must not be modified while a job reads them; re-open the dataset.",
                               path, off);
     }
@@ -387,4 +416,371 @@ int tf__files_guard(const tf_file *files, uint64_t nfiles, int (*fn)(void *), vo
     tf__sigbus_fault fault = {0, NULL};
     int rc = tf__sigbus_run(fn, arg, &fault);
     return fault.hit ? fault_error(files, nfiles, fault.addr) : rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* files mapped on demand                                                    */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * the shards of a multi-file dataset, mapped on first touch and
+ * unmapped again when the process holds too many.
+ *
+ * A dataset of many files keeps, per file, only what placing a position needs
+ * (the tf_file in ds->files: counts, dtype, fingerprint, format fields) and a
+ * tf__lazy: the file's identity when its metadata was taken (device, inode,
+ * size, modification time, for the file and its index file) and, while it is
+ * mapped, the parsed file (`live`) whose pointers the readers use.
+ *
+ *   - Touch: tf__file_acquire maps and parses the file if it is not mapped
+ *     (the format's own parser, with the options the dataset was opened
+ *     with), checks it against the metadata and the identity (a file changed
+ *     since is an error naming it, never other tokens), and pins it;
+ *     tf__file_release unpins it.
+ *   - Bound: the files mapped this way, over all datasets of the process, are
+ *     at most TOKENFEED_MAX_OPEN_SHARDS (default 256) plus those pinned at
+ *     the moment; an unpinned file is unmapped least recently used first.
+ *     A mapping holds no descriptor (file.c closes it after mmap), so the
+ *     bound is on mappings (vm.max_map_count) and address space; the engine
+ *     keeps its own bounded descriptor table for pread and io_uring.
+ *
+ * Threads: one process-wide mutex (lz_mu) guards every tf__lazy's mapped /
+ * users / LRU links and the count; it is never held while mapped bytes are
+ * read (a SIGBUS escapes with siglongjmp, common/sigbus.c), only around
+ * bookkeeping, mmap's undo (munmap) and frees. Parsing happens outside it;
+ * two threads touching the same unmapped file may both parse it, and the
+ * second drops its copy. A reader interrupted by a bus error between acquire
+ * and release leaves the file pinned (it stays mapped until the dataset is
+ * freed).
+ */
+
+struct tf__lazy {
+    tf_file live;  /* the parsed, mapped file while mapped */
+    int mapped;
+    int in_lru;
+    _Atomic int checked; /* parsed and checked against the metadata once */
+    uint32_t users;
+    struct tf__lazy *prev, *next; /* LRU of mapped, unpinned files */
+    char *index_dir;              /* the open options' index_dir (owned) */
+    tf__file_id id[2];            /* the file, and its index file (aux_path) */
+    tf__parse_fn reopen;          /* the format's parser, given the file's path */
+    int64_t tok_off;              /* byte offset of the first token in the file, or -1 */
+};
+
+static pthread_mutex_t lz_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct tf__lazy *lru_head, *lru_tail;
+static uint64_t lz_mapped;
+static uint64_t lz_limit;
+
+#define TF_LAZY_DEFAULT_LIMIT 256u
+
+/* A fork()ed child (a DataLoader worker) gets lz_mu unlocked: the fork waits
+ * for whoever holds it (only ever briefly, around bookkeeping). */
+static void lz_fork_prepare(void) { pthread_mutex_lock(&lz_mu); }
+static void lz_fork_done(void) { pthread_mutex_unlock(&lz_mu); }
+static pthread_once_t lz_once = PTHREAD_ONCE_INIT;
+static void lz_init(void) { pthread_atfork(lz_fork_prepare, lz_fork_done, lz_fork_done); }
+
+uint64_t tf__lazy_limit(void) {
+    pthread_once(&lz_once, lz_init);
+    pthread_mutex_lock(&lz_mu);
+    if (!lz_limit) {
+        uint64_t v = TF_LAZY_DEFAULT_LIMIT;
+        const char *e = getenv("TOKENFEED_MAX_OPEN_SHARDS");
+        if (e && *e) {
+            char *end;
+            unsigned long long x = strtoull(e, &end, 10);
+            if (*end == '\0' && x >= 1) v = x;
+        }
+        lz_limit = v;
+    }
+    uint64_t v = lz_limit;
+    pthread_mutex_unlock(&lz_mu);
+    return v;
+}
+
+uint64_t tf__lazy_mapped(void) {
+    pthread_mutex_lock(&lz_mu);
+    uint64_t n = lz_mapped;
+    pthread_mutex_unlock(&lz_mu);
+    return n;
+}
+
+int tf__file_id_get(const char *path, tf__file_id *id) {
+    memset(id, 0, sizeof *id);
+    struct stat st;
+    if (!path) return 0;
+    if (stat(path, &st) != 0) return -errno;
+    id->dev = (uint64_t)st.st_dev;
+    id->ino = (uint64_t)st.st_ino;
+    id->size = (uint64_t)st.st_size;
+    id->mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
+    id->known = 1;
+    return 0;
+}
+
+/* lz_mu held. */
+static void lru_unlink(struct tf__lazy *z) {
+    if (!z->in_lru) return;
+    if (z->prev) z->prev->next = z->next; else lru_head = z->next;
+    if (z->next) z->next->prev = z->prev; else lru_tail = z->prev;
+    z->prev = z->next = NULL;
+    z->in_lru = 0;
+}
+
+static void lru_push_head(struct tf__lazy *z) {
+    z->prev = NULL;
+    z->next = lru_head;
+    if (lru_head) lru_head->prev = z; else lru_tail = z;
+    lru_head = z;
+    z->in_lru = 1;
+}
+
+/* lz_mu held: unmap unpinned files, least recently used first, while more
+ * than the limit are mapped. */
+static void evict_over_limit(void) {
+    while (lz_mapped > lz_limit && lru_tail) {
+        struct tf__lazy *v = lru_tail;
+        lru_unlink(v);
+        tf__file_close(&v->live);
+        v->mapped = 0;
+        lz_mapped--;
+    }
+}
+
+/* What a file of meta's metadata keeps of its parsed self: everything but
+ * the pointers into its mappings. */
+static int strip_to_meta(tf_file *f) {
+    char *path = f->path ? strdup(f->path) : NULL, *aux = f->aux_path ? strdup(f->aux_path) : NULL;
+    if ((f->path && !path) || (f->aux_path && !aux)) {
+        free(path);
+        free(aux);
+        return -ENOMEM;
+    }
+    f->path = path;
+    f->aux_path = aux;
+    f->map = f->aux_map = f->owned = f->meta = NULL;
+    f->map_len = f->aux_len = 0;
+    f->tokens = f->zdata = f->block_table = f->docs_section = NULL;
+    f->mg_pointers = f->mg_sizes = NULL;
+    f->doc_ends = f->chunk_sums = NULL;
+    return 0;
+}
+
+static struct tf__lazy *lazy_alloc(const tf_open_options *opt) {
+    struct tf__lazy *z = calloc(1, sizeof *z);
+    if (!z) return NULL;
+    if (opt && opt->index_dir && !(z->index_dir = strdup(opt->index_dir))) {
+        free(z);
+        return NULL;
+    }
+    return z;
+}
+
+int tf__file_make_lazy(tf_file *f, const tf_open_options *opt, tf__parse_fn reopen) {
+    if (f->lazy || f->bytes_ops || f->owned || !f->path || tf__is_url(f->path)) return 0;
+    tf__lazy_limit();
+    struct tf__lazy *z = lazy_alloc(opt);
+    if (!z) return -ENOMEM;
+    z->reopen = reopen;
+    int rc = tf__file_id_get(f->path, &z->id[0]);
+    if (!rc && f->aux_path) rc = tf__file_id_get(f->aux_path, &z->id[1]);
+    if (rc) {
+        free(z->index_dir);
+        free(z);
+        TF_FAIL(rc, "%s: cannot stat: %s", f->path, strerror(-rc));
+    }
+    z->live = *f;
+    z->tok_off = tf__file_token_offset(f);
+    if (strip_to_meta(f) < 0) {
+        *f = z->live;
+        free(z->index_dir);
+        free(z);
+        return -ENOMEM;
+    }
+    f->lazy = z;
+    atomic_store(&z->checked, 1);
+    pthread_mutex_lock(&lz_mu);
+    z->mapped = 1;
+    lz_mapped++;
+    lru_push_head(z);
+    evict_over_limit();
+    pthread_mutex_unlock(&lz_mu);
+    return 0;
+}
+
+int tf__file_lazy_from_meta(tf_file *f, const tf_open_options *opt, tf__parse_fn reopen, const tf__file_id id[2],
+                            int64_t tok_off) {
+    tf__lazy_limit();
+    struct tf__lazy *z = lazy_alloc(opt);
+    if (!z) return -ENOMEM;
+    z->tok_off = tok_off;
+    z->reopen = reopen;
+    z->id[0] = id[0];
+    z->id[1] = id[1];
+    f->lazy = z;
+    return 0;
+}
+
+int64_t tf__file_lazy_ids(const tf_file *f, tf__file_id id[2]) {
+    memset(id, 0, 2 * sizeof *id);
+    if (!f->lazy) return tf__file_token_offset(f);
+    id[0] = f->lazy->id[0];
+    id[1] = f->lazy->id[1];
+    return f->lazy->tok_off;
+}
+
+void tf__file_lazy_free(tf_file *f) {
+    struct tf__lazy *z = f->lazy;
+    if (!z) return;
+    pthread_mutex_lock(&lz_mu);
+    lru_unlink(z);
+    if (z->mapped) lz_mapped--;
+    z->mapped = 0;
+    pthread_mutex_unlock(&lz_mu);
+    tf__file_close(&z->live);
+    free(z->index_dir);
+    free(z);
+    f->lazy = NULL;
+}
+
+static int id_changed(const char *path, const tf__file_id *was) {
+    if (!was->known) return 0;
+    tf__file_id now;
+    int rc = tf__file_id_get(path, &now);
+    if (rc) TF_FAIL(rc, "%s: cannot stat: %s (the file was there when the dataset was opened)", path, strerror(-rc));
+    if (now.size != was->size || now.mtime_ns != was->mtime_ns || now.ino != was->ino || now.dev != was->dev)
+        TF_FAIL(-TF_EFORMAT, "%s: the file changed after the dataset's index of it was taken (size %llu, modified at %llu.%09llu s; now %llu bytes, modified at %llu.%09llu s%s). Its tokens may no longer be those the dataset describes: open the dataset again.",
+                path, (ull)was->size, (ull)(was->mtime_ns / 1000000000ull), (ull)(was->mtime_ns % 1000000000ull),
+                (ull)now.size, (ull)(now.mtime_ns / 1000000000ull), (ull)(now.mtime_ns % 1000000000ull),
+                now.ino != was->ino ? ", another file under the same name" : "");
+    return 0;
+}
+
+/* Parse the file of meta again into *out (outside lz_mu: reads mapped bytes). */
+static int reparse(const tf_file *meta, const struct tf__lazy *z, tf_file *out) {
+    TF_TRY(id_changed(meta->path, &z->id[0]));
+    if (meta->aux_path) TF_TRY(id_changed(meta->aux_path, &z->id[1]));
+    tf_open_options o = {.format = meta->format, .raw_dtype = meta->format == TF_FORMAT_RAW ? meta->dtype : TF_DTYPE_INVALID,
+                         .has_eos_id = meta->eos_mode, .eos_id = meta->eos_id, .index_dir = z->index_dir};
+    if (!z->reopen) TF_FAIL(-EINVAL, "%s: no parser to map the file again (internal error)", meta->path);
+    return z->reopen(meta->path, &o, out);
+}
+
+/* The parsed file must be the one the metadata describes. */
+static int check_same(const tf_file *m, const tf_file *p) {
+    const char *fld = NULL;
+    uint64_t want = 0, found = 0;
+    if (p->num_tokens != m->num_tokens) fld = "num_tokens", want = m->num_tokens, found = p->num_tokens;
+    else if (p->num_docs != m->num_docs) fld = "num_docs", want = m->num_docs, found = p->num_docs;
+    else if (p->dtype != m->dtype) fld = "dtype", want = (uint64_t)m->dtype, found = (uint64_t)p->dtype;
+    else if (p->vocab_size != m->vocab_size) fld = "vocab_size", want = m->vocab_size, found = p->vocab_size;
+    else if (p->fingerprint != m->fingerprint) fld = "fingerprint", want = m->fingerprint, found = p->fingerprint;
+    else if (p->compressed != m->compressed) fld = "compressed", want = (uint64_t)m->compressed, found = (uint64_t)p->compressed;
+    else if (p->block_tokens != m->block_tokens) fld = "block_tokens", want = m->block_tokens, found = p->block_tokens;
+    else if (p->doc_kind != m->doc_kind) fld = "document kind", want = (uint64_t)m->doc_kind, found = (uint64_t)p->doc_kind;
+    else if (p->docs_from_rows != m->docs_from_rows) fld = "document index", want = (uint64_t)!m->docs_from_rows, found = (uint64_t)!p->docs_from_rows;
+    if (fld)
+        TF_FAIL(-TF_EFORMAT, "%s: %s: expected %llu (0x%llx) as when the dataset's index of the file was taken, found %llu (0x%llx). The file changed since: open the dataset again.",
+                m->path, fld, (ull)want, (ull)want, (ull)found, (ull)found);
+    return 0;
+}
+
+int tf__file_acquire(const tf_file *f, const tf_file **live) {
+    struct tf__lazy *z = f->lazy;
+    if (!z) {
+        *live = f;
+        return 0;
+    }
+    pthread_mutex_lock(&lz_mu);
+    if (z->mapped) {
+        lru_unlink(z);
+        z->users++;
+        pthread_mutex_unlock(&lz_mu);
+        *live = &z->live;
+        return 0;
+    }
+    pthread_mutex_unlock(&lz_mu);
+    tf_file tmp;
+    memset(&tmp, 0, sizeof tmp);
+    int rc = reparse(f, z, &tmp);
+    if (!rc) rc = check_same(f, &tmp);
+    /* the pread and io_uring backends read at this offset without the map */
+    if (!rc && tf__file_token_offset(&tmp) != z->tok_off)
+        rc = tf__seterr(-TF_EFORMAT, "%s: token offset: expected %lld as when the dataset's index of the file was taken, found %lld. The file changed since: open the dataset again.",
+                        f->path, (long long)z->tok_off, (long long)tf__file_token_offset(&tmp));
+    if (rc) {
+        tf__file_close(&tmp);
+        return rc;
+    }
+    pthread_mutex_lock(&lz_mu);
+    if (z->mapped) { /* another thread mapped it meanwhile: use that one */
+        lru_unlink(z);
+        z->users++;
+        pthread_mutex_unlock(&lz_mu);
+        tf__file_close(&tmp);
+    } else {
+        z->live = tmp;
+        z->mapped = 1;
+        z->users++;
+        lz_mapped++;
+        evict_over_limit();
+        pthread_mutex_unlock(&lz_mu);
+    }
+    atomic_store(&z->checked, 1);
+    *live = &z->live;
+    return 0;
+}
+
+int tf__file_touch(const tf_file *f) {
+    if (!f->lazy || atomic_load(&f->lazy->checked)) return 0;
+    const tf_file *l;
+    TF_TRY(tf__file_acquire(f, &l));
+    tf__file_release(f);
+    return 0;
+}
+
+void tf__file_release(const tf_file *f) {
+    struct tf__lazy *z = f->lazy;
+    if (!z) return;
+    pthread_mutex_lock(&lz_mu);
+    if (z->users && --z->users == 0 && z->mapped) {
+        lru_push_head(z);
+        evict_over_limit();
+    }
+    pthread_mutex_unlock(&lz_mu);
+}
+
+int tf__file_mapped_at(const tf_file *f, const void *addr, const char **path, size_t *off) {
+    struct tf__lazy *z = f->lazy;
+    int hit = 0;
+    if (z) pthread_mutex_lock(&lz_mu);
+    const tf_file *l = z ? (z->mapped ? &z->live : NULL) : f;
+    const uint8_t *a = addr;
+    if (l && l->map && a >= (const uint8_t *)l->map && (size_t)(a - (const uint8_t *)l->map) < l->map_len) {
+        *path = f->path;
+        *off = (size_t)(a - (const uint8_t *)l->map);
+        hit = 1;
+    } else if (l && l->aux_map && a >= (const uint8_t *)l->aux_map &&
+               (size_t)(a - (const uint8_t *)l->aux_map) < l->aux_len) {
+        *path = f->aux_path ? f->aux_path : f->path;
+        *off = (size_t)(a - (const uint8_t *)l->aux_map);
+        hit = 1;
+    }
+    if (z) pthread_mutex_unlock(&lz_mu);
+    return hit;
+}
+
+int64_t tf__file_token_offset(const tf_file *f) {
+    if (f->lazy) return f->lazy->tok_off;
+    if (f->compressed || !f->map || !f->tokens || !f->path || f->bytes_ops) return -1;
+    const uint8_t *m = f->map;
+    size_t isz = tf_dtype_size(f->dtype);
+    if (f->tokens < m || (size_t)(f->tokens - m) > f->map_len) return -1;
+    if (f->num_tokens > (f->map_len - (size_t)(f->tokens - m)) / (isz ? isz : 1)) return -1;
+    return (int64_t)(f->tokens - m);
+}
+
+uint64_t tf__file_size(const tf_file *f) {
+    return f->lazy ? f->lazy->id[0].size : (uint64_t)f->map_len;
 }

@@ -794,6 +794,8 @@ int tf__open_native_dir(const char *dir, const tf_open_options *opt, tf_file **f
                 rc = tf__seterr(-TF_EFORMAT, "%s: %s: expected %llu (0x%llx) from %s, found %llu (0x%llx) in the shard header. The shard does not belong to this manifest (mixed writes?): rewrite the dataset.",
                                 sp, fld, (ull)want, (ull)want, mpath, (ull)found, (ull)found);
         }
+        /* a dataset of several shards maps each on demand (file.c) */
+        if (rc == 0 && m.num_shards > 1) rc = tf__file_make_lazy(f, opt, tf__open_native);
         if (rc < 0) {
             tf__file_close(f);
             (*nfiles)--;

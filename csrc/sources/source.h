@@ -100,7 +100,22 @@ typedef struct tf_file {
     void *bytes_src;
     uint64_t data_off;
     void *meta;
+
+    /* A file of a multi-file local dataset (file.c): mapped on first touch
+     * and unmapped again under the process's bound. The pointers above are
+     * then NULL: readers go through tf__file_acquire / tf__file_release.
+     * Shared by the views that copy this tf_file; freed by its owner. */
+    struct tf__lazy *lazy;
 } tf_file;
+
+/* A format's parser (tf__open_native, ...): fills *f from path. */
+typedef int (*tf__parse_fn)(const char *path, const tf_open_options *opt, tf_file *f);
+
+/* A file's identity when its metadata was taken (file.c, catalog.c). */
+typedef struct tf__file_id {
+    uint64_t dev, ino, size, mtime_ns;
+    int known;
+} tf__file_id;
 
 /* A byte provider: where the bytes of a file that is not mapped come from.
  * The provider fills in f->bytes_ops and f->bytes_src when it opens the file;
@@ -241,9 +256,10 @@ TF_HIDDEN tf_file *tf__files_push(tf_file **files, uint64_t *nfiles, uint64_t *c
 /* Document j of file f (local coordinates). */
 TF_HIDDEN int tf__file_document(const tf_file *f, uint64_t j, uint64_t *start, uint64_t *len);
 /* Document of f containing local token pos (pos < num_tokens). */
-TF_HIDDEN uint64_t tf__file_find_document(const tf_file *f, uint64_t pos);
-/* Decompressed block b of a compressed file (f->read_block), into out. */
-TF_HIDDEN int tf__file_read_block(const tf_file *f, uint64_t b, void *out, size_t out_cap);
+TF_HIDDEN int tf__file_find_document(const tf_file *f, uint64_t pos, uint64_t *doc);
+/* Decompressed block b of a compressed file (f->read_block), into out;
+ * *stored (when not NULL) gets the block's stored bytes. */
+TF_HIDDEN int tf__file_read_block(const tf_file *f, uint64_t b, void *out, size_t out_cap, uint64_t *stored);
 /* Copy local tokens [start, start+count) converted to out_dtype. */
 TF_HIDDEN int tf__file_read(const tf_file *f, uint64_t start, uint64_t count, void *out,
                             tf_dtype out_dtype);
@@ -252,6 +268,60 @@ TF_HIDDEN int tf__file_read(const tf_file *f, uint64_t start, uint64_t count, vo
  * mapped page gives -EIO with a message naming the file among
  * files[0, nfiles) whose mapping holds the address. */
 TF_HIDDEN int tf__files_guard(const tf_file *files, uint64_t nfiles, int (*fn)(void *), void *arg);
+
+/* ---- file.c: files mapped on first touch, under a process-wide bound ---- */
+
+/* reopen: the format's parser, called with the file's path (f->path). */
+
+/* The bound on files mapped this way ($TOKENFEED_MAX_OPEN_SHARDS, default
+ * 256), and how many are mapped now. */
+TF_HIDDEN uint64_t tf__lazy_limit(void);
+TF_HIDDEN uint64_t tf__lazy_mapped(void);
+/* stat(path) into *id (-errno). */
+TF_HIDDEN int tf__file_id_get(const char *path, tf__file_id *id);
+/* Turn a parsed local file into one mapped on demand: its mapping goes under
+ * the bound (and may be unmapped at once), f keeps its metadata. No-op for
+ * memory datasets and remote files. */
+TF_HIDDEN int tf__file_make_lazy(tf_file *f, const tf_open_options *opt, tf__parse_fn reopen);
+/* A file known from metadata only (a catalog): f holds the metadata; id its
+ * identity and its index file's; tok_off the first token's byte offset (-1:
+ * none, e.g. compressed). Nothing is mapped until first touch. */
+TF_HIDDEN int tf__file_lazy_from_meta(tf_file *f, const tf_open_options *opt, tf__parse_fn reopen,
+                                      const tf__file_id id[2], int64_t tok_off);
+/* Identities of f (zeroed when not lazy); returns its token offset. */
+TF_HIDDEN int64_t tf__file_lazy_ids(const tf_file *f, tf__file_id id[2]);
+TF_HIDDEN void tf__file_lazy_free(tf_file *f);
+/* The parsed file of f, mapped (mapping and checking it against f on first
+ * touch: a file changed since gives -TF_EFORMAT naming it) and pinned until
+ * tf__file_release. For a file that is not lazy, f itself. Reads mapped
+ * bytes: call under the SIGBUS guard. */
+TF_HIDDEN int tf__file_acquire(const tf_file *f, const tf_file **live);
+TF_HIDDEN void tf__file_release(const tf_file *f);
+/* Check f against its metadata if that was never done (a file known from a
+ * catalog, read with pread): acquire and release once. */
+TF_HIDDEN int tf__file_touch(const tf_file *f);
+/* Whether addr lies in a mapping of f now: the file's path and the offset. */
+TF_HIDDEN int tf__file_mapped_at(const tf_file *f, const void *addr, const char **path, size_t *off);
+/* Byte offset of f's first token in its file, or -1 when f cannot be read
+ * with a descriptor (compressed, memory dataset, remote); its size in bytes. */
+TF_HIDDEN int64_t tf__file_token_offset(const tf_file *f);
+TF_HIDDEN uint64_t tf__file_size(const tf_file *f);
+
+/* ---- catalog.c: what open needs, in one file per set of paths ------------- */
+
+/* The parser that maps a file of format fmt again from its path (NULL for
+ * none). */
+TF_HIDDEN tf__parse_fn tf__parser_of(tf_format fmt);
+/* The files of paths from the node's catalog, each mapped on demand: 0 with
+ * *files (nfiles, owned) filled, 1 when there is no usable catalog (open by
+ * parsing). Files whose identity changed are parsed again and the catalog
+ * rewritten. */
+TF_HIDDEN int tf__catalog_load(const char *const *paths, size_t n, const tf_open_options *opt, tf_file **files,
+                               uint64_t *nfiles);
+/* Write the catalog of files opened from paths (best effort: nothing on
+ * failure, and nothing for a dataset a catalog cannot describe). */
+TF_HIDDEN void tf__catalog_save(const char *const *paths, size_t n, const tf_open_options *opt,
+                                const tf_file *files, uint64_t nfiles);
 
 /* ---- native.c: the native format beyond its parsers --------------------- */
 
@@ -294,6 +364,10 @@ struct tf_dataset {
  * readahead window around them. Pages already in the page cache are
  * unaffected. Best effort; nothing to report. */
 TF_HIDDEN void tf__dataset_advise_random(const tf_dataset *ds);
+
+/* Where token pos is mapped, for prefetching only (no pin: NULL for files
+ * mapped on demand, compressed ones and past the end). */
+TF_HIDDEN const void *tf__dataset_peek(const tf_dataset *ds, uint64_t pos);
 
 /* Index of the file holding global token pos (pos < num_tokens): O(log files). */
 TF_HIDDEN uint64_t tf__dataset_file_of(const tf_dataset *ds, uint64_t pos);

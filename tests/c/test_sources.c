@@ -105,8 +105,8 @@ static void check_docs(const char *dir, uint64_t ndocs, uint64_t total, uint64_t
     free(all);
     const void *p;
     tf_dtype dt;
-    int vrc = tf_dataset_view(ds, 0, 1, &p, &dt);
-    CHECK(compressed ? vrc == -TF_EUNSUPPORTED : vrc == 0);
+    /* several shards, each mapped on demand: no pointer handed out */
+    CHECK(tf_dataset_view(ds, 0, 1, &p, &dt) == -TF_EUNSUPPORTED);
     CHECK_OK(tf_dataset_verify(ds, 2, NULL, NULL));
     tf_dataset_free(ds);
 }

@@ -31,7 +31,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 tf__file_read(&f, s, n < 4096 ? n : 4096, out, TF_INT64);
             }
         }
-        if (f.num_tokens) (void)tf__file_find_document(&f, f.num_tokens - 1);
+        if (f.num_tokens) { uint64_t d; (void)tf__file_find_document(&f, f.num_tokens - 1, &d); }
         if (f.compressed)
             for (uint64_t b = 0; b < f.num_blocks && b < 16; b++) {
                 static uint8_t blk[1 << 16];

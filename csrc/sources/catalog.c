@@ -1,0 +1,511 @@
+/*
+ * catalog.c — the node's catalog of a multi-file local dataset: everything
+ * open needs to place any position (per file: path, format, dtype, counts,
+ * document kind, the fingerprint's inputs, the token offset, the checksums
+ * its header holds) and each file's identity (device, inode, size,
+ * modification time, for the file and its index file), in one file.
+ *
+ * The first open of a set of paths on a node parses every file's header
+ * (as without a catalog), then writes the catalog into the node's catalog
+ * directory ($TOKENFEED_CATALOG_DIR, default ~/.cache/tokenfeed/catalog;
+ * empty or "off": none), named by a hash of the paths and the open options.
+ * Later opens, by this process, the node's other ranks or a restart, read it
+ * and stat each file instead of mapping it: a file whose identity changed is
+ * parsed again (its entry refreshed, the catalog rewritten); a tokenfeed
+ * dataset's manifest that changed, or a native shard that did, sends the
+ * whole open down the parsing path. The files are then mapped on first touch
+ * (file.c), their headers checked against the entry: a file changed after
+ * the catalog was read is an error naming it there.
+ *
+ * File layout (little-endian): "TFCATLG1", u32 version, u32 0, u64 key,
+ * u64 files, u64 deps; per file a record (see put_file); per dependency u32
+ * length, path, identity (a file that must be unchanged: a tokenfeed
+ * dataset's manifest; or, with known = 0, a name that must stay absent: the
+ * datatrove .index a headerless file did not have); u64 XXH64 of all before.
+ * Written to a temporary file in the directory (safe_fs.c: O_EXCL, no
+ * symlink followed) and renamed over the old one, so a reader sees a whole
+ * catalog or none; a catalog that does not parse is ignored (and replaced).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "safe_fs.h"
+#include "source.h"
+
+typedef unsigned long long ull;
+
+#define CAT_MAGIC "TFCATLG1"
+#define CAT_VERSION 1u
+#define CAT_MAX_BYTES ((size_t)1 << 32)
+/* How old a file must be to enter a catalog. */
+#define TF_CATALOG_SETTLE_NS 2000000000ull
+
+/* Megatron files are parsed from their prefix; f->path is the .bin. */
+static int reopen_megatron(const char *bin, const tf_open_options *opt, tf_file *f) {
+    size_t n = strlen(bin);
+    char *pre = strdup(bin);
+    if (!pre) return -ENOMEM;
+    if (n > 4 && strcmp(pre + n - 4, ".bin") == 0) pre[n - 4] = '\0';
+    int rc = tf__open_megatron(pre, opt, f);
+    free(pre);
+    return rc;
+}
+
+tf__parse_fn tf__parser_of(tf_format fmt) {
+    switch (fmt) {
+    case TF_FORMAT_NATIVE: return tf__open_native;
+    case TF_FORMAT_MEGATRON: return reopen_megatron;
+    case TF_FORMAT_LLMC: return tf__open_llmc;
+    case TF_FORMAT_NPY: return tf__open_npy;
+    case TF_FORMAT_RAW: return tf__open_raw;
+    default: return NULL;
+    }
+}
+
+/* The catalog directory (malloc'ed), or NULL when there is none. */
+static char *catalog_dir(void) {
+    const char *e = getenv("TOKENFEED_CATALOG_DIR");
+    if (e) return *e && strcmp(e, "off") != 0 ? strdup(e) : NULL;
+    const char *home = getenv("HOME");
+    if (!home || !*home) return NULL;
+    size_t n = strlen(home) + 40;
+    char *d = malloc(n);
+    if (d) snprintf(d, n, "%s/.cache/tokenfeed/catalog", home);
+    return d;
+}
+
+static void hash_str(tf__xxh64_state *h, const char *s) {
+    uint8_t rec[8];
+    size_t n = s ? strlen(s) + 1 : 0;
+    tf__put_le64(rec, n);
+    tf__xxh64_update(h, rec, 8);
+    if (n) tf__xxh64_update(h, s, n);
+}
+
+static uint64_t catalog_key(const char *const *paths, size_t n, const tf_open_options *opt) {
+    tf__xxh64_state h;
+    tf__xxh64_reset(&h, 0x54464341544c4731ULL);
+    uint8_t rec[40];
+    tf__put_le64(rec, n);
+    tf__put_le64(rec + 8, (uint64_t)opt->format);
+    tf__put_le64(rec + 16, (uint64_t)opt->raw_dtype);
+    tf__put_le64(rec + 24, (uint64_t)opt->has_eos_id);
+    tf__put_le64(rec + 32, opt->has_eos_id ? opt->eos_id : 0);
+    tf__xxh64_update(&h, rec, sizeof rec);
+    hash_str(&h, opt->index_dir);
+    char cwd[4096];
+    /* relative paths name other files from another directory */
+    for (size_t i = 0; i < n; i++)
+        if (paths[i][0] != '/') {
+            hash_str(&h, getcwd(cwd, sizeof cwd) ? cwd : "");
+            break;
+        }
+    for (size_t i = 0; i < n; i++) hash_str(&h, paths[i]);
+    return tf__xxh64_digest(&h);
+}
+
+/* ---- serialisation -------------------------------------------------------- */
+
+typedef struct wbuf {
+    uint8_t *p;
+    size_t n, cap;
+    int err;
+} wbuf;
+
+static void put(wbuf *b, const void *src, size_t n) {
+    if (b->err) return;
+    if (b->n + n > b->cap) {
+        size_t nc = b->cap ? b->cap * 2 : 4096;
+        while (nc < b->n + n) nc *= 2;
+        uint8_t *np = realloc(b->p, nc);
+        if (!np) {
+            b->err = -ENOMEM;
+            return;
+        }
+        b->p = np;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->n, src, n);
+    b->n += n;
+}
+static void put64(wbuf *b, uint64_t v) {
+    uint8_t r[8];
+    tf__put_le64(r, v);
+    put(b, r, 8);
+}
+static void put32(wbuf *b, uint32_t v) {
+    uint8_t r[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+    put(b, r, 4);
+}
+static void put_str(wbuf *b, const char *s) {
+    size_t n = s ? strlen(s) : 0;
+    put32(b, s ? (uint32_t)n + 1 : 0);
+    if (n) put(b, s, n);
+}
+static void put_id(wbuf *b, const tf__file_id *id) {
+    put64(b, id->dev);
+    put64(b, id->ino);
+    put64(b, id->size);
+    put64(b, id->mtime_ns);
+    put64(b, (uint64_t)id->known);
+}
+
+static void put_file(wbuf *b, const tf_file *f) {
+    tf__file_id id[2];
+    int64_t tok_off = tf__file_lazy_ids(f, id);
+    put_str(b, f->path);
+    put_str(b, f->aux_path);
+    put32(b, (uint32_t)f->format);
+    put32(b, (uint32_t)f->dtype);
+    put32(b, (uint32_t)f->doc_kind);
+    put32(b, (uint32_t)((f->compressed ? 1 : 0) | (f->has_checksums ? 2 : 0) | (f->eos_mode ? 4 : 0)));
+    put64(b, f->num_tokens);
+    put64(b, f->num_docs);
+    put64(b, f->vocab_size);
+    put64(b, f->eos_id);
+    put64(b, f->fingerprint);
+    put64(b, f->block_tokens);
+    put64(b, f->num_blocks);
+    put64(b, f->tokens_checksum);
+    put64(b, f->docs_checksum);
+    put64(b, f->blocks_checksum);
+    put64(b, (uint64_t)tok_off);
+    put_id(b, &id[0]);
+    put_id(b, &id[1]);
+}
+
+typedef struct rbuf {
+    const uint8_t *p;
+    size_t n, at;
+    int bad;
+} rbuf;
+
+static const uint8_t *take(rbuf *r, size_t n) {
+    if (r->bad || n > r->n - r->at) {
+        r->bad = 1;
+        return NULL;
+    }
+    const uint8_t *p = r->p + r->at;
+    r->at += n;
+    return p;
+}
+static uint64_t get64(rbuf *r) {
+    const uint8_t *p = take(r, 8);
+    return p ? tf__le64(p) : 0;
+}
+static uint32_t get32(rbuf *r) {
+    const uint8_t *p = take(r, 4);
+    return p ? tf__le32(p) : 0;
+}
+/* A string (malloc'ed; NULL for none); sets r->bad on a malformed one. */
+static char *get_str(rbuf *r) {
+    uint32_t n = get32(r);
+    if (!n || r->bad) return NULL;
+    const uint8_t *p = take(r, n - 1);
+    if (!p || memchr(p, 0, n - 1)) {
+        r->bad = 1;
+        return NULL;
+    }
+    char *s = malloc(n);
+    if (!s) {
+        r->bad = 1;
+        return NULL;
+    }
+    memcpy(s, p, n - 1);
+    s[n - 1] = '\0';
+    return s;
+}
+static void get_id(rbuf *r, tf__file_id *id) {
+    id->dev = get64(r);
+    id->ino = get64(r);
+    id->size = get64(r);
+    id->mtime_ns = get64(r);
+    id->known = get64(r) ? 1 : 0;
+}
+
+static int same_id(const tf__file_id *a, const tf__file_id *b) {
+    return a->known == b->known && (!a->known || (a->dev == b->dev && a->ino == b->ino && a->size == b->size &&
+                                                  a->mtime_ns == b->mtime_ns));
+}
+
+/* The directory of the files last checked, open: the files of a set share a
+ * few directories, and fstatat relative to one walks one path component per
+ * file instead of the whole path (at 10^4 files, the path walks are most of
+ * a catalog's open). */
+typedef struct dircache {
+    char *dir;
+    size_t len;
+    int fd;
+} dircache;
+
+static void dircache_close(dircache *c) {
+    if (c->fd >= 0) close(c->fd);
+    free(c->dir);
+    c->dir = NULL;
+    c->fd = -1;
+}
+
+/* Whether path still has identity id (known = 0: is still absent). */
+static int unchanged(dircache *c, const char *path, const tf__file_id *id) {
+    tf__file_id now;
+    memset(&now, 0, sizeof now);
+    const char *slash = strrchr(path, '/');
+    struct stat st;
+    if (slash && slash != path) {
+        size_t n = (size_t)(slash - path);
+        if (!c->dir || c->len != n || memcmp(c->dir, path, n) != 0) {
+            dircache_close(c);
+            if ((c->dir = strndup(path, n))) {
+                c->len = n;
+                c->fd = open(c->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            }
+        }
+        if (c->fd >= 0) {
+            if (fstatat(c->fd, slash + 1, &st, 0) == 0) {
+                now.dev = (uint64_t)st.st_dev;
+                now.ino = (uint64_t)st.st_ino;
+                now.size = (uint64_t)st.st_size;
+                now.mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
+                now.known = 1;
+            }
+            return same_id(&now, id);
+        }
+    }
+    if (tf__file_id_get(path, &now) != 0) now.known = 0;
+    return same_id(&now, id);
+}
+
+/* The dependencies of opening paths: each directory's manifest. */
+static int each_dep(const char *const *paths, size_t n, int (*fn)(void *, const char *), void *ctx) {
+    for (size_t i = 0; i < n; i++) {
+        struct stat st;
+        if (stat(paths[i], &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+        char *m = tf__path_join(paths[i], TF_MANIFEST_NAME);
+        if (!m) return -ENOMEM;
+        int rc = fn(ctx, m);
+        free(m);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static int dep_put(void *ctx, const char *path) {
+    wbuf *b = ctx;
+    tf__file_id id;
+    if (tf__file_id_get(path, &id) != 0) id.known = 0;
+    put_str(b, path);
+    put_id(b, &id);
+    return 0;
+}
+static int dep_count(void *ctx, const char *path) {
+    (void)path;
+    ++*(uint64_t *)ctx;
+    return 0;
+}
+
+/* The datatrove index a headerless file without one may later get. */
+static char *absent_index(const tf_file *f) {
+    if (f->format != TF_FORMAT_RAW || f->aux_path || f->eos_mode) return NULL;
+    size_t n = strlen(f->path) + 7;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s.index", f->path);
+    return p;
+}
+
+/* ---- load and save --------------------------------------------------------- */
+
+/* Whether a dataset of these files can be described by a catalog: local
+ * files mapped on demand, whose documents are known at open. */
+static int cataloguable(const tf_file *files, uint64_t nfiles) {
+    if (nfiles < 2) return 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    for (uint64_t i = 0; i < nfiles; i++) {
+        if (!files[i].lazy || files[i].docs_from_rows || !tf__parser_of(files[i].format)) return 0;
+        /* A file modified in the last seconds may be modified again within
+         * the file system's timestamp granularity, unseen by its identity:
+         * such a set is not catalogued yet (as git treats "racy" entries). */
+        tf__file_id id[2];
+        tf__file_lazy_ids(&files[i], id);
+        for (int k = 0; k < 2; k++)
+            if (id[k].known && id[k].mtime_ns + TF_CATALOG_SETTLE_NS > now) return 0;
+    }
+    return 1;
+}
+
+void tf__catalog_save(const char *const *paths, size_t n, const tf_open_options *opt, const tf_file *files,
+                      uint64_t nfiles) {
+    if (!cataloguable(files, nfiles)) return;
+    char *dir = catalog_dir();
+    if (!dir) return;
+    wbuf b = {0};
+    uint64_t ndeps = 0;
+    put(&b, CAT_MAGIC, 8);
+    put32(&b, CAT_VERSION);
+    put32(&b, 0);
+    put64(&b, catalog_key(paths, n, opt));
+    put64(&b, nfiles);
+    (void)each_dep(paths, n, dep_count, &ndeps);
+    for (uint64_t i = 0; i < nfiles; i++)
+        if (files[i].format == TF_FORMAT_RAW && !files[i].aux_path && !files[i].eos_mode) ndeps++;
+    put64(&b, ndeps);
+    for (uint64_t i = 0; i < nfiles; i++) put_file(&b, &files[i]);
+    (void)each_dep(paths, n, dep_put, &b);
+    for (uint64_t i = 0; i < nfiles; i++) {
+        char *ip = absent_index(&files[i]);
+        if (ip) {
+            tf__file_id none = {0};
+            put_str(&b, ip);
+            put_id(&b, &none);
+            free(ip);
+        }
+    }
+    tf__xxh64_state h;
+    tf__xxh64_reset(&h, 0);
+    if (!b.err) tf__xxh64_update(&h, b.p, b.n);
+    put64(&b, tf__xxh64_digest(&h));
+    int dfd = -1, fd = -1;
+    char tmp[64], name[40];
+    snprintf(name, sizeof name, "%016llx.tfcat", (ull)catalog_key(paths, n, opt));
+    /* best effort: a node without a writable catalog directory opens by parsing */
+    if (!b.err && tf__dir_open(dir, 1, &dfd) == 0 && tf__tmp_create(dfd, dir, "catalog", tmp, sizeof tmp, &fd) == 0) {
+        int rc = tf__pwrite_all(fd, b.p, b.n, 0, dir);
+        close(fd);
+        if (rc == 0) rc = tf__rename_at(dfd, dir, tmp, name, 0);
+        if (rc != 0) unlinkat(dfd, tmp, 0);
+    }
+    if (dfd >= 0) close(dfd);
+    tf__clearerr();
+    free(b.p);
+    free(dir);
+}
+
+static void free_files(tf_file *files, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++) tf__file_close(&files[i]);
+    free(files);
+}
+
+/* Entry i of the catalog into f (zeroed): 0, or 1 when the file changed
+ * (its entry must be parsed again), or -1 when the catalog is unusable. */
+static int read_entry(rbuf *r, tf_file *f, const tf_open_options *opt, dircache *dc) {
+    f->path = get_str(r);
+    f->aux_path = get_str(r);
+    f->format = (tf_format)get32(r);
+    f->dtype = (tf_dtype)get32(r);
+    f->doc_kind = (tf_doc_kind)get32(r);
+    uint32_t flags = get32(r);
+    f->num_tokens = get64(r);
+    f->num_docs = get64(r);
+    f->vocab_size = get64(r);
+    f->eos_id = get64(r);
+    f->fingerprint = get64(r);
+    f->block_tokens = get64(r);
+    f->num_blocks = get64(r);
+    f->tokens_checksum = get64(r);
+    f->docs_checksum = get64(r);
+    f->blocks_checksum = get64(r);
+    int64_t tok_off = (int64_t)get64(r);
+    tf__file_id id[2];
+    get_id(r, &id[0]);
+    get_id(r, &id[1]);
+    if (r->bad || !f->path || !tf__parser_of(f->format) || !tf_dtype_size(f->dtype) || f->doc_kind > TF_DOCS_MEGATRON)
+        return -1;
+    f->compressed = (flags & 1) != 0;
+    f->has_checksums = (flags & 2) != 0;
+    f->eos_mode = (flags & 4) != 0;
+    if (f->compressed) f->read_block = tf__native_read_block;
+    if (tf__file_lazy_from_meta(f, opt, tf__parser_of(f->format), id, tok_off) != 0) return -1;
+    if (!unchanged(dc, f->path, &id[0]) || (f->aux_path && !unchanged(dc, f->aux_path, &id[1]))) return 1;
+    return 0;
+}
+
+int tf__catalog_load(const char *const *paths, size_t n, const tf_open_options *opt, tf_file **out,
+                     uint64_t *nout) {
+    *out = NULL;
+    *nout = 0;
+    char *dir = catalog_dir();
+    if (!dir) return 1;
+    int dfd = -1;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    uint64_t key = catalog_key(paths, n, opt);
+    char name[40];
+    snprintf(name, sizeof name, "%016llx.tfcat", (ull)key);
+    int rc = tf__dir_open(dir, 0, &dfd);
+    if (rc == 0) rc = tf__read_file_at(dfd, dir, name, CAT_MAX_BYTES, &buf, &len);
+    if (dfd >= 0) close(dfd);
+    free(dir);
+    tf__clearerr();
+    if (rc != 0) return 1;
+    rbuf r = {buf, len, 0, 0};
+    int ok = len > 8 + 8 + 24 + 8 && memcmp(buf, CAT_MAGIC, 8) == 0;
+    if (ok) {
+        tf__xxh64_state h;
+        tf__xxh64_reset(&h, 0);
+        tf__xxh64_update(&h, buf, len - 8);
+        ok = tf__xxh64_digest(&h) == tf__le64(buf + len - 8);
+        r.n = len - 8;
+    }
+    take(&r, 8);
+    ok = ok && get32(&r) == CAT_VERSION;
+    get32(&r);
+    ok = ok && get64(&r) == key;
+    uint64_t nfiles = get64(&r), ndeps = get64(&r);
+    ok = ok && nfiles >= 2 && nfiles <= len / 64;
+    tf_file *files = ok ? calloc(nfiles, sizeof *files) : NULL;
+    int stale = 0;
+    dircache dc = {NULL, 0, -1};
+    rc = files ? 0 : -1;
+    for (uint64_t i = 0; files && i < nfiles && rc >= 0; i++) {
+        int e = read_entry(&r, &files[i], opt, &dc);
+        if (e < 0) rc = -1;
+        else if (e > 0) {
+            /* a tokenfeed shard is checked against its manifest: open it all again */
+            if (files[i].format == TF_FORMAT_NATIVE) rc = -1;
+            else {
+                tf_file fresh;
+                memset(&fresh, 0, sizeof fresh);
+                tf_open_options o = *opt;
+                o.format = files[i].format;
+                int prc = tf__parser_of(files[i].format)(files[i].path, &o, &fresh);
+                if (prc == 0) prc = tf__file_make_lazy(&fresh, opt, tf__parser_of(fresh.format));
+                if (prc != 0) {
+                    tf__file_close(&fresh);
+                    rc = -1; /* the parsing open says what is wrong */
+                } else {
+                    tf__file_close(&files[i]);
+                    files[i] = fresh;
+                    stale = 1;
+                }
+            }
+        }
+    }
+    for (uint64_t d = 0; rc >= 0 && d < ndeps; d++) {
+        char *p = get_str(&r);
+        tf__file_id id;
+        get_id(&r, &id);
+        if (r.bad || !p || !unchanged(&dc, p, &id)) rc = -1;
+        free(p);
+    }
+    dircache_close(&dc);
+    if (rc >= 0 && (r.bad || r.at != r.n)) rc = -1;
+    free(buf);
+    tf__clearerr();
+    if (rc < 0) {
+        if (files) free_files(files, nfiles);
+        return 1;
+    }
+    if (stale) tf__catalog_save(paths, n, opt, files, nfiles);
+    *out = files;
+    *nout = nfiles;
+    return 0;
+}

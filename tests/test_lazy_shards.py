@@ -1,0 +1,211 @@
+"""The files of a multi-file dataset are mapped on first touch and unmapped again past a
+process-wide bound ($TOKENFEED_MAX_OPEN_SHARDS): 10^5 shards read under ``ulimit -n 1024``
+with a bounded number of mappings, and a shard changed after open is an error naming it on
+first touch, never other tokens."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import tokenfeed
+from conftest import write_llmc
+
+
+def _run(code: str, env_extra: dict, timeout: float = 600) -> str:
+    env = dict(os.environ)
+    env.update(env_extra)
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def test_100k_shards_under_ulimit_1024(tmp_path):
+    n, per = 100_000, 4
+    d = tmp_path / "many"
+    d.mkdir()
+    base = np.arange(per, dtype=np.int64)
+    for i in range(n):
+        (d / f"s{i:06d}.bin").write_bytes(((base + i) % 65536).astype(np.uint16).tobytes())
+    out = _run(f"""
+        import resource, numpy as np, tokenfeed
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+        ds = tokenfeed.open({str(d / "*.bin")!r}, dtype="uint16")
+        assert ds.num_files == {n} and ds.num_tokens == {n * per}
+        rng = np.random.default_rng(0)
+        for i in rng.integers(0, {n}, size=3000):
+            i = int(i)
+            got = ds.tokens(i * {per}, (i + 1) * {per})
+            assert list(got) == [(i + k) % 65536 for k in range({per})], (i, got)
+        loader = tokenfeed.Loader(ds, seq_len=63, batch_size=8, seed=1, output="numpy", backend="pread")
+        for _ in range(50):
+            next(loader)
+        loader.close()
+        with open("/proc/self/maps") as f:
+            maps = sum(1 for _ in f)
+        print(maps)
+    """, {"TOKENFEED_MAX_OPEN_SHARDS": "256"})
+    assert int(out.split()[-1]) < 2000  # the bound, not one mapping per shard
+
+
+def _stream_digest(ds, backend):
+    import hashlib
+    h = hashlib.sha256()
+    with tokenfeed.Loader(ds, seq_len=31, batch_size=4, seed=0, output="numpy", backend=backend) as l:
+        for _ in range(20):
+            h.update(np.ascontiguousarray(next(l)["tokens"]).tobytes())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_stream_unchanged_under_a_bound_of_three(tmp_path, backend):
+    files = []
+    for i in range(40):
+        p = tmp_path / f"shard_{i:03d}.bin"
+        write_llmc(str(p), (np.arange(100) + 1000 * i).astype(np.uint16))
+        files.append(str(p))
+    out = _run(f"""
+        import sys, numpy as np, tokenfeed
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_lazy_shards import _stream_digest
+        ds = tokenfeed.open({str(tmp_path / "shard_*.bin")!r})
+        for i in range(40):
+            assert (ds.tokens(i * 100, i * 100 + 100) == np.arange(100) + 1000 * i).all()
+        print(_stream_digest(ds, {backend!r}))
+    """, {"TOKENFEED_MAX_OPEN_SHARDS": "3"})
+    # with every file mapped (40 files, under the default bound)
+    assert out.split()[-1] == _stream_digest(tokenfeed.open(files), backend)
+
+
+def test_shard_changed_after_open_is_an_error_naming_it(tmp_path):
+    files = []
+    for i in range(10):
+        p = tmp_path / f"shard_{i:02d}.bin"
+        write_llmc(str(p), np.full(64, i, dtype=np.uint16))
+        files.append(str(p))
+    out = _run(f"""
+        import os, numpy as np, tokenfeed
+        from conftest import write_llmc
+        ds = tokenfeed.open({files!r})
+        # rewritten in place after open: same size, other tokens
+        write_llmc({files[5]!r}, np.full(64, 99, dtype=np.uint16))
+        st = os.stat({files[5]!r})
+        os.utime({files[5]!r}, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+        assert (ds.tokens(0, 64) == 0).all()
+        try:
+            ds.tokens(5 * 64, 6 * 64)
+        except tokenfeed.FormatError as e:
+            print("ERR", e)
+        else:
+            print("no error")
+    """, {"TOKENFEED_MAX_OPEN_SHARDS": "1", "PYTHONPATH": os.pathsep.join(
+        [os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])})
+    assert "ERR" in out, out
+    assert files[5] in out and "changed" in out
+
+
+def _aged(paths, seconds=60):
+    """Files old enough to enter a catalog (one modified in the last 2 s is not catalogued)."""
+    for p in paths:
+        st = os.stat(p)
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns - seconds * 1_000_000_000))
+
+
+def _llmc_set(d, n=12, per=50):
+    d.mkdir(exist_ok=True)
+    files = []
+    for i in range(n):
+        p = d / f"shard_{i:03d}.bin"
+        write_llmc(str(p), (np.arange(per) + 100 * i).astype(np.uint16))
+        files.append(str(p))
+    _aged(files)
+    return files
+
+
+def test_catalog_written_once_then_read(tmp_path, monkeypatch):
+    cat = tmp_path / "catalog"
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cat))
+    files = _llmc_set(tmp_path / "d")
+    spec = str(tmp_path / "d" / "shard_*.bin")
+    first = tokenfeed.open(spec)
+    written = sorted(os.listdir(cat))
+    assert len(written) == 1 and written[0].endswith(".tfcat")
+    second = tokenfeed.open(spec)  # from the catalog: nothing parsed
+    assert second.fingerprint == first.fingerprint and second.num_tokens == first.num_tokens
+    assert second.num_documents == first.num_documents and second.paths == files
+    assert np.array_equal(second.tokens(0, second.num_tokens), first.tokens(0, first.num_tokens))
+    assert _stream_digest(second, "pread") == _stream_digest(first, "pread")
+    assert _stream_digest(second, "mmap") == _stream_digest(first, "mmap")
+
+
+def test_native_dataset_from_catalog(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(tmp_path / "catalog"))
+    d = tmp_path / "native"
+    rng = np.random.default_rng(0)
+    with tokenfeed.DatasetWriter(str(d), vocab_size=1000, shard_tokens=64) as w:
+        for _ in range(30):
+            w.add_document(rng.integers(0, 1000, size=int(rng.integers(5, 40))))
+    _aged([str(p) for p in d.iterdir()])
+    a = tokenfeed.open(str(d))
+    assert a.num_files > 2 and os.listdir(tmp_path / "catalog")
+    b = tokenfeed.open(str(d))
+    assert b.fingerprint == a.fingerprint and b.num_documents == a.num_documents
+    for i in range(a.num_documents):
+        assert np.array_equal(a.document(i), b.document(i))
+    assert a.find_document(a.num_tokens - 1) == b.find_document(b.num_tokens - 1)
+    b.verify()
+
+
+def test_stale_catalog_entry_refreshed(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(tmp_path / "catalog"))
+    files = _llmc_set(tmp_path / "d")
+    spec = str(tmp_path / "d" / "shard_*.bin")
+    tokenfeed.open(spec)
+    write_llmc(files[3], np.full(77, 7, dtype=np.uint16))  # another size and tokens
+    _aged([files[3]])
+    ds = tokenfeed.open(spec)
+    assert ds.num_tokens == 11 * 50 + 77
+    assert (ds.tokens(3 * 50, 3 * 50 + 77) == 7).all()
+    fresh = tokenfeed.open(files)  # a list of the same files: parsed, not from that catalog
+    assert ds.fingerprint == fresh.fingerprint
+
+
+def test_file_changed_after_the_catalog_was_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(tmp_path / "catalog"))
+    files = _llmc_set(tmp_path / "d")
+    spec = str(tmp_path / "d" / "shard_*.bin")
+    tokenfeed.open(spec)
+    ds = tokenfeed.open(spec)  # from the catalog: no file mapped yet
+    write_llmc(files[4], np.full(50, 9, dtype=np.uint16))  # same size, other tokens
+    _aged([files[4]], 30)
+    with pytest.raises(tokenfeed.FormatError, match=re.escape(files[4]) + ".*changed"):
+        ds.tokens(4 * 50, 5 * 50)
+    assert (ds.tokens(0, 50) == np.arange(50)).all()  # the others read on
+
+
+def test_damaged_catalog_is_ignored_and_replaced(tmp_path, monkeypatch):
+    cat = tmp_path / "catalog"
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cat))
+    _llmc_set(tmp_path / "d")
+    spec = str(tmp_path / "d" / "shard_*.bin")
+    ref = tokenfeed.open(spec)
+    (name,) = os.listdir(cat)
+    blob = bytearray((cat / name).read_bytes())
+    blob[100] ^= 0xFF
+    (cat / name).write_bytes(bytes(blob))
+    ds = tokenfeed.open(spec)
+    assert ds.fingerprint == ref.fingerprint
+    assert (cat / name).read_bytes() != bytes(blob)  # written again
+
+
+def test_no_catalog_when_turned_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", "off")
+    _llmc_set(tmp_path / "d")
+    tokenfeed.open(str(tmp_path / "d" / "shard_*.bin"))
+    assert not (tmp_path / "catalog").exists()
