@@ -133,7 +133,8 @@ def test_state_is_small_and_json(make_dataset):
     loader = numpy_loader(ds, seq_len=16, batch_size=2)
     take_tokens(loader, 3)
     s = json.dumps(loader.state_dict())
-    assert len(s) < 600
+    # a few hundred bytes, every key fixed (docs/design.md): under 1 KiB for one dataset
+    assert len(s) < 1024
     assert json.loads(s)["position"] == 6
 
 
