@@ -209,3 +209,25 @@ def test_no_catalog_when_turned_off(tmp_path, monkeypatch):
     _llmc_set(tmp_path / "d")
     tokenfeed.open(str(tmp_path / "d" / "shard_*.bin"))
     assert not (tmp_path / "catalog").exists()
+
+
+def test_catalog_in_a_directory_others_can_write_is_not_used(tmp_path, monkeypatch):
+    """A catalog says where every token lies: in a directory another user can write it is
+    neither read nor written, and the open parses the files."""
+    cat = tmp_path / "catalog"
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cat))
+    _llmc_set(tmp_path / "d")
+    spec = str(tmp_path / "d" / "shard_*.bin")
+    ref = tokenfeed.open(spec)
+    (name,) = os.listdir(cat)
+    planted = bytearray((cat / name).read_bytes())
+    planted[100] ^= 0xFF  # what another user could leave there
+    (cat / name).write_bytes(bytes(planted))
+    os.chmod(cat, 0o777)
+    ds = tokenfeed.open(spec)
+    assert ds.fingerprint == ref.fingerprint
+    assert np.array_equal(ds.tokens(0, ds.num_tokens), ref.tokens(0, ref.num_tokens))
+    assert (cat / name).read_bytes() == bytes(planted)  # not read (it would be rewritten), not written
+    os.chmod(cat, 0o700)
+    tokenfeed.open(spec)
+    assert (cat / name).read_bytes() != bytes(planted)  # a private directory again: used

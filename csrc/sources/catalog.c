@@ -322,6 +322,21 @@ static char *absent_index(const tf_file *f) {
 
 /* ---- load and save --------------------------------------------------------- */
 
+/* The catalog directory opened (created when create), or -1 when it is not
+ * there or not private: a catalog says where every token of a dataset lies,
+ * so one that another user could write (a shared team directory) is never read
+ * or written. Checked on the directory opened, not on its path. */
+static int open_catalog_dir(const char *dir, int create) {
+    int dfd = -1;
+    struct stat st;
+    if (tf__dir_open(dir, create, &dfd) != 0) return -1;
+    if (fstat(dfd, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH))) {
+        close(dfd);
+        return -1;
+    }
+    return dfd;
+}
+
 /* Whether a dataset of these files can be described by a catalog: local
  * files mapped on demand, whose documents are known at open. */
 static int cataloguable(const tf_file *files, uint64_t nfiles) {
@@ -377,7 +392,7 @@ void tf__catalog_save(const char *const *paths, size_t n, const tf_open_options 
     char tmp[64], name[40];
     snprintf(name, sizeof name, "%016llx.tfcat", (ull)catalog_key(paths, n, opt));
     /* best effort: a node without a writable catalog directory opens by parsing */
-    if (!b.err && tf__dir_open(dir, 1, &dfd) == 0 && tf__tmp_create(dfd, dir, "catalog", tmp, sizeof tmp, &fd) == 0) {
+    if (!b.err && (dfd = open_catalog_dir(dir, 1)) >= 0 && tf__tmp_create(dfd, dir, "catalog", tmp, sizeof tmp, &fd) == 0) {
         int rc = tf__pwrite_all(fd, b.p, b.n, 0, dir);
         close(fd);
         if (rc == 0) rc = tf__rename_at(dfd, dir, tmp, name, 0);
@@ -440,8 +455,8 @@ int tf__catalog_load(const char *const *paths, size_t n, const tf_open_options *
     uint64_t key = catalog_key(paths, n, opt);
     char name[40];
     snprintf(name, sizeof name, "%016llx.tfcat", (ull)key);
-    int rc = tf__dir_open(dir, 0, &dfd);
-    if (rc == 0) rc = tf__read_file_at(dfd, dir, name, CAT_MAX_BYTES, &buf, &len);
+    dfd = open_catalog_dir(dir, 0);
+    int rc = dfd >= 0 ? tf__read_file_at(dfd, dir, name, CAT_MAX_BYTES, &buf, &len) : 1;
     if (dfd >= 0) close(dfd);
     free(dir);
     tf__clearerr();
