@@ -12,7 +12,11 @@
 #    the same batch;
 # 4. runs benchmarks/gpu_feed.py (host-to-device throughput; GPT-2 small training steps
 #    fed by tokenfeed, the nanoGPT loop and a DataLoader) with GPU_FEED_ARGS, writing
-#    RESULTS_DIR/gpu_feed.json.  GPU_CHECKS=tests skips it, GPU_CHECKS=bench runs only it.
+#    RESULTS_DIR/gpu_feed.json.  GPU_CHECKS=tests skips it, GPU_CHECKS=bench runs only it;
+# 5. where torchtitan is installed and imports under this PyTorch: torchtitan's whole Trainer
+#    fed by tokenfeed, stopped after a checkpoint and resumed, with every resumed step's loss
+#    compared to the uninterrupted run's (tests/gpu/titan_trainer.py, RESULTS_DIR/titan.json).
+#    GPU_CHECKS=trainer runs only this.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 RES=${1:-$ROOT/build/gpu}
@@ -33,7 +37,7 @@ export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 "$PY" -c "import json, tokenfeed; print('tokenfeed', tokenfeed.__version__, json.dumps(tokenfeed.build_info()))" \
     | tee -a "$RES/gpu.txt"
 
-if [ "$WHAT" != bench ]; then
+if [ "$WHAT" != bench ] && [ "$WHAT" != trainer ]; then
     echo "== tests marked gpu"
     "$PY" -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_device.py 2>&1 | tee "$RES/pytest-gpu.txt"
     if grep -qi "skipped" "$RES/pytest-gpu.txt" || ! grep -q "passed" "$RES/pytest-gpu.txt"; then
@@ -73,10 +77,22 @@ with tokenfeed.DatasetWriter('build/gpu-example-ds', vocab_size=50257, overwrite
     done
 fi
 
-if [ "$WHAT" != tests ]; then
+if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then
     echo "== benchmarks/gpu_feed.py"
     # shellcheck disable=SC2086
     PYTHONUNBUFFERED=1 "$PY" benchmarks/gpu_feed.py --data-dir "$ROOT/build" --json "$RES/gpu_feed.json" \
         ${GPU_FEED_ARGS:-} 2>&1 | tee "$RES/gpu_feed.txt"
+fi
+if [ "$WHAT" = all ] || [ "$WHAT" = trainer ]; then
+    echo "== torchtitan's Trainer fed by tokenfeed, stopped and resumed"
+    # torchtitan releases follow PyTorch closely: a torchtitan newer than this PyTorch fails
+    # at import, which is reported here rather than as a failure of tokenfeed.
+    if why=$("$PY" -c "import torchtitan.train" 2>&1); then
+        "$PY" tests/gpu/titan_trainer.py "$ROOT/build/gpu-titan" 2>&1 | tee "$RES/titan.txt"
+        cp "$ROOT/build/gpu-titan/titan.json" "$RES/"
+    else
+        echo "not run: torchtitan does not import under this PyTorch: $(echo "$why" | tail -1)" \
+            | tee "$RES/titan.txt"
+    fi
 fi
 echo "GPU checks done: $RES"
