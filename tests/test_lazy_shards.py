@@ -231,3 +231,131 @@ def test_catalog_in_a_directory_others_can_write_is_not_used(tmp_path, monkeypat
     os.chmod(cat, 0o700)
     tokenfeed.open(spec)
     assert (cat / name).read_bytes() != bytes(planted)  # a private directory again: used
+
+
+# ---- shard sets from the catalog: no listing, no stat of each file at open -------------------
+
+def _aged_set(d, n=12, per=50):
+    """An llm.c shard set whose files and directory are old enough to be trusted."""
+    files = _llmc_set(d, n, per)
+    _aged([str(d)])
+    return files
+
+
+def _no_listing(monkeypatch):
+    """Opening the set must not list its directory: expanding it fails from now on."""
+    from tokenfeed import _shardset
+
+    def refuse(*a, **k):
+        raise AssertionError("the shard set was listed")
+
+    monkeypatch.setattr(_shardset, "expand", refuse)
+
+
+@pytest.mark.parametrize("form", ["glob", "directory"])
+def test_shard_set_opened_from_the_catalog_without_listing(tmp_path, monkeypatch, form):
+    import pickle
+
+    cat = tmp_path / "catalog"
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cat))
+    files = _aged_set(tmp_path / "d")
+    spec = str(tmp_path / "d" / "shard_*.bin") if form == "glob" else str(tmp_path / "d") + "/"
+    first = tokenfeed.open(spec)
+    assert len(os.listdir(cat)) == 2  # the files' catalog, and the set's
+    with monkeypatch.context() as m:
+        _no_listing(m)
+        second = tokenfeed.open(spec)
+    assert second.fingerprint == first.fingerprint and second.num_files == len(files)
+    assert second.paths == files == first.paths
+    assert _stream_digest(second, "pread") == _stream_digest(first, "pread")
+    assert _stream_digest(second, "mmap") == _stream_digest(first, "mmap")
+    again = pickle.loads(pickle.dumps(second))  # what a spawned DataLoader worker receives
+    assert again.fingerprint == first.fingerprint and again.paths == files
+
+
+def test_a_file_added_to_the_directory_is_seen(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(tmp_path / "catalog"))
+    d = tmp_path / "d"
+    files = _aged_set(d)
+    spec = str(d / "shard_*.bin")
+    tokenfeed.open(spec)
+    extra = str(d / "shard_999.bin")
+    write_llmc(extra, np.full(30, 5, dtype=np.uint16))
+    _aged([extra])  # the directory's own modification time is now
+    ds = tokenfeed.open(spec)
+    assert ds.paths == files + [extra] and ds.num_tokens == 12 * 50 + 30
+    os.unlink(files[0])
+    ds = tokenfeed.open(spec)
+    assert ds.paths == files[1:] + [extra]
+
+
+def test_file_changed_in_place_under_a_trusted_set(tmp_path, monkeypatch):
+    """The set's directory unchanged, a file rewritten in place under its name: the open
+    trusts the catalog (no stat of each file), the first touch of that file is an error
+    naming it, and the catalog entry is dropped, so the next open sees the new file."""
+    cat = tmp_path / "catalog"
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cat))
+    d = tmp_path / "d"
+    files = _aged_set(d)
+    spec = str(d / "shard_*.bin")
+    tokenfeed.open(spec)
+    dir_id = os.stat(d)
+    write_llmc(files[4], np.full(77, 9, dtype=np.uint16))  # in place: another size, other tokens
+    _aged([files[4]], 30)
+    assert os.stat(d).st_mtime_ns == dir_id.st_mtime_ns  # nothing the set's identity shows
+    with monkeypatch.context() as m:
+        _no_listing(m)
+        ds = tokenfeed.open(spec)  # trusted: the old description
+        assert (ds.tokens(0, 50) == np.arange(50)).all()  # other files read on
+        with pytest.raises(tokenfeed.FormatError, match=re.escape(files[4]) + ".*changed"):
+            ds.tokens(4 * 50, 5 * 50)
+    fresh = tokenfeed.open(spec)  # the stale entry is gone: listed and parsed again
+    assert fresh.num_tokens == 11 * 50 + 77
+    assert (fresh.tokens(4 * 50, 4 * 50 + 77) == 9).all()
+    assert fresh.fingerprint == tokenfeed.open(files).fingerprint
+
+
+def test_no_set_catalog_for_a_directory_modified_just_now(tmp_path, monkeypatch):
+    """A directory modified within the last seconds could change again unseen by its
+    modification time: its set is listed on every open until it settles."""
+    cat = tmp_path / "catalog"
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cat))
+    _llmc_set(tmp_path / "d")  # files aged, the directory not
+    spec = str(tmp_path / "d" / "shard_*.bin")
+    tokenfeed.open(spec)
+    assert len(os.listdir(cat)) == 1  # the files' catalog only
+    _aged([str(tmp_path / "d")])
+    tokenfeed.open(spec)
+    assert len(os.listdir(cat)) == 2
+
+
+def test_nested_globs_and_lists_are_not_set_catalogued(tmp_path, monkeypatch):
+    cat = tmp_path / "catalog"
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cat))
+    (tmp_path / "a").mkdir()
+    files = _aged_set(tmp_path / "a" / "d")
+    _aged([str(tmp_path / "a")])
+    tokenfeed.open(str(tmp_path / "a" / "*" / "shard_*.bin"))  # a glob over directories
+    tokenfeed.open(files[:5])
+    assert len(os.listdir(cat)) == 2  # one files' catalog each, no set
+
+
+def test_native_dataset_trusts_its_manifest(tmp_path, monkeypatch):
+    """A tokenfeed dataset's catalog is trusted while its manifest is unchanged: a shard
+    damaged in place is found on first touch, naming it."""
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(tmp_path / "catalog"))
+    d = tmp_path / "native"
+    rng = np.random.default_rng(0)
+    with tokenfeed.DatasetWriter(str(d), vocab_size=1000, shard_tokens=64) as w:
+        for _ in range(30):
+            w.add_document(rng.integers(0, 1000, size=int(rng.integers(5, 40))))
+    _aged([str(p) for p in d.iterdir()] + [str(d)])
+    a = tokenfeed.open(str(d))
+    shard = a.files()[1]
+    with open(shard["path"], "r+b") as f:  # same size, in place
+        f.seek(0)
+        f.write(b"\0" * 8)
+    _aged([shard["path"]], 30)
+    b = tokenfeed.open(str(d))
+    with pytest.raises(tokenfeed.FormatError, match=re.escape(shard["path"])):
+        b.tokens(shard["first_token"], shard["first_token"] + shard["num_tokens"])

@@ -1668,6 +1668,27 @@ typedef struct tf_megatron_index {
 TF_API int tf_order_create_megatron(const tf_dataset *ds, const tf_order_config *cfg, const tf_megatron_index *index,
                                     tf_order **out);
 
+/* Shard sets from the node's catalog (docs/format.md, "The node's catalog").
+ * A shard set is what open was given before it was expanded into files:
+ * directories of foreign files and globs (the Python package expands them).
+ * tf_dataset_open_set opens the set spec names from its catalog entry when
+ * every directory holding its files is unchanged since it was listed: no
+ * listing, no file read or stat at open (each file is checked on first
+ * touch). -ENOENT when the catalog has no usable entry (then expand the set
+ * and open its files; tf_dataset_catalog_set records them). */
+TF_API int tf_dataset_open_set(const char *const *spec, size_t nspec, const tf_open_options *opt, tf_dataset **out);
+
+/* Record ds, opened from the files that spec expanded to, as that shard set.
+ * dirs are the ndirs directories that hold every file, dir_ids their
+ * identities when they were listed, before the expansion (4 per directory:
+ * st_dev, st_ino, st_size, st_mtime in ns). 0 when recorded; 1 when not (a
+ * directory changed since, or was modified in the last seconds; a file lies
+ * outside them; the catalog is off or not private). Errors only for bad
+ * arguments. */
+TF_API int tf_dataset_catalog_set(const tf_dataset *ds, const char *const *spec, size_t nspec,
+                                  const tf_open_options *opt, const char *const *dirs, const uint64_t *dir_ids,
+                                  size_t ndirs);
+
 #endif /* TF_EXPERIMENTAL_API */
 
 #ifdef __cplusplus

@@ -23,59 +23,89 @@ static int parse_format(PyObject *obj, tf_format *out) {
     return -1;
 }
 
-static PyObject *Dataset_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"paths", "dtype", "format", "remote", "eos_id", "index_dir", NULL};
-    PyObject *paths_obj, *dtype_obj = Py_None, *format_obj = Py_None, *remote_obj = Py_None, *eos_obj = Py_None;
-    const char *index_dir = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOz:Dataset", kwlist, &paths_obj, &dtype_obj, &format_obj,
-                                     &remote_obj, &eos_obj, &index_dir))
-        return NULL;
-    tf_remote *remote = NULL;
-    if (remote_obj != Py_None && !(remote = tfpy_remote_of(remote_obj))) return NULL;
-    tf_module_state *st = tfpy_state_of_type(tp);
-    tf_open_options opt = {.format = TF_FORMAT_AUTO, .raw_dtype = TF_DTYPE_INVALID};
-    if (tfpy_parse_dtype(dtype_obj, TF_DTYPE_INVALID, &opt.raw_dtype) < 0) return NULL;
-    if (parse_format(format_obj, &opt.format) < 0) return NULL;
-    if (eos_obj != Py_None) {
-        unsigned long long e = PyLong_AsUnsignedLongLong(eos_obj);
-        if (e == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-        opt.has_eos_id = 1;
-        opt.eos_id = (uint64_t)e;
-        opt.index_dir = index_dir;
-    }
-
+/* paths_obj (a sequence of str or os.PathLike) as a tuple of str and their
+ * UTF-8 forms in *cpaths (PyMem, n entries; owned by the tuple's strings). */
+static PyObject *as_paths(PyObject *paths_obj, const char ***cpaths, Py_ssize_t *count) {
     PyObject *seq = PySequence_Fast(paths_obj, "paths must be a sequence of str");
     if (!seq) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    tfpy_Dataset *self = NULL;
     PyObject *paths = PyTuple_New(n);
-    const char **cpaths = PyMem_Calloc(n ? (size_t)n : 1, sizeof(char *));
-    if (!paths || !cpaths) {
+    const char **c = PyMem_Calloc(n ? (size_t)n : 1, sizeof(char *));
+    if (!paths || !c) {
         PyErr_NoMemory();
-        goto finally;
+        goto fail;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *p = PyOS_FSPath(PySequence_Fast_GET_ITEM(seq, i));
-        if (!p) goto finally;
+        if (!p) goto fail;
         if (!PyUnicode_Check(p)) {
             PyObject *dec = PyUnicode_DecodeFSDefaultAndSize(PyBytes_AsString(p), PyBytes_Size(p));
             Py_DECREF(p);
-            if (!dec) goto finally;
+            if (!dec) goto fail;
             p = dec;
         }
         PyTuple_SET_ITEM(paths, i, p);
         Py_ssize_t plen;
-        cpaths[i] = PyUnicode_AsUTF8AndSize(p, &plen);
-        if (!cpaths[i]) goto finally;
-        if ((size_t)plen != strlen(cpaths[i])) {
+        c[i] = PyUnicode_AsUTF8AndSize(p, &plen);
+        if (!c[i]) goto fail;
+        if ((size_t)plen != strlen(c[i])) {
             PyErr_Format(PyExc_ValueError, "path %R contains a NUL character", p);
-            goto finally;
+            goto fail;
         }
     }
+    Py_DECREF(seq);
+    *cpaths = c;
+    *count = n;
+    return paths;
+fail:
+    Py_XDECREF(paths);
+    PyMem_Free(c);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+static int parse_open_options(PyObject *dtype_obj, PyObject *format_obj, PyObject *eos_obj, const char *index_dir,
+                              tf_open_options *opt) {
+    *opt = (tf_open_options){.format = TF_FORMAT_AUTO, .raw_dtype = TF_DTYPE_INVALID};
+    if (tfpy_parse_dtype(dtype_obj, TF_DTYPE_INVALID, &opt->raw_dtype) < 0) return -1;
+    if (parse_format(format_obj, &opt->format) < 0) return -1;
+    if (eos_obj != Py_None) {
+        unsigned long long e = PyLong_AsUnsignedLongLong(eos_obj);
+        if (e == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+        opt->has_eos_id = 1;
+        opt->eos_id = (uint64_t)e;
+        opt->index_dir = index_dir;
+    }
+    return 0;
+}
+
+static PyObject *Dataset_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"paths", "dtype", "format", "remote", "eos_id", "index_dir", "shard_set", NULL};
+    PyObject *paths_obj, *dtype_obj = Py_None, *format_obj = Py_None, *remote_obj = Py_None, *eos_obj = Py_None;
+    const char *index_dir = NULL;
+    int shard_set = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOzp:Dataset", kwlist, &paths_obj, &dtype_obj, &format_obj,
+                                     &remote_obj, &eos_obj, &index_dir, &shard_set))
+        return NULL;
+    tf_remote *remote = NULL;
+    if (remote_obj != Py_None && !(remote = tfpy_remote_of(remote_obj))) return NULL;
+    if (shard_set && remote) {
+        PyErr_SetString(PyExc_ValueError, "shard_set=True opens local shard sets only");
+        return NULL;
+    }
+    tf_module_state *st = tfpy_state_of_type(tp);
+    tf_open_options opt;
+    if (parse_open_options(dtype_obj, format_obj, eos_obj, index_dir, &opt) < 0) return NULL;
+    const char **cpaths = NULL;
+    Py_ssize_t n = 0;
+    PyObject *paths = as_paths(paths_obj, &cpaths, &n);
+    if (!paths) return NULL;
+    tfpy_Dataset *self = NULL;
     tf_dataset *ds = NULL;
     int rc;
     char msg[1024];
-    TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_remote(cpaths, (size_t)n, &opt, remote, &ds));
+    if (shard_set) TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_set(cpaths, (size_t)n, &opt, &ds));
+    else TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_remote(cpaths, (size_t)n, &opt, remote, &ds));
     if (rc < 0) {
         tfpy_raise(st, rc, msg);
         goto finally;
@@ -87,8 +117,60 @@ static PyObject *Dataset_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
 finally:
     Py_XDECREF(paths);
     PyMem_Free(cpaths);
-    Py_DECREF(seq);
     return (PyObject *)self;
+}
+
+PyDoc_STRVAR(Dataset_catalog_set_doc,
+             "catalog_set($self, spec, dirs, ids, dtype=None, format=None, eos_id=None, index_dir=None)\n--\n\n"
+             "Returns bool. Record this dataset, opened from the files spec expanded to, as the shard set spec "
+             "in the node's catalog; dirs hold every file, ids are their (st_dev, st_ino, st_size, st_mtime_ns) "
+             "when listed. False when not recorded.");
+
+static PyObject *Dataset_catalog_set(tfpy_Dataset *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"spec", "dirs", "ids", "dtype", "format", "eos_id", "index_dir", NULL};
+    PyObject *spec_obj, *dirs_obj, *ids_obj, *dtype_obj = Py_None, *format_obj = Py_None, *eos_obj = Py_None;
+    const char *index_dir = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOOz:catalog_set", kwlist, &spec_obj, &dirs_obj, &ids_obj,
+                                     &dtype_obj, &format_obj, &eos_obj, &index_dir))
+        return NULL;
+    tf_open_options opt;
+    if (parse_open_options(dtype_obj, format_obj, eos_obj, index_dir, &opt) < 0) return NULL;
+    const char **cspec = NULL, **cdirs = NULL;
+    Py_ssize_t nspec = 0, ndirs = 0;
+    uint64_t *ids = NULL;
+    PyObject *result = NULL, *dirs = NULL, *idseq = NULL;
+    PyObject *spec = as_paths(spec_obj, &cspec, &nspec);
+    if (!spec || !(dirs = as_paths(dirs_obj, &cdirs, &ndirs))) goto finally;
+    if (!(idseq = PySequence_Fast(ids_obj, "ids must be a sequence of 4-tuples of int"))) goto finally;
+    if (PySequence_Fast_GET_SIZE(idseq) != ndirs) {
+        PyErr_SetString(PyExc_ValueError, "ids must have one 4-tuple per directory");
+        goto finally;
+    }
+    if (!(ids = PyMem_Calloc(4 * (size_t)ndirs + 1, sizeof *ids))) {
+        PyErr_NoMemory();
+        goto finally;
+    }
+    for (Py_ssize_t k = 0; k < ndirs; k++) {
+        unsigned long long v[4];
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(idseq, k), "KKKK", &v[0], &v[1], &v[2], &v[3])) goto finally;
+        for (int j = 0; j < 4; j++) ids[4 * k + j] = (uint64_t)v[j];
+    }
+    int rc;
+    char msg[1024];
+    TFPY_NOGIL_CALL(rc, msg, tf_dataset_catalog_set(self->ds, cspec, (size_t)nspec, &opt, cdirs, ids, (size_t)ndirs));
+    if (rc < 0) {
+        tfpy_raise(tfpy_state_of_type(Py_TYPE(self)), rc, msg);
+        goto finally;
+    }
+    result = PyBool_FromLong(rc == 0);
+finally:
+    Py_XDECREF(spec);
+    Py_XDECREF(dirs);
+    Py_XDECREF(idseq);
+    PyMem_Free(cspec);
+    PyMem_Free(cdirs);
+    PyMem_Free(ids);
+    return result;
 }
 
 static void dataset_free(void *ds) { tf_dataset_free(ds); }
@@ -271,6 +353,7 @@ TFPY_TYPE_SPEC(Dataset, tfpy_Dataset, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
                {Py_tp_doc, (void *)Dataset_doc}, {Py_tp_new, Dataset_new}, {Py_tp_dealloc, Dataset_dealloc},
                {Py_tp_traverse, Dataset_traverse},
                {Py_tp_methods, TFPY_METHODS(
+                   {"catalog_set", (PyCFunction)(void (*)(void))Dataset_catalog_set, METH_VARARGS | METH_KEYWORDS, Dataset_catalog_set_doc},
                    {"files", (PyCFunction)Dataset_files, METH_NOARGS, "files($self)\n--\n\nReturns list[dict]. One dict per file: path, format, dtype, counts."},
                    {"read", (PyCFunction)(void (*)(void))Dataset_read, METH_VARARGS | METH_KEYWORDS, Dataset_read_doc},
                    {"view", (PyCFunction)Dataset_view, METH_VARARGS, Dataset_view_doc},

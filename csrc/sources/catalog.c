@@ -17,7 +17,24 @@
  * (file.c), their headers checked against the entry: a file changed after
  * the catalog was read is an error naming it there.
  *
- * File layout (little-endian): "TFCATLG1", u32 version, u32 0, u64 key,
+ * Trusted entries. Checking each file's identity is one stat per file: at
+ * 10^4 files, most of an open. Two kinds of catalog skip it, because what
+ * they depend on covers the files:
+ *   - a tokenfeed dataset's (opened as its directories): its shards are
+ *     written once, before its manifest; the manifest unchanged, the shards
+ *     are the ones catalogued;
+ *   - a shard set's (a directory of foreign files, or a glob in one, keyed by
+ *     what open was given, not by the files it expanded to): the directories
+ *     holding its files, unchanged (device, inode, size, modification time),
+ *     hold the same names, so the same files.
+ * A file changed in place under an unchanged name is then found on first
+ * touch (file.c checks its identity and header against the entry): an error
+ * naming it, and the catalog is deleted, so the next open parses the files
+ * again. Directories and manifests modified in the last seconds are not
+ * trusted (a change within the file system's timestamp granularity would go
+ * unseen).
+ *
+ * File layout (little-endian): "TFCATLG1", u32 version, u32 flags, u64 key,
  * u64 files, u64 deps; per file a record (see put_file); per dependency u32
  * length, path, identity (a file that must be unchanged: a tokenfeed
  * dataset's manifest; or, with known = 0, a name that must stay absent: the
@@ -43,7 +60,9 @@
 typedef unsigned long long ull;
 
 #define CAT_MAGIC "TFCATLG1"
-#define CAT_VERSION 1u
+#define CAT_VERSION 2u
+/* flags: the dependencies cover the files (see "Trusted entries") */
+#define CAT_TRUST 1u
 #define CAT_MAX_BYTES ((size_t)1 << 32)
 /* How old a file must be to enter a catalog. */
 #define TF_CATALOG_SETTLE_NS 2000000000ull
@@ -90,9 +109,12 @@ static void hash_str(tf__xxh64_state *h, const char *s) {
     if (n) tf__xxh64_update(h, s, n);
 }
 
-static uint64_t catalog_key(const char *const *paths, size_t n, const tf_open_options *opt) {
+/* The key of a catalog: of the files of paths (set 0), or of the shard set
+ * that paths name (set 1: globs and directories, as open was given them). */
+static uint64_t catalog_key(int set, const char *const *paths, size_t n, const tf_open_options *opt) {
     tf__xxh64_state h;
     tf__xxh64_reset(&h, 0x54464341544c4731ULL);
+    if (set) hash_str(&h, "shard set");
     uint8_t rec[40];
     tf__put_le64(rec, n);
     tf__put_le64(rec + 8, (uint64_t)opt->format);
@@ -337,61 +359,60 @@ static int open_catalog_dir(const char *dir, int create) {
     return dfd;
 }
 
-/* Whether a dataset of these files can be described by a catalog: local
- * files mapped on demand, whose documents are known at open. */
-static int cataloguable(const tf_file *files, uint64_t nfiles) {
-    if (nfiles < 2) return 0;
+static uint64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* A file modified in the last seconds may be modified again within the file
+ * system's timestamp granularity, unseen by its identity (as git treats
+ * "racy" entries). */
+static int settled(const tf__file_id *id, uint64_t now) {
+    return !id->known || id->mtime_ns + TF_CATALOG_SETTLE_NS <= now;
+}
+
+/* Whether a dataset of these files can be described by a catalog: local
+ * files mapped on demand, whose documents are known at open, none of them
+ * modified in the last seconds. */
+static int cataloguable(const tf_file *files, uint64_t nfiles) {
+    if (nfiles < 2) return 0;
+    uint64_t now = now_ns();
     for (uint64_t i = 0; i < nfiles; i++) {
         if (!files[i].lazy || files[i].docs_from_rows || !tf__parser_of(files[i].format)) return 0;
-        /* A file modified in the last seconds may be modified again within
-         * the file system's timestamp granularity, unseen by its identity:
-         * such a set is not catalogued yet (as git treats "racy" entries). */
         tf__file_id id[2];
         tf__file_lazy_ids(&files[i], id);
-        for (int k = 0; k < 2; k++)
-            if (id[k].known && id[k].mtime_ns + TF_CATALOG_SETTLE_NS > now) return 0;
+        if (!settled(&id[0], now) || !settled(&id[1], now)) return 0;
     }
     return 1;
 }
 
-void tf__catalog_save(const char *const *paths, size_t n, const tf_open_options *opt, const tf_file *files,
-                      uint64_t nfiles) {
-    if (!cataloguable(files, nfiles)) return;
+static void catalog_name(uint64_t key, char name[40]) { snprintf(name, 40, "%016llx.tfcat", (ull)key); }
+
+/* Write the catalog: the header, the files, then ndeps dependencies already
+ * serialised in deps (best effort: a node without a writable catalog
+ * directory opens by parsing). */
+static void write_catalog(uint64_t key, uint32_t flags, const tf_file *files, uint64_t nfiles, const wbuf *deps,
+                          uint64_t ndeps) {
     char *dir = catalog_dir();
     if (!dir) return;
     wbuf b = {0};
-    uint64_t ndeps = 0;
     put(&b, CAT_MAGIC, 8);
     put32(&b, CAT_VERSION);
-    put32(&b, 0);
-    put64(&b, catalog_key(paths, n, opt));
+    put32(&b, flags);
+    put64(&b, key);
     put64(&b, nfiles);
-    (void)each_dep(paths, n, dep_count, &ndeps);
-    for (uint64_t i = 0; i < nfiles; i++)
-        if (files[i].format == TF_FORMAT_RAW && !files[i].aux_path && !files[i].eos_mode) ndeps++;
     put64(&b, ndeps);
     for (uint64_t i = 0; i < nfiles; i++) put_file(&b, &files[i]);
-    (void)each_dep(paths, n, dep_put, &b);
-    for (uint64_t i = 0; i < nfiles; i++) {
-        char *ip = absent_index(&files[i]);
-        if (ip) {
-            tf__file_id none = {0};
-            put_str(&b, ip);
-            put_id(&b, &none);
-            free(ip);
-        }
-    }
+    if (deps->err) b.err = deps->err;
+    else put(&b, deps->p, deps->n);
     tf__xxh64_state h;
     tf__xxh64_reset(&h, 0);
     if (!b.err) tf__xxh64_update(&h, b.p, b.n);
     put64(&b, tf__xxh64_digest(&h));
     int dfd = -1, fd = -1;
     char tmp[64], name[40];
-    snprintf(name, sizeof name, "%016llx.tfcat", (ull)catalog_key(paths, n, opt));
-    /* best effort: a node without a writable catalog directory opens by parsing */
+    catalog_name(key, name);
     if (!b.err && (dfd = open_catalog_dir(dir, 1)) >= 0 && tf__tmp_create(dfd, dir, "catalog", tmp, sizeof tmp, &fd) == 0) {
         int rc = tf__pwrite_all(fd, b.p, b.n, 0, dir);
         close(fd);
@@ -404,14 +425,112 @@ void tf__catalog_save(const char *const *paths, size_t n, const tf_open_options 
     free(dir);
 }
 
+/* The datatrove indexes that headerless files without one may later get:
+ * names that must stay absent. */
+static uint64_t put_absent_indexes(wbuf *d, const tf_file *files, uint64_t nfiles) {
+    uint64_t k = 0;
+    for (uint64_t i = 0; i < nfiles; i++) {
+        char *ip = absent_index(&files[i]);
+        if (ip) {
+            tf__file_id none = {0};
+            put_str(d, ip);
+            put_id(d, &none);
+            free(ip);
+            k++;
+        }
+    }
+    return k;
+}
+
+void tf__catalog_save(const char *const *paths, size_t n, const tf_open_options *opt, const tf_file *files,
+                      uint64_t nfiles) {
+    if (!cataloguable(files, nfiles)) return;
+    wbuf d = {0};
+    uint64_t ndeps = 0;
+    (void)each_dep(paths, n, dep_count, &ndeps);
+    (void)each_dep(paths, n, dep_put, &d);
+    /* A tokenfeed dataset opened as its directories: each path has its
+     * manifest (a dependency), every file is one of their shards. */
+    int trust = ndeps == n;
+    for (uint64_t i = 0; trust && i < nfiles; i++) trust = files[i].format == TF_FORMAT_NATIVE;
+    if (trust) { /* every manifest recorded known and settled */
+        rbuf r = {d.p, d.n, 0, 0};
+        uint64_t now = now_ns();
+        for (uint64_t k = 0; trust && k < ndeps; k++) {
+            char *p = get_str(&r);
+            tf__file_id id;
+            get_id(&r, &id);
+            trust = !r.bad && id.known && settled(&id, now);
+            free(p);
+        }
+    }
+    ndeps += put_absent_indexes(&d, files, nfiles);
+    write_catalog(catalog_key(0, paths, n, opt), trust ? CAT_TRUST : 0, files, nfiles, &d, ndeps);
+    free(d.p);
+}
+
+/* Whether dir is the directory part of path ("." for none). */
+static int parent_is(const char *path, const char *dir) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) return strcmp(dir, ".") == 0;
+    size_t n = (size_t)(slash - path);
+    if (n == 0) return strcmp(dir, "/") == 0;
+    return strlen(dir) == n && memcmp(path, dir, n) == 0;
+}
+
+int tf__catalog_save_set(const char *const *spec, size_t nspec, const tf_open_options *opt, const tf_file *files,
+                         uint64_t nfiles, const char *const *dirs, const tf__file_id *dir_ids, size_t ndirs) {
+    if (!cataloguable(files, nfiles) || ndirs == 0) return 1;
+    uint64_t now = now_ns();
+    for (size_t k = 0; k < ndirs; k++) {
+        tf__file_id cur;
+        /* the directory as it was listed, settled, and still so */
+        if (!dir_ids[k].known || !settled(&dir_ids[k], now) || tf__file_id_get(dirs[k], &cur) != 0 ||
+            !same_id(&cur, &dir_ids[k]))
+            return 1;
+    }
+    /* the directories must hold every file, or a file could change unseen */
+    for (uint64_t i = 0; i < nfiles; i++) {
+        int in = 0, aux_in = files[i].aux_path == NULL;
+        for (size_t k = 0; k < ndirs; k++) {
+            in = in || parent_is(files[i].path, dirs[k]);
+            aux_in = aux_in || parent_is(files[i].aux_path, dirs[k]);
+        }
+        if (!in || !aux_in) return 1;
+    }
+    wbuf d = {0};
+    for (size_t k = 0; k < ndirs; k++) {
+        put_str(&d, dirs[k]);
+        put_id(&d, &dir_ids[k]);
+    }
+    uint64_t ndeps = ndirs + put_absent_indexes(&d, files, nfiles);
+    write_catalog(catalog_key(1, spec, nspec, opt), CAT_TRUST, files, nfiles, &d, ndeps);
+    free(d.p);
+    return 0;
+}
+
+/* Delete the catalog of key (a file it describes changed). */
+static void forget_catalog(uint64_t key) {
+    char *dir = catalog_dir();
+    if (!dir) return;
+    char name[40];
+    catalog_name(key, name);
+    int dfd = open_catalog_dir(dir, 0);
+    if (dfd >= 0) {
+        unlinkat(dfd, name, 0);
+        close(dfd);
+    }
+    free(dir);
+}
+
 static void free_files(tf_file *files, uint64_t n) {
     for (uint64_t i = 0; i < n; i++) tf__file_close(&files[i]);
     free(files);
 }
 
-/* Entry i of the catalog into f (zeroed): 0, or 1 when the file changed
- * (its entry must be parsed again), or -1 when the catalog is unusable. */
-static int read_entry(rbuf *r, tf_file *f, const tf_open_options *opt, dircache *dc) {
+/* Entry i of the catalog into f (zeroed): 0, or -1 when the catalog is
+ * unusable. */
+static int read_entry(rbuf *r, tf_file *f, const tf_open_options *opt) {
     f->path = get_str(r);
     f->aux_path = get_str(r);
     f->format = (tf_format)get32(r);
@@ -438,24 +557,43 @@ static int read_entry(rbuf *r, tf_file *f, const tf_open_options *opt, dircache 
     f->has_checksums = (flags & 2) != 0;
     f->eos_mode = (flags & 4) != 0;
     if (f->compressed) f->read_block = tf__native_read_block;
-    if (tf__file_lazy_from_meta(f, opt, tf__parser_of(f->format), id, tok_off) != 0) return -1;
-    if (!unchanged(dc, f->path, &id[0]) || (f->aux_path && !unchanged(dc, f->aux_path, &id[1]))) return 1;
+    return tf__file_lazy_from_meta(f, opt, tf__parser_of(f->format), id, tok_off) != 0 ? -1 : 0;
+}
+
+/* File i changed since it was catalogued: parse it again in place. */
+static int refresh_entry(tf_file *files, uint64_t i, const tf_open_options *opt) {
+    /* a tokenfeed shard is checked against its manifest: open it all again */
+    if (files[i].format == TF_FORMAT_NATIVE) return -1;
+    tf_file fresh;
+    memset(&fresh, 0, sizeof fresh);
+    tf_open_options o = *opt;
+    o.format = files[i].format;
+    int prc = tf__parser_of(files[i].format)(files[i].path, &o, &fresh);
+    if (prc == 0) prc = tf__file_make_lazy(&fresh, opt, tf__parser_of(fresh.format));
+    if (prc != 0) {
+        tf__file_close(&fresh);
+        return -1; /* the parsing open says what is wrong */
+    }
+    tf__file_close(&files[i]);
+    files[i] = fresh;
     return 0;
 }
 
-int tf__catalog_load(const char *const *paths, size_t n, const tf_open_options *opt, tf_file **out,
-                     uint64_t *nout) {
+/* The catalog of key: 0 with *out (*nout files) filled, 1 when there is no
+ * usable one; *stale set when some files were parsed again. A catalog that
+ * is not trusted (see "Trusted entries") is used only when need_trust is 0. */
+static int load_catalog(uint64_t key, const tf_open_options *opt, int need_trust, tf_file **out, uint64_t *nout,
+                        int *stale) {
     *out = NULL;
     *nout = 0;
+    *stale = 0;
     char *dir = catalog_dir();
     if (!dir) return 1;
-    int dfd = -1;
     uint8_t *buf = NULL;
     size_t len = 0;
-    uint64_t key = catalog_key(paths, n, opt);
     char name[40];
-    snprintf(name, sizeof name, "%016llx.tfcat", (ull)key);
-    dfd = open_catalog_dir(dir, 0);
+    catalog_name(key, name);
+    int dfd = open_catalog_dir(dir, 0);
     int rc = dfd >= 0 ? tf__read_file_at(dfd, dir, name, CAT_MAX_BYTES, &buf, &len) : 1;
     if (dfd >= 0) close(dfd);
     free(dir);
@@ -472,55 +610,61 @@ int tf__catalog_load(const char *const *paths, size_t n, const tf_open_options *
     }
     take(&r, 8);
     ok = ok && get32(&r) == CAT_VERSION;
-    get32(&r);
-    ok = ok && get64(&r) == key;
+    uint32_t flags = get32(&r);
+    int trusted = (flags & CAT_TRUST) != 0;
+    ok = ok && get64(&r) == key && (trusted || !need_trust);
     uint64_t nfiles = get64(&r), ndeps = get64(&r);
     ok = ok && nfiles >= 2 && nfiles <= len / 64;
     tf_file *files = ok ? calloc(nfiles, sizeof *files) : NULL;
-    int stale = 0;
-    dircache dc = {NULL, 0, -1};
     rc = files ? 0 : -1;
-    for (uint64_t i = 0; files && i < nfiles && rc >= 0; i++) {
-        int e = read_entry(&r, &files[i], opt, &dc);
-        if (e < 0) rc = -1;
-        else if (e > 0) {
-            /* a tokenfeed shard is checked against its manifest: open it all again */
-            if (files[i].format == TF_FORMAT_NATIVE) rc = -1;
-            else {
-                tf_file fresh;
-                memset(&fresh, 0, sizeof fresh);
-                tf_open_options o = *opt;
-                o.format = files[i].format;
-                int prc = tf__parser_of(files[i].format)(files[i].path, &o, &fresh);
-                if (prc == 0) prc = tf__file_make_lazy(&fresh, opt, tf__parser_of(fresh.format));
-                if (prc != 0) {
-                    tf__file_close(&fresh);
-                    rc = -1; /* the parsing open says what is wrong */
-                } else {
-                    tf__file_close(&files[i]);
-                    files[i] = fresh;
-                    stale = 1;
-                }
-            }
-        }
-    }
+    for (uint64_t i = 0; files && i < nfiles && rc >= 0; i++)
+        if (read_entry(&r, &files[i], opt) < 0) rc = -1;
+    /* what the files depend on first: a changed one means the files are
+     * described anew by the parsing open */
+    dircache dc = {NULL, 0, -1};
     for (uint64_t d = 0; rc >= 0 && d < ndeps; d++) {
         char *p = get_str(&r);
         tf__file_id id;
         get_id(&r, &id);
-        if (r.bad || !p || !unchanged(&dc, p, &id)) rc = -1;
+        /* an absent name in a directory known unchanged is still absent */
+        if (r.bad || !p || ((id.known || !trusted) && !unchanged(&dc, p, &id))) rc = -1;
         free(p);
     }
-    dircache_close(&dc);
     if (rc >= 0 && (r.bad || r.at != r.n)) rc = -1;
+    for (uint64_t i = 0; rc >= 0 && i < nfiles; i++) {
+        if (trusted) {
+            tf__file_lazy_set_catalog(&files[i], key, forget_catalog);
+            continue;
+        }
+        tf__file_id id[2];
+        tf__file_lazy_ids(&files[i], id);
+        if (!unchanged(&dc, files[i].path, &id[0]) || (files[i].aux_path && !unchanged(&dc, files[i].aux_path, &id[1]))) {
+            if (refresh_entry(files, i, opt) != 0) rc = -1;
+            else *stale = 1;
+        }
+    }
+    dircache_close(&dc);
     free(buf);
     tf__clearerr();
     if (rc < 0) {
         if (files) free_files(files, nfiles);
         return 1;
     }
-    if (stale) tf__catalog_save(paths, n, opt, files, nfiles);
     *out = files;
     *nout = nfiles;
     return 0;
+}
+
+int tf__catalog_load(const char *const *paths, size_t n, const tf_open_options *opt, tf_file **out,
+                     uint64_t *nout) {
+    int stale = 0;
+    int rc = load_catalog(catalog_key(0, paths, n, opt), opt, 0, out, nout, &stale);
+    if (rc == 0 && stale) tf__catalog_save(paths, n, opt, *out, *nout);
+    return rc;
+}
+
+int tf__catalog_load_set(const char *const *spec, size_t nspec, const tf_open_options *opt, tf_file **out,
+                         uint64_t *nout) {
+    int stale = 0;
+    return load_catalog(catalog_key(1, spec, nspec, opt), opt, 1, out, nout, &stale);
 }

@@ -327,6 +327,45 @@ int tf__dataset_open_paths(const char *const *paths, size_t n, const tf_open_opt
     return finish_dataset(files, nfiles, out);
 }
 
+static const tf_open_options open_defaults = {.format = TF_FORMAT_AUTO, .raw_dtype = TF_DTYPE_INVALID};
+
+int tf_dataset_open_set(const char *const *spec, size_t nspec, const tf_open_options *opt, tf_dataset **out) {
+    if (!out) return -EINVAL;
+    *out = NULL;
+    tf__clearerr();
+    if (!spec || nspec == 0) TF_FAIL(-EINVAL, "no shard set given");
+    for (size_t i = 0; i < nspec; i++)
+        if (!spec[i]) TF_FAIL(-EINVAL, "shard set entry %zu is NULL", i);
+    tf_file *files = NULL;
+    uint64_t nfiles = 0;
+    if (tf__catalog_load_set(spec, nspec, opt ? opt : &open_defaults, &files, &nfiles) != 0)
+        TF_FAIL(-ENOENT, "%s: the node's catalog has no entry for this shard set, or a directory holding its files "
+                "changed since it was listed", spec[0]);
+    return finish_dataset(files, nfiles, out);
+}
+
+int tf_dataset_catalog_set(const tf_dataset *ds, const char *const *spec, size_t nspec, const tf_open_options *opt,
+                           const char *const *dirs, const uint64_t *dir_ids, size_t ndirs) {
+    tf__clearerr();
+    if (!ds || !spec || nspec == 0 || (ndirs && (!dirs || !dir_ids)))
+        TF_FAIL(-EINVAL, "tf_dataset_catalog_set: a dataset, a shard set and its directories are required");
+    tf__file_id *ids = calloc(ndirs ? ndirs : 1, sizeof *ids);
+    if (!ids) return -ENOMEM;
+    int rc = 0;
+    for (size_t k = 0; k < ndirs && rc == 0; k++) {
+        if (!dirs[k]) rc = tf__seterr(-EINVAL, "directory %zu is NULL", k);
+        ids[k] = (tf__file_id){.dev = dir_ids[4 * k], .ino = dir_ids[4 * k + 1], .size = dir_ids[4 * k + 2],
+                               .mtime_ns = dir_ids[4 * k + 3], .known = 1};
+    }
+    for (size_t i = 0; i < nspec && rc == 0; i++)
+        if (!spec[i]) rc = tf__seterr(-EINVAL, "shard set entry %zu is NULL", i);
+    if (rc == 0 && ds->borrowed) rc = 1;
+    if (rc == 0)
+        rc = tf__catalog_save_set(spec, nspec, opt ? opt : &open_defaults, ds->files, ds->nfiles, dirs, ids, ndirs);
+    free(ids);
+    return rc;
+}
+
 int tf_dataset_open(const char *path, const tf_open_options *opt, tf_dataset **out) {
     return tf_dataset_open_many(&path, 1, opt, out);
 }

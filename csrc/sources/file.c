@@ -455,7 +455,8 @@ int tf__files_guard(const tf_file *files, uint64_t nfiles, int (*fn)(void *), vo
  */
 
 struct tf__lazy {
-    tf_file live;  /* the parsed, mapped file while mapped */
+    tf_file *live; /* the parsed, mapped file while mapped (allocated then: an
+                      unopened file costs its metadata only) */
     int mapped;
     int in_lru;
     _Atomic int checked; /* parsed and checked against the metadata once */
@@ -465,6 +466,8 @@ struct tf__lazy {
     tf__file_id id[2];            /* the file, and its index file (aux_path) */
     tf__parse_fn reopen;          /* the format's parser, given the file's path */
     int64_t tok_off;              /* byte offset of the first token in the file, or -1 */
+    uint64_t catalog_key;         /* the trusted catalog it came from */
+    void (*forget_catalog)(uint64_t key); /* deletes that catalog (NULL: none) */
 };
 
 static pthread_mutex_t lz_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -542,7 +545,9 @@ static void evict_over_limit(void) {
     while (lz_mapped > lz_limit && lru_tail) {
         struct tf__lazy *v = lru_tail;
         lru_unlink(v);
-        tf__file_close(&v->live);
+        tf__file_close(v->live);
+        free(v->live);
+        v->live = NULL;
         v->mapped = 0;
         lz_mapped--;
     }
@@ -590,10 +595,16 @@ int tf__file_make_lazy(tf_file *f, const tf_open_options *opt, tf__parse_fn reop
         free(z);
         TF_FAIL(rc, "%s: cannot stat: %s", f->path, strerror(-rc));
     }
-    z->live = *f;
     z->tok_off = tf__file_token_offset(f);
+    if (!(z->live = malloc(sizeof *z->live))) {
+        free(z->index_dir);
+        free(z);
+        return -ENOMEM;
+    }
+    *z->live = *f;
     if (strip_to_meta(f) < 0) {
-        *f = z->live;
+        *f = *z->live;
+        free(z->live);
         free(z->index_dir);
         free(z);
         return -ENOMEM;
@@ -622,6 +633,12 @@ int tf__file_lazy_from_meta(tf_file *f, const tf_open_options *opt, tf__parse_fn
     return 0;
 }
 
+void tf__file_lazy_set_catalog(tf_file *f, uint64_t key, void (*forget)(uint64_t key)) {
+    if (!f->lazy) return;
+    f->lazy->catalog_key = key;
+    f->lazy->forget_catalog = forget;
+}
+
 int64_t tf__file_lazy_ids(const tf_file *f, tf__file_id id[2]) {
     memset(id, 0, 2 * sizeof *id);
     if (!f->lazy) return tf__file_token_offset(f);
@@ -638,7 +655,8 @@ void tf__file_lazy_free(tf_file *f) {
     if (z->mapped) lz_mapped--;
     z->mapped = 0;
     pthread_mutex_unlock(&lz_mu);
-    tf__file_close(&z->live);
+    if (z->live) tf__file_close(z->live);
+    free(z->live);
     free(z->index_dir);
     free(z);
     f->lazy = NULL;
@@ -697,7 +715,7 @@ int tf__file_acquire(const tf_file *f, const tf_file **live) {
         lru_unlink(z);
         z->users++;
         pthread_mutex_unlock(&lz_mu);
-        *live = &z->live;
+        *live = z->live;
         return 0;
     }
     pthread_mutex_unlock(&lz_mu);
@@ -711,16 +729,31 @@ int tf__file_acquire(const tf_file *f, const tf_file **live) {
                         f->path, (long long)z->tok_off, (long long)tf__file_token_offset(&tmp));
     if (rc) {
         tf__file_close(&tmp);
+        if (z->forget_catalog) {
+            /* the catalog that described the file is stale: the next open
+             * parses the files again (the error stays this one) */
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", tf_last_error());
+            z->forget_catalog(z->catalog_key);
+            rc = tf__seterr(rc, "%s", msg);
+        }
         return rc;
     }
+    tf_file *fresh = malloc(sizeof *fresh);
+    if (!fresh) {
+        tf__file_close(&tmp);
+        return -ENOMEM;
+    }
+    *fresh = tmp;
     pthread_mutex_lock(&lz_mu);
     if (z->mapped) { /* another thread mapped it meanwhile: use that one */
         lru_unlink(z);
         z->users++;
         pthread_mutex_unlock(&lz_mu);
-        tf__file_close(&tmp);
+        tf__file_close(fresh);
+        free(fresh);
     } else {
-        z->live = tmp;
+        z->live = fresh;
         z->mapped = 1;
         z->users++;
         lz_mapped++;
@@ -728,7 +761,7 @@ int tf__file_acquire(const tf_file *f, const tf_file **live) {
         pthread_mutex_unlock(&lz_mu);
     }
     atomic_store(&z->checked, 1);
-    *live = &z->live;
+    *live = z->live; /* pinned: not unmapped or freed until released */
     return 0;
 }
 
@@ -755,7 +788,7 @@ int tf__file_mapped_at(const tf_file *f, const void *addr, const char **path, si
     struct tf__lazy *z = f->lazy;
     int hit = 0;
     if (z) pthread_mutex_lock(&lz_mu);
-    const tf_file *l = z ? (z->mapped ? &z->live : NULL) : f;
+    const tf_file *l = z ? (z->mapped ? z->live : NULL) : f;
     const uint8_t *a = addr;
     if (l && l->map && a >= (const uint8_t *)l->map && (size_t)(a - (const uint8_t *)l->map) < l->map_len) {
         *path = f->path;

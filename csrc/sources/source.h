@@ -288,6 +288,10 @@ TF_HIDDEN int tf__file_make_lazy(tf_file *f, const tf_open_options *opt, tf__par
  * none, e.g. compressed). Nothing is mapped until first touch. */
 TF_HIDDEN int tf__file_lazy_from_meta(tf_file *f, const tf_open_options *opt, tf__parse_fn reopen,
                                       const tf__file_id id[2], int64_t tok_off);
+/* f was described by the trusted catalog of key, its identity unchecked at
+ * open: if it turns out changed on first touch, forget(key) deletes that
+ * catalog (catalog.c's, passed in: file.c does not call up into it). */
+TF_HIDDEN void tf__file_lazy_set_catalog(tf_file *f, uint64_t key, void (*forget)(uint64_t key));
 /* Identities of f (zeroed when not lazy); returns its token offset. */
 TF_HIDDEN int64_t tf__file_lazy_ids(const tf_file *f, tf__file_id id[2]);
 TF_HIDDEN void tf__file_lazy_free(tf_file *f);
@@ -322,6 +326,19 @@ TF_HIDDEN int tf__catalog_load(const char *const *paths, size_t n, const tf_open
  * failure, and nothing for a dataset a catalog cannot describe). */
 TF_HIDDEN void tf__catalog_save(const char *const *paths, size_t n, const tf_open_options *opt,
                                 const tf_file *files, uint64_t nfiles);
+/* The files of the shard set spec names (directories of foreign files and
+ * globs, as open was given them) from the node's catalog, when the
+ * directories holding them are unchanged: 0 with *files filled, else 1. */
+TF_HIDDEN int tf__catalog_load_set(const char *const *spec, size_t nspec, const tf_open_options *opt,
+                                   tf_file **files, uint64_t *nfiles);
+/* Catalog files as the shard set spec, held by dirs whose identities were
+ * dir_ids when they were listed: 0 when written, 1 when not (a directory
+ * changed or was modified in the last seconds, a file lies elsewhere, no
+ * catalog directory). */
+TF_HIDDEN int tf__catalog_save_set(const char *const *spec, size_t nspec, const tf_open_options *opt,
+                                   const tf_file *files, uint64_t nfiles, const char *const *dirs,
+                                   const tf__file_id *dir_ids, size_t ndirs);
+
 
 /* ---- native.c: the native format beyond its parsers --------------------- */
 

@@ -100,7 +100,10 @@ class _FileInfo(TypedDict):
 class Dataset:
     def __new__(cls, paths: Sequence[Union[str, bytes, PathLike[str], PathLike[bytes]]], dtype: _DTypeArg = ...,
                 format: Optional[str] = ..., remote: Optional["Remote"] = ..., eos_id: Optional[int] = ...,
-                index_dir: Optional[str] = ...) -> "Dataset": ...
+                index_dir: Optional[str] = ..., shard_set: bool = ...) -> "Dataset": ...
+    def catalog_set(self, spec: Sequence[str], dirs: Sequence[str], ids: Sequence[Tuple[int, int, int, int]],
+                    dtype: _DTypeArg = ..., format: Optional[str] = ..., eos_id: Optional[int] = ...,
+                    index_dir: Optional[str] = ...) -> bool: ...
     @property
     def info(self) -> Dict[str, Any]: ...  # _DatasetInfo
     @property

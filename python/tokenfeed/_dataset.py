@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
 
@@ -98,7 +98,7 @@ class Dataset:
 
     def __init__(self, paths: Sequence[str], dtype: Optional[str] = None, format: Optional[str] = None,
                  remote: Optional[Dict[str, Any]] = None, eos_id: Optional[int] = None) -> None:
-        self._paths = list(paths)
+        self._paths: Optional[List[str]] = list(paths)
         self._dtype_arg = dtype
         self._format_arg = format
         self._remote_args = remote
@@ -112,6 +112,31 @@ class Dataset:
                                    index_dir=default_index_dir() if eos_id is not None else None)
         if store is not None:
             _warn_unversioned(store)
+        self._set_info()
+
+    @classmethod
+    def _from_catalog(cls, spec: Sequence[str], dtype: Optional[str], format: Optional[str],
+                      eos_id: Optional[int]) -> "Dataset":
+        """The shard set ``spec`` (globs, directories of foreign files) from the node's catalog,
+        without listing its directories; FileNotFoundError when the catalog has no entry or a
+        directory changed since it was listed."""
+        self = cls.__new__(cls)
+        self._core = _core.Dataset(list(spec), dtype=dtype, format=format, eos_id=eos_id, shard_set=True,
+                                   index_dir=default_index_dir() if eos_id is not None else None)
+        self._paths = None  # the files, from the catalog when asked for
+        self._dtype_arg, self._format_arg, self._remote_args = dtype, format, None
+        self._eos_id = self.eos_id = eos_id
+        self._store = None
+        self._set_info()
+        return self
+
+    def _catalog_as_set(self, spec: Sequence[str], dirs: Sequence[Tuple[str, Tuple[int, int, int, int]]]) -> bool:
+        """Record this dataset, opened from the files ``spec`` expanded to, as that shard set."""
+        return bool(self._core.catalog_set(list(spec), [d for d, _ in dirs], [i for _, i in dirs],
+                                           dtype=self._dtype_arg, format=self._format_arg, eos_id=self._eos_id,
+                                           index_dir=default_index_dir() if self._eos_id is not None else None))
+
+    def _set_info(self) -> None:
         info = self._core.info
         self.num_tokens: int = info["num_tokens"]
         self.num_documents: int = info["num_documents"]
@@ -123,7 +148,7 @@ class Dataset:
 
     # pickles as paths + options: a spawned DataLoader worker re-opens the files
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Dataset, (self._paths, self._dtype_arg, self._format_arg, self._remote_args, self._eos_id))
+        return (Dataset, (self.paths, self._dtype_arg, self._format_arg, self._remote_args, self._eos_id))
 
     def cache_stats(self) -> Optional[Dict[str, Any]]:
         """For a remote dataset: requests, bytes fetched, chunks fetched and hit, cache usage (else None)."""
@@ -131,6 +156,8 @@ class Dataset:
 
     @property
     def paths(self) -> list[str]:
+        if self._paths is None:  # opened from the node's catalog: its files
+            self._paths = [f["path"] for f in self._core.files()]
         return list(self._paths)
 
     def files(self) -> list[dict[str, Any]]:
@@ -260,9 +287,18 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     store = None
     if remote is not None and any(_remote.is_url(p) and (p.endswith("/") or _shardset.is_glob(p)) for p in paths):
         store = _remote.get_store(**remote)  # kept alive until the dataset holds it
+    dt, eos = _dtype_name(dtype), None if eos_id is None else int(eos_id)
+    set_dirs = _shardset.local_set_dirs(paths) if remote is None else None
+    if set_dirs is not None:
+        try:
+            return Dataset._from_catalog(paths, dt, format, eos)
+        except FileNotFoundError:
+            pass  # not catalogued yet, or a directory changed: list the directories
+    spec = paths
     paths = _shardset.expand(paths, store.transport.list if store is not None else None)
-    ds = Dataset(paths, dtype=_dtype_name(dtype), format=format, remote=remote,
-                 eos_id=None if eos_id is None else int(eos_id))
+    ds = Dataset(paths, dtype=dt, format=format, remote=remote, eos_id=eos)
+    if set_dirs is not None:
+        ds._catalog_as_set(spec, set_dirs)
     del store
     if ds.format == "raw" and remote is None:
         _warn_if_not_tokens(paths)
