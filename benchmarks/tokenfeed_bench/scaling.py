@@ -132,6 +132,11 @@ def startup_scaling(cache: str, counts: Sequence[int], *, seq_len: int = 512, ba
         if k <= native_max:
             nd = make_native_shards(os.path.join(cache, "startup", f"native-{k}"), k)
             sets.append(("native", nd, sorted(glob.glob(os.path.join(nd, "*")))))
+        # The node's catalog records only files and directories left unmodified for two
+        # seconds (a change within the file system's timestamp granularity would go unseen):
+        # a set written just now is catalogued once it has settled, as a real dataset has.
+        newest = max(os.stat(p).st_mtime for p in [ld] + ([nd] if k <= native_max else []))
+        time.sleep(max(0.0, newest + 2.5 - time.time()))
         for kind, spec, files in sets:
             catdir = os.path.join(cache, "startup", "catalog")
             shutil.rmtree(catdir, ignore_errors=True)

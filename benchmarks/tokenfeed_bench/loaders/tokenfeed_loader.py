@@ -33,7 +33,10 @@ def data_paths(case: Dict[str, Any]) -> Any:
 def _loader(case: Dict[str, Any]) -> Any:
     import tokenfeed
 
-    ds = tokenfeed.open(_paths(case), dtype=case.get("dtype_in"))
+    # a shard directory opens as users open it, by glob: the node's catalog then opens the set
+    # again without listing it (docs/format.md, "The node's catalog")
+    spec = os.path.join(case["shards_dir"], "shard_*.bin") if case.get("shards_dir") else case["path"]
+    ds = tokenfeed.open(spec, dtype=case.get("dtype_in"))
     kw = {"device": case["device"]} if case.get("device") else {}
     return tokenfeed.Loader(ds, seq_len=case["seq_len"], batch_size=case["batch_size"], seed=case["seed"],
                             shuffle=case.get("shuffle", True), num_threads=case.get("threads"),
