@@ -1689,6 +1689,23 @@ TF_API int tf_dataset_catalog_set(const tf_dataset *ds, const char *const *spec,
                                   const tf_open_options *opt, const char *const *dirs, const uint64_t *dir_ids,
                                   size_t ndirs);
 
+/* A shard set's catalog beside the data (`tokenfeed index DIR` or `GLOB`):
+ * one file in the set's directory that any machine reading the data opens
+ * the set from, without listing the directory or reading a file (each file
+ * is checked by size and modification time on first touch). prefix is how
+ * the set's files are named ("dir/", or "" for names in the working
+ * directory), pattern the glob of names ("" for the directory's data files).
+ * tf_dataset_write_data_catalog records ds, opened from those files, as that
+ * set: 0, with the catalog's path in path (cap bytes); -EAGAIN when a file
+ * or the directory was modified in the last 2 seconds or while writing.
+ * tf_dataset_open_data_catalog: -ENOENT when there is none, -ESTALE when
+ * the directory changed since it was written (a file added, removed or
+ * renamed: the set must be listed, and the catalog rebuilt). */
+TF_API int tf_dataset_write_data_catalog(const tf_dataset *ds, const char *prefix, const char *pattern,
+                                         const tf_open_options *opt, char *path, size_t cap);
+TF_API int tf_dataset_open_data_catalog(const char *prefix, const char *pattern, const tf_open_options *opt,
+                                        tf_dataset **out);
+
 #endif /* TF_EXPERIMENTAL_API */
 
 #ifdef __cplusplus

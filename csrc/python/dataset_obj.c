@@ -84,7 +84,7 @@ static PyObject *Dataset_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     PyObject *paths_obj, *dtype_obj = Py_None, *format_obj = Py_None, *remote_obj = Py_None, *eos_obj = Py_None;
     const char *index_dir = NULL;
     int shard_set = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOzp:Dataset", kwlist, &paths_obj, &dtype_obj, &format_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOzi:Dataset", kwlist, &paths_obj, &dtype_obj, &format_obj,
                                      &remote_obj, &eos_obj, &index_dir, &shard_set))
         return NULL;
     tf_remote *remote = NULL;
@@ -104,7 +104,12 @@ static PyObject *Dataset_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     tf_dataset *ds = NULL;
     int rc;
     char msg[1024];
-    if (shard_set) TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_set(cpaths, (size_t)n, &opt, &ds));
+    if (shard_set == 2 && n != 2) {
+        PyErr_SetString(PyExc_ValueError, "shard_set=2 opens [prefix, pattern] from the catalog beside the data");
+        goto finally;
+    }
+    if (shard_set == 2) TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_data_catalog(cpaths[0], cpaths[1], &opt, &ds));
+    else if (shard_set) TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_set(cpaths, (size_t)n, &opt, &ds));
     else TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_remote(cpaths, (size_t)n, &opt, remote, &ds));
     if (rc < 0) {
         tfpy_raise(st, rc, msg);
@@ -118,6 +123,27 @@ finally:
     Py_XDECREF(paths);
     PyMem_Free(cpaths);
     return (PyObject *)self;
+}
+
+PyDoc_STRVAR(Dataset_write_data_catalog_doc,
+             "write_data_catalog($self, prefix, pattern, dtype=None, format=None, eos_id=None, index_dir=None)\n--\n\n"
+             "Returns str. Write this dataset, opened from the files named prefix + a name matching pattern, as "
+             "that shard set's catalog beside the data; the catalog's path.");
+
+static PyObject *Dataset_write_data_catalog(tfpy_Dataset *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"prefix", "pattern", "dtype", "format", "eos_id", "index_dir", NULL};
+    const char *prefix, *pattern, *index_dir = NULL;
+    PyObject *dtype_obj = Py_None, *format_obj = Py_None, *eos_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "ss|OOOz:write_data_catalog", kwlist, &prefix, &pattern, &dtype_obj,
+                                     &format_obj, &eos_obj, &index_dir))
+        return NULL;
+    tf_open_options opt;
+    if (parse_open_options(dtype_obj, format_obj, eos_obj, index_dir, &opt) < 0) return NULL;
+    char path[4096], msg[1024];
+    int rc;
+    TFPY_NOGIL_CALL(rc, msg, tf_dataset_write_data_catalog(self->ds, prefix, pattern, &opt, path, sizeof path));
+    if (rc < 0) return tfpy_raise(tfpy_state_of_type(Py_TYPE(self)), rc, msg);
+    return PyUnicode_DecodeFSDefault(path);
 }
 
 PyDoc_STRVAR(Dataset_catalog_set_doc,
@@ -354,6 +380,7 @@ TFPY_TYPE_SPEC(Dataset, tfpy_Dataset, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
                {Py_tp_traverse, Dataset_traverse},
                {Py_tp_methods, TFPY_METHODS(
                    {"catalog_set", (PyCFunction)(void (*)(void))Dataset_catalog_set, METH_VARARGS | METH_KEYWORDS, Dataset_catalog_set_doc},
+                   {"write_data_catalog", (PyCFunction)(void (*)(void))Dataset_write_data_catalog, METH_VARARGS | METH_KEYWORDS, Dataset_write_data_catalog_doc},
                    {"files", (PyCFunction)Dataset_files, METH_NOARGS, "files($self)\n--\n\nReturns list[dict]. One dict per file: path, format, dtype, counts."},
                    {"read", (PyCFunction)(void (*)(void))Dataset_read, METH_VARARGS | METH_KEYWORDS, Dataset_read_doc},
                    {"view", (PyCFunction)Dataset_view, METH_VARARGS, Dataset_view_doc},

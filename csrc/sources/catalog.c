@@ -64,6 +64,8 @@ typedef unsigned long long ull;
 #define CAT_VERSION 3u
 /* flags: the dependencies cover the files (see "Trusted entries") */
 #define CAT_TRUST 1u
+/* flags: a catalog beside the data (paths relative to its directory) */
+#define CAT_BESIDE 2u
 #define CAT_MAX_BYTES ((size_t)1 << 32)
 /* How old a file must be to enter a catalog. */
 #define TF_CATALOG_SETTLE_NS 2000000000ull
@@ -111,11 +113,12 @@ static void hash_str(tf__xxh64_state *h, const char *s) {
 }
 
 /* The key of a catalog: of the files of paths (set 0), or of the shard set
- * that paths name (set 1: globs and directories, as open was given them). */
+ * that paths name (set 1: globs and directories, as open was given them), or
+ * of a catalog beside the data (set 2: the pattern within its directory). */
 static uint64_t catalog_key(int set, const char *const *paths, size_t n, const tf_open_options *opt) {
     tf__xxh64_state h;
     tf__xxh64_reset(&h, 0x54464341544c4731ULL);
-    if (set) hash_str(&h, "shard set");
+    if (set) hash_str(&h, set == 2 ? "shard set beside the data" : "shard set");
     uint8_t rec[40];
     tf__put_le64(rec, n);
     tf__put_le64(rec + 8, (uint64_t)opt->format);
@@ -125,8 +128,9 @@ static uint64_t catalog_key(int set, const char *const *paths, size_t n, const t
     tf__xxh64_update(&h, rec, sizeof rec);
     hash_str(&h, opt->index_dir);
     char cwd[4096];
-    /* relative paths name other files from another directory */
-    for (size_t i = 0; i < n; i++)
+    /* relative paths name other files from another directory (but a
+     * catalog beside the data is keyed by names within its directory) */
+    for (size_t i = 0; set != 2 && i < n; i++)
         if (paths[i][0] != '/') {
             hash_str(&h, getcwd(cwd, sizeof cwd) ? cwd : "");
             break;
@@ -187,16 +191,22 @@ static void put_id(wbuf *b, const tf__file_id *id) {
 #define ENTRY_FIXED (4 * 4 + 11 * 8 + 5 * 8)
 #define ENTRY_AUX_ID 8u /* flags: the index file's identity follows the record */
 
-static void put_file(wbuf *b, const tf_file *f, const tf_file *prev) {
+/* strip: bytes of every path left out (the directory of a catalog beside
+ * the data, whose identities are then size and time only). */
+static void put_file(wbuf *b, const tf_file *f, const tf_file *prev, size_t strip) {
     tf__file_id id[2];
     int64_t tok_off = tf__file_lazy_ids(f, id);
-    size_t n = strlen(f->path), shared = 0;
-    if (prev)
-        while (shared < n && shared < UINT32_MAX && prev->path[shared] == f->path[shared]) shared++;
+    if (strip)
+        for (int k = 0; k < 2; k++)
+            if (id[k].known) id[k] = (tf__file_id){.size = id[k].size, .mtime_ns = id[k].mtime_ns, .known = 2};
+    const char *path = f->path + strip, *before = prev ? prev->path + strip : NULL;
+    size_t n = strlen(path), shared = 0;
+    if (before)
+        while (shared < n && shared < UINT32_MAX && before[shared] == path[shared]) shared++;
     put32(b, (uint32_t)shared);
     put32(b, (uint32_t)(n - shared));
-    put(b, f->path + shared, n - shared);
-    put_str(b, f->aux_path);
+    put(b, path + shared, n - shared);
+    put_str(b, f->aux_path ? f->aux_path + strip : NULL);
     put32(b, (uint32_t)f->format);
     put32(b, (uint32_t)f->dtype);
     put32(b, (uint32_t)f->doc_kind);
@@ -263,12 +273,18 @@ static void get_id(rbuf *r, tf__file_id *id) {
     id->ino = get64(r);
     id->size = get64(r);
     id->mtime_ns = get64(r);
-    id->known = get64(r) ? 1 : 0;
+    uint64_t k = get64(r);
+    if (k > 2) r->bad = 1;
+    id->known = (int)(k & 3);
 }
 
+/* Identities: known 0 (absent), 1 (device, inode, size, modification
+ * time), or 2 (size and modification time only: a catalog beside the data,
+ * read from other machines, where device and inode numbers differ). */
 static int same_id(const tf__file_id *a, const tf__file_id *b) {
-    return a->known == b->known && (!a->known || (a->dev == b->dev && a->ino == b->ino && a->size == b->size &&
-                                                  a->mtime_ns == b->mtime_ns));
+    if (!a->known || !b->known) return !a->known && !b->known;
+    if (a->known == 2 || b->known == 2) return a->size == b->size && a->mtime_ns == b->mtime_ns;
+    return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime_ns == b->mtime_ns;
 }
 
 /* The directory of the files last checked, open: the files of a set share a
@@ -416,7 +432,7 @@ static void write_catalog(uint64_t key, uint32_t flags, const tf_file *files, ui
     put64(&b, key);
     put64(&b, nfiles);
     put64(&b, ndeps);
-    for (uint64_t i = 0; i < nfiles; i++) put_file(&b, &files[i], i ? &files[i - 1] : NULL);
+    for (uint64_t i = 0; i < nfiles; i++) put_file(&b, &files[i], i ? &files[i - 1] : NULL, 0);
     if (deps->err) b.err = deps->err;
     else put(&b, deps->p, deps->n);
     tf__xxh64_state h;
@@ -554,26 +570,43 @@ static void free_files(tf_file *files, uint64_t n) {
     free(files);
 }
 
-static void id_at(const uint8_t *p, tf__file_id *id) {
+static int id_at(const uint8_t *p, tf__file_id *id) {
     id->dev = tf__le64(p);
     id->ino = tf__le64(p + 8);
     id->size = tf__le64(p + 16);
     id->mtime_ns = tf__le64(p + 24);
-    id->known = tf__le64(p + 32) ? 1 : 0;
+    uint64_t k = tf__le64(p + 32);
+    id->known = (int)(k & 3);
+    return k <= 2 ? 0 : -1;
+}
+
+/* prefix + s (n bytes) + t (m bytes), malloc'ed. */
+static char *join3(const char *prefix, size_t plen, const char *s, size_t n, const void *t, size_t m) {
+    char *out = malloc(plen + n + m + 1);
+    if (!out) return NULL;
+    memcpy(out, prefix, plen);
+    memcpy(out + plen, s, n);
+    memcpy(out + plen + n, t, m);
+    out[plen + n + m] = '\0';
+    return out;
 }
 
 /* An entry of the catalog into f (zeroed), prev the one before (NULL for the
- * first): 0, or -1 when the catalog is unusable. */
-static int read_entry(rbuf *r, tf_file *f, const tf_file *prev, const tf_open_options *opt) {
+ * first), its paths under prefix (plen bytes; a catalog beside the data):
+ * 0, or -1 when the catalog is unusable. */
+static int read_entry(rbuf *r, tf_file *f, const tf_file *prev, const char *prefix, size_t plen,
+                      const tf_open_options *opt) {
     uint32_t shared = get32(r), rest = get32(r);
     const uint8_t *tail = take(r, rest);
-    if (r->bad || (shared && (!prev || shared > strlen(prev->path))) || (!shared && !rest) ||
-        memchr(tail, 0, rest) || !(f->path = malloc((size_t)shared + rest + 1)))
+    if (r->bad || (shared && (!prev || shared > strlen(prev->path) - plen)) || (!shared && !rest) ||
+        memchr(tail, 0, rest) || !(f->path = join3(prefix, plen, prev ? prev->path + plen : "", shared, tail, rest)))
         return -1;
-    if (shared) memcpy(f->path, prev->path, shared);
-    memcpy(f->path + shared, tail, rest);
-    f->path[shared + rest] = '\0';
     f->aux_path = get_str(r);
+    if (f->aux_path && plen) {
+        char *full = join3(prefix, plen, "", 0, f->aux_path, strlen(f->aux_path));
+        free(f->aux_path);
+        if (!(f->aux_path = full)) return -1;
+    }
     const uint8_t *p = take(r, ENTRY_FIXED);
     if (r->bad || !p) return -1;
     f->format = (tf_format)tf__le32(p);
@@ -594,11 +627,10 @@ static int read_entry(rbuf *r, tf_file *f, const tf_file *prev, const tf_open_op
     int64_t tok_off = (int64_t)tf__le64(p + 80);
     tf__file_id id[2];
     memset(id, 0, sizeof id);
-    id_at(p + 88, &id[0]);
+    if (id_at(p + 88, &id[0]) != 0) return -1;
     if (flags & ENTRY_AUX_ID) {
         const uint8_t *q = take(r, 40);
-        if (!q) return -1;
-        id_at(q, &id[1]);
+        if (!q || id_at(q, &id[1]) != 0) return -1;
     }
     if (!tf__parser_of(f->format) || !tf_dtype_size(f->dtype) || f->doc_kind > TF_DOCS_MEGATRON ||
         !(flags & ENTRY_AUX_ID) != !f->aux_path)
@@ -629,24 +661,34 @@ static int refresh_entry(tf_file *files, uint64_t i, const tf_open_options *opt)
     return 0;
 }
 
+/* Where a catalog is read from: the node's catalog directory (private), or
+ * the data's own directory, whose files are named relative to prefix. */
+typedef struct cat_src {
+    char *dir;          /* owned */
+    char name[64];
+    int node;           /* the node's catalog directory: must be private */
+    const char *prefix; /* "" for the node's */
+} cat_src;
+
+#define CAT_STALE 2 /* load_catalog: a dependency changed */
+
 /* The catalog of key: 0 with *out (*nout files) filled, 1 when there is no
- * usable one; *stale set when some files were parsed again. A catalog that
- * is not trusted (see "Trusted entries") is used only when need_trust is 0. */
-static int load_catalog(uint64_t key, const tf_open_options *opt, int need_trust, tf_file **out, uint64_t *nout,
-                        int *stale) {
+ * usable one, CAT_STALE when what it depends on changed; *stale set when
+ * some files were parsed again. A catalog that is not trusted (see "Trusted
+ * entries") is used only when need_trust is 0. */
+static int load_catalog(const cat_src *src, uint64_t key, const tf_open_options *opt, int need_trust,
+                        tf_file **out, uint64_t *nout, int *stale) {
     *out = NULL;
     *nout = 0;
     *stale = 0;
-    char *dir = catalog_dir();
-    if (!dir) return 1;
+    if (!src->dir) return 1;
     uint8_t *buf = NULL;
     size_t len = 0;
-    char name[40];
-    catalog_name(key, name);
-    int dfd = open_catalog_dir(dir, 0);
-    int rc = dfd >= 0 ? tf__read_file_at(dfd, dir, name, CAT_MAX_BYTES, &buf, &len) : 1;
+    int dfd = -1;
+    if (src->node) dfd = open_catalog_dir(src->dir, 0);
+    else if (tf__dir_open(src->dir, 0, &dfd) != 0) dfd = -1;
+    int rc = dfd >= 0 ? tf__read_file_at(dfd, src->dir, src->name, CAT_MAX_BYTES, &buf, &len) : 1;
     if (dfd >= 0) close(dfd);
-    free(dir);
     tf__clearerr();
     if (rc != 0) return 1;
     rbuf r = {buf, len, 0, 0};
@@ -661,61 +703,172 @@ static int load_catalog(uint64_t key, const tf_open_options *opt, int need_trust
     take(&r, 8);
     ok = ok && get32(&r) == CAT_VERSION;
     uint32_t flags = get32(&r);
-    int trusted = (flags & CAT_TRUST) != 0;
-    ok = ok && get64(&r) == key && (trusted || !need_trust);
+    int trusted = (flags & CAT_TRUST) != 0, beside = (flags & CAT_BESIDE) != 0;
+    ok = ok && get64(&r) == key && (trusted || !need_trust) && beside == !src->node;
     uint64_t nfiles = get64(&r), ndeps = get64(&r);
     ok = ok && nfiles >= 2 && nfiles <= len / 64;
     tf_file *files = ok ? calloc(nfiles, sizeof *files) : NULL;
-    rc = files ? 0 : -1;
+    rc = files ? 0 : 1;
     prefault(files, nfiles * sizeof *files);
-    for (uint64_t i = 0; files && i < nfiles && rc >= 0; i++)
-        if (read_entry(&r, &files[i], i ? &files[i - 1] : NULL, opt) < 0) rc = -1;
+    size_t plen = strlen(src->prefix);
+    for (uint64_t i = 0; files && i < nfiles && rc == 0; i++)
+        if (read_entry(&r, &files[i], i ? &files[i - 1] : NULL, src->prefix, plen, opt) < 0) rc = 1;
     /* what the files depend on first: a changed one means the files are
      * described anew by the parsing open */
     dircache dc = {NULL, 0, -1};
-    for (uint64_t d = 0; rc >= 0 && d < ndeps; d++) {
+    for (uint64_t d = 0; rc == 0 && d < ndeps; d++) {
         char *p = get_str(&r);
         tf__file_id id;
         get_id(&r, &id);
+        char *full = p && plen ? join3(src->prefix, plen, "", 0, p, strlen(p)) : NULL;
+        if (r.bad || !p || (plen && !full)) rc = 1;
         /* an absent name in a directory known unchanged is still absent */
-        if (r.bad || !p || ((id.known || !trusted) && !unchanged(&dc, p, &id))) rc = -1;
+        else if ((id.known || !trusted) && !unchanged(&dc, full ? full : p, &id)) rc = CAT_STALE;
+        free(full);
         free(p);
     }
-    if (rc >= 0 && (r.bad || r.at != r.n)) rc = -1;
-    for (uint64_t i = 0; rc >= 0 && i < nfiles; i++) {
+    if (rc == 0 && (r.bad || r.at != r.n)) rc = 1;
+    for (uint64_t i = 0; rc == 0 && i < nfiles; i++) {
         if (trusted) {
-            tf__file_lazy_set_catalog(&files[i], key, forget_catalog);
+            tf__file_lazy_set_catalog(&files[i], key, src->node ? forget_catalog : NULL);
             continue;
         }
         tf__file_id id[2];
         tf__file_lazy_ids(&files[i], id);
         if (!unchanged(&dc, files[i].path, &id[0]) || (files[i].aux_path && !unchanged(&dc, files[i].aux_path, &id[1]))) {
-            if (refresh_entry(files, i, opt) != 0) rc = -1;
+            if (refresh_entry(files, i, opt) != 0) rc = 1;
             else *stale = 1;
         }
     }
     dircache_close(&dc);
     free(buf);
     tf__clearerr();
-    if (rc < 0) {
+    if (rc != 0) {
         if (files) free_files(files, nfiles);
-        return 1;
+        return rc;
     }
     *out = files;
     *nout = nfiles;
     return 0;
 }
 
+static cat_src node_src(uint64_t key) {
+    cat_src src = {catalog_dir(), "", 1, ""};
+    catalog_name(key, src.name);
+    return src;
+}
+
+/* The directory a prefix ("dir/" or "") names. */
+static char *prefix_dir(const char *prefix) {
+    size_t n = strlen(prefix);
+    while (n > 1 && prefix[n - 1] == '/') n--;
+    return n && strcmp(prefix, "/") != 0 ? strndup(prefix, n) : strdup(n ? "/" : ".");
+}
+
+static cat_src beside_src(const char *prefix, uint64_t key) {
+    cat_src src = {prefix_dir(prefix), "", 0, prefix};
+    snprintf(src.name, sizeof src.name, "%s%016llx", TF_DATA_CATALOG_STEM, (ull)key);
+    return src;
+}
+
 int tf__catalog_load(const char *const *paths, size_t n, const tf_open_options *opt, tf_file **out,
                      uint64_t *nout) {
     int stale = 0;
-    int rc = load_catalog(catalog_key(0, paths, n, opt), opt, 0, out, nout, &stale);
+    uint64_t key = catalog_key(0, paths, n, opt);
+    cat_src src = node_src(key);
+    int rc = load_catalog(&src, key, opt, 0, out, nout, &stale);
+    free(src.dir);
     if (rc == 0 && stale) tf__catalog_save(paths, n, opt, *out, *nout);
-    return rc;
+    return rc ? 1 : 0;
 }
 
 int tf__catalog_load_set(const char *const *spec, size_t nspec, const tf_open_options *opt, tf_file **out,
                          uint64_t *nout) {
     int stale = 0;
-    return load_catalog(catalog_key(1, spec, nspec, opt), opt, 1, out, nout, &stale);
+    uint64_t key = catalog_key(1, spec, nspec, opt);
+    cat_src src = node_src(key);
+    int rc = load_catalog(&src, key, opt, 1, out, nout, &stale);
+    free(src.dir);
+    return rc ? 1 : 0;
+}
+
+int tf__catalog_load_beside(const char *prefix, const char *pattern, const tf_open_options *opt, tf_file **out,
+                            uint64_t *nout) {
+    int stale = 0;
+    uint64_t key = catalog_key(2, &pattern, 1, opt);
+    cat_src src = beside_src(prefix, key);
+    int rc = load_catalog(&src, key, opt, 1, out, nout, &stale);
+    free(src.dir);
+    return rc;
+}
+
+int tf__catalog_write_beside(const char *prefix, const char *pattern, const tf_open_options *opt,
+                             const tf_file *files, uint64_t nfiles, char *written, size_t cap) {
+    size_t plen = strlen(prefix);
+    for (uint64_t i = 0; i < nfiles; i++) {
+        const char *ps[2] = {files[i].path, files[i].aux_path};
+        for (int k = 0; k < 2; k++)
+            if (ps[k] && (strncmp(ps[k], prefix, plen) != 0 || strchr(ps[k] + plen, '/')))
+                TF_FAIL(-EINVAL, "%s: not in the directory of the shard set (%s): a catalog beside the data describes the files of one directory",
+                        ps[k], *prefix ? prefix : ".");
+    }
+    if (nfiles < 2 || !cataloguable(files, nfiles))
+        TF_FAIL(nfiles < 2 ? -EINVAL : -EAGAIN, "%s: %s", *prefix ? prefix : ".",
+                nfiles < 2 ? "a catalog describes a shard set of at least two files"
+                           : "a file of the set was modified in the last 2 seconds (or is not one a catalog can describe: a headerless file split at an eos id without its document index): a catalog records files once they have settled");
+    uint64_t key = catalog_key(2, &pattern, 1, opt);
+    cat_src src = beside_src(prefix, key);
+    if (!src.dir) return -ENOMEM;
+    wbuf b = {0};
+    put(&b, CAT_MAGIC, 8);
+    put32(&b, CAT_VERSION);
+    put32(&b, CAT_TRUST | CAT_BESIDE);
+    put64(&b, key);
+    put64(&b, nfiles);
+    put64(&b, 1);
+    for (uint64_t i = 0; i < nfiles; i++) put_file(&b, &files[i], i ? &files[i - 1] : NULL, plen);
+    /* the one dependency: the directory itself, its identity taken once the
+     * catalog is in it (creating the catalog changes it) */
+    put_str(&b, ".");
+    size_t id_at_off = b.n;
+    tf__file_id none = {.known = 2};
+    put_id(&b, &none);
+    put64(&b, 0); /* the checksum, once the identity is in */
+    int dfd = -1, fd = -1, rc = b.err;
+    char tmp[64];
+    if (!rc) rc = tf__dir_open(src.dir, 0, &dfd);
+    if (!rc) rc = tf__tmp_create(dfd, src.dir, "catalog", tmp, sizeof tmp, &fd);
+    if (!rc) {
+        rc = tf__pwrite_all(fd, b.p, b.n, 0, src.dir);
+        if (!rc) rc = tf__rename_at(dfd, src.dir, tmp, src.name, 0);
+        if (rc) unlinkat(dfd, tmp, 0);
+    }
+    struct stat st;
+    if (!rc && fstat(dfd, &st) != 0) rc = tf__seterr(-errno, "%s: cannot stat: %s", src.dir, strerror(errno));
+    if (!rc) {
+        /* rewritten in place (same size): the directory's identity stays */
+        tf__file_id dir_id = {.size = (uint64_t)st.st_size,
+                              .mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec,
+                              .known = 2};
+        wbuf idb = {0};
+        put_id(&idb, &dir_id);
+        if (idb.err) rc = idb.err;
+        else memcpy(b.p + id_at_off, idb.p, idb.n);
+        free(idb.p);
+        tf__xxh64_state h;
+        tf__xxh64_reset(&h, 0);
+        tf__xxh64_update(&h, b.p, b.n - 8);
+        tf__put_le64(b.p + b.n - 8, tf__xxh64_digest(&h));
+        if (!rc) rc = tf__pwrite_all(fd, b.p, b.n, 0, src.dir);
+        struct stat again;
+        if (!rc && (fstat(dfd, &again) != 0 || again.st_mtim.tv_sec != st.st_mtim.tv_sec ||
+                    again.st_mtim.tv_nsec != st.st_mtim.tv_nsec))
+            rc = tf__seterr(-EAGAIN, "%s: the directory changed while its catalog was written: run again once the set is complete", src.dir);
+    }
+    if (fd >= 0) close(fd);
+    if (dfd >= 0) close(dfd);
+    if (!rc && written) snprintf(written, cap, "%s/%s", src.dir, src.name);
+    free(b.p);
+    free(src.dir);
+    return rc;
 }

@@ -366,6 +366,31 @@ int tf_dataset_catalog_set(const tf_dataset *ds, const char *const *spec, size_t
     return rc;
 }
 
+int tf_dataset_write_data_catalog(const tf_dataset *ds, const char *prefix, const char *pattern,
+                                  const tf_open_options *opt, char *path, size_t cap) {
+    tf__clearerr();
+    if (!ds || !prefix || !pattern) TF_FAIL(-EINVAL, "tf_dataset_write_data_catalog: a dataset, a prefix and a pattern are required");
+    if (path && cap) path[0] = '\0';
+    if (ds->borrowed) TF_FAIL(-EINVAL, "a view of datasets has no catalog of its own");
+    return tf__catalog_write_beside(prefix, pattern, opt ? opt : &open_defaults, ds->files, ds->nfiles, path, cap);
+}
+
+int tf_dataset_open_data_catalog(const char *prefix, const char *pattern, const tf_open_options *opt,
+                                 tf_dataset **out) {
+    if (!out) return -EINVAL;
+    *out = NULL;
+    tf__clearerr();
+    if (!prefix || !pattern) TF_FAIL(-EINVAL, "tf_dataset_open_data_catalog: a prefix and a pattern are required");
+    tf_file *files = NULL;
+    uint64_t nfiles = 0;
+    int rc = tf__catalog_load_beside(prefix, pattern, opt ? opt : &open_defaults, &files, &nfiles);
+    if (rc == 1) TF_FAIL(-ENOENT, "%s: no catalog of this shard set beside the data", *prefix ? prefix : ".");
+    if (rc == 2)
+        TF_FAIL(-ESTALE, "%s: the shard set's catalog beside the data (%s*) is older than its directory (a file was added, removed or renamed since): the set is listed and its files read instead; rebuild the catalog with `tokenfeed index` once the set is complete",
+                *prefix ? prefix : ".", TF_DATA_CATALOG_STEM);
+    return finish_dataset(files, nfiles, out);
+}
+
 int tf_dataset_open(const char *path, const tf_open_options *opt, tf_dataset **out) {
     return tf_dataset_open_many(&path, 1, opt, out);
 }

@@ -667,6 +667,10 @@ static int id_changed(const char *path, const tf__file_id *was) {
     tf__file_id now;
     int rc = tf__file_id_get(path, &now);
     if (rc) TF_FAIL(rc, "%s: cannot stat: %s (the file was there when the dataset was opened)", path, strerror(-rc));
+    if (was->known == 2) { /* from a catalog beside the data, written on another machine: size and time */
+        now.ino = was->ino;
+        now.dev = was->dev;
+    }
     if (now.size != was->size || now.mtime_ns != was->mtime_ns || now.ino != was->ino || now.dev != was->dev)
         TF_FAIL(-TF_EFORMAT, "%s: the file changed after the dataset's index of it was taken (size %llu, modified at %llu.%09llu s; now %llu bytes, modified at %llu.%09llu s%s). Its tokens may no longer be those the dataset describes: open the dataset again.",
                 path, (ull)was->size, (ull)(was->mtime_ns / 1000000000ull), (ull)(was->mtime_ns % 1000000000ull),
@@ -729,13 +733,19 @@ int tf__file_acquire(const tf_file *f, const tf_file **live) {
                         f->path, (long long)z->tok_off, (long long)tf__file_token_offset(&tmp));
     if (rc) {
         tf__file_close(&tmp);
-        if (z->forget_catalog) {
-            /* the catalog that described the file is stale: the next open
-             * parses the files again (the error stays this one) */
+        if (z->catalog_key) {
+            /* the catalog that described the file is stale: the node's is
+             * deleted, so the next open parses the files again; one beside
+             * the data is the data owner's to rebuild */
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", tf_last_error());
-            z->forget_catalog(z->catalog_key);
-            rc = tf__seterr(rc, "%s", msg);
+            if (z->forget_catalog) {
+                z->forget_catalog(z->catalog_key);
+                rc = tf__seterr(rc, "%s", msg);
+            } else {
+                rc = tf__seterr(rc, "%s The shard set's catalog beside the data (%s*) describes the file as it was: rebuild it with `tokenfeed index` once the set is complete.",
+                                msg, TF_DATA_CATALOG_STEM);
+            }
         }
         return rc;
     }

@@ -290,7 +290,8 @@ TF_HIDDEN int tf__file_lazy_from_meta(tf_file *f, const tf_open_options *opt, tf
                                       const tf__file_id id[2], int64_t tok_off);
 /* f was described by the trusted catalog of key, its identity unchecked at
  * open: if it turns out changed on first touch, forget(key) deletes that
- * catalog (catalog.c's, passed in: file.c does not call up into it). */
+ * catalog (catalog.c's, passed in: file.c does not call up into it); forget
+ * NULL: a catalog beside the data, which the error tells to rebuild. */
 TF_HIDDEN void tf__file_lazy_set_catalog(tf_file *f, uint64_t key, void (*forget)(uint64_t key));
 /* Identities of f (zeroed when not lazy); returns its token offset. */
 TF_HIDDEN int64_t tf__file_lazy_ids(const tf_file *f, tf__file_id id[2]);
@@ -331,6 +332,18 @@ TF_HIDDEN void tf__catalog_save(const char *const *paths, size_t n, const tf_ope
  * directories holding them are unchanged: 0 with *files filled, else 1. */
 TF_HIDDEN int tf__catalog_load_set(const char *const *spec, size_t nspec, const tf_open_options *opt,
                                    tf_file **files, uint64_t *nfiles);
+/* A shard set's catalog beside the data: in the directory prefix names
+ * ("dir/", or "" for the working directory), for the files of pattern there
+ * (a glob of names, or "" for the directory's data files), in a file named
+ * TF_DATA_CATALOG_STEM + its key. Load: 0 with *files filled, 1 when there is
+ * none (or it does not parse), 2 when the directory changed since it was
+ * written. Write: 0, or -errno with the error set (-EAGAIN: a file or the
+ * directory was modified in the last seconds). */
+#define TF_DATA_CATALOG_STEM ".tokenfeed-catalog-"
+TF_HIDDEN int tf__catalog_load_beside(const char *prefix, const char *pattern, const tf_open_options *opt,
+                                      tf_file **files, uint64_t *nfiles);
+TF_HIDDEN int tf__catalog_write_beside(const char *prefix, const char *pattern, const tf_open_options *opt,
+                                       const tf_file *files, uint64_t nfiles, char *written, size_t cap);
 /* Catalog files as the shard set spec, held by dirs whose identities were
  * dir_ids when they were listed: 0 when written, 1 when not (a directory
  * changed or was modified in the last seconds, a file lies elsewhere, no

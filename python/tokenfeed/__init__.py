@@ -16,10 +16,11 @@ from typing import Any, Dict
 
 from . import _build, _core
 from ._core import DeviceTensor, FormatError
-from ._dataset import Dataset, DatasetWriter, build_index, open
+from ._dataset import Dataset, DatasetWriter, build_catalog, build_index, open
 from ._device import DeviceFeeder
 from ._explain import Segment, meter_all_ranks, meter_verdict
-from ._loader import Loader, PerformanceWarning, StateError
+from ._loader import Loader, StateError
+from ._warnings import PerformanceWarning
 from ._mesh import ParallelCoords, parallel_coords
 from ._parts import PartWriter, merge_parts
 from ._schedule import WeightSchedule
@@ -29,7 +30,7 @@ __version__: str = _core.__version__
 _build.warn_if_missing()  # a source build without zstd or io_uring says so here: pip hides the build's output
 
 __all__ = ["Dataset", "DatasetWriter", "DeviceFeeder", "DeviceTensor", "FormatError", "Loader", "ParallelCoords",
-           "PartWriter", "PerformanceWarning", "Segment", "StateError", "WeightSchedule", "build_index", "build_info",
+           "PartWriter", "PerformanceWarning", "Segment", "StateError", "WeightSchedule", "build_catalog", "build_index", "build_info",
            "get_include", "get_library", "merge_parts", "meter_all_ranks", "meter_verdict", "open", "parallel_coords",
            "__version__"]
 

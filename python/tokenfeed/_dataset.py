@@ -1,7 +1,9 @@
 """Datasets: open token files in place, and write the native format."""
 from __future__ import annotations
 
+import errno
 import os
+import time
 import warnings
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
 
@@ -9,6 +11,7 @@ import numpy as np
 
 from . import _core, _remote, _shardset
 from ._config import renamed
+from ._warnings import PerformanceWarning
 from ._progress import Progress
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -64,6 +67,35 @@ def build_index(path: PathLike, *, dtype: DTypeLike, eos_id: int, index_dir: Opt
     return _core.build_doc_index(p, name, int(eos_id), ends, os.fspath(index_dir or default_index_dir()))
 
 
+def build_catalog(path: PathLike, *, dtype: DTypeLike = None, format: Optional[str] = None,
+                  eos_id: Optional[int] = None) -> str:
+    """Write the catalog of a local shard set beside its data and return its path.
+
+    ``path`` is a directory of foreign token files (no manifest) or a glob of names in one
+    directory, as given to :func:`open`, with the same ``dtype``, ``format`` and ``eos_id``.
+    Every file's header is read once; the catalog (``.tokenfeed-catalog-<key>`` in that
+    directory) then lets every machine that reads the data open the set without listing the
+    directory or reading a file, while the directory is unchanged (docs/format.md, "A catalog
+    beside the data"). Files modified in the last 2 seconds are waited for.
+    """
+    p = os.fspath(path)
+    spec = _shardset.data_catalog_spec(p)
+    if spec is None:
+        raise ValueError(f"{p}: a catalog beside the data describes a shard set in one local directory: a directory "
+                         "without a manifest, or a glob of names in one directory (data/shard_*.bin)")
+    dt, eos = _dtype_name(dtype), None if eos_id is None else int(eos_id)
+    ds = Dataset(_shardset.expand([p]), dtype=dt, format=format, eos_id=eos)
+    for attempt in range(4):
+        try:
+            return ds._core.write_data_catalog(spec[0], spec[1], dtype=dt, format=format, eos_id=eos,
+                                               index_dir=default_index_dir() if eos is not None else None)
+        except BlockingIOError:  # modified in the last 2 s: recorded once settled
+            if attempt == 3:
+                raise
+            time.sleep(1.0)
+    raise AssertionError("unreachable")
+
+
 def _as_paths(path: Union[PathLike, Sequence[PathLike]]) -> list[str]:
     if isinstance(path, (str, os.PathLike)):
         return [os.fspath(path)]
@@ -116,12 +148,14 @@ class Dataset:
 
     @classmethod
     def _from_catalog(cls, spec: Sequence[str], dtype: Optional[str], format: Optional[str],
-                      eos_id: Optional[int]) -> "Dataset":
+                      eos_id: Optional[int], beside_data: bool = False) -> "Dataset":
         """The shard set ``spec`` (globs, directories of foreign files) from the node's catalog,
         without listing its directories; FileNotFoundError when the catalog has no entry or a
-        directory changed since it was listed."""
+        directory changed since it was listed. ``beside_data``: spec is ``[prefix, pattern]``,
+        read from the set's catalog beside the data (OSError ESTALE when it is out of date)."""
         self = cls.__new__(cls)
-        self._core = _core.Dataset(list(spec), dtype=dtype, format=format, eos_id=eos_id, shard_set=True,
+        self._core = _core.Dataset(list(spec), dtype=dtype, format=format, eos_id=eos_id,
+                                   shard_set=2 if beside_data else 1,
                                    index_dir=default_index_dir() if eos_id is not None else None)
         self._paths = None  # the files, from the catalog when asked for
         self._dtype_arg, self._format_arg, self._remote_args = dtype, format, None
@@ -293,7 +327,20 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
         try:
             return Dataset._from_catalog(paths, dt, format, eos)
         except FileNotFoundError:
-            pass  # not catalogued yet, or a directory changed: list the directories
+            pass  # not catalogued on this node yet, or a directory changed: list the directories
+        beside = _shardset.data_catalog_spec(paths[0]) if len(paths) == 1 else None
+        if beside is not None:
+            try:
+                ds = Dataset._from_catalog(beside, dt, format, eos, beside_data=True)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                if e.errno != errno.ESTALE:
+                    raise
+                warnings.warn(str(e), PerformanceWarning, stacklevel=2)
+            else:
+                ds._catalog_as_set(paths, set_dirs)  # this node's own entry: the next open is faster still
+                return ds
     spec = paths
     paths = _shardset.expand(paths, store.transport.list if store is not None else None)
     ds = Dataset(paths, dtype=dt, format=format, remote=remote, eos_id=eos)

@@ -1,23 +1,35 @@
-"""``tokenfeed index``: build the document index of headerless token files split at an
-end-of-document id, so that best-fit and document packing can place their documents.
+"""``tokenfeed index``: with ``--eos-id``, build the document index of headerless token files
+split at an end-of-document id, so that best-fit and document packing can place their
+documents; without it, write a shard set's catalog beside its data, so that every machine
+opens the set without listing its directory or reading its files.
 
 ::
 
     tokenfeed index data/part-0-00000.npy --dtype uint32 --eos-id 100257
+    tokenfeed index 'fineweb10B/fineweb_train_*.bin'
 """
 from __future__ import annotations
 
 import argparse
 import os
+import time
 from typing import Any
 
-from ._dataset import build_index, default_index_dir
+from ._dataset import build_catalog, build_index, default_index_dir
 
 __all__ = ["add_parser", "cmd_index"]
 
 
 def cmd_index(a: argparse.Namespace) -> int:
     for p in a.path:
+        if a.eos_id is None:
+            t = time.perf_counter()
+            out = build_catalog(p, dtype=a.dtype, format=a.format)
+            if not a.quiet:
+                print(f"{p}: catalog {out} ({time.perf_counter() - t:.1f} s)")
+            continue
+        if a.dtype is None:
+            raise ValueError("--eos-id needs --dtype: a headerless token file does not record its dtype")
         out = build_index(p, dtype=a.dtype, eos_id=a.eos_id, index_dir=a.index_dir)
         if not a.quiet:
             print(f"{p}: {out}")
@@ -26,16 +38,26 @@ def cmd_index(a: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     """Add the ``index`` command to an argparse subparsers object."""
-    i = sub.add_parser("index", help="build the document index of headerless token files split at an eos id",
-                       description="Scan headerless token files (nanoGPT, OLMo, datatrove) once for the "
-                                   "end-of-document id and write each one's document index, PATH.tfdocs "
+    i = sub.add_parser("index", help="write a shard set's catalog beside its data, or (with --eos-id) the "
+                                     "document index of headerless token files",
+                       description="Without --eos-id: read every file of a shard set once (a directory of "
+                                   "foreign token files, or a glob of names in one directory: quote it) and "
+                                   "write its catalog beside the data (.tokenfeed-catalog-<key>), from which "
+                                   "every machine reading the data opens the set without listing the directory "
+                                   "or reading a file, while the directory is unchanged. "
+                                   "With --eos-id: scan headerless token files (nanoGPT, OLMo, datatrove) once "
+                                   "for the end-of-document id and write each one's document index, PATH.tfdocs "
                                    "beside it, or in the node's index directory when that directory is "
                                    "read-only. OLMo's metadata (x.csv.gz beside x.npy) is used when present. "
                                    "tokenfeed.open(..., eos_id=N) reads it; an index whose data file "
                                    "changed is refused until it is rebuilt here (docs/format.md).")
-    i.add_argument("path", nargs="+", metavar="PATH", help="headerless token file(s)")
-    i.add_argument("--dtype", required=True, help="token dtype of the files (uint16, uint32, ...)")
-    i.add_argument("--eos-id", type=int, required=True, help="the id that ends every document")
+    i.add_argument("path", nargs="+", metavar="PATH",
+                   help="a shard set (directory or quoted glob), or with --eos-id headerless token file(s)")
+    i.add_argument("--dtype", default=None, help="token dtype of headerless files (uint16, uint32, ...); "
+                                                 "required with --eos-id")
+    i.add_argument("--format", default=None, help="the files' format when it cannot be detected (as open's format=)")
+    i.add_argument("--eos-id", type=int, default=None, help="the id that ends every document: build document "
+                                                            "indexes instead of a catalog")
     i.add_argument("--index-dir", default=None,
                    help=f"where indexes go when the data's directory is read-only (default: $TOKENFEED_INDEX_DIR "
                         f"or {default_index_dir().replace(os.path.expanduser('~'), '~')})")

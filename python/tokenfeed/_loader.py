@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Literal, Mapping, O
 import numpy as np
 
 from . import _core
+from ._warnings import PerformanceWarning
 from ._config import EngineConfig, OrderConfig, renamed, split_settings
 from ._mesh import DEFAULT_CP_DIM, DEFAULT_DP_DIMS, ParallelCoords, parallel_coords
 from ._schedule import WeightSchedule, short_ramps
@@ -35,16 +36,6 @@ _INFINITE = (1 << 64) - 1
 
 class StateError(ValueError):
     """A saved loader state does not match this loader (other data or configuration)."""
-
-
-class PerformanceWarning(UserWarning):
-    """A loader configuration that works, but will be much slower than it needs to be.
-
-    Emitted once per loader, e.g. when reading zstd-compressed data would decode more than
-    8x the tokens it delivers (a full shuffle over large compressed blocks). The same text
-    is in ``stats()["zstd"]["note"]``. Silence with ``warnings.filterwarnings("ignore",
-    category=tokenfeed.PerformanceWarning)``.
-    """
 
 
 #: A best_fit or document packing that pads more than this fraction of the token slots

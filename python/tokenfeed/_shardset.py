@@ -206,6 +206,23 @@ def local_set_dirs(paths: Sequence[str]) -> Optional[List[Tuple[str, Tuple[int, 
     return out
 
 
+def data_catalog_spec(path: str) -> Optional[Tuple[str, str]]:
+    """For a local shard set in one directory (a glob of names in it, or a directory without a
+    manifest): ``(prefix, pattern)``, how its files are named (``"dir/"``, or ``""`` for names
+    in the working directory) and the glob of their names (``""`` for the directory's data
+    files), which key its catalog beside the data; else None."""
+    if _remote.is_url(path):
+        return None
+    if is_glob(path) and not os.path.exists(path):
+        d, name = os.path.split(path)
+        if is_glob(d) or not name:
+            return None
+        return (d + "/" if d and not d.endswith("/") else d), name
+    if os.path.isdir(path) and not os.path.exists(os.path.join(path, MANIFEST)):
+        return path.rstrip("/") + "/" if path.rstrip("/") else "/", ""
+    return None
+
+
 def expand(paths: Sequence[str], lister: Optional[Lister] = None) -> List[str]:
     """``paths`` with every glob and every manifest-less directory replaced by its files.
 

@@ -35,7 +35,8 @@ from torch.utils.data import IterableDataset, Sampler, get_worker_info
 
 from ._config import OrderConfig, split_settings, want_bits
 from ._dataset import Dataset, PathLike, open as _open
-from ._loader import Loader, PerformanceWarning
+from ._loader import Loader
+from ._warnings import PerformanceWarning
 from ._mesh import DEFAULT_CP_DIM, DEFAULT_DP_DIMS, ParallelCoords, parallel_coords
 
 __all__ = ["TokenDataset", "ResumableSampler", "TokenBatches"]

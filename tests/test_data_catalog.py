@@ -1,0 +1,152 @@
+"""A shard set's catalog beside its data (``tokenfeed index DIR|GLOB``, ``tokenfeed.build_catalog``):
+every machine that reads the data opens the set from it without listing the directory or reading
+a file; a directory changed since is listed again (with a warning to rebuild), a file changed in
+place is an error naming it on first touch, and the catalog holds on another machine's copy of
+the files (identities by size and modification time)."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tokenfeed
+from conftest import ROOT, write_llmc
+
+
+def _aged(paths, seconds=60):
+    for p in paths:
+        st = os.stat(p)
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns - seconds * 1_000_000_000))
+
+
+def _set(d, n=12, per=50):
+    d.mkdir()
+    files = []
+    for i in range(n):
+        p = d / f"shard_{i:03d}.bin"
+        write_llmc(str(p), (np.arange(per) + 100 * i).astype(np.uint16))
+        files.append(str(p))
+    _aged(files)
+    return files
+
+
+def _digest(ds):
+    import hashlib
+    h = hashlib.sha256()
+    with tokenfeed.Loader(ds, seq_len=31, batch_size=4, seed=0, output="numpy", backend="pread") as l:
+        for _ in range(12):
+            h.update(np.ascontiguousarray(next(l)["tokens"]).tobytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(autouse=True)
+def no_node_catalog(monkeypatch):
+    """Only the catalog beside the data: the node's own would answer first."""
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", "off")
+
+
+def _no_listing(monkeypatch):
+    from tokenfeed import _shardset
+
+    def refuse(*a, **k):
+        raise AssertionError("the shard set was listed")
+
+    monkeypatch.setattr(_shardset, "expand", refuse)
+
+
+@pytest.mark.parametrize("form", ["glob", "directory"])
+def test_opened_from_the_catalog_beside_the_data(tmp_path, monkeypatch, form):
+    files = _set(tmp_path / "d")
+    spec = str(tmp_path / "d" / "shard_*.bin") if form == "glob" else str(tmp_path / "d")
+    ref = tokenfeed.open(spec)
+    written = tokenfeed.build_catalog(spec)
+    assert os.path.dirname(written) == str(tmp_path / "d")
+    assert os.path.basename(written).startswith(".tokenfeed-catalog-")
+    assert tokenfeed.open(str(tmp_path / "d")).paths == files  # the catalog is not data: a listing skips it
+    with monkeypatch.context() as m:
+        _no_listing(m)
+        ds = tokenfeed.open(spec)
+    assert ds.paths == files and ds.fingerprint == ref.fingerprint and ds.num_tokens == ref.num_tokens
+    assert _digest(ds) == _digest(ref)
+
+
+def test_keyed_by_pattern_and_options(tmp_path, monkeypatch):
+    _set(tmp_path / "d")
+    tokenfeed.build_catalog(str(tmp_path / "d" / "shard_00*.bin"))
+    with monkeypatch.context() as m:
+        _no_listing(m)
+        assert tokenfeed.open(str(tmp_path / "d" / "shard_00*.bin")).num_files == 10
+        with pytest.raises(AssertionError, match="listed"):  # another pattern: not this catalog
+            tokenfeed.open(str(tmp_path / "d" / "shard_*.bin"))
+
+
+def test_a_changed_directory_is_listed_again_with_a_warning(tmp_path):
+    d = tmp_path / "d"
+    files = _set(d)
+    spec = str(d / "shard_*.bin")
+    tokenfeed.build_catalog(spec)
+    extra = str(d / "shard_999.bin")
+    write_llmc(extra, np.full(30, 5, dtype=np.uint16))
+    with pytest.warns(tokenfeed.PerformanceWarning, match="older than its directory.*tokenfeed index"):
+        ds = tokenfeed.open(spec)
+    assert ds.paths == files + [extra] and ds.num_tokens == 12 * 50 + 30
+
+
+def test_a_file_changed_in_place_is_an_error_naming_it(tmp_path, monkeypatch):
+    d = tmp_path / "d"
+    files = _set(d)
+    spec = str(d / "shard_*.bin")
+    tokenfeed.build_catalog(spec)
+    write_llmc(files[4], np.full(50, 9, dtype=np.uint16))  # same size, other tokens, in place
+    _aged([files[4]], 30)
+    with monkeypatch.context() as m:
+        _no_listing(m)
+        ds = tokenfeed.open(spec)
+    assert (ds.tokens(0, 50) == np.arange(50)).all()
+    with pytest.raises(tokenfeed.FormatError, match=re.escape(files[4]) + ".*changed.*tokenfeed index"):
+        ds.tokens(4 * 50, 5 * 50)
+    tokenfeed.build_catalog(spec)  # rebuilt: the new tokens
+    assert (tokenfeed.open(spec).tokens(4 * 50, 5 * 50) == 9).all()
+
+
+def test_holds_on_another_machines_copy(tmp_path, monkeypatch):
+    """Another machine sees the same files with other device and inode numbers (NFS, a
+    parallel file system): the catalog compares sizes and modification times."""
+    d = tmp_path / "d"
+    files = _set(d)
+    tokenfeed.build_catalog(str(d / "shard_*.bin"))
+    copy = tmp_path / "copy"
+    shutil.copytree(d, copy, copy_function=shutil.copy2)  # new inodes, same times
+    st = os.stat(d)
+    os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(copy).st_size == st.st_size  # the same names: the same directory size
+    with monkeypatch.context() as m:
+        _no_listing(m)
+        ds = tokenfeed.open(str(copy / "shard_*.bin"))
+    assert ds.paths == [str(copy / os.path.basename(f)) for f in files]
+    assert (ds.tokens(0, ds.num_tokens) == tokenfeed.open(files).tokens(0, ds.num_tokens)).all()
+
+
+def test_build_catalog_refuses_what_it_cannot_describe(tmp_path):
+    files = _set(tmp_path / "d")
+    with pytest.raises(ValueError, match="one local directory"):
+        tokenfeed.build_catalog(files[0])
+    with pytest.raises(ValueError, match="one local directory"):
+        tokenfeed.build_catalog(str(tmp_path / "*" / "shard_*.bin"))
+
+
+def test_cli_writes_the_catalog(tmp_path):
+    _set(tmp_path / "d")
+    r = subprocess.run([sys.executable, "-m", "tokenfeed", "index", str(tmp_path / "d" / "shard_*.bin")],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env=dict(os.environ, TOKENFEED_CATALOG_DIR="off"))
+    assert r.returncode == 0, r.stderr
+    assert "catalog" in r.stdout and ".tokenfeed-catalog-" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "tokenfeed", "index", str(tmp_path / "d" / "shard_000.bin"),
+                        "--eos-id", "3"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode != 0 and "--dtype" in r.stderr
