@@ -359,3 +359,23 @@ def test_native_dataset_trusts_its_manifest(tmp_path, monkeypatch):
     b = tokenfeed.open(str(d))
     with pytest.raises(tokenfeed.FormatError, match=re.escape(shard["path"])):
         b.tokens(shard["first_token"], shard["first_token"] + shard["num_tokens"])
+
+
+def test_catalog_directory_stays_under_its_bound(tmp_path, monkeypatch):
+    """$TOKENFEED_CATALOG_MAX bounds the node's catalog directory: past it, the catalogs used
+    least recently are deleted, and an open whose catalog went parses its files again."""
+    cat = tmp_path / "catalog"
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cat))
+    monkeypatch.setenv("TOKENFEED_CATALOG_MAX", "5K")
+    sets = [_llmc_set(tmp_path / f"d{k}", n=20) for k in range(4)]
+    ref = [tokenfeed.open(files).fingerprint for files in sets]
+
+    def used():
+        return sum(os.path.getsize(cat / n) for n in os.listdir(cat))
+
+    for k, files in enumerate(sets):
+        assert tokenfeed.open(files).fingerprint == ref[k]
+        assert used() <= 5 * 1024
+    assert len(os.listdir(cat)) < len(sets)  # the oldest went
+    assert tokenfeed.open(sets[0]).fingerprint == ref[0]  # parsed again, catalogued again
+    assert used() <= 5 * 1024

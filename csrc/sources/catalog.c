@@ -46,6 +46,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +62,7 @@
 typedef unsigned long long ull;
 
 #define CAT_MAGIC "TFCATLG1"
+#define SET_MAGIC "TFCATSET"
 #define CAT_VERSION 3u
 /* flags: the dependencies cover the files (see "Trusted entries") */
 #define CAT_TRUST 1u
@@ -417,14 +419,107 @@ static int cataloguable(const tf_file *files, uint64_t nfiles) {
 }
 
 static void catalog_name(uint64_t key, char name[40]) { snprintf(name, 40, "%016llx.tfcat", (ull)key); }
+static void set_name(uint64_t key, char name[40]) { snprintf(name, 40, "%016llx.tfset", (ull)key); }
 
-/* Write the catalog: the header, the files, then ndeps dependencies already
- * serialised in deps (best effort: a node without a writable catalog
- * directory opens by parsing). */
-static void write_catalog(uint64_t key, uint32_t flags, const tf_file *files, uint64_t nfiles, const wbuf *deps,
-                          uint64_t ndeps) {
+/* Bytes the node's catalog directory may hold ($TOKENFEED_CATALOG_MAX, bytes
+ * or with a K/M/G suffix; default 2 GiB): past it, the catalogs used least
+ * recently are deleted (a catalog is about 160 bytes per file, so 10^6-file
+ * sets would otherwise pile up in a home directory's quota). */
+static uint64_t catalog_max(void) {
+    const char *e = getenv("TOKENFEED_CATALOG_MAX");
+    if (e && *e) {
+        char *end = NULL;
+        unsigned long long v = strtoull(e, &end, 10);
+        if (end != e) {
+            if (*end == 'K' || *end == 'k') v <<= 10;
+            else if (*end == 'M' || *end == 'm') v <<= 20;
+            else if (*end == 'G' || *end == 'g') v <<= 30;
+            return v;
+        }
+    }
+    return 2ull << 30;
+}
+
+typedef struct cat_entry {
+    char name[64];
+    uint64_t size, mtime_ns;
+} cat_entry;
+
+static int older_first(const void *a, const void *b) {
+    const cat_entry *x = a, *y = b;
+    return x->mtime_ns < y->mtime_ns ? -1 : x->mtime_ns > y->mtime_ns;
+}
+
+/* Keep the catalog directory under catalog_max(): delete the catalogs used
+ * least recently (a load marks a catalog used) down to three quarters of it. */
+static void prune_catalogs(int dfd) {
+    uint64_t max = catalog_max(), total = 0;
+    int fd2 = dup(dfd);
+    DIR *d = fd2 >= 0 ? fdopendir(fd2) : NULL;
+    if (!d) {
+        if (fd2 >= 0) close(fd2);
+        return;
+    }
+    cat_entry *es = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t len = strlen(de->d_name);
+        struct stat st;
+        if (len >= 64 || len < 6 || (strcmp(de->d_name + len - 6, ".tfcat") && strcmp(de->d_name + len - 6, ".tfset")) ||
+            fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        if (n == cap) {
+            cat_entry *ne = realloc(es, (cap = cap ? 2 * cap : 64) * sizeof *es);
+            if (!ne) break;
+            es = ne;
+        }
+        memcpy(es[n].name, de->d_name, len + 1);
+        es[n].size = (uint64_t)st.st_size;
+        es[n].mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
+        total += es[n].size;
+        n++;
+    }
+    closedir(d);
+    if (total > max && es) {
+        qsort(es, n, sizeof *es, older_first);
+        for (size_t i = 0; i + 1 < n && total > max / 4 * 3; i++)
+            if (unlinkat(dfd, es[i].name, 0) == 0) total -= es[i].size;
+    }
+    free(es);
+}
+
+/* Write b as name in the node's catalog directory, whole or not at all (best
+ * effort: a node without a writable catalog directory opens by parsing). */
+static void write_named(const char *name, const wbuf *b) {
     char *dir = catalog_dir();
     if (!dir) return;
+    int dfd = -1, fd = -1;
+    char tmp[64];
+    if (!b->err && (dfd = open_catalog_dir(dir, 1)) >= 0 && tf__tmp_create(dfd, dir, "catalog", tmp, sizeof tmp, &fd) == 0) {
+        int rc = tf__pwrite_all(fd, b->p, b->n, 0, dir);
+        close(fd);
+        if (rc == 0) rc = tf__rename_at(dfd, dir, tmp, name, 0);
+        if (rc != 0) unlinkat(dfd, tmp, 0);
+        else prune_catalogs(dfd);
+    }
+    if (dfd >= 0) close(dfd);
+    tf__clearerr();
+    free(dir);
+}
+
+/* The checksum that ends every catalog and set record. */
+static void seal(wbuf *b) {
+    tf__xxh64_state h;
+    tf__xxh64_reset(&h, 0);
+    if (!b->err) tf__xxh64_update(&h, b->p, b->n);
+    put64(b, tf__xxh64_digest(&h));
+}
+
+/* Write the catalog: the header, the files, then ndeps dependencies already
+ * serialised in deps. */
+static void write_catalog(uint64_t key, uint32_t flags, const tf_file *files, uint64_t nfiles, const wbuf *deps,
+                          uint64_t ndeps) {
     wbuf b = {0};
     put(&b, CAT_MAGIC, 8);
     put32(&b, CAT_VERSION);
@@ -435,23 +530,11 @@ static void write_catalog(uint64_t key, uint32_t flags, const tf_file *files, ui
     for (uint64_t i = 0; i < nfiles; i++) put_file(&b, &files[i], i ? &files[i - 1] : NULL, 0);
     if (deps->err) b.err = deps->err;
     else put(&b, deps->p, deps->n);
-    tf__xxh64_state h;
-    tf__xxh64_reset(&h, 0);
-    if (!b.err) tf__xxh64_update(&h, b.p, b.n);
-    put64(&b, tf__xxh64_digest(&h));
-    int dfd = -1, fd = -1;
-    char tmp[64], name[40];
+    seal(&b);
+    char name[40];
     catalog_name(key, name);
-    if (!b.err && (dfd = open_catalog_dir(dir, 1)) >= 0 && tf__tmp_create(dfd, dir, "catalog", tmp, sizeof tmp, &fd) == 0) {
-        int rc = tf__pwrite_all(fd, b.p, b.n, 0, dir);
-        close(fd);
-        if (rc == 0) rc = tf__rename_at(dfd, dir, tmp, name, 0);
-        if (rc != 0) unlinkat(dfd, tmp, 0);
-    }
-    if (dfd >= 0) close(dfd);
-    tf__clearerr();
+    write_named(name, &b);
     free(b.p);
-    free(dir);
 }
 
 /* The datatrove indexes that headerless files without one may later get:
@@ -527,15 +610,33 @@ int tf__catalog_save_set(const char *const *spec, size_t nspec, const tf_open_op
         }
         if (!in || !aux_in) return 1;
     }
-    wbuf d = {0};
+    /* A small record: the directories, and the key of the catalog of the
+     * files they hold (written by the open that listed them), which it
+     * trusts while the directories are unchanged. */
+    const char **paths = malloc(nfiles * sizeof *paths);
+    if (!paths) return 1;
+    for (uint64_t i = 0; i < nfiles; i++) paths[i] = files[i].path;
+    uint64_t files_key = catalog_key(0, paths, (size_t)nfiles, opt);
+    free(paths);
+    uint64_t key = catalog_key(1, spec, nspec, opt);
+    wbuf b = {0};
+    put(&b, SET_MAGIC, 8);
+    put32(&b, CAT_VERSION);
+    put32(&b, 0);
+    put64(&b, key);
+    put64(&b, files_key);
+    put64(&b, ndirs);
     for (size_t k = 0; k < ndirs; k++) {
-        put_str(&d, dirs[k]);
-        put_id(&d, &dir_ids[k]);
+        put_str(&b, dirs[k]);
+        put_id(&b, &dir_ids[k]);
     }
-    uint64_t ndeps = ndirs + put_absent_indexes(&d, files, nfiles);
-    write_catalog(catalog_key(1, spec, nspec, opt), CAT_TRUST, files, nfiles, &d, ndeps);
-    free(d.p);
-    return 0;
+    seal(&b);
+    char name[40];
+    set_name(key, name);
+    write_named(name, &b);
+    int rc = b.err ? 1 : 0;
+    free(b.p);
+    return rc;
 }
 
 /* Delete the catalog of key (a file it describes changed). */
@@ -677,7 +778,7 @@ typedef struct cat_src {
  * some files were parsed again. A catalog that is not trusted (see "Trusted
  * entries") is used only when need_trust is 0. */
 static int load_catalog(const cat_src *src, uint64_t key, const tf_open_options *opt, int need_trust,
-                        tf_file **out, uint64_t *nout, int *stale) {
+                        int force_trust, tf_file **out, uint64_t *nout, int *stale) {
     *out = NULL;
     *nout = 0;
     *stale = 0;
@@ -688,6 +789,7 @@ static int load_catalog(const cat_src *src, uint64_t key, const tf_open_options 
     if (src->node) dfd = open_catalog_dir(src->dir, 0);
     else if (tf__dir_open(src->dir, 0, &dfd) != 0) dfd = -1;
     int rc = dfd >= 0 ? tf__read_file_at(dfd, src->dir, src->name, CAT_MAX_BYTES, &buf, &len) : 1;
+    if (rc == 0 && src->node) (void)utimensat(dfd, src->name, NULL, AT_SYMLINK_NOFOLLOW); /* used: pruned last */
     if (dfd >= 0) close(dfd);
     tf__clearerr();
     if (rc != 0) return 1;
@@ -703,7 +805,7 @@ static int load_catalog(const cat_src *src, uint64_t key, const tf_open_options 
     take(&r, 8);
     ok = ok && get32(&r) == CAT_VERSION;
     uint32_t flags = get32(&r);
-    int trusted = (flags & CAT_TRUST) != 0, beside = (flags & CAT_BESIDE) != 0;
+    int trusted = (flags & CAT_TRUST) != 0 || force_trust, beside = (flags & CAT_BESIDE) != 0;
     ok = ok && get64(&r) == key && (trusted || !need_trust) && beside == !src->node;
     uint64_t nfiles = get64(&r), ndeps = get64(&r);
     ok = ok && nfiles >= 2 && nfiles <= len / 64;
@@ -776,7 +878,7 @@ int tf__catalog_load(const char *const *paths, size_t n, const tf_open_options *
     int stale = 0;
     uint64_t key = catalog_key(0, paths, n, opt);
     cat_src src = node_src(key);
-    int rc = load_catalog(&src, key, opt, 0, out, nout, &stale);
+    int rc = load_catalog(&src, key, opt, 0, 0, out, nout, &stale);
     free(src.dir);
     if (rc == 0 && stale) tf__catalog_save(paths, n, opt, *out, *nout);
     return rc ? 1 : 0;
@@ -784,10 +886,54 @@ int tf__catalog_load(const char *const *paths, size_t n, const tf_open_options *
 
 int tf__catalog_load_set(const char *const *spec, size_t nspec, const tf_open_options *opt, tf_file **out,
                          uint64_t *nout) {
-    int stale = 0;
+    *out = NULL;
+    *nout = 0;
     uint64_t key = catalog_key(1, spec, nspec, opt);
     cat_src src = node_src(key);
-    int rc = load_catalog(&src, key, opt, 1, out, nout, &stale);
+    set_name(key, src.name);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    int dfd = src.dir ? open_catalog_dir(src.dir, 0) : -1;
+    int rc = dfd >= 0 ? tf__read_file_at(dfd, src.dir, src.name, 1u << 24, &buf, &len) : 1;
+    if (rc == 0) (void)utimensat(dfd, src.name, NULL, AT_SYMLINK_NOFOLLOW);
+    if (dfd >= 0) close(dfd);
+    tf__clearerr();
+    uint64_t files_key = 0;
+    if (rc == 0) {
+        rbuf r = {buf, len, 0, 0};
+        int ok = len > 8 + 8 + 24 + 8 && memcmp(buf, SET_MAGIC, 8) == 0;
+        if (ok) {
+            tf__xxh64_state h;
+            tf__xxh64_reset(&h, 0);
+            tf__xxh64_update(&h, buf, len - 8);
+            ok = tf__xxh64_digest(&h) == tf__le64(buf + len - 8);
+            r.n = len - 8;
+        }
+        take(&r, 8);
+        ok = ok && get32(&r) == CAT_VERSION;
+        get32(&r);
+        ok = ok && get64(&r) == key;
+        files_key = get64(&r);
+        uint64_t ndirs = get64(&r);
+        ok = ok && ndirs >= 1 && ndirs <= len;
+        /* the directories holding the files, unchanged since they were listed */
+        dircache dc = {NULL, 0, -1};
+        for (uint64_t k = 0; ok && k < ndirs; k++) {
+            char *p = get_str(&r);
+            tf__file_id id;
+            get_id(&r, &id);
+            ok = !r.bad && p && id.known == 1 && unchanged(&dc, p, &id);
+            free(p);
+        }
+        dircache_close(&dc);
+        rc = ok && !r.bad && r.at == r.n ? 0 : 1;
+    }
+    free(buf);
+    free(src.dir);
+    if (rc != 0) return 1;
+    int stale = 0;
+    src = node_src(files_key);
+    rc = load_catalog(&src, files_key, opt, 0, 1, out, nout, &stale);
     free(src.dir);
     return rc ? 1 : 0;
 }
@@ -797,7 +943,7 @@ int tf__catalog_load_beside(const char *prefix, const char *pattern, const tf_op
     int stale = 0;
     uint64_t key = catalog_key(2, &pattern, 1, opt);
     cat_src src = beside_src(prefix, key);
-    int rc = load_catalog(&src, key, opt, 1, out, nout, &stale);
+    int rc = load_catalog(&src, key, opt, 1, 0, out, nout, &stale);
     free(src.dir);
     return rc;
 }
