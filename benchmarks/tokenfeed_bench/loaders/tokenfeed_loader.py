@@ -36,6 +36,8 @@ def _loader(case: Dict[str, Any]) -> Any:
     # a shard directory opens as users open it, by glob: the node's catalog then opens the set
     # again without listing it (docs/format.md, "The node's catalog")
     spec = os.path.join(case["shards_dir"], "shard_*.bin") if case.get("shards_dir") else case["path"]
+    if case.get("catalog_dir"):  # the start-up group's own node catalog: first open, then read
+        os.environ["TOKENFEED_CATALOG_DIR"] = case["catalog_dir"]
     ds = tokenfeed.open(spec, dtype=case.get("dtype_in"))
     kw = {"device": case["device"]} if case.get("device") else {}
     return tokenfeed.Loader(ds, seq_len=case["seq_len"], batch_size=case["batch_size"], seed=case["seed"],
