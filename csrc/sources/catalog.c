@@ -150,7 +150,7 @@ typedef struct wbuf {
 } wbuf;
 
 static void put(wbuf *b, const void *src, size_t n) {
-    if (b->err) return;
+    if (b->err || n == 0) return; /* src may be NULL then (an empty buffer) */
     if (b->n + n > b->cap) {
         size_t nc = b->cap ? b->cap * 2 : 4096;
         while (nc < b->n + n) nc *= 2;
@@ -702,7 +702,12 @@ static int read_entry(rbuf *r, tf_file *f, const tf_file *prev, const char *pref
     if (r->bad || (shared && (!prev || shared > strlen(prev->path) - plen)) || (!shared && !rest) ||
         memchr(tail, 0, rest) || !(f->path = join3(prefix, plen, prev ? prev->path + plen : "", shared, tail, rest)))
         return -1;
+    /* beside the data, a name within the directory: never a path elsewhere */
+    if (plen && (strchr(f->path + plen, '/') || !strcmp(f->path + plen, ".") || !strcmp(f->path + plen, "..")))
+        return -1;
     f->aux_path = get_str(r);
+    if (f->aux_path && plen && (strchr(f->aux_path, '/') || !strcmp(f->aux_path, ".") || !strcmp(f->aux_path, "..")))
+        return -1;
     if (f->aux_path && plen) {
         char *full = join3(prefix, plen, "", 0, f->aux_path, strlen(f->aux_path));
         free(f->aux_path);

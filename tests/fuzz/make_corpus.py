@@ -100,9 +100,55 @@ def npy(arr: np.ndarray, version=None) -> bytes:
     return b.getvalue()
 
 
+def catalog_seeds() -> None:
+    """fuzz_catalog: byte 0 picks the catalog, the rest replaces it (see the target)."""
+    import glob
+    import time
+
+    with tempfile.TemporaryDirectory() as tmp:
+        d = os.path.join(tmp, "set")
+        cat = os.path.join(tmp, "catalog")
+        os.makedirs(d)
+        os.makedirs(cat, mode=0o700)
+        paths = []
+        for i, name in enumerate(("a.bin", "b.bin", "c.bin")):
+            hdr = np.zeros(256, dtype=np.int32)
+            hdr[:3] = (20240520, 1, 40)
+            p = os.path.join(d, name)
+            with open(p, "wb") as f:
+                f.write(hdr.tobytes() + (np.arange(40, dtype=np.uint16) + 100 * i).tobytes())
+            paths.append(p)
+        old = time.time() - 60
+        for p in paths + [d]:
+            os.utime(p, (old, old))
+        env = os.environ.get("TOKENFEED_CATALOG_DIR")
+        os.environ["TOKENFEED_CATALOG_DIR"] = cat
+        try:
+            ds = tokenfeed.open(paths)
+            st = os.stat(d)
+            ds._core.catalog_set([os.path.join(d, "*.bin")], [d], [(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)])
+            beside = ds._core.write_data_catalog(d + "/", "*.bin")
+        finally:
+            if env is None:
+                del os.environ["TOKENFEED_CATALOG_DIR"]
+            else:
+                os.environ["TOKENFEED_CATALOG_DIR"] = env
+        for kind, f in ((0, glob.glob(os.path.join(cat, "*.tfcat"))[0]), (1, glob.glob(os.path.join(cat, "*.tfset"))[0]),
+                        (2, beside)):
+            with open(f, "rb") as fh:
+                blob = fh.read()
+            save("catalog", f"kind{kind}", bytes([kind]) + blob)
+            save("catalog", f"kind{kind}_truncated", bytes([kind]) + blob[: len(blob) // 2])
+            bad = bytearray(blob)
+            bad[8] ^= 0xFF  # another version
+            save("catalog", f"kind{kind}_bad_version", bytes([kind]) + bytes(bad))
+            save("catalog", f"kind{kind}_raw_sum", bytes([kind | 4]) + blob)
+
+
 def main() -> None:
     rng = np.random.default_rng(1234)
     tmp = tempfile.mkdtemp(prefix="tf-corpus-")
+    catalog_seeds()
     try:
         # ---- native shards and manifests
         man1, sh1 = native_dataset(tmp, "u16", 50257, docs(rng, 20, 50257))

@@ -13,8 +13,8 @@ cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-1000000}
 JOBS=${JOBS:-2}
 targets=("$@")
-if [ ${#targets[@]} -eq 0 ]; then
-  targets=(dataset megatron datatrove llmc npy_header native_header manifest cache)
+if [ ${#targets[@]} -eq 0 ]; then  # every target there is
+  for f in tests/fuzz/fuzz_*.c; do t=${f#tests/fuzz/fuzz_}; targets+=("${t%.c}"); done
 fi
 make -s -C csrc fuzz >/dev/null || exit 1
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
