@@ -314,6 +314,38 @@ def write_llmc(path: Any, tokens: Any, version: int = 1) -> None:
         f.write(header.tobytes())
         f.write(np.asarray(tokens, dtype=dt).tobytes())
 
+def aged(paths: Iterable[Any], seconds: int = 60) -> None:
+    """Back-date files and directories: the node's catalog records only what was left
+    unmodified for 2 s (a change within the file system's timestamp granularity would go
+    unseen), so a test's freshly written set is made old enough to enter it."""
+    for p in paths:
+        st = os.stat(p)
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns - seconds * 1_000_000_000))
+
+
+def llmc_shard_set(d: Any, n: int = 12, per: int = 50) -> List[str]:
+    """A directory of n llm.c shards of per tokens each (shard i holds 100*i, 100*i+1, ...),
+    old enough to be catalogued; their paths in name order."""
+    os.makedirs(d, exist_ok=True)
+    files = []
+    for i in range(n):
+        p = os.path.join(str(d), f"shard_{i:03d}.bin")
+        write_llmc(p, (np.arange(per) + 100 * i).astype(np.uint16))
+        files.append(p)
+    aged(files)
+    return files
+
+
+def forbid_listing(monkeypatch: Any) -> None:
+    """From now on a shard set cannot be listed: an open that still works read it from a catalog."""
+    from tokenfeed import _shardset
+
+    def refuse(*a: Any, **k: Any) -> Any:
+        raise AssertionError("the shard set was listed")
+
+    monkeypatch.setattr(_shardset, "expand", refuse)
+
+
 
 # The node's catalog of multi-file datasets (csrc/sources/catalog.c) goes to a directory of
 # this test session, not the user's ~/.cache.

@@ -16,23 +16,9 @@ import pytest
 
 import tokenfeed
 from conftest import ROOT, write_llmc
-
-
-def _aged(paths, seconds=60):
-    for p in paths:
-        st = os.stat(p)
-        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns - seconds * 1_000_000_000))
-
-
-def _set(d, n=12, per=50):
-    d.mkdir()
-    files = []
-    for i in range(n):
-        p = d / f"shard_{i:03d}.bin"
-        write_llmc(str(p), (np.arange(per) + 100 * i).astype(np.uint16))
-        files.append(str(p))
-    _aged(files)
-    return files
+from conftest import aged as _aged
+from conftest import forbid_listing as _no_listing
+from conftest import llmc_shard_set as _set
 
 
 def _digest(ds):
@@ -48,15 +34,6 @@ def _digest(ds):
 def no_node_catalog(monkeypatch):
     """Only the catalog beside the data: the node's own would answer first."""
     monkeypatch.setenv("TOKENFEED_CATALOG_DIR", "off")
-
-
-def _no_listing(monkeypatch):
-    from tokenfeed import _shardset
-
-    def refuse(*a, **k):
-        raise AssertionError("the shard set was listed")
-
-    monkeypatch.setattr(_shardset, "expand", refuse)
 
 
 @pytest.mark.parametrize("form", ["glob", "directory"])

@@ -14,6 +14,9 @@ import numpy as np
 import pytest
 
 import tokenfeed
+from conftest import aged as _aged
+from conftest import forbid_listing as _no_listing
+from conftest import llmc_shard_set as _llmc_set
 from conftest import write_llmc
 
 
@@ -110,24 +113,6 @@ def test_shard_changed_after_open_is_an_error_naming_it(tmp_path):
     assert files[5] in out and "changed" in out
 
 
-def _aged(paths, seconds=60):
-    """Files old enough to enter a catalog (one modified in the last 2 s is not catalogued)."""
-    for p in paths:
-        st = os.stat(p)
-        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns - seconds * 1_000_000_000))
-
-
-def _llmc_set(d, n=12, per=50):
-    d.mkdir(exist_ok=True)
-    files = []
-    for i in range(n):
-        p = d / f"shard_{i:03d}.bin"
-        write_llmc(str(p), (np.arange(per) + 100 * i).astype(np.uint16))
-        files.append(str(p))
-    _aged(files)
-    return files
-
-
 def test_catalog_written_once_then_read(tmp_path, monkeypatch):
     cat = tmp_path / "catalog"
     monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cat))
@@ -144,13 +129,18 @@ def test_catalog_written_once_then_read(tmp_path, monkeypatch):
     assert _stream_digest(second, "mmap") == _stream_digest(first, "mmap")
 
 
-def test_native_dataset_from_catalog(tmp_path, monkeypatch):
-    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(tmp_path / "catalog"))
-    d = tmp_path / "native"
+def _native_set(d):
+    """A tokenfeed dataset of several shards."""
     rng = np.random.default_rng(0)
     with tokenfeed.DatasetWriter(str(d), vocab_size=1000, shard_tokens=64) as w:
         for _ in range(30):
             w.add_document(rng.integers(0, 1000, size=int(rng.integers(5, 40))))
+    return d
+
+
+def test_native_dataset_from_catalog(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(tmp_path / "catalog"))
+    d = _native_set(tmp_path / "native")
     _aged([str(p) for p in d.iterdir()])
     a = tokenfeed.open(str(d))
     assert a.num_files > 2 and os.listdir(tmp_path / "catalog")
@@ -240,16 +230,6 @@ def _aged_set(d, n=12, per=50):
     files = _llmc_set(d, n, per)
     _aged([str(d)])
     return files
-
-
-def _no_listing(monkeypatch):
-    """Opening the set must not list its directory: expanding it fails from now on."""
-    from tokenfeed import _shardset
-
-    def refuse(*a, **k):
-        raise AssertionError("the shard set was listed")
-
-    monkeypatch.setattr(_shardset, "expand", refuse)
 
 
 @pytest.mark.parametrize("form", ["glob", "directory"])
@@ -344,11 +324,7 @@ def test_native_dataset_trusts_its_manifest(tmp_path, monkeypatch):
     """A tokenfeed dataset's catalog is trusted while its manifest is unchanged: a shard
     damaged in place is found on first touch, naming it."""
     monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(tmp_path / "catalog"))
-    d = tmp_path / "native"
-    rng = np.random.default_rng(0)
-    with tokenfeed.DatasetWriter(str(d), vocab_size=1000, shard_tokens=64) as w:
-        for _ in range(30):
-            w.add_document(rng.integers(0, 1000, size=int(rng.integers(5, 40))))
+    d = _native_set(tmp_path / "native")
     _aged([str(p) for p in d.iterdir()] + [str(d)])
     a = tokenfeed.open(str(d))
     shard = a.files()[1]

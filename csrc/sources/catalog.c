@@ -778,6 +778,21 @@ typedef struct cat_src {
 
 #define CAT_STALE 2 /* load_catalog: a dependency changed */
 
+/* A catalog or set record in buf: its magic, checksum and version checked,
+ * *r set to read what follows the flags (*flags). 1 when it is whole. */
+static int unseal(const uint8_t *buf, size_t len, const char *magic, rbuf *r, uint32_t *flags) {
+    *r = (rbuf){buf, len, 0, 0};
+    int ok = len > 8 + 8 + 24 + 8 && memcmp(buf, magic, 8) == 0;
+    if (ok) {
+        ok = tf_hash64(buf, len - 8, 0) == tf__le64(buf + len - 8);
+        r->n = len - 8;
+    }
+    take(r, 8);
+    ok = ok && get32(r) == CAT_VERSION;
+    *flags = get32(r);
+    return ok && !r->bad;
+}
+
 /* The catalog of key: 0 with *out (*nout files) filled, 1 when there is no
  * usable one, CAT_STALE when what it depends on changed; *stale set when
  * some files were parsed again. A catalog that is not trusted (see "Trusted
@@ -798,18 +813,9 @@ static int load_catalog(const cat_src *src, uint64_t key, const tf_open_options 
     if (dfd >= 0) close(dfd);
     tf__clearerr();
     if (rc != 0) return 1;
-    rbuf r = {buf, len, 0, 0};
-    int ok = len > 8 + 8 + 24 + 8 && memcmp(buf, CAT_MAGIC, 8) == 0;
-    if (ok) {
-        tf__xxh64_state h;
-        tf__xxh64_reset(&h, 0);
-        tf__xxh64_update(&h, buf, len - 8);
-        ok = tf__xxh64_digest(&h) == tf__le64(buf + len - 8);
-        r.n = len - 8;
-    }
-    take(&r, 8);
-    ok = ok && get32(&r) == CAT_VERSION;
-    uint32_t flags = get32(&r);
+    rbuf r;
+    uint32_t flags = 0;
+    int ok = unseal(buf, len, CAT_MAGIC, &r, &flags);
     int trusted = (flags & CAT_TRUST) != 0 || force_trust, beside = (flags & CAT_BESIDE) != 0;
     ok = ok && get64(&r) == key && (trusted || !need_trust) && beside == !src->node;
     uint64_t nfiles = get64(&r), ndeps = get64(&r);
@@ -905,18 +911,9 @@ int tf__catalog_load_set(const char *const *spec, size_t nspec, const tf_open_op
     tf__clearerr();
     uint64_t files_key = 0;
     if (rc == 0) {
-        rbuf r = {buf, len, 0, 0};
-        int ok = len > 8 + 8 + 24 + 8 && memcmp(buf, SET_MAGIC, 8) == 0;
-        if (ok) {
-            tf__xxh64_state h;
-            tf__xxh64_reset(&h, 0);
-            tf__xxh64_update(&h, buf, len - 8);
-            ok = tf__xxh64_digest(&h) == tf__le64(buf + len - 8);
-            r.n = len - 8;
-        }
-        take(&r, 8);
-        ok = ok && get32(&r) == CAT_VERSION;
-        get32(&r);
+        rbuf r;
+        uint32_t flags;
+        int ok = unseal(buf, len, SET_MAGIC, &r, &flags);
         ok = ok && get64(&r) == key;
         files_key = get64(&r);
         uint64_t ndirs = get64(&r);

@@ -15,21 +15,8 @@
 
 static char cat_dir[300];
 
-static void clean_cat_dir(void) {
-    DIR *d = opendir(cat_dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[700];
-    while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.' && (e->d_name[1] == 0 || (e->d_name[1] == '.' && e->d_name[2] == 0))) continue;
-        snprintf(p, sizeof p, "%s/%s", cat_dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-}
-
 static void remove_cat_dir(void) {
-    clean_cat_dir();
+    fuzz_unlink_all(cat_dir);
     rmdir(cat_dir);
 }
 
@@ -132,6 +119,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     for (int i = 0; i < 3; i++) free((void *)paths[i]);
     fuzz_clean();
-    clean_cat_dir();
+    fuzz_unlink_all(cat_dir);
     return 0;
 }

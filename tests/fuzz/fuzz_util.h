@@ -43,18 +43,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
  * by one input are removed before the next (fuzz_clean). */
 static char fuzz_dir_path[256];
 
-static inline void fuzz_rmdir_at_exit(void) {
-    DIR *d = opendir(fuzz_dir_path);
-    if (d) {
-        struct dirent *e;
-        char p[512];
-        while ((e = readdir(d)) != NULL) {
-            if (e->d_name[0] == '.' && (e->d_name[1] == 0 || (e->d_name[1] == '.' && e->d_name[2] == 0))) continue;
-            snprintf(p, sizeof p, "%s/%s", fuzz_dir_path, e->d_name);
-            unlink(p);
-        }
-        closedir(d);
+/* Remove every file in dir (names are ours or came from fuzzed input; both
+ * are plain names inside the directory). */
+static inline void fuzz_unlink_all(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char p[700];
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.' && (e->d_name[1] == 0 || (e->d_name[1] == '.' && e->d_name[2] == 0))) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        unlink(p);
     }
+    closedir(d);
+}
+
+static inline void fuzz_rmdir_at_exit(void) {
+    fuzz_unlink_all(fuzz_dir_path);
     rmdir(fuzz_dir_path);
 }
 
@@ -74,20 +79,8 @@ static inline const char *fuzz_dir(void) {
     return fuzz_dir_path;
 }
 
-/* Remove every file in the scratch directory (names are ours or came from a
- * fuzzed manifest; both are plain names inside the directory). */
-static inline void fuzz_clean(void) {
-    DIR *d = opendir(fuzz_dir());
-    if (!d) return;
-    struct dirent *e;
-    char p[600];
-    while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.' && (e->d_name[1] == 0 || (e->d_name[1] == '.' && e->d_name[2] == 0))) continue;
-        snprintf(p, sizeof p, "%s/%s", fuzz_dir_path, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-}
+/* Remove every file in the scratch directory. */
+static inline void fuzz_clean(void) { fuzz_unlink_all(fuzz_dir()); }
 
 /* Path of name inside the scratch directory (static buffer per slot). */
 static inline const char *fuzz_path(int slot, const char *name) {
