@@ -1,0 +1,385 @@
+/*
+ * remote_meta.c — the node's record of what a remote open fetched, kept in
+ * the chunk cache's directory and shared by every process of the node
+ * (docs/remote.md, "Metadata, once per node").
+ *
+ * DESIGN
+ *
+ * A remote open (remote_open.c) learns, in rounds of requests, the sizes and
+ * versions of its objects (and which candidate names do not exist), and
+ * fetches the byte ranges its parsers read into sparse maps. After an open
+ * succeeds, all of it — per object its URL, whether it exists, its size and
+ * version, and each range with its bytes — is written into one file,
+ * meta/<key>.tfmeta, where key hashes the URLs opened and the open options
+ * that change what the parsers read or make of it. A later open of the same
+ * URLs with the same options, by any process of the node or after a restart,
+ * fills its registry from the file; its rounds then find every size known and
+ * every range present, so no request is sent, and the parsers run on the same
+ * bytes: the same dataset, the same fingerprint.
+ *
+ * Why that stays right. Every chunk read is conditional on the version
+ * recorded (If-Match on the ETag, or the chunk checksums of native shards),
+ * so an object changed since it was recorded is refused when its chunk is
+ * read, with an error naming it; that error also removes the record
+ * (tf__meta_forget, from remote.c), so the next open fetches afresh.
+ *
+ * File (little-endian): "TFRMETA1", u32 version, u32 0, u64 key, u64
+ * objects; per object u32 URL length, the URL, u32 flags (1: exists), u64
+ * size, u32 version length, the version, u32 ranges, and per range u64
+ * offset, u64 length, the bytes; then u64 XXH64 of everything before. It is
+ * written to a temporary file (O_EXCL|O_NOFOLLOW, safe_fs.c) and renamed
+ * over the old one, so a reader sees a whole record or none; one that does
+ * not parse is ignored (and replaced by the next open, which fetches). Its
+ * size is bounded (tf__meta_max_bytes): an open whose metadata is larger is
+ * not recorded.
+ *
+ * Processes starting together. One that finds no record takes an flock on
+ * meta/<key>.lock (LOCK_NB) and fetches while holding it; the others poll the
+ * lock every TF__META_POLL_NS, answering the interrupt check, and read the
+ * record once it is free. The kernel drops the lock of a holder that dies. A
+ * waiter that finds no record when the lock comes free (its holder failed),
+ * or that waited TF__META_WAIT_NS, fetches itself: the record never fails an
+ * open.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../sources/safe_fs.h"
+#include "remote.h"
+
+typedef unsigned long long ull;
+
+#define META_MAGIC "TFRMETA1"
+#define META_VERSION 1u
+#define META_HARD_MAX (4ull << 30)
+#define TF__META_POLL_NS (20ull * 1000 * 1000)
+#define TF__META_WAIT_NS (600ull * 1000 * 1000 * 1000)
+
+uint64_t tf__meta_max_bytes(const tf_remote *r) {
+    uint64_t b = tf__cache_limit(tf__remote_cache(r)) / 8;
+    return b < META_HARD_MAX ? b : META_HARD_MAX;
+}
+
+static void hash_str(tf__xxh64_state *h, const char *s) {
+    uint8_t rec[8];
+    size_t n = s ? strlen(s) + 1 : 0;
+    tf__put_le64(rec, n);
+    tf__xxh64_update(h, rec, 8);
+    if (n) tf__xxh64_update(h, s, n);
+}
+
+uint64_t tf__meta_key(const char *const *urls, size_t n, const tf_open_options *opt) {
+    tf__xxh64_state h;
+    tf__xxh64_reset(&h, 0x5446524d45544131ULL);
+    uint8_t rec[48];
+    tf__put_le64(rec, META_VERSION);
+    tf__put_le64(rec + 8, n);
+    tf__put_le64(rec + 16, (uint64_t)opt->format);
+    tf__put_le64(rec + 24, (uint64_t)opt->raw_dtype);
+    tf__put_le64(rec + 32, (uint64_t)opt->has_eos_id);
+    tf__put_le64(rec + 40, opt->has_eos_id ? opt->eos_id : 0);
+    tf__xxh64_update(&h, rec, sizeof rec);
+    hash_str(&h, opt->index_dir);
+    for (size_t i = 0; i < n; i++) hash_str(&h, urls[i]);
+    return tf__xxh64_digest(&h);
+}
+
+static void meta_name(uint64_t key, const char *ext, char out[40]) {
+    snprintf(out, 40, "%016llx.%s", (ull)key, ext);
+}
+
+/* "<cache dir>/meta", for messages. */
+static void meta_dir_name(const tf_remote *r, char *out, size_t cap) {
+    snprintf(out, cap, "%s/meta", tf__cache_dir(tf__remote_cache(r)));
+}
+
+/* ---- writing ------------------------------------------------------------- */
+
+/* A buffered writer to a file that hashes what it writes. */
+typedef struct mwriter {
+    int fd;
+    const char *path;
+    uint8_t buf[1 << 16];
+    size_t n;
+    uint64_t total;
+    tf__xxh64_state h;
+    int err;
+} mwriter;
+
+static void mw_flush(mwriter *w) {
+    if (!w->err && w->n) w->err = tf__pwrite_all(w->fd, w->buf, w->n, TF_AT_POS, w->path);
+    w->n = 0;
+}
+
+static void mw_put(mwriter *w, const void *src, size_t n) {
+    if (w->err) return;
+    tf__xxh64_update(&w->h, src, n);
+    w->total += n;
+    const uint8_t *s = src;
+    while (n) {
+        if (w->n == sizeof w->buf) mw_flush(w);
+        size_t k = sizeof w->buf - w->n < n ? sizeof w->buf - w->n : n;
+        memcpy(w->buf + w->n, s, k);
+        w->n += k;
+        s += k;
+        n -= k;
+    }
+}
+
+static void mw_u64(mwriter *w, uint64_t v) {
+    uint8_t r[8];
+    tf__put_le64(r, v);
+    mw_put(w, r, 8);
+}
+
+static void mw_u32(mwriter *w, uint32_t v) {
+    uint8_t r[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+    mw_put(w, r, 4);
+}
+
+static void mw_str(mwriter *w, const char *s) {
+    size_t n = strlen(s);
+    mw_u32(w, (uint32_t)n);
+    mw_put(w, s, n);
+}
+
+/* Whether every range of g has its bytes kept (so the record is whole). */
+static int complete(const tf__preg *g) {
+    for (size_t i = 0; i < g->n; i++) {
+        const tf__pobj *p = &g->o[i];
+        if (!p->known) return 0;
+        for (size_t k = 0; k < p->ngot; k++)
+            if (p->got[k].len && !p->got[k].copy) return 0;
+    }
+    return 1;
+}
+
+void tf__meta_save(tf_remote *r, uint64_t key, const tf__preg *g) {
+    int dfd = tf__cache_meta_fd(tf__remote_cache(r));
+    if (dfd < 0 || !complete(g)) return;
+    char dir[4200], tmp[64], name[40];
+    meta_dir_name(r, dir, sizeof dir);
+    meta_name(key, "tfmeta", name);
+    mwriter *w = malloc(sizeof *w);
+    if (!w) return;
+    w->n = 0;
+    w->total = 0;
+    w->err = 0;
+    w->path = dir;
+    tf__xxh64_reset(&w->h, 0);
+    /* best effort: an open whose record cannot be written still succeeded */
+    if (tf__tmp_create(dfd, dir, "meta", tmp, sizeof tmp, &w->fd) != 0) {
+        free(w);
+        tf__clearerr();
+        return;
+    }
+    mw_put(w, META_MAGIC, 8);
+    mw_u32(w, META_VERSION);
+    mw_u32(w, 0);
+    mw_u64(w, key);
+    mw_u64(w, g->n);
+    for (size_t i = 0; i < g->n; i++) {
+        const tf__pobj *p = &g->o[i];
+        mw_str(w, p->url);
+        mw_u32(w, p->exists ? 1u : 0u);
+        mw_u64(w, p->exists ? p->info.size : 0);
+        mw_str(w, p->exists ? p->info.version : "");
+        mw_u32(w, p->exists ? (uint32_t)p->ngot : 0u);
+        for (size_t k = 0; p->exists && k < p->ngot; k++) {
+            mw_u64(w, p->got[k].off);
+            mw_u64(w, p->got[k].len);
+            if (p->got[k].len) mw_put(w, p->got[k].copy, (size_t)p->got[k].len);
+        }
+    }
+    uint64_t sum = tf__xxh64_digest(&w->h);
+    mw_u64(w, sum);
+    mw_flush(w);
+    int rc = w->err;
+    close(w->fd);
+    if (rc == 0) rc = tf__rename_at(dfd, dir, tmp, name, 0);
+    if (rc != 0) unlinkat(dfd, tmp, 0);
+    free(w);
+    tf__clearerr();
+}
+
+void tf__meta_forget(tf_remote *r, uint64_t key) {
+    int dfd = tf__cache_meta_fd(tf__remote_cache(r));
+    if (dfd < 0) return;
+    char name[40];
+    meta_name(key, "tfmeta", name);
+    (void)tf__unlink_regular(dfd, name);
+}
+
+/* ---- reading ------------------------------------------------------------- */
+
+typedef struct mreader {
+    const uint8_t *p;
+    size_t n, at;
+    int bad;
+} mreader;
+
+static const uint8_t *mr_take(mreader *m, uint64_t n) {
+    if (m->bad || n > m->n - m->at) {
+        m->bad = 1;
+        return NULL;
+    }
+    const uint8_t *p = m->p + m->at;
+    m->at += (size_t)n;
+    return p;
+}
+
+static uint64_t mr_u64(mreader *m) {
+    const uint8_t *p = mr_take(m, 8);
+    return p ? tf__le64(p) : 0;
+}
+
+static uint32_t mr_u32(mreader *m) {
+    const uint8_t *p = mr_take(m, 4);
+    return p ? tf__le32(p) : 0;
+}
+
+/* A string of at most cap - 1 bytes, without NULs, into out. */
+static int mr_str(mreader *m, char *out, size_t cap) {
+    uint32_t n = mr_u32(m);
+    const uint8_t *p = n < cap ? mr_take(m, n) : NULL;
+    if (!p || memchr(p, 0, n)) {
+        m->bad = 1;
+        return -1;
+    }
+    memcpy(out, p, n);
+    out[n] = '\0';
+    return 0;
+}
+
+/* Objects and ranges of the record into g (empty): 0, or -1 when it does not
+ * parse. */
+static int parse_record(mreader *m, uint64_t key, tf__preg *g) {
+    const uint8_t *magic = mr_take(m, 8);
+    if (!magic || memcmp(magic, META_MAGIC, 8) != 0 || mr_u32(m) != META_VERSION) return -1;
+    mr_u32(m);
+    if (mr_u64(m) != key) return -1;
+    uint64_t nobj = mr_u64(m);
+    if (m->bad || nobj > m->n / 24) return -1;
+    char *url = malloc(65536);
+    if (!url) return -1;
+    int rc = 0;
+    for (uint64_t i = 0; i < nobj && !rc; i++) {
+        tf_object_info info;
+        memset(&info, 0, sizeof info);
+        if (mr_str(m, url, 65536) != 0) rc = -1;
+        uint32_t flags = mr_u32(m);
+        info.size = mr_u64(m);
+        if (!rc && mr_str(m, info.version, sizeof info.version) != 0) rc = -1;
+        uint32_t nr = mr_u32(m);
+        tf__pobj *p = rc || m->bad ? NULL : tf__preg_add(g, url);
+        if (!p || p->known || flags > 1 || (!(flags & 1) && (info.size || nr))) {
+            rc = -1;
+            break;
+        }
+        p->known = 1;
+        p->exists = flags & 1;
+        p->info = info;
+        if (p->exists && tf__pobj_map(p) != 0) rc = -1;
+        for (uint32_t k = 0; k < nr && !rc; k++) {
+            uint64_t off = mr_u64(m), len = mr_u64(m);
+            const uint8_t *b = len <= info.size && off <= info.size - len ? mr_take(m, len) : NULL;
+            if (!b || (len && !p->map)) rc = -1;
+            else if (len) {
+                memcpy(p->map + off, b, (size_t)len);
+                rc = tf__pobj_note(g, p, off, len);
+            }
+        }
+    }
+    free(url);
+    return rc || m->bad || m->at != m->n ? -1 : 0;
+}
+
+int tf__meta_load(tf_remote *r, uint64_t key, tf__preg *g) {
+    int dfd = tf__cache_meta_fd(tf__remote_cache(r));
+    if (dfd < 0) return 1;
+    char name[40];
+    meta_name(key, "tfmeta", name);
+    int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return 1;
+    struct stat st;
+    /* a file of this user's, in a directory only this user can write (the
+     * cache's checks): a regular file of a sane size */
+    int ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() && st.st_size > 40 &&
+             (uint64_t)st.st_size <= META_HARD_MAX + 4096;
+    void *map = ok ? mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+    close(fd);
+    if (map == MAP_FAILED) return 1;
+    size_t len = (size_t)st.st_size;
+    const uint8_t *b = map;
+    ok = tf_hash64(b, len - 8, 0) == tf__le64(b + len - 8);
+    mreader m = {b, len - 8, 0, 0};
+    int saved = g->record;
+    g->record = 0; /* the bytes stay in the maps: nothing to copy */
+    if (ok && parse_record(&m, key, g) != 0) ok = 0;
+    g->record = saved;
+    munmap(map, len);
+    if (!ok) tf__preg_free(g);
+    tf__clearerr();
+    return ok ? 0 : 1;
+}
+
+/* ---- the lock ------------------------------------------------------------ */
+
+int tf__meta_lock(tf_remote *r, uint64_t key, const char *what, int *out, int *waited) {
+    *out = -1;
+    *waited = 0;
+    int dfd = tf__cache_meta_fd(tf__remote_cache(r));
+    if (dfd < 0) return 0;
+    char name[40];
+    meta_name(key, "lock", name);
+    int fd = openat(dfd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) return 0; /* no lock: fetch without */
+    uint64_t t0 = tf__now_ns(), next_notice = t0 + TF__NOTICE_NS;
+    for (;;) {
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+            *out = fd;
+            return 0;
+        }
+        int e = errno;
+        if (e == EINTR) continue;
+        uint64_t now = tf__now_ns();
+        if (e != EWOULDBLOCK || now - t0 > TF__META_WAIT_NS) {
+            /* no flock here (ENOLCK), or a holder that does not finish:
+             * fetch without the lock */
+            close(fd);
+            *waited = e == EWOULDBLOCK;
+            return 0;
+        }
+        *waited = 1;
+        if (tf__interrupted()) {
+            close(fd);
+            TF_FAIL(-EINTR, "%s: interrupted while waiting for another process of this node to read the dataset's metadata",
+                    what);
+        }
+        if (now >= next_notice) {
+            char dir[4200];
+            meta_dir_name(r, dir, sizeof dir);
+            tf__notice("waiting for another process of this node to read the metadata of %s (%.0f s; %s/%s)", what,
+                       (double)(now - t0) / 1e9, dir, name);
+            next_notice = now + TF__NOTICE_NS;
+        }
+        struct timespec ts = {0, (long)TF__META_POLL_NS};
+        nanosleep(&ts, NULL);
+    }
+}
+
+void tf__meta_unlock(int fd) {
+    if (fd < 0) return;
+    flock(fd, LOCK_UN);
+    close(fd);
+}
