@@ -192,3 +192,74 @@ def test_damaged_record_is_ignored_and_replaced(uploaded, moto, tmp_path):
     assert rec.read_bytes() != bytes(data)  # written again, whole
     again = _run(url, cache, moto.endpoint)
     assert again["open_requests"] == 0 and again["fingerprint"] == local.fingerprint
+
+
+HOLDER = textwrap.dedent("""
+    import fcntl, os, sys
+    fd = os.open(sys.argv[1], os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    print("held", flush=True)
+    sys.stdin.readline()
+""")
+
+
+def _has_open(pid, path):
+    """Whether process pid has the file path open (it waits on its lock)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == str(path):
+                return True
+        except OSError:
+            pass
+    return False
+
+
+@pytest.mark.parametrize("end", ["holder-killed", "ctrl-c"])
+def test_waiting_for_the_process_that_reads(uploaded, moto, tmp_path, end):
+    """A process that finds another one reading the metadata (it holds the record's lock) waits
+    for it without a request; if that process dies, the kernel drops its lock and the waiter reads
+    the metadata itself; Ctrl-C ends the wait at once."""
+    import signal
+    import threading
+
+    local, url = uploaded
+    cache = tmp_path / "cache"
+    p = FaultProxy(moto.port)
+    holder = waiter = None
+    try:
+        _run(url, cache, p.endpoint)
+        (lock,) = [cache / "meta" / n for n in os.listdir(cache / "meta") if n.endswith(".lock")]
+        for n in _records(cache):
+            os.unlink(cache / "meta" / n)
+        holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "held"
+        p.reset_counts()
+        waiter = _start(url, cache, p.endpoint)
+        for _ in range(1200):
+            if _has_open(waiter.pid, lock) or waiter.poll() is not None:
+                break
+            threading.Event().wait(0.05)
+        assert _has_open(waiter.pid, lock), "the second process never waited for the lock"
+        assert _total(p) == 0  # waiting, not fetching
+        if end == "ctrl-c":
+            waiter.send_signal(signal.SIGINT)
+            _, err = waiter.communicate(timeout=120)
+            assert waiter.returncode != 0 and "KeyboardInterrupt" in err, err
+            assert _total(p) == 0
+        else:
+            holder.kill()
+            holder.wait(60)
+            res = _result(waiter)
+            assert res["open_requests"] > 0 and res["fingerprint"] == local.fingerprint
+            assert len(_records(cache)) == 1
+    finally:
+        for pr in (holder, waiter):
+            if pr is not None and pr.poll() is None:
+                pr.kill()
+                pr.wait()
+        p.stop()
