@@ -315,6 +315,13 @@ TF_HIDDEN int tf__cache_failed(tf__cache *c);
  * trailer's tag is keyed by the cache's secret). */
 TF_HIDDEN int tf__cache_trailer_ok(const tf__cache *c, const tf__ckey *k, const void *data, size_t len);
 
+/* Other files of the cache authenticated as chunks are: their XXH64 seeded
+ * with tf__cache_seed (as secret as the cache's key), sealed with SipHash
+ * keyed by the key, after an 8-byte magic naming the kind of file. Only a
+ * process that can read the key (this user's) can make a seal that holds. */
+TF_HIDDEN uint64_t tf__cache_seed(const tf__cache *c);
+TF_HIDDEN uint64_t tf__cache_seal(const tf__cache *c, const char magic[8], uint64_t digest);
+
 /* Chunk file trailer (docs/remote.md). */
 #define TF__CHUNK_MAGIC "TFCHUNK2"
 #define TF__CHUNK_TRAILER 40u

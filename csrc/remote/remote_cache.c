@@ -1173,6 +1173,15 @@ static void make_trailer(const tf__cache *c, uint8_t t[TF__CHUNK_TRAILER], const
     tf__put_le64(t + 32, siphash(c->key, m, sizeof m));
 }
 
+uint64_t tf__cache_seed(const tf__cache *c) { return c->key[0] ^ tf__mix64(c->key[1]); }
+
+uint64_t tf__cache_seal(const tf__cache *c, const char magic[8], uint64_t digest) {
+    uint8_t m[16];
+    memcpy(m, magic, 8);
+    tf__put_le64(m + 8, digest);
+    return siphash(c->key, m, sizeof m);
+}
+
 int tf__cache_trailer_ok(const tf__cache *c, const tf__ckey *k, const void *data, size_t len) {
     uint8_t expect[TF__CHUNK_TRAILER];
     make_trailer(c, expect, k, data, len);

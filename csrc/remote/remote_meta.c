@@ -26,7 +26,9 @@
  * File (little-endian): "TFRMETA1", u32 version, u32 0, u64 key, u64
  * objects; per object u32 URL length, the URL, u32 flags (1: exists), u64
  * size, u32 version length, the version, u32 ranges, and per range u64
- * offset, u64 length, the bytes; then u64 XXH64 of everything before. It is
+ * offset, u64 length, the bytes; then a u64 seal of everything before: its
+ * XXH64 sealed with the cache's secret as chunks are (tf__cache_seal), so a
+ * record only this user's processes can write is ever read. It is
  * written to a temporary file (O_EXCL|O_NOFOLLOW, safe_fs.c) and renamed
  * over the old one, so a reader sees a whole record or none; one that does
  * not parse is ignored (and replaced by the next open, which fetches). Its
@@ -176,7 +178,7 @@ void tf__meta_save(tf_remote *r, uint64_t key, const tf__preg *g) {
     w->total = 0;
     w->err = 0;
     w->path = dir;
-    tf__xxh64_reset(&w->h, 0);
+    tf__xxh64_reset(&w->h, tf__cache_seed(tf__remote_cache(r)));
     /* best effort: an open whose record cannot be written still succeeded */
     if (tf__tmp_create(dfd, dir, "meta", tmp, sizeof tmp, &w->fd) != 0) {
         free(w);
@@ -201,8 +203,8 @@ void tf__meta_save(tf_remote *r, uint64_t key, const tf__preg *g) {
             if (p->got[k].len) mw_put(w, p->got[k].copy, (size_t)p->got[k].len);
         }
     }
-    uint64_t sum = tf__xxh64_digest(&w->h);
-    mw_u64(w, sum);
+    uint64_t seal = tf__cache_seal(tf__remote_cache(r), META_MAGIC, tf__xxh64_digest(&w->h));
+    mw_u64(w, seal);
     mw_flush(w);
     int rc = w->err;
     close(w->fd);
@@ -321,7 +323,8 @@ int tf__meta_load(tf_remote *r, uint64_t key, tf__preg *g) {
     if (map == MAP_FAILED) return 1;
     size_t len = (size_t)st.st_size;
     const uint8_t *b = map;
-    ok = tf_hash64(b, len - 8, 0) == tf__le64(b + len - 8);
+    const tf__cache *c = tf__remote_cache(r);
+    ok = tf__cache_seal(c, META_MAGIC, tf_hash64(b, len - 8, tf__cache_seed(c))) == tf__le64(b + len - 8);
     mreader m = {b, len - 8, 0, 0};
     int saved = g->record;
     g->record = 0; /* the bytes stay in the maps: nothing to copy */
