@@ -1183,7 +1183,7 @@ static int run_open_jobs(tf_remote *r, size_t n, open_make_fn make, open_collect
  * metadata was recorded for the node, the record goes too, so that the next
  * open fetches the metadata afresh (remote_meta.c). Returns rc. */
 static int note_failure(const tf__robj *o, int rc) {
-    if (o->meta_on && (rc == -ESTALE || rc == -ENOENT || rc == -TF_ECHECKSUM)) tf__meta_forget(o->r, o->meta_key);
+    if (o->meta_on && (rc == -ESTALE || rc == -ENOENT || rc == -TF_ECHECKSUM)) tf__cache_meta_forget(o->r->cache, o->meta_key);
     return rc;
 }
 

@@ -185,6 +185,7 @@ typedef struct tf__preg {
     int meta_on;        /* the node's metadata record is in use for this open */
     uint64_t meta_key;  /* its key (tf__meta_key) */
     int record;         /* keep copies of the bytes fetched, to write the record */
+    uint64_t record_max; /* bytes a record may hold (tf__meta_max_bytes) */
     uint64_t recorded;  /* bytes kept so far */
     int too_big;        /* the record would pass its bound: not written */
     int fetched;        /* this open sent requests (sizes or bytes) */
@@ -216,8 +217,6 @@ TF_HIDDEN uint64_t tf__meta_key(const char *const *urls, size_t n, const tf_open
 TF_HIDDEN int tf__meta_load(tf_remote *r, uint64_t key, tf__preg *g);
 /* Write what g fetched as the record of key (atomically; best effort). */
 TF_HIDDEN void tf__meta_save(tf_remote *r, uint64_t key, const tf__preg *g);
-/* Remove the record of key: an object it describes changed. */
-TF_HIDDEN void tf__meta_forget(tf_remote *r, uint64_t key);
 /* Take the lock of key's record, waiting while another process of the node
  * holds it (it is fetching): 0 with *fd the lock held (-1: none could be had,
  * fetch without) and *waited set when another process held it; -EINTR when
@@ -268,6 +267,12 @@ TF_HIDDEN const char *tf__cache_dir(const tf__cache *c);
 /* The cache's meta/ directory (checked at open like the others), or -1 when
  * it could not be had: no metadata record then. */
 TF_HIDDEN int tf__cache_meta_fd(const tf__cache *c);
+/* The name in meta/ of the metadata record of key (ext "tfmeta") or of its
+ * lock (ext "lock"). */
+TF_HIDDEN void tf__cache_meta_name(uint64_t key, const char *ext, char out[40]);
+/* Remove the metadata record of key (remote_meta.c): an object it describes
+ * changed. */
+TF_HIDDEN void tf__cache_meta_forget(tf__cache *c, uint64_t key);
 
 /* Outcome of tf__cache_begin. */
 enum {

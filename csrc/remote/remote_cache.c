@@ -1036,6 +1036,17 @@ const char *tf__cache_dir(const tf__cache *c) { return c->dir; }
 
 int tf__cache_meta_fd(const tf__cache *c) { return c->meta_fd; }
 
+void tf__cache_meta_name(uint64_t key, const char *ext, char out[40]) {
+    snprintf(out, 40, "%016llx.%s", (ull)key, ext);
+}
+
+void tf__cache_meta_forget(tf__cache *c, uint64_t key) {
+    if (c->meta_fd < 0) return;
+    char name[40];
+    tf__cache_meta_name(key, "tfmeta", name);
+    (void)tf__unlink_regular(c->meta_fd, name);
+}
+
 /* ------------------------------------------------------------------------ */
 /* fetch protocol                                                            */
 /* ------------------------------------------------------------------------ */

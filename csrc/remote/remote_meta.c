@@ -21,7 +21,7 @@
  * recorded (If-Match on the ETag, or the chunk checksums of native shards),
  * so an object changed since it was recorded is refused when its chunk is
  * read, with an error naming it; that error also removes the record
- * (tf__meta_forget, from remote.c), so the next open fetches afresh.
+ * (tf__cache_meta_forget, from remote.c), so the next open fetches afresh.
  *
  * File (little-endian): "TFRMETA1", u32 version, u32 0, u64 key, u64
  * objects; per object u32 URL length, the URL, u32 flags (1: exists), u64
@@ -72,32 +72,22 @@ uint64_t tf__meta_max_bytes(const tf_remote *r) {
     return b < META_HARD_MAX ? b : META_HARD_MAX;
 }
 
-static void hash_str(tf__xxh64_state *h, const char *s) {
-    uint8_t rec[8];
-    size_t n = s ? strlen(s) + 1 : 0;
-    tf__put_le64(rec, n);
-    tf__xxh64_update(h, rec, 8);
-    if (n) tf__xxh64_update(h, s, n);
-}
-
 uint64_t tf__meta_key(const char *const *urls, size_t n, const tf_open_options *opt) {
     tf__xxh64_state h;
     tf__xxh64_reset(&h, 0x5446524d45544131ULL);
-    uint8_t rec[48];
+    uint8_t rec[56];
     tf__put_le64(rec, META_VERSION);
     tf__put_le64(rec + 8, n);
     tf__put_le64(rec + 16, (uint64_t)opt->format);
     tf__put_le64(rec + 24, (uint64_t)opt->raw_dtype);
     tf__put_le64(rec + 32, (uint64_t)opt->has_eos_id);
     tf__put_le64(rec + 40, opt->has_eos_id ? opt->eos_id : 0);
+    tf__put_le64(rec + 48, opt->index_dir != NULL);
     tf__xxh64_update(&h, rec, sizeof rec);
-    hash_str(&h, opt->index_dir);
-    for (size_t i = 0; i < n; i++) hash_str(&h, urls[i]);
+    /* NUL-terminated: no string runs into the next one */
+    if (opt->index_dir) tf__xxh64_update(&h, opt->index_dir, strlen(opt->index_dir) + 1);
+    for (size_t i = 0; i < n; i++) tf__xxh64_update(&h, urls[i], strlen(urls[i]) + 1);
     return tf__xxh64_digest(&h);
-}
-
-static void meta_name(uint64_t key, const char *ext, char out[40]) {
-    snprintf(out, 40, "%016llx.%s", (ull)key, ext);
 }
 
 /* "<cache dir>/meta", for messages. */
@@ -138,20 +128,17 @@ static void mw_put(mwriter *w, const void *src, size_t n) {
     }
 }
 
-static void mw_u64(mwriter *w, uint64_t v) {
+/* The low `bytes` bytes of v, little-endian. */
+static void mw_le(mwriter *w, size_t bytes, uint64_t v) {
     uint8_t r[8];
     tf__put_le64(r, v);
-    mw_put(w, r, 8);
+    mw_put(w, r, bytes);
 }
 
-static void mw_u32(mwriter *w, uint32_t v) {
-    uint8_t r[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
-    mw_put(w, r, 4);
-}
-
+/* A string: its u32 length, then its bytes. */
 static void mw_str(mwriter *w, const char *s) {
     size_t n = strlen(s);
-    mw_u32(w, (uint32_t)n);
+    mw_le(w, 4, n);
     mw_put(w, s, n);
 }
 
@@ -171,7 +158,7 @@ void tf__meta_save(tf_remote *r, uint64_t key, const tf__preg *g) {
     if (dfd < 0 || !complete(g)) return;
     char dir[4200], tmp[64], name[40];
     meta_dir_name(r, dir, sizeof dir);
-    meta_name(key, "tfmeta", name);
+    tf__cache_meta_name(key, "tfmeta", name);
     mwriter *w = malloc(sizeof *w);
     if (!w) return;
     w->n = 0;
@@ -186,25 +173,25 @@ void tf__meta_save(tf_remote *r, uint64_t key, const tf__preg *g) {
         return;
     }
     mw_put(w, META_MAGIC, 8);
-    mw_u32(w, META_VERSION);
-    mw_u32(w, 0);
-    mw_u64(w, key);
-    mw_u64(w, g->n);
+    mw_le(w, 4, META_VERSION);
+    mw_le(w, 4, 0);
+    mw_le(w, 8, key);
+    mw_le(w, 8, g->n);
     for (size_t i = 0; i < g->n; i++) {
         const tf__pobj *p = &g->o[i];
         mw_str(w, p->url);
-        mw_u32(w, p->exists ? 1u : 0u);
-        mw_u64(w, p->exists ? p->info.size : 0);
+        mw_le(w, 4, p->exists ? 1u : 0u);
+        mw_le(w, 8, p->exists ? p->info.size : 0);
         mw_str(w, p->exists ? p->info.version : "");
-        mw_u32(w, p->exists ? (uint32_t)p->ngot : 0u);
+        mw_le(w, 4, p->exists ? (uint32_t)p->ngot : 0u);
         for (size_t k = 0; p->exists && k < p->ngot; k++) {
-            mw_u64(w, p->got[k].off);
-            mw_u64(w, p->got[k].len);
+            mw_le(w, 8, p->got[k].off);
+            mw_le(w, 8, p->got[k].len);
             if (p->got[k].len) mw_put(w, p->got[k].copy, (size_t)p->got[k].len);
         }
     }
     uint64_t seal = tf__cache_seal(tf__remote_cache(r), META_MAGIC, tf__xxh64_digest(&w->h));
-    mw_u64(w, seal);
+    mw_le(w, 8, seal);
     mw_flush(w);
     int rc = w->err;
     close(w->fd);
@@ -212,14 +199,6 @@ void tf__meta_save(tf_remote *r, uint64_t key, const tf__preg *g) {
     if (rc != 0) unlinkat(dfd, tmp, 0);
     free(w);
     tf__clearerr();
-}
-
-void tf__meta_forget(tf_remote *r, uint64_t key) {
-    int dfd = tf__cache_meta_fd(tf__remote_cache(r));
-    if (dfd < 0) return;
-    char name[40];
-    meta_name(key, "tfmeta", name);
-    (void)tf__unlink_regular(dfd, name);
 }
 
 /* ---- reading ------------------------------------------------------------- */
@@ -240,19 +219,17 @@ static const uint8_t *mr_take(mreader *m, uint64_t n) {
     return p;
 }
 
-static uint64_t mr_u64(mreader *m) {
-    const uint8_t *p = mr_take(m, 8);
-    return p ? tf__le64(p) : 0;
-}
-
-static uint32_t mr_u32(mreader *m) {
-    const uint8_t *p = mr_take(m, 4);
-    return p ? tf__le32(p) : 0;
+/* A little-endian integer of `bytes` bytes (0 once the record is found short). */
+static uint64_t mr_le(mreader *m, size_t bytes) {
+    const uint8_t *p = mr_take(m, bytes);
+    uint64_t v = 0;
+    for (size_t i = bytes; p && i-- > 0;) v = v << 8 | p[i];
+    return v;
 }
 
 /* A string of at most cap - 1 bytes, without NULs, into out. */
 static int mr_str(mreader *m, char *out, size_t cap) {
-    uint32_t n = mr_u32(m);
+    uint32_t n = (uint32_t)mr_le(m, 4);
     const uint8_t *p = n < cap ? mr_take(m, n) : NULL;
     if (!p || memchr(p, 0, n)) {
         m->bad = 1;
@@ -267,10 +244,10 @@ static int mr_str(mreader *m, char *out, size_t cap) {
  * parse. */
 static int parse_record(mreader *m, uint64_t key, tf__preg *g) {
     const uint8_t *magic = mr_take(m, 8);
-    if (!magic || memcmp(magic, META_MAGIC, 8) != 0 || mr_u32(m) != META_VERSION) return -1;
-    mr_u32(m);
-    if (mr_u64(m) != key) return -1;
-    uint64_t nobj = mr_u64(m);
+    if (!magic || memcmp(magic, META_MAGIC, 8) != 0 || (uint32_t)mr_le(m, 4) != META_VERSION) return -1;
+    mr_le(m, 4); /* reserved */
+    if (mr_le(m, 8) != key) return -1;
+    uint64_t nobj = mr_le(m, 8);
     if (m->bad || nobj > m->n / 24) return -1;
     char *url = malloc(65536);
     if (!url) return -1;
@@ -279,10 +256,10 @@ static int parse_record(mreader *m, uint64_t key, tf__preg *g) {
         tf_object_info info;
         memset(&info, 0, sizeof info);
         if (mr_str(m, url, 65536) != 0) rc = -1;
-        uint32_t flags = mr_u32(m);
-        info.size = mr_u64(m);
+        uint32_t flags = (uint32_t)mr_le(m, 4);
+        info.size = mr_le(m, 8);
         if (!rc && mr_str(m, info.version, sizeof info.version) != 0) rc = -1;
-        uint32_t nr = mr_u32(m);
+        uint32_t nr = (uint32_t)mr_le(m, 4);
         tf__pobj *p = rc || m->bad ? NULL : tf__preg_add(g, url);
         if (!p || p->known || flags > 1 || (!(flags & 1) && (info.size || nr))) {
             rc = -1;
@@ -293,7 +270,7 @@ static int parse_record(mreader *m, uint64_t key, tf__preg *g) {
         p->info = info;
         if (p->exists && tf__pobj_map(p) != 0) rc = -1;
         for (uint32_t k = 0; k < nr && !rc; k++) {
-            uint64_t off = mr_u64(m), len = mr_u64(m);
+            uint64_t off = mr_le(m, 8), len = mr_le(m, 8);
             const uint8_t *b = len <= info.size && off <= info.size - len ? mr_take(m, len) : NULL;
             if (!b || (len && !p->map)) rc = -1;
             else if (len) {
@@ -310,7 +287,7 @@ int tf__meta_load(tf_remote *r, uint64_t key, tf__preg *g) {
     int dfd = tf__cache_meta_fd(tf__remote_cache(r));
     if (dfd < 0) return 1;
     char name[40];
-    meta_name(key, "tfmeta", name);
+    tf__cache_meta_name(key, "tfmeta", name);
     int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return 1;
     struct stat st;
@@ -344,7 +321,7 @@ int tf__meta_lock(tf_remote *r, uint64_t key, const char *what, int *out, int *w
     int dfd = tf__cache_meta_fd(tf__remote_cache(r));
     if (dfd < 0) return 0;
     char name[40];
-    meta_name(key, "lock", name);
+    tf__cache_meta_name(key, "lock", name);
     int fd = openat(dfd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) return 0; /* no lock: fetch without */
     uint64_t t0 = tf__now_ns(), next_notice = t0 + TF__NOTICE_NS;

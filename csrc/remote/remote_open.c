@@ -629,9 +629,10 @@ int tf__open_remote_many(const char *const *urls, size_t n, const tf_open_option
     /* The node's record of this open's metadata: read it, or wait for the
      * process of the node that is fetching it, or fetch it and write it
      * (remote_meta.c). */
-    tf__preg g = {r, NULL, 0, 0, 0, 0, 0, 0, 0, 0};
+    tf__preg g = {r, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     g.meta_on = tf__cache_meta_fd(tf__remote_cache(r)) >= 0;
     g.meta_key = tf__meta_key(urls, n, opt);
+    g.record_max = tf__meta_max_bytes(r);
     int loaded = 0, lock_fd = -1, waited = 0, rc = 0;
     if (g.meta_on) {
         loaded = tf__meta_load(r, g.meta_key, &g) == 0;
@@ -655,7 +656,7 @@ int tf__open_remote_many(const char *const *urls, size_t n, const tf_open_option
         for (uint64_t k = first; k < *nfiles; k++) tf__file_close(&(*files)[k]);
         *nfiles = first;
         tf__preg_free(&g);
-        tf__meta_forget(r, g.meta_key);
+        tf__cache_meta_forget(tf__remote_cache(r), g.meta_key);
         tf__clearerr();
         loaded = 0;
         g.record = 1;
@@ -663,7 +664,7 @@ int tf__open_remote_many(const char *const *urls, size_t n, const tf_open_option
         rc = open_pass(&g, urls, n, opt, files, nfiles, cap);
     }
     if (!rc && g.meta_on && !loaded && !g.too_big) tf__meta_save(r, g.meta_key, &g);
-    if (!rc && loaded && g.fetched) tf__meta_forget(r, g.meta_key); /* incomplete: the next open writes it whole */
+    if (!rc && loaded && g.fetched) tf__cache_meta_forget(tf__remote_cache(r), g.meta_key); /* incomplete: the next open writes it whole */
     tf__meta_unlock(lock_fd);
     tf__preg_free(&g);
     return rc;

@@ -105,7 +105,7 @@ int tf__pobj_note(tf__preg *g, tf__pobj *p, uint64_t off, uint64_t len) {
     p->got = n;
     uint8_t *copy = NULL;
     if (g->record && len) {
-        if (g->recorded + len > tf__meta_max_bytes(g->r)) {
+        if (g->recorded + len > g->record_max) {
             g->too_big = 1;
             drop_copies(g);
         } else if (!(copy = malloc((size_t)len))) {
