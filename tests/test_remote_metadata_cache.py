@@ -263,3 +263,28 @@ def test_waiting_for_the_process_that_reads(uploaded, moto, tmp_path, end):
                 pr.kill()
                 pr.wait()
         p.stop()
+
+
+def test_records_stay_within_their_bound(moto, bucket, tmp_path):
+    """The records of a cache hold at most an eighth of cache_limit together: the least recently
+    written goes first, and metadata larger than that is not recorded (the open works)."""
+    rng = np.random.default_rng(8)
+    sets = {}
+    for name, files, tokens in (("a", 4, 2000), ("b", 4, 2000), ("big", 4, 6000)):
+        src = tmp_path / name
+        src.mkdir()
+        for i in range(files):
+            np.save(src / f"{i}.npy", rng.integers(0, 50000, size=tokens, dtype=np.uint16))
+        moto.upload_dir(bucket, name, str(src))
+        sets[name] = [f"s3://{bucket}/{name}/{i}.npy" for i in range(files)]
+    cache = tmp_path / "cache"
+    # 256 KiB of cache: 32 KiB of records, room for one set of ~17 KB, not for two
+    opts = dict(cache_dir=cache, cache_limit=256 << 10, chunk_size=64 << 10, endpoint_url=moto.endpoint)
+    tokenfeed.open(sets["a"], **opts)
+    (first,) = _records(cache)
+    tokenfeed.open(sets["b"], **opts)
+    (second,) = _records(cache)
+    assert second != first
+    # ~48 KB of metadata: not recorded, and the records there stay
+    assert tokenfeed.open(sets["big"], **opts).num_tokens == 4 * 6000
+    assert _records(cache) == [second]

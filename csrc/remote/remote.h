@@ -182,6 +182,8 @@ typedef struct tf__preg {
     tf_remote *r;
     tf__pobj *o;
     size_t n, cap;
+    size_t *slots;      /* hash table of URL -> index + 1 (0: empty) */
+    size_t nslots;      /* a power of two, at least twice n */
     int meta_on;        /* the node's metadata record is in use for this open */
     uint64_t meta_key;  /* its key (tf__meta_key) */
     int record;         /* keep copies of the bytes fetched, to write the record */
@@ -223,7 +225,8 @@ TF_HIDDEN void tf__meta_save(tf_remote *r, uint64_t key, const tf__preg *g);
  * interrupted. A wait is bounded; the kernel drops a dead holder's lock. */
 TF_HIDDEN int tf__meta_lock(tf_remote *r, uint64_t key, const char *what, int *fd, int *waited);
 TF_HIDDEN void tf__meta_unlock(int fd);
-/* Bytes a record may hold: an eighth of the cache limit, at most 4 GiB. */
+/* Bytes the records of a cache may hold together: an eighth of the cache
+ * limit, at most 4 GiB. */
 TF_HIDDEN uint64_t tf__meta_max_bytes(const tf_remote *r);
 
 /* ---- remote_prefetch.c: the scheduler ---------------------------------- */

@@ -31,8 +31,9 @@
  * record only this user's processes can write is ever read. It is
  * written to a temporary file (O_EXCL|O_NOFOLLOW, safe_fs.c) and renamed
  * over the old one, so a reader sees a whole record or none; one that does
- * not parse is ignored (and replaced by the next open, which fetches). Its
- * size is bounded (tf__meta_max_bytes): an open whose metadata is larger is
+ * not parse is ignored (and replaced by the next open, which fetches). The
+ * records of a cache together hold at most tf__meta_max_bytes: the least
+ * recently written go first, and an open whose metadata alone is larger is
  * not recorded.
  *
  * Processes starting together. One that finds no record takes an flock on
@@ -46,6 +47,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,12 +155,73 @@ static int complete(const tf__preg *g) {
     return 1;
 }
 
+/* Bytes of record g will take (an upper bound is enough). */
+static uint64_t record_bytes(const tf__preg *g) {
+    uint64_t b = 48;
+    for (size_t i = 0; i < g->n; i++) {
+        const tf__pobj *p = &g->o[i];
+        b += 24 + strlen(p->url) + strlen(p->info.version);
+        for (size_t k = 0; k < p->ngot; k++) b += 16 + p->got[k].len;
+    }
+    return b;
+}
+
+typedef struct old_record {
+    char name[40];
+    uint64_t bytes;
+    int64_t mtime;
+} old_record;
+
+static int older_first(const void *a, const void *b) {
+    const old_record *x = a, *y = b;
+    return x->mtime < y->mtime ? -1 : x->mtime > y->mtime;
+}
+
+/* Make room for a record of need bytes: the records of meta/ together stay
+ * within max, the least recently written removed first (a record is only read
+ * at open: removing one in use costs its next open a fetch, nothing else).
+ * The record named replaced, about to be written again, does not count. */
+static void make_room(int dfd, const char *replaced, uint64_t need, uint64_t max) {
+    int d = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *dp = d >= 0 ? fdopendir(d) : NULL;
+    if (!dp) {
+        if (d >= 0) close(d);
+        return;
+    }
+    old_record *v = NULL;
+    size_t n = 0, cap = 0;
+    uint64_t total = 0;
+    struct dirent *e;
+    while ((e = readdir(dp))) {
+        size_t l = strlen(e->d_name);
+        struct stat st;
+        if (l != 23 || strcmp(e->d_name + 16, ".tfmeta") != 0 || strcmp(e->d_name, replaced) == 0 ||
+            fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        old_record *nv = tf__grow(v, &cap, n, sizeof *nv, 16);
+        if (!nv) break;
+        v = nv;
+        memcpy(v[n].name, e->d_name, l + 1);
+        v[n].bytes = (uint64_t)st.st_size;
+        v[n].mtime = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+        total += v[n++].bytes;
+    }
+    closedir(dp);
+    if (v) qsort(v, n, sizeof *v, older_first);
+    for (size_t i = 0; i < n && total + need > max; i++) {
+        if (tf__unlink_regular(dfd, v[i].name) == 0) total -= v[i].bytes;
+    }
+    free(v);
+}
+
 void tf__meta_save(tf_remote *r, uint64_t key, const tf__preg *g) {
     int dfd = tf__cache_meta_fd(tf__remote_cache(r));
-    if (dfd < 0 || !complete(g)) return;
+    uint64_t need = record_bytes(g), max = tf__meta_max_bytes(r);
+    if (dfd < 0 || !complete(g) || need > max) return;
     char dir[4200], tmp[64], name[40];
     meta_dir_name(r, dir, sizeof dir);
     tf__cache_meta_name(key, "tfmeta", name);
+    make_room(dfd, name, need, max);
     mwriter *w = malloc(sizeof *w);
     if (!w) return;
     w->n = 0;

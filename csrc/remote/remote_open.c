@@ -629,7 +629,7 @@ int tf__open_remote_many(const char *const *urls, size_t n, const tf_open_option
     /* The node's record of this open's metadata: read it, or wait for the
      * process of the node that is fetching it, or fetch it and write it
      * (remote_meta.c). */
-    tf__preg g = {r, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    tf__preg g = {r, NULL, 0, 0, NULL, 0, 0, 0, 0, 0, 0, 0, 0};
     g.meta_on = tf__cache_meta_fd(tf__remote_cache(r)) >= 0;
     g.meta_key = tf__meta_key(urls, n, opt);
     g.record_max = tf__meta_max_bytes(r);

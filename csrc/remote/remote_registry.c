@@ -36,15 +36,39 @@ int tf__preg_enter(tf__preg *g) {
     return tf__open_hooks_enter(g ? &hooks : NULL);
 }
 
+/* Objects are found by URL through a hash table: an open of 10^4 shards
+ * looks each one up several times. */
+static size_t url_hash(const char *url) { return (size_t)tf_hash64(url, strlen(url), 0); }
+
+static size_t *slot_of(tf__preg *g, const char *url) {
+    size_t mask = g->nslots - 1, i = url_hash(url) & mask;
+    while (g->slots[i] && strcmp(g->o[g->slots[i] - 1].url, url) != 0) i = (i + 1) & mask;
+    return &g->slots[i];
+}
+
 tf__pobj *tf__preg_find(tf__preg *g, const char *url) {
-    for (size_t i = 0; g && i < g->n; i++)
-        if (strcmp(g->o[i].url, url) == 0) return &g->o[i];
-    return NULL;
+    if (!g || !g->nslots) return NULL;
+    size_t s = *slot_of(g, url);
+    return s ? &g->o[s - 1] : NULL;
+}
+
+/* Room for one more object in the table (rebuilt twice as large when half full). */
+static int reserve_slot(tf__preg *g) {
+    if (2 * (g->n + 1) <= g->nslots) return 0;
+    size_t ns = g->nslots ? g->nslots * 2 : 256;
+    size_t *t = calloc(ns, sizeof *t);
+    if (!t) return -ENOMEM;
+    free(g->slots);
+    g->slots = t;
+    g->nslots = ns;
+    for (size_t i = 0; i < g->n; i++) *slot_of(g, g->o[i].url) = i + 1;
+    return 0;
 }
 
 tf__pobj *tf__preg_add(tf__preg *g, const char *url) {
     tf__pobj *p = tf__preg_find(g, url);
     if (p) return p;
+    if (reserve_slot(g)) return NULL;
     if (g->n == g->cap) {
         size_t nc = g->cap ? g->cap * 2 : 64;
         tf__pobj *no = realloc(g->o, nc * sizeof *no);
@@ -57,6 +81,7 @@ tf__pobj *tf__preg_add(tf__preg *g, const char *url) {
     p->url = strdup(url);
     if (!p->url) return NULL;
     g->n++;
+    *slot_of(g, url) = g->n;
     return p;
 }
 
@@ -69,8 +94,10 @@ void tf__preg_free(tf__preg *g) {
         free(p->url);
     }
     free(g->o);
+    free(g->slots);
     g->o = NULL;
-    g->n = g->cap = 0;
+    g->slots = NULL;
+    g->n = g->cap = g->nslots = 0;
     g->recorded = 0;
 }
 
