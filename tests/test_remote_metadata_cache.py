@@ -192,6 +192,11 @@ def test_damaged_record_is_ignored_and_replaced(uploaded, moto, tmp_path):
     assert rec.read_bytes() != bytes(data)  # written again, whole
     again = _run(url, cache, moto.endpoint)
     assert again["open_requests"] == 0 and again["fingerprint"] == local.fingerprint
+    # `tokenfeed cache prune --all` (nobody has the cache open) removes the records too
+    subprocess.run([sys.executable, "-m", "tokenfeed", "cache", "prune", str(cache), "--all"], env=_env(), check=True,
+                   capture_output=True)
+    assert not _records(cache)
+    assert _run(url, cache, moto.endpoint)["open_requests"] > 0
 
 
 HOLDER = textwrap.dedent("""

@@ -144,11 +144,14 @@ static void mw_str(mwriter *w, const char *s) {
     mw_put(w, s, n);
 }
 
-/* Whether every range of g has its bytes kept (so the record is whole). */
-static int complete(const tf__preg *g) {
+/* Whether g can be recorded: every range has its bytes kept (the record is
+ * whole), and every object has a version. A change to an object without one
+ * cannot be seen when its chunks are read; recorded, its metadata would outlive
+ * the process that read it. */
+static int recordable(const tf__preg *g) {
     for (size_t i = 0; i < g->n; i++) {
         const tf__pobj *p = &g->o[i];
-        if (!p->known) return 0;
+        if (!p->known || (p->exists && !p->info.version[0])) return 0;
         for (size_t k = 0; k < p->ngot; k++)
             if (p->got[k].len && !p->got[k].copy) return 0;
     }
@@ -217,7 +220,7 @@ static void make_room(int dfd, const char *replaced, uint64_t need, uint64_t max
 void tf__meta_save(tf_remote *r, uint64_t key, const tf__preg *g) {
     int dfd = tf__cache_meta_fd(tf__remote_cache(r));
     uint64_t need = record_bytes(g), max = tf__meta_max_bytes(r);
-    if (dfd < 0 || !complete(g) || need > max) return;
+    if (dfd < 0 || !recordable(g) || need > max) return;
     char dir[4200], tmp[64], name[40];
     meta_dir_name(r, dir, sizeof dir);
     tf__cache_meta_name(key, "tfmeta", name);
