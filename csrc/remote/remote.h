@@ -217,6 +217,9 @@ TF_HIDDEN uint64_t tf__meta_key(const char *const *urls, size_t n, const tf_open
 /* Fill the (empty) registry g from the record of key: 0, or 1 when there is
  * none or it does not parse (g is left empty). Never fails the open. */
 TF_HIDDEN int tf__meta_load(tf_remote *r, uint64_t key, tf__preg *g);
+/* A record's bytes b[0, len) before its seal into the (empty) registry g:
+ * 0, or -1 when they do not parse (g is left empty). */
+TF_HIDDEN int tf__meta_parse(const uint8_t *b, size_t len, uint64_t key, tf__preg *g);
 /* Write what g fetched as the record of key (atomically; best effort). */
 TF_HIDDEN void tf__meta_save(tf_remote *r, uint64_t key, const tf__preg *g);
 /* Take the lock of key's record, waiting while another process of the node

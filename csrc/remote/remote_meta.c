@@ -368,15 +368,20 @@ int tf__meta_load(tf_remote *r, uint64_t key, tf__preg *g) {
     const uint8_t *b = map;
     const tf__cache *c = tf__remote_cache(r);
     ok = tf__cache_seal(c, META_MAGIC, tf_hash64(b, len - 8, tf__cache_seed(c))) == tf__le64(b + len - 8);
-    mreader m = {b, len - 8, 0, 0};
-    int saved = g->record;
-    g->record = 0; /* the bytes stay in the maps: nothing to copy */
-    if (ok && parse_record(&m, key, g) != 0) ok = 0;
-    g->record = saved;
+    if (ok && tf__meta_parse(b, len - 8, key, g) != 0) ok = 0;
     munmap(map, len);
-    if (!ok) tf__preg_free(g);
     tf__clearerr();
     return ok ? 0 : 1;
+}
+
+int tf__meta_parse(const uint8_t *b, size_t len, uint64_t key, tf__preg *g) {
+    mreader m = {b, len, 0, 0};
+    int saved = g->record;
+    g->record = 0; /* the bytes stay in the maps: nothing to copy */
+    int rc = parse_record(&m, key, g);
+    g->record = saved;
+    if (rc) tf__preg_free(g);
+    return rc;
 }
 
 /* ---- the lock ------------------------------------------------------------ */

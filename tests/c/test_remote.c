@@ -8,6 +8,7 @@
 #endif
 #include <dirent.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -937,14 +938,14 @@ static void test_interrupted_open(void) {
 
 /* .tfmeta files in the cache's meta/ directory. */
 static int count_records(const char *cache) {
-    char d[600];
-    snprintf(d, sizeof d, "%s/meta", cache);
-    DIR *dp = opendir(d);
+    char pat[600];
+    snprintf(pat, sizeof pat, "%s/meta/*.tfmeta", cache);
+    glob_t gl;
     int n = 0;
-    struct dirent *e;
-    while (dp && (e = readdir(dp)))
-        if (strlen(e->d_name) > 7 && !strcmp(e->d_name + strlen(e->d_name) - 7, ".tfmeta")) n++;
-    if (dp) closedir(dp);
+    if (glob(pat, 0, NULL, &gl) == 0) {
+        n = (int)gl.gl_pathc;
+        globfree(&gl);
+    }
     return n;
 }
 
