@@ -6,6 +6,7 @@ they install, LitData and MosaicML Streaming against the same server and proxy.
     python benchmarks/remote_bench.py --quick --json out.json
     python benchmarks/remote_bench.py --only open     # stream, open, peers
     python benchmarks/remote_bench.py --only peers --peer-python /path/to/venv/bin/python
+    python benchmarks/remote_bench.py --only startup --startup-shards 1000 10000
 
 The servers run on 127.0.0.1 (tests/remote_util.py). moto is a Python server: on a small
 machine it serves some tens of MB/s, so the bandwidth cap must stay below that for the cap,
@@ -175,6 +176,75 @@ def bench_open(moto: MotoServer, tmp: str, args: argparse.Namespace) -> Dict[str
     return out
 
 
+# ---- start-up: the metadata requests of a node's processes ----------------------------
+
+STARTUP_CHILD = r"""
+import json, sys, time, tokenfeed
+url, cache, endpoint = sys.argv[1], sys.argv[2], sys.argv[3]
+t = time.perf_counter()
+ds = tokenfeed.open(url, cache_dir=cache, endpoint_url=endpoint, fetch_threads=16)
+opened = time.perf_counter() - t
+meta = ds.cache_stats()["requests"]
+loader = tokenfeed.Loader(ds, seq_len=512, batch_size=8, seed=0, shuffle="block")
+next(iter(loader))
+print(json.dumps({"open_s": opened, "first_batch_s": time.perf_counter() - t, "metadata_requests": meta,
+                  "files": ds.num_files}))
+"""
+
+
+def bench_startup(moto: MotoServer, tmp: str, args: argparse.Namespace) -> Dict[str, Any]:
+    """Requests at start-up, counted at the proxy (which adds the latency): one process with a
+    fresh cache, a restart with the same cache, and N processes of one node started together on
+    a fresh shared cache. The dataset's URL has no trailing "/", so every request is the core's
+    (a directory URL ending in "/" adds the one listing the package makes to expand it)."""
+    out: Dict[str, Any] = {}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([args.startup_pythonpath] if args.startup_pythonpath
+                                                      else sys.path))
+    for n in args.startup_shards:
+        local = os.path.join(tmp, f"startup-{n}")
+        rng = np.random.default_rng(2)
+        with tokenfeed.DatasetWriter(local, vocab_size=50257, shard_tokens=1) as w:  # one document per shard
+            for _ in range(n):
+                w.add_document(rng.integers(0, 50257, size=int(rng.integers(200, 900)), dtype=np.uint16))
+        t0 = time.perf_counter()
+        upload(moto, "startup", f"ds{n}", local)
+        row: Dict[str, Any] = {"shards": n, "upload_s": round(time.perf_counter() - t0, 1)}
+        url = f"s3://startup/ds{n}"
+        proxy = FaultProxy(moto.port, latency=args.latency_ms / 1000)
+
+        def run(cache: str, procs: int) -> Dict[str, Any]:
+            proxy.reset_counts()
+            t = time.perf_counter()
+            ps = [subprocess.Popen([sys.executable, "-c", STARTUP_CHILD, url, cache, proxy.endpoint], env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(procs)]
+            res = []
+            for p in ps:
+                o, e = p.communicate(timeout=3600)
+                if p.returncode != 0:
+                    return {"error": e[-400:]}
+                res.append(json.loads(o.strip().splitlines()[-1]))
+            wall = time.perf_counter() - t
+            return {"wall_s": round(wall, 2), "requests": sum(proxy.requests.values()),
+                    "metadata_requests": sum(r["metadata_requests"] for r in res),
+                    "open_s_max": round(max(r["open_s"] for r in res), 2),
+                    "first_batch_s_max": round(max(r["first_batch_s"] for r in res), 2)}
+
+        try:
+            cache = os.path.join(tmp, f"startup-cache-{n}")
+            row["fresh"] = run(cache, 1)
+            row["restart"] = run(cache, 1)
+            row[f"node_{args.startup_procs}"] = run(os.path.join(tmp, f"startup-node-{n}"), args.startup_procs)
+        finally:
+            proxy.stop()
+        for k in ("fresh", "restart", f"node_{args.startup_procs}"):
+            r = row[k]
+            print(f"start-up, {n} shards, {k}: " + (r["error"] if "error" in r else
+                  f"{r['wall_s']} s wall (first batch {r['first_batch_s_max']} s), {r['requests']} requests "
+                  f"({r['metadata_requests']} metadata)"), flush=True)
+        out[str(n)] = row
+    return out
+
+
 # ---- peers: LitData and MosaicML Streaming, run by another Python (--peer-python) --------
 
 PEER_WRITE = r"""
@@ -292,7 +362,12 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--latency-ms", type=float, default=20.0, help="latency the proxy adds to every request")
     ap.add_argument("--chunk-mb", type=int, default=8, help="chunk size, MiB")
     ap.add_argument("--open-shards", type=int, default=None, help="shards for the open benchmark")
-    ap.add_argument("--only", default="", help="comma list of: stream, open, peers")
+    ap.add_argument("--startup-shards", type=int, nargs="+", default=None,
+                    help="shard counts for the start-up requests (default 1000; --quick 100)")
+    ap.add_argument("--startup-procs", type=int, default=16, help="processes of the node in the start-up group")
+    ap.add_argument("--startup-pythonpath", default="",
+                    help="run the start-up children with this PYTHONPATH (another build, for a before/after)")
+    ap.add_argument("--only", default="", help="comma list of: stream, open, startup, peers")
     ap.add_argument("--peer-python", help="a Python with litdata and mosaicml-streaming (run for the peers)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
@@ -300,6 +375,8 @@ def main(argv: List[str] | None = None) -> int:
         args.tokens = 25_000_000 if args.quick else 100_000_000
     if args.open_shards is None:
         args.open_shards = 1000 if args.quick else 10_000
+    if args.startup_shards is None:
+        args.startup_shards = [100] if args.quick else [1000]
     only = set(filter(None, args.only.split(",")))
     os.environ.update(TEST_CREDENTIALS)
     tmp = tempfile.mkdtemp(prefix="tf-remote-bench-")
@@ -313,6 +390,8 @@ def main(argv: List[str] | None = None) -> int:
             results["stream"] = bench_stream(moto, tmp, args)
         if not only or "open" in only:
             results["open"] = bench_open(moto, tmp, args)
+        if not only or "startup" in only:
+            results["startup"] = bench_startup(moto, tmp, args)
         if not only or "peers" in only:
             results["peers"] = bench_peers(moto, tmp, args)
     finally:

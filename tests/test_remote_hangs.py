@@ -352,6 +352,9 @@ def test_objects_without_a_strong_version(tmp_path, mode):
                                 chunk_size=64 << 10, max_attempts=2)
         unversioned = [str(x.message) for x in w if "cannot be detected" in str(x.message)]
         assert bool(unversioned) == (mode == "none"), unversioned
+        # an object whose changes cannot be seen is not recorded for the node's later opens
+        records = [n for n in os.listdir(tmp_path / "cache" / "meta") if n.endswith(".tfmeta")]
+        assert bool(records) == (mode == "weak"), records
         assert np.array_equal(ds.tokens(0, 5000), local.tokens(0, 5000))
         assert srv.refused == 0
         if mode == "weak":

@@ -224,8 +224,11 @@ typedef struct tf_remote tf_remote; /* see "Sources: remote objects" below */
  * dataset directory, a shard, a Megatron prefix, an llm.c / .npy / raw file).
  * Only metadata is read at open, with concurrent ranged requests; the
  * fingerprint equals that of the same files on local disk. Token bytes are
- * read later through the node-local chunk cache. remote may be NULL when no
- * path is a URL. */
+ * read later through the node-local chunk cache. What the open fetched is
+ * recorded in the cache directory: a later open of the same paths with the
+ * same options, by any process using that cache_dir, reads it there and sends
+ * no request (an object changed since is refused, by name, when read, and its
+ * record dropped). remote may be NULL when no path is a URL. */
 TF_API int tf_dataset_open_remote(const char *const *paths, size_t n, const tf_open_options *opt,
                                   tf_remote *remote, tf_dataset **out);
 

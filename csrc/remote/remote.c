@@ -1179,6 +1179,14 @@ static int run_open_jobs(tf_remote *r, size_t n, open_make_fn make, open_collect
 }
 
 /* Fetch chunk k now (urgent) and wait for it. 0, TF__JOB_NOSPACE or < 0. */
+/* A read of o failed with rc: when the object changed or is gone since its
+ * metadata was recorded for the node, the record goes too, so that the next
+ * open fetches the metadata afresh (remote_meta.c). Returns rc. */
+static int note_failure(const tf__robj *o, int rc) {
+    if (o->meta_on && (rc == -ESTALE || rc == -ENOENT || rc == -TF_ECHECKSUM)) tf__cache_meta_forget(o->r->cache, o->meta_key);
+    return rc;
+}
+
 static int fetch_and_wait(tf_remote *r, const tf__robj *o, uint32_t k) {
     pthread_mutex_lock(&r->mu);
     job *j = NULL;
@@ -1200,7 +1208,7 @@ static int fetch_and_wait(tf_remote *r, const tf__robj *o, uint32_t k) {
     if (rc < 0) tf__seterr(rc, "%s", j->err);
     job_unref_locked(j);
     pthread_mutex_unlock(&r->mu);
-    return rc;
+    return note_failure(o, rc);
 }
 
 typedef struct stat_many {
@@ -1498,11 +1506,13 @@ int tf__robj_read_small(const tf__robj *o, uint64_t off, uint64_t len, void *out
     }
     free(buf);
     if (rc == -ESTALE) return 1; /* the chunk path fetches once more, then reports it */
-    if (rc < 0) return rc;       /* after the retries: the reader gets the error */
+    if (rc < 0) return note_failure(o, rc); /* after the retries: the reader gets the error */
     return mismatch ? 1 : 0;     /* a mismatch: the chunk path fetches again, then fails */
 }
 
 uint64_t tf__remote_prefetch_bytes(const tf_remote *r) { return r->cfg.prefetch_bytes; }
+
+tf__cache *tf__remote_cache(const tf_remote *r) { return r->cache; }
 
 void tf__remote_publish(tf_remote *r, const tf__ckey *keys, const uint64_t *next_use, size_t n, uint64_t position) {
     check_fork(r);
@@ -1520,7 +1530,7 @@ int tf__robj_read(const tf__robj *o, uint64_t off, uint64_t len, void *out) {
         uint64_t n;
         if (off < ds || off >= de) {
             n = off < ds ? (end < ds ? end : ds) - off : len;
-            TF_TRY(fetch_range(o->r, o->url, &o->info, off, n, dst));
+            TF_TRY(note_failure(o, fetch_range(o->r, o->url, &o->info, off, n, dst)));
         } else {
             uint64_t rel = off - ds;
             uint32_t k = (uint32_t)(rel / o->chunk_bytes);

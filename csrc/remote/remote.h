@@ -26,6 +26,8 @@
 #include "../common/internal.h"
 #include "../sources/source.h"
 
+typedef struct tf__cache tf__cache; /* remote_cache.c */
+
 /* No known next use: evicted first (most recently used first among them). */
 #define TF__NO_NEED UINT64_MAX
 
@@ -50,6 +52,10 @@ typedef struct tf__robj {
     uint64_t *sums;
     uint64_t nsums;
     uint64_t granule;
+    /* The node's metadata record this object's open used or wrote
+     * (remote_meta.c): dropped when a read finds the object changed. */
+    int meta_on;
+    uint64_t meta_key;
 } tf__robj;
 
 
@@ -125,6 +131,9 @@ TF_HIDDEN void tf__remote_publish(tf_remote *r, const tf__ckey *keys, const uint
  * needed there. UINT64_MAX (the default) when unknown. Per thread. */
 TF_HIDDEN void tf__remote_set_reader_position(uint64_t pos);
 
+/* The cache of r (for the metadata record kept beside the chunks). */
+TF_HIDDEN tf__cache *tf__remote_cache(const tf_remote *r);
+
 /* Whether chunk k of o is on this node's disk now (a hint). */
 TF_HIDDEN int tf__chunk_cached(const tf__robj *o, uint32_t k);
 /* Bytes the scheduler may keep requested ahead. */
@@ -145,6 +154,14 @@ TF_HIDDEN const tf__robj *tf__file_robj(const tf_file *f);
 
 /* ---- remote_registry.c: objects prepared by a remote open --------------- */
 
+/* A byte range of an object that the open has (fetched, or read from the
+ * node's metadata record); copy holds its bytes while the open records them
+ * for the node (NULL otherwise). */
+typedef struct tf__prange {
+    uint64_t off, len;
+    uint8_t *copy;
+} tf__prange;
+
 /* An object a remote open (remote_open.c) prepares for the parsers: its size
  * and version, and a sparse anonymous map of its size with the bytes they
  * read filled in. */
@@ -157,12 +174,23 @@ typedef struct tf__pobj {
     int whole;    /* every byte fetched */
     int claimed;  /* handed to a parser (the file owns the map now) */
     uint64_t head, tail; /* fetched: [0, head) and [tail, size) */
+    tf__prange *got;     /* the ranges in map */
+    size_t ngot, capgot;
 } tf__pobj;
 
 typedef struct tf__preg {
     tf_remote *r;
     tf__pobj *o;
     size_t n, cap;
+    size_t *slots;      /* hash table of URL -> index + 1 (0: empty) */
+    size_t nslots;      /* a power of two, at least twice n */
+    int meta_on;        /* the node's metadata record is in use for this open */
+    uint64_t meta_key;  /* its key (tf__meta_key) */
+    int record;         /* keep copies of the bytes fetched, to write the record */
+    uint64_t record_max; /* bytes a record may hold (tf__meta_max_bytes) */
+    uint64_t recorded;  /* bytes kept so far */
+    int too_big;        /* the record would pass its bound: not written */
+    int fetched;        /* this open sent requests (sizes or bytes) */
 } tf__preg;
 
 /* Make g the calling thread's registry (NULL: none) for the parsers' reads:
@@ -173,6 +201,36 @@ TF_HIDDEN tf__pobj *tf__preg_find(tf__preg *g, const char *url);
 TF_HIDDEN tf__pobj *tf__preg_add(tf__preg *g, const char *url);
 /* Unmap what no parser claimed; free the entries. */
 TF_HIDDEN void tf__preg_free(tf__preg *g);
+/* Make p's sparse map (no bytes in it yet) when it has none. */
+TF_HIDDEN int tf__pobj_map(tf__pobj *p);
+/* Note that p's map holds [off, off + len); with copy, a copy of those bytes
+ * is kept too (g->record). */
+TF_HIDDEN int tf__pobj_note(tf__preg *g, tf__pobj *p, uint64_t off, uint64_t len);
+/* Whether p's map holds every byte of [off, off + len). */
+TF_HIDDEN int tf__pobj_has(const tf__pobj *p, uint64_t off, uint64_t len);
+
+/* ---- remote_meta.c: the node's record of what remote opens fetched ------ */
+
+/* The record's key: the URLs opened (in order) and the open options that
+ * change what the parsers read or make of it. */
+TF_HIDDEN uint64_t tf__meta_key(const char *const *urls, size_t n, const tf_open_options *opt);
+/* Fill the (empty) registry g from the record of key: 0, or 1 when there is
+ * none or it does not parse (g is left empty). Never fails the open. */
+TF_HIDDEN int tf__meta_load(tf_remote *r, uint64_t key, tf__preg *g);
+/* A record's bytes b[0, len) before its seal into the (empty) registry g:
+ * 0, or -1 when they do not parse (g is left empty). */
+TF_HIDDEN int tf__meta_parse(const uint8_t *b, size_t len, uint64_t key, tf__preg *g);
+/* Write what g fetched as the record of key (atomically; best effort). */
+TF_HIDDEN void tf__meta_save(tf_remote *r, uint64_t key, const tf__preg *g);
+/* Take the lock of key's record, waiting while another process of the node
+ * holds it (it is fetching): 0 with *fd the lock held (-1: none could be had,
+ * fetch without) and *waited set when another process held it; -EINTR when
+ * interrupted. A wait is bounded; the kernel drops a dead holder's lock. */
+TF_HIDDEN int tf__meta_lock(tf_remote *r, uint64_t key, const char *what, int *fd, int *waited);
+TF_HIDDEN void tf__meta_unlock(int fd);
+/* Bytes the records of a cache may hold together: an eighth of the cache
+ * limit, at most 4 GiB. */
+TF_HIDDEN uint64_t tf__meta_max_bytes(const tf_remote *r);
 
 /* ---- remote_prefetch.c: the scheduler ---------------------------------- */
 
@@ -212,6 +270,15 @@ TF_HIDDEN void tf__cache_close(tf__cache *c);
 /* After fork(): take a new slot for the child (the parent keeps its own). */
 TF_HIDDEN int tf__cache_after_fork(tf__cache *c);
 TF_HIDDEN const char *tf__cache_dir(const tf__cache *c);
+/* The cache's meta/ directory (checked at open like the others), or -1 when
+ * it could not be had: no metadata record then. */
+TF_HIDDEN int tf__cache_meta_fd(const tf__cache *c);
+/* The name in meta/ of the metadata record of key (ext "tfmeta") or of its
+ * lock (ext "lock"). */
+TF_HIDDEN void tf__cache_meta_name(uint64_t key, const char *ext, char out[40]);
+/* Remove the metadata record of key (remote_meta.c): an object it describes
+ * changed. */
+TF_HIDDEN void tf__cache_meta_forget(tf__cache *c, uint64_t key);
 
 /* Outcome of tf__cache_begin. */
 enum {
@@ -258,6 +325,13 @@ TF_HIDDEN int tf__cache_failed(tf__cache *c);
 /* Whether data[0, len) followed by its trailer is chunk k of this cache (the
  * trailer's tag is keyed by the cache's secret). */
 TF_HIDDEN int tf__cache_trailer_ok(const tf__cache *c, const tf__ckey *k, const void *data, size_t len);
+
+/* Other files of the cache authenticated as chunks are: their XXH64 seeded
+ * with tf__cache_seed (as secret as the cache's key), sealed with SipHash
+ * keyed by the key, after an 8-byte magic naming the kind of file. Only a
+ * process that can read the key (this user's) can make a seal that holds. */
+TF_HIDDEN uint64_t tf__cache_seed(const tf__cache *c);
+TF_HIDDEN uint64_t tf__cache_seal(const tf__cache *c, const char magic[8], uint64_t digest);
 
 /* Chunk file trailer (docs/remote.md). */
 #define TF__CHUNK_MAGIC "TFCHUNK2"

@@ -127,6 +127,7 @@ struct tf__cache {
     char *abs;   /* dir made absolute at open: the re-check on use */
     int dfd;     /* the directory, checked at open; everything is reached through it */
     int obj_fd, tmp_fd, procs_fd;
+    int meta_fd; /* meta/: the node's metadata records (remote_meta.c); -1 when unusable */
     dev_t dev;   /* the directory's identity at open */
     ino_t ino;
     uint64_t key[2]; /* the cache's secret: keys the chunk trailers */
@@ -796,6 +797,7 @@ static int upgrade_layout(tf__cache *c) {
     empty_dir(c->dfd, "objects", 1);
     empty_dir(c->dfd, "tmp", 0);
     empty_dir(c->dfd, "procs", 0);
+    empty_dir(c->dfd, "meta", 0);
     unlinkat(c->dfd, "index", 0);
     unlinkat(c->dfd, "key", 0);
     tf__clearerr();
@@ -878,7 +880,7 @@ int tf__cache_open(const char *dir, uint64_t limit, uint64_t chunk_bytes, int cr
     if (create) TF_TRY(mkdirs(dir));
     tf__cache *c = calloc(1, sizeof *c);
     if (!c) return -ENOMEM;
-    c->lock_fd = c->slot_fd = c->index_fd = c->obj_fd = c->tmp_fd = c->procs_fd = -1;
+    c->lock_fd = c->slot_fd = c->index_fd = c->obj_fd = c->tmp_fd = c->procs_fd = c->meta_fd = -1;
     c->limit = limit;
 #ifdef TF_TEST_HOOKS
     const char *fe = getenv("TOKENFEED_FAULT_CACHE");
@@ -929,7 +931,7 @@ int tf__cache_open(const char *dir, uint64_t limit, uint64_t chunk_bytes, int cr
         int other = 0;
         if (d) {
             struct dirent *e;
-            static const char *const ours[] = {".", "..", "lock", "index", "objects", "tmp", "procs", "key", "CACHEDIR.TAG"};
+            static const char *const ours[] = {".", "..", "lock", "index", "objects", "tmp", "procs", "meta", "key", "CACHEDIR.TAG"};
             while ((e = readdir(d))) {
                 int known = strncmp(e->d_name, "key.", 4) == 0;
                 for (size_t i = 0; i < sizeof ours / sizeof *ours && !known; i++) known = strcmp(e->d_name, ours[i]) == 0;
@@ -943,6 +945,12 @@ int tf__cache_open(const char *dir, uint64_t limit, uint64_t chunk_bytes, int cr
     if (!rc) rc = open_sub(c->dfd, c->dir, "objects", create, &c->obj_fd);
     if (!rc) rc = open_sub(c->dfd, c->dir, "tmp", create, &c->tmp_fd);
     if (!rc) rc = open_sub(c->dfd, c->dir, "procs", create, &c->procs_fd);
+    /* the metadata records are an optimisation: a cache without a usable
+     * meta/ (one made before it existed, opened without create) has none */
+    if (!rc && open_sub(c->dfd, c->dir, "meta", create, &c->meta_fd) != 0) {
+        c->meta_fd = -1;
+        tf__clearerr();
+    }
     if (!rc) rc = open_lock(c);
     if (!rc) {
         /* creating the index and the key happens under the lock, so two
@@ -994,6 +1002,7 @@ void tf__cache_close(tf__cache *c) {
     if (c->obj_fd >= 0) close(c->obj_fd);
     if (c->tmp_fd >= 0) close(c->tmp_fd);
     if (c->procs_fd >= 0) close(c->procs_fd);
+    if (c->meta_fd >= 0) close(c->meta_fd);
     if (c->dfd >= 0) close(c->dfd);
     if (c->peer_fds)
         for (int i = 0; i < MAX_PROCS; i++)
@@ -1024,6 +1033,19 @@ int tf__cache_after_fork(tf__cache *c) {
 }
 
 const char *tf__cache_dir(const tf__cache *c) { return c->dir; }
+
+int tf__cache_meta_fd(const tf__cache *c) { return c->meta_fd; }
+
+void tf__cache_meta_name(uint64_t key, const char *ext, char out[40]) {
+    snprintf(out, 40, "%016llx.%s", (ull)key, ext);
+}
+
+void tf__cache_meta_forget(tf__cache *c, uint64_t key) {
+    if (c->meta_fd < 0) return;
+    char name[40];
+    tf__cache_meta_name(key, "tfmeta", name);
+    (void)tf__unlink_regular(c->meta_fd, name);
+}
 
 /* ------------------------------------------------------------------------ */
 /* fetch protocol                                                            */
@@ -1160,6 +1182,15 @@ static void make_trailer(const tf__cache *c, uint8_t t[TF__CHUNK_TRAILER], const
     memcpy(m, t, 32);
     tf__put_le64(m + 32, tf_hash64(data, len, c->key[0] ^ tf__mix64(c->key[1])));
     tf__put_le64(t + 32, siphash(c->key, m, sizeof m));
+}
+
+uint64_t tf__cache_seed(const tf__cache *c) { return c->key[0] ^ tf__mix64(c->key[1]); }
+
+uint64_t tf__cache_seal(const tf__cache *c, const char magic[8], uint64_t digest) {
+    uint8_t m[16];
+    memcpy(m, magic, 8);
+    tf__put_le64(m + 8, digest);
+    return siphash(c->key, m, sizeof m);
 }
 
 int tf__cache_trailer_ok(const tf__cache *c, const tf__ckey *k, const void *data, size_t len) {
@@ -1491,6 +1522,8 @@ int tf_cache_prune(const char *dir, uint64_t keep_bytes) {
     unlock(c);
     uint64_t tb;
     if (!rc) count_objects_and_tmp(c, &tb, 1);
+    /* emptied: the metadata records go too (nobody has the cache open) */
+    if (!rc && keep_bytes == 0) empty_dir(c->dfd, "meta", 0);
     tf__cache_close(c);
     return rc;
 }

@@ -104,6 +104,7 @@ static int learn_sizes(tf__preg *g) {
                 }
         }
         free(prefix);
+        if (rc != -TF_EUNSUPPORTED) g->fetched = 1;
         if (rc < 0 && rc != -TF_EUNSUPPORTED) return rc;
     }
     size_t n = g->n ? g->n : 1, m = 0;
@@ -117,7 +118,10 @@ static int learn_sizes(tf__preg *g) {
             idx[m] = i;
             urls[m++] = g->o[i].url;
         }
-    if (!rc) rc = tf__remote_stat_many(g->r, urls, m, infos, rcs);
+    if (!rc && m) {
+        g->fetched = 1;
+        rc = tf__remote_stat_many(g->r, urls, m, infos, rcs);
+    }
     for (size_t k = 0; k < m && !rc; k++) {
         tf__pobj *p = &g->o[idx[k]];
         if (rcs[k] == 0) p->info = infos[k];
@@ -129,21 +133,6 @@ static int learn_sizes(tf__preg *g) {
     free(infos);
     free(rcs);
     return rc;
-}
-
-/* Make the sparse map of an object (no bytes fetched yet). */
-static int ensure_map(tf__pobj *p) {
-    if (p->map || !p->info.size) return 0;
-    void *m = mmap(NULL, (size_t)p->info.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
-    if (m == MAP_FAILED) {
-        int e = errno;
-        TF_FAIL(-e, "%s: cannot reserve %llu bytes of address space for its metadata: %s", p->url,
-                (ull)p->info.size, strerror(e));
-    }
-    p->map = m;
-    p->tail = p->info.size;
-    return 0;
 }
 
 typedef struct want {
@@ -165,9 +154,15 @@ static int plan_add(fetch_plan *fp, tf__pobj *p, uint64_t off, uint64_t len) {
     return 0;
 }
 
-/* Fetch the planned ranges into their objects' maps, concurrently. */
+/* Fetch the planned ranges into their objects' maps, concurrently: those
+ * the maps do not hold yet (a node's metadata record may hold them all). */
 static int run_plan(tf__preg *g, fetch_plan *fp) {
+    size_t m = 0;
+    for (size_t i = 0; i < fp->n; i++)
+        if (!tf__pobj_has(fp->w[i].p, fp->w[i].off, fp->w[i].len)) fp->w[m++] = fp->w[i];
+    fp->n = m;
     if (!fp->n) return 0;
+    g->fetched = 1;
     tf__rreq *rq = calloc(fp->n, sizeof *rq);
     tf__robj **objs = calloc(fp->n, sizeof *objs);
     int rc = rq && objs ? 0 : -ENOMEM;
@@ -177,6 +172,7 @@ static int run_plan(tf__preg *g, fetch_plan *fp) {
         if (!rc) rq[i] = (tf__rreq){objs[i], w->off, w->len, w->p->map + w->off, 0};
     }
     if (!rc) rc = tf__remote_read_many(g->r, rq, fp->n);
+    for (size_t i = 0; i < fp->n && !rc; i++) rc = tf__pobj_note(g, fp->w[i].p, fp->w[i].off, fp->w[i].len);
     for (size_t i = 0; objs && i < fp->n; i++) tf__robj_free(objs[i]);
     free(rq);
     free(objs);
@@ -186,7 +182,7 @@ static int run_plan(tf__preg *g, fetch_plan *fp) {
 
 /* Plan what a parser will read of p: whole, or head and tail. */
 static int plan_head_tail(fetch_plan *fp, tf__pobj *p, uint64_t tail_hint) {
-    TF_TRY(ensure_map(p));
+    TF_TRY(tf__pobj_map(p));
     uint64_t size = p->info.size;
     if (!size) {
         p->whole = 1;
@@ -439,6 +435,8 @@ static int finish_remote_file(tf__preg *g, tf_file *f) {
         tf__robj_free(o);
         return rc;
     }
+    o->meta_on = g->meta_on;
+    o->meta_key = g->meta_key;
     f->bytes_ops = &remote_byte_ops;
     f->bytes_src = o;
     f->data_off = data_off;
@@ -597,24 +595,22 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_open_opti
     return rc;
 }
 
-int tf__open_remote_many(const char *const *urls, size_t n, const tf_open_options *opt, tf_remote *r,
-                         tf_file **files, uint64_t *nfiles, uint64_t *cap) {
-    if (!r)
-        TF_FAIL(-EINVAL, "%s: a remote URL needs a remote store: open it with tf_dataset_open_remote and a tf_remote (tf_remote_create), or with tokenfeed.open() from Python",
-                urls[0]);
-    tf__preg g = {r, NULL, 0, 0};
+/* One open of urls with the registry g (empty, or filled from the node's
+ * metadata record). */
+static int open_pass(tf__preg *g, const char *const *urls, size_t n, const tf_open_options *opt, tf_file **files,
+                     uint64_t *nfiles, uint64_t *cap) {
     target *ts = calloc(n, sizeof *ts);
     if (!ts) return -ENOMEM;
     int rc = 0;
     for (size_t i = 0; i < n && !rc; i++) {
         ts[i].url = urls[i];
-        rc = register_candidates(&g, urls[i], opt);
+        rc = register_candidates(g, urls[i], opt);
     }
-    if (!rc) rc = learn_sizes(&g);
-    for (size_t i = 0; i < n && !rc; i++) rc = resolve(&g, &ts[i], opt);
+    if (!rc) rc = learn_sizes(g);
+    for (size_t i = 0; i < n && !rc; i++) rc = resolve(g, &ts[i], opt);
     if (!rc) {
-        rc = tf__preg_enter(&g);
-        if (!rc) rc = fetch_and_open(&g, ts, n, opt, files, nfiles, cap);
+        rc = tf__preg_enter(g);
+        if (!rc) rc = fetch_and_open(g, ts, n, opt, files, nfiles, cap);
         tf__preg_enter(NULL);
     }
     for (size_t i = 0; i < n; i++) {
@@ -622,6 +618,54 @@ int tf__open_remote_many(const char *const *urls, size_t n, const tf_open_option
         if (ts[i].have_m) tf__manifest_free(&ts[i].m);
     }
     free(ts);
+    return rc;
+}
+
+int tf__open_remote_many(const char *const *urls, size_t n, const tf_open_options *opt, tf_remote *r,
+                         tf_file **files, uint64_t *nfiles, uint64_t *cap) {
+    if (!r)
+        TF_FAIL(-EINVAL, "%s: a remote URL needs a remote store: open it with tf_dataset_open_remote and a tf_remote (tf_remote_create), or with tokenfeed.open() from Python",
+                urls[0]);
+    /* The node's record of this open's metadata: read it, or wait for the
+     * process of the node that is fetching it, or fetch it and write it
+     * (remote_meta.c). */
+    tf__preg g = {r, NULL, 0, 0, NULL, 0, 0, 0, 0, 0, 0, 0, 0};
+    g.meta_on = tf__cache_meta_fd(tf__remote_cache(r)) >= 0;
+    g.meta_key = tf__meta_key(urls, n, opt);
+    g.record_max = tf__meta_max_bytes(r);
+    int loaded = 0, lock_fd = -1, waited = 0, rc = 0;
+    if (g.meta_on) {
+        loaded = tf__meta_load(r, g.meta_key, &g) == 0;
+        if (!loaded) rc = tf__meta_lock(r, g.meta_key, urls[0], &lock_fd, &waited);
+        /* written by a holder meanwhile (waited for, or done just before) */
+        if (!rc && !loaded) loaded = tf__meta_load(r, g.meta_key, &g) == 0;
+        /* only a process that found the lock free fetches under it; one that
+         * waited and found no record (its holder failed or died) fetches
+         * without, as every process would without the record */
+        if (loaded || waited) {
+            tf__meta_unlock(lock_fd);
+            lock_fd = -1;
+        }
+    }
+    uint64_t first = *nfiles;
+    g.record = g.meta_on && !loaded;
+    if (!rc) rc = open_pass(&g, urls, n, opt, files, nfiles, cap);
+    if (rc && rc != -EINTR && loaded) {
+        /* the record did not open (damaged in a way its checksum missed, or
+         * written by another build): drop it and fetch */
+        for (uint64_t k = first; k < *nfiles; k++) tf__file_close(&(*files)[k]);
+        *nfiles = first;
+        tf__preg_free(&g);
+        tf__cache_meta_forget(tf__remote_cache(r), g.meta_key);
+        tf__clearerr();
+        loaded = 0;
+        g.record = 1;
+        g.too_big = g.fetched = 0;
+        rc = open_pass(&g, urls, n, opt, files, nfiles, cap);
+    }
+    if (!rc && g.meta_on && !loaded && !g.too_big) tf__meta_save(r, g.meta_key, &g);
+    if (!rc && loaded && g.fetched) tf__cache_meta_forget(tf__remote_cache(r), g.meta_key); /* incomplete: the next open writes it whole */
+    tf__meta_unlock(lock_fd);
     tf__preg_free(&g);
     return rc;
 }

@@ -4,7 +4,8 @@
 
     tokenfeed cache show [DIR] [--json]          size, chunks, objects, processes attached
     tokenfeed cache prune [DIR] --keep 50GB       evict (farthest next use first) down to 50 GB
-    tokenfeed cache prune [DIR] --all             empty it (refused while a process has it open)
+    tokenfeed cache prune [DIR] --all             empty it, the recorded metadata of remote opens too
+                                                  (refused while a process has it open)
 
 ``DIR`` defaults to ``$TOKENFEED_CACHE_DIR`` or ``~/.cache/tokenfeed/remote`` (see docs/remote.md).
 """
@@ -129,11 +130,12 @@ def add_parser(sub: Any) -> None:
     p = cs.add_parser("prune", help="evict chunks down to a size (farthest next use first)",
                       description="Evict cached chunks until the cache holds at most --keep bytes: first those "
                                   "no attached process needs, then those needed farthest ahead, so it may run "
-                                  "while training uses the cache. --all empties it, and is refused while a "
-                                  "process has it open.")
+                                  "while training uses the cache. --all empties it, the metadata recorded by "
+                                  "remote opens included (the next open reads it from the store again), and is "
+                                  "refused while a process has it open.")
     p.add_argument("dir", nargs="?", metavar="DIR", help=dir_help)
     p.add_argument("--keep", metavar="SIZE", help="bytes to keep: 50GB, 1.5TiB, 500M, ...")
-    p.add_argument("--all", action="store_true", help="empty the cache (refused while a process has it open)")
+    p.add_argument("--all", action="store_true", help="empty the cache, recorded metadata included (refused while a process has it open)")
     c.set_defaults(func=cmd_cache)
 
 

@@ -8,6 +8,7 @@
 #endif
 #include <dirent.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -30,6 +31,7 @@ typedef struct fault_plan {
     int fail_code;        /* what to inject */
     int short_reads;      /* return at most half of each request */
     int stale;            /* pretend every object changed */
+    _Atomic int stats, lists; /* stat and list calls seen */
 } fault_plan;
 
 static fault_plan plan;
@@ -38,6 +40,7 @@ static const char *local_path(const char *url) { return strncmp(url, "local://",
 
 static int lt_stat(void *ctx, const char *url, tf_object_info *info) {
     (void)ctx;
+    atomic_fetch_add(&plan.stats, 1);
     const char *p = local_path(url);
     struct stat st;
     if (!p || stat(p, &st) != 0) {
@@ -79,6 +82,7 @@ static int64_t lt_read(void *ctx, const char *url, const tf_object_info *expect,
 /* "local://<dir>/": every regular file of the directory (not recursive). */
 static int lt_list(void *ctx, const char *prefix, tf_list_emit_fn emit, void *emit_ctx) {
     (void)ctx;
+    atomic_fetch_add(&plan.lists, 1);
     const char *p = local_path(prefix);
     DIR *d = p ? opendir(p) : NULL;
     if (!d) return -ENOENT;
@@ -103,6 +107,8 @@ static void reset_plan(void) {
     plan.fail_code = 0;
     plan.short_reads = 0;
     plan.stale = 0;
+    atomic_store(&plan.stats, 0);
+    atomic_store(&plan.lists, 0);
 }
 
 static tf_remote *make_remote(const char *cache, uint64_t limit, uint64_t chunk) {
@@ -930,6 +936,96 @@ static void test_interrupted_open(void) {
     }
 }
 
+/* .tfmeta files in the cache's meta/ directory. */
+static int count_records(const char *cache) {
+    char pat[600];
+    snprintf(pat, sizeof pat, "%s/meta/*.tfmeta", cache);
+    glob_t gl;
+    int n = 0;
+    if (glob(pat, 0, NULL, &gl) == 0) {
+        n = (int)gl.gl_pathc;
+        globfree(&gl);
+    }
+    return n;
+}
+
+static void write_tokens(const char *path, uint32_t n, uint32_t seed, const char *mode) {
+    FILE *fp = fopen(path, mode);
+    for (uint32_t i = 0; fp && i < n; i++) {
+        uint16_t t = (uint16_t)((i * 2654435761u + seed) % 50000u);
+        fwrite(&t, 2, 1, fp);
+    }
+    if (fp) fclose(fp);
+}
+
+/* What an open fetched is recorded in the cache directory: an open of the
+ * same paths by another remote on that cache (another process, a restart)
+ * calls the transport not at all; an object changed since is refused, by
+ * name, when read, and its record dropped, so that the next open fetches. */
+static void test_metadata_record(void) {
+    char cache[512], urls[20][700];
+    const char *paths[20];
+    snprintf(cache, sizeof cache, "%s/cache_meta", tmpdir);
+    for (int i = 0; i < 20; i++) { /* more than 16 under one prefix: one listing */
+        char path[600];
+        snprintf(path, sizeof path, "%s/meta_%02d.bin", tmpdir, i);
+        write_tokens(path, 30000 + 100u * (uint32_t)i, (uint32_t)i, "wb");
+        snprintf(urls[i], sizeof urls[i], "local://%s", path);
+        paths[i] = urls[i];
+    }
+    tf_open_options oo = {.format = TF_FORMAT_RAW, .raw_dtype = TF_UINT16};
+    tf_dataset_info first, again;
+    tf_remote_stats st;
+    tf_remote *r = make_remote(cache, 256ull << 20, CHUNK);
+    tf_dataset *ds = NULL;
+    reset_plan();
+    CHECK_OK(tf_dataset_open_remote(paths, 20, &oo, r, &ds));
+    CHECK_OK(tf_dataset_get_info(ds, &first));
+    tf_remote_get_stats(r, &st);
+    CHECK(st.requests > 0 && atomic_load(&plan.lists) == 1);
+    CHECK(count_records(cache) == 1);
+    tf_dataset_free(ds);
+    tf_remote_free(r);
+
+    /* a restart: no call at all, the same dataset */
+    r = make_remote(cache, 256ull << 20, CHUNK);
+    reset_plan();
+    ds = NULL;
+    CHECK_OK(tf_dataset_open_remote(paths, 20, &oo, r, &ds));
+    tf_remote_get_stats(r, &st);
+    CHECK(st.requests == 0 && atomic_load(&plan.reads) == 0 && atomic_load(&plan.stats) == 0 &&
+          atomic_load(&plan.lists) == 0);
+    CHECK_OK(tf_dataset_get_info(ds, &again));
+    CHECK(again.fingerprint == first.fingerprint && again.num_tokens == first.num_tokens);
+    tf_dataset_free(ds);
+
+    /* a file grows after its metadata was recorded: opened from the record,
+     * then refused by name when read; the record is gone */
+    char grown[600];
+    snprintf(grown, sizeof grown, "%s/meta_07.bin", tmpdir);
+    write_tokens(grown, 1000, 99, "ab");
+    ds = NULL;
+    CHECK_OK(tf_dataset_open_remote(paths, 20, &oo, r, &ds));
+    CHECK_OK(tf_dataset_get_info(ds, &again));
+    CHECK(again.num_tokens == first.num_tokens);
+    uint16_t *buf = malloc(first.num_tokens * 2);
+    CHECK_RC(tf_dataset_read(ds, 0, first.num_tokens, buf, TF_UINT16), -ESTALE);
+    CHECK(strstr(tf_last_error(), "meta_07.bin") != NULL);
+    free(buf);
+    tf_dataset_free(ds);
+    CHECK(count_records(cache) == 0);
+    /* the next open reads the metadata again: the new size */
+    reset_plan();
+    ds = NULL;
+    CHECK_OK(tf_dataset_open_remote(paths, 20, &oo, r, &ds));
+    CHECK(atomic_load(&plan.lists) == 1);
+    CHECK_OK(tf_dataset_get_info(ds, &again));
+    CHECK(again.num_tokens == first.num_tokens + 1000);
+    CHECK(count_records(cache) == 1);
+    tf_dataset_free(ds);
+    tf_remote_free(r);
+}
+
 int main(void) {
     if (t_mkdtemp(tmpdir, sizeof tmpdir, "tf_remote")) return T_EXIT_FAIL;
     test_reads_and_hits();
@@ -946,6 +1042,7 @@ int main(void) {
     test_prefetch_limit();
     test_remote_datasets();
     test_interrupted_open();
+    test_metadata_record();
     t_rm_rf(tmpdir);
     return T_DONE();
 }
