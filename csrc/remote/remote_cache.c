@@ -255,6 +255,17 @@ static int write_small_file(int dfd, const char *name, const char *text) {
     return 0;
 }
 
+/* The layout marker, whole or not at all: a process opening the cache at the
+ * same moment (before it takes the lock) reads it, and an empty file read
+ * between its creation and its write would say "damaged". */
+static void write_marker(int dfd) {
+    char tmp[64];
+    snprintf(tmp, sizeof tmp, "tokenfeed-cache.%ld", (long)getpid());
+    unlinkat(dfd, tmp, 0);
+    write_small_file(dfd, tmp, MARKER);
+    if (renameat(dfd, tmp, dfd, "tokenfeed-cache") != 0) unlinkat(dfd, tmp, 0);
+}
+
 /* ------------------------------------------------------------------------ */
 /* index                                                                     */
 /* ------------------------------------------------------------------------ */
@@ -933,7 +944,7 @@ int tf__cache_open(const char *dir, uint64_t limit, uint64_t chunk_bytes, int cr
             struct dirent *e;
             static const char *const ours[] = {".", "..", "lock", "index", "objects", "tmp", "procs", "meta", "key", "CACHEDIR.TAG"};
             while ((e = readdir(d))) {
-                int known = strncmp(e->d_name, "key.", 4) == 0;
+                int known = strncmp(e->d_name, "key.", 4) == 0 || strncmp(e->d_name, "tokenfeed-cache.", 16) == 0;
                 for (size_t i = 0; i < sizeof ours / sizeof *ours && !known; i++) known = strcmp(e->d_name, ours[i]) == 0;
                 if (!known) other = 1;
             }
@@ -965,7 +976,7 @@ int tf__cache_open(const char *dir, uint64_t limit, uint64_t chunk_bytes, int cr
         if (!rc && create) {
             write_small_file(c->dfd, "CACHEDIR.TAG",
                              "Signature: 8a477f597d28d172789f06886806bc55\n# This directory is a tokenfeed chunk cache (docs/remote.md).\n");
-            write_small_file(c->dfd, "tokenfeed-cache", MARKER); /* last: the cache is complete */
+            write_marker(c->dfd); /* last: the cache is complete */
         }
         flock(c->lock_fd, LOCK_UN);
     }
