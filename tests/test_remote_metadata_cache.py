@@ -88,6 +88,24 @@ def test_restart_makes_no_metadata_request(uploaded, moto, tmp_path):
         p.stop()
 
 
+def test_restart_of_a_directory_url_makes_no_request(uploaded, moto, tmp_path):
+    """A dataset directory opened by its URL with the trailing '/', as users write it: the first
+    open lists it (a tokenfeed dataset, or a set of files?); a restart finds the node's record of
+    that very URL and neither lists nor reads metadata."""
+    local, url = uploaded
+    cache = tmp_path / "cache"
+    p = FaultProxy(moto.port)
+    try:
+        first = _run(url + "/", cache, p.endpoint)
+        assert first["fingerprint"] == local.fingerprint and _total(p) > first["open_requests"] > 0  # + the listing
+        p.reset_counts()
+        again = _run(url + "/", cache, p.endpoint)
+        assert _total(p) == 0, p.requests
+        assert (again["fingerprint"], again["files"]) == (first["fingerprint"], first["files"])
+    finally:
+        p.stop()
+
+
 def test_processes_of_a_node_share_one_read(uploaded, moto, tmp_path):
     local, url = uploaded
     p = FaultProxy(moto.port)

@@ -1709,6 +1709,13 @@ TF_API int tf_dataset_write_data_catalog(const tf_dataset *ds, const char *prefi
 TF_API int tf_dataset_open_data_catalog(const char *prefix, const char *pattern, const tf_open_options *opt,
                                         tf_dataset **out);
 
+/* Whether the node's cache of r holds a record of the metadata of opening
+ * exactly urls with opt (docs/remote.md, "Metadata, once per node"): then
+ * tf_dataset_open_remote of the same urls sends no request. 1 or 0. Lets a
+ * caller that would list a directory URL to expand it (a tokenfeed dataset
+ * or a set of files?) skip the listing when that URL opened before as it is. */
+TF_API int tf_remote_has_record(tf_remote *r, const char *const *urls, size_t n, const tf_open_options *opt);
+
 #endif /* TF_EXPERIMENTAL_API */
 
 #ifdef __cplusplus

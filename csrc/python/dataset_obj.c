@@ -125,6 +125,32 @@ finally:
     return (PyObject *)self;
 }
 
+PyDoc_STRVAR(Dataset_recorded_doc,
+             "recorded(remote, urls, dtype=None, format=None, eos_id=None, index_dir=None)\n--\n\n"
+             "Returns bool. Whether the node's cache of remote holds the metadata of opening exactly urls with "
+             "these options (an open of them then sends no request).");
+
+static PyObject *Dataset_recorded(PyObject *unused, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"remote", "urls", "dtype", "format", "eos_id", "index_dir", NULL};
+    PyObject *remote_obj, *urls_obj, *dtype_obj = Py_None, *format_obj = Py_None, *eos_obj = Py_None;
+    const char *index_dir = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOz:recorded", kwlist, &remote_obj, &urls_obj, &dtype_obj,
+                                     &format_obj, &eos_obj, &index_dir))
+        return NULL;
+    tf_remote *remote = tfpy_remote_of(remote_obj);
+    if (!remote) return NULL;
+    tf_open_options opt;
+    if (parse_open_options(dtype_obj, format_obj, eos_obj, index_dir, &opt) < 0) return NULL;
+    const char **curls = NULL;
+    Py_ssize_t n = 0;
+    PyObject *urls = as_paths(urls_obj, &curls, &n);
+    if (!urls) return NULL;
+    int has = tf_remote_has_record(remote, curls, (size_t)n, &opt);
+    Py_DECREF(urls);
+    PyMem_Free(curls);
+    return PyBool_FromLong(has);
+}
+
 PyDoc_STRVAR(Dataset_write_data_catalog_doc,
              "write_data_catalog($self, prefix, pattern, dtype=None, format=None, eos_id=None, index_dir=None)\n--\n\n"
              "Returns str. Write this dataset, opened from the files named prefix + a name matching pattern, as "
@@ -381,6 +407,7 @@ TFPY_TYPE_SPEC(Dataset, tfpy_Dataset, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
                {Py_tp_methods, TFPY_METHODS(
                    {"catalog_set", (PyCFunction)(void (*)(void))Dataset_catalog_set, METH_VARARGS | METH_KEYWORDS, Dataset_catalog_set_doc},
                    {"write_data_catalog", (PyCFunction)(void (*)(void))Dataset_write_data_catalog, METH_VARARGS | METH_KEYWORDS, Dataset_write_data_catalog_doc},
+                   {"recorded", (PyCFunction)(void (*)(void))Dataset_recorded, METH_VARARGS | METH_KEYWORDS | METH_STATIC, Dataset_recorded_doc},
                    {"files", (PyCFunction)Dataset_files, METH_NOARGS, "files($self)\n--\n\nReturns list[dict]. One dict per file: path, format, dtype, counts."},
                    {"read", (PyCFunction)(void (*)(void))Dataset_read, METH_VARARGS | METH_KEYWORDS, Dataset_read_doc},
                    {"view", (PyCFunction)Dataset_view, METH_VARARGS, Dataset_view_doc},

@@ -92,6 +92,19 @@ uint64_t tf__meta_key(const char *const *urls, size_t n, const tf_open_options *
     return tf__xxh64_digest(&h);
 }
 
+int tf_remote_has_record(tf_remote *r, const char *const *urls, size_t n, const tf_open_options *opt) {
+    if (!r || !urls || n == 0) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!urls[i]) return 0;
+    tf_open_options dflt = {.format = TF_FORMAT_AUTO, .raw_dtype = TF_DTYPE_INVALID};
+    int dfd = tf__cache_meta_fd(tf__remote_cache(r));
+    if (dfd < 0) return 0;
+    char name[40];
+    tf__cache_meta_name(tf__meta_key(urls, n, opt ? opt : &dflt), "tfmeta", name);
+    struct stat st;
+    return fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+}
+
 /* "<cache dir>/meta", for messages. */
 static void meta_dir_name(const tf_remote *r, char *out, size_t cap) {
     snprintf(out, cap, "%s/meta", tf__cache_dir(tf__remote_cache(r)));

@@ -101,6 +101,9 @@ class Dataset:
     def __new__(cls, paths: Sequence[Union[str, bytes, PathLike[str], PathLike[bytes]]], dtype: _DTypeArg = ...,
                 format: Optional[str] = ..., remote: Optional["Remote"] = ..., eos_id: Optional[int] = ...,
                 index_dir: Optional[str] = ..., shard_set: int = ...) -> "Dataset": ...
+    @staticmethod
+    def recorded(remote: "Remote", urls: Sequence[str], dtype: _DTypeArg = ..., format: Optional[str] = ...,
+                 eos_id: Optional[int] = ..., index_dir: Optional[str] = ...) -> bool: ...
     def write_data_catalog(self, prefix: str, pattern: str, dtype: _DTypeArg = ..., format: Optional[str] = ...,
                            eos_id: Optional[int] = ..., index_dir: Optional[str] = ...) -> str: ...
     def catalog_set(self, spec: Sequence[str], dirs: Sequence[str], ids: Sequence[Tuple[int, int, int, int]],

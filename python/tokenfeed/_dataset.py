@@ -342,7 +342,12 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
                 ds._catalog_as_set(paths, set_dirs)  # this node's own entry: the next open is faster still
                 return ds
     spec = paths
-    paths = _shardset.expand(paths, store.transport.list if store is not None else None)
+    if store is not None and len(paths) == 1 and paths[0].endswith("/") and not _shardset.is_glob(paths[0]) and \
+            _core.Dataset.recorded(store, paths, dtype=dt, format=format, eos_id=eos,
+                                   index_dir=default_index_dir() if eos is not None else None):
+        pass  # a dataset directory this node opened before as it is: its metadata record, no listing
+    else:
+        paths = _shardset.expand(paths, store.transport.list if store is not None else None)
     ds = Dataset(paths, dtype=dt, format=format, remote=remote, eos_id=eos)
     if set_dirs is not None:
         ds._catalog_as_set(spec, set_dirs)
