@@ -174,38 +174,6 @@ def _remote_dir(url: str, lister: Lister) -> Optional[List[str]]:
     return _one_format(url, names, sorted(subdirs))
 
 
-def local_set_dirs(paths: Sequence[str]) -> Optional[List[Tuple[str, Tuple[int, int, int, int]]]]:
-    """When every entry of ``paths`` is a local shard set (a glob in its last path component,
-    or a directory without a manifest), the directories that hold their files, each with its
-    identity now (device, inode, size, modification time in ns); else None.
-
-    Taken before the sets are listed: the node's catalog records the files under these
-    identities, and a later open that finds the directories unchanged opens the files from
-    the catalog without listing the directories again (docs/format.md, "The node's catalog")."""
-    dirs: List[str] = []
-    for p in paths:
-        if _remote.is_url(p):
-            return None
-        if is_glob(p) and not os.path.exists(p):
-            d = os.path.dirname(p) or "."
-            if is_glob(d):
-                return None  # matched level by level: each matched directory would count
-        elif os.path.isdir(p) and not os.path.exists(os.path.join(p, MANIFEST)):
-            d = p.rstrip("/") or "/"
-        else:
-            return None
-        if d not in dirs:
-            dirs.append(d)
-    out = []
-    for d in dirs:
-        try:
-            st = os.stat(d)
-        except OSError:
-            return None
-        out.append((d, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)))
-    return out
-
-
 def data_catalog_spec(path: str) -> Optional[Tuple[str, str]]:
     """For a local shard set in one directory (a glob of names in it, or a directory without a
     manifest): ``(prefix, pattern)``, how its files are named (``"dir/"``, or ``""`` for names
@@ -221,6 +189,32 @@ def data_catalog_spec(path: str) -> Optional[Tuple[str, str]]:
     if os.path.isdir(path) and not os.path.exists(os.path.join(path, MANIFEST)):
         return path.rstrip("/") + "/" if path.rstrip("/") else "/", ""
     return None
+
+
+def local_set_dirs(paths: Sequence[str]) -> Optional[List[Tuple[str, Tuple[int, int, int, int]]]]:
+    """When every entry of ``paths`` is a local shard set (a glob in its last path component,
+    or a directory without a manifest), the directories that hold their files, each with its
+    identity now (device, inode, size, modification time in ns); else None.
+
+    Taken before the sets are listed: the node's catalog records the files under these
+    identities, and a later open that finds the directories unchanged opens the files from
+    the catalog without listing the directories again (docs/format.md, "The node's catalog")."""
+    dirs: List[str] = []
+    for p in paths:
+        spec = data_catalog_spec(p)
+        if spec is None:
+            return None  # a file, a URL, or a glob over several directory levels
+        d = spec[0].rstrip("/") or ("/" if spec[0] else ".")
+        if d not in dirs:
+            dirs.append(d)
+    out = []
+    for d in dirs:
+        try:
+            st = os.stat(d)
+        except OSError:
+            return None
+        out.append((d, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)))
+    return out
 
 
 def expand(paths: Sequence[str], lister: Optional[Lister] = None) -> List[str]:
