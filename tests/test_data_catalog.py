@@ -127,3 +127,21 @@ def test_cli_writes_the_catalog(tmp_path):
     r = subprocess.run([sys.executable, "-m", "tokenfeed", "index", str(tmp_path / "d" / "shard_000.bin"),
                         "--eos-id", "3"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode != 0 and "--dtype" in r.stderr
+
+
+def test_a_catalog_planted_by_another_user_is_not_read(tmp_path, monkeypatch):
+    """In a directory anyone may create files in, a catalog owned by neither the user opening
+    the set nor the directory's owner is ignored: the set is listed instead."""
+    d = tmp_path / "d"
+    files = _set(d)
+    written = tokenfeed.build_catalog(str(d / "shard_*.bin"))
+    if os.geteuid() == 0:
+        import pwd
+
+        nobody = pwd.getpwnam("nobody")
+        os.chown(written, nobody.pw_uid, nobody.pw_gid)  # as if "nobody" had left it there
+        with monkeypatch.context() as m:
+            _no_listing(m)
+            with pytest.raises(AssertionError, match="listed"):
+                tokenfeed.open(str(d / "shard_*.bin"))
+    assert tokenfeed.open(str(d / "shard_*.bin")).paths == files  # listed, or (this user's) read

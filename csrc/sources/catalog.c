@@ -128,7 +128,8 @@ static uint64_t catalog_key(int set, const char *const *paths, size_t n, const t
     tf__put_le64(rec + 24, (uint64_t)opt->has_eos_id);
     tf__put_le64(rec + 32, opt->has_eos_id ? opt->eos_id : 0);
     tf__xxh64_update(&h, rec, sizeof rec);
-    hash_str(&h, opt->index_dir);
+    /* the node's index directory is this machine's: not part of a catalog beside the data */
+    hash_str(&h, set == 2 ? NULL : opt->index_dir);
     char cwd[4096];
     /* relative paths name other files from another directory (but a
      * catalog beside the data is keyed by names within its directory) */
@@ -808,8 +809,15 @@ static int load_catalog(const cat_src *src, uint64_t key, const tf_open_options 
     int dfd = -1;
     if (src->node) dfd = open_catalog_dir(src->dir, 0);
     else if (tf__dir_open(src->dir, 0, &dfd) != 0) dfd = -1;
-    int rc = dfd >= 0 ? tf__read_file_at(dfd, src->dir, src->name, CAT_MAX_BYTES, &buf, &len) : 1;
+    struct stat st, dst;
+    int rc = dfd >= 0 ? tf__read_file_st(dfd, src->dir, src->name, CAT_MAX_BYTES, &buf, &len, &st) : 1;
     if (rc == 0 && src->node) (void)utimensat(dfd, src->name, NULL, AT_SYMLINK_NOFOLLOW); /* used: pruned last */
+    /* beside the data: written by this user or by the directory's owner, not
+     * planted by another user where anyone may create files (a sticky /tmp) */
+    if (rc == 0 && !src->node && st.st_uid != geteuid() && (fstat(dfd, &dst) != 0 || st.st_uid != dst.st_uid)) {
+        free(buf);
+        rc = 1;
+    }
     if (dfd >= 0) close(dfd);
     tf__clearerr();
     if (rc != 0) return 1;

@@ -198,6 +198,11 @@ int tf__unlink_regular(int dfd, const char *rel) {
 }
 
 int tf__read_file_at(int dfd, const char *dir, const char *name, size_t max, uint8_t **buf, size_t *len) {
+    return tf__read_file_st(dfd, dir, name, max, buf, len, NULL);
+}
+
+int tf__read_file_st(int dfd, const char *dir, const char *name, size_t max, uint8_t **buf, size_t *len,
+                     struct stat *out_st) {
     *buf = NULL;
     *len = 0;
     int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
@@ -231,6 +236,7 @@ int tf__read_file_at(int dfd, const char *dir, const char *name, size_t max, uin
     b[got] = 0;
     *buf = b;
     *len = got;
+    if (out_st) *out_st = st;
     return 0;
 }
 

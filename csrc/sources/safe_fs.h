@@ -54,6 +54,10 @@ TF_HIDDEN int tf__unlink_regular(int dfd, const char *rel);
  * malloc'ed buffer of *len bytes (at most max). -ENOENT when absent, with no
  * message. */
 TF_HIDDEN int tf__read_file_at(int dfd, const char *dir, const char *name, size_t max, uint8_t **buf, size_t *len);
+/* The same, with the file's stat (of the descriptor read) in *st. */
+struct stat;
+TF_HIDDEN int tf__read_file_st(int dfd, const char *dir, const char *name, size_t max, uint8_t **buf, size_t *len,
+                               struct stat *st);
 
 /* fsync the directory dfd (after a rename, for durability). */
 TF_HIDDEN int tf__fsync_dir(int dfd, const char *dir);
