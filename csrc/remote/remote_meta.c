@@ -47,7 +47,6 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -182,54 +181,6 @@ static uint64_t record_bytes(const tf__preg *g) {
     return b;
 }
 
-typedef struct old_record {
-    char name[40];
-    uint64_t bytes;
-    int64_t mtime;
-} old_record;
-
-static int older_first(const void *a, const void *b) {
-    const old_record *x = a, *y = b;
-    return x->mtime < y->mtime ? -1 : x->mtime > y->mtime;
-}
-
-/* Make room for a record of need bytes: the records of meta/ together stay
- * within max, the least recently written removed first (a record is only read
- * at open: removing one in use costs its next open a fetch, nothing else).
- * The record named replaced, about to be written again, does not count. */
-static void make_room(int dfd, const char *replaced, uint64_t need, uint64_t max) {
-    int d = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    DIR *dp = d >= 0 ? fdopendir(d) : NULL;
-    if (!dp) {
-        if (d >= 0) close(d);
-        return;
-    }
-    old_record *v = NULL;
-    size_t n = 0, cap = 0;
-    uint64_t total = 0;
-    struct dirent *e;
-    while ((e = readdir(dp))) {
-        size_t l = strlen(e->d_name);
-        struct stat st;
-        if (l != 23 || strcmp(e->d_name + 16, ".tfmeta") != 0 || strcmp(e->d_name, replaced) == 0 ||
-            fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
-            continue;
-        old_record *nv = tf__grow(v, &cap, n, sizeof *nv, 16);
-        if (!nv) break;
-        v = nv;
-        memcpy(v[n].name, e->d_name, l + 1);
-        v[n].bytes = (uint64_t)st.st_size;
-        v[n].mtime = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
-        total += v[n++].bytes;
-    }
-    closedir(dp);
-    if (v) qsort(v, n, sizeof *v, older_first);
-    for (size_t i = 0; i < n && total + need > max; i++) {
-        if (tf__unlink_regular(dfd, v[i].name) == 0) total -= v[i].bytes;
-    }
-    free(v);
-}
-
 void tf__meta_save(tf_remote *r, uint64_t key, const tf__preg *g) {
     int dfd = tf__cache_meta_fd(tf__remote_cache(r));
     uint64_t need = record_bytes(g), max = tf__meta_max_bytes(r);
@@ -237,7 +188,11 @@ void tf__meta_save(tf_remote *r, uint64_t key, const tf__preg *g) {
     char dir[4200], tmp[64], name[40];
     meta_dir_name(r, dir, sizeof dir);
     tf__cache_meta_name(key, "tfmeta", name);
-    make_room(dfd, name, need, max);
+    /* the records of meta/ together stay within max, the least recently
+     * written removed first (a record is only read at open: removing one in
+     * use costs its next open a fetch, nothing else) */
+    static const char *const records[] = {".tfmeta", NULL};
+    tf__dir_trim(dfd, records, name, need, max);
     mwriter *w = malloc(sizeof *w);
     if (!w) return;
     w->n = 0;

@@ -46,7 +46,6 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -441,55 +440,6 @@ static uint64_t catalog_max(void) {
     return 2ull << 30;
 }
 
-typedef struct cat_entry {
-    char name[64];
-    uint64_t size, mtime_ns;
-} cat_entry;
-
-static int older_first(const void *a, const void *b) {
-    const cat_entry *x = a, *y = b;
-    return x->mtime_ns < y->mtime_ns ? -1 : x->mtime_ns > y->mtime_ns;
-}
-
-/* Keep the catalog directory under catalog_max(): delete the catalogs used
- * least recently (a load marks a catalog used) down to three quarters of it. */
-static void prune_catalogs(int dfd) {
-    uint64_t max = catalog_max(), total = 0;
-    int fd2 = dup(dfd);
-    DIR *d = fd2 >= 0 ? fdopendir(fd2) : NULL;
-    if (!d) {
-        if (fd2 >= 0) close(fd2);
-        return;
-    }
-    cat_entry *es = NULL;
-    size_t n = 0, cap = 0;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        size_t len = strlen(de->d_name);
-        struct stat st;
-        if (len >= 64 || len < 6 || (strcmp(de->d_name + len - 6, ".tfcat") && strcmp(de->d_name + len - 6, ".tfset")) ||
-            fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
-            continue;
-        if (n == cap) {
-            cat_entry *ne = realloc(es, (cap = cap ? 2 * cap : 64) * sizeof *es);
-            if (!ne) break;
-            es = ne;
-        }
-        memcpy(es[n].name, de->d_name, len + 1);
-        es[n].size = (uint64_t)st.st_size;
-        es[n].mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
-        total += es[n].size;
-        n++;
-    }
-    closedir(d);
-    if (total > max && es) {
-        qsort(es, n, sizeof *es, older_first);
-        for (size_t i = 0; i + 1 < n && total > max / 4 * 3; i++)
-            if (unlinkat(dfd, es[i].name, 0) == 0) total -= es[i].size;
-    }
-    free(es);
-}
-
 /* Write b as name in the node's catalog directory, whole or not at all (best
  * effort: a node without a writable catalog directory opens by parsing). */
 static void write_named(const char *name, const wbuf *b) {
@@ -502,7 +452,10 @@ static void write_named(const char *name, const wbuf *b) {
         close(fd);
         if (rc == 0) rc = tf__rename_at(dfd, dir, tmp, name, 0);
         if (rc != 0) unlinkat(dfd, tmp, 0);
-        else prune_catalogs(dfd);
+        else { /* within catalog_max(): the catalogs used least recently go (a load marks one used) */
+            static const char *const ours[] = {".tfcat", ".tfset", NULL};
+            tf__dir_trim(dfd, ours, name, b->n, catalog_max());
+        }
     }
     if (dfd >= 0) close(dfd);
     tf__clearerr();

@@ -360,3 +360,50 @@ int tf__pwrite_all(int fd, const void *buf, size_t n, uint64_t off, const char *
     }
     return 0;
 }
+
+typedef struct trim_entry {
+    char name[64];
+    uint64_t bytes, mtime_ns;
+} trim_entry;
+
+static int trim_older_first(const void *a, const void *b) {
+    const trim_entry *x = a, *y = b;
+    return x->mtime_ns < y->mtime_ns ? -1 : x->mtime_ns > y->mtime_ns;
+}
+
+void tf__dir_trim(int dfd, const char *const *suffixes, const char *keep, uint64_t need, uint64_t max) {
+    int d = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *dp = d >= 0 ? fdopendir(d) : NULL;
+    if (!dp) {
+        if (d >= 0) close(d);
+        return;
+    }
+    trim_entry *v = NULL;
+    size_t n = 0, cap = 0;
+    uint64_t total = 0;
+    struct dirent *e;
+    while ((e = readdir(dp))) {
+        size_t l = strlen(e->d_name);
+        int ours = 0;
+        for (const char *const *sx = suffixes; *sx && !ours; sx++) {
+            size_t k = strlen(*sx);
+            ours = l > k && strcmp(e->d_name + l - k, *sx) == 0;
+        }
+        struct stat st;
+        if (!ours || l >= sizeof v->name || (keep && strcmp(e->d_name, keep) == 0) ||
+            fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        trim_entry *nv = tf__grow(v, &cap, n, sizeof *nv, 16);
+        if (!nv) break;
+        v = nv;
+        memcpy(v[n].name, e->d_name, l + 1);
+        v[n].bytes = (uint64_t)st.st_size;
+        v[n].mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
+        total += v[n++].bytes;
+    }
+    closedir(dp);
+    if (v) qsort(v, n, sizeof *v, trim_older_first);
+    for (size_t i = 0; i < n && total + need > max; i++)
+        if (tf__unlink_regular(dfd, v[i].name) == 0) total -= v[i].bytes;
+    free(v);
+}

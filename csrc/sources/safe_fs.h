@@ -83,6 +83,11 @@ TF_HIDDEN void tf__clean_unpublished(int dfd);
  * or at the file position when off is TF_AT_POS. path names the file in the
  * message of a failure. */
 #define TF_AT_POS UINT64_MAX
+/* Keep the regular files of dfd whose names end with one of suffixes (a
+ * NULL-terminated list) within max bytes with need more to come: delete the
+ * least recently modified first, never keep (a name, or NULL). Best effort. */
+TF_HIDDEN void tf__dir_trim(int dfd, const char *const *suffixes, const char *keep, uint64_t need, uint64_t max);
+
 TF_HIDDEN int tf__pwrite_all(int fd, const void *buf, size_t n, uint64_t off, const char *path);
 
 #endif
