@@ -179,7 +179,9 @@ def test_file_changed_after_the_catalog_was_read(tmp_path, monkeypatch):
     assert (ds.tokens(0, 50) == np.arange(50)).all()  # the others read on
 
 
-def test_damaged_catalog_is_ignored_and_replaced(tmp_path, monkeypatch):
+def _catalogued_then_damaged(tmp_path, monkeypatch):
+    """A set opened once (its catalog written), then one byte of that catalog flipped:
+    (spec, the first open's dataset, the catalog's path, its damaged bytes)."""
     cat = tmp_path / "catalog"
     monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cat))
     _llmc_set(tmp_path / "d")
@@ -189,9 +191,14 @@ def test_damaged_catalog_is_ignored_and_replaced(tmp_path, monkeypatch):
     blob = bytearray((cat / name).read_bytes())
     blob[100] ^= 0xFF
     (cat / name).write_bytes(bytes(blob))
+    return spec, ref, cat / name, bytes(blob)
+
+
+def test_damaged_catalog_is_ignored_and_replaced(tmp_path, monkeypatch):
+    spec, ref, path, blob = _catalogued_then_damaged(tmp_path, monkeypatch)
     ds = tokenfeed.open(spec)
     assert ds.fingerprint == ref.fingerprint
-    assert (cat / name).read_bytes() != bytes(blob)  # written again
+    assert path.read_bytes() != blob  # written again
 
 
 def test_no_catalog_when_turned_off(tmp_path, monkeypatch):
@@ -204,23 +211,15 @@ def test_no_catalog_when_turned_off(tmp_path, monkeypatch):
 def test_catalog_in_a_directory_others_can_write_is_not_used(tmp_path, monkeypatch):
     """A catalog says where every token lies: in a directory another user can write it is
     neither read nor written, and the open parses the files."""
-    cat = tmp_path / "catalog"
-    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cat))
-    _llmc_set(tmp_path / "d")
-    spec = str(tmp_path / "d" / "shard_*.bin")
-    ref = tokenfeed.open(spec)
-    (name,) = os.listdir(cat)
-    planted = bytearray((cat / name).read_bytes())
-    planted[100] ^= 0xFF  # what another user could leave there
-    (cat / name).write_bytes(bytes(planted))
-    os.chmod(cat, 0o777)
+    spec, ref, path, planted = _catalogued_then_damaged(tmp_path, monkeypatch)  # what another user could leave
+    os.chmod(path.parent, 0o777)
     ds = tokenfeed.open(spec)
     assert ds.fingerprint == ref.fingerprint
     assert np.array_equal(ds.tokens(0, ds.num_tokens), ref.tokens(0, ref.num_tokens))
-    assert (cat / name).read_bytes() == bytes(planted)  # not read (it would be rewritten), not written
-    os.chmod(cat, 0o700)
+    assert path.read_bytes() == planted  # not read (it would be rewritten), not written
+    os.chmod(path.parent, 0o700)
     tokenfeed.open(spec)
-    assert (cat / name).read_bytes() != bytes(planted)  # a private directory again: used
+    assert path.read_bytes() != planted  # a private directory again: used
 
 
 # ---- shard sets from the catalog: no listing, no stat of each file at open -------------------

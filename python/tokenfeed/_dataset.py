@@ -85,15 +85,15 @@ def build_catalog(path: PathLike, *, dtype: DTypeLike = None, format: Optional[s
                          "without a manifest, or a glob of names in one directory (data/shard_*.bin)")
     dt, eos = _dtype_name(dtype), None if eos_id is None else int(eos_id)
     ds = Dataset(_shardset.expand([p]), dtype=dt, format=format, eos_id=eos)
-    for attempt in range(4):
+    give_up = time.monotonic() + 5.0
+    while True:
         try:
             return ds._core.write_data_catalog(spec[0], spec[1], dtype=dt, format=format, eos_id=eos,
                                                index_dir=default_index_dir() if eos is not None else None)
         except BlockingIOError:  # modified in the last 2 s: recorded once settled
-            if attempt == 3:
+            if time.monotonic() > give_up:
                 raise
-            time.sleep(1.0)
-    raise AssertionError("unreachable")
+            time.sleep(0.5)
 
 
 def _as_paths(path: Union[PathLike, Sequence[PathLike]]) -> list[str]:
