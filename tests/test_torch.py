@@ -135,30 +135,84 @@ def test_iterable_batches_start_checked_before_workers(make_dataset):
         TokenBatches(ds, seq_len=0, batch_size=B, rank=0, world_size=1)
 
 
-def test_iterable_batches_refuse_per_step_settings_with_workers(make_dataset):
-    """balance= and warmup_steps= act on each step: K workers read the steps as K x R ranks, so
-    they are refused with more than one worker, and give the Loader's batches with one."""
+def test_iterable_batches_per_step_settings_with_workers(make_dataset):
+    """balance= and warmup_steps= act on each step. The batches are made by the consuming process's
+    engine whatever the worker count, so they give the Loader's batches with any num_workers."""
     _batches_filter()
     ds = make_dataset(n_docs=300)
     per_step = [dict(balance="attention", balance_micro_batches=2, packing="best_fit", pad_id=0),
                 dict(warmup_steps=4, warmup_min_seq_len=L // 4, cu_seqlens=True)]
     for kw in per_step:
         tb = TokenBatches(ds, seq_len=L, batch_size=B, rank=1, world_size=2, seed=3, **kw)
-        with pytest.raises(ValueError, match=f"{next(iter(kw))}= with num_workers=2"):
-            next(iter(DataLoader(tb, batch_size=None, num_workers=2)))
         ref = tokenfeed.Loader(ds, seq_len=L, batch_size=B, rank=1, world_size=2, seed=3, output="numpy", **kw)
         want = [{k: v.copy() for k, v in next(ref).items()} for _ in range(6)]
-        for workers in (0, 1):
+        for workers in (0, 1, 2):
             got = [b for _, b in zip(range(6), DataLoader(tb, batch_size=None, num_workers=workers))]
             for w, g in zip(want, got):
                 assert set(w) == set(g) and all(np.array_equal(g[k].numpy(), v) for k, v in w.items()), workers
-    tb = TokenBatches(ds, seq_len=L, batch_size=B, rank=0, world_size=1, seed=3, balance="none")
-    assert next(iter(DataLoader(tb, batch_size=None, num_workers=2)))["tokens"].shape == (B, L + 1)
 
 
-def test_iterable_batches_held_by_the_consumer_are_never_overwritten(make_dataset):
-    """Batches come through shared memory the worker reuses: one the loop keeps stays intact, also
-    when the loop keeps more than the ring holds (those go the ordinary way)."""
+class _Wrapped(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """Another dataset whose worker code uses TokenBatches' batches (here: keeps input_ids)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __iter__(self):
+        for batch in self.inner:
+            yield batch["input_ids"] + 0
+
+
+def test_iterable_batches_inside_another_dataset(make_dataset):
+    """Wrapped in another dataset, TokenBatches gives that dataset's worker code real batches (each
+    worker runs an engine over its share of the steps): the same stream; per-step settings, which
+    that cannot honour with several workers, are refused there with what to do."""
+    _batches_filter()
+    ds = make_dataset(n_docs=150)
+    ref = loader_batches(ds, 8)
+    for workers in (0, 2):
+        got = [b for _, b in zip(range(8), DataLoader(_Wrapped(TokenBatches(ds, seq_len=L, batch_size=B, rank=0,
+                                                                            world_size=1, seed=3)),
+                                                      batch_size=None, num_workers=workers))]
+        assert all(np.array_equal(g.numpy(), r) for g, r in zip(got, ref)) and len(got) == 8, workers
+    tb = TokenBatches(ds, seq_len=L, batch_size=B, rank=0, world_size=1, seed=3, warmup_steps=4,
+                      warmup_min_seq_len=L // 4)
+    with pytest.raises(ValueError, match="warmup_steps= with num_workers=2.*Make TokenBatches the DataLoader's"):
+        next(iter(DataLoader(_Wrapped(tb), batch_size=None, num_workers=2)))
+
+
+def _keys(batch):
+    return list(batch.keys())
+
+
+def test_iterable_batches_collate_fn_in_a_worker_says_what_to_do(make_dataset):
+    """With workers a batch is made in the consuming process: a collate_fn, which runs in the
+    worker, is told so instead of failing on an unknown object."""
+    ds = make_dataset(n_docs=50)
+    dl = DataLoader(TokenBatches(ds, seq_len=L, batch_size=B, rank=0, world_size=1), batch_size=None,
+                    num_workers=1, collate_fn=_keys)
+    with pytest.raises(TypeError, match="collate_fn or transform in your loop"):
+        next(iter(dl))
+
+
+def test_iterable_batches_are_made_in_the_consuming_process(make_dataset):
+    """No batch crosses between processes: what the loop gets is the engine's memory here, not a
+    tensor a worker moved into shared memory; out-of-order arrival from the workers still gives
+    every batch of the stream."""
+    _batches_filter()
+    ds = make_dataset(n_docs=150)
+    ref = loader_batches(ds, 12)
+    tb = TokenBatches(ds, seq_len=L, batch_size=B, rank=0, world_size=1, seed=3)
+    for b, batch in zip(range(12), DataLoader(tb, batch_size=None, num_workers=2)):
+        assert not batch["input_ids"].is_shared()
+        assert np.array_equal(batch["input_ids"].numpy(), ref[b]), f"batch {b}"
+    got = [batch["input_ids"].numpy().copy() for _, batch in
+           zip(range(12), DataLoader(tb, batch_size=None, num_workers=3, in_order=False))]
+    assert sorted(g.tobytes() for g in got) == sorted(r.tobytes() for r in ref)
+
+
+def test_iterable_batches_held_by_the_consumer_stay_intact(make_dataset):
+    """Batches the loop keeps stay intact while the engine goes on."""
     _batches_filter()
     ds = make_dataset(n_docs=300)
     ref = loader_batches(ds, 40)
@@ -197,7 +251,7 @@ def test_iterable_batches_outputs_through_workers(make_dataset, extras):
 
 def test_iterable_batches_finite_epochs_with_persistent_workers(make_dataset):
     """A finite stream ends where the Loader's does, and a second pass over persistent workers
-    (which reuse their shared-memory rings) gives it again."""
+    gives it again (the consumer's engine goes back to the start)."""
     _batches_filter()
     ds = make_dataset(n_docs=40)
     ref = tokenfeed.Loader(ds, seq_len=L, batch_size=B, seed=3, epochs=1, output="numpy")
@@ -208,21 +262,6 @@ def test_iterable_batches_finite_epochs_with_persistent_workers(make_dataset):
     for _ in range(2):
         got = [b["input_ids"].numpy().copy() for b in dl]
         assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
-
-
-def test_iterable_batches_without_shared_memory_room(make_dataset, monkeypatch):
-    """No ring can be made (no room in /dev/shm, here a missing directory): the batches go the
-    ordinary way, the same batches, with a warning saying so."""
-    import tokenfeed.torch as tft
-
-    _batches_filter()
-    ds = make_dataset(n_docs=150)
-    ref = loader_batches(ds, 6)
-    monkeypatch.setattr(tft, "_shm_dir", lambda: str(ds.paths[0]) + "-no-such-dir")  # forked workers see it
-    dl = DataLoader(TokenBatches(ds, seq_len=L, batch_size=B, rank=0, world_size=1, seed=3), batch_size=None,
-                    num_workers=2, multiprocessing_context="fork")
-    for b, batch in zip(range(6), dl):
-        assert np.array_equal(batch["input_ids"].numpy(), ref[b]), f"batch {b}"
 
 
 def test_iterable_batches_spawned_workers(make_dataset):

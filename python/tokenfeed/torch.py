@@ -16,17 +16,12 @@ batch_size=B, ...), batch_size=B, num_workers=K)`` yields the same ``input_ids``
 """
 from __future__ import annotations
 
-import ctypes
 import inspect
-import mmap
-import multiprocessing.util as mp_util
-import os
 import secrets
-import tempfile
 import threading
-import time
 import warnings
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+import weakref
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -195,241 +190,50 @@ class ResumableSampler(Sampler[int]):
 
 
 # ----------------------------------------------------------------------------------------
-# Handing batches from DataLoader workers to the consumer through shared memory.
+# TokenBatches with DataLoader workers: the batches are made in the consuming process.
 #
-# A DataLoader worker's result goes through a pipe to the process that iterates. Torch
-# sends a tensor there by moving its storage into a new shared-memory file and passing
-# the file descriptor over a socket, per batch: milliseconds at a few MiB per batch. A
-# TokenBatches worker instead keeps a ring of slots in one shared-memory file that it
-# creates once; it copies each batch from its engine into a free slot and sends a ticket
-# (file, slot, array layouts: a few hundred bytes). Unpickling the ticket in the consumer
-# maps the file (once per worker) and returns arrays over the slot. Each slot has a flag
-# word in the file's first page: the worker sets it when it fills the slot, and the
-# consumer clears it when the last array over the slot is gone (the owner object's
-# __del__), so a batch the consumer still holds is never overwritten. If every slot is
-# still held (a loop that keeps many batches), the worker waits a little, then sends that
-# batch the ordinary way: nothing blocks for good, nothing is overwritten.
+# A DataLoader worker's result goes through a pipe to the process that iterates, and torch
+# sends a tensor there by moving its storage into shared memory, per batch. tokenfeed's
+# engine already assembles batches on its own C threads, so a worker has nothing to add
+# but that hand-off. A TokenBatches worker therefore sends a ticket per batch (which
+# TokenBatches, which global batch: a few dozen bytes), and unpickling the ticket in the
+# consuming process takes that batch from an engine there: the engine num_workers=0 uses,
+# running ahead on its threads. No batch is copied between processes, workers cost no
+# CPU beyond the DataLoader's own per-batch hand-off, and settings that act on each step
+# (balance=, warmup_steps=) work with any number of workers.
 #
-# The file lives in /dev/shm (else the temporary directory), made with O_EXCL and
-# O_NOFOLLOW, mode 0600, under a random name; the consumer opens it with O_NOFOLLOW and
-# checks its owner. The worker unlinks it when its process exits; the consumer's mapping
-# outlives the name.
+# Tickets are unpickled in the order they arrive, which with several workers is not quite
+# the order the DataLoader yields them in: the consumer's engine takes batches in order and
+# keeps those asked for early in a small reorder window. A ticket for a batch outside it
+# (a new epoch, a pass abandoned) moves the engine to that batch: positions are all the
+# order needs.
 
-_SLOTS = 8  # per worker: the DataLoader keeps prefetch_factor (default 2) in flight
-_HEADER = 4096  # flag words, one int32 per slot
-_SLOT_WAIT_S = 0.05  # a worker waits this long for a free slot, then sends a copy
+_WINDOW = 64  # batches the consumer's engine keeps for tickets that arrive ahead of their turn
 
-
-def _shm_dir() -> str:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-
-
-class _SlotRing:
-    """The worker's side: a file of ``_SLOTS`` slots of ``slot_bytes`` and their flags."""
-
-    def __init__(self, slot_bytes: int) -> None:
-        self.slot_bytes = -(-int(slot_bytes) // 4096) * 4096
-        size = _HEADER + _SLOTS * self.slot_bytes
-        d = _shm_dir()
-        for _ in range(16):
-            path = os.path.join(d, f"tokenfeed-batches-{os.getpid()}-{secrets.token_hex(8)}")
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-                break
-            except FileExistsError:
-                continue
-        else:
-            raise FileExistsError(f"could not create a shared-memory file in {d}")
-        try:
-            # reserved now: a full /dev/shm fails here (ENOSPC), not as SIGBUS at a write
-            if hasattr(os, "posix_fallocate"):
-                os.posix_fallocate(fd, 0, size)
-            else:
-                os.ftruncate(fd, size)
-            self.mm = mmap.mmap(fd, size)
-        except BaseException:
-            os.close(fd)
-            os.unlink(path)
-            raise
-        os.close(fd)
-        self.path = path
-        self.flags = np.frombuffer(self.mm, dtype=np.int32, count=_SLOTS)
-        self.next = 0
-        # The name must outlive this iterator: batches it sent may not be unpickled yet. It
-        # goes when the worker process exits (multiprocessing's exit path runs this; the
-        # DataLoader ends a worker only after taking its last batch, or when abandoning it).
-        mp_util.Finalize(None, _unlink_quietly, args=(path,), exitpriority=10)
-
-    def take(self) -> Optional[int]:
-        """A free slot (marked in use), or None when the consumer holds them all."""
-        deadline = None
-        while True:
-            for k in range(_SLOTS):
-                s = (self.next + k) % _SLOTS
-                if self.flags[s] == 0:
-                    self.flags[s] = 1
-                    self.next = (s + 1) % _SLOTS
-                    return s
-            now = time.monotonic()
-            if deadline is None:
-                deadline = now + _SLOT_WAIT_S
-            elif now > deadline:
-                return None
-            time.sleep(0.0002)
-
-
-
-# the worker's ring, kept for the process's life and reused by its next iterator (the
-# next epoch with persistent workers): (pid, ring)
-_worker_ring: Optional[Tuple[int, _SlotRing]] = None
-
-
-def _ring_for(nbytes: int) -> _SlotRing:
-    global _worker_ring
-    if _worker_ring is not None and _worker_ring[0] == os.getpid() and nbytes <= _worker_ring[1].slot_bytes:
-        return _worker_ring[1]
-    ring = _SlotRing(max(nbytes, 1))
-    _worker_ring = (os.getpid(), ring)
-    return ring
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-_Layout = Tuple[Tuple[str, str, Tuple[int, ...], Tuple[int, ...], int], ...]
-
-
-def _layout(batch: Mapping[str, Any]) -> Tuple[_Layout, Tuple[Tuple[str, int], ...], int]:
-    """Where each array of ``batch`` goes in a slot: arrays that are views of another (input_ids
-    and labels of tokens) stay views of it. Returns (layout, (key, offset) of each array copied,
-    bytes)."""
-    arrays = sorted(((k, v) for k, v in batch.items() if isinstance(v, np.ndarray)), key=lambda kv: -kv[1].nbytes)
-    placed: List[Tuple[int, int, int]] = []  # (address, end, offset in slot) of copied arrays
-    copies: List[Tuple[str, int]] = []
-    layout = []
-    off = 0
-    for k, a in arrays:
-        lo = a.__array_interface__["data"][0]
-        hi = lo + sum((n - 1) * st for n, st in zip(a.shape, a.strides) if st > 0) + a.itemsize
-        where = next((o + lo - p for p, e, o in placed if p <= lo and hi <= e), None)
-        strides = a.strides
-        if where is None:  # an array of its own: copied, C-contiguous
-            where = off
-            copies.append((k, off))
-            strides = tuple(int(np.prod(a.shape[i + 1:], dtype=np.int64)) * a.itemsize for i in range(a.ndim))
-            if a.flags.c_contiguous:
-                placed.append((lo, lo + a.nbytes, off))
-            off += -(-a.nbytes // 64) * 64
-        layout.append((k, a.dtype.str, tuple(a.shape), tuple(strides), where))
-    return tuple(layout), tuple(copies), off
-
-
-class _SlotOwner:
-    """Owns one slot in the consumer: arrays over the slot keep it alive; when it goes, the slot is free."""
-
-    __slots__ = ("__array_interface__", "_ring", "_slot", "__weakref__")
-
-    def __init__(self, ring: "_MappedRing", slot: int) -> None:
-        self._ring, self._slot = ring, slot
-        self.__array_interface__ = {"data": (ring.address + _HEADER + slot * ring.slot_bytes, False),
-                                    "shape": (ring.slot_bytes,), "typestr": "|u1", "version": 3}
-
-    def __del__(self) -> None:
-        self._ring.flags[self._slot] = 0
-
-
-class _MappedRing:
-    """The consumer's mapping of one worker's ring."""
-
-    def __init__(self, path: str, slot_bytes: int) -> None:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            st = os.fstat(fd)
-            size = _HEADER + _SLOTS * slot_bytes
-            if st.st_uid != os.getuid() or st.st_mode & 0o077 or st.st_size != size:
-                raise PermissionError(f"{path}: not a batch ring made by this user's DataLoader worker")
-            self.mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        self.path, self.slot_bytes = path, slot_bytes
-        self.flags = np.frombuffer(self.mm, dtype=np.int32, count=_SLOTS)
-        self._anchor = ctypes.c_char.from_buffer(self.mm)  # an export: the mapping stays while we live
-        self.address = ctypes.addressof(self._anchor)
-
-
-# the consumer's rings by file; a ring whose file is gone (its worker exited) is dropped
-# when the next one is mapped, and unmapped when its last batch is gone
-_rings: Dict[str, _MappedRing] = {}
-_rings_lock = threading.Lock()
+# TokenBatches of this process by token: the unpickled ticket finds its engine here
+_instances: "weakref.WeakValueDictionary[str, TokenBatches]" = weakref.WeakValueDictionary()
 _warned_workers = False
 
 
-def _ring(path: str, slot_bytes: int) -> _MappedRing:
-    r = _rings.get(path)
-    if r is None:
-        with _rings_lock:
-            r = _rings.get(path)
-            if r is None:
-                for p in [p for p in _rings if not os.path.exists(p)]:
-                    del _rings[p]
-                r = _rings[path] = _MappedRing(path, slot_bytes)
-    return r
-
-
-def _rebuild(path: str, slot_bytes: int, slot: int, layout: _Layout, scalars: Dict[str, Any], as_torch: bool,
-             num_workers: int) -> Dict[str, Any]:
+def _rebuild(token: str, index: int, num_workers: int) -> Dict[str, Any]:
     global _warned_workers
+    tb = _instances.get(token)
+    if tb is None:
+        raise RuntimeError("tokenfeed.torch.TokenBatches: a batch ticket from a DataLoader worker reached a process "
+                           "that has no TokenBatches it belongs to. Tickets are made into batches by the process "
+                           "iterating the DataLoader, which holds its dataset")
     if not _warned_workers and num_workers > 0:
         _warned_workers = True
         warnings.warn(PerformanceWarning(
-            f"tokenfeed.torch.TokenBatches with num_workers={num_workers}: each batch still crosses from a worker "
-            f"process to this one (a few tens of microseconds of DataLoader overhead per batch), and the workers "
-            f"add nothing: tokenfeed's C engine already assembles batches on its own threads. num_workers=0 is "
-            f"as fast or faster (docs/guides/dataloader.md)"), stacklevel=2)
-    out = _views(np.asarray(_SlotOwner(_ring(path, slot_bytes), slot)), layout, as_torch)
-    out.update(scalars)
-    return out
-
-
-def _copy_in(batch: Mapping[str, Any], copies: Sequence[Tuple[str, int]], buf: Any, base: int) -> None:
-    for k, off in copies:
-        a = batch[k]
-        np.copyto(np.ndarray(a.shape, a.dtype, buffer=buf, offset=base + off), a)
-
-
-def _views(whole: np.ndarray[Any, Any], layout: _Layout, as_torch: bool, one_tensor: bool = False) -> Dict[str, Any]:
-    """The batch's arrays over ``whole``. ``one_tensor``: tensors are views of one tensor, so
-    that they stay one buffer when torch pickles them (slower to make)."""
-    out: Dict[str, Any] = {}
-    t = torch.from_numpy(whole) if as_torch and one_tensor else None
-    for k, dt, shape, strides, off in layout:
-        a = np.ndarray(shape, dt, buffer=whole, offset=off, strides=strides)
-        if as_torch and t is None:
-            out[k] = torch.from_numpy(a)
-        elif t is not None:
-            d = np.dtype(dt)
-            span = sum((n - 1) * st for n, st in zip(shape, strides)) + d.itemsize
-            if all(shape) and all(st % d.itemsize == 0 for st in strides):
-                out[k] = t[off:off + span].view(_torch_dtype(d)).as_strided(
-                    shape, tuple(st // d.itemsize for st in strides))
-            else:
-                out[k] = torch.from_numpy(a)
-        else:
-            out[k] = a
-    return out
-
-
-def _torch_dtype(d: np.dtype[Any]) -> torch.dtype:
-    t: torch.dtype = torch.from_numpy(np.empty(0, d)).dtype
-    return t
+            f"tokenfeed.torch.TokenBatches with num_workers={num_workers}: the batches are made by tokenfeed's C "
+            f"engine in this process whatever the worker count (the workers only pace the DataLoader), so the "
+            f"workers add the DataLoader's own hand-off per batch, a few tens of microseconds, and nothing else. "
+            f"num_workers=0 is as fast or faster (docs/guides/dataloader.md)"), stacklevel=2)
+    return tb._serve(index)
 
 
 class _Ticket:
-    """What a worker sends for one batch in its ring; unpickled, it is the batch."""
+    """What a worker sends for one batch; unpickled in the consuming process, it is the batch."""
 
     __slots__ = ("args",)
 
@@ -439,25 +243,32 @@ class _Ticket:
     def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
         return _rebuild, self.args
 
+    def _refuse(self, *_: Any, **__: Any) -> Any:
+        raise TypeError("tokenfeed.torch.TokenBatches: inside a DataLoader worker a batch is a ticket that becomes "
+                        "the batch in the process iterating the DataLoader (the C engine there makes it). Apply a "
+                        "collate_fn or transform in your loop instead, or use num_workers=0")
+
+    __getitem__ = __iter__ = __len__ = __contains__ = keys = items = values = _refuse
+
 
 class TokenBatches(IterableDataset):  # type: ignore[type-arg]
     """Whole batches from the C engine, for ``DataLoader(TokenBatches(...), batch_size=None)``.
 
     Yields the :class:`Loader`'s batches (this rank's slice of global batches ``b, b+1,
-    ...`` from ``start``), whatever the ``DataLoader``'s ``num_workers``. With ``K``
-    workers, worker ``w`` runs its own engine over global batches ``b + w, b + w + K, ...``
-    and the DataLoader returns them round-robin; each batch reaches the iterating process
-    through shared memory the worker allocated once, not a new tensor per batch. Workers
-    still cost the DataLoader's own per-batch hand-off between processes, and add no
-    speed: the engine already works on its own threads. ``num_workers=0`` is the fast
-    path, and the first batch from a worker says so in a :class:`PerformanceWarning`.
+    ...`` from ``start``), whatever the ``DataLoader``'s ``num_workers``. The batches are
+    always made by the C engine in the process that iterates the ``DataLoader``, on the
+    engine's own threads: with ``K`` workers, worker ``w`` sends a ticket for each of global
+    batches ``b + w, b + w + K, ...`` (a few dozen bytes), and the ticket becomes that batch
+    when the ``DataLoader`` hands it over. No batch is copied between processes; workers
+    add only the ``DataLoader``'s own per-batch hand-off, so ``num_workers=0`` is as fast
+    or faster, and the first batch from a worker says so in a :class:`PerformanceWarning`.
+    Give the ``DataLoader`` no ``collate_fn`` (its default passes batches through); a
+    transform belongs in your loop.
 
     ``start`` is a global stream position (a multiple of the global batch, checked here);
     after ``steps`` batches keep :meth:`position_after` ``(steps)`` in your checkpoint and
     pass it as ``start=`` to resume, with any ``num_workers``. Every other keyword is the
-    :class:`Loader`'s. A finite (``epochs=``) stream ends where the Loader's does. ``balance=``
-    and ``warmup_steps=`` act on each step, so they take ``num_workers`` 0 or 1 (more is a
-    ``ValueError``; ``docs/balance.md``).
+    :class:`Loader`'s. A finite (``epochs=``) stream ends where the Loader's does.
     """
 
     def __init__(self, dataset: Union[Dataset, PathLike], *, seq_len: int, batch_size: int,
@@ -488,7 +299,50 @@ class TokenBatches(IterableDataset):  # type: ignore[type-arg]
         e = probe._engine_cfg
         self._per_step = [k for k, on in (("balance", e.setting("balance")),
                                           ("warmup_steps", e.setting("warmup_steps"))) if on]
+        n = probe.num_positions
+        self._end: Optional[int] = None if n is None else n // self.global_batch  # global batches in the stream
         probe.close()
+        self._token = secrets.token_hex(16)
+        self._init_server()
+
+    def _init_server(self) -> None:
+        self._server: Optional[Loader] = None  # the consumer's engine, made at the first ticket
+        self._next = 0  # the global batch the server gives next
+        self._early: Dict[int, Any] = {}  # batches taken for tickets not yet arrived
+        self._lock = threading.Lock()
+        _instances[self._token] = self
+
+    def __getstate__(self) -> Dict[str, Any]:
+        st = self.__dict__.copy()
+        for k in ("_server", "_next", "_early", "_lock"):
+            del st[k]
+        return st
+
+    def __setstate__(self, st: Dict[str, Any]) -> None:
+        self.__dict__.update(st)
+        self._init_server()
+
+    def _serve(self, index: int) -> Dict[str, Any]:
+        """Global batch ``index`` of this rank's stream, from this process's engine."""
+        with self._lock:
+            got = self._early.pop(index, None)
+            if got is not None:
+                return got  # type: ignore[no-any-return]
+            if self._server is None or not self._next <= index < self._next + _WINDOW:
+                if self._server is not None:
+                    self._server.close()
+                self._early.clear()
+                self._server = self._loader(0, 1, index * self.global_batch)
+                self._next = index
+            try:
+                while self._next < index:
+                    self._early[self._next] = next(self._server)
+                    self._next += 1
+                self._next += 1
+                return next(self._server)
+            except StopIteration:  # a ticket is only made for a batch of the stream
+                raise RuntimeError(f"tokenfeed.torch.TokenBatches: the stream ended before global batch {index}, "
+                                   f"which a DataLoader worker asked for") from None
 
     def position_after(self, steps: int) -> int:
         """The global position after ``steps`` batches from ``start``: pass it as ``start=`` to resume."""
@@ -520,49 +374,26 @@ class TokenBatches(IterableDataset):  # type: ignore[type-arg]
             finally:
                 loader.close()
             return
+        b0 = self.start // self.global_batch
+        if info.dataset is self:
+            # the DataLoader's own dataset: tickets, made into batches where they arrive
+            b = b0 + info.id
+            while self._end is None or b < self._end:
+                yield _Ticket(self._token, b, info.num_workers)
+                b += info.num_workers
+            return
+        # inside another dataset, whose worker code uses the batches here: this worker
+        # runs an engine of its own over its share of the global batches
         if info.num_workers > 1 and self._per_step:
             names = " and ".join(f"{k}=" for k in self._per_step)
-            raise ValueError(f"tokenfeed.torch.TokenBatches: {names} with num_workers={info.num_workers}: each "
-                             f"DataLoader worker reads one step in {info.num_workers}, as one of "
-                             f"{info.num_workers} x {self.world_size} ranks, so {names} would act on "
-                             f"{info.num_workers} steps together instead of on each step. Use num_workers=0 (the "
-                             f"engine already works on its own threads) or 1 (docs/balance.md)")
-        as_torch = self.loader_kw["output"] != "numpy"
-        loader = self._loader(info.id, info.num_workers, self.start, output="numpy")
-        ring: Optional[_SlotRing] = None
-        no_ring = False
-        layout: _Layout = ()
-        copies: Tuple[Tuple[str, int], ...] = ()
-        nbytes = 0
-        shapes: Tuple[Any, ...] = ()
+            raise ValueError(f"tokenfeed.torch.TokenBatches inside another dataset: {names} with "
+                             f"num_workers={info.num_workers}: each DataLoader worker reads one step in "
+                             f"{info.num_workers}, as one of {info.num_workers} x {self.world_size} ranks, so "
+                             f"{names} would act on {info.num_workers} steps together instead of on each step. "
+                             f"Make TokenBatches the DataLoader's dataset, or use num_workers 0 or 1 "
+                             f"(docs/balance.md)")
+        loader = self._loader(info.id, info.num_workers, self.start)
         try:
-            for batch in loader:
-                # the same layout every batch, but for the THD outputs (their length varies) and
-                # a sequence-length warmup (its rows lengthen)
-                scalars = {k: v for k, v in batch.items() if not isinstance(v, np.ndarray)}
-                now = tuple(v.shape for v in batch.values() if isinstance(v, np.ndarray))
-                if ring is None or scalars or now != shapes:
-                    layout, copies, nbytes = _layout(batch)
-                    shapes = now
-                if not no_ring and (ring is None or nbytes > ring.slot_bytes):
-                    try:
-                        ring = _ring_for(nbytes)
-                    except OSError as e:  # no room in /dev/shm: every batch goes the ordinary way
-                        no_ring = True
-                        warnings.warn(PerformanceWarning(
-                            f"tokenfeed.torch.TokenBatches: no shared-memory ring for this DataLoader worker ({e}); "
-                            f"batches are sent the ordinary way (docs/troubleshooting.md, 'Shared memory')"))
-                slot = ring.take() if ring is not None and not no_ring else None
-                if slot is None:  # every slot held by the consumer: this one goes the ordinary way
-                    whole = np.empty(nbytes, np.uint8)
-                    _copy_in(batch, copies, whole, 0)
-                    out = _views(whole, layout, as_torch, one_tensor=True)
-                    out.update(scalars)
-                    yield out
-                    continue
-                assert ring is not None
-                _copy_in(batch, copies, ring.mm, _HEADER + slot * ring.slot_bytes)
-                del batch
-                yield _Ticket(ring.path, ring.slot_bytes, slot, layout, scalars, as_torch, info.num_workers)
+            yield from loader
         finally:
             loader.close()
