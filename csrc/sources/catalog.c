@@ -646,27 +646,50 @@ static char *join3(const char *prefix, size_t plen, const char *s, size_t n, con
     return out;
 }
 
+/* join3 into an arena. */
+static char *ajoin3(tf__arena *a, const char *prefix, size_t plen, const char *s, size_t n, const void *t, size_t m) {
+    if (plen + n + m < plen + n || plen + n + m == SIZE_MAX) return NULL;
+    char *out = tf__arena_alloc(a, plen + n + m + 1);
+    if (!out) return NULL;
+    memcpy(out, prefix, plen);
+    memcpy(out + plen, s, n);
+    memcpy(out + plen + n, t, m);
+    out[plen + n + m] = '\0';
+    return out;
+}
+
+/* A string of the catalog (get_str's) into an arena: NULL when absent or bad. */
+static char *aget_str(rbuf *r, tf__arena *a) {
+    uint32_t n = get32(r);
+    if (!n || r->bad) return NULL;
+    const uint8_t *p = take(r, n - 1);
+    char *s = p && !memchr(p, 0, n - 1) ? ajoin3(a, "", 0, "", 0, p, n - 1) : NULL;
+    if (!s) r->bad = 1;
+    return s;
+}
+
 /* An entry of the catalog into f (zeroed), prev the one before (NULL for the
  * first), its paths under prefix (plen bytes; a catalog beside the data):
  * 0, or -1 when the catalog is unusable. */
 static int read_entry(rbuf *r, tf_file *f, const tf_file *prev, const char *prefix, size_t plen,
-                      const tf_open_options *opt) {
+                      tf__arena *ar, const char *index_dir) {
+    f->arena = ar; /* the file's paths and lazy record live there */
+    tf__arena_ref(ar);
     uint32_t shared = get32(r), rest = get32(r);
     const uint8_t *tail = take(r, rest);
     if (r->bad || (shared && (!prev || shared > strlen(prev->path) - plen)) || (!shared && !rest) ||
-        memchr(tail, 0, rest) || !(f->path = join3(prefix, plen, prev ? prev->path + plen : "", shared, tail, rest)))
+        memchr(tail, 0, rest) ||
+        !(f->path = ajoin3(ar, prefix, plen, prev ? prev->path + plen : "", shared, tail, rest)))
         return -1;
     /* beside the data, a name within the directory: never a path elsewhere */
     if (plen && (strchr(f->path + plen, '/') || !strcmp(f->path + plen, ".") || !strcmp(f->path + plen, "..")))
         return -1;
-    f->aux_path = get_str(r);
+    f->aux_path = aget_str(r, ar);
+    if (r->bad) return -1;
     if (f->aux_path && plen && (strchr(f->aux_path, '/') || !strcmp(f->aux_path, ".") || !strcmp(f->aux_path, "..")))
         return -1;
-    if (f->aux_path && plen) {
-        char *full = join3(prefix, plen, "", 0, f->aux_path, strlen(f->aux_path));
-        free(f->aux_path);
-        if (!(f->aux_path = full)) return -1;
-    }
+    if (f->aux_path && plen && !(f->aux_path = ajoin3(ar, prefix, plen, "", 0, f->aux_path, strlen(f->aux_path))))
+        return -1;
     const uint8_t *p = take(r, ENTRY_FIXED);
     if (r->bad || !p) return -1;
     f->format = (tf_format)tf__le32(p);
@@ -699,7 +722,7 @@ static int read_entry(rbuf *r, tf_file *f, const tf_file *prev, const char *pref
     f->has_checksums = (flags & 2) != 0;
     f->eos_mode = (flags & 4) != 0;
     if (f->compressed) f->read_block = tf__native_read_block;
-    return tf__file_lazy_from_meta(f, opt, tf__parser_of(f->format), id, tok_off) != 0 ? -1 : 0;
+    return tf__file_lazy_from_meta_in(f, index_dir, tf__parser_of(f->format), id, tok_off) != 0 ? -1 : 0;
 }
 
 /* File i changed since it was catalogued: parse it again in place. */
@@ -781,12 +804,19 @@ static int load_catalog(const cat_src *src, uint64_t key, const tf_open_options 
     ok = ok && get64(&r) == key && (trusted || !need_trust) && beside == !src->node;
     uint64_t nfiles = get64(&r), ndeps = get64(&r);
     ok = ok && nfiles >= 2 && nfiles <= len / 64;
-    tf_file *files = ok ? calloc(nfiles, sizeof *files) : NULL;
-    rc = files ? 0 : 1;
-    prefault(files, nfiles * sizeof *files);
+    tf_file *files = ok ? tf__table_alloc(nfiles * sizeof *files, 1) : NULL;
+    tf__arena *ar = files ? tf__arena_new() : NULL;
+    rc = ar ? 0 : 1;
+    if (files && nfiles * sizeof *files < TF_TABLE_HUGE / 2) prefault(files, nfiles * sizeof *files);
     size_t plen = strlen(src->prefix);
-    for (uint64_t i = 0; files && i < nfiles && rc == 0; i++)
-        if (read_entry(&r, &files[i], i ? &files[i - 1] : NULL, src->prefix, plen, opt) < 0) rc = 1;
+    const char *index_dir = NULL;
+    if (ar && opt && opt->index_dir) {
+        char *d = ajoin3(ar, "", 0, "", 0, opt->index_dir, strlen(opt->index_dir));
+        if (!(index_dir = d)) rc = 1;
+    }
+    for (uint64_t i = 0; ar && i < nfiles && rc == 0; i++)
+        if (read_entry(&r, &files[i], i ? &files[i - 1] : NULL, src->prefix, plen, ar, index_dir) < 0) rc = 1;
+    tf__arena_release(ar); /* the files hold it now */
     /* what the files depend on first: a changed one means the files are
      * described anew by the parsing open */
     dircache dc = {NULL, 0, -1};

@@ -32,6 +32,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "safe_fs.h"
 #include "source.h"
 
 typedef unsigned long long ull;
@@ -158,9 +159,62 @@ void tf__file_close(tf_file *f) {
     tf__unmap(f->map, f->map_len);
     tf__unmap(f->aux_map, f->aux_len);
     free(f->owned);
-    free(f->path);
-    free(f->aux_path);
+    tf__arena *ar = f->arena;
+    if (!ar) {
+        free(f->path);
+        free(f->aux_path);
+    }
     memset(f, 0, sizeof *f);
+    if (ar) tf__arena_release(ar);
+}
+
+/* ---- arenas ---- */
+
+#define ARENA_CHUNK ((size_t)1 << 20)
+
+typedef struct arena_chunk {
+    struct arena_chunk *next;
+    size_t used, cap;
+    _Alignas(16) unsigned char data[];
+} arena_chunk;
+
+struct tf__arena {
+    _Atomic uint64_t refs;
+    arena_chunk *chunks; /* newest first: the one allocated from */
+};
+
+tf__arena *tf__arena_new(void) {
+    tf__arena *a = calloc(1, sizeof *a);
+    if (a) atomic_init(&a->refs, 1);
+    return a;
+}
+
+void *tf__arena_alloc(tf__arena *a, size_t n) {
+    n = (n + 15) & ~(size_t)15;
+    arena_chunk *c = a->chunks;
+    if (!c || c->cap - c->used < n) {
+        size_t cap = n > ARENA_CHUNK - sizeof *c ? n : ARENA_CHUNK - sizeof *c;
+        /* whole huge pages for the large ones (tf__table_alloc) */
+        if (!(c = tf__table_alloc(sizeof *c + cap, 0))) return NULL;
+        c->next = a->chunks;
+        c->used = 0;
+        c->cap = cap;
+        a->chunks = c;
+    }
+    void *p = c->data + c->used;
+    c->used += n;
+    return p;
+}
+
+void tf__arena_ref(tf__arena *a) { atomic_fetch_add_explicit(&a->refs, 1, memory_order_relaxed); }
+
+void tf__arena_release(tf__arena *a) {
+    if (!a || atomic_fetch_sub_explicit(&a->refs, 1, memory_order_acq_rel) != 1) return;
+    for (arena_chunk *c = a->chunks, *n; c; c = n) {
+        n = c->next;
+        free(c);
+    }
+    free(a);
 }
 
 tf_file *tf__files_push(tf_file **files, uint64_t *nfiles, uint64_t *cap) {
@@ -462,7 +516,8 @@ struct tf__lazy {
     _Atomic int checked; /* parsed and checked against the metadata once */
     uint32_t users;
     struct tf__lazy *prev, *next; /* LRU of mapped, unpinned files */
-    char *index_dir;              /* the open options' index_dir (owned) */
+    char *index_dir;              /* the open options' index_dir (owned, unless in_arena) */
+    int in_arena;                 /* this record and index_dir live in the file's arena */
     tf__file_id id[2];            /* the file, and its index file (aux_path) */
     tf__parse_fn reopen;          /* the format's parser, given the file's path */
     int64_t tok_off;              /* byte offset of the first token in the file, or -1 */
@@ -633,6 +688,21 @@ int tf__file_lazy_from_meta(tf_file *f, const tf_open_options *opt, tf__parse_fn
     return 0;
 }
 
+int tf__file_lazy_from_meta_in(tf_file *f, const char *index_dir, tf__parse_fn reopen, const tf__file_id id[2],
+                               int64_t tok_off) {
+    struct tf__lazy *z = tf__arena_alloc(f->arena, sizeof *z);
+    if (!z) return -ENOMEM;
+    memset(z, 0, sizeof *z);
+    z->in_arena = 1;
+    z->index_dir = (char *)index_dir;
+    z->tok_off = tok_off;
+    z->reopen = reopen;
+    z->id[0] = id[0];
+    z->id[1] = id[1];
+    f->lazy = z;
+    return 0;
+}
+
 void tf__file_lazy_set_catalog(tf_file *f, uint64_t key, void (*forget)(uint64_t key)) {
     if (!f->lazy) return;
     f->lazy->catalog_key = key;
@@ -657,8 +727,10 @@ void tf__file_lazy_free(tf_file *f) {
     pthread_mutex_unlock(&lz_mu);
     if (z->live) tf__file_close(z->live);
     free(z->live);
-    free(z->index_dir);
-    free(z);
+    if (!z->in_arena) {
+        free(z->index_dir);
+        free(z);
+    }
     f->lazy = NULL;
 }
 

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -201,6 +202,20 @@ int tf__read_file_at(int dfd, const char *dir, const char *name, size_t max, uin
     return tf__read_file_st(dfd, dir, name, max, buf, len, NULL);
 }
 
+void *tf__table_alloc(size_t n, int zero) {
+#ifdef MADV_HUGEPAGE
+    if (n >= TF_TABLE_HUGE / 2 && n <= SIZE_MAX - TF_TABLE_HUGE) {
+        size_t whole = (n + TF_TABLE_HUGE - 1) & ~(TF_TABLE_HUGE - 1); /* huge pages cover it all */
+        void *p = NULL;
+        if (posix_memalign(&p, TF_TABLE_HUGE, whole) != 0) return NULL;
+        (void)madvise(p, whole, MADV_HUGEPAGE);
+        if (zero) memset(p, 0, n);
+        return p;
+    }
+#endif
+    return zero ? calloc(1, n ? n : 1) : malloc(n ? n : 1);
+}
+
 int tf__read_file_st(int dfd, const char *dir, const char *name, size_t max, uint8_t **buf, size_t *len,
                      struct stat *out_st) {
     *buf = NULL;
@@ -218,7 +233,7 @@ int tf__read_file_st(int dfd, const char *dir, const char *name, size_t max, uin
     else if (!S_ISREG(st.st_mode)) rc = tf__seterr(-EPERM, "%s/%s: not a regular file", dir, name);
     else if ((uint64_t)st.st_size > max)
         rc = tf__seterr(-EFBIG, "%s/%s: %llu bytes, more than the %zu expected", dir, name, (unsigned long long)st.st_size, max);
-    uint8_t *b = rc ? NULL : malloc((size_t)st.st_size + 1);
+    uint8_t *b = rc ? NULL : tf__table_alloc((size_t)st.st_size + 1, 0);
     if (!rc && !b) rc = -ENOMEM;
     size_t got = 0;
     while (!rc && got < (size_t)st.st_size) {
