@@ -636,8 +636,8 @@ static int id_at(const uint8_t *p, tf__file_id *id) {
 }
 
 /* prefix + s (n bytes) + t (m bytes), malloc'ed. */
-static char *join3(const char *prefix, size_t plen, const char *s, size_t n, const void *t, size_t m) {
-    char *out = malloc(plen + n + m + 1);
+/* prefix (plen bytes) + s (n) + t (m) + NUL into out, which holds them. */
+static char *put3(char *out, const char *prefix, size_t plen, const char *s, size_t n, const void *t, size_t m) {
     if (!out) return NULL;
     memcpy(out, prefix, plen);
     memcpy(out + plen, s, n);
@@ -646,16 +646,13 @@ static char *join3(const char *prefix, size_t plen, const char *s, size_t n, con
     return out;
 }
 
+static char *join3(const char *prefix, size_t plen, const char *s, size_t n, const void *t, size_t m) {
+    return put3(malloc(plen + n + m + 1), prefix, plen, s, n, t, m);
+}
+
 /* join3 into an arena. */
 static char *ajoin3(tf__arena *a, const char *prefix, size_t plen, const char *s, size_t n, const void *t, size_t m) {
-    if (plen + n + m < plen + n || plen + n + m == SIZE_MAX) return NULL;
-    char *out = tf__arena_alloc(a, plen + n + m + 1);
-    if (!out) return NULL;
-    memcpy(out, prefix, plen);
-    memcpy(out + plen, s, n);
-    memcpy(out + plen + n, t, m);
-    out[plen + n + m] = '\0';
-    return out;
+    return put3(tf__arena_alloc(a, plen + n + m + 1), prefix, plen, s, n, t, m);
 }
 
 /* A string of the catalog (get_str's) into an arena: NULL when absent or bad. */

@@ -190,6 +190,7 @@ tf__arena *tf__arena_new(void) {
 }
 
 void *tf__arena_alloc(tf__arena *a, size_t n) {
+    if (n > SIZE_MAX / 2) return NULL;
     n = (n + 15) & ~(size_t)15;
     arena_chunk *c = a->chunks;
     if (!c || c->cap - c->used < n) {
