@@ -35,6 +35,8 @@ def main() -> int:
     p.add_argument("--clean", action="store_true", help="remove the sparse files afterwards")
     p.add_argument("--startup", nargs="+", type=int, metavar="SHARDS",
                    help="instead: open to first batch at these shard counts, cold and warm")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="--startup: warm figures are the median of this many fresh processes (default 5)")
     a = p.parse_args()
     if a.startup:
         return startup(a)
@@ -62,7 +64,8 @@ def main() -> int:
 
 
 def startup(a: argparse.Namespace) -> int:
-    rows = startup_scaling(a.cache_dir, sorted(a.startup), log=lambda m: print(m, file=sys.stderr))
+    rows = startup_scaling(a.cache_dir, sorted(a.startup), log=lambda m: print(m, file=sys.stderr),
+                           warm_repeats=max(1, a.repeats))
     ok = [r for r in rows if r["status"] == "ok"]
     base = {(r["set"], r["catalog"]): r for r in ok
             if r["start"] == "warm" and r["shards"] == min(a.startup)}
