@@ -719,7 +719,7 @@ static int read_entry(rbuf *r, tf_file *f, const tf_file *prev, const char *pref
     f->has_checksums = (flags & 2) != 0;
     f->eos_mode = (flags & 4) != 0;
     if (f->compressed) f->read_block = tf__native_read_block;
-    return tf__file_lazy_from_meta_in(f, index_dir, tf__parser_of(f->format), id, tok_off) != 0 ? -1 : 0;
+    return tf__file_lazy_from_meta(f, index_dir, tf__parser_of(f->format), id, tok_off) != 0 ? -1 : 0;
 }
 
 /* File i changed since it was catalogued: parse it again in place. */

@@ -538,24 +538,22 @@ static uint64_t lz_limit;
 static void lz_fork_prepare(void) { pthread_mutex_lock(&lz_mu); }
 static void lz_fork_done(void) { pthread_mutex_unlock(&lz_mu); }
 static pthread_once_t lz_once = PTHREAD_ONCE_INIT;
-static void lz_init(void) { pthread_atfork(lz_fork_prepare, lz_fork_done, lz_fork_done); }
+/* Once per process: the fork handlers, and the bound from the environment. */
+static void lz_init(void) {
+    pthread_atfork(lz_fork_prepare, lz_fork_done, lz_fork_done);
+    uint64_t v = TF_LAZY_DEFAULT_LIMIT;
+    const char *e = getenv("TOKENFEED_MAX_OPEN_SHARDS");
+    if (e && *e) {
+        char *end;
+        unsigned long long x = strtoull(e, &end, 10);
+        if (*end == '\0' && x >= 1) v = x;
+    }
+    lz_limit = v;
+}
 
 uint64_t tf__lazy_limit(void) {
-    pthread_once(&lz_once, lz_init);
-    pthread_mutex_lock(&lz_mu);
-    if (!lz_limit) {
-        uint64_t v = TF_LAZY_DEFAULT_LIMIT;
-        const char *e = getenv("TOKENFEED_MAX_OPEN_SHARDS");
-        if (e && *e) {
-            char *end;
-            unsigned long long x = strtoull(e, &end, 10);
-            if (*end == '\0' && x >= 1) v = x;
-        }
-        lz_limit = v;
-    }
-    uint64_t v = lz_limit;
-    pthread_mutex_unlock(&lz_mu);
-    return v;
+    pthread_once(&lz_once, lz_init); /* after it, lz_limit never changes */
+    return lz_limit;
 }
 
 uint64_t tf__lazy_mapped(void) {
@@ -676,21 +674,9 @@ int tf__file_make_lazy(tf_file *f, const tf_open_options *opt, tf__parse_fn reop
     return 0;
 }
 
-int tf__file_lazy_from_meta(tf_file *f, const tf_open_options *opt, tf__parse_fn reopen, const tf__file_id id[2],
+int tf__file_lazy_from_meta(tf_file *f, const char *index_dir, tf__parse_fn reopen, const tf__file_id id[2],
                             int64_t tok_off) {
-    tf__lazy_limit();
-    struct tf__lazy *z = lazy_alloc(opt);
-    if (!z) return -ENOMEM;
-    z->tok_off = tok_off;
-    z->reopen = reopen;
-    z->id[0] = id[0];
-    z->id[1] = id[1];
-    f->lazy = z;
-    return 0;
-}
-
-int tf__file_lazy_from_meta_in(tf_file *f, const char *index_dir, tf__parse_fn reopen, const tf__file_id id[2],
-                               int64_t tok_off) {
+    tf__lazy_limit(); /* the bound and the fork handlers, before any file is mapped */
     struct tf__lazy *z = tf__arena_alloc(f->arena, sizeof *z);
     if (!z) return -ENOMEM;
     memset(z, 0, sizeof *z);

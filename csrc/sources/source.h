@@ -288,11 +288,6 @@ TF_HIDDEN int tf__file_id_get(const char *path, tf__file_id *id);
  * the bound (and may be unmapped at once), f keeps its metadata. No-op for
  * memory datasets and remote files. */
 TF_HIDDEN int tf__file_make_lazy(tf_file *f, const tf_open_options *opt, tf__parse_fn reopen);
-/* A file known from metadata only (a catalog): f holds the metadata; id its
- * identity and its index file's; tok_off the first token's byte offset (-1:
- * none, e.g. compressed). Nothing is mapped until first touch. */
-TF_HIDDEN int tf__file_lazy_from_meta(tf_file *f, const tf_open_options *opt, tf__parse_fn reopen,
-                                      const tf__file_id id[2], int64_t tok_off);
 /* Memory for many files' paths and lazy records at once, freed when the last
  * reference goes: faults and allocations per file were most of opening 10^4
  * files from a catalog. Allocation is single-threaded (while the files are
@@ -303,11 +298,14 @@ TF_HIDDEN tf__arena *tf__arena_new(void);
 TF_HIDDEN void *tf__arena_alloc(tf__arena *a, size_t n);
 TF_HIDDEN void tf__arena_ref(tf__arena *a);
 TF_HIDDEN void tf__arena_release(tf__arena *a);
-/* As tf__file_lazy_from_meta, with the lazy record in f->arena (set, and
- * referenced by f, before the call); index_dir the open options' index
- * directory copied into the arena once for all its files (or NULL). */
-TF_HIDDEN int tf__file_lazy_from_meta_in(tf_file *f, const char *index_dir, tf__parse_fn reopen,
-                                         const tf__file_id id[2], int64_t tok_off);
+/* A file known from metadata only (a catalog): f holds the metadata;
+ * id its identity and its index file's; tok_off the first token's byte
+ * offset (-1: none, e.g. compressed). Nothing is mapped until first touch.
+ * The lazy record goes into f->arena (set, and referenced by f, before the
+ * call); index_dir is the open options' index directory, copied into the
+ * arena once for all its files (or NULL). */
+TF_HIDDEN int tf__file_lazy_from_meta(tf_file *f, const char *index_dir, tf__parse_fn reopen,
+                                      const tf__file_id id[2], int64_t tok_off);
 
 /* f was described by the trusted catalog of key, its identity unchecked at
  * open: if it turns out changed on first touch, forget(key) deletes that
