@@ -55,6 +55,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["8x2048", "16x8192", "64x8192"], help="BxL batch shapes")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--prefetch-factor", type=int, default=None,
+                    help="the DataLoader's prefetch_factor with workers (torch's default: 2)")
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=50_000_000, help="tokens in the generated dataset")
@@ -77,7 +79,9 @@ def main() -> None:
             best = {0: 0.0, a.workers: 0.0}
             for _ in range(a.rounds):
                 for nw in best:
-                    dl = DataLoader(TokenBatches(ds, seq_len=l, batch_size=b, seed=1), batch_size=None, num_workers=nw)
+                    pf = {"prefetch_factor": a.prefetch_factor} if nw and a.prefetch_factor else {}
+                    dl = DataLoader(TokenBatches(ds, seq_len=l, batch_size=b, seed=1), batch_size=None, num_workers=nw,
+                                    **pf)
                     best[nw] = max(best[nw], rate(dl, a.seconds, tokens=True))
             r = {"shape": shape, "workers0_tokens_per_s": best[0], "workers_tokens_per_s": best[a.workers],
                  "ratio": best[a.workers] / best[0], "batches_per_s_with_workers": best[a.workers] / (b * l)}
@@ -85,13 +89,15 @@ def main() -> None:
             print(f"{shape:>9}: workers=0 {best[0] / 1e6:8.0f} M tokens/s   workers={a.workers} "
                   f"{best[a.workers] / 1e6:8.0f} M ({r['batches_per_s_with_workers']:,.0f} batches/s)   "
                   f"ratio {r['ratio']:.2f}", flush=True)
-    items = max(rate(DataLoader(_Counter(), batch_size=None, num_workers=a.workers), a.seconds, tokens=False)
+    pf = {"prefetch_factor": a.prefetch_factor} if a.prefetch_factor else {}
+    items = max(rate(DataLoader(_Counter(), batch_size=None, num_workers=a.workers, **pf), a.seconds, tokens=False)
                 for _ in range(a.rounds))
     print(f"the DataLoader's own item rate with {a.workers} workers (a dataset of integers): {items:,.0f} items/s")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-                       "torch": torch.__version__, "workers": a.workers, "rows": rows,
+                       "torch": torch.__version__, "workers": a.workers, "prefetch_factor": a.prefetch_factor,
+                       "rows": rows,
                        "dataloader_items_per_s": items}, f, indent=1)
 
 
