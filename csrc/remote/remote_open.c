@@ -35,6 +35,7 @@
 #define _GNU_SOURCE
 #endif
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,7 +57,8 @@ typedef unsigned long long ull;
 static int is_index_name(const char *url) {
     size_t n = strlen(url);
     return (n > 4 && !strcmp(url + n - 4, ".idx")) || (n > 6 && !strcmp(url + n - 6, ".index")) ||
-           (n > 18 && !strcmp(url + n - 18, TF_MANIFEST_NAME));
+           (n > 18 && !strcmp(url + n - 18, TF_MANIFEST_NAME)) ||
+           (n > 17 && !strcmp(url + n - 17, TF_DATASET_CATALOG_NAME));
 }
 
 typedef struct listed {
@@ -214,6 +216,28 @@ static int plan_range(fetch_plan *fp, tf__pobj *p, uint64_t off, uint64_t end) {
     return 0;
 }
 
+/* Plan what the headers fetched show is still missing: a native shard's
+ * document index and tables, a long .npy header. */
+static int plan_missing(tf__preg *g, fetch_plan *fp) {
+    int rc = 0;
+    for (size_t i = 0; i < g->n && !rc; i++) {
+        tf__pobj *p = &g->o[i];
+        if (!p->map || p->whole || p->info.size < 8) continue;
+        if (!memcmp(p->map, TF_NATIVE_MAGIC, 8)) {
+            tf_file tmp;
+            memset(&tmp, 0, sizeof tmp);
+            if (tf__parse_native_header(p->url, p->map, TF_NATIVE_HEADER_SIZE, p->info.size, &tmp) == 0)
+                rc = plan_range(fp, p, tmp.docs_offset, p->info.size);
+        } else if (!memcmp(p->map, "\x93NUMPY", 6) && p->info.size >= 12) {
+            /* format 1.0: u16 header length at 8; 2.0 and 3.0: u32 */
+            uint64_t hl = p->map[6] == 1 ? 10u + (uint64_t)(p->map[8] | p->map[9] << 8) : 12u + tf__le32(p->map + 8);
+            rc = plan_range(fp, p, 0, hl < p->info.size ? hl : p->info.size);
+        }
+        tf__clearerr();
+    }
+    return rc;
+}
+
 /* ------------------------------------------------------------------------ */
 /* resolving what a URL names                                                */
 /* ------------------------------------------------------------------------ */
@@ -227,6 +251,8 @@ typedef struct target {
     tf_format fmt;     /* for K_FILE, after detection */
     tf_manifest m;     /* K_DIR */
     int have_m;
+    tf_file *cat;      /* K_DIR: its shards from the dataset's catalog (NULL: none usable) */
+    uint64_t ncat;
 } target;
 
 static int ends_with(const char *s, const char *suf) {
@@ -260,11 +286,16 @@ static char *megatron_base(const char *url) {
 
 static int register_candidates(tf__preg *g, const char *url, const tf_open_options *opt) {
     char *d = dir_url(url), *mf = d ? tf__path_join(d, TF_MANIFEST_NAME) : NULL;
+    char *cf = d ? tf__path_join(d, TF_DATASET_CATALOG_NAME) : NULL;
     char *pre = megatron_base(url), *bin = pre ? cat2(pre, ".bin") : NULL, *idx = pre ? cat2(pre, ".idx") : NULL;
     char *index = cat2(url, ".index");
-    int rc = d && mf && pre && bin && idx && index ? 0 : -ENOMEM;
+    int rc = d && mf && cf && pre && bin && idx && index ? 0 : -ENOMEM;
     if (!rc && !tf__preg_add(g, url)) rc = -ENOMEM;
-    if (!rc && (opt->format == TF_FORMAT_AUTO || opt->format == TF_FORMAT_NATIVE) && !tf__preg_add(g, mf)) rc = -ENOMEM;
+    /* a dataset directory's manifest, and its catalog (asked for in the same
+     * round: whether there is one is known before the manifest is read) */
+    if (!rc && (opt->format == TF_FORMAT_AUTO || opt->format == TF_FORMAT_NATIVE) &&
+        (!tf__preg_add(g, mf) || !tf__preg_add(g, cf)))
+        rc = -ENOMEM;
     if (!rc && (opt->format == TF_FORMAT_AUTO || opt->format == TF_FORMAT_MEGATRON) &&
         (!tf__preg_add(g, bin) || !tf__preg_add(g, idx)))
         rc = -ENOMEM;
@@ -273,6 +304,7 @@ static int register_candidates(tf__preg *g, const char *url, const tf_open_optio
         rc = -ENOMEM;
     free(d);
     free(mf);
+    free(cf);
     free(pre);
     free(bin);
     free(idx);
@@ -402,11 +434,44 @@ static int remote_read(const void *src, uint64_t off, uint64_t len, void *out) {
 
 static void remote_free(void *src) { tf__robj_free(src); }
 
-/* The remote byte provider of the files this stack opens (source.h). */
+/* The remote byte provider of the files this stack opens (source.h); a
+ * shard opened on first touch borrows its object from its lazy_obj. */
 static const tf__byte_ops remote_byte_ops = {remote_read, remote_read_tokens, remote_free};
+static const tf__byte_ops remote_borrowed_ops = {remote_read, remote_read_tokens, NULL};
+
+static const tf__lazy_src remote_lazy_src;
+
+/* A shard known from its dataset's catalog, opened on first touch: the
+ * object as the open's listing saw it, and once touched its token region,
+ * kept for the dataset's life (the parsed file may be dropped and opened
+ * again under the bound on open shards; the scheduler holds its chunks by
+ * this object). */
+typedef struct lazy_obj {
+    tf_remote *r; /* a reference */
+    tf_object_info info;
+    int meta_on;
+    uint64_t meta_key;
+    _Atomic(tf__robj *) robj;
+    _Atomic int failed; /* its first touch failed: the reader reports it */
+} lazy_obj;
 
 const tf__robj *tf__file_robj(const tf_file *f) {
-    return f && f->bytes_ops == &remote_byte_ops ? f->bytes_src : NULL;
+    if (!f) return NULL;
+    if (f->bytes_ops == &remote_byte_ops || f->bytes_ops == &remote_borrowed_ops) return f->bytes_src;
+    lazy_obj *lo = tf__file_lazy_source(f, &remote_lazy_src);
+    /* the scheduler places compressed blocks by the block table, which only
+     * the opened file holds: such shards are read without it */
+    if (!lo || f->compressed) return NULL;
+    tf__robj *o = atomic_load(&lo->robj);
+    if (!o && !atomic_load(&lo->failed)) {
+        /* the scheduler asks ahead of the reader: open the shard now */
+        if (tf__file_touch(f) != 0) {
+            atomic_store(&lo->failed, 1);
+            tf__clearerr();
+        }
+        o = atomic_load(&lo->robj);
+    }
+    return o;
 }
 
 static int finish_remote_file(tf__preg *g, tf_file *f) {
@@ -450,6 +515,108 @@ static int finish_remote_file(tf__preg *g, tf_file *f) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* a dataset's catalog: shards opened on first touch                         */
+/* ------------------------------------------------------------------------ */
+
+/* The shards of t from its dataset's catalog, when it has a usable one (read
+ * with the manifest pm): t->cat filled, or left NULL (then every shard's
+ * header is read now, as for a dataset without a catalog). */
+static int read_catalog(tf__preg *g, target *t, tf__pobj *pm, const tf_open_options *opt) {
+    char *cf = tf__path_join(t->path, TF_DATASET_CATALOG_NAME);
+    if (!cf) return -ENOMEM;
+    tf__pobj *pc = tf__preg_find(g, cf);
+    free(cf);
+    if (!pc || !pc->exists || !pc->map || !tf__pobj_has(pc, 0, pc->info.size)) return 0;
+    if (tf__catalog_parse_dataset(t->path, pm->map, (size_t)pm->info.size, &t->m, pc->map, (size_t)pc->info.size,
+                                  opt, &t->cat, &t->ncat) != 0) {
+        t->cat = NULL; /* another dataset's (rewritten since), or damaged: ignored */
+        t->ncat = 0;
+    }
+    return 0;
+}
+
+static void lazy_obj_free(void *ctx) {
+    lazy_obj *lo = ctx;
+    if (!lo) return;
+    tf__robj_free(atomic_load(&lo->robj));
+    tf_remote_free(lo->r);
+    free(lo);
+}
+
+/* First touch of a shard known from the catalog: its header, document index
+ * and tables fetched (conditional on the version listed at open), parsed,
+ * and checked against the catalog's entry meta. */
+static int lazy_obj_open(void *ctx, const tf_file *meta, tf_file *out) {
+    lazy_obj *lo = ctx;
+    const char *url = meta->path;
+    if (lo->info.size != tf__file_size(meta))
+        TF_FAIL(-TF_EFORMAT, "%s: size: expected %llu bytes as the dataset's catalog (%s) records, found %llu. The object was replaced after the catalog was written: restore it, or write the catalog again (tokenfeed index DATASET_DIR, on the dataset's source directory, then upload %s).",
+                url, (ull)tf__file_size(meta), TF_DATASET_CATALOG_NAME, (ull)lo->info.size, TF_DATASET_CATALOG_NAME);
+    tf__preg g;
+    memset(&g, 0, sizeof g);
+    g.r = lo->r;
+    g.meta_on = lo->meta_on;
+    g.meta_key = lo->meta_key;
+    tf__pobj *p = tf__preg_add(&g, url);
+    if (!p) return -ENOMEM;
+    p->known = p->exists = 1;
+    p->info = lo->info;
+    fetch_plan fp = {NULL, 0, 0};
+    int rc = plan_head_tail(&fp, p, meta->num_docs * 8 + TAIL_BYTES);
+    if (!rc) rc = run_plan(&g, &fp);
+    if (!rc) rc = plan_missing(&g, &fp);
+    if (!rc) rc = run_plan(&g, &fp);
+    free(fp.w);
+    if (!rc) {
+        tf_open_options o = {.format = TF_FORMAT_NATIVE, .raw_dtype = TF_DTYPE_INVALID};
+        rc = tf__preg_enter(&g);
+        if (!rc) rc = tf__open_native(url, &o, out);
+        tf__preg_enter(NULL);
+    }
+    if (!rc && tf__file_check_same(meta, out) != 0) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", tf_last_error());
+        rc = tf__seterr(-TF_EFORMAT, "%s The dataset's catalog (%s) describes the object as it was when the catalog was written: the object was replaced since. Restore it, or write the catalog again (tokenfeed index DATASET_DIR, then upload %s).",
+                        msg, TF_DATASET_CATALOG_NAME, TF_DATASET_CATALOG_NAME);
+    }
+    if (!rc) rc = finish_remote_file(&g, out);
+    if (!rc) {
+        /* one token region per shard, whichever touch made it first */
+        tf__robj *mine = out->bytes_src, *kept = NULL;
+        if (!atomic_compare_exchange_strong(&lo->robj, &kept, mine)) {
+            tf__robj_free(mine);
+            out->bytes_src = kept;
+        }
+        out->bytes_ops = &remote_borrowed_ops;
+    }
+    tf__preg_free(&g);
+    return rc;
+}
+
+static const tf__lazy_src remote_lazy_src = {lazy_obj_open, lazy_obj_free};
+
+/* Move t's catalogued shards into files, each with the object its listing
+ * showed (every read is conditional on that version). */
+static int adopt_catalog(tf__preg *g, target *t, tf_file **files, uint64_t *nfiles, uint64_t *cap) {
+    for (uint64_t k = 0; k < t->ncat; k++) {
+        tf__pobj *p = tf__preg_find(g, t->cat[k].path);
+        if (!p || !p->exists) TF_FAIL(-EINVAL, "%s: not listed (internal error)", t->cat[k].path);
+        lazy_obj *lo = calloc(1, sizeof *lo);
+        if (!lo) return -ENOMEM;
+        lo->r = tf__remote_ref(g->r);
+        lo->info = p->info;
+        lo->meta_on = g->meta_on;
+        lo->meta_key = g->meta_key;
+        tf__file_lazy_set_source(&t->cat[k], &remote_lazy_src, lo);
+        tf_file *f = tf__files_push(files, nfiles, cap);
+        if (!f) return -ENOMEM;
+        *f = t->cat[k];
+        memset(&t->cat[k], 0, sizeof t->cat[k]);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
 /* the open                                                                  */
 /* ------------------------------------------------------------------------ */
 
@@ -457,13 +624,17 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_open_opti
                           uint64_t *nfiles, uint64_t *cap) {
     fetch_plan fp = {NULL, 0, 0};
     int rc = 0;
-    /* manifests first: they name the shards */
+    /* manifests first: they name the shards; with their catalogs, which
+     * describe them */
     for (size_t i = 0; i < nt && !rc; i++)
         if (ts[i].k == K_DIR) {
             char *mf = tf__path_join(ts[i].path, TF_MANIFEST_NAME);
-            tf__pobj *p = mf ? tf__preg_find(g, mf) : NULL;
+            char *cf = tf__path_join(ts[i].path, TF_DATASET_CATALOG_NAME);
+            tf__pobj *p = mf ? tf__preg_find(g, mf) : NULL, *pc = cf ? tf__preg_find(g, cf) : NULL;
             rc = p ? plan_head_tail(&fp, p, 0) : -ENOMEM;
+            if (!rc && pc && pc->known && pc->exists) rc = plan_head_tail(&fp, pc, 0);
             free(mf);
+            free(cf);
         }
     if (!rc) rc = run_plan(g, &fp);
     for (size_t i = 0; i < nt && !rc; i++) {
@@ -472,6 +643,7 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_open_opti
         tf__pobj *p = mf ? tf__preg_find(g, mf) : NULL;
         rc = p ? tf__parse_manifest(mf, p->map, (size_t)p->info.size, &ts[i].m) : -ENOMEM;
         ts[i].have_m = rc == 0;
+        if (!rc) rc = read_catalog(g, &ts[i], p, opt);
         for (uint64_t s = 0; !rc && s < ts[i].m.num_shards; s++) {
             char *su = tf__path_join(ts[i].path, ts[i].m.shards[s].name);
             if (!su || !tf__preg_add(g, su)) rc = -ENOMEM;
@@ -491,7 +663,8 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_open_opti
                 else if (!p->exists)
                     rc = tf__seterr(-ENOENT, "%s: the manifest names this shard, but there is no such object. The dataset is incomplete: upload every shard, or rewrite the dataset.",
                                     su);
-                else rc = plan_head_tail(&fp, p, t->m.shards[s].num_docs * 8 + TAIL_BYTES);
+                else if (!t->cat) /* with a catalog, a shard's header is read on first touch */
+                    rc = plan_head_tail(&fp, p, t->m.shards[s].num_docs * 8 + TAIL_BYTES);
                 free(su);
             }
         } else if (t->k == K_MEGATRON) {
@@ -511,22 +684,7 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_open_opti
         }
     }
     if (!rc) rc = run_plan(g, &fp);
-    /* what the headers show is missing: native tables, long .npy headers */
-    for (size_t i = 0; i < g->n && !rc; i++) {
-        tf__pobj *p = &g->o[i];
-        if (!p->map || p->whole || p->info.size < 8) continue;
-        if (!memcmp(p->map, TF_NATIVE_MAGIC, 8)) {
-            tf_file tmp;
-            memset(&tmp, 0, sizeof tmp);
-            if (tf__parse_native_header(p->url, p->map, TF_NATIVE_HEADER_SIZE, p->info.size, &tmp) == 0)
-                rc = plan_range(&fp, p, tmp.docs_offset, p->info.size);
-        } else if (!memcmp(p->map, "\x93NUMPY", 6) && p->info.size >= 12) {
-            /* format 1.0: u16 header length at 8; 2.0 and 3.0: u32 */
-            uint64_t hl = p->map[6] == 1 ? 10u + (uint64_t)(p->map[8] | p->map[9] << 8) : 12u + tf__le32(p->map + 8);
-            rc = plan_range(&fp, p, 0, hl < p->info.size ? hl : p->info.size);
-        }
-        tf__clearerr();
-    }
+    if (!rc) rc = plan_missing(g, &fp);
     if (!rc) rc = run_plan(g, &fp);
     free(fp.w);
     if (rc) return rc;
@@ -535,7 +693,10 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_open_opti
     for (size_t i = 0; i < nt && !rc; i++) {
         target *t = &ts[i];
         uint64_t first = *nfiles;
-        if (t->k == K_DIR) {
+        if (t->k == K_DIR && t->cat) {
+            rc = adopt_catalog(g, t, files, nfiles, cap);
+            continue; /* nothing to finish: each is opened on first touch */
+        } else if (t->k == K_DIR) {
             rc = tf__open_native_dir(t->path, opt, files, nfiles, cap);
         } else {
             tf_format fmt = opt->format;
@@ -616,6 +777,8 @@ static int open_pass(tf__preg *g, const char *const *urls, size_t n, const tf_op
     for (size_t i = 0; i < n; i++) {
         free(ts[i].path);
         if (ts[i].have_m) tf__manifest_free(&ts[i].m);
+        for (uint64_t k = 0; k < ts[i].ncat; k++) tf__file_close(&ts[i].cat[k]);
+        free(ts[i].cat);
     }
     free(ts);
     return rc;

@@ -468,6 +468,8 @@ struct tf__lazy {
     int64_t tok_off;              /* byte offset of the first token in the file, or -1 */
     uint64_t catalog_key;         /* the trusted catalog it came from */
     void (*forget_catalog)(uint64_t key); /* deletes that catalog (NULL: none) */
+    const tf__lazy_src *src;      /* where the file is opened from instead of its path (NULL: the path) */
+    void *src_ctx;                /* owned through src->free */
 };
 
 static pthread_mutex_t lz_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -658,8 +660,22 @@ void tf__file_lazy_free(tf_file *f) {
     if (z->live) tf__file_close(z->live);
     free(z->live);
     free(z->index_dir);
+    if (z->src && z->src->free) z->src->free(z->src_ctx);
     free(z);
     f->lazy = NULL;
+}
+
+void tf__file_lazy_set_source(tf_file *f, const tf__lazy_src *src, void *ctx) {
+    struct tf__lazy *z = f->lazy;
+    if (z->src && z->src->free) z->src->free(z->src_ctx);
+    z->src = src;
+    z->src_ctx = ctx;
+    /* no descriptor reads such a file: its bytes come from its provider */
+    z->tok_off = -1;
+}
+
+void *tf__file_lazy_source(const tf_file *f, const tf__lazy_src *src) {
+    return f->lazy && f->lazy->src == src ? f->lazy->src_ctx : NULL;
 }
 
 static int id_changed(const char *path, const tf__file_id *was) {
@@ -681,6 +697,7 @@ static int id_changed(const char *path, const tf__file_id *was) {
 
 /* Parse the file of meta again into *out (outside lz_mu: reads mapped bytes). */
 static int reparse(const tf_file *meta, const struct tf__lazy *z, tf_file *out) {
+    if (z->src) return z->src->open(z->src_ctx, meta, out);
     TF_TRY(id_changed(meta->path, &z->id[0]));
     if (meta->aux_path) TF_TRY(id_changed(meta->aux_path, &z->id[1]));
     tf_open_options o = {.format = meta->format, .raw_dtype = meta->format == TF_FORMAT_RAW ? meta->dtype : TF_DTYPE_INVALID,
@@ -690,7 +707,7 @@ static int reparse(const tf_file *meta, const struct tf__lazy *z, tf_file *out) 
 }
 
 /* The parsed file must be the one the metadata describes. */
-static int check_same(const tf_file *m, const tf_file *p) {
+int tf__file_check_same(const tf_file *m, const tf_file *p) {
     const char *fld = NULL;
     uint64_t want = 0, found = 0;
     if (p->num_tokens != m->num_tokens) fld = "num_tokens", want = m->num_tokens, found = p->num_tokens;
@@ -726,7 +743,7 @@ int tf__file_acquire(const tf_file *f, const tf_file **live) {
     tf_file tmp;
     memset(&tmp, 0, sizeof tmp);
     int rc = reparse(f, z, &tmp);
-    if (!rc) rc = check_same(f, &tmp);
+    if (!rc) rc = tf__file_check_same(f, &tmp);
     /* the pread and io_uring backends read at this offset without the map */
     if (!rc && tf__file_token_offset(&tmp) != z->tok_off)
         rc = tf__seterr(-TF_EFORMAT, "%s: token offset: expected %lld as when the dataset's index of the file was taken, found %lld. The file changed since: open the dataset again.",

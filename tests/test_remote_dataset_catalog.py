@@ -1,0 +1,140 @@
+"""A tokenfeed dataset carries its own catalog (tokenfeed.catalog, written with its manifest):
+a remote open reads the manifest and the catalog, not every shard's header, and opens each shard
+on first touch, checked against its catalog entry. Requests are counted at the proxy in front
+of moto's S3 server (counts and bytes, never time)."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import tokenfeed
+from remote_util import FaultProxy, bucket, moto, write_dataset  # noqa: F401  (fixtures)
+
+CATALOG = "tokenfeed.catalog"
+
+
+def _write(path, n_docs=2000, seed=0, shard_tokens=20_000):
+    rng = np.random.default_rng(seed)
+    docs = [rng.integers(0, 50000, size=int(n), dtype=np.uint16) for n in rng.integers(100, 900, size=n_docs)]
+    with tokenfeed.DatasetWriter(path, vocab_size=50000, shard_tokens=shard_tokens) as w:
+        w.add_documents(docs)
+    return path
+
+
+def _open(url, cache, endpoint, **kw):
+    return tokenfeed.open(url, cache_dir=str(cache), cache_limit="256MB", endpoint_url=endpoint,
+                          chunk_size=64 << 10, **kw)
+
+
+def _batches(ds, n=4):
+    it = iter(tokenfeed.Loader(ds, seq_len=128, batch_size=8, seed=3, shuffle="block"))
+    return [np.asarray(next(it)["input_ids"]).copy() for _ in range(n)]
+
+
+def _shard_gets(p):
+    """GETs of shard objects (not the manifest or the catalog)."""
+    return {k: v for k, v in p.gets.items() if k[0].endswith(".tfs")}
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    path = _write(tmp_path / "src" / "ds")
+    names = sorted(n for n in os.listdir(path) if n.endswith(".tfs"))
+    assert len(names) >= 20 and os.path.isfile(path / CATALOG)
+    return path, names
+
+
+@pytest.mark.parametrize("slash", ["", "/"])
+def test_first_open_reads_no_shard(dataset, moto, bucket, tmp_path, slash):
+    path, names = dataset
+    moto.upload_dir(bucket, "ds", str(path))
+    local = tokenfeed.open(str(path))
+    p = FaultProxy(moto.port)
+    try:
+        ds = _open(f"s3://{bucket}/ds{slash}", tmp_path / "cache", p.endpoint)
+        # the manifest, the catalog and the listing: nothing per shard
+        assert _shard_gets(p) == {}, sorted(_shard_gets(p))[:4]
+        assert p.requests.get("HEAD", 0) <= 8 and sum(p.requests.values()) <= 12, p.requests
+        assert ds.fingerprint == local.fingerprint and ds.num_files == local.num_files == len(names)
+        assert ds.num_tokens == local.num_tokens
+        # batches identical to the local dataset's; only the shards read are touched
+        assert all(np.array_equal(a, b) for a, b in zip(_batches(ds), _batches(local)))
+        touched = {k[0].rsplit("/", 1)[1] for k in _shard_gets(p)}
+        assert touched and touched <= set(names)
+        # documents and random access through the shards opened on first touch
+        for j in (0, local.num_documents // 2, local.num_documents - 1):
+            assert np.array_equal(ds.document(j), local.document(j))
+    finally:
+        p.stop()
+
+
+def test_restart_reads_the_node_record(dataset, moto, bucket, tmp_path):
+    path, _ = dataset
+    moto.upload_dir(bucket, "ds", str(path))
+    local = tokenfeed.open(str(path))
+    p = FaultProxy(moto.port)
+    try:
+        first = _open(f"s3://{bucket}/ds", tmp_path / "cache", p.endpoint)
+        want = _batches(first)
+        del first
+        p.reset_counts()
+        again = _open(f"s3://{bucket}/ds", tmp_path / "cache", p.endpoint)
+        assert sum(p.requests.values()) == 0, p.requests
+        assert again.fingerprint == local.fingerprint
+        assert all(np.array_equal(a, b) for a, b in zip(_batches(again), want))
+        assert p.requests.get("HEAD", 0) == 0
+    finally:
+        p.stop()
+
+
+def test_shard_replaced_after_the_catalog_is_refused_on_first_touch(dataset, moto, bucket, tmp_path):
+    path, names = dataset
+    moto.upload_dir(bucket, "ds", str(path))
+    # another dataset's shard of the same name (same size or not): the catalog no longer describes it
+    other = _write(tmp_path / "other", seed=7)
+    victim = names[0]
+    with open(other / sorted(n for n in os.listdir(other) if n.endswith(".tfs"))[0], "rb") as f:
+        moto.put(bucket, f"ds/{victim}", f.read())
+    ds = _open(f"s3://{bucket}/ds", tmp_path / "cache", moto.endpoint)  # the open itself reads no shard
+    with pytest.raises(tokenfeed.FormatError, match=rf"{victim}.*(catalog|size)"):
+        ds.document(0)  # the first document lies in the first shard
+    # the other shards still read
+    assert len(ds.document(ds.num_documents - 1)) > 0
+
+
+def test_catalog_of_another_manifest_is_ignored(dataset, moto, bucket, tmp_path):
+    """A dataset rewritten without its catalog (or with an old one left beside it) opens by
+    reading every shard's header, as before catalogs existed."""
+    path, names = dataset
+    newer = _write(tmp_path / "newer", n_docs=1500, seed=3)
+    os.replace(path / CATALOG, tmp_path / "old.catalog")
+    moto.upload_dir(bucket, "plain", str(path))  # no catalog at all
+    os.replace(tmp_path / "old.catalog", newer / CATALOG)
+    moto.upload_dir(bucket, "stale", str(newer))  # a catalog of another manifest
+    p = FaultProxy(moto.port)
+    try:
+        for prefix, src in (("plain", path), ("stale", newer)):
+            p.reset_counts()
+            local = tokenfeed.open(str(src))
+            ds = _open(f"s3://{bucket}/{prefix}", tmp_path / f"cache-{prefix}", p.endpoint)
+            assert len({k[0] for k in _shard_gets(p)}) == local.num_files  # every header read at open
+            assert ds.fingerprint == local.fingerprint
+            assert all(np.array_equal(a, b) for a, b in zip(_batches(ds, 2), _batches(local, 2)))
+    finally:
+        p.stop()
+
+
+def test_index_writes_the_catalog_of_an_older_dataset(dataset, moto, bucket, tmp_path):
+    path, names = dataset
+    os.remove(path / CATALOG)
+    assert tokenfeed.build_catalog(str(path)) == f"{path}/{CATALOG}"
+    moto.upload_dir(bucket, "ds", str(path))
+    p = FaultProxy(moto.port)
+    try:
+        ds = _open(f"s3://{bucket}/ds", tmp_path / "cache", p.endpoint)
+        assert _shard_gets(p) == {}
+        assert ds.fingerprint == tokenfeed.open(str(path)).fingerprint
+    finally:
+        p.stop()
