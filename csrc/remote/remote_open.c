@@ -171,7 +171,12 @@ static int run_plan(tf__preg *g, fetch_plan *fp) {
     for (size_t i = 0; i < fp->n && !rc; i++) {
         want *w = &fp->w[i];
         rc = tf__robj_from_info(g->r, w->p->url, &w->p->info, &objs[i]);
-        if (!rc) rq[i] = (tf__rreq){objs[i], w->off, w->len, w->p->map + w->off, 0};
+        if (!rc) {
+            /* an object found changed drops the node's record of this open */
+            objs[i]->meta_on = g->meta_on;
+            objs[i]->meta_key = g->meta_key;
+            rq[i] = (tf__rreq){objs[i], w->off, w->len, w->p->map + w->off, 0};
+        }
     }
     if (!rc) rc = tf__remote_read_many(g->r, rq, fp->n);
     for (size_t i = 0; i < fp->n && !rc; i++) rc = tf__pobj_note(g, fp->w[i].p, fp->w[i].off, fp->w[i].len);
@@ -448,12 +453,24 @@ static const tf__lazy_src remote_lazy_src;
  * this object). */
 typedef struct lazy_obj {
     tf_remote *r; /* a reference */
+    char *url;
     tf_object_info info;
+    uint64_t num_docs;
     int meta_on;
     uint64_t meta_key;
     _Atomic(tf__robj *) robj;
     _Atomic int failed; /* its first touch failed: the reader reports it */
+    struct lazy_group *grp; /* its dataset's shards (shared) */
+    size_t idx;             /* its place there */
+    /* under grp->mu: bytes another shard's touch fetched ahead for this one */
+    tf__prange *ahead;
+    size_t nahead;
+    uint64_t ahead_bytes;
+    uint64_t fetching; /* bytes reserved while a touch fetches ahead for it */
 } lazy_obj;
+
+/* Set while the scheduler opens a shard ahead of its reader. */
+static _Thread_local int scheduler_touch;
 
 const tf__robj *tf__file_robj(const tf_file *f) {
     if (!f) return NULL;
@@ -464,8 +481,14 @@ const tf__robj *tf__file_robj(const tf_file *f) {
     if (!lo || f->compressed) return NULL;
     tf__robj *o = atomic_load(&lo->robj);
     if (!o && !atomic_load(&lo->failed)) {
-        /* the scheduler asks ahead of the reader: open the shard now */
-        if (tf__file_touch(f) != 0) {
+        /* the scheduler asks ahead of the reader: open the shard now, its
+         * requests behind those of readers waiting */
+        tf__remote_open_ahead(1);
+        scheduler_touch = 1;
+        int rc = tf__file_touch(f);
+        scheduler_touch = 0;
+        tf__remote_open_ahead(0);
+        if (rc != 0) {
             atomic_store(&lo->failed, 1);
             tf__clearerr();
         }
@@ -518,6 +541,22 @@ static int finish_remote_file(tf__preg *g, tf_file *f) {
 /* a dataset's catalog: shards opened on first touch                         */
 /* ------------------------------------------------------------------------ */
 
+/* Shards whose headers a first touch fetches along with its own, in the
+ * same round of concurrent requests: the next ones of the dataset not
+ * touched yet (a reader of small shards crosses into the next one soon),
+ * while the headers fetched ahead and not used yet stay within
+ * READ_AHEAD_BYTES per dataset. */
+#define READ_AHEAD 32u
+#define READ_AHEAD_BYTES (64ull << 20)
+
+/* The shards of one dataset opened from its catalog. */
+typedef struct lazy_group {
+    pthread_mutex_t mu;
+    size_t n, alive;          /* under mu */
+    struct lazy_obj **objs;   /* in file order; NULL once freed (under mu) */
+    uint64_t ahead_bytes;     /* bytes fetched ahead, not used yet (under mu) */
+} lazy_group;
+
 /* The shards of t from its dataset's catalog, when it has a usable one (read
  * with the manifest pm): t->cat filled, or left NULL (then every shard's
  * header is read now, as for a dataset without a catalog). */
@@ -535,12 +574,124 @@ static int read_catalog(tf__preg *g, target *t, tf__pobj *pm, const tf_open_opti
     return 0;
 }
 
+static void ahead_drop(lazy_obj *lo) {
+    for (size_t k = 0; k < lo->nahead; k++) free(lo->ahead[k].copy);
+    free(lo->ahead);
+    lo->ahead = NULL;
+    lo->grp->ahead_bytes -= lo->ahead_bytes;
+    lo->nahead = 0;
+    lo->ahead_bytes = 0;
+}
+
 static void lazy_obj_free(void *ctx) {
     lazy_obj *lo = ctx;
     if (!lo) return;
+    lazy_group *grp = lo->grp;
+    pthread_mutex_lock(&grp->mu);
+    ahead_drop(lo);
+    grp->objs[lo->idx] = NULL;
+    int last = --grp->alive == 0;
+    pthread_mutex_unlock(&grp->mu);
+    if (last) {
+        pthread_mutex_destroy(&grp->mu);
+        free(grp->objs);
+        free(grp);
+    }
     tf__robj_free(atomic_load(&lo->robj));
     tf_remote_free(lo->r);
+    free(lo->url);
     free(lo);
+}
+
+/* Bytes a first touch fetches of lo's object (at most). */
+static uint64_t touch_bytes(const lazy_obj *lo) {
+    uint64_t b = HEAD_BYTES + lo->num_docs * 8 + TAIL_BYTES + (64u << 10);
+    return b < lo->info.size ? b : lo->info.size;
+}
+
+/* Fetch what opening lo's object reads, with (ahead) the headers of the next
+ * shards not touched yet: g filled. The shards fetched ahead keep their
+ * bytes for their own first touch. */
+static int touch_fetch(tf__preg *g, lazy_obj *lo, int ahead) {
+    lazy_group *grp = lo->grp;
+    lazy_obj *next[READ_AHEAD];
+    size_t nn = 0;
+    tf__prange *mine = NULL;
+    size_t nmine = 0;
+    pthread_mutex_lock(&grp->mu);
+    /* what an earlier touch fetched ahead for this one */
+    mine = lo->ahead;
+    nmine = lo->nahead;
+    grp->ahead_bytes -= lo->ahead_bytes;
+    lo->ahead = NULL;
+    lo->nahead = 0;
+    lo->ahead_bytes = 0;
+    /* a round of requests is needed for this one: the next ones join it */
+    for (size_t j = lo->idx + 1; ahead && !nmine && j < grp->n && nn < READ_AHEAD; j++) {
+        lazy_obj *o = grp->objs[j];
+        if (!o || o->fetching || o->nahead || atomic_load(&o->robj) || atomic_load(&o->failed)) continue;
+        uint64_t b = touch_bytes(o);
+        if (grp->ahead_bytes + b > READ_AHEAD_BYTES) break;
+        grp->ahead_bytes += b; /* reserved; settled when its bytes are in */
+        o->fetching = b;
+        next[nn++] = o;
+    }
+    pthread_mutex_unlock(&grp->mu);
+    g->record = 1; /* keep copies of the bytes: those fetched ahead are kept */
+    g->record_max = UINT64_MAX;
+    int rc = 0;
+    tf__pobj *p = tf__preg_add(g, lo->url);
+    if (!p) rc = -ENOMEM;
+    else {
+        p->known = p->exists = 1;
+        p->info = lo->info;
+        rc = tf__pobj_map(p);
+        for (size_t k = 0; k < nmine && !rc; k++) {
+            memcpy(p->map + mine[k].off, mine[k].copy, (size_t)mine[k].len);
+            rc = tf__pobj_note(g, p, mine[k].off, mine[k].len);
+        }
+    }
+    for (size_t k = 0; k < nmine; k++) free(mine[k].copy);
+    free(mine);
+    fetch_plan fp = {NULL, 0, 0};
+    if (!rc) rc = plan_head_tail(&fp, p, lo->num_docs * 8 + TAIL_BYTES);
+    for (size_t k = 0; k < nn && !rc; k++) {
+        tf__pobj *q = tf__preg_add(g, next[k]->url);
+        if (!q) rc = -ENOMEM;
+        else {
+            q->known = q->exists = 1;
+            q->info = next[k]->info;
+            rc = plan_head_tail(&fp, q, next[k]->num_docs * 8 + TAIL_BYTES);
+        }
+    }
+    if (!rc) rc = run_plan(g, &fp);
+    if (!rc) rc = plan_missing(g, &fp);
+    if (!rc) rc = run_plan(g, &fp);
+    free(fp.w);
+    /* hand the bytes fetched ahead to their shards */
+    pthread_mutex_lock(&grp->mu);
+    for (size_t k = 0; k < nn; k++) {
+        lazy_obj *o = next[k];
+        tf__pobj *q = tf__preg_find(g, o->url);
+        grp->ahead_bytes -= o->fetching;
+        o->fetching = 0;
+        if (rc || !q || grp->objs[o->idx] != o || atomic_load(&o->robj)) continue; /* touched meanwhile */
+        uint64_t b = 0;
+        int whole = 1;
+        for (size_t i = 0; i < q->ngot; i++) {
+            b += q->got[i].len;
+            whole = whole && (q->got[i].copy || !q->got[i].len);
+        }
+        if (!whole) continue;
+        o->ahead = q->got;
+        o->nahead = q->ngot;
+        o->ahead_bytes = b;
+        grp->ahead_bytes += b;
+        q->got = NULL;
+        q->ngot = q->capgot = 0;
+    }
+    pthread_mutex_unlock(&grp->mu);
+    return rc;
 }
 
 /* First touch of a shard known from the catalog: its header, document index
@@ -550,23 +701,23 @@ static int lazy_obj_open(void *ctx, const tf_file *meta, tf_file *out) {
     lazy_obj *lo = ctx;
     const char *url = meta->path;
     if (lo->info.size != tf__file_size(meta))
-        TF_FAIL(-TF_EFORMAT, "%s: size: expected %llu bytes as the dataset's catalog (%s) records, found %llu. The object was replaced after the catalog was written: restore it, or write the catalog again (tokenfeed index DATASET_DIR, on the dataset's source directory, then upload %s).",
+        TF_FAIL(-TF_EFORMAT, "%s: size: expected %llu bytes as the dataset's catalog (%s) records, found %llu. The object was replaced after the catalog was written: restore it, or write the catalog again (tokenfeed index DATASET_DIR on the dataset's source directory, then upload its %s).",
                 url, (ull)tf__file_size(meta), TF_DATASET_CATALOG_NAME, (ull)lo->info.size, TF_DATASET_CATALOG_NAME);
     tf__preg g;
     memset(&g, 0, sizeof g);
     g.r = lo->r;
     g.meta_on = lo->meta_on;
     g.meta_key = lo->meta_key;
-    tf__pobj *p = tf__preg_add(&g, url);
-    if (!p) return -ENOMEM;
-    p->known = p->exists = 1;
-    p->info = lo->info;
-    fetch_plan fp = {NULL, 0, 0};
-    int rc = plan_head_tail(&fp, p, meta->num_docs * 8 + TAIL_BYTES);
-    if (!rc) rc = run_plan(&g, &fp);
-    if (!rc) rc = plan_missing(&g, &fp);
-    if (!rc) rc = run_plan(&g, &fp);
-    free(fp.w);
+    /* the scheduler's touches, ahead of the reader, fetch the next shards'
+     * headers too (it walks the stream one position at a time); a reader's
+     * asks for what it waits for alone */
+    int rc = touch_fetch(&g, lo, scheduler_touch);
+    if (rc && rc != -EINTR && scheduler_touch) {
+        /* a shard fetched ahead may be what failed: this one alone */
+        tf__preg_free(&g);
+        tf__clearerr();
+        rc = touch_fetch(&g, lo, 0);
+    }
     if (!rc) {
         tf_open_options o = {.format = TF_FORMAT_NATIVE, .raw_dtype = TF_DTYPE_INVALID};
         rc = tf__preg_enter(&g);
@@ -576,7 +727,7 @@ static int lazy_obj_open(void *ctx, const tf_file *meta, tf_file *out) {
     if (!rc && tf__file_check_same(meta, out) != 0) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", tf_last_error());
-        rc = tf__seterr(-TF_EFORMAT, "%s The dataset's catalog (%s) describes the object as it was when the catalog was written: the object was replaced since. Restore it, or write the catalog again (tokenfeed index DATASET_DIR, then upload %s).",
+        rc = tf__seterr(-TF_EFORMAT, "%s The dataset's catalog (%s) describes the object as it was when the catalog was written: the object was replaced since. Restore it, or write the catalog again (tokenfeed index DATASET_DIR on the dataset's source directory, then upload its %s).",
                         msg, TF_DATASET_CATALOG_NAME, TF_DATASET_CATALOG_NAME);
     }
     if (!rc) rc = finish_remote_file(&g, out);
@@ -598,22 +749,52 @@ static const tf__lazy_src remote_lazy_src = {lazy_obj_open, lazy_obj_free};
 /* Move t's catalogued shards into files, each with the object its listing
  * showed (every read is conditional on that version). */
 static int adopt_catalog(tf__preg *g, target *t, tf_file **files, uint64_t *nfiles, uint64_t *cap) {
-    for (uint64_t k = 0; k < t->ncat; k++) {
+    lazy_group *grp = calloc(1, sizeof *grp);
+    lazy_obj **objs = calloc(t->ncat ? t->ncat : 1, sizeof *objs);
+    if (!grp || !objs || pthread_mutex_init(&grp->mu, NULL) != 0) {
+        free(grp);
+        free(objs);
+        return -ENOMEM;
+    }
+    grp->objs = objs;
+    grp->n = (size_t)t->ncat;
+    int rc = 0;
+    for (uint64_t k = 0; k < t->ncat && !rc; k++) {
         tf__pobj *p = tf__preg_find(g, t->cat[k].path);
-        if (!p || !p->exists) TF_FAIL(-EINVAL, "%s: not listed (internal error)", t->cat[k].path);
+        if (!p || !p->exists) {
+            rc = tf__seterr(-EINVAL, "%s: not listed (internal error)", t->cat[k].path);
+            break;
+        }
         lazy_obj *lo = calloc(1, sizeof *lo);
-        if (!lo) return -ENOMEM;
+        if (lo) lo->url = strdup(t->cat[k].path);
+        if (!lo || !lo->url) {
+            free(lo);
+            rc = -ENOMEM;
+            break;
+        }
         lo->r = tf__remote_ref(g->r);
         lo->info = p->info;
         lo->meta_on = g->meta_on;
         lo->meta_key = g->meta_key;
+        lo->num_docs = t->cat[k].num_docs;
+        lo->grp = grp;
+        lo->idx = (size_t)k;
+        objs[k] = lo;
+        grp->alive++;
         tf__file_lazy_set_source(&t->cat[k], &remote_lazy_src, lo);
+    }
+    if (grp->alive == 0) { /* nothing refers to the group */
+        pthread_mutex_destroy(&grp->mu);
+        free(objs);
+        free(grp);
+    }
+    for (uint64_t k = 0; k < t->ncat && !rc; k++) {
         tf_file *f = tf__files_push(files, nfiles, cap);
         if (!f) return -ENOMEM;
         *f = t->cat[k];
         memset(&t->cat[k], 0, sizeof t->cat[k]);
     }
-    return 0;
+    return rc;
 }
 
 /* ------------------------------------------------------------------------ */

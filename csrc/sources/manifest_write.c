@@ -106,11 +106,5 @@ int tf__manifest_publish(int dfd, const char *dir, const char *buf, size_t len, 
         return rc;
     }
     *renamed = 1;
-    TF_TRY(tf__fsync_dir(dfd, dir));
-    /* The dataset's own catalog (catalog.c), so that a remote open reads it
-     * instead of every shard's header. Best effort: a dataset without one
-     * opens as before, and a catalog left from an earlier dataset here
-     * describes another manifest, so it is ignored. */
-    if (tf__catalog_write_dataset(dir, NULL, 0) != 0) tf__clearerr();
-    return 0;
+    return tf__fsync_dir(dfd, dir);
 }
