@@ -694,6 +694,25 @@ static int touch_fetch(tf__preg *g, lazy_obj *lo, int ahead) {
     return rc;
 }
 
+/* A shard held whole in memory: its token section against its chunk
+ * table, as the cache checks chunks. */
+static int check_tokens(const tf_file *f) {
+    const uint8_t *m = f->map;
+    uint64_t len = f->tokens_section_len, g = f->chunk_sum_bytes;
+    if (!f->chunk_sums || !g) return 0;
+    if (f->tokens_offset > f->map_len || len > f->map_len - f->tokens_offset ||
+        f->num_chunk_sums != len / g + (len % g != 0))
+        TF_FAIL(-TF_EFORMAT, "%s: chunk checksums: expected %llu entries, found %llu", f->path,
+                (ull)(len / g + (len % g != 0)), (ull)f->num_chunk_sums);
+    for (uint64_t i = 0; i < f->num_chunk_sums; i++) {
+        uint64_t off = i * g, n = len - off < g ? len - off : g;
+        if (tf_hash64(m + f->tokens_offset + off, (size_t)n, 0) != tf__le64((const uint8_t *)&f->chunk_sums[i]))
+            TF_FAIL(-EIO, "%s: bytes [%llu, +%llu) do not match the shard's chunk checksum: corrupted in transit or in the store. Run verify() on the source.",
+                    f->path, (ull)(f->tokens_offset + off), (ull)n);
+    }
+    return 0;
+}
+
 /* First touch of a shard known from the catalog: its header, document index
  * and tables fetched (conditional on the version listed at open), parsed,
  * and checked against the catalog's entry meta. */
@@ -729,6 +748,31 @@ static int lazy_obj_open(void *ctx, const tf_file *meta, tf_file *out) {
         snprintf(msg, sizeof msg, "%s", tf_last_error());
         rc = tf__seterr(-TF_EFORMAT, "%s The dataset's catalog (%s) describes the object as it was when the catalog was written: the object was replaced since. Restore it, or write the catalog again (tokenfeed index DATASET_DIR on the dataset's source directory, then upload its %s).",
                         msg, TF_DATASET_CATALOG_NAME, TF_DATASET_CATALOG_NAME);
+    }
+    tf__pobj *p = rc ? NULL : tf__preg_find(&g, url);
+    if (!rc && p && p->whole && p->claimed && !out->compressed && p->info.size <= HEAD_BYTES) {
+        /* A shard no larger than the head a first touch reads anyway was
+         * fetched whole: its tokens stay in the map the parser took (no
+         * second request for them), checked as chunks are (the GET was
+         * conditional on the version listed; then the shard's chunk table,
+         * when it has one). Larger ones read their tokens through the
+         * node's chunk cache. */
+        rc = check_tokens(out);
+        /* its object all the same, for the scheduler (which places chunks
+         * by it, and finds the store by any file's object) */
+        tf__robj *o = NULL;
+        if (!rc && !atomic_load(&lo->robj)) rc = tf__robj_from_info(lo->r, url, &lo->info, &o);
+        if (!rc && o) rc = tf__robj_set_region(o, out->tokens_offset, out->tokens_section_len, out->chunk_sums,
+                                               out->num_chunk_sums, out->chunk_sum_bytes);
+        if (!rc && o) {
+            o->meta_on = lo->meta_on;
+            o->meta_key = lo->meta_key;
+            tf__robj *kept = NULL;
+            if (atomic_compare_exchange_strong(&lo->robj, &kept, o)) o = NULL;
+        }
+        tf__robj_free(o);
+        tf__preg_free(&g);
+        return rc;
     }
     if (!rc) rc = finish_remote_file(&g, out);
     if (!rc) {

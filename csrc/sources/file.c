@@ -744,8 +744,9 @@ int tf__file_acquire(const tf_file *f, const tf_file **live) {
     memset(&tmp, 0, sizeof tmp);
     int rc = reparse(f, z, &tmp);
     if (!rc) rc = tf__file_check_same(f, &tmp);
-    /* the pread and io_uring backends read at this offset without the map */
-    if (!rc && tf__file_token_offset(&tmp) != z->tok_off)
+    /* the pread and io_uring backends read at this offset without the map
+     * (never a file from a source: its token offset is unknown, -1) */
+    if (!rc && !z->src && tf__file_token_offset(&tmp) != z->tok_off)
         rc = tf__seterr(-TF_EFORMAT, "%s: token offset: expected %lld as when the dataset's index of the file was taken, found %lld. The file changed since: open the dataset again.",
                         f->path, (long long)z->tok_off, (long long)tf__file_token_offset(&tmp));
     if (rc) {
