@@ -30,6 +30,18 @@
  * finished: its token region becomes a chunked object read through the
  * cache (f->bytes_src), its metadata moves out of the sparse map into a compact
  * buffer, and the sparse map is unmapped.
+ *
+ * A dataset directory with its own catalog (tokenfeed.catalog, catalog.c:
+ * a candidate of round 1, fetched whole with the manifest in round 2) skips
+ * rounds 3 and 4 for its shards: when the catalog describes the manifest,
+ * its entries become the files, lazily (file.c), each with a lazy_obj as
+ * its source: the object as round 1's listing saw it. A shard's first touch
+ * (lazy_obj_open) runs rounds 3 and 4 for that object alone, parses it as
+ * above and checks it against its entry; the scheduler's touches
+ * (tf__file_robj) take the next shards of the dataset into the same round,
+ * at a lower priority, keeping their bytes for their own touch. The token
+ * region of a touched shard (lazy_obj.robj) lives as long as the dataset, so
+ * that the scheduler's chunk references outlive an unmapped shard.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -546,7 +558,7 @@ static int finish_remote_file(tf__preg *g, tf_file *f) {
  * touched yet (a reader of small shards crosses into the next one soon),
  * while the headers fetched ahead and not used yet stay within
  * READ_AHEAD_BYTES per dataset. */
-#define READ_AHEAD 32u
+#define READ_AHEAD 8u
 #define READ_AHEAD_BYTES (64ull << 20)
 
 /* The shards of one dataset opened from its catalog. */
