@@ -8,9 +8,10 @@ import os
 
 import numpy as np
 import pytest
+import xxhash
 
 import tokenfeed
-from remote_util import FaultProxy, bucket, moto, write_dataset  # noqa: F401  (fixtures)
+from remote_util import FaultProxy, bucket, moto, proxy  # noqa: F401  (fixtures)
 
 CATALOG = "tokenfeed.catalog"
 
@@ -46,62 +47,72 @@ def dataset(tmp_path):
     return path, names
 
 
+@pytest.fixture
+def uploaded(dataset, moto, bucket):
+    path, names = dataset
+    moto.upload_dir(bucket, "ds", str(path))
+    return names, tokenfeed.open(str(path)), f"s3://{bucket}/ds"
+
+
 @pytest.mark.parametrize("slash", ["", "/"])
-def test_first_open_reads_no_shard(dataset, moto, bucket, tmp_path, slash):
-    path, names = dataset
-    moto.upload_dir(bucket, "ds", str(path))
-    local = tokenfeed.open(str(path))
-    p = FaultProxy(moto.port)
-    try:
-        ds = _open(f"s3://{bucket}/ds{slash}", tmp_path / "cache", p.endpoint)
-        # the manifest, the catalog and the listing: nothing per shard
-        assert _shard_gets(p) == {}, sorted(_shard_gets(p))[:4]
-        assert p.requests.get("HEAD", 0) <= 8 and sum(p.requests.values()) <= 12, p.requests
-        assert ds.fingerprint == local.fingerprint and ds.num_files == local.num_files == len(names)
-        assert ds.num_tokens == local.num_tokens
-        # batches identical to the local dataset's; only the shards read are touched
-        assert all(np.array_equal(a, b) for a, b in zip(_batches(ds), _batches(local)))
-        touched = {k[0].rsplit("/", 1)[1] for k in _shard_gets(p)}
-        assert touched and touched <= set(names)
-        # documents and random access through the shards opened on first touch
-        for j in (0, local.num_documents // 2, local.num_documents - 1):
-            assert np.array_equal(ds.document(j), local.document(j))
-    finally:
-        p.stop()
+def test_first_open_reads_no_shard(uploaded, proxy, tmp_path, slash):
+    names, local, url = uploaded
+    ds = _open(url + slash, tmp_path / "cache", proxy.endpoint)
+    # the manifest, the catalog and the listing: nothing per shard
+    assert _shard_gets(proxy) == {}, sorted(_shard_gets(proxy))[:4]
+    assert proxy.requests.get("HEAD", 0) <= 8 and sum(proxy.requests.values()) <= 12, proxy.requests
+    assert ds.fingerprint == local.fingerprint and ds.num_files == local.num_files == len(names)
+    assert ds.num_tokens == local.num_tokens
+    # batches identical to the local dataset's; only the shards read are touched
+    assert all(np.array_equal(a, b) for a, b in zip(_batches(ds), _batches(local)))
+    touched = {k[0].rsplit("/", 1)[1] for k in _shard_gets(proxy)}
+    assert touched and touched <= set(names)
+    # documents and random access through the shards opened on first touch
+    for j in (0, local.num_documents // 2, local.num_documents - 1):
+        assert np.array_equal(ds.document(j), local.document(j))
 
 
-def test_restart_reads_the_node_record(dataset, moto, bucket, tmp_path):
-    path, _ = dataset
-    moto.upload_dir(bucket, "ds", str(path))
-    local = tokenfeed.open(str(path))
-    p = FaultProxy(moto.port)
-    try:
-        first = _open(f"s3://{bucket}/ds", tmp_path / "cache", p.endpoint)
-        want = _batches(first)
-        del first
-        p.reset_counts()
-        again = _open(f"s3://{bucket}/ds", tmp_path / "cache", p.endpoint)
-        assert sum(p.requests.values()) == 0, p.requests
-        assert again.fingerprint == local.fingerprint
-        assert all(np.array_equal(a, b) for a, b in zip(_batches(again), want))
-        assert p.requests.get("HEAD", 0) == 0
-    finally:
-        p.stop()
+def test_restart_reads_the_node_record(uploaded, proxy, tmp_path):
+    _, local, url = uploaded
+    want = _batches(_open(url, tmp_path / "cache", proxy.endpoint))
+    proxy.reset_counts()
+    again = _open(url, tmp_path / "cache", proxy.endpoint)
+    assert sum(proxy.requests.values()) == 0, proxy.requests
+    assert again.fingerprint == local.fingerprint
+    assert all(np.array_equal(a, b) for a, b in zip(_batches(again), want))
+    assert proxy.requests.get("HEAD", 0) == 0
 
 
-def test_shard_replaced_after_the_catalog_is_refused_on_first_touch(dataset, moto, bucket, tmp_path):
-    path, names = dataset
-    moto.upload_dir(bucket, "ds", str(path))
-    # another dataset's shard of the same name (same size or not): the catalog no longer describes it
-    other = _write(tmp_path / "other", seed=7)
+def _same_size_other_header(data: bytes) -> bytes:
+    """The shard with another tokens_checksum in a header that is valid (its own checksum redone):
+    a replacement of the same size that parses."""
+    buf = bytearray(data)
+    buf[104:112] = (int.from_bytes(buf[104:112], "little") ^ 1).to_bytes(8, "little")
+    buf[248:256] = xxhash.xxh64_intdigest(bytes(buf[:248]), seed=0).to_bytes(8, "little")
+    return bytes(buf)
+
+
+@pytest.mark.parametrize("replacement", ["another dataset's shard", "same size, another header"])
+def test_shard_replaced_after_the_catalog_is_refused_on_first_touch(uploaded, moto, bucket, tmp_path, replacement):
+    names, local, url = uploaded
     victim = names[0]
-    with open(other / sorted(n for n in os.listdir(other) if n.endswith(".tfs"))[0], "rb") as f:
-        moto.put(bucket, f"ds/{victim}", f.read())
-    ds = _open(f"s3://{bucket}/ds", tmp_path / "cache", moto.endpoint)  # the open itself reads no shard
-    with pytest.raises(tokenfeed.FormatError, match=rf"{victim}.*(catalog|size)"):
+    if replacement == "same size, another header":
+        with open(os.path.join(local.paths[0], victim), "rb") as f:
+            data = _same_size_other_header(f.read())
+    else:
+        other = _write(tmp_path / "other", seed=7)
+        with open(other / sorted(n for n in os.listdir(other) if n.endswith(".tfs"))[0], "rb") as f:
+            data = f.read()
+    moto.put(bucket, f"ds/{victim}", data)
+    ds = _open(url, tmp_path / "cache", moto.endpoint)  # the open itself reads no shard
+    assert ds.fingerprint == local.fingerprint  # from the catalog
+    with pytest.raises(tokenfeed.FormatError, match=rf"{victim}: .*(catalog|size)") as ei:
         ds.document(0)  # the first document lies in the first shard
-    # the other shards still read
-    assert len(ds.document(ds.num_documents - 1)) > 0
+    assert "tokenfeed index" in str(ei.value)
+    # the other shards still read, and the same error again, never other tokens
+    assert np.array_equal(ds.document(ds.num_documents - 1), local.document(local.num_documents - 1))
+    with pytest.raises(tokenfeed.FormatError, match=victim):
+        ds.tokens(0, 10)
 
 
 def test_catalog_of_another_manifest_is_ignored(dataset, moto, bucket, tmp_path):

@@ -553,9 +553,10 @@ static int finish_remote_file(tf__preg *g, tf_file *f) {
 /* a dataset's catalog: shards opened on first touch                         */
 /* ------------------------------------------------------------------------ */
 
-/* Shards whose headers a first touch fetches along with its own, in the
- * same round of concurrent requests: the next ones of the dataset not
- * touched yet (a reader of small shards crosses into the next one soon),
+/* Shards whose headers a first touch by the scheduler fetches along with its
+ * own, in the same round of concurrent requests: the next ones of the
+ * dataset not touched yet (a reader of small shards crosses into the next
+ * one soon),
  * while the headers fetched ahead and not used yet stay within
  * READ_AHEAD_BYTES per dataset. */
 #define READ_AHEAD 8u
@@ -621,10 +622,10 @@ static uint64_t touch_bytes(const lazy_obj *lo) {
     return b < lo->info.size ? b : lo->info.size;
 }
 
-/* Fetch what opening lo's object reads, with (ahead) the headers of the next
+/* Fetch what opening lo's object reads, with the headers of up to ahead next
  * shards not touched yet: g filled. The shards fetched ahead keep their
  * bytes for their own first touch. */
-static int touch_fetch(tf__preg *g, lazy_obj *lo, int ahead) {
+static int touch_fetch(tf__preg *g, lazy_obj *lo, size_t ahead) {
     lazy_group *grp = lo->grp;
     lazy_obj *next[READ_AHEAD];
     size_t nn = 0;
@@ -639,7 +640,7 @@ static int touch_fetch(tf__preg *g, lazy_obj *lo, int ahead) {
     lo->nahead = 0;
     lo->ahead_bytes = 0;
     /* a round of requests is needed for this one: the next ones join it */
-    for (size_t j = lo->idx + 1; ahead && !nmine && j < grp->n && nn < READ_AHEAD; j++) {
+    for (size_t j = lo->idx + 1; !nmine && j < grp->n && nn < ahead && nn < READ_AHEAD; j++) {
         lazy_obj *o = grp->objs[j];
         if (!o || o->fetching || o->nahead || atomic_load(&o->robj) || atomic_load(&o->failed)) continue;
         uint64_t b = touch_bytes(o);
@@ -741,9 +742,10 @@ static int lazy_obj_open(void *ctx, const tf_file *meta, tf_file *out) {
     g.meta_key = lo->meta_key;
     /* the scheduler's touches, ahead of the reader, fetch the next shards'
      * headers too (it walks the stream one position at a time); a reader's
-     * asks for what it waits for alone */
-    int rc = touch_fetch(&g, lo, scheduler_touch);
-    if (rc && rc != -EINTR && scheduler_touch) {
+     * the next one's only (a sample read on often runs into it), so as not
+     * to wait behind more */
+    int rc = touch_fetch(&g, lo, scheduler_touch ? READ_AHEAD : 1);
+    if (rc && rc != -EINTR && g.n > 1) {
         /* a shard fetched ahead may be what failed: this one alone */
         tf__preg_free(&g);
         tf__clearerr();
