@@ -742,9 +742,9 @@ static int lazy_obj_open(void *ctx, const tf_file *meta, tf_file *out) {
     g.meta_key = lo->meta_key;
     /* the scheduler's touches, ahead of the reader, fetch the next shards'
      * headers too (it walks the stream one position at a time); a reader's
-     * the next one's only (a sample read on often runs into it), so as not
-     * to wait behind more */
-    int rc = touch_fetch(&g, lo, scheduler_touch ? READ_AHEAD : 1);
+     * asks for what it waits for alone: its failure is this shard's, and
+     * bounded as any request's */
+    int rc = touch_fetch(&g, lo, scheduler_touch ? READ_AHEAD : 0);
     if (rc && rc != -EINTR && g.n > 1) {
         /* a shard fetched ahead may be what failed: this one alone */
         tf__preg_free(&g);

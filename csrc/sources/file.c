@@ -437,6 +437,10 @@ int tf__files_guard(const tf_file *files, uint64_t nfiles, int (*fn)(void *), vo
  *     with), checks it against the metadata and the identity (a file changed
  *     since is an error naming it, never other tokens), and pins it;
  *     tf__file_release unpins it.
+ *   - Source: a file whose bytes are not at its path (a remote shard known
+ *     from its dataset's catalog, csrc/remote/) has a source instead
+ *     (tf__file_lazy_set_source): the touch asks it for the parsed file, and
+ *     checks that against the metadata the same way; no stat, no descriptor.
  *   - Bound: the files mapped this way, over all datasets of the process, are
  *     at most TOKENFEED_MAX_OPEN_SHARDS (default 256) plus those pinned at
  *     the moment; an unpinned file is unmapped least recently used first.
