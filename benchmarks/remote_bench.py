@@ -7,6 +7,7 @@ they install, LitData and MosaicML Streaming against the same server and proxy.
     python benchmarks/remote_bench.py --only open     # stream, open, peers
     python benchmarks/remote_bench.py --only peers --peer-python /path/to/venv/bin/python
     python benchmarks/remote_bench.py --only startup --startup-shards 1000 10000
+    python benchmarks/remote_bench.py --only startup --startup-shards 10000 --startup-procs 4
 
 The servers run on 127.0.0.1 (tests/remote_util.py). moto is a Python server: on a small
 machine it serves some tens of MB/s, so the bandwidth cap must stay below that for the cap,
@@ -195,11 +196,15 @@ print(json.dumps({"open_s": opened, "first_batch_s": time.perf_counter() - t, "m
 def bench_startup(moto: MotoServer, tmp: str, args: argparse.Namespace) -> Dict[str, Any]:
     """Requests at start-up, counted at the proxy (which adds the latency): one process with a
     fresh cache, a restart with the same cache, and N processes of one node started together on
-    a fresh shared cache. The dataset's URL has no trailing "/", so every request is the core's
-    (a directory URL ending in "/" adds the one listing the package makes to expand it)."""
+    a fresh shared cache; for the dataset as written (with its catalog, tokenfeed.catalog, which a
+    remote open reads instead of every shard's header) and, with --startup-catalog both, once its
+    catalog is deleted from the bucket (every shard's header read at open, as for a dataset written
+    before tokenfeed wrote catalogs). The dataset's URL has no trailing "/", so every request is
+    the core's (a directory URL ending in "/" adds the one listing the package makes to expand it)."""
     out: Dict[str, Any] = {}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([args.startup_pythonpath] if args.startup_pythonpath
                                                       else sys.path))
+    variants = {"both": ["catalog", "no_catalog"], "with": ["catalog"], "without": ["no_catalog"]}[args.startup_catalog]
     for n in args.startup_shards:
         local = os.path.join(tmp, f"startup-{n}")
         rng = np.random.default_rng(2)
@@ -230,17 +235,23 @@ def bench_startup(moto: MotoServer, tmp: str, args: argparse.Namespace) -> Dict[
                     "first_batch_s_max": round(max(r["first_batch_s"] for r in res), 2)}
 
         try:
-            cache = os.path.join(tmp, f"startup-cache-{n}")
-            row["fresh"] = run(cache, 1)
-            row["restart"] = run(cache, 1)
-            row[f"node_{args.startup_procs}"] = run(os.path.join(tmp, f"startup-node-{n}"), args.startup_procs)
+            for v in variants:
+                if v == "no_catalog":
+                    moto.delete("startup", f"ds{n}/tokenfeed.catalog")
+                sub: Dict[str, Any] = {}
+                cache = os.path.join(tmp, f"startup-cache-{n}-{v}")
+                sub["fresh"] = run(cache, 1)
+                sub["restart"] = run(cache, 1)
+                if args.startup_procs > 1:
+                    sub[f"node_{args.startup_procs}"] = run(os.path.join(tmp, f"startup-node-{n}-{v}"),
+                                                            args.startup_procs)
+                for k, r in sub.items():
+                    print(f"start-up, {n} shards, {v.replace('_', ' ')}, {k}: " + (r["error"] if "error" in r else
+                          f"{r['wall_s']} s wall (open {r['open_s_max']} s, first batch {r['first_batch_s_max']} s), "
+                          f"{r['requests']} requests ({r['metadata_requests']} at open)"), flush=True)
+                row[v] = sub
         finally:
             proxy.stop()
-        for k in ("fresh", "restart", f"node_{args.startup_procs}"):
-            r = row[k]
-            print(f"start-up, {n} shards, {k}: " + (r["error"] if "error" in r else
-                  f"{r['wall_s']} s wall (first batch {r['first_batch_s_max']} s), {r['requests']} requests "
-                  f"({r['metadata_requests']} metadata)"), flush=True)
         out[str(n)] = row
     return out
 
@@ -365,6 +376,8 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--startup-shards", type=int, nargs="+", default=None,
                     help="shard counts for the start-up requests (default 1000; --quick 100)")
     ap.add_argument("--startup-procs", type=int, default=16, help="processes of the node in the start-up group")
+    ap.add_argument("--startup-catalog", choices=["both", "with", "without"], default="both",
+                    help="start-up with the dataset's catalog, without it (deleted from the bucket), or both")
     ap.add_argument("--startup-pythonpath", default="",
                     help="run the start-up children with this PYTHONPATH (another build, for a before/after)")
     ap.add_argument("--only", default="", help="comma list of: stream, open, startup, peers")

@@ -253,7 +253,7 @@ cli.main(["convert", {str(tmp_path / 'a.jsonl')!r}, {str(tmp_path / 'b.jsonl')!r
     assert "resuming: 2 of" in err
     ds = tokenfeed.open(out)
     assert_docs_equal(documents(ds), expected_docs(tok_path, texts, 1))
-    assert sorted(os.listdir(out)) == sorted(f["path"].rsplit("/", 1)[1] for f in ds.files()) + ["tokenfeed.manifest"]
+    assert sorted(os.listdir(out)) == sorted(f["path"].rsplit("/", 1)[1] for f in ds.files()) + ["tokenfeed.catalog", "tokenfeed.manifest"]
     assert done_mtime  # the first chunk was not redone (its part dir is gone with the work dir now)
 
 

@@ -24,6 +24,9 @@ def remote_ds(moto, bucket, tmp_path, monkeypatch):
     with tokenfeed.DatasetWriter(tmp_path / "src", vocab_size=1000, shard_tokens=40_000) as w:
         for _ in range(300):
             w.add_document(rng.integers(0, 1000, size=int(rng.integers(50, 500))))
+    # without the dataset's catalog, so that every shard's tokens go through the cache (a shard
+    # of at most 64 KiB known from the catalog keeps the bytes of its first read instead)
+    os.remove(tmp_path / "src" / "tokenfeed.catalog")
     moto.upload_dir(bucket, "d", str(tmp_path / "src"))
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto.endpoint)
     monkeypatch.setenv("TOKENFEED_CACHE_DIR", str(tmp_path / "cache"))

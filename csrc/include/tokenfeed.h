@@ -1697,7 +1697,9 @@ TF_API int tf_dataset_catalog_set(const tf_dataset *ds, const char *const *spec,
  * the set from, without listing the directory or reading a file (each file
  * is checked by size and modification time on first touch). prefix is how
  * the set's files are named ("dir/", or "" for names in the working
- * directory), pattern the glob of names ("" for the directory's data files).
+ * directory), pattern the glob of names ("" for the directory's data files;
+ * "tokenfeed.manifest" for the tokenfeed dataset in that directory: its own
+ * catalog, tokenfeed.catalog, which its writer also writes).
  * tf_dataset_write_data_catalog records ds, opened from those files, as that
  * set: 0, with the catalog's path in path (cap bytes); -EAGAIN when a file
  * or the directory was modified in the last 2 seconds or while writing.

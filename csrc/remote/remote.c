@@ -1117,11 +1117,17 @@ static job *new_open_job(int kind, const char *url) {
     return j;
 }
 
-/* Queue j ahead of every chunk, referenced by the pool and by the caller.
- * mu held. On failure j is freed. */
+/* Set on a thread whose open requests serve a read ahead (tf__remote_open_ahead). */
+static _Thread_local int open_ahead;
+
+void tf__remote_open_ahead(int on) { open_ahead = on; }
+
+/* Queue j ahead of every chunk, referenced by the pool and by the caller
+ * (a request made for a read ahead: after the chunks readers wait for, before
+ * those fetched ahead). mu held. On failure j is freed. */
 static int submit_open_job_locked(tf_remote *r, job *j) {
     int rc = ensure_pool(r);
-    j->urgent = 2;
+    j->urgent = open_ahead ? 0 : 2;
     j->seq = r->seq++;
     j->refs = 2;
     if (!rc && heap_push(r, j) != 0) rc = -ENOMEM;

@@ -101,6 +101,10 @@ typedef struct tf__rreq {
     int rc; /* out */
 } tf__rreq;
 TF_HIDDEN int tf__remote_read_many(tf_remote *r, tf__rreq *reqs, size_t n);
+/* On (1) for the calling thread while the requests it makes serve a read
+ * ahead (the scheduler opening a shard known from a catalog before its
+ * reader needs it): they queue behind every chunk a reader waits for. */
+TF_HIDDEN void tf__remote_open_ahead(int on);
 /* The sizes and versions of n objects (tf_remote_stat with retries),
  * concurrently on the fetch pool: rcs[i] is 0 (infos[i] filled), -ENOENT or
  * the failure of urls[i]. Returns the first failure in index order other than

@@ -30,11 +30,24 @@
  * finished: its token region becomes a chunked object read through the
  * cache (f->bytes_src), its metadata moves out of the sparse map into a compact
  * buffer, and the sparse map is unmapped.
+ *
+ * A dataset directory with its own catalog (tokenfeed.catalog, catalog.c:
+ * a candidate of round 1, fetched whole with the manifest in round 2) skips
+ * rounds 3 and 4 for its shards: when the catalog describes the manifest,
+ * its entries become the files, lazily (file.c), each with a lazy_obj as
+ * its source: the object as round 1's listing saw it. A shard's first touch
+ * (lazy_obj_open) runs rounds 3 and 4 for that object alone, parses it as
+ * above and checks it against its entry; the scheduler's touches
+ * (tf__file_robj) take the next shards of the dataset into the same round,
+ * at a lower priority, keeping their bytes for their own touch. The token
+ * region of a touched shard (lazy_obj.robj) lives as long as the dataset, so
+ * that the scheduler's chunk references outlive an unmapped shard.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,7 +69,8 @@ typedef unsigned long long ull;
 static int is_index_name(const char *url) {
     size_t n = strlen(url);
     return (n > 4 && !strcmp(url + n - 4, ".idx")) || (n > 6 && !strcmp(url + n - 6, ".index")) ||
-           (n > 18 && !strcmp(url + n - 18, TF_MANIFEST_NAME));
+           (n > 18 && !strcmp(url + n - 18, TF_MANIFEST_NAME)) ||
+           (n > 17 && !strcmp(url + n - 17, TF_DATASET_CATALOG_NAME));
 }
 
 typedef struct listed {
@@ -169,7 +183,12 @@ static int run_plan(tf__preg *g, fetch_plan *fp) {
     for (size_t i = 0; i < fp->n && !rc; i++) {
         want *w = &fp->w[i];
         rc = tf__robj_from_info(g->r, w->p->url, &w->p->info, &objs[i]);
-        if (!rc) rq[i] = (tf__rreq){objs[i], w->off, w->len, w->p->map + w->off, 0};
+        if (!rc) {
+            /* an object found changed drops the node's record of this open */
+            objs[i]->meta_on = g->meta_on;
+            objs[i]->meta_key = g->meta_key;
+            rq[i] = (tf__rreq){objs[i], w->off, w->len, w->p->map + w->off, 0};
+        }
     }
     if (!rc) rc = tf__remote_read_many(g->r, rq, fp->n);
     for (size_t i = 0; i < fp->n && !rc; i++) rc = tf__pobj_note(g, fp->w[i].p, fp->w[i].off, fp->w[i].len);
@@ -214,6 +233,28 @@ static int plan_range(fetch_plan *fp, tf__pobj *p, uint64_t off, uint64_t end) {
     return 0;
 }
 
+/* Plan what the headers fetched show is still missing: a native shard's
+ * document index and tables, a long .npy header. */
+static int plan_missing(tf__preg *g, fetch_plan *fp) {
+    int rc = 0;
+    for (size_t i = 0; i < g->n && !rc; i++) {
+        tf__pobj *p = &g->o[i];
+        if (!p->map || p->whole || p->info.size < 8) continue;
+        if (!memcmp(p->map, TF_NATIVE_MAGIC, 8)) {
+            tf_file tmp;
+            memset(&tmp, 0, sizeof tmp);
+            if (tf__parse_native_header(p->url, p->map, TF_NATIVE_HEADER_SIZE, p->info.size, &tmp) == 0)
+                rc = plan_range(fp, p, tmp.docs_offset, p->info.size);
+        } else if (!memcmp(p->map, "\x93NUMPY", 6) && p->info.size >= 12) {
+            /* format 1.0: u16 header length at 8; 2.0 and 3.0: u32 */
+            uint64_t hl = p->map[6] == 1 ? 10u + (uint64_t)(p->map[8] | p->map[9] << 8) : 12u + tf__le32(p->map + 8);
+            rc = plan_range(fp, p, 0, hl < p->info.size ? hl : p->info.size);
+        }
+        tf__clearerr();
+    }
+    return rc;
+}
+
 /* ------------------------------------------------------------------------ */
 /* resolving what a URL names                                                */
 /* ------------------------------------------------------------------------ */
@@ -227,6 +268,8 @@ typedef struct target {
     tf_format fmt;     /* for K_FILE, after detection */
     tf_manifest m;     /* K_DIR */
     int have_m;
+    tf_file *cat;      /* K_DIR: its shards from the dataset's catalog (NULL: none usable) */
+    uint64_t ncat;
 } target;
 
 static int ends_with(const char *s, const char *suf) {
@@ -260,11 +303,16 @@ static char *megatron_base(const char *url) {
 
 static int register_candidates(tf__preg *g, const char *url, const tf_open_options *opt) {
     char *d = dir_url(url), *mf = d ? tf__path_join(d, TF_MANIFEST_NAME) : NULL;
+    char *cf = d ? tf__path_join(d, TF_DATASET_CATALOG_NAME) : NULL;
     char *pre = megatron_base(url), *bin = pre ? cat2(pre, ".bin") : NULL, *idx = pre ? cat2(pre, ".idx") : NULL;
     char *index = cat2(url, ".index");
-    int rc = d && mf && pre && bin && idx && index ? 0 : -ENOMEM;
+    int rc = d && mf && cf && pre && bin && idx && index ? 0 : -ENOMEM;
     if (!rc && !tf__preg_add(g, url)) rc = -ENOMEM;
-    if (!rc && (opt->format == TF_FORMAT_AUTO || opt->format == TF_FORMAT_NATIVE) && !tf__preg_add(g, mf)) rc = -ENOMEM;
+    /* a dataset directory's manifest, and its catalog (asked for in the same
+     * round: whether there is one is known before the manifest is read) */
+    if (!rc && (opt->format == TF_FORMAT_AUTO || opt->format == TF_FORMAT_NATIVE) &&
+        (!tf__preg_add(g, mf) || !tf__preg_add(g, cf)))
+        rc = -ENOMEM;
     if (!rc && (opt->format == TF_FORMAT_AUTO || opt->format == TF_FORMAT_MEGATRON) &&
         (!tf__preg_add(g, bin) || !tf__preg_add(g, idx)))
         rc = -ENOMEM;
@@ -273,6 +321,7 @@ static int register_candidates(tf__preg *g, const char *url, const tf_open_optio
         rc = -ENOMEM;
     free(d);
     free(mf);
+    free(cf);
     free(pre);
     free(bin);
     free(idx);
@@ -402,11 +451,62 @@ static int remote_read(const void *src, uint64_t off, uint64_t len, void *out) {
 
 static void remote_free(void *src) { tf__robj_free(src); }
 
-/* The remote byte provider of the files this stack opens (source.h). */
+/* The remote byte provider of the files this stack opens (source.h); a
+ * shard opened on first touch borrows its object from its lazy_obj. */
 static const tf__byte_ops remote_byte_ops = {remote_read, remote_read_tokens, remote_free};
+static const tf__byte_ops remote_borrowed_ops = {remote_read, remote_read_tokens, NULL};
+
+static const tf__lazy_src remote_lazy_src;
+
+/* A shard known from its dataset's catalog, opened on first touch: the
+ * object as the open's listing saw it, and once touched its token region,
+ * kept for the dataset's life (the parsed file may be dropped and opened
+ * again under the bound on open shards; the scheduler holds its chunks by
+ * this object). */
+typedef struct lazy_obj {
+    tf_remote *r; /* a reference */
+    char *url;
+    tf_object_info info;
+    uint64_t num_docs;
+    int meta_on;
+    uint64_t meta_key;
+    _Atomic(tf__robj *) robj;
+    _Atomic int failed; /* its first touch failed: the reader reports it */
+    struct lazy_group *grp; /* its dataset's shards (shared) */
+    size_t idx;             /* its place there */
+    /* under grp->mu: bytes another shard's touch fetched ahead for this one */
+    tf__prange *ahead;
+    size_t nahead;
+    uint64_t ahead_bytes;
+    uint64_t fetching; /* bytes reserved while a touch fetches ahead for it */
+} lazy_obj;
+
+/* Set while the scheduler opens a shard ahead of its reader. */
+static _Thread_local int scheduler_touch;
 
 const tf__robj *tf__file_robj(const tf_file *f) {
-    return f && f->bytes_ops == &remote_byte_ops ? f->bytes_src : NULL;
+    if (!f) return NULL;
+    if (f->bytes_ops == &remote_byte_ops || f->bytes_ops == &remote_borrowed_ops) return f->bytes_src;
+    lazy_obj *lo = tf__file_lazy_source(f, &remote_lazy_src);
+    /* the scheduler places compressed blocks by the block table, which only
+     * the opened file holds: such shards are read without it */
+    if (!lo || f->compressed) return NULL;
+    tf__robj *o = atomic_load(&lo->robj);
+    if (!o && !atomic_load(&lo->failed)) {
+        /* the scheduler asks ahead of the reader: open the shard now, its
+         * requests behind those of readers waiting */
+        tf__remote_open_ahead(1);
+        scheduler_touch = 1;
+        int rc = tf__file_touch(f);
+        scheduler_touch = 0;
+        tf__remote_open_ahead(0);
+        if (rc != 0) {
+            atomic_store(&lo->failed, 1);
+            tf__clearerr();
+        }
+        o = atomic_load(&lo->robj);
+    }
+    return o;
 }
 
 static int finish_remote_file(tf__preg *g, tf_file *f) {
@@ -450,6 +550,312 @@ static int finish_remote_file(tf__preg *g, tf_file *f) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* a dataset's catalog: shards opened on first touch                         */
+/* ------------------------------------------------------------------------ */
+
+/* Shards whose headers a first touch by the scheduler fetches along with its
+ * own, in the same round of concurrent requests: the next ones of the
+ * dataset not touched yet (a reader of small shards crosses into the next
+ * one soon),
+ * while the headers fetched ahead and not used yet stay within
+ * READ_AHEAD_BYTES per dataset. */
+#define READ_AHEAD 8u
+#define READ_AHEAD_BYTES (64ull << 20)
+
+/* The shards of one dataset opened from its catalog. */
+typedef struct lazy_group {
+    pthread_mutex_t mu;
+    size_t n, alive;          /* under mu */
+    struct lazy_obj **objs;   /* in file order; NULL once freed (under mu) */
+    uint64_t ahead_bytes;     /* bytes fetched ahead, not used yet (under mu) */
+} lazy_group;
+
+/* The shards of t from its dataset's catalog, when it has a usable one (read
+ * with the manifest pm): t->cat filled, or left NULL (then every shard's
+ * header is read now, as for a dataset without a catalog). */
+static int read_catalog(tf__preg *g, target *t, tf__pobj *pm, const tf_open_options *opt) {
+    char *cf = tf__path_join(t->path, TF_DATASET_CATALOG_NAME);
+    if (!cf) return -ENOMEM;
+    tf__pobj *pc = tf__preg_find(g, cf);
+    free(cf);
+    if (!pc || !pc->exists || !pc->map || !tf__pobj_has(pc, 0, pc->info.size)) return 0;
+    if (tf__catalog_parse_dataset(t->path, pm->map, (size_t)pm->info.size, &t->m, pc->map, (size_t)pc->info.size,
+                                  opt, &t->cat, &t->ncat) != 0) {
+        t->cat = NULL; /* another dataset's (rewritten since), or damaged: ignored */
+        t->ncat = 0;
+    }
+    return 0;
+}
+
+static void ahead_drop(lazy_obj *lo) {
+    for (size_t k = 0; k < lo->nahead; k++) free(lo->ahead[k].copy);
+    free(lo->ahead);
+    lo->ahead = NULL;
+    lo->grp->ahead_bytes -= lo->ahead_bytes;
+    lo->nahead = 0;
+    lo->ahead_bytes = 0;
+}
+
+static void lazy_obj_free(void *ctx) {
+    lazy_obj *lo = ctx;
+    if (!lo) return;
+    lazy_group *grp = lo->grp;
+    pthread_mutex_lock(&grp->mu);
+    ahead_drop(lo);
+    grp->objs[lo->idx] = NULL;
+    int last = --grp->alive == 0;
+    pthread_mutex_unlock(&grp->mu);
+    if (last) {
+        pthread_mutex_destroy(&grp->mu);
+        free(grp->objs);
+        free(grp);
+    }
+    tf__robj_free(atomic_load(&lo->robj));
+    tf_remote_free(lo->r);
+    free(lo->url);
+    free(lo);
+}
+
+/* Bytes a first touch fetches of lo's object (at most). */
+static uint64_t touch_bytes(const lazy_obj *lo) {
+    uint64_t b = HEAD_BYTES + lo->num_docs * 8 + TAIL_BYTES + (64u << 10);
+    return b < lo->info.size ? b : lo->info.size;
+}
+
+/* Fetch what opening lo's object reads, with the headers of up to ahead next
+ * shards not touched yet: g filled. The shards fetched ahead keep their
+ * bytes for their own first touch. */
+static int touch_fetch(tf__preg *g, lazy_obj *lo, size_t ahead) {
+    lazy_group *grp = lo->grp;
+    lazy_obj *next[READ_AHEAD];
+    size_t nn = 0;
+    tf__prange *mine = NULL;
+    size_t nmine = 0;
+    pthread_mutex_lock(&grp->mu);
+    /* what an earlier touch fetched ahead for this one */
+    mine = lo->ahead;
+    nmine = lo->nahead;
+    grp->ahead_bytes -= lo->ahead_bytes;
+    lo->ahead = NULL;
+    lo->nahead = 0;
+    lo->ahead_bytes = 0;
+    /* a round of requests is needed for this one: the next ones join it */
+    for (size_t j = lo->idx + 1; !nmine && j < grp->n && nn < ahead && nn < READ_AHEAD; j++) {
+        lazy_obj *o = grp->objs[j];
+        if (!o || o->fetching || o->nahead || atomic_load(&o->robj) || atomic_load(&o->failed)) continue;
+        uint64_t b = touch_bytes(o);
+        if (grp->ahead_bytes + b > READ_AHEAD_BYTES) break;
+        grp->ahead_bytes += b; /* reserved; settled when its bytes are in */
+        o->fetching = b;
+        next[nn++] = o;
+    }
+    pthread_mutex_unlock(&grp->mu);
+    g->record = 1; /* keep copies of the bytes: those fetched ahead are kept */
+    g->record_max = UINT64_MAX;
+    int rc = 0;
+    tf__pobj *p = tf__preg_add(g, lo->url);
+    if (!p) rc = -ENOMEM;
+    else {
+        p->known = p->exists = 1;
+        p->info = lo->info;
+        rc = tf__pobj_map(p);
+        for (size_t k = 0; k < nmine && !rc; k++) {
+            memcpy(p->map + mine[k].off, mine[k].copy, (size_t)mine[k].len);
+            rc = tf__pobj_note(g, p, mine[k].off, mine[k].len);
+        }
+    }
+    for (size_t k = 0; k < nmine; k++) free(mine[k].copy);
+    free(mine);
+    fetch_plan fp = {NULL, 0, 0};
+    if (!rc) rc = plan_head_tail(&fp, p, lo->num_docs * 8 + TAIL_BYTES);
+    for (size_t k = 0; k < nn && !rc; k++) {
+        tf__pobj *q = tf__preg_add(g, next[k]->url);
+        if (!q) rc = -ENOMEM;
+        else {
+            q->known = q->exists = 1;
+            q->info = next[k]->info;
+            rc = plan_head_tail(&fp, q, next[k]->num_docs * 8 + TAIL_BYTES);
+        }
+    }
+    if (!rc) rc = run_plan(g, &fp);
+    if (!rc) rc = plan_missing(g, &fp);
+    if (!rc) rc = run_plan(g, &fp);
+    free(fp.w);
+    /* hand the bytes fetched ahead to their shards */
+    pthread_mutex_lock(&grp->mu);
+    for (size_t k = 0; k < nn; k++) {
+        lazy_obj *o = next[k];
+        tf__pobj *q = tf__preg_find(g, o->url);
+        grp->ahead_bytes -= o->fetching;
+        o->fetching = 0;
+        if (rc || !q || grp->objs[o->idx] != o || atomic_load(&o->robj)) continue; /* touched meanwhile */
+        uint64_t b = 0;
+        int whole = 1;
+        for (size_t i = 0; i < q->ngot; i++) {
+            b += q->got[i].len;
+            whole = whole && (q->got[i].copy || !q->got[i].len);
+        }
+        if (!whole) continue;
+        o->ahead = q->got;
+        o->nahead = q->ngot;
+        o->ahead_bytes = b;
+        grp->ahead_bytes += b;
+        q->got = NULL;
+        q->ngot = q->capgot = 0;
+    }
+    pthread_mutex_unlock(&grp->mu);
+    return rc;
+}
+
+/* A shard held whole in memory: its token section against its chunk
+ * table, as the cache checks chunks. */
+static int check_tokens(const tf_file *f) {
+    const uint8_t *m = f->map;
+    uint64_t len = f->tokens_section_len, g = f->chunk_sum_bytes;
+    if (!f->chunk_sums || !g) return 0;
+    if (f->tokens_offset > f->map_len || len > f->map_len - f->tokens_offset ||
+        f->num_chunk_sums != len / g + (len % g != 0))
+        TF_FAIL(-TF_EFORMAT, "%s: chunk checksums: expected %llu entries, found %llu", f->path,
+                (ull)(len / g + (len % g != 0)), (ull)f->num_chunk_sums);
+    for (uint64_t i = 0; i < f->num_chunk_sums; i++) {
+        uint64_t off = i * g, n = len - off < g ? len - off : g;
+        if (tf_hash64(m + f->tokens_offset + off, (size_t)n, 0) != tf__le64((const uint8_t *)&f->chunk_sums[i]))
+            TF_FAIL(-EIO, "%s: bytes [%llu, +%llu) do not match the shard's chunk checksum: corrupted in transit or in the store. Run verify() on the source.",
+                    f->path, (ull)(f->tokens_offset + off), (ull)n);
+    }
+    return 0;
+}
+
+/* First touch of a shard known from the catalog: its header, document index
+ * and tables fetched (conditional on the version listed at open), parsed,
+ * and checked against the catalog's entry meta. */
+static int lazy_obj_open(void *ctx, const tf_file *meta, tf_file *out) {
+    lazy_obj *lo = ctx;
+    const char *url = meta->path;
+    if (lo->info.size != tf__file_size(meta))
+        TF_FAIL(-TF_EFORMAT, "%s: size: expected %llu bytes as the dataset's catalog (%s) records, found %llu. The object was replaced after the catalog was written: restore it, or write the catalog again (tokenfeed index DATASET_DIR on the dataset's source directory, then upload its %s).",
+                url, (ull)tf__file_size(meta), TF_DATASET_CATALOG_NAME, (ull)lo->info.size, TF_DATASET_CATALOG_NAME);
+    tf__preg g;
+    memset(&g, 0, sizeof g);
+    g.r = lo->r;
+    g.meta_on = lo->meta_on;
+    g.meta_key = lo->meta_key;
+    /* the scheduler's touches, ahead of the reader, fetch the next shards'
+     * headers too (it walks the stream one position at a time); a reader's
+     * asks for what it waits for alone: its failure is this shard's, and
+     * bounded as any request's */
+    int rc = touch_fetch(&g, lo, scheduler_touch ? READ_AHEAD : 0);
+    if (rc && rc != -EINTR && g.n > 1) {
+        /* a shard fetched ahead may be what failed: this one alone */
+        tf__preg_free(&g);
+        tf__clearerr();
+        rc = touch_fetch(&g, lo, 0);
+    }
+    if (!rc) {
+        tf_open_options o = {.format = TF_FORMAT_NATIVE, .raw_dtype = TF_DTYPE_INVALID};
+        rc = tf__preg_enter(&g);
+        if (!rc) rc = tf__open_native(url, &o, out);
+        tf__preg_enter(NULL);
+    }
+    if (!rc && tf__file_check_same(meta, out) != 0) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", tf_last_error());
+        rc = tf__seterr(-TF_EFORMAT, "%s The dataset's catalog (%s) describes the object as it was when the catalog was written: the object was replaced since. Restore it, or write the catalog again (tokenfeed index DATASET_DIR on the dataset's source directory, then upload its %s).",
+                        msg, TF_DATASET_CATALOG_NAME, TF_DATASET_CATALOG_NAME);
+    }
+    tf__pobj *p = rc ? NULL : tf__preg_find(&g, url);
+    if (!rc && p && p->whole && p->claimed && !out->compressed && p->info.size <= HEAD_BYTES) {
+        /* A shard no larger than the head a first touch reads anyway was
+         * fetched whole: its tokens stay in the map the parser took (no
+         * second request for them), checked as chunks are (the GET was
+         * conditional on the version listed; then the shard's chunk table,
+         * when it has one). Larger ones read their tokens through the
+         * node's chunk cache. */
+        rc = check_tokens(out);
+        /* its object all the same, for the scheduler (which places chunks
+         * by it, and finds the store by any file's object) */
+        tf__robj *o = NULL;
+        if (!rc && !atomic_load(&lo->robj)) rc = tf__robj_from_info(lo->r, url, &lo->info, &o);
+        if (!rc && o) rc = tf__robj_set_region(o, out->tokens_offset, out->tokens_section_len, out->chunk_sums,
+                                               out->num_chunk_sums, out->chunk_sum_bytes);
+        if (!rc && o) {
+            o->meta_on = lo->meta_on;
+            o->meta_key = lo->meta_key;
+            tf__robj *kept = NULL;
+            if (atomic_compare_exchange_strong(&lo->robj, &kept, o)) o = NULL;
+        }
+        tf__robj_free(o);
+        tf__preg_free(&g);
+        return rc;
+    }
+    if (!rc) rc = finish_remote_file(&g, out);
+    if (!rc) {
+        /* one token region per shard, whichever touch made it first */
+        tf__robj *mine = out->bytes_src, *kept = NULL;
+        if (!atomic_compare_exchange_strong(&lo->robj, &kept, mine)) {
+            tf__robj_free(mine);
+            out->bytes_src = kept;
+        }
+        out->bytes_ops = &remote_borrowed_ops;
+    }
+    tf__preg_free(&g);
+    return rc;
+}
+
+static const tf__lazy_src remote_lazy_src = {lazy_obj_open, lazy_obj_free};
+
+/* Move t's catalogued shards into files, each with the object its listing
+ * showed (every read is conditional on that version). */
+static int adopt_catalog(tf__preg *g, target *t, tf_file **files, uint64_t *nfiles, uint64_t *cap) {
+    lazy_group *grp = calloc(1, sizeof *grp);
+    lazy_obj **objs = calloc(t->ncat ? t->ncat : 1, sizeof *objs);
+    if (!grp || !objs || pthread_mutex_init(&grp->mu, NULL) != 0) {
+        free(grp);
+        free(objs);
+        return -ENOMEM;
+    }
+    grp->objs = objs;
+    grp->n = (size_t)t->ncat;
+    int rc = 0;
+    for (uint64_t k = 0; k < t->ncat && !rc; k++) {
+        tf__pobj *p = tf__preg_find(g, t->cat[k].path);
+        if (!p || !p->exists) {
+            rc = tf__seterr(-EINVAL, "%s: not listed (internal error)", t->cat[k].path);
+            break;
+        }
+        lazy_obj *lo = calloc(1, sizeof *lo);
+        if (lo) lo->url = strdup(t->cat[k].path);
+        if (!lo || !lo->url) {
+            free(lo);
+            rc = -ENOMEM;
+            break;
+        }
+        lo->r = tf__remote_ref(g->r);
+        lo->info = p->info;
+        lo->meta_on = g->meta_on;
+        lo->meta_key = g->meta_key;
+        lo->num_docs = t->cat[k].num_docs;
+        lo->grp = grp;
+        lo->idx = (size_t)k;
+        objs[k] = lo;
+        grp->alive++;
+        tf__file_lazy_set_source(&t->cat[k], &remote_lazy_src, lo);
+    }
+    if (grp->alive == 0) { /* nothing refers to the group */
+        pthread_mutex_destroy(&grp->mu);
+        free(objs);
+        free(grp);
+    }
+    for (uint64_t k = 0; k < t->ncat && !rc; k++) {
+        tf_file *f = tf__files_push(files, nfiles, cap);
+        if (!f) return -ENOMEM;
+        *f = t->cat[k];
+        memset(&t->cat[k], 0, sizeof t->cat[k]);
+    }
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
 /* the open                                                                  */
 /* ------------------------------------------------------------------------ */
 
@@ -457,13 +863,17 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_open_opti
                           uint64_t *nfiles, uint64_t *cap) {
     fetch_plan fp = {NULL, 0, 0};
     int rc = 0;
-    /* manifests first: they name the shards */
+    /* manifests first: they name the shards; with their catalogs, which
+     * describe them */
     for (size_t i = 0; i < nt && !rc; i++)
         if (ts[i].k == K_DIR) {
             char *mf = tf__path_join(ts[i].path, TF_MANIFEST_NAME);
-            tf__pobj *p = mf ? tf__preg_find(g, mf) : NULL;
+            char *cf = tf__path_join(ts[i].path, TF_DATASET_CATALOG_NAME);
+            tf__pobj *p = mf ? tf__preg_find(g, mf) : NULL, *pc = cf ? tf__preg_find(g, cf) : NULL;
             rc = p ? plan_head_tail(&fp, p, 0) : -ENOMEM;
+            if (!rc && pc && pc->known && pc->exists) rc = plan_head_tail(&fp, pc, 0);
             free(mf);
+            free(cf);
         }
     if (!rc) rc = run_plan(g, &fp);
     for (size_t i = 0; i < nt && !rc; i++) {
@@ -472,6 +882,7 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_open_opti
         tf__pobj *p = mf ? tf__preg_find(g, mf) : NULL;
         rc = p ? tf__parse_manifest(mf, p->map, (size_t)p->info.size, &ts[i].m) : -ENOMEM;
         ts[i].have_m = rc == 0;
+        if (!rc) rc = read_catalog(g, &ts[i], p, opt);
         for (uint64_t s = 0; !rc && s < ts[i].m.num_shards; s++) {
             char *su = tf__path_join(ts[i].path, ts[i].m.shards[s].name);
             if (!su || !tf__preg_add(g, su)) rc = -ENOMEM;
@@ -491,7 +902,8 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_open_opti
                 else if (!p->exists)
                     rc = tf__seterr(-ENOENT, "%s: the manifest names this shard, but there is no such object. The dataset is incomplete: upload every shard, or rewrite the dataset.",
                                     su);
-                else rc = plan_head_tail(&fp, p, t->m.shards[s].num_docs * 8 + TAIL_BYTES);
+                else if (!t->cat) /* with a catalog, a shard's header is read on first touch */
+                    rc = plan_head_tail(&fp, p, t->m.shards[s].num_docs * 8 + TAIL_BYTES);
                 free(su);
             }
         } else if (t->k == K_MEGATRON) {
@@ -511,22 +923,7 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_open_opti
         }
     }
     if (!rc) rc = run_plan(g, &fp);
-    /* what the headers show is missing: native tables, long .npy headers */
-    for (size_t i = 0; i < g->n && !rc; i++) {
-        tf__pobj *p = &g->o[i];
-        if (!p->map || p->whole || p->info.size < 8) continue;
-        if (!memcmp(p->map, TF_NATIVE_MAGIC, 8)) {
-            tf_file tmp;
-            memset(&tmp, 0, sizeof tmp);
-            if (tf__parse_native_header(p->url, p->map, TF_NATIVE_HEADER_SIZE, p->info.size, &tmp) == 0)
-                rc = plan_range(&fp, p, tmp.docs_offset, p->info.size);
-        } else if (!memcmp(p->map, "\x93NUMPY", 6) && p->info.size >= 12) {
-            /* format 1.0: u16 header length at 8; 2.0 and 3.0: u32 */
-            uint64_t hl = p->map[6] == 1 ? 10u + (uint64_t)(p->map[8] | p->map[9] << 8) : 12u + tf__le32(p->map + 8);
-            rc = plan_range(&fp, p, 0, hl < p->info.size ? hl : p->info.size);
-        }
-        tf__clearerr();
-    }
+    if (!rc) rc = plan_missing(g, &fp);
     if (!rc) rc = run_plan(g, &fp);
     free(fp.w);
     if (rc) return rc;
@@ -535,7 +932,10 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_open_opti
     for (size_t i = 0; i < nt && !rc; i++) {
         target *t = &ts[i];
         uint64_t first = *nfiles;
-        if (t->k == K_DIR) {
+        if (t->k == K_DIR && t->cat) {
+            rc = adopt_catalog(g, t, files, nfiles, cap);
+            continue; /* nothing to finish: each is opened on first touch */
+        } else if (t->k == K_DIR) {
             rc = tf__open_native_dir(t->path, opt, files, nfiles, cap);
         } else {
             tf_format fmt = opt->format;
@@ -616,6 +1016,8 @@ static int open_pass(tf__preg *g, const char *const *urls, size_t n, const tf_op
     for (size_t i = 0; i < n; i++) {
         free(ts[i].path);
         if (ts[i].have_m) tf__manifest_free(&ts[i].m);
+        for (uint64_t k = 0; k < ts[i].ncat; k++) tf__file_close(&ts[i].cat[k]);
+        free(ts[i].cat);
     }
     free(ts);
     return rc;

@@ -194,13 +194,19 @@ static void put_id(wbuf *b, const tf__file_id *id) {
 #define ENTRY_AUX_ID 8u /* flags: the index file's identity follows the record */
 
 /* strip: bytes of every path left out (the directory of a catalog beside
- * the data, whose identities are then size and time only). */
-static void put_file(wbuf *b, const tf_file *f, const tf_file *prev, size_t strip) {
+ * the data, whose identities are then size and time only; a dataset's own
+ * catalog, sized_only, records the size alone: it is read where times mean
+ * nothing, from object storage). */
+static void put_file(wbuf *b, const tf_file *f, const tf_file *prev, size_t strip, int sized_only) {
     tf__file_id id[2];
     int64_t tok_off = tf__file_lazy_ids(f, id);
     if (strip)
         for (int k = 0; k < 2; k++)
             if (id[k].known) id[k] = (tf__file_id){.size = id[k].size, .mtime_ns = id[k].mtime_ns, .known = 2};
+    if (sized_only) {
+        id[0] = (tf__file_id){.size = tf__file_size(f), .known = 2};
+        memset(&id[1], 0, sizeof id[1]);
+    }
     const char *path = f->path + strip, *before = prev ? prev->path + strip : NULL;
     size_t n = strlen(path), shared = 0;
     if (before)
@@ -481,7 +487,7 @@ static void write_catalog(uint64_t key, uint32_t flags, const tf_file *files, ui
     put64(&b, key);
     put64(&b, nfiles);
     put64(&b, ndeps);
-    for (uint64_t i = 0; i < nfiles; i++) put_file(&b, &files[i], i ? &files[i - 1] : NULL, 0);
+    for (uint64_t i = 0; i < nfiles; i++) put_file(&b, &files[i], i ? &files[i - 1] : NULL, 0, 0);
     if (deps->err) b.err = deps->err;
     else put(&b, deps->p, deps->n);
     seal(&b);
@@ -665,11 +671,33 @@ static char *aget_str(rbuf *r, tf__arena *a) {
     return s;
 }
 
+/* A zeroed table of n files read from a catalog, and the arena their paths
+ * and lazy records go into (*ar, one reference for the caller to release
+ * once the files hold theirs), with the open options' index directory copied
+ * into it (*index_dir). NULL when out of memory. */
+static tf_file *files_table(uint64_t n, const tf_open_options *opt, tf__arena **ar, const char **index_dir) {
+    *ar = NULL;
+    *index_dir = NULL;
+    tf_file *files = n <= SIZE_MAX / sizeof *files ? tf__table_alloc(n * sizeof *files, 1) : NULL;
+    if (files && n * sizeof *files < TF_TABLE_HUGE / 2) prefault(files, n * sizeof *files);
+    tf__arena *a = files ? tf__arena_new() : NULL;
+    if (a && opt && opt->index_dir && !(*index_dir = ajoin3(a, "", 0, "", 0, opt->index_dir, strlen(opt->index_dir)))) {
+        tf__arena_release(a);
+        a = NULL;
+    }
+    if (!a) {
+        free(files);
+        return NULL;
+    }
+    *ar = a;
+    return files;
+}
+
 /* An entry of the catalog into f (zeroed), prev the one before (NULL for the
  * first), its paths under prefix (plen bytes; a catalog beside the data):
  * 0, or -1 when the catalog is unusable. */
 static int read_entry(rbuf *r, tf_file *f, const tf_file *prev, const char *prefix, size_t plen,
-                      tf__arena *ar, const char *index_dir) {
+                      tf__arena *ar, const char *index_dir, int nested) {
     f->arena = ar; /* the file's paths and lazy record live there */
     tf__arena_ref(ar);
     uint32_t shared = get32(r), rest = get32(r);
@@ -678,8 +706,10 @@ static int read_entry(rbuf *r, tf_file *f, const tf_file *prev, const char *pref
         memchr(tail, 0, rest) ||
         !(f->path = ajoin3(ar, prefix, plen, prev ? prev->path + plen : "", shared, tail, rest)))
         return -1;
-    /* beside the data, a name within the directory: never a path elsewhere */
-    if (plen && (strchr(f->path + plen, '/') || !strcmp(f->path + plen, ".") || !strcmp(f->path + plen, "..")))
+    /* beside the data, a name within the directory: never a path elsewhere
+     * (a dataset's own catalog, nested, is checked name by name against its
+     * manifest instead) */
+    if (plen && !nested && (strchr(f->path + plen, '/') || !strcmp(f->path + plen, ".") || !strcmp(f->path + plen, "..")))
         return -1;
     f->aux_path = aget_str(r, ar);
     if (r->bad) return -1;
@@ -801,18 +831,13 @@ static int load_catalog(const cat_src *src, uint64_t key, const tf_open_options 
     ok = ok && get64(&r) == key && (trusted || !need_trust) && beside == !src->node;
     uint64_t nfiles = get64(&r), ndeps = get64(&r);
     ok = ok && nfiles >= 2 && nfiles <= len / 64;
-    tf_file *files = ok ? tf__table_alloc(nfiles * sizeof *files, 1) : NULL;
-    tf__arena *ar = files ? tf__arena_new() : NULL;
-    rc = ar ? 0 : 1;
-    if (files && nfiles * sizeof *files < TF_TABLE_HUGE / 2) prefault(files, nfiles * sizeof *files);
-    size_t plen = strlen(src->prefix);
     const char *index_dir = NULL;
-    if (ar && opt && opt->index_dir) {
-        char *d = ajoin3(ar, "", 0, "", 0, opt->index_dir, strlen(opt->index_dir));
-        if (!(index_dir = d)) rc = 1;
-    }
-    for (uint64_t i = 0; ar && i < nfiles && rc == 0; i++)
-        if (read_entry(&r, &files[i], i ? &files[i - 1] : NULL, src->prefix, plen, ar, index_dir) < 0) rc = 1;
+    tf__arena *ar = NULL;
+    tf_file *files = ok ? files_table(nfiles, opt, &ar, &index_dir) : NULL;
+    rc = files ? 0 : 1;
+    size_t plen = strlen(src->prefix);
+    for (uint64_t i = 0; files && i < nfiles && rc == 0; i++)
+        if (read_entry(&r, &files[i], i ? &files[i - 1] : NULL, src->prefix, plen, ar, index_dir, 0) < 0) rc = 1;
     tf__arena_release(ar); /* the files hold it now */
     /* what the files depend on first: a changed one means the files are
      * described anew by the parsing open */
@@ -962,7 +987,7 @@ int tf__catalog_write_beside(const char *prefix, const char *pattern, const tf_o
     put64(&b, key);
     put64(&b, nfiles);
     put64(&b, 1);
-    for (uint64_t i = 0; i < nfiles; i++) put_file(&b, &files[i], i ? &files[i - 1] : NULL, plen);
+    for (uint64_t i = 0; i < nfiles; i++) put_file(&b, &files[i], i ? &files[i - 1] : NULL, plen, 0);
     /* the one dependency: the directory itself, its identity taken once the
      * catalog is in it (creating the catalog changes it) */
     put_str(&b, ".");
@@ -1007,4 +1032,127 @@ int tf__catalog_write_beside(const char *prefix, const char *pattern, const tf_o
     free(b.p);
     free(src.dir);
     return rc;
+}
+
+/* ---- a tokenfeed dataset's own catalog ------------------------------------ */
+
+/* The catalog of a tokenfeed dataset, written into its directory as
+ * TF_DATASET_CATALOG_NAME when the dataset is written (and by `tokenfeed
+ * index DIR`): the same records as above, names relative to the directory,
+ * identities reduced to sizes, no dependency, keyed by the manifest's bytes,
+ * so that it describes the dataset of exactly that manifest and is ignored
+ * once the dataset is rewritten. A remote open reads it instead of every
+ * shard's header (csrc/remote/remote_open.c); each shard is then checked
+ * against its entry when first touched. */
+#define CAT_DATASET 4u
+
+static uint64_t dataset_key(const uint8_t *manifest, size_t len) {
+    return tf_hash64(manifest, len, 0x5446445343415431ULL);
+}
+
+int tf__catalog_write_dataset(const char *dir, char *written, size_t cap) {
+    int dfd = -1;
+    TF_TRY(tf__dir_open(dir, 0, &dfd));
+    uint8_t *mb = NULL, *again = NULL;
+    size_t mlen = 0, alen = 0;
+    tf_manifest m;
+    memset(&m, 0, sizeof m);
+    tf_file *files = NULL;
+    uint64_t nfiles = 0, fcap = 0;
+    int fd = -1, have_m = 0;
+    char tmp[64];
+    wbuf b = {0};
+    tf_open_options opt = {.format = TF_FORMAT_NATIVE, .raw_dtype = TF_DTYPE_INVALID};
+    int rc = tf__read_file_at(dfd, dir, TF_MANIFEST_NAME, (size_t)1 << 30, &mb, &mlen);
+    if (!rc) rc = tf__parse_manifest(TF_MANIFEST_NAME, mb, mlen, &m);
+    have_m = rc == 0;
+    if (!rc && m.num_shards == 0) rc = tf__seterr(-EINVAL, "%s: the dataset has no shards: nothing to catalogue", dir);
+    /* every shard's header, checked against the manifest as any open does */
+    if (!rc) rc = tf__open_native_dir(dir, &opt, &files, &nfiles, &fcap);
+    if (!rc && nfiles != m.num_shards) rc = tf__seterr(-EINVAL, "%s: %llu shards opened for %llu in the manifest (internal error)", dir, (ull)nfiles, (ull)m.num_shards);
+    size_t strip = 0;
+    if (!rc) {
+        size_t pl = strlen(files[0].path), nl = strlen(m.shards[0].name);
+        strip = pl >= nl ? pl - nl : 0;
+    }
+    for (uint64_t i = 0; !rc && i < nfiles; i++)
+        if (strlen(files[i].path) < strip || strcmp(files[i].path + strip, m.shards[i].name) != 0 ||
+            files[i].format != TF_FORMAT_NATIVE)
+            rc = tf__seterr(-EINVAL, "%s: shard %llu is not the manifest's %s (internal error)", files[i].path, (ull)i,
+                            m.shards[i].name);
+    if (!rc) {
+        put(&b, CAT_MAGIC, 8);
+        put32(&b, CAT_VERSION);
+        put32(&b, CAT_TRUST | CAT_BESIDE | CAT_DATASET);
+        put64(&b, dataset_key(mb, mlen));
+        put64(&b, nfiles);
+        put64(&b, 0);
+        for (uint64_t i = 0; i < nfiles; i++) put_file(&b, &files[i], i ? &files[i - 1] : NULL, strip, 1);
+        seal(&b);
+        rc = b.err;
+    }
+    if (!rc) rc = tf__tmp_create(dfd, dir, "catalog", tmp, sizeof tmp, &fd);
+    if (!rc) {
+        rc = tf__pwrite_all(fd, b.p, b.n, 0, dir);
+        close(fd);
+        /* the manifest it describes still in place (a concurrent rewrite of
+         * the dataset would leave a catalog of the old one: harmless, as it
+         * is keyed by the manifest, but not what was asked) */
+        if (!rc) rc = tf__read_file_at(dfd, dir, TF_MANIFEST_NAME, (size_t)1 << 30, &again, &alen);
+        if (!rc && (alen != mlen || memcmp(again, mb, mlen) != 0))
+            rc = tf__seterr(-EAGAIN, "%s: the dataset was rewritten while its catalog was written: run again", dir);
+        if (!rc) rc = tf__rename_at(dfd, dir, tmp, TF_DATASET_CATALOG_NAME, 0);
+        if (rc) unlinkat(dfd, tmp, 0);
+    }
+    if (!rc && written) snprintf(written, cap, "%s/%s", dir, TF_DATASET_CATALOG_NAME);
+    if (files) free_files(files, nfiles);
+    if (have_m) tf__manifest_free(&m);
+    free(mb);
+    free(again);
+    free(b.p);
+    close(dfd);
+    return rc;
+}
+
+int tf__catalog_parse_dataset(const char *dir, const uint8_t *manifest, size_t mlen, const tf_manifest *m,
+                              const uint8_t *buf, size_t len, const tf_open_options *opt, tf_file **out,
+                              uint64_t *nout) {
+    *out = NULL;
+    *nout = 0;
+    rbuf r;
+    uint32_t flags = 0;
+    int ok = unseal(buf, len, CAT_MAGIC, &r, &flags);
+    ok = ok && (flags & CAT_DATASET) && get64(&r) == dataset_key(manifest, mlen);
+    uint64_t nfiles = get64(&r), ndeps = get64(&r);
+    ok = ok && !r.bad && ndeps == 0 && nfiles == m->num_shards && nfiles >= 1 && nfiles <= len / 64;
+    const char *index_dir = NULL;
+    tf__arena *ar = NULL;
+    tf_file *files = ok ? files_table(nfiles, opt, &ar, &index_dir) : NULL;
+    size_t plen = strlen(dir) + 1;
+    char *prefix = files ? malloc(plen + 1) : NULL;
+    int rc = prefix ? 0 : 1;
+    if (prefix) snprintf(prefix, plen + 1, "%s/", dir);
+    for (uint64_t i = 0; rc == 0 && i < nfiles; i++) {
+        tf_file *f = &files[i];
+        const tf_manifest_shard *sh = &m->shards[i];
+        /* the manifest's shard, in the manifest's order, as the manifest
+         * describes it: the catalog adds to the manifest, never contradicts it */
+        if (read_entry(&r, f, i ? &files[i - 1] : NULL, prefix, plen, ar, index_dir, 1) < 0 ||
+            strcmp(f->path + plen, sh->name) != 0 || f->format != TF_FORMAT_NATIVE || f->aux_path ||
+            f->num_tokens != sh->num_tokens || f->num_docs != sh->num_docs ||
+            f->tokens_checksum != sh->tokens_checksum || f->docs_checksum != sh->docs_checksum ||
+            f->dtype != m->dtype || f->vocab_size != m->vocab_size)
+            rc = 1;
+    }
+    if (rc == 0 && (r.bad || r.at != r.n)) rc = 1;
+    free(prefix);
+    tf__arena_release(ar); /* the files hold it now */
+    tf__clearerr();
+    if (rc != 0) {
+        if (files) free_files(files, nfiles);
+        return 1;
+    }
+    *out = files;
+    *nout = nfiles;
+    return 0;
 }

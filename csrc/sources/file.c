@@ -492,6 +492,10 @@ int tf__files_guard(const tf_file *files, uint64_t nfiles, int (*fn)(void *), vo
  *     with), checks it against the metadata and the identity (a file changed
  *     since is an error naming it, never other tokens), and pins it;
  *     tf__file_release unpins it.
+ *   - Source: a file whose bytes are not at its path (a remote shard known
+ *     from its dataset's catalog, csrc/remote/) has a source instead
+ *     (tf__file_lazy_set_source): the touch asks it for the parsed file, and
+ *     checks that against the metadata the same way; no stat, no descriptor.
  *   - Bound: the files mapped this way, over all datasets of the process, are
  *     at most TOKENFEED_MAX_OPEN_SHARDS (default 256) plus those pinned at
  *     the moment; an unpinned file is unmapped least recently used first.
@@ -524,6 +528,8 @@ struct tf__lazy {
     int64_t tok_off;              /* byte offset of the first token in the file, or -1 */
     uint64_t catalog_key;         /* the trusted catalog it came from */
     void (*forget_catalog)(uint64_t key); /* deletes that catalog (NULL: none) */
+    const tf__lazy_src *src;      /* where the file is opened from instead of its path (NULL: the path) */
+    void *src_ctx;                /* owned through src->free */
 };
 
 static pthread_mutex_t lz_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -714,11 +720,25 @@ void tf__file_lazy_free(tf_file *f) {
     pthread_mutex_unlock(&lz_mu);
     if (z->live) tf__file_close(z->live);
     free(z->live);
+    if (z->src && z->src->free) z->src->free(z->src_ctx);
     if (!z->in_arena) {
         free(z->index_dir);
         free(z);
     }
     f->lazy = NULL;
+}
+
+void tf__file_lazy_set_source(tf_file *f, const tf__lazy_src *src, void *ctx) {
+    struct tf__lazy *z = f->lazy;
+    if (z->src && z->src->free) z->src->free(z->src_ctx);
+    z->src = src;
+    z->src_ctx = ctx;
+    /* no descriptor reads such a file: its bytes come from its provider */
+    z->tok_off = -1;
+}
+
+void *tf__file_lazy_source(const tf_file *f, const tf__lazy_src *src) {
+    return f->lazy && f->lazy->src == src ? f->lazy->src_ctx : NULL;
 }
 
 static int id_changed(const char *path, const tf__file_id *was) {
@@ -740,6 +760,7 @@ static int id_changed(const char *path, const tf__file_id *was) {
 
 /* Parse the file of meta again into *out (outside lz_mu: reads mapped bytes). */
 static int reparse(const tf_file *meta, const struct tf__lazy *z, tf_file *out) {
+    if (z->src) return z->src->open(z->src_ctx, meta, out);
     TF_TRY(id_changed(meta->path, &z->id[0]));
     if (meta->aux_path) TF_TRY(id_changed(meta->aux_path, &z->id[1]));
     tf_open_options o = {.format = meta->format, .raw_dtype = meta->format == TF_FORMAT_RAW ? meta->dtype : TF_DTYPE_INVALID,
@@ -749,7 +770,7 @@ static int reparse(const tf_file *meta, const struct tf__lazy *z, tf_file *out) 
 }
 
 /* The parsed file must be the one the metadata describes. */
-static int check_same(const tf_file *m, const tf_file *p) {
+int tf__file_check_same(const tf_file *m, const tf_file *p) {
     const char *fld = NULL;
     uint64_t want = 0, found = 0;
     if (p->num_tokens != m->num_tokens) fld = "num_tokens", want = m->num_tokens, found = p->num_tokens;
@@ -785,9 +806,10 @@ int tf__file_acquire(const tf_file *f, const tf_file **live) {
     tf_file tmp;
     memset(&tmp, 0, sizeof tmp);
     int rc = reparse(f, z, &tmp);
-    if (!rc) rc = check_same(f, &tmp);
-    /* the pread and io_uring backends read at this offset without the map */
-    if (!rc && tf__file_token_offset(&tmp) != z->tok_off)
+    if (!rc) rc = tf__file_check_same(f, &tmp);
+    /* the pread and io_uring backends read at this offset without the map
+     * (never a file from a source: its token offset is unknown, -1) */
+    if (!rc && !z->src && tf__file_token_offset(&tmp) != z->tok_off)
         rc = tf__seterr(-TF_EFORMAT, "%s: token offset: expected %lld as when the dataset's index of the file was taken, found %lld. The file changed since: open the dataset again.",
                         f->path, (long long)z->tok_off, (long long)tf__file_token_offset(&tmp));
     if (rc) {

@@ -312,6 +312,23 @@ TF_HIDDEN int tf__file_lazy_from_meta(tf_file *f, const char *index_dir, tf__par
  * catalog (catalog.c's, passed in: file.c does not call up into it); forget
  * NULL: a catalog beside the data, which the error tells to rebuild. */
 TF_HIDDEN void tf__file_lazy_set_catalog(tf_file *f, uint64_t key, void (*forget)(uint64_t key));
+/* A file known from metadata whose bytes come from elsewhere than its path
+ * (a remote object, csrc/remote/): on first touch, open(ctx, meta, out)
+ * fills *out with the parsed file instead of mapping meta->path; file.c then
+ * checks it against meta as any other. free(ctx) runs when f is freed. */
+typedef struct tf__lazy_src {
+    int (*open)(void *ctx, const tf_file *meta, tf_file *out);
+    void (*free)(void *ctx);
+} tf__lazy_src;
+/* Give the lazy file f that source (ctx owned from here on): no stat of its
+ * path, and no token offset (no descriptor reads). */
+TF_HIDDEN void tf__file_lazy_set_source(tf_file *f, const tf__lazy_src *src, void *ctx);
+/* The context of f's source when it is src, else NULL. */
+TF_HIDDEN void *tf__file_lazy_source(const tf_file *f, const tf__lazy_src *src);
+/* 0 when the parsed file p is the one metadata m describes (counts, dtype,
+ * vocabulary, fingerprint, compression, documents), else -TF_EFORMAT naming
+ * m->path and the first field that differs. */
+TF_HIDDEN int tf__file_check_same(const tf_file *m, const tf_file *p);
 /* Identities of f (zeroed when not lazy); returns its token offset. */
 TF_HIDDEN int64_t tf__file_lazy_ids(const tf_file *f, tf__file_id id[2]);
 TF_HIDDEN void tf__file_lazy_free(tf_file *f);
@@ -371,6 +388,20 @@ TF_HIDDEN int tf__catalog_save_set(const char *const *spec, size_t nspec, const 
                                    const tf_file *files, uint64_t nfiles, const char *const *dirs,
                                    const tf__file_id *dir_ids, size_t ndirs);
 
+/* A tokenfeed dataset's own catalog, TF_DATASET_CATALOG_NAME in its
+ * directory (docs/format.md, "The dataset's catalog"): every shard's entry,
+ * keyed by the manifest's bytes. Write: from the dataset in dir, its shards
+ * opened and checked against the manifest; 0 with the catalog's path in
+ * written (cap bytes; may be NULL), or -errno with the error set. Parse:
+ * the catalog buf[0, len) of the dataset in dir (a path or URL, without a
+ * trailing '/') whose manifest is manifest[0, mlen), parsed as m: 0 with
+ * *files (nfiles, owned) filled, lazily (tf__file_lazy_from_meta, with the
+ * native parser), or 1 when it does not describe that manifest's dataset. */
+#define TF_DATASET_CATALOG_NAME "tokenfeed.catalog"
+TF_HIDDEN int tf__catalog_write_dataset(const char *dir, char *written, size_t cap);
+TF_HIDDEN int tf__catalog_parse_dataset(const char *dir, const uint8_t *manifest, size_t mlen, const tf_manifest *m,
+                                        const uint8_t *buf, size_t len, const tf_open_options *opt, tf_file **files,
+                                        uint64_t *nfiles);
 
 /* ---- native.c: the native format beyond its parsers --------------------- */
 

@@ -647,6 +647,11 @@ static int write_manifest(tf_writer *w) {
         free(keep);
     }
     free(old);
+    /* The dataset's own catalog (catalog.c), so that a remote open reads it
+     * instead of every shard's header. Best effort: a dataset without one
+     * opens as before, and a catalog left here by an earlier dataset
+     * describes another manifest, so it is ignored. */
+    if (rc == 0 && tf__catalog_write_dataset(w->dir, NULL, 0) != 0) tf__clearerr();
     return rc;
 }
 

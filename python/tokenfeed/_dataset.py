@@ -71,6 +71,11 @@ def build_catalog(path: PathLike, *, dtype: DTypeLike = None, format: Optional[s
                   eos_id: Optional[int] = None) -> str:
     """Write the catalog of a local shard set beside its data and return its path.
 
+    For a tokenfeed dataset directory (one with a manifest), write the dataset's own
+    catalog, ``tokenfeed.catalog``, which its writer also writes: a remote open reads it
+    instead of every shard's header (docs/format.md, "The dataset's catalog"). Datasets
+    written before tokenfeed wrote one get it this way.
+
     ``path`` is a directory of foreign token files (no manifest) or a glob of names in one
     directory, as given to :func:`open`, with the same ``dtype``, ``format`` and ``eos_id``.
     Every file's header is read once; the catalog (``.tokenfeed-catalog-<key>`` in that
@@ -79,6 +84,9 @@ def build_catalog(path: PathLike, *, dtype: DTypeLike = None, format: Optional[s
     beside the data"). Files modified in the last 2 seconds are waited for.
     """
     p = os.fspath(path)
+    if os.path.isfile(os.path.join(p, _shardset.MANIFEST)):
+        # a tokenfeed dataset: its own catalog (its writer writes one too)
+        return Dataset([p])._core.write_data_catalog(p, _shardset.MANIFEST)
     spec = _shardset.data_catalog_spec(p)
     if spec is None:
         raise ValueError(f"{p}: a catalog beside the data describes a shard set in one local directory: a directory "

@@ -1,12 +1,14 @@
 """``tokenfeed index``: with ``--eos-id``, build the document index of headerless token files
 split at an end-of-document id, so that best-fit and document packing can place their
 documents; without it, write a shard set's catalog beside its data, so that every machine
-opens the set without listing its directory or reading its files.
+opens the set without listing its directory or reading its files, or a tokenfeed dataset's
+own catalog (tokenfeed.catalog), which a remote open reads instead of every shard's header.
 
 ::
 
     tokenfeed index data/part-0-00000.npy --dtype uint32 --eos-id 100257
     tokenfeed index 'fineweb10B/fineweb_train_*.bin'
+    tokenfeed index my_dataset/            # a tokenfeed dataset written before catalogs
 """
 from __future__ import annotations
 
@@ -44,7 +46,10 @@ def add_parser(sub: Any) -> None:
                                    "foreign token files, or a glob of names in one directory: quote it) and "
                                    "write its catalog beside the data (.tokenfeed-catalog-<key>), from which "
                                    "every machine reading the data opens the set without listing the directory "
-                                   "or reading a file, while the directory is unchanged. "
+                                   "or reading a file, while the directory is unchanged. For a tokenfeed "
+                                   "dataset directory (with a manifest): its own catalog, tokenfeed.catalog, "
+                                   "which a remote open reads instead of every shard's header (the dataset "
+                                   "writer writes it too). "
                                    "With --eos-id: scan headerless token files (nanoGPT, OLMo, datatrove) once "
                                    "for the end-of-document id and write each one's document index, PATH.tfdocs "
                                    "beside it, or in the node's index directory when that directory is "

@@ -1,0 +1,152 @@
+"""A tokenfeed dataset carries its own catalog (tokenfeed.catalog, written with its manifest):
+a remote open reads the manifest and the catalog, not every shard's header, and opens each shard
+on first touch, checked against its catalog entry. Requests are counted at the proxy in front
+of moto's S3 server (counts and bytes, never time)."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import xxhash
+
+import tokenfeed
+from remote_util import FaultProxy, bucket, moto, proxy  # noqa: F401  (fixtures)
+
+CATALOG = "tokenfeed.catalog"
+
+
+def _write(path, n_docs=2000, seed=0, shard_tokens=20_000):
+    rng = np.random.default_rng(seed)
+    docs = [rng.integers(0, 50000, size=int(n), dtype=np.uint16) for n in rng.integers(100, 900, size=n_docs)]
+    with tokenfeed.DatasetWriter(path, vocab_size=50000, shard_tokens=shard_tokens) as w:
+        w.add_documents(docs)
+    return path
+
+
+def _open(url, cache, endpoint, **kw):
+    return tokenfeed.open(url, cache_dir=str(cache), cache_limit="256MB", endpoint_url=endpoint,
+                          chunk_size=64 << 10, **kw)
+
+
+def _batches(ds, n=4):
+    it = iter(tokenfeed.Loader(ds, seq_len=128, batch_size=8, seed=3, shuffle="block"))
+    return [np.asarray(next(it)["input_ids"]).copy() for _ in range(n)]
+
+
+def _shard_gets(p):
+    """GETs of shard objects (not the manifest or the catalog)."""
+    return {k: v for k, v in p.gets.items() if k[0].endswith(".tfs")}
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    path = _write(tmp_path / "src" / "ds")
+    names = sorted(n for n in os.listdir(path) if n.endswith(".tfs"))
+    assert len(names) >= 20 and os.path.isfile(path / CATALOG)
+    return path, names
+
+
+@pytest.fixture
+def uploaded(dataset, moto, bucket):
+    path, names = dataset
+    moto.upload_dir(bucket, "ds", str(path))
+    return names, tokenfeed.open(str(path)), f"s3://{bucket}/ds"
+
+
+@pytest.mark.parametrize("slash", ["", "/"])
+def test_first_open_reads_no_shard(uploaded, proxy, tmp_path, slash):
+    names, local, url = uploaded
+    ds = _open(url + slash, tmp_path / "cache", proxy.endpoint)
+    # the manifest, the catalog and the listing: nothing per shard
+    assert _shard_gets(proxy) == {}, sorted(_shard_gets(proxy))[:4]
+    assert proxy.requests.get("HEAD", 0) <= 8 and sum(proxy.requests.values()) <= 12, proxy.requests
+    assert ds.fingerprint == local.fingerprint and ds.num_files == local.num_files == len(names)
+    assert ds.num_tokens == local.num_tokens
+    # batches identical to the local dataset's; only the shards read are touched
+    assert all(np.array_equal(a, b) for a, b in zip(_batches(ds), _batches(local)))
+    touched = {k[0].rsplit("/", 1)[1] for k in _shard_gets(proxy)}
+    assert touched and touched <= set(names)
+    # documents and random access through the shards opened on first touch
+    for j in (0, local.num_documents // 2, local.num_documents - 1):
+        assert np.array_equal(ds.document(j), local.document(j))
+
+
+def test_restart_reads_the_node_record(uploaded, proxy, tmp_path):
+    _, local, url = uploaded
+    want = _batches(_open(url, tmp_path / "cache", proxy.endpoint))
+    proxy.reset_counts()
+    again = _open(url, tmp_path / "cache", proxy.endpoint)
+    assert sum(proxy.requests.values()) == 0, proxy.requests
+    assert again.fingerprint == local.fingerprint
+    assert all(np.array_equal(a, b) for a, b in zip(_batches(again), want))
+    assert proxy.requests.get("HEAD", 0) == 0
+
+
+def _same_size_other_header(data: bytes) -> bytes:
+    """The shard with another tokens_checksum in a header that is valid (its own checksum redone):
+    a replacement of the same size that parses."""
+    buf = bytearray(data)
+    buf[104:112] = (int.from_bytes(buf[104:112], "little") ^ 1).to_bytes(8, "little")
+    buf[248:256] = xxhash.xxh64_intdigest(bytes(buf[:248]), seed=0).to_bytes(8, "little")
+    return bytes(buf)
+
+
+@pytest.mark.parametrize("replacement", ["another dataset's shard", "same size, another header"])
+def test_shard_replaced_after_the_catalog_is_refused_on_first_touch(uploaded, moto, bucket, tmp_path, replacement):
+    names, local, url = uploaded
+    victim = names[0]
+    if replacement == "same size, another header":
+        with open(os.path.join(local.paths[0], victim), "rb") as f:
+            data = _same_size_other_header(f.read())
+    else:
+        other = _write(tmp_path / "other", seed=7)
+        with open(other / sorted(n for n in os.listdir(other) if n.endswith(".tfs"))[0], "rb") as f:
+            data = f.read()
+    moto.put(bucket, f"ds/{victim}", data)
+    ds = _open(url, tmp_path / "cache", moto.endpoint)  # the open itself reads no shard
+    assert ds.fingerprint == local.fingerprint  # from the catalog
+    with pytest.raises(tokenfeed.FormatError, match=rf"{victim}: .*(catalog|size)") as ei:
+        ds.document(0)  # the first document lies in the first shard
+    assert "tokenfeed index" in str(ei.value)
+    # the other shards still read, and the same error again, never other tokens
+    assert np.array_equal(ds.document(ds.num_documents - 1), local.document(local.num_documents - 1))
+    with pytest.raises(tokenfeed.FormatError, match=victim):
+        ds.tokens(0, 10)
+
+
+def test_catalog_of_another_manifest_is_ignored(dataset, moto, bucket, tmp_path):
+    """A dataset rewritten without its catalog (or with an old one left beside it) opens by
+    reading every shard's header, as before catalogs existed."""
+    path, names = dataset
+    newer = _write(tmp_path / "newer", n_docs=1500, seed=3)
+    os.replace(path / CATALOG, tmp_path / "old.catalog")
+    moto.upload_dir(bucket, "plain", str(path))  # no catalog at all
+    os.replace(tmp_path / "old.catalog", newer / CATALOG)
+    moto.upload_dir(bucket, "stale", str(newer))  # a catalog of another manifest
+    p = FaultProxy(moto.port)
+    try:
+        for prefix, src in (("plain", path), ("stale", newer)):
+            p.reset_counts()
+            local = tokenfeed.open(str(src))
+            ds = _open(f"s3://{bucket}/{prefix}", tmp_path / f"cache-{prefix}", p.endpoint)
+            # every header read at open (the previous open's loader may still fetch its own shards)
+            assert len({k[0] for k in _shard_gets(p) if f"/{prefix}/" in k[0]}) == local.num_files
+            assert ds.fingerprint == local.fingerprint
+            assert all(np.array_equal(a, b) for a, b in zip(_batches(ds, 2), _batches(local, 2)))
+    finally:
+        p.stop()
+
+
+def test_index_writes_the_catalog_of_an_older_dataset(dataset, moto, bucket, tmp_path):
+    path, names = dataset
+    os.remove(path / CATALOG)
+    assert tokenfeed.build_catalog(str(path)) == f"{path}/{CATALOG}"
+    moto.upload_dir(bucket, "ds", str(path))
+    p = FaultProxy(moto.port)
+    try:
+        ds = _open(f"s3://{bucket}/ds", tmp_path / "cache", p.endpoint)
+        assert _shard_gets(p) == {}
+        assert ds.fingerprint == tokenfeed.open(str(path)).fingerprint
+    finally:
+        p.stop()
