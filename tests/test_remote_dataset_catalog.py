@@ -150,3 +150,20 @@ def test_index_writes_the_catalog_of_an_older_dataset(dataset, moto, bucket, tmp
         assert ds.fingerprint == tokenfeed.open(str(path)).fingerprint
     finally:
         p.stop()
+
+
+def test_compressed_dataset_reads_every_header_at_open(moto, bucket, proxy, tmp_path):
+    """The scheduler places compressed blocks by each shard's block table: a compressed dataset
+    opens as before, its catalog notwithstanding, with the same batches as locally."""
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(0, 50000, size=int(n), dtype=np.uint16) for n in rng.integers(100, 900, size=600)]
+    with tokenfeed.DatasetWriter(tmp_path / "z", vocab_size=50000, shard_tokens=20_000, compression="zstd",
+                                 block_tokens=1024) as w:
+        w.add_documents(docs)
+    assert os.path.isfile(tmp_path / "z" / CATALOG)
+    moto.upload_dir(bucket, "z", str(tmp_path / "z"))
+    local = tokenfeed.open(str(tmp_path / "z"))
+    ds = _open(f"s3://{bucket}/z", tmp_path / "cache", proxy.endpoint)
+    assert len({k[0] for k in _shard_gets(proxy)}) == local.num_files
+    assert ds.fingerprint == local.fingerprint
+    assert all(np.array_equal(a, b) for a, b in zip(_batches(ds, 2), _batches(local, 2)))

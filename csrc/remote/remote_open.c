@@ -488,8 +488,7 @@ const tf__robj *tf__file_robj(const tf_file *f) {
     if (!f) return NULL;
     if (f->bytes_ops == &remote_byte_ops || f->bytes_ops == &remote_borrowed_ops) return f->bytes_src;
     lazy_obj *lo = tf__file_lazy_source(f, &remote_lazy_src);
-    /* the scheduler places compressed blocks by the block table, which only
-     * the opened file holds: such shards are read without it */
+    /* (compressed shards are never opened from the catalog: read_catalog) */
     if (!lo || f->compressed) return NULL;
     tf__robj *o = atomic_load(&lo->robj);
     if (!o && !atomic_load(&lo->failed)) {
@@ -584,6 +583,16 @@ static int read_catalog(tf__preg *g, target *t, tf__pobj *pm, const tf_open_opti
         t->cat = NULL; /* another dataset's (rewritten since), or damaged: ignored */
         t->ncat = 0;
     }
+    /* Compressed shards are opened at open as before: the scheduler places
+     * their blocks by the block table, which a shard known from the catalog
+     * only has once touched, so they would be read without it. */
+    for (uint64_t k = 0; k < t->ncat; k++)
+        if (t->cat[k].compressed) {
+            for (uint64_t j = 0; j < t->ncat; j++) tf__file_close(&t->cat[j]);
+            free(t->cat);
+            t->cat = NULL;
+            t->ncat = 0;
+        }
     return 0;
 }
 
