@@ -5,6 +5,9 @@ of moto's S3 server (counts and bytes, never time)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -81,6 +84,87 @@ def test_restart_reads_the_node_record(uploaded, proxy, tmp_path):
     assert again.fingerprint == local.fingerprint
     assert all(np.array_equal(a, b) for a, b in zip(_batches(again), want))
     assert proxy.requests.get("HEAD", 0) == 0
+
+
+# ---- first touches shared by the node: through its chunk cache --------------------------
+
+_READER = textwrap.dedent("""
+    import hashlib, sys, numpy as np, tokenfeed
+    url, cache, endpoint, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    ds = tokenfeed.open(url, cache_dir=cache, cache_limit="256MB", endpoint_url=endpoint, chunk_size=64 << 10)
+    it = iter(tokenfeed.Loader(ds, seq_len=128, batch_size=8, seed=3, shuffle="block"))
+    h = hashlib.sha256()
+    for _ in range(n):
+        h.update(np.asarray(next(it)["input_ids"]).tobytes())
+    print(h.hexdigest())
+""")
+
+
+def _readers(url, cache, endpoint, k, n=4):
+    """k processes reading the first n batches of url at once, on the cache dir cache: their
+    hashes of the batches."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    procs = [subprocess.Popen([sys.executable, "-c", _READER, url, str(cache), endpoint, str(n)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(k)]
+    outs = [pr.communicate(timeout=300) for pr in procs]
+    for pr, (_, err) in zip(procs, outs):
+        assert pr.returncode == 0, err
+    return [o.strip().splitlines()[-1] for o, _ in outs]
+
+
+def _header_gets(p):
+    """GETs of a shard's first bytes: one for each shard a first touch fetches (whole, or its head
+    with its tail)."""
+    return {k: v for k, v in _shard_gets(p).items() if k[1] is None or k[1].startswith("bytes=0-")}
+
+
+def _local_hash(local, n=4):
+    import hashlib
+
+    h = hashlib.sha256()
+    for b in _batches(local, n):
+        h.update(b.tobytes())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("shard_tokens", [20_000, 400_000], ids=["fetched whole", "head and tail"])
+def test_restart_fetches_no_shard_header_again(moto, bucket, proxy, tmp_path, shard_tokens):
+    """A shard's header, fetched by a first touch, is kept in the node's chunk cache: a restart
+    reading the same batches opens and touches its shards with no request."""
+    path = _write(tmp_path / "src", shard_tokens=shard_tokens)
+    moto.upload_dir(bucket, "big" if shard_tokens > 20_000 else "small", str(path))
+    url = f"s3://{bucket}/{'big' if shard_tokens > 20_000 else 'small'}"
+    local = tokenfeed.open(str(path))
+    cache = tmp_path / "cache"
+    first = _readers(url, cache, proxy.endpoint, 1)
+    touched = _header_gets(proxy)
+    assert touched and max(touched.values()) == 1, sorted(touched.items())[:4]
+    proxy.reset_counts()
+    again = _readers(url, cache, proxy.endpoint, 1)
+    assert again == first == [_local_hash(local)]
+    # (what else it reads are token chunks the first process's scheduler had not landed yet)
+    assert _header_gets(proxy) == {}, sorted(_header_gets(proxy))[:4]
+    assert proxy.requests.get("HEAD", 0) == 0 and proxy.requests.get("GET", 0) == sum(_shard_gets(proxy).values())
+
+
+def test_processes_of_a_node_fetch_each_shard_header_once(moto, bucket, proxy, tmp_path):
+    """Processes of one node opening a dataset at once fetch each shard's header once between
+    them: one fetches it, the others wait for it in the cache and read it back."""
+    path = _write(tmp_path / "src", shard_tokens=400_000)
+    moto.upload_dir(bucket, "ds", str(path))
+    url = f"s3://{bucket}/ds"
+    alone = _readers(url, tmp_path / "alone", proxy.endpoint, 1)
+    one = _header_gets(proxy)
+    proxy.reset_counts()
+    four = _readers(url, tmp_path / "shared", proxy.endpoint, 4)
+    assert four == alone * 4 == [_local_hash(tokenfeed.open(str(path)))] * 4
+    together = _header_gets(proxy)
+    # every header fetched once on the node, as one process alone fetches them
+    assert together and max(together.values()) == 1, sorted(together.items())[:4]
+    metadata = {k: v for k, v in _shard_gets(proxy).items() if k[1] is None or k[1].startswith("bytes=0-")
+                or k[1].endswith(f"-{os.path.getsize(path / k[0].rsplit('/', 1)[1]) - 1}")}
+    assert max(metadata.values()) == 1, sorted(metadata.items())[:4]
+    assert len(together) <= len(one) + 8  # (the scheduler may read a few shards further ahead)
 
 
 def _same_size_other_header(data: bytes) -> bytes:

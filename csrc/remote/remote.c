@@ -171,6 +171,7 @@ typedef struct job {
     struct listed_obj *ls; /* J_LIST: what the listing showed */
     size_t nls, capls;
     int ls_nomem;          /* J_LIST: an object could not be kept */
+    int open_range;        /* J_CHUNK: a range an open reads (tf__remote_read_many_shared) */
     size_t heap_i;
 } job;
 
@@ -843,7 +844,10 @@ static int run_chunk(tf_remote *r, job *j) {
 again:
     for (;;) {
         uint64_t ec = 0, eb = 0;
-        int b = tf__cache_begin(r->cache, &j->key, j->len, j->next_use, j->urgent, &ec, &eb);
+        /* an open's range never evicts a chunk a reader needs: without room
+         * it is read directly (tf__remote_read_many_shared) */
+        int urgent = j->urgent && !j->open_range;
+        int b = tf__cache_begin(r->cache, &j->key, j->len, j->next_use, urgent, &ec, &eb);
         if (ec) {
             atomic_fetch_add_explicit(&r->st_evict, ec, memory_order_relaxed);
             atomic_fetch_add_explicit(&r->st_evict_bytes, eb, memory_order_relaxed);
@@ -851,7 +855,7 @@ again:
         if (b < 0) return b;
         if (b == TF__BEGIN_PRESENT) return 0;
         if (b == TF__BEGIN_FETCH) break;
-        if (b == TF__BEGIN_NOSPACE && !j->urgent) return TF__JOB_NOSPACE;
+        if (b == TF__BEGIN_NOSPACE && !urgent) return TF__JOB_NOSPACE;
         /* another process fetches it, or (urgent) every byte is being fetched:
          * look again shortly */
         /* the other process has the same retry budget: no longer than it */
@@ -1260,6 +1264,100 @@ int tf__remote_read_many(tf_remote *r, tf__rreq *reqs, size_t n) {
     for (size_t i = 0; i < n; i++) reqs[i].rc = -EINTR;
     int rc = run_open_jobs(r, n, make_range, collect_range, reqs, 0);
     if (rc == -EINTR) TF_FAIL(rc, "%s: interrupted while waiting for %zu remote request%s", reqs[0].o->url, n, n == 1 ? "" : "s");
+    return rc;
+}
+
+/* Copy range object o's one chunk from the node's cache into buf: 0, or why
+ * not (not cached, or found damaged and removed). */
+static int copy_cached_range(tf_remote *r, const tf__robj *o, void *buf) {
+    tf__ckey key = {o->oid_lo, o->oid_hi, 0};
+    void *map = NULL;
+    size_t ml = 0;
+    int rc = tf__cache_map(r->cache, &key, (size_t)o->data_len, NULL, 0, 0, &map, &ml);
+    if (rc) {
+        tf__clearerr();
+        return rc;
+    }
+    memcpy(buf, map, (size_t)o->data_len);
+    tf__cache_unmap(map, ml);
+    return 0;
+}
+
+int tf__remote_read_many_shared(tf_remote *r, tf__rreq *reqs, size_t n) {
+    if (!n) return 0;
+    check_fork(r);
+    /* each range as an object of its own, cut as one chunk: its key names
+     * the URL, the version (ETag) and the range */
+    tf__robj *os = calloc(n, sizeof *os);
+    job **js = calloc(n, sizeof *js);
+    tf__rreq *direct = calloc(n, sizeof *direct);
+    size_t *di = calloc(n, sizeof *di), nd = 0;
+    int rc = os && js && direct && di ? 0 : -ENOMEM, intr = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        tf__rreq *q = &reqs[i];
+        tf__robj *o = &os[i];
+        q->rc = -EINTR;
+        o->r = r;
+        o->url = q->o->url; /* borrowed */
+        o->info = q->o->info;
+        o->meta_on = q->o->meta_on;
+        o->meta_key = q->o->meta_key;
+        if (!q->len) q->rc = 0;
+        else if ((rc = set_chunking(o, q->off, q->len, q->len)) == 0 && copy_cached_range(r, o, q->buf) == 0) {
+            q->rc = 0;
+            atomic_fetch_add_explicit(&r->st_hits, 1, memory_order_relaxed);
+        }
+    }
+    if (!rc) {
+        pthread_mutex_lock(&r->mu);
+        for (size_t i = 0; i < n && !rc; i++) {
+            if (reqs[i].rc == 0) continue;
+            rc = r->stop ? -ECANCELED : submit_locked(r, &os[i], 0, 0, open_ahead ? 0 : 2, &js[i]);
+            if (!rc && js[i]->state == JS_QUEUED) js[i]->open_range = 1;
+        }
+        for (size_t i = 0; i < n && !rc; i++) {
+            job *j = js[i];
+            if (!j) continue;
+            if (wait_job_locked(r, j) < 0) {
+                intr = 1;
+                break;
+            }
+            int jr = j->rc;
+            if (jr < 0) {
+                /* the object changed or is gone: a FormatError's cause,
+                 * never other bytes */
+                reqs[i].rc = jr;
+                rc = tf__seterr(jr, "%s", j->err);
+                break;
+            }
+            pthread_mutex_unlock(&r->mu);
+            if (jr == 0 && copy_cached_range(r, &os[i], reqs[i].buf) == 0) reqs[i].rc = 0;
+            else { /* no room in the cache, or gone from it since: read directly */
+                direct[nd] = reqs[i];
+                di[nd++] = i;
+            }
+            pthread_mutex_lock(&r->mu);
+        }
+        /* interrupted, or failed: the jobs left go on (they write only into
+         * the cache, and other processes may wait for them) */
+        for (size_t i = 0; i < n; i++)
+            if (js[i]) job_unref_locked(js[i]);
+        pthread_mutex_unlock(&r->mu);
+    }
+    for (size_t i = 0; i < n && rc < 0; i++)
+        if (reqs[i].rc < 0 && reqs[i].rc != -EINTR) {
+            note_failure(&os[i], reqs[i].rc);
+            break;
+        }
+    if (!rc && !intr && nd) {
+        rc = tf__remote_read_many(r, direct, nd);
+        for (size_t k = 0; k < nd; k++) reqs[di[k]].rc = direct[k].rc;
+    }
+    free(os);
+    free(js);
+    free(direct);
+    free(di);
+    if (intr) TF_FAIL(-EINTR, "%s: interrupted while waiting for %zu remote request%s", reqs[0].o->url, n, n == 1 ? "" : "s");
     return rc;
 }
 

@@ -101,6 +101,14 @@ typedef struct tf__rreq {
     int rc; /* out */
 } tf__rreq;
 TF_HIDDEN int tf__remote_read_many(tf_remote *r, tf__rreq *reqs, size_t n);
+/* The same through the node's chunk cache, shared by its processes: each
+ * range is kept there as a chunk of its own, keyed by the object's URL,
+ * version (ETag) and the range, sealed and checked as chunks are. A range
+ * cached is read back with no request, one another process of the node is
+ * fetching is waited for, the others are fetched (conditional on the
+ * version) and kept. A range the cache has no room for (it never evicts a
+ * chunk a reader needs for one) is read directly. */
+TF_HIDDEN int tf__remote_read_many_shared(tf_remote *r, tf__rreq *reqs, size_t n);
 /* On (1) for the calling thread while the requests it makes serve a read
  * ahead (the scheduler opening a shard known from a catalog before its
  * reader needs it): they queue behind every chunk a reader waits for. */
@@ -195,6 +203,7 @@ typedef struct tf__preg {
     uint64_t recorded;  /* bytes kept so far */
     int too_big;        /* the record would pass its bound: not written */
     int fetched;        /* this open sent requests (sizes or bytes) */
+    int shared;         /* ranges through the node's chunk cache (a first touch) */
 } tf__preg;
 
 /* Make g the calling thread's registry (NULL: none) for the parsers' reads:

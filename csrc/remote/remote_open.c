@@ -190,7 +190,7 @@ static int run_plan(tf__preg *g, fetch_plan *fp) {
             rq[i] = (tf__rreq){objs[i], w->off, w->len, w->p->map + w->off, 0};
         }
     }
-    if (!rc) rc = tf__remote_read_many(g->r, rq, fp->n);
+    if (!rc) rc = g->shared ? tf__remote_read_many_shared(g->r, rq, fp->n) : tf__remote_read_many(g->r, rq, fp->n);
     for (size_t i = 0; i < fp->n && !rc; i++) rc = tf__pobj_note(g, fp->w[i].p, fp->w[i].off, fp->w[i].len);
     for (size_t i = 0; objs && i < fp->n; i++) tf__robj_free(objs[i]);
     free(rq);
@@ -661,6 +661,10 @@ static int touch_fetch(tf__preg *g, lazy_obj *lo, size_t ahead) {
     pthread_mutex_unlock(&grp->mu);
     g->record = 1; /* keep copies of the bytes: those fetched ahead are kept */
     g->record_max = UINT64_MAX;
+    /* through the node's chunk cache: a shard's header fetched once per
+     * node, by whichever process touches it first, read back by the others
+     * and after a restart (pinned to the version listed, as every read) */
+    g->shared = 1;
     int rc = 0;
     tf__pobj *p = tf__preg_add(g, lo->url);
     if (!p) rc = -ENOMEM;
