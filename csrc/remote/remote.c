@@ -847,7 +847,8 @@ again:
         /* an open's range never evicts a chunk a reader needs: without room
          * it is read directly (tf__remote_read_many_shared) */
         int urgent = j->urgent && !j->open_range;
-        int b = tf__cache_begin(r->cache, &j->key, j->len, j->next_use, urgent, &ec, &eb);
+        int b = tf__cache_begin(r->cache, &j->key, j->len, j->open_range ? TF__NO_NEED : j->next_use, urgent, &ec,
+                                &eb);
         if (ec) {
             atomic_fetch_add_explicit(&r->st_evict, ec, memory_order_relaxed);
             atomic_fetch_add_explicit(&r->st_evict_bytes, eb, memory_order_relaxed);
@@ -887,7 +888,9 @@ again:
     if (!rc) {
         void *map = NULL;
         size_t ml = 0;
-        rc = tf__cache_commit(r->cache, &j->key, j->url, &j->info, buf, (size_t)j->len, j->next_use, &map, &ml);
+        /* (an open's range: needed by no reader, the first to go) */
+        rc = tf__cache_commit(r->cache, &j->key, j->url, &j->info, buf, (size_t)j->len,
+                              j->open_range ? TF__NO_NEED : j->next_use, &map, &ml);
         free(buf);
         if (!rc) {
             atomic_fetch_add_explicit(&r->st_chunks, 1, memory_order_relaxed);

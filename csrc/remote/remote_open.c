@@ -39,7 +39,12 @@
  * (lazy_obj_open) runs rounds 3 and 4 for that object alone, parses it as
  * above and checks it against its entry; the scheduler's touches
  * (tf__file_robj) take the next shards of the dataset into the same round,
- * at a lower priority, keeping their bytes for their own touch. The token
+ * at a lower priority, keeping their bytes for their own touch. A touch's
+ * ranges go through the node's chunk cache (tf__remote_read_many_shared),
+ * each a chunk of its own keyed by URL, version and range: a header is
+ * fetched once per node, and read back by the node's other processes and
+ * after a restart (whose open reads the node's record, pinned to the same
+ * versions), with no request. The token
  * region of a touched shard (lazy_obj.robj) lives as long as the dataset, so
  * that the scheduler's chunk references outlive an unmapped shard.
  */
