@@ -1278,6 +1278,8 @@ static int copy_cached_range(tf_remote *r, const tf__robj *o, void *buf) {
     size_t ml = 0;
     int rc = tf__cache_map(r->cache, &key, (size_t)o->data_len, NULL, 0, 0, &map, &ml);
     if (rc) {
+        /* (corrupt: removed, and fetched again as a corrupt chunk is) */
+        if (rc == -TF_ECHECKSUM) atomic_fetch_add_explicit(&r->st_refetch, 1, memory_order_relaxed);
         tf__clearerr();
         return rc;
     }
