@@ -42,6 +42,11 @@ def _shard_gets(p):
     return {k: v for k, v in p.gets.items() if k[0].endswith(".tfs")}
 
 
+def _listings(p):
+    """GETs of a bucket itself: listings."""
+    return {k: v for k, v in p.gets.items() if k[0].count("/") == 1}
+
+
 @pytest.fixture
 def dataset(tmp_path):
     path = _write(tmp_path / "src" / "ds")
@@ -61,9 +66,11 @@ def uploaded(dataset, moto, bucket):
 def test_first_open_reads_no_shard(uploaded, proxy, tmp_path, slash):
     names, local, url = uploaded
     ds = _open(url + slash, tmp_path / "cache", proxy.endpoint)
-    # the manifest, the catalog and the listing: nothing per shard
+    # the manifest and the catalog: nothing per shard, and no listing (the catalog has the sizes)
     assert _shard_gets(proxy) == {}, sorted(_shard_gets(proxy))[:4]
     assert proxy.requests.get("HEAD", 0) <= 8 and sum(proxy.requests.values()) <= 12, proxy.requests
+    if not slash:  # (a URL ending in "/" is expanded by one listing of the package's own)
+        assert not _listings(proxy), _listings(proxy)
     assert ds.fingerprint == local.fingerprint and ds.num_files == local.num_files == len(names)
     assert ds.num_tokens == local.num_tokens
     # batches identical to the local dataset's; only the shards read are touched
@@ -251,3 +258,57 @@ def test_compressed_dataset_reads_every_header_at_open(moto, bucket, proxy, tmp_
     assert len({k[0] for k in _shard_gets(proxy)}) == local.num_files
     assert ds.fingerprint == local.fingerprint
     assert all(np.array_equal(a, b) for a, b in zip(_batches(ds, 2), _batches(local, 2)))
+
+
+def test_token_bytes_replaced_under_an_intact_header_are_refused(uploaded, moto, bucket, proxy, tmp_path):
+    """No listing pins a shard known from the catalog to a version: what keeps its tokens right
+    is its chunk checksums. A shard whose token bytes change while its header stays (the header
+    matches the catalog) fails with the checksum error, never with other tokens."""
+    names, local, url = uploaded
+    victim = names[0]
+    with open(os.path.join(local.paths[0], victim), "rb") as f:
+        data = bytearray(f.read())
+    data[4096 + 100] ^= 0xFF  # a token byte (the token section starts at 4096)
+    moto.put(bucket, f"ds/{victim}", bytes(data))
+    ds = _open(url, tmp_path / "cache", proxy.endpoint)
+    with pytest.raises(OSError, match=rf"{victim}.*checksum"):
+        ds.tokens(0, 200)
+    # another shard opened on first touch by document(), which waits for the transport (Python)
+    # without holding the GIL
+    assert np.array_equal(ds.document(ds.num_documents - 1), local.document(local.num_documents - 1))
+
+
+def test_shard_without_chunk_checksums_is_pinned_to_the_store_version(moto, bucket, proxy, tmp_path):
+    """A shard without chunk checksums has nothing to check its token bytes against but the
+    version: its first touch asks the store for it (one request per such shard), and its reads
+    are pinned to it as a listed shard's are: changed afterwards, it is refused."""
+    rng = np.random.default_rng(4)
+    docs = [rng.integers(0, 50000, size=int(n), dtype=np.uint16) for n in rng.integers(100, 900, size=2000)]
+    src = tmp_path / "nosums"
+    with tokenfeed.DatasetWriter(src, vocab_size=50000, shard_tokens=400_000, chunk_checksum_bytes=0) as w:
+        w.add_documents(docs)
+    moto.upload_dir(bucket, "nosums", str(src))
+    local = tokenfeed.open(str(src))
+    ds = _open(f"s3://{bucket}/nosums", tmp_path / "cache", proxy.endpoint)
+    assert not _listings(proxy) and _shard_gets(proxy) == {}
+    heads = proxy.requests.get("HEAD", 0)
+    assert np.array_equal(ds.document(0), local.document(0))
+    assert proxy.requests.get("HEAD", 0) == heads + 1  # the first shard's version, asked once
+    assert np.array_equal(ds.document(1), local.document(1))
+    assert proxy.requests.get("HEAD", 0) == heads + 1
+    first = sorted(n for n in os.listdir(src) if n.endswith(".tfs"))[0]
+    with open(src / first, "rb") as f:
+        data = bytearray(f.read())
+    data[len(data) // 2] ^= 0xFF  # a token byte: the header, which the catalog checks, stays
+    moto.put(bucket, f"nosums/{first}", bytes(data))
+    with pytest.raises(OSError, match=first):
+        ds.tokens(0, local.num_tokens // local.num_files)  # bytes not read yet: refused, never read unchecked
+
+
+def test_shard_missing_from_the_store_is_named_on_first_touch(uploaded, moto, bucket, tmp_path):
+    names, local, url = uploaded
+    moto.delete(bucket, f"ds/{names[0]}")
+    ds = _open(url, tmp_path / "cache", moto.endpoint)  # no shard is asked about at open
+    with pytest.raises(OSError, match=rf"{names[0]}: does not exist, although the dataset's manifest names it"):
+        ds.document(0)
+    assert np.array_equal(ds.document(ds.num_documents - 1), local.document(local.num_documents - 1))

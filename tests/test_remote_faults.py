@@ -100,8 +100,13 @@ def test_missing_after_open_not_retried(uploaded, moto, bucket, proxy, tmp_path)
     assert proxy.requests["GET"] - before == 1
 
 
-def test_changed_object_refused(uploaded, moto, bucket, tmp_path):
+@pytest.mark.parametrize("catalog", [False, True], ids=["listed", "from the catalog"])
+def test_changed_object_refused(uploaded, moto, bucket, tmp_path, catalog):
+    """A shard replaced after open: refused by the version its listing gave (If-Match), or, for
+    a dataset opened from its own catalog (no listing, no version), by its chunk checksums."""
     local, url = uploaded
+    if not catalog:
+        moto.delete(bucket, "ds/tokenfeed.catalog")
     remote = _open(url, tmp_path, moto.endpoint)
     f0 = remote.files()[0]
     name = f0["path"].rsplit("/", 1)[1]
@@ -114,9 +119,13 @@ def test_changed_object_refused(uploaded, moto, bucket, tmp_path):
     data = bytearray(open(src, "rb").read())
     data[5000] ^= 0xFF
     moto.put(bucket, f"ds/{name}", bytes(data))
-    with pytest.raises(OSError) as ei:
+    with pytest.raises(tokenfeed.FormatError if catalog else OSError) as ei:
         remote.tokens(0, 10)
-    assert "changed since the dataset was opened" in str(ei.value) and name in str(ei.value)
+    assert name in str(ei.value)
+    if catalog:
+        assert "chunk checksum" in str(ei.value) and "catalog" in str(ei.value)
+    else:
+        assert "changed since the dataset was opened" in str(ei.value)
     assert remote.cache_stats()["refetches"] == 1  # fetched once more, then the error
     # reopening reads the new version (and, the checksums no longer matching, refuses it)
     with pytest.raises(tokenfeed.FormatError):

@@ -204,14 +204,16 @@ def test_ctrl_c_does_not_wait_for_the_request_in_flight(silent, tmp_path, url):
 
 
 def test_ctrl_c_during_the_listing_of_a_dataset_directory(moto, bucket, tmp_path):
-    """The C core lists a dataset directory of many shards (one request for their sizes): Ctrl-C
-    while the store holds that listing raises KeyboardInterrupt without waiting for it."""
+    """The C core lists a dataset directory of many shards without a catalog (one request for
+    their sizes): Ctrl-C while the store holds that listing raises KeyboardInterrupt without
+    waiting for it."""
     import numpy as np
     rng = np.random.default_rng(3)
     src = tmp_path / "src"
     with tokenfeed.DatasetWriter(src, vocab_size=50000, shard_tokens=4096) as w:
         w.add_documents([rng.integers(0, 50000, size=1000, dtype=np.uint16) for _ in range(80)])
     assert tokenfeed.open(src).num_files >= 16
+    os.remove(src / "tokenfeed.catalog")  # (with it, the open lists nothing)
     moto.upload_dir(bucket, "many", str(src))
     p = FaultProxy(moto.port, stall_seconds=600)
     try:

@@ -315,9 +315,12 @@ static PyObject *Dataset_view(tfpy_Dataset *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "KK:view", &start, &count)) return NULL;
     const void *ptr;
     tf_dtype dt;
-    int rc = tf_dataset_view(self->ds, start, count, &ptr, &dt);
+    int rc;
+    char msg[1024];
+    /* (a shard opened on first touch may be mapped, or fetched, first) */
+    TFPY_NOGIL_CALL(rc, msg, tf_dataset_view(self->ds, start, count, &ptr, &dt));
     if (rc == -TF_EUNSUPPORTED) Py_RETURN_NONE;
-    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, NULL);
+    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, msg);
     npy_intp dims[1] = {(npy_intp)count};
     PyObject *arr = PyArray_New(&PyArray_Type, 1, dims, tfpy_npy_from_dtype(dt), NULL, (void *)ptr, 0, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED, NULL);
     if (!arr) return NULL;
@@ -333,8 +336,12 @@ static PyObject *Dataset_document(tfpy_Dataset *self, PyObject *arg) {
     unsigned long long i = PyLong_AsUnsignedLongLong(arg);
     if (i == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
     uint64_t s, n;
-    int rc = tf_dataset_document(self->ds, i, &s, &n);
-    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, NULL);
+    int rc;
+    char msg[1024];
+    /* without the GIL: the document's shard may be opened on first touch,
+     * through a remote transport written in Python */
+    TFPY_NOGIL_CALL(rc, msg, tf_dataset_document(self->ds, i, &s, &n));
+    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, msg);
     return Py_BuildValue("(KK)", (unsigned long long)s, (unsigned long long)n);
 }
 
@@ -342,8 +349,10 @@ static PyObject *Dataset_find_document(tfpy_Dataset *self, PyObject *arg) {
     unsigned long long pos = PyLong_AsUnsignedLongLong(arg);
     if (pos == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
     uint64_t d;
-    int rc = tf_dataset_find_document(self->ds, pos, &d);
-    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, NULL);
+    int rc;
+    char msg[1024];
+    TFPY_NOGIL_CALL(rc, msg, tf_dataset_find_document(self->ds, pos, &d));
+    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, msg);
     return PyLong_FromUnsignedLongLong(d);
 }
 

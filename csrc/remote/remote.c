@@ -515,6 +515,12 @@ static int fetch_range(tf_remote *r, const char *url, const tf_object_info *info
     uint64_t done = 0, t0 = tf__now_ns(), slowest = 0;
     int attempt = 0, rc = 0;
     char last[512] = "";
+    tf_object_info unpinned;
+    if (tf__version_from_catalog(info->version)) { /* not the store's: nothing to send */
+        memset(&unpinned, 0, sizeof unpinned);
+        unpinned.size = info->size;
+        info = &unpinned;
+    }
     while (done < len) {
         uint64_t ta = tf__now_ns();
         note_attempt(r, url, attempt + 1);
@@ -878,9 +884,12 @@ again:
             uint64_t o = g * j->granule, n = j->len - o < j->granule ? j->len - o : j->granule;
             uint64_t got = tf_hash64(buf + o, (size_t)n, 0);
             if (got != j->sums[g]) {
-                rc = tf__seterr(-TF_ECHECKSUM, "%s: bytes [%llu, %llu): chunk checksum: expected %016llx, found %016llx, %s. The object differs from the shard opened, or the transfer was corrupted: if the data was rewritten, reopen the dataset; otherwise check the store.",
+                rc = tf__seterr(-TF_ECHECKSUM, "%s: bytes [%llu, %llu): chunk checksum: expected %016llx, found %016llx, %s. %s",
                                 j->url, (ull)(j->off + o), (ull)(j->off + o + n), (ull)j->sums[g], (ull)got,
-                                refetched ? "again after fetching it a second time" : "on the first fetch");
+                                refetched ? "again after fetching it a second time" : "on the first fetch",
+                                tf__version_from_catalog(j->info.version)
+                                    ? "The object differs from the shard its dataset's catalog (" TF_DATASET_CATALOG_NAME ") describes: it was replaced or corrupted in the store, or in transit. Restore it, or write the catalog again (tokenfeed index DATASET_DIR on the dataset's source directory, then upload its " TF_DATASET_CATALOG_NAME ")."
+                                    : "The object differs from the shard opened, or the transfer was corrupted: if the data was rewritten, reopen the dataset; otherwise check the store.");
                 break;
             }
         }

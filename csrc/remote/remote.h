@@ -22,6 +22,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #include "../common/internal.h"
 #include "../sources/source.h"
@@ -68,6 +69,16 @@ TF_HIDDEN int tf__remote_list(tf_remote *r, const char *prefix, tf_list_emit_fn 
 
 /* Stat url and make an object with the whole file as its data region. */
 TF_HIDDEN int tf__robj_open(tf_remote *r, const char *url, tf__robj **out);
+/* The version of a shard known from its dataset's catalog, when no listing
+ * gave the store's own (remote_open.c): this prefix and a hash of the
+ * catalog's entry. It keys the shard's chunks in the node's cache like an
+ * ETag, so that a catalog describing other contents reads none of them, but
+ * is never sent to the store: such a shard's reads are checked against the
+ * catalog (its header) and its chunk checksums (its tokens) instead. */
+#define TF__CATALOG_VERSION "tokenfeed-catalog:"
+static inline int tf__version_from_catalog(const char *version) {
+    return strncmp(version, TF__CATALOG_VERSION, sizeof TF__CATALOG_VERSION - 1) == 0;
+}
 /* Same, from an already known size/version (no request). */
 TF_HIDDEN int tf__robj_from_info(tf_remote *r, const char *url, const tf_object_info *info,
                                  tf__robj **out);

@@ -33,9 +33,14 @@
  *
  * A dataset directory with its own catalog (tokenfeed.catalog, catalog.c:
  * a candidate of round 1, fetched whole with the manifest in round 2) skips
- * rounds 3 and 4 for its shards: when the catalog describes the manifest,
- * its entries become the files, lazily (file.c), each with a lazy_obj as
- * its source: the object as round 1's listing saw it. A shard's first touch
+ * the rest for its shards (no listing, no header): when the catalog
+ * describes the manifest, its entries become the files, lazily (file.c),
+ * each with a lazy_obj as its source: the object as the catalog knows it,
+ * its size and a version made of its entry (catalog_info), never sent to
+ * the store. Such a shard's bytes are kept right by the check of its header
+ * against the entry and of its chunks against the header's checksums; one
+ * without chunk checksums asks the store for its version on first touch and
+ * is pinned to it from then on (lazy_obj_open). A shard's first touch
  * (lazy_obj_open) runs rounds 3 and 4 for that object alone, parses it as
  * above and checks it against its entry; the scheduler's touches
  * (tf__file_robj) take the next shards of the dataset into the same round,
@@ -43,8 +48,7 @@
  * ranges go through the node's chunk cache (tf__remote_read_many_shared),
  * each a chunk of its own keyed by URL, version and range: a header is
  * fetched once per node, and read back by the node's other processes and
- * after a restart (whose open reads the node's record, pinned to the same
- * versions), with no request. The token
+ * after a restart (whose open reads the node's record), with no request. The token
  * region of a touched shard (lazy_obj.robj) lives as long as the dataset, so
  * that the scheduler's chunk references outlive an unmapped shard.
  */
@@ -471,7 +475,10 @@ static const tf__lazy_src remote_lazy_src;
 typedef struct lazy_obj {
     tf_remote *r; /* a reference */
     char *url;
-    tf_object_info info;
+    tf_object_info info; /* as listed, or the catalog's size and version (TF__CATALOG_VERSION) */
+    /* the store's size and version, asked for at first touch of a shard
+     * known from the catalog that has no chunk checksums (lo_info) */
+    _Atomic(tf_object_info *) stored;
     uint64_t num_docs;
     int meta_on;
     uint64_t meta_key;
@@ -485,6 +492,13 @@ typedef struct lazy_obj {
     uint64_t ahead_bytes;
     uint64_t fetching; /* bytes reserved while a touch fetches ahead for it */
 } lazy_obj;
+
+/* What lo's reads are pinned to: the store's version once asked for, else
+ * the open's. */
+static const tf_object_info *lo_info(lazy_obj *lo) {
+    tf_object_info *s = atomic_load(&lo->stored);
+    return s ? s : &lo->info;
+}
 
 /* Set while the scheduler opens a shard ahead of its reader. */
 static _Thread_local int scheduler_touch;
@@ -625,6 +639,7 @@ static void lazy_obj_free(void *ctx) {
         free(grp);
     }
     tf__robj_free(atomic_load(&lo->robj));
+    free(atomic_load(&lo->stored));
     tf_remote_free(lo->r);
     free(lo->url);
     free(lo);
@@ -668,14 +683,15 @@ static int touch_fetch(tf__preg *g, lazy_obj *lo, size_t ahead) {
     g->record_max = UINT64_MAX;
     /* through the node's chunk cache: a shard's header fetched once per
      * node, by whichever process touches it first, read back by the others
-     * and after a restart (pinned to the version listed, as every read) */
+     * and after a restart (keyed by the shard's version, listed or the
+     * catalog's) */
     g->shared = 1;
     int rc = 0;
     tf__pobj *p = tf__preg_add(g, lo->url);
     if (!p) rc = -ENOMEM;
     else {
         p->known = p->exists = 1;
-        p->info = lo->info;
+        p->info = *lo_info(lo);
         rc = tf__pobj_map(p);
         for (size_t k = 0; k < nmine && !rc; k++) {
             memcpy(p->map + mine[k].off, mine[k].copy, (size_t)mine[k].len);
@@ -691,7 +707,7 @@ static int touch_fetch(tf__preg *g, lazy_obj *lo, size_t ahead) {
         if (!q) rc = -ENOMEM;
         else {
             q->known = q->exists = 1;
-            q->info = next[k]->info;
+            q->info = *lo_info(next[k]);
             rc = plan_head_tail(&fp, q, next[k]->num_docs * 8 + TAIL_BYTES);
         }
     }
@@ -744,15 +760,38 @@ static int check_tokens(const tf_file *f) {
     return 0;
 }
 
+static int size_changed(const char *url, uint64_t want, uint64_t found) {
+    TF_FAIL(-TF_EFORMAT, "%s: size: expected %llu bytes as the dataset's catalog (%s) records, found %llu. The object was replaced after the catalog was written: restore it, or write the catalog again (tokenfeed index DATASET_DIR on the dataset's source directory, then upload its %s).",
+            url, (ull)want, TF_DATASET_CATALOG_NAME, (ull)found, TF_DATASET_CATALOG_NAME);
+}
+
+/* Ask the store about lo's object (one request): its size against the
+ * catalog's, and its version, to which every later read of the shard is
+ * pinned as if a listing had shown it. */
+static int ask_store(lazy_obj *lo, const tf_file *meta) {
+    tf_object_info st;
+    int rc = tf_remote_stat(lo->r, lo->url, &st);
+    if (rc == -ENOENT)
+        TF_FAIL(-ENOENT, "%s: does not exist, although the dataset's manifest names it (it was deleted, or never uploaded). The dataset is incomplete: upload every shard, or rewrite the dataset.",
+                lo->url);
+    if (rc) return rc;
+    if (st.size != tf__file_size(meta)) return size_changed(lo->url, tf__file_size(meta), st.size);
+    tf_object_info *keep = malloc(sizeof *keep), *none = NULL;
+    if (!keep) return -ENOMEM;
+    *keep = st;
+    if (!atomic_compare_exchange_strong(&lo->stored, &none, keep)) free(keep); /* another touch asked too */
+    return 0;
+}
+
 /* First touch of a shard known from the catalog: its header, document index
- * and tables fetched (conditional on the version listed at open), parsed,
- * and checked against the catalog's entry meta. */
+ * and tables fetched (conditional on the version listed at open, if one
+ * was), parsed, and checked against the catalog's entry meta. */
 static int lazy_obj_open(void *ctx, const tf_file *meta, tf_file *out) {
     lazy_obj *lo = ctx;
     const char *url = meta->path;
-    if (lo->info.size != tf__file_size(meta))
-        TF_FAIL(-TF_EFORMAT, "%s: size: expected %llu bytes as the dataset's catalog (%s) records, found %llu. The object was replaced after the catalog was written: restore it, or write the catalog again (tokenfeed index DATASET_DIR on the dataset's source directory, then upload its %s).",
-                url, (ull)tf__file_size(meta), TF_DATASET_CATALOG_NAME, (ull)lo->info.size, TF_DATASET_CATALOG_NAME);
+    if (lo->info.size != tf__file_size(meta)) return size_changed(url, tf__file_size(meta), lo->info.size);
+again:;
+    int unpinned = tf__version_from_catalog(lo_info(lo)->version);
     tf__preg g;
     memset(&g, 0, sizeof g);
     g.r = lo->r;
@@ -781,6 +820,25 @@ static int lazy_obj_open(void *ctx, const tf_file *meta, tf_file *out) {
         rc = tf__seterr(-TF_EFORMAT, "%s The dataset's catalog (%s) describes the object as it was when the catalog was written: the object was replaced since. Restore it, or write the catalog again (tokenfeed index DATASET_DIR on the dataset's source directory, then upload its %s).",
                         msg, TF_DATASET_CATALOG_NAME, TF_DATASET_CATALOG_NAME);
     }
+    if (unpinned && rc != -EINTR && rc != -ENOMEM && (rc || !out->chunk_sums || !out->chunk_sum_bytes)) {
+        /* Read unpinned (no listing gave the store's version), a shard's
+         * bytes are kept right by the check against its entry (its header)
+         * and by its chunk checksums (its tokens). One without chunk
+         * checksums, or whose first touch failed (a shorter or missing object
+         * fails before any check could), is asked about: its size against
+         * the catalog's, then read again pinned to the version the store
+         * gave. A failure stays the failure it was, unless the store's
+         * answer explains it. */
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", rc ? tf_last_error() : "");
+        int was = rc;
+        tf__preg_free(&g);
+        rc = ask_store(lo, meta);
+        if (rc || was) return rc ? rc : tf__seterr(was, "%s", msg);
+        tf__file_close(out);
+        memset(out, 0, sizeof *out);
+        goto again;
+    }
     tf__pobj *p = rc ? NULL : tf__preg_find(&g, url);
     if (!rc && p && p->whole && p->claimed && !out->compressed && p->info.size <= HEAD_BYTES) {
         /* A shard no larger than the head a first touch reads anyway was
@@ -793,7 +851,7 @@ static int lazy_obj_open(void *ctx, const tf_file *meta, tf_file *out) {
         /* its object all the same, for the scheduler (which places chunks
          * by it, and finds the store by any file's object) */
         tf__robj *o = NULL;
-        if (!rc && !atomic_load(&lo->robj)) rc = tf__robj_from_info(lo->r, url, &lo->info, &o);
+        if (!rc && !atomic_load(&lo->robj)) rc = tf__robj_from_info(lo->r, url, lo_info(lo), &o);
         if (!rc && o) rc = tf__robj_set_region(o, out->tokens_offset, out->tokens_section_len, out->chunk_sums,
                                                out->num_chunk_sums, out->chunk_sum_bytes);
         if (!rc && o) {
@@ -822,8 +880,25 @@ static int lazy_obj_open(void *ctx, const tf_file *meta, tf_file *out) {
 
 static const tf__lazy_src remote_lazy_src = {lazy_obj_open, lazy_obj_free};
 
-/* Move t's catalogued shards into files, each with the object its listing
- * showed (every read is conditional on that version). */
+/* A catalogued shard as the catalog knows it: its size, and for a version
+ * a hash of its entry (TF__CATALOG_VERSION), which keys its ranges in the
+ * node's cache: another catalog, describing other contents under the same
+ * name, reads none of them. */
+static void catalog_info(const tf_file *e, tf_object_info *info) {
+    uint8_t rec[48];
+    tf__put_le64(rec, tf__file_size(e));
+    tf__put_le64(rec + 8, e->num_tokens);
+    tf__put_le64(rec + 16, e->num_docs);
+    tf__put_le64(rec + 24, e->fingerprint);
+    tf__put_le64(rec + 32, e->tokens_checksum);
+    tf__put_le64(rec + 40, e->docs_checksum);
+    memset(info, 0, sizeof *info);
+    info->size = tf__file_size(e);
+    snprintf(info->version, sizeof info->version, "%s%016llx", TF__CATALOG_VERSION, (ull)tf_hash64(rec, sizeof rec, 0));
+}
+
+/* Move t's catalogued shards into files, each with the object as the
+ * catalog knows it: no shard is asked about at open (lazy_obj_open). */
 static int adopt_catalog(tf__preg *g, target *t, tf_file **files, uint64_t *nfiles, uint64_t *cap) {
     lazy_group *grp = calloc(1, sizeof *grp);
     lazy_obj **objs = calloc(t->ncat ? t->ncat : 1, sizeof *objs);
@@ -837,10 +912,6 @@ static int adopt_catalog(tf__preg *g, target *t, tf_file **files, uint64_t *nfil
     int rc = 0;
     for (uint64_t k = 0; k < t->ncat && !rc; k++) {
         tf__pobj *p = tf__preg_find(g, t->cat[k].path);
-        if (!p || !p->exists) {
-            rc = tf__seterr(-EINVAL, "%s: not listed (internal error)", t->cat[k].path);
-            break;
-        }
         lazy_obj *lo = calloc(1, sizeof *lo);
         if (lo) lo->url = strdup(t->cat[k].path);
         if (!lo || !lo->url) {
@@ -849,7 +920,8 @@ static int adopt_catalog(tf__preg *g, target *t, tf_file **files, uint64_t *nfil
             break;
         }
         lo->r = tf__remote_ref(g->r);
-        lo->info = p->info;
+        if (p && p->known && p->exists) lo->info = p->info; /* listed (a node record of an older open) */
+        else catalog_info(&t->cat[k], &lo->info);
         lo->meta_on = g->meta_on;
         lo->meta_key = g->meta_key;
         lo->num_docs = t->cat[k].num_docs;
@@ -901,7 +973,9 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_open_opti
         rc = p ? tf__parse_manifest(mf, p->map, (size_t)p->info.size, &ts[i].m) : -ENOMEM;
         ts[i].have_m = rc == 0;
         if (!rc) rc = read_catalog(g, &ts[i], p, opt);
-        for (uint64_t s = 0; !rc && s < ts[i].m.num_shards; s++) {
+        /* with a catalog, no shard is asked about at open: the catalog has
+         * their sizes, and each first touch checks what it reads against it */
+        for (uint64_t s = 0; !rc && !ts[i].cat && s < ts[i].m.num_shards; s++) {
             char *su = tf__path_join(ts[i].path, ts[i].m.shards[s].name);
             if (!su || !tf__preg_add(g, su)) rc = -ENOMEM;
             free(su);
@@ -912,7 +986,9 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_open_opti
     /* heads and tails of everything a parser will read */
     for (size_t i = 0; i < nt && !rc; i++) {
         target *t = &ts[i];
-        if (t->k == K_DIR) {
+        if (t->k == K_DIR && t->cat) {
+            continue; /* a shard's header is read on first touch */
+        } else if (t->k == K_DIR) {
             for (uint64_t s = 0; !rc && s < t->m.num_shards; s++) {
                 char *su = tf__path_join(t->path, t->m.shards[s].name);
                 tf__pobj *p = su ? tf__preg_find(g, su) : NULL;
@@ -920,7 +996,7 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_open_opti
                 else if (!p->exists)
                     rc = tf__seterr(-ENOENT, "%s: the manifest names this shard, but there is no such object. The dataset is incomplete: upload every shard, or rewrite the dataset.",
                                     su);
-                else if (!t->cat) /* with a catalog, a shard's header is read on first touch */
+                else
                     rc = plan_head_tail(&fp, p, t->m.shards[s].num_docs * 8 + TAIL_BYTES);
                 free(su);
             }
@@ -1049,7 +1125,9 @@ int tf__open_remote_many(const char *const *urls, size_t n, const tf_open_option
     /* The node's record of this open's metadata: read it, or wait for the
      * process of the node that is fetching it, or fetch it and write it
      * (remote_meta.c). */
-    tf__preg g = {r, NULL, 0, 0, NULL, 0, 0, 0, 0, 0, 0, 0, 0};
+    tf__preg g;
+    memset(&g, 0, sizeof g);
+    g.r = r;
     g.meta_on = tf__cache_meta_fd(tf__remote_cache(r)) >= 0;
     g.meta_key = tf__meta_key(urls, n, opt);
     g.record_max = tf__meta_max_bytes(r);
