@@ -1698,8 +1698,8 @@ TF_API int tf_dataset_catalog_set(const tf_dataset *ds, const char *const *spec,
  * is checked by size and modification time on first touch). prefix is how
  * the set's files are named ("dir/", or "" for names in the working
  * directory), pattern the glob of names ("" for the directory's data files;
- * "tokenfeed.manifest" for the tokenfeed dataset in that directory: its own
- * catalog, tokenfeed.catalog, which its writer also writes).
+ * a tokenfeed dataset has a catalog of its own instead:
+ * tf_dataset_write_dataset_catalog).
  * tf_dataset_write_data_catalog records ds, opened from those files, as that
  * set: 0, with the catalog's path in path (cap bytes); -EAGAIN when a file
  * or the directory was modified in the last 2 seconds or while writing.
@@ -1710,6 +1710,19 @@ TF_API int tf_dataset_write_data_catalog(const tf_dataset *ds, const char *prefi
                                          const tf_open_options *opt, char *path, size_t cap);
 TF_API int tf_dataset_open_data_catalog(const char *prefix, const char *pattern, const tf_open_options *opt,
                                         tf_dataset **out);
+
+/* A tokenfeed dataset's own catalog (`tokenfeed index DATASET_DIR`;
+ * docs/format.md, "The dataset's catalog"): tokenfeed.catalog in the
+ * dataset's directory, every shard's entry keyed by the manifest's bytes,
+ * which a remote open reads instead of every shard's header (the dataset
+ * writer writes it too). ds is the dataset opened from dataset_dir (a
+ * directory, with or without a trailing '/'): its shards' headers, read when
+ * ds was opened, are not read again. 0, with the catalog's path in path (cap
+ * bytes; path may be NULL); -EINVAL when ds is not the dataset the manifest
+ * in dataset_dir describes now (another dataset, a view, or one rewritten
+ * since ds was opened); -EAGAIN when the dataset was rewritten while its
+ * catalog was written; else -errno. */
+TF_API int tf_dataset_write_dataset_catalog(const tf_dataset *ds, const char *dataset_dir, char *path, size_t cap);
 
 /* Whether the node's cache of r holds a record of the metadata of opening
  * exactly urls with opt (docs/remote.md, "Metadata, once per node"): then

@@ -172,6 +172,22 @@ static PyObject *Dataset_write_data_catalog(tfpy_Dataset *self, PyObject *args, 
     return PyUnicode_DecodeFSDefault(path);
 }
 
+PyDoc_STRVAR(Dataset_write_dataset_catalog_doc,
+             "write_dataset_catalog($self, dataset_dir)\n--\n\n"
+             "Returns str. Write the catalog of this tokenfeed dataset, opened from dataset_dir, into that "
+             "directory (tokenfeed.catalog) from the shards as opened, none read again; the catalog's path.");
+
+static PyObject *Dataset_write_dataset_catalog(tfpy_Dataset *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"dataset_dir", NULL};
+    const char *dir;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s:write_dataset_catalog", kwlist, &dir)) return NULL;
+    char path[4096], msg[1024];
+    int rc;
+    TFPY_NOGIL_CALL(rc, msg, tf_dataset_write_dataset_catalog(self->ds, dir, path, sizeof path));
+    if (rc < 0) return tfpy_raise(tfpy_state_of_type(Py_TYPE(self)), rc, msg);
+    return PyUnicode_DecodeFSDefault(path);
+}
+
 PyDoc_STRVAR(Dataset_catalog_set_doc,
              "catalog_set($self, spec, dirs, ids, dtype=None, format=None, eos_id=None, index_dir=None)\n--\n\n"
              "Returns bool. Record this dataset, opened from the files spec expanded to, as the shard set spec "
@@ -416,6 +432,7 @@ TFPY_TYPE_SPEC(Dataset, tfpy_Dataset, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
                {Py_tp_methods, TFPY_METHODS(
                    {"catalog_set", (PyCFunction)(void (*)(void))Dataset_catalog_set, METH_VARARGS | METH_KEYWORDS, Dataset_catalog_set_doc},
                    {"write_data_catalog", (PyCFunction)(void (*)(void))Dataset_write_data_catalog, METH_VARARGS | METH_KEYWORDS, Dataset_write_data_catalog_doc},
+                   {"write_dataset_catalog", (PyCFunction)(void (*)(void))Dataset_write_dataset_catalog, METH_VARARGS | METH_KEYWORDS, Dataset_write_dataset_catalog_doc},
                    {"recorded", (PyCFunction)(void (*)(void))Dataset_recorded, METH_VARARGS | METH_KEYWORDS | METH_STATIC, Dataset_recorded_doc},
                    {"files", (PyCFunction)Dataset_files, METH_NOARGS, "files($self)\n--\n\nReturns list[dict]. One dict per file: path, format, dtype, counts."},
                    {"read", (PyCFunction)(void (*)(void))Dataset_read, METH_VARARGS | METH_KEYWORDS, Dataset_read_doc},

@@ -884,15 +884,14 @@ static cat_src node_src(uint64_t key) {
     return src;
 }
 
-/* The directory a prefix ("dir/" or "") names. */
-static char *prefix_dir(const char *prefix) {
+char *tf__prefix_dir(const char *prefix) {
     size_t n = strlen(prefix);
     while (n > 1 && prefix[n - 1] == '/') n--;
     return n && strcmp(prefix, "/") != 0 ? strndup(prefix, n) : strdup(n ? "/" : ".");
 }
 
 static cat_src beside_src(const char *prefix, uint64_t key) {
-    cat_src src = {prefix_dir(prefix), "", 0, prefix};
+    cat_src src = {tf__prefix_dir(prefix), "", 0, prefix};
     snprintf(src.name, sizeof src.name, "%s%016llx", TF_DATA_CATALOG_STEM, (ull)key);
     return src;
 }
@@ -1050,36 +1049,45 @@ static uint64_t dataset_key(const uint8_t *manifest, size_t len) {
     return tf_hash64(manifest, len, 0x5446445343415431ULL);
 }
 
-int tf__catalog_write_dataset(const char *dir, char *written, size_t cap) {
+/* Whether f, its path without its first strip bytes, is shard i of the
+ * manifest m as the manifest describes it: a dataset's catalog adds to its
+ * manifest, never contradicts it. */
+static int is_manifest_shard(const tf_file *f, size_t strip, const tf_manifest *m, uint64_t i) {
+    const tf_manifest_shard *sh = &m->shards[i];
+    return strlen(f->path) >= strip && strcmp(f->path + strip, sh->name) == 0 && f->format == TF_FORMAT_NATIVE &&
+           !f->aux_path && f->num_tokens == sh->num_tokens && f->num_docs == sh->num_docs &&
+           f->tokens_checksum == sh->tokens_checksum && f->docs_checksum == sh->docs_checksum &&
+           f->dtype == m->dtype && f->vocab_size == m->vocab_size;
+}
+
+int tf__catalog_write_dataset(const char *dir, const tf_file *files, uint64_t nfiles, char *written, size_t cap) {
     int dfd = -1;
     TF_TRY(tf__dir_open(dir, 0, &dfd));
     uint8_t *mb = NULL, *again = NULL;
     size_t mlen = 0, alen = 0;
     tf_manifest m;
     memset(&m, 0, sizeof m);
-    tf_file *files = NULL;
-    uint64_t nfiles = 0, fcap = 0;
     int fd = -1, have_m = 0;
     char tmp[64];
     wbuf b = {0};
-    tf_open_options opt = {.format = TF_FORMAT_NATIVE, .raw_dtype = TF_DTYPE_INVALID};
     int rc = tf__read_file_at(dfd, dir, TF_MANIFEST_NAME, (size_t)1 << 30, &mb, &mlen);
     if (!rc) rc = tf__parse_manifest(TF_MANIFEST_NAME, mb, mlen, &m);
     have_m = rc == 0;
     if (!rc && m.num_shards == 0) rc = tf__seterr(-EINVAL, "%s: the dataset has no shards: nothing to catalogue", dir);
-    /* every shard's header, checked against the manifest as any open does */
-    if (!rc) rc = tf__open_native_dir(dir, &opt, &files, &nfiles, &fcap);
-    if (!rc && nfiles != m.num_shards) rc = tf__seterr(-EINVAL, "%s: %llu shards opened for %llu in the manifest (internal error)", dir, (ull)nfiles, (ull)m.num_shards);
+    if (!rc && nfiles != m.num_shards)
+        rc = tf__seterr(-EINVAL, "%s: %llu files given for the %llu shards of its manifest: not the dataset opened from this directory",
+                        dir, (ull)nfiles, (ull)m.num_shards);
+    /* every file the manifest's shard at its place, named within one
+     * directory (the catalog records names relative to it) */
     size_t strip = 0;
     if (!rc) {
         size_t pl = strlen(files[0].path), nl = strlen(m.shards[0].name);
         strip = pl >= nl ? pl - nl : 0;
     }
     for (uint64_t i = 0; !rc && i < nfiles; i++)
-        if (strlen(files[i].path) < strip || strcmp(files[i].path + strip, m.shards[i].name) != 0 ||
-            files[i].format != TF_FORMAT_NATIVE)
-            rc = tf__seterr(-EINVAL, "%s: shard %llu is not the manifest's %s (internal error)", files[i].path, (ull)i,
-                            m.shards[i].name);
+        if (!is_manifest_shard(&files[i], strip, &m, i) || strncmp(files[i].path, files[0].path, strip) != 0)
+            rc = tf__seterr(-EINVAL, "%s: shard %llu is not the manifest's %s: not the dataset opened from this directory (or it was rewritten since it was opened)",
+                            files[i].path, (ull)i, m.shards[i].name);
     if (!rc) {
         put(&b, CAT_MAGIC, 8);
         put32(&b, CAT_VERSION);
@@ -1105,12 +1113,39 @@ int tf__catalog_write_dataset(const char *dir, char *written, size_t cap) {
         if (rc) unlinkat(dfd, tmp, 0);
     }
     if (!rc && written) snprintf(written, cap, "%s/%s", dir, TF_DATASET_CATALOG_NAME);
-    if (files) free_files(files, nfiles);
     if (have_m) tf__manifest_free(&m);
     free(mb);
     free(again);
     free(b.p);
     close(dfd);
+    return rc;
+}
+
+int tf__catalog_write_written(const char *dir, const tf__written_shard *shards, uint64_t n) {
+    if (n == 0) return tf__catalog_write_dataset(dir, NULL, 0, NULL, 0); /* says there is nothing to catalogue */
+    const char *index_dir = NULL;
+    tf__arena *ar = NULL;
+    tf_file *files = files_table(n, NULL, &ar, &index_dir);
+    if (!files) return -ENOMEM;
+    size_t dlen = strlen(dir);
+    const char *sep = dlen && dir[dlen - 1] == '/' ? "" : "/"; /* as tf__path_join, as an open names them */
+    int rc = 0;
+    for (uint64_t i = 0; rc == 0 && i < n; i++) {
+        tf_file *f = &files[i];
+        f->arena = ar;
+        tf__arena_ref(ar);
+        if (!(f->path = ajoin3(ar, dir, dlen, sep, strlen(sep), shards[i].name, strlen(shards[i].name)))) rc = -ENOMEM;
+        if (rc == 0) rc = tf__parse_native_header(f->path, shards[i].header, TF_NATIVE_HEADER_SIZE, shards[i].size, f);
+        /* a file known from its metadata, as from a catalog: its size, and its
+         * first token's offset as an open that maps it finds it (none when
+         * compressed: tf__file_token_offset) */
+        tf__file_id id[2] = {{.size = shards[i].size, .known = 2}, {0}};
+        if (rc == 0)
+            rc = tf__file_lazy_from_meta(f, index_dir, tf__open_native, id, f->compressed ? -1 : (int64_t)f->tokens_offset);
+    }
+    tf__arena_release(ar); /* the files hold it now */
+    if (rc == 0) rc = tf__catalog_write_dataset(dir, files, n, NULL, 0);
+    free_files(files, n);
     return rc;
 }
 
@@ -1134,14 +1169,9 @@ int tf__catalog_parse_dataset(const char *dir, const uint8_t *manifest, size_t m
     if (prefix) snprintf(prefix, plen + 1, "%s/", dir);
     for (uint64_t i = 0; rc == 0 && i < nfiles; i++) {
         tf_file *f = &files[i];
-        const tf_manifest_shard *sh = &m->shards[i];
-        /* the manifest's shard, in the manifest's order, as the manifest
-         * describes it: the catalog adds to the manifest, never contradicts it */
+        /* the manifest's shard, in the manifest's order */
         if (read_entry(&r, f, i ? &files[i - 1] : NULL, prefix, plen, ar, index_dir, 1) < 0 ||
-            strcmp(f->path + plen, sh->name) != 0 || f->format != TF_FORMAT_NATIVE || f->aux_path ||
-            f->num_tokens != sh->num_tokens || f->num_docs != sh->num_docs ||
-            f->tokens_checksum != sh->tokens_checksum || f->docs_checksum != sh->docs_checksum ||
-            f->dtype != m->dtype || f->vocab_size != m->vocab_size)
+            !is_manifest_shard(f, plen, m, i))
             rc = 1;
     }
     if (rc == 0 && (r.bad || r.at != r.n)) rc = 1;

@@ -372,17 +372,21 @@ int tf_dataset_write_data_catalog(const tf_dataset *ds, const char *prefix, cons
     if (!ds || !prefix || !pattern) TF_FAIL(-EINVAL, "tf_dataset_write_data_catalog: a dataset, a prefix and a pattern are required");
     if (path && cap) path[0] = '\0';
     if (ds->borrowed) TF_FAIL(-EINVAL, "a view of datasets has no catalog of its own");
-    if (strcmp(pattern, TF_MANIFEST_NAME) == 0) {
-        /* the tokenfeed dataset in the directory prefix names: its own catalog */
-        size_t n = strlen(prefix);
-        while (n > 1 && prefix[n - 1] == '/') n--;
-        char *dir = n ? strndup(prefix, n) : strdup(".");
-        if (!dir) return -ENOMEM;
-        int rc = tf__catalog_write_dataset(dir, path, cap);
-        free(dir);
-        return rc;
-    }
     return tf__catalog_write_beside(prefix, pattern, opt ? opt : &open_defaults, ds->files, ds->nfiles, path, cap);
+}
+
+int tf_dataset_write_dataset_catalog(const tf_dataset *ds, const char *dataset_dir, char *path, size_t cap) {
+    tf__clearerr();
+    if (!ds || !dataset_dir)
+        TF_FAIL(-EINVAL, "tf_dataset_write_dataset_catalog: a dataset and its directory are required");
+    if (path && cap) path[0] = '\0';
+    if (ds->borrowed) TF_FAIL(-EINVAL, "a view of datasets has no catalog of its own");
+    char *dir = tf__prefix_dir(dataset_dir);
+    if (!dir) return -ENOMEM;
+    /* the shards as ds opened them: none is read again */
+    int rc = tf__catalog_write_dataset(dir, ds->files, ds->nfiles, path, cap);
+    free(dir);
+    return rc;
 }
 
 int tf_dataset_open_data_catalog(const char *prefix, const char *pattern, const tf_open_options *opt,

@@ -376,6 +376,9 @@ TF_HIDDEN int tf__catalog_load_set(const char *const *spec, size_t nspec, const 
  * written. Write: 0, or -errno with the error set (-EAGAIN: a file or the
  * directory was modified in the last seconds). */
 #define TF_DATA_CATALOG_STEM ".tokenfeed-catalog-"
+/* The directory a prefix ("dir/", "dir" or "" for the working directory)
+ * names, without trailing '/' ("/" and "." kept), malloc'ed; NULL on ENOMEM. */
+TF_HIDDEN char *tf__prefix_dir(const char *prefix);
 TF_HIDDEN int tf__catalog_load_beside(const char *prefix, const char *pattern, const tf_open_options *opt,
                                       tf_file **files, uint64_t *nfiles);
 TF_HIDDEN int tf__catalog_write_beside(const char *prefix, const char *pattern, const tf_open_options *opt,
@@ -390,15 +393,29 @@ TF_HIDDEN int tf__catalog_save_set(const char *const *spec, size_t nspec, const 
 
 /* A tokenfeed dataset's own catalog, TF_DATASET_CATALOG_NAME in its
  * directory (docs/format.md, "The dataset's catalog"): every shard's entry,
- * keyed by the manifest's bytes. Write: from the dataset in dir, its shards
- * opened and checked against the manifest; 0 with the catalog's path in
- * written (cap bytes; may be NULL), or -errno with the error set. Parse:
- * the catalog buf[0, len) of the dataset in dir (a path or URL, without a
- * trailing '/') whose manifest is manifest[0, mlen), parsed as m: 0 with
- * *files (nfiles, owned) filled, lazily (tf__file_lazy_from_meta, with the
- * native parser), or 1 when it does not describe that manifest's dataset. */
+ * keyed by the manifest's bytes. Write: the dataset in dir (without a
+ * trailing '/') from files, its shards already opened (or described by the
+ * writer that wrote them), one per shard of the manifest in its order, each
+ * checked against it, none read again; 0 with the catalog's path in written
+ * (cap bytes; may be NULL), or -errno with the error set. Parse: the catalog
+ * buf[0, len) of the dataset in dir (a path or URL, without a trailing '/')
+ * whose manifest is manifest[0, mlen), parsed as m: 0 with *files (nfiles,
+ * owned) filled, lazily (tf__file_lazy_from_meta, with the native parser),
+ * or 1 when it does not describe that manifest's dataset. */
 #define TF_DATASET_CATALOG_NAME "tokenfeed.catalog"
-TF_HIDDEN int tf__catalog_write_dataset(const char *dir, char *written, size_t cap);
+TF_HIDDEN int tf__catalog_write_dataset(const char *dir, const tf_file *files, uint64_t nfiles, char *written,
+                                        size_t cap);
+/* A native shard as its writer wrote it: its name in the dataset's
+ * directory, the TF_NATIVE_HEADER_SIZE bytes of its header, its size. */
+typedef struct tf__written_shard {
+    const char *name;
+    const uint8_t *header;
+    uint64_t size;
+} tf__written_shard;
+/* tf__catalog_write_dataset of the dataset a writer has just published in
+ * dir, its shards described by the headers written into them (no shard is
+ * read back). */
+TF_HIDDEN int tf__catalog_write_written(const char *dir, const tf__written_shard *shards, uint64_t n);
 TF_HIDDEN int tf__catalog_parse_dataset(const char *dir, const uint8_t *manifest, size_t mlen, const tf_manifest *m,
                                         const uint8_t *buf, size_t len, const tf_open_options *opt, tf_file **files,
                                         uint64_t *nfiles);

@@ -82,6 +82,10 @@ enum { CHUNK_TOKENS = 1 << 16, IOBUF_BYTES = 1 << 20 };
 typedef struct shard_rec {
     char name[32];
     uint64_t num_tokens, num_docs, tokens_checksum, docs_checksum;
+    /* the header written into the shard and its size: what the dataset's
+     * catalog records of it, without reading it back */
+    uint8_t header[TF_NATIVE_HEADER_SIZE];
+    uint64_t size;
 } shard_rec;
 
 struct tf_writer {
@@ -535,6 +539,8 @@ static int close_shard(tf_writer *w) {
     r->num_docs = w->cur_docs;
     r->tokens_checksum = tsum;
     r->docs_checksum = dsum;
+    memcpy(r->header, h, sizeof h);
+    r->size = w->pos;
     return 0;
 }
 
@@ -618,6 +624,16 @@ int tf_writer_add_document(tf_writer *w, const void *tokens, uint64_t n, tf_dtyp
 /* finish                                                                    */
 /* ------------------------------------------------------------------------ */
 
+static int write_catalog(const tf_writer *w) {
+    tf__written_shard *sh = malloc((w->nshards + 1) * sizeof *sh);
+    if (!sh) return -ENOMEM;
+    for (uint64_t i = 0; i < w->nshards; i++)
+        sh[i] = (tf__written_shard){w->shards[i].name, w->shards[i].header, w->shards[i].size};
+    int rc = tf__catalog_write_written(w->dir, sh, w->nshards);
+    free(sh);
+    return rc;
+}
+
 static int write_manifest(tf_writer *w) {
     char *lines = NULL, *buf = NULL;
     size_t llen = 0, lcap = 0, len = 0;
@@ -648,10 +664,10 @@ static int write_manifest(tf_writer *w) {
     }
     free(old);
     /* The dataset's own catalog (catalog.c), so that a remote open reads it
-     * instead of every shard's header. Best effort: a dataset without one
-     * opens as before, and a catalog left here by an earlier dataset
-     * describes another manifest, so it is ignored. */
-    if (rc == 0 && tf__catalog_write_dataset(w->dir, NULL, 0) != 0) tf__clearerr();
+     * instead of every shard's header, from the headers just written. Best
+     * effort: a dataset without one opens as before, and a catalog left here
+     * by an earlier dataset describes another manifest, so it is ignored. */
+    if (rc == 0 && write_catalog(w) != 0) tf__clearerr();
     return rc;
 }
 

@@ -85,8 +85,8 @@ def build_catalog(path: PathLike, *, dtype: DTypeLike = None, format: Optional[s
     """
     p = os.fspath(path)
     if os.path.isfile(os.path.join(p, _shardset.MANIFEST)):
-        # a tokenfeed dataset: its own catalog (its writer writes one too)
-        return Dataset([p])._core.write_data_catalog(p, _shardset.MANIFEST)
+        # a tokenfeed dataset: its own catalog, from its shards as opened (its writer writes one too)
+        return Dataset([p])._core.write_dataset_catalog(p)
     spec = _shardset.data_catalog_spec(p)
     if spec is None:
         raise ValueError(f"{p}: a catalog beside the data describes a shard set in one local directory: a directory "

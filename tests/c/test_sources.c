@@ -871,10 +871,58 @@ static void test_eos_index(void) {
     unlink(p);
 }
 
+/* A dataset's own catalog (tokenfeed.catalog): the writer writes it from the
+ * headers it wrote; tf_dataset_write_dataset_catalog writes the same bytes
+ * from the dataset as opened, and refuses a dataset that is not the one in
+ * the directory. */
+static void test_dataset_catalog(void) {
+    char dir[300], other[300], slash[310], cat[330], got[400], refused[400];
+    path_in(dir, sizeof dir, "catalogued");
+    path_in(other, sizeof other, "catalogued_other");
+    tf_writer_options o;
+    tf_writer_options_init(&o);
+    o.vocab_size = 1000;
+    o.shard_tokens = 3000;
+    uint64_t total = 0;
+    write_docs(dir, &o, 60, &total);
+    o.shard_tokens = 5000;
+    write_docs(other, &o, 40, &total);
+    snprintf(cat, sizeof cat, "%s/tokenfeed.catalog", dir);
+    size_t wlen = 0, blen = 0;
+    uint8_t *written = t_read_file(cat, &wlen);
+    CHECK(written && wlen > 0);
+    tf_dataset *ds = NULL, *ods = NULL;
+    CHECK_OK(tf_dataset_open(dir, NULL, &ds));
+    CHECK_OK(tf_dataset_open(other, NULL, &ods));
+    if (!ds || !ods || !written) goto out;
+    CHECK(unlink(cat) == 0);
+    snprintf(slash, sizeof slash, "%s/", dir);
+    CHECK_OK(tf_dataset_write_dataset_catalog(ds, slash, got, sizeof got));
+    CHECK(strcmp(got, cat) == 0);
+    uint8_t *built = t_read_file(cat, &blen);
+    CHECK(built && blen == wlen && memcmp(built, written, wlen) == 0);
+    free(built);
+    CHECK_OK(tf_dataset_write_dataset_catalog(ds, dir, NULL, 0));
+    /* another dataset's shards are not this directory's */
+    CHECK(unlink(cat) == 0);
+    snprintf(refused, sizeof refused, "x");
+    CHECK_RC(tf_dataset_write_dataset_catalog(ods, dir, refused, sizeof refused), -EINVAL);
+    CHECK(refused[0] == '\0');
+    CHECK(strstr(tf_last_error(), "not the dataset opened from this directory") != NULL);
+    CHECK(access(cat, F_OK) != 0);
+    CHECK_RC(tf_dataset_write_dataset_catalog(NULL, dir, NULL, 0), -EINVAL);
+    CHECK_RC(tf_dataset_write_dataset_catalog(ds, NULL, NULL, 0), -EINVAL);
+out:
+    tf_dataset_free(ds);
+    tf_dataset_free(ods);
+    free(written);
+}
+
 int main(void) {
     if (t_mkdtemp(tmpdir, sizeof tmpdir, "tf_test_sources")) return T_EXIT_FAIL;
     test_eos_index();
     test_native();
+    test_dataset_catalog();
     test_native_corrupt();
     test_megatron();
     test_llmc();
