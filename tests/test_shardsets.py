@@ -101,14 +101,20 @@ def test_unfinished_native_write_still_reported(tmp_path):
         tokenfeed.open(str(tmp_path / "ds"))
 
 
+def _llmc_dir(d, shards, extra=None):
+    """A directory of llm.c shards shard_0000.bin, ... (and extra files: name -> tokens as .npy)."""
+    d.mkdir()
+    for i, s in enumerate(shards):
+        write_llmc(d / f"shard_{i:04d}.bin", s, 1)
+    for name, toks in (extra or {}).items():
+        np.save(d / name, toks)
+    return str(d)
+
+
 def test_remote_glob_and_directory(moto, bucket, tmp_path):  # noqa: F811
     shards = _shards(20, seed=2)
     local = tmp_path / "tokens"
-    local.mkdir()
-    for i, s in enumerate(shards):
-        write_llmc(local / f"shard_{i:04d}.bin", s, 1)
-    np.save(local / "extra.npy", shards[0])
-    moto.upload_dir(bucket, "tokens", str(local))
+    moto.upload_dir(bucket, "tokens", _llmc_dir(local, shards, {"extra.npy": shards[0]}))
     kw = {"cache_dir": str(tmp_path / "cache"), "endpoint_url": moto.endpoint}
     want = [f"s3://{bucket}/tokens/shard_{i:04d}.bin" for i in range(20)]
     ds = tokenfeed.open(f"s3://{bucket}/tokens/*.bin", **kw)
@@ -170,3 +176,134 @@ def test_glob_dataset_pickles_as_its_files(tmp_path):
     np.save(tmp_path / "3.npy", np.arange(5, dtype=np.uint16))  # a file added later is not picked up
     again = pickle.loads(pickle.dumps(ds))
     assert again.paths == ds.paths and again.fingerprint == ds.fingerprint
+
+
+# ---- a remote set listed once per node ------------------------------------------------
+
+_OPEN_GLOB = r"""
+import sys, numpy as np, tokenfeed
+url, cache, endpoint = sys.argv[1:4]
+ds = tokenfeed.open(url, cache_dir=cache, endpoint_url=endpoint)
+print(ds.num_files, int(np.asarray(ds.tokens(0, ds.num_tokens), dtype=np.int64).sum()))
+"""
+
+
+def _listings(p):
+    """GETs of a bucket itself: listings."""
+    return sum(v for k, v in p.gets.items() if k[0].count("/") == 1)
+
+
+@pytest.fixture
+def remote_glob(moto, bucket, tmp_path):  # noqa: F811
+    shards = _shards(24, seed=5)
+    moto.upload_dir(bucket, "tokens", _llmc_dir(tmp_path / "tokens", shards))
+    p = FaultProxy(moto.port)
+    yield f"s3://{bucket}/tokens/*.bin", p, np.concatenate(shards)
+    p.stop()
+
+
+@pytest.mark.parametrize("given", ["glob", "directory"])
+def test_remote_set_restart_sends_no_request(remote_glob, tmp_path, given):
+    """A remote shard set's files are kept beside the node's record of their open: a restart
+    opening the same glob (or directory URL) neither lists nor asks anything."""
+    url, p, tokens = remote_glob
+    if given == "directory":
+        url = url.rsplit("/", 1)[0] + "/"
+    kw = {"cache_dir": str(tmp_path / "cache"), "endpoint_url": p.endpoint}
+    first = tokenfeed.open(url, **kw)
+    assert _listings(p) >= 1
+    p.reset_counts()
+    again = tokenfeed.open(url, **kw)
+    assert sum(p.requests.values()) == 0, p.requests
+    assert again.paths == first.paths and again.fingerprint == first.fingerprint
+    assert np.array_equal(_tokens(again), tokens)
+
+
+def test_remote_set_listed_again_once_its_record_is_gone(remote_glob, moto, bucket, tmp_path):  # noqa: F811
+    """The set's files are used only while the core holds the record of opening them: once it is
+    gone (pruned, or dropped by a read that found an object changed), the set is listed again,
+    and an object added meanwhile joins it."""
+    url, p, tokens = remote_glob
+    cache = tmp_path / "cache"
+    kw = {"cache_dir": str(cache), "endpoint_url": p.endpoint}
+    assert tokenfeed.open(url, **kw).num_files == 24
+    write_llmc(tmp_path / "late.bin", np.arange(7, dtype=np.uint16), 1)
+    moto.put(bucket, "tokens/shard_9999.bin", (tmp_path / "late.bin").read_bytes())
+    assert tokenfeed.open(url, **kw).num_files == 24  # as recorded: no listing
+    for name in os.listdir(cache / "meta"):
+        if name.endswith(".tfmeta"):
+            os.remove(cache / "meta" / name)
+    p.reset_counts()
+    ds = tokenfeed.open(url, **kw)
+    assert _listings(p) >= 1 and ds.num_files == 25
+
+
+def test_processes_of_a_node_list_a_remote_set_once(remote_glob, tmp_path):
+    """Processes of a node opening the same remote glob together list it once between them."""
+    import subprocess
+    import sys
+
+    url, p, tokens = remote_glob
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+
+    def run(cache, k):
+        p.reset_counts()
+        procs = [subprocess.Popen([sys.executable, "-c", _OPEN_GLOB, url, str(cache), p.endpoint], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(k)]
+        outs = [pr.communicate(timeout=300) for pr in procs]
+        for pr, (_, err) in zip(procs, outs):
+            assert pr.returncode == 0, err
+        assert {o.strip() for o, _ in outs} == {f"24 {int(tokens.astype(np.int64).sum())}"}
+        return _listings(p), p.requests.get("GET", 0) + p.requests.get("HEAD", 0)
+
+    alone = run(tmp_path / "alone", 1)  # the package's listing of the glob, the core's for sizes and versions
+    assert alone[0] >= 1
+    assert run(tmp_path / "shared", 4) == alone  # the listings and requests of one process
+
+
+def test_remote_set_record_ignores_a_planted_symlink(remote_glob, tmp_path):
+    """The set's record and its lock are opened without following symlinks: one planted under
+    the record's name is neither read nor written through."""
+    url, p, tokens = remote_glob
+    cache = tmp_path / "cache"
+    kw = {"cache_dir": str(cache), "endpoint_url": p.endpoint}
+    tokenfeed.open(url, **kw)
+    (name,) = [n for n in os.listdir(cache / "meta") if n.endswith(".tfset")]
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    os.remove(cache / "meta" / name)
+    os.symlink(victim, cache / "meta" / name)
+    ds = tokenfeed.open(url, **kw)  # not read through the link: listed again, and the link replaced, not followed
+    assert np.array_equal(_tokens(ds), tokens)
+    assert victim.read_text() == "keep"
+    assert not os.path.islink(cache / "meta" / name)
+
+
+def test_wait_for_another_process_listing_answers_ctrl_c_and_ends(remote_glob, tmp_path, monkeypatch):
+    """A process waiting for another one of the node to list the set answers Ctrl-C, and gives
+    up waiting (listing itself) after the limit."""
+    import fcntl
+
+    from tokenfeed import _set_record
+
+    url, p, tokens = remote_glob
+    cache = tmp_path / "cache"
+    kw = {"cache_dir": str(cache), "endpoint_url": p.endpoint}
+    tokenfeed.open(url.replace("*.bin", "shard_0000.bin"), **kw)  # the cache, with its meta/
+    lock = os.open(cache / "meta" / (_set_record._key([url]) + ".tfset.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # "another process" lists the set
+    waited = []
+
+    def ctrl_c(seconds):
+        waited.append(seconds)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_set_record.time, "sleep", ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        tokenfeed.open(url, **kw)
+    assert waited  # it was waiting for the lock when interrupted
+    monkeypatch.undo()
+    monkeypatch.setattr(_set_record, "WAIT_LIMIT", 0.0)
+    ds = tokenfeed.open(url, **kw)  # gives up at once: lists itself
+    assert np.array_equal(_tokens(ds), tokens)
+    os.close(lock)

@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from . import _core, _remote, _shardset
+from . import _core, _remote, _set_record, _shardset
 from ._config import renamed
 from ._warnings import PerformanceWarning
 from ._progress import Progress
@@ -350,13 +350,36 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
                 ds._catalog_as_set(paths, set_dirs)  # this node's own entry: the next open is faster still
                 return ds
     spec = paths
+    index_dir = default_index_dir() if eos is not None else None
+
+    def recorded(urls: List[str]) -> bool:
+        return store is not None and _core.Dataset.recorded(store, urls, dtype=dt, format=format, eos_id=eos,
+                                                            index_dir=index_dir)
+
+    node_set = None
     if store is not None and len(paths) == 1 and paths[0].endswith("/") and not _shardset.is_glob(paths[0]) and \
-            _core.Dataset.recorded(store, paths, dtype=dt, format=format, eos_id=eos,
-                                   index_dir=default_index_dir() if eos is not None else None):
+            recorded(paths):
         pass  # a dataset directory this node opened before as it is: its metadata record, no listing
+    elif store is not None and all(_remote.is_url(p) for p in paths):
+        # a remote shard set: listed once per node, its files kept beside the open's record
+        assert remote is not None
+        node_set = _set_record.SetRecord(remote["cache_dir"], paths)
+        listed = node_set.urls(recorded)
+        if listed is not None:
+            node_set.close()
+            node_set = None
+            paths = listed
+        else:
+            paths = _shardset.expand(paths, store.transport.list)
     else:
         paths = _shardset.expand(paths, store.transport.list if store is not None else None)
-    ds = Dataset(paths, dtype=dt, format=format, remote=remote, eos_id=eos)
+    try:
+        ds = Dataset(paths, dtype=dt, format=format, remote=remote, eos_id=eos)
+        if node_set is not None and recorded(paths):
+            node_set.save(paths)
+    finally:
+        if node_set is not None:
+            node_set.close()
     if set_dirs is not None:
         ds._catalog_as_set(spec, set_dirs)
     del store
