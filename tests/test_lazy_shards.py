@@ -354,3 +354,31 @@ def test_catalog_directory_stays_under_its_bound(tmp_path, monkeypatch):
     assert len(os.listdir(cat)) < len(sets)  # the oldest went
     assert tokenfeed.open(sets[0]).fingerprint == ref[0]  # parsed again, catalogued again
     assert used() <= 5 * 1024
+
+
+@pytest.mark.test_hooks
+def test_large_node_catalog_is_compressed_and_read_back(tmp_path, monkeypatch):
+    """A node's catalog over 4 MiB is stored zstd-compressed (in a build with zstd; a test
+    build lowers the size to 64 KiB): opened from it without listing or reading a file, the
+    set is the same; damaged, it is ignored and written again."""
+    cat = tmp_path / "catalog"
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cat))
+    monkeypatch.setenv("TOKENFEED_TEST_CATALOG_PACK_ABOVE", str(64 << 10))
+    files = _aged_set(tmp_path / "d", n=600, per=8)
+    spec = str(tmp_path / "d" / "shard_*.bin")
+    first = tokenfeed.open(spec)
+    (name,) = [n for n in os.listdir(cat) if n.endswith(".tfcat")]
+    blob = (cat / name).read_bytes()
+    if tokenfeed.build_info()["zstd"]["compiled"]:
+        assert blob[:8] == b"TFCATZS1" and len(blob) < 600 * 161 // 4, len(blob)
+    with monkeypatch.context() as m:
+        _no_listing(m)
+        second = tokenfeed.open(spec)
+    assert second.paths == files and second.fingerprint == first.fingerprint
+    assert _stream_digest(second, "pread") == _stream_digest(first, "pread")
+    damaged = bytearray(blob)
+    damaged[len(damaged) // 2] ^= 0xFF
+    (cat / name).write_bytes(bytes(damaged))
+    third = tokenfeed.open(spec)  # parsed again, not read from the damaged catalog
+    assert third.fingerprint == first.fingerprint and third.paths == files
+    assert (cat / name).read_bytes() != bytes(damaged)  # written again

@@ -181,7 +181,13 @@ typedef struct arena_chunk {
 struct tf__arena {
     _Atomic uint64_t refs;
     arena_chunk *chunks; /* newest first: the one allocated from */
+    size_t nchunks;
 };
+
+/* Chunks of an arena on transparent huge pages: the first ones only, as for
+ * tables (safe_fs.h, TF_TABLE_HUGE_MAX): a fragmented machine compacts memory
+ * for each huge page. */
+#define ARENA_HUGE_CHUNKS 32
 
 tf__arena *tf__arena_new(void) {
     tf__arena *a = calloc(1, sizeof *a);
@@ -195,8 +201,10 @@ void *tf__arena_alloc(tf__arena *a, size_t n) {
     arena_chunk *c = a->chunks;
     if (!c || c->cap - c->used < n) {
         size_t cap = n > ARENA_CHUNK - sizeof *c ? n : ARENA_CHUNK - sizeof *c;
-        /* whole huge pages for the large ones (tf__table_alloc) */
-        if (!(c = tf__table_alloc(sizeof *c + cap, 0))) return NULL;
+        /* whole huge pages for the first ones (tf__table_alloc) */
+        c = a->nchunks < ARENA_HUGE_CHUNKS ? tf__table_alloc(sizeof *c + cap, 0) : malloc(sizeof *c + cap);
+        if (!c) return NULL;
+        a->nchunks++;
         c->next = a->chunks;
         c->used = 0;
         c->cap = cap;

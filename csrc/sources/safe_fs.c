@@ -204,7 +204,7 @@ int tf__read_file_at(int dfd, const char *dir, const char *name, size_t max, uin
 
 void *tf__table_alloc(size_t n, int zero) {
 #ifdef MADV_HUGEPAGE
-    if (n >= TF_TABLE_HUGE / 2 && n <= SIZE_MAX - TF_TABLE_HUGE) {
+    if (n >= TF_TABLE_HUGE / 2 && n <= TF_TABLE_HUGE_MAX) {
         size_t whole = (n + TF_TABLE_HUGE - 1) & ~(TF_TABLE_HUGE - 1); /* huge pages cover it all */
         void *p = NULL;
         if (posix_memalign(&p, TF_TABLE_HUGE, whole) != 0) return NULL;

@@ -54,10 +54,16 @@ TF_HIDDEN int tf__unlink_regular(int dfd, const char *rel);
  * malloc'ed buffer of *len bytes (at most max). -ENOENT when absent, with no
  * message. */
 /* n bytes (zeroed when zero) that free() releases. From TF_TABLE_HUGE / 2
- * bytes on they are aligned to and advised onto transparent huge pages where the kernel
- * allows it: a table of 10^4 files then costs a page fault per 2 MiB, not one
- * per 4 KiB page (those faults were most of opening a set from its catalog). */
+ * to TF_TABLE_HUGE_MAX bytes they are aligned to and advised onto transparent
+ * huge pages where the kernel allows it: a table of 10^4 files then costs a
+ * page fault per 2 MiB, not one per 4 KiB page (those faults were most of
+ * opening a set from its catalog). Not above: where the kernel compacts
+ * memory for advised regions synchronously (its "madvise" defrag mode), each
+ * huge page of a fragmented machine costs a compaction; at 10^6 files (a
+ * 360 MB table, a 161 MB catalog) that was 2 s of a cold open against 0.5 s
+ * on small pages; up to 32 huge pages cost tens of ms at worst. */
 #define TF_TABLE_HUGE ((size_t)2 << 20)
+#define TF_TABLE_HUGE_MAX ((size_t)64 << 20)
 TF_HIDDEN void *tf__table_alloc(size_t n, int zero);
 
 TF_HIDDEN int tf__read_file_at(int dfd, const char *dir, const char *name, size_t max, uint8_t **buf, size_t *len);
