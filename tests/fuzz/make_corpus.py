@@ -143,6 +143,18 @@ def catalog_seeds() -> None:
             bad[8] ^= 0xFF  # another version
             save("catalog", f"kind{kind}_bad_version", bytes([kind]) + bytes(bad))
             save("catalog", f"kind{kind}_raw_sum", bytes([kind | 4]) + blob)
+        # the node's catalog stored compressed (over 4 MiB in a real one), bytes kept as given
+        with open(glob.glob(os.path.join(cat, "*.tfcat"))[0], "rb") as fh:
+            packed = compressed_catalog(fh.read())
+        save("catalog", "kind0_compressed", bytes([0 | 4 | 8]) + packed)
+        save("catalog", "kind0_compressed_truncated", bytes([0 | 4 | 8]) + packed[: len(packed) - 7])
+
+
+def compressed_catalog(blob: bytes) -> bytes:
+    """A catalog as the node stores a large one: "TFCATZS1", its length, one zstd frame."""
+    import zstandard
+
+    return b"TFCATZS1" + len(blob).to_bytes(8, "little") + zstandard.ZstdCompressor(level=1).compress(blob)
 
 
 def main() -> None:
