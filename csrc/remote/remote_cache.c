@@ -940,18 +940,23 @@ int tf__cache_open(const char *dir, uint64_t limit, uint64_t chunk_bytes, int cr
          * than fill (and later prune) someone's files */
         DIR *d = open_dir_fd(c->dfd);
         int other = 0;
+        char first[64] = "";
         if (d) {
             struct dirent *e;
-            static const char *const ours[] = {".", "..", "lock", "index", "objects", "tmp", "procs", "meta", "key", "CACHEDIR.TAG"};
+            /* (the marker too: another process that was making the cache
+             * may have finished since read_marker looked) */
+            static const char *const ours[] = {".",    "..",  "lock", "index",        "objects",        "tmp",
+                                               "procs", "meta", "key", "CACHEDIR.TAG", "tokenfeed-cache"};
             while ((e = readdir(d))) {
                 int known = strncmp(e->d_name, "key.", 4) == 0 || strncmp(e->d_name, "tokenfeed-cache.", 16) == 0;
                 for (size_t i = 0; i < sizeof ours / sizeof *ours && !known; i++) known = strcmp(e->d_name, ours[i]) == 0;
-                if (!known) other = 1;
+                if (!known && !other++) snprintf(first, sizeof first, "%s", e->d_name);
             }
             closedir(d);
         }
         if (other)
-            rc = tf__seterr(-EEXIST, "%s: the directory holds other files and is not a tokenfeed cache. Pass cache_dir= an empty or new directory.", dir);
+            rc = tf__seterr(-EEXIST, "%s: the directory holds other files (%s%s) and is not a tokenfeed cache. Pass cache_dir= an empty or new directory.",
+                            dir, first, other > 1 ? ", ..." : "");
     }
     if (!rc) rc = open_sub(c->dfd, c->dir, "objects", create, &c->obj_fd);
     if (!rc) rc = open_sub(c->dfd, c->dir, "tmp", create, &c->tmp_fd);
