@@ -46,7 +46,7 @@ class SetRecord:
 
     ``urls()`` gives the recorded files when ``recorded(files)`` says the core can open
     them from its record; otherwise the caller lists, opens, and calls ``save(files)``.
-    Use as a context manager: the lock taken by :meth:`urls` is released on exit.
+    :meth:`close` releases the lock that :meth:`urls` took.
     """
 
     def __init__(self, cache_dir: str, paths: Sequence[str]) -> None:
@@ -63,12 +63,6 @@ class SetRecord:
             os.close(fd)  # (the cache refuses such a directory; never trust one here)
             return
         self._dfd = fd
-
-    def __enter__(self) -> "SetRecord":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def close(self) -> None:
         if self._lock_fd is not None:
