@@ -1731,6 +1731,35 @@ TF_API int tf_dataset_write_dataset_catalog(const tf_dataset *ds, const char *da
  * or a set of files?) skip the listing when that URL opened before as it is. */
 TF_API int tf_remote_has_record(tf_remote *r, const char *const *urls, size_t n, const tf_open_options *opt);
 
+/* A remote shard set's catalog beside the data (`tokenfeed index
+ * 's3://bucket/tokens/shard_[0-9]*.bin'`; docs/remote.md, "A catalog beside the data in
+ * object storage"): an object under the set's prefix, named
+ * tf_remote_set_catalog_name(pattern, opt) (at most 40 bytes with its NUL),
+ * describing every object of the set (the objects prefix + a name matching
+ * pattern, "" for every data object under the prefix) by its entry as a
+ * catalog beside the data has it, its size and its version (ETag) as listed.
+ *
+ * tf_dataset_remote_set_catalog: the catalog's bytes for ds, opened from
+ * the set's objects as listed (tf_dataset_open_remote), into buf; *len gets
+ * their count; -ENOSPC when cap is smaller (call again with *len bytes).
+ * The caller stores them as that object.
+ *
+ * tf_dataset_open_remote_set: open the set from it: urls are the set's
+ * objects as its listing shows them now, in order. The catalog is read (one
+ * request, with the listing the open makes when the node has no record of
+ * it) instead of every object's header; each object is checked against its
+ * entry on first touch. -ENOENT when there is no catalog; -ESTALE when it does
+ * not describe the set as listed now (an object added, removed or rewritten
+ * since: open the objects with tf_dataset_open_remote, and write the catalog
+ * again). tf_remote_has_set_record: as tf_remote_has_record, for this open. */
+TF_API int tf_remote_set_catalog_name(const char *pattern, const tf_open_options *opt, char *name, size_t cap);
+TF_API int tf_dataset_remote_set_catalog(const tf_dataset *ds, const char *prefix, const char *pattern,
+                                         const tf_open_options *opt, void *buf, size_t cap, size_t *len);
+TF_API int tf_dataset_open_remote_set(const char *const *urls, size_t n, const char *prefix, const char *pattern,
+                                      const tf_open_options *opt, tf_remote *remote, tf_dataset **out);
+TF_API int tf_remote_has_set_record(tf_remote *r, const char *const *urls, size_t n, const char *prefix,
+                                    const char *pattern, const tf_open_options *opt);
+
 #endif /* TF_EXPERIMENTAL_API */
 
 #ifdef __cplusplus

@@ -80,17 +80,23 @@ static int parse_open_options(PyObject *dtype_obj, PyObject *format_obj, PyObjec
 }
 
 static PyObject *Dataset_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"paths", "dtype", "format", "remote", "eos_id", "index_dir", "shard_set", NULL};
+    static char *kwlist[] = {"paths", "dtype", "format", "remote", "eos_id", "index_dir", "shard_set", "set_prefix",
+                             "set_pattern", NULL};
     PyObject *paths_obj, *dtype_obj = Py_None, *format_obj = Py_None, *remote_obj = Py_None, *eos_obj = Py_None;
-    const char *index_dir = NULL;
+    const char *index_dir = NULL, *set_prefix = NULL, *set_pattern = NULL;
     int shard_set = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOzi:Dataset", kwlist, &paths_obj, &dtype_obj, &format_obj,
-                                     &remote_obj, &eos_obj, &index_dir, &shard_set))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOzizz:Dataset", kwlist, &paths_obj, &dtype_obj, &format_obj,
+                                     &remote_obj, &eos_obj, &index_dir, &shard_set, &set_prefix, &set_pattern))
         return NULL;
     tf_remote *remote = NULL;
     if (remote_obj != Py_None && !(remote = tfpy_remote_of(remote_obj))) return NULL;
     if (shard_set && remote) {
         PyErr_SetString(PyExc_ValueError, "shard_set=True opens local shard sets only");
+        return NULL;
+    }
+    if (!set_prefix != !set_pattern || (set_prefix && (!remote || shard_set))) {
+        PyErr_SetString(PyExc_ValueError, "set_prefix and set_pattern open a remote shard set from its catalog: both, "
+                                          "with a remote");
         return NULL;
     }
     tf_module_state *st = tfpy_state_of_type(tp);
@@ -110,6 +116,8 @@ static PyObject *Dataset_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     }
     if (shard_set == 2) TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_data_catalog(cpaths[0], cpaths[1], &opt, &ds));
     else if (shard_set) TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_set(cpaths, (size_t)n, &opt, &ds));
+    else if (set_prefix)
+        TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_remote_set(cpaths, (size_t)n, set_prefix, set_pattern, &opt, remote, &ds));
     else TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_remote(cpaths, (size_t)n, &opt, remote, &ds));
     if (rc < 0) {
         tfpy_raise(st, rc, msg);
@@ -126,16 +134,19 @@ finally:
 }
 
 PyDoc_STRVAR(Dataset_recorded_doc,
-             "recorded(remote, urls, dtype=None, format=None, eos_id=None, index_dir=None)\n--\n\n"
+             "recorded(remote, urls, dtype=None, format=None, eos_id=None, index_dir=None, set_prefix=None, "
+             "set_pattern=None)\n--\n\n"
              "Returns bool. Whether the node's cache of remote holds the metadata of opening exactly urls with "
-             "these options (an open of them then sends no request).");
+             "these options (an open of them then sends no request); with set_prefix and set_pattern, of opening "
+             "them from that shard set's catalog.");
 
 static PyObject *Dataset_recorded(PyObject *unused, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"remote", "urls", "dtype", "format", "eos_id", "index_dir", NULL};
+    static char *kwlist[] = {"remote", "urls", "dtype", "format", "eos_id", "index_dir", "set_prefix", "set_pattern",
+                             NULL};
     PyObject *remote_obj, *urls_obj, *dtype_obj = Py_None, *format_obj = Py_None, *eos_obj = Py_None;
-    const char *index_dir = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOz:recorded", kwlist, &remote_obj, &urls_obj, &dtype_obj,
-                                     &format_obj, &eos_obj, &index_dir))
+    const char *index_dir = NULL, *set_prefix = NULL, *set_pattern = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOzzz:recorded", kwlist, &remote_obj, &urls_obj, &dtype_obj,
+                                     &format_obj, &eos_obj, &index_dir, &set_prefix, &set_pattern))
         return NULL;
     tf_remote *remote = tfpy_remote_of(remote_obj);
     if (!remote) return NULL;
@@ -145,7 +156,9 @@ static PyObject *Dataset_recorded(PyObject *unused, PyObject *args, PyObject *kw
     Py_ssize_t n = 0;
     PyObject *urls = as_paths(urls_obj, &curls, &n);
     if (!urls) return NULL;
-    int has = tf_remote_has_record(remote, curls, (size_t)n, &opt);
+    int has = set_prefix && set_pattern
+                  ? tf_remote_has_set_record(remote, curls, (size_t)n, set_prefix, set_pattern, &opt)
+                  : tf_remote_has_record(remote, curls, (size_t)n, &opt);
     Py_DECREF(urls);
     PyMem_Free(curls);
     return PyBool_FromLong(has);
@@ -170,6 +183,59 @@ static PyObject *Dataset_write_data_catalog(tfpy_Dataset *self, PyObject *args, 
     TFPY_NOGIL_CALL(rc, msg, tf_dataset_write_data_catalog(self->ds, prefix, pattern, &opt, path, sizeof path));
     if (rc < 0) return tfpy_raise(tfpy_state_of_type(Py_TYPE(self)), rc, msg);
     return PyUnicode_DecodeFSDefault(path);
+}
+
+PyDoc_STRVAR(Dataset_remote_set_catalog_doc,
+             "remote_set_catalog($self, prefix, pattern, dtype=None, format=None, eos_id=None)\n--\n\n"
+             "Returns bytes. The catalog of this dataset, opened from the objects prefix + names matching pattern "
+             "as listed, to be stored as the object prefix + set_catalog_name(pattern, ...).");
+
+static PyObject *Dataset_remote_set_catalog(tfpy_Dataset *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"prefix", "pattern", "dtype", "format", "eos_id", NULL};
+    const char *prefix, *pattern;
+    PyObject *dtype_obj = Py_None, *format_obj = Py_None, *eos_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "ss|OOO:remote_set_catalog", kwlist, &prefix, &pattern, &dtype_obj,
+                                     &format_obj, &eos_obj))
+        return NULL;
+    tf_open_options opt;
+    if (parse_open_options(dtype_obj, format_obj, eos_obj, NULL, &opt) < 0) return NULL;
+    char msg[1024];
+    int rc;
+    size_t len = 0;
+    TFPY_NOGIL_CALL(rc, msg, tf_dataset_remote_set_catalog(self->ds, prefix, pattern, &opt, NULL, 0, &len));
+    if (rc < 0 && rc != -ENOSPC) return tfpy_raise(tfpy_state_of_type(Py_TYPE(self)), rc, msg);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)len);
+    if (!out) return NULL;
+    void *buf = PyBytes_AS_STRING(out);
+    size_t len2 = 0;
+    TFPY_NOGIL_CALL(rc, msg, tf_dataset_remote_set_catalog(self->ds, prefix, pattern, &opt, buf, len, &len2));
+    if (rc < 0 || len2 != len) {
+        Py_DECREF(out);
+        return tfpy_raise(tfpy_state_of_type(Py_TYPE(self)), rc < 0 ? rc : -EAGAIN, msg);
+    }
+    return out;
+}
+
+PyDoc_STRVAR(Dataset_set_catalog_name_doc,
+             "set_catalog_name(pattern, dtype=None, format=None, eos_id=None)\n--\n\n"
+             "Returns str. The name, under a remote shard set's prefix, of the catalog of the objects matching "
+             "pattern opened with these options.");
+
+static PyObject *Dataset_set_catalog_name(PyObject *unused, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"pattern", "dtype", "format", "eos_id", NULL};
+    const char *pattern;
+    PyObject *dtype_obj = Py_None, *format_obj = Py_None, *eos_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OOO:set_catalog_name", kwlist, &pattern, &dtype_obj, &format_obj,
+                                     &eos_obj))
+        return NULL;
+    tf_open_options opt;
+    if (parse_open_options(dtype_obj, format_obj, eos_obj, NULL, &opt) < 0) return NULL;
+    char name[64];
+    if (tf_remote_set_catalog_name(pattern, &opt, name, sizeof name) < 0) {
+        PyErr_SetString(PyExc_ValueError, tf_last_error());
+        return NULL;
+    }
+    return PyUnicode_FromString(name);
 }
 
 PyDoc_STRVAR(Dataset_write_dataset_catalog_doc,
@@ -434,6 +500,8 @@ TFPY_TYPE_SPEC(Dataset, tfpy_Dataset, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
                    {"write_data_catalog", (PyCFunction)(void (*)(void))Dataset_write_data_catalog, METH_VARARGS | METH_KEYWORDS, Dataset_write_data_catalog_doc},
                    {"write_dataset_catalog", (PyCFunction)(void (*)(void))Dataset_write_dataset_catalog, METH_VARARGS | METH_KEYWORDS, Dataset_write_dataset_catalog_doc},
                    {"recorded", (PyCFunction)(void (*)(void))Dataset_recorded, METH_VARARGS | METH_KEYWORDS | METH_STATIC, Dataset_recorded_doc},
+                   {"set_catalog_name", (PyCFunction)(void (*)(void))Dataset_set_catalog_name, METH_VARARGS | METH_KEYWORDS | METH_STATIC, Dataset_set_catalog_name_doc},
+                   {"remote_set_catalog", (PyCFunction)(void (*)(void))Dataset_remote_set_catalog, METH_VARARGS | METH_KEYWORDS, Dataset_remote_set_catalog_doc},
                    {"files", (PyCFunction)Dataset_files, METH_NOARGS, "files($self)\n--\n\nReturns list[dict]. One dict per file: path, format, dtype, counts."},
                    {"read", (PyCFunction)(void (*)(void))Dataset_read, METH_VARARGS | METH_KEYWORDS, Dataset_read_doc},
                    {"view", (PyCFunction)Dataset_view, METH_VARARGS, Dataset_view_doc},

@@ -238,6 +238,10 @@ TF_HIDDEN int tf__pobj_has(const tf__pobj *p, uint64_t off, uint64_t len);
 /* The record's key: the URLs opened (in order) and the open options that
  * change what the parsers read or make of it. */
 TF_HIDDEN uint64_t tf__meta_key(const char *const *urls, size_t n, const tf_open_options *opt);
+/* The key of an open of the shard set prefix + pattern, urls as listed, from
+ * its catalog beside the data (tf_dataset_open_remote_set). */
+TF_HIDDEN uint64_t tf__meta_key_set(const char *const *urls, size_t n, const tf_open_options *opt, const char *prefix,
+                                    const char *pattern);
 /* Fill the (empty) registry g from the record of key: 0, or 1 when there is
  * none or it does not parse (g is left empty). Never fails the open. */
 TF_HIDDEN int tf__meta_load(tf_remote *r, uint64_t key, tf__preg *g);

@@ -950,7 +950,7 @@ int tf__cache_open(const char *dir, uint64_t limit, uint64_t chunk_bytes, int cr
             while ((e = readdir(d))) {
                 int known = strncmp(e->d_name, "key.", 4) == 0 || strncmp(e->d_name, "tokenfeed-cache.", 16) == 0;
                 for (size_t i = 0; i < sizeof ours / sizeof *ours && !known; i++) known = strcmp(e->d_name, ours[i]) == 0;
-                if (!known && !other++) snprintf(first, sizeof first, "%s", e->d_name);
+                if (!known && !other++) snprintf(first, sizeof first, "%.*s", (int)sizeof first - 1, e->d_name);
             }
             closedir(d);
         }

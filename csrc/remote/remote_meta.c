@@ -91,17 +91,40 @@ uint64_t tf__meta_key(const char *const *urls, size_t n, const tf_open_options *
     return tf__xxh64_digest(&h);
 }
 
+uint64_t tf__meta_key_set(const char *const *urls, size_t n, const tf_open_options *opt, const char *prefix,
+                          const char *pattern) {
+    tf__xxh64_state h;
+    tf__xxh64_reset(&h, tf__meta_key(urls, n, opt));
+    tf__xxh64_update(&h, "shard set catalog", 17);
+    tf__xxh64_update(&h, prefix, strlen(prefix) + 1);
+    tf__xxh64_update(&h, pattern, strlen(pattern) + 1);
+    return tf__xxh64_digest(&h);
+}
+
+static int has_record(tf_remote *r, uint64_t key) {
+    int dfd = tf__cache_meta_fd(tf__remote_cache(r));
+    if (dfd < 0) return 0;
+    char name[40];
+    tf__cache_meta_name(key, "tfmeta", name);
+    struct stat st;
+    return fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+}
+
+int tf_remote_has_set_record(tf_remote *r, const char *const *urls, size_t n, const char *prefix, const char *pattern,
+                             const tf_open_options *opt) {
+    if (!r || !urls || n == 0 || !prefix || !pattern) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!urls[i]) return 0;
+    tf_open_options dflt = {.format = TF_FORMAT_AUTO, .raw_dtype = TF_DTYPE_INVALID};
+    return has_record(r, tf__meta_key_set(urls, n, opt ? opt : &dflt, prefix, pattern));
+}
+
 int tf_remote_has_record(tf_remote *r, const char *const *urls, size_t n, const tf_open_options *opt) {
     if (!r || !urls || n == 0) return 0;
     for (size_t i = 0; i < n; i++)
         if (!urls[i]) return 0;
     tf_open_options dflt = {.format = TF_FORMAT_AUTO, .raw_dtype = TF_DTYPE_INVALID};
-    int dfd = tf__cache_meta_fd(tf__remote_cache(r));
-    if (dfd < 0) return 0;
-    char name[40];
-    tf__cache_meta_name(tf__meta_key(urls, n, opt ? opt : &dflt), "tfmeta", name);
-    struct stat st;
-    return fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+    return has_record(r, tf__meta_key(urls, n, opt ? opt : &dflt));
 }
 
 /* "<cache dir>/meta", for messages. */

@@ -77,6 +77,8 @@ typedef unsigned long long ull;
 
 static int is_index_name(const char *url) {
     size_t n = strlen(url);
+    const char *base = strrchr(url, '/');
+    if (base && !strncmp(base + 1, TF_DATA_CATALOG_STEM, sizeof TF_DATA_CATALOG_STEM - 1)) return 1;
     return (n > 4 && !strcmp(url + n - 4, ".idx")) || (n > 6 && !strcmp(url + n - 6, ".index")) ||
            (n > 18 && !strcmp(url + n - 18, TF_MANIFEST_NAME)) ||
            (n > 17 && !strcmp(url + n - 17, TF_DATASET_CATALOG_NAME));
@@ -479,7 +481,7 @@ typedef struct lazy_obj {
     /* the store's size and version, asked for at first touch of a shard
      * known from the catalog that has no chunk checksums (lo_info) */
     _Atomic(tf_object_info *) stored;
-    uint64_t num_docs;
+    uint64_t tail_hint; /* the tail a first touch fetches: a native shard's document index with it */
     int meta_on;
     uint64_t meta_key;
     _Atomic(tf__robj *) robj;
@@ -583,6 +585,7 @@ static int finish_remote_file(tf__preg *g, tf_file *f) {
 /* The shards of one dataset opened from its catalog. */
 typedef struct lazy_group {
     pthread_mutex_t mu;
+    char *catalog;            /* a shard set's catalog (its URL; owned), or NULL: the dataset's */
     size_t n, alive;          /* under mu */
     struct lazy_obj **objs;   /* in file order; NULL once freed (under mu) */
     uint64_t ahead_bytes;     /* bytes fetched ahead, not used yet (under mu) */
@@ -636,6 +639,7 @@ static void lazy_obj_free(void *ctx) {
     if (last) {
         pthread_mutex_destroy(&grp->mu);
         free(grp->objs);
+        free(grp->catalog);
         free(grp);
     }
     tf__robj_free(atomic_load(&lo->robj));
@@ -647,7 +651,7 @@ static void lazy_obj_free(void *ctx) {
 
 /* Bytes a first touch fetches of lo's object (at most). */
 static uint64_t touch_bytes(const lazy_obj *lo) {
-    uint64_t b = HEAD_BYTES + lo->num_docs * 8 + TAIL_BYTES + (64u << 10);
+    uint64_t b = HEAD_BYTES + lo->tail_hint + (64u << 10);
     return b < lo->info.size ? b : lo->info.size;
 }
 
@@ -701,14 +705,14 @@ static int touch_fetch(tf__preg *g, lazy_obj *lo, size_t ahead) {
     for (size_t k = 0; k < nmine; k++) free(mine[k].copy);
     free(mine);
     fetch_plan fp = {NULL, 0, 0};
-    if (!rc) rc = plan_head_tail(&fp, p, lo->num_docs * 8 + TAIL_BYTES);
+    if (!rc) rc = plan_head_tail(&fp, p, lo->tail_hint);
     for (size_t k = 0; k < nn && !rc; k++) {
         tf__pobj *q = tf__preg_add(g, next[k]->url);
         if (!q) rc = -ENOMEM;
         else {
             q->known = q->exists = 1;
             q->info = *lo_info(next[k]);
-            rc = plan_head_tail(&fp, q, next[k]->num_docs * 8 + TAIL_BYTES);
+            rc = plan_head_tail(&fp, q, next[k]->tail_hint);
         }
     }
     if (!rc) rc = run_plan(g, &fp);
@@ -809,16 +813,24 @@ again:;
         rc = touch_fetch(&g, lo, 0);
     }
     if (!rc) {
-        tf_open_options o = {.format = TF_FORMAT_NATIVE, .raw_dtype = TF_DTYPE_INVALID};
+        /* the entry's parser (a shard set's catalog holds llm.c, .npy and
+         * headerless objects too; catalog.c) */
+        tf_open_options o = {.format = meta->format,
+                             .raw_dtype = meta->format == TF_FORMAT_RAW ? meta->dtype : TF_DTYPE_INVALID};
+        tf__parse_fn parse = tf__parser_of(meta->format);
         rc = tf__preg_enter(&g);
-        if (!rc) rc = tf__open_native(url, &o, out);
+        if (!rc) rc = parse ? parse(url, &o, out) : tf__seterr(-EINVAL, "%s: no parser (internal error)", url);
         tf__preg_enter(NULL);
     }
     if (!rc && tf__file_check_same(meta, out) != 0) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", tf_last_error());
-        rc = tf__seterr(-TF_EFORMAT, "%s The dataset's catalog (%s) describes the object as it was when the catalog was written: the object was replaced since. Restore it, or write the catalog again (tokenfeed index DATASET_DIR on the dataset's source directory, then upload its %s).",
-                        msg, TF_DATASET_CATALOG_NAME, TF_DATASET_CATALOG_NAME);
+        if (lo->grp->catalog)
+            rc = tf__seterr(-TF_EFORMAT, "%s The shard set's catalog (%s) describes the object as it was when the catalog was written, under the version listed now: the store changed the object without a new version. Write the catalog again (tokenfeed index on the set).",
+                            msg, lo->grp->catalog);
+        else
+            rc = tf__seterr(-TF_EFORMAT, "%s The dataset's catalog (%s) describes the object as it was when the catalog was written: the object was replaced since. Restore it, or write the catalog again (tokenfeed index DATASET_DIR on the dataset's source directory, then upload its %s).",
+                            msg, TF_DATASET_CATALOG_NAME, TF_DATASET_CATALOG_NAME);
     }
     if (unpinned && rc != -EINTR && rc != -ENOMEM && (rc || !out->chunk_sums || !out->chunk_sum_bytes)) {
         /* Read unpinned (no listing gave the store's version), a shard's
@@ -840,7 +852,8 @@ again:;
         goto again;
     }
     tf__pobj *p = rc ? NULL : tf__preg_find(&g, url);
-    if (!rc && p && p->whole && p->claimed && !out->compressed && p->info.size <= HEAD_BYTES) {
+    if (!rc && p && p->whole && p->claimed && !out->compressed && p->info.size <= HEAD_BYTES &&
+        (out->format == TF_FORMAT_NATIVE || !out->num_tokens || (out->tokens && out->tokens >= (const uint8_t *)out->map))) {
         /* A shard no larger than the head a first touch reads anyway was
          * fetched whole: its tokens stay in the map the parser took (no
          * second request for them), checked as chunks are (the GET was
@@ -852,8 +865,13 @@ again:;
          * by it, and finds the store by any file's object) */
         tf__robj *o = NULL;
         if (!rc && !atomic_load(&lo->robj)) rc = tf__robj_from_info(lo->r, url, lo_info(lo), &o);
-        if (!rc && o) rc = tf__robj_set_region(o, out->tokens_offset, out->tokens_section_len, out->chunk_sums,
-                                               out->num_chunk_sums, out->chunk_sum_bytes);
+        uint64_t data_off = out->tokens_offset, data_len = out->tokens_section_len;
+        if (out->format != TF_FORMAT_NATIVE) { /* (the parsers of foreign files point at the tokens) */
+            data_off = out->num_tokens ? (uint64_t)(out->tokens - (const uint8_t *)out->map) : 0;
+            data_len = out->num_tokens * tf_dtype_size(out->dtype);
+        }
+        if (!rc && o) rc = tf__robj_set_region(o, data_off, data_len, out->chunk_sums, out->num_chunk_sums,
+                                               out->chunk_sum_bytes);
         if (!rc && o) {
             o->meta_on = lo->meta_on;
             o->meta_key = lo->meta_key;
@@ -899,14 +917,18 @@ static void catalog_info(const tf_file *e, tf_object_info *info) {
 
 /* Move t's catalogued shards into files, each with the object as the
  * catalog knows it: no shard is asked about at open (lazy_obj_open). */
-static int adopt_catalog(tf__preg *g, target *t, tf_file **files, uint64_t *nfiles, uint64_t *cap) {
+static int adopt_catalog(tf__preg *g, target *t, const char *set_catalog, tf_file **files, uint64_t *nfiles,
+                         uint64_t *cap) {
     lazy_group *grp = calloc(1, sizeof *grp);
     lazy_obj **objs = calloc(t->ncat ? t->ncat : 1, sizeof *objs);
-    if (!grp || !objs || pthread_mutex_init(&grp->mu, NULL) != 0) {
+    char *cname = set_catalog ? strdup(set_catalog) : NULL;
+    if (!grp || !objs || (set_catalog && !cname) || pthread_mutex_init(&grp->mu, NULL) != 0) {
         free(grp);
         free(objs);
+        free(cname);
         return -ENOMEM;
     }
+    grp->catalog = cname;
     grp->objs = objs;
     grp->n = (size_t)t->ncat;
     int rc = 0;
@@ -924,7 +946,7 @@ static int adopt_catalog(tf__preg *g, target *t, tf_file **files, uint64_t *nfil
         else catalog_info(&t->cat[k], &lo->info);
         lo->meta_on = g->meta_on;
         lo->meta_key = g->meta_key;
-        lo->num_docs = t->cat[k].num_docs;
+        lo->tail_hint = t->cat[k].format == TF_FORMAT_NATIVE ? t->cat[k].num_docs * 8 + TAIL_BYTES : TAIL_BYTES;
         lo->grp = grp;
         lo->idx = (size_t)k;
         objs[k] = lo;
@@ -934,6 +956,7 @@ static int adopt_catalog(tf__preg *g, target *t, tf_file **files, uint64_t *nfil
     if (grp->alive == 0) { /* nothing refers to the group */
         pthread_mutex_destroy(&grp->mu);
         free(objs);
+        free(grp->catalog);
         free(grp);
     }
     for (uint64_t k = 0; k < t->ncat && !rc; k++) {
@@ -943,6 +966,149 @@ static int adopt_catalog(tf__preg *g, target *t, tf_file **files, uint64_t *nfil
         memset(&t->cat[k], 0, sizeof t->cat[k]);
     }
     return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* a remote shard set's catalog beside the data                              */
+/* ------------------------------------------------------------------------ */
+
+/* A shard set in object storage: the objects prefix + a name matching
+ * pattern ("" for every data object under the prefix), as listed. */
+typedef struct set_spec {
+    const char *prefix, *pattern;
+} set_spec;
+
+static char *set_catalog_url(const set_spec *set, const tf_open_options *opt) {
+    char name[64];
+    tf__catalog_objects_name(set->pattern, opt, name, sizeof name);
+    return cat2(set->prefix, name);
+}
+
+/* The shard set urls[0, n), as its listing shows it (g learnt), from its
+ * catalog cu: every object's entry, opened on first touch. -ENOENT when
+ * there is no catalog, -ESTALE when the catalog does not describe the set as
+ * listed now (an object added, removed or rewritten since, a companion
+ * object that changes how one reads, another version of tokenfeed). */
+static int open_set_catalog(tf__preg *g, const char *cu, const set_spec *set, const char *const *urls, size_t n,
+                            const tf_open_options *opt, tf_file **files, uint64_t *nfiles, uint64_t *cap) {
+    tf__pobj *pc = tf__preg_find(g, cu);
+    if (!pc || !pc->exists)
+        TF_FAIL(-ENOENT, "%s: no catalog of the shard set %s%s in object storage", cu, set->prefix, set->pattern);
+    fetch_plan fp = {NULL, 0, 0};
+    int rc = plan_head_tail(&fp, pc, 0);
+    if (!rc) rc = run_plan(g, &fp);
+    free(fp.w);
+    if (rc) return rc;
+    target t;
+    memset(&t, 0, sizeof t);
+    if (tf__catalog_parse_objects(set->prefix, set->pattern, opt, pc->map, (size_t)pc->info.size, &t.cat, &t.ncat) != 0)
+        TF_FAIL(-ESTALE, "%s: not a catalog of this shard set with these open options (damaged, or written by another version of tokenfeed): the set's objects are read instead. Write it again with `tokenfeed index '%s%s'`.",
+                cu, set->prefix, set->pattern);
+    char why[1536];
+    why[0] = '\0';
+    if (t.ncat != n)
+        snprintf(why, sizeof why, "the set has %zu objects now, the catalog %llu", n, (ull)t.ncat);
+    for (size_t i = 0; !why[0] && i < n; i++) {
+        const tf_file *e = &t.cat[i];
+        tf__file_id id[2];
+        tf__file_lazy_ids(e, id);
+        tf__pobj *p = tf__preg_find(g, urls[i]);
+        if (strcmp(e->path, urls[i]) != 0)
+            snprintf(why, sizeof why, "object %zu of the set is %s now, %s in the catalog", i, urls[i], e->path);
+        else if (!p || !p->known || !p->exists)
+            snprintf(why, sizeof why, "%s is not listed", urls[i]);
+        else if (p->info.size != id[0].size)
+            snprintf(why, sizeof why, "%s holds %llu bytes now, %llu in the catalog", urls[i], (ull)p->info.size,
+                     (ull)id[0].size);
+        else if (tf__catalog_version_hash(p->info.version) != id[0].mtime_ns)
+            snprintf(why, sizeof why, "%s was rewritten since (its version is %s now)", urls[i],
+                     p->info.version[0] ? p->info.version : "none");
+        else {
+            /* read as the catalog has it: a file of its own now too (no
+             * dataset manifest or Megatron pair under its name, no datatrove
+             * index beside a headerless one) */
+            target r;
+            memset(&r, 0, sizeof r);
+            r.url = urls[i];
+            int k = resolve(g, &r, opt) == 0 ? (int)r.k : -1;
+            free(r.path);
+            tf__clearerr();
+            char *index = cat2(urls[i], ".index");
+            if (!index) rc = -ENOMEM;
+            else if (k != K_FILE || (e->format == TF_FORMAT_RAW && exists(g, index)))
+                snprintf(why, sizeof why, "%s is read with a companion object now (%s)", urls[i],
+                         k == K_DIR ? "a dataset manifest" : k == K_MEGATRON ? "a Megatron .idx" : "a datatrove .index");
+            free(index);
+            if (rc) break;
+        }
+    }
+    if (!rc && why[0])
+        rc = tf__seterr(-ESTALE, "%s: the shard set's catalog is out of date (%s): the set's objects are read instead. Write it again with `tokenfeed index '%s%s'` once the set is complete.",
+                        cu, why, set->prefix, set->pattern);
+    if (!rc) rc = adopt_catalog(g, &t, cu, files, nfiles, cap);
+    for (uint64_t k = 0; k < t.ncat; k++) tf__file_close(&t.cat[k]);
+    free(t.cat);
+    return rc;
+}
+
+/* The object f is read from: its size and version (for a shard known from a
+ * catalog, as the open knows it). NULL when f is not a remote file. */
+static const tf_object_info *file_object(const tf_file *f) {
+    if (f->bytes_ops == &remote_byte_ops || f->bytes_ops == &remote_borrowed_ops)
+        return f->bytes_src ? &((const tf__robj *)f->bytes_src)->info : NULL;
+    lazy_obj *lo = tf__file_lazy_source(f, &remote_lazy_src);
+    return lo ? lo_info(lo) : NULL;
+}
+
+int tf_dataset_remote_set_catalog(const tf_dataset *ds, const char *prefix, const char *pattern,
+                                  const tf_open_options *opt, void *buf, size_t cap, size_t *len) {
+    tf__clearerr();
+    if (!ds || !prefix || !pattern || !len)
+        TF_FAIL(-EINVAL, "tf_dataset_remote_set_catalog: a dataset, a prefix, a pattern and len are required");
+    *len = 0;
+    if (ds->borrowed) TF_FAIL(-EINVAL, "a view of datasets has no catalog of its own");
+    tf_open_options dflt = {.format = TF_FORMAT_AUTO, .raw_dtype = TF_DTYPE_INVALID};
+    if (!opt) opt = &dflt;
+    const char **versions = calloc(ds->nfiles ? ds->nfiles : 1, sizeof *versions);
+    uint64_t *sizes = calloc(ds->nfiles ? ds->nfiles : 1, sizeof *sizes);
+    if (!versions || !sizes) {
+        free(versions);
+        free(sizes);
+        return -ENOMEM;
+    }
+    int rc = 0;
+    for (uint64_t i = 0; i < ds->nfiles && !rc; i++) {
+        const tf_object_info *info = file_object(&ds->files[i]);
+        if (!info)
+            rc = tf__seterr(-EINVAL, "%s: not an object in object storage: a catalog there describes remote objects",
+                            ds->files[i].path);
+        else if (tf__version_from_catalog(info->version))
+            rc = tf__seterr(-EINVAL, "%s: opened from a dataset's catalog, without its version from the store: open the set by its listing to catalogue it",
+                            ds->files[i].path);
+        else {
+            versions[i] = info->version;
+            sizes[i] = info->size;
+        }
+    }
+    uint8_t *b = NULL;
+    size_t n = 0;
+    if (!rc) rc = tf__catalog_pack_objects(prefix, pattern, opt, ds->files, sizes, versions, ds->nfiles, &b, &n);
+    free(versions);
+    free(sizes);
+    if (rc) return rc;
+    *len = n;
+    if (buf && cap >= n) memcpy(buf, b, n);
+    else rc = -ENOSPC;
+    free(b);
+    return rc;
+}
+
+int tf_remote_set_catalog_name(const char *pattern, const tf_open_options *opt, char *name, size_t cap) {
+    tf__clearerr();
+    if (!pattern || !name || cap < 40) TF_FAIL(-EINVAL, "tf_remote_set_catalog_name: a pattern and 40 bytes for the name are required");
+    tf_open_options dflt = {.format = TF_FORMAT_AUTO, .raw_dtype = TF_DTYPE_INVALID};
+    tf__catalog_objects_name(pattern, opt ? opt : &dflt, name, cap);
+    return 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1027,7 +1193,7 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_open_opti
         target *t = &ts[i];
         uint64_t first = *nfiles;
         if (t->k == K_DIR && t->cat) {
-            rc = adopt_catalog(g, t, files, nfiles, cap);
+            rc = adopt_catalog(g, t, NULL, files, nfiles, cap);
             continue; /* nothing to finish: each is opened on first touch */
         } else if (t->k == K_DIR) {
             rc = tf__open_native_dir(t->path, opt, files, nfiles, cap);
@@ -1091,16 +1257,31 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_open_opti
 
 /* One open of urls with the registry g (empty, or filled from the node's
  * metadata record). */
-static int open_pass(tf__preg *g, const char *const *urls, size_t n, const tf_open_options *opt, tf_file **files,
-                     uint64_t *nfiles, uint64_t *cap) {
+static int open_pass(tf__preg *g, const char *const *urls, size_t n, const set_spec *set, const tf_open_options *opt,
+                     tf_file **files, uint64_t *nfiles, uint64_t *cap) {
     target *ts = calloc(n, sizeof *ts);
-    if (!ts) return -ENOMEM;
-    int rc = 0;
+    char *cu = set ? set_catalog_url(set, opt) : NULL;
+    if (!ts || (set && !cu)) {
+        free(ts);
+        free(cu);
+        return -ENOMEM;
+    }
+    /* a shard set's catalog is learnt with its objects (in their listing) */
+    int rc = cu && !tf__preg_add(g, cu) ? -ENOMEM : 0;
     for (size_t i = 0; i < n && !rc; i++) {
         ts[i].url = urls[i];
         rc = register_candidates(g, urls[i], opt);
     }
     if (!rc) rc = learn_sizes(g);
+    if (!rc && cu) {
+        rc = tf__preg_enter(g);
+        if (!rc) rc = open_set_catalog(g, cu, set, urls, n, opt, files, nfiles, cap);
+        tf__preg_enter(NULL);
+        free(ts);
+        free(cu);
+        return rc;
+    }
+    free(cu);
     for (size_t i = 0; i < n && !rc; i++) rc = resolve(g, &ts[i], opt);
     if (!rc) {
         rc = tf__preg_enter(g);
@@ -1117,8 +1298,8 @@ static int open_pass(tf__preg *g, const char *const *urls, size_t n, const tf_op
     return rc;
 }
 
-int tf__open_remote_many(const char *const *urls, size_t n, const tf_open_options *opt, tf_remote *r,
-                         tf_file **files, uint64_t *nfiles, uint64_t *cap) {
+static int open_remote(const char *const *urls, size_t n, const set_spec *set, const tf_open_options *opt,
+                       tf_remote *r, tf_file **files, uint64_t *nfiles, uint64_t *cap) {
     if (!r)
         TF_FAIL(-EINVAL, "%s: a remote URL needs a remote store: open it with tf_dataset_open_remote and a tf_remote (tf_remote_create), or with tokenfeed.open() from Python",
                 urls[0]);
@@ -1129,7 +1310,7 @@ int tf__open_remote_many(const char *const *urls, size_t n, const tf_open_option
     memset(&g, 0, sizeof g);
     g.r = r;
     g.meta_on = tf__cache_meta_fd(tf__remote_cache(r)) >= 0;
-    g.meta_key = tf__meta_key(urls, n, opt);
+    g.meta_key = set ? tf__meta_key_set(urls, n, opt, set->prefix, set->pattern) : tf__meta_key(urls, n, opt);
     g.record_max = tf__meta_max_bytes(r);
     int loaded = 0, lock_fd = -1, waited = 0, rc = 0;
     if (g.meta_on) {
@@ -1147,7 +1328,7 @@ int tf__open_remote_many(const char *const *urls, size_t n, const tf_open_option
     }
     uint64_t first = *nfiles;
     g.record = g.meta_on && !loaded;
-    if (!rc) rc = open_pass(&g, urls, n, opt, files, nfiles, cap);
+    if (!rc) rc = open_pass(&g, urls, n, set, opt, files, nfiles, cap);
     if (rc && rc != -EINTR && loaded) {
         /* the record did not open (damaged in a way its checksum missed, or
          * written by another build): drop it and fetch */
@@ -1159,7 +1340,7 @@ int tf__open_remote_many(const char *const *urls, size_t n, const tf_open_option
         loaded = 0;
         g.record = 1;
         g.too_big = g.fetched = 0;
-        rc = open_pass(&g, urls, n, opt, files, nfiles, cap);
+        rc = open_pass(&g, urls, n, set, opt, files, nfiles, cap);
     }
     if (!rc && g.meta_on && !loaded && !g.too_big) tf__meta_save(r, g.meta_key, &g);
     if (!rc && loaded && g.fetched) tf__cache_meta_forget(tf__remote_cache(r), g.meta_key); /* incomplete: the next open writes it whole */
@@ -1168,9 +1349,41 @@ int tf__open_remote_many(const char *const *urls, size_t n, const tf_open_option
     return rc;
 }
 
+int tf__open_remote_many(const char *const *urls, size_t n, const tf_open_options *opt, tf_remote *r,
+                         tf_file **files, uint64_t *nfiles, uint64_t *cap) {
+    return open_remote(urls, n, NULL, opt, r, files, nfiles, cap);
+}
+
 static int open_urls(void *ctx, const char *const *urls, size_t n, const tf_open_options *opt, tf_file **files,
                      uint64_t *nfiles, uint64_t *cap) {
     return tf__open_remote_many(urls, n, opt, ctx, files, nfiles, cap);
+}
+
+typedef struct set_open {
+    tf_remote *r;
+    set_spec set;
+} set_open;
+
+static int open_set_urls(void *ctx, const char *const *urls, size_t n, const tf_open_options *opt, tf_file **files,
+                         uint64_t *nfiles, uint64_t *cap) {
+    set_open *so = ctx;
+    return open_remote(urls, n, &so->set, opt, so->r, files, nfiles, cap);
+}
+
+int tf_dataset_open_remote_set(const char *const *urls, size_t n, const char *prefix, const char *pattern,
+                               const tf_open_options *opt, tf_remote *remote, tf_dataset **out) {
+    if (!out) return -EINVAL;
+    *out = NULL;
+    tf__clearerr();
+    if (!urls || n == 0 || !prefix || !pattern || !remote)
+        TF_FAIL(-EINVAL, "tf_dataset_open_remote_set: the set's URLs, its prefix and pattern, and a remote are required");
+    if (!tf__is_url(prefix)) TF_FAIL(-EINVAL, "%s: not a URL: a catalog in object storage describes a remote shard set", prefix);
+    size_t plen = strlen(prefix);
+    for (size_t i = 0; i < n; i++)
+        if (!urls[i] || strncmp(urls[i], prefix, plen) != 0)
+            TF_FAIL(-EINVAL, "%s: not under the shard set's prefix %s", urls[i] ? urls[i] : "(NULL)", prefix);
+    set_open so = {remote, {prefix, pattern}};
+    return tf__dataset_open_paths(urls, n, opt, open_set_urls, &so, out);
 }
 
 int tf_dataset_open_remote(const char *const *paths, size_t n, const tf_open_options *opt, tf_remote *remote,

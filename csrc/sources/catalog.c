@@ -52,6 +52,10 @@
  * zstd finds such a catalog unusable and parses the files, as for none.
  * Catalogs beside the data and a dataset's own catalog, read by other
  * machines and builds, are never compressed.
+ *
+ * A catalog beside the data may also live in object storage, next to a remote
+ * shard set's objects: see "a catalog beside the data in object storage"
+ * below.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -81,6 +85,9 @@ typedef unsigned long long ull;
 #define CAT_TRUST 1u
 /* flags: a catalog beside the data (paths relative to its directory) */
 #define CAT_BESIDE 2u
+/* flags: a catalog beside the data in object storage (see "A catalog in
+ * object storage") */
+#define CAT_OBJECTS 8u
 #define CAT_MAX_BYTES ((size_t)1 << 32)
 #define PACK_MAGIC "TFCATZS1"
 #define CAT_PACK_ABOVE ((size_t)4 << 20)
@@ -132,11 +139,12 @@ static void hash_str(tf__xxh64_state *h, const char *s) {
 
 /* The key of a catalog: of the files of paths (set 0), or of the shard set
  * that paths name (set 1: globs and directories, as open was given them), or
- * of a catalog beside the data (set 2: the pattern within its directory). */
+ * of a catalog beside the data (set 2: the pattern within its directory; set
+ * 3: the same in object storage). */
 static uint64_t catalog_key(int set, const char *const *paths, size_t n, const tf_open_options *opt) {
     tf__xxh64_state h;
     tf__xxh64_reset(&h, 0x54464341544c4731ULL);
-    if (set) hash_str(&h, set == 2 ? "shard set beside the data" : "shard set");
+    if (set) hash_str(&h, set == 3 ? "shard set in object storage" : set == 2 ? "shard set beside the data" : "shard set");
     uint8_t rec[40];
     tf__put_le64(rec, n);
     tf__put_le64(rec + 8, (uint64_t)opt->format);
@@ -145,11 +153,11 @@ static uint64_t catalog_key(int set, const char *const *paths, size_t n, const t
     tf__put_le64(rec + 32, opt->has_eos_id ? opt->eos_id : 0);
     tf__xxh64_update(&h, rec, sizeof rec);
     /* the node's index directory is this machine's: not part of a catalog beside the data */
-    hash_str(&h, set == 2 ? NULL : opt->index_dir);
+    hash_str(&h, set >= 2 ? NULL : opt->index_dir);
     char cwd[4096];
     /* relative paths name other files from another directory (but a
      * catalog beside the data is keyed by names within its directory) */
-    for (size_t i = 0; set != 2 && i < n; i++)
+    for (size_t i = 0; set < 2 && i < n; i++)
         if (paths[i][0] != '/') {
             hash_str(&h, getcwd(cwd, sizeof cwd) ? cwd : "");
             break;
@@ -214,14 +222,14 @@ static void put_id(wbuf *b, const tf__file_id *id) {
  * the data, whose identities are then size and time only; a dataset's own
  * catalog, sized_only, records the size alone: it is read where times mean
  * nothing, from object storage). */
-static void put_file(wbuf *b, const tf_file *f, const tf_file *prev, size_t strip, int sized_only) {
+static void put_file_as(wbuf *b, const tf_file *f, const tf_file *prev, size_t strip, const tf__file_id *as) {
     tf__file_id id[2];
     int64_t tok_off = tf__file_lazy_ids(f, id);
     if (strip)
         for (int k = 0; k < 2; k++)
             if (id[k].known) id[k] = (tf__file_id){.size = id[k].size, .mtime_ns = id[k].mtime_ns, .known = 2};
-    if (sized_only) {
-        id[0] = (tf__file_id){.size = tf__file_size(f), .known = 2};
+    if (as) {
+        id[0] = *as;
         memset(&id[1], 0, sizeof id[1]);
     }
     const char *path = f->path + strip, *before = prev ? prev->path + strip : NULL;
@@ -250,6 +258,11 @@ static void put_file(wbuf *b, const tf_file *f, const tf_file *prev, size_t stri
     put64(b, (uint64_t)tok_off);
     put_id(b, &id[0]);
     if (f->aux_path) put_id(b, &id[1]);
+}
+
+static void put_file(wbuf *b, const tf_file *f, const tf_file *prev, size_t strip, int sized_only) {
+    tf__file_id sized = {.size = tf__file_size(f), .known = 2};
+    put_file_as(b, f, prev, strip, sized_only ? &sized : NULL);
 }
 
 typedef struct rbuf {
@@ -908,7 +921,9 @@ static int load_catalog(const cat_src *src, uint64_t key, const tf_open_options 
     uint32_t flags = 0;
     int ok = unseal(buf, len, CAT_MAGIC, &r, &flags);
     int trusted = (flags & CAT_TRUST) != 0 || force_trust, beside = (flags & CAT_BESIDE) != 0;
-    ok = ok && get64(&r) == key && (trusted || !need_trust) && beside == !src->node;
+    /* (a catalog of objects, brought down with the data, describes versions
+     * in object storage, not these files) */
+    ok = ok && get64(&r) == key && (trusted || !need_trust) && beside == !src->node && !(flags & CAT_OBJECTS);
     uint64_t nfiles = get64(&r), ndeps = get64(&r);
     ok = ok && nfiles >= 2 && nfiles <= len / 64;
     const char *index_dir = NULL;
@@ -1111,6 +1126,100 @@ int tf__catalog_write_beside(const char *prefix, const char *pattern, const tf_o
     free(b.p);
     free(src.dir);
     return rc;
+}
+
+/* ---- a catalog beside the data in object storage --------------------------- */
+
+/* A remote shard set's catalog (`tokenfeed index 's3://bucket/tokens/shard_[0-9]*.bin'`):
+ * an object under the set's prefix, named TF_DATA_CATALOG_STEM + its key
+ * (keyed as a catalog beside the data, in a space of its own, so that a copy
+ * of the bucket on disk keeps both kinds apart). The records of a catalog
+ * beside the data, names relative to the prefix, each identity the object's
+ * size and, in place of a modification time, a hash of its version (its
+ * ETag) as listed when the catalog was written; no dependency. Nothing here
+ * is trusted: the open that reads it (csrc/remote/remote_open.c) checks the
+ * set as listed now against it, name by name, size and version, and ignores
+ * a catalog that differs in any. */
+
+void tf__catalog_objects_name(const char *pattern, const tf_open_options *opt, char *name, size_t cap) {
+    snprintf(name, cap, "%s%016llx", TF_DATA_CATALOG_STEM, (ull)catalog_key(3, &pattern, 1, opt));
+}
+
+uint64_t tf__catalog_version_hash(const char *version) {
+    return tf_hash64(version, strlen(version), 0x5446564552534e31ULL);
+}
+
+int tf__catalog_pack_objects(const char *prefix, const char *pattern, const tf_open_options *opt,
+                             const tf_file *files, const uint64_t *sizes, const char *const *versions,
+                             uint64_t nfiles, uint8_t **out, size_t *len) {
+    *out = NULL;
+    *len = 0;
+    size_t plen = strlen(prefix);
+    if (nfiles < 2) TF_FAIL(-EINVAL, "%s: a catalog describes a shard set of at least two objects", prefix);
+    for (uint64_t i = 0; i < nfiles; i++) {
+        const tf_file *f = &files[i];
+        if (strncmp(f->path, prefix, plen) != 0 || !f->path[plen] || strchr(f->path + plen, '/'))
+            TF_FAIL(-EINVAL, "%s: not an object directly under the shard set's prefix (%s): a catalog describes the objects of one prefix",
+                    f->path, prefix);
+        /* what the first touch of an object reads is its own bytes: a file
+         * with a companion (a Megatron .idx, a datatrove .index, a document
+         * index) or compressed blocks is opened at open, as without a catalog */
+        if (f->aux_path || f->eos_mode || f->compressed || f->format == TF_FORMAT_MEGATRON)
+            TF_FAIL(-EINVAL, "%s: a catalog in object storage describes llm.c, .npy, headerless and uncompressed tokenfeed shards (without a document index or a companion file); this one is %s",
+                    f->path, f->format == TF_FORMAT_MEGATRON ? "a Megatron pair" : f->compressed ? "compressed" : "read with a companion file");
+    }
+    wbuf b = {0};
+    put(&b, CAT_MAGIC, 8);
+    put32(&b, CAT_VERSION);
+    put32(&b, CAT_TRUST | CAT_BESIDE | CAT_OBJECTS);
+    put64(&b, catalog_key(3, &pattern, 1, opt));
+    put64(&b, nfiles);
+    put64(&b, 0);
+    for (uint64_t i = 0; i < nfiles; i++) {
+        tf__file_id id = {.size = sizes[i], .mtime_ns = tf__catalog_version_hash(versions[i]), .known = 2};
+        put_file_as(&b, &files[i], i ? &files[i - 1] : NULL, plen, &id);
+    }
+    seal(&b);
+    if (b.err) {
+        free(b.p);
+        return b.err;
+    }
+    *out = b.p;
+    *len = b.n;
+    return 0;
+}
+
+int tf__catalog_parse_objects(const char *prefix, const char *pattern, const tf_open_options *opt,
+                              const uint8_t *buf, size_t len, tf_file **out, uint64_t *nout) {
+    *out = NULL;
+    *nout = 0;
+    rbuf r;
+    uint32_t flags = 0;
+    int ok = unseal(buf, len, CAT_MAGIC, &r, &flags);
+    ok = ok && (flags & CAT_OBJECTS) && (flags & CAT_BESIDE) && get64(&r) == catalog_key(3, &pattern, 1, opt);
+    uint64_t nfiles = get64(&r), ndeps = get64(&r);
+    ok = ok && !r.bad && ndeps == 0 && nfiles >= 2 && nfiles <= len / 64;
+    const char *index_dir = NULL;
+    tf__arena *ar = NULL;
+    tf_file *files = ok ? files_table(nfiles, opt, &ar, &index_dir) : NULL;
+    size_t plen = strlen(prefix);
+    int rc = files ? 0 : 1;
+    for (uint64_t i = 0; rc == 0 && i < nfiles; i++) {
+        tf_file *f = &files[i];
+        if (read_entry(&r, f, i ? &files[i - 1] : NULL, prefix, plen, ar, index_dir, 0) < 0 || f->aux_path ||
+            f->eos_mode || f->compressed || f->format == TF_FORMAT_MEGATRON)
+            rc = 1;
+    }
+    if (rc == 0 && (r.bad || r.at != r.n)) rc = 1;
+    tf__arena_release(ar); /* the files hold it now */
+    tf__clearerr();
+    if (rc != 0) {
+        if (files) free_files(files, nfiles);
+        return 1;
+    }
+    *out = files;
+    *nout = nfiles;
+    return 0;
 }
 
 /* ---- a tokenfeed dataset's own catalog ------------------------------------ */

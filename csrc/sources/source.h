@@ -383,6 +383,21 @@ TF_HIDDEN int tf__catalog_load_beside(const char *prefix, const char *pattern, c
                                       tf_file **files, uint64_t *nfiles);
 TF_HIDDEN int tf__catalog_write_beside(const char *prefix, const char *pattern, const tf_open_options *opt,
                                        const tf_file *files, uint64_t nfiles, char *written, size_t cap);
+/* A remote shard set's catalog beside the data in object storage (catalog.c):
+ * its name under the set's prefix (cap >= 40); the hash of an object's version
+ * that an entry records; the catalog's bytes for files opened from the
+ * objects prefix + names matching pattern, each of sizes[i] bytes at
+ * versions[i] (*out
+ * malloc'ed), or -errno with the error set; its entries, lazily (each with
+ * its identity: size, and the version's hash as mtime_ns): 0, or 1 when buf
+ * is not such a catalog of this set and options. */
+TF_HIDDEN void tf__catalog_objects_name(const char *pattern, const tf_open_options *opt, char *name, size_t cap);
+TF_HIDDEN uint64_t tf__catalog_version_hash(const char *version);
+TF_HIDDEN int tf__catalog_pack_objects(const char *prefix, const char *pattern, const tf_open_options *opt,
+                                       const tf_file *files, const uint64_t *sizes, const char *const *versions,
+                                       uint64_t nfiles, uint8_t **out, size_t *len);
+TF_HIDDEN int tf__catalog_parse_objects(const char *prefix, const char *pattern, const tf_open_options *opt,
+                                        const uint8_t *buf, size_t len, tf_file **files, uint64_t *nfiles);
 /* Catalog files as the shard set spec, held by dirs whose identities were
  * dir_ids when they were listed: 0 when written, 1 when not (a directory
  * changed or was modified in the last seconds, a file lies elsewhere, no

@@ -68,7 +68,8 @@ def build_index(path: PathLike, *, dtype: DTypeLike, eos_id: int, index_dir: Opt
 
 
 def build_catalog(path: PathLike, *, dtype: DTypeLike = None, format: Optional[str] = None,
-                  eos_id: Optional[int] = None) -> str:
+                  eos_id: Optional[int] = None, endpoint_url: Optional[str] = None,
+                  storage_options: Optional[Dict[str, Any]] = None) -> str:
     """Write the catalog of a local shard set beside its data and return its path.
 
     For a tokenfeed dataset directory (one with a manifest), write the dataset's own
@@ -82,8 +83,20 @@ def build_catalog(path: PathLike, *, dtype: DTypeLike = None, format: Optional[s
     directory) then lets every machine that reads the data open the set without listing the
     directory or reading a file, while the directory is unchanged (docs/format.md, "A catalog
     beside the data"). Files modified in the last 2 seconds are waited for.
+
+    ``path`` may be a remote shard set (``"s3://bucket/tokens/*.bin"``, or a directory URL
+    ending in ``/``): every object's header is read once and the catalog is stored as an
+    object under the set's prefix (its URL is returned), from which every node opens the set
+    with its listing and one more request instead of a request per object (docs/remote.md, "A
+    catalog beside the data in object storage"). ``endpoint_url`` and ``storage_options`` are
+    :func:`open`'s.
     """
     p = os.fspath(path)
+    if _remote.is_url(p):
+        return _build_remote_catalog(p, _dtype_name(dtype), format, None if eos_id is None else int(eos_id),
+                                     endpoint_url, storage_options)
+    if endpoint_url is not None or storage_options is not None:
+        raise ValueError("endpoint_url and storage_options: only for a shard set in object storage")
     if os.path.isfile(os.path.join(p, _shardset.MANIFEST)):
         # a tokenfeed dataset: its own catalog, from its shards as opened (its writer writes one too)
         return Dataset([p])._core.write_dataset_catalog(p)
@@ -102,6 +115,33 @@ def build_catalog(path: PathLike, *, dtype: DTypeLike = None, format: Optional[s
             if time.monotonic() > give_up:
                 raise
             time.sleep(0.5)
+
+
+def _build_remote_catalog(url: str, dt: Optional[str], format: Optional[str], eos: Optional[int],
+                          endpoint_url: Optional[str], storage_options: Optional[Dict[str, Any]]) -> str:
+    import tempfile
+
+    spec = _shardset.remote_set_spec(url)
+    if spec is None:
+        raise ValueError(f"{url}: a catalog in object storage describes a shard set under one prefix: a directory URL "
+                         "ending in / or a glob of names under one prefix (s3://bucket/tokens/*.bin)")
+    if eos is not None:
+        raise ValueError(f"{url}: a catalog in object storage describes files read without a document index; "
+                         "files split at an eos id are opened by their listing")
+    # a cache of its own: every header read from the store as it is now, not from a node's record
+    with tempfile.TemporaryDirectory(prefix="tokenfeed-index-") as tmp:
+        opts = _remote.store_options(cache_dir=tmp, endpoint_url=endpoint_url, storage_options=storage_options)
+        store = _remote.get_store(**opts)
+        urls = _shardset.expand([url], store.transport.list)
+        if urls == [url]:
+            raise ValueError(f"{url}: a tokenfeed dataset: write its catalog (tokenfeed.catalog) where it is written "
+                             "(tokenfeed index DATASET_DIR, or the dataset writer), and upload it with the dataset")
+        ds = Dataset(urls, dtype=dt, format=format, remote=opts)
+        data = ds._core.remote_set_catalog(spec[0], spec[1], dtype=dt, format=format)
+        name = spec[0] + _core.Dataset.set_catalog_name(spec[1], dtype=dt, format=format)
+        store.transport.put(name, data)
+        del ds, store
+    return name
 
 
 def _as_paths(path: Union[PathLike, Sequence[PathLike]]) -> list[str]:
@@ -137,19 +177,23 @@ class Dataset:
     """
 
     def __init__(self, paths: Sequence[str], dtype: Optional[str] = None, format: Optional[str] = None,
-                 remote: Optional[Dict[str, Any]] = None, eos_id: Optional[int] = None) -> None:
+                 remote: Optional[Dict[str, Any]] = None, eos_id: Optional[int] = None,
+                 set_catalog: Optional[Tuple[str, str]] = None) -> None:
         self._paths: Optional[List[str]] = list(paths)
         self._dtype_arg = dtype
         self._format_arg = format
         self._remote_args = remote
         self._eos_id = eos_id
+        self._set_catalog = set_catalog
         self.eos_id: Optional[int] = eos_id
         store = None
         if any(_remote.is_url(p) for p in self._paths):
             store = _remote.get_store(**(remote or {}))
         self._store = store
+        prefix, pattern = set_catalog if set_catalog is not None else (None, None)
         self._core = _core.Dataset(self._paths, dtype=dtype, format=format, remote=store, eos_id=eos_id,
-                                   index_dir=default_index_dir() if eos_id is not None else None)
+                                   index_dir=default_index_dir() if eos_id is not None else None,
+                                   set_prefix=prefix, set_pattern=pattern)
         if store is not None:
             _warn_unversioned(store)
         self._set_info()
@@ -168,6 +212,7 @@ class Dataset:
         self._paths = None  # the files, from the catalog when asked for
         self._dtype_arg, self._format_arg, self._remote_args = dtype, format, None
         self._eos_id = self.eos_id = eos_id
+        self._set_catalog = None
         self._store = None
         self._set_info()
         return self
@@ -190,7 +235,8 @@ class Dataset:
 
     # pickles as paths + options: a spawned DataLoader worker re-opens the files
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Dataset, (self.paths, self._dtype_arg, self._format_arg, self._remote_args, self._eos_id))
+        return (Dataset, (self.paths, self._dtype_arg, self._format_arg, self._remote_args, self._eos_id,
+                          self._set_catalog))
 
     def cache_stats(self) -> Optional[Dict[str, Any]]:
         """For a remote dataset: requests, bytes fetched, chunks fetched and hit, cache usage (else None)."""
@@ -352,9 +398,18 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     spec = paths
     index_dir = default_index_dir() if eos is not None else None
 
-    def recorded(urls: List[str]) -> bool:
+    # a remote shard set under one prefix: its catalog beside the data, when the listing shows one
+    set_spec = _shardset.remote_set_spec(paths[0]) if store is not None and len(paths) == 1 else None
+    set_catalog: Optional[Tuple[str, str]] = None
+
+    def recorded(urls: List[str], catalog: Optional[Tuple[str, str]] = None) -> bool:
+        prefix, pattern = catalog if catalog is not None else (None, None)
         return store is not None and _core.Dataset.recorded(store, urls, dtype=dt, format=format, eos_id=eos,
-                                                            index_dir=index_dir)
+                                                            index_dir=index_dir, set_prefix=prefix,
+                                                            set_pattern=pattern)
+
+    def recorded_any(urls: List[str]) -> bool:
+        return (set_spec is not None and recorded(urls, set_spec)) or recorded(urls)
 
     node_set = None
     if store is not None and len(paths) == 1 and paths[0].endswith("/") and not _shardset.is_glob(paths[0]) and \
@@ -364,18 +419,40 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
         # a remote shard set: listed once per node, its files kept beside the open's record
         assert remote is not None
         node_set = _set_record.SetRecord(remote["cache_dir"], paths)
-        listed = node_set.urls(recorded)
+        listed = node_set.urls(recorded_any)
         if listed is not None:
             node_set.close()
             node_set = None
             paths = listed
+            if set_spec is not None and recorded(listed, set_spec):
+                set_catalog = set_spec  # opened from the set's catalog before: its record
         else:
-            paths = _shardset.expand(paths, store.transport.list)
+            seen: set = set()
+
+            def lister(prefix_url: str) -> Any:
+                for obj in store.transport.list(prefix_url):
+                    seen.add(obj[0])
+                    yield obj
+
+            paths = _shardset.expand(paths, lister)
+            if set_spec is not None and set_spec[0] + _core.Dataset.set_catalog_name(
+                    set_spec[1], dtype=dt, format=format, eos_id=eos) in seen:
+                set_catalog = set_spec
     else:
         paths = _shardset.expand(paths, store.transport.list if store is not None else None)
     try:
-        ds = Dataset(paths, dtype=dt, format=format, remote=remote, eos_id=eos)
-        if node_set is not None and recorded(paths):
+        ds = None
+        if set_catalog is not None:
+            try:
+                ds = Dataset(paths, dtype=dt, format=format, remote=remote, eos_id=eos, set_catalog=set_catalog)
+            except OSError as e:
+                if e.errno not in (errno.ESTALE, errno.ENOENT):
+                    raise
+                warnings.warn(str(e), PerformanceWarning, stacklevel=2)  # out of date: the objects are read
+                set_catalog = None
+        if ds is None:
+            ds = Dataset(paths, dtype=dt, format=format, remote=remote, eos_id=eos)
+        if node_set is not None and recorded(paths, set_catalog):
             node_set.save(paths)
     finally:
         if node_set is not None:

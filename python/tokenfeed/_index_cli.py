@@ -8,6 +8,7 @@ own catalog (tokenfeed.catalog), which a remote open reads instead of every shar
 
     tokenfeed index data/part-0-00000.npy --dtype uint32 --eos-id 100257
     tokenfeed index 'fineweb10B/fineweb_train_*.bin'
+    tokenfeed index 's3://bucket/fineweb10B/fineweb_train_*.bin'   # the catalog stored beside the objects
     tokenfeed index my_dataset/            # a tokenfeed dataset written before catalogs
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ def cmd_index(a: argparse.Namespace) -> int:
     for p in a.path:
         if a.eos_id is None:
             t = time.perf_counter()
-            out = build_catalog(p, dtype=a.dtype, format=a.format)
+            out = build_catalog(p, dtype=a.dtype, format=a.format, endpoint_url=a.endpoint_url)
             if not a.quiet:
                 print(f"{p}: catalog {out} ({time.perf_counter() - t:.1f} s)")
             continue
@@ -46,7 +47,10 @@ def add_parser(sub: Any) -> None:
                                    "foreign token files, or a glob of names in one directory: quote it) and "
                                    "write its catalog beside the data (.tokenfeed-catalog-<key>), from which "
                                    "every machine reading the data opens the set without listing the directory "
-                                   "or reading a file, while the directory is unchanged. For a tokenfeed "
+                                   "or reading a file, while the directory is unchanged. A shard set in object "
+                                   "storage (a glob of names under one prefix, or a prefix URL ending in /) gets "
+                                   "its catalog stored as an object under that prefix: every node then opens the "
+                                   "set with its listing and one request. For a tokenfeed "
                                    "dataset directory (with a manifest): its own catalog, tokenfeed.catalog, "
                                    "which a remote open reads instead of every shard's header (the dataset "
                                    "writer writes it too). "
@@ -66,5 +70,8 @@ def add_parser(sub: Any) -> None:
     i.add_argument("--index-dir", default=None,
                    help=f"where indexes go when the data's directory is read-only (default: $TOKENFEED_INDEX_DIR "
                         f"or {default_index_dir().replace(os.path.expanduser('~'), '~')})")
+    i.add_argument("--endpoint-url", default=None,
+                   help="for a shard set in object storage: an S3-compatible endpoint (default: $AWS_ENDPOINT_URL_S3 "
+                        "or $AWS_ENDPOINT_URL)")
     i.add_argument("-q", "--quiet", action="store_true", help="print nothing")
     i.set_defaults(func=cmd_index)

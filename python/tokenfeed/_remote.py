@@ -318,6 +318,18 @@ class ObjectStoreTransport:
         except Exception as e:
             raise self._error(e) from None
 
+    def put(self, url: str, data: bytes) -> None:
+        """Store ``data`` as the object ``url`` (one request; the store replaces the object
+        whole, so a reader sees the old object or the new one)."""
+        import obstore
+
+        _check_fork()
+        store, key = self._store(url)
+        try:
+            obstore.put(store, key, data)
+        except Exception as e:
+            raise self._error(e) from None
+
     def read_into(self, url: str, version: str, size: int, offset: int, buf: Any) -> int:
         """Read ``len(buf)`` bytes at ``offset`` into ``buf`` (a writable buffer); returns the count.
 

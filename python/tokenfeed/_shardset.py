@@ -191,6 +191,23 @@ def data_catalog_spec(path: str) -> Optional[Tuple[str, str]]:
     return None
 
 
+def remote_set_spec(path: str) -> Optional[Tuple[str, str]]:
+    """For a remote shard set under one prefix (a glob of names under it, or a directory URL):
+    ``(prefix_url, pattern)``, the prefix (ending in ``/``) and the glob of the names under it
+    (``""`` for a directory's data objects), which key its catalog beside the data; else None."""
+    if not _remote.is_url(path):
+        return None
+    u = _remote.parse_url(path)
+    if is_glob(u.key):
+        d, _, name = u.key.rpartition("/")
+        if is_glob(d) or not name:
+            return None
+        return f"{u.scheme}://{u.bucket}/{d + '/' if d else ''}", name
+    if path.endswith("/"):
+        return f"{u.scheme}://{u.bucket}/{u.key}", ""
+    return None
+
+
 def local_set_dirs(paths: Sequence[str]) -> Optional[List[Tuple[str, Tuple[int, int, int, int]]]]:
     """When every entry of ``paths`` is a local shard set (a glob in its last path component,
     or a directory without a manifest), the directories that hold their files, each with its
