@@ -1751,12 +1751,24 @@ TF_API int tf_remote_has_record(tf_remote *r, const char *const *urls, size_t n,
  * entry on first touch. -ENOENT when there is no catalog; -ESTALE when it does
  * not describe the set as listed now (an object added, removed or rewritten
  * since: open the objects with tf_dataset_open_remote, and write the catalog
- * again). tf_remote_has_set_record: as tf_remote_has_record, for this open. */
+ * again). pattern may be NULL: no catalog, the objects are read as
+ * tf_dataset_open_remote reads them. listing (may be NULL) is the listing
+ * the caller expanded the set from (a glob or a directory URL), taken just
+ * now: the open learns sizes and versions from it instead of listing the
+ * prefix again. tf_remote_has_set_record: as tf_remote_has_record, for this
+ * open. */
+typedef struct tf_remote_listing {
+    const char *prefix; /* every object whose URL starts with it is among the n below */
+    const char *const *urls;
+    const tf_object_info *infos;
+    size_t n;
+} tf_remote_listing;
 TF_API int tf_remote_set_catalog_name(const char *pattern, const tf_open_options *opt, char *name, size_t cap);
 TF_API int tf_dataset_remote_set_catalog(const tf_dataset *ds, const char *prefix, const char *pattern,
                                          const tf_open_options *opt, void *buf, size_t cap, size_t *len);
 TF_API int tf_dataset_open_remote_set(const char *const *urls, size_t n, const char *prefix, const char *pattern,
-                                      const tf_open_options *opt, tf_remote *remote, tf_dataset **out);
+                                      const tf_remote_listing *listing, const tf_open_options *opt,
+                                      tf_remote *remote, tf_dataset **out);
 TF_API int tf_remote_has_set_record(tf_remote *r, const char *const *urls, size_t n, const char *prefix,
                                     const char *pattern, const tf_open_options *opt);
 

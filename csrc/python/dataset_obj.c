@@ -81,12 +81,14 @@ static int parse_open_options(PyObject *dtype_obj, PyObject *format_obj, PyObjec
 
 static PyObject *Dataset_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"paths", "dtype", "format", "remote", "eos_id", "index_dir", "shard_set", "set_prefix",
-                             "set_pattern", NULL};
+                             "set_pattern", "listing", NULL};
     PyObject *paths_obj, *dtype_obj = Py_None, *format_obj = Py_None, *remote_obj = Py_None, *eos_obj = Py_None;
+    PyObject *listing_obj = Py_None;
     const char *index_dir = NULL, *set_prefix = NULL, *set_pattern = NULL;
     int shard_set = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOzizz:Dataset", kwlist, &paths_obj, &dtype_obj, &format_obj,
-                                     &remote_obj, &eos_obj, &index_dir, &shard_set, &set_prefix, &set_pattern))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOzizzO:Dataset", kwlist, &paths_obj, &dtype_obj, &format_obj,
+                                     &remote_obj, &eos_obj, &index_dir, &shard_set, &set_prefix, &set_pattern,
+                                     &listing_obj))
         return NULL;
     tf_remote *remote = NULL;
     if (remote_obj != Py_None && !(remote = tfpy_remote_of(remote_obj))) return NULL;
@@ -94,9 +96,12 @@ static PyObject *Dataset_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_ValueError, "shard_set=True opens local shard sets only");
         return NULL;
     }
-    if (!set_prefix != !set_pattern || (set_prefix && (!remote || shard_set))) {
-        PyErr_SetString(PyExc_ValueError, "set_prefix and set_pattern open a remote shard set from its catalog: both, "
-                                          "with a remote");
+    if ((set_pattern || listing_obj != Py_None) && !set_prefix) {
+        PyErr_SetString(PyExc_ValueError, "set_pattern and listing describe the remote shard set under set_prefix");
+        return NULL;
+    }
+    if (set_prefix && (!remote || shard_set)) {
+        PyErr_SetString(PyExc_ValueError, "set_prefix opens a remote shard set: it needs a remote");
         return NULL;
     }
     tf_module_state *st = tfpy_state_of_type(tp);
@@ -110,14 +115,48 @@ static PyObject *Dataset_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     tf_dataset *ds = NULL;
     int rc;
     char msg[1024];
+    /* the set's listing: (url, size, version) per object under set_prefix */
+    tf_remote_listing listing = {set_prefix, NULL, NULL, 0};
+    PyObject *lseq = NULL;
+    const char **lurls = NULL;
+    tf_object_info *linfos = NULL;
     if (shard_set == 2 && n != 2) {
         PyErr_SetString(PyExc_ValueError, "shard_set=2 opens [prefix, pattern] from the catalog beside the data");
         goto finally;
     }
+    if (listing_obj != Py_None) {
+        lseq = PySequence_Fast(listing_obj, "listing must be a sequence of (url, size, version)");
+        if (!lseq) goto finally;
+        Py_ssize_t ln = PySequence_Fast_GET_SIZE(lseq);
+        lurls = PyMem_Calloc((size_t)ln + 1, sizeof *lurls);
+        linfos = PyMem_Calloc((size_t)ln + 1, sizeof *linfos);
+        if (!lurls || !linfos) {
+            PyErr_NoMemory();
+            goto finally;
+        }
+        for (Py_ssize_t i = 0; i < ln; i++) {
+            const char *u, *v;
+            unsigned long long size;
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(lseq, i), "sKs;listing: expected (url, size, version)", &u,
+                                  &size, &v))
+                goto finally;
+            if (strlen(v) >= sizeof linfos[i].version) {
+                PyErr_Format(PyExc_ValueError, "%s: version longer than %d bytes", u, (int)sizeof linfos[i].version - 1);
+                goto finally;
+            }
+            lurls[i] = u;
+            linfos[i].size = (uint64_t)size;
+            memcpy(linfos[i].version, v, strlen(v) + 1);
+        }
+        listing.urls = lurls;
+        listing.infos = linfos;
+        listing.n = (size_t)ln;
+    }
     if (shard_set == 2) TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_data_catalog(cpaths[0], cpaths[1], &opt, &ds));
     else if (shard_set) TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_set(cpaths, (size_t)n, &opt, &ds));
     else if (set_prefix)
-        TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_remote_set(cpaths, (size_t)n, set_prefix, set_pattern, &opt, remote, &ds));
+        TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_remote_set(cpaths, (size_t)n, set_prefix, set_pattern,
+                                                            lseq ? &listing : NULL, &opt, remote, &ds));
     else TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_remote(cpaths, (size_t)n, &opt, remote, &ds));
     if (rc < 0) {
         tfpy_raise(st, rc, msg);
@@ -130,6 +169,9 @@ static PyObject *Dataset_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
 finally:
     Py_XDECREF(paths);
     PyMem_Free(cpaths);
+    PyMem_Free(lurls);
+    PyMem_Free(linfos);
+    Py_XDECREF(lseq);
     return (PyObject *)self;
 }
 

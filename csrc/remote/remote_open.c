@@ -975,8 +975,29 @@ static int adopt_catalog(tf__preg *g, target *t, const char *set_catalog, tf_fil
 /* A shard set in object storage: the objects prefix + a name matching
  * pattern ("" for every data object under the prefix), as listed. */
 typedef struct set_spec {
-    const char *prefix, *pattern;
+    const char *prefix, *pattern;     /* pattern NULL: no catalog */
+    const tf_remote_listing *listing; /* the set's listing, when the caller has it */
 } set_spec;
+
+/* What a listing the caller took just now shows (the set's, which it
+ * expanded): the sizes and versions of the objects registered, and those
+ * under its prefix that it does not show absent, as learn_sizes does with a
+ * listing of its own. */
+static void apply_listing(tf__preg *g, const tf_remote_listing *l) {
+    for (size_t i = 0; i < l->n; i++) {
+        tf__pobj *p = l->urls[i] ? tf__preg_find(g, l->urls[i]) : NULL;
+        if (p && !p->known) {
+            p->known = p->exists = 1;
+            p->info = l->infos[i];
+        }
+    }
+    size_t pl = strlen(l->prefix);
+    for (size_t j = 0; j < g->n; j++)
+        if (!g->o[j].known && !strncmp(g->o[j].url, l->prefix, pl)) {
+            g->o[j].known = 1;
+            g->o[j].exists = 0;
+        }
+}
 
 static char *set_catalog_url(const set_spec *set, const tf_open_options *opt) {
     char name[64];
@@ -1260,8 +1281,8 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_open_opti
 static int open_pass(tf__preg *g, const char *const *urls, size_t n, const set_spec *set, const tf_open_options *opt,
                      tf_file **files, uint64_t *nfiles, uint64_t *cap) {
     target *ts = calloc(n, sizeof *ts);
-    char *cu = set ? set_catalog_url(set, opt) : NULL;
-    if (!ts || (set && !cu)) {
+    char *cu = set && set->pattern ? set_catalog_url(set, opt) : NULL;
+    if (!ts || (set && set->pattern && !cu)) {
         free(ts);
         free(cu);
         return -ENOMEM;
@@ -1272,6 +1293,7 @@ static int open_pass(tf__preg *g, const char *const *urls, size_t n, const set_s
         ts[i].url = urls[i];
         rc = register_candidates(g, urls[i], opt);
     }
+    if (!rc && set && set->listing) apply_listing(g, set->listing);
     if (!rc) rc = learn_sizes(g);
     if (!rc && cu) {
         rc = tf__preg_enter(g);
@@ -1310,7 +1332,8 @@ static int open_remote(const char *const *urls, size_t n, const set_spec *set, c
     memset(&g, 0, sizeof g);
     g.r = r;
     g.meta_on = tf__cache_meta_fd(tf__remote_cache(r)) >= 0;
-    g.meta_key = set ? tf__meta_key_set(urls, n, opt, set->prefix, set->pattern) : tf__meta_key(urls, n, opt);
+    g.meta_key = set && set->pattern ? tf__meta_key_set(urls, n, opt, set->prefix, set->pattern)
+                                     : tf__meta_key(urls, n, opt);
     g.record_max = tf__meta_max_bytes(r);
     int loaded = 0, lock_fd = -1, waited = 0, rc = 0;
     if (g.meta_on) {
@@ -1371,18 +1394,21 @@ static int open_set_urls(void *ctx, const char *const *urls, size_t n, const tf_
 }
 
 int tf_dataset_open_remote_set(const char *const *urls, size_t n, const char *prefix, const char *pattern,
-                               const tf_open_options *opt, tf_remote *remote, tf_dataset **out) {
+                               const tf_remote_listing *listing, const tf_open_options *opt, tf_remote *remote,
+                               tf_dataset **out) {
     if (!out) return -EINVAL;
     *out = NULL;
     tf__clearerr();
-    if (!urls || n == 0 || !prefix || !pattern || !remote)
-        TF_FAIL(-EINVAL, "tf_dataset_open_remote_set: the set's URLs, its prefix and pattern, and a remote are required");
+    if (!urls || n == 0 || !prefix || !remote)
+        TF_FAIL(-EINVAL, "tf_dataset_open_remote_set: the set's URLs, its prefix and a remote are required");
+    if (listing && (!listing->prefix || (listing->n && (!listing->urls || !listing->infos))))
+        TF_FAIL(-EINVAL, "tf_dataset_open_remote_set: a listing needs its prefix, and a URL and an info per object");
     if (!tf__is_url(prefix)) TF_FAIL(-EINVAL, "%s: not a URL: a catalog in object storage describes a remote shard set", prefix);
     size_t plen = strlen(prefix);
     for (size_t i = 0; i < n; i++)
         if (!urls[i] || strncmp(urls[i], prefix, plen) != 0)
             TF_FAIL(-EINVAL, "%s: not under the shard set's prefix %s", urls[i] ? urls[i] : "(NULL)", prefix);
-    set_open so = {remote, {prefix, pattern}};
+    set_open so = {remote, {prefix, pattern, listing}};
     return tf__dataset_open_paths(urls, n, opt, open_set_urls, &so, out);
 }
 

@@ -1206,8 +1206,11 @@ int tf__catalog_parse_objects(const char *prefix, const char *pattern, const tf_
     int rc = files ? 0 : 1;
     for (uint64_t i = 0; rc == 0 && i < nfiles; i++) {
         tf_file *f = &files[i];
+        tf__file_id id[2];
         if (read_entry(&r, f, i ? &files[i - 1] : NULL, prefix, plen, ar, index_dir, 0) < 0 || f->aux_path ||
             f->eos_mode || f->compressed || f->format == TF_FORMAT_MEGATRON)
+            rc = 1;
+        else if (tf__file_lazy_ids(f, id), id[0].known != 2) /* a size and a version's hash, nothing else */
             rc = 1;
     }
     if (rc == 0 && (r.bad || r.at != r.n)) rc = 1;

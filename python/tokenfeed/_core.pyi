@@ -101,7 +101,8 @@ class Dataset:
     def __new__(cls, paths: Sequence[Union[str, bytes, PathLike[str], PathLike[bytes]]], dtype: _DTypeArg = ...,
                 format: Optional[str] = ..., remote: Optional["Remote"] = ..., eos_id: Optional[int] = ...,
                 index_dir: Optional[str] = ..., shard_set: int = ..., set_prefix: Optional[str] = ...,
-                set_pattern: Optional[str] = ...) -> "Dataset": ...
+                set_pattern: Optional[str] = ...,
+                listing: Optional[Sequence[Tuple[str, int, str]]] = ...) -> "Dataset": ...
     @staticmethod
     def recorded(remote: "Remote", urls: Sequence[str], dtype: _DTypeArg = ..., format: Optional[str] = ...,
                  eos_id: Optional[int] = ..., index_dir: Optional[str] = ..., set_prefix: Optional[str] = ...,

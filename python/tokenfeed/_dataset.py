@@ -178,7 +178,8 @@ class Dataset:
 
     def __init__(self, paths: Sequence[str], dtype: Optional[str] = None, format: Optional[str] = None,
                  remote: Optional[Dict[str, Any]] = None, eos_id: Optional[int] = None,
-                 set_catalog: Optional[Tuple[str, str]] = None) -> None:
+                 set_catalog: Optional[Tuple[str, str]] = None,
+                 listing: Optional[Tuple[str, List[Tuple[str, int, str]]]] = None) -> None:
         self._paths: Optional[List[str]] = list(paths)
         self._dtype_arg = dtype
         self._format_arg = format
@@ -190,10 +191,15 @@ class Dataset:
         if any(_remote.is_url(p) for p in self._paths):
             store = _remote.get_store(**(remote or {}))
         self._store = store
+        # a remote shard set: from its catalog (prefix, pattern), and with the listing it was
+        # expanded from (prefix, objects), which the open uses instead of listing again
         prefix, pattern = set_catalog if set_catalog is not None else (None, None)
+        objects = None
+        if listing is not None and (prefix is None or prefix == listing[0]):
+            prefix, objects = listing
         self._core = _core.Dataset(self._paths, dtype=dtype, format=format, remote=store, eos_id=eos_id,
                                    index_dir=default_index_dir() if eos_id is not None else None,
-                                   set_prefix=prefix, set_pattern=pattern)
+                                   set_prefix=prefix, set_pattern=pattern, listing=objects)
         if store is not None:
             _warn_unversioned(store)
         self._set_info()
@@ -401,6 +407,7 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     # a remote shard set under one prefix: its catalog beside the data, when the listing shows one
     set_spec = _shardset.remote_set_spec(paths[0]) if store is not None and len(paths) == 1 else None
     set_catalog: Optional[Tuple[str, str]] = None
+    listing: Optional[Tuple[str, List[Tuple[str, int, str]]]] = None
 
     def recorded(urls: List[str], catalog: Optional[Tuple[str, str]] = None) -> bool:
         prefix, pattern = catalog if catalog is not None else (None, None)
@@ -427,31 +434,38 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
             if set_spec is not None and recorded(listed, set_spec):
                 set_catalog = set_spec  # opened from the set's catalog before: its record
         else:
-            seen: set = set()
+            listings: List[Tuple[str, List[Tuple[str, int, str]]]] = []
 
             def lister(prefix_url: str) -> Any:
+                objects: List[Tuple[str, int, str]] = []
+                listings.append((prefix_url, objects))
                 for obj in store.transport.list(prefix_url):
-                    seen.add(obj[0])
+                    objects.append(obj)
                     yield obj
 
             paths = _shardset.expand(paths, lister)
-            if set_spec is not None and set_spec[0] + _core.Dataset.set_catalog_name(
-                    set_spec[1], dtype=dt, format=format, eos_id=eos) in seen:
-                set_catalog = set_spec
+            if len(listings) == 1 and all(p.startswith(listings[0][0]) for p in paths):
+                listing = listings[0]  # the open learns the objects from it: no second listing
+            if set_spec is not None and listing is not None:
+                name = set_spec[0] + _core.Dataset.set_catalog_name(set_spec[1], dtype=dt, format=format,
+                                                                    eos_id=eos)
+                if any(obj[0] == name for obj in listing[1]):
+                    set_catalog = set_spec
     else:
         paths = _shardset.expand(paths, store.transport.list if store is not None else None)
     try:
         ds = None
         if set_catalog is not None:
             try:
-                ds = Dataset(paths, dtype=dt, format=format, remote=remote, eos_id=eos, set_catalog=set_catalog)
+                ds = Dataset(paths, dtype=dt, format=format, remote=remote, eos_id=eos, set_catalog=set_catalog,
+                             listing=listing)
             except OSError as e:
                 if e.errno not in (errno.ESTALE, errno.ENOENT):
                     raise
                 warnings.warn(str(e), PerformanceWarning, stacklevel=2)  # out of date: the objects are read
                 set_catalog = None
         if ds is None:
-            ds = Dataset(paths, dtype=dt, format=format, remote=remote, eos_id=eos)
+            ds = Dataset(paths, dtype=dt, format=format, remote=remote, eos_id=eos, listing=listing)
         if node_set is not None and recorded(paths, set_catalog):
             node_set.save(paths)
     finally:

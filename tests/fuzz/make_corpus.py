@@ -150,6 +150,17 @@ def catalog_seeds() -> None:
         save("catalog", "kind0_compressed_truncated", bytes([0 | 4 | 8]) + packed[: len(packed) - 7])
 
 
+def remote_catalog_seeds() -> None:
+    """fuzz_remote_catalog: byte 0's bit 2 XORs the rest into a real catalog the target writes
+    (all-zero rest: that catalog as it is); otherwise the rest is the catalog."""
+    save("remote_catalog", "real", bytes([4]))
+    save("remote_catalog", "real_entry_flags", bytes([4]) + bytes(40) + bytes([0x08]))
+    save("remote_catalog", "real_count", bytes([4]) + bytes(24) + bytes([0x05]))
+    save("remote_catalog", "real_kept_sum", bytes([4 | 1]) + bytes(60) + bytes([0x11]))
+    save("remote_catalog", "real_other_key", bytes([4 | 2]) + bytes(16) + bytes([0xFF]))
+    save("remote_catalog", "header_only", bytes([0]) + b"TFCATLG1" + struct.pack("<IIQQQ", 3, 11, 0, 3, 0) + bytes(8))
+
+
 def compressed_catalog(blob: bytes) -> bytes:
     """A catalog as the node stores a large one: "TFCATZS1", its length, one zstd frame."""
     import zstandard
@@ -161,6 +172,7 @@ def main() -> None:
     rng = np.random.default_rng(1234)
     tmp = tempfile.mkdtemp(prefix="tf-corpus-")
     catalog_seeds()
+    remote_catalog_seeds()
     try:
         # ---- native shards and manifests
         man1, sh1 = native_dataset(tmp, "u16", 50257, docs(rng, 20, 50257))
