@@ -194,65 +194,112 @@ print(json.dumps({"open_s": opened, "first_batch_s": time.perf_counter() - t, "m
 """
 
 
+def _startup_run(url: str, proxy: FaultProxy, cache: str, procs: int, env: Dict[str, str]) -> Dict[str, Any]:
+    """procs processes of one node opening url together on the cache, each to its first batch."""
+    proxy.reset_counts()
+    t = time.perf_counter()
+    ps = [subprocess.Popen([sys.executable, "-c", STARTUP_CHILD, url, cache, proxy.endpoint], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(procs)]
+    res = []
+    for p in ps:
+        o, e = p.communicate(timeout=3600)
+        if p.returncode != 0:
+            return {"error": e[-400:]}
+        res.append(json.loads(o.strip().splitlines()[-1]))
+    wall = time.perf_counter() - t
+    return {"wall_s": round(wall, 2), "requests": sum(proxy.requests.values()),
+            "metadata_requests": sum(r["metadata_requests"] for r in res),
+            "open_s_max": round(max(r["open_s"] for r in res), 2),
+            "first_batch_s_max": round(max(r["first_batch_s"] for r in res), 2)}
+
+
+def _startup_variants(what: str, url: str, proxy: FaultProxy, tmp: str, key: str, variants: Dict[str, Any],
+                      args: argparse.Namespace, env: Dict[str, str]) -> Dict[str, Any]:
+    """Fresh cache, restart, and the node's processes together, for each variant (a callable
+    that prepares the bucket for it)."""
+    row: Dict[str, Any] = {}
+    for v, prepare in variants.items():
+        prepare()
+        sub: Dict[str, Any] = {}
+        cache = os.path.join(tmp, f"startup-cache-{key}-{v}")
+        sub["fresh"] = _startup_run(url, proxy, cache, 1, env)
+        sub["restart"] = _startup_run(url, proxy, cache, 1, env)
+        if args.startup_procs > 1:
+            sub[f"node_{args.startup_procs}"] = _startup_run(url, proxy, os.path.join(tmp, f"startup-node-{key}-{v}"),
+                                                             args.startup_procs, env)
+        for k, r in sub.items():
+            print(f"start-up, {what}, {v.replace('_', ' ')}, {k}: " + (r["error"] if "error" in r else
+                  f"{r['wall_s']} s wall (open {r['open_s_max']} s, first batch {r['first_batch_s_max']} s), "
+                  f"{r['requests']} requests ({r['metadata_requests']} at open)"), flush=True)
+        row[v] = sub
+    return row
+
+
 def bench_startup(moto: MotoServer, tmp: str, args: argparse.Namespace) -> Dict[str, Any]:
     """Requests at start-up, counted at the proxy (which adds the latency): one process with a
     fresh cache, a restart with the same cache, and N processes of one node started together on
-    a fresh shared cache; for the dataset as written (with its catalog, tokenfeed.catalog, which a
-    remote open reads instead of every shard's header) and, with --startup-catalog both, once its
-    catalog is deleted from the bucket (every shard's header read at open, as for a dataset written
-    before tokenfeed wrote catalogs). The dataset's URL has no trailing "/", so every request is
-    the core's (a directory URL ending in "/" adds the one listing the package makes to expand it)."""
+    a fresh shared cache.
+
+    native: a tokenfeed dataset as written (with its catalog, tokenfeed.catalog, which a remote
+    open reads instead of every shard's header) and, with --startup-catalog both, once its
+    catalog is deleted from the bucket (every shard's header read at open, as for a dataset
+    written before tokenfeed wrote catalogs). The dataset's URL has no trailing "/", so every
+    request is the core's (a directory URL ending in "/" adds the one listing the package makes
+    to expand it).
+
+    glob: a glob of llm.c objects (s3://startup/globN/*.bin, one document each), with the set's
+    catalog that `tokenfeed index` stores beside them and, with --startup-catalog both, without
+    it (every object's header read once per node)."""
     out: Dict[str, Any] = {}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([args.startup_pythonpath] if args.startup_pythonpath
                                                       else sys.path))
-    variants = {"both": ["catalog", "no_catalog"], "with": ["catalog"], "without": ["no_catalog"]}[args.startup_catalog]
+    which = {"both": ["catalog", "no_catalog"], "with": ["catalog"], "without": ["no_catalog"]}[args.startup_catalog]
+    kinds = set(args.startup_kinds.split(","))
     for n in args.startup_shards:
-        local = os.path.join(tmp, f"startup-{n}")
         rng = np.random.default_rng(2)
-        with tokenfeed.DatasetWriter(local, vocab_size=50257, shard_tokens=1) as w:  # one document per shard
-            for _ in range(n):
-                w.add_document(rng.integers(0, 50257, size=int(rng.integers(200, 900)), dtype=np.uint16))
-        t0 = time.perf_counter()
-        upload(moto, "startup", f"ds{n}", local)
-        row: Dict[str, Any] = {"shards": n, "upload_s": round(time.perf_counter() - t0, 1)}
-        url = f"s3://startup/ds{n}"
-        proxy = FaultProxy(moto.port, latency=args.latency_ms / 1000)
-
-        def run(cache: str, procs: int) -> Dict[str, Any]:
-            proxy.reset_counts()
-            t = time.perf_counter()
-            ps = [subprocess.Popen([sys.executable, "-c", STARTUP_CHILD, url, cache, proxy.endpoint], env=env,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(procs)]
-            res = []
-            for p in ps:
-                o, e = p.communicate(timeout=3600)
-                if p.returncode != 0:
-                    return {"error": e[-400:]}
-                res.append(json.loads(o.strip().splitlines()[-1]))
-            wall = time.perf_counter() - t
-            return {"wall_s": round(wall, 2), "requests": sum(proxy.requests.values()),
-                    "metadata_requests": sum(r["metadata_requests"] for r in res),
-                    "open_s_max": round(max(r["open_s"] for r in res), 2),
-                    "first_batch_s_max": round(max(r["first_batch_s"] for r in res), 2)}
-
-        try:
-            for v in variants:
-                if v == "no_catalog":
-                    moto.delete("startup", f"ds{n}/tokenfeed.catalog")
-                sub: Dict[str, Any] = {}
-                cache = os.path.join(tmp, f"startup-cache-{n}-{v}")
-                sub["fresh"] = run(cache, 1)
-                sub["restart"] = run(cache, 1)
-                if args.startup_procs > 1:
-                    sub[f"node_{args.startup_procs}"] = run(os.path.join(tmp, f"startup-node-{n}-{v}"),
-                                                            args.startup_procs)
-                for k, r in sub.items():
-                    print(f"start-up, {n} shards, {v.replace('_', ' ')}, {k}: " + (r["error"] if "error" in r else
-                          f"{r['wall_s']} s wall (open {r['open_s_max']} s, first batch {r['first_batch_s_max']} s), "
-                          f"{r['requests']} requests ({r['metadata_requests']} at open)"), flush=True)
-                row[v] = sub
-        finally:
-            proxy.stop()
+        docs = [rng.integers(0, 50257, size=int(rng.integers(200, 900)), dtype=np.uint16) for _ in range(n)]
+        row: Dict[str, Any] = {"shards": n}
+        if "native" in kinds:
+            local = os.path.join(tmp, f"startup-{n}")
+            with tokenfeed.DatasetWriter(local, vocab_size=50257, shard_tokens=1) as w:  # one document per shard
+                for d in docs:
+                    w.add_document(d)
+            t0 = time.perf_counter()
+            upload(moto, "startup", f"ds{n}", local)
+            row["upload_s"] = round(time.perf_counter() - t0, 1)
+            proxy = FaultProxy(moto.port, latency=args.latency_ms / 1000)
+            variants = {"catalog": lambda: None,
+                        "no_catalog": lambda: moto.delete("startup", f"ds{n}/tokenfeed.catalog")}
+            try:
+                row.update(_startup_variants(f"{n} shards", f"s3://startup/ds{n}", proxy, tmp, f"ds{n}",
+                                             {v: variants[v] for v in which}, args, env))
+            finally:
+                proxy.stop()
+        if "glob" in kinds:
+            local = os.path.join(tmp, f"startup-glob-{n}")
+            os.makedirs(local)
+            header = np.zeros(256, dtype=np.int32)
+            header[0], header[1] = 20240520, 1
+            for i, d in enumerate(docs):
+                header[2] = len(d)
+                with open(os.path.join(local, f"shard_{i:06d}.bin"), "wb") as f:
+                    f.write(header.tobytes() + d.tobytes())
+            t0 = time.perf_counter()
+            upload(moto, "startup", f"glob{n}", local)
+            url = f"s3://startup/glob{n}/*.bin"
+            t1 = time.perf_counter()
+            name = tokenfeed.build_catalog(url, endpoint_url=moto.endpoint)
+            glob_row: Dict[str, Any] = {"upload_s": round(t1 - t0, 1), "index_s": round(time.perf_counter() - t1, 1)}
+            print(f"start-up, {n} llm.c objects: tokenfeed index {glob_row['index_s']} s", flush=True)
+            proxy = FaultProxy(moto.port, latency=args.latency_ms / 1000)
+            variants = {"catalog": lambda: None,
+                        "no_catalog": lambda: moto.delete("startup", name.split("/", 3)[3])}
+            try:
+                glob_row.update(_startup_variants(f"{n} llm.c objects (glob)", url, proxy, tmp, f"glob{n}",
+                                                  {v: variants[v] for v in which}, args, env))
+            finally:
+                proxy.stop()
+            row["glob"] = glob_row
         out[str(n)] = row
     return out
 
@@ -379,6 +426,8 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--startup-procs", type=int, default=16, help="processes of the node in the start-up group")
     ap.add_argument("--startup-catalog", choices=["both", "with", "without"], default="both",
                     help="start-up with the dataset's catalog, without it (deleted from the bucket), or both")
+    ap.add_argument("--startup-kinds", default="native,glob",
+                    help="comma list of: native (a tokenfeed dataset), glob (a glob of llm.c objects)")
     ap.add_argument("--startup-pythonpath", default="",
                     help="run the start-up children with this PYTHONPATH (another build, for a before/after)")
     ap.add_argument("--only", default="", help="comma list of: stream, open, startup, peers")

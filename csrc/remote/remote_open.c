@@ -51,6 +51,16 @@
  * after a restart (whose open reads the node's record), with no request. The token
  * region of a touched shard (lazy_obj.robj) lives as long as the dataset, so
  * that the scheduler's chunk references outlive an unmapped shard.
+ *
+ * A shard set of foreign objects with its catalog beside the data in object
+ * storage (tf_dataset_open_remote_set; catalog.c writes and parses it) opens
+ * the same way: the catalog is a candidate of round 1, learnt from the set's
+ * listing (which the caller that expanded the set hands down, so that round
+ * 1 sends nothing), fetched whole, and checked against that listing object by
+ * object (name, size, the hash of the version; no companion object); its
+ * entries then become the files, each a lazy_obj pinned to its listed version,
+ * parsed at first touch by its own format's parser. A catalog that differs
+ * fails the open with -ESTALE, and the caller opens the objects without it.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE

@@ -1026,6 +1026,126 @@ static void test_metadata_record(void) {
     tf_remote_free(r);
 }
 
+/* The listing a caller expanded a set from: every object under prefix. */
+typedef struct listing_buf {
+    char urls[64][700];
+    const char *ptrs[64];
+    tf_object_info infos[64];
+    size_t n;
+} listing_buf;
+
+static int collect(void *ctx, const char *url, const tf_object_info *info) {
+    listing_buf *l = ctx;
+    if (l->n < 64) {
+        snprintf(l->urls[l->n], sizeof l->urls[l->n], "%s", url);
+        l->ptrs[l->n] = l->urls[l->n];
+        l->infos[l->n++] = *info;
+    }
+    return 0;
+}
+
+static void take_listing(const char *prefix, listing_buf *l) {
+    memset(l, 0, sizeof *l);
+    CHECK_OK(lt_list(NULL, prefix, collect, l));
+}
+
+/* A remote shard set's catalog beside the data: written from an open of its
+ * objects, stored under the set's prefix, and read by an open of the set as
+ * listed instead of every object's header (one read: the catalog; no stat,
+ * no listing of its own); an object changed since, -ESTALE naming it; no
+ * catalog, -ENOENT. */
+static void test_set_catalog(void) {
+    char dir[512], prefix[600], cache[512], cache2[512], urls[20][700];
+    const char *paths[20];
+    snprintf(dir, sizeof dir, "%s/set", tmpdir);
+    CHECK(mkdir(dir, 0700) == 0);
+    snprintf(prefix, sizeof prefix, "local://%s/", dir);
+    snprintf(cache, sizeof cache, "%s/cache_set", tmpdir);
+    snprintf(cache2, sizeof cache2, "%s/cache_set2", tmpdir);
+    for (int i = 0; i < 20; i++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/s_%02d.bin", dir, i);
+        write_tokens(path, 20000 + 50u * (uint32_t)i, (uint32_t)i + 7, "wb");
+        snprintf(urls[i], sizeof urls[i], "%ss_%02d.bin", prefix, i);
+        paths[i] = urls[i];
+    }
+    tf_open_options oo = {.format = TF_FORMAT_RAW, .raw_dtype = TF_UINT16};
+    tf_remote *r = make_remote(cache, 256ull << 20, CHUNK);
+    tf_dataset *ds = NULL;
+    CHECK_OK(tf_dataset_open_remote(paths, 20, &oo, r, &ds));
+    tf_dataset_info want, got;
+    CHECK_OK(tf_dataset_get_info(ds, &want));
+    size_t len = 0;
+    CHECK_RC(tf_dataset_remote_set_catalog(ds, prefix, "*.bin", &oo, NULL, 0, &len), -ENOSPC);
+    CHECK(len > 0);
+    uint8_t *cat = malloc(len);
+    size_t len2 = 0;
+    CHECK_OK(tf_dataset_remote_set_catalog(ds, prefix, "*.bin", &oo, cat, len, &len2));
+    CHECK(len2 == len);
+    /* not under the prefix: refused */
+    CHECK_RC(tf_dataset_remote_set_catalog(ds, "local:///elsewhere/", "*.bin", &oo, cat, len, &len2), -EINVAL);
+    uint16_t *want_tokens = malloc(want.num_tokens * 2), *got_tokens = malloc(want.num_tokens * 2);
+    CHECK_OK(tf_dataset_read(ds, 0, want.num_tokens, want_tokens, TF_UINT16));
+    tf_dataset_free(ds);
+    tf_remote_free(r);
+
+    /* no catalog yet: -ENOENT */
+    listing_buf l;
+    take_listing(prefix, &l);
+    tf_remote_listing lst = {prefix, l.ptrs, l.infos, l.n};
+    r = make_remote(cache2, 256ull << 20, CHUNK);
+    ds = NULL;
+    CHECK_RC(tf_dataset_open_remote_set(paths, 20, prefix, "*.bin", &lst, &oo, r, &ds), -ENOENT);
+    tf_remote_free(r);
+
+    char name[64], cpath[700];
+    CHECK_OK(tf_remote_set_catalog_name("*.bin", &oo, name, sizeof name));
+    CHECK(strncmp(name, ".tokenfeed-catalog-", 19) == 0);
+    snprintf(cpath, sizeof cpath, "%s/%s", dir, name);
+    FILE *fp = fopen(cpath, "wb");
+    CHECK(fp && fwrite(cat, 1, len, fp) == len);
+    if (fp) fclose(fp);
+    free(cat);
+
+    /* a fresh node: the catalog is the only object read at open */
+    take_listing(prefix, &l);
+    lst = (tf_remote_listing){prefix, l.ptrs, l.infos, l.n};
+    char cache3[512];
+    snprintf(cache3, sizeof cache3, "%s/cache_set3", tmpdir);
+    r = make_remote(cache3, 256ull << 20, CHUNK);
+    reset_plan();
+    ds = NULL;
+    CHECK_OK(tf_dataset_open_remote_set(paths, 20, prefix, "*.bin", &lst, &oo, r, &ds));
+    CHECK(atomic_load(&plan.lists) == 0 && atomic_load(&plan.stats) == 0 && atomic_load(&plan.reads) == 1);
+    CHECK(tf_remote_has_set_record(r, paths, 20, prefix, "*.bin", &oo) == 1);
+    CHECK(tf_remote_has_record(r, paths, 20, &oo) == 0);
+    CHECK_OK(tf_dataset_get_info(ds, &got));
+    CHECK(got.fingerprint == want.fingerprint && got.num_tokens == want.num_tokens && got.num_files == 20);
+    CHECK_OK(tf_dataset_read(ds, 0, want.num_tokens, got_tokens, TF_UINT16));
+    CHECK(memcmp(got_tokens, want_tokens, want.num_tokens * 2) == 0);
+    tf_dataset_free(ds);
+
+    /* an object grown since: -ESTALE naming it */
+    char grown[600];
+    snprintf(grown, sizeof grown, "%s/s_11.bin", dir);
+    write_tokens(grown, 100, 5, "ab");
+    take_listing(prefix, &l);
+    lst = (tf_remote_listing){prefix, l.ptrs, l.infos, l.n};
+    char cache4[512];
+    snprintf(cache4, sizeof cache4, "%s/cache_set4", tmpdir);
+    tf_remote *r4 = make_remote(cache4, 256ull << 20, CHUNK);
+    ds = NULL;
+    CHECK_RC(tf_dataset_open_remote_set(paths, 20, prefix, "*.bin", &lst, &oo, r4, &ds), -ESTALE);
+    CHECK(strstr(tf_last_error(), "s_11.bin") != NULL && strstr(tf_last_error(), "out of date") != NULL);
+    /* bad arguments */
+    CHECK_RC(tf_dataset_open_remote_set(paths, 20, "local:///other/", "*.bin", NULL, &oo, r4, &ds), -EINVAL);
+    CHECK_RC(tf_dataset_open_remote_set(paths, 20, prefix, "*.bin", NULL, &oo, NULL, &ds), -EINVAL);
+    tf_remote_free(r4);
+    tf_remote_free(r);
+    free(want_tokens);
+    free(got_tokens);
+}
+
 int main(void) {
     if (t_mkdtemp(tmpdir, sizeof tmpdir, "tf_remote")) return T_EXIT_FAIL;
     test_reads_and_hits();
@@ -1043,6 +1163,7 @@ int main(void) {
     test_remote_datasets();
     test_interrupted_open();
     test_metadata_record();
+    test_set_catalog();
     t_rm_rf(tmpdir);
     return T_DONE();
 }
