@@ -454,18 +454,18 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     else:
         paths = _shardset.expand(paths, store.transport.list if store is not None else None)
     try:
-        ds = None
+        from_catalog: Optional[Dataset] = None
         if set_catalog is not None:
             try:
-                ds = Dataset(paths, dtype=dt, format=format, remote=remote, eos_id=eos, set_catalog=set_catalog,
-                             listing=listing)
+                from_catalog = Dataset(paths, dtype=dt, format=format, remote=remote, eos_id=eos,
+                                       set_catalog=set_catalog, listing=listing)
             except OSError as e:
                 if e.errno not in (errno.ESTALE, errno.ENOENT):
                     raise
                 warnings.warn(str(e), PerformanceWarning, stacklevel=2)  # out of date: the objects are read
                 set_catalog = None
-        if ds is None:
-            ds = Dataset(paths, dtype=dt, format=format, remote=remote, eos_id=eos, listing=listing)
+        ds = from_catalog if from_catalog is not None else \
+            Dataset(paths, dtype=dt, format=format, remote=remote, eos_id=eos, listing=listing)
         if node_set is not None and recorded(paths, set_catalog):
             node_set.save(paths)
     finally:
