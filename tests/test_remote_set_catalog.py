@@ -241,3 +241,24 @@ def test_a_copy_on_disk_of_a_bucket_with_its_catalog_opens_by_its_own(llmc_set, 
     assert np.array_equal(np.asarray(ds.tokens(0, ds.num_tokens)), np.concatenate(shards))
     aged(list(copy.iterdir()) + [copy])
     assert tokenfeed.build_catalog(str(copy / "*.bin")).rsplit("/", 1)[1] != name
+
+
+def test_a_worker_reopening_a_set_whose_catalog_went_stale_reads_the_objects(llmc_set, moto, bucket, tmp_path):  # noqa: F811
+    """A DataLoader worker reopens the set from its catalog; when the node's record is gone and
+    the set changed meanwhile, it warns and reads the objects instead of failing."""
+    import pickle
+
+    url, p, shards, _ = llmc_set
+    tokenfeed.build_catalog(url, endpoint_url=moto.endpoint)
+    cache = tmp_path / "cache"
+    ds = _open(url, cache, p.endpoint)
+    blob = pickle.dumps(ds)
+    new = shards[5][::-1].copy()
+    write_llmc(tmp_path / "new.bin", new, 1)
+    moto.put(bucket, "tokens/shard_0005.bin", (tmp_path / "new.bin").read_bytes())
+    for name in os.listdir(cache / "meta"):
+        if name.endswith(".tfmeta"):
+            os.remove(cache / "meta" / name)
+    with pytest.warns(tokenfeed.PerformanceWarning, match=r"shard_0005\.bin was rewritten since"):
+        worker = pickle.loads(blob)
+    assert np.array_equal(worker[5], new) and np.array_equal(worker[4], shards[4])

@@ -193,13 +193,26 @@ class Dataset:
         self._store = store
         # a remote shard set: from its catalog (prefix, pattern), and with the listing it was
         # expanded from (prefix, objects), which the open uses instead of listing again
-        prefix, pattern = set_catalog if set_catalog is not None else (None, None)
+        index_dir = default_index_dir() if eos_id is not None else None
         objects = None
-        if listing is not None and (prefix is None or prefix == listing[0]):
-            prefix, objects = listing
-        self._core = _core.Dataset(self._paths, dtype=dtype, format=format, remote=store, eos_id=eos_id,
-                                   index_dir=default_index_dir() if eos_id is not None else None,
-                                   set_prefix=prefix, set_pattern=pattern, listing=objects)
+        if listing is not None and (set_catalog is None or set_catalog[0] == listing[0]):
+            objects = listing[1]
+        list_prefix = listing[0] if objects is not None and listing is not None else None
+        core = None
+        if set_catalog is not None:
+            try:
+                core = _core.Dataset(self._paths, dtype=dtype, format=format, remote=store, eos_id=eos_id,
+                                     index_dir=index_dir, set_prefix=set_catalog[0], set_pattern=set_catalog[1],
+                                     listing=objects)
+            except OSError as e:
+                if e.errno not in (errno.ESTALE, errno.ENOENT):
+                    raise
+                # out of date or gone (a DataLoader worker reopening it too): the objects are read
+                warnings.warn(str(e), PerformanceWarning, stacklevel=3)
+                self._set_catalog = None
+        self._core = core if core is not None else \
+            _core.Dataset(self._paths, dtype=dtype, format=format, remote=store, eos_id=eos_id, index_dir=index_dir,
+                          set_prefix=list_prefix, listing=objects)
         if store is not None:
             _warn_unversioned(store)
         self._set_info()
@@ -435,11 +448,14 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
                 set_catalog = set_spec  # opened from the set's catalog before: its record
         else:
             listings: List[Tuple[str, List[Tuple[str, int, str]]]] = []
+            # (the transport only: an interrupted listing runs on in its thread, and must not keep
+            # the store, its fetch threads and cache slot, alive with it)
+            list_objects = store.transport.list
 
             def lister(prefix_url: str) -> Any:
                 objects: List[Tuple[str, int, str]] = []
                 listings.append((prefix_url, objects))
-                for obj in store.transport.list(prefix_url):
+                for obj in list_objects(prefix_url):
                     objects.append(obj)
                     yield obj
 
@@ -454,19 +470,10 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     else:
         paths = _shardset.expand(paths, store.transport.list if store is not None else None)
     try:
-        from_catalog: Optional[Dataset] = None
-        if set_catalog is not None:
-            try:
-                from_catalog = Dataset(paths, dtype=dt, format=format, remote=remote, eos_id=eos,
-                                       set_catalog=set_catalog, listing=listing)
-            except OSError as e:
-                if e.errno not in (errno.ESTALE, errno.ENOENT):
-                    raise
-                warnings.warn(str(e), PerformanceWarning, stacklevel=2)  # out of date: the objects are read
-                set_catalog = None
-        ds = from_catalog if from_catalog is not None else \
-            Dataset(paths, dtype=dt, format=format, remote=remote, eos_id=eos, listing=listing)
-        if node_set is not None and recorded(paths, set_catalog):
+        # (a catalog out of date is not used: Dataset warns and reads the objects)
+        ds = Dataset(paths, dtype=dt, format=format, remote=remote, eos_id=eos, set_catalog=set_catalog,
+                     listing=listing)
+        if node_set is not None and recorded(paths, ds._set_catalog):
             node_set.save(paths)
     finally:
         if node_set is not None:
