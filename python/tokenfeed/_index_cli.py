@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from typing import Any
 
+from . import _remote
 from ._dataset import build_catalog, build_index, default_index_dir
 
 __all__ = ["add_parser", "cmd_index"]
@@ -27,6 +29,9 @@ def cmd_index(a: argparse.Namespace) -> int:
     for p in a.path:
         if a.eos_id is None:
             t = time.perf_counter()
+            if _remote.is_url(p) and not a.quiet:  # minutes at 10^5 objects: say what it does meanwhile
+                print(f"{p}: listing the set and reading every object's header once (a request per object)",
+                      file=sys.stderr, flush=True)
             out = build_catalog(p, dtype=a.dtype, format=a.format, endpoint_url=a.endpoint_url)
             if not a.quiet:
                 print(f"{p}: catalog {out} ({time.perf_counter() - t:.1f} s)")
