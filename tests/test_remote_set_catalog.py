@@ -262,3 +262,18 @@ def test_a_worker_reopening_a_set_whose_catalog_went_stale_reads_the_objects(llm
     with pytest.warns(tokenfeed.PerformanceWarning, match=r"shard_0005\.bin was rewritten since"):
         worker = pickle.loads(blob)
     assert np.array_equal(worker[5], new) and np.array_equal(worker[4], shards[4])
+
+
+def test_index_says_when_the_catalog_cannot_be_stored(llmc_set, moto, monkeypatch):  # noqa: F811
+    import errno
+
+    from tokenfeed import _remote
+
+    def refused(self, url, data):
+        raise _remote.TransportError(errno.EACCES, "AccessDenied: Access Denied")
+
+    monkeypatch.setattr(_remote.ObjectStoreTransport, "put", refused)
+    url = llmc_set[0]
+    with pytest.raises(PermissionError, match=r"\.tokenfeed-catalog-.*cannot store the shard set's catalog there "
+                                              r"\(AccessDenied.*permission to write objects"):
+        tokenfeed.build_catalog(url, endpoint_url=moto.endpoint)
