@@ -1130,6 +1130,22 @@ int tf__catalog_write_beside(const char *prefix, const char *pattern, const tf_o
 
 /* ---- a catalog beside the data in object storage --------------------------- */
 
+/* The end of reading n entries of a catalog into files (rc: 0 while every
+ * entry was usable): 0 with the files handed out when the catalog was read to
+ * its end, else 1 with them freed. */
+static int parsed(const rbuf *r, int rc, tf__arena *ar, tf_file *files, uint64_t n, tf_file **out, uint64_t *nout) {
+    if (rc == 0 && (r->bad || r->at != r->n)) rc = 1;
+    tf__arena_release(ar); /* the files hold it now */
+    tf__clearerr();
+    if (rc != 0) {
+        if (files) free_files(files, n);
+        return 1;
+    }
+    *out = files;
+    *nout = n;
+    return 0;
+}
+
 /* A remote shard set's catalog (`tokenfeed index 's3://bucket/tokens/shard_[0-9]*.bin'`):
  * an object under the set's prefix, named TF_DATA_CATALOG_STEM + its key
  * (keyed as a catalog beside the data, in a space of its own, so that a copy
@@ -1213,16 +1229,7 @@ int tf__catalog_parse_objects(const char *prefix, const char *pattern, const tf_
         else if (tf__file_lazy_ids(f, id), id[0].known != 2) /* a size and a version's hash, nothing else */
             rc = 1;
     }
-    if (rc == 0 && (r.bad || r.at != r.n)) rc = 1;
-    tf__arena_release(ar); /* the files hold it now */
-    tf__clearerr();
-    if (rc != 0) {
-        if (files) free_files(files, nfiles);
-        return 1;
-    }
-    *out = files;
-    *nout = nfiles;
-    return 0;
+    return parsed(&r, rc, ar, files, nfiles, out, nout);
 }
 
 /* ---- a tokenfeed dataset's own catalog ------------------------------------ */
@@ -1366,15 +1373,6 @@ int tf__catalog_parse_dataset(const char *dir, const uint8_t *manifest, size_t m
             !is_manifest_shard(f, plen, m, i))
             rc = 1;
     }
-    if (rc == 0 && (r.bad || r.at != r.n)) rc = 1;
     free(prefix);
-    tf__arena_release(ar); /* the files hold it now */
-    tf__clearerr();
-    if (rc != 0) {
-        if (files) free_files(files, nfiles);
-        return 1;
-    }
-    *out = files;
-    *nout = nfiles;
-    return 0;
+    return parsed(&r, rc, ar, files, nfiles, out, nout);
 }

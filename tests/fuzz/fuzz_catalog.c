@@ -73,15 +73,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *names[3] = {"a.bin", "b.bin", "c.bin"};
     const char *paths[3];
     for (int i = 0; i < 3; i++) {
-        int32_t hdr[256 + 20];
-        memset(hdr, 0, sizeof hdr);
-        hdr[0] = 20240520;
-        hdr[1] = 1;
-        hdr[2] = 40;
-        uint16_t *tok = (uint16_t *)(hdr + 256);
-        for (int t = 0; t < 40; t++) tok[t] = (uint16_t)(t + 100 * i);
         paths[i] = strdup(fuzz_path(i, names[i]));
-        fuzz_write(paths[i], (const uint8_t *)hdr, sizeof hdr);
+        fuzz_write_llmc(paths[i], i);
         age(paths[i]);
     }
     age(fuzz_dir());

@@ -25,17 +25,10 @@ static void real_catalog(const tf_open_options *opt, uint8_t **out, size_t *len)
     *len = 0;
     const char *paths[3];
     for (int i = 0; i < 3; i++) {
-        int32_t hdr[256 + 20];
-        memset(hdr, 0, sizeof hdr);
-        hdr[0] = 20240520;
-        hdr[1] = 1;
-        hdr[2] = 40;
-        uint16_t *tok = (uint16_t *)(hdr + 256);
-        for (int t = 0; t < 40; t++) tok[t] = (uint16_t)(t + 100 * i);
         char name[16];
         snprintf(name, sizeof name, "%c.bin", 'a' + i);
         paths[i] = strdup(fuzz_path(i, name));
-        fuzz_write(paths[i], (const uint8_t *)hdr, sizeof hdr);
+        fuzz_write_llmc(paths[i], i);
     }
     tf_dataset *ds = NULL;
     if (tf_dataset_open_many(paths, 3, opt, &ds) == 0) {

@@ -101,6 +101,18 @@ static inline void fuzz_write(const char *path, const uint8_t *p, size_t n) {
     close(fd);
 }
 
+/* An llm.c shard of 40 tokens (100 * i + t) at path. */
+static inline void fuzz_write_llmc(const char *path, int i) {
+    int32_t hdr[256 + 20];
+    memset(hdr, 0, sizeof hdr);
+    hdr[0] = 20240520;
+    hdr[1] = 1;
+    hdr[2] = 40;
+    uint16_t *tok = (uint16_t *)(hdr + 256);
+    for (int t = 0; t < 40; t++) tok[t] = (uint16_t)(t + 100 * i);
+    fuzz_write(path, (const uint8_t *)hdr, sizeof hdr);
+}
+
 typedef struct fuzz_chunk {
     const uint8_t *p;
     size_t n;
