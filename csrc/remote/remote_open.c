@@ -109,6 +109,20 @@ static int on_listed(void *ctx, const char *url, const tf_object_info *info) {
     return 0;
 }
 
+/* Once every object under prefix was listed: the registered ones the listing
+ * did not show do not exist. A listing shows every object whose URL starts
+ * with the prefix, deeper ones included, so that a candidate such as
+ * <shard>/tokenfeed.manifest under a listed prefix is known absent without a
+ * request of its own. */
+static void absent_unless_listed(tf__preg *g, const char *prefix) {
+    size_t pl = strlen(prefix);
+    for (size_t j = 0; j < g->n; j++)
+        if (!g->o[j].known && !strncmp(g->o[j].url, prefix, pl)) {
+            g->o[j].known = 1;
+            g->o[j].exists = 0;
+        }
+}
+
 static size_t parent_len(const char *url) {
     const char *s = strrchr(url, '/');
     return s ? (size_t)(s - url) + 1 : 0;
@@ -127,17 +141,7 @@ static int learn_sizes(tf__preg *g) {
         if (!prefix) return -ENOMEM;
         listed l = {g, prefix};
         int rc = tf__remote_list(g->r, prefix, on_listed, &l);
-        if (rc == 0) {
-            /* What the listing did not show does not exist: it shows every
-             * object whose URL starts with the prefix, deeper ones included,
-             * so that a candidate such as <shard>/tokenfeed.manifest under a
-             * listed prefix is known absent without a request of its own. */
-            for (size_t j = 0; j < g->n; j++)
-                if (!g->o[j].known && strlen(g->o[j].url) >= pl && !strncmp(g->o[j].url, prefix, pl)) {
-                    g->o[j].known = 1;
-                    g->o[j].exists = 0;
-                }
-        }
+        if (rc == 0) absent_unless_listed(g, prefix);
         free(prefix);
         if (rc != -TF_EUNSUPPORTED) g->fetched = 1;
         if (rc < 0 && rc != -TF_EUNSUPPORTED) return rc;
@@ -539,23 +543,31 @@ const tf__robj *tf__file_robj(const tf_file *f) {
     return o;
 }
 
+/* Where the tokens of f, just parsed from its map, lie in its object: a
+ * native shard's token section, or what a foreign file's parser pointed at. */
+static int token_region(const tf_file *f, uint64_t *off, uint64_t *len) {
+    if (f->format == TF_FORMAT_NATIVE) {
+        *off = f->tokens_offset;
+        *len = f->tokens_section_len;
+        return 0;
+    }
+    if (f->num_tokens && (!f->tokens || f->tokens < (const uint8_t *)f->map))
+        TF_FAIL(-EINVAL, "%s: token offset unknown (internal error)", f->path);
+    *off = f->num_tokens ? (uint64_t)(f->tokens - (const uint8_t *)f->map) : 0;
+    *len = f->num_tokens * tf_dtype_size(f->dtype);
+    return 0;
+}
+
 static int finish_remote_file(tf__preg *g, tf_file *f) {
     tf_remote *r = g->r;
     const char *url = f->path;
     tf__pobj *p = tf__preg_find(g, url);
     if (!p) TF_FAIL(-EINVAL, "%s: not prepared (internal error)", url);
     uint64_t data_off, data_len;
-    size_t isz = tf_dtype_size(f->dtype);
+    TF_TRY(token_region(f, &data_off, &data_len));
     if (f->format == TF_FORMAT_NATIVE) {
-        data_off = f->tokens_offset;
-        data_len = f->tokens_section_len;
         uint64_t docs_off = (uint64_t)((const uint8_t *)f->docs_section - (const uint8_t *)f->map);
         TF_TRY(relocate_native(f, docs_off));
-    } else {
-        if (f->num_tokens && (!f->tokens || f->tokens < (const uint8_t *)f->map))
-            TF_FAIL(-EINVAL, "%s: token offset unknown (internal error)", url);
-        data_off = f->num_tokens ? (uint64_t)(f->tokens - (const uint8_t *)f->map) : 0;
-        data_len = f->num_tokens * isz;
     }
     tf__robj *o = NULL;
     TF_TRY(tf__robj_from_info(r, url, &p->info, &o));
@@ -862,8 +874,7 @@ again:;
         goto again;
     }
     tf__pobj *p = rc ? NULL : tf__preg_find(&g, url);
-    if (!rc && p && p->whole && p->claimed && !out->compressed && p->info.size <= HEAD_BYTES &&
-        (out->format == TF_FORMAT_NATIVE || !out->num_tokens || (out->tokens && out->tokens >= (const uint8_t *)out->map))) {
+    if (!rc && p && p->whole && p->claimed && !out->compressed && p->info.size <= HEAD_BYTES) {
         /* A shard no larger than the head a first touch reads anyway was
          * fetched whole: its tokens stay in the map the parser took (no
          * second request for them), checked as chunks are (the GET was
@@ -875,11 +886,8 @@ again:;
          * by it, and finds the store by any file's object) */
         tf__robj *o = NULL;
         if (!rc && !atomic_load(&lo->robj)) rc = tf__robj_from_info(lo->r, url, lo_info(lo), &o);
-        uint64_t data_off = out->tokens_offset, data_len = out->tokens_section_len;
-        if (out->format != TF_FORMAT_NATIVE) { /* (the parsers of foreign files point at the tokens) */
-            data_off = out->num_tokens ? (uint64_t)(out->tokens - (const uint8_t *)out->map) : 0;
-            data_len = out->num_tokens * tf_dtype_size(out->dtype);
-        }
+        uint64_t data_off = 0, data_len = 0;
+        if (!rc && o) rc = token_region(out, &data_off, &data_len);
         if (!rc && o) rc = tf__robj_set_region(o, data_off, data_len, out->chunk_sums, out->num_chunk_sums,
                                                out->chunk_sum_bytes);
         if (!rc && o) {
@@ -994,19 +1002,10 @@ typedef struct set_spec {
  * under its prefix that it does not show absent, as learn_sizes does with a
  * listing of its own. */
 static void apply_listing(tf__preg *g, const tf_remote_listing *l) {
-    for (size_t i = 0; i < l->n; i++) {
-        tf__pobj *p = l->urls[i] ? tf__preg_find(g, l->urls[i]) : NULL;
-        if (p && !p->known) {
-            p->known = p->exists = 1;
-            p->info = l->infos[i];
-        }
-    }
-    size_t pl = strlen(l->prefix);
-    for (size_t j = 0; j < g->n; j++)
-        if (!g->o[j].known && !strncmp(g->o[j].url, l->prefix, pl)) {
-            g->o[j].known = 1;
-            g->o[j].exists = 0;
-        }
+    listed ctx = {g, l->prefix};
+    for (size_t i = 0; i < l->n; i++)
+        if (l->urls[i]) on_listed(&ctx, l->urls[i], &l->infos[i]);
+    absent_unless_listed(g, l->prefix);
 }
 
 static char *set_catalog_url(const set_spec *set, const tf_open_options *opt) {

@@ -1157,6 +1157,14 @@ static int parsed(const rbuf *r, int rc, tf__arena *ar, tf_file *files, uint64_t
  * set as listed now against it, name by name, size and version, and ignores
  * a catalog that differs in any. */
 
+/* Whether the first touch of f reads f's own bytes only, as an entry of such
+ * a catalog must: not a file with a companion (a Megatron .idx, a datatrove
+ * .index, a document index) or compressed blocks, opened at open as without
+ * a catalog. */
+static int read_alone(const tf_file *f) {
+    return !f->aux_path && !f->eos_mode && !f->compressed && f->format != TF_FORMAT_MEGATRON;
+}
+
 void tf__catalog_objects_name(const char *pattern, const tf_open_options *opt, char *name, size_t cap) {
     snprintf(name, cap, "%s%016llx", TF_DATA_CATALOG_STEM, (ull)catalog_key(3, &pattern, 1, opt));
 }
@@ -1177,17 +1185,14 @@ int tf__catalog_pack_objects(const char *prefix, const char *pattern, const tf_o
         if (strncmp(f->path, prefix, plen) != 0 || !f->path[plen] || strchr(f->path + plen, '/'))
             TF_FAIL(-EINVAL, "%s: not an object directly under the shard set's prefix (%s): a catalog describes the objects of one prefix",
                     f->path, prefix);
-        /* what the first touch of an object reads is its own bytes: a file
-         * with a companion (a Megatron .idx, a datatrove .index, a document
-         * index) or compressed blocks is opened at open, as without a catalog */
-        if (f->aux_path || f->eos_mode || f->compressed || f->format == TF_FORMAT_MEGATRON)
+        if (!read_alone(f))
             TF_FAIL(-EINVAL, "%s: a catalog in object storage describes llm.c, .npy, headerless and uncompressed tokenfeed shards (without a document index or a companion file); this one is %s",
                     f->path, f->format == TF_FORMAT_MEGATRON ? "a Megatron pair" : f->compressed ? "compressed" : "read with a companion file");
     }
     wbuf b = {0};
     put(&b, CAT_MAGIC, 8);
     put32(&b, CAT_VERSION);
-    put32(&b, CAT_TRUST | CAT_BESIDE | CAT_OBJECTS);
+    put32(&b, CAT_BESIDE | CAT_OBJECTS); /* (not CAT_TRUST: the open checks every entry against the listing) */
     put64(&b, catalog_key(3, &pattern, 1, opt));
     put64(&b, nfiles);
     put64(&b, 0);
@@ -1223,8 +1228,7 @@ int tf__catalog_parse_objects(const char *prefix, const char *pattern, const tf_
     for (uint64_t i = 0; rc == 0 && i < nfiles; i++) {
         tf_file *f = &files[i];
         tf__file_id id[2];
-        if (read_entry(&r, f, i ? &files[i - 1] : NULL, prefix, plen, ar, index_dir, 0) < 0 || f->aux_path ||
-            f->eos_mode || f->compressed || f->format == TF_FORMAT_MEGATRON)
+        if (read_entry(&r, f, i ? &files[i - 1] : NULL, prefix, plen, ar, index_dir, 0) < 0 || !read_alone(f))
             rc = 1;
         else if (tf__file_lazy_ids(f, id), id[0].known != 2) /* a size and a version's hash, nothing else */
             rc = 1;

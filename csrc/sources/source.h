@@ -387,10 +387,9 @@ TF_HIDDEN int tf__catalog_write_beside(const char *prefix, const char *pattern, 
  * its name under the set's prefix (cap >= 40); the hash of an object's version
  * that an entry records; the catalog's bytes for files opened from the
  * objects prefix + names matching pattern, each of sizes[i] bytes at
- * versions[i] (*out
- * malloc'ed), or -errno with the error set; its entries, lazily (each with
- * its identity: size, and the version's hash as mtime_ns): 0, or 1 when buf
- * is not such a catalog of this set and options. */
+ * versions[i] (*out malloc'ed), or -errno with the error set; its entries,
+ * lazily (each with its identity: size, and the version's hash as mtime_ns):
+ * 0, or 1 when buf is not such a catalog of this set and options. */
 TF_HIDDEN void tf__catalog_objects_name(const char *pattern, const tf_open_options *opt, char *name, size_t cap);
 TF_HIDDEN uint64_t tf__catalog_version_hash(const char *version);
 TF_HIDDEN int tf__catalog_pack_objects(const char *prefix, const char *pattern, const tf_open_options *opt,

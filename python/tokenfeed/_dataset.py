@@ -132,11 +132,11 @@ def _build_remote_catalog(url: str, dt: Optional[str], format: Optional[str], eo
     with tempfile.TemporaryDirectory(prefix="tokenfeed-index-") as tmp:
         opts = _remote.store_options(cache_dir=tmp, endpoint_url=endpoint_url, storage_options=storage_options)
         store = _remote.get_store(**opts)
-        urls = _shardset.expand([url], store.transport.list)
+        urls, listing = _shardset.expand_listed([url], store.transport.list)
         if urls == [url]:
             raise ValueError(f"{url}: a tokenfeed dataset: write its catalog (tokenfeed.catalog) where it is written "
                              "(tokenfeed index DATASET_DIR, or the dataset writer), and upload it with the dataset")
-        ds = Dataset(urls, dtype=dt, format=format, remote=opts)
+        ds = Dataset(urls, dtype=dt, format=format, remote=opts, listing=listing)
         data = ds._core.remote_set_catalog(spec[0], spec[1], dtype=dt, format=format)
         name = spec[0] + _core.Dataset.set_catalog_name(spec[1], dtype=dt, format=format)
         try:
@@ -182,8 +182,7 @@ class Dataset:
 
     def __init__(self, paths: Sequence[str], dtype: Optional[str] = None, format: Optional[str] = None,
                  remote: Optional[Dict[str, Any]] = None, eos_id: Optional[int] = None,
-                 set_catalog: Optional[Tuple[str, str]] = None,
-                 listing: Optional[Tuple[str, List[Tuple[str, int, str]]]] = None) -> None:
+                 set_catalog: Optional[Tuple[str, str]] = None, listing: Optional[_shardset.Listing] = None) -> None:
         self._paths: Optional[List[str]] = list(paths)
         self._dtype_arg = dtype
         self._format_arg = format
@@ -197,26 +196,22 @@ class Dataset:
         self._store = store
         # a remote shard set: from its catalog (prefix, pattern), and with the listing it was
         # expanded from (prefix, objects), which the open uses instead of listing again
-        index_dir = default_index_dir() if eos_id is not None else None
-        objects = None
-        if listing is not None and (set_catalog is None or set_catalog[0] == listing[0]):
-            objects = listing[1]
-        list_prefix = listing[0] if objects is not None and listing is not None else None
+        kw: Dict[str, Any] = {"dtype": dtype, "format": format, "remote": store, "eos_id": eos_id,
+                              "index_dir": default_index_dir() if eos_id is not None else None}
+        if listing is not None:
+            kw.update(set_prefix=listing[0], listing=listing[1])
         core = None
         if set_catalog is not None:
             try:
-                core = _core.Dataset(self._paths, dtype=dtype, format=format, remote=store, eos_id=eos_id,
-                                     index_dir=index_dir, set_prefix=set_catalog[0], set_pattern=set_catalog[1],
-                                     listing=objects)
+                # (under the listing's prefix: open() finds the catalog in that listing)
+                core = _core.Dataset(self._paths, **dict(kw, set_prefix=set_catalog[0], set_pattern=set_catalog[1]))
             except OSError as e:
                 if e.errno not in (errno.ESTALE, errno.ENOENT):
                     raise
                 # out of date or gone (a DataLoader worker reopening it too): the objects are read
                 warnings.warn(str(e), PerformanceWarning, stacklevel=3)
                 self._set_catalog = None
-        self._core = core if core is not None else \
-            _core.Dataset(self._paths, dtype=dtype, format=format, remote=store, eos_id=eos_id, index_dir=index_dir,
-                          set_prefix=list_prefix, listing=objects)
+        self._core = core if core is not None else _core.Dataset(self._paths, **kw)
         if store is not None:
             _warn_unversioned(store)
         self._set_info()
@@ -424,7 +419,7 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     # a remote shard set under one prefix: its catalog beside the data, when the listing shows one
     set_spec = _shardset.remote_set_spec(paths[0]) if store is not None and len(paths) == 1 else None
     set_catalog: Optional[Tuple[str, str]] = None
-    listing: Optional[Tuple[str, List[Tuple[str, int, str]]]] = None
+    listing: Optional[_shardset.Listing] = None
 
     def recorded(urls: List[str], catalog: Optional[Tuple[str, str]] = None) -> bool:
         prefix, pattern = catalog if catalog is not None else (None, None)
@@ -451,22 +446,8 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
             if set_spec is not None and recorded(listed, set_spec):
                 set_catalog = set_spec  # opened from the set's catalog before: its record
         else:
-            listings: List[Tuple[str, List[Tuple[str, int, str]]]] = []
-            # (the transport only: an interrupted listing runs on in its thread, and must not keep
-            # the store, its fetch threads and cache slot, alive with it)
-            list_objects = store.transport.list
-
-            def lister(prefix_url: str) -> Any:
-                objects: List[Tuple[str, int, str]] = []
-                listings.append((prefix_url, objects))
-                for obj in list_objects(prefix_url):
-                    objects.append(obj)
-                    yield obj
-
-            paths = _shardset.expand(paths, lister)
-            if len(listings) == 1 and all(p.startswith(listings[0][0]) for p in paths):
-                listing = listings[0]  # the open learns the objects from it: no second listing
-            if set_spec is not None and listing is not None:
+            paths, listing = _shardset.expand_listed(paths, store.transport.list)
+            if set_spec is not None and listing is not None and listing[0] == set_spec[0]:
                 name = set_spec[0] + _core.Dataset.set_catalog_name(set_spec[1], dtype=dt, format=format,
                                                                     eos_id=eos)
                 if any(obj[0] == name for obj in listing[1]):

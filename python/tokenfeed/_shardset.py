@@ -234,6 +234,31 @@ def local_set_dirs(paths: Sequence[str]) -> Optional[List[Tuple[str, Tuple[int, 
     return out
 
 
+Listing = Tuple[str, List[Tuple[str, int, str]]]
+
+
+def expand_listed(paths: Sequence[str], list_objects: Lister) -> Tuple[List[str], Optional[Listing]]:
+    """:func:`expand` of remote paths, with the one listing it made when the files all lie under
+    its prefix (``(prefix_url, [(url, size, version), ...])``, else None): the open learns the
+    objects' sizes and versions from it instead of listing them again.
+
+    ``list_objects`` is the transport's bound ``list`` only, never the store: a listing that
+    Ctrl-C interrupts runs on in its thread, and must not keep the store alive with it."""
+    listings: List[Listing] = []
+
+    def lister(prefix_url: str) -> Any:
+        objects: List[Tuple[str, int, str]] = []
+        listings.append((prefix_url, objects))
+        for obj in list_objects(prefix_url):
+            objects.append(obj)
+            yield obj
+
+    files = expand(paths, lister)
+    if len(listings) == 1 and all(f.startswith(listings[0][0]) for f in files):
+        return files, listings[0]
+    return files, None
+
+
 def expand(paths: Sequence[str], lister: Optional[Lister] = None) -> List[str]:
     """``paths`` with every glob and every manifest-less directory replaced by its files.
 

@@ -158,7 +158,7 @@ def remote_catalog_seeds() -> None:
     save("remote_catalog", "real_count", bytes([4]) + bytes(24) + bytes([0x05]))
     save("remote_catalog", "real_kept_sum", bytes([4 | 1]) + bytes(60) + bytes([0x11]))
     save("remote_catalog", "real_other_key", bytes([4 | 2]) + bytes(16) + bytes([0xFF]))
-    save("remote_catalog", "header_only", bytes([0]) + b"TFCATLG1" + struct.pack("<IIQQQ", 3, 11, 0, 3, 0) + bytes(8))
+    save("remote_catalog", "header_only", bytes([0]) + b"TFCATLG1" + struct.pack("<IIQQQ", 3, 10, 0, 3, 0) + bytes(8))
 
 
 def compressed_catalog(blob: bytes) -> bytes:
