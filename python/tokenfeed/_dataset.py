@@ -139,8 +139,9 @@ def _build_remote_catalog(url: str, dt: Optional[str], format: Optional[str], eo
         ds = Dataset(urls, dtype=dt, format=format, remote=opts, listing=listing)
         data = ds._core.remote_set_catalog(spec[0], spec[1], dtype=dt, format=format)
         name = spec[0] + _core.Dataset.set_catalog_name(spec[1], dtype=dt, format=format)
+        put = store.transport.put  # (the transport only, as for a listing: see _shardset.expand_listed)
         try:
-            store.transport.put(name, data)
+            _remote.interruptible(lambda: put(name, data), "tokenfeed-put")
         except OSError as e:
             raise OSError(e.errno, f"{name}: cannot store the shard set's catalog there ({e.strerror or e}); "
                                    "tokenfeed index needs permission to write objects under the set's prefix") from None

@@ -371,24 +371,23 @@ class ObjectStoreTransport:
         return m
 
 
-def list_objects(lister: Callable[[str], Iterable[Tuple[str, int, str]]],
-                 prefix_url: str) -> List[Tuple[str, int, str]]:
-    """Every ``(url, size, version)`` that ``lister(prefix_url)`` yields, listed on a daemon
-    thread while the calling thread waits in short slices: Ctrl-C raises ``KeyboardInterrupt``
-    at once instead of when the request in flight ends (a listing runs in the client's code,
-    which does not answer signals). The interrupted listing is left to end on its own."""
+def interruptible(fn: Callable[[], Any], name: str) -> Any:
+    """``fn()`` on a daemon thread while the calling thread waits in short slices: Ctrl-C
+    raises ``KeyboardInterrupt`` at once instead of when the request in flight ends (a request
+    runs in the client's code, which does not answer signals). An interrupted call is left to
+    end on its own; its exception, if any, is raised here."""
     result: List[Any] = []
     done = threading.Event()
 
     def run() -> None:
         try:
-            result.append(list(lister(prefix_url)))
+            result.append(fn())
         except BaseException as e:  # noqa: BLE001  (handed to the waiting thread)
             result.append(e)
         finally:
             done.set()
 
-    threading.Thread(target=run, name="tokenfeed-list", daemon=True).start()
+    threading.Thread(target=run, name=name, daemon=True).start()
     while not done.wait(0.05):
         pass
     out = result.pop()
@@ -397,7 +396,14 @@ def list_objects(lister: Callable[[str], Iterable[Tuple[str, int, str]]],
             raise out
         finally:
             del out  # no cycle through the traceback
-    return out  # type: ignore[no-any-return]
+    return out
+
+
+def list_objects(lister: Callable[[str], Iterable[Tuple[str, int, str]]],
+                 prefix_url: str) -> List[Tuple[str, int, str]]:
+    """Every ``(url, size, version)`` that ``lister(prefix_url)`` yields, listed on a daemon
+    thread (:func:`interruptible`): Ctrl-C ends the wait at once."""
+    return interruptible(lambda: list(lister(prefix_url)), "tokenfeed-list")  # type: ignore[no-any-return]
 
 
 def _weak_tag(tag: str) -> str:
