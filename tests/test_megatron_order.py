@@ -34,9 +34,10 @@ def build(tmp_path, seed, samples=(700, 60, 30), data_seed=0, n_docs=240, **kw):
     prefix = str(tmp_path / "data")
     if not os.path.exists(prefix + ".bin"):
         write_megatron(prefix, data_seed, n_docs)
-    cfg = GPTDatasetConfig(random_seed=seed, sequence_length=L, tokenizer=NullTokenizer(VOCAB),
-                           reset_position_ids=True, reset_attention_mask=False, eod_mask_loss=True,
-                           create_attention_mask=False, blend=get_blend_from_list([prefix]), split="90,6,4",
+    for k, v in dict(tokenizer=NullTokenizer(VOCAB), reset_position_ids=True, reset_attention_mask=False,
+                     eod_mask_loss=True, create_attention_mask=False).items():
+        kw.setdefault(k, v)
+    cfg = GPTDatasetConfig(random_seed=seed, sequence_length=L, blend=get_blend_from_list([prefix]), split="90,6,4",
                            path_to_cache=str(tmp_path / "cache"), **kw)
     datasets = BlendedMegatronDatasetBuilder(GPTDataset, list(samples), lambda: True, cfg).build()
     assert all(type(d) is GPTDataset for d in datasets)
@@ -203,3 +204,22 @@ def test_datasets_provider_from_the_cache(tmp_path):
     for k, mb in enumerate(megatron_batches(ours[1], 4, 2, 1, 8, 3, workers=2)):  # rank 1, from sample 8 on
         want = [datasets[1][8 + k * 8 + 4 + j]["tokens"] for j in range(4)]
         assert torch.equal(mb["tokens"], torch.stack(want))
+
+
+@pytest.mark.parametrize("extra", [True, False], ids=["extra_token", "no_extra_token"])
+@pytest.mark.parametrize("eod_mask_loss", [True, False], ids=["eod_mask_loss", "no_eod_mask_loss"])
+def test_datasets_provider_from_the_cache_every_key_and_option(tmp_path, extra, eod_mask_loss):
+    """Every item of every split is GPTDataset's, key by key, whatever the mask options: without the
+    extra token the last label is Megatron's pad and its loss_mask 0 (eod_mask_loss or not), as is
+    the padding of a last partial validation sample."""
+    prefix, datasets = build(tmp_path, 11, n_docs=241, add_extra_token_to_sequence=extra,
+                             eod_mask_loss=eod_mask_loss, reset_position_ids=False,
+                             drop_last_partial_validation_sequence=False)
+    ours = datasets_provider(datasets[0].config, megatron_cache=True)([700, 60, 30])
+    for split, mine, theirs in zip(SPLITS, ours, datasets):
+        assert mine is not None and len(mine) == len(theirs)
+        for i in range(len(theirs)):
+            a, b = mine[i], theirs[i]
+            assert sorted(a) == sorted(b), (split, i)
+            for k in b:
+                assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), (split, i, k)

@@ -74,6 +74,7 @@ class TokenfeedGPTDataset(_TorchDataset):  # type: ignore[type-arg,unused-ignore
                         position_ids=True, loss_mask=True, output="numpy",
                         **({"weights": list(weights)} if weights is not None else {}))
         self._data = data
+        self._cache = loader_kw.get("megatron_cache") is not None  # GPTDataset's own samples
         self._loader: Optional[tokenfeed.Loader] = tokenfeed.Loader(data, **self._kw)  # settings checked now
         self.samples_per_epoch = self._loader.num_samples
         self.num_samples = int(num_samples) if num_samples else self.samples_per_epoch
@@ -96,16 +97,29 @@ class TokenfeedGPTDataset(_TorchDataset):  # type: ignore[type-arg,unused-ignore
             state["position"] = idx
             loader.load_state_dict(state)
         b = next(loader)
-        return self._megatron(b["input_ids"][0], b["labels"][0], b["position_ids"][0], b["loss_mask"][0])
+        padding = self._padding_labels(loader, idx) if self._cache and not self.eod_mask_loss else None
+        return self._megatron(b["input_ids"][0], b["labels"][0], b["position_ids"][0], b["loss_mask"][0], padding)
+
+    def _padding_labels(self, loader: tokenfeed.Loader, idx: int) -> np.ndarray[Any, Any]:
+        """Which labels of sample ``idx`` are GPTDataset's padding: the sample's tokens (``seq_len + 1``)
+        that no document piece covers, shifted to the labels. Read from the order (``explain``), no
+        tokens: a label that is a data token equal to 0 is not padding."""
+        covered = np.zeros(self.seq_len + 1, dtype=bool)
+        for seg in loader.explain(idx)[0]:  # one sample per step: step idx is sample idx
+            covered[seg.offset:seg.offset + seg.stop - seg.start] = True
+        return ~covered[1:]
 
     def _megatron(self, inputs: np.ndarray[Any, Any], labels: np.ndarray[Any, Any], pos: np.ndarray[Any, Any],
-                  mask: np.ndarray[Any, Any]) -> Dict[str, torch.Tensor]:
+                  mask: np.ndarray[Any, Any], padding: Optional[np.ndarray[Any, Any]] = None
+                  ) -> Dict[str, torch.Tensor]:
         L = self.seq_len
         pos = pos.astype(np.int64)
         out = {"tokens": torch.from_numpy(inputs.astype(np.int64)),
                "labels": torch.from_numpy(labels.astype(np.int64))}
         if self.eod_mask_loss:
             loss = mask.astype(np.float32)
+        elif padding is not None:  # GPTDataset's samples: its padding (the last label without the extra token)
+            loss = (~padding).astype(np.float32)
         else:  # only padding (a chunk of pad_id after the last document) is not trained
             pad = self._kw.get("pad_id")
             loss = np.ones(L, np.float32) if pad is None else (labels != pad).astype(np.float32)
