@@ -90,3 +90,45 @@ def test_bad_settings_are_refused(ds):
         tokenfeed.Loader(ds, batch_size=2, cp_rank=0, cp_size=2, **KW, **WARM)
     with pytest.raises(ValueError, match="one shape"):
         tokenfeed.Loader(ds, batch_size=2, device="cuda", **KW, **WARM)
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    rng = np.random.default_rng(6)
+    out = []
+    for name in ("a", "b"):
+        path = tmp_path_factory.mktemp("warm") / name
+        with tokenfeed.DatasetWriter(path, vocab_size=1000) as w:
+            for n in rng.integers(1, 200, size=200):
+                w.add_document(rng.integers(1, 1000, size=int(n)))
+        out.append(tokenfeed.open(path))
+    return out
+
+
+def test_every_extra_has_the_rows_of_input_ids(two):
+    """During and after the warmup every per-row and per-token array of a batch (a mixture with
+    every extra asked for) has input_ids's rows, and its row length where it is per token; each is
+    the unwarmed stream's, cut the same way."""
+    extras = dict(cu_seqlens=True, position_ids=True, loss_mask=True, document_ids=True, source_ids=True)
+    kw = dict(KW, weights=[0.3, 0.7], batch_size=4, **extras)
+    a = tokenfeed.Loader(two, **kw)
+    b = tokenfeed.Loader(two, **kw, **WARM)
+    per_token = {"input_ids", "labels", "position_ids", "loss_mask", "document_ids"}
+    keys = per_token | {"tokens", "cu_seqlens", "num_seqs", "source_ids"}
+    seen = set()
+    for step in range(13):
+        cl = b.current_seq_len
+        seen.add(cl)
+        x, y = next(a), next(b)
+        assert set(y) == set(x) == keys, step
+        rows, k = 4 * (L // cl), L // cl
+        for key in per_token:
+            assert y[key].shape == (rows, cl), (step, key, y[key].shape)
+        assert y["tokens"].shape == y["cu_seqlens"].shape == (rows, cl + 1), step
+        assert y["num_seqs"].shape == (rows, 1) and y["source_ids"].shape == (rows,), step
+        assert np.array_equal(y["source_ids"], np.repeat(x["source_ids"], k)), step
+        # each short row's document ids are its own segments of cu_seqlens, from 0
+        assert np.array_equal(y["document_ids"], tokenfeed.flex.document_ids(y["cu_seqlens"])), step
+        whole = x["document_ids"].reshape(rows, cl)
+        assert np.array_equal(y["document_ids"], whole - whole[:, :1]), step
+    assert seen == {8, 16, 32, 64}

@@ -480,7 +480,9 @@ class Loader:
             return self._with_document_ids(out)
         batch: Dict[str, Any] = self._get_engine().next()
         if self._source_ids:
-            batch["source_ids"] = self._source_ids_at(pos)
+            ids = self._source_ids_at(pos)
+            # a sequence-length warmup delivers each sample as k consecutive rows: each has its sample's source
+            batch["source_ids"] = np.repeat(ids, batch["input_ids"].shape[0] // max(1, len(ids)))
         if self.output == "torch":
             import torch
 
@@ -492,7 +494,8 @@ class Loader:
         if self._document_ids:
             from .flex import document_ids
 
-            batch["document_ids"] = document_ids(batch["cu_seqlens"], self.seq_len)
+            # per row of the batch: seq_len, or a warmup's shorter rows
+            batch["document_ids"] = document_ids(batch["cu_seqlens"], int(batch["input_ids"].shape[-1]))
             if self._drop_cu:
                 del batch["cu_seqlens"], batch["num_seqs"]
         return batch
