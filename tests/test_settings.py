@@ -116,13 +116,87 @@ def test_every_row_is_a_loader_keyword_or_derived(tmp_path):
         tokenfeed.Loader(tmp_path / "d", seq_len=4, batch_size=2, pack_windw=4)
 
 
+# What a row's value needs beside it to make a loader (a rank below the size, a warmup's
+# two halves, a share of the sample that divides it); the value itself is the row's own.
+_COMPANIONS: Dict[str, Dict[str, Any]] = {
+    "dp_rank": {"dp_size": 2}, "dp_size": {"dp_rank": 0}, "cp_rank": {"cp_size": 2}, "cp_size": {"cp_rank": 0}, "warmup_steps": {"warmup_min_seq_len": 4},
+    "warmup_min_seq_len": {"warmup_steps": 3}, "packing": {"pad_id": 0},
+}
+
+
+def _non_default(row: Dict[str, Any]) -> Any:
+    """A valid value of the row, other than its default (and not its None), as a keyword takes it."""
+    if row["type"] == "enum":
+        return next(n for i, n in enumerate(row["names"]) if i != row["default"])
+    if row["type"] == "bool":
+        return not row["default"]
+    for v in range(row["min"], row["min"] + 4):
+        if v != row["default"] and not (row["nullable"] and v == row["none_value"]) and v <= row["max"]:
+            return v
+    raise AssertionError(row)
+
+
+@pytest.mark.parametrize("row", [r for r in _core.settings() if r["scope"] in ("order", "engine")],
+                         ids=lambda r: r["name"])
+def test_every_row_given_to_the_loader_reaches_its_layer(tmp_path, row):
+    """Every order and engine row, set through Loader to a value other than its default, is what
+    the C order or the C engine holds (their settings(), read back by name from tf_order_get_config /
+    tf_loader_get_config): a row the Loader accepted and left behind would show its default."""
+    with tokenfeed.DatasetWriter(tmp_path / "d", vocab_size=100) as w:
+        for i in range(50):
+            w.add_document(np.arange(i % 7 + 3) % 90)
+    name, v = row["name"], _non_default(row)
+    if name == "global_batch":  # not a keyword: batch_size x dp_size
+        ld = tokenfeed.Loader(tmp_path / "d", seq_len=8, batch_size=3, dp_rank=1, dp_size=2, output="numpy")
+        assert ld._order.settings()["global_batch"] == 6
+        return
+    kw: Dict[str, Any] = dict(seq_len=8, batch_size=2, output="numpy")
+    kw.update(_COMPANIONS.get(name, {}))
+    kw[name] = v
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a configuration warned about (mostly padding, say) is still made
+        ld = tokenfeed.Loader(tmp_path / "d", **kw)
+    layer = ld._order if row["scope"] == "order" else ld._engine
+    got = layer.settings()
+    assert set(got) == {r["name"] for r in _core.settings() if r["scope"] == row["scope"]}
+    assert got[name] == v, f"{name}={v!r} given to the Loader, the {row['scope']} holds {got[name]!r}"
+    ld.close()
+
+
+def test_every_device_row_reaches_the_device_stage(tmp_path):
+    """Every device row given to the Loader is checked by its row in the device stage, before
+    CUDA is looked for: a value past the row's bounds is refused naming it, on any machine."""
+    with tokenfeed.DatasetWriter(tmp_path / "d", vocab_size=100) as w:
+        for i in range(50):
+            w.add_document(np.arange(i % 7 + 3) % 90)
+    for r in _core.settings():
+        if r["scope"] == "device":
+            with pytest.raises(ValueError, match=r["name"]):
+                tokenfeed.Loader(tmp_path / "d", seq_len=8, batch_size=2, device="cuda", **{r["name"]: r["max"] + 1})
+
+
+def test_a_new_engine_row_is_passed_to_the_engine(tmp_path, monkeypatch):
+    """The Loader hands the engine every engine row it is given, by the table, not by a list of
+    its own: a row the table gains (here one the C engine does not know yet) reaches the C
+    engine, which names it, rather than being accepted and dropped."""
+    from tokenfeed import _config
+
+    with tokenfeed.DatasetWriter(tmp_path / "d", vocab_size=100) as w:
+        for i in range(50):
+            w.add_document(np.arange(i % 7 + 3) % 90)
+    row = dict(SETTINGS["balance_micro_batches"], name="future_engine_row")
+    monkeypatch.setitem(_config.SETTINGS, "future_engine_row", row)
+    with pytest.raises(TypeError, match="future_engine_row"):
+        tokenfeed.Loader(tmp_path / "d", seq_len=8, batch_size=2, future_engine_row=2)
+
+
 def test_old_names_warn_and_still_work(tmp_path):
     with tokenfeed.DatasetWriter(tmp_path / "d", vocab_size=100) as w:
         for i in range(50):
             w.add_document(np.arange(i % 7 + 3) % 90)
     with pytest.warns(DeprecationWarning, match="prefetch= is now prefetch_batches="):
         ld = tokenfeed.Loader(tmp_path / "d", seq_len=4, batch_size=2, prefetch=3, output="numpy")
-    assert ld._engine_cfg.prefetch == 3
+    assert ld._engine_cfg.setting("prefetch_batches") == 3 and ld._engine.settings()["prefetch_batches"] == 3
     with pytest.raises(TypeError, match="pass only prefetch_batches="):
         tokenfeed.Loader(tmp_path / "d", seq_len=4, batch_size=2, prefetch=3, prefetch_batches=4)
     with warnings.catch_warnings():

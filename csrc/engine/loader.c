@@ -828,6 +828,12 @@ int tf_loader_create_mix(const tf_dataset *const *ds, const double *weights, siz
     return loader_create(ds, weights, n, cfg, out);
 }
 
+int tf_loader_get_config(const tf_loader *l, tf_loader_config *cfg) {
+    if (!l || !cfg) TF_FAIL(-EINVAL, "tf_loader_get_config: loader and config must not be NULL");
+    *cfg = l->cfg;
+    return tf_order_get_config(l->order, &cfg->order);
+}
+
 int tf_loader_create_from_order(const tf_order *order, const tf_loader_config *cfg, tf_loader **out) {
     if (!out) return -EINVAL;
     *out = NULL;

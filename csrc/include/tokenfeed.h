@@ -1068,6 +1068,11 @@ TF_API int tf_loader_create(const tf_dataset *ds, const tf_loader_config *cfg, t
 TF_API int tf_loader_create_mix(const tf_dataset *const *ds, const double *weights, size_t n,
                                 const tf_loader_config *cfg, tf_loader **out);
 TF_API void tf_loader_free(tf_loader *l);
+/* The engine's settings as the loader was created with them (a nullable
+ * row's none value stays none), with the settings of the order it reads in
+ * the `order` member: what tf_config_get(TF_SCOPE_ENGINE, ...) then reads by
+ * name is what reached the engine. -EINVAL if l or cfg is NULL. */
+TF_API int tf_loader_get_config(const tf_loader *l, tf_loader_config *cfg);
 
 /* Next batch for this rank, in order. Blocks until it is ready. Returns 0 and a
  * batch the caller owns (release with tf_batch_release), or -TF_EEOF at the end

@@ -166,6 +166,10 @@ int tfpy_parse_kwargs(PyObject *kw, const tfpy_kwarg *table, const char *fname);
  * index for ENUM rows, a bool for BOOL rows, None for the default (a
  * nullable row's none value). table (may be NULL) gives the other keywords. */
 int tfpy_parse_settings(PyObject *kw, tf_setting_scope scope, void *cfg, const tfpy_kwarg *table, const char *fname);
+/* The settings of scope in cfg (a tf_order_config, tf_loader_config, ...) as
+ * a dict by row name, in the values the keywords take: None for a nullable
+ * row's none value, an enum's name, True/False, an int. */
+PyObject *tfpy_settings_values(tf_setting_scope scope, const void *cfg);
 
 /* Apply fn(ctx, x) to an int or elementwise to an integer array (as uint64,
  * GIL released), refusing inputs >= limit with IndexError. One loop for every

@@ -175,6 +175,16 @@ static PyObject *Loader_stats(tfpy_Loader *self, PyObject *unused) {
                          s.num_threads, "backend_note", s.backend_note, "zstd", z);
 }
 
+static PyObject *Loader_settings(tfpy_Loader *self, PyObject *unused) {
+    if (!self->l) {
+        PyErr_SetString(PyExc_ValueError, "the loader is closed");
+        return NULL;
+    }
+    tf_loader_config cfg;
+    tf_loader_get_config(self->l, &cfg);
+    return tfpy_settings_values(TF_SCOPE_ENGINE, &cfg);
+}
+
 static PyObject *Loader_source_stats(tfpy_Loader *self, PyObject *unused) {
     if (!self->l) {
         PyErr_SetString(PyExc_ValueError, "the loader is closed");
@@ -238,6 +248,7 @@ TFPY_TYPE_SPEC(Loader, tfpy_Loader, Py_TPFLAGS_DEFAULT,
                    {"seek", (PyCFunction)Loader_seek, METH_O, "seek($self, position, /)\n--\n\nMove to a global position (a multiple of the global batch). O(1)."},
                    {"close", (PyCFunction)Loader_close, METH_NOARGS, "close($self)\n--\n\nStop the worker threads. Batches already handed out stay valid."},
                    {"stats", (PyCFunction)Loader_stats, METH_NOARGS, "stats() -> dict"},
+                   {"settings", (PyCFunction)Loader_settings, METH_NOARGS, "settings($self)\n--\n\nReturns dict. The engine's settings (every engine row of _core.settings(), as the keywords take them) as the engine holds them (tf_loader_get_config)."},
                    {"meter", (PyCFunction)Loader_meter, METH_VARARGS, "meter($self, window=None, /)\n--\n\nReturns dict. The consumer's wait for data over the last `window` batches (None: all kept, at most 4096)."},
                    {"source_stats", (PyCFunction)Loader_source_stats, METH_NOARGS, "source_stats($self)\n--\n\nReturns list | None. Per source of a mixture: samples, tokens and documents the consumer received (None for one dataset)."})},
                {Py_tp_getset, TFPY_GETSET(

@@ -453,6 +453,24 @@ static PyObject *settings(PyObject *mod, PyObject *unused) {
     return out;
 }
 
+PyObject *tfpy_settings_values(tf_setting_scope scope, const void *cfg) {
+    PyObject *out = PyDict_New();
+    for (size_t i = 0; out && i < tf_settings_count(); i++) {
+        const tf_setting *st = tf_setting_get(i);
+        int64_t v;
+        if (st->scope != scope || tf_config_get(scope, cfg, st->name, &v) < 0) continue;
+        PyObject *o;
+        if (st->nullable && v == st->none_value) o = Py_NewRef(Py_None);
+        else if (st->type == TF_SETTING_BOOL) o = PyBool_FromLong(v != 0);
+        else if (st->type == TF_SETTING_ENUM && v >= 0 && v <= (int64_t)st->max) o = PyUnicode_FromString(st->names[v]);
+        else if (st->min < 0) o = PyLong_FromLongLong((long long)v);
+        else o = PyLong_FromUnsignedLongLong((unsigned long long)(uint64_t)v); /* above INT64_MAX: two's complement */
+        if (!o || PyDict_SetItemString(out, st->name, o) < 0) Py_CLEAR(out);
+        Py_XDECREF(o);
+    }
+    return out;
+}
+
 PyDoc_STRVAR(build_doc_index_doc,
 "build_doc_index($module, path, dtype, eos_id, ends=None, index_dir=None)\n--\n\n"
 "Write the document index of the headerless token file path (documents end after\n"

@@ -298,6 +298,12 @@ static PyObject *Order_sample_at(tfpy_Order *self, PyObject *arg) {
     return tfpy_map_u64(arg, order_at, self->o, UINT64_MAX);
 }
 
+static PyObject *Order_settings(tfpy_Order *self, PyObject *unused) {
+    tf_order_config cfg;
+    tf_order_get_config(self->o, &cfg);
+    return tfpy_settings_values(TF_SCOPE_ORDER, &cfg);
+}
+
 PyDoc_STRVAR(Order_fill_doc, "fill($self, sample, dtype=None, want=0)\n--\n\nReturns dict. Tokens (L+1) and the requested extras of one sample.");
 
 static PyObject *Order_fill(tfpy_Order *self, PyObject *args, PyObject *kw) {
@@ -638,6 +644,7 @@ PyDoc_STRVAR(Order_doc, "Order(dataset, /, *, weights=None, schedule_steps=None,
 TFPY_TYPE_SPEC(Order, tfpy_Order, Py_TPFLAGS_DEFAULT,
                {Py_tp_doc, (void *)Order_doc}, {Py_tp_new, Order_new}, {Py_tp_dealloc, Order_dealloc},
                {Py_tp_methods, TFPY_METHODS(
+                   {"settings", (PyCFunction)Order_settings, METH_NOARGS, "settings($self)\n--\n\nReturns dict. The order's settings (every order row of _core.settings(), as the keywords take them) as the order holds them (tf_order_get_config)."},
                    {"sample_at", (PyCFunction)Order_sample_at, METH_O, "sample_at($self, pos, /)\n--\n\nReturns int | ndarray. Sample index at global stream position(s)."},
                    {"fill", (PyCFunction)(void (*)(void))Order_fill, METH_VARARGS | METH_KEYWORDS, Order_fill_doc},
                    {"packing_stats", (PyCFunction)Order_packing_stats, METH_NOARGS, Order_packing_stats_doc},

@@ -16,8 +16,8 @@ built, with messages naming the setting. Nothing is checked twice.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -193,16 +193,16 @@ class OrderConfig:
         kw: Dict[str, Any] = dict(
             seq_len=self.seq_len, seed=self.seed, shuffle=SHUFFLE[str(self.shuffle)], block_size=self.block_size,
             window_blocks=self.window_blocks, global_batch=self.global_batch, epochs=self.epochs or 0,
-            separator_id=self.separator_id, packing=PACKING[self.packing],
+            separator_id=self.separator_id, packing=PACKING[self.packing], mix_window=self.mix_window,
             pad_id=0 if self.pad_id is None else self.pad_id, pack_window=self.pack_window, order=self.order,
             llmc_processes=self.llmc_processes, olmo_chunk=self.olmo_chunk)
         if isinstance(self.weights, WeightSchedule):
             kw.update(weights=[list(w) for w in self.weights.weights], schedule_steps=list(self.weights.steps),
-                      interpolation=1 if self.weights.interpolation == "linear" else 0, mix_window=self.mix_window)
+                      interpolation=1 if self.weights.interpolation == "linear" else 0)
             if self.mix_anchor is not None:
                 kw.update(anchor_position=self.mix_anchor[0], anchor_counts=list(self.mix_anchor[1]))
         elif self.weights is not None:
-            kw.update(weights=list(self.weights), mix_window=self.mix_window)
+            kw.update(weights=list(self.weights))
             if self.mix_anchor is not None:
                 # plain weights handed over from other weights: a one-point schedule with the anchor
                 kw.update(weights=[list(self.weights)], schedule_steps=[0], interpolation=0,
@@ -226,14 +226,22 @@ def want_bits(position_ids: bool = False, cu_seqlens: bool = False, loss_mask: b
             | (_core.WANT_LOSS_MASK if loss_mask else 0))
 
 
+# The engine rows EngineConfig holds as fields of its own: the batch size, and the
+# data-parallel and context-parallel coordinates (the Loader's keywords, or a mesh's).
+_ENGINE_FIELDS = {"batch_size": "batch_size", "dp_rank": "rank", "dp_size": "world_size", "cp_rank": "cp_rank",
+                  "cp_size": "cp_size"}
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How this rank's batches are assembled: ``batch_size`` samples per rank, output
-    ``dtype``, the extras asked for, worker threads, ring depth, read backend and the
-    size of the zstd block cache (``None`` means the engine's default). ``rank``/``world_size``
-    are the data-parallel rank and size; ``cp_rank``/``cp_size`` the context-parallel ones:
-    the rank's load-balanced share of every sample (docs/packing.md), which never changes
-    the stream."""
+    ``dtype`` and the extras asked for; ``rank``/``world_size`` are the data-parallel rank
+    and size, ``cp_rank``/``cp_size`` the context-parallel ones: the rank's load-balanced
+    share of every sample (docs/packing.md), which never changes the stream.
+    ``settings`` holds every other engine row of the settings table given by name
+    (threads, ring depth, read backend, zstd cache, balancing, sequence-length warmup,
+    and any row added later; ``None`` or absent is the row's default): all of them go to
+    the C engine as they are, so no row is picked out, and none can be left behind."""
 
     batch_size: int
     rank: int = 0
@@ -242,29 +250,21 @@ class EngineConfig:
     position_ids: bool = False
     cu_seqlens: bool = False
     loss_mask: bool = False
-    num_threads: Optional[int] = None
-    prefetch: Optional[int] = None
-    backend: Optional[str] = None
-    direct_io: bool = False
-    zstd_cache_bytes: Optional[int] = None  # decompressed zstd blocks; None: sized from the shuffle
     cp_rank: int = 0
     cp_size: int = 1
-    # balancing and sequence-length warmup (docs/balance.md); None: the row's default
-    balance: Optional[str] = None
-    balance_micro_batches: Optional[int] = None
-    warmup_steps: Optional[int] = None
-    warmup_min_seq_len: Optional[int] = None
+    settings: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "rank", "world_size", "cp_rank", "cp_size"):
             check_int(name, getattr(self, name))
-        check_settings(num_threads=self.num_threads, prefetch_batches=self.prefetch, backend=self.backend,
-                       direct_io=self.direct_io, zstd_cache_bytes=self.zstd_cache_bytes, balance=self.balance,
-                       balance_micro_batches=self.balance_micro_batches, warmup_steps=self.warmup_steps,
-                       warmup_min_seq_len=self.warmup_min_seq_len)
-        if self.zstd_cache_bytes is not None and self.zstd_cache_bytes < 0:
-            raise ValueError(f"zstd_cache_bytes must be >= 0 (0 or None: sized from the shuffle), "
-                             f"got {self.zstd_cache_bytes}")
+        settings = dict(self.settings)
+        for k in settings:
+            row = SETTINGS.get(k)
+            if row is None or row["scope"] != "engine" or k in _ENGINE_FIELDS:
+                raise TypeError(f"EngineConfig: {k!r} is not an engine setting of its own (the engine rows of "
+                                f"tokenfeed._core.settings(), less {', '.join(_ENGINE_FIELDS)})")
+        check_settings(**settings)  # the zstd cache's bytes >= 0, ... : the rows' bounds
+        object.__setattr__(self, "settings", settings)  # a copy: the caller's dict may change
         # the global batch and the rank's slice of it are computed here
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
@@ -275,7 +275,6 @@ class EngineConfig:
         object.__setattr__(self, "dtype", np.dtype(self.dtype).name)
         for k in ("batch_size", "rank", "world_size", "cp_rank", "cp_size"):
             object.__setattr__(self, k, int(getattr(self, k)))
-
     @property
     def global_batch(self) -> int:
         return self.batch_size * self.world_size
@@ -283,7 +282,8 @@ class EngineConfig:
     def setting(self, name: str) -> int:
         """The value the C engine holds for the setting field ``name`` (a row of the settings
         table): ``None`` is the row's none value or default, an enum's name its index."""
-        row, v = SETTINGS[name], getattr(self, name)
+        row = SETTINGS[name]
+        v = getattr(self, _ENGINE_FIELDS[name]) if name in _ENGINE_FIELDS else self.settings.get(name)
         if v is None:
             return int(row["none_value"] if row["nullable"] else row["default"])
         return row["names"].index(v) if row["type"] == "enum" else int(v)
@@ -294,12 +294,8 @@ class EngineConfig:
 
     def core_kwargs(self) -> Dict[str, Any]:
         """Keyword arguments of ``_core.Loader``."""
-        return dict(batch_size=self.batch_size, dp_rank=self.rank, dp_size=self.world_size, dtype=self.dtype,
-                    want=self.want, num_threads=self.num_threads, prefetch_batches=self.prefetch,
-                    backend=self.backend, direct_io=bool(self.direct_io), zstd_cache_bytes=self.zstd_cache_bytes,
-                    cp_rank=self.cp_rank, cp_size=self.cp_size, balance=self.balance,
-                    balance_micro_batches=self.balance_micro_batches, warmup_steps=self.warmup_steps,
-                    warmup_min_seq_len=self.warmup_min_seq_len)
+        return dict(self.settings, batch_size=self.batch_size, dp_rank=self.rank, dp_size=self.world_size,
+                    cp_rank=self.cp_rank, cp_size=self.cp_size, dtype=self.dtype, want=self.want)
 
     def build(self, order: Any) -> Any:
         """The C engine over ``order`` (a ``_core.Order`` whose global batch is this one's)."""

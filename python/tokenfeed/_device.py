@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
 from . import _core
-from ._config import check_settings
+from ._config import SETTINGS, check_settings
 
 __all__ = ["DeviceFeeder", "DeviceStage", "cuda_available", "parse_device"]
 
@@ -201,8 +201,10 @@ class DeviceStage:
 
     Wraps :class:`tokenfeed._core.DeviceLoader` over the Loader's engine: from creation
     on, the engine assembles batches in page-locked buffers and a C thread issues each
-    batch's host-to-device copy the moment it is assembled, ``prefetch`` batches ahead
-    of :meth:`next`, into ``slots`` device slots (``None``: ``prefetch + 2``).
+    batch's host-to-device copy the moment it is assembled, ``device_prefetch_batches``
+    batches ahead of :meth:`next`, into ``device_slots`` device slots (``None``:
+    ``device_prefetch_batches + 2``). ``settings``: the device rows of the settings table
+    by name (``None`` or absent: the row's default), all passed to the C device loader.
     :meth:`next` returns a dict of torch tensors (``torch.from_dlpack``: torch's current
     stream waits for the copy on the GPU) or of ``DeviceTensor`` objects.
 
@@ -215,11 +217,16 @@ class DeviceStage:
     layout) are views of the same buffers, re-made when their length changes.
     """
 
-    def __init__(self, engine: Any, index: int, *, prefetch: int = 2, slots: Optional[int] = None,
+    def __init__(self, engine: Any, index: int, *, settings: Optional[Mapping[str, Any]] = None,
                  output: str = "auto", static_buffers: bool = False) -> None:
         # checked by the settings table's rows before CUDA is touched, so a bad value is
         # reported as such on a machine without a GPU too
-        check_settings(device_prefetch_batches=prefetch, device_slots=slots)
+        settings = dict(settings or {})
+        for k in settings:
+            if SETTINGS.get(k, {}).get("scope") != "device":
+                raise TypeError(f"DeviceStage: {k!r} is not a device setting (the device rows of "
+                                f"tokenfeed._core.settings())")
+        check_settings(**settings)
         if not isinstance(static_buffers, bool):
             raise TypeError(f"static_buffers must be True or False, got {static_buffers!r}")
         _check_cuda(index)
@@ -229,8 +236,7 @@ class DeviceStage:
         self.static_buffers = static_buffers
         # static buffers: the tensors handed out, per key, handed out again while the shape holds
         self._static: Dict[str, Any] = {}
-        self._core: Any = _core.DeviceLoader(engine, device=index, device_prefetch_batches=prefetch,
-                                             device_slots=slots, static=static_buffers)
+        self._core: Any = _core.DeviceLoader(engine, device=index, static=static_buffers, **settings)
 
     def _consumer_stream(self) -> Optional[int]:
         """Where the copies into static buffers are queued: torch's current stream (None without torch:

@@ -219,12 +219,8 @@ class Loader:
         # it) and the stream's; the C library checks ranges when it builds them
         self._engine_cfg = EngineConfig(
             batch_size=batch_size, rank=pc.dp_rank, world_size=pc.dp_size, dtype=dtype, position_ids=position_ids,
-            cu_seqlens=cu_seqlens or document_ids, loss_mask=loss_mask, num_threads=engine_kw.get("num_threads"),
-            prefetch=engine_kw["prefetch_batches"], backend=engine_kw.get("backend"),
-            direct_io=engine_kw.get("direct_io", False), zstd_cache_bytes=engine_kw.get("zstd_cache_bytes"),
-            cp_rank=pc.cp_rank, cp_size=pc.cp_size, balance=engine_kw.get("balance"),
-            balance_micro_batches=engine_kw.get("balance_micro_batches"), warmup_steps=engine_kw.get("warmup_steps"),
-            warmup_min_seq_len=engine_kw.get("warmup_min_seq_len"))
+            cu_seqlens=cu_seqlens or document_ids, loss_mask=loss_mask, cp_rank=pc.cp_rank, cp_size=pc.cp_size,
+            settings=engine_kw)  # every engine row given, whichever it is
         if megatron_cache is not None:
             # the cache holds Megatron's shuffle: shuffle=True (the default) or False read it as it is
             if shuffle not in (True, False, "full", "none"):
@@ -296,8 +292,7 @@ class Loader:
             raise ValueError("static_buffers=True needs a device: the static buffers are device memory for steps "
                              "captured in CUDA graphs (Loader(..., device='cuda', static_buffers=True))")
         self._device_kw: Dict[str, Any] = dict(
-            prefetch=2 if device_kw["device_prefetch_batches"] is None else device_kw["device_prefetch_batches"],
-            slots=device_kw.get("device_slots"),
+            settings=device_kw,  # every device row given, whichever it is
             static_buffers=static_buffers,
             output="dlpack" if output == "numpy" else ("auto" if requested_output == "auto" else output))
         self._device: Optional[Any] = None

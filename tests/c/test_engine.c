@@ -629,6 +629,17 @@ static void test_from_order(const tf_dataset *ds) {
     tf_loader_stats st;
     tf_loader_get_stats(l, &st);
     CHECK(st.num_threads == TF_MAX_THREADS);
+    /* the engine's settings as given, read back by name; the order's in its member */
+    tf_loader_config back;
+    int64_t v = 0;
+    CHECK_OK(tf_loader_get_config(l, &back));
+    CHECK(back.num_threads == TF_MAX_THREADS && back.batch_size == s.B && back.world_size == s.world);
+    CHECK_OK(tf_config_get(TF_SCOPE_ENGINE, &back, "num_threads", &v));
+    CHECK(v == TF_MAX_THREADS);
+    CHECK_OK(tf_config_get(TF_SCOPE_ENGINE, &back, "seq_len", &v));
+    CHECK(v == SEQ && back.order.global_batch == s.B * s.world);
+    CHECK_RC(tf_loader_get_config(l, NULL), -EINVAL);
+    CHECK_RC(tf_loader_get_config(NULL, &back), -EINVAL);
     tf_loader_free(l);
     tf_order_free(o);
 }
