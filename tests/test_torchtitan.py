@@ -150,3 +150,79 @@ def test_validator_pass_ends_with_a_finite_stream(make_dataset, tmp_path):
     got = [inputs["input"].numpy().copy() for inputs, _ in dl]
     assert len(got) == len(want) > 1 and all(np.array_equal(a, b) for a, b in zip(got, want))
     dl.close()
+
+
+def titan_config(*argv):
+    """The example job config through torchtitan's own ConfigManager, with ``argv`` overrides."""
+    from torchtitan.config.manager import ConfigManager
+
+    sys.path.insert(0, os.path.join(ROOT, "docs", "examples"))
+    try:
+        return ConfigManager().parse_args(["--module", "torchtitan_tokenfeed", "--config",
+                                           "llama3_debugmodel_tokenfeed", "--training.seq_len", str(L), *argv])
+    finally:
+        sys.path.remove(os.path.join(ROOT, "docs", "examples"))
+
+
+def test_mixture_from_the_job_config(make_dataset):
+    """--dataloader.dataset_path a,b --dataloader.weights 0.3 0.7 on torchtitan's command line: a
+    mixture of the two sources, as tokenfeed.Loader([a, b], weights=[0.3, 0.7]) gives it; a weight
+    schedule in loader={"weights": ...} too; a count that does not match is refused naming both."""
+    a, b = make_dataset(n_docs=120, seed=1), make_dataset(n_docs=120, seed=2)
+    cfg = titan_config("--dataloader.dataset_path", f"{a.paths[0]},{b.paths[0]}", "--dataloader.weights", "0.3",
+                       "0.7", "--dataloader.seed", "3")
+    assert cfg.dataloader.weights == [0.3, 0.7]
+    dl = cfg.dataloader.build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=L, local_batch_size=4,
+                              snapshot_every_n_steps=None)
+    assert dl.weights == [0.3, 0.7]
+    ref = tokenfeed.Loader([a, b], weights=[0.3, 0.7], seq_len=L, batch_size=4, seed=3, packing="best_fit",
+                           source_ids=True, output="numpy")
+    seen = set()
+    for _, (inputs, _labels) in zip(range(6), dl):
+        want = next(ref)
+        seen |= set(want["source_ids"].tolist())
+        assert np.array_equal(inputs["input"].numpy(), want["input_ids"])
+    assert seen == {0, 1}
+    dl.close()
+    schedule = [(0, [1.0, 0.0]), (2, [0.0, 1.0])]
+    dl = TokenfeedDataLoader.Config(dataset_path=f"{a.paths[0]}, {b.paths[0]}", seed=3,
+                                    loader={"weights": schedule}).build(dp_world_size=1, dp_rank=0, seq_len=L,
+                                                                        local_batch_size=4)
+    ref = tokenfeed.Loader([a, b], weights=schedule, seq_len=L, batch_size=4, seed=3, output="numpy")
+    for _, (inputs, _labels) in zip(range(4), dl):
+        assert np.array_equal(inputs["input"].numpy(), next(ref)["input_ids"])
+    dl.close()
+    with pytest.raises(ValueError, match=r"(?s)3 comma-separated entries.*the weights 2"):
+        TokenfeedDataLoader.Config(dataset_path=f"{a.paths[0]},{b.paths[0]},{a.paths[0]}",
+                                   weights=[0.5, 0.5]).build(dp_world_size=1, dp_rank=0, seq_len=L,
+                                                              local_batch_size=2)
+    with pytest.raises(ValueError, match="both set"):
+        TokenfeedDataLoader.Config(dataset_path=f"{a.paths[0]},{b.paths[0]}", weights=[0.5, 0.5],
+                                   loader={"weights": [0.5, 0.5]}).build(dp_world_size=1, dp_rank=0, seq_len=L,
+                                                                         local_batch_size=2)
+
+
+def test_set_weights_is_kept_by_the_checkpoint(make_dataset, tmp_path, one_rank):
+    """set_weights during the run (as a training hook would call it) changes the mixture from the next
+    batch on; torchtitan's CheckpointManager keeps the change, so a run resumed from the checkpoint
+    reads with the new weights although its config still has the old ones."""
+    a, b = make_dataset(n_docs=200, seed=1), make_dataset(n_docs=200, seed=2)
+    path = f"{a.paths[0]},{b.paths[0]}"
+    model, dl, opt, lrs, ts, ckpt = build(path, 0, 1, 4, str(tmp_path), seed=3, weights=[0.5, 0.5])
+    first = train(model, dl, opt, lrs, ts, ckpt, steps=2)
+    dl.set_weights([0.1, 0.9])
+    assert dl.weights == [0.1, 0.9]
+    first += train(model, dl, opt, lrs, ts, ckpt, steps=5, save_at=4)
+    ckpt.close()
+    ref = tokenfeed.Loader([a, b], weights=[0.5, 0.5], seq_len=L, batch_size=4, seed=3, output="numpy")
+    want = [next(ref)["input_ids"].copy() for _ in range(2)]
+    ref.set_weights([0.1, 0.9])
+    want += [next(ref)["input_ids"].copy() for _ in range(5)]
+    assert all(np.array_equal(g["input"], w) for g, w in zip(first, want))
+    model, dl, opt, lrs, ts, ckpt = build(path, 0, 1, 4, str(tmp_path), seed=3, weights=[0.5, 0.5])
+    assert ckpt.load(step=4) and ts.step == 4
+    assert dl.weights == [0.1, 0.9]
+    again = train(model, dl, opt, lrs, ts, ckpt, steps=3)
+    for s, g in zip(range(4, 7), again):
+        assert np.array_equal(g["input"], want[s]), s
+    ckpt.close()
