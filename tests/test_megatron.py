@@ -40,7 +40,8 @@ def config(**kw):
     kw.setdefault("reset_position_ids", True)
     kw.setdefault("reset_attention_mask", True)
     kw.setdefault("eod_mask_loss", True)
-    return GPTDatasetConfig(random_seed=5, sequence_length=L, tokenizer=NullTokenizer(VOCAB), **kw)
+    kw.setdefault("tokenizer", NullTokenizer(VOCAB))
+    return GPTDatasetConfig(random_seed=5, sequence_length=L, **kw)
 
 
 def megatron_batches(ds, mbs, dp, rank, consumed, steps, workers=0):
@@ -81,6 +82,29 @@ def test_masks_off_as_megatron(tmp_path):
         am, lm, pos = _get_ltor_masks_and_position_ids(item["tokens"], VOCAB, False, False, False, True)
         assert torch.equal(item["loss_mask"], lm) and torch.equal(item["position_ids"], pos)
         assert torch.equal(item["attention_mask"], am)
+
+
+def test_tokenizers_pad_in_the_data_as_megatron(tmp_path):
+    """A tokenizer whose pad id the data also holds: GPTDataset delivers those tokens as 0 and does
+    not train a label that was the pad; so does the provider on tokenfeed's own order."""
+    from test_megatron_order import PAD, PadTokenizer
+
+    prefix = write_megatron(tmp_path / "a", 2)
+    cfg = config(blend=get_blend_from_list([prefix]), split="100,0,0", tokenizer=PadTokenizer(VOCAB, PAD))
+    train = datasets_provider(cfg)([64, None, None])[0]
+    ref = tokenfeed.Loader(tokenfeed.open(prefix + ".bin"), seq_len=L, batch_size=1, seed=5, output="numpy")
+    hits = 0
+    for i in range(64):
+        item, want = train[i], next(ref)
+        tokens, labels = want["input_ids"][0].astype(np.int64), want["labels"][0].astype(np.int64)
+        hits += int((labels == PAD).sum())
+        # Megatron's masks are computed on the tokens as read, then the pad's labels are masked
+        _, lm, pos = _get_ltor_masks_and_position_ids(torch.from_numpy(tokens), VOCAB, True, True, True, False)
+        lm[torch.from_numpy(labels == PAD)] = 0.0
+        assert np.array_equal(item["tokens"].numpy(), np.where(tokens == PAD, 0, tokens)), i
+        assert np.array_equal(item["labels"].numpy(), np.where(labels == PAD, 0, labels)), i
+        assert torch.equal(item["loss_mask"], lm) and torch.equal(item["position_ids"], pos), i
+    assert hits > 0
 
 
 def test_blend_and_blend_per_split(tmp_path):

@@ -23,7 +23,7 @@ from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
 
 import tokenfeed
 from test_megatron import VOCAB, megatron_batches, write_megatron
-from tokenfeed.integrations.megatron import datasets_provider
+from tokenfeed.integrations.megatron import continue_from_cache, datasets_provider, megatron_pad_id
 
 L = 32
 SPLITS = ("train", "valid", "test")
@@ -206,15 +206,38 @@ def test_datasets_provider_from_the_cache(tmp_path):
         assert torch.equal(mb["tokens"], torch.stack(want))
 
 
+class PadTokenizer(NullTokenizer):
+    """megatron-core's NullTokenizer with a pad id (as a real tokenizer's ``pad``): ``pad`` is a
+    token id the data also holds, as a tokenizer whose pad is an ordinary vocabulary entry."""
+
+    def __init__(self, vocab_size, pad):
+        super().__init__(vocab_size)
+        self._pad = pad
+
+    @property
+    def pad(self):
+        return self._pad
+
+
+PAD = 7  # write_megatron's documents draw ids from 0..VOCAB-1: every few samples hold a 7
+
+
+@pytest.mark.parametrize("pad", [None, PAD], ids=["no_pad", "pad_in_data"])
 @pytest.mark.parametrize("extra", [True, False], ids=["extra_token", "no_extra_token"])
 @pytest.mark.parametrize("eod_mask_loss", [True, False], ids=["eod_mask_loss", "no_eod_mask_loss"])
-def test_datasets_provider_from_the_cache_every_key_and_option(tmp_path, extra, eod_mask_loss):
+def test_datasets_provider_from_the_cache_every_key_and_option(tmp_path, extra, eod_mask_loss, pad):
     """Every item of every split is GPTDataset's, key by key, whatever the mask options: without the
     extra token the last label is Megatron's pad and its loss_mask 0 (eod_mask_loss or not), as is
-    the padding of a last partial validation sample."""
+    the padding of a last partial validation sample; a tokenizer's pad id in the data comes as 0,
+    untrained."""
+    tok = NullTokenizer(VOCAB) if pad is None else PadTokenizer(VOCAB, pad)
     prefix, datasets = build(tmp_path, 11, n_docs=241, add_extra_token_to_sequence=extra,
                              eod_mask_loss=eod_mask_loss, reset_position_ids=False,
-                             drop_last_partial_validation_sequence=False)
+                             drop_last_partial_validation_sequence=False, tokenizer=tok)
+    if pad is not None:  # the data holds it, so the comparison below sees the rewrite
+        assert datasets[0]._pad_token_id == pad
+        assert sum(bool((datasets[0]._query_document_sample_shuffle_indices(i)[0] == pad).any())
+                   for i in range(len(datasets[0]))) > 3
     ours = datasets_provider(datasets[0].config, megatron_cache=True)([700, 60, 30])
     for split, mine, theirs in zip(SPLITS, ours, datasets):
         assert mine is not None and len(mine) == len(theirs)
@@ -223,3 +246,30 @@ def test_datasets_provider_from_the_cache_every_key_and_option(tmp_path, extra, 
             assert sorted(a) == sorted(b), (split, i)
             for k in b:
                 assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), (split, i, k)
+
+
+def test_continue_from_cache_with_the_tokenizers_pad_in_the_data(tmp_path):
+    """continue_from_cache (and Loader(megatron_cache=, megatron_pad_id=)) gives GPTDataset's samples
+    where the data holds the tokenizer's pad id: the token as 0 in the inputs and labels, loss_mask 0
+    where the label was it; position ids and the rest as before."""
+    prefix, datasets = build(tmp_path, 12, tokenizer=PadTokenizer(VOCAB, PAD))
+    train = datasets[0]
+    ld = continue_from_cache(train.config, micro_batch_size=4, position_ids=True, loss_mask=True, epochs=1,
+                             output="numpy")
+    assert_same_as_gptdataset(ld, train)
+    for split, ds in zip(SPLITS, datasets):
+        assert_same_as_gptdataset(loader(prefix, tmp_path, split, epochs=1, megatron_pad_id=PAD), ds)
+    with pytest.raises(ValueError, match="goes with megatron_cache"):
+        tokenfeed.Loader(prefix + ".bin", seq_len=L, batch_size=1, megatron_pad_id=PAD)
+
+
+@pytest.mark.parametrize("pad,ambiguous,want", [(None, False, -1), (PAD, False, PAD), (VOCAB, False, -1),
+                                                (VOCAB, True, VOCAB)],
+                         ids=["no_pad", "pad", "pad_is_eod", "pad_is_eod_allowed"])
+def test_megatron_pad_id_is_gptdatasets(tmp_path, pad, ambiguous, want):
+    """megatron_pad_id(config) is the pad id GPTDataset itself settles on (None for its -1): the
+    tokenizer's, unless it is another special token (here EOD) and ambiguous pads are not allowed."""
+    tok = NullTokenizer(VOCAB) if pad is None else PadTokenizer(VOCAB, pad)
+    _, (train, _, _) = build(tmp_path, 13, tokenizer=tok, allow_ambiguous_pad_tokens=ambiguous)
+    assert train._pad_token_id == want
+    assert megatron_pad_id(train.config) == (None if want < 0 else want)

@@ -151,7 +151,11 @@ class Loader:
     Megatron's sampler gives that rank, and position = ``consumed_train_samples``. The
     arrays are read in place (memory-mapped; opening is O(1) in their size). ``seq_len`` is
     Megatron's ``--seq-length``; ``megatron_add_extra_token`` its
-    ``add_extra_token_to_sequence`` (default True), which the cache does not record; the
+    ``add_extra_token_to_sequence`` (default True), which the cache does not record;
+    ``megatron_pad_id`` the pad id GPTDataset took from its tokenizer (None or negative:
+    none), whose occurrences in the data GPTDataset delivers as 0 and does not train, and so
+    does the loader (:func:`tokenfeed.integrations.megatron.megatron_pad_id` finds it in the
+    run's config); the
     shuffle is Megatron's (``shuffle`` must not be ``"block"``); ``epochs=1`` ends the stream
     where the cache ends (endless streams read it again). See ``docs/guides/megatron.md``.
     ``order="llmc"`` or ``order="olmo"`` reproduces another loader's samples and order, so
@@ -187,7 +191,7 @@ class Loader:
                  rank: Optional[int] = None, world_size: Optional[int] = None, prefetch: Optional[int] = None,
                  device_prefetch: Optional[int] = None, source_ids: bool = False,
                  megatron_cache: Optional[PathLike] = None, megatron_split: str = "train",
-                 megatron_add_extra_token: bool = True,
+                 megatron_add_extra_token: bool = True, megatron_pad_id: Optional[int] = None,
                  order: Literal["tokenfeed", "llmc", "olmo"] = "tokenfeed", llmc_processes: Optional[int] = None,
                  **settings: Any) -> None:
         # Every other keyword is a row of the C settings table (_core.settings(), listed in
@@ -255,6 +259,15 @@ class Loader:
                                            data_paths=getattr(self.dataset, "paths", ()))
             self._order_cfg = dataclasses.replace(self._order_cfg, megatron_cache=base,
                                                   megatron_add_extra_token=megatron_add_extra_token)
+        if megatron_pad_id is not None:
+            if isinstance(megatron_pad_id, bool) or not isinstance(megatron_pad_id, (int, np.integer)):
+                raise TypeError(f"megatron_pad_id must be an int or None, got {megatron_pad_id!r}")
+            if megatron_cache is None:
+                raise ValueError("megatron_pad_id= is what GPTDataset does with its tokenizer's pad id in the data: "
+                                 "it goes with megatron_cache= (continuing a run begun on Megatron)")
+        # GPTDataset's pad id (negative: none, Megatron's -1): tokens equal to it come as 0, untrained
+        self._megatron_pad: Optional[int] = None if megatron_pad_id is None or megatron_pad_id < 0 \
+            else int(megatron_pad_id)
         if not isinstance(source_ids, bool):
             raise TypeError(f"source_ids must be True or False, got {source_ids!r}")
         if source_ids and weights is None:
@@ -467,6 +480,8 @@ class Loader:
         pos = self._order.skip_to(self.position) if self._source_ids else 0
         if self.device_index is not None:
             out: Dict[str, Any] = self._get_device().next()
+            if self._megatron_pad is not None:
+                self._rewrite_megatron_pad(out)
             if self._source_ids:
                 import torch
 
@@ -474,6 +489,8 @@ class Loader:
                 out["source_ids"] = torch.from_numpy(ids) if self.output == "torch" else ids
             return self._with_document_ids(out)
         batch: Dict[str, Any] = self._get_engine().next()
+        if self._megatron_pad is not None:
+            self._rewrite_megatron_pad(batch)
         if self._source_ids:
             ids = self._source_ids_at(pos)
             # a sequence-length warmup delivers each sample as k consecutive rows: each has its sample's source
@@ -484,6 +501,22 @@ class Loader:
             # THD batches also carry max_seqlen / num_seqs as ints
             batch = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
         return self._with_document_ids(batch)
+
+    def _rewrite_megatron_pad(self, batch: Dict[str, Any]) -> None:
+        """What GPTDataset does with its tokenizer's pad id where the data holds it: a label equal
+        to it is not trained (loss_mask 0), and the token is delivered as 0 in the inputs and the
+        labels. In place, on the host or the device arrays alike."""
+        p = self._megatron_pad
+        dt = self.out_dtype
+        if p is None or (dt.kind in "iu" and p > np.iinfo(dt).max):  # no token of this dtype can be it
+            return
+        hit = batch["labels"] == p
+        if "loss_mask" in batch:
+            batch["loss_mask"][hit] = 0
+        for k in ("tokens", "input_ids", "labels"):  # input_ids and labels may be views of tokens
+            a = batch.get(k)
+            if a is not None:
+                a[a == p] = 0
 
     def _with_document_ids(self, batch: Dict[str, Any]) -> Dict[str, Any]:
         if self._document_ids:

@@ -31,7 +31,9 @@ at every document when ``reset_position_ids`` (else ``0..L-1``); ``attention_mas
 causal, block-diagonal per document when ``reset_attention_mask``; ``loss_mask`` is 0 where
 a label would cross a document boundary (Megatron's ``eod_mask_loss`` on data whose
 documents end with EOD) and on padding; with ``eod_mask_loss`` off, only padding is 0
-(``packing="concat"`` has none). See docs/guides/megatron.md.
+(``packing="concat"`` has none). Where the data holds the tokenizer's pad id
+(:func:`megatron_pad_id`), the token comes as 0 in ``tokens`` and ``labels`` and that label
+is not trained, as ``GPTDataset`` gives it. See docs/guides/megatron.md.
 
 A run begun on Megatron's own ``GPTDataset`` continues sample for sample from the index
 cache GPTDataset wrote (``path_to_cache``): inside ``pretrain`` with
@@ -49,7 +51,7 @@ from torch.utils.data import Dataset as _TorchDataset
 
 import tokenfeed
 
-__all__ = ["datasets_provider", "TokenfeedGPTDataset", "build_datasets", "continue_from_cache"]
+__all__ = ["datasets_provider", "TokenfeedGPTDataset", "build_datasets", "continue_from_cache", "megatron_pad_id"]
 
 Blend = Tuple[List[str], Optional[List[float]]]
 _SPLITS = ("train", "valid", "test")
@@ -64,8 +66,9 @@ class TokenfeedGPTDataset(_TorchDataset):  # type: ignore[type-arg,unused-ignore
     def __init__(self, name: str, datasets: Sequence[Any], weights: Optional[Sequence[float]], *, seq_len: int,
                  seed: int, num_samples: Optional[int] = None, reset_position_ids: bool = True,
                  reset_attention_mask: bool = False, eod_mask_loss: bool = True, create_attention_mask: bool = False,
-                 **loader_kw: Any) -> None:
+                 pad_token_id: Optional[int] = None, **loader_kw: Any) -> None:
         self.name = name
+        self.pad_token_id = pad_token_id  # GPTDataset's (megatron_pad_id): delivered as 0, not trained
         self.seq_len = int(seq_len)
         self.reset_position_ids, self.reset_attention_mask = bool(reset_position_ids), bool(reset_attention_mask)
         self.eod_mask_loss, self.create_attention_mask = bool(eod_mask_loss), bool(create_attention_mask)
@@ -114,15 +117,22 @@ class TokenfeedGPTDataset(_TorchDataset):  # type: ignore[type-arg,unused-ignore
                   ) -> Dict[str, torch.Tensor]:
         L = self.seq_len
         pos = pos.astype(np.int64)
-        out = {"tokens": torch.from_numpy(inputs.astype(np.int64)),
-               "labels": torch.from_numpy(labels.astype(np.int64))}
+        inputs, labels = inputs.astype(np.int64), labels.astype(np.int64)
+        pad_label = None
+        if self.pad_token_id is not None:  # as GPTDataset: Megatron's pad id in the data is token 0, untrained
+            pad_label = labels == self.pad_token_id
+            inputs[inputs == self.pad_token_id] = 0
+            labels[pad_label] = 0
+        out = {"tokens": torch.from_numpy(inputs), "labels": torch.from_numpy(labels)}
         if self.eod_mask_loss:
-            loss = mask.astype(np.float32)
+            loss = mask.astype(np.float32)  # a copy
         elif padding is not None:  # GPTDataset's samples: its padding (the last label without the extra token)
             loss = (~padding).astype(np.float32)
         else:  # only padding (a chunk of pad_id after the last document) is not trained
             pad = self._kw.get("pad_id")
             loss = np.ones(L, np.float32) if pad is None else (labels != pad).astype(np.float32)
+        if pad_label is not None:
+            loss[pad_label] = 0.0
         if self.create_attention_mask:
             causal = np.tril(np.ones((L, L), dtype=bool))
             if self.reset_attention_mask:  # a token sees only its own document
@@ -140,6 +150,37 @@ class TokenfeedGPTDataset(_TorchDataset):  # type: ignore[type-arg,unused-ignore
 
     def __setstate__(self, st: Dict[str, Any]) -> None:
         self.__dict__.update(st)
+
+
+def megatron_pad_id(config: Any) -> Optional[int]:
+    """The pad id megatron-core's ``GPTDataset`` uses for ``config`` (its ``MegatronDataset``
+    takes it from the tokenizer), or None where it has none (Megatron's -1, which no token is).
+
+    ``tokenizer.pad``; none when the tokenizer has no pad, or when the pad id is one of its
+    other special tokens (``special_tokens_dict``, else ``eos`` and ``eod``) unless
+    ``allow_ambiguous_pad_tokens``. Where the data holds this id, GPTDataset delivers the
+    token as 0 in ``tokens`` and ``labels`` and does not train that label (``loss_mask`` 0);
+    the provider and :func:`continue_from_cache` do the same."""
+    tok = getattr(config, "tokenizer", None)
+    try:
+        pad = tok.pad  # type: ignore[union-attr]
+    except Exception:  # as MegatronDataset: no pad
+        return None
+    try:
+        special = [v for k, v in tok.special_tokens_dict.items() if k != "pad_token"]  # type: ignore[union-attr]
+    except (AttributeError, IndexError, ValueError):
+        special = []
+    if not special:  # at least eos and eod
+        for name in ("eos", "eod"):
+            try:
+                special.append(getattr(tok, name))
+            except (AttributeError, NotImplementedError):
+                pass
+    if pad in special and not getattr(config, "allow_ambiguous_pad_tokens", False):
+        return None  # Megatron then pads with -1, which masks no token of the data
+    if isinstance(pad, bool) or not isinstance(pad, (int, np.integer)) or pad < 0:
+        return None
+    return int(pad)
 
 
 def _open_prefix(prefix: str) -> tokenfeed.Dataset:
@@ -211,7 +252,8 @@ def build_datasets(config: Any, train_val_test_num_samples: Sequence[Optional[in
             reset_position_ids=bool(getattr(config, "reset_position_ids", False)),
             reset_attention_mask=bool(getattr(config, "reset_attention_mask", False)),
             eod_mask_loss=bool(getattr(config, "eod_mask_loss", False)),
-            create_attention_mask=bool(getattr(config, "create_attention_mask", True)), **kw))
+            create_attention_mask=bool(getattr(config, "create_attention_mask", True)),
+            pad_token_id=megatron_pad_id(config), **kw))
     return tuple(out)
 
 
@@ -242,7 +284,9 @@ def continue_from_cache(config: Any, *, micro_batch_size: int, dp_rank: int = 0,
     the directory where GPTDataset wrote its indices, or one of their files). Rank
     ``dp_rank`` of ``dp_size`` gets, ``micro_batch_size`` samples per batch, what Megatron's
     sampler gives it, from ``consumed_samples`` (the checkpoint's
-    ``consumed_train_samples``) on; ``state_dict()`` resumes it from then on. ``loader_kw``:
+    ``consumed_train_samples``) on; ``state_dict()`` resumes it from then on. The
+    tokenizer's pad id in the data comes as 0 and untrained, as GPTDataset gives it
+    (``megatron_pad_id``, from the config's tokenizer: :func:`megatron_pad_id`). ``loader_kw``:
     other ``tokenfeed.Loader`` keywords (``position_ids``, ``loss_mask``, ``device``, ...)."""
     idx = _SPLITS.index(split) if split in _SPLITS else -1
     if idx < 0:
@@ -254,7 +298,7 @@ def continue_from_cache(config: Any, *, micro_batch_size: int, dp_rank: int = 0,
                               batch_size=micro_batch_size, dp_rank=dp_rank, dp_size=dp_size, megatron_cache=cache,
                               megatron_split=split,
                               megatron_add_extra_token=bool(getattr(config, "add_extra_token_to_sequence", True)),
-                              **loader_kw)
+                              **{"megatron_pad_id": megatron_pad_id(config), **loader_kw})
     if consumed_samples:
         state = loader.state_dict()
         state["position"] = int(consumed_samples)
