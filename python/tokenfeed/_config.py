@@ -275,6 +275,7 @@ class EngineConfig:
         object.__setattr__(self, "dtype", np.dtype(self.dtype).name)
         for k in ("batch_size", "rank", "world_size", "cp_rank", "cp_size"):
             object.__setattr__(self, k, int(getattr(self, k)))
+
     @property
     def global_batch(self) -> int:
         return self.batch_size * self.world_size

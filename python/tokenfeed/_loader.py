@@ -153,10 +153,9 @@ class Loader:
     Megatron's ``--seq-length``; ``megatron_add_extra_token`` its
     ``add_extra_token_to_sequence`` (default True), which the cache does not record;
     ``megatron_pad_id`` the pad id GPTDataset took from its tokenizer (None or negative:
-    none), whose occurrences in the data GPTDataset delivers as 0 and does not train, and so
-    does the loader (:func:`tokenfeed.integrations.megatron.megatron_pad_id` finds it in the
-    run's config); the
-    shuffle is Megatron's (``shuffle`` must not be ``"block"``); ``epochs=1`` ends the stream
+    none; :func:`tokenfeed.integrations.megatron.megatron_pad_id` finds it in the run's
+    config): where the data holds it, GPTDataset delivers the token as 0 and does not
+    train that label, and so does the loader. The shuffle is Megatron's (``shuffle`` must not be ``"block"``); ``epochs=1`` ends the stream
     where the cache ends (endless streams read it again). See ``docs/guides/megatron.md``.
     ``order="llmc"`` or ``order="olmo"`` reproduces another loader's samples and order, so
     a run begun on it continues here (``docs/order.md``, "Continuing another loader's
