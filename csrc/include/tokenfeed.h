@@ -407,8 +407,10 @@ TF_API void tf_writer_free(tf_writer *w);
  * merging the same parts again leaves it unchanged. A previous merge's
  * manifest is replaced; a dataset written by tf_writer in dir is replaced
  * only with overwrite (-EEXIST otherwise), and its shards are then removed
- * once the merged manifest is in place. The merge holds dir's lock, as a
- * writer does (-EBUSY while another writer or merge holds it). */
+ * once the merged manifest is in place. A merge that writes holds dir's
+ * lock, as a writer does (-EBUSY while another writer or merge holds it); one
+ * that finds the manifest already equal to its result writes nothing and
+ * takes no lock (so it succeeds on read-only storage). */
 TF_API int tf_dataset_merge(const char *dir, const char *const *parts, uint64_t nparts, int overwrite);
 
 /* ------------------------------------------------------------------------ */
