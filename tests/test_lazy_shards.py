@@ -350,10 +350,47 @@ def test_catalog_directory_stays_under_its_bound(tmp_path, monkeypatch):
 
     for k, files in enumerate(sets):
         assert tokenfeed.open(files).fingerprint == ref[k]
-        assert used() <= 5 * 1024
+        assert used() <= 5000
     assert len(os.listdir(cat)) < len(sets)  # the oldest went
     assert tokenfeed.open(sets[0]).fingerprint == ref[0]  # parsed again, catalogued again
-    assert used() <= 5 * 1024
+    assert used() <= 5000
+
+
+@pytest.mark.parametrize("bound", ["1.5G", "1T", "2TB", "0.5MiB", " 64 kib ", "3000000000"])
+def test_catalog_bound_reads_sizes_as_every_size_setting_does(tmp_path, monkeypatch, bound):
+    """$TOKENFEED_CATALOG_MAX is read by the parser of every size setting (fractions, K/M/G/T
+    with or without B, KiB/MiB/...): a bound of 1.5G keeps every small catalog, never one."""
+    cat = tmp_path / "catalog"
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cat))
+    monkeypatch.setenv("TOKENFEED_CATALOG_MAX", bound)
+    sets = [_llmc_set(tmp_path / f"d{k}", n=20) for k in range(3)]
+    for files in sets:
+        tokenfeed.open(files)
+    assert len([n for n in os.listdir(cat) if n.endswith(".tfcat")]) == len(sets)
+
+
+@pytest.mark.parametrize("bad", ["1.5X", "lots", "-1G", "1.2.3G", "G"])
+def test_catalog_bound_that_is_not_a_size_is_refused(tmp_path, monkeypatch, bad):
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(tmp_path / "catalog"))
+    monkeypatch.setenv("TOKENFEED_CATALOG_MAX", bad)
+    files = _llmc_set(tmp_path / "d", n=3)
+    with pytest.raises(ValueError, match=r"TOKENFEED_CATALOG_MAX.*" + re.escape(repr(bad)[1:-1]) + r".*1\.5TiB.*KiB"):
+        tokenfeed.open(files)
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", "off")  # no catalog: the bound is not read
+    assert tokenfeed.open(files).num_files == 3
+
+
+def test_one_size_parser():
+    """The Python options (cache_limit, --keep) and the C library's variables share one parser."""
+    from tokenfeed import _core
+    from tokenfeed._remote import parse_size
+    for text, want in [("1.5G", 1_500_000_000), ("1T", 10 ** 12), ("2KiB", 2048), ("1.5TiB", 3 << 39),
+                       ("7", 7), ("10kb", 10_000), (".5GiB", 1 << 29), ("18446744073709551615", 2 ** 64 - 1)]:
+        assert _core.parse_size(text, "x") == parse_size(text) == want, text
+    with pytest.raises(ValueError, match="more bytes than 64 bits"):
+        _core.parse_size("18446744073709551616", "x")
+    with pytest.raises(ValueError, match="x: cannot read '5 parsecs' as a size"):
+        _core.parse_size("5 parsecs", "x")
 
 
 @pytest.mark.test_hooks

@@ -165,6 +165,16 @@ TF_API tf_dtype tf_dtype_from_name(const char *name);
  * truncates toward zero. Buffers must not overlap. */
 TF_API void tf_convert(void *dst, tf_dtype d, const void *src, tf_dtype s, size_t n);
 
+/* A size written for people, as every size setting of tokenfeed reads it:
+ * a number, optionally with a fraction ("1.5"), then optionally a unit,
+ * case-insensitive: B; K, M, G, T, P with or without B (powers of 1000);
+ * KiB, MiB, GiB, TiB, PiB (powers of 1024). "2G" is 2,000,000,000 bytes,
+ * "1.5TiB" 1,649,267,441,664, "4096" 4096. A fraction of a byte is dropped.
+ * -EINVAL for anything else (-ERANGE past 2^64 - 1), with a message naming
+ * what (the setting or variable read, for the message) and the accepted
+ * forms; *bytes is then 0. */
+TF_API int tf_parse_size(const char *text, const char *what, uint64_t *bytes);
+
 /* XXH64 of a buffer (the checksum used by the native format and fingerprints). */
 TF_API uint64_t tf_hash64(const void *data, size_t len, uint64_t seed);
 

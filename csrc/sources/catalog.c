@@ -457,23 +457,28 @@ static int cataloguable(const tf_file *files, uint64_t nfiles) {
 static void catalog_name(uint64_t key, char name[40]) { snprintf(name, 40, "%016llx.tfcat", (ull)key); }
 static void set_name(uint64_t key, char name[40]) { snprintf(name, 40, "%016llx.tfset", (ull)key); }
 
-/* Bytes the node's catalog directory may hold ($TOKENFEED_CATALOG_MAX, bytes
- * or with a K/M/G suffix; default 2 GiB): past it, the catalogs used least
- * recently are deleted (a catalog is about 160 bytes per file, so 10^6-file
- * sets would otherwise pile up in a home directory's quota). */
+/* Bytes the node's catalog directory may hold ($TOKENFEED_CATALOG_MAX, a
+ * size as tf_parse_size reads it: "2GiB", "1.5G", "500M"; default 2 GiB):
+ * past it, the catalogs used least recently are deleted (a catalog is about
+ * 160 bytes per file, so 10^6-file sets would otherwise pile up in a home
+ * directory's quota). A value that does not parse is refused at open
+ * (tf__catalog_check_settings), so the default here is never silently used
+ * in its place. */
+#define CAT_DIR_MAX_DEFAULT ((uint64_t)2 << 30)
 static uint64_t catalog_max(void) {
     const char *e = getenv("TOKENFEED_CATALOG_MAX");
-    if (e && *e) {
-        char *end = NULL;
-        unsigned long long v = strtoull(e, &end, 10);
-        if (end != e) {
-            if (*end == 'K' || *end == 'k') v <<= 10;
-            else if (*end == 'M' || *end == 'm') v <<= 20;
-            else if (*end == 'G' || *end == 'g') v <<= 30;
-            return v;
-        }
-    }
-    return 2ull << 30;
+    uint64_t v = CAT_DIR_MAX_DEFAULT;
+    if (e && *e && tf_parse_size(e, "TOKENFEED_CATALOG_MAX", &v) != 0) v = CAT_DIR_MAX_DEFAULT;
+    return v;
+}
+
+int tf__catalog_check_settings(void) {
+    const char *e = getenv("TOKENFEED_CATALOG_MAX");
+    char *dir = catalog_dir();
+    uint64_t v;
+    int rc = dir && e && *e ? tf_parse_size(e, "$TOKENFEED_CATALOG_MAX (the bytes the node's catalog directory may hold)", &v) : 0;
+    free(dir);
+    return rc;
 }
 
 /* The node's catalog b, compressed when that is possible and worth it

@@ -287,6 +287,7 @@ int tf__dataset_open_paths(const char *const *paths, size_t n, const tf_open_opt
         if (!paths[i] || tf__is_url(paths[i])) local = 0;
         else if (!many && path_exists(paths[i], 1)) many = 1;
     }
+    if (local && many) TF_TRY(tf__catalog_check_settings());
     if (local && many && tf__catalog_load(paths, n, opt, &files, &nfiles) == 0)
         return finish_dataset(files, nfiles, out);
     for (size_t i = 0; i < n; i++) {
@@ -338,6 +339,7 @@ int tf_dataset_open_set(const char *const *spec, size_t nspec, const tf_open_opt
         if (!spec[i]) TF_FAIL(-EINVAL, "shard set entry %zu is NULL", i);
     tf_file *files = NULL;
     uint64_t nfiles = 0;
+    TF_TRY(tf__catalog_check_settings());
     if (tf__catalog_load_set(spec, nspec, opt ? opt : &open_defaults, &files, &nfiles) != 0)
         TF_FAIL(-ENOENT, "%s: the node's catalog has no entry for this shard set, or a directory holding its files "
                 "changed since it was listed", spec[0]);

@@ -78,6 +78,8 @@ def seq_len_warmup(seq_len: int, min_seq_len: int, warmup_steps: int, step: int,
 def merge(path: Union[str, bytes, PathLike[str], PathLike[bytes]],
           parts: Sequence[Union[str, bytes, PathLike[str], PathLike[bytes]]], overwrite: bool = False) -> None: ...
 
+def parse_size(text: str, what: str, /) -> int: ...
+
 class _DatasetInfo(TypedDict):
     num_tokens: int
     num_documents: int
