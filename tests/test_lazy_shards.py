@@ -222,6 +222,51 @@ def test_catalog_in_a_directory_others_can_write_is_not_used(tmp_path, monkeypat
     assert path.read_bytes() != planted  # a private directory again: used
 
 
+def test_catalog_directory_is_private_whatever_the_umask(tmp_path):
+    """Under umask 002 the node's catalog directory (and its missing parents) is still made
+    0700 and its files 0600, so it is used: the second open of a shard set lists nothing."""
+    cat = tmp_path / "home" / "cache" / "catalog"
+    files = _aged_set(tmp_path / "d")
+    out = _run(f"""
+        import os, stat, warnings
+        os.umask(0o002)
+        warnings.simplefilter("error")  # a refused catalog directory warns
+        import tokenfeed
+        from tokenfeed import _shardset
+        spec = {str(tmp_path / "d" / "shard_*.bin")!r}
+        first = tokenfeed.open(spec)
+        def listed(*a, **k):
+            raise AssertionError("the shard set was listed: its catalog was not used")
+        _shardset.expand = listed
+        second = tokenfeed.open(spec)
+        assert second.fingerprint == first.fingerprint and second.num_files == {len(files)}
+        cat = {str(cat)!r}
+        modes = [os.stat(p).st_mode & 0o777 for p in (cat, os.path.dirname(cat))]
+        modes += [os.stat(os.path.join(cat, n)).st_mode & 0o777 for n in sorted(os.listdir(cat))]
+        print(" ".join(f"{{m:o}}" for m in modes))
+        """, {"TOKENFEED_CATALOG_DIR": str(cat)})
+    modes = out.split()
+    assert modes[:2] == ["700", "700"] and len(modes) == 4 and set(modes[2:]) == {"600"}, out
+
+
+def test_refused_catalog_directory_is_said_once(tmp_path, monkeypatch):
+    """A catalog directory others may write (made group-writable under umask 002 by an older
+    version, or a team directory) is refused: a PerformanceWarning names it and says why, once."""
+    cat = tmp_path / "catalog"
+    cat.mkdir(mode=0o700)
+    os.chmod(cat, 0o775)
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cat))
+    _aged_set(tmp_path / "d")
+    spec = str(tmp_path / "d" / "shard_*.bin")
+    with pytest.warns(tokenfeed.PerformanceWarning, match=re.escape(str(cat)) + ".*0775 lets others write it"):
+        tokenfeed.open(spec)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tokenfeed.open(spec)  # said once
+    assert os.listdir(cat) == []  # neither read nor written
+
+
 # ---- shard sets from the catalog: no listing, no stat of each file at open -------------------
 
 def _aged_set(d, n=12, per=50):

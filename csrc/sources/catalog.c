@@ -411,14 +411,16 @@ static char *absent_index(const tf_file *f) {
 
 /* ---- load and save --------------------------------------------------------- */
 
-/* The catalog directory opened (created when create), or -1 when it is not
- * there or not private: a catalog says where every token of a dataset lies,
- * so one that another user could write (a shared team directory) is never read
- * or written. Checked on the directory opened, not on its path. */
+/* The catalog directory opened (created when create, mode 0700 whatever the
+ * umask, its missing parents too), or -1 when it is not there or not
+ * private: a catalog says where every token of a dataset lies, so one that
+ * another user could write (a shared team directory) is never read or
+ * written. Checked on the directory opened, not on its path. (The Python
+ * package says once, naming the directory, when it refuses one.) */
 static int open_catalog_dir(const char *dir, int create) {
     int dfd = -1;
     struct stat st;
-    if (tf__dir_open(dir, create, &dfd) != 0) return -1;
+    if (tf__dir_open(dir, create ? TF_DIR_PRIVATE : 0, &dfd) != 0) return -1;
     if (fstat(dfd, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH))) {
         close(dfd);
         return -1;
@@ -546,7 +548,8 @@ static void write_named(const char *name, const wbuf *b) {
     int dfd = -1, fd = -1;
     char tmp[64];
     if (!b->err && (dfd = open_catalog_dir(dir, 1)) >= 0 && tf__tmp_create(dfd, dir, "catalog", tmp, sizeof tmp, &fd) == 0) {
-        int rc = tf__pwrite_all(fd, b->p, b->n, 0, dir);
+        int rc = fchmod(fd, 0600) == 0 ? 0 : -errno; /* this user's, as its directory */
+        if (rc == 0) rc = tf__pwrite_all(fd, b->p, b->n, 0, dir);
         close(fd);
         if (rc == 0) rc = tf__rename_at(dfd, dir, tmp, name, 0);
         if (rc != 0) unlinkat(dfd, tmp, 0);

@@ -37,7 +37,8 @@ int tf__dir_open(const char *dir, int create, int *dfd) {
             if (p[i] != '/' && p[i] != '\0') continue;
             char c = p[i];
             p[i] = '\0';
-            if (mkdir(p, 0777) != 0 && errno != EEXIST) {
+            /* (mkdir's mode is only ever narrowed by the umask: 0700 stays 0700) */
+            if (mkdir(p, create == TF_DIR_PRIVATE ? 0700 : 0777) != 0 && errno != EEXIST) {
                 int e = errno;
                 tf__seterr(-e, "%s: cannot create directory %s: %s", dir, p, strerror(e));
                 free(p);

@@ -21,9 +21,15 @@
 
 #include "../common/internal.h"
 
-/* Create dir (and its parents, mode 0777 less the umask) when create, then
- * open it as a directory. The path itself is resolved once, here, as the
- * caller gave it. */
+/* Create dir (and its parents) when create, then open it as a directory:
+ * TF_DIR_CREATE makes them mode 0777 less the umask (a dataset's directory,
+ * which its readers share), TF_DIR_PRIVATE mode 0700 whatever the umask (a
+ * directory of tokenfeed's own, such as the node's catalog, which is refused
+ * when anyone else may write it: under umask 002 the first mode would make it
+ * group-writable and so never used). The path itself is resolved once, here,
+ * as the caller gave it. */
+#define TF_DIR_CREATE 1
+#define TF_DIR_PRIVATE 2
 TF_HIDDEN int tf__dir_open(const char *dir, int create, int *dfd);
 
 /* Fill p[0, n) with random bytes (getrandom; a time- and pid-derived

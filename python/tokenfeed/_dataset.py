@@ -5,7 +5,7 @@ import errno
 import os
 import time
 import warnings
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 import numpy as np
 
@@ -160,6 +160,47 @@ def _as_paths(path: Union[PathLike, Sequence[PathLike]]) -> list[str]:
 
 def _dtype_name(dtype: DTypeLike) -> Optional[str]:
     return None if dtype is None else np.dtype(dtype).name
+
+
+_CATALOG_DIRS_SEEN: Set[str] = set()
+
+
+def _catalog_dir() -> Optional[str]:
+    """The node's catalog directory as the C library finds it (docs/format.md, "The node's catalog")."""
+    d = os.environ.get("TOKENFEED_CATALOG_DIR")
+    if d is not None:
+        return d if d and d != "off" else None
+    home = os.environ.get("HOME")
+    return os.path.join(home, ".cache", "tokenfeed", "catalog") if home else None
+
+
+def _warn_refused_catalog_dir() -> None:
+    """Say once per process, naming it and why, when the node's catalog directory exists but is
+    refused (not this user's, or writable by others): the library then neither reads nor writes
+    it, and every open of several files parses each of them again."""
+    d = _catalog_dir()
+    if d is None or d in _CATALOG_DIRS_SEEN:
+        return
+    _CATALOG_DIRS_SEEN.add(d)
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return  # not there yet (the library creates it, mode 0700) or not a directory
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if st.st_uid != os.geteuid():
+        why = f"it belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})"
+    elif st.st_mode & 0o022:
+        why = (f"its mode {st.st_mode & 0o777:04o} lets others write it (a directory made under umask 002 "
+               "by an older tokenfeed is one such); `chmod 700` it if only you wrote into it, or delete it")
+    else:
+        return
+    warnings.warn(f"{d}: the node's catalog directory is not used: {why}. A catalog says where every token "
+                  "lies, so one that another user could write is neither read nor written, and each open of "
+                  "several files parses all of them again. Set $TOKENFEED_CATALOG_DIR to a directory of your "
+                  "own (or to 'off')", PerformanceWarning, stacklevel=3)
 
 
 def _warn_unversioned(store: Any) -> None:
@@ -395,6 +436,8 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     if remote is not None and any(_remote.is_url(p) and (p.endswith("/") or _shardset.is_glob(p)) for p in paths):
         store = _remote.get_store(**remote)  # kept alive until the dataset holds it
     dt, eos = _dtype_name(dtype), None if eos_id is None else int(eos_id)
+    if remote is None:
+        _warn_refused_catalog_dir()
     set_dirs = _shardset.local_set_dirs(paths) if remote is None else None
     if set_dirs is not None:
         try:
