@@ -1717,7 +1717,11 @@ TF_API int tf_dataset_catalog_set(const tf_dataset *ds, const char *const *spec,
  * or the directory was modified in the last 2 seconds or while writing.
  * tf_dataset_open_data_catalog: -ENOENT when there is none, -ESTALE when
  * the directory changed since it was written (a file added, removed or
- * renamed: the set must be listed, and the catalog rebuilt). */
+ * renamed: the set must be listed, and the catalog rebuilt), -EPERM when
+ * the file under the catalog's name is not to be read (not a regular file,
+ * such as a FIFO, or not this user's nor the directory owner's, or writable
+ * by others: it may have been put there by another user), decided before a
+ * byte of it is read; the set must then be listed. */
 TF_API int tf_dataset_write_data_catalog(const tf_dataset *ds, const char *prefix, const char *pattern,
                                          const tf_open_options *opt, char *path, size_t cap);
 TF_API int tf_dataset_open_data_catalog(const char *prefix, const char *pattern, const tf_open_options *opt,

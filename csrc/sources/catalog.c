@@ -877,7 +877,8 @@ typedef struct cat_src {
     const char *prefix; /* "" for the node's */
 } cat_src;
 
-#define CAT_STALE 2 /* load_catalog: a dependency changed */
+#define CAT_STALE 2   /* load_catalog: a dependency changed */
+#define CAT_REFUSED 3 /* load_catalog: beside the data, a file not to be read (the error says why) */
 
 /* A catalog or set record in buf: its magic, checksum and version checked,
  * *r set to read what follows the flags (*flags). 1 when it is whole. */
@@ -895,7 +896,9 @@ static int unseal(const uint8_t *buf, size_t len, const char *magic, rbuf *r, ui
 }
 
 /* The catalog of key: 0 with *out (*nout files) filled, 1 when there is no
- * usable one, CAT_STALE when what it depends on changed; *stale set when
+ * usable one, CAT_STALE when what it depends on changed, CAT_REFUSED when a
+ * catalog beside the data is not this user's or its directory owner's, or
+ * not a regular file (its message set); *stale set when
  * some files were parsed again. A catalog that is not trusted (see "Trusted
  * entries") is used only when need_trust is 0. */
 static int load_catalog(const cat_src *src, uint64_t key, const tf_open_options *opt, int need_trust,
@@ -910,15 +913,19 @@ static int load_catalog(const cat_src *src, uint64_t key, const tf_open_options 
     if (src->node) dfd = open_catalog_dir(src->dir, 0);
     else if (tf__dir_open(src->dir, 0, &dfd) != 0) dfd = -1;
     struct stat st, dst;
-    int rc = dfd >= 0 ? tf__read_file_st(dfd, src->dir, src->name, CAT_MAX_BYTES, &buf, &len, &st) : 1;
+    /* this user's (in the node's directory), or beside the data this user's
+     * or the directory owner's, and writable by no one else: not planted by
+     * another user where anyone may create files (a sticky /tmp). All of it,
+     * and the type (a FIFO never blocks the open) and size, is decided on the
+     * descriptor before a byte is read. */
+    uid_t also = (uid_t)-1;
+    if (dfd >= 0 && !src->node && fstat(dfd, &dst) == 0) also = dst.st_uid;
+    int rc = dfd >= 0 ? tf__read_file_trusted(dfd, src->dir, src->name, CAT_MAX_BYTES, 1, also, &buf, &len, &st) : 1;
     if (rc == 0 && src->node) (void)utimensat(dfd, src->name, NULL, AT_SYMLINK_NOFOLLOW); /* used: pruned last */
-    /* beside the data: written by this user or by the directory's owner, not
-     * planted by another user where anyone may create files (a sticky /tmp) */
-    if (rc == 0 && !src->node && st.st_uid != geteuid() && (fstat(dfd, &dst) != 0 || st.st_uid != dst.st_uid)) {
-        free(buf);
-        rc = 1;
-    }
     if (dfd >= 0) close(dfd);
+    /* refused beside the data: the caller says why (the message is kept) and
+     * lists the set; anything else unusable is as absent */
+    if (!src->node && (rc == -EPERM || rc == -EFBIG || rc == -ELOOP)) return CAT_REFUSED;
     tf__clearerr();
     if (rc != 0) return 1;
     if (src->node && unpack(&buf, &len) != 0) {
@@ -1020,7 +1027,7 @@ int tf__catalog_load_set(const char *const *spec, size_t nspec, const tf_open_op
     uint8_t *buf = NULL;
     size_t len = 0;
     int dfd = src.dir ? open_catalog_dir(src.dir, 0) : -1;
-    int rc = dfd >= 0 ? tf__read_file_at(dfd, src.dir, src.name, 1u << 24, &buf, &len) : 1;
+    int rc = dfd >= 0 ? tf__read_file_trusted(dfd, src.dir, src.name, 1u << 24, 1, (uid_t)-1, &buf, &len, NULL) : 1;
     if (rc == 0) (void)utimensat(dfd, src.name, NULL, AT_SYMLINK_NOFOLLOW);
     if (dfd >= 0) close(dfd);
     tf__clearerr();

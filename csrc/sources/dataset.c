@@ -401,6 +401,7 @@ int tf_dataset_open_data_catalog(const char *prefix, const char *pattern, const 
     uint64_t nfiles = 0;
     int rc = tf__catalog_load_beside(prefix, pattern, opt ? opt : &open_defaults, &files, &nfiles);
     if (rc == 1) TF_FAIL(-ENOENT, "%s: no catalog of this shard set beside the data", *prefix ? prefix : ".");
+    if (rc == 3) return -EPERM; /* a file not to be read under its name: the message says what and why */
     if (rc == 2)
         TF_FAIL(-ESTALE, "%s: the shard set's catalog beside the data (%s*) is older than its directory (a file was added, removed or renamed since): the set is listed and its files read instead; rebuild the catalog with `tokenfeed index` once the set is complete",
                 *prefix ? prefix : ".", TF_DATA_CATALOG_STEM);

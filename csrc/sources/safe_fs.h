@@ -18,6 +18,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "../common/internal.h"
 
@@ -73,10 +74,20 @@ TF_HIDDEN int tf__unlink_regular(int dfd, const char *rel);
 TF_HIDDEN void *tf__table_alloc(size_t n, int zero);
 
 TF_HIDDEN int tf__read_file_at(int dfd, const char *dir, const char *name, size_t max, uint8_t **buf, size_t *len);
-/* The same, with the file's stat (of the descriptor read) in *st. */
+/* The same, with the file's stat (of the descriptor read) in *st. Opened
+ * O_NONBLOCK, so a FIFO under the name never blocks the caller; anything but
+ * a regular file, and one over max bytes, is refused (-EPERM, -EFBIG) from
+ * the descriptor's fstat, before a byte is read. */
 struct stat;
 TF_HIDDEN int tf__read_file_st(int dfd, const char *dir, const char *name, size_t max, uint8_t **buf, size_t *len,
                                struct stat *st);
+/* tf__read_file_st for a file tokenfeed wrote for itself (a catalog, a set
+ * record): with check_owner, also refused (-EPERM, with a message naming the
+ * owner or the mode and what to do) unless it belongs to this user (or to
+ * also, when not (uid_t)-1: the owner of the data directory holding it) and
+ * no one else may write it. Checked in that order, all before reading. */
+TF_HIDDEN int tf__read_file_trusted(int dfd, const char *dir, const char *name, size_t max, int check_owner,
+                                    uid_t also, uint8_t **buf, size_t *len, struct stat *st);
 
 /* fsync the directory dfd (after a rename, for durability). */
 TF_HIDDEN int tf__fsync_dir(int dfd, const char *dir);

@@ -451,7 +451,9 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
             except FileNotFoundError:
                 pass
             except OSError as e:
-                if e.errno != errno.ESTALE:
+                # out of date, or not to be read (a FIFO, another user's file under its name):
+                # said, and the set is listed
+                if e.errno not in (errno.ESTALE, errno.EPERM):
                     raise
                 warnings.warn(str(e), PerformanceWarning, stacklevel=2)
             else:
