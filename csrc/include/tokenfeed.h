@@ -302,6 +302,16 @@ TF_API int tf_dataset_read(const tf_dataset *ds, uint64_t start, uint64_t count,
 TF_API int tf_dataset_view(const tf_dataset *ds, uint64_t start, uint64_t count, const void **ptr,
                            tf_dtype *dtype);
 
+/* Whether the dataset's documents are known: 0, or -EINVAL when a file is
+ * split at an eos id without its document index (tf_open_options.has_eos_id;
+ * tf_doc_index_build). Such a file's documents are found only inside the
+ * rows of a concat loader, from the row's own tokens; until its index is
+ * built, tf_dataset_get_info's num_documents counts it as one document and
+ * tf_dataset_document and tf_dataset_find_document place documents by file,
+ * so a caller that needs documents checks here first. The message names the
+ * file and the `tokenfeed index` command that builds its index. */
+TF_API int tf_dataset_check_documents(const tf_dataset *ds);
+
 /* Document i: its first token (global) and its length. */
 TF_API int tf_dataset_document(const tf_dataset *ds, uint64_t i, uint64_t *start, uint64_t *len);
 

@@ -562,6 +562,20 @@ int tf_dataset_read(const tf_dataset *ds, uint64_t start, uint64_t count, void *
     return tf__files_guard(ds->files, ds->nfiles, call_read, &c);
 }
 
+int tf_dataset_check_documents(const tf_dataset *ds) {
+    if (!ds) return -EINVAL;
+    for (uint64_t i = 0; i < ds->nfiles; i++) {
+        const tf_file *f = &ds->files[i];
+        if (!f->docs_from_rows) continue;
+        if (tf__is_url(f->path))
+            TF_FAIL(-EINVAL, "%s: the documents of this file, split at eos id %llu, are known only inside the rows a concat loader reads: a file read from object storage has no document index, so num_documents, document() and find_document() cannot be answered. Copy it to a local disk and build its index with `tokenfeed index PATH --dtype %s --eos-id %llu`.",
+                    f->path, (unsigned long long)f->eos_id, tf_dtype_name(f->dtype), (unsigned long long)f->eos_id);
+        TF_FAIL(-EINVAL, "%s: the documents of this file, split at eos id %llu, are known only inside the rows a concat loader reads until its document index is built: num_documents, document() and find_document() need it. Build it once with `tokenfeed index %s --dtype %s --eos-id %llu` (kept beside the data, or in the node cache when that directory is read-only).",
+                f->path, (unsigned long long)f->eos_id, f->path, tf_dtype_name(f->dtype), (unsigned long long)f->eos_id);
+    }
+    return 0;
+}
+
 int tf_dataset_document(const tf_dataset *ds, uint64_t i, uint64_t *start, uint64_t *len) {
     if (!ds) return -EINVAL;
     guarded_call c = {ds, i, 0, NULL, TF_DTYPE_INVALID, start, len};

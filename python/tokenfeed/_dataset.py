@@ -286,7 +286,8 @@ class Dataset:
     def _set_info(self) -> None:
         info = self._core.info
         self.num_tokens: int = info["num_tokens"]
-        self.num_documents: int = info["num_documents"]
+        self._num_documents: int = info["num_documents"]
+        self._documents_known: Optional[bool] = None if self._eos_id is not None else True
         self.dtype: np.dtype = np.dtype(info["dtype"])
         self.vocab_size: Optional[int] = info["vocab_size"] or None
         self.format: str = info["format"]
@@ -312,8 +313,27 @@ class Dataset:
         """One dict per file: path, format, dtype, first_token, num_tokens, first_document, num_documents, compressed."""
         return self._core.files()
 
+    def _need_documents(self) -> None:
+        """ValueError naming ``tokenfeed index`` when a file split at an eos id has no document
+        index: its documents are known only inside the rows of a concat loader, never counted
+        as one per file."""
+        if not self._documents_known:
+            self._core.check_documents()  # raises, naming the file and the command
+            self._documents_known = True
+
+    @property
+    def num_documents(self) -> int:
+        """The number of documents. A file opened with ``eos_id=`` needs its document index
+        (``tokenfeed index``) to be counted: without it this raises ``ValueError`` naming the
+        command (concat loaders still find each row's documents in its own tokens)."""
+        self._need_documents()
+        return self._num_documents
+
     def __len__(self) -> int:
         return self.num_documents
+
+    def __bool__(self) -> bool:
+        return True  # an open dataset holds at least one token (len() may need a document index)
 
     def __getitem__(self, i: int) -> np.ndarray:
         return self.document(i)
@@ -322,6 +342,7 @@ class Dataset:
         """Document ``i`` (negative indices count from the end)."""
         if not isinstance(i, (int, np.integer)):
             raise TypeError(f"document index must be an int, not {type(i).__name__}")
+        self._need_documents()
         i = int(i)
         if i < 0:
             i += self.num_documents
@@ -349,6 +370,7 @@ class Dataset:
             raise TypeError(f"pos must be an int, not {type(pos).__name__}")
         if not 0 <= pos < self.num_tokens:
             raise IndexError(f"token {pos} out of range: the dataset has {self.num_tokens} tokens")
+        self._need_documents()
         return int(self._core.find_document(int(pos)))
 
     def verify(self, threads: int = 0, progress: Union[bool, Callable[[int, int], Any], None] = None) -> None:
@@ -373,8 +395,12 @@ class Dataset:
 
     def __repr__(self) -> str:
         vocab = self.vocab_size if self.vocab_size is not None else "unknown"
+        try:
+            docs = f"{self.num_documents:,} documents"
+        except ValueError:
+            docs = f"documents split at eos id {self._eos_id} (no document index)"
         return (f"tokenfeed.Dataset({self.format}, {self.num_files} file(s), {self.num_tokens:,} tokens, "
-                f"{self.num_documents:,} documents, dtype={self.dtype.name}, vocab_size={vocab}, "
+                f"{docs}, dtype={self.dtype.name}, vocab_size={vocab}, "
                 f"fingerprint={self.fingerprint})")
 
 
@@ -411,8 +437,9 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     ``eos_id`` splits the documents of headerless token files (nanoGPT, OLMo, datatrove
     without ``.index``) after each occurrence of that id, and enters the dataset
     fingerprint. Concat packing needs nothing more: each row finds its documents (position
-    ids, ``cu_seqlens``, loss mask) in its own tokens. Best-fit and document packing need the
-    document index, built once with ``tokenfeed index PATH --dtype D --eos-id N``
+    ids, ``cu_seqlens``, loss mask) in its own tokens. Best-fit and document packing, and
+    ``num_documents``, ``document()`` and ``find_document()`` (which raise ``ValueError``
+    without it, never counting a file as one document), need the document index, built once with ``tokenfeed index PATH --dtype D --eos-id N``
     (:func:`tokenfeed.build_index`) and kept beside the data or, when that directory is
     read-only, in the node's index directory (``$TOKENFEED_INDEX_DIR``, default
     ``~/.cache/tokenfeed/docindex``); an index
