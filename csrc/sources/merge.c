@@ -143,12 +143,14 @@ int tf_dataset_merge(const char *dir, const char *const *parts, uint64_t nparts,
      * as the no-op it is. Only a merge that writes takes the lock, and then
      * reads the parts and the manifest again under it (another merge or a
      * part writer may have changed them meanwhile). */
-    if (rc == 0) rc = merged_text(dir, parts, nparts, &buf, &len);
     if (rc == 0) {
-        kind = current_manifest(dfd, dir, buf, len, &same);
-        if (same) goto out;
+        /* (a merge that cannot be made is reported as before, under the
+         * lock: a writer still at work here is said first) */
+        if (merged_text(dir, parts, nparts, &buf, &len) == 0 && current_manifest(dfd, dir, buf, len, &same) >= 0 && same)
+            goto out;
         free(buf);
         buf = NULL;
+        tf__clearerr();
         rc = tf__dir_lock(dfd, dir, "this merge", &lock_fd);
     }
     if (rc == 0) rc = merged_text(dir, parts, nparts, &buf, &len);
