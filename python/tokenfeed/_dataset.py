@@ -463,9 +463,9 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     if remote is not None and any(_remote.is_url(p) and (p.endswith("/") or _shardset.is_glob(p)) for p in paths):
         store = _remote.get_store(**remote)  # kept alive until the dataset holds it
     dt, eos = _dtype_name(dtype), None if eos_id is None else int(eos_id)
-    if remote is None:
-        _warn_refused_catalog_dir()
     set_dirs = _shardset.local_set_dirs(paths) if remote is None else None
+    if remote is None and (len(paths) > 1 or set_dirs is not None or os.path.isdir(paths[0])):
+        _warn_refused_catalog_dir()  # (what the node's catalog may serve: several files)
     if set_dirs is not None:
         try:
             return Dataset._from_catalog(paths, dt, format, eos)
