@@ -145,3 +145,92 @@ def test_a_catalog_planted_by_another_user_is_not_read(tmp_path, monkeypatch):
             with pytest.raises(AssertionError, match="listed"):
                 tokenfeed.open(str(d / "shard_*.bin"))
     assert tokenfeed.open(str(d / "shard_*.bin")).paths == files  # listed, or (this user's) read
+
+
+def _open_in_child(spec: str, env: dict, timeout: float = 120) -> dict:
+    """tokenfeed.open(spec) in a child process, bounded (a hang fails the test rather than the
+    suite): its files, the warnings it gave and its peak resident memory."""
+    import json
+    import textwrap
+    code = textwrap.dedent(f"""
+        import json, resource, warnings
+        import tokenfeed
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            ds = tokenfeed.open({spec!r})
+        print(json.dumps({{"paths": ds.paths, "warnings": [str(x.message) for x in w],
+                           "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}}))
+        """)
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **env), capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _as_nobody(path: str) -> None:
+    """Make path another user's (nobody's) when root; as an ordinary user, one others may write."""
+    if os.geteuid() == 0:
+        import pwd
+        nobody = pwd.getpwnam("nobody")
+        os.chown(path, nobody.pw_uid, nobody.pw_gid)
+    else:
+        os.chmod(path, 0o666)
+
+
+@pytest.mark.parametrize("planted", ["fifo", "sparse"])
+def test_a_fifo_or_huge_file_under_the_catalogs_name_is_refused_unread(tmp_path, planted):
+    """Under the predictable name of a set's catalog in a directory others may write, a FIFO
+    neither blocks the open nor is read, and a 2 GiB sparse file is refused (another user's)
+    before a byte is read: the open lists the set, with a warning saying why."""
+    d = tmp_path / "d"
+    files = _set(d)
+    spec = str(d / "shard_*.bin")
+    name = tokenfeed.build_catalog(spec)
+    os.unlink(name)
+    if planted == "fifo":
+        os.mkfifo(name, 0o644)
+    else:
+        with open(name, "wb") as f:
+            f.truncate(2 << 30)  # no disk used
+    _as_nobody(name)
+    _aged([str(d)])
+    got = _open_in_child(spec, {"TOKENFEED_CATALOG_DIR": "off"})
+    assert got["paths"] == files
+    why = "FIFO" if planted == "fifo" else "belongs to user nobody" if os.geteuid() == 0 else "lets others write it"
+    assert any(os.path.basename(name) in w and why in w for w in got["warnings"]), got["warnings"]
+    assert got["maxrss_kib"] < 1 << 20, got["maxrss_kib"]  # the 2 GiB were not read (a whole read is ~2 GiB)
+
+
+def test_a_fifo_under_the_node_catalogs_names_does_not_block(tmp_path):
+    """The node's catalog and set record are read without blocking on what stands under their
+    names: a FIFO there is not a catalog, and the set is parsed (and catalogued again)."""
+    cat = tmp_path / "catalog"
+    files = _set(tmp_path / "d")
+    _aged([str(tmp_path / "d")])
+    spec = str(tmp_path / "d" / "shard_*.bin")
+    assert _open_in_child(spec, {"TOKENFEED_CATALOG_DIR": str(cat)})["paths"] == files
+    names = sorted(os.listdir(cat))
+    assert {n.rsplit(".", 1)[1] for n in names} == {"tfcat", "tfset"}
+    for n in names:
+        os.unlink(cat / n)
+        os.mkfifo(cat / n, 0o600)
+    assert _open_in_child(spec, {"TOKENFEED_CATALOG_DIR": str(cat)})["paths"] == files
+
+
+def test_a_fifo_under_a_remote_set_record_does_not_block(tmp_path):
+    """The node's record of a remote set's files (the cache's meta/) is read without blocking:
+    a FIFO under its name is no record (the set is listed)."""
+    import threading
+    from tokenfeed._set_record import SetRecord, _key
+    meta = tmp_path / "cache" / "meta"
+    meta.mkdir(parents=True, mode=0o700)
+    paths = ["s3://bucket/tokens/*.bin"]
+    os.mkfifo(meta / (_key(paths) + ".tfset"), 0o600)
+    got = []
+    rec = SetRecord(str(tmp_path / "cache"), paths)
+    t = threading.Thread(target=lambda: got.append(rec._read()), daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "reading the set record blocked on a FIFO"
+    assert got == [None]
+    rec.close()

@@ -76,7 +76,8 @@ def test_index_gives_documents_and_keeps_the_fingerprint(tmp_path):
     docs = make_docs(100, 1)
     write_docs(p, docs)
     before = tokenfeed.open(p, dtype="uint16", eos_id=EOS)
-    assert before.num_documents == 1  # nothing known without the index
+    with pytest.raises(ValueError, match="tokenfeed index"):  # not known without the index (never "1")
+        before.num_documents
     other_eos = tokenfeed.open(p, dtype="uint16", eos_id=7).fingerprint
     assert tokenfeed.build_index(p, dtype="uint16", eos_id=EOS) == p + ".tfdocs"
     ds = tokenfeed.open(p, dtype="uint16", eos_id=EOS)
@@ -87,6 +88,40 @@ def test_index_gives_documents_and_keeps_the_fingerprint(tmp_path):
     assert ds.fingerprint == before.fingerprint
     assert other_eos != ds.fingerprint
     assert tokenfeed.open(p, dtype="uint16").fingerprint != ds.fingerprint
+
+
+@pytest.mark.parametrize("form", ["file", "list", "glob", "directory"])
+def test_documents_without_the_index_are_never_counted_per_file(tmp_path, form):
+    """Without its document index, a file split at an eos id has no document count: the count,
+    document(), find_document() and len() raise naming `tokenfeed index` (never one document
+    per file, nor the whole file as document 0), while a concat loader still finds each row's
+    documents in its tokens; once the index is built they give every document."""
+    d = tmp_path / "d"
+    d.mkdir()
+    docs = [make_docs(30, 10 + f) for f in range(3)]
+    paths = []
+    for f in range(3):
+        p = d / f"part-{f}.bin"
+        write_docs(p, docs[f])
+        paths.append(str(p))
+    spec = {"file": paths[0], "list": paths, "glob": str(d / "part-*.bin"), "directory": str(d)}[form]
+    want = docs[0] if form == "file" else [x for f in docs for x in f]
+    ds = tokenfeed.open(spec, dtype="uint16", eos_id=EOS)
+    cmd = r"tokenfeed index .*part-0\.bin --dtype uint16 --eos-id 0"
+    for get in (lambda: ds.num_documents, lambda: len(ds), lambda: ds.document(0), lambda: ds[0],
+                lambda: ds.find_document(5)):
+        with pytest.raises(ValueError, match=cmd):
+            get()
+    assert ds and "no document index" in repr(ds)
+    got = rows(ds)  # concat rows: their documents from their own tokens
+    assert sum(int(b["num_seqs"][0]) for b in got) >= len(want)
+    for p in paths:
+        tokenfeed.build_index(p, dtype="uint16", eos_id=EOS)
+    ds = tokenfeed.open(spec, dtype="uint16", eos_id=EOS)
+    assert ds.num_documents == len(ds) == len(want)
+    for j in (0, 7, len(want) - 1):
+        assert np.array_equal(ds.document(j), np.append(want[j], EOS))
+    assert ds.find_document(len(want[0])) == 0 and ds.find_document(len(want[0]) + 1) == 1
 
 
 @pytest.mark.parametrize("packing", ["best_fit", "document"])

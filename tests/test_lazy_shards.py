@@ -222,6 +222,51 @@ def test_catalog_in_a_directory_others_can_write_is_not_used(tmp_path, monkeypat
     assert path.read_bytes() != planted  # a private directory again: used
 
 
+def test_catalog_directory_is_private_whatever_the_umask(tmp_path):
+    """Under umask 002 the node's catalog directory (and its missing parents) is still made
+    0700 and its files 0600, so it is used: the second open of a shard set lists nothing."""
+    cat = tmp_path / "home" / "cache" / "catalog"
+    files = _aged_set(tmp_path / "d")
+    out = _run(f"""
+        import os, stat, warnings
+        os.umask(0o002)
+        warnings.simplefilter("error")  # a refused catalog directory warns
+        import tokenfeed
+        from tokenfeed import _shardset
+        spec = {str(tmp_path / "d" / "shard_*.bin")!r}
+        first = tokenfeed.open(spec)
+        def listed(*a, **k):
+            raise AssertionError("the shard set was listed: its catalog was not used")
+        _shardset.expand = listed
+        second = tokenfeed.open(spec)
+        assert second.fingerprint == first.fingerprint and second.num_files == {len(files)}
+        cat = {str(cat)!r}
+        modes = [os.stat(p).st_mode & 0o777 for p in (cat, os.path.dirname(cat))]
+        modes += [os.stat(os.path.join(cat, n)).st_mode & 0o777 for n in sorted(os.listdir(cat))]
+        print(" ".join(f"{{m:o}}" for m in modes))
+        """, {"TOKENFEED_CATALOG_DIR": str(cat)})
+    modes = out.split()
+    assert modes[:2] == ["700", "700"] and len(modes) == 4 and set(modes[2:]) == {"600"}, out
+
+
+def test_refused_catalog_directory_is_said_once(tmp_path, monkeypatch):
+    """A catalog directory others may write (made group-writable under umask 002 by an older
+    version, or a team directory) is refused: a PerformanceWarning names it and says why, once."""
+    cat = tmp_path / "catalog"
+    cat.mkdir(mode=0o700)
+    os.chmod(cat, 0o775)
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cat))
+    _aged_set(tmp_path / "d")
+    spec = str(tmp_path / "d" / "shard_*.bin")
+    with pytest.warns(tokenfeed.PerformanceWarning, match=re.escape(str(cat)) + ".*0775 lets others write it"):
+        tokenfeed.open(spec)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tokenfeed.open(spec)  # said once
+    assert os.listdir(cat) == []  # neither read nor written
+
+
 # ---- shard sets from the catalog: no listing, no stat of each file at open -------------------
 
 def _aged_set(d, n=12, per=50):
@@ -350,10 +395,47 @@ def test_catalog_directory_stays_under_its_bound(tmp_path, monkeypatch):
 
     for k, files in enumerate(sets):
         assert tokenfeed.open(files).fingerprint == ref[k]
-        assert used() <= 5 * 1024
+        assert used() <= 5000
     assert len(os.listdir(cat)) < len(sets)  # the oldest went
     assert tokenfeed.open(sets[0]).fingerprint == ref[0]  # parsed again, catalogued again
-    assert used() <= 5 * 1024
+    assert used() <= 5000
+
+
+@pytest.mark.parametrize("bound", ["1.5G", "1T", "2TB", "0.5MiB", " 64 kib ", "3000000000"])
+def test_catalog_bound_reads_sizes_as_every_size_setting_does(tmp_path, monkeypatch, bound):
+    """$TOKENFEED_CATALOG_MAX is read by the parser of every size setting (fractions, K/M/G/T
+    with or without B, KiB/MiB/...): a bound of 1.5G keeps every small catalog, never one."""
+    cat = tmp_path / "catalog"
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cat))
+    monkeypatch.setenv("TOKENFEED_CATALOG_MAX", bound)
+    sets = [_llmc_set(tmp_path / f"d{k}", n=20) for k in range(3)]
+    for files in sets:
+        tokenfeed.open(files)
+    assert len([n for n in os.listdir(cat) if n.endswith(".tfcat")]) == len(sets)
+
+
+@pytest.mark.parametrize("bad", ["1.5X", "lots", "-1G", "1.2.3G", "G"])
+def test_catalog_bound_that_is_not_a_size_is_refused(tmp_path, monkeypatch, bad):
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(tmp_path / "catalog"))
+    monkeypatch.setenv("TOKENFEED_CATALOG_MAX", bad)
+    files = _llmc_set(tmp_path / "d", n=3)
+    with pytest.raises(ValueError, match=r"TOKENFEED_CATALOG_MAX.*" + re.escape(repr(bad)[1:-1]) + r".*1\.5TiB.*KiB"):
+        tokenfeed.open(files)
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", "off")  # no catalog: the bound is not read
+    assert tokenfeed.open(files).num_files == 3
+
+
+def test_one_size_parser():
+    """The Python options (cache_limit, --keep) and the C library's variables share one parser."""
+    from tokenfeed import _core
+    from tokenfeed._remote import parse_size
+    for text, want in [("1.5G", 1_500_000_000), ("1T", 10 ** 12), ("2KiB", 2048), ("1.5TiB", 3 << 39),
+                       ("7", 7), ("10kb", 10_000), (".5GiB", 1 << 29), ("18446744073709551615", 2 ** 64 - 1)]:
+        assert _core.parse_size(text, "x") == parse_size(text) == want, text
+    with pytest.raises(ValueError, match="more bytes than 64 bits"):
+        _core.parse_size("18446744073709551616", "x")
+    with pytest.raises(ValueError, match="x: cannot read '5 parsecs' as a size"):
+        _core.parse_size("5 parsecs", "x")
 
 
 @pytest.mark.test_hooks

@@ -218,3 +218,30 @@ def test_cli_merge(tmp_path, capsys):
     assert err.startswith("tokenfeed: error:") and "1 of 2 parts missing" in err
     info = json.loads((tmp_path / "ds" / "parts" / "part-00000" / "part.json").read_text())
     assert (info["part"], info["parts"], info["documents"]) == (0, 2, 6)
+
+
+def test_noop_merge_writes_nothing(tmp_path, capsys):
+    """Merging the same parts again compares the manifests first and takes the directory's lock
+    only when it has something to write: a merged dataset on read-only storage merges (as a
+    no-op) without error. Root writes through permissions, so the lock file's creation is made
+    to fail here by a directory standing where it would be created."""
+    write_parts(tmp_path / "ds", [6, 2])
+    fp = tokenfeed.merge_parts(tmp_path / "ds").fingerprint
+    man = tmp_path / "ds" / "tokenfeed.manifest"
+    before = (man.read_bytes(), os.stat(man).st_ino)
+    (tmp_path / "ds" / ".tokenfeed.lock").mkdir()
+    os.chmod(tmp_path / "ds", 0o555)
+    try:
+        assert tokenfeed.merge_parts(tmp_path / "ds").fingerprint == fp
+        assert main(["merge", str(tmp_path / "ds")]) == 0
+        assert "merged 2 part(s)" in capsys.readouterr().out
+        assert (man.read_bytes(), os.stat(man).st_ino) == before
+        # a merge with something to write still needs the lock, and says so
+        shutil.rmtree(tmp_path / "ds" / "parts" / "part-00001")
+        with tokenfeed.PartWriter(tmp_path / "ds", part=1, parts=2, vocab_size=1000) as w:
+            w.add_document([7, 7, 7])
+        with pytest.raises(OSError, match="lock"):
+            tokenfeed.merge_parts(tmp_path / "ds")
+        assert (man.read_bytes(), os.stat(man).st_ino) == before
+    finally:
+        os.chmod(tmp_path / "ds", 0o755)

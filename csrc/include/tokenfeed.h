@@ -165,6 +165,16 @@ TF_API tf_dtype tf_dtype_from_name(const char *name);
  * truncates toward zero. Buffers must not overlap. */
 TF_API void tf_convert(void *dst, tf_dtype d, const void *src, tf_dtype s, size_t n);
 
+/* A size written for people, as every size setting of tokenfeed reads it:
+ * a number, optionally with a fraction ("1.5"), then optionally a unit,
+ * case-insensitive: B; K, M, G, T, P with or without B (powers of 1000);
+ * KiB, MiB, GiB, TiB, PiB (powers of 1024). "2G" is 2,000,000,000 bytes,
+ * "1.5TiB" 1,649,267,441,664, "4096" 4096. A fraction of a byte is dropped.
+ * -EINVAL for anything else (-ERANGE past 2^64 - 1), with a message naming
+ * what (the setting or variable read, for the message) and the accepted
+ * forms; *bytes is then 0. */
+TF_API int tf_parse_size(const char *text, const char *what, uint64_t *bytes);
+
 /* XXH64 of a buffer (the checksum used by the native format and fingerprints). */
 TF_API uint64_t tf_hash64(const void *data, size_t len, uint64_t seed);
 
@@ -292,6 +302,16 @@ TF_API int tf_dataset_read(const tf_dataset *ds, uint64_t start, uint64_t count,
 TF_API int tf_dataset_view(const tf_dataset *ds, uint64_t start, uint64_t count, const void **ptr,
                            tf_dtype *dtype);
 
+/* Whether the dataset's documents are known: 0, or -EINVAL when a file is
+ * split at an eos id without its document index (tf_open_options.has_eos_id;
+ * tf_doc_index_build). Such a file's documents are found only inside the
+ * rows of a concat loader, from the row's own tokens; until its index is
+ * built, tf_dataset_get_info's num_documents counts it as one document and
+ * tf_dataset_document and tf_dataset_find_document place documents by file,
+ * so a caller that needs documents checks here first. The message names the
+ * file and the `tokenfeed index` command that builds its index. */
+TF_API int tf_dataset_check_documents(const tf_dataset *ds);
+
 /* Document i: its first token (global) and its length. */
 TF_API int tf_dataset_document(const tf_dataset *ds, uint64_t i, uint64_t *start, uint64_t *len);
 
@@ -407,8 +427,10 @@ TF_API void tf_writer_free(tf_writer *w);
  * merging the same parts again leaves it unchanged. A previous merge's
  * manifest is replaced; a dataset written by tf_writer in dir is replaced
  * only with overwrite (-EEXIST otherwise), and its shards are then removed
- * once the merged manifest is in place. The merge holds dir's lock, as a
- * writer does (-EBUSY while another writer or merge holds it). */
+ * once the merged manifest is in place. A merge that writes holds dir's
+ * lock, as a writer does (-EBUSY while another writer or merge holds it); one
+ * that finds the manifest already equal to its result writes nothing and
+ * takes no lock (so it succeeds on read-only storage). */
 TF_API int tf_dataset_merge(const char *dir, const char *const *parts, uint64_t nparts, int overwrite);
 
 /* ------------------------------------------------------------------------ */
@@ -1710,7 +1732,11 @@ TF_API int tf_dataset_catalog_set(const tf_dataset *ds, const char *const *spec,
  * or the directory was modified in the last 2 seconds or while writing.
  * tf_dataset_open_data_catalog: -ENOENT when there is none, -ESTALE when
  * the directory changed since it was written (a file added, removed or
- * renamed: the set must be listed, and the catalog rebuilt). */
+ * renamed: the set must be listed, and the catalog rebuilt), -EPERM when
+ * the file under the catalog's name is not to be read (not a regular file,
+ * such as a FIFO, or not this user's nor the directory owner's, or writable
+ * by others: it may have been put there by another user), decided before a
+ * byte of it is read; the set must then be listed. */
 TF_API int tf_dataset_write_data_catalog(const tf_dataset *ds, const char *prefix, const char *pattern,
                                          const tf_open_options *opt, char *path, size_t cap);
 TF_API int tf_dataset_open_data_catalog(const char *prefix, const char *pattern, const tf_open_options *opt,

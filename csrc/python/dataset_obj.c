@@ -480,6 +480,12 @@ static PyObject *Dataset_find_document(tfpy_Dataset *self, PyObject *arg) {
     return PyLong_FromUnsignedLongLong(d);
 }
 
+static PyObject *Dataset_check_documents(tfpy_Dataset *self, PyObject *unused) {
+    int rc = tf_dataset_check_documents(self->ds);
+    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, tf_last_error());
+    Py_RETURN_NONE;
+}
+
 typedef struct verify_cb_ctx {
     PyObject *callback;
     int failed; /* a Python exception is pending (raised by the callback or a signal) */
@@ -549,6 +555,7 @@ TFPY_TYPE_SPEC(Dataset, tfpy_Dataset, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
                    {"view", (PyCFunction)Dataset_view, METH_VARARGS, Dataset_view_doc},
                    {"document", (PyCFunction)Dataset_document, METH_O, "document(i) -> (start, length)"},
                    {"find_document", (PyCFunction)Dataset_find_document, METH_O, "find_document($self, pos, /)\n--\n\nReturns int. Index of the document containing token pos."},
+                   {"check_documents", (PyCFunction)Dataset_check_documents, METH_NOARGS, "check_documents($self, /)\n--\n\nReturns None. ValueError naming the file and the tokenfeed index command when a file split at an eos id has no document index (its documents are known only inside concat rows)."},
                    {"verify", (PyCFunction)(void (*)(void))Dataset_verify, METH_VARARGS | METH_KEYWORDS, Dataset_verify_doc})},
                {Py_tp_getset, TFPY_GETSET(
                    {"info", (getter)Dataset_info, NULL, "dict of counts, dtype, vocab size, format, fingerprint", NULL},

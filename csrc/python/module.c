@@ -361,6 +361,23 @@ static PyObject *build_info(PyObject *mod, PyObject *unused) {
                          "build", TF_BUILD_SUMMARY);
 }
 
+PyDoc_STRVAR(parse_size_doc,
+"parse_size(text, what, /)\n--\n\n"
+"Bytes of a size written for people (\"200GB\", \"1.5TiB\", \"500M\", \"4096\"): tf_parse_size,\n"
+"the one parser of tokenfeed's size settings. ValueError naming what and the accepted forms.");
+
+static PyObject *parse_size(PyObject *mod, PyObject *args) {
+    const char *text, *what;
+    if (!PyArg_ParseTuple(args, "ss", &text, &what)) return NULL;
+    uint64_t v = 0;
+    int rc = tf_parse_size(text, what, &v);
+    if (rc < 0) {
+        PyErr_SetString(PyExc_ValueError, tf_last_error());
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong((unsigned long long)v);
+}
+
 PyDoc_STRVAR(merge_doc,
 "merge($module, path, parts, overwrite=False)\n--\n\n"
 "Write path's manifest joining the datasets parts (paths relative to path), in order.\n"
@@ -533,6 +550,7 @@ static PyMethodDef module_methods[] = {
     {"settings", settings, METH_NOARGS, settings_doc},
     {"build_doc_index", (PyCFunction)(void (*)(void))build_doc_index, METH_VARARGS | METH_KEYWORDS, build_doc_index_doc},
     {"merge", (PyCFunction)(void (*)(void))merge, METH_VARARGS | METH_KEYWORDS, merge_doc},
+    {"parse_size", parse_size, METH_VARARGS, parse_size_doc},
     {NULL, NULL, 0, NULL},
 };
 

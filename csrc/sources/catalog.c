@@ -411,14 +411,16 @@ static char *absent_index(const tf_file *f) {
 
 /* ---- load and save --------------------------------------------------------- */
 
-/* The catalog directory opened (created when create), or -1 when it is not
- * there or not private: a catalog says where every token of a dataset lies,
- * so one that another user could write (a shared team directory) is never read
- * or written. Checked on the directory opened, not on its path. */
+/* The catalog directory opened (created when create, mode 0700 whatever the
+ * umask, its missing parents too), or -1 when it is not there or not
+ * private: a catalog says where every token of a dataset lies, so one that
+ * another user could write (a shared team directory) is never read or
+ * written. Checked on the directory opened, not on its path. (The Python
+ * package says once, naming the directory, when it refuses one.) */
 static int open_catalog_dir(const char *dir, int create) {
     int dfd = -1;
     struct stat st;
-    if (tf__dir_open(dir, create, &dfd) != 0) return -1;
+    if (tf__dir_open(dir, create ? TF_DIR_PRIVATE : 0, &dfd) != 0) return -1;
     if (fstat(dfd, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH))) {
         close(dfd);
         return -1;
@@ -457,23 +459,28 @@ static int cataloguable(const tf_file *files, uint64_t nfiles) {
 static void catalog_name(uint64_t key, char name[40]) { snprintf(name, 40, "%016llx.tfcat", (ull)key); }
 static void set_name(uint64_t key, char name[40]) { snprintf(name, 40, "%016llx.tfset", (ull)key); }
 
-/* Bytes the node's catalog directory may hold ($TOKENFEED_CATALOG_MAX, bytes
- * or with a K/M/G suffix; default 2 GiB): past it, the catalogs used least
- * recently are deleted (a catalog is about 160 bytes per file, so 10^6-file
- * sets would otherwise pile up in a home directory's quota). */
+/* Bytes the node's catalog directory may hold ($TOKENFEED_CATALOG_MAX, a
+ * size as tf_parse_size reads it: "2GiB", "1.5G", "500M"; default 2 GiB):
+ * past it, the catalogs used least recently are deleted (a catalog is about
+ * 160 bytes per file, so 10^6-file sets would otherwise pile up in a home
+ * directory's quota). A value that does not parse is refused at open
+ * (tf__catalog_check_settings), so the default here is never silently used
+ * in its place. */
+#define CAT_DIR_MAX_DEFAULT ((uint64_t)2 << 30)
 static uint64_t catalog_max(void) {
     const char *e = getenv("TOKENFEED_CATALOG_MAX");
-    if (e && *e) {
-        char *end = NULL;
-        unsigned long long v = strtoull(e, &end, 10);
-        if (end != e) {
-            if (*end == 'K' || *end == 'k') v <<= 10;
-            else if (*end == 'M' || *end == 'm') v <<= 20;
-            else if (*end == 'G' || *end == 'g') v <<= 30;
-            return v;
-        }
-    }
-    return 2ull << 30;
+    uint64_t v = CAT_DIR_MAX_DEFAULT;
+    if (e && *e && tf_parse_size(e, "TOKENFEED_CATALOG_MAX", &v) != 0) v = CAT_DIR_MAX_DEFAULT;
+    return v;
+}
+
+int tf__catalog_check_settings(void) {
+    const char *e = getenv("TOKENFEED_CATALOG_MAX");
+    char *dir = catalog_dir();
+    uint64_t v;
+    int rc = dir && e && *e ? tf_parse_size(e, "$TOKENFEED_CATALOG_MAX (the bytes the node's catalog directory may hold)", &v) : 0;
+    free(dir);
+    return rc;
 }
 
 /* The node's catalog b, compressed when that is possible and worth it
@@ -541,7 +548,8 @@ static void write_named(const char *name, const wbuf *b) {
     int dfd = -1, fd = -1;
     char tmp[64];
     if (!b->err && (dfd = open_catalog_dir(dir, 1)) >= 0 && tf__tmp_create(dfd, dir, "catalog", tmp, sizeof tmp, &fd) == 0) {
-        int rc = tf__pwrite_all(fd, b->p, b->n, 0, dir);
+        int rc = fchmod(fd, 0600) == 0 ? 0 : -errno; /* this user's, as its directory */
+        if (rc == 0) rc = tf__pwrite_all(fd, b->p, b->n, 0, dir);
         close(fd);
         if (rc == 0) rc = tf__rename_at(dfd, dir, tmp, name, 0);
         if (rc != 0) unlinkat(dfd, tmp, 0);
@@ -869,7 +877,8 @@ typedef struct cat_src {
     const char *prefix; /* "" for the node's */
 } cat_src;
 
-#define CAT_STALE 2 /* load_catalog: a dependency changed */
+#define CAT_STALE 2   /* load_catalog: a dependency changed */
+#define CAT_REFUSED 3 /* load_catalog: beside the data, a file not to be read (the error says why) */
 
 /* A catalog or set record in buf: its magic, checksum and version checked,
  * *r set to read what follows the flags (*flags). 1 when it is whole. */
@@ -887,7 +896,9 @@ static int unseal(const uint8_t *buf, size_t len, const char *magic, rbuf *r, ui
 }
 
 /* The catalog of key: 0 with *out (*nout files) filled, 1 when there is no
- * usable one, CAT_STALE when what it depends on changed; *stale set when
+ * usable one, CAT_STALE when what it depends on changed, CAT_REFUSED when a
+ * catalog beside the data is not this user's or its directory owner's, or
+ * not a regular file (its message set); *stale set when
  * some files were parsed again. A catalog that is not trusted (see "Trusted
  * entries") is used only when need_trust is 0. */
 static int load_catalog(const cat_src *src, uint64_t key, const tf_open_options *opt, int need_trust,
@@ -902,15 +913,19 @@ static int load_catalog(const cat_src *src, uint64_t key, const tf_open_options 
     if (src->node) dfd = open_catalog_dir(src->dir, 0);
     else if (tf__dir_open(src->dir, 0, &dfd) != 0) dfd = -1;
     struct stat st, dst;
-    int rc = dfd >= 0 ? tf__read_file_st(dfd, src->dir, src->name, CAT_MAX_BYTES, &buf, &len, &st) : 1;
+    /* this user's (in the node's directory), or beside the data this user's
+     * or the directory owner's, and writable by no one else: not planted by
+     * another user where anyone may create files (a sticky /tmp). All of it,
+     * and the type (a FIFO never blocks the open) and size, is decided on the
+     * descriptor before a byte is read. */
+    uid_t also = (uid_t)-1;
+    if (dfd >= 0 && !src->node && fstat(dfd, &dst) == 0) also = dst.st_uid;
+    int rc = dfd >= 0 ? tf__read_file_trusted(dfd, src->dir, src->name, CAT_MAX_BYTES, 1, also, &buf, &len, &st) : 1;
     if (rc == 0 && src->node) (void)utimensat(dfd, src->name, NULL, AT_SYMLINK_NOFOLLOW); /* used: pruned last */
-    /* beside the data: written by this user or by the directory's owner, not
-     * planted by another user where anyone may create files (a sticky /tmp) */
-    if (rc == 0 && !src->node && st.st_uid != geteuid() && (fstat(dfd, &dst) != 0 || st.st_uid != dst.st_uid)) {
-        free(buf);
-        rc = 1;
-    }
     if (dfd >= 0) close(dfd);
+    /* refused beside the data: the caller says why (the message is kept) and
+     * lists the set; anything else unusable is as absent */
+    if (!src->node && (rc == -EPERM || rc == -EFBIG || rc == -ELOOP)) return CAT_REFUSED;
     tf__clearerr();
     if (rc != 0) return 1;
     if (src->node && unpack(&buf, &len) != 0) {
@@ -1012,7 +1027,7 @@ int tf__catalog_load_set(const char *const *spec, size_t nspec, const tf_open_op
     uint8_t *buf = NULL;
     size_t len = 0;
     int dfd = src.dir ? open_catalog_dir(src.dir, 0) : -1;
-    int rc = dfd >= 0 ? tf__read_file_at(dfd, src.dir, src.name, 1u << 24, &buf, &len) : 1;
+    int rc = dfd >= 0 ? tf__read_file_trusted(dfd, src.dir, src.name, 1u << 24, 1, (uid_t)-1, &buf, &len, NULL) : 1;
     if (rc == 0) (void)utimensat(dfd, src.name, NULL, AT_SYMLINK_NOFOLLOW);
     if (dfd >= 0) close(dfd);
     tf__clearerr();

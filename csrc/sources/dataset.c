@@ -287,6 +287,7 @@ int tf__dataset_open_paths(const char *const *paths, size_t n, const tf_open_opt
         if (!paths[i] || tf__is_url(paths[i])) local = 0;
         else if (!many && path_exists(paths[i], 1)) many = 1;
     }
+    if (local && many) TF_TRY(tf__catalog_check_settings());
     if (local && many && tf__catalog_load(paths, n, opt, &files, &nfiles) == 0)
         return finish_dataset(files, nfiles, out);
     for (size_t i = 0; i < n; i++) {
@@ -338,6 +339,7 @@ int tf_dataset_open_set(const char *const *spec, size_t nspec, const tf_open_opt
         if (!spec[i]) TF_FAIL(-EINVAL, "shard set entry %zu is NULL", i);
     tf_file *files = NULL;
     uint64_t nfiles = 0;
+    TF_TRY(tf__catalog_check_settings());
     if (tf__catalog_load_set(spec, nspec, opt ? opt : &open_defaults, &files, &nfiles) != 0)
         TF_FAIL(-ENOENT, "%s: the node's catalog has no entry for this shard set, or a directory holding its files "
                 "changed since it was listed", spec[0]);
@@ -399,6 +401,7 @@ int tf_dataset_open_data_catalog(const char *prefix, const char *pattern, const 
     uint64_t nfiles = 0;
     int rc = tf__catalog_load_beside(prefix, pattern, opt ? opt : &open_defaults, &files, &nfiles);
     if (rc == 1) TF_FAIL(-ENOENT, "%s: no catalog of this shard set beside the data", *prefix ? prefix : ".");
+    if (rc == 3) return -EPERM; /* a file not to be read under its name: the message says what and why */
     if (rc == 2)
         TF_FAIL(-ESTALE, "%s: the shard set's catalog beside the data (%s*) is older than its directory (a file was added, removed or renamed since): the set is listed and its files read instead; rebuild the catalog with `tokenfeed index` once the set is complete",
                 *prefix ? prefix : ".", TF_DATA_CATALOG_STEM);
@@ -557,6 +560,20 @@ int tf_dataset_read(const tf_dataset *ds, uint64_t start, uint64_t count, void *
     if (!ds) return -EINVAL;
     guarded_call c = {ds, start, count, out, out_dtype, NULL, NULL};
     return tf__files_guard(ds->files, ds->nfiles, call_read, &c);
+}
+
+int tf_dataset_check_documents(const tf_dataset *ds) {
+    if (!ds) return -EINVAL;
+    for (uint64_t i = 0; i < ds->nfiles; i++) {
+        const tf_file *f = &ds->files[i];
+        if (!f->docs_from_rows) continue;
+        if (tf__is_url(f->path))
+            TF_FAIL(-EINVAL, "%s: the documents of this file, split at eos id %llu, are known only inside the rows a concat loader reads: a file read from object storage has no document index, so num_documents, document() and find_document() cannot be answered. Copy it to a local disk and build its index with `tokenfeed index PATH --dtype %s --eos-id %llu`.",
+                    f->path, (unsigned long long)f->eos_id, tf_dtype_name(f->dtype), (unsigned long long)f->eos_id);
+        TF_FAIL(-EINVAL, "%s: the documents of this file, split at eos id %llu, are known only inside the rows a concat loader reads until its document index is built: num_documents, document() and find_document() need it. Build it once with `tokenfeed index %s --dtype %s --eos-id %llu` (kept beside the data, or in the node cache when that directory is read-only).",
+                f->path, (unsigned long long)f->eos_id, f->path, tf_dtype_name(f->dtype), (unsigned long long)f->eos_id);
+    }
+    return 0;
 }
 
 int tf_dataset_document(const tf_dataset *ds, uint64_t i, uint64_t *start, uint64_t *len) {

@@ -75,10 +75,16 @@ static int rebuild_hint(int rc, const char *ip, const char *data, const char *wh
                       ip, why, data, tf_dtype_name(opt->raw_dtype), (ull)opt->eos_id, data);
 }
 
-/* Map and check one index file (never through a symlink). 1: not there. */
+/* Map and check one index file (never through a symlink). 1: not there.
+ * Its type, owner, mode and size are checked on the descriptor before a byte
+ * is mapped: opened O_NONBLOCK, so a FIFO planted under the name does not
+ * hold the open; it must be a regular file no larger than the header and one
+ * end per token, and in the node's index directory (in_cache) this user's
+ * and writable by no one else. (Beside the data it is the data's, as the
+ * data is: whoever may write one may write the other.) */
 static int map_index(const char *ip, const char *data, const struct stat *dst, uint64_t num_tokens,
-                     const tf_open_options *opt, tf_file *f) {
-    int fd = open(ip, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+                     const tf_open_options *opt, int in_cache, tf_file *f) {
+    int fd = open(ip, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) {
         int e = errno;
         if (e == ENOENT) return 1;
@@ -88,7 +94,18 @@ static int map_index(const char *ip, const char *data, const struct stat *dst, u
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
-        TF_FAIL(-EINVAL, "%s: not a regular file", ip);
+        TF_FAIL(-EINVAL, "%s: not a regular file (a document index is one). Remove it and run tokenfeed index %s --dtype %s --eos-id %llu.",
+                ip, data, tf_dtype_name(opt->raw_dtype), (ull)opt->eos_id);
+    }
+    if (in_cache && (st.st_uid != geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH)))) {
+        close(fd);
+        TF_FAIL(-EPERM, "%s: not used: %s, so another user may have put it there or changed it. Remove it and run tokenfeed index %s --dtype %s --eos-id %llu.",
+                ip, st.st_uid != geteuid() ? "it is not this user's" : "others may write it", data,
+                tf_dtype_name(opt->raw_dtype), (ull)opt->eos_id);
+    }
+    if ((uint64_t)st.st_size > DOCIX_HEADER + 8 * (num_tokens + 1)) {
+        close(fd);
+        return rebuild_hint(-TF_EFORMAT, ip, data, "size: larger than an index of the file's tokens can be", opt);
     }
     uint64_t len = (uint64_t)st.st_size;
     void *m = len ? mmap(NULL, (size_t)len, PROT_READ, MAP_SHARED, fd, 0) : NULL;
@@ -141,12 +158,12 @@ int tf__docindex_open(const char *path, const tf_open_options *opt, tf_file *f) 
     }
     char *ip = beside_name(path);
     if (!ip) return -ENOMEM;
-    int rc = map_index(ip, path, &dst, f->num_tokens, opt, f);
+    int rc = map_index(ip, path, &dst, f->num_tokens, opt, 0, f);
     free(ip);
     if (rc == 1 && opt->index_dir && *opt->index_dir) {
         ip = cache_name(path, opt->index_dir);
         if (!ip) return -ENOMEM;
-        rc = map_index(ip, path, &dst, f->num_tokens, opt, f);
+        rc = map_index(ip, path, &dst, f->num_tokens, opt, 1, f);
         free(ip);
     }
     if (rc == 1) { /* no index: documents come from the rows (concat only) */
@@ -230,7 +247,11 @@ static int write_index(int dirfd, const char *dir, const char *name, const uint8
 }
 
 static int open_dir(const char *dir, int create) {
-    if (create) mkdir(dir, 0700); /* the node's index directory: this user's */
+    if (create) { /* the node's index directory: this user's, 0700 (its parents too) whatever the umask */
+        int d;
+        if (tf__dir_open(dir, TF_DIR_PRIVATE, &d) == 0) close(d);
+        tf__clearerr();
+    }
     return open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
 }
 

@@ -4,9 +4,11 @@
  *
  * The merge reads each part's manifest and writes the dataset's manifest
  * (format version 2) naming every part's shards by their path relative to
- * the dataset directory; no token data is read or copied. It runs holding
- * the directory's lock (safe_fs.h), as a writer does, so a merge and a
- * writer (or two merges) into one directory never interleave, and it
+ * the dataset directory; no token data is read or copied. A merge that
+ * writes runs holding the directory's lock (safe_fs.h), as a writer does, so
+ * a merge and a writer (or two merges) into one directory never interleave
+ * (one that finds the manifest already equal to its result writes nothing and
+ * takes no lock), and it
  * publishes through the same path as the writer (a temporary file created
  * O_EXCL|O_NOFOLLOW, renamed relative to the directory's descriptor).
  */
@@ -132,14 +134,30 @@ int tf_dataset_merge(const char *dir, const char *const *parts, uint64_t nparts,
     int dfd = -1, lock_fd = -1;
     char *buf = NULL;
     size_t len = 0;
+    int same = 0, kind = 0;
     int rc = tf__dir_open(dir, 0, &dfd);
-    if (rc == 0) rc = tf__dir_lock(dfd, dir, "this merge", &lock_fd);
+    /* Idempotent: the same parts give the same bytes, and a manifest already
+     * equal to them is left as it is. That is known before anything is
+     * written, so it is decided first, without the lock: a merged dataset on
+     * read-only storage (where the lock file cannot be created) merges again
+     * as the no-op it is. Only a merge that writes takes the lock, and then
+     * reads the parts and the manifest again under it (another merge or a
+     * part writer may have changed them meanwhile). */
+    if (rc == 0) {
+        /* (a merge that cannot be made is reported as before, under the
+         * lock: a writer still at work here is said first) */
+        if (merged_text(dir, parts, nparts, &buf, &len) == 0 && current_manifest(dfd, dir, buf, len, &same) >= 0 && same)
+            goto out;
+        free(buf);
+        buf = NULL;
+        tf__clearerr();
+        rc = tf__dir_lock(dfd, dir, "this merge", &lock_fd);
+    }
     if (rc == 0) rc = merged_text(dir, parts, nparts, &buf, &len);
     if (rc < 0) goto out;
-    /* Idempotent: the same parts give the same bytes, and a manifest already
-     * equal to them is left as it is. A previous merge (version 2) is
-     * replaced; a dataset written by a writer only with overwrite. */
-    int same, kind = current_manifest(dfd, dir, buf, len, &same);
+    /* A previous merge (version 2) is replaced; a dataset written by a
+     * writer only with overwrite. */
+    kind = current_manifest(dfd, dir, buf, len, &same);
     if (same) goto out;
     if (kind != 0 && kind != 2 && !overwrite) {
         rc = tf__seterr(-EEXIST, "%s: a dataset that is not a merge of parts already exists here (%s). Pass overwrite to replace it (its shards are removed once the merged manifest is in place), or merge into another directory.",

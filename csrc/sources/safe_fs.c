@@ -37,7 +37,8 @@ int tf__dir_open(const char *dir, int create, int *dfd) {
             if (p[i] != '/' && p[i] != '\0') continue;
             char c = p[i];
             p[i] = '\0';
-            if (mkdir(p, 0777) != 0 && errno != EEXIST) {
+            /* (mkdir's mode is only ever narrowed by the umask: 0700 stays 0700) */
+            if (mkdir(p, create == TF_DIR_PRIVATE ? 0700 : 0777) != 0 && errno != EEXIST) {
                 int e = errno;
                 tf__seterr(-e, "%s: cannot create directory %s: %s", dir, p, strerror(e));
                 free(p);
@@ -216,23 +217,56 @@ void *tf__table_alloc(size_t n, int zero) {
     return zero ? calloc(1, n ? n : 1) : malloc(n ? n : 1);
 }
 
-int tf__read_file_st(int dfd, const char *dir, const char *name, size_t max, uint8_t **buf, size_t *len,
-                     struct stat *out_st) {
+/* What kind of file st is, for a message. */
+static const char *kind_of(const struct stat *st) {
+    return S_ISREG(st->st_mode)    ? "a regular file"
+           : S_ISFIFO(st->st_mode) ? "a FIFO (named pipe)"
+           : S_ISDIR(st->st_mode)  ? "a directory"
+           : S_ISSOCK(st->st_mode) ? "a socket"
+           : S_ISCHR(st->st_mode) || S_ISBLK(st->st_mode) ? "a device"
+                                                          : "a special file";
+}
+
+static void owner_name(uid_t uid, char *out, size_t cap) {
+    struct passwd pw, *found = NULL;
+    char buf[1024];
+    if (getpwuid_r(uid, &pw, buf, sizeof buf, &found) == 0 && found) snprintf(out, cap, "user %s", found->pw_name);
+    else snprintf(out, cap, "uid %u", (unsigned)uid);
+}
+
+int tf__read_file_trusted(int dfd, const char *dir, const char *name, size_t max, int check_owner, uid_t also,
+                          uint8_t **buf, size_t *len, struct stat *out_st) {
     *buf = NULL;
     *len = 0;
-    int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO planted under the name must not hold the open (it
+     * is refused below, as any file that is not a regular one); reads of a
+     * regular file are not affected by it */
+    int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
         if (e == ENOENT) return -ENOENT;
         if (e == ELOOP) TF_FAIL(-ELOOP, "%s/%s: is a symbolic link; refusing to follow it", dir, name);
         TF_FAIL(-e, "%s/%s: cannot open: %s", dir, name, strerror(e));
     }
+    /* everything that decides whether to read is taken from the descriptor,
+     * before a byte is read: its type, its owner and mode, its size */
     struct stat st;
     int rc = 0;
+    char who[160];
     if (fstat(fd, &st) != 0) rc = tf__seterr(-errno, "%s/%s: cannot stat: %s", dir, name, strerror(errno));
-    else if (!S_ISREG(st.st_mode)) rc = tf__seterr(-EPERM, "%s/%s: not a regular file", dir, name);
+    else if (!S_ISREG(st.st_mode))
+        rc = tf__seterr(-EPERM, "%s/%s: not used: it is %s, not a regular file. Remove it if it is not yours.", dir, name,
+                        kind_of(&st));
+    else if (check_owner && st.st_uid != geteuid() && (also == (uid_t)-1 || st.st_uid != also)) {
+        owner_name(st.st_uid, who, sizeof who);
+        rc = tf__seterr(-EPERM, "%s/%s: not used: it belongs to %s, not to this user%s, so another user may have put it there. Remove it, or ask its owner to.",
+                        dir, name, who, also != (uid_t)-1 ? " or the directory's owner" : "");
+    } else if (check_owner && (st.st_mode & (S_IWGRP | S_IWOTH)))
+        rc = tf__seterr(-EPERM, "%s/%s: not used: its mode %04o lets others write it. Remove it (tokenfeed writes it again) or chmod go-w it.",
+                        dir, name, (unsigned)(st.st_mode & 07777));
     else if ((uint64_t)st.st_size > max)
-        rc = tf__seterr(-EFBIG, "%s/%s: %llu bytes, more than the %zu expected", dir, name, (unsigned long long)st.st_size, max);
+        rc = tf__seterr(-EFBIG, "%s/%s: not used: %llu bytes, more than the %zu expected of it. Remove it.", dir, name,
+                        (unsigned long long)st.st_size, max);
     uint8_t *b = rc ? NULL : tf__table_alloc((size_t)st.st_size + 1, 0);
     if (!rc && !b) rc = -ENOMEM;
     size_t got = 0;
@@ -253,6 +287,11 @@ int tf__read_file_st(int dfd, const char *dir, const char *name, size_t max, uin
     *len = got;
     if (out_st) *out_st = st;
     return 0;
+}
+
+int tf__read_file_st(int dfd, const char *dir, const char *name, size_t max, uint8_t **buf, size_t *len,
+                     struct stat *out_st) {
+    return tf__read_file_trusted(dfd, dir, name, max, 0, (uid_t)-1, buf, len, out_st);
 }
 
 int tf__fsync_dir(int dfd, const char *dir) {

@@ -18,12 +18,19 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "../common/internal.h"
 
-/* Create dir (and its parents, mode 0777 less the umask) when create, then
- * open it as a directory. The path itself is resolved once, here, as the
- * caller gave it. */
+/* Create dir (and its parents) when create, then open it as a directory:
+ * TF_DIR_CREATE makes them mode 0777 less the umask (a dataset's directory,
+ * which its readers share), TF_DIR_PRIVATE mode 0700 whatever the umask (a
+ * directory of tokenfeed's own, such as the node's catalog, which is refused
+ * when anyone else may write it: under umask 002 the first mode would make it
+ * group-writable and so never used). The path itself is resolved once, here,
+ * as the caller gave it. */
+#define TF_DIR_CREATE 1
+#define TF_DIR_PRIVATE 2
 TF_HIDDEN int tf__dir_open(const char *dir, int create, int *dfd);
 
 /* Fill p[0, n) with random bytes (getrandom; a time- and pid-derived
@@ -67,10 +74,20 @@ TF_HIDDEN int tf__unlink_regular(int dfd, const char *rel);
 TF_HIDDEN void *tf__table_alloc(size_t n, int zero);
 
 TF_HIDDEN int tf__read_file_at(int dfd, const char *dir, const char *name, size_t max, uint8_t **buf, size_t *len);
-/* The same, with the file's stat (of the descriptor read) in *st. */
+/* The same, with the file's stat (of the descriptor read) in *st. Opened
+ * O_NONBLOCK, so a FIFO under the name never blocks the caller; anything but
+ * a regular file, and one over max bytes, is refused (-EPERM, -EFBIG) from
+ * the descriptor's fstat, before a byte is read. */
 struct stat;
 TF_HIDDEN int tf__read_file_st(int dfd, const char *dir, const char *name, size_t max, uint8_t **buf, size_t *len,
                                struct stat *st);
+/* tf__read_file_st for a file tokenfeed wrote for itself (a catalog, a set
+ * record): with check_owner, also refused (-EPERM, with a message naming the
+ * owner or the mode and what to do) unless it belongs to this user (or to
+ * also, when not (uid_t)-1: the owner of the data directory holding it) and
+ * no one else may write it. Checked in that order, all before reading. */
+TF_HIDDEN int tf__read_file_trusted(int dfd, const char *dir, const char *name, size_t max, int check_owner,
+                                    uid_t also, uint8_t **buf, size_t *len, struct stat *st);
 
 /* fsync the directory dfd (after a rename, for durability). */
 TF_HIDDEN int tf__fsync_dir(int dfd, const char *dir);

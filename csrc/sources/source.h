@@ -353,6 +353,10 @@ TF_HIDDEN uint64_t tf__file_size(const tf_file *f);
 /* The parser that maps a file of format fmt again from its path (NULL for
  * none). */
 TF_HIDDEN tf__parse_fn tf__parser_of(tf_format fmt);
+/* 0, or -EINVAL naming $TOKENFEED_CATALOG_MAX when it is set (and the node
+ * has a catalog directory) but is not a size: opens of several local files
+ * refuse it rather than read it as another bound. */
+TF_HIDDEN int tf__catalog_check_settings(void);
 /* The files of paths from the node's catalog, each mapped on demand: 0 with
  * *files (nfiles, owned) filled, 1 when there is no usable catalog (open by
  * parsing). Files whose identity changed are parsed again and the catalog

@@ -219,7 +219,7 @@ int tf_writer_create(const char *dir, const tf_writer_options *opt, tf_writer **
     tf_writer *w = calloc(1, sizeof *w);
     if (!w) return -ENOMEM;
     w->fd = w->lock_fd = -1;
-    int rc = tf__dir_open(dir, 1, &w->dfd);
+    int rc = tf__dir_open(dir, TF_DIR_CREATE, &w->dfd);
     if (rc == 0) rc = tf__dir_lock(w->dfd, dir, "this writer", &w->lock_fd);
     if (rc == 0 && !opt->overwrite && exists_at(w->dfd, TF_MANIFEST_NAME))
         rc = tf__seterr(-EEXIST, "%s: a tokenfeed dataset already exists here (%s). Pass overwrite=True to replace it, or choose another directory.",

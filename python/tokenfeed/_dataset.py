@@ -5,7 +5,7 @@ import errno
 import os
 import time
 import warnings
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 import numpy as np
 
@@ -162,6 +162,47 @@ def _dtype_name(dtype: DTypeLike) -> Optional[str]:
     return None if dtype is None else np.dtype(dtype).name
 
 
+_CATALOG_DIRS_SEEN: Set[str] = set()
+
+
+def _catalog_dir() -> Optional[str]:
+    """The node's catalog directory as the C library finds it (docs/format.md, "The node's catalog")."""
+    d = os.environ.get("TOKENFEED_CATALOG_DIR")
+    if d is not None:
+        return d if d and d != "off" else None
+    home = os.environ.get("HOME")
+    return os.path.join(home, ".cache", "tokenfeed", "catalog") if home else None
+
+
+def _warn_refused_catalog_dir() -> None:
+    """Say once per process, naming it and why, when the node's catalog directory exists but is
+    refused (not this user's, or writable by others): the library then neither reads nor writes
+    it, and every open of several files parses each of them again."""
+    d = _catalog_dir()
+    if d is None or d in _CATALOG_DIRS_SEEN:
+        return
+    _CATALOG_DIRS_SEEN.add(d)
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return  # not there yet (the library creates it, mode 0700) or not a directory
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if st.st_uid != os.geteuid():
+        why = f"it belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})"
+    elif st.st_mode & 0o022:
+        why = (f"its mode {st.st_mode & 0o777:04o} lets others write it (a directory made under umask 002 "
+               "by an older tokenfeed is one such); `chmod 700` it if only you wrote into it, or delete it")
+    else:
+        return
+    warnings.warn(f"{d}: the node's catalog directory is not used: {why}. A catalog says where every token "
+                  "lies, so one that another user could write is neither read nor written, and each open of "
+                  "several files parses all of them again. Set $TOKENFEED_CATALOG_DIR to a directory of your "
+                  "own (or to 'off')", PerformanceWarning, stacklevel=3)
+
+
 def _warn_unversioned(store: Any) -> None:
     take = getattr(store.transport, "take_unversioned", None)
     seen = take() if take is not None else []
@@ -245,7 +286,8 @@ class Dataset:
     def _set_info(self) -> None:
         info = self._core.info
         self.num_tokens: int = info["num_tokens"]
-        self.num_documents: int = info["num_documents"]
+        self._num_documents: int = info["num_documents"]
+        self._documents_known: Optional[bool] = None if self._eos_id is not None else True
         self.dtype: np.dtype = np.dtype(info["dtype"])
         self.vocab_size: Optional[int] = info["vocab_size"] or None
         self.format: str = info["format"]
@@ -271,8 +313,27 @@ class Dataset:
         """One dict per file: path, format, dtype, first_token, num_tokens, first_document, num_documents, compressed."""
         return self._core.files()
 
+    def _need_documents(self) -> None:
+        """ValueError naming ``tokenfeed index`` when a file split at an eos id has no document
+        index: its documents are known only inside the rows of a concat loader, never counted
+        as one per file."""
+        if not self._documents_known:
+            self._core.check_documents()  # raises, naming the file and the command
+            self._documents_known = True
+
+    @property
+    def num_documents(self) -> int:
+        """The number of documents. A file opened with ``eos_id=`` needs its document index
+        (``tokenfeed index``) to be counted: without it this raises ``ValueError`` naming the
+        command (concat loaders still find each row's documents in its own tokens)."""
+        self._need_documents()
+        return self._num_documents
+
     def __len__(self) -> int:
         return self.num_documents
+
+    def __bool__(self) -> bool:
+        return True  # an open dataset holds at least one token (len() may need a document index)
 
     def __getitem__(self, i: int) -> np.ndarray:
         return self.document(i)
@@ -281,6 +342,7 @@ class Dataset:
         """Document ``i`` (negative indices count from the end)."""
         if not isinstance(i, (int, np.integer)):
             raise TypeError(f"document index must be an int, not {type(i).__name__}")
+        self._need_documents()
         i = int(i)
         if i < 0:
             i += self.num_documents
@@ -308,6 +370,7 @@ class Dataset:
             raise TypeError(f"pos must be an int, not {type(pos).__name__}")
         if not 0 <= pos < self.num_tokens:
             raise IndexError(f"token {pos} out of range: the dataset has {self.num_tokens} tokens")
+        self._need_documents()
         return int(self._core.find_document(int(pos)))
 
     def verify(self, threads: int = 0, progress: Union[bool, Callable[[int, int], Any], None] = None) -> None:
@@ -332,8 +395,12 @@ class Dataset:
 
     def __repr__(self) -> str:
         vocab = self.vocab_size if self.vocab_size is not None else "unknown"
+        try:
+            docs = f"{self.num_documents:,} documents"
+        except ValueError:
+            docs = f"documents split at eos id {self._eos_id} (no document index)"
         return (f"tokenfeed.Dataset({self.format}, {self.num_files} file(s), {self.num_tokens:,} tokens, "
-                f"{self.num_documents:,} documents, dtype={self.dtype.name}, vocab_size={vocab}, "
+                f"{docs}, dtype={self.dtype.name}, vocab_size={vocab}, "
                 f"fingerprint={self.fingerprint})")
 
 
@@ -370,8 +437,9 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     ``eos_id`` splits the documents of headerless token files (nanoGPT, OLMo, datatrove
     without ``.index``) after each occurrence of that id, and enters the dataset
     fingerprint. Concat packing needs nothing more: each row finds its documents (position
-    ids, ``cu_seqlens``, loss mask) in its own tokens. Best-fit and document packing need the
-    document index, built once with ``tokenfeed index PATH --dtype D --eos-id N``
+    ids, ``cu_seqlens``, loss mask) in its own tokens. Best-fit and document packing, and
+    ``num_documents``, ``document()`` and ``find_document()`` (which raise ``ValueError``
+    without it, never counting a file as one document), need the document index, built once with ``tokenfeed index PATH --dtype D --eos-id N``
     (:func:`tokenfeed.build_index`) and kept beside the data or, when that directory is
     read-only, in the node's index directory (``$TOKENFEED_INDEX_DIR``, default
     ``~/.cache/tokenfeed/docindex``); an index
@@ -396,6 +464,8 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
         store = _remote.get_store(**remote)  # kept alive until the dataset holds it
     dt, eos = _dtype_name(dtype), None if eos_id is None else int(eos_id)
     set_dirs = _shardset.local_set_dirs(paths) if remote is None else None
+    if remote is None and (len(paths) > 1 or set_dirs is not None or os.path.isdir(paths[0])):
+        _warn_refused_catalog_dir()  # (what the node's catalog may serve: several files)
     if set_dirs is not None:
         try:
             return Dataset._from_catalog(paths, dt, format, eos)
@@ -408,7 +478,9 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
             except FileNotFoundError:
                 pass
             except OSError as e:
-                if e.errno != errno.ESTALE:
+                # out of date, or not to be read (a FIFO, another user's file under its name):
+                # said, and the set is listed
+                if e.errno not in (errno.ESTALE, errno.EPERM):
                     raise
                 warnings.warn(str(e), PerformanceWarning, stacklevel=2)
             else:

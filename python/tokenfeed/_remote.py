@@ -23,6 +23,7 @@ import weakref
 from datetime import timedelta
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Union
 
+from . import _core
 from ._extras import pip_hint
 
 __all__ = ["RemoteURL", "TransportError", "ObjectStoreTransport", "default_cache_dir", "is_url", "parse_size",
@@ -72,16 +73,13 @@ def parse_url(url: str) -> RemoteURL:
     return RemoteURL(scheme, bucket, path.lstrip("/"))
 
 
-_UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "M": 1000 ** 2, "MB": 1000 ** 2, "G": 1000 ** 3,
-          "GB": 1000 ** 3, "T": 1000 ** 4, "TB": 1000 ** 4, "P": 1000 ** 5, "PB": 1000 ** 5,
-          "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40, "PIB": 1 << 50}
-
-
 def parse_size(value: Union[int, str, None], what: str = "cache_limit") -> Optional[int]:
     """Bytes from an int or a string such as ``"200GB"``, ``"1.5TiB"``, ``"500M"``.
 
     SI units (``KB``, ``MB``, ``GB``, ``TB``; also ``K``, ``M``, ``G``, ``T``) are powers of
-    1000; ``KiB``, ``MiB``, ``GiB``, ``TiB`` powers of 1024. ``None`` stays ``None``.
+    1000; ``KiB``, ``MiB``, ``GiB``, ``TiB`` powers of 1024. ``None`` stays ``None``. Strings
+    are read by the C library's parser (``tf_parse_size``), the one every size setting uses,
+    ``$TOKENFEED_CATALOG_MAX`` included.
     """
     if value is None:
         return None
@@ -93,12 +91,7 @@ def parse_size(value: Union[int, str, None], what: str = "cache_limit") -> Optio
         return value
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a number of bytes or a string like '200GB', not {type(value).__name__}")
-    m = re.match(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*$", value)
-    unit = m.group(2).upper() if m else ""
-    if not m or unit not in _UNITS:
-        raise ValueError(f"{what}: cannot read {value!r} as a size; expected e.g. 200GB, 1.5TiB, 500M or a "
-                         "number of bytes")
-    n = int(float(m.group(1)) * _UNITS[unit])
+    n = _core.parse_size(value, what)
     if n <= 0:
         raise ValueError(f"{what} must be positive, got {value!r}")
     return n

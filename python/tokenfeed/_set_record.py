@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import time
 from typing import Callable, List, Optional, Sequence
 
@@ -35,6 +36,7 @@ _log = logging.getLogger("tokenfeed")
 WAIT_LIMIT = 600.0  # seconds a process waits for another one listing the same set
 _POLL = 0.05
 _SAY_EVERY = 10.0
+_MAX_RECORD = 64 << 20  # bytes of a set record (the URLs of a set's objects)
 
 
 def _key(paths: Sequence[str]) -> str:
@@ -54,12 +56,13 @@ class SetRecord:
         self._dfd: Optional[int] = None
         self._lock_fd: Optional[int] = None
         self._what = ", ".join(paths)
+        self._dir = os.path.join(cache_dir, "meta")
         try:
-            fd = os.open(os.path.join(cache_dir, "meta"), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             return  # no usable meta/ (the cache made before it existed): every process lists
         st = os.fstat(fd)
-        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
             os.close(fd)  # (the cache refuses such a directory; never trust one here)
             return
         self._dfd = fd
@@ -76,12 +79,21 @@ class SetRecord:
         if self._dfd is None:
             return None
         try:
-            fd = os.open(self._name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dfd)
+            # O_NONBLOCK: a FIFO under the name must not hold the open; type, owner, mode and
+            # size are then checked on the descriptor before a byte is read
+            fd = os.open(self._name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self._dfd)
         except OSError:
             return None
         try:
             with os.fdopen(fd, "rb") as f:
-                data = json.loads(f.read(64 << 20).decode("utf-8"))
+                st = os.fstat(f.fileno())
+                if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022
+                        or st.st_size > _MAX_RECORD):
+                    _log.warning("%s/%s: not used: not a regular file of this user's that only this user may "
+                                 "write, of at most %d bytes; the set is listed. Remove it.", self._dir, self._name,
+                                 _MAX_RECORD)
+                    return None
+                data = json.loads(f.read(_MAX_RECORD).decode("utf-8"))
         except (OSError, ValueError):
             return None
         if not isinstance(data, list) or not data or not all(isinstance(u, str) for u in data):

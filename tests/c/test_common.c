@@ -30,7 +30,30 @@ int main(void) {
     CHECK(out[0] == 65535 && out[2] == 300);
     CHECK(tf_dataset_read(ds, 4, 2, out, TF_INT32) == -ERANGE);
     CHECK_OK(tf_dataset_verify(ds, 2, NULL, NULL));
+    CHECK_OK(tf_dataset_check_documents(ds)); /* documents given: known */
     tf_dataset_free(ds);
     tf_dataset_free(NULL);
+
+    /* sizes, as every size setting reads them */
+    uint64_t b = 1;
+    CHECK_OK(tf_parse_size("1.5G", "x", &b));
+    CHECK(b == 1500000000ull);
+    CHECK_OK(tf_parse_size("1T", "x", &b));
+    CHECK(b == 1000000000000ull);
+    CHECK_OK(tf_parse_size(" 2 kib ", "x", &b));
+    CHECK(b == 2048);
+    CHECK_OK(tf_parse_size("1.5TiB", "x", &b));
+    CHECK(b == 3ull << 39);
+    CHECK_OK(tf_parse_size("4096", "x", &b));
+    CHECK(b == 4096);
+    CHECK_OK(tf_parse_size("18446744073709551615", "x", &b));
+    CHECK(b == UINT64_MAX);
+    CHECK(tf_parse_size("18446744073709551616", "x", &b) == -ERANGE);
+    CHECK(tf_parse_size("19000P", "x", &b) == -ERANGE);
+    const char *bad[] = {"", "G", "1.5X", "-1G", "1.2.3G", "5 parsecs", "1 G B", NULL};
+    for (int i = 0; bad[i]; i++) {
+        CHECK(tf_parse_size(bad[i], "TOKENFEED_CATALOG_MAX", &b) == -EINVAL);
+        CHECK(b == 0 && strstr(tf_last_error(), "TOKENFEED_CATALOG_MAX") && strstr(tf_last_error(), "KiB"));
+    }
     return T_DONE();
 }

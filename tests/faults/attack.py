@@ -528,6 +528,111 @@ def a13_block_table(tmp: str) -> str:
     raise Reproduced("a 5-token read through a corrupt block-table entry returned without an error")
 
 
+def a14_planted_catalog_fifo(tmp: str) -> str:
+    import json
+    import numpy as np
+    import tokenfeed
+    from test_security import as_attacker
+    # the catalog's name beside the data follows from the glob and the options alone
+    scratch = os.path.join(tmp, "scratch")
+    os.makedirs(scratch)
+    for i in range(2):
+        np.save(os.path.join(scratch, f"part-{i:03d}.npy"), np.arange(10, dtype=np.uint16))
+    old = time.time() - 60
+    for n in os.listdir(scratch) + [""]:
+        os.utime(os.path.join(scratch, n), (old, old))
+    name = os.path.basename(tokenfeed.build_catalog(os.path.join(scratch, "*.npy")))
+    os.environ["TOKENFEED_CATALOG_DIR"] = "off"  # (this attack's process only) the catalog beside the data answers
+    seen = []
+    for planted in ("fifo", "sparse"):
+        d = os.path.join(tmp, f"shared-{planted}")  # a sticky directory every user may create files in
+        os.makedirs(d)
+        os.chmod(d, 0o1777)
+        for i in range(20):
+            np.save(os.path.join(d, f"part-{i:03d}.npy"), np.arange(1000, dtype=np.uint16) + i)
+
+        def plant(dfd: int, planted: str = planted) -> None:
+            if planted == "fifo":
+                os.mkfifo(name, 0o644, dir_fd=dfd)
+            else:
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dfd)
+                os.ftruncate(fd, 2 << 30)  # 2 GiB, no disk used
+                os.close(fd)
+
+        as_attacker(d, plant)
+        old = time.time() - 60
+        for n in os.listdir(d):
+            os.utime(os.path.join(d, n), (old, old), follow_symlinks=False)
+        os.utime(d, (old, old))
+        proc = run_script("""
+            import json, resource, sys, time, warnings
+            import tokenfeed
+            t0 = time.monotonic()
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                ds = tokenfeed.open(sys.argv[1])
+            print(json.dumps({"files": ds.num_files, "s": time.monotonic() - t0,
+                              "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+                              "warn": [str(x.message) for x in w]}))
+            """, [os.path.join(d, "*.npy")], start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise Reproduced(f"open('dir/*.npy') blocked for 20 s on a {planted} planted as {name}")
+        check(proc.returncode == 0, f"{planted}: exit {proc.returncode}: {err.strip().splitlines()[-1:]}")
+        got = json.loads(out.strip().splitlines()[-1])
+        check(got["files"] == 20, f"{planted}: {got['files']} files opened, not 20")
+        check(got["rss_mb"] < 1024, f"{planted}: {got['rss_mb']} MB resident: the planted file was read")
+        said = [w for w in got["warn"] if name in w]
+        seen.append(f"{planted}: opened in {got['s']:.2f} s, {got['rss_mb']} MB RSS, "
+                    f"{'warned: ' + said[0].split(': not used: ')[-1][:40] if said else 'no warning'}")
+    return "; ".join(seen)
+
+
+def a15_catalog_under_umask_002(tmp: str) -> str:
+    import json
+    import numpy as np
+    d = os.path.join(tmp, "set")
+    os.makedirs(d)
+    for i in range(2000):
+        np.save(os.path.join(d, f"part-{i:05d}.npy"), np.arange(20, dtype=np.uint16) + i)
+    old = time.time() - 60
+    for n in os.listdir(d):
+        os.utime(os.path.join(d, n), (old, old))
+    os.utime(d, (old, old))
+    cat = os.path.join(tmp, "home", ".cache", "tokenfeed", "catalog")
+    os.environ["TOKENFEED_CATALOG_DIR"] = cat  # (this attack's process only; a fresh directory)
+    proc = run_script("""
+        import json, os, sys, time
+        os.umask(0o002)
+        import tokenfeed
+        from tokenfeed import _shardset
+        listed = []
+        expand = _shardset.expand
+        def counting(*a, **k):
+            listed.append(1)
+            return expand(*a, **k)
+        _shardset.expand = counting
+        times = []
+        for _ in range(2):
+            t0 = time.monotonic()
+            ds = tokenfeed.open(sys.argv[1])
+            times.append(time.monotonic() - t0)
+        cat = os.environ["TOKENFEED_CATALOG_DIR"]
+        print(json.dumps({"listed": len(listed), "times": times, "mode": os.stat(cat).st_mode & 0o777}))
+        """, [os.path.join(d, "*.npy")])
+    out, err = proc.communicate(timeout=50)
+    check(proc.returncode == 0, f"exit {proc.returncode}: {err.strip().splitlines()[-1:]}")
+    got = json.loads(out.strip().splitlines()[-1])
+    check(got["mode"] & 0o022 == 0, f"the catalog directory was made {got['mode']:04o} under umask 002")
+    check(got["listed"] == 1, f"the second open listed the set again ({got['listed']} listings in 2 opens): "
+                              f"the catalog was not used ({got['times'][1]:.3f} s against {got['times'][0]:.3f} s)")
+    return (f"catalog dir {got['mode']:04o} under umask 002; 2,000 files: first open {got['times'][0]:.3f} s, "
+            f"second from the catalog {got['times'][1]:.3f} s, listed once")
+
+
 ATTACKS: List[Tuple[str, Callable[[str], str]]] = [
     ("next() against a store that stops answering", a1_next_stalled_store),
     ("exit without close() / Ctrl-C in the loop with requests in flight", a2_exit_without_close),
@@ -542,6 +647,8 @@ ATTACKS: List[Tuple[str, Callable[[str], str]]] = [
     ("256 opens with distinct remote options", a11_many_stores),
     ("5,000 shards under ulimit -n 1024", a12_many_shards),
     ("corrupt remote block-table entry", a13_block_table),
+    ("FIFO or 2 GiB sparse file planted under a shard set's catalog name", a14_planted_catalog_fifo),
+    ("node catalog created under umask 002", a15_catalog_under_umask_002),
 ]
 
 
