@@ -453,7 +453,10 @@ class Loader:
         n = self.num_positions
         if n is None:
             raise TypeError("an infinite Loader (epochs=None) has no len()")
-        return max(0, (n - self.position) // self.global_batch)
+        pos = self.position
+        # the steps skip_steps left out are not delivered: they do not count
+        skipped = sum(min(stop, n) - max(start, pos) for start, stop in self._order.skips() if stop > pos and start < n)
+        return max(0, (n - pos - skipped) // self.global_batch)
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         n = self.num_positions
@@ -711,6 +714,9 @@ class Loader:
         n = self.num_positions
         if n is not None and stop * g > n:
             raise ValueError(f"skip_steps: step {stop} is past the end of the stream ({n // g} steps)")
+        if stop * g > _INFINITE:
+            raise ValueError(f"skip_steps: step {stop} is past the last step a 64-bit position reaches "
+                             f"({_INFINITE // g} steps of {g} samples): positions are below 2**64")
         self._order.skip(start * g, stop * g)
         if self._device is not None and not self._device.closed:
             self._device.seek(pos)  # what was copied ahead may lie in the skipped range
