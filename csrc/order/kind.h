@@ -102,7 +102,7 @@ TF_HIDDEN uint64_t tf__order_position_of(const tf_order *o, uint64_t e, uint64_t
 TF_HIDDEN int tf__concat_init(tf_order *o, const void *ds);   /* concat.c */
 TF_HIDDEN int tf__packed_init(tf_order *o, const void *ds);   /* pack.c */
 TF_HIDDEN int tf__olmo_init(tf_order *o, const void *ds);     /* olmo_order.c */
-TF_HIDDEN int tf__llmc_init(tf_order *o, const void *ds);     /* llmc_order.c (cfg.llmc_processes; 0: 1) */
+TF_HIDDEN int tf__llmc_init(tf_order *o, const void *ds);     /* llmc_order.c (cfg.llmc_processes; 0 is refused: tf_loader_create resolves it to world_size) */
 /* The kind fingerprints of another loader's orders (the version of their
  * algorithm), from the configuration alone, so that a saved state's
  * fingerprint can be recomputed from its config (state.c). */

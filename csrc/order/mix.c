@@ -180,7 +180,7 @@ static int create_mix(const tf_dataset *const *ds, size_t n, const tf__sched_spe
 
 int tf_order_create_mix(const tf_dataset *const *ds, const double *weights, size_t n,
                         const tf_order_config *cfg, tf_order **out) {
-    if (!out) return -EINVAL;
+    TF_NEED_ARG(out);
     *out = NULL;
     tf__clearerr();
     if (!ds || !weights || !cfg || n == 0)
@@ -192,7 +192,7 @@ int tf_order_create_mix(const tf_dataset *const *ds, const double *weights, size
 
 int tf_order_create_mix_schedule(const tf_dataset *const *ds, size_t n, const tf_mix_schedule *sch,
                                  const tf_order_config *cfg, tf_order **out) {
-    if (!out) return -EINVAL;
+    TF_NEED_ARG(out);
     *out = NULL;
     tf__clearerr();
     if (!ds || !sch || !cfg || n == 0 || sch->num_points == 0 || !sch->steps || !sch->weights)
@@ -321,7 +321,9 @@ uint64_t tf_order_mix_counts_at(const tf_order *o, uint64_t pos, uint64_t *count
 }
 
 int tf_order_mix_source_at(const tf_order *o, uint64_t pos, size_t *source, uint64_t *index) {
-    if (!o || !source || !index) return -EINVAL;
+    TF_NEED_ARG(o);
+    TF_NEED_ARG(source);
+    TF_NEED_ARG(index);
     const tf__mix *m = mix_of(o);
     if (!m) {
         *source = 0;

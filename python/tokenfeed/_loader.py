@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import sys
 import warnings
@@ -72,6 +73,45 @@ def _json_value(v: Any) -> Any:
     if isinstance(v, np.generic):
         return v.item()
     raise TypeError(f"{type(v).__name__} {v!r}")
+
+
+def _nonfinite_key(v: Any, at: str = "") -> Optional[str]:
+    """Where a state holds NaN or an infinity (``"config.weights[1]"``), or None: JSON has no such
+    numbers, so such a state was edited or damaged."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return at or "the state"
+    if isinstance(v, Mapping):
+        for k, x in v.items():
+            found = _nonfinite_key(x, f"{at}.{k}" if at else str(k))
+            if found:
+                return found
+    elif isinstance(v, (list, tuple)):
+        for i, x in enumerate(v):
+            found = _nonfinite_key(x, f"{at}[{i}]")
+            if found:
+                return found
+    elif isinstance(v, np.ndarray) or isinstance(v, np.generic) or type(v).__name__ == "Tensor":
+        return _nonfinite_key(_json_value(v), at)
+    return None
+
+
+def _state_from_json(text: Union[str, bytes], where: str = "the state") -> Any:
+    """A loader state from its JSON text, read as the C library reads it: a key twice in one object
+    is refused (json.loads would keep the last value, C would not agree), as are NaN and
+    Infinity (not JSON)."""
+    def pairs(items: List[Tuple[str, Any]]) -> Dict[str, Any]:
+        d: Dict[str, Any] = {}
+        for k, v in items:
+            if k in d:
+                raise StateError(f"{where}: the key {k!r} appears twice in one object; a loader state holds each "
+                                 f"key once: pass the state Loader.state_dict() returned")
+            d[k] = v
+        return d
+
+    def constant(name: str) -> Any:
+        raise StateError(f"{where}: {name} is not a JSON number (a loader state holds finite numbers)")
+
+    return json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
 
 
 def _torch_available() -> bool:
@@ -233,7 +273,7 @@ class Loader:
         if order == "llmc":
             # llm.c's processes are the data-parallel ranks that continue its run, and it seeds
             # process r's shuffle with 42 + r
-            if llmc_processes is None:
+            if llmc_processes is None or llmc_processes == 0:  # 0 is None, as in C
                 order_kw["llmc_processes"] = pc.dp_size
             order_kw.setdefault("seed", 42)
         self._order_cfg = OrderConfig(seq_len=seq_len, shuffle=shuffle, weights=weights,
@@ -671,8 +711,12 @@ class Loader:
         """
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a dict from Loader.state_dict(), got {type(state).__name__}")
+        bad = _nonfinite_key(state)
+        if bad:
+            raise StateError(f"the state's {bad} is NaN or an infinity, which no state holds (JSON has no such "
+                             f"number): the state was edited or damaged; pass the dict Loader.state_dict() returned")
         try:
-            text = json.dumps(state, default=_json_value)
+            text = json.dumps(state, default=_json_value, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise StateError(f"the state holds a value that is not a number, string, list or None ({e}): pass "
                              f"the dict Loader.state_dict() returned") from None

@@ -620,6 +620,165 @@ static void test_segments(void) {
     tf_dataset_free(dss[1]);
 }
 
+/* ------------------------------------------------------------------------ */
+/* C API errors: NULL arguments, states that are not JSON, flags, duplicates */
+/* ------------------------------------------------------------------------ */
+
+/* A call that returned -EINVAL for a NULL argument says which function and
+ * which argument, never an empty message or the previous call's. */
+static void check_null(int rc, const char *fn, const char *arg, int line) {
+    char want[160];
+    snprintf(want, sizeof want, "%s: the argument %s is NULL", fn, arg);
+    if (rc != -EINVAL || !strstr(tf_last_error(), want)) {
+        fprintf(stderr, "test_order.c:%d: %s with %s NULL returned %d, message \"%s\"\n", line, fn, arg, rc,
+                tf_last_error());
+        t_failures++;
+    }
+}
+/* first a failing call, so that a stale message would show */
+#define NULL_ARG(call, fn, arg)                                                                    \
+    do {                                                                                           \
+        tf_order_skip(stale, 3, 1);                                                                \
+        check_null((call), fn, arg, __LINE__);                                                     \
+    } while (0)
+
+static void test_c_api_errors(void) {
+    tf_dataset *ds = flat_dataset(1001);
+    tf_order_config c;
+    tf_order_config_init(&c);
+    c.seq_len = 10;
+    c.global_batch = 2;
+    tf_order *o = NULL, *stale = NULL, *h = NULL;
+    CHECK_OK(tf_order_create(ds, &c, &o));
+    CHECK_OK(tf_order_create(ds, &c, &stale));
+    uint64_t pos = 0, u = 0, buf64[4];
+    size_t n = 0, src = 0;
+    char st[4096];
+    tf_segment seg[4];
+    tf_packing_stats ps;
+    tf_dataset_info di;
+    tf_file_info fi;
+    tf_loader_config lc;
+    tf_loader_config_init(&lc);
+    lc.order = c;
+    lc.batch_size = 2;
+    lc.world_size = 1;
+    tf_loader *l = NULL;
+    CHECK_OK(tf_loader_create(ds, &lc, &l));
+    tf_batch *b = NULL;
+    int64_t v = 0;
+    tf_perm perm;
+    const void *ptr = NULL;
+    tf_dtype dt;
+    double w = 1;
+    tf_source_stats ss;
+    NULL_ARG(tf_order_create(ds, &c, NULL), "tf_order_create", "out");
+    NULL_ARG(tf_order_create_llmc(ds, &c, 1, NULL), "tf_order_create_llmc", "out");
+    NULL_ARG(tf_order_create_mix((const tf_dataset *const *)&ds, &w, 1, &c, NULL), "tf_order_create_mix", "out");
+    NULL_ARG(tf_order_create_megatron(ds, &c, NULL, NULL), "tf_order_create_megatron", "out");
+    NULL_ARG(tf_order_state_save(NULL, 0, 1, st, sizeof st, &n), "tf_order_state_save", "o");
+    NULL_ARG(tf_order_state_save(o, 0, 1, NULL, 10, &n), "tf_order_state_save", "buf");
+    NULL_ARG(tf_order_state_load(NULL, "{}", 2, 0, &pos, &h), "tf_order_state_load", "o");
+    NULL_ARG(tf_order_state_load(o, NULL, 2, 0, &pos, &h), "tf_order_state_load", "state");
+    NULL_ARG(tf_order_state_load(o, "{}", 2, 0, NULL, &h), "tf_order_state_load", "pos");
+    NULL_ARG(tf_order_state_load(o, "{}", 2, 0, &pos, NULL), "tf_order_state_load", "handover");
+    NULL_ARG(tf_order_mix_set_weights(o, 0, &w, 1, NULL), "tf_order_mix_set_weights", "out");
+    NULL_ARG(tf_order_mix_set_weights(NULL, 0, &w, 1, &h), "tf_order_mix_set_weights", "o");
+    NULL_ARG(tf_order_skip(NULL, 0, 2), "tf_order_skip", "o");
+    NULL_ARG(tf_order_get_config(NULL, &c), "tf_order_get_config", "o");
+    NULL_ARG(tf_order_get_config(o, NULL), "tf_order_get_config", "cfg");
+    NULL_ARG(tf_order_packing_stats(o, NULL), "tf_order_packing_stats", "st");
+    NULL_ARG(tf_order_packing_stats(NULL, &ps), "tf_order_packing_stats", "o");
+    NULL_ARG(tf_order_fill_sample(o, 0, NULL, TF_UINT32, NULL), "tf_order_fill_sample", "out");
+    NULL_ARG(tf_order_segments_at(o, 0, NULL, 4, &n), "tf_order_segments_at", "out");
+    NULL_ARG(tf_order_segments_at(o, 0, seg, 4, NULL), "tf_order_segments_at", "n");
+    NULL_ARG(tf_order_find_document(NULL, 0, 0, 0, 2, buf64, 4, &n), "tf_order_find_document", "o");
+    NULL_ARG(tf_order_row_cost(o, 0, TF_BALANCE_NONE, NULL), "tf_order_row_cost", "cost");
+    NULL_ARG(tf_order_balance(o, 0, 1, 1, TF_BALANCE_NONE, NULL, 4, &n), "tf_order_balance", "out");
+    NULL_ARG(tf_order_mix_source_at(o, 0, NULL, &u), "tf_order_mix_source_at", "source");
+    NULL_ARG(tf_order_mix_source_at(o, 0, &src, NULL), "tf_order_mix_source_at", "index");
+    NULL_ARG(tf_perm_init(NULL, 10, 1), "tf_perm_init", "p");
+    NULL_ARG(tf_config_set(TF_SCOPE_ORDER, NULL, "seed", 1), "tf_config_set", "cfg");
+    NULL_ARG(tf_config_get(TF_SCOPE_ORDER, &c, "seed", NULL), "tf_config_get", "value");
+    NULL_ARG(tf_dataset_get_info(NULL, &di), "tf_dataset_get_info", "ds");
+    NULL_ARG(tf_dataset_get_file(ds, 0, NULL), "tf_dataset_get_file", "info");
+    NULL_ARG(tf_dataset_read(NULL, 0, 1, buf64, TF_UINT32), "tf_dataset_read", "ds");
+    NULL_ARG(tf_dataset_read(ds, 0, 1, NULL, TF_UINT32), "tf_dataset_read", "out");
+    NULL_ARG(tf_dataset_document(ds, 0, NULL, &u), "tf_dataset_document", "start");
+    NULL_ARG(tf_dataset_find_document(ds, 0, NULL), "tf_dataset_find_document", "doc");
+    NULL_ARG(tf_dataset_view(ds, 0, 1, NULL, &dt), "tf_dataset_view", "ptr");
+    NULL_ARG(tf_dataset_verify(NULL, 1, NULL, NULL), "tf_dataset_verify", "ds");
+    NULL_ARG(tf_dataset_open("/nonexistent", NULL, NULL), "tf_dataset_open", "out");
+    NULL_ARG(tf_dataset_from_memory(buf64, 1, TF_UINT32, NULL, 0, 0, NULL), "tf_dataset_from_memory", "out");
+    NULL_ARG(tf_loader_create(ds, &lc, NULL), "tf_loader_create", "out");
+    NULL_ARG(tf_loader_create_from_order(o, &lc, NULL), "tf_loader_create_from_order", "out");
+    NULL_ARG(tf_loader_next(NULL, &b), "tf_loader_next", "l");
+    NULL_ARG(tf_loader_next(l, NULL), "tf_loader_next", "out");
+    NULL_ARG(tf_loader_seek(NULL, 0), "tf_loader_seek", "l");
+    NULL_ARG(tf_loader_get_source_stats(NULL, 0, &ss), "tf_loader_get_source_stats", "l");
+    NULL_ARG(tf_loader_state_save(NULL, st, sizeof st, &n), "tf_loader_state_save", "l");
+    NULL_ARG(tf_loader_state_load(l, NULL, 2, 0), "tf_loader_state_load", "state");
+    NULL_ARG(tf_writer_create("/nonexistent", NULL, NULL), "tf_writer_create", "out");
+    NULL_ARG(tf_writer_add_document(NULL, buf64, 1, TF_UINT32), "tf_writer_add_document", "w");
+    NULL_ARG(tf_writer_finish(NULL), "tf_writer_finish", "w");
+    NULL_ARG(tf_remote_create(NULL, NULL, NULL), "tf_remote_create", "out");
+    NULL_ARG(tf_remote_stat(NULL, "s3://b/k", NULL), "tf_remote_stat", "r");
+    NULL_ARG(tf_cache_info_get(NULL, NULL), "tf_cache_info_get", "dir");
+    NULL_ARG(tf_cache_prune(NULL, 0), "tf_cache_prune", "dir");
+    NULL_ARG(tf_device_loader_create(l, NULL, NULL), "tf_device_loader_create", "out");
+    NULL_ARG(tf_device_loader_seek(NULL, 0), "tf_device_loader_seek", "d");
+    NULL_ARG(tf_device_loader_start(NULL), "tf_device_loader_start", "d");
+    NULL_ARG(tf_device_batch_wait(NULL, 0), "tf_device_batch_wait", "b");
+    NULL_ARG(tf_device_batch_synchronize(NULL), "tf_device_batch_synchronize", "b");
+    (void)perm;
+    (void)ptr;
+    (void)fi;
+    (void)v;
+
+    /* cap 0 sizes the state: -ENOSPC with the length */
+    CHECK_RC(tf_order_state_save(o, 0, 1, NULL, 0, &n), -ENOSPC);
+    CHECK(n > 0 && n < sizeof st);
+    CHECK_OK(tf_order_state_save(o, 4, 1, st, sizeof st, &n));
+
+    /* a state that is not JSON: -TF_ESTATE with the parser's sentence */
+    tf_order_skip(stale, 3, 1);
+    CHECK_RC(tf_order_state_load(o, "not json", 8, 0, &pos, &h), -TF_ESTATE);
+    CHECK(strstr(tf_last_error(), "not valid JSON") != NULL);
+    CHECK_RC(tf_order_state_load(o, "{\"position\": NaN}", 17, 0, &pos, &h), -TF_ESTATE);
+    CHECK(strstr(tf_last_error(), "NaN") != NULL);
+
+    /* flags other than TF_STATE_LENIENT are refused, by the loader too */
+    CHECK_RC(tf_order_state_load(o, st, n, 0x10, &pos, &h), -EINVAL);
+    CHECK(strstr(tf_last_error(), "TF_STATE_LENIENT") != NULL);
+    CHECK_RC(tf_loader_state_load(l, st, n, TF_STATE_LENIENT | 0x4), -EINVAL);
+    CHECK_OK(tf_order_state_load(o, st, n, TF_STATE_LENIENT, &pos, &h));
+    CHECK(pos == 4 && h == NULL);
+
+    /* a key twice in one object is refused, whichever value comes first */
+    char dup[4200];
+    const char *at = strstr(st, "\"position\": 4");
+    CHECK(at != NULL);
+    if (at) {
+        int k = snprintf(dup, sizeof dup, "%.*s\"position\": 6, %s", (int)(at - st), st, at);
+        CHECK_RC(tf_order_state_load(o, dup, (size_t)k, 0, &pos, &h), -TF_ESTATE);
+        CHECK(strstr(tf_last_error(), "\"position\" appears twice") != NULL);
+    }
+    /* a C message names the C flag (Python's strict=False only besides it) */
+    char edited[4200];
+    at = strstr(st, "\"config_fingerprint\": \"");
+    if (at) {
+        snprintf(edited, sizeof edited, "%s", st);
+        char *fp = edited + (at - st) + strlen("\"config_fingerprint\": \"");
+        fp[0] = fp[0] == '0' ? '1' : '0';
+        CHECK_RC(tf_order_state_load(o, edited, n, 0, &pos, &h), -TF_ESTATE);
+        CHECK(strstr(tf_last_error(), "TF_STATE_LENIENT") != NULL);
+    }
+    tf_loader_free(l);
+    tf_order_free(stale);
+    tf_order_free(o);
+    tf_dataset_free(ds);
+}
+
 int main(void) {
     test_segments();
     test_perm_bijection();
@@ -628,5 +787,6 @@ int main(void) {
     test_multi_file();
     test_multi_shard();
     test_positions_and_errors();
+    test_c_api_errors();
     return T_DONE();
 }
