@@ -90,20 +90,22 @@ static void write_mixture(tf__jw *w, const tf__sched_spec *sp) {
 }
 
 static void write_history(tf__jw *w, const tf_order *o) {
-    const uint64_t *hp;
-    const double *hw;
-    size_t n = tf__order_mix_history(o, &hp, &hw), K = tf_order_num_sources(o);
-    if (!n) {
+    size_t n = tf__order_mix_history_len(o), K = tf_order_num_sources(o);
+    double *hw = n ? malloc(K * sizeof *hw) : NULL;
+    if (!n || !hw) {
+        if (n) w->rc = -ENOMEM;
         tf__jw_printf(w, "null");
         return;
     }
     tf__jw_printf(w, "[");
     for (size_t i = 0; i < n; i++) {
-        tf__jw_printf(w, "%s[%llu, ", i ? ", " : "", (unsigned long long)hp[i]);
-        write_doubles(w, hw + i * K, K);
+        uint64_t pos = tf__order_mix_history_at(o, i, hw);
+        tf__jw_printf(w, "%s[%llu, ", i ? ", " : "", (unsigned long long)pos);
+        write_doubles(w, hw, K);
         tf__jw_printf(w, "]");
     }
     tf__jw_printf(w, "]");
+    free(hw);
 }
 
 static void write_setting(tf__jw *w, const tf__setting_row *r, const tf__cond_ctx *x) {
@@ -756,7 +758,7 @@ static int live_order(const tf_order *o, const saved *s, tf_order **out) {
         snprintf(msg, sizeof msg, "%s", tf_last_error());
         TF_FAIL(-TF_ESTATE, "the state's weights_history: the weights last set cannot be applied (%s)", msg);
     }
-    rc = tf__order_mix_set_history(*out, s->nhist, s->hist_pos, s->hist_w, NULL);
+    rc = tf__order_mix_set_history(*out, s->nhist, s->hist_pos, s->hist_w);
     if (rc) {
         tf_order_free(*out);
         *out = NULL;
@@ -785,10 +787,7 @@ int tf_order_mix_set_weights(const tf_order *o, uint64_t pos, const double *weig
     int rc = counts_at(o, n, pos, counts);
     if (!rc) rc = tf__order_mix_create(o, &o->cfg, &sp, out);
     if (!rc) {
-        const uint64_t *hp;
-        const double *hw;
-        size_t nh = tf__order_mix_history(o, &hp, &hw);
-        rc = tf__order_mix_set_history(*out, nh, hp, hw, weights);
+        rc = tf__order_mix_inherit_history(*out, o, weights);
         if (rc) {
             tf_order_free(*out);
             *out = NULL;

@@ -779,25 +779,31 @@ class Loader:
             raise ValueError("set_weights needs a mixture (a Loader made with weights=)")
         w = [float(x) for x in weights]
         pos = self.position
+        old = self._order
         try:
-            order = self._order.mix_set_weights(pos, w)
+            order = old.mix_set_weights(pos, w)
         except RuntimeError as e:
             raise ValueError(str(e)) from None
-        # kept in the configuration too, so that a loader made again from it reads the same
+        # kept in the configuration too, so that a loader made again from it reads the same; the
+        # anchor is where each source was at pos (as the C library found it), so that a call costs
+        # the same however many changes the state lists (no state is written and read back)
+        anchor = (pos, tuple(old.mix_source_count(k, pos) for k in range(len(w))))
         self._order_cfg = dataclasses.replace(self._order_cfg, weights=tuple(w))
-        self._hand_over(order)
+        self._hand_over(order, anchor)
         self._position = pos
 
-    def _hand_over(self, order: Any) -> None:
+    def _hand_over(self, order: Any, anchor: Optional[Tuple[int, Tuple[int, ...]]] = None) -> None:
         """Read ``order`` from here on: this mixture with the hand-over anchor a resume needs (the
-        C library found where each source was). The anchor is kept in the configuration, so a
+        C library found where each source was; ``anchor`` when the caller knows it, with the
+        weights already in the configuration). The anchor is kept in the configuration, so a
         pickled loader rebuilds the same order."""
-        saved = json.loads(order.state_save(0, 1))
-        anchor, history = saved["mix_anchor"], saved["weights_history"]
-        self._order_cfg = dataclasses.replace(
-            self._order_cfg, mix_anchor=None if anchor is None else (int(anchor[0]), tuple(anchor[1])))
-        if history:  # weights set while the stream ran are the ones it reads now
-            self._order_cfg = dataclasses.replace(self._order_cfg, weights=tuple(history[-1][1]))
+        if anchor is None:
+            saved = json.loads(order.state_save(0, 1))
+            a, history = saved["mix_anchor"], saved["weights_history"]
+            anchor = None if a is None else (int(a[0]), tuple(a[1]))
+            if history:  # weights set while the stream ran are the ones it reads now
+                self._order_cfg = dataclasses.replace(self._order_cfg, weights=tuple(history[-1][1]))
+        self._order_cfg = dataclasses.replace(self._order_cfg, mix_anchor=anchor)
         self._order = order
         # the engine (and the device stage over it) borrow the order: made again over the new one
         if self._device is not None:
