@@ -230,3 +230,34 @@ def test_a_key_twice_is_refused_in_c_and_in_python(data, tmp_path):
     path.write_text(dup)
     with pytest.raises(_Problem, match="appears twice"):  # tokenfeed explain --state reads it so
         _read_state(str(path))
+
+
+def test_a_large_state_loads_and_one_past_the_limits_is_refused(data):
+    """Reading a state is linear in its size, and what it may hold is bounded by limits
+    that the refusal names (tokenfeed.h: TF_STATE_MAX_*; docs/design.md)."""
+    kw = dict(seq_len=8, batch_size=4, seed=1)
+    ld = loader(data, kw)
+    st = ld.state_dict()
+    # 100,000 skipped ranges (1.6 MB of JSON): loads, every range kept
+    many = st | {"skipped": [[8 * i, 8 * i + 4] for i in range(100_000)]}
+    fresh = loader(data, kw)
+    fresh.load_state_dict(many)
+    skips = fresh._order.skips()
+    assert len(skips) == 100_000 and skips[-1] == (799_992, 799_996)
+    assert fresh.state_dict()["skipped"] == many["skipped"]
+    # unknown keys are read past, up to the limit on one object's members
+    fresh.load_state_dict(st | {f"x{i}": i for i in range(1000)})
+    assert fresh._order.skips() == []
+    with pytest.raises(tokenfeed.StateError, match="TF_STATE_MAX_MEMBERS"):
+        fresh.load_state_dict(st | {f"x{i}": i for i in range(2000)})
+    # past the limits: refused, naming the limit
+    limit = 1 << 20
+    with pytest.raises(tokenfeed.StateError, match="TF_STATE_MAX_SKIPS"):
+        fresh.load_state_dict(st | {"skipped": [[8 * i, 8 * i + 4] for i in range(limit + 1)]})
+    with pytest.raises(RuntimeError, match="TF_STATE_MAX_BYTES"):
+        fresh._order.state_load(json.dumps(st) + " " * (64 << 20))
+    mix = loader(data, dict(kw, weights=[0.7, 0.3], mix_window=10))
+    mst = mix.state_dict()
+    with pytest.raises(tokenfeed.StateError, match="TF_STATE_MAX_WEIGHTS_HISTORY"):
+        mix.load_state_dict(mst | {"weights_history": [[0, [0.5, 0.5]]] * 65537})
+    assert fresh.position == 0 and fresh._order.skips() == []  # a refused state changes nothing

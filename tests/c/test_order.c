@@ -779,6 +779,124 @@ static void test_c_api_errors(void) {
     tf_dataset_free(ds);
 }
 
+/* The weights a mixture was given: one entry per position where a change took
+ * effect (a second call at one position replaces the first), the same in every
+ * order of a run however they branch. */
+static int history_is(const tf_order *o, const char *want) {
+    char st[8192];
+    size_t n = 0;
+    if (tf_order_state_save(o, 0, 1, st, sizeof st, &n)) return 0;
+    const char *h = strstr(st, "\"weights_history\": ");
+    if (!h || strncmp(h + 19, want, strlen(want))) {
+        fprintf(stderr, "weights_history: want %s, state %s\n", want, h ? h : st);
+        return 0;
+    }
+    return 1;
+}
+
+static void test_weights_history(void) {
+    tf_dataset *ds[2] = {flat_dataset(1001), flat_dataset(2001)};
+    tf_order_config c;
+    tf_order_config_init(&c);
+    c.seq_len = 10;
+    c.global_batch = 2;
+    double w0[2] = {0.5, 0.5}, w1[2] = {0.25, 0.75}, w2[2] = {0.75, 0.25}, w3[2] = {1, 0}, w4[2] = {0, 1};
+    tf_order *o = NULL, *o1 = NULL, *o2 = NULL, *o3 = NULL, *o4 = NULL, *o5 = NULL, *same = NULL;
+    CHECK_OK(tf_order_create_mix((const tf_dataset *const *)ds, w0, 2, &c, &o));
+    CHECK_OK(tf_order_mix_set_weights(o, 0, w1, 2, &o1));
+    CHECK_OK(tf_order_mix_set_weights(o1, 4, w2, 2, &o2));
+    CHECK_OK(tf_order_mix_set_weights(o1, 8, w3, 2, &o3)); /* from o1 again: a branch */
+    CHECK_OK(tf_order_mix_set_weights(o2, 4, w4, 2, &o4)); /* o2's position again: replaces */
+    CHECK_OK(tf_order_mix_set_weights(o2, 6, w3, 2, &o5));
+    CHECK(history_is(o, "null"));
+    CHECK(history_is(o1, "[[0, [0.25, 0.75]]]"));
+    CHECK(history_is(o2, "[[0, [0.25, 0.75]], [4, [0.75, 0.25]]]"));
+    CHECK(history_is(o3, "[[0, [0.25, 0.75]], [8, [1.0, 0.0]]]"));
+    CHECK(history_is(o4, "[[0, [0.25, 0.75]], [4, [0.0, 1.0]]]"));
+    CHECK(history_is(o5, "[[0, [0.25, 0.75]], [4, [0.75, 0.25]], [6, [1.0, 0.0]]]"));
+    /* 1,000 calls at one position: still one entry */
+    for (int i = 0; i < 1000; i++) {
+        double w[2] = {i % 2 ? 0.25 : 0.75, i % 2 ? 0.75 : 0.25};
+        tf_order *next = NULL;
+        CHECK_OK(tf_order_mix_set_weights(same ? same : o5, 8, w, 2, &next));
+        tf_order_free(same);
+        same = next;
+    }
+    CHECK(history_is(same, "[[0, [0.25, 0.75]], [4, [0.75, 0.25]], [6, [1.0, 0.0]], [8, [0.25, 0.75]]]"));
+    CHECK(history_is(o5, "[[0, [0.25, 0.75]], [4, [0.75, 0.25]], [6, [1.0, 0.0]]]"));
+    /* a resumed state lists the same */
+    char st[8192];
+    size_t n = 0;
+    uint64_t pos = 0;
+    tf_order *h = NULL;
+    CHECK_OK(tf_order_state_save(same, 8, 1, st, sizeof st, &n));
+    CHECK_OK(tf_order_state_load(o, st, n, 0, &pos, &h));
+    CHECK(pos == 8 && h && history_is(h, "[[0, [0.25, 0.75]], [4, [0.75, 0.25]], [6, [1.0, 0.0]], [8, [0.25, 0.75]]]"));
+    tf_order_free(h);
+    tf_order_free(same);
+    tf_order_free(o5);
+    tf_order_free(o4);
+    tf_order_free(o3);
+    tf_order_free(o2);
+    tf_order_free(o1);
+    tf_order_free(o);
+    tf_dataset_free(ds[0]);
+    tf_dataset_free(ds[1]);
+}
+
+/* llm.c's order with llmc_processes 0 (None): the data-parallel size, which
+ * tf_loader_create takes from world_size; an order built on its own does not
+ * know it and refuses, rather than reading one process's order. */
+static void test_llmc_processes_none(void) {
+    tf_dataset *ds = flat_dataset(20001);
+    tf_loader_config lc;
+    tf_loader_config_init(&lc);
+    tf_order_config_init(&lc.order);
+    lc.order.seq_len = 10;
+    lc.order.order = TF_ORDER_LLMC;
+    lc.order.shuffle = TF_SHUFFLE_FULL;
+    lc.order.seed = 42;
+    lc.batch_size = 2;
+    lc.world_size = 2;
+    lc.order.llmc_processes = 0;
+    tf_loader *none = NULL, *two = NULL;
+    CHECK_OK(tf_loader_create(ds, &lc, &none));
+    lc.order.llmc_processes = 2;
+    CHECK_OK(tf_loader_create(ds, &lc, &two));
+    char a[4096], b[4096];
+    size_t na = 0, nb = 0;
+    if (none && two) {
+        CHECK_OK(tf_loader_state_save(none, a, sizeof a, &na));
+        CHECK_OK(tf_loader_state_save(two, b, sizeof b, &nb));
+        CHECK(na == nb && !memcmp(a, b, na)); /* the same configuration and fingerprint */
+        CHECK(strstr(a, "\"llmc_processes\": 2") != NULL);
+        CHECK_OK(tf_loader_state_load(two, a, na, 0)); /* each accepts the other's state */
+        CHECK_OK(tf_loader_state_load(none, b, nb, 0));
+        for (int k = 0; k < 6; k++) { /* and reads the same batches: two processes' order */
+            tf_batch *x = NULL, *y = NULL;
+            CHECK_OK(tf_loader_next(none, &x));
+            CHECK_OK(tf_loader_next(two, &y));
+            if (!x || !y) break;
+            tf_batch_view vx, vy;
+            tf_batch_get_view(x, &vx);
+            tf_batch_get_view(y, &vy);
+            CHECK(vx.rows == vy.rows && vx.dtype == vy.dtype &&
+                  !memcmp(vx.tokens, vy.tokens, vx.rows * (vx.seq_len + 1) * tf_dtype_size(vx.dtype)));
+            tf_batch_release(x);
+            tf_batch_release(y);
+        }
+    }
+    tf_order_config c = lc.order;
+    c.global_batch = 4;
+    c.llmc_processes = 0;
+    tf_order *o = NULL;
+    CHECK_RC(tf_order_create(ds, &c, &o), -EINVAL);
+    CHECK(strstr(tf_last_error(), "llmc_processes") && strstr(tf_last_error(), "world_size"));
+    tf_loader_free(none);
+    tf_loader_free(two);
+    tf_dataset_free(ds);
+}
+
 int main(void) {
     test_segments();
     test_perm_bijection();
@@ -788,5 +906,7 @@ int main(void) {
     test_multi_shard();
     test_positions_and_errors();
     test_c_api_errors();
+    test_weights_history();
+    test_llmc_processes_none();
     return T_DONE();
 }
