@@ -485,7 +485,7 @@ int tf__order_mix_inherit_history(tf_order *o, const tf_order *like, const doubl
     if (lm->has_last && lm->last_pos != at) { /* like's last entry took effect: it joins the shared entries */
         if (np + 1 >= TF_STATE_MAX_WEIGHTS_HISTORY) {
             hist_release(h);
-            TF_FAIL(-EOVERFLOW, "set_weights: the mixture's weights were changed at %zu positions already, the most "
+            TF_FAIL(-EINVAL, "set_weights: the mixture's weights were changed at %zu positions already, the most "
                     "a state records (TF_STATE_MAX_WEIGHTS_HISTORY = %u): change them less often", np + 1,
                     TF_STATE_MAX_WEIGHTS_HISTORY);
         }

@@ -162,7 +162,7 @@ int tf_order_state_save(const tf_order *o, uint64_t pos, uint32_t world_size, ch
         tf__jw_printf(&w, ", \"order\": null}");
     int rc = w.rc;
     if (!rc && w.len > TF_STATE_MAX_BYTES)
-        rc = tf__seterr(-EOVERFLOW, "the state would take %zu bytes, more than the %u a state may hold "
+        rc = tf__seterr(-EINVAL, "the state would take %zu bytes, more than the %u a state may hold "
                         "(TF_STATE_MAX_BYTES): a mixture of many sources with a long weights_history", w.len,
                         TF_STATE_MAX_BYTES);
     if (!rc) {
@@ -830,7 +830,7 @@ int tf_order_skip(tf_order *o, uint64_t start, uint64_t stop) {
     }
     if (n > TF_STATE_MAX_SKIPS) {
         free(r);
-        TF_FAIL(-EOVERFLOW, "skip: the order already leaves out %zu separate ranges, the most a state may hold "
+        TF_FAIL(-EINVAL, "skip: the order already leaves out %zu separate ranges, the most a state may hold "
                 "(TF_STATE_MAX_SKIPS = %u): skip ranges that touch, so that they merge", o->nskips, TF_STATE_MAX_SKIPS);
     }
     free(o->skips);
