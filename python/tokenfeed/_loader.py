@@ -495,7 +495,8 @@ class Loader:
             raise TypeError("an infinite Loader (epochs=None) has no len()")
         pos = self.position
         # the steps skip_steps left out are not delivered: they do not count
-        skipped = sum(min(stop, n) - max(start, pos) for start, stop in self._order.skips() if stop > pos and start < n)
+        skipped: int = sum(min(stop, n) - max(start, pos)
+                           for start, stop in self._order.skips() if stop > pos and start < n)
         return max(0, (n - pos - skipped) // self.global_batch)
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
