@@ -397,10 +397,6 @@ static int parse_history(const tf__json *j, const tf__jnode *h, saved *s) {
         if (!(sum > 0))
             TF_FAIL(-TF_ESTATE, "the state's weights_history entry %zu: every weight is 0; at least one must be > 0 "
                     "(as set_weights requires)", i);
-        if (i && s->hist_pos[i] < s->hist_pos[i - 1])
-            TF_FAIL(-TF_ESTATE, "the state's weights_history: entry %zu (position %llu) comes before entry %zu "
-                    "(position %llu); the entries are oldest first", i, (unsigned long long)s->hist_pos[i], i - 1,
-                    (unsigned long long)s->hist_pos[i - 1]);
     }
     s->nhist = n;
     return 0;
@@ -718,8 +714,8 @@ int tf_order_state_load(const tf_order *o, const char *state, size_t len, unsign
     int same = !*diffs;
     if (!rc && *diffs && !(flags & TF_STATE_LENIENT))
         rc = tf__seterr(-TF_ESTATE, "the loader configuration changed (%s). Restore with the saved settings, or load "
-                        "leniently (TF_STATE_LENIENT in C, strict=False in Python) to continue from the saved position with "
-                        "the new ones.", diffs);
+                        "leniently (TF_STATE_LENIENT in C, strict=False in Python) to continue from the saved "
+                        "position with the new ones.", diffs);
     uint64_t G = o->cfg.global_batch;
     if (!rc && s.position % G)
         rc = tf__seterr(-TF_ESTATE, "the state's position %llu is not a multiple of the global batch %llu: keep "
