@@ -310,3 +310,27 @@ def test_cli_errors_are_one_line(two, capsys, args, says):
     rc = main([a.format(data=data) for a in args])
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1 and err.startswith("tokenfeed: error: ") and says in err, err
+
+
+@pytest.mark.parametrize("epochs", [None, 1])
+def test_explain_and_where_refuse_values_past_64_bits(two, epochs):
+    l = numpy_loader(two[0], seq_len=32, batch_size=4, seed=5, epochs=epochs)
+    # a step whose positions pass 2**64: an error naming the limit, never a bare OverflowError
+    with pytest.raises(IndexError, match="2\\*\\*64|past the end"):
+        l.explain(2**62)
+    with pytest.raises(IndexError, match="2\\*\\*64|past the end"):
+        l.explain(2**64 + 1)
+    # a document number past 64 bits is not document 5 wrapped round
+    with pytest.raises(ValueError, match="2\\*\\*64"):
+        l.where(2**64 + 5)
+    assert l.where(5)  # document 5 itself is found
+    # an epoch range reaching past 2**64 positions: refused, naming the limit (not an empty answer)
+    with pytest.raises(ValueError, match="2\\*\\*64"):
+        l.where(5, epochs=(0, 2**64))
+    with pytest.raises(ValueError, match="2\\*\\*64"):
+        l.where(5, epochs=f"{2**63}:{2**63 + 1}")
+    # the binding itself names the limit
+    with pytest.raises(OverflowError, match="2\\*\\*64"):
+        l._order.segments_at(2**64 + 3)
+    with pytest.raises(OverflowError, match="2\\*\\*64"):
+        l._order.find_document(0, 2**64 + 5, 0, 10)

@@ -9,6 +9,8 @@ mid-epoch resumes exactly; one process can replay several llm.c processes' batch
 (llmc_processes), and a state refuses another number of processes."""
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import shutil
 import subprocess
@@ -125,3 +127,23 @@ def test_processes_replayed_and_refused(ref, shards, tmp_path):
                          dtype="uint16").load_state_dict(st)
     with pytest.raises(ValueError, match="fewer than one global batch"):
         loader(shards, 1, 0, 40, 8, True)  # 40 x 8 tokens: more than the 300-token shard holds
+
+
+def test_llmc_processes_zero_is_the_data_parallel_size(ref, shards, tmp_path):
+    """llmc_processes=0 means what None means, the data-parallel size: in Python as in C
+    (tf_loader_create takes it from world_size; tests/c/test_order.c), never one process."""
+    R, B, T = 2, 2, 16
+    E = steps_per_epoch(R, B, T)
+    want = llmc_batches(ref, shards, tmp_path, R, 0, B, T, True, E)
+    zero = loader(shards, R, 0, B, T, True, llmc_processes=0)
+    st = zero.state_dict()
+    assert st["config"]["llmc_processes"] == R
+    assert st == loader(shards, R, 0, B, T, True).state_dict() == loader(shards, R, 0, B, T, True,
+                                                                       llmc_processes=R).state_dict()
+    assert np.array_equal(np.stack([next(zero)["tokens"] for _ in range(E)]), want)
+    # its state resumes a loader that reads the same stream with llmc_processes given
+    again = loader(shards, R, 0, B, T, True, llmc_processes=R)
+    again.load_state_dict(zero.state_dict())
+    # the C order on its own does not know the data-parallel size: refused, saying so
+    with pytest.raises(ValueError, match="llmc_processes"):
+        dataclasses.replace(zero._order_cfg, llmc_processes=0).build(zero._core_source())

@@ -67,6 +67,52 @@ def test_set_weights_applies_at_the_next_batch_and_keeps_each_source_cursor(sour
     assert st["weights_history"] == [[20, [0.0, 0.25, 0.75]]] and st["mix_anchor"][0] == 20
 
 
+def test_weights_history_grows_with_changes_not_with_calls(sources, monkeypatch):
+    import tokenfeed._loader as loader_mod
+
+    ld = numpy_loader(sources, weights=[0.5, 0.3, 0.2], **BASE)
+    take_tokens(ld, 3)
+    ld.set_weights([0.2, 0.3, 0.5])
+    one = ld.state_dict()
+    # 3,000 calls at one position: only the last took effect, and the state says just that
+    for i in range(3000):
+        ld.set_weights([0.1 + (i % 7) / 10, 0.3, 0.5])
+    ld.set_weights([0.2, 0.3, 0.5])
+    many = ld.state_dict()
+    assert many["weights_history"] == one["weights_history"] == [[12, [0.2, 0.3, 0.5]]]
+    assert len(json.dumps(many)) == len(json.dumps(one)) and many == one
+    # the same stream as after the one call, and so on resume
+    ref = numpy_loader(sources, weights=[0.5, 0.3, 0.2], **BASE)
+    take_tokens(ref, 3)
+    ref.set_weights([0.2, 0.3, 0.5])
+    assert all(np.array_equal(a, b) for a, b in zip(take_tokens(ld, 5), take_tokens(ref, 5)))
+    # changes at distinct positions: one entry each, oldest first
+    for k in range(40):
+        ld.set_weights([0.2 + k / 100, 0.3, 0.5])
+        next(ld)
+    hist = ld.state_dict()["weights_history"]
+    assert len(hist) == 41 and [p for p, _ in hist] == [12] + [32 + 4 * k for k in range(40)]
+    # a call neither writes nor reads back a state, whatever the history holds: counted
+    calls = {"dumps": 0, "loads": 0}
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            if name in calls:
+                calls[name] += 1
+            return getattr(json, name)
+
+    monkeypatch.setattr(loader_mod, "json", Counting())
+    for k in range(100):
+        ld.set_weights([0.5, 0.3 + k / 1000, 0.2])
+    assert calls == {"dumps": 0, "loads": 0}
+    monkeypatch.undo()
+    resumed = numpy_loader(sources, weights=[0.5, 0.3, 0.2], **BASE)
+    resumed.load_state_dict(json.loads(json.dumps(ld.state_dict())))
+    assert resumed.state_dict()["weights_history"] == ld.state_dict()["weights_history"]
+    assert len(resumed.state_dict()["weights_history"]) == 42
+    assert all(np.array_equal(a, b) for a, b in zip(take_tokens(ld, 5), take_tokens(resumed, 5)))
+
+
 def test_repeated_changes_resume_on_another_world_size(sources):
     """Four ranks change the weights twice; rank 0's state resumes on two ranks (and on four)
     with exactly the global batches the four would have delivered."""

@@ -105,3 +105,42 @@ def test_skips_survive_pickling_and_apply_to_source_ids(data, make_dataset):
     got = [next(copy) for _ in range(4)]
     for g, w in zip(got, whole[:2] + whole[5:7]):
         assert np.array_equal(g["tokens"], w["tokens"]) and np.array_equal(g["source_ids"], w["source_ids"])
+
+
+def test_len_and_where_leave_skipped_steps_out(data):
+    loader = numpy_loader(data, **KW)
+    total = len(loader)
+    loader.skip_steps(3, 11)
+    assert len(loader) == total - 8  # the batches that will come, not those left out
+    got = sum(1 for _ in loader)
+    assert got == total - 8 and len(loader) == 0
+    # mid-way through, and from inside a skipped range
+    part = numpy_loader(data, **KW)
+    part.skip_steps(2, 5)
+    part.skip_steps(8, 9)
+    take_tokens(part, 2)
+    assert len(part) == total - 2 - 4
+    # where() answers with the steps that deliver the document, never a skipped one
+    ld = numpy_loader(data, **KW)
+    doc = ld.explain(0)[0][0].document
+    before = ld.where(doc)
+    assert 0 in [r["step"] for r in before]
+    ld.skip_steps(0, 1)
+    after = ld.where(doc)
+    assert 0 not in [r["step"] for r in after]
+    assert after == [r for r in before if r["step"] != 0]
+
+
+@pytest.mark.parametrize("epochs", [None, 3])
+def test_steps_past_64_bit_positions_are_refused_not_wrapped(data, epochs):
+    loader = numpy_loader(data, **{**KW, "epochs": epochs})
+    # 2**62 steps of 8 samples pass 2**64 positions: refused, never wrapped round to step 0
+    with pytest.raises(ValueError, match="2\\*\\*64|past the end"):
+        loader.skip_steps(2**62, 2**62 + 1)
+    assert loader.state_dict()["skipped"] is None
+    with pytest.raises(ValueError, match="2\\*\\*64|past the end"):
+        loader.skip_steps(2**61, 2**64)
+    assert loader.state_dict()["skipped"] is None
+    with pytest.raises((ValueError, OverflowError), match="2\\*\\*64"):
+        loader._order.skip(0, 2**64 + 8)
+    assert loader._order.skips() == []

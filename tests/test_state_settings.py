@@ -173,3 +173,91 @@ def test_c_state_text_is_what_python_returns(data):
                           "order", "position", "samples_per_epoch", "skipped", "weights_history", "world_size"]
     assert st["order"] is None  # tokenfeed's own order
     assert st["config"]["block_size"] is None and st["config"]["weights"] is None  # not used: None, but present
+
+
+@pytest.mark.parametrize("path", ["position", "config.weights"])
+def test_nan_in_a_state_is_named(data, path):
+    kw = dict(seq_len=8, batch_size=4, seed=1, weights=[0.7, 0.3], mix_window=10)
+    ld = loader(data, kw)
+    next(ld)
+    st = ld.state_dict()
+    if path == "position":
+        st["position"] = float("nan")
+    else:
+        st["config"]["weights"] = [0.7, float("nan")]
+    with pytest.raises(tokenfeed.StateError, match=path.replace(".", r"\.") + ".* NaN"):
+        ld.load_state_dict(st)
+    # the C library says so too (it used to lose the parser's sentence)
+    text = json.dumps(st)
+    with pytest.raises(RuntimeError, match="not valid JSON: NaN"):
+        ld._order.state_load(text)
+    assert ld.position == 4
+
+
+def test_a_weights_history_of_zeros_is_refused(data):
+    import pickle
+
+    kw = dict(seq_len=8, batch_size=4, seed=1, weights=[0.7, 0.3], mix_window=10)
+    ld = loader(data, kw)
+    next(ld)
+    ld.set_weights([0.5, 0.5])
+    st = ld.state_dict()
+    assert st["weights_history"] == [[4, [0.5, 0.5]]]
+    for bad_entry, says in (([4, [0.0, 0.0]], "every weight is 0"), ([4, [0.5, -1.0]], "weights are finite and >= 0")):
+        fresh = loader(data, kw)
+        with pytest.raises(tokenfeed.StateError, match=says):
+            fresh.load_state_dict(st | {"weights_history": [bad_entry]})
+        # refused, so the loader is as it was, and pickles and unpickles as it was
+        again = pickle.loads(pickle.dumps(fresh))
+        assert again.weights == [0.7, 0.3] and again.state_dict()["weights_history"] is None
+
+
+def test_a_key_twice_is_refused_in_c_and_in_python(data, tmp_path):
+    from tokenfeed._explain_cli import _Problem, _read_state
+    from tokenfeed._loader import _state_from_json
+
+    ld = loader(data, dict(seq_len=8, batch_size=4, seed=1, epochs=2))
+    next(ld)
+    text = json.dumps(ld.state_dict())
+    dup = text.replace('"position": 4', '"position": 0, "position": 4')
+    assert dup != text
+    # C used to take the first value, Python's json the last: both refuse it now
+    with pytest.raises(RuntimeError, match="\"position\" appears twice"):
+        ld._order.state_load(dup)
+    with pytest.raises(tokenfeed.StateError, match="'position' appears twice"):
+        _state_from_json(dup)
+    path = tmp_path / "state.json"
+    path.write_text(dup)
+    with pytest.raises(_Problem, match="appears twice"):  # tokenfeed explain --state reads it so
+        _read_state(str(path))
+
+
+def test_a_large_state_loads_and_one_past_the_limits_is_refused(data):
+    """Reading a state is linear in its size, and what it may hold is bounded by limits
+    that the refusal names (tokenfeed.h: TF_STATE_MAX_*; docs/design.md)."""
+    kw = dict(seq_len=8, batch_size=4, seed=1)
+    ld = loader(data, kw)
+    st = ld.state_dict()
+    # 100,000 skipped ranges (1.6 MB of JSON): loads, every range kept
+    many = st | {"skipped": [[8 * i, 8 * i + 4] for i in range(100_000)]}
+    fresh = loader(data, kw)
+    fresh.load_state_dict(many)
+    skips = fresh._order.skips()
+    assert len(skips) == 100_000 and skips[-1] == (799_992, 799_996)
+    assert fresh.state_dict()["skipped"] == many["skipped"]
+    # unknown keys are read past, up to the limit on one object's members
+    fresh.load_state_dict(st | {f"x{i}": i for i in range(1000)})
+    assert fresh._order.skips() == []
+    with pytest.raises(tokenfeed.StateError, match="TF_STATE_MAX_MEMBERS"):
+        fresh.load_state_dict(st | {f"x{i}": i for i in range(2000)})
+    # past the limits: refused, naming the limit
+    limit = 1 << 20
+    with pytest.raises(tokenfeed.StateError, match="TF_STATE_MAX_SKIPS"):
+        fresh.load_state_dict(st | {"skipped": [[8 * i, 8 * i + 4] for i in range(limit + 1)]})
+    with pytest.raises(RuntimeError, match="TF_STATE_MAX_BYTES"):
+        fresh._order.state_load(json.dumps(st) + " " * (64 << 20))
+    mix = loader(data, dict(kw, weights=[0.7, 0.3], mix_window=10))
+    mst = mix.state_dict()
+    with pytest.raises(tokenfeed.StateError, match="TF_STATE_MAX_WEIGHTS_HISTORY"):
+        mix.load_state_dict(mst | {"weights_history": [[0, [0.5, 0.5]]] * 65537})
+    assert fresh.position == 0 and fresh._order.skips() == []  # a refused state changes nothing

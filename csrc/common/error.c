@@ -2,6 +2,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,6 +66,7 @@ const char *tf_last_error(void) {
 }
 
 const char *tf_strerror(int err) {
+    if (err == INT_MIN) return "unknown error"; /* -INT_MIN is not an int */
     if (err < 0) err = -err;
     switch (err) {
     case 0: return "success";

@@ -160,9 +160,28 @@ TF_HIDDEN void tf__sigbus_install(void);
 TF_HIDDEN int tf__sigbus_installed(void);
 TF_HIDDEN int tf__sigbus_run(int (*fn)(void *), void *arg, tf__sigbus_fault *fault);
 
+/* A NULL argument of a public function: -EINVAL with a message naming the
+ * function and the argument (fn: the public name, where a helper checks). */
+#define TF_NEED_ARG_OF(fn, p)                                                                      \
+    do {                                                                                           \
+        if (!(p)) return tf__seterr(-EINVAL, "%s: the argument %s is NULL", fn, #p);               \
+    } while (0)
+#define TF_NEED_ARG(p) TF_NEED_ARG_OF(__func__, p)
+/* A buffer that may be NULL only when its size is 0. */
+#define TF_NEED_BUF_OF(fn, p, n)                                                                   \
+    do {                                                                                           \
+        if (!(p) && (n))                                                                           \
+            return tf__seterr(-EINVAL, "%s: the argument %s is NULL with %s %llu (NULL only with 0)", fn, #p, \
+                              #n, (unsigned long long)(n));                                        \
+    } while (0)
+#define TF_NEED_BUF(p, n) TF_NEED_BUF_OF(__func__, p, n)
+
 /* JSON (json.c), for the loader state: a flat array of nodes in preorder; an
- * array's or object's children are linked by index (first, next), an object
- * member's name is key/klen. Strings are slices of the text (escapes kept). */
+ * array's or object's children are linked by index (first, next), and listed
+ * in order from j->kids[kids] (so that child i is found in O(1)); an object
+ * member's name is key/klen. Strings are slices of the text (escapes kept). A
+ * key twice in one object, more than TF_STATE_MAX_MEMBERS members in one and
+ * NaN / Infinity are refused. */
 typedef enum tf__jtype { TF__J_NULL, TF__J_BOOL, TF__J_INT, TF__J_NUM, TF__J_STR, TF__J_ARR, TF__J_OBJ } tf__jtype;
 typedef struct tf__jnode {
     tf__jtype type;
@@ -172,6 +191,7 @@ typedef struct tf__jnode {
     const char *s;  /* TF__J_STR */
     size_t slen;
     size_t first, next, n; /* children */
+    size_t kids;           /* where its children's indices begin in j->kids */
     const char *key;
     size_t klen;
 } tf__jnode;
@@ -179,6 +199,7 @@ typedef struct tf__json {
     const char *text;
     tf__jnode *nodes; /* nodes[0] is the root */
     size_t count, cap;
+    size_t *kids;     /* every container's children, in order, one after the other */
 } tf__json;
 /* -EINVAL with a message naming the place of the first error. */
 TF_HIDDEN int tf__json_parse(const char *text, size_t len, tf__json *j);

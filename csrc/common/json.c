@@ -116,7 +116,10 @@ static int parse_container(parser *ps, long idx, int obj) {
         c->klen = klen;
         if (prev < 0) ps->j->nodes[idx].first = (size_t)child;
         else ps->j->nodes[prev].next = (size_t)child;
-        ps->j->nodes[idx].n++;
+        if (++ps->j->nodes[idx].n > TF_STATE_MAX_MEMBERS && obj)
+            TF_FAIL(-EINVAL, "the state is not valid: an object with more than %u members (TF_STATE_MAX_MEMBERS) at "
+                    "character %zu; pass the state Loader.state_dict() / tf_order_state_save wrote",
+                    TF_STATE_MAX_MEMBERS, (size_t)(ps->p - ps->j->text));
         prev = child;
         skip_ws(ps);
         if (ps->p < ps->end && *ps->p == ',') {
@@ -155,6 +158,8 @@ static int parse_value(parser *ps, long *out) {
         if (idx < 0) return (int)idx;
         ps->j->nodes[idx].u = c == 't';
         ps->p += c == 'f' ? 5 : 4;
+    } else if (!strncmp(ps->p, "NaN", 3) || !strncmp(ps->p, "Infinity", 8) || !strncmp(ps->p, "-Infinity", 9)) {
+        return fail(ps, "NaN or Infinity (not a JSON number: a state holds finite numbers)");
     } else {
         idx = new_node(ps, TF__J_INT);
         if (idx < 0) return (int)idx;
@@ -165,9 +170,59 @@ static int parse_value(parser *ps, long *out) {
     return rc;
 }
 
+typedef struct keyref {
+    const char *key;
+    size_t klen;
+} keyref;
+
+static int cmp_key(const void *a, const void *b) {
+    const keyref *x = a, *y = b;
+    int c = memcmp(x->key, y->key, x->klen < y->klen ? x->klen : y->klen);
+    return c ? c : (x->klen > y->klen) - (x->klen < y->klen);
+}
+
+/* Every container's children listed in order (j->kids), and no key twice in
+ * one object: O(nodes), plus a sort of each object's keys. */
+static int index_children(tf__json *j) {
+    j->kids = malloc((j->count ? j->count : 1) * sizeof *j->kids);
+    if (!j->kids) return -ENOMEM;
+    size_t at = 0, most = 0;
+    for (size_t i = 0; i < j->count; i++) {
+        tf__jnode *n = &j->nodes[i];
+        if (n->type != TF__J_ARR && n->type != TF__J_OBJ) continue;
+        n->kids = at;
+        for (size_t k = 0, c = n->first; k < n->n; k++, c = j->nodes[c].next) j->kids[at++] = c;
+        if (n->type == TF__J_OBJ && n->n > most) most = n->n;
+    }
+    if (most < 2) return 0;
+    keyref *keys = malloc(most * sizeof *keys);
+    if (!keys) return -ENOMEM;
+    int rc = 0;
+    for (size_t i = 0; !rc && i < j->count; i++) {
+        const tf__jnode *n = &j->nodes[i];
+        if (n->type != TF__J_OBJ || n->n < 2) continue;
+        for (size_t k = 0; k < n->n; k++) {
+            const tf__jnode *c = &j->nodes[j->kids[n->kids + k]];
+            keys[k] = (keyref){c->key, c->klen};
+        }
+        qsort(keys, n->n, sizeof *keys, cmp_key);
+        for (size_t k = 1; !rc && k < n->n; k++)
+            if (!cmp_key(&keys[k - 1], &keys[k]))
+                rc = tf__seterr(-EINVAL, "the state is not valid: the key \"%.*s\" appears twice in one object (at "
+                                "character %zu); a state holds each key once: pass the state Loader.state_dict() / "
+                                "tf_order_state_save wrote", (int)(keys[k].klen > 64 ? 64 : keys[k].klen), keys[k].key,
+                                (size_t)(keys[k].key - j->text));
+    }
+    free(keys);
+    return rc;
+}
+
 int tf__json_parse(const char *text, size_t len, tf__json *j) {
     memset(j, 0, sizeof *j);
     j->text = text;
+    if (len > TF_STATE_MAX_BYTES)
+        TF_FAIL(-EINVAL, "the state takes %zu bytes, more than the %u a state may hold (TF_STATE_MAX_BYTES); pass the "
+                "state Loader.state_dict() / tf_order_state_save wrote", len, TF_STATE_MAX_BYTES);
     parser ps = {text, text + len, j, 0};
     long root;
     int rc = parse_value(&ps, &root);
@@ -175,28 +230,29 @@ int tf__json_parse(const char *text, size_t len, tf__json *j) {
         skip_ws(&ps);
         if (ps.p != ps.end) rc = fail(&ps, "text after the value");
     }
+    if (!rc) rc = index_children(j);
     if (rc) tf__json_free(j);
     return rc;
 }
 
 void tf__json_free(tf__json *j) {
     free(j->nodes);
+    free(j->kids);
     j->nodes = NULL;
+    j->kids = NULL;
     j->count = j->cap = 0;
 }
 
 const tf__jnode *tf__json_child(const tf__json *j, const tf__jnode *n, size_t i) {
     if (!n || (n->type != TF__J_ARR && n->type != TF__J_OBJ) || i >= n->n) return NULL;
-    const tf__jnode *c = &j->nodes[n->first];
-    while (i--) c = &j->nodes[c->next];
-    return c;
+    return &j->nodes[j->kids[n->kids + i]];
 }
 
 const tf__jnode *tf__json_get(const tf__json *j, const tf__jnode *obj, const char *key) {
     if (!obj || obj->type != TF__J_OBJ) return NULL;
     size_t kl = strlen(key);
     for (size_t i = 0; i < obj->n; i++) {
-        const tf__jnode *c = tf__json_child(j, obj, i);
+        const tf__jnode *c = &j->nodes[j->kids[obj->kids + i]];
         if (c->klen == kl && !memcmp(c->key, key, kl)) return c;
     }
     return NULL;

@@ -231,7 +231,7 @@ static void *scope_base(tf_setting_scope scope, const tf__setting_row *r, void *
 
 int tf_config_set(tf_setting_scope scope, void *cfg, const char *name, int64_t value) {
     const tf__setting_row *r = tf__setting_row_find(name);
-    if (!cfg) return -EINVAL;
+    TF_NEED_ARG(cfg);
     void *base = r ? scope_base(scope, r, cfg) : NULL;
     if (!base) TF_FAIL(-ENOENT, "no setting named %s in this configuration", name ? name : "(null)");
     if (!(r->pub.nullable && value == r->pub.none_value)) TF_TRY(tf__setting_check(r, value));
@@ -241,7 +241,8 @@ int tf_config_set(tf_setting_scope scope, void *cfg, const char *name, int64_t v
 
 int tf_config_get(tf_setting_scope scope, const void *cfg, const char *name, int64_t *value) {
     const tf__setting_row *r = tf__setting_row_find(name);
-    if (!cfg || !value) return -EINVAL;
+    TF_NEED_ARG(cfg);
+    TF_NEED_ARG(value);
     const void *base = r ? scope_base(scope, r, (void *)cfg) : NULL;
     if (!base) TF_FAIL(-ENOENT, "no setting named %s in this configuration", name ? name : "(null)");
     *value = tf__setting_get(r, base);

@@ -774,7 +774,7 @@ static void unref(tf_device_loader *d) {
 }
 
 int tf_device_loader_create(tf_loader *l, const tf_device_config *cfg, tf_device_loader **out) {
-    if (!out) return -EINVAL;
+    TF_NEED_ARG(out);
     *out = NULL;
     if (!l) TF_FAIL(-EINVAL, "tf_device_loader_create: the loader must not be NULL");
     tf_device_config def;
@@ -852,7 +852,7 @@ int tf_device_loader_create(tf_loader *l, const tf_device_config *cfg, tf_device
 }
 
 int tf_device_loader_start(tf_device_loader *d) {
-    if (!d) return -EINVAL;
+    TF_NEED_ARG(d);
     if (forked(d)) return fail_forked();
     return start_thread(d);
 }
@@ -877,7 +877,7 @@ uint64_t tf_device_loader_position(const tf_device_loader *d) {
 }
 
 int tf_device_loader_seek(tf_device_loader *d, uint64_t pos) {
-    if (!d) return -EINVAL;
+    TF_NEED_ARG(d);
     if (forked(d)) return fail_forked();
     uint64_t cur = atomic_load(&d->position);
     int rc = reset_at(d, pos);
@@ -939,9 +939,9 @@ done:
 }
 
 static int next_timed(tf_device_loader *d, uintptr_t stream, tf_device_batch **out, uint64_t timeout_ns) {
-    if (!out) return -EINVAL;
+    TF_NEED_ARG_OF("tf_device_loader_next", out);
     *out = NULL;
-    if (!d) return -EINVAL;
+    TF_NEED_ARG_OF("tf_device_loader_next", d);
     if (forked(d)) return fail_forked();
     if (d->is_static && (stream == TF_DEVICE_STREAM_NONE || stream == 0))
         TF_FAIL(-EINVAL, "device loader with static buffers: next() needs the consumer's stream (the copies into "
@@ -1097,7 +1097,7 @@ void tf_device_batch_get_view(const tf_device_batch *b, tf_device_batch_view *vi
 }
 
 int tf_device_batch_wait(tf_device_batch *b, uintptr_t stream) {
-    if (!b) return -EINVAL;
+    TF_NEED_ARG(b);
     if (stream == TF_DEVICE_STREAM_NONE) return 0;
     tf_device_loader *d = b->d;
     int rc;
@@ -1116,7 +1116,7 @@ int tf_device_batch_wait(tf_device_batch *b, uintptr_t stream) {
 }
 
 int tf_device_batch_synchronize(tf_device_batch *b) {
-    if (!b) return -EINVAL;
+    TF_NEED_ARG(b);
     const tf__cudart *cu = b->d->cu;
     tf__cuerr e = cu->EventSynchronize((tf__cuevent)b->view.ready_event);
     if (e != TF__CU_SUCCESS) return tf__cuda_fail(cu, e, "cudaEventSynchronize (a batch's ready event)", "");

@@ -801,13 +801,16 @@ static int rebind_order(tf_loader *l, tf_order *order) {
  * alone) or a mixture of n datasets. */
 static int loader_create(const tf_dataset *const *dss, const double *weights, size_t n,
                          const tf_loader_config *cfg, tf_loader **out) {
-    if (!out) return -EINVAL;
+    TF_NEED_ARG_OF("tf_loader_create", out);
     *out = NULL;
     tf__clearerr();
     if (!dss || !dss[0] || !cfg) TF_FAIL(-EINVAL, "tf_loader_create: dataset and config must not be NULL");
     TF_TRY(check_engine_config(cfg));
     tf_order_config oc = cfg->order;
     oc.global_batch = cfg->batch_size * cfg->world_size;
+    /* llm.c's processes, 0 (None): the data-parallel ranks that continue its run, as in Python; the order
+     * records the number, so its state and fingerprint are those of that many processes */
+    if (oc.order == TF_ORDER_LLMC && oc.llmc_processes == 0) oc.llmc_processes = cfg->world_size;
     tf_order *order = NULL;
     TF_TRY(n ? tf_order_create_mix(dss, weights, n, &oc, &order) : tf_order_create(dss[0], &oc, &order));
     int rc = engine_create(order, 1, cfg, out);
@@ -835,7 +838,7 @@ int tf_loader_get_config(const tf_loader *l, tf_loader_config *cfg) {
 }
 
 int tf_loader_create_from_order(const tf_order *order, const tf_loader_config *cfg, tf_loader **out) {
-    if (!out) return -EINVAL;
+    TF_NEED_ARG(out);
     *out = NULL;
     tf__clearerr();
     if (!order || !cfg) TF_FAIL(-EINVAL, "tf_loader_create_from_order: order and config must not be NULL");
@@ -984,9 +987,9 @@ static void next_deliver(tf_loader *l, tf_batch *b, uint64_t pos) {
 }
 
 static int next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_ns) {
-    if (!out) return -EINVAL;
+    TF_NEED_ARG_OF("tf_loader_next", out);
     *out = NULL;
-    if (!l) return -EINVAL;
+    TF_NEED_ARG_OF("tf_loader_next", l);
     /* a skipped range (tf_order_skip) that starts here: continue after it */
     uint64_t at = atomic_load_explicit(&l->position, memory_order_acquire), to = tf_order_skip_to(l->order, at);
     if (to != at) TF_TRY(tf_loader_seek(l, to));
@@ -1059,7 +1062,7 @@ uint64_t tf_loader_position(const tf_loader *l) {
 }
 
 int tf_loader_seek(tf_loader *l, uint64_t pos) {
-    if (!l) return -EINVAL;
+    TF_NEED_ARG(l);
     if (pos % l->G)
         TF_FAIL(-EINVAL, "seek: position %llu is not a multiple of the global batch %llu (batch_size x world_size); "
                 "positions count samples of the whole stream",
@@ -1192,7 +1195,8 @@ uint64_t tf__loader_locked_buffers(const tf_loader *l) {
 }
 
 int tf_loader_get_source_stats(const tf_loader *cl, size_t i, tf_source_stats *st) {
-    if (!cl || !st) return -EINVAL;
+    if (!cl) return tf__seterr(-EINVAL, "%s: the argument l is NULL", __func__);
+    TF_NEED_ARG(st);
     tf_loader *l = (tf_loader *)cl;
     if (!l->nsources)
         TF_FAIL(-EINVAL, "per-source stats are kept for mixtures; this loader reads one dataset (see tf_loader_get_stats)");
@@ -1210,12 +1214,13 @@ int tf_loader_get_source_stats(const tf_loader *cl, size_t i, tf_source_stats *s
 /* ------------------------------------------------------------------------ */
 
 int tf_loader_state_save(const tf_loader *l, char *buf, size_t cap, size_t *len) {
-    if (!l) return -EINVAL;
+    TF_NEED_ARG(l);
     return tf_order_state_save(l->order, tf_loader_position(l), l->cfg.world_size, buf, cap, len);
 }
 
 int tf_loader_state_load(tf_loader *l, const char *state, size_t len, unsigned flags) {
-    if (!l || !state) return -EINVAL;
+    TF_NEED_ARG(l);
+    TF_NEED_ARG(state);
     uint64_t pos;
     tf_order *handover = NULL;
     TF_TRY(tf_order_state_load(l->order, state, len, flags, &pos, &handover));

@@ -708,7 +708,9 @@ typedef struct tf_order_config {
     uint64_t mix_window;    /* positions per schedule window before reduction (default 1000) */
     /* another loader's order, to continue a run begun on it (tf_order_kind) */
     tf_order_kind order;    /* TF_ORDER_TOKENFEED (default), TF_ORDER_LLMC or TF_ORDER_OLMO */
-    uint32_t llmc_processes; /* TF_ORDER_LLMC: llm.c's number of processes (default 1) */
+    uint32_t llmc_processes; /* TF_ORDER_LLMC: llm.c's number of processes (default 1; 0: the
+                                data-parallel size, which tf_loader_create(_mix) takes from
+                                world_size and tf_order_create, not knowing it, refuses) */
     uint64_t olmo_chunk;    /* TF_ORDER_OLMO: consecutive instances shuffled as one (default 1) */
 } tf_order_config;
 
@@ -836,6 +838,14 @@ TF_API uint64_t tf_order_mix_counts_at(const tf_order *o, uint64_t pos, uint64_t
  * list, so that every checkpointer keeps it. */
 #define TF_STATE_FORMAT_VERSION 2
 enum { TF_STATE_LENIENT = 1 }; /* accept a changed configuration, keep the position */
+/* What a state may hold. A state is refused (-TF_ESTATE naming the limit)
+ * past any of these, and tf_order_skip / tf_order_mix_set_weights refuse a
+ * range or a change that would take an order past them, so that every state
+ * the library writes loads again. Reading a state is linear in its size. */
+#define TF_STATE_MAX_BYTES (64u << 20)       /* the JSON text */
+#define TF_STATE_MAX_SKIPS (1u << 20)        /* skipped: [start, stop] ranges */
+#define TF_STATE_MAX_WEIGHTS_HISTORY 65536u  /* weights_history: entries */
+#define TF_STATE_MAX_MEMBERS 1024u           /* members of one JSON object (known or not) */
 
 /* Write the state of order o at global position pos (saved by a loader with
  * world_size data-parallel ranks) as NUL-terminated JSON into buf (cap
@@ -845,7 +855,9 @@ TF_API int tf_order_state_save(const tf_order *o, uint64_t pos, uint32_t world_s
                                size_t *len);
 
 /* Check a state against order o and give the position to seek to. Every field
- * is checked for its type; a setting refuses the state (without
+ * is checked for its type; a key that appears twice in one object, NaN and
+ * Infinity (not JSON) and a state past the TF_STATE_MAX_* limits are refused;
+ * flags other than TF_STATE_LENIENT are refused (-EINVAL). A setting refuses the state (without
  * TF_STATE_LENIENT) only where it changes the stream. -TF_ESTATE with a
  * sentence naming what differs. A mixture resumed under other weights (or
  * from a state that carries an anchor) continues each source from where it

@@ -55,7 +55,8 @@ static int sample_cost(const tf_order *o, uint64_t sample, tf_balance mode, int3
 }
 
 int tf_order_row_cost(const tf_order *o, uint64_t pos, tf_balance mode, uint64_t *cost) {
-    if (!o || !cost) return -EINVAL;
+    TF_NEED_ARG(o);
+    TF_NEED_ARG(cost);
     *cost = 0;
     if (mode == TF_BALANCE_NONE || mode == TF_BALANCE_STRIDED) return 0;
     if (mode != TF_BALANCE_TOKENS && mode != TF_BALANCE_ATTENTION)
@@ -182,7 +183,9 @@ static int assign(row *rw, size_t n, size_t K, size_t cap, uint64_t *bins) {
 
 int tf_order_balance(const tf_order *o, uint64_t start, uint32_t R, uint32_t M, tf_balance mode, uint64_t *out,
                      size_t cap, size_t *n) {
-    if (!o || !out || !n) return -EINVAL;
+    TF_NEED_ARG(o);
+    TF_NEED_ARG(out);
+    TF_NEED_ARG(n);
     *n = 0;
     const uint64_t G = o->cfg.global_batch;
     if (M == 0) M = 1;

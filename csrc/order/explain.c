@@ -64,7 +64,9 @@ static int sample_spans(const tf_order *so, uint64_t sample, tf__span **spans, s
 }
 
 int tf_order_segments_at(const tf_order *o, uint64_t pos, tf_segment *out, size_t cap, size_t *n) {
-    if (!o || !n || (!out && cap)) return -EINVAL;
+    TF_NEED_ARG(o);
+    TF_NEED_ARG(n);
+    TF_NEED_BUF(out, cap);
     *n = 0;
     if (pos >= o->num_positions)
         TF_FAIL(-ERANGE, "position %llu is past the end of the stream (%llu positions)", (unsigned long long)pos,
@@ -232,7 +234,9 @@ static int invert_positions(const tf_order *o, size_t source, const tf_order *so
 
 int tf_order_find_document(const tf_order *o, size_t source, uint64_t document, uint64_t begin, uint64_t end,
                            uint64_t *out, size_t cap, size_t *n) {
-    if (!o || !n || (!out && cap)) return -EINVAL;
+    TF_NEED_ARG(o);
+    TF_NEED_ARG(n);
+    TF_NEED_BUF(out, cap);
     *n = 0;
     tf__clearerr();
     const tf_order *so = tf_order_source(o, source);

@@ -102,7 +102,7 @@ TF_HIDDEN uint64_t tf__order_position_of(const tf_order *o, uint64_t e, uint64_t
 TF_HIDDEN int tf__concat_init(tf_order *o, const void *ds);   /* concat.c */
 TF_HIDDEN int tf__packed_init(tf_order *o, const void *ds);   /* pack.c */
 TF_HIDDEN int tf__olmo_init(tf_order *o, const void *ds);     /* olmo_order.c */
-TF_HIDDEN int tf__llmc_init(tf_order *o, const void *ds);     /* llmc_order.c (cfg.llmc_processes; 0: 1) */
+TF_HIDDEN int tf__llmc_init(tf_order *o, const void *ds);     /* llmc_order.c (cfg.llmc_processes; 0 is refused: tf_loader_create resolves it to world_size) */
 /* The kind fingerprints of another loader's orders (the version of their
  * algorithm), from the configuration alone, so that a saved state's
  * fingerprint can be recomputed from its config (state.c). */
@@ -125,13 +125,18 @@ TF_HIDDEN int tf__order_mix_spec(const tf_order *o, tf__sched_spec *spec, const 
  * like's weight history). */
 TF_HIDDEN int tf__order_mix_create(const tf_order *like, const tf_order_config *cfg, const tf__sched_spec *spec,
                                    tf_order **out);
-/* The weights a mixture was given while its stream ran (tf_order_mix_set_weights):
- * n entries, oldest first, of a position (pos[i]) and K weights (w[i*K..]);
- * 0 for another order. set_history replaces them with n given entries and,
- * with extra_w, one more at the order's hand-over position. */
-TF_HIDDEN size_t tf__order_mix_history(const tf_order *o, const uint64_t **pos, const double **w);
-TF_HIDDEN int tf__order_mix_set_history(tf_order *o, size_t n, const uint64_t *pos, const double *w,
-                                        const double *extra_w);
+/* The weights a mixture was given while its stream ran (tf_order_mix_set_weights),
+ * oldest first: their number (0 for another order), and entry i's position and
+ * K weights (copied to w). set_history replaces them with n given entries (a
+ * resumed state's). inherit_history gives o (built from like) like's history
+ * and, with w, one more entry at o's hand-over position; an entry at the
+ * position of like's last replaces it (of calls at one position only the last
+ * took effect). O(K) amortised: the entries before the last are shared between
+ * the orders of one run, appended to in place, never copied per call. */
+TF_HIDDEN size_t tf__order_mix_history_len(const tf_order *o);
+TF_HIDDEN uint64_t tf__order_mix_history_at(const tf_order *o, size_t i, double *w);
+TF_HIDDEN int tf__order_mix_set_history(tf_order *o, size_t n, const uint64_t *pos, const double *w);
+TF_HIDDEN int tf__order_mix_inherit_history(tf_order *o, const tf_order *like, const double *w);
 
 /* The dataset's files as runs of units, for orders that cut each file on
  * its own (file_runs.c): unit u is unit u - cum[f] of file f = find(u). */

@@ -241,7 +241,11 @@ static int measure_files(llmc *o) {
 int tf__llmc_init(tf_order *order, const void *vds) {
     const tf_order_config *c = &order->cfg;
     const tf_dataset *ds = vds;
-    const uint32_t nproc = c->llmc_processes ? c->llmc_processes : 1;
+    const uint32_t nproc = c->llmc_processes;
+    if (nproc == 0)
+        TF_FAIL(-EINVAL, "llmc_processes is 0 (None), which means the data-parallel size, and an order built on its "
+                "own (tf_order_create) does not know it: set llmc_processes to llm.c's number of processes, or build "
+                "the loader with tf_loader_create, which takes it from world_size");
     if (c->packing != TF_PACK_CONCAT || c->separator_id != -1)
         TF_FAIL(-EINVAL, "llm.c's order cuts the tokens as they are: packing must be CONCAT and separator_id -1");
     if (c->shuffle == TF_SHUFFLE_BLOCK)

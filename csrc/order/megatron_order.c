@@ -283,7 +283,7 @@ static int mg_init(tf_order *order, const void *vargs) {
 
 int tf_order_create_megatron(const tf_dataset *ds, const tf_order_config *cfg, const tf_megatron_index *index,
                              tf_order **out) {
-    if (!out) return -EINVAL;
+    TF_NEED_ARG(out);
     *out = NULL;
     if (!ds || !cfg || !index) TF_FAIL(-EINVAL, "tf_order_create_megatron: dataset, config and index are required");
     tf__clearerr();

@@ -34,6 +34,8 @@
  * fingerprint. Packing statistics of a mixture are the sum of its sources'.
  */
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,11 +63,62 @@ typedef struct tf__mix {
     const tf_dataset **ds;
     tf__sched_spec spec;
     /* weights set while the stream ran (tf_order_mix_set_weights), oldest
-     * first: nhist entries of a position and K weights; the state records them */
-    size_t nhist;
-    uint64_t *hist_pos;
-    double *hist_w;
+     * first, which the state records: the first nprefix entries of hist
+     * (shared with the other orders of the run), then, with has_last, the
+     * last entry, this order's own (so that a call at its position can
+     * replace it without touching what the others share) */
+    struct mix_hist *hist;
+    size_t nprefix;
+    int has_last;
+    uint64_t last_pos;
+    double *last_w; /* K */
 } tf__mix;
+
+/* Entries of a weight history, shared by reference count and only ever
+ * appended to: an order reads its first nprefix entries, which never change.
+ * The lock covers appends (which may move the arrays) and reads. */
+typedef struct mix_hist {
+    _Atomic size_t refs;
+    pthread_mutex_t mu;
+    size_t n, cap, K;
+    uint64_t *pos;
+    double *w;
+} mix_hist;
+
+static void hist_release(mix_hist *h) {
+    if (!h || atomic_fetch_sub(&h->refs, 1) != 1) return;
+    pthread_mutex_destroy(&h->mu);
+    free(h->pos);
+    free(h->w);
+    free(h);
+}
+
+static mix_hist *hist_new(size_t K) {
+    mix_hist *h = calloc(1, sizeof *h);
+    if (!h) return NULL;
+    atomic_init(&h->refs, 1);
+    pthread_mutex_init(&h->mu, NULL);
+    h->K = K;
+    return h;
+}
+
+/* Append one entry (h->mu held, or h not yet shared). */
+static int hist_append(mix_hist *h, uint64_t pos, const double *w) {
+    if (h->n == h->cap) {
+        size_t cap = h->cap ? 2 * h->cap : 16;
+        uint64_t *p = realloc(h->pos, cap * sizeof *p);
+        if (!p) return -ENOMEM;
+        h->pos = p;
+        double *x = realloc(h->w, cap * h->K * sizeof *x);
+        if (!x) return -ENOMEM;
+        h->w = x;
+        h->cap = cap;
+    }
+    h->pos[h->n] = pos;
+    memcpy(h->w + h->n * h->K, w, h->K * sizeof *w);
+    h->n++;
+    return 0;
+}
 
 static void mix_free(void *v) {
     tf__mix *m = v;
@@ -78,8 +131,8 @@ static void mix_free(void *v) {
     free((void *)m->spec.steps);
     free((void *)m->spec.weights);
     free((void *)m->spec.anchor_counts);
-    free(m->hist_pos);
-    free(m->hist_w);
+    hist_release(m->hist);
+    free(m->last_w);
     free(m);
 }
 
@@ -180,7 +233,7 @@ static int create_mix(const tf_dataset *const *ds, size_t n, const tf__sched_spe
 
 int tf_order_create_mix(const tf_dataset *const *ds, const double *weights, size_t n,
                         const tf_order_config *cfg, tf_order **out) {
-    if (!out) return -EINVAL;
+    TF_NEED_ARG(out);
     *out = NULL;
     tf__clearerr();
     if (!ds || !weights || !cfg || n == 0)
@@ -192,7 +245,7 @@ int tf_order_create_mix(const tf_dataset *const *ds, const double *weights, size
 
 int tf_order_create_mix_schedule(const tf_dataset *const *ds, size_t n, const tf_mix_schedule *sch,
                                  const tf_order_config *cfg, tf_order **out) {
-    if (!out) return -EINVAL;
+    TF_NEED_ARG(out);
     *out = NULL;
     tf__clearerr();
     if (!ds || !sch || !cfg || n == 0 || sch->num_points == 0 || !sch->steps || !sch->weights)
@@ -321,7 +374,9 @@ uint64_t tf_order_mix_counts_at(const tf_order *o, uint64_t pos, uint64_t *count
 }
 
 int tf_order_mix_source_at(const tf_order *o, uint64_t pos, size_t *source, uint64_t *index) {
-    if (!o || !source || !index) return -EINVAL;
+    TF_NEED_ARG(o);
+    TF_NEED_ARG(source);
+    TF_NEED_ARG(index);
     const tf__mix *m = mix_of(o);
     if (!m) {
         *source = 0;
@@ -357,7 +412,7 @@ int tf__order_mix_create(const tf_order *like, const tf_order_config *cfg, const
     if (spec->K != m->K)
         TF_FAIL(-EINVAL, "the mixture has %zu sources, the schedule %zu", m->K, spec->K);
     TF_TRY(create_mix(m->ds, m->K, spec, cfg, out));
-    int rc = tf__order_mix_set_history(*out, m->nhist, m->hist_pos, m->hist_w, NULL);
+    int rc = tf__order_mix_inherit_history(*out, like, NULL);
     if (!rc) rc = tf__order_set_skips(*out, like->skips, like->nskips);
     if (rc) {
         tf_order_free(*out);
@@ -366,37 +421,100 @@ int tf__order_mix_create(const tf_order *like, const tf_order_config *cfg, const
     return rc;
 }
 
-size_t tf__order_mix_history(const tf_order *o, const uint64_t **pos, const double **w) {
+size_t tf__order_mix_history_len(const tf_order *o) {
     const tf__mix *m = mix_of(o);
-    if (!m) return 0;
-    *pos = m->hist_pos;
-    *w = m->hist_w;
-    return m->nhist;
+    return m ? m->nprefix + (m->has_last != 0) : 0;
 }
 
-int tf__order_mix_set_history(tf_order *o, size_t n, const uint64_t *pos, const double *w, const double *extra_w) {
-    tf__mix *m = o && o->ops == &mix_ops ? o->impl : NULL;
-    if (!m) return -EINVAL;
-    size_t total = n + (extra_w != NULL), K = m->K;
-    uint64_t *hp = total ? malloc(total * sizeof *hp) : NULL;
-    double *hw = total ? malloc(total * K * sizeof *hw) : NULL;
-    if (total && (!hp || !hw)) {
-        free(hp);
-        free(hw);
+uint64_t tf__order_mix_history_at(const tf_order *o, size_t i, double *w) {
+    const tf__mix *m = mix_of(o);
+    if (i == m->nprefix) {
+        memcpy(w, m->last_w, m->K * sizeof *w);
+        return m->last_pos;
+    }
+    mix_hist *h = m->hist;
+    pthread_mutex_lock(&h->mu);
+    uint64_t pos = h->pos[i];
+    memcpy(w, h->w + i * m->K, m->K * sizeof *w);
+    pthread_mutex_unlock(&h->mu);
+    return pos;
+}
+
+static tf__mix *mix_mut(tf_order *o) { return o && o->ops == &mix_ops ? o->impl : NULL; }
+
+/* o's history: the first nprefix entries of h (a reference the caller gives
+ * up), then with pos/w its own last entry. */
+static int hist_take(tf__mix *m, mix_hist *h, size_t nprefix, int has_last, uint64_t pos, const double *w) {
+    if (!m->last_w) m->last_w = malloc(m->K * sizeof *m->last_w);
+    if (!m->last_w) {
+        hist_release(h);
         return -ENOMEM;
     }
-    if (n) {
-        memcpy(hp, pos, n * sizeof *hp);
-        memcpy(hw, w, n * K * sizeof *hw);
-    }
-    if (extra_w) {
-        hp[n] = m->spec.anchor_pos;
-        memcpy(hw + n * K, extra_w, K * sizeof *hw);
-    }
-    free(m->hist_pos);
-    free(m->hist_w);
-    m->hist_pos = hp;
-    m->hist_w = hw;
-    m->nhist = total;
+    hist_release(m->hist); /* (the caller holds its own reference to h, the same or not) */
+    m->hist = h;
+    m->nprefix = h ? nprefix : 0;
+    m->has_last = has_last;
+    m->last_pos = pos;
+    if (has_last) memcpy(m->last_w, w, m->K * sizeof *w);
     return 0;
+}
+
+int tf__order_mix_set_history(tf_order *o, size_t n, const uint64_t *pos, const double *w) {
+    tf__mix *m = mix_mut(o);
+    if (!m) return -EINVAL;
+    mix_hist *h = n > 1 ? hist_new(m->K) : NULL;
+    if (n > 1 && !h) return -ENOMEM;
+    for (size_t i = 0; i + 1 < n; i++)
+        if (hist_append(h, pos[i], w + i * m->K)) {
+            hist_release(h);
+            return -ENOMEM;
+        }
+    return hist_take(m, h, n ? n - 1 : 0, n > 0, n ? pos[n - 1] : 0, n ? w + (n - 1) * m->K : NULL);
+}
+
+int tf__order_mix_inherit_history(tf_order *o, const tf_order *like, const double *w) {
+    tf__mix *m = mix_mut(o);
+    const tf__mix *lm = mix_of(like);
+    if (!m || !lm || m->K != lm->K) return -EINVAL;
+    mix_hist *h = lm->hist;
+    size_t np = lm->nprefix;
+    if (h) atomic_fetch_add(&h->refs, 1);
+    if (!w) /* the same history */
+        return hist_take(m, h, np, lm->has_last, lm->last_pos, lm->last_w);
+    uint64_t at = m->spec.anchor_pos;
+    if (lm->has_last && lm->last_pos != at) { /* like's last entry took effect: it joins the shared entries */
+        if (np + 1 >= TF_STATE_MAX_WEIGHTS_HISTORY) {
+            hist_release(h);
+            TF_FAIL(-EINVAL, "set_weights: the mixture's weights were changed at %zu positions already, the most "
+                    "a state records (TF_STATE_MAX_WEIGHTS_HISTORY = %u): change them less often", np + 1,
+                    TF_STATE_MAX_WEIGHTS_HISTORY);
+        }
+        int rc = 0, appended = 0;
+        if (h) {
+            pthread_mutex_lock(&h->mu);
+            if (h->n == np) { /* like holds the newest of the shared entries: append in place */
+                rc = hist_append(h, lm->last_pos, lm->last_w);
+                appended = 1;
+            }
+            pthread_mutex_unlock(&h->mu);
+        }
+        if (!appended && !rc) { /* another order went on from like already: a copy of like's own */
+            mix_hist *c = hist_new(m->K);
+            if (!c) rc = -ENOMEM;
+            for (size_t i = 0; !rc && i < np; i++) {
+                pthread_mutex_lock(&h->mu);
+                rc = hist_append(c, h->pos[i], h->w + i * m->K);
+                pthread_mutex_unlock(&h->mu);
+            }
+            if (!rc) rc = hist_append(c, lm->last_pos, lm->last_w);
+            hist_release(h);
+            h = c;
+        }
+        if (rc) {
+            hist_release(h);
+            return rc;
+        }
+        np++;
+    }
+    return hist_take(m, h, np, 1, at, w);
 }

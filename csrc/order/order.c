@@ -176,7 +176,7 @@ static int check_docs(const tf_dataset *ds, const tf_order_config *cfg) {
 }
 
 int tf_order_create(const tf_dataset *ds, const tf_order_config *cfg, tf_order **out) {
-    if (!out) return -EINVAL;
+    TF_NEED_ARG(out);
     *out = NULL;
     if (!ds || !cfg) TF_FAIL(-EINVAL, "tf_order_create: dataset and config are required");
     tf__clearerr();
@@ -190,7 +190,7 @@ int tf_order_create(const tf_dataset *ds, const tf_order_config *cfg, tf_order *
 
 /* llm.c's order by its own constructor (llmc_order.c builds it). */
 int tf_order_create_llmc(const tf_dataset *ds, const tf_order_config *cfg, uint32_t num_processes, tf_order **out) {
-    if (!out) return -EINVAL;
+    TF_NEED_ARG(out);
     *out = NULL;
     if (!ds || !cfg) TF_FAIL(-EINVAL, "tf_order_create_llmc: dataset and config are required");
     tf__clearerr();
@@ -231,7 +231,8 @@ uint64_t tf_order_fingerprint(const tf_order *o) { return o ? o->fingerprint : 0
 const tf_dataset *tf_order_dataset(const tf_order *o) { return o ? o->ds : NULL; }
 
 int tf_order_get_config(const tf_order *o, tf_order_config *cfg) {
-    if (!o || !cfg) return -EINVAL;
+    TF_NEED_ARG(o);
+    TF_NEED_ARG(cfg);
     *cfg = o->cfg;
     return 0;
 }
@@ -350,7 +351,8 @@ int tf__order_fill_extras(const tf_order *o, uint64_t sample, const tf_sample_ex
 }
 
 int tf_order_packing_stats(const tf_order *o, tf_packing_stats *st) {
-    if (!o || !st) return -EINVAL;
+    TF_NEED_ARG(o);
+    TF_NEED_ARG(st);
     return o->ops->stats(o, st);
 }
 
@@ -375,7 +377,8 @@ static int fits_dtype(int64_t v, tf_dtype dt) {
  * pad values, then the extras. */
 int tf_order_fill_sample(const tf_order *o, uint64_t sample, void *out, tf_dtype out_dtype,
                          const tf_sample_extras *extras) {
-    if (!o || !out) return -EINVAL;
+    TF_NEED_ARG(o);
+    TF_NEED_ARG(out);
     size_t osz = tf_dtype_size(out_dtype);
     if (!osz) TF_FAIL(-EINVAL, "invalid output dtype %d", (int)out_dtype);
     TF_TRY(check_sample(o, sample));

@@ -43,7 +43,7 @@
 #define PERM_NKEY 0x243F6A8885A308D3ULL /* pi: separates n from the key */
 
 int tf_perm_init(tf_perm *p, uint64_t n, uint64_t key) {
-    if (!p) return -EINVAL;
+    TF_NEED_ARG(p);
     if (n == 0) TF_FAIL(-EINVAL, "tf_perm_init: n must be >= 1 (a permutation of an empty set)");
     uint32_t k = 1;
     while (k < 32 && (1ULL << (2 * k)) < n) k++;

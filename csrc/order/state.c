@@ -39,6 +39,7 @@
  * size under a full shuffle is never compared), so a state is refused exactly
  * when the stream would differ. Each field is checked for its type.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,20 +90,22 @@ static void write_mixture(tf__jw *w, const tf__sched_spec *sp) {
 }
 
 static void write_history(tf__jw *w, const tf_order *o) {
-    const uint64_t *hp;
-    const double *hw;
-    size_t n = tf__order_mix_history(o, &hp, &hw), K = tf_order_num_sources(o);
-    if (!n) {
+    size_t n = tf__order_mix_history_len(o), K = tf_order_num_sources(o);
+    double *hw = n ? malloc(K * sizeof *hw) : NULL;
+    if (!n || !hw) {
+        if (n) w->rc = -ENOMEM;
         tf__jw_printf(w, "null");
         return;
     }
     tf__jw_printf(w, "[");
     for (size_t i = 0; i < n; i++) {
-        tf__jw_printf(w, "%s[%llu, ", i ? ", " : "", (unsigned long long)hp[i]);
-        write_doubles(w, hw + i * K, K);
+        uint64_t pos = tf__order_mix_history_at(o, i, hw);
+        tf__jw_printf(w, "%s[%llu, ", i ? ", " : "", (unsigned long long)pos);
+        write_doubles(w, hw, K);
         tf__jw_printf(w, "]");
     }
     tf__jw_printf(w, "]");
+    free(hw);
 }
 
 static void write_setting(tf__jw *w, const tf__setting_row *r, const tf__cond_ctx *x) {
@@ -118,7 +121,9 @@ static void write_setting(tf__jw *w, const tf__setting_row *r, const tf__cond_ct
 }
 
 int tf_order_state_save(const tf_order *o, uint64_t pos, uint32_t world_size, char *buf, size_t cap, size_t *len) {
-    if (!o || (!buf && cap)) return -EINVAL;
+    TF_NEED_ARG(o);
+    TF_NEED_BUF(buf, cap); /* cap 0 sizes the state */
+    tf__clearerr();
     tf__sched_spec sp;
     int mixture = tf__order_mix_spec(o, &sp, NULL) == 0;
     tf__cond_ctx x = {&o->cfg, mixture, mixture && sp.npoints > 1};
@@ -156,6 +161,10 @@ int tf_order_state_save(const tf_order *o, uint64_t pos, uint32_t world_size, ch
     else
         tf__jw_printf(&w, ", \"order\": null}");
     int rc = w.rc;
+    if (!rc && w.len > TF_STATE_MAX_BYTES)
+        rc = tf__seterr(-EINVAL, "the state would take %zu bytes, more than the %u a state may hold "
+                        "(TF_STATE_MAX_BYTES): a mixture of many sources with a long weights_history", w.len,
+                        TF_STATE_MAX_BYTES);
     if (!rc) {
         if (len) *len = w.len;
         if (cap) {
@@ -341,6 +350,9 @@ static int parse_anchor(const tf__json *j, const tf__jnode *a, saved *s) {
 static int parse_skipped(const tf__json *j, const tf__jnode *h, saved *s) {
     if (!h || h->type == TF__J_NULL || (h->type == TF__J_ARR && h->n == 0)) return 0;
     if (h->type != TF__J_ARR) return bad("skipped", "null, or [[start, stop], ...]", h);
+    if (h->n > TF_STATE_MAX_SKIPS)
+        TF_FAIL(-TF_ESTATE, "the state's skipped lists %zu ranges, more than the %u a state may hold "
+                "(TF_STATE_MAX_SKIPS)", h->n, TF_STATE_MAX_SKIPS);
     s->skips = calloc(2 * h->n, sizeof *s->skips);
     if (!s->skips) return -ENOMEM;
     for (size_t i = 0; i < h->n; i++) {
@@ -361,6 +373,9 @@ static int parse_history(const tf__json *j, const tf__jnode *h, saved *s) {
     if (!h || h->type == TF__J_NULL || (h->type == TF__J_ARR && h->n == 0)) return 0;
     if (h->type != TF__J_ARR || !s->mixture) return bad("weights_history", "null, or [[position, [weights]], ...] of a mixture", h);
     size_t n = h->n, K = s->spec.K;
+    if (n > TF_STATE_MAX_WEIGHTS_HISTORY)
+        TF_FAIL(-TF_ESTATE, "the state's weights_history lists %zu entries, more than the %u a state may hold "
+                "(TF_STATE_MAX_WEIGHTS_HISTORY)", n, TF_STATE_MAX_WEIGHTS_HISTORY);
     s->hist_pos = calloc(n, sizeof *s->hist_pos);
     s->hist_w = calloc(n * K, sizeof *s->hist_w);
     if (!s->hist_pos || !s->hist_w) return -ENOMEM;
@@ -370,8 +385,18 @@ static int parse_history(const tf__json *j, const tf__jnode *h, saved *s) {
         TF_TRY(get_u64(tf__json_child(j, e, 0), "weights_history position", &s->hist_pos[i]));
         const tf__jnode *w = tf__json_child(j, e, 1);
         if (!w || w->type != TF__J_ARR || w->n != K) return bad("weights_history", "one weight per source", w);
-        for (size_t k = 0; k < K; k++)
-            TF_TRY(get_double(tf__json_child(j, w, k), "weights_history weight", &s->hist_w[i * K + k]));
+        double sum = 0;
+        for (size_t k = 0; k < K; k++) {
+            double *x = &s->hist_w[i * K + k];
+            TF_TRY(get_double(tf__json_child(j, w, k), "weights_history weight", x));
+            if (!isfinite(*x) || *x < 0)
+                TF_FAIL(-TF_ESTATE, "the state's weights_history entry %zu: weight %zu is %g; weights are finite "
+                        "and >= 0", i, k, *x);
+            sum += *x;
+        }
+        if (!(sum > 0))
+            TF_FAIL(-TF_ESTATE, "the state's weights_history entry %zu: every weight is 0; at least one must be > 0 "
+                    "(as set_weights requires)", i);
     }
     s->nhist = n;
     return 0;
@@ -633,12 +658,23 @@ static void diff_foreign(const tf_order *o, const saved *s, char *d) {
 
 int tf_order_state_load(const tf_order *o, const char *state, size_t len, unsigned flags, uint64_t *pos,
                         tf_order **handover) {
-    if (!o || !state || !pos || !handover) return -EINVAL;
+    TF_NEED_ARG(o);
+    TF_NEED_ARG(state);
+    TF_NEED_ARG(pos);
+    TF_NEED_ARG(handover);
     *handover = NULL;
     tf__clearerr();
+    if (flags & ~(unsigned)TF_STATE_LENIENT)
+        return tf__seterr(-EINVAL, "tf_order_state_load: flags 0x%x: unknown bits 0x%x (the only flag is "
+                          "TF_STATE_LENIENT)", flags, flags & ~(unsigned)TF_STATE_LENIENT);
     tf__json j;
     int rc = tf__json_parse(state, len, &j);
-    if (rc) TF_FAIL(-TF_ESTATE, "%s", tf_last_error());
+    if (rc) {
+        /* the message is formatted into the buffer tf_last_error() returns: copy it first */
+        char msg[600];
+        snprintf(msg, sizeof msg, "%s", tf_last_error());
+        TF_FAIL(-TF_ESTATE, "%s", *msg ? msg : "the state is not valid JSON");
+    }
     saved s;
     memset(&s, 0, sizeof s);
     rc = parse_state(&j, &s);
@@ -670,15 +706,16 @@ int tf_order_state_load(const tf_order *o, const char *state, size_t len, unsign
     if (!rc && fp != s.config_fp && !(flags & TF_STATE_LENIENT))
         rc = tf__seterr(-TF_ESTATE, "the state's config_fingerprint %016llx does not match its config (which gives "
                         "%016llx): the state was edited, or written by an order version this tokenfeed does not "
-                        "reproduce; load it leniently (strict=False) to continue from its position",
+                        "reproduce; load it leniently (TF_STATE_LENIENT in C, strict=False in Python) to continue "
+                        "from its position",
                         (unsigned long long)s.config_fp, (unsigned long long)fp);
     if (!rc) diff_config(o, mixture ? &now_spec : NULL, &s, diffs);
     if (!rc) diff_foreign(o, &s, diffs);
     int same = !*diffs;
     if (!rc && *diffs && !(flags & TF_STATE_LENIENT))
         rc = tf__seterr(-TF_ESTATE, "the loader configuration changed (%s). Restore with the saved settings, or load "
-                        "leniently (strict=False; TF_STATE_LENIENT in C) to continue from the saved position with "
-                        "the new ones.", diffs);
+                        "leniently (TF_STATE_LENIENT in C, strict=False in Python) to continue from the saved "
+                        "position with the new ones.", diffs);
     uint64_t G = o->cfg.global_batch;
     if (!rc && s.position % G)
         rc = tf__seterr(-TF_ESTATE, "the state's position %llu is not a multiple of the global batch %llu: keep "
@@ -717,7 +754,7 @@ static int live_order(const tf_order *o, const saved *s, tf_order **out) {
         snprintf(msg, sizeof msg, "%s", tf_last_error());
         TF_FAIL(-TF_ESTATE, "the state's weights_history: the weights last set cannot be applied (%s)", msg);
     }
-    rc = tf__order_mix_set_history(*out, s->nhist, s->hist_pos, s->hist_w, NULL);
+    rc = tf__order_mix_set_history(*out, s->nhist, s->hist_pos, s->hist_w);
     if (rc) {
         tf_order_free(*out);
         *out = NULL;
@@ -726,11 +763,13 @@ static int live_order(const tf_order *o, const saved *s, tf_order **out) {
 }
 
 int tf_order_mix_set_weights(const tf_order *o, uint64_t pos, const double *weights, size_t n, tf_order **out) {
-    if (!out) return -EINVAL;
+    TF_NEED_ARG(out);
     *out = NULL;
     tf__clearerr();
     tf__sched_spec now;
-    if (!o || !weights || tf__order_mix_spec(o, &now, NULL))
+    TF_NEED_ARG(o);
+    TF_NEED_ARG(weights);
+    if (tf__order_mix_spec(o, &now, NULL))
         TF_FAIL(-EINVAL, "set_weights: the order is not a mixture (build it with weights)");
     if (n != now.K) TF_FAIL(-EINVAL, "set_weights: the mixture has %zu sources, %zu weights given", now.K, n);
     if (pos % o->cfg.global_batch)
@@ -744,10 +783,7 @@ int tf_order_mix_set_weights(const tf_order *o, uint64_t pos, const double *weig
     int rc = counts_at(o, n, pos, counts);
     if (!rc) rc = tf__order_mix_create(o, &o->cfg, &sp, out);
     if (!rc) {
-        const uint64_t *hp;
-        const double *hw;
-        size_t nh = tf__order_mix_history(o, &hp, &hw);
-        rc = tf__order_mix_set_history(*out, nh, hp, hw, weights);
+        rc = tf__order_mix_inherit_history(*out, o, weights);
         if (rc) {
             tf_order_free(*out);
             *out = NULL;
@@ -760,7 +796,7 @@ int tf_order_mix_set_weights(const tf_order *o, uint64_t pos, const double *weig
 /* ------------------------------------------------------------- skipping */
 
 int tf_order_skip(tf_order *o, uint64_t start, uint64_t stop) {
-    if (!o) return -EINVAL;
+    TF_NEED_ARG(o);
     tf__clearerr();
     uint64_t G = o->cfg.global_batch;
     if (start >= stop || start % G || stop % G)
@@ -788,6 +824,11 @@ int tf_order_skip(tf_order *o, uint64_t start, uint64_t stop) {
         r[2 * n] = o->skips[2 * i];
         r[2 * n + 1] = o->skips[2 * i + 1];
     }
+    if (n > TF_STATE_MAX_SKIPS) {
+        free(r);
+        TF_FAIL(-EINVAL, "skip: the order already leaves out %zu separate ranges, the most a state may hold "
+                "(TF_STATE_MAX_SKIPS = %u): skip ranges that touch, so that they merge", o->nskips, TF_STATE_MAX_SKIPS);
+    }
     free(o->skips);
     o->skips = r;
     o->nskips = n;
@@ -804,7 +845,12 @@ size_t tf_order_skips(const tf_order *o, uint64_t *ranges, size_t cap) {
 }
 
 uint64_t tf_order_skip_to(const tf_order *o, uint64_t pos) {
-    for (size_t i = 0; o && i < o->nskips; i++)
-        if (o->skips[2 * i] <= pos && pos < o->skips[2 * i + 1]) return o->skips[2 * i + 1];
-    return pos;
+    if (!o || !o->nskips) return pos;
+    size_t lo = 0, hi = o->nskips; /* the ranges are ascending: the last that starts at or before pos */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (o->skips[2 * mid] <= pos) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo && pos < o->skips[2 * (lo - 1) + 1] ? o->skips[2 * (lo - 1) + 1] : pos;
 }

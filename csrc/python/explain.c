@@ -8,8 +8,8 @@
 
 PyObject *tfpy_Order_segments_at(PyObject *self, PyObject *arg) {
     const tf_order *o = ((tfpy_Order *)self)->o;
-    unsigned long long pos = PyLong_AsUnsignedLongLong(arg);
-    if (pos == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    uint64_t pos;
+    if (!tfpy_u64(arg, &pos)) return NULL;
     tf_order_config cfg;
     tf_order_get_config(o, &cfg);
     size_t cap = (size_t)cfg.seq_len + 1, n = 0; /* one token per segment at least */
@@ -38,10 +38,11 @@ done:
 
 PyObject *tfpy_Order_find_document(PyObject *self, PyObject *args) {
     const tf_order *o = ((tfpy_Order *)self)->o;
-    Py_ssize_t source;
-    unsigned long long doc, begin, end;
-    if (!PyArg_ParseTuple(args, "nKKK:find_document", &source, &doc, &begin, &end)) return NULL;
-    if (source < 0) return PyErr_Format(PyExc_IndexError, "source %zd: expected >= 0", source);
+    uint64_t source, doc, begin, end;
+    if (!PyArg_ParseTuple(args, "O&O&O&O&:find_document", tfpy_u64, &source, tfpy_u64, &doc, tfpy_u64, &begin,
+                          tfpy_u64, &end))
+        return NULL;
+    if (source > SIZE_MAX) source = SIZE_MAX; /* past any mixture's sources: the library says how many */
     size_t cap = 1024, n = 0;
     for (;;) {
         uint64_t *pos = PyMem_Malloc(cap * sizeof *pos);

@@ -126,8 +126,8 @@ static PyObject *Loader_next(tfpy_Loader *self, PyObject *unused) {
 
 static PyObject *Loader_seek(tfpy_Loader *self, PyObject *arg) {
     if (loader_check(self) < 0) return NULL;
-    unsigned long long pos = PyLong_AsUnsignedLongLong(arg);
-    if (pos == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    uint64_t pos;
+    if (!tfpy_u64(arg, &pos)) return NULL;
     int rc;
     char msg[1024];
     TFPY_NOGIL_CALL(rc, msg, tf_loader_seek(self->l, pos));

@@ -131,8 +131,13 @@ static int as_u64(PyObject *o, unsigned long long *v) {
         PyErr_Format(PyExc_ValueError, "expected an int >= 0, got %R", o);
         return -1;
     }
-    *v = PyLong_AsUnsignedLongLong(o); /* OverflowError past 64 bits */
-    return *v == (unsigned long long)-1 && PyErr_Occurred() ? -1 : 0;
+    *v = PyLong_AsUnsignedLongLong(o);
+    if (*v == (unsigned long long)-1 && PyErr_Occurred()) { /* past 64 bits: say the limit, not "too big" */
+        PyErr_Format(PyExc_OverflowError, "expected an int below 2**64 (positions, steps, documents and counts are "
+                     "64-bit), got %R", o);
+        return -1;
+    }
+    return 0;
 }
 
 int tfpy_u64(PyObject *o, void *out) {

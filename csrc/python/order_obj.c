@@ -308,16 +308,17 @@ PyDoc_STRVAR(Order_fill_doc, "fill($self, sample, dtype=None, want=0)\n--\n\nRet
 
 static PyObject *Order_fill(tfpy_Order *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"sample", "dtype", "want", NULL};
-    unsigned long long sample;
+    uint64_t sample;
     PyObject *dtype_obj = Py_None;
     unsigned int want = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "K|OI:fill", kwlist, &sample, &dtype_obj, &want)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|OI:fill", kwlist, tfpy_u64, &sample, &dtype_obj, &want)) return NULL;
     tf_dataset_info in;
     tf_dataset_get_info(tf_order_dataset(self->o), &in);
     tf_dtype dt;
     if (tfpy_parse_dtype(dtype_obj, in.dtype, &dt) < 0) return NULL;
     if (sample >= tf_order_num_samples(self->o))
-        return PyErr_Format(PyExc_IndexError, "sample %llu out of range [0, %llu)", sample, (unsigned long long)tf_order_num_samples(self->o));
+        return PyErr_Format(PyExc_IndexError, "sample %llu out of range [0, %llu)", (unsigned long long)sample,
+                            (unsigned long long)tf_order_num_samples(self->o));
     tf_order_config cfg;
     tf_order_get_config(self->o, &cfg);
     uint64_t L = cfg.seq_len;
@@ -422,8 +423,8 @@ static PyObject *Order_mix_schedule(tfpy_Order *self, PyObject *unused) {
 }
 
 static PyObject *Order_mix_source_at(tfpy_Order *self, PyObject *arg) {
-    unsigned long long pos = PyLong_AsUnsignedLongLong(arg);
-    if (pos == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    uint64_t pos;
+    if (!tfpy_u64(arg, &pos)) return NULL;
     size_t src;
     uint64_t idx;
     int rc = tf_order_mix_source_at(self->o, pos, &src, &idx);
@@ -433,8 +434,8 @@ static PyObject *Order_mix_source_at(tfpy_Order *self, PyObject *arg) {
 
 static PyObject *Order_mix_source_count(tfpy_Order *self, PyObject *args) {
     Py_ssize_t src;
-    unsigned long long pos;
-    if (!PyArg_ParseTuple(args, "nK:mix_source_count", &src, &pos)) return NULL;
+    uint64_t pos;
+    if (!PyArg_ParseTuple(args, "nO&:mix_source_count", &src, tfpy_u64, &pos)) return NULL;
     if (src < 0 || (size_t)src >= tf_order_num_sources(self->o))
         return PyErr_Format(PyExc_IndexError, "source %zd out of range [0, %zu)", src, tf_order_num_sources(self->o));
     uint64_t c = tf_order_mix_source_count(self->o, (size_t)src, pos);
@@ -444,10 +445,10 @@ static PyObject *Order_mix_source_count(tfpy_Order *self, PyObject *args) {
 
 /* balance(start, world_size, micro_batches, mode): tf_order_balance as an ndarray. */
 static PyObject *Order_balance(tfpy_Order *self, PyObject *args) {
-    unsigned long long start;
+    uint64_t start;
     unsigned int R, M;
     int mode;
-    if (!PyArg_ParseTuple(args, "KIIi:balance", &start, &R, &M, &mode)) return NULL;
+    if (!PyArg_ParseTuple(args, "O&IIi:balance", tfpy_u64, &start, &R, &M, &mode)) return NULL;
     tf_order_config cfg;
     tf_order_get_config(self->o, &cfg);
     uint64_t m = M ? M : 1, cap = cfg.global_batch * m;
@@ -472,10 +473,13 @@ static PyObject *Order_balance(tfpy_Order *self, PyObject *args) {
 
 /* row_costs(start, count, mode): tf_order_row_cost of positions [start, start + count). */
 static PyObject *Order_row_costs(tfpy_Order *self, PyObject *args) {
-    unsigned long long start, count;
+    uint64_t start, count;
     int mode;
-    if (!PyArg_ParseTuple(args, "KKi:row_costs", &start, &count, &mode)) return NULL;
-    if (count > (unsigned long long)PY_SSIZE_T_MAX / 8) return PyErr_Format(PyExc_ValueError, "count is too large");
+    if (!PyArg_ParseTuple(args, "O&O&i:row_costs", tfpy_u64, &start, tfpy_u64, &count, &mode)) return NULL;
+    if (count > (uint64_t)PY_SSIZE_T_MAX / 8) return PyErr_Format(PyExc_ValueError, "count is too large");
+    if (count && start > UINT64_MAX - (count - 1))
+        return PyErr_Format(PyExc_ValueError, "row_costs: positions [%llu, %llu + %llu) pass the last 64-bit position",
+                            (unsigned long long)start, (unsigned long long)start, (unsigned long long)count);
     npy_intp d[1] = {(npy_intp)count};
     PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(1, d, NPY_UINT64);
     if (!out) return NULL;
@@ -494,8 +498,8 @@ static PyObject *Order_row_costs(tfpy_Order *self, PyObject *args) {
 }
 
 static PyObject *Order_mix_counts_at(tfpy_Order *self, PyObject *arg) {
-    unsigned long long pos = PyLong_AsUnsignedLongLong(arg);
-    if (pos == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    uint64_t pos;
+    if (!tfpy_u64(arg, &pos)) return NULL;
     size_t k = tf_order_num_sources(self->o);
     uint64_t *c = PyMem_Malloc(k * sizeof *c);
     if (!c) return PyErr_NoMemory();
@@ -524,15 +528,16 @@ PyDoc_STRVAR(Order_state_save_doc, "state_save($self, position, world_size, /)\n
              "at a global position, saved by world_size data-parallel ranks.");
 
 static PyObject *Order_state_save(tfpy_Order *self, PyObject *args) {
-    unsigned long long pos;
-    unsigned int ws;
-    if (!PyArg_ParseTuple(args, "KI:state_save", &pos, &ws)) return NULL;
+    uint64_t pos, ws;
+    if (!PyArg_ParseTuple(args, "O&O&:state_save", tfpy_u64, &pos, tfpy_u64, &ws)) return NULL;
+    if (ws > UINT32_MAX) return PyErr_Format(PyExc_ValueError, "state_save: world_size %llu is above 2**32 - 1",
+                                             (unsigned long long)ws);
     size_t len = 0;
-    int rc = tf_order_state_save(self->o, pos, ws, NULL, 0, &len);
+    int rc = tf_order_state_save(self->o, pos, (uint32_t)ws, NULL, 0, &len);
     if (rc < 0 && rc != -ENOSPC) return tfpy_raise(tfpy_state((PyObject *)self), rc, NULL);
     char *buf = PyMem_Malloc(len + 1);
     if (!buf) return PyErr_NoMemory();
-    rc = tf_order_state_save(self->o, pos, ws, buf, len + 1, &len);
+    rc = tf_order_state_save(self->o, pos, (uint32_t)ws, buf, len + 1, &len);
     PyObject *r = rc < 0 ? tfpy_raise(tfpy_state((PyObject *)self), rc, NULL) : PyUnicode_FromStringAndSize(buf, (Py_ssize_t)len);
     PyMem_Free(buf);
     return r;
@@ -567,9 +572,9 @@ PyDoc_STRVAR(Order_mix_set_weights_doc, "mix_set_weights($self, position, weight
              "(tf_order_mix_set_weights); the change is recorded in the state's weights_history.");
 
 static PyObject *Order_mix_set_weights(tfpy_Order *self, PyObject *args) {
-    unsigned long long pos;
+    uint64_t pos;
     PyObject *wobj;
-    if (!PyArg_ParseTuple(args, "KO:mix_set_weights", &pos, &wobj)) return NULL;
+    if (!PyArg_ParseTuple(args, "O&O:mix_set_weights", tfpy_u64, &pos, &wobj)) return NULL;
     PyObject *wseq = PySequence_Fast(wobj, "weights must be a list of numbers");
     if (!wseq) return NULL;
     Py_ssize_t k = PySequence_Fast_GET_SIZE(wseq);
@@ -602,8 +607,8 @@ static PyObject *Order_mix_set_weights(tfpy_Order *self, PyObject *args) {
 }
 
 static PyObject *Order_skip(tfpy_Order *self, PyObject *args) {
-    unsigned long long start, stop;
-    if (!PyArg_ParseTuple(args, "KK:skip", &start, &stop)) return NULL;
+    uint64_t start, stop;
+    if (!PyArg_ParseTuple(args, "O&O&:skip", tfpy_u64, &start, tfpy_u64, &stop)) return NULL;
     int rc = tf_order_skip(self->o, start, stop);
     if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, NULL);
     Py_RETURN_NONE;
@@ -628,8 +633,8 @@ static PyObject *Order_skips(tfpy_Order *self, PyObject *unused) {
 }
 
 static PyObject *Order_skip_to(tfpy_Order *self, PyObject *arg) {
-    unsigned long long pos = PyLong_AsUnsignedLongLong(arg);
-    if (pos == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    uint64_t pos;
+    if (!tfpy_u64(arg, &pos)) return NULL;
     return PyLong_FromUnsignedLongLong(tf_order_skip_to(self->o, pos));
 }
 

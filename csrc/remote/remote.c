@@ -280,7 +280,7 @@ static int init_locks(tf_remote *r) {
 }
 
 int tf_remote_create(const tf_transport *t, const tf_remote_config *cfg, tf_remote **out) {
-    if (!out) return -EINVAL;
+    TF_NEED_ARG(out);
     *out = NULL;
     tf__clearerr();
     if (!t || !t->stat || !t->read) TF_FAIL(-EINVAL, "transport: expected stat and read callbacks");
@@ -597,7 +597,9 @@ static int stat_call(tf_remote *r, const char *url, void *info) {
 }
 
 int tf_remote_stat(tf_remote *r, const char *url, tf_object_info *info) {
-    if (!r || !url || !info) return -EINVAL;
+    TF_NEED_ARG(r);
+    TF_NEED_ARG(url);
+    TF_NEED_ARG(info);
     int attempt = 0, rc = retry_meta(r, url, stat_call, info, &attempt);
     char *tm = tmsg();
     if (!rc) {
@@ -1671,7 +1673,10 @@ int tf__robj_read(const tf__robj *o, uint64_t off, uint64_t len, void *out) {
 }
 
 int tf_remote_read(tf_remote *r, const char *url, const tf_object_info *info, uint64_t off, uint64_t len, void *out) {
-    if (!r || !url || !info || (!out && len)) return -EINVAL;
+    TF_NEED_ARG(r);
+    TF_NEED_ARG(url);
+    TF_NEED_ARG(info);
+    TF_NEED_BUF(out, len);
     tf__clearerr();
     tf__robj *o;
     TF_TRY(tf__robj_from_info(r, url, info, &o));

@@ -1492,7 +1492,8 @@ static uint64_t count_objects_and_tmp(const tf__cache *c, uint64_t *temp_bytes, 
 }
 
 int tf_cache_info_get(const char *dir, tf_cache_info *info) {
-    if (!dir || !info) return -EINVAL;
+    TF_NEED_ARG(dir);
+    TF_NEED_ARG(info);
     memset(info, 0, sizeof *info);
     tf__cache *c;
     TF_TRY(open_admin(dir, &c));
@@ -1516,7 +1517,7 @@ int tf_cache_info_get(const char *dir, tf_cache_info *info) {
 }
 
 int tf_cache_prune(const char *dir, uint64_t keep_bytes) {
-    if (!dir) return -EINVAL;
+    TF_NEED_ARG(dir);
     tf__cache *c;
     TF_TRY(open_admin(dir, &c));
     lock(c);

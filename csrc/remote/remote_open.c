@@ -1405,7 +1405,7 @@ static int open_set_urls(void *ctx, const char *const *urls, size_t n, const tf_
 int tf_dataset_open_remote_set(const char *const *urls, size_t n, const char *prefix, const char *pattern,
                                const tf_remote_listing *listing, const tf_open_options *opt, tf_remote *remote,
                                tf_dataset **out) {
-    if (!out) return -EINVAL;
+    TF_NEED_ARG(out);
     *out = NULL;
     tf__clearerr();
     if (!urls || n == 0 || !prefix || !remote)

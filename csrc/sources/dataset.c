@@ -268,7 +268,7 @@ int tf_dataset_open_many(const char *const *paths, size_t n, const tf_open_optio
 
 int tf__dataset_open_paths(const char *const *paths, size_t n, const tf_open_options *opt, tf__url_open_fn open_urls,
                            void *ctx, tf_dataset **out) {
-    if (!out) return -EINVAL;
+    TF_NEED_ARG_OF("tf_dataset_open", out);
     *out = NULL;
     tf__clearerr();
     if (!paths || n == 0) TF_FAIL(-EINVAL, "no paths given");
@@ -331,7 +331,7 @@ int tf__dataset_open_paths(const char *const *paths, size_t n, const tf_open_opt
 static const tf_open_options open_defaults = {.format = TF_FORMAT_AUTO, .raw_dtype = TF_DTYPE_INVALID};
 
 int tf_dataset_open_set(const char *const *spec, size_t nspec, const tf_open_options *opt, tf_dataset **out) {
-    if (!out) return -EINVAL;
+    TF_NEED_ARG(out);
     *out = NULL;
     tf__clearerr();
     if (!spec || nspec == 0) TF_FAIL(-EINVAL, "no shard set given");
@@ -393,7 +393,7 @@ int tf_dataset_write_dataset_catalog(const tf_dataset *ds, const char *dataset_d
 
 int tf_dataset_open_data_catalog(const char *prefix, const char *pattern, const tf_open_options *opt,
                                  tf_dataset **out) {
-    if (!out) return -EINVAL;
+    TF_NEED_ARG(out);
     *out = NULL;
     tf__clearerr();
     if (!prefix || !pattern) TF_FAIL(-EINVAL, "tf_dataset_open_data_catalog: a prefix and a pattern are required");
@@ -414,7 +414,7 @@ int tf_dataset_open(const char *path, const tf_open_options *opt, tf_dataset **o
 
 int tf_dataset_from_memory(const void *tokens, uint64_t n, tf_dtype dt, const uint64_t *doc_ends,
                            uint64_t ndocs, uint64_t vocab_size, tf_dataset **out) {
-    if (!out) return -EINVAL;
+    TF_NEED_ARG(out);
     *out = NULL;
     tf__clearerr();
     size_t isz = tf_dtype_size(dt);
@@ -485,7 +485,8 @@ const char *tf_format_name(tf_format f) {
 }
 
 int tf_dataset_get_info(const tf_dataset *ds, tf_dataset_info *info) {
-    if (!ds || !info) return -EINVAL;
+    TF_NEED_ARG(ds);
+    TF_NEED_ARG(info);
     info->num_tokens = ds->num_tokens;
     info->num_documents = ds->num_docs;
     info->vocab_size = ds->vocab_size;
@@ -497,7 +498,8 @@ int tf_dataset_get_info(const tf_dataset *ds, tf_dataset_info *info) {
 }
 
 int tf_dataset_get_file(const tf_dataset *ds, uint64_t i, tf_file_info *info) {
-    if (!ds || !info) return -EINVAL;
+    TF_NEED_ARG(ds);
+    TF_NEED_ARG(info);
     if (i >= ds->nfiles) TF_FAIL(-ERANGE, "file %llu out of range (%llu files)", (unsigned long long)i, (unsigned long long)ds->nfiles);
     const tf_file *f = &ds->files[i];
     info->path = f->path;
@@ -557,7 +559,7 @@ static int call_find_document(void *p) {
 }
 
 int tf_dataset_read(const tf_dataset *ds, uint64_t start, uint64_t count, void *out, tf_dtype out_dtype) {
-    if (!ds) return -EINVAL;
+    TF_NEED_ARG(ds);
     guarded_call c = {ds, start, count, out, out_dtype, NULL, NULL};
     return tf__files_guard(ds->files, ds->nfiles, call_read, &c);
 }
@@ -577,19 +579,20 @@ int tf_dataset_check_documents(const tf_dataset *ds) {
 }
 
 int tf_dataset_document(const tf_dataset *ds, uint64_t i, uint64_t *start, uint64_t *len) {
-    if (!ds) return -EINVAL;
+    TF_NEED_ARG(ds);
     guarded_call c = {ds, i, 0, NULL, TF_DTYPE_INVALID, start, len};
     return tf__files_guard(ds->files, ds->nfiles, call_document, &c);
 }
 
 int tf_dataset_find_document(const tf_dataset *ds, uint64_t pos, uint64_t *doc) {
-    if (!ds) return -EINVAL;
+    TF_NEED_ARG(ds);
     guarded_call c = {ds, pos, 0, NULL, TF_DTYPE_INVALID, doc, NULL};
     return tf__files_guard(ds->files, ds->nfiles, call_find_document, &c);
 }
 
 static int dataset_read(const tf_dataset *ds, uint64_t start, uint64_t count, void *out, tf_dtype out_dtype) {
-    if (!ds || (!out && count)) return -EINVAL;
+    TF_NEED_ARG_OF("tf_dataset_read", ds);
+    TF_NEED_BUF_OF("tf_dataset_read", out, count);
     size_t osz = tf_dtype_size(out_dtype);
     if (!osz) TF_FAIL(-EINVAL, "invalid output dtype %d", (int)out_dtype);
     if (start > ds->num_tokens || count > ds->num_tokens - start)
@@ -613,7 +616,8 @@ static int dataset_read(const tf_dataset *ds, uint64_t start, uint64_t count, vo
 }
 
 int tf_dataset_view(const tf_dataset *ds, uint64_t start, uint64_t count, const void **ptr, tf_dtype *dtype) {
-    if (!ds || !ptr) return -EINVAL;
+    TF_NEED_ARG(ds);
+    TF_NEED_ARG(ptr);
     if (start > ds->num_tokens || count > ds->num_tokens - start)
         TF_FAIL(-ERANGE, "tokens [%llu, %llu) out of range: the dataset has %llu tokens",
                 (unsigned long long)start, (unsigned long long)start + count, (unsigned long long)ds->num_tokens);
@@ -645,7 +649,9 @@ static uint64_t file_of_doc(const tf_dataset *ds, uint64_t doc) {
 }
 
 static int dataset_document(const tf_dataset *ds, uint64_t i, uint64_t *start, uint64_t *len) {
-    if (!ds || !start || !len) return -EINVAL;
+    TF_NEED_ARG_OF("tf_dataset_document", ds);
+    TF_NEED_ARG_OF("tf_dataset_document", start);
+    TF_NEED_ARG_OF("tf_dataset_document", len);
     if (i >= ds->num_docs)
         TF_FAIL(-ERANGE, "document %llu out of range: the dataset has %llu documents", (unsigned long long)i, (unsigned long long)ds->num_docs);
     uint64_t k = file_of_doc(ds, i);
@@ -655,7 +661,8 @@ static int dataset_document(const tf_dataset *ds, uint64_t i, uint64_t *start, u
 }
 
 static int dataset_find_document(const tf_dataset *ds, uint64_t pos, uint64_t *doc) {
-    if (!ds || !doc) return -EINVAL;
+    TF_NEED_ARG_OF("tf_dataset_find_document", ds);
+    TF_NEED_ARG_OF("tf_dataset_find_document", doc);
     if (pos >= ds->num_tokens)
         TF_FAIL(-ERANGE, "token %llu out of range: the dataset has %llu tokens", (unsigned long long)pos, (unsigned long long)ds->num_tokens);
     uint64_t k = tf__dataset_file_of(ds, pos);
@@ -801,7 +808,7 @@ static void *verify_worker(void *arg) {
 }
 
 int tf_dataset_verify(const tf_dataset *ds, int threads, tf_progress_fn cb, void *user) {
-    if (!ds) return -EINVAL;
+    TF_NEED_ARG(ds);
     tf__clearerr();
     uint64_t total = 0;
     for (uint64_t i = 0; i < ds->nfiles; i++) {

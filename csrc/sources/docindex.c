@@ -258,7 +258,10 @@ static int open_dir(const char *dir, int create) {
 int tf_doc_index_build(const char *data_path, const tf_open_options *opt, const uint64_t *ends, uint64_t nends,
                        char *out, size_t cap) {
     tf__clearerr();
-    if (!data_path || !opt || !out || !cap) return -EINVAL;
+    TF_NEED_ARG(data_path);
+    TF_NEED_ARG(opt);
+    TF_NEED_ARG(out);
+    if (!cap) return tf__seterr(-EINVAL, "tf_doc_index_build: cap is 0: out must hold the path written");
     if (!opt->has_eos_id) TF_FAIL(-EINVAL, "tf_doc_index_build: an eos id is required (has_eos_id)");
     if (!tf_dtype_size(opt->raw_dtype))
         TF_FAIL(-EINVAL, "%s: dtype: a headerless token file needs an explicit dtype (e.g. uint16)", data_path);

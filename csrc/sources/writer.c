@@ -206,7 +206,7 @@ static int check_options(const tf_writer_options *o) {
 /* ------------------------------------------------------------------------ */
 
 int tf_writer_create(const char *dir, const tf_writer_options *opt, tf_writer **out) {
-    if (!out) return -EINVAL;
+    TF_NEED_ARG(out);
     *out = NULL;
     tf__clearerr();
     if (!dir || !*dir) TF_FAIL(-EINVAL, "dir: expected a directory path, found none");
@@ -603,7 +603,7 @@ static int add_document(tf_writer *w, const uint8_t *src, uint64_t n, tf_dtype s
 }
 
 int tf_writer_add_document(tf_writer *w, const void *tokens, uint64_t n, tf_dtype src_dtype) {
-    if (!w) return -EINVAL;
+    TF_NEED_ARG(w);
     tf__clearerr();
     if (w->finished) TF_FAIL(-EINVAL, "%s: the writer is finished; create a new one", w->dir);
     if (w->error) TF_FAIL(w->error, "%s: an earlier write failed (%s); the writer cannot continue", w->dir, tf_strerror(w->error));
@@ -672,7 +672,7 @@ static int write_manifest(tf_writer *w) {
 }
 
 int tf_writer_finish(tf_writer *w) {
-    if (!w) return -EINVAL;
+    TF_NEED_ARG(w);
     tf__clearerr();
     if (w->finished) TF_FAIL(-EINVAL, "%s: the writer is already finished", w->dir);
     if (w->error) TF_FAIL(w->error, "%s: an earlier write failed (%s); nothing was published", w->dir, tf_strerror(w->error));

@@ -11,12 +11,16 @@ and :func:`meter_all_ranks` gathers them over a process group.
 """
 from __future__ import annotations
 
+import bisect
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, overload
 
 # The functions take a Loader (typed Any: _loader imports this module, not the reverse).
 _LoaderT = Any
 
 __all__ = ["Segment", "meter_all_ranks", "meter_verdict"]
+
+# positions are 64-bit: an endless stream's num_positions is this, the last one a step can reach
+_LAST_POSITION = (1 << 64) - 1
 
 # below this fraction of wall time waiting, data is not what limits the step
 _OK_FRACTION = 0.02
@@ -82,6 +86,13 @@ class Segment(Tuple[int, int, int, int]):
 def explain(loader: _LoaderT, step: int) -> List[List[Segment]]:
     """Segments of each row of ``step``'s batch on this rank (see :meth:`Loader.explain`)."""
     order = loader._order
+    if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+        G, n = loader.global_batch, order.num_positions
+        if (step + 1) * G > n:
+            if n == _LAST_POSITION:  # an endless stream: as far as a 64-bit position reaches
+                raise IndexError(f"step {step} is past the last step a 64-bit position reaches ({n // G} steps of "
+                                 f"{G} samples): positions are below 2**64")
+            raise IndexError(f"step {step} is past the end of the stream ({n // G} steps)")
     rows = []
     for pos in loader._row_positions(step):
         rows.append([Segment(*t) for t in order.segments_at(pos)])
@@ -104,19 +115,32 @@ def _epoch_range(loader: _LoaderT, epochs: Union[None, int, Tuple[int, int], str
         lo, hi = int(epochs[0]), int(epochs[1])
     if not 0 <= lo < hi:
         raise ValueError(f"epochs: expected 0 <= a < b, got {lo}:{hi}")
+    n = loader.num_samples
+    if (hi - 1) * n > _LAST_POSITION:
+        raise ValueError(f"epochs: epoch {hi - 1} begins past the last 64-bit position (2**64 - 1): at most "
+                         f"{_LAST_POSITION // n + 1} epochs of {n} samples")
     return lo, hi
 
 
 def where(loader: _LoaderT, document: int, source: int = 0,
           epochs: Union[None, int, Tuple[int, int], str] = None) -> List[Dict[str, int]]:
     """Where a document is read in an epoch range (see :meth:`Loader.where`)."""
-    if not isinstance(document, int) or document < 0:
-        raise ValueError(f"document: expected an int >= 0, got {document!r}")
+    if not isinstance(document, int) or isinstance(document, bool) or not 0 <= document <= _LAST_POSITION:
+        raise ValueError(f"document: expected an int >= 0 and below 2**64, got {document!r}")
+    if not isinstance(source, int) or isinstance(source, bool) or source < 0:
+        raise ValueError(f"source: expected an int >= 0, got {source!r}")
     lo, hi = _epoch_range(loader, epochs)
     n = loader.num_samples
-    positions = loader._order.find_document(source, document, lo * n, hi * n)
+    order = loader._order
+    positions = order.find_document(source, document, lo * n, min(hi * n, _LAST_POSITION))
+    # steps left out (Loader.skip_steps) deliver nothing: a document there is not read
+    skips = order.skips()
+    starts = [a for a, _ in skips]
     out = []
     for pos in positions:
+        i = bisect.bisect_right(starts, pos) - 1
+        if i >= 0 and pos < skips[i][1]:
+            continue
         step, rank, row = loader._position_rank_row(pos)
         out.append({"step": step, "rank": rank, "row": row, "position": pos,
                     "epoch": pos // n})

@@ -35,9 +35,13 @@ class _Problem(ValueError):
 def _read_state(path: str) -> Mapping[str, Any]:
     """A loader state from a JSON file (the state itself, or an object holding it under "loader"), or
     from a torch checkpoint holding it under "loader"."""
+    from ._loader import StateError, _state_from_json
+
     try:
         with open(path, encoding="utf-8") as f:
-            obj: Any = json.load(f)
+            obj: Any = _state_from_json(f.read(), path)  # a key twice is refused, as the C library does
+    except StateError as e:
+        raise _Problem(str(e)) from None
     except (UnicodeDecodeError, json.JSONDecodeError):
         try:
             import torch

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import sys
 import warnings
@@ -72,6 +73,45 @@ def _json_value(v: Any) -> Any:
     if isinstance(v, np.generic):
         return v.item()
     raise TypeError(f"{type(v).__name__} {v!r}")
+
+
+def _nonfinite_key(v: Any, at: str = "") -> Optional[str]:
+    """Where a state holds NaN or an infinity (``"config.weights[1]"``), or None: JSON has no such
+    numbers, so such a state was edited or damaged."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return at or "the state"
+    if isinstance(v, Mapping):
+        for k, x in v.items():
+            found = _nonfinite_key(x, f"{at}.{k}" if at else str(k))
+            if found:
+                return found
+    elif isinstance(v, (list, tuple)):
+        for i, x in enumerate(v):
+            found = _nonfinite_key(x, f"{at}[{i}]")
+            if found:
+                return found
+    elif isinstance(v, np.ndarray) or isinstance(v, np.generic) or type(v).__name__ == "Tensor":
+        return _nonfinite_key(_json_value(v), at)
+    return None
+
+
+def _state_from_json(text: Union[str, bytes], where: str = "the state") -> Any:
+    """A loader state from its JSON text, read as the C library reads it: a key twice in one object
+    is refused (json.loads would keep the last value, C would not agree), as are NaN and
+    Infinity (not JSON)."""
+    def pairs(items: List[Tuple[str, Any]]) -> Dict[str, Any]:
+        d: Dict[str, Any] = {}
+        for k, v in items:
+            if k in d:
+                raise StateError(f"{where}: the key {k!r} appears twice in one object; a loader state holds each "
+                                 f"key once: pass the state Loader.state_dict() returned")
+            d[k] = v
+        return d
+
+    def constant(name: str) -> Any:
+        raise StateError(f"{where}: {name} is not a JSON number (a loader state holds finite numbers)")
+
+    return json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
 
 
 def _torch_available() -> bool:
@@ -232,7 +272,7 @@ class Loader:
         if order == "llmc":
             # llm.c's processes are the data-parallel ranks that continue its run, and it seeds
             # process r's shuffle with 42 + r
-            if llmc_processes is None:
+            if llmc_processes is None or llmc_processes == 0:  # 0 is None, as in C
                 order_kw["llmc_processes"] = pc.dp_size
             order_kw.setdefault("seed", 42)
         self._order_cfg = OrderConfig(seq_len=seq_len, shuffle=shuffle, weights=weights,
@@ -460,7 +500,11 @@ class Loader:
         n = self.num_positions
         if n is None:
             raise TypeError("an infinite Loader (epochs=None) has no len()")
-        return max(0, (n - self.position) // self.global_batch)
+        pos = self.position
+        # the steps skip_steps left out are not delivered: they do not count
+        skipped: int = sum(min(stop, n) - max(start, pos)
+                           for start, stop in self._order.skips() if stop > pos and start < n)
+        return max(0, (n - pos - skipped) // self.global_batch)
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         n = self.num_positions
@@ -698,8 +742,12 @@ class Loader:
         """
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a dict from Loader.state_dict(), got {type(state).__name__}")
+        bad = _nonfinite_key(state)
+        if bad:
+            raise StateError(f"the state's {bad} is NaN or an infinity, which no state holds (JSON has no such "
+                             f"number): the state was edited or damaged; pass the dict Loader.state_dict() returned")
         try:
-            text = json.dumps(state, default=_json_value)
+            text = json.dumps(state, default=_json_value, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise StateError(f"the state holds a value that is not a number, string, list or None ({e}): pass "
                              f"the dict Loader.state_dict() returned") from None
@@ -741,6 +789,9 @@ class Loader:
         n = self.num_positions
         if n is not None and stop * g > n:
             raise ValueError(f"skip_steps: step {stop} is past the end of the stream ({n // g} steps)")
+        if stop * g > _INFINITE:
+            raise ValueError(f"skip_steps: step {stop} is past the last step a 64-bit position reaches "
+                             f"({_INFINITE // g} steps of {g} samples): positions are below 2**64")
         self._order.skip(start * g, stop * g)
         if self._device is not None and not self._device.closed:
             self._device.seek(pos)  # what was copied ahead may lie in the skipped range
@@ -759,25 +810,31 @@ class Loader:
             raise ValueError("set_weights needs a mixture (a Loader made with weights=)")
         w = [float(x) for x in weights]
         pos = self.position
+        old = self._order
         try:
-            order = self._order.mix_set_weights(pos, w)
+            order = old.mix_set_weights(pos, w)
         except RuntimeError as e:
             raise ValueError(str(e)) from None
-        # kept in the configuration too, so that a loader made again from it reads the same
+        # kept in the configuration too, so that a loader made again from it reads the same; the
+        # anchor is where each source was at pos (as the C library found it), so that a call costs
+        # the same however many changes the state lists (no state is written and read back)
+        anchor = (pos, tuple(old.mix_source_count(k, pos) for k in range(len(w))))
         self._order_cfg = dataclasses.replace(self._order_cfg, weights=tuple(w))
-        self._hand_over(order)
+        self._hand_over(order, anchor)
         self._position = pos
 
-    def _hand_over(self, order: Any) -> None:
+    def _hand_over(self, order: Any, anchor: Optional[Tuple[int, Tuple[int, ...]]] = None) -> None:
         """Read ``order`` from here on: this mixture with the hand-over anchor a resume needs (the
-        C library found where each source was). The anchor is kept in the configuration, so a
+        C library found where each source was; ``anchor`` when the caller knows it, with the
+        weights already in the configuration). The anchor is kept in the configuration, so a
         pickled loader rebuilds the same order."""
-        saved = json.loads(order.state_save(0, 1))
-        anchor, history = saved["mix_anchor"], saved["weights_history"]
-        self._order_cfg = dataclasses.replace(
-            self._order_cfg, mix_anchor=None if anchor is None else (int(anchor[0]), tuple(anchor[1])))
-        if history:  # weights set while the stream ran are the ones it reads now
-            self._order_cfg = dataclasses.replace(self._order_cfg, weights=tuple(history[-1][1]))
+        if anchor is None:
+            saved = json.loads(order.state_save(0, 1))
+            a, history = saved["mix_anchor"], saved["weights_history"]
+            anchor = None if a is None else (int(a[0]), tuple(a[1]))
+            if history:  # weights set while the stream ran are the ones it reads now
+                self._order_cfg = dataclasses.replace(self._order_cfg, weights=tuple(history[-1][1]))
+        self._order_cfg = dataclasses.replace(self._order_cfg, mix_anchor=anchor)
         self._order = order
         # the engine (and the device stage over it) borrow the order: made again over the new one
         if self._device is not None:

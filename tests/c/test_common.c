@@ -1,7 +1,13 @@
 /* Common layer: dtype conversion, XXH64 known answers, memory datasets. */
+#include <limits.h>
+
 #include "helpers.h"
 
 int main(void) {
+    /* every int has a sentence, INT_MIN (whose negation is no int) included */
+    CHECK(tf_strerror(INT_MIN) && *tf_strerror(INT_MIN));
+    CHECK(tf_strerror(INT_MAX) && *tf_strerror(INT_MAX));
+    CHECK(!strcmp(tf_strerror(-TF_ESTATE), tf_strerror(TF_ESTATE)));
     /* XXH64 reference values (xxhash test vectors). */
     CHECK(tf_hash64("", 0, 0) == 0xEF46DB3751D8E999ULL);
     CHECK(tf_hash64("a", 1, 0) == 0xD24EC4F1A98C6E5BULL);

@@ -620,6 +620,283 @@ static void test_segments(void) {
     tf_dataset_free(dss[1]);
 }
 
+/* ------------------------------------------------------------------------ */
+/* C API errors: NULL arguments, states that are not JSON, flags, duplicates */
+/* ------------------------------------------------------------------------ */
+
+/* A call that returned -EINVAL for a NULL argument says which function and
+ * which argument, never an empty message or the previous call's. */
+static void check_null(int rc, const char *fn, const char *arg, int line) {
+    char want[160];
+    snprintf(want, sizeof want, "%s: the argument %s is NULL", fn, arg);
+    if (rc != -EINVAL || !strstr(tf_last_error(), want)) {
+        fprintf(stderr, "test_order.c:%d: %s with %s NULL returned %d, message \"%s\"\n", line, fn, arg, rc,
+                tf_last_error());
+        t_failures++;
+    }
+}
+/* first a failing call, so that a stale message would show */
+#define NULL_ARG(call, fn, arg)                                                                    \
+    do {                                                                                           \
+        tf_order_skip(stale, 3, 1);                                                                \
+        check_null((call), fn, arg, __LINE__);                                                     \
+    } while (0)
+
+static void test_c_api_errors(void) {
+    tf_dataset *ds = flat_dataset(1001);
+    tf_order_config c;
+    tf_order_config_init(&c);
+    c.seq_len = 10;
+    c.global_batch = 2;
+    tf_order *o = NULL, *stale = NULL, *h = NULL;
+    CHECK_OK(tf_order_create(ds, &c, &o));
+    CHECK_OK(tf_order_create(ds, &c, &stale));
+    uint64_t pos = 0, u = 0, buf64[4];
+    size_t n = 0, src = 0;
+    char st[4096];
+    tf_segment seg[4];
+    tf_packing_stats ps;
+    tf_dataset_info di;
+    tf_file_info fi;
+    tf_loader_config lc;
+    tf_loader_config_init(&lc);
+    lc.order = c;
+    lc.batch_size = 2;
+    lc.world_size = 1;
+    tf_loader *l = NULL;
+    CHECK_OK(tf_loader_create(ds, &lc, &l));
+    tf_batch *b = NULL;
+    int64_t v = 0;
+    tf_perm perm;
+    const void *ptr = NULL;
+    tf_dtype dt;
+    double w = 1;
+    tf_source_stats ss;
+    NULL_ARG(tf_order_create(ds, &c, NULL), "tf_order_create", "out");
+    NULL_ARG(tf_order_create_llmc(ds, &c, 1, NULL), "tf_order_create_llmc", "out");
+    NULL_ARG(tf_order_create_mix((const tf_dataset *const *)&ds, &w, 1, &c, NULL), "tf_order_create_mix", "out");
+    NULL_ARG(tf_order_create_megatron(ds, &c, NULL, NULL), "tf_order_create_megatron", "out");
+    NULL_ARG(tf_order_state_save(NULL, 0, 1, st, sizeof st, &n), "tf_order_state_save", "o");
+    NULL_ARG(tf_order_state_save(o, 0, 1, NULL, 10, &n), "tf_order_state_save", "buf");
+    NULL_ARG(tf_order_state_load(NULL, "{}", 2, 0, &pos, &h), "tf_order_state_load", "o");
+    NULL_ARG(tf_order_state_load(o, NULL, 2, 0, &pos, &h), "tf_order_state_load", "state");
+    NULL_ARG(tf_order_state_load(o, "{}", 2, 0, NULL, &h), "tf_order_state_load", "pos");
+    NULL_ARG(tf_order_state_load(o, "{}", 2, 0, &pos, NULL), "tf_order_state_load", "handover");
+    NULL_ARG(tf_order_mix_set_weights(o, 0, &w, 1, NULL), "tf_order_mix_set_weights", "out");
+    NULL_ARG(tf_order_mix_set_weights(NULL, 0, &w, 1, &h), "tf_order_mix_set_weights", "o");
+    NULL_ARG(tf_order_skip(NULL, 0, 2), "tf_order_skip", "o");
+    NULL_ARG(tf_order_get_config(NULL, &c), "tf_order_get_config", "o");
+    NULL_ARG(tf_order_get_config(o, NULL), "tf_order_get_config", "cfg");
+    NULL_ARG(tf_order_packing_stats(o, NULL), "tf_order_packing_stats", "st");
+    NULL_ARG(tf_order_packing_stats(NULL, &ps), "tf_order_packing_stats", "o");
+    NULL_ARG(tf_order_fill_sample(o, 0, NULL, TF_UINT32, NULL), "tf_order_fill_sample", "out");
+    NULL_ARG(tf_order_segments_at(o, 0, NULL, 4, &n), "tf_order_segments_at", "out");
+    NULL_ARG(tf_order_segments_at(o, 0, seg, 4, NULL), "tf_order_segments_at", "n");
+    NULL_ARG(tf_order_find_document(NULL, 0, 0, 0, 2, buf64, 4, &n), "tf_order_find_document", "o");
+    NULL_ARG(tf_order_row_cost(o, 0, TF_BALANCE_NONE, NULL), "tf_order_row_cost", "cost");
+    NULL_ARG(tf_order_balance(o, 0, 1, 1, TF_BALANCE_NONE, NULL, 4, &n), "tf_order_balance", "out");
+    NULL_ARG(tf_order_mix_source_at(o, 0, NULL, &u), "tf_order_mix_source_at", "source");
+    NULL_ARG(tf_order_mix_source_at(o, 0, &src, NULL), "tf_order_mix_source_at", "index");
+    NULL_ARG(tf_perm_init(NULL, 10, 1), "tf_perm_init", "p");
+    NULL_ARG(tf_config_set(TF_SCOPE_ORDER, NULL, "seed", 1), "tf_config_set", "cfg");
+    NULL_ARG(tf_config_get(TF_SCOPE_ORDER, &c, "seed", NULL), "tf_config_get", "value");
+    NULL_ARG(tf_dataset_get_info(NULL, &di), "tf_dataset_get_info", "ds");
+    NULL_ARG(tf_dataset_get_file(ds, 0, NULL), "tf_dataset_get_file", "info");
+    NULL_ARG(tf_dataset_read(NULL, 0, 1, buf64, TF_UINT32), "tf_dataset_read", "ds");
+    NULL_ARG(tf_dataset_read(ds, 0, 1, NULL, TF_UINT32), "tf_dataset_read", "out");
+    NULL_ARG(tf_dataset_document(ds, 0, NULL, &u), "tf_dataset_document", "start");
+    NULL_ARG(tf_dataset_find_document(ds, 0, NULL), "tf_dataset_find_document", "doc");
+    NULL_ARG(tf_dataset_view(ds, 0, 1, NULL, &dt), "tf_dataset_view", "ptr");
+    NULL_ARG(tf_dataset_verify(NULL, 1, NULL, NULL), "tf_dataset_verify", "ds");
+    NULL_ARG(tf_dataset_open("/nonexistent", NULL, NULL), "tf_dataset_open", "out");
+    NULL_ARG(tf_dataset_from_memory(buf64, 1, TF_UINT32, NULL, 0, 0, NULL), "tf_dataset_from_memory", "out");
+    NULL_ARG(tf_loader_create(ds, &lc, NULL), "tf_loader_create", "out");
+    NULL_ARG(tf_loader_create_from_order(o, &lc, NULL), "tf_loader_create_from_order", "out");
+    NULL_ARG(tf_loader_next(NULL, &b), "tf_loader_next", "l");
+    NULL_ARG(tf_loader_next(l, NULL), "tf_loader_next", "out");
+    NULL_ARG(tf_loader_seek(NULL, 0), "tf_loader_seek", "l");
+    NULL_ARG(tf_loader_get_source_stats(NULL, 0, &ss), "tf_loader_get_source_stats", "l");
+    NULL_ARG(tf_loader_state_save(NULL, st, sizeof st, &n), "tf_loader_state_save", "l");
+    NULL_ARG(tf_loader_state_load(l, NULL, 2, 0), "tf_loader_state_load", "state");
+    NULL_ARG(tf_writer_create("/nonexistent", NULL, NULL), "tf_writer_create", "out");
+    NULL_ARG(tf_writer_add_document(NULL, buf64, 1, TF_UINT32), "tf_writer_add_document", "w");
+    NULL_ARG(tf_writer_finish(NULL), "tf_writer_finish", "w");
+    NULL_ARG(tf_remote_create(NULL, NULL, NULL), "tf_remote_create", "out");
+    NULL_ARG(tf_remote_stat(NULL, "s3://b/k", NULL), "tf_remote_stat", "r");
+    NULL_ARG(tf_cache_info_get(NULL, NULL), "tf_cache_info_get", "dir");
+    NULL_ARG(tf_cache_prune(NULL, 0), "tf_cache_prune", "dir");
+    NULL_ARG(tf_device_loader_create(l, NULL, NULL), "tf_device_loader_create", "out");
+    NULL_ARG(tf_device_loader_seek(NULL, 0), "tf_device_loader_seek", "d");
+    NULL_ARG(tf_device_loader_start(NULL), "tf_device_loader_start", "d");
+    NULL_ARG(tf_device_batch_wait(NULL, 0), "tf_device_batch_wait", "b");
+    NULL_ARG(tf_device_batch_synchronize(NULL), "tf_device_batch_synchronize", "b");
+    (void)perm;
+    (void)ptr;
+    (void)fi;
+    (void)v;
+
+    /* cap 0 sizes the state: -ENOSPC with the length */
+    CHECK_RC(tf_order_state_save(o, 0, 1, NULL, 0, &n), -ENOSPC);
+    CHECK(n > 0 && n < sizeof st);
+    CHECK_OK(tf_order_state_save(o, 4, 1, st, sizeof st, &n));
+
+    /* a state that is not JSON: -TF_ESTATE with the parser's sentence */
+    tf_order_skip(stale, 3, 1);
+    CHECK_RC(tf_order_state_load(o, "not json", 8, 0, &pos, &h), -TF_ESTATE);
+    CHECK(strstr(tf_last_error(), "not valid JSON") != NULL);
+    CHECK_RC(tf_order_state_load(o, "{\"position\": NaN}", 17, 0, &pos, &h), -TF_ESTATE);
+    CHECK(strstr(tf_last_error(), "NaN") != NULL);
+
+    /* flags other than TF_STATE_LENIENT are refused, by the loader too */
+    CHECK_RC(tf_order_state_load(o, st, n, 0x10, &pos, &h), -EINVAL);
+    CHECK(strstr(tf_last_error(), "TF_STATE_LENIENT") != NULL);
+    CHECK_RC(tf_loader_state_load(l, st, n, TF_STATE_LENIENT | 0x4), -EINVAL);
+    CHECK_OK(tf_order_state_load(o, st, n, TF_STATE_LENIENT, &pos, &h));
+    CHECK(pos == 4 && h == NULL);
+
+    /* a key twice in one object is refused, whichever value comes first */
+    char dup[4200];
+    const char *at = strstr(st, "\"position\": 4");
+    CHECK(at != NULL);
+    if (at) {
+        int k = snprintf(dup, sizeof dup, "%.*s\"position\": 6, %s", (int)(at - st), st, at);
+        CHECK_RC(tf_order_state_load(o, dup, (size_t)k, 0, &pos, &h), -TF_ESTATE);
+        CHECK(strstr(tf_last_error(), "\"position\" appears twice") != NULL);
+    }
+    /* a C message names the C flag (Python's strict=False only besides it) */
+    char edited[4200];
+    at = strstr(st, "\"config_fingerprint\": \"");
+    if (at) {
+        snprintf(edited, sizeof edited, "%s", st);
+        char *fp = edited + (at - st) + strlen("\"config_fingerprint\": \"");
+        fp[0] = fp[0] == '0' ? '1' : '0';
+        CHECK_RC(tf_order_state_load(o, edited, n, 0, &pos, &h), -TF_ESTATE);
+        CHECK(strstr(tf_last_error(), "TF_STATE_LENIENT") != NULL);
+    }
+    tf_loader_free(l);
+    tf_order_free(stale);
+    tf_order_free(o);
+    tf_dataset_free(ds);
+}
+
+/* The weights a mixture was given: one entry per position where a change took
+ * effect (a second call at one position replaces the first), the same in every
+ * order of a run however they branch. */
+static int history_is(const tf_order *o, const char *want) {
+    char st[8192];
+    size_t n = 0;
+    if (tf_order_state_save(o, 0, 1, st, sizeof st, &n)) return 0;
+    const char *h = strstr(st, "\"weights_history\": ");
+    if (!h || strncmp(h + 19, want, strlen(want))) {
+        fprintf(stderr, "weights_history: want %s, state %s\n", want, h ? h : st);
+        return 0;
+    }
+    return 1;
+}
+
+static void test_weights_history(void) {
+    tf_dataset *ds[2] = {flat_dataset(1001), flat_dataset(2001)};
+    tf_order_config c;
+    tf_order_config_init(&c);
+    c.seq_len = 10;
+    c.global_batch = 2;
+    double w0[2] = {0.5, 0.5}, w1[2] = {0.25, 0.75}, w2[2] = {0.75, 0.25}, w3[2] = {1, 0}, w4[2] = {0, 1};
+    tf_order *o = NULL, *o1 = NULL, *o2 = NULL, *o3 = NULL, *o4 = NULL, *o5 = NULL, *same = NULL;
+    CHECK_OK(tf_order_create_mix((const tf_dataset *const *)ds, w0, 2, &c, &o));
+    CHECK_OK(tf_order_mix_set_weights(o, 0, w1, 2, &o1));
+    CHECK_OK(tf_order_mix_set_weights(o1, 4, w2, 2, &o2));
+    CHECK_OK(tf_order_mix_set_weights(o1, 8, w3, 2, &o3)); /* from o1 again: a branch */
+    CHECK_OK(tf_order_mix_set_weights(o2, 4, w4, 2, &o4)); /* o2's position again: replaces */
+    CHECK_OK(tf_order_mix_set_weights(o2, 6, w3, 2, &o5));
+    CHECK(history_is(o, "null"));
+    CHECK(history_is(o1, "[[0, [0.25, 0.75]]]"));
+    CHECK(history_is(o2, "[[0, [0.25, 0.75]], [4, [0.75, 0.25]]]"));
+    CHECK(history_is(o3, "[[0, [0.25, 0.75]], [8, [1.0, 0.0]]]"));
+    CHECK(history_is(o4, "[[0, [0.25, 0.75]], [4, [0.0, 1.0]]]"));
+    CHECK(history_is(o5, "[[0, [0.25, 0.75]], [4, [0.75, 0.25]], [6, [1.0, 0.0]]]"));
+    /* 1,000 calls at one position: still one entry */
+    for (int i = 0; i < 1000; i++) {
+        double w[2] = {i % 2 ? 0.25 : 0.75, i % 2 ? 0.75 : 0.25};
+        tf_order *next = NULL;
+        CHECK_OK(tf_order_mix_set_weights(same ? same : o5, 8, w, 2, &next));
+        tf_order_free(same);
+        same = next;
+    }
+    CHECK(history_is(same, "[[0, [0.25, 0.75]], [4, [0.75, 0.25]], [6, [1.0, 0.0]], [8, [0.25, 0.75]]]"));
+    CHECK(history_is(o5, "[[0, [0.25, 0.75]], [4, [0.75, 0.25]], [6, [1.0, 0.0]]]"));
+    /* a resumed state lists the same */
+    char st[8192];
+    size_t n = 0;
+    uint64_t pos = 0;
+    tf_order *h = NULL;
+    CHECK_OK(tf_order_state_save(same, 8, 1, st, sizeof st, &n));
+    CHECK_OK(tf_order_state_load(o, st, n, 0, &pos, &h));
+    CHECK(pos == 8 && h && history_is(h, "[[0, [0.25, 0.75]], [4, [0.75, 0.25]], [6, [1.0, 0.0]], [8, [0.25, 0.75]]]"));
+    tf_order_free(h);
+    tf_order_free(same);
+    tf_order_free(o5);
+    tf_order_free(o4);
+    tf_order_free(o3);
+    tf_order_free(o2);
+    tf_order_free(o1);
+    tf_order_free(o);
+    tf_dataset_free(ds[0]);
+    tf_dataset_free(ds[1]);
+}
+
+/* llm.c's order with llmc_processes 0 (None): the data-parallel size, which
+ * tf_loader_create takes from world_size; an order built on its own does not
+ * know it and refuses, rather than reading one process's order. */
+static void test_llmc_processes_none(void) {
+    tf_dataset *ds = flat_dataset(20001);
+    tf_loader_config lc;
+    tf_loader_config_init(&lc);
+    tf_order_config_init(&lc.order);
+    lc.order.seq_len = 10;
+    lc.order.order = TF_ORDER_LLMC;
+    lc.order.shuffle = TF_SHUFFLE_FULL;
+    lc.order.seed = 42;
+    lc.batch_size = 2;
+    lc.world_size = 2;
+    lc.order.llmc_processes = 0;
+    tf_loader *none = NULL, *two = NULL;
+    CHECK_OK(tf_loader_create(ds, &lc, &none));
+    lc.order.llmc_processes = 2;
+    CHECK_OK(tf_loader_create(ds, &lc, &two));
+    char a[4096], b[4096];
+    size_t na = 0, nb = 0;
+    if (none && two) {
+        CHECK_OK(tf_loader_state_save(none, a, sizeof a, &na));
+        CHECK_OK(tf_loader_state_save(two, b, sizeof b, &nb));
+        CHECK(na == nb && !memcmp(a, b, na)); /* the same configuration and fingerprint */
+        CHECK(strstr(a, "\"llmc_processes\": 2") != NULL);
+        CHECK_OK(tf_loader_state_load(two, a, na, 0)); /* each accepts the other's state */
+        CHECK_OK(tf_loader_state_load(none, b, nb, 0));
+        for (int k = 0; k < 6; k++) { /* and reads the same batches: two processes' order */
+            tf_batch *x = NULL, *y = NULL;
+            CHECK_OK(tf_loader_next(none, &x));
+            CHECK_OK(tf_loader_next(two, &y));
+            if (!x || !y) break;
+            tf_batch_view vx, vy;
+            tf_batch_get_view(x, &vx);
+            tf_batch_get_view(y, &vy);
+            CHECK(vx.rows == vy.rows && vx.dtype == vy.dtype &&
+                  !memcmp(vx.tokens, vy.tokens, vx.rows * (vx.seq_len + 1) * tf_dtype_size(vx.dtype)));
+            tf_batch_release(x);
+            tf_batch_release(y);
+        }
+    }
+    tf_order_config c = lc.order;
+    c.global_batch = 4;
+    c.llmc_processes = 0;
+    tf_order *o = NULL;
+    CHECK_RC(tf_order_create(ds, &c, &o), -EINVAL);
+    CHECK(strstr(tf_last_error(), "llmc_processes") && strstr(tf_last_error(), "world_size"));
+    tf_loader_free(none);
+    tf_loader_free(two);
+    tf_dataset_free(ds);
+}
+
 int main(void) {
     test_segments();
     test_perm_bijection();
@@ -628,5 +905,8 @@ int main(void) {
     test_multi_file();
     test_multi_shard();
     test_positions_and_errors();
+    test_c_api_errors();
+    test_weights_history();
+    test_llmc_processes_none();
     return T_DONE();
 }

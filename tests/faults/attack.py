@@ -633,6 +633,79 @@ def a15_catalog_under_umask_002(tmp: str) -> str:
             f"second from the catalog {got['times'][1]:.3f} s, listed once")
 
 
+def _state_attack_sources(tmp: str, k: int) -> List[object]:
+    import numpy as np
+    import tokenfeed
+    out = []
+    rng = np.random.default_rng(5)
+    for i in range(k):
+        d = os.path.join(tmp, f"src{i}")
+        with tokenfeed.DatasetWriter(d, vocab_size=5000) as w:
+            w.add_documents([rng.integers(0, 5000, size=int(rng.integers(20, 200))) for _ in range(300)])
+        out.append(tokenfeed.open(d))
+    return out
+
+
+def a16_set_weights_many_calls(tmp: str) -> str:
+    import json
+    import tokenfeed
+    srcs = _state_attack_sources(tmp, 3)
+    ld = tokenfeed.Loader(srcs, weights=[0.5, 0.3, 0.2], seq_len=64, batch_size=8, seed=1, output="numpy")
+    next(ld)
+    ld.set_weights([0.4, 0.4, 0.2])
+    one = len(json.dumps(ld.state_dict()))
+    t0 = time.monotonic()
+    for i in range(3000):  # an online-mixing controller re-weighting at one step, again and again
+        ld.set_weights([0.1 + (i % 5) / 10, 0.4, 0.2])
+    per_call = (time.monotonic() - t0) / 3000
+    st = ld.state_dict()
+    size = len(json.dumps(st))
+    check(len(st["weights_history"]) == 1 and size <= one + 16,
+          f"3,000 calls at one position: {len(st['weights_history'])} history entries, a {size:,}-byte state "
+          f"(one call: {one:,} bytes)")
+    for _ in range(500):  # then a change at every step
+        next(ld)
+        ld.set_weights([0.3, 0.3, 0.4])
+    st = ld.state_dict()
+    check(len(st["weights_history"]) == 501, f"500 changes at 500 steps: {len(st['weights_history'])} entries")
+    resumed = tokenfeed.Loader(srcs, weights=[0.5, 0.3, 0.2], seq_len=64, batch_size=8, seed=1, output="numpy")
+    resumed.load_state_dict(json.loads(json.dumps(st)))
+    check(json.dumps(resumed.state_dict()) == json.dumps(st), "the resumed loader's state differs")
+    return (f"3,000 calls at one position: 1 entry, {size:,}-byte state (one call: {one:,}), "
+            f"{per_call * 1e3:.2f} ms per call; 500 changes at 500 steps: 501 entries, resumed exactly")
+
+
+def a17_large_states(tmp: str) -> str:
+    import json
+    import tokenfeed
+    srcs = _state_attack_sources(tmp, 1)
+    ld = tokenfeed.Loader(srcs[0], seq_len=64, batch_size=8, seed=1, output="numpy")
+    st = ld.state_dict()
+    big = st | {"skipped": [[16 * i, 16 * i + 8] for i in range(100_000)]}
+    text = json.dumps(big)
+    t0 = time.monotonic()
+    ld.load_state_dict(big)
+    took = time.monotonic() - t0
+    check(len(ld._order.skips()) == 100_000, f"{len(ld._order.skips())} skipped ranges after the load")
+    t0 = time.monotonic()
+    try:
+        ld.load_state_dict(st | {f"unknown{i}": i for i in range(20_000)})
+    except tokenfeed.StateError as e:
+        refused = time.monotonic() - t0
+        check("TF_STATE_MAX_MEMBERS" in str(e), f"20,000 unknown keys refused without naming the limit: {e}")
+    else:
+        raise Reproduced("20,000 unknown keys loaded: no bound on a state's members")
+    try:
+        ld.load_state_dict(st | {"skipped": [[16 * i, 16 * i + 8] for i in range((1 << 20) + 1)]})
+    except tokenfeed.StateError as e:
+        check("TF_STATE_MAX_SKIPS" in str(e), f"too many skipped ranges refused without naming the limit: {e}")
+    else:
+        raise Reproduced("2**20 + 1 skipped ranges loaded: no bound on a state's skipped ranges")
+    return (f"100,000 skipped ranges ({len(text) / 1e6:.1f} MB) loaded in {took:.2f} s; 20,000 unknown keys "
+            f"refused in {refused:.2f} s naming TF_STATE_MAX_MEMBERS; 2**20 + 1 ranges refused naming "
+            f"TF_STATE_MAX_SKIPS")
+
+
 ATTACKS: List[Tuple[str, Callable[[str], str]]] = [
     ("next() against a store that stops answering", a1_next_stalled_store),
     ("exit without close() / Ctrl-C in the loop with requests in flight", a2_exit_without_close),
@@ -649,6 +722,8 @@ ATTACKS: List[Tuple[str, Callable[[str], str]]] = [
     ("corrupt remote block-table entry", a13_block_table),
     ("FIFO or 2 GiB sparse file planted under a shard set's catalog name", a14_planted_catalog_fifo),
     ("node catalog created under umask 002", a15_catalog_under_umask_002),
+    ("set_weights called 3,000 times at one step, then at every step", a16_set_weights_many_calls),
+    ("a state of 100,000 skipped ranges, of 20,000 unknown keys", a17_large_states),
 ]
 
 

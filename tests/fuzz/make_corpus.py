@@ -396,5 +396,28 @@ def cache_seeds() -> None:
          data=data, body=b"\xff\x00garbage")
 
 
+# ---- loader states (fuzz_state.c): byte 0 = order (bit 0), own state written
+# over (bit 1, offset in bytes 1-2), lenient (bit 2); then the state's bytes.
+def state_seeds() -> None:
+    plain = (b'{"format_version": 2, "dataset_fingerprint": "0000000000000000", "config_fingerprint": '
+             b'"0000000000000000", "position": 6, "config": {"seq_len": 10, "global_batch": 2}, '
+             b'"skipped": [[8, 12]], "weights_history": null, "order": null}')
+    save("state", "plain_wrong_fingerprints", b"\x00" + plain)
+    save("state", "not_json", b"\x00not json")
+    save("state", "nan", b"\x00" + plain.replace(b'"position": 6', b'"position": NaN'))
+    save("state", "key_twice", b"\x00" + plain.replace(b'"position": 6', b'"position": 6, "position": 8'))
+    save("state", "deep", b"\x00" + b"[" * 40 + b"]" * 40)
+    save("state", "many_members", b"\x00{" + b", ".join(b'"k%d": %d' % (i, i) for i in range(1100)) + b"}")
+    save("state", "many_skips", b"\x00" + plain.replace(b"[[8, 12]]", b"[" + b", ".join(
+        b"[%d, %d]" % (4 * i, 4 * i + 2) for i in range(3000)) + b"]"))
+    save("state", "own_plain", b"\x02\x00\x00")
+    save("state", "own_mixture", b"\x03\x00\x00")
+    save("state", "own_mixture_lenient", b"\x07\x00\x00")
+    save("state", "own_history_zeros", b"\x03\xff\xff" + b'[[4, [0.0, 0.0]]], "order": null}')
+    save("state", "own_flags_cut", b"\x06\x40\x00" + b'}')
+    save("state", "own_utf8_tail", b"\x03\x10\x00" + "\u00e9\u00e9".encode())
+
+
 if __name__ == "__main__":
     main()
+    state_seeds()
