@@ -92,9 +92,20 @@ int tf__open_hooks_enter(const tf__open_hooks *h) {
     return pthread_setspecific(hooks_key, h) == 0 ? 0 : -ENOMEM;
 }
 
-int tf__map_file(const char *path, void **map, size_t *len) {
+static void id_of_stat(const struct stat *st, tf__file_id *id) {
+    id->dev = (uint64_t)st->st_dev;
+    id->ino = (uint64_t)st->st_ino;
+    id->size = (uint64_t)st->st_size;
+    id->mtime_ns = (uint64_t)st->st_mtim.tv_sec * 1000000000ull + (uint64_t)st->st_mtim.tv_nsec;
+    id->known = 1;
+}
+
+int tf__map_file(const char *path, void **map, size_t *len) { return tf__map_file_id(path, map, len, NULL); }
+
+int tf__map_file_id(const char *path, void **map, size_t *len, tf__file_id *id) {
     *map = NULL;
     *len = 0;
+    if (id) memset(id, 0, sizeof *id);
     /* a URL: the map its provider prepared (metadata filled in) */
     if (tf__is_url(path)) {
         const tf__open_hooks *h = open_hooks();
@@ -116,6 +127,7 @@ int tf__map_file(const char *path, void **map, size_t *len) {
         close(fd);
         TF_FAIL(-EINVAL, "%s: not a regular file", path);
     }
+    if (id) id_of_stat(&st, id);
     if (st.st_size == 0) {
         close(fd);
         return 0;
@@ -532,6 +544,7 @@ struct tf__lazy {
     char *index_dir;              /* the open options' index_dir (owned, unless in_arena) */
     int in_arena;                 /* this record and index_dir live in the file's arena */
     tf__file_id id[2];            /* the file, and its index file (aux_path) */
+    tf__file_id seen;             /* the file the live mapping was made from (lz_mu; known 0: none yet) */
     tf__parse_fn reopen;          /* the format's parser, given the file's path */
     int64_t tok_off;              /* byte offset of the first token in the file, or -1 */
     uint64_t catalog_key;         /* the trusted catalog it came from */
@@ -582,11 +595,7 @@ int tf__file_id_get(const char *path, tf__file_id *id) {
     struct stat st;
     if (!path) return 0;
     if (stat(path, &st) != 0) return -errno;
-    id->dev = (uint64_t)st.st_dev;
-    id->ino = (uint64_t)st.st_ino;
-    id->size = (uint64_t)st.st_size;
-    id->mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
-    id->known = 1;
+    id_of_stat(&st, id);
     return 0;
 }
 
@@ -656,7 +665,11 @@ int tf__file_make_lazy(tf_file *f, const tf_open_options *opt, tf__parse_fn reop
     struct tf__lazy *z = lazy_alloc(opt);
     if (!z) return -ENOMEM;
     z->reopen = reopen;
-    int rc = tf__file_id_get(f->path, &z->id[0]);
+    /* the file as it was mapped (not a stat of its path, which may name
+     * another file by now) */
+    int rc = f->map_id.known ? 0 : tf__file_id_get(f->path, &z->id[0]);
+    if (f->map_id.known) z->id[0] = f->map_id;
+    z->seen = z->id[0];
     if (!rc && f->aux_path) rc = tf__file_id_get(f->aux_path, &z->id[1]);
     if (rc) {
         free(z->index_dir);
@@ -749,11 +762,10 @@ void *tf__file_lazy_source(const tf_file *f, const tf__lazy_src *src) {
     return f->lazy && f->lazy->src == src ? f->lazy->src_ctx : NULL;
 }
 
-static int id_changed(const char *path, const tf__file_id *was) {
-    if (!was->known) return 0;
-    tf__file_id now;
-    int rc = tf__file_id_get(path, &now);
-    if (rc) TF_FAIL(rc, "%s: cannot stat: %s (the file was there when the dataset was opened)", path, strerror(-rc));
+/* 0 when the file found now is the one recorded (was), else -TF_EFORMAT
+ * naming path and what differs. */
+static int id_differs(const char *path, const tf__file_id *was, tf__file_id now) {
+    if (!was->known || !now.known) return 0;
     if (was->known == 2) { /* from a catalog beside the data, written on another machine: size and time */
         now.ino = was->ino;
         now.dev = was->dev;
@@ -762,8 +774,16 @@ static int id_changed(const char *path, const tf__file_id *was) {
         TF_FAIL(-TF_EFORMAT, "%s: the file changed after the dataset's index of it was taken (size %llu, modified at %llu.%09llu s; now %llu bytes, modified at %llu.%09llu s%s). Its tokens may no longer be those the dataset describes: open the dataset again.",
                 path, (ull)was->size, (ull)(was->mtime_ns / 1000000000ull), (ull)(was->mtime_ns % 1000000000ull),
                 (ull)now.size, (ull)(now.mtime_ns / 1000000000ull), (ull)(now.mtime_ns % 1000000000ull),
-                now.ino != was->ino ? ", another file under the same name" : "");
+                now.ino != was->ino || now.dev != was->dev ? ", another file under the same name" : "");
     return 0;
+}
+
+static int id_changed(const char *path, const tf__file_id *was) {
+    if (!was->known) return 0;
+    tf__file_id now;
+    int rc = tf__file_id_get(path, &now);
+    if (rc) TF_FAIL(rc, "%s: cannot stat: %s (the file was there when the dataset was opened)", path, strerror(-rc));
+    return id_differs(path, was, now);
 }
 
 /* Parse the file of meta again into *out (outside lz_mu: reads mapped bytes). */
@@ -814,6 +834,8 @@ int tf__file_acquire(const tf_file *f, const tf_file **live) {
     tf_file tmp;
     memset(&tmp, 0, sizeof tmp);
     int rc = reparse(f, z, &tmp);
+    /* the file mapped is the one stat saw (it may have been replaced between) */
+    if (!rc && !z->src) rc = id_differs(f->path, &z->id[0], tmp.map_id);
     if (!rc) rc = tf__file_check_same(f, &tmp);
     /* the pread and io_uring backends read at this offset without the map
      * (never a file from a source: its token offset is unknown, -1) */
@@ -853,6 +875,7 @@ int tf__file_acquire(const tf_file *f, const tf_file **live) {
         free(fresh);
     } else {
         z->live = fresh;
+        if (fresh->map_id.known) z->seen = fresh->map_id;
         z->mapped = 1;
         z->users++;
         lz_mapped++;
@@ -915,4 +938,36 @@ int64_t tf__file_token_offset(const tf_file *f) {
 
 uint64_t tf__file_size(const tf_file *f) {
     return f->lazy ? f->lazy->id[0].size : (uint64_t)f->map_len;
+}
+
+/* The identity a descriptor opened by f's path must have: the file its
+ * mapping was made from (a file mapped on demand: the last one, or the one
+ * its catalog recorded before its first touch). */
+static tf__file_id expected_id(const tf_file *f) {
+    struct tf__lazy *z = f->lazy;
+    if (!z) return f->map_id;
+    pthread_mutex_lock(&lz_mu);
+    tf__file_id id = z->seen.known ? z->seen : z->id[0];
+    pthread_mutex_unlock(&lz_mu);
+    return id;
+}
+
+int tf__file_check_fd(const tf_file *f, int fd) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        TF_FAIL(-e, "%s: cannot stat the file opened for reading: %s", f->path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) TF_FAIL(-EINVAL, "%s: not a regular file any more; open the dataset again.", f->path);
+    tf__file_id now, was = expected_id(f);
+    id_of_stat(&st, &now);
+    if (!was.known) { /* no identity recorded: at least the size must be the same */
+        was = now;
+        was.size = tf__file_size(f);
+    }
+    int same_file = was.known == 2 || (was.dev == now.dev && was.ino == now.ino);
+    if (same_file && now.size < was.size)
+        TF_FAIL(-EIO, "%s: the file is now %llu bytes long, %llu when the dataset was opened: it was truncated while in use; reopen the dataset.",
+                f->path, (ull)now.size, (ull)was.size);
+    return id_differs(f->path, &was, now);
 }

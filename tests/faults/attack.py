@@ -528,6 +528,64 @@ def a13_block_table(tmp: str) -> str:
     raise Reproduced("a 5-token read through a corrupt block-table entry returned without an error")
 
 
+def a14_renamed_over_shard(tmp: str) -> str:
+    import numpy as np
+    import tokenfeed
+    a, b = os.path.join(tmp, "a"), os.path.join(tmp, "b")
+    os.makedirs(a)
+    os.makedirs(b)
+    for i in range(6):
+        np.save(os.path.join(a, f"s{i}.npy"), np.arange(1000, dtype=np.uint16) + 1000 * i)
+        np.save(os.path.join(b, f"s{i}.npy"), np.arange(1000, dtype=np.uint16) + 9000 + i)
+    seen = []
+    for backend in ("pread", "io_uring"):
+        for i in range(6):  # the set as written, again
+            np.save(os.path.join(a, f"s{i}.npy"), np.arange(1000, dtype=np.uint16) + 1000 * i)
+            np.save(os.path.join(b, f"s{i}.npy"), np.arange(1000, dtype=np.uint16) + 9000 + i)
+        ds = tokenfeed.open(os.path.join(a, "*.npy"))
+        loader = tokenfeed.Loader(ds, seq_len=99, batch_size=4, shuffle=False, output="numpy", backend=backend)
+        os.rename(os.path.join(b, "s3.npy"), os.path.join(a, "s3.npy"))  # same size, another set's tokens
+        try:
+            for _ in range(15):
+                x = next(loader)["tokens"]
+                check(not (x >= 9000).any(), f"{backend}: served the renamed file's tokens {x[x >= 9000][:4].tolist()}")
+            raise Reproduced(f"{backend}: no error after the shard was replaced")
+        except tokenfeed.FormatError as e:
+            check("s3.npy" in str(e) and "open the dataset again" in str(e), f"{backend}: {e}")
+            seen.append(f"{backend} FormatError")
+        finally:
+            loader.close()
+    return "same-size file renamed over shard 3: " + ", ".join(seen) + " naming it, no foreign token"
+
+
+def a15_many_document_files(tmp: str) -> str:
+    import resource
+    import numpy as np
+    import tokenfeed
+    d = os.path.join(tmp, "docs")
+    os.makedirs(d)
+    rng = np.random.default_rng(0)
+    for i in range(6000):
+        np.save(os.path.join(d, f"doc-{i:05d}.npy"), rng.integers(1, 1000, size=int(rng.integers(20, 60)), dtype=np.uint16))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    ds = tokenfeed.open(os.path.join(d, "*.npy"))
+    base = len(os.listdir("/proc/self/fd"))
+    ref, seen = None, []
+    for backend in ("mmap", "pread", "io_uring"):
+        with tokenfeed.Loader(ds, seq_len=8191, batch_size=16, num_threads=8, seed=1, backend=backend,
+                              output="numpy") as loader:
+            try:
+                got = [next(loader)["tokens"].copy() for _ in range(4)]
+            except OSError as e:
+                raise Reproduced(f"{backend}: {type(e).__name__}: {str(e)[:120]}")
+            fds = len(os.listdir("/proc/self/fd")) - base
+        ref = got if ref is None else ref
+        check(all(np.array_equal(x, y) for x, y in zip(ref, got)), f"{backend}: other tokens than mmap's")
+        check(fds <= 1024 // 4 + 16, f"{backend}: {fds} descriptors open")
+        seen.append(f"{backend} {fds} fds")
+    return "6,000 files, ulimit -n 1024, 16 x 8192 x 8 threads: " + ", ".join(seen) + ", same batches"
+
+
 ATTACKS: List[Tuple[str, Callable[[str], str]]] = [
     ("next() against a store that stops answering", a1_next_stalled_store),
     ("exit without close() / Ctrl-C in the loop with requests in flight", a2_exit_without_close),
@@ -542,6 +600,8 @@ ATTACKS: List[Tuple[str, Callable[[str], str]]] = [
     ("256 opens with distinct remote options", a11_many_stores),
     ("5,000 shards under ulimit -n 1024", a12_many_shards),
     ("corrupt remote block-table entry", a13_block_table),
+    ("a same-size file renamed over a shard, pread / io_uring", a14_renamed_over_shard),
+    ("6,000 per-document files, pread / io_uring, ulimit -n 1024", a15_many_document_files),
 ]
 
 
