@@ -236,6 +236,47 @@ def test_shard_renamed_over_is_not_read_by_path(tmp_path, backend, when, other):
 
 
 # --------------------------------------------------------------------------- #
+# a file cut inside the page a read ends in                                   #
+# --------------------------------------------------------------------------- #
+
+CUT = """
+backend, kind, path = sys.argv[1], sys.argv[2], sys.argv[3]
+if kind == "small":  # 260 tokens, all in one page: cut to its header
+    np.save(path, np.arange(1, 261, dtype=np.uint16))
+    ds, cut, L = tokenfeed.open(path), 128, 63
+else:  # 256 KiB of uint32 (never 0): cut 100 bytes into a page, read in order
+    (np.arange(1 << 16, dtype=np.uint32) % 50000 + 1).astype(np.uint32).tofile(path)
+    ds, cut, L = tokenfeed.open(path, dtype="uint32"), (1 << 17) + 100, 63
+l = tokenfeed.Loader(ds, seq_len=L, batch_size=1, shuffle=False, output="numpy", backend=backend,
+                     num_threads=1, prefetch=1)
+next(l)
+os.truncate(path, cut)
+zeros = 0
+try:
+    for _ in range(3000):
+        zeros += int((next(l)["tokens"] == 0).sum())
+    print("NO ERROR")
+except OSError as e:
+    print("ERROR", e.errno, "|", e)
+print("ZEROS", zeros)
+print("DONE")
+"""
+
+
+@pytest.mark.parametrize("kind", ["small", "large"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_file_cut_inside_a_page_gives_eio(tmp_path, backend, kind):
+    """A mapping reads the part of a page past a file's new end as zeros, without the bus
+    error that pages wholly past it raise: a small file cut to its header, or a large one cut
+    inside a page, gives EIO naming the file, never a zero token (the data holds none)."""
+    path = tmp_path / ("x.npy" if kind == "small" else "x.bin")
+    out = check(run_py(CUT, backend, kind, str(path)))
+    assert "ZEROS 0" in out, out
+    line = next(ln for ln in out.splitlines() if ln.startswith(("ERROR", "NO ERROR")))
+    assert line.startswith("ERROR 5") and str(path) in line, out
+
+
+# --------------------------------------------------------------------------- #
 # more files in a batch than descriptors                                      #
 # --------------------------------------------------------------------------- #
 

@@ -298,6 +298,8 @@ char *tf__path_join(const char *dir, const char *name) {
 /* documents and tokens                                                      */
 /* ------------------------------------------------------------------------ */
 
+static int check_tail(const tf_file *f, size_t end);
+
 int tf__file_document(const tf_file *f, uint64_t j, uint64_t *start, uint64_t *len) {
     if (j >= f->num_docs) TF_FAIL(-ERANGE, "document %llu out of range", (unsigned long long)j);
     if (f->lazy && f->doc_kind != TF_DOCS_SINGLE) {
@@ -449,7 +451,8 @@ int tf__file_read(const tf_file *f, uint64_t start, uint64_t count, void *out, t
     if (!f->compressed && f->bytes_ops) return f->bytes_ops->read_tokens(f, start, count, out, out_dtype);
     if (!f->compressed) {
         tf_convert(out, out_dtype, f->tokens + start * isz, f->dtype, (size_t)count);
-        return 0;
+        if (!count || !f->map) return 0;
+        return check_tail(f, (size_t)(f->tokens - (const uint8_t *)f->map) + (size_t)((start + count) * isz));
     }
     /* Compressed: decompress each block touched. The batch engine keeps a
      * block cache; this path serves random access and verify. */
@@ -970,4 +973,38 @@ int tf__file_check_fd(const tf_file *f, int fd) {
         TF_FAIL(-EIO, "%s: the file is now %llu bytes long, %llu when the dataset was opened: it was truncated while in use; reopen the dataset.",
                 f->path, (ull)now.size, (ull)was.size);
     return id_differs(f->path, &was, now);
+}
+
+/* Tokens ending at byte end of f's mapping were just copied from it. A page
+ * wholly past the end of a file that shrank raises SIGBUS (the guard turns it
+ * into -EIO), but the part of the page where the file now ends that lies past
+ * that end reads as zeros, with no fault: a file cut inside the page the read
+ * ended in would give zeros. So, unless the last byte read is not zero (bytes
+ * past the end read as zeros: the file still held it), one byte of the next
+ * page is loaded: it faults if the file now ends before it. In the mapping's
+ * last page, which has no next page, one stat of the path tells the size
+ * instead (another file under the name: this one was unlinked and keeps its
+ * bytes). Runs under the caller's SIGBUS guard, as every read of f does. */
+static int check_tail(const tf_file *f, size_t end) {
+    static size_t page;
+    if (!page) {
+        long p = sysconf(_SC_PAGESIZE);
+        page = p > 0 ? (size_t)p : 4096;
+    }
+    if (!f->map || !end || end > f->map_len) return 0;
+    const volatile uint8_t *m = f->map;
+    atomic_thread_fence(memory_order_acquire); /* loaded after the copy's loads */
+    if (m[end - 1] != 0) return 0;
+    size_t next = (end + page - 1) / page * page;
+    if (next < f->map_len) {
+        (void)m[next];
+        return 0;
+    }
+    struct stat st;
+    if (!f->path || stat(f->path, &st) != 0) return 0;
+    if (f->map_id.known == 1 && ((uint64_t)st.st_dev != f->map_id.dev || (uint64_t)st.st_ino != f->map_id.ino))
+        return 0;
+    if ((uint64_t)st.st_size >= end) return 0;
+    TF_FAIL(-EIO, "%s: the file changed while mapped: it now ends at byte %llu, before the tokens read (up to byte %zu), which would read as zeros. Files must not be modified while a job reads them; re-open the dataset.",
+            f->path, (ull)st.st_size, end);
 }
