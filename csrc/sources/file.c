@@ -100,9 +100,29 @@ static void id_of_stat(const struct stat *st, tf__file_id *id) {
     id->known = 1;
 }
 
-int tf__map_file(const char *path, void **map, size_t *len) { return tf__map_file_id(path, map, len, NULL); }
+static int map_file_id(const char *path, void **map, size_t *len, tf__file_id *id);
 
-int tf__map_file_id(const char *path, void **map, size_t *len, tf__file_id *id) {
+int tf__map_file(const char *path, void **map, size_t *len) { return map_file_id(path, map, len, NULL); }
+
+/* How far back from the end of a mapping map_nz is looked for. */
+#define TF_NZ_SCAN ((size_t)64 << 10)
+
+int tf__map_file_main(const char *path, tf_file *f) {
+    f->map_nz = 0;
+    TF_TRY(map_file_id(path, &f->map, &f->map_len, &f->map_id));
+    if (!f->map_id.known || !f->map) return 0;
+    /* the last page (rarely more): the parsers' sampled fingerprint reads it too */
+    const uint8_t *m = f->map;
+    size_t lo = f->map_len > TF_NZ_SCAN ? f->map_len - TF_NZ_SCAN : 0;
+    for (size_t q = f->map_len; q > lo; q--)
+        if (m[q - 1]) {
+            f->map_nz = q;
+            break;
+        }
+    return 0;
+}
+
+static int map_file_id(const char *path, void **map, size_t *len, tf__file_id *id) {
     *map = NULL;
     *len = 0;
     if (id) memset(id, 0, sizeof *id);
@@ -978,13 +998,18 @@ int tf__file_check_fd(const tf_file *f, int fd) {
 /* Tokens ending at byte end of f's mapping were just copied from it. A page
  * wholly past the end of a file that shrank raises SIGBUS (the guard turns it
  * into -EIO), but the part of the page where the file now ends that lies past
- * that end reads as zeros, with no fault: a file cut inside the page the read
- * ended in would give zeros. So, unless the last byte read is not zero (bytes
- * past the end read as zeros: the file still held it), one byte of the next
- * page is loaded: it faults if the file now ends before it. In the mapping's
- * last page, which has no next page, one stat of the path tells the size
- * instead (another file under the name: this one was unlinked and keeps its
- * bytes). Runs under the caller's SIGBUS guard, as every read of f does. */
+ * that end reads as zeros, with no fault: a file cut inside the page a read
+ * ended in would give zeros. Bytes past the end read as zeros, so a non-zero
+ * byte at or after end - 1 proves the file still held what was read; and the
+ * bytes from f->map_nz on were zeros when the file was mapped, so reading
+ * zeros there is right. Hence: look for a non-zero byte from t - 1 on (t =
+ * the smaller of end and map_nz) to the end of that page, which takes a few
+ * loads (the next token's); failing that, load one byte of the next page (it
+ * faults when the file now ends before it); if map_nz lies in this page, its
+ * byte reading zero proves the file changed. Without map_nz (no non-zero byte
+ * in the mapping's last 64 KiB), the last byte read, then the next page, then
+ * in the last page one stat of the path. Runs under the caller's SIGBUS
+ * guard, as every read of f does. */
 static int check_tail(const tf_file *f, size_t end) {
     static size_t page;
     if (!page) {
@@ -994,7 +1019,19 @@ static int check_tail(const tf_file *f, size_t end) {
     if (!f->map || !end || end > f->map_len) return 0;
     const volatile uint8_t *m = f->map;
     atomic_thread_fence(memory_order_acquire); /* loaded after the copy's loads */
-    if (m[end - 1] != 0) return 0;
+    size_t nz = f->map_nz;
+    if (nz) {
+        size_t t = nz < end ? nz : end, next = (t + page - 1) / page * page;
+        size_t stop = next < nz ? next : nz;
+        for (size_t q = t - 1; q < stop; q++)
+            if (m[q]) return 0;
+        if (stop == nz)
+            TF_FAIL(-EIO, "%s: the file changed while mapped: byte %zu reads as 0, and it was not 0 when the file was mapped (it was cut short or rewritten). Files must not be modified while a job reads them; re-open the dataset.",
+                    f->path, nz - 1);
+        (void)m[next]; /* next < nz: a byte of the file */
+        return 0;
+    }
+    if (m[end - 1]) return 0;
     size_t next = (end + page - 1) / page * page;
     if (next < f->map_len) {
         (void)m[next];

@@ -48,9 +48,14 @@ typedef struct tf_file {
     void *map;            /* main file mapping (munmap on close), or NULL */
     size_t map_len;
     /* The identity of the file behind map, taken from the descriptor it was
-     * mapped from (tf__map_file_id): what a descriptor opened later by path
+     * mapped from (tf__map_file_main): what a descriptor opened later by path
      * must still be. Unknown (known 0) for files not mapped from a path. */
     tf__file_id map_id;
+    /* 1 + the offset of the mapping's last byte that was not zero when it was
+     * mapped (0: none in the last 64 KiB, or not mapped from a path): a read
+     * of the mapping proves the file still holds its bytes by finding a
+     * non-zero byte at or past its end (file.c, check_tail). */
+    size_t map_nz;
     const uint8_t *tokens; /* NULL when compressed */
     void *owned;          /* heap copy for memory datasets (free on close) */
 
@@ -250,9 +255,10 @@ TF_HIDDEN int tf__file_exists(const char *path);
 /* Map a whole file read-only. Empty files are mapped as NULL with len 0.
  * Returns -errno with a message naming the path. */
 TF_HIDDEN int tf__map_file(const char *path, void **map, size_t *len);
-/* tf__map_file, and *id (may be NULL) the identity of the file mapped, from
- * the descriptor it was mapped from (known 0 for a remote object's map). */
-TF_HIDDEN int tf__map_file_id(const char *path, void **map, size_t *len, tf__file_id *id);
+/* tf__map_file of a file's main (token) file into f->map and f->map_len,
+ * with f->map_id, the identity of the file mapped, from the descriptor it was
+ * mapped from (known 0 for a remote object's map), and f->map_nz. */
+TF_HIDDEN int tf__map_file_main(const char *path, tf_file *f);
 TF_HIDDEN void tf__unmap(void *map, size_t len);
 /* Drop the pages of a mapping from this process's RSS after the header
  * checks at open (the data stays in the page cache). */
