@@ -992,6 +992,12 @@ int tf__file_check_fd(const tf_file *f, int fd) {
     if (same_file && now.size < was.size)
         TF_FAIL(-EIO, "%s: the file is now %llu bytes long, %llu when the dataset was opened: it was truncated while in use; reopen the dataset.",
                 f->path, (ull)now.size, (ull)was.size);
+    /* A file the dataset keeps mapped for its life (not mapped on demand) is
+     * pinned by that mapping: its inode cannot be reused, and a rewrite in
+     * place shows through the mapping as well, so the same inode at the same
+     * size is that file. A file mapped on demand may be unmapped, and its
+     * inode number reused by another file: all four fields must agree. */
+    if (!f->lazy && f->map && was.known == 1 && same_file) now.mtime_ns = was.mtime_ns;
     return id_differs(f->path, &was, now);
 }
 

@@ -364,8 +364,10 @@ TF_HIDDEN int64_t tf__file_token_offset(const tf_file *f);
 TF_HIDDEN uint64_t tf__file_size(const tf_file *f);
 /* 0 when the open descriptor fd is the file f's bytes were checked from
  * (device, inode, size, modification time as when it was mapped, or as its
- * catalog recorded them before its first touch): a file replaced since, or
- * changed, is -TF_EFORMAT naming it; the same file shorter now, -EIO. */
+ * catalog recorded them before its first touch; for a file whose mapping the
+ * dataset holds, which pins its inode, device, inode and size): a file
+ * replaced since, or changed, is -TF_EFORMAT naming it; the same file shorter
+ * now, -EIO. */
 TF_HIDDEN int tf__file_check_fd(const tf_file *f, int fd);
 
 /* ---- catalog.c: what open needs, in one file per set of paths ------------- */
