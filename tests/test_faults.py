@@ -183,6 +183,141 @@ def test_shard_replaced_while_mapped(tmp_path, backend):
 
 
 # --------------------------------------------------------------------------- #
+# a shard of several renamed over: descriptors are opened by path             #
+# --------------------------------------------------------------------------- #
+
+RENAMED = """
+import resource
+a, b, backend, when, other = sys.argv[1:6]
+if when == "reopen":  # a quarter of the limit: 8 descriptors, so the reader closes and reopens shards
+    resource.setrlimit(resource.RLIMIT_NOFILE, (32, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+os.makedirs(a)
+os.makedirs(b)
+n = 20 if when == "reopen" else 6
+for i in range(n):  # shard i holds 1000 * i + [0, 1000); the other set 40000 and up
+    np.save(os.path.join(a, f"s{i:02d}.npy"), np.arange(1000, dtype=np.uint16) + 1000 * i)
+    size = 1000 if other == "same" else 1500
+    np.save(os.path.join(b, f"s{i:02d}.npy"), np.arange(size, dtype=np.uint16) + 40000 + i)
+ds = tokenfeed.open(os.path.join(a, "*.npy"))
+victim = os.path.join(a, "s03.npy")
+l = tokenfeed.Loader(ds, seq_len=99, batch_size=4, shuffle=False, output="numpy", backend=backend, num_threads=2)
+got = [next(l)["tokens"].copy()]
+if when == "reopen":
+    for _ in range(30):  # through every shard: shard 3's descriptor is closed by now
+        got.append(next(l)["tokens"].copy())
+os.rename(os.path.join(b, "s03.npy"), victim)
+try:
+    for _ in range(60):
+        got.append(next(l)["tokens"].copy())
+    print("NO ERROR")
+except tokenfeed.FormatError as e:
+    print("FORMAT", e)
+except OSError as e:
+    print("OSERROR", e.errno, e)
+wrong = np.concatenate(got)
+print("OTHER", int((wrong >= 40000).sum()))
+print("DONE")
+"""
+
+
+@pytest.mark.parametrize("other", ["same", "larger"])
+@pytest.mark.parametrize("when", ["first", "reopen"])
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "mmap"])
+def test_shard_renamed_over_is_not_read_by_path(tmp_path, backend, when, other):
+    """pread and io_uring open each file of a dataset of several by its path: a file of
+    another set renamed over shard 3 after the open (same size or larger; before its first
+    read, or after the reader closed its descriptor) is a FormatError naming the shard and
+    saying to open the dataset again, never the other file's tokens."""
+    out = check(run_py(RENAMED, str(tmp_path / "a"), str(tmp_path / "b"), backend, when, other))
+    assert "OTHER 0" in out, out
+    line = next(ln for ln in out.splitlines() if ln.startswith(("FORMAT", "OSERROR", "NO ERROR")))
+    assert line.startswith("FORMAT"), out
+    assert str(tmp_path / "a" / "s03.npy") in line and "open the dataset again" in line, line
+
+
+# --------------------------------------------------------------------------- #
+# a file cut inside the page a read ends in                                   #
+# --------------------------------------------------------------------------- #
+
+CUT = """
+backend, kind, path = sys.argv[1], sys.argv[2], sys.argv[3]
+if kind == "small":  # 260 tokens, all in one page: cut to its header
+    np.save(path, np.arange(1, 261, dtype=np.uint16))
+    ds, cut, L = tokenfeed.open(path), 128, 63
+else:  # 256 KiB of uint32 (never 0): cut 100 bytes into a page, read in order
+    (np.arange(1 << 16, dtype=np.uint32) % 50000 + 1).astype(np.uint32).tofile(path)
+    ds, cut, L = tokenfeed.open(path, dtype="uint32"), (1 << 17) + 100, 63
+l = tokenfeed.Loader(ds, seq_len=L, batch_size=1, shuffle=False, output="numpy", backend=backend,
+                     num_threads=1, prefetch=1)
+next(l)
+os.truncate(path, cut)
+zeros = 0
+try:
+    for _ in range(3000):
+        zeros += int((next(l)["tokens"] == 0).sum())
+    print("NO ERROR")
+except OSError as e:
+    print("ERROR", e.errno, "|", e)
+print("ZEROS", zeros)
+print("DONE")
+"""
+
+
+@pytest.mark.parametrize("kind", ["small", "large"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_file_cut_inside_a_page_gives_eio(tmp_path, backend, kind):
+    """A mapping reads the part of a page past a file's new end as zeros, without the bus
+    error that pages wholly past it raise: a small file cut to its header, or a large one cut
+    inside a page, gives EIO naming the file, never a zero token (the data holds none)."""
+    path = tmp_path / ("x.npy" if kind == "small" else "x.bin")
+    out = check(run_py(CUT, backend, kind, str(path)))
+    assert "ZEROS 0" in out, out
+    line = next(ln for ln in out.splitlines() if ln.startswith(("ERROR", "NO ERROR")))
+    assert line.startswith("ERROR 5") and str(path) in line, out
+
+
+# --------------------------------------------------------------------------- #
+# more files in a batch than descriptors                                      #
+# --------------------------------------------------------------------------- #
+
+MANY_FILES = """
+import resource
+d = sys.argv[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+ds = tokenfeed.open(os.path.join(d, "*.npy"))
+base = len(os.listdir("/proc/self/fd"))
+ref = None
+for backend in sys.argv[2:]:
+    with tokenfeed.Loader(ds, seq_len=2047, batch_size=8, num_threads=4, seed=1, backend=backend,
+                          output="numpy") as l:
+        got = [next(l)["tokens"].copy() for _ in range(6)]
+        fds = len(os.listdir("/proc/self/fd")) - base
+    ref = ref if ref is not None else got
+    same = all(np.array_equal(x, y) for x, y in zip(ref, got))
+    print(backend, "same" if same else "DIFFERENT", fds)
+print("DONE")
+"""
+
+
+def test_more_files_in_a_batch_than_descriptors(tmp_path):
+    """A batch of 4 threads x 8 rows x 2048 tokens over 2,000 per-document files (about 40
+    tokens each) touches more files than `ulimit -n 256` leaves descriptors: pread and
+    io_uring keep at most a quarter of the limit open over all their threads (besides a
+    ring each), waiting for one another's reads rather than failing with EMFILE, and read
+    what mmap reads."""
+    d = tmp_path / "docs"
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(2000):
+        np.save(d / f"doc-{i:05d}.npy", rng.integers(1, 1000, size=int(rng.integers(20, 60)), dtype=np.uint16))
+    out = check(run_py(MANY_FILES, str(d), *BACKENDS, timeout=300))
+    for backend in BACKENDS:
+        line = next(ln for ln in out.splitlines() if ln.startswith(backend + " "))
+        _, same, fds = line.split()
+        assert same == "same" and int(fds) <= 256 // 4 + 4, out
+
+
+# --------------------------------------------------------------------------- #
 # read errors and short reads: pread and io_uring                             #
 # --------------------------------------------------------------------------- #
 

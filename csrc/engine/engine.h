@@ -45,10 +45,12 @@ typedef struct tf__fdslot {
 
 /* What every worker shares: read-only after tf__reader_init, except the fd
  * tables (fd_mu), bytes_read, the note and the zstd block cache (its own
- * lock). At most max_open descriptors stay open (a quarter of the soft
- * RLIMIT_NOFILE, at most 1024): beyond, the least recently used one that no
- * queued read holds is closed, so that a dataset of many thousand shards
- * leaves the process its descriptors. */
+ * lock). At most max_open descriptors are open (a quarter of the soft
+ * RLIMIT_NOFILE, at most 1024), over all the workers: beyond, the least
+ * recently used one that no queued read holds is closed, and when all are
+ * held a worker runs its own queued reads or waits for another's to end
+ * (read.c, get_fd), so that a dataset of many thousand shards leaves the
+ * process its descriptors. */
 typedef struct tf__reader {
     const tf_dataset *ds;
     const tf_order *order;
@@ -80,8 +82,10 @@ typedef struct tf__reader {
     tf__fdslot *fds;  /* per file, buffered reads */
     tf__fdslot *dfds; /* per file, O_DIRECT reads (only with direct_io) */
     pthread_mutex_t fd_mu;
-    int fd_mu_ok;
+    pthread_cond_t fd_cv; /* a descriptor's last queued read is over (fd_waiters > 0) */
+    int fd_mu_ok;         /* fd_mu and fd_cv initialised */
     uint64_t nopen, max_open, fd_clock;
+    uint32_t fd_waiters; /* workers waiting for a descriptor (fd_mu) */
     _Atomic uint64_t bytes_read;
     _Atomic int uring_workers; /* workers whose ring works (for stats) */
     tf__zcache *zc;            /* decompressed zstd blocks; NULL without compressed files */

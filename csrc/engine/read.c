@@ -13,7 +13,10 @@
  *                     worker's ring at once and reaped together
  *
  * Files with no descriptor we can use (memory datasets, a path that no longer
- * opens, EMFILE) are read through the mapping, which gives the same bytes.
+ * opens, EMFILE from descriptors the process holds elsewhere) are read through
+ * the mapping, which gives the same bytes. A descriptor is opened by path, so
+ * it is checked to be the file the dataset mapped and checked (open_file); the
+ * reader keeps a bounded number open over all its workers (get_fd).
  *
  * Contract: every backend writes byte-identical batches (docs/design.md, "What
  * must stay true" #2); only bytes_read and timing differ.
@@ -109,6 +112,11 @@ int tf__reader_init(tf__reader *r, const tf_dataset *ds, const tf_order *o, tf_b
             tf__reader_destroy(r);
             return -ENOMEM;
         }
+        if (pthread_cond_init(&r->fd_cv, NULL) != 0) {
+            pthread_mutex_destroy(&r->fd_mu);
+            tf__reader_destroy(r);
+            return -ENOMEM;
+        }
         r->fd_mu_ok = 1;
         for (uint64_t i = 0; i < n; i++) r->fds[i] = r->dfds[i] = (tf__fdslot){TF__FD_UNOPENED, 0, 0};
         struct rlimit rl;
@@ -128,7 +136,10 @@ void tf__reader_destroy(tf__reader *r) {
     free(r->fds);
     free(r->dfds);
     r->fds = r->dfds = NULL;
-    if (r->fd_mu_ok) pthread_mutex_destroy(&r->fd_mu);
+    if (r->fd_mu_ok) {
+        pthread_cond_destroy(&r->fd_cv);
+        pthread_mutex_destroy(&r->fd_mu);
+    }
     r->fd_mu_ok = 0;
     tf__zcache_free(r->zc);
     r->zc = NULL;
@@ -140,43 +151,45 @@ static int64_t token_offset(const tf_file *f) {
     return tf__file_token_offset(f);
 }
 
-/* Open the file behind f: its path, or (Megatron, whose path may be the
- * prefix) path.bin, preferring the one whose size matches the mapping. */
-static int open_file(const tf_file *f, int flags, int *err) {
+/* Open the file behind f (its path, or, for Megatron, whose path may be the
+ * prefix, path.bin) into *fdp. The descriptor must be the very file whose
+ * bytes the dataset checked (tf__file_check_fd: device, inode, size and
+ * modification time): a name that holds another file by now, say one renamed
+ * over it, is an error naming it, never that file's tokens. Returns 0, the
+ * errno of an open that failed (> 0; no message), or a negative code with the
+ * error set (the file found is not the dataset's). */
+static int open_file(const tf_file *f, int flags, int *fdp) {
     char alt[4096];
     const char *cands[2] = {f->path, NULL};
     if (f->format == TF_FORMAT_MEGATRON && snprintf(alt, sizeof alt, "%s.bin", f->path) < (int)sizeof alt)
         cands[1] = alt;
-    int fallback = -1;
-    *err = ENOENT;
+    int err = ENOENT, bad = 0;
+    char msg[1024];
+    msg[0] = '\0';
     for (int c = 0; c < 2 && cands[c]; c++) {
         int fd = open(cands[c], flags | O_RDONLY | O_CLOEXEC);
         if (fd < 0) {
-            if (c == 0 || *err == ENOENT) *err = errno;
+            if (c == 0 || err == ENOENT) err = errno;
             continue;
         }
-        struct stat st;
-        if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-            close(fd);
-            *err = EINVAL;
-            continue;
+        int rc = tf__file_check_fd(f, fd);
+        if (rc == 0) {
+            *fdp = fd;
+            return 0;
         }
-        if ((uint64_t)st.st_size == tf__file_size(f)) {
-            if (fallback >= 0) close(fallback);
-            return fd;
+        close(fd);
+        if (!bad) {
+            bad = rc;
+            snprintf(msg, sizeof msg, "%s", tf_last_error());
         }
-        /* Size differs: the file shrank or grew since it was mapped, or this
-         * is not the right candidate. Keep the first as a fallback so that a
-         * shrunk file gives a read error naming it. */
-        if (fallback < 0 && f->format != TF_FORMAT_MEGATRON) fallback = fd;
-        else close(fd);
     }
-    return fallback;
+    if (bad) return tf__seterr(bad, "%s", msg);
+    return err;
 }
 
 /* fd_mu held: close the least recently used descriptor no read holds (both
- * tables), if any. */
-static void evict_fd(tf__reader *r) {
+ * tables), if any; 1 when one was closed. */
+static int evict_fd(tf__reader *r) {
     uint64_t n = r->ds->nfiles ? r->ds->nfiles : 1;
     tf__fdslot *best = NULL;
     for (int t = 0; t < 2; t++) {
@@ -184,51 +197,77 @@ static void evict_fd(tf__reader *r) {
         for (uint64_t i = 0; i < n; i++)
             if (tab[i].fd >= 0 && !tab[i].users && (!best || tab[i].last < best->last)) best = &tab[i];
     }
-    if (!best) return;
+    if (!best) return 0;
     close(best->fd);
     best->fd = TF__FD_UNOPENED;
     r->nopen--;
+    return 1;
 }
 
-/* Descriptor for file i (buffered or O_DIRECT), opened lazily, cached (at most
- * max_open, least recently used closed first) and held until put_fd.
- * Returns TF__FD_UNUSABLE when the mapping must be used instead (not held). */
-static int get_fd(tf__reader *r, uint64_t i, int direct) {
+/* fd_mu held: a descriptor slot's last queued read is over. */
+static void slot_put(tf__reader *r, tf__fdslot *slot, int fd) {
+    if (slot->fd != fd || !slot->users) return;
+    if (--slot->users == 0 && r->fd_waiters) pthread_cond_broadcast(&r->fd_cv);
+}
+
+/* Descriptor for file i (buffered or O_DIRECT) into *fdp, opened lazily,
+ * cached and held until put_fds. At most max_open descriptors are open, over
+ * all the workers (least recently used closed first). When every one of them
+ * is held by a queued read, a worker that holds some returns 1 (it runs its
+ * queued reads, which gives them back, and asks again); one that holds none
+ * waits until another gives one back, which it does when its own reads are
+ * over, so the bound holds however many files a batch touches. *fdp is
+ * TF__FD_UNUSABLE when the mapping must be used instead (not held). Returns 0,
+ * 1, or a negative code (the file at the path is not the dataset's). */
+static int get_fd(tf__worker *w, uint64_t i, int direct, int *fdp) {
+    tf__reader *r = w->rd;
     const tf_file *f = &r->ds->files[i];
     pthread_mutex_lock(&r->fd_mu);
     tf__fdslot *slot = direct ? &r->dfds[i] : &r->fds[i];
-    if (slot->fd == TF__FD_UNOPENED) {
-        if (r->nopen >= r->max_open) evict_fd(r);
-        int err = 0;
-        int fd = open_file(f, direct ? O_DIRECT : 0, &err);
+    while (slot->fd == TF__FD_UNOPENED) {
+        while (r->nopen >= r->max_open && evict_fd(r)) {}
+        int fd = -1, rc = r->nopen < r->max_open ? open_file(f, direct ? O_DIRECT : 0, &fd) : EMFILE;
         /* Out of descriptors: give back the least recently used one this
          * reader holds idle and cache fewer from now on. */
-        while (fd < 0 && (err == EMFILE || err == ENFILE) && r->nopen > 0) {
-            uint64_t before = r->nopen;
-            evict_fd(r);
-            if (r->nopen == before) break; /* every descriptor is in use */
+        while ((rc == EMFILE || rc == ENFILE) && r->nopen > 0 && evict_fd(r)) {
             r->max_open = r->nopen > 1 ? r->nopen : 1;
-            fd = open_file(f, direct ? O_DIRECT : 0, &err);
+            rc = open_file(f, direct ? O_DIRECT : 0, &fd);
         }
-        if (fd < 0) {
+        if ((rc == EMFILE || rc == ENFILE) && r->nopen > 0) {
+            /* every descriptor open is held by a queued read */
+            if (w->nrds) {
+                pthread_mutex_unlock(&r->fd_mu);
+                return 1;
+            }
+            r->fd_waiters++;
+            pthread_cond_wait(&r->fd_cv, &r->fd_mu);
+            r->fd_waiters--;
+            continue; /* another worker may have opened this file meanwhile */
+        }
+        if (rc < 0) {
             pthread_mutex_unlock(&r->fd_mu);
+            return rc;
+        }
+        if (rc > 0) {
             char eb[96];
-            if (err == EMFILE || err == ENFILE) {
-                /* Transient: do not cache; this piece goes through the mapping. */
+            if (rc == EMFILE || rc == ENFILE) {
+                /* Transient (the process holds them, not this reader): do
+                 * not cache; this piece goes through the mapping. */
                 tf__reader_note(r, "%s: out of file descriptors; reading through the mapping", f->path);
-                return TF__FD_UNUSABLE;
+                pthread_mutex_unlock(&r->fd_mu);
+                *fdp = TF__FD_UNUSABLE;
+                return 0;
             }
             if (direct)
-                tf__reader_note(r, "%s: O_DIRECT open failed (%s); buffered reads", f->path, errstr(err, eb, sizeof eb));
+                tf__reader_note(r, "%s: O_DIRECT open failed (%s); buffered reads", f->path, errstr(rc, eb, sizeof eb));
             else
                 tf__reader_note(r, "%s: cannot open for %s (%s); reading through the mapping", f->path,
-                                r->backend == TF_BACKEND_IO_URING ? "io_uring" : "pread", errstr(err, eb, sizeof eb));
-            pthread_mutex_lock(&r->fd_mu);
-            if (slot->fd == TF__FD_UNOPENED) slot->fd = TF__FD_UNUSABLE;
-        } else {
-            slot->fd = fd;
-            r->nopen++;
+                                r->backend == TF_BACKEND_IO_URING ? "io_uring" : "pread", errstr(rc, eb, sizeof eb));
+            slot->fd = TF__FD_UNUSABLE;
+            break;
         }
+        slot->fd = fd;
+        r->nopen++;
     }
     int fd = slot->fd;
     if (fd >= 0) {
@@ -236,13 +275,13 @@ static int get_fd(tf__reader *r, uint64_t i, int direct) {
         slot->last = ++r->fd_clock;
     }
     pthread_mutex_unlock(&r->fd_mu);
-    return fd;
+    *fdp = fd;
+    return 0;
 }
 
 static void release_one(tf__reader *r, uint64_t fi, int direct, int fd) {
     pthread_mutex_lock(&r->fd_mu);
-    tf__fdslot *slot = direct ? &r->dfds[fi] : &r->fds[fi];
-    if (slot->fd == fd && slot->users) slot->users--;
+    slot_put(r, direct ? &r->dfds[fi] : &r->fds[fi], fd);
     pthread_mutex_unlock(&r->fd_mu);
 }
 
@@ -254,8 +293,7 @@ static void put_fds(tf__worker *w) {
     pthread_mutex_lock(&r->fd_mu);
     for (size_t k = 0; k < w->nrds; k++) {
         tf__rd *d = &w->rds[k];
-        tf__fdslot *slot = d->direct ? &r->dfds[d->fi] : &r->fds[d->fi];
-        if (slot->fd == d->fd && slot->users) slot->users--;
+        slot_put(r, d->direct ? &r->dfds[d->fi] : &r->fds[d->fi], d->fd);
     }
     pthread_mutex_unlock(&r->fd_mu);
     w->nrds = 0;
@@ -340,6 +378,17 @@ static tf__rd *push_rd(tf__worker *w) {
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+static int finish_reads(tf__worker *w, size_t stage_need);
+
+/* Run the reads queued so far and give their descriptors back (the fill goes
+ * on queueing from an empty stage). */
+static int flush_reads(tf__worker *w, size_t *stage_need) {
+    int rc = finish_reads(w, *stage_need);
+    put_fds(w);
+    *stage_need = 0;
+    return rc;
+}
+
 /* Queue a read of tokens [start, start+count) of uncompressed file fi into
  * out. Returns 0, 1 when the file has no usable descriptor (caller reads the
  * mapping), or a negative code. *stage_need grows by the stage bytes used. */
@@ -350,12 +399,21 @@ static int queue_read(tf__worker *w, uint64_t fi, uint64_t start, uint64_t count
     int64_t base = token_offset(f);
     if (base < 0) return 1;
     TF_TRY(tf__file_touch(f)); /* a file known from a catalog: checked before its bytes are used */
-    int direct = 0, fd = TF__FD_UNUSABLE;
-    if (r->direct_io) {
-        fd = get_fd(r, fi, 1);
-        direct = fd >= 0;
+    int direct, fd;
+    for (;;) {
+        int rc = 0;
+        direct = 0;
+        fd = TF__FD_UNUSABLE;
+        if (r->direct_io) {
+            rc = get_fd(w, fi, 1, &fd);
+            direct = rc == 0 && fd >= 0;
+        }
+        if (rc == 0 && fd < 0) rc = get_fd(w, fi, 0, &fd);
+        if (rc < 0) return rc;
+        if (rc == 0) break;
+        /* every descriptor is held: run this worker's queued reads first */
+        TF_TRY(flush_reads(w, stage_need));
     }
-    if (fd < 0) fd = get_fd(r, fi, 0);
     if (fd < 0) return 1;
     size_t isz = tf_dtype_size(f->dtype);
     uint64_t off = (uint64_t)base + start * isz;
@@ -594,8 +652,9 @@ static int call_fill(void *p) {
 /* The whole fill runs under the SIGBUS guard (common/sigbus.c): a file that
  * shrank while mapped gives -EIO naming it instead of killing the process.
  * This covers mmap reads, zstd blocks, and the document index walks of the
- * order layer's spans and extras. Mapped bytes are only touched before any
- * io_uring read is submitted, and every allocation inside is stored in the
+ * order layer's spans and extras. Mapped bytes are never touched while an
+ * io_uring read is in flight (finish_reads submits and reaps them together),
+ * and every allocation inside is stored in the
  * worker before mapped bytes are read, so abandoning the fill is safe; the
  * zstd cache takes its lock only around bookkeeping, never across a decode. */
 int tf__worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, tf_batch_view *v, tf__row_acct *acct) {

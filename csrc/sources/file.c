@@ -92,9 +92,40 @@ int tf__open_hooks_enter(const tf__open_hooks *h) {
     return pthread_setspecific(hooks_key, h) == 0 ? 0 : -ENOMEM;
 }
 
-int tf__map_file(const char *path, void **map, size_t *len) {
+static void id_of_stat(const struct stat *st, tf__file_id *id) {
+    id->dev = (uint64_t)st->st_dev;
+    id->ino = (uint64_t)st->st_ino;
+    id->size = (uint64_t)st->st_size;
+    id->mtime_ns = (uint64_t)st->st_mtim.tv_sec * 1000000000ull + (uint64_t)st->st_mtim.tv_nsec;
+    id->known = 1;
+}
+
+static int map_file_id(const char *path, void **map, size_t *len, tf__file_id *id);
+
+int tf__map_file(const char *path, void **map, size_t *len) { return map_file_id(path, map, len, NULL); }
+
+/* How far back from the end of a mapping map_nz is looked for. */
+#define TF_NZ_SCAN ((size_t)64 << 10)
+
+int tf__map_file_main(const char *path, tf_file *f) {
+    f->map_nz = 0;
+    TF_TRY(map_file_id(path, &f->map, &f->map_len, &f->map_id));
+    if (!f->map_id.known || !f->map) return 0;
+    /* the last page (rarely more): the parsers' sampled fingerprint reads it too */
+    const uint8_t *m = f->map;
+    size_t lo = f->map_len > TF_NZ_SCAN ? f->map_len - TF_NZ_SCAN : 0;
+    for (size_t q = f->map_len; q > lo; q--)
+        if (m[q - 1]) {
+            f->map_nz = q;
+            break;
+        }
+    return 0;
+}
+
+static int map_file_id(const char *path, void **map, size_t *len, tf__file_id *id) {
     *map = NULL;
     *len = 0;
+    if (id) memset(id, 0, sizeof *id);
     /* a URL: the map its provider prepared (metadata filled in) */
     if (tf__is_url(path)) {
         const tf__open_hooks *h = open_hooks();
@@ -116,6 +147,7 @@ int tf__map_file(const char *path, void **map, size_t *len) {
         close(fd);
         TF_FAIL(-EINVAL, "%s: not a regular file", path);
     }
+    if (id) id_of_stat(&st, id);
     if (st.st_size == 0) {
         close(fd);
         return 0;
@@ -286,6 +318,8 @@ char *tf__path_join(const char *dir, const char *name) {
 /* documents and tokens                                                      */
 /* ------------------------------------------------------------------------ */
 
+static int check_tail(const tf_file *f, size_t end);
+
 int tf__file_document(const tf_file *f, uint64_t j, uint64_t *start, uint64_t *len) {
     if (j >= f->num_docs) TF_FAIL(-ERANGE, "document %llu out of range", (unsigned long long)j);
     if (f->lazy && f->doc_kind != TF_DOCS_SINGLE) {
@@ -437,7 +471,8 @@ int tf__file_read(const tf_file *f, uint64_t start, uint64_t count, void *out, t
     if (!f->compressed && f->bytes_ops) return f->bytes_ops->read_tokens(f, start, count, out, out_dtype);
     if (!f->compressed) {
         tf_convert(out, out_dtype, f->tokens + start * isz, f->dtype, (size_t)count);
-        return 0;
+        if (!count || !f->map) return 0;
+        return check_tail(f, (size_t)(f->tokens - (const uint8_t *)f->map) + (size_t)((start + count) * isz));
     }
     /* Compressed: decompress each block touched. The batch engine keeps a
      * block cache; this path serves random access and verify. */
@@ -532,6 +567,7 @@ struct tf__lazy {
     char *index_dir;              /* the open options' index_dir (owned, unless in_arena) */
     int in_arena;                 /* this record and index_dir live in the file's arena */
     tf__file_id id[2];            /* the file, and its index file (aux_path) */
+    tf__file_id seen;             /* the file the live mapping was made from (lz_mu; known 0: none yet) */
     tf__parse_fn reopen;          /* the format's parser, given the file's path */
     int64_t tok_off;              /* byte offset of the first token in the file, or -1 */
     uint64_t catalog_key;         /* the trusted catalog it came from */
@@ -582,11 +618,7 @@ int tf__file_id_get(const char *path, tf__file_id *id) {
     struct stat st;
     if (!path) return 0;
     if (stat(path, &st) != 0) return -errno;
-    id->dev = (uint64_t)st.st_dev;
-    id->ino = (uint64_t)st.st_ino;
-    id->size = (uint64_t)st.st_size;
-    id->mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
-    id->known = 1;
+    id_of_stat(&st, id);
     return 0;
 }
 
@@ -656,7 +688,11 @@ int tf__file_make_lazy(tf_file *f, const tf_open_options *opt, tf__parse_fn reop
     struct tf__lazy *z = lazy_alloc(opt);
     if (!z) return -ENOMEM;
     z->reopen = reopen;
-    int rc = tf__file_id_get(f->path, &z->id[0]);
+    /* the file as it was mapped (not a stat of its path, which may name
+     * another file by now) */
+    int rc = f->map_id.known ? 0 : tf__file_id_get(f->path, &z->id[0]);
+    if (f->map_id.known) z->id[0] = f->map_id;
+    z->seen = z->id[0];
     if (!rc && f->aux_path) rc = tf__file_id_get(f->aux_path, &z->id[1]);
     if (rc) {
         free(z->index_dir);
@@ -749,11 +785,10 @@ void *tf__file_lazy_source(const tf_file *f, const tf__lazy_src *src) {
     return f->lazy && f->lazy->src == src ? f->lazy->src_ctx : NULL;
 }
 
-static int id_changed(const char *path, const tf__file_id *was) {
-    if (!was->known) return 0;
-    tf__file_id now;
-    int rc = tf__file_id_get(path, &now);
-    if (rc) TF_FAIL(rc, "%s: cannot stat: %s (the file was there when the dataset was opened)", path, strerror(-rc));
+/* 0 when the file found now is the one recorded (was), else -TF_EFORMAT
+ * naming path and what differs. */
+static int id_differs(const char *path, const tf__file_id *was, tf__file_id now) {
+    if (!was->known || !now.known) return 0;
     if (was->known == 2) { /* from a catalog beside the data, written on another machine: size and time */
         now.ino = was->ino;
         now.dev = was->dev;
@@ -762,8 +797,16 @@ static int id_changed(const char *path, const tf__file_id *was) {
         TF_FAIL(-TF_EFORMAT, "%s: the file changed after the dataset's index of it was taken (size %llu, modified at %llu.%09llu s; now %llu bytes, modified at %llu.%09llu s%s). Its tokens may no longer be those the dataset describes: open the dataset again.",
                 path, (ull)was->size, (ull)(was->mtime_ns / 1000000000ull), (ull)(was->mtime_ns % 1000000000ull),
                 (ull)now.size, (ull)(now.mtime_ns / 1000000000ull), (ull)(now.mtime_ns % 1000000000ull),
-                now.ino != was->ino ? ", another file under the same name" : "");
+                now.ino != was->ino || now.dev != was->dev ? ", another file under the same name" : "");
     return 0;
+}
+
+static int id_changed(const char *path, const tf__file_id *was) {
+    if (!was->known) return 0;
+    tf__file_id now;
+    int rc = tf__file_id_get(path, &now);
+    if (rc) TF_FAIL(rc, "%s: cannot stat: %s (the file was there when the dataset was opened)", path, strerror(-rc));
+    return id_differs(path, was, now);
 }
 
 /* Parse the file of meta again into *out (outside lz_mu: reads mapped bytes). */
@@ -814,6 +857,8 @@ int tf__file_acquire(const tf_file *f, const tf_file **live) {
     tf_file tmp;
     memset(&tmp, 0, sizeof tmp);
     int rc = reparse(f, z, &tmp);
+    /* the file mapped is the one stat saw (it may have been replaced between) */
+    if (!rc && !z->src) rc = id_differs(f->path, &z->id[0], tmp.map_id);
     if (!rc) rc = tf__file_check_same(f, &tmp);
     /* the pread and io_uring backends read at this offset without the map
      * (never a file from a source: its token offset is unknown, -1) */
@@ -853,6 +898,7 @@ int tf__file_acquire(const tf_file *f, const tf_file **live) {
         free(fresh);
     } else {
         z->live = fresh;
+        if (fresh->map_id.known) z->seen = fresh->map_id;
         z->mapped = 1;
         z->users++;
         lz_mapped++;
@@ -915,4 +961,93 @@ int64_t tf__file_token_offset(const tf_file *f) {
 
 uint64_t tf__file_size(const tf_file *f) {
     return f->lazy ? f->lazy->id[0].size : (uint64_t)f->map_len;
+}
+
+/* The identity a descriptor opened by f's path must have: the file its
+ * mapping was made from (a file mapped on demand: the last one, or the one
+ * its catalog recorded before its first touch). */
+static tf__file_id expected_id(const tf_file *f) {
+    struct tf__lazy *z = f->lazy;
+    if (!z) return f->map_id;
+    pthread_mutex_lock(&lz_mu);
+    tf__file_id id = z->seen.known ? z->seen : z->id[0];
+    pthread_mutex_unlock(&lz_mu);
+    return id;
+}
+
+int tf__file_check_fd(const tf_file *f, int fd) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        TF_FAIL(-e, "%s: cannot stat the file opened for reading: %s", f->path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) TF_FAIL(-EINVAL, "%s: not a regular file any more; open the dataset again.", f->path);
+    tf__file_id now, was = expected_id(f);
+    id_of_stat(&st, &now);
+    if (!was.known) { /* no identity recorded: at least the size must be the same */
+        was = now;
+        was.size = tf__file_size(f);
+    }
+    int same_file = was.known == 2 || (was.dev == now.dev && was.ino == now.ino);
+    if (same_file && now.size < was.size)
+        TF_FAIL(-EIO, "%s: the file is now %llu bytes long, %llu when the dataset was opened: it was truncated while in use; reopen the dataset.",
+                f->path, (ull)now.size, (ull)was.size);
+    /* A file the dataset keeps mapped for its life (not mapped on demand) is
+     * pinned by that mapping: its inode cannot be reused, and a rewrite in
+     * place shows through the mapping as well, so the same inode at the same
+     * size is that file. A file mapped on demand may be unmapped, and its
+     * inode number reused by another file: all four fields must agree. */
+    if (!f->lazy && f->map && was.known == 1 && same_file) now.mtime_ns = was.mtime_ns;
+    return id_differs(f->path, &was, now);
+}
+
+/* Tokens ending at byte end of f's mapping were just copied from it. A page
+ * wholly past the end of a file that shrank raises SIGBUS (the guard turns it
+ * into -EIO), but the part of the page where the file now ends that lies past
+ * that end reads as zeros, with no fault: a file cut inside the page a read
+ * ended in would give zeros. Bytes past the end read as zeros, so a non-zero
+ * byte at or after end - 1 proves the file still held what was read; and the
+ * bytes from f->map_nz on were zeros when the file was mapped, so reading
+ * zeros there is right. Hence: look for a non-zero byte from t - 1 on (t =
+ * the smaller of end and map_nz) to the end of that page, which takes a few
+ * loads (the next token's); failing that, load one byte of the next page (it
+ * faults when the file now ends before it); if map_nz lies in this page, its
+ * byte reading zero proves the file changed. Without map_nz (no non-zero byte
+ * in the mapping's last 64 KiB), the last byte read, then the next page, then
+ * in the last page one stat of the path. Runs under the caller's SIGBUS
+ * guard, as every read of f does. */
+static int check_tail(const tf_file *f, size_t end) {
+    static size_t page;
+    if (!page) {
+        long p = sysconf(_SC_PAGESIZE);
+        page = p > 0 ? (size_t)p : 4096;
+    }
+    if (!f->map || !end || end > f->map_len) return 0;
+    const volatile uint8_t *m = f->map;
+    atomic_thread_fence(memory_order_acquire); /* loaded after the copy's loads */
+    size_t nz = f->map_nz;
+    if (nz) {
+        size_t t = nz < end ? nz : end, next = (t + page - 1) / page * page;
+        size_t stop = next < nz ? next : nz;
+        for (size_t q = t - 1; q < stop; q++)
+            if (m[q]) return 0;
+        if (stop == nz)
+            TF_FAIL(-EIO, "%s: the file changed while mapped: byte %zu reads as 0, and it was not 0 when the file was mapped (it was cut short or rewritten). Files must not be modified while a job reads them; re-open the dataset.",
+                    f->path, nz - 1);
+        (void)m[next]; /* next < nz: a byte of the file */
+        return 0;
+    }
+    if (m[end - 1]) return 0;
+    size_t next = (end + page - 1) / page * page;
+    if (next < f->map_len) {
+        (void)m[next];
+        return 0;
+    }
+    struct stat st;
+    if (!f->path || stat(f->path, &st) != 0) return 0;
+    if (f->map_id.known == 1 && ((uint64_t)st.st_dev != f->map_id.dev || (uint64_t)st.st_ino != f->map_id.ino))
+        return 0;
+    if ((uint64_t)st.st_size >= end) return 0;
+    TF_FAIL(-EIO, "%s: the file changed while mapped: it now ends at byte %llu, before the tokens read (up to byte %zu), which would read as zeros. Files must not be modified while a job reads them; re-open the dataset.",
+            f->path, (ull)st.st_size, end);
 }

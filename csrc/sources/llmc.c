@@ -25,7 +25,7 @@ int tf__open_llmc(const char *path, const tf_open_options *opt, tf_file *f) {
     (void)opt;
     f->path = strdup(path);
     if (!f->path) return -ENOMEM;
-    TF_TRY(tf__map_file(path, &f->map, &f->map_len));
+    TF_TRY(tf__map_file_main(path, f));
     const uint8_t *b = f->map;
     uint64_t len = f->map_len;
     if (len < LLMC_HEADER)

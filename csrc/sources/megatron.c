@@ -59,7 +59,7 @@ int tf__open_megatron(const char *prefix, const tf_open_options *opt, tf_file *f
     sprintf(f->aux_path, "%s.idx", prefix);
     const char *ip = f->aux_path;
     TF_TRY(tf__map_file(ip, &f->aux_map, &f->aux_len));
-    TF_TRY(tf__map_file(f->path, &f->map, &f->map_len));
+    TF_TRY(tf__map_file_main(f->path, f));
     const uint8_t *b = f->aux_map;
     uint64_t il = f->aux_len;
     if (il < MG_HEADER)

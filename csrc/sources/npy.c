@@ -190,7 +190,7 @@ int tf__open_npy(const char *path, const tf_open_options *opt, tf_file *f) {
     (void)opt;
     f->path = strdup(path);
     if (!f->path) return -ENOMEM;
-    TF_TRY(tf__map_file(path, &f->map, &f->map_len));
+    TF_TRY(tf__map_file_main(path, f));
     tf_npy_header h;
     TF_TRY(tf__parse_npy_header(path, f->map, f->map_len, &h));
     size_t isz = tf_dtype_size(h.dtype);

@@ -32,7 +32,7 @@ int tf__open_raw(const char *path, const tf_open_options *opt, tf_file *f) {
         TF_FAIL(-TF_EFORMAT, "%s: dtype: expected an explicit token dtype for a headerless file, found none. Pass dtype= (e.g. dtype=\"uint16\").", path);
     f->path = strdup(path);
     if (!f->path) return -ENOMEM;
-    TF_TRY(tf__map_file(path, &f->map, &f->map_len));
+    TF_TRY(tf__map_file_main(path, f));
     uint64_t len = f->map_len;
     if (len % isz)
         TF_FAIL(-TF_EFORMAT, "%s: file size: expected a multiple of the %s item size %zu, found %llu bytes. The file is truncated, or dtype= is wrong.",

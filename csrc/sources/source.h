@@ -28,6 +28,14 @@ typedef enum tf_doc_kind {
     TF_DOCS_MEGATRON = 2 /* doc j = tokens [mg_pointers[j]/itemsize, + mg_sizes[j]) */
 } tf_doc_kind;
 
+/* A file's identity when its metadata was taken (file.c, catalog.c). known:
+ * 0 unknown, 1 all four fields, 2 size and mtime only (a catalog written on
+ * another machine, where device and inode mean nothing). */
+typedef struct tf__file_id {
+    uint64_t dev, ino, size, mtime_ns;
+    int known;
+} tf__file_id;
+
 typedef struct tf_file {
     char *path;           /* owned */
     tf_format format;
@@ -39,6 +47,15 @@ typedef struct tf_file {
     /* Token data: tokens points at the first token inside map (or owned). */
     void *map;            /* main file mapping (munmap on close), or NULL */
     size_t map_len;
+    /* The identity of the file behind map, taken from the descriptor it was
+     * mapped from (tf__map_file_main): what a descriptor opened later by path
+     * must still be. Unknown (known 0) for files not mapped from a path. */
+    tf__file_id map_id;
+    /* 1 + the offset of the mapping's last byte that was not zero when it was
+     * mapped (0: none in the last 64 KiB, or not mapped from a path): a read
+     * of the mapping proves the file still holds its bytes by finding a
+     * non-zero byte at or past its end (file.c, check_tail). */
+    size_t map_nz;
     const uint8_t *tokens; /* NULL when compressed */
     void *owned;          /* heap copy for memory datasets (free on close) */
 
@@ -115,12 +132,6 @@ typedef struct tf_file {
 
 /* A format's parser (tf__open_native, ...): fills *f from path. */
 typedef int (*tf__parse_fn)(const char *path, const tf_open_options *opt, tf_file *f);
-
-/* A file's identity when its metadata was taken (file.c, catalog.c). */
-typedef struct tf__file_id {
-    uint64_t dev, ino, size, mtime_ns;
-    int known;
-} tf__file_id;
 
 /* A byte provider: where the bytes of a file that is not mapped come from.
  * The provider fills in f->bytes_ops and f->bytes_src when it opens the file;
@@ -244,6 +255,10 @@ TF_HIDDEN int tf__file_exists(const char *path);
 /* Map a whole file read-only. Empty files are mapped as NULL with len 0.
  * Returns -errno with a message naming the path. */
 TF_HIDDEN int tf__map_file(const char *path, void **map, size_t *len);
+/* tf__map_file of a file's main (token) file into f->map and f->map_len,
+ * with f->map_id, the identity of the file mapped, from the descriptor it was
+ * mapped from (known 0 for a remote object's map), and f->map_nz. */
+TF_HIDDEN int tf__map_file_main(const char *path, tf_file *f);
 TF_HIDDEN void tf__unmap(void *map, size_t len);
 /* Drop the pages of a mapping from this process's RSS after the header
  * checks at open (the data stays in the page cache). */
@@ -347,6 +362,13 @@ TF_HIDDEN int tf__file_mapped_at(const tf_file *f, const void *addr, const char 
  * with a descriptor (compressed, memory dataset, remote); its size in bytes. */
 TF_HIDDEN int64_t tf__file_token_offset(const tf_file *f);
 TF_HIDDEN uint64_t tf__file_size(const tf_file *f);
+/* 0 when the open descriptor fd is the file f's bytes were checked from
+ * (device, inode, size, modification time as when it was mapped, or as its
+ * catalog recorded them before its first touch; for a file whose mapping the
+ * dataset holds, which pins its inode, device, inode and size): a file
+ * replaced since, or changed, is -TF_EFORMAT naming it; the same file shorter
+ * now, -EIO. */
+TF_HIDDEN int tf__file_check_fd(const tf_file *f, int fd);
 
 /* ---- catalog.c: what open needs, in one file per set of paths ------------- */
 

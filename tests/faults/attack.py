@@ -704,6 +704,62 @@ def a17_large_states(tmp: str) -> str:
     return (f"100,000 skipped ranges ({len(text) / 1e6:.1f} MB) loaded in {took:.2f} s; 20,000 unknown keys "
             f"refused in {refused:.2f} s naming TF_STATE_MAX_MEMBERS; 2**20 + 1 ranges refused naming "
             f"TF_STATE_MAX_SKIPS")
+def a18_renamed_over_shard(tmp: str) -> str:
+    import numpy as np
+    import tokenfeed
+    a, b = os.path.join(tmp, "a"), os.path.join(tmp, "b")
+    os.makedirs(a)
+    os.makedirs(b)
+    for i in range(6):
+        np.save(os.path.join(a, f"s{i}.npy"), np.arange(1000, dtype=np.uint16) + 1000 * i)
+        np.save(os.path.join(b, f"s{i}.npy"), np.arange(1000, dtype=np.uint16) + 9000 + i)
+    seen = []
+    for backend in ("pread", "io_uring"):
+        for i in range(6):  # the set as written, again
+            np.save(os.path.join(a, f"s{i}.npy"), np.arange(1000, dtype=np.uint16) + 1000 * i)
+            np.save(os.path.join(b, f"s{i}.npy"), np.arange(1000, dtype=np.uint16) + 9000 + i)
+        ds = tokenfeed.open(os.path.join(a, "*.npy"))
+        loader = tokenfeed.Loader(ds, seq_len=99, batch_size=4, shuffle=False, output="numpy", backend=backend)
+        os.rename(os.path.join(b, "s3.npy"), os.path.join(a, "s3.npy"))  # same size, another set's tokens
+        try:
+            for _ in range(15):
+                x = next(loader)["tokens"]
+                check(not (x >= 9000).any(), f"{backend}: served the renamed file's tokens {x[x >= 9000][:4].tolist()}")
+            raise Reproduced(f"{backend}: no error after the shard was replaced")
+        except tokenfeed.FormatError as e:
+            check("s3.npy" in str(e) and "open the dataset again" in str(e), f"{backend}: {e}")
+            seen.append(f"{backend} FormatError")
+        finally:
+            loader.close()
+    return "same-size file renamed over shard 3: " + ", ".join(seen) + " naming it, no foreign token"
+
+
+def a19_many_document_files(tmp: str) -> str:
+    import resource
+    import numpy as np
+    import tokenfeed
+    d = os.path.join(tmp, "docs")
+    os.makedirs(d)
+    rng = np.random.default_rng(0)
+    for i in range(6000):
+        np.save(os.path.join(d, f"doc-{i:05d}.npy"), rng.integers(1, 1000, size=int(rng.integers(20, 60)), dtype=np.uint16))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    ds = tokenfeed.open(os.path.join(d, "*.npy"))
+    base = len(os.listdir("/proc/self/fd"))
+    ref, seen = None, []
+    for backend in ("mmap", "pread", "io_uring"):
+        with tokenfeed.Loader(ds, seq_len=8191, batch_size=16, num_threads=8, seed=1, backend=backend,
+                              output="numpy") as loader:
+            try:
+                got = [next(loader)["tokens"].copy() for _ in range(4)]
+            except OSError as e:
+                raise Reproduced(f"{backend}: {type(e).__name__}: {str(e)[:120]}")
+            fds = len(os.listdir("/proc/self/fd")) - base
+        ref = got if ref is None else ref
+        check(all(np.array_equal(x, y) for x, y in zip(ref, got)), f"{backend}: other tokens than mmap's")
+        check(fds <= 1024 // 4 + 16, f"{backend}: {fds} descriptors open")
+        seen.append(f"{backend} {fds} fds")
+    return "6,000 files, ulimit -n 1024, 16 x 8192 x 8 threads: " + ", ".join(seen) + ", same batches"
 
 
 ATTACKS: List[Tuple[str, Callable[[str], str]]] = [
@@ -724,6 +780,8 @@ ATTACKS: List[Tuple[str, Callable[[str], str]]] = [
     ("node catalog created under umask 002", a15_catalog_under_umask_002),
     ("set_weights called 3,000 times at one step, then at every step", a16_set_weights_many_calls),
     ("a state of 100,000 skipped ranges, of 20,000 unknown keys", a17_large_states),
+    ("a same-size file renamed over a shard, pread / io_uring", a18_renamed_over_shard),
+    ("6,000 per-document files, pread / io_uring, ulimit -n 1024", a19_many_document_files),
 ]
 
 
