@@ -704,6 +704,8 @@ def a17_large_states(tmp: str) -> str:
     return (f"100,000 skipped ranges ({len(text) / 1e6:.1f} MB) loaded in {took:.2f} s; 20,000 unknown keys "
             f"refused in {refused:.2f} s naming TF_STATE_MAX_MEMBERS; 2**20 + 1 ranges refused naming "
             f"TF_STATE_MAX_SKIPS")
+
+
 def a18_renamed_over_shard(tmp: str) -> str:
     import numpy as np
     import tokenfeed
