@@ -88,7 +88,7 @@ def test_index_then_a_fresh_node_reads_the_catalog_not_the_objects(llmc_set, mot
         assert np.array_equal(np.asarray(a["input_ids"]), np.asarray(b["input_ids"]))
 
 
-def test_restart_sends_no_request_and_a_worker_reopens_from_the_record(llmc_set, moto, tmp_path):  # noqa: F811
+def test_restart_sends_one_listing_and_a_worker_reopens_from_the_record(llmc_set, moto, tmp_path):  # noqa: F811
     import pickle
 
     url, p, shards, _ = llmc_set
@@ -96,11 +96,12 @@ def test_restart_sends_no_request_and_a_worker_reopens_from_the_record(llmc_set,
     first = _open(url, tmp_path / "cache", p.endpoint)
     p.reset_counts()
     again = _open(url, tmp_path / "cache", p.endpoint)
-    assert sum(p.requests.values()) == 0, p.requests
+    # the listing that checks the node's record against the store, nothing else
+    assert _listings(p) == 1 and sum(p.requests.values()) == 1, p.requests
     assert again.paths == first.paths and again.fingerprint == first.fingerprint
-    # a spawned DataLoader worker reopens it from the catalog's record: no request either
+    # a spawned DataLoader worker reopens it from the catalog's record: the same listing, no other request
     worker = pickle.loads(pickle.dumps(again))
-    assert sum(p.requests.values()) == 0, p.requests
+    assert _listings(p) == 2 and sum(p.requests.values()) == 2, p.requests
     assert np.array_equal(np.asarray(worker.tokens(0, worker.num_tokens)), np.concatenate(shards))
 
 

@@ -1410,6 +1410,160 @@ static int open_pass(tf__preg *g, const char *const *urls, size_t n, const set_s
     return rc;
 }
 
+/* ------------------------------------------------------------------------ */
+/* the node's record, checked against the store at every open                */
+/* ------------------------------------------------------------------------ */
+
+/* A version without what a listing and a HEAD may put around the same tag
+ * differently: the weak marker and the quotes (RFC 7232's weak comparison). */
+static const char *bare_version(const char *v, size_t *n) {
+    if (!strncmp(v, "W/", 2)) v += 2;
+    size_t k = strlen(v);
+    if (k >= 2 && v[0] == '"' && v[k - 1] == '"') {
+        v++;
+        k -= 2;
+    }
+    *n = k;
+    return v;
+}
+
+static int version_same(const char *a, const char *b) {
+    size_t na, nb;
+    a = bare_version(a, &na);
+    b = bare_version(b, &nb);
+    return na == nb && !memcmp(a, b, na);
+}
+
+typedef struct recheck {
+    tf__preg *g;
+    uint8_t *state; /* per object of g: 0 to ask, 1 in a listing being read, 2 answered */
+    char *why;      /* the first difference found ("" while none) */
+    size_t cap;
+} recheck;
+
+static void compare_now(recheck *c, const tf__pobj *p, const tf_object_info *now) {
+    if (c->why[0]) return;
+    if (!now)
+        snprintf(c->why, c->cap, "%s no longer exists", p->url);
+    else if (now->size != p->info.size)
+        snprintf(c->why, c->cap, "%s holds %llu bytes now, %llu when this node recorded it", p->url, (ull)now->size,
+                 (ull)p->info.size);
+    else if (!version_same(now->version, p->info.version))
+        snprintf(c->why, c->cap, "%s was rewritten since this node recorded it (version %s then, %s now)", p->url,
+                 p->info.version, now->version[0] ? now->version : "none");
+}
+
+static int on_rechecked(void *ctx, const char *url, const tf_object_info *info) {
+    recheck *c = ctx;
+    tf__pobj *p = tf__preg_find(c->g, url);
+    size_t i = p ? (size_t)(p - c->g->o) : 0;
+    if (!p || c->state[i] != 1) return 0;
+    c->state[i] = 2;
+    compare_now(c, p, info);
+    return 0;
+}
+
+/* Whether the store still holds every object of the record g (filled from
+ * the node's record) at the size and version recorded: 0 when it does, 1
+ * when not (why says the first difference), or an error of asking. Asked as
+ * the open itself learns sizes: a listing per parent prefix of at least 16
+ * recorded objects (one request per 1000 objects), one HEAD per object
+ * otherwise, concurrently; of a tokenfeed dataset, its manifest alone. Names
+ * recorded absent are not asked about ("objects added later",
+ * docs/remote.md). */
+static int record_changed(tf__preg *g, char *why, size_t cap) {
+    why[0] = '\0';
+    recheck c = {g, calloc(g->n ? g->n : 1, 1), why, cap};
+    size_t *idx = malloc((g->n ? g->n : 1) * sizeof *idx);
+    const char **urls = malloc((g->n ? g->n : 1) * sizeof *urls);
+    tf_object_info *infos = malloc((g->n ? g->n : 1) * sizeof *infos);
+    int *rcs = malloc((g->n ? g->n : 1) * sizeof *rcs);
+    int rc = c.state && idx && urls && infos && rcs ? 0 : -ENOMEM;
+    /* A tokenfeed dataset is what its manifest says: a shard or a catalog
+     * beside a recorded manifest is checked against it (its header against
+     * the manifest's counts and checksums, its tokens against the chunk
+     * checksums of that header), so the manifest's version alone says whether
+     * the dataset is the one recorded. */
+    for (size_t i = 0; i < g->n && !rc; i++) {
+        const char *u = g->o[i].url;
+        size_t pl = parent_len(u);
+        if (!g->o[i].exists || !pl || !strcmp(u + pl, TF_MANIFEST_NAME)) continue;
+        char *mf = malloc(pl + sizeof TF_MANIFEST_NAME);
+        if (!mf) {
+            rc = -ENOMEM;
+            break;
+        }
+        memcpy(mf, u, pl);
+        memcpy(mf + pl, TF_MANIFEST_NAME, sizeof TF_MANIFEST_NAME);
+        if (exists(g, mf)) c.state[i] = 2;
+        free(mf);
+    }
+    for (size_t i = 0; i < g->n && !rc && !why[0]; i++) {
+        if (!g->o[i].exists || c.state[i]) continue;
+        size_t pl = parent_len(g->o[i].url), same = 0;
+        for (size_t j = i; j < g->n; j++)
+            if (g->o[j].exists && !c.state[j] && parent_len(g->o[j].url) == pl && !strncmp(g->o[j].url, g->o[i].url, pl))
+                same++;
+        if (same < 16) continue;
+        char *prefix = strndup(g->o[i].url, pl);
+        if (!prefix) {
+            rc = -ENOMEM;
+            break;
+        }
+        for (size_t j = i; j < g->n; j++)
+            if (g->o[j].exists && !c.state[j] && parent_len(g->o[j].url) == pl && !strncmp(g->o[j].url, prefix, pl))
+                c.state[j] = 1;
+        rc = tf__remote_list(g->r, prefix, on_rechecked, &c);
+        free(prefix);
+        for (size_t j = i; j < g->n; j++)
+            if (c.state[j] == 1) {
+                c.state[j] = rc == -TF_EUNSUPPORTED ? 0 : 2; /* (no listing: asked one by one below) */
+                if (!rc) compare_now(&c, &g->o[j], NULL);  /* not listed: gone */
+            }
+        if (rc == -TF_EUNSUPPORTED) rc = 0;
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < g->n && !rc && !why[0]; i++)
+        if (g->o[i].exists && !c.state[i]) {
+            idx[m] = i;
+            urls[m++] = g->o[i].url;
+        }
+    if (!rc && !why[0] && m) rc = tf__remote_stat_many(g->r, urls, m, infos, rcs);
+    for (size_t k = 0; k < m && !rc && !why[0]; k++) {
+        if (rcs[k] == 0) compare_now(&c, &g->o[idx[k]], &infos[k]);
+        else if (rcs[k] == -ENOENT) compare_now(&c, &g->o[idx[k]], NULL);
+        else rc = rcs[k];
+    }
+    free(c.state);
+    free(idx);
+    free(urls);
+    free(infos);
+    free(rcs);
+    if (rc) return rc;
+    return why[0] ? 1 : 0;
+}
+
+/* The node's record of this open into g, when there is one and the store
+ * still shows every object it names as it was recorded: 1. Else 0: no record,
+ * or one of objects changed since, which is deleted (the open then reads the
+ * metadata again, so this node moves to the new version, as a node without a
+ * record reads it: never two versions under one name on the nodes of a job),
+ * and said through the notice function. Negative: the store could not be
+ * asked. */
+static int load_current(tf_remote *r, tf__preg *g, const char *what) {
+    if (tf__meta_load(r, g->meta_key, g) != 0) return 0;
+    char why[1024];
+    int rc = record_changed(g, why, sizeof why);
+    if (rc == 0) return 1;
+    tf__preg_free(g);
+    if (rc < 0) return rc;
+    tf__cache_meta_forget(tf__remote_cache(r), g->meta_key);
+    tf__notice("%s: %s: reading its metadata again. This node now reads the new version, whose dataset fingerprint differs: a loader state saved on the old one is refused.",
+               what, why);
+    tf__clearerr();
+    return 0;
+}
+
 static int open_remote(const char *const *urls, size_t n, const set_spec *set, const tf_open_options *opt,
                        tf_remote *r, tf_file **files, uint64_t *nfiles, uint64_t *cap) {
     if (!r)
@@ -1427,10 +1581,17 @@ static int open_remote(const char *const *urls, size_t n, const set_spec *set, c
     g.record_max = tf__meta_max_bytes(r);
     int loaded = 0, lock_fd = -1, waited = 0, rc = 0;
     if (g.meta_on) {
-        loaded = tf__meta_load(r, g.meta_key, &g) == 0;
-        if (!loaded) rc = tf__meta_lock(r, g.meta_key, urls[0], &lock_fd, &waited);
+        /* a record is used only while the store shows its objects as it
+         * recorded them (one listing of their prefix, or a HEAD each) */
+        rc = load_current(r, &g, urls[0]);
+        loaded = rc > 0;
+        if (rc >= 0 && !loaded) rc = tf__meta_lock(r, g.meta_key, urls[0], &lock_fd, &waited);
         /* written by a holder meanwhile (waited for, or done just before) */
-        if (!rc && !loaded) loaded = tf__meta_load(r, g.meta_key, &g) == 0;
+        if (rc >= 0 && !loaded) {
+            rc = load_current(r, &g, urls[0]);
+            loaded = rc > 0;
+        }
+        if (rc > 0) rc = 0;
         /* only a process that found the lock free fetches under it; one that
          * waited and found no record (its holder failed or died) fetches
          * without, as every process would without the record */
