@@ -226,8 +226,10 @@ def test_object_rewritten_after_a_node_read_it_moves_that_node_to_the_new_versio
     """Same size, new ETag. Node A read every byte of the set before the rewrite (its chunks are in
     its cache); its next open sees the new version in the store, says so, and reads what node B,
     with a cold cache, reads: the same tokens under the same fingerprint. A loader state saved on
-    the old version is refused, saying that the dataset changed."""
+    the old version is refused, saying that the dataset changed, and so is a DataLoader worker
+    reopening the dataset its parent opened before the rewrite."""
     import logging
+    import pickle
 
     from conftest import write_llmc
 
@@ -246,6 +248,7 @@ def test_object_rewritten_after_a_node_read_it_moves_that_node_to_the_new_versio
     loader = tokenfeed.Loader(a, seq_len=64, batch_size=4, seed=0)
     next(iter(loader))
     state = loader.state_dict()
+    blob = pickle.dumps(a)  # as a DataLoader worker receives it
     new = shards[2][::-1].copy()
     write_llmc(tmp_path / "new.bin", new, 1)
     moto.put(bucket, "llmc/s2.bin", (tmp_path / "new.bin").read_bytes())  # same size, another version
@@ -259,6 +262,9 @@ def test_object_rewritten_after_a_node_read_it_moves_that_node_to_the_new_versio
     assert np.array_equal(np.asarray(b.tokens(0, b.num_tokens)), want)
     with pytest.raises(tokenfeed.StateError, match="the dataset changed"):
         tokenfeed.Loader(a2, seq_len=64, batch_size=4, seed=0).load_state_dict(state)
+    # a worker of the loader made on the old version refuses to read the new one under it
+    with pytest.raises(tokenfeed.StateError, match=f"changed since it was opened .*fingerprint {a.fingerprint}"):
+        pickle.loads(blob)
     # and from then on node A opens from its record again, at the new version
     a3 = tokenfeed.open(url, cache_dir=tmp_path / "nodeA", **opts)
     assert a3.fingerprint == b.fingerprint and np.array_equal(np.asarray(a3.tokens(0, a3.num_tokens)), want)

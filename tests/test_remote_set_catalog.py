@@ -325,7 +325,9 @@ def test_a_copy_on_disk_of_a_bucket_with_its_catalog_opens_by_its_own(llmc_set, 
 
 def test_a_worker_reopening_a_set_whose_catalog_went_stale_reads_the_objects(llmc_set, moto, bucket, tmp_path):  # noqa: F811
     """A DataLoader worker reopens the set from its catalog; when the node's record is gone and
-    the set changed meanwhile, it warns and reads the objects instead of failing."""
+    the set changed meanwhile, it warns and reads the objects; as they are not the dataset its
+    parent opened, it then refuses to go on, saying so (its parent would train on the old data,
+    it on the new)."""
     import pickle
 
     url, p, shards, _ = llmc_set
@@ -340,8 +342,11 @@ def test_a_worker_reopening_a_set_whose_catalog_went_stale_reads_the_objects(llm
         if name.endswith(".tfmeta"):
             os.remove(cache / "meta" / name)
     with pytest.warns(tokenfeed.PerformanceWarning, match=r"shard_0005\.bin was rewritten since"):
-        worker = pickle.loads(blob)
-    assert np.array_equal(worker[5], new) and np.array_equal(worker[4], shards[4])
+        with pytest.raises(tokenfeed.StateError, match=rf"the dataset changed since it was opened.*{ds.fingerprint}"):
+            pickle.loads(blob)
+    again = _open(url, cache, p.endpoint)  # opened again, as the error says: the new version
+    assert np.array_equal(again[5], new) and np.array_equal(again[4], shards[4])
+    assert np.array_equal(pickle.loads(pickle.dumps(again))[5], new)
 
 
 def test_index_says_when_the_catalog_cannot_be_stored(llmc_set, moto, monkeypatch):  # noqa: F811
