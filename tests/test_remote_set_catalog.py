@@ -323,7 +323,7 @@ def test_a_copy_on_disk_of_a_bucket_with_its_catalog_opens_by_its_own(llmc_set, 
     assert tokenfeed.build_catalog(str(copy / "*.bin")).rsplit("/", 1)[1] != name
 
 
-def test_a_worker_reopening_a_set_whose_catalog_went_stale_reads_the_objects(llmc_set, moto, bucket, tmp_path):  # noqa: F811
+def test_a_worker_reopening_a_set_rewritten_since_refuses(llmc_set, moto, bucket, tmp_path):  # noqa: F811
     """A DataLoader worker reopens the set from its catalog; when the node's record is gone and
     the set changed meanwhile, it warns and reads the objects; as they are not the dataset its
     parent opened, it then refuses to go on, saying so (its parent would train on the old data,

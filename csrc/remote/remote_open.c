@@ -827,8 +827,8 @@ static int ask_store(lazy_obj *lo, const tf_file *meta) {
     return 0;
 }
 
-/* The catalog's words for lo's object, or for a shard set's catalog the
- * name to write it again with. */
+/* What to say, in an error about lo's object, of the catalog that described
+ * it: which catalog, and how to write it again. */
 static void catalog_what(const lazy_obj *lo, char *out, size_t cap) {
     if (lo->grp->catalog)
         snprintf(out, cap, "The shard set's catalog (%s) does not describe the object: it was written for other contents, or altered. Write it again (tokenfeed index on the set).",
@@ -1436,7 +1436,8 @@ static int version_same(const char *a, const char *b) {
 
 typedef struct recheck {
     tf__preg *g;
-    uint8_t *state; /* per object of g: 0 to ask, 1 in a listing being read, 2 answered */
+    uint8_t *state; /* per object of g: 0 to ask, 1 in a listing being read, 2 answered,
+                     * 3 to ask by itself (the store lists nothing) */
     char *why;      /* the first difference found ("" while none) */
     size_t cap;
 } recheck;
@@ -1517,14 +1518,14 @@ static int record_changed(tf__preg *g, char *why, size_t cap) {
         free(prefix);
         for (size_t j = i; j < g->n; j++)
             if (c.state[j] == 1) {
-                c.state[j] = rc == -TF_EUNSUPPORTED ? 0 : 2; /* (no listing: asked one by one below) */
+                c.state[j] = rc == -TF_EUNSUPPORTED ? 3 : 2; /* (no listing: asked one by one below) */
                 if (!rc) compare_now(&c, &g->o[j], NULL);  /* not listed: gone */
             }
         if (rc == -TF_EUNSUPPORTED) rc = 0;
     }
     size_t m = 0;
     for (size_t i = 0; i < g->n && !rc && !why[0]; i++)
-        if (g->o[i].exists && !c.state[i]) {
+        if (g->o[i].exists && (c.state[i] == 0 || c.state[i] == 3)) {
             idx[m] = i;
             urls[m++] = g->o[i].url;
         }
