@@ -11,6 +11,7 @@ import numpy as np
 
 from . import _core, _remote, _set_record, _shardset
 from ._config import renamed
+from ._errors import StateError
 from ._warnings import PerformanceWarning
 from ._progress import Progress
 
@@ -479,8 +480,6 @@ def _reopened(args: Tuple[Any, ...], fingerprint: str) -> Dataset:
     (an object rewritten in the store since, a local file replaced) under the same loader."""
     ds = Dataset(*args)
     if ds.fingerprint != fingerprint:
-        from ._loader import StateError
-
         shown = ", ".join(str(p) for p in list(args[0])[:3]) + (", ..." if len(args[0]) > 3 else "")
         raise StateError(f"{shown}: the dataset changed since it was opened in the process that pickled it "
                          f"(fingerprint {fingerprint} there, {ds.fingerprint} here): a file or object was "
