@@ -87,10 +87,11 @@ def test_restart_reads_the_node_record(uploaded, proxy, tmp_path):
     want = _batches(_open(url, tmp_path / "cache", proxy.endpoint))
     proxy.reset_counts()
     again = _open(url, tmp_path / "cache", proxy.endpoint)
-    assert sum(proxy.requests.values()) == 0, proxy.requests
+    # the record, checked against the store: whether its manifest is the version recorded
+    assert proxy.requests == {"HEAD": 1}, proxy.requests
     assert again.fingerprint == local.fingerprint
     assert all(np.array_equal(a, b) for a, b in zip(_batches(again), want))
-    assert proxy.requests.get("HEAD", 0) == 0
+    assert proxy.requests.get("HEAD", 0) == 1
 
 
 # ---- first touches shared by the node: through its chunk cache --------------------------
@@ -137,7 +138,8 @@ def _local_hash(local, n=4):
 @pytest.mark.parametrize("shard_tokens", [20_000, 400_000], ids=["fetched whole", "head and tail"])
 def test_restart_fetches_no_shard_header_again(moto, bucket, proxy, tmp_path, shard_tokens):
     """A shard's header, fetched by a first touch, is kept in the node's chunk cache: a restart
-    reading the same batches opens and touches its shards with no request."""
+    reading the same batches opens and touches its shards with no request (its open checks the
+    node's record: a HEAD of the manifest)."""
     path = _write(tmp_path / "src", shard_tokens=shard_tokens)
     moto.upload_dir(bucket, "big" if shard_tokens > 20_000 else "small", str(path))
     url = f"s3://{bucket}/{'big' if shard_tokens > 20_000 else 'small'}"
@@ -151,7 +153,7 @@ def test_restart_fetches_no_shard_header_again(moto, bucket, proxy, tmp_path, sh
     assert again == first == [_local_hash(local)]
     # (what else it reads are token chunks the first process's scheduler had not landed yet)
     assert _header_gets(proxy) == {}, sorted(_header_gets(proxy))[:4]
-    assert proxy.requests.get("HEAD", 0) == 0 and proxy.requests.get("GET", 0) == sum(_shard_gets(proxy).values())
+    assert proxy.requests.get("HEAD", 0) == 1 and proxy.requests.get("GET", 0) == sum(_shard_gets(proxy).values())
 
 
 def test_processes_of_a_node_fetch_each_shard_header_once(moto, bucket, proxy, tmp_path):

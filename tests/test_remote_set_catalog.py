@@ -88,7 +88,7 @@ def test_index_then_a_fresh_node_reads_the_catalog_not_the_objects(llmc_set, mot
         assert np.array_equal(np.asarray(a["input_ids"]), np.asarray(b["input_ids"]))
 
 
-def test_restart_sends_no_request_and_a_worker_reopens_from_the_record(llmc_set, moto, tmp_path):  # noqa: F811
+def test_restart_sends_one_listing_and_a_worker_reopens_from_the_record(llmc_set, moto, tmp_path):  # noqa: F811
     import pickle
 
     url, p, shards, _ = llmc_set
@@ -96,11 +96,12 @@ def test_restart_sends_no_request_and_a_worker_reopens_from_the_record(llmc_set,
     first = _open(url, tmp_path / "cache", p.endpoint)
     p.reset_counts()
     again = _open(url, tmp_path / "cache", p.endpoint)
-    assert sum(p.requests.values()) == 0, p.requests
+    # the listing that checks the node's record against the store, nothing else
+    assert _listings(p) == 1 and sum(p.requests.values()) == 1, p.requests
     assert again.paths == first.paths and again.fingerprint == first.fingerprint
-    # a spawned DataLoader worker reopens it from the catalog's record: no request either
+    # a spawned DataLoader worker reopens it from the catalog's record: the same listing, no other request
     worker = pickle.loads(pickle.dumps(again))
-    assert sum(p.requests.values()) == 0, p.requests
+    assert _listings(p) == 2 and sum(p.requests.values()) == 2, p.requests
     assert np.array_equal(np.asarray(worker.tokens(0, worker.num_tokens)), np.concatenate(shards))
 
 
@@ -200,6 +201,85 @@ def test_object_rewritten_after_open_is_an_error_naming_it(llmc_set, moto, bucke
     assert np.array_equal(ds[9], shards[9])  # the others read on
 
 
+def _resealed(data, edit):
+    """The catalog ``data`` with ``edit(i, fixed)`` applied to each entry's fixed record (a
+    bytearray view: u32 format, dtype, document kind, flags, then u64 num_tokens, num_docs, ...),
+    and sealed again with XXH64, as anyone who can write under the set's prefix can."""
+    import struct
+
+    import xxhash
+
+    buf = bytearray(data[:-8])
+    at, (n,) = 40, struct.unpack_from("<Q", buf, 24)
+    for i in range(n):
+        _shared, rest = struct.unpack_from("<II", buf, at)
+        at += 8 + rest
+        (aux,) = struct.unpack_from("<I", buf, at)
+        at += 4 + max(aux - 1, 0)
+        edit(i, memoryview(buf)[at:at + 144])
+        at += 144
+    return bytes(buf) + struct.pack("<Q", xxhash.xxh64_intdigest(bytes(buf), seed=0))
+
+
+def test_a_catalog_naming_another_format_than_the_bytes_is_never_read_as_tokens(llmc_set, moto, bucket,
+                                                                                tmp_path):  # noqa: F811
+    """A catalog whose names, sizes and versions match the listing but whose entries call llm.c
+    objects headerless uint16 files: the first touch checks the object's own header (its magic,
+    as an open without the catalog detects it), so the llm.c header is never served as tokens."""
+    url, p, shards, _ = llmc_set
+    prefix = f"s3://{bucket}/tokens/"
+    # entries from opening the objects as headerless uint16, under the name an open with dtype= looks for
+    raw = _open(url, tmp_path / "forger", moto.endpoint, format="raw", dtype="uint16")
+    assert raw.num_tokens == sum(512 + len(s) for s in shards)
+    for dt in ("uint16", None):
+        forged = raw._core.remote_set_catalog(prefix, "*.bin", dtype=dt, format=None)
+        name = tokenfeed._core.Dataset.set_catalog_name("*.bin", dtype=dt, format=None)
+        moto.put(bucket, f"tokens/{name}", forged)
+    # opened with dtype= (for headerless objects mixed in): the entry is refused when the object is touched
+    ds = _open(url, tmp_path / "victim", p.endpoint, dtype="uint16")
+    said = r"shard_0003\.bin: format: the catalog reads the object as raw, but its bytes are llm\.c"
+    with pytest.raises(tokenfeed.FormatError, match=said):
+        ds.document(3)
+    with pytest.raises(tokenfeed.FormatError, match=r"shard_0000\.bin: format"):
+        ds.tokens(0, 8)
+    # opened without dtype=: no open reads a headerless object, so the catalog is not used at all
+    with pytest.warns(tokenfeed.PerformanceWarning, match="not a catalog of this shard set"):
+        ds = _open(url, tmp_path / "victim2", p.endpoint)
+    assert ds.format == "llm.c" and ds.num_tokens == sum(len(s) for s in shards)
+    assert np.array_equal(np.asarray(ds.tokens(0, ds.num_tokens)), np.concatenate(shards))
+
+
+def test_an_entry_of_no_tokens_is_checked_at_open(llmc_set, moto, bucket, tmp_path):  # noqa: F811
+    """An object whose entry says it holds no tokens is never read, so no first touch would
+    check it: the open touches such entries (one header each, through the node's cache). One
+    that does not match makes the catalog out of date, and the objects are read instead."""
+    import struct
+
+    import obstore
+
+    url, p, shards, _ = llmc_set
+    key = tokenfeed.build_catalog(url, endpoint_url=moto.endpoint).split(f"s3://{bucket}/", 1)[1]
+    data = bytes(obstore.get(moto.store(bucket), key).bytes())
+
+    def empty_5(i, fixed):
+        if i == 5:
+            struct.pack_into("<QQ", fixed, 16, 0, 0)  # num_tokens, num_docs
+
+    moto.put(bucket, key, _resealed(data, empty_5))
+    p.reset_counts()
+    with pytest.warns(tokenfeed.PerformanceWarning, match=r"shard_0005\.bin.*num_tokens"):
+        ds = _open(url, tmp_path / "victim", p.endpoint)
+    assert ds.num_tokens == sum(len(s) for s in shards)
+    assert np.array_equal(np.asarray(ds.tokens(0, ds.num_tokens)), np.concatenate(shards))
+    # an honest catalog without empty objects still opens with the listing and the catalog alone
+    tokenfeed.build_catalog(url, endpoint_url=moto.endpoint)
+    p.reset_counts()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tokenfeed.PerformanceWarning)
+        ds = _open(url, tmp_path / "honest", p.endpoint)
+    assert _object_gets(p, bucket) == {} and sum(p.requests.values()) == 2, p.requests
+
+
 def test_index_refuses_what_a_remote_catalog_cannot_describe(moto, bucket, tmp_path):  # noqa: F811
     meg = tmp_path / "meg"
     meg.mkdir()
@@ -243,9 +323,11 @@ def test_a_copy_on_disk_of_a_bucket_with_its_catalog_opens_by_its_own(llmc_set, 
     assert tokenfeed.build_catalog(str(copy / "*.bin")).rsplit("/", 1)[1] != name
 
 
-def test_a_worker_reopening_a_set_whose_catalog_went_stale_reads_the_objects(llmc_set, moto, bucket, tmp_path):  # noqa: F811
+def test_a_worker_reopening_a_set_rewritten_since_refuses(llmc_set, moto, bucket, tmp_path):  # noqa: F811
     """A DataLoader worker reopens the set from its catalog; when the node's record is gone and
-    the set changed meanwhile, it warns and reads the objects instead of failing."""
+    the set changed meanwhile, it warns and reads the objects; as they are not the dataset its
+    parent opened, it then refuses to go on, saying so (its parent would train on the old data,
+    it on the new)."""
     import pickle
 
     url, p, shards, _ = llmc_set
@@ -260,8 +342,11 @@ def test_a_worker_reopening_a_set_whose_catalog_went_stale_reads_the_objects(llm
         if name.endswith(".tfmeta"):
             os.remove(cache / "meta" / name)
     with pytest.warns(tokenfeed.PerformanceWarning, match=r"shard_0005\.bin was rewritten since"):
-        worker = pickle.loads(blob)
-    assert np.array_equal(worker[5], new) and np.array_equal(worker[4], shards[4])
+        with pytest.raises(tokenfeed.StateError, match=rf"the dataset changed since it was opened.*{ds.fingerprint}"):
+            pickle.loads(blob)
+    again = _open(url, cache, p.endpoint)  # opened again, as the error says: the new version
+    assert np.array_equal(again[5], new) and np.array_equal(again[4], shards[4])
+    assert np.array_equal(pickle.loads(pickle.dumps(again))[5], new)
 
 
 def test_index_says_when_the_catalog_cannot_be_stored(llmc_set, moto, monkeypatch):  # noqa: F811

@@ -17,11 +17,16 @@
  * every range present, so no request is sent, and the parsers run on the same
  * bytes: the same dataset, the same fingerprint.
  *
- * Why that stays right. Every chunk read is conditional on the version
- * recorded (If-Match on the ETag, or the chunk checksums of native shards),
- * so an object changed since it was recorded is refused when its chunk is
- * read, with an error naming it; that error also removes the record
- * (tf__cache_meta_forget, from remote.c), so the next open fetches afresh.
+ * Why that stays right. The open that loads a record first asks the store
+ * for the sizes and versions of the objects it names (remote_open.c,
+ * load_current: a listing of their prefix, or a HEAD each, or a tokenfeed
+ * dataset's manifest alone); a record of objects changed since is deleted
+ * and the open fetches afresh, so a node whose cache still holds the old
+ * version's chunks reads the new version as a node without a record does.
+ * Every chunk read is also conditional on the version recorded (If-Match on
+ * the ETag, or the chunk checksums of native shards), so an object changed
+ * after the open is refused when its chunk is read, with an error naming it;
+ * that error also removes the record (tf__cache_meta_forget, from remote.c).
  *
  * File (little-endian): "TFRMETA1", u32 version, u32 0, u64 key, u64
  * objects; per object u32 URL length, the URL, u32 flags (1: exists), u64

@@ -404,6 +404,18 @@ static int resolve(tf__preg *g, target *t, const tf_open_options *opt) {
     return rc;
 }
 
+/* What an object's first bytes (fetched into p's map) say it is, as a local
+ * open detects a file's format: a tokenfeed shard, a .npy file or an llm.c
+ * shard by their magic numbers, else a headerless token file. */
+static tf_format sniff_format(const tf__pobj *p) {
+    const uint8_t *h = p ? p->map : NULL;
+    uint64_t n = p && h ? p->info.size : 0;
+    if (n >= 8 && !memcmp(h, TF_NATIVE_MAGIC, 8)) return TF_FORMAT_NATIVE;
+    if (n >= 6 && !memcmp(h, "\x93NUMPY", 6)) return TF_FORMAT_NPY;
+    if (n >= 4 && (tf__le32(h) == 20240520u || tf__le32(h) == 20240801u)) return TF_FORMAT_LLMC;
+    return TF_FORMAT_RAW;
+}
+
 /* ------------------------------------------------------------------------ */
 /* after the parsers: turn a remote file into a chunked object               */
 /* ------------------------------------------------------------------------ */
@@ -496,6 +508,12 @@ typedef struct lazy_obj {
      * known from the catalog that has no chunk checksums (lo_info) */
     _Atomic(tf_object_info *) stored;
     uint64_t tail_hint; /* the tail a first touch fetches: a native shard's document index with it */
+    /* how the open reads the object without a catalog: the format it was
+     * given (TF_FORMAT_AUTO: what the object's magic says) and the dtype of
+     * a headerless one; a first touch parses what the bytes say, never only
+     * what the entry says */
+    tf_format open_format;
+    tf_dtype open_dtype;
     int meta_on;
     uint64_t meta_key;
     _Atomic(tf__robj *) robj;
@@ -809,6 +827,40 @@ static int ask_store(lazy_obj *lo, const tf_file *meta) {
     return 0;
 }
 
+/* What to say, in an error about lo's object, of the catalog that described
+ * it: which catalog, and how to write it again. */
+static void catalog_what(const lazy_obj *lo, char *out, size_t cap) {
+    if (lo->grp->catalog)
+        snprintf(out, cap, "The shard set's catalog (%s) does not describe the object: it was written for other contents, or altered. Write it again (tokenfeed index on the set).",
+                 lo->grp->catalog);
+    else
+        snprintf(out, cap, "The dataset's catalog (%s) does not describe the object: restore the object, or write the catalog again (tokenfeed index DATASET_DIR on the dataset's source directory, then upload its %s).",
+                 TF_DATASET_CATALOG_NAME, TF_DATASET_CATALOG_NAME);
+}
+
+/* The object's bytes (its head, fetched into p) are of the format and dtype
+ * the entry meta names, as the open without a catalog would find them: the
+ * format the open was given, or what the object's magic says, and a
+ * headerless object only with the dtype the open was given. An entry that
+ * names another parser is never believed: the bytes would be read as tokens
+ * of another layout (an llm.c header read as uint16 tokens). */
+static int check_format(const lazy_obj *lo, const tf_file *meta, const tf__pobj *p) {
+    tf_format fmt = lo->open_format != TF_FORMAT_AUTO ? lo->open_format : sniff_format(p);
+    char what[768];
+    if (fmt == TF_FORMAT_RAW && lo->open_dtype == TF_DTYPE_INVALID) fmt = TF_FORMAT_AUTO; /* not a token file */
+    if (fmt == meta->format && (fmt != TF_FORMAT_RAW || meta->dtype == lo->open_dtype)) return 0;
+    catalog_what(lo, what, sizeof what);
+    if (fmt == TF_FORMAT_AUTO)
+        TF_FAIL(-TF_EFORMAT, "%s: format: the catalog reads the object as %s, but its header has no tokenfeed, llm.c or .npy magic number and the open names no dtype for a headerless file. %s",
+                meta->path, tf_format_name(meta->format), what);
+    if (fmt == TF_FORMAT_RAW && meta->format == TF_FORMAT_RAW)
+        TF_FAIL(-TF_EFORMAT, "%s: dtype: the catalog reads the headerless object as %s tokens, the open as %s. %s", meta->path,
+                tf_dtype_name(meta->dtype), tf_dtype_name(lo->open_dtype), what);
+    TF_FAIL(-TF_EFORMAT, "%s: format: the catalog reads the object as %s, but its bytes are %s (%s). %s", meta->path,
+            tf_format_name(meta->format), tf_format_name(fmt),
+            lo->open_format != TF_FORMAT_AUTO ? "the format the open names" : "the magic number of its header", what);
+}
+
 /* First touch of a shard known from the catalog: its header, document index
  * and tables fetched (conditional on the version listed at open, if one
  * was), parsed, and checked against the catalog's entry meta. */
@@ -834,9 +886,11 @@ again:;
         tf__clearerr();
         rc = touch_fetch(&g, lo, 0);
     }
+    if (!rc) rc = check_format(lo, meta, tf__preg_find(&g, url));
     if (!rc) {
-        /* the entry's parser (a shard set's catalog holds llm.c, .npy and
-         * headerless objects too; catalog.c) */
+        /* the parser of what the bytes are, which is the entry's (a shard
+         * set's catalog holds llm.c, .npy and headerless objects too;
+         * catalog.c) */
         tf_open_options o = {.format = meta->format,
                              .raw_dtype = meta->format == TF_FORMAT_RAW ? meta->dtype : TF_DTYPE_INVALID};
         tf__parse_fn parse = tf__parser_of(meta->format);
@@ -848,7 +902,7 @@ again:;
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", tf_last_error());
         if (lo->grp->catalog)
-            rc = tf__seterr(-TF_EFORMAT, "%s The shard set's catalog (%s) describes the object as it was when the catalog was written, under the version listed now: the store changed the object without a new version. Write the catalog again (tokenfeed index on the set).",
+            rc = tf__seterr(-TF_EFORMAT, "%s The shard set's catalog (%s) describes another object under the version listed now: it was altered, or the store changed the object without a new version. Write the catalog again (tokenfeed index on the set).",
                             msg, lo->grp->catalog);
         else
             rc = tf__seterr(-TF_EFORMAT, "%s The dataset's catalog (%s) describes the object as it was when the catalog was written: the object was replaced since. Restore it, or write the catalog again (tokenfeed index DATASET_DIR on the dataset's source directory, then upload its %s).",
@@ -935,8 +989,8 @@ static void catalog_info(const tf_file *e, tf_object_info *info) {
 
 /* Move t's catalogued shards into files, each with the object as the
  * catalog knows it: no shard is asked about at open (lazy_obj_open). */
-static int adopt_catalog(tf__preg *g, target *t, const char *set_catalog, tf_file **files, uint64_t *nfiles,
-                         uint64_t *cap) {
+static int adopt_catalog(tf__preg *g, target *t, const char *set_catalog, const tf_open_options *opt, tf_file **files,
+                         uint64_t *nfiles, uint64_t *cap) {
     lazy_group *grp = calloc(1, sizeof *grp);
     lazy_obj **objs = calloc(t->ncat ? t->ncat : 1, sizeof *objs);
     char *cname = set_catalog ? strdup(set_catalog) : NULL;
@@ -965,6 +1019,10 @@ static int adopt_catalog(tf__preg *g, target *t, const char *set_catalog, tf_fil
         lo->meta_on = g->meta_on;
         lo->meta_key = g->meta_key;
         lo->tail_hint = t->cat[k].format == TF_FORMAT_NATIVE ? t->cat[k].num_docs * 8 + TAIL_BYTES : TAIL_BYTES;
+        /* a dataset's shards are tokenfeed shards (tf__open_native_dir);
+         * a shard set's objects are what the open's options make of them */
+        lo->open_format = set_catalog ? opt->format : TF_FORMAT_NATIVE;
+        lo->open_dtype = set_catalog ? opt->raw_dtype : TF_DTYPE_INVALID;
         lo->grp = grp;
         lo->idx = (size_t)k;
         objs[k] = lo;
@@ -1075,10 +1133,33 @@ static int open_set_catalog(tf__preg *g, const char *cu, const set_spec *set, co
     if (!rc && why[0])
         rc = tf__seterr(-ESTALE, "%s: the shard set's catalog is out of date (%s): the set's objects are read instead. Write it again with `tokenfeed index '%s%s'` once the set is complete.",
                         cu, why, set->prefix, set->pattern);
-    if (!rc) rc = adopt_catalog(g, &t, cu, files, nfiles, cap);
+    if (!rc) rc = adopt_catalog(g, &t, cu, opt, files, nfiles, cap);
     for (uint64_t k = 0; k < t.ncat; k++) tf__file_close(&t.cat[k]);
     free(t.cat);
     return rc;
+}
+
+/* The entries of files[first, n), opened from the shard set's catalog cu,
+ * that hold no tokens, checked now: nothing ever reads such a file, so no
+ * first touch would check it, and an entry that says an object of tokens
+ * holds none would drop its tokens from the set unseen. Each is touched as a
+ * first read touches a file (its header fetched once per node, through the
+ * node's cache, and checked against its entry); a set without empty objects
+ * costs nothing more. One that does not match makes the catalog out of date
+ * (-ESTALE: the set's objects are read instead). */
+static int touch_empty(const char *cu, const set_spec *set, tf_file *files, uint64_t first, uint64_t n) {
+    for (uint64_t k = first; k < n; k++) {
+        if (files[k].num_tokens) continue;
+        int rc = tf__file_touch(&files[k]);
+        if (rc == -TF_EFORMAT) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", tf_last_error());
+            TF_FAIL(-ESTALE, "%s: the shard set's catalog does not describe an object it lists as holding no tokens (%s): the set's objects are read instead. Write it again with `tokenfeed index '%s%s'`.",
+                    cu, msg, set->prefix, set->pattern);
+        }
+        if (rc) return rc;
+    }
+    return 0;
 }
 
 /* The object f is read from: its size and version (for a shard known from a
@@ -1223,7 +1304,7 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_open_opti
         target *t = &ts[i];
         uint64_t first = *nfiles;
         if (t->k == K_DIR && t->cat) {
-            rc = adopt_catalog(g, t, NULL, files, nfiles, cap);
+            rc = adopt_catalog(g, t, NULL, opt, files, nfiles, cap);
             continue; /* nothing to finish: each is opened on first touch */
         } else if (t->k == K_DIR) {
             rc = tf__open_native_dir(t->path, opt, files, nfiles, cap);
@@ -1254,13 +1335,7 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_open_opti
                 }
             }
             if (fmt == TF_FORMAT_AUTO) {
-                tf__pobj *p = tf__preg_find(g, t->path);
-                const uint8_t *h = p ? p->map : NULL;
-                uint64_t n = p ? p->info.size : 0;
-                if (n >= 8 && !memcmp(h, TF_NATIVE_MAGIC, 8)) fmt = TF_FORMAT_NATIVE;
-                else if (n >= 6 && !memcmp(h, "\x93NUMPY", 6)) fmt = TF_FORMAT_NPY;
-                else if (n >= 4 && (tf__le32(h) == 20240520u || tf__le32(h) == 20240801u)) fmt = TF_FORMAT_LLMC;
-                else fmt = TF_FORMAT_RAW;
+                fmt = sniff_format(tf__preg_find(g, t->path));
                 if (fmt == TF_FORMAT_RAW && opt->raw_dtype == TF_DTYPE_INVALID)
                     return tf__seterr(-TF_EFORMAT, "%s: header: expected a tokenfeed, llm.c or .npy magic number, found none. For a headerless token file (nanoGPT train.bin, OLMo, datatrove .ds) pass dtype= (e.g. dtype=\"uint16\").",
                                       t->url);
@@ -1305,9 +1380,15 @@ static int open_pass(tf__preg *g, const char *const *urls, size_t n, const set_s
     if (!rc && set && set->listing) apply_listing(g, set->listing);
     if (!rc) rc = learn_sizes(g);
     if (!rc && cu) {
+        uint64_t first = *nfiles;
         rc = tf__preg_enter(g);
         if (!rc) rc = open_set_catalog(g, cu, set, urls, n, opt, files, nfiles, cap);
         tf__preg_enter(NULL);
+        if (!rc) rc = touch_empty(cu, set, *files, first, *nfiles);
+        if (rc) {
+            for (uint64_t k = first; k < *nfiles; k++) tf__file_close(&(*files)[k]);
+            *nfiles = first;
+        }
         free(ts);
         free(cu);
         return rc;
@@ -1329,6 +1410,161 @@ static int open_pass(tf__preg *g, const char *const *urls, size_t n, const set_s
     return rc;
 }
 
+/* ------------------------------------------------------------------------ */
+/* the node's record, checked against the store at every open                */
+/* ------------------------------------------------------------------------ */
+
+/* A version without what a listing and a HEAD may put around the same tag
+ * differently: the weak marker and the quotes (RFC 7232's weak comparison). */
+static const char *bare_version(const char *v, size_t *n) {
+    if (!strncmp(v, "W/", 2)) v += 2;
+    size_t k = strlen(v);
+    if (k >= 2 && v[0] == '"' && v[k - 1] == '"') {
+        v++;
+        k -= 2;
+    }
+    *n = k;
+    return v;
+}
+
+static int version_same(const char *a, const char *b) {
+    size_t na, nb;
+    a = bare_version(a, &na);
+    b = bare_version(b, &nb);
+    return na == nb && !memcmp(a, b, na);
+}
+
+typedef struct recheck {
+    tf__preg *g;
+    uint8_t *state; /* per object of g: 0 to ask, 1 in a listing being read, 2 answered,
+                     * 3 to ask by itself (the store lists nothing) */
+    char *why;      /* the first difference found ("" while none) */
+    size_t cap;
+} recheck;
+
+static void compare_now(recheck *c, const tf__pobj *p, const tf_object_info *now) {
+    if (c->why[0]) return;
+    if (!now)
+        snprintf(c->why, c->cap, "%s no longer exists", p->url);
+    else if (now->size != p->info.size)
+        snprintf(c->why, c->cap, "%s holds %llu bytes now, %llu when this node recorded it", p->url, (ull)now->size,
+                 (ull)p->info.size);
+    else if (!version_same(now->version, p->info.version))
+        snprintf(c->why, c->cap, "%s was rewritten since this node recorded it (version %s then, %s now)", p->url,
+                 p->info.version, now->version[0] ? now->version : "none");
+}
+
+static int on_rechecked(void *ctx, const char *url, const tf_object_info *info) {
+    recheck *c = ctx;
+    tf__pobj *p = tf__preg_find(c->g, url);
+    size_t i = p ? (size_t)(p - c->g->o) : 0;
+    if (!p || c->state[i] != 1) return 0;
+    c->state[i] = 2;
+    compare_now(c, p, info);
+    return 0;
+}
+
+/* Whether the store still holds every object of the record g (filled from
+ * the node's record) at the size and version recorded: 0 when it does, 1
+ * when not (why says the first difference), or an error of asking. Asked as
+ * the open itself learns sizes: a listing per parent prefix of at least 16
+ * recorded objects (one request per 1000 objects), one HEAD per object
+ * otherwise, concurrently; of a tokenfeed dataset, its manifest alone. Names
+ * recorded absent are not asked about ("objects added later",
+ * docs/remote.md). */
+static int record_changed(tf__preg *g, char *why, size_t cap) {
+    why[0] = '\0';
+    recheck c = {g, calloc(g->n ? g->n : 1, 1), why, cap};
+    size_t *idx = malloc((g->n ? g->n : 1) * sizeof *idx);
+    const char **urls = malloc((g->n ? g->n : 1) * sizeof *urls);
+    tf_object_info *infos = malloc((g->n ? g->n : 1) * sizeof *infos);
+    int *rcs = malloc((g->n ? g->n : 1) * sizeof *rcs);
+    int rc = c.state && idx && urls && infos && rcs ? 0 : -ENOMEM;
+    /* A tokenfeed dataset is what its manifest says: a shard or a catalog
+     * beside a recorded manifest is checked against it (its header against
+     * the manifest's counts and checksums, its tokens against the chunk
+     * checksums of that header), so the manifest's version alone says whether
+     * the dataset is the one recorded. */
+    for (size_t i = 0; i < g->n && !rc; i++) {
+        const char *u = g->o[i].url;
+        size_t pl = parent_len(u);
+        if (!g->o[i].exists || !pl || !strcmp(u + pl, TF_MANIFEST_NAME)) continue;
+        char *mf = malloc(pl + sizeof TF_MANIFEST_NAME);
+        if (!mf) {
+            rc = -ENOMEM;
+            break;
+        }
+        memcpy(mf, u, pl);
+        memcpy(mf + pl, TF_MANIFEST_NAME, sizeof TF_MANIFEST_NAME);
+        if (exists(g, mf)) c.state[i] = 2;
+        free(mf);
+    }
+    for (size_t i = 0; i < g->n && !rc && !why[0]; i++) {
+        if (!g->o[i].exists || c.state[i]) continue;
+        size_t pl = parent_len(g->o[i].url), same = 0;
+        for (size_t j = i; j < g->n; j++)
+            if (g->o[j].exists && !c.state[j] && parent_len(g->o[j].url) == pl && !strncmp(g->o[j].url, g->o[i].url, pl))
+                same++;
+        if (same < 16) continue;
+        char *prefix = strndup(g->o[i].url, pl);
+        if (!prefix) {
+            rc = -ENOMEM;
+            break;
+        }
+        for (size_t j = i; j < g->n; j++)
+            if (g->o[j].exists && !c.state[j] && parent_len(g->o[j].url) == pl && !strncmp(g->o[j].url, prefix, pl))
+                c.state[j] = 1;
+        rc = tf__remote_list(g->r, prefix, on_rechecked, &c);
+        free(prefix);
+        for (size_t j = i; j < g->n; j++)
+            if (c.state[j] == 1) {
+                c.state[j] = rc == -TF_EUNSUPPORTED ? 3 : 2; /* (no listing: asked one by one below) */
+                if (!rc) compare_now(&c, &g->o[j], NULL);  /* not listed: gone */
+            }
+        if (rc == -TF_EUNSUPPORTED) rc = 0;
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < g->n && !rc && !why[0]; i++)
+        if (g->o[i].exists && (c.state[i] == 0 || c.state[i] == 3)) {
+            idx[m] = i;
+            urls[m++] = g->o[i].url;
+        }
+    if (!rc && !why[0] && m) rc = tf__remote_stat_many(g->r, urls, m, infos, rcs);
+    for (size_t k = 0; k < m && !rc && !why[0]; k++) {
+        if (rcs[k] == 0) compare_now(&c, &g->o[idx[k]], &infos[k]);
+        else if (rcs[k] == -ENOENT) compare_now(&c, &g->o[idx[k]], NULL);
+        else rc = rcs[k];
+    }
+    free(c.state);
+    free(idx);
+    free(urls);
+    free(infos);
+    free(rcs);
+    if (rc) return rc;
+    return why[0] ? 1 : 0;
+}
+
+/* The node's record of this open into g, when there is one and the store
+ * still shows every object it names as it was recorded: 1. Else 0: no record,
+ * or one of objects changed since, which is deleted (the open then reads the
+ * metadata again, so this node moves to the new version, as a node without a
+ * record reads it: never two versions under one name on the nodes of a job),
+ * and said through the notice function. Negative: the store could not be
+ * asked. */
+static int load_current(tf_remote *r, tf__preg *g, const char *what) {
+    if (tf__meta_load(r, g->meta_key, g) != 0) return 0;
+    char why[1024];
+    int rc = record_changed(g, why, sizeof why);
+    if (rc == 0) return 1;
+    tf__preg_free(g);
+    if (rc < 0) return rc;
+    tf__cache_meta_forget(tf__remote_cache(r), g->meta_key);
+    tf__notice("%s: %s: reading its metadata again. This node now reads the new version, whose dataset fingerprint differs: a loader state saved on the old one is refused.",
+               what, why);
+    tf__clearerr();
+    return 0;
+}
+
 static int open_remote(const char *const *urls, size_t n, const set_spec *set, const tf_open_options *opt,
                        tf_remote *r, tf_file **files, uint64_t *nfiles, uint64_t *cap) {
     if (!r)
@@ -1346,10 +1582,17 @@ static int open_remote(const char *const *urls, size_t n, const set_spec *set, c
     g.record_max = tf__meta_max_bytes(r);
     int loaded = 0, lock_fd = -1, waited = 0, rc = 0;
     if (g.meta_on) {
-        loaded = tf__meta_load(r, g.meta_key, &g) == 0;
-        if (!loaded) rc = tf__meta_lock(r, g.meta_key, urls[0], &lock_fd, &waited);
+        /* a record is used only while the store shows its objects as it
+         * recorded them (one listing of their prefix, or a HEAD each) */
+        rc = load_current(r, &g, urls[0]);
+        loaded = rc > 0;
+        if (rc >= 0 && !loaded) rc = tf__meta_lock(r, g.meta_key, urls[0], &lock_fd, &waited);
         /* written by a holder meanwhile (waited for, or done just before) */
-        if (!rc && !loaded) loaded = tf__meta_load(r, g.meta_key, &g) == 0;
+        if (rc >= 0 && !loaded) {
+            rc = load_current(r, &g, urls[0]);
+            loaded = rc > 0;
+        }
+        if (rc > 0) rc = 0;
         /* only a process that found the lock free fetches under it; one that
          * waited and found no record (its holder failed or died) fetches
          * without, as every process would without the record */

@@ -1180,6 +1180,17 @@ static int read_alone(const tf_file *f) {
     return !f->aux_path && !f->eos_mode && !f->compressed && f->format != TF_FORMAT_MEGATRON;
 }
 
+/* Whether the open options opt (those keying the catalog) can read f as its
+ * entry says: the format they name, if any, and a headerless file only with
+ * their dtype (without one, an open reads no headerless file). What the
+ * object's bytes say is checked when it is first touched (remote_open.c). */
+static int as_opened(const tf_file *f, const tf_open_options *opt) {
+    tf_format want = opt ? opt->format : TF_FORMAT_AUTO;
+    tf_dtype dt = opt ? opt->raw_dtype : TF_DTYPE_INVALID;
+    if (want != TF_FORMAT_AUTO && f->format != want) return 0;
+    return f->format != TF_FORMAT_RAW || (dt != TF_DTYPE_INVALID && f->dtype == dt);
+}
+
 void tf__catalog_objects_name(const char *pattern, const tf_open_options *opt, char *name, size_t cap) {
     snprintf(name, cap, "%s%016llx", TF_DATA_CATALOG_STEM, (ull)catalog_key(3, &pattern, 1, opt));
 }
@@ -1246,6 +1257,8 @@ int tf__catalog_parse_objects(const char *prefix, const char *pattern, const tf_
         if (read_entry(&r, f, i ? &files[i - 1] : NULL, prefix, plen, ar, index_dir, 0) < 0 || !read_alone(f))
             rc = 1;
         else if (tf__file_lazy_ids(f, id), id[0].known != 2) /* a size and a version's hash, nothing else */
+            rc = 1;
+        else if (!as_opened(f, opt))
             rc = 1;
     }
     return parsed(&r, rc, ar, files, nfiles, out, nout);

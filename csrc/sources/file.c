@@ -824,7 +824,8 @@ static int reparse(const tf_file *meta, const struct tf__lazy *z, tf_file *out) 
 int tf__file_check_same(const tf_file *m, const tf_file *p) {
     const char *fld = NULL;
     uint64_t want = 0, found = 0;
-    if (p->num_tokens != m->num_tokens) fld = "num_tokens", want = m->num_tokens, found = p->num_tokens;
+    if (p->format != m->format) fld = "format", want = (uint64_t)m->format, found = (uint64_t)p->format;
+    else if (p->num_tokens != m->num_tokens) fld = "num_tokens", want = m->num_tokens, found = p->num_tokens;
     else if (p->num_docs != m->num_docs) fld = "num_docs", want = m->num_docs, found = p->num_docs;
     else if (p->dtype != m->dtype) fld = "dtype", want = (uint64_t)m->dtype, found = (uint64_t)p->dtype;
     else if (p->vocab_size != m->vocab_size) fld = "vocab_size", want = m->vocab_size, found = p->vocab_size;

@@ -11,6 +11,7 @@ import numpy as np
 
 from . import _core, _remote, _set_record, _shardset
 from ._config import renamed
+from ._errors import StateError
 from ._warnings import PerformanceWarning
 from ._progress import Progress
 
@@ -294,10 +295,11 @@ class Dataset:
         self.num_files: int = info["num_files"]
         self.fingerprint: str = f"{info['fingerprint']:016x}"
 
-    # pickles as paths + options: a spawned DataLoader worker re-opens the files
+    # pickles as paths + options: a spawned DataLoader worker re-opens the files, and must find the
+    # dataset its parent opened (_reopened)
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Dataset, (self.paths, self._dtype_arg, self._format_arg, self._remote_args, self._eos_id,
-                          self._set_catalog))
+        return (_reopened, ((self.paths, self._dtype_arg, self._format_arg, self._remote_args, self._eos_id,
+                             self._set_catalog), self.fingerprint))
 
     def cache_stats(self) -> Optional[Dict[str, Any]]:
         """For a remote dataset: requests, bytes fetched, chunks fetched and hit, cache usage (else None)."""
@@ -541,6 +543,20 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     del store
     if ds.format == "raw" and remote is None:
         _warn_if_not_tokens(paths)
+    return ds
+
+
+def _reopened(args: Tuple[Any, ...], fingerprint: str) -> Dataset:
+    """A pickled Dataset opened again (in a DataLoader worker): the files it names must still be
+    the dataset the pickling process had open, or a worker would read other data than its parent
+    (an object rewritten in the store since, a local file replaced) under the same loader."""
+    ds = Dataset(*args)
+    if ds.fingerprint != fingerprint:
+        shown = ", ".join(str(p) for p in list(args[0])[:3]) + (", ..." if len(args[0]) > 3 else "")
+        raise StateError(f"{shown}: the dataset changed since it was opened in the process that pickled it "
+                         f"(fingerprint {fingerprint} there, {ds.fingerprint} here): a file or object was "
+                         "rewritten meanwhile. Open the dataset again in the main process and make the loader "
+                         "again (a state saved on the old data is refused)")
     return ds
 
 

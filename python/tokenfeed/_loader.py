@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Literal, Mapping, O
 import numpy as np
 
 from . import _core
+from ._errors import StateError
 from ._warnings import PerformanceWarning
 from ._config import EngineConfig, OrderConfig, renamed, split_settings
 from ._mesh import DEFAULT_CP_DIM, DEFAULT_DP_DIMS, ParallelCoords, parallel_coords
@@ -33,10 +34,6 @@ __all__ = ["Loader", "StateError", "STATE_FORMAT_VERSION"]
 
 STATE_FORMAT_VERSION = _core.STATE_FORMAT_VERSION
 _INFINITE = (1 << 64) - 1
-
-
-class StateError(ValueError):
-    """A saved loader state does not match this loader (other data or configuration)."""
 
 
 #: A best_fit or document packing that pads more than this fraction of the token slots

@@ -74,6 +74,7 @@ def run_script(code: str, args: List[str], **kw) -> subprocess.Popen:
 
 # --------------------------------------------------------------------------- the attacks
 
+
 def a1_next_stalled_store(tmp: str) -> str:
     import tokenfeed
     from remote_util import FaultProxy
@@ -472,7 +473,6 @@ def a11_many_stores(tmp: str) -> str:
     return f"257 opens: threads {t0}->{t1}, fds {f0}->{f1}, RSS {r0:.0f}->{r1:.0f} MiB"
 
 
-
 def a12_many_shards(tmp: str) -> str:
     import test_remote_hangs
     import numpy as np
@@ -764,6 +764,101 @@ def a19_many_document_files(tmp: str) -> str:
     return "6,000 files, ulimit -n 1024, 16 x 8192 x 8 threads: " + ", ".join(seen) + ", same batches"
 
 
+def a20_resealed_set_catalog(tmp: str) -> str:
+    import struct
+
+    import numpy as np
+    import obstore
+    import tokenfeed
+    import xxhash
+    from conftest import write_llmc
+    from remote_util import MotoServer
+    m = MotoServer()
+    m.create_bucket("attack")
+    d = os.path.join(tmp, "tokens")
+    os.makedirs(d)
+    rng = np.random.default_rng(14)
+    shards = [rng.integers(0, 50000, size=5000, dtype=np.uint16) for _ in range(20)]
+    for i, s in enumerate(shards):
+        write_llmc(os.path.join(d, f"shard_{i:03d}.bin"), s, 1)
+    m.upload_dir("attack", "tokens", d)
+    url, prefix = "s3://attack/tokens/*.bin", "s3://attack/tokens/"
+    kw = dict(cache_limit="64MB", endpoint_url=m.endpoint, chunk_size=64 << 10)
+    seen = []
+    # 1. entries from opening the llm.c objects as headerless uint16, stored under the name an open
+    #    with dtype="uint16" looks for: names, sizes and ETags all match the listing
+    raw = tokenfeed.open(url, cache_dir=os.path.join(tmp, "forger"), format="raw", dtype="uint16", **kw)
+    forged = raw._core.remote_set_catalog(prefix, "*.bin", dtype="uint16", format=None)
+    obstore.put(m.store("attack"), "tokens/" + tokenfeed._core.Dataset.set_catalog_name("*.bin", dtype="uint16",
+                                                                                         format=None), forged)
+    ds = tokenfeed.open(url, cache_dir=os.path.join(tmp, "victim1"), dtype="uint16", **kw)
+    try:
+        got = np.asarray(ds.tokens(0, 4))
+        check(False, f"the llm.c header served as tokens: {got.tolist()} (num_tokens {ds.num_tokens:,})")
+    except tokenfeed.FormatError as e:
+        seen.append(f"raw entries: FormatError \"{str(e).split(': ', 1)[1][:70]}...\"")
+    # 2. the honest catalog, one entry's token count set to 0 and the XXH64 seal computed again
+    key = tokenfeed.build_catalog(url, endpoint_url=m.endpoint).split("s3://attack/", 1)[1]
+    buf = bytearray(bytes(obstore.get(m.store("attack"), key).bytes())[:-8])
+    at, (n,) = 40, struct.unpack_from("<Q", buf, 24)
+    for i in range(n):
+        _, rest = struct.unpack_from("<II", buf, at)
+        at += 8 + rest
+        aux, = struct.unpack_from("<I", buf, at)
+        at += 4 + max(aux - 1, 0)
+        if i == 7:
+            struct.pack_into("<QQ", buf, at + 16, 0, 0)  # num_tokens, num_docs
+        at += 144
+    obstore.put(m.store("attack"), key, bytes(buf) + struct.pack("<Q", xxhash.xxh64_intdigest(bytes(buf), seed=0)))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        ds = tokenfeed.open(url, cache_dir=os.path.join(tmp, "victim2"), **kw)
+    want = sum(len(s) for s in shards)
+    check(ds.num_tokens == want, f"an entry of 0 tokens took shard_007's 5,000 tokens out unseen: "
+                                 f"num_tokens {ds.num_tokens:,}, the objects hold {want:,}")
+    check(np.array_equal(np.asarray(ds.tokens(0, ds.num_tokens)), np.concatenate(shards)), "other tokens served")
+    said = [str(x.message) for x in w if "holding no tokens" in str(x.message)]
+    seen.append("0-token entry: catalog not used, " + (f"warned \"{said[0][said[0].index('(') + 1:][:60]}...\""
+                                                        if said else "no warning") + f", {want:,} tokens read")
+    return "; ".join(seen)
+
+
+def a21_rewritten_object_two_nodes(tmp: str) -> str:
+    import numpy as np
+    import tokenfeed
+    from conftest import write_llmc
+    from remote_util import MotoServer
+    m = MotoServer()
+    m.create_bucket("attack")
+    d = os.path.join(tmp, "tokens")
+    os.makedirs(d)
+    rng = np.random.default_rng(15)
+    shards = [rng.integers(0, 50000, size=5000, dtype=np.uint16) for _ in range(4)]
+    for i, s in enumerate(shards):
+        write_llmc(os.path.join(d, f"s{i}.bin"), s, 1)
+    m.upload_dir("attack", "tokens", d)
+    kw = dict(cache_limit="64MB", endpoint_url=m.endpoint, chunk_size=64 << 10)
+    seen = []
+    for what, url in (("glob", "s3://attack/tokens/*.bin"), ("one object", "s3://attack/tokens/s2.bin")):
+        a_dir, b_dir = os.path.join(tmp, f"nodeA-{len(seen)}"), os.path.join(tmp, f"nodeB-{len(seen)}")
+        a = tokenfeed.open(url, cache_dir=a_dir, **kw)
+        a.tokens(0, a.num_tokens)  # node A has every chunk in its cache
+        old = shards[2] if what == "one object" else np.concatenate(shards)
+        write_llmc(os.path.join(tmp, "new.bin"), shards[2][::-1].copy(), 1)
+        with open(os.path.join(tmp, "new.bin"), "rb") as f:
+            m.put("attack", "tokens/s2.bin", f.read())  # same size, a new ETag
+        a2 = tokenfeed.open(url, cache_dir=a_dir, **kw)
+        b = tokenfeed.open(url, cache_dir=b_dir, **kw)
+        stale = np.array_equal(np.asarray(a2.tokens(0, a2.num_tokens)), old)
+        check(a2.fingerprint == b.fingerprint and not stale,
+              f"{what}: node A reopened {'the old bytes' if stale else 'other bytes'} under {a2.fingerprint}, a cold "
+              f"node B reads the new version under {b.fingerprint}")
+        seen.append(f"{what}: both nodes {b.fingerprint} (was {a.fingerprint})")
+        with open(os.path.join(d, "s2.bin"), "rb") as f:
+            m.put("attack", "tokens/s2.bin", f.read())  # back, for the next case
+    return "node A's reopen read the new version: " + "; ".join(seen)
+
+
 ATTACKS: List[Tuple[str, Callable[[str], str]]] = [
     ("next() against a store that stops answering", a1_next_stalled_store),
     ("exit without close() / Ctrl-C in the loop with requests in flight", a2_exit_without_close),
@@ -784,6 +879,8 @@ ATTACKS: List[Tuple[str, Callable[[str], str]]] = [
     ("a state of 100,000 skipped ranges, of 20,000 unknown keys", a17_large_states),
     ("a same-size file renamed over a shard, pread / io_uring", a18_renamed_over_shard),
     ("6,000 per-document files, pread / io_uring, ulimit -n 1024", a19_many_document_files),
+    ("resealed set catalog: llm.c objects as raw uint16, a 0-token entry", a20_resealed_set_catalog),
+    ("object rewritten in place, two nodes of one job", a21_rewritten_object_two_nodes),
 ]
 
 
