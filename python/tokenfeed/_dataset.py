@@ -158,6 +158,14 @@ def _as_paths(path: Union[PathLike, Sequence[PathLike]]) -> list[str]:
     return paths
 
 
+def _sentence(e: OSError) -> str:
+    """An OSError's message as the sentence it is, without the "[Errno N] " of its str()."""
+    if e.errno is None or not e.strerror:
+        return str(e)
+    named = e.filename is None or str(e.filename) in e.strerror
+    return e.strerror if named else f"{e.filename}: {e.strerror}"
+
+
 def _dtype_name(dtype: DTypeLike) -> Optional[str]:
     return None if dtype is None else np.dtype(dtype).name
 
@@ -210,7 +218,7 @@ class Dataset:
                 if e.errno not in (errno.ESTALE, errno.ENOENT):
                     raise
                 # out of date or gone (a DataLoader worker reopening it too): the objects are read
-                warnings.warn(str(e), PerformanceWarning, stacklevel=3)
+                warnings.warn(_sentence(e), PerformanceWarning, stacklevel=3)
                 self._set_catalog = None
         self._core = core if core is not None else _core.Dataset(self._paths, **kw)
         if store is not None:
@@ -410,7 +418,7 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
             except OSError as e:
                 if e.errno != errno.ESTALE:
                     raise
-                warnings.warn(str(e), PerformanceWarning, stacklevel=2)
+                warnings.warn(_sentence(e), PerformanceWarning, stacklevel=2)
             else:
                 ds._catalog_as_set(paths, set_dirs)  # this node's own entry: the next open is faster still
                 return ds
