@@ -83,6 +83,20 @@ def test_meter_dict_is_flat_numbers(ds):
     assert l.meter()["total_batches"] == 5
 
 
+def test_meter_all_ranks_without_a_process_group_says_what_to_do(ds):
+    """Outside a torch.distributed job the error says what meter_all_ranks needs and what to use
+    instead, not torch's own error about a default process group."""
+    dist = pytest.importorskip("torch.distributed")
+    if dist.is_available() and dist.is_initialized():
+        pytest.skip("a process group is initialised in this process")
+    l = numpy_loader(ds, seq_len=32, batch_size=2)
+    consume(l, 2, 0)
+    with pytest.raises(RuntimeError) as ei:
+        tokenfeed.meter_all_ranks(l)
+    msg = str(ei.value)
+    assert "meter_all_ranks" in msg and "init_process_group" in msg and "meter()" in msg, msg
+
+
 @pytest.mark.test_hooks
 def test_meter_all_ranks_names_the_slow_rank(tmp_path):
     import torch.distributed as dist

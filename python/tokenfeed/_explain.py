@@ -178,6 +178,11 @@ def meter_all_ranks(loader: _LoaderT, group: Any = None, window: Optional[int] =
     """
     import torch.distributed as dist
 
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("meter_all_ranks gathers every rank's meter over torch.distributed, which is not "
+                           "initialised in this process: call it on every rank after "
+                           "torch.distributed.init_process_group() (torchrun sets up the environment for it), "
+                           "or use loader.meter() and tokenfeed.meter_verdict() in a single process")
     mine = meter(loader, window)
     world = dist.get_world_size(group)
     gathered: List[Any] = [None] * world
