@@ -219,6 +219,20 @@ def test_convert_with_a_wrong_dtype_names_the_flag(token_files, tmp_path, capsys
     assert rc == 0 and "dtype uint16" in out, err
 
 
+def test_a_whole_checkpoint_given_to_load_state_dict_says_where_the_state_is(tmp_path):
+    """The loader's entry of a training checkpoint is named (as `tokenfeed explain --state` finds
+    it), instead of "not a tokenfeed loader state"."""
+    l = tokenfeed.Loader(small(tmp_path / "d"), seq_len=16, batch_size=2, output="numpy")
+    next(l)
+    for key in ("loader", "train_dataloader"):
+        ckpt = {"model": {"w": [1.0]}, "step": 7, key: l.state_dict()}
+        with pytest.raises(tokenfeed.StateError) as ei:
+            tokenfeed.Loader(small(tmp_path / "d"), seq_len=16, batch_size=2).load_state_dict(ckpt)
+        assert f"checkpoint[{key!r}]" in str(ei.value), str(ei.value)
+    with pytest.raises(tokenfeed.StateError, match="not a tokenfeed loader state"):
+        l.load_state_dict({"model": {"w": [1.0]}})
+
+
 # ----------------------------------------------------------------------------- compressed data
 
 

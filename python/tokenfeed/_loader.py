@@ -698,6 +698,14 @@ class Loader:
         """
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a dict from Loader.state_dict(), got {type(state).__name__}")
+        if "config" not in state and "position" not in state:
+            # a whole training checkpoint: name the entry that holds the loader's state, as
+            # `tokenfeed explain --state` finds it ("loader" first), rather than guess for the caller
+            inner = [k for k, v in state.items() if isinstance(v, Mapping) and "config" in v and "position" in v]
+            if inner:
+                key = "loader" if "loader" in inner else inner[0]
+                raise StateError(f"this dict is not a loader state but holds one under {key!r} (a whole training "
+                                 f"checkpoint?): pass checkpoint[{key!r}] to load_state_dict")
         try:
             text = json.dumps(state, default=_json_value)
         except (TypeError, ValueError) as e:
