@@ -126,6 +126,10 @@ def test_cli_writes_the_catalog(tmp_path):
                        env=dict(os.environ, TOKENFEED_CATALOG_DIR="off"))
     assert r.returncode == 0, r.stderr
     assert "catalog" in r.stdout and ".tokenfeed-catalog-" in r.stdout
+    # what it found: the files, their format and dtype, the tokens and documents
+    ds = tokenfeed.open(str(tmp_path / "d" / "shard_*.bin"))
+    assert f"{ds.num_files} files (llm.c, uint16), {ds.num_tokens:,} tokens, {ds.num_documents:,} documents" \
+        in r.stdout, r.stdout
     r = subprocess.run([sys.executable, "-m", "tokenfeed", "index", str(tmp_path / "d" / "shard_000.bin"),
                         "--eos-id", "3"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode != 0 and "--dtype" in r.stderr
