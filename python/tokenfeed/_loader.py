@@ -896,7 +896,9 @@ class Loader:
         ``wait_p99_seconds``, ``wait_max_seconds``: per-batch waits. ``ready_ahead_mean`` and
         ``ready_ahead_min``: batches already assembled (or copied) behind the one delivered.
         ``window_seconds``, ``wait_seconds``, ``batches`` (in the window), ``total_batches``,
-        ``num_threads`` and ``prefetch``. Timed in C where the wait happens; reading it costs
+        ``num_threads`` and ``prefetch``. The first batch waits for the engine to start: its
+        wait is ``startup_seconds``, kept out of the window, which measures the steady state
+        (the window holds the batches after the first). Timed in C where the wait happens; reading it costs
         a few microseconds. :func:`tokenfeed.meter_verdict` says it in one line, and
         :func:`tokenfeed.meter_all_ranks` gathers it over ranks.
         """
