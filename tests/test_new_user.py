@@ -199,6 +199,14 @@ def test_a_dtype_that_an_npy_header_contradicts_is_refused(tmp_path):
     assert str(p) in str(ei.value) and "uint16" in str(ei.value) and "uint32" in str(ei.value)
     assert tokenfeed.open(p, dtype="uint16").dtype == np.uint16
     assert tokenfeed.open(p).dtype == np.uint16
+    # a set of them: refused when listed, and again when opened from the catalog the first open kept
+    d = tmp_path / "set"
+    d.mkdir()
+    for i in range(3):
+        np.save(d / f"part-{i}.npy", np.arange(3000, dtype=np.uint16))
+    for _ in range(2):
+        with pytest.raises(ValueError, match="header says uint16"):
+            tokenfeed.open(d, dtype="uint32")
 
 
 def test_inspect_blames_the_dtype_passed_for_a_uint8_maximum(token_files, capsys):

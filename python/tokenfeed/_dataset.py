@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import time
 import warnings
@@ -345,6 +346,30 @@ class Dataset:
                 f"fingerprint={self.fingerprint})")
 
 
+_Open = TypeVar("_Open", bound=Callable[..., "Dataset"])
+
+
+def _checks_dtype(fn: _Open) -> _Open:
+    """open() checks the dtype it was given against what it opened, however it opened it
+    (listing the files, or from a catalog): an explicit dtype that headers contradict is an
+    error; on local headerless files, a sample that looks like another dtype warns."""
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **kw: Any) -> "Dataset":
+        ds = fn(*args, **kw)
+        dt = _dtype_name(kw.get("dtype"))
+        if dt is not None:
+            _check_header_dtype(ds, dt)
+            if ds.format == "raw" and not any(_remote.is_url(p) for p in ds.paths[:1]):
+                why = dtype_mismatch(ds)
+                if why is not None:
+                    warnings.warn(why, DataWarning, stacklevel=2)
+        return ds
+
+    return checked  # type: ignore[return-value]
+
+
+@_checks_dtype
 def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, format: Optional[str] = None,
          cache_dir: Optional[PathLike] = None, cache_limit: Union[int, str, None] = None,
          endpoint_url: Optional[str] = None, chunk_size: Union[int, str, None] = None,
@@ -477,12 +502,6 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     del store
     if ds.format == "raw" and remote is None:
         _warn_if_not_tokens(paths)
-    if dt is not None:
-        _check_header_dtype(ds, dt)
-        if ds.format == "raw" and remote is None:
-            why = dtype_mismatch(ds)
-            if why is not None:
-                warnings.warn(why, DataWarning, stacklevel=2)
     return ds
 
 
