@@ -24,6 +24,16 @@ done
 if ! $PY -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then
   need+=(python3-dev)
 fi
+# Debian's and Ubuntu's own Python refuses pip installs (PEP 668: "externally managed"):
+# the package goes into a virtual environment, which needs python3-venv there.
+externally_managed() {
+  [ -z "${PIP_BREAK_SYSTEM_PACKAGES:-}" ] && $PY -c 'import os, sys, sysconfig
+venv = sys.prefix != getattr(sys, "base_prefix", sys.prefix)
+sys.exit(0 if not venv and os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) else 1)'
+}
+if externally_managed && ! $PY -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  need+=(python3-venv)
+fi
 # Fresh cloud VMs often run unattended upgrades at boot, holding the dpkg lock for a
 # few minutes: wait for it (up to 5 minutes, saying so) instead of failing at once.
 # apt waits by itself where it knows DPkg::Lock::Timeout (apt >= 1.9.11); the loop
@@ -54,6 +64,16 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 [ "${1:-}" = system ] && exit 0
 
+# Say so before pip does, and before any package is blamed for it: every pip install
+# below would fail the same way.
+if externally_managed; then
+  echo "error: $PY ($($PY -c 'import sys; print(sys.executable)')) is the system's Python, which pip may not install into (PEP 668, \"externally-managed-environment\")." >&2
+  echo "Make a virtual environment and install into it (the system packages are in place):" >&2
+  echo "  python3 -m venv .venv && . .venv/bin/activate && bash .ci/install.sh${1:+ $1}" >&2
+  echo "or, without activating it: PYTHON=.venv/bin/python bash .ci/install.sh${1:+ $1}" >&2
+  exit 1
+fi
+
 PIP="$PY -m pip install -q --disable-pip-version-check"
 # PyTorch is optional for the library; the benchmark's baselines and the torch
 # tests use it. 2.13.0 (CPU) is pinned so that a build already present is
@@ -63,8 +83,12 @@ if [ "${1:-}" = test ]; then
   $PIP "torch==2.13.0"
   TOKENFEED_TEST_HOOKS=1 $PIP -e ".[test]"
 else
-  $PIP "torch==2.13.0" || echo "warning: torch==2.13.0 not installable; the benchmark's torch baselines will be skipped" >&2
+  # tokenfeed first: a failure there is reported as its own, not as torch's
   $PIP -e .
+  if ! out=$($PIP "torch==2.13.0" 2>&1); then
+    printf '%s\n' "$out" | tail -n 3 >&2
+    echo "warning: PyTorch 2.13.0 (CPU) did not install (pip's last lines above): tokenfeed is installed and works without it (NumPy batches); torch tensors, the DataLoader adapters and the benchmark's torch baselines need it" >&2
+  fi
 fi
 # One line that says what this build has (pip hides the build's own output).
 $PY -c 'import tokenfeed; print("tokenfeed", tokenfeed.__version__, "built:", tokenfeed.build_info()["build"])'

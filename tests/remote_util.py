@@ -30,6 +30,22 @@ TEST_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing-key-id", "AWS_SECRET_ACCESS_KE
                     "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}
 
 
+# The first line of a child script that a test interrupts: Ctrl-C raises KeyboardInterrupt
+# even when the test run was started with SIGINT ignored (a background job of a
+# non-interactive shell, many CI runners and job schedulers), which children inherit and
+# which keeps Python from installing its handler.
+INTERRUPTIBLE = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+
+def as_background_job(argv: List[str]) -> List[str]:
+    """argv started as a background job starts it: with SIGINT ignored (exec keeps an ignored
+    signal ignored), so that a test that interrupts the child shows it does not depend on the
+    disposition the test run happened to be started with."""
+    return [sys.executable, "-c",
+            "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); os.execv(sys.argv[1], sys.argv[1:])",
+            *argv]
+
+
 def write_dataset(path: Any, n_docs: int = 400, seed: int = 0) -> Any:
     """A native dataset of n_docs random documents (100 to 900 tokens) in several shards."""
     import numpy as np

@@ -469,6 +469,20 @@ def test_the_run_says_up_front_how_long_it_takes_and_what_it_writes(tmp_path) ->
     assert int(full.split("about ")[1].split(" ")[0]) > int(text.split("about ")[1].split(" ")[0])
 
 
+def test_the_docs_give_the_length_the_quick_run_announces(tmp_path) -> None:
+    """docs/performance.md's length of `tokenfeed bench --quick` is the one the run itself prints
+    first (with --quick the estimate does not depend on the machine's memory)."""
+    import re
+
+    from tokenfeed_bench.suites import estimate
+
+    with open(os.path.join(ROOT, "docs", "performance.md"), encoding="utf-8") as f:
+        (line,) = [ln for ln in f if ln.startswith("tokenfeed bench --quick ") and "#" in ln]
+    documented = int(re.search(r"~(\d+) min", line).group(1))  # type: ignore[union-attr]
+    said = int(estimate(cli.parse_args(["--quick", "--cache-dir", str(tmp_path)])).split("about ")[1].split(" ")[0])
+    assert documented == said, (line, said)
+
+
 @pytest.mark.skipif(not HAVE_TORCH, reason="the DataLoader adapters need torch")
 def test_dataloader_adapter_rows(tmp_path) -> None:
     """A row per tokenfeed.torch adapter, with 0 workers and with the DataLoader rows' worker

@@ -69,9 +69,11 @@ def test_a_changed_directory_is_listed_again_with_a_warning(tmp_path):
     tokenfeed.build_catalog(spec)
     extra = str(d / "shard_999.bin")
     write_llmc(extra, np.full(30, 5, dtype=np.uint16))
-    with pytest.warns(tokenfeed.PerformanceWarning, match="older than its directory.*tokenfeed index"):
+    with pytest.warns(tokenfeed.PerformanceWarning, match="older than its directory.*tokenfeed index") as seen:
         ds = tokenfeed.open(spec)
     assert ds.paths == files + [extra] and ds.num_tokens == 12 * 50 + 30
+    # a sentence for the user, not an OSError's repr
+    assert not any(str(w.message).startswith("[Errno") for w in seen), [str(w.message) for w in seen]
 
 
 def test_a_file_changed_in_place_is_an_error_naming_it(tmp_path, monkeypatch):
@@ -124,6 +126,10 @@ def test_cli_writes_the_catalog(tmp_path):
                        env=dict(os.environ, TOKENFEED_CATALOG_DIR="off"))
     assert r.returncode == 0, r.stderr
     assert "catalog" in r.stdout and ".tokenfeed-catalog-" in r.stdout
+    # what it found: the files, their format and dtype, the tokens and documents
+    ds = tokenfeed.open(str(tmp_path / "d" / "shard_*.bin"))
+    assert f"{ds.num_files} files (llm.c, uint16), {ds.num_tokens:,} tokens, {ds.num_documents:,} documents" \
+        in r.stdout, r.stdout
     r = subprocess.run([sys.executable, "-m", "tokenfeed", "index", str(tmp_path / "d" / "shard_000.bin"),
                         "--eos-id", "3"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode != 0 and "--dtype" in r.stderr

@@ -102,3 +102,19 @@ def test_blocks_run_as_written(page, docs_data):
     r = subprocess.run([sys.executable, str(script)], cwd=docs_data, env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, f"{_rel(page)}: a code block failed:\n{r.stderr[-3000:]}"
+
+
+def test_the_quickstart_tokenizer_decodes_to_text(docs_data, tmp_path):
+    """The tokenizer the quickstart trains turns ids back into text (what `tokenfeed explain
+    --tokenizer` prints), not byte-level symbols such as "Ġfox"."""
+    pytest.importorskip("tokenizers")
+    page = os.path.join(DOCS, "quickstart.md")
+    (code,) = [c for _, c in blocks(page) if "tok.train(" in c]
+    os.symlink(docs_data / "corpus.jsonl", tmp_path / "corpus.jsonl")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    text = "the quick brown fox jumps over a lazy dog"
+    assert tok.decode(tok.encode(text).ids) == text

@@ -84,6 +84,40 @@ def test_meter_dict_is_flat_numbers(ds):
 
 
 @pytest.mark.test_hooks
+def test_the_first_batch_is_start_up_reported_apart(ds, monkeypatch):
+    """The first batch waits for the engine to start: the meter reports that wait as
+    startup_seconds and judges the steady state without it, so a short window does not flip
+    its verdict on whether it still holds the first batch. Counts, not timings: the window
+    holds every batch but the first, and its waits are the later batches' own."""
+    monkeypatch.setenv("TOKENFEED_FAULT_DELAY_MS", "50")  # every batch takes its time: none is instant
+    l = numpy_loader(ds, seq_len=32, batch_size=2, num_threads=1, prefetch=1)
+    assert l.meter()["startup_seconds"] == 0.0
+    consume(l, 1, 0)
+    m = l.meter()
+    assert m["batches"] == 0 and m["total_batches"] == 1 and m["startup_seconds"] > 0, m
+    assert tokenfeed.meter_verdict(m).startswith("only the first batch"), tokenfeed.meter_verdict(m)
+    consume(l, 5, 0)
+    m = l.meter()
+    assert m["batches"] == 5 and m["total_batches"] == 6, m
+    assert m["startup_seconds"] == l.meter(1)["startup_seconds"] and l.meter(1)["batches"] == 1
+    assert "start-up" in tokenfeed.meter_verdict(m), tokenfeed.meter_verdict(m)
+
+
+def test_meter_all_ranks_without_a_process_group_says_what_to_do(ds):
+    """Outside a torch.distributed job the error says what meter_all_ranks needs and what to use
+    instead, not torch's own error about a default process group."""
+    dist = pytest.importorskip("torch.distributed")
+    if dist.is_available() and dist.is_initialized():
+        pytest.skip("a process group is initialised in this process")
+    l = numpy_loader(ds, seq_len=32, batch_size=2)
+    consume(l, 2, 0)
+    with pytest.raises(RuntimeError) as ei:
+        tokenfeed.meter_all_ranks(l)
+    msg = str(ei.value)
+    assert "meter_all_ranks" in msg and "init_process_group" in msg and "meter()" in msg, msg
+
+
+@pytest.mark.test_hooks
 def test_meter_all_ranks_names_the_slow_rank(tmp_path):
     import torch.distributed as dist
 

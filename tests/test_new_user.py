@@ -148,6 +148,99 @@ def test_inspect_prints_the_maximum_id_and_warns_at_the_limits(tmp_path, capsys)
     assert info["max_token_id"] == 65535 and info["warnings"]
 
 
+def _data_warnings(path, dtype):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        tokenfeed.open(path, dtype=dtype)
+    return [str(w.message) for w in seen if issubclass(w.category, tokenfeed.DataWarning)]
+
+
+@pytest.fixture
+def token_files(tmp_path):
+    """The same GPT-2-sized ids written as uint16 and as uint32, and character ids as uint8."""
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, 50257, size=60_000)
+    paths = {w: str(tmp_path / f"{w}.bin") for w in ("uint8", "uint16", "uint32")}
+    ids.astype(np.uint16).tofile(paths["uint16"])
+    ids.astype(np.uint32).tofile(paths["uint32"])
+    rng.integers(0, 65, size=60_000).astype(np.uint8).tofile(paths["uint8"])
+    return paths
+
+
+@pytest.mark.parametrize("written,given", [("uint32", "uint16"), ("uint32", "uint8"), ("uint16", "uint8"),
+                                           ("uint16", "uint32")])
+def test_a_wrong_dtype_on_a_headerless_file_is_named(token_files, written, given, capsys):
+    """A headerless file read with the wrong dtype warns at open (DataWarning) and in inspect,
+    naming the dtype the bytes look like, instead of handing out garbage ids silently."""
+    (msg,) = _data_warnings(token_files[written], given)
+    assert token_files[written] in msg and f"read as {given}" in msg and f'dtype="{written}"' in msg, msg
+    rc, _, err = run_cli(["inspect", token_files[written], "--dtype", given], capsys)
+    assert rc == 0 and f"--dtype {written}" in err and err.count(f"read as {given}, the bytes look like") == 1, err
+
+
+def test_the_right_dtype_on_a_headerless_file_is_quiet(token_files, tmp_path):
+    """The sample check stays quiet on honest data: the files above with their own dtype, the
+    ids of the suite's generated datasets, and a native dataset (its header gives the dtype)."""
+    for w, p in token_files.items():
+        assert _data_warnings(p, w) == [], w
+    ds = tokenfeed.open(small(tmp_path / "d", n_docs=400, doc_len=300, vocab=50257))
+    np.asarray(ds.tokens(0, ds.num_tokens)).tofile(tmp_path / "suite.bin")
+    assert _data_warnings(tmp_path / "suite.bin", ds.dtype.name) == []
+    zipf = np.minimum(np.random.default_rng(1).zipf(1.2, size=50_000), 50256).astype(np.uint16)
+    zipf.tofile(tmp_path / "zipf.bin")
+    assert _data_warnings(tmp_path / "zipf.bin", "uint16") == []
+
+
+def test_a_dtype_that_an_npy_header_contradicts_is_refused(tmp_path):
+    p = tmp_path / "a.npy"
+    np.save(p, np.arange(5000, dtype=np.uint16))
+    with pytest.raises(ValueError) as ei:
+        tokenfeed.open(p, dtype="uint32")
+    assert str(p) in str(ei.value) and "uint16" in str(ei.value) and "uint32" in str(ei.value)
+    assert tokenfeed.open(p, dtype="uint16").dtype == np.uint16
+    assert tokenfeed.open(p).dtype == np.uint16
+    # a set of them: refused when listed, and again when opened from the catalog the first open kept
+    d = tmp_path / "set"
+    d.mkdir()
+    for i in range(3):
+        np.save(d / f"part-{i}.npy", np.arange(3000, dtype=np.uint16))
+    for _ in range(2):
+        with pytest.raises(ValueError, match="header says uint16"):
+            tokenfeed.open(d, dtype="uint32")
+
+
+def test_inspect_blames_the_dtype_passed_for_a_uint8_maximum(token_files, capsys):
+    rc, _, err = run_cli(["inspect", token_files["uint16"], "--dtype", "uint8"], capsys)
+    assert rc == 0 and "largest uint8 value" in err and "need uint16" in err and "--dtype uint8" in err, err
+    assert "need uint32" not in err
+
+
+def test_convert_with_a_wrong_dtype_names_the_flag(token_files, tmp_path, capsys):
+    """convert --dtype uint32 on uint16 tokens: without --vocab-size it does not record a vocabulary
+    of billions; with one, the id error names --dtype."""
+    rc, _, err = run_cli(["convert", token_files["uint16"], tmp_path / "o1", "--dtype", "uint32"], capsys)
+    assert rc != 0 and "--dtype uint16" in err and not os.path.exists(tmp_path / "o1" / "tokenfeed.manifest"), err
+    rc, _, err = run_cli(["convert", token_files["uint16"], tmp_path / "o2", "--dtype", "uint32", "--vocab-size",
+                          "50257"], capsys)
+    assert rc != 0 and "--dtype uint32" in err and "vocab_size" in err, err
+    rc, out, err = run_cli(["convert", token_files["uint16"], tmp_path / "o3", "--dtype", "uint16"], capsys)
+    assert rc == 0 and "dtype uint16" in out, err
+
+
+def test_a_whole_checkpoint_given_to_load_state_dict_says_where_the_state_is(tmp_path):
+    """The loader's entry of a training checkpoint is named (as `tokenfeed explain --state` finds
+    it), instead of "not a tokenfeed loader state"."""
+    l = tokenfeed.Loader(small(tmp_path / "d"), seq_len=16, batch_size=2, output="numpy")
+    next(l)
+    for key in ("loader", "train_dataloader"):
+        ckpt = {"model": {"w": [1.0]}, "step": 7, key: l.state_dict()}
+        with pytest.raises(tokenfeed.StateError) as ei:
+            tokenfeed.Loader(small(tmp_path / "d"), seq_len=16, batch_size=2).load_state_dict(ckpt)
+        assert f"checkpoint[{key!r}]" in str(ei.value), str(ei.value)
+    with pytest.raises(tokenfeed.StateError, match="not a tokenfeed loader state"):
+        l.load_state_dict({"model": {"w": [1.0]}})
+
+
 # ----------------------------------------------------------------------------- compressed data
 
 

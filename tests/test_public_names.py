@@ -77,7 +77,8 @@ def test_documented_classes_from_the_package():
     assert {"DeviceFeeder", "DeviceTensor"} <= set(tokenfeed.__all__)
 
 
-@pytest.mark.parametrize("cls", [tokenfeed.StateError, tokenfeed.FormatError, tokenfeed.PerformanceWarning])
+@pytest.mark.parametrize("cls", [tokenfeed.StateError, tokenfeed.FormatError, tokenfeed.PerformanceWarning,
+                                 tokenfeed.DataWarning])
 def test_exceptions_carry_the_public_name(cls):
     assert cls.__module__ == "tokenfeed"
     assert repr(cls) == f"<class 'tokenfeed.{cls.__name__}'>"

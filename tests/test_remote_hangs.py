@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 import tokenfeed
-from remote_util import write_dataset, TEST_CREDENTIALS, FaultProxy, bucket, moto, proxy, s3env  # noqa: F401  (fixtures)
+from remote_util import (INTERRUPTIBLE, TEST_CREDENTIALS, FaultProxy, as_background_job, bucket, moto,  # noqa: F401  (fixtures)
+                         proxy, s3env, write_dataset)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -135,7 +136,7 @@ def test_silent_server_reported_then_fails_by_deadline(silent, tmp_path, monkeyp
 
 # request_timeout longer than any wait of the tests (unless given): the child cannot give up
 # on a held request by itself, so "interrupted" arrives only if Ctrl-C ends the open without it
-_HELD_CHILD = textwrap.dedent("""
+_HELD_CHILD = INTERRUPTIBLE + textwrap.dedent("""
     import gc, sys, tokenfeed
     from tokenfeed import _remote
     url, cache, endpoint, timeout, attempts = sys.argv[1:6]
@@ -161,8 +162,8 @@ def _interrupt_held_open(url, endpoint, tmp_path, holding, timeout=900, attempts
     # the package this test imports (a sanitizer build's, under .ci/sanitize.sh), else the tree's
     path = [p for p in (os.environ.get("PYTHONPATH"), os.path.join(ROOT, "python")) if p]
     env = dict(os.environ, **TEST_CREDENTIALS, PYTHONPATH=os.pathsep.join(path))
-    proc = subprocess.Popen([sys.executable, "-c", _HELD_CHILD, url, str(tmp_path / "cache"), endpoint, str(timeout),
-                             str(attempts)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(as_background_job([sys.executable, "-c", _HELD_CHILD, url, str(tmp_path / "cache"), endpoint,
+                                               str(timeout), str(attempts)]), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     lines: "queue.Queue[str]" = queue.Queue()
     threading.Thread(target=lambda: [lines.put(ln.strip()) for ln in proc.stdout], daemon=True).start()
@@ -224,7 +225,7 @@ def test_ctrl_c_during_the_listing_of_a_dataset_directory(moto, bucket, tmp_path
         p.stop()
 
 
-_EXIT_CHILD = textwrap.dedent("""
+_EXIT_CHILD = INTERRUPTIBLE + textwrap.dedent("""
     import sys, tokenfeed
     ds = tokenfeed.open(sys.argv[1], cache_dir=sys.argv[2], cache_limit="64MB", endpoint_url=sys.argv[3],
                         chunk_size=64 << 10)
@@ -246,8 +247,8 @@ def test_exit_and_ctrl_c_with_requests_in_flight_are_prompt(uploaded, moto, tmp_
     finalizing interpreter)."""
     p = FaultProxy(moto.port, latency=0.5)
     env = dict(os.environ, **TEST_CREDENTIALS, PYTHONPATH=os.path.join(ROOT, "python"))
-    proc = subprocess.Popen([sys.executable, "-c", _EXIT_CHILD, uploaded, str(tmp_path / "cache"), p.endpoint, how],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(as_background_job([sys.executable, "-c", _EXIT_CHILD, uploaded, str(tmp_path / "cache"),
+                                               p.endpoint, how]), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "got", proc.stderr.read() if proc.poll() is not None else ""
         if how == "loop":

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 import tokenfeed
-from remote_util import FaultProxy, bucket, moto, write_dataset  # noqa: F401  (fixtures)
+from remote_util import INTERRUPTIBLE, FaultProxy, as_background_job, bucket, moto, write_dataset  # noqa: F401  (fixtures)
 
-CHILD = textwrap.dedent("""
+CHILD = INTERRUPTIBLE + textwrap.dedent("""
     import hashlib, json, sys, numpy as np, tokenfeed
     url, cache, endpoint, batches = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     ds = tokenfeed.open(url, cache_dir=cache, cache_limit="256MB", endpoint_url=endpoint, chunk_size=64 << 10)
@@ -39,8 +39,9 @@ def _env():
     return dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
 
 
-def _start(url, cache, endpoint, batches=0):
-    return subprocess.Popen([sys.executable, "-c", CHILD, url, str(cache), endpoint, str(batches)], env=_env(),
+def _start(url, cache, endpoint, batches=0, background=False):
+    argv = [sys.executable, "-c", CHILD, url, str(cache), endpoint, str(batches)]
+    return subprocess.Popen(as_background_job(argv) if background else argv, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -335,7 +336,7 @@ def test_waiting_for_the_process_that_reads(uploaded, moto, tmp_path, end):
                                   stdout=subprocess.PIPE, text=True)
         assert holder.stdout.readline().strip() == "held"
         p.reset_counts()
-        waiter = _start(url, cache, p.endpoint)
+        waiter = _start(url, cache, p.endpoint, background=end == "ctrl-c")
         for _ in range(1200):
             if _has_open(waiter.pid, lock) or waiter.poll() is not None:
                 break

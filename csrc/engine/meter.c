@@ -31,7 +31,15 @@ void tf__meter_leave(tf__meter *m, int rc, uint32_t ahead) {
     uint64_t now = tf__now_ns(), t_call = m->t_call;
     m->t_call = 0;
     if (rc) return;
-    /* the first batch's cycle is its wait: there was no batch before it */
+    if (!m->started) { /* the first batch: the engine's start-up, not a cycle of the steady state */
+        m->t_last = now;
+        if (!m->ring) return;
+        pthread_mutex_lock(&m->mu);
+        m->started = 1;
+        m->startup_ns = now - t_call;
+        pthread_mutex_unlock(&m->mu);
+        return;
+    }
     uint64_t start = m->t_last && m->t_last <= t_call ? m->t_last : t_call;
     m->t_last = now;
     if (!m->ring) return;
@@ -72,7 +80,8 @@ void tf__meter_get(tf__meter *m, uint32_t window, tf_meter *out) {
         asum += r->ahead;
         if (r->ahead < amin) amin = r->ahead;
     }
-    out->total_batches = m->total;
+    out->total_batches = m->total + (m->started ? 1 : 0);
+    out->startup_seconds = (double)m->startup_ns / 1e9;
     pthread_mutex_unlock(&m->mu);
     out->batches = n;
     if (!n) return;

@@ -8,7 +8,11 @@
  * the return of one batch to the return of the next, and its wait is the part
  * spent inside next() (from the first call for that batch, across the timed
  * slices the binding polls in, to the return). Everything else in the cycle
- * is the consumer's own work. The window keeps the last TF__METER_CAP cycles
+ * is the consumer's own work. The first batch is not a cycle: its wait is the
+ * engine's start-up (threads starting, the first reads, a device's first copy),
+ * kept apart as startup_ns so that the window judges the steady state alone
+ * (one slow first batch would otherwise weigh on every short window that still
+ * holds it). The window keeps the last TF__METER_CAP cycles
  * (wait, cycle length, batches ready ahead at delivery); the fraction waiting
  * is sum(wait) / sum(cycle) over the last `window` of them.
  *
@@ -34,7 +38,9 @@ typedef struct tf__meter {
     pthread_mutex_t mu;
     uint64_t t_call;   /* first call of the batch being waited for (0: none) */
     uint64_t t_last;   /* return of the last batch delivered (0: none yet) */
-    uint64_t total;    /* batches recorded */
+    uint64_t total;    /* cycles recorded (batches after the first) */
+    uint64_t startup_ns; /* the first batch's wait (guarded by mu) */
+    int started;       /* the first batch was delivered */
     tf__meter_rec *ring; /* TF__METER_CAP; NULL: the meter could not be allocated (records nothing) */
 } tf__meter;
 
@@ -44,7 +50,8 @@ TF_HIDDEN void tf__meter_destroy(tf__meter *m);
 TF_HIDDEN void tf__meter_reinit_lock(tf__meter *m);
 /* The consumer calls next(): starts a wait unless one is in progress. */
 TF_HIDDEN void tf__meter_enter(tf__meter *m);
-/* next() returned rc: 0 records the batch (ahead: batches ready behind it);
+/* next() returned rc: 0 records the batch (ahead: batches ready behind it; the
+ * first batch records the start-up instead);
  * -TF_ENOTREADY keeps the wait going; anything else (end, error) drops it. */
 TF_HIDDEN void tf__meter_leave(tf__meter *m, int rc, uint32_t ahead);
 /* Summary of the last `window` batches (0: all kept). */

@@ -1220,11 +1220,14 @@ TF_API int tf_loader_get_source_stats(const tf_loader *l, size_t i, tf_source_st
  * wait is the part spent inside next() for that batch (across timed-out
  * calls). wait_fraction = wait_seconds / window_seconds. ready_ahead: batches
  * already assembled behind the one delivered, when it was delivered (0 while
- * the consumer outruns the engine). Readable from any thread. */
+ * the consumer outruns the engine). The first batch is the engine's start-up
+ * (threads starting, the first reads): its wait is startup_seconds, and it is
+ * not a cycle of the window, which measures the steady state only. Readable
+ * from any thread. */
 #define TF_METER_MAX_WINDOW 4096
 typedef struct tf_meter {
-    uint64_t batches;         /* cycles in the window (< window before that many batches) */
-    uint64_t total_batches;   /* batches recorded since the loader was made */
+    uint64_t batches;         /* cycles in the window (< window before that many batches after the first) */
+    uint64_t total_batches;   /* batches delivered since the loader was made, the first included */
     double window_seconds;    /* wall time the window covers */
     double wait_seconds;      /* of it, waiting in next() */
     double wait_fraction;
@@ -1233,6 +1236,7 @@ typedef struct tf_meter {
     double wait_max_seconds;
     double ready_ahead_mean;
     uint64_t ready_ahead_min;
+    double startup_seconds;   /* the first batch's wait (0 before it): start-up, outside the window */
 } tf_meter;
 
 TF_API void tf_loader_get_meter(const tf_loader *l, uint32_t window, tf_meter *m);

@@ -92,10 +92,10 @@ PyObject *tfpy_meter(PyObject *args, const tf_loader *l, const tf_device_loader 
         tf_device_loader_get_meter(d, window, &m);
     else
         tf_loader_get_meter(l, window, &m);
-    return Py_BuildValue("{s:K,s:K,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:K}", "batches", (unsigned long long)m.batches,
+    return Py_BuildValue("{s:K,s:K,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:K,s:d}", "batches", (unsigned long long)m.batches,
                          "total_batches", (unsigned long long)m.total_batches, "window_seconds", m.window_seconds,
                          "wait_seconds", m.wait_seconds, "wait_fraction", m.wait_fraction, "wait_p50_seconds",
                          m.wait_p50_seconds, "wait_p99_seconds", m.wait_p99_seconds, "wait_max_seconds",
                          m.wait_max_seconds, "ready_ahead_mean", m.ready_ahead_mean, "ready_ahead_min",
-                         (unsigned long long)m.ready_ahead_min);
+                         (unsigned long long)m.ready_ahead_min, "startup_seconds", m.startup_seconds);
 }

@@ -20,7 +20,7 @@ from ._dataset import Dataset, DatasetWriter, build_catalog, build_index, open
 from ._device import DeviceFeeder
 from ._explain import Segment, meter_all_ranks, meter_verdict
 from ._loader import Loader, StateError
-from ._warnings import PerformanceWarning
+from ._warnings import DataWarning, PerformanceWarning
 from ._mesh import ParallelCoords, parallel_coords
 from ._parts import PartWriter, merge_parts
 from ._schedule import WeightSchedule
@@ -29,14 +29,14 @@ __version__: str = _core.__version__
 
 _build.warn_if_missing()  # a source build without zstd or io_uring says so here: pip hides the build's output
 
-__all__ = ["Dataset", "DatasetWriter", "DeviceFeeder", "DeviceTensor", "FormatError", "Loader", "ParallelCoords",
+__all__ = ["DataWarning", "Dataset", "DatasetWriter", "DeviceFeeder", "DeviceTensor", "FormatError", "Loader", "ParallelCoords",
            "PartWriter", "PerformanceWarning", "Segment", "StateError", "WeightSchedule", "build_catalog", "build_index", "build_info",
            "get_include", "get_library", "merge_parts", "meter_all_ranks", "meter_verdict", "open", "parallel_coords",
            "__version__"]
 
 # Exceptions and warnings say where users import them from: a traceback prints
 # "tokenfeed.StateError: ...", not the private module that defines it.
-for _cls in (FormatError, StateError, PerformanceWarning):
+for _cls in (FormatError, StateError, PerformanceWarning, DataWarning):
     _cls.__module__ = __name__
 del _cls
 

@@ -29,6 +29,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -376,7 +377,18 @@ def _convert_tokens(a: argparse.Namespace) -> int:
 def _convert_tokens_locked(a: argparse.Namespace) -> int:
     from ._dataset import DatasetWriter, open as tf_open
 
-    ds = tf_open(a.inputs, dtype=a.dtype, format=a.format)
+    from ._dataset import dtype_mismatch
+    from ._warnings import DataWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DataWarning)  # said below, with the flag to change
+        ds = tf_open(a.inputs, dtype=a.dtype, format=a.format)
+    wrong = dtype_mismatch(ds) if a.dtype and ds.format == "raw" else None
+    if wrong is not None:
+        if a.vocab_size is None:
+            raise ConvertError(f"--dtype {a.dtype}: {wrong}. (If --dtype {a.dtype} is right, give --vocab-size "
+                               f"to convert anyway)")
+        _note(f"--dtype {a.dtype}: {wrong}")
     vocab = a.vocab_size or ds.vocab_size
     if vocab is None:
         bar = _progress("scan max id", " tokens", a.progress)
@@ -391,6 +403,9 @@ def _convert_tokens_locked(a: argparse.Namespace) -> int:
                                    f"is --dtype right?")
             bar(min(ds.num_tokens, s + step), ds.num_tokens)
         getattr(bar, "close")()
+        if a.dtype and mx >= 1 << 24:
+            raise ConvertError(f"{a.inputs[0]}: read as --dtype {a.dtype}, the largest token id is {mx:,}, far above "
+                               f"any vocabulary: is --dtype right? (give --vocab-size to convert anyway)")
         vocab = mx + 1
         _note(f"the input does not record its vocabulary size: using max id + 1 = {vocab}. "
               f"Pass --vocab-size (the tokenizer's vocabulary) to record the real one")
@@ -404,7 +419,11 @@ def _convert_tokens_locked(a: argparse.Namespace) -> int:
         dtype = w.dtype.name
         for i in range(ds.num_documents):
             doc = ds.document(i)
-            w.add_document(doc)
+            try:
+                w.add_document(doc)
+            except ValueError as e:  # an id >= vocab_size: a wrong --vocab-size, or tokens read with a wrong dtype
+                hint = f" (read as --dtype {a.dtype}: is that the dtype the file was written with?)" if a.dtype else ""
+                raise ConvertError(f"{ds.paths[0] if ds.num_files == 1 else a.inputs[0]}: {e}{hint}") from None
             written += len(doc)
             if i % 1024 == 0:
                 bar(written, ds.num_tokens)

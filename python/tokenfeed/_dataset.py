@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import time
 import warnings
@@ -12,7 +13,7 @@ import numpy as np
 from . import _core, _remote, _set_record, _shardset
 from ._config import renamed
 from ._errors import StateError
-from ._warnings import PerformanceWarning
+from ._warnings import DataWarning, PerformanceWarning
 from ._progress import Progress
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -159,6 +160,14 @@ def _as_paths(path: Union[PathLike, Sequence[PathLike]]) -> list[str]:
     return paths
 
 
+def _sentence(e: OSError) -> str:
+    """An OSError's message as the sentence it is, without the "[Errno N] " of its str()."""
+    if e.errno is None or not e.strerror:
+        return str(e)
+    named = e.filename is None or str(e.filename) in e.strerror
+    return e.strerror if named else f"{e.filename}: {e.strerror}"
+
+
 def _dtype_name(dtype: DTypeLike) -> Optional[str]:
     return None if dtype is None else np.dtype(dtype).name
 
@@ -252,7 +261,7 @@ class Dataset:
                 if e.errno not in (errno.ESTALE, errno.ENOENT):
                     raise
                 # out of date or gone (a DataLoader worker reopening it too): the objects are read
-                warnings.warn(str(e), PerformanceWarning, stacklevel=3)
+                warnings.warn(_sentence(e), PerformanceWarning, stacklevel=3)
                 self._set_catalog = None
         self._core = core if core is not None else _core.Dataset(self._paths, **kw)
         if store is not None:
@@ -406,6 +415,30 @@ class Dataset:
                 f"fingerprint={self.fingerprint})")
 
 
+_Open = TypeVar("_Open", bound=Callable[..., "Dataset"])
+
+
+def _checks_dtype(fn: _Open) -> _Open:
+    """open() checks the dtype it was given against what it opened, however it opened it
+    (listing the files, or from a catalog): an explicit dtype that headers contradict is an
+    error; on local headerless files, a sample that looks like another dtype warns."""
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **kw: Any) -> "Dataset":
+        ds = fn(*args, **kw)
+        dt = _dtype_name(kw.get("dtype"))
+        if dt is not None:
+            _check_header_dtype(ds, dt)
+            if ds.format == "raw" and not any(_remote.is_url(p) for p in ds.paths[:1]):
+                why = dtype_mismatch(ds)
+                if why is not None:
+                    warnings.warn(why, DataWarning, stacklevel=2)
+        return ds
+
+    return checked  # type: ignore[return-value]
+
+
+@_checks_dtype
 def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, format: Optional[str] = None,
          cache_dir: Optional[PathLike] = None, cache_limit: Union[int, str, None] = None,
          endpoint_url: Optional[str] = None, chunk_size: Union[int, str, None] = None,
@@ -484,7 +517,7 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
                 # said, and the set is listed
                 if e.errno not in (errno.ESTALE, errno.EPERM):
                     raise
-                warnings.warn(str(e), PerformanceWarning, stacklevel=2)
+                warnings.warn(_sentence(e), PerformanceWarning, stacklevel=2)
             else:
                 ds._catalog_as_set(paths, set_dirs)  # this node's own entry: the next open is faster still
                 return ds
@@ -558,6 +591,98 @@ def _reopened(args: Tuple[Any, ...], fingerprint: str) -> Dataset:
                          "rewritten meanwhile. Open the dataset again in the main process and make the loader "
                          "again (a state saved on the old data is refused)")
     return ds
+
+
+def _check_header_dtype(ds: "Dataset", dt: str) -> None:
+    """dtype= names the dtype of headerless files. Where no file of the dataset is headerless, a
+    dtype that its files' headers contradict is refused, not ignored: the caller meant other data."""
+    files = ds.files()
+    if any(f["format"] == "raw" for f in files):
+        return
+    for f in files:
+        if f["dtype"] != dt:
+            raise ValueError(f"{f['path']}: dtype={dt!r} was given, but the file's {f['format']} header says "
+                             f"{f['dtype']}: tokenfeed reads the dtype a header records. Drop dtype= (or pass "
+                             f"dtype={f['dtype']!r}); if the file really holds {dt} ids, it was written wrongly")
+
+
+# The sample dtype_mismatch reads: this many tokens from each of this many evenly spaced places.
+_SAMPLE_PIECE, _SAMPLE_PLACES = 4096, 8
+# No tokenizer's vocabulary comes near this many ids; two narrower ids read as one wide id do.
+_IMPLAUSIBLE_ID = 1 << 24
+_WIDTHS = ("uint8", "uint16", "uint32")
+
+
+def dtype_mismatch(ds: "Dataset") -> Optional[str]:
+    """A sentence saying which dtype the tokens of a headerless dataset look like, when its
+    bytes read with ds.dtype show another dtype's signature; None when they look honest.
+
+    Cheap and bounded: _SAMPLE_PLACES pieces of _SAMPLE_PIECE tokens, whatever the size. The
+    signatures, on byte-aligned pieces (a wider dtype's files hold a whole number of its ids):
+    read too narrow, every other id is the high half of a wide id (mostly 0, far smaller on
+    average than its neighbours: in honest data odd and even positions look alike); read too
+    wide, pairs of narrow ids make ids of 2**24 and more, which no vocabulary has."""
+    d = np.dtype(ds.dtype).name
+    n = int(ds.num_tokens)
+    if d not in _WIDTHS or n * ds.dtype.itemsize < 2048:
+        return None
+    align = 4 // ds.dtype.itemsize  # tokens per 4 bytes: every piece starts on a 4-byte boundary
+    piece = min(_SAMPLE_PIECE, n) // align * align
+    starts = sorted({int(s) // align * align for s in np.linspace(0, n - piece, _SAMPLE_PLACES)})
+    raw = [ds.tokens(s, s + piece).tobytes() for s in starts]
+
+    def stats(w: str) -> Tuple[float, float, float, int, int, int]:
+        """Read as w: mean of the ids at even and at odd positions, share of odd ones that are 0,
+        the largest id at even and at odd positions, and how many pairs were seen."""
+        even = odd = zeros = 0.0
+        halves, mx_even, mx_odd = 0, 0, 0
+        for b in raw:
+            t = np.frombuffer(b[:len(b) // 4 * 4], dtype=w)
+            k = len(t) // 2 * 2
+            if k == 0:
+                continue
+            e, o = t[0:k:2].astype(np.float64), t[1:k:2].astype(np.float64)
+            even, odd, zeros = even + float(e.sum()), odd + float(o.sum()), zeros + float((o == 0).sum())
+            halves += k // 2
+            mx_even, mx_odd = max(mx_even, int(e.max())), max(mx_odd, int(o.max()))
+        h = max(1, halves)
+        return even / h, odd / h, zeros / h, mx_even, mx_odd, halves
+
+    def narrow(w: str) -> bool:
+        """Read as w, every other id is the high half of a wider one: far smaller on average, or
+        never near the largest of its neighbours (in honest data odd and even positions look alike)."""
+        me, mo, _, xe, xo, h = stats(w)
+        return (me >= 4 and mo < 0.5 * me) or (h >= 4096 and xe >= 16 and xo < 0.85 * xe)
+
+    def wide(w: str) -> bool:  # read as w, the ids are narrower ones paired up
+        st = stats(w)
+        return max(st[3], st[4]) >= _IMPLAUSIBLE_ID
+
+    where = ds.paths[0] + (f" (and {ds.num_files - 1} more file(s))" if ds.num_files > 1 else "")
+    i = _WIDTHS.index(d)
+    halved = [v for v in _WIDTHS[i:2] if narrow(v)]  # read as uint8 or uint16
+    if halved:
+        j = _WIDTHS.index(halved[-1])
+        looks = next((w for w in _WIDTHS[j + 1:] if not narrow(w) and not wide(w)), None)
+        if looks is None:
+            return None
+        me, mo, z, xe, xo, _ = stats(d)
+        why = (f"every other id looks like the high half of a wider id ({z:.0%} of them are 0; they average "
+               f"{mo:,.0f} and reach {xo:,}, against {me:,.0f} and {xe:,} for their neighbours, where honest "
+               f"data has both alike)")
+        alt = ""
+    elif wide(d):
+        fits = [w for w in reversed(_WIDTHS[:i]) if not narrow(w)]  # widest first
+        if not fits:
+            return None
+        looks, alt = fits[0], "".join(f" or {w}" for w in fits[1:])
+        st = stats(d)
+        why = f"ids reach {max(st[3], st[4]):,}, far above any vocabulary: narrower ids read in pairs as one"
+    else:
+        return None
+    also = "".join(f" (or dtype=\"{w}\")" for w in alt.split(" or ")[1:])
+    return (f"{where}: read as {d}, the bytes look like {looks}{alt} tokens: {why}. Pass dtype=\"{looks}\"{also} "
+            f"if the file was written so")
 
 
 def _warn_if_not_tokens(paths: Sequence[str]) -> None:

@@ -180,14 +180,21 @@ def _advice(m: Dict[str, Any]) -> str:
 def meter_verdict(m: Dict[str, Any], rank: Optional[int] = None) -> str:
     """One line from a :meth:`Loader.meter` dict: whether data is the bottleneck, and what to change."""
     frac = float(m.get("wait_fraction", 0.0))
+    startup = float(m.get("startup_seconds", 0.0))
     if not m.get("batches"):
+        if m.get("total_batches"):
+            return (f"only the first batch received (start-up: {startup:.2f} s): the steady state is "
+                    f"measured from the second batch on")
         return "no batch received yet: nothing measured"
+    # the window is the steady state: the first batch's wait (the engine starting) is apart
+    after = f"; start-up {startup:.2f} s, not counted" if startup else ""
     if frac < _OK_FRACTION:
         return (f"data is not the bottleneck: {100 * frac:.1f} % of wall time waiting "
                 f"(p99 wait {1e3 * float(m.get('wait_p99_seconds', 0.0)):.1f} ms, "
-                f"{float(m.get('ready_ahead_mean', 0.0)):.1f} batches ready ahead)")
+                f"{float(m.get('ready_ahead_mean', 0.0)):.1f} batches ready ahead{after})")
     who = f"rank {rank}" if rank is not None else "the consumer"
-    return f"{who} waits {100 * frac:.0f} % of wall time for data: {_advice(m)}"
+    paren = f" (start-up {startup:.2f} s, not counted)" if startup else ""
+    return f"{who} waits {100 * frac:.0f} % of wall time for data{paren}: {_advice(m)}"
 
 
 def meter_all_ranks(loader: _LoaderT, group: Any = None, window: Optional[int] = None) -> Dict[str, Any]:
@@ -196,12 +203,18 @@ def meter_all_ranks(loader: _LoaderT, group: Any = None, window: Optional[int] =
     A collective: every rank of ``group`` (default: the whole world) must call it. Returns,
     on every rank, a dict: ``ranks`` (each rank's meter dict, in group rank order),
     ``slowest_rank`` (the global rank that waited the largest fraction of its wall time),
-    ``wait_fraction_max``/``_mean``/``_min``, ``wait_p99_seconds_max`` and ``verdict``, one
+    ``wait_fraction_max``/``_mean``/``_min``, ``wait_p99_seconds_max``, ``startup_seconds_max``
+    (the slowest first batch: start-up, outside the windows) and ``verdict``, one
     line: ``"data is not the bottleneck: 0.3 % of wall time waiting (...)"`` or
     ``"rank 5 waits 12 % of wall time for data: ..."`` with what to change.
     """
     import torch.distributed as dist
 
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("meter_all_ranks gathers every rank's meter over torch.distributed, which is not "
+                           "initialised in this process: call it on every rank after "
+                           "torch.distributed.init_process_group() (torchrun sets up the environment for it), "
+                           "or use loader.meter() and tokenfeed.meter_verdict() in a single process")
     mine = meter(loader, window)
     world = dist.get_world_size(group)
     gathered: List[Any] = [None] * world
@@ -217,5 +230,6 @@ def meter_all_ranks(loader: _LoaderT, group: Any = None, window: Optional[int] =
         "wait_fraction_mean": sum(fr) / world,
         "wait_fraction_min": min(fr),
         "wait_p99_seconds_max": max(float(r["wait_p99_seconds"]) for r in ranks),
+        "startup_seconds_max": max(float(r.get("startup_seconds", 0.0)) for r in ranks),
         "verdict": meter_verdict(ranks[i], rank=slowest),
     }

@@ -743,6 +743,14 @@ class Loader:
         if bad:
             raise StateError(f"the state's {bad} is NaN or an infinity, which no state holds (JSON has no such "
                              f"number): the state was edited or damaged; pass the dict Loader.state_dict() returned")
+        if "config" not in state and "position" not in state:
+            # a whole training checkpoint: name the entry that holds the loader's state, as
+            # `tokenfeed explain --state` finds it ("loader" first), rather than guess for the caller
+            inner = [k for k, v in state.items() if isinstance(v, Mapping) and "config" in v and "position" in v]
+            if inner:
+                key = "loader" if "loader" in inner else inner[0]
+                raise StateError(f"this dict is not a loader state but holds one under {key!r} (a whole training "
+                                 f"checkpoint?): pass checkpoint[{key!r}] to load_state_dict")
         try:
             text = json.dumps(state, default=_json_value, allow_nan=False)
         except (TypeError, ValueError) as e:
@@ -942,7 +950,9 @@ class Loader:
         ``wait_p99_seconds``, ``wait_max_seconds``: per-batch waits. ``ready_ahead_mean`` and
         ``ready_ahead_min``: batches already assembled (or copied) behind the one delivered.
         ``window_seconds``, ``wait_seconds``, ``batches`` (in the window), ``total_batches``,
-        ``num_threads`` and ``prefetch``. Timed in C where the wait happens; reading it costs
+        ``num_threads`` and ``prefetch``. The first batch waits for the engine to start: its
+        wait is ``startup_seconds``, kept out of the window, which measures the steady state
+        (the window holds the batches after the first). Timed in C where the wait happens; reading it costs
         a few microseconds. :func:`tokenfeed.meter_verdict` says it in one line, and
         :func:`tokenfeed.meter_all_ranks` gathers it over ranks.
         """

@@ -24,6 +24,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -31,6 +32,7 @@ import numpy as np
 from ._convert import convert
 from ._extras import pip_hint
 from ._text import EOD_CANDIDATES, ConvertError
+from ._warnings import DataWarning
 
 __all__ = ["main"]
 
@@ -111,6 +113,7 @@ def _max_id(ds: Any) -> Dict[str, Any]:
     """The largest token id (exact, or over evenly spaced pieces), and warnings about it: ids at
     the dtype's largest value (a vocabulary wider than the dtype was cut when written) or at or
     above vocab_size."""
+    from ._dataset import dtype_mismatch
     from ._remote import is_url
 
     n, step = ds.num_tokens, 1 << 24
@@ -132,12 +135,23 @@ def _max_id(ds: Any) -> Dict[str, Any]:
     if mx is not None:
         dt = np.dtype(ds.dtype)
         if dt.kind in "iu" and mx == int(np.iinfo(dt).max):
-            warn.append(f"the maximum token id {mx:,} is the largest {dt.name} value: ids from a vocabulary wider "
-                        f"than {dt.name} may have been cut when the data was written (more than "
-                        f"{int(np.iinfo(dt).max) + 1:,} ids need uint32)")
+            wider = {"uint8": "uint16", "uint16": "uint32"}.get(dt.name, "a wider dtype")
+            if ds.format == "raw":  # the dtype is the one passed, not one the file records
+                warn.append(f"the maximum token id {mx:,} is the largest {dt.name} value: the file may hold wider "
+                            f"ids than --dtype {dt.name} reads (read as {dt.name}, {wider} data never shows an id "
+                            f"above {mx:,}); check --dtype, or the data was cut when written (more than "
+                            f"{mx + 1:,} ids need {wider})")
+            else:
+                warn.append(f"the maximum token id {mx:,} is the largest {dt.name} value: ids from a vocabulary "
+                            f"wider than {dt.name} may have been cut when the data was written (more than "
+                            f"{mx + 1:,} ids need {wider})")
         if ds.vocab_size is not None and mx >= ds.vocab_size:
             warn.append(f"the maximum token id {mx:,} is >= vocab_size {ds.vocab_size:,}: an embedding of "
                         f"vocab_size rows would fail on it (wrong --dtype, or wrong --vocab-size when converted?)")
+    if ds.format == "raw" and not any(is_url(str(p)) for p in ds.paths):
+        why = dtype_mismatch(ds)
+        if why is not None:
+            warn.append(why)
     out["warnings"] = warn
     return out
 
@@ -195,7 +209,7 @@ def _print_inspect(info: Dict[str, Any]) -> None:
         print(f"max token id  {info['max_token_id']:,}"
               + (f" (over {info['max_token_id_tokens_scanned']:,} evenly spaced tokens)" if part else ""))
     for w in info.get("warnings", []):
-        print(f"warning: {w}", file=sys.stderr)
+        print(f"warning: {cli_words(w)}", file=sys.stderr)
     print(f"fingerprint   {info['fingerprint']}")
     files = info["files"]
     comp = sum(1 for f in files if f["compressed"])
@@ -247,7 +261,9 @@ def cmd_inspect(a: argparse.Namespace) -> int:
 
     if a.seq_len is not None and a.seq_len < 1:
         raise CLIError("--seq-len must be >= 1")
-    ds = tf_open(a.path, dtype=a.dtype, format=a.format)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DataWarning)  # inspect reports it among its own warnings
+        ds = tf_open(a.path, dtype=a.dtype, format=a.format)
     info = _inspect(ds, a.seq_len, a.max_docs, a.packing)
     if a.json:
         print(json.dumps(info, indent=2))

@@ -68,7 +68,10 @@ def moto_dataset(tmp: str, n_docs: int = 200) -> Tuple[object, str]:
 
 
 def run_script(code: str, args: List[str], **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)] + args, env=child_env(),
+    # SIGINT raises KeyboardInterrupt in the child even when this harness was started with it
+    # ignored (a background job), which children inherit
+    code = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n" + textwrap.dedent(code)
+    return subprocess.Popen([sys.executable, "-c", code] + args, env=child_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
