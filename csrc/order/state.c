@@ -486,14 +486,6 @@ static int same_spec(const tf__sched_spec *a, const tf__sched_spec *b) {
            !memcmp(a->weights, b->weights, a->npoints * a->K * sizeof *a->weights);
 }
 
-/* Positions of a finite stream of N samples per epoch (0: endless). */
-static uint64_t positions(uint64_t epochs, uint64_t N, uint64_t G) {
-    uint64_t t;
-    if (!epochs) return 0;
-    if (tf__mul_overflow(epochs, N, &t)) return UINT64_MAX;
-    return t / G * G;
-}
-
 static void diff_value(const tf__setting_row *r, int64_t a, int64_t b, char *d) {
     char was[48], now[48];
     tf__setting_describe(r, a, was, sizeof was);
@@ -502,9 +494,10 @@ static void diff_value(const tf__setting_row *r, int64_t a, int64_t b, char *d) 
 }
 
 /* What differs between the saved configuration and o's, where it changes the
- * stream. The global batch changes it only through where a finite stream ends
- * and a schedule's steps; a mixture's weights and window only through the
- * assignment they make (0.7 / 0.3 in windows of 10 or of 20 is the same). */
+ * stream. The global batch is not compared here: a state of another global
+ * batch is refused before (global_batch_changed). A mixture's weights and
+ * window change the stream only through the assignment they make (0.7 / 0.3
+ * in windows of 10 or of 20 is the same). */
 static void diff_config(const tf_order *o, const tf__sched_spec *now_spec, const saved *s, char *d) {
     tf__cond_ctx now = {&o->cfg, now_spec != NULL, now_spec && now_spec->npoints > 1};
     tf__cond_ctx was = {&s->cfg, s->mixture, s->mixture && s->spec.npoints > 1};
@@ -518,13 +511,7 @@ static void diff_config(const tf_order *o, const tf__sched_spec *now_spec, const
         int64_t a = tf__setting_get(r, &s->cfg), b = tf__setting_get(r, &o->cfg);
         if (a != b) diff_value(r, a, b, d);
     }
-    uint64_t N = tf_order_num_samples(o);
     int mix_same = s->mixture == (now_spec != NULL) && (!s->mixture || s->sched_fp == o->kind_fp);
-    if (s->cfg.global_batch != o->cfg.global_batch &&
-        ((mix_same && was.schedule) || /* its steps are global batches */
-         (s->cfg.epochs == o->cfg.epochs &&
-          positions(s->cfg.epochs, N, s->cfg.global_batch) != positions(o->cfg.epochs, N, o->cfg.global_batch))))
-        diff_value(gb, (int64_t)s->cfg.global_batch, (int64_t)o->cfg.global_batch, d);
     if (mix_same) return;
     if (!same_spec(s->mixture ? &s->spec : NULL, now_spec)) {
         char a[160], b[160];
@@ -533,8 +520,6 @@ static void diff_config(const tf_order *o, const tf__sched_spec *now_spec, const
         add_diff(d, "weights", a, b);
     } else if (s->cfg.mix_window != o->cfg.mix_window) {
         diff_value(mw, (int64_t)s->cfg.mix_window, (int64_t)o->cfg.mix_window, d);
-    } else if (s->cfg.global_batch != o->cfg.global_batch) {
-        diff_value(gb, (int64_t)s->cfg.global_batch, (int64_t)o->cfg.global_batch, d);
     } else {
         add_diff(d, "weights", "another schedule", "this one");
     }
@@ -709,6 +694,20 @@ int tf_order_state_load(const tf_order *o, const char *state, size_t len, unsign
                         "reproduce; load it leniently (TF_STATE_LENIENT in C, strict=False in Python) to continue "
                         "from its position",
                         (unsigned long long)s.config_fp, (unsigned long long)fp);
+    /* The global batch is refused at every position, strict or lenient: the
+     * position, the skipped ranges, a schedule's steps and the steps that
+     * explain/where/skip_steps count are whole global batches of the saved
+     * size, and elastic resume keeps it (dp_size changes, batch_size x dp_size
+     * does not). */
+    if (!rc && s.cfg.global_batch != o->cfg.global_batch)
+        rc = tf__seterr(-TF_ESTATE, "global_batch changed: the state was saved with a global batch of %llu samples "
+                        "(batch_size x dp_size), this loader has %llu. Its position (step %llu) and its steps count "
+                        "global batches of %llu: resume with batch_size x dp_size = %llu (on other ranks, another "
+                        "batch_size: dp_size may change), and reach a larger batch per optimizer step with gradient "
+                        "accumulation",
+                        (unsigned long long)s.cfg.global_batch, (unsigned long long)o->cfg.global_batch,
+                        (unsigned long long)(s.position / s.cfg.global_batch), (unsigned long long)s.cfg.global_batch,
+                        (unsigned long long)s.cfg.global_batch);
     if (!rc) diff_config(o, mixture ? &now_spec : NULL, &s, diffs);
     if (!rc) diff_foreign(o, &s, diffs);
     int same = !*diffs;
