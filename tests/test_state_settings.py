@@ -173,7 +173,8 @@ def test_c_state_text_is_what_python_returns(data):
     st = ld.state_dict()
     assert st["format_version"] == STATE_FORMAT_VERSION == 2
     assert sorted(st) == ["config", "config_fingerprint", "dataset_fingerprint", "format_version", "mix_anchor",
-                          "order", "position", "samples_per_epoch", "skipped", "weights_history", "world_size"]
+                          "order", "position", "samples_per_epoch", "skipped", "weights_history", "weights_initial",
+                          "world_size"]
     assert st["order"] is None  # tokenfeed's own order
     assert st["config"]["block_size"] is None and st["config"]["weights"] is None  # not used: None, but present
 
