@@ -735,7 +735,10 @@ class Loader:
         :class:`StateError` naming what differs; a setting is compared only where it
         changes the stream. Every field is checked for its type. ``strict=False``
         deliberately accepts a changed configuration (a new seed from here on, say) and
-        keeps the position; a mixture then continues each source from where it was.
+        keeps the position; a mixture then continues each source from where it was. Another
+        global batch (``batch_size x dp_size``) is refused at every position, with
+        ``strict=False`` too: the position and every step number count global batches of the
+        saved size (``dp_size`` may change, with ``batch_size`` keeping the product).
         """
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a dict from Loader.state_dict(), got {type(state).__name__}")
