@@ -238,6 +238,83 @@ def test_balanced_rows_are_the_batch(two, mode, M, capsys):
 
 
 # ------------------------------------------------------------------ the CLI
+def test_steps_before_weight_changes_are_the_ones_trained_on(two, tmp_path, capsys):
+    """Two ranks train through two set_weights changes; the state saved at the end, restored
+    into fresh loaders (built with the first weights, with the last ones, or by the CLI from
+    the state alone), explains every step, before the changes too, with exactly the rows and
+    sources the loop received, and where() finds every document where it was read."""
+    from tokenfeed.cli import main
+
+    kw = dict(seq_len=16, batch_size=2, seed=5, mix_window=10, source_ids=True, dp_size=2)
+    run = [numpy_loader(list(two), weights=[0.5, 0.5], dp_rank=r, **kw) for r in range(2)]
+    log = {}  # (step, rank) -> (tokens, source_ids) the loop received
+    for step in range(24):
+        for r, ld in enumerate(run):
+            if step in (6, 14):
+                ld.set_weights([1.0, 0.0] if step == 6 else [0.0, 1.0])
+            b = next(ld)
+            log[step, r] = (b["tokens"].copy(), b["source_ids"].copy())
+    def read(steps):
+        return {int(s) for step in steps for r in range(2) for s in log[step, r][1]}
+
+    assert read(range(6)) == {0, 1} and read(range(6, 14)) == {0} and read(range(14, 24)) == {1}
+    state = json.loads(json.dumps(run[0].state_dict()))
+    assert [p for p, _ in state["weights_history"]] == [6 * 4, 14 * 4]
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state))
+
+    for weights in ([0.5, 0.5], [0.1, 0.9], [0.3, 0.7]):
+        ranks = [numpy_loader(list(two), weights=weights, dp_rank=r, **kw) for r in range(2)]
+        for ld in ranks:
+            ld.load_state_dict(state)
+        ranks.append(pickle.loads(pickle.dumps(run[1])))  # a pickled loader (DataLoader workers) too
+        for step in range(24):
+            for r, ld in enumerate(ranks):
+                tokens, sources = log[step, ld.dp_rank]
+                assert np.array_equal(rebuild(ld, step, 0), tokens), (weights, step, r)
+                assert [row[0].source for row in ld.explain(step)] == sources.tolist(), (weights, step, r)
+    ld = ranks[0]
+    for step in range(24):
+        for r in range(2):
+            for row, segs in enumerate(ranks[r].explain(step)):
+                for sg in segs:
+                    hits = ld.where(sg.document, source=sg.source)
+                    assert {"step": step, "rank": r, "row": row} in [{k: h[k] for k in ("step", "rank", "row")}
+                                                                   for h in hits], (step, r, row, sg)
+                    for h in hits:  # and every hit in the steps trained holds the document
+                        if h["step"] < 24:
+                            got = ranks[h["rank"]].explain(h["step"])[h["row"]]
+                            assert (sg.source, sg.document) in [(x.source, x.document) for x in got]
+    data = [d.paths[0] for d in two]
+    for step in range(24):
+        for r in range(2):
+            rc = main(["explain", *data, "--step", str(step), "--rank", str(r), "--dp-size", "2", "--state",
+                       str(path), "--json"])
+            cap = capsys.readouterr()
+            assert rc == 0, cap.err
+            out = json.loads(cap.out)
+            assert [[(sg["source"], sg["document"], sg["start"], sg["stop"], sg["offset"]) for sg in row["segments"]]
+                    for row in out["rows"]] == [[(sg.source, sg.document, sg.start, sg.stop, sg.offset) for sg in row]
+                                                for row in ranks[r].explain(step)], (step, r)
+
+    # a state that does not record the first weights (written before it did), into a loader built
+    # with other weights than the run began with: the steps before the last change are refused
+    # by name, never answered with other data; from the last change on it answers
+    old = {k: v for k, v in state.items() if k != "weights_initial"}
+    ok = numpy_loader(list(two), weights=[0.5, 0.5], dp_rank=0, **kw)
+    ok.load_state_dict(old)
+    assert np.array_equal(rebuild(ok, 3, 0), log[3, 0][0])
+    other = numpy_loader(list(two), weights=[0.3, 0.7], dp_rank=0, **kw)
+    other.load_state_dict(old)
+    with pytest.raises(tokenfeed.StateError, match=r"step 3 is before the mixture's last weight change \(step 14\)"
+                       r".* not the ones its run began with"):
+        other.explain(3)
+    first = ok.explain(3)[0][0]
+    with pytest.raises(tokenfeed.StateError, match="last weight change"):
+        other.where(first.document, source=first.source)
+    assert np.array_equal(rebuild(other, 20, 0), log[20, 0][0])
+
+
 def test_cli_explain_and_where(tmp_path, capsys):
     from conftest import bpe_tokenizer
     from tokenfeed.cli import main

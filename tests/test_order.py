@@ -199,6 +199,34 @@ def test_elastic_resume_refuses_world_size_not_dividing_position(make_dataset):
         other.load_state_dict(state)
 
 
+@pytest.mark.parametrize("step", [40, 41])
+def test_changed_global_batch_refused_at_every_step(make_dataset, step):
+    """Two ranks keep their batch_size but the world doubles (global batch 8 -> 16): the state is
+    refused whether its step is even or odd, strict or lenient, naming the sizes and what to keep;
+    another world size with the same global batch resumes at both steps."""
+    ds = make_dataset(n_docs=200)
+    kw = dict(seq_len=21, seed=4)
+    states = []
+    for r in range(2):
+        l2 = numpy_loader(ds, batch_size=4, rank=r, world_size=2, num_threads=1, **kw)
+        take_tokens(l2, step)
+        states.append(l2.state_dict())
+    assert states[0]["position"] == step * 8
+    for r in range(2):
+        bigger = numpy_loader(ds, batch_size=4, rank=r, world_size=4, num_threads=1, **kw)
+        for strict in (True, False):
+            with pytest.raises(tokenfeed.StateError, match=r"global_batch changed: .* global batch of 8 samples .* "
+                               r"has 16\. Its position \(step " + str(step) + r"\)"):
+                bigger.load_state_dict(states[r], strict=strict)
+        assert bigger.position == 0
+    ref = take_tokens(numpy_loader(ds, batch_size=8, rank=0, world_size=1, **kw), step + 1)[step]
+    same_g = [numpy_loader(ds, batch_size=2, rank=r, world_size=4, **kw) for r in range(4)]
+    for ld in same_g:
+        ld.load_state_dict(states[0])
+        assert ld.position == step * 8
+    assert np.array_equal(np.concatenate([next(ld)["tokens"] for ld in same_g]), ref)
+
+
 def test_rank_defaults_from_environment(make_dataset, monkeypatch):
     ds = make_dataset()
     monkeypatch.setenv("RANK", "3")

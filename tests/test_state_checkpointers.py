@@ -129,11 +129,13 @@ def test_dcp_round_trip_into_a_fresh_loader(paths, group, tmp_path, kind):
     ld = build(kind, paths)
     take(ld, 2)
     dcp.save({"loader": ld}, checkpoint_id=str(tmp_path / "ckpt"))
-    saved_at = ld.position
+    saved_at, saved = ld.position, ld.state_dict()
     want = take(ld, 5)
     fresh = build(kind, paths, fresh=True)
     dcp.load({"loader": fresh}, checkpoint_id=str(tmp_path / "ckpt"))
     assert fresh.position == saved_at
+    # the weights a live mixture began with come back too (explain tells the steps before a change from them)
+    assert fresh.state_dict()["weights_initial"] == saved["weights_initial"]
     assert same(take(fresh, 5), want)
 
 

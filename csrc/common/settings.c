@@ -52,7 +52,7 @@ const tf__setting_row tf__settings[] = {
     {{"shuffle", TF_SCOPE_ORDER, TF_SETTING_ENUM, TF_SHUFFLE_FULL, 0, 2, 0, 0, SHUFFLE_NAMES, "always", "order of the samples within an epoch: none, full or block"}, NULL, 0, ORDER(shuffle)},
     {{"block_size", TF_SCOPE_ORDER, TF_SETTING_INT, 1024, 1, UINT64_MAX, 0, 0, NULL, "shuffle=block", "samples per block of the block shuffle"}, NULL, 0, ORDER(block_size)},
     {{"window_blocks", TF_SCOPE_ORDER, TF_SETTING_INT, 16, 1, UINT64_MAX, 0, 0, NULL, "shuffle=block", "blocks per window of the block shuffle"}, NULL, 0, ORDER(window_blocks)},
-    {{"global_batch", TF_SCOPE_ORDER, TF_SETTING_INT, 1, 1, UINT64_MAX, 0, 0, NULL, "epochs or schedule", "samples per step over all data-parallel ranks (batch_size x dp_size)"}, "always", 0, ORDER(global_batch)},
+    {{"global_batch", TF_SCOPE_ORDER, TF_SETTING_INT, 1, 1, UINT64_MAX, 0, 0, NULL, "always", "samples per step over all data-parallel ranks (batch_size x dp_size)"}, "always", 0, ORDER(global_batch)},
     {{"epochs", TF_SCOPE_ORDER, TF_SETTING_INT, 0, 0, UINT64_MAX, 1, 0, NULL, "always", "passes over the data before the stream ends (None: endless)"}, NULL, 0, ORDER(epochs)},
     {{"pad_id", TF_SCOPE_ORDER, TF_SETTING_INT, 0, 0, INT64_MAX, 0, 0, NULL, "packing!=concat or order=olmo", "token that fills the rest of a packed sample (and ends an OLMo instance)"}, NULL, 1, ORDER(pad_id)},
     {{"pack_window", TF_SCOPE_ORDER, TF_SETTING_INT, 1024, 1, TF__MAX_PACK_WINDOW, 0, 0, NULL, "packing=best_fit", "documents per best_fit packing window"}, NULL, 0, ORDER(pack_window)},

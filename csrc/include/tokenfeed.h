@@ -814,12 +814,18 @@ TF_API int tf_order_create_mix_schedule(const tf_dataset *const *ds, size_t n, c
 
 /* The source (0 for a plain order) of position pos, and the index of that
  * position in the source's own stream. -ENOMEM when a schedule table cannot
- * be allocated. */
+ * be allocated. A mixture whose weights were changed (tf_order_mix_set_weights,
+ * or a state listing weights_history) answers a position before the last
+ * change from the weights in force there; -TF_ESTATE, with tf_last_error()
+ * saying why, when the weights it began with do not lead to the recorded
+ * hand-over (another base than the run's) or the position is before an
+ * unrecorded hand-over. */
 TF_API int tf_order_mix_source_at(const tf_order *o, uint64_t pos, size_t *source, uint64_t *index);
 
 /* Positions of source i among positions [0, pos) (with a hand-over anchor, as
  * delivered): the index of source i's next position at or after pos. A plain
- * order: pos for i == 0. UINT64_MAX when a schedule table cannot be allocated. */
+ * order: pos for i == 0. UINT64_MAX when a schedule table cannot be allocated
+ * or the position cannot be told (tf_order_mix_source_at then says why). */
 TF_API uint64_t tf_order_mix_source_count(const tf_order *o, size_t i, uint64_t pos);
 
 /* Counts per window at position pos: counts[i] of every source (n entries;

@@ -180,6 +180,16 @@ static int scan_positions(const tf_order *o, size_t source, const tf_order *so, 
     return 0;
 }
 
+/* The error of a count that failed (UINT64_MAX) at pos: the position's, when
+ * it cannot be told (before a recorded weight change that the order cannot
+ * rebuild), else out of memory. */
+static int count_failed(const tf_order *o, uint64_t pos) {
+    size_t s;
+    uint64_t j;
+    int rc = tf_order_mix_source_at(o, pos, &s, &j);
+    return rc ? rc : tf__seterr(-ENOMEM, "out of memory building a mixture schedule table");
+}
+
 /* The mixture position of index j of source `source`'s own stream, in
  * [begin, end): the first p with count(p + 1) > j, checked against
  * tf_order_mix_source_at. 1 when found, 0 when the check disagrees. */
@@ -188,7 +198,7 @@ static int mix_position(const tf_order *o, size_t source, uint64_t j, uint64_t b
     while (lo < hi) {
         uint64_t mid = lo + (hi - lo) / 2;
         uint64_t c = tf_order_mix_source_count(o, source, mid + 1);
-        if (c == UINT64_MAX) return -ENOMEM;
+        if (c == UINT64_MAX) return count_failed(o, mid + 1);
         if (c > j) hi = mid;
         else lo = mid + 1;
     }
@@ -212,7 +222,7 @@ static int invert_positions(const tf_order *o, size_t source, const tf_order *so
     if (mixture) {
         jlo = tf_order_mix_source_count(o, source, begin);
         jhi = tf_order_mix_source_count(o, source, end);
-        if (jlo == UINT64_MAX || jhi == UINT64_MAX) return -ENOMEM;
+        if (jlo == UINT64_MAX || jhi == UINT64_MAX) return count_failed(o, jlo == UINT64_MAX ? begin : end);
     }
     if (jlo >= jhi) return 0;
     for (uint64_t e = jlo / Ns; e <= (jhi - 1) / Ns; e++) {

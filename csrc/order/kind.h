@@ -137,6 +137,12 @@ TF_HIDDEN size_t tf__order_mix_history_len(const tf_order *o);
 TF_HIDDEN uint64_t tf__order_mix_history_at(const tf_order *o, size_t i, double *w);
 TF_HIDDEN int tf__order_mix_set_history(tf_order *o, size_t n, const uint64_t *pos, const double *w);
 TF_HIDDEN int tf__order_mix_inherit_history(tf_order *o, const tf_order *like, const double *w);
+/* The schedule a mixture's stream began with, before the first change of its
+ * history (its own spec when it has none): the state records it so that the
+ * steps before a change are told from the state alone. set_base replaces it
+ * (copied). */
+TF_HIDDEN int tf__order_mix_base(const tf_order *o, tf__sched_spec *base);
+TF_HIDDEN int tf__order_mix_set_base(tf_order *o, const tf__sched_spec *base);
 
 /* The dataset's files as runs of units, for orders that cut each file on
  * its own (file_runs.c): unit u is unit u - cum[f] of file f = find(u). */

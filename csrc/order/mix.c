@@ -32,6 +32,19 @@
  * every read backend works unchanged. The view's fingerprint hashes the
  * sources' fingerprints in order; the schedule (K, W, c_s) enters the config
  * fingerprint. Packing statistics of a mixture are the sum of its sources'.
+ *
+ * The past of a mixture whose weights were changed
+ * ------------------------------------------------
+ * After tf_order_mix_set_weights (or a resume from a state that lists
+ * changes) the order's own schedule holds from the last change on. Before it,
+ * the stream was the schedule it began with (`base`), then each recorded
+ * change in turn: constant weights handed over where each source was. Those
+ * hand-overs are a pure function of the base and the history, so a position
+ * before the last change is answered by the schedule in force there, rebuilt
+ * once (mix_past): the same source and index the run read. The rebuilt chain
+ * must end where the order's own anchor says each source was; when it does not
+ * (a base that is not the one the run began with), such positions are refused
+ * with the reason, never answered with other data.
  */
 #include <math.h>
 #include <pthread.h>
@@ -72,7 +85,27 @@ typedef struct tf__mix {
     int has_last;
     uint64_t last_pos;
     double *last_w; /* K */
+    /* the schedule the stream began with, before the first change of the
+     * history (owned arrays; has_base 0: the order's own spec) */
+    tf__sched_spec base;
+    int has_base;
+    struct mix_past *past; /* the schedules before the last change, built on first use */
 } tf__mix;
+
+/* Where each source was at each change of the history, and the schedules in
+ * force before the last one (see the file comment). */
+typedef struct mix_past {
+    pthread_mutex_t mu;
+    int built;       /* 0: not yet; 1: built; < 0: refused (why says why) */
+    char why[480];
+    size_t n;        /* changes */
+    uint64_t *pos;   /* n: where each took effect */
+    double *w;       /* n x K: its weights */
+    uint64_t *counts;/* n x K: where each source was there */
+    tf__sched *base; /* the schedule before the first change */
+    size_t seg;      /* the change whose schedule seg_sched is (cached) */
+    tf__sched *seg_sched;
+} mix_past;
 
 /* Entries of a weight history, shared by reference count and only ever
  * appended to: an order reads its first nprefix entries, which never change.
@@ -120,9 +153,64 @@ static int hist_append(mix_hist *h, uint64_t pos, const double *w) {
     return 0;
 }
 
+static void spec_free(tf__sched_spec *sp) {
+    free((void *)sp->steps);
+    free((void *)sp->weights);
+    free((void *)sp->anchor_counts);
+    memset(sp, 0, sizeof *sp);
+}
+
+/* A copy of *src with its own arrays (dst is overwritten, not freed). */
+static int spec_dup(tf__sched_spec *dst, const tf__sched_spec *src) {
+    size_t K = src->K, P = src->npoints;
+    *dst = *src;
+    dst->steps = NULL;
+    dst->weights = NULL;
+    dst->anchor_counts = NULL;
+    uint64_t *steps = malloc(P * sizeof *steps), *anchor = NULL;
+    double *w = malloc(P * K * sizeof *w);
+    if (src->anchor_counts) anchor = malloc(K * sizeof *anchor);
+    dst->steps = steps;
+    dst->weights = w;
+    dst->anchor_counts = anchor;
+    if (!steps || !w || (src->anchor_counts && !anchor)) {
+        spec_free(dst);
+        return -ENOMEM;
+    }
+    memcpy(steps, src->steps, P * sizeof *steps);
+    memcpy(w, src->weights, P * K * sizeof *w);
+    if (anchor) memcpy(anchor, src->anchor_counts, K * sizeof *anchor);
+    return 0;
+}
+
+static void past_clear(mix_past *p) {
+    free(p->pos);
+    free(p->w);
+    free(p->counts);
+    tf__sched_free(p->base);
+    tf__sched_free(p->seg_sched);
+    p->pos = NULL;
+    p->w = NULL;
+    p->counts = NULL;
+    p->base = NULL;
+    p->seg_sched = NULL;
+    p->n = 0;
+    p->built = 0;
+    p->why[0] = 0;
+}
+
+static void past_free(mix_past *p) {
+    if (!p) return;
+    past_clear(p);
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+}
+
 static void mix_free(void *v) {
     tf__mix *m = v;
     if (!m) return;
+    spec_free(&m->base);
+    past_free(m->past);
     for (size_t s = 0; m->src && s < m->K; s++) tf_order_free(m->src[s].order);
     free(m->src);
     tf__sched_free(m->sched);
@@ -176,8 +264,10 @@ static int mix_init(tf_order *o, const void *args) {
     if (!m) return -ENOMEM;
     m->K = n;
     m->src = calloc(n, sizeof *m->src);
+    m->past = calloc(1, sizeof *m->past);
+    if (m->past) pthread_mutex_init(&m->past->mu, NULL);
     int rc = 0;
-    if (!m->src) {
+    if (!m->src || !m->past) {
         rc = -ENOMEM;
         goto fail;
     }
@@ -259,6 +349,135 @@ int tf_order_create_mix_schedule(const tf_dataset *const *ds, size_t n, const tf
     return create_mix(ds, n, &sp, cfg, out);
 }
 
+static tf__sched *sched_of(const tf_order *o, const tf__sched_spec *sp) {
+    tf__sched_spec x = *sp;
+    x.M = o->cfg.mix_window;
+    x.G = o->cfg.global_batch;
+    tf__sched *s = NULL;
+    return tf__sched_create(&x, &s) ? NULL : s;
+}
+
+/* The schedule in force from change i on: its constant weights, handed over
+ * where each source was. */
+static tf__sched *change_sched(const tf_order *o, const mix_past *p, size_t K, size_t i) {
+    static const uint64_t step0 = 0;
+    tf__sched_spec sp = {.K = K, .npoints = 1, .steps = &step0, .weights = p->w + i * K, .allow_zero = 1,
+                         .anchor_pos = p->pos[i], .anchor_counts = p->counts + i * K};
+    return sched_of(o, &sp);
+}
+
+/* Rebuild the chain of schedules from the base through every change but the
+ * last (p->mu held): where each source was at each change. 0, or -errno with
+ * p->why saying why positions before the last change cannot be told. */
+static int past_build(const tf_order *o, const tf__mix *m, mix_past *p) {
+    size_t K = m->K, n = tf__order_mix_history_len(o);
+    uint64_t G = o->cfg.global_batch;
+    const tf__sched_spec *base = m->has_base ? &m->base : &m->spec;
+    p->n = n;
+    p->pos = malloc(n * sizeof *p->pos);
+    p->w = malloc(n * K * sizeof *p->w);
+    p->counts = malloc(n * K * sizeof *p->counts);
+    if (!p->pos || !p->w || !p->counts) return -ENOMEM;
+    for (size_t i = 0; i < n; i++) p->pos[i] = tf__order_mix_history_at(o, i, p->w + i * K);
+    p->base = sched_of(o, base);
+    if (!p->base) {
+        snprintf(p->why, sizeof p->why, "the weights the mixture began with cannot be rebuilt (%s)", tf_last_error());
+        return -TF_ESTATE;
+    }
+    tf__sched *prev = p->base;
+    for (size_t i = 0; i < n; i++) {
+        int oom = 0;
+        for (size_t k = 0; k < K; k++) {
+            p->counts[i * K + k] = tf__sched_count(prev, k, p->pos[i]);
+            oom |= p->counts[i * K + k] == UINT64_MAX;
+        }
+        if (prev != p->base) tf__sched_free(prev);
+        prev = NULL;
+        if (oom) return -ENOMEM;
+        if (i + 1 < n && !(prev = change_sched(o, p, K, i))) {
+            snprintf(p->why, sizeof p->why, "the weights set at step %llu cannot be rebuilt (%s)",
+                     (unsigned long long)(p->pos[i] / G), tf_last_error());
+            return -TF_ESTATE;
+        }
+    }
+    const uint64_t *last = p->counts + (n - 1) * K;
+    if (!m->spec.anchor_counts || m->spec.anchor_pos != p->pos[n - 1] ||
+        memcmp(last, m->spec.anchor_counts, K * sizeof *last)) {
+        snprintf(p->why, sizeof p->why, "the weights this mixture began with are not the ones its run began with: "
+                 "they do not lead to where the state says each source was when the weights were last set "
+                 "(step %llu)", (unsigned long long)(p->pos[n - 1] / G));
+        return -TF_ESTATE;
+    }
+    return 0;
+}
+
+/* Source (*src) and index (*j) of a position before the last change
+ * (m->has_last, pos < m->last_pos); with count_k, *j is instead the positions
+ * of source *count_k among [0, pos). 0, or -errno with the error set when it
+ * cannot be told. */
+static int past_at(const tf_order *o, uint64_t pos, const size_t *count_k, uint32_t *srcp, uint64_t *j) {
+    const tf__mix *m = o->impl;
+    mix_past *p = m->past;
+    uint64_t G = o->cfg.global_batch;
+    const tf__sched_spec *base = m->has_base ? &m->base : &m->spec;
+    uint32_t src = UINT32_MAX;
+    int rc = 0;
+    pthread_mutex_lock(&p->mu);
+    if (!p->built) {
+        rc = past_build(o, m, p);
+        if (rc) {
+            if (!*p->why) snprintf(p->why, sizeof p->why, "out of memory rebuilding the mixture's weight changes");
+            p->built = rc;
+        } else {
+            p->built = 1;
+        }
+    }
+    if (p->built < 0) {
+        rc = tf__seterr(p->built, "step %llu is before the mixture's last weight change (step %llu), and %s: build the "
+                   "Loader with the weights the run began with and load the state saved by the run",
+                   (unsigned long long)(pos / G), (unsigned long long)(m->last_pos / G), p->why);
+        goto out;
+    }
+    size_t lo = 0, hi = p->n; /* the first change after pos: pos[i] <= pos for i < lo */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (p->pos[mid] <= pos) lo = mid + 1;
+        else hi = mid;
+    }
+    const tf__sched *sc = p->base;
+    if (lo == 0 && base->anchor_counts && pos < base->anchor_pos) {
+        rc = tf__seterr(-TF_ESTATE, "step %llu is before step %llu, where this mixture was resumed under other weights "
+                   "(strict=False) or handed over, and no state records the weights before that: explain it on a "
+                   "Loader restored from a checkpoint of before the hand-over",
+                   (unsigned long long)(pos / G), (unsigned long long)(base->anchor_pos / G));
+        goto out;
+    }
+    if (lo > 0) {
+        if (!p->seg_sched || p->seg != lo - 1) {
+            tf__sched_free(p->seg_sched);
+            p->seg_sched = change_sched(o, p, m->K, lo - 1);
+            p->seg = lo - 1;
+            if (!p->seg_sched) {
+                rc = tf__seterr(-ENOMEM, "out of memory rebuilding the mixture's weights set at step %llu",
+                           (unsigned long long)(p->pos[lo - 1] / G));
+                goto out;
+            }
+        }
+        sc = p->seg_sched;
+    }
+    if (count_k) {
+        *j = tf__sched_count(sc, *count_k, pos);
+        src = *j == UINT64_MAX ? UINT32_MAX : 0;
+    } else {
+        src = tf__sched_at(sc, pos, j);
+    }
+    if (src == UINT32_MAX) rc = tf__seterr(-ENOMEM, "out of memory building a mixture schedule table");
+    *srcp = src;
+out:
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
 /* Source of mixture sample id `sample` (< N). */
 static const mix_source *source_of(const tf__mix *m, uint64_t sample) {
     size_t lo = 0, hi = m->K; /* src[lo].first <= sample < src[hi].first (src[K].first = N) */
@@ -275,6 +494,10 @@ static const mix_source *source_of(const tf__mix *m, uint64_t sample) {
 static uint64_t mix_sample_at(const tf_order *o, uint64_t pos) {
     const tf__mix *m = o->impl;
     uint64_t j;
+    if (m->has_last && pos < m->last_pos) {
+        uint32_t s;
+        return past_at(o, pos, NULL, &s, &j) ? UINT64_MAX : m->src[s].first + tf_order_sample_at(m->src[s].order, j);
+    }
     uint32_t s = tf__sched_at(m->sched, pos, &j);
     if (s == UINT32_MAX) {
         tf__seterr(-ENOMEM, "out of memory building a mixture schedule table");
@@ -327,6 +550,13 @@ static const tf__order_ops mix_ops = {.name = "mixture", .sample_at = mix_sample
 /* ------------------------------------------------------------------------ */
 
 static const tf__mix *mix_of(const tf_order *o) { return o && o->ops == &mix_ops ? o->impl : NULL; }
+
+int tf__order_mix_base(const tf_order *o, tf__sched_spec *base) {
+    const tf__mix *m = mix_of(o);
+    if (!m) return -EINVAL;
+    *base = m->has_base ? m->base : m->spec;
+    return 0;
+}
 
 size_t tf_order_num_sources(const tf_order *o) {
     const tf__mix *m = mix_of(o);
@@ -383,6 +613,12 @@ int tf_order_mix_source_at(const tf_order *o, uint64_t pos, size_t *source, uint
         *index = pos;
         return 0;
     }
+    if (m->has_last && pos < m->last_pos) {
+        uint32_t s;
+        TF_TRY(past_at(o, pos, NULL, &s, index));
+        *source = s;
+        return 0;
+    }
     uint32_t s = tf__sched_at(m->sched, pos, index);
     if (s == UINT32_MAX) TF_FAIL(-ENOMEM, "out of memory building a mixture schedule table");
     *source = s;
@@ -393,7 +629,13 @@ uint64_t tf_order_mix_source_count(const tf_order *o, size_t i, uint64_t pos) {
     const tf__mix *m = mix_of(o);
     if (!o) return 0;
     if (!m) return i == 0 ? pos : 0;
-    return i < m->K ? tf__sched_count(m->sched, i, pos) : 0;
+    if (i >= m->K) return 0;
+    if (m->has_last && pos < m->last_pos) {
+        uint32_t unused;
+        uint64_t c;
+        return past_at(o, pos, &i, &unused, &c) ? UINT64_MAX : c;
+    }
+    return tf__sched_count(m->sched, i, pos);
 }
 
 int tf__order_mix_spec(const tf_order *o, tf__sched_spec *spec, const tf_dataset *const **ds) {
@@ -451,6 +693,9 @@ static int hist_take(tf__mix *m, mix_hist *h, size_t nprefix, int has_last, uint
         return -ENOMEM;
     }
     hist_release(m->hist); /* (the caller holds its own reference to h, the same or not) */
+    pthread_mutex_lock(&m->past->mu);
+    past_clear(m->past);
+    pthread_mutex_unlock(&m->past->mu);
     m->hist = h;
     m->nprefix = h ? nprefix : 0;
     m->has_last = has_last;
@@ -476,6 +721,7 @@ int tf__order_mix_inherit_history(tf_order *o, const tf_order *like, const doubl
     tf__mix *m = mix_mut(o);
     const tf__mix *lm = mix_of(like);
     if (!m || !lm || m->K != lm->K) return -EINVAL;
+    TF_TRY(tf__order_mix_set_base(o, lm->has_base ? &lm->base : &lm->spec));
     mix_hist *h = lm->hist;
     size_t np = lm->nprefix;
     if (h) atomic_fetch_add(&h->refs, 1);
@@ -517,4 +763,21 @@ int tf__order_mix_inherit_history(tf_order *o, const tf_order *like, const doubl
         np++;
     }
     return hist_take(m, h, np, 1, at, w);
+}
+
+int tf__order_mix_set_base(tf_order *o, const tf__sched_spec *base) {
+    tf__mix *m = mix_mut(o);
+    if (!m || base->K != m->K) return -EINVAL;
+    if (m->has_base && base == &m->base) return 0;
+    tf__sched_spec copy;
+    TF_TRY(spec_dup(&copy, base));
+    copy.M = o->cfg.mix_window;
+    copy.G = o->cfg.global_batch;
+    spec_free(&m->base);
+    m->base = copy;
+    m->has_base = 1;
+    pthread_mutex_lock(&m->past->mu);
+    past_clear(m->past);
+    pthread_mutex_unlock(&m->past->mu);
+    return 0;
 }

@@ -24,6 +24,11 @@
  *                        (tf_order_mix_set_weights), oldest first. A state
  *                        that lists some resumes with the last of them and
  *                        its anchor, whatever weights the loader was built with
+ *   weights_initial      null, or with weights_history [weights,
+ *                        schedule_steps, interpolation, mix_anchor]: the
+ *                        mixture before the first change (as config and
+ *                        mix_anchor write them), so that the steps before a
+ *                        change are told from the state alone (mix.c)
  *   order                null for tokenfeed's own orders; for an order that
  *                        reproduces another loader's, [its name, 16 hex
  *                        digits: the fingerprint of the data of its own it
@@ -108,6 +113,39 @@ static void write_history(tf__jw *w, const tf_order *o) {
     free(hw);
 }
 
+/* [weights, schedule_steps, interpolation, mix_anchor] of the mixture before
+ * the first change of its history; null without a history. */
+static void write_initial(tf__jw *w, const tf_order *o) {
+    tf__sched_spec sp;
+    if (!tf__order_mix_history_len(o) || tf__order_mix_base(o, &sp)) {
+        tf__jw_printf(w, "null");
+        return;
+    }
+    tf__jw_printf(w, "[");
+    if (sp.npoints == 1 && !sp.linear) {
+        write_doubles(w, sp.weights, sp.K);
+        tf__jw_printf(w, ", null, null, ");
+    } else {
+        tf__jw_printf(w, "[");
+        for (size_t p = 0; p < sp.npoints; p++) {
+            if (p) tf__jw_printf(w, ", ");
+            write_doubles(w, sp.weights + p * sp.K, sp.K);
+        }
+        tf__jw_printf(w, "], [");
+        for (size_t p = 0; p < sp.npoints; p++)
+            tf__jw_printf(w, "%s%llu", p ? ", " : "", (unsigned long long)sp.steps[p]);
+        tf__jw_printf(w, "], \"%s\", ", sp.linear ? "linear" : "constant");
+    }
+    if (sp.anchor_counts) {
+        tf__jw_printf(w, "[%llu, [", (unsigned long long)sp.anchor_pos);
+        for (size_t k = 0; k < sp.K; k++)
+            tf__jw_printf(w, "%s%llu", k ? ", " : "", (unsigned long long)sp.anchor_counts[k]);
+        tf__jw_printf(w, "]]]");
+    } else {
+        tf__jw_printf(w, "null]");
+    }
+}
+
 static void write_setting(tf__jw *w, const tf__setting_row *r, const tf__cond_ctx *x) {
     int64_t v = tf__setting_get(r, x->cfg);
     if (!tf__setting_in_fingerprint(r, x) || (r->pub.nullable && v == r->pub.none_value))
@@ -156,6 +194,8 @@ int tf_order_state_save(const tf_order *o, uint64_t pos, uint32_t world_size, ch
                       (unsigned long long)o->skips[2 * i + 1], i + 1 == o->nskips ? "]" : "");
     tf__jw_printf(&w, ", \"weights_history\": ");
     write_history(&w, o);
+    tf__jw_printf(&w, ", \"weights_initial\": ");
+    write_initial(&w, o);
     if (o->ops->foreign)
         tf__jw_printf(&w, ", \"order\": [\"%s\", \"%016llx\"]}", o->ops->foreign, (unsigned long long)o->kind_fp);
     else
@@ -197,6 +237,8 @@ typedef struct saved {
     size_t nhist;            /* weights_history: positions and K weights each (owned) */
     uint64_t *hist_pos;
     double *hist_w;
+    int has_initial;         /* weights_initial: the mixture before the first change (arrays owned) */
+    tf__sched_spec initial;
     char foreign[32];        /* order: another loader's order ("" for tokenfeed's own) */
     uint64_t foreign_fp;     /* and its data's fingerprint */
 } saved;
@@ -207,6 +249,9 @@ static void saved_free(saved *s) {
     free(s->anchor_counts);
     free(s->hist_pos);
     free(s->hist_w);
+    free((void *)s->initial.steps);
+    free((void *)s->initial.weights);
+    free((void *)s->initial.anchor_counts);
     free(s->skips);
 }
 
@@ -272,11 +317,14 @@ static int parse_setting(const tf__json *j, const tf__jnode *config, const tf__s
     return 0;
 }
 
-static int parse_point(const tf__json *j, const tf__jnode *n, size_t K, double *out) {
-    if (!n || n->type != TF__J_ARR || n->n != K) return bad("config.weights", "one weight per source", n);
-    for (size_t k = 0; k < K; k++) TF_TRY(get_double(tf__json_child(j, n, k), "config.weights", &out[k]));
+static int parse_point(const tf__json *j, const tf__jnode *n, size_t K, double *out, const char *field) {
+    if (!n || n->type != TF__J_ARR || n->n != K) return bad(field, "one weight per source", n);
+    for (size_t k = 0; k < K; k++) TF_TRY(get_double(tf__json_child(j, n, k), field, &out[k]));
     return 0;
 }
+
+static int parse_weights(const tf__json *j, const tf__jnode *w, const tf__jnode *steps, const tf__jnode *interp,
+                         tf__sched_spec *spec, const char *field, const char *steps_field, const char *interp_field);
 
 /* weights (a list: plain; a list of lists with schedule_steps: a schedule;
  * version 1: a dict {steps, weights, interpolation}). */
@@ -294,32 +342,45 @@ static int parse_mixture(const tf__json *j, const tf__jnode *config, saved *s) {
     } else if (w->type != TF__J_ARR) {
         return bad("config.weights", "a list", w);
     }
+    return parse_weights(j, points, steps, interp, &s->spec, "config.weights", "config.schedule_steps",
+                         "config.interpolation");
+}
+
+/* Weights as the state writes them: points (one list of K, or one per step of
+ * steps) and interpolation; into spec (arrays owned by the caller). */
+static int parse_weights(const tf__json *j, const tf__jnode *points, const tf__jnode *steps, const tf__jnode *interp,
+                         tf__sched_spec *spec, const char *field, const char *steps_field, const char *interp_field) {
+    const tf__jnode *w = points;
+    if (!w || w->type != TF__J_ARR) return bad(field, "a list", w);
     size_t P = 1, K;
+    if (steps && steps->type == TF__J_NULL) steps = NULL;
     if (steps) {
-        if (steps->type != TF__J_ARR || !points || points->type != TF__J_ARR || steps->n != points->n || !steps->n)
-            return bad("config.schedule_steps", "one step per point of the weights", steps);
+        if (steps->type != TF__J_ARR || steps->n != points->n || !steps->n)
+            return bad(steps_field, "one step per point of the weights", steps);
         P = steps->n;
-        K = tf__json_child(j, points, 0)->n;
+        const tf__jnode *first = tf__json_child(j, points, 0);
+        if (first->type != TF__J_ARR) return bad(field, "a list of weights per schedule step", first);
+        K = first->n;
     } else {
         K = w->n;
     }
-    if (!K) return bad("config.weights", "at least one weight", w);
+    if (!K) return bad(field, "at least one weight", w);
     uint64_t *st = calloc(P, sizeof *st);
     double *wt = calloc(P * K, sizeof *wt);
-    s->spec.steps = st;
-    s->spec.weights = wt;
+    spec->steps = st;
+    spec->weights = wt;
     if (!st || !wt) return -ENOMEM;
-    s->spec.K = K;
-    s->spec.npoints = P;
-    s->spec.allow_zero = 1;
-    if (!steps) return parse_point(j, w, K, wt);
+    spec->K = K;
+    spec->npoints = P;
+    spec->allow_zero = 1;
+    if (!steps) return parse_point(j, w, K, wt, field);
     for (size_t p = 0; p < P; p++) {
-        TF_TRY(get_u64(tf__json_child(j, steps, p), "config.schedule_steps", &st[p]));
-        TF_TRY(parse_point(j, tf__json_child(j, points, p), K, wt + p * K));
+        TF_TRY(get_u64(tf__json_child(j, steps, p), steps_field, &st[p]));
+        TF_TRY(parse_point(j, tf__json_child(j, points, p), K, wt + p * K, field));
     }
     if (interp && interp->type != TF__J_NULL) {
-        if (tf__json_streq(interp, "linear")) s->spec.linear = 1;
-        else if (!tf__json_streq(interp, "constant")) return bad("config.interpolation", "'constant' or 'linear'", interp);
+        if (tf__json_streq(interp, "linear")) spec->linear = 1;
+        else if (!tf__json_streq(interp, "constant")) return bad(interp_field, "'constant' or 'linear'", interp);
     }
     return 0;
 }
@@ -402,6 +463,33 @@ static int parse_history(const tf__json *j, const tf__jnode *h, saved *s) {
     return 0;
 }
 
+/* weights_initial: null, or with a weights_history [weights, schedule_steps,
+ * interpolation, mix_anchor] of the saved mixture's sources. */
+static int parse_initial(const tf__json *j, const tf__jnode *n, saved *s) {
+    if (!n || n->type == TF__J_NULL) return 0;
+    const char *want = "null, or [weights, schedule_steps, interpolation, mix_anchor] of a mixture with a "
+                       "weights_history";
+    if (n->type != TF__J_ARR || n->n != 4 || !s->nhist) return bad("weights_initial", want, n);
+    TF_TRY(parse_weights(j, tf__json_child(j, n, 0), tf__json_child(j, n, 1), tf__json_child(j, n, 2), &s->initial,
+                         "weights_initial weights", "weights_initial schedule_steps", "weights_initial interpolation"));
+    size_t K = s->initial.K;
+    if (K != s->spec.K) return bad("weights_initial", "one weight per source of the saved mixture", tf__json_child(j, n, 0));
+    const tf__jnode *a = tf__json_child(j, n, 3);
+    if (a->type != TF__J_NULL) {
+        const tf__jnode *counts = a->type == TF__J_ARR && a->n == 2 ? tf__json_child(j, a, 1) : NULL;
+        if (!counts || counts->type != TF__J_ARR || counts->n != K)
+            return bad("weights_initial mix_anchor", "null or [position, [one count per source]]", a);
+        TF_TRY(get_u64(tf__json_child(j, a, 0), "weights_initial mix_anchor position", &s->initial.anchor_pos));
+        uint64_t *c = calloc(K, sizeof *c);
+        if (!c) return -ENOMEM;
+        s->initial.anchor_counts = c;
+        for (size_t k = 0; k < K; k++)
+            TF_TRY(get_u64(tf__json_child(j, counts, k), "weights_initial mix_anchor counts", &c[k]));
+    }
+    s->has_initial = 1;
+    return 0;
+}
+
 /* order: null, or [name, fingerprint] of another loader's order. */
 static int parse_foreign(const tf__json *j, const tf__jnode *n, saved *s) {
     if (!n || n->type == TF__J_NULL) return 0;
@@ -448,7 +536,8 @@ static int parse_state(const tf__json *j, saved *s) {
     TF_TRY(parse_anchor(j, tf__json_get(j, root, "mix_anchor"), s));
     TF_TRY(parse_skipped(j, tf__json_get(j, root, "skipped"), s));
     TF_TRY(parse_foreign(j, tf__json_get(j, root, "order"), s));
-    return parse_history(j, tf__json_get(j, root, "weights_history"), s);
+    TF_TRY(parse_history(j, tf__json_get(j, root, "weights_history"), s));
+    return parse_initial(j, tf__json_get(j, root, "weights_initial"), s);
 }
 
 /* ------------------------------------------------------------- compare */
@@ -486,14 +575,6 @@ static int same_spec(const tf__sched_spec *a, const tf__sched_spec *b) {
            !memcmp(a->weights, b->weights, a->npoints * a->K * sizeof *a->weights);
 }
 
-/* Positions of a finite stream of N samples per epoch (0: endless). */
-static uint64_t positions(uint64_t epochs, uint64_t N, uint64_t G) {
-    uint64_t t;
-    if (!epochs) return 0;
-    if (tf__mul_overflow(epochs, N, &t)) return UINT64_MAX;
-    return t / G * G;
-}
-
 static void diff_value(const tf__setting_row *r, int64_t a, int64_t b, char *d) {
     char was[48], now[48];
     tf__setting_describe(r, a, was, sizeof was);
@@ -502,9 +583,10 @@ static void diff_value(const tf__setting_row *r, int64_t a, int64_t b, char *d) 
 }
 
 /* What differs between the saved configuration and o's, where it changes the
- * stream. The global batch changes it only through where a finite stream ends
- * and a schedule's steps; a mixture's weights and window only through the
- * assignment they make (0.7 / 0.3 in windows of 10 or of 20 is the same). */
+ * stream. The global batch is not compared here: a state of another global
+ * batch is refused before (global_batch_changed). A mixture's weights and
+ * window change the stream only through the assignment they make (0.7 / 0.3
+ * in windows of 10 or of 20 is the same). */
 static void diff_config(const tf_order *o, const tf__sched_spec *now_spec, const saved *s, char *d) {
     tf__cond_ctx now = {&o->cfg, now_spec != NULL, now_spec && now_spec->npoints > 1};
     tf__cond_ctx was = {&s->cfg, s->mixture, s->mixture && s->spec.npoints > 1};
@@ -518,13 +600,7 @@ static void diff_config(const tf_order *o, const tf__sched_spec *now_spec, const
         int64_t a = tf__setting_get(r, &s->cfg), b = tf__setting_get(r, &o->cfg);
         if (a != b) diff_value(r, a, b, d);
     }
-    uint64_t N = tf_order_num_samples(o);
     int mix_same = s->mixture == (now_spec != NULL) && (!s->mixture || s->sched_fp == o->kind_fp);
-    if (s->cfg.global_batch != o->cfg.global_batch &&
-        ((mix_same && was.schedule) || /* its steps are global batches */
-         (s->cfg.epochs == o->cfg.epochs &&
-          positions(s->cfg.epochs, N, s->cfg.global_batch) != positions(o->cfg.epochs, N, o->cfg.global_batch))))
-        diff_value(gb, (int64_t)s->cfg.global_batch, (int64_t)o->cfg.global_batch, d);
     if (mix_same) return;
     if (!same_spec(s->mixture ? &s->spec : NULL, now_spec)) {
         char a[160], b[160];
@@ -533,8 +609,6 @@ static void diff_config(const tf_order *o, const tf__sched_spec *now_spec, const
         add_diff(d, "weights", a, b);
     } else if (s->cfg.mix_window != o->cfg.mix_window) {
         diff_value(mw, (int64_t)s->cfg.mix_window, (int64_t)o->cfg.mix_window, d);
-    } else if (s->cfg.global_batch != o->cfg.global_batch) {
-        diff_value(gb, (int64_t)s->cfg.global_batch, (int64_t)o->cfg.global_batch, d);
     } else {
         add_diff(d, "weights", "another schedule", "this one");
     }
@@ -709,6 +783,20 @@ int tf_order_state_load(const tf_order *o, const char *state, size_t len, unsign
                         "reproduce; load it leniently (TF_STATE_LENIENT in C, strict=False in Python) to continue "
                         "from its position",
                         (unsigned long long)s.config_fp, (unsigned long long)fp);
+    /* The global batch is refused at every position, strict or lenient: the
+     * position, the skipped ranges, a schedule's steps and the steps that
+     * explain/where/skip_steps count are whole global batches of the saved
+     * size, and elastic resume keeps it (dp_size changes, batch_size x dp_size
+     * does not). */
+    if (!rc && s.cfg.global_batch != o->cfg.global_batch)
+        rc = tf__seterr(-TF_ESTATE, "global_batch changed: the state was saved with a global batch of %llu samples "
+                        "(batch_size x dp_size), this loader has %llu. Its position (step %llu) and its steps count "
+                        "global batches of %llu: resume with batch_size x dp_size = %llu (on other ranks, another "
+                        "batch_size: dp_size may change), and reach a larger batch per optimizer step with gradient "
+                        "accumulation",
+                        (unsigned long long)s.cfg.global_batch, (unsigned long long)o->cfg.global_batch,
+                        (unsigned long long)(s.position / s.cfg.global_batch), (unsigned long long)s.cfg.global_batch,
+                        (unsigned long long)s.cfg.global_batch);
     if (!rc) diff_config(o, mixture ? &now_spec : NULL, &s, diffs);
     if (!rc) diff_foreign(o, &s, diffs);
     int same = !*diffs;
@@ -755,6 +843,9 @@ static int live_order(const tf_order *o, const saved *s, tf_order **out) {
         TF_FAIL(-TF_ESTATE, "the state's weights_history: the weights last set cannot be applied (%s)", msg);
     }
     rc = tf__order_mix_set_history(*out, s->nhist, s->hist_pos, s->hist_w);
+    /* the steps before the first change: the state's record of them (a state
+     * of an older tokenfeed has none: then the weights o was built with) */
+    if (!rc && s->has_initial) rc = tf__order_mix_set_base(*out, &s->initial);
     if (rc) {
         tf_order_free(*out);
         *out = NULL;

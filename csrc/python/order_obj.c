@@ -439,7 +439,12 @@ static PyObject *Order_mix_source_count(tfpy_Order *self, PyObject *args) {
     if (src < 0 || (size_t)src >= tf_order_num_sources(self->o))
         return PyErr_Format(PyExc_IndexError, "source %zd out of range [0, %zu)", src, tf_order_num_sources(self->o));
     uint64_t c = tf_order_mix_source_count(self->o, (size_t)src, pos);
-    if (c == UINT64_MAX) return PyErr_NoMemory();
+    if (c == UINT64_MAX) { /* the position's error when it cannot be told (tf_order_mix_source_at), else memory */
+        size_t s;
+        uint64_t j;
+        int rc = tf_order_mix_source_at(self->o, pos, &s, &j);
+        return rc ? tfpy_raise(tfpy_state((PyObject *)self), rc, NULL) : PyErr_NoMemory();
+    }
     return PyLong_FromUnsignedLongLong(c);
 }
 

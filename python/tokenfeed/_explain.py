@@ -14,6 +14,8 @@ from __future__ import annotations
 import bisect
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, overload
 
+from ._errors import StateError
+
 # The functions take a Loader (typed Any: _loader imports this module, not the reverse).
 _LoaderT = Any
 
@@ -94,8 +96,11 @@ def explain(loader: _LoaderT, step: int) -> List[List[Segment]]:
                                  f"{G} samples): positions are below 2**64")
             raise IndexError(f"step {step} is past the end of the stream ({n // G} steps)")
     rows = []
-    for pos in loader._row_positions(step):
-        rows.append([Segment(*t) for t in order.segments_at(pos)])
+    try:
+        for pos in loader._row_positions(step):
+            rows.append([Segment(*t) for t in order.segments_at(pos)])
+    except RuntimeError as e:  # a step before a recorded weight change that this loader cannot rebuild
+        raise StateError(str(e)) from None
     return rows
 
 
@@ -132,7 +137,10 @@ def where(loader: _LoaderT, document: int, source: int = 0,
     lo, hi = _epoch_range(loader, epochs)
     n = loader.num_samples
     order = loader._order
-    positions = order.find_document(source, document, lo * n, min(hi * n, _LAST_POSITION))
+    try:
+        positions = order.find_document(source, document, lo * n, min(hi * n, _LAST_POSITION))
+    except RuntimeError as e:  # a step before a recorded weight change that this loader cannot rebuild
+        raise StateError(str(e)) from None
     # steps left out (Loader.skip_steps) deliver nothing: a document there is not read
     skips = order.skips()
     starts = [a for a, _ in skips]
@@ -141,7 +149,10 @@ def where(loader: _LoaderT, document: int, source: int = 0,
         i = bisect.bisect_right(starts, pos) - 1
         if i >= 0 and pos < skips[i][1]:
             continue
-        step, rank, row = loader._position_rank_row(pos)
+        try:
+            step, rank, row = loader._position_rank_row(pos)
+        except RuntimeError as e:  # (balance= rebuilds the step's rows from the order)
+            raise StateError(str(e)) from None
         out.append({"step": step, "rank": rank, "row": row, "position": pos,
                     "epoch": pos // n})
     return out

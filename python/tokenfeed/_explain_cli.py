@@ -66,6 +66,26 @@ def _weights_arg(text: Optional[str]) -> Optional[List[float]]:
         raise _Problem(f"--weights: expected numbers separated by commas (one per DATA path), got {text!r}") from None
 
 
+def _first_weights(state: Mapping[str, Any]) -> Dict[str, Any]:
+    """The weights to build the Loader of a state whose mixture's weights were changed while it ran: those the
+    run began with (the state's weights_initial; the state then gives the loader its recorded changes). A state
+    that does not record them (an older tokenfeed's) keeps the last weights, or equal ones where those hold a 0,
+    which a Loader is not built with: loading it then tells the steps from the last change on and refuses the
+    earlier ones by name."""
+    from ._schedule import WeightSchedule
+
+    init, w = state.get("weights_initial"), state["config"].get("weights")
+    if not state.get("weights_history") or not isinstance(w, list):
+        return {}
+    if isinstance(init, list) and len(init) == 4 and isinstance(init[0], list):
+        if init[1] is None:
+            return {"weights": init[0]}
+        return {"weights": WeightSchedule(list(zip(init[1], init[0])), interpolation=init[2] or "constant")}
+    if all(isinstance(x, (int, float)) and x > 0 for x in w):
+        return {}
+    return {"weights": [1.0] * len(w)}
+
+
 def make_loader(a: argparse.Namespace) -> Any:
     """The Loader of rank ``a.rank`` of ``a.dp_size`` that the options (or the saved state) describe."""
     from ._dataset import open as _open
@@ -80,6 +100,7 @@ def make_loader(a: argparse.Namespace) -> Any:
         cfg = state["config"]
         # a state lists every setting, None where it does not apply: those keep their defaults
         kw = {k: cfg[k] for k in _STATE_KEYS if cfg.get(k) is not None}
+        kw.update(_first_weights(state))
         global_batch = int(cfg["global_batch"])
     else:
         if a.seq_len is None or a.global_batch is None:

@@ -735,7 +735,10 @@ class Loader:
         :class:`StateError` naming what differs; a setting is compared only where it
         changes the stream. Every field is checked for its type. ``strict=False``
         deliberately accepts a changed configuration (a new seed from here on, say) and
-        keeps the position; a mixture then continues each source from where it was.
+        keeps the position; a mixture then continues each source from where it was. Another
+        global batch (``batch_size x dp_size``) is refused at every position, with
+        ``strict=False`` too: the position and every step number count global batches of the
+        saved size (``dp_size`` may change, with ``batch_size`` keeping the product).
         """
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a dict from Loader.state_dict(), got {type(state).__name__}")
@@ -914,8 +917,10 @@ class Loader:
         A segment is ``(source, document, start, stop)``: tokens ``[start, stop)`` of document
         ``document`` of dataset ``source`` (its index among the loader's datasets; 0 for one
         dataset), with ``offset``, where it begins in the row. Steps count global batches
-        from the start of the stream (``position // global_batch``), whatever was resumed.
-        Computed from the order alone: no token is read and the loader is not run; the cost is
+        from the start of the stream (``position // global_batch``), whatever was resumed;
+        a step before a :meth:`set_weights` change is explained with the weights in force
+        then (the state records the first weights and every change), and one this loader
+        cannot rebuild raises :class:`StateError` saying why. Computed from the order alone: no token is read and the loader is not run; the cost is
         that of one row's spans, the same at step 10 and at step 10**9. With context
         parallelism the segments are those of the whole row, which every rank of the group
         shares; each rank holds its share of it (``docs/guides/loss-spikes.md``).

@@ -794,6 +794,24 @@ static int history_is(const tf_order *o, const char *want) {
     return 1;
 }
 
+/* Positions [a, b) of o read what ref reads there: the same source, index,
+ * counts and sample. */
+static int same_past(const tf_order *o, const tf_order *ref, uint64_t a, uint64_t b) {
+    for (uint64_t p = a; p < b; p++) {
+        size_t s1 = 9, s2 = 8;
+        uint64_t j1 = 0, j2 = 1;
+        if (tf_order_mix_source_at(o, p, &s1, &j1) || tf_order_mix_source_at(ref, p, &s2, &j2) || s1 != s2 ||
+            j1 != j2 || tf_order_sample_at(o, p) != tf_order_sample_at(ref, p)) {
+            fprintf(stderr, "position %llu: source %zu index %llu, want %zu %llu (%s)\n", (unsigned long long)p, s1,
+                    (unsigned long long)j1, s2, (unsigned long long)j2, tf_last_error());
+            return 0;
+        }
+        for (size_t k = 0; k < 2; k++)
+            if (tf_order_mix_source_count(o, k, p) != tf_order_mix_source_count(ref, k, p)) return 0;
+    }
+    return 1;
+}
+
 static void test_weights_history(void) {
     tf_dataset *ds[2] = {flat_dataset(1001), flat_dataset(2001)};
     tf_order_config c;
@@ -832,6 +850,42 @@ static void test_weights_history(void) {
     CHECK_OK(tf_order_state_save(same, 8, 1, st, sizeof st, &n));
     CHECK_OK(tf_order_state_load(o, st, n, 0, &pos, &h));
     CHECK(pos == 8 && h && history_is(h, "[[0, [0.25, 0.75]], [4, [0.75, 0.25]], [6, [1.0, 0.0]], [8, [0.25, 0.75]]]"));
+    /* the positions before each change read what the order of that time read: on
+     * the orders of the run, on a branch, and on the resumed one */
+    CHECK(same_past(o5, o1, 0, 4) && same_past(o5, o2, 4, 6) && same_past(o5, o5, 6, 40));
+    CHECK(same_past(o3, o1, 0, 8) && same_past(o4, o1, 0, 4) && same_past(o2, o1, 0, 4));
+    CHECK(same_past(h, o1, 0, 4) && same_past(h, o2, 4, 6) && same_past(h, o5, 6, 8) && same_past(h, same, 0, 40));
+    /* resumed into an order of other weights: the state's weights_initial stands for them */
+    tf_order *other = NULL, *h2 = NULL;
+    CHECK_OK(tf_order_create_mix((const tf_dataset *const *)ds, w2, 2, &c, &other));
+    CHECK_OK(tf_order_state_load(other, st, n, 0, &pos, &h2));
+    CHECK(h2 && same_past(h2, same, 0, 40));
+    tf_order_free(h2);
+    /* without it (an older state) the order's own weights stand for the first ones, checked
+     * against the recorded anchor: another base is refused with the reason, and from the last
+     * change on it answers (o5's first change is at 0, where any base has delivered nothing) */
+    tf_order *p1 = NULL, *p2 = NULL;
+    CHECK_OK(tf_order_mix_set_weights(o, 6, w1, 2, &p1));
+    CHECK_OK(tf_order_mix_set_weights(p1, 10, w2, 2, &p2));
+    CHECK_OK(tf_order_state_save(p2, 10, 1, st, sizeof st, &n));
+    char *cut = strstr(st, ", \"weights_initial\": "), *end = cut ? strstr(cut, ", \"order\"") : NULL;
+    CHECK(cut && end);
+    if (cut && end) memmove(cut, end, strlen(end) + 1);
+    n = strlen(st);
+    CHECK_OK(tf_order_state_load(o, st, n, 0, &pos, &h2));
+    CHECK(h2 && same_past(h2, o, 0, 6) && same_past(h2, p1, 6, 10) && same_past(h2, p2, 0, 40));
+    tf_order_free(h2);
+    CHECK_OK(tf_order_state_load(other, st, n, 0, &pos, &h2));
+    size_t src = 0;
+    uint64_t idx = 0;
+    CHECK_RC(tf_order_mix_source_at(h2, 7, &src, &idx), -TF_ESTATE);
+    CHECK(strstr(tf_last_error(), "step 3 is before the mixture's last weight change (step 5)") != NULL);
+    CHECK(tf_order_mix_source_count(h2, 0, 7) == UINT64_MAX && tf_order_sample_at(h2, 7) == UINT64_MAX);
+    CHECK(same_past(h2, p2, 10, 40));
+    tf_order_free(h2);
+    tf_order_free(p2);
+    tf_order_free(p1);
+    tf_order_free(other);
     tf_order_free(h);
     tf_order_free(same);
     tf_order_free(o5);

@@ -416,6 +416,13 @@ def state_seeds() -> None:
     save("state", "own_history_zeros", b"\x03\xff\xff" + b'[[4, [0.0, 0.0]]], "order": null}')
     save("state", "own_flags_cut", b"\x06\x40\x00" + b'}')
     save("state", "own_utf8_tail", b"\x03\x10\x00" + "\u00e9\u00e9".encode())
+    # the weights a mixture began with (weights_initial): of another size, and a schedule with an anchor
+    mixed = plain.replace(b'"global_batch": 2}', b'"global_batch": 2, "weights": [0.25, 0.75]}').replace(
+        b'"weights_history": null', b'"weights_history": [[4, [0.25, 0.75]]], "weights_initial": INITIAL')
+    save("state", "initial_other_size", b"\x00" + mixed.replace(b"INITIAL", b"[[0.5], null, null, null]"))
+    save("state", "initial_schedule", b"\x00" + mixed.replace(
+        b"INITIAL", b'[[[0.5, 0.5], [0.1, 0.9]], [0, 3], "linear", [2, [1, 1]]]'))
+    save("state", "initial_bad_anchor", b"\x04" + mixed.replace(b"INITIAL", b'[[0.5, 0.5], null, null, [2, [1]]]'))
 
 
 if __name__ == "__main__":
