@@ -266,7 +266,7 @@ def test_verdict_gives_the_median_and_range_of_the_rounds_and_says_what_is_withi
     at20 = text.split("at a 20 ms step")[1]
     assert "0.2 % (0.1-0.3) of the time" in at20 and "within noise" not in at20.split("tokenfeed assembles")[0]
     table = report.stall_table(r)
-    assert "median of 5 rounds (range)" in table and "2.5 (1.7-5.5)" in table
+    assert "the median of 5 rounds, their range in brackets" in table and "2.5 (1.7-5.5)" in table
 
 
 def test_within_noise_is_an_overlap_of_ranges_and_groups_only_figures_that_all_overlap() -> None:

@@ -140,13 +140,14 @@ def stall_table(report: Dict[str, Any], verbose: bool = False) -> Optional[str]:
         return None
     steps = [s["step_ms"] for s in rows[0]["stalls"]]
     n = max(len(stall_rounds(s)) for r in rows for s in r["stalls"])
-    what = f"median of {n} rounds (range)" if n > 1 else "one round"
-    hdr = [f"GPU waiting for data, % of time, {what}"] + [f"T={s:g} ms" for s in steps]
+    hdr = ["GPU waiting for data, % of time"] + [f"T={s:g} ms" for s in steps]
     body = []
     for r in rows:
         by = {s["step_ms"]: s for s in r["stalls"]}
         body.append([r["name"]] + [stall_figure(by[s], unit="") if s in by else "-" for s in steps])
-    return "\n".join(_table(hdr, body))
+    note = (f"  (the median of {n} rounds, their range in brackets)" if n > 1
+            else "  (one round each: no spread measured)")
+    return "\n".join(_table(hdr, body) + [note])
 
 
 def verdict_lines(report: Dict[str, Any]) -> List[str]:
