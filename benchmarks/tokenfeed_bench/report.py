@@ -168,8 +168,8 @@ def verdict_lines(report: Dict[str, Any]) -> List[str]:
                 f"per batch; {how}):", indent="")
     steps = sorted({s["step_ms"] for r in rows for s in r["stalls"]})
     for t in steps:
-        parts = []
-        figs = []
+        parts: List[str] = []
+        figs: List[Tuple[str, Dict[str, Any]]] = []
         for r in rows:
             s = next((x for x in r["stalls"] if x["step_ms"] == t), None)
             if s is not None:
