@@ -357,11 +357,12 @@ def estimate(args: Any) -> str:
         secs += len(args.shards) * 8 + (10 if args.sparse_tokens else 0)
     if "restore" in g:
         secs += 4 * 4.0
+    size = 0
     if "larger" in g:
         size = args.big_size or int((meminfo_bytes() or 0) * 1.6)
         secs += size / 400e6 + 5 * (args.big_seconds + 3) + 2 * args.fio_seconds
     gen = args.tokens / 10e6 if not args.data else 0.0
-    disk = (args.tokens * 2 * 3.5 if not args.data else 0) + (args.big_size or 0)
+    disk = (args.tokens * 2 * 3.5 if not args.data else 0) + size  # the larger-than-memory file only if it runs
     mins = (secs + gen) / 60
     return (f"this run takes about {max(1, round(mins))} minute{'s' if mins >= 1.5 else ''} on this machine when "
             f"it is idle "
