@@ -326,6 +326,17 @@ def test_compare_names_what_changed() -> None:
     assert "0 better and 0 worse" in same and "change" not in same  # no table when nothing moved
 
 
+def test_compare_leaves_a_waiting_figure_within_the_noise_of_its_rounds_unlisted() -> None:
+    old = _rounds_report({("tokenfeed", 5.0): [0.02, 0.03, 0.05, 0.12, 0.14],
+                          ("nanoGPT get_batch", 5.0): [0.20, 0.21, 0.22, 0.22, 0.23]})
+    new = _rounds_report({("tokenfeed", 5.0): [0.10, 0.11, 0.12, 0.13, 0.14],  # median 5 -> 12 %, ranges overlap
+                          ("nanoGPT get_batch", 5.0): [0.30, 0.31, 0.32, 0.32, 0.33]})  # 22 -> 32 %, apart
+    text = report.format_compare(old, new)
+    assert not [x for x in text.splitlines() if "tokenfeed T=5 ms" in x]
+    assert [x for x in text.splitlines() if "nanoGPT get_batch T=5 ms" in x and "+10.0 pp" in x and "worse" in x]
+    assert "ranges do not overlap" in text
+
+
 def test_plot_draws_every_panel(tmp_path) -> None:
     out = tmp_path / "chart.png"
     assert write_plot(_fake_report(), str(out)) is None

@@ -343,10 +343,18 @@ def _figures(report: Dict[str, Any]) -> Dict[Tuple[str, str], Tuple[float, str, 
     return f
 
 
+def _stall_entries(report: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """{what, as _figures names a waiting figure: its stall entry, with the rounds}."""
+    return {f"{r['name']} T={s['step_ms']:g} ms": s for r in report.get("results", [])
+            if r.get("status") == "ok" and "tokens_per_s" in r for s in r.get("stalls") or []}
+
+
 def format_compare(old: Dict[str, Any], new: Dict[str, Any], threshold: float = 0.10) -> str:
     """What changed from `old` to `new`: the figures in both runs that moved beyond `threshold`
-    (waiting fractions: half of it, in points), and the figures only one run has."""
+    (waiting fractions: half of it, in points, and only where the ranges of the two runs'
+    rounds do not overlap), and the figures only one run has."""
     a, b = _figures(old), _figures(new)
+    sa, sb = _stall_entries(old), _stall_entries(new)
     out = [f"compared with {old.get('created', '?')} ({'quick' if old.get('quick') else 'full'} run):"]
     mo, mn = old.get("machine", {}), new.get("machine", {})
     diffs = [k for k in ("cpu_model", "cores", "memory_gib", "kernel", "tokenfeed", "torch", "numpy")
@@ -366,6 +374,8 @@ def format_compare(old: Dict[str, Any], new: Dict[str, Any], threshold: float = 
             change = vb - va
             txt = f"{change:+.1f} pp"
             moved = abs(change) >= 100 * threshold / 2
+            if key[1] in sa and key[1] in sb and within_noise(sa[key[1]], sb[key[1]]):
+                moved = False  # the two runs' rounds overlap: a move the noise can make
             good = change < 0
         else:
             change = (vb / va - 1) if va else 0.0
@@ -390,5 +400,6 @@ def format_compare(old: Dict[str, Any], new: Dict[str, Any], threshold: float = 
     if added:
         out.append(f"  only in this run ({len(added)}): " + "; ".join(added[:20]) + (" ..." if len(added) > 20 else ""))
     out.append(f"  {better} better and {worse} worse by more than {threshold * 100:.0f}% (waiting for data: "
-               f"{threshold * 50:.0f} points); {same} of the {same + len(rows)} figures in both runs moved less")
+               f"{threshold * 50:.0f} points, with rounds whose ranges do not overlap); {same} of the "
+               f"{same + len(rows)} figures in both runs moved less")
     return "\n".join(out)
