@@ -345,6 +345,8 @@ def test_plot_draws_every_panel(tmp_path) -> None:
     from tokenfeed_bench.plot import _panels
 
     assert _panels(_fake_report()) == ["throughput", "stalls", "larger", "startup"]
+    ranged = _rounds_report({("tokenfeed", 1.0): [0.01, 0.02, 0.05], ("tokenfeed", 5.0): [0.01, 0.01, 0.02]})
+    assert write_plot(ranged, str(tmp_path / "ranged.png")) is None  # the rounds' range shaded around the median
     assert write_plot({"results": []}, str(tmp_path / "empty.png")) == "nothing to plot: no configuration ran"
     assert not (tmp_path / "empty.png").exists()
 
