@@ -41,6 +41,7 @@ def test_parse_defaults_and_quick() -> None:
     q = cli.parse_args(["--quick"])
     assert q.quick and q.tokens < a.tokens and q.seconds < a.seconds and q.big_size == 2 * 10**9
     assert q.stall_seconds < a.stall_seconds and q.big_seconds < a.big_seconds
+    assert a.stall_repeats == q.stall_repeats == 5  # a median and a range per figure, quick or not
 
 
 def test_parse_values() -> None:
@@ -67,12 +68,45 @@ def test_parse_values() -> None:
     (["--peers", "litdata,nope"], "unknown peer(s) nope"),
     (["--compare", "/nonexistent/old.json"], "no such file"),
     (["--stall-seconds", "0"], "--stall-seconds must be positive"),
+    (["--stall-repeats", "0"], "--stall-repeats must be positive"),
 ])
 def test_parse_errors_name_the_problem(argv, message, capsys) -> None:
     with pytest.raises(SystemExit) as e:
         cli.parse_args(argv)
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_only_stalls_measures_the_main_loaders_or_says_what_it_needs(capsys) -> None:
+    a = cli.parse_args(["--only", "stalls"])
+    assert a.stalls_only and a.groups == {"stalls", "tokenfeed", "baselines"}
+    b = cli.parse_args(["--only", "stalls", "--skip", "baselines"])
+    assert b.stalls_only and b.groups == {"stalls", "tokenfeed"}
+    c = cli.parse_args(["--only", "stalls,peers"])
+    assert not c.stalls_only and c.groups == {"stalls", "peers"}  # the peers carry the loop
+    assert not cli.parse_args(["--only", "tokenfeed,stalls"]).stalls_only
+    with pytest.raises(SystemExit) as e:
+        cli.parse_args(["--only", "stalls", "--skip", "tokenfeed,baselines"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "the stalls group measures loaders" in err and "keep tokenfeed or baselines" in err
+
+
+def test_only_stalls_runs_the_step_loop_of_the_main_rows_alone(tmp_path, capsys) -> None:
+    out = tmp_path / "o.json"
+    rc = cli.main(["--only", "stalls", "--tokens", "300000", "--seq-len", "64", "--batch-size", "2",
+                   "--seconds", "0.05", "--warmup", "1", "--stall-seconds", "0.01", "--step-ms", "1",
+                   "--stall-repeats", "2", "-q", "--cache-dir", str(tmp_path / "c"), "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    rows = {x["name"]: x for x in json.loads(out.read_text())["results"] if x["status"] == "ok"}
+    expect = {"tokenfeed", "tokenfeed zstd data"} | ({"nanoGPT get_batch"} if HAVE_TORCH else set())
+    assert expect <= set(rows)
+    assert not [n for n in rows if n.startswith("tokenfeed ") and n != "tokenfeed zstd data"]  # no variants
+    assert len([n for n in rows if n.startswith("DataLoader")]) == (1 if HAVE_TORCH else 0)
+    for x in rows.values():
+        assert [s["rounds"] for s in x["stalls"]] == [2], x["name"]
+    assert "at a 1 ms step your GPU waits for data" in " ".join(text.split())
 
 
 def test_doc_length_specs() -> None:
@@ -198,6 +232,68 @@ def test_summary_ends_with_a_verdict_and_keeps_internal_columns_for_verbose() ->
     assert all(len(line) <= 120 for line in text.splitlines() if not line.startswith(("loader", "tokenfeed ")))
 
 
+def _rounds_report(rounds: dict) -> dict:
+    """_fake_report whose stall figures are {(loader, T): fractions of the rounds}, median as the figure."""
+    import statistics
+
+    r = _fake_report()
+    names = list(dict.fromkeys(k[0] for k in rounds))
+    r["results"] = [dict(r["results"][0], name=n, stalls=[
+        {"step_ms": t, "steps": 10, "stall_fraction": statistics.median(f), "stall_fraction_rounds": f}
+        for (name, t), f in sorted(rounds.items()) if name == n]) for n in names]
+    r["results"][0]["group"] = "baseline"  # every row a headline row
+    for x in r["results"]:
+        x["headline"] = True
+    return r
+
+
+def test_verdict_gives_the_median_and_range_of_the_rounds_and_says_what_is_within_noise() -> None:
+    r = _rounds_report({
+        ("tokenfeed", 5.0): [0.055, 0.017, 0.020, 0.032, 0.025],
+        ("tokenfeed zstd data", 5.0): [0.020, 0.024, 0.030, 0.019, 0.022],
+        ("nanoGPT get_batch", 5.0): [0.40, 0.42, 0.45, 0.41, 0.43],
+        ("tokenfeed", 20.0): [0.001, 0.002, 0.002, 0.003, 0.002],
+        ("tokenfeed zstd data", 20.0): [0.010, 0.012, 0.011, 0.013, 0.011],
+        ("nanoGPT get_batch", 20.0): [0.10, 0.11, 0.12, 0.10, 0.11],
+    })
+    text = " ".join(report.format_summary(r).split())
+    assert "median of 5 rounds" in text and "figures whose ranges overlap are within noise of each other" in text
+    at5 = text.split("at a 5 ms step")[1].split("at a 20 ms step")[0]
+    assert "2.5 % (1.7-5.5) of the time with tokenfeed," in at5
+    assert "2.2 % (1.9-3.0) with tokenfeed zstd data" in at5 and "42.0 % (40.0-45.0) with nanoGPT get_batch" in at5
+    assert "tokenfeed zstd data and tokenfeed are within noise of each other" in at5
+    assert at5.count("within noise") == 1  # nanoGPT's range is apart from both
+    at20 = text.split("at a 20 ms step")[1]
+    assert "0.2 % (0.1-0.3) of the time" in at20 and "within noise" not in at20.split("tokenfeed assembles")[0]
+    table = report.stall_table(r)
+    assert "the median of 5 rounds, their range in brackets" in table and "2.5 (1.7-5.5)" in table
+
+
+def test_within_noise_is_an_overlap_of_ranges_and_groups_only_figures_that_all_overlap() -> None:
+    def fig(*f):
+        return {"stall_fraction": sorted(f)[len(f) // 2], "stall_fraction_rounds": list(f)}
+
+    a, b, c = fig(0.010, 0.015, 0.020), fig(0.015, 0.020, 0.030), fig(0.025, 0.030, 0.040)
+    assert report.within_noise(a, b) and report.within_noise(b, c) and not report.within_noise(a, c)
+    assert report.noise_groups([("c", c), ("a", a), ("b", b)]) == [["a", "b"]]  # c overlaps b, not a
+    assert report.within_noise(fig(0.0101, 0.0149), fig(0.0150, 0.02))  # as printed: 1.0-1.5 and 1.5-2.0
+    one = {"stall_fraction": 0.02}
+    assert not report.within_noise(one, dict(one)) and report.stall_figure(one) == "2.0 %"
+    text = " ".join(report.format_summary(_fake_report()).split())  # a report without rounds says so
+    assert "no spread was measured" in text and "within noise of each other" not in text
+
+
+def test_stall_rounds_are_kept_and_their_median_is_the_figure() -> None:
+    from tokenfeed_bench import measure
+
+    out = measure.stalls(lambda: None, [1.0, 2.0], seconds=0.001, repeats=3)
+    assert [s["step_ms"] for s in out] == [1.0, 2.0]
+    for s in out:
+        assert s["rounds"] == 3 and len(s["stall_fraction_rounds"]) == 3 and s["steps"] == 10
+        assert s["stall_fraction"] == sorted(s["stall_fraction_rounds"])[1]
+        assert all(0 <= f <= 1 for f in s["stall_fraction_rounds"])
+
+
 def test_disk_heading_says_whether_the_file_fits_in_memory() -> None:
     r = _fake_report()
     assert "larger than the 24 GiB of RAM (reads reach the disk)" in report.format_summary(r)
@@ -230,6 +326,17 @@ def test_compare_names_what_changed() -> None:
     assert "0 better and 0 worse" in same and "change" not in same  # no table when nothing moved
 
 
+def test_compare_leaves_a_waiting_figure_within_the_noise_of_its_rounds_unlisted() -> None:
+    old = _rounds_report({("tokenfeed", 5.0): [0.02, 0.03, 0.05, 0.12, 0.14],
+                          ("nanoGPT get_batch", 5.0): [0.20, 0.21, 0.22, 0.22, 0.23]})
+    new = _rounds_report({("tokenfeed", 5.0): [0.10, 0.11, 0.12, 0.13, 0.14],  # median 5 -> 12 %, ranges overlap
+                          ("nanoGPT get_batch", 5.0): [0.30, 0.31, 0.32, 0.32, 0.33]})  # 22 -> 32 %, apart
+    text = report.format_compare(old, new)
+    assert not [x for x in text.splitlines() if "tokenfeed T=5 ms" in x]
+    assert [x for x in text.splitlines() if "nanoGPT get_batch T=5 ms" in x and "+10.0 pp" in x and "worse" in x]
+    assert "ranges do not overlap" in text
+
+
 def test_plot_draws_every_panel(tmp_path) -> None:
     out = tmp_path / "chart.png"
     assert write_plot(_fake_report(), str(out)) is None
@@ -238,6 +345,8 @@ def test_plot_draws_every_panel(tmp_path) -> None:
     from tokenfeed_bench.plot import _panels
 
     assert _panels(_fake_report()) == ["throughput", "stalls", "larger", "startup"]
+    ranged = _rounds_report({("tokenfeed", 1.0): [0.01, 0.02, 0.05], ("tokenfeed", 5.0): [0.01, 0.01, 0.02]})
+    assert write_plot(ranged, str(tmp_path / "ranged.png")) is None  # the rounds' range shaded around the median
     assert write_plot({"results": []}, str(tmp_path / "empty.png")) == "nothing to plot: no configuration ran"
     assert not (tmp_path / "empty.png").exists()
 

@@ -11,6 +11,8 @@ from .common import default_cache, parse_count, parse_size
 from .peers import PEERS
 
 GROUPS = ("tokenfeed", "ceiling", "baselines", "peers", "stalls", "startup", "restore", "larger", "zstd")
+# The groups whose loaders the stalls group measures (it adds a step-time loop to their main rows).
+LOADER_GROUPS = ("tokenfeed", "baselines", "peers")
 
 
 def _floats(s: str) -> List[float]:
@@ -76,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seconds", type=float, default=None,
                    help="timed seconds per throughput configuration (default 3; 0.6 with --quick)")
     r.add_argument("--warmup", type=int, default=20, help="warm-up batches excluded from timing (default 20)")
-    r.add_argument("--only", default=None, help="comma-separated groups to run (see below)")
+    r.add_argument("--only", default=None,
+                   help="comma-separated groups to run (see below); stalls alone measures the step-time loop of "
+                        "tokenfeed's and the baselines' main loaders and nothing else")
     r.add_argument("--skip", default=None, help="comma-separated groups to skip")
     r.add_argument("--timeout", type=float, default=600.0, help="seconds before one measurement is abandoned")
     pe = p.add_argument_group("peers")
@@ -92,7 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--step-ms", type=_floats, default=None,
                     help="training step times in ms for the stall measurement (default 1,5,20,100)")
     st.add_argument("--stall-seconds", type=float, default=None,
-                    help="seconds per step time and loader (default 2; 0.5 with --quick)")
+                    help="seconds per step time, loader and round (default 1; 0.3 with --quick)")
+    st.add_argument("--stall-repeats", type=int, default=5,
+                    help="rounds per step time and loader; the verdict gives their median and range, and says "
+                         "which figures are within noise of each other (default 5)")
     su = p.add_argument_group("start-up")
     su.add_argument("--shards", type=_ints, default=None,
                     help="shard counts for time to first batch (default 1000,10000)")
@@ -131,7 +138,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if a.seconds is None:
         a.seconds = 0.6 if q else 3.0
     if a.stall_seconds is None:
-        a.stall_seconds = 0.5 if q else 2.0
+        a.stall_seconds = 0.3 if q else 1.0
     if a.big_seconds is None:
         a.big_seconds = 3.0 if q else 20.0
     if a.fio_seconds is None:
@@ -148,6 +155,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be positive")
     if a.warmup < 0:
         p.error("--warmup must be >= 0")
+    if a.stall_repeats < 1:
+        p.error("--stall-repeats must be positive")
     if a.tokens < (a.seq_len + 1) * a.batch_size * 4:
         p.error(f"--tokens {a.tokens} is too small for batches of {a.batch_size} x {a.seq_len}")
     from .data import parse_doc_length
@@ -175,6 +184,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if a.no_peers:
         a.groups.discard("peers")
         a.peers = []
+    # stalls is measured on the rows of the loader groups; asked for without any of them, it
+    # measures the main loaders of tokenfeed and the baselines, and only those rows
+    a.stalls_only = "stalls" in a.groups and not a.groups & set(LOADER_GROUPS)
+    if a.stalls_only:
+        implied = {g for g in ("tokenfeed", "baselines") if g not in (a.skip or set())}
+        if not implied:
+            p.error("the stalls group measures loaders, and --skip leaves it none: keep tokenfeed or baselines "
+                    "(or add peers to --only), or skip stalls too")
+        a.groups |= implied
     if a.compare and not os.path.exists(a.compare):
         p.error(f"--compare {a.compare}: no such file")
     return a

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from .common import human
+from .report import stall_rounds
 
 COLORS = {"tokenfeed": "#1f77b4", "ceiling": "#7f7f7f", "baseline": "#ff7f0e", "peer": "#2ca02c"}
 # line colours for the other loaders: matplotlib's tab10 without tokenfeed's blue
@@ -70,8 +71,12 @@ def write_plot(report: Dict[str, Any], path: str) -> Optional[str]:
                     xs = [s["step_ms"] for s in r["stalls"]]
                     ys = [s["stall_fraction"] * 100 for s in r["stalls"]]
                     mine = r["group"] == "tokenfeed"
-                    ax.plot(xs, ys, marker="o", label=r["name"], color=COLORS["tokenfeed"] if mine else next(others),
-                            linewidth=2.5 if mine else 1.2)
+                    line, = ax.plot(xs, ys, marker="o", label=r["name"],
+                                    color=COLORS["tokenfeed"] if mine else next(others), linewidth=2.5 if mine else 1.2)
+                    rounds = [stall_rounds(s) for s in r["stalls"]]
+                    if all(len(x) > 1 for x in rounds):  # the range of the rounds around the median
+                        ax.fill_between(xs, [min(x) * 100 for x in rounds], [max(x) * 100 for x in rounds],
+                                        color=line.get_color(), alpha=0.15, linewidth=0)
             ax.set_xscale("log")
             steps = sorted({s["step_ms"] for r in report["results"] for s in (r.get("stalls") or [])})
             ax.set_xticks(steps)

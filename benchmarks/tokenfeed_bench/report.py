@@ -83,40 +83,101 @@ def throughput_table(report: Dict[str, Any], verbose: bool = False) -> str:
     return "\n".join(_table(hdr, rows) if rows else ["(no throughput figures)"])
 
 
+def stall_rounds(s: Dict[str, Any]) -> List[float]:
+    """A waiting figure's fraction per round of the step-time loop (a report made without
+    rounds has one: the figure itself)."""
+    r = s.get("stall_fraction_rounds")
+    return [float(x) for x in r] if r else [float(s["stall_fraction"])]
+
+
+def _pct_range(s: Dict[str, Any]) -> Tuple[float, float]:
+    """The range of the rounds in % as printed (0.1 points), so that what the words say of
+    two ranges agrees with the figures beside them."""
+    r = stall_rounds(s)
+    return round(min(r) * 100, 1), round(max(r) * 100, 1)
+
+
+def stall_figure(s: Dict[str, Any], unit: str = " %") -> str:
+    """'3.2 % (1.7-5.5)': the median of the rounds, and their range in brackets; one round
+    has no range."""
+    med = f"{s['stall_fraction'] * 100:.1f}{unit}"
+    if len(stall_rounds(s)) < 2:
+        return med
+    lo, hi = _pct_range(s)
+    return f"{med} ({lo:.1f}-{hi:.1f})"
+
+
+def within_noise(a: Dict[str, Any], b: Dict[str, Any]) -> bool:
+    """Two waiting figures are within noise of each other when the ranges of their rounds
+    overlap: the machine gave each of them a round at least as good as one of the other's.
+    Figures of one round have no measured spread, and are never called within noise."""
+    if len(stall_rounds(a)) < 2 or len(stall_rounds(b)) < 2:
+        return False
+    (alo, ahi), (blo, bhi) = _pct_range(a), _pct_range(b)
+    return alo <= bhi and blo <= ahi
+
+
+def noise_groups(figures: Sequence[Tuple[str, Dict[str, Any]]]) -> List[List[str]]:
+    """Names whose figures are all within noise of each other, in groups of two or more:
+    by median, each figure joins the group before it if it is within noise of every member."""
+    groups: List[List[Tuple[str, Dict[str, Any]]]] = []
+    for name, s in sorted(figures, key=lambda x: x[1]["stall_fraction"]):
+        if groups and all(within_noise(s, o) for _, o in groups[-1]):
+            groups[-1].append((name, s))
+        else:
+            groups.append([(name, s)])
+    return [[n for n, _ in g] for g in groups if len(g) > 1]
+
+
+def _and(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
 def stall_table(report: Dict[str, Any], verbose: bool = False) -> Optional[str]:
     rows = [r for r in report.get("results", []) if r.get("status") == "ok" and r.get("stalls")
             and (verbose or is_headline(r))]
     if not rows:
         return None
     steps = [s["step_ms"] for s in rows[0]["stalls"]]
+    n = max(len(stall_rounds(s)) for r in rows for s in r["stalls"])
     hdr = ["GPU waiting for data, % of time"] + [f"T={s:g} ms" for s in steps]
     body = []
     for r in rows:
         by = {s["step_ms"]: s for s in r["stalls"]}
-        body.append([r["name"]] + [f"{by[s]['stall_fraction'] * 100:.1f}" if s in by else "-" for s in steps])
-    return "\n".join(_table(hdr, body))
+        body.append([r["name"]] + [stall_figure(by[s], unit="") if s in by else "-" for s in steps])
+    note = (f"  (the median of {n} rounds, their range in brackets)" if n > 1
+            else "  (one round each: no spread measured)")
+    return "\n".join(_table(hdr, body) + [note])
 
 
 def verdict_lines(report: Dict[str, Any]) -> List[str]:
     """The answer in a training team's words: per step time, how much of the time the GPU
-    would wait for data with each loader that was measured with a step."""
+    would wait for data with each loader that was measured with a step, as the median of the
+    rounds with their range, and which loaders are within noise of each other there."""
     rows = [r for r in report.get("results", []) if r.get("status") == "ok" and r.get("stalls") and is_headline(r)]
     if not rows:
         return []
     c = report.get("config", {})
+    n = max(len(stall_rounds(s)) for r in rows for s in r["stalls"])
+    how = (f"each figure is the median of {n} rounds of that loop, the range of the rounds in brackets; figures "
+           f"whose ranges overlap are within noise of each other" if n > 1 else
+           "one round of that loop per figure, so no spread was measured and a difference of a few points may be "
+           "noise (--stall-repeats 5 measures it)")
     out = _wrap(f"Verdict (T = your training step time: the GPU's forward, backward and optimizer work on one batch "
                 f"of {c.get('batch_size')} x {c.get('seq_len')} tokens; the loader was read by a loop that spends T "
-                f"per batch):", indent="")
+                f"per batch; {how}):", indent="")
     steps = sorted({s["step_ms"] for r in rows for s in r["stalls"]})
     for t in steps:
-        parts = []
+        parts: List[str] = []
+        figs: List[Tuple[str, Dict[str, Any]]] = []
         for r in rows:
             s = next((x for x in r["stalls"] if x["step_ms"] == t), None)
             if s is not None:
-                parts.append(f"{s['stall_fraction'] * 100:.1f} %" + (" of the time" if not parts else "")
-                             + f" with {r['name']}")
+                parts.append(stall_figure(s) + (" of the time" if not parts else "") + f" with {r['name']}")
+                figs.append((r["name"], s))
         if parts:
-            out += _wrap(f"at a {t:g} ms step your GPU waits for data " + ", ".join(parts))
+            noise = "".join(f"; {_and(g)} are within noise of each other" for g in noise_groups(figs))
+            out += _wrap(f"at a {t:g} ms step your GPU waits for data " + ", ".join(parts) + noise)
     tf = next((r for r in report.get("results", []) if r.get("name") == "tokenfeed" and r.get("status") == "ok"
                and "tokens_per_s" in r), None)
     if tf and c.get("batch_size") and c.get("seq_len"):
@@ -282,10 +343,18 @@ def _figures(report: Dict[str, Any]) -> Dict[Tuple[str, str], Tuple[float, str, 
     return f
 
 
+def _stall_entries(report: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """{what, as _figures names a waiting figure: its stall entry, with the rounds}."""
+    return {f"{r['name']} T={s['step_ms']:g} ms": s for r in report.get("results", [])
+            if r.get("status") == "ok" and "tokens_per_s" in r for s in r.get("stalls") or []}
+
+
 def format_compare(old: Dict[str, Any], new: Dict[str, Any], threshold: float = 0.10) -> str:
     """What changed from `old` to `new`: the figures in both runs that moved beyond `threshold`
-    (waiting fractions: half of it, in points), and the figures only one run has."""
+    (waiting fractions: half of it, in points, and only where the ranges of the two runs'
+    rounds do not overlap), and the figures only one run has."""
     a, b = _figures(old), _figures(new)
+    sa, sb = _stall_entries(old), _stall_entries(new)
     out = [f"compared with {old.get('created', '?')} ({'quick' if old.get('quick') else 'full'} run):"]
     mo, mn = old.get("machine", {}), new.get("machine", {})
     diffs = [k for k in ("cpu_model", "cores", "memory_gib", "kernel", "tokenfeed", "torch", "numpy")
@@ -305,6 +374,8 @@ def format_compare(old: Dict[str, Any], new: Dict[str, Any], threshold: float = 
             change = vb - va
             txt = f"{change:+.1f} pp"
             moved = abs(change) >= 100 * threshold / 2
+            if key[1] in sa and key[1] in sb and within_noise(sa[key[1]], sb[key[1]]):
+                moved = False  # the two runs' rounds overlap: a move the noise can make
             good = change < 0
         else:
             change = (vb / va - 1) if va else 0.0
@@ -329,5 +400,6 @@ def format_compare(old: Dict[str, Any], new: Dict[str, Any], threshold: float = 
     if added:
         out.append(f"  only in this run ({len(added)}): " + "; ".join(added[:20]) + (" ..." if len(added) > 20 else ""))
     out.append(f"  {better} better and {worse} worse by more than {threshold * 100:.0f}% (waiting for data: "
-               f"{threshold * 50:.0f} points); {same} of the {same + len(rows)} figures in both runs moved less")
+               f"{threshold * 50:.0f} points, with rounds whose ranges do not overlap); {same} of the "
+               f"{same + len(rows)} figures in both runs moved less")
     return "\n".join(out)

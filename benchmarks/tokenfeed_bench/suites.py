@@ -4,7 +4,9 @@ Groups (``--only`` / ``--skip``):
 
 * ``tokenfeed``, ``ceiling``, ``baselines``, ``peers``: warm throughput on the same
   data and batch shape, one fresh process per configuration;
-* ``stalls``: the consumer with a fixed step time, added to the main row of each loader;
+* ``stalls``: the consumer with a fixed step time, in rounds (median and range), added to
+  the main row of each loader; alone (``--only stalls``) it runs the main rows of
+  tokenfeed and the baselines, with that loop, and nothing else;
 * ``startup``: time to first batch at 10^3 and 10^4 shards (and 10^12 sparse tokens);
 * ``restore``: a fresh loader restored at deep positions from its own resumable state;
 * ``larger``: a file bigger than RAM (``--big-size``), shuffled, per backend, beside fio;
@@ -66,7 +68,7 @@ class Runner:
                 if prep.get("prepare"):
                     r["prepare"] = prep["prepare"]
         hidden = ("offsets", "samples", "offsets_file", "binary", "peer_dir", "warmup", "seconds", "timeout",
-                  "raw", "doc_ends", "path", "step_ms", "stall_seconds", "mode")
+                  "raw", "doc_ends", "path", "step_ms", "stall_seconds", "stall_repeats", "mode")
         row = {"name": name, "group": group, "config": {k: v for k, v in case.items() if k not in hidden},
                "note": note}
         if headline:
@@ -197,6 +199,7 @@ def run(args: Any) -> Dict[str, Any]:
                         "output_dtype": "int64", "shuffle": "full", "tokens_per_batch": B * L,
                         "seconds_per_case": args.seconds, "warmup_batches": args.warmup, "workers": nw,
                         "step_ms": list(args.step_ms), "stall_seconds": args.stall_seconds,
+                        "stall_repeats": args.stall_repeats,
                         "token_count_note": "tokens/s counts batch x seq_len training tokens per batch"}
 
     # ---- the shared sample list: tokenfeed's own full-shuffle order
@@ -210,8 +213,13 @@ def run(args: Any) -> Dict[str, Any]:
     base: Case = {"seq_len": L, "batch_size": B, "seed": args.seed, "warmup": args.warmup, "seconds": args.seconds,
                   "samples": samples_path, "raw": raw, "raw_dtype": raw_dtype, "vocab_size": vocab,
                   "peer_dir": peer_dir, "doc_ends": doc_ends, "workers": nw}
-    stall: Case = ({"step_ms": list(args.step_ms), "stall_seconds": args.stall_seconds}
-                   if "stalls" in args.groups else {})
+    stall: Case = ({"step_ms": list(args.step_ms), "stall_seconds": args.stall_seconds,
+                    "stall_repeats": args.stall_repeats} if "stalls" in args.groups else {})
+    # --only stalls: the main rows only, each with the step-time loop
+    main_only = bool(getattr(args, "stalls_only", False))
+    if main_only:
+        log("--only stalls: the step-time loop on tokenfeed's and the baselines' main loaders "
+            "(add peers to --only for the peer loaders, tokenfeed for tokenfeed's variants)")
     out_kind = "torch" if have_torch else "numpy"
     tf = dict(base, kind="tokenfeed_loader", path=native, output=out_kind, dtype_in=args.dtype if args.data else None)
     R = Runner(args, log)
@@ -219,11 +227,14 @@ def run(args: Any) -> Dict[str, Any]:
     if "tokenfeed" in args.groups:
         R.results.append(R.run("tokenfeed", "tokenfeed", dict(tf, **stall), headline=True,
                                note=f"reference: shuffle=full, default threads and backend, int64, output={out_kind}"))
-        for name, extra in (("threads=1", {"threads": 1}), ("threads=2", {"threads": 2}),
-                            ("shuffle=block", {"shuffle": "block"}), ("shuffle=none", {"shuffle": False}),
-                            ("backend=mmap", {"backend": "mmap"}), ("backend=pread", {"backend": "pread"})):
+        for name, extra in () if main_only else (
+                ("threads=1", {"threads": 1}), ("threads=2", {"threads": 2}),
+                ("shuffle=block", {"shuffle": "block"}), ("shuffle=none", {"shuffle": False}),
+                ("backend=mmap", {"backend": "mmap"}), ("backend=pread", {"backend": "pread"})):
             R.results.append(R.run(f"tokenfeed {name}", "tokenfeed", dict(tf, **extra)))
-        if bi.get("io_uring", {}).get("usable"):
+        if main_only:
+            pass
+        elif bi.get("io_uring", {}).get("usable"):
             R.results.append(R.run("tokenfeed backend=io_uring", "tokenfeed", dict(tf, backend="io_uring")))
         else:
             R.skip("tokenfeed backend=io_uring", "tokenfeed", "skipped",
@@ -231,19 +242,21 @@ def run(args: Any) -> Dict[str, Any]:
         if zdir and bi.get("zstd", {}).get("usable"):
             R.results.append(R.run("tokenfeed zstd data", "tokenfeed", dict(tf, path=zdir, **stall), headline=True,
                                    note="full shuffle: every sample decompresses its own zstd block"))
-            R.results.append(R.run("tokenfeed zstd data shuffle=block", "tokenfeed",
-                                   dict(tf, path=zdir, shuffle="block"),
-                                   note="two-level shuffle: consecutive samples share a decompressed block"))
+            if not main_only:
+                R.results.append(R.run("tokenfeed zstd data shuffle=block", "tokenfeed",
+                                       dict(tf, path=zdir, shuffle="block"),
+                                       note="two-level shuffle: consecutive samples share a decompressed block"))
         else:
             R.skip("tokenfeed zstd data", "tokenfeed", "skipped",
                    "--data given: no zstd copy of it is made" if not zdir else "zstd not compiled in")
-        R.results.append(R.run("tokenfeed dtype=int32", "tokenfeed", dict(tf, out_dtype="int32")))
-        if have_torch:
-            R.results.append(R.run("tokenfeed output=numpy", "tokenfeed", dict(tf, output="numpy")))
-        R.results.append(R.run("tokenfeed on the flat .bin", "tokenfeed", dict(tf, path=raw, dtype_in=raw_dtype),
-                               note="the same headerless file the other loaders read"))
-        if have_torch:  # the DataLoader adapters (tokenfeed.torch)
-            R.results.extend(adapters.rows(R, tf, nw))
+        if not main_only:
+            R.results.append(R.run("tokenfeed dtype=int32", "tokenfeed", dict(tf, out_dtype="int32")))
+            if have_torch:
+                R.results.append(R.run("tokenfeed output=numpy", "tokenfeed", dict(tf, output="numpy")))
+            R.results.append(R.run("tokenfeed on the flat .bin", "tokenfeed", dict(tf, path=raw, dtype_in=raw_dtype),
+                                   note="the same headerless file the other loaders read"))
+            if have_torch:  # the DataLoader adapters (tokenfeed.torch)
+                R.results.extend(adapters.rows(R, tf, nw))
         if bi.get("cuda", {}).get("usable"):
             R.results.append(R.run("tokenfeed device=cuda", "tokenfeed", dict(tf, device="cuda", **stall),
                                    headline=True))
@@ -269,8 +282,8 @@ def run(args: Any) -> Dict[str, Any]:
             R.results.append(R.run("nanoGPT get_batch", "baseline", dict(base, kind="nanogpt", **stall),
                                    note="karpathy/nanoGPT get_batch: np.memmap per batch, torch.stack of "
                                         "astype(int64) slices for x and y; offsets from the shared sample list"))
-            for w in (0, 2, 4):
-                for pin in ((False, True) if cuda else (False,)):
+            for w in (nw,) if main_only else (0, 2, 4):
+                for pin in (False,) if main_only else (False, True) if cuda else (False,):
                     name = f"DataLoader workers={w}{' pin_memory' if pin else ''}"
                     extra = stall if (w == nw and not pin) else {}
                     R.results.append(R.run(name, "baseline", dict(base, kind="torch_dataloader", workers=w,
@@ -323,13 +336,14 @@ def estimate(args: Any) -> str:
     g = args.groups
     secs = 0.0
     stall_rows = 0
+    main_only = bool(getattr(args, "stalls_only", False))  # --only stalls: the main rows alone
     if "tokenfeed" in g:
-        secs += 12 * per_case
+        secs += (2 if main_only else 12) * per_case
         stall_rows += 2
     if "ceiling" in g:
         secs += 2 * per_case + 5
     if "baselines" in g:
-        secs += 4 * per_case
+        secs += (2 if main_only else 4) * per_case
         stall_rows += 2
     if g & {"peers", "startup", "restore"}:
         secs += 5 * len(args.peers)  # each peer's import is tried in a child process first
@@ -337,16 +351,18 @@ def estimate(args: Any) -> str:
     secs += npeers * per_case
     stall_rows += npeers
     if "stalls" in g:
-        secs += stall_rows * len(args.step_ms) * args.stall_seconds
+        per_round = sum(max(args.stall_seconds, 10 * t / 1e3) for t in args.step_ms)  # 10 steps at least
+        secs += stall_rows * per_round * getattr(args, "stall_repeats", 1)
     if "startup" in g:
         secs += len(args.shards) * 8 + (10 if args.sparse_tokens else 0)
     if "restore" in g:
         secs += 4 * 4.0
+    size = 0
     if "larger" in g:
         size = args.big_size or int((meminfo_bytes() or 0) * 1.6)
         secs += size / 400e6 + 5 * (args.big_seconds + 3) + 2 * args.fio_seconds
     gen = args.tokens / 10e6 if not args.data else 0.0
-    disk = (args.tokens * 2 * 3.5 if not args.data else 0) + (args.big_size or 0)
+    disk = (args.tokens * 2 * 3.5 if not args.data else 0) + size  # the larger-than-memory file only if it runs
     mins = (secs + gen) / 60
     return (f"this run takes about {max(1, round(mins))} minute{'s' if mins >= 1.5 else ''} on this machine when "
             f"it is idle "

@@ -127,7 +127,8 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
                                 seconds=case["seconds"], max_batches=int(case.get("max_batches", 10**9))))
     r["rss_delta_mb"] = r["peak_rss_mb"] - rss0 / 1024.0
     if case.get("step_ms"):
-        r["stalls"] = measure.stalls(feed.next_batch, case["step_ms"], seconds=case.get("stall_seconds", 2.0))
+        r["stalls"] = measure.stalls(feed.next_batch, case["step_ms"], seconds=case.get("stall_seconds", 2.0),
+                                     repeats=int(case.get("stall_repeats", 1)))
     after = getattr(mod, "after", None)
     if after is not None:
         r.update(after(feed))
