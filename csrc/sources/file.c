@@ -104,16 +104,19 @@ static int map_file_id(const char *path, void **map, size_t *len, tf__file_id *i
 
 int tf__map_file(const char *path, void **map, size_t *len) { return map_file_id(path, map, len, NULL); }
 
-/* How far back from the end of a mapping map_nz is looked for. */
-#define TF_NZ_SCAN ((size_t)64 << 10)
-
 int tf__map_file_main(const char *path, tf_file *f) {
     f->map_nz = 0;
     TF_TRY(map_file_id(path, &f->map, &f->map_len, &f->map_id));
-    if (!f->map_id.known || !f->map) return 0;
-    /* the last page (rarely more): the parsers' sampled fingerprint reads it too */
+    if (!f->map_id.known || !f->map || !f->map_len) return 0;
+    /* The last page only, which the parsers' sampled fingerprint reads anyway:
+     * looking further back would fault in pages no read needs (a sparse shard
+     * of zeros would read 64 KiB per file at open). A last page of zeros
+     * leaves map_nz 0, and check_tail then stats the path for a read that
+     * ends in that page. */
+    long ps = sysconf(_SC_PAGESIZE);
+    size_t page = ps > 0 ? (size_t)ps : 4096;
     const uint8_t *m = f->map;
-    size_t lo = f->map_len > TF_NZ_SCAN ? f->map_len - TF_NZ_SCAN : 0;
+    size_t lo = (f->map_len - 1) / page * page;
     for (size_t q = f->map_len; q > lo; q--)
         if (m[q - 1]) {
             f->map_nz = q;
@@ -1014,7 +1017,7 @@ int tf__file_check_fd(const tf_file *f, int fd) {
  * loads (the next token's); failing that, load one byte of the next page (it
  * faults when the file now ends before it); if map_nz lies in this page, its
  * byte reading zero proves the file changed. Without map_nz (no non-zero byte
- * in the mapping's last 64 KiB), the last byte read, then the next page, then
+ * in the mapping's last page), the last byte read, then the next page, then
  * in the last page one stat of the path. Runs under the caller's SIGBUS
  * guard, as every read of f does. */
 static int check_tail(const tf_file *f, size_t end) {

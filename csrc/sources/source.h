@@ -52,7 +52,7 @@ typedef struct tf_file {
      * must still be. Unknown (known 0) for files not mapped from a path. */
     tf__file_id map_id;
     /* 1 + the offset of the mapping's last byte that was not zero when it was
-     * mapped (0: none in the last 64 KiB, or not mapped from a path): a read
+     * mapped (0: none in the last page, or not mapped from a path): a read
      * of the mapping proves the file still holds its bytes by finding a
      * non-zero byte at or past its end (file.c, check_tail). */
     size_t map_nz;
