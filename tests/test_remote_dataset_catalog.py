@@ -151,8 +151,12 @@ def test_restart_fetches_no_shard_header_again(moto, bucket, proxy, tmp_path, sh
     proxy.reset_counts()
     again = _readers(url, cache, proxy.endpoint, 1)
     assert again == first == [_local_hash(local)]
-    # (what else it reads are token chunks the first process's scheduler had not landed yet)
-    assert _header_gets(proxy) == {}, sorted(_header_gets(proxy))[:4]
+    # No header the first process fetched is fetched again. What else the restart reads are
+    # token chunks, and shards further ahead, that the first process's scheduler had not
+    # reached when it exited: how far it got depends on the machine's speed, so those are not
+    # counted (a small shard's chunk is the whole object, as its header fetch is).
+    again_headers = _header_gets(proxy)
+    assert not set(again_headers) & set(touched), sorted(set(again_headers) & set(touched))[:4]
     assert proxy.requests.get("HEAD", 0) == 1 and proxy.requests.get("GET", 0) == sum(_shard_gets(proxy).values())
 
 
