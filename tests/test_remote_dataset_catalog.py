@@ -314,3 +314,61 @@ def test_shard_missing_from_the_store_is_named_on_first_touch(uploaded, moto, bu
     with pytest.raises(OSError, match=rf"{names[0]}: does not exist, although the dataset's manifest names it"):
         ds.document(0)
     assert np.array_equal(ds.document(ds.num_documents - 1), local.document(local.num_documents - 1))
+
+
+# ---- closing while the scheduler opens shards ahead --------------------------------------
+
+class _Gate:
+    """Holds every read of the shards from `hold_from` on (by their place in `names`) until
+    opened; counts the reads held and those released."""
+
+    def __init__(self, names, hold_from):
+        import threading
+
+        self.held_names = set(names[hold_from:])
+        self.open = threading.Event()
+        self.one_held = threading.Event()
+        self.lock = threading.Lock()
+        self.held = self.released = 0
+
+    def wrap(self, read_into):
+        def gated(transport, url, version, size, offset, buf):
+            if url.rsplit("/", 1)[-1] in self.held_names and not self.open.is_set():
+                with self.lock:
+                    self.held += 1
+                self.one_held.set()
+                self.open.wait(120)
+                with self.lock:
+                    self.released += 1
+            return read_into(transport, url, version, size, offset, buf)
+        return gated
+
+
+def test_close_is_prompt_while_the_scheduler_opens_shards(dataset, moto, bucket, tmp_path, monkeypatch):
+    """The scheduler opens shards known from the catalog ahead of their reader; close() stops it
+    whatever it waits for: it returns while the store still holds the shards' requests (none was
+    answered), instead of after the look-ahead has opened every shard within prefetch_bytes."""
+    from tokenfeed._remote import ObjectStoreTransport
+
+    path, names = dataset
+    moto.upload_dir(bucket, "ds", str(path))
+    # the first touch fetches the next 8 shards' headers with its own, and the reader of the first
+    # batches needs shards 0 and 1 at most: the scheduler's touches further ahead are held
+    gate = _Gate(names, 10)
+    monkeypatch.setattr(ObjectStoreTransport, "read_into", gate.wrap(ObjectStoreTransport.read_into))
+    import threading
+
+    try:
+        ds = _open(f"s3://{bucket}/ds", tmp_path / "cache", moto.endpoint)
+        loader = tokenfeed.Loader(ds, seq_len=128, batch_size=8, seed=3, shuffle=False, prefetch_batches=2)
+        next(iter(loader))
+        assert gate.one_held.wait(60), "the scheduler never asked for a shard ahead"
+        t = threading.Thread(target=loader.close, daemon=True)
+        t.start()
+        t.join(60)  # a hang guard only: close must return while the gate holds every request
+        closed_while_held = not t.is_alive() and not gate.open.is_set()
+        released = gate.released
+    finally:
+        gate.open.set()
+    assert closed_while_held and released == 0, (gate.held, released)
+    t.join(60)

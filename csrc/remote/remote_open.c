@@ -552,10 +552,10 @@ const tf__robj *tf__file_robj(const tf_file *f) {
         int rc = tf__file_touch(f);
         scheduler_touch = 0;
         tf__remote_open_ahead(0);
-        if (rc != 0) {
-            atomic_store(&lo->failed, 1);
-            tf__clearerr();
-        }
+        /* stopped (the loader closes): not a failure of the shard, which
+         * its reader opens when it needs it */
+        if (rc != 0 && rc != -EINTR) atomic_store(&lo->failed, 1);
+        if (rc != 0) tf__clearerr();
         o = atomic_load(&lo->robj);
     }
     return o;
