@@ -85,10 +85,32 @@ def test_a_file_changed_in_place_is_an_error_naming_it(tmp_path, monkeypatch):
         _no_listing(m)
         ds = tokenfeed.open(spec)
     assert (ds.tokens(0, 50) == np.arange(50)).all()
-    with pytest.raises(tokenfeed.FormatError, match=re.escape(files[4]) + ".*changed.*tokenfeed index"):
+    with pytest.raises(tokenfeed.FormatError, match=re.escape(files[4]) + ".*tokenfeed index.*changed"):
         ds.tokens(4 * 50, 5 * 50)
     tokenfeed.build_catalog(spec)  # rebuilt: the new tokens
     assert (tokenfeed.open(spec).tokens(4 * 50, 5 * 50) == 9).all()
+
+
+@pytest.mark.parametrize("size", ["same size", "longer"])
+def test_a_file_changed_in_place_says_first_to_rebuild_the_catalog(tmp_path, monkeypatch, size):
+    """Every later open believes the catalog (the old token count): opening again cannot help,
+    so the error leads with the command that rebuilds the catalog, then says what differs."""
+    d = tmp_path / "d"
+    files = _set(d)
+    spec = str(d / "shard_*.bin")
+    tokenfeed.build_catalog(spec)
+    write_llmc(files[4], np.full(50 if size == "same size" else 80, 9, dtype=np.uint16))
+    _aged([files[4]], 30)
+    with monkeypatch.context() as m:
+        _no_listing(m)
+        ds = tokenfeed.open(spec)
+    with pytest.raises(tokenfeed.FormatError) as ei:
+        ds.tokens(4 * 50, 5 * 50)
+    msg = str(ei.value)
+    first = msg.split(". ")[0]
+    assert files[4] in first and f"tokenfeed index '{d}/" in first, msg
+    assert "open the dataset again" not in msg.split("tokenfeed index")[0], msg
+    assert "changed" in msg  # what differs, after
 
 
 def test_holds_on_another_machines_copy(tmp_path, monkeypatch):
