@@ -372,3 +372,16 @@ def test_close_is_prompt_while_the_scheduler_opens_shards(dataset, moto, bucket,
         gate.open.set()
     assert closed_while_held and released == 0, (gate.held, released)
     t.join(60)
+
+
+def test_directory_url_without_its_catalog_is_listed_once(dataset, moto, bucket, proxy, tmp_path):
+    """A native dataset opened by its `/` URL without its catalog: the listing that expanded the
+    URL gives the shards' sizes and versions too, instead of a second listing of the prefix."""
+    path, names = dataset
+    moto.upload_dir(bucket, "ds", str(path))
+    moto.delete(bucket, "ds/" + CATALOG)
+    proxy.reset_counts()
+    ds = _open(f"s3://{bucket}/ds/", tmp_path / "cache", proxy.endpoint)
+    assert ds.num_files == len(names) and ds.num_tokens == tokenfeed.open(str(path)).num_tokens
+    assert sum(_listings(proxy).values()) == 1, _listings(proxy)
+    assert all(np.array_equal(a, b) for a, b in zip(_batches(ds, 2), _batches(tokenfeed.open(str(path)), 2)))
