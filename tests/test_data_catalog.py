@@ -256,3 +256,20 @@ def test_a_fifo_under_a_remote_set_record_does_not_block(tmp_path):
     assert not t.is_alive(), "reading the set record blocked on a FIFO"
     assert got == [None]
     rec.close()
+
+
+def test_a_catalog_of_other_options_is_said_unused(tmp_path):
+    """A catalog built without --format goes unused by an open that names the format (another
+    key): said once, naming the catalog and the option that differs; likewise the directory
+    opened after its glob's index."""
+    from tokenfeed import PerformanceWarning
+
+    d = tmp_path / "d"
+    _set(d)
+    spec = str(d / "shard_*.bin")
+    tokenfeed.build_catalog(spec)
+    with pytest.warns(PerformanceWarning, match=r"\.tokenfeed-catalog-.*format: the catalog's None, this open's 'llm.c'"):
+        ds = tokenfeed.open(spec, format="llm.c")
+    assert ds.num_files == 12
+    with pytest.warns(PerformanceWarning, match=r"\.tokenfeed-catalog-.*another glob"):
+        assert tokenfeed.open(str(d)).num_files == 12
