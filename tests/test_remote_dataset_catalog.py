@@ -385,3 +385,56 @@ def test_directory_url_without_its_catalog_is_listed_once(dataset, moto, bucket,
     assert ds.num_files == len(names) and ds.num_tokens == tokenfeed.open(str(path)).num_tokens
     assert sum(_listings(proxy).values()) == 1, _listings(proxy)
     assert all(np.array_equal(a, b) for a, b in zip(_batches(ds, 2), _batches(tokenfeed.open(str(path)), 2)))
+
+
+_CTRL_C_CHILD = textwrap.dedent("""
+    import sys, threading
+    import tokenfeed
+    from tokenfeed._remote import ObjectStoreTransport
+    url, cache, endpoint, held_from = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(",")
+    gate, held, released = threading.Event(), threading.Event(), []
+    read_into = ObjectStoreTransport.read_into
+
+    def gated(self, u, version, size, offset, buf):
+        if u.rsplit("/", 1)[-1] in held_from and not gate.is_set():
+            held.set()
+            gate.wait(120)
+            released.append(u)
+        return read_into(self, u, version, size, offset, buf)
+
+    ObjectStoreTransport.read_into = gated
+    ds = tokenfeed.open(url, cache_dir=cache, cache_limit="256MB", endpoint_url=endpoint, chunk_size=64 << 10)
+    try:
+        with tokenfeed.Loader(ds, seq_len=128, batch_size=8, seed=3, shuffle=False, prefetch_batches=2) as loader:
+            next(iter(loader))
+            held.wait(60)
+            print("held", flush=True)
+            threading.Event().wait(120)  # Ctrl-C comes here, while the look-ahead waits
+    except KeyboardInterrupt:
+        print("closed", len(released), flush=True)
+    gate.set()
+""")
+
+
+def test_ctrl_c_is_prompt_while_the_scheduler_opens_shards(dataset, moto, bucket, tmp_path):
+    """Ctrl-C while the scheduler waits for a shard it opens ahead: the loader's close on the way
+    out returns while the store still holds the requests (none was answered)."""
+    import signal
+
+    from remote_util import TEST_CREDENTIALS
+
+    path, names = dataset
+    moto.upload_dir(bucket, "ds", str(path))
+    env = dict(os.environ, **TEST_CREDENTIALS, PYTHONPATH=os.pathsep.join(sys.path))
+    pr = subprocess.Popen([sys.executable, "-c", _CTRL_C_CHILD, f"s3://{bucket}/ds", str(tmp_path / "cache"),
+                           moto.endpoint, ",".join(names[10:])], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    try:
+        assert pr.stdout.readline().strip() == "held"
+        pr.send_signal(signal.SIGINT)
+        out, err = pr.communicate(timeout=100)  # a hang guard only
+    finally:
+        if pr.poll() is None:
+            pr.kill()
+            pr.communicate()
+    assert out.strip() == "closed 0", (out, err[-2000:])
