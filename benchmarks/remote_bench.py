@@ -183,11 +183,12 @@ STARTUP_CHILD = r"""
 import json, sys, time, tokenfeed
 import torch  # a training process has imported it before it makes its loader: not start-up's to pay
 url, cache, endpoint = sys.argv[1], sys.argv[2], sys.argv[3]
+rank, world = int(sys.argv[4]), int(sys.argv[5])  # each process of the node reads its own batches
 t = time.perf_counter()
 ds = tokenfeed.open(url, cache_dir=cache, endpoint_url=endpoint, fetch_threads=16)
 opened = time.perf_counter() - t
 meta = ds.cache_stats()["requests"]
-loader = tokenfeed.Loader(ds, seq_len=512, batch_size=8, seed=0, shuffle="block")
+loader = tokenfeed.Loader(ds, seq_len=512, batch_size=8, seed=0, shuffle="block", dp_rank=rank, dp_size=world)
 next(iter(loader))
 print(json.dumps({"open_s": opened, "first_batch_s": time.perf_counter() - t, "metadata_requests": meta,
                   "files": ds.num_files}))
@@ -198,8 +199,9 @@ def _startup_run(url: str, proxy: FaultProxy, cache: str, procs: int, env: Dict[
     """procs processes of one node opening url together on the cache, each to its first batch."""
     proxy.reset_counts()
     t = time.perf_counter()
-    ps = [subprocess.Popen([sys.executable, "-c", STARTUP_CHILD, url, cache, proxy.endpoint], env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(procs)]
+    ps = [subprocess.Popen([sys.executable, "-c", STARTUP_CHILD, url, cache, proxy.endpoint, str(rank), str(procs)],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+          for rank in range(procs)]
     res = []
     for p in ps:
         o, e = p.communicate(timeout=3600)

@@ -87,10 +87,32 @@ def test_a_file_changed_in_place_is_an_error_naming_it(tmp_path, monkeypatch):
         _no_listing(m)
         ds = tokenfeed.open(spec)
     assert (ds.tokens(0, 50) == np.arange(50)).all()
-    with pytest.raises(tokenfeed.FormatError, match=re.escape(files[4]) + ".*changed.*tokenfeed index"):
+    with pytest.raises(tokenfeed.FormatError, match=re.escape(files[4]) + ".*tokenfeed index.*changed"):
         ds.tokens(4 * 50, 5 * 50)
     tokenfeed.build_catalog(spec)  # rebuilt: the new tokens
     assert (tokenfeed.open(spec).tokens(4 * 50, 5 * 50) == 9).all()
+
+
+@pytest.mark.parametrize("size", ["same size", "longer"])
+def test_a_file_changed_in_place_says_first_to_rebuild_the_catalog(tmp_path, monkeypatch, size):
+    """Every later open believes the catalog (the old token count): opening again cannot help,
+    so the error leads with the command that rebuilds the catalog, then says what differs."""
+    d = tmp_path / "d"
+    files = _set(d)
+    spec = str(d / "shard_*.bin")
+    tokenfeed.build_catalog(spec)
+    write_llmc(files[4], np.full(50 if size == "same size" else 80, 9, dtype=np.uint16))
+    _aged([files[4]], 30)
+    with monkeypatch.context() as m:
+        _no_listing(m)
+        ds = tokenfeed.open(spec)
+    with pytest.raises(tokenfeed.FormatError) as ei:
+        ds.tokens(4 * 50, 5 * 50)
+    msg = str(ei.value)
+    first = msg.split(". ")[0]
+    assert files[4] in first and f"tokenfeed index '{d}/" in first, msg
+    assert "open the dataset again" not in msg.split("tokenfeed index")[0], msg
+    assert "changed" in msg  # what differs, after
 
 
 def test_holds_on_another_machines_copy(tmp_path, monkeypatch):
@@ -242,3 +264,20 @@ def test_a_fifo_under_a_remote_set_record_does_not_block(tmp_path):
     assert not t.is_alive(), "reading the set record blocked on a FIFO"
     assert got == [None]
     rec.close()
+
+
+def test_a_catalog_of_other_options_is_said_unused(tmp_path):
+    """A catalog built without --format goes unused by an open that names the format (another
+    key): said once, naming the catalog and the option that differs; likewise the directory
+    opened after its glob's index."""
+    from tokenfeed import PerformanceWarning
+
+    d = tmp_path / "d"
+    _set(d)
+    spec = str(d / "shard_*.bin")
+    tokenfeed.build_catalog(spec)
+    with pytest.warns(PerformanceWarning, match=r"\.tokenfeed-catalog-.*format: the catalog's None, this open's 'llm.c'"):
+        ds = tokenfeed.open(spec, format="llm.c")
+    assert ds.num_files == 12
+    with pytest.warns(PerformanceWarning, match=r"\.tokenfeed-catalog-.*another glob"):
+        assert tokenfeed.open(str(d)).num_files == 12

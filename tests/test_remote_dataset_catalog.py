@@ -318,3 +318,127 @@ def test_shard_missing_from_the_store_is_named_on_first_touch(uploaded, moto, bu
     with pytest.raises(OSError, match=rf"{names[0]}: does not exist, although the dataset's manifest names it"):
         ds.document(0)
     assert np.array_equal(ds.document(ds.num_documents - 1), local.document(local.num_documents - 1))
+
+
+# ---- closing while the scheduler opens shards ahead --------------------------------------
+
+class _Gate:
+    """Holds every read of the shards from `hold_from` on (by their place in `names`) until
+    opened; counts the reads held and those released."""
+
+    def __init__(self, names, hold_from):
+        import threading
+
+        self.held_names = set(names[hold_from:])
+        self.open = threading.Event()
+        self.one_held = threading.Event()
+        self.lock = threading.Lock()
+        self.held = self.released = 0
+
+    def wrap(self, read_into):
+        def gated(transport, url, version, size, offset, buf):
+            if url.rsplit("/", 1)[-1] in self.held_names and not self.open.is_set():
+                with self.lock:
+                    self.held += 1
+                self.one_held.set()
+                self.open.wait(120)
+                with self.lock:
+                    self.released += 1
+            return read_into(transport, url, version, size, offset, buf)
+        return gated
+
+
+def test_close_is_prompt_while_the_scheduler_opens_shards(dataset, moto, bucket, tmp_path, monkeypatch):
+    """The scheduler opens shards known from the catalog ahead of their reader; close() stops it
+    whatever it waits for: it returns while the store still holds the shards' requests (none was
+    answered), instead of after the look-ahead has opened every shard within prefetch_bytes."""
+    from tokenfeed._remote import ObjectStoreTransport
+
+    path, names = dataset
+    moto.upload_dir(bucket, "ds", str(path))
+    # the first touch fetches the next 8 shards' headers with its own, and the reader of the first
+    # batches needs shards 0 and 1 at most: the scheduler's touches further ahead are held
+    gate = _Gate(names, 10)
+    monkeypatch.setattr(ObjectStoreTransport, "read_into", gate.wrap(ObjectStoreTransport.read_into))
+    import threading
+
+    try:
+        ds = _open(f"s3://{bucket}/ds", tmp_path / "cache", moto.endpoint)
+        loader = tokenfeed.Loader(ds, seq_len=128, batch_size=8, seed=3, shuffle=False, prefetch_batches=2)
+        next(iter(loader))
+        assert gate.one_held.wait(60), "the scheduler never asked for a shard ahead"
+        t = threading.Thread(target=loader.close, daemon=True)
+        t.start()
+        t.join(60)  # a hang guard only: close must return while the gate holds every request
+        closed_while_held = not t.is_alive() and not gate.open.is_set()
+        released = gate.released
+    finally:
+        gate.open.set()
+    assert closed_while_held and released == 0, (gate.held, released)
+    t.join(60)
+
+
+def test_directory_url_without_its_catalog_is_listed_once(dataset, moto, bucket, proxy, tmp_path):
+    """A native dataset opened by its `/` URL without its catalog: the listing that expanded the
+    URL gives the shards' sizes and versions too, instead of a second listing of the prefix."""
+    path, names = dataset
+    moto.upload_dir(bucket, "ds", str(path))
+    moto.delete(bucket, "ds/" + CATALOG)
+    proxy.reset_counts()
+    ds = _open(f"s3://{bucket}/ds/", tmp_path / "cache", proxy.endpoint)
+    assert ds.num_files == len(names) and ds.num_tokens == tokenfeed.open(str(path)).num_tokens
+    assert sum(_listings(proxy).values()) == 1, _listings(proxy)
+    assert all(np.array_equal(a, b) for a, b in zip(_batches(ds, 2), _batches(tokenfeed.open(str(path)), 2)))
+
+
+_CTRL_C_CHILD = textwrap.dedent("""
+    import sys, threading
+    import tokenfeed
+    from tokenfeed._remote import ObjectStoreTransport
+    url, cache, endpoint, held_from = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(",")
+    gate, held, released = threading.Event(), threading.Event(), []
+    read_into = ObjectStoreTransport.read_into
+
+    def gated(self, u, version, size, offset, buf):
+        if u.rsplit("/", 1)[-1] in held_from and not gate.is_set():
+            held.set()
+            gate.wait(120)
+            released.append(u)
+        return read_into(self, u, version, size, offset, buf)
+
+    ObjectStoreTransport.read_into = gated
+    ds = tokenfeed.open(url, cache_dir=cache, cache_limit="256MB", endpoint_url=endpoint, chunk_size=64 << 10)
+    try:
+        with tokenfeed.Loader(ds, seq_len=128, batch_size=8, seed=3, shuffle=False, prefetch_batches=2) as loader:
+            next(iter(loader))
+            held.wait(60)
+            print("held", flush=True)
+            threading.Event().wait(120)  # Ctrl-C comes here, while the look-ahead waits
+    except KeyboardInterrupt:
+        print("closed", len(released), flush=True)
+    gate.set()
+""")
+
+
+def test_ctrl_c_is_prompt_while_the_scheduler_opens_shards(dataset, moto, bucket, tmp_path):
+    """Ctrl-C while the scheduler waits for a shard it opens ahead: the loader's close on the way
+    out returns while the store still holds the requests (none was answered)."""
+    import signal
+
+    from remote_util import TEST_CREDENTIALS
+
+    path, names = dataset
+    moto.upload_dir(bucket, "ds", str(path))
+    env = dict(os.environ, **TEST_CREDENTIALS, PYTHONPATH=os.pathsep.join(sys.path))
+    pr = subprocess.Popen([sys.executable, "-c", _CTRL_C_CHILD, f"s3://{bucket}/ds", str(tmp_path / "cache"),
+                           moto.endpoint, ",".join(names[10:])], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    try:
+        assert pr.stdout.readline().strip() == "held"
+        pr.send_signal(signal.SIGINT)
+        out, err = pr.communicate(timeout=100)  # a hang guard only
+    finally:
+        if pr.poll() is None:
+            pr.kill()
+            pr.communicate()
+    assert out.strip() == "closed 0", (out, err[-2000:])

@@ -204,3 +204,34 @@ def test_cache_dir_others_can_write_is_refused(uploaded, moto, tmp_path):
     fresh = tmp_path / "fresh" / "cache"
     _open(url, tmp_path, moto.endpoint, cache_dir=fresh)
     assert (os.stat(fresh).st_mode & 0o777) == 0o700
+
+
+def test_startup_benchmark_gives_each_process_its_rank(monkeypatch):
+    """The start-up benchmark's processes stand for the ranks of a node: each reads its own
+    batches (dp_rank of dp_size), not all of them the same one."""
+    import json as _json
+    import remote_bench
+
+    launched = []
+
+    class _Done:
+        returncode = 0
+
+        def __init__(self, argv, **kw):
+            launched.append(argv)
+
+        def communicate(self, timeout=None):
+            return _json.dumps({"open_s": 0.0, "first_batch_s": 0.0, "metadata_requests": 0, "files": 1}), ""
+
+    class _Proxy:
+        endpoint = "http://127.0.0.1:1"
+        requests: dict = {}
+
+        def reset_counts(self):
+            pass
+
+    monkeypatch.setattr(remote_bench.subprocess, "Popen", _Done)
+    remote_bench._startup_run("s3://b/ds", _Proxy(), "/nonexistent", 4, {})
+    ranks = [tuple(int(a) for a in argv[-2:]) for argv in launched]
+    assert sorted(ranks) == [(r, 4) for r in range(4)], launched
+    assert "dp_rank=rank" in remote_bench.STARTUP_CHILD and "dp_size=world" in remote_bench.STARTUP_CHILD

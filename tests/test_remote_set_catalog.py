@@ -362,3 +362,18 @@ def test_index_says_when_the_catalog_cannot_be_stored(llmc_set, moto, monkeypatc
     with pytest.raises(PermissionError, match=r"\.tokenfeed-catalog-.*cannot store the shard set's catalog there "
                                               r"\(AccessDenied.*permission to write objects"):
         tokenfeed.build_catalog(url, endpoint_url=moto.endpoint)
+
+
+def test_a_catalog_of_other_options_is_said_unused(llmc_set, moto, bucket, tmp_path):  # noqa: F811
+    """`tokenfeed index GLOB` without --format, then an open naming the format (another key):
+    the catalog goes unused, and the open says so once, naming it and the option that differs;
+    likewise the set's prefix opened after its glob's index."""
+    from tokenfeed import PerformanceWarning
+
+    url, p, shards, local = llmc_set
+    _index_cli(url, moto.endpoint)
+    with pytest.warns(PerformanceWarning, match=STEM.replace(".", r"\.") + ".*format: the catalog's None, this open's 'llm.c'"):
+        ds = _open(url, tmp_path / "cache", p.endpoint, format="llm.c")
+    assert ds.num_files == 30
+    with pytest.warns(PerformanceWarning, match=STEM.replace(".", r"\.") + ".*another glob"):
+        _open(f"s3://{bucket}/tokens/", tmp_path / "cache2", p.endpoint)

@@ -112,6 +112,11 @@ static inline void tf__cpu_relax(void) {
  * caller's thread makes poll it every TF__INTERRUPT_SLICE_NS. Call it without
  * holding a lock (the check may take an interpreter's lock). */
 TF_HIDDEN int tf__interrupted(void);
+/* A thread of the library's own whose waits end when *flag is set (the
+ * chunk scheduler, which close stops whatever request it waits for):
+ * tf__interrupted() answers 1 on the calling thread while *flag is non-zero.
+ * NULL clears it. */
+TF_HIDDEN void tf__thread_cancel_on(const volatile int *flag);
 #define TF__INTERRUPT_SLICE_NS (50ull * 1000 * 1000)
 /* Pass a progress line to the embedder's notice function (tf_notice_set_fn),
  * if any. No lock of the library's may be held. */

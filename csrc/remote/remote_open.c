@@ -552,10 +552,10 @@ const tf__robj *tf__file_robj(const tf_file *f) {
         int rc = tf__file_touch(f);
         scheduler_touch = 0;
         tf__remote_open_ahead(0);
-        if (rc != 0) {
-            atomic_store(&lo->failed, 1);
-            tf__clearerr();
-        }
+        /* stopped (the loader closes): not a failure of the shard, which
+         * its reader opens when it needs it */
+        if (rc != 0 && rc != -EINTR) atomic_store(&lo->failed, 1);
+        if (rc != 0) tf__clearerr();
         o = atomic_load(&lo->robj);
     }
     return o;
@@ -1226,8 +1226,8 @@ int tf_remote_set_catalog_name(const char *pattern, const tf_open_options *opt, 
 /* the open                                                                  */
 /* ------------------------------------------------------------------------ */
 
-static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_open_options *opt, tf_file **files,
-                          uint64_t *nfiles, uint64_t *cap) {
+static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_remote_listing *listing,
+                          const tf_open_options *opt, tf_file **files, uint64_t *nfiles, uint64_t *cap) {
     fetch_plan fp = {NULL, 0, 0};
     int rc = 0;
     /* manifests first: they name the shards; with their catalogs, which
@@ -1259,6 +1259,10 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_open_opti
         }
         free(mf);
     }
+    /* the shards the manifests named, as the listing the caller expanded
+     * the dataset's URL with shows them (a directory URL is listed once,
+     * not once by the caller and again here) */
+    if (!rc && listing) apply_listing(g, listing);
     if (!rc) rc = learn_sizes(g);
     /* heads and tails of everything a parser will read */
     for (size_t i = 0; i < nt && !rc; i++) {
@@ -1397,7 +1401,7 @@ static int open_pass(tf__preg *g, const char *const *urls, size_t n, const set_s
     for (size_t i = 0; i < n && !rc; i++) rc = resolve(g, &ts[i], opt);
     if (!rc) {
         rc = tf__preg_enter(g);
-        if (!rc) rc = fetch_and_open(g, ts, n, opt, files, nfiles, cap);
+        if (!rc) rc = fetch_and_open(g, ts, n, set ? set->listing : NULL, opt, files, nfiles, cap);
         tf__preg_enter(NULL);
     }
     for (size_t i = 0; i < n; i++) {

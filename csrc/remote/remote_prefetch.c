@@ -29,6 +29,15 @@
  * tf__prefetch_seek) or 100 ms pass. It holds `mu` only to read and write the
  * consumer position and the stop flag: the window belongs to the thread.
  * locate() runs on the scheduler thread, outside `mu`.
+ *
+ * Stopping is prompt whatever the walk is doing. locate() may open a shard
+ * known only from a catalog (its first touch: a round of requests), and one
+ * tick may walk many positions: the walk looks at `cancel` before every
+ * position, and the thread names `cancel` as its stop flag
+ * (tf__thread_cancel_on), so that a first touch waiting for its requests
+ * gives up with -EINTR the moment tf__prefetch_free sets it (the requests
+ * are left to end on the fetch pool, as an interrupted reader's are; the
+ * shard is opened again by whoever needs it next).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -76,6 +85,7 @@ struct tf__prefetch {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int stop;
+    volatile int cancel; /* set once, by free, outside mu: read by the walk and by its waits */
     uint64_t base;       /* global position of local index 0 (under mu) */
     uint64_t consumer;   /* local index the consumer will receive next (under mu) */
     uint64_t gen;        /* bumped by seek (under mu) */
@@ -265,7 +275,8 @@ static void tick(tf__prefetch *p, uint64_t base, uint64_t consumer, uint64_t end
     }
     /* walk ahead */
     uint64_t walked = 0;
-    while (p->cursor < end && p->window_bytes < p->prefetch_bytes && walked < WALK_PER_TICK) {
+    while (p->cursor < end && p->window_bytes < p->prefetch_bytes && walked < WALK_PER_TICK &&
+           !__atomic_load_n(&p->cancel, __ATOMIC_ACQUIRE)) {
         p->nsample = 0;
         p->cur_index = p->cursor;
         if (p->locate(p->ctx, pos_of(p, base, p->cursor), on_chunk, p) < 0) break;
@@ -327,6 +338,7 @@ static void tick(tf__prefetch *p, uint64_t base, uint64_t consumer, uint64_t end
 
 static void *pf_main(void *arg) {
     tf__prefetch *p = arg;
+    tf__thread_cancel_on(&p->cancel); /* its waits (a first touch's requests) end when it is stopped */
     pthread_mutex_lock(&p->mu);
     uint64_t seen_consumer = UINT64_MAX, seen_gen = UINT64_MAX;
     for (;;) {
@@ -352,6 +364,7 @@ static void *pf_main(void *arg) {
             seen_consumer = UINT64_MAX;
     }
     pthread_mutex_unlock(&p->mu);
+    tf__thread_cancel_on(NULL);
     return NULL;
 }
 
@@ -425,6 +438,9 @@ void tf__prefetch_forget_thread(tf__prefetch *p) {
 
 void tf__prefetch_free(tf__prefetch *p) {
     if (!p) return;
+    /* first, outside mu: a tick in progress (a first touch waiting for its
+     * requests, a long walk) ends at once */
+    __atomic_store_n(&p->cancel, 1, __ATOMIC_RELEASE);
     pthread_mutex_lock(&p->mu);
     p->stop = 1;
     pthread_cond_signal(&p->cv);

@@ -881,8 +881,19 @@ int tf__file_acquire(const tf_file *f, const tf_file **live) {
                 z->forget_catalog(z->catalog_key);
                 rc = tf__seterr(rc, "%s", msg);
             } else {
-                rc = tf__seterr(rc, "%s The shard set's catalog beside the data (%s*) describes the file as it was: rebuild it with `tokenfeed index` once the set is complete.",
-                                msg, TF_DATA_CATALOG_STEM);
+                /* opening again cannot help while the catalog beside the
+                 * data describes the old file (every open believes it): say
+                 * what does, first, and what differs after */
+                static const char *const again[] = {" The file changed since: open the dataset again.",
+                                                    " Its tokens may no longer be those the dataset describes: open the dataset again."};
+                for (size_t i = 0; i < sizeof again / sizeof *again; i++) {
+                    char *at = strstr(msg, again[i]);
+                    if (at) *at = '\0';
+                }
+                const char *slash = strrchr(f->path, '/');
+                int dlen = slash ? (int)(slash - f->path) : 1;
+                rc = tf__seterr(rc, "%s: the shard set's catalog beside the data (%.*s/%s*) describes the file as it was when the catalog was written, not as it is now: rebuild the catalog with `tokenfeed index '%.*s/GLOB'` (the glob the set is opened by, once the set is complete), then open the dataset again. What differs: %s",
+                                f->path, dlen, slash ? f->path : ".", TF_DATA_CATALOG_STEM, dlen, slash ? f->path : ".", msg);
             }
         }
         return rc;

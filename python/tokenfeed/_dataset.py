@@ -184,6 +184,50 @@ def _catalog_dir() -> Optional[str]:
     return os.path.join(home, ".cache", "tokenfeed", "catalog") if home else None
 
 
+_CATALOG_STEM = ".tokenfeed-catalog-"
+
+
+def _warn_unused_catalog(where: str, names: Sequence[str], dt: Optional[str], format: Optional[str],
+                         eos: Optional[int], found: Callable[[Optional[str], Optional[str], Optional[int]], bool]) -> None:
+    """A catalog beside the data lies there but this open did not use it (its options, or the
+    glob it was built for, differ): said once, naming the catalog and what differs, since the
+    open then lists and reads every file instead. ``found(dtype, format, eos_id)`` tells whether
+    a catalog for those options is there."""
+    if not names:
+        return
+    given = {"format": format, "dtype": dt, "eos_id": eos}
+    differs = None
+    for fmt in dict.fromkeys([None, format, "tokenfeed", "llm.c", "npy", "raw", "megatron"]):
+        for d in dict.fromkeys([None, dt]):
+            for e in dict.fromkeys([None, eos]):
+                if (fmt, d, e) == (format, dt, eos):
+                    continue
+                try:
+                    hit = found(d, fmt, e)
+                except (OSError, ValueError):
+                    hit = False
+                if hit:
+                    differs = {"format": fmt, "dtype": d, "eos_id": e}
+                    break
+            if differs:
+                break
+        if differs:
+            break
+    cats = ", ".join(sorted(names))
+    if differs:
+        what = "; ".join(f"{k}: the catalog's {v!r}, this open's {given[k]!r}" for k, v in differs.items()
+                         if v != given[k])
+        warnings.warn(f"{where}: the catalog beside the data ({cats}) was not used: it was built with other "
+                      f"options ({what}), so every file is listed and read instead. Open with the options "
+                      f"`tokenfeed index` was given, or build the catalog again with this open's options.",
+                      PerformanceWarning, stacklevel=3)
+    else:
+        warnings.warn(f"{where}: the catalog beside the data ({cats}) was not used: it was built for another "
+                      f"glob of this directory or other options (format, dtype, eos_id), so every file is listed "
+                      f"and read instead. Open the set by the glob and options `tokenfeed index` was given, or "
+                      f"build the catalog again for this one.", PerformanceWarning, stacklevel=3)
+
+
 def _warn_refused_catalog_dir() -> None:
     """Say once per process, naming it and why, when the node's catalog directory exists but is
     refused (not this user's, or writable by others): the library then neither reads nor writes
@@ -511,7 +555,19 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
             try:
                 ds = Dataset._from_catalog(beside, dt, format, eos, beside_data=True)
             except FileNotFoundError:
-                pass
+                d = beside[0] or "."
+                try:
+                    cats = [n for n in os.listdir(d) if n.startswith(_CATALOG_STEM)]
+                except OSError:
+                    cats = []
+
+                def found_local(d_: Optional[str], f_: Optional[str], e_: Optional[int]) -> bool:
+                    try:
+                        Dataset._from_catalog(beside, d_, f_, e_, beside_data=True)
+                    except FileNotFoundError:
+                        return False
+                    return True
+                _warn_unused_catalog(paths[0], cats, dt, format, eos, found_local)
             except OSError as e:
                 # out of date, or not to be read (a FIFO, another user's file under its name):
                 # said, and the set is listed
@@ -554,12 +610,21 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
             if set_spec is not None and recorded(listed, set_spec):
                 set_catalog = set_spec  # opened from the set's catalog before: its record
         else:
+            paths_given = paths[0]
             paths, listing = _shardset.expand_listed(paths, store.transport.list)
             if set_spec is not None and listing is not None and listing[0] == set_spec[0]:
                 name = set_spec[0] + _core.Dataset.set_catalog_name(set_spec[1], dtype=dt, format=format,
                                                                     eos_id=eos)
                 if any(obj[0] == name for obj in listing[1]):
                     set_catalog = set_spec
+                else:
+                    listed_names = {obj[0][len(set_spec[0]):] for obj in listing[1]}
+                    cats = [n for n in listed_names if n.startswith(_CATALOG_STEM)]
+                    pattern = set_spec[1]
+
+                    def found_remote(d_: Optional[str], f_: Optional[str], e_: Optional[int]) -> bool:
+                        return _core.Dataset.set_catalog_name(pattern, dtype=d_, format=f_, eos_id=e_) in listed_names
+                    _warn_unused_catalog(paths_given, cats, dt, format, eos, found_remote)
     else:
         paths = _shardset.expand(paths, store.transport.list if store is not None else None)
     try:
