@@ -210,6 +210,8 @@ def test_startup_benchmark_gives_each_process_its_rank(monkeypatch):
     """The start-up benchmark's processes stand for the ranks of a node: each reads its own
     batches (dp_rank of dp_size), not all of them the same one."""
     import json as _json
+
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
     import remote_bench
 
     launched = []

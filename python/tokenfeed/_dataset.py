@@ -187,6 +187,23 @@ def _catalog_dir() -> Optional[str]:
 _CATALOG_STEM = ".tokenfeed-catalog-"
 
 
+_OPTION_FORMATS = (None, "tokenfeed", "llm.c", "npy", "raw", "megatron")
+
+
+def _option_sets(dt: Optional[str], format: Optional[str],
+                 eos: Optional[int]) -> List[Tuple[Optional[str], Optional[str], Optional[int]]]:
+    """(format, dtype, eos_id) an open's catalog may have been built with, this open's first."""
+    return list(dict.fromkeys((f, d, e) for f in dict.fromkeys([format, *_OPTION_FORMATS])
+                              for d in dict.fromkeys([dt, None]) for e in dict.fromkeys([eos, None])))
+
+
+def _object_catalog_names(pattern: str, dt: Optional[str], format: Optional[str], eos: Optional[int]) -> Set[str]:
+    """The names a set's catalog in object storage has for this pattern under the options an
+    open may have been given (a copy of a bucket on disk carries it beside the objects)."""
+    return {_core.Dataset.set_catalog_name(pattern, dtype=d, format=f, eos_id=e)
+            for f, d, e in _option_sets(dt, format, eos)}
+
+
 def _warn_unused_catalog(where: str, names: Sequence[str], dt: Optional[str], format: Optional[str],
                          eos: Optional[int], found: Callable[[Optional[str], Optional[str], Optional[int]], bool]) -> None:
     """A catalog beside the data lies there but this open did not use it (its options, or the
@@ -197,21 +214,13 @@ def _warn_unused_catalog(where: str, names: Sequence[str], dt: Optional[str], fo
         return
     given = {"format": format, "dtype": dt, "eos_id": eos}
     differs = None
-    for fmt in dict.fromkeys([None, format, "tokenfeed", "llm.c", "npy", "raw", "megatron"]):
-        for d in dict.fromkeys([None, dt]):
-            for e in dict.fromkeys([None, eos]):
-                if (fmt, d, e) == (format, dt, eos):
-                    continue
-                try:
-                    hit = found(d, fmt, e)
-                except (OSError, ValueError):
-                    hit = False
-                if hit:
-                    differs = {"format": fmt, "dtype": d, "eos_id": e}
-                    break
-            if differs:
-                break
-        if differs:
+    for fmt, d, e in _option_sets(dt, format, eos)[1:]:  # (this open's own found nothing)
+        try:
+            hit = found(d, fmt, e)
+        except (OSError, ValueError):
+            hit = False
+        if hit:
+            differs = {"format": fmt, "dtype": d, "eos_id": e}
             break
     cats = ", ".join(sorted(names))
     if differs:
@@ -557,8 +566,11 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
             except FileNotFoundError:
                 d = beside[0] or "."
                 try:
-                    cats = [n for n in os.listdir(d) if n.startswith(_CATALOG_STEM)]
-                except OSError:
+                    # a bucket's own catalog copied to disk with its objects is not one a local open
+                    # could use (its key space is another): nothing to say about it
+                    objects = _object_catalog_names(beside[1], dt, format, eos)
+                    cats = [n for n in os.listdir(d) if n.startswith(_CATALOG_STEM) and n not in objects]
+                except (OSError, ValueError):
                     cats = []
 
                 def found_local(d_: Optional[str], f_: Optional[str], e_: Optional[int]) -> bool:
