@@ -67,6 +67,24 @@ def moto_dataset(tmp: str, n_docs: int = 200) -> Tuple[object, str]:
     return m, "s3://attack/ds/"
 
 
+def moto_llmc_set(tmp: str, seed: int, count: int, name: str) -> Tuple[object, List[object]]:
+    """count llm.c shards of 5,000 tokens (names from the format string name) uploaded under
+    s3://attack/tokens/ of a fresh moto server: the server and the shards' tokens."""
+    import numpy as np
+    from conftest import write_llmc
+    from remote_util import MotoServer
+    m = MotoServer()
+    m.create_bucket("attack")
+    d = os.path.join(tmp, "tokens")
+    os.makedirs(d)
+    rng = np.random.default_rng(seed)
+    shards = [rng.integers(0, 50000, size=5000, dtype=np.uint16) for _ in range(count)]
+    for i, sh in enumerate(shards):
+        write_llmc(os.path.join(d, name.format(i)), sh, 1)
+    m.upload_dir("attack", "tokens", d)
+    return m, shards
+
+
 def run_script(code: str, args: List[str], **kw) -> subprocess.Popen:
     # SIGINT raises KeyboardInterrupt in the child even when this harness was started with it
     # ignored (a background job), which children inherit
@@ -774,17 +792,7 @@ def a20_resealed_set_catalog(tmp: str) -> str:
     import obstore
     import tokenfeed
     import xxhash
-    from conftest import write_llmc
-    from remote_util import MotoServer
-    m = MotoServer()
-    m.create_bucket("attack")
-    d = os.path.join(tmp, "tokens")
-    os.makedirs(d)
-    rng = np.random.default_rng(14)
-    shards = [rng.integers(0, 50000, size=5000, dtype=np.uint16) for _ in range(20)]
-    for i, s in enumerate(shards):
-        write_llmc(os.path.join(d, f"shard_{i:03d}.bin"), s, 1)
-    m.upload_dir("attack", "tokens", d)
+    m, shards = moto_llmc_set(tmp, seed=14, count=20, name="shard_{:03d}.bin")
     url, prefix = "s3://attack/tokens/*.bin", "s3://attack/tokens/"
     kw = dict(cache_limit="64MB", endpoint_url=m.endpoint, chunk_size=64 << 10)
     seen = []
@@ -830,16 +838,8 @@ def a21_rewritten_object_two_nodes(tmp: str) -> str:
     import numpy as np
     import tokenfeed
     from conftest import write_llmc
-    from remote_util import MotoServer
-    m = MotoServer()
-    m.create_bucket("attack")
+    m, shards = moto_llmc_set(tmp, seed=15, count=4, name="s{}.bin")
     d = os.path.join(tmp, "tokens")
-    os.makedirs(d)
-    rng = np.random.default_rng(15)
-    shards = [rng.integers(0, 50000, size=5000, dtype=np.uint16) for _ in range(4)]
-    for i, s in enumerate(shards):
-        write_llmc(os.path.join(d, f"s{i}.bin"), s, 1)
-    m.upload_dir("attack", "tokens", d)
     kw = dict(cache_limit="64MB", endpoint_url=m.endpoint, chunk_size=64 << 10)
     seen = []
     for what, url in (("glob", "s3://attack/tokens/*.bin"), ("one object", "s3://attack/tokens/s2.bin")):
