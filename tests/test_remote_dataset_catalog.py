@@ -14,7 +14,7 @@ import pytest
 import xxhash
 
 import tokenfeed
-from remote_util import FaultProxy, bucket, moto, proxy  # noqa: F401  (fixtures)
+from remote_util import INTERRUPTIBLE, FaultProxy, as_background_job, bucket, moto, proxy  # noqa: F401  (fixtures)
 
 CATALOG = "tokenfeed.catalog"
 
@@ -391,7 +391,7 @@ def test_directory_url_without_its_catalog_is_listed_once(dataset, moto, bucket,
     assert all(np.array_equal(a, b) for a, b in zip(_batches(ds, 2), _batches(tokenfeed.open(str(path)), 2)))
 
 
-_CTRL_C_CHILD = textwrap.dedent("""
+_CTRL_C_CHILD = INTERRUPTIBLE + textwrap.dedent("""
     import sys, threading
     import tokenfeed
     from tokenfeed._remote import ObjectStoreTransport
@@ -430,9 +430,10 @@ def test_ctrl_c_is_prompt_while_the_scheduler_opens_shards(dataset, moto, bucket
     path, names = dataset
     moto.upload_dir(bucket, "ds", str(path))
     env = dict(os.environ, **TEST_CREDENTIALS, PYTHONPATH=os.pathsep.join(sys.path))
-    pr = subprocess.Popen([sys.executable, "-c", _CTRL_C_CHILD, f"s3://{bucket}/ds", str(tmp_path / "cache"),
-                           moto.endpoint, ",".join(names[10:])], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+    # started as a background job would be (SIGINT ignored): the child restores its handler itself
+    pr = subprocess.Popen(as_background_job([sys.executable, "-c", _CTRL_C_CHILD, f"s3://{bucket}/ds",
+                                             str(tmp_path / "cache"), moto.endpoint, ",".join(names[10:])]),
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert pr.stdout.readline().strip() == "held"
         pr.send_signal(signal.SIGINT)
