@@ -331,3 +331,15 @@ def test_convert_text_with_block_tokens(tmp_path, capsys):
     shard = ds.files()[0]["path"]
     with open(shard, "rb") as fh:
         assert int.from_bytes(fh.read(104)[96:104], "little") == 64
+
+
+def test_an_open_with_dtype_of_a_headerless_set_does_not_list_its_files(tmp_path, monkeypatch):
+    """dtype= is checked against headers only where a file has one: a set of headerless files
+    (opened from a catalog at start-up, perhaps 10^6 of them) makes no per-file list for it."""
+    for i in range(3):
+        np.arange(1000, dtype=np.uint16).tofile(tmp_path / f"s{i}.bin")
+    calls = []
+    files = tokenfeed.Dataset.files
+    monkeypatch.setattr(tokenfeed.Dataset, "files", lambda self: calls.append(1) or files(self))
+    ds = tokenfeed.open(str(tmp_path / "*.bin"), dtype="uint16")
+    assert ds.num_files == 3 and calls == []

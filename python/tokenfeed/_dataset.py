@@ -673,6 +673,8 @@ def _reopened(args: Tuple[Any, ...], fingerprint: str) -> Dataset:
 def _check_header_dtype(ds: "Dataset", dt: str) -> None:
     """dtype= names the dtype of headerless files. Where no file of the dataset is headerless, a
     dtype that its files' headers contradict is refused, not ignored: the caller meant other data."""
+    if ds.format == "raw":  # (the first file's: a headerless set, the common case, lists no file)
+        return
     files = ds.files()
     if any(f["format"] == "raw" for f in files):
         return
