@@ -128,24 +128,82 @@ static size_t parent_len(const char *url) {
     return s ? (size_t)(s - url) + 1 : 0;
 }
 
+/* An object of g and its parent prefix's length, sorted so that the objects
+ * of one parent prefix stand together. */
+typedef struct by_parent {
+    const char *url;
+    size_t pl, i;
+} by_parent;
+
+static int cmp_parent(const void *a, const void *b) {
+    const by_parent *x = a, *y = b;
+    int c = memcmp(x->url, y->url, x->pl < y->pl ? x->pl : y->pl);
+    if (c) return c;
+    return x->pl < y->pl ? -1 : x->pl > y->pl;
+}
+
+/* The objects of g that pick selects, grouped by parent prefix (sorted: one
+ * pass over them finds each group, where comparing every object with every
+ * other took n^2 steps at open). *out is to be freed; NULL with *n 0 when
+ * none is picked. */
+static int group_by_parent(const tf__preg *g, int (*pick)(const tf__preg *, size_t, const void *), const void *ctx,
+                           by_parent **out, size_t *n) {
+    *out = NULL;
+    *n = 0;
+    by_parent *v = malloc((g->n ? g->n : 1) * sizeof *v);
+    if (!v) return -ENOMEM;
+    size_t m = 0;
+    for (size_t i = 0; i < g->n; i++)
+        if (pick(g, i, ctx)) v[m++] = (by_parent){g->o[i].url, parent_len(g->o[i].url), i};
+    qsort(v, m, sizeof *v, cmp_parent);
+    *out = v;
+    *n = m;
+    return 0;
+}
+
+/* The end of the group of v[a] (objects of the same parent prefix). */
+static size_t group_end(const by_parent *v, size_t n, size_t a) {
+    size_t b = a + 1;
+    while (b < n && v[b].pl == v[a].pl && !memcmp(v[b].url, v[a].url, v[a].pl)) b++;
+    return b;
+}
+
+/* A parent prefix holding at least this many of the objects asked about is
+ * listed (one request per 1000 objects) rather than asked object by object. */
+#define LIST_AT_LEAST 16
+
+static int pick_unknown(const tf__preg *g, size_t i, const void *ctx) {
+    (void)ctx;
+    return !g->o[i].known;
+}
+
 /* Round 1: sizes and versions of every registered object not yet known. */
 static int learn_sizes(tf__preg *g) {
     /* listings first: a parent prefix with many unknown objects */
-    for (size_t i = 0; i < g->n; i++) {
-        if (g->o[i].known) continue;
-        size_t pl = parent_len(g->o[i].url), same = 0;
-        for (size_t j = i; j < g->n; j++)
-            if (!g->o[j].known && parent_len(g->o[j].url) == pl && !strncmp(g->o[j].url, g->o[i].url, pl)) same++;
-        if (same < 16) continue;
-        char *prefix = strndup(g->o[i].url, pl);
-        if (!prefix) return -ENOMEM;
+    by_parent *v;
+    size_t nv;
+    if (group_by_parent(g, pick_unknown, NULL, &v, &nv) < 0) return -ENOMEM;
+    for (size_t a = 0, b; a < nv; a = b) {
+        b = group_end(v, nv, a);
+        size_t same = 0; /* (a listing of a shallower prefix may have answered some) */
+        for (size_t k = a; k < b; k++) same += !g->o[v[k].i].known;
+        if (same < LIST_AT_LEAST) continue;
+        char *prefix = strndup(v[a].url, v[a].pl);
+        if (!prefix) {
+            free(v);
+            return -ENOMEM;
+        }
         listed l = {g, prefix};
         int rc = tf__remote_list(g->r, prefix, on_listed, &l);
         if (rc == 0) absent_unless_listed(g, prefix);
         free(prefix);
         if (rc != -TF_EUNSUPPORTED) g->fetched = 1;
-        if (rc < 0 && rc != -TF_EUNSUPPORTED) return rc;
+        if (rc < 0 && rc != -TF_EUNSUPPORTED) {
+            free(v);
+            return rc;
+        }
     }
+    free(v);
     size_t n = g->n ? g->n : 1, m = 0;
     size_t *idx = malloc(n * sizeof *idx);
     const char **urls = malloc(n * sizeof *urls);
@@ -1468,6 +1526,10 @@ static int on_rechecked(void *ctx, const char *url, const tf_object_info *info) 
     return 0;
 }
 
+static int pick_to_ask(const tf__preg *g, size_t i, const void *state) {
+    return g->o[i].exists && !((const uint8_t *)state)[i];
+}
+
 /* Whether the store still holds every object of the record g (filled from
  * the node's record) at the size and version recorded: 0 when it does, 1
  * when not (why says the first difference), or an error of asking. Asked as
@@ -1503,30 +1565,28 @@ static int record_changed(tf__preg *g, char *why, size_t cap) {
         if (exists(g, mf)) c.state[i] = 2;
         free(mf);
     }
-    for (size_t i = 0; i < g->n && !rc && !why[0]; i++) {
-        if (!g->o[i].exists || c.state[i]) continue;
-        size_t pl = parent_len(g->o[i].url), same = 0;
-        for (size_t j = i; j < g->n; j++)
-            if (g->o[j].exists && !c.state[j] && parent_len(g->o[j].url) == pl && !strncmp(g->o[j].url, g->o[i].url, pl))
-                same++;
-        if (same < 16) continue;
-        char *prefix = strndup(g->o[i].url, pl);
+    by_parent *v = NULL;
+    size_t nv = 0;
+    if (!rc) rc = group_by_parent(g, pick_to_ask, c.state, &v, &nv);
+    for (size_t a = 0, b; a < nv && !rc && !why[0]; a = b) {
+        b = group_end(v, nv, a);
+        if (b - a < LIST_AT_LEAST) continue;
+        char *prefix = strndup(v[a].url, v[a].pl);
         if (!prefix) {
             rc = -ENOMEM;
             break;
         }
-        for (size_t j = i; j < g->n; j++)
-            if (g->o[j].exists && !c.state[j] && parent_len(g->o[j].url) == pl && !strncmp(g->o[j].url, prefix, pl))
-                c.state[j] = 1;
+        for (size_t k = a; k < b; k++) c.state[v[k].i] = 1;
         rc = tf__remote_list(g->r, prefix, on_rechecked, &c);
         free(prefix);
-        for (size_t j = i; j < g->n; j++)
-            if (c.state[j] == 1) {
-                c.state[j] = rc == -TF_EUNSUPPORTED ? 3 : 2; /* (no listing: asked one by one below) */
-                if (!rc) compare_now(&c, &g->o[j], NULL);  /* not listed: gone */
+        for (size_t k = a; k < b; k++)
+            if (c.state[v[k].i] == 1) {
+                c.state[v[k].i] = rc == -TF_EUNSUPPORTED ? 3 : 2; /* (no listing: asked one by one below) */
+                if (!rc) compare_now(&c, &g->o[v[k].i], NULL);  /* not listed: gone */
             }
         if (rc == -TF_EUNSUPPORTED) rc = 0;
     }
+    free(v);
     size_t m = 0;
     for (size_t i = 0; i < g->n && !rc && !why[0]; i++)
         if (g->o[i].exists && (c.state[i] == 0 || c.state[i] == 3)) {
