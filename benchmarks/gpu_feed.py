@@ -355,6 +355,12 @@ def train(name: str, model: Any, opt: Any, torch: Any, raw: str, B: int, L: int,
     }
     if name == "tokenfeed":
         out["device_stats"] = loader.stats().get("device")
+        # tokenfeed's own data-wait meter over the timed steps, beside the events above: its
+        # host figure (the wait in next()) and its figure on the GPU's clock
+        if hasattr(loader, "meter"):
+            m = loader.meter(steps)
+            out["meter"] = {k: m.get(k) for k in ("wait_fraction", "wait_p99_seconds", "gpu_wait_fraction",
+                                                  "gpu_wait_p50_seconds", "gpu_wait_p99_seconds", "gpu_batches")}
         loader.close()
     elif name == "dataloader":
         del it, loader  # shuts the workers down
@@ -483,6 +489,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                       f"GPU waited for data {r['gpu_wait_ms_mean']:.3f} ms/step (p99 {r['gpu_wait_ms_p99']:.3f}, "
                       f"{100 * (r['gpu_wait_fraction'] or 0):.2f}% of GPU time)  host fetch "
                       f"{r['host_fetch_ms_mean']:.3f} ms", flush=True)
+                mt = r.get("meter")
+                if mt and mt.get("gpu_wait_fraction") is not None:
+                    print(f"  {'':<10} tokenfeed's meter: GPU waited {100 * mt['gpu_wait_fraction']:.2f}% "
+                          f"(p99 {1e3 * mt['gpu_wait_p99_seconds']:.3f} ms), host waited in next() "
+                          f"{100 * mt['wait_fraction']:.2f}%", flush=True)
                 del model, opt
                 torch.cuda.empty_cache()
     if args.json:

@@ -855,3 +855,202 @@ def test_cuda_real_gpu_context_parallel_batches(layout, tmp_path):
                     same(next(again), cpu[i], i)
             again.close()
     """, tmp_path)
+
+
+# ------------------------------------------------------------ the meter on the GPU's clock
+GPU_METER_PRELUDE = """
+    ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
+    double.cudaStreamCreateWithFlags.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+    double.cuda_double_enqueue_kernel.argtypes = [ctypes.c_void_p, ctypes.c_uint]
+    handle = ctypes.c_void_p()
+    assert double.cudaStreamCreateWithFlags(ctypes.byref(handle), 1) == 0
+    S = int(handle.value)                    # the training step's stream
+
+    def step_loop(loader, steps, kernel_us=0, host_sleep=0.0):
+        # a training loop: the batch handed over on S, then a "kernel" of kernel_us on S
+        dev = loader._get_device()
+        for _ in range(steps):
+            b = dev._core.next(stream=S)
+            if kernel_us:
+                double.cuda_double_enqueue_kernel(ctypes.c_void_p(S), kernel_us)
+            if host_sleep:
+                time.sleep(host_sleep)
+            del b
+"""
+
+
+def test_gpu_meter_consumer_stream_ahead_of_the_copies(cuda_double, tmp_path):
+    """The stream that trains gets to each hand-off before the batch's copy has run (a
+    40 ms copy per batch, no compute on the GPU, a host loop of 5 ms a step): the GPU stands
+    still for the copy at every hand-off, which the host's wait in next() cannot see (the
+    copy is issued ahead, so next() returns at once). The GPU figure says ~all of the
+    GPU's time; the host figure stays below it; the verdict goes by the GPU."""
+    run_py(GPU_METER_PRELUDE + """
+        l = tokenfeed.Loader(ds, seq_len=32, batch_size=2, seed=1, device="cuda", output="numpy")
+        step_loop(l, 12, host_sleep=0.005)
+        double.cuda_double_stream_drain(ctypes.c_void_p(S))
+        m = l.meter()
+        assert m["gpu_pending"] == 0 and m["gpu_total_batches"] == 12, m
+        assert m["gpu_batches"] == 11, m                      # the first batch is start-up
+        assert m["gpu_startup_seconds"] > 0.0, m
+        # every cycle is at least one 40 ms copy (the copies run one after another)
+        assert m["gpu_window_seconds"] >= 11 * 0.040 * 0.99, m
+        assert m["gpu_wait_fraction"] > 0.6, m
+        assert m["gpu_wait_p50_seconds"] >= 0.020, m
+        assert m["wait_fraction"] < m["gpu_wait_fraction"], m
+        v = tokenfeed.meter_verdict(m, rank=3)
+        assert v.startswith("rank 3's GPU waits") and "GPU's clock" in v, v
+        l.close()
+    """, tmp_path, {"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_COPY_US": "40000"})
+
+
+def test_gpu_meter_consumer_stream_behind_the_copies(cuda_double, tmp_path):
+    """The stream that trains is busy with each step's compute (50 ms on the GPU) while the
+    copies (1 ms) run ahead: at every hand-off the batch is already there and the GPU waits
+    ~0, whatever the host loop, which runs ahead of the GPU, waits in next()."""
+    run_py(GPU_METER_PRELUDE + """
+        l = tokenfeed.Loader(ds, seq_len=32, batch_size=2, seed=1, device="cuda", output="numpy")
+        step_loop(l, 10, kernel_us=50000)
+        double.cuda_double_stream_drain(ctypes.c_void_p(S))
+        m = l.meter()
+        assert m["gpu_pending"] == 0 and m["gpu_batches"] == 9, m
+        assert m["gpu_window_seconds"] >= 9 * 0.050 * 0.99, m   # each cycle holds a 50 ms step
+        assert m["gpu_wait_fraction"] < 0.2, m
+        assert m["gpu_wait_p50_seconds"] < 0.025, m
+        assert tokenfeed.meter_verdict(m).startswith("data is not the bottleneck: the GPU waits"), m
+        l.close()
+    """, tmp_path, {"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_COPY_US": "1000"})
+
+
+def test_gpu_meter_a_host_slow_elsewhere_is_not_a_wait_for_data(cuda_double, tmp_path):
+    """A host loop that spends 30 ms a step outside next() (its own Python, say) leaves the
+    GPU idle, but not for data: the batch was there each time the consumer asked. The GPU
+    figure counts from the request, so it stays ~0 while the cycles hold the idle time."""
+    run_py(GPU_METER_PRELUDE + """
+        l = tokenfeed.Loader(ds, seq_len=32, batch_size=2, seed=1, device="cuda", output="numpy")
+        step_loop(l, 8, host_sleep=0.030)
+        double.cuda_double_stream_drain(ctypes.c_void_p(S))
+        m = l.meter()
+        assert m["gpu_batches"] == 7 and m["gpu_window_seconds"] >= 7 * 0.030 * 0.99, m
+        assert m["gpu_wait_fraction"] < 0.2, m
+        l.close()
+    """, tmp_path, {"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_COPY_US": "100"})
+
+
+def test_gpu_meter_reads_completed_events_only_and_never_waits(cuda_double, tmp_path):
+    """The meter reads a hand-off's events once the GPU has run them: while the stream that
+    trains is held, its hand-offs are pending and no figure moves; reading the meter waits
+    for nothing (no event or stream synchronisation); once the stream runs, every hand-off
+    is read. Hand-offs without a stream (TF_DEVICE_STREAM_NONE) are not measured, and the
+    cycle across one is not counted."""
+    run_py(GPU_METER_PRELUDE + """
+        l = tokenfeed.Loader(ds, seq_len=32, batch_size=2, seed=1, device="cuda", output="numpy")
+        dev = l._get_device()
+        step_loop(l, 3)
+        double.cuda_double_stream_drain(ctypes.c_void_p(S))
+        before = dev._core.gpu_meter()
+        assert before["pending"] == 0 and before["total_batches"] == 3 and before["stopped"] == "", before
+        double.cuda_double_pause(ctypes.c_void_p(S), 1)
+        syncs = counter("event_syncs") + counter("stream_syncs") + counter("device_syncs")
+        step_loop(l, 4)
+        held = dev._core.gpu_meter()
+        assert held["pending"] == 4 and held["total_batches"] == 3 and held["batches"] == 2, held
+        assert counter("event_syncs") + counter("stream_syncs") + counter("device_syncs") == syncs
+        double.cuda_double_pause(ctypes.c_void_p(S), 0)
+        double.cuda_double_stream_drain(ctypes.c_void_p(S))
+        after = dev._core.gpu_meter()
+        assert after["pending"] == 0 and after["total_batches"] == 7 and after["batches"] == 6, after
+        # a batch taken without a stream: not measured, and the next cycle spans two batches
+        b = dev._core.next(); del b
+        step_loop(l, 2)
+        double.cuda_double_stream_drain(ctypes.c_void_p(S))
+        last = dev._core.gpu_meter()
+        assert last["total_batches"] == 9 and last["batches"] == 7, last
+        assert dev._core.gpu_meter(3)["batches"] == 3
+        l.close()
+    """, tmp_path, {"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_COPY_US": "100"})
+
+
+def test_meter_all_ranks_names_the_slowest_rank_by_the_gpu_figure():
+    """With every rank's GPU measured, the slowest rank is the one whose GPU waited the
+    largest share of its time, even where another rank's host loop waited more; a rank
+    without a GPU figure puts the whole comparison back on the host's figure."""
+    from tokenfeed._explain import _summarize_ranks
+
+    def rank(host, gpu=None):
+        m = {"batches": 10, "total_batches": 11, "wait_fraction": host, "wait_p99_seconds": 0.001,
+             "startup_seconds": 0.5, "ready_ahead_mean": 1.0, "num_threads": 4, "prefetch": 2}
+        if gpu is not None:
+            m.update(gpu_batches=10, gpu_wait_fraction=gpu, gpu_wait_p99_seconds=0.01)
+        return m
+
+    out = _summarize_ranks([rank(0.50, 0.01), rank(0.05, 0.30), rank(0.10, 0.02)], lambda k: 10 + k)
+    assert out["slowest_rank"] == 11 and out["slowest_by"] == "gpu"
+    assert out["gpu_wait_fraction_max"] == 0.30 and out["wait_fraction_max"] == 0.50
+    assert out["verdict"].startswith("rank 11's GPU waits 30 %")
+    mixed = _summarize_ranks([rank(0.50, 0.01), rank(0.05)], lambda k: k)
+    assert mixed["slowest_rank"] == 0 and mixed["slowest_by"] == "host" and "gpu_wait_fraction_max" not in mixed
+
+
+REAL_GPU_METER = """
+    import torch
+    ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"), n_docs=4000)
+    s = torch.cuda.current_stream()
+    props = torch.cuda.get_device_properties(0)
+    clock_khz = getattr(props, "clock_rate", 0) or 1_500_000
+
+    def run(spin_ms, steps=40, **kw):
+        # steps of one spin kernel of ~spin_ms, with the test's own events recorded on torch's
+        # stream before next() and after it returns; the meter's figures beside the events'
+        l = tokenfeed.Loader(ds, seq_len=1024, batch_size=64, seed=1, device="cuda", output="torch", **kw)
+        ev = lambda: torch.cuda.Event(enable_timing=True)
+        marks = []
+        for k in range(steps):
+            a = ev(); a.record(s)
+            b = next(l)
+            z = ev(); z.record(s)
+            marks.append((a, z))
+            torch.cuda._sleep(int(spin_ms * 1e-3 * clock_khz * 1e3))
+            b["tokens"].sum()                       # the step reads its batch
+            del b
+        torch.cuda.synchronize()
+        m = l.meter(steps - 1)
+        l.close()
+        wait = [a.elapsed_time(z) for a, z in marks[1:]]
+        cyc = [marks[i - 1][1].elapsed_time(marks[i][1]) for i in range(1, steps)]
+        ref = sum(wait) / sum(cyc)
+        print("meter", spin_ms, "ms compute", kw, "host", round(m["wait_fraction"], 4),
+              "gpu", round(m["gpu_wait_fraction"], 4), "events", round(ref, 4),
+              "gpu_p50_ms", round(1e3 * m["gpu_wait_p50_seconds"], 3),
+              "gpu_p99_ms", round(1e3 * m["gpu_wait_p99_seconds"], 3),
+              "cycle_ms", round(1e3 * m["gpu_window_seconds"] / max(1, m["gpu_batches"]), 3), flush=True)
+        assert m["gpu_batches"] == steps - 1 and m["gpu_pending"] == 0, m
+        return m, ref
+"""
+
+
+@needs_gpu
+def test_cuda_real_gpu_meter_compute_bound(tmp_path):
+    """On a real GPU: a step whose compute (a ~20 ms spin kernel) hides the data. The GPU
+    waits ~0, by the meter and by the test's own CUDA events around next(), while the host
+    loop, running ahead of the GPU, waits in next() for free device slots."""
+    out = run_py(REAL_GPU_METER + """
+        m, ref = run(20)
+        assert m["gpu_wait_fraction"] < 0.05 and ref < 0.05, (m, ref)
+        assert m["wait_fraction"] > 0.5, m                 # the host's figure says otherwise
+    """, tmp_path)
+    print(out.stdout)
+
+
+@needs_gpu
+@pytest.mark.test_hooks
+def test_cuda_real_gpu_meter_data_bound(tmp_path):
+    """On a real GPU: an engine held to one batch per 10 ms (one worker, a test build's
+    delay) feeding a step of ~4 ms compute: the GPU stands still ~60 % of its time, and the
+    meter's figure agrees with the test's own CUDA events around next()."""
+    out = run_py(REAL_GPU_METER + """
+        m, ref = run(4, num_threads=1)
+        assert 0.3 < ref < 0.9, (m, ref)
+        assert abs(m["gpu_wait_fraction"] - ref) < 0.1, (m, ref)
+    """, tmp_path, {"TOKENFEED_FAULT_DELAY_MS": "10"})
+    print(out.stdout)

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "../common/internal.h"
+#include "../engine/meter.h"
 
 /* The runtime's ABI, as far as tokenfeed uses it. */
 typedef int tf__cuerr;        /* cudaError_t */
@@ -134,5 +135,38 @@ TF_HIDDEN int tf__device_ring_ensure_staging(tf_device_ring *r);
  * failure the slot stays in state filling, as with tf_device_slot_commit. */
 TF_HIDDEN int tf__device_slot_issue(tf_device_slot *s, const tf_device_seg *segs, const size_t *offs, int nsegs,
                                     size_t bytes, tf__cuevent t0, tf__cuevent t1);
+
+/* ------------------------------------------------------------------------ */
+/* The data-wait meter on the GPU's clock (gpu_meter.c)                      */
+/* ------------------------------------------------------------------------ */
+
+#define TF__GPU_MARKS 64 /* hand-offs whose GPU wait may be pending at once */
+
+typedef struct tf__gpu_meter {
+    pthread_mutex_t mu;
+    int made, off, started;
+    tf__cuevent a[TF__GPU_MARKS], b[TF__GPU_MARKS]; /* per hand-off: before and after the wait */
+    unsigned char gap[TF__GPU_MARKS]; /* the hand-off before this one went unmeasured: no cycle */
+    int head, count;   /* pending hand-offs, in order */
+    int prev;          /* mark of the last completed hand-off (its B starts the next cycle); -1: none */
+    int lost_cycle;    /* the next hand-off follows an unmeasured one (consumer thread) */
+    uint64_t handoffs, unmeasured;
+    char why[200];     /* why the meter stopped, if it did */
+    tf__meter meter;   /* cycles as read: wait and cycle on the GPU's clock */
+} tf__gpu_meter;
+
+TF_HIDDEN void tf__gpu_meter_init(tf__gpu_meter *g);
+/* Device current. */
+TF_HIDDEN void tf__gpu_meter_destroy(tf__gpu_meter *g, const tf__cudart *cu);
+/* Around a hand-off on the consumer's stream (device current, consumer's
+ * thread): begin records A and returns a mark (-1: not measured); end records
+ * B when the hand-off delivered the batch. */
+TF_HIDDEN int tf__gpu_meter_begin(tf__gpu_meter *g, const tf__cudart *cu, uintptr_t stream);
+TF_HIDDEN void tf__gpu_meter_end(tf__gpu_meter *g, const tf__cudart *cu, int idx, uintptr_t stream, int delivered);
+/* Read what has completed, then the summary of the last `window` cycles;
+ * pending: hand-offs not yet read; unmeasured: hand-offs skipped; why: why
+ * the meter stopped ("" if it runs). Any thread. */
+TF_HIDDEN void tf__gpu_meter_get(tf__gpu_meter *g, const tf__cudart *cu, uint32_t window, tf_meter *out,
+                                 uint64_t *pending, uint64_t *unmeasured, char *why, size_t why_len);
 
 #endif

@@ -212,6 +212,9 @@ struct tf_device_loader {
     int wait_ahead;
     uintptr_t static_last; /* stream of the previous static delivery (0: none) */
     tf__meter meter; /* the consumer's waits (engine/meter.h) */
+    tf__gpu_meter gm; /* what the consumer's stream waited, on the GPU's clock (gpu_meter.c) */
+    int gm_request;   /* a request for a batch is in progress (across timed-out calls) ... */
+    int gm_mark;      /* ... with this mark (-1: not measured) */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -744,11 +747,16 @@ static int reset_at(tf_device_loader *d, uint64_t pos) {
 
 static void destroy(tf_device_loader *d) {
     const tf__cudart *cu = d->cu;
-    if (d->ring) {
+    if (d->ring || d->gm.made) {
         int prev = -1, have = tf__cuda_push_device(cu, d->device, &prev) == 0;
-        tf_device_ring_free(d->ring); /* every slot is back: waits on its copy stream, frees */
-        destroy_events(d);
+        if (d->ring) {
+            tf_device_ring_free(d->ring); /* every slot is back: waits on its copy stream, frees */
+            destroy_events(d);
+        }
+        tf__gpu_meter_destroy(&d->gm, cu);
         if (have) tf__cuda_pop_device(cu, d->device, prev);
+    } else {
+        tf__gpu_meter_destroy(&d->gm, NULL);
     }
     while (d->free_handles) {
         tf_device_batch *n = d->free_handles->next;
@@ -845,6 +853,8 @@ int tf_device_loader_create(tf_loader *l, const tf_device_config *cfg, tf_device
     atomic_init(&d->stop, 0);
     atomic_init(&d->position, tf_loader_position(l));
     tf__meter_init(&d->meter);
+    tf__gpu_meter_init(&d->gm);
+    d->gm_mark = -1;
     /* From now on the engine assembles batches in page-locked buffers. */
     tf__loader_set_allocator(l, &locked_allocator);
     *out = d;
@@ -1059,11 +1069,37 @@ static int next_timed(tf_device_loader *d, uintptr_t stream, tf_device_batch **o
     return 0;
 }
 
-/* next_timed between the data-wait meter's marks (engine/meter.h); batches
- * ready ahead: those whose copy was issued behind the one delivered. */
+/* A mark of the GPU-clock meter on the consumer's stream (gpu_meter.c),
+ * device current: at the first call for a batch (gm_enter: A, which completes
+ * when the stream has run what was queued before the consumer asked) and once
+ * the hand-off is queued there (gm_leave: B). A call that timed out keeps the
+ * request's mark; any other failure drops it. */
+static void gpu_mark(tf_device_loader *d, uintptr_t stream, int leave, int delivered) {
+    int prev = -1, pushed = 0;
+    if (stream != TF_DEVICE_STREAM_NONE && !d->gm.off) {
+        pushed = tf__cuda_push_device(d->cu, d->device, &prev) == 0;
+        if (!pushed) d->cu->GetLastError();
+    }
+    if (!leave) {
+        d->gm_mark = pushed || stream == TF_DEVICE_STREAM_NONE ? tf__gpu_meter_begin(&d->gm, d->cu, stream) : -1;
+        d->gm_request = 1;
+    } else {
+        tf__gpu_meter_end(&d->gm, d->cu, d->gm_mark, stream, delivered && pushed);
+        d->gm_request = 0;
+        d->gm_mark = -1;
+    }
+    if (pushed) tf__cuda_pop_device(d->cu, d->device, prev);
+}
+
+/* next_timed between the data-wait meters' marks: the host's (engine/meter.h;
+ * batches ready ahead: those whose copy was issued behind the one delivered)
+ * and the GPU's. */
 int tf_device_loader_next_timed(tf_device_loader *d, uintptr_t stream, tf_device_batch **out, uint64_t timeout_ns) {
     int own = d && !forked(d);
-    if (own) tf__meter_enter(&d->meter);
+    if (own) {
+        tf__meter_enter(&d->meter);
+        if (!d->gm_request) gpu_mark(d, stream, 0, 0);
+    }
     int rc = next_timed(d, stream, out, timeout_ns);
     if (own) {
         uint32_t ahead = 0;
@@ -1072,6 +1108,7 @@ int tf_device_loader_next_timed(tf_device_loader *d, uintptr_t stream, tf_device
             ahead = (uint32_t)d->qcount;
             pthread_mutex_unlock(&d->mu);
         }
+        if (rc != -TF_ENOTREADY) gpu_mark(d, stream, 1, rc == 0);
         tf__meter_leave(&d->meter, rc, ahead);
     }
     return rc;
@@ -1081,6 +1118,20 @@ void tf_device_loader_get_meter(const tf_device_loader *d, uint32_t window, tf_m
     if (!m) return;
     memset(m, 0, sizeof *m);
     if (d) tf__meter_get(&((tf_device_loader *)d)->meter, window, m);
+}
+
+int tf_device_loader_get_gpu_meter(const tf_device_loader *cd, uint32_t window, tf_meter *m, uint64_t *pending) {
+    if (m) memset(m, 0, sizeof *m);
+    if (pending) *pending = 0;
+    TF_NEED_ARG_OF("tf_device_loader_get_gpu_meter", cd);
+    TF_NEED_ARG_OF("tf_device_loader_get_gpu_meter", m);
+    tf_device_loader *d = (tf_device_loader *)cd;
+    if (forked(d)) return fail_forked();
+    char why[sizeof d->gm.why];
+    uint64_t unmeasured = 0;
+    tf__gpu_meter_get(&d->gm, d->cu, window, m, pending, &unmeasured, why, sizeof why);
+    if (why[0]) return tf__seterr(-TF_ECUDA, "%s", why);
+    return 0;
 }
 
 int tf_device_loader_next(tf_device_loader *d, uintptr_t stream, tf_device_batch **out) {

@@ -33,22 +33,30 @@ void tf__meter_leave(tf__meter *m, int rc, uint32_t ahead) {
     if (rc) return;
     if (!m->started) { /* the first batch: the engine's start-up, not a cycle of the steady state */
         m->t_last = now;
-        if (!m->ring) return;
-        pthread_mutex_lock(&m->mu);
-        m->started = 1;
-        m->startup_ns = now - t_call;
-        pthread_mutex_unlock(&m->mu);
+        tf__meter_record_startup(m, now - t_call);
         return;
     }
     uint64_t start = m->t_last && m->t_last <= t_call ? m->t_last : t_call;
     m->t_last = now;
+    tf__meter_record(m, now - t_call, now - start, ahead);
+}
+
+void tf__meter_record(tf__meter *m, uint64_t wait_ns, uint64_t cycle_ns, uint32_t ahead) {
     if (!m->ring) return;
     pthread_mutex_lock(&m->mu);
     tf__meter_rec *r = &m->ring[m->total % TF__METER_CAP];
-    r->wait_ns = now - t_call;
-    r->cycle_ns = now - start;
+    r->wait_ns = wait_ns;
+    r->cycle_ns = cycle_ns;
     r->ahead = ahead;
     m->total++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void tf__meter_record_startup(tf__meter *m, uint64_t wait_ns) {
+    if (!m->ring) return;
+    pthread_mutex_lock(&m->mu);
+    m->started = 1;
+    m->startup_ns = wait_ns;
     pthread_mutex_unlock(&m->mu);
 }
 

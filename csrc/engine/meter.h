@@ -54,6 +54,10 @@ TF_HIDDEN void tf__meter_enter(tf__meter *m);
  * first batch records the start-up instead);
  * -TF_ENOTREADY keeps the wait going; anything else (end, error) drops it. */
 TF_HIDDEN void tf__meter_leave(tf__meter *m, int rc, uint32_t ahead);
+/* A cycle measured elsewhere (the device stage's GPU clock): record it as
+ * leave() would; the first call of the second records the start-up. Any thread. */
+TF_HIDDEN void tf__meter_record(tf__meter *m, uint64_t wait_ns, uint64_t cycle_ns, uint32_t ahead);
+TF_HIDDEN void tf__meter_record_startup(tf__meter *m, uint64_t wait_ns);
 /* Summary of the last `window` batches (0: all kept). */
 TF_HIDDEN void tf__meter_get(tf__meter *m, uint32_t window, tf_meter *out);
 

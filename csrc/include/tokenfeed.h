@@ -1497,6 +1497,24 @@ TF_API void tf_device_loader_get_stats(const tf_device_loader *d, tf_device_stat
  * ready_ahead the batches whose copy was issued behind it. */
 TF_API void tf_device_loader_get_meter(const tf_device_loader *d, uint32_t window, tf_meter *m);
 
+/* The same meter read on the GPU's clock: what the consumer's stream stood
+ * still for at each hand-off. At every tf_device_loader_next given a stream,
+ * the stage records a timing event on that stream before making it wait on
+ * the batch's copy and one after: the time between them is the GPU's wait for
+ * that batch (about 0 when the copy was done before the stream got there), and
+ * the time between one hand-off's second event and the next's is the GPU's
+ * cycle (the training step, wait included). Events are read when they have
+ * completed, never waited for, so the last hand-offs (*pending, may be NULL)
+ * are not in the figures yet. In *m: batches, wait_seconds, wait_fraction (of
+ * the GPU's time), wait_p50/p99/max_seconds, window_seconds (GPU time the
+ * window covers) and startup_seconds (the first batch's GPU wait);
+ * total_batches counts the batches read; ready_ahead_* are 0. Hand-offs made
+ * with TF_DEVICE_STREAM_NONE are not measured. Returns 0, or -TF_ECUDA (with
+ * what the figures hold so far) when a CUDA call of the meter failed and it
+ * stopped; the batches are delivered either way. */
+TF_API int tf_device_loader_get_gpu_meter(const tf_device_loader *d, uint32_t window, tf_meter *m,
+                                          uint64_t *pending);
+
 /* ======================================================================== */
 /* Experimental API (TF_EXPERIMENTAL_API)                                    */
 /* ======================================================================== */

@@ -240,6 +240,7 @@ PyObject *tfpy_device_tensor_new(tf_module_state *st, tfpy_devslot *h, char *dat
 PyObject *tfpy_Order_segments_at(PyObject *self, PyObject *arg);
 PyObject *tfpy_Order_find_document(PyObject *self, PyObject *args);
 PyObject *tfpy_meter(PyObject *args, const tf_loader *l, const tf_device_loader *d, const char *what);
+PyObject *tfpy_gpu_meter(PyObject *args, const tf_device_loader *d);
 
 /* Define PyType_Spec tfpy_<NAME>Spec for tokenfeed._core.NAME, whose objects
  * are STRUCTs; the slots ({Py_tp_new, f}, ...) follow the flags. A type's

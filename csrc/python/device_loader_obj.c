@@ -300,6 +300,10 @@ static PyObject *DeviceLoader_meter(tfpy_DeviceLoader *self, PyObject *args) {
     return tfpy_meter(args, NULL, self->d, "device loader");
 }
 
+static PyObject *DeviceLoader_gpu_meter(tfpy_DeviceLoader *self, PyObject *args) {
+    return tfpy_gpu_meter(args, self->d);
+}
+
 PyDoc_STRVAR(DeviceLoader_doc,
 "DeviceLoader(loader, /, *, device=0, prefetch=0, slots=0, static=False)\n--\n\n"
 "A Loader's batches copied to CUDA device `device` by a thread of its own as soon as\n"
@@ -322,6 +326,10 @@ TFPY_TYPE_SPEC(DeviceLoader, tfpy_DeviceLoader, Py_TPFLAGS_DEFAULT,
                     "close($self)\n--\n\nStop the copy thread and wait for copies in flight. Batches already handed out stay valid."},
                    {"meter", (PyCFunction)DeviceLoader_meter, METH_VARARGS,
                     "meter($self, window=None, /)\n--\n\nReturns dict. The consumer's wait in next() over the last `window` batches."},
+                   {"gpu_meter", (PyCFunction)DeviceLoader_gpu_meter, METH_VARARGS,
+                    "gpu_meter($self, window=None, /)\n--\n\nReturns dict. What the consumer's stream waited for data at each "
+                    "hand-off, on the GPU's clock, over the last `window` batches read (`pending`: hand-offs not yet "
+                    "completed on the GPU; `stopped`: why the meter stopped, or '')."},
                    {"stats", (PyCFunction)DeviceLoader_stats, METH_NOARGS,
                     "stats($self)\n--\n\nReturns dict. Copies issued ahead, consumer wait, host-to-device bytes and GB/s, slots."})},
                {Py_tp_getset, TFPY_GETSET(

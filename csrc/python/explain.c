@@ -99,3 +99,25 @@ PyObject *tfpy_meter(PyObject *args, const tf_loader *l, const tf_device_loader 
                          m.wait_max_seconds, "ready_ahead_mean", m.ready_ahead_mean, "ready_ahead_min",
                          (unsigned long long)m.ready_ahead_min, "startup_seconds", m.startup_seconds);
 }
+
+/* DeviceLoader.gpu_meter(): the meter read on the GPU's clock, keys without a
+ * prefix (the Python layer adds "gpu_"), and "stopped": why the meter stopped
+ * measuring ("" while it runs). */
+PyObject *tfpy_gpu_meter(PyObject *args, const tf_device_loader *d) {
+    uint32_t window;
+    if (meter_window(args, &window) < 0) return NULL;
+    if (!d) {
+        PyErr_SetString(PyExc_ValueError, "the device loader is closed");
+        return NULL;
+    }
+    tf_meter m;
+    uint64_t pending = 0;
+    const char *why = "";
+    if (tf_device_loader_get_gpu_meter(d, window, &m, &pending) < 0) why = tf_last_error();
+    return Py_BuildValue("{s:K,s:K,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:K,s:s}", "batches", (unsigned long long)m.batches,
+                         "total_batches", (unsigned long long)m.total_batches, "window_seconds", m.window_seconds,
+                         "wait_seconds", m.wait_seconds, "wait_fraction", m.wait_fraction, "wait_p50_seconds",
+                         m.wait_p50_seconds, "wait_p99_seconds", m.wait_p99_seconds, "wait_max_seconds",
+                         m.wait_max_seconds, "startup_seconds", m.startup_seconds, "pending",
+                         (unsigned long long)pending, "stopped", why);
+}

@@ -283,10 +283,12 @@ class DeviceStage:
     def next(self) -> Dict[str, Any]:
         """The next batch on the device (its copy was issued ahead)."""
         if not self.static_buffers:
-            batch: Dict[str, Any] = self._core.next()
-            if self._torch is not None:
-                return self._torch_batch(batch)
-            return batch
+            if self._torch is None:
+                batch: Dict[str, Any] = self._core.next()
+                return batch
+            # torch's current stream waits for the copy here, where the GPU-clock meter marks
+            # the hand-off; the tensors' own DLPack exports to that stream then wait on nothing
+            return self._torch_batch(self._core.next(stream=self._consumer_stream()))
         raw: Dict[str, Any] = self._core.next(stream=self._consumer_stream())
         out: Dict[str, Any] = {}
         for k, v in raw.items():

@@ -163,11 +163,13 @@ def meter(loader: _LoaderT, window: Optional[int] = None, prefix: str = "") -> D
     """The data-wait meter as a flat dict (see :meth:`Loader.meter`)."""
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 0):
         raise ValueError(f"window: expected None or an int >= 0 (batches), got {window!r}")
+    gpu: Optional[Dict[str, Any]] = None
     if loader.device_index is not None:
         dev = loader._get_device()
         m: Dict[str, Any] = dev._core.meter(window)
         m["prefetch"] = dev.stats()["prefetch"]
         m["num_threads"] = loader._get_engine().stats()["num_threads"]
+        gpu = dev._core.gpu_meter(window)
     else:
         eng = loader._get_engine()
         m = eng.meter(window)
@@ -175,7 +177,23 @@ def meter(loader: _LoaderT, window: Optional[int] = None, prefix: str = "") -> D
         m["prefetch"] = st["ring_slots"]
         m["num_threads"] = st["num_threads"]
     m["wait_percent"] = 100.0 * m["wait_fraction"]
+    if gpu is not None:
+        stopped = str(gpu.pop("stopped", ""))
+        if stopped and not getattr(loader, "_gpu_meter_warned", False):
+            import warnings
+
+            loader._gpu_meter_warned = True
+            warnings.warn(f"the GPU-clock data-wait meter stopped: {stopped}; the gpu_* figures cover the "
+                          f"batches before that, the host figures go on", RuntimeWarning, stacklevel=3)
+        for k, v in gpu.items():
+            m["gpu_" + k] = v
+        m["gpu_wait_percent"] = 100.0 * m["gpu_wait_fraction"]
     return {prefix + k: v for k, v in m.items()}
+
+
+def _gpu_measured(m: Dict[str, Any]) -> bool:
+    """Whether a meter dict holds cycles read on the GPU's clock (a device loader given a stream)."""
+    return bool(m.get("gpu_batches"))
 
 
 def _advice(m: Dict[str, Any]) -> str:
@@ -199,6 +217,19 @@ def meter_verdict(m: Dict[str, Any], rank: Optional[int] = None) -> str:
         return "no batch received yet: nothing measured"
     # the window is the steady state: the first batch's wait (the engine starting) is apart
     after = f"; start-up {startup:.2f} s, not counted" if startup else ""
+    if _gpu_measured(m):
+        # what the GPU stood still for is the figure of record: the host's wait in next() cannot
+        # see a GPU that idles at the hand-off while the host loop runs ahead of it
+        gfrac = float(m.get("gpu_wait_fraction", 0.0))
+        host = f"; host wait in next() {100 * frac:.1f} %"
+        if gfrac < _OK_FRACTION:
+            return (f"data is not the bottleneck: the GPU waits {100 * gfrac:.1f} % of its time for data "
+                    f"(p99 {1e3 * float(m.get('gpu_wait_p99_seconds', 0.0)):.1f} ms per batch, on the GPU's "
+                    f"clock{host}{after})")
+        who = f"rank {rank}'s GPU" if rank is not None else "the GPU"
+        paren = f" (start-up {startup:.2f} s, not counted)" if startup else ""
+        return (f"{who} waits {100 * gfrac:.0f} % of its time for data, on the GPU's clock{paren}{host}: "
+                f"{_advice(m)}")
     if frac < _OK_FRACTION:
         return (f"data is not the bottleneck: {100 * frac:.1f} % of wall time waiting "
                 f"(p99 wait {1e3 * float(m.get('wait_p99_seconds', 0.0)):.1f} ms, "
@@ -213,7 +244,10 @@ def meter_all_ranks(loader: _LoaderT, group: Any = None, window: Optional[int] =
 
     A collective: every rank of ``group`` (default: the whole world) must call it. Returns,
     on every rank, a dict: ``ranks`` (each rank's meter dict, in group rank order),
-    ``slowest_rank`` (the global rank that waited the largest fraction of its wall time),
+    ``slowest_rank`` (the global rank that waited the largest fraction of its time: of its GPU's
+    time, on the GPU's clock, when every rank's device loader measured it, else of its wall time
+    in ``next()``; ``slowest_by`` says which: ``"gpu"`` or ``"host"``), then, when on the GPU,
+    ``gpu_wait_fraction_max``/``_mean``/``_min`` and ``gpu_wait_p99_seconds_max``,
     ``wait_fraction_max``/``_mean``/``_min``, ``wait_p99_seconds_max``, ``startup_seconds_max``
     (the slowest first batch: start-up, outside the windows) and ``verdict``, one
     line: ``"data is not the bottleneck: 0.3 % of wall time waiting (...)"`` or
@@ -231,16 +265,35 @@ def meter_all_ranks(loader: _LoaderT, group: Any = None, window: Optional[int] =
     gathered: List[Any] = [None] * world
     dist.all_gather_object(gathered, mine, group=group)
     ranks: Sequence[Dict[str, Any]] = gathered
+    return _summarize_ranks(list(ranks), lambda k: dist.get_global_rank(group, k) if group is not None else k)
+
+
+def _summarize_ranks(ranks: List[Dict[str, Any]], global_rank: Any) -> Dict[str, Any]:
+    """meter_all_ranks' summary of the gathered meter dicts (global_rank: group index -> global rank)."""
+    world = len(ranks)
     fr = [float(r["wait_fraction"]) for r in ranks]
-    i = max(range(world), key=lambda k: fr[k])
-    slowest = dist.get_global_rank(group, i) if group is not None else i
-    return {
-        "ranks": list(ranks),
+    on_gpu = all(_gpu_measured(r) for r in ranks)
+    gfr = [float(r.get("gpu_wait_fraction", 0.0)) for r in ranks]
+    # the slowest rank by what its GPU waited when every rank measured it, else by the host's wait
+    key = gfr if on_gpu else fr
+    i = max(range(world), key=lambda k: key[k])
+    slowest = global_rank(i)
+    out = {
+        "ranks": ranks,
         "slowest_rank": slowest,
-        "wait_fraction_max": fr[i],
+        "slowest_by": "gpu" if on_gpu else "host",
+        "wait_fraction_max": max(fr),
         "wait_fraction_mean": sum(fr) / world,
         "wait_fraction_min": min(fr),
         "wait_p99_seconds_max": max(float(r["wait_p99_seconds"]) for r in ranks),
         "startup_seconds_max": max(float(r.get("startup_seconds", 0.0)) for r in ranks),
         "verdict": meter_verdict(ranks[i], rank=slowest),
     }
+    if on_gpu:
+        out.update({
+            "gpu_wait_fraction_max": gfr[i],
+            "gpu_wait_fraction_mean": sum(gfr) / world,
+            "gpu_wait_fraction_min": min(gfr),
+            "gpu_wait_p99_seconds_max": max(float(r["gpu_wait_p99_seconds"]) for r in ranks),
+        })
+    return out

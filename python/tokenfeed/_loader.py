@@ -955,7 +955,15 @@ class Loader:
         ``wait_p99_seconds``, ``wait_max_seconds``: per-batch waits. ``ready_ahead_mean`` and
         ``ready_ahead_min``: batches already assembled (or copied) behind the one delivered.
         ``window_seconds``, ``wait_seconds``, ``batches`` (in the window), ``total_batches``,
-        ``num_threads`` and ``prefetch``. The first batch waits for the engine to start: its
+        ``num_threads`` and ``prefetch``. With ``device="cuda"`` and torch, the same figures read on
+        the GPU's clock, keys ``gpu_*`` (``gpu_wait_fraction``, ``gpu_wait_percent``,
+        ``gpu_wait_p50_seconds``, ``gpu_wait_p99_seconds``, ``gpu_wait_max_seconds``,
+        ``gpu_wait_seconds``, ``gpu_window_seconds``, ``gpu_batches``, ``gpu_total_batches``,
+        ``gpu_startup_seconds``, ``gpu_pending``): how long torch's current stream stood still at
+        each hand-off waiting for the batch's copy, and its share of the GPU's time, measured with
+        CUDA events and read when they have completed, a step or so later (``gpu_pending``
+        hand-offs not yet); the host's wait cannot see a GPU idling while the host loop runs
+        ahead of it (docs/performance.md, "Which wait to trust"). The first batch waits for the engine to start: its
         wait is ``startup_seconds``, kept out of the window, which measures the steady state
         (the window holds the batches after the first). Timed in C where the wait happens; reading it costs
         a few microseconds. :func:`tokenfeed.meter_verdict` says it in one line, and

@@ -45,6 +45,7 @@
  *
  * Extra exports for the tests: cuda_double_counter(name),
  * cuda_double_pause(stream, on), cuda_double_enqueue_read(stream, dev, n, out),
+ * cuda_double_enqueue_kernel(stream, us),
  * cuda_double_stream_drain(stream), cuda_double_stream_pending(stream),
  * cuda_double_is_pinned(ptr, n).
  */
@@ -89,7 +90,7 @@ typedef struct event {
     int live, timing;
 } event;
 
-enum { OP_COPY, OP_RECORD, OP_WAIT, OP_READ, OP_EXIT };
+enum { OP_COPY, OP_RECORD, OP_WAIT, OP_READ, OP_KERNEL, OP_EXIT };
 
 typedef struct op {
     int kind;
@@ -198,6 +199,7 @@ static void *stream_main(void *arg) {
             double us = copy_us + (copy_gbps > 0 ? (double)o->n / (copy_gbps * 1e3) : 0.0);
             if (us >= 1.0) usleep((useconds_t)us);
         }
+        if (o->kind == OP_KERNEL) usleep((useconds_t)o->n); /* n: microseconds of "compute" */
         if (o->kind == OP_COPY || o->kind == OP_READ) memcpy(o->dst, o->src, o->n);
         pthread_mutex_lock(&g_mu);
         if (o->kind == OP_RECORD) {
@@ -628,6 +630,17 @@ API int cuda_double_enqueue_read(void *st, const void *dev, size_t n, void *out)
     if (!o) return ERR_MEMORY;
     pthread_mutex_lock(&g_mu);
     submit(st, o, OP_READ, out, dev, n);
+    pthread_mutex_unlock(&g_mu);
+    return OK;
+}
+
+/* Queue a "kernel" on st that runs for `us` microseconds: a training step's
+ * compute, in stream order. */
+API int cuda_double_enqueue_kernel(void *st, unsigned us) {
+    op *o = calloc(1, sizeof *o);
+    if (!o) return ERR_MEMORY;
+    pthread_mutex_lock(&g_mu);
+    submit(st, o, OP_KERNEL, NULL, NULL, us);
     pthread_mutex_unlock(&g_mu);
     return OK;
 }

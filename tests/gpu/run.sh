@@ -5,7 +5,8 @@
 #   bash tests/gpu/run.sh [RESULTS_DIR]      # default RESULTS_DIR: build/gpu
 #
 # 1. builds tokenfeed into build/gpu-site (an install of its own, nothing else touched);
-# 2. runs the tests marked `gpu` (tests/test_device.py): they must pass, not skip;
+# 2. runs the tests marked `gpu` (tests/test_device.py): they must pass, not skip; the
+#    data-wait meter's tests print its host and GPU figures beside CUDA events of their own;
 # 3. links the C/CUDA trainer of the C API guide (docs/examples/device_train.c) against
 #    the real libcudart and checks, through tests/c/test_device.c, that what the GPU saw
 #    is the CPU loader's stream, with and without static buffers, and that resume gives
@@ -32,14 +33,16 @@ lscpu | sed -n 's/^Model name: *//p' | tee -a "$RES/gpu.txt"
 
 SITE=$ROOT/build/gpu-site
 rm -rf "$SITE"
-"$PY" -m pip install -q --no-build-isolation --no-deps --target "$SITE" .
+# a test build (TOKENFEED_TEST_HOOKS=1): the meter's data-bound test holds the engine back with
+# a hook; the hooks cost nothing unless their environment variables are set
+TOKENFEED_TEST_HOOKS=1 "$PY" -m pip install -q --no-build-isolation --no-deps --target "$SITE" .
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 "$PY" -c "import json, tokenfeed; print('tokenfeed', tokenfeed.__version__, json.dumps(tokenfeed.build_info()))" \
     | tee -a "$RES/gpu.txt"
 
 if [ "$WHAT" != bench ] && [ "$WHAT" != trainer ]; then
     echo "== tests marked gpu"
-    "$PY" -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_device.py 2>&1 | tee "$RES/pytest-gpu.txt"
+    "$PY" -m pytest -q -s -p no:cacheprovider -m gpu -rs tests/test_device.py 2>&1 | tee "$RES/pytest-gpu.txt"
     if grep -qi "skipped" "$RES/pytest-gpu.txt" || ! grep -q "passed" "$RES/pytest-gpu.txt"; then
         echo "the GPU tests did not all run" >&2
         exit 1
