@@ -971,6 +971,37 @@ def test_gpu_meter_reads_completed_events_only_and_never_waits(cuda_double, tmp_
     """, tmp_path, {"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_COPY_US": "100"})
 
 
+def test_gpu_meter_counts_the_callers_own_work_for_a_batch(cuda_double, tmp_path):
+    """A caller that marks the request and the hand-off itself (as Loader does around its
+    Python for a batch) has that work counted as the stream's wait: 30 ms of host work
+    between next() and the hand-off mark, with the stream idle, is >= 30 ms of GPU wait per
+    batch. A request whose hand-off is never marked leaves that batch unmeasured, and the
+    Loader's own iteration marks both on torch's stream when torch drives the GPU."""
+    run_py(GPU_METER_PRELUDE + """
+        l = tokenfeed.Loader(ds, seq_len=32, batch_size=2, seed=1, device="cuda", output="numpy")
+        core = l._get_device()._core
+        for _ in range(6):
+            core.gpu_request(S)
+            b = core.next(stream=S)
+            time.sleep(0.030)                                # the caller's own work for the batch
+            core.gpu_handoff(S)
+            del b
+        double.cuda_double_stream_drain(ctypes.c_void_p(S))
+        g = core.gpu_meter()
+        assert g["total_batches"] == 6 and g["batches"] == 5 and g["pending"] == 0, g
+        assert g["wait_p50_seconds"] >= 0.030 * 0.99 and g["wait_fraction"] > 0.6, g
+        core.gpu_request(S); b = core.next(stream=S); del b  # no hand-off mark: not measured
+        for _ in range(2):
+            b = core.next(stream=S); del b
+        double.cuda_double_stream_drain(ctypes.c_void_p(S))
+        g2 = core.gpu_meter()
+        assert g2["total_batches"] == 8 and g2["batches"] == 6, g2
+        raises(ValueError, lambda: core.gpu_request(0), "ambiguous")
+        l.close()
+        raises(ValueError, lambda: core.gpu_handoff(S), "closed")
+    """, tmp_path, {"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_COPY_US": "100"})
+
+
 def test_meter_all_ranks_names_the_slowest_rank_by_the_gpu_figure():
     """With every rank's GPU measured, the slowest rank is the one whose GPU waited the
     largest share of its time, even where another rank's host loop waited more; a rank

@@ -163,6 +163,8 @@ TF_HIDDEN void tf__gpu_meter_destroy(tf__gpu_meter *g, const tf__cudart *cu);
  * B when the hand-off delivered the batch. */
 TF_HIDDEN int tf__gpu_meter_begin(tf__gpu_meter *g, const tf__cudart *cu, uintptr_t stream);
 TF_HIDDEN void tf__gpu_meter_end(tf__gpu_meter *g, const tf__cudart *cu, int idx, uintptr_t stream, int delivered);
+/* A batch delivered without a measurement: the next cycle is not counted. */
+TF_HIDDEN void tf__gpu_meter_skip(tf__gpu_meter *g);
 /* Read what has completed, then the summary of the last `window` cycles;
  * pending: hand-offs not yet read; unmeasured: hand-offs skipped; why: why
  * the meter stopped ("" if it runs). Any thread. */

@@ -180,6 +180,13 @@ void tf__gpu_meter_end(tf__gpu_meter *g, const tf__cudart *cu, int idx, uintptr_
     pthread_mutex_unlock(&g->mu);
 }
 
+void tf__gpu_meter_skip(tf__gpu_meter *g) {
+    pthread_mutex_lock(&g->mu);
+    g->unmeasured++;
+    g->lost_cycle = 1;
+    pthread_mutex_unlock(&g->mu);
+}
+
 void tf__gpu_meter_get(tf__gpu_meter *g, const tf__cudart *cu, uint32_t window, tf_meter *out, uint64_t *pending,
                        uint64_t *unmeasured, char *why, size_t why_len) {
     pthread_mutex_lock(&g->mu);

@@ -215,6 +215,8 @@ struct tf_device_loader {
     tf__gpu_meter gm; /* what the consumer's stream waited, on the GPU's clock (gpu_meter.c) */
     int gm_request;   /* a request for a batch is in progress (across timed-out calls) ... */
     int gm_mark;      /* ... with this mark (-1: not measured) */
+    int gm_caller;    /* the request was marked by the caller, who marks the hand-off too ... */
+    int gm_delivered; /* ... and has the batch: tf_device_loader_gpu_handoff records B */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -1070,10 +1072,11 @@ static int next_timed(tf_device_loader *d, uintptr_t stream, tf_device_batch **o
 }
 
 /* A mark of the GPU-clock meter on the consumer's stream (gpu_meter.c),
- * device current: at the first call for a batch (gm_enter: A, which completes
- * when the stream has run what was queued before the consumer asked) and once
- * the hand-off is queued there (gm_leave: B). A call that timed out keeps the
- * request's mark; any other failure drops it. */
+ * device current: at the first call for a batch (the request: A, which
+ * completes when the stream has run what was queued before the consumer
+ * asked) and once the hand-off is queued there (B). A call that timed out
+ * keeps the request's mark; any other failure drops it. A caller that marks
+ * the request itself (tf_device_loader_gpu_request) marks the hand-off too. */
 static void gpu_mark(tf_device_loader *d, uintptr_t stream, int leave, int delivered) {
     int prev = -1, pushed = 0;
     if (stream != TF_DEVICE_STREAM_NONE && !d->gm.off) {
@@ -1085,10 +1088,36 @@ static void gpu_mark(tf_device_loader *d, uintptr_t stream, int leave, int deliv
         d->gm_request = 1;
     } else {
         tf__gpu_meter_end(&d->gm, d->cu, d->gm_mark, stream, delivered && pushed);
-        d->gm_request = 0;
+        d->gm_request = d->gm_caller = d->gm_delivered = 0;
         d->gm_mark = -1;
     }
     if (pushed) tf__cuda_pop_device(d->cu, d->device, prev);
+}
+
+/* A batch delivered whose hand-off the caller never marked: not measured. */
+static void gpu_drop_delivered(tf_device_loader *d) {
+    if (!d->gm_delivered) return;
+    tf__gpu_meter_end(&d->gm, d->cu, d->gm_mark, TF_DEVICE_STREAM_NONE, 0);
+    tf__gpu_meter_skip(&d->gm);
+    d->gm_request = d->gm_caller = d->gm_delivered = 0;
+    d->gm_mark = -1;
+}
+
+int tf_device_loader_gpu_request(tf_device_loader *d, uintptr_t stream) {
+    TF_NEED_ARG(d);
+    if (forked(d)) return fail_forked();
+    gpu_drop_delivered(d);
+    if (d->gm_request) return 0; /* a request in progress (a next() that timed out) keeps its mark */
+    gpu_mark(d, stream, 0, 0);
+    d->gm_caller = 1;
+    return 0;
+}
+
+int tf_device_loader_gpu_handoff(tf_device_loader *d, uintptr_t stream) {
+    TF_NEED_ARG(d);
+    if (forked(d)) return fail_forked();
+    if (d->gm_delivered) gpu_mark(d, stream, 1, 1);
+    return 0;
 }
 
 /* next_timed between the data-wait meters' marks: the host's (engine/meter.h;
@@ -1098,6 +1127,7 @@ int tf_device_loader_next_timed(tf_device_loader *d, uintptr_t stream, tf_device
     int own = d && !forked(d);
     if (own) {
         tf__meter_enter(&d->meter);
+        gpu_drop_delivered(d);
         if (!d->gm_request) gpu_mark(d, stream, 0, 0);
     }
     int rc = next_timed(d, stream, out, timeout_ns);
@@ -1108,7 +1138,10 @@ int tf_device_loader_next_timed(tf_device_loader *d, uintptr_t stream, tf_device
             ahead = (uint32_t)d->qcount;
             pthread_mutex_unlock(&d->mu);
         }
-        if (rc != -TF_ENOTREADY) gpu_mark(d, stream, 1, rc == 0);
+        if (rc == 0 && d->gm_caller)
+            d->gm_delivered = 1; /* the caller marks the hand-off once the batch is in its hands */
+        else if (rc != -TF_ENOTREADY)
+            gpu_mark(d, stream, 1, rc == 0);
         tf__meter_leave(&d->meter, rc, ahead);
     }
     return rc;

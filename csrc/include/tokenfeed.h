@@ -1515,6 +1515,16 @@ TF_API void tf_device_loader_get_meter(const tf_device_loader *d, uint32_t windo
 TF_API int tf_device_loader_get_gpu_meter(const tf_device_loader *d, uint32_t window, tf_meter *m,
                                           uint64_t *pending);
 
+/* Optional, for a consumer with work of its own around tf_device_loader_next
+ * (a binding converting the batch to its framework's tensors, say), so that
+ * the GPU-clock meter counts that work as the wait it is for the stream: mark
+ * the request on `stream` before anything else for the batch, and the
+ * hand-off once the batch is in the consumer's hands. next() then records
+ * neither mark itself; a request whose hand-off is never marked leaves that
+ * batch unmeasured. Return 0 (a CUDA failure stops the meter, see above). */
+TF_API int tf_device_loader_gpu_request(tf_device_loader *d, uintptr_t stream);
+TF_API int tf_device_loader_gpu_handoff(tf_device_loader *d, uintptr_t stream);
+
 /* ======================================================================== */
 /* Experimental API (TF_EXPERIMENTAL_API)                                    */
 /* ======================================================================== */

@@ -304,6 +304,24 @@ static PyObject *DeviceLoader_gpu_meter(tfpy_DeviceLoader *self, PyObject *args)
     return tfpy_gpu_meter(args, self->d);
 }
 
+/* gpu_request(stream) / gpu_handoff(stream): the GPU-clock meter's marks, made
+ * by the Python layer around its own work for a batch (a stream handle, > 0). */
+static PyObject *gpu_mark_call(tfpy_DeviceLoader *self, PyObject *arg, int handoff) {
+    unsigned long long s = PyLong_AsUnsignedLongLong(arg);
+    if (s == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    if (s == 0) {
+        PyErr_SetString(PyExc_ValueError, "stream=0 is ambiguous: pass 1 for the legacy default stream");
+        return NULL;
+    }
+    if (dl_check(self) < 0) return NULL;
+    int rc = handoff ? tf_device_loader_gpu_handoff(self->d, (uintptr_t)s)
+                     : tf_device_loader_gpu_request(self->d, (uintptr_t)s);
+    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, tf_last_error());
+    Py_RETURN_NONE;
+}
+static PyObject *DeviceLoader_gpu_request(tfpy_DeviceLoader *self, PyObject *arg) { return gpu_mark_call(self, arg, 0); }
+static PyObject *DeviceLoader_gpu_handoff(tfpy_DeviceLoader *self, PyObject *arg) { return gpu_mark_call(self, arg, 1); }
+
 PyDoc_STRVAR(DeviceLoader_doc,
 "DeviceLoader(loader, /, *, device=0, prefetch=0, slots=0, static=False)\n--\n\n"
 "A Loader's batches copied to CUDA device `device` by a thread of its own as soon as\n"
@@ -330,6 +348,10 @@ TFPY_TYPE_SPEC(DeviceLoader, tfpy_DeviceLoader, Py_TPFLAGS_DEFAULT,
                     "gpu_meter($self, window=None, /)\n--\n\nReturns dict. What the consumer's stream waited for data at each "
                     "hand-off, on the GPU's clock, over the last `window` batches read (`pending`: hand-offs not yet "
                     "completed on the GPU; `stopped`: why the meter stopped, or '')."},
+                   {"gpu_request", (PyCFunction)DeviceLoader_gpu_request, METH_O,
+                    "gpu_request($self, stream, /)\n--\n\nThe GPU-clock meter's request mark on `stream`, before the caller's own work for the next batch."},
+                   {"gpu_handoff", (PyCFunction)DeviceLoader_gpu_handoff, METH_O,
+                    "gpu_handoff($self, stream, /)\n--\n\nThe GPU-clock meter's hand-off mark, once the batch is in the consumer's hands."},
                    {"stats", (PyCFunction)DeviceLoader_stats, METH_NOARGS,
                     "stats($self)\n--\n\nReturns dict. Copies issued ahead, consumer wait, host-to-device bytes and GB/s, slots."})},
                {Py_tp_getset, TFPY_GETSET(

@@ -280,16 +280,32 @@ class DeviceStage:
         return (tuple(v.shape) == (rows, cols - 1) and tuple(v.strides) == tuple(tok.strides)
                 and v.dtype == tok.dtype and v.data_ptr == tok.data_ptr + _TOKEN_VIEWS[key] * tok.dtype.itemsize)
 
-    def next(self) -> Dict[str, Any]:
-        """The next batch on the device (its copy was issued ahead)."""
+    def mark_request(self) -> Optional[int]:
+        """The GPU-clock meter's request mark on torch's current stream, before anything else is
+        done for the next batch; returns that stream (None without torch: nothing is marked)."""
+        s = self._consumer_stream()
+        if s is not None:
+            self._core.gpu_request(s)
+        return s
+
+    def mark_handoff(self, stream: Optional[int]) -> None:
+        """The GPU-clock meter's hand-off mark, once the batch is in the consumer's hands."""
+        if stream is not None:
+            self._core.gpu_handoff(stream)
+
+    def next(self, stream: Optional[int] = None) -> Dict[str, Any]:
+        """The next batch on the device (its copy was issued ahead). ``stream``: the consumer's
+        stream as :meth:`mark_request` returned it (None: torch's current stream, if torch)."""
+        if stream is None:
+            stream = self._consumer_stream()
         if not self.static_buffers:
             if self._torch is None:
                 batch: Dict[str, Any] = self._core.next()
                 return batch
-            # torch's current stream waits for the copy here, where the GPU-clock meter marks
-            # the hand-off; the tensors' own DLPack exports to that stream then wait on nothing
-            return self._torch_batch(self._core.next(stream=self._consumer_stream()))
-        raw: Dict[str, Any] = self._core.next(stream=self._consumer_stream())
+            # torch's current stream waits for the copy here; the tensors' own DLPack exports to
+            # that stream then wait on nothing
+            return self._torch_batch(self._core.next(stream=stream))
+        raw: Dict[str, Any] = self._core.next(stream=stream)
         out: Dict[str, Any] = {}
         for k, v in raw.items():
             if not hasattr(v, "__dlpack__"):  # THD counts (max_seqlen, num_seqs): ints

@@ -519,7 +519,11 @@ class Loader:
     def __next__(self) -> Dict[str, Any]:
         pos = self._order.skip_to(self.position) if self._source_ids else 0
         if self.device_index is not None:
-            out: Dict[str, Any] = self._get_device().next()
+            dev = self._get_device()
+            # from here to the hand-off mark the training stream has nothing to do but wait for
+            # this batch: the GPU-clock meter counts all of it, this Python included
+            stream = dev.mark_request()
+            out: Dict[str, Any] = dev.next(stream)
             if self._megatron_pad is not None:
                 self._rewrite_megatron_pad(out)
             if self._source_ids:
@@ -527,7 +531,9 @@ class Loader:
 
                 ids = self._source_ids_at(pos)
                 out["source_ids"] = torch.from_numpy(ids) if self.output == "torch" else ids
-            return self._with_document_ids(out)
+            out = self._with_document_ids(out)
+            dev.mark_handoff(stream)
+            return out
         batch: Dict[str, Any] = self._get_engine().next()
         if self._megatron_pad is not None:
             self._rewrite_megatron_pad(batch)
