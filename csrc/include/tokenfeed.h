@@ -1508,7 +1508,9 @@ TF_API void tf_device_loader_get_meter(const tf_device_loader *d, uint32_t windo
  * are not in the figures yet. In *m: batches, wait_seconds, wait_fraction (of
  * the GPU's time), wait_p50/p99/max_seconds, window_seconds (GPU time the
  * window covers) and startup_seconds (the first batch's GPU wait);
- * total_batches counts the batches read; ready_ahead_* are 0. Hand-offs made
+ * total_batches counts the batches read (a batch handed over without a
+ * stream is not measured, nor the one after it, whose cycle spans two);
+ * ready_ahead_* are 0. Hand-offs made
  * with TF_DEVICE_STREAM_NONE are not measured. Returns 0, or -TF_ECUDA (with
  * what the figures hold so far) when a CUDA call of the meter failed and it
  * stopped; the batches are delivered either way. */
