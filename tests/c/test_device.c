@@ -753,6 +753,61 @@ static int step(tf_device_loader *d, void *cs, flat *f) {
     return 0;
 }
 
+/* The meter on the GPU's clock: copies of 20 ms and a consumer with nothing
+ * else to do, so the consumer's stream stands still for nearly every copy;
+ * events are read only once they have run (pending while the stream is
+ * held), never waited for; a caller's own request and hand-off marks bracket
+ * its work; every event is given back at free. */
+static int case_stage_gpu_meter(void) {
+    stage t;
+    use_double(NULL);
+    if (stage_open(&t, "20000", &PLAIN, NULL) < 0) return T_EXIT_FAIL;
+    flat f[12];
+    memset(f, 0, sizeof f);
+    tf_meter m;
+    uint64_t pending = 99;
+    CHECK_RC(tf_device_loader_get_gpu_meter(NULL, 0, &m, &pending), -EINVAL);
+    CHECK(pending == 0);
+    CHECK_RC(tf_device_loader_get_gpu_meter(t.d, 0, NULL, NULL), -EINVAL);
+    CHECK_OK(tf_device_loader_get_gpu_meter(t.d, 0, &m, &pending));
+    CHECK(m.total_batches == 0 && m.batches == 0 && pending == 0);
+    for (int k = 0; k < 6; k++) CHECK_OK(step(t.d, t.cs, &f[k]));
+    d_drain(t.cs);
+    CHECK_OK(tf_device_loader_get_gpu_meter(t.d, 0, &m, &pending));
+    printf("  GPU wait %.1f %% of %.3f s over %llu batches, p50 %.1f ms\n", 100 * m.wait_fraction, m.window_seconds,
+           (unsigned long long)m.batches, 1e3 * m.wait_p50_seconds);
+    CHECK(m.total_batches == 6 && m.batches == 5 && pending == 0);
+    CHECK(m.window_seconds >= 5 * 0.020 * 0.99); /* the copies run one after another */
+    CHECK(m.wait_fraction > 0.6 && m.startup_seconds > 0);
+    /* held stream: hand-offs pending, nothing read, nothing waited for */
+    d_pause(t.cs, 1);
+    for (int k = 6; k < 8; k++) CHECK_OK(step(t.d, t.cs, &f[k]));
+    long long syncs = d_counter("event_syncs");
+    CHECK_OK(tf_device_loader_get_gpu_meter(t.d, 0, &m, &pending));
+    CHECK(pending == 2 && m.total_batches == 6);
+    CHECK(d_counter("event_syncs") == syncs);
+    d_pause(t.cs, 0);
+    d_drain(t.cs);
+    CHECK_OK(tf_device_loader_get_gpu_meter(t.d, 2, &m, &pending));
+    CHECK(pending == 0 && m.total_batches == 8 && m.batches == 2);
+    /* the caller's marks: its 30 ms of host work between next() and the hand-off is stream wait */
+    for (int k = 8; k < 11; k++) {
+        CHECK_OK(tf_device_loader_gpu_request(t.d, (uintptr_t)t.cs));
+        tf_device_batch *b = NULL;
+        CHECK_OK(tf_device_loader_next(t.d, (uintptr_t)t.cs, &b));
+        usleep(30000);
+        CHECK_OK(tf_device_loader_gpu_handoff(t.d, (uintptr_t)t.cs));
+        CHECK_OK(tf_device_batch_release(b, (uintptr_t)t.cs));
+    }
+    d_drain(t.cs);
+    CHECK_OK(tf_device_loader_get_gpu_meter(t.d, 3, &m, &pending));
+    CHECK(m.total_batches == 11 && m.batches == 3 && m.wait_p50_seconds >= 0.030 * 0.99);
+    CHECK_RC(tf_device_loader_gpu_request(NULL, 1), -EINVAL);
+    for (int k = 0; k < 11; k++) flat_free(&f[k], 1);
+    stage_close(&t);
+    return T_DONE();
+}
+
 /* The copies run ahead of the consumer without being asked, up to prefetch,
  * and a consumer that spends 2 ms per step finds every batch's copy issued. */
 static int case_stage_ahead(void) {
@@ -1543,6 +1598,7 @@ int main(int argc, char **argv) {
     run_case("stage_no_cuda", case_stage_no_cuda);
     run_case("stage_bad_device", case_stage_bad_device);
     run_case("stage_free_in_flight", case_stage_free_in_flight);
+    run_case("stage_gpu_meter", case_stage_gpu_meter);
     run_case("example_trainer", case_example_trainer);
     return T_DONE();
 }
