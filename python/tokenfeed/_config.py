@@ -25,8 +25,8 @@ from . import _core
 from ._mesh import parallel_coords
 from ._schedule import WeightSchedule, as_schedule
 
-__all__ = ["OrderConfig", "EngineConfig", "SETTINGS", "check_settings", "renamed", "resolve_rank", "split_settings",
-           "want_bits"]
+__all__ = ["OrderConfig", "EngineConfig", "SETTINGS", "check_settings", "keyword_default", "renamed", "resolve_rank",
+           "settings_given", "split_settings", "want_bits"]
 
 # The C library's settings table (tokenfeed.h, "Settings"): one row per setting of the
 # order, the engine and the device stage, by name.
@@ -66,6 +66,29 @@ def check_settings(**values: Any) -> None:
 # Rows a caller does not pass as such: the global batch comes from batch_size and the
 # data-parallel size; the ranks and sizes are the Loader's own keywords (or a mesh's).
 _NOT_KEYWORDS = {"global_batch", "batch_size", "dp_rank", "dp_size", "cp_rank", "cp_size"}
+
+
+def keyword_default(row: Mapping[str, Any]) -> Any:
+    """The default a signature writes for a row of the settings table: None for a nullable
+    row (None: the row's default), else the default itself (an enum by its name)."""
+    if row["nullable"]:
+        return None
+    if row["type"] == "enum":
+        return row["names"][row["default"]]
+    return bool(row["default"]) if row["type"] == "bool" else int(row["default"])
+
+
+def settings_given(values: Mapping[str, Any], names: Sequence[str]) -> Dict[str, Any]:
+    """Of a signature's settings keywords (``names``, with their values as given), those that
+    differ from the default the signature shows: what the caller set. A value of another
+    type than the default (``seed=False``) counts as set, so its row refuses it."""
+    out: Dict[str, Any] = {}
+    for k in names:
+        v, d = values[k], keyword_default(SETTINGS[k])
+        if v is d or (type(v) is type(d) and v == d):
+            continue
+        out[k] = v
+    return out
 
 
 def split_settings(settings: Dict[str, Any], where: str,

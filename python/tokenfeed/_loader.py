@@ -22,13 +22,21 @@ import numpy as np
 from . import _core
 from ._errors import StateError
 from ._warnings import PerformanceWarning
-from ._config import EngineConfig, OrderConfig, renamed, split_settings
+from ._config import SETTINGS, EngineConfig, OrderConfig, renamed, settings_given, split_settings
 from ._mesh import DEFAULT_CP_DIM, DEFAULT_DP_DIMS, ParallelCoords, parallel_coords
 from ._schedule import WeightSchedule, short_ramps
 from ._dataset import Dataset, PathLike, open as _open
 
 if TYPE_CHECKING:
     from ._explain import Segment
+
+# Rows of the settings table that Loader's signature writes by hand (they have Python-side
+# meaning: the mesh, a shuffle given as a bool, ...); the rest are written out from the
+# table between the marker lines of its signature (tests/gen_signatures.py).
+SETTINGS_BY_HAND = ("seq_len", "shuffle", "order", "llmc_processes", "batch_size", "dp_rank", "dp_size", "cp_rank",
+                    "cp_size", "global_batch")
+LOADER_SETTINGS = tuple(n for n, r in SETTINGS.items()
+                        if r["scope"] in ("order", "engine", "device") and n not in SETTINGS_BY_HAND)
 
 __all__ = ["Loader", "StateError", "STATE_FORMAT_VERSION"]
 
@@ -229,10 +237,22 @@ class Loader:
                  megatron_cache: Optional[PathLike] = None, megatron_split: str = "train",
                  megatron_add_extra_token: bool = True, megatron_pad_id: Optional[int] = None,
                  order: Literal["tokenfeed", "llmc", "olmo"] = "tokenfeed", llmc_processes: Optional[int] = None,
-                 **settings: Any) -> None:
-        # Every other keyword is a row of the C settings table (_core.settings(), listed in
-        # docs/api.md): passed through by scope and checked by its row.
-        order_kw, engine_kw, device_kw = split_settings(settings, "Loader")
+                 # BEGIN settings keywords of Loader (tests/gen_signatures.py writes this block)
+                 packing: Literal["concat", "best_fit", "document"] = "concat", separator_id: Optional[int] = None,
+                 seed: int = 0, block_size: int = 1024, window_blocks: int = 16, epochs: Optional[int] = None,
+                 pad_id: int = 0, pack_window: int = 1024, mix_window: int = 1000, olmo_chunk: Optional[int] = None,
+                 num_threads: Optional[int] = None, prefetch_batches: Optional[int] = None,
+                 backend: Optional[Literal["auto", "mmap", "pread", "io_uring"]] = None, direct_io: bool = False,
+                 zstd_cache_bytes: Optional[int] = None,
+                 balance: Optional[Literal["none", "tokens", "attention", "strided"]] = None,
+                 balance_micro_batches: int = 1, warmup_steps: int = 0, warmup_min_seq_len: Optional[int] = None,
+                 device_prefetch_batches: Optional[int] = None, device_slots: Optional[int] = None,
+                 # END settings keywords of Loader
+                 ) -> None:
+        # The keywords of the block above are the other rows of the C settings table
+        # (_core.settings()), written out from it: those set are passed on by scope and
+        # checked by their rows.
+        order_kw, engine_kw, device_kw = split_settings(settings_given(locals(), LOADER_SETTINGS), "Loader")
         order_kw.update(order=order, llmc_processes=llmc_processes)
         # the older names of two settings, kept for a release
         engine_kw["prefetch_batches"] = renamed("prefetch_batches", engine_kw.get("prefetch_batches"), "prefetch",

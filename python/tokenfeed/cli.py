@@ -25,7 +25,7 @@ import re
 import sys
 import time
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
@@ -162,7 +162,7 @@ def _packing(ds: Any, L: int, packing: str, starts: np.ndarray, lens: np.ndarray
 
     try:  # builds the order only: no threads start until the first batch
         loader = Loader(ds, seq_len=L, batch_size=1, shuffle=False, rank=0, world_size=1, output="numpy",
-                        packing=packing)
+                        packing=cast(Any, packing))  # argparse's choices: one of the row's names
     except (ValueError, NotImplementedError) as e:
         raise CLIError(f"--seq-len {L} --packing {packing}: {e}") from None
     T = ds.num_tokens

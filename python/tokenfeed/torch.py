@@ -21,18 +21,24 @@ import secrets
 import threading
 import warnings
 import weakref
-from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset as _TorchDataset
 from torch.utils.data import IterableDataset, Sampler, get_worker_info
 
-from ._config import OrderConfig, split_settings, want_bits
+from ._config import SETTINGS, OrderConfig, settings_given, split_settings, want_bits
 from ._dataset import Dataset, PathLike, open as _open
 from ._loader import Loader
 from ._warnings import PerformanceWarning
 from ._mesh import DEFAULT_CP_DIM, DEFAULT_DP_DIMS, ParallelCoords, parallel_coords
+
+# Rows of the order's settings that TokenDataset's signature writes by hand; the rest are
+# written out from the settings table between the marker lines of its signature
+# (tests/gen_signatures.py).
+SETTINGS_BY_HAND = ("seq_len", "shuffle", "global_batch")
+TOKEN_DATASET_SETTINGS = tuple(n for n, r in SETTINGS.items() if r["scope"] == "order" and n not in SETTINGS_BY_HAND)
 
 __all__ = ["TokenDataset", "ResumableSampler", "TokenBatches"]
 
@@ -52,10 +58,18 @@ class TokenDataset(_TorchDataset):  # type: ignore[type-arg]
 
     def __init__(self, dataset: Union[Dataset, PathLike], *, seq_len: int, shuffle: Union[bool, str] = True,
                  position_ids: bool = False, cu_seqlens: bool = False, loss_mask: bool = False, dtype: Any = "int64",
-                 cp_rank: int = 0, cp_size: int = 1, **settings: Any) -> None:
+                 cp_rank: int = 0, cp_size: int = 1,
+                 # BEGIN settings keywords of TokenDataset (tests/gen_signatures.py writes this block)
+                 packing: Literal["concat", "best_fit", "document"] = "concat", separator_id: Optional[int] = None,
+                 seed: int = 0, block_size: int = 1024, window_blocks: int = 16, epochs: Optional[int] = None,
+                 pad_id: int = 0, pack_window: int = 1024, mix_window: int = 1000,
+                 order: Literal["tokenfeed", "llmc", "olmo"] = "tokenfeed", llmc_processes: Optional[int] = None,
+                 olmo_chunk: Optional[int] = None,
+                 # END settings keywords of TokenDataset
+                 ) -> None:
         # the Loader's configuration of the stream (the order's rows of the settings table:
         # seed, separator_id, packing, pad_id, ...), with a global batch of one sample
-        (order_kw,) = split_settings(settings, "TokenDataset", ("order",))
+        (order_kw,) = split_settings(settings_given(locals(), TOKEN_DATASET_SETTINGS), "TokenDataset", ("order",))
         self._cfg = OrderConfig(seq_len=seq_len, shuffle=shuffle, **order_kw)
         self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset)
         self.seq_len = self._cfg.seq_len
@@ -275,8 +289,7 @@ class TokenBatches(IterableDataset):  # type: ignore[type-arg]
                  rank: Optional[int] = None, world_size: Optional[int] = None, start: int = 0,
                  **loader_kw: Any) -> None:
         # the same keywords as Loader: an unknown one is refused now, not in a worker
-        bound = inspect.signature(Loader).bind(dataset, seq_len=seq_len, batch_size=batch_size, **loader_kw)
-        split_settings(bound.arguments.get("settings", {}), "Loader")
+        inspect.signature(Loader).bind(dataset, seq_len=seq_len, batch_size=batch_size, **loader_kw)
         self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset)
         self.seq_len, self.batch_size = int(seq_len), int(batch_size)
         # the mesh is resolved here, in the process that has it; workers get the numbers

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, cast
 
 import torch
 from torchtitan.components.dataloader import BaseDataLoader
@@ -106,7 +106,7 @@ class TokenfeedDataLoader(BaseDataLoader):
                                  f"{vocab}: the data was tokenized with another tokenizer")
         self.dp_rank, self.dp_world_size = int(dp_rank), int(dp_world_size)
         self.loader = tokenfeed.Loader(self.dataset, seq_len=seq_len, batch_size=local_batch_size,
-                                       seed=config.seed, packing=config.packing, dp_rank=self.dp_rank,
+                                       seed=config.seed, packing=cast(Any, config.packing), dp_rank=self.dp_rank,
                                        dp_size=self.dp_world_size, position_ids=True, loss_mask=True,
                                        output="torch", **opts)
 
