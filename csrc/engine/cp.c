@@ -15,6 +15,12 @@ int tf__cp_chunks(uint64_t L, uint32_t cp, uint32_t r, uint64_t first[2], uint64
     return 0;
 }
 
+int tf_cp_chunks(uint64_t seq_len, uint32_t cp_size, uint32_t cp_rank, uint64_t first[2], uint64_t *chunk) {
+    TF_NEED_ARG(first);
+    TF_NEED_ARG(chunk);
+    return tf__cp_chunks(seq_len, cp_size, cp_rank, first, chunk);
+}
+
 /* Append the part of padded-segment offsets [u0, u0 + h) of a segment that
  * starts at row position start and has s real positions. */
 static size_t chunk_pieces(uint64_t start, uint64_t s, uint64_t u0, uint64_t h, tf__cp_piece *out) {

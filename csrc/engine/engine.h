@@ -127,9 +127,7 @@ typedef struct tf__worker {
     size_t *queue;            /* io_uring: indices to (re)submit */
     tf__zhold zh;             /* this worker's pin in the shared zstd cache */
     /* balancing: the last step this worker computed (tf_order_balance) */
-    uint64_t *bal_rows;       /* micro x G positions */
-    size_t bal_n;             /* entries of bal_rows filled (0: none yet) */
-    uint64_t bal_start;       /* position of the step's first row */
+    tf__balance_cache bal;    /* the last balancing step this worker read (order/balance.c) */
     int32_t *warm_cu;         /* sequence-length warmup: one sample's cu_seqlens (L + 1) */
     uint64_t bytes;           /* bytes read in the current batch */
     /* context parallelism: one row's extras (L positions, L + 1 cu_seqlens, L

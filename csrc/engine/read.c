@@ -347,7 +347,7 @@ void tf__worker_destroy(tf__worker *w) {
     free(w->cp_work);
     free(w->cp_pieces);
     free(w->cp_ranges);
-    free(w->bal_rows);
+    tf__balance_cache_free(&w->bal);
     free(w->warm_cu);
     free(w->stage);
     free(w->rds);
@@ -615,25 +615,9 @@ static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const uint64_
  * and kept for the step's other micro-batches). */
 static int balanced_rows(tf__worker *w, uint64_t pos, const uint64_t **rowpos) {
     const tf__reader *r = w->rd;
-    const uint64_t B = r->bal_B, G = B * r->bal_world, M = r->bal_micro;
-    const uint64_t batch = (pos - (uint64_t)r->bal_rank * B) / G, start = batch / M * M * G;
-    if (!w->bal_rows) {
-        w->bal_rows = malloc((size_t)(M * G) * sizeof *w->bal_rows);
-        if (!w->bal_rows) return -ENOMEM;
-    }
-    if (!w->bal_n || w->bal_start != start) {
-        w->bal_n = 0;
-        size_t n = 0;
-        TF_TRY(tf_order_balance(r->order, start, r->bal_world, (uint32_t)M, r->bal, w->bal_rows, (size_t)(M * G), &n));
-        w->bal_n = n;
-        w->bal_start = start;
-    }
-    uint64_t at = ((batch % M) * r->bal_world + r->bal_rank) * B;
-    if (at + B > w->bal_n)
-        return tf__seterr(-EFAULT, "internal: balanced step at %llu has %zu rows, batch needs %llu",
-                          (unsigned long long)start, w->bal_n, (unsigned long long)(at + B));
-    *rowpos = w->bal_rows + at;
-    return 0;
+    const uint64_t B = r->bal_B, G = B * r->bal_world;
+    const uint64_t batch = (pos - (uint64_t)r->bal_rank * B) / G;
+    return tf__balance_rows(r->order, r->bal, r->bal_world, r->bal_micro, batch, r->bal_rank, &w->bal, rowpos);
 }
 
 typedef struct fill_call {

@@ -24,24 +24,15 @@ typedef struct glue {
      * is kept: the scheduler runs on one thread) */
     tf_balance bal;
     uint64_t B, G, rank, micro;
-    uint64_t *rows, start;
-    size_t nrows;
+    tf__balance_cache cache;
 } glue;
 
 /* The position the rank reads for position pos of its contiguous slice. */
 static int balanced_pos(glue *g, uint64_t pos, uint64_t *out) {
-    uint64_t batch = pos / g->G, j = pos % g->G - g->rank * g->B, start = batch / g->micro * g->micro * g->G;
-    if (!g->nrows || g->start != start) {
-        g->nrows = 0;
-        size_t n = 0;
-        TF_TRY(tf_order_balance(g->order, start, (uint32_t)(g->G / g->B), (uint32_t)g->micro, g->bal, g->rows,
-                                (size_t)(g->micro * g->G), &n));
-        g->nrows = n;
-        g->start = start;
-    }
-    uint64_t at = ((batch % g->micro) * (g->G / g->B) + g->rank) * g->B + j;
-    if (at >= g->nrows) return -ERANGE;
-    *out = g->rows[at];
+    const uint64_t *rows = NULL;
+    TF_TRY(tf__balance_rows(g->order, g->bal, (uint32_t)(g->G / g->B), (uint32_t)g->micro, pos / g->G,
+                            (uint32_t)g->rank, &g->cache, &rows));
+    *out = rows[pos % g->G - g->rank * g->B];
     return 0;
 }
 
@@ -95,7 +86,7 @@ static void glue_free(void *p) {
     glue *g = p;
     if (g) {
         free(g->spans);
-        free(g->rows);
+        tf__balance_cache_free(&g->cache);
     }
     free(g);
 }
@@ -120,8 +111,7 @@ int tf__engine_prefetch_create(const tf_order *order, uint64_t B, uint64_t G, ui
     g->G = G;
     g->rank = rank;
     g->micro = micro ? micro : 1;
-    if (bal != TF_BALANCE_NONE) g->rows = malloc((size_t)(g->micro * G) * sizeof *g->rows);
-    if (!g->spans || (bal != TF_BALANCE_NONE && !g->rows)) {
+    if (!g->spans) {
         glue_free(g);
         return -ENOMEM;
     }

@@ -1009,6 +1009,19 @@ TF_API int tf_order_row_cost(const tf_order *o, uint64_t pos, tf_balance mode, u
 TF_API int tf_order_balance(const tf_order *o, uint64_t start, uint32_t world_size, uint32_t micro_batches,
                             tf_balance mode, uint64_t *out, size_t cap, size_t *n);
 
+/* Which rows a rank reads, and who reads a row: the map every reader of a
+ * balanced order uses (the engine, the chunk scheduler, explain/where). The
+ * B = global_batch / world_size positions rank `rank` reads as its rows of
+ * global batch `batch` (with TF_BALANCE_NONE its contiguous slice; otherwise
+ * its bin of the balancing step of `micro_batches` global batches that holds
+ * it), in row order, into out (cap >= B; *n = B); and the inverse: the global
+ * batch, rank and row that read position pos. -ERANGE past the end of the
+ * stream. */
+TF_API int tf_order_rank_rows(const tf_order *o, tf_balance mode, uint32_t world_size, uint32_t micro_batches,
+                              uint64_t batch, uint32_t rank, uint64_t *out, size_t cap, size_t *n);
+TF_API int tf_order_row_of(const tf_order *o, tf_balance mode, uint32_t world_size, uint32_t micro_batches,
+                           uint64_t pos, uint64_t *batch, uint32_t *rank, uint64_t *row);
+
 /* ------------------------------------------------------------------------ */
 /* Engine: loader and batches                                                */
 /* ------------------------------------------------------------------------ */
@@ -1103,6 +1116,13 @@ TF_API int tf_loader_create_from_order(const tf_order *order, const tf_loader_co
  * with global_batch = batch_size * world_size, and a loader over it that owns
  * it. Threads start lazily on the first tf_loader_next. */
 TF_API int tf_loader_create(const tf_dataset *ds, const tf_loader_config *cfg, tf_loader **out);
+
+/* The plain context-parallel split of a sample of seq_len input positions:
+ * rank cp_rank of cp_size takes positions [first[k], first[k] + *chunk) for
+ * k = 0, 1 (chunks cp_rank and 2*cp_size-1-cp_rank of 2*cp_size), as the
+ * engine cuts every batch. -EINVAL, saying what to change, when seq_len is
+ * not a multiple of 2*cp_size or cp_rank >= cp_size. */
+TF_API int tf_cp_chunks(uint64_t seq_len, uint32_t cp_size, uint32_t cp_rank, uint64_t first[2], uint64_t *chunk);
 /* The same over a weighted mixture (see tf_order_create_mix); datasets
  * borrowed. */
 TF_API int tf_loader_create_mix(const tf_dataset *const *ds, const double *weights, size_t n,

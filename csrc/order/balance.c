@@ -257,3 +257,106 @@ int tf_order_balance(const tf_order *o, uint64_t start, uint32_t R, uint32_t M, 
     free(spans);
     return rc;
 }
+
+int tf__balance_rows(const tf_order *o, tf_balance mode, uint32_t R, uint32_t M, uint64_t batch, uint32_t rank,
+                     tf__balance_cache *c, const uint64_t **rows) {
+    const uint64_t G = o->cfg.global_batch;
+    if (M == 0) M = 1;
+    if (R == 0 || G % R || rank >= R)
+        TF_FAIL(-EINVAL, "rank %u of world_size %u: the world size must divide the global batch %llu and the rank "
+                         "be below it", rank, R, (unsigned long long)G);
+    const uint64_t B = G / R, start = batch / M * M * G;
+    if (!c->rows && !(c->rows = malloc((size_t)(M * G) * sizeof *c->rows))) return -ENOMEM;
+    if (!c->n || c->start != start) {
+        c->n = 0;
+        size_t n = 0;
+        TF_TRY(tf_order_balance(o, start, R, M, mode, c->rows, (size_t)(M * G), &n));
+        c->n = n;
+        c->start = start;
+    }
+    uint64_t at = ((batch % M) * R + rank) * B;
+    if (at + B > c->n)
+        TF_FAIL(-ERANGE, "global batch %llu is past the end of the stream (its balancing step has %zu rows)",
+                (unsigned long long)batch, c->n);
+    *rows = c->rows + at;
+    return 0;
+}
+
+void tf__balance_cache_free(tf__balance_cache *c) {
+    free(c->rows);
+    memset(c, 0, sizeof *c);
+}
+
+int tf_order_rank_rows(const tf_order *o, tf_balance mode, uint32_t world_size, uint32_t micro_batches,
+                       uint64_t batch, uint32_t rank, uint64_t *out, size_t cap, size_t *n) {
+    TF_NEED_ARG(o);
+    TF_NEED_ARG(out);
+    TF_NEED_ARG(n);
+    *n = 0;
+    const uint64_t G = o->cfg.global_batch;
+    if (world_size == 0 || G % world_size || rank >= world_size)
+        TF_FAIL(-EINVAL, "rank %u of world_size %u: the world size must divide the global batch %llu and the rank "
+                         "be below it", rank, world_size, (unsigned long long)G);
+    const uint64_t B = G / world_size;
+    if (cap < B) TF_FAIL(-EINVAL, "output holds %zu positions, a rank's rows are %llu", cap, (unsigned long long)B);
+    uint64_t first;
+    if (tf__mul_overflow(batch, G, &first) || first >= o->num_positions)
+        TF_FAIL(-ERANGE, "global batch %llu is past the %llu positions of the stream", (unsigned long long)batch,
+                (unsigned long long)o->num_positions);
+    if (mode == TF_BALANCE_NONE) { /* the rank's contiguous slice */
+        for (uint64_t j = 0; j < B; j++) out[j] = first + rank * B + j;
+        *n = (size_t)B;
+        return 0;
+    }
+    tf__balance_cache c = {0};
+    const uint64_t *rows = NULL;
+    int rc = tf__balance_rows(o, mode, world_size, micro_batches, batch, rank, &c, &rows);
+    if (!rc) {
+        memcpy(out, rows, (size_t)B * sizeof *out);
+        *n = (size_t)B;
+    }
+    tf__balance_cache_free(&c);
+    return rc;
+}
+
+int tf_order_row_of(const tf_order *o, tf_balance mode, uint32_t world_size, uint32_t micro_batches, uint64_t pos,
+                    uint64_t *batch, uint32_t *rank, uint64_t *row) {
+    TF_NEED_ARG(o);
+    TF_NEED_ARG(batch);
+    TF_NEED_ARG(rank);
+    TF_NEED_ARG(row);
+    const uint64_t G = o->cfg.global_batch;
+    if (world_size == 0 || G % world_size)
+        TF_FAIL(-EINVAL, "world_size %u does not divide the global batch %llu", world_size, (unsigned long long)G);
+    if (pos >= o->num_positions)
+        TF_FAIL(-ERANGE, "position %llu is past the %llu positions of the stream", (unsigned long long)pos,
+                (unsigned long long)o->num_positions);
+    const uint64_t B = G / world_size;
+    if (micro_batches == 0) micro_batches = 1;
+    if (mode == TF_BALANCE_NONE) {
+        *batch = pos / G;
+        *rank = (uint32_t)(pos % G / B);
+        *row = pos % G % B;
+        return 0;
+    }
+    /* the balancing step that holds pos, searched for it: bin (m * world + r) holds rank r's
+     * micro-batch m */
+    const uint64_t M = micro_batches, start = pos / G / M * M * G;
+    tf__balance_cache c = {0};
+    const uint64_t *rows = NULL;
+    int rc = tf__balance_rows(o, mode, world_size, micro_batches, start / G, 0, &c, &rows);
+    if (!rc) {
+        rc = tf__seterr(-EFAULT, "internal: position %llu is in no bin of its balancing step", (unsigned long long)pos);
+        for (size_t i = 0; i < c.n; i++)
+            if (c.rows[i] == pos) {
+                uint64_t bin = i / B;
+                *batch = start / G + bin / world_size;
+                *rank = (uint32_t)(bin % world_size);
+                *row = i % B;
+                rc = 0;
+                break;
+            }
+    }
+    tf__balance_cache_free(&c);
+    return rc;
+}

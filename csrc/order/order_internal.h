@@ -41,4 +41,23 @@ TF_HIDDEN int tf__order_pads_last(const tf_order *o);
  * pointer of ex may be NULL; ex itself may be NULL. */
 TF_HIDDEN int tf__order_fill_extras(const tf_order *o, uint64_t sample, const tf_sample_extras *ex);
 
+/* Which rows a data-parallel rank reads under balancing (balance.c): the one
+ * account of it, for the engine's workers, the chunk scheduler and the
+ * public tf_order_rank_rows / tf_order_row_of. A step of `micro` global
+ * batches is balanced at once (tf_order_balance); the cache keeps the last
+ * step computed (rows: micro x global_batch entries, malloc'd on first use;
+ * free with tf__balance_cache_free). */
+typedef struct tf__balance_cache {
+    uint64_t *rows;
+    size_t n;       /* entries of rows filled (0: none yet) */
+    uint64_t start; /* position of the step's first row */
+} tf__balance_cache;
+
+/* The B = global_batch / world positions that rank `rank` reads as its rows
+ * of global batch `batch`: *rows points into the cache (valid until it is
+ * used for another step). -ERANGE past the end of the stream. */
+TF_HIDDEN int tf__balance_rows(const tf_order *o, tf_balance mode, uint32_t world, uint32_t micro, uint64_t batch,
+                               uint32_t rank, tf__balance_cache *c, const uint64_t **rows);
+TF_HIDDEN void tf__balance_cache_free(tf__balance_cache *c);
+
 #endif

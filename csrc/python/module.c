@@ -548,9 +548,21 @@ static PyObject *seq_len_warmup(PyObject *m, PyObject *args) {
     return PyLong_FromUnsignedLongLong(tf_seq_len_warmup(L, lo, steps, step));
 }
 
+static PyObject *cp_chunks(PyObject *m, PyObject *args) {
+    unsigned long long L;
+    unsigned int cp, r;
+    if (!PyArg_ParseTuple(args, "KII:cp_chunks", &L, &cp, &r)) return NULL;
+    uint64_t first[2], c;
+    int rc = tf_cp_chunks(L, cp, r, first, &c);
+    if (rc < 0) return tfpy_raise(PyModule_GetState(m), rc, tf_last_error());
+    return Py_BuildValue("(KKK)", (unsigned long long)first[0], (unsigned long long)first[1], (unsigned long long)c);
+}
+
 static PyMethodDef module_methods[] = {
     {"seq_len_warmup", seq_len_warmup, METH_VARARGS,
      "seq_len_warmup(seq_len, min_seq_len, warmup_steps, step, /)\n--\n\nReturns int. The row length at a global step of a sequence-length warmup (tf_seq_len_warmup)."},
+    {"cp_chunks", cp_chunks, METH_VARARGS,
+     "cp_chunks(seq_len, cp_size, cp_rank, /)\n--\n\nReturns (first0, first1, chunk): the input positions [first_k, first_k + chunk) a context-parallel rank takes of a sample (tf_cp_chunks)."},
     {"build_info", build_info, METH_NOARGS, build_info_doc},
     {"settings", settings, METH_NOARGS, settings_doc},
     {"build_doc_index", (PyCFunction)(void (*)(void))build_doc_index, METH_VARARGS | METH_KEYWORDS, build_doc_index_doc},

@@ -476,6 +476,45 @@ static PyObject *Order_balance(tfpy_Order *self, PyObject *args) {
     return r;
 }
 
+/* rank_rows(batch, world_size, micro_batches, mode, rank): tf_order_rank_rows, a list. */
+static PyObject *Order_rank_rows(tfpy_Order *self, PyObject *args) {
+    uint64_t batch;
+    unsigned int R, M, rank;
+    int mode;
+    if (!PyArg_ParseTuple(args, "O&IIiI:rank_rows", tfpy_u64, &batch, &R, &M, &mode, &rank)) return NULL;
+    tf_order_config cfg;
+    tf_order_get_config(self->o, &cfg);
+    uint64_t cap = R ? cfg.global_batch / R : 0;
+    if (cap > (uint64_t)PY_SSIZE_T_MAX / 8) return PyErr_Format(PyExc_ValueError, "global_batch is too large");
+    uint64_t *rows = PyMem_Malloc((size_t)(cap ? cap : 1) * sizeof *rows);
+    if (!rows) return PyErr_NoMemory();
+    size_t n = 0;
+    int rc;
+    char msg[1024];
+    TFPY_NOGIL_CALL(rc, msg, tf_order_rank_rows(self->o, (tf_balance)mode, R, M, batch, rank, rows, (size_t)cap, &n));
+    PyObject *lst = rc < 0 ? tfpy_raise(tfpy_state_of_type(Py_TYPE(self)), rc, msg) : PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; lst && i < n; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(rows[i]);
+        if (!v) Py_CLEAR(lst);
+        else PyList_SET_ITEM(lst, (Py_ssize_t)i, v);
+    }
+    PyMem_Free(rows);
+    return lst;
+}
+
+/* row_of(pos, world_size, micro_batches, mode): tf_order_row_of, (batch, rank, row). */
+static PyObject *Order_row_of(tfpy_Order *self, PyObject *args) {
+    uint64_t pos, batch = 0, row = 0;
+    unsigned int R, M, rank = 0;
+    int mode;
+    if (!PyArg_ParseTuple(args, "O&IIi:row_of", tfpy_u64, &pos, &R, &M, &mode)) return NULL;
+    int rc;
+    char msg[1024];
+    TFPY_NOGIL_CALL(rc, msg, tf_order_row_of(self->o, (tf_balance)mode, R, M, pos, &batch, &rank, &row));
+    if (rc < 0) return tfpy_raise(tfpy_state_of_type(Py_TYPE(self)), rc, msg);
+    return Py_BuildValue("(KIK)", (unsigned long long)batch, rank, (unsigned long long)row);
+}
+
 /* row_costs(start, count, mode): tf_order_row_cost of positions [start, start + count). */
 static PyObject *Order_row_costs(tfpy_Order *self, PyObject *args) {
     uint64_t start, count;
@@ -661,6 +700,8 @@ TFPY_TYPE_SPEC(Order, tfpy_Order, Py_TPFLAGS_DEFAULT,
                    {"mix_schedule", (PyCFunction)Order_mix_schedule, METH_NOARGS, "mix_schedule($self)\n--\n\nReturns (window, [count per source]). Exact per-window counts of a mixture at position 0 ((1, [1]) for one dataset)."},
                    {"mix_source_at", (PyCFunction)Order_mix_source_at, METH_O, "mix_source_at($self, pos, /)\n--\n\nReturns (source, index). The source of a global position and its index in that source's own stream."},
                    {"mix_source_count", (PyCFunction)Order_mix_source_count, METH_VARARGS, "mix_source_count($self, source, pos, /)\n--\n\nReturns int. Positions of a source among positions [0, pos)."},
+                   {"rank_rows", (PyCFunction)Order_rank_rows, METH_VARARGS, "rank_rows($self, batch, world_size, micro_batches, mode, rank, /)\n--\n\nReturns list. The positions rank `rank` reads as its rows of global batch `batch` (tf_order_rank_rows)."},
+                   {"row_of", (PyCFunction)Order_row_of, METH_VARARGS, "row_of($self, position, world_size, micro_batches, mode, /)\n--\n\nReturns (batch, rank, row): who reads `position` (tf_order_row_of)."},
                    {"balance", (PyCFunction)Order_balance, METH_VARARGS, "balance($self, start, world_size, micro_batches, mode, /)\n--\n\nReturns ndarray. The positions of the step at start as world_size x micro_batches bins (tf_order_balance): entry (m * world_size + r) * B + j is row j of rank r's micro-batch m."},
                    {"row_costs", (PyCFunction)Order_row_costs, METH_VARARGS, "row_costs($self, start, count, mode, /)\n--\n\nReturns ndarray. The balancing cost (tf_order_row_cost) of positions [start, start + count)."},
                    {"state_save", (PyCFunction)Order_state_save, METH_VARARGS, Order_state_save_doc},

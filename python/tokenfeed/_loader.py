@@ -729,7 +729,6 @@ class Loader:
         if saved["weights_history"] or saved["skipped"]:
             d["_live_state"] = self._order.state_save(d["_position"], self.world_size)
         d["_device"] = None  # device state is per process; made again where the loader is used
-        d.pop("_bal_cache", None)  # holds the order
         return d
 
     def __setstate__(self, d: Dict[str, Any]) -> None:
@@ -888,54 +887,29 @@ class Loader:
     def _row_positions(self, step: int) -> List[int]:
         """Global positions of this rank's rows of global batch ``step``, in row order.
 
-        The one place that says which rows of a global batch a rank takes: its contiguous
-        slice, or with ``balance=`` the rows the balancing rule gives it (the rule's step is
-        ``balance_micro_batches`` global batches; ``docs/balance.md``). :meth:`explain` and
-        :meth:`where` go through it and :meth:`_position_rank_row`, so a rule that assigns
-        rows to ranks differently changes these two and nothing else.
+        Its contiguous slice, or with ``balance=`` the rows the balancing rule gives it (the
+        rule's step is ``balance_micro_batches`` global batches; ``docs/balance.md``): the C
+        order's map (``tf_order_rank_rows``), the one the engine reads by. :meth:`explain` and
+        :meth:`where` go through it and :meth:`_position_rank_row`.
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"step: expected an int >= 0, got {step!r}")
-        B, R = self.batch_size, self.dp_size
-        base = step * self.global_batch + self.dp_rank * B
-        rows = self._balanced_step(step)
-        at = ((step % self._engine_cfg.setting("balance_micro_batches")) * R + self.dp_rank) * B
-        if rows is None or at + B > len(rows):  # no balancing, or past the end of the stream
+        B = self.batch_size
+        if step * self.global_batch >= self._order.num_positions:  # past the end of a finite stream
+            base = step * self.global_batch + self.dp_rank * B
             return [base + r for r in range(B)]
-        return [int(p) for p in rows[at:at + B]]
+        e = self._engine_cfg
+        rows: List[int] = self._order.rank_rows(step, self.dp_size, e.setting("balance_micro_batches"),
+                                                e.setting("balance"), self.dp_rank)
+        return rows
 
     def _position_rank_row(self, pos: int) -> Tuple[int, int, int]:
         """The global batch (step), data-parallel rank and row that receive global position ``pos``
-        (see :meth:`_row_positions`)."""
-        G, B, R = self.global_batch, self.batch_size, self.dp_size
-        rows = self._balanced_step(pos // G)
-        if rows is None:
-            within = pos % G
-            return pos // G, within // B, within % B
-        M = self._engine_cfg.setting("balance_micro_batches")
-        i = int(np.flatnonzero(rows == pos)[0])
-        bin_, row = divmod(i, B)  # bin m * R + r: rank r's micro-batch m
-        m, rank = divmod(bin_, R)
-        return pos // G // M * M + m, rank, row
-
-    def _balanced_step(self, step: int) -> Optional["np.ndarray[Any, Any]"]:
-        """With ``balance=``: the positions of the balancing step that holds global batch ``step``,
-        as the rule gives them to (micro-batch, rank) bins (``_core.Order.balance``); else None.
-        The last step asked for is kept, with its order (``where`` asks for each of a step's
-        rows in turn)."""
+        (``tf_order_row_of``; see :meth:`_row_positions`)."""
         e = self._engine_cfg
-        mode, M = e.setting("balance"), e.setting("balance_micro_batches")
-        if mode == _core.BALANCE_NONE:
-            return None
-        start = step // M * M * self.global_batch
-        if start >= self._order.num_positions:
-            return None
-        cached = self.__dict__.get("_bal_cache")
-        if cached is None or cached[0] is not self._order or cached[1] != start:
-            cached = (self._order, start, self._order.balance(start, self.dp_size, M, mode))
-            self._bal_cache = cached
-        rows: "np.ndarray[Any, Any]" = cached[2]
-        return rows
+        step, rank, row = self._order.row_of(pos, self.dp_size, e.setting("balance_micro_batches"),
+                                             e.setting("balance"))
+        return step, rank, row
 
     def explain(self, step: int) -> List[List["Segment"]]:
         """Which documents made ``step``'s batch on this rank: one list per row, of :class:`tokenfeed.Segment`.

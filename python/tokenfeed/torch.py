@@ -28,6 +28,7 @@ import torch
 from torch.utils.data import Dataset as _TorchDataset
 from torch.utils.data import IterableDataset, Sampler, get_worker_info
 
+from . import _core
 from ._config import SETTINGS, OrderConfig, settings_given, split_settings, want_bits
 from ._dataset import Dataset, PathLike, open as _open
 from ._loader import Loader
@@ -84,12 +85,9 @@ class TokenDataset(_TorchDataset):  # type: ignore[type-arg]
             if cu_seqlens:
                 raise ValueError("cu_seqlens with cp_size > 1 is the THD layout of a whole batch: use "
                                  "tokenfeed.Loader or TokenBatches")
-            k = 2 * pc.cp_size
-            if self.seq_len % k:
-                raise ValueError(f"seq_len {self.seq_len} is not divisible by 2 x cp_size = {k}: context parallelism "
-                                 f"cuts every sample into 2 x cp_size equal chunks")
-            c = self.seq_len // k
-            self._cp_index = np.r_[pc.cp_rank * c:(pc.cp_rank + 1) * c, (k - 1 - pc.cp_rank) * c:(k - pc.cp_rank) * c]
+            # the engine's split of every sample (tf_cp_chunks), so both cut it alike
+            a, b, c = _core.cp_chunks(self.seq_len, pc.cp_size, pc.cp_rank)
+            self._cp_index = np.r_[a:a + c, b:b + c]
 
     def __len__(self) -> int:
         return self.num_samples

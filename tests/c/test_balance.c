@@ -130,10 +130,60 @@ static void check_loader(const tf_dataset *ds, int threads, uint64_t warm_steps)
     tf_loader_free(l);
 }
 
+/* The rank map: each rank's rows of each global batch are its bin of the
+ * balancing step, for every mode; every position is read by exactly the
+ * (batch, rank, row) row_of names; hostile ranks, sizes and positions. */
+static void test_rank_map(const tf_dataset *ds) {
+    tf_order_config oc;
+    tf_order_config_init(&oc);
+    oc.seq_len = 64;
+    oc.packing = TF_PACK_BEST_FIT;
+    oc.global_batch = 24;
+    oc.epochs = 1;
+    tf_order *o = NULL;
+    CHECK_OK(tf_order_create(ds, &oc, &o));
+    if (!o) return;
+    const tf_balance modes[] = {TF_BALANCE_NONE, TF_BALANCE_TOKENS, TF_BALANCE_ATTENTION, TF_BALANCE_STRIDED};
+    uint64_t step[48], rows[6];
+    size_t n = 0;
+    for (int mi = 0; mi < 4; mi++) {
+        for (uint64_t s = 0; s < 6; s++) {
+            CHECK_OK(tf_order_balance(o, s * 48, 4, 2, modes[mi], step, 48, &n));
+            for (uint64_t m = 0; m < 2; m++)
+                for (uint32_t r = 0; r < 4; r++) {
+                    CHECK_OK(tf_order_rank_rows(o, modes[mi], 4, 2, s * 2 + m, r, rows, 6, &n));
+                    CHECK(n == 6);
+                    for (uint64_t j = 0; j < 6; j++) {
+                        uint64_t want = modes[mi] == TF_BALANCE_NONE ? (s * 2 + m) * 24 + r * 6 + j
+                                                                     : step[(m * 4 + r) * 6 + j];
+                        CHECK(rows[j] == want);
+                        uint64_t b = 99, row = 99;
+                        uint32_t rk = 99;
+                        CHECK_OK(tf_order_row_of(o, modes[mi], 4, 2, rows[j], &b, &rk, &row));
+                        CHECK(b == s * 2 + m && rk == r && row == j);
+                    }
+                }
+        }
+    }
+    uint64_t N = tf_order_num_positions(o), b;
+    uint32_t rk;
+    CHECK_RC(tf_order_rank_rows(o, TF_BALANCE_TOKENS, 4, 2, 0, 4, rows, 6, &n), -EINVAL);  /* rank >= world */
+    CHECK_RC(tf_order_rank_rows(o, TF_BALANCE_TOKENS, 5, 2, 0, 0, rows, 6, &n), -EINVAL);  /* 5 does not divide 24 */
+    CHECK_RC(tf_order_rank_rows(o, TF_BALANCE_TOKENS, 0, 2, 0, 0, rows, 6, &n), -EINVAL);
+    CHECK_RC(tf_order_rank_rows(o, TF_BALANCE_TOKENS, 4, 2, 0, 0, rows, 5, &n), -EINVAL);  /* no room */
+    CHECK_RC(tf_order_rank_rows(o, TF_BALANCE_TOKENS, 4, 2, N / 24, 0, rows, 6, &n), -ERANGE);
+    CHECK_RC(tf_order_rank_rows(o, TF_BALANCE_TOKENS, 4, 2, UINT64_MAX, 0, rows, 6, &n), -ERANGE);
+    CHECK_RC(tf_order_row_of(o, TF_BALANCE_ATTENTION, 4, 2, N, &b, &rk, &b), -ERANGE);
+    CHECK_RC(tf_order_row_of(o, (tf_balance)9, 4, 2, 0, &b, &rk, &b), -EINVAL);
+    CHECK_RC(tf_order_row_of(NULL, TF_BALANCE_NONE, 4, 2, 0, &b, &rk, &b), -EINVAL);
+    tf_order_free(o);
+}
+
 int main(void) {
     tf_dataset *ds = make_docs(3000);
     if (!ds) return T_EXIT_FAIL;
     test_rule(ds);
+    test_rank_map(ds);
     for (int threads = 1; threads <= 3; threads += 2) {
         check_loader(ds, threads, 0);
         check_loader(ds, threads, 8);
