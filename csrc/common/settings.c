@@ -13,7 +13,7 @@
  * existing fingerprints do not change), and the code that uses the value. The
  * row's `stream` says when the setting changes the stream: "always", "never"
  * (engine and device settings), or a condition on earlier order settings
- * ("shuffle=block", "packing!=concat", "mixture", ...: holds() lists them); a
+ * ("shuffle=block", "packing!=concat", "mixture", ...: atom() gives the grammar); a
  * resume compares the setting exactly when it holds. `fp` (NULL: the same)
  * says when it enters the fingerprint, and so when the state records it (else
  * null); it can be wider than `stream` (seed and global_batch entered the
@@ -200,21 +200,60 @@ int tf__settings_resolve(tf_setting_scope scope, void *cfg) {
     return 0;
 }
 
+/* One atom of a row's condition: "always", "never", "mixture", "schedule",
+ * "epochs" (a finite stream), or "<order enum row>=<name>" / "...!=<name>"
+ * (shuffle=block, packing!=concat, order=olmo, ...), read through the rows
+ * themselves so that a new kind or mode needs no case here. 0 with *v, or -1
+ * for an atom this grammar does not have. */
+static int atom(const char *a, size_t n, const tf__cond_ctx *x, int *v) {
+    char w[64];
+    if (n >= sizeof w) return -1;
+    memcpy(w, a, n);
+    w[n] = '\0';
+    const tf_order_config *c = x ? x->cfg : NULL;
+    if (!strcmp(w, "always")) return *v = 1, 0;
+    if (!strcmp(w, "never")) return *v = 0, 0;
+    if (!strcmp(w, "mixture")) return *v = x && x->mixture, 0;
+    if (!strcmp(w, "schedule")) return *v = x && x->schedule, 0;
+    if (!strcmp(w, "epochs")) return *v = c && c->epochs != 0, 0;
+    char *eq = strchr(w, '=');
+    if (!eq || eq == w) return -1;
+    int neg = eq[-1] == '!';
+    eq[neg ? -1 : 0] = '\0';
+    const char *value = eq + 1;
+    const tf__setting_row *r = tf__setting_row_find(w);
+    if (!r || r->pub.scope != TF_SCOPE_ORDER || r->pub.type != TF_SETTING_ENUM || !r->pub.names) return -1;
+    int64_t want = -1;
+    for (int64_t i = 0; r->pub.names[i]; i++)
+        if (!strcmp(r->pub.names[i], value)) want = i;
+    if (want < 0) return -1;
+    *v = c ? (tf__setting_get(r, c) == want) != neg : 0;
+    return 0;
+}
+
+/* A condition: atoms joined by " or ". 0 with *v, -1 if an atom is unknown. */
+static int eval(const char *w, const tf__cond_ctx *x, int *v) {
+    *v = 0;
+    for (const char *p = w;;) {
+        const char *e = strstr(p, " or ");
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        int a = 0;
+        if (atom(p, n, x, &a) < 0) return -1;
+        *v = *v || a;
+        if (!e) return 0;
+        p = e + 4;
+    }
+}
+
 static int holds(const char *w, const tf__cond_ctx *x) {
-    const tf_order_config *c = x->cfg;
-    if (!strcmp(w, "always")) return 1;
-    if (!strcmp(w, "never")) return 0;
-    if (!strcmp(w, "mixture")) return x->mixture;
-    if (!strcmp(w, "shuffle=block")) return c->shuffle == TF_SHUFFLE_BLOCK;
-    if (!strcmp(w, "shuffle!=none")) return c->shuffle != TF_SHUFFLE_NONE;
-    if (!strcmp(w, "packing!=concat")) return c->packing != TF_PACK_CONCAT;
-    if (!strcmp(w, "packing=best_fit")) return c->packing == TF_PACK_BEST_FIT;
-    if (!strcmp(w, "epochs or schedule")) return c->epochs != 0 || x->schedule;
-    if (!strcmp(w, "order!=tokenfeed")) return c->order != TF_ORDER_TOKENFEED;
-    if (!strcmp(w, "order=llmc")) return c->order == TF_ORDER_LLMC;
-    if (!strcmp(w, "order=olmo")) return c->order == TF_ORDER_OLMO;
-    if (!strcmp(w, "packing!=concat or order=olmo")) return c->packing != TF_PACK_CONCAT || c->order == TF_ORDER_OLMO;
-    return 1; /* a condition this file does not know: compare, never ignore */
+    int v;
+    if (eval(w, x, &v) < 0) return 1; /* a condition the grammar does not have: compare, never ignore */
+    return v;
+}
+
+int tf__setting_cond_valid(const char *w) {
+    int v;
+    return w && eval(w, NULL, &v) == 0;
 }
 
 int tf__setting_enters_stream(const tf__setting_row *r, const tf__cond_ctx *c) { return holds(r->pub.stream, c); }

@@ -45,6 +45,9 @@ typedef struct tf__cond_ctx {
 /* Whether an order setting changes the stream of a configuration / enters
  * its fingerprint. */
 TF_HIDDEN int tf__setting_enters_stream(const tf__setting_row *r, const tf__cond_ctx *c);
+/* Whether a row's condition (stream, fp) is in the grammar holds() reads:
+ * a row whose condition is not would be compared always. */
+TF_HIDDEN int tf__setting_cond_valid(const char *w);
 TF_HIDDEN int tf__setting_in_fingerprint(const tf__setting_row *r, const tf__cond_ctx *c);
 
 #endif

@@ -810,7 +810,8 @@ static int loader_create(const tf_dataset *const *dss, const double *weights, si
     oc.global_batch = cfg->batch_size * cfg->world_size;
     /* llm.c's processes, 0 (None): the data-parallel ranks that continue its run, as in Python; the order
      * records the number, so its state and fingerprint are those of that many processes */
-    if (oc.order == TF_ORDER_LLMC && oc.llmc_processes == 0) oc.llmc_processes = cfg->world_size;
+    const tf__order_kind *kind = tf__order_kind_of((int)oc.order);
+    if (kind && kind->processes_from_world && oc.llmc_processes == 0) oc.llmc_processes = cfg->world_size;
     tf_order *order = NULL;
     TF_TRY(n ? tf_order_create_mix(dss, weights, n, &oc, &order) : tf_order_create(dss[0], &oc, &order));
     int rc = engine_create(order, 1, cfg, out);

@@ -24,9 +24,14 @@
  *   olmo_order.c  OLMo-core's NumpyFSLDataset instances in its data
  *             loader's seeded order
  *
- * A new kind (a mixture whose weights change at given steps, a
- * context-parallel view that takes a share of each sample, another packing)
- * is a new table and a constructor; nothing else changes. What must stay true
+ * A new kind of sample order (another packing, a view) is a new table and a
+ * constructor. A new kind a configuration names (tf_order_config.order:
+ * another loader's order to continue its run) is that, a row in kinds.c
+ * (what the rest of the library asks of it: its constructor, the checks of
+ * the data it needs, pad_id, its fingerprint, mixtures, processes) and its
+ * name in the settings table's enum; no code elsewhere tests the kind. The
+ * Megatron order is still built by its own constructor from its index cache
+ * (tf_order_create_megatron), not named by the configuration. What must stay true
  * of every kind: sample_at, spans and extras are pure functions of (data,
  * config, argument), computed in O(1) memory in the number of samples, and
  * spans cover [0, seq_len + 1) exactly, in order (order_internal.h).

@@ -313,8 +313,10 @@ fail:
 static int create_mix(const tf_dataset *const *ds, size_t n, const tf__sched_spec *spec, const tf_order_config *cfg,
                       tf_order **out) {
     if (n > MAX_SOURCES) TF_FAIL(-EINVAL, "a mixture takes at most %d sources, found %zu", MAX_SOURCES, n);
-    if (cfg->order != TF_ORDER_TOKENFEED)
-        TF_FAIL(-EINVAL, "order: another loader's order (llmc, olmo) reads one dataset, not a mixture; use order 'tokenfeed'");
+    const tf__order_kind *k = tf__order_kind_of((int)cfg->order);
+    if (k && !k->mixable)
+        TF_FAIL(-EINVAL, "order: another loader's order (%s) reads one dataset, not a mixture; use order 'tokenfeed'",
+                k->name);
     for (size_t s = 0; s < n; s++)
         if (!ds[s]) TF_FAIL(-EINVAL, "tf_order_create_mix: dataset %zu is NULL", s);
     mix_args a = {ds, n, *spec};

@@ -87,7 +87,9 @@ uint64_t tf__order_config_fingerprint(const tf_order_config *c) {
  * (C embedders, the Python binding, a mixture for its sources). */
 static int check_config(const tf_order_config *c) {
     TF_TRY(tf__settings_check(TF_SCOPE_ORDER, c)); /* every row's bounds, in every mode */
-    if ((c->packing != TF_PACK_CONCAT || c->order == TF_ORDER_OLMO) && c->pad_id < 0)
+    const tf__order_kind *k = tf__order_kind_of((int)c->order);
+    if (!k) TF_FAIL(-EINVAL, "order: no order kind has the value %d", (int)c->order);
+    if ((c->packing != TF_PACK_CONCAT || k->pads_last) && c->pad_id < 0)
         TF_FAIL(-EINVAL, "pad_id: expected a token id >= 0 for packing BEST_FIT / DOCUMENT and order OLMO, found %lld",
                 (long long)c->pad_id);
     return 0;
@@ -153,7 +155,8 @@ static int check_ids(const tf_dataset *ds, const tf_order_config *cfg) {
     tf_dataset_info info;
     TF_TRY(tf_dataset_get_info(ds, &info));
     if (!info.vocab_size) return 0;
-    if ((cfg->packing != TF_PACK_CONCAT || cfg->order == TF_ORDER_OLMO) && (uint64_t)cfg->pad_id >= info.vocab_size)
+    if ((cfg->packing != TF_PACK_CONCAT || tf__order_kind_of((int)cfg->order)->pads_last) &&
+        (uint64_t)cfg->pad_id >= info.vocab_size)
         TF_FAIL(-EINVAL, "pad_id %lld is outside the dataset's vocabulary (vocab_size %llu): use an id < vocab_size (padding is masked out of the loss)",
                 (long long)cfg->pad_id, (unsigned long long)info.vocab_size);
     if (cfg->separator_id >= 0 && (uint64_t)cfg->separator_id >= info.vocab_size)
@@ -181,10 +184,12 @@ int tf_order_create(const tf_dataset *ds, const tf_order_config *cfg, tf_order *
     if (!ds || !cfg) TF_FAIL(-EINVAL, "tf_order_create: dataset and config are required");
     tf__clearerr();
     TF_TRY(check_config(cfg));
-    if (cfg->order == TF_ORDER_LLMC) return build(tf__llmc_init, ds, cfg, out);
-    TF_TRY(check_ids(ds, cfg));
-    TF_TRY(check_docs(ds, cfg));
-    if (cfg->order == TF_ORDER_OLMO) return build(tf__olmo_init, ds, cfg, out);
+    const tf__order_kind *k = tf__order_kind_of((int)cfg->order);
+    if (k->checks_data) {
+        TF_TRY(check_ids(ds, cfg));
+        TF_TRY(check_docs(ds, cfg));
+    }
+    if (k->init) return build(k->init, ds, cfg, out);
     return build(cfg->packing == TF_PACK_CONCAT ? tf__concat_init : tf__packed_init, ds, cfg, out);
 }
 

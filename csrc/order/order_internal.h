@@ -41,6 +41,24 @@ TF_HIDDEN int tf__order_pads_last(const tf_order *o);
  * pointer of ex may be NULL; ex itself may be NULL. */
 TF_HIDDEN int tf__order_fill_extras(const tf_order *o, uint64_t sample, const tf_sample_extras *ex);
 
+/* The registry of order kinds (kinds.c): one row per value of
+ * tf_order_config.order, all that the library asks of a kind outside its own
+ * file. */
+typedef struct tf__order_kind {
+    tf_order_kind id;
+    const char *name;                           /* as the settings table's enum spells it */
+    int (*init)(struct tf_order *o, const void *ds); /* its constructor; NULL: tokenfeed's own (by packing) */
+    int checks_data;                            /* token ids and documents are checked before init */
+    int pads_last;                              /* every sample ends in pad_id: pad_id must be a token id */
+    uint64_t (*kind_fp)(const tf_order_config *c); /* mixed into a saved state's fingerprint; NULL: none */
+    int mixable;                                /* can be a mixture's sources' order */
+    int processes_from_world;                   /* llmc_processes 0 means the data-parallel ranks */
+} tf__order_kind;
+
+/* The row of an order kind, NULL for a value no row has (a config the
+ * settings table's bounds let through cannot have one). */
+TF_HIDDEN const tf__order_kind *tf__order_kind_of(int order);
+
 /* Which rows a data-parallel rank reads under balancing (balance.c): the one
  * account of it, for the engine's workers, the chunk scheduler and the
  * public tf_order_rank_rows / tf_order_row_of. A step of `micro` global

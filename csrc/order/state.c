@@ -621,8 +621,8 @@ static int saved_fingerprint(saved *s, uint64_t *fp) {
     *fp = tf__order_config_fingerprint(&s->cfg);
     if (*s->foreign) *fp = tf_mix64(*fp ^ s->foreign_fp);
     if (!s->mixture) {
-        if (s->cfg.order == TF_ORDER_LLMC) *fp = tf_mix64(*fp ^ tf__llmc_kind_fp(&s->cfg));
-        if (s->cfg.order == TF_ORDER_OLMO) *fp = tf_mix64(*fp ^ tf__olmo_kind_fp(&s->cfg));
+        const tf__order_kind *k = tf__order_kind_of((int)s->cfg.order);
+        if (k && k->kind_fp) *fp = tf_mix64(*fp ^ k->kind_fp(&s->cfg));
         return 0;
     }
     tf__sched_spec sp = s->spec;

@@ -2,8 +2,46 @@
 #include <limits.h>
 
 #include "helpers.h"
+#include "common/settings.h"
+
+/* Every row's conditions (when it enters the stream, the fingerprint) are in
+ * the grammar the table reads (a condition outside it would be compared
+ * always), and read the configuration through the rows: kinds and modes by
+ * their enum names. */
+static void test_setting_conditions(void) {
+    for (size_t i = 0; i < tf__nsettings; i++) {
+        const tf__setting_row *r = &tf__settings[i];
+        if (!tf__setting_cond_valid(r->pub.stream)) fprintf(stderr, "row %s: stream \"%s\"\n", r->pub.name, r->pub.stream);
+        CHECK(tf__setting_cond_valid(r->pub.stream));
+        CHECK(!r->fp || tf__setting_cond_valid(r->fp));
+    }
+    const char *bad[] = {"", "sometimes", "order=megatron", "packing=", "=concat", "seq_len=1", "order!=", "always or",
+                         "shuffle=block or nope", NULL};
+    for (int i = 0; bad[i]; i++) CHECK(!tf__setting_cond_valid(bad[i]));
+    CHECK(tf__setting_cond_valid("packing!=concat or order=olmo or mixture"));
+    tf_order_config c;
+    tf_order_config_init(&c);
+    tf__cond_ctx x = {&c, 0, 0};
+    const tf__setting_row *pad = tf__setting_row_find("pad_id"), *bs = tf__setting_row_find("block_size"),
+                          *mw = tf__setting_row_find("mix_window");
+    CHECK(pad && bs && mw);
+    if (!pad || !bs || !mw) return;
+    CHECK(!tf__setting_enters_stream(pad, &x)); /* concat, tokenfeed's order */
+    c.order = TF_ORDER_OLMO;
+    CHECK(tf__setting_enters_stream(pad, &x));
+    c.order = TF_ORDER_TOKENFEED;
+    c.packing = TF_PACK_DOCUMENT;
+    CHECK(tf__setting_enters_stream(pad, &x));
+    CHECK(!tf__setting_enters_stream(bs, &x));
+    c.shuffle = TF_SHUFFLE_BLOCK;
+    CHECK(tf__setting_enters_stream(bs, &x));
+    CHECK(!tf__setting_enters_stream(mw, &x));
+    x.mixture = 1;
+    CHECK(tf__setting_enters_stream(mw, &x));
+}
 
 int main(void) {
+    test_setting_conditions();
     /* every int has a sentence, INT_MIN (whose negation is no int) included */
     CHECK(tf_strerror(INT_MIN) && *tf_strerror(INT_MIN));
     CHECK(tf_strerror(INT_MAX) && *tf_strerror(INT_MAX));
