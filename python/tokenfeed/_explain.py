@@ -217,26 +217,21 @@ def meter_verdict(m: Dict[str, Any], rank: Optional[int] = None) -> str:
         return "no batch received yet: nothing measured"
     # the window is the steady state: the first batch's wait (the engine starting) is apart
     after = f"; start-up {startup:.2f} s, not counted" if startup else ""
-    if _gpu_measured(m):
-        # what the GPU stood still for is the figure of record: the host's wait in next() cannot
-        # see a GPU that idles at the hand-off while the host loop runs ahead of it
-        gfrac = float(m.get("gpu_wait_fraction", 0.0))
-        host = f"; host wait in next() {100 * frac:.1f} %"
-        if gfrac < _OK_FRACTION:
-            return (f"data is not the bottleneck: the GPU waits {100 * gfrac:.1f} % of its time for data "
-                    f"(p99 {1e3 * float(m.get('gpu_wait_p99_seconds', 0.0)):.1f} ms per batch, on the GPU's "
-                    f"clock{host}{after})")
-        who = f"rank {rank}'s GPU" if rank is not None else "the GPU"
-        paren = f" (start-up {startup:.2f} s, not counted)" if startup else ""
-        return (f"{who} waits {100 * gfrac:.0f} % of its time for data, on the GPU's clock{paren}{host}: "
-                f"{_advice(m)}")
-    if frac < _OK_FRACTION:
-        return (f"data is not the bottleneck: {100 * frac:.1f} % of wall time waiting "
-                f"(p99 wait {1e3 * float(m.get('wait_p99_seconds', 0.0)):.1f} ms, "
-                f"{float(m.get('ready_ahead_mean', 0.0)):.1f} batches ready ahead{after})")
-    who = f"rank {rank}" if rank is not None else "the consumer"
+    # With the GPU measured, what it stood still for is the figure of record: the host's wait in
+    # next() cannot see a GPU that idles at the hand-off while the host loop runs ahead of it.
+    gpu = _gpu_measured(m)
+    k, share = ("gpu_", "of its time for data, on the GPU's clock") if gpu else ("", "of wall time for data")
+    figure = float(m.get(k + "wait_fraction", 0.0))
+    host = f"; host wait in next() {100 * frac:.1f} %" if gpu else ""
+    if figure < _OK_FRACTION:
+        ahead = "" if gpu else f", {float(m.get('ready_ahead_mean', 0.0)):.1f} batches ready ahead"
+        return (f"data is not the bottleneck: {'the GPU waits ' if gpu else ''}{100 * figure:.1f} % "
+                f"{share if gpu else 'of wall time waiting'} (p99 wait "
+                f"{1e3 * float(m.get(k + 'wait_p99_seconds', 0.0)):.1f} ms{ahead}{host}{after})")
+    who = (f"rank {rank}" if rank is not None else "the GPU" if gpu else "the consumer")
+    who += "'s GPU" if gpu and rank is not None else ""
     paren = f" (start-up {startup:.2f} s, not counted)" if startup else ""
-    return f"{who} waits {100 * frac:.0f} % of wall time for data{paren}: {_advice(m)}"
+    return f"{who} waits {100 * figure:.0f} % {share}{paren}{host}: {_advice(m)}"
 
 
 def meter_all_ranks(loader: _LoaderT, group: Any = None, window: Optional[int] = None) -> Dict[str, Any]:
