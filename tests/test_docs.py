@@ -115,3 +115,26 @@ def test_no_tracker_references():
                 if pattern.search(line):
                     found.append(f"{os.path.relpath(page, ROOT)}:{i}: {line.strip()}")
     assert not found, "say what the software does, not which ticket asked for it:\n" + "\n".join(found)
+
+
+def test_pages_named_in_code_exist():
+    """A page of the docs named in the code (a docstring, a comment, an error message: "see
+    docs/balance.md") exists, with the heading it names: a user sent there finds it."""
+    missing = []
+    pat = re.compile(r"docs/([\w./-]+?\.md)(#[\w-]+)?")
+    for top in ("python", "csrc", "benchmarks", "tests", ".ci"):
+        for d, _, fs in os.walk(os.path.join(ROOT, top)):
+            for f in fs:
+                if not f.endswith((".py", ".pyi", ".c", ".h", ".sh")):
+                    continue
+                path = os.path.join(d, f)
+                with open(path, encoding="utf-8", errors="replace") as fh:
+                    text = fh.read()
+                for m in pat.finditer(text):
+                    page = os.path.join(DOCS, m.group(1))
+                    where = f"{os.path.relpath(path, ROOT)}: docs/{m.group(1)}{m.group(2) or ''}"
+                    if not os.path.exists(page):
+                        missing.append(where + " (no such page)")
+                    elif m.group(2) and m.group(2)[1:] not in anchors(page):
+                        missing.append(where + " (no such heading)")
+    assert not missing, "; ".join(sorted(set(missing)))

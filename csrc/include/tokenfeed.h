@@ -39,8 +39,10 @@
  * API: it keeps its meaning and its binary interface across releases with the
  * same major version (TF_VERSION_MAJOR; the shared library's soname is
  * libtokenfeed.so.MAJOR, and its symbols carry the version TOKENFEED_MAJOR).
- * The experimental API (the raw keyed permutation tf_perm, llm.c's data order
- * and the device ring tf_device_ring/tf_device_slot) is declared only where
+ * The experimental API (the raw keyed permutation tf_perm, llm.c's and
+ * Megatron's orders by their own constructors, the device ring
+ * tf_device_ring/tf_device_slot, shard sets and their catalogs, local and
+ * remote) is declared only where
  * the including file defines TF_EXPERIMENTAL_API first:
  *
  *     #define TF_EXPERIMENTAL_API
