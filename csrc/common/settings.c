@@ -67,7 +67,7 @@ const tf__setting_row tf__settings[] = {
     {{"cp_rank", TF_SCOPE_ENGINE, TF_SETTING_INT, 0, 0, UINT32_MAX - 1, 0, 0, NULL, "never", "context-parallel rank: which share of every sample"}, NULL, 0, ENGINE(cp_rank)},
     {{"cp_size", TF_SCOPE_ENGINE, TF_SETTING_INT, 1, 1, UINT32_MAX, 1, 0, NULL, "never", "context-parallel ranks every sample is shared over (None: 1, no split)"}, NULL, 0, ENGINE(cp_size)},
     {{"num_threads", TF_SCOPE_ENGINE, TF_SETTING_INT, 0, 0, TF_MAX_THREADS, 1, 0, NULL, "never", "worker threads assembling batches (None: the engine's choice for the backend)"}, NULL, 1, ENGINE(num_threads)},
-    {{"prefetch_batches", TF_SCOPE_ENGINE, TF_SETTING_INT, 0, 0, TF_MAX_PREFETCH, 1, 0, NULL, "never", "batches assembled ahead of the consumer (None: 2 x num_threads + 2; older name: prefetch)"}, NULL, 1, ENGINE(prefetch)},
+    {{"prefetch_batches", TF_SCOPE_ENGINE, TF_SETTING_INT, 0, 0, TF_MAX_PREFETCH, 1, 0, NULL, "never", "batches assembled ahead of the consumer (None: 2 x num_threads + 2; older name: prefetch)"}, NULL, 1, ENGINE(prefetch_batches)},
     {{"backend", TF_SCOPE_ENGINE, TF_SETTING_ENUM, TF_BACKEND_AUTO, 0, 3, 1, TF_BACKEND_AUTO, BACKEND_NAMES, "never", "how bytes come off storage: mmap, pread or io_uring (None: $TOKENFEED_BACKEND, else mmap)"}, NULL, 0, ENGINE(backend)},
     {{"direct_io", TF_SCOPE_ENGINE, TF_SETTING_BOOL, 0, 0, 1, 0, 0, NULL, "never", "io_uring reads with O_DIRECT (past the page cache)"}, NULL, 1, ENGINE(direct_io)},
     {{"zstd_cache_bytes", TF_SCOPE_ENGINE, TF_SETTING_INT, 0, 0, INT64_MAX, 1, 0, NULL, "never", "bytes of decompressed zstd blocks the workers share (None: sized from the shuffle)"}, NULL, 0, ENGINE(zstd_cache_bytes)},
@@ -76,8 +76,8 @@ const tf__setting_row tf__settings[] = {
     {{"warmup_steps", TF_SCOPE_ENGINE, TF_SETTING_INT, 0, 0, UINT64_MAX, 0, 0, NULL, "never", "steps of sequence-length warmup, whose samples come cut into shorter rows (0: none)"}, NULL, 0, ENGINE(warmup_steps)},
     {{"warmup_min_seq_len", TF_SCOPE_ENGINE, TF_SETTING_INT, 0, 1, MAX_SEQ_LEN, 1, 0, NULL, "never", "row length at step 0 of the warmup, seq_len / 2^m (needed with warmup_steps; None: none)"}, NULL, 0, ENGINE(warmup_min_seq_len)},
 
-    {{"device_prefetch_batches", TF_SCOPE_DEVICE, TF_SETTING_INT, 2, 1, 256, 1, 0, NULL, "never", "batches copied to the GPU ahead of the consumer (older name: device_prefetch)"}, NULL, 1, DEVICE(prefetch)},
-    {{"device_slots", TF_SCOPE_DEVICE, TF_SETTING_INT, 0, 2, 1024, 1, 0, NULL, "never", "device buffers in all, at least device_prefetch_batches + 1 (None: device_prefetch_batches + 2)"}, NULL, 1, DEVICE(slots)},
+    {{"device_prefetch_batches", TF_SCOPE_DEVICE, TF_SETTING_INT, 2, 1, 256, 1, 0, NULL, "never", "batches copied to the GPU ahead of the consumer (older name: device_prefetch)"}, NULL, 1, DEVICE(prefetch_batches)},
+    {{"device_slots", TF_SCOPE_DEVICE, TF_SETTING_INT, 0, 2, 1024, 1, 0, NULL, "never", "device buffers in all, at least device_prefetch_batches + 1 (None: device_prefetch_batches + 2)"}, NULL, 1, DEVICE(device_slots)},
     /* remote reading (tf_remote_config): 0 is none, the row's default (tf_remote_create resolves it) */
     {{"cache_limit", TF_SCOPE_REMOTE, TF_SETTING_INT, 0, 1, UINT64_MAX, 1, 0, NULL, "never", "bytes of chunks the node's cache keeps, at least 4 chunks; fixed when the cache is created (None: 10% of its file system, 1 GB to half of it)"}, NULL, 0, REMOTE(cache_limit)},
     {{"chunk_bytes", TF_SCOPE_REMOTE, TF_SETTING_INT, 8u << 20, 64u << 10, 1u << 30, 1, 0, NULL, "never", "bytes per cached chunk, a multiple of 4096 (open(chunk_size=))"}, NULL, 0, REMOTE(chunk_bytes)},

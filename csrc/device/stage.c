@@ -792,15 +792,15 @@ int tf_device_loader_create(tf_loader *l, const tf_device_config *cfg, tf_device
         tf_device_config_init(&def);
         cfg = &def;
     }
-    int prefetch = cfg->prefetch ? cfg->prefetch : 2;
+    int prefetch = cfg->prefetch_batches ? cfg->prefetch_batches : 2;
     if (prefetch < 1 || prefetch > 256)
-        TF_FAIL(-EINVAL, "device prefetch: expected 1..256 batches (0 = default 2), found %d", cfg->prefetch);
-    int slots = cfg->slots ? cfg->slots : prefetch + 2;
+        TF_FAIL(-EINVAL, "device prefetch: expected 1..256 batches (0 = default 2), found %d", cfg->prefetch_batches);
+    int slots = cfg->device_slots ? cfg->device_slots : prefetch + 2;
     if (slots < prefetch + 1 || slots > 1024)
         TF_FAIL(-EINVAL,
                 "device slots: expected prefetch + 1 (%d) to 1024 (0 = prefetch + 2), found %d: the consumer needs "
                 "at least one slot beside the batches copied ahead",
-                prefetch + 1, cfg->slots);
+                prefetch + 1, cfg->device_slots);
     if (cfg->device < 0) TF_FAIL(-EINVAL, "CUDA device index must be >= 0, got %d", cfg->device);
     const tf__cudart *cu = tf__cuda_load();
     if (!cu) TF_FAIL(-TF_ECUDA, "CUDA is not available: %s", tf__cuda_why());

@@ -645,7 +645,7 @@ static int attach_order(tf_loader *l, const tf_order *order, const layout *y) {
         int cpu_default = cores - 1 < 4 ? cores - 1 : 4;
         l->nthreads = cfg->num_threads ? cfg->num_threads : (l->rd.backend == TF_BACKEND_MMAP ? cpu_default : 4);
         if (l->nthreads < 1) l->nthreads = 1;
-        l->depth = cfg->prefetch ? cfg->prefetch : 2 * l->nthreads + 2;
+        l->depth = cfg->prefetch_batches ? cfg->prefetch_batches : 2 * l->nthreads + 2;
         l->spin_ns = l->nthreads < cores ? 50 * 1000 : 0;
     }
     /* A full shuffle over mapped files reads a sample here, a sample there.

@@ -1056,8 +1056,12 @@ typedef struct tf_loader_config {
     int num_threads;      /* 0 = default: mmap min(cores - 1, 4) (at least 1);
                              pread/io_uring 4 (I/O-bound: keeps reads in flight);
                              at most TF_MAX_THREADS */
-    int prefetch;         /* ring depth in batches; 0 = default (2 x threads + 2);
-                             at most TF_MAX_PREFETCH */
+    union {               /* ring depth in batches; 0 = default (2 x threads + 2);
+                             at most TF_MAX_PREFETCH. The settings table's name;
+                             `prefetch` is its older name, the same member. */
+        int prefetch_batches;
+        int prefetch;
+    };
     tf_backend backend;   /* TF_BACKEND_AUTO: $TOKENFEED_BACKEND, else mmap */
     int direct_io;        /* io_uring: open with O_DIRECT (aligned reads) */
     uint64_t zstd_cache_bytes; /* decompressed zstd blocks the workers share; 0 = sized
@@ -1372,11 +1376,18 @@ typedef struct tf_device_static {
 
 typedef struct tf_device_config {
     int device;        /* CUDA device index */
-    int prefetch;      /* batches whose copy is issued ahead of the consumer;
-                          0 = default (2) */
-    int slots;         /* device slots in all; 0 = prefetch + 2, so that the
-                          consumer can hold two batches at once. At least
-                          prefetch + 1. */
+    union {            /* batches whose copy is issued ahead of the consumer;
+                          0 = default (2). The settings table's name; `prefetch`
+                          is its older name, the same member. */
+        int prefetch_batches;
+        int prefetch;
+    };
+    union {            /* device slots in all; 0 = prefetch_batches + 2, so that
+                          the consumer can hold two batches at once. At least
+                          prefetch_batches + 1. (`slots`: its older name.) */
+        int device_slots;
+        int slots;
+    };
     const tf_device_static *static_buffers;
                        /* NULL: each batch in a slot of its own. Else every
                           batch is delivered into these buffers (copied once).

@@ -87,7 +87,7 @@ static tf_device_loader *make_loader(tf_dataset *ds, const tf_device_static *sb,
     tf_device_config dc;
     tf_device_config_init(&dc);
     dc.device = 0;          /* cuda:LOCAL_RANK in a multi-GPU job */
-    dc.prefetch = 2;        /* batches copied ahead of the step */
+    dc.prefetch_batches = 2; /* batches copied ahead of the step */
     dc.static_buffers = sb; /* NULL: each batch in a slot of its own */
     tf_device_loader *dl = NULL;
     if (tf_loader_create(ds, &cfg, lp) < 0 || tf_device_loader_create(*lp, &dc, &dl) < 0) {
