@@ -5,8 +5,8 @@
 # of that glibc, so no symbol newer than 2.28 can slip in, and the wheels carry the
 # manylinux_2_28 tag (RHEL 8 and later; Debian 10, Ubuntu 18.10). What the wheels
 # bundle must keep to that floor too:
-#   - libzstd: Debian 12's libzstd.so.1 asks for GLIBC_2.34 (pthread_* moved into libc
-#     in 2.34), so zstd is built here from source with the same zig target: the
+#   - libzstd: Debian 12's libzstd.so.1 asks for GLIBC_2.34 (pthread_create and
+#     pthread_join, which moved into libc in 2.34), so zstd is built here from source with the same zig target: the
 #     single-file zstd.c of the `zstandard` sdist on PyPI (pinned: ZSTANDARD_SDIST);
 #   - liburing: Debian 12's liburing.so.2 (2.3) asks for nothing newer than glibc 2.17
 #     on aarch64 (2.4 on x86-64), so it is Debian's, with its headers.
@@ -39,7 +39,11 @@ xc_sudo() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 xc_tools() {
   local py=${PYTHON:-python3}
-  if [ ! -x "$TOOLS/bin/python" ] || ! "$TOOLS/bin/python" -c 'import build, auditwheel, ziglang, setuptools, wheel, numpy' 2>/dev/null; then
+  # made again for another interpreter: the wheels are for the Python that runs the build
+  local want
+  want=$($py -c 'import sys; print(sys.version_info[:3])')
+  if [ ! -x "$TOOLS/bin/python" ] || [ "$("$TOOLS/bin/python" -c 'import sys; print(sys.version_info[:3])' 2>/dev/null)" != "$want" ] ||
+     ! "$TOOLS/bin/python" -c 'import build, auditwheel, ziglang, setuptools, wheel, numpy' 2>/dev/null; then
     $py -m venv --clear "$TOOLS"
   fi
   # the build runs without isolation (a cross build must not install the build
