@@ -98,7 +98,13 @@ chmod +x "$PY"
 assert platform.machine() == "aarch64", platform.machine()
 assert "site" in tokenfeed.__file__, tokenfeed.__file__
 print("python", sys.version.split()[0], platform.machine(), "numpy", numpy.__version__, "tokenfeed", tokenfeed.__version__, "from", tokenfeed.__file__)
-print("build", tokenfeed.build_info()["build"])')
+info = tokenfeed.build_info()
+# the wheel'"'"'s own libzstd (the arm64 root has none) and liburing, loaded and usable; io_uring
+# compiled in, and unusable only because qemu-user does not emulate it
+assert info["zstd"]["compiled"] and info["zstd"]["usable"], info["zstd"]
+assert info["io_uring"]["compiled"], info["io_uring"]
+print("build", info["build"])
+print("io_uring here:", info["io_uring"])')
 
 step "pytest subset under qemu"
 # shellcheck disable=SC2206
