@@ -69,10 +69,10 @@ fi
 c_passed=$(grep '^PASS ' "$log" | sort -u | wc -l)
 
 step "the aarch64 wheel and its Python packages"
-whl=$(ls dist/tokenfeed-*-manylinux_2_28_aarch64.whl 2>/dev/null || true)
+whl=$(ls dist/tokenfeed-*-cp311-*-manylinux_2_28_aarch64.whl 2>/dev/null || true)
 if [ -z "$whl" ]; then
   TOKENFEED_WHEEL_ARCHS=aarch64 bash .ci/wheel.sh
-  whl=$(ls dist/tokenfeed-*-manylinux_2_28_aarch64.whl)
+  whl=$(ls dist/tokenfeed-*-cp311-*-manylinux_2_28_aarch64.whl)
 fi
 SITE=build/aarch64/site
 rm -rf "$SITE"

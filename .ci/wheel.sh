@@ -34,7 +34,8 @@ source .ci/cross.sh
 
 bash .ci/install.sh system
 xc_tools
-echo "wheel: tools ready (${SECONDS}s)"
+PYTAG=$("$TOOLS/bin/python" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+echo "wheel: tools ready for $PYTAG (${SECONDS}s)"
 
 rm -rf build/wheel-raw build/wheel-src
 mkdir -p build/wheel-raw dist
@@ -58,10 +59,10 @@ for arch in $ARCHS; do
   ) >"$log" 2>&1 || { tail -40 "$log"; echo "$arch wheel build failed; the log is $log"; exit 1; }
   grep "tokenfeed build configuration" "$log" || true
   raw=$(ls build/wheel-raw/"$arch"/tokenfeed-*.whl)
-  rm -f dist/tokenfeed-*"$arch".whl
+  rm -f dist/tokenfeed-*-"$PYTAG"-*"$arch".whl  # an earlier build for this Python (others stay)
   LD_LIBRARY_PATH=$XC_ROOT/$arch/deps/lib PATH="$TOOLS/bin:$PATH" \
     auditwheel repair --wheel-dir dist "$raw"
-  whl=$(ls dist/tokenfeed-*"$arch".whl)
+  whl=$(ls dist/tokenfeed-*-"$PYTAG"-*"$arch".whl)
   # auditwheel's --plat lists the build machine's architecture only: the tag it chose
   # (the most compatible the symbols allow) is checked here instead
   case $whl in

@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-whl=$(ls dist/tokenfeed-*"$(uname -m)".whl)  # the wheel for this machine
+# the wheel for this machine and this Python
+whl=$(ls dist/tokenfeed-*-"$($PY -c 'import sys; print("cp%d%d" % sys.version_info[:2])')"-*"$(uname -m)".whl)
 VENV=build/wheel-venv
 $PY -m venv --clear "$VENV"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$whl"
