@@ -103,6 +103,25 @@ def shared_library_under_its_soname():
 
 
 @check
+def exports_only_the_api():
+    """The wheel's library exports tf_ functions and nothing else: no copy of a function built for
+    several CPUs (tf_convert.avx2.1, ...: what clang, the wheels' compiler, names them) and no
+    internal tf__ name. On x86-64, tf_convert is an ifunc: the AVX2/AVX-512 copies are in the wheel
+    and one is chosen when the library loads."""
+    out = subprocess.run(["nm", "-D", "--defined-only", tokenfeed.get_library()], capture_output=True, text=True,
+                         check=True).stdout
+    syms = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] != "A":
+            syms[parts[2].split("@")[0]] = parts[1]
+    bad = sorted(n for n in syms if not re.fullmatch(r"tf_[a-z][a-z0-9_]*", n))
+    assert not bad, f"exported beside the API: {bad}"
+    if os.uname().machine == "x86_64":
+        assert syms.get("tf_convert") == "i", f"tf_convert is {syms.get('tf_convert')!r}, not an ifunc ('i')"
+
+
+@check
 def open_and_loader():
     ds = write(os.path.join(TMP, "plain"))
     assert ds.num_documents == 400 and ds.num_tokens > 0

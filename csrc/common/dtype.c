@@ -80,9 +80,16 @@ static inline double tf__f2i_tf_f64(double v) { return v; }
  * adds AVX2 and AVX-512 copies chosen once at load time (ifunc), so the same
  * wheel runs everywhere and uses the wide loads where the CPU has them. */
 /* Not under sanitizers: the ifunc resolver runs during relocation, before
- * the TSan runtime is initialised, and crashes there. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
-    !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+ * the TSan runtime is initialised, and crashes there. GCC says a sanitizer is
+ * on with __SANITIZE_*__, clang (the fuzz builds; zig cc, which builds the
+ * wheels) with __has_feature. */
+#if defined(__clang__) && defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+#define TF__SANITIZED 1
+#endif
+#endif
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__) && !defined(__SANITIZE_THREAD__) && \
+    !defined(__SANITIZE_ADDRESS__) && !defined(TF__SANITIZED)
 #define TF_CONVERT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define TF_CONVERT_CLONES

@@ -749,6 +749,13 @@ static void module_free(void *m) { module_clear((PyObject *)m); }
 
 static PyModuleDef_Slot module_slots[] = {
     {Py_mod_exec, module_exec},
+#ifdef Py_mod_gil
+    /* Free-threaded CPython (3.13t, 3.14t): the binding relies on the GIL to
+     * serialise calls on one object (a Loader's state, a Dataset's caches), so
+     * importing it there turns the GIL back on, with CPython's RuntimeWarning
+     * that says so (docs/install.md). */
+    {Py_mod_gil, Py_MOD_GIL_USED},
+#endif
     {0, NULL},
 };
 
