@@ -6,7 +6,8 @@
 #      (TOKENFEED_SANITIZE=address,undefined into build/asan, libasan
 #      preloaded, PYTHONMALLOC=malloc so ASan sees Python's allocations)
 #   3. the engine stress test under TSan (make -C csrc SANITIZE=thread
-#      test-stress), when that target exists
+#      test-stress), when that target exists, and several Python threads
+#      calling into a TSan build of the extension (.ci/tsan_threads.sh)
 #   4. a short libFuzzer smoke run of every fuzz target (clang), on top of
 #      the corpus replay of step 1
 # Every build here has the test hooks compiled in (TEST_HOOKS=1, the default
@@ -72,6 +73,9 @@ tail -3 build/asan-pytest.log
 
 step "engine stress test, TSan"
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 make -s -C csrc -j"$JOBS" SANITIZE=thread TEST_HOOKS=1 test-stress
+
+step "several Python threads calling into tokenfeed at once, TSan"
+bash .ci/tsan_threads.sh
 
 step "libFuzzer smoke run of every target (clang)"
 if ! command -v clang >/dev/null || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1; then
