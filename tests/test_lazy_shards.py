@@ -353,15 +353,32 @@ def test_no_set_catalog_for_a_directory_modified_just_now(tmp_path, monkeypatch)
     assert len(os.listdir(cat)) == 2
 
 
-def test_nested_globs_and_lists_are_not_set_catalogued(tmp_path, monkeypatch):
+def test_nested_glob_lists_each_directory_once_and_is_catalogued(tmp_path, monkeypatch):
+    """A glob whose wildcards span directories lists each directory once and records every
+    one of them: the next open lists none, and a file or directory added to any is seen."""
     cat = tmp_path / "catalog"
     monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cat))
     (tmp_path / "a").mkdir()
     files = _aged_set(tmp_path / "a" / "d")
+    more = _aged_set(tmp_path / "a" / "e", 3)
     _aged([str(tmp_path / "a")])
-    tokenfeed.open(str(tmp_path / "a" / "*" / "shard_*.bin"))  # a glob over directories
-    tokenfeed.open(files[:5])
-    assert len(os.listdir(cat)) == 2  # one files' catalog each, no set
+    spec = str(tmp_path / "a" / "*" / "shard_*.bin")
+    first = tokenfeed.open(spec)
+    assert first.paths == files + more
+    with monkeypatch.context() as m:
+        _no_listing(m)
+        again = tokenfeed.open(spec)  # from the catalog
+    assert again.paths == files + more and again.fingerprint == first.fingerprint
+    extra = str(tmp_path / "a" / "e" / "shard_999.bin")
+    write_llmc(extra, np.full(30, 5, dtype=np.uint16))
+    assert tokenfeed.open(spec).paths == files + more + [extra]  # e/ changed: listed again
+    _aged_set(tmp_path / "a" / "f", 2)
+    assert tokenfeed.open(spec).num_files == 12 + 3 + 1 + 2  # a/ changed: a new directory seen
+    tokenfeed.open(files[:5])  # a list of files: a files' catalog, no set
+    with monkeypatch.context() as m:
+        _no_listing(m)
+        with pytest.raises(OSError, match="listed"):
+            tokenfeed.open(files[:5] + [str(tmp_path / "a" / "f") + "/"])
 
 
 def test_native_dataset_trusts_its_manifest(tmp_path, monkeypatch):

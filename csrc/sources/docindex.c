@@ -158,7 +158,8 @@ int tf__docindex_open(const char *path, const tf_open_options *opt, tf_file *f) 
     }
     char *ip = beside_name(path);
     if (!ip) return -ENOMEM;
-    int rc = map_index(ip, path, &dst, f->num_tokens, opt, 0, f);
+    /* (a shard set's listing says whether it lies beside the file: no probe) */
+    int rc = tf__listed_exists(ip) == 0 ? 1 : map_index(ip, path, &dst, f->num_tokens, opt, 0, f);
     free(ip);
     if (rc == 1 && opt->index_dir && *opt->index_dir) {
         ip = cache_name(path, opt->index_dir);
