@@ -367,11 +367,12 @@ static int open_paths(const char *const *paths, size_t n, const tf_open_options 
      * them. */
     int *kinds = malloc(n * sizeof *kinds);
     if (!kinds) return -ENOMEM;
-    int local = 1, sets = 0;
+    int local = 1, sets = 0, globs = 0;
     for (size_t i = 0; i < n; i++) {
         kinds[i] = spec_kind(paths[i], n);
         if (tf__is_url(paths[i])) local = 0;
         sets += kinds[i] == TF__SPEC_GLOB || kinds[i] == TF__SPEC_DIR;
+        globs += kinds[i] == TF__SPEC_GLOB;
     }
     int many = n > 1 || sets, rc = 0;
     if (local && many) rc = tf__catalog_check_settings();
@@ -380,7 +381,8 @@ static int open_paths(const char *const *paths, size_t n, const tf_open_options 
         free(kinds);
         return finish_dataset(files, nfiles, out);
     }
-    if (rc == 0 && local && many && !sets && tf__catalog_load(paths, n, opt, &files, &nfiles) == 0) {
+    /* (a directory may be a tokenfeed dataset, catalogued under its path with its manifest) */
+    if (rc == 0 && local && many && !globs && tf__catalog_load(paths, n, opt, &files, &nfiles) == 0) {
         free(kinds);
         return finish_dataset(files, nfiles, out);
     }

@@ -51,7 +51,8 @@ static int64_t mtime_ns(const struct stat *st) {
 /* The index's name in index_dir: the data file's absolute path hashed (two
  * data files of one name in different directories get different indexes). */
 static char *cache_name(const char *data_path, const char *index_dir) {
-    char *abs = realpath(data_path, NULL);
+    char *abs = tf__listed_realpath(data_path); /* (a shard set's listing resolved its directory once) */
+    if (!abs) abs = realpath(data_path, NULL);
     const char *p = abs ? abs : data_path;
     uint64_t h = tf_hash64(p, strlen(p), 0x646f6378);
     const char *base = strrchr(p, '/');

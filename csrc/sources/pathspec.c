@@ -63,10 +63,12 @@ static const char *const not_data_ext[] = {".md", ".json", ".yaml", ".yml", ".tx
 typedef struct entry {
     char *name;
     int is_dir;
+    int is_link; /* a symbolic link (to what is_dir says) */
 } entry;
 
 typedef struct listed_dir {
     char *path;  /* as the spec writes it ("" for the working directory) */
+    char *real;  /* its realpath, once asked for */
     tf__file_id id;
     entry *e;
     size_t n;
@@ -160,7 +162,10 @@ static int list_dir(tf__listing *L, const char *dir, const listed_dir **out) {
         }
         d->e = e;
         if (!(d->e[d->n].name = strdup(de->d_name))) rc = -ENOMEM;
-        else d->e[d->n++].is_dir = is_dir;
+        else {
+            d->e[d->n].is_link = de->d_type != DT_REG && de->d_type != DT_DIR;
+            d->e[d->n++].is_dir = is_dir;
+        }
         errno = 0;
     }
     if (rc == 0 && errno) rc = tf__seterr(-errno, "%s: cannot list this directory: %s", *dir ? dir : ".", strerror(errno));
@@ -177,6 +182,7 @@ void tf__listing_free(tf__listing *L) {
         for (size_t i = 0; i < L->dirs[k].n; i++) free(L->dirs[k].e[i].name);
         free(L->dirs[k].e);
         free(L->dirs[k].path);
+        free(L->dirs[k].real);
     }
     free(L->dirs);
     free(L);
@@ -234,6 +240,23 @@ int tf__listed_exists(const char *path) {
     if (!d) return -1;
     const entry *e = find(d, base);
     return e && !e->is_dir;
+}
+
+char *tf__listed_realpath(const char *path) {
+    const tf__listing *L = active;
+    if (!L || !path) return NULL;
+    const char *base;
+    listed_dir *d = (listed_dir *)parent_of(L, path, &base);
+    const entry *e = d ? find(d, base) : NULL;
+    if (!e || e->is_link) return NULL; /* (a link resolves to its target's name) */
+    if (!d->real && !(d->real = realpath(*d->path ? d->path : ".", NULL))) return NULL;
+    size_t a = strlen(d->real), b = strlen(base);
+    char *out = malloc(a + b + 2);
+    if (!out) return NULL;
+    memcpy(out, d->real, a);
+    out[a] = '/';
+    memcpy(out + a + (a == 1 && d->real[0] == '/' ? 0 : 1), base, b + 1);
+    return out;
 }
 
 /* ---- the spec's kind -------------------------------------------------------------- */

@@ -401,6 +401,10 @@ TF_HIDDEN int tf__listed_is_dir(const tf__listing *l, const char *path);
  * listed directory (then ask the file system). */
 TF_HIDDEN void tf__listing_activate(const tf__listing *l);
 TF_HIDDEN int tf__listed_exists(const char *path);
+/* realpath(path) for a file of the active listing that is not a symbolic
+ * link, from its directory's realpath (resolved once per directory, not one
+ * readlink per path component per file); NULL when unknown. */
+TF_HIDDEN char *tf__listed_realpath(const char *path);
 
 /* ---- catalog.c: what open needs, in one file per set of paths ------------- */
 
