@@ -84,7 +84,7 @@ static int cmp_entry(const void *a, const void *b) {
 }
 
 static const entry *find(const listed_dir *d, const char *name) {
-    entry key = {(char *)name, 0};
+    entry key = {(char *)name, 0, 0};
     return bsearch(&key, d->e, d->n, sizeof *d->e, cmp_entry);
 }
 
