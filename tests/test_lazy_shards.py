@@ -374,6 +374,11 @@ def test_nested_glob_lists_each_directory_once_and_is_catalogued(tmp_path, monke
     assert tokenfeed.open(spec).paths == files + more + [extra]  # e/ changed: listed again
     _aged_set(tmp_path / "a" / "f", 2)
     assert tokenfeed.open(spec).num_files == 12 + 3 + 1 + 2  # a/ changed: a new directory seen
+    for k in range(9):  # more directories than a listing first has room for
+        _aged_set(tmp_path / "a" / f"g{k}", 1)
+    _aged([str(tmp_path / "a")])
+    wide = tokenfeed.open(spec)
+    assert wide.num_files == 12 + 3 + 1 + 2 + 9 and wide.paths == sorted(wide.paths)
     tokenfeed.open(files[:5])  # a list of files: a files' catalog, no set
     with monkeypatch.context() as m:
         _no_listing(m)

@@ -310,7 +310,7 @@ static int spec_kind(const char *path, size_t n) {
     if (!path || tf__is_url(path)) return TF__SPEC_PATH;
     size_t len = strlen(path);
     int magic = strpbrk(path, "*?[") != NULL;
-    if (n == 1 || magic || (len && path[len - 1] == '/')) return tf__pathspec_kind(path, NULL);
+    if (n == 1 || magic || (len && path[len - 1] == '/')) return tf__pathspec_kind(path);
     return -1;
 }
 

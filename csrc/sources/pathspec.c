@@ -77,6 +77,7 @@ typedef struct listed_dir {
 struct tf__listing {
     listed_dir *dirs;
     size_t ndirs, cap;
+    size_t last; /* the directory found last + 1 (0: none): a set's files come directory by directory */
 };
 
 static int cmp_entry(const void *a, const void *b) {
@@ -217,18 +218,27 @@ static _Thread_local const tf__listing *active;
 
 void tf__listing_activate(const tf__listing *L) { active = L; }
 
+/* Whether listed directory d is the directory part (n bytes) of path. */
+static int is_parent(const listed_dir *d, const char *path, size_t n, const char *slash) {
+    const char *p = d->path;
+    size_t m = strlen(p);
+    while (m > 1 && p[m - 1] == '/') m--; /* "d/" lists the same names as "d" */
+    if (m == n && memcmp(p, path, n) == 0) return 1;
+    return n == 0 && slash && m == 1 && p[0] == '/'; /* "/x" */
+}
+
 /* The listed directory path's parent is (its path part "" when none), or NULL. */
 static const listed_dir *parent_of(const tf__listing *L, const char *path, const char **base) {
     const char *slash = strrchr(path, '/');
     size_t n = slash ? (size_t)(slash - path) : 0;
     *base = slash ? slash + 1 : path;
-    for (size_t k = 0; k < L->ndirs; k++) {
-        const char *p = L->dirs[k].path;
-        size_t m = strlen(p);
-        while (m > 1 && p[m - 1] == '/') m--; /* "d/" lists the same names as "d" */
-        if (m == n && memcmp(p, path, n) == 0) return &L->dirs[k];
-        if (n == 0 && slash && m == 1 && p[0] == '/') return &L->dirs[k]; /* "/x" */
-    }
+    if (L->last && L->last <= L->ndirs && is_parent(&L->dirs[L->last - 1], path, n, slash))
+        return &L->dirs[L->last - 1];
+    for (size_t k = 0; k < L->ndirs; k++)
+        if (is_parent(&L->dirs[k], path, n, slash)) {
+            ((tf__listing *)L)->last = k + 1; /* (one thread opens a listing's files) */
+            return &L->dirs[k];
+        }
     return NULL;
 }
 
@@ -261,11 +271,8 @@ char *tf__listed_realpath(const char *path) {
 
 /* ---- the spec's kind -------------------------------------------------------------- */
 
-int tf__pathspec_kind(const char *path, int *fd_out) {
-    if (fd_out) *fd_out = -1;
+int tf__pathspec_kind(const char *path) {
     if (!path || tf__is_url(path)) return TF__SPEC_PATH;
-    const char *slash = strrchr(path, '/');
-    (void)slash;
     if (has_magic(path, strlen(path))) {
         struct stat st;
         /* a name that holds '*' or '[' and exists is that name */
@@ -317,7 +324,9 @@ static int walk(tf__listing *L, const char *dir, const char *rest, hits *out) {
         /* a directory matched by a wildcard that vanished or cannot be read: not a match */
         return rc == -ENOENT || rc == -ENOTDIR || rc == -EACCES ? (tf__clearerr(), 0) : rc;
     }
-    for (size_t i = 0; rc == 0 && i < d->n; i++) {
+    size_t at = (size_t)(d - L->dirs); /* (a deeper listing may move L->dirs: d is found again by index) */
+    for (size_t i = 0; rc == 0 && i < L->dirs[at].n; i++) {
+        d = &L->dirs[at];
         if (fnmatch(seg, d->e[i].name, FNM_PERIOD) != 0) continue;
         if (!slash) {
             rc = hit_push(out, dir, d->e[i].name);

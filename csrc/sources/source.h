@@ -376,7 +376,7 @@ TF_HIDDEN int tf__file_check_fd(const tf_file *f, int fd);
  * '*', '?' or '[' and no such name exists), or a directory (expanded unless
  * its listing shows a manifest). */
 enum { TF__SPEC_PATH = 0, TF__SPEC_GLOB = 1, TF__SPEC_DIR = 2 };
-TF_HIDDEN int tf__pathspec_kind(const char *path, int *fd_out);
+TF_HIDDEN int tf__pathspec_kind(const char *path);
 /* Companion files a listing shows beside a data file (bit k of a mask). */
 enum { TF__COMP_IDX = 0, TF__COMP_INDEX = 1, TF__COMP_TFDOCS = 2, TF__COMP_CSV_GZ = 3, TF__NCOMPANIONS = 4 };
 /* The directories an open listed, each once, with their identity taken from

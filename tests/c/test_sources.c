@@ -989,6 +989,28 @@ static void test_path_specs(void) {
         tf_dataset_free(ds);
         ds = NULL;
     }
+    /* a glob over more directories than the listing first has room for */
+    char many[512];
+    path_in(many, sizeof many, "llmc_many");
+    CHECK(mkdir(many, 0755) == 0);
+    for (int k = 11; k >= 0; k--) {
+        snprintf(p, sizeof p, "%s/d%02d", many, k);
+        CHECK(mkdir(p, 0755) == 0);
+        snprintf(p, sizeof p, "%s/d%02d/shard_0.bin", many, k);
+        write_llmc_shard(p, (uint16_t)(10 * k), 3);
+    }
+    path_in(spec, sizeof spec, "llmc_many/d*/shard_*.bin");
+    CHECK_OK(tf_dataset_open(spec, NULL, &ds));
+    if (ds) {
+        tf_dataset_info info;
+        tf_dataset_get_info(ds, &info);
+        CHECK(info.num_files == 12 && info.num_tokens == 36);
+        uint16_t t[1];
+        CHECK_OK(tf_dataset_read(ds, 3 * 11, 1, t, TF_UINT16));
+        CHECK(t[0] == 110); /* d11 last: name order across directories */
+        tf_dataset_free(ds);
+        ds = NULL;
+    }
     path_in(spec, sizeof spec, "llmc_set/nothing_*.bin");
     CHECK_RC(tf_dataset_open(spec, NULL, &ds), -ENOENT);
     CHECK(strstr(tf_last_error(), "no file or directory matches") != NULL);
