@@ -595,7 +595,14 @@ def test_immutable_open_looks_at_no_directory(tmp_path, monkeypatch):
         assert (ds.tokens(0, 64) == np.arange(64)).all()
         with pytest.raises(tokenfeed.FormatError, match=re.escape(victim) + ".*changed"):
             ds.tokens(4 * 64, 5 * 64)
+    _aged([extra, str(d)])  # (settled: the open below records the set again)
     assert tokenfeed.open(spec).num_files == 21  # without immutable: the directory changed, listed again
+    gone = str(d / "s_000007.bin")
+    os.unlink(gone)
+    ds = tokenfeed.open(spec, immutable=True)  # the set as recorded by the open just above
+    assert ds.num_files == 21
+    with pytest.raises(FileNotFoundError, match=re.escape(gone)):
+        ds.tokens(7 * 64, 8 * 64)  # a file removed since: an error naming it at its first touch
 
 
 @pytest.mark.parametrize("form", ["llm.c glob", "llm.c directory", "npy directory", "megatron directory",
