@@ -515,7 +515,9 @@ def _count_meta_calls(spec: str, env_extra: dict, *, immutable: bool = False, da
         os.path.exists("/tokenfeed-mark-start")
         ds = tokenfeed.open({spec!r}, immutable={immutable!r}{open_kw})
         os.path.exists("/tokenfeed-mark-opened")
-        loader = tokenfeed.Loader(ds, seq_len=64, batch_size=8, seed=0, output="numpy")
+        # (one thread, one batch ahead: the calls of the first batch, not of those assembled after it)
+        loader = tokenfeed.Loader(ds, seq_len=64, batch_size=8, seed=0, output="numpy", num_threads=1,
+                                  prefetch_batches=1)
         next(iter(loader))
         os.path.exists("/tokenfeed-mark-end")
         loader.close()
@@ -558,7 +560,7 @@ def test_second_open_and_first_batch_make_a_bounded_number_of_metadata_calls(tmp
     shared file system answers each with a round trip to a metadata server all ranks share)."""
     _strace()
     d = tmp_path / "d"
-    _many_llmc(d, n)
+    _many_llmc(d, n, per=1024)
     env = {"TOKENFEED_CATALOG_DIR": str(tmp_path / "catalog")}
     for spec in (str(d / "s_*.bin"), str(d) + "/"):
         _run(f"import tokenfeed; tokenfeed.open({spec!r})", env)  # the first open records the set
