@@ -353,15 +353,37 @@ def test_no_set_catalog_for_a_directory_modified_just_now(tmp_path, monkeypatch)
     assert len(os.listdir(cat)) == 2
 
 
-def test_nested_globs_and_lists_are_not_set_catalogued(tmp_path, monkeypatch):
+def test_nested_glob_lists_each_directory_once_and_is_catalogued(tmp_path, monkeypatch):
+    """A glob whose wildcards span directories lists each directory once and records every
+    one of them: the next open lists none, and a file or directory added to any is seen."""
     cat = tmp_path / "catalog"
     monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cat))
     (tmp_path / "a").mkdir()
     files = _aged_set(tmp_path / "a" / "d")
+    more = _aged_set(tmp_path / "a" / "e", 3)
     _aged([str(tmp_path / "a")])
-    tokenfeed.open(str(tmp_path / "a" / "*" / "shard_*.bin"))  # a glob over directories
-    tokenfeed.open(files[:5])
-    assert len(os.listdir(cat)) == 2  # one files' catalog each, no set
+    spec = str(tmp_path / "a" / "*" / "shard_*.bin")
+    first = tokenfeed.open(spec)
+    assert first.paths == files + more
+    with monkeypatch.context() as m:
+        _no_listing(m)
+        again = tokenfeed.open(spec)  # from the catalog
+    assert again.paths == files + more and again.fingerprint == first.fingerprint
+    extra = str(tmp_path / "a" / "e" / "shard_999.bin")
+    write_llmc(extra, np.full(30, 5, dtype=np.uint16))
+    assert tokenfeed.open(spec).paths == files + more + [extra]  # e/ changed: listed again
+    _aged_set(tmp_path / "a" / "f", 2)
+    assert tokenfeed.open(spec).num_files == 12 + 3 + 1 + 2  # a/ changed: a new directory seen
+    for k in range(9):  # more directories than a listing first has room for
+        _aged_set(tmp_path / "a" / f"g{k}", 1)
+    _aged([str(tmp_path / "a")])
+    wide = tokenfeed.open(spec)
+    assert wide.num_files == 12 + 3 + 1 + 2 + 9 and wide.paths == sorted(wide.paths)
+    tokenfeed.open(files[:5])  # a list of files: a files' catalog, no set
+    with monkeypatch.context() as m:
+        _no_listing(m)
+        with pytest.raises(OSError, match="listed"):
+            tokenfeed.open(files[:5] + [str(tmp_path / "a" / "f") + "/"])
 
 
 def test_native_dataset_trusts_its_manifest(tmp_path, monkeypatch):
@@ -464,3 +486,158 @@ def test_large_node_catalog_is_compressed_and_read_back(tmp_path, monkeypatch):
     third = tokenfeed.open(spec)  # parsed again, not read from the damaged catalog
     assert third.fingerprint == first.fingerprint and third.paths == files
     assert (cat / name).read_bytes() != bytes(damaged)  # written again
+
+
+# ---- metadata system calls at start-up: O(1) per rank, whatever the number of shards -------------
+
+_META_CALLS = ("stat", "lstat", "fstat", "newfstatat", "statx", "open", "openat", "access", "faccessat",
+               "faccessat2", "readlink", "readlinkat", "getdents64")
+
+
+def _strace() -> str:
+    import shutil
+
+    exe = shutil.which("strace")
+    if exe is None:
+        pytest.skip("strace is not installed (apt-get install strace): it counts the open's system calls")
+    if subprocess.run([exe, "-f", "-o", os.devnull, "true"], capture_output=True).returncode != 0:
+        pytest.skip("strace cannot trace here (no ptrace in this container)")
+    return exe
+
+
+def _count_meta_calls(spec: str, env_extra: dict, *, immutable: bool = False, data_dir: str = "",
+                      open_kw: str = "") -> dict:
+    """Metadata system calls of a fresh process, after `import tokenfeed`: opening spec (the node's
+    catalog already holding it) and its first batch; and those of the open alone that name a
+    file under data_dir."""
+    code = textwrap.dedent(f"""
+        import os, tokenfeed
+        os.path.exists("/tokenfeed-mark-start")
+        ds = tokenfeed.open({spec!r}, immutable={immutable!r}{open_kw})
+        os.path.exists("/tokenfeed-mark-opened")
+        # (one thread, one batch ahead: the calls of the first batch, not of those assembled after it)
+        loader = tokenfeed.Loader(ds, seq_len=64, batch_size=8, seed=0, output="numpy", num_threads=1,
+                                  prefetch_batches=1)
+        next(iter(loader))
+        os.path.exists("/tokenfeed-mark-end")
+        loader.close()
+    """)
+    import tempfile
+
+    fd, trace = tempfile.mkstemp(prefix="tokenfeed-trace-")
+    os.close(fd)
+    env = dict(os.environ)
+    env.update(env_extra)
+    r = subprocess.run([_strace(), "-f", "-qq", "-o", trace, "-e", "trace=" + ",".join(_META_CALLS),
+                        sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open(trace) as f:
+        lines = [ln for ln in f if "resumed>" not in ln and "+++" not in ln and "---" not in ln]
+    os.unlink(trace)
+    start = next(i for i, ln in enumerate(lines) if "tokenfeed-mark-start" in ln)
+    opened = next(i for i, ln in enumerate(lines) if "tokenfeed-mark-opened" in ln)
+    end = next(i for i, ln in enumerate(lines) if "tokenfeed-mark-end" in ln)
+    return {"total": end - start - 2, "open": lines[start + 1:opened], "open_calls": opened - start - 1,
+            "open_on_data": [ln for ln in lines[start + 1:opened] if data_dir and data_dir in ln]}
+
+
+def _many_llmc(d, n: int, per: int = 64) -> None:
+    os.makedirs(d, exist_ok=True)
+    header = np.zeros(256, dtype=np.int32)
+    header[0], header[1], header[2] = 20240520, 1, per
+    body = header.tobytes() + np.arange(per, dtype=np.uint16).tobytes()
+    for i in range(n):
+        with open(os.path.join(str(d), f"s_{i:06d}.bin"), "wb") as f:
+            f.write(body)
+    names = [os.path.join(str(d), f"s_{i:06d}.bin") for i in range(n)]
+    _aged(names + [str(d)])
+
+
+@pytest.mark.parametrize("n", [10, 10_000])
+def test_second_open_and_first_batch_make_a_bounded_number_of_metadata_calls(tmp_path, n):
+    """A set opened again on a node that holds its catalog, as a glob and as a directory, and its
+    first batch: at most 64 metadata system calls after import, for 10 shards as for 10^4 (a
+    shared file system answers each with a round trip to a metadata server all ranks share)."""
+    _strace()
+    d = tmp_path / "d"
+    _many_llmc(d, n, per=1024)
+    env = {"TOKENFEED_CATALOG_DIR": str(tmp_path / "catalog")}
+    for spec in (str(d / "s_*.bin"), str(d) + "/"):
+        _run(f"import tokenfeed; tokenfeed.open({spec!r})", env)  # the first open records the set
+        got = _count_meta_calls(spec, env)
+        assert got["total"] <= 64, (spec, got["total"], "".join(got["open"]))
+
+
+def test_immutable_open_looks_at_no_directory(tmp_path, monkeypatch):
+    """immutable=True: a set this node catalogued opens without a call on the data's file system
+    (not even the directory's identity) before its files are touched; a file modified since is
+    still an error naming it at first touch, and a file added is not seen (the documented risk)."""
+    d = tmp_path / "d"
+    _many_llmc(d, 20)
+    env = {"TOKENFEED_CATALOG_DIR": str(tmp_path / "catalog")}
+    spec = str(d / "s_*.bin")
+    _run(f"import tokenfeed; tokenfeed.open({spec!r})", env)
+    try:
+        got = _count_meta_calls(spec, env, immutable=True, data_dir=str(d))
+    except pytest.skip.Exception:
+        got = None
+    if got is not None:
+        assert got["open_on_data"] == [], "".join(got["open_on_data"])
+        assert got["total"] <= 64
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", env["TOKENFEED_CATALOG_DIR"])
+    extra = str(d / "s_999999.bin")
+    write_llmc(extra, np.full(30, 5, dtype=np.uint16))
+    victim = str(d / "s_000004.bin")
+    write_llmc(victim, np.full(64, 9, dtype=np.uint16))  # same size, other tokens
+    _aged([victim], 30)
+    with monkeypatch.context() as m:
+        _no_listing(m)
+        ds = tokenfeed.open(spec, immutable=True)
+        assert ds.num_files == 20  # the file added is not seen: the caller vouched for the set
+        assert (ds.tokens(0, 64) == np.arange(64)).all()
+        with pytest.raises(tokenfeed.FormatError, match=re.escape(victim) + ".*changed"):
+            ds.tokens(4 * 64, 5 * 64)
+    _aged([extra, str(d)])  # (settled: the open below records the set again)
+    assert tokenfeed.open(spec).num_files == 21  # without immutable: the directory changed, listed again
+    gone = str(d / "s_000007.bin")
+    os.unlink(gone)
+    ds = tokenfeed.open(spec, immutable=True)  # the set as recorded by the open just above
+    assert ds.num_files == 21
+    with pytest.raises(FileNotFoundError, match=re.escape(gone)):
+        ds.tokens(7 * 64, 8 * 64)  # a file removed since: an error naming it at its first touch
+
+
+@pytest.mark.parametrize("form", ["llm.c glob", "llm.c directory", "npy directory", "megatron directory",
+                                  "raw directory with .index", "raw glob with eos_id"])
+def test_first_open_probes_no_companion_file_per_shard(tmp_path, form):
+    """Listing a set shows which companion files exist (.idx, .index, .tfdocs, .csv.gz): the first
+    open (the node's catalog off) asks for no name that is not there, whatever the number of
+    shards, and makes a bounded number of calls per shard (those that read it)."""
+    _strace()
+    n = 60
+    d = tmp_path / "d"
+    d.mkdir()
+    kw = ""
+    for i in range(n):
+        p = str(d / f"p_{i:04d}")
+        toks = np.arange(100, dtype=np.uint16)
+        if form.startswith("llm.c"):
+            write_llmc(p + ".bin", toks)
+        elif form.startswith("npy"):
+            np.save(p + ".npy", toks)
+        elif form.startswith("megatron"):
+            from conftest import write_megatron
+            write_megatron(p, [toks[:50], toks[50:]])
+        elif "index" in form:
+            toks.tofile(p + ".ds")
+            np.array([50, 100], dtype=np.uint64).tofile(p + ".ds.index")
+            kw = ", dtype='uint16'"
+        else:
+            toks.tofile(p + ".ds")
+            kw = ", dtype='uint16', eos_id=7"
+    spec = str(d / ("*.bin" if form == "llm.c glob" else "*.ds")) if "glob" in form else str(d) + "/"
+    got = _count_meta_calls(spec, {"TOKENFEED_CATALOG_DIR": "off"}, data_dir=str(d), open_kw=kw)
+    missing = [ln for ln in got["open_on_data"] if "ENOENT" in ln]
+    assert len(missing) <= 12, "".join(missing)  # (the spec itself; the first files checked for text)
+    per = 8 if "eos_id" in form else 6  # (eos_id: its index also looked for in the node's index directory)
+    assert got["open_calls"] <= per * n + 64, "".join(got["open"][:40])

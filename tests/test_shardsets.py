@@ -92,6 +92,37 @@ def test_mixed_or_empty_directory_says_what_it_found(tmp_path):
         tokenfeed.open(str(tmp_path / "nothing-*.bin"))
 
 
+def test_hostile_specs_and_planted_entries(tmp_path):
+    """What another user or a mistake may put in a spec or a directory: a FIFO under a data name
+    (never opened: listing does not hang on it), a symlink to a shard elsewhere (followed, as a
+    file), a name that holds '*' itself (that file), an unclosed '[' and a pattern longer than
+    any path (no match, said), a wildcard over directories that matches files too."""
+    d = tmp_path / "d"
+    d.mkdir()
+    for i in range(3):
+        write_llmc(d / f"shard_{i}.bin", np.arange(10) + 10 * i, 1)
+    os.mkfifo(d / "shard_9.bin")  # a FIFO: neither a data file nor opened
+    outside = tmp_path / "outside.bin"
+    write_llmc(outside, np.arange(5) + 90, 1)
+    os.symlink(outside, d / "shard_5.bin")
+    ds = tokenfeed.open(str(d / "shard_*.bin"))
+    assert ds.paths == [str(d / f"shard_{i}.bin") for i in (0, 1, 2, 5)] and ds.num_tokens == 35
+    assert tokenfeed.open(str(d) + "/").num_files == 4
+    star = d / "lit*.bin"
+    write_llmc(star, np.arange(7), 1)
+    assert tokenfeed.open(str(star)).paths == [str(star)]  # a name that exists is that name
+    with pytest.raises(FileNotFoundError, match="no file or directory matches"):
+        tokenfeed.open(str(d / "shard_[0-9.bin"))
+    with pytest.raises(FileNotFoundError, match="xxxx"):  # (the message, cut short, names it)
+        tokenfeed.open(str(d / ("x" * 5000 + "*.bin")))
+    with pytest.raises(FileNotFoundError):
+        tokenfeed.open(str(tmp_path / "no-such-dir" / "*.bin"))
+    (tmp_path / "e").mkdir()
+    write_llmc(tmp_path / "e" / "shard_7.bin", np.arange(4), 1)
+    got = tokenfeed.open(str(tmp_path / "*" / "shard_[57].bin"))  # (outside.bin is no directory)
+    assert got.paths == [str(d / "shard_5.bin"), str(tmp_path / "e" / "shard_7.bin")]
+
+
 def test_unfinished_native_write_still_reported(tmp_path):
     w = tokenfeed.DatasetWriter(tmp_path / "ds", vocab_size=100, shard_tokens=10)
     w.add_documents([np.arange(8) for _ in range(5)])

@@ -1793,6 +1793,29 @@ TF_API int tf_order_create_megatron(const tf_dataset *ds, const tf_order_config 
  * and open its files; tf_dataset_catalog_set records them). */
 TF_API int tf_dataset_open_set(const char *const *spec, size_t nspec, const tf_open_options *opt, tf_dataset **out);
 
+/* Shard sets named by a path spec (docs/format.md, "Shard sets"). Every open
+ * of local paths (tf_dataset_open, tf_dataset_open_many) accepts, for any
+ * path, a directory of foreign files without a manifest ("data/") or a glob
+ * (the pattern "*.bin" in data, or a wildcard in a directory part too; a
+ * wildcard never crosses '/'), opened as its
+ * files in sorted name order. Each directory the spec reaches is listed
+ * once, and companion files (a Megatron .idx, a datatrove .index, an eos_id
+ * .tfdocs, OLMo's .csv.gz) are found in that listing, never probed per file.
+ * The node's catalog records the set under the spec and the identity of each
+ * directory listed; a later open of the same spec whose directories are
+ * unchanged reads neither a directory nor a file (each file is checked on
+ * first touch). tf_dataset_open_spec is that open with flags:
+ * TF_OPEN_CATALOG_ONLY opens the set from the node's catalog or fails with
+ * -ENOENT (tf_dataset_open_set); TF_OPEN_IMMUTABLE trusts the catalog's
+ * entry without looking at the directories: the caller vouches that no file
+ * was added, removed or renamed since the set was recorded (a file added is
+ * not seen; a file replaced or modified is still an error naming it at its
+ * first touch). */
+#define TF_OPEN_IMMUTABLE 1u
+#define TF_OPEN_CATALOG_ONLY 2u
+TF_API int tf_dataset_open_spec(const char *const *spec, size_t nspec, const tf_open_options *opt, unsigned flags,
+                                tf_dataset **out);
+
 /* Record ds, opened from the files that spec expanded to, as that shard set.
  * dirs are the ndirs directories that hold every file, dir_ids their
  * identities when they were listed, before the expansion (4 per directory:

@@ -81,15 +81,19 @@ static int parse_open_options(PyObject *dtype_obj, PyObject *format_obj, PyObjec
 
 static PyObject *Dataset_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"paths", "dtype", "format", "remote", "eos_id", "index_dir", "shard_set", "set_prefix",
-                             "set_pattern", "listing", NULL};
+                             "set_pattern", "listing", "immutable", NULL};
     PyObject *paths_obj, *dtype_obj = Py_None, *format_obj = Py_None, *remote_obj = Py_None, *eos_obj = Py_None;
     PyObject *listing_obj = Py_None;
     const char *index_dir = NULL, *set_prefix = NULL, *set_pattern = NULL;
-    int shard_set = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOzizzO:Dataset", kwlist, &paths_obj, &dtype_obj, &format_obj,
+    int shard_set = 0, immutable = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOzizzOp:Dataset", kwlist, &paths_obj, &dtype_obj, &format_obj,
                                      &remote_obj, &eos_obj, &index_dir, &shard_set, &set_prefix, &set_pattern,
-                                     &listing_obj))
+                                     &listing_obj, &immutable))
         return NULL;
+    if (immutable && shard_set != 1) {
+        PyErr_SetString(PyExc_ValueError, "immutable=True opens a local shard set from the node's catalog (shard_set=1)");
+        return NULL;
+    }
     tf_remote *remote = NULL;
     if (remote_obj != Py_None && !(remote = tfpy_remote_of(remote_obj))) return NULL;
     if (shard_set && remote) {
@@ -153,7 +157,9 @@ static PyObject *Dataset_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
         listing.n = (size_t)ln;
     }
     if (shard_set == 2) TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_data_catalog(cpaths[0], cpaths[1], &opt, &ds));
-    else if (shard_set) TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_set(cpaths, (size_t)n, &opt, &ds));
+    else if (shard_set)
+        TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_spec(cpaths, (size_t)n, &opt,
+                                                      TF_OPEN_CATALOG_ONLY | (immutable ? TF_OPEN_IMMUTABLE : 0u), &ds));
     else if (set_prefix)
         TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_remote_set(cpaths, (size_t)n, set_prefix, set_pattern,
                                                             lseq ? &listing : NULL, &opt, remote, &ds));

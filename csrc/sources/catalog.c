@@ -611,13 +611,15 @@ static uint64_t put_absent_indexes(wbuf *d, const tf_file *files, uint64_t nfile
     return k;
 }
 
-void tf__catalog_save(const char *const *paths, size_t n, const tf_open_options *opt, const tf_file *files,
-                      uint64_t nfiles) {
+static void save_files(const char *const *paths, size_t n, const tf_open_options *opt, const tf_file *files,
+                       uint64_t nfiles, int all_files) {
     if (!cataloguable(files, nfiles)) return;
     wbuf d = {0};
     uint64_t ndeps = 0;
-    (void)each_dep(paths, n, dep_count, &ndeps);
-    (void)each_dep(paths, n, dep_put, &d);
+    if (!all_files) {
+        (void)each_dep(paths, n, dep_count, &ndeps);
+        (void)each_dep(paths, n, dep_put, &d);
+    }
     /* A tokenfeed dataset opened as its directories: each path has its
      * manifest (a dependency), every file is one of their shards. */
     int trust = ndeps == n;
@@ -636,6 +638,16 @@ void tf__catalog_save(const char *const *paths, size_t n, const tf_open_options 
     ndeps += put_absent_indexes(&d, files, nfiles);
     write_catalog(catalog_key(0, paths, n, opt), trust ? CAT_TRUST : 0, files, nfiles, &d, ndeps);
     free(d.p);
+}
+
+void tf__catalog_save(const char *const *paths, size_t n, const tf_open_options *opt, const tf_file *files,
+                      uint64_t nfiles) {
+    save_files(paths, n, opt, files, nfiles, 0);
+}
+
+void tf__catalog_save_files(const char *const *paths, size_t n, const tf_open_options *opt, const tf_file *files,
+                            uint64_t nfiles) {
+    save_files(paths, n, opt, files, nfiles, 1);
 }
 
 /* Whether dir is the directory part of path ("." for none). */
@@ -1017,8 +1029,8 @@ int tf__catalog_load(const char *const *paths, size_t n, const tf_open_options *
     return rc ? 1 : 0;
 }
 
-int tf__catalog_load_set(const char *const *spec, size_t nspec, const tf_open_options *opt, tf_file **out,
-                         uint64_t *nout) {
+int tf__catalog_load_set(const char *const *spec, size_t nspec, const tf_open_options *opt, int immutable,
+                         tf_file **out, uint64_t *nout) {
     *out = NULL;
     *nout = 0;
     uint64_t key = catalog_key(1, spec, nspec, opt);
@@ -1046,7 +1058,7 @@ int tf__catalog_load_set(const char *const *spec, size_t nspec, const tf_open_op
             char *p = get_str(&r);
             tf__file_id id;
             get_id(&r, &id);
-            ok = !r.bad && p && id.known == 1 && unchanged(&dc, p, &id);
+            ok = !r.bad && p && id.known == 1 && (immutable || unchanged(&dc, p, &id));
             free(p);
         }
         dircache_close(&dc);

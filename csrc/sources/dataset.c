@@ -104,21 +104,49 @@ static int detect_file(const char *path, tf_format *fmt, char *why, size_t why_c
     return 0;
 }
 
-static int open_one(const char *path, const tf_open_options *opt, tf_file **files, uint64_t *nfiles,
-                    uint64_t *cap) {
+/* A Megatron prefix for path, a data file of a listing: its .bin, when the
+ * listing shows the .idx beside it and that starts with the MMIDIDX magic
+ * (nothing is looked up by name: the listing said which files exist). */
+static char *megatron_listed(const char *path, const tf__listing *listed) {
+    if (!ends_with(path, ".bin") || !(tf__listed_companions(listed, path) & (1u << TF__COMP_IDX))) return NULL;
+    size_t n = strlen(path);
+    char *pre = strndup(path, n - 4), *idx = malloc(n + 1);
+    int ok = 0;
+    if (pre && idx) {
+        sprintf(idx, "%s.idx", pre);
+        int fd = open(idx, O_RDONLY | O_CLOEXEC);
+        char magic[9] = {0};
+        if (fd >= 0) {
+            ok = pread(fd, magic, 9, 0) == 9 && memcmp(magic, "MMIDIDX\0\0", 9) == 0;
+            close(fd);
+        }
+    }
+    free(idx);
+    if (!ok) {
+        free(pre);
+        return NULL;
+    }
+    return pre;
+}
+
+/* Open path; listed: the listing that found it (NULL: none), which says
+ * whether it is a directory and which companion files lie beside it. */
+static int open_one(const char *path, const tf_open_options *opt, const tf__listing *listed, tf_file **files,
+                    uint64_t *nfiles, uint64_t *cap) {
     tf_format fmt = opt->format;
     char *prefix = NULL;
+    int is_dir = listed ? tf__listed_is_dir(listed, path) : -1;
     if (fmt == TF_FORMAT_AUTO || fmt == TF_FORMAT_NATIVE) {
-        if (path_exists(path, 1)) return tf__open_native_dir(path, opt, files, nfiles, cap);
+        if (is_dir == 1 || (is_dir < 0 && path_exists(path, 1))) return tf__open_native_dir(path, opt, files, nfiles, cap);
     }
     if (fmt == TF_FORMAT_AUTO || fmt == TF_FORMAT_MEGATRON) {
-        prefix = megatron_prefix(path);
+        prefix = is_dir == 0 ? megatron_listed(path, listed) : megatron_prefix(path);
         if (prefix) fmt = TF_FORMAT_MEGATRON;
         else if (fmt == TF_FORMAT_MEGATRON)
             TF_FAIL(-TF_EFORMAT, "%s: no Megatron dataset here: expected %s.bin and %s.idx with an MMIDIDX header. Pass the common prefix of the two files.", path, path, path);
     }
     if (fmt == TF_FORMAT_AUTO) {
-        if (!path_exists(path, 0)) {
+        if (is_dir != 0 && !path_exists(path, 0)) {
             if (access(path, F_OK) != 0) TF_FAIL(-ENOENT, "%s: no such file or directory", path);
             TF_FAIL(-EINVAL, "%s: not a regular file or directory", path);
         }
@@ -266,8 +294,51 @@ int tf_dataset_open_many(const char *const *paths, size_t n, const tf_open_optio
     return tf__dataset_open_paths(paths, n, opt, NULL, NULL, out);
 }
 
-int tf__dataset_open_paths(const char *const *paths, size_t n, const tf_open_options *opt, tf__url_open_fn open_urls,
-                           void *ctx, tf_dataset **out) {
+/* ---- the path-spec open ---------------------------------------------------------
+ * A local path may name a shard set: a directory without a manifest, or a
+ * glob (pathspec.c). A set the node's catalog holds under the spec, with its
+ * directories unchanged, opens from it without a listing; otherwise each
+ * directory is listed once, its files are opened with what the listing showed
+ * (no probe per file for a directory, a companion file or a Megatron pair),
+ * and the catalog records the set under the spec and the directories'
+ * identities for the next open. */
+
+/* What path names, when that can be told without a look at the file system
+ * that an open of a plain file would not make anyway: a glob or a directory
+ * (TF__SPEC_*), or -1 when unknown until the path is opened. */
+static int spec_kind(const char *path, size_t n) {
+    if (!path || tf__is_url(path)) return TF__SPEC_PATH;
+    size_t len = strlen(path);
+    int magic = strpbrk(path, "*?[") != NULL;
+    if (n == 1 || magic || (len && path[len - 1] == '/')) return tf__pathspec_kind(path);
+    return -1;
+}
+
+/* The paths to open, each set entry replaced by the files its listing found. */
+typedef struct item {
+    const char *path; /* borrowed from the caller or from names */
+    int listed;       /* found in the listing: it says what is beside it */
+} item;
+
+/* Room for need elements in *v (of *cap): 0, or -ENOMEM with *v unchanged. */
+static int reserve(void **v, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return 0;
+    size_t nc = *cap ? *cap : 64;
+    while (nc < need) nc *= 2;
+    void *g = realloc(*v, nc * elem);
+    if (!g) return -ENOMEM;
+    *v = g;
+    *cap = nc;
+    return 0;
+}
+
+static void drop_files(tf_file *files, uint64_t n) {
+    for (uint64_t k = 0; k < n; k++) tf__file_close(&files[k]);
+    free(files);
+}
+
+static int open_paths(const char *const *paths, size_t n, const tf_open_options *opt, unsigned flags,
+                      tf__url_open_fn open_urls, void *ctx, tf_dataset **out) {
     TF_NEED_ARG_OF("tf_dataset_open", out);
     *out = NULL;
     tf__clearerr();
@@ -278,57 +349,163 @@ int tf__dataset_open_paths(const char *const *paths, size_t n, const tf_open_opt
         opt->raw_dtype != TF_UINT32 && opt->raw_dtype != TF_INT32 && opt->raw_dtype != TF_INT64 &&
         opt->raw_dtype != TF_UINT64 && opt->raw_dtype != TF_INT16)
         TF_FAIL(-EINVAL, "dtype %s is not a token dtype", tf_dtype_name(opt->raw_dtype));
+    for (size_t i = 0; i < n; i++)
+        if (!paths[i]) TF_FAIL(-EINVAL, "path %zu is NULL", i);
     tf_file *files = NULL;
     uint64_t nfiles = 0, cap = 0, lazy_done = 0;
-    /* Several local files, or a directory: the node's catalog, if it has
-     * one for these paths, places every position without reading them. */
-    int local = 1, many = n > 1;
-    for (size_t i = 0; i < n; i++) {
-        if (!paths[i] || tf__is_url(paths[i])) local = 0;
-        else if (!many && path_exists(paths[i], 1)) many = 1;
-    }
-    if (local && many) TF_TRY(tf__catalog_check_settings());
-    if (local && many && tf__catalog_load(paths, n, opt, &files, &nfiles) == 0)
+    if (flags & TF_OPEN_CATALOG_ONLY) {
+        /* the set from the node's catalog, or -ENOENT: nothing is looked at but the catalog (and, unless
+         * immutable, the identity of each directory it records) */
+        TF_TRY(tf__catalog_check_settings());
+        if (tf__catalog_load_set(paths, n, opt, (flags & TF_OPEN_IMMUTABLE) != 0, &files, &nfiles) != 0)
+            TF_FAIL(-ENOENT, "%s: the node's catalog has no entry for this shard set, or a directory holding its "
+                    "files changed since it was listed", paths[0]);
         return finish_dataset(files, nfiles, out);
+    }
+    /* Several local files, or a directory, or a glob: the node's catalog,
+     * if it has one for these paths, places every position without reading
+     * them. */
+    int *kinds = malloc(n * sizeof *kinds);
+    if (!kinds) return -ENOMEM;
+    int local = 1, sets = 0, globs = 0;
     for (size_t i = 0; i < n; i++) {
-        if (!paths[i]) {
-            for (uint64_t k = 0; k < nfiles; k++) tf__file_close(&files[k]);
-            free(files);
-            TF_FAIL(-EINVAL, "path %zu is NULL", i);
+        kinds[i] = spec_kind(paths[i], n);
+        if (tf__is_url(paths[i])) local = 0;
+        sets += kinds[i] == TF__SPEC_GLOB || kinds[i] == TF__SPEC_DIR;
+        globs += kinds[i] == TF__SPEC_GLOB;
+    }
+    int many = n > 1 || sets, rc = 0;
+    if (local && many) rc = tf__catalog_check_settings();
+    if (rc == 0 && local && sets &&
+        tf__catalog_load_set(paths, n, opt, (flags & TF_OPEN_IMMUTABLE) != 0, &files, &nfiles) == 0) {
+        free(kinds);
+        return finish_dataset(files, nfiles, out);
+    }
+    /* (a directory may be a tokenfeed dataset, catalogued under its path with its manifest) */
+    if (rc == 0 && local && many && !globs && tf__catalog_load(paths, n, opt, &files, &nfiles) == 0) {
+        free(kinds);
+        return finish_dataset(files, nfiles, out);
+    }
+    /* each set entry listed: the files it names */
+    tf__listing *L = NULL;
+    item *items = NULL;
+    size_t nitems = 0, icap = 0, nsets = 0;
+    char **names = NULL; /* owned by this open: the listed files' paths */
+    size_t nnames = 0, ncap = 0;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        int kind = kinds[i];
+        if (kind < 0) kind = path_exists(paths[i], 1) ? TF__SPEC_DIR : TF__SPEC_PATH;
+        char **got = NULL;
+        size_t k = 0;
+        if (kind != TF__SPEC_PATH) {
+            if (!L && !(L = tf__listing_new())) rc = -ENOMEM;
+            if (rc == 0) rc = tf__pathspec_expand(L, paths[i], kind, &got, &k);
+            if (rc == 1) { /* a dataset directory, or one whose open explains what it holds */
+                rc = 0;
+                kind = TF__SPEC_PATH;
+            } else if (rc == 0) {
+                nsets++;
+            }
         }
-        int rc;
-        if (tf__is_url(paths[i])) {
+        size_t add = kind == TF__SPEC_PATH ? 1 : k;
+        if (rc == 0 && (reserve((void **)&items, &icap, nitems + add, sizeof *items) ||
+                        reserve((void **)&names, &ncap, nnames + k, sizeof *names)))
+            rc = -ENOMEM;
+        for (size_t j = 0; j < k; j++) {
+            if (rc == 0) {
+                names[nnames++] = got[j];
+                items[nitems++] = (item){got[j], 1};
+            } else {
+                free(got[j]);
+            }
+        }
+        free(got);
+        if (rc == 0 && kind == TF__SPEC_PATH) items[nitems++] = (item){paths[i], 0};
+    }
+    free(kinds);
+    /* a listed set whose files this node has catalogued: placed without reading them (each
+     * file's identity checked) */
+    const char **ipaths = NULL;
+    if (rc == 0 && local && nsets && nitems > 1 && (ipaths = malloc(nitems * sizeof *ipaths))) {
+        for (size_t i = 0; i < nitems; i++) ipaths[i] = items[i].path;
+        if (tf__catalog_load(ipaths, nitems, opt, &files, &nfiles) == 0) lazy_done = nfiles;
+    }
+    int from_catalog = nfiles > 0;
+    for (size_t i = 0; rc == 0 && !from_catalog && i < nitems; i++) {
+        if (tf__is_url(items[i].path)) {
             /* a run of remote URLs is opened together: their metadata is
              * fetched with concurrent requests */
             size_t j = i + 1;
-            while (j < n && paths[j] && tf__is_url(paths[j])) j++;
-            rc = open_urls ? open_urls(ctx, paths + i, j - i, opt, &files, &nfiles, &cap)
+            while (j < nitems && tf__is_url(items[j].path)) j++;
+            const char **run = malloc((j - i) * sizeof *run);
+            if (!run) {
+                rc = -ENOMEM;
+                break;
+            }
+            for (size_t k = i; k < j; k++) run[k - i] = items[k].path;
+            rc = open_urls ? open_urls(ctx, run, j - i, opt, &files, &nfiles, &cap)
                            : tf__seterr(-EINVAL, "%s: a remote URL needs a remote store: open it with tf_dataset_open_remote and a tf_remote (tf_remote_create), or with tokenfeed.open() from Python",
-                                        paths[i]);
+                                        items[i].path);
+            free(run);
             i = j - 1;
-        } else {
-            rc = open_one(paths[i], opt, &files, &nfiles, &cap);
-            /* several files: each is mapped on demand from now on */
-            if (rc == 0 && (n > 1 || nfiles > 1))
-                for (; rc == 0 && lazy_done < nfiles; lazy_done++) rc = tf__file_make_lazy(&files[lazy_done], opt, tf__parser_of(files[lazy_done].format));
+            continue;
         }
-        if (rc < 0) {
-            for (uint64_t k = 0; k < nfiles; k++) tf__file_close(&files[k]);
-            free(files);
-            return rc;
-        }
+        /* companion files of a listed file: answered from the listing */
+        tf__listing_activate(items[i].listed ? L : NULL);
+        rc = open_one(items[i].path, opt, items[i].listed ? L : NULL, &files, &nfiles, &cap);
+        tf__listing_activate(NULL);
+        /* several files: each is mapped on demand from now on */
+        if (rc == 0 && (nitems > 1 || nfiles > 1))
+            for (; rc == 0 && lazy_done < nfiles; lazy_done++)
+                rc = tf__file_make_lazy(&files[lazy_done], opt, tf__parser_of(files[lazy_done].format));
     }
-    if (nfiles == 0 && n > 0) { /* e.g. a dataset written with no documents: name what was opened */
-        free(files);
-        TF_FAIL(-TF_EFORMAT, "%s: num_tokens: expected at least one token, found an empty dataset (no token files; a "
-                "DatasetWriter that received no documents writes one). Check that the path points at the data you "
-                "meant.", paths[0]);
+    if (rc == 0 && nfiles == 0) { /* e.g. a dataset written with no documents: name what was opened */
+        rc = tf__seterr(-TF_EFORMAT, "%s: num_tokens: expected at least one token, found an empty dataset (no token files; a "
+                        "DatasetWriter that received no documents writes one). Check that the path points at the data you "
+                        "meant.", paths[0]);
     }
-    if (local && many) tf__catalog_save(paths, n, opt, files, nfiles);
+    if (rc == 0 && local && nsets) {
+        /* the files as listed, then the set under the spec and the directories listed */
+        if (!from_catalog && ipaths && nnames == nitems)
+            tf__catalog_save_files(ipaths, nitems, opt, files, nfiles);
+        else if (!from_catalog && ipaths)
+            tf__catalog_save(ipaths, nitems, opt, files, nfiles);
+        const char **dirs;
+        tf__file_id *ids;
+        size_t nd = tf__listing_dirs(L, &dirs, &ids);
+        if (nd && ipaths) (void)tf__catalog_save_set(paths, n, opt, files, nfiles, dirs, ids, nd);
+        free(dirs);
+        free(ids);
+    } else if (rc == 0 && local && many) {
+        tf__catalog_save(paths, n, opt, files, nfiles);
+    }
+    free(ipaths);
+    tf__listing_free(L);
+    free(items);
+    for (size_t k = 0; k < nnames; k++) free(names[k]);
+    free(names);
+    if (rc < 0) {
+        drop_files(files, nfiles);
+        return rc;
+    }
     return finish_dataset(files, nfiles, out);
 }
 
+int tf__dataset_open_paths(const char *const *paths, size_t n, const tf_open_options *opt, tf__url_open_fn open_urls,
+                           void *ctx, tf_dataset **out) {
+    return open_paths(paths, n, opt, 0, open_urls, ctx, out);
+}
+
 static const tf_open_options open_defaults = {.format = TF_FORMAT_AUTO, .raw_dtype = TF_DTYPE_INVALID};
+
+int tf_dataset_open_spec(const char *const *spec, size_t nspec, const tf_open_options *opt, unsigned flags,
+                         tf_dataset **out) {
+    TF_NEED_ARG(out);
+    *out = NULL;
+    if (flags & ~(unsigned)(TF_OPEN_IMMUTABLE | TF_OPEN_CATALOG_ONLY))
+        TF_FAIL(-EINVAL, "tf_dataset_open_spec: flags: unknown bits 0x%x", flags);
+    return open_paths(spec, nspec, opt, flags, NULL, NULL, out);
+}
 
 int tf_dataset_open_set(const char *const *spec, size_t nspec, const tf_open_options *opt, tf_dataset **out) {
     TF_NEED_ARG(out);
@@ -337,13 +514,7 @@ int tf_dataset_open_set(const char *const *spec, size_t nspec, const tf_open_opt
     if (!spec || nspec == 0) TF_FAIL(-EINVAL, "no shard set given");
     for (size_t i = 0; i < nspec; i++)
         if (!spec[i]) TF_FAIL(-EINVAL, "shard set entry %zu is NULL", i);
-    tf_file *files = NULL;
-    uint64_t nfiles = 0;
-    TF_TRY(tf__catalog_check_settings());
-    if (tf__catalog_load_set(spec, nspec, opt ? opt : &open_defaults, &files, &nfiles) != 0)
-        TF_FAIL(-ENOENT, "%s: the node's catalog has no entry for this shard set, or a directory holding its files "
-                "changed since it was listed", spec[0]);
-    return finish_dataset(files, nfiles, out);
+    return open_paths(spec, nspec, opt, TF_OPEN_CATALOG_ONLY, NULL, NULL, out);
 }
 
 int tf_dataset_catalog_set(const tf_dataset *ds, const char *const *spec, size_t nspec, const tf_open_options *opt,

@@ -51,7 +51,8 @@ static int64_t mtime_ns(const struct stat *st) {
 /* The index's name in index_dir: the data file's absolute path hashed (two
  * data files of one name in different directories get different indexes). */
 static char *cache_name(const char *data_path, const char *index_dir) {
-    char *abs = realpath(data_path, NULL);
+    char *abs = tf__listed_realpath(data_path); /* (a shard set's listing resolved its directory once) */
+    if (!abs) abs = realpath(data_path, NULL);
     const char *p = abs ? abs : data_path;
     uint64_t h = tf_hash64(p, strlen(p), 0x646f6378);
     const char *base = strrchr(p, '/');
@@ -158,7 +159,8 @@ int tf__docindex_open(const char *path, const tf_open_options *opt, tf_file *f) 
     }
     char *ip = beside_name(path);
     if (!ip) return -ENOMEM;
-    int rc = map_index(ip, path, &dst, f->num_tokens, opt, 0, f);
+    /* (a shard set's listing says whether it lies beside the file: no probe) */
+    int rc = tf__listed_exists(ip) == 0 ? 1 : map_index(ip, path, &dst, f->num_tokens, opt, 0, f);
     free(ip);
     if (rc == 1 && opt->index_dir && *opt->index_dir) {
         ip = cache_name(path, opt->index_dir);

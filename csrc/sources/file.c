@@ -182,6 +182,8 @@ int tf__file_exists(const char *path) {
         const tf__open_hooks *h = open_hooks();
         return h && h->exists(path);
     }
+    int listed = tf__listed_exists(path); /* a shard set's listing says (pathspec.c) */
+    if (listed >= 0) return listed;
     struct stat st;
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }

@@ -370,6 +370,42 @@ TF_HIDDEN uint64_t tf__file_size(const tf_file *f);
  * now, -EIO. */
 TF_HIDDEN int tf__file_check_fd(const tf_file *f, int fd);
 
+/* ---- pathspec.c: a shard set named by a directory or a glob --------------- */
+
+/* What a local path names: a file or dataset opened as itself, a glob (has
+ * '*', '?' or '[' and no such name exists), or a directory (expanded unless
+ * its listing shows a manifest). */
+enum { TF__SPEC_PATH = 0, TF__SPEC_GLOB = 1, TF__SPEC_DIR = 2 };
+TF_HIDDEN int tf__pathspec_kind(const char *path);
+/* Companion files a listing shows beside a data file (bit k of a mask). */
+enum { TF__COMP_IDX = 0, TF__COMP_INDEX = 1, TF__COMP_TFDOCS = 2, TF__COMP_CSV_GZ = 3, TF__NCOMPANIONS = 4 };
+/* The directories an open listed, each once, with their identity taken from
+ * the descriptor listed. */
+typedef struct tf__listing tf__listing;
+TF_HIDDEN tf__listing *tf__listing_new(void);
+TF_HIDDEN void tf__listing_free(tf__listing *l);
+/* The files path (of kind TF__SPEC_GLOB or TF__SPEC_DIR) names, sorted,
+ * each malloc'ed in a malloc'ed array; 1 for a directory that is not a shard
+ * set (a manifest, an unfinished native write, nothing: open it as a path);
+ * -errno with the error set. */
+TF_HIDDEN int tf__pathspec_expand(tf__listing *l, const char *path, int kind, char ***files, size_t *nfiles);
+/* The listed directories ("." for the working directory) and identities
+ * (arrays malloc'ed, strings borrowed from l): their count. */
+TF_HIDDEN size_t tf__listing_dirs(const tf__listing *l, const char ***paths, tf__file_id **ids);
+/* Companions of path in the listing (mask of TF__COMP_*), and whether path
+ * is a directory there (-1: not listed). */
+TF_HIDDEN unsigned tf__listed_companions(const tf__listing *l, const char *path);
+TF_HIDDEN int tf__listed_is_dir(const tf__listing *l, const char *path);
+/* While l is active on this thread (NULL: none), whether a file exists in a
+ * listed directory is answered from it: 1 or 0, or -1 when path lies in no
+ * listed directory (then ask the file system). */
+TF_HIDDEN void tf__listing_activate(const tf__listing *l);
+TF_HIDDEN int tf__listed_exists(const char *path);
+/* realpath(path) for a file of the active listing that is not a symbolic
+ * link, from its directory's realpath (resolved once per directory, not one
+ * readlink per path component per file); NULL when unknown. */
+TF_HIDDEN char *tf__listed_realpath(const char *path);
+
 /* ---- catalog.c: what open needs, in one file per set of paths ------------- */
 
 /* The parser that maps a file of format fmt again from its path (NULL for
@@ -389,11 +425,17 @@ TF_HIDDEN int tf__catalog_load(const char *const *paths, size_t n, const tf_open
  * failure, and nothing for a dataset a catalog cannot describe). */
 TF_HIDDEN void tf__catalog_save(const char *const *paths, size_t n, const tf_open_options *opt,
                                 const tf_file *files, uint64_t nfiles);
+/* The same for paths that are all files (a shard set's, from its listing):
+ * no path is looked at again to find a directory among them. */
+TF_HIDDEN void tf__catalog_save_files(const char *const *paths, size_t n, const tf_open_options *opt,
+                                      const tf_file *files, uint64_t nfiles);
 /* The files of the shard set spec names (directories of foreign files and
  * globs, as open was given them) from the node's catalog, when the
- * directories holding them are unchanged: 0 with *files filled, else 1. */
+ * directories holding them are unchanged (immutable: not looked at, the
+ * caller vouches that nothing was added, removed or renamed): 0 with *files
+ * filled, else 1. */
 TF_HIDDEN int tf__catalog_load_set(const char *const *spec, size_t nspec, const tf_open_options *opt,
-                                   tf_file **files, uint64_t *nfiles);
+                                   int immutable, tf_file **files, uint64_t *nfiles);
 /* A shard set's catalog beside the data: in the directory prefix names
  * ("dir/", or "" for the working directory), for the files of pattern there
  * (a glob of names, or "" for the directory's data files), in a file named

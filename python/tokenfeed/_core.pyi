@@ -106,7 +106,7 @@ class Dataset:
                 format: Optional[str] = ..., remote: Optional["Remote"] = ..., eos_id: Optional[int] = ...,
                 index_dir: Optional[str] = ..., shard_set: int = ..., set_prefix: Optional[str] = ...,
                 set_pattern: Optional[str] = ...,
-                listing: Optional[Sequence[Tuple[str, int, str]]] = ...) -> "Dataset": ...
+                listing: Optional[Sequence[Tuple[str, int, str]]] = ..., immutable: bool = ...) -> "Dataset": ...
     @staticmethod
     def recorded(remote: "Remote", urls: Sequence[str], dtype: _DTypeArg = ..., format: Optional[str] = ...,
                  eos_id: Optional[int] = ..., index_dir: Optional[str] = ..., set_prefix: Optional[str] = ...,

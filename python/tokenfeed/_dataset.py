@@ -107,7 +107,7 @@ def build_catalog(path: PathLike, *, dtype: DTypeLike = None, format: Optional[s
         raise ValueError(f"{p}: a catalog beside the data describes a shard set in one local directory: a directory "
                          "without a manifest, or a glob of names in one directory (data/shard_*.bin)")
     dt, eos = _dtype_name(dtype), None if eos_id is None else int(eos_id)
-    ds = Dataset(_shardset.expand([p]), dtype=dt, format=format, eos_id=eos)
+    ds = Dataset([p], dtype=dt, format=format, eos_id=eos)  # (the core lists the set)
     give_up = time.monotonic() + 5.0
     while True:
         try:
@@ -317,21 +317,25 @@ class Dataset:
                 warnings.warn(_sentence(e), PerformanceWarning, stacklevel=3)
                 self._set_catalog = None
         self._core = core if core is not None else _core.Dataset(self._paths, **kw)
+        if store is None and _shardset.names_sets(self._paths):
+            self._paths = None  # the core listed them: its files, when asked for
         if store is not None:
             _warn_unversioned(store)
         self._set_info()
 
     @classmethod
     def _from_catalog(cls, spec: Sequence[str], dtype: Optional[str], format: Optional[str],
-                      eos_id: Optional[int], beside_data: bool = False) -> "Dataset":
+                      eos_id: Optional[int], beside_data: bool = False, immutable: bool = False) -> "Dataset":
         """The shard set ``spec`` (globs, directories of foreign files) from the node's catalog,
         without listing its directories; FileNotFoundError when the catalog has no entry or a
-        directory changed since it was listed. ``beside_data``: spec is ``[prefix, pattern]``,
-        read from the set's catalog beside the data (OSError ESTALE when it is out of date)."""
+        directory changed since it was listed (``immutable``: the directories are not looked
+        at). ``beside_data``: spec is ``[prefix, pattern]``, read from the set's catalog beside
+        the data (OSError ESTALE when it is out of date)."""
         self = cls.__new__(cls)
+        kw: Dict[str, Any] = {"immutable": True} if immutable else {}
         self._core = _core.Dataset(list(spec), dtype=dtype, format=format, eos_id=eos_id,
                                    shard_set=2 if beside_data else 1,
-                                   index_dir=default_index_dir() if eos_id is not None else None)
+                                   index_dir=default_index_dir() if eos_id is not None else None, **kw)
         self._paths = None  # the files, from the catalog when asked for
         self._dtype_arg, self._format_arg, self._remote_args = dtype, format, None
         self._eos_id = self.eos_id = eos_id
@@ -498,7 +502,7 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
          prefetch_bytes: Union[int, str, None] = None, fetch_threads: Optional[int] = None,
          storage_options: Optional[Dict[str, Any]] = None, request_timeout: Optional[float] = None,
          max_attempts: Optional[int] = None, deadline: Optional[float] = None,
-         eos_id: Optional[int] = None, prefetch: Union[int, str, None] = None) -> Dataset:
+         eos_id: Optional[int] = None, prefetch: Union[int, str, None] = None, immutable: bool = False) -> Dataset:
     """Open token data in place and return a :class:`Dataset`.
 
     ``path`` is a tokenfeed dataset directory or shard, a Megatron ``.bin/.idx`` prefix,
@@ -532,6 +536,13 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     read-only, in the node's index directory (``$TOKENFEED_INDEX_DIR``, default
     ``~/.cache/tokenfeed/docindex``); an index
     whose data file changed is refused (docs/format.md, "Document index").
+
+    ``immutable=True`` (local shard sets): the caller vouches that no file of the set's
+    directories was added, removed or renamed since this node last opened it, and the set
+    opens from the node's catalog without looking at a directory: on a shared file system,
+    no metadata request at all before the first touch of a file. A file added since is not
+    seen; a file replaced or modified is still a ``FormatError`` naming it at its first touch
+    (docs/format.md, "Shard sets").
     """
     if eos_id is not None and (not isinstance(eos_id, (int, np.integer)) or isinstance(eos_id, bool) or eos_id < 0):
         raise ValueError(f"eos_id must be a non-negative int, got {eos_id!r}")
@@ -551,16 +562,25 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     if remote is not None and any(_remote.is_url(p) and (p.endswith("/") or _shardset.is_glob(p)) for p in paths):
         store = _remote.get_store(**remote)  # kept alive until the dataset holds it
     dt, eos = _dtype_name(dtype), None if eos_id is None else int(eos_id)
-    set_dirs = _shardset.local_set_dirs(paths) if remote is None else None
-    if remote is None and (len(paths) > 1 or set_dirs is not None or os.path.isdir(paths[0])):
+    if immutable and remote is None:
+        # the caller vouches that the set's directories are as this node recorded them: nothing
+        # on the data's file system is looked at before the first touch of a file
+        _warn_refused_catalog_dir()
+        try:
+            return Dataset._from_catalog(paths, dt, format, eos, immutable=True)
+        except FileNotFoundError:
+            pass  # not catalogued on this node yet: opened as any other
+    sets = remote is None and _shardset.local_sets(paths)
+    if remote is None and (len(paths) > 1 or sets or os.path.isdir(paths[0])):
         _warn_refused_catalog_dir()  # (what the node's catalog may serve: several files)
-    if set_dirs is not None:
+    if sets:
         try:
             return Dataset._from_catalog(paths, dt, format, eos)
         except FileNotFoundError:
-            pass  # not catalogued on this node yet, or a directory changed: list the directories
+            pass  # not catalogued on this node yet, or a directory changed: the core lists the directories
         beside = _shardset.data_catalog_spec(paths[0]) if len(paths) == 1 else None
-        if beside is not None:
+        set_dirs = _shardset.local_set_dirs(paths) if beside is not None else None
+        if beside is not None and set_dirs is not None:
             try:
                 ds = Dataset._from_catalog(beside, dt, format, eos, beside_data=True)
             except FileNotFoundError:
@@ -589,7 +609,6 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
             else:
                 ds._catalog_as_set(paths, set_dirs)  # this node's own entry: the next open is faster still
                 return ds
-    spec = paths
     index_dir = default_index_dir() if eos is not None else None
 
     # a remote shard set under one prefix: its catalog beside the data, when the listing shows one
@@ -637,8 +656,9 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
                     def found_remote(d_: Optional[str], f_: Optional[str], e_: Optional[int]) -> bool:
                         return _core.Dataset.set_catalog_name(pattern, dtype=d_, format=f_, eos_id=e_) in listed_names
                     _warn_unused_catalog(paths_given, cats, dt, format, eos, found_remote)
-    else:
-        paths = _shardset.expand(paths, store.transport.list if store is not None else None)
+    elif store is not None:
+        paths = _shardset.expand(paths, store.transport.list)
+    # (local directories and globs are listed by the core, which records the set in the node's catalog)
     try:
         # (a catalog out of date is not used: Dataset warns and reads the objects)
         ds = Dataset(paths, dtype=dt, format=format, remote=remote, eos_id=eos, set_catalog=set_catalog,
@@ -648,11 +668,9 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     finally:
         if node_set is not None:
             node_set.close()
-    if set_dirs is not None:
-        ds._catalog_as_set(spec, set_dirs)
     del store
     if ds.format == "raw" and remote is None:
-        _warn_if_not_tokens(paths)
+        _warn_if_not_tokens(ds.paths[:4])
     return ds
 
 

@@ -1,5 +1,7 @@
 """Shard sets: a directory of foreign token files, or a glob, expanded into the sorted list of
-files that :func:`tokenfeed.open` concatenates (docs/format.md, "Shard sets").
+files that :func:`tokenfeed.open` concatenates (docs/format.md, "Shard sets"). Local sets are
+listed by the core (csrc/sources/pathspec.c, one listing per directory, companion files found
+in it); this module expands remote ones, by the same rules:
 
 * A directory without a ``tokenfeed.manifest`` (local, or a URL ending in ``/``) holds files of
   one format: ``.npy`` files, llm.c shards, Megatron ``.bin``/``.idx`` pairs, or headerless
@@ -18,7 +20,6 @@ the same order. Both Megatron files of a pair become one entry (the ``.bin``).
 from __future__ import annotations
 
 import fnmatch
-import glob as _glob
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -102,24 +103,27 @@ def _one_format(where: str, names: Sequence[str], others: Sequence[str]) -> List
     return out
 
 
-def _local_dir(path: str) -> List[str]:
-    names, subdirs = [], []
-    with os.scandir(path) as it:
-        for e in it:
-            if e.is_file(follow_symlinks=True):
-                names.append(e.name)
-            elif e.is_dir(follow_symlinks=True):
-                subdirs.append(e.name)
-    if _native_leftovers(names) or not (names or subdirs):
-        return [path]  # the core says what is missing ("no manifest")
-    return [os.path.join(path, n) for n in _one_format(path, names, subdirs)]
+def _local_set(path: str) -> bool:
+    """Whether a local path names a shard set the core lists: a glob that names no file, or a
+    directory without a manifest."""
+    if is_glob(path) and not os.path.lexists(path):
+        return True
+    return os.path.isdir(path) and not os.path.exists(os.path.join(path, MANIFEST))
 
 
-def _local_glob(pattern: str) -> List[str]:
-    hits = _glob.glob(pattern)
-    if not hits:
-        raise FileNotFoundError(f"{pattern}: no file or directory matches this pattern")
-    return _collapse(hits)[0]
+def local_sets(paths: Sequence[str]) -> bool:
+    """Whether every entry of ``paths`` is a local shard set (a glob, or a directory without a
+    manifest): what the node's catalog may hold under these paths, unexpanded."""
+    return bool(paths) and all(not _remote.is_url(p) and _local_set(p) for p in paths)
+
+
+def names_sets(paths: Sequence[str]) -> bool:
+    """Whether local ``paths`` may name a shard set that the core expanded into its files: a
+    glob or a path ending in ``/`` among them, or one directory without a manifest (a
+    directory among several files is looked at only when it ends in ``/``)."""
+    if any(is_glob(p) or p.endswith("/") for p in paths):
+        return True
+    return len(paths) == 1 and _local_set(paths[0])
 
 
 def _fixed_prefix(key: str) -> str:
@@ -260,7 +264,8 @@ def expand_listed(paths: Sequence[str], list_objects: Lister) -> Tuple[List[str]
 
 
 def expand(paths: Sequence[str], lister: Optional[Lister] = None) -> List[str]:
-    """``paths`` with every glob and every manifest-less directory replaced by its files.
+    """``paths`` with every remote glob and directory URL replaced by its objects (local
+    directories and globs are listed by the core, csrc/sources/pathspec.c, as they are opened).
 
     ``lister(prefix_url)`` yields ``(url, size, version)`` of every object under a remote
     prefix; it is called only for remote globs and remote directories (URLs ending in ``/``)."""
@@ -275,10 +280,6 @@ def expand(paths: Sequence[str], lister: Optional[Lister] = None) -> List[str]:
                 out.extend([p] if files is None else files)
                 continue
             out.append(p)
-        elif os.path.isdir(p):
-            out.extend([p] if os.path.exists(os.path.join(p, MANIFEST)) else _local_dir(p))
-        elif is_glob(p) and not os.path.exists(p):
-            out.extend(_local_glob(p))
         else:
-            out.append(p)
+            out.append(p)  # a local directory or glob: the core lists it (csrc/sources/pathspec.c)
     return out

@@ -918,6 +918,110 @@ out:
     free(written);
 }
 
+/* A C program opens a directory of llm.c shards and a glob of them with
+ * tf_dataset_open (the core lists them; companions found in the listing), in
+ * sorted name order; a glob over directories; and the errors of each. */
+static void write_llmc_shard(const char *path, uint16_t first, uint32_t n) {
+    uint8_t hdr[1024] = {0};
+    put32(hdr, 20240520u);
+    put32(hdr + 4, 1);
+    put32(hdr + 8, n);
+    uint16_t toks[64];
+    for (uint32_t t = 0; t < n && t < 64; t++) toks[t] = (uint16_t)(first + t);
+    FILE *fp = fopen(path, "wb");
+    CHECK(fp != NULL);
+    if (!fp) return;
+    CHECK(fwrite(hdr, 1, sizeof hdr, fp) == sizeof hdr);
+    CHECK(fwrite(toks, 2, n, fp) == n);
+    fclose(fp);
+}
+
+static void test_path_specs(void) {
+    char d[512], p[600], spec[600];
+    path_in(d, sizeof d, "llmc_set");
+    CHECK(mkdir(d, 0755) == 0);
+    for (int i = 4; i >= 0; i--) { /* written out of order: opened in name order */
+        snprintf(p, sizeof p, "%s/shard_%02d.bin", d, i);
+        write_llmc_shard(p, (uint16_t)(100 * i), 10);
+    }
+    snprintf(p, sizeof p, "%s/README.md", d); /* not data in a directory */
+    t_write_file(p, "# a dataset\n", 12);
+    uint64_t fp_dir = 0;
+    tf_dataset *ds = NULL;
+    snprintf(spec, sizeof spec, "%s/", d);
+    CHECK_OK(tf_dataset_open(spec, NULL, &ds));
+    if (ds) {
+        tf_dataset_info info;
+        tf_dataset_get_info(ds, &info);
+        CHECK(info.num_files == 5 && info.num_tokens == 50 && info.format == TF_FORMAT_LLMC);
+        uint16_t t[2];
+        CHECK_OK(tf_dataset_read(ds, 20, 2, t, TF_UINT16));
+        CHECK(t[0] == 200 && t[1] == 201); /* shard_02 third: name order */
+        fp_dir = info.fingerprint;
+        tf_dataset_free(ds);
+        ds = NULL;
+    }
+    snprintf(spec, sizeof spec, "%s/shard_0[0-3].bin", d);
+    CHECK_OK(tf_dataset_open(spec, NULL, &ds));
+    if (ds) {
+        tf_dataset_info info;
+        tf_dataset_get_info(ds, &info);
+        CHECK(info.num_files == 4 && info.num_tokens == 40);
+        tf_dataset_free(ds);
+        ds = NULL;
+    }
+    snprintf(spec, sizeof spec, "%s/*.bin", d);
+    CHECK_OK(tf_dataset_open(spec, NULL, &ds));
+    if (ds) {
+        tf_dataset_info info;
+        tf_dataset_get_info(ds, &info);
+        CHECK(info.fingerprint == fp_dir); /* the same files as the directory */
+        tf_dataset_free(ds);
+        ds = NULL;
+    }
+    /* a glob over directories: each listed once */
+    path_in(spec, sizeof spec, "llmc_s*/shard_0?.bin");
+    CHECK_OK(tf_dataset_open(spec, NULL, &ds));
+    if (ds) {
+        tf_dataset_info info;
+        tf_dataset_get_info(ds, &info);
+        CHECK(info.num_files == 5);
+        tf_dataset_free(ds);
+        ds = NULL;
+    }
+    /* a glob over more directories than the listing first has room for */
+    char many[512];
+    path_in(many, sizeof many, "llmc_many");
+    CHECK(mkdir(many, 0755) == 0);
+    for (int k = 11; k >= 0; k--) {
+        snprintf(p, sizeof p, "%s/d%02d", many, k);
+        CHECK(mkdir(p, 0755) == 0);
+        snprintf(p, sizeof p, "%s/d%02d/shard_0.bin", many, k);
+        write_llmc_shard(p, (uint16_t)(10 * k), 3);
+    }
+    path_in(spec, sizeof spec, "llmc_many/d*/shard_*.bin");
+    CHECK_OK(tf_dataset_open(spec, NULL, &ds));
+    if (ds) {
+        tf_dataset_info info;
+        tf_dataset_get_info(ds, &info);
+        CHECK(info.num_files == 12 && info.num_tokens == 36);
+        uint16_t t[1];
+        CHECK_OK(tf_dataset_read(ds, 3 * 11, 1, t, TF_UINT16));
+        CHECK(t[0] == 110); /* d11 last: name order across directories */
+        tf_dataset_free(ds);
+        ds = NULL;
+    }
+    path_in(spec, sizeof spec, "llmc_set/nothing_*.bin");
+    CHECK_RC(tf_dataset_open(spec, NULL, &ds), -ENOENT);
+    CHECK(strstr(tf_last_error(), "no file or directory matches") != NULL);
+    /* a directory of two formats: says what it holds */
+    snprintf(p, sizeof p, "%s/extra.npy", d);
+    t_write_file(p, "\x93NUMPY", 6);
+    CHECK_RC(tf_dataset_open(d, NULL, &ds), -TF_EFORMAT);
+    CHECK(strstr(tf_last_error(), "5 .bin files (shard_00.bin, shard_01.bin, shard_02.bin, ... (2 more))") != NULL);
+    CHECK(ds == NULL);
+}
+
 int main(void) {
     if (t_mkdtemp(tmpdir, sizeof tmpdir, "tf_test_sources")) return T_EXIT_FAIL;
     test_eos_index();
@@ -926,6 +1030,7 @@ int main(void) {
     test_native_corrupt();
     test_megatron();
     test_llmc();
+    test_path_specs();
     test_npy();
     test_raw();
     test_fuzz();
