@@ -16,7 +16,8 @@ PY=${PYTHON:-python3}
 pkgs=(build-essential pkg-config libzstd-dev liburing-dev)
 # the tests also decode compressed blocks with the stock zstd tool (standard frames);
 # the benchmark reads its larger-than-memory file with fio too, for the device's limit
-if [ "${1:-}" = test ]; then pkgs+=(zstd); else pkgs+=(fio); fi
+# (strace: the start-up tests count the metadata system calls an open makes)
+if [ "${1:-}" = test ]; then pkgs+=(zstd strace); else pkgs+=(fio); fi
 need=()
 for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
