@@ -1066,3 +1066,16 @@ static int check_tail(const tf_file *f, size_t end) {
     TF_FAIL(-EIO, "%s: the file changed while mapped: it now ends at byte %llu, before the tokens read (up to byte %zu), which would read as zeros. Files must not be modified while a job reads them; re-open the dataset.",
             f->path, (ull)st.st_size, end);
 }
+
+char *tf__companion_path(const char *path, const char *suffix, int replace_ext) {
+    size_t n = strlen(path), sl = strlen(suffix);
+    if (replace_ext) { /* pathlib's with_suffix: the last extension of the last name */
+        const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path, *dot = strrchr(base, '.');
+        if (dot && dot != base) n = (size_t)(dot - path);
+    }
+    char *out = malloc(n + sl + 1);
+    if (!out) return NULL;
+    memcpy(out, path, n);
+    memcpy(out + n, suffix, sl + 1);
+    return out;
+}

@@ -48,10 +48,10 @@ static int reopen_megatron(const char *bin, const tf_open_options *opt, tf_file 
 /* NeMo AutoModel's nanogpt shard (nemo_nanogpt.c). */
 TF_HIDDEN int tf__open_nemo_nanogpt(const char *path, const tf_open_options *opt, tf_file *f);
 TF_HIDDEN int tf__nemo_nanogpt_magic(const uint8_t *head, size_t n);
+TF_HIDDEN extern const char *const tf__nemo_nanogpt_companions[];
 
 static const char *const megatron_companions[] = {".idx", NULL};
 static const char *const raw_companions[] = {".index", NULL};
-static const char *const nemo_companions[] = {".bos.idx", NULL};
 
 /* Detection order is table order: the rows with a magic are tried first to
  * last. Headerless (raw) files have none and are what no row claims. */
@@ -69,7 +69,7 @@ static const tf__format_row rows[] = {
     {.format = TF_FORMAT_NPY, .name = "npy", .magic = magic_npy, .parse = tf__open_npy, .reparse = tf__open_npy,
      .docs = TF_DOCS_SINGLE, .catalog = 1, .what = "a .npy array"},
     {.format = TF_FORMAT_NEMO_NANOGPT, .name = "nemo-nanogpt", .alias = "nanogpt", .magic = tf__nemo_nanogpt_magic,
-     .parse = tf__open_nemo_nanogpt, .reparse = tf__open_nemo_nanogpt, .companions = nemo_companions,
+     .parse = tf__open_nemo_nanogpt, .reparse = tf__open_nemo_nanogpt, .companions = tf__nemo_nanogpt_companions,
      .replace_ext = 1, .docs = TF_DOCS_ENDS, .catalog = 1, .what = "a NeMo AutoModel nanogpt shard"},
 };
 
@@ -97,21 +97,9 @@ char *tf__format_companion(tf_format fmt, const char *path, size_t k, int *oom) 
     if (!r || !r->companions) return NULL;
     for (size_t i = 0; i < k; i++)
         if (!r->companions[i]) return NULL;
-    const char *suf = r->companions[k];
-    if (!suf) return NULL;
-    size_t n = strlen(path);
-    if (r->replace_ext) { /* pathlib's with_suffix: the last extension of the last name */
-        const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path, *dot = strrchr(base, '.');
-        if (dot && dot != base) n = (size_t)(dot - path);
-    }
-    size_t sl = strlen(suf);
-    char *out = malloc(n + sl + 1);
-    if (!out) {
-        *oom = 1;
-        return NULL;
-    }
-    memcpy(out, path, n);
-    memcpy(out + n, suf, sl + 1);
+    if (!r->companions[k]) return NULL;
+    char *out = tf__companion_path(path, r->companions[k], r->replace_ext);
+    if (!out) *oom = 1;
     return out;
 }
 

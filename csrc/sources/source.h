@@ -310,6 +310,10 @@ TF_HIDDEN void tf__release_pages(const void *map, uint64_t len);
 /* O(1) fingerprint of a foreign file: its size and its first and last page
  * (hashing everything would make open O(tokens)). */
 TF_HIDDEN uint64_t tf__sampled_fingerprint(const uint8_t *buf, uint64_t len, uint64_t seed);
+/* The name of a companion file of path: path + suffix, or with replace_ext
+ * the last extension of its last name replaced by suffix (as pathlib's
+ * with_suffix: "a/x.bin" -> "a/x.bos.idx"); malloc'ed, NULL on ENOMEM. */
+TF_HIDDEN char *tf__companion_path(const char *path, const char *suffix, int replace_ext);
 /* dir + "/" + name, malloc'ed (NULL on ENOMEM). */
 TF_HIDDEN char *tf__path_join(const char *dir, const char *name);
 /* Close one file: unmap, free. Safe on a zeroed or partially filled file. */
