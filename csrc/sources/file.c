@@ -1079,3 +1079,13 @@ char *tf__companion_path(const char *path, const char *suffix, int replace_ext) 
     memcpy(out + n, suffix, sl + 1);
     return out;
 }
+
+int tf__open_main(const char *path, tf_file *f, uint64_t header, const char *layout, const char *fix) {
+    f->path = strdup(path);
+    if (!f->path) return -ENOMEM;
+    TF_TRY(tf__map_file_main(path, f));
+    if (f->map_len < header)
+        TF_FAIL(-TF_EFORMAT, "%s: header: expected %llu bytes (%s), found %llu. %s", path, (unsigned long long)header,
+                layout, (unsigned long long)f->map_len, fix);
+    return 0;
+}

@@ -80,14 +80,9 @@ static int open_bos(tf_file *f) {
 
 int tf__open_nemo_nanogpt(const char *path, const tf_open_options *opt, tf_file *f) {
     (void)opt;
-    f->path = strdup(path);
-    if (!f->path) return -ENOMEM;
-    TF_TRY(tf__map_file_main(path, f));
+    TF_TRY(tf__open_main(path, f, NEMO_HEADER, "256 x int32", "The nanogpt shard is truncated: write it again."));
     const uint8_t *b = f->map;
     uint64_t len = f->map_len;
-    if (len < NEMO_HEADER)
-        TF_FAIL(-TF_EFORMAT, "%s: header: expected %u bytes (256 x int32), found %llu. The nanogpt shard is truncated: write it again.",
-                path, NEMO_HEADER, (ull)len);
     uint32_t magic = tf__le32(b), version = tf__le32(b + 4), isz = tf__le32(b + 12);
     int32_t ntok = (int32_t)tf__le32(b + 8);
     if (magic != NEMO_MAGIC)

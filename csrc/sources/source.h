@@ -303,6 +303,10 @@ TF_HIDDEN int tf__map_file(const char *path, void **map, size_t *len);
  * with f->map_id, the identity of the file mapped, from the descriptor it was
  * mapped from (known 0 for a remote object's map), and f->map_nz. */
 TF_HIDDEN int tf__map_file_main(const char *path, tf_file *f);
+/* A parser's first step: f->path set to a copy of path, the file mapped
+ * (tf__map_file_main), and at least header bytes in it, else -TF_EFORMAT
+ * "<path>: header: expected <header> bytes (<layout>), found <n>. <fix>". */
+TF_HIDDEN int tf__open_main(const char *path, tf_file *f, uint64_t header, const char *layout, const char *fix);
 TF_HIDDEN void tf__unmap(void *map, size_t len);
 /* Drop the pages of a mapping from this process's RSS after the header
  * checks at open (the data stays in the page cache). */

@@ -615,13 +615,9 @@ static void test_nemo_nanogpt(void) {
     char p[300], idx[300];
     path_in(p, sizeof p, "nemo.bin");
     path_in(idx, sizeof idx, "nemo.bos.idx");
-    uint8_t f[1024 + 10 * 4];
-    memset(f, 0, sizeof f);
-    put32(f, 278895051);
-    put32(f + 4, 1);
-    put32(f + 8, 10);
-    put32(f + 12, 4);
-    for (uint32_t i = 0; i < 10; i++) put32(f + 1024 + 4 * i, 100000 + i);
+    uint8_t f[1024 + 10 * 4] = {0};
+    const uint32_t head[4] = {278895051, 1, 10, 4}; /* magic, version, tokens, bytes per token */
+    for (uint32_t i = 0; i < 14; i++) put32(i < 4 ? f + 4 * i : f + 1024 + 4 * (i - 4), i < 4 ? head[i] : 100000 + i - 4);
     t_write_file(p, f, sizeof f);
     tf_dataset *ds = NULL;
     CHECK_OK(open_path(p, NULL, &ds)); /* detected, no sidecar: one document */
