@@ -187,7 +187,7 @@ def _catalog_dir() -> Optional[str]:
 _CATALOG_STEM = ".tokenfeed-catalog-"
 
 
-_OPTION_FORMATS = (None, "tokenfeed", "llm.c", "npy", "raw", "megatron")
+_OPTION_FORMATS = (None, *_core.Dataset.formats())  # the C library's format table
 
 
 def _option_sets(dt: Optional[str], format: Optional[str],
