@@ -508,7 +508,7 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     concatenated in order. A shard set opens as its files in sorted name order: a directory
     without a manifest holding files of one format (``"data/"``), or a glob
     (``"data/*.npy"``, ``"s3://bucket/tokens/*.bin"``); see docs/format.md, "Shard sets". The format is detected unless ``format=`` names one
-    (a name of the C library's format table, ``tokenfeed._core.Dataset.formats()``:
+    (a name of the C library's format table:
     ``"tokenfeed"``, ``"megatron"``, ``"llm.c"``, ``"raw"``, ``"npy"``, ``"nemo-nanogpt"``).
     Malformed input raises :class:`tokenfeed.FormatError` naming the file and field.
 
