@@ -314,6 +314,23 @@ def write_llmc(path: Any, tokens: Any, version: int = 1) -> None:
         f.write(header.tobytes())
         f.write(np.asarray(tokens, dtype=dt).tobytes())
 
+
+def write_nemo_nanogpt(path: Any, docs: Any, itemsize: int = 2, bos_idx: bool = True) -> Any:
+    """A NeMo AutoModel nanogpt shard as its tools/nanogpt_data_processor.py writes it: 256 int32
+    header words (magic 278895051, version 1, token count, bytes per token), then the tokens; with
+    bos_idx, the sidecar (the path's last extension replaced by .bos.idx) of int32 document starts.
+    Returns the flat tokens."""
+    flat = np.concatenate([np.asarray(d) for d in docs]) if len(docs) else np.zeros(0)
+    header = np.zeros(256, dtype=np.int32)
+    header[:4] = (278895051, 1, len(flat), itemsize)
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(flat.astype(np.uint16 if itemsize == 2 else np.uint32).tobytes())
+    if bos_idx:
+        starts = np.cumsum([0] + [len(d) for d in docs[:-1]]).astype(np.int32)
+        starts.tofile(os.path.splitext(str(path))[0] + ".bos.idx")
+    return flat
+
 def aged(paths: Iterable[Any], seconds: int = 60) -> None:
     """Back-date files and directories: the node's catalog records only what was left
     unmodified for 2 s (a change within the file system's timestamp granularity would go

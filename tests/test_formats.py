@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tokenfeed
-from conftest import MEGATRON_CODES, write_llmc, write_megatron
+from conftest import MEGATRON_CODES, aged, write_llmc, write_megatron, write_nemo_nanogpt
 
 VOCAB_DTYPES = {256: np.uint8, 50257: np.uint16, 128256: np.uint32, 2**32 - 1: np.uint32}
 
@@ -160,6 +160,135 @@ def test_raw_nanogpt_and_datatrove_index(tmp_path):
     check_documents(ds, docs)
     with pytest.raises(tokenfeed.FormatError, match="dtype"):
         tokenfeed.open(tmp_path / "train.bin")                          # headerless needs dtype
+
+
+NEMO_MAGIC = 278895051
+
+
+def _nemo_docs(seed, n=7, vocab=50000):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, size=int(k)) for k in rng.integers(1, 300, size=n)]
+
+
+@pytest.mark.parametrize("itemsize", [2, 4])
+def test_nemo_nanogpt_with_and_without_bos_idx(tmp_path, itemsize):
+    docs = _nemo_docs(itemsize, vocab=50000 if itemsize == 2 else 163840)
+    flat = write_nemo_nanogpt(tmp_path / "shard_000.bin", docs, itemsize, bos_idx=False)
+    ds = tokenfeed.open(tmp_path / "shard_000.bin")                     # detected by its magic
+    assert ds.format == "nemo-nanogpt" and ds.dtype == (np.uint16 if itemsize == 2 else np.uint32)
+    check_documents(ds, [flat])                                         # no sidecar: one document
+    fp_without = ds.fingerprint
+    write_nemo_nanogpt(tmp_path / "shard_000.bin", docs, itemsize, bos_idx=True)
+    assert (tmp_path / "shard_000.bos.idx").exists()                    # with_suffix, as AutoModel names it
+    for fmt in (None, "nemo-nanogpt", "nanogpt"):
+        ds = tokenfeed.open(tmp_path / "shard_000.bin", format=fmt)
+        check_documents(ds, docs)                                       # documents start at the BOS positions
+        starts = np.fromfile(tmp_path / "shard_000.bos.idx", dtype=np.int32)
+        assert [ds.find_document(int(p)) for p in starts] == list(range(len(docs)))
+        assert ds.fingerprint != fp_without                             # the sidecar is part of what was read
+
+
+def test_nemo_nanogpt_tokens_before_the_first_bos_are_a_document(tmp_path):
+    docs = _nemo_docs(3)
+    flat = write_nemo_nanogpt(tmp_path / "s.bin", docs, bos_idx=False)
+    starts = np.cumsum([len(d) for d in docs[:-1]]).astype(np.int32)    # no BOS at 0
+    starts.tofile(tmp_path / "s.bos.idx")
+    ds = tokenfeed.open(tmp_path / "s.bin")
+    check_documents(ds, docs)
+    assert np.array_equal(ds.tokens(0, len(flat)), flat)
+
+
+def test_nemo_nanogpt_many_shards_and_the_node_catalog(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(tmp_path / "cat"))
+    all_docs, paths = [], []
+    for i in range(3):
+        d = _nemo_docs(10 + i)
+        write_nemo_nanogpt(tmp_path / f"s{i}.bin", d, bos_idx=i != 1)  # the middle one without a sidecar
+        all_docs += d if i != 1 else [np.concatenate(d)]
+        paths.append(tmp_path / f"s{i}.bin")
+    aged([*paths, *tmp_path.glob("*.bos.idx"), tmp_path])
+    for _ in range(2):                                                  # parsed, then from the catalog
+        ds = tokenfeed.open(paths)
+        check_documents(ds, all_docs)
+    # a sidecar that appears beside the shard read without one is seen, not the catalog's old entry
+    d1 = _nemo_docs(11)
+    write_nemo_nanogpt(tmp_path / "s1.bin", d1, bos_idx=True)
+    aged([*tmp_path.glob("s1.*"), tmp_path])
+    ds = tokenfeed.open(paths)
+    assert ds.num_documents == len(all_docs) - 1 + len(d1)
+
+
+def _nemo_bytes(tmp_path, docs=None):
+    docs = docs or _nemo_docs(5)
+    write_nemo_nanogpt(tmp_path / "s.bin", docs)
+    return bytearray((tmp_path / "s.bin").read_bytes()), docs
+
+
+@pytest.mark.parametrize("word, value, field", [
+    (1, 2, "version"), (3, 3, "bytes per token"), (3, 0, "bytes per token"), (2, -5, "num_tokens"),
+    (2, 1 << 30, "file size"), (2, 0x7FFFFFFF, "file size")])
+def test_nemo_nanogpt_hostile_header(tmp_path, word, value, field):
+    b, _ = _nemo_bytes(tmp_path)
+    b[4 * word:4 * word + 4] = np.int32(value).tobytes()
+    (tmp_path / "s.bin").write_bytes(bytes(b))
+    with pytest.raises(tokenfeed.FormatError, match=f"s.bin: {field}"):
+        tokenfeed.open(tmp_path / "s.bin")
+
+
+def test_nemo_nanogpt_truncated_and_forced(tmp_path):
+    b, _ = _nemo_bytes(tmp_path)
+    (tmp_path / "s.bin").write_bytes(bytes(b[:-2]))                   # one token short
+    with pytest.raises(tokenfeed.FormatError, match="file size"):
+        tokenfeed.open(tmp_path / "s.bin")
+    (tmp_path / "s.bin").write_bytes(bytes(b[:600]))                  # inside the header
+    with pytest.raises(tokenfeed.FormatError, match="header"):
+        tokenfeed.open(tmp_path / "s.bin", format="nemo-nanogpt")
+    write_llmc(tmp_path / "l.bin", np.arange(10), 1)                    # another format, forced
+    with pytest.raises(tokenfeed.FormatError, match="magic: expected 278895051"):
+        tokenfeed.open(tmp_path / "l.bin", format="nemo-nanogpt")
+
+
+@pytest.mark.parametrize("bad, msg", [
+    ("unsorted", "BOS position 3"), ("repeated", "BOS position 1"), ("negative", "BOS position 0"),
+    ("past_end", "BOS position"), ("odd_size", "multiple of 4")])
+def test_nemo_nanogpt_hostile_bos_idx(tmp_path, bad, msg):
+    _, docs = _nemo_bytes(tmp_path)
+    n = sum(len(d) for d in docs)
+    starts = np.fromfile(tmp_path / "s.bos.idx", dtype=np.int32)
+    if bad == "unsorted":
+        starts[2], starts[3] = starts[3], starts[2]
+    elif bad == "repeated":
+        starts[1] = starts[0]
+    elif bad == "negative":
+        starts[0] = -1
+    elif bad == "past_end":
+        starts[-1] = n
+    raw = starts.tobytes() + (b"\x01" if bad == "odd_size" else b"")
+    (tmp_path / "s.bos.idx").write_bytes(raw)
+    with pytest.raises(tokenfeed.FormatError, match=msg) as e:
+        tokenfeed.open(tmp_path / "s.bin")
+    assert "s.bos.idx" in str(e.value)                                  # names the sidecar, not the shard
+
+
+def test_nemo_nanogpt_bos_idx_of_an_empty_shard_refused(tmp_path):
+    write_nemo_nanogpt(tmp_path / "e.bin", [], bos_idx=False)
+    np.array([0], np.int32).tofile(tmp_path / "e.bos.idx")
+    write_llmc(tmp_path / "l.bin", np.arange(10), 1)
+    with pytest.raises(tokenfeed.FormatError, match="e.bos.idx: BOS position 0"):
+        tokenfeed.open([tmp_path / "e.bin", tmp_path / "l.bin"])
+
+
+def test_format_names_come_from_the_c_table():
+    from tokenfeed import _core
+    from tokenfeed.cli import build_parser
+
+    names = _core.Dataset.formats()
+    assert names[:5] == ("tokenfeed", "megatron", "llm.c", "raw", "npy") and "nemo-nanogpt" in names
+    sub = next(a for a in build_parser()._actions if getattr(a, "choices", None) and "inspect" in a.choices)
+    fmt = next(a for a in sub.choices["inspect"]._actions if a.dest == "format")
+    assert list(fmt.choices) == list(names)                             # the CLI reads the table
+    with pytest.raises(ValueError, match="nemo-nanogpt"):              # the error lists the table's names
+        tokenfeed.open(__file__, format="parquet")
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "uint16", "uint32", "int32", "int64"])

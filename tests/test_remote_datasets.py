@@ -17,11 +17,11 @@ import pytest
 
 import tokenfeed
 from remote_util import FaultProxy, bucket, moto, proxy, s3env  # noqa: F401  (fixtures)
-from conftest import write_llmc, write_megatron
+from conftest import write_llmc, write_megatron, write_nemo_nanogpt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-FORMATS = ["native", "native-zstd", "megatron", "llmc", "npy", "raw"]
+FORMATS = ["native", "native-zstd", "megatron", "llmc", "npy", "raw", "nemo", "nemo-bos"]
 
 
 def _docs(seed, n_docs=220, vocab=50000):
@@ -44,6 +44,10 @@ def write_format(fmt, root, seed):
         prefix = os.path.join(root, "mg_text_document")
         write_megatron(prefix, docs, 8)
         return prefix, "mg_text_document", None
+    if fmt in ("nemo", "nemo-bos"):  # NeMo AutoModel nanogpt, without and with its .bos.idx sidecar
+        path = os.path.join(root, "shard_000.bin")
+        write_nemo_nanogpt(path, docs, 2, bos_idx=fmt == "nemo-bos")
+        return path, "shard_000.bin", None
     flat = np.concatenate(docs)
     if fmt == "llmc":
         path = os.path.join(root, "shard_000.bin")
@@ -100,6 +104,10 @@ def test_open_same_fingerprint_and_tokens(remote_sets, fmt):
         assert np.array_equal(remote[i], local[i])
     assert all(f["path"].startswith("s3://") for f in remote.files())
     remote.verify(progress=False)
+    if fmt == "nemo-bos":  # the documents are the sidecar's, fetched beside the object
+        docs = _docs(FORMATS.index(fmt))
+        assert remote.num_documents == len(docs)
+        assert all(np.array_equal(remote.document(i), d) for i, d in enumerate(docs))
 
 
 @pytest.mark.parametrize("shuffle", [False, "full", "block"])

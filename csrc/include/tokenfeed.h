@@ -193,9 +193,17 @@ typedef enum tf_format {
     TF_FORMAT_LLMC = 3,     /* llm.c shard (.bin with 256 x int32 header) */
     TF_FORMAT_RAW = 4,      /* headerless tokens (+ optional datatrove .index) */
     TF_FORMAT_NPY = 5,      /* 1-D integer NumPy array */
+    TF_FORMAT_NEMO_NANOGPT = 6, /* NeMo AutoModel nanogpt shard (+ optional .bos.idx) */
 } tf_format;
 
+/* Formats by name. tf_format_name gives a format's name ("tokenfeed",
+ * "llm.c", ...; "auto" for TF_FORMAT_AUTO). tf_format_from_name takes a name
+ * or an alias ("native", "llmc", "nanogpt") or "auto": 0, or -EINVAL with the
+ * known names in tf_last_error(). tf_format_at(i) is the i-th format the
+ * library reads, from 0, and TF_FORMAT_AUTO past the last. */
 TF_API const char *tf_format_name(tf_format f);
+TF_API int tf_format_from_name(const char *name, tf_format *out);
+TF_API tf_format tf_format_at(size_t i);
 
 typedef struct tf_open_options {
     tf_format format;   /* TF_FORMAT_AUTO to detect */

@@ -4,23 +4,33 @@
  */
 #include "binding.h"
 
+/* format= of open and its friends: a name of the format table (C:
+ * tf_format_from_name, which names the known ones in its error), or None. */
 static int parse_format(PyObject *obj, tf_format *out) {
     *out = TF_FORMAT_AUTO;
     if (obj == NULL || obj == Py_None) return 0;
     const char *s = PyUnicode_AsUTF8(obj);
     if (!s) return -1;
-    static const struct { const char *name; tf_format f; } names[] = {
-        {"auto", TF_FORMAT_AUTO}, {"tokenfeed", TF_FORMAT_NATIVE}, {"native", TF_FORMAT_NATIVE},
-        {"megatron", TF_FORMAT_MEGATRON}, {"llm.c", TF_FORMAT_LLMC}, {"llmc", TF_FORMAT_LLMC},
-        {"raw", TF_FORMAT_RAW}, {"npy", TF_FORMAT_NPY},
-    };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (strcmp(s, names[i].name) == 0) {
-            *out = names[i].f;
-            return 0;
-        }
-    PyErr_Format(PyExc_ValueError, "unknown format %R: expected one of 'tokenfeed', 'megatron', 'llm.c', 'raw', 'npy' or None to detect", obj);
+    if (tf_format_from_name(s, out) == 0) return 0;
+    PyErr_Format(PyExc_ValueError, "format=%R: %s (None detects it)", obj, tf_last_error());
     return -1;
+}
+
+PyDoc_STRVAR(Dataset_formats_doc, "formats()\n--\n\n"
+             "The names of the formats the C library reads, in its format table's order (format= takes each).");
+static PyObject *Dataset_formats(PyObject *cls, PyObject *noargs) {
+    (void)cls;
+    (void)noargs;
+    PyObject *out = PyList_New(0);
+    for (size_t i = 0; out && tf_format_at(i) != TF_FORMAT_AUTO; i++) {
+        PyObject *n = PyUnicode_FromString(tf_format_name(tf_format_at(i)));
+        if (!n || PyList_Append(out, n) < 0) Py_CLEAR(out);
+        Py_XDECREF(n);
+    }
+    if (!out) return NULL;
+    PyObject *t = PyList_AsTuple(out);
+    Py_DECREF(out);
+    return t;
 }
 
 /* paths_obj (a sequence of str or os.PathLike) as a tuple of str and their
@@ -553,6 +563,7 @@ TFPY_TYPE_SPEC(Dataset, tfpy_Dataset, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
                    {"catalog_set", (PyCFunction)(void (*)(void))Dataset_catalog_set, METH_VARARGS | METH_KEYWORDS, Dataset_catalog_set_doc},
                    {"write_data_catalog", (PyCFunction)(void (*)(void))Dataset_write_data_catalog, METH_VARARGS | METH_KEYWORDS, Dataset_write_data_catalog_doc},
                    {"write_dataset_catalog", (PyCFunction)(void (*)(void))Dataset_write_dataset_catalog, METH_VARARGS | METH_KEYWORDS, Dataset_write_dataset_catalog_doc},
+                   {"formats", (PyCFunction)Dataset_formats, METH_NOARGS | METH_STATIC, Dataset_formats_doc},
                    {"recorded", (PyCFunction)(void (*)(void))Dataset_recorded, METH_VARARGS | METH_KEYWORDS | METH_STATIC, Dataset_recorded_doc},
                    {"set_catalog_name", (PyCFunction)(void (*)(void))Dataset_set_catalog_name, METH_VARARGS | METH_KEYWORDS | METH_STATIC, Dataset_set_catalog_name_doc},
                    {"remote_set_catalog", (PyCFunction)(void (*)(void))Dataset_remote_set_catalog, METH_VARARGS | METH_KEYWORDS, Dataset_remote_set_catalog_doc},

@@ -323,12 +323,13 @@ static int plan_missing(tf__preg *g, fetch_plan *fp) {
     for (size_t i = 0; i < g->n && !rc; i++) {
         tf__pobj *p = &g->o[i];
         if (!p->map || p->whole || p->info.size < 8) continue;
-        if (!memcmp(p->map, TF_NATIVE_MAGIC, 8)) {
+        tf_format fmt = tf__format_sniff(p->map, p->info.size < 512 ? p->info.size : 512);
+        if (fmt == TF_FORMAT_NATIVE) {
             tf_file tmp;
             memset(&tmp, 0, sizeof tmp);
             if (tf__parse_native_header(p->url, p->map, TF_NATIVE_HEADER_SIZE, p->info.size, &tmp) == 0)
                 rc = plan_range(fp, p, tmp.docs_offset, p->info.size);
-        } else if (!memcmp(p->map, "\x93NUMPY", 6) && p->info.size >= 12) {
+        } else if (fmt == TF_FORMAT_NPY && p->info.size >= 12) {
             /* format 1.0: u16 header length at 8; 2.0 and 3.0: u32 */
             uint64_t hl = p->map[6] == 1 ? 10u + (uint64_t)(p->map[8] | p->map[9] << 8) : 12u + tf__le32(p->map + 8);
             rc = plan_range(fp, p, 0, hl < p->info.size ? hl : p->info.size);
@@ -388,8 +389,7 @@ static int register_candidates(tf__preg *g, const char *url, const tf_open_optio
     char *d = dir_url(url), *mf = d ? tf__path_join(d, TF_MANIFEST_NAME) : NULL;
     char *cf = d ? tf__path_join(d, TF_DATASET_CATALOG_NAME) : NULL;
     char *pre = megatron_base(url), *bin = pre ? cat2(pre, ".bin") : NULL, *idx = pre ? cat2(pre, ".idx") : NULL;
-    char *index = cat2(url, ".index");
-    int rc = d && mf && cf && pre && bin && idx && index ? 0 : -ENOMEM;
+    int rc = d && mf && cf && pre && bin && idx ? 0 : -ENOMEM;
     if (!rc && !tf__preg_add(g, url)) rc = -ENOMEM;
     /* a dataset directory's manifest, and its catalog (asked for in the same
      * round: whether there is one is known before the manifest is read) */
@@ -399,16 +399,25 @@ static int register_candidates(tf__preg *g, const char *url, const tf_open_optio
     if (!rc && (opt->format == TF_FORMAT_AUTO || opt->format == TF_FORMAT_MEGATRON) &&
         (!tf__preg_add(g, bin) || !tf__preg_add(g, idx)))
         rc = -ENOMEM;
-    if (!rc && (opt->format == TF_FORMAT_AUTO || opt->format == TF_FORMAT_RAW) && !ends_with(url, "/") &&
-        !tf__preg_add(g, index))
-        rc = -ENOMEM;
+    /* the companion objects of a file's formats (a datatrove .index, a
+     * .bos.idx), from the format table (Megatron's pair is asked for above) */
+    for (size_t i = 0; !rc && !ends_with(url, "/") && tf__format_at(i); i++) {
+        const tf__format_row *r = tf__format_at(i);
+        if (r->format == TF_FORMAT_MEGATRON || (opt->format != TF_FORMAT_AUTO && opt->format != r->format)) continue;
+        int oom = 0;
+        char *c;
+        for (size_t k = 0; !rc && (c = tf__format_companion(r->format, url, k, &oom)) != NULL; k++) {
+            if (!tf__preg_add(g, c)) rc = -ENOMEM;
+            free(c);
+        }
+        if (oom) rc = -ENOMEM;
+    }
     free(d);
     free(mf);
     free(cf);
     free(pre);
     free(bin);
     free(idx);
-    free(index);
     return rc;
 }
 
@@ -462,16 +471,12 @@ static int resolve(tf__preg *g, target *t, const tf_open_options *opt) {
     return rc;
 }
 
-/* What an object's first bytes (fetched into p's map) say it is, as a local
- * open detects a file's format: a tokenfeed shard, a .npy file or an llm.c
- * shard by their magic numbers, else a headerless token file. */
+/* What an object's first bytes (fetched into p's map) say it is: the one
+ * detection of the format table (formats.c), as for a local file. */
 static tf_format sniff_format(const tf__pobj *p) {
     const uint8_t *h = p ? p->map : NULL;
     uint64_t n = p && h ? p->info.size : 0;
-    if (n >= 8 && !memcmp(h, TF_NATIVE_MAGIC, 8)) return TF_FORMAT_NATIVE;
-    if (n >= 6 && !memcmp(h, "\x93NUMPY", 6)) return TF_FORMAT_NPY;
-    if (n >= 4 && (tf__le32(h) == 20240520u || tf__le32(h) == 20240801u)) return TF_FORMAT_LLMC;
-    return TF_FORMAT_RAW;
+    return tf__format_sniff(h, n < 512 ? (size_t)n : 512);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1179,12 +1184,18 @@ static int open_set_catalog(tf__preg *g, const char *cu, const set_spec *set, co
             int k = resolve(g, &r, opt) == 0 ? (int)r.k : -1;
             free(r.path);
             tf__clearerr();
-            char *index = cat2(urls[i], ".index");
-            if (!index) rc = -ENOMEM;
-            else if (k != K_FILE || (e->format == TF_FORMAT_RAW && exists(g, index)))
+            /* a companion of its format (format table) beside it now */
+            int oom = 0, comp = 0;
+            char *c;
+            for (size_t j = 0; !comp && (c = tf__format_companion(e->format, urls[i], j, &oom)) != NULL; j++) {
+                comp = exists(g, c);
+                free(c);
+            }
+            if (oom) rc = -ENOMEM;
+            else if (k != K_FILE || comp)
                 snprintf(why, sizeof why, "%s is read with a companion object now (%s)", urls[i],
-                         k == K_DIR ? "a dataset manifest" : k == K_MEGATRON ? "a Megatron .idx" : "a datatrove .index");
-            free(index);
+                         k == K_DIR ? "a dataset manifest" : k == K_MEGATRON ? "a Megatron .idx"
+                                                         : e->format == TF_FORMAT_RAW ? "a datatrove .index" : "a companion file");
             if (rc) break;
         }
     }
@@ -1349,10 +1360,19 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_remote_li
         } else {
             tf__pobj *p = tf__preg_find(g, t->path);
             rc = p ? plan_head_tail(&fp, p, 0) : -ENOMEM;
-            char *index = cat2(t->path, ".index");
-            tf__pobj *pi = index ? tf__preg_find(g, index) : NULL;
-            if (!rc && pi && pi->exists) rc = plan_head_tail(&fp, pi, 0);
-            free(index);
+            /* companions of its possible formats that exist (format table) */
+            for (size_t i = 0; !rc && tf__format_at(i); i++) {
+                const tf__format_row *r = tf__format_at(i);
+                if (r->format == TF_FORMAT_MEGATRON) continue;
+                int oom = 0;
+                char *c;
+                for (size_t k = 0; !rc && (c = tf__format_companion(r->format, t->path, k, &oom)) != NULL; k++) {
+                    tf__pobj *pc = tf__preg_find(g, c);
+                    if (pc && pc->exists && !pc->whole) rc = plan_head_tail(&fp, pc, 0);
+                    free(c);
+                }
+                if (oom) rc = -ENOMEM;
+            }
         }
     }
     if (!rc) rc = run_plan(g, &fp);
@@ -1377,7 +1397,7 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_remote_li
                 tf__pobj *pi = idx ? tf__preg_find(g, idx) : NULL;
                 free(idx);
                 if (!pi) return -ENOMEM;
-                if (pi->info.size >= 9 && !memcmp(pi->map, "MMIDIDX\0\0", 9)) fmt = TF_FORMAT_MEGATRON;
+                if (tf__megatron_idx_magic(pi->map, pi->info.size)) fmt = TF_FORMAT_MEGATRON;
                 else if (fmt == TF_FORMAT_MEGATRON || !exists(g, t->url))
                     return tf__seterr(-TF_EFORMAT, "%s.idx: magic: expected \"MMIDIDX\\0\\0\", found another value. This is not a Megatron .idx file.",
                                       t->path);
@@ -1404,14 +1424,8 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_remote_li
             }
             tf_file *f = tf__files_push(files, nfiles, cap);
             if (!f) return -ENOMEM;
-            switch (fmt) {
-            case TF_FORMAT_NATIVE: rc = tf__open_native(t->path, opt, f); break;
-            case TF_FORMAT_MEGATRON: rc = tf__open_megatron(t->path, opt, f); break;
-            case TF_FORMAT_LLMC: rc = tf__open_llmc(t->path, opt, f); break;
-            case TF_FORMAT_NPY: rc = tf__open_npy(t->path, opt, f); break;
-            case TF_FORMAT_RAW: rc = tf__open_raw(t->path, opt, f); break;
-            default: rc = tf__seterr(-EINVAL, "%s: unknown format code %d", t->url, (int)fmt);
-            }
+            const tf__format_row *row = tf__format_row_of(fmt);
+            rc = row ? row->parse(t->path, opt, f) : tf__seterr(-EINVAL, "%s: unknown format code %d", t->url, (int)fmt);
             if (rc < 0) {
                 tf__file_close(f);
                 (*nfiles)--;

@@ -95,26 +95,9 @@ typedef unsigned long long ull;
 /* How old a file must be to enter a catalog. */
 #define TF_CATALOG_SETTLE_NS 2000000000ull
 
-/* Megatron files are parsed from their prefix; f->path is the .bin. */
-static int reopen_megatron(const char *bin, const tf_open_options *opt, tf_file *f) {
-    size_t n = strlen(bin);
-    char *pre = strdup(bin);
-    if (!pre) return -ENOMEM;
-    if (n > 4 && strcmp(pre + n - 4, ".bin") == 0) pre[n - 4] = '\0';
-    int rc = tf__open_megatron(pre, opt, f);
-    free(pre);
-    return rc;
-}
-
 tf__parse_fn tf__parser_of(tf_format fmt) {
-    switch (fmt) {
-    case TF_FORMAT_NATIVE: return tf__open_native;
-    case TF_FORMAT_MEGATRON: return reopen_megatron;
-    case TF_FORMAT_LLMC: return tf__open_llmc;
-    case TF_FORMAT_NPY: return tf__open_npy;
-    case TF_FORMAT_RAW: return tf__open_raw;
-    default: return NULL;
-    }
+    const tf__format_row *r = tf__format_row_of(fmt);
+    return r ? r->reparse : NULL;
 }
 
 /* The catalog directory (malloc'ed), or NULL when there is none. */
@@ -400,13 +383,12 @@ static int dep_count(void *ctx, const char *path) {
     return 0;
 }
 
-/* The datatrove index a headerless file without one may later get. */
+/* The companion file (format table: a datatrove .index, a .bos.idx) that a
+ * file read without one may later get. */
 static char *absent_index(const tf_file *f) {
-    if (f->format != TF_FORMAT_RAW || f->aux_path || f->eos_mode) return NULL;
-    size_t n = strlen(f->path) + 7;
-    char *p = malloc(n);
-    if (p) snprintf(p, n, "%s.index", f->path);
-    return p;
+    if (f->aux_path || f->eos_mode || f->format == TF_FORMAT_MEGATRON) return NULL;
+    int oom = 0;
+    return tf__format_companion(f->format, f->path, 0, &oom);
 }
 
 /* ---- load and save --------------------------------------------------------- */
@@ -594,8 +576,8 @@ static void write_catalog(uint64_t key, uint32_t flags, const tf_file *files, ui
     free(b.p);
 }
 
-/* The datatrove indexes that headerless files without one may later get:
- * names that must stay absent. */
+/* The companion files that files without one may later get: names that must
+ * stay absent. */
 static uint64_t put_absent_indexes(wbuf *d, const tf_file *files, uint64_t nfiles) {
     uint64_t k = 0;
     for (uint64_t i = 0; i < nfiles; i++) {
@@ -1189,7 +1171,8 @@ static int parsed(const rbuf *r, int rc, tf__arena *ar, tf_file *files, uint64_t
  * .index, a document index) or compressed blocks, opened at open as without
  * a catalog. */
 static int read_alone(const tf_file *f) {
-    return !f->aux_path && !f->eos_mode && !f->compressed && f->format != TF_FORMAT_MEGATRON;
+    const tf__format_row *r = tf__format_row_of(f->format);
+    return !f->aux_path && !f->eos_mode && !f->compressed && r && r->catalog;
 }
 
 /* Whether the open options opt (those keying the catalog) can read f as its

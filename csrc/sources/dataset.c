@@ -53,9 +53,9 @@ static char *megatron_prefix(const char *path) {
         sprintf(idx, "%s.idx", pre);
         if (path_exists(bin, 0) && path_exists(idx, 0)) {
             FILE *fp = fopen(idx, "rb");
-            char magic[9] = {0};
+            uint8_t magic[9] = {0};
             if (fp) {
-                ok = fread(magic, 1, 9, fp) == 9 && memcmp(magic, "MMIDIDX\0\0", 9) == 0;
+                ok = fread(magic, 1, 9, fp) == 9 && tf__megatron_idx_magic(magic, 9);
                 fclose(fp);
             }
         }
@@ -96,10 +96,7 @@ static int detect_file(const char *path, tf_format *fmt, char *why, size_t why_c
     }
     ssize_t got = pread(fd, head, sizeof head, 0);
     close(fd);
-    if (got >= 8 && memcmp(head, "TFSHARD\0", 8) == 0) *fmt = TF_FORMAT_NATIVE;
-    else if (got >= 6 && memcmp(head, "\x93NUMPY", 6) == 0) *fmt = TF_FORMAT_NPY;
-    else if (got >= 4 && (tf__le32(head) == 20240520u || tf__le32(head) == 20240801u)) *fmt = TF_FORMAT_LLMC;
-    else *fmt = TF_FORMAT_RAW;
+    *fmt = tf__format_sniff(head, got > 0 ? (size_t)got : 0);
     if (*fmt == TF_FORMAT_RAW) snprintf(why, why_cap, "%s", got < 0 ? "" : not_tokens(head, got));
     return 0;
 }
@@ -163,15 +160,9 @@ static int open_one(const char *path, const tf_open_options *opt, const tf__list
         free(prefix);
         return -ENOMEM;
     }
-    int rc;
-    switch (fmt) {
-    case TF_FORMAT_NATIVE: rc = tf__open_native(path, opt, f); break;
-    case TF_FORMAT_MEGATRON: rc = tf__open_megatron(prefix, opt, f); break;
-    case TF_FORMAT_LLMC: rc = tf__open_llmc(path, opt, f); break;
-    case TF_FORMAT_NPY: rc = tf__open_npy(path, opt, f); break;
-    case TF_FORMAT_RAW: rc = tf__open_raw(path, opt, f); break;
-    default: rc = tf__seterr(-EINVAL, "%s: unknown format code %d", path, (int)fmt);
-    }
+    const tf__format_row *row = tf__format_row_of(fmt);
+    int rc = row ? row->parse(prefix ? prefix : path, opt, f)
+                 : tf__seterr(-EINVAL, "%s: unknown format code %d", path, (int)fmt);
     free(prefix);
     if (rc < 0) {
         tf__file_close(f);
@@ -642,18 +633,6 @@ void tf_dataset_free(tf_dataset *ds) {
 /* ------------------------------------------------------------------------ */
 /* queries                                                                   */
 /* ------------------------------------------------------------------------ */
-
-const char *tf_format_name(tf_format f) {
-    switch (f) {
-    case TF_FORMAT_AUTO: return "auto";
-    case TF_FORMAT_NATIVE: return "tokenfeed";
-    case TF_FORMAT_MEGATRON: return "megatron";
-    case TF_FORMAT_LLMC: return "llm.c";
-    case TF_FORMAT_RAW: return "raw";
-    case TF_FORMAT_NPY: return "npy";
-    }
-    return "unknown";
-}
 
 int tf_dataset_get_info(const tf_dataset *ds, tf_dataset_info *info) {
     TF_NEED_ARG(ds);

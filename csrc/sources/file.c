@@ -1068,3 +1068,26 @@ static int check_tail(const tf_file *f, size_t end) {
     TF_FAIL(-EIO, "%s: the file changed while mapped: it now ends at byte %llu, before the tokens read (up to byte %zu), which would read as zeros. Files must not be modified while a job reads them; re-open the dataset.",
             f->path, (ull)st.st_size, end);
 }
+
+char *tf__companion_path(const char *path, const char *suffix, int replace_ext) {
+    size_t n = strlen(path), sl = strlen(suffix);
+    if (replace_ext) { /* pathlib's with_suffix: the last extension of the last name */
+        const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path, *dot = strrchr(base, '.');
+        if (dot && dot != base) n = (size_t)(dot - path);
+    }
+    char *out = malloc(n + sl + 1);
+    if (!out) return NULL;
+    memcpy(out, path, n);
+    memcpy(out + n, suffix, sl + 1);
+    return out;
+}
+
+int tf__open_main(const char *path, tf_file *f, uint64_t header, const char *layout, const char *fix) {
+    f->path = strdup(path);
+    if (!f->path) return -ENOMEM;
+    TF_TRY(tf__map_file_main(path, f));
+    if (f->map_len < header)
+        TF_FAIL(-TF_EFORMAT, "%s: header: expected %llu bytes (%s), found %llu. %s", path, (unsigned long long)header,
+                layout, (unsigned long long)f->map_len, fix);
+    return 0;
+}

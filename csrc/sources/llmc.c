@@ -23,14 +23,10 @@ typedef unsigned long long ull;
 
 int tf__open_llmc(const char *path, const tf_open_options *opt, tf_file *f) {
     (void)opt;
-    f->path = strdup(path);
-    if (!f->path) return -ENOMEM;
-    TF_TRY(tf__map_file_main(path, f));
+    TF_TRY(tf__open_main(path, f, LLMC_HEADER, "256 x int32",
+                         "The llm.c shard is truncated: regenerate it with llm.c's dev/data scripts."));
     const uint8_t *b = f->map;
     uint64_t len = f->map_len;
-    if (len < LLMC_HEADER)
-        TF_FAIL(-TF_EFORMAT, "%s: header: expected %u bytes (256 x int32), found %llu. The llm.c shard is truncated: regenerate it with llm.c's dev/data scripts.",
-                path, LLMC_HEADER, (ull)len);
     uint32_t magic = tf__le32(b), version = tf__le32(b + 4);
     int32_t ntok = (int32_t)tf__le32(b + 8);
     tf_dtype dt;

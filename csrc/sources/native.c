@@ -237,9 +237,7 @@ int tf__parse_native_header(const char *path, const uint8_t *buf, size_t len, ui
 
 int tf__open_native(const char *path, const tf_open_options *opt, tf_file *f) {
     (void)opt;
-    f->path = strdup(path);
-    if (!f->path) return -ENOMEM;
-    TF_TRY(tf__map_file_main(path, f));
+    TF_TRY(tf__open_main(path, f, 0, "", ""));
     int rc = tf__parse_native_header(path, f->map, f->map_len, f->map_len, f);
     if (rc == 0) tf__release_pages(f->map, f->map_len);
     return rc;

@@ -133,6 +133,50 @@ typedef struct tf_file {
 /* A format's parser (tf__open_native, ...): fills *f from path. */
 typedef int (*tf__parse_fn)(const char *path, const tf_open_options *opt, tf_file *f);
 
+/* ---- formats.c: the format table ------------------------------------------
+ * One row per on-disk format the sources layer reads. Detection (local and
+ * remote), the open switch, the re-parse of a file known from a catalog, the
+ * names open(format=) and the CLI take, and catalog eligibility all read this
+ * table: a new format is its parser file and one row. */
+typedef struct tf__format_row {
+    tf_format format;
+    const char *name;             /* tf_format_name, open(format=), --format */
+    const char *alias;            /* another name open(format=) takes, or NULL */
+    /* Whether a file's first n bytes (n may be short, 0 to 512) are this
+     * format's magic. NULL: never detected from its own bytes. Rows are tried
+     * in table order; a file no row claims is headerless (raw). */
+    int (*magic)(const uint8_t *head, size_t n);
+    /* The parser: opens path (a file, or for a pair the common prefix). */
+    tf__parse_fn parse;
+    /* Parses a file again from its path (f->path) on first touch, when it
+     * was known from a catalog or mapped on demand. */
+    tf__parse_fn reparse;
+    /* Suffixes of companion files (NULL-terminated list, or NULL), and how a
+     * companion's name is formed: appended to the file's name, or replacing
+     * its last extension (".bin" -> ".bos.idx") when replace_ext is set. */
+    const char *const *companions;
+    int replace_ext;
+    tf_doc_kind docs;             /* how its documents are stored */
+    /* Whether a shard set's catalog may describe its files (the first touch
+     * reads the file alone; a file with a companion present never is). */
+    int catalog;
+    const char *what;             /* a few words for messages */
+} tf__format_row;
+
+/* The row of fmt, or NULL (TF_FORMAT_AUTO, unknown codes). */
+TF_HIDDEN const tf__format_row *tf__format_row_of(tf_format fmt);
+/* The i-th row (NULL past the last). */
+TF_HIDDEN const tf__format_row *tf__format_at(size_t i);
+/* What a file's first bytes head[0, n) say it is: the first row whose magic
+ * matches, else TF_FORMAT_RAW (a headerless token file, read only with a
+ * dtype). The one detection from bytes, for local files and remote objects. */
+TF_HIDDEN tf_format tf__format_sniff(const uint8_t *head, size_t n);
+/* Whether head[0, n) starts a Megatron .idx ("MMIDIDX\0\0"). */
+TF_HIDDEN int tf__megatron_idx_magic(const uint8_t *head, size_t n);
+/* Companion k of a file of fmt at path (malloc'ed), or NULL past the last
+ * companion (or on ENOMEM: *oom set). */
+TF_HIDDEN char *tf__format_companion(tf_format fmt, const char *path, size_t k, int *oom);
+
 /* A byte provider: where the bytes of a file that is not mapped come from.
  * The provider fills in f->bytes_ops and f->bytes_src when it opens the file;
  * the parsers and file.c read through this table only, so that the sources
@@ -259,6 +303,10 @@ TF_HIDDEN int tf__map_file(const char *path, void **map, size_t *len);
  * with f->map_id, the identity of the file mapped, from the descriptor it was
  * mapped from (known 0 for a remote object's map), and f->map_nz. */
 TF_HIDDEN int tf__map_file_main(const char *path, tf_file *f);
+/* A parser's first step: f->path set to a copy of path, the file mapped
+ * (tf__map_file_main), and at least header bytes in it, else -TF_EFORMAT
+ * "<path>: header: expected <header> bytes (<layout>), found <n>. <fix>". */
+TF_HIDDEN int tf__open_main(const char *path, tf_file *f, uint64_t header, const char *layout, const char *fix);
 TF_HIDDEN void tf__unmap(void *map, size_t len);
 /* Drop the pages of a mapping from this process's RSS after the header
  * checks at open (the data stays in the page cache). */
@@ -266,6 +314,10 @@ TF_HIDDEN void tf__release_pages(const void *map, uint64_t len);
 /* O(1) fingerprint of a foreign file: its size and its first and last page
  * (hashing everything would make open O(tokens)). */
 TF_HIDDEN uint64_t tf__sampled_fingerprint(const uint8_t *buf, uint64_t len, uint64_t seed);
+/* The name of a companion file of path: path + suffix, or with replace_ext
+ * the last extension of its last name replaced by suffix (as pathlib's
+ * with_suffix: "a/x.bin" -> "a/x.bos.idx"); malloc'ed, NULL on ENOMEM. */
+TF_HIDDEN char *tf__companion_path(const char *path, const char *suffix, int replace_ext);
 /* dir + "/" + name, malloc'ed (NULL on ENOMEM). */
 TF_HIDDEN char *tf__path_join(const char *dir, const char *name);
 /* Close one file: unmap, free. Safe on a zeroed or partially filled file. */

@@ -187,7 +187,7 @@ def _catalog_dir() -> Optional[str]:
 _CATALOG_STEM = ".tokenfeed-catalog-"
 
 
-_OPTION_FORMATS = (None, "tokenfeed", "llm.c", "npy", "raw", "megatron")
+_OPTION_FORMATS = (None, *_core.Dataset.formats())  # the C library's format table
 
 
 def _option_sets(dt: Optional[str], format: Optional[str],
@@ -506,12 +506,14 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     """Open token data in place and return a :class:`Dataset`.
 
     ``path`` is a tokenfeed dataset directory or shard, a Megatron ``.bin/.idx`` prefix,
-    an llm.c shard, a ``.npy`` file, a headerless token file (with ``dtype=``; a datatrove
+    an llm.c shard, a ``.npy`` file, a NeMo AutoModel nanogpt shard (its ``.bos.idx`` beside
+    it gives document boundaries), a headerless token file (with ``dtype=``; a datatrove
     ``.index`` beside it gives document boundaries), or a list of any of these,
     concatenated in order. A shard set opens as its files in sorted name order: a directory
     without a manifest holding files of one format (``"data/"``), or a glob
     (``"data/*.npy"``, ``"s3://bucket/tokens/*.bin"``); see docs/format.md, "Shard sets". The format is detected unless ``format=`` names one
-    (``"tokenfeed"``, ``"megatron"``, ``"llm.c"``, ``"raw"``, ``"npy"``).
+    (a name of the C library's format table:
+    ``"tokenfeed"``, ``"megatron"``, ``"llm.c"``, ``"raw"``, ``"npy"``, ``"nemo-nanogpt"``).
     Malformed input raises :class:`tokenfeed.FormatError` naming the file and field.
 
     Any path may be a URL in object storage (``s3://bucket/prefix/``, ``gs://``, ``az://``,

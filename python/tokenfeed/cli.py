@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
+from . import _core
 from ._convert import convert
 from ._extras import pip_hint
 from ._text import EOD_CANDIDATES, ConvertError
@@ -347,7 +348,7 @@ def _progress_option(p: Any) -> None:
 def _source_options(p: Any) -> None:
     p.add_argument("--dtype", help="token dtype of headerless files (uint16, uint32, int32, ...); "
                                    "required for raw token files (nanoGPT .bin, OLMo .npy-less, datatrove .ds)")
-    p.add_argument("--format", choices=["tokenfeed", "megatron", "llm.c", "raw", "npy"],
+    p.add_argument("--format", choices=list(_core.Dataset.formats()),  # the C library's format table
                    help="input format (default: detected)")
 
 

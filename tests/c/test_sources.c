@@ -608,6 +608,69 @@ static void test_llmc(void) {
     CHECK_RC(open_path(p, NULL, &ds), -TF_EFORMAT);
 }
 
+/* A NeMo AutoModel nanogpt shard (256 x int32 header: magic 278895051,
+ * version 1, tokens, bytes per token), with and without its .bos.idx, read
+ * through the public C API; and the format table's names. */
+static void test_nemo_nanogpt(void) {
+    char p[300], idx[300];
+    path_in(p, sizeof p, "nemo.bin");
+    path_in(idx, sizeof idx, "nemo.bos.idx");
+    uint8_t f[1024 + 10 * 4] = {0};
+    const uint32_t head[4] = {278895051, 1, 10, 4}; /* magic, version, tokens, bytes per token */
+    for (uint32_t i = 0; i < 14; i++) put32(i < 4 ? f + 4 * i : f + 1024 + 4 * (i - 4), i < 4 ? head[i] : 100000 + i - 4);
+    t_write_file(p, f, sizeof f);
+    tf_dataset *ds = NULL;
+    CHECK_OK(open_path(p, NULL, &ds)); /* detected, no sidecar: one document */
+    if (ds) {
+        tf_dataset_info info;
+        CHECK_OK(tf_dataset_get_info(ds, &info));
+        CHECK(info.format == TF_FORMAT_NEMO_NANOGPT && info.num_tokens == 10 && info.num_documents == 1 &&
+              info.dtype == TF_UINT32);
+        uint32_t out[10];
+        CHECK_OK(tf_dataset_read(ds, 0, 10, out, TF_UINT32));
+        CHECK(out[0] == 100000 && out[9] == 100009);
+    }
+    tf_dataset_free(ds);
+    uint8_t bos[12];
+    put32(bos, 0);
+    put32(bos + 4, 4);
+    put32(bos + 8, 7);
+    t_write_file(idx, bos, sizeof bos);
+    tf_open_options o = {.format = TF_FORMAT_NEMO_NANOGPT, .raw_dtype = TF_DTYPE_INVALID};
+    CHECK_OK(open_path(p, &o, &ds)); /* documents start at the BOS positions */
+    if (ds) {
+        uint64_t s, n, want[3][2] = {{0, 4}, {4, 3}, {7, 3}};
+        tf_dataset_info in;
+        CHECK_OK(tf_dataset_get_info(ds, &in));
+        CHECK(in.num_documents == 3);
+        for (uint64_t j = 0; j < 3; j++) {
+            CHECK_OK(tf_dataset_document(ds, j, &s, &n));
+            CHECK(s == want[j][0] && n == want[j][1]);
+        }
+    }
+    tf_dataset_free(ds);
+    put32(bos + 8, 3); /* not increasing */
+    t_write_file(idx, bos, sizeof bos);
+    CHECK_RC(open_path(p, NULL, &ds), -TF_EFORMAT);
+    CHECK(strstr(tf_last_error(), "nemo.bos.idx: BOS position 2") != NULL);
+    unlink(idx);
+    put32(f + 12, 3); /* no such item size */
+    t_write_file(p, f, sizeof f);
+    CHECK_RC(open_path(p, NULL, &ds), -TF_EFORMAT);
+    CHECK(strstr(tf_last_error(), "bytes per token") != NULL);
+    /* names from the table */
+    tf_format fmt = TF_FORMAT_AUTO;
+    CHECK_OK(tf_format_from_name("nanogpt", &fmt));
+    CHECK(fmt == TF_FORMAT_NEMO_NANOGPT && strcmp(tf_format_name(fmt), "nemo-nanogpt") == 0);
+    CHECK_OK(tf_format_from_name("llmc", &fmt));
+    CHECK(fmt == TF_FORMAT_LLMC);
+    CHECK_RC(tf_format_from_name("parquet", &fmt), -EINVAL);
+    CHECK(strstr(tf_last_error(), "'nemo-nanogpt'") != NULL);
+    size_t k = 0;
+    while (tf_format_at(k) != TF_FORMAT_AUTO) k++;
+    CHECK(k == 6);
+}
+
 static void test_npy(void) {
     char p[300];
     path_in(p, sizeof p, "a.npy");
@@ -1031,6 +1094,7 @@ int main(void) {
     test_megatron();
     test_llmc();
     test_path_specs();
+    test_nemo_nanogpt();
     test_npy();
     test_raw();
     test_fuzz();

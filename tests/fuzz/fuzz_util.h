@@ -228,4 +228,22 @@ static inline void fuzz_exercise(tf_dataset *ds, uint32_t ctl) {
     tf_order_free(o);
 }
 
+/* A data file and its companion from one input: chunk 0 written as name0,
+ * chunk 1 (when the input has two chunks) as name1, then opened with opt and
+ * exercised with ctl; the scratch directory is emptied after. */
+static inline void fuzz_open_pair(const uint8_t *data, size_t size, const char *name0, const char *name1,
+                                  const tf_open_options *opt, uint32_t ctl) {
+    fuzz_chunk c[2];
+    int k = fuzz_split(data, size, c, 2);
+    const char *p = fuzz_path(0, name0);
+    fuzz_write(p, c[0].p, c[0].n);
+    if (k > 1) fuzz_write(fuzz_path(1, name1), c[1].p, c[1].n);
+    tf_dataset *ds = NULL;
+    if (tf_dataset_open(p, opt, &ds) == 0) {
+        fuzz_exercise(ds, ctl);
+        tf_dataset_free(ds);
+    }
+    fuzz_clean();
+}
+
 #endif

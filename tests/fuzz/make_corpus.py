@@ -268,6 +268,23 @@ def main() -> None:
         save("datatrove", "nonmonotonic", b"\x01" + chunks(toks.tobytes(), ends[::-1].copy().tobytes()))
         save("datatrove", "index_not_x8", b"\x01" + chunks(toks.tobytes(), ends.tobytes()[:-3]))
 
+        # ---- nemo_nanogpt: byte 0 = ctl (bit 0: format forced), chunk 0 = shard, chunk 1 = .bos.idx
+        nrng = np.random.default_rng(2788)  # its own generator: the seeds after these stay as they were
+        ntoks = nrng.integers(0, 50000, 300).astype(np.uint16)
+        nhdr = np.zeros(256, np.int32)
+        nhdr[:4] = (278895051, 1, len(ntoks), 2)
+        nshard = nhdr.tobytes() + ntoks.tobytes()
+        nbos = np.array([0, 40, 41, 200], np.int32).tobytes()
+        save("nemo_nanogpt", "u16_bos", b"\x00" + chunks(nshard, nbos))
+        save("nemo_nanogpt", "u16_nobos", b"\x01" + chunks(nshard))
+        nhdr[3] = 4
+        save("nemo_nanogpt", "u32_bos", b"\x01" + chunks(nhdr.tobytes() + ntoks.astype(np.uint32).tobytes(), nbos))
+        save("nemo_nanogpt", "lead_bos", b"\x00" + chunks(nshard, nbos[4:]))
+        save("nemo_nanogpt", "bos_unsorted", b"\x00" + chunks(nshard, nbos[::-1]))
+        save("nemo_nanogpt", "bos_past_end", b"\x00" + chunks(nshard, np.array([0, 300], np.int32).tobytes()))
+        save("nemo_nanogpt", "bos_odd", b"\x00" + chunks(nshard, nbos[:-1]))
+        save("nemo_nanogpt", "truncated", b"\x00" + chunks(nshard[:-1], nbos))
+
         # ---- docindex: byte 0 = dtype | eos << 3 | flags, chunk 0 = tokens, chunk 1 = .tfdocs
         erng = np.random.default_rng(99)  # its own generator: the seeds after these stay as they were
         etoks = np.concatenate([np.append(d_ + 1, 0) for d_ in docs(erng, 8, 1000)]).astype(np.uint16)

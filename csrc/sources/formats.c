@@ -1,0 +1,137 @@
+/*
+ * formats.c — the format table: per on-disk format its names, magic test,
+ * parser and re-parse, companion files, document kind and whether a catalog
+ * may describe it (source.h, tf__format_row). Detection from bytes happens
+ * here only (tf__format_sniff), for local files (dataset.c) and remote objects
+ * (remote_open.c) alike; the open switch, the catalog's re-parse on first
+ * touch, the binding's names and the CLI's --format choices read the rows.
+ *
+ * Adding a format: its parser file (which fills a tf_file, see source.h) and
+ * one row below, plus its enum constant in tokenfeed.h.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "source.h"
+
+static int magic_native(const uint8_t *h, size_t n) {
+    return n >= 8 && memcmp(h, TF_NATIVE_MAGIC, 8) == 0;
+}
+
+static int magic_npy(const uint8_t *h, size_t n) {
+    return n >= 6 && memcmp(h, "\x93NUMPY", 6) == 0;
+}
+
+/* llm.c: 20240520 (GPT-2, uint16) or 20240801 (Llama 3, uint32) */
+static int magic_llmc(const uint8_t *h, size_t n) {
+    return n >= 4 && (tf__le32(h) == 20240520u || tf__le32(h) == 20240801u);
+}
+
+int tf__megatron_idx_magic(const uint8_t *h, size_t n) {
+    return n >= 9 && memcmp(h, "MMIDIDX\0\0", 9) == 0;
+}
+
+/* Megatron files are parsed from their prefix; f->path is the .bin. */
+static int reopen_megatron(const char *bin, const tf_open_options *opt, tf_file *f) {
+    size_t n = strlen(bin);
+    char *pre = strdup(bin);
+    if (!pre) return -ENOMEM;
+    if (n > 4 && strcmp(pre + n - 4, ".bin") == 0) pre[n - 4] = '\0';
+    int rc = tf__open_megatron(pre, opt, f);
+    free(pre);
+    return rc;
+}
+
+/* NeMo AutoModel's nanogpt shard (nemo_nanogpt.c). */
+TF_HIDDEN int tf__open_nemo_nanogpt(const char *path, const tf_open_options *opt, tf_file *f);
+TF_HIDDEN int tf__nemo_nanogpt_magic(const uint8_t *head, size_t n);
+TF_HIDDEN extern const char *const tf__nemo_nanogpt_companions[];
+
+static const char *const megatron_companions[] = {".idx", NULL};
+static const char *const raw_companions[] = {".index", NULL};
+
+/* Detection order is table order: the rows with a magic are tried first to
+ * last. Headerless (raw) files have none and are what no row claims. */
+static const tf__format_row rows[] = {
+    {.format = TF_FORMAT_NATIVE, .name = "tokenfeed", .alias = "native", .magic = magic_native,
+     .parse = tf__open_native, .reparse = tf__open_native, .docs = TF_DOCS_ENDS, .catalog = 1,
+     .what = "a tokenfeed shard or dataset"},
+    {.format = TF_FORMAT_MEGATRON, .name = "megatron", .parse = tf__open_megatron, .reparse = reopen_megatron,
+     .companions = megatron_companions, .docs = TF_DOCS_MEGATRON, .catalog = 0,
+     .what = "a Megatron .bin/.idx pair"},
+    {.format = TF_FORMAT_LLMC, .name = "llm.c", .alias = "llmc", .magic = magic_llmc, .parse = tf__open_llmc,
+     .reparse = tf__open_llmc, .docs = TF_DOCS_SINGLE, .catalog = 1, .what = "an llm.c shard"},
+    {.format = TF_FORMAT_RAW, .name = "raw", .parse = tf__open_raw, .reparse = tf__open_raw,
+     .companions = raw_companions, .docs = TF_DOCS_ENDS, .catalog = 1, .what = "a headerless token file"},
+    {.format = TF_FORMAT_NPY, .name = "npy", .magic = magic_npy, .parse = tf__open_npy, .reparse = tf__open_npy,
+     .docs = TF_DOCS_SINGLE, .catalog = 1, .what = "a .npy array"},
+    {.format = TF_FORMAT_NEMO_NANOGPT, .name = "nemo-nanogpt", .alias = "nanogpt", .magic = tf__nemo_nanogpt_magic,
+     .parse = tf__open_nemo_nanogpt, .reparse = tf__open_nemo_nanogpt, .companions = tf__nemo_nanogpt_companions,
+     .replace_ext = 1, .docs = TF_DOCS_ENDS, .catalog = 1, .what = "a NeMo AutoModel nanogpt shard"},
+};
+
+#define NROWS (sizeof rows / sizeof rows[0])
+
+const tf__format_row *tf__format_at(size_t i) {
+    return i < NROWS ? &rows[i] : NULL;
+}
+
+const tf__format_row *tf__format_row_of(tf_format fmt) {
+    for (size_t i = 0; i < NROWS; i++)
+        if (rows[i].format == fmt) return &rows[i];
+    return NULL;
+}
+
+tf_format tf__format_sniff(const uint8_t *head, size_t n) {
+    for (size_t i = 0; head && i < NROWS; i++)
+        if (rows[i].magic && rows[i].magic(head, n)) return rows[i].format;
+    return TF_FORMAT_RAW;
+}
+
+char *tf__format_companion(tf_format fmt, const char *path, size_t k, int *oom) {
+    const tf__format_row *r = tf__format_row_of(fmt);
+    *oom = 0;
+    if (!r || !r->companions) return NULL;
+    for (size_t i = 0; i < k; i++)
+        if (!r->companions[i]) return NULL;
+    if (!r->companions[k]) return NULL;
+    char *out = tf__companion_path(path, r->companions[k], r->replace_ext);
+    if (!out) *oom = 1;
+    return out;
+}
+
+/* ---- the public face: names ---------------------------------------------- */
+
+const char *tf_format_name(tf_format f) {
+    if (f == TF_FORMAT_AUTO) return "auto";
+    const tf__format_row *r = tf__format_row_of(f);
+    return r ? r->name : "unknown";
+}
+
+int tf_format_from_name(const char *name, tf_format *out) {
+    if (!name || !out) TF_FAIL(-EINVAL, "tf_format_from_name: a name and an output are required");
+    if (strcmp(name, "auto") == 0) {
+        *out = TF_FORMAT_AUTO;
+        return 0;
+    }
+    for (size_t i = 0; i < NROWS; i++)
+        if (strcmp(name, rows[i].name) == 0 || (rows[i].alias && strcmp(name, rows[i].alias) == 0)) {
+            *out = rows[i].format;
+            return 0;
+        }
+    char names[256] = "";
+    size_t used = 0;
+    for (size_t i = 0; i < NROWS && used < sizeof names; i++) {
+        int w = snprintf(names + used, sizeof names - used, "%s'%s'", i ? ", " : "", rows[i].name);
+        if (w > 0) used += (size_t)w;
+    }
+    TF_FAIL(-EINVAL, "unknown format '%.64s': expected one of %s, or none to detect it", name, names);
+}
+
+tf_format tf_format_at(size_t i) {
+    return i < NROWS ? rows[i].format : TF_FORMAT_AUTO;
+}
