@@ -218,6 +218,21 @@ def test_nemo_nanogpt_many_shards_and_the_node_catalog(tmp_path, monkeypatch):
     assert ds.num_documents == len(all_docs) - 1 + len(d1)
 
 
+def test_nemo_nanogpt_directory_and_glob_with_sidecars(tmp_path):
+    """A directory (and a glob) of NeMo shards with their .bos.idx sidecars is one set of
+    shards: each sidecar is known from the listing as its shard's companion, not taken for
+    a data file of another format; the documents are the sidecars'."""
+    all_docs = []
+    for i in range(3):
+        d = _nemo_docs(20 + i)
+        write_nemo_nanogpt(tmp_path / f"shard_{i:03d}.bin", d, bos_idx=True)
+        all_docs += d
+    for spec in (tmp_path, str(tmp_path / "shard_*.bin")):
+        ds = tokenfeed.open(spec)
+        assert ds.format == "nemo-nanogpt" and len(ds.files()) == 3, (spec, ds.files())
+        check_documents(ds, all_docs)
+
+
 def _nemo_bytes(tmp_path, docs=None):
     docs = docs or _nemo_docs(5)
     write_nemo_nanogpt(tmp_path / "s.bin", docs)

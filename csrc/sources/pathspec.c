@@ -53,6 +53,7 @@ static const struct companion {
     [TF__COMP_INDEX] = {".index", ""},        /* datatrove's document ends */
     [TF__COMP_TFDOCS] = {".tfdocs", ""},      /* tokenfeed's eos_id document index */
     [TF__COMP_CSV_GZ] = {".csv.gz", ".npy"},  /* OLMo's per-document metadata */
+    [TF__COMP_BOS_IDX] = {".bos.idx", ".bin"}, /* NeMo AutoModel nanogpt shards' BOS positions */
 };
 
 /* A dataset's documentation and configs beside its shards: never token data. */

@@ -430,7 +430,14 @@ TF_HIDDEN int tf__file_check_fd(const tf_file *f, int fd);
 enum { TF__SPEC_PATH = 0, TF__SPEC_GLOB = 1, TF__SPEC_DIR = 2 };
 TF_HIDDEN int tf__pathspec_kind(const char *path);
 /* Companion files a listing shows beside a data file (bit k of a mask). */
-enum { TF__COMP_IDX = 0, TF__COMP_INDEX = 1, TF__COMP_TFDOCS = 2, TF__COMP_CSV_GZ = 3, TF__NCOMPANIONS = 4 };
+enum {
+    TF__COMP_IDX = 0,
+    TF__COMP_INDEX = 1,
+    TF__COMP_TFDOCS = 2,
+    TF__COMP_CSV_GZ = 3,
+    TF__COMP_BOS_IDX = 4,
+    TF__NCOMPANIONS = 5
+};
 /* The directories an open listed, each once, with their identity taken from
  * the descriptor listed. */
 typedef struct tf__listing tf__listing;
