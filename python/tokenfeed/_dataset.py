@@ -525,7 +525,8 @@ class Dataset:
         out = os.fspath(path) if path is not None else base.columns_path
         existing: Dict[str, List[Any]] = {}
         old_types: Dict[str, str] = {}
-        if os.path.exists(out):
+        # a symlink planted at the name is replaced, never read through
+        if os.path.exists(out) and not os.path.islink(out):
             old = base.columns(out)
             existing = old.read_all()
             old_types = dict(old.types)

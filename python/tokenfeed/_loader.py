@@ -204,6 +204,11 @@ class Loader:
     ``NumpyFSLDataLoader``'s seeded order, with ``balance="strided"`` for its split over
     ranks (:mod:`tokenfeed.integrations.olmo_core` sets it all up).
 
+    ``where=`` and ``exclude=`` read a view of the data instead of all of it, as
+    :meth:`Dataset.filter` makes one (a filter over the metadata columns or a boolean mask,
+    and document ids or ``{column: values}`` to leave out; with ``weights=``, of each
+    source). The selection enters the dataset fingerprint: ``docs/views.md``.
+
     The C engine's threads and buffers start lazily in the process that iterates, so a
     Loader can be created before ``fork`` or pickled to a ``spawn`` worker.
 
@@ -229,6 +234,7 @@ class Loader:
                  megatron_cache: Optional[PathLike] = None, megatron_split: str = "train",
                  megatron_add_extra_token: bool = True, megatron_pad_id: Optional[int] = None,
                  order: Literal["tokenfeed", "llmc", "olmo"] = "tokenfeed", llmc_processes: Optional[int] = None,
+                 where: Any = None, exclude: Any = None,
                  **settings: Any) -> None:
         # Every other keyword is a row of the C settings table (_core.settings(), listed in
         # docs/api.md): passed through by scope and checked by its row.
@@ -288,6 +294,12 @@ class Loader:
             self.dataset: Any = [d if isinstance(d, Dataset) else _open(d) for d in srcs]
         else:
             self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset)
+        if where is not None or exclude is not None:
+            # a view of each dataset (docs/views.md): Dataset.filter, for one source or each
+            if isinstance(self.dataset, list):
+                self.dataset = [d.filter(where, exclude=exclude) for d in self.dataset]
+            else:
+                self.dataset = self.dataset.filter(where, exclude=exclude)
         if megatron_cache is not None:
             from . import _megatron_cache
 
@@ -911,7 +923,7 @@ class Loader:
         rows: "np.ndarray[Any, Any]" = cached[2]
         return rows
 
-    def explain(self, step: int) -> List[List["Segment"]]:
+    def explain(self, step: int, columns: Optional[Sequence[str]] = None) -> List[List["Segment"]]:
         """Which documents made ``step``'s batch on this rank: one list per row, of :class:`tokenfeed.Segment`.
 
         A segment is ``(source, document, start, stop)``: tokens ``[start, stop)`` of document
@@ -924,10 +936,13 @@ class Loader:
         that of one row's spans, the same at step 10 and at step 10**9. With context
         parallelism the segments are those of the whole row, which every rank of the group
         shares; each rank holds its share of it (``docs/guides/loss-spikes.md``).
+        ``columns=["url", "domain"]`` sets each segment's ``meta`` to its document's values of
+        those metadata columns (``docs/views.md``); document ids of a filtered dataset are
+        those of the dataset it selects from.
         """
         from ._explain import explain
 
-        return explain(self, step)
+        return explain(self, step, columns)
 
     def where(self, document: int, *, source: int = 0,
               epochs: Union[None, int, Tuple[int, int], str] = None) -> List[Dict[str, int]]:
