@@ -535,3 +535,43 @@ def test_meta_show_cli(meta_ds, capsys):
     assert main(["meta", "show", str(ds.paths[0]), "--where", "lang == 'en'", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["selected"] == 160 and out["columns"]["lang"] == "category"
+
+
+# --------------------------------------------------------------------------- convert --meta
+
+
+@pytest.mark.filterwarnings("ignore:.*pads")
+def test_convert_jsonl_with_meta_then_filter_every_packing(tmp_path, capsys):
+    pytest.importorskip("tokenizers")
+    from conftest import tokenizer_json
+
+    words = "the quick brown fox jumps over a lazy dog while loaders feed tokens".split()
+    rng = np.random.default_rng(3)
+    texts = [" ".join(words[int(i)] for i in rng.integers(0, len(words), size=int(rng.integers(2, 20))))
+             for _ in range(300)]
+    tok = tokenizer_json(tmp_path, texts[:100])
+    rows = [{"text": t, "url": f"https://site/{i}", "lang": LANGS[i % 5], "quality": (i * 7 % 10) / 10}
+            for i, t in enumerate(texts)]
+    rows[5]["quality"] = None  # a null: a missing value
+    with open(tmp_path / "in.jsonl", "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    out = tmp_path / "ds"
+    assert main(["convert", str(tmp_path / "in.jsonl"), str(out), "--tokenizer", tok, "--meta", "url,lang,quality",
+                 "--workers", "1", "--chunk-mb", "0.002"]) == 0
+    capsys.readouterr()
+    ds = tokenfeed.open(out)
+    cols = ds.columns()
+    assert cols.values("url", np.arange(300)) == [r["url"] for r in rows]
+    assert cols.values("quality", [5]) == [None]
+    ref = np.array([i for i, r in enumerate(rows) if r["lang"] == "en" and (r["quality"] or -1) >= 0.5])
+    view = ds.filter("lang == 'en' and quality >= 0.5")
+    assert view.document_ids.tolist() == ref.tolist()
+    for packing, extra in MODES:
+        ld = numpy_loader(view, seq_len=64, batch_size=1, packing=packing, epochs=1, **extra)
+        n = sum(1 for _ in ld)
+        served = served_documents(ld, n)
+        assert set(served) <= set(ref.tolist())
+        if packing != "concat":
+            assert sorted(served) == ref.tolist()
+            assert all(served[d] == len(ds.document(int(d))) for d in ref)

@@ -388,6 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--input-format", choices=["jsonl", "parquet", "text"],
                    help="input format (default: from the extension: .jsonl/.json/.ndjson, .parquet, .txt/.md)")
     g.add_argument("--text-field", default="text", help="JSONL field / Parquet column holding the text (default: text)")
+    g.add_argument("--meta", metavar="A,B", help="JSONL fields / Parquet columns kept as per-document metadata "
+                                                 "columns beside the shards: url,lang,score (docs/views.md)")
     g.add_argument("--paragraphs", action="store_true",
                    help="plain text: one document per blank-line-separated paragraph (default: one per file)")
     g.add_argument("--eod-id", type=int, default=None,
