@@ -601,13 +601,18 @@ class Dataset:
         taken (a :class:`~tokenfeed.Loader`, a mixture's sources); its fingerprint covers the
         selection, so its order is seekable and resumes exactly."""
         base = self._base()
-        ids = self.document_ids
-        keep = np.ones(len(ids), dtype=bool)
+        # over a view, masks of the dataset's documents are read at the view's ids
+        ids = self.document_ids if self is not base else None
+        keep = np.ones(self.num_documents, dtype=bool)
         cols: Optional[_views.Columns] = None
+
+        def mine(m: np.ndarray) -> np.ndarray:
+            return m if ids is None else m[ids]
+
         if where is not None:
             if isinstance(where, str):
                 cols = self.columns(columns)
-                keep &= cols.eval(where)[ids]
+                keep &= mine(cols.eval(where))
             else:
                 m = np.asarray(where)
                 if m.dtype != np.bool_ or m.shape != keep.shape:
@@ -619,14 +624,17 @@ class Dataset:
                 cols = cols or self.columns(columns)
                 for name, values in exclude.items():
                     vals = [values] if isinstance(values, (str, bytes)) else list(values)
-                    keep &= ~cols.match(name, vals)[ids]
+                    keep &= ~mine(cols.match(name, vals))
             else:
                 ex = np.asarray(list(exclude) if not isinstance(exclude, np.ndarray) else exclude)
                 if ex.size and (ex.dtype.kind not in "iu" or ex.min() < 0 or ex.max() >= base.num_documents):
                     raise ValueError(f"exclude= takes document ids of the dataset (0 to {base.num_documents - 1}) "
                                      f"or a dict {{column: values}}")
-                keep &= ~np.isin(ids, ex.astype(np.uint64))
-        sel = np.flatnonzero(keep).astype(np.uint64)
+                if ids is None:
+                    keep[ex.astype(np.int64)] = False
+                else:
+                    keep &= ~np.isin(ids, ex.astype(np.uint64))
+        sel = np.flatnonzero(keep).view(np.uint64)  # int64 indices, never negative
         return DatasetView(self, self._core.select(sel), sel)
 
 

@@ -56,6 +56,8 @@ def _check_name(name: str) -> None:
 
 
 def _infer_type(values: Sequence[Any]) -> str:
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iubf":
+        return "float64" if values.dtype.kind == "f" else "int64"
     kinds = set()
     for v in values:
         if v is None or (isinstance(v, float) and math.isnan(v)):
@@ -82,6 +84,10 @@ def _infer_type(values: Sequence[Any]) -> str:
 
 def _sections(kind: str, values: Sequence[Any]) -> List[bytes]:
     n = len(values)
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iub" and kind == "int64":
+        return [values.astype("<i8").tobytes()]  # as given (no missing value but INT64_MIN)
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iubf" and kind == "float64":
+        return [values.astype("<f8").tobytes()]  # NaN: missing
     if kind == "int64":
         a = np.empty(n, dtype="<i8")
         for i, v in enumerate(values):
