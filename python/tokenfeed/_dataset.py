@@ -543,14 +543,14 @@ class Dataset:
                 rows = [dict(r) for r in table]
                 fields = list(dict.fromkeys(k for r in rows for k in r))
                 where = "table"
+            index: List[int] = []
             if key == "doc_index":
-                index = []
                 for i, r in enumerate(rows):
-                    v = r.get("doc_index")
-                    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= int(v) < n:
-                        raise ValueError(f"{where}: row {i}: doc_index {v!r} is not a document index of this "
+                    di = r.get("doc_index")
+                    if isinstance(di, bool) or not isinstance(di, (int, np.integer)) or not 0 <= int(di) < n:
+                        raise ValueError(f"{where}: row {i}: doc_index {di!r} is not a document index of this "
                                          f"dataset (0 to {n - 1})")
-                    index.append(int(v))
+                    index.append(int(di))
             else:
                 if key not in existing:
                     raise ValueError(f"{where}: key {key!r}: the dataset has no column {key!r} to match rows "
@@ -564,12 +564,11 @@ class Dataset:
                         raise ValueError(f"key {key!r}: value {v!r} names documents {where_of[v]} and {d}: "
                                          f"a key must be unique")
                     where_of[v] = d
-                index = []
                 for i, r in enumerate(rows):
-                    v = r.get(key)
-                    if v not in where_of:
-                        raise ValueError(f"{where}: row {i}: {key} {v!r} names no document of this dataset")
-                    index.append(where_of[v])
+                    kv = r.get(key)
+                    if kv not in where_of:
+                        raise ValueError(f"{where}: row {i}: {key} {kv!r} names no document of this dataset")
+                    index.append(where_of[kv])
             if len(set(index)) != len(index):
                 seen: Set[int] = set()
                 dup = next(i for i in index if i in seen or seen.add(i))  # type: ignore[func-returns-value]
