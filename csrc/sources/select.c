@@ -13,7 +13,8 @@
  *
  * The view's fingerprint hashes the dataset's and the selection (its count and
  * every id), so a state saved over one selection is refused over another.
- * Memory: 16 bytes per selected document.
+ * Memory: 24 bytes per selected document (id, stream offset, token position:
+ * CONCAT reads a document's place without a search in the files).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,7 @@ void tf__sel_free(tf__sel *s) {
     if (!s) return;
     free(s->ids);
     free(s->vstart);
+    free(s->start);
     free(s);
 }
 
@@ -45,6 +47,7 @@ static int fill_lengths(void *p) {
         uint64_t st, len;
         TF_TRY(tf__file_document(&ds->files[file], id - ds->doc_prefix[file], &st, &len));
         s->vstart[k] = acc;
+        s->start[k] = ds->tok_prefix[file] + st;
         if (tf__add_overflow(acc, len, &acc)) TF_FAIL(-EOVERFLOW, "selected tokens overflow 64 bits");
         if ((k & 0xFFFFF) == 0xFFFFF && tf__interrupted()) return -EINTR;
     }
@@ -83,10 +86,11 @@ int tf_dataset_select(const tf_dataset *ds, const uint64_t *ids, uint64_t n, tf_
     s->n = n;
     s->ids = malloc(n * sizeof *s->ids);
     s->vstart = malloc((n + 1) * sizeof *s->vstart);
+    s->start = malloc(n * sizeof *s->start);
     v->files = malloc((ds->nfiles ? ds->nfiles : 1) * sizeof *v->files);
     v->tok_prefix = malloc((ds->nfiles + 1) * sizeof *v->tok_prefix);
     v->doc_prefix = malloc((ds->nfiles + 1) * sizeof *v->doc_prefix);
-    if (!s->ids || !s->vstart || !v->files || !v->tok_prefix || !v->doc_prefix) goto fail;
+    if (!s->ids || !s->vstart || !s->start || !v->files || !v->tok_prefix || !v->doc_prefix) goto fail;
     memcpy(v->files, ds->files, ds->nfiles * sizeof *v->files);
     memcpy(v->tok_prefix, ds->tok_prefix, (ds->nfiles + 1) * sizeof *v->tok_prefix);
     memcpy(v->doc_prefix, ds->doc_prefix, (ds->nfiles + 1) * sizeof *v->doc_prefix);

@@ -506,6 +506,7 @@ typedef struct tf__sel {
     uint64_t n;
     uint64_t *ids;
     uint64_t *vstart;
+    uint64_t *start;  /* token position of each view document in the files' stream (n entries) */
     uint64_t base_fp; /* the fingerprint of the dataset without selection */
 } tf__sel;
 TF_HIDDEN void tf__sel_free(tf__sel *s);
