@@ -199,6 +199,8 @@ def test_selection_enters_the_fingerprint_and_states_refuse_another(meta_ds):
     a, b = ds.filter("lang == 'en'"), ds.filter("lang == 'de'")
     assert len({ds.fingerprint, a.fingerprint, b.fingerprint}) == 3
     assert ds.filter("lang == 'en'").fingerprint == a.fingerprint  # a pure function of the selection
+    # the selection, however it was reached
+    assert a.filter("quality >= 0.5").fingerprint == ds.filter("lang == 'en' and quality >= 0.5").fingerprint
     ld = numpy_loader(a, seq_len=16, batch_size=2)
     take_tokens(ld, 2)
     st = ld.state_dict()
