@@ -106,8 +106,10 @@ def throughput(d: str, tokens: int, seq_len: int, batch: int, batches: int, roun
                 pass
     ds = tokenfeed.open(prefix)
     view = ds.filter("keep == 1")
-    kw = dict(seq_len=seq_len, batch_size=batch, output="numpy", packing=packing, seed=1)
-    if packing != "concat":
+    kw = dict(seq_len=seq_len, batch_size=batch, output="numpy", packing=packing.split("+")[0], seed=1)
+    if packing == "concat+sep":  # concat with a separator after each document: rows walk documents either way
+        kw["separator_id"] = 0
+    elif packing != "concat":
         kw["pad_id"] = 0
     res: dict = {"unfiltered": [], "filtered": []}
     for r in range(rounds):
@@ -151,7 +153,7 @@ def main() -> None:
               f"view {r['select_s']:.3f} s; Dataset.filter {r['filter_s']:.3f} s; "
               f"peak RSS +{r['peak_rss_above_open_mib']:.0f} MiB", flush=True)
     if not a.no_throughput:
-        for packing in ("concat", "best_fit"):
+        for packing in ("concat", "concat+sep", "best_fit"):
             r = throughput(d, a.tokens, a.seq_len, a.batch, a.batches, a.rounds, packing)
             out["throughput"].append(r)
             print(f"{packing}: unfiltered {r['unfiltered_tok_s'] / 1e6:.1f} M tok/s, filtered (keeps "
