@@ -577,3 +577,24 @@ def test_convert_jsonl_with_meta_then_filter_every_packing(tmp_path, capsys):
         if packing != "concat":
             assert sorted(served) == ref.tolist()
             assert all(served[d] == len(ds.document(int(d))) for d in ref)
+
+
+@pytest.mark.filterwarnings("ignore::tokenfeed.PerformanceWarning")
+@pytest.mark.parametrize("workers", [0, 2])
+def test_view_through_torch_dataloader_workers(meta_ds, workers):
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    from tokenfeed.torch import TokenBatches
+
+    ds, _ = meta_ds
+    v = ds.filter("lang == 'en'")
+    want = take_tokens(numpy_loader(v, seq_len=16, batch_size=4, seed=1), 3)
+    for data, kw in ((v, {}), (ds, {"where": "lang == 'en'"})):
+        dl = DataLoader(TokenBatches(data, seq_len=16, batch_size=4, seed=1, **kw), batch_size=None,
+                        num_workers=workers)
+        it = iter(dl)
+        for k in range(3):
+            b = next(it)
+            got = torch.cat([b["input_ids"], b["labels"][:, -1:]], dim=1).numpy()
+            assert np.array_equal(got, want[k])
