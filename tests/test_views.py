@@ -598,3 +598,38 @@ def test_view_through_torch_dataloader_workers(meta_ds, workers):
             b = next(it)
             got = torch.cat([b["input_ids"], b["labels"][:, -1:]], dim=1).numpy()
             assert np.array_equal(got, want[k])
+
+
+def test_selection_kept_in_the_node_catalog_and_checked(meta_ds, monkeypatch):
+    ds, _ = meta_ds
+    calls = []
+    real = _views.Columns.eval
+    monkeypatch.setattr(_views.Columns, "eval", lambda self, w: calls.append(w) or real(self, w))
+    where = "lang == 'de' and cluster > 20"
+    a = ds.filter(where, exclude={"url": ["https://example.org/81"]})
+    b = tokenfeed.open(ds.paths[0]).filter(where, exclude={"url": ["https://example.org/81"]})
+    assert len(calls) == 1  # the second open read the kept selection
+    assert (a.document_ids == b.document_ids).all() and a.fingerprint == b.fingerprint
+    sel_dir = _views.selection_dir()
+    files = [os.path.join(sel_dir, f) for f in os.listdir(sel_dir)]
+    mine = [f for f in files if _views.load_selection(int(os.path.basename(f)[:16], 16)) is not None
+            and len(_views.load_selection(int(os.path.basename(f)[:16], 16))) == a.num_documents]
+    assert mine
+    # a damaged or truncated copy is not used: the selection is computed again, the same
+    for damage in (lambda b: b.__setitem__(40, b[40] ^ 1), lambda b: b.__delitem__(slice(-8, None))):
+        for f in mine:
+            rewrite(f, damage)
+        calls.clear()
+        c = ds.filter(where, exclude={"url": ["https://example.org/81"]})
+        assert len(calls) == 1 and (c.document_ids == a.document_ids).all()
+    # columns rewritten (another column attached): another key, evaluated again
+    ds.attach_columns({"extra": list(range(400))})
+    calls.clear()
+    d = ds.filter(where, exclude={"url": ["https://example.org/81"]})
+    assert len(calls) == 1 and (d.document_ids == a.document_ids).all()
+    # another filter, another exclusion, another view to select within: other keys
+    calls.clear()
+    ds.filter(where)
+    ds.filter(where, exclude=[5])
+    ds.filter("lang == 'en'").filter(where.replace("de", "en"))
+    assert len(calls) == 4

@@ -602,6 +602,21 @@ class Dataset:
         base = self._base()
         # over a view, masks of the dataset's documents are read at the view's ids
         ids = self.document_ids if self is not base else None
+        # a selection made from the columns is kept in the node's catalog under a key of its
+        # inputs, and read back (checked) by the next open instead of evaluated again
+        key = None
+        if (where is None or isinstance(where, str)) and (where is not None or exclude is not None):
+            cpath = os.fspath(columns) if columns is not None else base.columns_path
+            uses_columns = isinstance(where, str) or isinstance(exclude, Mapping)
+            key = _views.selection_key(base.fingerprint, cpath if uses_columns else None, where, exclude, ids)
+            kept = _views.load_selection(key) if key is not None else None
+            if kept is not None:
+                if uses_columns:
+                    self.columns(columns)  # still the columns of this data
+                try:
+                    return DatasetView(self, self._core.select(kept), kept)
+                except (ValueError, IndexError):
+                    pass  # not a selection of this dataset after all: computed again below
         keep = np.ones(self.num_documents, dtype=bool)
         cols: Optional[_views.Columns] = None
 
@@ -634,7 +649,10 @@ class Dataset:
                 else:
                     keep &= ~np.isin(ids, ex.astype(np.uint64))
         sel = np.flatnonzero(keep).view(np.uint64)  # int64 indices, never negative
-        return DatasetView(self, self._core.select(sel), sel)
+        view = DatasetView(self, self._core.select(sel), sel)
+        if key is not None:
+            _views.save_selection(key, sel)
+        return view
 
 
 class DatasetView(Dataset):

@@ -295,3 +295,92 @@ def _csv_value(v: Optional[str]) -> Any:
         return float(v)
     except ValueError:
         return v
+
+
+# --------------------------------------------------------------------------- selections kept on the node
+
+_SEL_MAGIC = b"TFSEL1\0\0"
+
+
+def selection_key(dataset_fingerprint: str, columns: Optional[str], where: Optional[str], exclude: Any,
+                  within: Optional[np.ndarray]) -> Optional[int]:
+    """The key of a selection in the node's catalog: the dataset, the column file as it is now
+    (device, inode, size, modification time: a file rewritten since has another key), the filter,
+    the exclusion and the view it was taken within. None when it cannot be keyed (a mask)."""
+    parts: List[Any] = [2, dataset_fingerprint, where]
+    if columns is not None:
+        try:
+            fd = os.open(columns, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                st = os.fstat(fd)
+                head = os.pread(fd, 64, 0)
+            finally:
+                os.close(fd)
+        except OSError:
+            return None
+        # the header checksum covers the directory, which holds every column's checksum: a file
+        # rewritten with other values has another key even within one timestamp tick
+        parts.append([os.path.abspath(columns), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, head.hex()])
+    if exclude is None:
+        parts.append(None)
+    elif isinstance(exclude, Mapping):
+        try:
+            parts.append(sorted((str(k), sorted(str(v) for v in ([vals] if isinstance(vals, (str, bytes)) else vals)))
+                                for k, vals in exclude.items()))
+        except TypeError:
+            return None
+    else:
+        ex = np.unique(np.asarray(exclude)).astype(np.int64)
+        parts.append(_core.hash64(ex.tobytes(), 1))
+    parts.append(None if within is None else _core.hash64(np.ascontiguousarray(within, dtype=np.uint64).tobytes(), 2))
+    return _core.hash64(json.dumps(parts).encode(), 3)
+
+
+def selection_dir() -> Optional[str]:
+    """``selections/`` of the node's catalog directory ($TOKENFEED_CATALOG_DIR, default
+    ~/.cache/tokenfeed/catalog; "off": none)."""
+    d = os.environ.get("TOKENFEED_CATALOG_DIR")
+    if d is None:
+        home = os.environ.get("HOME")
+        d = os.path.join(home, ".cache", "tokenfeed", "catalog") if home else ""
+    return os.path.join(d, "selections") if d and d != "off" else None
+
+
+def load_selection(key: int) -> Optional[np.ndarray]:
+    """The ids kept under key, checked (magic, length, key, checksum of the ids), or None."""
+    d = selection_dir()
+    if d is None:
+        return None
+    path = os.path.join(d, f"{key:016x}.sel")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            head = f.read(32)
+            if len(head) != 32 or head[:8] != _SEL_MAGIC:
+                return None
+            n, h, k = struct.unpack("<QQQ", head[8:])
+            if k != key or n > (1 << 40):
+                return None
+            body = f.read(8 * n + 1)
+    except OSError:
+        return None
+    if len(body) != 8 * n or _core.hash64(body, 0) != h:
+        return None
+    return np.frombuffer(body, dtype="<u8")
+
+
+def save_selection(key: int, ids: np.ndarray) -> None:
+    """Keep ids under key (best effort: nothing when the directory cannot be written)."""
+    d = selection_dir()
+    if d is None:
+        return
+    try:
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        body = np.ascontiguousarray(ids, dtype="<u8").tobytes()
+        head = _SEL_MAGIC + struct.pack("<QQQ", len(ids), _core.hash64(body, 0), key)
+        _write_atomic(os.path.join(d, f"{key:016x}.sel"), [(0, head), (32, body)], 32 + len(body))
+    except OSError:
+        pass
