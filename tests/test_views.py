@@ -633,3 +633,13 @@ def test_selection_kept_in_the_node_catalog_and_checked(meta_ds, monkeypatch):
     ds.filter(where, exclude=[5])
     ds.filter("lang == 'en'").filter(where.replace("de", "en"))
     assert len(calls) == 4
+
+
+def test_column_file_truncated_while_mapped_is_an_error_not_a_crash(meta_ds):
+    ds, _ = meta_ds
+    cols = ds.columns()  # mapped, header checked
+    os.truncate(ds.columns_path, 200)
+    with pytest.raises(OSError, match="truncated while mapped"):
+        cols.eval("quality >= 0.5")
+    with pytest.raises(OSError, match="truncated while mapped"):
+        cols.values("url", [399])
