@@ -643,3 +643,70 @@ def test_column_file_truncated_while_mapped_is_an_error_not_a_crash(meta_ds):
         cols.eval("quality >= 0.5")
     with pytest.raises(OSError, match="truncated while mapped"):
         cols.values("url", [399])
+
+
+# --------------------------------------------------------------------------- loss weights
+
+
+def write_marked(path, n=150, seed=0):
+    """Documents whose every token is its index + 1 (so a label names its document), with a
+    quality per document."""
+    rng = np.random.default_rng(seed)
+    q = rng.random(n).round(3)
+    with tokenfeed.DatasetWriter(path, vocab_size=n + 2) as w:
+        for i in range(n):
+            w.add_document(np.full(int(rng.integers(1, 30)), i + 1), meta={"quality": float(q[i]),
+                                                                          "domain": "code" if i % 3 == 0 else "web"})
+    return tokenfeed.open(path), q
+
+
+@pytest.mark.filterwarnings("ignore:.*pads")
+@pytest.mark.parametrize("packing, extra", MODES)
+@pytest.mark.parametrize("balance", ["none", "tokens"])
+def test_loss_weights_from_a_column_match_the_reference_per_token(tmp_path, packing, extra, balance):
+    ds, q = write_marked(tmp_path / "m")
+    view = ds.filter("quality >= 0.2")
+    kw = dict(seq_len=24, batch_size=4, packing=packing, seed=5, loss_weights="quality", **extra)
+    if balance != "none":
+        kw.update(balance=balance, dp_size=2, dp_rank=1, batch_size=2)
+    ld = numpy_loader(view, **kw)
+    for _ in range(6):
+        b = next(ld)
+        labels = b["labels"].astype(np.int64)
+        want = np.where(labels > 0, q[np.maximum(labels - 1, 0)], 0).astype(np.float32)
+        assert b["loss_weights"].dtype == np.float32
+        assert np.array_equal(b["loss_weights"], want)
+
+
+@pytest.mark.parametrize("balance", ["none", "tokens", "cp"])
+def test_loss_weights_per_source_of_a_mixture_of_views(tmp_path, balance):
+    ds, _ = write_marked(tmp_path / "m")
+    code, web = ds.filter("domain == 'code'"), ds.filter("domain == 'web'")
+    kw = dict(weights=[0.5, 0.5], loss_weights=[2.0, 0.25], source_ids=True, seq_len=16, batch_size=4, seed=1)
+    if balance == "cp":  # each context-parallel rank's share of every row
+        kw.update(cp_size=2, cp_rank=1)
+    elif balance != "none":
+        kw.update(balance=balance, dp_size=2, dp_rank=0, batch_size=2)
+    ld = numpy_loader([code, web], **kw)
+    for _ in range(5):
+        b = next(ld)
+        want = np.array([2.0, 0.25], dtype=np.float32)[b["source_ids"]][:, None] * np.ones_like(b["labels"],
+                                                                                             dtype=np.float32)
+        assert np.array_equal(b["loss_weights"], want)
+        # and the rows' documents are the source's (token i + 1 is document i)
+        docs = b["labels"].astype(np.int64) - 1
+        for r, s in enumerate(b["source_ids"]):
+            assert all((d % 3 == 0) == (s == 0) for d in docs[r] if d >= 0)
+
+
+def test_loss_weights_refused_where_not_supported(tmp_path):
+    ds, _ = write_marked(tmp_path / "m")
+    with pytest.raises(ValueError, match="one finite weight"):
+        numpy_loader(ds, seq_len=8, batch_size=2, loss_weights=[1.0])
+    with pytest.raises(ValueError, match="one finite weight"):
+        numpy_loader([ds, ds], weights=[1, 1], seq_len=8, batch_size=2, loss_weights=[1.0, -1.0])
+    with pytest.raises(NotImplementedError, match="context parallelism"):
+        numpy_loader(ds, seq_len=8, batch_size=2, loss_weights="quality", cp_size=2, cp_rank=0)
+    ld = numpy_loader(ds, seq_len=8, batch_size=2, loss_weights="domain")
+    with pytest.raises(ValueError, match="no number column 'domain'"):
+        next(ld)

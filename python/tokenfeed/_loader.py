@@ -208,6 +208,11 @@ class Loader:
     :meth:`Dataset.filter` makes one (a filter over the metadata columns or a boolean mask,
     and document ids or ``{column: values}`` to leave out; with ``weights=``, of each
     source). The selection enters the dataset fingerprint: ``docs/views.md``.
+    ``loss_weights=`` adds a float32 ``loss_weights`` array beside ``labels`` (same shape):
+    one weight per source of a mixture (every token of a row weighs its source's), or the
+    name of a number column of the metadata (every label weighs its document's value; 1
+    where the document has none, 0 for separators and padding; not yet with context
+    parallelism or a sequence-length warmup).
 
     The C engine's threads and buffers start lazily in the process that iterates, so a
     Loader can be created before ``fork`` or pickled to a ``spawn`` worker.
@@ -234,7 +239,7 @@ class Loader:
                  megatron_cache: Optional[PathLike] = None, megatron_split: str = "train",
                  megatron_add_extra_token: bool = True, megatron_pad_id: Optional[int] = None,
                  order: Literal["tokenfeed", "llmc", "olmo"] = "tokenfeed", llmc_processes: Optional[int] = None,
-                 where: Any = None, exclude: Any = None,
+                 where: Any = None, exclude: Any = None, loss_weights: Any = None,
                  **settings: Any) -> None:
         # Every other keyword is a row of the C settings table (_core.settings(), listed in
         # docs/api.md): passed through by scope and checked by its row.
@@ -321,6 +326,7 @@ class Loader:
         if source_ids and weights is None:
             raise ValueError("source_ids=True needs a mixture (weights=): one dataset has one source")
         self._source_ids = source_ids
+        self._loss_weights = self._check_loss_weights(loss_weights, weights is not None, pc.cp_size, engine_kw)
         requested_output = output
         if output == "auto":
             output = "torch" if _torch_available() else "numpy"
@@ -529,7 +535,7 @@ class Loader:
         return self
 
     def __next__(self) -> Dict[str, Any]:
-        pos = self._order.skip_to(self.position) if self._source_ids else 0
+        pos = self._order.skip_to(self.position) if self._source_ids or self._loss_weights else 0
         if self.device_index is not None:
             out: Dict[str, Any] = self._get_device().next()
             if self._megatron_pad is not None:
@@ -539,6 +545,11 @@ class Loader:
 
                 ids = self._source_ids_at(pos)
                 out["source_ids"] = torch.from_numpy(ids) if self.output == "torch" else ids
+            if self._loss_weights:
+                import torch
+
+                lw = self._loss_weights_at(pos, tuple(out["labels"].shape))
+                out["loss_weights"] = torch.as_tensor(lw, device=out["labels"].device)
             return self._with_document_ids(out)
         batch: Dict[str, Any] = self._get_engine().next()
         if self._megatron_pad is not None:
@@ -547,6 +558,8 @@ class Loader:
             ids = self._source_ids_at(pos)
             # a sequence-length warmup delivers each sample as k consecutive rows: each has its sample's source
             batch["source_ids"] = np.repeat(ids, batch["input_ids"].shape[0] // max(1, len(ids)))
+        if self._loss_weights:
+            batch["loss_weights"] = self._loss_weights_at(pos, tuple(batch["labels"].shape))
         if self.output == "torch":
             import torch
 
@@ -579,6 +592,59 @@ class Loader:
             if self._drop_cu:
                 del batch["cu_seqlens"], batch["num_seqs"]
         return batch
+
+    def _check_loss_weights(self, lw: Any, mixture: bool, cp_size: int, engine_kw: Mapping[str, Any]) -> Any:
+        """loss_weights=: None; a weight per source of a mixture; or the name of a numeric
+        metadata column holding a weight per document (docs/views.md)."""
+        if lw is None:
+            return None
+        if isinstance(lw, str):
+            if cp_size > 1 or engine_kw.get("warmup_steps"):
+                raise NotImplementedError("loss_weights from a column are computed per whole row: not yet with "
+                                          "context parallelism (cp_size > 1) or a sequence-length warmup")
+            return ("column", lw)
+        w = np.asarray(lw, dtype=np.float64)
+        if not mixture or w.ndim != 1 or not np.all(np.isfinite(w)) or np.any(w < 0):
+            raise ValueError(f"loss_weights= is a column name, or one finite weight >= 0 per source of a mixture "
+                             f"(weights=), got {lw!r}")
+        return ("source", w.astype(np.float32))
+
+    def _loss_weights_at(self, pos: int, shape: Tuple[int, ...]) -> "np.ndarray[Any, np.dtype[np.float32]]":
+        """Per label of this rank's rows of the batch at ``pos``: the weight of its row's source,
+        or of the document the label belongs to (1 where the column has no value; 0 for a
+        separator or padding)."""
+        assert self._loss_weights is not None
+        kind, arg = self._loss_weights
+        if kind == "source":
+            ids = self._source_ids_at(pos)
+            w = arg[np.repeat(ids, shape[0] // max(1, len(ids)))]
+            return np.ascontiguousarray(np.broadcast_to(w.reshape((-1,) + (1,) * (len(shape) - 1)), shape),
+                                        dtype=np.float32)
+        rows = self._row_positions(pos // self.global_batch)
+        segs = [self._order.segments_at(p) for p in rows]
+        dss = self.dataset if isinstance(self.dataset, list) else [self.dataset]
+        need: Dict[int, List[int]] = {}
+        for row in segs:
+            for src, doc, _, _, _ in row:
+                need.setdefault(src, []).append(doc)
+        value: Dict[Tuple[int, int], float] = {}
+        for src, docs in need.items():
+            uniq = sorted(set(docs))
+            cols = dss[src].columns()
+            if cols.types.get(arg) not in ("int64", "float64"):
+                raise ValueError(f"loss_weights={arg!r}: {cols.path} has no number column {arg!r} "
+                                 f"(columns: {', '.join(f'{k} ({v})' for k, v in cols.types.items())})")
+            for d, v in zip(uniq, cols.values(arg, uniq)):
+                value[(src, d)] = 1.0 if v is None else float(v)
+        out = np.zeros(shape, dtype=np.float32)
+        L = shape[-1]
+        for r, row in enumerate(segs):
+            for src, doc, start, stop, offset in row:
+                # sample tokens [offset, offset + n) are the document's; label t is sample token t + 1
+                a, b = max(offset - 1, 0), min(offset + (stop - start) - 1, L)
+                if b > a:
+                    out[r, a:b] = value[(src, doc)]
+        return out
 
     def _source_ids_at(self, pos: int) -> "np.ndarray[Any, np.dtype[np.int32]]":
         """The source of each of this rank's rows of the batch at global position ``pos`` (the
