@@ -710,3 +710,67 @@ def test_loss_weights_refused_where_not_supported(tmp_path):
     ld = numpy_loader(ds, seq_len=8, batch_size=2, loss_weights="domain")
     with pytest.raises(ValueError, match="no number column 'domain'"):
         next(ld)
+
+
+# --------------------------------------------------------------------------- takedown mid-run
+
+
+@pytest.mark.filterwarnings("ignore:.*pads")
+@pytest.mark.parametrize("packing, extra", MODES)
+def test_takedown_mid_run(tmp_path, packing, extra):
+    ds, _ = write_marked(tmp_path / "m")
+    pad = 0
+    kw = dict(seq_len=16, batch_size=4, packing=packing, seed=2, loss_mask=True, **extra)
+    N, steps = 3, 12
+    ref_loader = numpy_loader(ds, **kw)
+    plain = [{k: v.copy() for k, v in next(ref_loader).items()} for _ in range(steps)]
+    # the documents of steps N.. that we take down: a few that do appear there
+    seen = sorted({int(d) - 1 for b in plain[N:] for d in np.unique(b["tokens"]) if d > 0})
+    gone = seen[::5]
+    ld = numpy_loader(ds, **kw)
+    got = [{k: v.copy() for k, v in next(ld).items()} for _ in range(N)]
+    ld.exclude(gone)
+    st = json.loads(json.dumps(ld.state_dict()))
+    assert st["excluded"] == [[N * 4, 0, gone]]
+    got += [{k: v.copy() for k, v in next(ld).items()} for _ in range(steps - N)]
+    for k in range(steps):
+        held = set(int(d) - 1 for d in np.unique(plain[k]["tokens"]) if d > 0) & set(gone)
+        if k < N or not held:  # before the takedown, or a batch that held none of them: unchanged
+            assert np.array_equal(got[k]["tokens"], plain[k]["tokens"]), k
+        else:  # never served; their places kept (padding), everything else as it was
+            assert not (set(int(d) - 1 for d in np.unique(got[k]["tokens"]) if d > 0) & set(gone))
+            same = ~np.isin(plain[k]["tokens"] - 1, gone) | (plain[k]["tokens"] == 0)
+            assert np.array_equal(got[k]["tokens"][same], plain[k]["tokens"][same])
+            assert (got[k]["tokens"][~same] == pad).all()
+            lab_gone = ~same[:, 1:]
+            assert (got[k]["loss_mask"][lab_gone] == 0).all()
+    # kill and resume after N: the same stream; and on 2 ranks (elastic), the same rows
+    resumed = numpy_loader(ds, **kw)
+    resumed.load_state_dict(st)
+    for k in range(N, steps):
+        assert np.array_equal(next(resumed)["tokens"], got[k]["tokens"])
+    halves = []
+    for r in (0, 1):
+        h = numpy_loader(ds, **dict(kw, batch_size=2, dp_size=2, dp_rank=r))
+        h.load_state_dict(st)
+        halves.append([next(h)["tokens"].copy() for _ in range(steps - N)])
+    for k in range(steps - N):
+        assert np.array_equal(np.concatenate([halves[0][k], halves[1][k]]), got[N + k]["tokens"])
+    # where() says it: rows from step N on are marked
+    d = gone[0]
+    hits = resumed.where(d)
+    assert hits and all(("excluded" in h) == (h["position"] >= N * 4) for h in hits)
+
+
+def test_takedown_state_checks_and_refusals(tmp_path):
+    ds, _ = write_marked(tmp_path / "m")
+    ld = numpy_loader(ds, seq_len=8, batch_size=2)
+    assert ld.state_dict()["excluded"] is None  # always present
+    st = ld.state_dict()
+    for bad in ([[0, 0, [150]]], [[0, 1, [1]]], [[-1, 0, [1]]], "x", [[0, 0, ["a"]]], [[0, 0]]):
+        with pytest.raises(tokenfeed.StateError, match="excluded"):
+            numpy_loader(ds, seq_len=8, batch_size=2).load_state_dict(dict(st, excluded=bad))
+    with pytest.raises(ValueError, match="document ids"):
+        ld.exclude([150])
+    with pytest.raises(NotImplementedError, match="context parallelism"):
+        numpy_loader(ds, seq_len=8, batch_size=2, cp_size=2, cp_rank=0).exclude([1])

@@ -327,6 +327,8 @@ class Loader:
             raise ValueError("source_ids=True needs a mixture (weights=): one dataset has one source")
         self._source_ids = source_ids
         self._loss_weights = self._check_loss_weights(loss_weights, weights is not None, pc.cp_size, engine_kw)
+        # documents taken down while the run went on (exclude): [(position, source, sorted ids)]
+        self._excluded: List[Tuple[int, int, "np.ndarray[Any, np.dtype[np.int64]]"]] = []
         requested_output = output
         if output == "auto":
             output = "torch" if _torch_available() else "numpy"
@@ -535,7 +537,7 @@ class Loader:
         return self
 
     def __next__(self) -> Dict[str, Any]:
-        pos = self._order.skip_to(self.position) if self._source_ids or self._loss_weights else 0
+        pos = self._order.skip_to(self.position) if self._source_ids or self._loss_weights or self._excluded else 0
         if self.device_index is not None:
             out: Dict[str, Any] = self._get_device().next()
             if self._megatron_pad is not None:
@@ -560,6 +562,8 @@ class Loader:
             batch["source_ids"] = np.repeat(ids, batch["input_ids"].shape[0] // max(1, len(ids)))
         if self._loss_weights:
             batch["loss_weights"] = self._loss_weights_at(pos, tuple(batch["labels"].shape))
+        if self._excluded:
+            self._take_down(batch, pos)
         if self.output == "torch":
             import torch
 
@@ -645,6 +649,60 @@ class Loader:
                 if b > a:
                     out[r, a:b] = value[(src, doc)]
         return out
+
+    # ----------------------------------------------------------- documents taken down mid-run
+
+    def exclude(self, ids: Any, *, source: int = 0) -> None:
+        """Take documents down from the next batch on: their tokens are never served again.
+
+        ``ids`` are document ids of dataset ``source`` (as :meth:`explain` reports them; of
+        the dataset a filtered view selects from). Every other document keeps its place in the
+        order (as :meth:`skip_steps` keeps steps' places): a row that held an excluded
+        document has that document's tokens replaced by ``pad_id`` (0 without one), with
+        ``loss_mask`` and ``loss_weights`` 0 on their labels; a batch that held none is the
+        batch of the run without the takedown. The exclusion is recorded in the state
+        (``excluded``: ``[[position, source, [ids]], ...]``), so a resume (any world size
+        dividing the global batch) serves the same stream, and :meth:`where` marks the rows
+        from that step on ``excluded``. Call it on every rank with the same ids at the same
+        step. Not with context parallelism or a GPU ``device`` yet (``NotImplementedError``)."""
+        if self.parallel.cp_size > 1 or self.device_index is not None:
+            raise NotImplementedError("exclude() rewrites whole rows on the host: not yet with context parallelism "
+                                      "or device= (filter the data with exclude= at the next restart instead)")
+        dss = self.dataset if isinstance(self.dataset, list) else [self.dataset]
+        if not isinstance(source, int) or isinstance(source, bool) or not 0 <= source < len(dss):
+            raise ValueError(f"exclude: source must be an int in [0, {len(dss)}), got {source!r}")
+        n = dss[source]._base().num_documents
+        arr = np.unique(np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids))
+        if arr.size and (arr.dtype.kind not in "iu" or arr.min() < 0 or arr.max() >= n):
+            raise ValueError(f"exclude: ids are document ids of dataset {source} (0 to {n - 1})")
+        if arr.size:
+            self._excluded.append((self.position, source, arr.astype(np.int64)))
+
+    def _excluded_at(self, pos: int) -> Dict[int, "set[int]"]:
+        out: Dict[int, set[int]] = {}
+        for at, src, ids in self._excluded:
+            if pos >= at:
+                out.setdefault(src, set()).update(int(i) for i in ids)
+        return out
+
+    def _take_down(self, batch: Dict[str, Any], pos: int) -> None:
+        """Rows of the batch at ``pos`` that hold excluded documents: their tokens replaced by the
+        pad id, their labels out of the loss (in place, on the host arrays)."""
+        gone = self._excluded_at(pos)
+        if not gone or "tokens" not in batch:
+            return
+        pad = self._order.settings().get("pad_id") or 0
+        tokens = batch["tokens"]
+        L = tokens.shape[-1] - 1
+        for r, p in enumerate(self._row_positions(pos // self.global_batch)):
+            for src, doc, start, stop, offset in self._order.segments_at(p):
+                if doc not in gone.get(src, ()):
+                    continue
+                tokens[r, offset:offset + (stop - start)] = pad
+                a, b = max(offset - 1, 0), min(offset + (stop - start) - 1, L)
+                for k in ("loss_mask", "loss_weights"):
+                    if k in batch and b > a:
+                        batch[k][r, a:b] = 0
 
     def _source_ids_at(self, pos: int) -> "np.ndarray[Any, np.dtype[np.int32]]":
         """The source of each of this rank's rows of the batch at global position ``pos`` (the
@@ -804,6 +862,8 @@ class Loader:
         to ``dcp.save({"loader": loader})`` / ``dcp.load`` as it is.
         """
         state: Dict[str, Any] = json.loads(self._order.state_save(self.position, self.world_size))
+        # documents taken down mid-run (exclude), always present (None: none)
+        state["excluded"] = [[at, src, ids.tolist()] for at, src, ids in self._excluded] or None
         return state
 
     def load_state_dict(self, state: Mapping[str, Any], *, strict: bool = True) -> None:
@@ -832,6 +892,8 @@ class Loader:
                 key = "loader" if "loader" in inner else inner[0]
                 raise StateError(f"this dict is not a loader state but holds one under {key!r} (a whole training "
                                  f"checkpoint?): pass checkpoint[{key!r}] to load_state_dict")
+        excluded = self._parse_excluded(state.get("excluded"))
+        state = {k: v for k, v in state.items() if k != "excluded"}
         try:
             text = json.dumps(state, default=_json_value, allow_nan=False)
         except (TypeError, ValueError) as e:
@@ -843,6 +905,7 @@ class Loader:
             raise StateError(str(e)) from None
         if handover is not None:
             self._hand_over(handover)
+        self._excluded = excluded
         if self._engine is not None:
             self._acct_ranges = self._acct_ranges[:-1] + [(self._acct_ranges[-1][0], self.position), (pos, pos)]
         self._position = pos
@@ -850,6 +913,27 @@ class Loader:
             self._device.seek(pos)  # drops what was copied ahead; moves the engine
         elif self._engine is not None:
             self._engine.seek(pos)
+
+    def _parse_excluded(self, v: Any) -> List[Tuple[int, int, "np.ndarray[Any, np.dtype[np.int64]]"]]:
+        """The state's ``excluded`` (None or [[position, source, [ids]], ...]), checked."""
+        if v is None:
+            return []
+        dss = self.dataset if isinstance(self.dataset, list) else [self.dataset]
+        out = []
+        ok = isinstance(v, list)
+        for e in v if ok else []:
+            if not (isinstance(e, list) and len(e) == 3 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                               for x in e[:2]) and isinstance(e[2], list)
+                    and 0 <= e[1] < len(dss) and e[0] >= 0
+                    and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < dss[e[1]]._base().num_documents
+                            for i in e[2])):
+                ok = False
+                break
+            out.append((e[0], e[1], np.unique(np.asarray(e[2], dtype=np.int64))))
+        if not ok:
+            raise StateError("the state's excluded is not None or [[position, source, [document ids]], ...] of "
+                             "this loader's datasets: pass the dict Loader.state_dict() returned")
+        return out
 
     def skip_steps(self, start: int, stop: int) -> None:
         """Leave the data of steps ``[start, stop)`` out: when the loader reaches step ``start`` it
@@ -1024,7 +1108,13 @@ class Loader:
         """
         from ._explain import where
 
-        return where(self, document, source=source, epochs=epochs)
+        hits = where(self, document, source=source, epochs=epochs)
+        for at, src, ids in self._excluded:  # taken down from step at / G on: never served there
+            if src == source and document in ids:
+                for h in hits:
+                    if h["position"] >= at:
+                        h["excluded"] = 1
+        return hits
 
     def meter(self, window: Optional[int] = None, *, prefix: str = "") -> Dict[str, Union[int, float]]:
         """The data-wait meter over the last ``window`` batches (None: all kept, at most 4096): a flat dict
