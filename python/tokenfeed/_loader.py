@@ -329,6 +329,7 @@ class Loader:
         self._loss_weights = self._check_loss_weights(loss_weights, weights is not None, pc.cp_size, engine_kw)
         # documents taken down while the run went on (exclude): [(position, source, sorted ids)]
         self._excluded: List[Tuple[int, int, "np.ndarray[Any, np.dtype[np.int64]]"]] = []
+        self._excluded_sets: Optional[Tuple[Tuple[Tuple[int, ...], int], Dict[int, "set[int]"]]] = None
         requested_output = output
         if output == "auto":
             output = "torch" if _torch_available() else "numpy"
@@ -679,10 +680,17 @@ class Loader:
             self._excluded.append((self.position, source, arr.astype(np.int64)))
 
     def _excluded_at(self, pos: int) -> Dict[int, "set[int]"]:
+        """The documents taken down at ``pos``, per source (built once per set of takedowns in
+        force, not per batch: a takedown list may be long)."""
+        active = tuple(k for k, (at, _, _) in enumerate(self._excluded) if pos >= at)
+        cached = self._excluded_sets
+        if cached is not None and cached[0] == (active, len(self._excluded)):
+            return cached[1]
         out: Dict[int, set[int]] = {}
-        for at, src, ids in self._excluded:
-            if pos >= at:
-                out.setdefault(src, set()).update(int(i) for i in ids)
+        for k in active:
+            _, src, ids = self._excluded[k]
+            out.setdefault(src, set()).update(ids.tolist())
+        self._excluded_sets = ((active, len(self._excluded)), out)
         return out
 
     def _take_down(self, batch: Dict[str, Any], pos: int) -> None:
@@ -906,6 +914,7 @@ class Loader:
         if handover is not None:
             self._hand_over(handover)
         self._excluded = excluded
+        self._excluded_sets = None
         if self._engine is not None:
             self._acct_ranges = self._acct_ranges[:-1] + [(self._acct_ranges[-1][0], self.position), (pos, pos)]
         self._position = pos
