@@ -774,3 +774,25 @@ def test_takedown_state_checks_and_refusals(tmp_path):
         ld.exclude([150])
     with pytest.raises(NotImplementedError, match="context parallelism"):
         numpy_loader(ds, seq_len=8, batch_size=2, cp_size=2, cp_rank=0).exclude([1])
+
+
+def test_convert_parquet_with_meta(tmp_path, capsys):
+    pytest.importorskip("tokenizers")
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from conftest import tokenizer_json
+
+    texts = [f"document number {i} says hello" for i in range(40)]
+    tok = tokenizer_json(tmp_path, texts)
+    pq.write_table(pa.table({"text": texts, "lang": [LANGS[i % 5] for i in range(40)],
+                             "score": [i / 10 for i in range(40)]}), tmp_path / "in.parquet", row_group_size=16)
+    assert main(["convert", str(tmp_path / "in.parquet"), str(tmp_path / "ds"), "--tokenizer", tok,
+                 "--meta", "lang,score", "--workers", "1"]) == 0
+    ds = tokenfeed.open(tmp_path / "ds")
+    assert ds.columns().values("score", [0, 39]) == [0.0, 3.9]
+    assert ds.filter("lang == 'de'").document_ids.tolist() == [i for i in range(40) if i % 5 == 1]
+    capsys.readouterr()
+    assert main(["convert", str(tmp_path / "in.parquet"), str(tmp_path / "ds2"), "--tokenizer", tok, "--meta", "nope",
+                 "--workers", "1"]) == 1
+    assert "no column 'nope' for --meta" in capsys.readouterr().err
