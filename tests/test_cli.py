@@ -372,7 +372,7 @@ def test_debug_shows_traceback(tmp_path, capsys):
 # --------------------------------------------------------------------------- entry points
 
 
-COMMANDS = ["convert", "merge", "inspect", "verify", "cache", "explain", "where", "index", "bench", "build-info"]
+COMMANDS = ["convert", "merge", "inspect", "verify", "cache", "explain", "where", "index", "meta", "bench", "build-info"]
 
 
 def test_python_m_tokenfeed_help():
@@ -381,7 +381,8 @@ def test_python_m_tokenfeed_help():
     listed = [m.group(1) for m in re.finditer(r"^ {4}(\S+)", p.stdout, re.M)]
     assert listed == COMMANDS  # every command, in the order a user meets them
     for args in (["convert"], ["merge"], ["inspect"], ["verify"], ["cache"], ["cache", "show"], ["cache", "prune"],
-                 ["explain"], ["where"], ["index"], ["build-info"], ["bench"]):
+                 ["explain"], ["where"], ["index"], ["meta"], ["meta", "attach"], ["meta", "show"], ["build-info"],
+                 ["bench"]):
         p = subprocess.run([sys.executable, "-m", "tokenfeed", *args, "--help"], capture_output=True, text=True)
         assert p.returncode == 0, p.stderr
         assert f"usage: tokenfeed {' '.join(args)}" in p.stdout

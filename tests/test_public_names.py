@@ -50,7 +50,7 @@ def doc_names() -> dict[str, set[str]]:
         names = {"tokenfeed" + m for m in DOTTED.findall(text)}
         for mod, what in FROM_IMPORT.findall(text):
             names |= {f"{mod}.{n.strip()}" for n in what.strip("()").split(",") if n.strip()}
-        out[os.path.relpath(page, ROOT)] = {n for n in names if not re.search(r"\.(h|pc|manifest|catalog|map|c|lock)$", n)}
+        out[os.path.relpath(page, ROOT)] = {n for n in names if not re.search(r"\.(h|pc|manifest|catalog|columns|map|c|lock)$", n)}
     return out
 
 

@@ -1576,6 +1576,63 @@ TF_API int tf_device_loader_gpu_handoff(tf_device_loader *d, uintptr_t stream);
  * top of this header): these interfaces may change in any release. The shared
  * library exports their symbols under a version node of their own
  * (TOKENFEED_EXPERIMENTAL_0 in csrc/tokenfeed.map), renamed when they change. */
+/* ---- views: metadata columns and selections of documents (docs/views.md) ---
+ *
+ * A column file (docs/format.md, "Metadata columns") holds typed values, one
+ * per document of a dataset, beside its token files. tf_columns_open maps it
+ * and checks its header and directory; a column's payload is checked
+ * (checksum, offsets, codes) the first time it is used. */
+typedef struct tf_columns tf_columns;
+typedef enum tf_column_type {
+    TF_COLUMN_INT64 = 1,    /* int64; INT64_MIN is a missing value */
+    TF_COLUMN_FLOAT64 = 2,  /* float64; NaN is a missing value */
+    TF_COLUMN_STRING = 3,   /* UTF-8 bytes per document */
+    TF_COLUMN_CATEGORY = 4  /* a code per document into a dictionary of strings; 0xFFFFFFFF missing */
+} tf_column_type;
+typedef struct tf_column_value {
+    tf_column_type type;
+    int is_null;
+    int64_t i;     /* INT64 (a CATEGORY's code) */
+    double f;      /* FLOAT64 */
+    const char *s; /* STRING / CATEGORY bytes (not NUL-terminated), valid while the columns are open */
+    size_t len;
+} tf_column_value;
+TF_API int tf_columns_open(const char *path, tf_columns **out);
+/* The same over bytes the caller keeps alive until tf_columns_free. */
+TF_API int tf_columns_from_memory(const void *buf, size_t len, tf_columns **out);
+TF_API void tf_columns_free(tf_columns *c);
+TF_API uint64_t tf_columns_num_documents(const tf_columns *c);
+/* The fingerprint of the dataset the columns were written for (0: none recorded). */
+TF_API uint64_t tf_columns_dataset_fingerprint(const tf_columns *c);
+TF_API size_t tf_columns_count(const tf_columns *c);
+TF_API int tf_columns_get(const tf_columns *c, size_t i, const char **name, tf_column_type *type);
+TF_API const char *tf_column_type_name(tf_column_type t);
+/* mask[d] = 1 where document d satisfies the filter `where` (the language of
+ * docs/views.md), else 0; mask holds tf_columns_num_documents bytes. -EINVAL
+ * naming the offset for a malformed expression, -ENOENT for an unknown column. */
+TF_API int tf_columns_eval(const tf_columns *c, const char *where, uint8_t *mask);
+/* mask[d] = 1 where the value of column is one of values[0, n) (strings; for
+ * a number column, numbers written as text). */
+TF_API int tf_columns_match(const tf_columns *c, const char *column, const char *const *values, size_t n,
+                            uint8_t *mask);
+TF_API int tf_columns_value(const tf_columns *c, const char *column, uint64_t doc, tf_column_value *v);
+
+/* A view: the documents ids[0, n) (ascending, distinct, below the dataset's
+ * document count) of ds, in that order. It reads ds's files (ds must outlive
+ * it) and is a dataset like any other: orders over it (concat, best-fit,
+ * document packing, mixtures) see only its documents, and its fingerprint
+ * hashes ds's with the selection. A view of a view selects among the
+ * view's documents. Files split at an eos id without a document index cannot
+ * be selected from (-EINVAL naming the command that builds the index). */
+TF_API int tf_dataset_select(const tf_dataset *ds, const uint64_t *ids, uint64_t n, tf_dataset **out);
+/* 1 for a view (*num_documents and *num_tokens: what it selects), 0 for a
+ * dataset (its totals). */
+TF_API int tf_dataset_selection(const tf_dataset *ds, uint64_t *num_documents, uint64_t *num_tokens);
+/* Document i of a view as a document id of the dataset it selects from (i itself for a dataset). */
+TF_API int tf_dataset_document_id(const tf_dataset *ds, uint64_t i, uint64_t *id);
+/* The index in the view of that dataset's document id: -ENOENT when the view leaves it out. */
+TF_API int tf_dataset_document_index(const tf_dataset *ds, uint64_t id, uint64_t *i);
+
 #ifdef TF_EXPERIMENTAL_API
 
 /* ------------------------------------------------------------------------ */

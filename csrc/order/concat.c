@@ -45,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../sources/source.h"
 #include "kind.h"
 
 typedef struct concat {
@@ -55,24 +56,50 @@ typedef struct concat {
     uint64_t Tv; /* virtual stream length: T, or T + D with separators */
     uint64_t N;  /* samples per epoch */
     int sep;     /* separator mode */
+    const tf__sel *sel; /* a view's documents (NULL: the dataset's, tiling its tokens) */
+    int walk;    /* spans and boundaries walk the documents: with separators, or over a view */
 } concat;
+
+/* Document k: its token range, from the view's table without a search (and
+ * without entering the SIGBUS guard per document) when there is one. */
+static inline int doc_of(const concat *o, uint64_t k, uint64_t *s, uint64_t *len) {
+    if (o->sel) {
+        *s = o->sel->start[k];
+        *len = o->sel->vstart[k + 1] - o->sel->vstart[k];
+        return 0;
+    }
+    return tf_dataset_document(o->ds, k, s, len);
+}
+
+/* Over a view the documents do not tile the tokens: the stream is the view's
+ * documents one after another, and document k starts at vstart[k] of it (its
+ * separators aside) instead of at its token position. */
+static int base_of(const concat *o, uint64_t k, uint64_t *b) {
+    if (o->sel) {
+        *b = o->sel->vstart[k];
+        return 0;
+    }
+    uint64_t n;
+    return tf_dataset_document(o->ds, k, b, &n);
+}
 
 /* ------------------------------------------------------------------------ */
 /* separator stream: locating virtual positions                              */
 /* ------------------------------------------------------------------------ */
 
-/* Last document k with vs(k) = start(k) + k <= p (p < Tv). */
+/* Last document k with vs(k) = base(k) + (k with separators) <= p (p < Tv). */
 static int sep_locate(const concat *o, uint64_t p, uint64_t *k_out, uint64_t *vs_out) {
+    const uint64_t w = o->sep ? 1 : 0;
     uint64_t lo = 0, hi = o->D; /* invariant: vs(lo) <= p < vs(hi), vs(D) = Tv */
     while (hi - lo > 1) {
-        uint64_t mid = lo + (hi - lo) / 2, s, n;
-        TF_TRY(tf_dataset_document(o->ds, mid, &s, &n));
-        if (s + mid <= p) lo = mid; else hi = mid;
+        uint64_t mid = lo + (hi - lo) / 2, s;
+        TF_TRY(base_of(o, mid, &s));
+        if (s + w * mid <= p) lo = mid; else hi = mid;
     }
-    uint64_t s, n;
-    TF_TRY(tf_dataset_document(o->ds, lo, &s, &n));
+    uint64_t s;
+    TF_TRY(base_of(o, lo, &s));
     *k_out = lo;
-    *vs_out = s + lo;
+    *vs_out = s + w * lo;
     return 0;
 }
 
@@ -86,7 +113,7 @@ typedef struct span_cursor {
 static int spans_begin(const concat *o, uint64_t sample, span_cursor *c) {
     memset(c, 0, sizeof *c);
     c->off = sample * o->L; /* no-separator mode: the token position */
-    if (o->sep) {
+    if (o->walk) {
         uint64_t vs;
         TF_TRY(sep_locate(o, c->off, &c->k, &vs));
         c->off -= vs;
@@ -99,7 +126,7 @@ static int spans_begin(const concat *o, uint64_t sample, span_cursor *c) {
 static int spans_next(const concat *o, span_cursor *c, tf__span *spans, size_t cap, size_t *n) {
     const uint64_t need = o->L + 1;
     size_t m = 0;
-    if (!o->sep) {
+    if (!o->walk) {
         if (c->dst < need && cap) {
             spans[m++] = (tf__span){c->off, need, 0};
             c->dst = need;
@@ -111,7 +138,7 @@ static int spans_next(const concat *o, span_cursor *c, tf__span *spans, size_t c
         if (c->k >= o->D)
             TF_FAIL(-TF_EFORMAT, "document index ends before the token stream does: run verify() on the dataset");
         uint64_t s, len;
-        TF_TRY(tf_dataset_document(o->ds, c->k, &s, &len));
+        TF_TRY(doc_of(o, c->k, &s, &len));
         if (c->off < len) {
             if (m == cap) break;
             uint64_t take = len - c->off;
@@ -120,6 +147,11 @@ static int spans_next(const concat *o, span_cursor *c, tf__span *spans, size_t c
             c->off += take;
             c->dst += take;
             if (c->dst == need) break;
+        }
+        if (!o->sep) { /* a view without separators: the next document follows */
+            c->k++;
+            c->off = 0;
+            continue;
         }
         /* c->off == len: the separator closing document k */
         if (m && spans[m - 1].src == TF_SPAN_SEPARATOR && spans[m - 1].dst + spans[m - 1].len == c->dst) {
@@ -163,11 +195,11 @@ static int bnd_begin(bnd_iter *it, const concat *o, uint64_t p0) {
     memset(it, 0, sizeof *it);
     it->o = o;
     it->p0 = p0;
-    if (o->sep) {
+    if (o->walk) {
         uint64_t vs, s, n;
         TF_TRY(sep_locate(o, it->p0, &it->k, &vs));
-        TF_TRY(tf_dataset_document(o->ds, it->k, &s, &n));
-        it->next = vs + n + 1; /* = vs(k + 1) */
+        TF_TRY(doc_of(o, it->k, &s, &n));
+        it->next = vs + n + (o->sep ? 1 : 0); /* = vs(k + 1) */
     } else if (o->D == 0) {
         it->done = 1;
     } else {
@@ -192,8 +224,20 @@ static int bnd_next(bnd_iter *it, uint64_t *b) {
         if (++it->k >= o->D) {
             it->done = 1;
         } else {
-            TF_TRY(tf_dataset_document(o->ds, it->k, &s, &n));
+            TF_TRY(doc_of(o, it->k, &s, &n));
             it->next += n + 1;
+        }
+    } else if (o->walk) {
+        /* a view without separators: a boundary where a non-empty document
+         * starts, once however many empty ones lie there */
+        uint64_t at = it->next;
+        while (it->next == at) {
+            if (++it->k >= o->D) {
+                it->done = 1;
+                break;
+            }
+            TF_TRY(doc_of(o, it->k, &s, &n));
+            it->next += n;
         }
     } else if (it->next >= o->T) {
         it->done = 1;
@@ -259,6 +303,7 @@ static int concat_stats(const tf_order *order, tf_packing_stats *st) {
     for (uint64_t k = 0; k < o->D; k++) {
         uint64_t s, len;
         TF_TRY(tf_dataset_document(o->ds, k, &s, &len));
+        if (o->sel) s = o->sel->vstart[k];
         uint64_t a = s + (o->sep ? k : 0), v = len + (o->sep ? 1 : 0);
         if (!v) {
             st->empty_documents++;
@@ -298,6 +343,7 @@ static int concat_doc_samples(const tf_order *order, uint64_t doc, uint64_t *fir
     const concat *o = order->impl;
     uint64_t s, len;
     TF_TRY(tf_dataset_document(o->ds, doc, &s, &len));
+    if (o->sel) s = o->sel->vstart[doc];
     *first = *end = 0;
     if (!len) return 0;
     uint64_t vs = s + (o->sep ? doc : 0);
@@ -317,11 +363,13 @@ int tf__concat_init(tf_order *order, const void *args) {
     tf_dataset_info info;
     TF_TRY(tf_dataset_get_info(ds, &info));
     concat o = {.ds = ds, .L = order->cfg.seq_len, .T = info.num_tokens, .D = info.num_documents,
-                .sep = order->cfg.separator_id >= 0};
+                .sep = order->cfg.separator_id >= 0, .sel = ds->sel};
+    o.walk = o.sep || o.sel;
+    if (o.sel) o.T = o.sel->vstart[o.sel->n];
     o.Tv = o.T;
     if (o.sep) {
         if (tf__add_overflow(o.T, o.D, &o.Tv)) TF_FAIL(-EOVERFLOW, "tokens + documents overflow 64 bits");
-        TF_TRY(check_tiling(&o));
+        if (!o.sel) TF_TRY(check_tiling(&o));
     }
     o.N = o.Tv ? (o.Tv - 1) / o.L : 0;
     if (o.N == 0)
@@ -339,6 +387,7 @@ int tf__concat_init(tf_order *order, const void *args) {
      * touched gives at most a token span and a separator span, and every span
      * holds at least one of the L + 1 tokens */
     uint64_t a = o.L + 1, b = o.D <= UINT64_MAX / 2 ? 2 * o.D : UINT64_MAX;
-    order->max_spans = o.sep ? (size_t)(a < b ? a : b) : 1;
+    if (!o.sep) b = o.D; /* a view without separators: a span per document touched */
+    order->max_spans = o.walk ? (size_t)(a < b ? a : b) : 1;
     return 0;
 }

@@ -95,8 +95,11 @@ int tf_order_segments_at(const tf_order *o, uint64_t pos, tf_segment *out, size_
                 continue;
             }
             uint64_t stop = end < dend ? end : dend;
+            uint64_t id = doc; /* over a view: the id in the dataset it selects from */
+            rc = tf_dataset_document_id(ds, doc, &id);
+            if (rc) break;
             if (k < cap)
-                out[k] = (tf_segment){.source = source, .document = doc, .start = cur - dstart, .stop = stop - dstart,
+                out[k] = (tf_segment){.source = source, .document = id, .start = cur - dstart, .stop = stop - dstart,
                                       .offset = spans[i].dst + (cur - spans[i].src)};
             k++;
             cur = stop;
@@ -253,6 +256,18 @@ int tf_order_find_document(const tf_order *o, size_t source, uint64_t document, 
     if (!so)
         TF_FAIL(-ERANGE, "source %zu: the loader has %zu dataset(s)", source, tf_order_num_sources(o));
     const tf_dataset *ds = tf_order_dataset(so);
+    if (tf_dataset_selection(ds, NULL, NULL) == 1) {
+        /* a view: document is an id of the dataset it selects from; one it
+         * leaves out is in no position */
+        uint64_t k;
+        int rc = tf_dataset_document_index(ds, document, &k);
+        if (rc == -ENOENT) {
+            tf__clearerr();
+            return 0;
+        }
+        TF_TRY(rc);
+        document = k;
+    }
     tf_dataset_info info;
     TF_TRY(tf_dataset_get_info(ds, &info));
     if (document >= info.num_documents)

@@ -11,6 +11,8 @@
 
 int tf__runs_init(tf__runs *r, const tf_dataset *ds, const char *who) {
     memset(r, 0, sizeof *r);
+    if (tf_dataset_selection(ds, NULL, NULL) == 1)
+        TF_FAIL(-EINVAL, "%s: this order reproduces another loader's over whole files and cannot read a view (a filtered dataset); use tokenfeed's own order (order=None) for a filter", who);
     tf_dataset_info info;
     TF_TRY(tf_dataset_get_info(ds, &info));
     if (info.num_files == 0) TF_FAIL(-EINVAL, "%s: the dataset has no file", who);

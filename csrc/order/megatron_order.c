@@ -286,6 +286,8 @@ int tf_order_create_megatron(const tf_dataset *ds, const tf_order_config *cfg, c
     TF_NEED_ARG(out);
     *out = NULL;
     if (!ds || !cfg || !index) TF_FAIL(-EINVAL, "tf_order_create_megatron: dataset, config and index are required");
+    if (tf_dataset_selection(ds, NULL, NULL) == 1)
+        TF_FAIL(-EINVAL, "tf_order_create_megatron: Megatron's order comes from its index cache over the whole dataset and cannot read a view (a filtered dataset); use tokenfeed's own order for a filter");
     tf__clearerr();
     mg_args a = {ds, index};
     return tf__order_build(mg_init, &a, cfg, out);

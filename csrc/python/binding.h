@@ -189,7 +189,15 @@ typedef struct {
     PyObject_HEAD
     tf_dataset *ds;
     PyObject *paths; /* tuple of str, for messages and pickling */
+    PyObject *parent; /* a view: the Dataset whose files it reads (kept alive), else NULL */
 } tfpy_Dataset;
+
+/* Views and metadata columns (columns_obj.c): the Dataset methods select,
+ * selection, document_id, and the module's column functions. */
+PyObject *tfpy_dataset_select(tfpy_Dataset *self, PyObject *arg);
+PyObject *tfpy_dataset_selection(tfpy_Dataset *self, PyObject *unused);
+PyObject *tfpy_dataset_document_id(tfpy_Dataset *self, PyObject *arg);
+extern PyMethodDef tfpy_columns_functions[];
 
 /* Order: owns a tf_order; keeps the Dataset(s) it reads alive. */
 typedef struct {

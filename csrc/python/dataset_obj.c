@@ -374,7 +374,10 @@ static void Dataset_dealloc(tfpy_Dataset *self) {
      * threads may be waiting for the GIL in a transport call */
     tf_dataset *ds = self->ds;
     self->ds = NULL;
-    tfpy_destroy(dataset_free, ds, NULL);
+    /* a view goes before the dataset whose files it reads */
+    PyObject *parent = self->parent;
+    self->parent = NULL;
+    tfpy_destroy(dataset_free, ds, parent);
     Py_CLEAR(self->paths);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
@@ -383,6 +386,7 @@ static void Dataset_dealloc(tfpy_Dataset *self) {
 static int Dataset_traverse(tfpy_Dataset *self, visitproc visit, void *arg) {
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->paths);
+    Py_VISIT(self->parent);
     return 0;
 }
 
@@ -573,7 +577,10 @@ TFPY_TYPE_SPEC(Dataset, tfpy_Dataset, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
                    {"document", (PyCFunction)Dataset_document, METH_O, "document(i) -> (start, length)"},
                    {"find_document", (PyCFunction)Dataset_find_document, METH_O, "find_document($self, pos, /)\n--\n\nReturns int. Index of the document containing token pos."},
                    {"check_documents", (PyCFunction)Dataset_check_documents, METH_NOARGS, "check_documents($self, /)\n--\n\nReturns None. ValueError naming the file and the tokenfeed index command when a file split at an eos id has no document index (its documents are known only inside concat rows)."},
-                   {"verify", (PyCFunction)(void (*)(void))Dataset_verify, METH_VARARGS | METH_KEYWORDS, Dataset_verify_doc})},
+                   {"verify", (PyCFunction)(void (*)(void))Dataset_verify, METH_VARARGS | METH_KEYWORDS, Dataset_verify_doc},
+                   {"select", (PyCFunction)tfpy_dataset_select, METH_O, "select($self, ids, /)\n--\n\nReturns Dataset. The view of the documents ids (ascending, distinct uint64)."},
+                   {"selection", (PyCFunction)tfpy_dataset_selection, METH_NOARGS, "selection($self, /)\n--\n\nReturns tuple[int, int] | None. A view's documents and tokens; None for a dataset."},
+                   {"document_id", (PyCFunction)tfpy_dataset_document_id, METH_O, "document_id($self, i, /)\n--\n\nReturns int. The id, in the dataset a view selects from, of its document i."})},
                {Py_tp_getset, TFPY_GETSET(
                    {"info", (getter)Dataset_info, NULL, "dict of counts, dtype, vocab size, format, fingerprint", NULL},
                    {"paths", (getter)Dataset_paths, NULL, "the paths the dataset was opened from", NULL})});

@@ -706,6 +706,7 @@ static int module_exec(PyObject *m) {
     TFPY_TYPES(ADD_TYPE)
 #undef ADD_TYPE
     if (PyModule_AddFunctions(m, tfpy_remote_functions) < 0) return -1;
+    if (PyModule_AddFunctions(m, tfpy_columns_functions) < 0) return -1;
     if (set_interrupt_check() < 0) return -1;
     if (PyModule_AddIntConstant(m, "PACK_CONCAT", TF_PACK_CONCAT) < 0 ||
         PyModule_AddIntConstant(m, "STATE_FORMAT_VERSION", TF_STATE_FORMAT_VERSION) < 0 ||

@@ -627,6 +627,7 @@ void tf_dataset_free(tf_dataset *ds) {
     free(ds->files);
     free(ds->tok_prefix);
     free(ds->doc_prefix);
+    tf__sel_free(ds->sel);
     free(ds);
 }
 
@@ -638,7 +639,7 @@ int tf_dataset_get_info(const tf_dataset *ds, tf_dataset_info *info) {
     TF_NEED_ARG(ds);
     TF_NEED_ARG(info);
     info->num_tokens = ds->num_tokens;
-    info->num_documents = ds->num_docs;
+    info->num_documents = ds->sel ? ds->sel->n : ds->num_docs;
     info->vocab_size = ds->vocab_size;
     info->dtype = ds->dtype;
     info->format = ds->nfiles ? ds->files[0].format : TF_FORMAT_AUTO;
@@ -802,6 +803,12 @@ static int dataset_document(const tf_dataset *ds, uint64_t i, uint64_t *start, u
     TF_NEED_ARG_OF("tf_dataset_document", ds);
     TF_NEED_ARG_OF("tf_dataset_document", start);
     TF_NEED_ARG_OF("tf_dataset_document", len);
+    if (ds->sel) {
+        if (i >= ds->sel->n)
+            TF_FAIL(-ERANGE, "document %llu out of range: the view has %llu documents", (unsigned long long)i,
+                    (unsigned long long)ds->sel->n);
+        i = ds->sel->ids[i];
+    }
     if (i >= ds->num_docs)
         TF_FAIL(-ERANGE, "document %llu out of range: the dataset has %llu documents", (unsigned long long)i, (unsigned long long)ds->num_docs);
     uint64_t k = file_of_doc(ds, i);
@@ -819,6 +826,7 @@ static int dataset_find_document(const tf_dataset *ds, uint64_t pos, uint64_t *d
     uint64_t local;
     TF_TRY(tf__file_find_document(&ds->files[k], pos - ds->tok_prefix[k], &local));
     *doc = ds->doc_prefix[k] + local;
+    if (ds->sel) return tf_dataset_document_index(ds, *doc, doc);
     return 0;
 }
 

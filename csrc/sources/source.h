@@ -595,7 +595,22 @@ struct tf_dataset {
      * documents from the eos tokens in them (concat packing only). */
     int docs_from_rows;
     uint64_t eos_id;
+    /* A view (select.c): its documents are sel->ids of the files' documents;
+     * NULL for a dataset. Token coordinates stay the files'. */
+    struct tf__sel *sel;
 };
+
+/* select.c: a view's documents. ids[k] is the files' document of view
+ * document k (ascending); vstart[k] the sum of the lengths of view documents
+ * before k (n + 1 entries). */
+typedef struct tf__sel {
+    uint64_t n;
+    uint64_t *ids;
+    uint64_t *vstart;
+    uint64_t *start;  /* token position of each view document in the files' stream (n entries) */
+    uint64_t base_fp; /* the fingerprint of the dataset without selection */
+} tf__sel;
+TF_HIDDEN void tf__sel_free(tf__sel *s);
 
 /* Advise the kernel that the mapped files of ds are read at random
  * (MADV_RANDOM): a page fault then reads the pages it touches instead of a

@@ -16,7 +16,7 @@ from typing import Any, Dict
 
 from . import _build, _core
 from ._core import DeviceTensor, FormatError
-from ._dataset import Dataset, DatasetWriter, build_catalog, build_index, open
+from ._dataset import Dataset, DatasetView, DatasetWriter, build_catalog, build_index, open
 from ._device import DeviceFeeder
 from ._explain import Segment, meter_all_ranks, meter_verdict
 from ._loader import Loader, StateError
@@ -24,12 +24,13 @@ from ._warnings import DataWarning, PerformanceWarning
 from ._mesh import ParallelCoords, parallel_coords
 from ._parts import PartWriter, merge_parts
 from ._schedule import WeightSchedule
+from ._views import Columns
 
 __version__: str = _core.__version__
 
 _build.warn_if_missing()  # a source build without zstd or io_uring says so here: pip hides the build's output
 
-__all__ = ["DataWarning", "Dataset", "DatasetWriter", "DeviceFeeder", "DeviceTensor", "FormatError", "Loader", "ParallelCoords",
+__all__ = ["Columns", "DataWarning", "Dataset", "DatasetView", "DatasetWriter", "DeviceFeeder", "DeviceTensor", "FormatError", "Loader", "ParallelCoords",
            "PartWriter", "PerformanceWarning", "Segment", "StateError", "WeightSchedule", "build_catalog", "build_index", "build_info",
            "get_include", "get_library", "merge_parts", "meter_all_ranks", "meter_verdict", "open", "parallel_coords",
            "__version__"]

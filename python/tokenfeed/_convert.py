@@ -36,8 +36,8 @@ import numpy as np
 
 from ._extras import pip_hint
 from ._lock import RunLock
-from ._text import (EOD_CANDIDATES, TEXT_EXTS, Chunk, ConvertError, Settings, chunk_texts, default_eod,
-                    expand_inputs, file_sha256, load_tokenizer, plan_chunks)
+from ._text import (EOD_CANDIDATES, TEXT_EXTS, Chunk, ConvertError, Settings, chunk_records, chunk_texts,
+                    default_eod, expand_inputs, file_sha256, load_tokenizer, plan_chunks)
 
 __all__ = ["ConvertError", "convert"]
 
@@ -94,23 +94,26 @@ def _tokenize_chunk(args: Tuple[Chunk, str]) -> Tuple[int, int, int, int, int]:
     try:
         with DatasetWriter(out, vocab_size=s.vocab_size, shard_tokens=1 << 62) as w:
             batch: List[str] = []
+            metas: List[Dict[str, Any]] = []
 
             def flush() -> None:
                 nonlocal docs, tokens
-                for enc in tok.encode_batch(batch, add_special_tokens=s.add_special_tokens):
+                for k, enc in enumerate(tok.encode_batch(batch, add_special_tokens=s.add_special_tokens)):
                     ids = np.asarray(enc.ids, dtype=np.uint32)
                     if eod is not None:
                         ids = np.concatenate([ids, eod])
-                    w.add_document(ids)
+                    w.add_document(ids, meta=metas[k] if s.meta else None)
                     docs += 1
                     tokens += len(ids)
                 batch.clear()
+                metas.clear()
 
-            for text in chunk_texts(chunk, s):
+            for text, meta in chunk_records(chunk, s):
                 if text is None or not text.strip():
                     skipped += 1
                     continue
                 batch.append(text)
+                metas.append(meta)
                 if len(batch) >= s.batch_docs:
                     flush()
             if batch:
@@ -172,8 +175,9 @@ def _convert_text_locked(a: argparse.Namespace, paths: List[str], vocab: int, eo
     manifest = os.path.join(out, "tokenfeed.manifest")
     if os.path.exists(manifest) and not a.overwrite:
         raise ConvertError(f"{out}: a tokenfeed dataset already exists here; pass --overwrite to replace it")
+    meta = tuple(f for f in (getattr(a, "meta", None) or "").split(",") if f)
     settings = Settings(os.path.abspath(a.tokenizer), a.text_field, eod, a.add_special_tokens, a.paragraphs,
-                        a.utf8_errors, vocab, a.batch_docs)
+                        a.utf8_errors, vocab, a.batch_docs, meta)
     plan = {
         "version": PLAN_VERSION,
         "inputs": [{"path": os.path.abspath(p), "size": os.path.getsize(p), "mtime_ns": os.stat(p).st_mtime_ns}
@@ -183,6 +187,8 @@ def _convert_text_locked(a: argparse.Namespace, paths: List[str], vocab: int, eo
         "paragraphs": a.paragraphs, "utf8_errors": a.utf8_errors, "vocab_size": vocab,
         "input_format": a.input_format, "chunk_bytes": _chunk_bytes(a),
     }
+    if meta:  # the parts hold these columns: a plan without them cannot resume
+        plan["meta"] = list(meta)
     if a.tasks:  # parts merged at the end: the layout differs, so a plan of the other kind cannot resume
         plan["tasks"] = a.tasks
         plan["chunk_bytes"] = _task_chunk_bytes(a, paths)
@@ -209,6 +215,9 @@ def _convert_text_locked(a: argparse.Namespace, paths: List[str], vocab: int, eo
         os.replace(plan_path + ".tmp", plan_path)
 
     if a.tasks:
+        if meta:
+            raise ConvertError("--meta is read by convert's own workers: run without --tasks, or attach the "
+                               "columns afterwards (tokenfeed meta attach)")
         return _convert_text_tasks(a, paths, settings, plan["chunk_bytes"], dtype)
     chunks = plan_chunks(paths, a.input_format, _chunk_bytes(a))
     done = {c.seq for c in chunks if os.path.exists(os.path.join(_part_dir(work, c.seq), "done"))}
@@ -263,9 +272,10 @@ def _convert_text_locked(a: argparse.Namespace, paths: List[str], vocab: int, eo
                        level=a.level, block_tokens=a.block_tokens, overwrite=a.overwrite) as w:
         for d, _ in parts:
             ds = tf_open(d)
+            rows = ds.columns().read_all() if settings.meta else {}
             for i in range(ds.num_documents):
                 doc = ds.document(i)
-                w.add_document(doc)
+                w.add_document(doc, meta={k: v[i] for k, v in rows.items()} if settings.meta else None)
                 written += len(doc)
                 if i % 1024 == 0:
                     bar(written, total_tokens)

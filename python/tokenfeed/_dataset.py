@@ -6,11 +6,11 @@ import functools
 import os
 import time
 import warnings
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 import numpy as np
 
-from . import _core, _remote, _set_record, _shardset
+from . import _core, _remote, _set_record, _shardset, _views
 from ._config import renamed
 from ._errors import StateError
 from ._warnings import DataWarning, PerformanceWarning
@@ -19,7 +19,7 @@ from ._progress import Progress
 PathLike = Union[str, "os.PathLike[str]"]
 DTypeLike = Union[str, np.dtype, type, None]
 
-__all__ = ["Dataset", "DatasetWriter", "build_index", "open"]
+__all__ = ["Dataset", "DatasetView", "DatasetWriter", "build_index", "open"]
 
 
 def default_index_dir() -> str:
@@ -472,6 +472,260 @@ class Dataset:
                 f"fingerprint={self.fingerprint})")
 
 
+    # ---- views: metadata columns and filters (docs/views.md) ----------------------------
+
+    def _base(self) -> "Dataset":
+        """The dataset whose files a view reads (itself for a dataset)."""
+        return self
+
+    @property
+    def document_ids(self) -> np.ndarray:
+        """The ids of this dataset's documents in the dataset a view selects from (``arange`` here)."""
+        return np.arange(self.num_documents, dtype=np.uint64)
+
+    @property
+    def columns_path(self) -> str:
+        """Where this dataset's metadata columns live (docs/views.md): ``DIR/tokenfeed.columns``
+        for a directory, ``PATH.columns`` beside a single file or Megatron prefix."""
+        return _views.columns_path(self._base().paths)
+
+    def columns(self, path: Optional[PathLike] = None) -> "_views.Columns":
+        """The metadata columns of this dataset (from ``path``, default :attr:`columns_path`),
+        checked against it: one row per document, written for these files (fingerprint)."""
+        base = self._base()
+        p = os.fspath(path) if path is not None else base.columns_path
+        try:
+            cols = _views.Columns(p)
+        except FileNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, f"{p}: this dataset has no metadata columns: write them with "
+                                    f"DatasetWriter.add_document(tokens, meta=...), `tokenfeed convert --meta`, "
+                                    f"or `tokenfeed meta attach`", p) from None
+        if cols.num_documents != base.num_documents:
+            raise _core.FormatError(f"{p}: num_documents: the columns describe {cols.num_documents:,} documents, the "
+                                    f"dataset has {base.num_documents:,}. They belong to other data: attach the "
+                                    f"columns again (tokenfeed meta attach).")
+        if int(cols.dataset_fingerprint, 16) and cols.dataset_fingerprint != base.fingerprint:
+            raise _core.FormatError(f"{p}: dataset_fingerprint: the columns were written for dataset "
+                                    f"{cols.dataset_fingerprint}, these files are {base.fingerprint}. The data "
+                                    f"changed since: attach the columns again (tokenfeed meta attach).")
+        return cols
+
+    def attach_columns(self, table: Union[PathLike, Mapping[str, Sequence[Any]], Sequence[Mapping[str, Any]]], *,
+                       key: str = "doc_index", path: Optional[PathLike] = None,
+                       types: Optional[Mapping[str, str]] = None) -> str:
+        """Attach per-document metadata to this dataset without touching its token files.
+
+        ``table`` is a ``.jsonl``/``.csv``/``.parquet`` file (Parquet needs pyarrow) or a list
+        of row dicts, or a dict of columns with one value per document in order. Rows are
+        matched to documents by ``key``: ``"doc_index"`` (a field holding the document's
+        index) or the name of a column the dataset already has (``"url"``), whose values must
+        be unique. Documents no row names get missing values. Columns already attached are
+        kept, and replaced where the table has a column of the same name. Returns the path
+        written (default :attr:`columns_path`)."""
+        base = self._base()
+        if self is not base:
+            raise ValueError("attach columns to the dataset itself, not to a filtered view of it")
+        n = base.num_documents
+        out = os.fspath(path) if path is not None else base.columns_path
+        existing: Dict[str, List[Any]] = {}
+        old_types: Dict[str, str] = {}
+        # a symlink planted at the name is replaced, never read through
+        if os.path.exists(out) and not os.path.islink(out):
+            old = base.columns(out)
+            existing = old.read_all()
+            old_types = dict(old.types)
+        if isinstance(table, Mapping):
+            new = {k: list(v) for k, v in table.items()}
+            for k, v in new.items():
+                if len(v) != n:
+                    raise ValueError(f"column {k!r} has {len(v)} values for {n} documents")
+        else:
+            if isinstance(table, (str, os.PathLike)):
+                fields, rows = _views.read_table(os.fspath(table))
+                where = os.fspath(table)
+            else:
+                rows = [dict(r) for r in table]
+                fields = list(dict.fromkeys(k for r in rows for k in r))
+                where = "table"
+            index: List[int] = []
+            if key == "doc_index":
+                for i, r in enumerate(rows):
+                    di = r.get("doc_index")
+                    if isinstance(di, bool) or not isinstance(di, (int, np.integer)) or not 0 <= int(di) < n:
+                        raise ValueError(f"{where}: row {i}: doc_index {di!r} is not a document index of this "
+                                         f"dataset (0 to {n - 1})")
+                    index.append(int(di))
+            else:
+                if key not in existing:
+                    raise ValueError(f"{where}: key {key!r}: the dataset has no column {key!r} to match rows "
+                                     f"with (it has: {', '.join(existing) or 'none'}); use --key doc_index, or "
+                                     f"attach {key!r} first")
+                where_of: Dict[Any, int] = {}
+                for d, v in enumerate(existing[key]):
+                    if v is None:
+                        continue
+                    if v in where_of:
+                        raise ValueError(f"key {key!r}: value {v!r} names documents {where_of[v]} and {d}: "
+                                         f"a key must be unique")
+                    where_of[v] = d
+                for i, r in enumerate(rows):
+                    kv = r.get(key)
+                    if kv not in where_of:
+                        raise ValueError(f"{where}: row {i}: {key} {kv!r} names no document of this dataset")
+                    index.append(where_of[kv])
+            if len(set(index)) != len(index):
+                seen: Set[int] = set()
+                dup = next(i for i in index if i in seen or seen.add(i))  # type: ignore[func-returns-value]
+                raise ValueError(f"{where}: two rows name document {dup}")
+            new = {}
+            for f_ in fields:
+                if f_ in ("doc_index", key):
+                    continue
+                col: List[Any] = [None] * n
+                for d, r in zip(index, rows):
+                    col[d] = r.get(f_)
+                new[f_] = col
+        merged = dict(existing)
+        merged.update(new)
+        t = {k: v for k, v in old_types.items() if k not in new}
+        t.update(types or {})
+        return _views.write_columns(out, n, merged, types=t, dataset_fingerprint=base.fingerprint)
+
+    def filter(self, where: Union[str, np.ndarray, None] = None, *,
+               exclude: Union[Mapping[str, Iterable[Any]], Iterable[int], np.ndarray, None] = None,
+               columns: Optional[PathLike] = None) -> "DatasetView":
+        """A view of the documents that satisfy ``where`` and are not in ``exclude``.
+
+        ``where`` is a filter over the metadata columns (``"lang == 'en' and quality >= 0.5"``,
+        the language of docs/views.md, evaluated in C) or a boolean NumPy mask with one entry
+        per document of this dataset (or view). ``exclude`` is document ids (of the dataset
+        the view selects from, as :func:`tokenfeed.explain` reports them) or a dict
+        ``{column: values}`` (urls, dedup clusters). The view is a dataset wherever one is
+        taken (a :class:`~tokenfeed.Loader`, a mixture's sources); its fingerprint covers the
+        selection, so its order is seekable and resumes exactly."""
+        base = self._base()
+        # over a view, masks of the dataset's documents are read at the view's ids
+        ids = self.document_ids if self is not base else None
+        # a selection made from the columns is kept in the node's catalog under a key of its
+        # inputs, and read back (checked) by the next open instead of evaluated again
+        key = None
+        if (where is None or isinstance(where, str)) and (where is not None or exclude is not None):
+            cpath = os.fspath(columns) if columns is not None else base.columns_path
+            uses_columns = isinstance(where, str) or isinstance(exclude, Mapping)
+            key = _views.selection_key(base.fingerprint, cpath if uses_columns else None, where, exclude, ids)
+            kept = _views.load_selection(key) if key is not None else None
+            if kept is not None:
+                if uses_columns:
+                    self.columns(columns)  # still the columns of this data
+                try:
+                    return DatasetView(self, self._core.select(kept), kept)
+                except (ValueError, IndexError):
+                    pass  # not a selection of this dataset after all: computed again below
+        keep = np.ones(self.num_documents, dtype=bool)
+        cols: Optional[_views.Columns] = None
+
+        def mine(m: np.ndarray) -> np.ndarray:
+            return m if ids is None else m[ids]
+
+        if where is not None:
+            if isinstance(where, str):
+                cols = self.columns(columns)
+                keep &= mine(cols.eval(where))
+            else:
+                m = np.asarray(where)
+                if m.dtype != np.bool_ or m.shape != keep.shape:
+                    raise ValueError(f"where= as a mask is a boolean array of {len(keep):,} entries (one per "
+                                     f"document), got dtype {m.dtype} and shape {m.shape}")
+                keep &= m
+        if exclude is not None:
+            if isinstance(exclude, Mapping):
+                cols = cols or self.columns(columns)
+                for name, values in exclude.items():
+                    vals = [values] if isinstance(values, (str, bytes)) else list(values)
+                    keep &= ~mine(cols.match(name, vals))
+            else:
+                ex = np.asarray(list(exclude) if not isinstance(exclude, np.ndarray) else exclude)
+                if ex.size and (ex.dtype.kind not in "iu" or ex.min() < 0 or ex.max() >= base.num_documents):
+                    raise ValueError(f"exclude= takes document ids of the dataset (0 to {base.num_documents - 1}) "
+                                     f"or a dict {{column: values}}")
+                if ids is None:
+                    keep[ex.astype(np.int64)] = False
+                else:
+                    keep &= ~np.isin(ids, ex.astype(np.uint64))
+        sel = np.flatnonzero(keep).view(np.uint64)  # int64 indices, never negative
+        view = DatasetView(self, self._core.select(sel), sel)
+        if key is not None:
+            _views.save_selection(key, sel)
+        return view
+
+
+class DatasetView(Dataset):
+    """A dataset with a selection of its documents (:meth:`Dataset.filter`): usable wherever a
+    dataset is. Document ``i`` of the view is document ``document_ids[i]`` of the dataset it
+    selects from; token positions (``tokens``) are that dataset's."""
+
+    def __init__(self, parent: Dataset, core: Any, selected: np.ndarray) -> None:  # noqa: D107
+        self.__dict__.update({k: v for k, v in parent.__dict__.items() if not k.startswith("_view")})
+        self._parent = parent
+        self._selected = selected
+        self._core = core
+        self._set_info()
+        docs, toks = core.selection()
+        self._num_documents = docs
+        self._documents_known = True
+        self.num_tokens = toks
+
+    def _base(self) -> Dataset:
+        return self._parent._base()
+
+    @property
+    def parent(self) -> Dataset:
+        return self._parent
+
+    @property
+    def document_ids(self) -> np.ndarray:
+        return np.asarray(self._core.document_id(np.arange(self._num_documents, dtype=np.uint64)), dtype=np.uint64)
+
+    def document(self, i: int) -> np.ndarray:
+        """Document ``i`` of the view."""
+        if not isinstance(i, (int, np.integer)):
+            raise TypeError(f"document index must be an int, not {type(i).__name__}")
+        i = int(i) + (self._num_documents if i < 0 else 0)
+        if not 0 <= i < self._num_documents:
+            raise IndexError(f"document {i} out of range: the view has {self._num_documents} documents")
+        start, length = self._core.document(i)
+        return self._base().tokens(start, start + length)
+
+    def tokens(self, start: int, stop: int) -> np.ndarray:
+        """Tokens ``[start, stop)`` of the files' stream (the dataset the view selects from)."""
+        return self._base().tokens(start, stop)
+
+    def find_document(self, pos: int) -> int:
+        """Index in the view of the document holding token ``pos`` of the files' stream
+        (``IndexError`` when the view leaves that document out)."""
+        base = self._base()
+        d = base.find_document(pos)
+        hit = np.searchsorted(self.document_ids, d)
+        if hit >= self._num_documents or int(self.document_ids[hit]) != d:
+            raise IndexError(f"token {pos} lies in document {d}, which the view leaves out")
+        return int(hit)
+
+    def verify(self, threads: int = 0, progress: Union[bool, Callable[[int, int], Any], None] = None) -> None:
+        self._base().verify(threads=threads, progress=progress)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_reselect, (self._parent, self._selected))
+
+    def __repr__(self) -> str:
+        base = self._base()
+        return (f"tokenfeed.DatasetView({self._num_documents:,} of {base.num_documents:,} documents, "
+                f"{self.num_tokens:,} tokens, of {base!r}, fingerprint={self.fingerprint})")
+
+
+def _reselect(parent: Dataset, selected: np.ndarray) -> DatasetView:
+    return DatasetView(parent, parent._core.select(selected), selected)
+
+
 _Open = TypeVar("_Open", bound=Callable[..., "Dataset"])
 
 
@@ -916,17 +1170,48 @@ class DatasetWriter(_DocumentWriter):
                                               overwrite=bool(overwrite),
                                               chunk_checksum_bytes=int(chunk_checksum_bytes))
         self._counts: Tuple[int, int] = (0, 0)
+        # per-document metadata (add_document(meta=)): one dict per document, None where none
+        self._meta: Optional[List[Optional[Mapping[str, Any]]]] = None
+        self._meta_types: Optional[Mapping[str, str]] = None
+
+    def add_document(self, tokens: Any, meta: Optional[Mapping[str, Any]] = None) -> None:
+        """Append one document (any 1-D integer array-like). Ids must be in ``[0, vocab_size)``.
+
+        ``meta`` (``{"url": ..., "lang": ..., "quality": ...}``: int, float, str or None values)
+        becomes the document's row of the dataset's metadata columns, written beside the shards
+        (``tokenfeed.columns``) when the writer closes; documents given none get missing values."""
+        if self._w is None:
+            raise ValueError(self._closed_message)
+        if meta is not None and not isinstance(meta, Mapping):
+            raise TypeError(f"meta must be a dict of column values, got {type(meta).__name__}")
+        n = self._w.counts[0]
+        self._w.add_document(tokens)
+        if meta is not None:
+            if self._meta is None:
+                self._meta = [None] * n
+            self._meta.append(dict(meta))
+        elif self._meta is not None:
+            self._meta.append(None)
 
     def _written(self) -> Tuple[int, int]:
         c = self._w.counts if self._w is not None else None
         return c or self._counts
 
     def close(self) -> None:
-        """Flush the last shard and publish the manifest. Idempotent."""
+        """Flush the last shard and publish the manifest (and the metadata columns). Idempotent."""
         if self._w is not None:
             self._counts = self._w.counts
             w, self._w = self._w, None
             w.finish()
+            target = os.path.join(self.path, _views.COLUMNS_NAME)
+            if self._meta is not None:
+                rows = self._meta + [None] * (self._counts[0] - len(self._meta))
+                names = list(dict.fromkeys(k for r in rows if r for k in r))
+                cols = {k: [r.get(k) if r else None for r in rows] for k in names}
+                fp = open(self.path).fingerprint
+                _views.write_columns(target, self._counts[0], cols, types=self._meta_types, dataset_fingerprint=fp)
+            elif os.path.lexists(target):
+                os.unlink(target)  # the columns of the data this writer replaced
 
     def abort(self) -> None:
         """Discard everything written by this writer."""

@@ -59,10 +59,14 @@ class Segment(Tuple[int, int, int, int]):
     """
 
     offset: int
+    #: the document's metadata, ``{column: value}``, when explain was asked for columns (else None)
+    meta: Optional[Dict[str, Any]]
 
-    def __new__(cls, source: int, document: int, start: int, stop: int, offset: int = 0) -> "Segment":
+    def __new__(cls, source: int, document: int, start: int, stop: int, offset: int = 0,
+                meta: Optional[Dict[str, Any]] = None) -> "Segment":
         self = super().__new__(cls, (source, document, start, stop))
         self.offset = offset
+        self.meta = meta
         return self
 
     source = _Item(0, "index of the dataset among the loader's datasets")
@@ -82,10 +86,10 @@ class Segment(Tuple[int, int, int, int]):
                 f"offset={self.offset})")
 
     def __reduce__(self) -> Tuple[Any, ...]:
-        return (Segment, (self[0], self[1], self[2], self[3], self.offset))
+        return (Segment, (self[0], self[1], self[2], self[3], self.offset, self.meta))
 
 
-def explain(loader: _LoaderT, step: int) -> List[List[Segment]]:
+def explain(loader: _LoaderT, step: int, columns: Optional[Sequence[str]] = None) -> List[List[Segment]]:
     """Segments of each row of ``step``'s batch on this rank (see :meth:`Loader.explain`)."""
     order = loader._order
     if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
@@ -101,7 +105,29 @@ def explain(loader: _LoaderT, step: int) -> List[List[Segment]]:
             rows.append([Segment(*t) for t in order.segments_at(pos)])
     except RuntimeError as e:  # a step before a recorded weight change that this loader cannot rebuild
         raise StateError(str(e)) from None
+    if columns:
+        _attach_meta(loader, rows, list(columns))
     return rows
+
+
+def _attach_meta(loader: _LoaderT, rows: List[List[Segment]], columns: List[str]) -> None:
+    """Each segment's ``meta``: its document's values of ``columns``, read from the metadata
+    columns of the dataset it came from (document ids are that dataset's, views included)."""
+    dss = loader.dataset if isinstance(loader.dataset, list) else [loader.dataset]
+    wanted: Dict[int, List[int]] = {}
+    for row in rows:
+        for seg in row:
+            wanted.setdefault(seg.source, []).append(seg.document)
+    values: Dict[Tuple[int, int], Dict[str, Any]] = {}
+    for src, docs in wanted.items():
+        cols = dss[src].columns()
+        uniq = sorted(set(docs))
+        got = {c: cols.values(c, uniq) for c in columns}
+        for k, d in enumerate(uniq):
+            values[(src, d)] = {c: got[c][k] for c in columns}
+    for row in rows:
+        for seg in row:
+            seg.meta = dict(values[(seg.source, seg.document)])
 
 
 def _epoch_range(loader: _LoaderT, epochs: Union[None, int, Tuple[int, int], str]) -> Tuple[int, int]:

@@ -20,6 +20,8 @@ import json
 import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
+import numpy as np
+
 __all__ = ["add_parsers", "cmd_explain", "cmd_where"]
 
 # keys of a loader state's "config" that are Loader keyword arguments
@@ -117,6 +119,8 @@ def make_loader(a: argparse.Namespace) -> Any:
         raise _Problem(f"--dp-size {a.dp_size} does not divide the global batch {global_batch}")
     mixture = kw.get("weights") is not None
     data: Any = [_open(p, dtype=a.dtype) for p in a.data] if mixture else _open(a.data, dtype=a.dtype)
+    if getattr(a, "where", None):
+        kw["where"] = a.where  # the view the run read (docs/views.md)
     loader = Loader(data, batch_size=global_batch // a.dp_size, dp_rank=a.rank, dp_size=a.dp_size,
                     output="numpy", balance=a.balance, balance_micro_batches=a.balance_micro_batches, **kw)
     if state is not None:
@@ -125,7 +129,8 @@ def make_loader(a: argparse.Namespace) -> Any:
 
 
 def _datasets(loader: Any) -> List[Any]:
-    return list(loader.dataset) if isinstance(loader.dataset, list) else [loader.dataset]
+    """The datasets whose document ids explain and where use (a view's: the one it selects from)."""
+    return [d._base() for d in (loader.dataset if isinstance(loader.dataset, list) else [loader.dataset])]
 
 
 def _file_of(files: List[Dict[str, Any]], document: int) -> str:
@@ -155,7 +160,8 @@ def cmd_explain(a: argparse.Namespace) -> int:
         tok = load_tokenizer(a.tokenizer)
     dss = _datasets(loader)
     files = [d.files() for d in dss]
-    rows = loader.explain(a.step)
+    cols = [c for c in (a.columns or "").split(",") if c]
+    rows = loader.explain(a.step, columns=cols or None)
     positions = loader._row_positions(a.step)
     if a.json:
         out = []
@@ -163,6 +169,7 @@ def cmd_explain(a: argparse.Namespace) -> int:
             out.append({"position": pos, "segments": [
                 {"source": s.source, "document": s.document, "start": s.start, "stop": s.stop, "offset": s.offset,
                  "file": _file_of(files[s.source], s.document),
+                 **({"meta": s.meta} if cols else {}),
                  **({"text": tok.decode(dss[s.source].document(s.document)[s.start:s.stop].tolist())} if tok else {})}
                 for s in segs]})
         json.dump({"step": a.step, "rank": a.rank, "dp_size": a.dp_size, "rows": out}, sys.stdout)
@@ -179,6 +186,8 @@ def cmd_explain(a: argparse.Namespace) -> int:
             src = f"source {s.source}  " if len(dss) > 1 else ""
             print(f"  [{s.offset:>5}, {s.offset + s.stop - s.start:>5})  {src}document {s.document}  "
                   f"tokens {s.start}..{s.stop}  {_file_of(files[s.source], s.document)}")
+            if cols:
+                print("      " + "  ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in s.meta.items()))
             if tok is not None:
                 text = tok.decode(dss[s.source].document(s.document)[s.start:s.stop].tolist())
                 if a.max_chars and len(text) > a.max_chars:
@@ -191,6 +200,8 @@ def cmd_explain(a: argparse.Namespace) -> int:
 def cmd_where(a: argparse.Namespace) -> int:
     a.rank, a.dp_size = 0, getattr(a, "dp_size", 1)
     loader = make_loader(a)
+    if a.document is None:
+        a.document = _document_by_value(loader, a)
     hits = loader.where(a.document, source=a.source, epochs=a.epochs)
     if a.json:
         json.dump({"document": a.document, "source": a.source, "epochs": a.epochs or "0:1", "rows": hits}, sys.stdout)
@@ -208,6 +219,21 @@ def cmd_where(a: argparse.Namespace) -> int:
     return 0
 
 
+def _document_by_value(loader: Any, a: argparse.Namespace) -> int:
+    """The document --url / --value names, found in its dataset's metadata columns."""
+    if a.url is not None:
+        col, val = "url", a.url
+    elif a.value and "=" in a.value:
+        col, val = a.value.split("=", 1)
+    else:
+        raise _Problem("give --document N, --url URL or --value COLUMN=VALUE")
+    ds = _datasets(loader)[a.source]
+    hits = np.flatnonzero(ds.columns().match(col, [val]))
+    if len(hits) != 1:
+        raise _Problem(f"{col} {val!r} names {len(hits)} documents of {ds.columns_path}; give --document N")
+    return int(hits[0])
+
+
 def _loader_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("data", nargs="+", metavar="DATA", help="the dataset path(s) the loader reads (with weights: one "
                                                            "per source, in the loader's order)")
@@ -215,6 +241,8 @@ def _loader_options(p: argparse.ArgumentParser) -> None:
                                                    "'loader'): gives the configuration, checked against DATA")
     p.add_argument("--dp-size", type=int, default=1, help="data-parallel ranks (default 1)")
     p.add_argument("--dtype", help="token dtype of headerless files")
+    p.add_argument("--where", metavar="EXPR", help="the filter the loader read the data through (Loader's where=; "
+                                                   "docs/views.md)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--balance", choices=["none", "tokens", "attention", "strided"], default="none",
                    help="the loader's balance= (a state does not record it; default none)")
@@ -248,12 +276,17 @@ def add_parsers(sub: Any) -> None:
     e.add_argument("--rank", type=int, default=0, help="data-parallel rank (default 0)")
     e.add_argument("--tokenizer", metavar="JSON", help="a Hugging Face tokenizer.json: print each segment's text")
     e.add_argument("--max-chars", type=int, default=400, help="characters of text shown per segment (0: all)")
+    e.add_argument("--columns", metavar="A,B", help="metadata columns to show for each segment's document: url,domain "
+                                                    "(docs/views.md)")
     e.set_defaults(func=cmd_explain)
     w = sub.add_parser("where", help="which steps of an epoch range hold a document",
                        description="The steps, ranks and rows whose batches hold tokens of a document, found "
                                    "by running the order backwards (no token is read, the range is not visited).")
     _loader_options(w)
-    w.add_argument("--document", type=int, required=True, help="the document's index in its dataset")
+    w.add_argument("--document", type=int, help="the document's index in its dataset")
+    w.add_argument("--url", help="the document whose url column is this (as --value url=URL)")
+    w.add_argument("--value", metavar="COLUMN=VALUE", help="the document whose metadata column COLUMN holds VALUE "
+                                                          "(docs/views.md)")
     w.add_argument("--source", type=int, default=0, help="the dataset's index among DATA in a mixture (default 0)")
     w.add_argument("--epochs", metavar="A:B", help="epochs A to B-1 (default 0:1)")
     w.set_defaults(func=cmd_where)

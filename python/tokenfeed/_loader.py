@@ -212,6 +212,16 @@ class Loader:
     ``NumpyFSLDataLoader``'s seeded order, with ``balance="strided"`` for its split over
     ranks (:mod:`tokenfeed.integrations.olmo_core` sets it all up).
 
+    ``where=`` and ``exclude=`` read a view of the data instead of all of it, as
+    :meth:`Dataset.filter` makes one (a filter over the metadata columns or a boolean mask,
+    and document ids or ``{column: values}`` to leave out; with ``weights=``, of each
+    source). The selection enters the dataset fingerprint: ``docs/views.md``.
+    ``loss_weights=`` adds a float32 ``loss_weights`` array beside ``labels`` (same shape):
+    one weight per source of a mixture (every token of a row weighs its source's), or the
+    name of a number column of the metadata (every label weighs its document's value; 1
+    where the document has none, 0 for separators and padding; not yet with context
+    parallelism or a sequence-length warmup).
+
     The C engine's threads and buffers start lazily in the process that iterates, so a
     Loader can be created before ``fork`` or pickled to a ``spawn`` worker.
 
@@ -237,6 +247,7 @@ class Loader:
                  megatron_cache: Optional[PathLike] = None, megatron_split: str = "train",
                  megatron_add_extra_token: bool = True, megatron_pad_id: Optional[int] = None,
                  order: Literal["tokenfeed", "llmc", "olmo"] = "tokenfeed", llmc_processes: Optional[int] = None,
+                 where: Any = None, exclude: Any = None, loss_weights: Any = None,
                  # BEGIN settings keywords of Loader (tests/gen_signatures.py writes this block)
                  packing: Literal["concat", "best_fit", "document"] = "concat", separator_id: Optional[int] = None,
                  seed: int = 0, block_size: int = 1024, window_blocks: int = 16, epochs: Optional[int] = None,
@@ -308,6 +319,12 @@ class Loader:
             self.dataset: Any = [d if isinstance(d, Dataset) else _open(d) for d in srcs]
         else:
             self.dataset = dataset if isinstance(dataset, Dataset) else _open(dataset)
+        if where is not None or exclude is not None:
+            # a view of each dataset (docs/views.md): Dataset.filter, for one source or each
+            if isinstance(self.dataset, list):
+                self.dataset = [d.filter(where, exclude=exclude) for d in self.dataset]
+            else:
+                self.dataset = self.dataset.filter(where, exclude=exclude)
         if megatron_cache is not None:
             from . import _megatron_cache
 
@@ -329,6 +346,10 @@ class Loader:
         if source_ids and weights is None:
             raise ValueError("source_ids=True needs a mixture (weights=): one dataset has one source")
         self._source_ids = source_ids
+        self._loss_weights = self._check_loss_weights(loss_weights, weights is not None, pc.cp_size, engine_kw)
+        # documents taken down while the run went on (exclude): [(position, source, sorted ids)]
+        self._excluded: List[Tuple[int, int, "np.ndarray[Any, np.dtype[np.int64]]"]] = []
+        self._excluded_sets: Optional[Tuple[Tuple[Tuple[int, ...], int], Dict[int, "set[int]"]]] = None
         requested_output = output
         if output == "auto":
             output = "torch" if _torch_available() else "numpy"
@@ -537,7 +558,7 @@ class Loader:
         return self
 
     def __next__(self) -> Dict[str, Any]:
-        pos = self._order.skip_to(self.position) if self._source_ids else 0
+        pos = self._order.skip_to(self.position) if self._source_ids or self._loss_weights or self._excluded else 0
         if self.device_index is not None:
             dev = self._get_device()
             # from here to the hand-off mark the training stream has nothing to do but wait for
@@ -551,6 +572,11 @@ class Loader:
 
                 ids = self._source_ids_at(pos)
                 out["source_ids"] = torch.from_numpy(ids) if self.output == "torch" else ids
+            if self._loss_weights:
+                import torch
+
+                lw = self._loss_weights_at(pos, tuple(out["labels"].shape))
+                out["loss_weights"] = torch.as_tensor(lw, device=out["labels"].device)
             out = self._with_document_ids(out)
             dev.mark_handoff(stream)
             return out
@@ -561,6 +587,10 @@ class Loader:
             ids = self._source_ids_at(pos)
             # a sequence-length warmup delivers each sample as k consecutive rows: each has its sample's source
             batch["source_ids"] = np.repeat(ids, batch["input_ids"].shape[0] // max(1, len(ids)))
+        if self._loss_weights:
+            batch["loss_weights"] = self._loss_weights_at(pos, tuple(batch["labels"].shape))
+        if self._excluded:
+            self._take_down(batch, pos)
         if self.output == "torch":
             import torch
 
@@ -593,6 +623,120 @@ class Loader:
             if self._drop_cu:
                 del batch["cu_seqlens"], batch["num_seqs"]
         return batch
+
+    def _check_loss_weights(self, lw: Any, mixture: bool, cp_size: int, engine_kw: Mapping[str, Any]) -> Any:
+        """loss_weights=: None; a weight per source of a mixture; or the name of a numeric
+        metadata column holding a weight per document (docs/views.md)."""
+        if lw is None:
+            return None
+        if isinstance(lw, str):
+            if cp_size > 1 or engine_kw.get("warmup_steps"):
+                raise NotImplementedError("loss_weights from a column are computed per whole row: not yet with "
+                                          "context parallelism (cp_size > 1) or a sequence-length warmup")
+            return ("column", lw)
+        w = np.asarray(lw, dtype=np.float64)
+        if not mixture or w.ndim != 1 or not np.all(np.isfinite(w)) or np.any(w < 0):
+            raise ValueError(f"loss_weights= is a column name, or one finite weight >= 0 per source of a mixture "
+                             f"(weights=), got {lw!r}")
+        return ("source", w.astype(np.float32))
+
+    def _loss_weights_at(self, pos: int, shape: Tuple[int, ...]) -> "np.ndarray[Any, np.dtype[np.float32]]":
+        """Per label of this rank's rows of the batch at ``pos``: the weight of its row's source,
+        or of the document the label belongs to (1 where the column has no value; 0 for a
+        separator or padding)."""
+        assert self._loss_weights is not None
+        kind, arg = self._loss_weights
+        if kind == "source":
+            ids = self._source_ids_at(pos)
+            w = arg[np.repeat(ids, shape[0] // max(1, len(ids)))]
+            return np.ascontiguousarray(np.broadcast_to(w.reshape((-1,) + (1,) * (len(shape) - 1)), shape),
+                                        dtype=np.float32)
+        rows = self._row_positions(pos // self.global_batch)
+        segs = [self._order.segments_at(p) for p in rows]
+        dss = self.dataset if isinstance(self.dataset, list) else [self.dataset]
+        need: Dict[int, List[int]] = {}
+        for row in segs:
+            for src, doc, _, _, _ in row:
+                need.setdefault(src, []).append(doc)
+        value: Dict[Tuple[int, int], float] = {}
+        for src, docs in need.items():
+            uniq = sorted(set(docs))
+            cols = dss[src].columns()
+            if cols.types.get(arg) not in ("int64", "float64"):
+                raise ValueError(f"loss_weights={arg!r}: {cols.path} has no number column {arg!r} "
+                                 f"(columns: {', '.join(f'{k} ({v})' for k, v in cols.types.items())})")
+            for d, v in zip(uniq, cols.values(arg, uniq)):
+                value[(src, d)] = 1.0 if v is None else float(v)
+        out = np.zeros(shape, dtype=np.float32)
+        L = shape[-1]
+        for r, row in enumerate(segs):
+            for src, doc, start, stop, offset in row:
+                # sample tokens [offset, offset + n) are the document's; label t is sample token t + 1
+                a, b = max(offset - 1, 0), min(offset + (stop - start) - 1, L)
+                if b > a:
+                    out[r, a:b] = value[(src, doc)]
+        return out
+
+    # ----------------------------------------------------------- documents taken down mid-run
+
+    def exclude(self, ids: Any, *, source: int = 0) -> None:
+        """Take documents down from the next batch on: their tokens are never served again.
+
+        ``ids`` are document ids of dataset ``source`` (as :meth:`explain` reports them; of
+        the dataset a filtered view selects from). Every other document keeps its place in the
+        order (as :meth:`skip_steps` keeps steps' places): a row that held an excluded
+        document has that document's tokens replaced by ``pad_id`` (0 without one), with
+        ``loss_mask`` and ``loss_weights`` 0 on their labels; a batch that held none is the
+        batch of the run without the takedown. The exclusion is recorded in the state
+        (``excluded``: ``[[position, source, [ids]], ...]``), so a resume (any world size
+        dividing the global batch) serves the same stream, and :meth:`where` marks the rows
+        from that step on ``excluded``. Call it on every rank with the same ids at the same
+        step. Not with context parallelism or a GPU ``device`` yet (``NotImplementedError``)."""
+        if self.parallel.cp_size > 1 or self.device_index is not None:
+            raise NotImplementedError("exclude() rewrites whole rows on the host: not yet with context parallelism "
+                                      "or device= (filter the data with exclude= at the next restart instead)")
+        dss = self.dataset if isinstance(self.dataset, list) else [self.dataset]
+        if not isinstance(source, int) or isinstance(source, bool) or not 0 <= source < len(dss):
+            raise ValueError(f"exclude: source must be an int in [0, {len(dss)}), got {source!r}")
+        n = dss[source]._base().num_documents
+        arr = np.unique(np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids))
+        if arr.size and (arr.dtype.kind not in "iu" or arr.min() < 0 or arr.max() >= n):
+            raise ValueError(f"exclude: ids are document ids of dataset {source} (0 to {n - 1})")
+        if arr.size:
+            self._excluded.append((self.position, source, arr.astype(np.int64)))
+
+    def _excluded_at(self, pos: int) -> Dict[int, "set[int]"]:
+        """The documents taken down at ``pos``, per source (built once per set of takedowns in
+        force, not per batch: a takedown list may be long)."""
+        active = tuple(k for k, (at, _, _) in enumerate(self._excluded) if pos >= at)
+        cached = self._excluded_sets
+        if cached is not None and cached[0] == (active, len(self._excluded)):
+            return cached[1]
+        out: Dict[int, set[int]] = {}
+        for k in active:
+            _, src, ids = self._excluded[k]
+            out.setdefault(src, set()).update(ids.tolist())
+        self._excluded_sets = ((active, len(self._excluded)), out)
+        return out
+
+    def _take_down(self, batch: Dict[str, Any], pos: int) -> None:
+        """Rows of the batch at ``pos`` that hold excluded documents: their tokens replaced by the
+        pad id, their labels out of the loss (in place, on the host arrays)."""
+        gone = self._excluded_at(pos)
+        if not gone or "tokens" not in batch:
+            return
+        pad = self._order.settings().get("pad_id") or 0
+        tokens = batch["tokens"]
+        L = tokens.shape[-1] - 1
+        for r, p in enumerate(self._row_positions(pos // self.global_batch)):
+            for src, doc, start, stop, offset in self._order.segments_at(p):
+                if doc not in gone.get(src, ()):
+                    continue
+                tokens[r, offset:offset + (stop - start)] = pad
+                a, b = max(offset - 1, 0), min(offset + (stop - start) - 1, L)
+                for k in ("loss_mask", "loss_weights"):
+                    if k in batch and b > a:
+                        batch[k][r, a:b] = 0
 
     def _source_ids_at(self, pos: int) -> "np.ndarray[Any, np.dtype[np.int32]]":
         """The source of each of this rank's rows of the batch at global position ``pos`` (the
@@ -751,6 +895,8 @@ class Loader:
         to ``dcp.save({"loader": loader})`` / ``dcp.load`` as it is.
         """
         state: Dict[str, Any] = json.loads(self._order.state_save(self.position, self.world_size))
+        # documents taken down mid-run (exclude), always present (None: none)
+        state["excluded"] = [[at, src, ids.tolist()] for at, src, ids in self._excluded] or None
         return state
 
     def load_state_dict(self, state: Mapping[str, Any], *, strict: bool = True) -> None:
@@ -779,6 +925,8 @@ class Loader:
                 key = "loader" if "loader" in inner else inner[0]
                 raise StateError(f"this dict is not a loader state but holds one under {key!r} (a whole training "
                                  f"checkpoint?): pass checkpoint[{key!r}] to load_state_dict")
+        excluded = self._parse_excluded(state.get("excluded"))
+        state = {k: v for k, v in state.items() if k != "excluded"}
         try:
             text = json.dumps(state, default=_json_value, allow_nan=False)
         except (TypeError, ValueError) as e:
@@ -790,6 +938,8 @@ class Loader:
             raise StateError(str(e)) from None
         if handover is not None:
             self._hand_over(handover)
+        self._excluded = excluded
+        self._excluded_sets = None
         if self._engine is not None:
             self._acct_ranges = self._acct_ranges[:-1] + [(self._acct_ranges[-1][0], self.position), (pos, pos)]
         self._position = pos
@@ -797,6 +947,27 @@ class Loader:
             self._device.seek(pos)  # drops what was copied ahead; moves the engine
         elif self._engine is not None:
             self._engine.seek(pos)
+
+    def _parse_excluded(self, v: Any) -> List[Tuple[int, int, "np.ndarray[Any, np.dtype[np.int64]]"]]:
+        """The state's ``excluded`` (None or [[position, source, [ids]], ...]), checked."""
+        if v is None:
+            return []
+        dss = self.dataset if isinstance(self.dataset, list) else [self.dataset]
+        out = []
+        ok = isinstance(v, list)
+        for e in v if ok else []:
+            if not (isinstance(e, list) and len(e) == 3 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                               for x in e[:2]) and isinstance(e[2], list)
+                    and 0 <= e[1] < len(dss) and e[0] >= 0
+                    and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < dss[e[1]]._base().num_documents
+                            for i in e[2])):
+                ok = False
+                break
+            out.append((e[0], e[1], np.unique(np.asarray(e[2], dtype=np.int64))))
+        if not ok:
+            raise StateError("the state's excluded is not None or [[position, source, [document ids]], ...] of "
+                             "this loader's datasets: pass the dict Loader.state_dict() returned")
+        return out
 
     def skip_steps(self, start: int, stop: int) -> None:
         """Leave the data of steps ``[start, stop)`` out: when the loader reaches step ``start`` it
@@ -911,7 +1082,7 @@ class Loader:
                                              e.setting("balance"))
         return step, rank, row
 
-    def explain(self, step: int) -> List[List["Segment"]]:
+    def explain(self, step: int, columns: Optional[Sequence[str]] = None) -> List[List["Segment"]]:
         """Which documents made ``step``'s batch on this rank: one list per row, of :class:`tokenfeed.Segment`.
 
         A segment is ``(source, document, start, stop)``: tokens ``[start, stop)`` of document
@@ -924,10 +1095,13 @@ class Loader:
         that of one row's spans, the same at step 10 and at step 10**9. With context
         parallelism the segments are those of the whole row, which every rank of the group
         shares; each rank holds its share of it (``docs/guides/loss-spikes.md``).
+        ``columns=["url", "domain"]`` sets each segment's ``meta`` to its document's values of
+        those metadata columns (``docs/views.md``); document ids of a filtered dataset are
+        those of the dataset it selects from.
         """
         from ._explain import explain
 
-        return explain(self, step)
+        return explain(self, step, columns)
 
     def where(self, document: int, *, source: int = 0,
               epochs: Union[None, int, Tuple[int, int], str] = None) -> List[Dict[str, int]]:
@@ -943,7 +1117,13 @@ class Loader:
         """
         from ._explain import where
 
-        return where(self, document, source=source, epochs=epochs)
+        hits = where(self, document, source=source, epochs=epochs)
+        for at, src, ids in self._excluded:  # taken down from step at / G on: never served there
+            if src == source and document in ids:
+                for h in hits:
+                    if h["position"] >= at:
+                        h["excluded"] = 1
+        return hits
 
     def meter(self, window: Optional[int] = None, *, prefix: str = "") -> Dict[str, Union[int, float]]:
         """The data-wait meter over the last ``window`` batches (None: all kept, at most 4096): a flat dict

@@ -48,6 +48,8 @@ class Settings(NamedTuple):
     utf8_errors: str
     vocab_size: int
     batch_docs: int
+    #: JSONL fields / Parquet columns kept as each document's metadata columns (convert --meta)
+    meta: Tuple[str, ...] = ()
 
 
 def input_kind(path: str, forced: Optional[str]) -> str:
@@ -152,6 +154,13 @@ def _decode(raw: bytes, where: str, errors: str) -> str:
 
 def _jsonl_texts(chunk: Chunk, field: str, errors: str) -> Iterator[Optional[str]]:
     """Texts of the lines that *start* inside [chunk.start, chunk.stop)."""
+    for text, _ in _jsonl_records(chunk, field, errors, ()):
+        yield text
+
+
+def _jsonl_records(chunk: Chunk, field: str, errors: str,
+                   meta: Sequence[str]) -> Iterator[Tuple[Optional[str], Dict[str, Any]]]:
+    """(text, {meta field: value}) of the lines that *start* inside [chunk.start, chunk.stop)."""
     opener: Callable[..., Any] = gzip.open if chunk.kind.endswith(".gz") else io.open
     with opener(chunk.path, "rb") as f:
         pos = chunk.start
@@ -178,25 +187,43 @@ def _jsonl_texts(chunk: Chunk, field: str, errors: str) -> Iterator[Optional[str
                 raise ConvertError(f"{where}: no field {field!r} (fields: {', '.join(map(str, obj)) or 'none'}); "
                                f"choose one with --text-field")
             text = obj[field]
+            m = {k: _meta_value(obj.get(k), where, k) for k in meta}
             if text is None:
-                yield None
+                yield None, m
                 continue
             if not isinstance(text, str):
                 raise ConvertError(f"{where}: field {field!r} is {type(text).__name__}, not a string")
-            yield text
+            yield text, m
+
+
+def _meta_value(v: Any, where: str, name: str) -> Any:
+    """A metadata value as a column holds it: int, float, str or None."""
+    if v is None or isinstance(v, (int, float, str)):
+        return v
+    raise ConvertError(f"{where}: metadata field {name!r} is {type(v).__name__}: --meta keeps numbers, strings "
+                       f"and nulls")
 
 
 def _parquet_texts(chunk: Chunk, field: str) -> Iterator[Optional[str]]:
+    for text, _ in _parquet_records(chunk, field, ()):
+        yield text
+
+
+def _parquet_records(chunk: Chunk, field: str, meta: Sequence[str]) -> Iterator[Tuple[Optional[str], Dict[str, Any]]]:
     pq = _pyarrow_parquet()
     pf = pq.ParquetFile(chunk.path)
     names = pf.schema_arrow.names
     if field not in names:
         raise ConvertError(f"{chunk.path}: no column {field!r} (columns: {', '.join(names)}); choose one with --text-field")
-    col = pf.read_row_group(chunk.start, columns=[field]).column(0)
-    for v in col.to_pylist():
+    missing = [k for k in meta if k not in names]
+    if missing:
+        raise ConvertError(f"{chunk.path}: no column {missing[0]!r} for --meta (columns: {', '.join(names)})")
+    table = pf.read_row_group(chunk.start, columns=[field, *meta])
+    cols = {k: table.column(k).to_pylist() for k in meta}
+    for i, v in enumerate(table.column(0).to_pylist()):
         if v is not None and not isinstance(v, str):
             v = v.decode("utf-8") if isinstance(v, bytes) else str(v)
-        yield v
+        yield v, {k: _meta_value(cols[k][i], f"{chunk.path}: row {i}", k) for k in meta}
 
 
 def _text_texts(chunk: Chunk, paragraphs: bool, errors: str) -> Iterator[Optional[str]]:
@@ -215,6 +242,17 @@ def _text_texts(chunk: Chunk, paragraphs: bool, errors: str) -> Iterator[Optiona
             para = []
     if para:
         yield "".join(para).rstrip("\n")
+
+
+def chunk_records(chunk: Chunk, s: Settings) -> Iterator[Tuple[Optional[str], Dict[str, Any]]]:
+    """(text, metadata of s.meta) of one chunk's documents, in file order; plain text has none."""
+    if chunk.kind.startswith("jsonl"):
+        return _jsonl_records(chunk, s.text_field, s.utf8_errors, s.meta)
+    if chunk.kind == "parquet":
+        return _parquet_records(chunk, s.text_field, s.meta)
+    if s.meta:
+        raise ConvertError(f"{chunk.path}: --meta reads fields of JSONL or Parquet inputs; plain text has none")
+    return ((t, {}) for t in _text_texts(chunk, s.paragraphs, s.utf8_errors))
 
 
 def chunk_texts(chunk: Chunk, s: Settings) -> Iterator[Optional[str]]:

@@ -389,6 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--input-format", choices=["jsonl", "parquet", "text"],
                    help="input format (default: from the extension: .jsonl/.json/.ndjson, .parquet, .txt/.md)")
     g.add_argument("--text-field", default="text", help="JSONL field / Parquet column holding the text (default: text)")
+    g.add_argument("--meta", metavar="A,B", help="JSONL fields / Parquet columns kept as per-document metadata "
+                                                 "columns beside the shards: url,lang,score (docs/views.md)")
     g.add_argument("--paragraphs", action="store_true",
                    help="plain text: one document per blank-line-separated paragraph (default: one per file)")
     g.add_argument("--eod-id", type=int, default=None,
@@ -472,6 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ._index_cli import add_parser as add_index_parser
 
     add_index_parser(sub)
+    from ._meta_cli import add_parser as add_meta_parser
+
+    add_meta_parser(sub)
     sub.add_parser("bench", add_help=False, help="benchmark the loader (see 'tokenfeed bench --help')")
     sub.add_parser("build-info", help="what this build has (zstd, io_uring, CUDA), what is usable here, how to get the rest",
                    description="Print what the C core was built with and what is usable on this machine; for a "

@@ -442,6 +442,33 @@ def state_seeds() -> None:
     save("state", "initial_bad_anchor", b"\x04" + mixed.replace(b"INITIAL", b'[[0.5, 0.5], null, null, [2, [1]]]'))
 
 
+def columns_seeds() -> None:
+    """Metadata column files (tokenfeed._views.write_columns): every type, missing values, and a
+    filter text after the 0xFF 0xFE separator of fuzz_columns.c."""
+    from tokenfeed import _views
+
+    tmp = tempfile.mkdtemp(prefix="tf-corpus-cols-")
+    try:
+        p = os.path.join(tmp, "c")
+        _views.write_columns(p, 6, {"a": ["en", "de", "en", None, "fr", "en"], "b": [1.5, None, 3.0, 0.0, -1.0, 2.0],
+                                    "n": [1, 2, None, 4, 5, 6], "u": ["x", "yy", "", "zzz", "w", "v"]},
+                             types={"a": "category", "u": "string"})
+        with open(p, "rb") as f:
+            full = f.read()
+        save("columns", "all_types", full)
+        save("columns", "all_types_filter", full + b"\xff\xfe" + b"a in ('en', 'fr') and not (b < 1 or n == 2)")
+        save("columns", "truncated", full[: len(full) // 2])
+        _views.write_columns(p, 0, {})
+        with open(p, "rb") as f:
+            save("columns", "empty", f.read())
+        _views.write_columns(p, 3, {"a": [1, 2, 3]})
+        with open(p, "rb") as f:
+            save("columns", "int_filter", f.read() + b"\xff\xfe" + b"a >= 2 or (a == 1.0 and not a != 1)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 if __name__ == "__main__":
     main()
     state_seeds()
+    columns_seeds()
