@@ -57,6 +57,11 @@ typedef struct tf__robj {
      * (remote_meta.c): dropped when a read finds the object changed. */
     int meta_on;
     uint64_t meta_key;
+    /* The tokens are read from memory: the first touch fetched the whole
+     * (small) object, and every process of the node reads it back whole
+     * from the cache. No reader needs a chunk of it, so the scheduler asks
+     * for none (the data region would be fetched a second time). */
+    int held_whole;
 } tf__robj;
 
 
