@@ -16,7 +16,7 @@ import pytest
 
 import tokenfeed
 from conftest import aged, write_llmc, write_megatron
-from remote_util import TEST_CREDENTIALS, FaultProxy, bucket, moto  # noqa: F401  (fixtures)
+from remote_util import TEST_CREDENTIALS, FaultProxy, bucket, moto, node_hashes, node_readers  # noqa: F401  (fixtures)
 
 STEM = ".tokenfeed-catalog-"
 
@@ -379,47 +379,6 @@ def test_a_catalog_of_other_options_is_said_unused(llmc_set, moto, bucket, tmp_p
         _open(f"s3://{bucket}/tokens/", tmp_path / "cache2", p.endpoint)
 
 
-NODE_READER = r"""
-import hashlib, sys, numpy as np, tokenfeed
-url, cache, endpoint, rank, world = sys.argv[1:6]
-ds = tokenfeed.open(url, cache_dir=cache, cache_limit="256MB", endpoint_url=endpoint, chunk_size=65536)
-h = hashlib.sha256()
-loader = tokenfeed.Loader(ds, seq_len=64, batch_size=4, seed=5, shuffle="block", block_size=4, epochs=1,
-                          dp_rank=int(rank), dp_size=int(world))
-for b in loader:
-    h.update(np.ascontiguousarray(np.asarray(b["input_ids"])).tobytes())
-loader.close()
-print(h.hexdigest())
-"""
-
-
-def _node(url, cache, endpoint, procs, **env):
-    """procs processes of one node (distinct dp ranks, one cache) each reading its whole epoch."""
-    e = dict(os.environ, **TEST_CREDENTIALS, **env)
-    ps = [subprocess.Popen([sys.executable, "-c", NODE_READER, url, str(cache), endpoint, str(r), str(procs)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e) for r in range(procs)]
-    out = []
-    for p in ps:
-        o, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-2000:]
-        out.append(o.strip())
-    return out
-
-
-def _node_hashes(ds, procs):
-    """What NODE_READER prints for each rank, read in this process."""
-    import hashlib
-
-    out = []
-    for r in range(procs):
-        h = hashlib.sha256()
-        for b in tokenfeed.Loader(ds, seq_len=64, batch_size=4, seed=5, shuffle="block", block_size=4, epochs=1,
-                                  dp_rank=r, dp_size=procs):
-            h.update(np.ascontiguousarray(np.asarray(b["input_ids"])).tobytes())
-        out.append(h.hexdigest())
-    return out
-
-
 @pytest.mark.test_hooks
 def test_a_node_fetches_each_range_once_and_a_restart_fetches_none(moto, bucket, tmp_path):  # noqa: F811
     """A node's processes (distinct ranks, one cache) share every fetch, first touches and chunks,
@@ -439,15 +398,15 @@ def test_a_node_fetches_each_range_once_and_a_restart_fetches_none(moto, bucket,
     p = FaultProxy(moto.port)
     try:
         env = {"TOKENFEED_TEST_CACHE_SLOTS": "16"}
-        first = _node(url, tmp_path / "cache", p.endpoint, 3, **env)
-        assert first == _node_hashes(tokenfeed.open(str(local / "*.bin")), 3)
+        first = node_readers(url, tmp_path / "cache", p.endpoint, 3, **env)
+        assert first == node_hashes(tokenfeed.open(str(local / "*.bin")), 3)
         gets = _object_gets(p, bucket)
         assert len({k[0] for k in gets}) == len(shards)
         assert max(gets.values()) == 1, sorted((v, k) for k, v in gets.items() if v > 1)[-4:]
         # a first touch and the data region's chunk per object (these are smaller than a chunk)
         assert sum(gets.values()) <= 2 * len(shards), sum(gets.values())
         p.reset_counts()
-        again = _node(url, tmp_path / "cache", p.endpoint, 3, **env)
+        again = node_readers(url, tmp_path / "cache", p.endpoint, 3, **env)
         assert again == first
         assert _object_gets(p, bucket) == {}, sorted(_object_gets(p, bucket))[:4]
     finally:

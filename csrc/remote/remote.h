@@ -343,6 +343,8 @@ TF_HIDDEN void tf__cache_forget(tf__cache *c, const tf__ckey *key);
 TF_HIDDEN void tf__cache_publish(tf__cache *c, const tf__ckey *keys, const uint64_t *next_use, size_t n,
                                  uint64_t position);
 TF_HIDDEN int tf__cache_present(tf__cache *c, const tf__ckey *key);
+/* Whether another live process of the node is fetching key now. */
+TF_HIDDEN int tf__cache_fetching_elsewhere(tf__cache *c, const tf__ckey *key);
 /* A counter bumped (in the shared index) whenever a chunk leaves the cache:
  * a reader holding mappings revalidates them when it moved. Lock-free. */
 TF_HIDDEN uint64_t tf__cache_evictions(const tf__cache *c);

@@ -1508,6 +1508,14 @@ int tf__cache_present(tf__cache *c, const tf__ckey *key) {
     return p;
 }
 
+int tf__cache_fetching_elsewhere(tf__cache *c, const tf__ckey *key) {
+    lock(c);
+    idx_rec *r = find(c, key);
+    int f = r && r->state == ST_FETCHING && r->fetch_slot != c->slot && slot_alive(c, r->fetch_slot, r->fetch_gen);
+    unlock(c);
+    return f;
+}
+
 void tf__cache_publish(tf__cache *c, const tf__ckey *keys, const uint64_t *next_use, size_t n, uint64_t position) {
     lock(c);
     if (c->hdr->procs[c->slot].position != position || n) c->hdr->changes++;
