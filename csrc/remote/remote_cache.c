@@ -722,13 +722,14 @@ static int remap_records(tf__cache *c, uint64_t nslots) {
     return 0;
 }
 
-/* Another process grew the table (lock held): map its new size. A header
- * that names a size the file does not have is damaged: the table keeps the
- * size this process knows, rebuilt from the chunk files. */
+/* Another process grew the table (lock held): map its new size (or the
+ * size another process fell back to). A header that names a size the file
+ * does not have is damaged: the table keeps the size this process knows,
+ * rebuilt from the chunk files. */
 static void follow_growth(tf__cache *c) {
     uint64_t n = c->hdr->nslots;
     struct stat st;
-    if (n > c->mask + 1 && n <= MAX_SLOTS && !(n & (n - 1)) && fstat(c->index_fd, &st) == 0 &&
+    if (n >= 16 && n <= MAX_SLOTS && !(n & (n - 1)) && fstat(c->index_fd, &st) == 0 &&
         (uint64_t)st.st_size >= HDR_BYTES && ((uint64_t)st.st_size - HDR_BYTES) / sizeof(idx_rec) >= n &&
         remap_records(c, n) == 0)
         return;
