@@ -386,7 +386,8 @@ def _node_run(url: str, proxy: FaultProxy, cache: str, procs: int, secs: float, 
 def bench_node(moto: MotoServer, tmp: str, args: argparse.Namespace) -> Dict[str, Any]:
     """A node of --node-procs processes with distinct ranks on one fresh cache, for each size,
     kind (native: a tokenfeed dataset of one-document shards; llm.c: a glob of llm.c objects)
-    and catalog (with: the dataset's own, or the set's from tokenfeed index; none: deleted)."""
+    and catalog (with: the dataset's own, or the set's from tokenfeed index; none: deleted;
+    --startup-catalog picks)."""
     out: Dict[str, Any] = {}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([args.startup_pythonpath] if args.startup_pythonpath
                                                       else sys.path))
@@ -419,7 +420,8 @@ def bench_node(moto: MotoServer, tmp: str, args: argparse.Namespace) -> Dict[str
         proxy = FaultProxy(moto.port, latency=args.latency_ms / 1000)
         try:
             for kind, url, catalog in sets:
-                for variant in ("catalog", "none"):
+                for variant in {"both": ("catalog", "none"), "with": ("catalog",),
+                                "without": ("none",)}[getattr(args, "startup_catalog", "both")]:
                     if variant == "none":
                         moto.delete("node", catalog)
                     cache = os.path.join(tmp, f"node-cache-{n}-{kind}-{variant}")
