@@ -1539,6 +1539,8 @@ int tf__chunk_acquire(const tf__robj *o, uint32_t k, const uint8_t **data, size_
         }
         if (!waited) t0 = tf__now_ns();
         waited = 1;
+        /* chunks fetched ahead do not land: say so before waiting on one more */
+        TF_TRY(tf__cache_failed(r->cache));
         rc = fetch_and_wait(r, o, k);
         if (rc < 0) return rc;
     }
