@@ -1542,6 +1542,7 @@ int tf__chunk_acquire(const tf__robj *o, uint32_t k, const uint8_t **data, size_
         /* chunks fetched ahead do not land: say so before waiting on one more */
         TF_TRY(tf__cache_failed(r->cache));
         rc = fetch_and_wait(r, o, k);
+        if (rc == -ENOSPC) tf__cache_failure_said(r->cache);
         if (rc < 0) return rc;
     }
     if (!oc)

@@ -357,6 +357,9 @@ TF_HIDDEN uint64_t tf__cache_limit(const tf__cache *c);
  * written since the last call because the disk is full, else 0: readers that
  * do not wait for chunks (small direct reads) learn of it this way. */
 TF_HIDDEN int tf__cache_failed(tf__cache *c);
+/* A reader was told of the full disk by its own fetch's failure: the next
+ * tf__cache_failed does not say it again. */
+TF_HIDDEN void tf__cache_failure_said(tf__cache *c);
 /* Whether data[0, len) followed by its trailer is chunk k of this cache (the
  * trailer's tag is keyed by the cache's secret). */
 TF_HIDDEN int tf__cache_trailer_ok(const tf__cache *c, const tf__ckey *k, const void *data, size_t len);

@@ -1086,6 +1086,8 @@ int tf__cache_open(const char *dir, uint64_t limit, uint64_t chunk_bytes, int cr
 
 uint64_t tf__cache_limit(const tf__cache *c) { return c->limit; }
 
+void tf__cache_failure_said(tf__cache *c) { atomic_store(&c->full, 0); }
+
 int tf__cache_failed(tf__cache *c) {
     if (!atomic_exchange(&c->full, 0)) return 0;
     TF_FAIL(-ENOSPC, "%s: the cache disk is full: chunks fetched ahead could not be written (cache_limit is %llu bytes, more than that file system has free). Nothing in the cache was damaged; free space there or lower cache_limit.",
