@@ -8,6 +8,7 @@ they install, LitData and MosaicML Streaming against the same server and proxy.
     python benchmarks/remote_bench.py --only peers --peer-python /path/to/venv/bin/python
     python benchmarks/remote_bench.py --only startup --startup-shards 1000 10000
     python benchmarks/remote_bench.py --only startup --startup-shards 10000 --startup-procs 4
+    python benchmarks/remote_bench.py --only node --node-shards 1000 10000 --node-seconds 20
 
 The servers run on 127.0.0.1 (tests/remote_util.py). moto is a Python server: on a small
 machine it serves some tens of MB/s, so the bandwidth cap must stay below that for the cap,
@@ -306,6 +307,140 @@ def bench_startup(moto: MotoServer, tmp: str, args: argparse.Namespace) -> Dict[
     return out
 
 
+# ---- node: a node's processes reading together, to the first batch, steadily, to close --
+
+NODE_CHILD = r"""
+import json, sys, time, tokenfeed
+import torch  # noqa: F401  (a training process has it imported already)
+url, cache, endpoint = sys.argv[1], sys.argv[2], sys.argv[3]
+rank, world, secs = int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6])
+t = time.perf_counter()
+ds = tokenfeed.open(url, cache_dir=cache, endpoint_url=endpoint, fetch_threads=16)
+loader = tokenfeed.Loader(ds, seq_len=512, batch_size=8, seed=0, shuffle="block", dp_rank=rank, dp_size=world)
+it = iter(loader)
+next(it)
+print(json.dumps({"first_batch_s": time.perf_counter() - t}), flush=True)
+sys.stdin.readline()  # every process of the node has its first batch
+t = time.perf_counter()
+n = 1
+while time.perf_counter() - t < secs:
+    try:
+        next(it)
+    except StopIteration:
+        break
+    n += 1
+print(json.dumps({"batches": n}), flush=True)
+sys.stdin.readline()  # every process has read for secs
+t = time.perf_counter()
+loader.close()
+print(json.dumps({"close_s": time.perf_counter() - t}), flush=True)
+"""
+
+
+def _node_run(url: str, proxy: FaultProxy, cache: str, procs: int, secs: float, env: Dict[str, str]) -> Dict[str, Any]:
+    """procs processes of one node (distinct dp ranks, one cache) reading url: the node's
+    requests and bytes (at the proxy) until every process has its first batch, during secs of
+    steady reading, and until every close() returned; the most any byte range was fetched."""
+    proxy.reset_counts()
+    ps = [subprocess.Popen([sys.executable, "-c", NODE_CHILD, url, cache, proxy.endpoint, str(rank), str(procs),
+                            str(secs)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True) for rank in range(procs)]
+    out: Dict[str, Any] = {}
+    prev = (0, 0)
+    try:
+        for phase, key in (("first_batch", "first_batch_s"), ("steady", "batches"), ("close", "close_s")):
+            vals = []
+            for p in ps:
+                line = p.stdout.readline() if p.stdout else ""
+                if not line:
+                    err = p.stderr.read() if p.stderr else ""
+                    return {"error": f"{phase}: {err[-400:]}"}
+                vals.append(json.loads(line)[key])
+            req, sent = sum(proxy.requests.values()), proxy.bytes_sent
+            out[phase] = {"requests": req - prev[0], "MB": round((sent - prev[1]) / 1e6, 2)}
+            prev = (req, sent)
+            if phase == "first_batch":
+                out[phase]["s_max"] = round(max(vals), 2)
+            elif phase == "steady":
+                out[phase]["batches"] = sum(vals)
+            else:
+                out[phase]["s_max"] = round(max(vals), 3)
+            for p in ps:
+                if p.stdin and phase != "close":
+                    p.stdin.write("go\n")
+                    p.stdin.flush()
+        for p in ps:
+            p.wait(600)
+    finally:
+        for p in ps:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    ranged = [v for k, v in proxy.gets.items() if k[1]]
+    out["ranges"] = len(ranged)
+    out["most_fetches_of_a_range"] = max(ranged) if ranged else 0
+    out["ranges_fetched_again"] = sorted(f"{k[0]} {k[1]}: {v}" for k, v in proxy.gets.items() if k[1] and v > 1)[:4]
+    return out
+
+
+def bench_node(moto: MotoServer, tmp: str, args: argparse.Namespace) -> Dict[str, Any]:
+    """A node of --node-procs processes with distinct ranks on one fresh cache, for each size,
+    kind (native: a tokenfeed dataset of one-document shards; llm.c: a glob of llm.c objects)
+    and catalog (with: the dataset's own, or the set's from tokenfeed index; none: deleted;
+    --startup-catalog picks)."""
+    out: Dict[str, Any] = {}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([args.startup_pythonpath] if args.startup_pythonpath
+                                                      else sys.path))
+    kinds = set(args.startup_kinds.split(","))
+    for n in args.node_shards:
+        rng = np.random.default_rng(2)
+        docs = [rng.integers(0, 50257, size=int(rng.integers(200, 900)), dtype=np.uint16) for _ in range(n)]
+        row: Dict[str, Any] = {}
+        sets = []
+        if "native" in kinds:
+            local = os.path.join(tmp, f"node-{n}")
+            with tokenfeed.DatasetWriter(local, vocab_size=50257, shard_tokens=1) as w:
+                for d in docs:
+                    w.add_document(d)
+            upload(moto, "node", f"ds{n}", local)
+            sets.append(("native", f"s3://node/ds{n}", f"ds{n}/tokenfeed.catalog"))
+        if "glob" in kinds:
+            local = os.path.join(tmp, f"node-glob-{n}")
+            os.makedirs(local)
+            header = np.zeros(256, dtype=np.int32)
+            header[0], header[1] = 20240520, 1
+            for i, d in enumerate(docs):
+                header[2] = len(d)
+                with open(os.path.join(local, f"shard_{i:06d}.bin"), "wb") as f:
+                    f.write(header.tobytes() + d.tobytes())
+            upload(moto, "node", f"glob{n}", local)
+            url = f"s3://node/glob{n}/*.bin"
+            name = tokenfeed.build_catalog(url, endpoint_url=moto.endpoint)
+            sets.append(("llm.c", url, name.split("/", 3)[3]))
+        proxy = FaultProxy(moto.port, latency=args.latency_ms / 1000)
+        try:
+            for kind, url, catalog in sets:
+                for variant in {"both": ("catalog", "none"), "with": ("catalog",),
+                                "without": ("none",)}[getattr(args, "startup_catalog", "both")]:
+                    if variant == "none":
+                        moto.delete("node", catalog)
+                    cache = os.path.join(tmp, f"node-cache-{n}-{kind}-{variant}")
+                    r = _node_run(url, proxy, cache, args.node_procs, args.node_seconds, env)
+                    row[f"{kind}, {variant}"] = r
+                    print(f"node of {args.node_procs}, {n} objects, {kind}, catalog {variant}: " +
+                          (r["error"] if "error" in r else
+                           f"first batch {r['first_batch']['requests']} requests {r['first_batch']['MB']} MB "
+                           f"({r['first_batch']['s_max']} s); {args.node_seconds:g} s steady "
+                           f"{r['steady']['requests']} requests {r['steady']['MB']} MB; close "
+                           f"{r['close']['requests']} requests {r['close']['MB']} MB ({r['close']['s_max']} s); "
+                           f"{r['ranges']} ranges, each fetched at most {r['most_fetches_of_a_range']}x"),
+                          flush=True)
+        finally:
+            proxy.stop()
+        out[str(n)] = row
+    return out
+
+
 # ---- peers: LitData and MosaicML Streaming, run by another Python (--peer-python) --------
 
 PEER_WRITE = r"""
@@ -432,7 +567,11 @@ def main(argv: List[str] | None = None) -> int:
                     help="comma list of: native (a tokenfeed dataset), glob (a glob of llm.c objects)")
     ap.add_argument("--startup-pythonpath", default="",
                     help="run the start-up children with this PYTHONPATH (another build, for a before/after)")
-    ap.add_argument("--only", default="", help="comma list of: stream, open, startup, peers")
+    ap.add_argument("--node-shards", type=int, nargs="+", default=None,
+                    help="object counts for the node benchmark (default 1000; --quick 100)")
+    ap.add_argument("--node-procs", type=int, default=8, help="processes of the node (distinct dp ranks)")
+    ap.add_argument("--node-seconds", type=float, default=20.0, help="seconds of steady reading per process")
+    ap.add_argument("--only", default="", help="comma list of: stream, open, startup, node, peers")
     ap.add_argument("--peer-python", help="a Python with litdata and mosaicml-streaming (run for the peers)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
@@ -442,6 +581,8 @@ def main(argv: List[str] | None = None) -> int:
         args.open_shards = 1000 if args.quick else 10_000
     if args.startup_shards is None:
         args.startup_shards = [100] if args.quick else [1000]
+    if args.node_shards is None:
+        args.node_shards = [100] if args.quick else [1000]
     only = set(filter(None, args.only.split(",")))
     os.environ.update(TEST_CREDENTIALS)
     tmp = tempfile.mkdtemp(prefix="tf-remote-bench-")
@@ -457,6 +598,8 @@ def main(argv: List[str] | None = None) -> int:
             results["open"] = bench_open(moto, tmp, args)
         if not only or "startup" in only:
             results["startup"] = bench_startup(moto, tmp, args)
+        if not only or "node" in only:
+            results["node"] = bench_node(moto, tmp, args)
         if not only or "peers" in only:
             results["peers"] = bench_peers(moto, tmp, args)
     finally:

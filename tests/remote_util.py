@@ -350,6 +350,53 @@ class FaultProxy:
 
 
 # ---------------------------------------------------------------------------------------
+# a node's processes
+
+NODE_READER = r"""
+import hashlib, sys, numpy as np, tokenfeed
+url, cache, endpoint, rank, world = sys.argv[1:6]
+ds = tokenfeed.open(url, cache_dir=cache, cache_limit="256MB", endpoint_url=endpoint, chunk_size=65536)
+h = hashlib.sha256()
+loader = tokenfeed.Loader(ds, seq_len=64, batch_size=4, seed=5, shuffle="block", block_size=4, epochs=1,
+                          dp_rank=int(rank), dp_size=int(world))
+for b in loader:
+    h.update(np.ascontiguousarray(np.asarray(b["input_ids"])).tobytes())
+loader.close()
+print(h.hexdigest())
+"""
+
+
+def node_readers(url: str, cache: Any, endpoint: str, procs: int, **env: str) -> List[str]:
+    """procs processes of one node (distinct dp ranks, one cache) each reading its whole epoch."""
+    e = dict(os.environ, **TEST_CREDENTIALS, **env)
+    ps = [subprocess.Popen([sys.executable, "-c", NODE_READER, url, str(cache), endpoint, str(r), str(procs)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e) for r in range(procs)]
+    out = []
+    for p in ps:
+        o, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+        out.append(o.strip())
+    return out
+
+
+def node_hashes(ds: Any, procs: int) -> List[str]:
+    """What NODE_READER prints for each rank, read in this process."""
+    import hashlib
+
+    import numpy as np
+    import tokenfeed
+
+    out = []
+    for r in range(procs):
+        h = hashlib.sha256()
+        for b in tokenfeed.Loader(ds, seq_len=64, batch_size=4, seed=5, shuffle="block", block_size=4, epochs=1,
+                                  dp_rank=r, dp_size=procs):
+            h.update(np.ascontiguousarray(np.asarray(b["input_ids"])).tobytes())
+        out.append(h.hexdigest())
+    return out
+
+
+# ---------------------------------------------------------------------------------------
 # pytest fixtures (import them into a test module to use them)
 
 import uuid  # noqa: E402

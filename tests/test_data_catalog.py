@@ -281,3 +281,73 @@ def test_a_catalog_of_other_options_is_said_unused(tmp_path):
     assert ds.num_files == 12
     with pytest.warns(PerformanceWarning, match=r"\.tokenfeed-catalog-.*another glob"):
         assert tokenfeed.open(str(d)).num_files == 12
+
+
+def _catalog_version(path):
+    with open(path, "rb") as f:
+        head = f.read(16)
+    assert head[:8] == b"TFCATLG1"
+    return int.from_bytes(head[8:12], "little"), int.from_bytes(head[12:16], "little")
+
+
+@pytest.mark.test_hooks
+def test_a_large_catalog_beside_the_data_is_stored_compressed(tmp_path, monkeypatch):
+    """Every open of the set reads the catalog beside the data whole: past a size (4 MiB, here
+    lowered by a test build's hook) its file records are stored compressed. The same set's
+    catalog in the uncompressed form (what smaller sets, and earlier versions, write) is read as
+    before; a compressed one damaged anywhere, or cut short, is no catalog: the set is listed."""
+    files = _set(tmp_path / "d", n=200)
+    spec = str(tmp_path / "d" / "shard_*.bin")
+    ref = tokenfeed.open(files)
+    plain = tokenfeed.build_catalog(spec)
+    assert _catalog_version(plain) == (3, 3)
+    plain_size = os.path.getsize(plain)
+    monkeypatch.setenv("TOKENFEED_TEST_CATALOG_PACK_ABOVE", "1024")
+    _aged([str(tmp_path / "d")])
+    packed = tokenfeed.build_catalog(spec)
+    assert packed == plain
+    version, flags = _catalog_version(packed)
+    assert version == 4 and flags & 16
+    assert os.path.getsize(packed) * 3 < plain_size, (os.path.getsize(packed), plain_size)
+    with monkeypatch.context() as m:
+        _no_listing(m)
+        ds = tokenfeed.open(spec)
+    assert ds.paths == files and ds.fingerprint == ref.fingerprint and _digest(ds) == _digest(ref)
+    good = open(packed, "rb").read()
+    for damaged in (good[:60] + bytes([good[60] ^ 1]) + good[61:],  # the frame
+                    good[:-9] + bytes([good[-9] ^ 1]) + good[-8:],  # the directory's identity
+                    good[:len(good) // 2]):  # cut short
+        with open(packed, "r+b") as f:  # in place: the directory keeps its identity
+            f.truncate(0)
+            f.write(damaged)
+        _aged([packed, str(tmp_path / "d")])
+        assert tokenfeed.open(spec).paths == files
+    # huge lengths in an otherwise sealed header are no catalog either
+    import xxhash
+    hostile = bytearray(good)
+    hostile[40:48] = (1 << 62).to_bytes(8, "little")
+    hostile[-8:] = xxhash.xxh64_intdigest(bytes(hostile[:-8]), seed=0).to_bytes(8, "little")
+    with open(packed, "r+b") as f:
+        f.write(hostile)
+    assert tokenfeed.open(spec).paths == files
+
+
+def test_an_unchanged_set_leaves_the_node_record_as_it_was(tmp_path, monkeypatch):
+    """The node's record of a set whose directories did not change is kept as it is (the same
+    file, not written again) by every open that finds it so, opened from the catalog beside
+    the data or from the node's own."""
+    cat = tmp_path / "catalog"
+    files = _set(tmp_path / "d")
+    spec = str(tmp_path / "d" / "shard_*.bin")
+    tokenfeed.build_catalog(spec)
+    import time
+    time.sleep(2.2)  # the directory settles (a node's record trusts none changed in the last 2 s)
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cat))
+    assert tokenfeed.open(spec).paths == files
+    (rec,) = [cat / n for n in os.listdir(cat) if n.endswith(".tfset")]
+    before = os.stat(rec)
+    for _ in range(3):
+        assert tokenfeed.open(spec).paths == files
+    # (a write goes to a new file renamed over the old: another inode; a read only marks the
+    # record used, its times, for the directory's trimming)
+    assert os.stat(rec).st_ino == before.st_ino

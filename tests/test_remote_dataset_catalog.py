@@ -14,7 +14,8 @@ import pytest
 import xxhash
 
 import tokenfeed
-from remote_util import INTERRUPTIBLE, FaultProxy, as_background_job, bucket, moto, proxy  # noqa: F401  (fixtures)
+from remote_util import (INTERRUPTIBLE, FaultProxy, as_background_job, bucket, moto, node_hashes,  # noqa: F401  (fixtures)
+                         node_readers, proxy)
 
 CATALOG = "tokenfeed.catalog"
 
@@ -443,3 +444,27 @@ def test_ctrl_c_is_prompt_while_the_scheduler_opens_shards(dataset, moto, bucket
             pr.kill()
             pr.communicate()
     assert out.strip() == "closed 0", (out, err[-2000:])
+
+
+@pytest.mark.parametrize("catalog", ["with its catalog", "without"])
+def test_a_node_reading_its_ranks_fetches_each_range_once(tmp_path, moto, bucket, proxy, catalog):  # noqa: F811
+    """A node's processes (distinct ranks, one cache) reading their whole epoch of a dataset of
+    small shards share every fetch: each range once per node, and per shard no more than its
+    first touch (or the open's read of it) and its tokens' one chunk. A reader's small read
+    that would take most of a small chunk fetches that chunk instead, and one that another
+    process is fetching is waited for."""
+    rng = np.random.default_rng(4)
+    docs = [rng.integers(0, 50000, size=int(n), dtype=np.uint16) for n in rng.integers(100, 700, size=50)]
+    path = tmp_path / "src"
+    with tokenfeed.DatasetWriter(path, vocab_size=50000, shard_tokens=1) as w:  # one document per shard
+        w.add_documents(docs)
+    moto.upload_dir(bucket, "ds", str(path))
+    if catalog == "without":
+        moto.delete(bucket, f"ds/{CATALOG}")
+    url = f"s3://{bucket}/ds"
+    got = node_readers(url, tmp_path / "cache", proxy.endpoint, 3)
+    assert got == node_hashes(tokenfeed.open(str(path)), 3)
+    gets = _shard_gets(proxy)
+    assert len({k[0] for k in gets}) == len(docs)
+    assert max(gets.values()) == 1, sorted((v, k) for k, v in gets.items() if v > 1)[-4:]
+    assert sum(gets.values()) <= 2 * len(docs)

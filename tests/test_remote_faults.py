@@ -237,3 +237,23 @@ def test_startup_benchmark_gives_each_process_its_rank(monkeypatch):
     ranks = [tuple(int(a) for a in argv[-2:]) for argv in launched]
     assert sorted(ranks) == [(r, 4) for r in range(4)], launched
     assert "dp_rank=rank" in remote_bench.STARTUP_CHILD and "dp_size=world" in remote_bench.STARTUP_CHILD
+
+
+def test_node_benchmark_counts_a_node_of_ranks_by_phase(moto, tmp_path, monkeypatch):  # noqa: F811
+    """The node benchmark runs its processes (each its own rank) to the first batch, through
+    the steady reading and to close(), and counts the node's requests in each phase; every
+    range is sent once for the node."""
+    import argparse
+
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import remote_bench
+
+    args = argparse.Namespace(node_shards=[30], node_procs=2, node_seconds=0.5, startup_kinds="glob",
+                              startup_pythonpath="", latency_ms=0.0)
+    out = remote_bench.bench_node(moto, str(tmp_path), args)
+    rows = out["30"]
+    assert set(rows) == {"llm.c, catalog", "llm.c, none"}, rows
+    for r in rows.values():
+        assert "error" not in r, r
+        assert r["first_batch"]["requests"] > 0 and r["close"]["s_max"] >= 0
+        assert r["ranges"] >= 30 and r["most_fetches_of_a_range"] == 1, r

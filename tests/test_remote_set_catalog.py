@@ -16,7 +16,7 @@ import pytest
 
 import tokenfeed
 from conftest import aged, write_llmc, write_megatron
-from remote_util import TEST_CREDENTIALS, FaultProxy, bucket, moto  # noqa: F401  (fixtures)
+from remote_util import TEST_CREDENTIALS, FaultProxy, bucket, moto, node_hashes, node_readers  # noqa: F401  (fixtures)
 
 STEM = ".tokenfeed-catalog-"
 
@@ -377,3 +377,37 @@ def test_a_catalog_of_other_options_is_said_unused(llmc_set, moto, bucket, tmp_p
     assert ds.num_files == 30
     with pytest.warns(PerformanceWarning, match=STEM.replace(".", r"\.") + ".*another glob"):
         _open(f"s3://{bucket}/tokens/", tmp_path / "cache2", p.endpoint)
+
+
+@pytest.mark.test_hooks
+def test_a_node_fetches_each_range_once_and_a_restart_fetches_none(moto, bucket, tmp_path):  # noqa: F811
+    """A node's processes (distinct ranks, one cache) share every fetch, first touches and chunks,
+    for as long as they read: each byte range is fetched once per node. Every small range a first
+    touch fetches takes a record of the cache's index, which grows with them (within the limit),
+    so what the node read stays: a restart reading the epoch again sends no request for an
+    object. (A first index of 16 records: the same as a set of thousands of objects against the
+    index a cache starts with.)"""
+    shards = _shards(60, seed=11, lo=150, hi=700)
+    local = tmp_path / "tokens"
+    local.mkdir()
+    for i, s in enumerate(shards):
+        write_llmc(local / f"shard_{i:04d}.bin", s, 1)
+    moto.upload_dir(bucket, "node", str(local))
+    url = f"s3://{bucket}/node/*.bin"
+    tokenfeed.build_catalog(url, endpoint_url=moto.endpoint)
+    p = FaultProxy(moto.port)
+    try:
+        env = {"TOKENFEED_TEST_CACHE_SLOTS": "16"}
+        first = node_readers(url, tmp_path / "cache", p.endpoint, 3, **env)
+        assert first == node_hashes(tokenfeed.open(str(local / "*.bin")), 3)
+        gets = _object_gets(p, bucket)
+        assert len({k[0] for k in gets}) == len(shards)
+        assert max(gets.values()) == 1, sorted((v, k) for k, v in gets.items() if v > 1)[-4:]
+        # a first touch and the data region's chunk per object (these are smaller than a chunk)
+        assert sum(gets.values()) <= 2 * len(shards), sum(gets.values())
+        p.reset_counts()
+        again = node_readers(url, tmp_path / "cache", p.endpoint, 3, **env)
+        assert again == first
+        assert _object_gets(p, bucket) == {}, sorted(_object_gets(p, bucket))[:4]
+    finally:
+        p.stop()

@@ -61,7 +61,7 @@ static int locate(void *ctx, uint64_t pos, tf__prefetch_emit_fn emit, void *ectx
             uint64_t local = start - ds->tok_prefix[fi];
             uint64_t n = f->num_tokens - local < left ? f->num_tokens - local : left;
             const tf__robj *ro = tf__file_robj(f);
-            if (n && ro) {
+            if (n && ro && !ro->held_whole) { /* (a shard held whole in memory reads no chunk) */
                 size_t isz = tf_dtype_size(f->dtype);
                 if (!f->compressed) {
                     emit_range(ro, local * isz, (local + n) * isz, emit, ectx);

@@ -1539,7 +1539,10 @@ int tf__chunk_acquire(const tf__robj *o, uint32_t k, const uint8_t **data, size_
         }
         if (!waited) t0 = tf__now_ns();
         waited = 1;
+        /* chunks fetched ahead do not land: say so before waiting on one more */
+        TF_TRY(tf__cache_failed(r->cache));
         rc = fetch_and_wait(r, o, k);
+        if (rc == -ENOSPC) tf__cache_failure_said(r->cache);
         if (rc < 0) return rc;
     }
     if (!oc)
@@ -1593,13 +1596,21 @@ int tf__robj_read_small(const tf__robj *o, uint64_t off, uint64_t len, void *out
      * cache for later). Checked like a chunk: whole 64 KiB granules against
      * the shard's table when it has one, else conditional on the version.
      * "Small" is at most an eighth of a chunk (and 256 KiB): reading a whole
-     * chunk's worth this way would only double the transfer. */
+     * chunk's worth this way would only double the transfer. A chunk no
+     * larger than 256 KiB as it is (the one chunk of a small shard) is not
+     * worth a request of its own: it is fetched, once. A chunk another
+     * process of the node is fetching is waited for: its bytes come once per
+     * node. */
     tf_remote *r = o->r;
     uint32_t k = (uint32_t)(off / o->chunk_bytes);
-    uint64_t limit = o->chunk_bytes / 8 < TF__SMALL_READ ? o->chunk_bytes / 8 : TF__SMALL_READ;
+    uint64_t clen = o->data_len - (uint64_t)k * o->chunk_bytes;
+    if (clen > o->chunk_bytes) clen = o->chunk_bytes;
+    uint64_t limit = clen <= TF__SMALL_READ ? 0 : o->chunk_bytes / 8 < TF__SMALL_READ ? o->chunk_bytes / 8 : TF__SMALL_READ;
     /* only for a loader's reads (a position is set): other readers wait for
      * the chunk, which then stays cached */
     if (reader_position() == TF__NO_NEED || len > limit || chunk_ready(o, k)) return 1;
+    tf__ckey key = {o->oid_lo, o->oid_hi, k};
+    if (tf__cache_fetching_elsewhere(r->cache, &key)) return 1;
     check_fork(r);
     TF_TRY(tf__cache_failed(r->cache)); /* chunks fetched ahead do not land: say so, not read around it */
     uint64_t a = off, b = off + len;

@@ -57,6 +57,11 @@ typedef struct tf__robj {
      * (remote_meta.c): dropped when a read finds the object changed. */
     int meta_on;
     uint64_t meta_key;
+    /* The tokens are read from memory: the first touch fetched the whole
+     * (small) object, and every process of the node reads it back whole
+     * from the cache. No reader needs a chunk of it, so the scheduler asks
+     * for none (the data region would be fetched a second time). */
+    int held_whole;
 } tf__robj;
 
 
@@ -338,6 +343,8 @@ TF_HIDDEN void tf__cache_forget(tf__cache *c, const tf__ckey *key);
 TF_HIDDEN void tf__cache_publish(tf__cache *c, const tf__ckey *keys, const uint64_t *next_use, size_t n,
                                  uint64_t position);
 TF_HIDDEN int tf__cache_present(tf__cache *c, const tf__ckey *key);
+/* Whether another live process of the node is fetching key now. */
+TF_HIDDEN int tf__cache_fetching_elsewhere(tf__cache *c, const tf__ckey *key);
 /* A counter bumped (in the shared index) whenever a chunk leaves the cache:
  * a reader holding mappings revalidates them when it moved. Lock-free. */
 TF_HIDDEN uint64_t tf__cache_evictions(const tf__cache *c);
@@ -350,6 +357,9 @@ TF_HIDDEN uint64_t tf__cache_limit(const tf__cache *c);
  * written since the last call because the disk is full, else 0: readers that
  * do not wait for chunks (small direct reads) learn of it this way. */
 TF_HIDDEN int tf__cache_failed(tf__cache *c);
+/* A reader was told of the full disk by its own fetch's failure: the next
+ * tf__cache_failed does not say it again. */
+TF_HIDDEN void tf__cache_failure_said(tf__cache *c);
 /* Whether data[0, len) followed by its trailer is chunk k of this cache (the
  * trailer's tag is keyed by the cache's secret). */
 TF_HIDDEN int tf__cache_trailer_ok(const tf__cache *c, const tf__ckey *k, const void *data, size_t len);

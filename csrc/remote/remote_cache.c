@@ -74,6 +74,7 @@ typedef unsigned long long ull;
 #define MAX_PROCS 256
 #define HDR_BYTES 16384u
 #define NCAND 64
+#define MAX_SLOTS (1u << 24) /* records of the index: 1 GiB of table at most */
 #define LAYOUT 2
 #define MARKER "tokenfeed-cache 2\n"
 #define KEY_BYTES 16
@@ -139,9 +140,12 @@ struct tf__cache {
     pid_t pid;
     uint64_t limit;
     uint64_t creator_limit; /* the default limit recorded in the index */
-    idx_hdr *hdr;
-    idx_rec *recs;
-    size_t map_len;
+    idx_hdr *hdr;    /* in the first mapping, kept until close */
+    idx_rec *recs;   /* in the latest mapping (the table grows: remap) */
+    size_t map_len;  /* of the first mapping */
+    void *maps[40];  /* mappings made when the table grew (unmapped at close) */
+    size_t map_lens[40];
+    int nmaps;
     uint64_t mask;
     pthread_mutex_t mu;
     cand cands[NCAND];
@@ -504,11 +508,14 @@ static uint64_t evict_one(tf__cache *c, uint64_t after, int urgent) {
 }
 
 static int rebuild(tf__cache *c);
+static void follow_growth(tf__cache *c);
+static int grow(tf__cache *c);
 
 static void lock(tf__cache *c) {
     pthread_mutex_lock(&c->mu);
     while (flock(c->lock_fd, LOCK_EX) != 0 && errno == EINTR) {
     }
+    if (c->hdr->nslots != c->mask + 1) follow_growth(c);
     if (c->hdr->dirty) rebuild(c);
     c->hdr->dirty = 1;
 }
@@ -587,7 +594,7 @@ static int rebuild(tf__cache *c) {
                         st.st_uid != geteuid() || (uint64_t)st.st_size <= TF__CHUNK_TRAILER)
                         continue;
                     tf__ckey key = {lo, hi, (uint32_t)k};
-                    idx_rec *r = insert(c, &key);
+                    idx_rec *r = c->hdr->used < (c->mask + 1) / 4 * 3 || grow(c) == 0 ? insert(c, &key) : NULL;
                     if (!r) break;
                     r->state = ST_PRESENT;
                     r->bytes = (uint64_t)st.st_size - TF__CHUNK_TRAILER;
@@ -643,6 +650,12 @@ static int map_index(tf__cache *c, uint64_t limit, uint64_t chunk_bytes) {
     uint64_t nslots;
     if (st.st_size == 0) {
         nslots = table_slots(limit, chunk_bytes);
+#ifdef TF_TEST_HOOKS
+        /* a small first table, for tests of its growth */
+        const char *ts = getenv("TOKENFEED_TEST_CACHE_SLOTS");
+        if (ts && strtoull(ts, NULL, 10) >= 16 && !(strtoull(ts, NULL, 10) & (strtoull(ts, NULL, 10) - 1)))
+            nslots = strtoull(ts, NULL, 10);
+#endif
         size_t len = HDR_BYTES + (size_t)nslots * sizeof(idx_rec);
         if (ftruncate(c->index_fd, (off_t)len) != 0) {
             e = errno;
@@ -669,7 +682,8 @@ static int map_index(tf__cache *c, uint64_t limit, uint64_t chunk_bytes) {
             h.version != IDX_VERSION || h.rec_size != sizeof(idx_rec) || h.nslots < 16 ||
             (h.nslots & (h.nslots - 1)) || (uint64_t)st.st_size < HDR_BYTES ||
             /* divided, not multiplied: nslots * 64 can wrap around to the file size */
-            ((uint64_t)st.st_size - HDR_BYTES) / sizeof(idx_rec) != h.nslots ||
+            /* (larger: a process that grew the table died before it said so) */
+            h.nslots > MAX_SLOTS || ((uint64_t)st.st_size - HDR_BYTES) / sizeof(idx_rec) < h.nslots ||
             ((uint64_t)st.st_size - HDR_BYTES) % sizeof(idx_rec) != 0) {
             int rc = tf__seterr(-TF_EFORMAT, "%s: index: expected a tokenfeed cache index version %u, found another layout (the cache was made by another tokenfeed version, or the file is damaged). Nothing in it can be trusted: use another cache_dir, or delete this cache directory (no process may be using it) and let it be rebuilt from the store.",
                                 p, IDX_VERSION);
@@ -689,6 +703,82 @@ static int map_index(tf__cache *c, uint64_t limit, uint64_t chunk_bytes) {
     c->hdr = m;
     c->recs = (idx_rec *)(void *)((uint8_t *)m + HDR_BYTES);
     c->mask = nslots - 1;
+    return 0;
+}
+
+/* Map the table of nslots records (the file is that large): the records are
+ * read through the new mapping from now on; the header stays in the first
+ * one (lock-free readers of it never see it move). */
+static int remap_records(tf__cache *c, uint64_t nslots) {
+    if ((size_t)c->nmaps >= sizeof c->maps / sizeof *c->maps) return -ENOMEM;
+    size_t len = HDR_BYTES + (size_t)nslots * sizeof(idx_rec);
+    void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, c->index_fd, 0);
+    if (m == MAP_FAILED) return -errno;
+    c->maps[c->nmaps] = m;
+    c->map_lens[c->nmaps++] = len;
+    c->recs = (idx_rec *)(void *)((uint8_t *)m + HDR_BYTES);
+    c->mask = nslots - 1;
+    c->ncand = 0;
+    return 0;
+}
+
+/* Another process grew the table (lock held): map its new size (or the
+ * size another process fell back to). A header that names a size the file
+ * does not have is damaged: the table keeps the size this process knows,
+ * rebuilt from the chunk files. */
+static void follow_growth(tf__cache *c) {
+    uint64_t n = c->hdr->nslots;
+    struct stat st;
+    if (n >= 16 && n <= MAX_SLOTS && !(n & (n - 1)) && fstat(c->index_fd, &st) == 0 &&
+        (uint64_t)st.st_size >= HDR_BYTES && ((uint64_t)st.st_size - HDR_BYTES) / sizeof(idx_rec) >= n &&
+        remap_records(c, n) == 0)
+        return;
+    c->hdr->nslots = c->mask + 1;
+    c->hdr->dirty = 1; /* lock() rebuilds next */
+}
+
+/* The most records the table may grow to for a limit: one per 2 KiB of it
+ * (a cached range takes at least a block of the disk, usually 4 KiB), so a
+ * node keeps every small range its limit has room for. */
+static uint64_t max_slots(uint64_t limit) {
+    uint64_t want = limit / 2048, n = 1u << 12;
+    while (n < want && n < MAX_SLOTS) n <<= 1;
+    return n;
+}
+
+/* Double the table (lock held) when the limit has room for more records:
+ * 0, or -errno (the table is left as it was). The file grows first, then
+ * the records are rehashed into it and the header says its new size; a
+ * holder that dies midway leaves the header dirty, and the next one
+ * rebuilds the table from the chunk files at whichever size it then has. */
+static int grow(tf__cache *c) {
+    uint64_t n = (c->mask + 1) * 2;
+    if (n > max_slots(c->limit) || n > MAX_SLOTS) return -ENOSPC;
+    if (ftruncate(c->index_fd, (off_t)(HDR_BYTES + n * sizeof(idx_rec))) != 0) return -errno;
+    uint64_t live_n = 0, k = 0;
+    for (uint64_t i = 0; i <= c->mask; i++)
+        if (c->recs[i].state == ST_PRESENT || c->recs[i].state == ST_FETCHING) live_n++;
+    idx_rec *live = live_n ? malloc(live_n * sizeof *live) : NULL;
+    if (live_n && !live) return -ENOMEM;
+    for (uint64_t i = 0; i <= c->mask; i++) {
+        idx_rec *r = &c->recs[i];
+        if ((r->state == ST_PRESENT || r->state == ST_FETCHING) && k < live_n) live[k++] = *r;
+    }
+    int rc = remap_records(c, n);
+    if (rc) {
+        free(live);
+        return rc;
+    }
+    memset(c->recs, 0, n * sizeof *c->recs);
+    c->hdr->used = c->hdr->tombs = 0;
+    for (uint64_t j = 0; j < k; j++) {
+        tf__ckey key = {live[j].oid_lo, live[j].oid_hi, live[j].chunk};
+        idx_rec *r = insert(c, &key);
+        if (r) *r = live[j];
+    }
+    free(live);
+    c->hdr->nslots = n;
+    c->hdr->changes++;
     return 0;
 }
 
@@ -996,6 +1086,8 @@ int tf__cache_open(const char *dir, uint64_t limit, uint64_t chunk_bytes, int cr
 
 uint64_t tf__cache_limit(const tf__cache *c) { return c->limit; }
 
+void tf__cache_failure_said(tf__cache *c) { atomic_store(&c->full, 0); }
+
 int tf__cache_failed(tf__cache *c) {
     if (!atomic_exchange(&c->full, 0)) return 0;
     TF_FAIL(-ENOSPC, "%s: the cache disk is full: chunks fetched ahead could not be written (cache_limit is %llu bytes, more than that file system has free). Nothing in the cache was damaged; free space there or lower cache_limit.",
@@ -1023,6 +1115,7 @@ void tf__cache_close(tf__cache *c) {
     if (c->peer_fds)
         for (int i = 0; i < MAX_PROCS; i++)
             if (c->peer_fds[i] >= 0) close(c->peer_fds[i]);
+    for (int i = 0; i < c->nmaps; i++) munmap(c->maps[i], c->map_lens[i]);
     if (c->hdr) munmap(c->hdr, c->map_len);
     if (c->dir) pthread_mutex_destroy(&c->mu);
     free(c->peer_fds);
@@ -1091,6 +1184,10 @@ int tf__cache_begin(tf__cache *c, const tf__ckey *key, uint64_t bytes, uint64_t 
     /* (counts beyond the table size are a damaged header: compact recounts) */
     if (c->hdr->used > c->mask || c->hdr->tombs > c->mask || c->hdr->used + c->hdr->tombs >= (c->mask + 1) / 4 * 3)
         compact(c);
+    /* many small ranges (first touches) fill the table before the bytes
+     * reach the limit: the table grows rather than drop what the node read */
+    while (c->hdr->used >= (c->mask + 1) / 4 * 3 && grow(c) == 0) {
+    }
     while (c->hdr->bytes + bytes > c->limit || c->hdr->used >= (c->mask + 1) / 4 * 3) {
         uint64_t b = evict_one(c, next_use, urgent);
         if (!b) {
@@ -1412,6 +1509,14 @@ int tf__cache_present(tf__cache *c, const tf__ckey *key) {
     int p = r && r->state == ST_PRESENT;
     unlock(c);
     return p;
+}
+
+int tf__cache_fetching_elsewhere(tf__cache *c, const tf__ckey *key) {
+    lock(c);
+    idx_rec *r = find(c, key);
+    int f = r && r->state == ST_FETCHING && r->fetch_slot != c->slot && slot_alive(c, r->fetch_slot, r->fetch_gen);
+    unlock(c);
+    return f;
 }
 
 void tf__cache_publish(tf__cache *c, const tf__ckey *keys, const uint64_t *next_use, size_t n, uint64_t position) {

@@ -1010,6 +1010,7 @@ again:;
         if (!rc && o) {
             o->meta_on = lo->meta_on;
             o->meta_key = lo->meta_key;
+            o->held_whole = 1;
             tf__robj *kept = NULL;
             if (atomic_compare_exchange_strong(&lo->robj, &kept, o)) o = NULL;
         }

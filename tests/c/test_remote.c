@@ -707,6 +707,88 @@ static void test_bad_index(void) {
     CHECK(strstr(tf_last_error(), "delete this cache directory") != NULL);
 }
 
+/* Many small ranges (first touches of small objects) fill the index's
+ * records long before their bytes reach the limit: the index grows instead
+ * of dropping them, every process of the cache follows it (two handles here,
+ * each with its own lock, as two processes), and it stays within the limit
+ * (a record per 2 KiB of it). A header that names a size the file does not
+ * have is not believed (the index is rebuilt from the chunk files), and a
+ * file left larger than its header says (a grower that died) still opens. */
+static void test_index_grows(void) {
+    char cache[512], path[600];
+    snprintf(cache, sizeof cache, "%s/cache_grow", tmpdir);
+    setenv("TOKENFEED_TEST_CACHE_SLOTS", "16", 1); /* (a test build's first table; 4096 otherwise) */
+    tf__cache *a = NULL, *b = NULL;
+    CHECK_OK(tf__cache_open(cache, 64ull << 20, CHUNK, 1, &a));
+    CHECK_OK(tf__cache_open(cache, 64ull << 20, CHUNK, 1, &b));
+    unsetenv("TOKENFEED_TEST_CACHE_SLOTS");
+    if (!a || !b) return;
+    static uint8_t data[100];
+    tf_object_info info = {100, "v"};
+    enum { N = 400 };
+    for (uint32_t i = 0; i < N; i++) {
+        tf__ckey k = {0xabc, 0xdef + i, 0};
+        tf__cache *c = i < N / 2 ? a : b;
+        CHECK(tf__cache_begin(c, &k, sizeof data, TF__NO_NEED, 0, NULL, NULL) == TF__BEGIN_FETCH);
+        CHECK_OK(tf__cache_commit(c, &k, "local://x", &info, data, sizeof data, TF__NO_NEED, NULL, NULL));
+    }
+    uint32_t kept_a = 0, kept_b = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        tf__ckey k = {0xabc, 0xdef + i, 0};
+        kept_a += (uint32_t)tf__cache_present(a, &k);
+        kept_b += (uint32_t)tf__cache_present(b, &k);
+    }
+    CHECK(kept_a == N && kept_b == N);
+    /* a damaged header naming a table of 2^40 records */
+    snprintf(path, sizeof path, "%s/index", cache);
+    int fd = open(path, O_RDWR);
+    CHECK(fd >= 0);
+    uint64_t huge = 1ull << 40;
+    CHECK(pwrite(fd, &huge, 8, 16) == 8);
+    kept_a = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        tf__ckey k = {0xabc, 0xdef + i, 0};
+        kept_a += (uint32_t)tf__cache_present(a, &k);
+    }
+    CHECK(kept_a == N); /* rebuilt from the chunk files */
+    tf__cache_close(a);
+    tf__cache_close(b);
+    /* a file larger than its table (a grower died after making it so) */
+    struct stat st;
+    CHECK(fstat(fd, &st) == 0);
+    CHECK(ftruncate(fd, st.st_size + 64 * 64) == 0);
+    close(fd);
+    CHECK_OK(tf__cache_open(cache, 64ull << 20, CHUNK, 1, &a));
+    if (a) {
+        tf__ckey k = {0xabc, 0xdef + 7, 0};
+        CHECK(tf__cache_present(a, &k));
+        tf__cache_close(a);
+    }
+    /* the bound: a 1 MiB limit has room for 512 records' worth of 2 KiB; the
+     * table grows to its floor of 4096 records (3072 used) and no further:
+     * more ranges evict the ones used least recently */
+    snprintf(cache, sizeof cache, "%s/cache_grow_bound", tmpdir);
+    setenv("TOKENFEED_TEST_CACHE_SLOTS", "16", 1);
+    CHECK_OK(tf__cache_open(cache, 1ull << 20, CHUNK, 1, &a));
+    unsetenv("TOKENFEED_TEST_CACHE_SLOTS");
+    if (!a) return;
+    for (uint32_t i = 0; i < 3200; i++) {
+        tf__ckey k = {0xabd, 0xdef + i, 0};
+        uint8_t one = 1;
+        CHECK(tf__cache_begin(a, &k, 1, TF__NO_NEED, 0, NULL, NULL) == TF__BEGIN_FETCH);
+        CHECK_OK(tf__cache_commit(a, &k, "local://x", &info, &one, 1, TF__NO_NEED, NULL, NULL));
+    }
+    snprintf(path, sizeof path, "%s/index", cache);
+    CHECK(stat(path, &st) == 0 && st.st_size == 16384 + 4096 * 64);
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < 3200; i++) {
+        tf__ckey k = {0xabd, 0xdef + i, 0};
+        kept += (uint32_t)tf__cache_present(a, &k);
+    }
+    CHECK(kept == 3072);
+    tf__cache_close(a);
+}
+
 /* ---- datasets through the transport ------------------------------------------ */
 
 /* Every token of both datasets, and the first batches of a shuffled loader,
@@ -1160,6 +1242,7 @@ int main(void) {
     test_private_dir();
     test_eviction_order();
     test_bad_index();
+    test_index_grows();
     test_prefetch_order();
     test_prefetch_limit();
     test_remote_datasets();
