@@ -119,6 +119,31 @@ def test_shard_truncated_while_mapped(tmp_path, backend, comp):
         assert "changed while mapped" in lines["LOADER"] or "truncated while in use" in lines["LOADER"], out
 
 
+def test_truncated_while_mapped_under_python_faulthandler(tmp_path):
+    """Python's faulthandler enabled after tokenfeed's guard (as PyTorch's elastic @record
+    does, which torchtitan's trainer runs under) sits over tokenfeed's SIGBUS handler and, on a
+    fault, restores it and raises the signal again: the read that faulted is still an error
+    naming the shard, not the end of the process."""
+    body = """
+import faulthandler
+root = sys.argv[1]
+write(root, None)
+ds = tokenfeed.open(root)
+shard = ds.files()[0]["path"]
+ds._core.read(0, 10)          # the guard is installed with the first mapping
+faulthandler.enable()          # over it
+os.truncate(shard, 8192)
+try:
+    ds._core.read(ds.num_tokens - 10, 10)
+    print("NO ERROR")
+except OSError as e:
+    print("READ", e.errno, "|", e)
+print("DONE")
+"""
+    out = check(run_py(body, str(tmp_path / "ds")))
+    assert "READ 5 |" in out and "changed while mapped" in out, out
+
+
 def test_truncated_file_of_a_foreign_format(tmp_path):
     """A headerless token file (nanoGPT style) truncated under a packing loader
     (document index = whole file) and under Dataset reads."""

@@ -16,6 +16,10 @@
  *     program that replaces our handler can call it from its own): if this
  *     thread is inside a guard and the fault is a real memory fault (si_code BUS_ADRERR / BUS_OBJERR / BUS_MCEERR_AR, not a
  *     kill()), it records si_addr and siglongjmps to the innermost frame.
+ *     A SIGBUS this process raised at itself while the thread is inside a
+ *     guard is the re-raise of a handler installed over ours that restored
+ *     ours first (Python's faulthandler): the handler returns, the read runs
+ *     again and its fault is caught as above.
  *     Otherwise the fault is not ours: it calls the previous handler, or for
  *     SIG_DFL/SIG_IGN restores the default disposition and lets the fault
  *     happen again (or re-raises a sent signal), so SIGBUS behaves as before.
@@ -46,6 +50,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -102,6 +107,12 @@ int tf_sigbus_handle(int sig, void *info, void *ucontext) {
 
 static void on_sigbus(int sig, siginfo_t *si, void *uc) {
     tf_sigbus_handle(sig, si, uc);
+    /* A handler installed over ours that, on a fault, restores ours and
+     * raises the signal again (Python's faulthandler does, which PyTorch's
+     * elastic @record enables): the fault's address is gone, but this thread
+     * is inside a guard, so return: the read that faulted runs again and
+     * faults again, now with ours installed, and is caught. */
+    if (tl_top && si && (si->si_code == SI_TKILL || si->si_code == SI_USER) && si->si_pid == getpid()) return;
     /* Not ours: behave as if we were never installed. */
     if (prev_sa.sa_flags & SA_SIGINFO) {
         if (prev_sa.sa_sigaction) {
