@@ -211,7 +211,41 @@ void tf_order_free(tf_order *o) {
     if (!o) return;
     if (o->ops && o->ops->destroy) o->ops->destroy(o->impl);
     free(o->skips);
+    tf__excl_free(o->excl, o->nexcl);
     free(o);
+}
+
+void tf__excl_free(tf__excl *e, size_t n) {
+    for (size_t i = 0; e && i < n; i++) free(e[i].ids);
+    free(e);
+}
+
+int tf__order_set_excluded(tf_order *o, const tf__excl *e, size_t n) {
+    tf__excl *c = n ? calloc(n, sizeof *c) : NULL;
+    if (n && !c) return -ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        c[i] = e[i];
+        c[i].ids = malloc((e[i].n ? e[i].n : 1) * sizeof *c[i].ids);
+        if (!c[i].ids) {
+            tf__excl_free(c, i);
+            return -ENOMEM;
+        }
+        if (e[i].n) memcpy(c[i].ids, e[i].ids, e[i].n * sizeof *c[i].ids);
+    }
+    tf__excl_free(o->excl, o->nexcl);
+    o->excl = c;
+    o->nexcl = n;
+    return 0;
+}
+
+uint64_t tf__order_source_docs(const tf_order *o, size_t i) {
+    const tf_order *s = tf_order_source(o, i);
+    tf_dataset_info info;
+    tf_file_info f;
+    if (!s || !s->ds || tf_dataset_get_info(s->ds, &info) || !info.num_files ||
+        tf_dataset_get_file(s->ds, info.num_files - 1, &f))
+        return 0;
+    return f.first_document + f.num_documents;
 }
 
 /* Skipped ranges (tf_order_skip, state.c) are copied to the orders a mixture

@@ -703,7 +703,16 @@ class Loader:
         if arr.size and (arr.dtype.kind not in "iu" or arr.min() < 0 or arr.max() >= n):
             raise ValueError(f"exclude: ids are document ids of dataset {source} (0 to {n - 1})")
         if arr.size:
-            self._excluded.append((self.position, source, arr.astype(np.int64)))
+            # kept by the C order (tf_order_exclude), which writes it into the state; the loader
+            # keeps a copy for rewriting rows
+            self._order.exclude(self.position, source, arr.astype(np.int64).tolist())
+            self._sync_excluded()
+
+    def _sync_excluded(self) -> None:
+        """The loader's copy of the order's takedowns (after an exclude, a resume or a hand-over)."""
+        self._excluded = [(int(at), int(src), np.asarray(ids, dtype=np.int64))
+                          for at, src, ids in self._order.excluded()]
+        self._excluded_sets = None
 
     def _excluded_at(self, pos: int) -> Dict[int, "set[int]"]:
         """The documents taken down at ``pos``, per source (built once per set of takedowns in
@@ -870,7 +879,7 @@ class Loader:
         d["_order"] = None
         d["_live_state"] = None
         saved = json.loads(self._order.state_save(0, 1))
-        if saved["weights_history"] or saved["skipped"]:
+        if saved["weights_history"] or saved["skipped"] or saved["excluded"]:
             d["_live_state"] = self._order.state_save(d["_position"], self.world_size)
         d["_device"] = None  # device state is per process; made again where the loader is used
         return d
@@ -878,7 +887,7 @@ class Loader:
     def __setstate__(self, d: Dict[str, Any]) -> None:
         self.__dict__.update(d)
         self._order = self._order_cfg.build(self._core_source())
-        if d.get("_live_state"):  # weights set, steps skipped while it ran: they come back with the state
+        if d.get("_live_state"):  # weights set, steps skipped, documents taken down: they come back with the state
             _, handover = self._order.state_load(d["_live_state"])
             if handover is not None:
                 self._order = handover
@@ -895,8 +904,6 @@ class Loader:
         to ``dcp.save({"loader": loader})`` / ``dcp.load`` as it is.
         """
         state: Dict[str, Any] = json.loads(self._order.state_save(self.position, self.world_size))
-        # documents taken down mid-run (exclude), always present (None: none)
-        state["excluded"] = [[at, src, ids.tolist()] for at, src, ids in self._excluded] or None
         return state
 
     def load_state_dict(self, state: Mapping[str, Any], *, strict: bool = True) -> None:
@@ -925,8 +932,6 @@ class Loader:
                 key = "loader" if "loader" in inner else inner[0]
                 raise StateError(f"this dict is not a loader state but holds one under {key!r} (a whole training "
                                  f"checkpoint?): pass checkpoint[{key!r}] to load_state_dict")
-        excluded = self._parse_excluded(state.get("excluded"))
-        state = {k: v for k, v in state.items() if k != "excluded"}
         try:
             text = json.dumps(state, default=_json_value, allow_nan=False)
         except (TypeError, ValueError) as e:
@@ -938,8 +943,7 @@ class Loader:
             raise StateError(str(e)) from None
         if handover is not None:
             self._hand_over(handover)
-        self._excluded = excluded
-        self._excluded_sets = None
+        self._sync_excluded()  # the state's takedowns, restored by the C library on the order that reads on
         if self._engine is not None:
             self._acct_ranges = self._acct_ranges[:-1] + [(self._acct_ranges[-1][0], self.position), (pos, pos)]
         self._position = pos
@@ -947,27 +951,6 @@ class Loader:
             self._device.seek(pos)  # drops what was copied ahead; moves the engine
         elif self._engine is not None:
             self._engine.seek(pos)
-
-    def _parse_excluded(self, v: Any) -> List[Tuple[int, int, "np.ndarray[Any, np.dtype[np.int64]]"]]:
-        """The state's ``excluded`` (None or [[position, source, [ids]], ...]), checked."""
-        if v is None:
-            return []
-        dss = self.dataset if isinstance(self.dataset, list) else [self.dataset]
-        out = []
-        ok = isinstance(v, list)
-        for e in v if ok else []:
-            if not (isinstance(e, list) and len(e) == 3 and all(isinstance(x, int) and not isinstance(x, bool)
-                                                               for x in e[:2]) and isinstance(e[2], list)
-                    and 0 <= e[1] < len(dss) and e[0] >= 0
-                    and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < dss[e[1]]._base().num_documents
-                            for i in e[2])):
-                ok = False
-                break
-            out.append((e[0], e[1], np.unique(np.asarray(e[2], dtype=np.int64))))
-        if not ok:
-            raise StateError("the state's excluded is not None or [[position, source, [document ids]], ...] of "
-                             "this loader's datasets: pass the dict Loader.state_dict() returned")
-        return out
 
     def skip_steps(self, start: int, stop: int) -> None:
         """Leave the data of steps ``[start, stop)`` out: when the loader reaches step ``start`` it
