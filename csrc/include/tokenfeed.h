@@ -1183,6 +1183,12 @@ TF_API int tf_loader_next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_n
 /* Global stream position (in samples) of the next batch this rank will receive:
  * always a multiple of the global batch. */
 TF_API uint64_t tf_loader_position(const tf_loader *l);
+/* The order the loader reads now (borrowed: valid until the loader is freed or
+ * a tf_loader_state_load hands over to another order). A C trainer reads the
+ * state's takedowns from it (tf_order_num_excluded, tf_order_excluded) after a
+ * resume: the batches of tf_loader_next hold every document, and leaving the
+ * excluded ones out of the loss is the trainer's (Python's Loader does it). */
+TF_API const tf_order *tf_loader_order(const tf_loader *l);
 
 /* Move to global position pos (a multiple of global_batch). O(1). Batches
  * prefetched for the old position are discarded; batches already handed out
