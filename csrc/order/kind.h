@@ -185,8 +185,7 @@ TF_HIDDEN int tf__order_set_skips(tf_order *o, const uint64_t *ranges, size_t n)
 /* order.c: o's excluded documents become a copy of e[0, n) (replacing its own). */
 TF_HIDDEN int tf__order_set_excluded(tf_order *o, const tf__excl *e, size_t n);
 TF_HIDDEN void tf__excl_free(tf__excl *e, size_t n);
-/* order.c: the documents of source i's dataset (the dataset a view selects from), ids below it. */
-TF_HIDDEN uint64_t tf__order_source_docs(const tf_order *o, size_t i);
+
 
 /* Building position_ids / cu_seqlens / num_seqs from segment starts, shared by
  * every kind: start with {last = 0, nc = 1} and cu_seqlens[0] = 0, call

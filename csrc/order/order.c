@@ -238,16 +238,6 @@ int tf__order_set_excluded(tf_order *o, const tf__excl *e, size_t n) {
     return 0;
 }
 
-uint64_t tf__order_source_docs(const tf_order *o, size_t i) {
-    const tf_order *s = tf_order_source(o, i);
-    tf_dataset_info info;
-    tf_file_info f;
-    if (!s || !s->ds || tf_dataset_get_info(s->ds, &info) || !info.num_files ||
-        tf_dataset_get_file(s->ds, info.num_files - 1, &f))
-        return 0;
-    return f.first_document + f.num_documents;
-}
-
 /* Skipped ranges (tf_order_skip, state.c) are copied to the orders a mixture
  * hands over to, so they live here, below both. */
 int tf__order_set_skips(tf_order *o, const uint64_t *ranges, size_t n) {

@@ -491,6 +491,17 @@ static int parse_excluded(const tf__json *j, const tf__jnode *h, saved *s) {
     return 0;
 }
 
+/* The documents of source i's dataset (the dataset a view selects from): ids are below it. */
+static uint64_t source_docs(const tf_order *o, size_t i) {
+    const tf_order *s = tf_order_source(o, i);
+    tf_dataset_info info;
+    tf_file_info f;
+    if (!s || !s->ds || tf_dataset_get_info(s->ds, &info) || !info.num_files ||
+        tf_dataset_get_file(s->ds, info.num_files - 1, &f))
+        return 0;
+    return f.first_document + f.num_documents;
+}
+
 /* The state's takedowns name sources and documents of this loader's data. */
 static int check_excluded(const tf_order *o, const saved *s) {
     size_t K = tf_order_num_sources(o);
@@ -499,7 +510,7 @@ static int check_excluded(const tf_order *o, const saved *s) {
         if (x->source >= K)
             TF_FAIL(-TF_ESTATE, "the state's excluded entry %zu names source %zu, and this loader reads %zu "
                     "source%s: resume with the datasets the state was saved with", i, x->source, K, K == 1 ? "" : "s");
-        uint64_t D = tf__order_source_docs(o, x->source);
+        uint64_t D = source_docs(o, x->source);
         if (x->n && x->ids[x->n - 1] >= D)
             TF_FAIL(-TF_ESTATE, "the state's excluded entry %zu names document %llu of source %zu, which has %llu "
                     "documents (0 to %llu): the state was edited or saved on other data; pass the state the loader "
@@ -1043,7 +1054,7 @@ int tf_order_exclude(tf_order *o, uint64_t pos, size_t source, const uint64_t *i
     if (source >= K)
         TF_FAIL(-EINVAL, "exclude: source %zu, and the order reads %zu source%s (0 to %zu)", source, K,
                 K == 1 ? "" : "s", K - 1);
-    uint64_t D = tf__order_source_docs(o, source);
+    uint64_t D = source_docs(o, source);
     size_t total = n;
     for (size_t i = 0; i < o->nexcl; i++) total += o->excl[i].n;
     if (o->nexcl >= TF_STATE_MAX_EXCLUDED || total > TF_STATE_MAX_EXCLUDED_IDS || n > TF_STATE_MAX_EXCLUDED_IDS)
