@@ -346,7 +346,8 @@ class Loader:
         if source_ids and weights is None:
             raise ValueError("source_ids=True needs a mixture (weights=): one dataset has one source")
         self._source_ids = source_ids
-        self._loss_weights = self._check_loss_weights(loss_weights, weights is not None, pc.cp_size, engine_kw)
+        self._loss_weights = self._check_loss_weights(loss_weights, weights is not None, pc.cp_size,
+                                                      bool(cu_seqlens or document_ids))
         # documents taken down while the run went on (exclude): [(position, source, sorted ids)]
         self._excluded: List[Tuple[int, int, "np.ndarray[Any, np.dtype[np.int64]]"]] = []
         self._excluded_sets: Optional[Tuple[Tuple[Tuple[int, ...], int], Dict[int, "set[int]"]]] = None
@@ -624,15 +625,16 @@ class Loader:
                 del batch["cu_seqlens"], batch["num_seqs"]
         return batch
 
-    def _check_loss_weights(self, lw: Any, mixture: bool, cp_size: int, engine_kw: Mapping[str, Any]) -> Any:
+    def _check_loss_weights(self, lw: Any, mixture: bool, cp_size: int, thd: bool) -> Any:
         """loss_weights=: None; a weight per source of a mixture; or the name of a numeric
         metadata column holding a weight per document (docs/views.md)."""
         if lw is None:
             return None
         if isinstance(lw, str):
-            if cp_size > 1 or engine_kw.get("warmup_steps"):
-                raise NotImplementedError("loss_weights from a column are computed per whole row: not yet with "
-                                          "context parallelism (cp_size > 1) or a sequence-length warmup")
+            if cp_size > 1 and thd:
+                raise NotImplementedError(f"loss_weights={lw!r} from a column with cp_size > 1 and cu_seqlens=True "
+                                          f"(the THD layout): not yet; use the default layout (cu_seqlens=False), "
+                                          f"where each context-parallel rank gets its share of every row's weights")
             return ("column", lw)
         w = np.asarray(lw, dtype=np.float64)
         if not mixture or w.ndim != 1 or not np.all(np.isfinite(w)) or np.any(w < 0):
@@ -667,15 +669,22 @@ class Loader:
                                  f"(columns: {', '.join(f'{k} ({v})' for k, v in cols.types.items())})")
             for d, v in zip(uniq, cols.values(arg, uniq)):
                 value[(src, d)] = 1.0 if v is None else float(v)
-        out = np.zeros(shape, dtype=np.float32)
-        L = shape[-1]
+        # the weights of whole samples (seq_len labels each), then the rows this batch cuts them into
+        L = self.seq_len
+        out = np.zeros((len(segs), L), dtype=np.float32)
         for r, row in enumerate(segs):
             for src, doc, start, stop, offset in row:
                 # sample tokens [offset, offset + n) are the document's; label t is sample token t + 1
                 a, b = max(offset - 1, 0), min(offset + (stop - start) - 1, L)
                 if b > a:
                     out[r, a:b] = value[(src, doc)]
-        return out
+        pc = self.parallel
+        if pc.cp_size > 1:  # this context-parallel rank's share of every sample, as the engine cuts it
+            a, b, c = _core.cp_chunks(L, pc.cp_size, pc.cp_rank)
+            out = out[:, np.r_[a:a + c, b:b + c]]
+        if out.shape != shape:  # a sequence-length warmup: each sample as consecutive rows of shape[-1]
+            out = out.reshape(shape)
+        return np.ascontiguousarray(out)
 
     # ----------------------------------------------------------- documents taken down mid-run
 
