@@ -219,8 +219,9 @@ class Loader:
     ``loss_weights=`` adds a float32 ``loss_weights`` array beside ``labels`` (same shape):
     one weight per source of a mixture (every token of a row weighs its source's), or the
     name of a number column of the metadata (every label weighs its document's value; 1
-    where the document has none, 0 for separators and padding; not yet with context
-    parallelism or a sequence-length warmup).
+    where the document has none, 0 for separators and padding; with context parallelism
+    each rank's share of them, during a sequence-length warmup the shorter rows' own; not
+    yet with context parallelism in the THD layout, ``cu_seqlens=True``).
 
     The C engine's threads and buffers start lazily in the process that iterates, so a
     Loader can be created before ``fork`` or pickled to a ``spawn`` worker.
