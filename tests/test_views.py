@@ -6,6 +6,7 @@ import collections
 import hashlib
 import json
 import os
+import pickle
 import struct
 
 import numpy as np
@@ -795,6 +796,22 @@ def test_takedown_state_checks_and_refusals(tmp_path):
             numpy_loader(ds, seq_len=8, batch_size=2).load_state_dict(dict(st, excluded=bad))
     with pytest.raises(ValueError, match="document ids"):
         ld.exclude([150])
+    # kept by the C order: a pickled loader (a DataLoader worker) and a reweighted mixture keep it
+    ld.exclude([4, 2, 4])
+    assert ld.state_dict()["excluded"] == [[0, 0, [2, 4]]]
+    assert pickle.loads(pickle.dumps(ld)).state_dict()["excluded"] == [[0, 0, [2, 4]]]
+    mix = numpy_loader([ds, ds], weights=[1, 1], seq_len=8, batch_size=2)
+    mix.exclude([7], source=1)
+    mix.set_weights([1, 3])
+    assert mix.state_dict()["excluded"] == [[0, 1, [7]]]
+    # more takedowns than a state may hold: refused by exclude(), so every saved state loads again
+    for _ in range(4095):
+        ld.exclude([1])
+    with pytest.raises(ValueError, match="TF_STATE_MAX_EXCLUDED"):
+        ld.exclude([1])
+    full = ld.state_dict()
+    assert len(full["excluded"]) == 4096
+    numpy_loader(ds, seq_len=8, batch_size=2).load_state_dict(full)
     with pytest.raises(NotImplementedError, match="context parallelism"):
         numpy_loader(ds, seq_len=8, batch_size=2, cp_size=2, cp_rank=0).exclude([1])
 
