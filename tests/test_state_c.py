@@ -122,3 +122,72 @@ def test_c_refuses_with_a_sentence(tool, paths, tmp_path):
     p = subprocess.run([tool, "load", str(st), "1", paths[0], "seed=4"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 1
     assert "the loader configuration changed (seed: saved 3, now 4)" in p.stderr
+
+
+def run_lines(tool: str, *args: Any) -> List[str]:
+    p = subprocess.run([tool, *map(str, args)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p.stdout.splitlines()
+
+
+def test_takedown_in_a_python_state_is_seen_by_c(tool, paths, tmp_path):
+    """Documents taken down in Python are in the C state: a C trainer resuming it reads the same
+    takedowns from its loader's order, after a mixture's hand-over too."""
+    py = python_loader(paths, weights=[0.7, 0.3])
+    checksum(py, 2)
+    py.exclude([7, 3, 3, 50], source=1)
+    checksum(py, 1)
+    py.exclude([0], source=0)
+    st = tmp_path / "state.json"
+    st.write_text(__import__("json").dumps(py.state_dict()))
+    assert py.state_dict()["excluded"] == [[8, 1, [3, 7, 50]], [12, 0, [0]]]
+    lines = run_lines(tool, "load", st, 0, paths[0], paths[1], 0.7, 0.3)
+    assert lines[:2] == ["excluded 8 1 3 7 50", "excluded 12 0 0"]
+    # resumed under other weights (a hand-over to another order): the takedowns go with it
+    lines = run_lines(tool, "load", st, 0, paths[0], paths[1], 0.4, 0.6, "--lenient")
+    assert lines[:2] == ["excluded 8 1 3 7 50", "excluded 12 0 0"]
+    py2 = python_loader(paths, weights=[0.4, 0.6])
+    py2.load_state_dict(py.state_dict(), strict=False)
+    assert py2.state_dict()["excluded"] == [[8, 1, [3, 7, 50]], [12, 0, [0]]]
+    py2.set_weights([0.5, 0.5])  # a hand-over made while the run goes on
+    assert py2.state_dict()["excluded"] == [[8, 1, [3, 7, 50]], [12, 0, [0]]]
+
+
+@pytest.mark.parametrize("bad, words", [
+    ([[0, 0, [200]]], "document 200 of source 0, which has 200"),      # past the documents
+    ([[0, 2, [1]]], "names source 2"),                                   # no such source
+    ([[0, 0, [5, 5]]], "ascending and distinct"),                        # a duplicate
+    ([[0, 0, [9, 4]]], "ascending and distinct"),
+    ([[0, 0, ["4"]]], "excluded document id"),                           # wrong type
+    ([[0, 0, [-1]]], "excluded document id"),
+    ([[0, 0, [1.5]]], "excluded document id"),
+    ([[0, 0]], "excluded"),
+    ({"a": 1}, "excluded"),
+    ([[0, 0, [1]]] * 4097, "TF_STATE_MAX_EXCLUDED"),                     # a huge count
+    ([[0, 0, list(range(1 << 22))], [0, 0, [1]]], "TF_STATE_MAX_EXCLUDED_IDS"),
+])
+def test_c_refuses_a_hostile_takedown(tool, paths, tmp_path, bad, words):
+    py = python_loader(paths)
+    state = py.state_dict()
+    st = tmp_path / "state.json"
+    st.write_text(__import__("json").dumps(dict(state, excluded=bad)))
+    if st.stat().st_size < (1 << 16):  # what the tool reads; the bigger ones go through Python's loader
+        p = subprocess.run([tool, "load", str(st), "1", paths[0]], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 1 and words in p.stderr, p.stderr
+    with pytest.raises(tokenfeed.StateError, match=re.escape(words)):
+        python_loader(paths).load_state_dict(dict(state, excluded=bad))
+
+
+def test_a_state_without_excluded_still_loads(tool, paths, tmp_path):
+    """States written before takedowns were kept by the C library have no excluded key."""
+    py = python_loader(paths)
+    checksum(py, 2)
+    state = py.state_dict()
+    del state["excluded"]
+    st = tmp_path / "state.json"
+    st.write_text(__import__("json").dumps(state))
+    want = checksum(py, 3)
+    assert run(tool, "load", st, 3, paths[0]) == want
+    fresh = python_loader(paths)
+    fresh.load_state_dict(state)
+    assert fresh.state_dict()["excluded"] is None and checksum(fresh, 3) == want

@@ -172,7 +172,7 @@ def test_c_state_text_is_what_python_returns(data):
     ld = loader(data, dict(seq_len=8, batch_size=4, seed=1, epochs=2))
     st = ld.state_dict()
     assert st["format_version"] == STATE_FORMAT_VERSION == 2
-    # the C state's keys, and excluded (documents taken down mid-run), kept by the Python loader
+    # the C state's keys (excluded: documents taken down mid-run, kept by the C order too)
     assert sorted(st) == ["config", "config_fingerprint", "dataset_fingerprint", "excluded", "format_version",
                           "mix_anchor", "order", "position", "samples_per_epoch", "skipped", "weights_history",
                           "weights_initial", "world_size"]

@@ -6,6 +6,7 @@ import collections
 import hashlib
 import json
 import os
+import pickle
 import struct
 
 import numpy as np
@@ -678,6 +679,29 @@ def test_loss_weights_from_a_column_match_the_reference_per_token(tmp_path, pack
         assert np.array_equal(b["loss_weights"], want)
 
 
+@pytest.mark.filterwarnings("ignore:.*pads")
+@pytest.mark.parametrize("packing, extra", MODES)
+@pytest.mark.parametrize("cp, warmup", [((2, 0), 0), ((2, 1), 0), ((4, 3), 0), ((1, 0), 5)])
+def test_loss_weights_from_a_column_with_context_parallelism_and_warmup(tmp_path, packing, extra, cp, warmup):
+    """Each context-parallel rank's share of a row's weights, and a warmup's shorter rows, against
+    the reference per token: the weight of the document each label belongs to."""
+    ds, q = write_marked(tmp_path / "m")
+    kw = dict(seq_len=32, batch_size=4, packing=packing, seed=5, loss_weights="quality", cp_size=cp[0],
+              cp_rank=cp[1], **extra)
+    if warmup:
+        kw.update(warmup_steps=warmup, warmup_min_seq_len=8)
+    ld = numpy_loader(ds.filter("quality >= 0.2"), **kw)
+    shapes = set()
+    for _ in range(8):
+        b = next(ld)
+        labels = b["labels"].astype(np.int64)
+        shapes.add(labels.shape)
+        want = np.where(labels > 0, q[np.maximum(labels - 1, 0)], 0).astype(np.float32)
+        assert b["loss_weights"].shape == labels.shape and b["loss_weights"].dtype == np.float32
+        assert np.array_equal(b["loss_weights"], want)
+    assert (len(shapes) > 1) == bool(warmup)  # the warmup's rows did change length
+
+
 @pytest.mark.parametrize("balance", ["none", "tokens", "cp"])
 def test_loss_weights_per_source_of_a_mixture_of_views(tmp_path, balance):
     ds, _ = write_marked(tmp_path / "m")
@@ -705,8 +729,8 @@ def test_loss_weights_refused_where_not_supported(tmp_path):
         numpy_loader(ds, seq_len=8, batch_size=2, loss_weights=[1.0])
     with pytest.raises(ValueError, match="one finite weight"):
         numpy_loader([ds, ds], weights=[1, 1], seq_len=8, batch_size=2, loss_weights=[1.0, -1.0])
-    with pytest.raises(NotImplementedError, match="context parallelism"):
-        numpy_loader(ds, seq_len=8, batch_size=2, loss_weights="quality", cp_size=2, cp_rank=0)
+    with pytest.raises(NotImplementedError, match="THD layout"):
+        numpy_loader(ds, seq_len=8, batch_size=2, loss_weights="quality", cp_size=2, cp_rank=0, cu_seqlens=True)
     ld = numpy_loader(ds, seq_len=8, batch_size=2, loss_weights="domain")
     with pytest.raises(ValueError, match="no number column 'domain'"):
         next(ld)
@@ -772,6 +796,22 @@ def test_takedown_state_checks_and_refusals(tmp_path):
             numpy_loader(ds, seq_len=8, batch_size=2).load_state_dict(dict(st, excluded=bad))
     with pytest.raises(ValueError, match="document ids"):
         ld.exclude([150])
+    # kept by the C order: a pickled loader (a DataLoader worker) and a reweighted mixture keep it
+    ld.exclude([4, 2, 4])
+    assert ld.state_dict()["excluded"] == [[0, 0, [2, 4]]]
+    assert pickle.loads(pickle.dumps(ld)).state_dict()["excluded"] == [[0, 0, [2, 4]]]
+    mix = numpy_loader([ds, ds], weights=[1, 1], seq_len=8, batch_size=2)
+    mix.exclude([7], source=1)
+    mix.set_weights([1, 3])
+    assert mix.state_dict()["excluded"] == [[0, 1, [7]]]
+    # more takedowns than a state may hold: refused by exclude(), so every saved state loads again
+    for _ in range(4095):
+        ld.exclude([1])
+    with pytest.raises(ValueError, match="TF_STATE_MAX_EXCLUDED"):
+        ld.exclude([1])
+    full = ld.state_dict()
+    assert len(full["excluded"]) == 4096
+    numpy_loader(ds, seq_len=8, batch_size=2).load_state_dict(full)
     with pytest.raises(NotImplementedError, match="context parallelism"):
         numpy_loader(ds, seq_len=8, batch_size=2, cp_size=2, cp_rank=0).exclude([1])
 

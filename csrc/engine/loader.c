@@ -1062,6 +1062,8 @@ uint64_t tf_loader_position(const tf_loader *l) {
     return l ? atomic_load_explicit(&((tf_loader *)l)->position, memory_order_acquire) : 0;
 }
 
+const tf_order *tf_loader_order(const tf_loader *l) { return l ? l->order : NULL; }
+
 int tf_loader_seek(tf_loader *l, uint64_t pos) {
     TF_NEED_ARG(l);
     if (pos % l->G)

@@ -861,6 +861,8 @@ enum { TF_STATE_LENIENT = 1 }; /* accept a changed configuration, keep the posit
 #define TF_STATE_MAX_BYTES (64u << 20)       /* the JSON text */
 #define TF_STATE_MAX_SKIPS (1u << 20)        /* skipped: [start, stop] ranges */
 #define TF_STATE_MAX_WEIGHTS_HISTORY 65536u  /* weights_history: entries */
+#define TF_STATE_MAX_EXCLUDED 4096u        /* excluded: takedowns (entries) */
+#define TF_STATE_MAX_EXCLUDED_IDS (1u << 22) /* excluded: document ids, all entries together */
 #define TF_STATE_MAX_MEMBERS 1024u           /* members of one JSON object (known or not) */
 
 /* Write the state of order o at global position pos (saved by a loader with
@@ -910,6 +912,24 @@ TF_API size_t tf_order_skips(const tf_order *o, uint64_t *ranges, size_t cap);
 /* Where a loader at position pos reads: the end of the skipped range that
  * holds pos, else pos. */
 TF_API uint64_t tf_order_skip_to(const tf_order *o, uint64_t pos);
+
+/* Taking documents down mid-run: from global position pos on, a loader
+ * serves no tokens of documents ids[0, n) of source `source` (document ids of
+ * the dataset a view selects from, below its document count; any order,
+ * repeats merge). The order itself is unchanged; each call is kept with the
+ * order as one entry, listed in its state (excluded: [[position, source,
+ * [ids]], ...], ids ascending and distinct) and restored by
+ * tf_order_state_load on the order that reads on, so that a C trainer and a
+ * Python loader resuming the state leave out the same documents. At most
+ * TF_STATE_MAX_EXCLUDED entries and TF_STATE_MAX_EXCLUDED_IDS ids in all.
+ * Not thread-safe against a tf_loader_next on a loader reading o. */
+TF_API int tf_order_exclude(tf_order *o, uint64_t pos, size_t source, const uint64_t *ids, size_t n);
+/* The number of exclude entries of o. */
+TF_API size_t tf_order_num_excluded(const tf_order *o);
+/* Entry i (in the order they were made): its position, source and ids
+ * (borrowed from o, ascending, valid until o changes or is freed). */
+TF_API int tf_order_excluded(const tf_order *o, size_t i, uint64_t *pos, size_t *source, const uint64_t **ids,
+                             size_t *n);
 
 /* Sources of a mixture (1 for a plain order) and source i's own order
  * (borrowed from o; for a plain order, i == 0 gives o itself). */
@@ -1163,6 +1183,12 @@ TF_API int tf_loader_next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_n
 /* Global stream position (in samples) of the next batch this rank will receive:
  * always a multiple of the global batch. */
 TF_API uint64_t tf_loader_position(const tf_loader *l);
+/* The order the loader reads now (borrowed: valid until the loader is freed or
+ * a tf_loader_state_load hands over to another order). A C trainer reads the
+ * state's takedowns from it (tf_order_num_excluded, tf_order_excluded) after a
+ * resume: the batches of tf_loader_next hold every document, and leaving the
+ * excluded ones out of the loss is the trainer's (Python's Loader does it). */
+TF_API const tf_order *tf_loader_order(const tf_loader *l);
 
 /* Move to global position pos (a multiple of global_batch). O(1). Batches
  * prefetched for the old position are discarded; batches already handed out

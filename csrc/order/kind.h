@@ -88,7 +88,19 @@ struct tf_order {
      * ascending and disjoint; the order of the stream is unchanged */
     size_t nskips;
     uint64_t *skips;
+    /* documents taken down from a position on (tf_order_exclude): nexcl
+     * entries in the order they were made, each with its ids ascending and
+     * distinct; kept with the order and its state, the stream unchanged */
+    size_t nexcl;
+    struct tf__excl *excl;
 };
+
+typedef struct tf__excl {
+    uint64_t pos;
+    size_t source;
+    size_t n;
+    uint64_t *ids; /* owned */
+} tf__excl;
 
 /* A kind's constructor: fills ops, impl, ds, N and max_spans of o (o->cfg is
  * set and checked) from args, or returns an error with nothing left to free.
@@ -170,6 +182,10 @@ TF_HIDDEN int tf__runs_doc_stats(const tf__runs *r, const tf_dataset *ds, uint64
 
 /* Replace o's skipped ranges with n [start, stop) pairs (order.c). */
 TF_HIDDEN int tf__order_set_skips(tf_order *o, const uint64_t *ranges, size_t n);
+/* order.c: o's excluded documents become a copy of e[0, n) (replacing its own). */
+TF_HIDDEN int tf__order_set_excluded(tf_order *o, const tf__excl *e, size_t n);
+TF_HIDDEN void tf__excl_free(tf__excl *e, size_t n);
+
 
 /* Building position_ids / cu_seqlens / num_seqs from segment starts, shared by
  * every kind: start with {last = 0, nc = 1} and cu_seqlens[0] = 0, call

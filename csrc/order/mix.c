@@ -658,6 +658,7 @@ int tf__order_mix_create(const tf_order *like, const tf_order_config *cfg, const
     TF_TRY(create_mix(m->ds, m->K, spec, cfg, out));
     int rc = tf__order_mix_inherit_history(*out, like, NULL);
     if (!rc) rc = tf__order_set_skips(*out, like->skips, like->nskips);
+    if (!rc) rc = tf__order_set_excluded(*out, like->excl, like->nexcl);
     if (rc) {
         tf_order_free(*out);
         *out = NULL;

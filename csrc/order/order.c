@@ -211,7 +211,31 @@ void tf_order_free(tf_order *o) {
     if (!o) return;
     if (o->ops && o->ops->destroy) o->ops->destroy(o->impl);
     free(o->skips);
+    tf__excl_free(o->excl, o->nexcl);
     free(o);
+}
+
+void tf__excl_free(tf__excl *e, size_t n) {
+    for (size_t i = 0; e && i < n; i++) free(e[i].ids);
+    free(e);
+}
+
+int tf__order_set_excluded(tf_order *o, const tf__excl *e, size_t n) {
+    tf__excl *c = n ? calloc(n, sizeof *c) : NULL;
+    if (n && !c) return -ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        c[i] = e[i];
+        c[i].ids = malloc((e[i].n ? e[i].n : 1) * sizeof *c[i].ids);
+        if (!c[i].ids) {
+            tf__excl_free(c, i);
+            return -ENOMEM;
+        }
+        if (e[i].n) memcpy(c[i].ids, e[i].ids, e[i].n * sizeof *c[i].ids);
+    }
+    tf__excl_free(o->excl, o->nexcl);
+    o->excl = c;
+    o->nexcl = n;
+    return 0;
 }
 
 /* Skipped ranges (tf_order_skip, state.c) are copied to the orders a mixture

@@ -16,6 +16,9 @@
  *   mix_anchor           null, or [position, [samples each source had delivered
  *                        there]]: the hand-over of a mixture resumed under
  *                        other weights, or given weights while it ran
+ *   excluded             null, or [[position, source, [ids]], ...]: documents
+ *                        taken down from a position on (tf_order_exclude),
+ *                        ids ascending and distinct; absent in older states
  *   skipped              null, or [[start, stop], ...]: global positions the
  *                        loader skips (tf_order_skip: the data of some steps
  *                        left out), ascending
@@ -45,6 +48,7 @@
  * when the stream would differ. Each field is checked for its type.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -192,6 +196,15 @@ int tf_order_state_save(const tf_order *o, uint64_t pos, uint32_t world_size, ch
     for (size_t i = 0; i < o->nskips; i++)
         tf__jw_printf(&w, "%s[%llu, %llu]%s", i ? ", " : "[", (unsigned long long)o->skips[2 * i],
                       (unsigned long long)o->skips[2 * i + 1], i + 1 == o->nskips ? "]" : "");
+    tf__jw_printf(&w, ", \"excluded\": ");
+    if (!o->nexcl) tf__jw_printf(&w, "null");
+    for (size_t i = 0; i < o->nexcl; i++) {
+        const tf__excl *e = &o->excl[i];
+        tf__jw_printf(&w, "%s[%llu, %zu, [", i ? ", " : "[", (unsigned long long)e->pos, e->source);
+        for (size_t k = 0; k < e->n; k++)
+            tf__jw_printf(&w, "%s%llu", k ? ", " : "", (unsigned long long)e->ids[k]);
+        tf__jw_printf(&w, "]]%s", i + 1 == o->nexcl ? "]" : "");
+    }
     tf__jw_printf(&w, ", \"weights_history\": ");
     write_history(&w, o);
     tf__jw_printf(&w, ", \"weights_initial\": ");
@@ -234,6 +247,8 @@ typedef struct saved {
     uint64_t sched_fp;       /* a mixture: its schedule's fingerprint (the assignment) */
     size_t nskips;           /* skipped: [start, stop) pairs (owned) */
     uint64_t *skips;
+    size_t nexcl;            /* excluded: takedowns (owned) */
+    tf__excl *excl;
     size_t nhist;            /* weights_history: positions and K weights each (owned) */
     uint64_t *hist_pos;
     double *hist_w;
@@ -253,6 +268,7 @@ static void saved_free(saved *s) {
     free((void *)s->initial.weights);
     free((void *)s->initial.anchor_counts);
     free(s->skips);
+    tf__excl_free(s->excl, s->nexcl);
 }
 
 static int bad(const char *field, const char *want, const tf__jnode *n) {
@@ -430,6 +446,80 @@ static int parse_skipped(const tf__json *j, const tf__jnode *h, saved *s) {
     return 0;
 }
 
+/* excluded: null (or absent: a state of an older tokenfeed), or [[position,
+ * source, [ids]], ...] with ids ascending and distinct; sources and ids are
+ * checked against the order in check_excluded. */
+static int parse_excluded(const tf__json *j, const tf__jnode *h, saved *s) {
+    static const char want[] = "null, or [[position, source, [document ids]], ...]";
+    if (!h || h->type == TF__J_NULL) return 0;
+    if (h->type != TF__J_ARR) return bad("excluded", want, h);
+    if (h->n > TF_STATE_MAX_EXCLUDED)
+        TF_FAIL(-TF_ESTATE, "the state's excluded lists %zu takedowns, more than the %u a state may hold "
+                "(TF_STATE_MAX_EXCLUDED): the state was edited or damaged; pass the state the loader saved",
+                (size_t)h->n, TF_STATE_MAX_EXCLUDED);
+    s->excl = calloc(h->n ? h->n : 1, sizeof *s->excl);
+    if (!s->excl) return -ENOMEM;
+    size_t total = 0;
+    for (size_t i = 0; i < h->n; i++) {
+        const tf__jnode *e = tf__json_child(j, h, i);
+        if (!e || e->type != TF__J_ARR || e->n != 3) return bad("excluded", "[position, source, [document ids]] entries", e);
+        tf__excl *x = &s->excl[i];
+        uint64_t src = 0;
+        TF_TRY(get_u64(tf__json_child(j, e, 0), "excluded position", &x->pos));
+        TF_TRY(get_u64(tf__json_child(j, e, 1), "excluded source", &src));
+        x->source = src > SIZE_MAX ? SIZE_MAX : (size_t)src;
+        const tf__jnode *ids = tf__json_child(j, e, 2);
+        if (!ids || ids->type != TF__J_ARR) return bad("excluded", "a list of document ids in each entry", ids);
+        total += ids->n;
+        if (total > TF_STATE_MAX_EXCLUDED_IDS)
+            TF_FAIL(-TF_ESTATE, "the state's excluded lists more than the %u document ids a state may hold "
+                    "(TF_STATE_MAX_EXCLUDED_IDS): the state was edited or damaged; pass the state the loader saved",
+                    TF_STATE_MAX_EXCLUDED_IDS);
+        x->ids = malloc((ids->n ? ids->n : 1) * sizeof *x->ids);
+        if (!x->ids) return -ENOMEM;
+        s->nexcl = i + 1; /* owned from here: saved_free frees it */
+        for (size_t k = 0; k < ids->n; k++) {
+            TF_TRY(get_u64(tf__json_child(j, ids, k), "excluded document id", &x->ids[k]));
+            if (k && x->ids[k] <= x->ids[k - 1])
+                TF_FAIL(-TF_ESTATE, "the state's excluded entry %zu: document ids must be ascending and distinct, "
+                        "found %llu after %llu: the state was edited or damaged; pass the state the loader saved",
+                        i, (unsigned long long)x->ids[k], (unsigned long long)x->ids[k - 1]);
+            x->n = k + 1;
+        }
+    }
+    s->nexcl = h->n;
+    return 0;
+}
+
+/* The documents of source i's dataset (the dataset a view selects from): ids are below it. */
+static uint64_t source_docs(const tf_order *o, size_t i) {
+    const tf_order *s = tf_order_source(o, i);
+    tf_dataset_info info;
+    tf_file_info f;
+    if (!s || !s->ds || tf_dataset_get_info(s->ds, &info) || !info.num_files ||
+        tf_dataset_get_file(s->ds, info.num_files - 1, &f))
+        return 0;
+    return f.first_document + f.num_documents;
+}
+
+/* The state's takedowns name sources and documents of this loader's data. */
+static int check_excluded(const tf_order *o, const saved *s) {
+    size_t K = tf_order_num_sources(o);
+    for (size_t i = 0; i < s->nexcl; i++) {
+        const tf__excl *x = &s->excl[i];
+        if (x->source >= K)
+            TF_FAIL(-TF_ESTATE, "the state's excluded entry %zu names source %zu, and this loader reads %zu "
+                    "source%s: resume with the datasets the state was saved with", i, x->source, K, K == 1 ? "" : "s");
+        uint64_t D = source_docs(o, x->source);
+        if (x->n && x->ids[x->n - 1] >= D)
+            TF_FAIL(-TF_ESTATE, "the state's excluded entry %zu names document %llu of source %zu, which has %llu "
+                    "documents (0 to %llu): the state was edited or saved on other data; pass the state the loader "
+                    "saved", i, (unsigned long long)x->ids[x->n - 1], x->source, (unsigned long long)D,
+                    (unsigned long long)(D ? D - 1 : 0));
+    }
+    return 0;
+}
+
 static int parse_history(const tf__json *j, const tf__jnode *h, saved *s) {
     if (!h || h->type == TF__J_NULL || (h->type == TF__J_ARR && h->n == 0)) return 0;
     if (h->type != TF__J_ARR || !s->mixture) return bad("weights_history", "null, or [[position, [weights]], ...] of a mixture", h);
@@ -535,6 +625,7 @@ static int parse_state(const tf__json *j, saved *s) {
         if (tf__settings[i].pub.scope == TF_SCOPE_ORDER) TF_TRY(parse_setting(j, config, &tf__settings[i], s));
     TF_TRY(parse_anchor(j, tf__json_get(j, root, "mix_anchor"), s));
     TF_TRY(parse_skipped(j, tf__json_get(j, root, "skipped"), s));
+    TF_TRY(parse_excluded(j, tf__json_get(j, root, "excluded"), s));
     TF_TRY(parse_foreign(j, tf__json_get(j, root, "order"), s));
     TF_TRY(parse_history(j, tf__json_get(j, root, "weights_history"), s));
     return parse_initial(j, tf__json_get(j, root, "weights_initial"), s);
@@ -815,6 +906,7 @@ int tf_order_state_load(const tf_order *o, const char *state, size_t len, unsign
     if (!rc && s.nskips && s.skips[2 * s.nskips - 1] % G)
         rc = tf__seterr(-TF_ESTATE, "the state's skipped ranges are not whole global batches of %llu: keep "
                         "batch_size x world_size the same as when the state was saved", (unsigned long long)G);
+    if (!rc) rc = check_excluded(o, &s);
     if (!rc && mixture) rc = resume_mixture(o, &s, same, handover);
     if (!rc) *pos = s.position;
     if (!rc && live && !*handover) *handover = live;
@@ -822,6 +914,7 @@ int tf_order_state_load(const tf_order *o, const char *state, size_t len, unsign
     /* the skipped ranges are the state's: on the order that reads on (o itself
      * is the caller's, and the ranges are no part of its stream) */
     if (!rc) rc = tf__order_set_skips(*handover ? *handover : (tf_order *)orig, s.skips, s.nskips);
+    if (!rc) rc = tf__order_set_excluded(*handover ? *handover : (tf_order *)orig, s.excl, s.nexcl);
     if (rc && *handover) {
         tf_order_free(*handover);
         *handover = NULL;
@@ -944,4 +1037,61 @@ uint64_t tf_order_skip_to(const tf_order *o, uint64_t pos) {
         else hi = mid;
     }
     return lo && pos < o->skips[2 * (lo - 1) + 1] ? o->skips[2 * (lo - 1) + 1] : pos;
+}
+
+/* ------------------------------------------------------------- takedowns */
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+int tf_order_exclude(tf_order *o, uint64_t pos, size_t source, const uint64_t *ids, size_t n) {
+    TF_NEED_ARG(o);
+    if (n) TF_NEED_ARG(ids);
+    tf__clearerr();
+    size_t K = tf_order_num_sources(o);
+    if (source >= K)
+        TF_FAIL(-EINVAL, "exclude: source %zu, and the order reads %zu source%s (0 to %zu)", source, K,
+                K == 1 ? "" : "s", K - 1);
+    uint64_t D = source_docs(o, source);
+    size_t total = n;
+    for (size_t i = 0; i < o->nexcl; i++) total += o->excl[i].n;
+    if (o->nexcl >= TF_STATE_MAX_EXCLUDED || total > TF_STATE_MAX_EXCLUDED_IDS || n > TF_STATE_MAX_EXCLUDED_IDS)
+        TF_FAIL(-EINVAL, "exclude: the order would hold more takedowns than a state may (TF_STATE_MAX_EXCLUDED = %u "
+                "calls, TF_STATE_MAX_EXCLUDED_IDS = %u ids): take many documents down in one call, or filter them "
+                "out with a view at the next restart", TF_STATE_MAX_EXCLUDED, TF_STATE_MAX_EXCLUDED_IDS);
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= D)
+            TF_FAIL(-EINVAL, "exclude: document %llu is not a document of source %zu (0 to %llu)",
+                    (unsigned long long)ids[i], source, (unsigned long long)(D ? D - 1 : 0));
+    uint64_t *c = malloc((n ? n : 1) * sizeof *c);
+    if (!c) return -ENOMEM;
+    if (n) memcpy(c, ids, n * sizeof *c);
+    qsort(c, n, sizeof *c, cmp_u64);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!m || c[i] != c[m - 1]) c[m++] = c[i];
+    tf__excl *e = realloc(o->excl, (o->nexcl + 1) * sizeof *e);
+    if (!e) {
+        free(c);
+        return -ENOMEM;
+    }
+    o->excl = e;
+    e[o->nexcl++] = (tf__excl){.pos = pos, .source = source, .n = m, .ids = c};
+    return 0;
+}
+
+size_t tf_order_num_excluded(const tf_order *o) { return o ? o->nexcl : 0; }
+
+int tf_order_excluded(const tf_order *o, size_t i, uint64_t *pos, size_t *source, const uint64_t **ids, size_t *n) {
+    TF_NEED_ARG(o);
+    if (i >= o->nexcl)
+        TF_FAIL(-ERANGE, "excluded: entry %zu, and the order holds %zu", i, o->nexcl);
+    const tf__excl *e = &o->excl[i];
+    if (pos) *pos = e->pos;
+    if (source) *source = e->source;
+    if (ids) *ids = e->ids;
+    if (n) *n = e->n;
+    return 0;
 }

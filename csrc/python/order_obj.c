@@ -676,6 +676,60 @@ static PyObject *Order_skips(tfpy_Order *self, PyObject *unused) {
     return list;
 }
 
+static PyObject *Order_exclude(tfpy_Order *self, PyObject *args) {
+    uint64_t pos;
+    Py_ssize_t source;
+    PyObject *seq;
+    if (!PyArg_ParseTuple(args, "O&nO:exclude", tfpy_u64, &pos, &source, &seq)) return NULL;
+    if (source < 0) {
+        PyErr_Format(PyExc_ValueError, "exclude: source must be >= 0, got %zd", source);
+        return NULL;
+    }
+    PyObject *fast = PySequence_Fast(seq, "exclude: ids must be a sequence of document ids");
+    if (!fast) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    uint64_t *ids = PyMem_Malloc(((size_t)n + 1) * sizeof *ids);
+    if (!ids) {
+        Py_DECREF(fast);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!tfpy_u64(PySequence_Fast_GET_ITEM(fast, i), &ids[i])) {
+            PyMem_Free(ids);
+            Py_DECREF(fast);
+            return NULL;
+        }
+    Py_DECREF(fast);
+    int rc = tf_order_exclude(self->o, pos, (size_t)source, ids, (size_t)n);
+    PyMem_Free(ids);
+    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Order_excluded(tfpy_Order *self, PyObject *unused) {
+    size_t n = tf_order_num_excluded(self->o);
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; list && i < n; i++) {
+        uint64_t pos;
+        size_t src, m;
+        const uint64_t *ids;
+        tf_order_excluded(self->o, i, &pos, &src, &ids, &m);
+        PyObject *l = PyList_New((Py_ssize_t)m);
+        for (size_t k = 0; l && k < m; k++) {
+            PyObject *v = PyLong_FromUnsignedLongLong(ids[k]);
+            if (!v) Py_CLEAR(l);
+            else PyList_SET_ITEM(l, (Py_ssize_t)k, v);
+        }
+        PyObject *t = l ? Py_BuildValue("(KnN)", (unsigned long long)pos, (Py_ssize_t)src, l) : NULL;
+        if (!t) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, t);
+    }
+    return list;
+}
+
 static PyObject *Order_skip_to(tfpy_Order *self, PyObject *arg) {
     uint64_t pos;
     if (!tfpy_u64(arg, &pos)) return NULL;
@@ -709,6 +763,8 @@ TFPY_TYPE_SPEC(Order, tfpy_Order, Py_TPFLAGS_DEFAULT,
                    {"mix_set_weights", (PyCFunction)Order_mix_set_weights, METH_VARARGS, Order_mix_set_weights_doc},
                    {"skip", (PyCFunction)Order_skip, METH_VARARGS, "skip($self, start, stop, /)\n--\n\nLeave global positions [start, stop) (whole global batches) out of the stream a loader delivers (tf_order_skip); kept in the state."},
                    {"skips", (PyCFunction)Order_skips, METH_NOARGS, "skips($self, /)\n--\n\nReturns list of (start, stop). The skipped ranges, ascending."},
+                   {"exclude", (PyCFunction)Order_exclude, METH_VARARGS, "exclude($self, position, source, ids, /)\n--\n\nTake documents ids of source down from global position on (tf_order_exclude); kept in the state (excluded)."},
+                   {"excluded", (PyCFunction)Order_excluded, METH_NOARGS, "excluded($self, /)\n--\n\nReturns list of (position, source, [ids]). The takedowns, in the order they were made."},
                    {"skip_to", (PyCFunction)Order_skip_to, METH_O, "skip_to($self, pos, /)\n--\n\nReturns int. Where a loader at pos reads: the end of the skipped range holding pos, else pos."},
                    {"mix_counts_at", (PyCFunction)Order_mix_counts_at, METH_O, "mix_counts_at($self, pos, /)\n--\n\nReturns (window, [count per source]). The exact counts per window in force at a position."},
                    {"segments_at", (PyCFunction)tfpy_Order_segments_at, METH_O, "segments_at($self, pos, /)\n--\n\nReturns list of (source, document, start, stop, offset). The document pieces that make the sample at a global position; reads no tokens."},

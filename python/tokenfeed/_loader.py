@@ -219,8 +219,9 @@ class Loader:
     ``loss_weights=`` adds a float32 ``loss_weights`` array beside ``labels`` (same shape):
     one weight per source of a mixture (every token of a row weighs its source's), or the
     name of a number column of the metadata (every label weighs its document's value; 1
-    where the document has none, 0 for separators and padding; not yet with context
-    parallelism or a sequence-length warmup).
+    where the document has none, 0 for separators and padding; with context parallelism
+    each rank's share of them, during a sequence-length warmup the shorter rows' own; not
+    yet with context parallelism in the THD layout, ``cu_seqlens=True``).
 
     The C engine's threads and buffers start lazily in the process that iterates, so a
     Loader can be created before ``fork`` or pickled to a ``spawn`` worker.
@@ -346,7 +347,8 @@ class Loader:
         if source_ids and weights is None:
             raise ValueError("source_ids=True needs a mixture (weights=): one dataset has one source")
         self._source_ids = source_ids
-        self._loss_weights = self._check_loss_weights(loss_weights, weights is not None, pc.cp_size, engine_kw)
+        self._loss_weights = self._check_loss_weights(loss_weights, weights is not None, pc.cp_size,
+                                                      bool(cu_seqlens or document_ids))
         # documents taken down while the run went on (exclude): [(position, source, sorted ids)]
         self._excluded: List[Tuple[int, int, "np.ndarray[Any, np.dtype[np.int64]]"]] = []
         self._excluded_sets: Optional[Tuple[Tuple[Tuple[int, ...], int], Dict[int, "set[int]"]]] = None
@@ -624,15 +626,16 @@ class Loader:
                 del batch["cu_seqlens"], batch["num_seqs"]
         return batch
 
-    def _check_loss_weights(self, lw: Any, mixture: bool, cp_size: int, engine_kw: Mapping[str, Any]) -> Any:
+    def _check_loss_weights(self, lw: Any, mixture: bool, cp_size: int, thd: bool) -> Any:
         """loss_weights=: None; a weight per source of a mixture; or the name of a numeric
         metadata column holding a weight per document (docs/views.md)."""
         if lw is None:
             return None
         if isinstance(lw, str):
-            if cp_size > 1 or engine_kw.get("warmup_steps"):
-                raise NotImplementedError("loss_weights from a column are computed per whole row: not yet with "
-                                          "context parallelism (cp_size > 1) or a sequence-length warmup")
+            if cp_size > 1 and thd:
+                raise NotImplementedError(f"loss_weights={lw!r} from a column with cp_size > 1 and cu_seqlens=True "
+                                          f"(the THD layout): not yet; use the default layout (cu_seqlens=False), "
+                                          f"where each context-parallel rank gets its share of every row's weights")
             return ("column", lw)
         w = np.asarray(lw, dtype=np.float64)
         if not mixture or w.ndim != 1 or not np.all(np.isfinite(w)) or np.any(w < 0):
@@ -667,15 +670,22 @@ class Loader:
                                  f"(columns: {', '.join(f'{k} ({v})' for k, v in cols.types.items())})")
             for d, v in zip(uniq, cols.values(arg, uniq)):
                 value[(src, d)] = 1.0 if v is None else float(v)
-        out = np.zeros(shape, dtype=np.float32)
-        L = shape[-1]
+        # the weights of whole samples (seq_len labels each), then the rows this batch cuts them into
+        L = self.seq_len
+        out = np.zeros((len(segs), L), dtype=np.float32)
         for r, row in enumerate(segs):
             for src, doc, start, stop, offset in row:
                 # sample tokens [offset, offset + n) are the document's; label t is sample token t + 1
                 a, b = max(offset - 1, 0), min(offset + (stop - start) - 1, L)
                 if b > a:
                     out[r, a:b] = value[(src, doc)]
-        return out
+        pc = self.parallel
+        if pc.cp_size > 1:  # this context-parallel rank's share of every sample, as the engine cuts it
+            a, b, c = _core.cp_chunks(L, pc.cp_size, pc.cp_rank)
+            out = out[:, np.r_[a:a + c, b:b + c]]
+        if out.shape != shape:  # a sequence-length warmup: each sample as consecutive rows of shape[-1]
+            out = out.reshape(shape)
+        return np.ascontiguousarray(out)
 
     # ----------------------------------------------------------- documents taken down mid-run
 
@@ -703,7 +713,16 @@ class Loader:
         if arr.size and (arr.dtype.kind not in "iu" or arr.min() < 0 or arr.max() >= n):
             raise ValueError(f"exclude: ids are document ids of dataset {source} (0 to {n - 1})")
         if arr.size:
-            self._excluded.append((self.position, source, arr.astype(np.int64)))
+            # kept by the C order (tf_order_exclude), which writes it into the state; the loader
+            # keeps a copy for rewriting rows
+            self._order.exclude(self.position, source, arr.astype(np.int64).tolist())
+            self._sync_excluded()
+
+    def _sync_excluded(self) -> None:
+        """The loader's copy of the order's takedowns (after an exclude, a resume or a hand-over)."""
+        self._excluded = [(int(at), int(src), np.asarray(ids, dtype=np.int64))
+                          for at, src, ids in self._order.excluded()]
+        self._excluded_sets = None
 
     def _excluded_at(self, pos: int) -> Dict[int, "set[int]"]:
         """The documents taken down at ``pos``, per source (built once per set of takedowns in
@@ -870,7 +889,7 @@ class Loader:
         d["_order"] = None
         d["_live_state"] = None
         saved = json.loads(self._order.state_save(0, 1))
-        if saved["weights_history"] or saved["skipped"]:
+        if saved["weights_history"] or saved["skipped"] or saved["excluded"]:
             d["_live_state"] = self._order.state_save(d["_position"], self.world_size)
         d["_device"] = None  # device state is per process; made again where the loader is used
         return d
@@ -878,7 +897,7 @@ class Loader:
     def __setstate__(self, d: Dict[str, Any]) -> None:
         self.__dict__.update(d)
         self._order = self._order_cfg.build(self._core_source())
-        if d.get("_live_state"):  # weights set, steps skipped while it ran: they come back with the state
+        if d.get("_live_state"):  # weights set, steps skipped, documents taken down: they come back with the state
             _, handover = self._order.state_load(d["_live_state"])
             if handover is not None:
                 self._order = handover
@@ -895,8 +914,6 @@ class Loader:
         to ``dcp.save({"loader": loader})`` / ``dcp.load`` as it is.
         """
         state: Dict[str, Any] = json.loads(self._order.state_save(self.position, self.world_size))
-        # documents taken down mid-run (exclude), always present (None: none)
-        state["excluded"] = [[at, src, ids.tolist()] for at, src, ids in self._excluded] or None
         return state
 
     def load_state_dict(self, state: Mapping[str, Any], *, strict: bool = True) -> None:
@@ -925,8 +942,6 @@ class Loader:
                 key = "loader" if "loader" in inner else inner[0]
                 raise StateError(f"this dict is not a loader state but holds one under {key!r} (a whole training "
                                  f"checkpoint?): pass checkpoint[{key!r}] to load_state_dict")
-        excluded = self._parse_excluded(state.get("excluded"))
-        state = {k: v for k, v in state.items() if k != "excluded"}
         try:
             text = json.dumps(state, default=_json_value, allow_nan=False)
         except (TypeError, ValueError) as e:
@@ -938,8 +953,7 @@ class Loader:
             raise StateError(str(e)) from None
         if handover is not None:
             self._hand_over(handover)
-        self._excluded = excluded
-        self._excluded_sets = None
+        self._sync_excluded()  # the state's takedowns, restored by the C library on the order that reads on
         if self._engine is not None:
             self._acct_ranges = self._acct_ranges[:-1] + [(self._acct_ranges[-1][0], self.position), (pos, pos)]
         self._position = pos
@@ -947,27 +961,6 @@ class Loader:
             self._device.seek(pos)  # drops what was copied ahead; moves the engine
         elif self._engine is not None:
             self._engine.seek(pos)
-
-    def _parse_excluded(self, v: Any) -> List[Tuple[int, int, "np.ndarray[Any, np.dtype[np.int64]]"]]:
-        """The state's ``excluded`` (None or [[position, source, [ids]], ...]), checked."""
-        if v is None:
-            return []
-        dss = self.dataset if isinstance(self.dataset, list) else [self.dataset]
-        out = []
-        ok = isinstance(v, list)
-        for e in v if ok else []:
-            if not (isinstance(e, list) and len(e) == 3 and all(isinstance(x, int) and not isinstance(x, bool)
-                                                               for x in e[:2]) and isinstance(e[2], list)
-                    and 0 <= e[1] < len(dss) and e[0] >= 0
-                    and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < dss[e[1]]._base().num_documents
-                            for i in e[2])):
-                ok = False
-                break
-            out.append((e[0], e[1], np.unique(np.asarray(e[2], dtype=np.int64))))
-        if not ok:
-            raise StateError("the state's excluded is not None or [[position, source, [document ids]], ...] of "
-                             "this loader's datasets: pass the dict Loader.state_dict() returned")
-        return out
 
     def skip_steps(self, start: int, stop: int) -> None:
         """Leave the data of steps ``[start, stop)`` out: when the loader reaches step ``start`` it

@@ -12,7 +12,9 @@
  * A (with B and weights: a mixture of A and B). Settings are set by name
  * through the settings table (tf_config_set), as a trainer's config file
  * would; the defaults here are seq_len=16, batch_size=4, seed=3, int32 tokens.
- * Prints "checksum <16 hex digits> position <p>"; errors go to stderr with
+ * Prints "checksum <16 hex digits> position <p>", after a load first one line
+ * "excluded <position> <source> <id> ..." per takedown the state holds (the
+ * order's, tf_loader_order); errors go to stderr with
  * tf_last_error() and exit 1.
  */
 #include <stdio.h>
@@ -94,6 +96,16 @@ int main(int argc, char **argv) {
         size_t len = fread(text, 1, sizeof text, f);
         fclose(f);
         if ((rc = tf_loader_state_load(l, text, len, flags))) return fail("state_load", rc);
+        const tf_order *o = tf_loader_order(l);
+        for (size_t i = 0; i < tf_order_num_excluded(o); i++) {
+            uint64_t at;
+            size_t src, m;
+            const uint64_t *ids;
+            if ((rc = tf_order_excluded(o, i, &at, &src, &ids, &m))) return fail("excluded", rc);
+            printf("excluded %llu %zu", (unsigned long long)at, src);
+            for (size_t j = 0; j < m; j++) printf(" %llu", (unsigned long long)ids[j]);
+            printf("\n");
+        }
     }
     uint64_t h = 0xCBF29CE484222325ULL;
     for (int i = 0; i < n; i++) {

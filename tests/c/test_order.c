@@ -951,6 +951,128 @@ static void test_llmc_processes_none(void) {
     tf_dataset_free(ds);
 }
 
+/* ------------------------------------------------------------------------ */
+/* documents taken down mid-run (tf_order_exclude) and the state            */
+/* ------------------------------------------------------------------------ */
+
+static int load_text(const tf_order *o, const char *text) {
+    uint64_t pos;
+    tf_order *h = NULL;
+    int rc = tf_order_state_load(o, text, strlen(text), 0, &pos, &h);
+    tf_order_free(h);
+    return rc;
+}
+
+static void test_excluded_state(void) {
+    enum { T = 1000, D = 40 };
+    uint16_t *t = malloc(T * sizeof *t);
+    uint64_t ends[D];
+    for (uint64_t i = 0; i < T; i++) t[i] = (uint16_t)(i % 700);
+    for (uint64_t d = 0; d < D; d++) ends[d] = (d + 1) * (T / D);
+    tf_dataset *ds = NULL;
+    CHECK_OK(tf_dataset_from_memory(t, T, TF_UINT16, ends, D, 0, &ds));
+    free(t);
+    tf_order_config c;
+    tf_order_config_init(&c);
+    c.seq_len = 10;
+    c.global_batch = 4;
+    c.seed = 5;
+    tf_order *o = NULL, *fresh = NULL;
+    CHECK_OK(tf_order_create(ds, &c, &o));
+    CHECK_OK(tf_order_create(ds, &c, &fresh));
+    if (!o || !fresh) return;
+    /* refused: another source, a document past the dataset's */
+    uint64_t past[] = {3, D};
+    CHECK_RC(tf_order_exclude(o, 8, 1, past, 1), -EINVAL);
+    CHECK(strstr(tf_last_error(), "source 1") != NULL);
+    CHECK_RC(tf_order_exclude(o, 8, 0, past, 2), -EINVAL);
+    CHECK(strstr(tf_last_error(), "document 40") != NULL);
+    CHECK(tf_order_num_excluded(o) == 0);
+    /* kept sorted and distinct, entry by entry */
+    uint64_t ids[] = {9, 2, 9, 30};
+    CHECK_OK(tf_order_exclude(o, 8, 0, ids, 4));
+    CHECK_OK(tf_order_exclude(o, 12, 0, ids + 3, 1));
+    uint64_t at;
+    size_t src, n;
+    const uint64_t *got;
+    CHECK(tf_order_num_excluded(o) == 2);
+    CHECK_OK(tf_order_excluded(o, 0, &at, &src, &got, &n));
+    CHECK(at == 8 && src == 0 && n == 3 && got[0] == 2 && got[1] == 9 && got[2] == 30);
+    CHECK_RC(tf_order_excluded(o, 2, &at, &src, &got, &n), -ERANGE);
+    /* saved in the state, and restored on a fresh order */
+    char st[4096];
+    size_t len;
+    CHECK_OK(tf_order_state_save(o, 16, 1, st, sizeof st, &len));
+    CHECK(strstr(st, "\"excluded\": [[8, 0, [2, 9, 30]], [12, 0, [30]]]") != NULL);
+    uint64_t pos;
+    tf_order *h = NULL;
+    CHECK_OK(tf_order_state_load(fresh, st, len, 0, &pos, &h));
+    CHECK(!h && pos == 16 && tf_order_num_excluded(fresh) == 2);
+    CHECK_OK(tf_order_excluded(fresh, 1, &at, &src, &got, &n));
+    CHECK(at == 12 && n == 1 && got[0] == 30);
+    /* the stream is unchanged: the same samples at every position */
+    for (uint64_t p = 0; p < 50; p++) CHECK(tf_order_sample_at(o, p) == tf_order_sample_at(fresh, p));
+    /* hostile states: each refused with a sentence naming excluded, nothing changed */
+    char bad[4096];
+    const char *cut = strstr(st, "\"excluded\": ");
+    const char *rest = strstr(st, ", \"weights_history\"");
+    static const char *const attacks[][2] = {
+        {"[[0, 0, [40]]]", "document 40 of source 0"},
+        {"[[0, 3, [1]]]", "names source 3"},
+        {"[[0, 18446744073709551615, [1]]]", "names source"},
+        {"[[0, 0, [4, 4]]]", "ascending and distinct"},
+        {"[[0, 0, [5, 1]]]", "ascending and distinct"},
+        {"[[0, 0, [\"1\"]]]", "excluded document id"},
+        {"[[0, 0, [-1]]]", "excluded document id"},
+        {"[[0, 0, [1e30]]]", "excluded document id"},
+        {"[[0, 0, [99999999999999999999999]]]", "excluded"},
+        {"[[-1, 0, [1]]]", "excluded position"},
+        {"[[0, 0]]", "excluded"},
+        {"{\"0\": 1}", "excluded"},
+        {"true", "excluded"},
+    };
+    for (size_t a = 0; cut && rest && a < sizeof attacks / sizeof *attacks; a++) {
+        snprintf(bad, sizeof bad, "%.*s\"excluded\": %s%s", (int)(cut - st), st, attacks[a][0], rest);
+        CHECK_RC(load_text(fresh, bad), -TF_ESTATE);
+        if (!strstr(tf_last_error(), attacks[a][1])) fprintf(stderr, "attack %s: %s\n", attacks[a][0], tf_last_error());
+        CHECK(strstr(tf_last_error(), attacks[a][1]) != NULL);
+    }
+    CHECK(tf_order_num_excluded(fresh) == 2); /* a refused state changes nothing */
+    /* a huge count: more entries than a state may hold */
+    size_t cap = 4097 * 16 + 4096;
+    char *big = malloc(cap);
+    size_t k = (size_t)snprintf(big, cap, "%.*s\"excluded\": [", (int)(cut - st), st);
+    for (unsigned i = 0; i <= TF_STATE_MAX_EXCLUDED; i++) k += (size_t)snprintf(big + k, cap - k, "%s[0, 0, [1]]", i ? ", " : "");
+    snprintf(big + k, cap - k, "]%s", rest);
+    CHECK_RC(load_text(fresh, big), -TF_ESTATE);
+    CHECK(strstr(tf_last_error(), "TF_STATE_MAX_EXCLUDED") != NULL);
+    free(big);
+    /* an old state (no excluded key) loads, with no takedowns */
+    snprintf(bad, sizeof bad, "%.*s%s", (int)(cut - st - 2), st, rest);
+    tf_order *old = NULL;
+    CHECK_OK(tf_order_create(ds, &c, &old));
+    CHECK_OK(load_text(old, bad));
+    CHECK(tf_order_num_excluded(old) == 0);
+    /* an order full of takedowns refuses one more */
+    for (unsigned i = 1; i < TF_STATE_MAX_EXCLUDED; i++) CHECK_OK(tf_order_exclude(old, 0, 0, ids, 1));
+    CHECK(tf_order_num_excluded(old) == TF_STATE_MAX_EXCLUDED - 1);
+    CHECK_OK(tf_order_exclude(old, 0, 0, ids, 1));
+    CHECK_RC(tf_order_exclude(old, 0, 0, ids, 1), -EINVAL);
+    CHECK(strstr(tf_last_error(), "TF_STATE_MAX_EXCLUDED") != NULL);
+    /* and its state loads again */
+    size_t need = 0;
+    tf_order_state_save(old, 0, 1, NULL, 0, &need);
+    char *full = malloc(need + 1);
+    CHECK_OK(tf_order_state_save(old, 0, 1, full, need + 1, &need));
+    CHECK_OK(load_text(fresh, full));
+    CHECK(tf_order_num_excluded(fresh) == TF_STATE_MAX_EXCLUDED);
+    free(full);
+    tf_order_free(old);
+    tf_order_free(o);
+    tf_order_free(fresh);
+    tf_dataset_free(ds);
+}
+
 int main(void) {
     test_segments();
     test_perm_bijection();
@@ -962,5 +1084,6 @@ int main(void) {
     test_c_api_errors();
     test_weights_history();
     test_llmc_processes_none();
+    test_excluded_state();
     return T_DONE();
 }
