@@ -183,6 +183,22 @@ def test_unshuffled_concat_view_is_the_selected_documents_in_order(meta_ds):
     assert k + 1 == (len(stream) - 1) // 32
 
 
+def test_view_rows_of_many_documents_in_a_batch_are_the_selected_documents_in_order(meta_ds):
+    # rows of 256 tokens over documents of ~30 tokens cross about ten documents each, more than
+    # the engine prefetches, and a batch of 8 reads each row with the next one's spans computed
+    ds, docs = meta_ds
+    view = ds.filter("domain == 'web'")
+    stream = np.concatenate([docs[i] for i in view.document_ids])
+    L, B = 256, 8
+    ld = numpy_loader(view, seq_len=L, batch_size=B, shuffle="none", epochs=1, num_threads=1)
+    rows = 0
+    for b in ld:
+        for t in b["tokens"]:
+            assert (t == stream[rows * L:rows * L + L + 1]).all()
+            rows += 1
+    assert rows == (len(stream) - 1) // L // B * B
+
+
 @pytest.mark.parametrize("packing, extra", MODES)
 def test_filtered_order_resumes_exactly_and_is_elastic(meta_ds, packing, extra):
     ds, _ = meta_ds

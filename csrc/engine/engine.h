@@ -32,6 +32,7 @@ struct tf__cp_piece;
 #define TF__FD_UNUSABLE (-2) /* read this file through its mapping instead */
 
 #define TF__PREFETCH_LINES 16 /* cache lines prefetched at the start of the next sample */
+#define TF__PREFETCH_SPANS 8  /* spans of the next sample whose starts are prefetched */
 #define TF__URING_QD 64    /* io_uring submission queue depth per worker */
 #define TF__DIO_ALIGN 4096 /* O_DIRECT offset / length / buffer alignment */
 
@@ -120,6 +121,7 @@ typedef struct tf__worker {
     int index;
     tf_backend backend;       /* this worker's backend (io_uring may fall back) */
     tf__span *spans;
+    tf__span *spans_next;     /* the next row's spans, computed while this row is read (worker_fill) */
     uint8_t *stage;           /* TF__DIO_ALIGN-aligned staging buffer */
     size_t stage_cap;
     tf__rd *rds;
