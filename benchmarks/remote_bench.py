@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence
 
 import numpy as np
 
@@ -52,6 +52,17 @@ def write_dataset(path: str, tokens: int, shard_tokens: int, seed: int = 0, voca
             w.add_document(rng.integers(0, vocab, size=n, dtype=np.uint16))
             left -= n
 
+
+
+def write_llmc_shards(local: str, docs: Sequence[np.ndarray]) -> None:
+    """One llm.c shard per document in a new directory (shard_000000.bin, ...)."""
+    os.makedirs(local)
+    header = np.zeros(256, dtype=np.int32)
+    header[0], header[1] = 20240520, 1
+    for i, d in enumerate(docs):
+        header[2] = len(d)
+        with open(os.path.join(local, f"shard_{i:06d}.bin"), "wb") as f:
+            f.write(header.tobytes() + d.tobytes())
 
 def upload(moto: MotoServer, bucket: str, prefix: str, local: str) -> None:
     moto.create_bucket(bucket)
@@ -280,13 +291,7 @@ def bench_startup(moto: MotoServer, tmp: str, args: argparse.Namespace) -> Dict[
                 proxy.stop()
         if "glob" in kinds:
             local = os.path.join(tmp, f"startup-glob-{n}")
-            os.makedirs(local)
-            header = np.zeros(256, dtype=np.int32)
-            header[0], header[1] = 20240520, 1
-            for i, d in enumerate(docs):
-                header[2] = len(d)
-                with open(os.path.join(local, f"shard_{i:06d}.bin"), "wb") as f:
-                    f.write(header.tobytes() + d.tobytes())
+            write_llmc_shards(local, docs)
             t0 = time.perf_counter()
             upload(moto, "startup", f"glob{n}", local)
             url = f"s3://startup/glob{n}/*.bin"
@@ -406,13 +411,7 @@ def bench_node(moto: MotoServer, tmp: str, args: argparse.Namespace) -> Dict[str
             sets.append(("native", f"s3://node/ds{n}", f"ds{n}/tokenfeed.catalog"))
         if "glob" in kinds:
             local = os.path.join(tmp, f"node-glob-{n}")
-            os.makedirs(local)
-            header = np.zeros(256, dtype=np.int32)
-            header[0], header[1] = 20240520, 1
-            for i, d in enumerate(docs):
-                header[2] = len(d)
-                with open(os.path.join(local, f"shard_{i:06d}.bin"), "wb") as f:
-                    f.write(header.tobytes() + d.tobytes())
+            write_llmc_shards(local, docs)
             upload(moto, "node", f"glob{n}", local)
             url = f"s3://node/glob{n}/*.bin"
             name = tokenfeed.build_catalog(url, endpoint_url=moto.endpoint)

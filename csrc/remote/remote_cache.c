@@ -335,24 +335,42 @@ static void remove_rec(tf__cache *c, idx_rec *r) {
 /* Rehash in place to drop tombstones (lock held). The live records are
  * counted here rather than taken from hdr->used: the header may be damaged
  * and claim more records than the table holds. */
-static int compact(tf__cache *c) {
-    uint64_t n = 0, k = 0;
+/* The live records (present or being fetched) of the table, copied out
+ * (*live malloc'ed, NULL when none): what a rehash puts back. Counted here
+ * rather than taken from hdr->used: the header may be damaged and claim more
+ * records than the table holds. */
+static int live_records(tf__cache *c, idx_rec **live, uint64_t *n) {
+    uint64_t cnt = 0, k = 0;
     for (uint64_t i = 0; i <= c->mask; i++)
-        if (c->recs[i].state == ST_PRESENT || c->recs[i].state == ST_FETCHING) n++;
-    idx_rec *live = n ? malloc(n * sizeof *live) : NULL;
-    if (n && !live) return -ENOMEM;
+        if (c->recs[i].state == ST_PRESENT || c->recs[i].state == ST_FETCHING) cnt++;
+    *live = cnt ? malloc(cnt * sizeof **live) : NULL;
+    if (cnt && !*live) return -ENOMEM;
     for (uint64_t i = 0; i <= c->mask; i++) {
         idx_rec *r = &c->recs[i];
-        if ((r->state == ST_PRESENT || r->state == ST_FETCHING) && k < n) live[k++] = *r;
+        if ((r->state == ST_PRESENT || r->state == ST_FETCHING) && k < cnt) (*live)[k++] = *r;
     }
-    memset(c->recs, 0, (c->mask + 1) * sizeof *c->recs);
+    *n = k;
+    return 0;
+}
+
+/* Empty the table (slots records) and insert the live records again; frees live. */
+static void reinsert(tf__cache *c, uint64_t slots, idx_rec *live, uint64_t n) {
+    memset(c->recs, 0, slots * sizeof *c->recs);
     c->hdr->used = c->hdr->tombs = 0;
-    for (uint64_t j = 0; j < k; j++) {
+    for (uint64_t j = 0; j < n; j++) {
         tf__ckey key = {live[j].oid_lo, live[j].oid_hi, live[j].chunk};
         idx_rec *r = insert(c, &key);
         if (r) *r = live[j];
     }
     free(live);
+}
+
+/* Rehash in place to drop tombstones (lock held). */
+static int compact(tf__cache *c) {
+    idx_rec *live = NULL;
+    uint64_t n = 0;
+    TF_TRY(live_records(c, &live, &n));
+    reinsert(c, c->mask + 1, live, n);
     c->ncand = 0;
     return 0;
 }
@@ -755,28 +773,15 @@ static int grow(tf__cache *c) {
     uint64_t n = (c->mask + 1) * 2;
     if (n > max_slots(c->limit) || n > MAX_SLOTS) return -ENOSPC;
     if (ftruncate(c->index_fd, (off_t)(HDR_BYTES + n * sizeof(idx_rec))) != 0) return -errno;
-    uint64_t live_n = 0, k = 0;
-    for (uint64_t i = 0; i <= c->mask; i++)
-        if (c->recs[i].state == ST_PRESENT || c->recs[i].state == ST_FETCHING) live_n++;
-    idx_rec *live = live_n ? malloc(live_n * sizeof *live) : NULL;
-    if (live_n && !live) return -ENOMEM;
-    for (uint64_t i = 0; i <= c->mask; i++) {
-        idx_rec *r = &c->recs[i];
-        if ((r->state == ST_PRESENT || r->state == ST_FETCHING) && k < live_n) live[k++] = *r;
-    }
+    idx_rec *live = NULL;
+    uint64_t live_n = 0;
+    TF_TRY(live_records(c, &live, &live_n));
     int rc = remap_records(c, n);
     if (rc) {
         free(live);
         return rc;
     }
-    memset(c->recs, 0, n * sizeof *c->recs);
-    c->hdr->used = c->hdr->tombs = 0;
-    for (uint64_t j = 0; j < k; j++) {
-        tf__ckey key = {live[j].oid_lo, live[j].oid_hi, live[j].chunk};
-        idx_rec *r = insert(c, &key);
-        if (r) *r = live[j];
-    }
-    free(live);
+    reinsert(c, n, live, live_n);
     c->hdr->nslots = n;
     c->hdr->changes++;
     return 0;
