@@ -144,6 +144,33 @@ print("DONE")
     assert "READ 5 |" in out and "changed while mapped" in out, out
 
 
+def test_truncated_while_mapped_after_faulthandler_toggled(tmp_path):
+    """faulthandler enabled before tokenfeed's guard (pytest does), then disabled and enabled
+    again by a framework: the disable restores the disposition faulthandler found (the
+    default), taking tokenfeed's handler away. The guard puts it back at its next read, so
+    the truncated shard is still an error naming it."""
+    body = """
+import faulthandler
+faulthandler.enable()          # before the guard, as pytest does
+root = sys.argv[1]
+write(root, None)
+ds = tokenfeed.open(root)
+shard = ds.files()[0]["path"]
+ds._core.read(0, 10)           # the guard is installed with the first mapping
+faulthandler.disable()         # restores what it found: the default
+faulthandler.enable()
+os.truncate(shard, 8192)
+try:
+    ds._core.read(ds.num_tokens - 10, 10)
+    print("NO ERROR")
+except OSError as e:
+    print("READ", e.errno, "|", e)
+print("DONE")
+"""
+    out = check(run_py(body, str(tmp_path / "ds")))
+    assert "READ 5 |" in out and "changed while mapped" in out, out
+
+
 def test_truncated_file_of_a_foreign_format(tmp_path):
     """A headerless token file (nanoGPT style) truncated under a packing loader
     (document index = whole file) and under Dataset reads."""

@@ -20,6 +20,9 @@
  *     guard is the re-raise of a handler installed over ours that restored
  *     ours first (Python's faulthandler): the handler returns, the read runs
  *     again and its fault is caught as above.
+ *   - Every outermost guard checks that a handler able to serve it is
+ *     installed (ours, or a SA_SIGINFO one that calls tf_sigbus_handle) and
+ *     otherwise puts ours back in front (reassert, below).
  *     Otherwise the fault is not ours: it calls the previous handler, or for
  *     SIG_DFL/SIG_IGN restores the default disposition and lets the fault
  *     happen again (or re-raises a sent signal), so SIGBUS behaves as before.
@@ -148,10 +151,40 @@ void tf__sigbus_install(void) { pthread_once(&install_once, install); }
 
 int tf__sigbus_installed(void) { return installed; }
 
+/* Put ours back where what took its place cannot be serving the guard: the
+ * default disposition, or a handler without SA_SIGINFO, which has no siginfo
+ * to hand to tf_sigbus_handle. That happens when a handler set over ours is
+ * taken away again and restores what it found before ours (Python's
+ * faulthandler: enabled before tokenfeed, as pytest does, then disabled and
+ * enabled again, as a framework may, leaves the default or itself), and a
+ * guarded read would end the process. The handler found there becomes the
+ * one ours passes other faults to. A SA_SIGINFO handler installed over ours is
+ * left alone: it is the documented way to keep a handler of one's own, calling
+ * tf_sigbus_handle first. Checked at every outermost guard: one sigaction
+ * call. */
+static pthread_mutex_t reassert_mu = PTHREAD_MUTEX_INITIALIZER;
+static int cannot_serve(const struct sigaction *cur) { return !(cur->sa_flags & SA_SIGINFO); }
+static void reassert(void) {
+    struct sigaction cur;
+    if (sigaction(SIGBUS, NULL, &cur) != 0 || !cannot_serve(&cur)) return;
+    pthread_mutex_lock(&reassert_mu);
+    if (sigaction(SIGBUS, NULL, &cur) == 0 && cannot_serve(&cur)) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_sigbus;
+        sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+        sigemptyset(&sa.sa_mask);
+        prev_sa = cur;
+        sigaction(SIGBUS, &sa, NULL);
+    }
+    pthread_mutex_unlock(&reassert_mu);
+}
+
 int tf__sigbus_run(int (*fn)(void *), void *arg, tf__sigbus_fault *fault) {
     fault->hit = 0;
     fault->addr = NULL;
     if (!installed) return fn(arg);
+    if (!tl_top) reassert();
     sigbus_frame fr;
     fr.prev = tl_top;
     fr.addr = NULL;
