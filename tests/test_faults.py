@@ -119,46 +119,30 @@ def test_shard_truncated_while_mapped(tmp_path, backend, comp):
         assert "changed while mapped" in lines["LOADER"] or "truncated while in use" in lines["LOADER"], out
 
 
-def test_truncated_while_mapped_under_python_faulthandler(tmp_path):
-    """Python's faulthandler enabled after tokenfeed's guard (as PyTorch's elastic @record
-    does, which torchtitan's trainer runs under) sits over tokenfeed's SIGBUS handler and, on a
-    fault, restores it and raises the signal again: the read that faulted is still an error
-    naming the shard, not the end of the process."""
-    body = """
-import faulthandler
-root = sys.argv[1]
-write(root, None)
-ds = tokenfeed.open(root)
-shard = ds.files()[0]["path"]
-ds._core.read(0, 10)          # the guard is installed with the first mapping
-faulthandler.enable()          # over it
-os.truncate(shard, 8192)
-try:
-    ds._core.read(ds.num_tokens - 10, 10)
-    print("NO ERROR")
-except OSError as e:
-    print("READ", e.errno, "|", e)
-print("DONE")
-"""
-    out = check(run_py(body, str(tmp_path / "ds")))
-    assert "READ 5 |" in out and "changed while mapped" in out, out
+# faulthandler over tokenfeed's SIGBUS handler: enabled after it (PyTorch's elastic @record
+# does, which torchtitan's trainer runs under), it restores ours on a fault and raises the
+# signal again; enabled before it (pytest does) then disabled and enabled again (as a framework
+# may), it restores the default it found, taking ours away until the guard puts it back.
+FAULTHANDLER = {
+    "after": ("", "faulthandler.enable()"),
+    "toggled": ("faulthandler.enable()", "faulthandler.disable(); faulthandler.enable()"),
+}
 
 
-def test_truncated_while_mapped_after_faulthandler_toggled(tmp_path):
-    """faulthandler enabled before tokenfeed's guard (pytest does), then disabled and enabled
-    again by a framework: the disable restores the disposition faulthandler found (the
-    default), taking tokenfeed's handler away. The guard puts it back at its next read, so
-    the truncated shard is still an error naming it."""
-    body = """
+@pytest.mark.parametrize("how", sorted(FAULTHANDLER))
+def test_truncated_while_mapped_under_python_faulthandler(tmp_path, how):
+    """Whichever way faulthandler sits over the guard, the read of a shard truncated while
+    mapped is an error naming the shard, not the end of the process."""
+    before, after = FAULTHANDLER[how]
+    body = f"""
 import faulthandler
-faulthandler.enable()          # before the guard, as pytest does
+{before}
 root = sys.argv[1]
 write(root, None)
 ds = tokenfeed.open(root)
 shard = ds.files()[0]["path"]
 ds._core.read(0, 10)           # the guard is installed with the first mapping
-faulthandler.disable()         # restores what it found: the default
-faulthandler.enable()
+{after}
 os.truncate(shard, 8192)
 try:
     ds._core.read(ds.num_tokens - 10, 10)
