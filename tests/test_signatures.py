@@ -41,9 +41,7 @@ def test_inspect_lists_every_row(scopes, where):
     if where == "Loader":
         cls = tokenfeed.Loader
     else:
-        import tokenfeed.torch  # torch is in the test extra
-
-        cls = tokenfeed.torch.TokenDataset
+        from tokenfeed.torch import TokenDataset as cls  # torch is in the test extra
     params = inspect.signature(cls).parameters
     assert not any(p.kind is p.VAR_KEYWORD for p in params.values())
     for row in _core.settings():
