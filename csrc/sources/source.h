@@ -284,10 +284,14 @@ typedef struct tf_npy_header {
     tf_dtype dtype;
     uint64_t num_items;   /* shape[0] */
     uint64_t data_offset; /* first data byte */
+    int ndim;             /* 1, or 2 (tf__parse_npy_header_2d) */
+    uint64_t dim1;        /* shape[1] of a 2-D array */
 } tf_npy_header;
 /* Parse the .npy header at the start of buf[0, len) (1-D little-endian
  * integer arrays only). Does not check the data size against the file. */
 TF_HIDDEN int tf__parse_npy_header(const char *path, const uint8_t *buf, size_t len, tf_npy_header *h);
+/* The same for an array of one or two dimensions (C order); shape[1] in dim1. */
+TF_HIDDEN int tf__parse_npy_header_2d(const char *path, const uint8_t *buf, size_t len, tf_npy_header *h);
 
 /* ---- file.c: one file's bytes, whatever its format ---------------------- */
 
