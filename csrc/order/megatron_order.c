@@ -339,8 +339,10 @@ static int regular_file(const char *path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* description.txt of the cache at base, parsed into j (0), or 1 when there
- * is none (GPTDataset always writes one; a copied cache may lack it). */
+/* description.txt of the cache at base, parsed into j (0: the caller frees
+ * j with free_description, which also frees the text its nodes point into),
+ * or 1 when there is none (GPTDataset always writes one; a copied cache may
+ * lack it). */
 static int read_description(const char *base, tf__json *j) {
     char *p = join(base, "description.txt", "");
     if (!p) return -ENOMEM;
@@ -357,15 +359,20 @@ static int read_description(const char *base, tf__json *j) {
             if (!buf) rc = -ENOMEM;
             else if (got != (ssize_t)st.st_size) rc = 1; /* changed under us: read as absent, the arrays are checked anyway */
             else if (tf__json_parse(buf, (size_t)got, j)) {
+                free(buf);
+                buf = NULL;
                 char msg[300];
                 snprintf(msg, sizeof msg, "%s", tf_last_error());
                 rc = tf__seterr(-TF_EFORMAT, "%s: expected GPTDataset's description (JSON): %s. Remove the file, or regenerate the cache with Megatron", p, msg);
             } else if (j->nodes[0].type != TF__J_OBJ) {
                 tf__json_free(j);
+                free(buf);
+                buf = NULL;
                 rc = tf__seterr(-TF_EFORMAT, "%s: expected a JSON object (GPTDataset's description), found %s", p,
                                 tf__json_type_name(&j->nodes[0]));
             } else {
                 rc = 0;
+                buf = NULL; /* j->text: free_description frees it */
             }
             free(buf);
         }
@@ -373,6 +380,12 @@ static int read_description(const char *base, tf__json *j) {
     if (fd >= 0) close(fd);
     free(p);
     return rc;
+}
+
+static void free_description(tf__json *j) {
+    char *text = (char *)j->text;
+    tf__json_free(j);
+    free(text);
 }
 
 /* The description's class and sequence_length against this configuration. */
@@ -388,7 +401,7 @@ static int check_description(const char *base, uint64_t seq_len) {
     else if (sl && sl->type == TF__J_INT && (sl->neg || sl->u != seq_len))
         rc = tf__seterr(-EINVAL, "%sdescription.txt: the cache was built with sequence_length %s%llu, the loader has seq_len=%llu: use seq_len=%llu to continue that run",
                         base, sl->neg ? "-" : "", (ull)sl->u, (ull)seq_len, (ull)sl->u);
-    tf__json_free(&j);
+    free_description(&j);
     return rc;
 }
 
@@ -408,7 +421,7 @@ static int cache_fits(const char *base, uint64_t seq_len, const tf_dataset *ds) 
             for (uint64_t i = 0; !fits && i < ds->nfiles; i++)
                 fits = ds->files[i].path && realpath(ds->files[i].path, have) && !strcmp(want, have);
     }
-    tf__json_free(&j);
+    free_description(&j);
     return fits;
 }
 
@@ -430,7 +443,7 @@ static void summary(const char *base, char *out, size_t cap) {
         else if (n->type == TF__J_INT)
             snprintf(out + l, cap - l, "%s%s=%s%llu", l ? ", " : "", keys[k], n->neg ? "-" : "", (ull)n->u);
     }
-    tf__json_free(&j);
+    free_description(&j);
 }
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
