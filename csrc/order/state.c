@@ -156,8 +156,6 @@ static void write_setting(tf__jw *w, const tf__setting_row *r, const tf__cond_ct
         tf__jw_printf(w, "null");
     else if (r->pub.type == TF_SETTING_ENUM)
         tf__jw_printf(w, "\"%s\"", r->pub.names[v]);
-    else if (r->pub.type == TF_SETTING_BOOL)
-        tf__jw_printf(w, v ? "true" : "false");
     else if (r->is_signed || r->pub.min < 0)
         tf__jw_printf(w, "%lld", (long long)v);
     else
@@ -317,8 +315,6 @@ static int parse_setting(const tf__json *j, const tf__jnode *config, const tf__s
         if (st->nullable) v = st->none_value;
         else if (!tf__setting_in_fingerprint(r, &(tf__cond_ctx){&s->cfg, s->mixture, s->spec.npoints > 1})) v = st->def;
         else return bad(field, st->type == TF_SETTING_ENUM ? "a name" : "an integer", n);
-    } else if (st->type == TF_SETTING_BOOL && n->type == TF__J_BOOL) {
-        v = (int64_t)n->u;
     } else if (st->type == TF_SETTING_ENUM) {
         if (n->type != TF__J_STR) return bad(field, "a name", n);
         for (v = 0; st->names[v] && !tf__json_streq(n, st->names[v]); v++) {}
