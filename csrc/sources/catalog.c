@@ -398,7 +398,8 @@ static int dep_count(void *ctx, const char *path) {
 /* The companion file (format table: a datatrove .index, a .bos.idx) that a
  * file read without one may later get. */
 static char *absent_index(const tf_file *f) {
-    if (f->aux_path || f->eos_mode || f->format == TF_FORMAT_MEGATRON) return NULL;
+    const tf__format_row *r = tf__format_row_of(f->format);
+    if (f->aux_path || f->eos_mode || (r && r->pair)) return NULL; /* a pair's companion is never absent */
     int oom = 0;
     return tf__format_companion(f->format, f->path, 0, &oom);
 }
@@ -936,7 +937,7 @@ static int read_entry(rbuf *r, tf_file *f, const tf_file *prev, const char *pref
         const uint8_t *q = take(r, 40);
         if (!q || id_at(q, &id[1]) != 0) return -1;
     }
-    if (!tf__parser_of(f->format) || !tf_dtype_size(f->dtype) || f->doc_kind > TF_DOCS_MEGATRON ||
+    if (!tf__parser_of(f->format) || !tf_dtype_size(f->dtype) || f->doc_kind > TF_DOCS_FORMAT ||
         !(flags & ENTRY_AUX_ID) != !f->aux_path)
         return -1;
     f->compressed = (flags & 1) != 0;
@@ -1312,7 +1313,8 @@ int tf__catalog_pack_objects(const char *prefix, const char *pattern, const tf_o
                     f->path, prefix);
         if (!read_alone(f))
             TF_FAIL(-EINVAL, "%s: a catalog in object storage describes llm.c, .npy, headerless and uncompressed tokenfeed shards (without a document index or a companion file); this one is %s",
-                    f->path, f->format == TF_FORMAT_MEGATRON ? "a Megatron pair" : f->compressed ? "compressed" : "read with a companion file");
+                    f->path, tf__format_row_of(f->format) && tf__format_row_of(f->format)->pair ? tf__format_row_of(f->format)->pair
+                             : f->compressed ? "compressed" : "read with a companion file");
     }
     wbuf b = {0};
     put(&b, CAT_MAGIC, 8);
