@@ -88,26 +88,15 @@ static void dl_free(tfpy_DeviceLoader *self) {
 }
 
 static void DeviceLoader_dealloc(tfpy_DeviceLoader *self) {
-    PyTypeObject *tp = Py_TYPE(self);
     dl_free(self);
     /* after the device loader that borrows its engine (left running, with
      * what it borrows, while finalizing: TFPY_DESTROY_NOGIL) */
     if (!tfpy_finalizing()) Py_CLEAR(self->loader);
-    tp->tp_free((PyObject *)self);
-    Py_DECREF(tp);
+    tfpy_free_instance((PyObject *)self);
 }
 
 static int dl_check(tfpy_DeviceLoader *self) {
-    if (!self->d || self->close_pending) {
-        PyErr_SetString(PyExc_ValueError, "the device loader is closed");
-        return -1;
-    }
-    if (self->busy) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "the loader is being iterated by another thread; a Loader is not shared between threads");
-        return -1;
-    }
-    return 0;
+    return tfpy_check_idle(self->d, self->close_pending, self->busy, "device loader");
 }
 
 static int dict_put(PyObject *d, const char *k, PyObject *v) {
@@ -135,18 +124,10 @@ static PyObject *dense(tf_module_state *st, tfpy_devslot *h, void *data, int typ
 /* The batch's dict, keys in the order Loader.next() gives them; takes b over
  * (released with the last tensor, or now on failure). */
 static PyObject *batch_dict(tf_module_state *st, tf_device_batch *b) {
-    tfpy_devslot *h = malloc(sizeof *h);
-    if (!h) {
-        tf_device_batch_release(b, TF_DEVICE_STREAM_NONE);
-        return PyErr_NoMemory();
-    }
     tf_device_batch_view v;
     tf_device_batch_get_view(b, &v);
-    atomic_init(&h->refs, 1); /* ours until the tensors hold it */
-    h->slot = NULL;
-    h->batch = b;
-    atomic_init(&h->stream, TF_DEVICE_STREAM_NONE);
-    h->device = v.device;
+    tfpy_devslot *h = tfpy_devslot_new(NULL, b, v.device); /* ours until the tensors hold it */
+    if (!h) return NULL;
     int64_t B = (int64_t)v.rows, L = (int64_t)v.seq_len;
     int tn = tfpy_npy_from_dtype(v.dtype);
     size_t isz = tf_dtype_size(v.dtype);
@@ -218,13 +199,7 @@ static PyObject *DeviceLoader_next(tfpy_DeviceLoader *self, PyObject *args, PyOb
     tf_device_batch *b = NULL;
     int rc;
     char msg[1024];
-    self->busy = 1;
-    for (;;) {
-        TFPY_NOGIL_CALL(rc, msg, tf_device_loader_next_timed(self->d, stream, &b, 50ull * 1000 * 1000));
-        if (rc != -TF_ENOTREADY) break;
-        if (self->close_pending || PyErr_CheckSignals() < 0) break;
-    }
-    self->busy = 0;
+    TFPY_WAIT_SLICED(rc, msg, self, tf_device_loader_next_timed(self->d, stream, &b, 50ull * 1000 * 1000));
     if (self->close_pending) {
         if (rc == 0) tf_device_batch_release(b, TF_DEVICE_STREAM_NONE);
         dl_free(self);
@@ -263,10 +238,7 @@ static PyObject *DeviceLoader_close(tfpy_DeviceLoader *self, PyObject *unused) {
 }
 
 static PyObject *DeviceLoader_stats(tfpy_DeviceLoader *self, PyObject *unused) {
-    if (!self->d) {
-        PyErr_SetString(PyExc_ValueError, "the device loader is closed");
-        return NULL;
-    }
+    if (tfpy_check_open(self->d, "device loader") < 0) return NULL;
     tf_device_stats s;
     tf_device_loader_get_stats(self->d, &s);
     PyObject *pinned = s.host_pinned < 0 ? Py_None : s.host_pinned ? Py_True : Py_False;
@@ -285,10 +257,7 @@ static PyObject *DeviceLoader_stats(tfpy_DeviceLoader *self, PyObject *unused) {
 }
 
 static PyObject *DeviceLoader_get_position(tfpy_DeviceLoader *self, void *c) {
-    if (!self->d) {
-        PyErr_SetString(PyExc_ValueError, "the device loader is closed");
-        return NULL;
-    }
+    if (tfpy_check_open(self->d, "device loader") < 0) return NULL;
     return PyLong_FromUnsignedLongLong(tf_device_loader_position(self->d));
 }
 
