@@ -263,23 +263,19 @@ static void lru_unlink(tf__zcache *c, uint32_t i) {
     e->prev = e->next = Z_NIL;
 }
 
-static void lru_push_head(tf__zcache *c, uint32_t i) {
-    tf__zent *e = &c->e[i];
-    e->prev = Z_NIL;
-    e->next = c->head;
-    if (c->head != Z_NIL) c->e[c->head].prev = i;
-    c->head = i;
-    if (c->tail == Z_NIL) c->tail = i;
+/* Link entry i (unlinked) in between prev and next, neighbours in the list
+ * (Z_NIL: i becomes that end of it). */
+static void lru_link(tf__zcache *c, uint32_t i, uint32_t prev, uint32_t next) {
+    c->e[i].prev = prev;
+    c->e[i].next = next;
+    if (prev != Z_NIL) c->e[prev].next = i;
+    else c->head = i;
+    if (next != Z_NIL) c->e[next].prev = i;
+    else c->tail = i;
 }
 
-static void lru_push_tail(tf__zcache *c, uint32_t i) {
-    tf__zent *e = &c->e[i];
-    e->next = Z_NIL;
-    e->prev = c->tail;
-    if (c->tail != Z_NIL) c->e[c->tail].next = i;
-    c->tail = i;
-    if (c->head == Z_NIL) c->head = i;
-}
+static void lru_push_head(tf__zcache *c, uint32_t i) { lru_link(c, i, Z_NIL, c->head); }
+static void lru_push_tail(tf__zcache *c, uint32_t i) { lru_link(c, i, c->tail, Z_NIL); }
 
 static uint32_t find(const tf__zcache *c, uint64_t file, uint64_t block) {
     for (uint32_t i = c->bucket[hash_of(c, file, block)]; i != Z_NIL; i = c->e[i].hnext)
