@@ -316,6 +316,45 @@ static inline int tfpy_check_idle(const void *handle, int close_pending, int bus
         (self)->busy = 0;                                                                          \
     } while (0)
 
+/* The end of a method that returns None: `call` (an int expression) run with
+ * the GIL released, then None, or the exception for its error. */
+#define TFPY_RETURN_NONE_AFTER(self, call)                                                         \
+    do {                                                                                           \
+        int tfpy_rc;                                                                               \
+        char tfpy_msg[1024];                                                                       \
+        TFPY_NOGIL_CALL(tfpy_rc, tfpy_msg, call);                                                  \
+        if (tfpy_rc < 0) return tfpy_raise(tfpy_state((PyObject *)(self)), tfpy_rc, tfpy_msg);     \
+        Py_RETURN_NONE;                                                                            \
+    } while (0)
+
+/* How a TFPY_WAIT_SLICED wait ended: 0 with what it waited for, else -1
+ * with an exception set: ValueError when close() was called meanwhile
+ * (closed: the caller has let go of what came and freed the handle), the
+ * signal handler's exception when interrupted, or the library's error. */
+static inline int tfpy_waited(tf_module_state *st, int rc, const char *msg, int closed) {
+    if (closed) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "the loader was closed while waiting for a batch");
+        return -1;
+    }
+    if (rc == -TF_ENOTREADY) return -1; /* interrupted: exception set by PyErr_CheckSignals */
+    if (rc < 0) {
+        tfpy_raise(st, rc, msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* "O&" converter of a flag, True or False (anything else: TypeError), into
+ * an int. */
+static inline int tfpy_flag(PyObject *o, void *out) {
+    if (o != Py_True && o != Py_False) {
+        PyErr_Format(PyExc_TypeError, "expected True or False, got %R", o);
+        return 0;
+    }
+    *(int *)out = o == Py_True;
+    return 1;
+}
+
 /* A list of the n ints v[i] (NULL with an exception set). */
 static inline PyObject *tfpy_list_u64(const uint64_t *v, size_t n) {
     PyObject *lst = PyList_New((Py_ssize_t)n);

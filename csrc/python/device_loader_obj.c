@@ -33,14 +33,16 @@ typedef struct {
     int is_static;     /* static buffers: next() queues their copies on a stream */
 } tfpy_DeviceLoader;
 
-/* "O&" converter of a flag: True or False. */
-static int flag_arg(PyObject *o, void *out) {
-    if (o != Py_True && o != Py_False) {
-        PyErr_Format(PyExc_TypeError, "expected True or False, got %R", o);
-        return 0;
-    }
-    *(int *)out = o == Py_True;
-    return 1;
+/* DeviceLoader's keywords into cfg: device and static, and the settings
+ * table's device rows (device_prefetch_batches, device_slots). */
+static int device_config(PyObject *kw, tf_device_config *cfg) {
+    tf_device_config_init(cfg);
+    const tfpy_kwarg table[] = {
+        {"device", tfpy_nonneg_int, &cfg->device},
+        {"static", tfpy_flag, &cfg->alloc_static},
+        {NULL, NULL, NULL},
+    };
+    return tfpy_parse_settings(kw, TF_SCOPE_DEVICE, cfg, table, "DeviceLoader");
 }
 
 static PyObject *DeviceLoader_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
@@ -48,14 +50,7 @@ static PyObject *DeviceLoader_new(PyTypeObject *tp, PyObject *args, PyObject *kw
     tf_module_state *st = tfpy_state_of_type(tp);
     if (!PyArg_ParseTuple(args, "O!:DeviceLoader", st->LoaderType, &ldobj)) return NULL;
     tf_device_config cfg;
-    tf_device_config_init(&cfg);
-    /* device_prefetch_batches and device_slots come from the settings table */
-    const tfpy_kwarg table[] = {
-        {"device", tfpy_nonneg_int, &cfg.device},
-        {"static", flag_arg, &cfg.alloc_static},
-        {NULL, NULL, NULL},
-    };
-    if (tfpy_parse_settings(kw, TF_SCOPE_DEVICE, &cfg, table, "DeviceLoader") < 0) return NULL;
+    if (device_config(kw, &cfg) < 0) return NULL;
     tf_loader *l = tfpy_loader_use(ldobj);
     if (!l) return NULL;
     tf_device_loader *d = NULL;
@@ -200,14 +195,12 @@ static PyObject *DeviceLoader_next(tfpy_DeviceLoader *self, PyObject *args, PyOb
     int rc;
     char msg[1024];
     TFPY_WAIT_SLICED(rc, msg, self, tf_device_loader_next_timed(self->d, stream, &b, 50ull * 1000 * 1000));
-    if (self->close_pending) {
+    int closed = self->close_pending;
+    if (closed) {
         if (rc == 0) tf_device_batch_release(b, TF_DEVICE_STREAM_NONE);
         dl_free(self);
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "the loader was closed while waiting for a batch");
-        return NULL;
     }
-    if (rc == -TF_ENOTREADY) return NULL; /* interrupted: exception set by PyErr_CheckSignals */
-    if (rc < 0) return tfpy_raise(st, rc, msg);
+    if (tfpy_waited(st, rc, msg, closed) < 0) return NULL;
     return batch_dict(st, b);
 }
 
@@ -215,20 +208,12 @@ static PyObject *DeviceLoader_seek(tfpy_DeviceLoader *self, PyObject *arg) {
     if (dl_check(self) < 0) return NULL;
     unsigned long long pos = PyLong_AsUnsignedLongLong(arg);
     if (pos == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-    int rc;
-    char msg[1024];
-    TFPY_NOGIL_CALL(rc, msg, tf_device_loader_seek(self->d, pos));
-    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, msg);
-    Py_RETURN_NONE;
+    TFPY_RETURN_NONE_AFTER(self, tf_device_loader_seek(self->d, pos));
 }
 
 static PyObject *DeviceLoader_start(tfpy_DeviceLoader *self, PyObject *unused) {
     if (dl_check(self) < 0) return NULL;
-    int rc;
-    char msg[1024];
-    TFPY_NOGIL_CALL(rc, msg, tf_device_loader_start(self->d));
-    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, msg);
-    Py_RETURN_NONE;
+    TFPY_RETURN_NONE_AFTER(self, tf_device_loader_start(self->d));
 }
 
 static PyObject *DeviceLoader_close(tfpy_DeviceLoader *self, PyObject *unused) {
