@@ -38,9 +38,8 @@ static void write_part(const char *root, const char *name, int k, uint64_t ndocs
     CHECK_OK(t_write_dataset(dir, &o, ndocs, part_doc, &p));
 }
 
-static void test_merge_basic(void) {
-    char root[300], p[400];
-    snprintf(root, sizeof root, "%s/ds", tmpdir);
+static void test_merge_basic(const char *root) {
+    char p[400];
     const char *parts[] = {"parts/part-00000", "parts/part-00001", "parts/part-00002"};
     for (int k = 0; k < 3; k++) write_part(root, parts[k], k, k == 1 ? 0 : 9, TF_UINT16, 5000); /* part 1 is empty: allowed */
     CHECK_OK(tf_dataset_merge(root, parts, 3, 0));
@@ -110,12 +109,10 @@ static void test_merge_basic(void) {
     tf_dataset_free(ds);
     free(m1);
     free(m2);
-    t_rm_rf(root);
 }
 
-static void test_merge_refusals(void) {
-    char root[300], p[400];
-    snprintf(root, sizeof root, "%s/bad", tmpdir);
+static void test_merge_refusals(const char *root) {
+    char p[400];
     write_part(root, "a", 0, 4, TF_UINT16, 5000);
     write_part(root, "b", 1, 4, TF_UINT32, 70000);
     write_part(root, "c", 2, 4, TF_UINT16, 6000);
@@ -149,14 +146,12 @@ static void test_merge_refusals(void) {
     if (ds) CHECK_OK(tf_dataset_get_info(ds, &i3));
     CHECK(i3.num_documents == 4);
     tf_dataset_free(ds);
-    t_rm_rf(root);
 }
 
 /* Version 2 names: relative paths only. Each manifest is written by hand with
  * a correct end checksum, so only the name rule can refuse it. */
-static void test_manifest_names(void) {
-    char root[300], p[400];
-    snprintf(root, sizeof root, "%s/names", tmpdir);
+static void test_manifest_names(const char *root) {
+    char p[400];
     write_part(root, "sub", 0, 3, TF_UINT16, 5000);
     /* the part's own manifest gives the shard's counts and checksums */
     snprintf(p, sizeof p, "%s/sub/tokenfeed.manifest", root);
@@ -212,14 +207,21 @@ static void test_manifest_names(void) {
     CHECK_RC(tf_dataset_open(root, NULL, &ds), -TF_EFORMAT);
     CHECK(strstr(tf_last_error(), "twice") != NULL);
     free(pm);
+}
+
+/* Run test in a directory of its own, tmpdir/name, removed after. */
+static void in_dir(const char *name, void (*test)(const char *root)) {
+    char root[300];
+    snprintf(root, sizeof root, "%s/%s", tmpdir, name);
+    test(root);
     t_rm_rf(root);
 }
 
 int main(void) {
     if (t_mkdtemp(tmpdir, sizeof tmpdir, "tf_test_merge")) return T_EXIT_FAIL;
-    test_merge_basic();
-    test_merge_refusals();
-    test_manifest_names();
+    in_dir("ds", test_merge_basic);
+    in_dir("bad", test_merge_refusals);
+    in_dir("names", test_manifest_names);
     t_rm_rf(tmpdir);
     return t_failures ? T_EXIT_FAIL : T_EXIT_PASS;
 }
