@@ -58,7 +58,7 @@ static const char *const raw_companions[] = {".index", NULL};
  * last. Headerless (raw) files have none and are what no row claims. */
 static const tf__format_row rows[] = {
     {.format = TF_FORMAT_NATIVE, .name = "tokenfeed", .alias = "native", .magic = magic_native,
-     .parse = tf__open_native, .reparse = tf__open_native, .docs = TF_DOCS_ENDS, .catalog = 1,
+     .parse = tf__open_native, .reparse = tf__open_native, .docs = TF_DOCS_ENDS, .catalog = 1, .manifest = 1,
      .what = "a tokenfeed shard or dataset"},
     {.format = TF_FORMAT_MEGATRON, .name = "megatron", .parse = tf__open_megatron, .reparse = reopen_megatron,
      .companions = megatron_companions, .docs = TF_DOCS_FORMAT, .doc_ops = &tf__megatron_doc_ops,
@@ -67,7 +67,8 @@ static const tf__format_row rows[] = {
     {.format = TF_FORMAT_LLMC, .name = "llm.c", .alias = "llmc", .magic = magic_llmc, .parse = tf__open_llmc,
      .reparse = tf__open_llmc, .docs = TF_DOCS_SINGLE, .catalog = 1, .what = "an llm.c shard"},
     {.format = TF_FORMAT_RAW, .name = "raw", .parse = tf__open_raw, .reparse = tf__open_raw,
-     .companions = raw_companions, .docs = TF_DOCS_ENDS, .catalog = 1, .what = "a headerless token file"},
+     .companions = raw_companions, .docs = TF_DOCS_ENDS, .catalog = 1, .headerless = 1,
+     .what = "a headerless token file"},
     {.format = TF_FORMAT_NPY, .name = "npy", .magic = magic_npy, .parse = tf__open_npy, .reparse = tf__open_npy,
      .docs = TF_DOCS_SINGLE, .catalog = 1, .what = "a .npy array"},
     {.format = TF_FORMAT_NEMO_NANOGPT, .name = "nemo-nanogpt", .alias = "nanogpt", .magic = tf__nemo_nanogpt_magic,

@@ -177,6 +177,14 @@ typedef struct tf__format_row {
      * file's suffix, and a few words for messages; NULL for a single file. */
     const char *pair_data_suffix;
     const char *pair;
+    /* Headerless: the open's dtype says what the bytes are (nothing in the
+     * file does), so a file is read again, or described by a catalog, only
+     * with that dtype. */
+    int headerless;
+    /* Its files are a dataset's shards, each checked against the dataset's
+     * manifest (counts and checksums): a catalog adds to that manifest and
+     * never re-parses one of them alone. */
+    int manifest;
     /* Whether a shard set's catalog may describe its files (the first touch
      * reads the file alone; a file with a companion present never is). */
     int catalog;
