@@ -301,10 +301,10 @@ class Loader:
             if shuffle not in (True, False, "full", "none"):
                 raise ValueError(f"order='megatron' reads Megatron's own shuffle: shuffle={shuffle!r} cannot apply")
             shuffle = "none"
-            if megatron_split not in SETTINGS["megatron_split"]["names"]:
-                raise FileNotFoundError(f"{os.fspath(megatron_cache) if megatron_cache is not None else ''}: no "
-                                        f"GPTDataset index cache of split {megatron_split!r}: Megatron's path_to_cache "
-                                        f"holds the splits test, train, valid (megatron_split)")
+            if megatron_cache is not None and megatron_split not in SETTINGS["megatron_split"]["names"]:
+                raise FileNotFoundError(f"{os.fspath(megatron_cache)}: no GPTDataset index cache of split "
+                                        f"{megatron_split!r}: Megatron's path_to_cache holds the splits test, train, "
+                                        f"valid (megatron_split)")
             order_kw.update(megatron_cache=megatron_cache, megatron_split=megatron_split,
                             megatron_add_extra_token=megatron_add_extra_token)
         if order == "llmc":
