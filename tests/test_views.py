@@ -199,6 +199,50 @@ def test_view_rows_of_many_documents_in_a_batch_are_the_selected_documents_in_or
     assert rows == (len(stream) - 1) // L // B * B
 
 
+@pytest.mark.parametrize("sep", [None, 7])
+def test_view_concat_rows_match_the_reference_with_empty_and_long_documents(tmp_path, sep):
+    # The order locates a row of a view through a stride index of the view's stream (a few
+    # documents per stride) before its binary search: empty documents (several at one stream
+    # position without separators), documents longer than a row, strides holding none or many
+    # documents, shuffled rows. Tokens, position ids and the loss mask match NumPy's.
+    rng = np.random.default_rng(5)
+    lens = [0 if i % 4 == 1 else int(rng.choice([1, 3, 9, 40, 150])) for i in range(500)]
+    docs = [rng.integers(8, 1000, size=n) for n in lens]
+    with tokenfeed.DatasetWriter(tmp_path / "ds", vocab_size=1000) as w:
+        for d in docs:
+            w.add_document(d)
+    ds = tokenfeed.open(tmp_path / "ds")
+    keep = np.array([(i * 37) % 5 < 3 for i in range(500)])
+    view = ds.filter(keep)
+    L = 16
+    parts, starts, at = [], [], 0
+    for i in np.flatnonzero(keep):
+        d = docs[i] if sep is None else np.append(docs[i], sep)
+        if len(d):
+            starts.append(at)
+        parts.append(d)
+        at += len(d)
+    stream = np.concatenate(parts)
+    starts = np.array(starts)
+    n = (len(stream) - 1) // L
+    extra = {} if sep is None else {"separator_id": sep}
+    ld = numpy_loader(view, seq_len=L, batch_size=5, shuffle="none", epochs=1, position_ids=True, loss_mask=True,
+                      **extra)
+    i = 0
+    for b in ld:
+        for r, row in enumerate(b["tokens"]):
+            p0 = i * L
+            assert np.array_equal(row, stream[p0:p0 + L + 1])
+            inside = starts[(starts > p0) & (starts <= p0 + L)] - p0
+            want_pos = np.arange(L) - np.array([max([0] + [s for s in inside if s <= t]) for t in range(L)])
+            assert np.array_equal(b["position_ids"][r], want_pos)
+            want_mask = np.ones(L, dtype=bool)
+            want_mask[inside - 1] = False
+            assert np.array_equal(b["loss_mask"][r].astype(bool), want_mask)
+            i += 1
+    assert i == n // 5 * 5
+
+
 @pytest.mark.parametrize("packing, extra", MODES)
 def test_filtered_order_resumes_exactly_and_is_elastic(meta_ds, packing, extra):
     ds, _ = meta_ds

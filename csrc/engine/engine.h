@@ -33,6 +33,8 @@ struct tf__cp_piece;
 
 #define TF__PREFETCH_LINES 16 /* cache lines prefetched at the start of the next sample */
 #define TF__PREFETCH_SPANS 8  /* spans of the next sample whose starts are prefetched */
+#define TF__PREFETCH_SPAN_LINES 64 /* lines of each span prefetched when a sample has several */
+#define TF__ROWS_AHEAD 16     /* rows whose samples are computed, and order lookups prefetched, together */
 #define TF__URING_QD 64    /* io_uring submission queue depth per worker */
 #define TF__DIO_ALIGN 4096 /* O_DIRECT offset / length / buffer alignment */
 
