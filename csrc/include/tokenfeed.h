@@ -1185,10 +1185,20 @@ TF_API int tf_loader_next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_n
 TF_API uint64_t tf_loader_position(const tf_loader *l);
 /* The order the loader reads now (borrowed: valid until the loader is freed or
  * a tf_loader_state_load hands over to another order). A C trainer reads the
- * state's takedowns from it (tf_order_num_excluded, tf_order_excluded) after a
- * resume: the batches of tf_loader_next hold every document, and leaving the
- * excluded ones out of the loss is the trainer's (Python's Loader does it). */
+ * state's takedowns from it (tf_order_num_excluded, tf_order_excluded). */
 TF_API const tf_order *tf_loader_order(const tf_loader *l);
+
+/* Take documents down from the loader's position on (tf_loader_position):
+ * tf_order_exclude on the order the loader reads, then a seek to the same
+ * position, so that no batch assembled ahead serves them. From then on (and
+ * after a tf_loader_state_load of a state that lists takedowns) every batch
+ * of tf_loader_next has each taken-down document's tokens replaced by pad_id
+ * and its labels' loss_mask 0; boundaries, position_ids and cu_seqlens stay
+ * those of the order (the other documents keep their places), with context
+ * parallelism too. A takedown made with tf_order_exclude directly on the
+ * order reaches the loader's batches at its next seek. Call it between
+ * tf_loader_next calls (not concurrently with them). */
+TF_API int tf_loader_exclude(tf_loader *l, size_t source, const uint64_t *ids, size_t n);
 
 /* Move to global position pos (a multiple of global_batch). O(1). Batches
  * prefetched for the old position are discarded; batches already handed out
