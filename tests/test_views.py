@@ -782,11 +782,74 @@ def test_loss_weights_from_a_column_with_context_parallelism_and_warmup(tmp_path
     assert (len(shapes) > 1) == bool(warmup)  # the warmup's rows did change length
 
 
-@pytest.mark.parametrize("balance", ["none", "tokens", "cp"])
+@pytest.mark.filterwarnings("ignore:.*pads")
+@pytest.mark.parametrize("packing, extra", MODES)
+@pytest.mark.parametrize("cp", [(2, 0), (2, 1), (4, 3)])
+def test_loss_weights_from_a_column_in_the_thd_layout(tmp_path, packing, extra, cp):
+    """Context parallelism in the THD layout: every sequence of a row padded to a multiple of
+    2 x cp_size, each rank taking its two chunks of each; the weights follow the tokens entry by
+    entry (the document of each label; 0 on the padding entries), against the reference per
+    token, also after documents are taken down (their labels weigh 0)."""
+    ds, q = write_marked(tmp_path / "m")
+    kw = dict(seq_len=32, batch_size=3, packing=packing, seed=5, loss_weights="quality", cp_size=cp[0],
+              cp_rank=cp[1], cu_seqlens=True, loss_mask=True, **extra)
+    ld = numpy_loader(ds.filter("quality >= 0.2"), **kw)
+    gone: list = []
+    for step in range(8):
+        if step == 4:
+            gone = sorted({int(x) - 1 for x in np.unique(b["labels"]) if x > 0})[::2]
+            ld.exclude(gone)
+        b = next(ld)
+        labels = b["labels"].astype(np.int64)
+        assert labels.ndim == 1 and b["loss_weights"].shape == labels.shape
+        assert b["loss_weights"].dtype == np.float32
+        want = np.where(labels > 0, q[np.maximum(labels - 1, 0)], 0).astype(np.float32)
+        assert np.array_equal(b["loss_weights"], want), step
+        if gone:  # tokens of the taken-down documents are pad (0) everywhere: their labels weigh 0
+            assert not np.isin(labels - 1, gone).any()
+    # the same share as a whole sample's weights cut by tf_cp_thd_positions, against NumPy's
+    # own split of a sequence: padded to a multiple of 2 x cp, chunks r and 2cp - 1 - r
+    c, r = cp
+    for seg in ([32], [5, 27], [1, 1, 30], [7, 9, 16]):
+        got = np.frombuffer(_core.cp_thd_positions(seg, c, r), dtype=np.int64)
+        ref, start = [], 0
+        for s_ in seg:
+            p_ = -(-s_ // (2 * c)) * 2 * c
+            h = p_ // (2 * c)
+            for u0 in (r * h, (2 * c - 1 - r) * h):
+                ref += [start + u if u < s_ else -1 for u in range(u0, u0 + h)]
+            start += s_
+        assert got.tolist() == ref, seg
+
+
+def test_cp_thd_positions_refuses_hostile_input():
+    with pytest.raises(ValueError, match="cp_rank"):
+        _core.cp_thd_positions([4], 2, 2)
+    with pytest.raises(ValueError, match="cp_rank"):
+        _core.cp_thd_positions([4], 0, 0)
+    with pytest.raises(ValueError, match="sequence 1"):
+        _core.cp_thd_positions([4, -1], 2, 0)
+    with pytest.raises(ValueError, match="sequence 0"):
+        _core.cp_thd_positions([1 << 62], 2, 0)
+    with pytest.raises(TypeError):
+        _core.cp_thd_positions(5, 2, 0)
+    assert _core.cp_thd_positions([], 2, 0) == b""
+
+
+@pytest.mark.parametrize("balance", ["none", "tokens", "cp", "cp-thd"])
 def test_loss_weights_per_source_of_a_mixture_of_views(tmp_path, balance):
     ds, _ = write_marked(tmp_path / "m")
     code, web = ds.filter("domain == 'code'"), ds.filter("domain == 'web'")
     kw = dict(weights=[0.5, 0.5], loss_weights=[2.0, 0.25], source_ids=True, seq_len=16, batch_size=4, seed=1)
+    if balance == "cp-thd":  # each rank's THD entries: its source's weight, 0 on the padding entries
+        kw.update(cp_size=2, cp_rank=1, cu_seqlens=True)
+        ld = numpy_loader([code, web], **kw)
+        for _ in range(5):
+            b = next(ld)
+            labels = b["labels"].astype(np.int64)
+            want = np.where(labels > 0, np.where((labels - 1) % 3 == 0, 2.0, 0.25), 0).astype(np.float32)
+            assert np.array_equal(b["loss_weights"], want)
+        return
     if balance == "cp":  # each context-parallel rank's share of every row
         kw.update(cp_size=2, cp_rank=1)
     elif balance != "none":
@@ -809,8 +872,6 @@ def test_loss_weights_refused_where_not_supported(tmp_path):
         numpy_loader(ds, seq_len=8, batch_size=2, loss_weights=[1.0])
     with pytest.raises(ValueError, match="one finite weight"):
         numpy_loader([ds, ds], weights=[1, 1], seq_len=8, batch_size=2, loss_weights=[1.0, -1.0])
-    with pytest.raises(NotImplementedError, match="THD layout"):
-        numpy_loader(ds, seq_len=8, batch_size=2, loss_weights="quality", cp_size=2, cp_rank=0, cu_seqlens=True)
     ld = numpy_loader(ds, seq_len=8, batch_size=2, loss_weights="domain")
     with pytest.raises(ValueError, match="no number column 'domain'"):
         next(ld)
@@ -892,8 +953,49 @@ def test_takedown_state_checks_and_refusals(tmp_path):
     full = ld.state_dict()
     assert len(full["excluded"]) == 4096
     numpy_loader(ds, seq_len=8, batch_size=2).load_state_dict(full)
-    with pytest.raises(NotImplementedError, match="context parallelism"):
-        numpy_loader(ds, seq_len=8, batch_size=2, cp_size=2, cp_rank=0).exclude([1])
+
+
+@pytest.mark.parametrize("thd", [False, True])
+@pytest.mark.parametrize("cp_rank", [0, 1])
+def test_takedown_with_context_parallelism(tmp_path, thd, cp_rank):
+    # The engine blanks the whole sample before each context-parallel rank's share is cut
+    # from it, in the default layout and in THD: a rank's tokens of a taken-down document
+    # are pad, their labels out of the loss, and everything else (the other documents, the
+    # positions, cu_seqlens) is what the run without the takedown serves.
+    ds, _ = write_marked(tmp_path / "m")  # token i + 1 is document i
+    kw = dict(seq_len=16, batch_size=4, seed=2, loss_mask=True, position_ids=True, cp_size=2, cp_rank=cp_rank,
+              cu_seqlens=thd)
+    N, steps = 2, 8
+    ref = numpy_loader(ds, **kw)
+    plain = [{k: np.copy(v) for k, v in next(ref).items()} for _ in range(steps)]
+    seen = sorted({int(d) - 1 for b in plain[N:] for d in np.unique(b["input_ids"]) if d > 0})
+    gone = seen[::3]
+    ld = numpy_loader(ds, **kw)
+    got = [{k: np.copy(v) for k, v in next(ld).items()} for _ in range(N)]
+    ld.exclude(gone)
+    st = ld.state_dict()
+    got += [{k: np.copy(v) for k, v in next(ld).items()} for _ in range(steps - N)]
+    hit = 0
+    for k in range(steps):
+        p, g = plain[k], got[k]
+        assert set(p) == set(g)
+        if k < N:
+            assert all(np.array_equal(p[key], g[key]) for key in p), k
+            continue
+        for key in ("input_ids", "labels"):
+            out = np.isin(p[key].astype(np.int64) - 1, gone)
+            hit += int(out.sum())
+            assert np.array_equal(g[key], np.where(out, 0, p[key])), (k, key)
+        lab_out = np.isin(p["labels"].astype(np.int64) - 1, gone)
+        assert np.array_equal(g["loss_mask"].astype(bool), p["loss_mask"].astype(bool) & ~lab_out), k
+        for key in set(p) - {"input_ids", "labels", "loss_mask"}:
+            assert np.array_equal(p[key], g[key]), (k, key)
+    assert hit  # the takedown did touch this rank's share
+    resumed = numpy_loader(ds, **kw)
+    resumed.load_state_dict(st)
+    for k in range(N, steps):
+        b = next(resumed)
+        assert all(np.array_equal(b[key], got[k][key]) for key in b), k
 
 
 def test_convert_parquet_with_meta(tmp_path, capsys):

@@ -1157,6 +1157,17 @@ TF_API int tf_loader_create(const tf_dataset *ds, const tf_loader_config *cfg, t
  * engine cuts every batch. -EINVAL, saying what to change, when seq_len is
  * not a multiple of 2*cp_size or cp_rank >= cp_size. */
 TF_API int tf_cp_chunks(uint64_t seq_len, uint32_t cp_size, uint32_t cp_rank, uint64_t first[2], uint64_t *chunk);
+/* The THD context-parallel split (TF_WANT_CU_SEQLENS with cp_size > 1) of one
+ * sample whose sequences (its cu_seqlens without context parallelism) have
+ * seg[0, n) input positions: for each entry rank cp_rank receives of it, in
+ * order, the sample's input position the entry holds, or -1 for padding
+ * (every sequence padded to a multiple of 2*cp_size and cut into 2*cp_size
+ * chunks, chunks cp_rank and 2*cp_size-1-cp_rank of each taken), as the
+ * engine cuts every batch; a trainer places per-token values (loss weights)
+ * the way the engine placed the tokens. Writes up to cap entries, *len their
+ * number; -ENOBUFS when more (the padded lengths' sum / cp_size always fit). */
+TF_API int tf_cp_thd_positions(const uint64_t *seg, size_t n, uint32_t cp_size, uint32_t cp_rank, int64_t *out,
+                               size_t cap, size_t *len);
 /* The same over a weighted mixture (see tf_order_create_mix); datasets
  * borrowed. */
 TF_API int tf_loader_create_mix(const tf_dataset *const *ds, const double *weights, size_t n,
