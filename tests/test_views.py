@@ -998,6 +998,89 @@ def test_takedown_with_context_parallelism(tmp_path, thd, cp_rank):
         assert all(np.array_equal(b[key], got[k][key]) for key in b), k
 
 
+def test_cli_takes_documents_down_in_a_saved_state(tmp_path, capsys):
+    # `tokenfeed exclude` adds a takedown at the position a saved state resumes from: a resume
+    # from the new state never serves those documents and serves everything else as the run
+    # without them would; the state is checked against DATA when given, ids against its
+    # documents; the file is replaced atomically, a symbolic link in its place is not followed
+    ds, _ = write_marked(tmp_path / "m")  # token i + 1 is document i
+    kw = dict(seq_len=16, batch_size=4, seed=2, loss_mask=True)
+    N, steps = 3, 10
+    ld = numpy_loader(ds, **kw)
+    plain = [{k: v.copy() for k, v in next(ld).items()} for _ in range(steps)]
+    run = numpy_loader(ds, **kw)
+    take_tokens(run, N)
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps(run.state_dict()))
+    seen = sorted({int(d) - 1 for b in plain[N:] for d in np.unique(b["tokens"]) if d > 0})
+    gone = seen[::4]
+    (tmp_path / "ids.txt").write_text("# takedown list\n" + "\n".join(map(str, gone[1:])) + "\n")
+    new = tmp_path / "new.json"
+    assert main(["exclude", str(state), "--ids", f"{gone[0]},{gone[0]}", "--from-file", str(tmp_path / "ids.txt"),
+                 "--data", str(ds.paths[0]), "-o", str(new)]) == 0
+    saved = json.loads(new.read_text())
+    assert saved["excluded"] == [[N * 4, 0, gone]]
+    assert {k: v for k, v in saved.items() if k != "excluded"} == \
+        {k: v for k, v in json.loads(state.read_text()).items() if k != "excluded"}
+    resumed = numpy_loader(ds, **kw)
+    resumed.load_state_dict(saved)
+    for k in range(N, steps):
+        b = next(resumed)
+        out = np.isin(plain[k]["tokens"].astype(np.int64) - 1, gone)
+        assert not np.isin(b["tokens"].astype(np.int64) - 1, gone).any()
+        assert np.array_equal(b["tokens"], np.where(out, 0, plain[k]["tokens"]))
+        assert np.array_equal(b["loss_mask"].astype(bool), plain[k]["loss_mask"].astype(bool) & ~out[:, 1:])
+    # a second takedown adds an entry; in place, through no symbolic link: a link at the state's
+    # (or the output's) name is replaced by the new file, what it pointed to is left alone
+    shared = tmp_path / "shared.json"
+    shared.write_text(new.read_text())
+    link = tmp_path / "link.json"
+    link.symlink_to(shared)
+    assert main(["exclude", str(link), "--ids", "5", "--in-place"]) == 0
+    assert not link.is_symlink() and shared.read_text() == new.read_text()
+    assert json.loads(link.read_text())["excluded"] == [[N * 4, 0, gone], [N * 4, 0, [5]]]
+    target = tmp_path / "elsewhere.json"
+    target.write_text("keep")
+    out_link = tmp_path / "out.json"
+    out_link.symlink_to(target)
+    assert main(["exclude", str(new), "--ids", "6", "-o", str(out_link)]) == 0
+    assert target.read_text() == "keep" and not out_link.is_symlink()
+    assert json.loads(out_link.read_text())["excluded"][-1] == [N * 4, 0, [6]]
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]  # no temporary left behind
+    capsys.readouterr()
+    # hostile input: each refused with one line naming what is wrong, nothing written
+    before = new.read_text()
+    for argv, msg in [
+        (["--ids", "150", "--data", str(ds.paths[0])], "0 to 149"),  # past the documents
+        (["--ids", "-1"], "not a document id"),
+        (["--ids", "1.5"], "not a document id"),
+        (["--ids", str(1 << 64)], "2**64"),
+        (["--ids", "1", "--source", "1"], "reads 1 source"),
+        ([], "give the documents"),
+        (["--ids", "1", "--data", str(tmp_path / "other")], "other"),
+    ]:
+        assert main(["exclude", str(new), *argv, "--in-place"]) == 1, argv
+        assert msg in capsys.readouterr().err, argv
+        assert new.read_text() == before
+    # a state whose data differs (another dataset): refused, as a resume refuses it
+    other, _ = write_marked(tmp_path / "other", n=140, seed=1)
+    assert main(["exclude", str(new), "--ids", "1", "--data", str(other.paths[0]), "-o", str(tmp_path / "x.json")]) == 1
+    assert "fingerprint" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    for text, msg in [("{", "not JSON"), ('{"a": 1}', "not a loader state"),
+                      (json.dumps(dict(saved, excluded=[[0, 0, [3, 2]]])), "ascending"),
+                      (json.dumps(dict(saved, excluded="x")), "not a list"),
+                      ('{"config": {}, "position": 0, "position": 1}', "twice")]:
+        bad.write_text(text)
+        assert main(["exclude", str(bad), "--ids", "1", "-o", str(tmp_path / "x.json")]) == 1
+        assert msg in capsys.readouterr().err, text
+    assert not (tmp_path / "x.json").exists()
+    # past what a state may hold: refused before anything is written
+    bad.write_text(json.dumps(dict(saved, excluded=[[0, 0, [1]]] * 4096)))
+    assert main(["exclude", str(bad), "--ids", "2", "--in-place"]) == 1
+    assert "more takedowns than a state may" in capsys.readouterr().err
+
+
 def test_convert_parquet_with_meta(tmp_path, capsys):
     pytest.importorskip("tokenizers")
     pa = pytest.importorskip("pyarrow")
