@@ -639,7 +639,8 @@ class Loader:
                              f"(weights=), got {lw!r}")
         return ("source", w.astype(np.float32))
 
-    def _loss_weights_at(self, pos: int, shape: Tuple[int, ...], cu: Any = None) -> "np.ndarray[Any, np.dtype[np.float32]]":
+    def _loss_weights_at(self, pos: int, shape: Tuple[int, ...],
+                         cu: Any = None) -> "np.ndarray[Any, np.dtype[np.float32]]":
         """Per label of this rank's rows of the batch at ``pos``: the weight of its row's source,
         or of the document the label belongs to (1 where the column has no value; 0 for a
         separator or padding). ``cu``: the batch's cu_seqlens, in the THD layout with context
@@ -700,7 +701,8 @@ class Loader:
             out = out.reshape(shape)
         return np.ascontiguousarray(out)
 
-    def _thd_share(self, out: "np.ndarray[Any, np.dtype[np.float32]]", cu: Any) -> "np.ndarray[Any, np.dtype[np.float32]]":
+    def _thd_share(self, out: "np.ndarray[Any, np.dtype[np.float32]]",
+                   cu: Any) -> "np.ndarray[Any, np.dtype[np.float32]]":
         """This context-parallel rank's THD entries of the whole samples' per-label values ``out``
         (rows x seq_len): each row's sequences (the batch's cu_seqlens, lengths summing to
         seq_len per row) split as the engine splits the tokens (tf_cp_thd_positions), 0 on the
