@@ -63,6 +63,13 @@ typedef struct tf__order_ops {
      * sample that holds tokens of document doc (< the dataset's documents), so
      * that finding a document's samples (explain.c) need not visit them all. */
     int (*doc_samples)(const tf_order *o, uint64_t doc, uint64_t *first, uint64_t *end);
+    /* Optional (NULL: nothing to prefetch): start the memory reads that
+     * locating sample will need, so a worker can issue them for the rows
+     * ahead before it computes any of their spans. stage 0 may only issue
+     * prefetches of what is found from the sample alone; stage 1 may read
+     * what stage 0 fetched and prefetch what it points to. Never reads
+     * mapped token bytes (no SIGBUS guard needed); never fails. */
+    void (*prefetch)(const tf_order *o, uint64_t sample, int stage);
 } tf__order_ops;
 
 struct tf_order {

@@ -477,6 +477,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ._meta_cli import add_parser as add_meta_parser
 
     add_meta_parser(sub)
+    from ._exclude_cli import add_parser as add_exclude_parser
+
+    add_exclude_parser(sub)
     sub.add_parser("bench", add_help=False, help="benchmark the loader (see 'tokenfeed bench --help')")
     sub.add_parser("build-info", help="what this build has (zstd, io_uring, CUDA), what is usable here, how to get the rest",
                    description="Print what the C core was built with and what is usable on this machine; for a "
