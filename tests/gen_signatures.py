@@ -44,7 +44,8 @@ def param(row: Dict) -> str:
     from tokenfeed._config import keyword_default
 
     name, typ = row["name"], row["type"]
-    ann = {"enum": "Literal[" + ", ".join(lit(n) for n in row["names"] or ()) + "]", "bool": "bool"}.get(typ, "int")
+    ann = {"enum": "Literal[" + ", ".join(lit(n) for n in row["names"] or ()) + "]", "bool": "bool",
+           "path": "str"}.get(typ, "int")
     if row["nullable"]:
         ann = f"Optional[{ann}]"
     return f"{name}: {ann} = {lit(keyword_default(row))}"

@@ -273,3 +273,196 @@ def test_megatron_pad_id_is_gptdatasets(tmp_path, pad, ambiguous, want):
     _, (train, _, _) = build(tmp_path, 13, tokenizer=tok, allow_ambiguous_pad_tokens=ambiguous)
     assert train._pad_token_id == want
     assert megatron_pad_id(train.config) == (None if want < 0 else want)
+
+
+def test_order_megatron_is_the_alias(tmp_path):
+    """order="megatron" with megatron_cache= is Megatron's order; megatron_cache= alone means it:
+    both give GPTDataset's samples, bit for bit, and a state of one resumes the other."""
+    prefix, (train, valid, _) = build(tmp_path, 21)
+    for split, ds in (("train", train), ("valid", valid)):
+        named = loader(prefix, tmp_path, split, epochs=1, order="megatron")
+        assert named._order.settings()["order"] == "megatron"
+        assert_same_as_gptdataset(named, ds)
+    a = loader(prefix, tmp_path, batch_size=4, order="megatron")
+    b = loader(prefix, tmp_path, batch_size=4)
+    for _ in range(3):
+        assert np.array_equal(next(a)["input_ids"], next(b)["input_ids"])
+    st = a.state_dict()
+    assert st["config"]["order"] == "megatron" and st["config"]["megatron_split"] == "train"
+    assert st["config"]["megatron_cache"] is None  # where the cache is: its fingerprint says what it is
+    c = loader(prefix, tmp_path, batch_size=4)
+    c.load_state_dict(st)
+    assert np.array_equal(next(c)["input_ids"], next(a)["input_ids"])
+    with pytest.raises(ValueError, match="pass megatron_cache"):
+        tokenfeed.Loader(prefix + ".bin", seq_len=L, batch_size=1, order="megatron")
+    with pytest.raises(ValueError, match="does not combine with order='olmo'"):
+        tokenfeed.Loader(prefix + ".bin", seq_len=L, batch_size=1, order="olmo", megatron_cache=tmp_path / "cache")
+
+
+# A small GPTDataset-style cache over a tokenfeed dataset (no megatron-core): documents of
+# SIZES tokens, one epoch in order, samples of SL tokens plus the extra token, unshuffled.
+SIZES = [i % 7 + 3 for i in range(50)]
+SL = 8
+
+
+def small_cache(tmp_path, split="train", dtype=np.int32):
+    if not (tmp_path / "d").exists():
+        with tokenfeed.DatasetWriter(tmp_path / "d", vocab_size=100) as w:
+            for n in SIZES:
+                w.add_document(np.arange(n) % 90)
+    starts = np.concatenate([[0], np.cumsum(SIZES)])
+    n = (int(starts[-1]) - 1) // SL
+    rows = [(d, t - int(starts[d])) for t in range(0, (n + 1) * SL, SL)
+            for d in [min(int(np.searchsorted(starts, t, side="right")) - 1, len(SIZES) - 1)]]
+    cache = tmp_path / "cache"
+    cache.mkdir(exist_ok=True)
+    base = str(cache / f"0123abcd-GPTDataset-{split}-")
+    np.save(base + "document_index.npy", np.arange(len(SIZES), dtype=dtype))
+    np.save(base + "sample_index.npy", np.array(rows, dtype=dtype))
+    np.save(base + "shuffle_index.npy", np.arange(n, dtype=np.uint32 if dtype == np.int32 else dtype))
+    with open(base + "description.txt", "w") as f:
+        json.dump({"class": "GPTDataset", "sequence_length": SL, "split": split}, f)
+    return base
+
+
+def small_loader(tmp_path, cache=None, **kw):
+    return tokenfeed.Loader(tmp_path / "d", seq_len=SL, batch_size=2, output="numpy",
+                            megatron_cache=tmp_path / "cache" if cache is None else cache, **kw)
+
+
+# The state an older tokenfeed wrote for small_cache (Loader(megatron_cache=...) at position
+# 4): Megatron's order was then built by a constructor of its own, its config saying
+# tokenfeed's order and the cache's fingerprint under "order".
+OLDER_STATE = (
+    '{"format_version": 2, "dataset_fingerprint": "b21d10e2ead7d0bc", "config_fingerprint": "a9b0d140a2d65e62", '
+    '"position": 4, "samples_per_epoch": 37, "world_size": 1, "config": {"seq_len": 8, "packing": "concat", '
+    '"separator_id": null, "seed": 0, "shuffle": "none", "block_size": null, "window_blocks": null, "global_batch": 2, '
+    '"epochs": null, "pad_id": null, "pack_window": null, "mix_window": null, "order": null, "llmc_processes": null, '
+    '"olmo_chunk": null, "weights": null, "schedule_steps": null, "interpolation": null}, "mix_anchor": null, '
+    '"skipped": null, "excluded": null, "weights_history": null, "weights_initial": null, '
+    '"order": ["megatron", "03a60a1369b40c7a"]}')
+
+
+def test_state_of_the_older_constructor_resumes(tmp_path):
+    small_cache(tmp_path)
+    ld, ref = small_loader(tmp_path), small_loader(tmp_path)
+    next(ref), next(ref)
+    ld.load_state_dict(json.loads(OLDER_STATE))
+    assert ld.position == 4 and np.array_equal(next(ld)["input_ids"], next(ref)["input_ids"])
+    # and it is still refused by another cache
+    other = tmp_path / "other"
+    other.mkdir()
+    small_cache(other)
+    np.save(str(other / "cache" / "0123abcd-GPTDataset-train-shuffle_index.npy"),
+            np.arange(37, dtype=np.uint32)[::-1].copy())
+    with pytest.raises(tokenfeed.StateError, match="the Megatron index cache: saved 03a60a1369b40c7a"):
+        small_loader(tmp_path, other / "cache").load_state_dict(json.loads(OLDER_STATE))
+
+
+def _npy(path, descr, shape, fortran=False, data=b""):
+    """A .npy file with this header (numpy's layout) and these bytes after it."""
+    d = f"{{'descr': '{descr}', 'fortran_order': {fortran}, 'shape': {shape}, }}"
+    hl = (len(d) + 1 + 10 + 63) // 64 * 64 - 10
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + hl.to_bytes(2, "little") + d.ljust(hl - 1).encode() + b"\n" + data)
+
+
+ATTACKS = {
+    # what is planted in place of one of the cache's files, and what the refusal says
+    "truncated": ("sample_index", lambda p, a: open(p, "r+b").truncate(os.path.getsize(p) - 4), "file size"),
+    "float": ("document_index", lambda p, a: np.save(p, a.astype(np.float32)), "descr"),
+    "big_endian": ("shuffle_index", lambda p, a: np.save(p, a.astype(">u4")), "descr"),
+    "three_columns": ("sample_index", lambda p, a: np.save(p, np.zeros((a.shape[0], 3), np.int32)), "shape"),
+    "flat_sample_index": ("sample_index", lambda p, a: np.save(p, a.ravel()), "shape"),
+    "2d_document_index": ("document_index", lambda p, a: np.save(p, a.reshape(-1, 2)), "shape"),
+    "fortran": ("sample_index", lambda p, a: _npy(p, "<i4", a.shape, True, a.T.tobytes()), "fortran_order"),
+    "huge_shape": ("shuffle_index", lambda p, a: _npy(p, "<u4", (2**62,), data=a.tobytes()), "file size"),
+    "overflowing_shape": ("sample_index", lambda p, a: _npy(p, "<i4", (2**63, 2), data=a.tobytes()), "file size"),
+    "empty": ("document_index", lambda p, a: open(p, "wb").close(), "truncated"),
+    "not_npy": ("shuffle_index", lambda p, a: open(p, "wb").write(b"x" * 200), "magic"),
+    "missing": ("shuffle_index", lambda p, a: os.unlink(p), "cannot open"),
+    "directory": ("document_index", lambda p, a: (os.unlink(p), os.mkdir(p)), "regular file"),
+    "fifo": ("sample_index", lambda p, a: (os.unlink(p), os.mkfifo(p)), "regular file"),
+    "negative_document": ("document_index", lambda p, a: np.save(p, np.where(a == 3, -1, a)), "document_index[3]"),
+    "document_past_the_data": ("document_index", lambda p, a: np.save(p, np.where(a == a.max(), 50, a)),
+                               "the dataset has 50 documents"),
+    "row_past_the_end": ("sample_index", lambda p, a: np.save(p, np.where(a == a.max(), 2**31 - 1, a)), "sample"),
+    "shuffle_past_the_end": ("shuffle_index", lambda p, a: np.save(p, a[::-1] + 1), "shuffle_index[0]"),
+    "shuffle_shorter": ("shuffle_index", lambda p, a: np.save(p, a[:-1]), "shuffle_index has"),
+}
+
+
+@pytest.mark.parametrize("attack", list(ATTACKS))
+def test_hostile_cache_file_is_refused_naming_it(tmp_path, attack):
+    """Each of the cache's files is bytes from disk: a file replaced by a truncated, mistyped,
+    misshapen, hostile-sized or out-of-range one, by a directory or a FIFO (which must not
+    block), or removed, is refused when the loader is made, never read as other samples."""
+    base = small_cache(tmp_path)
+    small_loader(tmp_path).close()  # the cache as written is read
+    name, plant, says = ATTACKS[attack]
+    path = base + name + ".npy"
+    arr = np.load(path)
+    plant(path, arr)
+    with pytest.raises((ValueError, OSError, tokenfeed.FormatError)) as e:
+        small_loader(tmp_path)
+    assert says in str(e.value)
+    assert name in str(e.value) or "Megatron index cache" in str(e.value)
+
+
+def test_hostile_description_and_lookup(tmp_path):
+    base = small_cache(tmp_path)
+    desc = base + "description.txt"
+    with open(desc, "w") as f:  # not JSON
+        f.write("{sequence_length: 8")
+    with pytest.raises(tokenfeed.FormatError, match="description.txt: expected GPTDataset's description"):
+        small_loader(tmp_path)
+    with open(desc, "w") as f:  # another dataset class
+        json.dump({"class": "MockGPTDataset", "sequence_length": SL}, f)
+    with pytest.raises(ValueError, match="a MockGPTDataset cache"):
+        small_loader(tmp_path)
+    with open(desc, "w") as f:  # far too large to be a description: not read
+        f.write(" " * (2 << 20))
+    with pytest.raises(tokenfeed.FormatError, match="description.txt: size"):
+        small_loader(tmp_path)
+    with open(desc, "w") as f:  # a hostile sequence_length
+        json.dump({"sequence_length": -1}, f)
+    with pytest.raises(ValueError, match="sequence_length -1"):
+        small_loader(tmp_path)
+    os.unlink(desc)  # a cache without its description is read (its samples are checked)
+    small_loader(tmp_path).close()
+    # a directory without a cache, a file that is none, and a split that is not there
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no GPTDataset index cache of split 'train'.*path_to_cache"):
+        small_loader(tmp_path, tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="not a GPTDataset index cache"):
+        small_loader(tmp_path, sorted((tmp_path / "d").iterdir())[0])
+    with pytest.raises(FileNotFoundError, match="it holds the splits train"):
+        small_loader(tmp_path, megatron_split="test")
+    # any file of the cache, or their common start, names it
+    for p in (base + "sample_index.npy", base, base + "description.txt"):
+        small_loader(tmp_path, p).close()
+
+
+def test_cache_renamed_under_a_loader_and_moved(tmp_path):
+    """The order maps the cache's files when it is made: renaming or rewriting them afterwards
+    changes nothing it gives; a cache moved elsewhere resumes a state (the path is not in it)."""
+    base = small_cache(tmp_path)
+    ld = small_loader(tmp_path, epochs=1)
+    want = [b["input_ids"] for b in small_loader(tmp_path, epochs=1)]
+    for name in ("document_index", "sample_index", "shuffle_index"):
+        os.rename(base + name + ".npy", base + name + ".old")
+    small_cache(tmp_path / "sub")  # another cache written where the first was
+    os.replace(str(tmp_path / "sub" / "cache" / "0123abcd-GPTDataset-train-shuffle_index.npy"),
+               base + "shuffle_index.npy")
+    got = [b["input_ids"] for b in ld]
+    assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
+    moved = tmp_path / "moved"
+    os.rename(tmp_path / "cache", moved)
+    for name in ("document_index", "sample_index", "shuffle_index"):
+        os.replace(str(moved / f"0123abcd-GPTDataset-train-{name}.old"), str(moved / f"0123abcd-GPTDataset-train-{name}.npy"))
+    a = small_loader(tmp_path, moved)
+    next(a)
+    st = a.state_dict()
+    b = small_loader(tmp_path, moved / "0123abcd-GPTDataset-train-document_index.npy")
+    b.load_state_dict(st)
+    assert np.array_equal(next(b)["input_ids"], next(a)["input_ids"])

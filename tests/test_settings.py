@@ -36,6 +36,8 @@ def _bounds(row: Dict[str, Any]) -> str:
         return ", ".join(f'"{n}"' for n in row["names"])
     if row["type"] == "bool":
         return "True, False"
+    if row["type"] == "path":
+        return "a path"
     hi = {2**64 - 1: "2^64 - 1", 2**63 - 1: "2^63 - 1", 2**32 - 1: "2^32 - 1", 2**32 - 2: "2^32 - 2"}
     return f"{row['min']} .. {hi.get(row['max'], str(row['max']))}"
 
@@ -130,10 +132,31 @@ def _non_default(row: Dict[str, Any]) -> Any:
         return next(n for i, n in enumerate(row["names"]) if i != row["default"])
     if row["type"] == "bool":
         return not row["default"]
+    if row["type"] == "path":
+        return "a path"  # the caller makes one where one is read
     for v in range(row["min"], row["min"] + 4):
         if v != row["default"] and not (row["nullable"] and v == row["none_value"]) and v <= row["max"]:
             return v
     raise AssertionError(row)
+
+
+def _megatron_cache(tmp_path: Any, sizes: List[int], L: int, split: str = "train", extra: bool = True) -> str:
+    """A GPTDataset index cache (in tmp_path/cache) over documents of these sizes, in order: one
+    epoch, samples of L tokens (+ the extra token), unshuffled."""
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    n = (int(starts[-1]) - int(extra)) // L
+    rows = []
+    for s in range(n + 1):
+        t = s * L
+        d = min(int(np.searchsorted(starts, t, side="right") - 1), len(sizes) - 1)
+        rows.append((d, t - int(starts[d])))
+    cache = tmp_path / "cache"
+    cache.mkdir(exist_ok=True)
+    base = str(cache / f"0123abcd-GPTDataset-{split}-")
+    np.save(base + "document_index.npy", np.arange(len(sizes), dtype=np.int32))
+    np.save(base + "sample_index.npy", np.array(rows, dtype=np.int32))
+    np.save(base + "shuffle_index.npy", np.arange(n, dtype=np.uint32))
+    return str(cache)
 
 
 @pytest.mark.parametrize("row", [r for r in _core.settings() if r["scope"] in ("order", "engine")],
@@ -152,6 +175,12 @@ def test_every_row_given_to_the_loader_reaches_its_layer(tmp_path, row):
         return
     kw: Dict[str, Any] = dict(seq_len=8, batch_size=2, output="numpy")
     kw.update(_COMPANIONS.get(name, {}))
+    if name.startswith("megatron_"):  # Megatron's order needs its index cache
+        kw.update(megatron_cache=_megatron_cache(tmp_path, [i % 7 + 3 for i in range(50)], 8,
+                                                 split=v if name == "megatron_split" else "train",
+                                                 extra=v if name == "megatron_add_extra_token" else True))
+        if row["type"] == "path":
+            v = kw["megatron_cache"]
     kw[name] = v
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a configuration warned about (mostly padding, say) is still made

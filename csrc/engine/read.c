@@ -151,8 +151,8 @@ static int64_t token_offset(const tf_file *f) {
     return tf__file_token_offset(f);
 }
 
-/* Open the file behind f (its path, or, for Megatron, whose path may be the
- * prefix, path.bin) into *fdp. The descriptor must be the very file whose
+/* Open the file behind f (its path, or, for a pair opened by its prefix
+ * (Megatron's), the prefix and the data file's suffix) into *fdp. The descriptor must be the very file whose
  * bytes the dataset checked (tf__file_check_fd: device, inode, size and
  * modification time): a name that holds another file by now, say one renamed
  * over it, is an error naming it, never that file's tokens. Returns 0, the
@@ -161,7 +161,8 @@ static int64_t token_offset(const tf_file *f) {
 static int open_file(const tf_file *f, int flags, int *fdp) {
     char alt[4096];
     const char *cands[2] = {f->path, NULL};
-    if (f->format == TF_FORMAT_MEGATRON && snprintf(alt, sizeof alt, "%s.bin", f->path) < (int)sizeof alt)
+    const tf__format_row *row = tf__format_row_of(f->format);
+    if (row && row->pair_data_suffix && snprintf(alt, sizeof alt, "%s%s", f->path, row->pair_data_suffix) < (int)sizeof alt)
         cands[1] = alt;
     int err = ENOENT, bad = 0;
     char msg[1024];

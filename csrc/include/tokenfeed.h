@@ -623,7 +623,17 @@ typedef enum tf_setting_scope {
     TF_SCOPE_DEVICE = 2,
     TF_SCOPE_REMOTE = 3 /* tf_remote_config: where 0 (none) means the row's default */
 } tf_setting_scope;
-typedef enum tf_setting_type { TF_SETTING_INT = 0, TF_SETTING_BOOL = 1, TF_SETTING_ENUM = 2 } tf_setting_type;
+/* TF_SETTING_PATH: a file or directory name (const char *, borrowed until the
+ * configuration is used; NULL: none). It has no integer value: tf_config_get
+ * reads 0, and tf_config_set_path sets it. A path names where data is, not
+ * what it is: it never enters a fingerprint, and what the order reads there
+ * is identified by the order's own fingerprint of it. */
+typedef enum tf_setting_type {
+    TF_SETTING_INT = 0,
+    TF_SETTING_BOOL = 1,
+    TF_SETTING_ENUM = 2,
+    TF_SETTING_PATH = 3
+} tf_setting_type;
 
 typedef struct tf_setting {
     const char *name;
@@ -654,6 +664,12 @@ TF_API int tf_setting_bounds(const char *name, int64_t *min, uint64_t *max);
  * them). none_value is always accepted where the setting is nullable. */
 TF_API int tf_config_set(tf_setting_scope scope, void *cfg, const char *name, int64_t value);
 TF_API int tf_config_get(tf_setting_scope scope, const void *cfg, const char *name, int64_t *value);
+/* Set a TF_SETTING_PATH setting by name (path borrowed: it must outlive the
+ * calls that read the configuration, such as tf_order_create; NULL: none).
+ * -ENOENT: no such setting there; -EINVAL: not a path setting. */
+TF_API int tf_config_set_path(tf_setting_scope scope, void *cfg, const char *name, const char *path);
+/* Read one: *path is the configuration's pointer (NULL: none). */
+TF_API int tf_config_get_path(tf_setting_scope scope, const void *cfg, const char *name, const char **path);
 
 typedef enum tf_packing {
     TF_PACK_CONCAT = 0,   /* documents concatenated, cut every seq_len tokens */
@@ -693,12 +709,30 @@ typedef enum tf_shuffle {
  *                  max_target_sequence_length = c x seq_len (its loader's
  *                  chunk_size): each file holds c x floor(tokens / (c x
  *                  seq_len)) instances, and the shuffle permutes runs of c
- *                  consecutive instances, which stay in order. */
+ *                  consecutive instances, which stay in order.
+ *   TF_ORDER_MEGATRON  Megatron-core's GPTDataset, read from the index cache
+ *                  it wrote (megatron_cache: its path_to_cache directory,
+ *                  where megatron_split's cache is found, or one of that
+ *                  cache's files): position i is GPTDataset[i mod N], as
+ *                  tf_order_create_megatron describes. The three .npy
+ *                  files are mapped and checked (shapes, dtypes, sizes; the
+ *                  cache's description.txt against seq_len); packing CONCAT,
+ *                  separator_id -1, shuffle NONE and pad_id 0. The state
+ *                  records a fingerprint of the cache. */
 typedef enum tf_order_kind {
     TF_ORDER_TOKENFEED = 0,
     TF_ORDER_LLMC = 1,
     TF_ORDER_OLMO = 2,
+    TF_ORDER_MEGATRON = 3,
 } tf_order_kind;
+
+/* Megatron-core's dataset splits (GPTDataset's Split): which cache of a
+ * path_to_cache directory TF_ORDER_MEGATRON reads. */
+typedef enum tf_megatron_split {
+    TF_MEGATRON_TRAIN = 0,
+    TF_MEGATRON_VALID = 1,
+    TF_MEGATRON_TEST = 2,
+} tf_megatron_split;
 
 typedef struct tf_order_config {
     uint64_t seq_len;       /* L >= 1; a sample is L + 1 tokens */
@@ -717,11 +751,18 @@ typedef struct tf_order_config {
     /* mixtures (tf_order_create_mix) */
     uint64_t mix_window;    /* positions per schedule window before reduction (default 1000) */
     /* another loader's order, to continue a run begun on it (tf_order_kind) */
-    tf_order_kind order;    /* TF_ORDER_TOKENFEED (default), TF_ORDER_LLMC or TF_ORDER_OLMO */
+    tf_order_kind order;    /* TF_ORDER_TOKENFEED (default), TF_ORDER_LLMC, TF_ORDER_OLMO or TF_ORDER_MEGATRON */
     uint32_t llmc_processes; /* TF_ORDER_LLMC: llm.c's number of processes (default 1; 0: the
                                 data-parallel size, which tf_loader_create(_mix) takes from
                                 world_size and tf_order_create, not knowing it, refuses) */
     uint64_t olmo_chunk;    /* TF_ORDER_OLMO: consecutive instances shuffled as one (default 1) */
+    /* TF_ORDER_MEGATRON (set with tf_config_set_path / tf_config_set, or directly) */
+    const char *megatron_cache;        /* GPTDataset's path_to_cache, or one of its cache's files
+                                          (borrowed until tf_order_create returns; the order
+                                          keeps a copy) */
+    tf_megatron_split megatron_split;  /* the split whose cache a directory holds (default TRAIN) */
+    int32_t megatron_add_extra_token;  /* add_extra_token_to_sequence: 1 (default) or 0; the cache
+                                          does not record it */
 } tf_order_config;
 
 TF_API void tf_order_config_init(tf_order_config *cfg);

@@ -56,11 +56,16 @@ typedef struct tf__order_kind {
     uint64_t (*kind_fp)(const tf_order_config *c); /* mixed into a saved state's fingerprint; NULL: none */
     int mixable;                                /* can be a mixture's sources' order */
     int processes_from_world;                   /* llmc_processes 0 means the data-parallel ranks */
+    const char *data_fp;                        /* its fingerprint reads data of its own (named so in
+                                                   messages), not the config alone: the state records it
+                                                   under "order"; NULL: none */
 } tf__order_kind;
 
 /* The row of an order kind, NULL for a value no row has (a config the
  * settings table's bounds let through cannot have one). */
 TF_HIDDEN const tf__order_kind *tf__order_kind_of(int order);
+/* The row named name (the settings table's enum spelling), NULL for none. */
+TF_HIDDEN const tf__order_kind *tf__order_kind_named(const char *name);
 
 /* Which rows a data-parallel rank reads under balancing (balance.c): the one
  * account of it, for the engine's workers, the chunk scheduler and the

@@ -256,6 +256,21 @@ static int setting_value(const tf_setting *st, PyObject *o, int64_t *v) {
 static int parse_one_setting(PyObject *value, tf_setting_scope scope, void *cfg, const char *k, const char *fname) {
     const tf_setting *st = tf_setting_find(k);
     int64_t v;
+    if (st->type == TF_SETTING_PATH) {
+        /* the UTF-8 of a str lives as long as the str, which the caller's keywords hold */
+        const char *path = NULL;
+        if (value != Py_None && !PyUnicode_Check(value)) {
+            PyErr_Format(PyExc_TypeError, "%s: expected a path as str or None, got %.100s %R", k, Py_TYPE(value)->tp_name,
+                         value);
+            return -1;
+        }
+        if (value != Py_None && !(path = PyUnicode_AsUTF8(value))) return name_error(k);
+        if (tf_config_set_path(scope, cfg, k, path) < 0) {
+            PyErr_SetString(PyExc_ValueError, tf_last_error());
+            return -1;
+        }
+        return 0;
+    }
     if (setting_value(st, value, &v) < 0) return name_error(k);
     if (tf_config_set(scope, cfg, k, v) < 0) { /* outside its bounds (its name is in the message) */
         PyErr_SetString(PyExc_ValueError, tf_last_error());
@@ -436,12 +451,12 @@ finally:
 
 PyDoc_STRVAR(settings_doc,
 "settings($module)\n--\n\nReturns list[dict]. The C settings table: one dict per setting of the order, the "
-"engine, the device stage and remote reading, with name, scope ('order', 'engine', 'device', 'remote'), type ('int', 'bool', 'enum'), "
+"engine, the device stage and remote reading, with name, scope ('order', 'engine', 'device', 'remote'), type ('int', 'bool', 'enum', 'path'), "
 "default, min, max, nullable, none_value, names (an enum's, else None), stream (when it changes the stream) "
 "and description.");
 
 static PyObject *settings(PyObject *mod, PyObject *unused) {
-    static const char *const scopes[] = {"order", "engine", "device", "remote"}, *const types[] = {"int", "bool", "enum"};
+    static const char *const scopes[] = {"order", "engine", "device", "remote"}, *const types[] = {"int", "bool", "enum", "path"};
     size_t n = tf_settings_count();
     PyObject *out = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; out && i < n; i++) {
@@ -482,7 +497,10 @@ PyObject *tfpy_settings_values(tf_setting_scope scope, const void *cfg) {
         int64_t v;
         if (st->scope != scope || tf_config_get(scope, cfg, st->name, &v) < 0) continue;
         PyObject *o;
-        if (st->nullable && v == st->none_value) o = Py_NewRef(Py_None);
+        const char *path = NULL;
+        if (st->type == TF_SETTING_PATH && tf_config_get_path(scope, cfg, st->name, &path) == 0 && path)
+            o = PyUnicode_DecodeFSDefault(path);
+        else if (st->nullable && v == st->none_value) o = Py_NewRef(Py_None);
         else if (st->type == TF_SETTING_BOOL) o = PyBool_FromLong(v != 0);
         else if (st->type == TF_SETTING_ENUM && v >= 0 && v <= (int64_t)st->max) o = PyUnicode_FromString(st->names[v]);
         else if (st->min < 0) o = PyLong_FromLongLong((long long)v);

@@ -15,6 +15,8 @@ built, with messages naming the setting. Nothing is checked twice.
 """
 from __future__ import annotations
 
+import os
+
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
@@ -130,12 +132,12 @@ class OrderConfig:
     pairs or its recorded dict). ``global_batch`` is samples per step over all ranks;
     ``epochs=None`` is endless. ``mix_anchor`` (position, per-source counts) is the
     hand-over point of a resume under another schedule (the C library finds it; the
-    state carries it). ``megatron_cache`` (the common start ``DIR/HASH-GPTDataset-SPLIT-``
-    of a Megatron-core GPTDataset index cache, see :mod:`tokenfeed._megatron_cache`) makes
-    the order GPTDataset's, read from that cache; ``megatron_add_extra_token`` is the
-    GPTDatasetConfig option ``add_extra_token_to_sequence`` it was built with.
     state carries it). ``order`` is ``"tokenfeed"`` or another loader's order to continue
-    its run (``"llmc"``, with ``llmc_processes``; ``"olmo"``, with ``olmo_chunk``: docs/order.md).
+    its run (``"llmc"``, with ``llmc_processes``; ``"olmo"``, with ``olmo_chunk``;
+    ``"megatron"``, Megatron-core's GPTDataset read from its index cache: ``megatron_cache``,
+    its ``path_to_cache`` or one of the cache's files, ``megatron_split`` the split whose
+    cache a directory holds, ``megatron_add_extra_token`` the GPTDatasetConfig option
+    ``add_extra_token_to_sequence`` it was built with: docs/order.md).
     """
 
     seq_len: int
@@ -152,11 +154,12 @@ class OrderConfig:
     global_batch: int = 1
     epochs: Optional[int] = None
     mix_anchor: Optional[Tuple[int, Tuple[int, ...]]] = None
-    megatron_cache: Optional[str] = None
-    megatron_add_extra_token: bool = True
     order: str = "tokenfeed"
     llmc_processes: Optional[int] = None
     olmo_chunk: Optional[int] = None
+    megatron_cache: Optional[str] = None
+    megatron_split: str = "train"
+    megatron_add_extra_token: bool = True
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "seed", "block_size", "window_blocks", "pack_window", "mix_window", "global_batch"):
@@ -172,16 +175,25 @@ class OrderConfig:
         if self.packing not in PACKING:
             raise ValueError(f"packing must be 'concat', 'best_fit' or 'document', got {self.packing!r}")
         if self.megatron_cache is not None:
-            if self.order != "tokenfeed":
+            # a path (str or os.PathLike) is kept as str: the C order reads it
+            object.__setattr__(self, "megatron_cache", os.fspath(self.megatron_cache))
+            if not isinstance(self.megatron_cache, str):
+                raise TypeError(f"megatron_cache must be a path (str or os.PathLike), got {self.megatron_cache!r}")
+            if self.order == "tokenfeed":  # megatron_cache= alone means order="megatron"
+                object.__setattr__(self, "order", "megatron")
+            elif self.order != "megatron":
                 raise ValueError(f"megatron_cache= is Megatron's order: it does not combine with order={self.order!r}")
+        if self.order == "megatron":
+            if self.megatron_cache is None:
+                raise ValueError("order='megatron' reads Megatron-core's GPTDataset index cache: pass megatron_cache= "
+                                 "(its path_to_cache, --data-cache-path, or one of the cache's files)")
             if self.weights is not None:
-                raise ValueError("megatron_cache= reads one dataset in the order Megatron's cache holds: no weights=")
+                raise ValueError("order='megatron' reads one dataset in the order Megatron's cache holds: no weights=")
             if shuffle != "none" or self.packing != "concat" or self.separator_id is not None or self.pad_id:
-                raise ValueError("megatron_cache= takes the samples and their order from Megatron's cache: leave "
+                raise ValueError("order='megatron' takes the samples and their order from Megatron's cache: leave "
                                  "shuffle, packing, separator_id and pad_id unset (shuffle=False, packing='concat')")
-            if not isinstance(self.megatron_add_extra_token, bool):
-                raise TypeError(f"megatron_add_extra_token must be True or False, got {self.megatron_add_extra_token!r}")
-        check_settings(order=self.order, llmc_processes=self.llmc_processes, olmo_chunk=self.olmo_chunk)
+        check_settings(order=self.order, llmc_processes=self.llmc_processes, olmo_chunk=self.olmo_chunk,
+                       megatron_split=self.megatron_split, megatron_add_extra_token=self.megatron_add_extra_token)
         if self.order != "tokenfeed" and self.weights is not None:
             raise ValueError(f"order={self.order!r} reads one dataset as that loader does, not a mixture (weights=)")
         if self.epochs is not None and self.epochs < 1:
@@ -219,6 +231,9 @@ class OrderConfig:
             separator_id=self.separator_id, packing=PACKING[self.packing], mix_window=self.mix_window,
             pad_id=0 if self.pad_id is None else self.pad_id, pack_window=self.pack_window, order=self.order,
             llmc_processes=self.llmc_processes, olmo_chunk=self.olmo_chunk)
+        if self.order == "megatron":
+            kw.update(megatron_cache=self.megatron_cache, megatron_split=self.megatron_split,
+                      megatron_add_extra_token=self.megatron_add_extra_token)
         if isinstance(self.weights, WeightSchedule):
             kw.update(weights=[list(w) for w in self.weights.weights], schedule_steps=list(self.weights.steps),
                       interpolation=1 if self.weights.interpolation == "linear" else 0)
@@ -234,13 +249,7 @@ class OrderConfig:
 
     def build(self, source: Any) -> Any:
         """The C order over ``source`` (a ``_core.Dataset``, or a list of them for a mixture)."""
-        kw = self.core_kwargs()
-        if self.megatron_cache is not None:
-            from . import _megatron_cache
-
-            arrays = _megatron_cache.load(self.megatron_cache, seq_len=self.seq_len)
-            kw["megatron_index"] = arrays + (self.megatron_add_extra_token,)
-        return _core.Order(source, **kw)
+        return _core.Order(source, **self.core_kwargs())
 
 
 def want_bits(position_ids: bool = False, cu_seqlens: bool = False, loss_mask: bool = False) -> int:

@@ -56,7 +56,7 @@ STATE_FORMAT_VERSION: int
 class _Setting(TypedDict):
     name: str
     scope: str  # "order", "engine" or "device"
-    type: str  # "int", "bool" or "enum"
+    type: str  # "int", "bool", "enum" or "path" (a str; no integer value)
     default: int
     min: int
     max: int
@@ -220,13 +220,14 @@ class Order:
                 interpolation: Optional[int] = None, anchor_position: Optional[int] = None,
                 anchor_counts: Optional[Sequence[int]] = None, order: Union[int, str, None] = None,
                 llmc_processes: Optional[int] = None, olmo_chunk: Optional[int] = None,
-                megatron_index: Optional[Tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any], bool]] = None,
+                megatron_cache: Optional[str] = None, megatron_split: Union[int, str, None] = None,
+                megatron_add_extra_token: Optional[bool] = None,
                 ) -> "Order": ...
-    # order: "tokenfeed" (default), "llmc" (llm.c's loader, llmc_processes of them) or "olmo"
-    # (OLMo-core's NumpyFSLDataset instances in NumpyFSLDataLoader's order)
+    # order: "tokenfeed" (default), "llmc" (llm.c's loader, llmc_processes of them), "olmo"
+    # (OLMo-core's NumpyFSLDataset instances in NumpyFSLDataLoader's order) or "megatron"
+    # (Megatron-core's GPTDataset, read from the index cache megatron_cache names: its
+    # path_to_cache, where megatron_split's cache is, or one of the cache's files)
     # with schedule_steps: weights holds one list per step; interpolation 0 = constant, 1 = linear
-    # megatron_index: GPTDataset's (document_index, sample_index, shuffle_index, add_extra_token);
-    # the order is Megatron's (tf_order_create_megatron) and keeps the arrays
     @property
     def num_samples(self) -> int: ...
     @property

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 # meaning: the mesh, a shuffle given as a bool, ...); the rest are written out from the
 # table between the marker lines of its signature (tests/gen_signatures.py).
 SETTINGS_BY_HAND = ("seq_len", "shuffle", "order", "llmc_processes", "batch_size", "dp_rank", "dp_size", "cp_rank",
-                    "cp_size", "global_batch")
+                    "cp_size", "global_batch", "megatron_cache", "megatron_split", "megatron_add_extra_token")
 LOADER_SETTINGS = tuple(n for n, r in SETTINGS.items()
                         if r["scope"] in ("order", "engine", "device") and n not in SETTINGS_BY_HAND)
 
@@ -187,7 +187,8 @@ class Loader:
     per optimizer step) balances the ``M`` global batches of a step together, across
     ranks and across each rank's micro-batches (``docs/balance.md``).
 
-    ``megatron_cache=DIR`` continues a run begun on Megatron-core: the stream is
+    ``order="megatron", megatron_cache=DIR`` (or ``megatron_cache=DIR`` alone, which means
+    ``order="megatron"``) continues a run begun on Megatron-core: the stream is
     ``GPTDataset``'s, read from the index cache it wrote into ``DIR`` (its ``path_to_cache``,
     ``--data-cache-path``) for ``megatron_split`` (default ``"train"``; or pass one of the
     cache's files), over ``dataset``, the ``.bin/.idx`` data it was built from: position ``i``
@@ -247,7 +248,8 @@ class Loader:
                  device_prefetch: Optional[int] = None, source_ids: bool = False,
                  megatron_cache: Optional[PathLike] = None, megatron_split: str = "train",
                  megatron_add_extra_token: bool = True, megatron_pad_id: Optional[int] = None,
-                 order: Literal["tokenfeed", "llmc", "olmo"] = "tokenfeed", llmc_processes: Optional[int] = None,
+                 order: Literal["tokenfeed", "llmc", "olmo", "megatron"] = "tokenfeed",
+                 llmc_processes: Optional[int] = None,
                  where: Any = None, exclude: Any = None, loss_weights: Any = None,
                  # BEGIN settings keywords of Loader (tests/gen_signatures.py writes this block)
                  packing: Literal["concat", "best_fit", "document"] = "concat", separator_id: Optional[int] = None,
@@ -293,11 +295,18 @@ class Loader:
             batch_size=batch_size, rank=pc.dp_rank, world_size=pc.dp_size, dtype=dtype, position_ids=position_ids,
             cu_seqlens=cu_seqlens or document_ids, loss_mask=loss_mask, cp_rank=pc.cp_rank, cp_size=pc.cp_size,
             settings=engine_kw)  # every engine row given, whichever it is
-        if megatron_cache is not None:
-            # the cache holds Megatron's shuffle: shuffle=True (the default) or False read it as it is
+        if megatron_cache is not None or order == "megatron":
+            # megatron_cache= alone means order="megatron" (OrderConfig checks the pair); the cache
+            # holds Megatron's shuffle: shuffle=True (the default) or False read it as it is
             if shuffle not in (True, False, "full", "none"):
-                raise ValueError(f"megatron_cache= reads Megatron's own shuffle: shuffle={shuffle!r} cannot apply")
+                raise ValueError(f"order='megatron' reads Megatron's own shuffle: shuffle={shuffle!r} cannot apply")
             shuffle = "none"
+            if megatron_cache is not None and megatron_split not in SETTINGS["megatron_split"]["names"]:
+                raise FileNotFoundError(f"{os.fspath(megatron_cache)}: no GPTDataset index cache of split "
+                                        f"{megatron_split!r}: Megatron's path_to_cache holds the splits test, train, "
+                                        f"valid (megatron_split)")
+            order_kw.update(megatron_cache=megatron_cache, megatron_split=megatron_split,
+                            megatron_add_extra_token=megatron_add_extra_token)
         if order == "llmc":
             # llm.c's processes are the data-parallel ranks that continue its run, and it seeds
             # process r's shuffle with 42 + r
@@ -326,19 +335,12 @@ class Loader:
                 self.dataset = [d.filter(where, exclude=exclude) for d in self.dataset]
             else:
                 self.dataset = self.dataset.filter(where, exclude=exclude)
-        if megatron_cache is not None:
-            from . import _megatron_cache
-
-            base = _megatron_cache.resolve(megatron_cache, split=megatron_split, seq_len=seq_len,
-                                           data_paths=getattr(self.dataset, "paths", ()))
-            self._order_cfg = dataclasses.replace(self._order_cfg, megatron_cache=base,
-                                                  megatron_add_extra_token=megatron_add_extra_token)
         if megatron_pad_id is not None:
             if isinstance(megatron_pad_id, bool) or not isinstance(megatron_pad_id, (int, np.integer)):
                 raise TypeError(f"megatron_pad_id must be an int or None, got {megatron_pad_id!r}")
-            if megatron_cache is None:
+            if self._order_cfg.order != "megatron":
                 raise ValueError("megatron_pad_id= is what GPTDataset does with its tokenizer's pad id in the data: "
-                                 "it goes with megatron_cache= (continuing a run begun on Megatron)")
+                                 "it goes with megatron_cache= (order='megatron': continuing a run begun on Megatron)")
         # GPTDataset's pad id (negative: none, Megatron's -1): tokens equal to it come as 0, untrained
         self._megatron_pad: Optional[int] = None if megatron_pad_id is None or megatron_pad_id < 0 \
             else int(megatron_pad_id)

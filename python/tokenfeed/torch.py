@@ -64,8 +64,10 @@ class TokenDataset(_TorchDataset):  # type: ignore[type-arg]
                  packing: Literal["concat", "best_fit", "document"] = "concat", separator_id: Optional[int] = None,
                  seed: int = 0, block_size: int = 1024, window_blocks: int = 16, epochs: Optional[int] = None,
                  pad_id: int = 0, pack_window: int = 1024, mix_window: int = 1000,
-                 order: Literal["tokenfeed", "llmc", "olmo"] = "tokenfeed", llmc_processes: Optional[int] = None,
-                 olmo_chunk: Optional[int] = None,
+                 order: Literal["tokenfeed", "llmc", "olmo", "megatron"] = "tokenfeed",
+                 llmc_processes: Optional[int] = None, olmo_chunk: Optional[int] = None,
+                 megatron_cache: Optional[str] = None, megatron_split: Literal["train", "valid", "test"] = "train",
+                 megatron_add_extra_token: bool = True,
                  # END settings keywords of TokenDataset
                  ) -> None:
         # the Loader's configuration of the stream (the order's rows of the settings table:
