@@ -8,7 +8,7 @@
  * arrays, with and without the extra token, every sample a loader gives
  * equals the reference; a state saved at a step resumes there and is
  * refused by an order over another cache; a cache that does not fit the
- * data or seq_len is refused at create. (tests/test_megatron_order.py
+ * data or seq_len is refused at create. (tests/order/test_megatron_order.py
  * compares with megatron-core itself.) */
 #include "helpers.h"
 

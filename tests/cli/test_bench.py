@@ -18,7 +18,7 @@ import pytest
 
 import tokenfeed
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from tokenfeed_bench import cli, data, install, report  # noqa: E402

@@ -218,7 +218,7 @@ def test_resume_after_crash(tmp_path, tok_path, capsys):
     out = tmp_path / "out"
     # run the conversion in a child and kill it after the first chunk is done
     code = f"""
-import os, signal, tokenfeed.cli as cli, tokenfeed._convert as conv
+import os, signal, tokenfeed.cli as cli, tokenfeed.sources._convert as conv
 real = conv._tokenize_chunk
 def crash_after_first(args):
     r = real(args)

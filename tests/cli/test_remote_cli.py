@@ -153,7 +153,7 @@ def test_inspect_remote_without_obstore_is_one_line(monkeypatch, capsys, tmp_pat
     """Without obstore, `inspect s3://...` says what is missing and how to get it, in one line
     (the traceback only with --debug)."""
     import sys
-    from tokenfeed._extras import pip_hint
+    from tokenfeed.common._extras import pip_hint
     monkeypatch.setitem(sys.modules, "obstore", None)  # import obstore raises ImportError
     monkeypatch.setenv("TOKENFEED_CACHE_DIR", str(tmp_path / "cache"))
     assert cli.main(["inspect", "s3://bucket/ds/"]) == 1

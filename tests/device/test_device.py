@@ -47,7 +47,7 @@ PRELUDE = textwrap.dedent("""
     import ctypes, os, sys, time
     import numpy as np
     import tokenfeed
-    from tokenfeed._device import DeviceFeeder, cuda_available
+    from tokenfeed.device._device import DeviceFeeder, cuda_available
 
     def make_dataset(path, n_docs=200, vocab=5000, seed=0):
         rng = np.random.default_rng(seed)
@@ -249,7 +249,7 @@ def test_device_cuda_error_mid_run(cuda_double, tmp_path):
 
 
 def test_device_string_parsing(monkeypatch):
-    from tokenfeed._device import parse_device
+    from tokenfeed.device._device import parse_device
 
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     assert parse_device(None) is None and parse_device("cpu") is None
@@ -1007,7 +1007,7 @@ def test_meter_all_ranks_names_the_slowest_rank_by_the_gpu_figure():
     """With every rank's GPU measured, the slowest rank is the one whose GPU waited the
     largest share of its time, even where another rank's host loop waited more; a rank
     without a GPU figure puts the whole comparison back on the host's figure."""
-    from tokenfeed._explain import _summarize_ranks
+    from tokenfeed.order._explain import _summarize_ranks
 
     def rank(host, gpu=None):
         m = {"batches": 10, "total_batches": 11, "wait_fraction": host, "wait_p99_seconds": 0.001,

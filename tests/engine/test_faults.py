@@ -5,7 +5,7 @@ SIGKILL. Each risky body runs in a subprocess, so a SIGBUS that escapes the guar
 
 Pinned-memory failure (cudaHostRegister refused → pageable fallback) is covered
 by tests/c/test_device.c (case_pageable_fallback, CUDA test double); a training
-process killed and resumed by tests/test_resume_kill.py. See docs/reliability.md,
+process killed and resumed by tests/engine/test_resume_kill.py. See docs/reliability.md,
 "Faults"."""
 from __future__ import annotations
 

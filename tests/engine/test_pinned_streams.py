@@ -206,7 +206,7 @@ PINNED: Dict[str, Dict[str, Any]] = {'best_fit_extras': {'config': 'd03407e3d3a3
                    'stream': 'fad3f1b813d12a5798a73a355a512455'}}
 
 # Taken when these orders were checked against OLMo-core's and llm.c's own loaders
-# (tests/test_olmo_order.py, tests/test_llmc_order.py); must never change either.
+# (tests/order/test_olmo_order.py, tests/order/test_llmc_order.py); must never change either.
 PINNED.update({
     'llmc_shuffle_rank1of2': {'config': '87e4b3775513566e', 'dataset': 'ba4d307931cfe702', 'samples': 1104,
                               'stream': 'b55a0617f978a300027be135a6def3eb'},

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import tokenfeed
-from tokenfeed import _config, _core
+from tokenfeed import _core
+from tokenfeed.order import _config
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ from tokenfeed.cli import main
 pytest.importorskip("tokenizers")
 pytest.importorskip("datatrove")  # in the test extra: CI fails this skip
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "docs", "examples", "datatrove_convert.py")
 WORDS = ("tokens feed the loader while tasks write parts and a merge joins them without copying any "
          "data so the cluster stays busy every epoch").split()

@@ -13,7 +13,7 @@ import orbax.checkpoint  # noqa: E402,F401
 import tokenfeed  # noqa: E402
 from conftest import write_eos_documents  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/, where the helper scripts are
 NPROC, G, L = 2, 8, 32
 
 

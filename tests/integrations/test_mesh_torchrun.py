@@ -27,7 +27,7 @@ import cp_reference as ref
 pytest.importorskip("torch.distributed")
 import torch.distributed as dist  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/, where the helper scripts are
 NPROC, SEQ_LEN, G, STEPS = 4, 32, 8, 6
 
 

@@ -13,7 +13,7 @@ import pytest
 import tokenfeed  # noqa: E402
 from tokenfeed.integrations.olmo_core import TokenfeedDataLoader  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/, where the helper scripts are
 SEQ = 32
 
 

@@ -252,7 +252,7 @@ def test_benchmark_script_runs(tmp_path):
     import subprocess
     import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = tmp_path / "b.json"
     p = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "balance_bench.py"), "--seq-len", "256",
                         "--steps", "4", "--micro-batches", "1", "2", "--dists", "lognormal:4:1.5:2000",

@@ -22,7 +22,7 @@ import pytest
 
 import tokenfeed
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parent.parent  # tests/
 SIZES = (300, 1031, 517, 777)  # unequal: shuffled processes cross shard ends at different steps
 
 

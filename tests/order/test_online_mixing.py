@@ -68,7 +68,7 @@ def test_set_weights_applies_at_the_next_batch_and_keeps_each_source_cursor(sour
 
 
 def test_weights_history_grows_with_changes_not_with_calls(sources, monkeypatch):
-    import tokenfeed._loader as loader_mod
+    import tokenfeed.engine._loader as loader_mod
 
     ld = numpy_loader(sources, weights=[0.5, 0.3, 0.2], **BASE)
     take_tokens(ld, 3)

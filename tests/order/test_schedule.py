@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tokenfeed._schedule import WeightSchedule, as_schedule
+from tokenfeed.order._schedule import WeightSchedule, as_schedule
 
 import schedule_reference as ref
 

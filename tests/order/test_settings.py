@@ -14,9 +14,9 @@ import pytest
 
 import tokenfeed
 from tokenfeed import _core
-from tokenfeed._config import SETTINGS
+from tokenfeed.order._config import SETTINGS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "settings.md"
 STUB = ROOT / "python" / "tokenfeed" / "_core.pyi"
 
@@ -51,7 +51,7 @@ def settings_table() -> str:
 
 def test_docs_table_is_the_c_table():
     text = DOC.read_text()
-    assert settings_table() in text, "docs/settings.md: regenerate the table from tests/test_settings.py"
+    assert settings_table() in text, "docs/settings.md: regenerate the table from tests/order/test_settings.py"
 
 
 def _stub_keywords(cls: str) -> Set[str]:
@@ -179,7 +179,7 @@ def test_a_new_engine_row_is_passed_to_the_engine(tmp_path, monkeypatch):
     """The Loader hands the engine every engine row it is given, by the table, not by a list of
     its own: a row the table gains (here one the C engine does not know yet) reaches the C
     engine, which names it, rather than being accepted and dropped."""
-    from tokenfeed import _config
+    from tokenfeed.order import _config
 
     with tokenfeed.DatasetWriter(tmp_path / "d", vocab_size=100) as w:
         for i in range(50):

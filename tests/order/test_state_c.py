@@ -17,7 +17,7 @@ import pytest
 
 import tokenfeed
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parent.parent  # tests/
 
 
 def fnv1a(h: int, tokens: np.ndarray) -> int:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import tokenfeed
-from tokenfeed._loader import STATE_FORMAT_VERSION
+from tokenfeed.engine._loader import STATE_FORMAT_VERSION
 
 PAD, SEP = 998, 999
 
@@ -219,8 +219,8 @@ def test_a_weights_history_of_zeros_is_refused(data):
 
 
 def test_a_key_twice_is_refused_in_c_and_in_python(data, tmp_path):
-    from tokenfeed._explain_cli import _Problem, _read_state
-    from tokenfeed._loader import _state_from_json
+    from tokenfeed.cli._explain import _Problem, _read_state
+    from tokenfeed.engine._loader import _state_from_json
 
     ld = loader(data, dict(seq_len=8, batch_size=4, seed=1, epochs=2))
     next(ld)

@@ -22,7 +22,7 @@ import textwrap
 import pytest
 
 import tokenfeed
-from tokenfeed import _build
+from tokenfeed.common import _build
 
 from conftest import ROOT
 

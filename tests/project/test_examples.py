@@ -1,6 +1,6 @@
 """The examples in docs/examples run (briefly), so they cannot rot.
 
-The tiny-GPT checkpoint/resume example is exercised by tests/test_resume_kill.py.
+The tiny-GPT checkpoint/resume example is exercised by tests/engine/test_resume_kill.py.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 import tokenfeed
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(ROOT, "docs", "examples")
 
 

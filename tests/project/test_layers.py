@@ -11,7 +11,7 @@ import sysconfig
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for check_layers
 import check_layers as cl  # noqa: E402
 
 

@@ -68,7 +68,7 @@ def test_a_dataset_with_no_documents_names_its_path(tmp_path):
 
 
 def test_convert_on_a_directory_of_licences_lists_formats_and_flags(tmp_path):
-    from tokenfeed._text import ConvertError, expand_inputs
+    from tokenfeed.sources._text import ConvertError, expand_inputs
 
     d = tmp_path / "licences"
     d.mkdir()
@@ -123,9 +123,9 @@ def test_debug_governs_tracebacks_for_every_command(tmp_path, capsys, monkeypatc
 def test_install_hints_work_without_an_index():
     import tomllib
 
-    from tokenfeed._extras import EXTRAS, pip_hint
+    from tokenfeed.common._extras import EXTRAS, pip_hint
 
-    with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as f:
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "pyproject.toml"), "rb") as f:
         extras = tomllib.load(f)["project"]["optional-dependencies"]
     for name, reqs in EXTRAS.items():
         assert list(reqs) == extras[name], name

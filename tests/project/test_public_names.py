@@ -72,7 +72,7 @@ def test_every_name_the_docs_give_exists():
 
 
 def test_documented_classes_from_the_package():
-    assert tokenfeed.DeviceFeeder is importlib.import_module("tokenfeed._device").DeviceFeeder
+    assert tokenfeed.DeviceFeeder is importlib.import_module("tokenfeed.device._device").DeviceFeeder
     assert tokenfeed.DeviceTensor is tokenfeed._core.DeviceTensor
     assert {"DeviceFeeder", "DeviceTensor"} <= set(tokenfeed.__all__)
 

@@ -3,7 +3,7 @@
 ``Loader`` and ``tokenfeed.torch.TokenDataset`` write the settings table's rows out as
 keyword-only parameters, between marker lines that ``tests/gen_signatures.py`` fills from
 ``_core.settings()``; what each keyword does once given is tested row by row in
-``tests/test_settings.py``.
+``tests/order/test_settings.py``.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 
 import tokenfeed
 from tokenfeed import _core
-from tokenfeed._config import SETTINGS, keyword_default, settings_given
+from tokenfeed.order._config import SETTINGS, keyword_default, settings_given
 
 from conftest import ROOT
 
@@ -48,7 +48,7 @@ def test_inspect_lists_every_row(scopes, where):
         if row["scope"] not in scopes or row["name"] == "global_batch":
             continue
         assert row["name"] in params, f"{where} has no keyword {row['name']}"
-    for name in (tokenfeed._loader.LOADER_SETTINGS if where == "Loader" else
+    for name in (tokenfeed.engine._loader.LOADER_SETTINGS if where == "Loader" else
                  sys.modules["tokenfeed.torch"].TOKEN_DATASET_SETTINGS):
         assert params[name].default == keyword_default(SETTINGS[name]), name
         assert params[name].kind is params[name].KEYWORD_ONLY

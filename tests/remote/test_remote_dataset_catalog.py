@@ -353,7 +353,7 @@ def test_close_is_prompt_while_the_scheduler_opens_shards(dataset, moto, bucket,
     """The scheduler opens shards known from the catalog ahead of their reader; close() stops it
     whatever it waits for: it returns while the store still holds the shards' requests (none was
     answered), instead of after the look-ahead has opened every shard within prefetch_bytes."""
-    from tokenfeed._remote import ObjectStoreTransport
+    from tokenfeed.remote._remote import ObjectStoreTransport
 
     path, names = dataset
     moto.upload_dir(bucket, "ds", str(path))
@@ -395,7 +395,7 @@ def test_directory_url_without_its_catalog_is_listed_once(dataset, moto, bucket,
 _CTRL_C_CHILD = INTERRUPTIBLE + textwrap.dedent("""
     import sys, threading
     import tokenfeed
-    from tokenfeed._remote import ObjectStoreTransport
+    from tokenfeed.remote._remote import ObjectStoreTransport
     url, cache, endpoint, held_from = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(",")
     gate, held, released = threading.Event(), threading.Event(), []
     read_into = ObjectStoreTransport.read_into

@@ -19,7 +19,7 @@ import tokenfeed
 from remote_util import FaultProxy, bucket, moto, proxy, s3env  # noqa: F401  (fixtures)
 from conftest import write_llmc, write_megatron, write_nemo_nanogpt
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/, where the helper scripts are
 
 FORMATS = ["native", "native-zstd", "megatron", "llmc", "npy", "raw", "nemo", "nemo-bos"]
 

@@ -157,7 +157,7 @@ def test_corrupted_cached_chunk_fetched_again(uploaded, moto, tmp_path):
     # as after a restart: no process has the chunks mapped (a chunk is verified when a
     # process maps it)
     del remote
-    tokenfeed._remote._stores.clear()
+    tokenfeed.remote._remote._stores.clear()
     # flip a byte in every cached chunk file
     flipped = 0
     for root, _d, files in os.walk(tmp_path / "cache" / "objects"):
@@ -211,7 +211,7 @@ def test_startup_benchmark_gives_each_process_its_rank(monkeypatch):
     batches (dp_rank of dp_size), not all of them the same one."""
     import json as _json
 
-    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks"))
     import remote_bench
 
     launched = []
@@ -245,7 +245,7 @@ def test_node_benchmark_counts_a_node_of_ranks_by_phase(moto, tmp_path, monkeypa
     range is sent once for the node."""
     import argparse
 
-    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks"))
     import remote_bench
 
     args = argparse.Namespace(node_shards=[30], node_procs=2, node_seconds=0.5, startup_kinds="glob",

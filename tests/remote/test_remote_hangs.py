@@ -22,7 +22,7 @@ import tokenfeed
 from remote_util import (INTERRUPTIBLE, TEST_CREDENTIALS, FaultProxy, as_background_job, bucket, moto,  # noqa: F401  (fixtures)
                          proxy, s3env, write_dataset)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _write(tmp_path, n_docs=200, seed=0):
@@ -138,7 +138,7 @@ def test_silent_server_reported_then_fails_by_deadline(silent, tmp_path, monkeyp
 # on a held request by itself, so "interrupted" arrives only if Ctrl-C ends the open without it
 _HELD_CHILD = INTERRUPTIBLE + textwrap.dedent("""
     import gc, sys, tokenfeed
-    from tokenfeed import _remote
+    from tokenfeed.remote import _remote
     url, cache, endpoint, timeout, attempts = sys.argv[1:6]
     opts = {} if timeout == "default" else {"request_timeout": float(timeout), "max_attempts": int(attempts),
                                             "deadline": 900}

@@ -352,7 +352,7 @@ def test_a_worker_reopening_a_set_rewritten_since_refuses(llmc_set, moto, bucket
 def test_index_says_when_the_catalog_cannot_be_stored(llmc_set, moto, monkeypatch):  # noqa: F811
     import errno
 
-    from tokenfeed import _remote
+    from tokenfeed.remote import _remote
 
     def refused(self, url, data):
         raise _remote.TransportError(errno.EACCES, "AccessDenied: Access Denied")

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from remote_util import TEST_CREDENTIALS, FaultProxy, bucket, moto, proxy, s3env  # noqa: F401  (fixtures)
-from tokenfeed import _remote
-from tokenfeed._remote import ObjectStoreTransport, TransportError, parse_size, parse_url
+from tokenfeed.remote import _remote
+from tokenfeed.remote._remote import ObjectStoreTransport, TransportError, parse_size, parse_url
 
 
 # ---- sizes and URLs ---------------------------------------------------------------------

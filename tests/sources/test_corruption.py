@@ -9,7 +9,7 @@ Every case must end in one of:
   - a dataset whose tokens are exactly the original ones (a change that does
     not alter the data, such as a larger vocab_size).
 Anything else (another exception type, silently different tokens, a crash)
-fails. Round trips of valid files are tests/test_formats.py's job.
+fails. Round trips of valid files are tests/sources/test_formats.py's job.
 """
 from __future__ import annotations
 

@@ -75,7 +75,7 @@ def test_stream_unchanged_under_a_bound_of_three(tmp_path, backend):
         files.append(str(p))
     out = _run(f"""
         import sys, numpy as np, tokenfeed
-        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        sys.path[:0] = [{os.path.dirname(__file__)!r}, {os.path.dirname(os.path.dirname(__file__))!r}]
         from test_lazy_shards import _stream_digest
         ds = tokenfeed.open({str(tmp_path / "shard_*.bin")!r})
         for i in range(40):
@@ -108,7 +108,7 @@ def test_shard_changed_after_open_is_an_error_naming_it(tmp_path):
         else:
             print("no error")
     """, {"TOKENFEED_MAX_OPEN_SHARDS": "1", "PYTHONPATH": os.pathsep.join(
-        [os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])})
+        [os.path.dirname(__file__), os.path.dirname(os.path.dirname(__file__)), os.environ.get("PYTHONPATH", "")])})
     assert "ERR" in out, out
     assert files[5] in out and "changed" in out
 
@@ -232,7 +232,7 @@ def test_catalog_directory_is_private_whatever_the_umask(tmp_path):
         os.umask(0o002)
         warnings.simplefilter("error")  # a refused catalog directory warns
         import tokenfeed
-        from tokenfeed import _shardset
+        from tokenfeed.sources import _shardset
         spec = {str(tmp_path / "d" / "shard_*.bin")!r}
         first = tokenfeed.open(spec)
         def listed(*a, **k):
@@ -450,7 +450,7 @@ def test_catalog_bound_that_is_not_a_size_is_refused(tmp_path, monkeypatch, bad)
 def test_one_size_parser():
     """The Python options (cache_limit, --keep) and the C library's variables share one parser."""
     from tokenfeed import _core
-    from tokenfeed._remote import parse_size
+    from tokenfeed.remote._remote import parse_size
     for text, want in [("1.5G", 1_500_000_000), ("1T", 10 ** 12), ("2KiB", 2048), ("1.5TiB", 3 << 39),
                        ("7", 7), ("10kb", 10_000), (".5GiB", 1 << 29), ("18446744073709551615", 2 ** 64 - 1)]:
         assert _core.parse_size(text, "x") == parse_size(text) == want, text

@@ -27,8 +27,8 @@ import xxhash
 
 import tokenfeed
 from tokenfeed import cli
-from tokenfeed._convert import CONVERT_LOCK
-from tokenfeed._lock import RunLock
+from tokenfeed.sources._convert import CONVERT_LOCK
+from tokenfeed.common._lock import RunLock
 from remote_util import bucket, moto  # noqa: F401  (fixtures)
 
 ROOT = os.geteuid() == 0
@@ -282,7 +282,7 @@ def test_forged_chunk_fails_its_keyed_trailer(moto, bucket, tmp_path):  # noqa: 
     n = remote.num_tokens
     assert np.array_equal(remote.tokens(0, n), local.tokens(0, n))
     del remote
-    tokenfeed._remote._stores.clear()  # a new process: nothing mapped yet
+    tokenfeed.remote._remote._stores.clear()  # a new process: nothing mapped yet
     files = _chunk_files(cache)
     with open(files[0], "rb") as f:
         magic = f.read()[-40:-32]
@@ -409,7 +409,7 @@ def test_default_cache_limit_is_the_same_for_every_process(moto, bucket, tmp_pat
     local, url = _remote_dataset(moto, bucket, tmp_path, n_tokens=40_000)
     cache = tmp_path / "not" / "yet"  # the first process creates it
     first = tokenfeed.open(url, cache_dir=cache, endpoint_url=moto.endpoint).cache_stats()["cache_limit"]
-    tokenfeed._remote._stores.clear()  # another process, on a node where the cache exists now
+    tokenfeed.remote._remote._stores.clear()  # another process, on a node where the cache exists now
     second = tokenfeed.open(url, cache_dir=cache, endpoint_url=moto.endpoint).cache_stats()["cache_limit"]
     assert first == second
     st = os.statvfs(cache)

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import tokenfeed
-from tokenfeed import _core, _views
+from tokenfeed import _core
+from tokenfeed.sources import _views
 from tokenfeed.cli import main
 
 from conftest import assert_resumes_exactly, numpy_loader, take_tokens, write_llmc, write_megatron

@@ -29,11 +29,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
-from . import _core
-from ._convert import convert
-from ._extras import pip_hint
-from ._text import EOD_CANDIDATES, ConvertError
-from ._warnings import DataWarning
+from .. import _core
+from ..sources._convert import convert
+from ..common._extras import pip_hint
+from ..sources._text import EOD_CANDIDATES, ConvertError
+from ..common._warnings import DataWarning
 
 __all__ = ["main"]
 
@@ -45,7 +45,7 @@ class CLIError(Exception):
 
 
 def _human(n: float) -> str:
-    from ._progress import _human as h
+    from ..common._progress import _human as h
 
     return h(n)
 
@@ -114,8 +114,8 @@ def _max_id(ds: Any) -> Dict[str, Any]:
     """The largest token id (exact, or over evenly spaced pieces), and warnings about it: ids at
     the dtype's largest value (a vocabulary wider than the dtype was cut when written) or at or
     above vocab_size."""
-    from ._dataset import dtype_mismatch
-    from ._remote import is_url
+    from ..sources._dataset import dtype_mismatch
+    from ..remote._remote import is_url
 
     n, step = ds.num_tokens, 1 << 24
     if n <= _MAX_ID_SCAN and not any(is_url(str(p)) for p in ds.paths):
@@ -159,7 +159,7 @@ def _max_id(ds: Any) -> Dict[str, Any]:
 
 def _packing(ds: Any, L: int, packing: str, starts: np.ndarray, lens: np.ndarray, sampled: bool) -> Dict[str, Any]:
     """How one epoch packs: the library's own statistics, plus concat-only extras measured here."""
-    from ._loader import Loader
+    from ..engine._loader import Loader
 
     try:  # builds the order only: no threads start until the first batch
         loader = Loader(ds, seq_len=L, batch_size=1, shuffle=False, rank=0, world_size=1, output="numpy",
@@ -258,7 +258,7 @@ def _print_inspect(info: Dict[str, Any]) -> None:
 
 
 def cmd_inspect(a: argparse.Namespace) -> int:
-    from ._dataset import open as tf_open
+    from ..sources._dataset import open as tf_open
 
     if a.seq_len is not None and a.seq_len < 1:
         raise CLIError("--seq-len must be >= 1")
@@ -277,7 +277,7 @@ def cmd_inspect(a: argparse.Namespace) -> int:
 
 
 def cmd_merge(a: argparse.Namespace) -> int:
-    from ._parts import merge_parts, read_parts
+    from ..sources._parts import merge_parts, read_parts
 
     t0 = time.monotonic()
     n = len(read_parts(a.path))
@@ -292,8 +292,8 @@ def cmd_merge(a: argparse.Namespace) -> int:
 
 
 def cmd_verify(a: argparse.Namespace) -> int:
-    from ._core import FormatError
-    from ._dataset import open as tf_open
+    from .._core import FormatError
+    from ..sources._dataset import open as tf_open
 
     t0 = time.monotonic()
     ds = tf_open(a.path, dtype=a.dtype, format=a.format)  # errors here: the generic one-line report
@@ -464,17 +464,17 @@ def build_parser() -> argparse.ArgumentParser:
     _progress_option(v)
     v.set_defaults(func=cmd_verify)
 
-    from ._cache_cli import add_parser as add_cache_parser
+    from ._cache import add_parser as add_cache_parser
 
     add_cache_parser(sub)
-    from ._explain_cli import add_parsers as add_explain_parsers
+    from ._explain import add_parsers as add_explain_parsers
 
     add_explain_parsers(sub)
 
-    from ._index_cli import add_parser as add_index_parser
+    from ._index import add_parser as add_index_parser
 
     add_index_parser(sub)
-    from ._meta_cli import add_parser as add_meta_parser
+    from ._meta import add_parser as add_meta_parser
 
     add_meta_parser(sub)
     sub.add_parser("bench", add_help=False, help="benchmark the loader (see 'tokenfeed bench --help')")
@@ -485,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_build_info(a: argparse.Namespace) -> int:
-    from ._build import report
+    from ..common._build import report
 
     print(report())
     return 0
@@ -493,7 +493,7 @@ def cmd_build_info(a: argparse.Namespace) -> int:
 
 def _version() -> str:
     try:
-        from . import __version__
+        from .. import __version__
 
         return __version__
     except Exception:
@@ -526,7 +526,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _run(fn: Callable[[], int], debug: bool) -> int:
-    from ._core import FormatError
+    from .._core import FormatError
 
     try:
         return fn()

@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any, Dict, List
 
-from ._remote import default_cache_dir, parse_size
+from ..remote._remote import default_cache_dir, parse_size
 
 __all__ = ["add_parser", "cache_objects", "cmd_cache"]
 
@@ -70,7 +70,7 @@ def cache_objects(cache_dir: str) -> List[Dict[str, Any]]:
 
 
 def cmd_cache(a: argparse.Namespace) -> int:
-    from . import _core
+    from .. import _core
 
     d = a.dir or default_cache_dir()
     if a.cache_command == "prune":

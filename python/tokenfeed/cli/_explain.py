@@ -37,7 +37,7 @@ class _Problem(ValueError):
 def _read_state(path: str) -> Mapping[str, Any]:
     """A loader state from a JSON file (the state itself, or an object holding it under "loader"), or
     from a torch checkpoint holding it under "loader"."""
-    from ._loader import StateError, _state_from_json
+    from ..engine._loader import StateError, _state_from_json
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -74,7 +74,7 @@ def _first_weights(state: Mapping[str, Any]) -> Dict[str, Any]:
     that does not record them (an older tokenfeed's) keeps the last weights, or equal ones where those hold a 0,
     which a Loader is not built with: loading it then tells the steps from the last change on and refuses the
     earlier ones by name."""
-    from ._schedule import WeightSchedule
+    from ..order._schedule import WeightSchedule
 
     init, w = state.get("weights_initial"), state["config"].get("weights")
     if not state.get("weights_history") or not isinstance(w, list):
@@ -90,8 +90,8 @@ def _first_weights(state: Mapping[str, Any]) -> Dict[str, Any]:
 
 def make_loader(a: argparse.Namespace) -> Any:
     """The Loader of rank ``a.rank`` of ``a.dp_size`` that the options (or the saved state) describe."""
-    from ._dataset import open as _open
-    from ._loader import Loader
+    from ..sources._dataset import open as _open
+    from ..engine._loader import Loader
 
     if a.dp_size < 1 or not 0 <= a.rank < a.dp_size:
         raise _Problem(f"--rank {a.rank} --dp-size {a.dp_size}: expected 0 <= rank < dp-size")
@@ -155,7 +155,7 @@ def cmd_explain(a: argparse.Namespace) -> int:
     loader = make_loader(a)
     tok = None
     if a.tokenizer:
-        from ._text import load_tokenizer
+        from ..sources._text import load_tokenizer
 
         tok = load_tokenizer(a.tokenizer)
     dss = _datasets(loader)

@@ -19,9 +19,9 @@ import sys
 import time
 from typing import Any
 
-from . import _remote
-from ._dataset import build_catalog, build_index, default_index_dir
-from ._dataset import open as tf_open
+from ..remote import _remote
+from ..sources._dataset import build_catalog, build_index, default_index_dir
+from ..sources._dataset import open as tf_open
 
 __all__ = ["add_parser", "cmd_index"]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ._dataset import open as tf_open
+from ..sources._dataset import open as tf_open
 
 __all__ = ["add_parser", "cmd_meta_attach", "cmd_meta_show"]
 

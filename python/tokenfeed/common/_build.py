@@ -16,7 +16,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Dict, List
 
-from . import _core
+from .. import _core
 
 OPTIONAL = ("zstd", "io_uring")
 WHAT_FOR = {

@@ -3,7 +3,7 @@
 ``pip install 'tokenfeed[remote]'`` only works where tokenfeed itself comes from a
 package index; from a wheel file or a source tree pip answers "No matching
 distribution". The hints name the packages each extra brings instead (the same
-requirements as the extras in pyproject.toml; tests/test_cli.py checks they agree).
+requirements as the extras in pyproject.toml; tests/cli/test_cli.py checks they agree).
 """
 from __future__ import annotations
 

@@ -28,8 +28,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
-from . import _core
-from ._config import SETTINGS, check_settings
+from .. import _core
+from ..order._config import SETTINGS, check_settings
 
 __all__ = ["DeviceFeeder", "DeviceStage", "cuda_available", "parse_device"]
 

@@ -19,16 +19,16 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Literal, Mapping, O
 
 import numpy as np
 
-from . import _core
-from ._errors import StateError
-from ._warnings import PerformanceWarning
-from ._config import SETTINGS, EngineConfig, OrderConfig, renamed, settings_given, split_settings
-from ._mesh import DEFAULT_CP_DIM, DEFAULT_DP_DIMS, ParallelCoords, parallel_coords
-from ._schedule import WeightSchedule, short_ramps
-from ._dataset import Dataset, PathLike, open as _open
+from .. import _core
+from ..common._errors import StateError
+from ..common._warnings import PerformanceWarning
+from ..order._config import SETTINGS, EngineConfig, OrderConfig, renamed, settings_given, split_settings
+from ..order._mesh import DEFAULT_CP_DIM, DEFAULT_DP_DIMS, ParallelCoords, parallel_coords
+from ..order._schedule import WeightSchedule, short_ramps
+from ..sources._dataset import Dataset, PathLike, open as _open
 
 if TYPE_CHECKING:
-    from ._explain import Segment
+    from ..order._explain import Segment
 
 # Rows of the settings table that Loader's signature writes by hand (they have Python-side
 # meaning: the mesh, a shuffle given as a bool, ...); the rest are written out from the
@@ -327,7 +327,7 @@ class Loader:
             else:
                 self.dataset = self.dataset.filter(where, exclude=exclude)
         if megatron_cache is not None:
-            from . import _megatron_cache
+            from ..sources import _megatron_cache
 
             base = _megatron_cache.resolve(megatron_cache, split=megatron_split, seq_len=seq_len,
                                            data_paths=getattr(self.dataset, "paths", ()))
@@ -370,7 +370,7 @@ class Loader:
         # The GPU hop (docs/gpu.md): None keeps batches on the CPU. The device stage
         # is made now, so a missing GPU fails here, not at the first batch; from then
         # on the engine works in page-locked memory.
-        from ._device import parse_device
+        from ..device._device import parse_device
 
         self.device_index = parse_device(device)
         if self._engine_cfg.setting("warmup_steps") and self.device_index is not None:
@@ -513,7 +513,7 @@ class Loader:
     def _get_device(self) -> Any:
         # per process: made again after unpickling, over the engine at the position
         if self._device is None:
-            from ._device import DeviceStage
+            from ..device._device import DeviceStage
 
             assert self.device_index is not None
             self._device = DeviceStage(self._get_engine(), self.device_index, **self._device_kw)
@@ -618,7 +618,7 @@ class Loader:
 
     def _with_document_ids(self, batch: Dict[str, Any]) -> Dict[str, Any]:
         if self._document_ids:
-            from .flex import document_ids
+            from ..flex import document_ids
 
             # per row of the batch: seq_len, or a warmup's shorter rows
             batch["document_ids"] = document_ids(batch["cu_seqlens"], int(batch["input_ids"].shape[-1]))
@@ -1092,7 +1092,7 @@ class Loader:
         those metadata columns (``docs/views.md``); document ids of a filtered dataset are
         those of the dataset it selects from.
         """
-        from ._explain import explain
+        from ..order._explain import explain
 
         return explain(self, step, columns)
 
@@ -1108,7 +1108,7 @@ class Loader:
         then the inverse of the shuffle (and of a mixture's schedule) for each: microseconds
         to milliseconds, whatever the range.
         """
-        from ._explain import where
+        from ..order._explain import where
 
         hits = where(self, document, source=source, epochs=epochs)
         for at, src, ids in self._excluded:  # taken down from step at / G on: never served there
@@ -1142,6 +1142,6 @@ class Loader:
         a few microseconds. :func:`tokenfeed.meter_verdict` says it in one line, and
         :func:`tokenfeed.meter_all_ranks` gathers it over ranks.
         """
-        from ._explain import meter
+        from ..order._explain import meter
 
         return meter(self, window, prefix)

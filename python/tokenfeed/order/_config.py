@@ -21,7 +21,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _core
+from .. import _core
 from ._mesh import parallel_coords
 from ._schedule import WeightSchedule, as_schedule
 
@@ -131,7 +131,7 @@ class OrderConfig:
     ``epochs=None`` is endless. ``mix_anchor`` (position, per-source counts) is the
     hand-over point of a resume under another schedule (the C library finds it; the
     state carries it). ``megatron_cache`` (the common start ``DIR/HASH-GPTDataset-SPLIT-``
-    of a Megatron-core GPTDataset index cache, see :mod:`tokenfeed._megatron_cache`) makes
+    of a Megatron-core GPTDataset index cache, see :mod:`tokenfeed.sources._megatron_cache`) makes
     the order GPTDataset's, read from that cache; ``megatron_add_extra_token`` is the
     GPTDatasetConfig option ``add_extra_token_to_sequence`` it was built with.
     state carries it). ``order`` is ``"tokenfeed"`` or another loader's order to continue
@@ -236,7 +236,7 @@ class OrderConfig:
         """The C order over ``source`` (a ``_core.Dataset``, or a list of them for a mixture)."""
         kw = self.core_kwargs()
         if self.megatron_cache is not None:
-            from . import _megatron_cache
+            from ..sources import _megatron_cache
 
             arrays = _megatron_cache.load(self.megatron_cache, seq_len=self.seq_len)
             kw["megatron_index"] = arrays + (self.megatron_add_extra_token,)

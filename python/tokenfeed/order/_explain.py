@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, overload
 
-from ._errors import StateError
+from ..common._errors import StateError
 
 # The functions take a Loader (typed Any: _loader imports this module, not the reverse).
 _LoaderT = Any

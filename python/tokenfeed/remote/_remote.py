@@ -23,8 +23,8 @@ import weakref
 from datetime import timedelta
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Union
 
-from . import _core
-from ._extras import pip_hint
+from .. import _core
+from ..common._extras import pip_hint
 
 __all__ = ["RemoteURL", "TransportError", "ObjectStoreTransport", "default_cache_dir", "is_url", "parse_size",
            "parse_url"]
@@ -444,7 +444,7 @@ def store_options(cache_dir: Any = None, cache_limit: Union[int, str, None] = No
                   deadline: Optional[float] = None) -> Dict[str, Any]:
     """Check and normalise the remote options of ``tokenfeed.open`` (sizes in bytes). Their
     defaults and bounds are the remote rows of the C settings table (``_core.settings()``)."""
-    from . import _core
+    from .. import _core
 
     rows = {r["name"]: r for r in _core.settings() if r["scope"] == "remote"}
     for name, v in (("max_attempts", max_attempts), ("fetch_threads", fetch_threads)):
@@ -483,7 +483,7 @@ def _shutdown_at_exit() -> None:
     """At exit, while the interpreter still runs: new remote requests are refused and those in
     flight get a moment to return. Threads still in a request after that are never waited
     for (a request that returns to a finalizing interpreter would park its thread for good)."""
-    from . import _core
+    from .. import _core
 
     _core.shutdown_transports(2.0)
 
@@ -495,7 +495,7 @@ def get_store(cache_dir: str, cache_limit: Optional[int] = None, endpoint_url: O
               max_attempts: Optional[int] = None, deadline: Optional[float] = None) -> Any:
     """The process's remote store for these options (one fetch pool and cache slot each), shared by
     the datasets open with them and freed with the last of them."""
-    from . import _core
+    from .. import _core
 
     so = tuple(sorted((k, repr(v)) for k, v in (storage_options or {}).items()))
     key = (os.getpid(), cache_dir, cache_limit, endpoint_url, chunk_size, prefetch_bytes, fetch_threads, so,

@@ -34,8 +34,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from ._extras import pip_hint
-from ._lock import RunLock
+from ..common._extras import pip_hint
+from ..common._lock import RunLock
 from ._text import (EOD_CANDIDATES, TEXT_EXTS, Chunk, ConvertError, Settings, chunk_records, chunk_texts,
                     default_eod, expand_inputs, file_sha256, load_tokenizer, plan_chunks)
 
@@ -53,7 +53,7 @@ CONVERT_LOCK = ".tokenfeed-convert.lock"
 
 
 def _progress(desc: str, unit: str, enabled: Optional[bool]) -> Callable[[int, int], None]:
-    from ._progress import Progress
+    from ..common._progress import Progress
 
     return Progress(desc, unit=unit, enabled=enabled)
 
@@ -309,7 +309,7 @@ def _convert_text_tasks(a: argparse.Namespace, paths: Sequence[str], settings: S
     try:
         from datatrove.executor import LocalPipelineExecutor  # type: ignore[import-untyped, unused-ignore]
 
-        from .integrations.datatrove import ConvertReader, TokenfeedWriter
+        from ..integrations.datatrove import ConvertReader, TokenfeedWriter
     except ImportError as e:
         raise ConvertError(f"--tasks runs the conversion as datatrove tasks and needs datatrove ({e}): "
                            f"{pip_hint('datatrove')}") from None
@@ -388,7 +388,7 @@ def _convert_tokens_locked(a: argparse.Namespace) -> int:
     from ._dataset import DatasetWriter, open as tf_open
 
     from ._dataset import dtype_mismatch
-    from ._warnings import DataWarning
+    from ..common._warnings import DataWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DataWarning)  # said below, with the flag to change
@@ -465,7 +465,7 @@ def convert(a: argparse.Namespace) -> int:
         if a.block_tokens < 1:
             raise ConvertError(f"--block-tokens {a.block_tokens}: give a positive number of tokens, e.g. 2048")
     if a.compression == "zstd":
-        from . import build_info
+        from .. import build_info
 
         if not build_info()["zstd"]["usable"]:
             raise ConvertError("--compression zstd: this tokenfeed was built without zstd (install libzstd-dev and reinstall)")

@@ -10,11 +10,13 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import numpy as np
 
-from . import _core, _remote, _set_record, _shardset, _views
-from ._config import renamed
-from ._errors import StateError
-from ._warnings import DataWarning, PerformanceWarning
-from ._progress import Progress
+from .. import _core
+from ..remote import _remote
+from . import _set_record, _shardset, _views
+from ..order._config import renamed
+from ..common._errors import StateError
+from ..common._warnings import DataWarning, PerformanceWarning
+from ..common._progress import Progress
 
 PathLike = Union[str, "os.PathLike[str]"]
 DTypeLike = Union[str, np.dtype, type, None]

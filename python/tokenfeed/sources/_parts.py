@@ -42,9 +42,9 @@ import secrets
 import shutil
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import _core
+from .. import _core
 from ._dataset import Dataset, DatasetWriter, DTypeLike, PathLike, _DocumentWriter, open as tf_open
-from ._lock import RunLock
+from ..common._lock import RunLock
 
 __all__ = ["PartWriter", "merge_parts", "PARTS_DIR", "PART_INFO"]
 

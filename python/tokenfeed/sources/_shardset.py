@@ -23,7 +23,8 @@ import fnmatch
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import _core, _remote
+from .. import _core
+from ..remote import _remote
 
 MANIFEST = "tokenfeed.manifest"
 _MAGIC = "*?["

@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _core
+from .. import _core
 
 __all__ = ["Columns", "write_columns", "columns_path", "read_table", "COLUMNS_NAME", "COLUMNS_SUFFIX"]
 
