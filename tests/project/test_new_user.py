@@ -105,7 +105,7 @@ def test_cli_advice_names_cli_flags(tmp_path, capsys):
 
 
 def test_debug_governs_tracebacks_for_every_command(tmp_path, capsys, monkeypatch):
-    import tokenfeed.cli as cli
+    import tokenfeed.cli._build_info as cli
 
     def boom(a):
         raise RuntimeError("an unexpected failure")

@@ -1,4 +1,5 @@
-"""``tokenfeed explain`` and ``tokenfeed where``: which documents made a step, and which steps hold a document.
+"""``tokenfeed explain``: which documents made a step (``tokenfeed where``, in ``_where``, the other way round:
+which steps hold a document; both take the loader options defined here).
 
 ::
 
@@ -22,7 +23,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import numpy as np
 
-__all__ = ["add_parsers", "cmd_explain", "cmd_where"]
+__all__ = ["add_parser", "cmd_explain"]
 
 # keys of a loader state's "config" that are Loader keyword arguments
 _STATE_KEYS = ("seq_len", "seed", "shuffle", "block_size", "window_blocks", "separator_id", "packing", "pad_id",
@@ -196,44 +197,6 @@ def cmd_explain(a: argparse.Namespace) -> int:
     return 0
 
 
-@_one_line
-def cmd_where(a: argparse.Namespace) -> int:
-    a.rank, a.dp_size = 0, getattr(a, "dp_size", 1)
-    loader = make_loader(a)
-    if a.document is None:
-        a.document = _document_by_value(loader, a)
-    hits = loader.where(a.document, source=a.source, epochs=a.epochs)
-    if a.json:
-        json.dump({"document": a.document, "source": a.source, "epochs": a.epochs or "0:1", "rows": hits}, sys.stdout)
-        print()
-        return 0
-    where = f"document {a.document}" + (f" of source {a.source}" if len(_datasets(loader)) > 1 else "")
-    if not hits:
-        print(f"{where}: in no step of epochs {a.epochs or '0:1'} (empty, or dropped by the packing: "
-              f"'tokenfeed inspect --seq-len' shows what is dropped)")
-        return 0
-    print(f"{where}: {len(hits)} row{'s' if len(hits) != 1 else ''} in epochs {a.epochs or '0:1'} "
-          f"(dp-size {a.dp_size})")
-    for h in hits:
-        print(f"  step {h['step']}  rank {h['rank']}  row {h['row']}  (position {h['position']}, epoch {h['epoch']})")
-    return 0
-
-
-def _document_by_value(loader: Any, a: argparse.Namespace) -> int:
-    """The document --url / --value names, found in its dataset's metadata columns."""
-    if a.url is not None:
-        col, val = "url", a.url
-    elif a.value and "=" in a.value:
-        col, val = a.value.split("=", 1)
-    else:
-        raise _Problem("give --document N, --url URL or --value COLUMN=VALUE")
-    ds = _datasets(loader)[a.source]
-    hits = np.flatnonzero(ds.columns().match(col, [val]))
-    if len(hits) != 1:
-        raise _Problem(f"{col} {val!r} names {len(hits)} documents of {ds.columns_path}; give --document N")
-    return int(hits[0])
-
-
 def _loader_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("data", nargs="+", metavar="DATA", help="the dataset path(s) the loader reads (with weights: one "
                                                            "per source, in the loader's order)")
@@ -264,8 +227,8 @@ def _loader_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--epochs-total", type=int, metavar="K", help="the loader's epochs= (default: endless)")
 
 
-def add_parsers(sub: Any) -> None:
-    """Add the ``explain`` and ``where`` commands to an argparse subparsers object."""
+def add_parser(sub: Any) -> None:
+    """Add the ``explain`` command to an argparse subparsers object."""
     e = sub.add_parser("explain", help="which documents (and which of their tokens) made a training step",
                        description="For each row of step N's batch on one rank: the document pieces it was cut "
                                    "from (source, document, token range, the file it lives in), computed from the "
@@ -279,14 +242,3 @@ def add_parsers(sub: Any) -> None:
     e.add_argument("--columns", metavar="A,B", help="metadata columns to show for each segment's document: url,domain "
                                                     "(docs/views.md)")
     e.set_defaults(func=cmd_explain)
-    w = sub.add_parser("where", help="which steps of an epoch range hold a document",
-                       description="The steps, ranks and rows whose batches hold tokens of a document, found "
-                                   "by running the order backwards (no token is read, the range is not visited).")
-    _loader_options(w)
-    w.add_argument("--document", type=int, help="the document's index in its dataset")
-    w.add_argument("--url", help="the document whose url column is this (as --value url=URL)")
-    w.add_argument("--value", metavar="COLUMN=VALUE", help="the document whose metadata column COLUMN holds VALUE "
-                                                          "(docs/views.md)")
-    w.add_argument("--source", type=int, default=0, help="the dataset's index among DATA in a mixture (default 0)")
-    w.add_argument("--epochs", metavar="A:B", help="epochs A to B-1 (default 0:1)")
-    w.set_defaults(func=cmd_where)
