@@ -1,7 +1,8 @@
 """The layers of docs/design.md hold: in csrc/ every include and every call goes to
-the same or a lower layer (common < sources < order < engine < device), the binding
-uses the public API only, and no two files, C or Python, depend on each other in a
-circle. The checker itself is tested on graphs that break each rule."""
+the same or a lower layer (common < sources < remote < order < engine < device), the binding
+uses the public API only, the Python package's subpackages keep the same order, and no two
+files, C or Python, depend on each other in a circle. The checker itself is tested on graphs
+that break each rule."""
 from __future__ import annotations
 
 import os
@@ -58,10 +59,62 @@ def test_binding_uses_the_public_api_only():
 def test_python_imports_have_no_circle():
     g = cl.python_graph()
     assert cl.cycles(g) == []
-    assert "_config" in g["_loader"] and "_config" in g["torch"]  # one configuration, shared
+    assert "order._config" in g["engine._loader"] and "order._config" in g["torch"]  # one configuration, shared
     # subpackages and parenthesised imports are seen too
-    assert {"_parts", "_text"} <= g["integrations.datatrove"]
-    assert "_text" in g["_convert"] and "integrations.datatrove" in g["_convert"]
+    assert {"sources._parts", "sources._text"} <= g["integrations.datatrove"]
+    assert "sources._text" in g["sources._convert"] and "integrations.datatrove" in g["sources._convert"]
+    # `from ..remote import _remote` is the module, `from .. import _core` the extension
+    assert "remote._remote" in g["cli._index"] and "_core" in g["sources._views"]
+
+
+# Modules whose room matters most: if one moved out of its subpackage without the checker seeing
+# it, the room checks below would pass on a graph without it.
+EXPECTED_PY = {"common._errors": 0, "sources._dataset": 1, "remote._remote": 2, "order._config": 3,
+               "engine._loader": 4, "device._device": 5, "torch": -1, "cli": -1, "integrations.hf": -1}
+
+
+def test_python_rooms_keep_the_order_of_the_c_rooms():
+    g = cl.python_graph()
+    assert {m: cl.py_room(m) for m in EXPECTED_PY} == EXPECTED_PY
+    assert cl.py_layer_violations(g) == []
+    # every module of the package but the face is in a room
+    face = {"__init__", "__main__", "torch", "flex", "integrations", "cli"}
+    assert {m for m in g if cl.py_room(m) < 0 and m.split(".")[0] not in face} == set()
+    # each room holds a module, and the subpackages are named as the C rooms are
+    assert {m.split(".")[0] for m in g if cl.py_room(m) >= 0} == set(cl.C_LAYERS)
+
+
+def test_python_room_checker_finds_what_it_must():
+    v = cl.py_layer_violations
+    assert v({"common._lock": {"engine._loader"}}, {})  # a lower room imports a higher one
+    assert v({"sources._text": {"torch"}}, {})  # a room imports the face
+    assert v({"order._x": {"__init__"}}, {})
+    assert not v({"engine._loader": {"order._config", "sources._dataset", "common._errors", "engine._y", "_core"}}, {})
+    assert not v({"torch": {"device._device"}, "cli._x": {"engine._loader"}, "integrations.hf": {"cli"}}, {})
+    # an allowed upward import passes; one that is no longer made is reported, so the list only shrinks
+    allowed = {("sources._a", "remote._b"): "why"}
+    assert not v({"sources._a": {"remote._b"}}, allowed)
+    assert v({"sources._a": set()}, allowed) == ["sources._a -> remote._b: listed as an allowed upward import in "
+                                                 "check_layers.PY_UPWARD, but no longer made: remove it from the list"]
+
+
+def test_a_planted_upward_import_is_reported(tmp_path, monkeypatch):
+    # a copy of the package's Python files, one of them changed as a careless edit would
+    pkg = tmp_path / "tokenfeed"
+    for d, _, files in os.walk(cl.PKG):
+        for f in files:
+            if f.endswith((".py", ".pyi")):
+                dst = pkg / os.path.relpath(os.path.join(d, f), cl.PKG)
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.write_bytes(open(os.path.join(d, f), "rb").read())
+    monkeypatch.setattr(cl, "PKG", str(pkg))
+    assert cl.py_layer_violations(cl.python_graph()) == []
+    lock = pkg / "common" / "_lock.py"
+    lock.write_text(lock.read_text() + "\n\ndef _f():\n    from ..engine import _loader\n    return _loader\n")
+    assert cl.py_layer_violations(cl.python_graph()) == ["common._lock -> engine._loader: common is below engine"]
+    lock.write_text(lock.read_text() + "\nfrom ..cli._common import PROG\n")
+    assert "common._lock -> cli._common: common is below the face (cli._common)" in \
+        cl.py_layer_violations(cl.python_graph())
 
 
 def test_checker_finds_what_it_must():
