@@ -631,7 +631,7 @@ def a15_catalog_under_umask_002(tmp: str) -> str:
         import json, os, sys, time
         os.umask(0o002)
         import tokenfeed
-        from tokenfeed.sources import _shardset
+        from tokenfeed.remote import _shardset
         listed = []
         expand = _shardset.expand
         def counting(*a, **k):

@@ -92,8 +92,11 @@ def test_python_room_checker_finds_what_it_must():
     assert not v({"engine._loader": {"order._config", "sources._dataset", "common._errors", "engine._y", "_core"}}, {})
     assert not v({"torch": {"device._device"}, "cli._x": {"engine._loader"}, "integrations.hf": {"cli"}}, {})
     # an allowed upward import passes; one that is no longer made is reported, so the list only shrinks
-    allowed = {("sources._a", "remote._b"): "why"}
-    assert not v({"sources._a": {"remote._b"}}, allowed)
+    allowed = {("sources._a", "remote._b"): "why", ("sources._c", "remote"): "a room: any of its modules"}
+    assert not v({"sources._a": {"remote._b"}, "sources._c": {"remote._b", "remote._d"}}, allowed)
+    assert v({"sources._a": {"remote._b", "remote._d"}, "sources._c": {"remote._b"}}, allowed) == \
+        ["sources._a -> remote._d: sources is below remote"]
+    assert v({"sources._c": {"order._x"}, "sources._a": {"remote._b"}}, allowed)[0].startswith("sources._c -> order._x")
     assert v({"sources._a": set()}, allowed) == ["sources._a -> remote._b: listed as an allowed upward import in "
                                                  "check_layers.PY_UPWARD, but no longer made: remove it from the list"]
 
@@ -124,3 +127,25 @@ def test_checker_finds_what_it_must():
     assert not cl.layer_violations({"engine/read.c": {"sources/file.c", "include/tokenfeed.h"}})
     assert cl.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cl.cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_test_folders_are_rooms_on_the_path_with_unique_file_names():
+    import tomllib
+
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(os.path.dirname(tests), "pyproject.toml"), "rb") as f:
+        path = tomllib.load(f)["tool"]["pytest"]["ini_options"]["pythonpath"]
+    by_name: dict = {}
+    for d, _, files in os.walk(tests):
+        for f in files:
+            if f.startswith("test_") and f.endswith(".py"):
+                by_name.setdefault(f, []).append(os.path.relpath(d, tests))
+    # one module per name: with every folder on the path, a second test_x.py would shadow the first
+    assert {f: ds for f, ds in by_name.items() if len(ds) > 1} == {}
+    folders = {d for ds in by_name.values() for d in ds}
+    # no test file at the top (it holds the helpers), and every folder with tests is on pytest's path
+    assert "." not in folders
+    assert {f"tests/{d}" for d in folders} <= set(path)
+    # the folders are rooms of the package (common's few helpers are tested where they are used),
+    # then the face's and the project's own
+    assert folders == set(cl.C_LAYERS) - {"common"} | {"integrations", "cli", "project"}

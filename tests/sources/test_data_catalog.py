@@ -251,7 +251,7 @@ def test_a_fifo_under_a_remote_set_record_does_not_block(tmp_path):
     """The node's record of a remote set's files (the cache's meta/) is read without blocking:
     a FIFO under its name is no record (the set is listed)."""
     import threading
-    from tokenfeed.sources._set_record import SetRecord, _key
+    from tokenfeed.remote._set_record import SetRecord, _key
     meta = tmp_path / "cache" / "meta"
     meta.mkdir(parents=True, mode=0o700)
     paths = ["s3://bucket/tokens/*.bin"]

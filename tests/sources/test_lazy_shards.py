@@ -232,7 +232,7 @@ def test_catalog_directory_is_private_whatever_the_umask(tmp_path):
         os.umask(0o002)
         warnings.simplefilter("error")  # a refused catalog directory warns
         import tokenfeed
-        from tokenfeed.sources import _shardset
+        from tokenfeed.remote import _shardset
         spec = {str(tmp_path / "d" / "shard_*.bin")!r}
         first = tokenfeed.open(spec)
         def listed(*a, **k):

@@ -317,7 +317,7 @@ def test_wait_for_another_process_listing_answers_ctrl_c_and_ends(remote_glob, t
     up waiting (listing itself) after the limit."""
     import fcntl
 
-    from tokenfeed.sources import _set_record
+    from tokenfeed.remote import _set_record
 
     url, p, tokens = remote_glob
     cache = tmp_path / "cache"

@@ -24,7 +24,7 @@ import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import _core
-from ..remote import _remote
+from . import _remote
 
 MANIFEST = "tokenfeed.manifest"
 _MAGIC = "*?["

@@ -11,8 +11,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import numpy as np
 
 from .. import _core
-from ..remote import _remote
-from . import _set_record, _shardset, _views
+from ..remote import _remote, _set_record, _shardset
+from . import _views
 from ..order._config import renamed
 from ..common._errors import StateError
 from ..common._warnings import DataWarning, PerformanceWarning
