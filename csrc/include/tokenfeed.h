@@ -1157,6 +1157,17 @@ TF_API int tf_loader_create(const tf_dataset *ds, const tf_loader_config *cfg, t
  * engine cuts every batch. -EINVAL, saying what to change, when seq_len is
  * not a multiple of 2*cp_size or cp_rank >= cp_size. */
 TF_API int tf_cp_chunks(uint64_t seq_len, uint32_t cp_size, uint32_t cp_rank, uint64_t first[2], uint64_t *chunk);
+/* The THD context-parallel split (TF_WANT_CU_SEQLENS with cp_size > 1) of one
+ * sample whose sequences (its cu_seqlens without context parallelism) have
+ * seg[0, n) input positions: for each entry rank cp_rank receives of it, in
+ * order, the sample's input position the entry holds, or -1 for padding
+ * (every sequence padded to a multiple of 2*cp_size and cut into 2*cp_size
+ * chunks, chunks cp_rank and 2*cp_size-1-cp_rank of each taken), as the
+ * engine cuts every batch; a trainer places per-token values (loss weights)
+ * the way the engine placed the tokens. Writes up to cap entries, *len their
+ * number; -ENOBUFS when more (the padded lengths' sum / cp_size always fit). */
+TF_API int tf_cp_thd_positions(const uint64_t *seg, size_t n, uint32_t cp_size, uint32_t cp_rank, int64_t *out,
+                               size_t cap, size_t *len);
 /* The same over a weighted mixture (see tf_order_create_mix); datasets
  * borrowed. */
 TF_API int tf_loader_create_mix(const tf_dataset *const *ds, const double *weights, size_t n,
@@ -1185,10 +1196,20 @@ TF_API int tf_loader_next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_n
 TF_API uint64_t tf_loader_position(const tf_loader *l);
 /* The order the loader reads now (borrowed: valid until the loader is freed or
  * a tf_loader_state_load hands over to another order). A C trainer reads the
- * state's takedowns from it (tf_order_num_excluded, tf_order_excluded) after a
- * resume: the batches of tf_loader_next hold every document, and leaving the
- * excluded ones out of the loss is the trainer's (Python's Loader does it). */
+ * state's takedowns from it (tf_order_num_excluded, tf_order_excluded). */
 TF_API const tf_order *tf_loader_order(const tf_loader *l);
+
+/* Take documents down from the loader's position on (tf_loader_position):
+ * tf_order_exclude on the order the loader reads, then a seek to the same
+ * position, so that no batch assembled ahead serves them. From then on (and
+ * after a tf_loader_state_load of a state that lists takedowns) every batch
+ * of tf_loader_next has each taken-down document's tokens replaced by pad_id
+ * and its labels' loss_mask 0; boundaries, position_ids and cu_seqlens stay
+ * those of the order (the other documents keep their places), with context
+ * parallelism too. A takedown made with tf_order_exclude directly on the
+ * order reaches the loader's batches at its next seek. Call it between
+ * tf_loader_next calls (not concurrently with them). */
+TF_API int tf_loader_exclude(tf_loader *l, size_t source, const uint64_t *ids, size_t n);
 
 /* Move to global position pos (a multiple of global_batch). O(1). Batches
  * prefetched for the old position are discarded; batches already handed out

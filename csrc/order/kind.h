@@ -66,6 +66,13 @@ typedef struct tf__order_ops {
      * loader's, named so in the state ("order"), with kind_fp identifying the
      * data of its own it reads (state.c refuses a state of another). */
     const char *foreign;
+    /* Optional (NULL: nothing to prefetch): start the memory reads that
+     * locating sample will need, so a worker can issue them for the rows
+     * ahead before it computes any of their spans. stage 0 may only issue
+     * prefetches of what is found from the sample alone; stage 1 may read
+     * what stage 0 fetched and prefetch what it points to. Never reads
+     * mapped token bytes (no SIGBUS guard needed); never fails. */
+    void (*prefetch)(const tf_order *o, uint64_t sample, int stage);
 } tf__order_ops;
 
 struct tf_order {

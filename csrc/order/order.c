@@ -372,6 +372,10 @@ int tf__order_sample_spans(const tf_order *o, uint64_t sample, tf__span *spans, 
     return o->ops->spans(o, sample, spans, cap, n);
 }
 
+void tf__order_prefetch(const tf_order *o, uint64_t sample, int stage) {
+    if (o && o->ops->prefetch && sample < o->N) o->ops->prefetch(o, sample, stage);
+}
+
 int tf__order_fill_extras(const tf_order *o, uint64_t sample, const tf_sample_extras *ex) {
     if (!o) return -EINVAL;
     if (!ex || (!ex->position_ids && !ex->cu_seqlens && !ex->num_seqs && !ex->loss_mask)) return 0;

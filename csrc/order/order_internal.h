@@ -39,6 +39,9 @@ TF_HIDDEN int tf__order_pads_last(const tf_order *o);
 
 /* Fill only the extras of a sample (tokens are fetched by the caller). Any
  * pointer of ex may be NULL; ex itself may be NULL. */
+/* Prefetch what locating sample (< N, not checked beyond that) will read,
+ * stage 0 then 1 (kind.h: tf__order_ops.prefetch); a no-op for kinds without. */
+TF_HIDDEN void tf__order_prefetch(const tf_order *o, uint64_t sample, int stage);
 TF_HIDDEN int tf__order_fill_extras(const tf_order *o, uint64_t sample, const tf_sample_extras *ex);
 
 /* The registry of order kinds (kinds.c): one row per value of

@@ -310,6 +310,34 @@ def test_loader_device_cuda_yields_device_batches_equal_to_cpu(cuda_double, tmp_
     """, tmp_path, env={"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_DEVICES": "2", "LOCAL_RANK": "1"})
 
 
+def test_loader_device_takedown_drops_what_was_copied_ahead(cuda_double, tmp_path):
+    """exclude() on a device= loader: the engine leaves the documents out, and the batches the
+    device stage had copied ahead (which held them) are made again: every later device batch
+    equals the CPU loader's with the same takedown, byte for byte."""
+    run_py("""
+        ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))
+        kw = dict(seq_len=64, batch_size=4, seed=2, output="numpy", loss_mask=True)
+        cpu = tokenfeed.Loader(ds, **kw)
+        dev = tokenfeed.Loader(ds, device="cuda", **kw)
+        for _ in range(3):
+            a, b = next(cpu), next(dev)
+        assert copied_ahead(dev)
+        seen = {seg.document for row in cpu.explain(3) for seg in row}
+        gone = sorted(seen)[::2]
+        cpu.exclude(gone)
+        dev.exclude(gone)
+        hit = 0
+        for k in range(12):
+            a, b = next(cpu), next(dev)
+            for key in a:
+                assert np.array_equal(host_copy(b[key]), a[key]), (k, key)
+            hit += int((a["loss_mask"] == 0).sum())
+        assert hit
+        assert dev.state_dict()["excluded"] == cpu.state_dict()["excluded"] == [[12, 0, gone]]
+        dev.close()
+    """, tmp_path, env={"TOKENFEED_CUDART": cuda_double, "CUDA_DOUBLE_DEVICES": "1"})
+
+
 def test_loader_device_cuda_without_cuda_is_a_clear_error(tmp_path):
     run_py("""
         ds = make_dataset(os.path.join(os.environ["TF_TMP"], "ds"))

@@ -200,6 +200,50 @@ def test_view_rows_of_many_documents_in_a_batch_are_the_selected_documents_in_or
     assert rows == (len(stream) - 1) // L // B * B
 
 
+@pytest.mark.parametrize("sep", [None, 7])
+def test_view_concat_rows_match_the_reference_with_empty_and_long_documents(tmp_path, sep):
+    # The order locates a row of a view through a stride index of the view's stream (a few
+    # documents per stride) before its binary search: empty documents (several at one stream
+    # position without separators), documents longer than a row, strides holding none or many
+    # documents, shuffled rows. Tokens, position ids and the loss mask match NumPy's.
+    rng = np.random.default_rng(5)
+    lens = [0 if i % 4 == 1 else int(rng.choice([1, 3, 9, 40, 150])) for i in range(500)]
+    docs = [rng.integers(8, 1000, size=n) for n in lens]
+    with tokenfeed.DatasetWriter(tmp_path / "ds", vocab_size=1000) as w:
+        for d in docs:
+            w.add_document(d)
+    ds = tokenfeed.open(tmp_path / "ds")
+    keep = np.array([(i * 37) % 5 < 3 for i in range(500)])
+    view = ds.filter(keep)
+    L = 16
+    parts, starts, at = [], [], 0
+    for i in np.flatnonzero(keep):
+        d = docs[i] if sep is None else np.append(docs[i], sep)
+        if len(d):
+            starts.append(at)
+        parts.append(d)
+        at += len(d)
+    stream = np.concatenate(parts)
+    starts = np.array(starts)
+    n = (len(stream) - 1) // L
+    extra = {} if sep is None else {"separator_id": sep}
+    ld = numpy_loader(view, seq_len=L, batch_size=5, shuffle="none", epochs=1, position_ids=True, loss_mask=True,
+                      **extra)
+    i = 0
+    for b in ld:
+        for r, row in enumerate(b["tokens"]):
+            p0 = i * L
+            assert np.array_equal(row, stream[p0:p0 + L + 1])
+            inside = starts[(starts > p0) & (starts <= p0 + L)] - p0
+            want_pos = np.arange(L) - np.array([max([0] + [s for s in inside if s <= t]) for t in range(L)])
+            assert np.array_equal(b["position_ids"][r], want_pos)
+            want_mask = np.ones(L, dtype=bool)
+            want_mask[inside - 1] = False
+            assert np.array_equal(b["loss_mask"][r].astype(bool), want_mask)
+            i += 1
+    assert i == n // 5 * 5
+
+
 @pytest.mark.parametrize("packing, extra", MODES)
 def test_filtered_order_resumes_exactly_and_is_elastic(meta_ds, packing, extra):
     ds, _ = meta_ds
@@ -739,11 +783,74 @@ def test_loss_weights_from_a_column_with_context_parallelism_and_warmup(tmp_path
     assert (len(shapes) > 1) == bool(warmup)  # the warmup's rows did change length
 
 
-@pytest.mark.parametrize("balance", ["none", "tokens", "cp"])
+@pytest.mark.filterwarnings("ignore:.*pads")
+@pytest.mark.parametrize("packing, extra", MODES)
+@pytest.mark.parametrize("cp", [(2, 0), (2, 1), (4, 3)])
+def test_loss_weights_from_a_column_in_the_thd_layout(tmp_path, packing, extra, cp):
+    """Context parallelism in the THD layout: every sequence of a row padded to a multiple of
+    2 x cp_size, each rank taking its two chunks of each; the weights follow the tokens entry by
+    entry (the document of each label; 0 on the padding entries), against the reference per
+    token, also after documents are taken down (their labels weigh 0)."""
+    ds, q = write_marked(tmp_path / "m")
+    kw = dict(seq_len=32, batch_size=3, packing=packing, seed=5, loss_weights="quality", cp_size=cp[0],
+              cp_rank=cp[1], cu_seqlens=True, loss_mask=True, **extra)
+    ld = numpy_loader(ds.filter("quality >= 0.2"), **kw)
+    gone: list = []
+    for step in range(8):
+        if step == 4:
+            gone = sorted({int(x) - 1 for x in np.unique(b["labels"]) if x > 0})[::2]
+            ld.exclude(gone)
+        b = next(ld)
+        labels = b["labels"].astype(np.int64)
+        assert labels.ndim == 1 and b["loss_weights"].shape == labels.shape
+        assert b["loss_weights"].dtype == np.float32
+        want = np.where(labels > 0, q[np.maximum(labels - 1, 0)], 0).astype(np.float32)
+        assert np.array_equal(b["loss_weights"], want), step
+        if gone:  # tokens of the taken-down documents are pad (0) everywhere: their labels weigh 0
+            assert not np.isin(labels - 1, gone).any()
+    # the same share as a whole sample's weights cut by tf_cp_thd_positions, against NumPy's
+    # own split of a sequence: padded to a multiple of 2 x cp, chunks r and 2cp - 1 - r
+    c, r = cp
+    for seg in ([32], [5, 27], [1, 1, 30], [7, 9, 16]):
+        got = np.frombuffer(_core.cp_thd_positions(seg, c, r), dtype=np.int64)
+        ref, start = [], 0
+        for s_ in seg:
+            p_ = -(-s_ // (2 * c)) * 2 * c
+            h = p_ // (2 * c)
+            for u0 in (r * h, (2 * c - 1 - r) * h):
+                ref += [start + u if u < s_ else -1 for u in range(u0, u0 + h)]
+            start += s_
+        assert got.tolist() == ref, seg
+
+
+def test_cp_thd_positions_refuses_hostile_input():
+    with pytest.raises(ValueError, match="cp_rank"):
+        _core.cp_thd_positions([4], 2, 2)
+    with pytest.raises(ValueError, match="cp_rank"):
+        _core.cp_thd_positions([4], 0, 0)
+    with pytest.raises(ValueError, match="sequence 1"):
+        _core.cp_thd_positions([4, -1], 2, 0)
+    with pytest.raises(ValueError, match="sequence 0"):
+        _core.cp_thd_positions([1 << 62], 2, 0)
+    with pytest.raises(TypeError):
+        _core.cp_thd_positions(5, 2, 0)
+    assert _core.cp_thd_positions([], 2, 0) == b""
+
+
+@pytest.mark.parametrize("balance", ["none", "tokens", "cp", "cp-thd"])
 def test_loss_weights_per_source_of_a_mixture_of_views(tmp_path, balance):
     ds, _ = write_marked(tmp_path / "m")
     code, web = ds.filter("domain == 'code'"), ds.filter("domain == 'web'")
     kw = dict(weights=[0.5, 0.5], loss_weights=[2.0, 0.25], source_ids=True, seq_len=16, batch_size=4, seed=1)
+    if balance == "cp-thd":  # each rank's THD entries: its source's weight, 0 on the padding entries
+        kw.update(cp_size=2, cp_rank=1, cu_seqlens=True)
+        ld = numpy_loader([code, web], **kw)
+        for _ in range(5):
+            b = next(ld)
+            labels = b["labels"].astype(np.int64)
+            want = np.where(labels > 0, np.where((labels - 1) % 3 == 0, 2.0, 0.25), 0).astype(np.float32)
+            assert np.array_equal(b["loss_weights"], want)
+        return
     if balance == "cp":  # each context-parallel rank's share of every row
         kw.update(cp_size=2, cp_rank=1)
     elif balance != "none":
@@ -766,8 +873,6 @@ def test_loss_weights_refused_where_not_supported(tmp_path):
         numpy_loader(ds, seq_len=8, batch_size=2, loss_weights=[1.0])
     with pytest.raises(ValueError, match="one finite weight"):
         numpy_loader([ds, ds], weights=[1, 1], seq_len=8, batch_size=2, loss_weights=[1.0, -1.0])
-    with pytest.raises(NotImplementedError, match="THD layout"):
-        numpy_loader(ds, seq_len=8, batch_size=2, loss_weights="quality", cp_size=2, cp_rank=0, cu_seqlens=True)
     ld = numpy_loader(ds, seq_len=8, batch_size=2, loss_weights="domain")
     with pytest.raises(ValueError, match="no number column 'domain'"):
         next(ld)
@@ -849,8 +954,132 @@ def test_takedown_state_checks_and_refusals(tmp_path):
     full = ld.state_dict()
     assert len(full["excluded"]) == 4096
     numpy_loader(ds, seq_len=8, batch_size=2).load_state_dict(full)
-    with pytest.raises(NotImplementedError, match="context parallelism"):
-        numpy_loader(ds, seq_len=8, batch_size=2, cp_size=2, cp_rank=0).exclude([1])
+
+
+@pytest.mark.parametrize("thd", [False, True])
+@pytest.mark.parametrize("cp_rank", [0, 1])
+def test_takedown_with_context_parallelism(tmp_path, thd, cp_rank):
+    # The engine blanks the whole sample before each context-parallel rank's share is cut
+    # from it, in the default layout and in THD: a rank's tokens of a taken-down document
+    # are pad, their labels out of the loss, and everything else (the other documents, the
+    # positions, cu_seqlens) is what the run without the takedown serves.
+    ds, _ = write_marked(tmp_path / "m")  # token i + 1 is document i
+    kw = dict(seq_len=16, batch_size=4, seed=2, loss_mask=True, position_ids=True, cp_size=2, cp_rank=cp_rank,
+              cu_seqlens=thd)
+    N, steps = 2, 8
+    ref = numpy_loader(ds, **kw)
+    plain = [{k: np.copy(v) for k, v in next(ref).items()} for _ in range(steps)]
+    seen = sorted({int(d) - 1 for b in plain[N:] for d in np.unique(b["input_ids"]) if d > 0})
+    gone = seen[::3]
+    ld = numpy_loader(ds, **kw)
+    got = [{k: np.copy(v) for k, v in next(ld).items()} for _ in range(N)]
+    ld.exclude(gone)
+    st = ld.state_dict()
+    got += [{k: np.copy(v) for k, v in next(ld).items()} for _ in range(steps - N)]
+    hit = 0
+    for k in range(steps):
+        p, g = plain[k], got[k]
+        assert set(p) == set(g)
+        if k < N:
+            assert all(np.array_equal(p[key], g[key]) for key in p), k
+            continue
+        for key in ("input_ids", "labels"):
+            out = np.isin(p[key].astype(np.int64) - 1, gone)
+            hit += int(out.sum())
+            assert np.array_equal(g[key], np.where(out, 0, p[key])), (k, key)
+        lab_out = np.isin(p["labels"].astype(np.int64) - 1, gone)
+        assert np.array_equal(g["loss_mask"].astype(bool), p["loss_mask"].astype(bool) & ~lab_out), k
+        for key in set(p) - {"input_ids", "labels", "loss_mask"}:
+            assert np.array_equal(p[key], g[key]), (k, key)
+    assert hit  # the takedown did touch this rank's share
+    resumed = numpy_loader(ds, **kw)
+    resumed.load_state_dict(st)
+    for k in range(N, steps):
+        b = next(resumed)
+        assert all(np.array_equal(b[key], got[k][key]) for key in b), k
+
+
+def test_cli_takes_documents_down_in_a_saved_state(tmp_path, capsys):
+    # `tokenfeed exclude` adds a takedown at the position a saved state resumes from: a resume
+    # from the new state never serves those documents and serves everything else as the run
+    # without them would; the state is checked against DATA when given, ids against its
+    # documents; the file is replaced atomically, a symbolic link in its place is not followed
+    ds, _ = write_marked(tmp_path / "m")  # token i + 1 is document i
+    kw = dict(seq_len=16, batch_size=4, seed=2, loss_mask=True)
+    N, steps = 3, 10
+    ld = numpy_loader(ds, **kw)
+    plain = [{k: v.copy() for k, v in next(ld).items()} for _ in range(steps)]
+    run = numpy_loader(ds, **kw)
+    take_tokens(run, N)
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps(run.state_dict()))
+    seen = sorted({int(d) - 1 for b in plain[N:] for d in np.unique(b["tokens"]) if d > 0})
+    gone = seen[::4]
+    (tmp_path / "ids.txt").write_text("# takedown list\n" + "\n".join(map(str, gone[1:])) + "\n")
+    new = tmp_path / "new.json"
+    assert main(["exclude", str(state), "--ids", f"{gone[0]},{gone[0]}", "--from-file", str(tmp_path / "ids.txt"),
+                 "--data", str(ds.paths[0]), "-o", str(new)]) == 0
+    saved = json.loads(new.read_text())
+    assert saved["excluded"] == [[N * 4, 0, gone]]
+    assert {k: v for k, v in saved.items() if k != "excluded"} == \
+        {k: v for k, v in json.loads(state.read_text()).items() if k != "excluded"}
+    resumed = numpy_loader(ds, **kw)
+    resumed.load_state_dict(saved)
+    for k in range(N, steps):
+        b = next(resumed)
+        out = np.isin(plain[k]["tokens"].astype(np.int64) - 1, gone)
+        assert not np.isin(b["tokens"].astype(np.int64) - 1, gone).any()
+        assert np.array_equal(b["tokens"], np.where(out, 0, plain[k]["tokens"]))
+        assert np.array_equal(b["loss_mask"].astype(bool), plain[k]["loss_mask"].astype(bool) & ~out[:, 1:])
+    # a second takedown adds an entry; in place, through no symbolic link: a link at the state's
+    # (or the output's) name is replaced by the new file, what it pointed to is left alone
+    shared = tmp_path / "shared.json"
+    shared.write_text(new.read_text())
+    link = tmp_path / "link.json"
+    link.symlink_to(shared)
+    assert main(["exclude", str(link), "--ids", "5", "--in-place"]) == 0
+    assert not link.is_symlink() and shared.read_text() == new.read_text()
+    assert json.loads(link.read_text())["excluded"] == [[N * 4, 0, gone], [N * 4, 0, [5]]]
+    target = tmp_path / "elsewhere.json"
+    target.write_text("keep")
+    out_link = tmp_path / "out.json"
+    out_link.symlink_to(target)
+    assert main(["exclude", str(new), "--ids", "6", "-o", str(out_link)]) == 0
+    assert target.read_text() == "keep" and not out_link.is_symlink()
+    assert json.loads(out_link.read_text())["excluded"][-1] == [N * 4, 0, [6]]
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]  # no temporary left behind
+    capsys.readouterr()
+    # hostile input: each refused with one line naming what is wrong, nothing written
+    before = new.read_text()
+    for argv, msg in [
+        (["--ids", "150", "--data", str(ds.paths[0])], "0 to 149"),  # past the documents
+        (["--ids", "-1"], "not a document id"),
+        (["--ids", "1.5"], "not a document id"),
+        (["--ids", str(1 << 64)], "2**64"),
+        (["--ids", "1", "--source", "1"], "reads 1 source"),
+        ([], "give the documents"),
+        (["--ids", "1", "--data", str(tmp_path / "other")], "other"),
+    ]:
+        assert main(["exclude", str(new), *argv, "--in-place"]) == 1, argv
+        assert msg in capsys.readouterr().err, argv
+        assert new.read_text() == before
+    # a state whose data differs (another dataset): refused, as a resume refuses it
+    other, _ = write_marked(tmp_path / "other", n=140, seed=1)
+    assert main(["exclude", str(new), "--ids", "1", "--data", str(other.paths[0]), "-o", str(tmp_path / "x.json")]) == 1
+    assert "fingerprint" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    for text, msg in [("{", "not JSON"), ('{"a": 1}', "not a loader state"),
+                      (json.dumps(dict(saved, excluded=[[0, 0, [3, 2]]])), "ascending"),
+                      (json.dumps(dict(saved, excluded="x")), "not a list"),
+                      ('{"config": {}, "position": 0, "position": 1}', "twice")]:
+        bad.write_text(text)
+        assert main(["exclude", str(bad), "--ids", "1", "-o", str(tmp_path / "x.json")]) == 1
+        assert msg in capsys.readouterr().err, text
+    assert not (tmp_path / "x.json").exists()
+    # past what a state may hold: refused before anything is written
+    bad.write_text(json.dumps(dict(saved, excluded=[[0, 0, [1]]] * 4096)))
+    assert main(["exclude", str(bad), "--ids", "2", "--in-place"]) == 1
+    assert "more takedowns than a state may" in capsys.readouterr().err
 
 
 def test_convert_parquet_with_meta(tmp_path, capsys):

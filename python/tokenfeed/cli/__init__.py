@@ -24,13 +24,15 @@ import sys
 from typing import Callable, Optional, Sequence
 
 from ..sources._text import ConvertError
-from . import _bench, _build_info, _cache, _convert, _explain, _index, _inspect, _merge, _meta, _verify, _where
+from . import (_bench, _build_info, _cache, _convert, _exclude, _explain, _index, _inspect, _merge, _meta, _verify,
+               _where)
 from ._common import PROG, CLIError, cli_words
 
 __all__ = ["main"]
 
 # the commands, in the order of the list that --help shows: each module adds its parser
-COMMANDS = (_convert, _merge, _inspect, _verify, _cache, _explain, _where, _index, _meta, _bench, _build_info)
+COMMANDS = (_convert, _merge, _inspect, _verify, _cache, _explain, _where, _index, _meta, _exclude, _bench,
+            _build_info)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -577,7 +577,8 @@ class Loader:
             if self._loss_weights:
                 import torch
 
-                lw = self._loss_weights_at(pos, tuple(out["labels"].shape))
+                cu = out.get("cu_seqlens") if self.parallel.cp_size > 1 else None
+                lw = self._loss_weights_at(pos, tuple(out["labels"].shape), None if cu is None else cu.cpu().numpy())
                 out["loss_weights"] = torch.as_tensor(lw, device=out["labels"].device)
             out = self._with_document_ids(out)
             dev.mark_handoff(stream)
@@ -590,9 +591,8 @@ class Loader:
             # a sequence-length warmup delivers each sample as k consecutive rows: each has its sample's source
             batch["source_ids"] = np.repeat(ids, batch["input_ids"].shape[0] // max(1, len(ids)))
         if self._loss_weights:
-            batch["loss_weights"] = self._loss_weights_at(pos, tuple(batch["labels"].shape))
-        if self._excluded:
-            self._take_down(batch, pos)
+            batch["loss_weights"] = self._loss_weights_at(
+                pos, tuple(batch["labels"].shape), batch.get("cu_seqlens") if self.parallel.cp_size > 1 else None)
         if self.output == "torch":
             import torch
 
@@ -632,10 +632,6 @@ class Loader:
         if lw is None:
             return None
         if isinstance(lw, str):
-            if cp_size > 1 and thd:
-                raise NotImplementedError(f"loss_weights={lw!r} from a column with cp_size > 1 and cu_seqlens=True "
-                                          f"(the THD layout): not yet; use the default layout (cu_seqlens=False), "
-                                          f"where each context-parallel rank gets its share of every row's weights")
             return ("column", lw)
         w = np.asarray(lw, dtype=np.float64)
         if not mixture or w.ndim != 1 or not np.all(np.isfinite(w)) or np.any(w < 0):
@@ -643,49 +639,91 @@ class Loader:
                              f"(weights=), got {lw!r}")
         return ("source", w.astype(np.float32))
 
-    def _loss_weights_at(self, pos: int, shape: Tuple[int, ...]) -> "np.ndarray[Any, np.dtype[np.float32]]":
+    def _loss_weights_at(self, pos: int, shape: Tuple[int, ...],
+                         cu: Any = None) -> "np.ndarray[Any, np.dtype[np.float32]]":
         """Per label of this rank's rows of the batch at ``pos``: the weight of its row's source,
         or of the document the label belongs to (1 where the column has no value; 0 for a
-        separator or padding)."""
+        separator or padding). ``cu``: the batch's cu_seqlens, in the THD layout with context
+        parallelism (where a rank's labels are its share of every sequence)."""
         assert self._loss_weights is not None
         kind, arg = self._loss_weights
-        if kind == "source":
+        pc = self.parallel
+        thd = pc.cp_size > 1 and cu is not None
+        # documents taken down (exclude): the engine serves their tokens as pad with loss_mask 0;
+        # their labels weigh 0 here
+        gone = self._excluded_at(pos) if self._excluded else {}
+        if kind == "source" and not gone and not thd:
             ids = self._source_ids_at(pos)
             w = arg[np.repeat(ids, shape[0] // max(1, len(ids)))]
             return np.ascontiguousarray(np.broadcast_to(w.reshape((-1,) + (1,) * (len(shape) - 1)), shape),
                                         dtype=np.float32)
         rows = self._row_positions(pos // self.global_batch)
         segs = [self._order.segments_at(p) for p in rows]
-        dss = self.dataset if isinstance(self.dataset, list) else [self.dataset]
-        need: Dict[int, List[int]] = {}
-        for row in segs:
-            for src, doc, _, _, _ in row:
-                need.setdefault(src, []).append(doc)
-        value: Dict[Tuple[int, int], float] = {}
-        for src, docs in need.items():
-            uniq = sorted(set(docs))
-            cols = dss[src].columns()
-            if cols.types.get(arg) not in ("int64", "float64"):
-                raise ValueError(f"loss_weights={arg!r}: {cols.path} has no number column {arg!r} "
-                                 f"(columns: {', '.join(f'{k} ({v})' for k, v in cols.types.items())})")
-            for d, v in zip(uniq, cols.values(arg, uniq)):
-                value[(src, d)] = 1.0 if v is None else float(v)
         # the weights of whole samples (seq_len labels each), then the rows this batch cuts them into
         L = self.seq_len
-        out = np.zeros((len(segs), L), dtype=np.float32)
+        if kind == "source":
+            src_w = arg[self._source_ids_at(pos)].astype(np.float32)
+            out = np.repeat(src_w[:, None], L, axis=1)
+        else:
+            dss = self.dataset if isinstance(self.dataset, list) else [self.dataset]
+            need: Dict[int, List[int]] = {}
+            for row in segs:
+                for src, doc, _, _, _ in row:
+                    need.setdefault(src, []).append(doc)
+            value: Dict[Tuple[int, int], float] = {}
+            for src, docs in need.items():
+                uniq = sorted(set(docs))
+                cols = dss[src].columns()
+                if cols.types.get(arg) not in ("int64", "float64"):
+                    raise ValueError(f"loss_weights={arg!r}: {cols.path} has no number column {arg!r} "
+                                     f"(columns: {', '.join(f'{k} ({v})' for k, v in cols.types.items())})")
+                for d, v in zip(uniq, cols.values(arg, uniq)):
+                    value[(src, d)] = 1.0 if v is None else float(v)
+            out = np.zeros((len(segs), L), dtype=np.float32)
+            for r, row in enumerate(segs):
+                for src, doc, start, stop, offset in row:
+                    # sample tokens [offset, offset + n) are the document's; label t is sample token t + 1
+                    a, b = max(offset - 1, 0), min(offset + (stop - start) - 1, L)
+                    if b > a:
+                        out[r, a:b] = value[(src, doc)]
         for r, row in enumerate(segs):
             for src, doc, start, stop, offset in row:
-                # sample tokens [offset, offset + n) are the document's; label t is sample token t + 1
-                a, b = max(offset - 1, 0), min(offset + (stop - start) - 1, L)
-                if b > a:
-                    out[r, a:b] = value[(src, doc)]
-        pc = self.parallel
-        if pc.cp_size > 1:  # this context-parallel rank's share of every sample, as the engine cuts it
+                if doc in gone.get(src, ()):
+                    a, b = max(offset - 1, 0), min(offset + (stop - start) - 1, L)
+                    if b > a:
+                        out[r, a:b] = 0
+        if thd:
+            out = self._thd_share(out, cu)
+        elif pc.cp_size > 1:  # this context-parallel rank's share of every sample, as the engine cuts it
             a, b, c = _core.cp_chunks(L, pc.cp_size, pc.cp_rank)
             out = out[:, np.r_[a:a + c, b:b + c]]
         if out.shape != shape:  # a sequence-length warmup: each sample as consecutive rows of shape[-1]
             out = out.reshape(shape)
         return np.ascontiguousarray(out)
+
+    def _thd_share(self, out: "np.ndarray[Any, np.dtype[np.float32]]",
+                   cu: Any) -> "np.ndarray[Any, np.dtype[np.float32]]":
+        """This context-parallel rank's THD entries of the whole samples' per-label values ``out``
+        (rows x seq_len): each row's sequences (the batch's cu_seqlens, lengths summing to
+        seq_len per row) split as the engine splits the tokens (tf_cp_thd_positions), 0 on the
+        padding entries."""
+        pc = self.parallel
+        L = out.shape[1]
+        lens = np.diff(np.asarray(cu, dtype=np.int64).reshape(-1))
+        parts, k = [], 0
+        for r in range(out.shape[0]):
+            seg: List[int] = []
+            tot = 0
+            while tot < L:
+                if k >= len(lens) or lens[k] <= 0 or tot + int(lens[k]) > L:
+                    raise RuntimeError(f"internal: the batch's cu_seqlens do not cut row {r} into sequences of "
+                                       f"{L} positions")
+                seg.append(int(lens[k]))
+                tot += int(lens[k])
+                k += 1
+            idx = np.frombuffer(_core.cp_thd_positions(seg, pc.cp_size, pc.cp_rank), dtype=np.int64)
+            parts.append(np.where(idx >= 0, out[r, np.maximum(idx, 0)], np.float32(0)))
+        return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, dtype=np.float32)
 
     # ----------------------------------------------------------- documents taken down mid-run
 
@@ -701,10 +739,8 @@ class Loader:
         (``excluded``: ``[[position, source, [ids]], ...]``), so a resume (any world size
         dividing the global batch) serves the same stream, and :meth:`where` marks the rows
         from that step on ``excluded``. Call it on every rank with the same ids at the same
-        step. Not with context parallelism or a GPU ``device`` yet (``NotImplementedError``)."""
-        if self.parallel.cp_size > 1 or self.device_index is not None:
-            raise NotImplementedError("exclude() rewrites whole rows on the host: not yet with context parallelism "
-                                      "or device= (filter the data with exclude= at the next restart instead)")
+        step. The C engine blanks the rows as it assembles them (with context parallelism and
+        ``device=`` too); the batches it had assembled ahead are dropped and made again."""
         dss = self.dataset if isinstance(self.dataset, list) else [self.dataset]
         if not isinstance(source, int) or isinstance(source, bool) or not 0 <= source < len(dss):
             raise ValueError(f"exclude: source must be an int in [0, {len(dss)}), got {source!r}")
@@ -715,8 +751,14 @@ class Loader:
         if arr.size:
             # kept by the C order (tf_order_exclude), which writes it into the state; the loader
             # keeps a copy for rewriting rows
-            self._order.exclude(self.position, source, arr.astype(np.int64).tolist())
+            pos = self.position
+            self._order.exclude(pos, source, arr.astype(np.int64).tolist())
             self._sync_excluded()
+            # the engine copies the order's takedowns at a seek: batches assembled ahead held them
+            if self._device is not None and not self._device.closed:
+                self._device.seek(pos)
+            elif self._engine is not None and not self._engine.closed:
+                self._engine.seek(pos)
 
     def _sync_excluded(self) -> None:
         """The loader's copy of the order's takedowns (after an exclude, a resume or a hand-over)."""
@@ -737,25 +779,6 @@ class Loader:
             out.setdefault(src, set()).update(ids.tolist())
         self._excluded_sets = ((active, len(self._excluded)), out)
         return out
-
-    def _take_down(self, batch: Dict[str, Any], pos: int) -> None:
-        """Rows of the batch at ``pos`` that hold excluded documents: their tokens replaced by the
-        pad id, their labels out of the loss (in place, on the host arrays)."""
-        gone = self._excluded_at(pos)
-        if not gone or "tokens" not in batch:
-            return
-        pad = self._order.settings().get("pad_id") or 0
-        tokens = batch["tokens"]
-        L = tokens.shape[-1] - 1
-        for r, p in enumerate(self._row_positions(pos // self.global_batch)):
-            for src, doc, start, stop, offset in self._order.segments_at(p):
-                if doc not in gone.get(src, ()):
-                    continue
-                tokens[r, offset:offset + (stop - start)] = pad
-                a, b = max(offset - 1, 0), min(offset + (stop - start) - 1, L)
-                for k in ("loss_mask", "loss_weights"):
-                    if k in batch and b > a:
-                        batch[k][r, a:b] = 0
 
     def _source_ids_at(self, pos: int) -> "np.ndarray[Any, np.dtype[np.int32]]":
         """The source of each of this rank's rows of the batch at global position ``pos`` (the
