@@ -372,7 +372,7 @@ def test_debug_shows_traceback(tmp_path, capsys):
 # --------------------------------------------------------------------------- entry points
 
 
-COMMANDS = ["convert", "merge", "inspect", "verify", "cache", "explain", "where", "index", "meta", "bench", "build-info"]
+COMMANDS = ["convert", "merge", "inspect", "verify", "cache", "explain", "where", "index", "meta", "exclude", "bench", "build-info"]
 
 
 def test_python_m_tokenfeed_help():
