@@ -355,7 +355,7 @@ def llmc_shard_set(d: Any, n: int = 12, per: int = 50) -> List[str]:
 
 def forbid_listing(monkeypatch: Any) -> None:
     """From now on a shard set cannot be listed: an open that still works read it from a catalog."""
-    from tokenfeed import _shardset
+    from tokenfeed.remote import _shardset
 
     def refuse(*a: Any, **k: Any) -> Any:
         raise AssertionError("the shard set was listed")

@@ -18,7 +18,7 @@
  * says when it enters the fingerprint, and so when the state records it (else
  * null); it can be wider than `stream` (seed and global_batch entered the
  * fingerprint before their finer conditions were known, and fingerprints
- * never change). tests/test_settings.py checks that _core.pyi and the docs' option
+ * never change). tests/order/test_settings.py checks that _core.pyi and the docs' option
  * tables name every row.
  */
 #include <stddef.h>

@@ -494,7 +494,7 @@ static int rd_error(const tf__rd *d, int e) {
 }
 
 /* Test-only fault injection ($TOKENFEED_FAULT_READ, read once per process;
- * tests/test_faults.py): "eio:N", "short:N" or "eof:N" makes the Nth read
+ * tests/engine/test_faults.py): "eio:N", "short:N" or "eof:N" makes the Nth read
  * completion of the pread and io_uring backends (counted from 1 across the
  * process) fail with EIO, report half of its bytes (the rest must be read
  * again), or report 0 bytes (end of file). res is bytes or -errno.

@@ -1,6 +1,6 @@
 # Type stubs for the tokenfeed._core extension module (csrc/python/*.c).
 # The binding is thin and private: the public API is in tokenfeed/__init__.py.
-# Keep in step with the C method tables; tests/test_typing.py runs mypy.stubtest
+# Keep in step with the C method tables; tests/project/test_typing.py runs mypy.stubtest
 # on this file against the built module.
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypedDict, Union, overload
 
@@ -67,7 +67,7 @@ class _Setting(TypedDict):
     description: str
 
 # The C settings table, one row per setting (tokenfeed.h, "Settings"). The keywords of Order,
-# Loader and DeviceLoader below are its rows (tests/test_settings.py checks they agree).
+# Loader and DeviceLoader below are its rows (tests/order/test_settings.py checks they agree).
 def settings() -> List[_Setting]: ...
 
 def build_doc_index(path: Union[str, bytes, PathLike[str], PathLike[bytes]], dtype: _DTypeArg, eos_id: int,

@@ -29,11 +29,11 @@ from torch.utils.data import Dataset as _TorchDataset
 from torch.utils.data import IterableDataset, Sampler, get_worker_info
 
 from . import _core
-from ._config import SETTINGS, OrderConfig, settings_given, split_settings, want_bits
-from ._dataset import Dataset, PathLike, open as _open
-from ._loader import Loader
-from ._warnings import PerformanceWarning
-from ._mesh import DEFAULT_CP_DIM, DEFAULT_DP_DIMS, ParallelCoords, parallel_coords
+from .order._config import SETTINGS, OrderConfig, settings_given, split_settings, want_bits
+from .sources._dataset import Dataset, PathLike, open as _open
+from .engine._loader import Loader
+from .common._warnings import PerformanceWarning
+from .order._mesh import DEFAULT_CP_DIM, DEFAULT_DP_DIMS, ParallelCoords, parallel_coords
 
 # Rows of the order's settings that TokenDataset's signature writes by hand; the rest are
 # written out from the settings table between the marker lines of its signature

@@ -11,7 +11,7 @@
  * data or seq_len is refused at create. The same cache written as GPTDataset
  * writes it (.npy files in a cache directory) is read through the settings
  * (order megatron, megatron_cache) and gives the same stream and states.
- * (tests/test_megatron_order.py compares with megatron-core itself.) */
+ * (tests/order/test_megatron_order.py compares with megatron-core itself.) */
 #include "helpers.h"
 
 #define NDOCS 90
