@@ -20,9 +20,10 @@ import argparse
 import json
 import os
 import re
-import secrets
 import sys
 from typing import Any, Dict, List, Mapping, MutableMapping
+
+from ..common._files import write_atomic
 
 __all__ = ["add_parser", "cmd_exclude"]
 
@@ -162,31 +163,6 @@ def _write_temp(obj: Dict[str, Any]) -> str:
     return p
 
 
-def _write_atomic(path: str, text: str) -> None:
-    """Write text to path: a new file beside it (created, never through a symbolic link) renamed over
-    it. A symbolic link at path is replaced, not followed."""
-    d, base = os.path.split(os.path.abspath(path))
-    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        tmp = f".{base}.{secrets.token_hex(8)}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, base, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=dfd)
-            except OSError:
-                pass
-            raise
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
 def cmd_exclude(a: argparse.Namespace) -> int:
     from ..engine._loader import StateError, _state_from_json
 
@@ -227,7 +203,8 @@ def cmd_exclude(a: argparse.Namespace) -> int:
               file=sys.stderr)
     entries.append([pos, a.source, ids])
     state["excluded"] = entries
-    _write_atomic(a.state if a.in_place else a.output, json.dumps(top) + "\n")
+    text = (json.dumps(top) + "\n").encode()
+    write_atomic(a.state if a.in_place else a.output, [(0, text)], len(text))
     print(f"{len(ids)} document{'s' if len(ids) != 1 else ''} of source {a.source} taken down from position {pos} "
           f"(step {pos // max(1, int(state['config'].get('global_batch') or 1))}); "
           f"{'replaced ' + a.state if a.in_place else 'wrote ' + a.output}")

@@ -11,13 +11,13 @@ import csv
 import json
 import math
 import os
-import secrets
 import struct
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from .. import _core
+from ..common._files import write_atomic
 
 __all__ = ["Columns", "write_columns", "columns_path", "read_table", "COLUMNS_NAME", "COLUMNS_SUFFIX"]
 
@@ -176,37 +176,9 @@ def write_columns(path: str, num_documents: int, columns: Mapping[str, Sequence[
     head = _MAGIC + struct.pack("<IIQQQQQ", 1, ncols, n, fp, 64, 0, 0)
     directory = b"".join(entries)
     head += struct.pack("<Q", _core.hash64(directory, _core.hash64(head, 0)))
-    _write_atomic(path, [(0, head), (64, directory)] + list(zip(name_at, (nm.encode() for nm, _, _ in built)))
+    write_atomic(path, [(0, head), (64, directory)] + list(zip(name_at, (nm.encode() for nm, _, _ in built)))
                   + body, at)
     return path
-
-
-def _write_atomic(path: str, pieces: Iterable[Tuple[int, bytes]], size: int) -> None:
-    d, base = os.path.split(os.path.abspath(path))
-    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        tmp = f".{base}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
-        try:
-            try:
-                os.ftruncate(fd, size)
-                for off, data in pieces:
-                    if data:
-                        os.pwrite(fd, data, off)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            # rename replaces whatever has the name (a symlink included) and follows none
-            os.rename(tmp, base, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=dfd)
-            except OSError:
-                pass
-            raise
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 class Columns:
@@ -381,6 +353,6 @@ def save_selection(key: int, ids: np.ndarray) -> None:
         os.makedirs(d, mode=0o700, exist_ok=True)
         body = np.ascontiguousarray(ids, dtype="<u8").tobytes()
         head = _SEL_MAGIC + struct.pack("<QQQ", len(ids), _core.hash64(body, 0), key)
-        _write_atomic(os.path.join(d, f"{key:016x}.sel"), [(0, head), (32, body)], 32 + len(body))
+        write_atomic(os.path.join(d, f"{key:016x}.sel"), [(0, head), (32, body)], 32 + len(body))
     except OSError:
         pass
