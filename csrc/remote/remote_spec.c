@@ -401,6 +401,13 @@ int tf__remote_objects(tf_remote *r, const char *prefix, unsigned flags, tf__obj
         return 0;
     }
     uint64_t t0 = wall_ns();
+#ifdef TF_TEST_HOOKS
+    const char *forbid = getenv("TOKENFEED_FAULT_NO_LISTING");
+    if (forbid && *forbid == '1') {
+        tf__meta_unlock(lock_fd);
+        TF_FAIL(-EIO, "%s: listed (test builds: $TOKENFEED_FAULT_NO_LISTING forbids it)", prefix);
+    }
+#endif
     rc = tf__remote_list(r, prefix, on_object, v);
     if (!rc && v->rc) rc = v->rc;
     if (!rc) rc = tidy(v);

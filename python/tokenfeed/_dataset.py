@@ -134,11 +134,11 @@ def _build_remote_catalog(url: str, dt: Optional[str], format: Optional[str], eo
     with tempfile.TemporaryDirectory(prefix="tokenfeed-index-") as tmp:
         opts = _remote.store_options(cache_dir=tmp, endpoint_url=endpoint_url, storage_options=storage_options)
         store = _remote.get_store(**opts)
-        # the set as the core expands it: from one listing of its prefix
-        ds = Dataset([url], dtype=dt, format=format, remote=opts, spec=True)
-        if ds.paths == [url]:
+        # the set as the core expands it, from one listing of its prefix (which the open reuses)
+        if spec[1] == "" and any(u == spec[0] + _shardset.MANIFEST for u, _, _ in store.list(spec[0])):
             raise ValueError(f"{url}: a tokenfeed dataset: write its catalog (tokenfeed.catalog) where it is written "
                              "(tokenfeed index DATASET_DIR, or the dataset writer), and upload it with the dataset")
+        ds = Dataset([url], dtype=dt, format=format, remote=opts, spec=True)
         data = ds._core.remote_set_catalog(spec[0], spec[1], dtype=dt, format=format)
         name = spec[0] + _core.Dataset.set_catalog_name(spec[1], dtype=dt, format=format)
         put = store.transport.put  # (the transport only: a put that Ctrl-C interrupts must not keep the store)
@@ -819,7 +819,10 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     opens from the node's catalog without looking at a directory: on a shared file system,
     no metadata request at all before the first touch of a file. A file added since is not
     seen; a file replaced or modified is still a ``FormatError`` naming it at its first touch
-    (docs/format.md, "Shard sets").
+    (docs/format.md, "Shard sets"). For remote paths: the node's recorded listing of a glob's or
+    directory URL's prefix is used whatever its age, and the node's record of the open without
+    asking the store, so that a restart sends no request; an object rewritten since is refused
+    by name when read (docs/remote.md, "Shard sets, listed once per node").
     """
     if eos_id is not None and (not isinstance(eos_id, (int, np.integer)) or isinstance(eos_id, bool) or eos_id < 0):
         raise ValueError(f"eos_id must be a non-negative int, got {eos_id!r}")
