@@ -1209,7 +1209,7 @@ static int run_open_jobs(tf_remote *r, size_t n, open_make_fn make, open_collect
 static int note_failure(const tf__robj *o, int rc) {
     if (o->meta_on && (rc == -ESTALE || rc == -ENOENT || rc == -TF_ECHECKSUM)) {
         tf__cache_meta_forget(o->r->cache, o->meta_key);
-        tf__listing_forget_all(o->r); /* a listing of the old object must not bring it back */
+        tf__cache_listings_forget(o->r->cache); /* a listing of the old object must not bring it back */
     }
     return rc;
 }

@@ -292,8 +292,6 @@ TF_HIDDEN int tf__remote_list_node(tf_remote *r, const char *prefix, unsigned fl
 /* Make v (the listing of prefix) the one this thread's listings of prefix or
  * below it are answered from, until called again with NULLs. */
 TF_HIDDEN void tf__listing_in_use(const char *prefix, const tf__objlist *v);
-/* Drop every recorded listing of r's cache (an object was found changed). */
-TF_HIDDEN void tf__listing_forget_all(tf_remote *r);
 /* The files a remote spec names (a glob, a directory URL of foreign files;
  * else the URL itself), and the listing they came from with its prefix
  * (*prefix NULL when none was made). */
@@ -347,6 +345,8 @@ TF_HIDDEN void tf__cache_meta_name(uint64_t key, const char *ext, char out[40]);
 /* Remove the metadata record of key (remote_meta.c): an object it describes
  * changed. */
 TF_HIDDEN void tf__cache_meta_forget(tf__cache *c, uint64_t key);
+/* Delete every recorded listing (meta/*.tflist, remote_spec.c): an object was found changed. */
+TF_HIDDEN void tf__cache_listings_forget(tf__cache *c);
 
 /* Outcome of tf__cache_begin. */
 enum {

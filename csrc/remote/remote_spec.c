@@ -46,7 +46,6 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -330,23 +329,6 @@ static int load(tf_remote *r, uint64_t key, const char *prefix, uint64_t not_bef
     free(b);
     if (!ok) tf__objlist_free(v);
     return ok ? 0 : 1;
-}
-
-void tf__listing_forget_all(tf_remote *r) {
-    int dfd = r ? tf__cache_meta_fd(tf__remote_cache(r)) : -1;
-    if (dfd < 0) return;
-    int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-    if (!d) {
-        if (fd >= 0) close(fd);
-        return;
-    }
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        size_t n = strlen(de->d_name);
-        if (n > 7 && strcmp(de->d_name + n - 7, ".tflist") == 0) (void)tf__unlink_regular(dfd, de->d_name);
-    }
-    closedir(d);
 }
 
 /* ---- one listing per node ----------------------------------------------- */
