@@ -345,7 +345,8 @@ TF_HIDDEN void tf__cache_meta_name(uint64_t key, const char *ext, char out[40]);
 /* Remove the metadata record of key (remote_meta.c): an object it describes
  * changed. */
 TF_HIDDEN void tf__cache_meta_forget(tf__cache *c, uint64_t key);
-/* Delete every recorded listing (meta/*.tflist, remote_spec.c): an object was found changed. */
+/* Delete every recorded listing (the .tflist files of meta/, remote_spec.c): an object was
+ * found changed. */
 TF_HIDDEN void tf__cache_listings_forget(tf__cache *c);
 
 /* Outcome of tf__cache_begin. */

@@ -440,8 +440,10 @@ int tf__remote_expand(tf_remote *r, const char *spec, const tf_open_options *opt
             as_is = 1;
             tf__clearerr();
         } else if (rc == -TF_EUNSUPPORTED) {
+            rc = tf__seterr(-EINVAL, "%s: a glob needs a listing of %s, and this store's transport cannot list", spec,
+                            prefix);
             free(prefix);
-            TF_FAIL(-EINVAL, "%s: a glob needs a listing of %s, and this store's transport cannot list", spec, prefix);
+            return rc;
         } else if (rc) {
             free(prefix);
             return rc;
