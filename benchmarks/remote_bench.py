@@ -279,9 +279,9 @@ def bench_startup(moto: MotoServer, tmp: str, args: argparse.Namespace) -> Dict[
     native: a tokenfeed dataset as written (with its catalog, tokenfeed.catalog, which a remote
     open reads instead of every shard's header) and, with --startup-catalog both, once its
     catalog is deleted from the bucket (every shard's header read at open, as for a dataset
-    written before tokenfeed wrote catalogs). The dataset's URL has no trailing "/", so every
-    request is the core's (a directory URL ending in "/" adds the one listing the package makes
-    to expand it).
+    written before tokenfeed wrote catalogs). The dataset's URL has no trailing "/" unless
+    --startup-slash is given (then the core lists the directory to find what it holds, once
+    per node).
 
     glob: a glob of llm.c objects (s3://startup/globN/*.bin, one document each), with the set's
     catalog that `tokenfeed index` stores beside them and, with --startup-catalog both, without

@@ -1840,20 +1840,18 @@ int tf_dataset_open_remote_spec(const char *const *spec, size_t n, const tf_open
         free(cu);
     }
     if (!rc) {
-        const char **urls = NULL;
         tf_remote_listing tl = {prefix, (const char *const *)listing.urls, listing.infos, listing.n};
         /* the listing is the set's when every file lies under its prefix */
         int whole = prefix != NULL;
         for (size_t i = 0; whole && i < nall; i++) whole = strncmp(all[i], prefix, strlen(prefix)) == 0;
         if (whole) tf__listing_in_use(prefix, &listing); /* the rest of this open lists nothing again */
-        if (rc == 0 && (whole || (flags & TF_OPEN_IMMUTABLE))) {
+        if (whole || (flags & TF_OPEN_IMMUTABLE)) {
             set_open so = {remote, {whole ? prefix : "", whole ? pattern : NULL, whole ? &tl : NULL, flags & TF_OPEN_IMMUTABLE}};
             rc = tf__dataset_open_paths((const char *const *)all, nall, opt, open_set_urls, &so, out);
             tf__listing_in_use(NULL, NULL);
         } else {
             rc = tf__dataset_open_paths((const char *const *)all, nall, opt, open_urls, remote, out);
         }
-        free(urls);
     }
     for (size_t i = 0; i < nall; i++) free(all[i]);
     free(all);
