@@ -18,11 +18,9 @@ RESULT = "@@RESULT@@"
 
 
 def default_cache() -> str:
-    base = os.environ.get("TOKENFEED_BENCH_CACHE")
-    if base:
-        return base
+    """``$TOKENFEED_BENCH_CACHE``, else ``$XDG_CACHE_HOME/tokenfeed/bench`` (``~/.cache/...``)."""
     xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(xdg, "tokenfeed", "bench")
+    return os.environ.get("TOKENFEED_BENCH_CACHE") or os.path.join(xdg, "tokenfeed", "bench")
 
 
 def parse_count(s: str) -> int:

@@ -63,6 +63,24 @@ def _tokens(rng: np.random.Generator, n: int, vocab: int, table: Tuple[Any, Any]
     return rng.integers(0, vocab, size=n, dtype=np.uint32)
 
 
+def _progress(log: Callable[[str], None], what: str, total: int, period: float,
+              speed: Callable[[int, float], str], at_once: bool = False) -> Callable[[int], None]:
+    """``report(done)`` for a loop writing ``total`` units: a line ``what: P% (speed)`` at most
+    every ``period`` seconds (the first at the first report when ``at_once``), ``speed(done,
+    seconds since the start)`` saying how fast it goes."""
+    t0 = time.monotonic()
+    last = float("-inf") if at_once else t0
+
+    def report(done: int) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - last > period:
+            log(f"{what}: {done / total * 100:5.1f}% ({speed(done, now - t0)})")
+            last = now
+
+    return report
+
+
 def generate_dataset(out_dir: str, *, tokens: int, vocab_size: int, doc_length: str, zipf: float, seed: int,
                      log: Callable[[str], None], zstd: bool = True) -> Dict[str, Any]:
     """Write one synthetic token stream three ways: native, native+zstd, flat raw .bin (nanoGPT style).
@@ -95,13 +113,14 @@ def generate_dataset(out_dir: str, *, tokens: int, vocab_size: int, doc_length: 
     eot = vocab_size - 1
     native, zdir, raw = (os.path.join(out_dir, n) for n in ("native", "zstd", "train.bin"))
     t0 = time.monotonic()
+    report = _progress(log, "generating data", tokens, 2,
+                       lambda n, s: f"{human(n)} tokens, {human(n / max(s, 1e-9))} tokens/s", at_once=True)
     written = ndocs = 0
     lengths_all: List[np.ndarray] = []
     ends_all: List[np.ndarray] = []
     zw = tokenfeed.DatasetWriter(zdir, vocab_size=vocab_size, compression="zstd", level=3) if zstd else None
     with tokenfeed.DatasetWriter(native, vocab_size=vocab_size) as w, open(raw, "wb") as rf:
         chunk = 1 << 22
-        last = 0.0
         while written < tokens:
             n = min(chunk, tokens - written)
             toks = _tokens(rng, n, vocab_size, table).astype(dtype)
@@ -125,11 +144,7 @@ def generate_dataset(out_dir: str, *, tokens: int, vocab_size: int, doc_length: 
             ends_all.append(ends + written)
             written += n
             ndocs += len(lens)
-            now = time.monotonic()
-            if now - last > 2:
-                log(f"generating data: {written / tokens * 100:5.1f}% ({human(written)} tokens, "
-                    f"{human(written / max(now - t0, 1e-9))} tokens/s)")
-                last = now
+            report(written)
     if zw is not None:
         zw.close()
     lens = np.concatenate(lengths_all)
@@ -277,7 +292,7 @@ def make_big_file(path: str, size: int, vocab_size: int, seed: int, log: Callabl
     block = _tokens(rng, block_tokens, vocab_size, _zipf_table(vocab_size, 1.1, rng)).astype(dt)
     item = np.dtype(dt).itemsize
     t0 = time.monotonic()
-    last = t0
+    report = _progress(log, "writing the larger-than-memory file", size, 5, lambda n, s: f"{n / s / 1e6:.0f} MB/s")
     written = 0
     with open(path + ".tmp", "wb") as f:
         while written < size:
@@ -285,11 +300,7 @@ def make_big_file(path: str, size: int, vocab_size: int, seed: int, log: Callabl
             chunk = chunk[: min(len(chunk), size - written)]
             f.write(chunk)
             written += len(chunk)
-            now = time.monotonic()
-            if now - last > 5:
-                log(f"writing the larger-than-memory file: {written / size * 100:5.1f}% "
-                    f"({written / (now - t0) / 1e6:.0f} MB/s)")
-                last = now
+            report(written)
         f.flush()
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)

@@ -78,6 +78,10 @@ struct tf__zent {
     uint32_t prev, next; /* LRU list: prev is more recent */
 };
 
+/* The cache's counters: atomics of tf__zcache, each reported in the field of
+ * tf__zinfo of the same name. */
+#define Z_COUNTERS(X) X(blocks_decoded) X(tokens_decoded) X(tokens_used) X(hits) X(misses) X(waits)
+
 struct tf__zcache {
     pthread_mutex_t mu;
     pthread_cond_t loaded;
@@ -90,7 +94,8 @@ struct tf__zcache {
     uint32_t head, tail;
     size_t blk_bytes;  /* largest decompressed block among the files */
     _Atomic uint64_t allocated; /* bytes of block buffers allocated */
-    /* statistics (atomics: read by get_stats from any thread) */
+    /* statistics (atomics: read by get_stats from any thread); Z_COUNTERS
+     * lists them */
     _Atomic uint64_t blocks_decoded, tokens_decoded, tokens_used, hits, misses, waits;
     double model;
     char note[200];
@@ -263,23 +268,19 @@ static void lru_unlink(tf__zcache *c, uint32_t i) {
     e->prev = e->next = Z_NIL;
 }
 
-static void lru_push_head(tf__zcache *c, uint32_t i) {
-    tf__zent *e = &c->e[i];
-    e->prev = Z_NIL;
-    e->next = c->head;
-    if (c->head != Z_NIL) c->e[c->head].prev = i;
-    c->head = i;
-    if (c->tail == Z_NIL) c->tail = i;
+/* Link entry i (unlinked) in between prev and next, neighbours in the list
+ * (Z_NIL: i becomes that end of it). */
+static void lru_link(tf__zcache *c, uint32_t i, uint32_t prev, uint32_t next) {
+    c->e[i].prev = prev;
+    c->e[i].next = next;
+    if (prev != Z_NIL) c->e[prev].next = i;
+    else c->head = i;
+    if (next != Z_NIL) c->e[next].prev = i;
+    else c->tail = i;
 }
 
-static void lru_push_tail(tf__zcache *c, uint32_t i) {
-    tf__zent *e = &c->e[i];
-    e->next = Z_NIL;
-    e->prev = c->tail;
-    if (c->tail != Z_NIL) c->e[c->tail].next = i;
-    c->tail = i;
-    if (c->head == Z_NIL) c->head = i;
-}
+static void lru_push_head(tf__zcache *c, uint32_t i) { lru_link(c, i, Z_NIL, c->head); }
+static void lru_push_tail(tf__zcache *c, uint32_t i) { lru_link(c, i, c->tail, Z_NIL); }
 
 static uint32_t find(const tf__zcache *c, uint64_t file, uint64_t block) {
     for (uint32_t i = c->bucket[hash_of(c, file, block)]; i != Z_NIL; i = c->e[i].hnext)
@@ -372,12 +373,9 @@ int tf__zcache_create(const tf_dataset *ds, const tf__zgeom *g, tf__zcache **out
 #endif
     reset_table(c);
     atomic_init(&c->allocated, 0);
-    atomic_init(&c->blocks_decoded, 0);
-    atomic_init(&c->tokens_decoded, 0);
-    atomic_init(&c->tokens_used, 0);
-    atomic_init(&c->hits, 0);
-    atomic_init(&c->misses, 0);
-    atomic_init(&c->waits, 0);
+#define Z_ZERO(f) atomic_init(&c->f, 0);
+    Z_COUNTERS(Z_ZERO)
+#undef Z_ZERO
 
     /* The pins held by workers are not available for reuse. */
     double usable = (double)c->n - g->nthreads;
@@ -617,12 +615,9 @@ void tf__zcache_info(tf__zcache *c, tf__zinfo *info) {
     info->entries = c->n;
     info->capacity_bytes = (uint64_t)c->n * c->blk_bytes;
     info->allocated_bytes = atomic_load(&c->allocated); /* no lock: may run in a forked child */
-    info->blocks_decoded = atomic_load(&c->blocks_decoded);
-    info->tokens_decoded = atomic_load(&c->tokens_decoded);
-    info->tokens_used = atomic_load(&c->tokens_used);
-    info->hits = atomic_load(&c->hits);
-    info->misses = atomic_load(&c->misses);
-    info->waits = atomic_load(&c->waits);
+#define Z_LOAD(f) info->f = atomic_load(&c->f);
+    Z_COUNTERS(Z_LOAD)
+#undef Z_LOAD
     info->model = c->model;
     snprintf(info->note, sizeof info->note, "%s", c->note);
 }

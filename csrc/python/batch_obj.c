@@ -12,10 +12,8 @@ typedef struct {
 } tfpy_Batch;
 
 static void Batch_dealloc(tfpy_Batch *self) {
-    PyTypeObject *tp = Py_TYPE(self);
     tf_batch_release(self->b);
-    tp->tp_free((PyObject *)self);
-    Py_DECREF(tp);
+    tfpy_free_instance((PyObject *)self);
 }
 
 PyDoc_STRVAR(Batch_doc, "Owner of one batch's buffers; they return to the loader when the last array is gone.");

@@ -226,6 +226,10 @@ typedef struct tfpy_devslot {
     int device;
 } tfpy_devslot;
 void tfpy_devslot_unref(tfpy_devslot *h);
+/* A devslot holding a ring slot, or a device loader's batch where batch is
+ * not NULL, on device `device`: one reference, the caller's until tensors
+ * hold it. NULL with MemoryError, the slot or batch then released. */
+tfpy_devslot *tfpy_devslot_new(tf_device_slot *slot, tf_device_batch *batch, int device);
 /* The engine of a _core.Loader, for a DeviceLoader to drive (NULL with
  * ValueError when it is closed, RuntimeError when another drives it). While
  * used, the Loader refuses next()/seek() and defers close() until
@@ -264,5 +268,102 @@ PyObject *tfpy_gpu_meter(PyObject *args, const tf_device_loader *d);
 #define TFPY_EXTERN_SPEC(N) extern PyType_Spec tfpy_##N##Spec;
 TFPY_TYPES(TFPY_EXTERN_SPEC)
 #undef TFPY_EXTERN_SPEC
+
+/* ---- the life of an object and its handle ---------------------------------- */
+
+/* The end of a heap type's tp_dealloc: free self, then drop the reference
+ * the instance held on its type. */
+static inline void tfpy_free_instance(PyObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+/* 0 while an object's handle is open; -1 with ValueError "the <what> is
+ * closed" once it is NULL. */
+static inline int tfpy_check_open(const void *handle, const char *what) {
+    if (handle) return 0;
+    PyErr_Format(PyExc_ValueError, "the %s is closed", what);
+    return -1;
+}
+
+/* 0 when an object that one thread iterates at a time may be used now; -1
+ * with ValueError when it is closed (handle NULL or a close pending) or
+ * RuntimeError while another thread is inside its next(). */
+static inline int tfpy_check_idle(const void *handle, int close_pending, int busy, const char *what) {
+    if (tfpy_check_open(close_pending ? NULL : handle, what) < 0) return -1;
+    if (busy) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "the loader is being iterated by another thread; a Loader is not shared between threads");
+        return -1;
+    }
+    return 0;
+}
+
+/* next() of an object with `busy` and `close_pending` members: `call` (an
+ * int expression waiting at most 50 ms, -TF_ENOTREADY when nothing came)
+ * again and again with the GIL released and self->busy set, until it gives
+ * something else, close() is called from another thread, or a signal's
+ * handler raises (PyErr_CheckSignals: Ctrl-C interrupts the wait). */
+#define TFPY_WAIT_SLICED(rc, msg, self, call)                                                      \
+    do {                                                                                           \
+        (self)->busy = 1;                                                                          \
+        for (;;) {                                                                                 \
+            TFPY_NOGIL_CALL(rc, msg, call);                                                        \
+            if ((rc) != -TF_ENOTREADY) break;                                                      \
+            if ((self)->close_pending || PyErr_CheckSignals() < 0) break;                          \
+        }                                                                                          \
+        (self)->busy = 0;                                                                          \
+    } while (0)
+
+/* The end of a method that returns None: `call` (an int expression) run with
+ * the GIL released, then None, or the exception for its error. */
+#define TFPY_RETURN_NONE_AFTER(self, call)                                                         \
+    do {                                                                                           \
+        int tfpy_rc;                                                                               \
+        char tfpy_msg[1024];                                                                       \
+        TFPY_NOGIL_CALL(tfpy_rc, tfpy_msg, call);                                                  \
+        if (tfpy_rc < 0) return tfpy_raise(tfpy_state((PyObject *)(self)), tfpy_rc, tfpy_msg);     \
+        Py_RETURN_NONE;                                                                            \
+    } while (0)
+
+/* How a TFPY_WAIT_SLICED wait ended: 0 with what it waited for, else -1
+ * with an exception set: ValueError when close() was called meanwhile
+ * (closed: the caller has let go of what came and freed the handle), the
+ * signal handler's exception when interrupted, or the library's error. */
+static inline int tfpy_waited(tf_module_state *st, int rc, const char *msg, int closed) {
+    if (closed) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "the loader was closed while waiting for a batch");
+        return -1;
+    }
+    if (rc == -TF_ENOTREADY) return -1; /* interrupted: exception set by PyErr_CheckSignals */
+    if (rc < 0) {
+        tfpy_raise(st, rc, msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* "O&" converter of a flag, True or False (anything else: TypeError), into
+ * an int. */
+static inline int tfpy_flag(PyObject *o, void *out) {
+    if (o != Py_True && o != Py_False) {
+        PyErr_Format(PyExc_TypeError, "expected True or False, got %R", o);
+        return 0;
+    }
+    *(int *)out = o == Py_True;
+    return 1;
+}
+
+/* A list of the n ints v[i] (NULL with an exception set). */
+static inline PyObject *tfpy_list_u64(const uint64_t *v, size_t n) {
+    PyObject *lst = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; lst && i < n; i++) {
+        PyObject *x = PyLong_FromUnsignedLongLong(v[i]);
+        if (!x) Py_CLEAR(lst);
+        else PyList_SET_ITEM(lst, (Py_ssize_t)i, x);
+    }
+    return lst;
+}
 
 #endif

@@ -61,6 +61,9 @@ static void cols_destroy(PyObject *cap) {
 
 static tf_columns *cols_of(PyObject *cap) { return PyCapsule_GetPointer(cap, COLS_CAPSULE); }
 
+/* "O&" converter of a columns capsule into its tf_columns. */
+static int cols_arg(PyObject *cap, void *out) { return (*(tf_columns **)out = cols_of(cap)) != NULL; }
+
 static tf_module_state *mod_state(PyObject *m) { return PyModule_GetState(m); }
 
 static PyObject *columns_open(PyObject *m, PyObject *arg) {
@@ -126,11 +129,9 @@ static PyObject *new_mask(tf_columns *c) {
 }
 
 static PyObject *columns_eval(PyObject *m, PyObject *args) {
-    PyObject *cap;
+    tf_columns *c;
     const char *where;
-    if (!PyArg_ParseTuple(args, "Os:columns_eval", &cap, &where)) return NULL;
-    tf_columns *c = cols_of(cap);
-    if (!c) return NULL;
+    if (!PyArg_ParseTuple(args, "O&s:columns_eval", cols_arg, &c, &where)) return NULL;
     PyObject *mask = new_mask(c);
     if (!mask) return NULL;
     int rc;
@@ -144,11 +145,10 @@ static PyObject *columns_eval(PyObject *m, PyObject *args) {
 }
 
 static PyObject *columns_match(PyObject *m, PyObject *args) {
-    PyObject *cap, *values;
+    tf_columns *c;
+    PyObject *values;
     const char *column;
-    if (!PyArg_ParseTuple(args, "OsO:columns_match", &cap, &column, &values)) return NULL;
-    tf_columns *c = cols_of(cap);
-    if (!c) return NULL;
+    if (!PyArg_ParseTuple(args, "O&sO:columns_match", cols_arg, &c, &column, &values)) return NULL;
     PyObject *seq = PySequence_Fast(values, "columns_match: values must be a sequence of str");
     if (!seq) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -183,11 +183,10 @@ done:
 }
 
 static PyObject *columns_values(PyObject *m, PyObject *args) {
-    PyObject *cap, *ids;
+    tf_columns *c;
+    PyObject *ids;
     const char *column;
-    if (!PyArg_ParseTuple(args, "OsO:columns_values", &cap, &column, &ids)) return NULL;
-    tf_columns *c = cols_of(cap);
-    if (!c) return NULL;
+    if (!PyArg_ParseTuple(args, "O&sO:columns_values", cols_arg, &c, &column, &ids)) return NULL;
     PyArrayObject *a = (PyArrayObject *)PyArray_FROMANY(ids, NPY_UINT64, 1, 1, NPY_ARRAY_IN_ARRAY);
     if (!a) return NULL;
     npy_intp n = PyArray_DIM(a, 0);

@@ -33,14 +33,16 @@ typedef struct {
     int is_static;     /* static buffers: next() queues their copies on a stream */
 } tfpy_DeviceLoader;
 
-/* "O&" converter of a flag: True or False. */
-static int flag_arg(PyObject *o, void *out) {
-    if (o != Py_True && o != Py_False) {
-        PyErr_Format(PyExc_TypeError, "expected True or False, got %R", o);
-        return 0;
-    }
-    *(int *)out = o == Py_True;
-    return 1;
+/* DeviceLoader's keywords into cfg: device and static, and the settings
+ * table's device rows (device_prefetch_batches, device_slots). */
+static int device_config(PyObject *kw, tf_device_config *cfg) {
+    tf_device_config_init(cfg);
+    const tfpy_kwarg table[] = {
+        {"device", tfpy_nonneg_int, &cfg->device},
+        {"static", tfpy_flag, &cfg->alloc_static},
+        {NULL, NULL, NULL},
+    };
+    return tfpy_parse_settings(kw, TF_SCOPE_DEVICE, cfg, table, "DeviceLoader");
 }
 
 static PyObject *DeviceLoader_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
@@ -48,14 +50,7 @@ static PyObject *DeviceLoader_new(PyTypeObject *tp, PyObject *args, PyObject *kw
     tf_module_state *st = tfpy_state_of_type(tp);
     if (!PyArg_ParseTuple(args, "O!:DeviceLoader", st->LoaderType, &ldobj)) return NULL;
     tf_device_config cfg;
-    tf_device_config_init(&cfg);
-    /* device_prefetch_batches and device_slots come from the settings table */
-    const tfpy_kwarg table[] = {
-        {"device", tfpy_nonneg_int, &cfg.device},
-        {"static", flag_arg, &cfg.alloc_static},
-        {NULL, NULL, NULL},
-    };
-    if (tfpy_parse_settings(kw, TF_SCOPE_DEVICE, &cfg, table, "DeviceLoader") < 0) return NULL;
+    if (device_config(kw, &cfg) < 0) return NULL;
     tf_loader *l = tfpy_loader_use(ldobj);
     if (!l) return NULL;
     tf_device_loader *d = NULL;
@@ -88,26 +83,15 @@ static void dl_free(tfpy_DeviceLoader *self) {
 }
 
 static void DeviceLoader_dealloc(tfpy_DeviceLoader *self) {
-    PyTypeObject *tp = Py_TYPE(self);
     dl_free(self);
     /* after the device loader that borrows its engine (left running, with
      * what it borrows, while finalizing: TFPY_DESTROY_NOGIL) */
     if (!tfpy_finalizing()) Py_CLEAR(self->loader);
-    tp->tp_free((PyObject *)self);
-    Py_DECREF(tp);
+    tfpy_free_instance((PyObject *)self);
 }
 
 static int dl_check(tfpy_DeviceLoader *self) {
-    if (!self->d || self->close_pending) {
-        PyErr_SetString(PyExc_ValueError, "the device loader is closed");
-        return -1;
-    }
-    if (self->busy) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "the loader is being iterated by another thread; a Loader is not shared between threads");
-        return -1;
-    }
-    return 0;
+    return tfpy_check_idle(self->d, self->close_pending, self->busy, "device loader");
 }
 
 static int dict_put(PyObject *d, const char *k, PyObject *v) {
@@ -135,18 +119,10 @@ static PyObject *dense(tf_module_state *st, tfpy_devslot *h, void *data, int typ
 /* The batch's dict, keys in the order Loader.next() gives them; takes b over
  * (released with the last tensor, or now on failure). */
 static PyObject *batch_dict(tf_module_state *st, tf_device_batch *b) {
-    tfpy_devslot *h = malloc(sizeof *h);
-    if (!h) {
-        tf_device_batch_release(b, TF_DEVICE_STREAM_NONE);
-        return PyErr_NoMemory();
-    }
     tf_device_batch_view v;
     tf_device_batch_get_view(b, &v);
-    atomic_init(&h->refs, 1); /* ours until the tensors hold it */
-    h->slot = NULL;
-    h->batch = b;
-    atomic_init(&h->stream, TF_DEVICE_STREAM_NONE);
-    h->device = v.device;
+    tfpy_devslot *h = tfpy_devslot_new(NULL, b, v.device); /* ours until the tensors hold it */
+    if (!h) return NULL;
     int64_t B = (int64_t)v.rows, L = (int64_t)v.seq_len;
     int tn = tfpy_npy_from_dtype(v.dtype);
     size_t isz = tf_dtype_size(v.dtype);
@@ -218,21 +194,13 @@ static PyObject *DeviceLoader_next(tfpy_DeviceLoader *self, PyObject *args, PyOb
     tf_device_batch *b = NULL;
     int rc;
     char msg[1024];
-    self->busy = 1;
-    for (;;) {
-        TFPY_NOGIL_CALL(rc, msg, tf_device_loader_next_timed(self->d, stream, &b, 50ull * 1000 * 1000));
-        if (rc != -TF_ENOTREADY) break;
-        if (self->close_pending || PyErr_CheckSignals() < 0) break;
-    }
-    self->busy = 0;
-    if (self->close_pending) {
+    TFPY_WAIT_SLICED(rc, msg, self, tf_device_loader_next_timed(self->d, stream, &b, 50ull * 1000 * 1000));
+    int closed = self->close_pending;
+    if (closed) {
         if (rc == 0) tf_device_batch_release(b, TF_DEVICE_STREAM_NONE);
         dl_free(self);
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "the loader was closed while waiting for a batch");
-        return NULL;
     }
-    if (rc == -TF_ENOTREADY) return NULL; /* interrupted: exception set by PyErr_CheckSignals */
-    if (rc < 0) return tfpy_raise(st, rc, msg);
+    if (tfpy_waited(st, rc, msg, closed) < 0) return NULL;
     return batch_dict(st, b);
 }
 
@@ -240,20 +208,12 @@ static PyObject *DeviceLoader_seek(tfpy_DeviceLoader *self, PyObject *arg) {
     if (dl_check(self) < 0) return NULL;
     unsigned long long pos = PyLong_AsUnsignedLongLong(arg);
     if (pos == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-    int rc;
-    char msg[1024];
-    TFPY_NOGIL_CALL(rc, msg, tf_device_loader_seek(self->d, pos));
-    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, msg);
-    Py_RETURN_NONE;
+    TFPY_RETURN_NONE_AFTER(self, tf_device_loader_seek(self->d, pos));
 }
 
 static PyObject *DeviceLoader_start(tfpy_DeviceLoader *self, PyObject *unused) {
     if (dl_check(self) < 0) return NULL;
-    int rc;
-    char msg[1024];
-    TFPY_NOGIL_CALL(rc, msg, tf_device_loader_start(self->d));
-    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, msg);
-    Py_RETURN_NONE;
+    TFPY_RETURN_NONE_AFTER(self, tf_device_loader_start(self->d));
 }
 
 static PyObject *DeviceLoader_close(tfpy_DeviceLoader *self, PyObject *unused) {
@@ -263,10 +223,7 @@ static PyObject *DeviceLoader_close(tfpy_DeviceLoader *self, PyObject *unused) {
 }
 
 static PyObject *DeviceLoader_stats(tfpy_DeviceLoader *self, PyObject *unused) {
-    if (!self->d) {
-        PyErr_SetString(PyExc_ValueError, "the device loader is closed");
-        return NULL;
-    }
+    if (tfpy_check_open(self->d, "device loader") < 0) return NULL;
     tf_device_stats s;
     tf_device_loader_get_stats(self->d, &s);
     PyObject *pinned = s.host_pinned < 0 ? Py_None : s.host_pinned ? Py_True : Py_False;
@@ -285,10 +242,7 @@ static PyObject *DeviceLoader_stats(tfpy_DeviceLoader *self, PyObject *unused) {
 }
 
 static PyObject *DeviceLoader_get_position(tfpy_DeviceLoader *self, void *c) {
-    if (!self->d) {
-        PyErr_SetString(PyExc_ValueError, "the device loader is closed");
-        return NULL;
-    }
+    if (tfpy_check_open(self->d, "device loader") < 0) return NULL;
     return PyLong_FromUnsignedLongLong(tf_device_loader_position(self->d));
 }
 

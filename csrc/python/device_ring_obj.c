@@ -33,10 +33,8 @@ static PyObject *DeviceRing_new(PyTypeObject *tp, PyObject *args, PyObject *kw) 
 static void ring_close(tfpy_DeviceRing *self) { TFPY_DESTROY_NOGIL(self->r, tf_device_ring_free); }
 
 static void DeviceRing_dealloc(tfpy_DeviceRing *self) {
-    PyTypeObject *tp = Py_TYPE(self);
     ring_close(self);
-    tp->tp_free((PyObject *)self);
-    Py_DECREF(tp);
+    tfpy_free_instance((PyObject *)self);
 }
 
 PyDoc_STRVAR(DeviceRing_upload_doc,
@@ -52,10 +50,7 @@ static PyObject *DeviceRing_upload(tfpy_DeviceRing *self, PyObject *args, PyObje
     int wait = 1;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p:upload", kwlist, &seq_o, &wait)) return NULL;
     tf_module_state *st = tfpy_state((PyObject *)self);
-    if (!self->r) {
-        PyErr_SetString(PyExc_ValueError, "the device ring is closed");
-        return NULL;
-    }
+    if (tfpy_check_open(self->r, "device ring") < 0) return NULL;
     PyObject *seq = PySequence_Fast(seq_o, "upload() needs a sequence of NumPy arrays");
     if (!seq) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -93,17 +88,8 @@ static PyObject *DeviceRing_upload(tfpy_DeviceRing *self, PyObject *args, PyObje
         tfpy_raise(st, rc, msg);
         goto done;
     }
-    h = malloc(sizeof *h);
-    if (!h) {
-        tf_device_slot_release(slot, TF_DEVICE_STREAM_NONE);
-        PyErr_NoMemory();
-        goto done;
-    }
-    atomic_init(&h->refs, 1); /* ours until the tensors hold it */
-    h->slot = slot;
-    h->batch = NULL;
-    atomic_init(&h->stream, TF_DEVICE_STREAM_NONE);
-    h->device = self->device;
+    h = tfpy_devslot_new(slot, NULL, self->device); /* ours until the tensors hold it */
+    if (!h) goto done;
     out = PyList_New(n);
     char *base = tf_device_slot_ptr(slot);
     for (Py_ssize_t i = 0; out && i < n; i++) {
@@ -134,10 +120,7 @@ static PyObject *DeviceRing_close(tfpy_DeviceRing *self, PyObject *unused) {
 }
 
 static PyObject *DeviceRing_info(tfpy_DeviceRing *self, PyObject *unused) {
-    if (!self->r) {
-        PyErr_SetString(PyExc_ValueError, "the device ring is closed");
-        return NULL;
-    }
+    if (tfpy_check_open(self->r, "device ring") < 0) return NULL;
     tf_device_ring_info in;
     tf_device_ring_get_info(self->r, &in);
     return Py_BuildValue("{s:i,s:i,s:n,s:O,s:i,s:i,s:i,s:K,s:K,s:s}", "device", in.device, "slots", in.slots,

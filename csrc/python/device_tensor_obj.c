@@ -53,6 +53,22 @@ enum { kDLCUDA = 2, kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBool = 6 };
 
 typedef tfpy_devslot devslot;
 
+devslot *tfpy_devslot_new(tf_device_slot *slot, tf_device_batch *batch, int device) {
+    devslot *h = malloc(sizeof *h);
+    if (!h) {
+        if (batch) tf_device_batch_release(batch, TF_DEVICE_STREAM_NONE);
+        else tf_device_slot_release(slot, TF_DEVICE_STREAM_NONE);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    atomic_init(&h->refs, 1);
+    h->slot = slot;
+    h->batch = batch;
+    atomic_init(&h->stream, TF_DEVICE_STREAM_NONE);
+    h->device = device;
+    return h;
+}
+
 void tfpy_devslot_unref(devslot *h) {
     if (atomic_fetch_sub(&h->refs, 1) != 1) return;
     /* An error here withdraws the slot from the ring (see tokenfeed.h); there
@@ -90,13 +106,14 @@ static int dl_dtype(int typenum, DLDataType *dt) {
 }
 
 static void DeviceTensor_dealloc(tfpy_DeviceTensor *self) {
-    PyTypeObject *tp = Py_TYPE(self);
     if (self->h) tfpy_devslot_unref(self->h);
-    tp->tp_free((PyObject *)self);
-    Py_DECREF(tp);
+    tfpy_free_instance((PyObject *)self);
 }
 
-static void fill_dl(tfpy_DeviceTensor *self, DLTensor *t, int64_t *shape, int64_t *strides) {
+/* Describe self in t for an export (shape and strides in the export's own
+ * arrays) and take a reference on the slot for it: the export's manager_ctx,
+ * which its deleter gives back. */
+static devslot *export_dl(tfpy_DeviceTensor *self, DLTensor *t, int64_t *shape, int64_t *strides) {
     memcpy(shape, self->shape, sizeof self->shape);
     memcpy(strides, self->strides, sizeof self->strides);
     t->data = self->data;
@@ -107,6 +124,8 @@ static void fill_dl(tfpy_DeviceTensor *self, DLTensor *t, int64_t *shape, int64_
     t->shape = shape;
     t->strides = strides;
     t->byte_offset = 0;
+    atomic_fetch_add(&self->h->refs, 1);
+    return self->h;
 }
 
 typedef struct { DLManagedTensor mt; int64_t shape[TFPY_MAXDIM], strides[TFPY_MAXDIM]; } legacy_ctx;
@@ -214,19 +233,15 @@ static PyObject *DeviceTensor_dlpack(tfpy_DeviceTensor *self, PyObject *args, Py
         if (!c) return PyErr_NoMemory();
         c->mt.version.major = 1;
         c->mt.version.minor = 0;
-        c->mt.manager_ctx = self->h;
+        c->mt.manager_ctx = export_dl(self, &c->mt.dl_tensor, c->shape, c->strides);
         c->mt.deleter = versioned_deleter;
-        fill_dl(self, &c->mt.dl_tensor, c->shape, c->strides);
-        atomic_fetch_add(&self->h->refs, 1);
         cap = PyCapsule_New(&c->mt, "dltensor_versioned", versioned_capsule_dtor);
         if (!cap) versioned_deleter(&c->mt);
     } else {
         legacy_ctx *c = calloc(1, sizeof *c);
         if (!c) return PyErr_NoMemory();
-        c->mt.manager_ctx = self->h;
+        c->mt.manager_ctx = export_dl(self, &c->mt.dl_tensor, c->shape, c->strides);
         c->mt.deleter = legacy_deleter;
-        fill_dl(self, &c->mt.dl_tensor, c->shape, c->strides);
-        atomic_fetch_add(&self->h->refs, 1);
         cap = PyCapsule_New(&c->mt, "dltensor", legacy_capsule_dtor);
         if (!cap) legacy_deleter(&c->mt);
     }

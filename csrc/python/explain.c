@@ -55,14 +55,7 @@ PyObject *tfpy_Order_find_document(PyObject *self, PyObject *args) {
             cap = n;
             continue;
         }
-        PyObject *lst = NULL;
-        if (rc < 0) tfpy_raise(tfpy_state(self), rc, msg);
-        else lst = PyList_New((Py_ssize_t)n);
-        for (size_t i = 0; lst && i < n; i++) {
-            PyObject *v = PyLong_FromUnsignedLongLong(pos[i]);
-            if (!v) Py_CLEAR(lst);
-            else PyList_SET_ITEM(lst, (Py_ssize_t)i, v);
-        }
+        PyObject *lst = rc < 0 ? tfpy_raise(tfpy_state(self), rc, msg) : tfpy_list_u64(pos, n);
         PyMem_Free(pos);
         return lst;
     }

@@ -23,12 +23,6 @@ static PyObject *Permutation_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
     return (PyObject *)self;
 }
 
-static void Permutation_dealloc(PyObject *self) {
-    PyTypeObject *tp = Py_TYPE(self);
-    tp->tp_free(self);
-    Py_DECREF(tp);
-}
-
 static uint64_t perm_fwd(const void *p, uint64_t i) { return tf_perm_apply(p, i); }
 static uint64_t perm_inv(const void *p, uint64_t i) { return tf_perm_inverse(p, i); }
 
@@ -39,7 +33,7 @@ static PyObject *Permutation_len(tfpy_Permutation *self, void *c) { return PyLon
 PyDoc_STRVAR(Permutation_doc, "Permutation(n, key=0)\n--\n\nThe keyed Feistel bijection on [0, n) used by the shuffle.");
 
 TFPY_TYPE_SPEC(Permutation, tfpy_Permutation, Py_TPFLAGS_DEFAULT,
-               {Py_tp_doc, (void *)Permutation_doc}, {Py_tp_new, Permutation_new}, {Py_tp_dealloc, Permutation_dealloc},
+               {Py_tp_doc, (void *)Permutation_doc}, {Py_tp_new, Permutation_new}, {Py_tp_dealloc, tfpy_free_instance},
                {Py_tp_methods, TFPY_METHODS(
                    {"apply", (PyCFunction)Permutation_apply, METH_O, "apply($self, i, /)\n--\n\nReturns int | ndarray. The image of i (scalar or uint64 array)."},
                    {"inverse", (PyCFunction)Permutation_inverse, METH_O, "inverse($self, j, /)\n--\n\nReturns int | ndarray. The preimage of j."})},

@@ -57,19 +57,11 @@ static PyObject *Writer_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
 }
 
 static void Writer_dealloc(tfpy_Writer *self) {
-    PyTypeObject *tp = Py_TYPE(self);
     tf_writer_free(self->w);
-    tp->tp_free((PyObject *)self);
-    Py_DECREF(tp);
+    tfpy_free_instance((PyObject *)self);
 }
 
-static int writer_check(tfpy_Writer *self) {
-    if (!self->w) {
-        PyErr_SetString(PyExc_ValueError, "the writer is closed");
-        return -1;
-    }
-    return 0;
-}
+static int writer_check(tfpy_Writer *self) { return tfpy_check_open(self->w, "writer"); }
 
 PyDoc_STRVAR(Writer_add_doc, "add_document($self, tokens, /)\n--\n\nAppend one document: any 1-D integer array-like.");
 

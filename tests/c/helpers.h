@@ -126,6 +126,80 @@ static inline void t_write_file(const char *path, const void *data, size_t n) {
     if (fclose(fp) != 0) t_failures++;
 }
 
+/* Writer settings: the library's defaults but for the dtype, the vocabulary,
+ * shards of shard_tokens and blocks of block_tokens (0 keeps the default for
+ * either) and zstd compression when zstd is set. */
+static inline tf_writer_options t_writer_options(tf_dtype dt, uint64_t vocab, uint64_t shard_tokens,
+                                                 uint64_t block_tokens, int zstd) {
+    tf_writer_options o;
+    tf_writer_options_init(&o);
+    o.dtype = dt;
+    o.vocab_size = vocab;
+    if (shard_tokens) o.shard_tokens = shard_tokens;
+    if (block_tokens) o.block_tokens = block_tokens;
+    o.compression = zstd ? TF_COMPRESS_ZSTD : TF_COMPRESS_NONE;
+    return o;
+}
+
+/* The longest document a t_doc_fn may make. */
+#define T_DOC_MAX 4096
+
+/* Document d of a test dataset: its tokens into buf (room for T_DOC_MAX), and
+ * its length returned. ctx is what the caller gave t_write_dataset. */
+typedef uint64_t (*t_doc_fn)(void *ctx, uint64_t d, uint32_t *buf);
+
+/* Write a dataset of ndocs documents made by doc, in order, into dir with
+ * settings o, and publish it. 0, or the library's error (-E2BIG for a
+ * document longer than T_DOC_MAX). */
+static inline int t_write_dataset(const char *dir, const tf_writer_options *o, uint64_t ndocs, t_doc_fn doc,
+                                  void *ctx) {
+    tf_writer *w = NULL;
+    int rc = tf_writer_create(dir, o, &w);
+    uint32_t *buf = rc ? NULL : malloc(T_DOC_MAX * sizeof *buf);
+    if (!rc && !buf) rc = -ENOMEM;
+    for (uint64_t d = 0; d < ndocs && !rc; d++) {
+        uint64_t n = doc(ctx, d, buf);
+        rc = n > T_DOC_MAX ? -E2BIG : tf_writer_add_document(w, buf, n, TF_UINT32);
+    }
+    if (!rc) rc = tf_writer_finish(w);
+    tf_writer_free(w);
+    free(buf);
+    return rc;
+}
+
+/* Order settings: the library's defaults but for seq_len. */
+static inline tf_order_config t_order_config(uint64_t seq_len) {
+    tf_order_config c;
+    tf_order_config_init(&c);
+    c.seq_len = seq_len;
+    return c;
+}
+
+/* An order over ds with settings c, or NULL with the failure counted. */
+static inline tf_order *t_order_create(const tf_dataset *ds, const tf_order_config *c) {
+    tf_order *o = NULL;
+    CHECK_OK(tf_order_create(ds, c, &o));
+    return o;
+}
+
+/* Loader settings for one rank of one: the library's defaults but for
+ * seq_len and batch_size, which is then the global batch too. */
+static inline tf_loader_config t_loader_config(uint64_t seq_len, uint64_t batch_size) {
+    tf_loader_config c;
+    tf_loader_config_init(&c);
+    c.order.seq_len = seq_len;
+    c.batch_size = batch_size;
+    c.order.global_batch = batch_size;
+    return c;
+}
+
+/* A loader over ds with settings c, or NULL with the failure counted. */
+static inline tf_loader *t_loader_create(const tf_dataset *ds, const tf_loader_config *c) {
+    tf_loader *l = NULL;
+    CHECK_OK(tf_loader_create(ds, c, &l));
+    return l;
+}
+
 #define T_DONE() (t_failures ? (fprintf(stderr, "%d check(s) failed\n", t_failures), T_EXIT_FAIL) : T_EXIT_PASS)
 
 #endif

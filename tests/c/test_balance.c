@@ -32,14 +32,18 @@ static int cmp64(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static void test_rule(const tf_dataset *ds) {
-    tf_order_config oc;
-    tf_order_config_init(&oc);
-    oc.seq_len = 64;
+/* The order the balancing tests share: best-fit packed samples of 64 tokens,
+ * global batches of 24 (4 ranks x 6 rows), for epochs epochs (0: endless). */
+static tf_order *packed_order(const tf_dataset *ds, uint64_t epochs) {
+    tf_order_config oc = t_order_config(64);
     oc.packing = TF_PACK_BEST_FIT;
     oc.global_batch = 24;
-    tf_order *o = NULL;
-    CHECK_OK(tf_order_create(ds, &oc, &o));
+    oc.epochs = epochs;
+    return t_order_create(ds, &oc);
+}
+
+static void test_rule(const tf_dataset *ds) {
+    tf_order *o = packed_order(ds, 0);
     if (!o) return;
     uint64_t out[48], again[48], sorted[48];
     size_t n = 0;
@@ -134,14 +138,7 @@ static void check_loader(const tf_dataset *ds, int threads, uint64_t warm_steps)
  * balancing step, for every mode; every position is read by exactly the
  * (batch, rank, row) row_of names; hostile ranks, sizes and positions. */
 static void test_rank_map(const tf_dataset *ds) {
-    tf_order_config oc;
-    tf_order_config_init(&oc);
-    oc.seq_len = 64;
-    oc.packing = TF_PACK_BEST_FIT;
-    oc.global_batch = 24;
-    oc.epochs = 1;
-    tf_order *o = NULL;
-    CHECK_OK(tf_order_create(ds, &oc, &o));
+    tf_order *o = packed_order(ds, 1);
     if (!o) return;
     const tf_balance modes[] = {TF_BALANCE_NONE, TF_BALANCE_TOKENS, TF_BALANCE_ATTENTION, TF_BALANCE_STRIDED};
     uint64_t step[48], rows[6];

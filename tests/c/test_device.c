@@ -123,11 +123,7 @@ static int case_absent(void) {
     for (int i = 0; i < 4000; i++) toks[i] = (uint16_t)(i % 1000);
     tf_dataset *ds = NULL;
     CHECK_OK(tf_dataset_from_memory(toks, 4000, TF_UINT16, NULL, 0, 1000, &ds));
-    tf_loader_config cfg;
-    tf_loader_config_init(&cfg);
-    cfg.order.seq_len = 16;
-    cfg.batch_size = 4;
-    cfg.order.global_batch = 4;
+    tf_loader_config cfg = t_loader_config(16, 4);
     tf_loader *l = NULL;
     CHECK_OK(tf_loader_create(ds, &cfg, &l));
     tf_batch *b = NULL;
@@ -271,10 +267,12 @@ static int case_pinned(void) {
     return T_DONE();
 }
 
-/* The double bound, a consumer stream *cs and a ring of `slots` slots of
- * `bytes` on device 0; NULL when one cannot be made (reported). */
+/* The double bound (failing nothing), a consumer stream *cs and a ring of
+ * `slots` slots of `bytes` on device 0; NULL when one cannot be made
+ * (reported). */
 static tf_device_ring *ring_open(size_t bytes, int slots, void **cs) {
     tf_device_ring *r = NULL;
+    use_double(NULL);
     if (bind_double() < 0) return NULL;
     CHECK(d_stream_create(cs, 1) == 0);
     CHECK_OK(tf_device_ring_create(0, bytes, slots, &r));
@@ -283,7 +281,6 @@ static tf_device_ring *ring_open(size_t bytes, int slots, void **cs) {
 
 /* Two segments round trip through a consumer stream. */
 static int case_roundtrip(void) {
-    use_double(NULL);
     void *cs = NULL;
     tf_device_ring *r = ring_open(2000, 2, &cs);
     if (!r) return T_EXIT_FAIL;
@@ -352,7 +349,6 @@ static void *acquire_thread(void *p) {
 
 /* The heart of it: a slot whose release event is pending is not reused. */
 static int case_event_gating(void) {
-    use_double(NULL);
     void *cs = NULL;
     tf_device_ring *r = ring_open(4096, 2, &cs);
     if (!r) return T_EXIT_FAIL;
@@ -419,7 +415,6 @@ static int case_event_gating(void) {
 /* Many batches through 3 slots with slow "hardware": every consumer read sees
  * its own batch, and nothing synchronises the device. */
 static int case_pipeline(void) {
-    use_double(NULL);
     setenv("CUDA_DOUBLE_DELAY_US", "100", 1);
     enum { N = 200, SZ = 512 };
     void *cs = NULL;
@@ -459,70 +454,78 @@ static int case_pipeline(void) {
     return T_DONE();
 }
 
+/* A ring case without a consumer stream: a ring of two slots of 256 bytes,
+ * one segment of 256 bytes to upload (its first byte 1) and the slot it went
+ * to. */
+typedef struct {
+    tf_device_ring *r;
+    uint8_t src[256];
+    tf_device_seg seg;
+    tf_device_slot *s;
+} small_ring;
+
+/* Bind the double, failing as fail says (NULL: nothing), and make a small
+ * ring case; -1 when it cannot be made (reported). */
+static int small_ring_open(small_ring *t, const char *fail) {
+    memset(t, 0, sizeof *t);
+    t->src[0] = 1;
+    t->seg = (tf_device_seg){t->src, sizeof t->src};
+    use_double(fail);
+    if (bind_double() < 0) return -1;
+    CHECK_OK(tf_device_ring_create(0, sizeof t->src, 2, &t->r));
+    return t->r ? 0 : -1;
+}
+
+/* Free the ring; the device allocations still live after. */
+static long long small_ring_close(small_ring *t) {
+    tf_device_ring_free(t->r);
+    return d_counter("live_allocs");
+}
+
 static int case_memcpy_failure(void) {
-    use_double("memcpy_after=3");
-    if (bind_double() < 0) return T_EXIT_FAIL;
-    tf_device_ring *r = NULL;
-    CHECK_OK(tf_device_ring_create(0, 256, 2, &r));
-    if (!r) return T_DONE();
-    uint8_t src[256] = {1};
-    tf_device_seg seg = {src, sizeof src};
-    tf_device_slot *s = NULL;
+    small_ring t;
+    if (small_ring_open(&t, "memcpy_after=3") < 0) return T_EXIT_FAIL;
     for (int i = 0; i < 3; i++) {
-        CHECK_OK(tf_device_ring_upload(r, &seg, 1, 1, &s));
-        if (s) CHECK_OK(tf_device_slot_release(s, TF_DEVICE_STREAM_NONE));
+        CHECK_OK(tf_device_ring_upload(t.r, &t.seg, 1, 1, &t.s));
+        if (t.s) CHECK_OK(tf_device_slot_release(t.s, TF_DEVICE_STREAM_NONE));
     }
-    CHECK_RC(tf_device_ring_upload(r, &seg, 1, 1, &s), -TF_ECUDA);
+    CHECK_RC(tf_device_ring_upload(t.r, &t.seg, 1, 1, &t.s), -TF_ECUDA);
     CONTAINS(tf_last_error(), "cudaMemcpyAsync");
     CONTAINS(tf_last_error(), "invalid argument");
-    CHECK(s == NULL);
+    CHECK(t.s == NULL);
     tf_device_ring_info info;
-    tf_device_ring_get_info(r, &info);
+    tf_device_ring_get_info(t.r, &info);
     CHECK(info.in_use == 0 && info.lost == 0); /* the slot went back */
-    tf_device_ring_free(r);
-    CHECK(d_counter("live_allocs") == 0);
+    CHECK(small_ring_close(&t) == 0);
     return T_DONE();
 }
 
 static int case_release_failure(void) {
-    use_double("record_after=1"); /* the copy's event records, the release's does not */
-    if (bind_double() < 0) return T_EXIT_FAIL;
-    tf_device_ring *r = NULL;
-    CHECK_OK(tf_device_ring_create(0, 256, 2, &r));
-    if (!r) return T_DONE();
-    uint8_t src[256] = {1};
-    tf_device_seg seg = {src, sizeof src};
-    tf_device_slot *s = NULL;
-    CHECK_OK(tf_device_ring_upload(r, &seg, 1, 1, &s));
+    small_ring t;
+    /* the copy's event records, the release's does not */
+    if (small_ring_open(&t, "record_after=1") < 0) return T_EXIT_FAIL;
+    CHECK_OK(tf_device_ring_upload(t.r, &t.seg, 1, 1, &t.s));
     /* (with event records failing, teardown cannot wait for the copy itself) */
-    if (s) CHECK_OK(tf_device_slot_synchronize(s));
-    CHECK_RC(tf_device_slot_release(s, 1), -TF_ECUDA);
+    if (t.s) CHECK_OK(tf_device_slot_synchronize(t.s));
+    CHECK_RC(tf_device_slot_release(t.s, 1), -TF_ECUDA);
     CONTAINS(tf_last_error(), "withdrawn");
     tf_device_ring_info info;
-    tf_device_ring_get_info(r, &info);
+    tf_device_ring_get_info(t.r, &info);
     CHECK(info.lost == 1 && info.in_use == 0 && info.free_slots == 1);
-    tf_device_ring_free(r);
-    CHECK(d_counter("live_allocs") == 1); /* the withdrawn slot is never freed under a reader */
+    CHECK(small_ring_close(&t) == 1); /* the withdrawn slot is never freed under a reader */
     return T_DONE();
 }
 
 static int case_outlives_owner(void) {
-    use_double(NULL);
-    if (bind_double() < 0) return T_EXIT_FAIL;
-    tf_device_ring *r = NULL;
-    CHECK_OK(tf_device_ring_create(0, 256, 2, &r));
-    if (!r) return T_DONE();
-    uint8_t src[256];
-    fill(src, sizeof src, 5);
-    tf_device_seg seg = {src, sizeof src};
-    tf_device_slot *s = NULL;
-    CHECK_OK(tf_device_ring_upload(r, &seg, 1, 1, &s));
-    tf_device_ring_free(r); /* loader closed while a tensor is alive */
-    CHECK(d_counter("live_allocs") == 2);
-    if (s) {
-        CHECK_OK(tf_device_slot_synchronize(s));
-        CHECK(!memcmp(tf_device_slot_ptr(s), src, sizeof src));
-        CHECK_OK(tf_device_slot_release(s, 1));
+    small_ring t;
+    if (small_ring_open(&t, NULL) < 0) return T_EXIT_FAIL;
+    fill(t.src, sizeof t.src, 5);
+    CHECK_OK(tf_device_ring_upload(t.r, &t.seg, 1, 1, &t.s));
+    CHECK(small_ring_close(&t) == 2); /* loader closed while a tensor is alive */
+    if (t.s) {
+        CHECK_OK(tf_device_slot_synchronize(t.s));
+        CHECK(!memcmp(tf_device_slot_ptr(t.s), t.src, sizeof t.src));
+        CHECK_OK(tf_device_slot_release(t.s, 1));
     }
     expect_all_given_back();
     return T_DONE();
@@ -731,6 +734,16 @@ static int stage_open(stage *t, const char *copy_us, const stage_cfg *c, const t
     return t->d ? 0 : -1;
 }
 
+/* stage_open over the plain loader with the double failing nothing and a
+ * device loader that copies up to prefetch batches ahead. */
+static int stage_open_ahead(stage *t, const char *copy_us, int prefetch) {
+    tf_device_config dc;
+    tf_device_config_init(&dc);
+    dc.prefetch = prefetch;
+    use_double(NULL);
+    return stage_open(t, copy_us, &PLAIN, &dc);
+}
+
 /* Free a case's objects, and expect_all_given_back. */
 static void stage_close(stage *t) {
     tf_device_loader_free(t->d);
@@ -811,12 +824,8 @@ static int case_stage_gpu_meter(void) {
 /* The copies run ahead of the consumer without being asked, up to prefetch,
  * and a consumer that spends 2 ms per step finds every batch's copy issued. */
 static int case_stage_ahead(void) {
-    tf_device_config dc;
-    tf_device_config_init(&dc);
-    dc.prefetch = 3;
     stage t;
-    use_double(NULL);
-    if (stage_open(&t, "300", &PLAIN, &dc) < 0) return T_EXIT_FAIL; /* copies take time on the DMA engine */
+    if (stage_open_ahead(&t, "300", 3) < 0) return T_EXIT_FAIL; /* copies take time on the DMA engine */
     /* Nothing is asked of the loader: the copy thread fills the queue up to
      * prefetch, and no further. */
     CHECK_OK(tf_device_loader_start(t.d));
@@ -1381,12 +1390,8 @@ static int case_stage_bad_device(void) {
  * still busy with a batch: nothing is freed under a reader, all is given
  * back at the end, and nothing synchronised the device. */
 static int case_stage_free_in_flight(void) {
-    tf_device_config dc;
-    tf_device_config_init(&dc);
-    dc.prefetch = 4;
     stage t;
-    use_double(NULL);
-    if (stage_open(&t, "3000", &PLAIN, &dc) < 0) return T_EXIT_FAIL;
+    if (stage_open_ahead(&t, "3000", 4) < 0) return T_EXIT_FAIL;
     tf_device_batch *b = NULL;
     CHECK_OK(tf_device_loader_next(t.d, (uintptr_t)t.cs, &b));
     CHECK(wait_queued(t.d, 2));
@@ -1441,6 +1446,15 @@ static int run_example(const char *ds, const char *steps, const char *mode, char
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* A document of 1 to 299 tokens from the mixing state *ctx, which it advances. */
+static uint64_t mixed_doc(void *ctx, uint64_t d, uint32_t *buf) {
+    uint64_t *x = ctx;
+    *x = tf_mix64(*x + 1);
+    uint64_t len = 1 + *x % 299;
+    for (uint64_t i = 0; i < len; i++) buf[i] = (uint32_t)(tf_mix64(*x ^ i) % 5000);
+    return len;
+}
+
 static int case_example_trainer(void) {
     if (access(example_path, X_OK)) {
         fprintf(stderr, "%s is not built (make -C csrc builds it)\n", example_path);
@@ -1450,34 +1464,18 @@ static int case_example_trainer(void) {
     if (!mkdtemp(dir)) return T_EXIT_FAIL;
     char path[4200];
     snprintf(path, sizeof path, "%s/ds", dir);
-    tf_writer_options wo;
-    tf_writer_options_init(&wo);
-    wo.dtype = TF_UINT16;
-    wo.vocab_size = 5000;
-    tf_writer *w = NULL;
-    CHECK_OK(tf_writer_create(path, &wo, &w));
-    if (!w) return T_DONE();
-    uint16_t doc[300];
+    tf_writer_options wo = t_writer_options(TF_UINT16, 5000, 0, 0, 0);
     uint64_t x = 99;
-    for (int d = 0; d < 300; d++) {
-        x = tf_mix64(x + 1);
-        uint64_t len = 1 + x % 299;
-        for (uint64_t i = 0; i < len; i++) doc[i] = (uint16_t)(tf_mix64(x ^ i) % 5000);
-        CHECK_OK(tf_writer_add_document(w, doc, len, TF_UINT16));
-    }
-    CHECK_OK(tf_writer_finish(w));
-    tf_writer_free(w);
+    int wrc = t_write_dataset(path, &wo, 300, mixed_doc, &x);
+    CHECK_OK(wrc);
+    if (wrc) return T_DONE();
 
     /* The CPU stream, configured as the example configures its loader. */
     enum { STEPS = 30 };
     tf_dataset *ds = NULL;
     CHECK_OK(tf_dataset_open(path, NULL, &ds));
-    tf_loader_config cfg;
-    tf_loader_config_init(&cfg);
-    cfg.order.seq_len = 64;
+    tf_loader_config cfg = t_loader_config(64, 4);
     cfg.order.seed = 1234;
-    cfg.batch_size = 4;
-    cfg.order.global_batch = 4;
     cfg.out_dtype = TF_INT32;
     tf_loader *l = NULL;
     CHECK_OK(tf_loader_create(ds, &cfg, &l));

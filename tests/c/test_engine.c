@@ -28,27 +28,16 @@ static uint64_t rnd(void) { return t_xorshift(&rng_state); }
 
 /* Documents of random lengths (some empty, some longer than a sample), in
  * shards small enough that samples cross shard boundaries. */
+static uint64_t random_doc(void *ctx, uint64_t d, uint32_t *buf) {
+    uint64_t n = rnd() % 10 == 0 ? 0 : 1 + rnd() % 300;
+    for (uint64_t i = 0; i < n; i++) buf[i] = (uint32_t)(10 + rnd() % (VOCAB - 10));
+    return n;
+}
+
 static int write_dataset(const char *dir, int zstd) {
-    tf_writer_options o;
-    tf_writer_options_init(&o);
-    o.dtype = TF_UINT16;
-    o.vocab_size = VOCAB;
-    o.shard_tokens = 3000;
-    o.block_tokens = 256;
-    o.compression = zstd ? TF_COMPRESS_ZSTD : TF_COMPRESS_NONE;
-    tf_writer *w = NULL;
-    int rc = tf_writer_create(dir, &o, &w);
-    if (rc) return rc;
+    tf_writer_options o = t_writer_options(TF_UINT16, VOCAB, 3000, 256, zstd);
     rng_state = 0x1234567;
-    uint16_t buf[400];
-    for (int d = 0; d < 300 && !rc; d++) {
-        uint64_t n = rnd() % 10 == 0 ? 0 : 1 + rnd() % 300;
-        for (uint64_t i = 0; i < n; i++) buf[i] = (uint16_t)(10 + rnd() % (VOCAB - 10));
-        rc = tf_writer_add_document(w, buf, n, TF_UINT16);
-    }
-    if (!rc) rc = tf_writer_finish(w);
-    tf_writer_free(w);
-    return rc;
+    return t_write_dataset(dir, &o, 300, random_doc, NULL);
 }
 
 typedef struct spec {
@@ -93,14 +82,7 @@ static tf_loader *mk(const tf_dataset *ds, const spec *s) {
     c.num_threads = s->threads;
     c.prefetch = s->prefetch;
     c.backend = s->backend;
-    tf_loader *l = NULL;
-    int rc = tf_loader_create(ds, &c, &l);
-    if (rc) {
-        fprintf(stderr, "tf_loader_create: %d %s\n", rc, tf_last_error());
-        t_failures++;
-        return NULL;
-    }
-    return l;
+    return t_loader_create(ds, &c);
 }
 
 /* The order the loader of spec s reads (NULL, counted as a failure, if it cannot be made). */

@@ -16,33 +16,32 @@ static char tmpdir[256];
 
 /* Part k: documents of length 3 + j (j < ndocs), token t of document j is
  * (k * 1000 + j * 10 + t) % vocab. Small shards so parts have several. */
-static void write_part(const char *dir, int k, uint64_t ndocs, tf_dtype dt, uint64_t vocab) {
-    tf_writer_options o;
-    tf_writer_options_init(&o);
-    o.dtype = dt;
-    o.vocab_size = vocab;
-    o.shard_tokens = 40;
-    tf_writer *w = NULL;
-    CHECK_OK(tf_writer_create(dir, &o, &w));
-    if (!w) return;
-    uint32_t buf[64];
-    for (uint64_t j = 0; j < ndocs; j++) {
-        uint64_t n = 3 + j;
-        for (uint64_t t = 0; t < n; t++) buf[t] = (uint32_t)((k * 1000 + j * 10 + t) % vocab);
-        CHECK_OK(tf_writer_add_document(w, buf, n, TF_UINT32));
-    }
-    CHECK_OK(tf_writer_finish(w));
-    tf_writer_free(w);
+typedef struct part {
+    int k;
+    uint64_t vocab;
+} part;
+
+static uint64_t part_doc(void *ctx, uint64_t j, uint32_t *buf) {
+    const part *p = ctx;
+    uint64_t n = 3 + j;
+    for (uint64_t t = 0; t < n; t++) buf[t] = (uint32_t)((p->k * 1000 + j * 10 + t) % p->vocab);
+    return n;
 }
 
-static void test_merge_basic(void) {
-    char root[300], p[400];
-    snprintf(root, sizeof root, "%s/ds", tmpdir);
+/* Write part k into root/name (root itself when name is NULL). */
+static void write_part(const char *root, const char *name, int k, uint64_t ndocs, tf_dtype dt, uint64_t vocab) {
+    char dir[700];
+    if (name) snprintf(dir, sizeof dir, "%s/%s", root, name);
+    else snprintf(dir, sizeof dir, "%s", root);
+    tf_writer_options o = t_writer_options(dt, vocab, 40, 0, 0);
+    part p = {k, vocab};
+    CHECK_OK(t_write_dataset(dir, &o, ndocs, part_doc, &p));
+}
+
+static void test_merge_basic(const char *root) {
+    char p[400];
     const char *parts[] = {"parts/part-00000", "parts/part-00001", "parts/part-00002"};
-    for (int k = 0; k < 3; k++) {
-        snprintf(p, sizeof p, "%s/%s", root, parts[k]);
-        write_part(p, k, k == 1 ? 0 : 9, TF_UINT16, 5000); /* part 1 is empty: allowed */
-    }
+    for (int k = 0; k < 3; k++) write_part(root, parts[k], k, k == 1 ? 0 : 9, TF_UINT16, 5000); /* part 1 is empty: allowed */
     CHECK_OK(tf_dataset_merge(root, parts, 3, 0));
     tf_dataset *ds = NULL;
     CHECK_OK(tf_dataset_open(root, NULL, &ds));
@@ -110,18 +109,13 @@ static void test_merge_basic(void) {
     tf_dataset_free(ds);
     free(m1);
     free(m2);
-    t_rm_rf(root);
 }
 
-static void test_merge_refusals(void) {
-    char root[300], p[400];
-    snprintf(root, sizeof root, "%s/bad", tmpdir);
-    snprintf(p, sizeof p, "%s/a", root);
-    write_part(p, 0, 4, TF_UINT16, 5000);
-    snprintf(p, sizeof p, "%s/b", root);
-    write_part(p, 1, 4, TF_UINT32, 70000);
-    snprintf(p, sizeof p, "%s/c", root);
-    write_part(p, 2, 4, TF_UINT16, 6000);
+static void test_merge_refusals(const char *root) {
+    char p[400];
+    write_part(root, "a", 0, 4, TF_UINT16, 5000);
+    write_part(root, "b", 1, 4, TF_UINT32, 70000);
+    write_part(root, "c", 2, 4, TF_UINT16, 6000);
     const char *ab[] = {"a", "b"}, *ac[] = {"a", "c"}, *am[] = {"a", "missing"};
     CHECK_RC(tf_dataset_merge(root, ab, 2, 0), -TF_EFORMAT);
     CHECK(strstr(tf_last_error(), "dtype") != NULL);
@@ -142,7 +136,7 @@ static void test_merge_refusals(void) {
     CHECK(access(p, F_OK) != 0);
 
     /* a writer's dataset in the directory is replaced only with overwrite */
-    write_part(root, 9, 2, TF_UINT16, 5000);
+    write_part(root, NULL, 9, 2, TF_UINT16, 5000);
     const char *a[] = {"a"};
     CHECK_RC(tf_dataset_merge(root, a, 1, 0), -EEXIST);
     CHECK_OK(tf_dataset_merge(root, a, 1, 1));
@@ -152,16 +146,13 @@ static void test_merge_refusals(void) {
     if (ds) CHECK_OK(tf_dataset_get_info(ds, &i3));
     CHECK(i3.num_documents == 4);
     tf_dataset_free(ds);
-    t_rm_rf(root);
 }
 
 /* Version 2 names: relative paths only. Each manifest is written by hand with
  * a correct end checksum, so only the name rule can refuse it. */
-static void test_manifest_names(void) {
-    char root[300], p[400];
-    snprintf(root, sizeof root, "%s/names", tmpdir);
-    snprintf(p, sizeof p, "%s/sub", root);
-    write_part(p, 0, 3, TF_UINT16, 5000);
+static void test_manifest_names(const char *root) {
+    char p[400];
+    write_part(root, "sub", 0, 3, TF_UINT16, 5000);
     /* the part's own manifest gives the shard's counts and checksums */
     snprintf(p, sizeof p, "%s/sub/tokenfeed.manifest", root);
     size_t n = 0;
@@ -216,14 +207,21 @@ static void test_manifest_names(void) {
     CHECK_RC(tf_dataset_open(root, NULL, &ds), -TF_EFORMAT);
     CHECK(strstr(tf_last_error(), "twice") != NULL);
     free(pm);
+}
+
+/* Run test in a directory of its own, tmpdir/name, removed after. */
+static void in_dir(const char *name, void (*test)(const char *root)) {
+    char root[300];
+    snprintf(root, sizeof root, "%s/%s", tmpdir, name);
+    test(root);
     t_rm_rf(root);
 }
 
 int main(void) {
     if (t_mkdtemp(tmpdir, sizeof tmpdir, "tf_test_merge")) return T_EXIT_FAIL;
-    test_merge_basic();
-    test_merge_refusals();
-    test_manifest_names();
+    in_dir("ds", test_merge_basic);
+    in_dir("bad", test_merge_refusals);
+    in_dir("names", test_manifest_names);
     t_rm_rf(tmpdir);
     return t_failures ? T_EXIT_FAIL : T_EXIT_PASS;
 }

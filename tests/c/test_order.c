@@ -81,16 +81,12 @@ static tf_dataset *flat_dataset(uint64_t T) {
 }
 
 static tf_order *make_order(const tf_dataset *ds, tf_shuffle sh, uint64_t seq_len, uint64_t block, uint64_t window) {
-    tf_order_config c;
-    tf_order_config_init(&c);
-    c.seq_len = seq_len;
+    tf_order_config c = t_order_config(seq_len);
     c.shuffle = sh;
     c.seed = 7;
     c.block_size = block;
     c.window_blocks = window;
-    tf_order *o = NULL;
-    CHECK_OK(tf_order_create(ds, &c, &o));
-    return o;
+    return t_order_create(ds, &c);
 }
 
 /* ------------------------------------------------------------------------ */

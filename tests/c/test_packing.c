@@ -77,16 +77,13 @@ static void check_best_fit(uint64_t D, uint64_t mean, uint64_t L, int64_t sep, u
     uint64_t *ends;
     tf_dataset *ds = make_docs(D, mean, &ends);
     uint64_t T = ends[D - 1];
-    tf_order_config c;
-    tf_order_config_init(&c);
-    c.seq_len = L;
+    tf_order_config c = t_order_config(L);
     c.packing = TF_PACK_BEST_FIT;
     c.separator_id = sep;
     c.pad_id = 7;
     c.pack_window = window;
     c.seed = 5;
-    tf_order *o = NULL;
-    CHECK_OK(tf_order_create(ds, &c, &o));
+    tf_order *o = t_order_create(ds, &c);
     if (!o) return;
     uint64_t N = tf_order_num_samples(o), C = L + 1;
     size_t cap = tf__order_max_spans(o);
@@ -201,9 +198,7 @@ static void test_best_fit(void) {
 
 static void test_best_fit_beats_concat_on_splits(void) {
     tf_dataset *ds = make_docs(3000, 300, NULL);
-    tf_order_config c;
-    tf_order_config_init(&c);
-    c.seq_len = 512;
+    tf_order_config c = t_order_config(512);
     tf_order *oc = NULL, *ob = NULL;
     CHECK_OK(tf_order_create(ds, &c, &oc));
     c.packing = TF_PACK_BEST_FIT;
@@ -235,9 +230,7 @@ static void test_best_fit_beats_concat_on_splits(void) {
 static void test_document_mode(void) {
     uint64_t *ends, D = 700;
     tf_dataset *ds = make_docs(D, 50, &ends);
-    tf_order_config c;
-    tf_order_config_init(&c);
-    c.seq_len = 63;
+    tf_order_config c = t_order_config(63);
     c.packing = TF_PACK_DOCUMENT;
     c.pad_id = 9;
     c.shuffle = TF_SHUFFLE_NONE;
@@ -280,9 +273,7 @@ static void test_mixture(void) {
     tf_dataset *a = make_docs(200, 40, NULL), *b = make_docs(900, 60, NULL);
     const tf_dataset *dss[2] = {a, b};
     double w[2] = {0.7, 0.3};
-    tf_order_config c;
-    tf_order_config_init(&c);
-    c.seq_len = 32;
+    tf_order_config c = t_order_config(32);
     c.seed = 11;
     for (int packing = 0; packing < 3; packing++) {
         c.packing = (tf_packing)packing;

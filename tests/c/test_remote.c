@@ -39,7 +39,6 @@ static fault_plan plan;
 static const char *local_path(const char *url) { return strncmp(url, "local://", 8) == 0 ? url + 8 : NULL; }
 
 static int lt_stat(void *ctx, const char *url, tf_object_info *info) {
-    (void)ctx;
     atomic_fetch_add(&plan.stats, 1);
     const char *p = local_path(url);
     struct stat st;
@@ -53,7 +52,6 @@ static int lt_stat(void *ctx, const char *url, tf_object_info *info) {
 }
 
 static int64_t lt_read(void *ctx, const char *url, const tf_object_info *expect, uint64_t off, void *buf, size_t len) {
-    (void)ctx;
     int nth = atomic_fetch_add(&plan.reads, 1);
     if (nth < LOG_CAP) plan.log_off[nth] = off;
     if (atomic_fetch_sub(&plan.fail_left, 1) > 0) {
@@ -81,7 +79,6 @@ static int64_t lt_read(void *ctx, const char *url, const tf_object_info *expect,
 
 /* "local://<dir>/": every regular file of the directory (not recursive). */
 static int lt_list(void *ctx, const char *prefix, tf_list_emit_fn emit, void *emit_ctx) {
-    (void)ctx;
     atomic_fetch_add(&plan.lists, 1);
     const char *p = local_path(prefix);
     DIR *d = p ? opendir(p) : NULL;
@@ -812,13 +809,9 @@ static void compare_datasets(tf_dataset *a, tf_dataset *b) {
     }
     free(ta);
     free(tb);
-    tf_loader_config cfg;
-    tf_loader_config_init(&cfg);
-    cfg.order.seq_len = 64;
+    tf_loader_config cfg = t_loader_config(64, 4);
     cfg.order.seed = 3;
     cfg.order.shuffle = TF_SHUFFLE_FULL;
-    cfg.batch_size = 4;
-    cfg.order.global_batch = 4;
     cfg.out_dtype = TF_INT32;
     tf_loader *la = NULL, *lb = NULL;
     CHECK_OK(tf_loader_create(a, &cfg, &la));
@@ -840,6 +833,13 @@ static void compare_datasets(tf_dataset *a, tf_dataset *b) {
     tf_loader_free(lb);
 }
 
+/* Document d of a native dataset: 50 to 2949 tokens in a pattern of d. */
+static uint64_t striped_doc(void *ctx, uint64_t d, uint32_t *buf) {
+    uint64_t len = 50 + d * 977 % 2900;
+    for (uint64_t i = 0; i < len; i++) buf[i] = (uint32_t)((d * 31 + i * 7) % 50000);
+    return len;
+}
+
 static void test_remote_datasets(void) {
     char cache[512], dir[600], url[700];
     snprintf(cache, sizeof cache, "%s/cache_ds", tmpdir);
@@ -851,23 +851,8 @@ static void test_remote_datasets(void) {
 #endif
         /* a native dataset of several shards */
         snprintf(dir, sizeof dir, "%s/native%d", tmpdir, comp);
-        tf_writer_options o;
-        tf_writer_options_init(&o);
-        o.dtype = TF_UINT16;
-        o.vocab_size = 50000;
-        o.shard_tokens = 40000;
-        o.compression = comp ? TF_COMPRESS_ZSTD : TF_COMPRESS_NONE;
-        o.block_tokens = 4096;
-        tf_writer *w = NULL;
-        CHECK_OK(tf_writer_create(dir, &o, &w));
-        uint16_t doc[3000];
-        for (int d = 0; w && d < 120; d++) {
-            size_t len = 50 + (size_t)(d * 977) % 2900;
-            for (size_t i = 0; i < len; i++) doc[i] = (uint16_t)((d * 31 + i * 7) % 50000);
-            CHECK_OK(tf_writer_add_document(w, doc, len, TF_UINT16));
-        }
-        CHECK_OK(tf_writer_finish(w));
-        tf_writer_free(w);
+        tf_writer_options o = t_writer_options(TF_UINT16, 50000, 40000, 4096, comp);
+        CHECK_OK(t_write_dataset(dir, &o, 120, striped_doc, NULL));
         tf_dataset *loc = NULL, *rem = NULL;
         CHECK_OK(tf_dataset_open(dir, NULL, &loc));
         snprintf(url, sizeof url, "local://%s/", dir);
@@ -955,7 +940,6 @@ static int held_list(void *ctx, const char *prefix, tf_list_emit_fn emit, void *
 }
 
 static void held_release(void *ctx) {
-    (void)ctx;
     pthread_mutex_lock(&gate_mu);
     gate_freed = 1;
     pthread_cond_broadcast(&gate_cv);

@@ -24,6 +24,17 @@ static void swrr(const uint64_t *c, size_t K, uint64_t W, uint32_t *out) {
     }
 }
 
+/* Walk positions [from, to) of a schedule of two sources: each position
+ * names a source and the next of that source's samples, counted in seen. */
+static void walk2(const tf__sched *s, uint64_t from, uint64_t to, uint64_t seen[2]) {
+    for (uint64_t p = from; p < to; p++) {
+        uint64_t j;
+        uint32_t src = tf__sched_at(s, p, &j);
+        CHECK(src < 2 && j == seen[src]);
+        if (src < 2) seen[src]++;
+    }
+}
+
 static void test_plain_weights(void) {
     /* 0.7 / 0.3 over a window of 1000: 7 and 3 per 10, as the plain mixture always did */
     double w[2] = {0.7, 0.3};
@@ -36,12 +47,9 @@ static void test_plain_weights(void) {
     CHECK(tf__sched_counts_at(s, 12345, c) == 10 && c[0] == 7 && c[1] == 3);
     CHECK(tf__sched_num_runs(s) == 1);
     uint64_t seen[2] = {0, 0};
-    for (uint64_t p = 0; p < 1000; p++) {
-        uint64_t j;
-        uint32_t src = tf__sched_at(s, p, &j);
-        CHECK(src < 2 && j == seen[src]);
-        seen[src]++;
-        if (p % 10 == 9) CHECK(seen[1] == (p + 1) / 10 * 3);
+    for (uint64_t p = 0; p < 1000; p += 10) {
+        walk2(s, p, p + 10, seen);
+        CHECK(seen[1] == (p + 10) / 10 * 3);
     }
     /* far away: count(pos) is exact arithmetic */
     uint64_t far = 1000000000000000000ULL;
@@ -51,34 +59,30 @@ static void test_plain_weights(void) {
 
 static void test_errors(void) {
     tf__sched *s = NULL;
-    uint64_t st[2] = {1, 5}, st2[2] = {0, 0}, st3[2] = {0, UINT64_MAX / 2};
+    uint64_t st[2] = {1, 5}, st2[2] = {0, 0}, st3[2] = {0, UINT64_MAX / 2}, ok[2] = {0, 10};
     double w[4] = {1, 1, 1, 1}, neg[4] = {1, -1, 1, 1}, zero[4] = {0, 0, 1, 1}, tiny[4] = {1, 1e-9, 1, 1};
-    tf__sched_spec sp = {.K = 2, .M = 100, .G = 8, .npoints = 2, .steps = st, .weights = w, .allow_zero = 1};
-    CHECK_RC(tf__sched_create(&sp, &s), -EINVAL);
-    CHECK(strstr(tf_last_error(), "first point must be at step 0") != NULL);
-    sp.steps = st2;
-    CHECK_RC(tf__sched_create(&sp, &s), -EINVAL);
-    CHECK(strstr(tf_last_error(), "steps must increase") != NULL);
-    sp.steps = st3;
-    CHECK_RC(tf__sched_create(&sp, &s), -EINVAL);
-    CHECK(strstr(tf_last_error(), "overflows") != NULL);
-    uint64_t ok[2] = {0, 10};
-    sp.steps = ok;
-    sp.weights = neg;
-    CHECK_RC(tf__sched_create(&sp, &s), -EINVAL);
-    CHECK(strstr(tf_last_error(), "weights[1] (schedule point 0): expected a finite weight >= 0, found -1") != NULL);
-    sp.weights = zero;
-    CHECK_RC(tf__sched_create(&sp, &s), -EINVAL);
-    CHECK(strstr(tf_last_error(), "at least one weight must be > 0") != NULL);
-    sp.weights = tiny;
-    CHECK_RC(tf__sched_create(&sp, &s), -EINVAL);
-    CHECK(strstr(tf_last_error(), "rounds to 0") != NULL);
-    sp.weights = zero + 2; /* points (1, 1) and... */
-    sp.npoints = 1;
-    sp.allow_zero = 0;
+    /* two points of two sources, zero weights allowed: each refused, saying why */
+    const struct {
+        const uint64_t *steps;
+        const double *weights;
+        const char *why;
+    } bad[] = {
+        {st, w, "first point must be at step 0"},
+        {st2, w, "steps must increase"},
+        {st3, w, "overflows"},
+        {ok, neg, "weights[1] (schedule point 0): expected a finite weight >= 0, found -1"},
+        {ok, zero, "at least one weight must be > 0"},
+        {ok, tiny, "rounds to 0"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        tf__sched_spec sp = {.K = 2, .M = 100, .G = 8, .npoints = 2, .steps = bad[i].steps, .weights = bad[i].weights,
+                             .allow_zero = 1};
+        CHECK_RC(tf__sched_create(&sp, &s), -EINVAL);
+        CHECK(strstr(tf_last_error(), bad[i].why) != NULL);
+    }
     double z1[2] = {0, 1};
-    sp.weights = z1;
-    CHECK_RC(tf__sched_create(&sp, &s), -EINVAL); /* plain weights stay > 0 */
+    tf__sched_spec plain = {.K = 2, .M = 100, .G = 8, .npoints = 1, .steps = ok, .weights = z1};
+    CHECK_RC(tf__sched_create(&plain, &s), -EINVAL); /* plain weights stay > 0 */
     CHECK(s == NULL);
 }
 
@@ -246,12 +250,7 @@ static void test_anchor(void) {
     CHECK_OK(tf__sched_create(&sp, &s));
     if (!s) return;
     uint64_t seen[2] = {500, 500};
-    for (uint64_t p = 1000; p < 1200; p++) {
-        uint64_t j;
-        uint32_t src = tf__sched_at(s, p, &j);
-        CHECK(src < 2 && j == seen[src]);
-        seen[src]++;
-    }
+    walk2(s, 1000, 1200, seen);
     CHECK(seen[0] == 500 + 160 && seen[1] == 500 + 40);
     tf__sched_free(s);
 }

@@ -27,27 +27,16 @@ static uint64_t rnd(void) { return t_xorshift(&rs); }
 
 /* ~200 K tokens in shards of ~20 K (samples cross shard and block
  * boundaries; the last block of each shard is short). */
+static uint64_t random_doc(void *ctx, uint64_t d, uint32_t *buf) {
+    uint64_t n = rnd() % 12 == 0 ? 0 : 1 + rnd() % 800;
+    for (uint64_t i = 0; i < n; i++) buf[i] = (uint32_t)(rnd() % 64 == 0 ? rnd() % VOCAB : 100 + i % 50);
+    return n;
+}
+
 static int write_dataset(const char *dir, int zstd) {
-    tf_writer_options o;
-    tf_writer_options_init(&o);
-    o.dtype = TF_UINT16;
-    o.vocab_size = VOCAB;
-    o.shard_tokens = 20000;
-    o.block_tokens = BLOCK_TOKENS;
-    o.compression = zstd ? TF_COMPRESS_ZSTD : TF_COMPRESS_NONE;
-    tf_writer *w = NULL;
-    int rc = tf_writer_create(dir, &o, &w);
-    if (rc) return rc;
+    tf_writer_options o = t_writer_options(TF_UINT16, VOCAB, 20000, BLOCK_TOKENS, zstd);
     rs = 0x9E3779B97F4A7C15ull;
-    uint16_t buf[800];
-    for (int d = 0; d < 500 && !rc; d++) {
-        uint64_t n = rnd() % 12 == 0 ? 0 : 1 + rnd() % 800;
-        for (uint64_t i = 0; i < n; i++) buf[i] = (uint16_t)(rnd() % 64 == 0 ? rnd() % VOCAB : 100 + i % 50);
-        rc = tf_writer_add_document(w, buf, n, TF_UINT16);
-    }
-    if (!rc) rc = tf_writer_finish(w);
-    tf_writer_free(w);
-    return rc;
+    return t_write_dataset(dir, &o, 500, random_doc, NULL);
 }
 
 typedef struct cfg {
@@ -77,13 +66,7 @@ static tf_loader *mk(const tf_dataset *ds, const cfg *c) {
     lc.num_threads = c->threads;
     lc.backend = c->backend;
     lc.zstd_cache_bytes = c->cache_bytes;
-    tf_loader *l = NULL;
-    int rc = tf_loader_create(ds, &lc, &l);
-    if (rc) {
-        fprintf(stderr, "tf_loader_create: %d %s\n", rc, tf_last_error());
-        t_failures++;
-    }
-    return l;
+    return t_loader_create(ds, &lc);
 }
 
 static size_t batch_bytes(const cfg *c) { return 4 * ((c->seq_len ? c->seq_len : SEQ) + 1) * 2; }

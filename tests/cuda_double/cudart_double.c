@@ -615,6 +615,16 @@ API long long cuda_double_counter(const char *name) {
     return v;
 }
 
+/* Queue a new operation on st, taking the lock: OK, or ERR_MEMORY. */
+static int submit_new(void *st, int kind, void *dst, const void *src, size_t n) {
+    op *o = calloc(1, sizeof *o);
+    if (!o) return ERR_MEMORY;
+    pthread_mutex_lock(&g_mu);
+    submit(st, o, kind, dst, src, n);
+    pthread_mutex_unlock(&g_mu);
+    return OK;
+}
+
 /* Hold (on != 0) or resume a stream's execution. */
 API void cuda_double_pause(void *st, int on) {
     pthread_mutex_lock(&g_mu);
@@ -626,23 +636,13 @@ API void cuda_double_pause(void *st, int on) {
 /* Queue a "kernel" on st that copies n bytes of device memory to out when it
  * runs: what the consumer saw, in stream order. */
 API int cuda_double_enqueue_read(void *st, const void *dev, size_t n, void *out) {
-    op *o = calloc(1, sizeof *o);
-    if (!o) return ERR_MEMORY;
-    pthread_mutex_lock(&g_mu);
-    submit(st, o, OP_READ, out, dev, n);
-    pthread_mutex_unlock(&g_mu);
-    return OK;
+    return submit_new(st, OP_READ, out, dev, n);
 }
 
 /* Queue a "kernel" on st that runs for `us` microseconds: a training step's
  * compute, in stream order. */
 API int cuda_double_enqueue_kernel(void *st, unsigned us) {
-    op *o = calloc(1, sizeof *o);
-    if (!o) return ERR_MEMORY;
-    pthread_mutex_lock(&g_mu);
-    submit(st, o, OP_KERNEL, NULL, NULL, us);
-    pthread_mutex_unlock(&g_mu);
-    return OK;
+    return submit_new(st, OP_KERNEL, NULL, NULL, us);
 }
 
 /* Wait until everything queued on st has run (a test-side helper; not a CUDA

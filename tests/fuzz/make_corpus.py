@@ -90,13 +90,12 @@ def llmc(tokens: np.ndarray, new: bool = False) -> bytes:
 
 
 def npy(arr: np.ndarray, version=None) -> bytes:
+    """arr as a .npy file, header version `version` (None: the oldest that holds the
+    header, as np.save writes it)."""
     import io
 
     b = io.BytesIO()
-    if version is None:
-        np.save(b, arr)
-    else:
-        np.lib.format.write_array(b, arr, version=version)
+    np.lib.format.write_array(b, arr, version=version)
     return b.getvalue()
 
 

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator
+import shutil
+from typing import Any, Callable, Dict, Iterator, Optional
 
 import numpy as np
 
@@ -66,3 +67,45 @@ def done(path: str) -> bool:
 def mark(path: str) -> None:
     with open(path, "w"):
         pass
+
+
+def peer_path(case: Dict[str, Any], name: str) -> str:
+    """Where a peer keeps its converted copy of the data: ``peer_dir/name``, with
+    ``-N-shards`` after it when the case asks for N shards."""
+    n = case.get("shards")
+    return os.path.join(case["peer_dir"], name + (f"-{n}-shards" if n else ""))
+
+
+def convert_once(path: str, convert: Callable[[Dict[str, Any], str], Dict[str, Any]],
+                 case: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """A peer's ``prepare``: ``convert(case, path)`` writes its copy of the data into the
+    directory ``path`` and says what it wrote, and a done mark then records the copy as
+    finished. None when a finished copy is there already; what a conversion that did not
+    finish left is removed first."""
+    if done(os.path.join(path, "done")):
+        return None
+    shutil.rmtree(path, ignore_errors=True)
+    info = convert(case, path)
+    mark(os.path.join(path, "done"))
+    return info
+
+
+def count_files(path: str, suffix: str) -> int:
+    """Files in the directory ``path`` whose names end in ``suffix``."""
+    return len([f for f in os.listdir(path) if f.endswith(suffix)])
+
+
+def loader_state(state_of: Callable[[Any, int, int], Any], dl: Callable[[Dict[str, Any]], Any],
+                 case: Dict[str, Any], position: int) -> Any:
+    """A peer loader's own state at ``position`` (None at 0): ``state_of`` (from
+    ``state_tools``) run over a fresh loader ``dl(case)``."""
+    if position == 0:
+        return None
+    return state_of(dl(case), position // case["batch_size"], case["batch_size"])
+
+
+def restored(dl: Any, state: Optional[Any]) -> Any:
+    """The loader ``dl`` continued from its own ``state`` (None: from the start)."""
+    if state is not None:
+        dl.load_state_dict(state)
+    return dl

@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 from typing import Any, Dict, Optional
 
 import numpy as np
 
 from ..worker import Feed
-from .common import SampleList, done, mark, num_samples
+from .common import SampleList, convert_once, num_samples, peer_path
 
 IMPORTS = ("datasets",)
 
@@ -22,8 +21,7 @@ def version() -> str:
 
 
 def _path(case: Dict[str, Any]) -> str:
-    n = case.get("shards")
-    return os.path.join(case["peer_dir"], "hf-datasets" + (f"-{n}-shards" if n else ""))
+    return peer_path(case, "hf-datasets")
 
 
 def data_paths(case: Dict[str, Any]) -> Any:
@@ -31,12 +29,12 @@ def data_paths(case: Dict[str, Any]) -> Any:
 
 
 def prepare(case: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    return convert_once(_path(case), _convert, case)
+
+
+def _convert(case: Dict[str, Any], path: str) -> Dict[str, Any]:
     import datasets
 
-    path = _path(case)
-    if done(os.path.join(path, "done")):
-        return None
-    shutil.rmtree(path, ignore_errors=True)
     L = case["seq_len"]
     raw, dt = case["raw"], case["raw_dtype"]
     n = num_samples(case)
@@ -50,7 +48,6 @@ def prepare(case: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     d = datasets.Dataset.from_generator(gen, features=feats, cache_dir=os.path.join(case["peer_dir"], "hf-cache"))
     kw = {"num_shards": int(case["shards"])} if case.get("shards") else {}
     d.save_to_disk(path, **kw)
-    mark(os.path.join(path, "done"))
     return {"what": f"{n} rows of {L + 1} tokens saved with save_to_disk", **kw}
 
 

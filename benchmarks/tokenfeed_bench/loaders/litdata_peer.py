@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 from typing import Any, Dict, Optional
 
 import numpy as np
 
 from ..worker import Feed
-from .common import done, mark
+from .common import convert_once, count_files, loader_state, peer_path, restored
 
 IMPORTS = ("litdata",)
 
@@ -28,8 +27,7 @@ def version() -> str:
 
 
 def _path(case: Dict[str, Any]) -> str:
-    n = case.get("shards")
-    return os.path.join(case["peer_dir"], "litdata" + (f"-{n}-shards" if n else ""))
+    return peer_path(case, "litdata")
 
 
 def _tokens(item: Any) -> Any:
@@ -45,12 +43,12 @@ def data_paths(case: Dict[str, Any]) -> Any:
 
 
 def prepare(case: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    return convert_once(_path(case), _convert, case)
+
+
+def _convert(case: Dict[str, Any], path: str) -> Dict[str, Any]:
     from litdata import TokensLoader, optimize
 
-    path = _path(case)
-    if done(os.path.join(path, "done")):
-        return None
-    shutil.rmtree(path, ignore_errors=True)
     L1 = case["seq_len"] + 1
     ntok = os.path.getsize(case["raw"]) // np.dtype(case["raw_dtype"]).itemsize
     if case.get("shards"):
@@ -61,9 +59,8 @@ def prepare(case: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     inputs = [(case["raw"], case["raw_dtype"], s, min(ntok, s + step)) for s in range(0, ntok, step)]
     optimize(fn=_tokens, inputs=inputs, output_dir=path, chunk_size=chunk, item_loader=TokensLoader(),
              num_workers=1, mode="overwrite")
-    mark(os.path.join(path, "done"))
-    files = [f for f in os.listdir(path) if f.endswith(".bin")]
-    return {"what": f"{ntok} tokens in {len(files)} chunks of {chunk} tokens", "chunks": len(files)}
+    chunks = count_files(path, ".bin")
+    return {"what": f"{ntok} tokens in {chunks} chunks of {chunk} tokens", "chunks": chunks}
 
 
 def _dl(case: Dict[str, Any]) -> Any:
@@ -95,20 +92,15 @@ def _feed(dl: Any, restart: bool = True) -> Feed:
 
 def open(case: Dict[str, Any]) -> Feed:  # noqa: A001
     f = _feed(_dl(case))
-    f.info["chunks"] = len([x for x in os.listdir(_path(case)) if x.endswith(".bin")])
+    f.info["chunks"] = count_files(_path(case), ".bin")
     return f
 
 
 def make_state(case: Dict[str, Any], position: int) -> Any:
     from . import state_tools
 
-    if position == 0:
-        return None
-    return state_tools.litdata_state(_dl(case), position // case["batch_size"], case["batch_size"])
+    return loader_state(state_tools.litdata_state, _dl, case, position)
 
 
 def restore(case: Dict[str, Any], state: Any) -> Feed:
-    dl = _dl(case)
-    if state is not None:
-        dl.load_state_dict(state)
-    return _feed(dl, restart=False)
+    return _feed(restored(_dl(case), state), restart=False)

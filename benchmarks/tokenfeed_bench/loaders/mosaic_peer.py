@@ -5,14 +5,12 @@ the data lands in about that many shard files. Restore: a fresh dataset given
 ``load_state_dict({"epoch", "sample_in_epoch", ...})`` at a position."""
 from __future__ import annotations
 
-import os
-import shutil
 from typing import Any, Dict, Optional
 
 import numpy as np
 
 from ..worker import Feed
-from .common import done, mark, num_samples
+from .common import convert_once, count_files, num_samples, peer_path
 
 
 NOTES: Dict[str, str] = {}
@@ -49,18 +47,17 @@ def version() -> str:
 
 
 def _path(case: Dict[str, Any]) -> str:
-    n = case.get("shards")
-    return os.path.join(case["peer_dir"], "mds" + (f"-{n}-shards" if n else ""))
+    return peer_path(case, "mds")
 
 
 def prepare(case: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    return convert_once(_path(case), _convert, case)
+
+
+def _convert(case: Dict[str, Any], path: str) -> Dict[str, Any]:
     preload()
     from streaming import MDSWriter
 
-    path = _path(case)
-    if done(os.path.join(path, "done")):
-        return None
-    shutil.rmtree(path, ignore_errors=True)
     L = case["seq_len"]
     data = np.memmap(case["raw"], dtype=case["raw_dtype"], mode="r")
     n = num_samples(case)
@@ -72,8 +69,7 @@ def prepare(case: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     with MDSWriter(out=path, columns={"tokens": "bytes"}, compression=None, size_limit=limit) as w:
         for k in range(n):
             w.write({"tokens": np.asarray(data[k * L:k * L + L + 1]).tobytes()})
-    mark(os.path.join(path, "done"))
-    shards = len([f for f in os.listdir(path) if f.endswith(".mds")])
+    shards = count_files(path, ".mds")
     return {"what": f"{n} samples in {shards} MDS shards", "shards": shards}
 
 
@@ -121,7 +117,7 @@ def open(case: Dict[str, Any]) -> Feed:  # noqa: A001
     ds = _dataset(case)
     f = _feed(ds, case)
     f.info.update(NOTES)
-    f.info["shards"] = len([x for x in os.listdir(_path(case)) if x.endswith(".mds")])
+    f.info["shards"] = count_files(_path(case), ".mds")
     return f
 
 

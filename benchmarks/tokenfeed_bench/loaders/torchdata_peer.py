@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from ..worker import Feed
-from .common import MemmapSamples
+from .common import MemmapSamples, loader_state, restored
 
 IMPORTS = ("torchdata.stateful_dataloader",)
 
@@ -43,16 +43,11 @@ def open(case: Dict[str, Any]) -> Feed:  # noqa: A001
 def make_state(case: Dict[str, Any], position: int) -> Any:
     from . import state_tools
 
-    if position == 0:
-        return None
-    return state_tools.stateful_dataloader_state(_dl(case), position // case["batch_size"], case["batch_size"])
+    return loader_state(state_tools.stateful_dataloader_state, _dl, case, position)
 
 
 def restore(case: Dict[str, Any], state: Any) -> Feed:
-    dl = _dl(case)
-    if state is not None:
-        dl.load_state_dict(state)
-    it = iter(dl)
+    it = iter(restored(_dl(case), state))
 
     def nb() -> None:
         next(it)
