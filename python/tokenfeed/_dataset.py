@@ -320,9 +320,10 @@ class Dataset:
                 else:
                     # opened from the catalog when the listing showed one for these options
                     files = [f["path"] for f in core.files()]
-                    if not _core.Dataset.recorded(store, files, dtype=dtype, format=format, eos_id=eos_id,
-                                                  index_dir=kw["index_dir"], set_prefix=set_catalog[0],
-                                                  set_pattern=set_catalog[1]):
+                    used = store is not None and _core.Dataset.recorded(
+                        store, files, dtype=dtype, format=format, eos_id=eos_id, index_dir=kw["index_dir"],
+                        set_prefix=set_catalog[0], set_pattern=set_catalog[1])
+                    if not used:
                         self._catalog_missing = True
                         self._set_catalog = None
         elif set_catalog is not None:
