@@ -25,7 +25,7 @@
 #     above) and test_full_shuffle_over_mmap_advises_random_reads (qemu-user does not
 #     pass madvise(MADV_RANDOM) on to the kernel, so /proc/self/smaps never shows it).
 # Budget: about 5 minutes on a busy 2-core machine (293 s from a fresh clone).
-# AARCH64_PYTEST overrides the pytest selection (e.g. AARCH64_PYTEST="tests/test_order.py -k resume").
+# AARCH64_PYTEST overrides the pytest selection (e.g. AARCH64_PYTEST="tests/order/test_order.py -k resume").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS=0
@@ -108,11 +108,11 @@ print("io_uring here:", info["io_uring"])')
 
 step "pytest subset under qemu"
 # shellcheck disable=SC2206
-sel=(${AARCH64_PYTEST:-tests/test_formats.py tests/test_packing.py tests/test_order.py tests/test_mixing.py
-  tests/test_engine.py tests/test_zstd_loader.py tests/test_remote_datasets.py})
+sel=(${AARCH64_PYTEST:-tests/sources/test_formats.py tests/order/test_packing.py tests/order/test_order.py
+  tests/order/test_mixing.py tests/engine/test_engine.py tests/engine/test_zstd_loader.py tests/remote/test_remote_datasets.py})
 # what the emulator or the missing PyTorch keeps from running (see the top)
-deselect=(--deselect tests/test_formats.py::test_megatron_own_builder
-  --deselect tests/test_engine.py::test_full_shuffle_over_mmap_advises_random_reads)
+deselect=(--deselect tests/sources/test_formats.py::test_megatron_own_builder
+  --deselect tests/engine/test_engine.py::test_full_shuffle_over_mmap_advises_random_reads)
 plog=build/aarch64-pytest.log
 set +e
 env -u CI -u TOKENFEED_TEST_HOOKS "$PY" -m pytest -q -p no:cacheprovider "${deselect[@]}" "${sel[@]}" 2>&1 | tee "$plog" | tail -40

@@ -18,7 +18,7 @@ started (phase 1: with the loader running; phase 2: with none alive).
     python benchmarks/soak.py                         # the full run (minutes)
     python benchmarks/soak.py --batches 100000 --loaders 1000 --json out.json
 
-Exit status 0 when both phases are flat, 1 otherwise. tests/test_soak.py runs
+Exit status 0 when both phases are flat, 1 otherwise. tests/engine/test_soak.py runs
 the same checks at 10^5 batches and 10^3 loaders.
 """
 from __future__ import annotations

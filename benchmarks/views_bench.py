@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 import tokenfeed
-from tokenfeed import _views
+from tokenfeed.sources import _views
 
 
 def write_megatron(prefix: str, lens: np.ndarray, vocab: int, seed: int) -> None:

@@ -14,8 +14,13 @@ Two graphs are checked:
   defines them (``nm`` on objects compiled here), so a call that goes upward or round
   in a circle is found even when no header says so.
 
-And in both graphs and in the Python package's imports (``from . import x``, ``from
-.x import y``), no two files depend on each other in a circle, directly or not.
+And the Python package's imports (``from . import x``, ``from ..room.x import y``): its
+subpackages are the same rooms in the same order (python/tokenfeed/common, sources, remote,
+order, engine, device), so a room's module imports its own room, lower rooms and the extension
+module, never a higher room nor the face users import (the package itself, torch, flex,
+integrations, cli), which may import any room; the few imports that still go up are listed in
+PY_UPWARD with their reasons. In all three graphs no two files depend on each other in a circle,
+directly or not.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Dict, Iterable, List, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "csrc")
@@ -37,6 +42,25 @@ PKG = os.path.join(ROOT, "python", "tokenfeed")
 # provider of a tf_file (sources/source.h), so no parser names it.
 C_LAYERS = {"common": 0, "sources": 1, "remote": 2, "order": 3, "engine": 4, "device": 5}
 PUBLIC = "include/tokenfeed.h"
+
+# The Python package has the same rooms, as subpackages of the same names (python/tokenfeed/common,
+# sources, ...) in the same order. Its other modules are the face users import: the package itself
+# (__init__), torch, flex, integrations.*, cli.* and __main__. They may import any room; a room's module
+# imports its own room, lower rooms and the extension module (tokenfeed._core, the binding), never a
+# higher room or the face.
+BINDING_PY = "_core"
+# The imports that still go up, each with why. The checker fails on any other, and on one of these
+# that is gone (so the list only shrinks): each is a dependency to turn round, not a pattern to copy.
+# A key's second name is a module, or a room (any of its modules).
+PY_UPWARD = {
+    ("sources._dataset", "remote"): "open() takes URLs and remote shard sets: it builds their stores, expands "
+                                    "the sets and keeps the node's record of them",
+    ("sources._dataset", "order._config"): "open(prefetch=) names its renamed setting by the settings table's row",
+    ("engine._loader", "device._device"): "Loader(device=) builds its device stage over the engine",
+    ("engine._loader", "flex"): "Loader(document_ids=True) gives the FlexAttention document ids",
+    ("sources._convert", "integrations.datatrove"): "convert --tasks runs the conversion as datatrove tasks",
+    ("sources._convert", "__init__"): "a conversion records the build (build_info()) that wrote it",
+}
 BINDING = "python"
 
 Graph = Dict[str, Set[str]]
@@ -125,6 +149,7 @@ def python_graph() -> Graph:
                 name = prefix + f[:-3]
                 mods[name[:-len(".__init__")] if name.endswith(".__init__") else name] = os.path.join(d, f)
     g: Graph = {}
+    extension = {BINDING_PY}  # the extension module: imported, never read (its stub, _core.pyi, is what it offers)
     for m in sorted(mods):
         deps = g.setdefault(m, set())
         # the package a relative import starts from: a module's parent, or an __init__'s own package
@@ -133,11 +158,14 @@ def python_graph() -> Graph:
             src = fh.read()
         for dots, a, b in re.findall(r"^\s*from (\.+)([\w.]*) import (\([^)]*\)|[\w, ]+)", src, re.M):
             base = parts[:len(parts) - (len(dots) - 1)] if len(dots) - 1 <= len(parts) else []
-            if a:
-                names = [".".join(base + [a])]
-            else:  # from . import x, y  /  from . import (x,\n y)
-                names = [".".join(base + [n]) for n in re.findall(r"\w+", b.replace(" as ", " "))]
-            deps.update(n for n in names if n in mods and n != m)
+            pkg = base + a.split(".") if a else base
+            names = []
+            # from .x import y / from . import x, y / from ..room import (x,\n y): each name that is a
+            # module is that module, any other is a name of the module (or package) it comes from
+            for n in re.findall(r"\w+", re.sub(r" as \w+", "", b)):
+                sub = ".".join(pkg + [n])
+                names.append(sub if sub in mods or sub in extension else ".".join(pkg) or "__init__")
+            deps.update(n for n in names if (n in mods or n in extension) and n != m)
     return g
 
 
@@ -159,6 +187,36 @@ def layer_violations(g: Graph) -> List[str]:
                 bad.append(f"{f} -> {d}: the public header stands alone")
             elif d.split("/")[0] == BINDING or layer(d) > layer(f):
                 bad.append(f"{f} -> {d}: {top} is below {d.split('/')[0]}")
+    return bad
+
+
+def py_room(m: str) -> int:
+    """The room of a module of the Python package (its C layer), or -1 for the face (and the extension)."""
+    return C_LAYERS.get(m.split(".")[0], -1)
+
+
+def py_layer_violations(g: Graph, allowed: Optional[Dict[Tuple[str, str], str]] = None) -> List[str]:
+    """Imports of a room's module that go to a higher room or to the face, less ``allowed``; and an
+    allowed import that no longer occurs (the list is kept to what is)."""
+    allowed = PY_UPWARD if allowed is None else allowed
+    bad, seen = [], set()
+    for m, deps in sorted(g.items()):
+        r = py_room(m)
+        if r < 0:
+            continue  # the face imports anything
+        for d in sorted(deps):
+            if d == BINDING_PY or (py_room(d) >= 0 and py_room(d) <= r):
+                continue
+            key = next((k for k in ((m, d), (m, d.split(".")[0])) if k in allowed), None)
+            if key is not None:
+                seen.add(key)
+                continue
+            where = d.split(".")[0] if py_room(d) >= 0 else "the face (" + d + ")"
+            bad.append(f"{m} -> {d}: {m.split('.')[0]} is below {where}")
+    for m, d in sorted(set(allowed) - seen):
+        if m in g:  # a graph of the package (a test's small graph names only what it checks)
+            bad.append(f"{m} -> {d}: listed as an allowed upward import in check_layers.PY_UPWARD, but no longer "
+                       f"made: remove it from the list")
     return bad
 
 
@@ -199,8 +257,8 @@ def cycles(g: Graph) -> List[List[str]]:
     return out
 
 
-def report(name: str, g: Graph, layered: bool) -> Tuple[List[str], List[List[str]]]:
-    bad = layer_violations(g) if layered else []
+def report(name: str, g: Graph, layered: bool, python: bool = False) -> Tuple[List[str], List[List[str]]]:
+    bad = (py_layer_violations(g) if python else layer_violations(g)) if layered else []
     circ = cycles(g)
     print(f"== {name}: {len(g)} files, {sum(len(d) for d in g.values())} edges")
     for f, deps in sorted(g.items()):
@@ -215,9 +273,9 @@ def report(name: str, g: Graph, layered: bool) -> Tuple[List[str], List[List[str
 
 def main(argv: Iterable[str] = ()) -> int:
     failed = False
-    for name, g, layered in (("C includes", include_graph(), True), ("C calls", call_graph(), True),
-                             ("Python imports", python_graph(), False)):
-        bad, circ = report(name, g, layered)
+    for name, g, layered, py in (("C includes", include_graph(), True, False), ("C calls", call_graph(), True, False),
+                                 ("Python imports", python_graph(), True, True)):
+        bad, circ = report(name, g, layered, py)
         failed |= bool(bad or circ)
     print("FAIL" if failed else "OK: every dependency goes down the layers, and none goes round in a circle")
     return 1 if failed else 0

@@ -8,7 +8,7 @@ IDEs and mypy see every one, with its type and default, the keywords are written
 the source between two marker lines, from the table:
 
     python tests/gen_signatures.py           # rewrite the blocks from the table
-    python tests/gen_signatures.py --check   # exit 1 if a block differs (tests/test_signatures.py)
+    python tests/gen_signatures.py --check   # exit 1 if a block differs (tests/project/test_signatures.py)
 
 A row the table marks nullable is ``Optional[...] = None`` (None: the row's default);
 any other row has its default written out (an enum by its name). The function body
@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # which rows each signature writes out: (file, marker, module whose <names> lists them)
 TARGETS: Sequence[Tuple[str, str, str, str]] = (
-    ("python/tokenfeed/_loader.py", "Loader", "tokenfeed._loader", "LOADER_SETTINGS"),
+    ("python/tokenfeed/engine/_loader.py", "Loader", "tokenfeed.engine._loader", "LOADER_SETTINGS"),
     ("python/tokenfeed/torch.py", "TokenDataset", "tokenfeed.torch", "TOKEN_DATASET_SETTINGS"),
 )
 INDENT = " " * 17
@@ -41,10 +41,11 @@ def end(marker: str) -> str:
 
 def param(row: Dict) -> str:
     """One keyword-only parameter for a row of the settings table."""
-    from tokenfeed._config import keyword_default
+    from tokenfeed.order._config import keyword_default
 
     name, typ = row["name"], row["type"]
-    ann = {"enum": "Literal[" + ", ".join(lit(n) for n in row["names"] or ()) + "]", "bool": "bool"}.get(typ, "int")
+    ann = {"enum": "Literal[" + ", ".join(lit(n) for n in row["names"] or ()) + "]", "bool": "bool",
+           "path": "str"}.get(typ, "int")
     if row["nullable"]:
         ann = f"Optional[{ann}]"
     return f"{name}: {ann} = {lit(keyword_default(row))}"

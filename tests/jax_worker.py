@@ -1,4 +1,4 @@
-"""One JAX process of tests/test_jax.py: PROCESS NPROC PORT DATA CKPT OUT STEPS.
+"""One JAX process of tests/integrations/test_jax.py: PROCESS NPROC PORT DATA CKPT OUT STEPS.
 
 Runs tokenfeed.integrations.jax.GlobalBatches over a 1-D data mesh of every process's CPU
 device, resuming from the latest Orbax checkpoint in CKPT if there is one, and saves the

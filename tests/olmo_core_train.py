@@ -3,7 +3,7 @@ loader: DATA_DIR WORK_DIR OUT [switch]. Trains 6 steps in one run; then 3 steps 
 which the Trainer's own checkpointer saves, and a third run that resumes from that checkpoint
 to step 6. With `switch`, the first two runs read with OLMo's own NumpyFSLDataLoader and the
 third continues OLMo's run on TokenfeedDataLoader(order="olmo"). Writes the input ids and
-losses of each run to OUT (.npz). Used by tests/test_olmo_core.py in a fresh process, since
+losses of each run to OUT (.npz). Used by tests/integrations/test_olmo_core.py in a fresh process, since
 the Trainer needs a torch.distributed process group."""
 import os
 import sys

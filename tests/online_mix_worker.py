@@ -1,4 +1,4 @@
-"""A training loop that adapts its mixture from per-domain losses (tests/test_online_mixing.py).
+"""A training loop that adapts its mixture from per-domain losses (tests/order/test_online_mixing.py).
 
 Simulates ``--ranks`` data-parallel ranks in one process (one Loader each). Every step it
 logs a hash of the global batch (the ranks' rows in rank order); every ``K`` steps it sets

@@ -1,4 +1,4 @@
-"""torchtitan's own components around TokenfeedDataLoader, for tests/test_torchtitan.py:
+"""torchtitan's own components around TokenfeedDataLoader, for tests/integrations/test_torchtitan.py:
 the loader built from its Config as the Trainer builds it, and the DCP CheckpointManager
 the Trainer builds, over a small model, optimizer and LR schedule.
 

@@ -18,7 +18,7 @@
  * says when it enters the fingerprint, and so when the state records it (else
  * null); it can be wider than `stream` (seed and global_batch entered the
  * fingerprint before their finer conditions were known, and fingerprints
- * never change). tests/test_settings.py checks that _core.pyi and the docs' option
+ * never change). tests/order/test_settings.py checks that _core.pyi and the docs' option
  * tables name every row.
  */
 #include <stddef.h>
@@ -36,7 +36,8 @@ static const char *const PACKING_NAMES[] = {"concat", "best_fit", "document", NU
 static const char *const SHUFFLE_NAMES[] = {"none", "full", "block", NULL};
 static const char *const BACKEND_NAMES[] = {"auto", "mmap", "pread", "io_uring", NULL};
 static const char *const BALANCE_NAMES[] = {"none", "tokens", "attention", "strided", NULL};
-static const char *const ORDER_NAMES[] = {"tokenfeed", "llmc", "olmo", NULL};
+static const char *const ORDER_NAMES[] = {"tokenfeed", "llmc", "olmo", "megatron", NULL};
+static const char *const SPLIT_NAMES[] = {"train", "valid", "test", NULL};
 
 /* Largest seq_len: extras are int32 and cu_seqlens holds L itself. */
 #define MAX_SEQ_LEN ((uint64_t)INT32_MAX - 1)
@@ -92,9 +93,9 @@ const tf__setting_row tf__settings[] = {
              .description = "positions per mixing window, over which the weights become exact counts"},
      ORDER(mix_window)},
     {.pub = {.name = "order", .scope = TF_SCOPE_ORDER, .type = TF_SETTING_ENUM, .def = TF_ORDER_TOKENFEED, .min = 0,
-             .max = 2, .names = ORDER_NAMES, .stream = "always",
-             .description = "whose order of samples: tokenfeed's, or llmc / olmo to continue a run begun on llm.c's "
-                             "or OLMo-core's loader"},
+             .max = 3, .names = ORDER_NAMES, .stream = "always",
+             .description = "whose order of samples: tokenfeed's, or llmc / olmo / megatron to continue a run begun "
+                             "on llm.c's or OLMo-core's loader or Megatron-core's GPTDataset"},
      .fp = "order!=tokenfeed", .is_signed = 1, ORDER(order)},
     {.pub = {.name = "llmc_processes", .scope = TF_SCOPE_ORDER, .type = TF_SETTING_INT, .def = 1, .min = 1,
              .max = UINT32_MAX, .nullable = 1, .stream = "order=llmc",
@@ -105,6 +106,23 @@ const tf__setting_row tf__settings[] = {
              .description = "OLMo's max_target_sequence_length / seq_len: instances shuffled in runs of this many "
                              "(None: 1)"},
      ORDER(olmo_chunk)},
+    /* Megatron's order: where its index cache is (a path: what the cache
+     * holds enters the state through the order's fingerprint of it, so a
+     * cache moved elsewhere still resumes), which split's, and the option
+     * the cache does not record */
+    {.pub = {.name = "megatron_cache", .scope = TF_SCOPE_ORDER, .type = TF_SETTING_PATH, .def = 0, .min = 0,
+             .max = 0, .nullable = 1, .none_value = 0, .stream = "order=megatron",
+             .description = "Megatron-core's path_to_cache (--data-cache-path) holding GPTDataset's index cache, or "
+                             "one of that cache's files"},
+     .fp = "never", ORDER(megatron_cache)},
+    {.pub = {.name = "megatron_split", .scope = TF_SCOPE_ORDER, .type = TF_SETTING_ENUM, .def = TF_MEGATRON_TRAIN,
+             .min = 0, .max = 2, .names = SPLIT_NAMES, .stream = "order=megatron",
+             .description = "the split whose GPTDataset cache megatron_cache's directory holds: train, valid or test"},
+     ORDER(megatron_split)},
+    {.pub = {.name = "megatron_add_extra_token", .scope = TF_SCOPE_ORDER, .type = TF_SETTING_BOOL, .def = 1,
+             .min = 0, .max = 1, .stream = "order=megatron",
+             .description = "GPTDatasetConfig.add_extra_token_to_sequence the cache was built with"},
+     .is_signed = 1, ORDER(megatron_add_extra_token)},
 
     {.pub = {.name = "batch_size", .scope = TF_SCOPE_ENGINE, .type = TF_SETTING_INT, .def = 8, .min = 1,
              .max = UINT64_MAX, .stream = "never", .description = "samples per data-parallel rank per batch"},
@@ -240,6 +258,7 @@ int tf_setting_bounds(const char *name, int64_t *min, uint64_t *max) {
 
 int64_t tf__setting_get(const tf__setting_row *r, const void *cfg) {
     const char *p = (const char *)cfg + r->offset;
+    if (r->pub.type == TF_SETTING_PATH) return 0; /* no integer value (tf__setting_path) */
     switch (r->size) {
     case 1: return r->is_signed ? (int64_t) * (const int8_t *)p : (int64_t) * (const uint8_t *)p;
     case 2: return r->is_signed ? (int64_t) * (const int16_t *)p : (int64_t) * (const uint16_t *)p;
@@ -252,8 +271,20 @@ int64_t tf__setting_get(const tf__setting_row *r, const void *cfg) {
     }
 }
 
+const char *tf__setting_path(const tf__setting_row *r, const void *cfg) {
+    if (r->pub.type != TF_SETTING_PATH) return NULL;
+    const char *v;
+    memcpy(&v, (const char *)cfg + r->offset, sizeof v);
+    return v;
+}
+
 void tf__setting_put(const tf__setting_row *r, void *cfg, int64_t v) {
     char *p = (char *)cfg + r->offset;
+    if (r->pub.type == TF_SETTING_PATH) { /* only none (a default, a state's null) */
+        const char *none = NULL;
+        memcpy(p, &none, sizeof none);
+        return;
+    }
     switch (r->size) {
     case 1: *(uint8_t *)p = (uint8_t)v; break;
     case 2: *(uint16_t *)p = (uint16_t)v; break;
@@ -283,7 +314,7 @@ int tf__setting_describe(const tf__setting_row *r, int64_t v, char *buf, size_t 
 }
 
 int tf__setting_check(const tf__setting_row *r, int64_t v) {
-    if (in_bounds(r, v)) return 0;
+    if (r->pub.type == TF_SETTING_PATH || in_bounds(r, v)) return 0;
     const tf_setting *s = &r->pub;
     char found[48];
     tf__setting_describe(r, v, found, sizeof found);
@@ -300,10 +331,22 @@ int tf__setting_check(const tf__setting_row *r, int64_t v) {
             (unsigned long long)s->max, s->nullable ? " (or None)" : "", found);
 }
 
+/* A path given where its condition does not hold would be ignored: refused,
+ * naming the condition (megatron_cache without order=megatron). */
+static int check_path(const tf__setting_row *r, const void *cfg) {
+    const char *p = tf__setting_path(r, cfg);
+    if (!p || r->pub.scope != TF_SCOPE_ORDER || tf__setting_enters_stream(r, &(tf__cond_ctx){cfg, 0, 0})) return 0;
+    TF_FAIL(-EINVAL, "%s: given (%.200s) where it is not read: it is read when %s", r->pub.name, p, r->pub.stream);
+}
+
 int tf__settings_check(tf_setting_scope scope, const void *cfg) {
     for (size_t i = 0; i < tf__nsettings; i++) {
         const tf__setting_row *r = &tf__settings[i];
         if (r->pub.scope != scope) continue;
+        if (r->pub.type == TF_SETTING_PATH) {
+            TF_TRY(check_path(r, cfg));
+            continue;
+        }
         int64_t v = tf__setting_get(r, cfg);
         if (r->pub.nullable && v == r->pub.none_value) continue;
         TF_TRY(tf__setting_check(r, v));
@@ -314,7 +357,7 @@ int tf__settings_check(tf_setting_scope scope, const void *cfg) {
 int tf__settings_resolve(tf_setting_scope scope, void *cfg) {
     for (size_t i = 0; i < tf__nsettings; i++) {
         const tf__setting_row *r = &tf__settings[i];
-        if (r->pub.scope != scope) continue;
+        if (r->pub.scope != scope || r->pub.type == TF_SETTING_PATH) continue;
         int64_t v = tf__setting_get(r, cfg);
         if (r->pub.nullable && v == r->pub.none_value) tf__setting_put(r, cfg, r->pub.def);
         else TF_TRY(tf__setting_check(r, v));
@@ -395,6 +438,8 @@ int tf_config_set(tf_setting_scope scope, void *cfg, const char *name, int64_t v
     TF_NEED_ARG(cfg);
     void *base = r ? scope_base(scope, r, cfg) : NULL;
     if (!base) TF_FAIL(-ENOENT, "no setting named %s in this configuration", name ? name : "(null)");
+    if (r->pub.type == TF_SETTING_PATH && value != r->pub.none_value)
+        TF_FAIL(-EINVAL, "%s is a path: set it with tf_config_set_path", name);
     if (!(r->pub.nullable && value == r->pub.none_value)) TF_TRY(tf__setting_check(r, value));
     tf__setting_put(r, base, value);
     return 0;
@@ -407,5 +452,26 @@ int tf_config_get(tf_setting_scope scope, const void *cfg, const char *name, int
     const void *base = r ? scope_base(scope, r, (void *)cfg) : NULL;
     if (!base) TF_FAIL(-ENOENT, "no setting named %s in this configuration", name ? name : "(null)");
     *value = tf__setting_get(r, base);
+    return 0;
+}
+
+int tf_config_set_path(tf_setting_scope scope, void *cfg, const char *name, const char *path) {
+    const tf__setting_row *r = tf__setting_row_find(name);
+    TF_NEED_ARG(cfg);
+    void *base = r ? scope_base(scope, r, cfg) : NULL;
+    if (!base) TF_FAIL(-ENOENT, "no setting named %s in this configuration", name ? name : "(null)");
+    if (r->pub.type != TF_SETTING_PATH) TF_FAIL(-EINVAL, "%s is not a path: set it with tf_config_set", name);
+    memcpy((char *)base + r->offset, &path, sizeof path);
+    return 0;
+}
+
+int tf_config_get_path(tf_setting_scope scope, const void *cfg, const char *name, const char **path) {
+    const tf__setting_row *r = tf__setting_row_find(name);
+    TF_NEED_ARG(cfg);
+    TF_NEED_ARG(path);
+    const void *base = r ? scope_base(scope, r, (void *)cfg) : NULL;
+    if (!base) TF_FAIL(-ENOENT, "no setting named %s in this configuration", name ? name : "(null)");
+    if (r->pub.type != TF_SETTING_PATH) TF_FAIL(-EINVAL, "%s is not a path: read it with tf_config_get", name);
+    *path = tf__setting_path(r, base);
     return 0;
 }

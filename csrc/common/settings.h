@@ -27,6 +27,10 @@ TF_HIDDEN extern const size_t tf__nsettings;
 TF_HIDDEN const tf__setting_row *tf__setting_row_find(const char *name);
 TF_HIDDEN int64_t tf__setting_get(const tf__setting_row *r, const void *cfg);
 TF_HIDDEN void tf__setting_put(const tf__setting_row *r, void *cfg, int64_t v);
+/* A TF_SETTING_PATH row's value (NULL: none, or another type of row). Such
+ * a row reads as 0 through tf__setting_get (no integer value: never
+ * compared nor hashed) and tf__setting_put only clears it. */
+TF_HIDDEN const char *tf__setting_path(const tf__setting_row *r, const void *cfg);
 /* Every row of scope: its default / its bounds (-EINVAL naming the setting). */
 TF_HIDDEN void tf__settings_init(tf_setting_scope scope, void *cfg);
 TF_HIDDEN int tf__settings_check(tf_setting_scope scope, const void *cfg);

@@ -1,6 +1,8 @@
 /*
  * cp.c — context-parallel index arithmetic (see cp.h for the layouts).
  */
+#include <stdlib.h>
+
 #include "cp.h"
 
 int tf__cp_chunks(uint64_t L, uint32_t cp, uint32_t r, uint64_t first[2], uint64_t *c) {
@@ -52,4 +54,32 @@ size_t tf__cp_thd_pieces(const uint64_t *seg, size_t n, uint32_t cp, uint32_t r,
     }
     *local = total / cp;
     return m;
+}
+
+int tf_cp_thd_positions(const uint64_t *seg, size_t n, uint32_t cp_size, uint32_t cp_rank, int64_t *out, size_t cap,
+                        size_t *len) {
+    TF_NEED_ARG(len);
+    if (n) TF_NEED_ARG(seg);
+    TF_NEED_BUF(out, cap);
+    *len = 0;
+    if (cp_size < 1 || cp_rank >= cp_size)
+        TF_FAIL(-EINVAL, "cp_rank: expected 0 <= cp_rank < cp_size (%u), found %u", cp_size, cp_rank);
+    const uint64_t k = 2 * (uint64_t)cp_size;
+    for (size_t j = 0; j < n; j++)
+        if (seg[j] > (uint64_t)INT64_MAX - k)
+            TF_FAIL(-EINVAL, "sequence %zu has %llu positions, more than a position can name", j,
+                    (unsigned long long)seg[j]);
+    if (n > SIZE_MAX / 4 / sizeof(tf__cp_piece)) return -ENOMEM;
+    tf__cp_piece *pc = malloc((n ? 4 * n : 1) * sizeof *pc);
+    if (!pc) return -ENOMEM;
+    uint64_t local = 0;
+    size_t np = tf__cp_thd_pieces(seg, n, cp_size, cp_rank, pc, &local, NULL);
+    size_t m = 0;
+    for (size_t q = 0; q < np; q++)
+        for (uint64_t e = 0; e < pc[q].len; e++, m++)
+            if (m < cap) out[m] = pc[q].src == TF_CP_PAD ? -1 : (int64_t)(pc[q].src + e);
+    free(pc);
+    *len = m;
+    if (m > cap) TF_FAIL(-ENOBUFS, "the THD share of rank %u has %zu entries, room was given for %zu", cp_rank, m, cap);
+    return 0;
 }

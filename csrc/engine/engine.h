@@ -33,6 +33,8 @@ struct tf__cp_piece;
 
 #define TF__PREFETCH_LINES 16 /* cache lines prefetched at the start of the next sample */
 #define TF__PREFETCH_SPANS 8  /* spans of the next sample whose starts are prefetched */
+#define TF__PREFETCH_SPAN_LINES 64 /* lines of each span prefetched when a sample has several */
+#define TF__ROWS_AHEAD 16     /* rows whose samples are computed, and order lookups prefetched, together */
 #define TF__URING_QD 64    /* io_uring submission queue depth per worker */
 #define TF__DIO_ALIGN 4096 /* O_DIRECT offset / length / buffer alignment */
 
@@ -115,6 +117,22 @@ typedef struct tf__rd {
 } tf__rd;
 
 /* Per worker thread: never shared, so no locking. */
+/* A loader's takedowns (tf_order_exclude) as of its last seek: a copy the
+ * workers read while the consumer may change the order's own list (the loader
+ * takes a new copy at every seek, and tf_loader_exclude seeks). refs counts
+ * the loader and the workers filling a batch with it, under the loader's mu. */
+typedef struct tf__takedown {
+    uint64_t pos;  /* from this global position on */
+    size_t source;
+    size_t n;
+    uint64_t *ids; /* ascending, distinct */
+} tf__takedown;
+typedef struct tf__takedowns {
+    size_t refs;
+    size_t n;
+    tf__takedown *e;
+} tf__takedowns;
+
 typedef struct tf__worker {
     tf__reader *rd;
     struct tf_loader *loader; /* back pointer for the thread loop (loader.c) */
@@ -142,6 +160,11 @@ typedef struct tf__worker {
     size_t cp_nwork, cp_cap_work;
     struct tf__cp_piece *cp_pieces; /* 4 L */
     uint64_t *cp_ranges;            /* 2 L + 2 pairs [lo, hi) */
+    /* takedowns: the copy in force for the batch being filled (NULL: none),
+     * the batch's global position, and one row's segments (L + 1) */
+    const tf__takedowns *td;
+    uint64_t td_gpos;
+    tf_segment *td_segs;
 #ifdef TF_HAVE_IO_URING
     struct io_uring ring;
     int ring_ok;

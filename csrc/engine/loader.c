@@ -171,6 +171,7 @@ struct tf_loader {
     _Atomic(const tf__buffer_allocator *) alloc;
     _Atomic uint64_t st_locked;
     tf__meter meter; /* the consumer's waits (meter.h) */
+    tf__takedowns *td; /* under mu: the order's takedowns as of the last seek (NULL: none) */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -296,6 +297,49 @@ static int can_claim(const tf_loader *l) {
     return ok;
 }
 
+/* ------------------------------------------------------------------------ */
+/* takedowns                                                                 */
+/* ------------------------------------------------------------------------ */
+
+static void td_free(tf__takedowns *t) {
+    if (!t) return;
+    for (size_t i = 0; i < t->n; i++) free(t->e[i].ids);
+    free(t->e);
+    free(t);
+}
+
+static void td_unref_locked(tf__takedowns *t) {
+    if (t && --t->refs == 0) td_free(t);
+}
+
+/* A copy of the order's takedowns (*out NULL when it has none). */
+static int td_build(const tf_order *o, tf__takedowns **out) {
+    *out = NULL;
+    size_t n = tf_order_num_excluded(o);
+    if (!n) return 0;
+    tf__takedowns *t = calloc(1, sizeof *t);
+    if (!t || !(t->e = calloc(n, sizeof *t->e))) {
+        free(t);
+        return -ENOMEM;
+    }
+    t->refs = 1;
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t *ids;
+        tf__takedown *e = &t->e[i];
+        int rc = tf_order_excluded(o, i, &e->pos, &e->source, &ids, &e->n);
+        if (!rc && !(e->ids = malloc((e->n ? e->n : 1) * sizeof *e->ids))) rc = -ENOMEM;
+        if (rc) {
+            t->n = i + (e->ids != NULL);
+            td_free(t);
+            return rc;
+        }
+        if (e->n) memcpy(e->ids, ids, e->n * sizeof *e->ids);
+        t->n = i + 1;
+    }
+    *out = t;
+    return 0;
+}
+
 static void *worker_main(void *arg) {
     tf__worker *w = arg;
     tf_loader *l = w->loader;
@@ -312,6 +356,10 @@ static void *worker_main(void *arg) {
         int ok;
         uint64_t pos = batch_pos(l, k, &ok);
         tf_batch *b = take_buffer_locked(l);
+        tf__takedowns *td = l->td; /* the copy of this generation, kept while the batch is filled */
+        if (td) td->refs++;
+        w->td = td;
+        w->td_gpos = pos;
         pthread_mutex_unlock(&l->mu);
 
         char err[TF__ERRMSG];
@@ -339,6 +387,8 @@ static void *worker_main(void *arg) {
         }
 
         pthread_mutex_lock(&l->mu);
+        w->td = NULL;
+        td_unref_locked(td);
         if (gen == l->gen) {
             tf__slot *s = &l->slots[k % (uint64_t)l->depth];
             s->b = b;
@@ -748,6 +798,7 @@ static int engine_create(const tf_order *order, int owns, const tf_loader_config
     int rc = alloc_accounting(l, order, nsources);
     if (!rc) rc = attach_order(l, order, &y);
     if (!rc) rc = alloc_ring(l, &y);
+    if (!rc) rc = td_build(order, &l->td);
     if (rc) {
         tf_loader_free(l); /* the caller frees the order on failure */
         return rc;
@@ -877,6 +928,8 @@ void tf_loader_free(tf_loader *l) {
     }
     free_accounting(l);
     tf__meter_destroy(&l->meter);
+    /* no worker runs (a forked child's copy may count the parent's: leaked) */
+    if (same_process && l->td) td_unref_locked(l->td);
     free(l);
 }
 
@@ -1064,6 +1117,16 @@ uint64_t tf_loader_position(const tf_loader *l) {
 
 const tf_order *tf_loader_order(const tf_loader *l) { return l ? l->order : NULL; }
 
+int tf_loader_exclude(tf_loader *l, size_t source, const uint64_t *ids, size_t n) {
+    TF_NEED_ARG(l);
+    if (n) TF_NEED_ARG(ids);
+    uint64_t pos = tf_loader_position(l);
+    /* the order is the loader's or the caller's, who gave it to be read and
+     * takes documents down through the loader that reads it */
+    TF_TRY(tf_order_exclude((tf_order *)l->order, pos, source, ids, n));
+    return tf_loader_seek(l, pos); /* batches assembled ahead held the documents */
+}
+
 int tf_loader_seek(tf_loader *l, uint64_t pos) {
     TF_NEED_ARG(l);
     if (pos % l->G)
@@ -1076,9 +1139,14 @@ int tf_loader_seek(tf_loader *l, uint64_t pos) {
                 (unsigned long long)pos, (unsigned long long)l->npos, (unsigned long long)epochs_of(l),
                 (unsigned long long)tf_order_num_samples(l->order), (unsigned long long)l->G);
     TF_TRY(after_fork(l));
+    tf__takedowns *td;
+    TF_TRY(td_build(l->order, &td)); /* the order's takedowns now: batches from here on leave them out */
     pthread_mutex_lock(&l->mu);
     reset_locked(l, pos);
     l->paused = 0;
+    tf__takedowns *old = l->td;
+    l->td = td;
+    td_unref_locked(old);
     pthread_mutex_unlock(&l->mu);
     atomic_store_explicit(&l->position, pos, memory_order_release);
     if (l->pf) {

@@ -151,8 +151,8 @@ static int64_t token_offset(const tf_file *f) {
     return tf__file_token_offset(f);
 }
 
-/* Open the file behind f (its path, or, for Megatron, whose path may be the
- * prefix, path.bin) into *fdp. The descriptor must be the very file whose
+/* Open the file behind f (its path, or, for a pair opened by its prefix
+ * (Megatron's), the prefix and the data file's suffix) into *fdp. The descriptor must be the very file whose
  * bytes the dataset checked (tf__file_check_fd: device, inode, size and
  * modification time): a name that holds another file by now, say one renamed
  * over it, is an error naming it, never that file's tokens. Returns 0, the
@@ -161,7 +161,8 @@ static int64_t token_offset(const tf_file *f) {
 static int open_file(const tf_file *f, int flags, int *fdp) {
     char alt[4096];
     const char *cands[2] = {f->path, NULL};
-    if (f->format == TF_FORMAT_MEGATRON && snprintf(alt, sizeof alt, "%s.bin", f->path) < (int)sizeof alt)
+    const tf__format_row *row = tf__format_row_of(f->format);
+    if (row && row->pair_data_suffix && snprintf(alt, sizeof alt, "%s%s", f->path, row->pair_data_suffix) < (int)sizeof alt)
         cands[1] = alt;
     int err = ENOENT, bad = 0;
     char msg[1024];
@@ -354,6 +355,8 @@ void tf__worker_destroy(tf__worker *w) {
     free(w->cp_work);
     free(w->cp_pieces);
     free(w->cp_ranges);
+    free(w->td_segs);
+    w->td_segs = NULL;
     tf__balance_cache_free(&w->bal);
     free(w->warm_cu);
     free(w->stage);
@@ -491,7 +494,7 @@ static int rd_error(const tf__rd *d, int e) {
 }
 
 /* Test-only fault injection ($TOKENFEED_FAULT_READ, read once per process;
- * tests/test_faults.py): "eio:N", "short:N" or "eof:N" makes the Nth read
+ * tests/engine/test_faults.py): "eio:N", "short:N" or "eof:N" makes the Nth read
  * completion of the pread and io_uring backends (counted from 1 across the
  * process) fail with EIO, report half of its bytes (the rest must be read
  * again), or report 0 bytes (end of file). res is bytes or -errno.
@@ -760,6 +763,17 @@ static int account_row(tf__worker *w, uint64_t sample, size_t ns, tf__row_acct *
 static size_t prefetch_sample(const tf__reader *r, uint64_t sample, tf__span *sp) {
     size_t ns = 0;
     if (tf__order_sample_spans(r->order, sample, sp, r->max_spans, &ns) != 0) return 0;
+    /* A sample of one span: its first TF__PREFETCH_LINES lines (the
+     * hardware prefetcher follows the rest). A sample of several (a view's
+     * concat rows: a span per document, each in a page of its own): each
+     * span whole, up to TF__PREFETCH_SPAN_LINES lines, none past its end —
+     * short spans give the hardware prefetcher no stream to follow, and the
+     * next row's misses overlap this row's copy instead of stalling it. */
+    size_t tok = 0;
+    for (size_t s = 0; s < ns && tok < 2; s++)
+        tok += !(sp[s].src == TF_SPAN_SEPARATOR || sp[s].src == TF_SPAN_PAD || !sp[s].len);
+    const uint64_t per = tok > 1 ? TF__PREFETCH_SPAN_LINES : TF__PREFETCH_LINES;
+    const size_t isz = r->ds->nfiles ? tf_dtype_size(r->ds->files[0].dtype) : 1;
     for (size_t s = 0, done = 0; s < ns && done < TF__PREFETCH_SPANS; s++) {
         if (sp[s].src == TF_SPAN_SEPARATOR || sp[s].src == TF_SPAN_PAD || !sp[s].len) continue;
         done++;
@@ -769,9 +783,68 @@ static size_t prefetch_sample(const tf__reader *r, uint64_t sample, tf__span *sp
             if (r->zc) tf__zcache_prefetch(r->zc, r->ds, sp[s].src, sp[s].len);
             continue;
         }
-        for (int k = 0; k < TF__PREFETCH_LINES; k++) __builtin_prefetch((const char *)p + 64 * k, 0, 0);
+        uint64_t lines = (sp[s].len * isz + 63) / 64 + 1;
+        if (lines > per) lines = per;
+        if (!lines) lines = 1;
+        for (uint64_t k = 0; k < lines; k++) __builtin_prefetch((const char *)p + 64 * k, 0, 0);
     }
     return ns;
+}
+
+/* ------------------------------------------------------------------------ */
+/* takedowns: documents a loader no longer serves (tf_loader_exclude)        */
+/* ------------------------------------------------------------------------ */
+
+/* Whether document doc of source src is taken down for the batch at global
+ * position gpos (an entry made at or before it names it). */
+static int taken_down(const tf__takedowns *t, uint64_t gpos, uint64_t src, uint64_t doc) {
+    for (size_t i = 0; i < t->n; i++) {
+        const tf__takedown *e = &t->e[i];
+        if (e->pos > gpos || e->source != src) continue;
+        size_t lo = 0, hi = e->n;
+        while (lo < hi) {
+            size_t m = lo + (hi - lo) / 2;
+            if (e->ids[m] < doc) lo = m + 1; else hi = m;
+        }
+        if (lo < e->n && e->ids[lo] == doc) return 1;
+    }
+    return 0;
+}
+
+/* Whether any takedown is in force for the worker's batch. */
+static int takedowns_active(const tf__worker *w) {
+    const tf__takedowns *t = w->td;
+    for (size_t i = 0; t && i < t->n; i++)
+        if (t->e[i].pos <= w->td_gpos) return 1;
+    return 0;
+}
+
+/* The sample at stream position p without its taken-down documents: their
+ * tokens in row (L + 1 of them, at their sample offsets; NULL: leave the
+ * tokens) become pad_id, and the labels they make in mask (L; NULL: none)
+ * 0. Segments come from the order (as tf_order_segments_at tells them), so
+ * the boundaries, positions and cu_seqlens stay those of the order: the
+ * documents keep their places, only their tokens are gone. */
+static int take_down_row(tf__worker *w, uint64_t p, uint8_t *row, uint8_t *mask) {
+    tf__reader *r = w->rd;
+    const uint64_t L = r->seq_len;
+    const size_t osz = tf_dtype_size(r->out_dtype);
+    if (!w->td_segs && !(w->td_segs = malloc((L + 1) * sizeof *w->td_segs))) return -ENOMEM;
+    size_t n = 0;
+    TF_TRY(tf_order_segments_at(r->order, p, w->td_segs, L + 1, &n));
+    for (size_t i = 0; i < n; i++) {
+        const tf_segment *sg = &w->td_segs[i];
+        if (!taken_down(w->td, w->td_gpos, sg->source, sg->document)) continue;
+        uint64_t len = sg->stop - sg->start;
+        if (sg->offset > L + 1 || len > L + 1 - sg->offset)
+            return tf__seterr(-EFAULT, "internal: a segment of the sample at position %llu lies past its %llu tokens",
+                              (unsigned long long)p, (unsigned long long)(L + 1));
+        if (row) fill_separator(row + sg->offset * osz, osz, r->out_dtype, r->pad, len);
+        /* label t is sample token t + 1 */
+        uint64_t a = sg->offset ? sg->offset - 1 : 0, b = sg->offset + len - 1 < L ? sg->offset + len - 1 : L;
+        if (mask && b > a) memset(mask + a, 0, (size_t)(b - a));
+    }
+    return 0;
 }
 
 static int cp_fill(tf__worker *w, uint64_t pos, uint64_t rows, const uint64_t *rowpos, tf_batch_view *v,
@@ -809,6 +882,17 @@ static void eos_row_extras(const tf__reader *r, const uint8_t *row, const tf_sam
 /* Stream position of row j: the contiguous slice from pos, or rowpos[j]. */
 #define ROW_POS(j) (rowpos ? rowpos[j] : pos + (j))
 
+/* The samples of rows [from, from + n) into win, and the order's prefetch of
+ * what locating them reads (all rows' stage 0, then all rows' stage 1). */
+static void plan_rows(const tf_order *o, uint64_t pos, const uint64_t *rowpos, uint64_t from, uint64_t n,
+                      uint64_t *win) {
+    for (uint64_t i = 0; i < n; i++) {
+        win[i] = tf_order_sample_at(o, ROW_POS(from + i));
+        tf__order_prefetch(o, win[i], 0);
+    }
+    for (uint64_t i = 0; i < n; i++) tf__order_prefetch(o, win[i], 1);
+}
+
 static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const uint64_t *rowpos, tf_batch_view *v,
                        tf__row_acct *acct) {
     tf__reader *r = w->rd;
@@ -832,10 +916,25 @@ static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const uint64_
      * the memory latency of the next. Without it the loader ran at 9.1 us per
      * 8x2048 batch against 6.5 us with precomputed offsets. */
     const int prefetch = mmap_only || r->zc;
-    uint64_t sample = rows ? tf_order_sample_at(o, ROW_POS(0)) : 0;
+    /* Further ahead, the order's own lookups: the sample indices of the next
+     * TF__ROWS_AHEAD rows are computed together and the order prefetches
+     * what locating each will read (a view's tables), in two rounds, so
+     * those cache misses overlap instead of following one another row by
+     * row. */
+    uint64_t win[TF__ROWS_AHEAD], win0 = 0, winn = rows < TF__ROWS_AHEAD ? rows : TF__ROWS_AHEAD;
+    plan_rows(o, pos, rowpos, 0, winn, win);
+    uint64_t sample = rows ? win[0] : 0;
     size_t ns_next = 0; /* spans of this row already in w->spans (0: compute them) */
     for (uint64_t j = 0; j < rows && !rc; j++) {
-        uint64_t next = j + 1 < rows ? tf_order_sample_at(o, ROW_POS(j + 1)) : 0;
+        uint64_t next = 0;
+        if (j + 1 < rows) {
+            if (j + 1 >= win0 + winn) {
+                win0 = j + 1;
+                winn = rows - win0 < TF__ROWS_AHEAD ? rows - win0 : TF__ROWS_AHEAD;
+                plan_rows(o, pos, rowpos, win0, winn, win);
+            }
+            next = win[j + 1 - win0];
+        }
         size_t ns = ns_next;
         ns_next = prefetch && j + 1 < rows ? prefetch_sample(r, next, w->spans_next) : 0;
         uint8_t *row = (uint8_t *)v->tokens + j * (L + 1) * osz;
@@ -872,6 +971,12 @@ static int worker_fill(tf__worker *w, uint64_t pos, uint64_t rows, const uint64_
             eos_row_extras(r, (const uint8_t *)v->tokens + j * (L + 1) * osz, &ex);
             if (ex.loss_mask && tf__order_pads_last(o)) ex.loss_mask[L - 1] = 0; /* its label is the pad */
         }
+    /* after the reads (the pread and io_uring backends write the tokens in
+     * finish_reads) and after the extras read from the tokens themselves */
+    if (!rc && takedowns_active(w))
+        for (uint64_t j = 0; j < rows && !rc; j++)
+            rc = take_down_row(w, ROW_POS(j), (uint8_t *)v->tokens + j * (L + 1) * osz,
+                               v->loss_mask ? v->loss_mask + j * L : NULL);
     /* compressed files count the zstd bytes decoded, not the tokens they hold */
     w->bytes += w->zh.decoded_bytes;
     w->zh.decoded_bytes = 0;
@@ -986,6 +1091,7 @@ static int cp_fill(tf__worker *w, uint64_t pos, uint64_t rows, const uint64_t *r
     w->bytes = 0;
     w->cp_nwork = 0;
     TF_TRY(cp_scratch(w, L));
+    const int td = takedowns_active(w);
     uint64_t out = 0, nseq = 0, cu = 0, cup = 0, maxp = 0;
     if (r->thd) v->cu_seqlens[0] = v->cu_seqlens_padded[0] = 0;
     int rc = 0;
@@ -1000,6 +1106,10 @@ static int cp_fill(tf__worker *w, uint64_t pos, uint64_t rows, const uint64_t *r
                                r->thd ? &nseg : NULL, v->loss_mask ? w->cp_mask : NULL};
         if (ex.position_ids || ex.cu_seqlens || ex.loss_mask) {
             rc = tf__order_fill_extras(o, sample, &ex);
+            if (rc) break;
+        }
+        if (ex.loss_mask && td) {
+            rc = take_down_row(w, ROW_POS(j), NULL, w->cp_mask); /* the sample's mask, before it is cut */
             if (rc) break;
         }
         if (!r->thd) {
@@ -1051,6 +1161,9 @@ static int cp_fill(tf__worker *w, uint64_t pos, uint64_t rows, const uint64_t *r
         if (!rc && acct) rc = account_row(w, sample, ns, &acct[j]);
     }
     if (!rc) rc = finish_reads(w, stage_need);
+    /* the whole sample's tokens before this rank's share is copied out */
+    for (uint64_t j = 0; td && !rc && j < rows; j++)
+        rc = take_down_row(w, ROW_POS(j), (uint8_t *)v->tokens + j * (L + 1) * osz, NULL);
     if (!rc) {
         uint8_t *in = v->input_ids, *lab = v->labels;
         if (!r->thd) {

@@ -624,7 +624,17 @@ typedef enum tf_setting_scope {
     TF_SCOPE_DEVICE = 2,
     TF_SCOPE_REMOTE = 3 /* tf_remote_config: where 0 (none) means the row's default */
 } tf_setting_scope;
-typedef enum tf_setting_type { TF_SETTING_INT = 0, TF_SETTING_BOOL = 1, TF_SETTING_ENUM = 2 } tf_setting_type;
+/* TF_SETTING_PATH: a file or directory name (const char *, borrowed until the
+ * configuration is used; NULL: none). It has no integer value: tf_config_get
+ * reads 0, and tf_config_set_path sets it. A path names where data is, not
+ * what it is: it never enters a fingerprint, and what the order reads there
+ * is identified by the order's own fingerprint of it. */
+typedef enum tf_setting_type {
+    TF_SETTING_INT = 0,
+    TF_SETTING_BOOL = 1,
+    TF_SETTING_ENUM = 2,
+    TF_SETTING_PATH = 3
+} tf_setting_type;
 
 typedef struct tf_setting {
     const char *name;
@@ -655,6 +665,12 @@ TF_API int tf_setting_bounds(const char *name, int64_t *min, uint64_t *max);
  * them). none_value is always accepted where the setting is nullable. */
 TF_API int tf_config_set(tf_setting_scope scope, void *cfg, const char *name, int64_t value);
 TF_API int tf_config_get(tf_setting_scope scope, const void *cfg, const char *name, int64_t *value);
+/* Set a TF_SETTING_PATH setting by name (path borrowed: it must outlive the
+ * calls that read the configuration, such as tf_order_create; NULL: none).
+ * -ENOENT: no such setting there; -EINVAL: not a path setting. */
+TF_API int tf_config_set_path(tf_setting_scope scope, void *cfg, const char *name, const char *path);
+/* Read one: *path is the configuration's pointer (NULL: none). */
+TF_API int tf_config_get_path(tf_setting_scope scope, const void *cfg, const char *name, const char **path);
 
 typedef enum tf_packing {
     TF_PACK_CONCAT = 0,   /* documents concatenated, cut every seq_len tokens */
@@ -694,12 +710,30 @@ typedef enum tf_shuffle {
  *                  max_target_sequence_length = c x seq_len (its loader's
  *                  chunk_size): each file holds c x floor(tokens / (c x
  *                  seq_len)) instances, and the shuffle permutes runs of c
- *                  consecutive instances, which stay in order. */
+ *                  consecutive instances, which stay in order.
+ *   TF_ORDER_MEGATRON  Megatron-core's GPTDataset, read from the index cache
+ *                  it wrote (megatron_cache: its path_to_cache directory,
+ *                  where megatron_split's cache is found, or one of that
+ *                  cache's files): position i is GPTDataset[i mod N], as
+ *                  tf_order_create_megatron describes. The three .npy
+ *                  files are mapped and checked (shapes, dtypes, sizes; the
+ *                  cache's description.txt against seq_len); packing CONCAT,
+ *                  separator_id -1, shuffle NONE and pad_id 0. The state
+ *                  records a fingerprint of the cache. */
 typedef enum tf_order_kind {
     TF_ORDER_TOKENFEED = 0,
     TF_ORDER_LLMC = 1,
     TF_ORDER_OLMO = 2,
+    TF_ORDER_MEGATRON = 3,
 } tf_order_kind;
+
+/* Megatron-core's dataset splits (GPTDataset's Split): which cache of a
+ * path_to_cache directory TF_ORDER_MEGATRON reads. */
+typedef enum tf_megatron_split {
+    TF_MEGATRON_TRAIN = 0,
+    TF_MEGATRON_VALID = 1,
+    TF_MEGATRON_TEST = 2,
+} tf_megatron_split;
 
 typedef struct tf_order_config {
     uint64_t seq_len;       /* L >= 1; a sample is L + 1 tokens */
@@ -718,11 +752,18 @@ typedef struct tf_order_config {
     /* mixtures (tf_order_create_mix) */
     uint64_t mix_window;    /* positions per schedule window before reduction (default 1000) */
     /* another loader's order, to continue a run begun on it (tf_order_kind) */
-    tf_order_kind order;    /* TF_ORDER_TOKENFEED (default), TF_ORDER_LLMC or TF_ORDER_OLMO */
+    tf_order_kind order;    /* TF_ORDER_TOKENFEED (default), TF_ORDER_LLMC, TF_ORDER_OLMO or TF_ORDER_MEGATRON */
     uint32_t llmc_processes; /* TF_ORDER_LLMC: llm.c's number of processes (default 1; 0: the
                                 data-parallel size, which tf_loader_create(_mix) takes from
                                 world_size and tf_order_create, not knowing it, refuses) */
     uint64_t olmo_chunk;    /* TF_ORDER_OLMO: consecutive instances shuffled as one (default 1) */
+    /* TF_ORDER_MEGATRON (set with tf_config_set_path / tf_config_set, or directly) */
+    const char *megatron_cache;        /* GPTDataset's path_to_cache, or one of its cache's files
+                                          (borrowed until tf_order_create returns; the order
+                                          keeps a copy) */
+    tf_megatron_split megatron_split;  /* the split whose cache a directory holds (default TRAIN) */
+    int32_t megatron_add_extra_token;  /* add_extra_token_to_sequence: 1 (default) or 0; the cache
+                                          does not record it */
 } tf_order_config;
 
 TF_API void tf_order_config_init(tf_order_config *cfg);
@@ -1158,6 +1199,17 @@ TF_API int tf_loader_create(const tf_dataset *ds, const tf_loader_config *cfg, t
  * engine cuts every batch. -EINVAL, saying what to change, when seq_len is
  * not a multiple of 2*cp_size or cp_rank >= cp_size. */
 TF_API int tf_cp_chunks(uint64_t seq_len, uint32_t cp_size, uint32_t cp_rank, uint64_t first[2], uint64_t *chunk);
+/* The THD context-parallel split (TF_WANT_CU_SEQLENS with cp_size > 1) of one
+ * sample whose sequences (its cu_seqlens without context parallelism) have
+ * seg[0, n) input positions: for each entry rank cp_rank receives of it, in
+ * order, the sample's input position the entry holds, or -1 for padding
+ * (every sequence padded to a multiple of 2*cp_size and cut into 2*cp_size
+ * chunks, chunks cp_rank and 2*cp_size-1-cp_rank of each taken), as the
+ * engine cuts every batch; a trainer places per-token values (loss weights)
+ * the way the engine placed the tokens. Writes up to cap entries, *len their
+ * number; -ENOBUFS when more (the padded lengths' sum / cp_size always fit). */
+TF_API int tf_cp_thd_positions(const uint64_t *seg, size_t n, uint32_t cp_size, uint32_t cp_rank, int64_t *out,
+                               size_t cap, size_t *len);
 /* The same over a weighted mixture (see tf_order_create_mix); datasets
  * borrowed. */
 TF_API int tf_loader_create_mix(const tf_dataset *const *ds, const double *weights, size_t n,
@@ -1186,10 +1238,20 @@ TF_API int tf_loader_next_timed(tf_loader *l, tf_batch **out, uint64_t timeout_n
 TF_API uint64_t tf_loader_position(const tf_loader *l);
 /* The order the loader reads now (borrowed: valid until the loader is freed or
  * a tf_loader_state_load hands over to another order). A C trainer reads the
- * state's takedowns from it (tf_order_num_excluded, tf_order_excluded) after a
- * resume: the batches of tf_loader_next hold every document, and leaving the
- * excluded ones out of the loss is the trainer's (Python's Loader does it). */
+ * state's takedowns from it (tf_order_num_excluded, tf_order_excluded). */
 TF_API const tf_order *tf_loader_order(const tf_loader *l);
+
+/* Take documents down from the loader's position on (tf_loader_position):
+ * tf_order_exclude on the order the loader reads, then a seek to the same
+ * position, so that no batch assembled ahead serves them. From then on (and
+ * after a tf_loader_state_load of a state that lists takedowns) every batch
+ * of tf_loader_next has each taken-down document's tokens replaced by pad_id
+ * and its labels' loss_mask 0; boundaries, position_ids and cu_seqlens stay
+ * those of the order (the other documents keep their places), with context
+ * parallelism too. A takedown made with tf_order_exclude directly on the
+ * order reaches the loader's batches at its next seek. Call it between
+ * tf_loader_next calls (not concurrently with them). */
+TF_API int tf_loader_exclude(tf_loader *l, size_t source, const uint64_t *ids, size_t n);
 
 /* Move to global position pos (a multiple of global_batch). O(1). Batches
  * prefetched for the old position are discarded; batches already handed out

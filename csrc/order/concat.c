@@ -58,6 +58,16 @@ typedef struct concat {
     int sep;     /* separator mode */
     const tf__sel *sel; /* a view's documents (NULL: the dataset's, tiling its tokens) */
     int walk;    /* spans and boundaries walk the documents: with separators, or over a view */
+    /* Over a view: where each stride of the stream starts. hint[j] is the
+     * last document k with vs(k) <= j << shift (nhint entries), so locating
+     * a position searches the few documents of one stride instead of all of
+     * them: a row of seq_len tokens spans a handful of documents, and the
+     * full binary search over the view's offsets (a cache miss per step on a
+     * large view) was the cost a filtered concat loader paid over an
+     * unfiltered one. At most one entry per selected document. */
+    uint64_t *hint;
+    uint64_t nhint;
+    unsigned shift;
 } concat;
 
 /* Document k: its token range, from the view's table without a search (and
@@ -91,6 +101,14 @@ static int base_of(const concat *o, uint64_t k, uint64_t *b) {
 static int sep_locate(const concat *o, uint64_t p, uint64_t *k_out, uint64_t *vs_out) {
     const uint64_t w = o->sep ? 1 : 0;
     uint64_t lo = 0, hi = o->D; /* invariant: vs(lo) <= p < vs(hi), vs(D) = Tv */
+    if (o->hint) {
+        uint64_t j = p >> o->shift;
+        if (j < o->nhint) {
+            lo = o->hint[j];
+            /* vs(hint[j + 1] + 1) > (j + 1) << shift > p */
+            if (j + 1 < o->nhint && o->hint[j + 1] + 1 < hi) hi = o->hint[j + 1] + 1;
+        }
+    }
     while (hi - lo > 1) {
         uint64_t mid = lo + (hi - lo) / 2, s;
         TF_TRY(base_of(o, mid, &s));
@@ -354,9 +372,62 @@ static int concat_doc_samples(const tf_order *order, uint64_t doc, uint64_t *fir
     return 0;
 }
 
+/* Stage 0: the stride entry of the sample's first position; stage 1: the
+ * view's offsets and token starts of the documents of that stride. */
+static void concat_prefetch(const tf_order *order, uint64_t sample, int stage) {
+    const concat *o = order->impl;
+    if (!o->hint) return;
+    uint64_t j = (sample * o->L) >> o->shift;
+    if (j >= o->nhint) return;
+    if (stage == 0) {
+        __builtin_prefetch(&o->hint[j], 0, 0);
+        return;
+    }
+    uint64_t k = o->hint[j];
+    __builtin_prefetch(&o->sel->vstart[k], 0, 0);
+    __builtin_prefetch(&o->sel->start[k], 0, 0);
+    if (k + 8 < o->D) {
+        __builtin_prefetch(&o->sel->vstart[k] + 8, 0, 0);
+        __builtin_prefetch(&o->sel->start[k] + 8, 0, 0);
+    }
+}
+
+static void concat_destroy(void *impl) {
+    concat *o = impl;
+    if (o) free(o->hint);
+    free(o);
+}
+
 static const tf__order_ops concat_ops = {.name = "concat", .spans = concat_spans, .extras = concat_extras,
                                          .doc_samples = concat_doc_samples,
-                                         .stats = concat_stats, .destroy = free};
+                                         .stats = concat_stats, .destroy = concat_destroy,
+                                         .prefetch = concat_prefetch};
+
+/* The stride index of a view (see concat.hint): strides of 2^shift virtual
+ * tokens, the smallest power of two >= seq_len that keeps the index at most
+ * one entry per selected document; one pass over the view's offsets. A view
+ * too small to need it, or memory refused, leaves the plain binary search
+ * (the same answers). */
+static void build_hint(concat *o) {
+    if (!o->sel || o->D < 64 || o->Tv == 0) return;
+    const uint64_t w = o->sep ? 1 : 0;
+    unsigned shift = 0;
+    while (shift < 63 && ((uint64_t)1 << shift) < o->L) shift++;
+    while (shift < 63 && ((o->Tv - 1) >> shift) + 1 > o->D) shift++;
+    uint64_t n = ((o->Tv - 1) >> shift) + 1;
+    if (n > SIZE_MAX / sizeof(uint64_t)) return;
+    uint64_t *h = malloc((size_t)n * sizeof *h);
+    if (!h) return;
+    uint64_t k = 0;
+    for (uint64_t j = 0; j < n; j++) {
+        uint64_t p = j << shift; /* p < Tv = vs(D) */
+        while (k + 1 < o->D && o->sel->vstart[k + 1] + w * (k + 1) <= p) k++;
+        h[j] = k;
+    }
+    o->hint = h;
+    o->nhint = n;
+    o->shift = shift;
+}
 
 int tf__concat_init(tf_order *order, const void *args) {
     const tf_dataset *ds = args;
@@ -376,8 +447,12 @@ int tf__concat_init(tf_order *order, const void *args) {
         TF_FAIL(-EINVAL, "the dataset is shorter than one sample: it has %llu tokens%s, one sample of seq_len %llu needs %llu (seq_len + 1). Use a smaller seq_len or more data.",
                 (unsigned long long)o.Tv, o.sep ? " (separators included)" : "", (unsigned long long)o.L,
                 (unsigned long long)o.L + 1);
+    build_hint(&o);
     concat *impl = malloc(sizeof *impl);
-    if (!impl) return -ENOMEM;
+    if (!impl) {
+        free(o.hint);
+        return -ENOMEM;
+    }
     *impl = o;
     order->ops = &concat_ops;
     order->impl = impl;

@@ -30,8 +30,9 @@
  * (what the rest of the library asks of it: its constructor, the checks of
  * the data it needs, pad_id, its fingerprint, mixtures, processes) and its
  * name in the settings table's enum; no code elsewhere tests the kind. The
- * Megatron order is still built by its own constructor from its index cache
- * (tf_order_create_megatron), not named by the configuration. What must stay true
+ * Megatron order is such a kind (its constructor reads the index cache named
+ * by cfg.megatron_cache); tf_order_create_megatron builds the same order from
+ * arrays the caller mapped. What must stay true
  * of every kind: sample_at, spans and extras are pure functions of (data,
  * config, argument), computed in O(1) memory in the number of samples, and
  * spans cover [0, seq_len + 1) exactly, in order (order_internal.h).
@@ -62,10 +63,13 @@ typedef struct tf__order_ops {
      * sample that holds tokens of document doc (< the dataset's documents), so
      * that finding a document's samples (explain.c) need not visit them all. */
     int (*doc_samples)(const tf_order *o, uint64_t doc, uint64_t *first, uint64_t *end);
-    /* Optional (NULL: tokenfeed's own order): the order reproduces another
-     * loader's, named so in the state ("order"), with kind_fp identifying the
-     * data of its own it reads (state.c refuses a state of another). */
-    const char *foreign;
+    /* Optional (NULL: nothing to prefetch): start the memory reads that
+     * locating sample will need, so a worker can issue them for the rows
+     * ahead before it computes any of their spans. stage 0 may only issue
+     * prefetches of what is found from the sample alone; stage 1 may read
+     * what stage 0 fetched and prefetch what it points to. Never reads
+     * mapped token bytes (no SIGBUS guard needed); never fails. */
+    void (*prefetch)(const tf_order *o, uint64_t sample, int stage);
 } tf__order_ops;
 
 struct tf_order {
@@ -120,6 +124,13 @@ TF_HIDDEN int tf__concat_init(tf_order *o, const void *ds);   /* concat.c */
 TF_HIDDEN int tf__packed_init(tf_order *o, const void *ds);   /* pack.c */
 TF_HIDDEN int tf__olmo_init(tf_order *o, const void *ds);     /* olmo_order.c */
 TF_HIDDEN int tf__llmc_init(tf_order *o, const void *ds);     /* llmc_order.c (cfg.llmc_processes; 0 is refused: tf_loader_create resolves it to world_size) */
+TF_HIDDEN int tf__megatron_init(tf_order *o, const void *ds); /* megatron_order.c (reads cfg.megatron_cache) */
+/* megatron_order.c: the same order from arrays the caller mapped (tf_order_create_megatron) */
+typedef struct tf__megatron_args {
+    const tf_dataset *ds;
+    const tf_megatron_index *ix; /* borrowed, as the arrays */
+} tf__megatron_args;
+TF_HIDDEN int tf__megatron_index_init(tf_order *o, const void *args);
 /* The kind fingerprints of another loader's orders (the version of their
  * algorithm), from the configuration alone, so that a saved state's
  * fingerprint can be recomputed from its config (state.c). */

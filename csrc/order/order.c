@@ -207,6 +207,24 @@ int tf_order_create_llmc(const tf_dataset *ds, const tf_order_config *cfg, uint3
     return tf__order_build(tf__llmc_init, ds, &c, out);
 }
 
+/* Megatron's order from arrays the caller mapped (megatron_order.c builds
+ * it); the configuration names the kind, so that a state records it. */
+int tf_order_create_megatron(const tf_dataset *ds, const tf_order_config *cfg, const tf_megatron_index *index,
+                             tf_order **out) {
+    TF_NEED_ARG(out);
+    *out = NULL;
+    if (!ds || !cfg || !index) TF_FAIL(-EINVAL, "tf_order_create_megatron: dataset, config and index are required");
+    if (tf_dataset_selection(ds, NULL, NULL) == 1)
+        TF_FAIL(-EINVAL, "tf_order_create_megatron: Megatron's order comes from its index cache over the whole dataset and cannot read a view (a filtered dataset); use tokenfeed's own order for a filter");
+    tf__clearerr();
+    tf_order_config c = *cfg;
+    c.order = TF_ORDER_MEGATRON;
+    c.megatron_cache = NULL;
+    c.megatron_add_extra_token = index->add_extra_token;
+    tf__megatron_args a = {ds, index};
+    return tf__order_build(tf__megatron_index_init, &a, &c, out);
+}
+
 void tf_order_free(tf_order *o) {
     if (!o) return;
     if (o->ops && o->ops->destroy) o->ops->destroy(o->impl);
@@ -370,6 +388,10 @@ int tf__order_sample_spans(const tf_order *o, uint64_t sample, tf__span *spans, 
         TF_FAIL(-EINVAL, "span buffer holds %zu spans, this order needs %zu", cap, o->max_spans);
     TF_TRY(check_sample(o, sample));
     return o->ops->spans(o, sample, spans, cap, n);
+}
+
+void tf__order_prefetch(const tf_order *o, uint64_t sample, int stage) {
+    if (o && o->ops->prefetch && sample < o->N) o->ops->prefetch(o, sample, stage);
 }
 
 int tf__order_fill_extras(const tf_order *o, uint64_t sample, const tf_sample_extras *ex) {

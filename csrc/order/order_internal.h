@@ -39,6 +39,9 @@ TF_HIDDEN int tf__order_pads_last(const tf_order *o);
 
 /* Fill only the extras of a sample (tokens are fetched by the caller). Any
  * pointer of ex may be NULL; ex itself may be NULL. */
+/* Prefetch what locating sample (< N, not checked beyond that) will read,
+ * stage 0 then 1 (kind.h: tf__order_ops.prefetch); a no-op for kinds without. */
+TF_HIDDEN void tf__order_prefetch(const tf_order *o, uint64_t sample, int stage);
 TF_HIDDEN int tf__order_fill_extras(const tf_order *o, uint64_t sample, const tf_sample_extras *ex);
 
 /* The registry of order kinds (kinds.c): one row per value of
@@ -53,11 +56,16 @@ typedef struct tf__order_kind {
     uint64_t (*kind_fp)(const tf_order_config *c); /* mixed into a saved state's fingerprint; NULL: none */
     int mixable;                                /* can be a mixture's sources' order */
     int processes_from_world;                   /* llmc_processes 0 means the data-parallel ranks */
+    const char *data_fp;                        /* its fingerprint reads data of its own (named so in
+                                                   messages), not the config alone: the state records it
+                                                   under "order"; NULL: none */
 } tf__order_kind;
 
 /* The row of an order kind, NULL for a value no row has (a config the
  * settings table's bounds let through cannot have one). */
 TF_HIDDEN const tf__order_kind *tf__order_kind_of(int order);
+/* The row named name (the settings table's enum spelling), NULL for none. */
+TF_HIDDEN const tf__order_kind *tf__order_kind_named(const char *name);
 
 /* Which rows a data-parallel rank reads under balancing (balance.c): the one
  * account of it, for the engine's workers, the chunk scheduler and the

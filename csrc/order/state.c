@@ -209,8 +209,9 @@ int tf_order_state_save(const tf_order *o, uint64_t pos, uint32_t world_size, ch
     write_history(&w, o);
     tf__jw_printf(&w, ", \"weights_initial\": ");
     write_initial(&w, o);
-    if (o->ops->foreign)
-        tf__jw_printf(&w, ", \"order\": [\"%s\", \"%016llx\"]}", o->ops->foreign, (unsigned long long)o->kind_fp);
+    const tf__order_kind *kind = tf__order_kind_of((int)o->cfg.order);
+    if (kind && kind->data_fp) /* the one rule for another loader's order: kinds.c */
+        tf__jw_printf(&w, ", \"order\": [\"%s\", \"%016llx\"]}", kind->name, (unsigned long long)o->kind_fp);
     else
         tf__jw_printf(&w, ", \"order\": null}");
     int rc = w.rc;
@@ -808,16 +809,36 @@ static int resume_mixture(const tf_order *o, const saved *s, int same, tf_order 
 
 static int live_order(const tf_order *o, const saved *s, tf_order **out);
 
+/* A state written when an order of data of its own was built by a
+ * constructor of its own (Megatron's, tf_order_create_megatron) names it only
+ * under "order", its config saying tokenfeed's order (and fingerprinted so,
+ * checked before this): it is that kind's state, and the kind's settings it
+ * did not record (the cache's fingerprint covers them) are taken as they are
+ * now. */
+static void upgrade_foreign(const tf_order *o, saved *s) {
+    const tf__order_kind *k = tf__order_kind_named(s->foreign);
+    if (!*s->foreign || s->cfg.order != TF_ORDER_TOKENFEED || !k || !k->data_fp || o->cfg.order != k->id) return;
+    tf_order_config before = s->cfg;
+    tf__cond_ctx now = {&o->cfg, 0, 0}, was = {&before, 0, 0};
+    s->cfg.order = k->id;
+    for (size_t i = 0; i < tf__nsettings; i++) { /* the settings that only the kind reads */
+        const tf__setting_row *r = &tf__settings[i];
+        if (r->pub.scope == TF_SCOPE_ORDER && tf__setting_enters_stream(r, &now) && !tf__setting_enters_stream(r, &was))
+            tf__setting_put(r, &s->cfg, tf__setting_get(r, &o->cfg));
+    }
+}
+
 /* Another loader's order: which one, and the data of its own it reads. */
 static void diff_foreign(const tf_order *o, const saved *s, char *d) {
-    const char *now = o->ops->foreign ? o->ops->foreign : "";
+    const tf__order_kind *k = tf__order_kind_of((int)o->cfg.order);
+    const char *now = k && k->data_fp ? k->name : "";
     char was_fp[40], now_fp[40];
     if (strcmp(now, s->foreign)) {
         add_diff(d, "order", *s->foreign ? s->foreign : "tokenfeed's own", *now ? now : "tokenfeed's own");
     } else if (*now && s->foreign_fp != o->kind_fp) {
         snprintf(was_fp, sizeof was_fp, "%016llx", (unsigned long long)s->foreign_fp);
         snprintf(now_fp, sizeof now_fp, "%016llx", (unsigned long long)o->kind_fp);
-        add_diff(d, !strcmp(now, "megatron") ? "the Megatron index cache" : "the order's own data", was_fp, now_fp);
+        add_diff(d, k->data_fp, was_fp, now_fp);
     }
 }
 
@@ -888,6 +909,7 @@ int tf_order_state_load(const tf_order *o, const char *state, size_t len, unsign
                         (unsigned long long)s.cfg.global_batch, (unsigned long long)o->cfg.global_batch,
                         (unsigned long long)(s.position / s.cfg.global_batch), (unsigned long long)s.cfg.global_batch,
                         (unsigned long long)s.cfg.global_batch);
+    if (!rc) upgrade_foreign(o, &s);
     if (!rc) diff_config(o, mixture ? &now_spec : NULL, &s, diffs);
     if (!rc) diff_foreign(o, &s, diffs);
     int same = !*diffs;

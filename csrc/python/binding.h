@@ -204,7 +204,6 @@ typedef struct {
     PyObject_HEAD
     tf_order *o;
     PyObject *dataset; /* a Dataset, or a tuple of them for a mixture */
-    PyObject *borrowed; /* NULL, or what else the order reads (Megatron's index arrays) */
 } tfpy_Order;
 
 /* A Batch owning b, whose buffers go back to the engine when it dies; and

@@ -1,7 +1,7 @@
 /*
  * columns_obj.c — the binding of views: Dataset.select / selection /
  * document_id, and metadata column files (tf_columns) held in a capsule by
- * python/tokenfeed/_views.py. Work over many documents (a filter, a match)
+ * python/tokenfeed/sources/_views.py. Work over many documents (a filter, a match)
  * runs with the GIL released.
  */
 #include "binding.h"

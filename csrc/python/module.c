@@ -256,6 +256,21 @@ static int setting_value(const tf_setting *st, PyObject *o, int64_t *v) {
 static int parse_one_setting(PyObject *value, tf_setting_scope scope, void *cfg, const char *k, const char *fname) {
     const tf_setting *st = tf_setting_find(k);
     int64_t v;
+    if (st->type == TF_SETTING_PATH) {
+        /* the UTF-8 of a str lives as long as the str, which the caller's keywords hold */
+        const char *path = NULL;
+        if (value != Py_None && !PyUnicode_Check(value)) {
+            PyErr_Format(PyExc_TypeError, "%s: expected a path as str or None, got %.100s %R", k, Py_TYPE(value)->tp_name,
+                         value);
+            return -1;
+        }
+        if (value != Py_None && !(path = PyUnicode_AsUTF8(value))) return name_error(k);
+        if (tf_config_set_path(scope, cfg, k, path) < 0) {
+            PyErr_SetString(PyExc_ValueError, tf_last_error());
+            return -1;
+        }
+        return 0;
+    }
     if (setting_value(st, value, &v) < 0) return name_error(k);
     if (tf_config_set(scope, cfg, k, v) < 0) { /* outside its bounds (its name is in the message) */
         PyErr_SetString(PyExc_ValueError, tf_last_error());
@@ -436,12 +451,12 @@ finally:
 
 PyDoc_STRVAR(settings_doc,
 "settings($module)\n--\n\nReturns list[dict]. The C settings table: one dict per setting of the order, the "
-"engine, the device stage and remote reading, with name, scope ('order', 'engine', 'device', 'remote'), type ('int', 'bool', 'enum'), "
+"engine, the device stage and remote reading, with name, scope ('order', 'engine', 'device', 'remote'), type ('int', 'bool', 'enum', 'path'), "
 "default, min, max, nullable, none_value, names (an enum's, else None), stream (when it changes the stream) "
 "and description.");
 
 static PyObject *settings(PyObject *mod, PyObject *unused) {
-    static const char *const scopes[] = {"order", "engine", "device", "remote"}, *const types[] = {"int", "bool", "enum"};
+    static const char *const scopes[] = {"order", "engine", "device", "remote"}, *const types[] = {"int", "bool", "enum", "path"};
     size_t n = tf_settings_count();
     PyObject *out = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; out && i < n; i++) {
@@ -482,7 +497,10 @@ PyObject *tfpy_settings_values(tf_setting_scope scope, const void *cfg) {
         int64_t v;
         if (st->scope != scope || tf_config_get(scope, cfg, st->name, &v) < 0) continue;
         PyObject *o;
-        if (st->nullable && v == st->none_value) o = Py_NewRef(Py_None);
+        const char *path = NULL;
+        if (st->type == TF_SETTING_PATH && tf_config_get_path(scope, cfg, st->name, &path) == 0 && path)
+            o = PyUnicode_DecodeFSDefault(path);
+        else if (st->nullable && v == st->none_value) o = Py_NewRef(Py_None);
         else if (st->type == TF_SETTING_BOOL) o = PyBool_FromLong(v != 0);
         else if (st->type == TF_SETTING_ENUM && v >= 0 && v <= (int64_t)st->max) o = PyUnicode_FromString(st->names[v]);
         else if (st->min < 0) o = PyLong_FromLongLong((long long)v);
@@ -558,11 +576,56 @@ static PyObject *cp_chunks(PyObject *m, PyObject *args) {
     return Py_BuildValue("(KKK)", (unsigned long long)first[0], (unsigned long long)first[1], (unsigned long long)c);
 }
 
+static PyObject *cp_thd_positions(PyObject *m, PyObject *args) {
+    PyObject *lens;
+    unsigned int cp, r;
+    if (!PyArg_ParseTuple(args, "OII:cp_thd_positions", &lens, &cp, &r)) return NULL;
+    PyObject *fast = PySequence_Fast(lens, "cp_thd_positions: seg_lengths must be a sequence of ints");
+    if (!fast) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    uint64_t *seg = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *seg);
+    if (!seg) {
+        Py_DECREF(fast);
+        return PyErr_NoMemory();
+    }
+    uint64_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        seg[i] = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (PyErr_Occurred() || seg[i] > (1ull << 40) || (total += seg[i]) > (1ull << 40)) {
+            PyMem_Free(seg);
+            Py_DECREF(fast);
+            if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_OverflowError)) {
+                PyErr_Clear();
+                PyErr_Format(PyExc_ValueError, "cp_thd_positions: sequence %zd: expected a length in [0, 2**40]", i);
+            }
+            return NULL;
+        }
+    }
+    Py_DECREF(fast);
+    /* each sequence grows by less than 2 * cp to its padded length; a rank gets 1/cp of those */
+    size_t cap = (size_t)(total / (cp ? cp : 1) + 2 * (uint64_t)n + 1), len = 0;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(cap * sizeof(int64_t)));
+    if (!out) {
+        PyMem_Free(seg);
+        return NULL;
+    }
+    int rc = tf_cp_thd_positions(seg, (size_t)n, cp, r, (int64_t *)PyBytes_AS_STRING(out), cap, &len);
+    PyMem_Free(seg);
+    if (rc < 0) {
+        Py_DECREF(out);
+        return tfpy_raise(PyModule_GetState(m), rc, tf_last_error());
+    }
+    if (_PyBytes_Resize(&out, (Py_ssize_t)(len * sizeof(int64_t))) < 0) return NULL;
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
     {"seq_len_warmup", seq_len_warmup, METH_VARARGS,
      "seq_len_warmup(seq_len, min_seq_len, warmup_steps, step, /)\n--\n\nReturns int. The row length at a global step of a sequence-length warmup (tf_seq_len_warmup)."},
     {"cp_chunks", cp_chunks, METH_VARARGS,
      "cp_chunks(seq_len, cp_size, cp_rank, /)\n--\n\nReturns (first0, first1, chunk): the input positions [first_k, first_k + chunk) a context-parallel rank takes of a sample (tf_cp_chunks)."},
+    {"cp_thd_positions", cp_thd_positions, METH_VARARGS,
+     "cp_thd_positions(seg_lengths, cp_size, cp_rank, /)\n--\n\nReturns bytes of int64: for each entry a context-parallel rank receives of a sample in the THD layout, the sample input position it holds, or -1 for padding (tf_cp_thd_positions)."},
     {"build_info", build_info, METH_NOARGS, build_info_doc},
     {"settings", settings, METH_NOARGS, settings_doc},
     {"build_doc_index", (PyCFunction)(void (*)(void))build_doc_index, METH_VARARGS | METH_KEYWORDS, build_doc_index_doc},

@@ -143,51 +143,10 @@ done:
     return rc;
 }
 
-/* One of Megatron's index arrays: a C-contiguous native-endian integer
- * ndarray of ndim dimensions (a second one of 2 when ndim is 2). */
-static int megatron_array(PyObject *a, const char *name, int ndim, const void **data, tf_dtype *dt, uint64_t *n) {
-    if (!PyArray_Check(a)) return PyErr_Format(PyExc_TypeError, "megatron_index: %s must be a numpy array", name), -1;
-    PyArrayObject *arr = (PyArrayObject *)a;
-    PyArray_Descr *d = PyArray_DESCR(arr);
-    *dt = PyDataType_ISNOTSWAPPED(d) ? tfpy_dtype_from_npy(d->type_num) : TF_DTYPE_INVALID;
-    if (PyArray_NDIM(arr) != ndim || (ndim == 2 && PyArray_DIM(arr, 1) != 2) || !PyArray_IS_C_CONTIGUOUS(arr) ||
-        *dt == TF_DTYPE_INVALID || tf_dtype_size(*dt) < 4 || *dt == TF_FLOAT32 || *dt == TF_FLOAT64) {
-        PyErr_Format(PyExc_ValueError, "megatron_index: %s must be a C-contiguous native integer array of %s (as "
-                     "numpy.load(path, mmap_mode='r') gives GPTDataset's file)", name,
-                     ndim == 2 ? "N x 2 rows" : "one dimension");
-        return -1;
-    }
-    *data = PyArray_DATA(arr);
-    *n = (uint64_t)PyArray_DIM(arr, 0);
-    return 0;
-}
-
-/* megatron_index=(document_index, sample_index, shuffle_index, add_extra_token). */
-static int parse_megatron(PyObject *obj, tf_megatron_index *ix) {
-    PyObject *doc, *smp, *shf;
-    int extra;
-    if (!PyTuple_Check(obj) || !PyArg_ParseTuple(obj, "OOOp", &doc, &smp, &shf, &extra)) {
-        if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
-            PyErr_Clear();
-            PyErr_SetString(PyExc_TypeError, "megatron_index must be a tuple (document_index, sample_index, "
-                                             "shuffle_index, add_extra_token)");
-        }
-        return -1;
-    }
-    memset(ix, 0, sizeof *ix);
-    ix->add_extra_token = extra;
-    if (megatron_array(doc, "document_index", 1, &ix->document_index, &ix->document_index_dtype, &ix->document_index_len) < 0 ||
-        megatron_array(smp, "sample_index", 2, &ix->sample_index, &ix->sample_index_dtype, &ix->sample_index_rows) < 0 ||
-        megatron_array(shf, "shuffle_index", 1, &ix->shuffle_index, &ix->shuffle_index_dtype, &ix->shuffle_index_len) < 0)
-        return -1;
-    return 0;
-}
-
 /* Order(dataset, /, **config): None for any setting means its default; the C
- * library checks the values (tf_order_create). megatron_index= makes it
- * Megatron's order (tf_order_create_megatron), which keeps the arrays. */
+ * library checks the values (tf_order_create). */
 static PyObject *Order_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
-    PyObject *dsobj, *wobj = NULL, *stepsobj = NULL, *anchorobj = NULL, *mgobj = NULL;
+    PyObject *dsobj, *wobj = NULL, *stepsobj = NULL, *anchorobj = NULL;
     int interpolation = TF_MIX_CONSTANT;
     uint64_t anchor_pos = 0;
     if (!PyArg_ParseTuple(args, "O:Order", &dsobj)) return NULL;
@@ -199,19 +158,9 @@ static PyObject *Order_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
         {"weights", keep_obj, &wobj}, {"schedule_steps", keep_obj, &stepsobj},
         {"interpolation", opt_int, &interpolation}, {"anchor_position", tfpy_opt_u64, &anchor_pos},
         {"anchor_counts", keep_obj, &anchorobj},
-        {"megatron_index", keep_obj, &mgobj},
         {NULL, NULL, NULL},
     };
     if (tfpy_parse_settings(kw, TF_SCOPE_ORDER, &cfg, table, "Order") < 0) return NULL;
-    if (mgobj == Py_None) mgobj = NULL;
-    tf_megatron_index mg;
-    if (mgobj) {
-        if ((wobj && wobj != Py_None) || !PyObject_TypeCheck(dsobj, st->DatasetType)) {
-            PyErr_SetString(PyExc_TypeError, "megatron_index= reads one _core.Dataset (no weights=)");
-            return NULL;
-        }
-        if (parse_megatron(mgobj, &mg) < 0) return NULL;
-    }
     const tf_dataset **dss;
     double *w = NULL;
     size_t n;
@@ -258,7 +207,7 @@ static PyObject *Order_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     /* building packing plans takes time */
     TFPY_NOGIL_CALL(rc, msg, sched ? tf_order_create_mix_schedule(dss, n, &ms, &cfg, &o)
                              : n ? tf_order_create_mix(dss, w, n, &cfg, &o)
-                             : mgobj ? tf_order_create_megatron(dss[0], &cfg, &mg, &o) : tf_order_create(dss[0], &cfg, &o));
+                             : tf_order_create(dss[0], &cfg, &o));
     PyMem_Free(dss);
     PyMem_Free(w);
     PyMem_Free(steps);
@@ -269,7 +218,6 @@ static PyObject *Order_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     if (!self) return NULL;
     /* a mixture keeps its sources in a tuple: a list could drop them */
     self->dataset = n ? PySequence_Tuple(dsobj) : Py_NewRef(dsobj);
-    self->borrowed = mgobj ? Py_NewRef(mgobj) : NULL;
     if (!self->dataset) {
         Py_DECREF(self);
         return NULL;
@@ -287,7 +235,6 @@ static void Order_dealloc(tfpy_Order *self) {
     PyTypeObject *tp = Py_TYPE(self);
     tf_order_free(self->o);
     Py_CLEAR(self->dataset);
-    Py_CLEAR(self->borrowed);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
@@ -607,7 +554,6 @@ static PyObject *Order_state_load(tfpy_Order *self, PyObject *args) {
     TFPY_NEW_OWNER(o, Py_TYPE(self), o, h, tf_order_free);
     if (!o) return NULL;
     o->dataset = Py_NewRef(self->dataset);
-    o->borrowed = Py_XNewRef(self->borrowed);
     return Py_BuildValue("(KN)", (unsigned long long)pos, (PyObject *)o);
 }
 
@@ -646,7 +592,6 @@ static PyObject *Order_mix_set_weights(tfpy_Order *self, PyObject *args) {
     TFPY_NEW_OWNER(o, Py_TYPE(self), o, h, tf_order_free);
     if (!o) return NULL;
     o->dataset = Py_NewRef(self->dataset);
-    o->borrowed = Py_XNewRef(self->borrowed);
     return (PyObject *)o;
 }
 

@@ -1,6 +1,6 @@
 /*
  * remote_obj.c — tokenfeed._core.Remote: a tf_remote whose transport is a
- * Python object (tokenfeed._remote.ObjectStoreTransport, or any object with
+ * Python object (tokenfeed.remote._remote.ObjectStoreTransport, or any object with
  * the same two methods), and the cache directory functions.
  *
  * Threads and the GIL. The C core calls the transport from its fetch threads
@@ -12,7 +12,7 @@
  * GIL, or a fetch thread waiting for the GIL and the caller waiting for the
  * fetch would deadlock.
  *
- * Shutdown. At exit (tokenfeed._remote registers an atexit function that
+ * Shutdown. At exit (tokenfeed.remote._remote registers an atexit function that
  * calls shutdown_transports) the callbacks start refusing new requests
  * (-ECANCELED) and the calls in flight are given a bounded time to return,
  * while the interpreter can still take them back; during finalization they
@@ -34,7 +34,7 @@ typedef struct {
     tf_remote *r;
     PyObject *transport;
     PyObject *cache_dir; /* str */
-    PyObject *weakrefs;  /* tokenfeed._remote keeps its stores by weak reference */
+    PyObject *weakrefs;  /* tokenfeed.remote._remote keeps its stores by weak reference */
 } tfpy_Remote;
 
 static _Atomic int shutting_down; /* set at exit: no new transport calls */

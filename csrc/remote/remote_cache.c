@@ -1262,7 +1262,7 @@ static int write_all(int fd, const void *p, size_t n) {
 
 /* Test-only fault injection ($TOKENFEED_FAULT_CACHE, read when a cache is
  * opened, only in test builds (TF_TEST_HOOKS); tests/c/test_remote.c,
- * tests/test_remote_faults.py): "enospc:N" makes the Nth chunk write of this
+ * tests/remote/test_remote_faults.py): "enospc:N" makes the Nth chunk write of this
  * cache (counted from 1) fail as if the disk were full. */
 static int fault_write(tf__cache *c) {
     return c->fault_n && atomic_fetch_add(&c->fault_count, 1) + 1 == c->fault_n;

@@ -395,10 +395,18 @@ static int dep_count(void *ctx, const char *path) {
     return 0;
 }
 
+/* Whether f is a shard its dataset's manifest checks (the format table says
+ * which formats' files are). */
+static int of_manifest(const tf_file *f) {
+    const tf__format_row *r = tf__format_row_of(f->format);
+    return r && r->manifest;
+}
+
 /* The companion file (format table: a datatrove .index, a .bos.idx) that a
  * file read without one may later get. */
 static char *absent_index(const tf_file *f) {
-    if (f->aux_path || f->eos_mode || f->format == TF_FORMAT_MEGATRON) return NULL;
+    const tf__format_row *r = tf__format_row_of(f->format);
+    if (f->aux_path || f->eos_mode || (r && r->pair)) return NULL; /* a pair's companion is never absent */
     int oom = 0;
     return tf__format_companion(f->format, f->path, 0, &oom);
 }
@@ -708,7 +716,7 @@ static void save_files(const char *const *paths, size_t n, const tf_open_options
     /* A tokenfeed dataset opened as its directories: each path has its
      * manifest (a dependency), every file is one of their shards. */
     int trust = ndeps == n;
-    for (uint64_t i = 0; trust && i < nfiles; i++) trust = files[i].format == TF_FORMAT_NATIVE;
+    for (uint64_t i = 0; trust && i < nfiles; i++) trust = of_manifest(&files[i]);
     if (trust) { /* every manifest recorded known and settled */
         rbuf r = {d.p, d.n, 0, 0};
         uint64_t now = now_ns();
@@ -936,7 +944,7 @@ static int read_entry(rbuf *r, tf_file *f, const tf_file *prev, const char *pref
         const uint8_t *q = take(r, 40);
         if (!q || id_at(q, &id[1]) != 0) return -1;
     }
-    if (!tf__parser_of(f->format) || !tf_dtype_size(f->dtype) || f->doc_kind > TF_DOCS_MEGATRON ||
+    if (!tf__parser_of(f->format) || !tf_dtype_size(f->dtype) || f->doc_kind > TF_DOCS_FORMAT ||
         !(flags & ENTRY_AUX_ID) != !f->aux_path)
         return -1;
     f->compressed = (flags & 1) != 0;
@@ -949,7 +957,7 @@ static int read_entry(rbuf *r, tf_file *f, const tf_file *prev, const char *pref
 /* File i changed since it was catalogued: parse it again in place. */
 static int refresh_entry(tf_file *files, uint64_t i, const tf_open_options *opt) {
     /* a tokenfeed shard is checked against its manifest: open it all again */
-    if (files[i].format == TF_FORMAT_NATIVE) return -1;
+    if (of_manifest(&files[i])) return -1;
     tf_file fresh;
     memset(&fresh, 0, sizeof fresh);
     tf_open_options o = *opt;
@@ -1287,7 +1295,8 @@ static int as_opened(const tf_file *f, const tf_open_options *opt) {
     tf_format want = opt ? opt->format : TF_FORMAT_AUTO;
     tf_dtype dt = opt ? opt->raw_dtype : TF_DTYPE_INVALID;
     if (want != TF_FORMAT_AUTO && f->format != want) return 0;
-    return f->format != TF_FORMAT_RAW || (dt != TF_DTYPE_INVALID && f->dtype == dt);
+    const tf__format_row *r = tf__format_row_of(f->format);
+    return !(r && r->headerless) || (dt != TF_DTYPE_INVALID && f->dtype == dt);
 }
 
 void tf__catalog_objects_name(const char *pattern, const tf_open_options *opt, char *name, size_t cap) {
@@ -1312,7 +1321,8 @@ int tf__catalog_pack_objects(const char *prefix, const char *pattern, const tf_o
                     f->path, prefix);
         if (!read_alone(f))
             TF_FAIL(-EINVAL, "%s: a catalog in object storage describes llm.c, .npy, headerless and uncompressed tokenfeed shards (without a document index or a companion file); this one is %s",
-                    f->path, f->format == TF_FORMAT_MEGATRON ? "a Megatron pair" : f->compressed ? "compressed" : "read with a companion file");
+                    f->path, tf__format_row_of(f->format) && tf__format_row_of(f->format)->pair ? tf__format_row_of(f->format)->pair
+                             : f->compressed ? "compressed" : "read with a companion file");
     }
     wbuf b = {0};
     put(&b, CAT_MAGIC, 8);
@@ -1384,7 +1394,7 @@ static uint64_t dataset_key(const uint8_t *manifest, size_t len) {
  * manifest, never contradicts it. */
 static int is_manifest_shard(const tf_file *f, size_t strip, const tf_manifest *m, uint64_t i) {
     const tf_manifest_shard *sh = &m->shards[i];
-    return strlen(f->path) >= strip && strcmp(f->path + strip, sh->name) == 0 && f->format == TF_FORMAT_NATIVE &&
+    return strlen(f->path) >= strip && strcmp(f->path + strip, sh->name) == 0 && of_manifest(f) &&
            !f->aux_path && f->num_tokens == sh->num_tokens && f->num_docs == sh->num_docs &&
            f->tokens_checksum == sh->tokens_checksum && f->docs_checksum == sh->docs_checksum &&
            f->dtype == m->dtype && f->vocab_size == m->vocab_size;

@@ -920,7 +920,7 @@ static int file_verify(const tf_file *f, uint64_t vocab_size, _Atomic uint64_t *
     for (uint64_t j = 0; j < f->num_docs; j++) {
         uint64_t s, n;
         TF_TRY(tf__file_document(f, j, &s, &n));
-        if (f->doc_kind == TF_DOCS_MEGATRON && s < prev_end)
+        if (f->doc_kind == TF_DOCS_FORMAT && s < prev_end)
             TF_FAIL(-TF_EFORMAT, "%s: sequence %llu: pointer goes backwards (starts at token %llu, previous ends at %llu). Rebuild the .idx.",
                     f->aux_path, (unsigned long long)j, (unsigned long long)s, (unsigned long long)prev_end);
         prev_end = s + n;

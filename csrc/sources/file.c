@@ -349,18 +349,9 @@ int tf__file_document(const tf_file *f, uint64_t j, uint64_t *start, uint64_t *l
         *len = e - s;
         return 0;
     }
-    case TF_DOCS_MEGATRON: {
-        size_t isz = tf_dtype_size(f->dtype);
-        int64_t p = tf__mg_pointer(f, j);
-        int32_t n = tf__mg_size(f, j);
-        if (p < 0 || n < 0 || (uint64_t)p % isz != 0 || (uint64_t)p / isz > f->num_tokens ||
-            (uint64_t)n > f->num_tokens - (uint64_t)p / isz)
-            TF_FAIL(-TF_EFORMAT, "%s: sequence %llu: pointer %lld, size %d lie outside the %llu tokens of the .bin. The .idx does not belong to this .bin or is corrupt.",
-                    f->aux_path, (unsigned long long)j, (long long)p, (int)n, (unsigned long long)f->num_tokens);
-        *start = (uint64_t)p / isz;
-        *len = (uint64_t)n;
-        return 0;
-    }
+    case TF_DOCS_FORMAT:
+        if (f->doc_ops) return f->doc_ops->document(f, j, start, len);
+        break;
     }
     return -EINVAL;
 }
@@ -377,20 +368,7 @@ static uint64_t find_document(const tf_file *f, uint64_t pos) {
         }
         return lo < f->num_docs ? lo : f->num_docs - 1;
     }
-    case TF_DOCS_MEGATRON: {
-        /* last j with start(j) <= pos; pointers are ascending in valid files */
-        size_t isz = tf_dtype_size(f->dtype);
-        uint64_t lo = 0, hi = f->num_docs;
-        while (hi - lo > 1) {
-            uint64_t mid = lo + (hi - lo) / 2;
-            int64_t p = tf__mg_pointer(f, mid);
-            if (p >= 0 && (uint64_t)p / isz <= pos) lo = mid; else hi = mid;
-        }
-        /* skip empty sequences that start at the same position */
-        while (lo + 1 < f->num_docs && tf__mg_pointer(f, lo + 1) >= 0 &&
-               (uint64_t)tf__mg_pointer(f, lo + 1) / isz <= pos) lo++;
-        return lo;
-    }
+    case TF_DOCS_FORMAT: return f->doc_ops ? f->doc_ops->find_document(f, pos) : 0;
     }
     return 0;
 }
@@ -672,7 +650,7 @@ static int strip_to_meta(tf_file *f) {
     f->map = f->aux_map = f->owned = f->meta = NULL;
     f->map_len = f->aux_len = 0;
     f->tokens = f->zdata = f->block_table = f->docs_section = NULL;
-    f->mg_pointers = f->mg_sizes = NULL;
+    memset(f->format_priv, 0, sizeof f->format_priv); /* it points into the mappings */
     f->doc_ends = f->chunk_sums = NULL;
     return 0;
 }

@@ -16,10 +16,12 @@
  * Documents are sequences: tokenfeed document i is IndexedDataset[i].
  *
  * The arrays start at offset 34, which is never aligned for int32/int64, so
- * tf_file keeps them as raw bytes and dataset.c reads them with unaligned-safe
- * loads (tf__mg_pointer / tf__mg_size): open stays O(1) and touches only the
- * header, the last entry and the sampled fingerprint bytes. Every pointer and
- * size is range-checked when a document is looked up; verify() walks them all.
+ * the file's private state (mg_file, in tf_file's format_priv) keeps them as
+ * raw bytes, read with unaligned-safe loads by this format's document ops
+ * (the format table's row: file.c asks them for a document): open stays O(1)
+ * and touches only the header, the last entry and the sampled fingerprint
+ * bytes. Every pointer and size is range-checked when a document is looked
+ * up; verify() walks them all.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -29,6 +31,52 @@
 #include <string.h>
 
 #include "source.h"
+
+/* The private state of a Megatron file: the raw int64 pointer and int32 size
+ * arrays inside the mapped .idx (kept as bytes: never aligned for their
+ * types, and a copy would make opening O(sequences)). */
+typedef struct mg_file {
+    const uint8_t *pointers;
+    const uint8_t *sizes;
+} mg_file;
+_Static_assert(sizeof(mg_file) <= TF__FORMAT_PRIV_BYTES, "mg_file must fit tf_file's format_priv");
+
+/* Sequence j: byte offset in the .bin and length in tokens. */
+static int64_t mg_pointer(const tf_file *f, uint64_t j) {
+    return (int64_t)tf__le64(tf__format_priv(f, const mg_file)->pointers + 8 * j);
+}
+static int32_t mg_size(const tf_file *f, uint64_t j) {
+    return (int32_t)tf__le32(tf__format_priv(f, const mg_file)->sizes + 4 * j);
+}
+
+static int mg_document(const tf_file *f, uint64_t j, uint64_t *start, uint64_t *len) {
+    size_t isz = tf_dtype_size(f->dtype);
+    int64_t p = mg_pointer(f, j);
+    int32_t n = mg_size(f, j);
+    if (p < 0 || n < 0 || (uint64_t)p % isz != 0 || (uint64_t)p / isz > f->num_tokens ||
+        (uint64_t)n > f->num_tokens - (uint64_t)p / isz)
+        TF_FAIL(-TF_EFORMAT, "%s: sequence %llu: pointer %lld, size %d lie outside the %llu tokens of the .bin. The .idx does not belong to this .bin or is corrupt.",
+                f->aux_path, (unsigned long long)j, (long long)p, (int)n, (unsigned long long)f->num_tokens);
+    *start = (uint64_t)p / isz;
+    *len = (uint64_t)n;
+    return 0;
+}
+
+static uint64_t mg_find_document(const tf_file *f, uint64_t pos) {
+    /* last j with start(j) <= pos; pointers are ascending in valid files */
+    size_t isz = tf_dtype_size(f->dtype);
+    uint64_t lo = 0, hi = f->num_docs;
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        int64_t p = mg_pointer(f, mid);
+        if (p >= 0 && (uint64_t)p / isz <= pos) lo = mid; else hi = mid;
+    }
+    /* skip empty sequences that start at the same position */
+    while (lo + 1 < f->num_docs && mg_pointer(f, lo + 1) >= 0 && (uint64_t)mg_pointer(f, lo + 1) / isz <= pos) lo++;
+    return lo;
+}
+
+const tf__doc_ops tf__megatron_doc_ops = {mg_document, mg_find_document};
 
 typedef unsigned long long ull;
 
@@ -93,9 +141,11 @@ int tf__open_megatron(const char *prefix, const tf_open_options *opt, tf_file *f
     f->num_tokens = bl / isz;
     f->num_docs = nseq;
     f->tokens = f->map;
-    f->doc_kind = TF_DOCS_MEGATRON;
-    f->mg_sizes = b + MG_HEADER;
-    f->mg_pointers = b + MG_HEADER + sz_lens;
+    f->doc_kind = TF_DOCS_FORMAT;
+    f->doc_ops = &tf__megatron_doc_ops;
+    mg_file *m = tf__format_priv(f, mg_file);
+    m->sizes = b + MG_HEADER;
+    m->pointers = b + MG_HEADER + sz_lens;
     if (f->num_tokens > 0 && nseq == 0)
         TF_FAIL(-TF_EFORMAT, "%s: sequence_count: expected >= 1 for %llu tokens in the .bin, found 0. " FIX, ip, (ull)f->num_tokens);
     if (nseq) {

@@ -100,7 +100,10 @@ static tf_dtype npy_dtype(const uint8_t *s, size_t n, int *big_endian) {
     }
 }
 
-int tf__parse_npy_header(const char *path, const uint8_t *buf, size_t len, tf_npy_header *h) {
+/* The header of an array of up to two dimensions (1-D for the token files
+ * tf__parse_npy_header reads; 2-D for the index arrays of Megatron's cache,
+ * tf__parse_npy_header_2d). */
+static int parse_header(const char *path, const uint8_t *buf, size_t len, tf_npy_header *h, int max_ndim) {
     memset(h, 0, sizeof *h);
     if (len == 0) TF_FAIL(-TF_EFORMAT, "%s: header: expected a .npy header, found an empty file. " NFIX, path);
     if (len < 10)
@@ -147,6 +150,7 @@ int tf__parse_npy_header(const char *path, const uint8_t *buf, size_t len, tf_np
                 uint64_t d;
                 if (!uint_lit(&c, &d)) goto syntax;
                 if (ndim == 0) dim0 = d;
+                if (ndim == 1) h->dim1 = d;
                 if (ndim < 64) ndim++;
                 if (!eat(&c, ',')) {
                     if (!eat(&c, ')')) goto syntax;
@@ -173,17 +177,29 @@ int tf__parse_npy_header(const char *path, const uint8_t *buf, size_t len, tf_np
         TF_FAIL(-TF_EFORMAT, "%s: descr: expected a little-endian integer dtype (|u1 <u2 <u4 <u8 |i1 <i2 <i4 <i8), found '%.*s'. %s", path,
                 (int)(dn > 40 ? 40 : dn), (const char *)ds,
                 big ? "Convert it with arr.astype(arr.dtype.newbyteorder('<')) and save again." : NFIX);
-    if (ndim != 1)
+    if (max_ndim == 1 && ndim != 1)
         TF_FAIL(-TF_EFORMAT, "%s: shape: expected a 1-D array, found %d dimensions. Save arr.ravel() (tokens in order) instead.", path, ndim);
-    /* fortran_order True is accepted: a 1-D array has the same layout in
-     * either order (numpy itself writes False for 1-D arrays). */
-    (void)fortran;
+    if (ndim < 1 || ndim > max_ndim)
+        TF_FAIL(-TF_EFORMAT, "%s: shape: expected an array of 1 to %d dimensions, found %d.", path, max_ndim, ndim);
+    /* fortran_order True is accepted for a 1-D array: it has the same layout
+     * in either order (numpy itself writes False for 1-D arrays). */
+    if (fortran && ndim > 1)
+        TF_FAIL(-TF_EFORMAT, "%s: fortran_order: expected False (rows in order, as numpy.save writes a C-contiguous array), found True. Save numpy.ascontiguousarray(arr) instead.", path);
+    h->ndim = ndim;
     h->num_items = dim0;
     h->data_offset = start + hl;
     return 0;
 syntax:
     TF_FAIL(-TF_EFORMAT, "%s: header: expected a Python dict literal as numpy writes it, found malformed text at byte %llu. " NFIX, path,
             (ull)(c.p - buf));
+}
+
+int tf__parse_npy_header(const char *path, const uint8_t *buf, size_t len, tf_npy_header *h) {
+    return parse_header(path, buf, len, h, 1);
+}
+
+int tf__parse_npy_header_2d(const char *path, const uint8_t *buf, size_t len, tf_npy_header *h) {
+    return parse_header(path, buf, len, h, 2);
 }
 
 int tf__open_npy(const char *path, const tf_open_options *opt, tf_file *f) {

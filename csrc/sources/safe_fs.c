@@ -80,7 +80,7 @@ void tf__random_bytes(void *p, size_t n) {
 #ifdef TF_TEST_HOOKS
 /* Test-only ($TOKENFEED_FAULT_TMP_NAME, test builds only): the random part
  * of the first temporary name of the process, so that a test can plant a
- * symlink under exactly that name (tests/test_security.py). */
+ * symlink under exactly that name (tests/sources/test_security.py). */
 static int fixed_suffix(char out[17]) {
     static int used;
     const char *s = getenv("TOKENFEED_FAULT_TMP_NAME");

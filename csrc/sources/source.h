@@ -25,7 +25,7 @@
 typedef enum tf_doc_kind {
     TF_DOCS_SINGLE = 0,  /* the whole file is one document */
     TF_DOCS_ENDS = 1,    /* doc_ends[j]: cumulative end (exclusive) of doc j, uint64 */
-    TF_DOCS_MEGATRON = 2 /* doc j = tokens [mg_pointers[j]/itemsize, + mg_sizes[j]) */
+    TF_DOCS_FORMAT = 2   /* the format's own index (a Megatron .idx): its row's document ops */
 } tf_doc_kind;
 
 /* A file's identity when its metadata was taken (file.c, catalog.c). known:
@@ -35,6 +35,17 @@ typedef struct tf__file_id {
     uint64_t dev, ino, size, mtime_ns;
     int known;
 } tf__file_id;
+
+#define TF__FORMAT_PRIV_BYTES 32
+
+/* A format's own document index (TF_DOCS_FORMAT): document j's tokens
+ * [*start, + *len) (checked against the file: -TF_EFORMAT naming it), and
+ * the document that holds token pos (< num_tokens). */
+struct tf_file;
+typedef struct tf__doc_ops {
+    int (*document)(const struct tf_file *f, uint64_t j, uint64_t *start, uint64_t *len);
+    uint64_t (*find_document)(const struct tf_file *f, uint64_t pos);
+} tf__doc_ops;
 
 typedef struct tf_file {
     char *path;           /* owned */
@@ -62,13 +73,6 @@ typedef struct tf_file {
     /* Documents. */
     tf_doc_kind doc_kind;
     const uint64_t *doc_ends;   /* TF_DOCS_ENDS (may be unaligned-safe: 8-aligned by parsers) */
-    /* TF_DOCS_MEGATRON: the raw int64 pointer and int32 size arrays inside the
-     * mapped .idx. MMIDIDX puts them at offset 34, which is never aligned for
-     * their types, so they are kept as bytes and read with tf__mg_pointer() /
-     * tf__mg_size() (unaligned-safe loads) instead of being copied at open:
-     * a copy would make opening O(sequences) and fault in the whole .idx. */
-    const uint8_t *mg_pointers;
-    const uint8_t *mg_sizes;
     void *aux_map;        /* second mapping (Megatron .idx, datatrove .index) */
     size_t aux_len;
     char *aux_path;       /* owned; path of the second file, for messages */
@@ -124,6 +128,15 @@ typedef struct tf_file {
      * Shared by the views that copy this tf_file; freed by its owner. */
     struct tf__lazy *lazy;
 
+    /* TF_DOCS_FORMAT: the format's document ops (its row's doc_ops), which
+     * its parser installs as it installs read_block. */
+    const tf__doc_ops *doc_ops;
+    /* The format's private state: its parser's own struct (megatron.c's, ...),
+     * kept in the file so that a tf_file still copies by value, and read only
+     * by the format's parser and its row's ops (tf__format_priv). It holds
+     * pointers into the mappings above and is cleared with them. */
+    _Alignas(8) unsigned char format_priv[TF__FORMAT_PRIV_BYTES];
+
     /* When set, path, aux_path and lazy live in this arena (a catalog's
      * files, allocated together), which the file holds one reference to:
      * tf__file_close releases it instead of freeing them. */
@@ -157,6 +170,21 @@ typedef struct tf__format_row {
     const char *const *companions;
     int replace_ext;
     tf_doc_kind docs;             /* how its documents are stored */
+    /* TF_DOCS_FORMAT: the format's document ops (its parser installs them
+     * in each file it opens: file.c reads documents through them). */
+    const tf__doc_ops *doc_ops;
+    /* A pair opened by its common prefix (Megatron's P.bin + P.idx): the data
+     * file's suffix, and a few words for messages; NULL for a single file. */
+    const char *pair_data_suffix;
+    const char *pair;
+    /* Headerless: the open's dtype says what the bytes are (nothing in the
+     * file does), so a file is read again, or described by a catalog, only
+     * with that dtype. */
+    int headerless;
+    /* Its files are a dataset's shards, each checked against the dataset's
+     * manifest (counts and checksums): a catalog adds to that manifest and
+     * never re-parses one of them alone. */
+    int manifest;
     /* Whether a shard set's catalog may describe its files (the first touch
      * reads the file alone; a file with a companion present never is). */
     int catalog;
@@ -206,19 +234,16 @@ typedef int (*tf__url_open_fn)(void *ctx, const char *const *urls, size_t n, con
 TF_HIDDEN int tf__dataset_open_paths(const char *const *paths, size_t n, const tf_open_options *opt,
                                      tf__url_open_fn open_urls, void *ctx, tf_dataset **out);
 
-/* Sequence j of a Megatron file: byte offset in the .bin and length in tokens. */
-static inline int64_t tf__mg_pointer(const tf_file *f, uint64_t j) {
-    return (int64_t)tf__le64(f->mg_pointers + 8 * j);
-}
-static inline int32_t tf__mg_size(const tf_file *f, uint64_t j) {
-    return (int32_t)tf__le32(f->mg_sizes + 4 * j);
-}
+/* The format's private state of f, as its parser's struct (format_priv). */
+#define tf__format_priv(f, type) ((type *)(void *)(f)->format_priv)
 
 /* Format parsers. Each fills *f (zeroed by the caller) or returns an error;
  * on error the caller runs tf__file_close(f), so parsers may leave partial
  * state in f. opt is never NULL. */
 TF_HIDDEN int tf__open_native(const char *path, const tf_open_options *opt, tf_file *f);
 TF_HIDDEN int tf__open_megatron(const char *prefix, const tf_open_options *opt, tf_file *f);
+/* Its row's document ops (TF_DOCS_FORMAT). */
+TF_HIDDEN extern const tf__doc_ops tf__megatron_doc_ops;
 TF_HIDDEN int tf__open_llmc(const char *path, const tf_open_options *opt, tf_file *f);
 TF_HIDDEN int tf__open_raw(const char *path, const tf_open_options *opt, tf_file *f);
 TF_HIDDEN int tf__open_npy(const char *path, const tf_open_options *opt, tf_file *f);
@@ -284,10 +309,14 @@ typedef struct tf_npy_header {
     tf_dtype dtype;
     uint64_t num_items;   /* shape[0] */
     uint64_t data_offset; /* first data byte */
+    int ndim;             /* 1, or 2 (tf__parse_npy_header_2d) */
+    uint64_t dim1;        /* shape[1] of a 2-D array */
 } tf_npy_header;
 /* Parse the .npy header at the start of buf[0, len) (1-D little-endian
  * integer arrays only). Does not check the data size against the file. */
 TF_HIDDEN int tf__parse_npy_header(const char *path, const uint8_t *buf, size_t len, tf_npy_header *h);
+/* The same for an array of one or two dimensions (C order); shape[1] in dim1. */
+TF_HIDDEN int tf__parse_npy_header_2d(const char *path, const uint8_t *buf, size_t len, tf_npy_header *h);
 
 /* ---- file.c: one file's bytes, whatever its format ---------------------- */
 

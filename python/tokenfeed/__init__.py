@@ -14,17 +14,18 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from . import _build, _core
+from . import _core
+from .common import _build
 from ._core import DeviceTensor, FormatError
-from ._dataset import Dataset, DatasetView, DatasetWriter, build_catalog, build_index, open
-from ._device import DeviceFeeder
-from ._explain import Segment, meter_all_ranks, meter_verdict
-from ._loader import Loader, StateError
-from ._warnings import DataWarning, PerformanceWarning
-from ._mesh import ParallelCoords, parallel_coords
-from ._parts import PartWriter, merge_parts
-from ._schedule import WeightSchedule
-from ._views import Columns
+from .sources._dataset import Dataset, DatasetView, DatasetWriter, build_catalog, build_index, open
+from .device._device import DeviceFeeder
+from .order._explain import Segment, meter_all_ranks, meter_verdict
+from .engine._loader import Loader, StateError
+from .common._warnings import DataWarning, PerformanceWarning
+from .order._mesh import ParallelCoords, parallel_coords
+from .sources._parts import PartWriter, merge_parts
+from .order._schedule import WeightSchedule
+from .sources._views import Columns
 
 __version__: str = _core.__version__
 

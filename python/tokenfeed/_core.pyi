@@ -1,6 +1,6 @@
 # Type stubs for the tokenfeed._core extension module (csrc/python/*.c).
 # The binding is thin and private: the public API is in tokenfeed/__init__.py.
-# Keep in step with the C method tables; tests/test_typing.py runs mypy.stubtest
+# Keep in step with the C method tables; tests/project/test_typing.py runs mypy.stubtest
 # on this file against the built module.
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypedDict, Union, overload
 
@@ -56,7 +56,7 @@ STATE_FORMAT_VERSION: int
 class _Setting(TypedDict):
     name: str
     scope: str  # "order", "engine" or "device"
-    type: str  # "int", "bool" or "enum"
+    type: str  # "int", "bool", "enum" or "path" (a str; no integer value)
     default: int
     min: int
     max: int
@@ -67,7 +67,7 @@ class _Setting(TypedDict):
     description: str
 
 # The C settings table, one row per setting (tokenfeed.h, "Settings"). The keywords of Order,
-# Loader and DeviceLoader below are its rows (tests/test_settings.py checks they agree).
+# Loader and DeviceLoader below are its rows (tests/order/test_settings.py checks they agree).
 def settings() -> List[_Setting]: ...
 
 def build_doc_index(path: Union[str, bytes, PathLike[str], PathLike[bytes]], dtype: _DTypeArg, eos_id: int,
@@ -77,6 +77,7 @@ def build_doc_index(path: Union[str, bytes, PathLike[str], PathLike[bytes]], dty
 def seq_len_warmup(seq_len: int, min_seq_len: int, warmup_steps: int, step: int, /) -> int: ...
 # the input positions [first_k, first_k + chunk) a context-parallel rank takes of a sample
 def cp_chunks(seq_len: int, cp_size: int, cp_rank: int, /) -> Tuple[int, int, int]: ...
+def cp_thd_positions(seg_lengths: Sequence[int], cp_size: int, cp_rank: int, /) -> bytes: ...
 def merge(path: Union[str, bytes, PathLike[str], PathLike[bytes]],
           parts: Sequence[Union[str, bytes, PathLike[str], PathLike[bytes]]], overwrite: bool = False) -> None: ...
 
@@ -222,13 +223,14 @@ class Order:
                 interpolation: Optional[int] = None, anchor_position: Optional[int] = None,
                 anchor_counts: Optional[Sequence[int]] = None, order: Union[int, str, None] = None,
                 llmc_processes: Optional[int] = None, olmo_chunk: Optional[int] = None,
-                megatron_index: Optional[Tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any], bool]] = None,
+                megatron_cache: Optional[str] = None, megatron_split: Union[int, str, None] = None,
+                megatron_add_extra_token: Optional[bool] = None,
                 ) -> "Order": ...
-    # order: "tokenfeed" (default), "llmc" (llm.c's loader, llmc_processes of them) or "olmo"
-    # (OLMo-core's NumpyFSLDataset instances in NumpyFSLDataLoader's order)
+    # order: "tokenfeed" (default), "llmc" (llm.c's loader, llmc_processes of them), "olmo"
+    # (OLMo-core's NumpyFSLDataset instances in NumpyFSLDataLoader's order) or "megatron"
+    # (Megatron-core's GPTDataset, read from the index cache megatron_cache names: its
+    # path_to_cache, where megatron_split's cache is, or one of the cache's files)
     # with schedule_steps: weights holds one list per step; interpolation 0 = constant, 1 = linear
-    # megatron_index: GPTDataset's (document_index, sample_index, shuffle_index, add_extra_token);
-    # the order is Megatron's (tf_order_create_megatron) and keeps the arrays
     @property
     def num_samples(self) -> int: ...
     @property

@@ -29,11 +29,11 @@ from torch.utils.data import Dataset as _TorchDataset
 from torch.utils.data import IterableDataset, Sampler, get_worker_info
 
 from . import _core
-from ._config import SETTINGS, OrderConfig, settings_given, split_settings, want_bits
-from ._dataset import Dataset, PathLike, open as _open
-from ._loader import Loader
-from ._warnings import PerformanceWarning
-from ._mesh import DEFAULT_CP_DIM, DEFAULT_DP_DIMS, ParallelCoords, parallel_coords
+from .order._config import SETTINGS, OrderConfig, settings_given, split_settings, want_bits
+from .sources._dataset import Dataset, PathLike, open as _open
+from .engine._loader import Loader
+from .common._warnings import PerformanceWarning
+from .order._mesh import DEFAULT_CP_DIM, DEFAULT_DP_DIMS, ParallelCoords, parallel_coords
 
 # Rows of the order's settings that TokenDataset's signature writes by hand; the rest are
 # written out from the settings table between the marker lines of its signature
@@ -64,8 +64,10 @@ class TokenDataset(_TorchDataset):  # type: ignore[type-arg]
                  packing: Literal["concat", "best_fit", "document"] = "concat", separator_id: Optional[int] = None,
                  seed: int = 0, block_size: int = 1024, window_blocks: int = 16, epochs: Optional[int] = None,
                  pad_id: int = 0, pack_window: int = 1024, mix_window: int = 1000,
-                 order: Literal["tokenfeed", "llmc", "olmo"] = "tokenfeed", llmc_processes: Optional[int] = None,
-                 olmo_chunk: Optional[int] = None,
+                 order: Literal["tokenfeed", "llmc", "olmo", "megatron"] = "tokenfeed",
+                 llmc_processes: Optional[int] = None, olmo_chunk: Optional[int] = None,
+                 megatron_cache: Optional[str] = None, megatron_split: Literal["train", "valid", "test"] = "train",
+                 megatron_add_extra_token: bool = True,
                  # END settings keywords of TokenDataset
                  ) -> None:
         # the Loader's configuration of the stream (the order's rows of the settings table:

@@ -1,6 +1,6 @@
 /* llmc_dataloader.h — llm.c's training data loader, for tests: the reference
  * that tokenfeed's order="llmc" is checked against (tests/c/test_llmc_order.c
- * through the C API, tests/test_llmc_order.py through Python, by way of the
+ * through the C API, tests/order/test_llmc_order.py through Python, by way of the
  * llmc_ref.c driver).
  *
  * A port of karpathy/llm.c, llmc/dataloader.h (and the two functions of

@@ -1,5 +1,5 @@
 /* llmc_ref — the batches llm.c's DataLoader (llmc_dataloader.h) gives one
- * process, written out for tests/test_llmc_order.py:
+ * process, written out for tests/order/test_llmc_order.py:
  *
  *   llmc_ref B T num_processes rank shuffle seed steps out.bin shard...
  *

@@ -1,5 +1,5 @@
 /*
- * state_tool.c — a C trainer's side of the loader state, for tests/test_state_c.py
+ * state_tool.c — a C trainer's side of the loader state, for tests/order/test_state_c.py
  * (built there against the package's library; not one of the `make test`
  * programs).
  *

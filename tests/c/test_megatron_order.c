@@ -8,8 +8,10 @@
  * arrays, with and without the extra token, every sample a loader gives
  * equals the reference; a state saved at a step resumes there and is
  * refused by an order over another cache; a cache that does not fit the
- * data or seq_len is refused at create. (tests/test_megatron_order.py
- * compares with megatron-core itself.) */
+ * data or seq_len is refused at create. The same cache written as GPTDataset
+ * writes it (.npy files in a cache directory) is read through the settings
+ * (order megatron, megatron_cache) and gives the same stream and states.
+ * (tests/order/test_megatron_order.py compares with megatron-core itself.) */
 #include "helpers.h"
 
 #define NDOCS 90
@@ -248,6 +250,123 @@ static void refusals(tf_dataset *ds, tf_dataset *small) {
     free(c.shf);
 }
 
+/* numpy.save of a C-contiguous array: rows x cols (cols 0: 1-D) entries of descr. */
+static void write_npy(const char *path, const char *descr, uint64_t rows, int cols, const void *data, size_t bytes) {
+    char dict[128];
+    int n = cols ? snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (%llu, %d), }", descr,
+                            (unsigned long long)rows, cols)
+                 : snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (%llu,), }", descr,
+                            (unsigned long long)rows);
+    size_t hl = ((size_t)n + 1 + 10 + 63) / 64 * 64 - 10; /* header padded so that the data starts at 64k */
+    uint8_t *buf = malloc(10 + hl + bytes);
+    memcpy(buf, "\x93NUMPY\x01\x00", 8);
+    buf[8] = (uint8_t)(hl & 0xff);
+    buf[9] = (uint8_t)(hl >> 8);
+    memset(buf + 10, ' ', hl);
+    memcpy(buf + 10, dict, (size_t)n);
+    buf[10 + hl - 1] = '\n';
+    memcpy(buf + 10 + hl, data, bytes);
+    t_write_file(path, buf, 10 + hl + bytes);
+    free(buf);
+}
+
+/* The cache as GPTDataset writes it into dir (int32 / uint32 arrays when
+ * narrow), with its description. */
+static void write_cache(const char *dir, const char *split, const cache *c, int narrow) {
+    static int32_t d32[NDOCS * EPOCHS], s32[4096];
+    static uint32_t h32[2048];
+    char p[512];
+    tf_megatron_index ix;
+    describe(c, 1, narrow, d32, s32, h32, &ix);
+    const char *wide = narrow ? "<i4" : "<i8";
+    size_t w = narrow ? 4 : 8;
+    snprintf(p, sizeof p, "%s/5eed-GPTDataset-%s-document_index.npy", dir, split);
+    write_npy(p, wide, NDOCS * EPOCHS, 0, ix.document_index, NDOCS * EPOCHS * w);
+    snprintf(p, sizeof p, "%s/5eed-GPTDataset-%s-sample_index.npy", dir, split);
+    write_npy(p, wide, c->N + 1, 2, ix.sample_index, (c->N + 1) * 2 * w);
+    snprintf(p, sizeof p, "%s/5eed-GPTDataset-%s-shuffle_index.npy", dir, split);
+    write_npy(p, narrow ? "<u4" : "<i8", c->N, 0, ix.shuffle_index, c->N * w);
+    snprintf(p, sizeof p, "%s/5eed-GPTDataset-%s-description.txt", dir, split);
+    char desc[128];
+    int n = snprintf(desc, sizeof desc, "{\"class\": \"GPTDataset\", \"sequence_length\": %d}", L);
+    t_write_file(p, desc, (size_t)n);
+}
+
+/* order megatron through the settings: a C program names the cache, and gets
+ * the stream and states of tf_order_create_megatron over the same arrays. */
+static void through_settings(tf_dataset *ds, const char *dir) {
+    static cache c;
+    build_cache(&c, 1, 21);
+    char cdir[256];
+    snprintf(cdir, sizeof cdir, "%s/cache", dir);
+    CHECK(mkdir(cdir, 0700) == 0);
+    write_cache(cdir, "valid", &c, 1);
+    tf_order_config oc;
+    tf_order_config_init(&oc);
+    oc.seq_len = L;
+    oc.global_batch = 4;
+    oc.epochs = 1;
+    CHECK_OK(tf_config_set(TF_SCOPE_ORDER, &oc, "shuffle", TF_SHUFFLE_NONE));
+    CHECK_OK(tf_config_set(TF_SCOPE_ORDER, &oc, "order", TF_ORDER_MEGATRON));
+    CHECK_OK(tf_config_set(TF_SCOPE_ORDER, &oc, "megatron_split", TF_MEGATRON_VALID));
+    CHECK_OK(tf_config_set_path(TF_SCOPE_ORDER, &oc, "megatron_cache", cdir));
+    CHECK_RC(tf_config_set(TF_SCOPE_ORDER, &oc, "megatron_cache", 1), -EINVAL); /* a path has no integer value */
+    tf_order *o = NULL;
+    CHECK_OK(tf_order_create(ds, &oc, &o));
+    CHECK(o && tf_order_num_samples(o) == c.N);
+    if (!o) return;
+    /* the order keeps its own copy of the path */
+    tf_order_config got;
+    const char *path = NULL;
+    CHECK_OK(tf_order_get_config(o, &got));
+    CHECK_OK(tf_config_get_path(TF_SCOPE_ORDER, &got, "megatron_cache", &path));
+    CHECK(path && path != cdir && !strcmp(path, cdir));
+    tf_loader *l = loader_of(o);
+    char state[4096] = "";
+    for (uint64_t k = 0; l && k < c.N / 4; k++) {
+        if (k == 3) CHECK_OK(tf_loader_state_save(l, state, sizeof state, NULL));
+        CHECK(same_batch(l, &c, 1, k));
+    }
+    tf_loader_free(l);
+    CHECK(strstr(state, "\"order\": \"megatron\"") && strstr(state, "\"megatron_split\": \"valid\""));
+    CHECK(strstr(state, "\"order\": [\"megatron\", \""));
+    /* the arrays mapped by the caller make the same order (the split is the configuration's) */
+    static int32_t d32[NDOCS * EPOCHS], s32[4096];
+    static uint32_t h32[2048];
+    tf_megatron_index ix;
+    describe(&c, 1, 1, d32, s32, h32, &ix);
+    tf_order_config mc = oc;
+    mc.megatron_cache = NULL;
+    tf_order *o2 = NULL;
+    CHECK_OK(tf_order_create_megatron(ds, &mc, &ix, &o2));
+    CHECK(o2 && tf_order_fingerprint(o2) == tf_order_fingerprint(o));
+    l = o2 ? loader_of(o2) : NULL;
+    CHECK(l && tf_loader_state_load(l, state, strlen(state), 0) == 0 && same_batch(l, &c, 1, 3));
+    tf_loader_free(l);
+    tf_order_free(o2);
+    /* what does not fit is refused, naming it */
+    tf_order *bad = NULL;
+    tf_order_config tc = oc;
+    CHECK_OK(tf_config_set(TF_SCOPE_ORDER, &tc, "megatron_split", TF_MEGATRON_TRAIN));
+    CHECK_RC(tf_order_create(ds, &tc, &bad), -ENOENT);
+    CHECK(strstr(tf_last_error(), "no GPTDataset index cache of split 'train'") && strstr(tf_last_error(), "valid"));
+    tc = oc;
+    CHECK_OK(tf_config_set(TF_SCOPE_ORDER, &tc, "order", TF_ORDER_TOKENFEED));
+    CHECK_RC(tf_order_create(ds, &tc, &bad), -EINVAL); /* a cache where it is not read */
+    CHECK(strstr(tf_last_error(), "megatron_cache") && strstr(tf_last_error(), "order=megatron"));
+    tc = oc;
+    CHECK_OK(tf_config_set_path(TF_SCOPE_ORDER, &tc, "megatron_cache", NULL));
+    CHECK_RC(tf_order_create(ds, &tc, &bad), -EINVAL);
+    CHECK(strstr(tf_last_error(), "set megatron_cache"));
+    tc = oc;
+    tc.seq_len = L + 1; /* the description says L */
+    CHECK_RC(tf_order_create(ds, &tc, &bad), -EINVAL);
+    CHECK(strstr(tf_last_error(), "description.txt: the cache was built with sequence_length 16"));
+    tf_order_free(o);
+    free(c.smp);
+    free(c.shf);
+}
+
 int main(void) {
     char dir[64] = "/tmp/tf_megatron_XXXXXX", prefix[128], p[160];
     if (!mkdtemp(dir)) return T_EXIT_FAIL;
@@ -266,6 +385,7 @@ int main(void) {
         compare(ds, 0, 0, 3);
         compare(ds, 0, 1, 4);
         refusals(ds, small);
+        through_settings(ds, dir);
     }
     tf_dataset_free(ds);
     tf_dataset_free(small);

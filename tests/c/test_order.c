@@ -959,6 +959,98 @@ static int load_text(const tf_order *o, const char *text) {
     return rc;
 }
 
+/* The C loader leaves taken-down documents out itself: after tf_loader_exclude
+ * (and after a resume of the state that records it) their tokens are pad_id
+ * and their labels' loss_mask 0; every other token, and the positions, are
+ * those of the loader without the takedown. Token values name documents
+ * (document d holds d + 1). */
+static int in_ids(uint64_t v, const uint64_t *ids, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] == v) return 1;
+    return 0;
+}
+
+static void test_loader_takes_documents_down(void) {
+    enum { D = 60, L = 12, B = 3, STEPS = 8, AT = 2 };
+    uint16_t t[D * 20];
+    uint64_t ends[D], n = 0;
+    for (uint64_t d = 0; d < D; d++) {
+        uint64_t len = 1 + (d * 7) % 19;
+        for (uint64_t k = 0; k < len; k++) t[n++] = (uint16_t)(d + 1);
+        ends[d] = n;
+    }
+    tf_dataset *ds = NULL;
+    CHECK_OK(tf_dataset_from_memory(t, n, TF_UINT16, ends, D, 0, &ds));
+    if (!ds) return;
+    for (int packing = 0; packing < 2; packing++) {
+        tf_loader_config lc;
+        tf_loader_config_init(&lc);
+        tf_order_config_init(&lc.order);
+        lc.order.seq_len = L;
+        lc.order.seed = 9;
+        lc.order.pad_id = 0;
+        if (packing) lc.order.packing = TF_PACK_BEST_FIT;
+        lc.batch_size = B;
+        lc.want = TF_WANT_LOSS_MASK | TF_WANT_POSITION_IDS;
+        tf_loader *plain = NULL, *l = NULL, *resumed = NULL;
+        CHECK_OK(tf_loader_create(ds, &lc, &plain));
+        CHECK_OK(tf_loader_create(ds, &lc, &l));
+        CHECK_OK(tf_loader_create(ds, &lc, &resumed));
+        if (!plain || !l || !resumed) break;
+        const uint64_t gone[] = {3, 17, 18, 41, 59};
+        char st[8192];
+        size_t len = 0;
+        int touched = 0;
+        for (int k = 0; k < STEPS; k++) {
+            if (k == AT) {
+                uint64_t bad = D;
+                CHECK_RC(tf_loader_exclude(l, 0, &bad, 1), -EINVAL); /* refused, nothing changed */
+                CHECK(tf_order_num_excluded(tf_loader_order(l)) == 0);
+                CHECK_OK(tf_loader_exclude(l, 0, gone, 5));
+                CHECK_OK(tf_loader_state_save(l, st, sizeof st, &len));
+                CHECK(strstr(st, "\"excluded\": [[6, 0, [3, 17, 18, 41, 59]]]") != NULL);
+                CHECK_OK(tf_loader_state_load(resumed, st, len, 0));
+            }
+            tf_batch *x = NULL, *y = NULL, *z = NULL;
+            CHECK_OK(tf_loader_next(plain, &x));
+            CHECK_OK(tf_loader_next(l, &y));
+            if (k >= AT) CHECK_OK(tf_loader_next(resumed, &z));
+            if (!x || !y || (k >= AT && !z)) break;
+            tf_batch_view a, b;
+            tf_batch_get_view(x, &a);
+            tf_batch_get_view(y, &b);
+            const uint16_t *pa = a.tokens, *pb = b.tokens;
+            for (uint64_t r = 0; r < B; r++)
+                for (uint64_t i = 0; i <= L; i++) {
+                    uint16_t v = pa[r * (L + 1) + i], w = pb[r * (L + 1) + i];
+                    int out = k >= AT && v && in_ids(v - 1u, gone, 5);
+                    touched += out;
+                    CHECK(w == (out ? 0 : v));
+                    if (i < L) {
+                        uint16_t lab = pa[r * (L + 1) + i + 1];
+                        int lab_out = k >= AT && lab && in_ids(lab - 1u, gone, 5);
+                        CHECK(b.loss_mask[r * L + i] == (lab_out ? 0 : a.loss_mask[r * L + i]));
+                        CHECK(b.position_ids[r * L + i] == a.position_ids[r * L + i]);
+                    }
+                }
+            if (z) { /* the resumed state serves the same batches */
+                tf_batch_view c;
+                tf_batch_get_view(z, &c);
+                CHECK(!memcmp(c.tokens, b.tokens, B * (L + 1) * sizeof(uint16_t)));
+                CHECK(!memcmp(c.loss_mask, b.loss_mask, B * L));
+            }
+            tf_batch_release(x);
+            tf_batch_release(y);
+            tf_batch_release(z);
+        }
+        CHECK(touched > 0);
+        tf_loader_free(plain);
+        tf_loader_free(l);
+        tf_loader_free(resumed);
+    }
+    tf_dataset_free(ds);
+}
+
 static void test_excluded_state(void) {
     enum { T = 1000, D = 40 };
     uint16_t *t = malloc(T * sizeof *t);
@@ -1081,5 +1173,6 @@ int main(void) {
     test_weights_history();
     test_llmc_processes_none();
     test_excluded_state();
+    test_loader_takes_documents_down();
     return T_DONE();
 }

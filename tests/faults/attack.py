@@ -31,6 +31,8 @@ from typing import Callable, Dict, List, Tuple
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
 ROOT = os.path.dirname(TESTS)
+# the helpers at the top of tests/ and the test modules whose fixtures the attacks reuse
+TEST_PATH = [TESTS] + [os.path.join(TESTS, d) for d in ("sources", "remote")]
 LIMIT = 60.0
 
 
@@ -629,7 +631,7 @@ def a15_catalog_under_umask_002(tmp: str) -> str:
         import json, os, sys, time
         os.umask(0o002)
         import tokenfeed
-        from tokenfeed import _shardset
+        from tokenfeed.remote import _shardset
         listed = []
         expand = _shardset.expand
         def counting(*a, **k):
@@ -889,7 +891,7 @@ ATTACKS: List[Tuple[str, Callable[[str], str]]] = [
 
 def one(n: int) -> int:
     """The child: run attack n and print its verdict as the last line."""
-    sys.path[:0] = [os.path.join(ROOT, "python"), TESTS]
+    sys.path[:0] = [os.path.join(ROOT, "python"), *TEST_PATH]
     signal.signal(signal.SIGINT, signal.default_int_handler)
     from remote_util import TEST_CREDENTIALS
     os.environ.update(TEST_CREDENTIALS)
@@ -922,7 +924,7 @@ def main(argv: List[str]) -> int:
         name, _ = ATTACKS[n - 1]
         t0 = time.monotonic()
         proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--one", str(n)], env=dict(
-            os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"), TESTS])),
+            os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"), *TEST_PATH])),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             out, err = proc.communicate(timeout=LIMIT)

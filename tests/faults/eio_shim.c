@@ -1,4 +1,4 @@
-/* eio_shim.c — LD_PRELOAD shim for tests/test_faults.py: makes pread() on one
+/* eio_shim.c — LD_PRELOAD shim for tests/engine/test_faults.py: makes pread() on one
  * file fail with EIO (or return short), the way a failing disk or a network
  * file system would, without root or a device-mapper target.
  *

@@ -442,9 +442,9 @@ def state_seeds() -> None:
 
 
 def columns_seeds() -> None:
-    """Metadata column files (tokenfeed._views.write_columns): every type, missing values, and a
+    """Metadata column files (tokenfeed.sources._views.write_columns): every type, missing values, and a
     filter text after the 0xFF 0xFE separator of fuzz_columns.c."""
-    from tokenfeed import _views
+    from tokenfeed.sources import _views
 
     tmp = tempfile.mkdtemp(prefix="tf-corpus-cols-")
     try:

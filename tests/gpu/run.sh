@@ -5,7 +5,7 @@
 #   bash tests/gpu/run.sh [RESULTS_DIR]      # default RESULTS_DIR: build/gpu
 #
 # 1. builds tokenfeed into build/gpu-site (an install of its own, nothing else touched);
-# 2. runs the tests marked `gpu` (tests/test_device.py): they must pass, not skip; the
+# 2. runs the tests marked `gpu` (tests/device/test_device.py): they must pass, not skip; the
 #    data-wait meter's tests print its host and GPU figures beside CUDA events of their own;
 # 3. links the C/CUDA trainer of the C API guide (docs/examples/device_train.c) against
 #    the real libcudart and checks, through tests/c/test_device.c, that what the GPU saw
@@ -42,7 +42,7 @@ export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 
 if [ "$WHAT" != bench ] && [ "$WHAT" != trainer ]; then
     echo "== tests marked gpu"
-    "$PY" -m pytest -q -s -p no:cacheprovider -m gpu -rs tests/test_device.py 2>&1 | tee "$RES/pytest-gpu.txt"
+    "$PY" -m pytest -q -s -p no:cacheprovider -m gpu -rs tests/device/test_device.py 2>&1 | tee "$RES/pytest-gpu.txt"
     if grep -qi "skipped" "$RES/pytest-gpu.txt" || ! grep -q "passed" "$RES/pytest-gpu.txt"; then
         echo "the GPU tests did not all run" >&2
         exit 1

@@ -33,7 +33,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .._extras import pip_hint
+from ..common._extras import pip_hint
 
 try:
     from datatrove.data import Document, DocumentsPipeline
@@ -43,8 +43,8 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(f"tokenfeed.integrations.datatrove needs datatrove: {pip_hint('datatrove')}") from e
 
-from .._text import Chunk, ConvertError, Settings, chunk_texts, default_eod, file_sha256, load_tokenizer
-from .._parts import PartWriter
+from ..sources._text import Chunk, ConvertError, Settings, chunk_texts, default_eod, file_sha256, load_tokenizer
+from ..sources._parts import PartWriter
 
 __all__ = ["TokenfeedWriter", "ConvertReader", "task_chunks"]
 

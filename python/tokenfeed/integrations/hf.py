@@ -29,7 +29,7 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without the package
     raise ImportError("tokenfeed.integrations.hf needs transformers: pip install transformers") from e
 
-from .._loader import Loader
+from ..engine._loader import Loader
 
 __all__ = ["TokenfeedTrainer", "causal_lm_batch"]
 

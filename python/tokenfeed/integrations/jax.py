@@ -38,7 +38,7 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without the package
     raise ImportError("tokenfeed.integrations.jax needs JAX: pip install jax") from e
 
-from .._loader import Loader
+from ..engine._loader import Loader
 
 __all__ = ["GlobalBatches", "local_rows"]
 

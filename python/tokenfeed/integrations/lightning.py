@@ -28,7 +28,7 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without the package
     raise ImportError("tokenfeed.integrations.lightning needs Lightning: pip install lightning") from e
 
-from .._loader import Loader
+from ..engine._loader import Loader
 
 __all__ = ["TokenfeedDataModule"]
 

@@ -51,8 +51,8 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without the package
     raise ImportError("tokenfeed.integrations.olmo_core needs OLMo-core: pip install ai2-olmo-core") from e
 
-from .. import _dataset
-from .._loader import Loader
+from ..sources import _dataset
+from ..engine._loader import Loader
 
 __all__ = ["TokenfeedDataLoader"]
 

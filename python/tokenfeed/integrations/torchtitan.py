@@ -36,7 +36,7 @@ import torch
 from torchtitan.components.dataloader import BaseDataLoader
 
 import tokenfeed
-from tokenfeed._schedule import as_schedule
+from tokenfeed.order._schedule import as_schedule
 
 __all__ = ["TokenfeedDataLoader", "IGNORE_INDEX", "STATE_KEY"]
 

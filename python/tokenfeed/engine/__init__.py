@@ -1,0 +1,1 @@
+"""The Loader: batches assembled by the C engine, its state, resume."""

@@ -1,0 +1,1 @@
+"""Object storage: URLs, the store a remote dataset reads through, the node cache's place and sizes."""
