@@ -8,6 +8,8 @@ they install, LitData and MosaicML Streaming against the same server and proxy.
     python benchmarks/remote_bench.py --only peers --peer-python /path/to/venv/bin/python
     python benchmarks/remote_bench.py --only startup --startup-shards 1000 10000
     python benchmarks/remote_bench.py --only startup --startup-shards 10000 --startup-procs 4
+    python benchmarks/remote_bench.py --only startup --startup-shards 1000 10000 --startup-procs 8 --startup-slash \
+        --startup-builds before=/path/to/base/python after=python
     python benchmarks/remote_bench.py --only node --node-shards 1000 10000 --node-seconds 20
 
 The servers run on 127.0.0.1 (tests/remote_util.py). moto is a Python server: on a small
@@ -208,7 +210,9 @@ print(json.dumps({"open_s": opened, "first_batch_s": time.perf_counter() - t, "m
 
 
 def _startup_run(url: str, proxy: FaultProxy, cache: str, procs: int, env: Dict[str, str]) -> Dict[str, Any]:
-    """procs processes of one node opening url together on the cache, each to its first batch."""
+    """procs processes of one node opening url together on the cache, each to its first batch.
+    Requests are counted at the proxy: listing pages (a GET of the bucket itself), HEADs and the
+    other GETs (ranged reads of objects)."""
     proxy.reset_counts()
     t = time.perf_counter()
     ps = [subprocess.Popen([sys.executable, "-c", STARTUP_CHILD, url, cache, proxy.endpoint, str(rank), str(procs)],
@@ -221,31 +225,49 @@ def _startup_run(url: str, proxy: FaultProxy, cache: str, procs: int, env: Dict[
             return {"error": e[-400:]}
         res.append(json.loads(o.strip().splitlines()[-1]))
     wall = time.perf_counter() - t
-    return {"wall_s": round(wall, 2), "requests": sum(proxy.requests.values()),
+    lists = sum(v for k, v in proxy.gets.items() if k[0].strip("/").count("/") == 0)
+    return {"wall_s": round(wall, 2), "requests": sum(proxy.requests.values()), "lists": lists,
+            "heads": proxy.requests.get("HEAD", 0), "gets": proxy.requests.get("GET", 0) - lists,
             "metadata_requests": sum(r["metadata_requests"] for r in res),
             "open_s_max": round(max(r["open_s"] for r in res), 2),
             "first_batch_s_max": round(max(r["first_batch_s"] for r in res), 2)}
 
 
+def _builds(args: argparse.Namespace) -> Dict[str, str]:
+    """The builds to start the processes with: NAME=PYTHONPATH pairs (--startup-builds), else
+    --startup-pythonpath, else this process's path."""
+    if args.startup_builds:
+        return dict(b.split("=", 1) for b in args.startup_builds)
+    return {"now": args.startup_pythonpath or os.pathsep.join(sys.path)}
+
+
 def _startup_variants(what: str, url: str, proxy: FaultProxy, tmp: str, key: str, variants: Dict[str, Any],
                       args: argparse.Namespace, env: Dict[str, str]) -> Dict[str, Any]:
-    """Fresh cache, restart, and the node's processes together, for each variant (a callable
-    that prepares the bucket for it)."""
+    """Fresh cache, restart, a restart whose node listing is older than it trusts
+    (TOKENFEED_LISTING_MAX_AGE=0), and the node's processes together, for each variant (a
+    callable that prepares the bucket for it) and each build, one after the other on the same
+    data and server."""
     row: Dict[str, Any] = {}
     for v, prepare in variants.items():
         prepare()
-        sub: Dict[str, Any] = {}
-        cache = os.path.join(tmp, f"startup-cache-{key}-{v}")
-        sub["fresh"] = _startup_run(url, proxy, cache, 1, env)
-        sub["restart"] = _startup_run(url, proxy, cache, 1, env)
-        if args.startup_procs > 1:
-            sub[f"node_{args.startup_procs}"] = _startup_run(url, proxy, os.path.join(tmp, f"startup-node-{key}-{v}"),
-                                                             args.startup_procs, env)
-        for k, r in sub.items():
-            print(f"start-up, {what}, {v.replace('_', ' ')}, {k}: " + (r["error"] if "error" in r else
-                  f"{r['wall_s']} s wall (open {r['open_s_max']} s, first batch {r['first_batch_s_max']} s), "
-                  f"{r['requests']} requests ({r['metadata_requests']} at open)"), flush=True)
-        row[v] = sub
+        for build, path in _builds(args).items():
+            benv = dict(env, PYTHONPATH=path)
+            sub: Dict[str, Any] = {}
+            cache = os.path.join(tmp, f"startup-cache-{key}-{v}-{build}")
+            sub["fresh"] = _startup_run(url, proxy, cache, 1, benv)
+            sub["restart"] = _startup_run(url, proxy, cache, 1, benv)
+            if build == list(_builds(args))[-1]:  # (builds before the listing's age rule have none)
+                sub["restart_listing_too_old"] = _startup_run(url, proxy, cache, 1,
+                                                              dict(benv, TOKENFEED_LISTING_MAX_AGE="0"))
+            if args.startup_procs > 1:
+                sub[f"node_{args.startup_procs}"] = _startup_run(
+                    url, proxy, os.path.join(tmp, f"startup-node-{key}-{v}-{build}"), args.startup_procs, benv)
+            for k, r in sub.items():
+                print(f"start-up, {what}, {v.replace('_', ' ')}, {build}, {k}: " + (r["error"] if "error" in r else
+                      f"{r['wall_s']} s wall (open {r['open_s_max']} s, first batch {r['first_batch_s_max']} s), "
+                      f"{r['requests']} requests: {r['lists']} listing pages, {r['heads']} HEAD, {r['gets']} GET "
+                      f"({r['metadata_requests']} at open)"), flush=True)
+            row[f"{v}:{build}"] = sub
     return row
 
 
@@ -257,16 +279,15 @@ def bench_startup(moto: MotoServer, tmp: str, args: argparse.Namespace) -> Dict[
     native: a tokenfeed dataset as written (with its catalog, tokenfeed.catalog, which a remote
     open reads instead of every shard's header) and, with --startup-catalog both, once its
     catalog is deleted from the bucket (every shard's header read at open, as for a dataset
-    written before tokenfeed wrote catalogs). The dataset's URL has no trailing "/", so every
-    request is the core's (a directory URL ending in "/" adds the one listing the package makes
-    to expand it).
+    written before tokenfeed wrote catalogs). The dataset's URL has no trailing "/" unless
+    --startup-slash is given (then the core lists the directory to find what it holds, once
+    per node).
 
     glob: a glob of llm.c objects (s3://startup/globN/*.bin, one document each), with the set's
     catalog that `tokenfeed index` stores beside them and, with --startup-catalog both, without
     it (every object's header read once per node)."""
     out: Dict[str, Any] = {}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([args.startup_pythonpath] if args.startup_pythonpath
-                                                      else sys.path))
+    env = dict(os.environ)
     which = {"both": ["catalog", "no_catalog"], "with": ["catalog"], "without": ["no_catalog"]}[args.startup_catalog]
     kinds = set(args.startup_kinds.split(","))
     for n in args.startup_shards:
@@ -285,7 +306,8 @@ def bench_startup(moto: MotoServer, tmp: str, args: argparse.Namespace) -> Dict[
             variants = {"catalog": lambda: None,
                         "no_catalog": lambda: moto.delete("startup", f"ds{n}/tokenfeed.catalog")}
             try:
-                row.update(_startup_variants(f"{n} shards", f"s3://startup/ds{n}", proxy, tmp, f"ds{n}",
+                ds_url = f"s3://startup/ds{n}" + ("/" if args.startup_slash else "")
+                row.update(_startup_variants(f"{n} shards", ds_url, proxy, tmp, f"ds{n}",
                                              {v: variants[v] for v in which}, args, env))
             finally:
                 proxy.stop()
@@ -394,8 +416,7 @@ def bench_node(moto: MotoServer, tmp: str, args: argparse.Namespace) -> Dict[str
     and catalog (with: the dataset's own, or the set's from tokenfeed index; none: deleted;
     --startup-catalog picks)."""
     out: Dict[str, Any] = {}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([args.startup_pythonpath] if args.startup_pythonpath
-                                                      else sys.path))
+    env = dict(os.environ)
     kinds = set(args.startup_kinds.split(","))
     for n in args.node_shards:
         rng = np.random.default_rng(2)
@@ -566,6 +587,10 @@ def main(argv: List[str] | None = None) -> int:
                     help="comma list of: native (a tokenfeed dataset), glob (a glob of llm.c objects)")
     ap.add_argument("--startup-pythonpath", default="",
                     help="run the start-up children with this PYTHONPATH (another build, for a before/after)")
+    ap.add_argument("--startup-builds", nargs="+", default=None,
+                    help="NAME=PYTHONPATH of each build to start the processes with, run in turn on the same data")
+    ap.add_argument("--startup-slash", action="store_true",
+                    help="open the native dataset by its directory URL ending in '/' (as users write it)")
     ap.add_argument("--node-shards", type=int, nargs="+", default=None,
                     help="object counts for the node benchmark (default 1000; --quick 100)")
     ap.add_argument("--node-procs", type=int, default=8, help="processes of the node (distinct dp ranks)")

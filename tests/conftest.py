@@ -355,13 +355,8 @@ def llmc_shard_set(d: Any, n: int = 12, per: int = 50) -> List[str]:
 
 def forbid_listing(monkeypatch: Any) -> None:
     """From now on a shard set cannot be listed: an open that still works read it from a catalog."""
-    from tokenfeed.remote import _shardset
-
-    def refuse(*a: Any, **k: Any) -> Any:
-        raise AssertionError("the shard set was listed")
-
-    monkeypatch.setattr(_shardset, "expand", refuse)
-    # the core lists local sets (csrc/sources/pathspec.c): test builds refuse to while this is set
+    # the core lists local directories (csrc/sources/pathspec.c) and remote prefixes
+    # (csrc/remote/remote_spec.c): test builds refuse to while this is set
     monkeypatch.setenv("TOKENFEED_FAULT_NO_LISTING", "1")
 
 

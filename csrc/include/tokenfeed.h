@@ -241,8 +241,9 @@ typedef struct tf_remote tf_remote; /* see "Sources: remote objects" below */
  * ("s3://bucket/prefix/", "https://host/file.bin", any "scheme://" but
  * file://), read through remote (tf_remote_create; borrowed: the dataset
  * takes its own reference). Each URL names what a local path can (a native
- * dataset directory, a shard, a Megatron prefix, an llm.c / .npy / raw file).
- * Only metadata is read at open, with concurrent ranged requests; the
+ * dataset directory, a shard, a Megatron prefix, an llm.c / .npy / raw file),
+ * or a shard set: a glob or a directory URL of foreign files, expanded from
+ * one listing per node (tf_dataset_open_remote_spec). Only metadata is read at open, with concurrent ranged requests; the
  * fingerprint equals that of the same files on local disk. Token bytes are
  * read later through the node-local chunk cache. What the open fetched is
  * recorded in the cache directory: a later open of the same paths with the
@@ -2063,6 +2064,42 @@ TF_API int tf_dataset_open_remote_set(const char *const *urls, size_t n, const c
                                       tf_remote *remote, tf_dataset **out);
 TF_API int tf_remote_has_set_record(tf_remote *r, const char *const *urls, size_t n, const char *prefix,
                                     const char *pattern, const tf_open_options *opt);
+
+/* Remote path specs (docs/remote.md, "Shard sets, listed once per node").
+ * tf_dataset_open_remote_spec opens paths as tf_dataset_open_remote does,
+ * where a URL may also be a glob (s3://bucket/tokens/shard_*.bin: a wildcard in
+ * any segment of the key, never crossing '/') or a directory URL ending in
+ * '/' that holds foreign files: each is expanded, by the rules of local
+ * shard sets (tf_dataset_open_spec), from one listing of its prefix, which
+ * the open also learns every size and version from. tf_dataset_open_remote
+ * is this open with no flags.
+ *
+ * One listing per node: a prefix's listing is recorded in the cache
+ * directory (meta/<key>.tflist, sealed like the metadata records), and a
+ * process of the node that needs the same prefix waits for the one listing
+ * it and reads its record. A recorded listing is used in place of a listing
+ * when this process waited for it, or when it ended at most
+ * $TOKENFEED_LISTING_MAX_AGE seconds ago (default 60; 0: never by age), or
+ * with TF_OPEN_IMMUTABLE (any age: the caller vouches that no object under
+ * the prefix was added, removed or rewritten since this node listed it; the
+ * node's metadata record of the open is then used without asking the store
+ * either, and every read stays conditional on the version recorded).
+ * One open lists a prefix at most once, whatever the rule: the node's
+ * metadata record is checked against the listing the spec was expanded from.
+ * TF_OPEN_SET_CATALOG: when paths is one glob or directory URL under one
+ * prefix whose listing shows the set's catalog beside the data for these
+ * options, the set opens from it (tf_dataset_open_remote_set; -ESTALE when it
+ * is out of date: open again without the flag); otherwise the objects are
+ * read as without the flag (tf_remote_has_set_record tells which). */
+#define TF_OPEN_SET_CATALOG 4u
+TF_API int tf_dataset_open_remote_spec(const char *const *paths, size_t n, const tf_open_options *opt, unsigned flags,
+                                       tf_remote *remote, tf_dataset **out);
+/* Every object whose URL starts with prefix, by that same rule: from the
+ * node's recorded listing when it is trusted (flags: TF_OPEN_IMMUTABLE or
+ * 0), else listed (once per node) and recorded. emit runs on the calling
+ * thread, in URL order. -TF_EUNSUPPORTED when the transport cannot list. */
+TF_API int tf_remote_list_objects(tf_remote *r, const char *prefix, unsigned flags, tf_list_emit_fn emit,
+                                  void *emit_ctx);
 
 #endif /* TF_EXPERIMENTAL_API */
 

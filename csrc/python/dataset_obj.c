@@ -91,21 +91,26 @@ static int parse_open_options(PyObject *dtype_obj, PyObject *format_obj, PyObjec
 
 static PyObject *Dataset_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"paths", "dtype", "format", "remote", "eos_id", "index_dir", "shard_set", "set_prefix",
-                             "set_pattern", "listing", "immutable", NULL};
+                             "set_pattern", "listing", "immutable", "set_catalog", NULL};
     PyObject *paths_obj, *dtype_obj = Py_None, *format_obj = Py_None, *remote_obj = Py_None, *eos_obj = Py_None;
     PyObject *listing_obj = Py_None;
     const char *index_dir = NULL, *set_prefix = NULL, *set_pattern = NULL;
-    int shard_set = 0, immutable = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOzizzOp:Dataset", kwlist, &paths_obj, &dtype_obj, &format_obj,
+    int shard_set = 0, immutable = 0, set_catalog = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOzizzOpp:Dataset", kwlist, &paths_obj, &dtype_obj, &format_obj,
                                      &remote_obj, &eos_obj, &index_dir, &shard_set, &set_prefix, &set_pattern,
-                                     &listing_obj, &immutable))
+                                     &listing_obj, &immutable, &set_catalog))
         return NULL;
-    if (immutable && shard_set != 1) {
-        PyErr_SetString(PyExc_ValueError, "immutable=True opens a local shard set from the node's catalog (shard_set=1)");
-        return NULL;
-    }
     tf_remote *remote = NULL;
     if (remote_obj != Py_None && !(remote = tfpy_remote_of(remote_obj))) return NULL;
+    if (immutable && shard_set != 1 && !remote) {
+        PyErr_SetString(PyExc_ValueError, "immutable=True opens a local shard set from the node's catalog (shard_set=1), "
+                                          "or remote paths from the node's recorded listing");
+        return NULL;
+    }
+    if ((set_catalog || immutable) && remote && set_prefix) {
+        PyErr_SetString(PyExc_ValueError, "set_catalog and immutable open remote path specs: not with set_prefix");
+        return NULL;
+    }
     if (shard_set && remote) {
         PyErr_SetString(PyExc_ValueError, "shard_set=True opens local shard sets only");
         return NULL;
@@ -173,6 +178,11 @@ static PyObject *Dataset_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     else if (set_prefix)
         TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_remote_set(cpaths, (size_t)n, set_prefix, set_pattern,
                                                             lseq ? &listing : NULL, &opt, remote, &ds));
+    else if (remote && (immutable || set_catalog))
+        TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_remote_spec(cpaths, (size_t)n, &opt,
+                                                             (immutable ? TF_OPEN_IMMUTABLE : 0u) |
+                                                                 (set_catalog ? TF_OPEN_SET_CATALOG : 0u),
+                                                             remote, &ds));
     else TFPY_NOGIL_CALL(rc, msg, tf_dataset_open_remote(cpaths, (size_t)n, &opt, remote, &ds));
     if (rc < 0) {
         tfpy_raise(st, rc, msg);

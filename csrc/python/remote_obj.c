@@ -363,7 +363,57 @@ static PyObject *Remote_get_transport(tfpy_Remote *self, void *closure) {
     return self->transport;
 }
 
+PyDoc_STRVAR(Remote_list_doc, "list($self, prefix, immutable=False)\n--\n\nReturns list. (url, size, version) of "
+                              "every object under prefix, from the node's recorded listing when it is trusted, else "
+                              "listed once per node and recorded (docs/remote.md).");
+
+typedef struct listed_objs {
+    char **urls;
+    tf_object_info *infos;
+    size_t n, cap;
+} listed_objs;
+
+static int collect_obj(void *ctx, const char *url, const tf_object_info *info) {
+    listed_objs *l = ctx;
+    if (l->n == l->cap) {
+        size_t c = l->cap ? l->cap * 2 : 256;
+        char **u = realloc(l->urls, c * sizeof *u);
+        if (!u) return 1;
+        l->urls = u;
+        tf_object_info *in = realloc(l->infos, c * sizeof *in);
+        if (!in) return 1;
+        l->infos = in;
+        l->cap = c;
+    }
+    if (!(l->urls[l->n] = strdup(url))) return 1;
+    l->infos[l->n++] = *info;
+    return 0;
+}
+
+static PyObject *Remote_list(tfpy_Remote *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"prefix", "immutable", NULL};
+    const char *prefix;
+    int immutable = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|p:list", kwlist, &prefix, &immutable)) return NULL;
+    listed_objs l = {NULL, NULL, 0, 0};
+    int rc;
+    char msg[1024];
+    TFPY_NOGIL_CALL(rc, msg, tf_remote_list_objects(self->r, prefix, immutable ? TF_OPEN_IMMUTABLE : 0u, collect_obj, &l));
+    PyObject *out = rc < 0 ? NULL : PyList_New((Py_ssize_t)l.n);
+    for (size_t i = 0; out && i < l.n; i++) {
+        PyObject *t = Py_BuildValue("(sKs)", l.urls[i], (unsigned long long)l.infos[i].size, l.infos[i].version);
+        if (!t) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, (Py_ssize_t)i, t);
+    }
+    for (size_t i = 0; i < l.n; i++) free(l.urls[i]);
+    free(l.urls);
+    free(l.infos);
+    if (rc < 0) return tfpy_raise(tfpy_state((PyObject *)self), rc, msg);
+    return out;
+}
+
 static PyMethodDef Remote_methods[] = {
+    {"list", (PyCFunction)(void (*)(void))Remote_list, METH_VARARGS | METH_KEYWORDS, Remote_list_doc},
     {"stat", (PyCFunction)Remote_stat, METH_O, Remote_stat_doc},
     {"read", (PyCFunction)Remote_read, METH_VARARGS, Remote_read_doc},
     {"stats", (PyCFunction)Remote_stats, METH_NOARGS, "stats($self)\n--\n\nReturns dict. Requests, bytes, chunks, cache usage."},

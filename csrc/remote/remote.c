@@ -1207,7 +1207,10 @@ static int run_open_jobs(tf_remote *r, size_t n, open_make_fn make, open_collect
  * metadata was recorded for the node, the record goes too, so that the next
  * open fetches the metadata afresh (remote_meta.c). Returns rc. */
 static int note_failure(const tf__robj *o, int rc) {
-    if (o->meta_on && (rc == -ESTALE || rc == -ENOENT || rc == -TF_ECHECKSUM)) tf__cache_meta_forget(o->r->cache, o->meta_key);
+    if (o->meta_on && (rc == -ESTALE || rc == -ENOENT || rc == -TF_ECHECKSUM)) {
+        tf__cache_meta_forget(o->r->cache, o->meta_key);
+        tf__cache_listings_forget(o->r->cache); /* a listing of the old object must not bring it back */
+    }
     return rc;
 }
 
@@ -1394,6 +1397,8 @@ static void collect_list(void *ctx, size_t i, job *j) {
     list_many *l = ctx;
     for (size_t k = 0; k < j->nls && !j->rc && !l->rc; k++) l->rc = l->emit(l->emit_ctx, j->ls[k].url, &j->ls[k].info);
 }
+
+int tf__remote_can_list(const tf_remote *r) { return r->t.list != NULL; }
 
 int tf__remote_list(tf_remote *r, const char *prefix, tf_list_emit_fn emit, void *emit_ctx) {
     if (!r->t.list) return -TF_EUNSUPPORTED;

@@ -71,6 +71,8 @@ typedef struct tf__robj {
  * listing. -TF_EUNSUPPORTED when the transport cannot list; -EINTR at once
  * when the caller is interrupted (the request in flight is left to end). */
 TF_HIDDEN int tf__remote_list(tf_remote *r, const char *prefix, tf_list_emit_fn emit, void *emit_ctx);
+/* Whether r's transport can list. */
+TF_HIDDEN int tf__remote_can_list(const tf_remote *r);
 
 /* Stat url and make an object with the whole file as its data region. */
 TF_HIDDEN int tf__robj_open(tf_remote *r, const char *url, tf__robj **out);
@@ -220,6 +222,7 @@ typedef struct tf__preg {
     int too_big;        /* the record would pass its bound: not written */
     int fetched;        /* this open sent requests (sizes or bytes) */
     int shared;         /* ranges through the node's chunk cache (a first touch) */
+    unsigned list_flags; /* TF_OPEN_IMMUTABLE: a recorded listing of any age is trusted */
 } tf__preg;
 
 /* Make g the calling thread's registry (NULL: none) for the parsers' reads:
@@ -264,6 +267,36 @@ TF_HIDDEN void tf__meta_unlock(int fd);
 /* Bytes the records of a cache may hold together: an eighth of the cache
  * limit, at most 4 GiB. */
 TF_HIDDEN uint64_t tf__meta_max_bytes(const tf_remote *r);
+
+/* ---- remote_spec.c: remote path specs, one listing per node ------------- */
+
+/* Every object under a prefix, as one listing showed it: sorted by URL. */
+typedef struct tf__objlist {
+    char **urls;
+    tf_object_info *infos;
+    size_t n, cap;
+    int rc; /* (while listing) */
+} tf__objlist;
+TF_HIDDEN void tf__objlist_free(tf__objlist *v);
+/* Seconds a recorded listing is trusted for by age ($TOKENFEED_LISTING_MAX_AGE,
+ * default 60), in ns. */
+TF_HIDDEN uint64_t tf__listing_max_age_ns(void);
+/* The objects under prefix, from the node's recorded listing when it is
+ * trusted (remote_spec.c), else listed (once per node: the node's other
+ * processes wait for it) and recorded. -TF_EUNSUPPORTED when the transport
+ * cannot list; -EINTR when interrupted. */
+TF_HIDDEN int tf__remote_objects(tf_remote *r, const char *prefix, unsigned flags, tf__objlist *v);
+/* tf__remote_list through the node's recorded listing (tf__remote_objects). */
+TF_HIDDEN int tf__remote_list_node(tf_remote *r, const char *prefix, unsigned flags, tf_list_emit_fn emit,
+                                   void *emit_ctx);
+/* Make v (the listing of prefix) the one this thread's listings of prefix or
+ * below it are answered from, until called again with NULLs. */
+TF_HIDDEN void tf__listing_in_use(const char *prefix, const tf__objlist *v);
+/* The files a remote spec names (a glob, a directory URL of foreign files;
+ * else the URL itself), and the listing they came from with its prefix
+ * (*prefix NULL when none was made). */
+TF_HIDDEN int tf__remote_expand(tf_remote *r, const char *spec, const tf_open_options *opt, unsigned flags,
+                                char ***files, size_t *nfiles, tf__objlist *listing, char **prefix);
 
 /* ---- remote_prefetch.c: the scheduler ---------------------------------- */
 
@@ -312,6 +345,9 @@ TF_HIDDEN void tf__cache_meta_name(uint64_t key, const char *ext, char out[40]);
 /* Remove the metadata record of key (remote_meta.c): an object it describes
  * changed. */
 TF_HIDDEN void tf__cache_meta_forget(tf__cache *c, uint64_t key);
+/* Delete every recorded listing (the .tflist files of meta/, remote_spec.c): an object was
+ * found changed. */
+TF_HIDDEN void tf__cache_listings_forget(tf__cache *c);
 
 /* Outcome of tf__cache_begin. */
 enum {

@@ -1161,6 +1161,22 @@ void tf__cache_meta_forget(tf__cache *c, uint64_t key) {
     (void)tf__unlink_regular(c->meta_fd, name);
 }
 
+void tf__cache_listings_forget(tf__cache *c) {
+    if (c->meta_fd < 0) return;
+    int fd = openat(c->meta_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0) close(fd);
+        return;
+    }
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t n = strlen(de->d_name);
+        if (n > 7 && strcmp(de->d_name + n - 7, ".tflist") == 0) (void)tf__unlink_regular(c->meta_fd, de->d_name);
+    }
+    closedir(d);
+}
+
 /* ------------------------------------------------------------------------ */
 /* fetch protocol                                                            */
 /* ------------------------------------------------------------------------ */

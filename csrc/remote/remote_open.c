@@ -194,7 +194,7 @@ static int learn_sizes(tf__preg *g) {
             return -ENOMEM;
         }
         listed l = {g, prefix};
-        int rc = tf__remote_list(g->r, prefix, on_listed, &l);
+        int rc = tf__remote_list_node(g->r, prefix, g->list_flags, on_listed, &l);
         if (rc == 0) absent_unless_listed(g, prefix);
         free(prefix);
         if (rc != -TF_EUNSUPPORTED) g->fetched = 1;
@@ -1117,6 +1117,7 @@ static int adopt_catalog(tf__preg *g, target *t, const char *set_catalog, const 
 typedef struct set_spec {
     const char *prefix, *pattern;     /* pattern NULL: no catalog */
     const tf_remote_listing *listing; /* the set's listing, when the caller has it */
+    unsigned flags;                   /* TF_OPEN_IMMUTABLE: see open_remote */
 } set_spec;
 
 /* What a listing the caller took just now shows (the set's, which it
@@ -1592,7 +1593,7 @@ static int record_changed(tf__preg *g, char *why, size_t cap) {
             break;
         }
         for (size_t k = a; k < b; k++) c.state[v[k].i] = 1;
-        rc = tf__remote_list(g->r, prefix, on_rechecked, &c);
+        rc = tf__remote_list_node(g->r, prefix, g->list_flags, on_rechecked, &c);
         free(prefix);
         for (size_t k = a; k < b; k++)
             if (c.state[v[k].i] == 1) {
@@ -1632,6 +1633,9 @@ static int record_changed(tf__preg *g, char *why, size_t cap) {
  * asked. */
 static int load_current(tf_remote *r, tf__preg *g, const char *what) {
     if (tf__meta_load(r, g->meta_key, g) != 0) return 0;
+    /* immutable: the caller vouches that the objects are as this node
+     * recorded them (each read is still conditional on its version) */
+    if (g->list_flags & TF_OPEN_IMMUTABLE) return 1;
     char why[1024];
     int rc = record_changed(g, why, sizeof why);
     if (rc == 0) return 1;
@@ -1659,6 +1663,7 @@ static int open_remote(const char *const *urls, size_t n, const set_spec *set, c
     g.meta_key = set && set->pattern ? tf__meta_key_set(urls, n, opt, set->prefix, set->pattern)
                                      : tf__meta_key(urls, n, opt);
     g.record_max = tf__meta_max_bytes(r);
+    g.list_flags = set ? set->flags : 0;
     int loaded = 0, lock_fd = -1, waited = 0, rc = 0;
     if (g.meta_on) {
         /* a record is used only while the store shows its objects as it
@@ -1692,6 +1697,7 @@ static int open_remote(const char *const *urls, size_t n, const set_spec *set, c
         tf__cache_meta_forget(tf__remote_cache(r), g.meta_key);
         tf__clearerr();
         loaded = 0;
+        g.list_flags = set ? set->flags : 0;
         g.record = 1;
         g.too_big = g.fetched = 0;
         rc = open_pass(&g, urls, n, set, opt, files, nfiles, cap);
@@ -1739,11 +1745,124 @@ int tf_dataset_open_remote_set(const char *const *urls, size_t n, const char *pr
     for (size_t i = 0; i < n; i++)
         if (!urls[i] || strncmp(urls[i], prefix, plen) != 0)
             TF_FAIL(-EINVAL, "%s: not under the shard set's prefix %s", urls[i] ? urls[i] : "(NULL)", prefix);
-    set_open so = {remote, {prefix, pattern, listing}};
+    set_open so = {remote, {prefix, pattern, listing, 0}};
     return tf__dataset_open_paths(urls, n, opt, open_set_urls, &so, out);
+}
+
+static const tf_open_options spec_defaults = {.format = TF_FORMAT_AUTO, .raw_dtype = TF_DTYPE_INVALID};
+
+/* Whether the listing shows the object url. */
+static int objlist_has(const tf__objlist *v, const char *url) {
+    size_t lo = 0, hi = v->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(v->urls[mid], url);
+        if (!c) return 1;
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return 0;
+}
+
+int tf_dataset_open_remote_spec(const char *const *spec, size_t n, const tf_open_options *opt, unsigned flags,
+                                tf_remote *remote, tf_dataset **out) {
+    TF_NEED_ARG(out);
+    *out = NULL;
+    tf__clearerr();
+    if (!spec || n == 0) TF_FAIL(-EINVAL, "tf_dataset_open_remote_spec: no path given");
+    if (flags & ~(unsigned)(TF_OPEN_IMMUTABLE | TF_OPEN_SET_CATALOG))
+        TF_FAIL(-EINVAL, "tf_dataset_open_remote_spec: flags: unknown bits 0x%x", flags);
+    for (size_t i = 0; i < n; i++)
+        if (!spec[i]) TF_FAIL(-EINVAL, "path %zu is NULL", i);
+    const tf_open_options *o = opt ? opt : &spec_defaults;
+    int any_url = 0;
+    for (size_t i = 0; i < n; i++) any_url |= tf__is_url(spec[i]);
+    if (!any_url || !remote) {
+        if (flags & TF_OPEN_SET_CATALOG) TF_FAIL(-EINVAL, "TF_OPEN_SET_CATALOG opens a remote shard set: it needs a remote");
+        return tf__dataset_open_paths(spec, n, opt, open_urls, remote, out);
+    }
+    /* every remote spec expanded from one listing of its prefix (per node) */
+    char **all = NULL;
+    size_t nall = 0, cap = 0;
+    tf__objlist listing;
+    memset(&listing, 0, sizeof listing);
+    char *prefix = NULL;
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        char **f = NULL;
+        size_t nf = 0;
+        if (tf__is_url(spec[i])) {
+            tf__objlist l;
+            char *p = NULL;
+            rc = tf__remote_expand(remote, spec[i], o, flags & TF_OPEN_IMMUTABLE, &f, &nf, &l, &p);
+            if (!rc && n == 1) {
+                listing = l;
+                prefix = p;
+            } else {
+                if (!rc) tf__objlist_free(&l);
+                free(p);
+            }
+        } else {
+            f = malloc(sizeof *f);
+            if (!f || !(f[0] = strdup(spec[i]))) rc = -ENOMEM;
+            else nf = 1;
+        }
+        if (!rc && nall + nf > cap) {
+            size_t c = cap ? cap : 16;
+            while (c < nall + nf) c *= 2;
+            char **g = realloc(all, c * sizeof *g);
+            if (!g) rc = -ENOMEM;
+            else {
+                all = g;
+                cap = c;
+            }
+        }
+        for (size_t k = 0; k < nf; k++) {
+            if (!rc) all[nall++] = f[k];
+            else free(f[k]);
+        }
+        free(f);
+    }
+    char *cprefix = NULL, *pattern = NULL;
+    if (!rc && (flags & TF_OPEN_SET_CATALOG)) {
+        /* the set's catalog beside the data: there only when the listing shows it */
+        char name[64];
+        char *cu = NULL;
+        if (n != 1 || !prefix || tf__pathspec_url_set(spec[0], &cprefix, &pattern) != 0 || strcmp(cprefix, prefix) != 0) {
+            free(pattern); /* not a set under one prefix: no catalog beside the data */
+            pattern = NULL;
+        } else if (tf__catalog_objects_name(pattern, o, name, sizeof name), !(cu = cat2(cprefix, name)))
+            rc = -ENOMEM;
+        else if (!objlist_has(&listing, cu)) {
+            free(pattern); /* none under this open's key: the objects are read */
+            pattern = NULL;
+        }
+        free(cu);
+    }
+    if (!rc) {
+        tf_remote_listing tl = {prefix, (const char *const *)listing.urls, listing.infos, listing.n};
+        /* the listing is the set's when every file lies under its prefix */
+        int whole = prefix != NULL;
+        for (size_t i = 0; whole && i < nall; i++) whole = strncmp(all[i], prefix, strlen(prefix)) == 0;
+        if (whole) tf__listing_in_use(prefix, &listing); /* the rest of this open lists nothing again */
+        if (whole || (flags & TF_OPEN_IMMUTABLE)) {
+            set_open so = {remote, {whole ? prefix : "", whole ? pattern : NULL, whole ? &tl : NULL, flags & TF_OPEN_IMMUTABLE}};
+            rc = tf__dataset_open_paths((const char *const *)all, nall, opt, open_set_urls, &so, out);
+            tf__listing_in_use(NULL, NULL);
+        } else {
+            rc = tf__dataset_open_paths((const char *const *)all, nall, opt, open_urls, remote, out);
+        }
+    }
+    for (size_t i = 0; i < nall; i++) free(all[i]);
+    free(all);
+    free(cprefix);
+    free(pattern);
+    free(prefix);
+    tf__objlist_free(&listing);
+    return rc;
 }
 
 int tf_dataset_open_remote(const char *const *paths, size_t n, const tf_open_options *opt, tf_remote *remote,
                            tf_dataset **out) {
-    return tf__dataset_open_paths(paths, n, opt, open_urls, remote, out);
+    return tf_dataset_open_remote_spec(paths, n, opt, 0, remote, out);
 }

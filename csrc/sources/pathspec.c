@@ -79,6 +79,7 @@ struct tf__listing {
     listed_dir *dirs;
     size_t ndirs, cap;
     size_t last; /* the directory found last + 1 (0: none): a set's files come directory by directory */
+    int objects; /* made from an object listing (tf__listing_add_objects): never read from disk */
 };
 
 static int cmp_entry(const void *a, const void *b) {
@@ -108,6 +109,8 @@ static int list_dir(tf__listing *L, const char *dir, const listed_dir **out) {
             *out = &L->dirs[k];
             return 0;
         }
+    if (L->objects || tf__is_url(dir)) /* (no directory in object storage but the listing's) */
+        TF_FAIL(-ENOENT, "%s: no object lies under this prefix", dir);
 #ifdef TF_TEST_HOOKS
     const char *forbid = getenv("TOKENFEED_FAULT_NO_LISTING");
     if (forbid && *forbid == '1') TF_FAIL(-EIO, "%s: listed (test builds: $TOKENFEED_FAULT_NO_LISTING forbids it)", *dir ? dir : ".");
@@ -584,4 +587,194 @@ int tf__listed_is_dir(const tf__listing *L, const char *path) {
     if (!d) return -1;
     const entry *e = find(d, base);
     return e ? e->is_dir : -1;
+}
+
+/* ---- remote path specs: the same rules over an object listing --------------------- */
+
+/* Where the key of a URL begins (after scheme://host/), or NULL. */
+static const char *url_key(const char *url) {
+    const char *p = strstr(url, "://");
+    if (!p) return NULL;
+    const char *slash = strchr(p + 3, '/');
+    return slash ? slash + 1 : url + strlen(url);
+}
+
+int tf__pathspec_url_kind(const char *url) {
+    const char *key = url ? url_key(url) : NULL;
+    if (!key) return TF__SPEC_PATH;
+    if (has_magic(key, strlen(key))) return TF__SPEC_GLOB;
+    size_t n = strlen(url);
+    return n && url[n - 1] == '/' ? TF__SPEC_DIR : TF__SPEC_PATH;
+}
+
+char *tf__pathspec_url_prefix(const char *url) {
+    const char *key = url_key(url);
+    if (!key) return NULL;
+    size_t fixed = (size_t)(key - url), len = strlen(url);
+    if (tf__pathspec_url_kind(url) != TF__SPEC_GLOB) return strdup(url);
+    for (size_t i = fixed; i < len; i++) {
+        if (url[i] != '/') continue;
+        if (has_magic(url + fixed, i - fixed)) break;
+        fixed = i + 1;
+    }
+    return strndup(url, fixed);
+}
+
+int tf__pathspec_url_set(const char *url, char **prefix, char **pattern) {
+    *prefix = *pattern = NULL;
+    int kind = tf__pathspec_url_kind(url);
+    const char *key = url_key(url);
+    if (kind == TF__SPEC_DIR) {
+        *prefix = strdup(url);
+        *pattern = strdup("");
+    } else if (kind == TF__SPEC_GLOB) {
+        const char *slash = strrchr(key, '/');
+        const char *name = slash ? slash + 1 : key;
+        if (!*name || has_magic(key, (size_t)(name - key))) return 1; /* wildcards in a directory part */
+        *prefix = strndup(url, (size_t)(name - url));
+        *pattern = strdup(name);
+    } else {
+        return 1;
+    }
+    if (!*prefix || !*pattern) {
+        free(*prefix);
+        free(*pattern);
+        *prefix = *pattern = NULL;
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+typedef struct obj_entry {
+    char *dir; /* the listed directory it lies in, without a trailing '/' */
+    const char *name;
+    int is_dir;
+} obj_entry;
+
+static int cmp_obj_entry(const void *a, const void *b) {
+    const obj_entry *x = a, *y = b;
+    int c = strcmp(x->dir, y->dir);
+    if (c) return c;
+    c = strcmp(x->name, y->name);
+    return c ? c : x->is_dir - y->is_dir;
+}
+
+/* The directories of an object listing: prefix (ending in '/') and every
+ * "directory" that the keys under it imply, each with the names directly in
+ * it; a key with an empty segment ("a//b") names nothing a path spec can. */
+int tf__listing_add_objects(tf__listing *L, const char *prefix, const char *const *urls, size_t n) {
+    size_t plen = strlen(prefix);
+    if (!plen || prefix[plen - 1] != '/') TF_FAIL(-EINVAL, "%s: a listing's prefix ends with '/'", prefix);
+    L->objects = 1;
+    obj_entry *v = NULL;
+    size_t nv = 0, cap = 0;
+    int rc = 0;
+    char *root = strndup(prefix, plen - 1);
+    if (!root) return -ENOMEM;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        if (!urls[i] || strncmp(urls[i], prefix, plen) != 0) continue;
+        const char *rest = urls[i] + plen;
+        if (!*rest || strstr(rest, "//") || rest[0] == '/') continue;
+        for (const char *seg = rest; rc == 0 && *seg;) {
+            const char *slash = strchr(seg, '/');
+            if (slash && !slash[1]) break; /* "a/" : a directory marker object */
+            obj_entry *g = tf__grow(v, &cap, nv, sizeof *v, 256);
+            if (!g) {
+                rc = -ENOMEM;
+                break;
+            }
+            v = g;
+            char *dir = malloc(plen + (size_t)(seg - rest));
+            if (!dir) {
+                rc = -ENOMEM;
+                break;
+            }
+            memcpy(dir, root, plen - 1);
+            if (seg != rest) {
+                dir[plen - 1] = '/';
+                memcpy(dir + plen, rest, (size_t)(seg - rest) - 1);
+                dir[plen + (size_t)(seg - rest) - 1] = '\0';
+            } else {
+                dir[plen - 1] = '\0';
+            }
+            v[nv].dir = dir;
+            v[nv].name = seg; /* up to the next '/' */
+            v[nv].is_dir = slash != NULL;
+            nv++;
+            if (!slash) break;
+            seg = slash + 1;
+        }
+    }
+    /* names end at '/': copy them out before sorting */
+    char **names = rc == 0 && nv ? calloc(nv, sizeof *names) : NULL;
+    if (rc == 0 && nv && !names) rc = -ENOMEM;
+    for (size_t i = 0; rc == 0 && i < nv; i++) {
+        const char *slash = strchr(v[i].name, '/');
+        if (!(names[i] = slash ? strndup(v[i].name, (size_t)(slash - v[i].name)) : strdup(v[i].name))) rc = -ENOMEM;
+        else v[i].name = names[i];
+    }
+    if (rc == 0 && nv) qsort(v, nv, sizeof *v, cmp_obj_entry);
+    /* the prefix itself is always listed, even with nothing under it */
+    listed_dir *d = NULL;
+    if (rc == 0) {
+        listed_dir *ds = tf__grow(L->dirs, &L->cap, L->ndirs, sizeof *ds, 4);
+        if (!ds) rc = -ENOMEM;
+        else {
+            L->dirs = ds;
+            d = &L->dirs[L->ndirs++];
+            memset(d, 0, sizeof *d);
+            d->path = root;
+            root = NULL;
+        }
+    }
+    size_t dcap = 0;
+    for (size_t i = 0; rc == 0 && i < nv; i++) {
+        if (strcmp(v[i].dir, L->dirs[L->ndirs - 1].path) != 0) {
+            size_t k = 0;
+            while (k < L->ndirs && strcmp(L->dirs[k].path, v[i].dir) != 0) k++;
+            if (k == L->ndirs) {
+                listed_dir *ds = tf__grow(L->dirs, &L->cap, L->ndirs, sizeof *ds, 4);
+                if (!ds) {
+                    rc = -ENOMEM;
+                    break;
+                }
+                L->dirs = ds;
+                memset(&L->dirs[L->ndirs], 0, sizeof *ds);
+                if (!(L->dirs[L->ndirs].path = strdup(v[i].dir))) {
+                    rc = -ENOMEM;
+                    break;
+                }
+                L->ndirs++;
+                dcap = 0;
+            } else if (k != L->ndirs - 1) {
+                continue; /* (sorted: never) */
+            } else {
+                dcap = L->dirs[k].n;
+            }
+        }
+        d = &L->dirs[L->ndirs - 1];
+        /* one entry per name: a file and a "directory" of one name keep the file */
+        if (d->n && strcmp(d->e[d->n - 1].name, v[i].name) == 0) continue;
+        entry *e = tf__grow(d->e, &dcap, d->n, sizeof *e, 64);
+        if (!e) {
+            rc = -ENOMEM;
+            break;
+        }
+        d->e = e;
+        if (!(d->e[d->n].name = strdup(v[i].name))) {
+            rc = -ENOMEM;
+            break;
+        }
+        d->e[d->n].is_dir = v[i].is_dir;
+        d->e[d->n].is_link = 0;
+        d->n++;
+    }
+    for (size_t i = 0; i < nv; i++) {
+        free(v[i].dir);
+        if (names) free(names[i]);
+    }
+    free(names);
+    free(v);
+    free(root);
+    return rc;
 }

@@ -494,6 +494,19 @@ TF_HIDDEN int tf__listed_exists(const char *path);
  * readlink per path component per file); NULL when unknown. */
 TF_HIDDEN char *tf__listed_realpath(const char *path);
 
+/* Remote path specs (pathspec.c): what a URL names (TF__SPEC_GLOB: a
+ * wildcard in its key; TF__SPEC_DIR: it ends in '/'), the prefix to list for
+ * it (malloc'ed: the directories before the first wildcard, or the directory
+ * URL), and for a set under one prefix its catalog's (prefix, pattern): 0, or
+ * 1 when it has none (a wildcard in a directory part, or not a set). */
+TF_HIDDEN int tf__pathspec_url_kind(const char *url);
+TF_HIDDEN char *tf__pathspec_url_prefix(const char *url);
+TF_HIDDEN int tf__pathspec_url_set(const char *url, char **prefix, char **pattern);
+/* Make l list objects: the directories implied by urls[0, n) under prefix
+ * (ending in '/'), each with the names directly in it; a directory not among
+ * them is -ENOENT, never looked for on disk. */
+TF_HIDDEN int tf__listing_add_objects(tf__listing *l, const char *prefix, const char *const *urls, size_t n);
+
 /* ---- catalog.c: what open needs, in one file per set of paths ------------- */
 
 /* The parser that maps a file of format fmt again from its path (NULL for

@@ -1041,6 +1041,8 @@ static void test_metadata_record(void) {
         snprintf(urls[i], sizeof urls[i], "local://%s", path);
         paths[i] = urls[i];
     }
+    /* no listing trusted by its age: every open checks the record against the store */
+    setenv("TOKENFEED_LISTING_MAX_AGE", "0", 1);
     tf_open_options oo = {.format = TF_FORMAT_RAW, .raw_dtype = TF_UINT16};
     tf_dataset_info first, again;
     tf_remote_stats st;
@@ -1115,6 +1117,7 @@ static int collect(void *ctx, const char *url, const tf_object_info *info) {
 static void take_listing(const char *prefix, listing_buf *l) {
     memset(l, 0, sizeof *l);
     CHECK_OK(lt_list(NULL, prefix, collect, l));
+    unsetenv("TOKENFEED_LISTING_MAX_AGE");
 }
 
 /* A remote shard set's catalog beside the data: written from an open of its
@@ -1214,6 +1217,79 @@ static void test_set_catalog(void) {
     free(got_tokens);
 }
 
+/* A glob and a directory URL opened in C: expanded by the rules of local sets
+ * from one listing of their prefix (pathspec.c over the listing), which the
+ * node records: another store on the same cache lists nothing while the
+ * listing is trusted, and lists once when it is not. */
+static void test_remote_spec(void) {
+    char dir[512], cache[512], spec[700], url[800];
+    snprintf(dir, sizeof dir, "%s/spec", tmpdir);
+    CHECK(mkdir(dir, 0700) == 0);
+    snprintf(cache, sizeof cache, "%s/cache_spec", tmpdir);
+    for (int i = 0; i < 5; i++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/s_%02d.bin", dir, 4 - i); /* (written out of order) */
+        write_tokens(path, 1000 + 10u * (uint32_t)i, (uint32_t)i, "wb");
+    }
+    char path[600];
+    snprintf(path, sizeof path, "%s/t.bin", dir);
+    write_tokens(path, 500, 9, "wb");
+    snprintf(path, sizeof path, "%s/_SUCCESS", dir); /* a marker, never data */
+    write_tokens(path, 1, 1, "wb");
+    snprintf(path, sizeof path, "%s/.hidden.bin", dir); /* not matched by '*' */
+    write_tokens(path, 3, 1, "wb");
+    tf_open_options oo = {.format = TF_FORMAT_RAW, .raw_dtype = TF_UINT16};
+    setenv("TOKENFEED_LISTING_MAX_AGE", "60", 1);
+    reset_plan();
+    tf_remote *r = make_remote(cache, 256ull << 20, CHUNK);
+    snprintf(spec, sizeof spec, "local://%s/s_*.bin", dir);
+    const char *p = spec;
+    tf_dataset *ds = NULL;
+    CHECK_OK(tf_dataset_open_remote(&p, 1, &oo, r, &ds));
+    CHECK(atomic_load(&plan.lists) == 1); /* the expansion's listing, which the open learnt sizes from */
+    tf_dataset_info info;
+    CHECK_OK(tf_dataset_get_info(ds, &info));
+    CHECK(info.num_files == 5);
+    for (uint64_t i = 0; i < info.num_files; i++) {
+        tf_file_info fi;
+        CHECK_OK(tf_dataset_get_file(ds, i, &fi));
+        snprintf(url, sizeof url, "local://%s/s_%02d.bin", dir, (int)i);
+        CHECK(strcmp(fi.path, url) == 0);
+    }
+    tf_dataset_free(ds);
+    /* the directory URL: every data object, markers and hidden ones left out */
+    snprintf(spec, sizeof spec, "local://%s/", dir);
+    CHECK_OK(tf_dataset_open_remote(&p, 1, &oo, r, &ds));
+    CHECK_OK(tf_dataset_get_info(ds, &info));
+    CHECK(info.num_files == 6);
+    tf_dataset_free(ds);
+    CHECK(atomic_load(&plan.lists) == 1); /* the same prefix: the node's recorded listing */
+    tf_remote_free(r);
+    /* another process of the node (a store of its own on the same cache): no listing */
+    r = make_remote(cache, 256ull << 20, CHUNK);
+    snprintf(spec, sizeof spec, "local://%s/s_*.bin", dir);
+    CHECK_OK(tf_dataset_open_remote(&p, 1, &oo, r, &ds));
+    CHECK(atomic_load(&plan.lists) == 1);
+    tf_dataset_free(ds);
+    /* a listing not trusted by its age: listed once, by the expansion and the record's check together */
+    setenv("TOKENFEED_LISTING_MAX_AGE", "0", 1);
+    CHECK_OK(tf_dataset_open_remote(&p, 1, &oo, r, &ds));
+    CHECK(atomic_load(&plan.lists) == 2);
+    tf_dataset_free(ds);
+    /* immutable: the recorded listing whatever its age, and no request at all */
+    reset_plan();
+    CHECK_OK(tf_dataset_open_remote_spec(&p, 1, &oo, TF_OPEN_IMMUTABLE, r, &ds));
+    CHECK(atomic_load(&plan.lists) == 0 && atomic_load(&plan.stats) == 0);
+    tf_dataset_free(ds);
+    /* a pattern that matches nothing, and unknown flags */
+    snprintf(spec, sizeof spec, "local://%s/*.npy", dir);
+    CHECK_RC(tf_dataset_open_remote(&p, 1, &oo, r, &ds), -ENOENT);
+    CHECK(strstr(tf_last_error(), "no object matches this pattern") != NULL);
+    CHECK_RC(tf_dataset_open_remote_spec(&p, 1, &oo, 64u, r, &ds), -EINVAL);
+    unsetenv("TOKENFEED_LISTING_MAX_AGE");
+    tf_remote_free(r);
+}
+
 int main(void) {
     if (t_mkdtemp(tmpdir, sizeof tmpdir, "tf_remote")) return T_EXIT_FAIL;
     test_reads_and_hits();
@@ -1233,6 +1309,7 @@ int main(void) {
     test_interrupted_open();
     test_metadata_record();
     test_set_catalog();
+    test_remote_spec();
     t_rm_rf(tmpdir);
     return T_DONE();
 }

@@ -228,6 +228,7 @@ def test_startup_benchmark_gives_each_process_its_rank(monkeypatch):
     class _Proxy:
         endpoint = "http://127.0.0.1:1"
         requests: dict = {}
+        gets: dict = {}
 
         def reset_counts(self):
             pass

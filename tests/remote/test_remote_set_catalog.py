@@ -88,20 +88,28 @@ def test_index_then_a_fresh_node_reads_the_catalog_not_the_objects(llmc_set, mot
         assert np.array_equal(np.asarray(a["input_ids"]), np.asarray(b["input_ids"]))
 
 
-def test_restart_sends_one_listing_and_a_worker_reopens_from_the_record(llmc_set, moto, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("listing", ["trusted", "too old"])
+def test_restart_lists_at_most_once_and_a_worker_reopens_from_the_record(llmc_set, moto, tmp_path, monkeypatch,
+                                                                         listing):  # noqa: F811
+    """A restart and a spawned DataLoader worker open from the node's records: no request while
+    the node's listing is trusted, one listing each (which checks the record) once it is not."""
     import pickle
 
     url, p, shards, _ = llmc_set
     tokenfeed.build_catalog(url, endpoint_url=moto.endpoint)
     first = _open(url, tmp_path / "cache", p.endpoint)
+    if listing == "too old":
+        monkeypatch.setenv("TOKENFEED_LISTING_MAX_AGE", "0")
+    k = int(listing == "too old")
     p.reset_counts()
     again = _open(url, tmp_path / "cache", p.endpoint)
-    # the listing that checks the node's record against the store, nothing else
-    assert _listings(p) == 1 and sum(p.requests.values()) == 1, p.requests
+    # the listing that checks the node's record against the store (when it is not trusted), nothing else
+    assert _listings(p) == k and sum(p.requests.values()) == k, p.requests
     assert again.paths == first.paths and again.fingerprint == first.fingerprint
+    assert again._set_catalog is not None  # (opened from the catalog's record)
     # a spawned DataLoader worker reopens it from the catalog's record: the same listing, no other request
     worker = pickle.loads(pickle.dumps(again))
-    assert _listings(p) == 2 and sum(p.requests.values()) == 2, p.requests
+    assert _listings(p) == 2 * k and sum(p.requests.values()) == 2 * k, p.requests
     assert np.array_equal(np.asarray(worker.tokens(0, worker.num_tokens)), np.concatenate(shards))
 
 
@@ -323,13 +331,14 @@ def test_a_copy_on_disk_of_a_bucket_with_its_catalog_opens_by_its_own(llmc_set, 
     assert tokenfeed.build_catalog(str(copy / "*.bin")).rsplit("/", 1)[1] != name
 
 
-def test_a_worker_reopening_a_set_rewritten_since_refuses(llmc_set, moto, bucket, tmp_path):  # noqa: F811
+def test_a_worker_reopening_a_set_rewritten_since_refuses(llmc_set, moto, bucket, tmp_path, monkeypatch):  # noqa: F811
     """A DataLoader worker reopens the set from its catalog; when the node's record is gone and
     the set changed meanwhile, it warns and reads the objects; as they are not the dataset its
     parent opened, it then refuses to go on, saying so (its parent would train on the old data,
-    it on the new)."""
+    it on the new). (No listing trusted by its age here, so that the worker's open asks the store.)"""
     import pickle
 
+    monkeypatch.setenv("TOKENFEED_LISTING_MAX_AGE", "0")
     url, p, shards, _ = llmc_set
     tokenfeed.build_catalog(url, endpoint_url=moto.endpoint)
     cache = tmp_path / "cache"

@@ -247,25 +247,6 @@ def test_a_fifo_under_the_node_catalogs_names_does_not_block(tmp_path):
     assert _open_in_child(spec, {"TOKENFEED_CATALOG_DIR": str(cat)})["paths"] == files
 
 
-def test_a_fifo_under_a_remote_set_record_does_not_block(tmp_path):
-    """The node's record of a remote set's files (the cache's meta/) is read without blocking:
-    a FIFO under its name is no record (the set is listed)."""
-    import threading
-    from tokenfeed.remote._set_record import SetRecord, _key
-    meta = tmp_path / "cache" / "meta"
-    meta.mkdir(parents=True, mode=0o700)
-    paths = ["s3://bucket/tokens/*.bin"]
-    os.mkfifo(meta / (_key(paths) + ".tfset"), 0o600)
-    got = []
-    rec = SetRecord(str(tmp_path / "cache"), paths)
-    t = threading.Thread(target=lambda: got.append(rec._read()), daemon=True)
-    t.start()
-    t.join(60)
-    assert not t.is_alive(), "reading the set record blocked on a FIFO"
-    assert got == [None]
-    rec.close()
-
-
 def test_a_catalog_of_other_options_is_said_unused(tmp_path):
     """A catalog built without --format goes unused by an open that names the format (another
     key): said once, naming the catalog and the option that differs; likewise the directory

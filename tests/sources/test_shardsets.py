@@ -233,45 +233,60 @@ def remote_glob(moto, bucket, tmp_path):  # noqa: F811
     p.stop()
 
 
+def _listing_record(cache):
+    """The name (without extension) of the node's one recorded listing in cache's meta/."""
+    (name,) = [n for n in os.listdir(cache / "meta") if n.endswith(".tflist")]
+    return name[: -len(".tflist")]
+
+
 @pytest.mark.parametrize("given", ["glob", "directory"])
-def test_remote_set_restart_sends_one_listing(remote_glob, tmp_path, given):
-    """A remote shard set's files are kept beside the node's record of their open: a restart
-    opening the same glob (or directory URL) reads nothing; its one listing checks the record."""
+def test_remote_set_restart_lists_by_the_listing_rule(remote_glob, tmp_path, monkeypatch, given):
+    """A restart opening the same glob (or directory URL) reads the node's recorded listing and
+    sends no request while that listing is trusted (younger than $TOKENFEED_LISTING_MAX_AGE, or
+    immutable=True); past it, one listing, which also checks the node's metadata record."""
     url, p, tokens = remote_glob
     if given == "directory":
         url = url.rsplit("/", 1)[0] + "/"
     kw = {"cache_dir": str(tmp_path / "cache"), "endpoint_url": p.endpoint}
     first = tokenfeed.open(url, **kw)
-    assert _listings(p) >= 1
+    assert _listings(p) == 1
+    p.reset_counts()
+    again = tokenfeed.open(url, **kw)  # within the default 60 s
+    assert sum(p.requests.values()) == 0, p.requests
+    assert again.paths == first.paths and again.fingerprint == first.fingerprint
+    monkeypatch.setenv("TOKENFEED_LISTING_MAX_AGE", "0")  # no listing trusted by its age
     p.reset_counts()
     again = tokenfeed.open(url, **kw)
-    assert _listings(p) == 1 and sum(p.requests.values()) == 1, p.requests
+    assert _listings(p) == 1 and sum(p.requests.values()) == 1, p.requests  # expansion and check: one listing
     assert again.paths == first.paths and again.fingerprint == first.fingerprint
-    assert np.array_equal(_tokens(again), tokens)
+    p.reset_counts()
+    again = tokenfeed.open(url, immutable=True, **kw)  # the caller vouches: any age
+    assert sum(p.requests.values()) == 0, p.requests
+    assert again.paths == first.paths and np.array_equal(_tokens(again), tokens)
 
 
-def test_remote_set_listed_again_once_its_record_is_gone(remote_glob, moto, bucket, tmp_path):  # noqa: F811
-    """The set's files are used only while the core holds the record of opening them: once it is
-    gone (pruned, or dropped by a read that found an object changed), the set is listed again,
-    and an object added meanwhile joins it."""
+def test_remote_set_sees_an_object_added_once_its_listing_is_not_trusted(remote_glob, moto, bucket, tmp_path,
+                                                                         monkeypatch):  # noqa: F811
+    """A recorded listing is used only while it is trusted: an object added meanwhile joins the
+    set at the first open that lists again (past the listing's age), never before."""
     url, p, tokens = remote_glob
     cache = tmp_path / "cache"
     kw = {"cache_dir": str(cache), "endpoint_url": p.endpoint}
     assert tokenfeed.open(url, **kw).num_files == 24
     write_llmc(tmp_path / "late.bin", np.arange(7, dtype=np.uint16), 1)
     moto.put(bucket, "tokens/shard_9999.bin", (tmp_path / "late.bin").read_bytes())
-    assert tokenfeed.open(url, **kw).num_files == 24  # as recorded: no listing
-    for name in os.listdir(cache / "meta"):
-        if name.endswith(".tfmeta"):
-            os.remove(cache / "meta" / name)
+    assert tokenfeed.open(url, **kw).num_files == 24  # as this node listed it: no listing
+    monkeypatch.setenv("TOKENFEED_LISTING_MAX_AGE", "0")
+    assert tokenfeed.open(url, immutable=True, **kw).num_files == 24  # vouched for
     p.reset_counts()
     ds = tokenfeed.open(url, **kw)
-    assert _listings(p) >= 1 and ds.num_files == 25
+    assert _listings(p) == 1 and ds.num_files == 25
 
 
 def test_processes_of_a_node_list_a_remote_set_once(remote_glob, tmp_path):
-    """Processes of a node opening the same remote glob together read its metadata once between
-    them; each of the others lists it once more, to check the node's record against the store."""
+    """Processes of a node opening the same remote glob together list it once between them (the
+    first lists and records the listing, the others wait for it and read it) and read its
+    metadata once: the node sends the requests of one process."""
     import subprocess
     import sys
 
@@ -288,55 +303,143 @@ def test_processes_of_a_node_list_a_remote_set_once(remote_glob, tmp_path):
         assert {o.strip() for o, _ in outs} == {f"24 {int(tokens.astype(np.int64).sum())}"}
         return _listings(p), p.requests.get("GET", 0) + p.requests.get("HEAD", 0)
 
-    alone = run(tmp_path / "alone", 1)  # the package's listing of the glob, the core's for sizes and versions
-    assert alone[0] >= 1
-    # the listings and requests of one process, and a listing each for the three others
-    assert run(tmp_path / "shared", 4) == (alone[0] + 3, alone[1] + 3)
+    alone = run(tmp_path / "alone", 1)
+    assert alone[0] == 1  # one listing: the glob's expansion, whose sizes and versions the open uses
+    assert run(tmp_path / "shared", 4) == alone
 
 
-def test_remote_set_record_ignores_a_planted_symlink(remote_glob, tmp_path):
-    """The set's record and its lock are opened without following symlinks: one planted under
+def test_remote_listing_record_ignores_a_planted_symlink(remote_glob, tmp_path):
+    """The recorded listing and its lock are opened without following symlinks: one planted under
     the record's name is neither read nor written through."""
     url, p, tokens = remote_glob
     cache = tmp_path / "cache"
     kw = {"cache_dir": str(cache), "endpoint_url": p.endpoint}
-    tokenfeed.open(url, **kw)
-    (name,) = [n for n in os.listdir(cache / "meta") if n.endswith(".tfset")]
+    first = tokenfeed.open(url, **kw)
+    name = _listing_record(cache) + ".tflist"
     victim = tmp_path / "victim.txt"
     victim.write_text("keep")
     os.remove(cache / "meta" / name)
     os.symlink(victim, cache / "meta" / name)
+    p.reset_counts()
     ds = tokenfeed.open(url, **kw)  # not read through the link: listed again, and the link replaced, not followed
+    assert _listings(p) == 1 and ds.paths == first.paths
     assert np.array_equal(_tokens(ds), tokens)
     assert victim.read_text() == "keep"
     assert not os.path.islink(cache / "meta" / name)
 
 
-def test_wait_for_another_process_listing_answers_ctrl_c_and_ends(remote_glob, tmp_path, monkeypatch):
-    """A process waiting for another one of the node to list the set answers Ctrl-C, and gives
-    up waiting (listing itself) after the limit."""
-    import fcntl
+@pytest.mark.parametrize("damage", ["flip", "truncate", "other-cache", "fifo", "renamed-object"])
+def test_remote_listing_record_damaged_or_planted_is_listed_again(remote_glob, tmp_path, damage):
+    """A recorded listing that does not verify (a byte changed, cut short, sealed by another
+    cache's key, not a regular file, or naming other objects) is ignored: the set is listed
+    again, and the open reads exactly the set's files."""
+    url, p, tokens = remote_glob
+    cache = tmp_path / "cache"
+    kw = {"cache_dir": str(cache), "endpoint_url": p.endpoint}
+    first = tokenfeed.open(url, **kw)
+    rec = cache / "meta" / (_listing_record(cache) + ".tflist")
+    data = bytearray(rec.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0x01
+        rec.write_bytes(bytes(data))
+    elif damage == "truncate":
+        rec.write_bytes(bytes(data[: len(data) - 9]))
+    elif damage == "other-cache":
+        other = tmp_path / "other"
+        tokenfeed.open(url, cache_dir=str(other), endpoint_url=p.endpoint)
+        rec.write_bytes((other / "meta" / (_listing_record(other) + ".tflist")).read_bytes())
+    elif damage == "fifo":
+        os.remove(rec)
+        os.mkfifo(rec, 0o600)
+    else:  # a record that names shard_0000.bin as shard_0001.bin and back: its seal no longer holds
+        a, b = bytes(data).find(b"shard_0000.bin"), bytes(data).find(b"shard_0001.bin")
+        data[a + 9], data[b + 9] = data[b + 9], data[a + 9]
+        rec.write_bytes(bytes(data))
+    p.reset_counts()
+    ds = tokenfeed.open(url, **kw)
+    assert _listings(p) == 1, p.requests
+    assert ds.paths == first.paths and ds.fingerprint == first.fingerprint
+    assert np.array_equal(_tokens(ds), tokens)
 
-    from tokenfeed.remote import _set_record
+
+_HOLD_LOCK = r"""
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(600)
+"""
+
+_OPEN_WAITING = r"""
+import sys, tokenfeed
+print("opening", flush=True)
+try:
+    tokenfeed.open(sys.argv[1], cache_dir=sys.argv[2], endpoint_url=sys.argv[3])
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(0)
+sys.exit(3)
+"""
+
+
+def test_waiting_for_another_process_listing_answers_ctrl_c_and_takes_over(remote_glob, tmp_path):
+    """A process waiting for another one of the node to list the set answers Ctrl-C; when the
+    lister dies without a record, the waiter lists the set itself."""
+    import signal
+    import subprocess
+    import sys
+    import threading
 
     url, p, tokens = remote_glob
     cache = tmp_path / "cache"
     kw = {"cache_dir": str(cache), "endpoint_url": p.endpoint}
-    tokenfeed.open(url.replace("*.bin", "shard_0000.bin"), **kw)  # the cache, with its meta/
-    lock = os.open(cache / "meta" / (_set_record._key([url]) + ".tfset.lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(lock, fcntl.LOCK_EX)  # "another process" lists the set
-    waited = []
+    first = tokenfeed.open(url, **kw)
+    key = _listing_record(cache)
+    os.remove(cache / "meta" / (key + ".tflist"))  # the next open must list
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(cache / "meta" / (key + ".lock"))],
+                              stdout=subprocess.PIPE, text=True, env=env)  # "another process" lists the set
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        child = subprocess.Popen([sys.executable, "-c", _OPEN_WAITING, url, str(cache), p.endpoint], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert child.stdout.readline().strip() == "opening"
+        threading.Event().wait(2.0)  # (interrupted whether or not it reached the wait by then)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=120)
+        assert child.returncode == 0 and "interrupted" in out, (child.returncode, out, err)
+        p.reset_counts()
+        threading.Timer(1.0, holder.kill).start()  # the lister dies without writing a record
+        ds = tokenfeed.open(url, **kw)  # waits for it, then lists itself
+        assert _listings(p) == 1 and ds.paths == first.paths
+        assert np.array_equal(_tokens(ds), tokens)
+    finally:
+        holder.kill()
+        holder.wait()
 
-    def ctrl_c(seconds):
-        waited.append(seconds)
-        raise KeyboardInterrupt
 
-    monkeypatch.setattr(_set_record.time, "sleep", ctrl_c)
-    with pytest.raises(KeyboardInterrupt):
-        tokenfeed.open(url, **kw)
-    assert waited  # it was waiting for the lock when interrupted
-    monkeypatch.undo()
-    monkeypatch.setattr(_set_record, "WAIT_LIMIT", 0.0)
-    ds = tokenfeed.open(url, **kw)  # gives up at once: lists itself
-    assert np.array_equal(_tokens(ds), tokens)
-    os.close(lock)
+def test_remote_glob_expanded_by_the_core(remote_glob, moto, bucket, tmp_path):  # noqa: F811
+    """The core expands a remote glob from its listing by the rules of local sets: a wildcard in a
+    directory part too, companion objects (a Megatron .idx, a datatrove .index) joined to their
+    data object, names starting with '.' and '_' left out, sorted names."""
+    from tokenfeed import _core
+    from tokenfeed.remote import _remote
+
+    url, p, tokens = remote_glob
+    d = tmp_path / "mixed"
+    d.mkdir()
+    write_megatron(str(d / "a"), [np.arange(5), np.arange(3)])
+    write_megatron(str(d / "b"), [np.arange(4)])
+    (d / "_SUCCESS").write_bytes(b"")
+    (d / ".hidden.bin").write_bytes(b"x")
+    moto.upload_dir(bucket, "mixed/x", str(d))
+    moto.upload_dir(bucket, "mixed/y", str(d))
+    store = _remote.get_store(**_remote.store_options(cache_dir=str(tmp_path / "cache"), endpoint_url=p.endpoint))
+    ds = _core.Dataset([f"s3://{bucket}/mixed/*/[ab]*"], remote=store)  # (.idx: companions)
+    got = [f["path"] for f in ds.files()]
+    assert got == [f"s3://{bucket}/mixed/{s}/{n}.bin" for s in ("x", "y") for n in ("a", "b")]
+    assert ds.info["format"] == "megatron"
+    ds = _core.Dataset([f"s3://{bucket}/mixed/x/"], remote=store)  # a directory URL: the .bin/.idx pairs
+    assert [f["path"] for f in ds.files()] == [f"s3://{bucket}/mixed/x/{n}.bin" for n in ("a", "b")]
+    listed = store.list(f"s3://{bucket}/mixed/")  # the node's recorded listing of the prefix
+    assert [u for u, _, _ in listed] == sorted(u for u, _, _ in listed) and len(listed) == 12

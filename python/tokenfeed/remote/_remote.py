@@ -21,7 +21,7 @@ import re
 import threading
 import weakref
 from datetime import timedelta
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 from .. import _core
 from ..common._extras import pip_hint
@@ -390,13 +390,6 @@ def interruptible(fn: Callable[[], Any], name: str) -> Any:
         finally:
             del out  # no cycle through the traceback
     return out
-
-
-def list_objects(lister: Callable[[str], Iterable[Tuple[str, int, str]]],
-                 prefix_url: str) -> List[Tuple[str, int, str]]:
-    """Every ``(url, size, version)`` that ``lister(prefix_url)`` yields, listed on a daemon
-    thread (:func:`interruptible`): Ctrl-C ends the wait at once."""
-    return interruptible(lambda: list(lister(prefix_url)), "tokenfeed-list")  # type: ignore[no-any-return]
 
 
 def _weak_tag(tag: str) -> str:

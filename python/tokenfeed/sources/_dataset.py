@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import numpy as np
 
 from .. import _core
-from ..remote import _remote, _set_record, _shardset
+from ..remote import _remote, _shardset
 from . import _views
 from ..order._config import renamed
 from ..common._errors import StateError
@@ -136,14 +136,14 @@ def _build_remote_catalog(url: str, dt: Optional[str], format: Optional[str], eo
     with tempfile.TemporaryDirectory(prefix="tokenfeed-index-") as tmp:
         opts = _remote.store_options(cache_dir=tmp, endpoint_url=endpoint_url, storage_options=storage_options)
         store = _remote.get_store(**opts)
-        urls, listing = _shardset.expand_listed([url], store.transport.list)
-        if urls == [url]:
+        # the set as the core expands it, from one listing of its prefix (which the open reuses)
+        if spec[1] == "" and any(u == spec[0] + _shardset.MANIFEST for u, _, _ in store.list(spec[0])):
             raise ValueError(f"{url}: a tokenfeed dataset: write its catalog (tokenfeed.catalog) where it is written "
                              "(tokenfeed index DATASET_DIR, or the dataset writer), and upload it with the dataset")
-        ds = Dataset(urls, dtype=dt, format=format, remote=opts, listing=listing)
+        ds = Dataset([url], dtype=dt, format=format, remote=opts, spec=True)
         data = ds._core.remote_set_catalog(spec[0], spec[1], dtype=dt, format=format)
         name = spec[0] + _core.Dataset.set_catalog_name(spec[1], dtype=dt, format=format)
-        put = store.transport.put  # (the transport only, as for a listing: see _shardset.expand_listed)
+        put = store.transport.put  # (the transport only: a put that Ctrl-C interrupts must not keep the store)
         try:
             _remote.interruptible(lambda: put(name, data), "tokenfeed-put")
         except OSError as e:
@@ -289,7 +289,7 @@ class Dataset:
 
     def __init__(self, paths: Sequence[str], dtype: Optional[str] = None, format: Optional[str] = None,
                  remote: Optional[Dict[str, Any]] = None, eos_id: Optional[int] = None,
-                 set_catalog: Optional[Tuple[str, str]] = None, listing: Optional[_shardset.Listing] = None) -> None:
+                 set_catalog: Optional[Tuple[str, str]] = None, spec: bool = False, immutable: bool = False) -> None:
         self._paths: Optional[List[str]] = list(paths)
         self._dtype_arg = dtype
         self._format_arg = format
@@ -301,16 +301,36 @@ class Dataset:
         if any(_remote.is_url(p) for p in self._paths):
             store = _remote.get_store(**(remote or {}))
         self._store = store
-        # a remote shard set: from its catalog (prefix, pattern), and with the listing it was
-        # expanded from (prefix, objects), which the open uses instead of listing again
         kw: Dict[str, Any] = {"dtype": dtype, "format": format, "remote": store, "eos_id": eos_id,
                               "index_dir": default_index_dir() if eos_id is not None else None}
-        if listing is not None:
-            kw.update(set_prefix=listing[0], listing=listing[1])
+        self._catalog_missing = False
         core = None
-        if set_catalog is not None:
+        if spec:
+            # remote path specs (globs, directory URLs): expanded by the core from one listing of
+            # their prefix per node, and with set_catalog from the set's catalog beside the data
+            # when that listing shows one (docs/remote.md)
+            if immutable:
+                kw["immutable"] = True
+            if set_catalog is not None:
+                try:
+                    core = _core.Dataset(self._paths, **dict(kw, set_catalog=True))
+                except OSError as e:
+                    if e.errno != errno.ESTALE:
+                        raise
+                    warnings.warn(_sentence(e), PerformanceWarning, stacklevel=3)  # out of date: objects read
+                    self._set_catalog = None
+                else:
+                    # opened from the catalog when the listing showed one for these options
+                    files = [f["path"] for f in core.files()]
+                    used = store is not None and _core.Dataset.recorded(
+                        store, files, dtype=dtype, format=format, eos_id=eos_id, index_dir=kw["index_dir"],
+                        set_prefix=set_catalog[0], set_pattern=set_catalog[1])
+                    if not used:
+                        self._catalog_missing = True
+                        self._set_catalog = None
+        elif set_catalog is not None:
             try:
-                # (under the listing's prefix: open() finds the catalog in that listing)
+                # the set's expanded objects, from its catalog (prefix, pattern): a worker reopening it
                 core = _core.Dataset(self._paths, **dict(kw, set_prefix=set_catalog[0], set_pattern=set_catalog[1]))
             except OSError as e:
                 if e.errno not in (errno.ESTALE, errno.ENOENT):
@@ -319,7 +339,9 @@ class Dataset:
                 warnings.warn(_sentence(e), PerformanceWarning, stacklevel=3)
                 self._set_catalog = None
         self._core = core if core is not None else _core.Dataset(self._paths, **kw)
-        if store is None and _shardset.names_sets(self._paths):
+        if spec:
+            self._paths = None  # the files the core expanded the specs to, when asked for
+        if store is None and self._paths is not None and _shardset.names_sets(self._paths):
             self._paths = None  # the core listed them: its files, when asked for
         if store is not None:
             _warn_unversioned(store)
@@ -800,7 +822,10 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     opens from the node's catalog without looking at a directory: on a shared file system,
     no metadata request at all before the first touch of a file. A file added since is not
     seen; a file replaced or modified is still a ``FormatError`` naming it at its first touch
-    (docs/format.md, "Shard sets").
+    (docs/format.md, "Shard sets"). For remote paths: the node's recorded listing of a glob's or
+    directory URL's prefix is used whatever its age, and the node's record of the open without
+    asking the store, so that a restart sends no request; an object rewritten since is refused
+    by name when read (docs/remote.md, "Shard sets, listed once per node").
     """
     if eos_id is not None and (not isinstance(eos_id, (int, np.integer)) or isinstance(eos_id, bool) or eos_id < 0):
         raise ValueError(f"eos_id must be a non-negative int, got {eos_id!r}")
@@ -816,9 +841,6 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
     elif any(v is not None for v in opts.values()):
         given = ", ".join(k for k, v in opts.items() if v is not None)
         raise ValueError(f"{given}: only for remote paths (s3://, gs://, az://, https://); no path here is remote")
-    store = None
-    if remote is not None and any(_remote.is_url(p) and (p.endswith("/") or _shardset.is_glob(p)) for p in paths):
-        store = _remote.get_store(**remote)  # kept alive until the dataset holds it
     dt, eos = _dtype_name(dtype), None if eos_id is None else int(eos_id)
     if immutable and remote is None:
         # the caller vouches that the set's directories are as this node recorded them: nothing
@@ -867,68 +889,37 @@ def open(path: Union[PathLike, Sequence[PathLike]], *, dtype: DTypeLike = None, 
             else:
                 ds._catalog_as_set(paths, set_dirs)  # this node's own entry: the next open is faster still
                 return ds
-    index_dir = default_index_dir() if eos is not None else None
-
-    # a remote shard set under one prefix: its catalog beside the data, when the listing shows one
-    set_spec = _shardset.remote_set_spec(paths[0]) if store is not None and len(paths) == 1 else None
-    set_catalog: Optional[Tuple[str, str]] = None
-    listing: Optional[_shardset.Listing] = None
-
-    def recorded(urls: List[str], catalog: Optional[Tuple[str, str]] = None) -> bool:
-        prefix, pattern = catalog if catalog is not None else (None, None)
-        return store is not None and _core.Dataset.recorded(store, urls, dtype=dt, format=format, eos_id=eos,
-                                                            index_dir=index_dir, set_prefix=prefix,
-                                                            set_pattern=pattern)
-
-    def recorded_any(urls: List[str]) -> bool:
-        return (set_spec is not None and recorded(urls, set_spec)) or recorded(urls)
-
-    node_set = None
-    if store is not None and len(paths) == 1 and paths[0].endswith("/") and not _shardset.is_glob(paths[0]) and \
-            recorded(paths):
-        pass  # a dataset directory this node opened before as it is: its metadata record, no listing
-    elif store is not None and all(_remote.is_url(p) for p in paths):
-        # a remote shard set: listed once per node, its files kept beside the open's record
-        assert remote is not None
-        node_set = _set_record.SetRecord(remote["cache_dir"], paths)
-        listed = node_set.urls(recorded_any)
-        if listed is not None:
-            node_set.close()
-            node_set = None
-            paths = listed
-            if set_spec is not None and recorded(listed, set_spec):
-                set_catalog = set_spec  # opened from the set's catalog before: its record
-        else:
-            paths_given = paths[0]
-            paths, listing = _shardset.expand_listed(paths, store.transport.list)
-            if set_spec is not None and listing is not None and listing[0] == set_spec[0]:
-                name = set_spec[0] + _core.Dataset.set_catalog_name(set_spec[1], dtype=dt, format=format,
-                                                                    eos_id=eos)
-                if any(obj[0] == name for obj in listing[1]):
-                    set_catalog = set_spec
-                else:
-                    listed_names = {obj[0][len(set_spec[0]):] for obj in listing[1]}
-                    cats = [n for n in listed_names if n.startswith(_CATALOG_STEM)]
-                    pattern = set_spec[1]
-
-                    def found_remote(d_: Optional[str], f_: Optional[str], e_: Optional[int]) -> bool:
-                        return _core.Dataset.set_catalog_name(pattern, dtype=d_, format=f_, eos_id=e_) in listed_names
-                    _warn_unused_catalog(paths_given, cats, dt, format, eos, found_remote)
-    elif store is not None:
-        paths = _shardset.expand(paths, store.transport.list)
+    if remote is not None:
+        return _open_remote(paths, dt, format, remote, eos, immutable)
     # (local directories and globs are listed by the core, which records the set in the node's catalog)
-    try:
-        # (a catalog out of date is not used: Dataset warns and reads the objects)
-        ds = Dataset(paths, dtype=dt, format=format, remote=remote, eos_id=eos, set_catalog=set_catalog,
-                     listing=listing)
-        if node_set is not None and recorded(paths, ds._set_catalog):
-            node_set.save(paths)
-    finally:
-        if node_set is not None:
-            node_set.close()
-    del store
+    ds = Dataset(paths, dtype=dt, format=format, eos_id=eos)
     if ds.format == "raw" and remote is None:
         _warn_if_not_tokens(ds.paths[:4])
+    return ds
+
+
+def _open_remote(paths: List[str], dt: Optional[str], format: Optional[str], remote: Dict[str, Any],
+                 eos: Optional[int], immutable: bool) -> Dataset:
+    """Remote paths: the core expands globs and directory URLs from one listing of their prefix
+    per node (csrc/remote/remote_spec.c) and opens the objects; a set under one prefix opens
+    from its catalog beside the data when that listing shows one."""
+    set_spec = _shardset.remote_set_spec(paths[0]) if len(paths) == 1 else None
+    ds = Dataset(paths, dtype=dt, format=format, remote=remote, eos_id=eos, set_catalog=set_spec,
+                 spec=True, immutable=immutable)
+    if set_spec is not None and ds._catalog_missing and ds._store is not None:
+        # no catalog under this open's key: say so when one for other options lies beside the set
+        # (the names come from the node's recorded listing, which the open just made or read)
+        prefix, pattern = set_spec
+        try:
+            listed_names = {u[len(prefix):] for u, _, _ in ds._store.list(prefix, immutable=True)}
+        except OSError:
+            listed_names = set()
+        cats = [n for n in listed_names if n.startswith(_CATALOG_STEM)]
+
+        def found_remote(d_: Optional[str], f_: Optional[str], e_: Optional[int]) -> bool:
+            return _core.Dataset.set_catalog_name(pattern, dtype=d_, format=f_, eos_id=e_) in listed_names
+        if cats:
+            _warn_unused_catalog(paths[0], cats, dt, format, eos, found_remote)
     return ds
 
 
