@@ -55,11 +55,9 @@ BINDING_PY = "_core"
 PY_UPWARD = {
     ("sources._dataset", "remote"): "open() takes URLs and remote shard sets: it builds their stores, expands "
                                     "the sets and keeps the node's record of them",
-    ("sources._dataset", "order._config"): "open(prefetch=) names its renamed setting by the settings table's row",
     ("engine._loader", "device._device"): "Loader(device=) builds its device stage over the engine",
     ("engine._loader", "flex"): "Loader(document_ids=True) gives the FlexAttention document ids",
     ("sources._convert", "integrations.datatrove"): "convert --tasks runs the conversion as datatrove tasks",
-    ("sources._convert", "__init__"): "a conversion records the build (build_info()) that wrote it",
 }
 BINDING = "python"
 

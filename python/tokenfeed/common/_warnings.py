@@ -1,7 +1,10 @@
 """The package's warning classes, below every module that emits them."""
 from __future__ import annotations
 
-__all__ = ["DataWarning", "PerformanceWarning"]
+import warnings
+from typing import Any
+
+__all__ = ["DataWarning", "PerformanceWarning", "renamed"]
 
 
 class PerformanceWarning(UserWarning):
@@ -23,3 +26,21 @@ class DataWarning(UserWarning):
     prints the same text. The check reads a fixed-size sample from a few places of the file.
     Silence with ``warnings.filterwarnings("ignore", category=tokenfeed.DataWarning)``.
     """
+
+
+def _description(name: str) -> str:
+    from .. import _core
+
+    return next(str(r["description"]) for r in _core.settings() if r["name"] == name)
+
+
+def renamed(name: str, value: Any, old_name: str, old_value: Any, default: Any = None, stacklevel: int = 4) -> Any:
+    """A setting given by its new name, or by its older one (with a DeprecationWarning pointing
+    ``stacklevel`` frames up: at the caller of the function that takes both names)."""
+    if old_value is None:
+        return value
+    if value is not None and value != default:
+        raise TypeError(f"{old_name}= is the older name of {name}=: pass only {name}=")
+    warnings.warn(f"{old_name}= is now {name}= ({_description(name)}); the older name will be "
+                  f"removed in a later release", DeprecationWarning, stacklevel=stacklevel)
+    return old_value

@@ -22,7 +22,8 @@ import numpy as np
 from .. import _core
 from ..common._errors import StateError
 from ..common._warnings import PerformanceWarning
-from ..order._config import SETTINGS, EngineConfig, OrderConfig, renamed, settings_given, split_settings
+from ..common._warnings import renamed
+from ..order._config import SETTINGS, EngineConfig, OrderConfig, settings_given, split_settings
 from ..order._mesh import DEFAULT_CP_DIM, DEFAULT_DP_DIMS, ParallelCoords, parallel_coords
 from ..order._schedule import WeightSchedule, short_ramps
 from ..sources._dataset import Dataset, PathLike, open as _open

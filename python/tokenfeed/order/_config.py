@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import os
 
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from .. import _core
+from ..common._warnings import renamed
 from ._mesh import parallel_coords
 from ._schedule import WeightSchedule, as_schedule
 
@@ -104,18 +104,6 @@ def split_settings(settings: Dict[str, Any], where: str,
             raise TypeError(f"{where}() got an unexpected keyword argument '{k}'")
         out[scopes.index(row["scope"])][k] = v
     return out
-
-
-def renamed(name: str, value: Any, old_name: str, old_value: Any, default: Any = None, stacklevel: int = 4) -> Any:
-    """A setting given by its new name, or by its older one (with a DeprecationWarning pointing
-    ``stacklevel`` frames up: at the caller of the function that takes both names)."""
-    if old_value is None:
-        return value
-    if value is not None and value != default:
-        raise TypeError(f"{old_name}= is the older name of {name}=: pass only {name}=")
-    warnings.warn(f"{old_name}= is now {name}= ({SETTINGS[name]['description']}); the older name will be "
-                  f"removed in a later release", DeprecationWarning, stacklevel=stacklevel)
-    return old_value
 
 
 def _int(v: Any) -> Any:

@@ -465,7 +465,7 @@ def convert(a: argparse.Namespace) -> int:
         if a.block_tokens < 1:
             raise ConvertError(f"--block-tokens {a.block_tokens}: give a positive number of tokens, e.g. 2048")
     if a.compression == "zstd":
-        from .. import build_info
+        from ..common._build import build_info
 
         if not build_info()["zstd"]["usable"]:
             raise ConvertError("--compression zstd: this tokenfeed was built without zstd (install libzstd-dev and reinstall)")

@@ -13,7 +13,7 @@ import numpy as np
 from .. import _core
 from ..remote import _remote, _shardset
 from . import _views
-from ..order._config import renamed
+from ..common._warnings import renamed
 from ..common._errors import StateError
 from ..common._warnings import DataWarning, PerformanceWarning
 from ..common._progress import Progress
