@@ -631,20 +631,20 @@ def a15_catalog_under_umask_002(tmp: str) -> str:
         import json, os, sys, time
         os.umask(0o002)
         import tokenfeed
-        from tokenfeed.remote import _shardset
-        listed = []
-        expand = _shardset.expand
-        def counting(*a, **k):
-            listed.append(1)
-            return expand(*a, **k)
-        _shardset.expand = counting
-        times = []
-        for _ in range(2):
+        # a test build (TOKENFEED_TEST_HOOKS=1) refuses to list a set while this is set:
+        # the second open works only from the node's catalog
+        times, listed = [], 1
+        for i in range(2):
+            if i:
+                os.environ["TOKENFEED_FAULT_NO_LISTING"] = "1"
             t0 = time.monotonic()
-            ds = tokenfeed.open(sys.argv[1])
+            try:
+                ds = tokenfeed.open(sys.argv[1])
+            except Exception:
+                listed += 1
             times.append(time.monotonic() - t0)
         cat = os.environ["TOKENFEED_CATALOG_DIR"]
-        print(json.dumps({"listed": len(listed), "times": times, "mode": os.stat(cat).st_mode & 0o777}))
+        print(json.dumps({"listed": listed, "times": times, "mode": os.stat(cat).st_mode & 0o777}))
         """, [os.path.join(d, "*.npy")])
     out, err = proc.communicate(timeout=50)
     check(proc.returncode == 0, f"exit {proc.returncode}: {err.strip().splitlines()[-1:]}")
