@@ -66,6 +66,30 @@ static inline uint32_t tf__le32(const void *p) {
 static inline uint64_t tf__le64(const void *p) {
     return (uint64_t)tf__le32(p) | (uint64_t)tf__le32((const uint8_t *)p + 4) << 32;
 }
+/* A bounded reader over bytes read from disk or the network: a read past the
+ * end marks it bad and gives NULL (or 0) from then on, so a parser checks
+ * once, at the end, whether what it read was all there. */
+typedef struct tf__byte_rd {
+    const uint8_t *p;
+    size_t n, at;
+    int bad;
+} tf__byte_rd;
+static inline const uint8_t *tf__byte_take(tf__byte_rd *m, uint64_t n) {
+    if (m->bad || n > m->n - m->at) {
+        m->bad = 1;
+        return NULL;
+    }
+    const uint8_t *p = m->p + m->at;
+    m->at += (size_t)n;
+    return p;
+}
+/* A little-endian integer of `bytes` (at most 8) bytes; 0 once short. */
+static inline uint64_t tf__byte_le(tf__byte_rd *m, size_t bytes) {
+    const uint8_t *p = tf__byte_take(m, bytes);
+    uint64_t v = 0;
+    for (size_t i = bytes; p && i-- > 0;) v = v << 8 | p[i];
+    return v;
+}
 static inline void tf__put_le32(void *p, uint32_t v) {
     uint8_t *b = (uint8_t *)p;
     b[0] = (uint8_t)v; b[1] = (uint8_t)(v >> 8); b[2] = (uint8_t)(v >> 16); b[3] = (uint8_t)(v >> 24);

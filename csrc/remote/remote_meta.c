@@ -265,34 +265,10 @@ void tf__meta_save(tf_remote *r, uint64_t key, const tf__preg *g) {
 
 /* ---- reading ------------------------------------------------------------- */
 
-typedef struct mreader {
-    const uint8_t *p;
-    size_t n, at;
-    int bad;
-} mreader;
-
-static const uint8_t *mr_take(mreader *m, uint64_t n) {
-    if (m->bad || n > m->n - m->at) {
-        m->bad = 1;
-        return NULL;
-    }
-    const uint8_t *p = m->p + m->at;
-    m->at += (size_t)n;
-    return p;
-}
-
-/* A little-endian integer of `bytes` bytes (0 once the record is found short). */
-static uint64_t mr_le(mreader *m, size_t bytes) {
-    const uint8_t *p = mr_take(m, bytes);
-    uint64_t v = 0;
-    for (size_t i = bytes; p && i-- > 0;) v = v << 8 | p[i];
-    return v;
-}
-
 /* A string of at most cap - 1 bytes, without NULs, into out. */
-static int mr_str(mreader *m, char *out, size_t cap) {
-    uint32_t n = (uint32_t)mr_le(m, 4);
-    const uint8_t *p = n < cap ? mr_take(m, n) : NULL;
+static int mr_str(tf__byte_rd *m, char *out, size_t cap) {
+    uint32_t n = (uint32_t)tf__byte_le(m, 4);
+    const uint8_t *p = n < cap ? tf__byte_take(m, n) : NULL;
     if (!p || memchr(p, 0, n)) {
         m->bad = 1;
         return -1;
@@ -304,12 +280,12 @@ static int mr_str(mreader *m, char *out, size_t cap) {
 
 /* Objects and ranges of the record into g (empty): 0, or -1 when it does not
  * parse. */
-static int parse_record(mreader *m, uint64_t key, tf__preg *g) {
-    const uint8_t *magic = mr_take(m, 8);
-    if (!magic || memcmp(magic, META_MAGIC, 8) != 0 || (uint32_t)mr_le(m, 4) != META_VERSION) return -1;
-    mr_le(m, 4); /* reserved */
-    if (mr_le(m, 8) != key) return -1;
-    uint64_t nobj = mr_le(m, 8);
+static int parse_record(tf__byte_rd *m, uint64_t key, tf__preg *g) {
+    const uint8_t *magic = tf__byte_take(m, 8);
+    if (!magic || memcmp(magic, META_MAGIC, 8) != 0 || (uint32_t)tf__byte_le(m, 4) != META_VERSION) return -1;
+    tf__byte_le(m, 4); /* reserved */
+    if (tf__byte_le(m, 8) != key) return -1;
+    uint64_t nobj = tf__byte_le(m, 8);
     if (m->bad || nobj > m->n / 24) return -1;
     char *url = malloc(65536);
     if (!url) return -1;
@@ -318,10 +294,10 @@ static int parse_record(mreader *m, uint64_t key, tf__preg *g) {
         tf_object_info info;
         memset(&info, 0, sizeof info);
         if (mr_str(m, url, 65536) != 0) rc = -1;
-        uint32_t flags = (uint32_t)mr_le(m, 4);
-        info.size = mr_le(m, 8);
+        uint32_t flags = (uint32_t)tf__byte_le(m, 4);
+        info.size = tf__byte_le(m, 8);
         if (!rc && mr_str(m, info.version, sizeof info.version) != 0) rc = -1;
-        uint32_t nr = (uint32_t)mr_le(m, 4);
+        uint32_t nr = (uint32_t)tf__byte_le(m, 4);
         tf__pobj *p = rc || m->bad ? NULL : tf__preg_add(g, url);
         if (!p || p->known || flags > 1 || (!(flags & 1) && (info.size || nr))) {
             rc = -1;
@@ -332,8 +308,8 @@ static int parse_record(mreader *m, uint64_t key, tf__preg *g) {
         p->info = info;
         if (p->exists && tf__pobj_map(p) != 0) rc = -1;
         for (uint32_t k = 0; k < nr && !rc; k++) {
-            uint64_t off = mr_le(m, 8), len = mr_le(m, 8);
-            const uint8_t *b = len <= info.size && off <= info.size - len ? mr_take(m, len) : NULL;
+            uint64_t off = tf__byte_le(m, 8), len = tf__byte_le(m, 8);
+            const uint8_t *b = len <= info.size && off <= info.size - len ? tf__byte_take(m, len) : NULL;
             if (!b || (len && !p->map)) rc = -1;
             else if (len) {
                 memcpy(p->map + off, b, (size_t)len);
@@ -371,7 +347,7 @@ int tf__meta_load(tf_remote *r, uint64_t key, tf__preg *g) {
 }
 
 int tf__meta_parse(const uint8_t *b, size_t len, uint64_t key, tf__preg *g) {
-    mreader m = {b, len, 0, 0};
+    tf__byte_rd m = {b, len, 0, 0};
     int saved = g->record;
     g->record = 0; /* the bytes stay in the maps: nothing to copy */
     int rc = parse_record(&m, key, g);

@@ -248,29 +248,6 @@ static void save(tf_remote *r, uint64_t key, const char *prefix, const tf__objli
     tf__clearerr();
 }
 
-typedef struct rd {
-    const uint8_t *p;
-    size_t n, at;
-    int bad;
-} rd;
-
-static const uint8_t *take(rd *m, uint64_t n) {
-    if (m->bad || n > m->n - m->at) {
-        m->bad = 1;
-        return NULL;
-    }
-    const uint8_t *p = m->p + m->at;
-    m->at += (size_t)n;
-    return p;
-}
-
-static uint64_t get_le(rd *m, size_t bytes) {
-    const uint8_t *p = take(m, bytes);
-    uint64_t v = 0;
-    for (size_t i = bytes; p && i-- > 0;) v = v << 8 | p[i];
-    return v;
-}
-
 /* The recorded listing of prefix into v (empty), when it verifies, parses
  * and ended at or after not_before (ns since the epoch): 0; else 1. */
 static int load(tf_remote *r, uint64_t key, const char *prefix, uint64_t not_before, tf__objlist *v) {
@@ -289,20 +266,20 @@ static int load(tf_remote *r, uint64_t key, const char *prefix, uint64_t not_bef
     }
     const tf__cache *c = tf__remote_cache(r);
     int ok = len > 56 && tf__cache_seal(c, LIST_MAGIC, tf_hash64(b, len - 8, tf__cache_seed(c))) == tf__le64(b + len - 8);
-    rd m = {b, ok ? len - 8 : 0, 0, !ok};
-    const uint8_t *magic = take(&m, 8);
-    ok = ok && magic && memcmp(magic, LIST_MAGIC, 8) == 0 && get_le(&m, 4) == LIST_VERSION;
-    get_le(&m, 4);
-    ok = ok && get_le(&m, 8) == key;
-    get_le(&m, 8); /* began */
-    uint64_t ended = get_le(&m, 8), now = wall_ns();
+    tf__byte_rd m = {b, ok ? len - 8 : 0, 0, !ok};
+    const uint8_t *magic = tf__byte_take(&m, 8);
+    ok = ok && magic && memcmp(magic, LIST_MAGIC, 8) == 0 && tf__byte_le(&m, 4) == LIST_VERSION;
+    tf__byte_le(&m, 4);
+    ok = ok && tf__byte_le(&m, 8) == key;
+    tf__byte_le(&m, 8); /* began */
+    uint64_t ended = tf__byte_le(&m, 8), now = wall_ns();
     /* (a time ahead of this node's clock says nothing about its age) */
     ok = ok && ended >= not_before && ended <= now + 5000000000ull;
     size_t plen = strlen(prefix);
-    uint32_t pl = (uint32_t)get_le(&m, 4);
-    const uint8_t *pp = take(&m, pl);
+    uint32_t pl = (uint32_t)tf__byte_le(&m, 4);
+    const uint8_t *pp = tf__byte_take(&m, pl);
     ok = ok && pp && pl == plen && memcmp(pp, prefix, plen) == 0;
-    uint64_t n = get_le(&m, 8);
+    uint64_t n = tf__byte_le(&m, 8);
     ok = ok && !m.bad && n <= (m.n - m.at) / 16;
     char *url = ok ? malloc(plen + 65536) : NULL;
     if (ok && !url) ok = 0;
@@ -310,11 +287,11 @@ static int load(tf_remote *r, uint64_t key, const char *prefix, uint64_t not_bef
     for (uint64_t i = 0; ok && i < n; i++) {
         tf_object_info info;
         memset(&info, 0, sizeof info);
-        uint32_t ul = (uint32_t)get_le(&m, 4);
-        const uint8_t *up = ul < 65536 ? take(&m, ul) : NULL;
-        info.size = get_le(&m, 8);
-        uint32_t vl = (uint32_t)get_le(&m, 4);
-        const uint8_t *vp = vl < sizeof info.version ? take(&m, vl) : NULL;
+        uint32_t ul = (uint32_t)tf__byte_le(&m, 4);
+        const uint8_t *up = ul < 65536 ? tf__byte_take(&m, ul) : NULL;
+        info.size = tf__byte_le(&m, 8);
+        uint32_t vl = (uint32_t)tf__byte_le(&m, 4);
+        const uint8_t *vp = vl < sizeof info.version ? tf__byte_take(&m, vl) : NULL;
         if (!up || !vp || !ul || !vl || memchr(up, 0, ul) || memchr(vp, 0, vl)) {
             ok = 0;
             break;

@@ -260,34 +260,19 @@ static void put_file(wbuf *b, const tf_file *f, const tf_file *prev, size_t stri
     put_file_as(b, f, prev, strip, sized_only ? &sized : NULL);
 }
 
-typedef struct rbuf {
-    const uint8_t *p;
-    size_t n, at;
-    int bad;
-} rbuf;
-
-static const uint8_t *take(rbuf *r, size_t n) {
-    if (r->bad || n > r->n - r->at) {
-        r->bad = 1;
-        return NULL;
-    }
-    const uint8_t *p = r->p + r->at;
-    r->at += n;
-    return p;
-}
-static uint64_t get64(rbuf *r) {
-    const uint8_t *p = take(r, 8);
+static uint64_t get64(tf__byte_rd *r) {
+    const uint8_t *p = tf__byte_take(r, 8);
     return p ? tf__le64(p) : 0;
 }
-static uint32_t get32(rbuf *r) {
-    const uint8_t *p = take(r, 4);
+static uint32_t get32(tf__byte_rd *r) {
+    const uint8_t *p = tf__byte_take(r, 4);
     return p ? tf__le32(p) : 0;
 }
 /* A string (malloc'ed; NULL for none); sets r->bad on a malformed one. */
-static char *get_str(rbuf *r) {
+static char *get_str(tf__byte_rd *r) {
     uint32_t n = get32(r);
     if (!n || r->bad) return NULL;
-    const uint8_t *p = take(r, n - 1);
+    const uint8_t *p = tf__byte_take(r, n - 1);
     if (!p || memchr(p, 0, n - 1)) {
         r->bad = 1;
         return NULL;
@@ -301,7 +286,7 @@ static char *get_str(rbuf *r) {
     s[n - 1] = '\0';
     return s;
 }
-static void get_id(rbuf *r, tf__file_id *id) {
+static void get_id(tf__byte_rd *r, tf__file_id *id) {
     id->dev = get64(r);
     id->ino = get64(r);
     id->size = get64(r);
@@ -718,7 +703,7 @@ static void save_files(const char *const *paths, size_t n, const tf_open_options
     int trust = ndeps == n;
     for (uint64_t i = 0; trust && i < nfiles; i++) trust = of_manifest(&files[i]);
     if (trust) { /* every manifest recorded known and settled */
-        rbuf r = {d.p, d.n, 0, 0};
+        tf__byte_rd r = {d.p, d.n, 0, 0};
         uint64_t now = now_ns();
         for (uint64_t k = 0; trust && k < ndeps; k++) {
             char *p = get_str(&r);
@@ -864,10 +849,10 @@ static char *ajoin3(tf__arena *a, const char *prefix, size_t plen, const char *s
 }
 
 /* A string of the catalog (get_str's) into an arena: NULL when absent or bad. */
-static char *aget_str(rbuf *r, tf__arena *a) {
+static char *aget_str(tf__byte_rd *r, tf__arena *a) {
     uint32_t n = get32(r);
     if (!n || r->bad) return NULL;
-    const uint8_t *p = take(r, n - 1);
+    const uint8_t *p = tf__byte_take(r, n - 1);
     char *s = p && !memchr(p, 0, n - 1) ? ajoin3(a, "", 0, "", 0, p, n - 1) : NULL;
     if (!s) r->bad = 1;
     return s;
@@ -898,12 +883,12 @@ static tf_file *files_table(uint64_t n, const tf_open_options *opt, tf__arena **
 /* An entry of the catalog into f (zeroed), prev the one before (NULL for the
  * first), its paths under prefix (plen bytes; a catalog beside the data):
  * 0, or -1 when the catalog is unusable. */
-static int read_entry(rbuf *r, tf_file *f, const tf_file *prev, const char *prefix, size_t plen,
+static int read_entry(tf__byte_rd *r, tf_file *f, const tf_file *prev, const char *prefix, size_t plen,
                       tf__arena *ar, const char *index_dir, int nested) {
     f->arena = ar; /* the file's paths and lazy record live there */
     tf__arena_ref(ar);
     uint32_t shared = get32(r), rest = get32(r);
-    const uint8_t *tail = take(r, rest);
+    const uint8_t *tail = tf__byte_take(r, rest);
     if (r->bad || (shared && (!prev || shared > strlen(prev->path) - plen)) || (!shared && !rest) ||
         memchr(tail, 0, rest) ||
         !(f->path = ajoin3(ar, prefix, plen, prev ? prev->path + plen : "", shared, tail, rest)))
@@ -919,7 +904,7 @@ static int read_entry(rbuf *r, tf_file *f, const tf_file *prev, const char *pref
         return -1;
     if (f->aux_path && plen && !(f->aux_path = ajoin3(ar, prefix, plen, "", 0, f->aux_path, strlen(f->aux_path))))
         return -1;
-    const uint8_t *p = take(r, ENTRY_FIXED);
+    const uint8_t *p = tf__byte_take(r, ENTRY_FIXED);
     if (r->bad || !p) return -1;
     f->format = (tf_format)tf__le32(p);
     f->dtype = (tf_dtype)tf__le32(p + 4);
@@ -941,7 +926,7 @@ static int read_entry(rbuf *r, tf_file *f, const tf_file *prev, const char *pref
     memset(id, 0, sizeof id);
     if (id_at(p + 88, &id[0]) != 0) return -1;
     if (flags & ENTRY_AUX_ID) {
-        const uint8_t *q = take(r, 40);
+        const uint8_t *q = tf__byte_take(r, 40);
         if (!q || id_at(q, &id[1]) != 0) return -1;
     }
     if (!tf__parser_of(f->format) || !tf_dtype_size(f->dtype) || f->doc_kind > TF_DOCS_FORMAT ||
@@ -987,14 +972,14 @@ typedef struct cat_src {
 
 /* A catalog or set record in buf: its magic, checksum and version checked,
  * *r set to read what follows the flags (*flags). 1 when it is whole. */
-static int unseal(const uint8_t *buf, size_t len, const char *magic, rbuf *r, uint32_t *flags) {
-    *r = (rbuf){buf, len, 0, 0};
+static int unseal(const uint8_t *buf, size_t len, const char *magic, tf__byte_rd *r, uint32_t *flags) {
+    *r = (tf__byte_rd){buf, len, 0, 0};
     int ok = len > 8 + 8 + 24 + 8 && memcmp(buf, magic, 8) == 0;
     if (ok) {
         ok = tf_hash64(buf, len - 8, 0) == tf__le64(buf + len - 8);
         r->n = len - 8;
     }
-    take(r, 8);
+    tf__byte_take(r, 8);
     ok = ok && get32(r) == CAT_VERSION;
     *flags = get32(r);
     return ok && !r->bad;
@@ -1037,7 +1022,7 @@ static int load_catalog(const cat_src *src, uint64_t key, const tf_open_options 
         free(buf);
         return 1;
     }
-    rbuf r;
+    tf__byte_rd r;
     uint32_t flags = 0;
     int ok = unseal(buf, len, CAT_MAGIC, &r, &flags);
     int trusted = (flags & CAT_TRUST) != 0 || force_trust, beside = (flags & CAT_BESIDE) != 0;
@@ -1138,7 +1123,7 @@ int tf__catalog_load_set(const char *const *spec, size_t nspec, const tf_open_op
     tf__clearerr();
     uint64_t files_key = 0;
     if (rc == 0) {
-        rbuf r;
+        tf__byte_rd r;
         uint32_t flags;
         int ok = unseal(buf, len, SET_MAGIC, &r, &flags);
         ok = ok && get64(&r) == key;
@@ -1254,7 +1239,7 @@ int tf__catalog_write_beside(const char *prefix, const char *pattern, const tf_o
 /* The end of reading n entries of a catalog into files (rc: 0 while every
  * entry was usable): 0 with the files handed out when the catalog was read to
  * its end, else 1 with them freed. */
-static int parsed(const rbuf *r, int rc, tf__arena *ar, tf_file *files, uint64_t n, tf_file **out, uint64_t *nout) {
+static int parsed(const tf__byte_rd *r, int rc, tf__arena *ar, tf_file *files, uint64_t n, tf_file **out, uint64_t *nout) {
     if (rc == 0 && (r->bad || r->at != r->n)) rc = 1;
     tf__arena_release(ar); /* the files hold it now */
     tf__clearerr();
@@ -1349,7 +1334,7 @@ int tf__catalog_parse_objects(const char *prefix, const char *pattern, const tf_
                               const uint8_t *buf, size_t len, tf_file **out, uint64_t *nout) {
     *out = NULL;
     *nout = 0;
-    rbuf r;
+    tf__byte_rd r;
     uint32_t flags = 0;
     int ok = unseal(buf, len, CAT_MAGIC, &r, &flags);
     ok = ok && (flags & CAT_OBJECTS) && (flags & CAT_BESIDE) && get64(&r) == catalog_key(3, &pattern, 1, opt);
@@ -1494,7 +1479,7 @@ int tf__catalog_parse_dataset(const char *dir, const uint8_t *manifest, size_t m
                               uint64_t *nout) {
     *out = NULL;
     *nout = 0;
-    rbuf r;
+    tf__byte_rd r;
     uint32_t flags = 0;
     int ok = unseal(buf, len, CAT_MAGIC, &r, &flags);
     ok = ok && (flags & CAT_DATASET) && get64(&r) == dataset_key(manifest, mlen);
