@@ -299,6 +299,25 @@ def test_order_megatron_is_the_alias(tmp_path):
         tokenfeed.Loader(prefix + ".bin", seq_len=L, batch_size=1, order="olmo", megatron_cache=tmp_path / "cache")
 
 
+def test_token_dataset_reads_megatrons_shuffle_as_the_loader_does(tmp_path):
+    """TokenDataset(order="megatron") takes its default shuffle as the cache's own, as Loader
+    does (one rule, in the order's configuration): its samples are the Loader's, in order; a
+    block shuffle cannot apply to an order read from a cache, from either."""
+    from tokenfeed.torch import TokenDataset
+
+    small_cache(tmp_path)
+    want = np.concatenate([b["input_ids"] for b in small_loader(tmp_path, epochs=1)])
+    td = TokenDataset(str(tmp_path / "d"), seq_len=SL, order="megatron", megatron_cache=str(tmp_path / "cache"),
+                      epochs=1)
+    got = np.stack([np.asarray(td[i]["input_ids"]) for i in range(len(td))])
+    assert len(want) > 0 and np.array_equal(got[:len(want)], want)  # the Loader drops a last partial batch
+    for make in (lambda: small_loader(tmp_path, shuffle="block"),
+                 lambda: TokenDataset(str(tmp_path / "d"), seq_len=SL, shuffle="block",
+                                      megatron_cache=str(tmp_path / "cache"))):
+        with pytest.raises(ValueError, match="shuffle='block' cannot apply"):
+            make()
+
+
 # A small GPTDataset-style cache over a tokenfeed dataset (no megatron-core): documents of
 # SIZES tokens, one epoch in order, samples of SL tokens plus the extra token, unshuffled.
 SIZES = [i % 7 + 3 for i in range(50)]

@@ -10,7 +10,7 @@ import pytest
 
 import tokenfeed
 from conftest import write_llmc, write_megatron
-from remote_util import FaultProxy, bucket, moto  # noqa: F401  (fixtures)
+from remote_util import INTERRUPTIBLE, FaultProxy, bucket, moto  # noqa: F401  (fixtures)
 
 
 def _tokens(ds):
@@ -370,7 +370,8 @@ print("held", flush=True)
 time.sleep(600)
 """
 
-_OPEN_WAITING = r"""
+# (Ctrl-C reaches the child even when the test run started with SIGINT ignored)
+_OPEN_WAITING = INTERRUPTIBLE + r"""
 import sys, tokenfeed
 print("opening", flush=True)
 try:

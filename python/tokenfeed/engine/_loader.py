@@ -297,11 +297,8 @@ class Loader:
             cu_seqlens=cu_seqlens or document_ids, loss_mask=loss_mask, cp_rank=pc.cp_rank, cp_size=pc.cp_size,
             settings=engine_kw)  # every engine row given, whichever it is
         if megatron_cache is not None or order == "megatron":
-            # megatron_cache= alone means order="megatron" (OrderConfig checks the pair); the cache
-            # holds Megatron's shuffle: shuffle=True (the default) or False read it as it is
-            if shuffle not in (True, False, "full", "none"):
-                raise ValueError(f"order='megatron' reads Megatron's own shuffle: shuffle={shuffle!r} cannot apply")
-            shuffle = "none"
+            # megatron_cache= alone means order="megatron"; OrderConfig checks the pair and reads
+            # the shuffle as the cache's own
             if megatron_cache is not None and megatron_split not in SETTINGS["megatron_split"]["names"]:
                 raise FileNotFoundError(f"{os.fspath(megatron_cache)}: no GPTDataset index cache of split "
                                         f"{megatron_split!r}: Megatron's path_to_cache holds the splits test, train, "

@@ -177,9 +177,15 @@ class OrderConfig:
                                  "(its path_to_cache, --data-cache-path, or one of the cache's files)")
             if self.weights is not None:
                 raise ValueError("order='megatron' reads one dataset in the order Megatron's cache holds: no weights=")
-            if shuffle != "none" or self.packing != "concat" or self.separator_id is not None or self.pad_id:
+            # the cache holds Megatron's own shuffle: shuffle=True (the default), "full" or False
+            # read it as it is; a block shuffle cannot apply
+            if shuffle == "block":
+                raise ValueError("order='megatron' reads Megatron's own shuffle: shuffle='block' cannot apply")
+            shuffle = "none"
+            object.__setattr__(self, "shuffle", shuffle)
+            if self.packing != "concat" or self.separator_id is not None or self.pad_id:
                 raise ValueError("order='megatron' takes the samples and their order from Megatron's cache: leave "
-                                 "shuffle, packing, separator_id and pad_id unset (shuffle=False, packing='concat')")
+                                 "packing, separator_id and pad_id unset (packing='concat')")
         check_settings(order=self.order, llmc_processes=self.llmc_processes, olmo_chunk=self.olmo_chunk,
                        megatron_split=self.megatron_split, megatron_add_extra_token=self.megatron_add_extra_token)
         if self.order != "tokenfeed" and self.weights is not None:
