@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #define TF_EXPERIMENTAL_API /* the library implements the whole header */
@@ -66,6 +67,37 @@ static inline uint32_t tf__le32(const void *p) {
 static inline uint64_t tf__le64(const void *p) {
     return (uint64_t)tf__le32(p) | (uint64_t)tf__le32((const uint8_t *)p + 4) << 32;
 }
+/* A growing buffer of bytes to be written whole (a record, a catalog): a
+ * failed allocation marks it (err = -ENOMEM) and later puts do nothing, so a
+ * writer checks once, at the end. */
+typedef struct tf__byte_wr {
+    uint8_t *p;
+    size_t n, cap;
+    int err;
+} tf__byte_wr;
+static inline void tf__byte_put(tf__byte_wr *b, const void *src, size_t n) {
+    if (b->err || n == 0) return; /* src may be NULL then (an empty buffer) */
+    if (b->n + n > b->cap) {
+        size_t nc = b->cap ? b->cap * 2 : 4096;
+        while (nc < b->n + n) nc *= 2;
+        uint8_t *np = (uint8_t *)realloc(b->p, nc);
+        if (!np) {
+            b->err = -ENOMEM;
+            return;
+        }
+        b->p = np;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->n, src, n);
+    b->n += n;
+}
+/* The low `bytes` (at most 8) bytes of v, little-endian. */
+static inline void tf__byte_put_le(tf__byte_wr *b, size_t bytes, uint64_t v) {
+    uint8_t r[8];
+    for (size_t i = 0; i < 8; i++) r[i] = (uint8_t)(v >> (8 * i));
+    tf__byte_put(b, r, bytes);
+}
+
 /* A bounded reader over bytes read from disk or the network: a read past the
  * end marks it bad and gives NULL (or 0) from then on, so a parser checks
  * once, at the end, whether what it read was all there. */

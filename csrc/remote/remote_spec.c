@@ -160,38 +160,9 @@ static int tidy(tf__objlist *v) {
 
 /* ---- the record --------------------------------------------------------- */
 
-typedef struct rbuf {
-    uint8_t *p;
-    size_t n, cap;
-    int err;
-} rbuf;
-
-static void put(rbuf *b, const void *src, size_t n) {
-    if (b->err) return;
-    if (b->n + n > b->cap) {
-        size_t c = b->cap ? b->cap : 4096;
-        while (c < b->n + n) c *= 2;
-        uint8_t *q = realloc(b->p, c);
-        if (!q) {
-            b->err = -ENOMEM;
-            return;
-        }
-        b->p = q;
-        b->cap = c;
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
-}
-
-static void put_le(rbuf *b, size_t bytes, uint64_t v) {
-    uint8_t r[8];
-    tf__put_le64(r, v);
-    put(b, r, bytes);
-}
-
-static void put_str(rbuf *b, const char *s, size_t n) {
-    put_le(b, 4, n);
-    put(b, s, n);
+static void put_str(tf__byte_wr *b, const char *s, size_t n) {
+    tf__byte_put_le(b, 4, n);
+    tf__byte_put(b, s, n);
 }
 
 static void meta_dir_name(tf_remote *r, char *out, size_t cap) {
@@ -206,26 +177,26 @@ static void save(tf_remote *r, uint64_t key, const char *prefix, const tf__objli
     int dfd = tf__cache_meta_fd(tf__remote_cache(r));
     if (dfd < 0) return;
     size_t plen = strlen(prefix);
-    rbuf b = {0};
-    put(&b, LIST_MAGIC, 8);
-    put_le(&b, 4, LIST_VERSION);
-    put_le(&b, 4, 0);
-    put_le(&b, 8, key);
-    put_le(&b, 8, t0);
-    put_le(&b, 8, t1);
+    tf__byte_wr b = {0};
+    tf__byte_put(&b, LIST_MAGIC, 8);
+    tf__byte_put_le(&b, 4, LIST_VERSION);
+    tf__byte_put_le(&b, 4, 0);
+    tf__byte_put_le(&b, 8, key);
+    tf__byte_put_le(&b, 8, t0);
+    tf__byte_put_le(&b, 8, t1);
     put_str(&b, prefix, plen);
-    put_le(&b, 8, v->n);
+    tf__byte_put_le(&b, 8, v->n);
     for (size_t i = 0; i < v->n && !b.err; i++) {
         if (strncmp(v->urls[i], prefix, plen) != 0 || !v->infos[i].version[0]) {
             free(b.p);
             return;
         }
         put_str(&b, v->urls[i] + plen, strlen(v->urls[i] + plen));
-        put_le(&b, 8, v->infos[i].size);
+        tf__byte_put_le(&b, 8, v->infos[i].size);
         put_str(&b, v->infos[i].version, strlen(v->infos[i].version));
     }
     const tf__cache *c = tf__remote_cache(r);
-    if (!b.err) put_le(&b, 8, tf__cache_seal(c, LIST_MAGIC, tf_hash64(b.p, b.n, tf__cache_seed(c))));
+    if (!b.err) tf__byte_put_le(&b, 8, tf__cache_seal(c, LIST_MAGIC, tf_hash64(b.p, b.n, tf__cache_seed(c))));
     uint64_t max = tf__meta_max_bytes(r);
     if (b.err || b.n > max) {
         free(b.p);

@@ -163,43 +163,18 @@ static uint64_t catalog_key(int set, const char *const *paths, size_t n, const t
 
 /* ---- serialisation -------------------------------------------------------- */
 
-typedef struct wbuf {
-    uint8_t *p;
-    size_t n, cap;
-    int err;
-} wbuf;
-
-static void put(wbuf *b, const void *src, size_t n) {
-    if (b->err || n == 0) return; /* src may be NULL then (an empty buffer) */
-    if (b->n + n > b->cap) {
-        size_t nc = b->cap ? b->cap * 2 : 4096;
-        while (nc < b->n + n) nc *= 2;
-        uint8_t *np = realloc(b->p, nc);
-        if (!np) {
-            b->err = -ENOMEM;
-            return;
-        }
-        b->p = np;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
+static void put64(tf__byte_wr *b, uint64_t v) {
+    tf__byte_put_le(b, 8, v);
 }
-static void put64(wbuf *b, uint64_t v) {
-    uint8_t r[8];
-    tf__put_le64(r, v);
-    put(b, r, 8);
+static void put32(tf__byte_wr *b, uint32_t v) {
+    tf__byte_put_le(b, 4, v);
 }
-static void put32(wbuf *b, uint32_t v) {
-    uint8_t r[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
-    put(b, r, 4);
-}
-static void put_str(wbuf *b, const char *s) {
+static void put_str(tf__byte_wr *b, const char *s) {
     size_t n = s ? strlen(s) : 0;
     put32(b, s ? (uint32_t)n + 1 : 0);
-    if (n) put(b, s, n);
+    if (n) tf__byte_put(b, s, n);
 }
-static void put_id(wbuf *b, const tf__file_id *id) {
+static void put_id(tf__byte_wr *b, const tf__file_id *id) {
     put64(b, id->dev);
     put64(b, id->ino);
     put64(b, id->size);
@@ -217,7 +192,7 @@ static void put_id(wbuf *b, const tf__file_id *id) {
  * the data, whose identities are then size and time only; a dataset's own
  * catalog, sized_only, records the size alone: it is read where times mean
  * nothing, from object storage). */
-static void put_file_as(wbuf *b, const tf_file *f, const tf_file *prev, size_t strip, const tf__file_id *as) {
+static void put_file_as(tf__byte_wr *b, const tf_file *f, const tf_file *prev, size_t strip, const tf__file_id *as) {
     tf__file_id id[2];
     int64_t tok_off = tf__file_lazy_ids(f, id);
     if (strip)
@@ -233,7 +208,7 @@ static void put_file_as(wbuf *b, const tf_file *f, const tf_file *prev, size_t s
         while (shared < n && shared < UINT32_MAX && before[shared] == path[shared]) shared++;
     put32(b, (uint32_t)shared);
     put32(b, (uint32_t)(n - shared));
-    put(b, path + shared, n - shared);
+    tf__byte_put(b, path + shared, n - shared);
     put_str(b, f->aux_path ? f->aux_path + strip : NULL);
     put32(b, (uint32_t)f->format);
     put32(b, (uint32_t)f->dtype);
@@ -255,7 +230,7 @@ static void put_file_as(wbuf *b, const tf_file *f, const tf_file *prev, size_t s
     if (f->aux_path) put_id(b, &id[1]);
 }
 
-static void put_file(wbuf *b, const tf_file *f, const tf_file *prev, size_t strip, int sized_only) {
+static void put_file(tf__byte_wr *b, const tf_file *f, const tf_file *prev, size_t strip, int sized_only) {
     tf__file_id sized = {.size = tf__file_size(f), .known = 2};
     put_file_as(b, f, prev, strip, sized_only ? &sized : NULL);
 }
@@ -367,7 +342,7 @@ static int each_dep(const char *const *paths, size_t n, int (*fn)(void *, const 
 }
 
 static int dep_put(void *ctx, const char *path) {
-    wbuf *b = ctx;
+    tf__byte_wr *b = ctx;
     tf__file_id id;
     if (tf__file_id_get(path, &id) != 0) id.known = 0;
     put_str(b, path);
@@ -484,7 +459,7 @@ static size_t pack_above(void) {
 /* The node's catalog b, compressed when that is possible and worth it
  * (see the layout above): *out to write (b itself, or packed, which the
  * caller frees). */
-static const wbuf *pack(const wbuf *b, wbuf *packed) {
+static const tf__byte_wr *pack(const tf__byte_wr *b, tf__byte_wr *packed) {
 #ifdef TF_HAVE_ZSTD
     if (b->err || b->n <= pack_above()) return b;
     size_t cap = ZSTD_compressBound(b->n);
@@ -536,7 +511,7 @@ static int unpack(uint8_t **buf, size_t *len) {
  * [40, end)): the records replaced by their zstd frame when that is
  * possible and worth it (version 4, CAT_PACKED; see the layout). Returns
  * how many bytes shorter b became (0: left as it was). */
-static size_t pack_records(wbuf *b, size_t end) {
+static size_t pack_records(tf__byte_wr *b, size_t end) {
 #ifdef TF_HAVE_ZSTD
     size_t raw = end - 40;
     if (b->err || end < 40 || raw <= pack_above()) return 0;
@@ -604,7 +579,7 @@ static int expand_records(uint8_t **buf, size_t *len) {
 
 /* Write b as name in the node's catalog directory, whole or not at all (best
  * effort: a node without a writable catalog directory opens by parsing). */
-static void write_named(const char *name, const wbuf *b) {
+static void write_named(const char *name, const tf__byte_wr *b) {
     char *dir = catalog_dir();
     if (!dir) return;
     int dfd = -1, fd = -1;
@@ -627,7 +602,7 @@ static void write_named(const char *name, const wbuf *b) {
 
 /* Whether name in the node's catalog directory holds b already: an open
  * that found nothing changed leaves it as it is (same inode, no write). */
-static int named_holds(const char *name, const wbuf *b) {
+static int named_holds(const char *name, const tf__byte_wr *b) {
     char *dir = catalog_dir();
     int dfd = dir && !b->err ? open_catalog_dir(dir, 0) : -1, same = 0;
     uint8_t *buf = NULL;
@@ -642,7 +617,7 @@ static int named_holds(const char *name, const wbuf *b) {
 }
 
 /* The checksum that ends every catalog and set record. */
-static void seal(wbuf *b) {
+static void seal(tf__byte_wr *b) {
     tf__xxh64_state h;
     tf__xxh64_reset(&h, 0);
     if (!b->err) tf__xxh64_update(&h, b->p, b->n);
@@ -651,10 +626,10 @@ static void seal(wbuf *b) {
 
 /* Write the catalog: the header, the files, then ndeps dependencies already
  * serialised in deps. */
-static void write_catalog(uint64_t key, uint32_t flags, const tf_file *files, uint64_t nfiles, const wbuf *deps,
+static void write_catalog(uint64_t key, uint32_t flags, const tf_file *files, uint64_t nfiles, const tf__byte_wr *deps,
                           uint64_t ndeps) {
-    wbuf b = {0};
-    put(&b, CAT_MAGIC, 8);
+    tf__byte_wr b = {0};
+    tf__byte_put(&b, CAT_MAGIC, 8);
     put32(&b, CAT_VERSION);
     put32(&b, flags);
     put64(&b, key);
@@ -662,11 +637,11 @@ static void write_catalog(uint64_t key, uint32_t flags, const tf_file *files, ui
     put64(&b, ndeps);
     for (uint64_t i = 0; i < nfiles; i++) put_file(&b, &files[i], i ? &files[i - 1] : NULL, 0, 0);
     if (deps->err) b.err = deps->err;
-    else put(&b, deps->p, deps->n);
+    else tf__byte_put(&b, deps->p, deps->n);
     seal(&b);
     char name[40];
     catalog_name(key, name);
-    wbuf packed = {0};
+    tf__byte_wr packed = {0};
     write_named(name, pack(&b, &packed));
     free(packed.p);
     free(b.p);
@@ -674,7 +649,7 @@ static void write_catalog(uint64_t key, uint32_t flags, const tf_file *files, ui
 
 /* The companion files that files without one may later get: names that must
  * stay absent. */
-static uint64_t put_absent_indexes(wbuf *d, const tf_file *files, uint64_t nfiles) {
+static uint64_t put_absent_indexes(tf__byte_wr *d, const tf_file *files, uint64_t nfiles) {
     uint64_t k = 0;
     for (uint64_t i = 0; i < nfiles; i++) {
         char *ip = absent_index(&files[i]);
@@ -692,7 +667,7 @@ static uint64_t put_absent_indexes(wbuf *d, const tf_file *files, uint64_t nfile
 static void save_files(const char *const *paths, size_t n, const tf_open_options *opt, const tf_file *files,
                        uint64_t nfiles, int all_files) {
     if (!cataloguable(files, nfiles)) return;
-    wbuf d = {0};
+    tf__byte_wr d = {0};
     uint64_t ndeps = 0;
     if (!all_files) {
         (void)each_dep(paths, n, dep_count, &ndeps);
@@ -766,8 +741,8 @@ int tf__catalog_save_set(const char *const *spec, size_t nspec, const tf_open_op
     uint64_t files_key = catalog_key(0, paths, (size_t)nfiles, opt);
     free(paths);
     uint64_t key = catalog_key(1, spec, nspec, opt);
-    wbuf b = {0};
-    put(&b, SET_MAGIC, 8);
+    tf__byte_wr b = {0};
+    tf__byte_put(&b, SET_MAGIC, 8);
     put32(&b, CAT_VERSION);
     put32(&b, 0);
     put64(&b, key);
@@ -1179,8 +1154,8 @@ int tf__catalog_write_beside(const char *prefix, const char *pattern, const tf_o
     uint64_t key = catalog_key(2, &pattern, 1, opt);
     cat_src src = beside_src(prefix, key);
     if (!src.dir) return -ENOMEM;
-    wbuf b = {0};
-    put(&b, CAT_MAGIC, 8);
+    tf__byte_wr b = {0};
+    tf__byte_put(&b, CAT_MAGIC, 8);
     put32(&b, CAT_VERSION);
     put32(&b, CAT_TRUST | CAT_BESIDE);
     put64(&b, key);
@@ -1211,7 +1186,7 @@ int tf__catalog_write_beside(const char *prefix, const char *pattern, const tf_o
         tf__file_id dir_id = {.size = (uint64_t)st.st_size,
                               .mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec,
                               .known = 2};
-        wbuf idb = {0};
+        tf__byte_wr idb = {0};
         put_id(&idb, &dir_id);
         if (idb.err) rc = idb.err;
         else memcpy(b.p + id_at_off, idb.p, idb.n);
@@ -1309,8 +1284,8 @@ int tf__catalog_pack_objects(const char *prefix, const char *pattern, const tf_o
                     f->path, tf__format_row_of(f->format) && tf__format_row_of(f->format)->pair ? tf__format_row_of(f->format)->pair
                              : f->compressed ? "compressed" : "read with a companion file");
     }
-    wbuf b = {0};
-    put(&b, CAT_MAGIC, 8);
+    tf__byte_wr b = {0};
+    tf__byte_put(&b, CAT_MAGIC, 8);
     put32(&b, CAT_VERSION);
     put32(&b, CAT_BESIDE | CAT_OBJECTS); /* (not CAT_TRUST: the open checks every entry against the listing) */
     put64(&b, catalog_key(3, &pattern, 1, opt));
@@ -1394,7 +1369,7 @@ int tf__catalog_write_dataset(const char *dir, const tf_file *files, uint64_t nf
     memset(&m, 0, sizeof m);
     int fd = -1, have_m = 0;
     char tmp[64];
-    wbuf b = {0};
+    tf__byte_wr b = {0};
     int rc = tf__read_file_at(dfd, dir, TF_MANIFEST_NAME, (size_t)1 << 30, &mb, &mlen);
     if (!rc) rc = tf__parse_manifest(TF_MANIFEST_NAME, mb, mlen, &m);
     have_m = rc == 0;
@@ -1414,7 +1389,7 @@ int tf__catalog_write_dataset(const char *dir, const tf_file *files, uint64_t nf
             rc = tf__seterr(-EINVAL, "%s: shard %llu is not the manifest's %s: not the dataset opened from this directory (or it was rewritten since it was opened)",
                             files[i].path, (ull)i, m.shards[i].name);
     if (!rc) {
-        put(&b, CAT_MAGIC, 8);
+        tf__byte_put(&b, CAT_MAGIC, 8);
         put32(&b, CAT_VERSION);
         put32(&b, CAT_TRUST | CAT_BESIDE | CAT_DATASET);
         put64(&b, dataset_key(mb, mlen));
