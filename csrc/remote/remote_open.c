@@ -316,24 +316,18 @@ static int plan_range(fetch_plan *fp, tf__pobj *p, uint64_t off, uint64_t end) {
     return 0;
 }
 
-/* Plan what the headers fetched show is still missing: a native shard's
- * document index and tables, a long .npy header. */
+/* Plan what the headers fetched show is still missing (the rows' needs: a
+ * native shard's document index and tables, a long .npy header). */
 static int plan_missing(tf__preg *g, fetch_plan *fp) {
     int rc = 0;
     for (size_t i = 0; i < g->n && !rc; i++) {
         tf__pobj *p = &g->o[i];
         if (!p->map || p->whole || p->info.size < 8) continue;
-        tf_format fmt = tf__format_sniff(p->map, p->info.size < 512 ? p->info.size : 512);
-        if (fmt == TF_FORMAT_NATIVE) {
-            tf_file tmp;
-            memset(&tmp, 0, sizeof tmp);
-            if (tf__parse_native_header(p->url, p->map, TF_NATIVE_HEADER_SIZE, p->info.size, &tmp) == 0)
-                rc = plan_range(fp, p, tmp.docs_offset, p->info.size);
-        } else if (fmt == TF_FORMAT_NPY && p->info.size >= 12) {
-            /* format 1.0: u16 header length at 8; 2.0 and 3.0: u32 */
-            uint64_t hl = p->map[6] == 1 ? 10u + (uint64_t)(p->map[8] | p->map[9] << 8) : 12u + tf__le32(p->map + 8);
-            rc = plan_range(fp, p, 0, hl < p->info.size ? hl : p->info.size);
-        }
+        /* what its format's parse needs beyond the head (format table) */
+        const tf__format_row *r = tf__format_row_of(tf__format_sniff(p->map, p->info.size < 512 ? p->info.size : 512));
+        uint64_t off, end;
+        if (r && r->needs && r->needs(p->url, p->map, (size_t)p->info.size, p->info.size, &off, &end) == 0)
+            rc = plan_range(fp, p, off, end);
         tf__clearerr();
     }
     return rc;
@@ -343,13 +337,15 @@ static int plan_missing(tf__preg *g, fetch_plan *fp) {
 /* resolving what a URL names                                                */
 /* ------------------------------------------------------------------------ */
 
-typedef enum kind { K_DIR, K_MEGATRON, K_FILE } kind;
+/* What a URL names (resolve.c decides it, as for a local path). */
+typedef enum kind { K_DIR, K_PAIR, K_FILE } kind;
 
 typedef struct target {
     const char *url;   /* as given */
     kind k;
-    char *path;        /* directory URL, Megatron prefix, or file URL (owned) */
-    tf_format fmt;     /* for K_FILE, after detection */
+    char *path;        /* directory URL, pair prefix, or file URL (owned) */
+    const tf__format_row *row; /* K_PAIR: the pair's row; K_FILE: the open's format's (NULL: its bytes say) */
+    int else_file;     /* K_PAIR: the URL is an object of its own too (tf__target) */
     tf_manifest m;     /* K_DIR */
     int have_m;
     tf_file *cat;      /* K_DIR: its shards from the dataset's catalog (NULL: none usable) */
@@ -370,40 +366,29 @@ static char *cat2(const char *a, const char *b) {
     return s;
 }
 
-/* The URL of a directory without its trailing slashes. */
-static char *dir_url(const char *url) {
-    char *d = strdup(url);
-    if (!d) return NULL;
-    size_t n = strlen(d);
-    while (n > 1 && d[n - 1] == '/') d[--n] = '\0';
-    return d;
-}
-
-static char *megatron_base(const char *url) {
-    char *p = strdup(url);
-    if (p && (ends_with(p, ".bin") || ends_with(p, ".idx"))) p[strlen(p) - 4] = '\0';
-    return p;
+/* The names the resolution may ask about, as objects to learn the sizes of;
+ * a dataset directory's catalog with its manifest (asked for in the same
+ * round: whether there is one is known before the manifest is read). */
+static int add_name(void *ctx, const char *name, int manifest) {
+    tf__preg *g = ctx;
+    if (!tf__preg_add(g, name)) return -ENOMEM;
+    if (!manifest) return 0;
+    const char *slash = strrchr(name, '/');
+    char *d = slash ? strndup(name, (size_t)(slash - name)) : NULL, *cf = d ? tf__path_join(d, TF_DATASET_CATALOG_NAME) : NULL;
+    int rc = cf && tf__preg_add(g, cf) ? 0 : -ENOMEM;
+    free(d);
+    free(cf);
+    return rc;
 }
 
 static int register_candidates(tf__preg *g, const char *url, const tf_open_options *opt) {
-    char *d = dir_url(url), *mf = d ? tf__path_join(d, TF_MANIFEST_NAME) : NULL;
-    char *cf = d ? tf__path_join(d, TF_DATASET_CATALOG_NAME) : NULL;
-    char *pre = megatron_base(url), *bin = pre ? cat2(pre, ".bin") : NULL, *idx = pre ? cat2(pre, ".idx") : NULL;
-    int rc = d && mf && cf && pre && bin && idx ? 0 : -ENOMEM;
-    if (!rc && !tf__preg_add(g, url)) rc = -ENOMEM;
-    /* a dataset directory's manifest, and its catalog (asked for in the same
-     * round: whether there is one is known before the manifest is read) */
-    if (!rc && (opt->format == TF_FORMAT_AUTO || opt->format == TF_FORMAT_NATIVE) &&
-        (!tf__preg_add(g, mf) || !tf__preg_add(g, cf)))
-        rc = -ENOMEM;
-    if (!rc && (opt->format == TF_FORMAT_AUTO || opt->format == TF_FORMAT_MEGATRON) &&
-        (!tf__preg_add(g, bin) || !tf__preg_add(g, idx)))
-        rc = -ENOMEM;
-    /* the companion objects of a file's formats (a datatrove .index, a
-     * .bos.idx), from the format table (Megatron's pair is asked for above) */
+    int rc = tf__resolve_names(url, opt->format, add_name, g);
+    /* the companion objects of a file's formats that a remote open reads (a
+     * datatrove .index, a .bos.idx), from the format table */
+    const tf__format_row *want = tf__format_row_of(opt->format);
     for (size_t i = 0; !rc && !ends_with(url, "/") && tf__format_at(i); i++) {
         const tf__format_row *r = tf__format_at(i);
-        if (r->format == TF_FORMAT_MEGATRON || (opt->format != TF_FORMAT_AUTO && opt->format != r->format)) continue;
+        if (want && want != r) continue;
         int oom = 0;
         char *c;
         for (size_t k = 0; !rc && (c = tf__format_companion(r->format, url, k, &oom)) != NULL; k++) {
@@ -412,12 +397,6 @@ static int register_candidates(tf__preg *g, const char *url, const tf_open_optio
         }
         if (oom) rc = -ENOMEM;
     }
-    free(d);
-    free(mf);
-    free(cf);
-    free(pre);
-    free(bin);
-    free(idx);
     return rc;
 }
 
@@ -426,49 +405,25 @@ static int exists(tf__preg *g, const char *url) {
     return p && p->exists;
 }
 
-/* Decide what t->url names, from the sizes learnt (before any bytes). */
+/* The resolution's probe: what the sizes learnt say of a name (a URL ending
+ * in '/' spells a directory); no bytes are known yet. */
+static int remote_kind(void *ctx, const char *name) {
+    if (ends_with(name, "/")) return TF__NAME_DIR;
+    return exists(ctx, name) ? TF__NAME_FILE : TF__NAME_NONE;
+}
+
+/* Decide what t->url names, from the sizes learnt (before any bytes): the
+ * one resolution (resolve.c); a pair is confirmed by its companion's magic
+ * once fetched. */
 static int resolve(tf__preg *g, target *t, const tf_open_options *opt) {
-    const char *url = t->url;
-    char *d = dir_url(url), *mf = d ? tf__path_join(d, TF_MANIFEST_NAME) : NULL;
-    char *pre = megatron_base(url), *bin = pre ? cat2(pre, ".bin") : NULL, *idx = pre ? cat2(pre, ".idx") : NULL;
-    int rc = d && mf && pre && bin && idx ? 0 : -ENOMEM;
-    if (!rc) {
-        int fmt = opt->format;
-        if ((fmt == TF_FORMAT_AUTO || fmt == TF_FORMAT_NATIVE) && exists(g, mf) &&
-            (ends_with(url, "/") || !exists(g, url))) {
-            t->k = K_DIR;
-            t->path = d;
-            d = NULL;
-        } else if ((fmt == TF_FORMAT_AUTO || fmt == TF_FORMAT_MEGATRON) && exists(g, bin) && exists(g, idx) &&
-                   (fmt == TF_FORMAT_MEGATRON || !exists(g, url) || ends_with(url, ".bin") || ends_with(url, ".idx"))) {
-            t->k = K_MEGATRON; /* confirmed by the .idx magic once fetched */
-            t->path = pre;
-            pre = NULL;
-        } else if (fmt == TF_FORMAT_MEGATRON) {
-            rc = tf__seterr(-TF_EFORMAT, "%s: no Megatron dataset here: expected %s and %s. Pass the common prefix of the two objects.",
-                            url, bin, idx);
-        } else if (exists(g, url)) {
-            t->k = K_FILE;
-            t->path = strdup(url);
-            if (!t->path) rc = -ENOMEM;
-        } else if (ends_with(url, "/") || fmt == TF_FORMAT_NATIVE) {
-            rc = tf__seterr(-TF_EFORMAT, "%s: no manifest: expected %s. This is not a tokenfeed dataset, or its write did not finish.",
-                            url, mf);
-        } else {
-            /* a name without an extension may be a directory of shards */
-            const char *base = strrchr(d, '/');
-            int dirlike = !strchr(base ? base + 1 : d, '.');
-            rc = tf__seterr(-ENOENT, "%s: no such object (nor a dataset directory with %s, nor a Megatron pair %s and %s)%s%s%s",
-                            url, mf, bin, idx, dirlike ? ". For a directory of shards, end the URL with / or give a glob: " : "",
-                            dirlike ? d : "", dirlike ? "/*.bin" : "");
-        }
-    }
-    free(d);
-    free(mf);
-    free(pre);
-    free(bin);
-    free(idx);
-    return rc;
+    tf__probe pr = {g, remote_kind, NULL, "object", 1};
+    tf__target rt;
+    TF_TRY(tf__resolve_target(t->url, opt->format, &pr, &rt));
+    t->k = rt.kind == TF__TARGET_DATASET ? K_DIR : rt.kind == TF__TARGET_PAIR ? K_PAIR : K_FILE;
+    t->path = rt.path;
+    t->row = rt.row;
+    t->else_file = rt.else_file;
+    return 0;
 }
 
 /* What an object's first bytes (fetched into p's map) say it is: the one
@@ -1082,10 +1037,11 @@ static int adopt_catalog(tf__preg *g, target *t, const char *set_catalog, const 
         else catalog_info(&t->cat[k], &lo->info);
         lo->meta_on = g->meta_on;
         lo->meta_key = g->meta_key;
-        lo->tail_hint = t->cat[k].format == TF_FORMAT_NATIVE ? t->cat[k].num_docs * 8 + TAIL_BYTES : TAIL_BYTES;
-        /* a dataset's shards are tokenfeed shards (tf__open_native_dir);
+        const tf__format_row *er = tf__format_row_of(t->cat[k].format);
+        lo->tail_hint = (er ? er->tail_per_doc * t->cat[k].num_docs : 0) + TAIL_BYTES; /* its document index */
+        /* a dataset's shards are of the manifest's format (tf__open_native_dir);
          * a shard set's objects are what the open's options make of them */
-        lo->open_format = set_catalog ? opt->format : TF_FORMAT_NATIVE;
+        lo->open_format = set_catalog ? opt->format : tf__format_manifest_row()->format;
         lo->open_dtype = set_catalog ? opt->raw_dtype : TF_DTYPE_INVALID;
         lo->grp = grp;
         lo->idx = (size_t)k;
@@ -1184,20 +1140,23 @@ static int open_set_catalog(tf__preg *g, const char *cu, const set_spec *set, co
             memset(&r, 0, sizeof r);
             r.url = urls[i];
             int k = resolve(g, &r, opt) == 0 ? (int)r.k : -1;
+            const tf__format_row *pr = r.row;
             free(r.path);
             tf__clearerr();
-            /* a companion of its format (format table) beside it now */
-            int oom = 0, comp = 0;
-            char *c;
-            for (size_t j = 0; !comp && (c = tf__format_companion(e->format, urls[i], j, &oom)) != NULL; j++) {
-                comp = exists(g, c);
+            /* a companion of its format that a remote open reads (format
+             * table) beside it now */
+            const tf__format_row *er = tf__format_row_of(e->format);
+            const char *comp = NULL;
+            for (size_t j = 0; !rc && !comp && er && er->companions && er->companions[j].suffix; j++) {
+                if (!er->companions[j].fetch) continue;
+                char *c = tf__companion_name(&er->companions[j], urls[i]);
+                if (!c) rc = -ENOMEM;
+                else if (exists(g, c)) comp = er->companions[j].what;
                 free(c);
             }
-            if (oom) rc = -ENOMEM;
-            else if (k != K_FILE || comp)
+            if (!rc && (k != K_FILE || comp))
                 snprintf(why, sizeof why, "%s is read with a companion object now (%s)", urls[i],
-                         k == K_DIR ? "a dataset manifest" : k == K_MEGATRON ? "a Megatron .idx"
-                                                         : e->format == TF_FORMAT_RAW ? "a datatrove .index" : "a companion file");
+                         k == K_DIR ? "a dataset manifest" : k == K_PAIR ? pr->companions[0].what : comp);
             if (rc) break;
         }
     }
@@ -1349,11 +1308,11 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_remote_li
                     rc = tf__seterr(-ENOENT, "%s: the manifest names this shard, but there is no such object. The dataset is incomplete: upload every shard, or rewrite the dataset.",
                                     su);
                 else
-                    rc = plan_head_tail(&fp, p, t->m.shards[s].num_docs * 8 + TAIL_BYTES);
+                    rc = plan_head_tail(&fp, p, t->m.shards[s].num_docs * t->row->tail_per_doc + TAIL_BYTES);
                 free(su);
             }
-        } else if (t->k == K_MEGATRON) {
-            char *bin = cat2(t->path, ".bin"), *idx = cat2(t->path, ".idx");
+        } else if (t->k == K_PAIR) {
+            char *bin = tf__pair_name(t->row, t->path, 0), *idx = tf__pair_name(t->row, t->path, 1);
             tf__pobj *pb = bin ? tf__preg_find(g, bin) : NULL, *pi = idx ? tf__preg_find(g, idx) : NULL;
             rc = pb && pi ? plan_head_tail(&fp, pb, 0) : -ENOMEM;
             if (!rc) rc = plan_head_tail(&fp, pi, 0);
@@ -1365,7 +1324,6 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_remote_li
             /* companions of its possible formats that exist (format table) */
             for (size_t i = 0; !rc && tf__format_at(i); i++) {
                 const tf__format_row *r = tf__format_at(i);
-                if (r->format == TF_FORMAT_MEGATRON) continue;
                 int oom = 0;
                 char *c;
                 for (size_t k = 0; !rc && (c = tf__format_companion(r->format, t->path, k, &oom)) != NULL; k++) {
@@ -1393,36 +1351,32 @@ static int fetch_and_open(tf__preg *g, target *ts, size_t nt, const tf_remote_li
         } else if (t->k == K_DIR) {
             rc = tf__open_native_dir(t->path, opt, files, nfiles, cap);
         } else {
-            tf_format fmt = opt->format;
-            if (t->k == K_MEGATRON) {
-                char *idx = cat2(t->path, ".idx");
+            if (t->k == K_PAIR) {
+                char *idx = tf__pair_name(t->row, t->path, 1);
                 tf__pobj *pi = idx ? tf__preg_find(g, idx) : NULL;
                 free(idx);
                 if (!pi) return -ENOMEM;
-                if (tf__megatron_idx_magic(pi->map, pi->info.size)) fmt = TF_FORMAT_MEGATRON;
-                else if (fmt == TF_FORMAT_MEGATRON || !exists(g, t->url))
-                    return tf__seterr(-TF_EFORMAT, "%s.idx: magic: expected \"MMIDIDX\\0\\0\", found another value. This is not a Megatron .idx file.",
-                                      t->path);
-                else {
-                    /* not Megatron after all: the URL is a file of its own */
-                    free(t->path);
-                    t->path = strdup(t->url);
-                    if (!t->path) return -ENOMEM;
+                tf__target rt = {TF__TARGET_PAIR, t->row, t->path, t->else_file};
+                rc = tf__resolve_confirm(&rt, t->url, pi->map, pi->info.size < 64 ? (size_t)pi->info.size : 64);
+                t->path = rt.path;
+                t->row = rt.row;
+                if (rc) return rc;
+                if (rt.kind == TF__TARGET_FILE) {
+                    /* not the pair after all: the URL is a file of its own */
                     t->k = K_FILE;
+                    t->row = tf__format_row_of(opt->format);
                     tf__pobj *p = tf__preg_find(g, t->path);
                     fetch_plan f2 = {NULL, 0, 0};
                     rc = p ? plan_head_tail(&f2, p, 0) : -ENOMEM;
                     if (!rc) rc = run_plan(g, &f2);
                     free(f2.w);
                     if (rc) return rc;
-                    fmt = opt->format;
                 }
             }
+            tf_format fmt = t->row ? t->row->format : TF_FORMAT_AUTO;
             if (fmt == TF_FORMAT_AUTO) {
                 fmt = sniff_format(tf__preg_find(g, t->path));
-                if (fmt == TF_FORMAT_RAW && opt->raw_dtype == TF_DTYPE_INVALID)
-                    return tf__seterr(-TF_EFORMAT, "%s: header: expected a tokenfeed, llm.c or .npy magic number, found none. For a headerless token file (nanoGPT train.bin, OLMo, datatrove .ds) pass dtype= (e.g. dtype=\"uint16\").",
-                                      t->url);
+                TF_TRY(tf__resolve_sniffed(t->url, fmt, opt->raw_dtype, ""));
             }
             tf_file *f = tf__files_push(files, nfiles, cap);
             if (!f) return -ENOMEM;

@@ -26,47 +26,24 @@
 /* detection and open                                                        */
 /* ------------------------------------------------------------------------ */
 
-static int path_exists(const char *p, int want_dir) {
+/* The probe of the resolution (resolve.c) for local paths: a shard set's
+ * listing answers for the names in its directories (no call per name), the
+ * file system (stat, following links as open does) for the others. */
+static int local_kind(void *ctx, const char *name) {
+    int k = ctx ? tf__listed_kind(ctx, name) : -1;
+    if (k >= 0) return k;
     struct stat st;
-    if (stat(p, &st) != 0) return 0;
-    return want_dir ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode);
+    if (stat(name, &st) != 0) return TF__NAME_NONE;
+    return S_ISDIR(st.st_mode) ? TF__NAME_DIR : S_ISREG(st.st_mode) ? TF__NAME_FILE : TF__NAME_OTHER;
 }
 
-static int ends_with(const char *s, const char *suf) {
-    size_t a = strlen(s), b = strlen(suf);
-    return a >= b && strcmp(s + a - b, suf) == 0;
-}
-
-/* Megatron prefix for path, if path names one (prefix, prefix.bin, prefix.idx
- * with both files present and the .idx starting with the MMIDIDX magic). */
-static char *megatron_prefix(const char *path) {
-    size_t n = strlen(path);
-    char *pre = malloc(n + 8);
-    if (!pre) return NULL;
-    memcpy(pre, path, n + 1);
-    if (ends_with(pre, ".bin") || ends_with(pre, ".idx")) pre[n - 4] = '\0';
-    size_t m = strlen(pre);
-    char *bin = malloc(m + 5), *idx = malloc(m + 5);
-    int ok = 0;
-    if (bin && idx) {
-        sprintf(bin, "%s.bin", pre);
-        sprintf(idx, "%s.idx", pre);
-        if (path_exists(bin, 0) && path_exists(idx, 0)) {
-            FILE *fp = fopen(idx, "rb");
-            uint8_t magic[9] = {0};
-            if (fp) {
-                ok = fread(magic, 1, 9, fp) == 9 && tf__megatron_idx_magic(magic, 9);
-                fclose(fp);
-            }
-        }
-    }
-    free(bin);
-    free(idx);
-    if (!ok) {
-        free(pre);
-        return NULL;
-    }
-    return pre;
+static long local_head(void *ctx, const char *name, uint8_t *buf, size_t cap) {
+    (void)ctx;
+    int fd = open(name, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return 0; /* (gone since: no magic) */
+    ssize_t got = pread(fd, buf, cap, 0);
+    close(fd);
+    return got > 0 ? (long)got : 0;
 }
 
 /* What a file without a token header is, when its first bytes say so: "" when
@@ -97,63 +74,34 @@ static int detect_file(const char *path, tf_format *fmt, char *why, size_t why_c
     ssize_t got = pread(fd, head, sizeof head, 0);
     close(fd);
     *fmt = tf__format_sniff(head, got > 0 ? (size_t)got : 0);
-    if (*fmt == TF_FORMAT_RAW) snprintf(why, why_cap, "%s", got < 0 ? "" : not_tokens(head, got));
+    const tf__format_row *r = tf__format_row_of(*fmt);
+    if (r && r->headerless) snprintf(why, why_cap, "%s", got < 0 ? "" : not_tokens(head, got));
     return 0;
-}
-
-/* A Megatron prefix for path, a data file of a listing: its .bin, when the
- * listing shows the .idx beside it and that starts with the MMIDIDX magic
- * (nothing is looked up by name: the listing said which files exist). */
-static char *megatron_listed(const char *path, const tf__listing *listed) {
-    if (!ends_with(path, ".bin") || !(tf__listed_companions(listed, path) & (1u << TF__COMP_IDX))) return NULL;
-    size_t n = strlen(path);
-    char *pre = strndup(path, n - 4), *idx = malloc(n + 1);
-    int ok = 0;
-    if (pre && idx) {
-        sprintf(idx, "%s.idx", pre);
-        int fd = open(idx, O_RDONLY | O_CLOEXEC);
-        char magic[9] = {0};
-        if (fd >= 0) {
-            ok = pread(fd, magic, 9, 0) == 9 && memcmp(magic, "MMIDIDX\0\0", 9) == 0;
-            close(fd);
-        }
-    }
-    free(idx);
-    if (!ok) {
-        free(pre);
-        return NULL;
-    }
-    return pre;
 }
 
 /* Open path; listed: the listing that found it (NULL: none), which says
  * whether it is a directory and which companion files lie beside it. */
 static int open_one(const char *path, const tf_open_options *opt, const tf__listing *listed, tf_file **files,
                     uint64_t *nfiles, uint64_t *cap) {
-    tf_format fmt = opt->format;
-    char *prefix = NULL;
-    int is_dir = listed ? tf__listed_is_dir(listed, path) : -1;
-    if (fmt == TF_FORMAT_AUTO || fmt == TF_FORMAT_NATIVE) {
-        if (is_dir == 1 || (is_dir < 0 && path_exists(path, 1))) return tf__open_native_dir(path, opt, files, nfiles, cap);
+    tf__probe pr = {(void *)listed, local_kind, local_head, "file", 0};
+    tf__target t;
+    TF_TRY(tf__resolve_target(path, opt->format, &pr, &t));
+    if (t.kind == TF__TARGET_DATASET) {
+        int rc = tf__open_native_dir(t.path, opt, files, nfiles, cap);
+        free(t.path);
+        return rc;
     }
-    if (fmt == TF_FORMAT_AUTO || fmt == TF_FORMAT_MEGATRON) {
-        prefix = is_dir == 0 ? megatron_listed(path, listed) : megatron_prefix(path);
-        if (prefix) fmt = TF_FORMAT_MEGATRON;
-        else if (fmt == TF_FORMAT_MEGATRON)
-            TF_FAIL(-TF_EFORMAT, "%s: no Megatron dataset here: expected %s.bin and %s.idx with an MMIDIDX header. Pass the common prefix of the two files.", path, path, path);
-    }
+    tf_format fmt = t.row ? t.row->format : TF_FORMAT_AUTO;
+    char *prefix = t.kind == TF__TARGET_PAIR ? t.path : NULL;
+    if (!prefix) free(t.path);
     if (fmt == TF_FORMAT_AUTO) {
-        if (is_dir != 0 && !path_exists(path, 0)) {
-            if (access(path, F_OK) != 0) TF_FAIL(-ENOENT, "%s: no such file or directory", path);
-            TF_FAIL(-EINVAL, "%s: not a regular file or directory", path);
-        }
         char why[160] = "";
-        TF_TRY(detect_file(path, &fmt, why, sizeof why));
-        if (fmt == TF_FORMAT_RAW && opt->raw_dtype == TF_DTYPE_INVALID && why[0])
-            TF_FAIL(-TF_EFORMAT, "%s: the file is %s. tokenfeed reads tokenfeed datasets, llm.c shards, .npy files, "
-                    "Megatron .bin/.idx and headerless token files (pass dtype=).", path, why);
-        if (fmt == TF_FORMAT_RAW && opt->raw_dtype == TF_DTYPE_INVALID)
-            TF_FAIL(-TF_EFORMAT, "%s: header: expected a tokenfeed, llm.c or .npy magic number, found none. For a headerless token file (nanoGPT train.bin, OLMo, datatrove .ds) pass dtype= (e.g. dtype=\"uint16\").", path);
+        int rc = detect_file(path, &fmt, why, sizeof why);
+        if (!rc) rc = tf__resolve_sniffed(path, fmt, opt->raw_dtype, why);
+        if (rc) {
+            free(prefix);
+            return rc;
+        }
     }
     tf_file *f = tf__files_push(files, nfiles, cap);
     if (!f) {
@@ -385,7 +333,7 @@ static int open_paths(const char *const *paths, size_t n, const tf_open_options 
     size_t nnames = 0, ncap = 0;
     for (size_t i = 0; rc == 0 && i < n; i++) {
         int kind = kinds[i];
-        if (kind < 0) kind = path_exists(paths[i], 1) ? TF__SPEC_DIR : TF__SPEC_PATH;
+        if (kind < 0) kind = local_kind(NULL, paths[i]) == TF__NAME_DIR ? TF__SPEC_DIR : TF__SPEC_PATH;
         char **got = NULL;
         size_t k = 0;
         if (kind != TF__SPEC_PATH) {

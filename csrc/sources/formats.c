@@ -6,6 +6,13 @@
  * (remote_open.c) alike; the open switch, the catalog's re-parse on first
  * touch, the binding's names and the CLI's --format choices read the rows.
  *
+ * What a path or URL names (a dataset directory, a pair by its prefix, a
+ * file) is decided once too, from these rows (resolve.c). Every companion
+ * file tokenfeed knows (a Megatron .idx, a datatrove .index, an eos_id
+ * .tfdocs, OLMo's .csv.gz, a nanogpt .bos.idx) is in some row's list: shard
+ * set grouping (pathspec.c), the local pair check and a remote open's
+ * requests read them there.
+ *
  * Adding a format: its parser file (which fills a tf_file, see source.h) and
  * one row below, plus its enum constant in tokenfeed.h.
  */
@@ -46,23 +53,54 @@ static int reopen_megatron(const char *bin, const tf_open_options *opt, tf_file 
     return rc;
 }
 
+/* A native shard's document index and tables: from its header's offset to
+ * the end of the file. */
+static int needs_native(const char *path, const uint8_t *h, size_t n, uint64_t size, uint64_t *off, uint64_t *end) {
+    tf_file tmp;
+    memset(&tmp, 0, sizeof tmp);
+    if (n < TF_NATIVE_HEADER_SIZE || tf__parse_native_header(path, h, TF_NATIVE_HEADER_SIZE, size, &tmp) != 0) return 1;
+    *off = tmp.docs_offset;
+    *end = size;
+    return 0;
+}
+
+/* A .npy header: format 1.0 has a u16 header length at 8; 2.0 and 3.0 a u32. */
+static int needs_npy(const char *path, const uint8_t *h, size_t n, uint64_t size, uint64_t *off, uint64_t *end) {
+    (void)path;
+    if (n < 12 || size < 12) return 1;
+    uint64_t hl = h[6] == 1 ? 10u + (uint64_t)(h[8] | h[9] << 8) : 12u + tf__le32(h + 8);
+    *off = 0;
+    *end = hl < size ? hl : size;
+    return 0;
+}
+
 /* NeMo AutoModel's nanogpt shard (nemo_nanogpt.c). */
 TF_HIDDEN int tf__open_nemo_nanogpt(const char *path, const tf_open_options *opt, tf_file *f);
 TF_HIDDEN int tf__nemo_nanogpt_magic(const uint8_t *head, size_t n);
-TF_HIDDEN extern const char *const tf__nemo_nanogpt_companions[];
+TF_HIDDEN extern const tf__companion tf__nemo_nanogpt_companions[];
 
-static const char *const megatron_companions[] = {".idx", NULL};
-static const char *const raw_companions[] = {".index", NULL};
+/* Megatron's pair: its .idx is the pair's second half (asked for by the
+ * resolution of what a name is, not beside every file). */
+static const tf__companion megatron_companions[] = {{".idx", ".bin", 0, "a Megatron .idx"}, {NULL, NULL, 0, NULL}};
+/* Beside a headerless file: datatrove's document ends (read remotely too);
+ * tokenfeed's eos_id document index and OLMo's per-document metadata beside
+ * x.npy, both read from local files only (docindex.c), so a remote open
+ * never asks for them. */
+static const tf__companion raw_companions[] = {{".index", "", 1, "a datatrove .index"},
+                                               {".tfdocs", "", 0, "an eos_id document index"},
+                                               {".csv.gz", ".npy", 0, "OLMo's document metadata"},
+                                               {NULL, NULL, 0, NULL}};
 
 /* Detection order is table order: the rows with a magic are tried first to
  * last. Headerless (raw) files have none and are what no row claims. */
 static const tf__format_row rows[] = {
     {.format = TF_FORMAT_NATIVE, .name = "tokenfeed", .alias = "native", .magic = magic_native,
      .parse = tf__open_native, .reparse = tf__open_native, .docs = TF_DOCS_ENDS, .catalog = 1, .manifest = 1,
-     .what = "a tokenfeed shard or dataset"},
+     .tail_per_doc = 8, .needs = needs_native, .what = "a tokenfeed shard or dataset"},
     {.format = TF_FORMAT_MEGATRON, .name = "megatron", .parse = tf__open_megatron, .reparse = reopen_megatron,
      .companions = megatron_companions, .docs = TF_DOCS_FORMAT, .doc_ops = &tf__megatron_doc_ops,
-     .pair_data_suffix = ".bin", .pair = "a Megatron pair", .catalog = 0,
+     .pair_data_suffix = ".bin", .pair = "a Megatron pair", .pair_name = "Megatron", .pair_magic = tf__megatron_idx_magic,
+     .pair_magic_what = "\"MMIDIDX\\0\\0\"", .catalog = 0,
      .what = "a Megatron .bin/.idx pair"},
     {.format = TF_FORMAT_LLMC, .name = "llm.c", .alias = "llmc", .magic = magic_llmc, .parse = tf__open_llmc,
      .reparse = tf__open_llmc, .docs = TF_DOCS_SINGLE, .catalog = 1, .what = "an llm.c shard"},
@@ -70,10 +108,10 @@ static const tf__format_row rows[] = {
      .companions = raw_companions, .docs = TF_DOCS_ENDS, .catalog = 1, .headerless = 1,
      .what = "a headerless token file"},
     {.format = TF_FORMAT_NPY, .name = "npy", .magic = magic_npy, .parse = tf__open_npy, .reparse = tf__open_npy,
-     .docs = TF_DOCS_SINGLE, .catalog = 1, .what = "a .npy array"},
+     .docs = TF_DOCS_SINGLE, .catalog = 1, .needs = needs_npy, .what = "a .npy array"},
     {.format = TF_FORMAT_NEMO_NANOGPT, .name = "nemo-nanogpt", .alias = "nanogpt", .magic = tf__nemo_nanogpt_magic,
      .parse = tf__open_nemo_nanogpt, .reparse = tf__open_nemo_nanogpt, .companions = tf__nemo_nanogpt_companions,
-     .replace_ext = 1, .docs = TF_DOCS_ENDS, .catalog = 1, .what = "a NeMo AutoModel nanogpt shard"},
+     .docs = TF_DOCS_ENDS, .catalog = 1, .what = "a NeMo AutoModel nanogpt shard"},
 };
 
 #define NROWS (sizeof rows / sizeof rows[0])
@@ -94,16 +132,43 @@ tf_format tf__format_sniff(const uint8_t *head, size_t n) {
     return TF_FORMAT_RAW;
 }
 
+char *tf__companion_name(const tf__companion *c, const char *path) {
+    return tf__companion_path(path, c->suffix, c->data_ext[0] != '\0');
+}
+
 char *tf__format_companion(tf_format fmt, const char *path, size_t k, int *oom) {
     const tf__format_row *r = tf__format_row_of(fmt);
     *oom = 0;
-    if (!r || !r->companions) return NULL;
-    for (size_t i = 0; i < k; i++)
-        if (!r->companions[i]) return NULL;
-    if (!r->companions[k]) return NULL;
-    char *out = tf__companion_path(path, r->companions[k], r->replace_ext);
-    if (!out) *oom = 1;
-    return out;
+    for (size_t i = 0; r && r->companions && r->companions[i].suffix; i++) {
+        if (!r->companions[i].fetch || k--) continue;
+        char *out = tf__companion_name(&r->companions[i], path);
+        if (!out) *oom = 1;
+        return out;
+    }
+    return NULL;
+}
+
+const tf__companion *tf__companion_at(size_t k, const tf__format_row **row) {
+    for (size_t i = 0; i < NROWS; i++)
+        for (size_t j = 0; rows[i].companions && rows[i].companions[j].suffix; j++)
+            if (!k--) {
+                if (row) *row = &rows[i];
+                return &rows[i].companions[j];
+            }
+    return NULL;
+}
+
+int tf__companion_index(const tf__companion *c) {
+    const tf__companion *x;
+    for (size_t k = 0; (x = tf__companion_at(k, NULL)) != NULL; k++)
+        if (x == c) return (int)k;
+    return -1;
+}
+
+const tf__format_row *tf__format_manifest_row(void) {
+    for (size_t i = 0; i < NROWS; i++)
+        if (rows[i].manifest) return &rows[i];
+    return NULL;
 }
 
 /* ---- the public face: names ---------------------------------------------- */

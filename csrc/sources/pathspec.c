@@ -6,8 +6,9 @@
  * Each directory the spec reaches is listed once (open, fstat for its
  * identity, getdents), and everything the open needs to know about the
  * names in it comes from that listing: which entries are regular files,
- * and which companion files (a Megatron .idx, a datatrove .index, an
- * eos_id .tfdocs, OLMo's .csv.gz) lie beside each data file. Nothing is
+ * and which companion files (the format table's: a Megatron .idx, a
+ * datatrove .index, an eos_id .tfdocs, OLMo's .csv.gz, a .bos.idx) lie
+ * beside each data file. Nothing is
  * probed per file: on a shared file system every stat is a round trip to a
  * metadata server that all ranks share. While the files of a listing are
  * opened, tf__listed_exists answers "is this file there" from it.
@@ -40,21 +41,9 @@
 
 #include "source.h"
 
-/* Companion files: names that belong to a data file beside them, found in
- * the listing. data_ext: the data file is the companion's stem plus this
- * (X.idx belongs to X.bin); "" for a suffix appended to the data file's
- * whole name (X.index belongs to X). One table, kept here until the
- * per-format table in this directory holds each format's companions. */
-static const struct companion {
-    const char *suffix;
-    const char *data_ext;
-} companions[TF__NCOMPANIONS] = {
-    [TF__COMP_IDX] = {".idx", ".bin"},        /* Megatron: the pair is one entry, its .bin */
-    [TF__COMP_INDEX] = {".index", ""},        /* datatrove's document ends */
-    [TF__COMP_TFDOCS] = {".tfdocs", ""},      /* tokenfeed's eos_id document index */
-    [TF__COMP_CSV_GZ] = {".csv.gz", ".npy"},  /* OLMo's per-document metadata */
-    [TF__COMP_BOS_IDX] = {".bos.idx", ".bin"}, /* NeMo AutoModel nanogpt shards' BOS positions */
-};
+/* Companion files (a name that belongs to a data file beside it: X.idx to
+ * X.bin, X.index to X) are the format table's (formats.c, tf__companion_at):
+ * one table says them all. */
 
 /* A dataset's documentation and configs beside its shards: never token data. */
 static const char *const not_data_ext[] = {".md", ".json", ".yaml", ".yml", ".txt", ".py", ".sh", ".toml", ".cfg"};
@@ -348,8 +337,7 @@ static int walk(tf__listing *L, const char *dir, const char *rest, hits *out) {
 
 /* The data file name that companion k named name belongs to, written into
  * buf (cap bytes); 0 when name is no such companion. */
-static int data_of(const char *name, int k, char *buf, size_t cap) {
-    const struct companion *c = &companions[k];
+static int data_of(const char *name, const tf__companion *c, char *buf, size_t cap) {
     if (!ends_with(name, c->suffix)) return 0;
     size_t stem = strlen(name) - strlen(c->suffix);
     if (stem + strlen(c->data_ext) + 1 > cap || stem == 0) return 0;
@@ -361,8 +349,9 @@ static int data_of(const char *name, int k, char *buf, size_t cap) {
 /* Whether a name (base) in listed directory d is a companion of a file listed beside it. */
 static int is_companion(const listed_dir *d, const char *base) {
     char buf[4096];
-    for (int k = 0; k < TF__NCOMPANIONS; k++) {
-        if (!data_of(base, k, buf, sizeof buf)) continue;
+    const tf__companion *c;
+    for (size_t k = 0; (c = tf__companion_at(k, NULL)) != NULL; k++) {
+        if (!data_of(base, c, buf, sizeof buf)) continue;
         const entry *e = find(d, buf);
         if (e && !e->is_dir) return 1;
     }
@@ -384,12 +373,17 @@ static int not_data(const char *base) {
 static void kind_of(const listed_dir *d, const char *base, char *out, size_t cap) {
     char buf[4096];
     size_t n = strlen(base);
-    if (ends_with(base, ".bin") && n - 4 + 5 <= sizeof buf) {
-        memcpy(buf, base, n - 4);
-        strcpy(buf + n - 4, ".idx");
+    const tf__format_row *r;
+    for (size_t i = 0; (r = tf__format_at(i)) != NULL; i++) { /* a pair's data file (format table) */
+        if (!r->pair_data_suffix || !r->companions || !ends_with(base, r->pair_data_suffix)) continue;
+        const char *cs = r->companions[0].suffix;
+        size_t ds = strlen(r->pair_data_suffix);
+        if (n - ds + strlen(cs) + 1 > sizeof buf) continue;
+        memcpy(buf, base, n - ds);
+        strcpy(buf + n - ds, cs);
         const entry *e = find(d, buf);
         if (e && !e->is_dir) {
-            snprintf(out, cap, "Megatron .bin/.idx pairs");
+            snprintf(out, cap, "%.40s %s/%s pairs", r->pair_name, r->pair_data_suffix, cs);
             return;
         }
     }
@@ -569,8 +563,8 @@ unsigned tf__listed_companions(const tf__listing *L, const char *path) {
     unsigned mask = 0;
     char buf[4096];
     size_t n = strlen(base);
-    for (int k = 0; k < TF__NCOMPANIONS; k++) {
-        const struct companion *c = &companions[k];
+    const tf__companion *c;
+    for (size_t k = 0; k < 32 && (c = tf__companion_at(k, NULL)) != NULL; k++) {
         size_t de = strlen(c->data_ext);
         if (!ends_with(base, c->data_ext) || n - de + strlen(c->suffix) + 1 > sizeof buf) continue;
         memcpy(buf, base, n - de);
@@ -579,6 +573,14 @@ unsigned tf__listed_companions(const tf__listing *L, const char *path) {
         if (e && !e->is_dir) mask |= 1u << k;
     }
     return mask;
+}
+
+int tf__listed_kind(const tf__listing *L, const char *path) {
+    const char *base;
+    const listed_dir *d = L ? parent_of(L, path, &base) : NULL;
+    if (!d) return -1;
+    const entry *e = find(d, base);
+    return !e ? TF__NAME_NONE : e->is_dir ? TF__NAME_DIR : TF__NAME_FILE;
 }
 
 int tf__listed_is_dir(const tf__listing *L, const char *path) {

@@ -151,6 +151,21 @@ typedef int (*tf__parse_fn)(const char *path, const tf_open_options *opt, tf_fil
  * remote), the open switch, the re-parse of a file known from a catalog, the
  * names open(format=) and the CLI take, and catalog eligibility all read this
  * table: a new format is its parser file and one row. */
+/* A companion file: a name beside a data file that belongs to it. Its name
+ * is the data file's with suffix appended (data_ext ""), or with the data
+ * file's last extension replaced by suffix (data_ext the extension the data
+ * file has: "x.bin" -> "x.idx", "x.npy" -> "x.csv.gz"), as pathlib's
+ * with_suffix. A shard-set listing groups it with its data file; a remote
+ * open asks for it beside each object it opens only when fetch is set (the
+ * others are read by features that never run on objects, or, for a pair's
+ * second half, are asked for by the resolution of what a URL names). */
+typedef struct tf__companion {
+    const char *suffix;
+    const char *data_ext;
+    int fetch;
+    const char *what;             /* a few words for messages */
+} tf__companion;
+
 typedef struct tf__format_row {
     tf_format format;
     const char *name;             /* tf_format_name, open(format=), --format */
@@ -164,19 +179,33 @@ typedef struct tf__format_row {
     /* Parses a file again from its path (f->path) on first touch, when it
      * was known from a catalog or mapped on demand. */
     tf__parse_fn reparse;
-    /* Suffixes of companion files (NULL-terminated list, or NULL), and how a
-     * companion's name is formed: appended to the file's name, or replacing
-     * its last extension (".bin" -> ".bos.idx") when replace_ext is set. */
-    const char *const *companions;
-    int replace_ext;
+    /* Its companion files (a list ended by a NULL suffix, or NULL): see
+     * tf__companion. Every companion tokenfeed knows is in some row's list,
+     * so that one table says them all (tf__companion_at). */
+    const struct tf__companion *companions;
     tf_doc_kind docs;             /* how its documents are stored */
     /* TF_DOCS_FORMAT: the format's document ops (its parser installs them
      * in each file it opens: file.c reads documents through them). */
     const tf__doc_ops *doc_ops;
-    /* A pair opened by its common prefix (Megatron's P.bin + P.idx): the data
-     * file's suffix, and a few words for messages; NULL for a single file. */
+    /* A pair opened by its common prefix (Megatron's P.bin + P.idx, the .idx
+     * its first companion): the data file's suffix, and a few words and its
+     * name for messages ("a Megatron pair", "Megatron"); NULL for a single
+     * file. */
     const char *pair_data_suffix;
     const char *pair;
+    const char *pair_name;
+    /* A pair: whether its companion (the row's first) starts with its magic,
+     * and that magic as messages write it. */
+    int (*pair_magic)(const uint8_t *head, size_t n);
+    const char *pair_magic_what;
+    /* Bytes of document index per document a file keeps at its end (a remote
+     * open fetches that much tail with its head), 0 for none. */
+    unsigned tail_per_doc;
+    /* From a file's first bytes head[0, n) (n >= 8) and its size: the byte
+     * range [*off, *end) its parse needs beyond them (a native shard's
+     * document index and tables, a long .npy header); 0 with it set, 1 for
+     * nothing more (or NULL: never). */
+    int (*needs)(const char *path, const uint8_t *head, size_t n, uint64_t size, uint64_t *off, uint64_t *end);
     /* Headerless: the open's dtype says what the bytes are (nothing in the
      * file does), so a file is read again, or described by a catalog, only
      * with that dtype. */
@@ -201,9 +230,79 @@ TF_HIDDEN const tf__format_row *tf__format_at(size_t i);
 TF_HIDDEN tf_format tf__format_sniff(const uint8_t *head, size_t n);
 /* Whether head[0, n) starts a Megatron .idx ("MMIDIDX\0\0"). */
 TF_HIDDEN int tf__megatron_idx_magic(const uint8_t *head, size_t n);
-/* Companion k of a file of fmt at path (malloc'ed), or NULL past the last
- * companion (or on ENOMEM: *oom set). */
+/* The k-th of the companions a remote open asks for beside a file of fmt
+ * at path (those with fetch set; malloc'ed), or NULL past the last (or on
+ * ENOMEM: *oom set). */
 TF_HIDDEN char *tf__format_companion(tf_format fmt, const char *path, size_t k, int *oom);
+/* The k-th companion of the whole table (rows in order, each row's list in
+ * order), and its row in *row when row is not NULL; NULL past the last. A
+ * listing's companion mask (tf__listed_companions) has bit k for it. */
+TF_HIDDEN const tf__companion *tf__companion_at(size_t k, const tf__format_row **row);
+/* The index k of companion c in tf__companion_at's order (-1: not one). */
+TF_HIDDEN int tf__companion_index(const tf__companion *c);
+/* The name of companion c of the data file path (malloc'ed, NULL on ENOMEM). */
+TF_HIDDEN char *tf__companion_name(const tf__companion *c, const char *path);
+
+/* ---- resolve.c: what a path or URL names ----------------------------------
+ * One decision for local paths and remote URLs: a dataset directory (a
+ * manifest inside, for the row with .manifest), a pair opened by its common
+ * prefix (the row with pair_data_suffix: P + data suffix and P + its first
+ * companion, given by the prefix or either name, the companion's magic
+ * confirming), or a single file whose bytes say its format. The caller
+ * answers questions about names through a probe: from the file system or a
+ * shard set's listing (dataset.c), from the sizes of the objects it asked
+ * for (remote_open.c). */
+enum { TF__NAME_NONE = 0, TF__NAME_FILE = 1, TF__NAME_DIR = 2, TF__NAME_OTHER = 3 };
+typedef struct tf__probe {
+    void *ctx;
+    /* What name is: TF__NAME_FILE (a regular file, an object), TF__NAME_DIR,
+     * TF__NAME_OTHER (a FIFO, a device...), or TF__NAME_NONE. */
+    int (*kind)(void *ctx, const char *name);
+    /* Up to cap of the first bytes of name into buf: how many, or -1 when
+     * they are not known yet (then the caller confirms the pair once they
+     * are, with tf__resolve_confirm). */
+    long (*head)(void *ctx, const char *name, uint8_t *buf, size_t cap);
+    /* "file" or "object", for messages; whether a directory is written with
+     * a trailing '/' (object storage: a name without one is never a
+     * directory unless a manifest lies under it). */
+    const char *noun;
+    int slash_dirs;
+} tf__probe;
+typedef enum { TF__TARGET_DATASET = 1, TF__TARGET_PAIR = 2, TF__TARGET_FILE = 3 } tf__target_kind;
+typedef struct tf__target {
+    tf__target_kind kind;
+    /* DATASET: the manifest row's; PAIR: the pair's; FILE: the open's
+     * format's row, or NULL when its bytes decide (tf__format_sniff). */
+    const tf__format_row *row;
+    char *path;      /* the directory (no trailing '/'), the pair's prefix, or the file (malloc'ed) */
+    /* PAIR: the name given is a file of its own too, opened as that when the
+     * companion's magic says it is not the pair's (no error). */
+    int else_file;
+} tf__target;
+/* Decide what path names for an open of format fmt: 0 with *t filled (free
+ * t->path), or -errno with the error set: -ENOENT (nothing there), -EINVAL (not
+ * a regular file or directory), -TF_EFORMAT (no manifest, no pair, a pair
+ * whose companion is not the format's). */
+TF_HIDDEN int tf__resolve_target(const char *path, tf_format fmt, const tf__probe *pr, tf__target *t);
+/* A pair resolved before its companion's bytes were known: given those
+ * (head[0, n)), keep it (0), turn it into the given name's file (0, t->kind
+ * FILE), or refuse it (-TF_EFORMAT naming the companion). */
+TF_HIDDEN int tf__resolve_confirm(tf__target *t, const char *path, const uint8_t *head, size_t n);
+/* The names the resolution of path may ask the probe about, each passed to
+ * add (manifest set for a dataset directory's manifest), in the order a
+ * remote open asks for them: path, the manifest, each pair's two names.
+ * 0, or add's error. */
+TF_HIDDEN int tf__resolve_names(const char *path, tf_format fmt,
+                                int (*add)(void *ctx, const char *name, int manifest), void *ctx);
+/* A file whose bytes said fmt (tf__format_sniff): 0 when it can be read,
+ * -TF_EFORMAT when they are no format's magic and the open names no dtype
+ * (why: what the bytes look like instead, or ""). */
+TF_HIDDEN int tf__resolve_sniffed(const char *path, tf_format fmt, tf_dtype dtype, const char *why);
+/* The name of the pair's data file or companion for prefix (which 0: data,
+ * 1: companion; malloc'ed, NULL on ENOMEM). */
+TF_HIDDEN char *tf__pair_name(const tf__format_row *row, const char *prefix, int which);
+/* The row of the format whose shards a manifest lists (dataset directories). */
+TF_HIDDEN const tf__format_row *tf__format_manifest_row(void);
 
 /* A byte provider: where the bytes of a file that is not mapped come from.
  * The provider fills in f->bytes_ops and f->bytes_src when it opens the file;
@@ -458,15 +557,6 @@ TF_HIDDEN int tf__file_check_fd(const tf_file *f, int fd);
  * its listing shows a manifest). */
 enum { TF__SPEC_PATH = 0, TF__SPEC_GLOB = 1, TF__SPEC_DIR = 2 };
 TF_HIDDEN int tf__pathspec_kind(const char *path);
-/* Companion files a listing shows beside a data file (bit k of a mask). */
-enum {
-    TF__COMP_IDX = 0,
-    TF__COMP_INDEX = 1,
-    TF__COMP_TFDOCS = 2,
-    TF__COMP_CSV_GZ = 3,
-    TF__COMP_BOS_IDX = 4,
-    TF__NCOMPANIONS = 5
-};
 /* The directories an open listed, each once, with their identity taken from
  * the descriptor listed. */
 typedef struct tf__listing tf__listing;
@@ -480,10 +570,13 @@ TF_HIDDEN int tf__pathspec_expand(tf__listing *l, const char *path, int kind, ch
 /* The listed directories ("." for the working directory) and identities
  * (arrays malloc'ed, strings borrowed from l): their count. */
 TF_HIDDEN size_t tf__listing_dirs(const tf__listing *l, const char ***paths, tf__file_id **ids);
-/* Companions of path in the listing (mask of TF__COMP_*), and whether path
- * is a directory there (-1: not listed). */
+/* Companions of path in the listing (bit k: the format table's companion k,
+ * tf__companion_at), and whether path is a directory there (-1: not listed). */
 TF_HIDDEN unsigned tf__listed_companions(const tf__listing *l, const char *path);
 TF_HIDDEN int tf__listed_is_dir(const tf__listing *l, const char *path);
+/* What path is in the listing (TF__NAME_NONE, _FILE or _DIR: a name absent
+ * from a listed directory is NONE), or -1 when its directory is not listed. */
+TF_HIDDEN int tf__listed_kind(const tf__listing *l, const char *path);
 /* While l is active on this thread (NULL: none), whether a file exists in a
  * listed directory is answered from it: 1 or 0, or -1 when path lies in no
  * listed directory (then ask the file system). */
