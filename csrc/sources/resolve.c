@@ -206,12 +206,12 @@ int tf__resolve_target(const char *path, tf_format fmt, const tf__probe *pr, tf_
         size_t used = 0;
         if (allows(want, man))
             used += (size_t)snprintf(alt, sizeof alt, "a dataset directory with %s", mf);
-        for (size_t i = 0; (r = tf__format_at(i)) != NULL && used < sizeof alt; i++) {
+        for (size_t i = 0; !slash && (r = tf__format_at(i)) != NULL && used < sizeof alt; i++) {
             if (!is_pair_row(r) || !allows(want, r)) continue;
             char *pre = pair_prefix(r, path), *a = pre ? tf__pair_name(r, pre, 0) : NULL;
             char *b = pre ? tf__pair_name(r, pre, 1) : NULL;
             if (a && b)
-                used += (size_t)snprintf(alt + used, sizeof alt - used, "%s%s pair %s and %s", used ? ", nor " : "",
+                used += (size_t)snprintf(alt + used, sizeof alt - used, "%sa %s pair %s and %s", used ? ", nor " : "",
                                          r->pair_name, a, b);
             free(pre);
             free(a);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
+#include "sources/source.h"
 
 static char tmpdir[256];
 
@@ -1077,6 +1078,184 @@ static void test_path_specs(void) {
     CHECK(ds == NULL);
 }
 
+/* ---- what a path names: the one resolution, with a fake probe ------------ */
+
+typedef struct fake_name {
+    const char *name;
+    int kind;
+    const char *head; /* first bytes (NULL: unknown yet, as for an object not fetched) */
+} fake_name;
+
+typedef struct fake_probe {
+    const fake_name *v;
+    size_t n;
+    int slash_dirs;
+    int asked; /* kind() calls */
+} fake_probe;
+
+static const fake_name *fake_find(fake_probe *fp, const char *name) {
+    for (size_t i = 0; i < fp->n; i++)
+        if (!strcmp(fp->v[i].name, name)) return &fp->v[i];
+    return NULL;
+}
+
+static int fake_kind(void *ctx, const char *name) {
+    fake_probe *fp = ctx;
+    fp->asked++;
+    if (fp->slash_dirs && name[0] && name[strlen(name) - 1] == '/') return TF__NAME_DIR;
+    char bare[256];
+    snprintf(bare, sizeof bare, "%s", name);
+    while (strlen(bare) > 1 && bare[strlen(bare) - 1] == '/') bare[strlen(bare) - 1] = '\0'; /* (as stat does) */
+    const fake_name *e = fake_find(fp, bare);
+    return e ? e->kind : TF__NAME_NONE;
+}
+
+static long fake_head(void *ctx, const char *name, uint8_t *buf, size_t cap) {
+    const fake_name *e = fake_find(ctx, name);
+    if (!e || !e->head) return -1;
+    size_t n = strlen(e->head) + 2 < cap ? strlen(e->head) + 2 : cap; /* (with the magic's two NULs) */
+    memset(buf, 0, n);
+    memcpy(buf, e->head, strlen(e->head) < n ? strlen(e->head) : n);
+    return (long)n;
+}
+
+/* Resolve path with the names v; want_kind 0: an error rc whose message holds msg. */
+static void resolve_case(const fake_name *v, size_t n, int remote, const char *path, tf_format fmt, int want_rc,
+                         int want_kind, const char *want_path, const char *msg) {
+    fake_probe fp = {v, n, remote, 0};
+    tf__probe pr = {&fp, fake_kind, remote ? NULL : fake_head, remote ? "object" : "file", remote};
+    tf__target t;
+    int rc = tf__resolve_target(path, fmt, &pr, &t);
+    if (rc != want_rc) fprintf(stderr, "resolve %s (%s): rc %d, expected %d: %s\n", path, remote ? "remote" : "local", rc,
+                               want_rc, tf_last_error());
+    CHECK(rc == want_rc);
+    if (rc == 0) {
+        if ((int)t.kind != want_kind || strcmp(t.path, want_path) != 0)
+            fprintf(stderr, "resolve %s: kind %d path %s, expected %d %s\n", path, (int)t.kind, t.path, want_kind, want_path);
+        CHECK((int)t.kind == want_kind);
+        CHECK(!strcmp(t.path, want_path));
+        free(t.path);
+    } else if (msg) {
+        if (!strstr(tf_last_error(), msg)) fprintf(stderr, "resolve %s: '%s' lacks '%s'\n", path, tf_last_error(), msg);
+        CHECK(strstr(tf_last_error(), msg) != NULL);
+    }
+}
+
+static int count_name(void *ctx, const char *name, int manifest) {
+    (void)name;
+    int *c = ctx;
+    c[0]++;
+    c[1] += manifest;
+    return 0;
+}
+
+static void test_resolve(void) {
+    enum { F = TF__NAME_FILE, D = TF__NAME_DIR, O = TF__NAME_OTHER };
+    const char *mm = "MMIDIDX"; /* + "\0\0" from fake_head */
+    const fake_name v[] = {
+        {"ds", D, NULL}, {"ds/" TF_MANIFEST_NAME, F, NULL}, {"ds2/" TF_MANIFEST_NAME, F, NULL},
+        {"empty", D, NULL}, {"x.idx", D, NULL},
+        {"m.bin", F, "tokens"}, {"m.idx", F, mm},
+        {"both", F, "tokens"}, {"both.bin", F, "tokens"}, {"both.idx", F, mm},
+        {"bad.bin", F, "tokens"}, {"bad.idx", F, "NOTMEGATRON"},
+        {"a.b.c.bin", F, "tokens"}, {"a.b.c.idx", F, mm},
+        {"y.bin", F, "tokens"}, {"y.bin.idx", F, mm},
+        {"lone.idx", F, mm}, {"fifo", O, NULL}, {"plain.npy", F, "\x93NUMPY"},
+    };
+    size_t n = sizeof v / sizeof v[0];
+    for (int remote = 0; remote < 2; remote++) {
+        const char *noun = remote ? "no such object" : "no such file";
+        /* a dataset directory: by its name, a trailing '/', or its manifest */
+        if (!remote) resolve_case(v, n, 0, "ds", TF_FORMAT_AUTO, 0, TF__TARGET_DATASET, "ds", NULL);
+        resolve_case(v, n, remote, "ds/", TF_FORMAT_AUTO, 0, TF__TARGET_DATASET, "ds", NULL);
+        resolve_case(v, n, remote, "ds2", TF_FORMAT_AUTO, 0, TF__TARGET_DATASET, "ds2", NULL);
+        resolve_case(v, n, remote, "ds2", TF_FORMAT_NATIVE, 0, TF__TARGET_DATASET, "ds2", NULL);
+        resolve_case(v, n, remote, "empty/", TF_FORMAT_AUTO, -TF_EFORMAT, 0, NULL, "no manifest");
+        /* a directory named like a file is a directory: no manifest in it */
+        if (!remote) resolve_case(v, n, 0, "x.idx", TF_FORMAT_AUTO, -TF_EFORMAT, 0, NULL, "no manifest");
+        /* a pair: by its prefix or either name; several dots */
+        resolve_case(v, n, remote, "m", TF_FORMAT_AUTO, 0, TF__TARGET_PAIR, "m", NULL);
+        resolve_case(v, n, remote, "m.bin", TF_FORMAT_AUTO, 0, TF__TARGET_PAIR, "m", NULL);
+        resolve_case(v, n, remote, "m.idx", TF_FORMAT_MEGATRON, 0, TF__TARGET_PAIR, "m", NULL);
+        resolve_case(v, n, remote, "a.b.c", TF_FORMAT_AUTO, 0, TF__TARGET_PAIR, "a.b.c", NULL);
+        resolve_case(v, n, remote, "a.b.c.idx", TF_FORMAT_AUTO, 0, TF__TARGET_PAIR, "a.b.c", NULL);
+        /* a prefix that is also a file of its own: that file, unless the open names the pair's format */
+        resolve_case(v, n, remote, "both", TF_FORMAT_AUTO, 0, TF__TARGET_FILE, "both", NULL);
+        resolve_case(v, n, remote, "both", TF_FORMAT_MEGATRON, 0, TF__TARGET_PAIR, "both", NULL);
+        /* ".bin.idx" is no pair of "y.bin"; a companion without its data file is a file */
+        resolve_case(v, n, remote, "y.bin", TF_FORMAT_AUTO, 0, TF__TARGET_FILE, "y.bin", NULL);
+        resolve_case(v, n, remote, "y.bin.idx", TF_FORMAT_AUTO, 0, TF__TARGET_FILE, "y.bin.idx", NULL);
+        resolve_case(v, n, remote, "lone.idx", TF_FORMAT_AUTO, 0, TF__TARGET_FILE, "lone.idx", NULL);
+        resolve_case(v, n, remote, "lone", TF_FORMAT_AUTO, -ENOENT, 0, NULL, "nor a Megatron pair lone.bin and lone.idx");
+        resolve_case(v, n, remote, "lone", TF_FORMAT_MEGATRON, -TF_EFORMAT, 0, NULL, "no Megatron dataset here: expected lone.bin and lone.idx");
+        resolve_case(v, n, remote, "plain.npy", TF_FORMAT_AUTO, 0, TF__TARGET_FILE, "plain.npy", NULL);
+        resolve_case(v, n, remote, "plain.npy", TF_FORMAT_MEGATRON, -TF_EFORMAT, 0, NULL, "no Megatron dataset here");
+        resolve_case(v, n, remote, "nothing", TF_FORMAT_AUTO, -ENOENT, 0, NULL, noun);
+        resolve_case(v, n, remote, "nothing", TF_FORMAT_NPY, -ENOENT, 0, NULL, noun);
+        if (!remote) resolve_case(v, n, 0, "fifo", TF_FORMAT_AUTO, -EINVAL, 0, NULL, "not a regular file");
+    }
+    /* the companion's magic: known at once (local) or confirmed once fetched (remote) */
+    resolve_case(v, n, 0, "bad.bin", TF_FORMAT_AUTO, 0, TF__TARGET_FILE, "bad.bin", NULL);
+    resolve_case(v, n, 0, "bad", TF_FORMAT_AUTO, -TF_EFORMAT, 0, NULL, "bad.idx: magic: expected \"MMIDIDX\\0\\0\"");
+    resolve_case(v, n, 0, "bad.bin", TF_FORMAT_MEGATRON, -TF_EFORMAT, 0, NULL, "This is not a Megatron .idx file");
+    fake_probe fp = {v, n, 1, 0};
+    tf__probe pr = {&fp, fake_kind, NULL, "object", 1};
+    const uint8_t badhead[16] = "NOTMEGATRON";
+    const uint8_t goodhead[16] = "MMIDIDX\0\0";
+    const char *names[3] = {"bad.bin", "bad", "bad.bin"};
+    tf_format fmts[3] = {TF_FORMAT_AUTO, TF_FORMAT_AUTO, TF_FORMAT_MEGATRON};
+    int want[3] = {0, -TF_EFORMAT, -TF_EFORMAT};
+    for (int i = 0; i < 3; i++) {
+        tf__target t;
+        CHECK_OK(tf__resolve_target(names[i], fmts[i], &pr, &t));
+        CHECK(t.kind == TF__TARGET_PAIR && !strcmp(t.path, "bad"));
+        int rc = tf__resolve_confirm(&t, names[i], badhead, sizeof badhead);
+        CHECK(rc == want[i]);
+        if (!rc) CHECK(t.kind == TF__TARGET_FILE && !strcmp(t.path, "bad.bin") && t.row == NULL);
+        else CHECK(strstr(tf_last_error(), "bad.idx: magic") != NULL);
+        free(t.path);
+    }
+    tf__target t;
+    CHECK_OK(tf__resolve_target("m.bin", TF_FORMAT_AUTO, &pr, &t));
+    CHECK_OK(tf__resolve_confirm(&t, "m.bin", goodhead, sizeof goodhead));
+    CHECK(t.kind == TF__TARGET_PAIR && !strcmp(t.path, "m"));
+    free(t.path);
+    /* a remote name without an extension: the hint for a directory of shards */
+    resolve_case(v, n, 1, "s3://b/shards", TF_FORMAT_AUTO, -ENOENT, 0, NULL, "end the URL with / or give a glob: s3://b/shards/*.bin");
+    /* the names a remote open asks the sizes of: the URL, the manifest, the pair's two */
+    int c[2] = {0, 0};
+    CHECK_OK(tf__resolve_names("m.bin", TF_FORMAT_AUTO, count_name, c));
+    CHECK(c[0] == 4 && c[1] == 1);
+    c[0] = c[1] = 0;
+    CHECK_OK(tf__resolve_names("m.bin", TF_FORMAT_LLMC, count_name, c));
+    CHECK(c[0] == 1 && c[1] == 0);
+
+    /* every companion is a row's: the shard-set listing and a remote open read them there */
+    const char *const sufs[] = {".idx", ".index", ".tfdocs", ".csv.gz", ".bos.idx"};
+    const tf__companion *comp;
+    size_t k = 0;
+    for (; (comp = tf__companion_at(k, NULL)) != NULL; k++) {
+        CHECK(k < 5 && !strcmp(comp->suffix, sufs[k]));
+        CHECK(tf__companion_index(comp) == (int)k);
+    }
+    CHECK(k == 5);
+    const tf__format_row *row = NULL;
+    comp = tf__companion_at(3, &row);
+    CHECK(row && row->headerless && !comp->fetch);
+    char *name = tf__companion_name(comp, "a.b/x.npy");
+    CHECK(name && !strcmp(name, "a.b/x.csv.gz"));
+    free(name);
+    int oom = 0;
+    name = tf__format_companion(TF_FORMAT_RAW, "d/x.ds", 0, &oom);
+    CHECK(name && !strcmp(name, "d/x.ds.index"));
+    free(name);
+    CHECK(tf__format_companion(TF_FORMAT_RAW, "d/x.ds", 1, &oom) == NULL && !oom); /* (.tfdocs, .csv.gz: local only) */
+    CHECK(tf__format_companion(TF_FORMAT_MEGATRON, "d/x.bin", 0, &oom) == NULL && !oom); /* (the pair's own half) */
+    name = tf__format_companion(TF_FORMAT_NEMO_NANOGPT, "d/x.bin", 0, &oom);
+    CHECK(name && !strcmp(name, "d/x.bos.idx"));
+    free(name);
+}
+
 int main(void) {
     if (t_mkdtemp(tmpdir, sizeof tmpdir, "tf_test_sources")) return T_EXIT_FAIL;
     test_eos_index();
@@ -1086,6 +1265,7 @@ int main(void) {
     test_megatron();
     test_llmc();
     test_path_specs();
+    test_resolve();
     test_nemo_nanogpt();
     test_npy();
     test_raw();

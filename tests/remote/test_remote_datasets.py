@@ -196,6 +196,69 @@ def test_missing_object_named(moto, bucket, tmp_path):
         tokenfeed.open(f"s3://{bucket}/nothing/", cache_dir=tmp_path / "c", endpoint_url=moto.endpoint)
 
 
+def _resolved(name, tmp_path, moto, bucket, **kw):
+    """What opening name gives locally and from the bucket: ("tokens", first tokens) or
+    ("error", exception type, message with the place names made alike)."""
+    out = []
+    for where, path, extra in (("local", str(tmp_path / "odd" / name), {}),
+                               ("remote", f"s3://{bucket}/odd/{name}",
+                                {"cache_dir": tmp_path / "c", "endpoint_url": moto.endpoint})):
+        try:
+            ds = tokenfeed.open(path, **kw, **extra)
+            out.append(("tokens", ds.num_tokens, ds.tokens(0, 4).tolist()))
+        except (OSError, ValueError) as e:
+            root = str(tmp_path / "odd") if where == "local" else f"s3://{bucket}/odd"
+            msg = str(e).replace(root, "ROOT").replace("no such object", "no such NAME").replace(
+                "no such file", "no such NAME").replace("objects", "NAMEs").replace("files", "NAMEs")
+            out.append(("error", type(e).__name__, msg))
+    return out
+
+
+def test_odd_names_resolve_the_same_locally_and_remotely(moto, bucket, tmp_path):  # noqa: F811
+    """What a name is (a dataset directory, a Megatron pair by its prefix or either name, a file)
+    is one decision for a local path and a URL: the same odd names give the same data or the
+    same error, whichever side they are on."""
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    pair_docs = [np.arange(10, 20, dtype=np.uint16), np.arange(30, 35, dtype=np.uint16)]
+    # a prefix that is a file of its own and a pair's prefix: the file
+    write_llmc(odd / "both", np.arange(100, 140, dtype=np.uint16))
+    write_megatron(odd / "both", pair_docs)
+    # a .bin whose .idx is not Megatron's: the .bin is a file of its own; its prefix is an error
+    write_llmc(odd / "bad.bin", np.arange(200, 230, dtype=np.uint16))
+    (odd / "bad.idx").write_bytes(b"NOTMEGATRON" + bytes(64))
+    # several dots; a .bin.idx that is no companion of x.bin; a companion without its data file
+    write_megatron(odd / "a.b.c", pair_docs)
+    write_llmc(odd / "y.bin", np.arange(300, 320, dtype=np.uint16))
+    write_megatron(odd / "y.bin", pair_docs)  # y.bin.bin + y.bin.idx
+    os.unlink(odd / "y.bin.bin")
+    write_megatron(odd / "lone", pair_docs)
+    os.unlink(odd / "lone.bin")
+    moto.upload_dir(bucket, "odd", str(odd))
+    cases = [
+        ("both", {}, ("tokens", 40, [100, 101, 102, 103])),
+        ("both", {"format": "megatron"}, ("tokens", 15, [10, 11, 12, 13])),
+        ("both.bin", {}, ("tokens", 15, [10, 11, 12, 13])),
+        ("both.idx", {}, ("tokens", 15, [10, 11, 12, 13])),
+        ("bad.bin", {}, ("tokens", 30, [200, 201, 202, 203])),
+        ("bad", {}, "ROOT/bad.idx: magic: expected \"MMIDIDX\\0\\0\", found another value. This is not a Megatron .idx file."),
+        ("bad.bin", {"format": "megatron"}, "ROOT/bad.idx: magic"),
+        ("a.b.c", {}, ("tokens", 15, [10, 11, 12, 13])),
+        ("a.b.c.idx", {}, ("tokens", 15, [10, 11, 12, 13])),
+        ("y.bin", {}, ("tokens", 20, [300, 301, 302, 303])),
+        ("lone", {}, "ROOT/lone: no such NAME (nor a dataset directory with ROOT/lone/tokenfeed.manifest, "
+                     "nor a Megatron pair ROOT/lone.bin and ROOT/lone.idx)"),
+        ("lone", {"format": "megatron"}, "ROOT/lone: no Megatron dataset here: expected ROOT/lone.bin and ROOT/lone.idx"),
+    ]
+    for name, kw, want in cases:
+        local, remote = _resolved(name, tmp_path, moto, bucket, **kw)
+        if isinstance(want, tuple):
+            assert local == want and remote == want, (name, kw, local, remote)
+        else:
+            assert local[0] == remote[0] == "error" and local[1] == remote[1], (name, kw, local, remote)
+            assert want in local[2] and want in remote[2], (name, kw, local, remote)
+
+
 # ---- the cache: sharing between processes, the limit ------------------------------------
 
 CHILD = textwrap.dedent("""
