@@ -3,6 +3,10 @@ independent writers following each published layout (and by Megatron's own
 builder when megatron-core is installed), lists, verify."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 
 import numpy as np
 import pytest
@@ -119,6 +123,44 @@ def test_megatron_all_dtype_codes(tmp_path, code):
         ds = tokenfeed.open(p)
         assert ds.format == "megatron" and ds.dtype == dt
         check_documents(ds, docs)
+
+
+def test_what_a_local_name_is_survives_links_fifos_and_directories(tmp_path):
+    """The resolution of a local name follows symbolic links as open does (a linked pair and a
+    linked dataset directory open), and never reads a planted FIFO or a directory as a pair's
+    .idx: x.bin is then the file it is, without a hang."""
+    docs = [np.arange(1, 9, dtype=np.uint16), np.arange(40, 43, dtype=np.uint16)]
+    write_megatron(tmp_path / "real", docs)
+    os.symlink(tmp_path / "real.bin", tmp_path / "link.bin")
+    os.symlink(tmp_path / "real.idx", tmp_path / "link.idx")
+    for name in ("link", "link.bin", "link.idx"):
+        ds = tokenfeed.open(tmp_path / name)
+        assert ds.format == "megatron" and ds.num_tokens == 11
+    with tokenfeed.DatasetWriter(tmp_path / "ds", vocab_size=100) as w:
+        w.add_documents(docs)
+    os.symlink(tmp_path / "ds", tmp_path / "ds.idx")  # a directory named like a companion
+    assert tokenfeed.open(tmp_path / "ds.idx").format == "tokenfeed"
+    write_llmc(tmp_path / "f.bin", np.arange(7, 17, dtype=np.uint16))
+    os.mkfifo(tmp_path / "f.idx")  # no writer: reading it would block
+    ds = tokenfeed.open(tmp_path / "f.bin")
+    assert ds.format == "llm.c" and ds.tokens(0, 3).tolist() == [7, 8, 9]
+    with pytest.raises(FileNotFoundError, match="nor a Megatron pair"):
+        tokenfeed.open(tmp_path / "f")  # the FIFO is no .idx: nothing is named f
+    os.unlink(tmp_path / "f.idx")
+    os.mkdir(tmp_path / "f.idx")
+    assert tokenfeed.open(tmp_path / "f.bin").format == "llm.c"
+    with pytest.raises(tokenfeed.FormatError, match="no manifest"):
+        tokenfeed.open(tmp_path / "f.idx")
+    with pytest.raises(tokenfeed.FormatError, match="no Megatron dataset here"):
+        tokenfeed.open(tmp_path / "f.bin", format="megatron")
+    # in a shard set's listing a FIFO is a name beside f.bin like any other: its first bytes are
+    # asked for without waiting for a writer (a child, so that a hang fails the test)
+    os.rmdir(tmp_path / "f.idx")
+    os.mkfifo(tmp_path / "f.idx")
+    code = f"import tokenfeed; ds = tokenfeed.open({str(tmp_path / 'f*.bin')!r}); print(ds.format, ds.num_tokens)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "TOKENFEED_CATALOG_DIR": "off"})
+    assert r.returncode == 0 and r.stdout.split() == ["llm.c", "10"], r.stdout + r.stderr
 
 
 def test_megatron_own_builder(tmp_path):
