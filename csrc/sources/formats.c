@@ -77,20 +77,6 @@ static int needs_npy(const char *path, const uint8_t *h, size_t n, uint64_t size
 /* NeMo AutoModel's nanogpt shard (nemo_nanogpt.c). */
 TF_HIDDEN int tf__open_nemo_nanogpt(const char *path, const tf_open_options *opt, tf_file *f);
 TF_HIDDEN int tf__nemo_nanogpt_magic(const uint8_t *head, size_t n);
-TF_HIDDEN extern const tf__companion tf__nemo_nanogpt_companions[];
-
-/* Megatron's pair: its .idx is the pair's second half (asked for by the
- * resolution of what a name is, not beside every file). */
-static const tf__companion megatron_companions[] = {{".idx", ".bin", 0, "a Megatron .idx"}, {NULL, NULL, 0, NULL}};
-/* Beside a headerless file: datatrove's document ends (read remotely too);
- * tokenfeed's eos_id document index and OLMo's per-document metadata beside
- * x.npy, both read from local files only (docindex.c), so a remote open
- * never asks for them. */
-static const tf__companion raw_companions[] = {{".index", "", 1, "a datatrove .index"},
-                                               {".tfdocs", "", 0, "an eos_id document index"},
-                                               {".csv.gz", ".npy", 0, "OLMo's document metadata"},
-                                               {NULL, NULL, 0, NULL}};
-
 /* Detection order is table order: the rows with a magic are tried first to
  * last. Headerless (raw) files have none and are what no row claims. */
 static const tf__format_row rows[] = {
@@ -98,14 +84,14 @@ static const tf__format_row rows[] = {
      .parse = tf__open_native, .reparse = tf__open_native, .docs = TF_DOCS_ENDS, .catalog = 1, .manifest = 1,
      .tail_per_doc = 8, .needs = needs_native, .what = "a tokenfeed shard or dataset"},
     {.format = TF_FORMAT_MEGATRON, .name = "megatron", .parse = tf__open_megatron, .reparse = reopen_megatron,
-     .companions = megatron_companions, .docs = TF_DOCS_FORMAT, .doc_ops = &tf__megatron_doc_ops,
-     .pair_data_suffix = ".bin", .pair = "a Megatron pair", .pair_name = "Megatron", .pair_magic = tf__megatron_idx_magic,
+     .companions = tf__megatron_companions, .docs = TF_DOCS_FORMAT, .doc_ops = &tf__megatron_doc_ops,
+     .pair_data_suffix = ".bin", .pair = "a Megatron pair", .pair_magic = tf__megatron_idx_magic,
      .pair_magic_what = "\"MMIDIDX\\0\\0\"", .catalog = 0,
      .what = "a Megatron .bin/.idx pair"},
     {.format = TF_FORMAT_LLMC, .name = "llm.c", .alias = "llmc", .magic = magic_llmc, .parse = tf__open_llmc,
      .reparse = tf__open_llmc, .docs = TF_DOCS_SINGLE, .catalog = 1, .what = "an llm.c shard"},
     {.format = TF_FORMAT_RAW, .name = "raw", .parse = tf__open_raw, .reparse = tf__open_raw,
-     .companions = raw_companions, .docs = TF_DOCS_ENDS, .catalog = 1, .headerless = 1,
+     .companions = tf__raw_companions, .docs = TF_DOCS_ENDS, .catalog = 1, .headerless = 1,
      .what = "a headerless token file"},
     {.format = TF_FORMAT_NPY, .name = "npy", .magic = magic_npy, .parse = tf__open_npy, .reparse = tf__open_npy,
      .docs = TF_DOCS_SINGLE, .catalog = 1, .needs = needs_npy, .what = "a .npy array"},
@@ -146,23 +132,6 @@ char *tf__format_companion(tf_format fmt, const char *path, size_t k, int *oom) 
         return out;
     }
     return NULL;
-}
-
-const tf__companion *tf__companion_at(size_t k, const tf__format_row **row) {
-    for (size_t i = 0; i < NROWS; i++)
-        for (size_t j = 0; rows[i].companions && rows[i].companions[j].suffix; j++)
-            if (!k--) {
-                if (row) *row = &rows[i];
-                return &rows[i].companions[j];
-            }
-    return NULL;
-}
-
-int tf__companion_index(const tf__companion *c) {
-    const tf__companion *x;
-    for (size_t k = 0; (x = tf__companion_at(k, NULL)) != NULL; k++)
-        if (x == c) return (int)k;
-    return -1;
 }
 
 const tf__format_row *tf__format_manifest_row(void) {

@@ -31,11 +31,8 @@ typedef unsigned long long ull;
 
 TF_HIDDEN int tf__nemo_nanogpt_magic(const uint8_t *head, size_t n);
 TF_HIDDEN int tf__open_nemo_nanogpt(const char *path, const tf_open_options *opt, tf_file *f);
-TF_HIDDEN extern const tf__companion tf__nemo_nanogpt_companions[];
-
-/* Its row's companion files (formats.c): the sidecar, named as with_suffix
- * ("x.bin" -> "x.bos.idx"), read by a remote open too. */
-const tf__companion tf__nemo_nanogpt_companions[] = {{".bos.idx", ".bin", 1, "a .bos.idx"}, {NULL, NULL, 0, NULL}};
+/* Its row's companion, the sidecar named as with_suffix ("x.bin" ->
+ * "x.bos.idx"): tf__nemo_nanogpt_companions (companions.c). */
 
 int tf__nemo_nanogpt_magic(const uint8_t *head, size_t n) {
     return n >= 4 && tf__le32(head) == NEMO_MAGIC;
@@ -108,7 +105,7 @@ int tf__open_nemo_nanogpt(const char *path, const tf_open_options *opt, tf_file 
     f->doc_kind = TF_DOCS_SINGLE;
     f->tokens = b + NEMO_HEADER;
     f->fingerprint = tf__sampled_fingerprint(b, len, 0x6e656d6f);
-    char *ip = tf__companion_name(&tf__nemo_nanogpt_companions[0], path);
+    char *ip = tf__companion_path(path, tf__nemo_nanogpt_companions[0].suffix, 1);
     if (!ip) return -ENOMEM;
     if (!tf__file_exists(ip)) {
         free(ip);

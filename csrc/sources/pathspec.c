@@ -42,8 +42,8 @@
 #include "source.h"
 
 /* Companion files (a name that belongs to a data file beside it: X.idx to
- * X.bin, X.index to X) are the format table's (formats.c, tf__companion_at):
- * one table says them all. */
+ * X.bin, X.index to X) are the format table's rows' (companions.c,
+ * tf__companion_at): one table says them all. */
 
 /* A dataset's documentation and configs beside its shards: never token data. */
 static const char *const not_data_ext[] = {".md", ".json", ".yaml", ".yml", ".txt", ".py", ".sh", ".toml", ".cfg"};
@@ -350,7 +350,7 @@ static int data_of(const char *name, const tf__companion *c, char *buf, size_t c
 static int is_companion(const listed_dir *d, const char *base) {
     char buf[4096];
     const tf__companion *c;
-    for (size_t k = 0; (c = tf__companion_at(k, NULL)) != NULL; k++) {
+    for (size_t k = 0; (c = tf__companion_at(k)) != NULL; k++) {
         if (!data_of(base, c, buf, sizeof buf)) continue;
         const entry *e = find(d, buf);
         if (e && !e->is_dir) return 1;
@@ -373,17 +373,16 @@ static int not_data(const char *base) {
 static void kind_of(const listed_dir *d, const char *base, char *out, size_t cap) {
     char buf[4096];
     size_t n = strlen(base);
-    const tf__format_row *r;
-    for (size_t i = 0; (r = tf__format_at(i)) != NULL; i++) { /* a pair's data file (format table) */
-        if (!r->pair_data_suffix || !r->companions || !ends_with(base, r->pair_data_suffix)) continue;
-        const char *cs = r->companions[0].suffix;
-        size_t ds = strlen(r->pair_data_suffix);
-        if (n - ds + strlen(cs) + 1 > sizeof buf) continue;
-        memcpy(buf, base, n - ds);
-        strcpy(buf + n - ds, cs);
+    const tf__companion *c;
+    for (size_t k = 0; (c = tf__companion_at(k)) != NULL; k++) { /* a pair's data file (format table) */
+        if (!c->pair || !ends_with(base, c->data_ext)) continue;
+        size_t de = strlen(c->data_ext);
+        if (n - de + strlen(c->suffix) + 1 > sizeof buf) continue;
+        memcpy(buf, base, n - de);
+        strcpy(buf + n - de, c->suffix);
         const entry *e = find(d, buf);
         if (e && !e->is_dir) {
-            snprintf(out, cap, "%.40s %s/%s pairs", r->pair_name, r->pair_data_suffix, cs);
+            snprintf(out, cap, "%.40s %s/%s pairs", c->pair, c->data_ext, c->suffix);
             return;
         }
     }
@@ -564,7 +563,7 @@ unsigned tf__listed_companions(const tf__listing *L, const char *path) {
     char buf[4096];
     size_t n = strlen(base);
     const tf__companion *c;
-    for (size_t k = 0; k < 32 && (c = tf__companion_at(k, NULL)) != NULL; k++) {
+    for (size_t k = 0; k < 32 && (c = tf__companion_at(k)) != NULL; k++) {
         size_t de = strlen(c->data_ext);
         if (!ends_with(base, c->data_ext) || n - de + strlen(c->suffix) + 1 > sizeof buf) continue;
         memcpy(buf, base, n - de);

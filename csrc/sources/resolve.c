@@ -76,7 +76,7 @@ static int allows(const tf__format_row *want, const tf__format_row *r) {
 }
 
 static int is_pair_row(const tf__format_row *r) {
-    return r->pair_data_suffix && r->companions && r->companions[0].suffix && r->pair_magic;
+    return r->pair_data_suffix && r->companions && r->companions[0].pair && r->pair_magic;
 }
 
 int tf__resolve_names(const char *path, tf_format fmt, int (*add)(void *ctx, const char *name, int manifest),
@@ -183,7 +183,7 @@ int tf__resolve_target(const char *path, tf_format fmt, const tf__probe *pr, tf_
         char *b = pre ? tf__pair_name(pair, pre, 1) : NULL;
         free(pre);
         rc = a && b ? tf__seterr(-TF_EFORMAT, "%s: no %s dataset here: expected %s and %s, the second starting with %s. Pass the common prefix of the two %ss.",
-                                 path, pair->pair_name, a, b, pair->pair_magic_what, pr->noun)
+                                 path, pair->companions[0].pair, a, b, pair->pair_magic_what, pr->noun)
                     : -ENOMEM;
         free(a);
         free(b);
@@ -212,7 +212,7 @@ int tf__resolve_target(const char *path, tf_format fmt, const tf__probe *pr, tf_
             char *b = pre ? tf__pair_name(r, pre, 1) : NULL;
             if (a && b)
                 used += (size_t)snprintf(alt + used, sizeof alt - used, "%sa %s pair %s and %s", used ? ", nor " : "",
-                                         r->pair_name, a, b);
+                                         r->companions[0].pair, a, b);
             free(pre);
             free(a);
             free(b);

@@ -164,6 +164,9 @@ typedef struct tf__companion {
     const char *data_ext;
     int fetch;
     const char *what;             /* a few words for messages */
+    /* The second half of a pair opened by its prefix (its row's first
+     * companion): the pair's name for messages ("Megatron"), else NULL. */
+    const char *pair;
 } tf__companion;
 
 typedef struct tf__format_row {
@@ -188,12 +191,10 @@ typedef struct tf__format_row {
      * in each file it opens: file.c reads documents through them). */
     const tf__doc_ops *doc_ops;
     /* A pair opened by its common prefix (Megatron's P.bin + P.idx, the .idx
-     * its first companion): the data file's suffix, and a few words and its
-     * name for messages ("a Megatron pair", "Megatron"); NULL for a single
-     * file. */
+     * its first companion, which names the pair): the data file's suffix, and
+     * a few words for messages ("a Megatron pair"); NULL for a single file. */
     const char *pair_data_suffix;
     const char *pair;
-    const char *pair_name;
     /* A pair: whether its companion (the row's first) starts with its magic,
      * and that magic as messages write it. */
     int (*pair_magic)(const uint8_t *head, size_t n);
@@ -234,10 +235,14 @@ TF_HIDDEN int tf__megatron_idx_magic(const uint8_t *head, size_t n);
  * at path (those with fetch set; malloc'ed), or NULL past the last (or on
  * ENOMEM: *oom set). */
 TF_HIDDEN char *tf__format_companion(tf_format fmt, const char *path, size_t k, int *oom);
-/* The k-th companion of the whole table (rows in order, each row's list in
- * order), and its row in *row when row is not NULL; NULL past the last. A
- * listing's companion mask (tf__listed_companions) has bit k for it. */
-TF_HIDDEN const tf__companion *tf__companion_at(size_t k, const tf__format_row **row);
+/* companions.c: the rows' companion lists (data only, so that the shard-set
+ * listing reads them without calling up into the parsers), and the k-th
+ * companion of them all, NULL past the last. A listing's companion mask
+ * (tf__listed_companions) has bit k for it. */
+TF_HIDDEN extern const tf__companion tf__megatron_companions[];
+TF_HIDDEN extern const tf__companion tf__raw_companions[];
+TF_HIDDEN extern const tf__companion tf__nemo_nanogpt_companions[];
+TF_HIDDEN const tf__companion *tf__companion_at(size_t k);
 /* The index k of companion c in tf__companion_at's order (-1: not one). */
 TF_HIDDEN int tf__companion_index(const tf__companion *c);
 /* The name of companion c of the data file path (malloc'ed, NULL on ENOMEM). */

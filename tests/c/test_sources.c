@@ -1234,14 +1234,13 @@ static void test_resolve(void) {
     const char *const sufs[] = {".idx", ".index", ".tfdocs", ".csv.gz", ".bos.idx"};
     const tf__companion *comp;
     size_t k = 0;
-    for (; (comp = tf__companion_at(k, NULL)) != NULL; k++) {
+    for (; (comp = tf__companion_at(k)) != NULL; k++) {
         CHECK(k < 5 && !strcmp(comp->suffix, sufs[k]));
         CHECK(tf__companion_index(comp) == (int)k);
     }
     CHECK(k == 5);
-    const tf__format_row *row = NULL;
-    comp = tf__companion_at(3, &row);
-    CHECK(row && row->headerless && !comp->fetch);
+    comp = tf__companion_at(3);
+    CHECK(comp == &tf__format_row_of(TF_FORMAT_RAW)->companions[2] && !comp->fetch);
     char *name = tf__companion_name(comp, "a.b/x.npy");
     CHECK(name && !strcmp(name, "a.b/x.csv.gz"));
     free(name);
