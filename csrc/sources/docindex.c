@@ -169,7 +169,7 @@ int tf__docindex_open(const char *path, const tf_open_options *opt, tf_file *f) 
         free(ip);
     }
     if (rc == 1) { /* no index: documents come from the rows (concat only) */
-        f->docs_from_rows = 1;
+        f->eos.rows_only = 1;
         return 0;
     }
     return rc;

@@ -59,7 +59,7 @@ static const char *const raw_companions[] = {".index", NULL};
 static const tf__format_row rows[] = {
     {.format = TF_FORMAT_NATIVE, .name = "tokenfeed", .alias = "native", .magic = magic_native,
      .parse = tf__open_native, .reparse = tf__open_native, .docs = TF_DOCS_ENDS, .catalog = 1, .manifest = 1,
-     .what = "a tokenfeed shard or dataset"},
+     .ops = &tf__native_ops, .what = "a tokenfeed shard or dataset"},
     {.format = TF_FORMAT_MEGATRON, .name = "megatron", .parse = tf__open_megatron, .reparse = reopen_megatron,
      .companions = megatron_companions, .docs = TF_DOCS_FORMAT, .doc_ops = &tf__megatron_doc_ops,
      .pair_data_suffix = ".bin", .pair = "a Megatron pair", .catalog = 0,
