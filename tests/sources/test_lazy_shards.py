@@ -152,6 +152,42 @@ def test_native_dataset_from_catalog(tmp_path, monkeypatch):
     b.verify()
 
 
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_native_shards_unmapped_under_the_bound_keep_their_checksums(tmp_path, compression):
+    """A shard unmapped again under the bound keeps its header's checksums (the format's
+    private state outlives its mappings, its pointers into them do not): the dataset's
+    catalog is then written from the shards as opened, each checked against the manifest
+    by those checksums, and read back; verify still finds a damaged shard."""
+    d = tmp_path / "native"
+    rng = np.random.default_rng(1)
+    kw = dict(compression="zstd", block_tokens=16) if compression else {}
+    with tokenfeed.DatasetWriter(str(d), vocab_size=1000, shard_tokens=64, **kw) as w:
+        for _ in range(30):
+            w.add_document(rng.integers(0, 1000, size=int(rng.integers(5, 40))))
+    (d / "tokenfeed.catalog").unlink()
+    out = _run(f"""
+        import numpy as np, tokenfeed
+        ds = tokenfeed.open({str(d)!r})
+        assert ds.num_files > 3
+        whole = ds.tokens(0, ds.num_tokens)  # every shard mapped in turn, all but one unmapped again
+        ds.verify()
+        print("CAT", ds._core.write_dataset_catalog({str(d)!r}))
+        again = tokenfeed.open({str(d)!r})
+        assert again.fingerprint == ds.fingerprint
+        assert np.array_equal(again.tokens(0, again.num_tokens), whole)
+        again.verify()
+        print("OK")
+    """, {"TOKENFEED_MAX_OPEN_SHARDS": "1", "TOKENFEED_CATALOG_DIR": ""})
+    assert "OK" in out and str(d / "tokenfeed.catalog") in out
+    # the catalog's entries carry the checksums: a damaged shard is still found by verify
+    shard = sorted(p for p in d.iterdir() if p.name.startswith("shard"))[1]
+    b = bytearray(shard.read_bytes())
+    b[4096 + 3] ^= 0xFF
+    shard.write_bytes(bytes(b))
+    with pytest.raises(tokenfeed.FormatError, match=shard.name):
+        tokenfeed.open(str(d)).verify()
+
+
 def test_stale_catalog_entry_refreshed(tmp_path, monkeypatch):
     monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(tmp_path / "catalog"))
     files = _llmc_set(tmp_path / "d")
