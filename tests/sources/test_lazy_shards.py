@@ -188,6 +188,40 @@ def test_native_shards_unmapped_under_the_bound_keep_their_checksums(tmp_path, c
         tokenfeed.open(str(d)).verify()
 
 
+@pytest.mark.parametrize("flags", [1, 2, 3])
+def test_planted_entry_claiming_what_its_format_has_not_is_refused(tmp_path, monkeypatch, flags):
+    """An entry of the node's catalog that says an llm.c file is stored in compressed
+    blocks (flag 1) or carries a format's private checksums (flag 2), sealed again, is no
+    entry: the format's row has no blocks and no private state, so the catalog is not used
+    and the files are parsed, read right and verified, never failing as "changed"."""
+    import struct
+    import xxhash
+    cdir = tmp_path / "catalog"
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cdir))
+    files = []
+    for i in range(6):
+        p = tmp_path / f"shard_{i:03d}.bin"
+        write_llmc(str(p), (np.arange(40 + 7 * i) + 100 * i).astype(np.uint16))
+        files.append(str(p))
+    _aged(files)
+    ref = tokenfeed.open(files)
+    (cat,) = [cdir / n for n in os.listdir(cdir)]
+    b = bytearray(cat.read_bytes())
+    assert b[:8] == b"TFCATLG1"
+    # shard 3's record: flags (u32), then num_tokens and num_docs, ..., block_tokens, num_blocks
+    key = struct.pack("<QQ", 40 + 7 * 3, 1)
+    at = b.find(key)
+    assert at > 0 and b.find(key, at + 1) < 0
+    b[at - 4] |= flags
+    b[at + 40:at + 56] = struct.pack("<QQ", 16, 3)
+    b[-8:] = xxhash.xxh64_intdigest(bytes(b[:-8]), seed=0).to_bytes(8, "little")
+    cat.write_bytes(bytes(b))
+    ds = tokenfeed.open(files)
+    assert np.array_equal(ds.tokens(0, ds.num_tokens), ref.tokens(0, ref.num_tokens))
+    assert not any(f["compressed"] for f in ds.files())
+    ds.verify()
+
+
 def test_stale_catalog_entry_refreshed(tmp_path, monkeypatch):
     monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(tmp_path / "catalog"))
     files = _llmc_set(tmp_path / "d")
