@@ -523,14 +523,15 @@ static int native_verify(const tf_file *f, _Atomic uint64_t *progress, _Atomic i
     if (got != nf->tokens_checksum)
         TF_FAIL(-TF_ECHECKSUM, "%s: tokens_checksum: expected %016llx, found %016llx. The shard is corrupt: restore it from a good copy or regenerate it.",
                 f->path, (unsigned long long)nf->tokens_checksum, (unsigned long long)got);
-    if (!nf->docs_section || (compressed && !nf->block_table))
+    if ((!nf->docs_section && nf->docs_bytes) || (compressed && !nf->block_table && f->blocks.count))
         TF_FAIL(-EINVAL, "%s: verify: the document index or block table is not in memory (internal error)", f->path);
-    got = tf_hash64(nf->docs_section, (size_t)nf->docs_bytes, 0);
+    static const uint8_t none[1];
+    got = tf_hash64(nf->docs_bytes ? nf->docs_section : none, (size_t)nf->docs_bytes, 0);
     if (got != nf->docs_checksum)
         TF_FAIL(-TF_ECHECKSUM, "%s: docs_checksum: expected %016llx, found %016llx. The shard's document index is corrupt: restore it from a good copy or regenerate it.",
                 f->path, (unsigned long long)nf->docs_checksum, (unsigned long long)got);
     if (compressed) {
-        got = tf_hash64(nf->block_table, (size_t)(f->blocks.count * 16), 0);
+        got = tf_hash64(f->blocks.count ? nf->block_table : none, (size_t)(f->blocks.count * 16), 0);
         if (got != nf->blocks_checksum)
             TF_FAIL(-TF_ECHECKSUM, "%s: blocks_checksum: expected %016llx, found %016llx. The shard's block table is corrupt: restore it from a good copy or regenerate it.",
                     f->path, (unsigned long long)nf->blocks_checksum, (unsigned long long)got);
