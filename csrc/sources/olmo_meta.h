@@ -10,8 +10,7 @@
 #include <stdint.h>
 #include <sys/stat.h>
 
-#include "tokenfeed.h"
-#include "../common/internal.h"
+#include "source.h"
 
 /* Bounds on what the decompressed metadata may be, so that a small hostile
  * file cannot make the reader decompress or hold without end: a row is at
