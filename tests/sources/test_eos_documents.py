@@ -398,3 +398,18 @@ def test_olmo_metadata_without_zlib_says_what_to_do(tmp_path, value, match):
     assert re.search(match, r.stdout), r.stdout
     assert "needs zlib at run time" in r.stdout and "delete" in r.stdout
     assert not os.path.exists(str(p) + ".tfdocs")
+
+
+def test_index_command_reads_olmo_metadata(tmp_path, capsys):
+    """`tokenfeed index` over OLMo data: the documents of each file's metadata; a damaged metadata
+    file stops the command with the message naming it, the line and the field."""
+    p, meta = _olmo_file(tmp_path, 100)
+    meta.write_bytes(gzip.compress(b"0,30,a\n30,64,b\n"))
+    q, qmeta = _olmo_file(tmp_path, 50, name="part-0-00001")
+    qmeta.write_bytes(gzip.compress(b"0,20\n15,50\n"))
+    assert cli_main(["index", str(p), "--dtype", "uint32", "--eos-id", str(EOS), "-q"]) == 0
+    assert _index_ends(str(p) + ".tfdocs") == [30, 64, 100]
+    assert cli_main(["index", str(q), "--dtype", "uint32", "--eos-id", str(EOS), "-q"]) != 0
+    err = capsys.readouterr().err
+    assert str(qmeta) in err and "line 2, field start: start 15 overlaps" in err
+    assert not os.path.exists(str(q) + ".tfdocs")
