@@ -298,6 +298,8 @@ def main() -> None:
                                                               + ix[48:]))
         save("docindex", "truncated", b"\x81" + chunks(etoks.tobytes(), ix[:-8]))
         save("docindex", "bad_version", b"\x01" + chunks(etoks.tobytes(), ix[:8] + struct.pack("<I", 9) + ix[12:]))
+        v2 = ix[:8] + struct.pack("<I", 2) + ix[12:56] + bytes(40) + ix[64:]  # as if built from OLMo's metadata
+        save("docindex", "version2", b"\x81" + chunks(etoks.tobytes(), v2))
 
         # ---- whole datasets: kind, ctl (u32), chunks (fuzz_dataset.c)
         def ds(kind: int, ctl: int, *parts: bytes) -> bytes:

@@ -413,3 +413,22 @@ def test_index_command_reads_olmo_metadata(tmp_path, capsys):
     err = capsys.readouterr().err
     assert str(qmeta) in err and "line 2, field start: start 15 overlaps" in err
     assert not os.path.exists(str(q) + ".tfdocs")
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda b: b[:60] + bytes([b[60] ^ 1]) + b[61:], r"header checksum"),  # the recorded metadata size
+    (lambda b: b[:-1] + bytes([b[-1] ^ 1]), r"document ends checksum"),
+    (lambda b: b[:-8], r"size: does not match"),
+    (lambda b: b[:8] + (3).to_bytes(4, "little") + b[12:], r"header checksum|version"),
+])
+def test_olmo_index_damaged_refused(tmp_path, damage, match):
+    """A version-2 index (built from the metadata) damaged on disk is refused like any other."""
+    p, meta = _olmo_file(tmp_path, 100)
+    meta.write_bytes(gzip.compress(b"0,10\n10,50\n"))
+    ix = tokenfeed.build_index(p, dtype="uint32", eos_id=EOS)
+    b = open(ix, "rb").read()
+    assert int.from_bytes(b[8:12], "little") == 2 and len(b) == 96 + 3 * 8
+    with open(ix, "wb") as f:
+        f.write(damage(b))
+    with pytest.raises(tokenfeed.FormatError, match=match):
+        tokenfeed.open(str(p), dtype="uint32", eos_id=EOS).num_documents
