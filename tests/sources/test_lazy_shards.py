@@ -220,6 +220,8 @@ def test_planted_entry_claiming_what_its_format_has_not_is_refused(tmp_path, mon
     assert np.array_equal(ds.tokens(0, ds.num_tokens), ref.tokens(0, ref.num_tokens))
     assert not any(f["compressed"] for f in ds.files())
     ds.verify()
+    # and the catalog is written again as the files are
+    assert cat.read_bytes() != bytes(b) and cat.read_bytes()[at - 4] & 3 == 0
 
 
 def test_stale_catalog_entry_refreshed(tmp_path, monkeypatch):
