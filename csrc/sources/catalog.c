@@ -916,6 +916,10 @@ static int read_entry(tf__byte_rd *r, tf_file *f, const tf_file *prev, const cha
     f->format_ops = ops;
     f->blocks.ops = (flags & 1) ? ops->blocks : NULL;
     if (!f->blocks.ops) f->blocks.tokens = f->blocks.count = 0;
+    /* the blocks a file's header implies: the engine sizes its block cache by
+     * the entry's before the file is first touched */
+    else if (!f->blocks.tokens || f->blocks.count != f->num_tokens / f->blocks.tokens + (f->num_tokens % f->blocks.tokens != 0))
+        return -1;
     if (flags & 2) ops->catalog_unpack(f, priv);
     f->eos.split = (flags & 4) != 0;
     return tf__file_lazy_from_meta(f, index_dir, tf__parser_of(f->format), id, tok_off) != 0 ? -1 : 0;

@@ -224,6 +224,39 @@ def test_planted_entry_claiming_what_its_format_has_not_is_refused(tmp_path, mon
     assert cat.read_bytes() != bytes(b) and cat.read_bytes()[at - 4] & 3 == 0
 
 
+@pytest.mark.parametrize("blocks", [(16, 1 << 40), (16, 0), (0, 4)])
+def test_planted_entry_with_blocks_its_counts_do_not_give_is_refused(tmp_path, monkeypatch, blocks):
+    """A compressed shard's entry in the node's catalog whose block size and block count do
+    not agree with its token count (what its header would give), sealed again, is no entry:
+    the engine sizes its block cache by the entries before any shard is touched."""
+    import struct
+    import xxhash
+    cdir = tmp_path / "catalog"
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cdir))
+    d = tmp_path / "native"
+    with tokenfeed.DatasetWriter(str(d), vocab_size=1000, shard_tokens=64, compression="zstd", block_tokens=16) as w:
+        for i in range(12):
+            w.add_document(np.arange(10 + i) % 1000)
+    _aged([str(p) for p in d.iterdir()] + [str(d)])
+    ref = tokenfeed.open(str(d))
+    want = ref.tokens(0, ref.num_tokens)
+    (cat,) = [cdir / n for n in os.listdir(cdir)]
+    b = bytearray(cat.read_bytes())
+    f0 = ref.files()[0]
+    key = struct.pack("<QQ", f0["num_tokens"], f0["num_documents"])
+    at = b.find(key)
+    assert at > 0 and b[at - 4] & 1  # compressed
+    assert struct.unpack_from("<QQ", b, at + 40) == (16, -(-f0["num_tokens"] // 16))
+    b[at + 40:at + 56] = struct.pack("<QQ", *blocks)
+    b[-8:] = xxhash.xxh64_intdigest(bytes(b[:-8]), seed=0).to_bytes(8, "little")
+    cat.write_bytes(bytes(b))
+    ds = tokenfeed.open(str(d))
+    assert np.array_equal(ds.tokens(0, ds.num_tokens), want)
+    with tokenfeed.Loader(ds, seq_len=15, batch_size=2, seed=0, output="numpy") as l:
+        next(l)
+    assert struct.unpack_from("<QQ", cat.read_bytes(), at + 40) == (16, -(-f0["num_tokens"] // 16))
+
+
 def test_stale_catalog_entry_refreshed(tmp_path, monkeypatch):
     monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(tmp_path / "catalog"))
     files = _llmc_set(tmp_path / "d")
