@@ -691,7 +691,7 @@ static int read_span(tf__worker *w, uint64_t sample, const tf__span *sp, uint64_
         uint64_t local = start - ds->tok_prefix[fi];
         uint64_t n = f->num_tokens - local < left ? f->num_tokens - local : left;
         if (n) {
-            if (f->compressed) {
+            if (f->blocks.ops) {
                 rc = r->zc ? tf__zcache_read(r->zc, &w->zh, ds, fi, local, n, dst, r->out_dtype)
                            : tf__seterr(-EFAULT, "internal: %s is compressed but the loader has no block cache", f->path);
             } else {

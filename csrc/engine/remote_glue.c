@@ -63,14 +63,15 @@ static int locate(void *ctx, uint64_t pos, tf__prefetch_emit_fn emit, void *ectx
             const tf__robj *ro = tf__file_robj(f);
             if (n && ro && !ro->held_whole) { /* (a shard held whole in memory reads no chunk) */
                 size_t isz = tf_dtype_size(f->dtype);
-                if (!f->compressed) {
+                if (!f->blocks.ops) {
                     emit_range(ro, local * isz, (local + n) * isz, emit, ectx);
-                } else if (f->block_tokens) {
-                    for (uint64_t b = local / f->block_tokens; b <= (local + n - 1) / f->block_tokens && b < f->num_blocks; b++) {
-                        const uint8_t *e = f->block_table + 16 * b;
-                        uint64_t off = tf__le64(e), size = tf__le64(e + 8);
-                        if (off <= f->tokens_section_len && size <= f->tokens_section_len - off)
-                            emit_range(ro, off, off + size, emit, ectx);
+                } else if (f->blocks.tokens) {
+                    for (uint64_t b = local / f->blocks.tokens; b <= (local + n - 1) / f->blocks.tokens && b < f->blocks.count; b++) {
+                        /* (an entry the format refuses is skipped: its
+                         * read gives the error) */
+                        uint64_t off, size;
+                        if (f->blocks.ops->extent(f, b, &off, &size) == 0) emit_range(ro, off, off + size, emit, ectx);
+                        else tf__clearerr();
                     }
                 }
             }

@@ -115,12 +115,12 @@ static int gather(const tf_dataset *ds, zfacts *z) {
     memset(z, 0, sizeof *z);
     for (uint64_t i = 0; i < ds->nfiles; i++) {
         const tf_file *f = &ds->files[i];
-        if (!f->compressed || !f->num_tokens) continue;
-        uint64_t bt = f->block_tokens, bytes;
+        if (!f->blocks.ops || !f->num_tokens) continue;
+        uint64_t bt = f->blocks.tokens, bytes;
         size_t isz = tf_dtype_size(f->dtype);
         if (!bt || tf__mul_overflow(bt, isz, &bytes) || bytes > TF_NATIVE_MAX_BLOCK_BYTES)
             TF_FAIL(-TF_EFORMAT, "%s: block_tokens: %llu is not a usable block size", f->path, (unsigned long long)bt);
-        z->blocks += f->num_blocks;
+        z->blocks += f->blocks.count;
         z->tokens += f->num_tokens;
         if (!z->bt_min || bt < z->bt_min) z->bt_min = bt;
         if (bt > z->bt_max) z->bt_max = bt;
@@ -468,8 +468,8 @@ static int acquire(tf__zcache *c, tf__zhold *h, const tf_file *f, uint64_t fi, u
     /* Victim: least recently used entry that nobody reads or loads. */
     uint32_t v = c->tail;
     while (v != Z_NIL && (c->e[v].pins || c->e[v].state == Z_LOADING)) v = c->e[v].prev;
-    uint64_t first = b * f->block_tokens;
-    uint64_t ntok = f->num_tokens - first < f->block_tokens ? f->num_tokens - first : f->block_tokens;
+    uint64_t first = b * f->blocks.tokens;
+    uint64_t ntok = f->num_tokens - first < f->blocks.tokens ? f->num_tokens - first : f->blocks.tokens;
     uint64_t stored = 0;
     int rc;
     if (v == Z_NIL) {
@@ -534,7 +534,7 @@ int tf__zcache_read(tf__zcache *c, tf__zhold *h, const tf_dataset *ds, uint64_t 
                     void *out, tf_dtype out_dtype) {
     const tf_file *f = &ds->files[fi];
     size_t isz = tf_dtype_size(f->dtype), osz = tf_dtype_size(out_dtype);
-    uint64_t bt = f->block_tokens;
+    uint64_t bt = f->blocks.tokens;
     if (!bt) TF_FAIL(-TF_EFORMAT, "%s: block_tokens: expected > 0, found 0", f->path);
     if (start > f->num_tokens || count > f->num_tokens - start)
         TF_FAIL(-ERANGE, "%s: tokens [%llu, %llu) out of range (%llu tokens)", f->path, (unsigned long long)start,
@@ -557,13 +557,13 @@ void tf__zcache_prefetch(tf__zcache *c, const tf_dataset *ds, uint64_t tok, uint
     if (tok >= ds->num_tokens) return;
     uint64_t fi = tf__dataset_file_of(ds, tok);
     const tf_file *f = &ds->files[fi];
-    if (!f->compressed || !f->block_tokens) return;
+    if (!f->blocks.ops || !f->blocks.tokens) return;
     uint64_t local = tok - ds->tok_prefix[fi];
     const uint8_t *p = NULL;
-    uint64_t off = local % f->block_tokens, n = f->block_tokens - off;
+    uint64_t off = local % f->blocks.tokens, n = f->blocks.tokens - off;
     if (n > ntok) n = ntok;
     pthread_mutex_lock(&c->mu);
-    uint32_t i = find(c, fi, local / f->block_tokens);
+    uint32_t i = find(c, fi, local / f->blocks.tokens);
     if (i != Z_NIL && c->e[i].state == Z_READY) p = c->e[i].buf + off * tf_dtype_size(f->dtype);
     pthread_mutex_unlock(&c->mu);
     /* The arena stays mapped while the loader lives, so prefetching a slot

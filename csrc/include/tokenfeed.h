@@ -267,7 +267,12 @@ TF_API void tf_dataset_free(tf_dataset *ds);
  * be set): "<data_path>.tfdocs" beside it, or when that directory is not
  * writable, in opt->index_dir. ends (cumulative document ends, nends entries,
  * last == the file's token count) gives the documents from metadata written
- * with the file; NULL scans the tokens for eos_id. The file is written under a
+ * with the file; NULL takes them from OLMo's document metadata when data_path
+ * is "x.npy" and "x.csv.gz" lies beside it (a gzip'd CSV of start,end,...
+ * rows, every row checked; zlib is loaded at run time for it, libz.so.1 or
+ * $TOKENFEED_ZLIB, and without it this fails with -ENOSYS and says so), and
+ * otherwise scans the tokens for eos_id. Such an index records the metadata
+ * file too, and open refuses it once that file changes or goes. The file is written under a
  * temporary name, fsynced and renamed, never through a symlink; it records the
  * data file's size and modification time, which every open checks.
  * The path written goes to out (cap bytes). Format: docs/format.md. */

@@ -172,7 +172,7 @@ static int check_docs(const tf_dataset *ds, const tf_order_config *cfg) {
     if (!ds->docs_from_rows || (cfg->packing == TF_PACK_CONCAT && cfg->separator_id < 0)) return 0;
     const char *p = "";
     for (uint64_t i = 0; i < ds->nfiles && !*p; i++)
-        if (ds->files[i].docs_from_rows) p = ds->files[i].path;
+        if (ds->files[i].eos.rows_only) p = ds->files[i].path;
     TF_FAIL(-EINVAL, "%s: %s the document index of this file, which is split at eos id %llu and has none: build it once with `tokenfeed index %s --dtype %s --eos-id %llu` (kept beside the data, or in the node cache when that directory is read-only)",
             p, cfg->packing == TF_PACK_CONCAT ? "separator_id needs" : "best-fit and document packing need", (unsigned long long)ds->eos_id, p,
             tf_dtype_name(ds->dtype), (unsigned long long)ds->eos_id);

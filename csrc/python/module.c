@@ -514,7 +514,8 @@ PyObject *tfpy_settings_values(tf_setting_scope scope, const void *cfg) {
 PyDoc_STRVAR(build_doc_index_doc,
 "build_doc_index($module, path, dtype, eos_id, ends=None, index_dir=None)\n--\n\n"
 "Write the document index of the headerless token file path (documents end after\n"
-"eos_id; ends: cumulative document ends as a uint64 array, or None to scan the tokens).\n"
+"eos_id; ends: cumulative document ends as a uint64 array, or None for OLMo's metadata\n"
+"x.csv.gz beside x.npy when there is one, else a scan of the tokens).\n"
 "Returns the path written. See tf_doc_index_build in tokenfeed.h.");
 
 static PyObject *build_doc_index(PyObject *mod, PyObject *args, PyObject *kwargs) {

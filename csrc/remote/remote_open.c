@@ -449,13 +449,8 @@ static int relocate_native(tf_file *f, uint64_t docs_off) {
         if (!meta) return -ENOMEM;
         memcpy(meta, m + docs_off, (size_t)(end - docs_off));
     }
-#define MOVE(ptr) \
-    if (ptr) ptr = (void *)(meta + ((const uint8_t *)(ptr) - (m + docs_off)))
-    MOVE(f->doc_ends);
-    MOVE(f->docs_section);
-    MOVE(f->block_table);
-    MOVE(f->chunk_sums);
-#undef MOVE
+    if (f->doc_ends) f->doc_ends = (const void *)(meta + ((const uint8_t *)f->doc_ends - (m + docs_off)));
+    tf__native_rebase(f, m, docs_off, meta); /* its tables; its token section is not kept */
     f->meta = meta;
     return 0;
 }
@@ -560,7 +555,7 @@ const tf__robj *tf__file_robj(const tf_file *f) {
     if (f->bytes_ops == &remote_byte_ops || f->bytes_ops == &remote_borrowed_ops) return f->bytes_src;
     lazy_obj *lo = tf__file_lazy_source(f, &remote_lazy_src);
     /* (compressed shards are never opened from the catalog: read_catalog) */
-    if (!lo || f->compressed) return NULL;
+    if (!lo || f->blocks.ops) return NULL;
     tf__robj *o = atomic_load(&lo->robj);
     if (!o && !atomic_load(&lo->failed)) {
         /* the scheduler asks ahead of the reader: open the shard now, its
@@ -582,9 +577,10 @@ const tf__robj *tf__file_robj(const tf_file *f) {
 /* Where the tokens of f, just parsed from its map, lie in its object: a
  * native shard's token section, or what a foreign file's parser pointed at. */
 static int token_region(const tf_file *f, uint64_t *off, uint64_t *len) {
-    if (f->format == TF_FORMAT_NATIVE) {
-        *off = f->tokens_offset;
-        *len = f->tokens_section_len;
+    tf__native_info ni;
+    if (tf__native_info_of(f, &ni) == 0) {
+        *off = ni.tokens_at;
+        *len = ni.tokens_len;
         return 0;
     }
     if (f->num_tokens && (!f->tokens || f->tokens < (const uint8_t *)f->map))
@@ -601,14 +597,14 @@ static int finish_remote_file(tf__preg *g, tf_file *f) {
     if (!p) TF_FAIL(-EINVAL, "%s: not prepared (internal error)", url);
     uint64_t data_off, data_len;
     TF_TRY(token_region(f, &data_off, &data_len));
-    if (f->format == TF_FORMAT_NATIVE) {
-        uint64_t docs_off = (uint64_t)((const uint8_t *)f->docs_section - (const uint8_t *)f->map);
-        TF_TRY(relocate_native(f, docs_off));
+    tf__native_info ni;
+    if (tf__native_info_of(f, &ni) == 0) {
+        TF_TRY(relocate_native(f, ni.index_at));
+        TF_TRY(tf__native_info_of(f, &ni)); /* its chunk table, moved */
     }
     tf__robj *o = NULL;
     TF_TRY(tf__robj_from_info(r, url, &p->info, &o));
-    int rc = tf__robj_set_region(o, data_off, data_len, f->chunk_sums ? f->chunk_sums : NULL, f->num_chunk_sums,
-                                 f->chunk_sum_bytes);
+    int rc = tf__robj_set_region(o, data_off, data_len, ni.chunk_table, ni.chunk_count, ni.chunk_bytes);
     if (rc) {
         tf__robj_free(o);
         return rc;
@@ -618,9 +614,9 @@ static int finish_remote_file(tf__preg *g, tf_file *f) {
     f->bytes_ops = &remote_byte_ops;
     f->bytes_src = o;
     f->data_off = data_off;
-    /* no token byte is in memory: every read goes through the cache */
+    /* no token byte is in memory: every read goes through the cache (the
+     * format's pointers into its token section went with relocate_native) */
     f->tokens = NULL;
-    f->zdata = NULL;
     tf__unmap(f->map, f->map_len);
     f->map = NULL;
     f->map_len = 0;
@@ -667,7 +663,7 @@ static int read_catalog(tf__preg *g, target *t, tf__pobj *pm, const tf_open_opti
      * their blocks by the block table, which a shard known from the catalog
      * only has once touched, so they would be read without it. */
     for (uint64_t k = 0; k < t->ncat; k++)
-        if (t->cat[k].compressed) {
+        if (t->cat[k].blocks.ops) {
             for (uint64_t j = 0; j < t->ncat; j++) tf__file_close(&t->cat[j]);
             free(t->cat);
             t->cat = NULL;
@@ -807,17 +803,19 @@ static int touch_fetch(tf__preg *g, lazy_obj *lo, size_t ahead) {
  * table, as the cache checks chunks. */
 static int check_tokens(const tf_file *f) {
     const uint8_t *m = f->map;
-    uint64_t len = f->tokens_section_len, g = f->chunk_sum_bytes;
-    if (!f->chunk_sums || !g) return 0;
-    if (f->tokens_offset > f->map_len || len > f->map_len - f->tokens_offset ||
-        f->num_chunk_sums != len / g + (len % g != 0))
+    tf__native_info ni;
+    tf__native_info_of(f, &ni); /* (zero for other formats: no chunk table) */
+    uint64_t len = ni.tokens_len, g = ni.chunk_bytes;
+    if (!ni.chunk_table || !g) return 0;
+    if (ni.tokens_at > f->map_len || len > f->map_len - ni.tokens_at ||
+        ni.chunk_count != len / g + (len % g != 0))
         TF_FAIL(-TF_EFORMAT, "%s: chunk checksums: expected %llu entries, found %llu", f->path,
-                (ull)(len / g + (len % g != 0)), (ull)f->num_chunk_sums);
-    for (uint64_t i = 0; i < f->num_chunk_sums; i++) {
+                (ull)(len / g + (len % g != 0)), (ull)ni.chunk_count);
+    for (uint64_t i = 0; i < ni.chunk_count; i++) {
         uint64_t off = i * g, n = len - off < g ? len - off : g;
-        if (tf_hash64(m + f->tokens_offset + off, (size_t)n, 0) != tf__le64((const uint8_t *)&f->chunk_sums[i]))
+        if (tf_hash64(m + ni.tokens_at + off, (size_t)n, 0) != tf__le64((const uint8_t *)&ni.chunk_table[i]))
             TF_FAIL(-EIO, "%s: bytes [%llu, +%llu) do not match the shard's chunk checksum: corrupted in transit or in the store. Run verify() on the source.",
-                    f->path, (ull)(f->tokens_offset + off), (ull)n);
+                    f->path, (ull)(ni.tokens_at + off), (ull)n);
     }
     return 0;
 }
@@ -926,7 +924,9 @@ again:;
             rc = tf__seterr(-TF_EFORMAT, "%s The dataset's catalog (%s) describes the object as it was when the catalog was written: the object was replaced since. Restore it, or write the catalog again (tokenfeed index DATASET_DIR on the dataset's source directory, then upload its %s).",
                             msg, TF_DATASET_CATALOG_NAME, TF_DATASET_CATALOG_NAME);
     }
-    if (unpinned && rc != -EINTR && rc != -ENOMEM && (rc || !out->chunk_sums || !out->chunk_sum_bytes)) {
+    tf__native_info oi;
+    tf__native_info_of(out, &oi); /* (zero for other formats: no chunk table) */
+    if (unpinned && rc != -EINTR && rc != -ENOMEM && (rc || !oi.chunk_table || !oi.chunk_bytes)) {
         /* Read unpinned (no listing gave the store's version), a shard's
          * bytes are kept right by the check against its entry (its header)
          * and by its chunk checksums (its tokens). One without chunk
@@ -946,7 +946,7 @@ again:;
         goto again;
     }
     tf__pobj *p = rc ? NULL : tf__preg_find(&g, url);
-    if (!rc && p && p->whole && p->claimed && !out->compressed && p->info.size <= HEAD_BYTES) {
+    if (!rc && p && p->whole && p->claimed && !out->blocks.ops && p->info.size <= HEAD_BYTES) {
         /* A shard no larger than the head a first touch reads anyway was
          * fetched whole: its tokens stay in the map the parser took (no
          * second request for them), checked as chunks are (the GET was
@@ -960,8 +960,7 @@ again:;
         if (!rc && !atomic_load(&lo->robj)) rc = tf__robj_from_info(lo->r, url, lo_info(lo), &o);
         uint64_t data_off = 0, data_len = 0;
         if (!rc && o) rc = token_region(out, &data_off, &data_len);
-        if (!rc && o) rc = tf__robj_set_region(o, data_off, data_len, out->chunk_sums, out->num_chunk_sums,
-                                               out->chunk_sum_bytes);
+        if (!rc && o) rc = tf__robj_set_region(o, data_off, data_len, oi.chunk_table, oi.chunk_count, oi.chunk_bytes);
         if (!rc && o) {
             o->meta_on = lo->meta_on;
             o->meta_key = lo->meta_key;
@@ -999,8 +998,10 @@ static void catalog_info(const tf_file *e, tf_object_info *info) {
     tf__put_le64(rec + 8, e->num_tokens);
     tf__put_le64(rec + 16, e->num_docs);
     tf__put_le64(rec + 24, e->fingerprint);
-    tf__put_le64(rec + 32, e->tokens_checksum);
-    tf__put_le64(rec + 40, e->docs_checksum);
+    tf__native_info ni;
+    tf__native_info_of(e, &ni); /* (zero for other formats) */
+    tf__put_le64(rec + 32, ni.sum_tokens);
+    tf__put_le64(rec + 40, ni.sum_docs);
     memset(info, 0, sizeof *info);
     info->size = tf__file_size(e);
     snprintf(info->version, sizeof info->version, "%s%016llx", TF__CATALOG_VERSION, (ull)tf_hash64(rec, sizeof rec, 0));

@@ -213,18 +213,21 @@ static void put_file_as(tf__byte_wr *b, const tf_file *f, const tf_file *prev, s
     put32(b, (uint32_t)f->format);
     put32(b, (uint32_t)f->dtype);
     put32(b, (uint32_t)f->doc_kind);
-    put32(b, (uint32_t)((f->compressed ? 1 : 0) | (f->has_checksums ? 2 : 0) | (f->eos_mode ? 4 : 0) |
+    const tf__format_row *r = tf__format_row_of(f->format);
+    const tf__format_ops *ops = r ? r->ops : NULL;
+    uint8_t priv[TF__CATALOG_PRIV_BYTES] = {0};
+    if (ops && ops->catalog_pack) ops->catalog_pack(f, priv);
+    /* flag 2: the entry holds the format's private state (its checksums) */
+    put32(b, (uint32_t)((f->blocks.ops ? 1 : 0) | (ops && ops->catalog_pack ? 2 : 0) | (f->eos.split ? 4 : 0) |
                         (f->aux_path ? ENTRY_AUX_ID : 0)));
     put64(b, f->num_tokens);
     put64(b, f->num_docs);
     put64(b, f->vocab_size);
-    put64(b, f->eos_id);
+    put64(b, f->eos.id);
     put64(b, f->fingerprint);
-    put64(b, f->block_tokens);
-    put64(b, f->num_blocks);
-    put64(b, f->tokens_checksum);
-    put64(b, f->docs_checksum);
-    put64(b, f->blocks_checksum);
+    put64(b, f->blocks.tokens);
+    put64(b, f->blocks.count);
+    tf__byte_put(b, priv, sizeof priv);
     put64(b, (uint64_t)tok_off);
     put_id(b, &id[0]);
     if (f->aux_path) put_id(b, &id[1]);
@@ -366,7 +369,7 @@ static int of_manifest(const tf_file *f) {
  * file read without one may later get. */
 static char *absent_index(const tf_file *f) {
     const tf__format_row *r = tf__format_row_of(f->format);
-    if (f->aux_path || f->eos_mode || (r && r->pair)) return NULL; /* a pair's companion is never absent */
+    if (f->aux_path || f->eos.split || (r && r->pair)) return NULL; /* a pair's companion is never absent */
     int oom = 0;
     return tf__format_companion(f->format, f->path, 0, &oom);
 }
@@ -410,7 +413,7 @@ static int cataloguable(const tf_file *files, uint64_t nfiles) {
     if (nfiles < 2) return 0;
     uint64_t now = now_ns();
     for (uint64_t i = 0; i < nfiles; i++) {
-        if (!files[i].lazy || files[i].docs_from_rows || !tf__parser_of(files[i].format)) return 0;
+        if (!files[i].lazy || files[i].eos.rows_only || !tf__parser_of(files[i].format)) return 0;
         tf__file_id id[2];
         tf__file_lazy_ids(&files[i], id);
         if (!settled(&id[0], now) || !settled(&id[1], now)) return 0;
@@ -889,13 +892,11 @@ static int read_entry(tf__byte_rd *r, tf_file *f, const tf_file *prev, const cha
     f->num_tokens = tf__le64(p);
     f->num_docs = tf__le64(p + 8);
     f->vocab_size = tf__le64(p + 16);
-    f->eos_id = tf__le64(p + 24);
+    f->eos.id = tf__le64(p + 24);
     f->fingerprint = tf__le64(p + 32);
-    f->block_tokens = tf__le64(p + 40);
-    f->num_blocks = tf__le64(p + 48);
-    f->tokens_checksum = tf__le64(p + 56);
-    f->docs_checksum = tf__le64(p + 64);
-    f->blocks_checksum = tf__le64(p + 72);
+    f->blocks.tokens = tf__le64(p + 40);
+    f->blocks.count = tf__le64(p + 48);
+    const uint8_t *priv = p + 56; /* TF__CATALOG_PRIV_BYTES: the format's own */
     int64_t tok_off = (int64_t)tf__le64(p + 80);
     tf__file_id id[2];
     memset(id, 0, sizeof id);
@@ -907,10 +908,20 @@ static int read_entry(tf__byte_rd *r, tf_file *f, const tf_file *prev, const cha
     if (!tf__parser_of(f->format) || !tf_dtype_size(f->dtype) || f->doc_kind > TF_DOCS_FORMAT ||
         !(flags & ENTRY_AUX_ID) != !f->aux_path)
         return -1;
-    f->compressed = (flags & 1) != 0;
-    f->has_checksums = (flags & 2) != 0;
-    f->eos_mode = (flags & 4) != 0;
-    if (f->compressed) f->read_block = tf__native_read_block;
+    /* the format's row reads its private state back and says how its blocks
+     * are read: an entry claiming what its format has not is refused */
+    const tf__format_ops *ops = tf__format_row_of(f->format)->ops;
+    if ((flags & 1) && !(ops && ops->blocks)) return -1;
+    if ((flags & 2) && !(ops && ops->catalog_unpack)) return -1;
+    f->format_ops = ops;
+    f->blocks.ops = (flags & 1) ? ops->blocks : NULL;
+    if (!f->blocks.ops) f->blocks.tokens = f->blocks.count = 0;
+    /* the blocks a file's header implies: the engine sizes its block cache by
+     * the entry's before the file is first touched */
+    else if (!f->blocks.tokens || f->blocks.count != f->num_tokens / f->blocks.tokens + (f->num_tokens % f->blocks.tokens != 0))
+        return -1;
+    if (flags & 2) ops->catalog_unpack(f, priv);
+    f->eos.split = (flags & 4) != 0;
     return tf__file_lazy_from_meta(f, index_dir, tf__parser_of(f->format), id, tok_off) != 0 ? -1 : 0;
 }
 
@@ -1244,7 +1255,7 @@ static int parsed(const tf__byte_rd *r, int rc, tf__arena *ar, tf_file *files, u
  * a catalog. */
 static int read_alone(const tf_file *f) {
     const tf__format_row *r = tf__format_row_of(f->format);
-    return !f->aux_path && !f->eos_mode && !f->compressed && r && r->catalog;
+    return !f->aux_path && !f->eos.split && !f->blocks.ops && r && r->catalog;
 }
 
 /* Whether the open options opt (those keying the catalog) can read f as its
@@ -1282,7 +1293,7 @@ int tf__catalog_pack_objects(const char *prefix, const char *pattern, const tf_o
         if (!read_alone(f))
             TF_FAIL(-EINVAL, "%s: a catalog in object storage describes llm.c, .npy, headerless and uncompressed tokenfeed shards (without a document index or a companion file); this one is %s",
                     f->path, tf__format_row_of(f->format) && tf__format_row_of(f->format)->pair ? tf__format_row_of(f->format)->pair
-                             : f->compressed ? "compressed" : "read with a companion file");
+                             : f->blocks.ops ? "compressed" : "read with a companion file");
     }
     tf__byte_wr b = {0};
     tf__byte_put(&b, CAT_MAGIC, 8);
@@ -1354,9 +1365,11 @@ static uint64_t dataset_key(const uint8_t *manifest, size_t len) {
  * manifest, never contradicts it. */
 static int is_manifest_shard(const tf_file *f, size_t strip, const tf_manifest *m, uint64_t i) {
     const tf_manifest_shard *sh = &m->shards[i];
+    tf__native_info ni;
     return strlen(f->path) >= strip && strcmp(f->path + strip, sh->name) == 0 && of_manifest(f) &&
-           !f->aux_path && f->num_tokens == sh->num_tokens && f->num_docs == sh->num_docs &&
-           f->tokens_checksum == sh->tokens_checksum && f->docs_checksum == sh->docs_checksum &&
+           tf__native_info_of(f, &ni) == 0 && !f->aux_path && f->num_tokens == sh->num_tokens &&
+           f->num_docs == sh->num_docs && ni.sum_tokens == sh->tokens_checksum &&
+           ni.sum_docs == sh->docs_checksum &&
            f->dtype == m->dtype && f->vocab_size == m->vocab_size;
 }
 
@@ -1440,8 +1453,10 @@ int tf__catalog_write_written(const char *dir, const tf__written_shard *shards, 
          * first token's offset as an open that maps it finds it (none when
          * compressed: tf__file_token_offset) */
         tf__file_id id[2] = {{.size = shards[i].size, .known = 2}, {0}};
+        tf__native_info ni;
+        if (rc == 0) rc = tf__native_info_of(f, &ni);
         if (rc == 0)
-            rc = tf__file_lazy_from_meta(f, index_dir, tf__open_native, id, f->compressed ? -1 : (int64_t)f->tokens_offset);
+            rc = tf__file_lazy_from_meta(f, index_dir, tf__open_native, id, f->blocks.ops ? -1 : (int64_t)ni.tokens_at);
     }
     tf__arena_release(ar); /* the files hold it now */
     if (rc == 0) rc = tf__catalog_write_dataset(dir, files, n, NULL, 0);

@@ -178,12 +178,12 @@ static int finish_dataset(tf_file *files, uint64_t nfiles, tf_dataset **out) {
         tf__put_le64(rec, f->fingerprint);
         tf__put_le64(rec + 8, f->num_tokens);
         /* an eos-split file's documents follow from its tokens and eos id */
-        tf__put_le64(rec + 16, f->eos_mode ? UINT64_MAX : f->num_docs);
+        tf__put_le64(rec + 16, f->eos.split ? UINT64_MAX : f->num_docs);
         tf__put_le64(rec + 24, (uint64_t)f->dtype);
         tf__xxh64_update(&h, rec, sizeof rec);
-        if (f->docs_from_rows) {
+        if (f->eos.rows_only) {
             ds->docs_from_rows = 1;
-            ds->eos_id = f->eos_id;
+            ds->eos_id = f->eos.id;
         }
     }
     ds->fingerprint = tf__xxh64_digest(&h);
@@ -608,7 +608,7 @@ int tf_dataset_get_file(const tf_dataset *ds, uint64_t i, tf_file_info *info) {
     info->num_tokens = f->num_tokens;
     info->first_document = ds->doc_prefix[i];
     info->num_documents = f->num_docs;
-    info->compressed = f->compressed;
+    info->compressed = f->blocks.ops != NULL;
     return 0;
 }
 
@@ -667,12 +667,12 @@ int tf_dataset_check_documents(const tf_dataset *ds) {
     if (!ds) return -EINVAL;
     for (uint64_t i = 0; i < ds->nfiles; i++) {
         const tf_file *f = &ds->files[i];
-        if (!f->docs_from_rows) continue;
+        if (!f->eos.rows_only) continue;
         if (tf__is_url(f->path))
             TF_FAIL(-EINVAL, "%s: the documents of this file, split at eos id %llu, are known only inside the rows a concat loader reads: a file read from object storage has no document index, so num_documents, document() and find_document() cannot be answered. Copy it to a local disk and build its index with `tokenfeed index PATH --dtype %s --eos-id %llu`.",
-                    f->path, (unsigned long long)f->eos_id, tf_dtype_name(f->dtype), (unsigned long long)f->eos_id);
+                    f->path, (unsigned long long)f->eos.id, tf_dtype_name(f->dtype), (unsigned long long)f->eos.id);
         TF_FAIL(-EINVAL, "%s: the documents of this file, split at eos id %llu, are known only inside the rows a concat loader reads until its document index is built: num_documents, document() and find_document() need it. Build it once with `tokenfeed index %s --dtype %s --eos-id %llu` (kept beside the data, or in the node cache when that directory is read-only).",
-                f->path, (unsigned long long)f->eos_id, f->path, tf_dtype_name(f->dtype), (unsigned long long)f->eos_id);
+                f->path, (unsigned long long)f->eos.id, f->path, tf_dtype_name(f->dtype), (unsigned long long)f->eos.id);
     }
     return 0;
 }
@@ -724,7 +724,7 @@ int tf_dataset_view(const tf_dataset *ds, uint64_t start, uint64_t count, const 
     const tf_file *f = &ds->files[i];
     uint64_t local = start - ds->tok_prefix[i];
     /* a file mapped on demand may be unmapped again: no pointer into it */
-    if (f->compressed || f->lazy || !f->tokens || count > f->num_tokens - local) return -TF_EUNSUPPORTED;
+    if (f->blocks.ops || f->lazy || !f->tokens || count > f->num_tokens - local) return -TF_EUNSUPPORTED;
     *ptr = f->tokens + local * tf_dtype_size(f->dtype);
     if (dtype) *dtype = f->dtype;
     return 0;
@@ -733,7 +733,7 @@ int tf_dataset_view(const tf_dataset *ds, uint64_t start, uint64_t count, const 
 const void *tf__dataset_peek(const tf_dataset *ds, uint64_t pos) {
     if (pos >= ds->num_tokens) return NULL;
     const tf_file *f = &ds->files[tf__dataset_file_of(ds, pos)];
-    if (f->lazy || f->compressed || !f->tokens) return NULL;
+    if (f->lazy || f->blocks.ops || !f->tokens) return NULL;
     return f->tokens + (pos - ds->tok_prefix[tf__dataset_file_of(ds, pos)]) * tf_dtype_size(f->dtype);
 }
 
@@ -785,6 +785,11 @@ static int dataset_find_document(const tf_dataset *ds, uint64_t pos, uint64_t *d
 enum { CHUNK = 1 << 18 }; /* tokens per check_vocab read */
 
 /* buf: CHUNK int64 of scratch, allocated by tf__file_verify outside the guard. */
+/* The format's verify of its own checksums (its ops'), or NULL. */
+static int (*format_verify(const tf_file *f))(const tf_file *, _Atomic uint64_t *, _Atomic int *, void *, size_t) {
+    return f->format_ops ? f->format_ops->verify : NULL;
+}
+
 static int check_vocab(const tf_file *f, uint64_t vocab, _Atomic uint64_t *progress, _Atomic int *cancel,
                        int64_t *buf) {
     int rc = 0;
@@ -803,7 +808,7 @@ static int check_vocab(const tf_file *f, uint64_t vocab, _Atomic uint64_t *progr
                 }
             }
         }
-        if (!f->has_checksums) atomic_fetch_add(progress, n * isz);
+        if (!format_verify(f)) atomic_fetch_add(progress, n * isz); /* else counted by it */
     }
     return rc;
 }
@@ -849,8 +854,8 @@ int tf__file_verify(const tf_file *f, uint64_t vocab_size, _Atomic uint64_t *pro
 
 static int file_verify_live(const tf_file *f, uint64_t vocab_size, _Atomic uint64_t *progress, _Atomic int *cancel) {
     size_t cap = CHUNK * sizeof(int64_t);
-    if (f->compressed && f->block_tokens * tf_dtype_size(f->dtype) > cap)
-        cap = (size_t)(f->block_tokens * tf_dtype_size(f->dtype));
+    if (f->blocks.ops && f->blocks.tokens * tf_dtype_size(f->dtype) > cap)
+        cap = (size_t)(f->blocks.tokens * tf_dtype_size(f->dtype));
     void *scratch = malloc(cap);
     if (!scratch) return -ENOMEM;
     verify_call c = {f, vocab_size, progress, cancel, scratch, cap};
@@ -861,8 +866,8 @@ static int file_verify_live(const tf_file *f, uint64_t vocab_size, _Atomic uint6
 
 static int file_verify(const tf_file *f, uint64_t vocab_size, _Atomic uint64_t *progress, _Atomic int *cancel,
                        void *scratch, size_t cap) {
-    /* Format checksums (only the native format has them): native.c. */
-    if (f->has_checksums) TF_TRY(tf__native_verify(f, progress, cancel, scratch, cap));
+    /* The checksums the file stores: its format's (the row's verify). */
+    if (format_verify(f)) TF_TRY(format_verify(f)(f, progress, cancel, scratch, cap));
     /* Document index consistency: monotonic, within the token count. */
     uint64_t prev_end = 0;
     for (uint64_t j = 0; j < f->num_docs; j++) {

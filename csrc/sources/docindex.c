@@ -18,7 +18,13 @@
  *  16  eos id u64                 56 XXH64 of bytes [0, 56)
  *  24  data file size u64         64 D uint64 cumulative document ends
  * A document ends after each eos token; tokens after the last eos form a last
- * document, so the last end is the token count. An index is used only if its
+ * document, so the last end is the token count.
+ * Version 2, written when the ends come from OLMo's document metadata
+ * (x.csv.gz beside x.npy, olmo_meta.c), records that file too, so that an
+ * index is refused when the metadata changes or goes as when the tokens do:
+ *  56 metadata size u64           72 metadata inode u64
+ *  64 metadata mtime (ns, int64)  80 zero u64
+ *  88 XXH64 of bytes [0, 88)      96 D uint64 cumulative document ends An index is used only if its
  * header, dtype, eos id, data size and mtime match and both checksums hold;
  * otherwise open refuses it and says how to rebuild it (a stale index would
  * give documents of another file).
@@ -35,6 +41,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "olmo_meta.h"
 #include "safe_fs.h"
 #include "source.h"
 
@@ -43,6 +50,8 @@ typedef unsigned long long ull;
 #define DOCIX_MAGIC "TFDOCIX\0"
 #define DOCIX_VERSION 1u
 #define DOCIX_HEADER 64u
+#define DOCIX_VERSION_META 2u /* built from OLMo's metadata: the header records it */
+#define DOCIX_HEADER_META 96u
 
 static int64_t mtime_ns(const struct stat *st) {
     return (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
@@ -76,6 +85,28 @@ static int rebuild_hint(int rc, const char *ip, const char *data, const char *wh
                       ip, why, data, tf_dtype_name(opt->raw_dtype), (ull)opt->eos_id, data);
 }
 
+/* An index built from OLMo's metadata holds while that file is the one it
+ * was built from (its size, modification time and inode, looked at now,
+ * never through a symlink). */
+static int check_meta(const uint8_t *b, const char *ip, const char *data, const tf_open_options *opt) {
+    char *mp = tf__olmo_meta_path(data);
+    if (!mp) return rebuild_hint(-TF_EFORMAT, ip, data, "built from OLMo's document metadata, but the data file is not a .npy", opt);
+    struct stat ms;
+    char why[PATH_MAX + 160];
+    int rc = 0;
+    if (fstatat(AT_FDCWD, mp, &ms, AT_SYMLINK_NOFOLLOW) != 0) {
+        snprintf(why, sizeof why, "built from OLMo's document metadata %s, which is gone (%s)", mp, strerror(errno));
+        rc = rebuild_hint(-TF_EFORMAT, ip, data, why, opt);
+    } else if (!S_ISREG(ms.st_mode) || tf__le64(b + 56) != (uint64_t)ms.st_size ||
+               (int64_t)tf__le64(b + 64) != mtime_ns(&ms) || tf__le64(b + 72) != (uint64_t)ms.st_ino) {
+        snprintf(why, sizeof why, "stale: OLMo's document metadata %s changed since the index was built (size %llu, was %llu; or its modification time or inode)",
+                 mp, (ull)ms.st_size, (ull)tf__le64(b + 56));
+        rc = rebuild_hint(-TF_EFORMAT, ip, data, why, opt);
+    }
+    free(mp);
+    return rc;
+}
+
 /* Map and check one index file (never through a symlink). 1: not there.
  * Its type, owner, mode and size are checked on the descriptor before a byte
  * is mapped: opened O_NONBLOCK, so a FIFO planted under the name does not
@@ -104,7 +135,7 @@ static int map_index(const char *ip, const char *data, const struct stat *dst, u
                 ip, st.st_uid != geteuid() ? "it is not this user's" : "others may write it", data,
                 tf_dtype_name(opt->raw_dtype), (ull)opt->eos_id);
     }
-    if ((uint64_t)st.st_size > DOCIX_HEADER + 8 * (num_tokens + 1)) {
+    if ((uint64_t)st.st_size > DOCIX_HEADER_META + 8 * (num_tokens + 1)) {
         close(fd);
         return rebuild_hint(-TF_EFORMAT, ip, data, "size: larger than an index of the file's tokens can be", opt);
     }
@@ -118,11 +149,13 @@ static int map_index(const char *ip, const char *data, const struct stat *dst, u
     f->aux_path = strdup(ip);
     if (!f->aux_path) return -ENOMEM;
     const uint8_t *b = m;
-    if (len < DOCIX_HEADER || memcmp(b, DOCIX_MAGIC, 8) != 0)
+    const uint32_t ver = len >= DOCIX_HEADER ? tf__le32(b + 8) : 0;
+    const uint64_t hs = ver == DOCIX_VERSION_META ? DOCIX_HEADER_META : DOCIX_HEADER;
+    if (len < hs || memcmp(b, DOCIX_MAGIC, 8) != 0)
         return rebuild_hint(-TF_EFORMAT, ip, data, "header: expected a tokenfeed document index (magic TFDOCIX), found something else", opt);
-    if (tf__le64(b + 56) != tf_hash64(b, 56, 0))
+    if (tf__le64(b + hs - 8) != tf_hash64(b, hs - 8, 0))
         return rebuild_hint(-TF_EFORMAT, ip, data, "header checksum: mismatch (the index is damaged)", opt);
-    if (tf__le32(b + 8) != DOCIX_VERSION)
+    if (ver != DOCIX_VERSION && ver != DOCIX_VERSION_META)
         TF_FAIL(-TF_EFORMAT, "%s: version: expected %u, found %u. It was written by another tokenfeed version: rebuild it with tokenfeed index.",
                 ip, DOCIX_VERSION, tf__le32(b + 8));
     if (tf__le32(b + 12) != (uint32_t)opt->raw_dtype || tf__le64(b + 16) != opt->eos_id) {
@@ -139,14 +172,15 @@ static int map_index(const char *ip, const char *data, const struct stat *dst, u
         return rebuild_hint(-TF_EFORMAT, ip, data, why, opt);
     }
     uint64_t nd = tf__le64(b + 40);
-    if (nd > (len - DOCIX_HEADER) / 8 || len != DOCIX_HEADER + nd * 8 || (num_tokens > 0 && nd == 0))
+    if (nd > (len - hs) / 8 || len != hs + nd * 8 || (num_tokens > 0 && nd == 0))
         return rebuild_hint(-TF_EFORMAT, ip, data, "size: does not match its document count (truncated)", opt);
-    if (tf__le64(b + 48) != tf_hash64(b + DOCIX_HEADER, nd * 8, 0))
+    if (tf__le64(b + 48) != tf_hash64(b + hs, nd * 8, 0))
         return rebuild_hint(-TF_EFORMAT, ip, data, "document ends checksum: mismatch (the index is damaged)", opt);
-    if (nd && tf__le64(b + DOCIX_HEADER + 8 * (nd - 1)) != num_tokens)
+    if (nd && tf__le64(b + hs + 8 * (nd - 1)) != num_tokens)
         return rebuild_hint(-TF_EFORMAT, ip, data, "last document end: not the token count of the data file", opt);
+    if (ver == DOCIX_VERSION_META) TF_TRY(check_meta(b, ip, data, opt));
     f->doc_kind = TF_DOCS_ENDS;
-    f->doc_ends = (const uint64_t *)(b + DOCIX_HEADER); /* page-aligned map + 64 */
+    f->doc_ends = (const uint64_t *)(b + hs); /* page-aligned map + 64 or 96 */
     f->num_docs = nd;
     return 0;
 }
@@ -169,7 +203,7 @@ int tf__docindex_open(const char *path, const tf_open_options *opt, tf_file *f) 
         free(ip);
     }
     if (rc == 1) { /* no index: documents come from the rows (concat only) */
-        f->docs_from_rows = 1;
+        f->eos.rows_only = 1;
         return 0;
     }
     return rc;
@@ -221,8 +255,8 @@ static int scan_eos(void *p) {
 
 /* Write header + ends as dir/name atomically: O_EXCL temporary (never a
  * symlink), fsync, renameat, fsync of the directory. */
-static int write_index(int dirfd, const char *dir, const char *name, const uint8_t *hdr, const uint64_t *ends,
-                       uint64_t n) {
+static int write_index(int dirfd, const char *dir, const char *name, const uint8_t *hdr, size_t hlen,
+                       const uint64_t *ends, uint64_t n) {
     char tmp[PATH_MAX];
     snprintf(tmp, sizeof tmp, ".%.200s.%d.%llx.tmp", name, (int)getpid(), (ull)tf_mix64((uint64_t)(uintptr_t)&tmp ^ (uint64_t)getpid()));
     int fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
@@ -230,7 +264,7 @@ static int write_index(int dirfd, const char *dir, const char *name, const uint8
         int e = errno;
         TF_FAIL(-e, "%s/%s: cannot create: %s", dir, tmp, strerror(e));
     }
-    int rc = tf__pwrite_all(fd, hdr, DOCIX_HEADER, TF_AT_POS, name);
+    int rc = tf__pwrite_all(fd, hdr, hlen, TF_AT_POS, name);
     uint8_t buf[8192];
     for (uint64_t i = 0; !rc && i < n;) {
         size_t k = 0;
@@ -294,15 +328,27 @@ int tf_doc_index_build(const char *data_path, const tf_open_options *opt, const 
                             data_path, (ull)ends[nends - 1], (ull)f.num_tokens);
         eb.v = (uint64_t *)ends;
         eb.n = nends;
-    } else if (!rc) {
+    }
+    /* no ends given: OLMo's metadata beside x.npy gives them, else the eos scan */
+    struct stat mst;
+    int from_meta = 0;
+    if (!rc && !ends) {
+        char *mp = tf__olmo_meta_path(data_path);
+        int m = mp ? tf__olmo_meta_read(mp, f.num_tokens, &eb.v, &eb.n, &mst) : 1;
+        free(mp);
+        if (m < 0) rc = m;
+        from_meta = m == 0;
+    }
+    if (!rc && !ends && !from_meta) {
         scan_arg a = {&f, opt->eos_id, &eb};
         rc = tf__files_guard(&f, 1, scan_eos, &a);
     }
-    uint8_t hdr[DOCIX_HEADER];
+    uint8_t hdr[DOCIX_HEADER_META];
+    const size_t hlen = from_meta ? DOCIX_HEADER_META : DOCIX_HEADER;
     memset(hdr, 0, sizeof hdr);
     if (!rc) {
         memcpy(hdr, DOCIX_MAGIC, 8);
-        tf__put_le32(hdr + 8, DOCIX_VERSION);
+        tf__put_le32(hdr + 8, from_meta ? DOCIX_VERSION_META : DOCIX_VERSION);
         tf__put_le32(hdr + 12, (uint32_t)opt->raw_dtype);
         tf__put_le64(hdr + 16, opt->eos_id);
         tf__put_le64(hdr + 24, (uint64_t)dst.st_size);
@@ -317,7 +363,12 @@ int tf_doc_index_build(const char *data_path, const tf_open_options *opt, const 
             tf__xxh64_update(&h, le, 8);
         }
         tf__put_le64(hdr + 48, tf__xxh64_digest(&h));
-        tf__put_le64(hdr + 56, tf_hash64(hdr, 56, 0));
+        if (from_meta) {
+            tf__put_le64(hdr + 56, (uint64_t)mst.st_size);
+            tf__put_le64(hdr + 64, (uint64_t)mtime_ns(&mst));
+            tf__put_le64(hdr + 72, (uint64_t)mst.st_ino);
+        }
+        tf__put_le64(hdr + hlen - 8, tf_hash64(hdr, hlen - 8, 0));
     }
     if (!rc) {
         /* beside the data first; else the node's index directory */
@@ -330,7 +381,7 @@ int tf_doc_index_build(const char *data_path, const tf_open_options *opt, const 
         int dfd = dcopy ? open_dir(dir, 0) : -1;
         int w = -EACCES;
         if (dfd >= 0 && faccessat(dfd, ".", W_OK, AT_EACCESS) == 0) {
-            w = write_index(dfd, dir, name, hdr, eb.v, eb.n);
+            w = write_index(dfd, dir, name, hdr, hlen, eb.v, eb.n);
             if (!w) snprintf(out, cap, "%s/%s", dir, name);
         }
         if (dfd >= 0) close(dfd);
@@ -340,7 +391,7 @@ int tf_doc_index_build(const char *data_path, const tf_open_options *opt, const 
             if (!cp || cfd < 0) {
                 w = cp ? tf__seterr(-errno, "%s: cannot open the index directory: %s", opt->index_dir, strerror(errno)) : -ENOMEM;
             } else {
-                w = write_index(cfd, opt->index_dir, strrchr(cp, '/') + 1, hdr, eb.v, eb.n);
+                w = write_index(cfd, opt->index_dir, strrchr(cp, '/') + 1, hdr, hlen, eb.v, eb.n);
                 if (!w) snprintf(out, cap, "%s", cp);
             }
             if (cfd >= 0) close(cfd);

@@ -10,7 +10,7 @@
  *     each end, so that opening stays O(1) per file.
  *   - Reading: documents (tf__file_document, tf__file_find_document) and
  *     tokens (tf__file_read), from the mapping or, for a compressed file,
- *     through the block reader its parser installed (f->read_block).
+ *     through the block ops its parser installed (f->blocks.ops).
  *   - Guarding: tf__files_guard runs code that touches mapped bytes so that a
  *     file truncated under the mapping gives -EIO naming the file.
  *
@@ -432,11 +432,14 @@ int tf__file_read_block(const tf_file *f, uint64_t b, void *out, size_t out_cap,
         tf__file_release(f);
         return rc;
     }
-    if (!f->compressed || !f->read_block)
+    if (!f->blocks.ops)
         TF_FAIL(-EINVAL, "%s: block %llu requested from a file that has no compressed blocks", f->path,
                 (unsigned long long)b);
-    if (stored && f->block_table && b < f->num_blocks) *stored = tf__le64(f->block_table + 16 * b + 8);
-    return f->read_block(f, b, out, out_cap);
+    if (stored) {
+        uint64_t off;
+        TF_TRY(f->blocks.ops->extent(f, b, &off, stored));
+    }
+    return f->blocks.ops->read(f, b, out, out_cap);
 }
 
 int tf__file_read(const tf_file *f, uint64_t start, uint64_t count, void *out, tf_dtype out_dtype) {
@@ -451,15 +454,15 @@ int tf__file_read(const tf_file *f, uint64_t start, uint64_t count, void *out, t
         return rc;
     }
     size_t isz = tf_dtype_size(f->dtype), osz = tf_dtype_size(out_dtype);
-    if (!f->compressed && f->bytes_ops) return f->bytes_ops->read_tokens(f, start, count, out, out_dtype);
-    if (!f->compressed) {
+    if (!f->blocks.ops && f->bytes_ops) return f->bytes_ops->read_tokens(f, start, count, out, out_dtype);
+    if (!f->blocks.ops) {
         tf_convert(out, out_dtype, f->tokens + start * isz, f->dtype, (size_t)count);
         if (!count || !f->map) return 0;
         return check_tail(f, (size_t)(f->tokens - (const uint8_t *)f->map) + (size_t)((start + count) * isz));
     }
     /* Compressed: decompress each block touched. The batch engine keeps a
      * block cache; this path serves random access and verify. */
-    uint64_t bt = f->block_tokens;
+    uint64_t bt = f->blocks.tokens;
     size_t need = (size_t)bt * isz;
     tf_blockbuf *bb = thread_blockbuf(need);
     if (!bb) return -ENOMEM;
@@ -649,9 +652,12 @@ static int strip_to_meta(tf_file *f) {
     f->aux_path = aux;
     f->map = f->aux_map = f->owned = f->meta = NULL;
     f->map_len = f->aux_len = 0;
-    f->tokens = f->zdata = f->block_table = f->docs_section = NULL;
-    memset(f->format_priv, 0, sizeof f->format_priv); /* it points into the mappings */
-    f->doc_ends = f->chunk_sums = NULL;
+    f->tokens = NULL;
+    f->doc_ends = NULL;
+    /* the format's private state may point into the mappings: its ops say
+     * which of it goes with them (its checksums stay, as the counts do) */
+    if (f->format_ops && f->format_ops->forget_maps) f->format_ops->forget_maps(f);
+    else memset(f->format_priv, 0, sizeof f->format_priv);
     return 0;
 }
 
@@ -798,7 +804,7 @@ static int reparse(const tf_file *meta, const struct tf__lazy *z, tf_file *out) 
     TF_TRY(id_changed(meta->path, &z->id[0]));
     if (meta->aux_path) TF_TRY(id_changed(meta->aux_path, &z->id[1]));
     tf_open_options o = {.format = meta->format, .raw_dtype = meta->format == TF_FORMAT_RAW ? meta->dtype : TF_DTYPE_INVALID,
-                         .has_eos_id = meta->eos_mode, .eos_id = meta->eos_id, .index_dir = z->index_dir};
+                         .has_eos_id = meta->eos.split, .eos_id = meta->eos.id, .index_dir = z->index_dir};
     if (!z->reopen) TF_FAIL(-EINVAL, "%s: no parser to map the file again (internal error)", meta->path);
     return z->reopen(meta->path, &o, out);
 }
@@ -813,10 +819,10 @@ int tf__file_check_same(const tf_file *m, const tf_file *p) {
     else if (p->dtype != m->dtype) fld = "dtype", want = (uint64_t)m->dtype, found = (uint64_t)p->dtype;
     else if (p->vocab_size != m->vocab_size) fld = "vocab_size", want = m->vocab_size, found = p->vocab_size;
     else if (p->fingerprint != m->fingerprint) fld = "fingerprint", want = m->fingerprint, found = p->fingerprint;
-    else if (p->compressed != m->compressed) fld = "compressed", want = (uint64_t)m->compressed, found = (uint64_t)p->compressed;
-    else if (p->block_tokens != m->block_tokens) fld = "block_tokens", want = m->block_tokens, found = p->block_tokens;
+    else if (!p->blocks.ops != !m->blocks.ops) fld = "compressed", want = (uint64_t)!!m->blocks.ops, found = (uint64_t)!!p->blocks.ops;
+    else if (p->blocks.tokens != m->blocks.tokens) fld = "block_tokens", want = m->blocks.tokens, found = p->blocks.tokens;
     else if (p->doc_kind != m->doc_kind) fld = "document kind", want = (uint64_t)m->doc_kind, found = (uint64_t)p->doc_kind;
-    else if (p->docs_from_rows != m->docs_from_rows) fld = "document index", want = (uint64_t)!m->docs_from_rows, found = (uint64_t)!p->docs_from_rows;
+    else if (p->eos.rows_only != m->eos.rows_only) fld = "document index", want = (uint64_t)!m->eos.rows_only, found = (uint64_t)!p->eos.rows_only;
     if (fld)
         TF_FAIL(-TF_EFORMAT, "%s: %s: expected %llu (0x%llx) as when the dataset's index of the file was taken, found %llu (0x%llx). The file changed since: open the dataset again.",
                 m->path, fld, (ull)want, (ull)want, (ull)found, (ull)found);
@@ -946,7 +952,7 @@ int tf__file_mapped_at(const tf_file *f, const void *addr, const char **path, si
 
 int64_t tf__file_token_offset(const tf_file *f) {
     if (f->lazy) return f->lazy->tok_off;
-    if (f->compressed || !f->map || !f->tokens || !f->path || f->bytes_ops) return -1;
+    if (f->blocks.ops || !f->map || !f->tokens || !f->path || f->bytes_ops) return -1;
     const uint8_t *m = f->map;
     size_t isz = tf_dtype_size(f->dtype);
     if (f->tokens < m || (size_t)(f->tokens - m) > f->map_len) return -1;

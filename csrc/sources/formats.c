@@ -57,9 +57,12 @@ static int reopen_megatron(const char *bin, const tf_open_options *opt, tf_file 
  * the end of the file. */
 static int needs_native(const char *path, const uint8_t *h, size_t n, uint64_t size, uint64_t *off, uint64_t *end) {
     tf_file tmp;
+    tf__native_info ni;
     memset(&tmp, 0, sizeof tmp);
-    if (n < TF_NATIVE_HEADER_SIZE || tf__parse_native_header(path, h, TF_NATIVE_HEADER_SIZE, size, &tmp) != 0) return 1;
-    *off = tmp.docs_offset;
+    if (n < TF_NATIVE_HEADER_SIZE || tf__parse_native_header(path, h, TF_NATIVE_HEADER_SIZE, size, &tmp) != 0 ||
+        tf__native_info_of(&tmp, &ni) != 0)
+        return 1;
+    *off = ni.index_at;
     *end = size;
     return 0;
 }
@@ -82,7 +85,7 @@ TF_HIDDEN int tf__nemo_nanogpt_magic(const uint8_t *head, size_t n);
 static const tf__format_row rows[] = {
     {.format = TF_FORMAT_NATIVE, .name = "tokenfeed", .alias = "native", .magic = magic_native,
      .parse = tf__open_native, .reparse = tf__open_native, .docs = TF_DOCS_ENDS, .catalog = 1, .manifest = 1,
-     .tail_per_doc = 8, .needs = needs_native, .what = "a tokenfeed shard or dataset"},
+     .ops = &tf__native_ops, .tail_per_doc = 8, .needs = needs_native, .what = "a tokenfeed shard or dataset"},
     {.format = TF_FORMAT_MEGATRON, .name = "megatron", .parse = tf__open_megatron, .reparse = reopen_megatron,
      .companions = tf__megatron_companions, .docs = TF_DOCS_FORMAT, .doc_ops = &tf__megatron_doc_ops,
      .pair_data_suffix = ".bin", .pair = "a Megatron pair", .pair_magic = tf__megatron_idx_magic,

@@ -12,7 +12,7 @@
  *     so fuzz targets can drive it without files; the manifest parser likewise
  *     (tf__parse_manifest).
  *   - Compressed shards keep the block table as raw bytes; a block entry is
- *     validated when that block is read (tf__native_read_block), never all at
+ *     validated when that block is read (its block ops), never all at
  *     open, so open stays O(1) whatever the number of blocks.
  *   - The per-file fingerprint hashes (tokens_checksum, docs_checksum,
  *     num_tokens, num_docs, dtype, vocab): it identifies the data, so a zstd
@@ -45,6 +45,30 @@
 #endif
 
 typedef unsigned long long ull;
+
+/* The private state of a native shard (tf_file's format_priv): where its
+ * sections lie, the checksums its header stores, and pointers to the tables
+ * read in place. Other layers reach it through this format's row ops
+ * (tf__native_ops) and tf__native_info_of, never by its fields. The pointers
+ * point into the file's mapping (or the remote stack's copy of its metadata)
+ * and are NULL for a file known only from a catalog until its first touch. */
+typedef struct nat_file {
+    const uint8_t *zdata;        /* the stored token section of a compressed shard */
+    const uint8_t *block_table;  /* raw block table bytes (16 per block) */
+    const uint8_t *docs_section; /* the document index */
+    const uint64_t *chunk_sums;  /* per-chunk checksums of the stored token section */
+    uint64_t tokens_offset, tokens_bytes, docs_offset, docs_bytes;
+    uint64_t tokens_checksum, docs_checksum, blocks_checksum, chunks_checksum;
+    uint64_t num_chunk_sums, chunk_bytes;
+} nat_file;
+_Static_assert(sizeof(nat_file) <= TF__FORMAT_PRIV_BYTES, "nat_file must fit tf_file's format_priv");
+
+#define NAT(f) tf__format_priv(f, nat_file)
+#define CNAT(f) tf__format_priv(f, const nat_file)
+
+static int native_read_block(const tf_file *f, uint64_t b, void *out, size_t out_cap);
+static int block_entry(const tf_file *f, uint64_t b, uint64_t *off, uint64_t *size);
+static const tf__block_ops native_block_ops = {native_read_block, block_entry};
 
 tf_dtype tf__native_dtype_from_code(uint32_t code) {
     switch (code) {
@@ -186,20 +210,21 @@ int tf__parse_native_header(const char *path, const uint8_t *buf, size_t len, ui
     f->num_tokens = ntok;
     f->num_docs = ndocs;
     f->doc_kind = TF_DOCS_ENDS;
-    f->has_checksums = 1;
-    f->tokens_checksum = tsum;
-    f->docs_checksum = dsum;
-    f->blocks_checksum = bsum;
-    f->tokens_section_len = tok_bytes;
-    f->compressed = compressed;
-    f->read_block = compressed ? tf__native_read_block : NULL;
-    f->num_blocks = nblocks;
-    f->block_tokens = compressed ? blk_tokens : 0;
-    f->tokens_offset = tok_off;
-    f->docs_offset = docs_off;
-    f->num_chunk_sums = nchunks;
-    f->chunk_sum_bytes = has_chunks ? ck_size : 0;
-    f->chunks_checksum = has_chunks ? ck_sum : 0;
+    f->format_ops = &tf__native_ops;
+    f->blocks.ops = compressed ? &native_block_ops : NULL;
+    f->blocks.count = nblocks;
+    f->blocks.tokens = compressed ? blk_tokens : 0;
+    nat_file *nf = NAT(f);
+    nf->tokens_checksum = tsum;
+    nf->docs_checksum = dsum;
+    nf->blocks_checksum = bsum;
+    nf->tokens_bytes = tok_bytes;
+    nf->tokens_offset = tok_off;
+    nf->docs_offset = docs_off;
+    nf->docs_bytes = docs_bytes;
+    nf->num_chunk_sums = nchunks;
+    nf->chunk_bytes = has_chunks ? ck_size : 0;
+    nf->chunks_checksum = has_chunks ? ck_sum : 0;
     /* the chunk table is not part of the fingerprint: a shard identifies its
      * data whether or not it carries one */
     uint8_t rec[48];
@@ -214,18 +239,16 @@ int tf__parse_native_header(const char *path, const uint8_t *buf, size_t len, ui
     /* Pointers only when the whole file is in buf (the header alone may be
      * parsed, e.g. by a fuzz target fed a prefix). */
     if (len < file_size) return 0;
-    f->docs_section = buf + docs_off;
-    f->docs_section_len = docs_bytes;
+    nf->docs_section = buf + docs_off;
     f->doc_ends = (const uint64_t *)(const void *)(buf + docs_off); /* 8-aligned: checked above */
     if (compressed) {
         f->tokens = NULL;
-        f->zdata = buf + tok_off;
-        f->zdata_len = tok_bytes;
-        f->block_table = buf + blk_off;
+        nf->zdata = buf + tok_off;
+        nf->block_table = buf + blk_off;
     } else {
         f->tokens = buf + tok_off;
     }
-    if (has_chunks) f->chunk_sums = (const uint64_t *)(const void *)(buf + ck_off); /* 8-aligned: checked above */
+    if (has_chunks) nf->chunk_sums = (const uint64_t *)(const void *)(buf + ck_off); /* 8-aligned: checked above */
     if (ndocs) {
         uint64_t last = tf__le64(buf + docs_off + docs_bytes - 8);
         if (last != ntok)
@@ -317,14 +340,17 @@ static uint64_t frame_bound(uint64_t n) {
  * bytes: a larger entry is corrupt, refused before anything is read or
  * allocated for it (a remote shard would fetch up to the whole section). */
 static int block_entry(const tf_file *f, uint64_t b, uint64_t *off, uint64_t *size) {
-    if (!f->compressed || b >= f->num_blocks)
-        TF_FAIL(-ERANGE, "%s: block %llu out of range (%llu blocks)", f->path, (ull)b, (ull)f->num_blocks);
-    const uint8_t *e = f->block_table + 16 * b;
+    const nat_file *nf = CNAT(f);
+    if (!f->blocks.ops || b >= f->blocks.count)
+        TF_FAIL(-ERANGE, "%s: block %llu out of range (%llu blocks)", f->path, (ull)b, (ull)f->blocks.count);
+    if (!nf->block_table)
+        TF_FAIL(-EINVAL, "%s: block %llu: the block table is not in memory (internal error)", f->path, (ull)b);
+    const uint8_t *e = nf->block_table + 16 * b;
     *off = tf__le64(e);
     *size = tf__le64(e + 8);
-    if (!section_ok(*off, *size, 0, f->tokens_section_len))
+    if (!section_ok(*off, *size, 0, nf->tokens_bytes))
         TF_FAIL(-TF_EFORMAT, "%s: block table: entry %llu: expected [offset, +size) within the %llu-byte token section, found [%llu, +%llu). The block table is corrupt. " REGEN,
-                f->path, (ull)b, (ull)f->tokens_section_len, (ull)*off, (ull)*size);
+                f->path, (ull)b, (ull)nf->tokens_bytes, (ull)*off, (ull)*size);
     uint64_t bound = frame_bound(block_bytes_out(f, b));
     if (*size > bound)
         TF_FAIL(-TF_EFORMAT, "%s: block table: entry %llu: expected a frame of at most %llu bytes (the zstd bound for its %llu bytes of tokens), found %llu. The block table is corrupt. " REGEN,
@@ -341,15 +367,17 @@ static int block_src(const tf_file *f, uint64_t off, uint64_t size, const uint8_
         if (!zb) return -ENOMEM;
         TF_TRY(f->bytes_ops->read(f->bytes_src, f->data_off + off, size, zb));
         *src = zb;
+    } else if (CNAT(f)->zdata) {
+        *src = CNAT(f)->zdata + off;
     } else {
-        *src = f->zdata + off;
+        TF_FAIL(-EINVAL, "%s: the compressed token section is not in memory (internal error)", f->path);
     }
     return 0;
 }
 
 static uint64_t block_bytes_out(const tf_file *f, uint64_t b) {
-    uint64_t first = b * f->block_tokens;
-    uint64_t n = f->num_tokens - first < f->block_tokens ? f->num_tokens - first : f->block_tokens;
+    uint64_t bt = f->blocks.tokens, first = b * bt;
+    uint64_t n = f->num_tokens - first < bt ? f->num_tokens - first : bt;
     return n * tf_dtype_size(f->dtype);
 }
 
@@ -377,7 +405,7 @@ static int decode_block(const tf_file *f, uint64_t b, const uint8_t *src, uint64
 #endif
 }
 
-int tf__native_read_block(const tf_file *f, uint64_t b, void *out, size_t out_cap) {
+static int native_read_block(const tf_file *f, uint64_t b, void *out, size_t out_cap) {
     uint64_t off, size;
     const uint8_t *src;
     TF_TRY(block_entry(f, b, &off, &size));
@@ -395,16 +423,17 @@ int tf__native_read_block(const tf_file *f, uint64_t b, void *out, size_t out_ca
  * itself is checked when verify decodes the block. */
 static int check_frame(const tf_file *f, uint64_t b, uint64_t off, uint64_t size, const uint8_t *src,
                        uint64_t *next_off) {
-    if (!section_ok(off, size, 0, f->zdata_len))
+    uint64_t zlen = CNAT(f)->tokens_bytes;
+    if (!section_ok(off, size, 0, zlen))
         TF_FAIL(-TF_EFORMAT, "%s: block table: entry %llu: expected [offset, +size) within the %llu-byte token section, found [%llu, +%llu). The block table is corrupt. " REGEN,
-                f->path, (ull)b, (ull)f->zdata_len, (ull)off, (ull)size);
+                f->path, (ull)b, (ull)zlen, (ull)off, (ull)size);
     if (off != *next_off)
         TF_FAIL(-TF_EFORMAT, "%s: block table: entry %llu: expected the frame to start at offset %llu (right after block %llu: blocks are stored back to back in block order), found %llu. " REGEN,
                 f->path, (ull)b, (ull)*next_off, (ull)(b ? b - 1 : 0), (ull)off);
     *next_off = off + size;
-    if (b + 1 == f->num_blocks && *next_off != f->zdata_len)
+    if (b + 1 == f->blocks.count && *next_off != zlen)
         TF_FAIL(-TF_EFORMAT, "%s: tokens_bytes: expected the token section to end with the last frame, at %llu bytes, found %llu bytes. " REGEN,
-                f->path, (ull)*next_off, (ull)f->zdata_len);
+                f->path, (ull)*next_off, (ull)zlen);
 #ifdef TF_HAVE_ZSTD
     uint64_t want = block_bytes_out(f, b);
     if (size < 6 || tf__le32(src) != ZSTD_MAGICNUMBER)
@@ -440,14 +469,16 @@ static int check_frame(const tf_file *f, uint64_t b, uint64_t off, uint64_t size
 
 /* Full check of a shard's stored checksums (verify; runs under the caller's
  * SIGBUS guard). scratch holds at least one decompressed block (cap bytes). */
-int tf__native_verify(const tf_file *f, _Atomic uint64_t *progress, _Atomic int *cancel, void *scratch,
+static int native_verify(const tf_file *f, _Atomic uint64_t *progress, _Atomic int *cancel, void *scratch,
                       size_t cap) {
     /* tokens_checksum covers the uncompressed token bytes, so a compressed
      * shard and its uncompressed twin share checksums and fingerprint. */
     tf__xxh64_state h;
     tf__xxh64_reset(&h, 0);
     size_t isz = tf_dtype_size(f->dtype);
-    if (!f->compressed && f->bytes_ops) {
+    const nat_file *nf = CNAT(f);
+    int compressed = f->blocks.ops != NULL;
+    if (!compressed && f->bytes_ops) {
         /* through the chunk cache, a chunk at a time (scratch holds 2 MiB) */
         uint8_t *buf = scratch;
         uint64_t left = f->num_tokens * isz, off = 0;
@@ -461,7 +492,7 @@ int tf__native_verify(const tf_file *f, _Atomic uint64_t *progress, _Atomic int 
             left -= n;
             atomic_fetch_add(progress, n);
         }
-    } else if (!f->compressed) {
+    } else if (!compressed) {
         const uint8_t *p = f->tokens;
         uint64_t left = f->num_tokens * isz;
         while (left) {
@@ -475,10 +506,9 @@ int tf__native_verify(const tf_file *f, _Atomic uint64_t *progress, _Atomic int 
     } else {
         uint8_t *buf = scratch;
         uint64_t next_off = 0;
-        for (uint64_t b = 0; b < f->num_blocks; b++) {
+        for (uint64_t b = 0; b < f->blocks.count; b++) {
             if (atomic_load(cancel)) return -ECANCELED;
-            uint64_t first = b * f->block_tokens;
-            uint64_t n = f->num_tokens - first < f->block_tokens ? f->num_tokens - first : f->block_tokens;
+            uint64_t n = block_bytes_out(f, b) / isz;
             uint64_t off, size;
             const uint8_t *src;
             TF_TRY(block_entry(f, b, &off, &size));
@@ -490,38 +520,104 @@ int tf__native_verify(const tf_file *f, _Atomic uint64_t *progress, _Atomic int 
         }
     }
     uint64_t got = tf__xxh64_digest(&h);
-    if (got != f->tokens_checksum)
+    if (got != nf->tokens_checksum)
         TF_FAIL(-TF_ECHECKSUM, "%s: tokens_checksum: expected %016llx, found %016llx. The shard is corrupt: restore it from a good copy or regenerate it.",
-                f->path, (unsigned long long)f->tokens_checksum, (unsigned long long)got);
-    got = tf_hash64(f->docs_section, (size_t)f->docs_section_len, 0);
-    if (got != f->docs_checksum)
+                f->path, (unsigned long long)nf->tokens_checksum, (unsigned long long)got);
+    if ((!nf->docs_section && nf->docs_bytes) || (compressed && !nf->block_table && f->blocks.count))
+        TF_FAIL(-EINVAL, "%s: verify: the document index or block table is not in memory (internal error)", f->path);
+    static const uint8_t none[1];
+    got = tf_hash64(nf->docs_bytes ? nf->docs_section : none, (size_t)nf->docs_bytes, 0);
+    if (got != nf->docs_checksum)
         TF_FAIL(-TF_ECHECKSUM, "%s: docs_checksum: expected %016llx, found %016llx. The shard's document index is corrupt: restore it from a good copy or regenerate it.",
-                f->path, (unsigned long long)f->docs_checksum, (unsigned long long)got);
-    if (f->compressed) {
-        got = tf_hash64(f->block_table, (size_t)(f->num_blocks * 16), 0);
-        if (got != f->blocks_checksum)
+                f->path, (unsigned long long)nf->docs_checksum, (unsigned long long)got);
+    if (compressed) {
+        got = tf_hash64(f->blocks.count ? nf->block_table : none, (size_t)(f->blocks.count * 16), 0);
+        if (got != nf->blocks_checksum)
             TF_FAIL(-TF_ECHECKSUM, "%s: blocks_checksum: expected %016llx, found %016llx. The shard's block table is corrupt: restore it from a good copy or regenerate it.",
-                    f->path, (unsigned long long)f->blocks_checksum, (unsigned long long)got);
+                    f->path, (unsigned long long)nf->blocks_checksum, (unsigned long long)got);
     }
-    if (f->chunk_sums) {
-        got = tf_hash64(f->chunk_sums, (size_t)(f->num_chunk_sums * 8), 0);
-        if (got != f->chunks_checksum)
+    if (nf->chunk_sums) {
+        got = tf_hash64(nf->chunk_sums, (size_t)(nf->num_chunk_sums * 8), 0);
+        if (got != nf->chunks_checksum)
             TF_FAIL(-TF_ECHECKSUM, "%s: chunks_checksum: expected %016llx, found %016llx. The shard's chunk checksum table is corrupt: restore it from a good copy or regenerate it.",
-                    f->path, (unsigned long long)f->chunks_checksum, (unsigned long long)got);
+                    f->path, (unsigned long long)nf->chunks_checksum, (unsigned long long)got);
         /* local stored bytes against the table (remote chunks were checked
          * against it as they landed) */
-        const uint8_t *stored = f->compressed ? f->zdata : f->tokens;
-        for (uint64_t i = 0; stored && i < f->num_chunk_sums; i++) {
+        const uint8_t *stored = compressed ? nf->zdata : f->tokens;
+        for (uint64_t i = 0; stored && i < nf->num_chunk_sums; i++) {
             if (atomic_load(cancel)) return -ECANCELED;
-            uint64_t o = i * f->chunk_sum_bytes;
-            uint64_t n = f->tokens_section_len - o < f->chunk_sum_bytes ? f->tokens_section_len - o : f->chunk_sum_bytes;
+            uint64_t o = i * nf->chunk_bytes;
+            uint64_t n = nf->tokens_bytes - o < nf->chunk_bytes ? nf->tokens_bytes - o : nf->chunk_bytes;
             got = tf_hash64(stored + o, (size_t)n, 0);
-            if (got != f->chunk_sums[i])
+            if (got != nf->chunk_sums[i])
                 TF_FAIL(-TF_ECHECKSUM, "%s: chunk checksum %llu (token section bytes [%llu, %llu)): expected %016llx, found %016llx. The shard is corrupt: restore it from a good copy or regenerate it.",
-                        f->path, (ull)i, (ull)o, (ull)(o + n), (ull)f->chunk_sums[i], (ull)got);
+                        f->path, (ull)i, (ull)o, (ull)(o + n), (ull)nf->chunk_sums[i], (ull)got);
         }
     }
     return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* the format's row ops: what other layers reach of the private state        */
+/* ------------------------------------------------------------------------ */
+
+/* A catalog entry keeps the three checksums of the header (the fingerprint
+ * and the counts are the entry's own): what the first touch's parse and a
+ * manifest are checked against. */
+static void native_catalog_pack(const tf_file *f, uint8_t *out) {
+    const nat_file *nf = CNAT(f);
+    tf__put_le64(out, nf->tokens_checksum);
+    tf__put_le64(out + 8, nf->docs_checksum);
+    tf__put_le64(out + 16, nf->blocks_checksum);
+}
+
+static void native_catalog_unpack(tf_file *f, const uint8_t *in) {
+    nat_file *nf = NAT(f);
+    memset(nf, 0, sizeof *nf);
+    nf->tokens_checksum = tf__le64(in);
+    nf->docs_checksum = tf__le64(in + 8);
+    nf->blocks_checksum = tf__le64(in + 16);
+}
+
+static void native_forget_maps(tf_file *f) {
+    nat_file *nf = NAT(f);
+    nf->zdata = nf->block_table = nf->docs_section = NULL;
+    nf->chunk_sums = NULL;
+}
+
+const tf__format_ops tf__native_ops = {
+    .blocks = &native_block_ops,
+    .verify = native_verify,
+    .catalog_pack = native_catalog_pack,
+    .catalog_unpack = native_catalog_unpack,
+    .forget_maps = native_forget_maps,
+};
+
+int tf__native_info_of(const tf_file *f, tf__native_info *out) {
+    memset(out, 0, sizeof *out);
+    if (!f || f->format != TF_FORMAT_NATIVE) return -EINVAL;
+    const nat_file *nf = CNAT(f);
+    out->tokens_at = nf->tokens_offset;
+    out->tokens_len = nf->tokens_bytes;
+    out->index_at = nf->docs_offset;
+    out->sum_tokens = nf->tokens_checksum;
+    out->sum_docs = nf->docs_checksum;
+    out->chunk_table = nf->chunk_sums;
+    out->chunk_count = nf->num_chunk_sums;
+    out->chunk_bytes = nf->chunk_bytes;
+    return 0;
+}
+
+void tf__native_rebase(tf_file *f, const uint8_t *m, uint64_t from, const uint8_t *to) {
+    nat_file *nf = NAT(f);
+    const uint8_t *lo = m + from;
+#define REBASE(ptr, type) \
+    if (ptr) ptr = (const uint8_t *)(const void *)(ptr) >= lo && to ? (type)(const void *)(to + ((const uint8_t *)(const void *)(ptr) - lo)) : NULL
+    REBASE(nf->zdata, const uint8_t *);
+    REBASE(nf->block_table, const uint8_t *);
+    REBASE(nf->docs_section, const uint8_t *);
+    REBASE(nf->chunk_sums, const uint64_t *);
+#undef REBASE
 }
 
 /* ------------------------------------------------------------------------ */
@@ -784,8 +880,8 @@ int tf__open_native_dir(const char *dir, const tf_open_options *opt, tf_file **f
             uint64_t want = 0, found = 0;
             if (f->num_tokens != sh->num_tokens) fld = "num_tokens", want = sh->num_tokens, found = f->num_tokens;
             else if (f->num_docs != sh->num_docs) fld = "num_docs", want = sh->num_docs, found = f->num_docs;
-            else if (f->tokens_checksum != sh->tokens_checksum) fld = "tokens_checksum", want = sh->tokens_checksum, found = f->tokens_checksum;
-            else if (f->docs_checksum != sh->docs_checksum) fld = "docs_checksum", want = sh->docs_checksum, found = f->docs_checksum;
+            else if (CNAT(f)->tokens_checksum != sh->tokens_checksum) fld = "tokens_checksum", want = sh->tokens_checksum, found = CNAT(f)->tokens_checksum;
+            else if (CNAT(f)->docs_checksum != sh->docs_checksum) fld = "docs_checksum", want = sh->docs_checksum, found = CNAT(f)->docs_checksum;
             else if (f->dtype != m.dtype) fld = "dtype", want = (uint64_t)m.dtype, found = (uint64_t)f->dtype;
             else if (f->vocab_size != m.vocab_size) fld = "vocab_size", want = m.vocab_size, found = f->vocab_size;
             if (fld)

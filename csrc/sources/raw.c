@@ -48,11 +48,11 @@ int tf__open_raw(const char *path, const tf_open_options *opt, tf_file *f) {
         /* documents end after each eos id (docindex.c); the index, whether
          * present or not, leaves the fingerprint alone: it is a function of
          * the tokens and the eos id */
-        f->eos_mode = 1;
-        f->eos_id = opt->eos_id;
+        f->eos.split = 1;
+        f->eos.id = opt->eos_id;
         f->fingerprint ^= tf_mix64(opt->eos_id ^ 0x656f7369640aULL);
         if (tf__is_url(path)) {
-            f->docs_from_rows = 1;
+            f->eos.rows_only = 1;
             return 0;
         }
         return tf__docindex_open(path, opt, f);

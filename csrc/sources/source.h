@@ -36,7 +36,7 @@ typedef struct tf__file_id {
     int known;
 } tf__file_id;
 
-#define TF__FORMAT_PRIV_BYTES 32
+#define TF__FORMAT_PRIV_BYTES 112
 
 /* A format's own document index (TF_DOCS_FORMAT): document j's tokens
  * [*start, + *len) (checked against the file: -TF_EFORMAT naming it), and
@@ -46,6 +46,27 @@ typedef struct tf__doc_ops {
     int (*document)(const struct tf_file *f, uint64_t j, uint64_t *start, uint64_t *len);
     uint64_t (*find_document)(const struct tf_file *f, uint64_t pos);
 } tf__doc_ops;
+
+/* Tokens stored in compressed blocks of blocks.tokens tokens (the last one
+ * shorter): read decodes block b into out (out_cap bytes); extent gives where
+ * its stored bytes lie in the file's token section, [*off, + *size), checked
+ * against the section (-TF_EFORMAT naming the file otherwise). */
+typedef struct tf__block_ops {
+    int (*read)(const struct tf_file *f, uint64_t b, void *out, size_t out_cap);
+    int (*extent)(const struct tf_file *f, uint64_t b, uint64_t *off, uint64_t *size);
+} tf__block_ops;
+typedef struct tf__blocks {
+    const tf__block_ops *ops; /* NULL: the tokens are not stored in blocks */
+    uint64_t count;           /* blocks in the file */
+    uint64_t tokens;          /* tokens per block (0 when not compressed) */
+} tf__blocks;
+
+/* Documents that end after each eos id (split): from the document index the
+ * sources keep, or, with rows_only, found only inside the rows read. */
+typedef struct tf__eos_docs {
+    int split, rows_only;
+    uint64_t id;
+} tf__eos_docs;
 
 typedef struct tf_file {
     char *path;           /* owned */
@@ -77,46 +98,32 @@ typedef struct tf_file {
     size_t aux_len;
     char *aux_path;       /* owned; path of the second file, for messages */
 
-    /* Compressed token storage (native format, zstd); see native.c. The
-     * parser installs read_block, which decompresses block b into out. */
-    int compressed;
-    int (*read_block)(const struct tf_file *f, uint64_t b, void *out, size_t out_cap);
-    const uint8_t *zdata;       /* start of the compressed token section */
-    uint64_t zdata_len;
-    const uint8_t *block_table; /* raw block table bytes */
-    uint64_t num_blocks;
-    uint64_t block_tokens;
+    /* Tokens stored in compressed blocks (blocks.ops set), whatever the
+     * format: shared, not the format's private state, because the engine's
+     * block cache (engine/zcache.c) sizes itself by the blocks and decodes
+     * them, file.c reads through them, and the remote stack fetches a block's
+     * stored bytes (blocks.ops->extent) before it is decoded. */
+    tf__blocks blocks;
 
-    /* Native format checksums (verify). */
-    int has_checksums;
-    uint64_t tokens_checksum, docs_checksum, blocks_checksum;
-    uint64_t tokens_section_len; /* stored bytes of the token section */
-    const uint8_t *docs_section;
-    uint64_t docs_section_len;
-
-    /* Opened with an eos id (raw files): eos_mode; docs_from_rows when no
-     * document index was found, so documents are known only inside the rows
-     * the engine reads (concat packing). */
-    int eos_mode, docs_from_rows;
-    uint64_t eos_id;
+    /* Documents defined by an end-of-document token (a file opened with an
+     * eos id: raw files): shared, because the eos id is part of what the file
+     * is (its re-parse, its catalog entry, the dataset fingerprint), and
+     * because when no document index was found, documents are known only
+     * inside the rows the engine reads (concat packing): order, select and
+     * the engine refuse or adapt what needs documents up front. */
+    tf__eos_docs eos;
 
     /* Contribution to the dataset fingerprint (computed by the parser in
      * O(1): checksums for native files; header + sizes + sampled bytes for
      * foreign ones). */
     uint64_t fingerprint;
 
-    /* Native section offsets (set by the header parser) and the optional
-     * per-chunk checksums of the stored token section (flag bit 1):
-     * chunk_sums[i] is the XXH64 of stored bytes [i * chunk_sum_bytes, +). */
-    uint64_t tokens_offset, docs_offset;
-    const uint64_t *chunk_sums;
-    uint64_t num_chunk_sums, chunk_sum_bytes, chunks_checksum;
-
-    /* A file whose token bytes are not mapped (tokens and zdata are NULL):
-     * its byte provider (bytes_ops, e.g. the remote stack's, which reads the
+    /* A file whose token bytes are not mapped (tokens NULL, and no pointer of
+     * its format's private state into them): its byte provider (bytes_ops, e.g. the remote stack's, which reads the
      * object through the node-local chunk cache) serves the object's bytes
      * [data_off, + token bytes) and owns bytes_src. meta holds the metadata
-     * (native document index and tables) the pointers above point into. */
+     * (native document index and tables) the pointers of the document index
+     * and of the format's private state point into. */
     const struct tf__byte_ops *bytes_ops;
     void *bytes_src;
     uint64_t data_off;
@@ -129,12 +136,19 @@ typedef struct tf_file {
     struct tf__lazy *lazy;
 
     /* TF_DOCS_FORMAT: the format's document ops (its row's doc_ops), which
-     * its parser installs as it installs read_block. */
+     * its parser installs as it installs blocks.ops. */
     const tf__doc_ops *doc_ops;
-    /* The format's private state: its parser's own struct (megatron.c's, ...),
-     * kept in the file so that a tf_file still copies by value, and read only
-     * by the format's parser and its row's ops (tf__format_priv). It holds
-     * pointers into the mappings above and is cleared with them. */
+    /* The format's ops on its private state (its row's ops), which its parser
+     * installs as it installs doc_ops, and a catalog's entry with the rest of
+     * the file's metadata: file.c, which the format table sits above, reaches
+     * them here. NULL: a format that keeps no such state. */
+    const struct tf__format_ops *format_ops;
+    /* The format's private state: its parser's own struct (native.c's section
+     * offsets, checksums and tables, megatron.c's .idx arrays), kept in the
+     * file so that a tf_file still copies by value, and read only by the
+     * format's parser and its row's ops (tf__format_priv); other layers ask
+     * the format (its row's ops, tf__native_info). It may hold pointers into
+     * the mappings above: when they go, format_ops->forget_maps clears those. */
     _Alignas(8) unsigned char format_priv[TF__FORMAT_PRIV_BYTES];
 
     /* When set, path, aux_path and lazy live in this arena (a catalog's
@@ -145,6 +159,34 @@ typedef struct tf_file {
 
 /* A format's parser (tf__open_native, ...): fills *f from path. */
 typedef int (*tf__parse_fn)(const char *path, const tf_open_options *opt, tf_file *f);
+
+typedef struct tf__format_ops tf__format_ops;
+
+/* Bytes of a catalog entry that hold a format's private state (catalog.c). */
+#define TF__CATALOG_PRIV_BYTES 24u
+
+/* What a format does with its private state (format_priv) beyond its parser,
+ * so that other layers never read its fields: each member may be NULL. */
+struct tf__format_ops {
+    /* Its tokens may be stored in compressed blocks: the block ops its parser
+     * installs (f->blocks.ops), which a catalog's entry installs too when it
+     * says a file is compressed. */
+    const tf__block_ops *blocks;
+    /* verify(): a full check of the checksums the file stores (runs under the
+     * caller's SIGBUS guard; scratch holds one decoded block, cap bytes; stops
+     * with -ECANCELED when *cancel becomes non-zero). NULL: the file stores
+     * none, so verify checks only what every format has. */
+    int (*verify)(const tf_file *f, _Atomic uint64_t *progress, _Atomic int *cancel, void *scratch,
+                  size_t cap);
+    /* The private state a catalog keeps of a file (TF__CATALOG_PRIV_BYTES
+     * bytes), written from a parsed file and read into one described without
+     * parsing it (what its first touch checks the parsed file against). */
+    void (*catalog_pack)(const tf_file *f, uint8_t *out);
+    void (*catalog_unpack)(tf_file *f, const uint8_t *in);
+    /* The file's mappings are gone, its metadata kept (file.c): clear the
+     * pointers into them, keep the rest. NULL: clear all of format_priv. */
+    void (*forget_maps)(tf_file *f);
+};
 
 /* ---- formats.c: the format table ------------------------------------------
  * One row per on-disk format the sources layer reads. Detection (local and
@@ -190,6 +232,9 @@ typedef struct tf__format_row {
     /* TF_DOCS_FORMAT: the format's document ops (its parser installs them
      * in each file it opens: file.c reads documents through them). */
     const tf__doc_ops *doc_ops;
+    /* Its private state's ops beyond the parser (blocks, verify, catalog,
+     * unmapping), or NULL when it keeps none that outlives its mappings. */
+    const tf__format_ops *ops;
     /* A pair opened by its common prefix (Megatron's P.bin + P.idx, the .idx
      * its first companion, which names the pair): the data file's suffix, and
      * a few words for messages ("a Megatron pair"); NULL for a single file. */
@@ -353,7 +398,7 @@ TF_HIDDEN int tf__open_raw(const char *path, const tf_open_options *opt, tf_file
 TF_HIDDEN int tf__open_npy(const char *path, const tf_open_options *opt, tf_file *f);
 
 /* docindex.c: the document index of a raw file opened with an eos id
- * (f already holds its tokens): maps it into f, or marks f docs_from_rows
+ * (f already holds its tokens): maps it into f, or marks f eos.rows_only
  * when there is none. */
 TF_HIDDEN int tf__docindex_open(const char *path, const tf_open_options *opt, tf_file *f);
 
@@ -462,7 +507,7 @@ TF_HIDDEN tf_file *tf__files_push(tf_file **files, uint64_t *nfiles, uint64_t *c
 TF_HIDDEN int tf__file_document(const tf_file *f, uint64_t j, uint64_t *start, uint64_t *len);
 /* Document of f containing local token pos (pos < num_tokens). */
 TF_HIDDEN int tf__file_find_document(const tf_file *f, uint64_t pos, uint64_t *doc);
-/* Decompressed block b of a compressed file (f->read_block), into out;
+/* Decompressed block b of a compressed file (f->blocks.ops->read), into out;
  * *stored (when not NULL) gets the block's stored bytes. */
 TF_HIDDEN int tf__file_read_block(const tf_file *f, uint64_t b, void *out, size_t out_cap, uint64_t *stored);
 /* Copy local tokens [start, start+count) converted to out_dtype. */
@@ -703,14 +748,29 @@ TF_HIDDEN int tf__catalog_parse_dataset(const char *dir, const uint8_t *manifest
 
 /* ---- native.c: the native format beyond its parsers --------------------- */
 
-/* Decompress block b of a compressed file into out (block_tokens tokens or
- * fewer for the last block). The native parser installs it as f->read_block. */
-TF_HIDDEN int tf__native_read_block(const tf_file *f, uint64_t b, void *out, size_t out_cap);
-/* Check a shard's stored checksums (tokens, document index, block table).
- * scratch holds one decompressed block (cap bytes). Runs under the caller's
- * SIGBUS guard; stops with -ECANCELED when *cancel becomes non-zero. */
-TF_HIDDEN int tf__native_verify(const tf_file *f, _Atomic uint64_t *progress, _Atomic int *cancel,
-                                void *scratch, size_t cap);
+/* Its row's ops (blocks, verify, catalog, unmapping). */
+TF_HIDDEN extern const tf__format_ops tf__native_ops;
+/* What other layers may know of a native shard's private state: where its
+ * sections lie in the file (the remote stack plans its fetches by them) and
+ * the checksums its header stores (a manifest and a catalog are checked
+ * against them). 0 with *out filled for a native file (the layout is zero for
+ * one known only from a catalog, whose first touch parses it), -EINVAL with
+ * *out zeroed for any other. */
+typedef struct tf__native_info {
+    uint64_t tokens_at, tokens_len; /* the stored token section */
+    uint64_t index_at;             /* the document index, then the tables */
+    uint64_t sum_tokens, sum_docs; /* the header's tokens and docs checksums */
+    /* The per-chunk checksums of the stored token section (flag bit 1), or
+     * NULL: chunk_table[i] is the XXH64 of bytes [i * chunk_bytes, +). */
+    const uint64_t *chunk_table;
+    uint64_t chunk_count, chunk_bytes;
+} tf__native_info;
+TF_HIDDEN int tf__native_info_of(const tf_file *f, tf__native_info *out);
+/* The metadata of a native shard parsed from a sparse map m was copied from
+ * m + from into to (remote_open.c, before the map goes): its private state's
+ * pointers into [m + from, end of the map) move there, those before (into the
+ * token section, no longer in memory) become NULL. */
+TF_HIDDEN void tf__native_rebase(tf_file *f, const uint8_t *m, uint64_t from, const uint8_t *to);
 
 /* ---- dataset.c ------------------------------------------------------------ */
 

@@ -935,6 +935,126 @@ static void test_eos_index(void) {
     unlink(p);
 }
 
+/* A gzip file of one member holding data in stored (uncompressed) deflate
+ * blocks, written without zlib: what the metadata reader (which loads zlib)
+ * is given here. */
+static size_t gzip_stored(uint8_t *out, const char *text, size_t n) {
+    uint32_t crc = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) {
+        crc ^= (uint8_t)text[i];
+        for (int k = 0; k < 8; k++) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1)));
+    }
+    crc ^= 0xFFFFFFFFu;
+    static const uint8_t hdr[10] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3};
+    size_t o = 0;
+    memcpy(out, hdr, 10);
+    o = 10;
+    size_t i = 0;
+    do {
+        size_t k = n - i > 65535 ? 65535 : n - i;
+        out[o++] = i + k == n ? 1 : 0; /* BFINAL, BTYPE 00 */
+        out[o++] = (uint8_t)k;
+        out[o++] = (uint8_t)(k >> 8);
+        out[o++] = (uint8_t)~k;
+        out[o++] = (uint8_t)(~k >> 8);
+        memcpy(out + o, text + i, k);
+        o += k;
+        i += k;
+    } while (i < n);
+    for (int b = 0; b < 4; b++) out[o++] = (uint8_t)(crc >> (8 * b));
+    for (int b = 0; b < 4; b++) out[o++] = (uint8_t)(n >> (8 * b));
+    return o;
+}
+
+/* OLMo's document metadata (x.csv.gz beside x.npy): a C program building
+ * the document index gets the documents of the metadata (several gzip
+ * members, CRLF rows, extra fields), not those of the eos scan; damaged or
+ * hostile metadata is refused naming the file, line and field; and an index
+ * built from it is refused once the metadata changes or goes. */
+static void test_olmo_metadata(void) {
+    char p[300], mp[300], ip[320], out[512];
+    path_in(p, sizeof p, "olmo.npy");
+    path_in(mp, sizeof mp, "olmo.csv.gz");
+    snprintf(ip, sizeof ip, "%s.tfdocs", p);
+    uint32_t toks[20];
+    for (int i = 0; i < 20; i++) toks[i] = (uint32_t)i % 4 == 3 ? 0 : 7; /* eos every 4 tokens */
+    t_write_file(p, toks, sizeof toks);
+    tf_open_options o = {.format = TF_FORMAT_RAW, .raw_dtype = TF_UINT32, .has_eos_id = 1, .eos_id = 0};
+    uint8_t gz[4096];
+    const char *m1 = "0,6,id-a,s3://b/x.json.gz,1\r\n";
+    size_t n1 = gzip_stored(gz, m1, strlen(m1));
+    const char *m2b = "7,9,\"q,\"\"x\"\"\ny\",2\n10,15\n"; /* a gap (6..7) joins the next document */
+    size_t n2 = gzip_stored(gz + n1, m2b, strlen(m2b));
+    t_write_file(mp, gz, n1 + n2);
+    CHECK_OK(tf_doc_index_build(p, &o, NULL, 0, out, sizeof out));
+    CHECK(strcmp(out, ip) == 0);
+    tf_dataset *ds = NULL;
+    tf_dataset_info info;
+    CHECK_OK(open_path(p, &o, &ds));
+    if (ds) {
+        CHECK_OK(tf_dataset_get_info(ds, &info));
+        CHECK(info.num_documents == 4); /* 6, 3, 6, then the 5 tokens after the last row */
+        static const uint64_t want_s[4] = {0, 6, 9, 15}, want_n[4] = {6, 3, 6, 5};
+        for (uint64_t d = 0; d < 4 && d < info.num_documents; d++) {
+            uint64_t s, n;
+            CHECK_OK(tf_dataset_document(ds, d, &s, &n));
+            CHECK(s == want_s[d] && n == want_n[d]);
+        }
+    }
+    tf_dataset_free(ds);
+    ds = NULL;
+    /* the metadata rewritten: the index is stale */
+    const char *m3 = "0,5\n";
+    size_t n3 = gzip_stored(gz, m3, strlen(m3));
+    t_write_file(mp, gz, n3);
+    struct timespec ts[2] = {{0, UTIME_OMIT}, {12345, 0}};
+    utimensat(AT_FDCWD, mp, ts, 0);
+    CHECK_RC(open_path(p, &o, &ds), -TF_EFORMAT);
+    CHECK(strstr(tf_last_error(), "olmo.csv.gz changed since the index was built") != NULL &&
+          strstr(tf_last_error(), "tokenfeed index") != NULL);
+    tf_dataset_free(ds);
+    ds = NULL;
+    unlink(mp);
+    CHECK_RC(open_path(p, &o, &ds), -TF_EFORMAT);
+    CHECK(strstr(tf_last_error(), "which is gone") != NULL);
+    tf_dataset_free(ds);
+    ds = NULL;
+    /* hostile rows: refused with the line and field, nothing written */
+    unlink(ip);
+    static const struct {
+        const char *text, *want;
+    } bad[] = {
+        {"0,5\n3,9\n", "line 2, field start: start 3 overlaps"},
+        {"0,5\n5,21\n", "line 2, field end: end 21 is past the 20 tokens"},
+        {"0,18446744073709551616\n", "line 1, field end: the number overflows"},
+        {"start,end\n", "line 1, field start: 's' where a digit was expected (OLMo's metadata has no header line)"},
+        {"0,5\r6,9\n", "carriage return not followed"},
+        {"", "no document rows"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        size_t nb = gzip_stored(gz, bad[k].text, strlen(bad[k].text));
+        t_write_file(mp, gz, nb);
+        CHECK_RC(tf_doc_index_build(p, &o, NULL, 0, out, sizeof out), -TF_EFORMAT);
+        CHECK(strstr(tf_last_error(), bad[k].want) != NULL && strstr(tf_last_error(), mp) != NULL);
+        CHECK(access(ip, F_OK) != 0);
+    }
+    /* a gzip member cut short */
+    size_t nt = gzip_stored(gz, "0,5\n", 4);
+    t_write_file(mp, gz, nt - 3);
+    CHECK_RC(tf_doc_index_build(p, &o, NULL, 0, out, sizeof out), -TF_EFORMAT);
+    CHECK(strstr(tf_last_error(), "truncated") != NULL);
+    /* ends given by the caller win over the metadata (an eos-style index) */
+    uint64_t given[2] = {10, 20};
+    CHECK_OK(tf_doc_index_build(p, &o, given, 2, out, sizeof out));
+    unlink(mp);
+    CHECK_OK(open_path(p, &o, &ds));
+    if (ds) CHECK_OK(tf_dataset_get_info(ds, &info));
+    CHECK(ds && info.num_documents == 2);
+    tf_dataset_free(ds);
+    unlink(ip);
+    unlink(p);
+}
+
 /* A dataset's own catalog (tokenfeed.catalog): the writer writes it from the
  * headers it wrote; tf_dataset_write_dataset_catalog writes the same bytes
  * from the dataset as opened, and refuses a dataset that is not the one in
@@ -1258,6 +1378,7 @@ static void test_resolve(void) {
 int main(void) {
     if (t_mkdtemp(tmpdir, sizeof tmpdir, "tf_test_sources")) return T_EXIT_FAIL;
     test_eos_index();
+    test_olmo_metadata();
     test_native();
     test_dataset_catalog();
     test_native_corrupt();

@@ -2,7 +2,8 @@
  * index (docs/format.md, "Document index of files split at an eos id").
  * Byte 0: bits 0-2 the dtype, bits 3-5 the eos id, bit 6 keeps the index's
  * header checksum as given (else it is recomputed, so the fields behind it
- * are reached), bit 7 recomputes the ends checksum. Chunk 0 is the token
+ * are reached), bit 7 recomputes the ends checksum (a version-2 index, built
+ * from OLMo's metadata, has its header checksum at 88 and its ends at 96). Chunk 0 is the token
  * file; chunk 1 the index, whose data size and mtime fields are set to the
  * token file's (else every input would be refused as stale). With one chunk,
  * the index is built by tf_doc_index_build and then read. */
@@ -29,8 +30,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 tf__put_le64(ix + 24, (uint64_t)st.st_size);
                 tf__put_le64(ix + 32, (uint64_t)((int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec));
                 uint64_t nd = tf__le64(ix + 40);
-                if ((ctl & 0x80) && nd <= (c[1].n - 64) / 8) tf__put_le64(ix + 48, tf_hash64(ix + 64, nd * 8, 0));
-                if (!(ctl & 0x40)) tf__put_le64(ix + 56, tf_hash64(ix, 56, 0));
+                /* version 2 (built from OLMo's metadata): a 96-byte header, its checksum at 88 */
+                size_t hs = c[1].n >= 96 && tf__le32(ix + 8) == 2 ? 96 : 64;
+                if ((ctl & 0x80) && nd <= (c[1].n - hs) / 8) tf__put_le64(ix + 48, tf_hash64(ix + hs, nd * 8, 0));
+                if (!(ctl & 0x40)) tf__put_le64(ix + hs - 8, tf_hash64(ix, hs - 8, 0));
             }
             fuzz_write(fuzz_path(1, "x.bin.tfdocs"), ix, c[1].n);
         }

@@ -32,10 +32,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             }
         }
         if (f.num_tokens) { uint64_t d; (void)tf__file_find_document(&f, f.num_tokens - 1, &d); }
-        if (f.compressed)
-            for (uint64_t b = 0; b < f.num_blocks && b < 16; b++) {
+        if (f.blocks.ops)
+            for (uint64_t b = 0; b < f.blocks.count && b < 16; b++) {
                 static uint8_t blk[1 << 16];
-                tf__native_read_block(&f, b, blk, sizeof blk);
+                tf__file_read_block(&f, b, blk, sizeof blk, NULL);
             }
         if (f.num_tokens <= (1u << 22)) {
             _Atomic uint64_t progress = 0;

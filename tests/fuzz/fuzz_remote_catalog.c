@@ -77,7 +77,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             const tf_file *f = &files[i];
             size_t pl = strlen(PREFIX);
             if (strncmp(f->path, PREFIX, pl) != 0 || !f->path[pl] || strchr(f->path + pl, '/')) abort();
-            if (f->aux_path || f->compressed || f->eos_mode || f->format == TF_FORMAT_MEGATRON) abort();
+            if (f->aux_path || f->blocks.ops || f->eos.split || f->format == TF_FORMAT_MEGATRON) abort();
             if (!tf__parser_of(f->format) || !tf_dtype_size(f->dtype)) abort();
             tf__file_id id[2];
             tf__file_lazy_ids(f, id);

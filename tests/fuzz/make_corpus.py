@@ -298,6 +298,8 @@ def main() -> None:
                                                               + ix[48:]))
         save("docindex", "truncated", b"\x81" + chunks(etoks.tobytes(), ix[:-8]))
         save("docindex", "bad_version", b"\x01" + chunks(etoks.tobytes(), ix[:8] + struct.pack("<I", 9) + ix[12:]))
+        v2 = ix[:8] + struct.pack("<I", 2) + ix[12:56] + bytes(40) + ix[64:]  # as if built from OLMo's metadata
+        save("docindex", "version2", b"\x81" + chunks(etoks.tobytes(), v2))
 
         # ---- whole datasets: kind, ctl (u32), chunks (fuzz_dataset.c)
         def ds(kind: int, ctl: int, *parts: bytes) -> bytes:
@@ -467,7 +469,27 @@ def columns_seeds() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def olmo_meta_seeds() -> None:
+    """OLMo's document metadata (fuzz_olmo_meta.c): byte 0 = token count pick | cut << 3 | gzip << 7,
+    then the CSV text (or with bit 7, the bytes of x.csv.gz: gzip members, read through zlib)."""
+    import gzip
+
+    rows = b"0,6,id-a,s3://bucket/x.json.gz,1\n6,9,\"q,\"\"x\"\"\ny\",2\r\n12,20\n"
+    save("olmo_meta", "rows_100", b"\x03" + rows)
+    save("olmo_meta", "rows_cut_7", bytes([0x03 | 6 << 3]) + rows)
+    save("olmo_meta", "no_newline", b"\x02" + b"0,3\n3,7")
+    save("olmo_meta", "overlap", b"\x03" + b"0,10\n5,20\n")
+    save("olmo_meta", "header", b"\x03" + b"start,end\n0,10\n")
+    save("olmo_meta", "overflow", b"\x06" + b"0,99999999999999999999\n")
+    save("olmo_meta", "open_quote", b"\x03" + b'0,10,"abc\n')
+    mtime = {"mtime": 0}
+    save("olmo_meta", "gzip_members", bytes([0x83]) + gzip.compress(rows[:30], **mtime) + gzip.compress(rows[30:], **mtime))
+    save("olmo_meta", "gzip_truncated", bytes([0x83]) + gzip.compress(rows, **mtime)[:-5])
+    save("olmo_meta", "gzip_trailing", bytes([0x83]) + gzip.compress(rows, **mtime) + b"\x00\x01")
+
+
 if __name__ == "__main__":
     main()
     state_seeds()
     columns_seeds()
+    olmo_meta_seeds()

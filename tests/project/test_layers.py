@@ -6,6 +6,7 @@ that break each rule."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 import sysconfig
 
@@ -149,3 +150,36 @@ def test_test_folders_are_rooms_on_the_path_with_unique_file_names():
     # the folders are rooms of the package (common's few helpers are tested where they are used),
     # then the face's and the project's own
     assert folders == set(cl.C_LAYERS) - {"common"} | {"integrations", "cli", "project"}
+
+
+# What a format keeps of its own (section offsets, checksums, tables) lives in its parser's
+# struct inside tf_file's format_priv; what every layer may read of any format (compressed
+# blocks, documents defined by an eos id) are named sub-structs of tf_file.
+FORMAT_PRIVATE_ONCE_SHARED = {
+    "compressed", "read_block", "zdata", "zdata_len", "block_table", "num_blocks", "block_tokens",
+    "has_checksums", "tokens_checksum", "docs_checksum", "blocks_checksum", "tokens_section_len",
+    "docs_section", "docs_section_len", "tokens_offset", "docs_offset", "chunk_sums", "num_chunk_sums",
+    "chunk_sum_bytes", "chunks_checksum", "eos_mode", "docs_from_rows", "eos_id"}
+
+
+def _struct_members(text: str, name: str) -> set:
+    body = re.search(r"typedef struct %s \{(.*?)\n\} %s;" % (name, name), text, re.S)
+    assert body, name
+    code = re.sub(r"/\*.*?\*/", "", body.group(1), flags=re.S)
+    # the last identifier of each declaration (before '[', ';', ',' or a function pointer's ')')
+    return set(re.findall(r"\(?\*?\s*(\w+)\s*(?:\)\s*\(.*?\))?\s*(?:\[[^\]]*\])?\s*[;,]", code))
+
+
+def test_a_formats_private_state_is_read_by_its_parser_only():
+    src = open(os.path.join(cl.CSRC, "sources", "source.h")).read()
+    members = _struct_members(src, "tf_file")
+    assert {"blocks", "eos", "format_priv", "doc_kind"} <= members
+    assert members & FORMAT_PRIVATE_ONCE_SHARED == set()
+    # a format's private struct is reached (tf__format_priv) in its parser's file only
+    users = {f for f in cl.c_files() if "tf__format_priv(" in open(os.path.join(cl.CSRC, f)).read()}
+    assert users == {"sources/source.h", "sources/native.c", "sources/megatron.c"}
+    # and no file but its parser names it
+    for parser, struct in (("sources/native.c", "nat_file"), ("sources/megatron.c", "mg_file")):
+        assert _struct_members(open(os.path.join(cl.CSRC, parser)).read(), struct)
+        named = {f for f in cl.c_files() if re.search(r"\b%s\b" % struct, open(os.path.join(cl.CSRC, f)).read())}
+        assert named == {parser}

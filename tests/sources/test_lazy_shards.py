@@ -152,6 +152,111 @@ def test_native_dataset_from_catalog(tmp_path, monkeypatch):
     b.verify()
 
 
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_native_shards_unmapped_under_the_bound_keep_their_checksums(tmp_path, compression):
+    """A shard unmapped again under the bound keeps its header's checksums (the format's
+    private state outlives its mappings, its pointers into them do not): the dataset's
+    catalog is then written from the shards as opened, each checked against the manifest
+    by those checksums, and read back; verify still finds a damaged shard."""
+    d = tmp_path / "native"
+    rng = np.random.default_rng(1)
+    kw = dict(compression="zstd", block_tokens=16) if compression else {}
+    with tokenfeed.DatasetWriter(str(d), vocab_size=1000, shard_tokens=64, **kw) as w:
+        for _ in range(30):
+            w.add_document(rng.integers(0, 1000, size=int(rng.integers(5, 40))))
+    (d / "tokenfeed.catalog").unlink()
+    out = _run(f"""
+        import numpy as np, tokenfeed
+        ds = tokenfeed.open({str(d)!r})
+        assert ds.num_files > 3
+        whole = ds.tokens(0, ds.num_tokens)  # every shard mapped in turn, all but one unmapped again
+        ds.verify()
+        print("CAT", ds._core.write_dataset_catalog({str(d)!r}))
+        again = tokenfeed.open({str(d)!r})
+        assert again.fingerprint == ds.fingerprint
+        assert np.array_equal(again.tokens(0, again.num_tokens), whole)
+        again.verify()
+        print("OK")
+    """, {"TOKENFEED_MAX_OPEN_SHARDS": "1", "TOKENFEED_CATALOG_DIR": ""})
+    assert "OK" in out and str(d / "tokenfeed.catalog") in out
+    # the catalog's entries carry the checksums: a damaged shard is still found by verify
+    shard = sorted(p for p in d.iterdir() if p.name.startswith("shard"))[1]
+    b = bytearray(shard.read_bytes())
+    b[4096 + 3] ^= 0xFF
+    shard.write_bytes(bytes(b))
+    with pytest.raises(tokenfeed.FormatError, match=shard.name):
+        tokenfeed.open(str(d)).verify()
+
+
+@pytest.mark.parametrize("flags", [1, 2, 3])
+def test_planted_entry_claiming_what_its_format_has_not_is_refused(tmp_path, monkeypatch, flags):
+    """An entry of the node's catalog that says an llm.c file is stored in compressed
+    blocks (flag 1) or carries a format's private checksums (flag 2), sealed again, is no
+    entry: the format's row has no blocks and no private state, so the catalog is not used
+    and the files are parsed, read right and verified, never failing as "changed"."""
+    import struct
+    import xxhash
+    cdir = tmp_path / "catalog"
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cdir))
+    files = []
+    for i in range(6):
+        p = tmp_path / f"shard_{i:03d}.bin"
+        write_llmc(str(p), (np.arange(40 + 7 * i) + 100 * i).astype(np.uint16))
+        files.append(str(p))
+    _aged(files)
+    ref = tokenfeed.open(files)
+    (cat,) = [cdir / n for n in os.listdir(cdir)]
+    b = bytearray(cat.read_bytes())
+    assert b[:8] == b"TFCATLG1"
+    # shard 3's record: flags (u32), then num_tokens and num_docs, ..., block_tokens, num_blocks
+    key = struct.pack("<QQ", 40 + 7 * 3, 1)
+    at = b.find(key)
+    assert at > 0 and b.find(key, at + 1) < 0
+    b[at - 4] |= flags
+    b[at + 40:at + 56] = struct.pack("<QQ", 16, 3)
+    b[-8:] = xxhash.xxh64_intdigest(bytes(b[:-8]), seed=0).to_bytes(8, "little")
+    cat.write_bytes(bytes(b))
+    ds = tokenfeed.open(files)
+    assert np.array_equal(ds.tokens(0, ds.num_tokens), ref.tokens(0, ref.num_tokens))
+    assert not any(f["compressed"] for f in ds.files())
+    ds.verify()
+    # and the catalog is written again as the files are
+    assert cat.read_bytes() != bytes(b) and cat.read_bytes()[at - 4] & 3 == 0
+
+
+@pytest.mark.parametrize("blocks", [(16, 1 << 40), (16, 0), (0, 4)])
+def test_planted_entry_with_blocks_its_counts_do_not_give_is_refused(tmp_path, monkeypatch, blocks):
+    """A compressed shard's entry in the node's catalog whose block size and block count do
+    not agree with its token count (what its header would give), sealed again, is no entry:
+    the engine sizes its block cache by the entries before any shard is touched."""
+    import struct
+    import xxhash
+    cdir = tmp_path / "catalog"
+    monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(cdir))
+    d = tmp_path / "native"
+    with tokenfeed.DatasetWriter(str(d), vocab_size=1000, shard_tokens=64, compression="zstd", block_tokens=16) as w:
+        for i in range(12):
+            w.add_document(np.arange(10 + i) % 1000)
+    _aged([str(p) for p in d.iterdir()] + [str(d)])
+    ref = tokenfeed.open(str(d))
+    want = ref.tokens(0, ref.num_tokens)
+    (cat,) = [cdir / n for n in os.listdir(cdir)]
+    b = bytearray(cat.read_bytes())
+    f0 = ref.files()[0]
+    key = struct.pack("<QQ", f0["num_tokens"], f0["num_documents"])
+    at = b.find(key)
+    assert at > 0 and b[at - 4] & 1  # compressed
+    assert struct.unpack_from("<QQ", b, at + 40) == (16, -(-f0["num_tokens"] // 16))
+    b[at + 40:at + 56] = struct.pack("<QQ", *blocks)
+    b[-8:] = xxhash.xxh64_intdigest(bytes(b[:-8]), seed=0).to_bytes(8, "little")
+    cat.write_bytes(bytes(b))
+    ds = tokenfeed.open(str(d))
+    assert np.array_equal(ds.tokens(0, ds.num_tokens), want)
+    with tokenfeed.Loader(ds, seq_len=15, batch_size=2, seed=0, output="numpy") as l:
+        next(l)
+    assert struct.unpack_from("<QQ", cat.read_bytes(), at + 40) == (16, -(-f0["num_tokens"] // 16))
+
+
 def test_stale_catalog_entry_refreshed(tmp_path, monkeypatch):
     monkeypatch.setenv("TOKENFEED_CATALOG_DIR", str(tmp_path / "catalog"))
     files = _llmc_set(tmp_path / "d")

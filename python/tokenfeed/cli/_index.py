@@ -76,9 +76,10 @@ def add_parser(sub: Any) -> None:
                                    "With --eos-id: scan headerless token files (nanoGPT, OLMo, datatrove) once "
                                    "for the end-of-document id and write each one's document index, PATH.tfdocs "
                                    "beside it, or in the node's index directory when that directory is "
-                                   "read-only. OLMo's metadata (x.csv.gz beside x.npy) is used when present. "
-                                   "tokenfeed.open(..., eos_id=N) reads it; an index whose data file "
-                                   "changed is refused until it is rebuilt here (docs/format.md).")
+                                   "read-only. OLMo's metadata (x.csv.gz beside x.npy) gives the documents when present "
+                                   "(read with zlib, loaded at run time: libz.so.1 or $TOKENFEED_ZLIB). "
+                                   "tokenfeed.open(..., eos_id=N) reads it; an index whose data file or "
+                                   "metadata changed is refused until it is rebuilt here (docs/format.md).")
     i.add_argument("path", nargs="+", metavar="PATH",
                    help="a shard set (directory or quoted glob), or with --eos-id headerless token file(s)")
     i.add_argument("--dtype", default=None, help="token dtype of headerless files (uint16, uint32, ...); "

@@ -14,7 +14,8 @@
     trainer.fit()
 
 OLMo's tokenizer (dolma) writes headerless token files with the end-of-document id after
-every document, and optionally ``x.csv.gz`` document spans beside ``x.npy``. They are
+every document, and optionally ``x.csv.gz`` document spans beside ``x.npy`` (which the C
+library reads when it builds the document index, with zlib loaded at run time). They are
 opened with ``eos_id=tokenizer.eos_token_id``, so position ids, intra-document masking
 (``doc_lens`` / ``max_doc_lens``) and the loss mask see OLMo's documents, not one per
 file (docs/format.md, "Document index of files split at an eos id").

@@ -31,44 +31,19 @@ def default_index_dir() -> str:
                                                                   "docindex")
 
 
-def _olmo_metadata_ends(path: str, num_tokens: int) -> Optional[np.ndarray]:
-    """Document ends from the metadata OLMo's tokenizer (dolma) writes beside a token file:
-    ``x.csv.gz`` for ``x.npy``, one ``start,end,...`` row per document (what OLMo-core's
-    ``iter_document_indices`` reads), or None when there is none."""
-    import gzip
-
-    root, ext = os.path.splitext(path)
-    meta = root + ".csv.gz"
-    if ext != ".npy" or not os.path.isfile(meta):
-        return None
-    ends = []
-    with gzip.open(meta, "rt") as fh:
-        for n, line in enumerate(fh):
-            fields = line.split(",", 2)
-            try:
-                ends.append(int(fields[1]))
-            except (IndexError, ValueError):
-                raise ValueError(f"{meta}: line {n + 1}: expected 'start,end,...' document spans") from None
-    arr = np.asarray(ends, dtype=np.uint64)
-    if arr.size and int(arr[-1]) < num_tokens:  # tokens after the last span form a last document
-        arr = np.append(arr, np.uint64(num_tokens))
-    return arr
-
-
 def build_index(path: PathLike, *, dtype: DTypeLike, eos_id: int, index_dir: Optional[PathLike] = None) -> str:
     """Build the document index of a headerless token file whose documents end after
     ``eos_id`` (what :func:`open` with ``eos_id=`` reads for best-fit and document packing),
     and return where it was written: ``PATH.tfdocs`` beside the data, or the node's index
     directory when that directory is read-only. OLMo's document metadata (``x.csv.gz`` beside
-    ``x.npy``) gives the documents when present; otherwise the file is scanned once."""
+    ``x.npy``) gives the documents when present (read by the C library, which needs zlib at run
+    time for it: docs/format.md); otherwise the file is scanned once."""
     p = os.fspath(path)
     name = _dtype_name(dtype)
     if name is None:
         raise ValueError("dtype= is required: a headerless token file does not record it")
-    ends = None
-    if p.endswith(".npy") and os.path.isfile(p[:-4] + ".csv.gz"):
-        ends = _olmo_metadata_ends(p, os.path.getsize(p) // np.dtype(name).itemsize)
-    return _core.build_doc_index(p, name, int(eos_id), ends, os.fspath(index_dir or default_index_dir()))
+    # (the core reads OLMo's metadata itself: C programs get the same index)
+    return _core.build_doc_index(p, name, int(eos_id), None, os.fspath(index_dir or default_index_dir()))
 
 
 def build_catalog(path: PathLike, *, dtype: DTypeLike = None, format: Optional[str] = None,
