@@ -85,12 +85,22 @@ typedef unsigned long long ull;
 /* rounds of requests                                                        */
 /* ------------------------------------------------------------------------ */
 
+static int ends_with(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+/* Whether url is an index fetched whole: a catalog, a manifest, or a
+ * companion a remote open reads (format table: a pair's .idx, a datatrove
+ * .index, a .bos.idx). */
 static int is_index_name(const char *url) {
     size_t n = strlen(url);
     const char *base = strrchr(url, '/');
     if (base && !strncmp(base + 1, TF_DATA_CATALOG_STEM, sizeof TF_DATA_CATALOG_STEM - 1)) return 1;
-    return (n > 4 && !strcmp(url + n - 4, ".idx")) || (n > 6 && !strcmp(url + n - 6, ".index")) ||
-           (n > 18 && !strcmp(url + n - 18, TF_MANIFEST_NAME)) ||
+    const tf__companion *c;
+    for (size_t k = 0; (c = tf__companion_at(k)) != NULL; k++)
+        if ((c->fetch || c->pair) && ends_with(url, c->suffix) && n > strlen(c->suffix)) return 1;
+    return (n > 18 && !strcmp(url + n - 18, TF_MANIFEST_NAME)) ||
            (n > 17 && !strcmp(url + n - 17, TF_DATASET_CATALOG_NAME));
 }
 
@@ -351,11 +361,6 @@ typedef struct target {
     tf_file *cat;      /* K_DIR: its shards from the dataset's catalog (NULL: none usable) */
     uint64_t ncat;
 } target;
-
-static int ends_with(const char *s, const char *suf) {
-    size_t a = strlen(s), b = strlen(suf);
-    return a >= b && strcmp(s + a - b, suf) == 0;
-}
 
 static char *cat2(const char *a, const char *b) {
     size_t la = strlen(a), lb = strlen(b);
