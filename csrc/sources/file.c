@@ -117,11 +117,17 @@ int tf__map_file_main(const char *path, tf_file *f) {
     size_t page = ps > 0 ? (size_t)ps : 4096;
     const uint8_t *m = f->map;
     size_t lo = (f->map_len - 1) / page * page;
+    /* MADV_RANDOM while looking, as the fingerprint samples: the fault on the
+     * last page would otherwise read the kernel's read-around window with it
+     * (1.4 ms per file on a cold page cache here: 15 s instead of 1.5 s to
+     * open 10^4 shards). */
+    if (lo) madvise(f->map, f->map_len, MADV_RANDOM);
     for (size_t q = f->map_len; q > lo; q--)
         if (m[q - 1]) {
             f->map_nz = q;
             break;
         }
+    if (lo) madvise(f->map, f->map_len, MADV_NORMAL);
     return 0;
 }
 

@@ -743,3 +743,56 @@ def test_first_open_probes_no_companion_file_per_shard(tmp_path, form):
     assert len(missing) <= 12, "".join(missing)  # (the spec itself; the first files checked for text)
     per = 8 if "eos_id" in form else 6  # (eos_id: its index also looked for in the node's index directory)
     assert got["open_calls"] <= per * n + 64, "".join(got["open"][:40])
+
+
+
+def _resident_pages(path: str, offsets: list) -> list:
+    """Whether the page cache holds the pages of path at these byte offsets (mincore over a
+    mapping of our own: residency is the file's, whoever mapped it, and mapping reads nothing)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    size, page = os.path.getsize(path), mmap.PAGESIZE
+    vec = (ctypes.c_ubyte * ((size + page - 1) // page))()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        p = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert p not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+        try:
+            assert libc.mincore(p, size, vec) == 0, ctypes.get_errno()
+        finally:
+            libc.munmap(p, size)
+    finally:
+        os.close(fd)
+    return [bool(vec[off // page] & 1) for off in offsets]
+
+
+def test_opening_a_large_shard_reads_no_more_than_its_end_pages(tmp_path):
+    """Opening a large shard reads its first and last pages (header, fingerprint, the check that
+    a mapped file still holds what was read) and no page around them: a fault under the
+    default advice would read the kernel's read-around window with it, a random read of tens
+    of pages per shard that made opening 10^4 shards on a cold page cache ten times slower.
+    A sparse shard: its pages past the header are in no cache until read."""
+    import mmap
+    path = tmp_path / "big.bin"
+    n = 8 << 20  # 16 MiB of tokens: far past any read-ahead of the header's page
+    write_llmc(path, np.arange(64, dtype=np.uint16))
+    header = np.fromfile(path, dtype=np.int32, count=256)
+    header[2] = n
+    with open(path, "r+b") as fh:
+        fh.write(header.tobytes())
+        fh.truncate(1024 + 2 * n)  # a hole from token 64 on
+    size, page = os.path.getsize(path), mmap.PAGESIZE
+    ds = tokenfeed.open(str(path))
+    assert ds.num_tokens == n
+    assert np.array_equal(np.asarray(ds.tokens(0, 64)), np.arange(64))
+    near_end = [size - k * page for k in (2, 4, 8, 16, 32)]
+    resident = _resident_pages(str(path), [0, size - 1] + near_end)
+    assert resident[0], "the header's page was read, so the cache holds it"
+    assert not any(resident[2:]), f"pages before the last were read at open: {resident[2:]}"
+    assert int(np.asarray(ds.tokens(n - 4, n)).sum()) == 0  # and the end reads (zeros: the hole)
