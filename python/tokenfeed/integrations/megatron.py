@@ -192,9 +192,10 @@ def _open_prefix(prefix: str) -> tokenfeed.Dataset:
         try:
             kind, where = _core.resolve_path(prefix, "megatron")
         except (OSError, ValueError, _core.FormatError):
-            kind = ""  # no pair there: tokenfeed.open says what it finds instead
-        if kind == "pair":
-            return tokenfeed.open(where, format="megatron")
+            pass  # no pair there: tokenfeed.open says what it finds instead
+        else:
+            if kind == "pair":
+                return tokenfeed.open(where, format="megatron")
     return tokenfeed.open(prefix)
 
 

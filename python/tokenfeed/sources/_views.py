@@ -43,10 +43,10 @@ def columns_path(paths: Sequence[str], format: Optional[str] = None) -> str:
         p = paths[0].rstrip("/") or "/"
         try:
             kind, where = _core.resolve_path(paths[0], format)
+            if kind == "pair":
+                return where + COLUMNS_SUFFIX
         except (OSError, ValueError, _core.FormatError):
-            kind, where = "", p  # a URL, or nothing (yet) to open there: by its name
-        if kind == "pair":
-            return where + COLUMNS_SUFFIX
+            pass  # a URL, or nothing (yet) to open there: by its name
         if os.path.isdir(p):
             return os.path.join(p, COLUMNS_NAME)
         return p + COLUMNS_SUFFIX
