@@ -362,15 +362,6 @@ typedef struct target {
     uint64_t ncat;
 } target;
 
-static char *cat2(const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b);
-    char *s = malloc(la + lb + 1);
-    if (!s) return NULL;
-    memcpy(s, a, la);
-    memcpy(s + la, b, lb + 1);
-    return s;
-}
-
 /* The names the resolution may ask about, as objects to learn the sizes of;
  * a dataset directory's catalog with its manifest (asked for in the same
  * round: whether there is one is known before the manifest is read). */
@@ -1096,7 +1087,7 @@ static void apply_listing(tf__preg *g, const tf_remote_listing *l) {
 static char *set_catalog_url(const set_spec *set, const tf_open_options *opt) {
     char name[64];
     tf__catalog_objects_name(set->pattern, opt, name, sizeof name);
-    return cat2(set->prefix, name);
+    return tf__cat2(set->prefix, name);
 }
 
 /* The shard set urls[0, n), as its listing shows it (g learnt), from its
@@ -1791,7 +1782,7 @@ int tf_dataset_open_remote_spec(const char *const *spec, size_t n, const tf_open
         if (n != 1 || !prefix || tf__pathspec_url_set(spec[0], &cprefix, &pattern) != 0 || strcmp(cprefix, prefix) != 0) {
             free(pattern); /* not a set under one prefix: no catalog beside the data */
             pattern = NULL;
-        } else if (tf__catalog_objects_name(pattern, o, name, sizeof name), !(cu = cat2(cprefix, name)))
+        } else if (tf__catalog_objects_name(pattern, o, name, sizeof name), !(cu = tf__cat2(cprefix, name)))
             rc = -ENOMEM;
         else if (!objlist_has(&listing, cu)) {
             free(pattern); /* none under this open's key: the objects are read */

@@ -33,7 +33,7 @@ static int ends_with(const char *s, const char *suf) {
     return a >= b && strcmp(s + a - b, suf) == 0;
 }
 
-static char *cat2(const char *a, const char *b) {
+char *tf__cat2(const char *a, const char *b) {
     size_t la = strlen(a), lb = strlen(b);
     char *s = malloc(la + lb + 1);
     if (!s) return NULL;
@@ -52,7 +52,7 @@ static char *dir_of(const char *path) {
 }
 
 char *tf__pair_name(const tf__format_row *row, const char *prefix, int which) {
-    return cat2(prefix, which ? row->companions[0].suffix : row->pair_data_suffix);
+    return tf__cat2(prefix, which ? row->companions[0].suffix : row->pair_data_suffix);
 }
 
 /* The prefix path names for the pair row r: path less its data suffix or its

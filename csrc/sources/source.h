@@ -498,6 +498,8 @@ TF_HIDDEN uint64_t tf__sampled_fingerprint(const uint8_t *buf, uint64_t len, uin
 TF_HIDDEN char *tf__companion_path(const char *path, const char *suffix, int replace_ext);
 /* dir + "/" + name, malloc'ed (NULL on ENOMEM). */
 TF_HIDDEN char *tf__path_join(const char *dir, const char *name);
+/* a followed by b, malloc'ed (NULL on ENOMEM). */
+TF_HIDDEN char *tf__cat2(const char *a, const char *b);
 /* Close one file: unmap, free. Safe on a zeroed or partially filled file. */
 TF_HIDDEN void tf__file_close(tf_file *f);
 /* Grow *files by one zeroed entry; returns it or NULL (-ENOMEM). */
