@@ -1942,6 +1942,32 @@ typedef struct tf_megatron_index {
 TF_API int tf_order_create_megatron(const tf_dataset *ds, const tf_order_config *cfg, const tf_megatron_index *index,
                                     tf_order **out);
 
+/* ------------------------------------------------------------------------ */
+/* Sources: what a local path names                                          */
+/* ------------------------------------------------------------------------ */
+
+/* What an open of the local path with this format (TF_FORMAT_AUTO: any)
+ * reads, decided by the very rules and file-system looks the open uses
+ * (docs/format.md, "What a path names"), so that an embedder asking where a
+ * dataset's companions live (its metadata columns, docs/views.md) gets the
+ * open's answer:
+ *   TF_PATH_DATASET: a tokenfeed dataset directory (out: the directory,
+ *     without trailing '/');
+ *   TF_PATH_PAIR: a pair such as Megatron's P.bin + P.idx, named by P, P.bin
+ *     or P.idx, its companion's magic checked (out: the prefix P);
+ *   TF_PATH_FILE: a single file (out: path as given).
+ * 0, or -errno with tf_last_error() saying why: -ENOENT (nothing there: the
+ * message names what was looked for), -EINVAL (not a regular file or
+ * directory, such as a FIFO, which is never opened; a URL: remote names are
+ * resolved by the remote open, against the store), -TF_EFORMAT (a directory
+ * without a manifest, a pair whose companion has another magic, or no pair
+ * where the format is a pair's), -ENAMETOOLONG (out_cap too small for the
+ * answer: PATH_MAX bytes always do). A shard set (a glob, a directory of
+ * foreign files) is no single target: open it with tf_dataset_open. The
+ * answer is what the file system says now; the open decides again. */
+typedef enum tf_path_kind { TF_PATH_DATASET = 1, TF_PATH_PAIR = 2, TF_PATH_FILE = 3 } tf_path_kind;
+TF_API int tf_path_resolve(const char *path, tf_format format, tf_path_kind *kind, char *out, size_t out_cap);
+
 /* Shard sets from the node's catalog (docs/format.md, "The node's catalog").
  * A shard set is what open was given before it was expanded into files:
  * directories of foreign files and globs (the Python package expands them).

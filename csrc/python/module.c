@@ -620,6 +620,44 @@ static PyObject *cp_thd_positions(PyObject *m, PyObject *args) {
     return out;
 }
 
+PyDoc_STRVAR(resolve_path_doc,
+"resolve_path($module, path, format=None)\n--\n\n"
+"What an open of the local path reads, by the open's own rules (tf_path_resolve):\n"
+"(\"dataset\", directory), (\"pair\", prefix) or (\"file\", path). Raises\n"
+"FileNotFoundError when nothing is there, ValueError for a URL, a FIFO or a\n"
+"device, and tokenfeed's format error for a directory without a manifest or a\n"
+"pair whose companion is not the format's.");
+
+static PyObject *resolve_path(PyObject *mod, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"path", "format", NULL};
+    PyObject *path_obj, *format_obj = Py_None, *fs = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O", kwlist, &path_obj, &format_obj)) return NULL;
+    tf_format fmt = TF_FORMAT_AUTO;
+    if (format_obj != Py_None) {
+        const char *s = PyUnicode_AsUTF8(format_obj);
+        if (!s) return NULL;
+        if (tf_format_from_name(s, &fmt) != 0) {
+            PyErr_Format(PyExc_ValueError, "format=%R: %s (None detects it)", format_obj, tf_last_error());
+            return NULL;
+        }
+    }
+    if (!PyUnicode_FSConverter(path_obj, &fs)) return NULL;
+    const char *path = PyBytes_AS_STRING(fs);
+    tf_path_kind kind = TF_PATH_FILE;
+    char out[4096], msg[1024];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = tf_path_resolve(path, fmt, &kind, out, sizeof out);
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", tf_last_error());
+    Py_END_ALLOW_THREADS
+    Py_DECREF(fs);
+    if (rc < 0) return tfpy_raise(PyModule_GetState(mod), rc, msg);
+    const char *name = kind == TF_PATH_DATASET ? "dataset" : kind == TF_PATH_PAIR ? "pair" : "file";
+    PyObject *p = PyUnicode_DecodeFSDefault(out);
+    if (!p) return NULL;
+    return Py_BuildValue("(sN)", name, p);
+}
+
 static PyMethodDef module_methods[] = {
     {"seq_len_warmup", seq_len_warmup, METH_VARARGS,
      "seq_len_warmup(seq_len, min_seq_len, warmup_steps, step, /)\n--\n\nReturns int. The row length at a global step of a sequence-length warmup (tf_seq_len_warmup)."},
@@ -632,6 +670,7 @@ static PyMethodDef module_methods[] = {
     {"build_doc_index", (PyCFunction)(void (*)(void))build_doc_index, METH_VARARGS | METH_KEYWORDS, build_doc_index_doc},
     {"merge", (PyCFunction)(void (*)(void))merge, METH_VARARGS | METH_KEYWORDS, merge_doc},
     {"parse_size", parse_size, METH_VARARGS, parse_size_doc},
+    {"resolve_path", (PyCFunction)(void (*)(void))resolve_path, METH_VARARGS | METH_KEYWORDS, resolve_path_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -119,6 +119,31 @@ static int open_one(const char *path, const tf_open_options *opt, const tf__list
     return rc;
 }
 
+/* What the open of path would read (tokenfeed.h): the same resolution with
+ * the same probe, so that callers (the Python package) never re-derive it. */
+int tf_path_resolve(const char *path, tf_format format, tf_path_kind *kind, char *out, size_t out_cap) {
+    TF_NEED_ARG(path);
+    TF_NEED_ARG(kind);
+    TF_NEED_ARG(out);
+    tf__clearerr();
+    if (tf__is_url(path))
+        TF_FAIL(-EINVAL, "%s: a URL: tf_path_resolve answers for local paths only; open the URL with tf_dataset_open_remote, which resolves it against the store", path);
+    tf__probe pr = {NULL, local_kind, local_head, "file", 0};
+    tf__target t;
+    TF_TRY(tf__resolve_target(path, format, &pr, &t));
+    size_t n = strlen(t.path);
+    int rc = 0;
+    if (n >= out_cap)
+        rc = tf__seterr(-ENAMETOOLONG, "%s: out: the resolved path needs %zu bytes, %zu given: pass a larger buffer (PATH_MAX)",
+                        path, n + 1, out_cap);
+    else {
+        memcpy(out, t.path, n + 1);
+        *kind = t.kind == TF__TARGET_DATASET ? TF_PATH_DATASET : t.kind == TF__TARGET_PAIR ? TF_PATH_PAIR : TF_PATH_FILE;
+    }
+    free(t.path);
+    return rc;
+}
+
 static tf_dtype wider(tf_dtype a, tf_dtype b) {
     if (a == TF_DTYPE_INVALID) return b;
     if (a == b) return a;

@@ -2,7 +2,7 @@
 # The binding is thin and private: the public API is in tokenfeed/__init__.py.
 # Keep in step with the C method tables; tests/project/test_typing.py runs mypy.stubtest
 # on this file against the built module.
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypedDict, Union, overload
+from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, TypedDict, Union, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -82,6 +82,10 @@ def merge(path: Union[str, bytes, PathLike[str], PathLike[bytes]],
           parts: Sequence[Union[str, bytes, PathLike[str], PathLike[bytes]]], overwrite: bool = False) -> None: ...
 
 def parse_size(text: str, what: str, /) -> int: ...
+# What an open of a local path reads, by the C core's rules: ("dataset", directory),
+# ("pair", prefix) or ("file", path).
+def resolve_path(path: Union[str, bytes, PathLike[str], PathLike[bytes]],
+                 format: Optional[str] = None) -> Tuple[Literal["dataset", "pair", "file"], str]: ...
 
 class _DatasetInfo(TypedDict):
     num_tokens: int

@@ -1375,6 +1375,96 @@ static void test_resolve(void) {
     free(name);
 }
 
+/* tf_path_resolve on real files: what an open of each name reads. */
+static void path_resolve_case(const char *name, tf_format fmt, int want_rc, tf_path_kind want_kind,
+                              const char *want_out, const char *msg) {
+    char path[400], want[400], out[400] = "";
+    tf_path_kind kind = (tf_path_kind)0;
+    path_in(path, sizeof path, name);
+    int rc = tf_path_resolve(path, fmt, &kind, out, sizeof out);
+    if (rc != want_rc) fprintf(stderr, "tf_path_resolve(%s): %d, expected %d: %s\n", name, rc, want_rc, tf_last_error());
+    CHECK(rc == want_rc);
+    if (!rc) {
+        path_in(want, sizeof want, want_out);
+        CHECK(kind == want_kind);
+        if (strcmp(out, want)) fprintf(stderr, "tf_path_resolve(%s): %s, expected %s\n", name, out, want);
+        CHECK(!strcmp(out, want));
+    } else if (msg) {
+        if (!strstr(tf_last_error(), msg)) fprintf(stderr, "tf_path_resolve(%s): %s\n", name, tf_last_error());
+        CHECK(strstr(tf_last_error(), msg) != NULL);
+    }
+}
+
+static void test_path_resolve(void) {
+    char p[400], q[400];
+    path_in(p, sizeof p, "pr");
+    CHECK(mkdir(p, 0700) == 0);
+    path_in(p, sizeof p, "pr/ds");
+    CHECK(mkdir(p, 0700) == 0);
+    path_in(p, sizeof p, "pr/ds/" TF_MANIFEST_NAME);
+    t_write_file(p, "{}", 2);
+    path_in(p, sizeof p, "pr/nomanifest");
+    CHECK(mkdir(p, 0700) == 0);
+    const char mm[16] = "MMIDIDX\0\0\1";
+    const char *files[][2] = {{"pr/m.bin", "tokens.."}, {"pr/m.idx", mm}, {"pr/o.bin", "tokens.."},
+                              {"pr/o.idx", "another tool's!"}, {"pr/m", "a file of its own"},
+                              {"pr/g.bin", "tokens.."}};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        path_in(p, sizeof p, files[i][0]);
+        t_write_file(p, files[i][1], 16);
+    }
+    path_in(p, sizeof p, "pr/g.idx");
+    CHECK(mkfifo(p, 0600) == 0); /* no writer: a read would block, and none is made */
+    path_in(p, sizeof p, "pr/fifo");
+    CHECK(mkfifo(p, 0600) == 0);
+    path_in(p, sizeof p, "pr/dir.bin");
+    CHECK(mkdir(p, 0700) == 0);
+    path_in(p, sizeof p, "pr/dir.idx");
+    t_write_file(p, mm, 16);
+    path_in(p, sizeof p, "pr/m.bin");
+    path_in(q, sizeof q, "pr/l.bin");
+    CHECK(symlink(p, q) == 0);
+    path_in(p, sizeof p, "pr/m.idx");
+    path_in(q, sizeof q, "pr/l.idx");
+    CHECK(symlink(p, q) == 0);
+
+    path_resolve_case("pr/ds", TF_FORMAT_AUTO, 0, TF_PATH_DATASET, "pr/ds", NULL);
+    path_resolve_case("pr/ds/", TF_FORMAT_AUTO, 0, TF_PATH_DATASET, "pr/ds", NULL);
+    path_resolve_case("pr/nomanifest", TF_FORMAT_AUTO, -TF_EFORMAT, 0, NULL, "no manifest");
+    /* a pair by its prefix, its .bin or its .idx; linked halves are the pair the links name */
+    path_resolve_case("pr/m.bin", TF_FORMAT_AUTO, 0, TF_PATH_PAIR, "pr/m", NULL);
+    path_resolve_case("pr/m.idx", TF_FORMAT_AUTO, 0, TF_PATH_PAIR, "pr/m", NULL);
+    path_resolve_case("pr/l", TF_FORMAT_AUTO, 0, TF_PATH_PAIR, "pr/l", NULL);
+    path_resolve_case("pr/l.idx", TF_FORMAT_MEGATRON, 0, TF_PATH_PAIR, "pr/l", NULL);
+    /* a file named like the prefix beside the pair is that file, unless the open names the pair's format */
+    path_resolve_case("pr/m", TF_FORMAT_AUTO, 0, TF_PATH_FILE, "pr/m", NULL);
+    path_resolve_case("pr/m", TF_FORMAT_MEGATRON, 0, TF_PATH_PAIR, "pr/m", NULL);
+    path_resolve_case("pr/m.bin", TF_FORMAT_RAW, 0, TF_PATH_FILE, "pr/m.bin", NULL);
+    /* an .idx with another magic: the name given is its own file; by the prefix, an error naming it */
+    path_resolve_case("pr/o.bin", TF_FORMAT_AUTO, 0, TF_PATH_FILE, "pr/o.bin", NULL);
+    path_resolve_case("pr/o", TF_FORMAT_AUTO, -TF_EFORMAT, 0, NULL, "o.idx: magic");
+    path_resolve_case("pr/o.bin", TF_FORMAT_MEGATRON, -TF_EFORMAT, 0, NULL, "o.idx: magic");
+    /* a FIFO (named, or as the companion) is never read; a directory named like a half is no half */
+    path_resolve_case("pr/g.bin", TF_FORMAT_AUTO, 0, TF_PATH_FILE, "pr/g.bin", NULL);
+    path_resolve_case("pr/g", TF_FORMAT_AUTO, -ENOENT, 0, NULL, "nor a Megatron pair");
+    path_resolve_case("pr/fifo", TF_FORMAT_AUTO, -EINVAL, 0, NULL, "not a regular file or directory");
+    path_resolve_case("pr/dir", TF_FORMAT_AUTO, -ENOENT, 0, NULL, "no such file");
+    path_resolve_case("pr/missing", TF_FORMAT_AUTO, -ENOENT, 0, NULL, "pr/missing.idx");
+    /* a URL is the remote open's to resolve; hostile arguments are refused, never written past */
+    char out[8] = "";
+    tf_path_kind kind;
+    CHECK_RC(tf_path_resolve("s3://b/m.bin", TF_FORMAT_AUTO, &kind, out, sizeof out), -EINVAL);
+    CHECK(strstr(tf_last_error(), "local paths only") != NULL);
+    path_in(p, sizeof p, "pr/m.bin");
+    CHECK_RC(tf_path_resolve(p, TF_FORMAT_AUTO, &kind, out, sizeof out), -ENAMETOOLONG);
+    CHECK(out[0] == '\0' && strstr(tf_last_error(), "bytes") != NULL);
+    CHECK_RC(tf_path_resolve(p, TF_FORMAT_AUTO, &kind, out, 0), -ENAMETOOLONG);
+    CHECK_RC(tf_path_resolve(p, (tf_format)999, &kind, q, sizeof q), -EINVAL);
+    CHECK_RC(tf_path_resolve(NULL, TF_FORMAT_AUTO, &kind, q, sizeof q), -EINVAL);
+    CHECK_RC(tf_path_resolve(p, TF_FORMAT_AUTO, NULL, q, sizeof q), -EINVAL);
+    CHECK_RC(tf_path_resolve(p, TF_FORMAT_AUTO, &kind, NULL, sizeof q), -EINVAL);
+}
+
 int main(void) {
     if (t_mkdtemp(tmpdir, sizeof tmpdir, "tf_test_sources")) return T_EXIT_FAIL;
     test_eos_index();
@@ -1386,6 +1476,7 @@ int main(void) {
     test_llmc();
     test_path_specs();
     test_resolve();
+    test_path_resolve();
     test_nemo_nanogpt();
     test_npy();
     test_raw();

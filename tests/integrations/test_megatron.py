@@ -9,6 +9,10 @@ package; the sampler's rule (rank r of the data-parallel group takes samples
 saved consumed_train_samples) is written out in `megatron_batches` below."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -153,3 +157,38 @@ def test_stop_and_resume_from_consumed_samples(tmp_path, workers):
     for s in range(6):
         want = next(ref)["input_ids"]
         assert np.array_equal(torch.cat([first[0][s]["tokens"], first[1][s]["tokens"]]).numpy(), want)
+
+
+def test_a_blend_entry_is_the_pair_megatron_reads_by_the_opens_rules(tmp_path):
+    """A blend entry names the pair P.bin + P.idx as Megatron reads it, decided by the C core's
+    resolution (.idx magic checked): a file named P beside the pair does not hide it, a linked pair
+    opens, and a P.idx that is not Megatron's (another magic, a directory, a FIFO) is refused
+    rather than P.bin read as some other format; an entry without a pair is whatever open reads."""
+    from tokenfeed.integrations.megatron import _open_prefix
+    p = write_megatron(tmp_path / "p", 0, n_docs=5)
+    pair = tokenfeed.open(p + ".bin")
+    (tmp_path / "p").write_bytes(np.arange(1, 100, dtype=np.uint16).tobytes())  # a file named like the prefix
+    ds = _open_prefix(p)
+    assert ds.format == "megatron" and ds.num_tokens == pair.num_tokens and ds.fingerprint == pair.fingerprint
+    os.symlink(p + ".bin", tmp_path / "link.bin")
+    os.symlink(p + ".idx", tmp_path / "link.idx")
+    assert _open_prefix(str(tmp_path / "link")).fingerprint == pair.fingerprint
+    with tokenfeed.DatasetWriter(tmp_path / "native", vocab_size=VOCAB) as w:
+        w.add_documents([np.arange(1, 9, dtype=np.uint16)])
+    assert _open_prefix(str(tmp_path / "native")).format == "tokenfeed"
+    q = str(tmp_path / "q")
+    (tmp_path / "q.bin").write_bytes(np.arange(1, 9, dtype=np.uint16).tobytes())
+    (tmp_path / "q.idx").write_bytes(b"not Megatron's index")
+    with pytest.raises(tokenfeed.FormatError, match="q.idx: magic"):
+        _open_prefix(q)
+    os.unlink(q + ".idx")
+    os.mkdir(q + ".idx")
+    with pytest.raises(FileNotFoundError, match="nor a Megatron pair"):
+        _open_prefix(q)
+    os.rmdir(q + ".idx")
+    os.mkfifo(q + ".idx")  # no writer: reading it would block; a child, so that a hang fails the test
+    code = ("import tokenfeed\nfrom tokenfeed.integrations.megatron import _open_prefix\n"
+            f"try:\n    _open_prefix({q!r})\nexcept FileNotFoundError as e:\n    print('refused', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "TOKENFEED_CATALOG_DIR": "off"})
+    assert r.returncode == 0 and r.stdout.startswith("refused"), r.stdout + r.stderr

@@ -163,6 +163,30 @@ def test_what_a_local_name_is_survives_links_fifos_and_directories(tmp_path):
     assert r.returncode == 0 and r.stdout.split() == ["llm.c", "10"], r.stdout + r.stderr
 
 
+def test_resolve_path_answers_what_the_open_reads(tmp_path):
+    """_core.resolve_path is the open's resolution: the kind and path it names agree with what
+    tokenfeed.open reads, and its refusals are the open's exceptions."""
+    from tokenfeed import _core
+    write_megatron(tmp_path / "m", [np.arange(1, 9, dtype=np.uint16)])
+    with tokenfeed.DatasetWriter(tmp_path / "ds", vocab_size=100) as w:
+        w.add_documents([np.arange(1, 9, dtype=np.uint16)])
+    write_llmc(tmp_path / "m", np.arange(7, 17, dtype=np.uint16))  # a file named like the prefix
+    cases = {"m.idx": ("pair", "m", "megatron"), "m": ("file", "m", "llm.c"), "ds/": ("dataset", "ds", "tokenfeed")}
+    for name, (kind, where, fmt) in cases.items():
+        assert _core.resolve_path(tmp_path / name) == (kind, str(tmp_path / where)), name
+        assert tokenfeed.open(tmp_path / name).format == fmt
+    assert _core.resolve_path(str(tmp_path / "m"), format="megatron") == ("pair", str(tmp_path / "m"))
+    assert _core.resolve_path(os.fsencode(tmp_path / "m.bin"), "raw") == ("file", str(tmp_path / "m.bin"))
+    with pytest.raises(FileNotFoundError, match="nor a Megatron pair"):
+        _core.resolve_path(tmp_path / "nothing")
+    with pytest.raises(ValueError, match="local paths only"):
+        _core.resolve_path("s3://bucket/m.bin")
+    with pytest.raises(ValueError, match="format='nope'"):
+        _core.resolve_path(tmp_path / "m", format="nope")
+    with pytest.raises(ValueError, match="embedded null"):
+        _core.resolve_path("m\0.bin")
+
+
 def test_megatron_own_builder(tmp_path):
     from megatron.core.datasets import indexed_dataset as idx_mod  # megatron-core: in the test extra
     import torch

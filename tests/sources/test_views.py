@@ -8,6 +8,8 @@ import json
 import os
 import pickle
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -1102,3 +1104,61 @@ def test_convert_parquet_with_meta(tmp_path, capsys):
     assert main(["convert", str(tmp_path / "in.parquet"), str(tmp_path / "ds2"), "--tokenizer", tok, "--meta", "nope",
                  "--workers", "1"]) == 1
     assert "no column 'nope' for --meta" in capsys.readouterr().err
+
+
+def test_columns_of_a_megatron_pair_live_beside_its_prefix_however_it_is_named(tmp_path):
+    """The pair is named by its prefix, its .bin or its .idx: its columns are PREFIX.columns each
+    time, where the open found the pair, and a view opened by another name reads them."""
+    docs = [np.arange(1 + k, 5 + k, dtype=np.uint16) for k in range(6)]
+    prefix = tmp_path / "mg"
+    write_megatron(prefix, docs)
+    for name in ("mg", "mg.bin", "mg.idx"):
+        ds = tokenfeed.open(tmp_path / name)
+        assert ds.format == "megatron" and ds.columns_path == f"{prefix}.columns", name
+    tokenfeed.open(tmp_path / "mg.idx").attach_columns([{"doc_index": k, "keep": k % 2} for k in range(6)])
+    assert os.path.exists(f"{prefix}.columns") and not os.path.exists(f"{prefix}.idx.columns")
+    for name in ("mg", "mg.bin"):
+        assert tokenfeed.open(tmp_path / name).filter("keep == 1").document_ids.tolist() == [1, 3, 5]
+
+
+def test_columns_beside_a_bin_whose_idx_is_not_megatrons_are_the_files_own(tmp_path):
+    """x.idx beside x.bin that is not Megatron's (another magic, a directory, a FIFO) leaves x.bin
+    the file it is: its columns are x.bin.columns, as the open read x.bin, never x.columns; and a
+    pair opened as another format (format="raw") is the file it was given."""
+    write_llmc(tmp_path / "f.bin", np.arange(7, 17, dtype=np.uint16))
+    (tmp_path / "f.idx").write_bytes(b"a sidecar of some other tool, not MMIDIDX")
+    ds = tokenfeed.open(tmp_path / "f.bin")
+    assert ds.format == "llm.c" and ds.columns_path == f"{tmp_path}/f.bin.columns"
+    ds.attach_columns([{"doc_index": 0, "tag": "a"}])
+    assert tokenfeed.open(tmp_path / "f.bin").columns().values("tag", [0]) == ["a"]
+    os.unlink(tmp_path / "f.idx")
+    os.mkdir(tmp_path / "f.idx")  # a directory named like the companion
+    assert tokenfeed.open(tmp_path / "f.bin").columns_path == f"{tmp_path}/f.bin.columns"
+    write_megatron(tmp_path / "mg", [np.arange(1, 9, dtype=np.uint16)])
+    raw = tokenfeed.open(tmp_path / "mg.bin", format="raw", dtype="uint16")
+    assert raw.format == "raw" and raw.columns_path == f"{tmp_path}/mg.bin.columns"
+    # a FIFO named like the companion is never opened for its bytes: a child, so a hang fails
+    os.rmdir(tmp_path / "f.idx")
+    os.mkfifo(tmp_path / "f.idx")
+    code = f"import tokenfeed; print(tokenfeed.open({str(tmp_path / 'f.bin')!r}).columns_path)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "TOKENFEED_CATALOG_DIR": "off"})
+    assert r.returncode == 0 and r.stdout.strip() == f"{tmp_path}/f.bin.columns", r.stdout + r.stderr
+
+
+def test_columns_path_of_links_files_beside_pairs_urls_and_missing_names(tmp_path):
+    """A linked pair's columns sit beside the names given (the links), as its files are read
+    there; a file named like the prefix beside a pair is that file; a URL or a name with nothing
+    there yet keeps its name's rule."""
+    write_megatron(tmp_path / "real", [np.arange(1, 9, dtype=np.uint16)])
+    os.symlink(tmp_path / "real.bin", tmp_path / "link.bin")
+    os.symlink(tmp_path / "real.idx", tmp_path / "link.idx")
+    for name in ("link", "link.bin", "link.idx"):
+        assert tokenfeed.open(tmp_path / name).columns_path == f"{tmp_path}/link.columns", name
+    write_megatron(tmp_path / "x", [np.arange(1, 9, dtype=np.uint16)])
+    write_llmc(tmp_path / "x", np.arange(7, 17, dtype=np.uint16))  # a file of its own beside x.bin/x.idx
+    ds = tokenfeed.open(tmp_path / "x")
+    assert ds.format == "llm.c" and ds.columns_path == f"{tmp_path}/x.columns"
+    assert _views.columns_path([str(tmp_path / "nothing.bin")]) == f"{tmp_path}/nothing.bin.columns"
+    assert _views.columns_path(["s3://bucket/mg.bin"]) == "s3://bucket/mg.bin.columns"
+    assert _views.columns_path([str(tmp_path / "real.idx")]) == f"{tmp_path}/real.columns"

@@ -50,6 +50,8 @@ import torch
 from torch.utils.data import Dataset as _TorchDataset
 
 import tokenfeed
+from .. import _core
+from ..remote import _remote
 
 __all__ = ["datasets_provider", "TokenfeedGPTDataset", "build_datasets", "continue_from_cache", "megatron_pad_id"]
 
@@ -184,9 +186,16 @@ def megatron_pad_id(config: Any) -> Optional[int]:
 
 
 def _open_prefix(prefix: str) -> tokenfeed.Dataset:
-    """A Megatron blend entry: a ``.bin/.idx`` prefix read in place, else whatever tokenfeed.open reads."""
-    if os.path.exists(prefix + ".bin") and os.path.exists(prefix + ".idx"):
-        return tokenfeed.open(prefix + ".bin")
+    """A Megatron blend entry: the ``.bin/.idx`` pair it is the prefix of (as Megatron reads it, the
+    C core deciding by the open's rules, ``.idx`` magic included), else whatever tokenfeed.open reads."""
+    if not _remote.is_url(prefix):
+        try:
+            kind, where = _core.resolve_path(prefix, "megatron")
+        except (OSError, ValueError, _core.FormatError):
+            pass  # no pair there: tokenfeed.open says what it finds instead
+        else:
+            if kind == "pair":
+                return tokenfeed.open(where, format="megatron")
     return tokenfeed.open(prefix)
 
 

@@ -485,8 +485,10 @@ class Dataset:
     @property
     def columns_path(self) -> str:
         """Where this dataset's metadata columns live (docs/views.md): ``DIR/tokenfeed.columns``
-        for a directory, ``PATH.columns`` beside a single file or Megatron prefix."""
-        return _views.columns_path(self._base().paths)
+        for a directory, ``PREFIX.columns`` for a Megatron pair, ``PATH.columns`` beside a single
+        file: where the open found the data, by its own rules."""
+        base = self._base()
+        return _views.columns_path(base.paths, getattr(base, "_format_arg", None))
 
     def columns(self, path: Optional[PathLike] = None) -> "_views.Columns":
         """The metadata columns of this dataset (from ``path``, default :attr:`columns_path`),

@@ -33,16 +33,22 @@ _CAT_NULL = 0xFFFFFFFF
 _RESERVED = {"and", "or", "not", "in"}
 
 
-def columns_path(paths: Sequence[str]) -> str:
-    """Where the columns of a dataset opened from ``paths`` live: ``DIR/tokenfeed.columns`` for a
-    directory, ``PATH.columns`` beside a single file or Megatron prefix, else
-    ``tokenfeed.columns`` in the directory of the first file."""
+def columns_path(paths: Sequence[str], format: Optional[str] = None) -> str:
+    """Where the columns of a dataset opened from ``paths`` (with ``format``) live:
+    ``DIR/tokenfeed.columns`` for a directory, ``PREFIX.columns`` for a Megatron pair (named by
+    its prefix, its ``.bin`` or its ``.idx``), ``PATH.columns`` beside a single file, else
+    ``tokenfeed.columns`` in the directory of the first file. What a local path names is the C
+    core's answer (``_core.resolve_path``, the open's own rules), never re-derived here."""
     if len(paths) == 1:
         p = paths[0].rstrip("/") or "/"
+        try:
+            kind, where = _core.resolve_path(paths[0], format)
+            if kind == "pair":
+                return where + COLUMNS_SUFFIX
+        except (OSError, ValueError, _core.FormatError):
+            pass  # a URL, or nothing (yet) to open there: by its name
         if os.path.isdir(p):
             return os.path.join(p, COLUMNS_NAME)
-        if p.endswith(".bin") and os.path.exists(p[:-4] + ".idx"):
-            p = p[:-4]  # a Megatron prefix given with its .bin
         return p + COLUMNS_SUFFIX
     return os.path.join(os.path.dirname(paths[0]) or ".", COLUMNS_NAME)
 
