@@ -1406,12 +1406,15 @@ static void test_path_resolve(void) {
     path_in(p, sizeof p, "pr/nomanifest");
     CHECK(mkdir(p, 0700) == 0);
     const char mm[16] = "MMIDIDX\0\0\1";
-    const char *files[][2] = {{"pr/m.bin", "tokens.."}, {"pr/m.idx", mm}, {"pr/o.bin", "tokens.."},
-                              {"pr/o.idx", "another tool's!"}, {"pr/m", "a file of its own"},
-                              {"pr/g.bin", "tokens.."}};
+    /* 16 bytes each (data past a string's end is zeros) */
+    static const struct {
+        const char *name;
+        char data[24];
+    } files[] = {{"pr/m.bin", "tokens.."}, {"pr/m.idx", "MMIDIDX\0\0\1"}, {"pr/o.bin", "tokens.."},
+                 {"pr/o.idx", "another tool's!"}, {"pr/m", "a file of its own"}, {"pr/g.bin", "tokens.."}};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        path_in(p, sizeof p, files[i][0]);
-        t_write_file(p, files[i][1], 16);
+        path_in(p, sizeof p, files[i].name);
+        t_write_file(p, files[i].data, 16);
     }
     path_in(p, sizeof p, "pr/g.idx");
     CHECK(mkfifo(p, 0600) == 0); /* no writer: a read would block, and none is made */
